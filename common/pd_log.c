@@ -1,0 +1,113 @@
+#include "pd_log.h"
+#include "pd_time.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+_Atomic int pd_log_level_g = PD_LOG_INFO;
+static _Atomic int log_fd = STDERR_FILENO;
+
+static const char *const level_names[] = { "error", "warn", "info", "debug", "trace" };
+
+pd_status_t pd_log_open(const char *path)
+{
+    int fd = STDERR_FILENO;
+    if (path != NULL && strcmp(path, "-") != 0 && path[0] != '\0') {
+        fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+        if (fd < 0)
+            return PD_ERR_IO;
+    }
+    int old = atomic_exchange(&log_fd, fd);
+    if (old != STDERR_FILENO)
+        close(old);
+    return PD_OK;
+}
+
+void pd_log_close(void)
+{
+    int old = atomic_exchange(&log_fd, STDERR_FILENO);
+    if (old != STDERR_FILENO)
+        close(old);
+}
+
+void pd_log_set_level(pd_log_level_t level)
+{
+    if ((int)level < PD_LOG_ERROR)
+        level = PD_LOG_ERROR;
+    if (level > PD_LOG_TRACE)
+        level = PD_LOG_TRACE;
+    atomic_store(&pd_log_level_g, (int)level);
+}
+
+pd_log_level_t pd_log_get_level(void)
+{
+    return (pd_log_level_t)atomic_load(&pd_log_level_g);
+}
+
+pd_status_t pd_log_level_parse(const char *text, pd_log_level_t *level_p)
+{
+    if (text == NULL)
+        return PD_ERR_BAD_INPUT;
+    for (int i = 0; i <= PD_LOG_TRACE; i++) {
+        if (strcasecmp(text, level_names[i]) == 0) {
+            *level_p = (pd_log_level_t)i;
+            return PD_OK;
+        }
+    }
+    if (strcasecmp(text, "warning") == 0) {
+        *level_p = PD_LOG_WARN;
+        return PD_OK;
+    }
+    return PD_ERR_BAD_INPUT;
+}
+
+const char *pd_log_level_name(pd_log_level_t level)
+{
+    if ((int)level < 0 || level > PD_LOG_TRACE)
+        return "unknown";
+    return level_names[level];
+}
+
+void pd_log_write(pd_log_level_t level, const char *component,
+                  const char *request_id, const char *fmt, ...)
+{
+    char line[2048];
+    uint64_t wall = pd_wall_ns(), mono = pd_now_ns();
+    time_t secs = (time_t)(wall / PD_NS_PER_S);
+    struct tm tm;
+    gmtime_r(&secs, &tm);
+    int n = snprintf(line, sizeof(line),
+                     "%04d-%02d-%02dT%02d:%02d:%02d.%06uZ mono=%llu.%06u %-5s %s%s%s%s ",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                     tm.tm_min, tm.tm_sec,
+                     (unsigned)((wall % PD_NS_PER_S) / PD_NS_PER_US),
+                     (unsigned long long)(mono / PD_NS_PER_S),
+                     (unsigned)((mono % PD_NS_PER_S) / PD_NS_PER_US),
+                     pd_log_level_name(level), component ? component : "-",
+                     request_id ? " [req=" : "", request_id ? request_id : "",
+                     request_id ? "]" : "");
+    if (n < 0)
+        return;
+    if ((size_t)n >= sizeof(line))
+        n = sizeof(line) - 1;
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (m < 0)
+        m = 0;
+    size_t len = (size_t)n + (size_t)m;
+    if (len > sizeof(line) - 2)
+        len = sizeof(line) - 2; /* truncated line */
+    line[len++] = '\n';
+    int fd = atomic_load(&log_fd);
+    ssize_t w = write(fd, line, len);
+    (void)w;
+}

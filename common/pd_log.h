@@ -1,0 +1,51 @@
+/* pd_log.h - leveled logging with wall + monotonic timestamps, a component
+ * and an optional request id. One line per call, written with one write(2)
+ * so lines from several threads never interleave. Target: stderr (default)
+ * or a file; the level can be changed at run time (admin `log level`).
+ *
+ * Libraries (common, proto, kvxfer, engine) log at DEBUG/TRACE only and
+ * return statuses; daemons decide what the operator sees. */
+#ifndef PD_LOG_H
+#define PD_LOG_H
+
+#include <stdatomic.h>
+#include "pd_status.h"
+
+typedef enum {
+    PD_LOG_ERROR = 0,
+    PD_LOG_WARN  = 1,
+    PD_LOG_INFO  = 2,
+    PD_LOG_DEBUG = 3,
+    PD_LOG_TRACE = 4,
+} pd_log_level_t;
+
+extern _Atomic int pd_log_level_g;
+
+/* Open `path` for appending as the log target (NULL or "-" = stderr).
+ * Expected errors: PD_ERR_IO (cannot open). */
+pd_status_t pd_log_open(const char *path);
+void pd_log_close(void);
+void pd_log_set_level(pd_log_level_t level);
+pd_log_level_t pd_log_get_level(void);
+/* "error|warn|info|debug|trace" -> level. PD_ERR_BAD_INPUT otherwise. */
+pd_status_t pd_log_level_parse(const char *text, pd_log_level_t *level_p);
+const char *pd_log_level_name(pd_log_level_t level);
+
+void pd_log_write(pd_log_level_t level, const char *component,
+                  const char *request_id, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#define pd_log(level, component, request_id, ...)                             \
+    do {                                                                      \
+        if ((int)(level) <= atomic_load_explicit(&pd_log_level_g,             \
+                                                 memory_order_relaxed))       \
+            pd_log_write((level), (component), (request_id), __VA_ARGS__);    \
+    } while (0)
+
+#define PD_LOG_ERR(comp, ...)   pd_log(PD_LOG_ERROR, comp, NULL, __VA_ARGS__)
+#define PD_LOG_WARN(comp, ...)  pd_log(PD_LOG_WARN, comp, NULL, __VA_ARGS__)
+#define PD_LOG_INFO(comp, ...)  pd_log(PD_LOG_INFO, comp, NULL, __VA_ARGS__)
+#define PD_LOG_DEBUG(comp, ...) pd_log(PD_LOG_DEBUG, comp, NULL, __VA_ARGS__)
+#define PD_LOG_TRACE(comp, ...) pd_log(PD_LOG_TRACE, comp, NULL, __VA_ARGS__)
+
+#endif

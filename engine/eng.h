@@ -1,0 +1,91 @@
+/* eng.h - the engine interface both daemons and pd-run call.
+ *
+ * An engine is an ops table (eng_ops_t) plus an opaque model. Two engines
+ * implement it: "llama" (real CPU inference from a GGUF file, engine/llama)
+ * and "sim" (a timing-model simulation at real KV geometries, engine/sim).
+ *
+ * KV layout (block-major, in caller-provided memory):
+ *   The caller owns one arena (the kvxfer-registered region). Block b starts
+ *   at arena + b * geom.block_bytes and holds block_tokens tokens for EVERY
+ *   layer, K and V, contiguous:
+ *     block: (n_layers, 2 /K,V/, block_tokens, n_kv_heads, head_dim) of kv_dtype
+ *   so one block is one contiguous byte range to transfer.
+ *   A sequence's KV is described by a block table: block_table[i] holds
+ *   positions [i*block_tokens, (i+1)*block_tokens).
+ *
+ * Threading: one model may be used by one compute thread at a time (the
+ * engine uses its own worker threads internally). geometry() and the
+ * tokenizer are read-only and safe from any thread.
+ */
+#ifndef ENG_H
+#define ENG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "pd_status.h"
+
+typedef enum {
+    ENG_KV_F32 = 0,
+    ENG_KV_F16 = 1,
+} eng_kv_dtype_t;
+
+typedef struct {
+    uint32_t n_layers;
+    uint32_t n_kv_heads;
+    uint32_t head_dim;
+    uint32_t block_tokens;     /* tokens per block (default 16) */
+    eng_kv_dtype_t kv_dtype;
+    uint64_t bytes_per_token;  /* n_layers * 2 * n_kv_heads * head_dim * sizeof(dtype) */
+    uint64_t block_bytes;      /* block_tokens * bytes_per_token */
+    uint32_t vocab_size;
+    uint32_t context_length;   /* max positions */
+    uint64_t compat_hash;      /* xxh64 over model identity + geometry: a decode
+                                  daemon only accepts KV from an equal hash */
+} eng_kv_geom_t;
+
+typedef struct eng_model eng_model_t;
+
+typedef struct {
+    const char *engine;        /* "llama" | "sim" */
+    const char *model_path;    /* GGUF file (llama) or preset name/spec (sim) */
+    uint32_t block_tokens;     /* 0 = default 16 */
+    eng_kv_dtype_t kv_dtype;
+    uint32_t n_threads;        /* 0 = number of online cores */
+    uint32_t max_batch;        /* largest decode batch the caller will pass */
+} eng_load_opts_t;
+
+/* One sequence in a decode step. */
+typedef struct {
+    const uint32_t *block_table; /* (n_blocks) block indices into the arena */
+    uint32_t n_blocks;
+    uint32_t pos;                /* position of `token`; KV for [0,pos) is present */
+    int32_t token;               /* input token at pos; its KV is written at pos */
+} eng_decode_item_t;
+
+typedef struct eng_ops {
+    const char *name;
+    /* Load a model. Expected errors: PD_ERR_IO, PD_ERR_BAD_INPUT (bad file,
+     * message in err), PD_ERR_UNSUPPORTED, PD_ERR_NO_MEMORY. */
+    pd_status_t (*load)(const eng_load_opts_t *opts, eng_model_t **model_p,
+                        char *err, size_t err_len);
+    void (*destroy)(eng_model_t *model); /* accepts NULL */
+    const eng_kv_geom_t *(*geometry)(const eng_model_t *model);
+    /* Run tokens[0..n_tokens) at positions start_pos.. ; KV for positions
+     * [0,start_pos) must already be in the first blocks (prefix reuse,
+     * chunked prefill). Writes KV for the new positions into the blocks of
+     * block_table and the logits of the LAST position into logits (vocab). */
+    pd_status_t (*prefill)(eng_model_t *model, void *arena,
+                           const uint32_t *block_table, uint32_t n_blocks,
+                           const int32_t *tokens, uint32_t n_tokens,
+                           uint32_t start_pos, float *logits /* (vocab) */);
+    /* One decode step for a batch; logits (n_items, vocab). Results are
+     * bitwise independent of batch composition and thread count. */
+    pd_status_t (*decode)(eng_model_t *model, void *arena,
+                          const eng_decode_item_t *items, uint32_t n_items,
+                          float *logits /* (n_items, vocab) */);
+} eng_ops_t;
+
+/* Find an engine by name ("llama", "sim"); NULL if unknown. */
+const eng_ops_t *eng_find(const char *name);
+
+#endif
