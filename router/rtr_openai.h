@@ -1,0 +1,126 @@
+/* rtr_openai.h - the OpenAI API surface of pd-router, as pure functions:
+ * request bodies -> validated request structs, and response/chunk/error
+ * bodies <- values. No I/O, no logging: the HTTP layer calls these.
+ *
+ * Parsing follows "parse -> validate -> act": every field a client controls
+ * is type-checked and capped here, so later layers never see a bad value. */
+#ifndef RTR_OPENAI_H
+#define RTR_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "pd_status.h"
+
+#define RTR_OAI_MAX_STOP        8      /* stop strings per request */
+#define RTR_OAI_MAX_STOP_BYTES  256    /* bytes per stop string */
+#define RTR_OAI_MODEL_MAX       256
+
+typedef enum {
+    RTR_API_COMPLETIONS = 0,  /* POST /v1/completions */
+    RTR_API_CHAT        = 1,  /* POST /v1/chat/completions */
+} rtr_api_t;
+
+typedef struct {
+    const char *role;          /* "system" | "user" | "assistant" | "tool" | "developer" */
+    const char *content;       /* concatenated text parts (owned by the request) */
+    size_t content_len;
+} rtr_chat_msg_t;
+
+/* Hard caps applied while parsing; the daemon fills them from its config. */
+typedef struct {
+    uint32_t max_tokens_cap;     /* largest max_tokens accepted */
+    uint32_t default_max_tokens; /* when the client sends none */
+    uint32_t n_cap;              /* largest n accepted (>= 1) */
+    size_t   max_prompt_bytes;   /* total prompt / message text */
+    uint32_t max_prompt_tokens;  /* when the prompt is given as token ids */
+    uint32_t max_messages;
+    uint32_t vocab_size;         /* token ids must be < vocab_size (0: unchecked) */
+} rtr_oai_limits_t;
+
+typedef struct {
+    rtr_api_t api;
+    char model[RTR_OAI_MODEL_MAX];   /* "" when absent */
+    /* Completions: exactly one of prompt / prompt_tokens is set. */
+    char *prompt;                    /* NUL-terminated, owned */
+    size_t prompt_len;
+    int32_t *prompt_tokens;          /* (n_prompt_tokens), owned */
+    uint32_t n_prompt_tokens;
+    /* Chat */
+    rtr_chat_msg_t *messages;        /* (n_messages), owned */
+    uint32_t n_messages;
+    /* Sampling */
+    uint32_t max_tokens;
+    uint32_t min_tokens;
+    float temperature;               /* 0 = greedy */
+    float top_p;                     /* (0, 1] */
+    int32_t top_k;                   /* <= 0: off */
+    uint64_t seed;
+    bool seed_set;
+    char *stop[RTR_OAI_MAX_STOP];    /* owned */
+    uint32_t n_stop;
+    bool ignore_eos;
+    uint32_t n;
+    /* Streaming */
+    bool stream;
+    bool include_usage;
+} rtr_oai_req_t;
+
+/* An error the client can read: HTTP status + OpenAI error envelope. */
+typedef struct {
+    int http_status;       /* 400, 401, 404, 413, 429, 500, 502, 503, 504 */
+    const char *type;      /* "invalid_request_error", ... */
+    const char *code;      /* e.g. "context_length_exceeded" or NULL */
+    const char *param;     /* offending parameter or NULL */
+    char message[320];
+} rtr_oai_error_t;
+
+/* Parse and validate a request body. On success fills *req (free with
+ * rtr_oai_req_free) and returns PD_OK. On a client error returns
+ * PD_ERR_BAD_INPUT (or PD_ERR_TOO_BIG) and fills *err (400/413); *req is
+ * then already released. PD_ERR_NO_MEMORY is the only other status. */
+pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
+                          const rtr_oai_limits_t *limits, rtr_oai_req_t *req,
+                          rtr_oai_error_t *err);
+void rtr_oai_req_free(rtr_oai_req_t *req);
+
+/* Fill an error (printf-style message). Returns err for chaining. */
+rtr_oai_error_t *rtr_oai_error_set(rtr_oai_error_t *err, int http_status,
+                                   const char *type, const char *code,
+                                   const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* Response bodies. All return malloc'd NUL-terminated JSON (NULL on OOM). */
+char *rtr_oai_error_json(const rtr_oai_error_t *err);
+
+typedef struct {
+    const char *id;        /* "cmpl-..." / "chatcmpl-..." */
+    const char *model;
+    int64_t created;       /* unix seconds */
+    rtr_api_t api;
+} rtr_oai_resp_meta_t;
+
+typedef struct {
+    uint32_t prompt_tokens;
+    uint32_t completion_tokens;
+} rtr_oai_usage_t;
+
+/* One streaming chunk (the JSON after "data: "). `text` may be empty;
+ * finish_reason NULL while streaming, "stop"/"length" on the last one;
+ * with_role adds delta.role (the first chat chunk). */
+char *rtr_oai_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
+                         const char *text, size_t text_len,
+                         const char *finish_reason, bool with_role);
+/* The include_usage chunk: choices [] and usage. */
+char *rtr_oai_usage_chunk_json(const rtr_oai_resp_meta_t *meta,
+                               const rtr_oai_usage_t *usage);
+/* A whole non-streaming response with one choice per text. */
+char *rtr_oai_response_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
+                            const char *const *texts, const size_t *text_lens,
+                            const char *const *finish_reasons,
+                            const rtr_oai_usage_t *usage);
+/* GET /v1/models body. */
+char *rtr_oai_models_json(const char *const *model_ids, uint32_t n, int64_t created,
+                          const char *owned_by);
+
+#endif

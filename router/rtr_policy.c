@@ -1,0 +1,66 @@
+#include "rtr_policy.h"
+
+/* Round-robin order: candidates are visited starting after the cursor, so
+ * among equals the first one visited wins and the cursor moves past it. */
+static size_t rr_index(size_t i, size_t n, uint32_t cursor)
+{
+    return (cursor + 1 + i) % n;
+}
+
+int rtr_pick_prefill(const rtr_backend_load_t *b, size_t n, uint32_t *rr_cursor)
+{
+    int best = -1;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = rr_index(i, n, *rr_cursor);
+        if (!b[k].eligible)
+            continue;
+        if (best < 0 || b[k].outstanding_prefill_tokens < b[best].outstanding_prefill_tokens)
+            best = (int)k;
+    }
+    if (best >= 0)
+        *rr_cursor = (uint32_t)best;
+    return best;
+}
+
+static bool decode_better(const rtr_backend_load_t *a, const rtr_backend_load_t *b,
+                          uint32_t needed)
+{
+    bool a_fits = a->free_blocks >= needed, b_fits = b->free_blocks >= needed;
+    if (a_fits != b_fits)
+        return a_fits;
+    if (a->free_blocks != b->free_blocks)
+        return a->free_blocks > b->free_blocks;
+    return a->running_seqs < b->running_seqs;
+}
+
+int rtr_pick_decode(const rtr_backend_load_t *b, size_t n, uint32_t needed_blocks,
+                    uint32_t *rr_cursor)
+{
+    int best = -1;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = rr_index(i, n, *rr_cursor);
+        if (!b[k].eligible)
+            continue;
+        if (best < 0 || decode_better(&b[k], &b[best], needed_blocks))
+            best = (int)k;
+    }
+    if (best >= 0)
+        *rr_cursor = (uint32_t)best;
+    return best;
+}
+
+bool rtr_should_disaggregate(rtr_disagg_mode_t mode, uint32_t prompt_tokens,
+                             uint32_t threshold, bool prefill_available)
+{
+    if (!prefill_available)
+        return false;
+    switch (mode) {
+    case RTR_DISAGG_ALWAYS:
+        return true;
+    case RTR_DISAGG_NEVER:
+        return false;
+    case RTR_DISAGG_THRESHOLD:
+        break;
+    }
+    return prompt_tokens >= threshold;
+}

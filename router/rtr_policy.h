@@ -1,0 +1,41 @@
+/* rtr_policy.h - pure functions that choose daemons for a request.
+ * Inputs are the load figures daemons report in heartbeats; no I/O, no
+ * globals (round-robin state is passed in), so every choice is unit-tested. */
+#ifndef RTR_POLICY_H
+#define RTR_POLICY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    bool eligible;                       /* registered, heartbeating, state ready */
+    uint64_t outstanding_prefill_tokens; /* prefill: tokens queued + running */
+    uint32_t free_blocks;                /* decode: free KV blocks */
+    uint32_t running_seqs;               /* decode: sequences in the batch */
+} rtr_backend_load_t;
+
+typedef enum {
+    RTR_DISAGG_THRESHOLD = 0, /* disaggregate prompts >= threshold tokens */
+    RTR_DISAGG_ALWAYS    = 1, /* always prefill on a prefill daemon (if one is up) */
+    RTR_DISAGG_NEVER     = 2, /* always prefill on the decode daemon (PD-mixed) */
+} rtr_disagg_mode_t;
+
+/* Prefill choice: least outstanding prefill tokens; ties broken round robin
+ * starting after *rr_cursor (updated). Returns an index or -1 if none is
+ * eligible. */
+int rtr_pick_prefill(const rtr_backend_load_t *backends, size_t n, uint32_t *rr_cursor);
+
+/* Decode choice: among eligible daemons with at least `needed_blocks` free,
+ * the most free blocks, then the fewest running sequences, then round robin.
+ * If none has room, the one with the most free blocks (it queues or pushes
+ * back). Returns an index or -1 if none is eligible. */
+int rtr_pick_decode(const rtr_backend_load_t *backends, size_t n, uint32_t needed_blocks,
+                    uint32_t *rr_cursor);
+
+/* Whether a request is prefilled on a prefill daemon (true) or locally on
+ * its decode daemon (false). */
+bool rtr_should_disaggregate(rtr_disagg_mode_t mode, uint32_t prompt_tokens,
+                             uint32_t threshold, bool prefill_available);
+
+#endif

@@ -1,0 +1,37 @@
+/* Fuzz target: OpenAI request bodies -> rtr_oai_parse (both APIs), and
+ * every accepted request's fields respect the limits. */
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+#include "rtr_openai.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const rtr_oai_limits_t lim = { .max_tokens_cap = 4096, .default_max_tokens = 16,
+                                   .n_cap = 4, .max_prompt_bytes = 1 << 16,
+                                   .max_prompt_tokens = 2048, .max_messages = 64,
+                                   .vocab_size = 32000 };
+    for (int api = 0; api < 2; api++) {
+        rtr_oai_req_t req;
+        rtr_oai_error_t err;
+        pd_status_t st = rtr_oai_parse((rtr_api_t)api, (const char *)data, size, &lim,
+                                       &req, &err);
+        if (st == PD_OK) {
+            assert(req.max_tokens >= 1 && req.max_tokens <= lim.max_tokens_cap);
+            assert(req.n >= 1 && req.n <= lim.n_cap);
+            assert(req.n_stop <= RTR_OAI_MAX_STOP);
+            assert(req.prompt_len <= lim.max_prompt_bytes);
+            assert(req.n_prompt_tokens <= lim.max_prompt_tokens);
+            for (uint32_t i = 0; i < req.n_prompt_tokens; i++)
+                assert(req.prompt_tokens[i] >= 0 && (uint32_t)req.prompt_tokens[i] < lim.vocab_size);
+            rtr_oai_req_free(&req);
+        } else {
+            assert(err.http_status >= 400 && err.http_status < 600);
+            char *json = rtr_oai_error_json(&err);
+            free(json);
+        }
+    }
+    return 0;
+}
