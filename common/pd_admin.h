@@ -10,7 +10,8 @@
  * from them. A name may have several words ("config show"); the longest
  * registered name that prefixes the line wins, the remaining words are the
  * arguments. Built-ins: help, version, stats (alias "perf dump"),
- * config show (operator), log level [<lvl>] (reading: user; setting: admin).
+ * stats reset (operator), config show [ini] (operator),
+ * log level [<lvl>] (reading: user; setting: admin).
  *
  * Levels come from SO_PEERCRED: uid 0 or the daemon's own uid -> admin;
  * a member (primary or supplementary group) of opts.operator_group ->
@@ -102,12 +103,12 @@ void pd_admin_destroy(pd_admin_t *admin);
 
 /* Add a command table (ends with PD_ADMIN_CMD_END; borrowed, must outlive
  * the server). `arg` is handed to its handlers. PD_ERR_EXISTS if a name is
- * already registered, PD_ERR_NO_MEMORY. */
+ * already registered, PD_ERR_NO_SPACE (more than 16 tables). */
 pd_status_t pd_admin_register(pd_admin_t *admin, const pd_admin_cmd_t *cmds,
                               void *arg);
 
 /* Stats sets shown by `stats`/`perf dump` (borrowed; remove before
- * destroying the set). PD_ERR_NO_MEMORY / PD_ERR_NOT_FOUND. */
+ * destroying the set). PD_ERR_NO_SPACE (256 sets) / PD_ERR_NOT_FOUND. */
 pd_status_t pd_admin_add_stats(pd_admin_t *admin, pd_stats_t *stats);
 pd_status_t pd_admin_remove_stats(pd_admin_t *admin, pd_stats_t *stats);
 
