@@ -1,0 +1,326 @@
+/* eng_chat.c - fixed renderers for the chat template families we recognize. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "eng_chat.h"
+
+static const char *const chat_names[] = {
+#define ENG_CHAT_NAME(e, name, desc) name,
+    ENG_CHAT_LIST(ENG_CHAT_NAME)
+#undef ENG_CHAT_NAME
+};
+
+/* Marker of the built-in model's template (engine/gguf writes it). */
+#define PD_BYTE_MARKER "pd-byte-chat"
+
+const char *eng_chat_name(eng_chat_kind_t kind)
+{
+    return (unsigned)kind < ENG_CHAT_COUNT ? chat_names[kind] : "?";
+}
+
+pd_status_t eng_chat_by_name(const char *name, eng_chat_kind_t *kind_p)
+{
+    unsigned i;
+
+    for (i = 0; name != NULL && i < ENG_CHAT_COUNT; i++) {
+        if (strcmp(name, chat_names[i]) == 0) {
+            *kind_p = (eng_chat_kind_t)i;
+            return PD_OK;
+        }
+    }
+    return PD_ERR_NOT_FOUND;
+}
+
+pd_status_t eng_chat_detect(const char *t, eng_chat_kind_t *kind_p)
+{
+    if (t == NULL)
+        return PD_ERR_NOT_FOUND;
+    if (strstr(t, PD_BYTE_MARKER) != NULL) {
+        *kind_p = ENG_CHAT_PD_BYTE;
+    } else if (strstr(t, "<|im_start|>") != NULL) {
+        if (strstr(t, "You are Qwen, created by Alibaba Cloud") != NULL)
+            *kind_p = ENG_CHAT_QWEN25;
+        else if (strstr(t, "You are a helpful assistant") != NULL)
+            *kind_p = ENG_CHAT_QWEN2;
+        else
+            *kind_p = ENG_CHAT_CHATML;
+    } else if (strstr(t, "<|start_header_id|>") != NULL &&
+               strstr(t, "<|end_header_id|>") != NULL) {
+        *kind_p = ENG_CHAT_LLAMA3;
+    } else if (strstr(t, "[INST]") != NULL && strstr(t, "<<SYS>>") != NULL) {
+        *kind_p = ENG_CHAT_LLAMA2;
+    } else {
+        return PD_ERR_NOT_FOUND;
+    }
+    return PD_OK;
+}
+
+pd_status_t eng_chat_for_tok(const eng_tok_t *tok, const char *override,
+                             eng_chat_kind_t *kind_p)
+{
+    if (override != NULL && override[0] != '\0')
+        return eng_chat_by_name(override, kind_p);
+    if (eng_tok_chat_template(tok) != NULL)
+        return eng_chat_detect(eng_tok_chat_template(tok), kind_p);
+    if (eng_tok_kind(tok) == ENG_TOK_BYTE) {
+        *kind_p = ENG_CHAT_PD_BYTE;
+        return PD_OK;
+    }
+    return PD_ERR_NOT_FOUND;
+}
+
+/* ---- output buffer ---- */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+    bool oom;
+} sbuf_t;
+
+static void put(sbuf_t *b, const char *s, size_t len)
+{
+    if (b->oom)
+        return;
+    if (b->n + len + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 256;
+        char *np;
+        while (nc < b->n + len + 1)
+            nc *= 2;
+        np = realloc(b->p, nc);
+        if (np == NULL) {
+            b->oom = true;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->n, s, len);
+    b->n += len;
+    b->p[b->n] = '\0';
+}
+
+static void puts_(sbuf_t *b, const char *s)
+{
+    put(b, s, strlen(s));
+}
+
+static bool is_ws(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* Jinja/Python strip(): trim ASCII whitespace both ends. */
+static void put_trim(sbuf_t *b, const char *s, size_t len)
+{
+    while (len > 0 && is_ws(s[0])) {
+        s++;
+        len--;
+    }
+    while (len > 0 && is_ws(s[len - 1]))
+        len--;
+    put(b, s, len);
+}
+
+typedef enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT } role_t;
+
+static int parse_role(const char *r)
+{
+    if (r == NULL)
+        return -1;
+    if (strcmp(r, "system") == 0 || strcmp(r, "developer") == 0)
+        return ROLE_SYSTEM;
+    if (strcmp(r, "user") == 0)
+        return ROLE_USER;
+    if (strcmp(r, "assistant") == 0)
+        return ROLE_ASSISTANT;
+    return -1;
+}
+
+static const char *const role_names[] = { "system", "user", "assistant" };
+
+static void render_chatml(sbuf_t *b, const eng_chat_msg_t *m, const int *roles, size_t n,
+                          bool gen, const char *default_system)
+{
+    size_t i;
+
+    if (default_system != NULL && roles[0] != ROLE_SYSTEM) {
+        puts_(b, "<|im_start|>system\n");
+        puts_(b, default_system);
+        puts_(b, "<|im_end|>\n");
+    }
+    for (i = 0; i < n; i++) {
+        puts_(b, "<|im_start|>");
+        puts_(b, role_names[roles[i]]);
+        puts_(b, "\n");
+        put(b, m[i].content, m[i].content_len);
+        puts_(b, "<|im_end|>\n");
+    }
+    if (gen)
+        puts_(b, "<|im_start|>assistant\n");
+}
+
+static void render_llama3(sbuf_t *b, const eng_chat_msg_t *m, const int *roles, size_t n,
+                          bool gen, const char *bos)
+{
+    size_t i;
+
+    puts_(b, bos);
+    for (i = 0; i < n; i++) {
+        puts_(b, "<|start_header_id|>");
+        puts_(b, role_names[roles[i]]);
+        puts_(b, "<|end_header_id|>\n\n");
+        put_trim(b, m[i].content, m[i].content_len);
+        puts_(b, "<|eot_id|>");
+    }
+    if (gen)
+        puts_(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* Meta's Llama-2 chat template: the system prompt is folded into the next
+ * user turn inside <<SYS>>; every user turn is "<s>[INST] ... [/INST]", every
+ * assistant turn " answer </s>". The whole user content is strip()ped. */
+static void render_llama2(sbuf_t *b, const eng_chat_msg_t *m, const int *roles, size_t n,
+                          const char *bos, const char *eos)
+{
+    const eng_chat_msg_t *sys = NULL;
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        if (roles[i] == ROLE_SYSTEM) {
+            sys = &m[i];
+        } else if (roles[i] == ROLE_USER) {
+            sbuf_t c = { 0 };
+            if (sys != NULL) {
+                puts_(&c, "<<SYS>>\n");
+                put(&c, sys->content, sys->content_len);
+                puts_(&c, "\n<</SYS>>\n\n");
+                sys = NULL;
+            }
+            put(&c, m[i].content, m[i].content_len);
+            puts_(b, bos);
+            puts_(b, "[INST] ");
+            if (c.oom)
+                b->oom = true;
+            else if (c.n > 0)
+                put_trim(b, c.p, c.n);
+            puts_(b, " [/INST]");
+            free(c.p);
+        } else {
+            puts_(b, " ");
+            put_trim(b, m[i].content, m[i].content_len);
+            puts_(b, " ");
+            puts_(b, eos);
+        }
+    }
+}
+
+/* The built-in model's format: plain "role: content\n" lines after BOS. */
+static void render_pd_byte(sbuf_t *b, const eng_chat_msg_t *m, const int *roles, size_t n,
+                           bool gen, const char *bos)
+{
+    size_t i;
+
+    puts_(b, bos);
+    for (i = 0; i < n; i++) {
+        puts_(b, role_names[roles[i]]);
+        puts_(b, ": ");
+        put(b, m[i].content, m[i].content_len);
+        puts_(b, "\n");
+    }
+    if (gen)
+        puts_(b, "assistant:");
+}
+
+pd_status_t eng_chat_render(eng_chat_kind_t kind, const eng_chat_msg_t *msgs,
+                            size_t n, bool gen, const char *bos, const char *eos,
+                            char **out_p, size_t *len_p)
+{
+    sbuf_t b = { 0 };
+    int *roles;
+    size_t i, total = 0;
+
+    if (msgs == NULL || n == 0 || (unsigned)kind >= ENG_CHAT_COUNT)
+        return PD_ERR_BAD_INPUT;
+    if (n > ENG_CHAT_MAX_MESSAGES)
+        return PD_ERR_TOO_BIG;
+    for (i = 0; i < n; i++) {
+        if (msgs[i].content == NULL && msgs[i].content_len > 0)
+            return PD_ERR_BAD_INPUT;
+        if (parse_role(msgs[i].role) < 0)
+            return PD_ERR_BAD_INPUT;
+        if (msgs[i].content_len > ENG_CHAT_MAX_BYTES - total)
+            return PD_ERR_TOO_BIG;
+        total += msgs[i].content_len;
+    }
+    roles = malloc(n * sizeof(int));
+    if (roles == NULL)
+        return PD_ERR_NO_MEMORY;
+    for (i = 0; i < n; i++)
+        roles[i] = parse_role(msgs[i].role);
+
+    switch (kind) {
+    case ENG_CHAT_CHATML:
+        render_chatml(&b, msgs, roles, n, gen, NULL);
+        break;
+    case ENG_CHAT_QWEN2:
+        render_chatml(&b, msgs, roles, n, gen, "You are a helpful assistant.");
+        break;
+    case ENG_CHAT_QWEN25:
+        render_chatml(&b, msgs, roles, n, gen,
+                      "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+        break;
+    case ENG_CHAT_LLAMA3:
+        render_llama3(&b, msgs, roles, n, gen, bos != NULL ? bos : "<|begin_of_text|>");
+        break;
+    case ENG_CHAT_LLAMA2:
+        render_llama2(&b, msgs, roles, n, bos != NULL ? bos : "<s>", eos != NULL ? eos : "</s>");
+        break;
+    case ENG_CHAT_PD_BYTE:
+        render_pd_byte(&b, msgs, roles, n, gen, bos != NULL ? bos : "<s>");
+        break;
+    default:
+        break;
+    }
+    free(roles);
+    if (b.oom) {
+        free(b.p);
+        return PD_ERR_NO_MEMORY;
+    }
+    if (b.p == NULL) {
+        b.p = strdup("");
+        if (b.p == NULL)
+            return PD_ERR_NO_MEMORY;
+    }
+    *out_p = b.p;
+    *len_p = b.n;
+    return PD_OK;
+}
+
+pd_status_t eng_chat_encode(const eng_tok_t *tok, eng_chat_kind_t kind,
+                            const eng_chat_msg_t *msgs, size_t n_msgs, bool gen,
+                            int32_t *ids, size_t cap, size_t *n_p)
+{
+    char bos[64], eos[64];
+    const char *t;
+    size_t tl, len;
+    char *text;
+    pd_status_t status;
+
+    bos[0] = eos[0] = '\0';
+    t = eng_tok_token_text(tok, eng_tok_bos(tok), &tl);
+    if (t != NULL && tl < sizeof(bos)) {
+        memcpy(bos, t, tl);
+        bos[tl] = '\0';
+    }
+    t = eng_tok_token_text(tok, eng_tok_eos(tok), &tl);
+    if (t != NULL && tl < sizeof(eos)) {
+        memcpy(eos, t, tl);
+        eos[tl] = '\0';
+    }
+    status = eng_chat_render(kind, msgs, n_msgs, gen, bos, eos, &text, &len);
+    if (status != PD_OK)
+        return status;
+    status = eng_tok_encode(tok, text, len, false, true, ids, cap, n_p);
+    free(text);
+    return status;
+}

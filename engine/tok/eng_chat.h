@@ -1,0 +1,72 @@
+/* eng_chat.h - chat templates for /v1/chat/completions.
+ *
+ * No Jinja engine: the GGUF tokenizer.chat_template is recognized by
+ * distinctive substrings and rendered by a fixed C function per family.
+ * The rendered text contains the control tokens as text (including the BOS
+ * text where the template has one); encode it with add_bos = false and
+ * parse_special = true (eng_chat_encode does exactly that).
+ */
+#ifndef ENG_CHAT_H
+#define ENG_CHAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "pd_status.h"
+#include "eng_tok.h"
+
+#define ENG_CHAT_MAX_MESSAGES 1024
+#define ENG_CHAT_MAX_BYTES    (4u << 20) /* total content bytes */
+
+/* X(enum, name, description) */
+#define ENG_CHAT_LIST(X)                                                      \
+    X(CHATML,  "chatml",  "<|im_start|>role\\n...<|im_end|> (no default system)") \
+    X(QWEN2,   "qwen2",   "ChatML + default system 'You are a helpful assistant.'") \
+    X(QWEN25,  "qwen2.5", "ChatML + default system 'You are Qwen, created by Alibaba Cloud...'") \
+    X(LLAMA2,  "llama2",  "<s>[INST] <<SYS>>...<</SYS>> ... [/INST] answer </s>") \
+    X(LLAMA3,  "llama3",  "<|start_header_id|>role<|end_header_id|>\\n\\n...<|eot_id|>") \
+    X(PD_BYTE, "pd-byte", "built-in model: <s>role: content\\n ... assistant:")
+
+typedef enum {
+#define ENG_CHAT_ENUM(e, name, desc) ENG_CHAT_##e,
+    ENG_CHAT_LIST(ENG_CHAT_ENUM)
+#undef ENG_CHAT_ENUM
+    ENG_CHAT_COUNT
+} eng_chat_kind_t;
+
+typedef struct {
+    const char *role;     /* "system" | "user" | "assistant" */
+    const char *content;  /* need not be NUL-terminated */
+    size_t content_len;
+} eng_chat_msg_t;
+
+/* Template by config name ("chatml", "llama3", ...). PD_ERR_NOT_FOUND. */
+pd_status_t eng_chat_by_name(const char *name, eng_chat_kind_t *kind_p);
+/* Recognize a Jinja template text (tokenizer.chat_template). PD_ERR_NOT_FOUND
+ * when it matches no known family. */
+pd_status_t eng_chat_detect(const char *tmpl, eng_chat_kind_t *kind_p);
+/* The template a tokenizer should use: override name if non-NULL/non-empty,
+ * else detect from its chat_template, else the byte tokenizer's own.
+ * PD_ERR_NOT_FOUND (unknown override or unrecognized template). */
+pd_status_t eng_chat_for_tok(const eng_tok_t *tok, const char *override,
+                             eng_chat_kind_t *kind_p);
+const char *eng_chat_name(eng_chat_kind_t kind);
+
+/* Render messages into a malloc'd NUL-terminated string (*out_p, caller
+ * frees) of *len_p bytes. add_generation_prompt appends the assistant
+ * header. bos/eos are the texts of the BOS/EOS tokens (NULL = family
+ * default). Statuses: PD_ERR_BAD_INPUT (no messages, unknown role, NULL
+ * content), PD_ERR_TOO_BIG (caps), PD_ERR_NO_MEMORY. */
+pd_status_t eng_chat_render(eng_chat_kind_t kind, const eng_chat_msg_t *msgs,
+                            size_t n_msgs, bool add_generation_prompt,
+                            const char *bos, const char *eos,
+                            char **out_p, size_t *len_p);
+
+/* Render with the tokenizer's BOS/EOS texts and encode (parse_special on,
+ * no extra BOS). Statuses: those of eng_chat_render and eng_tok_encode. */
+pd_status_t eng_chat_encode(const eng_tok_t *tok, eng_chat_kind_t kind,
+                            const eng_chat_msg_t *msgs, size_t n_msgs,
+                            bool add_generation_prompt,
+                            int32_t *ids /* (cap) */, size_t cap, size_t *n_p);
+
+#endif

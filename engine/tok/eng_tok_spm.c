@@ -1,0 +1,164 @@
+/* eng_tok_spm.c - SentencePiece-style BPE by scores (tokenizer.ggml.model
+ * "llama"), the algorithm of llama.cpp's llm_tokenizer_spm: start from UTF-8
+ * characters, repeatedly merge the adjacent pair whose concatenation is the
+ * vocabulary token with the highest score (leftmost on ties), then map every
+ * final symbol to its token or, failing that, to byte tokens <0xNN>. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "eng_tok_int.h"
+
+typedef struct {
+    uint32_t start, len; /* byte range in the text; len 0 = merged away */
+    int32_t prev, next;
+} spm_sym_t;
+
+typedef struct {
+    float score;
+    int32_t left, right;
+    uint32_t size;       /* combined length when queued: detects stale pairs */
+} spm_bigram_t;
+
+typedef struct {
+    spm_bigram_t *a;
+    size_t n, cap;
+} spm_heap_t;
+
+/* a before b: higher score first, then leftmost */
+static bool bigram_before(const spm_bigram_t *a, const spm_bigram_t *b)
+{
+    if (a->score != b->score)
+        return a->score > b->score;
+    return a->left < b->left;
+}
+
+static bool heap_push(spm_heap_t *h, spm_bigram_t v)
+{
+    size_t i;
+
+    if (h->n == h->cap) {
+        size_t nc = h->cap ? h->cap * 2 : 64;
+        spm_bigram_t *na = realloc(h->a, nc * sizeof(*na));
+        if (na == NULL)
+            return false;
+        h->a = na;
+        h->cap = nc;
+    }
+    i = h->n++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!bigram_before(&v, &h->a[p]))
+            break;
+        h->a[i] = h->a[p];
+        i = p;
+    }
+    h->a[i] = v;
+    return true;
+}
+
+static spm_bigram_t heap_pop(spm_heap_t *h)
+{
+    spm_bigram_t top = h->a[0], last = h->a[--h->n];
+    size_t i = 0;
+
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n)
+            break;
+        if (c + 1 < h->n && bigram_before(&h->a[c + 1], &h->a[c]))
+            c++;
+        if (!bigram_before(&h->a[c], &last))
+            break;
+        h->a[i] = h->a[c];
+        i = c;
+    }
+    if (h->n > 0)
+        h->a[i] = last;
+    return top;
+}
+
+static bool try_bigram(const eng_tok_t *tok, const char *text, const spm_sym_t *sym,
+                       int32_t left, int32_t right, spm_heap_t *h)
+{
+    int32_t id;
+    uint8_t t;
+    spm_bigram_t b;
+
+    if (left < 0 || right < 0)
+        return true;
+    id = eng_tok_lookup(tok, text + sym[left].start, sym[left].len + sym[right].len);
+    if (id < 0)
+        return true;
+    t = tok->types[id];
+    if (t != ENG_TOKT_NORMAL && t != ENG_TOKT_USER_DEFINED)
+        return true;
+    b.score = tok->scores[id];
+    b.left = left;
+    b.right = right;
+    b.size = sym[left].len + sym[right].len;
+    return heap_push(h, b);
+}
+
+pd_status_t eng_tok_spm_encode(const eng_tok_t *tok, const char *text,
+                               size_t len, eng_tok_out_t *out)
+{
+    spm_sym_t *sym;
+    spm_heap_t heap = { 0 };
+    size_t i, n = 0;
+    int32_t k;
+    pd_status_t status = PD_ERR_NO_MEMORY;
+
+    if (len == 0)
+        return PD_OK;
+    sym = malloc(len * sizeof(*sym));
+    if (sym == NULL)
+        return PD_ERR_NO_MEMORY;
+    for (i = 0; i < len; n++) {
+        size_t cl = eng_utf8_len((uint8_t)text[i]);
+        if (cl == 0 || cl > len - i)
+            cl = 1; /* cannot happen on sanitized input; stay safe */
+        sym[n].start = (uint32_t)i;
+        sym[n].len = (uint32_t)cl;
+        sym[n].prev = (int32_t)n - 1;
+        sym[n].next = (size_t)i + cl < len ? (int32_t)n + 1 : -1;
+        i += cl;
+    }
+    for (i = 1; i < n; i++)
+        if (!try_bigram(tok, text, sym, (int32_t)i - 1, (int32_t)i, &heap))
+            goto out;
+
+    while (heap.n > 0) {
+        spm_bigram_t b = heap_pop(&heap);
+        spm_sym_t *l = &sym[b.left], *r = &sym[b.right];
+        if (l->len == 0 || r->len == 0 || l->len + r->len != b.size)
+            continue;
+        l->len += r->len;
+        r->len = 0;
+        l->next = r->next;
+        if (r->next >= 0)
+            sym[r->next].prev = b.left;
+        if (!try_bigram(tok, text, sym, l->prev, b.left, &heap) ||
+            !try_bigram(tok, text, sym, b.left, l->next, &heap))
+            goto out;
+    }
+
+    for (k = 0; k >= 0; k = sym[k].next) {
+        int32_t id = eng_tok_lookup(tok, text + sym[k].start, sym[k].len);
+        if (id >= 0) {
+            eng_tok_out_push(out, id);
+            continue;
+        }
+        for (i = 0; i < sym[k].len; i++) {
+            id = tok->byte_tok[(uint8_t)text[sym[k].start + i]];
+            if (id < 0)
+                id = tok->unk;
+            if (id >= 0)
+                eng_tok_out_push(out, id);
+        }
+    }
+    status = PD_OK;
+out:
+    free(heap.a);
+    free(sym);
+    return status;
+}
