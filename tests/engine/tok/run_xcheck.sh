@@ -1,0 +1,18 @@
+#!/bin/sh
+# run_xcheck.sh TOK_CLI WORKDIR - cross-check against npm reference tokenizers.
+# Installs the test-only npm packages (npm/package-lock.json) on first use;
+# exits 77 (meson: skipped) when node/npm are missing or the install fails.
+dir=$(cd "$(dirname "$0")/npm" && pwd)
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    echo "SKIP: node/npm not installed (apt-get install nodejs npm)"
+    exit 77
+fi
+if [ ! -d "$dir/node_modules/llama3-tokenizer-js" ] || [ ! -d "$dir/node_modules/llama-tokenizer-js" ]; then
+    (
+        flock 9
+        if [ ! -d "$dir/node_modules/llama3-tokenizer-js" ] || [ ! -d "$dir/node_modules/llama-tokenizer-js" ]; then
+            cd "$dir" && timeout 300 npm ci --no-audit --no-fund --loglevel=error
+        fi
+    ) 9>"$dir/.install.lock" || { echo "SKIP: npm install failed (registry unreachable?)"; exit 77; }
+fi
+exec node "$dir/xcheck.mjs" "$1" "$2"
