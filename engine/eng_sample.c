@@ -1,0 +1,292 @@
+/* eng_sample.c - sampling (greedy, temperature, top-k, top-p), per-sequence
+ * PRNG and token-level stop conditions. See eng_sample.h. */
+#include "eng_sample.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+uint64_t eng_rng_next(eng_rng_t *r)
+{
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double eng_rng_uniform(eng_rng_t *r)
+{
+    return (double)(eng_rng_next(r) >> 11) * 0x1.0p-53;
+}
+
+void eng_sample_params_default(eng_sample_params_t *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->top_p = 1.0f;
+}
+
+pd_status_t eng_sample_params_check(const eng_sample_params_t *p)
+{
+    if (!p || !isfinite(p->temperature) || p->temperature < 0.0f)
+        return PD_ERR_BAD_INPUT;
+    if (!isfinite(p->top_p) || p->top_p < 0.0f || p->top_p > 1.0f)
+        return PD_ERR_BAD_INPUT;
+    if (p->n_eos > ENG_SAMPLE_MAX_EOS || p->n_stop_ids > ENG_SAMPLE_MAX_STOP_IDS)
+        return PD_ERR_BAD_INPUT;
+    if (p->max_tokens && p->min_tokens > p->max_tokens)
+        return PD_ERR_BAD_INPUT;
+    return PD_OK;
+}
+
+void eng_sampler_init(eng_sampler_t *s, const eng_sample_params_t *p)
+{
+    memset(s, 0, sizeof(*s));
+    s->p = *p;
+    if (s->p.n_eos > ENG_SAMPLE_MAX_EOS)
+        s->p.n_eos = ENG_SAMPLE_MAX_EOS;
+    if (s->p.n_stop_ids > ENG_SAMPLE_MAX_STOP_IDS)
+        s->p.n_stop_ids = ENG_SAMPLE_MAX_STOP_IDS;
+    uint64_t x = p->seed;
+    for (int i = 0; i < 4; i++)
+        s->rng.s[i] = splitmix64(&x);
+}
+
+pd_status_t eng_sample_scratch_create(eng_sample_scratch_t *scr, uint32_t vocab)
+{
+    memset(scr, 0, sizeof(*scr));
+    scr->idx = malloc((size_t)vocab * sizeof(*scr->idx));
+    scr->prob = malloc((size_t)vocab * sizeof(*scr->prob));
+    if (!scr->idx || !scr->prob) {
+        eng_sample_scratch_destroy(scr);
+        return PD_ERR_NO_MEMORY;
+    }
+    scr->cap = vocab;
+    return PD_OK;
+}
+
+void eng_sample_scratch_destroy(eng_sample_scratch_t *scr)
+{
+    if (!scr)
+        return;
+    free(scr->idx);
+    free(scr->prob);
+    memset(scr, 0, sizeof(*scr));
+}
+
+static bool in_list(const int32_t *ids, uint32_t n, int32_t t)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] == t)
+            return true;
+    return false;
+}
+
+/* Candidate order: higher logit first, lower id on ties. */
+static inline bool cand_before(const float *lg, uint32_t a, uint32_t b)
+{
+    return lg[a] > lg[b] || (lg[a] == lg[b] && a < b);
+}
+
+/* Min-heap (worst candidate at the root) of candidate ids. */
+static void heap_sift_down(uint32_t *h, uint32_t n, uint32_t i, const float *lg)
+{
+    for (;;) {
+        uint32_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && cand_before(lg, h[w], h[l]))
+            w = l;
+        if (r < n && cand_before(lg, h[w], h[r]))
+            w = r;
+        if (w == i)
+            return;
+        uint32_t t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+/* The m best ids of lg, best first, into out (m <= vocab). */
+static void top_m(const float *lg, uint32_t vocab, uint32_t m, uint32_t *out)
+{
+    for (uint32_t i = 0; i < m; i++)
+        out[i] = i;
+    for (int64_t i = (int64_t)m / 2 - 1; i >= 0; i--)
+        heap_sift_down(out, m, (uint32_t)i, lg);
+    for (uint32_t i = m; i < vocab; i++) {
+        if (cand_before(lg, i, out[0])) {
+            out[0] = i;
+            heap_sift_down(out, m, 0, lg);
+        }
+    }
+    /* heap sort: repeatedly move the worst to the end */
+    for (uint32_t n = m; n > 1; n--) {
+        uint32_t t = out[0];
+        out[0] = out[n - 1];
+        out[n - 1] = t;
+        heap_sift_down(out, n - 1, 0, lg);
+    }
+}
+
+int32_t eng_sample_next(eng_sampler_t *s, float *lg, uint32_t vocab,
+                        eng_sample_scratch_t *scr)
+{
+    if (vocab == 0 || !scr || vocab > scr->cap)
+        return -1;
+    const eng_sample_params_t *p = &s->p;
+    if (s->n_generated < p->min_tokens) {
+        for (uint32_t i = 0; i < p->n_eos; i++)
+            if (p->eos_ids[i] >= 0 && (uint32_t)p->eos_ids[i] < vocab && !p->ignore_eos)
+                lg[p->eos_ids[i]] = -INFINITY;
+        for (uint32_t i = 0; i < p->n_stop_ids; i++)
+            if (p->stop_ids[i] >= 0 && (uint32_t)p->stop_ids[i] < vocab)
+                lg[p->stop_ids[i]] = -INFINITY;
+    }
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < vocab; i++)
+        if (lg[i] > lg[best])
+            best = i;
+    if (!(p->temperature > 0.0f) || p->top_k == 1)
+        return (int32_t)best;
+
+    const double inv_t = 1.0 / (double)p->temperature;
+    const double mx = lg[best];
+    const bool use_p = p->top_p > 0.0f && p->top_p < 1.0f;
+    uint32_t m = p->top_k > 0 && p->top_k < vocab ? p->top_k : vocab;
+
+    if (m == vocab && !use_p) {
+        /* plain temperature sampling: walk in id order */
+        double sum = 0.0;
+        for (uint32_t i = 0; i < vocab; i++) {
+            scr->prob[i] = exp(((double)lg[i] - mx) * inv_t);
+            sum += scr->prob[i];
+        }
+        double r = eng_rng_uniform(&s->rng) * sum, acc = 0.0;
+        uint32_t last = best;
+        for (uint32_t i = 0; i < vocab; i++) {
+            if (scr->prob[i] <= 0.0)
+                continue;
+            acc += scr->prob[i];
+            last = i;
+            if (r < acc)
+                return (int32_t)i;
+        }
+        return (int32_t)last;
+    }
+
+    /* Mass of the whole (top-k truncated) distribution. */
+    double total = 0.0;
+    if (m == vocab)
+        for (uint32_t i = 0; i < vocab; i++)
+            total += exp(((double)lg[i] - mx) * inv_t);
+
+    /* Candidates best-first; for top-p alone grow the list until it holds
+     * the nucleus (the sorted prefix is the same whatever the list size). */
+    uint32_t n = m < 64 || m != vocab ? m : 64;
+    uint32_t keep;
+    for (;;) {
+        top_m(lg, vocab, n, scr->idx);
+        for (uint32_t i = 0; i < n; i++)
+            scr->prob[i] = exp(((double)lg[scr->idx[i]] - mx) * inv_t);
+        if (m != vocab) {
+            total = 0.0;
+            for (uint32_t i = 0; i < n; i++)
+                total += scr->prob[i];
+        }
+        keep = n;
+        if (use_p) {
+            double acc = 0.0, target = (double)p->top_p * total;
+            keep = 0;
+            for (uint32_t i = 0; i < n; i++) {
+                acc += scr->prob[i];
+                keep = i + 1;
+                if (acc >= target)
+                    break;
+            }
+            if (acc < target && n < m) {
+                n = n * 4 < m ? n * 4 : m;
+                continue;
+            }
+        }
+        break;
+    }
+    double kept = 0.0;
+    for (uint32_t i = 0; i < keep; i++)
+        kept += scr->prob[i];
+    double r = eng_rng_uniform(&s->rng) * kept, acc = 0.0;
+    for (uint32_t i = 0; i < keep; i++) {
+        acc += scr->prob[i];
+        if (r < acc)
+            return (int32_t)scr->idx[i];
+    }
+    return (int32_t)scr->idx[keep - 1];
+}
+
+eng_finish_t eng_sampler_accept(eng_sampler_t *s, int32_t token)
+{
+    const eng_sample_params_t *p = &s->p;
+    s->n_generated++;
+    if (!p->ignore_eos && in_list(p->eos_ids, p->n_eos, token))
+        return ENG_FINISH_STOP;
+    if (in_list(p->stop_ids, p->n_stop_ids, token))
+        return ENG_FINISH_STOP;
+    if (p->max_tokens && s->n_generated >= p->max_tokens)
+        return ENG_FINISH_LENGTH;
+    return ENG_FINISH_NONE;
+}
+
+const char *eng_finish_name(eng_finish_t f)
+{
+    switch (f) {
+    case ENG_FINISH_STOP: return "stop";
+    case ENG_FINISH_LENGTH: return "length";
+    default: return NULL;
+    }
+}
+
+static void put64(uint8_t *o, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        o[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get64(const uint8_t *in)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)in[i] << (8 * i);
+    return v;
+}
+
+void eng_sampler_state_pack(const eng_sampler_t *s, uint8_t out[ENG_SAMPLER_STATE_BYTES])
+{
+    for (int i = 0; i < 4; i++)
+        put64(out + 8 * i, s->rng.s[i]);
+    put64(out + 32, s->n_generated);
+}
+
+void eng_sampler_state_unpack(eng_sampler_t *s, const uint8_t in[ENG_SAMPLER_STATE_BYTES])
+{
+    for (int i = 0; i < 4; i++)
+        s->rng.s[i] = get64(in + 8 * i);
+    uint64_t n = get64(in + 32);
+    s->n_generated = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}

@@ -1,0 +1,109 @@
+/* eng_sample.h - token sampling and token-level stop conditions.
+ *
+ * A sampler is a small value (no heap): parameters + a per-sequence PRNG
+ * state + the count of generated tokens. Its state packs into
+ * ENG_SAMPLER_STATE_BYTES little-endian bytes, so a prefill daemon can
+ * sample the first token and hand the stream to a decode daemon, which
+ * continues EXACTLY where prefill stopped (same seed => same tokens as the
+ * single-process path).
+ *
+ * Order of operations for one token (all deterministic):
+ *   1. while n_generated < min_tokens: EOS ids and stop ids get -inf;
+ *   2. temperature <= 0: argmax (lowest id on ties), no PRNG draw;
+ *   3. otherwise logits / temperature -> softmax (double), keep the top_k
+ *      most likely (ties: lower id first), renormalize, keep the smallest
+ *      prefix whose mass >= top_p, draw one uniform double from the PRNG
+ *      (xoshiro256**, seeded by splitmix64(seed)) and walk the kept tokens.
+ *
+ * Stop STRINGS are matched on detokenized text by engine/tok's eng_stop_t
+ * (eng_stop_init / eng_stop_feed / eng_stop_flush, fed from the streaming
+ * detokenizer eng_detok_feed); the caller then ends the sequence with
+ * finish reason ENG_FINISH_STOP. Token-level stops live here.
+ */
+#ifndef ENG_SAMPLE_H
+#define ENG_SAMPLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "pd_status.h"
+
+#define ENG_SAMPLE_MAX_EOS 8
+#define ENG_SAMPLE_MAX_STOP_IDS 32
+#define ENG_SAMPLER_STATE_BYTES 40
+
+typedef struct {
+    float temperature;         /* <= 0: greedy */
+    uint32_t top_k;            /* 0: off */
+    float top_p;               /* <= 0 or >= 1: off */
+    uint64_t seed;
+    uint32_t max_tokens;       /* 0: no limit here (context length still applies) */
+    uint32_t min_tokens;       /* EOS/stop ids are masked until this many */
+    bool ignore_eos;           /* EOS does not finish (and is not masked) */
+    uint32_t n_eos;
+    int32_t eos_ids[ENG_SAMPLE_MAX_EOS];          /* end-of-generation ids */
+    uint32_t n_stop_ids;
+    int32_t stop_ids[ENG_SAMPLE_MAX_STOP_IDS];    /* extra stop token ids */
+} eng_sample_params_t;
+
+typedef struct {
+    uint64_t s[4];             /* xoshiro256** state */
+} eng_rng_t;
+
+typedef enum {
+    ENG_FINISH_NONE = 0,       /* keep going */
+    ENG_FINISH_STOP = 1,       /* EOS, a stop id or a stop string */
+    ENG_FINISH_LENGTH = 2,     /* max_tokens reached */
+} eng_finish_t;
+
+typedef struct {
+    eng_sample_params_t p;
+    eng_rng_t rng;
+    uint32_t n_generated;      /* tokens accepted so far */
+} eng_sampler_t;
+
+/* Scratch for one sampling thread: (vocab) candidate arrays. */
+typedef struct {
+    uint32_t cap;
+    uint32_t *idx;             /* (cap) */
+    double *prob;              /* (cap) */
+} eng_sample_scratch_t;
+
+/* Default parameters: greedy, no limits. */
+void eng_sample_params_default(eng_sample_params_t *p);
+/* Validate ranges (temperature finite, >= 0; top_p in [0,1]; counts within
+ * caps; min_tokens <= max_tokens when both set). PD_ERR_BAD_INPUT. */
+pd_status_t eng_sample_params_check(const eng_sample_params_t *p);
+
+/* Seed the PRNG with splitmix64(seed) and reset the count. */
+void eng_sampler_init(eng_sampler_t *s, const eng_sample_params_t *p);
+
+/* Expected: PD_ERR_NO_MEMORY. */
+pd_status_t eng_sample_scratch_create(eng_sample_scratch_t *scr, uint32_t vocab);
+void eng_sample_scratch_destroy(eng_sample_scratch_t *scr); /* accepts zeroed */
+
+/* Pick the next token from logits (vocab; modified in place: masking).
+ * Advances the PRNG when sampling (temperature > 0). Does NOT count the
+ * token: call eng_sampler_accept. Returns the token id (never fails when
+ * vocab <= scr->cap; returns -1 if vocab == 0 or exceeds scr->cap). */
+int32_t eng_sample_next(eng_sampler_t *s, float *logits /* (vocab) */, uint32_t vocab,
+                        eng_sample_scratch_t *scr);
+
+/* Count `token` as generated and say whether the sequence ends with it:
+ * ENG_FINISH_STOP for an EOS id (unless ignore_eos) or a stop id,
+ * ENG_FINISH_LENGTH when max_tokens is reached, else ENG_FINISH_NONE. */
+eng_finish_t eng_sampler_accept(eng_sampler_t *s, int32_t token);
+
+/* "stop" | "length" | NULL for NONE (OpenAI finish_reason). */
+const char *eng_finish_name(eng_finish_t f);
+
+/* PRNG draws (exposed for tests). */
+uint64_t eng_rng_next(eng_rng_t *r);
+double eng_rng_uniform(eng_rng_t *r); /* [0, 1), 53 random bits */
+
+/* Pack/unpack the mutable state (rng + n_generated) as 40 LE bytes. The
+ * parameters travel separately (they come from the request). */
+void eng_sampler_state_pack(const eng_sampler_t *s, uint8_t out[ENG_SAMPLER_STATE_BYTES]);
+void eng_sampler_state_unpack(eng_sampler_t *s, const uint8_t in[ENG_SAMPLER_STATE_BYTES]);
+
+#endif

@@ -1,0 +1,31 @@
+/* eng_llama.h - the "llama" engine: CPU inference for GGUF models of arch
+ * `llama` (Llama 2/3, TinyLlama, SmolLM, Mistral) and `qwen2`.
+ *
+ * Use it through eng_find("llama") (eng.h). This header adds the ops table
+ * symbol and a read-only description of a loaded model for tools
+ * (pd-run, eng-bench). */
+#ifndef ENG_LLAMA_H
+#define ENG_LLAMA_H
+
+#include "eng.h"
+
+extern const eng_ops_t eng_llama_ops;
+
+typedef struct {
+    const char *arch;              /* "llama" | "qwen2" */
+    uint32_t n_embd, n_layers, n_heads, n_kv_heads, head_dim, n_ff, vocab;
+    uint32_t rope_dim;
+    float rope_base, rms_eps;
+    uint32_t weight_type;          /* ggml type of blk.0.attn_q.weight */
+    uint64_t n_params;             /* all tensor elements */
+    uint64_t weight_bytes_per_token; /* bytes a decode step streams per
+                                        token at batch 1: every matrix but
+                                        the embedding table (one row) */
+    uint32_t n_threads;
+    const char *isa;               /* "avx512" | "avx2" | "scalar" */
+} eng_llama_info_t;
+
+/* Describe a model loaded by eng_llama_ops.load. */
+void eng_llama_info(const eng_model_t *model, eng_llama_info_t *info_p);
+
+#endif

@@ -1,0 +1,680 @@
+/* ll_kern.c - dequantization, canonical dot products, batched matmul and
+ * the persistent thread pool of the llama engine. See ll_kern.h for the
+ * determinism contract every kernel here implements. */
+#include "ll_kern.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LL_LANES 16
+#define QK 32 /* elements per Q8_0 / Q4_0 block */
+
+/* ------------------------------------------------------------------ */
+/* scalar helpers                                                      */
+
+static inline float ll_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: renormalize */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400u)) {
+                man <<= 1;
+                exp--;
+            }
+            man &= 0x3ffu;
+            bits = sign | (exp << 23) | (man << 13);
+        }
+    } else if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+static inline float ll_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+static inline uint16_t ll_rd16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+size_t eng_ll_row_bytes(uint32_t type, uint64_t cols)
+{
+    switch (type) {
+    case ENG_LL_T_F32: return (size_t)cols * 4;
+    case ENG_LL_T_F16:
+    case ENG_LL_T_BF16: return (size_t)cols * 2;
+    case ENG_LL_T_Q8_0: return cols % QK ? 0 : (size_t)(cols / QK) * 34;
+    case ENG_LL_T_Q4_0: return cols % QK ? 0 : (size_t)(cols / QK) * 18;
+    default: return 0;
+    }
+}
+
+const char *eng_ll_type_name(uint32_t type)
+{
+    switch (type) {
+    case ENG_LL_T_F32: return "F32";
+    case ENG_LL_T_F16: return "F16";
+    case ENG_LL_T_BF16: return "BF16";
+    case ENG_LL_T_Q8_0: return "Q8_0";
+    case ENG_LL_T_Q4_0: return "Q4_0";
+    default: return "?";
+    }
+}
+
+static void ll_dequant_scalar(uint32_t type, const uint8_t *src, size_t n,
+                              float *out /* (n) */)
+{
+    switch (type) {
+    case ENG_LL_T_F32:
+        memcpy(out, src, n * 4);
+        break;
+    case ENG_LL_T_F16:
+        for (size_t i = 0; i < n; i++)
+            out[i] = ll_f16_to_f32(ll_rd16(src + 2 * i));
+        break;
+    case ENG_LL_T_BF16:
+        for (size_t i = 0; i < n; i++)
+            out[i] = ll_bf16_to_f32(ll_rd16(src + 2 * i));
+        break;
+    case ENG_LL_T_Q8_0:
+        for (size_t b = 0; b < n / QK; b++) {
+            const uint8_t *blk = src + b * 34;
+            float d = ll_f16_to_f32(ll_rd16(blk));
+            for (int j = 0; j < QK; j++)
+                out[b * QK + j] = (float)(int8_t)blk[2 + j] * d;
+        }
+        break;
+    case ENG_LL_T_Q4_0:
+        for (size_t b = 0; b < n / QK; b++) {
+            const uint8_t *blk = src + b * 18;
+            float d = ll_f16_to_f32(ll_rd16(blk));
+            for (int j = 0; j < QK / 2; j++) {
+                out[b * QK + j] = (float)((int)(blk[2 + j] & 0x0f) - 8) * d;
+                out[b * QK + j + QK / 2] = (float)((int)(blk[2 + j] >> 4) - 8) * d;
+            }
+        }
+        break;
+    default:
+        memset(out, 0, n * 4);
+        break;
+    }
+}
+
+/* The canonical 16-lane reduction tree. */
+static inline float ll_tree16(const float a[LL_LANES])
+{
+    float s8[8], s4[4], s2[2];
+    for (int l = 0; l < 8; l++)
+        s8[l] = a[l] + a[l + 8];
+    for (int l = 0; l < 4; l++)
+        s4[l] = s8[l] + s8[l + 4];
+    for (int l = 0; l < 2; l++)
+        s2[l] = s4[l] + s4[l + 2];
+    return s2[0] + s2[1];
+}
+
+static float ll_dot_scalar(const float *a, const float *b, size_t n)
+{
+    float acc[LL_LANES] = { 0 };
+    for (size_t k = 0; k < n; k++)
+        acc[k % LL_LANES] = fmaf(a[k], b[k], acc[k % LL_LANES]);
+    return ll_tree16(acc);
+}
+
+/* ------------------------------------------------------------------ */
+/* AVX-512                                                             */
+
+#define TGT512 __attribute__((target("avx512f,avx512vl,avx512bw,fma,f16c,avx2")))
+#define TGT256 __attribute__((target("avx2,fma,f16c")))
+
+static inline TGT256 float ll_tree8_256(__m256 s8)
+{
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+}
+
+static inline TGT512 float ll_tree8_512v(__m256 s8)
+{
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+}
+
+static inline TGT512 float ll_hsum512(__m512 a)
+{
+    __m256 lo = _mm512_castps512_ps256(a);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    return ll_tree8_512v(_mm256_add_ps(lo, hi));
+}
+
+static TGT512 void ll_dequant_512(uint32_t type, const uint8_t *src, size_t n,
+                                  float *out /* (n), n % 16 == 0 */)
+{
+    switch (type) {
+    case ENG_LL_T_F16:
+        for (size_t i = 0; i < n; i += 16)
+            _mm512_storeu_ps(out + i, _mm512_cvtph_ps(
+                _mm256_loadu_si256((const __m256i *)(const void *)(src + 2 * i))));
+        break;
+    case ENG_LL_T_BF16:
+        for (size_t i = 0; i < n; i += 16) {
+            __m512i v = _mm512_cvtepu16_epi32(
+                _mm256_loadu_si256((const __m256i *)(const void *)(src + 2 * i)));
+            _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+        }
+        break;
+    case ENG_LL_T_Q8_0:
+        for (size_t b = 0; b < n / QK; b++) {
+            const uint8_t *blk = src + b * 34;
+            __m512 d = _mm512_set1_ps(ll_f16_to_f32(ll_rd16(blk)));
+            __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
+            __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(blk + 18)));
+            _mm512_storeu_ps(out + b * QK, _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d));
+            _mm512_storeu_ps(out + b * QK + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d));
+        }
+        break;
+    case ENG_LL_T_Q4_0: {
+        const __m128i m4 = _mm_set1_epi8(0x0f);
+        const __m512i eight = _mm512_set1_epi32(8);
+        for (size_t b = 0; b < n / QK; b++) {
+            const uint8_t *blk = src + b * 18;
+            __m512 d = _mm512_set1_ps(ll_f16_to_f32(ll_rd16(blk)));
+            __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
+            __m128i lo = _mm_and_si128(v, m4);
+            __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+            __m512i q0 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(lo), eight);
+            __m512i q1 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(hi), eight);
+            _mm512_storeu_ps(out + b * QK, _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d));
+            _mm512_storeu_ps(out + b * QK + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d));
+        }
+        break;
+    }
+    default:
+        ll_dequant_scalar(type, src, n, out);
+        break;
+    }
+}
+
+/* R weight rows (stride ws floats) x NI items (stride xs floats):
+ * o[i * os + r] = canonical dot. Fully unrolled for constant R, NI. */
+static inline __attribute__((always_inline)) TGT512 void
+ll_mk512(const float *w, size_t ws, const float *x, size_t xs, size_t K,
+         float *o, size_t os, const int R, const int NI)
+{
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++)
+            acc[r][i] = _mm512_setzero_ps();
+    for (size_t k = 0; k < K; k += 16) {
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            wv[r] = _mm512_loadu_ps(w + r * ws + k);
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++) {
+            __m512 xv = _mm512_loadu_ps(x + i * xs + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++)
+            o[i * os + r] = ll_hsum512(acc[r][i]);
+}
+
+#define LL_MK512_FN(R, NI)                                                    \
+    static TGT512 void ll_mk512_##R##x##NI(const float *w, size_t ws,         \
+        const float *x, size_t xs, size_t K, float *o, size_t os)             \
+    {                                                                         \
+        ll_mk512(w, ws, x, xs, K, o, os, R, NI);                              \
+    }
+LL_MK512_FN(4, 4) LL_MK512_FN(4, 3) LL_MK512_FN(4, 2) LL_MK512_FN(4, 1)
+LL_MK512_FN(1, 4) LL_MK512_FN(1, 3) LL_MK512_FN(1, 2) LL_MK512_FN(1, 1)
+
+typedef void (*ll_mk_fn)(const float *, size_t, const float *, size_t, size_t,
+                         float *, size_t);
+static const ll_mk_fn ll_mk512_tab[2][5] = {
+    { NULL, ll_mk512_1x1, ll_mk512_1x2, ll_mk512_1x3, ll_mk512_1x4 },
+    { NULL, ll_mk512_4x1, ll_mk512_4x2, ll_mk512_4x3, ll_mk512_4x4 },
+};
+
+static TGT512 float ll_dot_512(const float *a, const float *b, size_t n)
+{
+    float r;
+    ll_mk512(a, 0, b, 0, n, &r, 0, 1, 1);
+    return r;
+}
+
+static TGT512 float ll_dot_f16_512(const uint16_t *a, const float *b, size_t n)
+{
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t k = 0; k < n; k += 16)
+        acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(a + k))),
+                              _mm512_loadu_ps(b + k), acc);
+    return ll_hsum512(acc);
+}
+
+static TGT512 void ll_axpy_f16_512(float *y, float a, const uint16_t *x, size_t n)
+{
+    __m512 av = _mm512_set1_ps(a);
+    for (size_t k = 0; k < n; k += 16)
+        _mm512_storeu_ps(y + k, _mm512_fmadd_ps(av,
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(x + k))),
+            _mm512_loadu_ps(y + k)));
+}
+
+static TGT512 void ll_axpy_512(float *y, float a, const float *x, size_t n)
+{
+    __m512 av = _mm512_set1_ps(a);
+    for (size_t k = 0; k < n; k += 16)
+        _mm512_storeu_ps(y + k, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + k),
+                                                _mm512_loadu_ps(y + k)));
+}
+
+/* ------------------------------------------------------------------ */
+/* AVX2: two ymm per canonical 16-lane accumulator                     */
+
+static TGT256 void ll_dequant_256(uint32_t type, const uint8_t *src, size_t n,
+                                  float *out)
+{
+    if (type == ENG_LL_T_F16) {
+        for (size_t i = 0; i < n; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_cvtph_ps(
+                _mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i))));
+        return;
+    }
+    ll_dequant_scalar(type, src, n, out);
+}
+
+static inline __attribute__((always_inline)) TGT256 void
+ll_mk256(const float *w, size_t ws, const float *x, size_t xs, size_t K,
+         float *o, size_t os, const int R, const int NI)
+{
+    __m256 lo[2][2], hi[2][2];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int i = 0; i < NI; i++) {
+            lo[r][i] = _mm256_setzero_ps();
+            hi[r][i] = _mm256_setzero_ps();
+        }
+    for (size_t k = 0; k < K; k += 16) {
+        __m256 wl[2], wh[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            wl[r] = _mm256_loadu_ps(w + r * ws + k);
+            wh[r] = _mm256_loadu_ps(w + r * ws + k + 8);
+        }
+#pragma GCC unroll 2
+        for (int i = 0; i < NI; i++) {
+            __m256 xl = _mm256_loadu_ps(x + i * xs + k);
+            __m256 xh = _mm256_loadu_ps(x + i * xs + k + 8);
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                lo[r][i] = _mm256_fmadd_ps(wl[r], xl, lo[r][i]);
+                hi[r][i] = _mm256_fmadd_ps(wh[r], xh, hi[r][i]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int i = 0; i < NI; i++)
+            o[i * os + r] = ll_tree8_256(_mm256_add_ps(lo[r][i], hi[r][i]));
+}
+
+#define LL_MK256_FN(R, NI)                                                    \
+    static TGT256 void ll_mk256_##R##x##NI(const float *w, size_t ws,         \
+        const float *x, size_t xs, size_t K, float *o, size_t os)             \
+    {                                                                         \
+        ll_mk256(w, ws, x, xs, K, o, os, R, NI);                              \
+    }
+LL_MK256_FN(2, 2) LL_MK256_FN(2, 1) LL_MK256_FN(1, 2) LL_MK256_FN(1, 1)
+
+static TGT256 float ll_dot_256(const float *a, const float *b, size_t n)
+{
+    float r;
+    ll_mk256(a, 0, b, 0, n, &r, 0, 1, 1);
+    return r;
+}
+
+/* ------------------------------------------------------------------ */
+/* dispatch                                                            */
+
+enum { LL_ISA_SCALAR = 0, LL_ISA_AVX2 = 1, LL_ISA_AVX512 = 2 };
+static _Atomic int ll_isa_g = -1;
+
+static int ll_isa_get(void)
+{
+    int isa = atomic_load_explicit(&ll_isa_g, memory_order_relaxed);
+    if (isa >= 0)
+        return isa;
+    __builtin_cpu_init();
+    isa = LL_ISA_SCALAR;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        isa = LL_ISA_AVX2; /* f16c is present on every AVX2+FMA x86 CPU */
+    if (isa == LL_ISA_AVX2 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
+        isa = LL_ISA_AVX512;
+    const char *force = getenv("ENG_LL_ISA");
+    if (force && strcmp(force, "scalar") == 0)
+        isa = LL_ISA_SCALAR;
+    else if (force && strcmp(force, "avx2") == 0 && isa > LL_ISA_AVX2)
+        isa = LL_ISA_AVX2;
+    atomic_store_explicit(&ll_isa_g, isa, memory_order_relaxed);
+    return isa;
+}
+
+const char *eng_ll_isa(void)
+{
+    static const char *const names[] = { "scalar", "avx2", "avx512" };
+    return names[ll_isa_get()];
+}
+
+void eng_ll_dequant_row(const eng_ll_tensor_t *t, uint32_t row, float *out)
+{
+    const uint8_t *src = t->data + (size_t)row * t->row_bytes;
+    int isa = ll_isa_get();
+    if (isa == LL_ISA_AVX512 && t->cols % 16 == 0 && t->type != ENG_LL_T_F32)
+        ll_dequant_512(t->type, src, t->cols, out);
+    else if (isa == LL_ISA_AVX2 && t->cols % 16 == 0)
+        ll_dequant_256(t->type, src, t->cols, out);
+    else
+        ll_dequant_scalar(t->type, src, t->cols, out);
+}
+
+float eng_ll_dot(const float *a, const float *b, size_t n)
+{
+    int isa = ll_isa_get();
+    if (n % 16 == 0 && isa == LL_ISA_AVX512)
+        return ll_dot_512(a, b, n);
+    if (n % 16 == 0 && isa == LL_ISA_AVX2)
+        return ll_dot_256(a, b, n);
+    return ll_dot_scalar(a, b, n);
+}
+
+float eng_ll_dot_f16(const uint16_t *a, const float *b, size_t n)
+{
+    if (n % 16 == 0 && ll_isa_get() == LL_ISA_AVX512)
+        return ll_dot_f16_512(a, b, n);
+    float acc[LL_LANES] = { 0 };
+    for (size_t k = 0; k < n; k++)
+        acc[k % LL_LANES] = fmaf(ll_f16_to_f32(a[k]), b[k], acc[k % LL_LANES]);
+    return ll_tree16(acc);
+}
+
+void eng_ll_axpy_f16(float *y, float a, const uint16_t *x, size_t n)
+{
+    if (n % 16 == 0 && ll_isa_get() == LL_ISA_AVX512) {
+        ll_axpy_f16_512(y, a, x, n);
+        return;
+    }
+    for (size_t k = 0; k < n; k++)
+        y[k] = fmaf(a, ll_f16_to_f32(x[k]), y[k]);
+}
+
+void eng_ll_axpy(float *y, float a, const float *x, size_t n)
+{
+    if (n % 16 == 0 && ll_isa_get() == LL_ISA_AVX512) {
+        ll_axpy_512(y, a, x, n);
+        return;
+    }
+    for (size_t k = 0; k < n; k++)
+        y[k] = fmaf(a, x[k], y[k]);
+}
+
+/* ------------------------------------------------------------------ */
+/* matmul                                                              */
+
+/* Rows [r0, r1) of w for all items. scratch holds 4 dequantized rows. */
+static void ll_matmul_rows(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1,
+                           const float *x, uint32_t xs, uint32_t n_items,
+                           float *out, uint32_t os, float *scratch /* (4, cols) */)
+{
+    const size_t K = w->cols;
+    int isa = ll_isa_get();
+    if (K % 16 != 0)
+        isa = LL_ISA_SCALAR; /* shape-determined, hence still deterministic */
+    const uint32_t rt_max = isa == LL_ISA_AVX512 ? 4 : isa == LL_ISA_AVX2 ? 2 : 1;
+    const uint32_t it_max = isa == LL_ISA_AVX512 ? 4 : isa == LL_ISA_AVX2 ? 2 : 1;
+
+    for (uint32_t r = r0; r < r1;) {
+        uint32_t rt = r1 - r >= rt_max ? rt_max : 1;
+        const float *wrows;
+        size_t ws;
+        if (w->type == ENG_LL_T_F32) {
+            wrows = (const float *)(const void *)(w->data + (size_t)r * w->row_bytes);
+            ws = K;
+        } else {
+            for (uint32_t j = 0; j < rt; j++)
+                eng_ll_dequant_row(w, r + j, scratch + j * K);
+            wrows = scratch;
+            ws = K;
+        }
+        for (uint32_t i = 0; i < n_items;) {
+            uint32_t it = n_items - i >= it_max ? it_max : n_items - i;
+            float *o = out + (size_t)i * os + r;
+            const float *xi = x + (size_t)i * xs;
+            if (isa == LL_ISA_AVX512) {
+                ll_mk512_tab[rt == 4][it](wrows, ws, xi, xs, K, o, os);
+            } else if (isa == LL_ISA_AVX2) {
+                if (rt == 2)
+                    (it == 2 ? ll_mk256_2x2 : ll_mk256_2x1)(wrows, ws, xi, xs, K, o, os);
+                else
+                    (it == 2 ? ll_mk256_1x2 : ll_mk256_1x1)(wrows, ws, xi, xs, K, o, os);
+            } else {
+                o[0] = ll_dot_scalar(wrows, xi, K);
+            }
+            i += it;
+        }
+        r += rt;
+    }
+}
+
+typedef struct {
+    const eng_ll_matmul_t *mm;
+    float *const *scratch;
+} ll_matmul_ctx_t;
+
+static void ll_matmul_task(void *arg, uint32_t tid, uint32_t n_threads)
+{
+    const ll_matmul_ctx_t *ctx = arg;
+    const eng_ll_matmul_t *mm = ctx->mm;
+    uint64_t total = 0;
+    for (uint32_t m = 0; m < mm->n_mats; m++)
+        total += mm->w[m]->rows;
+    /* contiguous ranges of 4-row tiles */
+    uint64_t tiles = (total + 3) / 4;
+    uint64_t t0 = tiles * tid / n_threads, t1 = tiles * (tid + 1) / n_threads;
+    uint64_t g0 = t0 * 4, g1 = t1 * 4 < total ? t1 * 4 : total;
+    uint64_t base = 0;
+    for (uint32_t m = 0; m < mm->n_mats && g0 < g1; m++) {
+        uint64_t rows = mm->w[m]->rows;
+        if (g0 < base + rows) {
+            uint32_t lr0 = (uint32_t)(g0 - base);
+            uint32_t lr1 = (uint32_t)((g1 < base + rows ? g1 : base + rows) - base);
+            ll_matmul_rows(mm->w[m], lr0, lr1, mm->x, mm->x_stride, mm->n_items,
+                           mm->out[m], mm->out_stride[m], ctx->scratch[tid]);
+            g0 = base + lr1;
+        }
+        base += rows;
+    }
+}
+
+void eng_ll_matmul(eng_ll_pool_t *pool, const eng_ll_matmul_t *mm,
+                   float *const *scratch)
+{
+    ll_matmul_ctx_t ctx = { mm, scratch };
+    eng_ll_pool_run(pool, ll_matmul_task, &ctx);
+}
+
+/* ------------------------------------------------------------------ */
+/* thread pool: persistent workers; spin briefly, then sleep on a condvar */
+
+#define LL_SPIN 20000
+
+struct eng_ll_pool {
+    uint32_t n_threads;
+    pthread_t *threads;          /* (n_threads - 1) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_start;
+    pthread_cond_t cv_done;
+    _Atomic uint64_t gen;        /* bumped once per run */
+    _Atomic uint32_t pending;    /* workers still running the current job */
+    _Atomic int stop;
+    eng_ll_pool_fn fn;
+    void *ctx;
+};
+
+typedef struct {
+    eng_ll_pool_t *pool;
+    uint32_t tid;
+} ll_worker_arg_t;
+
+static void *ll_worker(void *arg)
+{
+    ll_worker_arg_t wa = *(ll_worker_arg_t *)arg;
+    free(arg);
+    eng_ll_pool_t *p = wa.pool;
+    uint64_t seen = 0;
+    for (;;) {
+        uint64_t g;
+        int spins = 0;
+        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
+               !atomic_load(&p->stop) && spins < LL_SPIN) {
+            __builtin_ia32_pause();
+            spins++;
+        }
+        if (g == seen && !atomic_load(&p->stop)) {
+            pthread_mutex_lock(&p->mu);
+            while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop))
+                pthread_cond_wait(&p->cv_start, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->stop))
+            return NULL;
+        seen = g;
+        p->fn(p->ctx, wa.tid, p->n_threads);
+        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->cv_done);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+}
+
+pd_status_t eng_ll_pool_create(uint32_t n_threads, eng_ll_pool_t **pool_p)
+{
+    if (n_threads == 0)
+        n_threads = 1;
+    eng_ll_pool_t *p = calloc(1, sizeof(*p));
+    if (!p)
+        return PD_ERR_NO_MEMORY;
+    p->n_threads = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv_start, NULL);
+    pthread_cond_init(&p->cv_done, NULL);
+    p->threads = calloc(n_threads, sizeof(pthread_t));
+    if (!p->threads)
+        goto err_free;
+    uint32_t started = 0;
+    for (uint32_t t = 1; t < n_threads; t++) {
+        ll_worker_arg_t *wa = malloc(sizeof(*wa));
+        if (!wa)
+            goto err_join;
+        wa->pool = p;
+        wa->tid = t;
+        if (pthread_create(&p->threads[t - 1], NULL, ll_worker, wa) != 0) {
+            free(wa);
+            goto err_join;
+        }
+        started++;
+    }
+    *pool_p = p;
+    return PD_OK;
+err_join:
+    p->n_threads = started + 1;
+    eng_ll_pool_destroy(p);
+    return PD_ERR_INTERNAL;
+err_free:
+    free(p);
+    return PD_ERR_NO_MEMORY;
+}
+
+void eng_ll_pool_destroy(eng_ll_pool_t *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->stop, 1);
+    pthread_cond_broadcast(&p->cv_start);
+    pthread_mutex_unlock(&p->mu);
+    for (uint32_t t = 1; t < p->n_threads; t++)
+        pthread_join(p->threads[t - 1], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv_start);
+    pthread_cond_destroy(&p->cv_done);
+    free(p->threads);
+    free(p);
+}
+
+uint32_t eng_ll_pool_size(const eng_ll_pool_t *p)
+{
+    return p->n_threads;
+}
+
+void eng_ll_pool_run(eng_ll_pool_t *p, eng_ll_pool_fn fn, void *ctx)
+{
+    if (p->n_threads == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    pthread_cond_broadcast(&p->cv_start);
+    pthread_mutex_unlock(&p->mu);
+    fn(ctx, 0, p->n_threads);
+    int spins = 0;
+    while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0 &&
+           spins < LL_SPIN) {
+        __builtin_ia32_pause();
+        spins++;
+    }
+    if (atomic_load_explicit(&p->pending, memory_order_acquire) != 0) {
+        pthread_mutex_lock(&p->mu);
+        while (atomic_load(&p->pending) != 0)
+            pthread_cond_wait(&p->cv_done, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
+}

@@ -1,0 +1,94 @@
+/* ll_kern.h - weight-type-aware matmul kernels and the thread pool of the
+ * llama engine (internal to engine/llama).
+ *
+ * Determinism contract. Every dot product of length K computed here has ONE
+ * canonical definition, whatever the ISA path (AVX-512, AVX2, scalar), the
+ * batch size or the thread count:
+ *   lane l (0..15) accumulates w[k]*x[k] for k = l, l+16, l+32, ... in
+ *   increasing k with a fused multiply-add starting from +0.0f; then the 16
+ *   lanes are reduced by the fixed tree  s8[l] = a[l]+a[l+8],
+ *   s4[l] = s8[l]+s8[l+4], s2[l] = s4[l]+s4[l+2], r = s2[0]+s2[1].
+ * Weight rows are first dequantized to f32 EXACTLY (f16/bf16 widen exactly;
+ * a Q8_0/Q4_0 element q*d fits in a float mantissa), so the result does not
+ * depend on how weights were tiled either. Work is split across threads by
+ * output rows only; a (row, item) pair is always computed by the same code.
+ */
+#ifndef LL_KERN_H
+#define LL_KERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "pd_status.h"
+
+/* ggml tensor type ids (GGUF). */
+enum {
+    ENG_LL_T_F32 = 0,
+    ENG_LL_T_F16 = 1,
+    ENG_LL_T_Q4_0 = 2,
+    ENG_LL_T_Q8_0 = 8,
+    ENG_LL_T_BF16 = 30,
+};
+
+/* A 2-D weight used in place (from the mmap). */
+typedef struct {
+    const uint8_t *data;   /* (rows, row_bytes) */
+    uint32_t type;         /* ENG_LL_T_* */
+    uint32_t rows;         /* output features */
+    uint32_t cols;         /* input features (reduction dim) */
+    size_t row_bytes;
+} eng_ll_tensor_t;
+
+/* Bytes of one row of `cols` elements of `type`; 0 if the type is unknown or
+ * cols is not a multiple of the type's block size. */
+size_t eng_ll_row_bytes(uint32_t type, uint64_t cols);
+const char *eng_ll_type_name(uint32_t type);
+
+/* Dequantize row `row` of t into out (t->cols floats), exactly. */
+void eng_ll_dequant_row(const eng_ll_tensor_t *t, uint32_t row,
+                        float *out /* (cols) */);
+
+/* Canonical dot product (see the contract above). */
+float eng_ll_dot(const float *a, const float *b, size_t n);
+/* Canonical dot product of an f16 vector with an f32 vector. */
+float eng_ll_dot_f16(const uint16_t *a, const float *b, size_t n);
+/* y[i] += a * x[i] (elementwise, single rounding per fma). */
+void eng_ll_axpy_f16(float *y, float a, const uint16_t *x, size_t n);
+void eng_ll_axpy(float *y, float a, const float *x, size_t n);
+
+/* Which ISA path the kernels use: "avx512", "avx2", "scalar". Set once at
+ * first use from __builtin_cpu_supports; ENG_LL_ISA=scalar|avx2 in the
+ * environment forces a lower one (tests use it to show paths agree). */
+const char *eng_ll_isa(void);
+
+/* ---- thread pool ---- */
+typedef struct eng_ll_pool eng_ll_pool_t;
+typedef void (*eng_ll_pool_fn)(void *ctx, uint32_t tid, uint32_t n_threads);
+
+/* Create a pool of n_threads (>= 1) compute threads; the caller's thread is
+ * thread 0, so n_threads-1 workers are started. Expected errors:
+ * PD_ERR_NO_MEMORY, PD_ERR_INTERNAL (pthread_create failed). */
+pd_status_t eng_ll_pool_create(uint32_t n_threads, eng_ll_pool_t **pool_p);
+void eng_ll_pool_destroy(eng_ll_pool_t *pool); /* accepts NULL */
+uint32_t eng_ll_pool_size(const eng_ll_pool_t *pool);
+/* Run fn(ctx, tid, n) on every thread and return when all finished. */
+void eng_ll_pool_run(eng_ll_pool_t *pool, eng_ll_pool_fn fn, void *ctx);
+
+/* ---- matmul ----
+ * out_m[b*out_stride + r] = dot(W_m row r, x[b*x_stride ...]) for up to 3
+ * matrices sharing the input x (fused Q/K/V or gate/up), b < n_items.
+ * Rows of all matrices are split across the pool's threads. */
+typedef struct {
+    uint32_t n_mats;
+    const eng_ll_tensor_t *w[3];
+    float *out[3];            /* (n_items, out_stride[m]) */
+    uint32_t out_stride[3];
+    const float *x;           /* (n_items, x_stride), x_stride >= cols */
+    uint32_t x_stride;
+    uint32_t n_items;
+} eng_ll_matmul_t;
+
+/* scratch: per-thread f32 buffers, each >= 4 * max cols floats. */
+void eng_ll_matmul(eng_ll_pool_t *pool, const eng_ll_matmul_t *mm,
+                   float *const *scratch);
+
+#endif

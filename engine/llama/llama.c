@@ -1,0 +1,803 @@
+/* llama.c - the "llama" engine: GGUF loading and the transformer forward
+ * pass (RMSNorm, RoPE, grouped-query attention over a paged block-major KV
+ * cache, SwiGLU FFN) for archs `llama` and `qwen2`.
+ *
+ * Prefill and decode run through one routine, ll_forward(), over a list of
+ * tokens each carrying its own (block table, position): a prefill chunk is
+ * consecutive positions of one sequence, a decode step is one token of many
+ * sequences. Every per-token quantity is computed by code that does not look
+ * at the other tokens (matmuls per ll_kern.h's canonical dot, attention per
+ * (token, head) reading K/V back from the cache), which is what makes chunked
+ * prefill, batched decode and any thread count bitwise identical. */
+#include "eng_llama.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "gguf.h"
+#include "ll_kern.h"
+
+#define LL_DEFAULT_BLOCK_TOKENS 16
+#define LL_PREFILL_CHUNK 64      /* tokens per forward pass in prefill */
+#define LL_DEFAULT_MAX_BATCH 32
+#define LL_MAX_THREADS 256
+
+typedef enum { LL_ARCH_LLAMA = 0, LL_ARCH_QWEN2 = 1 } ll_arch_t;
+
+typedef struct {
+    float *attn_norm;            /* (n_embd) */
+    float *ffn_norm;             /* (n_embd) */
+    float *bq, *bk, *bv;         /* (q_dim), (kv_dim), (kv_dim) or NULL */
+    eng_ll_tensor_t wq;          /* (q_dim, n_embd) */
+    eng_ll_tensor_t wk, wv;      /* (kv_dim, n_embd) */
+    eng_ll_tensor_t wo;          /* (n_embd, q_dim) */
+    eng_ll_tensor_t w_gate, w_up;/* (n_ff, n_embd) */
+    eng_ll_tensor_t w_down;      /* (n_embd, n_ff) */
+} ll_layer_t;
+
+/* One token of a forward pass. */
+typedef struct {
+    int32_t token;
+    uint32_t pos;
+    const uint32_t *bt;          /* (nb) block table of its sequence */
+    uint32_t nb;
+} ll_tok_t;
+
+struct eng_model {
+    gguf_t *gguf;
+    ll_arch_t arch;
+    uint32_t n_embd, n_layers, n_heads, n_kv_heads, head_dim, n_ff, vocab;
+    uint32_t q_dim, kv_dim;
+    uint32_t rope_dim;
+    float rope_base, rms_eps;
+    double *inv_freq;            /* (rope_dim / 2) */
+    eng_ll_tensor_t tok_embd;    /* (vocab, n_embd) */
+    eng_ll_tensor_t output;      /* (vocab, n_embd), == tok_embd when tied */
+    float *out_norm;             /* (n_embd) */
+    ll_layer_t *layers;          /* (n_layers) */
+    eng_kv_geom_t geom;
+    uint64_t n_params;
+    uint64_t weight_bytes_per_token;
+
+    eng_ll_pool_t *pool;
+    uint32_t n_threads;
+    uint32_t t_max;              /* tokens per forward pass */
+    /* activations */
+    float *x;                    /* (t_max, n_embd) residual stream */
+    float *xb;                   /* (t_max, n_embd) normed input */
+    float *xb2;                  /* (t_max, n_embd) block output */
+    float *q;                    /* (t_max, q_dim) */
+    float *k;                    /* (t_max, kv_dim) */
+    float *v;                    /* (t_max, kv_dim) */
+    float *att;                  /* (t_max, q_dim) attention output */
+    float *hb;                   /* (t_max, n_ff) gate, then silu(gate)*up */
+    float *hb2;                  /* (t_max, n_ff) up */
+    float *rope_cs;              /* (t_max, rope_dim/2, 2) cos, sin */
+    float **mm_scratch;          /* (n_threads) -> (4, max_cols) */
+    float **att_scratch;         /* (n_threads) -> (context_length) scores */
+};
+
+/* ------------------------------------------------------------------ */
+/* loading                                                             */
+
+static void ll_free(eng_model_t *m)
+{
+    if (!m)
+        return;
+    eng_ll_pool_destroy(m->pool);
+    if (m->layers) {
+        for (uint32_t l = 0; l < m->n_layers; l++) {
+            ll_layer_t *L = &m->layers[l];
+            free(L->attn_norm);
+            free(L->ffn_norm);
+            free(L->bq);
+            free(L->bk);
+            free(L->bv);
+        }
+        free(m->layers);
+    }
+    if (m->mm_scratch)
+        for (uint32_t t = 0; t < m->n_threads; t++)
+            free(m->mm_scratch[t]);
+    if (m->att_scratch)
+        for (uint32_t t = 0; t < m->n_threads; t++)
+            free(m->att_scratch[t]);
+    free(m->mm_scratch);
+    free(m->att_scratch);
+    free(m->out_norm);
+    free(m->inv_freq);
+    free(m->x);
+    free(m->xb);
+    free(m->xb2);
+    free(m->q);
+    free(m->k);
+    free(m->v);
+    free(m->att);
+    free(m->hb);
+    free(m->hb2);
+    free(m->rope_cs);
+    gguf_close(m->gguf);
+    free(m);
+}
+
+static pd_status_t __attribute__((format(printf, 4, 5)))
+ll_bad(char *err, size_t err_len, pd_status_t st, const char *fmt, ...)
+{
+    if (err && err_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_len, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+static pd_status_t ll_get_u32(const gguf_t *g, const char *arch, const char *suffix,
+                              uint32_t *v_p, int required, char *err, size_t err_len)
+{
+    char key[160];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    pd_status_t st = gguf_get_u32(g, key, v_p);
+    if (st == PD_ERR_NOT_FOUND && !required)
+        return PD_OK;
+    if (st != PD_OK)
+        return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "metadata key %s missing or bad", key);
+    return PD_OK;
+}
+
+static pd_status_t ll_get_f32(const gguf_t *g, const char *arch, const char *suffix,
+                              float *v_p, char *err, size_t err_len)
+{
+    char key[160];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    pd_status_t st = gguf_get_f32(g, key, v_p);
+    if (st == PD_ERR_NOT_FOUND)
+        return PD_OK;
+    if (st != PD_OK)
+        return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "metadata key %s bad", key);
+    return PD_OK;
+}
+
+/* Bind a 2-D weight (rows, cols) in place. */
+static pd_status_t ll_bind_mat(eng_model_t *m, const char *name, uint32_t rows,
+                               uint32_t cols, int optional, eng_ll_tensor_t *t_p,
+                               char *err, size_t err_len)
+{
+    const gguf_tensor_t *t = gguf_tensor_find(m->gguf, name);
+    if (!t) {
+        if (optional)
+            return PD_ERR_NOT_FOUND;
+        return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "tensor %s missing", name);
+    }
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
+        return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "tensor %s has wrong shape", name);
+    size_t rb = eng_ll_row_bytes(t->type, cols);
+    if (rb == 0)
+        return ll_bad(err, err_len, PD_ERR_UNSUPPORTED,
+                      "tensor %s: unsupported type or row length", name);
+    if ((uint64_t)rb * rows != t->n_bytes)
+        return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "tensor %s: size mismatch", name);
+    t_p->data = t->data;
+    t_p->type = t->type;
+    t_p->rows = rows;
+    t_p->cols = cols;
+    t_p->row_bytes = rb;
+    return PD_OK;
+}
+
+/* Copy a 1-D tensor of n elements to an owned f32 array. */
+static pd_status_t ll_load_vec(eng_model_t *m, const char *name, uint32_t n,
+                               int optional, float **v_p, char *err, size_t err_len)
+{
+    const gguf_tensor_t *t = gguf_tensor_find(m->gguf, name);
+    if (!t) {
+        if (optional) {
+            *v_p = NULL;
+            return PD_OK;
+        }
+        return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "tensor %s missing", name);
+    }
+    if (t->n_elements != n || t->ne[0] != n)
+        return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "tensor %s has wrong shape", name);
+    if (eng_ll_row_bytes(t->type, n) == 0)
+        return ll_bad(err, err_len, PD_ERR_UNSUPPORTED, "tensor %s: unsupported type", name);
+    float *v = malloc((size_t)n * sizeof(float));
+    if (!v)
+        return PD_ERR_NO_MEMORY;
+    eng_ll_tensor_t tt = { t->data, t->type, 1, n, eng_ll_row_bytes(t->type, n) };
+    eng_ll_dequant_row(&tt, 0, v);
+    *v_p = v;
+    return PD_OK;
+}
+
+static pd_status_t ll_load_layers(eng_model_t *m, char *err, size_t err_len)
+{
+    char name[128];
+    pd_status_t st;
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        ll_layer_t *L = &m->layers[l];
+#define LL_MAT(field, suffix, rows, cols)                                     \
+        snprintf(name, sizeof(name), "blk.%u." suffix ".weight", l);           \
+        st = ll_bind_mat(m, name, rows, cols, 0, &L->field, err, err_len);    \
+        if (st != PD_OK)                                                       \
+            return st;
+#define LL_VEC(field, suffix, n, optional)                                    \
+        snprintf(name, sizeof(name), "blk.%u." suffix, l);                     \
+        st = ll_load_vec(m, name, n, optional, &L->field, err, err_len);      \
+        if (st != PD_OK)                                                       \
+            return st;
+        LL_MAT(wq, "attn_q", m->q_dim, m->n_embd)
+        LL_MAT(wk, "attn_k", m->kv_dim, m->n_embd)
+        LL_MAT(wv, "attn_v", m->kv_dim, m->n_embd)
+        LL_MAT(wo, "attn_output", m->n_embd, m->q_dim)
+        LL_MAT(w_gate, "ffn_gate", m->n_ff, m->n_embd)
+        LL_MAT(w_up, "ffn_up", m->n_ff, m->n_embd)
+        LL_MAT(w_down, "ffn_down", m->n_embd, m->n_ff)
+        LL_VEC(attn_norm, "attn_norm.weight", m->n_embd, 0)
+        LL_VEC(ffn_norm, "ffn_norm.weight", m->n_embd, 0)
+        LL_VEC(bq, "attn_q.bias", m->q_dim, 1)
+        LL_VEC(bk, "attn_k.bias", m->kv_dim, 1)
+        LL_VEC(bv, "attn_v.bias", m->kv_dim, 1)
+#undef LL_MAT
+#undef LL_VEC
+    }
+    return PD_OK;
+}
+
+/* xxh64 over the model identity (arch, hyper-parameters, every tensor's
+ * name, type, dims and data) and the KV geometry. */
+static uint64_t ll_compat_hash(const eng_model_t *m)
+{
+    XXH64_state_t *s = XXH64_createState();
+    if (!s)
+        return 0;
+    XXH64_reset(s, 0x70647365727665ULL);
+    static const char tag[] = "pdserve-llama-kv-v1";
+    XXH64_update(s, tag, sizeof(tag));
+    uint32_t hp[] = { m->arch, m->n_embd, m->n_layers, m->n_heads, m->n_kv_heads,
+                      m->head_dim, m->n_ff, m->vocab, m->rope_dim };
+    XXH64_update(s, hp, sizeof(hp));
+    XXH64_update(s, &m->rope_base, sizeof(m->rope_base));
+    XXH64_update(s, &m->rms_eps, sizeof(m->rms_eps));
+    uint64_t n = gguf_tensor_count(m->gguf);
+    for (uint64_t i = 0; i < n; i++) {
+        const gguf_tensor_t *t = gguf_tensor_at(m->gguf, i);
+        XXH64_update(s, t->name, strlen(t->name) + 1);
+        XXH64_update(s, &t->type, sizeof(t->type));
+        XXH64_update(s, t->ne, sizeof(t->ne));
+        uint64_t dh = XXH64(t->data, t->n_bytes, 0);
+        XXH64_update(s, &dh, sizeof(dh));
+    }
+    const eng_kv_geom_t *g = &m->geom;
+    uint64_t gv[] = { g->n_layers, g->n_kv_heads, g->head_dim, g->block_tokens,
+                      (uint64_t)g->kv_dtype, g->bytes_per_token, g->block_bytes,
+                      g->vocab_size };
+    XXH64_update(s, gv, sizeof(gv));
+    uint64_t h = XXH64_digest(s);
+    XXH64_freeState(s);
+    return h;
+}
+
+static uint32_t ll_online_cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > LL_MAX_THREADS ? LL_MAX_THREADS : (uint32_t)n;
+}
+
+static pd_status_t ll_alloc_buffers(eng_model_t *m)
+{
+    size_t T = m->t_max;
+#define LL_ALLOC(ptr, n)                                                      \
+    do {                                                                      \
+        (ptr) = calloc((n), sizeof(*(ptr)));                                   \
+        if (!(ptr))                                                           \
+            return PD_ERR_NO_MEMORY;                                          \
+    } while (0)
+    LL_ALLOC(m->x, T * m->n_embd);
+    LL_ALLOC(m->xb, T * m->n_embd);
+    LL_ALLOC(m->xb2, T * m->n_embd);
+    LL_ALLOC(m->q, T * m->q_dim);
+    LL_ALLOC(m->k, T * m->kv_dim);
+    LL_ALLOC(m->v, T * m->kv_dim);
+    LL_ALLOC(m->att, T * m->q_dim);
+    LL_ALLOC(m->hb, T * m->n_ff);
+    LL_ALLOC(m->hb2, T * m->n_ff);
+    LL_ALLOC(m->rope_cs, T * (m->rope_dim / 2 + 1) * 2);
+    LL_ALLOC(m->mm_scratch, m->n_threads);
+    LL_ALLOC(m->att_scratch, m->n_threads);
+    size_t max_cols = m->n_embd > m->n_ff ? m->n_embd : m->n_ff;
+    if (m->q_dim > max_cols)
+        max_cols = m->q_dim;
+    for (uint32_t t = 0; t < m->n_threads; t++) {
+        LL_ALLOC(m->mm_scratch[t], 4 * max_cols);
+        LL_ALLOC(m->att_scratch[t], (size_t)m->geom.context_length + 16);
+    }
+#undef LL_ALLOC
+    return PD_OK;
+}
+
+static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
+                           char *err, size_t err_len)
+{
+    pd_status_t st;
+    if (err && err_len)
+        err[0] = '\0';
+    if (!opts || !opts->model_path || !model_p)
+        return PD_ERR_BAD_INPUT;
+    if (opts->kv_dtype != ENG_KV_F16 && opts->kv_dtype != ENG_KV_F32)
+        return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "%s", "bad kv_dtype");
+    eng_model_t *m = calloc(1, sizeof(*m));
+    if (!m)
+        return PD_ERR_NO_MEMORY;
+    st = gguf_open(opts->model_path, &m->gguf, err, err_len);
+    if (st != PD_OK)
+        goto err_free;
+
+    const char *arch_s;
+    uint64_t arch_len;
+    st = gguf_get_string(m->gguf, "general.architecture", &arch_s, &arch_len);
+    if (st != PD_OK) {
+        st = ll_bad(err, err_len, PD_ERR_BAD_INPUT, "%s", "general.architecture missing");
+        goto err_free;
+    }
+    char arch[32];
+    if (arch_len >= sizeof(arch))
+        arch_len = sizeof(arch) - 1;
+    memcpy(arch, arch_s, arch_len);
+    arch[arch_len] = '\0';
+    if (strcmp(arch, "llama") == 0) {
+        m->arch = LL_ARCH_LLAMA;
+    } else if (strcmp(arch, "qwen2") == 0) {
+        m->arch = LL_ARCH_QWEN2;
+    } else {
+        st = ll_bad(err, err_len, PD_ERR_UNSUPPORTED, "unsupported architecture '%s'", arch);
+        goto err_free;
+    }
+
+    uint32_t ctx_len = 2048;
+    m->rope_base = 10000.0f;
+    m->rms_eps = 1e-5f;
+    if ((st = ll_get_u32(m->gguf, arch, "embedding_length", &m->n_embd, 1, err, err_len)) ||
+        (st = ll_get_u32(m->gguf, arch, "block_count", &m->n_layers, 1, err, err_len)) ||
+        (st = ll_get_u32(m->gguf, arch, "feed_forward_length", &m->n_ff, 1, err, err_len)) ||
+        (st = ll_get_u32(m->gguf, arch, "attention.head_count", &m->n_heads, 1, err, err_len)) ||
+        (st = ll_get_u32(m->gguf, arch, "context_length", &ctx_len, 0, err, err_len)) ||
+        (st = ll_get_f32(m->gguf, arch, "rope.freq_base", &m->rope_base, err, err_len)) ||
+        (st = ll_get_f32(m->gguf, arch, "attention.layer_norm_rms_epsilon", &m->rms_eps,
+                         err, err_len)))
+        goto err_free;
+    m->n_kv_heads = m->n_heads;
+    if ((st = ll_get_u32(m->gguf, arch, "attention.head_count_kv", &m->n_kv_heads, 0,
+                         err, err_len)))
+        goto err_free;
+    st = PD_ERR_BAD_INPUT;
+    if (m->n_embd == 0 || m->n_embd > 65536 || m->n_layers == 0 || m->n_layers > 1024 ||
+        m->n_heads == 0 || m->n_kv_heads == 0 || m->n_heads % m->n_kv_heads != 0 ||
+        m->n_embd % m->n_heads != 0 || m->n_ff == 0 || m->n_ff > 1u << 20 ||
+        ctx_len == 0 || ctx_len > 1u << 20 || !(m->rms_eps > 0) || !(m->rope_base > 0)) {
+        ll_bad(err, err_len, st, "%s", "inconsistent hyper-parameters");
+        goto err_free;
+    }
+    m->head_dim = m->n_embd / m->n_heads;
+    if ((st = ll_get_u32(m->gguf, arch, "attention.key_length", &m->head_dim, 0,
+                         err, err_len)))
+        goto err_free;
+    m->rope_dim = m->head_dim;
+    if ((st = ll_get_u32(m->gguf, arch, "rope.dimension_count", &m->rope_dim, 0,
+                         err, err_len)))
+        goto err_free;
+    if (m->head_dim == 0 || m->head_dim > 1024 || m->rope_dim > m->head_dim ||
+        m->rope_dim % 2 != 0) {
+        st = ll_bad(err, err_len, PD_ERR_BAD_INPUT, "%s", "bad head or rope dimension");
+        goto err_free;
+    }
+    m->q_dim = m->n_heads * m->head_dim;
+    m->kv_dim = m->n_kv_heads * m->head_dim;
+
+    const gguf_tensor_t *te = gguf_tensor_find(m->gguf, "token_embd.weight");
+    if (!te || te->n_dims != 2 || te->ne[1] == 0 || te->ne[1] > (1u << 24)) {
+        st = ll_bad(err, err_len, PD_ERR_BAD_INPUT, "%s", "token_embd.weight missing or bad");
+        goto err_free;
+    }
+    m->vocab = (uint32_t)te->ne[1];
+    if ((st = ll_bind_mat(m, "token_embd.weight", m->vocab, m->n_embd, 0, &m->tok_embd,
+                          err, err_len)))
+        goto err_free;
+    st = ll_bind_mat(m, "output.weight", m->vocab, m->n_embd, 1, &m->output, err, err_len);
+    if (st == PD_ERR_NOT_FOUND)
+        m->output = m->tok_embd; /* tied */
+    else if (st != PD_OK)
+        goto err_free;
+    if ((st = ll_load_vec(m, "output_norm.weight", m->n_embd, 0, &m->out_norm, err, err_len)))
+        goto err_free;
+    m->layers = calloc(m->n_layers, sizeof(*m->layers));
+    if (!m->layers) {
+        st = PD_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    if ((st = ll_load_layers(m, err, err_len)))
+        goto err_free;
+
+    m->inv_freq = calloc(m->rope_dim / 2 + 1, sizeof(double));
+    if (!m->inv_freq) {
+        st = PD_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    for (uint32_t i = 0; i < m->rope_dim / 2; i++)
+        m->inv_freq[i] = pow((double)m->rope_base, -(double)(2 * i) / (double)m->rope_dim);
+
+    /* sizes */
+    for (uint64_t i = 0; i < gguf_tensor_count(m->gguf); i++)
+        m->n_params += gguf_tensor_at(m->gguf, i)->n_elements;
+    m->weight_bytes_per_token = (uint64_t)m->output.row_bytes * m->output.rows;
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        const ll_layer_t *L = &m->layers[l];
+        const eng_ll_tensor_t *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo,
+                                        &L->w_gate, &L->w_up, &L->w_down };
+        for (size_t j = 0; j < sizeof(ws) / sizeof(ws[0]); j++)
+            m->weight_bytes_per_token += (uint64_t)ws[j]->row_bytes * ws[j]->rows;
+    }
+
+    eng_kv_geom_t *g = &m->geom;
+    g->n_layers = m->n_layers;
+    g->n_kv_heads = m->n_kv_heads;
+    g->head_dim = m->head_dim;
+    g->block_tokens = opts->block_tokens ? opts->block_tokens : LL_DEFAULT_BLOCK_TOKENS;
+    g->kv_dtype = opts->kv_dtype;
+    g->bytes_per_token = (uint64_t)m->n_layers * 2 * m->kv_dim *
+                         (opts->kv_dtype == ENG_KV_F16 ? 2 : 4);
+    g->block_bytes = g->block_tokens * g->bytes_per_token;
+    g->vocab_size = m->vocab;
+    g->context_length = ctx_len;
+    g->compat_hash = ll_compat_hash(m);
+
+    m->n_threads = opts->n_threads ? opts->n_threads : ll_online_cores();
+    if (m->n_threads > LL_MAX_THREADS)
+        m->n_threads = LL_MAX_THREADS;
+    uint32_t mb = opts->max_batch ? opts->max_batch : LL_DEFAULT_MAX_BATCH;
+    if (mb > 1024)
+        mb = 1024;
+    m->t_max = mb > LL_PREFILL_CHUNK ? mb : LL_PREFILL_CHUNK;
+    if ((st = ll_alloc_buffers(m)))
+        goto err_free;
+    if ((st = eng_ll_pool_create(m->n_threads, &m->pool)))
+        goto err_free;
+    *model_p = m;
+    return PD_OK;
+err_free:
+    ll_free(m);
+    return st;
+}
+
+static void ll_destroy(eng_model_t *m)
+{
+    ll_free(m);
+}
+
+static const eng_kv_geom_t *ll_geometry(const eng_model_t *m)
+{
+    return &m->geom;
+}
+
+void eng_llama_info(const eng_model_t *m, eng_llama_info_t *info)
+{
+    memset(info, 0, sizeof(*info));
+    info->arch = m->arch == LL_ARCH_QWEN2 ? "qwen2" : "llama";
+    info->n_embd = m->n_embd;
+    info->n_layers = m->n_layers;
+    info->n_heads = m->n_heads;
+    info->n_kv_heads = m->n_kv_heads;
+    info->head_dim = m->head_dim;
+    info->n_ff = m->n_ff;
+    info->vocab = m->vocab;
+    info->rope_dim = m->rope_dim;
+    info->rope_base = m->rope_base;
+    info->rms_eps = m->rms_eps;
+    info->weight_type = m->layers[0].wq.type;
+    info->n_params = m->n_params;
+    info->weight_bytes_per_token = m->weight_bytes_per_token;
+    info->n_threads = m->n_threads;
+    info->isa = eng_ll_isa();
+}
+
+/* ------------------------------------------------------------------ */
+/* forward                                                             */
+
+/* Element offset of (layer, K|V, pos, kv head 0) within the arena. */
+static inline size_t ll_kv_off(const eng_model_t *m, const ll_tok_t *t, uint32_t pos,
+                               uint32_t layer, uint32_t kv)
+{
+    const eng_kv_geom_t *g = &m->geom;
+    uint32_t blk = t->bt[pos / g->block_tokens];
+    uint32_t slot = pos % g->block_tokens;
+    size_t esz = g->kv_dtype == ENG_KV_F16 ? 2 : 4;
+    return (size_t)blk * (g->block_bytes / esz) +
+           (((size_t)layer * 2 + kv) * g->block_tokens + slot) * m->kv_dim;
+}
+
+static void ll_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
+{
+    double ss = 0.0;
+    for (uint32_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = x[i] * scale * w[i];
+}
+
+/* Rotate one head in place; cs = (rope_dim/2, 2) cos/sin for its position. */
+static void ll_rope(const eng_model_t *m, float *h, const float *cs)
+{
+    uint32_t half = m->rope_dim / 2;
+    if (m->arch == LL_ARCH_QWEN2) { /* NEOX: pairs (i, i + rope_dim/2) */
+        for (uint32_t i = 0; i < half; i++) {
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float a = h[i], b = h[i + half];
+            h[i] = a * c - b * s;
+            h[i + half] = a * s + b * c;
+        }
+    } else { /* Meta layout: adjacent pairs (2i, 2i+1) */
+        for (uint32_t i = 0; i < half; i++) {
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float a = h[2 * i], b = h[2 * i + 1];
+            h[2 * i] = a * c - b * s;
+            h[2 * i + 1] = a * s + b * c;
+        }
+    }
+}
+
+typedef struct {
+    eng_model_t *m;
+    uint8_t *arena;
+    const ll_tok_t *toks;
+    uint32_t n;
+    uint32_t layer;
+} ll_att_ctx_t;
+
+/* Attention for (token, head) pairs split contiguously across threads. */
+static void ll_att_task(void *arg, uint32_t tid, uint32_t n_threads)
+{
+    const ll_att_ctx_t *c = arg;
+    const eng_model_t *m = c->m;
+    const uint32_t hd = m->head_dim, group = m->n_heads / m->n_kv_heads;
+    const uint64_t pairs = (uint64_t)c->n * m->n_heads;
+    const uint64_t p0 = pairs * tid / n_threads, p1 = pairs * (tid + 1) / n_threads;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *sc = m->att_scratch[tid];
+    const int f16 = m->geom.kv_dtype == ENG_KV_F16;
+
+    for (uint64_t p = p0; p < p1; p++) {
+        uint32_t ti = (uint32_t)(p / m->n_heads), h = (uint32_t)(p % m->n_heads);
+        const ll_tok_t *t = &c->toks[ti];
+        const float *q = m->q + (size_t)ti * m->q_dim + (size_t)h * hd;
+        float *out = m->att + (size_t)ti * m->q_dim + (size_t)h * hd;
+        size_t hoff = (size_t)(h / group) * hd;
+        float mx = -INFINITY;
+        for (uint32_t s = 0; s <= t->pos; s++) {
+            size_t off = ll_kv_off(m, t, s, c->layer, 0) + hoff;
+            float d = f16 ? eng_ll_dot_f16((const uint16_t *)(const void *)c->arena + off, q, hd)
+                          : eng_ll_dot((const float *)(const void *)c->arena + off, q, hd);
+            sc[s] = d * scale;
+            if (sc[s] > mx)
+                mx = sc[s];
+        }
+        float sum = 0.0f;
+        for (uint32_t s = 0; s <= t->pos; s++) {
+            sc[s] = expf(sc[s] - mx);
+            sum += sc[s];
+        }
+        float inv = 1.0f / sum;
+        memset(out, 0, hd * sizeof(float));
+        for (uint32_t s = 0; s <= t->pos; s++) {
+            size_t off = ll_kv_off(m, t, s, c->layer, 1) + hoff;
+            if (f16)
+                eng_ll_axpy_f16(out, sc[s] * inv,
+                                (const uint16_t *)(const void *)c->arena + off, hd);
+            else
+                eng_ll_axpy(out, sc[s] * inv, (const float *)(const void *)c->arena + off, hd);
+        }
+    }
+}
+
+typedef struct {
+    eng_model_t *m;
+    uint32_t n;
+} ll_swiglu_ctx_t;
+
+static void ll_swiglu_task(void *arg, uint32_t tid, uint32_t n_threads)
+{
+    const ll_swiglu_ctx_t *c = arg;
+    size_t total = (size_t)c->n * c->m->n_ff;
+    size_t i0 = total * tid / n_threads, i1 = total * (tid + 1) / n_threads;
+    float *g = c->m->hb;
+    const float *u = c->m->hb2;
+    for (size_t i = i0; i < i1; i++)
+        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* One pass over n <= t_max tokens. Logits of toks[logit_from..n) go to
+ * logits (n - logit_from, vocab). */
+static void ll_forward(eng_model_t *m, uint8_t *arena, const ll_tok_t *toks,
+                       uint32_t n, float *logits, uint32_t logit_from)
+{
+    const uint32_t E = m->n_embd, half = m->rope_dim / 2;
+    float *const *scr = m->mm_scratch;
+
+    for (uint32_t i = 0; i < n; i++) {
+        eng_ll_dequant_row(&m->tok_embd, (uint32_t)toks[i].token, m->x + (size_t)i * E);
+        float *cs = m->rope_cs + (size_t)i * half * 2;
+        for (uint32_t j = 0; j < half; j++) {
+            double a = (double)toks[i].pos * m->inv_freq[j];
+            cs[2 * j] = (float)cos(a);
+            cs[2 * j + 1] = (float)sin(a);
+        }
+    }
+
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        const ll_layer_t *L = &m->layers[l];
+        for (uint32_t i = 0; i < n; i++)
+            ll_rmsnorm(m->xb + (size_t)i * E, m->x + (size_t)i * E, L->attn_norm, E,
+                       m->rms_eps);
+        eng_ll_matmul_t qkv = {
+            .n_mats = 3, .w = { &L->wq, &L->wk, &L->wv },
+            .out = { m->q, m->k, m->v },
+            .out_stride = { m->q_dim, m->kv_dim, m->kv_dim },
+            .x = m->xb, .x_stride = E, .n_items = n,
+        };
+        eng_ll_matmul(m->pool, &qkv, scr);
+
+        /* bias, RoPE, KV write */
+        for (uint32_t i = 0; i < n; i++) {
+            float *q = m->q + (size_t)i * m->q_dim;
+            float *k = m->k + (size_t)i * m->kv_dim;
+            float *v = m->v + (size_t)i * m->kv_dim;
+            if (L->bq)
+                for (uint32_t j = 0; j < m->q_dim; j++)
+                    q[j] += L->bq[j];
+            if (L->bk)
+                for (uint32_t j = 0; j < m->kv_dim; j++)
+                    k[j] += L->bk[j];
+            if (L->bv)
+                for (uint32_t j = 0; j < m->kv_dim; j++)
+                    v[j] += L->bv[j];
+            const float *cs = m->rope_cs + (size_t)i * half * 2;
+            for (uint32_t h = 0; h < m->n_heads; h++)
+                ll_rope(m, q + (size_t)h * m->head_dim, cs);
+            for (uint32_t h = 0; h < m->n_kv_heads; h++)
+                ll_rope(m, k + (size_t)h * m->head_dim, cs);
+            size_t ko = ll_kv_off(m, &toks[i], toks[i].pos, l, 0);
+            size_t vo = ll_kv_off(m, &toks[i], toks[i].pos, l, 1);
+            if (m->geom.kv_dtype == ENG_KV_F16) {
+                uint16_t *kc = (uint16_t *)(void *)arena;
+                for (uint32_t j = 0; j < m->kv_dim; j++) {
+                    kc[ko + j] = ggml_fp32_to_fp16(k[j]);
+                    kc[vo + j] = ggml_fp32_to_fp16(v[j]);
+                }
+            } else {
+                float *kc = (float *)(void *)arena;
+                memcpy(kc + ko, k, m->kv_dim * sizeof(float));
+                memcpy(kc + vo, v, m->kv_dim * sizeof(float));
+            }
+        }
+
+        ll_att_ctx_t ac = { m, arena, toks, n, l };
+        eng_ll_pool_run(m->pool, ll_att_task, &ac);
+
+        eng_ll_matmul_t wo = {
+            .n_mats = 1, .w = { &L->wo }, .out = { m->xb2 }, .out_stride = { E },
+            .x = m->att, .x_stride = m->q_dim, .n_items = n,
+        };
+        eng_ll_matmul(m->pool, &wo, scr);
+        for (size_t i = 0; i < (size_t)n * E; i++)
+            m->x[i] += m->xb2[i];
+
+        for (uint32_t i = 0; i < n; i++)
+            ll_rmsnorm(m->xb + (size_t)i * E, m->x + (size_t)i * E, L->ffn_norm, E,
+                       m->rms_eps);
+        eng_ll_matmul_t gu = {
+            .n_mats = 2, .w = { &L->w_gate, &L->w_up }, .out = { m->hb, m->hb2 },
+            .out_stride = { m->n_ff, m->n_ff }, .x = m->xb, .x_stride = E, .n_items = n,
+        };
+        eng_ll_matmul(m->pool, &gu, scr);
+        ll_swiglu_ctx_t sc = { m, n };
+        eng_ll_pool_run(m->pool, ll_swiglu_task, &sc);
+        eng_ll_matmul_t dn = {
+            .n_mats = 1, .w = { &L->w_down }, .out = { m->xb2 }, .out_stride = { E },
+            .x = m->hb, .x_stride = m->n_ff, .n_items = n,
+        };
+        eng_ll_matmul(m->pool, &dn, scr);
+        for (size_t i = 0; i < (size_t)n * E; i++)
+            m->x[i] += m->xb2[i];
+    }
+
+    if (!logits || logit_from >= n)
+        return;
+    for (uint32_t i = logit_from; i < n; i++)
+        ll_rmsnorm(m->xb + (size_t)(i - logit_from) * E, m->x + (size_t)i * E,
+                   m->out_norm, E, m->rms_eps);
+    eng_ll_matmul_t out = {
+        .n_mats = 1, .w = { &m->output }, .out = { logits }, .out_stride = { m->vocab },
+        .x = m->xb, .x_stride = E, .n_items = n - logit_from,
+    };
+    eng_ll_matmul(m->pool, &out, scr);
+}
+
+static pd_status_t ll_check_tok(const eng_model_t *m, int32_t token, uint32_t pos,
+                                uint32_t n_blocks)
+{
+    if (token < 0 || (uint32_t)token >= m->vocab)
+        return PD_ERR_BAD_INPUT;
+    if (pos >= m->geom.context_length)
+        return PD_ERR_TOO_BIG;
+    if ((uint64_t)pos >= (uint64_t)n_blocks * m->geom.block_tokens)
+        return PD_ERR_NO_KV_SPACE;
+    return PD_OK;
+}
+
+static pd_status_t ll_prefill(eng_model_t *m, void *arena, const uint32_t *block_table,
+                              uint32_t n_blocks, const int32_t *tokens, uint32_t n_tokens,
+                              uint32_t start_pos, float *logits)
+{
+    if (!m || !arena || !block_table || !tokens || n_tokens == 0)
+        return PD_ERR_BAD_INPUT;
+    for (uint32_t i = 0; i < n_tokens; i++) {
+        pd_status_t st = ll_check_tok(m, tokens[i], start_pos + i, n_blocks);
+        if (st != PD_OK)
+            return st;
+    }
+    ll_tok_t toks[LL_PREFILL_CHUNK];
+    for (uint32_t c0 = 0; c0 < n_tokens; c0 += LL_PREFILL_CHUNK) {
+        uint32_t cn = n_tokens - c0 < LL_PREFILL_CHUNK ? n_tokens - c0 : LL_PREFILL_CHUNK;
+        for (uint32_t i = 0; i < cn; i++) {
+            toks[i].token = tokens[c0 + i];
+            toks[i].pos = start_pos + c0 + i;
+            toks[i].bt = block_table;
+            toks[i].nb = n_blocks;
+        }
+        int last = c0 + cn == n_tokens;
+        ll_forward(m, arena, toks, cn, last ? logits : NULL, cn - 1);
+    }
+    return PD_OK;
+}
+
+static pd_status_t ll_decode(eng_model_t *m, void *arena, const eng_decode_item_t *items,
+                             uint32_t n_items, float *logits)
+{
+    if (!m || !arena || !items || n_items == 0 || !logits)
+        return PD_ERR_BAD_INPUT;
+    for (uint32_t i = 0; i < n_items; i++) {
+        if (!items[i].block_table)
+            return PD_ERR_BAD_INPUT;
+        pd_status_t st = ll_check_tok(m, items[i].token, items[i].pos, items[i].n_blocks);
+        if (st != PD_OK)
+            return st;
+    }
+    ll_tok_t toks[64];
+    uint32_t step = m->t_max < 64 ? m->t_max : 64;
+    for (uint32_t b0 = 0; b0 < n_items; b0 += step) {
+        uint32_t bn = n_items - b0 < step ? n_items - b0 : step;
+        for (uint32_t i = 0; i < bn; i++) {
+            toks[i].token = items[b0 + i].token;
+            toks[i].pos = items[b0 + i].pos;
+            toks[i].bt = items[b0 + i].block_table;
+            toks[i].nb = items[b0 + i].n_blocks;
+        }
+        ll_forward(m, arena, toks, bn, logits + (size_t)b0 * m->vocab, 0);
+    }
+    return PD_OK;
+}
+
+const eng_ops_t eng_llama_ops = {
+    .name = "llama",
+    .load = ll_load,
+    .destroy = ll_destroy,
+    .geometry = ll_geometry,
+    .prefill = ll_prefill,
+    .decode = ll_decode,
+};

@@ -1,0 +1,318 @@
+/* pd_run.c - single-process prefill + decode: the reference path serving
+ * tests compare against.
+ *
+ *   pd-run --model M.gguf --prompt "text" [--max-tokens N] [--temperature T]
+ *          [--top-p P] [--top-k K] [--seed S] [--threads N] [--min-tokens N]
+ *          [--ignore-eos] [--stop STR]... [--tokens 1,2,3] [--tokens-out]
+ *          [--kv f16|f32] [--block-tokens N] [--no-bos] [--engine llama]
+ *
+ * Text streams to stdout as it is generated; --tokens-out prints the
+ * generated token ids (space separated, one line) instead. Timings go to
+ * stderr. Exit 0 on success, 2 on bad usage, 1 on other errors. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eng.h"
+#include "eng_sample.h"
+#include "eng_tok.h"
+#include "pd_time.h"
+
+#define PD_RUN_MAX_PROMPT (1u << 20)
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: pd-run --model M.gguf (--prompt TEXT | --tokens 1,2,3) [options]\n"
+        "  --max-tokens N     tokens to generate (default 32)\n"
+        "  --temperature T    0 = greedy (default 0)\n"
+        "  --top-p P  --top-k K  --seed S  --min-tokens N  --ignore-eos\n"
+        "  --stop STR         stop string (repeatable, up to %d)\n"
+        "  --threads N        compute threads (default: online cores)\n"
+        "  --tokens-out       print generated token ids instead of text\n"
+        "  --kv f16|f32       KV cache dtype (default f16)\n"
+        "  --block-tokens N   tokens per KV block (default 16)\n"
+        "  --no-bos           do not prepend BOS to the prompt\n"
+        "  --engine NAME      engine (default llama)\n", ENG_STOP_MAX);
+}
+
+static int parse_tokens(const char *s, int32_t **ids_p, size_t *n_p)
+{
+    size_t cap = 16, n = 0;
+    int32_t *ids = malloc(cap * sizeof(*ids));
+    if (!ids)
+        return -1;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > INT32_MAX) {
+            free(ids);
+            return -1;
+        }
+        if (n == cap) {
+            int32_t *nid = realloc(ids, 2 * cap * sizeof(*ids));
+            if (!nid) {
+                free(ids);
+                return -1;
+            }
+            ids = nid;
+            cap *= 2;
+        }
+        ids[n++] = (int32_t)v;
+        s = end;
+        if (*s == ',' || *s == ' ')
+            s++;
+        else if (*s)
+            break;
+    }
+    *ids_p = ids;
+    *n_p = n;
+    return n > 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL, *prompt = NULL, *tokens_arg = NULL, *engine = "llama";
+    const char *stops[ENG_STOP_MAX];
+    size_t n_stops = 0;
+    eng_sample_params_t sp;
+    eng_sample_params_default(&sp);
+    sp.max_tokens = 32;
+    eng_load_opts_t lo = { .engine = "llama", .kv_dtype = ENG_KV_F16, .max_batch = 1 };
+    int tokens_out = 0, no_bos = 0;
+
+    enum { O_MODEL = 1, O_PROMPT, O_MAXT, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_THREADS,
+           O_MINT, O_IGNEOS, O_STOP, O_TOKENS, O_TOKOUT, O_KV, O_BT, O_NOBOS, O_ENGINE,
+           O_HELP };
+    static const struct option opts[] = {
+        { "model", required_argument, NULL, O_MODEL },
+        { "prompt", required_argument, NULL, O_PROMPT },
+        { "max-tokens", required_argument, NULL, O_MAXT },
+        { "temperature", required_argument, NULL, O_TEMP },
+        { "top-p", required_argument, NULL, O_TOPP },
+        { "top-k", required_argument, NULL, O_TOPK },
+        { "seed", required_argument, NULL, O_SEED },
+        { "threads", required_argument, NULL, O_THREADS },
+        { "min-tokens", required_argument, NULL, O_MINT },
+        { "ignore-eos", no_argument, NULL, O_IGNEOS },
+        { "stop", required_argument, NULL, O_STOP },
+        { "tokens", required_argument, NULL, O_TOKENS },
+        { "tokens-out", no_argument, NULL, O_TOKOUT },
+        { "kv", required_argument, NULL, O_KV },
+        { "block-tokens", required_argument, NULL, O_BT },
+        { "no-bos", no_argument, NULL, O_NOBOS },
+        { "engine", required_argument, NULL, O_ENGINE },
+        { "help", no_argument, NULL, O_HELP },
+        { NULL, 0, NULL, 0 },
+    };
+    int c;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        char *end = NULL;
+        switch (c) {
+        case O_MODEL: model = optarg; break;
+        case O_PROMPT: prompt = optarg; break;
+        case O_MAXT: sp.max_tokens = (uint32_t)strtoul(optarg, &end, 10); break;
+        case O_TEMP: sp.temperature = strtof(optarg, &end); break;
+        case O_TOPP: sp.top_p = strtof(optarg, &end); break;
+        case O_TOPK: sp.top_k = (uint32_t)strtoul(optarg, &end, 10); break;
+        case O_SEED: sp.seed = strtoull(optarg, &end, 10); break;
+        case O_THREADS: lo.n_threads = (uint32_t)strtoul(optarg, &end, 10); break;
+        case O_MINT: sp.min_tokens = (uint32_t)strtoul(optarg, &end, 10); break;
+        case O_IGNEOS: sp.ignore_eos = true; break;
+        case O_STOP:
+            if (n_stops == ENG_STOP_MAX) {
+                fprintf(stderr, "pd-run: too many --stop\n");
+                return 2;
+            }
+            stops[n_stops++] = optarg;
+            break;
+        case O_TOKENS: tokens_arg = optarg; break;
+        case O_TOKOUT: tokens_out = 1; break;
+        case O_KV:
+            if (strcmp(optarg, "f16") == 0)
+                lo.kv_dtype = ENG_KV_F16;
+            else if (strcmp(optarg, "f32") == 0)
+                lo.kv_dtype = ENG_KV_F32;
+            else {
+                fprintf(stderr, "pd-run: --kv must be f16 or f32\n");
+                return 2;
+            }
+            break;
+        case O_BT: lo.block_tokens = (uint32_t)strtoul(optarg, &end, 10); break;
+        case O_NOBOS: no_bos = 1; break;
+        case O_ENGINE: engine = optarg; break;
+        case O_HELP: usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (end && *end) {
+            fprintf(stderr, "pd-run: bad number '%s'\n", optarg);
+            return 2;
+        }
+    }
+    if (!model || (!prompt && !tokens_arg) || optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    if (eng_sample_params_check(&sp) != PD_OK) {
+        fprintf(stderr, "pd-run: bad sampling parameters\n");
+        return 2;
+    }
+    const eng_ops_t *ops = eng_find(engine);
+    if (!ops) {
+        fprintf(stderr, "pd-run: unknown engine '%s'\n", engine);
+        return 2;
+    }
+    lo.engine = engine;
+    lo.model_path = model;
+
+    int rc = 1;
+    char err[256] = "";
+    eng_tok_t *tok = NULL;
+    pd_status_t st = eng_tok_load_path(model, &tok, err, sizeof(err));
+    if (st != PD_OK && !tokens_arg) {
+        fprintf(stderr, "pd-run: tokenizer: %s (%s)\n", pd_status_str(st), err);
+        return 1;
+    }
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (tokens_arg) {
+        if (parse_tokens(tokens_arg, &ids, &n_ids) != 0) {
+            fprintf(stderr, "pd-run: bad --tokens list\n");
+            goto out_tok;
+        }
+    } else {
+        size_t cap = strlen(prompt) + 8;
+        if (cap > PD_RUN_MAX_PROMPT) {
+            fprintf(stderr, "pd-run: prompt too long\n");
+            goto out_tok;
+        }
+        ids = malloc(cap * sizeof(*ids));
+        if (!ids)
+            goto out_tok;
+        st = eng_tok_encode(tok, prompt, strlen(prompt), !no_bos && eng_tok_add_bos(tok),
+                            false, ids, cap, &n_ids);
+        if (st != PD_OK || n_ids == 0) {
+            fprintf(stderr, "pd-run: tokenize: %s\n", pd_status_str(st));
+            goto out_ids;
+        }
+    }
+    if (tok) {
+        if (eng_tok_eos(tok) >= 0)
+            sp.eos_ids[sp.n_eos++] = eng_tok_eos(tok);
+        for (uint32_t id = 0; id < eng_tok_vocab_size(tok) && sp.n_eos < ENG_SAMPLE_MAX_EOS;
+             id++)
+            if (eng_tok_is_eog(tok, (int32_t)id) && (int32_t)id != eng_tok_eos(tok))
+                sp.eos_ids[sp.n_eos++] = (int32_t)id;
+    }
+
+    eng_model_t *m = NULL;
+    st = ops->load(&lo, &m, err, sizeof(err));
+    if (st != PD_OK) {
+        fprintf(stderr, "pd-run: load %s: %s (%s)\n", model, pd_status_str(st), err);
+        goto out_ids;
+    }
+    const eng_kv_geom_t *g = ops->geometry(m);
+    uint64_t max_pos = n_ids + (sp.max_tokens ? sp.max_tokens : g->context_length);
+    if (max_pos > g->context_length)
+        max_pos = g->context_length;
+    if (n_ids >= max_pos) {
+        fprintf(stderr, "pd-run: prompt (%zu tokens) exceeds the context (%u)\n", n_ids,
+                g->context_length);
+        goto out_model;
+    }
+    uint32_t n_blocks = (uint32_t)((max_pos + g->block_tokens - 1) / g->block_tokens);
+    void *arena = calloc(n_blocks, g->block_bytes);
+    uint32_t *bt = malloc(n_blocks * sizeof(*bt));
+    float *logits = malloc((size_t)g->vocab_size * sizeof(float));
+    eng_sample_scratch_t scr;
+    if (!arena || !bt || !logits || eng_sample_scratch_create(&scr, g->vocab_size) != PD_OK) {
+        fprintf(stderr, "pd-run: out of memory\n");
+        free(arena);
+        free(bt);
+        free(logits);
+        goto out_model;
+    }
+    for (uint32_t i = 0; i < n_blocks; i++)
+        bt[i] = i;
+
+    eng_detok_t dt;
+    eng_stop_t stop;
+    if (tok)
+        eng_detok_init(&dt, tok, false, false);
+    if (eng_stop_init(&stop, stops, n_stops) != PD_OK) {
+        fprintf(stderr, "pd-run: bad --stop\n");
+        goto out_buf;
+    }
+    eng_sampler_t smp;
+    eng_sampler_init(&smp, &sp);
+
+    uint64_t t0 = pd_now_ns();
+    st = ops->prefill(m, arena, bt, n_blocks, ids, (uint32_t)n_ids, 0, logits);
+    uint64_t t1 = pd_now_ns();
+    if (st != PD_OK) {
+        fprintf(stderr, "pd-run: prefill: %s\n", pd_status_str(st));
+        goto out_buf;
+    }
+    uint32_t pos = (uint32_t)n_ids, n_gen = 0;
+    const char *finish = "length";
+    char piece[ENG_DETOK_OUT_MAX], outb[ENG_DETOK_OUT_MAX + ENG_STOP_MAX_LEN];
+    for (;;) {
+        int32_t t = eng_sample_next(&smp, logits, g->vocab_size, &scr);
+        eng_finish_t f = eng_sampler_accept(&smp, t);
+        n_gen++;
+        int is_eos_stop = f == ENG_FINISH_STOP;
+        if (tokens_out) {
+            printf(n_gen > 1 ? " %d" : "%d", t);
+        } else if (tok && !is_eos_stop) {
+            size_t np = eng_detok_feed(&dt, t, piece, sizeof(piece));
+            size_t no = eng_stop_feed(&stop, piece, np, outb, sizeof(outb));
+            fwrite(outb, 1, no, stdout);
+            fflush(stdout);
+            if (stop.matched >= 0) {
+                f = ENG_FINISH_STOP;
+            }
+        }
+        if (f != ENG_FINISH_NONE) {
+            finish = eng_finish_name(f);
+            break;
+        }
+        if (pos + 1 >= max_pos) {
+            finish = "length";
+            break;
+        }
+        eng_decode_item_t it = { bt, n_blocks, pos, t };
+        st = ops->decode(m, arena, &it, 1, logits);
+        if (st != PD_OK) {
+            fprintf(stderr, "pd-run: decode: %s\n", pd_status_str(st));
+            goto out_buf;
+        }
+        pos++;
+    }
+    if (!tokens_out && tok && stop.matched < 0) {
+        size_t np = eng_detok_finish(&dt, piece, sizeof(piece));
+        size_t no = eng_stop_feed(&stop, piece, np, outb, sizeof(outb));
+        fwrite(outb, 1, no, stdout);
+        no = eng_stop_flush(&stop, outb, sizeof(outb));
+        fwrite(outb, 1, no, stdout);
+    }
+    printf("\n");
+    uint64_t t2 = pd_now_ns();
+    fprintf(stderr, "pd-run: prompt %zu tokens, prefill %.1f ms (%.1f tok/s); "
+            "generated %u tokens, decode %.1f tok/s; finish_reason=%s\n",
+            n_ids, (t1 - t0) / 1e6, n_ids / ((t1 - t0) / 1e9), n_gen,
+            n_gen > 1 ? (n_gen - 1) / ((t2 - t1) / 1e9) : 0.0, finish);
+    rc = 0;
+out_buf:
+    eng_sample_scratch_destroy(&scr);
+    free(arena);
+    free(bt);
+    free(logits);
+out_model:
+    ops->destroy(m);
+out_ids:
+    free(ids);
+out_tok:
+    eng_tok_destroy(tok);
+    return rc;
+}

@@ -1,0 +1,29 @@
+/* ll_testmodel.h - tiny seeded GGUF models for the llama engine tests, and
+ * an independent reference forward pass (plain loops, f64 accumulation,
+ * full recompute, no KV paging) to check the engine against. */
+#ifndef LL_TESTMODEL_H
+#define LL_TESTMODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *arch;          /* "llama" | "qwen2" */
+    uint32_t n_embd, n_layers, n_heads, n_kv_heads, n_ff, vocab, ctx;
+    uint32_t rope_dim;         /* 0 = head_dim */
+    uint32_t wtype;            /* ggml type of the 2-D weights */
+    bool tied;                 /* no output.weight */
+    bool bias;                 /* Q/K/V biases (qwen2 style) */
+    uint64_t seed;
+} ll_tm_spec_t;
+
+/* Write the model to path. Returns 0 on success. */
+int ll_tm_write(const ll_tm_spec_t *spec, const char *path);
+
+/* Reference forward over toks[0..n) with the model at path; writes the
+ * logits of the last position to logits (vocab). kv_f16 rounds K and V to
+ * f16 as the engine's f16 cache does. Returns 0 on success. */
+int ll_ref_logits(const char *path, const int32_t *toks, uint32_t n, bool kv_f16,
+                  double *logits /* (vocab) */);
+
+#endif

@@ -1,0 +1,391 @@
+/* test_llama.c - the llama engine against an independent reference forward
+ * pass, plus the bitwise guarantees: prefill-then-decode == full recompute,
+ * scattered == contiguous block tables, chunked == one-shot prefill, batch
+ * and thread-count invariance, prefix reuse. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "eng.h"
+#include "eng_llama.h"
+#include "ll_testmodel.h"
+
+static char tmpdir[256];
+
+static const ll_tm_spec_t spec_gqa_f16 = {
+    "llama", 64, 2, 4, 2, 96, 300, 256, 0, 1 /* F16 */, true, false, 11 };
+
+static void model_path(char *out, size_t cap, const char *tag)
+{
+    snprintf(out, cap, "%s/%s.gguf", tmpdir, tag);
+}
+
+static eng_model_t *load(const char *path, eng_kv_dtype_t kv, uint32_t threads,
+                         uint32_t block_tokens, uint32_t max_batch)
+{
+    eng_load_opts_t o = { "llama", path, block_tokens, kv, threads, max_batch };
+    eng_model_t *m = NULL;
+    char err[256] = "";
+    pd_status_t st = eng_find("llama")->load(&o, &m, err, sizeof(err));
+    if (st != PD_OK)
+        fprintf(stderr, "load %s: %s (%s)\n", path, pd_status_str(st), err);
+    assert_int_equal(st, PD_OK);
+    return m;
+}
+
+static void make_toks(int32_t *t, uint32_t n, uint32_t vocab, uint32_t seed)
+{
+    for (uint32_t i = 0; i < n; i++)
+        t[i] = (int32_t)((i * 2654435761u + seed * 40503u + 7) % vocab);
+}
+
+static double max_abs(const double *a, uint32_t n)
+{
+    double m = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (fabs(a[i]) > m)
+            m = fabs(a[i]);
+    return m;
+}
+
+/* ---- reference agreement ------------------------------------------- */
+
+typedef struct {
+    const char *tag;
+    ll_tm_spec_t spec;
+    eng_kv_dtype_t kv;
+    double tol;        /* max |engine - ref| / max(1, max |ref|) */
+} ref_case_t;
+
+static void check_ref_case(const ref_case_t *c)
+{
+    char path[300];
+    model_path(path, sizeof(path), c->tag);
+    assert_int_equal(ll_tm_write(&c->spec, path), 0);
+    eng_model_t *m = load(path, c->kv, 2, 4, 4);
+    const eng_ops_t *ops = eng_find("llama");
+    const eng_kv_geom_t *g = ops->geometry(m);
+    uint32_t V = g->vocab_size, n = 12, extra = 3, nb = 8;
+    assert_int_equal(V, c->spec.vocab);
+    int32_t toks[16];
+    make_toks(toks, n + extra, V, 3);
+    uint32_t bt[8];
+    for (uint32_t i = 0; i < nb; i++)
+        bt[i] = (i * 3) % nb;
+    void *arena = calloc(nb, g->block_bytes);
+    float *lg = malloc(V * sizeof(float));
+    double *ref = malloc(V * sizeof(double));
+    assert_int_equal(ops->prefill(m, arena, bt, nb, toks, n, 0, lg), PD_OK);
+    for (uint32_t step = 0; step <= extra; step++) {
+        if (step > 0) {
+            eng_decode_item_t it = { bt, nb, n + step - 1, toks[n + step - 1] };
+            assert_int_equal(ops->decode(m, arena, &it, 1, lg), PD_OK);
+        }
+        assert_int_equal(ll_ref_logits(path, toks, n + step, c->kv == ENG_KV_F16, ref), 0);
+        double scale = fmax(1.0, max_abs(ref, V)), worst = 0;
+        for (uint32_t i = 0; i < V; i++)
+            worst = fmax(worst, fabs(lg[i] - ref[i]) / scale);
+        fprintf(stderr, "%-24s step %u: rel err %.3g (tolerance %.3g)\n", c->tag, step,
+                worst, c->tol);
+        assert_true(worst <= c->tol);
+        assert_true(scale > 1e-3); /* the model is not degenerate */
+    }
+    free(arena);
+    free(lg);
+    free(ref);
+    ops->destroy(m);
+}
+
+/* Tolerances: weights are dequantized exactly by both sides, so the weight
+ * type does not matter; what differs is f32-vs-f64 accumulation (1e-5) and,
+ * with an f16 KV cache, K/V rounding (emulated by the reference, but a
+ * rounding boundary may flip) feeding back through the layers (1e-3). Seen:
+ * <= 2.2e-7 for every case. */
+static void test_ref_agreement(void **state)
+{
+    (void)state;
+    static const ref_case_t cases[] = {
+        { "llama_mha_f32", { "llama", 64, 2, 4, 4, 96, 300, 256, 0, 0, false, false, 1 },
+          ENG_KV_F32, 1e-5 },
+        { "llama_gqa_f16_tied", { "llama", 64, 2, 4, 2, 96, 300, 256, 0, 1, true, false, 2 },
+          ENG_KV_F16, 1e-3 },
+        { "qwen2_gqa_q8_bias", { "qwen2", 64, 2, 4, 1, 96, 300, 256, 0, 8, false, true, 3 },
+          ENG_KV_F32, 1e-5 },
+        { "llama_q4_partial_rope", { "llama", 64, 2, 2, 2, 64, 260, 256, 16, 2, true, false, 4 },
+          ENG_KV_F32, 1e-5 },
+        { "qwen2_bf16_tied", { "qwen2", 64, 2, 4, 4, 96, 300, 256, 0, 30, true, true, 5 },
+          ENG_KV_F16, 1e-3 },
+        { "llama_odd_dims_f32", { "llama", 40, 2, 4, 2, 72, 100, 256, 0, 0, false, false, 6 },
+          ENG_KV_F32, 1e-5 },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        check_ref_case(&cases[i]);
+}
+
+/* ---- bitwise properties --------------------------------------------- */
+
+typedef struct {
+    eng_model_t *m;
+    const eng_ops_t *ops;
+    const eng_kv_geom_t *g;
+    char path[300];
+} fx_t;
+
+static void fx_open(fx_t *f, eng_kv_dtype_t kv, uint32_t threads, uint32_t bt_tokens,
+                    uint32_t max_batch)
+{
+    model_path(f->path, sizeof(f->path), "gqa_f16");
+    if (access(f->path, R_OK) != 0)
+        assert_int_equal(ll_tm_write(&spec_gqa_f16, f->path), 0);
+    f->m = load(f->path, kv, threads, bt_tokens, max_batch);
+    f->ops = eng_find("llama");
+    f->g = f->ops->geometry(f->m);
+}
+
+static void test_decode_equals_full(void **state)
+{
+    (void)state;
+    fx_t f;
+    fx_open(&f, ENG_KV_F16, 2, 4, 4);
+    uint32_t V = f.g->vocab_size, nb = 8, n = 10, steps = 6;
+    uint32_t bt[8] = { 0, 1, 2, 3, 4, 5, 6, 7 };
+    int32_t toks[16];
+    make_toks(toks, n + steps, V, 9);
+    void *a = calloc(nb, f.g->block_bytes), *b = calloc(nb, f.g->block_bytes);
+    float *lg = malloc(V * sizeof(float)), *full = malloc(V * sizeof(float));
+    assert_int_equal(f.ops->prefill(f.m, a, bt, nb, toks, n, 0, lg), PD_OK);
+    for (uint32_t s = 0; s < steps; s++) {
+        eng_decode_item_t it = { bt, nb, n + s, toks[n + s] };
+        assert_int_equal(f.ops->decode(f.m, a, &it, 1, lg), PD_OK);
+        memset(b, 0xAB, nb * f.g->block_bytes);
+        assert_int_equal(f.ops->prefill(f.m, b, bt, nb, toks, n + s + 1, 0, full), PD_OK);
+        assert_memory_equal(lg, full, V * sizeof(float)); /* tolerance: 0 (bitwise) */
+    }
+    free(a);
+    free(b);
+    free(lg);
+    free(full);
+    f.ops->destroy(f.m);
+}
+
+static void test_scattered_blocks(void **state)
+{
+    (void)state;
+    fx_t f;
+    fx_open(&f, ENG_KV_F16, 2, 4, 4);
+    uint32_t V = f.g->vocab_size, nb = 6, n = 22;
+    uint32_t bt_c[6] = { 0, 1, 2, 3, 4, 5 }, bt_s[6] = { 11, 2, 7, 0, 9, 4 };
+    int32_t toks[24];
+    make_toks(toks, n + 1, V, 5);
+    uint8_t *a = calloc(nb, f.g->block_bytes), *b = calloc(12, f.g->block_bytes);
+    float *la = malloc(V * sizeof(float)), *lb = malloc(V * sizeof(float));
+    assert_int_equal(f.ops->prefill(f.m, a, bt_c, nb, toks, n, 0, la), PD_OK);
+    assert_int_equal(f.ops->prefill(f.m, b, bt_s, nb, toks, n, 0, lb), PD_OK);
+    assert_memory_equal(la, lb, V * sizeof(float));
+    eng_decode_item_t ia = { bt_c, nb, n, toks[n] }, ib = { bt_s, nb, n, toks[n] };
+    assert_int_equal(f.ops->decode(f.m, a, &ia, 1, la), PD_OK);
+    assert_int_equal(f.ops->decode(f.m, b, &ib, 1, lb), PD_OK);
+    assert_memory_equal(la, lb, V * sizeof(float));
+    /* the KV bytes are the same, block for block (n+1 = 23 positions: 5 full
+     * blocks + 3 slots of the sixth) */
+    for (uint32_t i = 0; i < 5; i++)
+        assert_memory_equal(a + bt_c[i] * f.g->block_bytes, b + bt_s[i] * f.g->block_bytes,
+                            f.g->block_bytes);
+    free(a);
+    free(b);
+    free(la);
+    free(lb);
+    f.ops->destroy(f.m);
+}
+
+static void test_chunked_prefill(void **state)
+{
+    (void)state;
+    fx_t f;
+    fx_open(&f, ENG_KV_F16, 2, 16, 4);
+    uint32_t V = f.g->vocab_size, nb = 8, n = 100;
+    uint32_t bt[8] = { 0, 1, 2, 3, 4, 5, 6, 7 };
+    int32_t toks[100];
+    make_toks(toks, n, V, 1);
+    uint8_t *a = calloc(nb, f.g->block_bytes), *b = calloc(nb, f.g->block_bytes);
+    float *la = malloc(V * sizeof(float)), *lb = malloc(V * sizeof(float));
+    assert_int_equal(f.ops->prefill(f.m, a, bt, nb, toks, n, 0, la), PD_OK);
+    static const uint32_t cuts[] = { 0, 5, 16, 37, 90, 100 };
+    for (size_t i = 0; i + 1 < sizeof(cuts) / sizeof(cuts[0]); i++)
+        assert_int_equal(f.ops->prefill(f.m, b, bt, nb, toks + cuts[i], cuts[i + 1] - cuts[i],
+                                        cuts[i], lb), PD_OK);
+    assert_memory_equal(la, lb, V * sizeof(float));
+    size_t used = (size_t)n * f.g->bytes_per_token; /* 100 tokens: blocks 0..6 */
+    (void)used;
+    for (uint32_t i = 0; i < 6; i++)
+        assert_memory_equal(a + i * f.g->block_bytes, b + i * f.g->block_bytes,
+                            f.g->block_bytes);
+    free(a);
+    free(b);
+    free(la);
+    free(lb);
+    f.ops->destroy(f.m);
+}
+
+static void test_prefix_reuse(void **state)
+{
+    (void)state;
+    fx_t f;
+    fx_open(&f, ENG_KV_F16, 1, 4, 4);
+    uint32_t V = f.g->vocab_size, nb = 8, n = 20, p = 8;
+    uint32_t bt[8] = { 3, 1, 4, 0, 5, 2, 6, 7 };
+    int32_t toks[24];
+    make_toks(toks, n + 1, V, 2);
+    uint8_t *a = calloc(nb, f.g->block_bytes), *b = calloc(nb, f.g->block_bytes);
+    float *la = malloc(V * sizeof(float)), *lb = malloc(V * sizeof(float));
+    assert_int_equal(f.ops->prefill(f.m, a, bt, nb, toks, n, 0, la), PD_OK);
+    /* b already holds a prefix (e.g. a retry or a shared system prompt) */
+    assert_int_equal(f.ops->prefill(f.m, b, bt, nb, toks, p, 0, lb), PD_OK);
+    /* a retry re-runs the suffix twice: must be idempotent */
+    assert_int_equal(f.ops->prefill(f.m, b, bt, nb, toks + p, n - p, p, lb), PD_OK);
+    assert_int_equal(f.ops->prefill(f.m, b, bt, nb, toks + p, n - p, p, lb), PD_OK);
+    assert_memory_equal(la, lb, V * sizeof(float));
+    eng_decode_item_t ia = { bt, nb, n, toks[n] };
+    assert_int_equal(f.ops->decode(f.m, a, &ia, 1, la), PD_OK);
+    assert_int_equal(f.ops->decode(f.m, b, &ia, 1, lb), PD_OK);
+    assert_memory_equal(la, lb, V * sizeof(float));
+    free(a);
+    free(b);
+    free(la);
+    free(lb);
+    f.ops->destroy(f.m);
+}
+
+/* A sequence decoded alone and inside a batch of 16 others, with 1 and 2
+ * threads: bitwise-identical logits. */
+static void test_batch_invariance(void **state)
+{
+    (void)state;
+    enum { NSEQ = 17, NB = 4, TARGET = 9 };
+    float *ref = NULL;
+    for (uint32_t threads = 1; threads <= 2; threads++) {
+        fx_t f;
+        fx_open(&f, ENG_KV_F16, threads, 8, NSEQ);
+        uint32_t V = f.g->vocab_size;
+        uint8_t *arena = calloc(NSEQ * NB, f.g->block_bytes);
+        uint32_t bt[NSEQ][NB];
+        eng_decode_item_t items[NSEQ];
+        float *lg = malloc((size_t)NSEQ * V * sizeof(float));
+        for (uint32_t s = 0; s < NSEQ; s++) {
+            for (uint32_t j = 0; j < NB; j++)
+                bt[s][j] = j * NSEQ + s; /* interleaved blocks */
+            uint32_t len = 3 + (s * 5) % 20;
+            int32_t toks[32];
+            make_toks(toks, len + 1, V, s + 100);
+            assert_int_equal(f.ops->prefill(f.m, arena, bt[s], NB, toks, len, 0, lg), PD_OK);
+            items[s] = (eng_decode_item_t){ bt[s], NB, len, toks[len] };
+        }
+        /* alone */
+        assert_int_equal(f.ops->decode(f.m, arena, &items[TARGET], 1, lg), PD_OK);
+        if (!ref) {
+            ref = malloc(V * sizeof(float));
+            memcpy(ref, lg, V * sizeof(float));
+        } else {
+            assert_memory_equal(ref, lg, V * sizeof(float));
+        }
+        /* in a batch of 17 (re-running the same step rewrites the same KV) */
+        assert_int_equal(f.ops->decode(f.m, arena, items, NSEQ, lg), PD_OK);
+        assert_memory_equal(ref, lg + (size_t)TARGET * V, V * sizeof(float));
+        /* in a batch of 5 */
+        assert_int_equal(f.ops->decode(f.m, arena, items + TARGET - 2, 5, lg), PD_OK);
+        assert_memory_equal(ref, lg + 2 * (size_t)V, V * sizeof(float));
+        free(arena);
+        free(lg);
+        f.ops->destroy(f.m);
+    }
+    free(ref);
+}
+
+static void test_geometry_and_errors(void **state)
+{
+    (void)state;
+    fx_t f, f32;
+    fx_open(&f, ENG_KV_F16, 1, 16, 1);
+    fx_open(&f32, ENG_KV_F32, 1, 16, 1);
+    const eng_kv_geom_t *g = f.g;
+    assert_int_equal(g->n_layers, 2);
+    assert_int_equal(g->n_kv_heads, 2);
+    assert_int_equal(g->head_dim, 16);
+    assert_int_equal(g->block_tokens, 16);
+    assert_int_equal(g->bytes_per_token, 2 * 2 * 2 * 16 * 2);
+    assert_int_equal(g->block_bytes, 16 * g->bytes_per_token);
+    assert_int_equal(g->context_length, 256);
+    assert_int_equal(f32.g->bytes_per_token, 2 * g->bytes_per_token);
+    assert_true(g->compat_hash != f32.g->compat_hash);
+    fx_t f2;
+    fx_open(&f2, ENG_KV_F16, 2, 16, 8);
+    assert_true(g->compat_hash == f2.g->compat_hash); /* threads/batch don't matter */
+    f2.ops->destroy(f2.m);
+    /* a different model (seed) gives a different hash */
+    char p2[300];
+    model_path(p2, sizeof(p2), "gqa_f16_seed2");
+    ll_tm_spec_t s2 = spec_gqa_f16;
+    s2.seed = 12;
+    assert_int_equal(ll_tm_write(&s2, p2), 0);
+    eng_model_t *m2 = load(p2, ENG_KV_F16, 1, 16, 1);
+    assert_true(f.ops->geometry(m2)->compat_hash != g->compat_hash);
+    f.ops->destroy(m2);
+
+    uint32_t bt[2] = { 0, 1 };
+    uint8_t *a = calloc(2, g->block_bytes);
+    float *lg = malloc(g->vocab_size * sizeof(float));
+    int32_t bad[2] = { 1, (int32_t)g->vocab_size };
+    assert_int_equal(f.ops->prefill(f.m, a, bt, 2, bad, 2, 0, lg), PD_ERR_BAD_INPUT);
+    int32_t ok[1] = { 5 };
+    assert_int_equal(f.ops->prefill(f.m, a, bt, 2, ok, 1, 32, lg), PD_ERR_NO_KV_SPACE);
+    eng_decode_item_t it = { bt, 2, 40, 5 };
+    assert_int_equal(f.ops->decode(f.m, a, &it, 1, lg), PD_ERR_NO_KV_SPACE);
+    free(a);
+    free(lg);
+
+    eng_load_opts_t o = { "llama", "/nonexistent/x.gguf", 0, ENG_KV_F16, 1, 1 };
+    eng_model_t *m = NULL;
+    char err[200];
+    assert_true(f.ops->load(&o, &m, err, sizeof(err)) < 0);
+    assert_null(m);
+    f.ops->destroy(NULL);
+    assert_null(eng_find("nope"));
+    f.ops->destroy(f.m);
+    f32.ops->destroy(f32.m);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/pd-test-llama-XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ref_agreement),
+        cmocka_unit_test(test_decode_equals_full),
+        cmocka_unit_test(test_scattered_blocks),
+        cmocka_unit_test(test_chunked_prefill),
+        cmocka_unit_test(test_prefix_reuse),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_geometry_and_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
