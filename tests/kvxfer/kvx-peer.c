@@ -1,0 +1,416 @@
+/* kvx-peer - one kvxfer node in its own process, driven line by line on
+ * stdin by a test (tests/kvxfer/test_kvx_procs.c). Replies one line per
+ * command on stdout; asynchronous results are lines starting with "event ".
+ * Every node has one region (id 1) and can export and import.
+ *
+ *   kvx-peer --node=N [--blocks=N] [--block-bytes=B] [--alloc=ucx|own]
+ *            [--err-mode=auto|peer|none] [--max-op-bytes=B] [--max-ops=N]
+ *
+ * Commands (hex = lowercase hex bytes, lists = comma separated):
+ *   meta                         -> meta <hex>
+ *   fill <seed>                  -> ok
+ *   export <importer> <ttl_ms> <blocks>  -> handle <hex> <slot> <gen> | err <S>
+ *   revoke <slot> <gen> | free <blocks>  -> ok | err <S>
+ *   peer <hex>                   -> ok | err <S>
+ *   watch <node> <pid>           -> ok   (pidfd: exit -> kvx_peer_fail)
+ *   fail <node>                  -> ok | err <S>
+ *   import <hex>                 -> ok | reject <REASON> <S>
+ *   pull <hex> <deadline_ms> <local blocks> <seed> <release 0|1>
+ *        -> started <id> | reject <REASON> <S> | err <S>
+ *        later: event pulled <S> <verify ok|bad|skip> <bytes> <latency_us>
+ *   cancel                       -> ok | err <S>   (the last pull)
+ *   release <hex> | renew <hex> <ttl_ms> -> ok | err <S>
+ *   gauges -> gauges leases=.. pinned=.. pulls=.. ops=.. peers=.. rkeys=.. eps=..
+ *   counter <name> | rejects <REASON> -> value <n>
+ *   stats                        -> stats <json>
+ *   quit                         -> bye (after kvx_ctx_destroy)
+ */
+#include "kvx.h"
+#include "pd_time.h"
+
+#include <cjson/cJSON.h>
+#include <event2/event.h>
+
+#include <errno.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define LINE_MAX_BYTES 32768
+
+static struct {
+    struct event_base *base;
+    kvx_ctx_h *ctx;
+    kvx_region_h *region;
+    uint64_t node;
+    char line[LINE_MAX_BYTES];
+    size_t line_len;
+    struct event *ev_stdin;
+    struct event *ev_watch;
+    uint64_t watch_node;
+    uint64_t last_pull;
+    bool quit;
+} g;
+
+/* Pull in flight: what to verify and release when it completes. */
+typedef struct {
+    kvx_import_t imp;
+    uint32_t *local;
+    uint64_t seed;
+    bool release;
+} pull_ctx_t;
+
+static const uint8_t test_secret[KVX_KEY_BYTES] = "kvxfer-test-secret-0123456789ab";
+
+static void reply(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void reply(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+    fflush(stdout);
+}
+
+static uint64_t splitmix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* The 8-byte word w of exporter block b for seed: what every test checks. */
+static inline uint64_t pattern(uint64_t seed, uint64_t b, uint64_t w)
+{
+    return splitmix(seed * 0x100000001b3ull ^ (b << 40) ^ w);
+}
+
+static void fill(uint64_t seed)
+{
+    uint64_t bb = kvx_region_block_bytes(g.region);
+    uint64_t *base = kvx_region_base(g.region);
+    for (uint64_t b = 0; b < kvx_region_n_blocks(g.region); b++)
+        for (uint64_t w = 0; w < bb / 8; w++)
+            base[b * (bb / 8) + w] = pattern(seed, b, w);
+}
+
+static char *hex_of(const uint8_t *b, size_t n)
+{
+    char *s = malloc(n * 2 + 1);
+    for (size_t i = 0; i < n; i++)
+        sprintf(s + 2 * i, "%02x", b[i]);
+    s[n * 2] = 0;
+    return s;
+}
+
+static size_t unhex(const char *s, uint8_t *out, size_t cap)
+{
+    size_t n = strlen(s) / 2;
+    if (n > cap)
+        n = cap;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        if (sscanf(s + 2 * i, "%2x", &v) != 1)
+            return i;
+        out[i] = (uint8_t)v;
+    }
+    return n;
+}
+
+static uint32_t parse_list(const char *s, uint32_t **out_p)
+{
+    uint32_t n = 1, k = 0;
+    for (const char *p = s; *p; p++)
+        n += *p == ',';
+    uint32_t *v = calloc(n, sizeof(*v));
+    char *dup = strdup(s), *save = NULL;
+    for (char *t = strtok_r(dup, ",", &save); t && k < n; t = strtok_r(NULL, ",", &save))
+        v[k++] = (uint32_t)strtoul(t, NULL, 0);
+    free(dup);
+    *out_p = v;
+    return k;
+}
+
+static void on_pulled(void *arg, pd_status_t status, const kvx_pull_result_t *res)
+{
+    pull_ctx_t *pc = arg;
+    const char *verify = "skip";
+    if (status == PD_OK) {
+        /* every byte must equal the exporter's pattern for its block */
+        uint64_t bb = kvx_region_block_bytes(g.region);
+        const uint64_t *base = kvx_region_base(g.region);
+        uint32_t i = 0;
+        verify = "ok";
+        for (unsigned r = 0; r < pc->imp.h.n_runs; r++) {
+            for (uint32_t k = 0; k < pc->imp.h.runs[r].count; k++, i++) {
+                uint64_t eb = pc->imp.h.runs[r].start + k;
+                const uint64_t *lb = base + (uint64_t)pc->local[i] * (bb / 8);
+                for (uint64_t w = 0; w < bb / 8; w++) {
+                    if (lb[w] != pattern(pc->seed, eb, w)) {
+                        verify = "bad";
+                        goto done;
+                    }
+                }
+            }
+        }
+    }
+done:
+    if (pc->release && status == PD_OK)
+        kvx_lease_release(g.ctx, &pc->imp);
+    reply("event pulled %s %s %llu %llu", pd_status_name(status), verify,
+          (unsigned long long)res->bytes,
+          (unsigned long long)(res->latency_ns / 1000));
+    free(pc->local);
+    free(pc);
+}
+
+static void on_watch(evutil_socket_t fd, short what, void *arg)
+{
+    /* the watched process exited: what a daemon's control plane reports */
+    kvx_peer_fail(g.ctx, g.watch_node, PD_ERR_PEER_GONE);
+    event_del(g.ev_watch);
+    reply("event peer_dead %llu", (unsigned long long)g.watch_node);
+}
+
+static void do_import_reply(pd_status_t st, kvx_reject_t reason)
+{
+    if (st == PD_OK)
+        reply("ok");
+    else
+        reply("reject %s %s", kvx_reject_name(reason), pd_status_name(st));
+}
+
+static void command(char *line)
+{
+    char *argv[8] = { 0 };
+    int argc = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(line, " ", &save); t && argc < 8; t = strtok_r(NULL, " ", &save))
+        argv[argc++] = t;
+    if (argc == 0)
+        return;
+    const char *c = argv[0];
+    static uint8_t buf[KVX_META_MAX_BYTES];
+    pd_status_t st;
+    kvx_reject_t reason = KVX_REJECT_NONE;
+
+    if (!strcmp(c, "meta")) {
+        size_t len;
+        st = kvx_meta_pack(g.ctx, buf, sizeof(buf), &len);
+        if (st != PD_OK) {
+            reply("err %s", pd_status_name(st));
+            return;
+        }
+        char *h = hex_of(buf, len);
+        reply("meta %s", h);
+        free(h);
+    } else if (!strcmp(c, "fill") && argc == 2) {
+        fill(strtoull(argv[1], NULL, 0));
+        reply("ok");
+    } else if (!strcmp(c, "export") && argc == 4) {
+        uint32_t *blocks;
+        uint32_t n = parse_list(argv[3], &blocks);
+        size_t len;
+        kvx_lease_id_t lid;
+        st = kvx_export(g.region, strtoull(argv[1], NULL, 0), blocks, n,
+                        strtoull(argv[2], NULL, 0) * PD_NS_PER_MS, 0, buf,
+                        KVX_HANDLE_MAX_BYTES, &len, &lid);
+        free(blocks);
+        if (st != PD_OK) {
+            reply("err %s", pd_status_name(st));
+            return;
+        }
+        char *h = hex_of(buf, len);
+        reply("handle %s %u %llu", h, lid.slot, (unsigned long long)lid.gen);
+        free(h);
+    } else if (!strcmp(c, "revoke") && argc == 3) {
+        kvx_lease_id_t lid = { (uint32_t)strtoul(argv[1], NULL, 0),
+                               strtoull(argv[2], NULL, 0) };
+        st = kvx_lease_revoke(g.ctx, lid);
+        st == PD_OK ? reply("ok") : reply("err %s", pd_status_name(st));
+    } else if (!strcmp(c, "free") && argc == 2) {
+        uint32_t *blocks;
+        uint32_t n = parse_list(argv[1], &blocks);
+        st = kvx_region_blocks_free(g.region, blocks, n);
+        free(blocks);
+        st == PD_OK ? reply("ok") : reply("err %s", pd_status_name(st));
+    } else if (!strcmp(c, "peer") && argc == 2) {
+        size_t len = unhex(argv[1], buf, sizeof(buf));
+        st = kvx_peer_add(g.ctx, buf, len);
+        st == PD_OK ? reply("ok") : reply("err %s", pd_status_name(st));
+    } else if (!strcmp(c, "watch") && argc == 3) {
+        int pfd = (int)syscall(SYS_pidfd_open, (pid_t)atoi(argv[2]), 0);
+        if (pfd < 0) {
+            reply("err ERR_IO");
+            return;
+        }
+        g.watch_node = strtoull(argv[1], NULL, 0);
+        g.ev_watch = event_new(g.base, pfd, EV_READ, on_watch, NULL);
+        event_add(g.ev_watch, NULL);
+        reply("ok");
+    } else if (!strcmp(c, "fail") && argc == 2) {
+        st = kvx_peer_fail(g.ctx, strtoull(argv[1], NULL, 0), PD_ERR_PEER_GONE);
+        st == PD_OK ? reply("ok") : reply("err %s", pd_status_name(st));
+    } else if (!strcmp(c, "import") && argc == 2) {
+        kvx_import_t imp;
+        size_t len = unhex(argv[1], buf, sizeof(buf));
+        if (strlen(argv[1]) % 2)
+            len = unhex(argv[1], buf, sizeof(buf)); /* odd: truncated by one nibble */
+        st = kvx_handle_import(g.ctx, buf, len, 0, &imp, &reason);
+        do_import_reply(st, reason);
+    } else if (!strcmp(c, "pull") && argc == 6) {
+        pull_ctx_t *pc = calloc(1, sizeof(*pc));
+        size_t len = unhex(argv[1], buf, sizeof(buf));
+        st = kvx_handle_import(g.ctx, buf, len, 0, &pc->imp, &reason);
+        if (st != PD_OK) {
+            free(pc);
+            do_import_reply(st, reason);
+            return;
+        }
+        uint32_t n = parse_list(argv[3], &pc->local);
+        pc->seed = strtoull(argv[4], NULL, 0);
+        pc->release = atoi(argv[5]) != 0;
+        uint64_t deadline = pd_now_ns() + strtoull(argv[2], NULL, 0) * PD_NS_PER_MS;
+        st = kvx_pull_start(g.ctx, &pc->imp, g.region, pc->local, n, deadline,
+                            0, on_pulled, pc, &g.last_pull);
+        if (st != PD_INPROGRESS) {
+            free(pc->local);
+            free(pc);
+            reply("err %s", pd_status_name(st));
+            return;
+        }
+        reply("started %llu", (unsigned long long)g.last_pull);
+    } else if (!strcmp(c, "cancel")) {
+        st = kvx_pull_cancel(g.ctx, g.last_pull);
+        st == PD_OK ? reply("ok") : reply("err %s", pd_status_name(st));
+    } else if ((!strcmp(c, "release") && argc == 2) ||
+               (!strcmp(c, "renew") && argc == 3)) {
+        kvx_import_t imp;
+        size_t len = unhex(argv[1], buf, sizeof(buf));
+        st = kvx_handle_import(g.ctx, buf, len, 0, &imp, &reason);
+        if (st == PD_OK)
+            st = argc == 2 ? kvx_lease_release(g.ctx, &imp)
+                           : kvx_lease_renew(g.ctx, &imp,
+                                             strtoull(argv[2], NULL, 0) * PD_NS_PER_MS);
+        st == PD_OK ? reply("ok") : reply("err %s", pd_status_name(st));
+    } else if (!strcmp(c, "gauges")) {
+        kvx_gauges_t gg;
+        kvx_gauges(g.ctx, &gg);
+        reply("gauges leases=%u pinned=%llu pulls=%u ops=%u peers=%u rkeys=%u eps=%u",
+              gg.leases_active, (unsigned long long)gg.blocks_pinned,
+              gg.pulls_in_flight, gg.ops_in_flight, gg.peers_live,
+              gg.rkeys_live, gg.eps_live);
+    } else if (!strcmp(c, "counter") && argc == 2) {
+        reply("value %llu", (unsigned long long)kvx_counter(g.ctx, argv[1]));
+    } else if (!strcmp(c, "rejects") && argc == 2) {
+        for (unsigned r = 0; r < KVX_REJECT__COUNT; r++) {
+            if (!strcmp(kvx_reject_name(r), argv[1])) {
+                reply("value %llu", (unsigned long long)kvx_rejects(g.ctx, r));
+                return;
+            }
+        }
+        reply("err ERR_NOT_FOUND");
+    } else if (!strcmp(c, "stats")) {
+        cJSON *j = kvx_stats_json(g.ctx);
+        char *s = cJSON_PrintUnformatted(j);
+        reply("stats %s", s);
+        free(s);
+        cJSON_Delete(j);
+    } else if (!strcmp(c, "quit")) {
+        g.quit = true;
+        event_base_loopbreak(g.base);
+    } else {
+        reply("err ERR_BAD_INPUT");
+    }
+}
+
+static void on_stdin(evutil_socket_t fd, short what, void *arg)
+{
+    char tmp[8192];
+    ssize_t n = read(fd, tmp, sizeof(tmp));
+    if (n <= 0) { /* driver gone: stop */
+        g.quit = true;
+        event_base_loopbreak(g.base);
+        return;
+    }
+    for (ssize_t i = 0; i < n; i++) {
+        if (tmp[i] == '\n') {
+            g.line[g.line_len] = 0;
+            g.line_len = 0;
+            command(g.line);
+            if (g.quit)
+                return;
+        } else if (g.line_len + 1 < sizeof(g.line)) {
+            g.line[g.line_len++] = tmp[i];
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    kvx_config_t cfg;
+    uint64_t blocks = 64, block_bytes = 64 << 10;
+    kvx_alloc_t alloc = KVX_ALLOC_UCX;
+
+    kvx_config_default(&cfg);
+    memcpy(cfg.secret, test_secret, KVX_KEY_BYTES);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strncmp(a, "--node=", 7))
+            cfg.node_id = strtoull(a + 7, NULL, 0);
+        else if (!strncmp(a, "--blocks=", 9))
+            blocks = strtoull(a + 9, NULL, 0);
+        else if (!strncmp(a, "--block-bytes=", 14))
+            block_bytes = strtoull(a + 14, NULL, 0);
+        else if (!strcmp(a, "--alloc=own"))
+            alloc = KVX_ALLOC_OWN;
+        else if (!strcmp(a, "--alloc=ucx"))
+            alloc = KVX_ALLOC_UCX;
+        else if (!strcmp(a, "--err-mode=peer"))
+            cfg.err_mode = KVX_ERRMODE_PEER;
+        else if (!strcmp(a, "--err-mode=none"))
+            cfg.err_mode = KVX_ERRMODE_NONE;
+        else if (!strcmp(a, "--err-mode=auto"))
+            cfg.err_mode = KVX_ERRMODE_AUTO;
+        else if (!strncmp(a, "--max-op-bytes=", 15))
+            cfg.max_op_bytes = strtoull(a + 15, NULL, 0);
+        else if (!strncmp(a, "--max-ops=", 10))
+            cfg.max_ops_in_flight = (uint32_t)strtoul(a + 10, NULL, 0);
+        else {
+            fprintf(stderr, "kvx-peer: unknown option %s\n", a);
+            return 2;
+        }
+    }
+    signal(SIGPIPE, SIG_IGN);
+    g.base = event_base_new();
+    pd_status_t st = kvx_ctx_create(&cfg, g.base, &g.ctx);
+    if (st != PD_OK) {
+        fprintf(stderr, "kvx-peer: kvx_ctx_create: %s\n", pd_status_str(st));
+        return 1;
+    }
+    st = kvx_region_register(g.ctx, 1, block_bytes, (uint32_t)blocks, 0xC0FFEE,
+                             alloc, &g.region);
+    if (st != PD_OK) {
+        fprintf(stderr, "kvx-peer: kvx_region_register: %s\n", pd_status_str(st));
+        return 1;
+    }
+    g.ev_stdin = event_new(g.base, 0, EV_READ | EV_PERSIST, on_stdin, NULL);
+    event_add(g.ev_stdin, NULL);
+    reply("ready %llu", (unsigned long long)cfg.node_id);
+    event_base_dispatch(g.base);
+    kvx_ctx_destroy(g.ctx);
+    if (g.ev_watch) {
+        close(event_get_fd(g.ev_watch));
+        event_free(g.ev_watch);
+    }
+    event_free(g.ev_stdin);
+    event_base_free(g.base);
+    reply("bye");
+    return 0;
+}
