@@ -10,9 +10,6 @@ static const char *const chat_names[] = {
 #undef ENG_CHAT_NAME
 };
 
-/* Marker of the built-in model's template (engine/gguf writes it). */
-#define PD_BYTE_MARKER "pd-byte-chat"
-
 const char *eng_chat_name(eng_chat_kind_t kind)
 {
     return (unsigned)kind < ENG_CHAT_COUNT ? chat_names[kind] : "?";
@@ -35,9 +32,7 @@ pd_status_t eng_chat_detect(const char *t, eng_chat_kind_t *kind_p)
 {
     if (t == NULL)
         return PD_ERR_NOT_FOUND;
-    if (strstr(t, PD_BYTE_MARKER) != NULL) {
-        *kind_p = ENG_CHAT_PD_BYTE;
-    } else if (strstr(t, "<|im_start|>") != NULL) {
+    if (strstr(t, "<|im_start|>") != NULL) {
         if (strstr(t, "You are Qwen, created by Alibaba Cloud") != NULL)
             *kind_p = ENG_CHAT_QWEN25;
         else if (strstr(t, "You are a helpful assistant") != NULL)
@@ -63,7 +58,7 @@ pd_status_t eng_chat_for_tok(const eng_tok_t *tok, const char *override,
     if (eng_tok_chat_template(tok) != NULL)
         return eng_chat_detect(eng_tok_chat_template(tok), kind_p);
     if (eng_tok_kind(tok) == ENG_TOK_BYTE) {
-        *kind_p = ENG_CHAT_PD_BYTE;
+        *kind_p = ENG_CHAT_CHATML;
         return PD_OK;
     }
     return PD_ERR_NOT_FOUND;
@@ -214,23 +209,6 @@ static void render_llama2(sbuf_t *b, const eng_chat_msg_t *m, const int *roles, 
     }
 }
 
-/* The built-in model's format: plain "role: content\n" lines after BOS. */
-static void render_pd_byte(sbuf_t *b, const eng_chat_msg_t *m, const int *roles, size_t n,
-                           bool gen, const char *bos)
-{
-    size_t i;
-
-    puts_(b, bos);
-    for (i = 0; i < n; i++) {
-        puts_(b, role_names[roles[i]]);
-        puts_(b, ": ");
-        put(b, m[i].content, m[i].content_len);
-        puts_(b, "\n");
-    }
-    if (gen)
-        puts_(b, "assistant:");
-}
-
 pd_status_t eng_chat_render(eng_chat_kind_t kind, const eng_chat_msg_t *msgs,
                             size_t n, bool gen, const char *bos, const char *eos,
                             char **out_p, size_t *len_p)
@@ -274,9 +252,6 @@ pd_status_t eng_chat_render(eng_chat_kind_t kind, const eng_chat_msg_t *msgs,
         break;
     case ENG_CHAT_LLAMA2:
         render_llama2(&b, msgs, roles, n, bos != NULL ? bos : "<s>", eos != NULL ? eos : "</s>");
-        break;
-    case ENG_CHAT_PD_BYTE:
-        render_pd_byte(&b, msgs, roles, n, gen, bos != NULL ? bos : "<s>");
         break;
     default:
         break;

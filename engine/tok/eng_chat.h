@@ -24,8 +24,7 @@
     X(QWEN2,   "qwen2",   "ChatML + default system 'You are a helpful assistant.'") \
     X(QWEN25,  "qwen2.5", "ChatML + default system 'You are Qwen, created by Alibaba Cloud...'") \
     X(LLAMA2,  "llama2",  "<s>[INST] <<SYS>>...<</SYS>> ... [/INST] answer </s>") \
-    X(LLAMA3,  "llama3",  "<|start_header_id|>role<|end_header_id|>\\n\\n...<|eot_id|>") \
-    X(PD_BYTE, "pd-byte", "built-in model: <s>role: content\\n ... assistant:")
+    X(LLAMA3,  "llama3",  "<|start_header_id|>role<|end_header_id|>\\n\\n...<|eot_id|>")
 
 typedef enum {
 #define ENG_CHAT_ENUM(e, name, desc) ENG_CHAT_##e,
@@ -46,7 +45,8 @@ pd_status_t eng_chat_by_name(const char *name, eng_chat_kind_t *kind_p);
  * when it matches no known family. */
 pd_status_t eng_chat_detect(const char *tmpl, eng_chat_kind_t *kind_p);
 /* The template a tokenizer should use: override name if non-NULL/non-empty,
- * else detect from its chat_template, else the byte tokenizer's own.
+ * else detect from its chat_template, else ChatML for the byte tokenizer
+ * (pd-mkmodel writes a ChatML template for the built-in model).
  * PD_ERR_NOT_FOUND (unknown override or unrecognized template). */
 pd_status_t eng_chat_for_tok(const eng_tok_t *tok, const char *override,
                              eng_chat_kind_t *kind_p);

@@ -592,6 +592,7 @@ void eng_tok_destroy(eng_tok_t *tok)
 
 pd_status_t eng_tok_create_byte(uint32_t vocab_size, eng_tok_t **tok_p)
 {
+    static const char *const ctl[] = { "<s>", "<|im_start|>", "<|im_end|>", "<pad>" };
     eng_tok_str_t *toks;
     int32_t *types;
     char *names;
@@ -599,31 +600,25 @@ pd_status_t eng_tok_create_byte(uint32_t vocab_size, eng_tok_t **tok_p)
     pd_status_t status;
     uint32_t i;
 
-    if (vocab_size < 259 || vocab_size > ENG_TOK_MAX_VOCAB)
+    if (vocab_size < ENG_TOK_BYTE_VOCAB_MIN || vocab_size > ENG_TOK_MAX_VOCAB)
         return PD_ERR_BAD_INPUT;
     toks = calloc(vocab_size, sizeof(*toks));
     types = calloc(vocab_size, sizeof(*types));
-    names = malloc((size_t)vocab_size * 16);
+    names = malloc((size_t)vocab_size * 24);
     if (toks == NULL || types == NULL || names == NULL) {
         status = PD_ERR_NO_MEMORY;
         goto out;
     }
     for (i = 0; i < vocab_size; i++) {
-        char *n = names + (size_t)i * 16;
+        char *n = names + (size_t)i * 24;
         if (i < 256) {
-            snprintf(n, 16, "<0x%02X>", i);
+            snprintf(n, 24, "<0x%02X>", i);
             types[i] = ENG_TOKT_BYTE;
-        } else if (i == 256) {
-            snprintf(n, 16, "<s>");
-            types[i] = ENG_TOKT_CONTROL;
-        } else if (i == 257) {
-            snprintf(n, 16, "</s>");
-            types[i] = ENG_TOKT_CONTROL;
-        } else if (i == 258) {
-            snprintf(n, 16, "<pad>");
+        } else if (i < ENG_TOK_BYTE_VOCAB_MIN) {
+            snprintf(n, 24, "%s", ctl[i - 256]);
             types[i] = ENG_TOKT_CONTROL;
         } else {
-            snprintf(n, 16, "<unused%u>", i - 259);
+            snprintf(n, 24, "<unused_%u>", i - ENG_TOK_BYTE_VOCAB_MIN);
             types[i] = ENG_TOKT_UNUSED;
         }
         toks[i].s = n;
@@ -635,10 +630,10 @@ pd_status_t eng_tok_create_byte(uint32_t vocab_size, eng_tok_t **tok_p)
     v.n_tokens = vocab_size;
     v.token_types = types;
     v.bos_id = 256;
-    v.eos_id = 257;
-    v.pad_id = 258;
+    v.eos_id = 258;
+    v.eot_id = 258;
+    v.pad_id = 259;
     v.unk_id = -1;
-    v.eot_id = -1;
     v.add_bos = 1;
     v.add_space_prefix = 0;
     status = eng_tok_create(&v, tok_p, NULL, 0);

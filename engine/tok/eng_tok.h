@@ -51,7 +51,8 @@ typedef enum {
 } eng_tok_type_t;
 
 /* tokenizer.ggml.model value of the built-in byte tokenizer. */
-#define ENG_TOK_BYTE_MODEL_NAME "pd-byte"
+#define ENG_TOK_BYTE_MODEL_NAME "pdbyte"
+#define ENG_TOK_BYTE_VOCAB_MIN  260u
 
 /* A byte string that need not be NUL-terminated (GGUF strings are not). */
 typedef struct {
@@ -87,10 +88,12 @@ typedef struct eng_tok eng_tok_t;
 pd_status_t eng_tok_create(const eng_tok_vocab_t *vocab, eng_tok_t **tok_p,
                            char *err, size_t err_len);
 
-/* The built-in byte tokenizer: ids 0..255 are bytes, then the control tokens
- * <s> (256, BOS), </s> (257, EOS), <pad> (258), then vocab_size-259 unused
- * filler tokens so the tokenizer covers a model's whole vocabulary.
- * vocab_size >= 259. PD_ERR_BAD_INPUT, PD_ERR_NO_MEMORY. */
+/* The built-in byte tokenizer, the same vocabulary pd-mkmodel writes
+ * (engine/gguf): ids 0..255 are the bytes <0xNN>, then the control tokens
+ * <s> (256, BOS), <|im_start|> (257), <|im_end|> (258, EOS/EOT), <pad> (259),
+ * then vocab_size-260 unused <unused_K> tokens so the tokenizer covers a
+ * model's whole vocabulary. vocab_size >= 260. PD_ERR_BAD_INPUT,
+ * PD_ERR_NO_MEMORY. */
 pd_status_t eng_tok_create_byte(uint32_t vocab_size, eng_tok_t **tok_p);
 
 /* Load from a GGUF file's tokenizer.* metadata (engine/gguf reader); the

@@ -175,8 +175,9 @@ static void test_byte_roundtrip(void **state)
     assert_int_equal(eng_tok_kind(tok), ENG_TOK_BYTE);
     assert_int_equal(eng_tok_vocab_size(tok), 300);
     assert_int_equal(eng_tok_bos(tok), 256);
-    assert_int_equal(eng_tok_eos(tok), 257);
-    assert_true(eng_tok_is_eog(tok, 257));
+    assert_int_equal(eng_tok_eos(tok), 258);
+    assert_true(eng_tok_is_eog(tok, 258));
+    assert_false(eng_tok_is_eog(tok, 257));
     assert_false(eng_tok_is_eog(tok, 10));
     for (i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
         n = enc(tok, texts[i], true, false, ids, 256);
@@ -187,11 +188,11 @@ static void test_byte_roundtrip(void **state)
         dec_check(tok, ids, n, false, texts[i]);
     }
     /* control text only with parse_special */
-    n = enc(tok, "a</s>", false, false, ids, 256);
-    assert_int_equal(n, 5);
-    n = enc(tok, "a</s>", false, true, ids, 256);
+    n = enc(tok, "a<|im_end|>", false, false, ids, 256);
+    assert_int_equal(n, 11);
+    n = enc(tok, "a<|im_end|>", false, true, ids, 256);
     assert_int_equal(n, 2);
-    assert_int_equal(ids[1], 257);
+    assert_int_equal(ids[1], 258);
     eng_tok_destroy(tok);
 }
 
@@ -207,7 +208,7 @@ static void test_invalid_utf8_input(void **state)
     size_t i;
 
     (void)state;
-    assert_int_equal(eng_tok_create_byte(259, &tok), PD_OK);
+    assert_int_equal(eng_tok_create_byte(260, &tok), PD_OK);
     assert_int_equal(eng_tok_encode(tok, in, sizeof(in) - 1, false, false, ids, 64, &n), PD_OK);
     assert_int_equal(n, sizeof(want) - 1);
     for (i = 0; i < n; i++)
@@ -228,7 +229,7 @@ static void test_caps(void **state)
     char *big;
 
     (void)state;
-    assert_int_equal(eng_tok_create_byte(259, &tok), PD_OK);
+    assert_int_equal(eng_tok_create_byte(260, &tok), PD_OK);
     assert_int_equal(eng_tok_encode(tok, "abcdef", 6, false, false, ids, 4, &n), PD_ERR_NO_SPACE);
     big = malloc(ENG_TOK_MAX_INPUT + 1);
     assert_non_null(big);
@@ -236,7 +237,7 @@ static void test_caps(void **state)
     assert_int_equal(eng_tok_encode(tok, big, ENG_TOK_MAX_INPUT + 1, false, false, ids, 4, &n),
                      PD_ERR_TOO_BIG);
     free(big);
-    assert_int_equal(eng_tok_create_byte(10, &tok) == PD_OK, false);
+    assert_int_equal(eng_tok_create_byte(259, &tok) == PD_OK, false);
     eng_tok_destroy(tok);
 }
 
@@ -384,7 +385,7 @@ static void test_detok_utf8_split(void **state)
     const int32_t broken[] = { 0xe4, 0xbd, 'x', 0xc3 };
 
     (void)state;
-    assert_int_equal(eng_tok_create_byte(259, &tok), PD_OK);
+    assert_int_equal(eng_tok_create_byte(260, &tok), PD_OK);
     eng_detok_init(&d, tok, false, false);
     n = feed_all(&d, emoji, 5, out, lens);
     assert_int_equal(lens[0], 0);

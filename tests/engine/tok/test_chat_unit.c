@@ -1,0 +1,191 @@
+/* test_chat_unit.c - chat templates: detection and exact renderings; the
+ * built-in model's tokenizer (pd-mkmodel output) against eng_tok_create_byte.
+ * argv[1]: path of tiny.gguf from engine/gguf. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "eng_chat.h"
+#include "eng_tok.h"
+
+static const char *g_model_path;
+
+#define M(r, c) { r, c, sizeof(c) - 1 }
+
+static const eng_chat_msg_t conv[] = {
+    M("system", "You are terse."),
+    M("user", " Hi there \n"),
+    M("assistant", "Hello!"),
+    M("user", "2+2?"),
+};
+
+static void render_eq(eng_chat_kind_t kind, const eng_chat_msg_t *m, size_t n, bool gen,
+                      const char *want)
+{
+    char *out = NULL;
+    size_t len = 0;
+
+    assert_int_equal(eng_chat_render(kind, m, n, gen, NULL, NULL, &out, &len), PD_OK);
+    assert_string_equal(out, want);
+    assert_int_equal(len, strlen(want));
+    free(out);
+}
+
+static void test_chatml(void **state)
+{
+    (void)state;
+    render_eq(ENG_CHAT_CHATML, conv, 4, true,
+              "<|im_start|>system\nYou are terse.<|im_end|>\n"
+              "<|im_start|>user\n Hi there \n<|im_end|>\n"
+              "<|im_start|>assistant\nHello!<|im_end|>\n"
+              "<|im_start|>user\n2+2?<|im_end|>\n"
+              "<|im_start|>assistant\n");
+    render_eq(ENG_CHAT_QWEN2, conv + 3, 1, false,
+              "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+              "<|im_start|>user\n2+2?<|im_end|>\n");
+    render_eq(ENG_CHAT_QWEN25, conv, 1, false,
+              "<|im_start|>system\nYou are terse.<|im_end|>\n");
+}
+
+static void test_llama3(void **state)
+{
+    (void)state;
+    render_eq(ENG_CHAT_LLAMA3, conv, 4, true,
+              "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+              "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+              "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    render_eq(ENG_CHAT_LLAMA3, conv + 3, 1, false,
+              "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>");
+}
+
+static void test_llama2(void **state)
+{
+    (void)state;
+    render_eq(ENG_CHAT_LLAMA2, conv, 4, true,
+              "<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\n Hi there [/INST]"
+              " Hello! </s>"
+              "<s>[INST] 2+2? [/INST]");
+    render_eq(ENG_CHAT_LLAMA2, conv + 1, 1, true, "<s>[INST] Hi there [/INST]");
+}
+
+static void test_detect(void **state)
+{
+    eng_chat_kind_t k;
+    static const char qwen25[] =
+        "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]"
+        "['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen, "
+        "created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}";
+    static const char llama3[] =
+        "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+        "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] "
+        "| trim + '<|eot_id|>' %}";
+    static const char llama2[] =
+        "{% if messages[0]['role'] == 'system' %}...{{ bos_token + '[INST] ' + content.strip() "
+        "+ ' [/INST]' }}... '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n'";
+
+    (void)state;
+    assert_int_equal(eng_chat_detect(qwen25, &k), PD_OK);
+    assert_int_equal(k, ENG_CHAT_QWEN25);
+    assert_int_equal(eng_chat_detect(llama3, &k), PD_OK);
+    assert_int_equal(k, ENG_CHAT_LLAMA3);
+    assert_int_equal(eng_chat_detect(llama2, &k), PD_OK);
+    assert_int_equal(k, ENG_CHAT_LLAMA2);
+    assert_int_equal(eng_chat_detect("{{ messages }}", &k), PD_ERR_NOT_FOUND);
+    assert_int_equal(eng_chat_by_name("llama3", &k), PD_OK);
+    assert_int_equal(k, ENG_CHAT_LLAMA3);
+    assert_int_equal(eng_chat_by_name("jinja", &k), PD_ERR_NOT_FOUND);
+    assert_string_equal(eng_chat_name(ENG_CHAT_QWEN2), "qwen2");
+}
+
+static void test_bad_input(void **state)
+{
+    eng_chat_msg_t bad[1] = { M("tool", "x") };
+    eng_chat_msg_t *many;
+    char *out;
+    size_t len, i;
+
+    (void)state;
+    assert_int_equal(eng_chat_render(ENG_CHAT_CHATML, bad, 1, true, NULL, NULL, &out, &len),
+                     PD_ERR_BAD_INPUT);
+    assert_int_equal(eng_chat_render(ENG_CHAT_CHATML, conv, 0, true, NULL, NULL, &out, &len),
+                     PD_ERR_BAD_INPUT);
+    bad[0].role = NULL;
+    assert_int_equal(eng_chat_render(ENG_CHAT_CHATML, bad, 1, true, NULL, NULL, &out, &len),
+                     PD_ERR_BAD_INPUT);
+    many = calloc(ENG_CHAT_MAX_MESSAGES + 1, sizeof(*many));
+    assert_non_null(many);
+    for (i = 0; i <= ENG_CHAT_MAX_MESSAGES; i++)
+        many[i] = conv[1];
+    assert_int_equal(eng_chat_render(ENG_CHAT_CHATML, many, ENG_CHAT_MAX_MESSAGES + 1, true,
+                                     NULL, NULL, &out, &len), PD_ERR_TOO_BIG);
+    many[0].content_len = ENG_CHAT_MAX_BYTES; /* length check comes before any read */
+    assert_int_equal(eng_chat_render(ENG_CHAT_CHATML, many, 2, true, NULL, NULL, &out, &len),
+                     PD_ERR_TOO_BIG);
+    free(many);
+}
+
+/* The built-in model: its GGUF tokenizer equals eng_tok_create_byte, its
+ * template is detected as ChatML, and a chat encodes with control tokens. */
+static void test_builtin_model(void **state)
+{
+    eng_tok_t *g, *b;
+    eng_chat_kind_t k;
+    char err[256];
+    int32_t ids[256];
+    size_t n, i;
+    uint32_t v;
+
+    (void)state;
+    if (g_model_path == NULL)
+        skip();
+    assert_int_equal(eng_tok_load_path(g_model_path, &g, err, sizeof(err)), PD_OK);
+    assert_int_equal(eng_tok_kind(g), ENG_TOK_BYTE);
+    v = eng_tok_vocab_size(g);
+    assert_int_equal(eng_tok_create_byte(v, &b), PD_OK);
+    for (i = 0; i < v; i++) {
+        size_t la, lb;
+        const char *ta = eng_tok_token_text(g, (int32_t)i, &la);
+        const char *tb = eng_tok_token_text(b, (int32_t)i, &lb);
+        assert_int_equal(la, lb);
+        assert_memory_equal(ta, tb, la);
+        assert_int_equal(eng_tok_token_type(g, (int32_t)i), eng_tok_token_type(b, (int32_t)i));
+    }
+    assert_int_equal(eng_tok_bos(g), eng_tok_bos(b));
+    assert_int_equal(eng_tok_eos(g), eng_tok_eos(b));
+    assert_true(eng_tok_add_bos(g));
+    assert_int_equal(eng_chat_for_tok(g, NULL, &k), PD_OK);
+    assert_int_equal(k, ENG_CHAT_CHATML);
+    assert_int_equal(eng_chat_for_tok(g, "llama3", &k), PD_OK);
+    assert_int_equal(k, ENG_CHAT_LLAMA3);
+    assert_int_equal(eng_chat_for_tok(b, NULL, &k), PD_OK);
+    assert_int_equal(k, ENG_CHAT_CHATML);
+    assert_int_equal(eng_chat_encode(g, ENG_CHAT_CHATML, conv + 3, 1, true, ids, 256, &n), PD_OK);
+    /* <|im_start|> u s e r \n 2 + 2 ? <|im_end|> \n <|im_start|> a s s i s t a n t \n */
+    assert_int_equal(n, 1 + 5 + 4 + 1 + 1 + 1 + 10);
+    assert_int_equal(ids[0], 257);
+    assert_int_equal(ids[10], 258);
+    assert_int_equal(ids[12], 257);
+    eng_tok_destroy(g);
+    eng_tok_destroy(b);
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chatml),
+        cmocka_unit_test(test_llama3),
+        cmocka_unit_test(test_llama2),
+        cmocka_unit_test(test_detect),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_builtin_model),
+    };
+    g_model_path = argc > 1 ? argv[1] : NULL;
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
