@@ -415,8 +415,6 @@ static void validate(const mk_cfg_t *c)
 {
     const ggml_type_info_t *info = ggml_type_info(c->type);
 
-    if (c->out == NULL)
-        die_usage("missing -o FILE");
     if (strcmp(c->arch, "llama") != 0 && strcmp(c->arch, "qwen2") != 0)
         die_usage("--arch '%s': want llama or qwen2", c->arch);
     if (strcmp(c->vocab_type, "byte") != 0 && strcmp(c->vocab_type, "none") != 0)
@@ -434,6 +432,8 @@ static void validate(const mk_cfg_t *c)
         die_usage("--vocab %u: byte vocab needs >= %u", c->vocab, MK_BYTE_VOCAB_MIN);
     if (c->vocab_from != NULL && c->vocab_set)
         die_usage("--vocab and --vocab-from are exclusive (vocab size comes from the file)");
+    if (c->out == NULL)
+        die_usage("missing -o FILE");
 }
 
 int main(int argc, char **argv)
@@ -482,7 +482,6 @@ int main(int argc, char **argv)
             die_usage("unknown --preset '%s'", optarg);
         cfg = mk_presets[i].cfg;
     }
-    opterr = 1;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
         switch (opt) {
