@@ -154,8 +154,9 @@ static cJSON *error_reply(pd_status_t status, const char *message)
     return r;
 }
 
-/* Queue one reply line. Drops the client (without a reply: it is not
- * reading) once its unsent output exceeds max_output. Returns false when
+/* Queue one reply line. A client whose earlier replies still sit unsent
+ * beyond max_output is not reading: it is dropped without this reply, so
+ * memory per client stays under max_output + one reply. Returns false when
  * the client was closed. */
 static bool client_send(admin_client_t *c, cJSON *reply)
 {
@@ -164,6 +165,13 @@ static bool client_send(admin_client_t *c, cJSON *reply)
         "{\"ok\":false,\"error\":{\"code\":\"ERR_NO_MEMORY\",\"message\":"
         "\"out of memory\"}}\n";
     struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (evbuffer_get_length(out) > admin->max_output) {
+        PD_LOG_DEBUG("admin", "dropping client pid %d: %zu bytes unread",
+                     (int)c->pid, evbuffer_get_length(out));
+        pd_stats_inc(admin->own_stats, ADMIN_ST_dropped_output);
+        client_close(c);
+        return false;
+    }
     char *text = reply ? cJSON_PrintUnformatted(reply) : NULL;
     if (text == NULL) {
         evbuffer_add(out, oom, sizeof(oom) - 1);
@@ -171,13 +179,6 @@ static bool client_send(admin_client_t *c, cJSON *reply)
         evbuffer_add(out, text, strlen(text));
         evbuffer_add(out, "\n", 1);
         cJSON_free(text);
-    }
-    if (evbuffer_get_length(out) > admin->max_output) {
-        PD_LOG_DEBUG("admin", "dropping client pid %d: %zu bytes unread",
-                     (int)c->pid, evbuffer_get_length(out));
-        pd_stats_inc(admin->own_stats, ADMIN_ST_dropped_output);
-        client_close(c);
-        return false;
     }
     return true;
 }

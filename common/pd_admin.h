@@ -21,8 +21,9 @@
  *   max_line    overlong line -> error reply, then close
  *   max_clients excess connection -> error reply, then close
  *   idle_timeout no complete command for this long -> close
- *   max_output  a client that does not read its replies is dropped once
- *               its unsent output exceeds this (memory stays bounded)
+ *   max_output  a client that does not read its replies is dropped when a
+ *               new reply finds more than this unsent (memory per client
+ *               stays under max_output + one reply)
  * Handlers run synchronously on the loop thread and must not block. */
 #ifndef PD_ADMIN_H
 #define PD_ADMIN_H

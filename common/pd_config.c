@@ -467,8 +467,8 @@ static pd_status_t load_file(const pd_cfg_schema_t *schema, void *target,
     if (line > 0) {
         if (ctx.status == PD_OK)
             snprintf(ctx.err, sizeof(ctx.err), "syntax error");
-        snprintf(res->message, sizeof(res->message), "%s: %s:%d: %s", prog,
-                 path, line, ctx.err);
+        snprintf(res->message, sizeof(res->message), "%.64s: %.200s:%d: %.200s",
+                 prog, path, line, ctx.err);
         return ctx.status == PD_ERR_NO_MEMORY ? PD_ERR_NO_MEMORY : PD_ERR_BAD_INPUT;
     }
     return PD_OK;
@@ -528,12 +528,16 @@ char *pd_config_help(const pd_cfg_schema_t *schema)
     return pd_sbuf_finish(&sb, NULL);
 }
 
+__attribute__((format(printf, 3, 4)))
 static void set_usage(pd_cfg_result_t *res, const pd_cfg_schema_t *schema,
-                      const char *fmt, const char *arg)
+                      const char *fmt, ...)
 {
     char tmp[400];
-    snprintf(tmp, sizeof(tmp), fmt, arg);
-    snprintf(res->message, sizeof(res->message), "%s: %s",
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tmp, sizeof(tmp), fmt, ap);
+    va_end(ap);
+    snprintf(res->message, sizeof(res->message), "%.64s: %.400s",
              schema->prog ? schema->prog : "pdserve", tmp);
 }
 
@@ -576,7 +580,7 @@ pd_status_t pd_config_load(const pd_cfg_schema_t *schema, void *target,
         }
         if (strcmp(a, "--config") == 0) {
             if (i + 1 >= argc) {
-                set_usage(res, schema, "--config: missing value%s", "");
+                set_usage(res, schema, "--config: missing value");
                 goto err_usage;
             }
             config_path = argv[++i];
