@@ -176,8 +176,10 @@ pd_status_t gguf_writer_create(gguf_writer_t **writer_p);
 void gguf_writer_destroy(gguf_writer_t *writer);
 
 /* Data alignment (power of two in [GGUF_MIN_ALIGNMENT, GGUF_MAX_ALIGNMENT]).
- * A value other than 32 also emits the `general.alignment` u32 key.
- * Expected: PD_ERR_BAD_INPUT. */
+ * A value other than 32 also emits the `general.alignment` u32 key; that
+ * key cannot be added any other way (PD_ERR_BAD_INPUT), so it always
+ * matches the padding. Call at most once (PD_ERR_EXISTS otherwise, when the
+ * key was emitted). Expected: PD_ERR_BAD_INPUT, PD_ERR_EXISTS. */
 pd_status_t gguf_writer_set_alignment(gguf_writer_t *writer, uint32_t alignment);
 
 /* Add metadata. Keys are copied; adding an existing key gives PD_ERR_EXISTS,
@@ -204,7 +206,8 @@ pd_status_t gguf_writer_add_arr_i32(gguf_writer_t *writer, const char *key,
 pd_status_t gguf_writer_add_arr_str(gguf_writer_t *writer, const char *key,
                                     const char *const *strs, const uint64_t *lens,
                                     uint64_t count);
-/* Copy one pair from an opened file (any type, arrays included). */
+/* Copy one pair from an opened file (any type, arrays included);
+ * `general.alignment` becomes gguf_writer_set_alignment(value). */
 pd_status_t gguf_writer_add_kv_from(gguf_writer_t *writer, const gguf_kv_t *kv);
 
 /* Add a tensor converted from f32 data (ne[0] innermost, ggml order).

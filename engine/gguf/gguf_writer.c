@@ -112,11 +112,19 @@ static bool name_ok(const char *s)
     return true;
 }
 
-/* Takes ownership of val (freed on failure). */
-static pd_status_t add_kv(gguf_writer_t *w, const char *key, gguf_buf_t *val)
+#define GGUF_KEY_ALIGNMENT "general.alignment"
+
+/* Takes ownership of val (freed on failure). general.alignment is only
+ * accepted from gguf_writer_set_alignment (reserved), so the key and the
+ * padding the writer produces always agree. */
+static pd_status_t add_kv_ex(gguf_writer_t *w, const char *key, gguf_buf_t *val, bool reserved)
 {
     pd_status_t status;
 
+    if (!reserved && strcmp(key, GGUF_KEY_ALIGNMENT) == 0) {
+        status = PD_ERR_BAD_INPUT;
+        goto err;
+    }
     if (val->failed) {
         status = PD_ERR_NO_MEMORY;
         goto err;
@@ -161,6 +169,11 @@ err:
     return status;
 }
 
+static pd_status_t add_kv(gguf_writer_t *w, const char *key, gguf_buf_t *val)
+{
+    return add_kv_ex(w, key, val, false);
+}
+
 static pd_status_t add_scalar(gguf_writer_t *w, const char *key, gguf_type_t type,
                               const void *v, size_t n)
 {
@@ -177,7 +190,10 @@ pd_status_t gguf_writer_set_alignment(gguf_writer_t *w, uint32_t alignment)
         (alignment & (alignment - 1)) != 0)
         return PD_ERR_BAD_INPUT;
     if (alignment != GGUF_DEFAULT_ALIGNMENT) {
-        pd_status_t status = gguf_writer_add_u32(w, "general.alignment", alignment);
+        gguf_buf_t b = {0};
+        buf_u32(&b, GGUF_TYPE_UINT32);
+        buf_u32(&b, alignment);
+        pd_status_t status = add_kv_ex(w, GGUF_KEY_ALIGNMENT, &b, true);
         if (status != PD_OK)
             return status;
     }
@@ -291,6 +307,12 @@ pd_status_t gguf_writer_add_arr_str(gguf_writer_t *w, const char *key, const cha
 pd_status_t gguf_writer_add_kv_from(gguf_writer_t *w, const gguf_kv_t *kv)
 {
     gguf_buf_t b = {0};
+
+    if (strcmp(kv->key, GGUF_KEY_ALIGNMENT) == 0) {
+        if (kv->type != GGUF_TYPE_UINT32 || kv->v.u64 > UINT32_MAX)
+            return PD_ERR_BAD_INPUT;
+        return gguf_writer_set_alignment(w, (uint32_t)kv->v.u64);
+    }
 
     buf_u32(&b, kv->type);
     switch (kv->type) {

@@ -166,6 +166,10 @@ static gguf_writer_t *make_writer(uint32_t alignment)
     assert_int_equal(gguf_writer_add_u32(w, "t.u32", 1), PD_ERR_EXISTS);
     assert_int_equal(gguf_writer_add_u32(w, "", 1), PD_ERR_BAD_INPUT);
     assert_int_equal(gguf_writer_add_u32(w, "bad\nkey", 1), PD_ERR_BAD_INPUT);
+    /* the alignment key only comes from set_alignment */
+    assert_int_equal(gguf_writer_add_u32(w, "general.alignment", 64), PD_ERR_BAD_INPUT);
+    assert_int_equal(gguf_writer_set_alignment(w, 48), PD_ERR_BAD_INPUT);
+    assert_int_equal(gguf_writer_set_alignment(w, 4), PD_ERR_BAD_INPUT);
 
     static const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16,
                                      GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
