@@ -606,6 +606,61 @@ static pd_status_t cmd_stats(pd_admin_req_t *req, cJSON *reply)
     return PD_OK;
 }
 
+static pd_status_t cmd_perf_schema(pd_admin_req_t *req, cJSON *reply)
+{
+    static const char *const kinds[] = { "counter", "gauge", "histogram" };
+    pd_admin_t *admin = req->admin;
+    cJSON *arr = cJSON_AddArrayToObject(reply, "schema");
+    if (arr == NULL)
+        return PD_ERR_NO_MEMORY;
+    for (unsigned i = 0; i <= admin->n_stats; i++) {
+        const pd_stats_table_t *t =
+            pd_stats_table(i < admin->n_stats ? admin->stats[i] : admin->own_stats);
+        bool seen = false;
+        for (unsigned k = 0; k < i && k < admin->n_stats; k++)
+            if (pd_stats_table(admin->stats[k]) == t)
+                seen = true;
+        if (seen)
+            continue;
+        for (size_t d = 0; d < t->n; d++) {
+            cJSON *o = cJSON_CreateObject();
+            if (o == NULL || !cJSON_AddItemToArray(arr, o)) {
+                cJSON_Delete(o);
+                return PD_ERR_NO_MEMORY;
+            }
+            if (!cJSON_AddStringToObject(o, "table", t->prefix) ||
+                !cJSON_AddStringToObject(o, "name", t->descs[d].name) ||
+                !cJSON_AddStringToObject(o, "kind", kinds[t->descs[d].kind]) ||
+                !cJSON_AddStringToObject(o, "help", t->descs[d].help))
+                return PD_ERR_NO_MEMORY;
+        }
+    }
+    return PD_OK;
+}
+
+pd_status_t pd_admin_stats_prometheus(pd_admin_t *admin, char **text_p,
+                                      size_t *len_p)
+{
+    pd_stats_t *sets[ADMIN_MAX_STATS + 1];
+    memcpy(sets, admin->stats, admin->n_stats * sizeof(sets[0]));
+    sets[admin->n_stats] = admin->own_stats;
+    return pd_stats_render_prometheus(sets, admin->n_stats + 1, text_p, len_p);
+}
+
+static pd_status_t cmd_stats_prometheus(pd_admin_req_t *req, cJSON *reply)
+{
+    char *text;
+    pd_status_t status = pd_admin_stats_prometheus(req->admin, &text, NULL);
+    if (status != PD_OK)
+        return status;
+    if (!cJSON_AddStringToObject(reply, "text", text)) {
+        free(text);
+        return PD_ERR_NO_MEMORY;
+    }
+    free(text);
+    return PD_OK;
+}
+
 static pd_status_t cmd_config_show(pd_admin_req_t *req, cJSON *reply)
 {
     pd_admin_t *admin = req->admin;
@@ -669,6 +724,10 @@ static const pd_admin_cmd_t builtin_cmds[] = {
     { "stats", PD_ADMIN_USER, cmd_stats,
       "stats - counters, latency histograms, allocator and process info" },
     { "perf dump", PD_ADMIN_USER, cmd_stats, "perf dump - same as stats" },
+    { "perf schema", PD_ADMIN_USER, cmd_perf_schema,
+      "perf schema - every stat: table, name, kind, help" },
+    { "stats prometheus", PD_ADMIN_USER, cmd_stats_prometheus,
+      "stats prometheus - the stats as Prometheus text in \"text\"" },
     { "stats reset", PD_ADMIN_OPERATOR, cmd_stats_reset,
       "stats reset - zero counters and histograms" },
     { "config show", PD_ADMIN_OPERATOR, cmd_config_show,

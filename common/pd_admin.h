@@ -10,6 +10,7 @@
  * from them. A name may have several words ("config show"); the longest
  * registered name that prefixes the line wins, the remaining words are the
  * arguments. Built-ins: help, version, stats (alias "perf dump"),
+ * perf schema, stats prometheus,
  * stats reset (operator), config show [ini] (operator),
  * log level [<lvl>] (reading: user; setting: admin).
  *
@@ -118,6 +119,11 @@ pd_status_t pd_admin_remove_stats(pd_admin_t *admin, pd_stats_t *stats);
  * "jemalloc":{"allocated","active","resident","mapped"} or {"note":...}}.
  * Also for an HTTP /stats endpoint. NULL on ENOMEM. */
 struct cJSON *pd_admin_stats_json(pd_admin_t *admin);
+
+/* Prometheus text of every registered set plus the server's own counters
+ * (for an HTTP /metrics endpoint). *text_p malloc'd. PD_ERR_NO_MEMORY. */
+pd_status_t pd_admin_stats_prometheus(pd_admin_t *admin, char **text_p,
+                                      size_t *len_p);
 
 /* Set an error message for the reply; returns `status` so handlers can
  * `return pd_admin_req_error(req, PD_ERR_BAD_INPUT, "no such peer %s", p);` */
