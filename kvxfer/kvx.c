@@ -1256,6 +1256,11 @@ static void kvx_op_done(void *req, ucs_status_t us, void *user_data)
     ucp_request_free(req);
     assert(pl->inflight > 0);
     pl->inflight--;
+    if (pl->state == KVX_PULL_ZOMBIE) {
+        /* a get given up for lost came back after all: the slot can go */
+        kvx_kick(ctx);
+        return;
+    }
     ctx->ops_in_flight--;
     if (us != UCS_OK && pl->err == PD_OK) {
         pd_status_t st = kvx_ucs_status(us);
@@ -1346,7 +1351,8 @@ static void kvx_pull_free(kvx_pull_t *pl)
     if (pl->local_blocks != pl->local_inline)
         free(pl->local_blocks);
     pl->local_blocks = NULL;
-    pl->peer->pulls_ref--;
+    if (pl->peer)
+        pl->peer->pulls_ref--;
     pl->peer = NULL;
     pl->state = KVX_PULL_FREE;
     pl->id = 0;
@@ -1395,7 +1401,14 @@ static void kvx_pull_deliver(kvx_pull_t *pl, pd_status_t status)
     void *arg = pl->cb_arg;
     pl->cb = NULL;
     if (pl->inflight) {
+        /* UCX never returned these gets after the forced close (seen on
+         * tcp and cma with a dead peer). Their endpoint is gone, so they
+         * cannot write any more: stop counting them against the in-flight
+         * budget and let the peer (rkeys) go; only this slot waits. */
         pl->state = KVX_PULL_ZOMBIE;
+        ctx->ops_in_flight -= pl->inflight;
+        pl->peer->pulls_ref--;
+        pl->peer = NULL;
     } else {
         kvx_pull_free(pl);
     }

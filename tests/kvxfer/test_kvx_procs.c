@@ -73,6 +73,7 @@ static bool wait_importer(kp_t *i, unsigned peers, int timeout_ms)
             return true;
         poll(NULL, 0, 10);
     }
+    print_error("importer not quiescent: %s\n", kp_cmd(i, "stats"));
     return false;
 }
 
