@@ -4,9 +4,11 @@
 #include "eng.h"
 
 extern const eng_ops_t eng_llama_ops;
+extern const eng_ops_t eng_sim_ops;
 
 static const eng_ops_t *const eng_registry[] = {
     &eng_llama_ops,
+    &eng_sim_ops,
 };
 
 const eng_ops_t *eng_find(const char *name)

@@ -1,0 +1,526 @@
+/* eng_sim.c - the "sim" engine (see eng_sim.h). */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include "eng_sim.h"
+#include "pd_time.h"
+
+#define SIM_MAGIC           0x73696d2d6b763031ULL /* "sim-kv01" */
+#define SIM_DEFAULT_BLOCK   16u
+#define SIM_MAX_LAYERS      512u
+#define SIM_MAX_KV_HEADS    256u
+#define SIM_MAX_HEAD_DIM    4096u
+#define SIM_MAX_CTX         (1u << 21)
+#define SIM_MIN_VOCAB       260u      /* the byte tokenizer's size */
+#define SIM_MAX_VOCAB       (1u << 20)
+#define SIM_MAX_BLOCK_BYTES (1ull << 31)
+#define SIM_MAX_SPEC        512u
+
+/* token ids of the byte tokenizer (engine/tok eng_tok_create_byte) */
+#define SIM_TOK_EOS         258
+#define SIM_PRINT_FIRST     32
+#define SIM_PRINT_COUNT     95        /* ' ' .. '~' */
+
+struct eng_model {
+    uint64_t magic;
+    eng_sim_params_t p;
+    eng_kv_geom_t geom;
+    uint32_t elem_bytes;           /* 2 (f16) or 4 (f32) */
+    uint64_t row_bytes;            /* n_kv_heads * head_dim * elem_bytes */
+    XXH3_state_t *hs;              /* checksum state, compute thread only */
+    eng_sim_stats_t stats;         /* updated with relaxed atomics */
+};
+
+typedef struct {
+    const char *name;
+    uint32_t layers, kv_heads, head_dim, vocab, ctx;
+    double tps, a, b;
+} sim_preset_t;
+
+static const sim_preset_t sim_presets[] = {
+#define SIM_PRESET_ROW(id, name, l, h, d, v, c, tps, a, b) { name, l, h, d, v, c, tps, a, b },
+    ENG_SIM_PRESETS(SIM_PRESET_ROW)
+#undef SIM_PRESET_ROW
+};
+
+#define STAT_ADD(m, field, v) __atomic_fetch_add(&(m)->stats.field, (uint64_t)(v), __ATOMIC_RELAXED)
+
+__attribute__((format(printf, 3, 4)))
+static pd_status_t sim_err(char *err, size_t err_len, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (err != NULL && err_len > 0) {
+        va_start(ap, fmt);
+        vsnprintf(err, err_len, fmt, ap);
+        va_end(ap);
+    }
+    return PD_ERR_BAD_INPUT;
+}
+
+static void apply_preset(eng_sim_params_t *p, const sim_preset_t *s)
+{
+    snprintf(p->preset, sizeof(p->preset), "%s", s->name);
+    p->n_layers = s->layers;
+    p->n_kv_heads = s->kv_heads;
+    p->head_dim = s->head_dim;
+    p->vocab = s->vocab;
+    p->ctx = s->ctx;
+    p->prefill_tps = s->tps;
+    p->decode_a_ms = s->a;
+    p->decode_b_ms = s->b;
+}
+
+static bool parse_u32(const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    char *e;
+    unsigned long long x;
+
+    errno = 0;
+    if (*v < '0' || *v > '9')
+        return false;
+    x = strtoull(v, &e, 10);
+    if (errno != 0 || *e != '\0' || x < lo || x > hi)
+        return false;
+    *out = (uint32_t)x;
+    return true;
+}
+
+static bool parse_f64(const char *v, double lo, double hi, double *out)
+{
+    char *e;
+    double x;
+
+    errno = 0;
+    x = strtod(v, &e);
+    if (errno != 0 || e == v || *e != '\0' || !(x >= lo && x <= hi))
+        return false;
+    *out = x;
+    return true;
+}
+
+/* "A" | "A+B*b" | "A+B*batch" (ms) */
+static bool parse_decode_ms(const char *v, double *a, double *b)
+{
+    char *e, *e2;
+
+    errno = 0;
+    *a = strtod(v, &e);
+    if (errno != 0 || e == v || !(*a >= 0 && *a <= 1e6))
+        return false;
+    *b = 0;
+    if (*e == '\0')
+        return true;
+    if (*e != '+')
+        return false;
+    *b = strtod(e + 1, &e2);
+    if (errno != 0 || e2 == e + 1 || !(*b >= 0 && *b <= 1e6))
+        return false;
+    return strcmp(e2, "*b") == 0 || strcmp(e2, "*batch") == 0;
+}
+
+pd_status_t eng_sim_parse(const char *spec, eng_sim_params_t *p, char *err, size_t err_len)
+{
+    char buf[SIM_MAX_SPEC + 1], *save = NULL, *item;
+    bool first = true;
+    size_t i;
+
+    if (spec == NULL)
+        return sim_err(err, err_len, "sim: no model spec");
+    if (strncmp(spec, "sim:", 4) == 0)
+        spec += 4;
+    if (strlen(spec) > SIM_MAX_SPEC) {
+        sim_err(err, err_len, "sim: spec longer than %u bytes", SIM_MAX_SPEC);
+        return PD_ERR_TOO_BIG;
+    }
+    memset(p, 0, sizeof(*p));
+    apply_preset(p, &sim_presets[0]);
+    snprintf(p->preset, sizeof(p->preset), "custom");
+    p->speedup = 1.0;
+    snprintf(buf, sizeof(buf), "%s", spec);
+    for (item = strtok_r(buf, ",", &save); item != NULL;
+         item = strtok_r(NULL, ",", &save), first = false) {
+        char *eq = strchr(item, '=');
+        const char *k = item, *v;
+        if (eq == NULL) {
+            if (!first)
+                return sim_err(err, err_len, "sim: '%s': preset name must come first", item);
+            for (i = 0; i < sizeof(sim_presets) / sizeof(sim_presets[0]); i++) {
+                if (strcmp(item, sim_presets[i].name) == 0) {
+                    apply_preset(p, &sim_presets[i]);
+                    break;
+                }
+            }
+            if (i == sizeof(sim_presets) / sizeof(sim_presets[0]))
+                return sim_err(err, err_len, "sim: unknown preset '%s' (llama3-8b, llama3-70b, "
+                               "qwen3-8b, deepseek-v3)", item);
+            continue;
+        }
+        *eq = '\0';
+        v = eq + 1;
+        if (strcmp(k, "layers") == 0) {
+            if (!parse_u32(v, 1, SIM_MAX_LAYERS, &p->n_layers))
+                goto bad;
+        } else if (strcmp(k, "kv_heads") == 0) {
+            if (!parse_u32(v, 1, SIM_MAX_KV_HEADS, &p->n_kv_heads))
+                goto bad;
+        } else if (strcmp(k, "head_dim") == 0) {
+            if (!parse_u32(v, 1, SIM_MAX_HEAD_DIM, &p->head_dim))
+                goto bad;
+        } else if (strcmp(k, "vocab") == 0) {
+            if (!parse_u32(v, SIM_MIN_VOCAB, SIM_MAX_VOCAB, &p->vocab))
+                goto bad;
+        } else if (strcmp(k, "ctx") == 0) {
+            if (!parse_u32(v, 1, SIM_MAX_CTX, &p->ctx))
+                goto bad;
+        } else if (strcmp(k, "prefill_tps") == 0) {
+            if (!parse_f64(v, 1e-3, 1e12, &p->prefill_tps))
+                goto bad;
+        } else if (strcmp(k, "decode_ms") == 0) {
+            if (!parse_decode_ms(v, &p->decode_a_ms, &p->decode_b_ms))
+                goto bad;
+        } else if (strcmp(k, "speedup") == 0) {
+            if (!parse_f64(v, 1e-3, 1e9, &p->speedup))
+                goto bad;
+        } else if (strcmp(k, "no_sleep") == 0) {
+            uint32_t b;
+            if (!parse_u32(v, 0, 1, &b))
+                goto bad;
+            p->no_sleep = b != 0;
+        } else {
+            return sim_err(err, err_len, "sim: unknown key '%s' (layers kv_heads head_dim vocab "
+                           "ctx prefill_tps decode_ms speedup no_sleep)", k);
+        }
+        continue;
+bad:
+        return sim_err(err, err_len, "sim: bad value '%s' for %s", v, k);
+    }
+    return PD_OK;
+}
+
+uint64_t eng_sim_prefill_ns(const eng_sim_params_t *p, uint32_t n_tokens)
+{
+    return (uint64_t)((double)n_tokens * 1e9 / p->prefill_tps);
+}
+
+uint64_t eng_sim_decode_ns(const eng_sim_params_t *p, uint32_t batch)
+{
+    return (uint64_t)((p->decode_a_ms + p->decode_b_ms * (double)batch) * 1e6);
+}
+
+static uint64_t sim_compat_hash(const eng_model_t *m)
+{
+    static const char tag[] = "pdserve-sim-kv-v1";
+    uint64_t v[] = { m->p.n_layers, m->p.n_kv_heads, m->p.head_dim, m->p.vocab, m->p.ctx,
+                     (uint64_t)m->geom.kv_dtype, m->geom.block_tokens, m->geom.bytes_per_token };
+    XXH64_state_t *s = XXH64_createState();
+    uint64_t h;
+
+    if (s == NULL)
+        return 0;
+    XXH64_reset(s, 0);
+    XXH64_update(s, tag, sizeof(tag));
+    XXH64_update(s, v, sizeof(v));
+    h = XXH64_digest(s);
+    XXH64_freeState(s);
+    return h;
+}
+
+static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
+                            char *err, size_t err_len)
+{
+    eng_model_t *m;
+    eng_kv_geom_t *g;
+    pd_status_t status;
+
+    if (opts == NULL || model_p == NULL)
+        return PD_ERR_BAD_INPUT;
+    if (opts->kv_dtype != ENG_KV_F16 && opts->kv_dtype != ENG_KV_F32)
+        return sim_err(err, err_len, "sim: bad kv_dtype %d", (int)opts->kv_dtype);
+    m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return PD_ERR_NO_MEMORY;
+    status = eng_sim_parse(opts->model_path, &m->p, err, err_len);
+    if (status != PD_OK)
+        goto err_free;
+    m->magic = SIM_MAGIC;
+    m->elem_bytes = opts->kv_dtype == ENG_KV_F16 ? 2 : 4;
+    m->row_bytes = (uint64_t)m->p.n_kv_heads * m->p.head_dim * m->elem_bytes;
+    g = &m->geom;
+    g->n_layers = m->p.n_layers;
+    g->n_kv_heads = m->p.n_kv_heads;
+    g->head_dim = m->p.head_dim;
+    g->block_tokens = opts->block_tokens ? opts->block_tokens : SIM_DEFAULT_BLOCK;
+    g->kv_dtype = opts->kv_dtype;
+    g->bytes_per_token = (uint64_t)m->p.n_layers * 2 * m->row_bytes;
+    g->block_bytes = (uint64_t)g->block_tokens * g->bytes_per_token;
+    g->vocab_size = m->p.vocab;
+    g->context_length = m->p.ctx;
+    if (g->block_tokens > 4096 || g->block_bytes > SIM_MAX_BLOCK_BYTES) {
+        sim_err(err, err_len, "sim: block of %u tokens x %llu bytes is too big", g->block_tokens,
+                (unsigned long long)g->bytes_per_token);
+        status = PD_ERR_TOO_BIG;
+        goto err_free;
+    }
+    g->compat_hash = sim_compat_hash(m);
+    m->hs = XXH3_createState();
+    if (m->hs == NULL) {
+        status = PD_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    *model_p = m;
+    return PD_OK;
+
+err_free:
+    free(m);
+    return status;
+}
+
+static void sim_destroy(eng_model_t *m)
+{
+    if (m == NULL)
+        return;
+    if (m->hs != NULL)
+        XXH3_freeState(m->hs);
+    m->magic = 0;
+    free(m);
+}
+
+static const eng_kv_geom_t *sim_geometry(const eng_model_t *m)
+{
+    return &m->geom;
+}
+
+/* ---- KV content ------------------------------------------------------------ */
+
+static inline uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t mix4(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
+{
+    uint64_t s = a * 0x9e3779b97f4a7c15ULL ^ b * 0xc2b2ae3d27d4eb4fULL ^
+                 c * 0x165667b19e3779f9ULL ^ d * 0xd6e8feb86659fd93ULL;
+
+    return splitmix64(&s);
+}
+
+/* One (layer, K/V) row of a token: finite values in +-[0.5, 1). */
+static void fill_row(const eng_model_t *m, uint8_t *dst, int32_t token, uint32_t pos,
+                     uint32_t layer, uint32_t kv)
+{
+    uint64_t s = mix4((uint64_t)(uint32_t)token + 1, pos, layer, kv + 1);
+    uint64_t n = m->row_bytes, i = 0;
+
+    if (m->elem_bytes == 2) {
+        for (; i + 8 <= n; i += 8) {
+            uint64_t r = splitmix64(&s);
+            r = (r & 0x83ff83ff83ff83ffULL) | 0x3800380038003800ULL;
+            memcpy(dst + i, &r, 8);
+        }
+        for (; i < n; i += 2) {
+            uint16_t r = (uint16_t)((splitmix64(&s) & 0x83ff) | 0x3800);
+            memcpy(dst + i, &r, 2);
+        }
+    } else {
+        for (; i + 8 <= n; i += 8) {
+            uint64_t r = splitmix64(&s);
+            r = (r & 0x807fffff807fffffULL) | 0x3f0000003f000000ULL;
+            memcpy(dst + i, &r, 8);
+        }
+        for (; i < n; i += 4) {
+            uint32_t r = (uint32_t)((splitmix64(&s) & 0x807fffff) | 0x3f000000);
+            memcpy(dst + i, &r, 4);
+        }
+    }
+}
+
+static inline uint8_t *row_ptr(const eng_model_t *m, void *arena, uint32_t block,
+                               uint32_t layer, uint32_t kv, uint32_t slot)
+{
+    return (uint8_t *)arena + (uint64_t)block * m->geom.block_bytes +
+           (((uint64_t)layer * 2 + kv) * m->geom.block_tokens + slot) * m->row_bytes;
+}
+
+static void write_token_kv(eng_model_t *m, void *arena, const uint32_t *bt,
+                           int32_t token, uint32_t pos)
+{
+    uint32_t block = bt[pos / m->geom.block_tokens], slot = pos % m->geom.block_tokens;
+    uint32_t l, kv;
+
+    for (l = 0; l < m->p.n_layers; l++)
+        for (kv = 0; kv < 2; kv++)
+            fill_row(m, row_ptr(m, arena, block, l, kv, slot), token, pos, l, kv);
+    STAT_ADD(m, kv_bytes_written, m->geom.bytes_per_token);
+}
+
+/* XXH3 over the KV of positions [0, n_pos) in block-table order: whole
+ * blocks in one piece, the partial last block row range by row range. */
+static uint64_t kv_checksum(eng_model_t *m, const void *arena, const uint32_t *bt,
+                            uint32_t n_pos)
+{
+    uint32_t bt_tokens = m->geom.block_tokens, full = n_pos / bt_tokens, rest = n_pos % bt_tokens;
+    uint32_t i, l, kv;
+
+    XXH3_64bits_reset(m->hs);
+    for (i = 0; i < full; i++)
+        XXH3_64bits_update(m->hs, (const uint8_t *)arena + (uint64_t)bt[i] * m->geom.block_bytes,
+                           m->geom.block_bytes);
+    if (rest > 0)
+        for (l = 0; l < m->p.n_layers; l++)
+            for (kv = 0; kv < 2; kv++)
+                XXH3_64bits_update(m->hs, row_ptr(m, (void *)(uintptr_t)arena, bt[full], l, kv, 0),
+                                   rest * m->row_bytes);
+    STAT_ADD(m, kv_bytes_hashed, (uint64_t)n_pos * m->geom.bytes_per_token);
+    return XXH3_64bits_digest(m->hs);
+}
+
+/* Logits of position pos from the checksum of everything it attends to:
+ * printable bytes get U[0,4), one of them +6 (the greedy pick), EOS -10,
+ * every other id -20. */
+static void make_logits(const eng_model_t *m, uint64_t kv_hash, uint32_t pos, float *logits)
+{
+    uint64_t s = kv_hash ^ mix4(pos, 0x51f15eedULL, 0, 0);
+    uint32_t i, win;
+
+    for (i = 0; i < m->p.vocab; i++)
+        logits[i] = -20.0f;
+    for (i = 0; i < SIM_PRINT_COUNT; i++)
+        logits[SIM_PRINT_FIRST + i] = (float)(splitmix64(&s) >> 40) * (4.0f / 16777216.0f);
+    win = SIM_PRINT_FIRST + (uint32_t)(splitmix64(&s) % SIM_PRINT_COUNT);
+    logits[win] += 6.0f;
+    logits[SIM_TOK_EOS] = -10.0f;
+}
+
+/* ---- timing ---------------------------------------------------------------- */
+
+static void sim_account(eng_model_t *m, uint64_t t0, uint64_t modeled)
+{
+    uint64_t target = (uint64_t)((double)modeled / m->p.speedup);
+    uint64_t now = pd_now_ns(), real = now - t0;
+
+    STAT_ADD(m, modeled_ns, modeled);
+    STAT_ADD(m, target_ns, target);
+    STAT_ADD(m, real_ns, real);
+    if (real >= target) {
+        STAT_ADD(m, late_ns, real - target);
+        return;
+    }
+    if (m->p.no_sleep)
+        return;
+    {
+        uint64_t until = t0 + target;
+        struct timespec ts = { .tv_sec = (time_t)(until / PD_NS_PER_S),
+                               .tv_nsec = (long)(until % PD_NS_PER_S) };
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+            ;
+        STAT_ADD(m, slept_ns, pd_now_ns() - now);
+    }
+}
+
+/* ---- ops ---------------------------------------------------------------------- */
+
+static pd_status_t check_tok(const eng_model_t *m, int32_t token, uint32_t pos, uint32_t n_blocks)
+{
+    if (token < 0 || (uint32_t)token >= m->p.vocab)
+        return PD_ERR_BAD_INPUT;
+    if (pos >= m->p.ctx)
+        return PD_ERR_TOO_BIG;
+    if ((uint64_t)pos >= (uint64_t)n_blocks * m->geom.block_tokens)
+        return PD_ERR_NO_KV_SPACE;
+    return PD_OK;
+}
+
+static pd_status_t sim_prefill(eng_model_t *m, void *arena, const uint32_t *bt,
+                               uint32_t n_blocks, const int32_t *tokens, uint32_t n_tokens,
+                               uint32_t start_pos, float *logits)
+{
+    uint64_t t0 = pd_now_ns();
+    uint32_t i;
+
+    if (m == NULL || m->magic != SIM_MAGIC || arena == NULL || bt == NULL ||
+        tokens == NULL || n_tokens == 0 || start_pos > UINT32_MAX - n_tokens)
+        return PD_ERR_BAD_INPUT;
+    for (i = 0; i < n_tokens; i++) {
+        pd_status_t st = check_tok(m, tokens[i], start_pos + i, n_blocks);
+        if (st != PD_OK)
+            return st;
+    }
+    for (i = 0; i < n_tokens; i++)
+        write_token_kv(m, arena, bt, tokens[i], start_pos + i);
+    if (logits != NULL)
+        make_logits(m, kv_checksum(m, arena, bt, start_pos + n_tokens),
+                    start_pos + n_tokens - 1, logits);
+    STAT_ADD(m, prefill_calls, 1);
+    STAT_ADD(m, prefill_tokens, n_tokens);
+    sim_account(m, t0, eng_sim_prefill_ns(&m->p, n_tokens));
+    return PD_OK;
+}
+
+static pd_status_t sim_decode(eng_model_t *m, void *arena, const eng_decode_item_t *items,
+                              uint32_t n_items, float *logits)
+{
+    uint64_t t0 = pd_now_ns();
+    uint32_t i;
+
+    if (m == NULL || m->magic != SIM_MAGIC || arena == NULL || items == NULL ||
+        n_items == 0 || logits == NULL)
+        return PD_ERR_BAD_INPUT;
+    for (i = 0; i < n_items; i++) {
+        pd_status_t st;
+        if (items[i].block_table == NULL)
+            return PD_ERR_BAD_INPUT;
+        st = check_tok(m, items[i].token, items[i].pos, items[i].n_blocks);
+        if (st != PD_OK)
+            return st;
+    }
+    for (i = 0; i < n_items; i++) {
+        const eng_decode_item_t *it = &items[i];
+        write_token_kv(m, arena, it->block_table, it->token, it->pos);
+        make_logits(m, kv_checksum(m, arena, it->block_table, it->pos + 1), it->pos,
+                    logits + (size_t)i * m->p.vocab);
+    }
+    STAT_ADD(m, decode_steps, 1);
+    STAT_ADD(m, decode_items, n_items);
+    sim_account(m, t0, eng_sim_decode_ns(&m->p, n_items));
+    return PD_OK;
+}
+
+const eng_sim_params_t *eng_sim_params(const eng_model_t *m)
+{
+    return m != NULL && m->magic == SIM_MAGIC ? &m->p : NULL;
+}
+
+bool eng_sim_stats(const eng_model_t *m, eng_sim_stats_t *out)
+{
+    const uint64_t *src;
+    uint64_t *dst;
+    size_t i;
+
+    if (m == NULL || m->magic != SIM_MAGIC)
+        return false;
+    src = (const uint64_t *)&m->stats;
+    dst = (uint64_t *)out;
+    for (i = 0; i < sizeof(*out) / sizeof(uint64_t); i++)
+        dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+    return true;
+}
+
+const eng_ops_t eng_sim_ops = {
+    .name = "sim",
+    .load = sim_load,
+    .destroy = sim_destroy,
+    .geometry = sim_geometry,
+    .prefill = sim_prefill,
+    .decode = sim_decode,
+};
