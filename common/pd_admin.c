@@ -37,6 +37,7 @@
     X(overlong,         COUNTER, "Admin clients closed for an overlong line") \
     X(dropped_output,   COUNTER, "Admin clients dropped: unread output cap")  \
     X(timeouts,         COUNTER, "Admin clients closed by the idle timeout")  \
+    X(accept_errors,    COUNTER, "Admin accept() failures (e.g. out of fds)") \
     X(clients,          GAUGE,   "Admin clients connected")                   \
     X(command_latency,  HISTOGRAM, "Admin command handling time")
 
@@ -86,6 +87,7 @@ struct pd_admin {
     pd_stats_t *stats[ADMIN_MAX_STATS];
     unsigned n_stats;
     pd_stats_t *own_stats;
+    struct event *ev_resume;    /* re-enables accept after EMFILE & co */
     bool bound;                 /* we created the socket file */
 };
 
@@ -501,6 +503,24 @@ static void accept_cb(struct evconnlistener *lst, evutil_socket_t fd,
                  (int)cred.uid, pd_admin_level_name(c->level));
 }
 
+/* accept() failed (EMFILE, ENFILE, ENOBUFS...): the listening fd stays
+ * readable, so pause accepting for a moment instead of spinning. */
+static void accept_error_cb(struct evconnlistener *lst, void *arg)
+{
+    pd_admin_t *admin = arg;
+    struct timeval tv = { 0, 100 * 1000 };
+    PD_LOG_DEBUG("admin", "accept: %s; pausing 100ms", strerror(errno));
+    pd_stats_inc(admin->own_stats, ADMIN_ST_accept_errors);
+    evconnlistener_disable(lst);
+    event_add(admin->ev_resume, &tv);
+}
+
+static void accept_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    pd_admin_t *admin = arg;
+    evconnlistener_enable(admin->listener);
+}
+
 /* ---- built-in commands ------------------------------------------------- */
 
 static pd_status_t cmd_help(pd_admin_req_t *req, cJSON *reply)
@@ -865,6 +885,12 @@ pd_status_t pd_admin_create(pd_loop_t *loop, const pd_admin_opts_t *opts,
         status = PD_ERR_INTERNAL;
         goto err_free;
     }
+    admin->ev_resume = evtimer_new(pd_loop_base(loop), accept_resume_cb, admin);
+    if (admin->ev_resume == NULL) {
+        status = PD_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    evconnlistener_set_error_cb(admin->listener, accept_error_cb);
     *admin_p = admin;
     return PD_OK;
 
@@ -884,6 +910,8 @@ void pd_admin_destroy(pd_admin_t *admin)
     }
     if (admin->listener != NULL)
         evconnlistener_free(admin->listener);
+    if (admin->ev_resume != NULL)
+        event_free(admin->ev_resume);
     if (admin->bound)
         unlink(admin->path);
     pd_stats_destroy(admin->own_stats);

@@ -100,7 +100,9 @@ typedef struct {
  * borrowed. */
 pd_status_t pd_admin_create(pd_loop_t *loop, const pd_admin_opts_t *opts,
                             pd_admin_t **admin_p);
-/* Close every client, stop listening and unlink the socket file. NULL-safe. */
+/* Close every client, stop listening and unlink the socket file. Call it
+ * on the loop thread, outside admin handlers, before pd_loop_destroy (client
+ * memory is reaped by the loop). NULL-safe. */
 void pd_admin_destroy(pd_admin_t *admin);
 
 /* Add a command table (ends with PD_ADMIN_CMD_END; borrowed, must outlive

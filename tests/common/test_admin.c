@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -208,6 +209,9 @@ static void kill_children(void)
         }
 }
 
+/* RLIMIT_NOFILE for the next spawned server (0 = inherit). */
+static rlim_t spawn_nofile;
+
 /* Start a server on `path` with extra flags (NULL-terminated). */
 static pid_t spawn_server(const char *path, ...)
 {
@@ -228,6 +232,12 @@ static pid_t spawn_server(const char *path, ...)
     if (pid == 0) {
         int devnull = open("/dev/null", O_WRONLY);
         dup2(devnull, 1);
+        close(devnull);
+        if (spawn_nofile) {
+            struct rlimit rl = { spawn_nofile, spawn_nofile };
+            if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+                _exit(126);
+        }
         execv(server_bin, argv);
         _exit(127);
     }
@@ -834,6 +844,40 @@ static void test_idle_timeout(void **state)
     assert_int_equal(wait_exit(pid, 5000), 0);
 }
 
+/* Out of fds: accept() fails with EMFILE; the server pauses accepting
+ * (instead of spinning on the readable listener) and recovers once fds
+ * are free again. */
+static void test_out_of_fds(void **state)
+{
+    char path[300];
+    snprintf(path, sizeof(path), "%s/nofile.sock", tmpdir);
+    spawn_nofile = 24;
+    pid_t pid = spawn_server(path, "--admin.max-clients=1000", NULL);
+    spawn_nofile = 0;
+    wait_ready(path, pid);
+    int fds[64];
+    for (int i = 0; i < 64; i++)
+        fds[i] = connect_to(path);   /* the surplus waits in the backlog */
+    for (int i = 0; i < 64; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    /* accepting resumes: a fresh client is eventually served */
+    uint64_t deadline = pd_now_ns() + 10 * PD_NS_PER_S;
+    for (;;) {
+        cJSON *j = call(path, "version");
+        bool ok = reply_ok(j);
+        cJSON_Delete(j);
+        if (ok)
+            break;
+        assert_true(pd_now_ns() < deadline);
+        pause_ms(10);
+    }
+    assert_true(admin_stat(path, "accept_errors") >= 1); /* EMFILE did happen */
+    kill(pid, SIGTERM);
+    assert_int_equal(wait_exit(pid, 5000), 0);
+    assert_alive(main_path);
+}
+
 static void test_stale_socket_and_live_owner(void **state)
 {
     char path[300];
@@ -950,6 +994,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_socket_mode_and_levels),
         cmocka_unit_test(test_group_and_operator),
         cmocka_unit_test(test_idle_timeout),
+        cmocka_unit_test(test_out_of_fds),
         cmocka_unit_test(test_stale_socket_and_live_owner),
         cmocka_unit_test(test_sigterm_removes_socket),
     };
