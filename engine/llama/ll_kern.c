@@ -189,7 +189,7 @@ static TGT512 void ll_dequant_512(uint32_t type, const uint8_t *src, size_t n,
     case ENG_LL_T_Q8_0:
         for (size_t b = 0; b < n / QK; b++) {
             const uint8_t *blk = src + b * 34;
-            __m512 d = _mm512_set1_ps(ll_f16_to_f32(ll_rd16(blk)));
+            __m512 d = _mm512_set1_ps(_cvtsh_ss(ll_rd16(blk)));
             __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
             __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(blk + 18)));
             _mm512_storeu_ps(out + b * QK, _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d));
@@ -201,7 +201,7 @@ static TGT512 void ll_dequant_512(uint32_t type, const uint8_t *src, size_t n,
         const __m512i eight = _mm512_set1_epi32(8);
         for (size_t b = 0; b < n / QK; b++) {
             const uint8_t *blk = src + b * 18;
-            __m512 d = _mm512_set1_ps(ll_f16_to_f32(ll_rd16(blk)));
+            __m512 d = _mm512_set1_ps(_cvtsh_ss(ll_rd16(blk)));
             __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
             __m128i lo = _mm_and_si128(v, m4);
             __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
@@ -265,6 +265,141 @@ static const ll_mk_fn ll_mk512_tab[2][5] = {
     { NULL, ll_mk512_1x1, ll_mk512_1x2, ll_mk512_1x3, ll_mk512_1x4 },
     { NULL, ll_mk512_4x1, ll_mk512_4x2, ll_mk512_4x3, ll_mk512_4x4 },
 };
+
+
+/* Fused kernels for small batches (n_items <= 4): weights are widened in
+ * registers straight from the mmap instead of through the scratch rows.
+ * The widened value is bit-identical to ll_dequant_512's (exact), and the
+ * accumulation is the canonical one, so results equal the scratch path. */
+static inline __attribute__((always_inline)) TGT512 __m512
+ll_wload512(const uint8_t *row, size_t k, const uint32_t type)
+{
+    switch (type) {
+    case ENG_LL_T_F16:
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(row + 2 * k)));
+    case ENG_LL_T_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+            _mm256_loadu_si256((const __m256i *)(const void *)(row + 2 * k))), 16));
+    case ENG_LL_T_Q8_0: {
+        const uint8_t *blk = row + (k / QK) * 34;
+        __m512 d = _mm512_set1_ps(_cvtsh_ss(ll_rd16(blk)));
+        __m512i q = _mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(const void *)(blk + 2 + (k % QK))));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), d);
+    }
+    default: { /* Q4_0 */
+        const uint8_t *blk = row + (k / QK) * 18;
+        __m512 d = _mm512_set1_ps(_cvtsh_ss(ll_rd16(blk)));
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
+        if (k % QK)
+            v = _mm_srli_epi16(v, 4);
+        v = _mm_and_si128(v, _mm_set1_epi8(0x0f));
+        __m512i q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(v), _mm512_set1_epi32(8));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), d);
+    }
+    }
+}
+
+static inline __attribute__((always_inline)) TGT512 void
+ll_mkf512(const uint8_t *w, size_t rb, const float *x, size_t xs, size_t K,
+          float *o, size_t os, const int R, const int NI, const uint32_t type)
+{
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++)
+            acc[r][i] = _mm512_setzero_ps();
+    if (type == ENG_LL_T_Q8_0 || type == ENG_LL_T_Q4_0) {
+        /* one block (32) per step: one scale conversion for two vectors */
+        const size_t bb = type == ENG_LL_T_Q8_0 ? 34 : 18;
+        for (size_t k = 0; k < K; k += QK) {
+            __m512 w0[4], w1[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const uint8_t *blk = w + r * rb + (k / QK) * bb;
+                __m512 d = _mm512_set1_ps(_cvtsh_ss(ll_rd16(blk)));
+                __m512i q0, q1;
+                if (type == ENG_LL_T_Q8_0) {
+                    q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
+                    q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(blk + 18)));
+                } else {
+                    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
+                    const __m128i m4 = _mm_set1_epi8(0x0f);
+                    const __m512i eight = _mm512_set1_epi32(8);
+                    q0 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(v, m4)), eight);
+                    q1 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(
+                             _mm_and_si128(_mm_srli_epi16(v, 4), m4)), eight);
+                }
+                w0[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d);
+                w1[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d);
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < NI; i++) {
+                __m512 x0 = _mm512_loadu_ps(x + i * xs + k);
+                __m512 x1 = _mm512_loadu_ps(x + i * xs + k + 16);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    acc[r][i] = _mm512_fmadd_ps(w0[r], x0, acc[r][i]);
+                    acc[r][i] = _mm512_fmadd_ps(w1[r], x1, acc[r][i]);
+                }
+            }
+        }
+    } else {
+        for (size_t k = 0; k < K; k += 16) {
+            __m512 wv[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                wv[r] = ll_wload512(w + r * rb, k, type);
+#pragma GCC unroll 4
+            for (int i = 0; i < NI; i++) {
+                __m512 xv = _mm512_loadu_ps(x + i * xs + k);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++)
+                    acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++)
+            o[i * os + r] = ll_hsum512(acc[r][i]);
+}
+
+typedef void (*ll_mkf_fn)(const uint8_t *, size_t, const float *, size_t, size_t,
+                          float *, size_t);
+#define LL_MKF_FN(T, TN, R, NI)                                               \
+    static TGT512 void ll_mkf_##TN##_##R##x##NI(const uint8_t *w, size_t rb,  \
+        const float *x, size_t xs, size_t K, float *o, size_t os)             \
+    {                                                                         \
+        ll_mkf512(w, rb, x, xs, K, o, os, R, NI, T);                          \
+    }
+#define LL_MKF_TYPE(T, TN)                                                    \
+    LL_MKF_FN(T, TN, 4, 1) LL_MKF_FN(T, TN, 4, 2) LL_MKF_FN(T, TN, 4, 3)      \
+    LL_MKF_FN(T, TN, 4, 4) LL_MKF_FN(T, TN, 1, 1) LL_MKF_FN(T, TN, 1, 2)      \
+    LL_MKF_FN(T, TN, 1, 3) LL_MKF_FN(T, TN, 1, 4)                             \
+    static const ll_mkf_fn ll_mkf_##TN##_tab[2][5] = {                        \
+        { NULL, ll_mkf_##TN##_1x1, ll_mkf_##TN##_1x2, ll_mkf_##TN##_1x3,      \
+          ll_mkf_##TN##_1x4 },                                                \
+        { NULL, ll_mkf_##TN##_4x1, ll_mkf_##TN##_4x2, ll_mkf_##TN##_4x3,      \
+          ll_mkf_##TN##_4x4 },                                                \
+    };
+LL_MKF_TYPE(ENG_LL_T_F16, f16)
+LL_MKF_TYPE(ENG_LL_T_BF16, bf16)
+LL_MKF_TYPE(ENG_LL_T_Q8_0, q8)
+LL_MKF_TYPE(ENG_LL_T_Q4_0, q4)
+
+static const ll_mkf_fn (*ll_mkf_tab(uint32_t type))[5]
+{
+    switch (type) {
+    case ENG_LL_T_F16: return ll_mkf_f16_tab;
+    case ENG_LL_T_BF16: return ll_mkf_bf16_tab;
+    case ENG_LL_T_Q8_0: return ll_mkf_q8_tab;
+    case ENG_LL_T_Q4_0: return ll_mkf_q4_tab;
+    default: return NULL;
+    }
+}
 
 static TGT512 float ll_dot_512(const float *a, const float *b, size_t n)
 {
@@ -454,6 +589,8 @@ void eng_ll_axpy(float *y, float a, const float *x, size_t n)
 /* ------------------------------------------------------------------ */
 /* matmul                                                              */
 
+int eng_ll_nofuse_g; /* experiments only: force the scratch path */
+
 /* Rows [r0, r1) of w for all items. scratch holds 4 dequantized rows. */
 static void ll_matmul_rows(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1,
                            const float *x, uint32_t xs, uint32_t n_items,
@@ -466,6 +603,16 @@ static void ll_matmul_rows(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1,
     const uint32_t rt_max = isa == LL_ISA_AVX512 ? 4 : isa == LL_ISA_AVX2 ? 2 : 1;
     const uint32_t it_max = isa == LL_ISA_AVX512 ? 4 : isa == LL_ISA_AVX2 ? 2 : 1;
 
+    if (!eng_ll_nofuse_g && isa == LL_ISA_AVX512 && n_items <= 4 && ll_mkf_tab(w->type)) {
+        const ll_mkf_fn (*tab)[5] = ll_mkf_tab(w->type);
+        for (uint32_t r = r0; r < r1;) {
+            uint32_t rt = r1 - r >= 4 ? 4 : 1;
+            tab[rt == 4][n_items](w->data + (size_t)r * w->row_bytes, w->row_bytes, x, xs,
+                                  K, out + r, os);
+            r += rt;
+        }
+        return;
+    }
     for (uint32_t r = r0; r < r1;) {
         uint32_t rt = r1 - r >= rt_max ? rt_max : 1;
         const float *wrows;

@@ -87,6 +87,12 @@ typedef struct {
     uint32_t n_items;
 } eng_ll_matmul_t;
 
+/* Small batches (<= 4 items) on AVX-512 widen weights in registers
+ * ("fused"); larger ones dequantize 4 rows to scratch and reuse them across
+ * item tiles. Both give the same bits. Setting this to 1 forces the scratch
+ * path (micro-benchmarks only). */
+extern int eng_ll_nofuse_g;
+
 /* scratch: per-thread f32 buffers, each >= 4 * max cols floats. */
 void eng_ll_matmul(eng_ll_pool_t *pool, const eng_ll_matmul_t *mm,
                    float *const *scratch);
