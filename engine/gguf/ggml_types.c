@@ -3,7 +3,8 @@
 #include "ggml_types.h"
 
 /* X(id, name, block_size, type_size, supported). Sizes as ggml's
- * type_traits (ggml.c); ids that ggml removed are absent. */
+ * type_traits (ggml.c); ids that ggml removed are absent. 40..42 as
+ * @huggingface/gguf 0.4.6 (checked by the gguf-crosscheck-hf test). */
 #define GGML_TYPE_LIST(X)                   \
     X(0,  "f32",     1,   4,   true)        \
     X(1,  "f16",     1,   2,   true)        \
@@ -36,7 +37,10 @@
     X(30, "bf16",    1,   2,   true)        \
     X(34, "tq1_0",   256, 54,  false)       \
     X(35, "tq2_0",   256, 66,  false)       \
-    X(39, "mxfp4",   32,  17,  false)
+    X(39, "mxfp4",   32,  17,  false)       \
+    X(40, "nvfp4",   64,  36,  false)       \
+    X(41, "q1_0",    128, 18,  false)       \
+    X(42, "q2_0",    64,  18,  false)
 
 static const ggml_type_info_t ggml_type_table[GGML_TYPE_COUNT] = {
 #define GGML_TYPE_ENTRY(id, nm, bs, ts, sup) [id] = {nm, bs, ts, sup},

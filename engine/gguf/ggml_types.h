@@ -31,7 +31,7 @@ typedef enum {
     GGML_TYPE_Q4_0 = 2,
     GGML_TYPE_Q8_0 = 8,
     GGML_TYPE_BF16 = 30,
-    GGML_TYPE_COUNT = 40,   /* ids >= this are rejected */
+    GGML_TYPE_COUNT = 43,   /* ids >= this are rejected */
 } ggml_type_t;
 
 #define GGML_QK4_0 32

@@ -2,6 +2,7 @@
  * and print it as JSON (metadata, tensor infos, per-tensor xxh64 of data).
  *
  *   pd-gguf-dump [--max-array N] [--no-hash] FILE.gguf
+ *   pd-gguf-dump --types      (the ggml type table as JSON)
  *
  * u64/i64 values beyond 2^53 are printed as strings (JSON numbers are
  * doubles). String values containing NUL are cut at the NUL. Exit 0 ok,
@@ -49,6 +50,19 @@ static cJSON *i64_json(int64_t v)
     return cJSON_CreateString(buf);
 }
 
+/* Shortest exact text: %.9g round-trips any float32, %.17g any double.
+ * Non-finite values are not JSON numbers: printed as strings. */
+static cJSON *float_json(double v, bool is_f32)
+{
+    char buf[40];
+    if (v != v)
+        return cJSON_CreateString("nan");
+    if (v > 1.7976931348623157e308 || v < -1.7976931348623157e308)
+        return cJSON_CreateString(v > 0 ? "inf" : "-inf");
+    snprintf(buf, sizeof(buf), is_f32 ? "%.9g" : "%.17g", v);
+    return cJSON_CreateRaw(buf);
+}
+
 static cJSON *arr_elem_json(const gguf_arr_t *arr, uint64_t i)
 {
     switch (arr->type) {
@@ -59,7 +73,7 @@ static cJSON *arr_elem_json(const gguf_arr_t *arr, uint64_t i)
     }
     case GGUF_TYPE_FLOAT32:
     case GGUF_TYPE_FLOAT64:
-        return cJSON_CreateNumber(gguf_arr_float(arr, i));
+        return float_json(gguf_arr_float(arr, i), arr->type == GGUF_TYPE_FLOAT32);
     case GGUF_TYPE_BOOL:
         return cJSON_CreateBool(gguf_arr_int(arr, i) != 0);
     case GGUF_TYPE_UINT64: {
@@ -79,7 +93,7 @@ static cJSON *kv_json(const gguf_kv_t *kv, uint64_t max_array)
         return str_json(kv->v.str.ptr, kv->v.str.len);
     case GGUF_TYPE_FLOAT32:
     case GGUF_TYPE_FLOAT64:
-        return cJSON_CreateNumber(kv->v.f64);
+        return float_json(kv->v.f64, kv->type == GGUF_TYPE_FLOAT32);
     case GGUF_TYPE_BOOL:
         return cJSON_CreateBool(kv->v.u64 != 0);
     case GGUF_TYPE_UINT8:
@@ -104,6 +118,7 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         {"max-array", required_argument, NULL, 'm'},
         {"no-hash", no_argument, NULL, 'n'},
+        {"types", no_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -111,7 +126,7 @@ int main(int argc, char **argv)
     bool hash = true;
     int opt;
 
-    while ((opt = getopt_long(argc, argv, "m:nh", opts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "m:nth", opts, NULL)) != -1) {
         switch (opt) {
         case 'm': {
             char *end;
@@ -123,6 +138,27 @@ int main(int argc, char **argv)
             break;
         }
         case 'n': hash = false; break;
+        case 't': {
+            cJSON *tt = cJSON_CreateObject();
+            for (uint32_t t = 0; t < GGML_TYPE_COUNT; t++) {
+                const ggml_type_info_t *info = ggml_type_info(t);
+                char id[16];
+                if (info == NULL)
+                    continue;
+                cJSON *e = cJSON_CreateObject();
+                cJSON_AddStringToObject(e, "name", info->name);
+                cJSON_AddNumberToObject(e, "block_size", info->block_size);
+                cJSON_AddNumberToObject(e, "type_size", info->type_size);
+                cJSON_AddBoolToObject(e, "supported", info->supported);
+                snprintf(id, sizeof(id), "%u", t);
+                cJSON_AddItemToObject(tt, id, e);
+            }
+            char *out = cJSON_Print(tt);
+            puts(out ? out : "{}");
+            free(out);
+            cJSON_Delete(tt);
+            return 0;
+        }
         case 'h':
             printf("usage: pd-gguf-dump [--max-array N] [--no-hash] FILE.gguf\n");
             return 0;
