@@ -649,19 +649,16 @@ static void ll_matmul_rows(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1,
 typedef struct {
     const eng_ll_matmul_t *mm;
     float *const *scratch;
+    uint64_t total;              /* rows over all matrices */
+    uint32_t chunk_rows;         /* multiple of 4 */
 } ll_matmul_ctx_t;
 
-static void ll_matmul_task(void *arg, uint32_t tid, uint32_t n_threads)
+static void ll_matmul_task(void *arg, uint32_t chunk, uint32_t tid)
 {
     const ll_matmul_ctx_t *ctx = arg;
     const eng_ll_matmul_t *mm = ctx->mm;
-    uint64_t total = 0;
-    for (uint32_t m = 0; m < mm->n_mats; m++)
-        total += mm->w[m]->rows;
-    /* contiguous ranges of 4-row tiles */
-    uint64_t tiles = (total + 3) / 4;
-    uint64_t t0 = tiles * tid / n_threads, t1 = tiles * (tid + 1) / n_threads;
-    uint64_t g0 = t0 * 4, g1 = t1 * 4 < total ? t1 * 4 : total;
+    uint64_t g0 = (uint64_t)chunk * ctx->chunk_rows;
+    uint64_t g1 = g0 + ctx->chunk_rows < ctx->total ? g0 + ctx->chunk_rows : ctx->total;
     uint64_t base = 0;
     for (uint32_t m = 0; m < mm->n_mats && g0 < g1; m++) {
         uint64_t rows = mm->w[m]->rows;
@@ -679,32 +676,67 @@ static void ll_matmul_task(void *arg, uint32_t tid, uint32_t n_threads)
 void eng_ll_matmul(eng_ll_pool_t *pool, const eng_ll_matmul_t *mm,
                    float *const *scratch)
 {
-    ll_matmul_ctx_t ctx = { mm, scratch };
-    eng_ll_pool_run(pool, ll_matmul_task, &ctx);
+    ll_matmul_ctx_t ctx = { mm, scratch, 0, 0 };
+    uint64_t macs = 0;
+    for (uint32_t m = 0; m < mm->n_mats; m++) {
+        ctx.total += mm->w[m]->rows;
+        macs += (uint64_t)mm->w[m]->rows * mm->w[m]->cols * mm->n_items;
+    }
+    uint32_t nt = eng_ll_pool_size(pool);
+    /* ~8 chunks per thread for balance, >= 16 rows each; tiny matmuls run
+     * on the caller alone (waking a worker costs more than the work) */
+    uint64_t cr = ctx.total / (8 * (uint64_t)nt);
+    cr = (cr + 3) / 4 * 4;
+    if (cr < 16)
+        cr = 16;
+    if (macs < (1u << 17))
+        cr = ctx.total + 4;
+    ctx.chunk_rows = (uint32_t)cr;
+    eng_ll_pool_run(pool, ll_matmul_task, &ctx, (uint32_t)((ctx.total + cr - 1) / cr));
 }
 
 /* ------------------------------------------------------------------ */
-/* thread pool: persistent workers; spin briefly, then sleep on a condvar */
+/* thread pool: persistent workers that CLAIM chunks of a job from an atomic
+ * counter. The caller works too, so a worker the OS has descheduled (the
+ * machine is shared) delays a job by at most the chunk it holds, never by
+ * a whole static share. Which thread runs a chunk never changes its
+ * result. Idle workers spin briefly, then sleep on a condvar. */
 
 #define LL_SPIN 20000
+
+typedef struct {
+    eng_ll_pool_fn fn;
+    void *ctx;
+    uint32_t n_chunks;
+    _Atomic uint32_t next;       /* next unclaimed chunk */
+    _Atomic uint32_t done;       /* chunks finished */
+} ll_job_t;
 
 struct eng_ll_pool {
     uint32_t n_threads;
     pthread_t *threads;          /* (n_threads - 1) */
     pthread_mutex_t mu;
-    pthread_cond_t cv_start;
-    pthread_cond_t cv_done;
-    _Atomic uint64_t gen;        /* bumped once per run */
-    _Atomic uint32_t pending;    /* workers still running the current job */
+    pthread_cond_t cv;
+    _Atomic uint64_t gen;        /* bumped once per published job */
+    _Atomic(ll_job_t *) cur;     /* job being run, NULL between jobs */
+    _Atomic uint32_t refs;       /* workers looking at `cur` */
+    _Atomic uint32_t sleepers;
     _Atomic int stop;
-    eng_ll_pool_fn fn;
-    void *ctx;
 };
 
 typedef struct {
     eng_ll_pool_t *pool;
     uint32_t tid;
 } ll_worker_arg_t;
+
+static void ll_job_work(ll_job_t *job, uint32_t tid)
+{
+    uint32_t c;
+    while ((c = atomic_fetch_add(&job->next, 1)) < job->n_chunks) {
+        job->fn(job->ctx, c, tid);
+        atomic_fetch_add(&job->done, 1);
+    }
+}
 
 static void *ll_worker(void *arg)
 {
@@ -715,26 +747,27 @@ static void *ll_worker(void *arg)
     for (;;) {
         uint64_t g;
         int spins = 0;
-        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
-               !atomic_load(&p->stop) && spins < LL_SPIN) {
+        while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop) &&
+               spins < LL_SPIN) {
             __builtin_ia32_pause();
             spins++;
         }
         if (g == seen && !atomic_load(&p->stop)) {
             pthread_mutex_lock(&p->mu);
+            atomic_fetch_add(&p->sleepers, 1);
             while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop))
-                pthread_cond_wait(&p->cv_start, &p->mu);
+                pthread_cond_wait(&p->cv, &p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
         }
         if (atomic_load(&p->stop))
             return NULL;
         seen = g;
-        p->fn(p->ctx, wa.tid, p->n_threads);
-        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->cv_done);
-            pthread_mutex_unlock(&p->mu);
-        }
+        atomic_fetch_add(&p->refs, 1);  /* then look: pairs with run()'s clear */
+        ll_job_t *job = atomic_load(&p->cur);
+        if (job)
+            ll_job_work(job, wa.tid);
+        atomic_fetch_sub(&p->refs, 1);
     }
 }
 
@@ -747,8 +780,7 @@ pd_status_t eng_ll_pool_create(uint32_t n_threads, eng_ll_pool_t **pool_p)
         return PD_ERR_NO_MEMORY;
     p->n_threads = n_threads;
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv_start, NULL);
-    pthread_cond_init(&p->cv_done, NULL);
+    pthread_cond_init(&p->cv, NULL);
     p->threads = calloc(n_threads, sizeof(pthread_t));
     if (!p->threads)
         goto err_free;
@@ -772,6 +804,8 @@ err_join:
     eng_ll_pool_destroy(p);
     return PD_ERR_INTERNAL;
 err_free:
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
     free(p);
     return PD_ERR_NO_MEMORY;
 }
@@ -782,13 +816,12 @@ void eng_ll_pool_destroy(eng_ll_pool_t *p)
         return;
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, 1);
-    pthread_cond_broadcast(&p->cv_start);
+    pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     for (uint32_t t = 1; t < p->n_threads; t++)
         pthread_join(p->threads[t - 1], NULL);
     pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->cv_start);
-    pthread_cond_destroy(&p->cv_done);
+    pthread_cond_destroy(&p->cv);
     free(p->threads);
     free(p);
 }
@@ -798,30 +831,38 @@ uint32_t eng_ll_pool_size(const eng_ll_pool_t *p)
     return p->n_threads;
 }
 
-void eng_ll_pool_run(eng_ll_pool_t *p, eng_ll_pool_fn fn, void *ctx)
+static void ll_wait_zero(_Atomic uint32_t *v, uint32_t target)
 {
-    if (p->n_threads == 1) {
-        fn(ctx, 0, 1);
+    int spins = 0;
+    while (atomic_load(v) != target) {
+        if (spins < LL_SPIN) {
+            __builtin_ia32_pause();
+            spins++;
+        } else {
+            sched_yield();
+        }
+    }
+}
+
+void eng_ll_pool_run(eng_ll_pool_t *p, eng_ll_pool_fn fn, void *ctx, uint32_t n_chunks)
+{
+    if (n_chunks == 0)
+        return;
+    if (p->n_threads == 1 || n_chunks == 1) {
+        for (uint32_t c = 0; c < n_chunks; c++)
+            fn(ctx, c, 0);
         return;
     }
-    p->fn = fn;
-    p->ctx = ctx;
-    atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
-    pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
-    pthread_cond_broadcast(&p->cv_start);
-    pthread_mutex_unlock(&p->mu);
-    fn(ctx, 0, p->n_threads);
-    int spins = 0;
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0 &&
-           spins < LL_SPIN) {
-        __builtin_ia32_pause();
-        spins++;
-    }
-    if (atomic_load_explicit(&p->pending, memory_order_acquire) != 0) {
+    ll_job_t job = { fn, ctx, n_chunks, 0, 0 };
+    atomic_store(&p->cur, &job);
+    atomic_fetch_add(&p->gen, 1);
+    if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
-        while (atomic_load(&p->pending) != 0)
-            pthread_cond_wait(&p->cv_done, &p->mu);
+        pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
     }
+    ll_job_work(&job, 0);
+    ll_wait_zero(&job.done, n_chunks);
+    atomic_store(&p->cur, NULL);
+    ll_wait_zero(&p->refs, 0); /* nobody still holds &job */
 }

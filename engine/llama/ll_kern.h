@@ -62,7 +62,9 @@ const char *eng_ll_isa(void);
 
 /* ---- thread pool ---- */
 typedef struct eng_ll_pool eng_ll_pool_t;
-typedef void (*eng_ll_pool_fn)(void *ctx, uint32_t tid, uint32_t n_threads);
+/* Run chunk `chunk` of a job on thread `tid` (0 = the caller), e.g. to
+ * pick per-thread scratch. */
+typedef void (*eng_ll_pool_fn)(void *ctx, uint32_t chunk, uint32_t tid);
 
 /* Create a pool of n_threads (>= 1) compute threads; the caller's thread is
  * thread 0, so n_threads-1 workers are started. Expected errors:
@@ -70,8 +72,10 @@ typedef void (*eng_ll_pool_fn)(void *ctx, uint32_t tid, uint32_t n_threads);
 pd_status_t eng_ll_pool_create(uint32_t n_threads, eng_ll_pool_t **pool_p);
 void eng_ll_pool_destroy(eng_ll_pool_t *pool); /* accepts NULL */
 uint32_t eng_ll_pool_size(const eng_ll_pool_t *pool);
-/* Run fn(ctx, tid, n) on every thread and return when all finished. */
-void eng_ll_pool_run(eng_ll_pool_t *pool, eng_ll_pool_fn fn, void *ctx);
+/* Run fn(ctx, c, tid) for every chunk c in [0, n_chunks), each exactly
+ * once, on whichever threads claim it first; return when all are done.
+ * n_chunks == 1 runs inline on the caller without waking anyone. */
+void eng_ll_pool_run(eng_ll_pool_t *pool, eng_ll_pool_fn fn, void *ctx, uint32_t n_chunks);
 
 /* ---- matmul ----
  * out_m[b*out_stride + r] = dot(W_m row r, x[b*x_stride ...]) for up to 3

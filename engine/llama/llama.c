@@ -560,20 +560,18 @@ typedef struct {
     uint32_t layer;
 } ll_att_ctx_t;
 
-/* Attention for (token, head) pairs split contiguously across threads. */
-static void ll_att_task(void *arg, uint32_t tid, uint32_t n_threads)
+/* Attention for one (token, head) pair per chunk. */
+static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
 {
     const ll_att_ctx_t *c = arg;
     const eng_model_t *m = c->m;
     const uint32_t hd = m->head_dim, group = m->n_heads / m->n_kv_heads;
-    const uint64_t pairs = (uint64_t)c->n * m->n_heads;
-    const uint64_t p0 = pairs * tid / n_threads, p1 = pairs * (tid + 1) / n_threads;
     const float scale = 1.0f / sqrtf((float)hd);
     float *sc = m->att_scratch[tid];
     const int f16 = m->geom.kv_dtype == ENG_KV_F16;
 
-    for (uint64_t p = p0; p < p1; p++) {
-        uint32_t ti = (uint32_t)(p / m->n_heads), h = (uint32_t)(p % m->n_heads);
+    {
+        uint32_t ti = chunk / m->n_heads, h = chunk % m->n_heads;
         const ll_tok_t *t = &c->toks[ti];
         const float *q = m->q + (size_t)ti * m->q_dim + (size_t)h * hd;
         float *out = m->att + (size_t)ti * m->q_dim + (size_t)h * hd;
@@ -610,11 +608,11 @@ typedef struct {
     uint32_t n;
 } ll_swiglu_ctx_t;
 
-static void ll_swiglu_task(void *arg, uint32_t tid, uint32_t n_threads)
+/* silu(gate) * up for one token per chunk. */
+static void ll_swiglu_task(void *arg, uint32_t chunk, uint32_t tid)
 {
     const ll_swiglu_ctx_t *c = arg;
-    size_t total = (size_t)c->n * c->m->n_ff;
-    size_t i0 = total * tid / n_threads, i1 = total * (tid + 1) / n_threads;
+    size_t i0 = (size_t)chunk * c->m->n_ff, i1 = i0 + c->m->n_ff;
     float *g = c->m->hb;
     const float *u = c->m->hb2;
     for (size_t i = i0; i < i1; i++)
@@ -687,7 +685,14 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, const ll_tok_t *toks,
         }
 
         ll_att_ctx_t ac = { m, arena, toks, n, l };
-        eng_ll_pool_run(m->pool, ll_att_task, &ac);
+        uint64_t att_work = 0; /* positions x heads: tiny passes stay inline */
+        for (uint32_t i = 0; i < n; i++)
+            att_work += (uint64_t)(toks[i].pos + 1) * m->n_heads * m->head_dim;
+        if (att_work < (1u << 15))
+            for (uint32_t c = 0; c < n * m->n_heads; c++)
+                ll_att_task(&ac, c, 0);
+        else
+            eng_ll_pool_run(m->pool, ll_att_task, &ac, n * m->n_heads);
 
         eng_ll_matmul_t wo = {
             .n_mats = 1, .w = { &L->wo }, .out = { m->xb2 }, .out_stride = { E },
@@ -706,7 +711,11 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, const ll_tok_t *toks,
         };
         eng_ll_matmul(m->pool, &gu, scr);
         ll_swiglu_ctx_t sc = { m, n };
-        eng_ll_pool_run(m->pool, ll_swiglu_task, &sc);
+        if ((uint64_t)n * m->n_ff < (1u << 14))
+            for (uint32_t c = 0; c < n; c++)
+                ll_swiglu_task(&sc, c, 0);
+        else
+            eng_ll_pool_run(m->pool, ll_swiglu_task, &sc, n);
         eng_ll_matmul_t dn = {
             .n_mats = 1, .w = { &L->w_down }, .out = { m->xb2 }, .out_stride = { E },
             .x = m->hb, .x_stride = m->n_ff, .n_items = n,
