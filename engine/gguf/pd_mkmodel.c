@@ -4,13 +4,16 @@
  * Weights come from splitmix64 streams seeded per tensor (seed ^ hash of
  * the tensor name), so changing one tensor's type never changes another's
  * values. Values are an Irwin-Hall sum of 4 uniforms (approximately normal)
- * computed with exact float operations only: only exact or correctly rounded
- * operations (no transcendental libm calls), so the bytes are the same on
- * every IEEE-754 host.
+ * computed with exact or correctly rounded float operations only (no
+ * transcendental libm calls), so the bytes are the same on every IEEE-754
+ * host.
  *
  * Scaling (keeps activations sane through many layers):
- *   token_embd        std 1.0 (byte vocab: non-printable rows x0.25)
- *   attn_q/k/v, ffn_gate/up, attn_output   std 1/sqrt(dim)
+ *   token_embd        std 1.0, tied: 0.5/sqrt(dim) (byte vocab: non-printable
+ *                     rows x0.25)
+ *   attn_q/k          std 2.5/sqrt(dim): attention scores of std ~6, so
+ *                     attention is position-dependent, not a bag of tokens
+ *   attn_v, ffn_gate/up, attn_output       std 1/sqrt(dim)
  *   ffn_down          std 1/sqrt(ffn)
  *   output            std 2/sqrt(dim) (byte vocab: non-printable rows x0.25)
  *   *_norm            1.0 + 0.1 * noise      (always f32)
@@ -194,14 +197,17 @@ static void add_all_tensors(mk_ctx_t *mk)
     bool byte_rows = strcmp(c->vocab_type, "byte") == 0 && c->vocab_from == NULL;
     char name[96];
 
-    add_tensor(mk, "token_embd.weight", MK_INIT_WEIGHT, c->dim, c->vocab, 1.0f, byte_rows);
+    /* tied: the embedding is also the output matrix; a small scale keeps the
+     * residual dominated by the layers (else greedy just echoes the input) */
+    add_tensor(mk, "token_embd.weight", MK_INIT_WEIGHT, c->dim, c->vocab,
+               c->tied ? 0.5f * s_dim : 1.0f, byte_rows);
     for (uint32_t l = 0; l < c->layers; l++) {
 #define T(suffix, init, ne0, ne1, std)                                  \
         snprintf(name, sizeof(name), "blk.%u." suffix, l);             \
         add_tensor(mk, name, init, ne0, ne1, std, false)
         T("attn_norm.weight", MK_INIT_NORM, c->dim, 1, 0);
-        T("attn_q.weight", MK_INIT_WEIGHT, c->dim, c->dim, s_dim);
-        T("attn_k.weight", MK_INIT_WEIGHT, c->dim, kv_dim, s_dim);
+        T("attn_q.weight", MK_INIT_WEIGHT, c->dim, c->dim, 2.5f * s_dim);
+        T("attn_k.weight", MK_INIT_WEIGHT, c->dim, kv_dim, 2.5f * s_dim);
         T("attn_v.weight", MK_INIT_WEIGHT, c->dim, kv_dim, s_dim);
         if (strcmp(c->arch, "qwen2") == 0) {
             T("attn_q.bias", MK_INIT_BIAS, c->dim, 1, 0);
