@@ -528,6 +528,18 @@ static int ll_isa_get(void)
     return isa;
 }
 
+int eng_ll_isa_force(const char *name)
+{
+    atomic_store(&ll_isa_g, -1);
+    int best = ll_isa_get();
+    int want = strcmp(name, "scalar") == 0 ? LL_ISA_SCALAR
+             : strcmp(name, "avx2") == 0 ? LL_ISA_AVX2 : LL_ISA_AVX512;
+    if (want > best)
+        return -1;
+    atomic_store(&ll_isa_g, want);
+    return 0;
+}
+
 const char *eng_ll_isa(void)
 {
     static const char *const names[] = { "scalar", "avx2", "avx512" };

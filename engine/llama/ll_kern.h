@@ -59,6 +59,9 @@ void eng_ll_axpy(float *y, float a, const float *x, size_t n);
  * first use from __builtin_cpu_supports; ENG_LL_ISA=scalar|avx2 in the
  * environment forces a lower one (tests use it to show paths agree). */
 const char *eng_ll_isa(void);
+/* Tests only: switch the path ("avx512" | "avx2" | "scalar") for the whole
+ * process while no engine call is running. -1 if the CPU lacks it. */
+int eng_ll_isa_force(const char *name);
 
 /* ---- thread pool ---- */
 typedef struct eng_ll_pool eng_ll_pool_t;

@@ -15,6 +15,7 @@
 
 #include "eng.h"
 #include "eng_llama.h"
+#include "ll_kern.h"
 #include "ll_testmodel.h"
 
 static char tmpdir[256];
@@ -308,6 +309,55 @@ static void test_batch_invariance(void **state)
     free(ref);
 }
 
+/* AVX-512, AVX2 and scalar paths implement the same canonical sums: the
+ * logits are bitwise equal, for every weight type (and odd row lengths). */
+static void test_isa_paths_agree(void **state)
+{
+    (void)state;
+    static const ll_tm_spec_t specs[] = {
+        { "llama", 64, 1, 4, 2, 96, 200, 64, 0, 1, false, false, 21 },
+        { "qwen2", 64, 1, 4, 2, 96, 200, 64, 0, 8, true, true, 22 },
+        { "llama", 64, 1, 4, 4, 64, 200, 64, 0, 2, true, false, 23 },
+        { "llama", 64, 1, 4, 4, 64, 200, 64, 0, 30, false, false, 24 },
+        { "llama", 40, 1, 4, 2, 72, 200, 64, 0, 0, false, false, 25 },
+    };
+    static const char *const isas[] = { "avx512", "avx2", "scalar" };
+    for (size_t s = 0; s < sizeof(specs) / sizeof(specs[0]); s++) {
+        char path[300];
+        char tag[32];
+        snprintf(tag, sizeof(tag), "isa%zu", s);
+        model_path(path, sizeof(path), tag);
+        assert_int_equal(ll_tm_write(&specs[s], path), 0);
+        float *first = NULL;
+        for (size_t i = 0; i < 3; i++) {
+            if (eng_ll_isa_force(isas[i]) != 0)
+                continue;
+            eng_model_t *m = load(path, ENG_KV_F16, 2, 16, 8);
+            const eng_ops_t *ops = eng_find("llama");
+            uint32_t V = ops->geometry(m)->vocab_size, bt[2] = { 0, 1 };
+            void *arena = calloc(2, ops->geometry(m)->block_bytes);
+            float *lg = malloc(6 * (size_t)V * sizeof(float));
+            int32_t toks[20];
+            make_toks(toks, 20, V, (uint32_t)s);
+            /* prefill (scratch path: 14 tokens) + decode batch of 1 (fused) */
+            assert_int_equal(ops->prefill(m, arena, bt, 2, toks, 14, 0, lg), PD_OK);
+            eng_decode_item_t it = { bt, 2, 14, toks[14] };
+            assert_int_equal(ops->decode(m, arena, &it, 1, lg + V), PD_OK);
+            if (!first) {
+                first = malloc(2 * (size_t)V * sizeof(float));
+                memcpy(first, lg, 2 * (size_t)V * sizeof(float));
+            } else {
+                assert_memory_equal(first, lg, 2 * (size_t)V * sizeof(float));
+            }
+            free(arena);
+            free(lg);
+            ops->destroy(m);
+        }
+        free(first);
+    }
+    eng_ll_isa_force("avx512"); /* back to the best available */
+}
+
 static void test_geometry_and_errors(void **state)
 {
     (void)state;
@@ -385,6 +435,7 @@ int main(void)
         cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_isa_paths_agree),
         cmocka_unit_test(test_geometry_and_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
