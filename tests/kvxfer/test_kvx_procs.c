@@ -426,6 +426,45 @@ static void test_kill_exporter_mid_pull(void **state)
     pair_finish(pp, false);
 }
 
+/* Same without any control-plane signal: the importer asks UCX for PEER
+ * error mode (tcp lanes only) and must learn of the death from UCX or its
+ * own deadline, never hang. */
+static void test_kill_exporter_peer_mode(void **state)
+{
+    pair_t *pp = pair_start("--blocks=64", "--block-bytes=1048576", "",
+                            "--err-mode=peer --max-ops=2 --max-op-bytes=262144");
+    char *all = range(0, 63, 1);
+    char *h = export(&pp->e, 2, 10000, all);
+    const char *l = kp_cmd(&pp->i, "pull %s 3000 %s 42 0", h, all);
+    assert_true(strncmp(l, "started", 7) == 0);
+    kill(pp->e.pid, SIGKILL);
+    char *ev = kp_wait_event(&pp->i, "pulled", 5000);
+    assert_non_null(ev);
+    if (strncmp(ev, "event pulled OK ok", 18) != 0 &&
+        strncmp(ev, "event pulled ERR_PEER_GONE", 26) != 0 &&
+        strncmp(ev, "event pulled ERR_TIMED_OUT", 26) != 0)
+        fail_msg("after SIGKILL (PEER mode): %s", ev);
+    free(ev);
+    assert_int_equal(kp_wait_exit(&pp->e, 5000), 128 + SIGKILL);
+    /* any later pull ends within its deadline, with a failure */
+    l = kp_cmd(&pp->i, "pull %s 1000 %s 42 0", h, all);
+    if (strncmp(l, "started", 7) == 0) {
+        ev = kp_wait_event(&pp->i, "pulled", 3000);
+        assert_non_null(ev);
+        if (strncmp(ev, "event pulled ERR_PEER_GONE", 26) != 0 &&
+            strncmp(ev, "event pulled ERR_TIMED_OUT", 26) != 0)
+            fail_msg("second pull to a dead peer: %s", ev);
+        free(ev);
+    } else {
+        assert_true(strncmp(l, "reject PEER_DOWN", 16) == 0 ||
+                    strncmp(l, "err ERR_PEER_GONE", 17) == 0);
+    }
+    assert_true(wait_importer(&pp->i, 0, 3000));
+    free(h);
+    free(all);
+    pair_finish(pp, false);
+}
+
 static void test_stop_exporter_past_deadline(void **state)
 {
     pair_t *pp = pair_start("--blocks=16", "--block-bytes=65536", "", "");
@@ -529,6 +568,7 @@ int main(int argc, char **argv)
     };
     const struct CMUnitTest faults[] = {
         cmocka_unit_test(test_kill_exporter_mid_pull),
+        cmocka_unit_test(test_kill_exporter_peer_mode),
         cmocka_unit_test(test_stop_exporter_past_deadline),
         cmocka_unit_test(test_kill_importer_holding_lease),
         cmocka_unit_test(test_cancel),
