@@ -15,4 +15,8 @@ if [ ! -d "$dir/node_modules/llama3-tokenizer-js" ] || [ ! -d "$dir/node_modules
         fi
     ) 9>"$dir/.install.lock" || { echo "SKIP: npm install failed (registry unreachable?)"; exit 77; }
 fi
+if [ "$3" = bench ]; then
+    node "$dir/xcheck.mjs" "$1" "$2" >/dev/null || exit 1
+    exec node "$dir/bench.mjs" "$1" "$2" "${4:-2}"
+fi
 exec node "$dir/xcheck.mjs" "$1" "$2"

@@ -4,11 +4,14 @@
  * stdin: one text per line, hex-encoded (so any bytes, including invalid
  * UTF-8 and newlines, can be passed). stdout per line:
  *   comma-separated ids TAB hex of the decoded text
- * Used by xcheck.mjs against the npm reference tokenizers. */
+ * Used by xcheck.mjs against the npm reference tokenizers.
+ * With --bench SECONDS: read all lines, then encode them repeatedly for
+ * that long and print "bench bytes=B tokens=T seconds=S" (load excluded). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "eng_tok.h"
 
@@ -23,11 +26,64 @@ static int unhex(int c)
     return -1;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Encode every stdin text repeatedly for `secs` seconds. */
+static int run_bench(eng_tok_t *tok, double secs, bool bos, bool special)
+{
+    char *line = NULL, **texts = NULL;
+    size_t cap = 0, n_texts = 0, *lens = NULL, i, n, bytes = 0, tokens = 0;
+    ssize_t len;
+    int32_t *ids = malloc((1u << 20) * sizeof(int32_t));
+    double t0, t;
+
+    while (ids != NULL && (len = getline(&line, &cap, stdin)) >= 0) {
+        char *txt = malloc((size_t)len / 2 + 1);
+        size_t tl = 0;
+        texts = realloc(texts, (n_texts + 1) * sizeof(*texts));
+        lens = realloc(lens, (n_texts + 1) * sizeof(*lens));
+        if (txt == NULL || texts == NULL || lens == NULL)
+            return 1;
+        for (i = 0; i + 1 < (size_t)len; i += 2)
+            txt[tl++] = (char)(unhex(line[i]) * 16 + unhex(line[i + 1]));
+        texts[n_texts] = txt;
+        lens[n_texts++] = tl;
+    }
+    if (n_texts == 0)
+        return 1;
+    t0 = now_s();
+    do {
+        for (i = 0; i < n_texts; i++) {
+            if (eng_tok_encode(tok, texts[i], lens[i], bos, special, ids, 1u << 20, &n) != PD_OK)
+                return 1;
+            bytes += lens[i];
+            tokens += n;
+        }
+        t = now_s() - t0;
+    } while (t < secs);
+    printf("bench bytes=%zu tokens=%zu seconds=%.3f\n", bytes, tokens, t);
+    for (i = 0; i < n_texts; i++)
+        free(texts[i]);
+    free(texts);
+    free(lens);
+    free(line);
+    free(ids);
+    eng_tok_destroy(tok);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     eng_tok_t *tok;
     char err[256];
     bool bos = false, special = false, strip = false;
+    double bench = 0;
     char *line = NULL, *text, *dec;
     size_t cap = 0, i;
     ssize_t len;
@@ -46,6 +102,8 @@ int main(int argc, char **argv)
             special = true;
         else if (strcmp(argv[i], "--strip") == 0)
             strip = true;
+        else if (strcmp(argv[i], "--bench") == 0 && i + 1 < (size_t)argc)
+            bench = atof(argv[++i]);
         else {
             fprintf(stderr, "tok_cli: unknown flag %s\n", argv[i]);
             return 2;
@@ -61,6 +119,8 @@ int main(int argc, char **argv)
     dec = malloc(8u << 20);
     if (ids == NULL || text == NULL || dec == NULL)
         return 1;
+    if (bench > 0)
+        return run_bench(tok, bench, bos, special);
     while ((len = getline(&line, &cap, stdin)) >= 0) {
         size_t n = 0, tl = 0, dl;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
