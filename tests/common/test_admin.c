@@ -445,6 +445,21 @@ static void test_builtin_commands(void **state)
     j = call(main_path, "stats");
     assert_true(stat_value(j, "test", "bumps") >= 1);
     cJSON_Delete(j);
+    /* counters agree: the JSON and the Prometheus views of one set */
+    for (int i = 0; i < 3; i++) {
+        j = call(main_path, "test bump");
+        cJSON_Delete(j);
+    }
+    j = call(main_path, "stats");
+    double bumps = stat_value(j, "test", "bumps");
+    cJSON_Delete(j);
+    j = call(main_path, "stats prometheus");
+    char want[64];
+    snprintf(want, sizeof(want), "\npd_test_bumps_total %.0f\n", bumps);
+    assert_true(bumps >= 4);
+    assert_non_null(strstr(cJSON_GetObjectItem(j, "text")->valuestring, want));
+    cJSON_Delete(j);
+
     j = call(main_path, "stats reset");
     assert_true(reply_ok(j));
     cJSON_Delete(j);
