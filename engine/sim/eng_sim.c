@@ -32,6 +32,8 @@ struct eng_model {
     eng_kv_geom_t geom;
     uint32_t elem_bytes;           /* 2 (f16) or 4 (f32) */
     uint64_t row_bytes;            /* n_kv_heads * head_dim * elem_bytes */
+    uint64_t *tmpl;                /* (n_layers, 2, row_bytes / 8 + 1) random rows */
+    uint64_t tmpl_words;           /* words per template row */
     XXH3_state_t *hs;              /* checksum state, compute thread only */
     eng_sim_stats_t stats;         /* updated with relaxed atomics */
 };
@@ -187,6 +189,13 @@ pd_status_t eng_sim_parse(const char *spec, eng_sim_params_t *p, char *err, size
         } else if (strcmp(k, "speedup") == 0) {
             if (!parse_f64(v, 1e-3, 1e9, &p->speedup))
                 goto bad;
+        } else if (strcmp(k, "kv_check") == 0) {
+            if (strcmp(v, "full") == 0)
+                p->kv_sample = false;
+            else if (strcmp(v, "sample") == 0)
+                p->kv_sample = true;
+            else
+                goto bad;
         } else if (strcmp(k, "no_sleep") == 0) {
             uint32_t b;
             if (!parse_u32(v, 0, 1, &b))
@@ -194,7 +203,7 @@ pd_status_t eng_sim_parse(const char *spec, eng_sim_params_t *p, char *err, size
             p->no_sleep = b != 0;
         } else {
             return sim_err(err, err_len, "sim: unknown key '%s' (layers kv_heads head_dim vocab "
-                           "ctx prefill_tps decode_ms speedup no_sleep)", k);
+                           "ctx prefill_tps decode_ms speedup no_sleep kv_check)", k);
         }
         continue;
 bad:
@@ -230,6 +239,9 @@ static uint64_t sim_compat_hash(const eng_model_t *m)
     XXH64_freeState(s);
     return h;
 }
+
+static void sim_destroy(eng_model_t *m);
+static pd_status_t make_templates(eng_model_t *m);
 
 static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
                             char *err, size_t err_len)
@@ -269,7 +281,7 @@ static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     }
     g->compat_hash = sim_compat_hash(m);
     m->hs = XXH3_createState();
-    if (m->hs == NULL) {
+    if (m->hs == NULL || make_templates(m) != PD_OK) {
         status = PD_ERR_NO_MEMORY;
         goto err_free;
     }
@@ -277,7 +289,7 @@ static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     return PD_OK;
 
 err_free:
-    free(m);
+    sim_destroy(m);
     return status;
 }
 
@@ -287,6 +299,7 @@ static void sim_destroy(eng_model_t *m)
         return;
     if (m->hs != NULL)
         XXH3_freeState(m->hs);
+    free(m->tmpl);
     m->magic = 0;
     free(m);
 }
@@ -315,34 +328,42 @@ static inline uint64_t mix4(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
     return splitmix64(&s);
 }
 
-/* One (layer, K/V) row of a token: finite values in +-[0.5, 1). */
+/* One (layer, K/V) row of a token: the layer's random template row XOR a
+ * per-(token, pos, layer, kv) key stream, masked so every element stays a
+ * finite value in +-[0.5, 1). One load, add, and, xor, store per 8 bytes:
+ * generation runs near memory speed. */
 static void fill_row(const eng_model_t *m, uint8_t *dst, int32_t token, uint32_t pos,
                      uint32_t layer, uint32_t kv)
 {
-    uint64_t s = mix4((uint64_t)(uint32_t)token + 1, pos, layer, kv + 1);
-    uint64_t n = m->row_bytes, i = 0;
+    const uint64_t *t = m->tmpl + ((uint64_t)layer * 2 + kv) * m->tmpl_words;
+    uint64_t key = mix4((uint64_t)(uint32_t)token + 1, pos, layer, kv + 1);
+    uint64_t mask = m->elem_bytes == 2 ? 0x83ff83ff83ff83ffULL : 0x807fffff807fffffULL;
+    uint64_t n = m->row_bytes, i, w;
 
-    if (m->elem_bytes == 2) {
-        for (; i + 8 <= n; i += 8) {
-            uint64_t r = splitmix64(&s);
-            r = (r & 0x83ff83ff83ff83ffULL) | 0x3800380038003800ULL;
-            memcpy(dst + i, &r, 8);
-        }
-        for (; i < n; i += 2) {
-            uint16_t r = (uint16_t)((splitmix64(&s) & 0x83ff) | 0x3800);
-            memcpy(dst + i, &r, 2);
-        }
-    } else {
-        for (; i + 8 <= n; i += 8) {
-            uint64_t r = splitmix64(&s);
-            r = (r & 0x807fffff807fffffULL) | 0x3f0000003f000000ULL;
-            memcpy(dst + i, &r, 8);
-        }
-        for (; i < n; i += 4) {
-            uint32_t r = (uint32_t)((splitmix64(&s) & 0x807fffff) | 0x3f000000);
-            memcpy(dst + i, &r, 4);
-        }
+    for (i = 0, w = 0; i + 8 <= n; i += 8, w++) {
+        uint64_t r = t[w] ^ ((key + w * 0x9e3779b97f4a7c15ULL) & mask);
+        memcpy(dst + i, &r, 8);
     }
+    if (i < n) {
+        uint64_t r = t[w] ^ ((key + w * 0x9e3779b97f4a7c15ULL) & mask);
+        memcpy(dst + i, &r, n - i); /* little-endian: the low elements */
+    }
+}
+
+/* Template rows: random finite elements, fixed per geometry. */
+static pd_status_t make_templates(eng_model_t *m)
+{
+    uint64_t rows = (uint64_t)m->p.n_layers * 2, i, s = 0x7064736572766531ULL;
+    uint64_t fix = m->elem_bytes == 2 ? 0x3800380038003800ULL : 0x3f0000003f000000ULL;
+    uint64_t mask = m->elem_bytes == 2 ? 0x83ff83ff83ff83ffULL : 0x807fffff807fffffULL;
+
+    m->tmpl_words = m->row_bytes / 8 + 1;
+    m->tmpl = malloc(rows * m->tmpl_words * sizeof(uint64_t));
+    if (m->tmpl == NULL)
+        return PD_ERR_NO_MEMORY;
+    for (i = 0; i < rows * m->tmpl_words; i++)
+        m->tmpl[i] = (splitmix64(&s) & mask) | fix;
+    return PD_OK;
 }
 
 static inline uint8_t *row_ptr(const eng_model_t *m, void *arena, uint32_t block,
@@ -365,23 +386,43 @@ static void write_token_kv(eng_model_t *m, void *arena, const uint32_t *bt,
 }
 
 /* XXH3 over the KV of positions [0, n_pos) in block-table order: whole
- * blocks in one piece, the partial last block row range by row range. */
+ * blocks in one piece, the partial last block row range by row range.
+ * kv_check=sample hashes only the first and last SIM_SAMPLE bytes of every
+ * (layer, K/V) row range of every block: lost or stale blocks still change
+ * the output, a corrupted byte elsewhere does not. */
+#define SIM_SAMPLE 64u
+
+static void hash_range(eng_model_t *m, const uint8_t *p, uint64_t n)
+{
+    if (!m->p.kv_sample || n <= 2 * SIM_SAMPLE) {
+        XXH3_64bits_update(m->hs, p, n);
+        STAT_ADD(m, kv_bytes_hashed, n);
+        return;
+    }
+    XXH3_64bits_update(m->hs, p, SIM_SAMPLE);
+    XXH3_64bits_update(m->hs, p + n - SIM_SAMPLE, SIM_SAMPLE);
+    STAT_ADD(m, kv_bytes_hashed, 2 * SIM_SAMPLE);
+}
+
 static uint64_t kv_checksum(eng_model_t *m, const void *arena, const uint32_t *bt,
                             uint32_t n_pos)
 {
-    uint32_t bt_tokens = m->geom.block_tokens, full = n_pos / bt_tokens, rest = n_pos % bt_tokens;
+    uint32_t bt_tokens = m->geom.block_tokens, n_blk = (n_pos + bt_tokens - 1) / bt_tokens;
     uint32_t i, l, kv;
 
     XXH3_64bits_reset(m->hs);
-    for (i = 0; i < full; i++)
-        XXH3_64bits_update(m->hs, (const uint8_t *)arena + (uint64_t)bt[i] * m->geom.block_bytes,
-                           m->geom.block_bytes);
-    if (rest > 0)
+    for (i = 0; i < n_blk; i++) {
+        uint32_t valid = i + 1 < n_blk || n_pos % bt_tokens == 0 ? bt_tokens : n_pos % bt_tokens;
+        if (valid == bt_tokens && !m->p.kv_sample) {
+            hash_range(m, (const uint8_t *)arena + (uint64_t)bt[i] * m->geom.block_bytes,
+                       m->geom.block_bytes);
+            continue;
+        }
         for (l = 0; l < m->p.n_layers; l++)
             for (kv = 0; kv < 2; kv++)
-                XXH3_64bits_update(m->hs, row_ptr(m, (void *)(uintptr_t)arena, bt[full], l, kv, 0),
-                                   rest * m->row_bytes);
-    STAT_ADD(m, kv_bytes_hashed, (uint64_t)n_pos * m->geom.bytes_per_token);
+                hash_range(m, row_ptr(m, (void *)(uintptr_t)arena, bt[i], l, kv, 0),
+                           valid * m->row_bytes);
+    }
     return XXH3_64bits_digest(m->hs);
 }
 

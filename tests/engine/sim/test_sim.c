@@ -122,6 +122,12 @@ static void test_parse(void **state)
     assert_string_equal(p.preset, "qwen3-8b");
     assert_int_equal(p.n_layers, 36);
     assert_true(p.decode_a_ms == 7.0 && p.decode_b_ms == 0.0 && p.speedup == 10.0 && p.no_sleep);
+    assert_false(p.kv_sample);
+    assert_int_equal(eng_sim_parse("kv_check=sample", &p, err, sizeof(err)), PD_OK);
+    assert_true(p.kv_sample);
+    assert_int_equal(eng_sim_parse("kv_check=full", &p, err, sizeof(err)), PD_OK);
+    assert_false(p.kv_sample);
+    assert_int_equal(eng_sim_parse("kv_check=some", &p, err, sizeof(err)), PD_ERR_BAD_INPUT);
     assert_int_equal(eng_sim_parse("decode_ms=3+1.5*batch", &p, err, sizeof(err)), PD_OK);
     assert_true(p.decode_b_ms == 1.5);
     for (i = 0; i < sizeof(bad) / sizeof(bad[0]) - 1; i++) {
@@ -307,6 +313,47 @@ static void test_errors(void **state)
     assert_non_null(strstr(err, "gpt-5"));
 }
 
+/* kv_check=sample: much less read, lost and stale blocks still detected */
+static void test_kv_check_sample(void **state)
+{
+    fx_t f;
+    uint32_t bt[NB] = { 0, 1, 2, 3, 4, 5, 6, 7 };
+    int32_t tok[64], other[64];
+    float ref[300], got[300];
+    eng_decode_item_t it = { .block_table = bt, .n_blocks = NB, .pos = 40 };
+    eng_sim_stats_t st;
+    uint8_t *saved;
+
+    (void)state;
+    fx_init(&f, "sim:layers=2,kv_heads=2,head_dim=64,vocab=300,no_sleep=1,kv_check=sample", NB);
+    saved = malloc(f.g->block_bytes);
+    assert_non_null(saved);
+    make_tokens(tok, 64, 5);
+    make_tokens(other, 64, 6);
+    it.token = tok[40];
+    assert_int_equal(f.ops->prefill(f.m, f.arena, bt, NB, tok, 40, 0, NULL), PD_OK);
+    assert_int_equal(f.ops->decode(f.m, f.arena, &it, 1, ref), PD_OK);
+    assert_true(eng_sim_stats(f.m, &st));
+    assert_true(st.kv_bytes_hashed < 2 * 41 * f.g->bytes_per_token / 4);
+    /* lost block */
+    memcpy(saved, f.arena + f.g->block_bytes, f.g->block_bytes);
+    memset(f.arena + f.g->block_bytes, 0, f.g->block_bytes);
+    assert_int_equal(f.ops->decode(f.m, f.arena, &it, 1, got), PD_OK);
+    assert_int_not_equal(argmax(got, 300), argmax(ref, 300));
+    /* stale block: the same positions of another sequence */
+    assert_int_equal(f.ops->prefill(f.m, f.arena, bt + 4, 4, other, 32, 0, NULL), PD_OK);
+    memcpy(f.arena + f.g->block_bytes, f.arena + (size_t)bt[5] * f.g->block_bytes,
+           f.g->block_bytes);
+    assert_int_equal(f.ops->decode(f.m, f.arena, &it, 1, got), PD_OK);
+    assert_int_not_equal(argmax(got, 300), argmax(ref, 300));
+    /* restored */
+    memcpy(f.arena + f.g->block_bytes, saved, f.g->block_bytes);
+    assert_int_equal(f.ops->decode(f.m, f.arena, &it, 1, got), PD_OK);
+    assert_memory_equal(ref, got, sizeof(ref));
+    free(saved);
+    fx_fini(&f);
+}
+
 /* ---- timing model ---- */
 
 static void test_timing_accounting(void **state)
@@ -403,6 +450,7 @@ int main(void)
         cmocka_unit_test(test_corruption_changes_token),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_kv_check_sample),
         cmocka_unit_test(test_timing_accounting),
         cmocka_unit_test(test_real_size_block),
     };
