@@ -100,6 +100,16 @@ void gguf_writer_destroy(gguf_writer_t *w)
     free(w);
 }
 
+/* strdup through malloc (so allocation-failure tests see it). */
+static char *dup_str(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d != NULL)
+        memcpy(d, s, n);
+    return d;
+}
+
 static bool name_ok(const char *s)
 {
     size_t len = strlen(s);
@@ -153,7 +163,7 @@ static pd_status_t add_kv_ex(gguf_writer_t *w, const char *key, gguf_buf_t *val,
         w->kvs = kvs;
         w->cap_kv = cap;
     }
-    char *k = strdup(key);
+    char *k = dup_str(key);
     if (k == NULL) {
         status = PD_ERR_NO_MEMORY;
         goto err;
@@ -392,7 +402,7 @@ static pd_status_t add_tensor_slot(gguf_writer_t *w, const char *name, uint32_t 
     }
     gguf_wtensor_t *t = &w->tensors[w->n_tensors];
     memset(t, 0, sizeof(*t));
-    t->name = strdup(name);
+    t->name = dup_str(name);
     t->data = malloc(*nbytes_p ? *nbytes_p : 1);
     if (t->name == NULL || t->data == NULL) {
         free(t->name);
