@@ -73,13 +73,22 @@ typedef struct eng_ops {
     /* Run tokens[0..n_tokens) at positions start_pos.. ; KV for positions
      * [0,start_pos) must already be in the first blocks (prefix reuse,
      * chunked prefill). Writes KV for the new positions into the blocks of
-     * block_table and the logits of the LAST position into logits (vocab). */
+     * block_table and the logits of the LAST position into logits (vocab).
+     * logits may be NULL (an intermediate chunk: KV only). Re-running a
+     * range rewrites the same bytes (retries are idempotent).
+     * Expected: PD_ERR_BAD_INPUT (token out of range), PD_ERR_NO_KV_SPACE
+     * (a position beyond n_blocks * block_tokens), PD_ERR_TOO_BIG (beyond
+     * context_length). Block indices are the caller's contract (the engine
+     * does not know the arena size). */
     pd_status_t (*prefill)(eng_model_t *model, void *arena,
                            const uint32_t *block_table, uint32_t n_blocks,
                            const int32_t *tokens, uint32_t n_tokens,
                            uint32_t start_pos, float *logits /* (vocab) */);
     /* One decode step for a batch; logits (n_items, vocab). Results are
-     * bitwise independent of batch composition and thread count. */
+     * bitwise independent of batch composition and thread count (llama:
+     * also of chunking and block placement, see engine/README.md).
+     * n_items may exceed max_batch (run in slices). Expected statuses as
+     * prefill; nothing is written if any item is invalid. */
     pd_status_t (*decode)(eng_model_t *model, void *arena,
                           const eng_decode_item_t *items, uint32_t n_items,
                           float *logits /* (n_items, vocab) */);
