@@ -167,5 +167,74 @@ function compare(name, inputs, ours, refIds, wantDec) {
   if (o2[0].ids.some((id) => id >= 128000)) { failures++; console.log('FAIL llama3 special parsed without --special'); }
 }
 
+// ---- Qwen2 pre-tokenizer (digits one by one, no ignore_merges) ----
+// No npm package ships a Qwen2 vocabulary, so the reference here is a plain
+// HF-style BPE written below on top of V8's own Unicode regex engine
+// (independent of PCRE2), first validated against llama3-tokenizer-js with the
+// Llama-3 pattern, then run with the Qwen2 pattern on the same vocabulary.
+{
+  const B2U = (() => {
+    const bs = [];
+    for (let b = 33; b <= 126; b++) bs.push(b);
+    for (let b = 161; b <= 172; b++) bs.push(b);
+    for (let b = 174; b <= 255; b++) bs.push(b);
+    const cs = bs.slice();
+    let n = 0;
+    for (let b = 0; b < 256; b++) if (!bs.includes(b)) { bs.push(b); cs.push(256 + n++); }
+    const m = new Array(256);
+    bs.forEach((b, i) => { m[b] = String.fromCodePoint(cs[i]); });
+    return m;
+  })();
+  const vocab = llama3.vocabById, byStr = llama3.vocabByString;
+  const rank = new Map();
+  [...llama3.merges.keys()].forEach((k, i) => rank.set(k, i));
+  const RE_L3 = /(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+/gu;
+  const RE_Q2 = /(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+/gu;
+  function bpe(text, re, ignoreMerges) {
+    const out = [];
+    const pieces = [];
+    let prev = 0;
+    for (const m of text.matchAll(re)) {
+      if (m.index > prev) pieces.push(text.slice(prev, m.index));
+      if (m[0].length) pieces.push(m[0]);
+      prev = m.index + m[0].length;
+    }
+    if (prev < text.length) pieces.push(text.slice(prev));
+    for (const p of pieces) {
+      const mapped = Array.from(Buffer.from(p, 'utf8'), (b) => B2U[b]);
+      if (ignoreMerges && byStr.has(mapped.join(''))) { out.push(byStr.get(mapped.join(''))); continue; }
+      let sym = mapped;
+      for (;;) {
+        let best = -1, bestRank = Infinity;
+        for (let i = 0; i + 1 < sym.length; i++) {
+          const r = rank.get(sym[i] + ' ' + sym[i + 1]);
+          if (r !== undefined && r < bestRank && byStr.has(sym[i] + sym[i + 1])) { bestRank = r; best = i; }
+        }
+        if (best < 0) break;
+        sym = [...sym.slice(0, best), sym[best] + sym[best + 1], ...sym.slice(best + 2)];
+      }
+      for (const s of sym) out.push(byStr.get(s));
+    }
+    return out;
+  }
+  // the JS reference itself agrees with llama3-tokenizer-js
+  texts.forEach((t, i) => {
+    checks++;
+    const a = bpe(asStr(t), RE_L3, true).join(','), b = llama3.encode(asStr(t), { bos: false, eos: false }).join(',');
+    if (a !== b) { failures++; console.log(`FAIL js-bpe self-check #${i}`); }
+  });
+  const types = vocab.map((s, i) => (i >= 128000 ? 3 : 1));
+  const file = path.join(work, 'qwen2pre-vocab.gguf');
+  writeGguf(file, [
+    ['tokenizer.ggml.model', T.STR, 'gpt2'],
+    ['tokenizer.ggml.pre', T.STR, 'qwen2'],
+    ['tokenizer.ggml.tokens', T.ARR, vocab, T.STR],
+    ['tokenizer.ggml.token_type', T.ARR, types, T.I32],
+    ['tokenizer.ggml.merges', T.ARR, [...llama3.merges.keys()], T.STR],
+  ]);
+  const ours = runOurs(file, [], texts);
+  compare('qwen2-pre-bpe', texts, ours, texts.map((t) => bpe(asStr(t), RE_Q2, false)), asStr);
+}
+
 console.log(`${checks} checks, ${failures} failures`);
 process.exit(failures ? 1 : 0);
