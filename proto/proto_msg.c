@@ -1,0 +1,931 @@
+/* proto_msg.c - encode/decode of control-plane messages. Pure: no I/O, no
+ * allocation, no logging. Every field is read through a bounds-checked
+ * reader with a sticky status, so a short or hostile buffer can never be
+ * over-read: the first failure wins and later reads return zeros.
+ *
+ * Validation rules live in one check_<name>() per message, used by BOTH the
+ * encoder (refuse to emit a bad message) and the decoder (refuse to accept
+ * one), so anything that decodes OK re-encodes to identical bytes. */
+#include "proto_msg.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- little-endian primitives ----------------------------------------- */
+
+static inline void put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static inline void put_u32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+static inline void put_u64(uint8_t *p, uint64_t v)
+{
+    put_u32(p, (uint32_t)v);
+    put_u32(p + 4, (uint32_t)(v >> 32));
+}
+
+static inline uint16_t get_u16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static inline uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+           ((uint32_t)p[3] << 24);
+}
+
+static inline uint64_t get_u64(const uint8_t *p)
+{
+    return (uint64_t)get_u32(p) | ((uint64_t)get_u32(p + 4) << 32);
+}
+
+/* ---- writer: counts the size even past cap (size query) --------------- */
+
+typedef struct {
+    uint8_t *p;
+    size_t cap;
+    size_t len;
+} wr_t;
+
+static void w_bytes(wr_t *w, const void *src, size_t n)
+{
+    if (n && w->len + n <= w->cap)
+        memcpy(w->p + w->len, src, n);
+    w->len += n;
+}
+
+static void w_u16(wr_t *w, uint16_t v)
+{
+    uint8_t b[2];
+    put_u16(b, v);
+    w_bytes(w, b, 2);
+}
+
+static void w_u32(wr_t *w, uint32_t v)
+{
+    uint8_t b[4];
+    put_u32(b, v);
+    w_bytes(w, b, 4);
+}
+
+static void w_u64(wr_t *w, uint64_t v)
+{
+    uint8_t b[8];
+    put_u64(b, v);
+    w_bytes(w, b, 8);
+}
+
+static void w_f32(wr_t *w, float f)
+{
+    uint32_t v;
+    memcpy(&v, &f, 4);
+    w_u32(w, v);
+}
+
+/* Strings are validated (length, no NUL) by check_*() before writing. */
+static void w_str(wr_t *w, const char *s)
+{
+    size_t n = strlen(s);
+    w_u16(w, (uint16_t)n);
+    w_bytes(w, s, n);
+}
+
+static void w_tok_array(wr_t *w, const proto_tokens_t *t)
+{
+    w_u32(w, t->n);
+    if (t->v == NULL) {
+        w_bytes(w, t->wire, (size_t)t->n * 4);
+        return;
+    }
+    for (uint32_t i = 0; i < t->n; i++)
+        w_u32(w, (uint32_t)t->v[i]);
+}
+
+static void w_blob(wr_t *w, const proto_blob_t *b)
+{
+    w_u32(w, b->len);
+    w_bytes(w, b->p, b->len);
+}
+
+/* ---- reader: sticky status, zeros after the first failure ------------- */
+
+typedef struct {
+    const uint8_t *p;
+    size_t len;
+    size_t off;
+    pd_status_t st;
+} rd_t;
+
+static void r_fail(rd_t *r, pd_status_t st)
+{
+    if (r->st == PD_OK)
+        r->st = st;
+}
+
+/* Returns a pointer to n bytes or NULL (and fails TRUNCATED). */
+static const uint8_t *r_take(rd_t *r, size_t n)
+{
+    if (r->st != PD_OK)
+        return NULL;
+    if (n > r->len - r->off) {
+        r_fail(r, PD_ERR_TRUNCATED);
+        return NULL;
+    }
+    const uint8_t *p = r->p + r->off;
+    r->off += n;
+    return p;
+}
+
+static uint16_t r_u16(rd_t *r)
+{
+    const uint8_t *p = r_take(r, 2);
+    return p ? get_u16(p) : 0;
+}
+
+static uint32_t r_u32(rd_t *r)
+{
+    const uint8_t *p = r_take(r, 4);
+    return p ? get_u32(p) : 0;
+}
+
+static uint64_t r_u64(rd_t *r)
+{
+    const uint8_t *p = r_take(r, 8);
+    return p ? get_u64(p) : 0;
+}
+
+static float r_f32(rd_t *r)
+{
+    uint32_t v = r_u32(r);
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
+}
+
+static void r_fixed(rd_t *r, uint8_t *dst, size_t n)
+{
+    const uint8_t *p = r_take(r, n);
+    if (p)
+        memcpy(dst, p, n);
+    else
+        memset(dst, 0, n);
+}
+
+/* Length-prefixed string copied into dst[max + 1], NUL-terminated. */
+static void r_str(rd_t *r, char *dst, size_t max)
+{
+    dst[0] = '\0';
+    uint16_t n = r_u16(r);
+    if (r->st != PD_OK)
+        return;
+    if (n > max) {
+        r_fail(r, PD_ERR_TOO_BIG);
+        return;
+    }
+    const uint8_t *p = r_take(r, n);
+    if (p == NULL)
+        return;
+    if (memchr(p, 0, n) != NULL) {
+        r_fail(r, PD_ERR_BAD_INPUT);
+        return;
+    }
+    memcpy(dst, p, n);
+    dst[n] = '\0';
+}
+
+static void r_tok_array(rd_t *r, proto_tokens_t *t, uint32_t max)
+{
+    memset(t, 0, sizeof(*t));
+    uint32_t n = r_u32(r);
+    if (r->st != PD_OK)
+        return;
+    if (n > max) {
+        r_fail(r, PD_ERR_TOO_BIG);
+        return;
+    }
+    const uint8_t *p = r_take(r, (size_t)n * 4);
+    if (p == NULL)
+        return;
+    t->n = n;
+    t->wire = p;
+}
+
+static void r_blob(rd_t *r, proto_blob_t *b, uint32_t max)
+{
+    memset(b, 0, sizeof(*b));
+    uint32_t n = r_u32(r);
+    if (r->st != PD_OK)
+        return;
+    if (n > max) {
+        r_fail(r, PD_ERR_TOO_BIG);
+        return;
+    }
+    const uint8_t *p = r_take(r, n);
+    if (p == NULL)
+        return;
+    b->p = n ? p : NULL;
+    b->len = n;
+}
+
+/* A reserved body field: read, must be zero. */
+static void r_reserved16(rd_t *r)
+{
+    if (r_u16(r) != 0)
+        r_fail(r, PD_ERR_RESERVED);
+}
+
+/* ---- shared validation ------------------------------------------------ */
+
+int32_t proto_tokens_get(const proto_tokens_t *t, uint32_t i)
+{
+    if (i >= t->n)
+        return -1;
+    if (t->v != NULL)
+        return t->v[i];
+    return (int32_t)get_u32(t->wire + (size_t)i * 4);
+}
+
+uint32_t proto_tokens_copy(const proto_tokens_t *t, int32_t *dst, uint32_t cap)
+{
+    uint32_t n = t->n < cap ? t->n : cap;
+    for (uint32_t i = 0; i < n; i++)
+        dst[i] = proto_tokens_get(t, i);
+    return n;
+}
+
+/* A string field: length <= max, no NUL inside (strnlen finds the end). */
+static pd_status_t check_str(const char *s, size_t max, bool required)
+{
+    size_t n = strnlen(s, max + 1);
+    if (n > max)
+        return PD_ERR_TOO_BIG;
+    if (required && n == 0)
+        return PD_ERR_BAD_INPUT;
+    return PD_OK;
+}
+
+static pd_status_t check_tok_array(const proto_tokens_t *t, uint32_t max)
+{
+    if (t->n > max)
+        return PD_ERR_TOO_BIG;
+    if (t->n != 0 && t->v == NULL && t->wire == NULL)
+        return PD_ERR_BAD_INPUT;
+    /* ids are u32 on the wire but must fit int32_t (engine token type) */
+    for (uint32_t i = 0; i < t->n; i++)
+        if (proto_tokens_get(t, i) < 0)
+            return PD_ERR_BAD_INPUT;
+    return PD_OK;
+}
+
+static pd_status_t check_blob(const proto_blob_t *b, uint32_t max)
+{
+    if (b->len > max)
+        return PD_ERR_TOO_BIG;
+    if (b->len != 0 && b->p == NULL)
+        return PD_ERR_BAD_INPUT;
+    return PD_OK;
+}
+
+static bool status_valid(int32_t s)
+{
+    return s >= PD_STATUS_MIN && s <= PD_INPROGRESS;
+}
+
+static bool status_error(int32_t s)
+{
+    return s >= PD_STATUS_MIN && s < 0;
+}
+
+/* First non-OK status of a sequence of checks. */
+#define CHECK(expr)                                                           \
+    do {                                                                      \
+        pd_status_t _st = (expr);                                             \
+        if (_st != PD_OK)                                                     \
+            return _st;                                                       \
+    } while (0)
+#define REQUIRE(cond, st)                                                     \
+    do {                                                                      \
+        if (!(cond))                                                          \
+            return (st);                                                      \
+    } while (0)
+
+static pd_status_t check_sampling(const proto_sampling_t *s)
+{
+    REQUIRE((s->flags & ~PROTO_SAMPLE_DEFINED) == 0, PD_ERR_RESERVED);
+    REQUIRE(isfinite(s->temperature) && s->temperature >= 0.0f, PD_ERR_BAD_INPUT);
+    REQUIRE(isfinite(s->top_p) && s->top_p >= 0.0f && s->top_p <= 1.0f,
+            PD_ERR_BAD_INPUT);
+    return check_tok_array(&s->stop, PROTO_MAX_STOP_TOKENS);
+}
+
+static void w_sampling(wr_t *w, const proto_sampling_t *s)
+{
+    w_f32(w, s->temperature);
+    w_f32(w, s->top_p);
+    w_u32(w, s->top_k);
+    w_u32(w, s->flags);
+    w_u64(w, s->seed);
+    w_u32(w, s->max_tokens);
+    w_u32(w, s->min_tokens);
+    w_tok_array(w, &s->stop);
+}
+
+static void r_sampling(rd_t *r, proto_sampling_t *s)
+{
+    s->temperature = r_f32(r);
+    s->top_p = r_f32(r);
+    s->top_k = r_u32(r);
+    s->flags = r_u32(r);
+    s->seed = r_u64(r);
+    s->max_tokens = r_u32(r);
+    s->min_tokens = r_u32(r);
+    r_tok_array(r, &s->stop, PROTO_MAX_STOP_TOKENS);
+}
+
+/* ---- per-message codecs ----------------------------------------------- */
+
+/* HELLO */
+static pd_status_t check_hello(const proto_hello_t *m)
+{
+    REQUIRE(m->role >= PROTO_ROLE_PREFILL && m->role <= PROTO_ROLE_ROUTER,
+            PD_ERR_BAD_INPUT);
+    REQUIRE((m->caps & ~PROTO_CAPS_DEFINED) == 0, PD_ERR_RESERVED);
+    CHECK(check_str(m->daemon_id, PROTO_DAEMON_ID_MAX, true));
+    return check_blob(&m->kv_addr, PROTO_KV_ADDR_MAX);
+}
+
+static void enc_hello(wr_t *w, const proto_hello_t *m)
+{
+    w_u16(w, m->role);
+    w_u16(w, 0);
+    w_u32(w, m->caps);
+    w_str(w, m->daemon_id);
+    w_u64(w, m->incarnation);
+    w_u64(w, m->compat_hash);
+    w_u32(w, m->geom.n_layers);
+    w_u32(w, m->geom.n_kv_heads);
+    w_u32(w, m->geom.head_dim);
+    w_u32(w, m->geom.block_tokens);
+    w_u32(w, m->geom.kv_dtype);
+    w_u32(w, m->geom.total_blocks);
+    w_u64(w, m->geom.block_bytes);
+    w_u32(w, m->geom.context_length);
+    w_u32(w, m->geom.vocab_size);
+    w_blob(w, &m->kv_addr);
+    w_bytes(w, m->nonce, PROTO_AUTH_NONCE_LEN);
+    w_bytes(w, m->mac, PROTO_AUTH_MAC_LEN);
+}
+
+static void dec_hello(rd_t *r, proto_hello_t *m)
+{
+    m->role = r_u16(r);
+    r_reserved16(r);
+    m->caps = r_u32(r);
+    r_str(r, m->daemon_id, PROTO_DAEMON_ID_MAX);
+    m->incarnation = r_u64(r);
+    m->compat_hash = r_u64(r);
+    m->geom.n_layers = r_u32(r);
+    m->geom.n_kv_heads = r_u32(r);
+    m->geom.head_dim = r_u32(r);
+    m->geom.block_tokens = r_u32(r);
+    m->geom.kv_dtype = r_u32(r);
+    m->geom.total_blocks = r_u32(r);
+    m->geom.block_bytes = r_u64(r);
+    m->geom.context_length = r_u32(r);
+    m->geom.vocab_size = r_u32(r);
+    r_blob(r, &m->kv_addr, PROTO_KV_ADDR_MAX);
+    r_fixed(r, m->nonce, PROTO_AUTH_NONCE_LEN);
+    r_fixed(r, m->mac, PROTO_AUTH_MAC_LEN);
+}
+
+/* REGISTER_ACK */
+static pd_status_t check_register_ack(const proto_register_ack_t *m)
+{
+    return check_str(m->daemon_id, PROTO_DAEMON_ID_MAX, true);
+}
+
+static void enc_register_ack(wr_t *w, const proto_register_ack_t *m)
+{
+    w_str(w, m->daemon_id);
+    w_u64(w, m->incarnation);
+    w_u64(w, m->heartbeat_interval_ns);
+    w_u64(w, m->lease_ns);
+    w_bytes(w, m->nonce, PROTO_AUTH_NONCE_LEN);
+    w_bytes(w, m->mac, PROTO_AUTH_MAC_LEN);
+}
+
+static void dec_register_ack(rd_t *r, proto_register_ack_t *m)
+{
+    r_str(r, m->daemon_id, PROTO_DAEMON_ID_MAX);
+    m->incarnation = r_u64(r);
+    m->heartbeat_interval_ns = r_u64(r);
+    m->lease_ns = r_u64(r);
+    r_fixed(r, m->nonce, PROTO_AUTH_NONCE_LEN);
+    r_fixed(r, m->mac, PROTO_AUTH_MAC_LEN);
+}
+
+/* REGISTER_REJECT */
+static pd_status_t check_register_reject(const proto_register_reject_t *m)
+{
+    REQUIRE(status_error(m->status), PD_ERR_BAD_INPUT);
+    return check_str(m->reason, PROTO_REASON_MAX, false);
+}
+
+static void enc_register_reject(wr_t *w, const proto_register_reject_t *m)
+{
+    w_u32(w, (uint32_t)m->status);
+    w_str(w, m->reason);
+}
+
+static void dec_register_reject(rd_t *r, proto_register_reject_t *m)
+{
+    m->status = (int32_t)r_u32(r);
+    r_str(r, m->reason, PROTO_REASON_MAX);
+}
+
+/* HEARTBEAT */
+static pd_status_t check_heartbeat(const proto_heartbeat_t *m)
+{
+    REQUIRE((m->flags & ~PROTO_HB_DEFINED) == 0, PD_ERR_RESERVED);
+    return PD_OK;
+}
+
+static void enc_heartbeat(wr_t *w, const proto_heartbeat_t *m)
+{
+    w_u64(w, m->incarnation);
+    w_u64(w, m->sent_ns);
+    w_u32(w, m->flags);
+    w_u32(w, m->queue_depth);
+    w_u32(w, m->running_seqs);
+    w_u32(w, m->free_blocks);
+    w_u32(w, m->total_blocks);
+    w_u32(w, m->leases);
+    w_u64(w, m->outstanding_prefill_tokens);
+}
+
+static void dec_heartbeat(rd_t *r, proto_heartbeat_t *m)
+{
+    m->incarnation = r_u64(r);
+    m->sent_ns = r_u64(r);
+    m->flags = r_u32(r);
+    m->queue_depth = r_u32(r);
+    m->running_seqs = r_u32(r);
+    m->free_blocks = r_u32(r);
+    m->total_blocks = r_u32(r);
+    m->leases = r_u32(r);
+    m->outstanding_prefill_tokens = r_u64(r);
+}
+
+/* PREFILL_REQ */
+static pd_status_t check_prefill_req(const proto_prefill_req_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
+    CHECK(check_tok_array(&m->prompt, PROTO_MAX_PROMPT_TOKENS));
+    CHECK(check_sampling(&m->sampling));
+    return check_str(m->target_decode_id, PROTO_DAEMON_ID_MAX, false);
+}
+
+static void enc_prefill_req(wr_t *w, const proto_prefill_req_t *m)
+{
+    w_str(w, m->request_id);
+    w_tok_array(w, &m->prompt);
+    w_sampling(w, &m->sampling);
+    w_str(w, m->target_decode_id);
+    w_u64(w, m->deadline_ns);
+}
+
+static void dec_prefill_req(rd_t *r, proto_prefill_req_t *m)
+{
+    r_str(r, m->request_id, PROTO_REQID_MAX);
+    r_tok_array(r, &m->prompt, PROTO_MAX_PROMPT_TOKENS);
+    r_sampling(r, &m->sampling);
+    r_str(r, m->target_decode_id, PROTO_DAEMON_ID_MAX);
+    m->deadline_ns = r_u64(r);
+}
+
+/* PREFILL_DONE */
+static pd_status_t check_prefill_done(const proto_prefill_done_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
+    REQUIRE(m->first_token >= 0, PD_ERR_BAD_INPUT);
+    return check_blob(&m->kv_handle, PROTO_KV_HANDLE_MAX);
+}
+
+static void enc_prefill_done(wr_t *w, const proto_prefill_done_t *m)
+{
+    w_str(w, m->request_id);
+    w_u32(w, (uint32_t)m->first_token);
+    w_u32(w, m->n_prompt_tokens);
+    w_u64(w, m->lease_id);
+    w_u64(w, m->lease_ns);
+    w_blob(w, &m->kv_handle);
+    w_u64(w, m->queue_ns);
+    w_u64(w, m->prefill_ns);
+}
+
+static void dec_prefill_done(rd_t *r, proto_prefill_done_t *m)
+{
+    r_str(r, m->request_id, PROTO_REQID_MAX);
+    m->first_token = (int32_t)r_u32(r);
+    m->n_prompt_tokens = r_u32(r);
+    m->lease_id = r_u64(r);
+    m->lease_ns = r_u64(r);
+    r_blob(r, &m->kv_handle, PROTO_KV_HANDLE_MAX);
+    m->queue_ns = r_u64(r);
+    m->prefill_ns = r_u64(r);
+}
+
+/* DECODE_REQ */
+static pd_status_t check_decode_req(const proto_decode_req_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
+    REQUIRE((m->flags & ~PROTO_DEC_DEFINED) == 0, PD_ERR_RESERVED);
+    CHECK(check_tok_array(&m->prompt, PROTO_MAX_PROMPT_TOKENS));
+    CHECK(check_tok_array(&m->generated, PROTO_MAX_GEN_TOKENS));
+    CHECK(check_sampling(&m->sampling));
+    CHECK(check_str(m->prefill_peer_id, PROTO_DAEMON_ID_MAX, false));
+    CHECK(check_blob(&m->kv_handle, PROTO_KV_HANDLE_MAX));
+    bool local = (m->flags & PROTO_DEC_PREFILL_LOCALLY) != 0;
+    REQUIRE(local == (m->kv_handle.len == 0), PD_ERR_BAD_INPUT);
+    return PD_OK;
+}
+
+static void enc_decode_req(wr_t *w, const proto_decode_req_t *m)
+{
+    w_str(w, m->request_id);
+    w_u32(w, m->flags);
+    w_tok_array(w, &m->prompt);
+    w_tok_array(w, &m->generated);
+    w_sampling(w, &m->sampling);
+    w_u64(w, m->rng_state);
+    w_str(w, m->prefill_peer_id);
+    w_u64(w, m->lease_id);
+    w_blob(w, &m->kv_handle);
+    w_u64(w, m->deadline_ns);
+}
+
+static void dec_decode_req(rd_t *r, proto_decode_req_t *m)
+{
+    r_str(r, m->request_id, PROTO_REQID_MAX);
+    m->flags = r_u32(r);
+    r_tok_array(r, &m->prompt, PROTO_MAX_PROMPT_TOKENS);
+    r_tok_array(r, &m->generated, PROTO_MAX_GEN_TOKENS);
+    r_sampling(r, &m->sampling);
+    m->rng_state = r_u64(r);
+    r_str(r, m->prefill_peer_id, PROTO_DAEMON_ID_MAX);
+    m->lease_id = r_u64(r);
+    r_blob(r, &m->kv_handle, PROTO_KV_HANDLE_MAX);
+    m->deadline_ns = r_u64(r);
+}
+
+/* TOKENS */
+static pd_status_t check_tokens(const proto_tokens_msg_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
+    CHECK(check_tok_array(&m->tokens, PROTO_MAX_TOKENS_MSG));
+    return check_blob(&m->text, PROTO_MAX_TEXT);
+}
+
+static void enc_tokens(wr_t *w, const proto_tokens_msg_t *m)
+{
+    w_str(w, m->request_id);
+    w_u32(w, m->seq);
+    w_tok_array(w, &m->tokens);
+    w_blob(w, &m->text);
+}
+
+static void dec_tokens(rd_t *r, proto_tokens_msg_t *m)
+{
+    r_str(r, m->request_id, PROTO_REQID_MAX);
+    m->seq = r_u32(r);
+    r_tok_array(r, &m->tokens, PROTO_MAX_TOKENS_MSG);
+    r_blob(r, &m->text, PROTO_MAX_TEXT);
+}
+
+/* FINISH */
+static pd_status_t check_finish(const proto_finish_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
+    REQUIRE(m->reason <= PROTO_FINISH_REASON_MAX, PD_ERR_BAD_INPUT);
+    REQUIRE(status_valid(m->status), PD_ERR_BAD_INPUT);
+    return PD_OK;
+}
+
+static void enc_finish(wr_t *w, const proto_finish_t *m)
+{
+    w_str(w, m->request_id);
+    w_u16(w, m->reason);
+    w_u16(w, 0);
+    w_u32(w, (uint32_t)m->status);
+    w_u32(w, m->prompt_tokens);
+    w_u32(w, m->completion_tokens);
+    w_u64(w, m->queue_ns);
+    w_u64(w, m->prefill_ns);
+    w_u64(w, m->transfer_ns);
+    w_u64(w, m->decode_ns);
+    w_u64(w, m->ttft_ns);
+    w_u64(w, m->total_ns);
+}
+
+static void dec_finish(rd_t *r, proto_finish_t *m)
+{
+    r_str(r, m->request_id, PROTO_REQID_MAX);
+    m->reason = r_u16(r);
+    r_reserved16(r);
+    m->status = (int32_t)r_u32(r);
+    m->prompt_tokens = r_u32(r);
+    m->completion_tokens = r_u32(r);
+    m->queue_ns = r_u64(r);
+    m->prefill_ns = r_u64(r);
+    m->transfer_ns = r_u64(r);
+    m->decode_ns = r_u64(r);
+    m->ttft_ns = r_u64(r);
+    m->total_ns = r_u64(r);
+}
+
+/* CANCEL */
+static pd_status_t check_cancel(const proto_cancel_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
+    REQUIRE(status_valid(m->status), PD_ERR_BAD_INPUT);
+    return check_str(m->reason, PROTO_REASON_MAX, false);
+}
+
+static void enc_cancel(wr_t *w, const proto_cancel_t *m)
+{
+    w_str(w, m->request_id);
+    w_u32(w, (uint32_t)m->status);
+    w_str(w, m->reason);
+}
+
+static void dec_cancel(rd_t *r, proto_cancel_t *m)
+{
+    r_str(r, m->request_id, PROTO_REQID_MAX);
+    m->status = (int32_t)r_u32(r);
+    r_str(r, m->reason, PROTO_REASON_MAX);
+}
+
+/* RELEASE */
+static pd_status_t check_release(const proto_release_t *m)
+{
+    return check_str(m->request_id, PROTO_REQID_MAX, true);
+}
+
+static void enc_release(wr_t *w, const proto_release_t *m)
+{
+    w_str(w, m->request_id);
+    w_u64(w, m->lease_id);
+}
+
+static void dec_release(rd_t *r, proto_release_t *m)
+{
+    r_str(r, m->request_id, PROTO_REQID_MAX);
+    m->lease_id = r_u64(r);
+}
+
+/* ERROR */
+static pd_status_t check_error(const proto_error_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, false));
+    REQUIRE(status_error(m->status), PD_ERR_BAD_INPUT);
+    return check_str(m->message, PROTO_ERRMSG_MAX, false);
+}
+
+static void enc_error(wr_t *w, const proto_error_t *m)
+{
+    w_str(w, m->request_id);
+    w_u32(w, (uint32_t)m->status);
+    w_str(w, m->message);
+}
+
+static void dec_error(rd_t *r, proto_error_t *m)
+{
+    r_str(r, m->request_id, PROTO_REQID_MAX);
+    m->status = (int32_t)r_u32(r);
+    r_str(r, m->message, PROTO_ERRMSG_MAX);
+}
+
+/* ---- dispatch generated from PROTO_MSG_LIST --------------------------- */
+
+const char *proto_msg_name(uint16_t type)
+{
+    switch (type) {
+#define PROTO_X_NAME(NAME, name, code, max) case code: return #NAME;
+    PROTO_MSG_LIST(PROTO_X_NAME)
+#undef PROTO_X_NAME
+    }
+    return "UNKNOWN";
+}
+
+bool proto_msg_type_known(uint16_t type)
+{
+    return proto_msg_body_max(type) != 0;
+}
+
+uint32_t proto_msg_body_max(uint16_t type)
+{
+    switch (type) {
+#define PROTO_X_MAX(NAME, name, code, max) case code: return (max);
+    PROTO_MSG_LIST(PROTO_X_MAX)
+#undef PROTO_X_MAX
+    }
+    return 0;
+}
+
+#define PROTO_X_ASSERT(NAME, name, code, max)                                  \
+    _Static_assert((max) <= PROTO_BODY_MAX, #NAME " body cap over PROTO_BODY_MAX"); \
+    _Static_assert((code) > 0 && (code) <= 0xffff, #NAME " code out of range");
+PROTO_MSG_LIST(PROTO_X_ASSERT)
+#undef PROTO_X_ASSERT
+
+static pd_status_t check_body(uint16_t type, const proto_msg_t *msg)
+{
+    switch (type) {
+#define PROTO_X_CHECK(NAME, name, code, max)                                  \
+    case code: return check_##name(&msg->u.name);
+    PROTO_MSG_LIST(PROTO_X_CHECK)
+#undef PROTO_X_CHECK
+    }
+    return PD_ERR_BAD_TYPE;
+}
+
+/* Writes the body; the caller checked it. */
+static void enc_body(wr_t *w, const proto_msg_t *msg)
+{
+    switch (msg->hdr.type) {
+#define PROTO_X_ENC(NAME, name, code, max)                                    \
+    case code: enc_##name(w, &msg->u.name); break;
+    PROTO_MSG_LIST(PROTO_X_ENC)
+#undef PROTO_X_ENC
+    }
+}
+
+pd_status_t proto_body_decode(uint16_t type, const uint8_t *body, size_t len,
+                              proto_msg_t *msg)
+{
+    rd_t r = { body, len, 0, PD_OK };
+    uint32_t max = proto_msg_body_max(type);
+
+    if (max == 0)
+        return PD_ERR_BAD_TYPE;
+    if (len > max)
+        return PD_ERR_TOO_BIG;
+    if (len != 0 && body == NULL)
+        return PD_ERR_BAD_INPUT;
+    memset(&msg->u, 0, sizeof(msg->u));
+    switch (type) {
+#define PROTO_X_DEC(NAME, name, code, max)                                    \
+    case code: dec_##name(&r, &msg->u.name); break;
+    PROTO_MSG_LIST(PROTO_X_DEC)
+#undef PROTO_X_DEC
+    }
+    if (r.st != PD_OK)
+        return r.st;
+    if (r.off != len)
+        return PD_ERR_BAD_INPUT; /* trailing bytes */
+    return check_body(type, msg);
+}
+
+pd_status_t proto_body_encode(const proto_msg_t *msg, uint8_t *buf, size_t cap,
+                              size_t *len_p)
+{
+    wr_t w = { buf, buf ? cap : 0, 0 };
+    pd_status_t st = check_body(msg->hdr.type, msg);
+    if (st != PD_OK)
+        return st;
+    enc_body(&w, msg);
+    if (w.len > proto_msg_body_max(msg->hdr.type))
+        return PD_ERR_TOO_BIG; /* cannot happen when the caps add up */
+    *len_p = w.len;
+    return w.len <= w.cap ? PD_OK : PD_ERR_NO_SPACE;
+}
+
+/* ---- header and frames ------------------------------------------------ */
+
+void proto_hdr_encode(const proto_hdr_t *hdr, uint8_t out[PROTO_HDR_LEN])
+{
+    put_u32(out, PROTO_MAGIC);
+    put_u16(out + 4, PROTO_VERSION);
+    put_u16(out + 6, hdr->type);
+    put_u16(out + 8, hdr->flags);
+    put_u16(out + 10, 0);
+    put_u32(out + 12, hdr->body_len);
+    put_u64(out + 16, hdr->tag);
+    put_u64(out + 24, 0);
+}
+
+pd_status_t proto_hdr_decode(const uint8_t *buf, size_t len, proto_hdr_t *hdr_p)
+{
+    if (len < PROTO_HDR_LEN)
+        return PD_ERR_TRUNCATED;
+    if (get_u32(buf) != PROTO_MAGIC)
+        return PD_ERR_BAD_MAGIC;
+    if (get_u16(buf + 4) != PROTO_VERSION)
+        return PD_ERR_BAD_VERSION;
+    uint16_t type = get_u16(buf + 6);
+    uint32_t max = proto_msg_body_max(type);
+    if (max == 0)
+        return PD_ERR_BAD_TYPE;
+    uint16_t flags = get_u16(buf + 8);
+    if ((flags & ~PROTO_FLAGS_DEFINED) != 0 || get_u16(buf + 10) != 0 ||
+        get_u64(buf + 24) != 0)
+        return PD_ERR_RESERVED;
+    uint32_t body_len = get_u32(buf + 12);
+    if (body_len > max)
+        return PD_ERR_TOO_BIG;
+    hdr_p->type = type;
+    hdr_p->flags = flags;
+    hdr_p->body_len = body_len;
+    hdr_p->tag = get_u64(buf + 16);
+    return PD_OK;
+}
+
+pd_status_t proto_frame_check(const uint8_t *buf, size_t len,
+                              proto_hdr_t *hdr_p, size_t *frame_len_p)
+{
+    proto_hdr_t hdr;
+
+    if (len < PROTO_HDR_LEN) {
+        *frame_len_p = PROTO_HDR_LEN;
+        return PD_INPROGRESS;
+    }
+    pd_status_t st = proto_hdr_decode(buf, len, &hdr);
+    if (st != PD_OK)
+        return st;
+    *frame_len_p = PROTO_HDR_LEN + (size_t)hdr.body_len;
+    *hdr_p = hdr;
+    return len >= *frame_len_p ? PD_OK : PD_INPROGRESS;
+}
+
+pd_status_t proto_msg_decode(const uint8_t *buf, size_t len, proto_msg_t *msg)
+{
+    proto_hdr_t hdr;
+    pd_status_t st = proto_hdr_decode(buf, len, &hdr);
+    if (st != PD_OK)
+        return st;
+    if (len - PROTO_HDR_LEN < hdr.body_len)
+        return PD_ERR_TRUNCATED;
+    if (len - PROTO_HDR_LEN > hdr.body_len)
+        return PD_ERR_BAD_INPUT;
+    st = proto_body_decode(hdr.type, buf + PROTO_HDR_LEN, hdr.body_len, msg);
+    if (st != PD_OK)
+        return st;
+    msg->hdr = hdr;
+    return PD_OK;
+}
+
+pd_status_t proto_msg_encode(const proto_msg_t *msg, uint8_t *buf, size_t cap,
+                             size_t *len_p)
+{
+    size_t body_len = 0;
+    pd_status_t st;
+
+    if (!proto_msg_type_known(msg->hdr.type))
+        return PD_ERR_BAD_TYPE;
+    if ((msg->hdr.flags & ~PROTO_FLAGS_DEFINED) != 0)
+        return PD_ERR_RESERVED;
+    if (buf == NULL || cap < PROTO_HDR_LEN) {
+        st = proto_body_encode(msg, NULL, 0, &body_len);
+        if (st != PD_OK && st != PD_ERR_NO_SPACE)
+            return st;
+        *len_p = PROTO_HDR_LEN + body_len;
+        return PD_ERR_NO_SPACE;
+    }
+    st = proto_body_encode(msg, buf + PROTO_HDR_LEN, cap - PROTO_HDR_LEN,
+                           &body_len);
+    if (st != PD_OK && st != PD_ERR_NO_SPACE)
+        return st;
+    *len_p = PROTO_HDR_LEN + body_len;
+    if (st != PD_OK)
+        return st;
+    proto_hdr_t hdr = msg->hdr;
+    hdr.body_len = (uint32_t)body_len;
+    proto_hdr_encode(&hdr, buf);
+    return PD_OK;
+}
+
+pd_status_t proto_mac_input(const uint8_t *frame, size_t len,
+                            const uint8_t **p_p, size_t *len_p)
+{
+    proto_hdr_t hdr;
+    pd_status_t st = proto_hdr_decode(frame, len, &hdr);
+    if (st != PD_OK)
+        return st;
+    if (hdr.type != PROTO_MSG_HELLO && hdr.type != PROTO_MSG_REGISTER_ACK)
+        return PD_ERR_BAD_TYPE;
+    if (len - PROTO_HDR_LEN < hdr.body_len || hdr.body_len < PROTO_AUTH_MAC_LEN)
+        return PD_ERR_TRUNCATED;
+    *p_p = frame + PROTO_HDR_LEN;
+    *len_p = hdr.body_len - PROTO_AUTH_MAC_LEN;
+    return PD_OK;
+}

@@ -1,0 +1,393 @@
+/* proto_msg.h - pdserve control-plane messages: structs <-> bytes.
+ *
+ * Pure code: no I/O, no allocation, no logging. Wire layout is documented
+ * byte by byte in proto/PROTOCOL.md; this header is the C view of it.
+ *
+ * Frame = 32-byte header + body (body_len bytes). All integers little-endian.
+ *   off size field
+ *     0    4 magic      "PDSV" (0x50 0x44 0x53 0x56)
+ *     4    2 version    PROTO_VERSION (1)
+ *     6    2 type       proto_msg_type_t
+ *     8    2 flags      PROTO_FLAG_* only; other bits -> PD_ERR_RESERVED
+ *    10    2 reserved0  must be 0
+ *    12    4 body_len   <= per-type cap <= PROTO_BODY_MAX
+ *    16    8 tag        opaque correlation value chosen by the sender;
+ *                       replies (PROTO_FLAG_REPLY) echo the request's tag
+ *    24    8 reserved1  must be 0
+ *
+ * Request ids (HTTP X-Request-Id) travel as length-prefixed strings of at
+ * most PROTO_REQID_MAX bytes in the bodies that need them.
+ *
+ * Ownership of decoded messages (choice made once, for every message):
+ *   - strings are COPIED into bounded NUL-terminated char arrays inside the
+ *     struct (ids, reasons: small);
+ *   - token arrays (proto_tokens_t) and opaque blobs (proto_blob_t) are VIEWS
+ *     into the input buffer: valid only while that buffer is. Copy out with
+ *     proto_tokens_copy()/memcpy if you keep them. */
+#ifndef PROTO_MSG_H
+#define PROTO_MSG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "pd_status.h"
+
+#define PROTO_MAGIC          0x56534450u /* "PDSV" read as LE u32 */
+#define PROTO_VERSION        1u
+#define PROTO_HDR_LEN        32u
+#define PROTO_BODY_MAX       (16u << 20) /* absolute cap on any body */
+
+/* Header flags. */
+#define PROTO_FLAG_REPLY     0x0001u /* tag echoes the tag of a request */
+#define PROTO_FLAGS_DEFINED  (PROTO_FLAG_REPLY)
+
+/* Hard caps (bytes unless noted). */
+#define PROTO_REQID_MAX        64u   /* X-Request-Id */
+#define PROTO_DAEMON_ID_MAX    64u
+#define PROTO_REASON_MAX       256u  /* reject / cancel reasons */
+#define PROTO_ERRMSG_MAX       512u
+#define PROTO_MAX_PROMPT_TOKENS (1u << 20) /* tokens */
+#define PROTO_MAX_GEN_TOKENS    (1u << 20) /* tokens */
+#define PROTO_MAX_STOP_TOKENS   64u        /* tokens */
+#define PROTO_MAX_TOKENS_MSG    4096u      /* tokens per TOKENS message */
+#define PROTO_MAX_TEXT          65536u     /* text bytes per TOKENS message */
+#define PROTO_KV_HANDLE_MAX     4096u      /* opaque versioned KV handle */
+#define PROTO_KV_ADDR_MAX       8192u      /* opaque transfer address info */
+#define PROTO_AUTH_NONCE_LEN    32u
+#define PROTO_AUTH_MAC_LEN      32u
+
+/* Per-type worst-case body sizes, derived from the caps above. */
+#define PROTO__STR(max)     (2u + (max))
+#define PROTO__TOK(max)     (4u + 4u * (max))
+#define PROTO__BLOB(max)    (4u + (max))
+#define PROTO__SAMPLING     (32u + PROTO__TOK(PROTO_MAX_STOP_TOKENS))
+#define PROTO_HELLO_BODY_MAX (8u + PROTO__STR(PROTO_DAEMON_ID_MAX) + 16u + 40u \
+        + PROTO__BLOB(PROTO_KV_ADDR_MAX) + PROTO_AUTH_NONCE_LEN + PROTO_AUTH_MAC_LEN)
+#define PROTO_REGISTER_ACK_BODY_MAX (PROTO__STR(PROTO_DAEMON_ID_MAX) + 24u \
+        + PROTO_AUTH_NONCE_LEN + PROTO_AUTH_MAC_LEN)
+#define PROTO_REGISTER_REJECT_BODY_MAX (4u + PROTO__STR(PROTO_REASON_MAX))
+#define PROTO_HEARTBEAT_BODY_MAX 48u
+#define PROTO_PREFILL_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) \
+        + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + PROTO__SAMPLING \
+        + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u)
+#define PROTO_PREFILL_DONE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 24u \
+        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 16u)
+#define PROTO_DECODE_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
+        + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + PROTO__TOK(PROTO_MAX_GEN_TOKENS) \
+        + PROTO__SAMPLING + 8u + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u \
+        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 8u)
+#define PROTO_TOKENS_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
+        + PROTO__TOK(PROTO_MAX_TOKENS_MSG) + PROTO__BLOB(PROTO_MAX_TEXT))
+#define PROTO_FINISH_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 16u + 48u)
+#define PROTO_CANCEL_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
+        + PROTO__STR(PROTO_REASON_MAX))
+#define PROTO_RELEASE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 8u)
+#define PROTO_ERROR_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
+        + PROTO__STR(PROTO_ERRMSG_MAX))
+
+/* THE message list. X(NAME, name, code, max_body)
+ * Codes are wire values: never renumber, only append. */
+#define PROTO_MSG_LIST(X)                                                     \
+    X(HELLO,           hello,           1,  PROTO_HELLO_BODY_MAX)             \
+    X(REGISTER_ACK,    register_ack,    2,  PROTO_REGISTER_ACK_BODY_MAX)      \
+    X(REGISTER_REJECT, register_reject, 3,  PROTO_REGISTER_REJECT_BODY_MAX)   \
+    X(HEARTBEAT,       heartbeat,       4,  PROTO_HEARTBEAT_BODY_MAX)         \
+    X(PREFILL_REQ,     prefill_req,     16, PROTO_PREFILL_REQ_BODY_MAX)       \
+    X(PREFILL_DONE,    prefill_done,    17, PROTO_PREFILL_DONE_BODY_MAX)      \
+    X(DECODE_REQ,      decode_req,      18, PROTO_DECODE_REQ_BODY_MAX)        \
+    X(TOKENS,          tokens,          19, PROTO_TOKENS_BODY_MAX)            \
+    X(FINISH,          finish,          20, PROTO_FINISH_BODY_MAX)            \
+    X(CANCEL,          cancel,          21, PROTO_CANCEL_BODY_MAX)            \
+    X(RELEASE,         release,         22, PROTO_RELEASE_BODY_MAX)           \
+    X(ERROR,           error,           23, PROTO_ERROR_BODY_MAX)
+
+typedef enum {
+    PROTO_MSG_NONE = 0,
+#define PROTO_X_ENUM(NAME, name, code, max) PROTO_MSG_##NAME = (code),
+    PROTO_MSG_LIST(PROTO_X_ENUM)
+#undef PROTO_X_ENUM
+} proto_msg_type_t;
+
+#define PROTO_X_COUNT(NAME, name, code, max) +1
+enum { PROTO_MSG_COUNT = 0 PROTO_MSG_LIST(PROTO_X_COUNT) };
+#undef PROTO_X_COUNT
+
+/* ---- value types used by several bodies ------------------------------- */
+
+/* Token ids. Wire: u32 count, then count x u32 LE; every id <= INT32_MAX.
+ * Encode side: set n and v (host array). Decode side: v == NULL and
+ * wire points at n*4 LE bytes inside the input buffer (a view).
+ * Read either form with proto_tokens_get()/proto_tokens_copy(). */
+typedef struct {
+    uint32_t n;
+    const int32_t *v;     /* (n) host order, or NULL */
+    const uint8_t *wire;  /* (n, 4) LE bytes, or NULL */
+} proto_tokens_t;
+
+/* Opaque bytes. Wire: u32 len, then len bytes. A view on decode. */
+typedef struct {
+    const uint8_t *p;     /* (len) */
+    uint32_t len;
+} proto_blob_t;
+
+#define PROTO_SAMPLE_IGNORE_EOS 0x1u
+#define PROTO_SAMPLE_HAS_SEED   0x2u
+#define PROTO_SAMPLE_DEFINED    (PROTO_SAMPLE_IGNORE_EOS | PROTO_SAMPLE_HAS_SEED)
+
+typedef struct {
+    float temperature;    /* finite, >= 0 (0 = greedy) */
+    float top_p;          /* finite, in [0, 1] */
+    uint32_t top_k;       /* 0 = off */
+    uint32_t flags;       /* PROTO_SAMPLE_* */
+    uint64_t seed;
+    uint32_t max_tokens;
+    uint32_t min_tokens;
+    proto_tokens_t stop;  /* <= PROTO_MAX_STOP_TOKENS stop token ids */
+} proto_sampling_t;
+
+typedef enum {
+    PROTO_ROLE_PREFILL = 1,
+    PROTO_ROLE_DECODE  = 2,
+    PROTO_ROLE_ROUTER  = 3,
+} proto_role_t;
+
+#define PROTO_CAP_PREFILL       0x01u /* runs prefill for others */
+#define PROTO_CAP_DECODE        0x02u /* runs decode */
+#define PROTO_CAP_PREFILL_LOCAL 0x04u /* decode daemon can prefill itself */
+#define PROTO_CAP_KV_EXPORT     0x08u
+#define PROTO_CAP_KV_IMPORT     0x10u
+#define PROTO_CAPS_DEFINED      0x1fu
+
+/* KV geometry as advertised; mirrors eng_kv_geom_t (proto does not include
+ * engine headers). kv_dtype holds an eng_kv_dtype_t value. */
+typedef struct {
+    uint32_t n_layers;
+    uint32_t n_kv_heads;
+    uint32_t head_dim;
+    uint32_t block_tokens;
+    uint32_t kv_dtype;
+    uint32_t total_blocks;
+    uint64_t block_bytes;
+    uint32_t context_length;
+    uint32_t vocab_size;
+} proto_kv_geom_t;
+
+/* ---- bodies ----------------------------------------------------------- */
+
+/* HELLO (a.k.a. REGISTER): first message on every connection, from the
+ * connecting side. mac is the LAST field on the wire so the MAC input is
+ * body[0 .. body_len - PROTO_AUTH_MAC_LEN) (see proto_hello_mac_input). */
+typedef struct {
+    uint16_t role;                          /* proto_role_t */
+    uint32_t caps;                          /* PROTO_CAP_* */
+    char daemon_id[PROTO_DAEMON_ID_MAX + 1]; /* non-empty */
+    uint64_t incarnation;                   /* changes on every restart */
+    uint64_t compat_hash;                   /* eng_kv_geom_t.compat_hash */
+    proto_kv_geom_t geom;
+    proto_blob_t kv_addr;                   /* <= PROTO_KV_ADDR_MAX, opaque */
+    uint8_t nonce[PROTO_AUTH_NONCE_LEN];
+    uint8_t mac[PROTO_AUTH_MAC_LEN];
+} proto_hello_t;
+
+typedef struct {
+    char daemon_id[PROTO_DAEMON_ID_MAX + 1]; /* the accepting side; non-empty */
+    uint64_t incarnation;
+    uint64_t heartbeat_interval_ns;
+    uint64_t lease_ns;                      /* default KV lease length */
+    uint8_t nonce[PROTO_AUTH_NONCE_LEN];
+    uint8_t mac[PROTO_AUTH_MAC_LEN];        /* last field on the wire */
+} proto_register_ack_t;
+
+typedef struct {
+    int32_t status;                         /* a negative pd_status_t */
+    char reason[PROTO_REASON_MAX + 1];
+} proto_register_reject_t;
+
+#define PROTO_HB_DRAINING   0x1u
+#define PROTO_HB_DEFINED    (PROTO_HB_DRAINING)
+
+typedef struct {
+    uint64_t incarnation;
+    uint64_t sent_ns;                       /* sender's CLOCK_MONOTONIC */
+    uint32_t flags;                         /* PROTO_HB_* */
+    uint32_t queue_depth;
+    uint32_t running_seqs;
+    uint32_t free_blocks;
+    uint32_t total_blocks;
+    uint32_t leases;                        /* KV handles pinned for peers */
+    uint64_t outstanding_prefill_tokens;
+} proto_heartbeat_t;
+
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    proto_tokens_t prompt;                  /* <= PROTO_MAX_PROMPT_TOKENS */
+    proto_sampling_t sampling;
+    char target_decode_id[PROTO_DAEMON_ID_MAX + 1]; /* may be empty */
+    uint64_t deadline_ns;                   /* relative budget, 0 = none */
+} proto_prefill_req_t;
+
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    int32_t first_token;                    /* >= 0 */
+    uint32_t n_prompt_tokens;
+    uint64_t lease_id;
+    uint64_t lease_ns;                      /* handle valid this long */
+    proto_blob_t kv_handle;                 /* <= PROTO_KV_HANDLE_MAX, opaque */
+    uint64_t queue_ns;
+    uint64_t prefill_ns;
+} proto_prefill_done_t;
+
+#define PROTO_DEC_PREFILL_LOCALLY 0x1u
+#define PROTO_DEC_DEFINED         (PROTO_DEC_PREFILL_LOCALLY)
+
+/* Exactly one of: PROTO_DEC_PREFILL_LOCALLY set with an empty kv_handle, or
+ * the flag clear with a non-empty kv_handle. */
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    uint32_t flags;                         /* PROTO_DEC_* */
+    proto_tokens_t prompt;                  /* <= PROTO_MAX_PROMPT_TOKENS */
+    proto_tokens_t generated;               /* <= PROTO_MAX_GEN_TOKENS */
+    proto_sampling_t sampling;
+    uint64_t rng_state;                     /* sampler state after `generated` */
+    char prefill_peer_id[PROTO_DAEMON_ID_MAX + 1];
+    uint64_t lease_id;
+    proto_blob_t kv_handle;                 /* <= PROTO_KV_HANDLE_MAX */
+    uint64_t deadline_ns;
+} proto_decode_req_t;
+
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    uint32_t seq;                           /* per request, from 0 */
+    proto_tokens_t tokens;                  /* <= PROTO_MAX_TOKENS_MSG */
+    proto_blob_t text;                      /* <= PROTO_MAX_TEXT, any bytes */
+} proto_tokens_msg_t;
+
+typedef enum {
+    PROTO_FINISH_STOP     = 0,
+    PROTO_FINISH_LENGTH   = 1,
+    PROTO_FINISH_ERROR    = 2,
+    PROTO_FINISH_CANCELED = 3,
+} proto_finish_reason_t;
+#define PROTO_FINISH_REASON_MAX 3u
+
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    uint16_t reason;                        /* proto_finish_reason_t */
+    int32_t status;                         /* pd_status_t; PD_OK unless error */
+    uint32_t prompt_tokens;
+    uint32_t completion_tokens;
+    uint64_t queue_ns;
+    uint64_t prefill_ns;
+    uint64_t transfer_ns;
+    uint64_t decode_ns;
+    uint64_t ttft_ns;
+    uint64_t total_ns;
+} proto_finish_t;
+
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    int32_t status;                         /* pd_status_t, e.g. PD_ERR_CANCELED */
+    char reason[PROTO_REASON_MAX + 1];
+} proto_cancel_t;
+
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    uint64_t lease_id;
+} proto_release_t;
+
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* may be empty: connection-level */
+    int32_t status;                         /* a negative pd_status_t */
+    char message[PROTO_ERRMSG_MAX + 1];
+} proto_error_t;
+
+typedef struct {
+    uint16_t type;        /* proto_msg_type_t */
+    uint16_t flags;       /* PROTO_FLAG_* */
+    uint32_t body_len;    /* filled by decode; ignored by encode */
+    uint64_t tag;
+} proto_hdr_t;
+
+/* A whole message. After decode, views inside point into the input. */
+typedef struct {
+    proto_hdr_t hdr;
+    union {
+        proto_hello_t hello;
+        proto_register_ack_t register_ack;
+        proto_register_reject_t register_reject;
+        proto_heartbeat_t heartbeat;
+        proto_prefill_req_t prefill_req;
+        proto_prefill_done_t prefill_done;
+        proto_decode_req_t decode_req;
+        proto_tokens_msg_t tokens;
+        proto_finish_t finish;
+        proto_cancel_t cancel;
+        proto_release_t release;
+        proto_error_t error;
+    } u;
+} proto_msg_t;
+
+/* ---- functions -------------------------------------------------------- */
+
+/* "HELLO", ... for a known type; "UNKNOWN" otherwise. Never NULL. */
+const char *proto_msg_name(uint16_t type);
+/* True for a type in PROTO_MSG_LIST. */
+bool proto_msg_type_known(uint16_t type);
+/* Hard cap on the body of `type` (0 for unknown types). */
+uint32_t proto_msg_body_max(uint16_t type);
+
+/* Write a header (no validation; body_len from hdr). */
+void proto_hdr_encode(const proto_hdr_t *hdr, uint8_t out[PROTO_HDR_LEN]);
+/* Parse and validate a header from buf (len >= PROTO_HDR_LEN else
+ * PD_ERR_TRUNCATED). Checks in this order: PD_ERR_BAD_MAGIC,
+ * PD_ERR_BAD_VERSION, PD_ERR_BAD_TYPE, PD_ERR_RESERVED (reserved fields or
+ * undefined flag bits), PD_ERR_TOO_BIG (body_len over the type's cap).
+ * *hdr_p is set only on PD_OK. */
+pd_status_t proto_hdr_decode(const uint8_t *buf, size_t len, proto_hdr_t *hdr_p);
+
+/* Framing core, pure: look at the bytes available at the front of a stream.
+ *   PD_OK          a whole frame is there; *hdr_p and *frame_len_p set
+ *   PD_INPROGRESS  need more bytes; *frame_len_p = total bytes needed so far
+ *                  (PROTO_HDR_LEN until the header is in, then the whole
+ *                  frame, and then *hdr_p is set as well)
+ *   PD_ERR_*       the header is invalid (see proto_hdr_decode): the stream
+ *                  is garbage and must be dropped. */
+pd_status_t proto_frame_check(const uint8_t *buf, size_t len,
+                              proto_hdr_t *hdr_p, size_t *frame_len_p);
+
+/* Decode a body of `type` into msg->u (msg->hdr untouched). Statuses:
+ * PD_ERR_BAD_TYPE, PD_ERR_TOO_BIG (a count/length over its cap),
+ * PD_ERR_TRUNCATED (body ends early), PD_ERR_RESERVED (reserved body field
+ * or undefined flag bit), PD_ERR_BAD_INPUT (trailing bytes, NUL inside a
+ * string, empty required id, value out of range). Views point into body. */
+pd_status_t proto_body_decode(uint16_t type, const uint8_t *body, size_t len,
+                              proto_msg_t *msg);
+
+/* Decode exactly one frame: buf must hold the header and the body and
+ * nothing more (extra bytes -> PD_ERR_BAD_INPUT, missing -> PD_ERR_TRUNCATED). */
+pd_status_t proto_msg_decode(const uint8_t *buf, size_t len, proto_msg_t *msg);
+
+/* Encode msg->u for msg->hdr.type into buf[0..cap). On PD_OK *len_p is the
+ * body length. If cap is too small: PD_ERR_NO_SPACE and *len_p is the size
+ * needed (buf may be NULL with cap 0 to ask for the size). Invalid structs
+ * are refused with the statuses the decoder would give. */
+pd_status_t proto_body_encode(const proto_msg_t *msg, uint8_t *buf, size_t cap,
+                              size_t *len_p);
+
+/* Encode a whole frame (header + body). Same conventions as above;
+ * *len_p = PROTO_HDR_LEN + body length. hdr.body_len is ignored. */
+pd_status_t proto_msg_encode(const proto_msg_t *msg, uint8_t *buf, size_t cap,
+                             size_t *len_p);
+
+/* Token accessors that work on both encode-side and decode-side arrays.
+ * proto_tokens_copy copies min(n, cap) ids and returns how many it copied. */
+int32_t proto_tokens_get(const proto_tokens_t *t, uint32_t i);
+uint32_t proto_tokens_copy(const proto_tokens_t *t, int32_t *dst, uint32_t cap);
+
+/* MAC input of an encoded HELLO or REGISTER_ACK frame: the body without its
+ * trailing mac field. PD_ERR_BAD_TYPE for other types, PD_ERR_TRUNCATED if
+ * the frame is shorter than the header says. */
+pd_status_t proto_mac_input(const uint8_t *frame, size_t len,
+                            const uint8_t **p_p, size_t *len_p);
+
+#endif

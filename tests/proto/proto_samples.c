@@ -1,0 +1,320 @@
+/* proto_samples.c - see proto_samples.h. */
+#include "proto_samples.h"
+
+#include <stdint.h>
+#include <string.h>
+
+const uint16_t ps_types[PROTO_MSG_COUNT] = {
+#define PS_X(NAME, name, code, max) code,
+    PROTO_MSG_LIST(PS_X)
+#undef PS_X
+};
+
+#define PS_TOKENS_CAP (1u << 20)
+static int32_t ps_tok[PS_TOKENS_CAP];        /* (PS_TOKENS_CAP) */
+static int32_t ps_tok2[PS_TOKENS_CAP];       /* (PS_TOKENS_CAP) */
+static uint8_t ps_bytes[PROTO_MAX_TEXT];     /* (PROTO_MAX_TEXT) */
+static int ps_ready;
+
+static void ps_init(void)
+{
+    if (ps_ready)
+        return;
+    for (uint32_t i = 0; i < PS_TOKENS_CAP; i++) {
+        ps_tok[i] = (int32_t)((i * 2654435761u) & 0x7fffffffu);
+        ps_tok2[i] = (int32_t)(i % 32000);
+    }
+    ps_tok[0] = INT32_MAX;
+    ps_tok[1] = 0;
+    for (uint32_t i = 0; i < sizeof(ps_bytes); i++)
+        ps_bytes[i] = (uint8_t)(i * 131 + 7); /* includes 0x00 bytes */
+    ps_ready = 1;
+}
+
+/* A string of exactly n printable bytes. */
+static void ps_str(char *dst, size_t n, char base)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (char)(base + (char)(i % 26));
+    dst[n] = '\0';
+}
+
+static proto_tokens_t ps_tokens(const int32_t *src, uint32_t n)
+{
+    proto_tokens_t t = { n, n ? src : NULL, NULL };
+    return t;
+}
+
+static proto_blob_t ps_blob(uint32_t n)
+{
+    proto_blob_t b = { n ? ps_bytes : NULL, n };
+    return b;
+}
+
+static void ps_sampling(proto_sampling_t *s, int v)
+{
+    memset(s, 0, sizeof(*s));
+    if (v == PS_MIN)
+        return;
+    s->temperature = v == PS_MAX ? 3.4e38f : 0.7f;
+    s->top_p = v == PS_MAX ? 1.0f : 0.95f;
+    s->top_k = v == PS_MAX ? UINT32_MAX : 40;
+    s->flags = v == PS_MAX ? PROTO_SAMPLE_DEFINED : PROTO_SAMPLE_HAS_SEED;
+    s->seed = v == PS_MAX ? UINT64_MAX : 1234;
+    s->max_tokens = v == PS_MAX ? UINT32_MAX : 128;
+    s->min_tokens = v == PS_MAX ? UINT32_MAX : 1;
+    s->stop = ps_tokens(ps_tok2, v == PS_MAX ? PROTO_MAX_STOP_TOKENS : 2);
+}
+
+void ps_make(uint16_t type, int v, proto_msg_t *m)
+{
+    ps_init();
+    memset(m, 0, sizeof(*m));
+    m->hdr.type = type;
+    m->hdr.flags = v == PS_MAX ? PROTO_FLAGS_DEFINED : 0;
+    m->hdr.tag = v == PS_MAX ? UINT64_MAX : v == PS_MID ? 0x0102030405060708ull : 0;
+
+    size_t rid = v == PS_MAX ? PROTO_REQID_MAX : v == PS_MID ? 16 : 1;
+    size_t did = v == PS_MAX ? PROTO_DAEMON_ID_MAX : v == PS_MID ? 9 : 1;
+    size_t why = v == PS_MAX ? PROTO_REASON_MAX : v == PS_MID ? 12 : 0;
+    uint64_t big = v == PS_MAX ? UINT64_MAX : v == PS_MID ? 1000000007ull : 0;
+    uint32_t big32 = v == PS_MAX ? UINT32_MAX : v == PS_MID ? 77 : 0;
+
+    switch (type) {
+    case PROTO_MSG_HELLO: {
+        proto_hello_t *h = &m->u.hello;
+        h->role = v == PS_MAX ? PROTO_ROLE_ROUTER : PROTO_ROLE_PREFILL;
+        h->caps = v == PS_MAX ? PROTO_CAPS_DEFINED : v == PS_MID ? PROTO_CAP_PREFILL : 0;
+        ps_str(h->daemon_id, did, 'a');
+        h->incarnation = big;
+        h->compat_hash = big ^ 0x5555;
+        h->geom.n_layers = big32;
+        h->geom.n_kv_heads = big32 / 2;
+        h->geom.head_dim = big32 / 3;
+        h->geom.block_tokens = v == PS_MIN ? 0 : 16;
+        h->geom.kv_dtype = v == PS_MIN ? 0 : 1;
+        h->geom.total_blocks = big32;
+        h->geom.block_bytes = big;
+        h->geom.context_length = big32;
+        h->geom.vocab_size = big32;
+        h->kv_addr = ps_blob(v == PS_MAX ? PROTO_KV_ADDR_MAX : v == PS_MID ? 100 : 0);
+        for (uint32_t i = 0; i < PROTO_AUTH_NONCE_LEN; i++)
+            h->nonce[i] = v == PS_MIN ? 0 : (uint8_t)(i + 1);
+        for (uint32_t i = 0; i < PROTO_AUTH_MAC_LEN; i++)
+            h->mac[i] = v == PS_MIN ? 0 : (uint8_t)(0xff - i);
+        break;
+    }
+    case PROTO_MSG_REGISTER_ACK: {
+        proto_register_ack_t *a = &m->u.register_ack;
+        ps_str(a->daemon_id, did, 'A');
+        a->incarnation = big;
+        a->heartbeat_interval_ns = big / 3;
+        a->lease_ns = big / 5;
+        for (uint32_t i = 0; i < PROTO_AUTH_NONCE_LEN; i++)
+            a->nonce[i] = v == PS_MIN ? 0 : (uint8_t)(i * 3);
+        for (uint32_t i = 0; i < PROTO_AUTH_MAC_LEN; i++)
+            a->mac[i] = v == PS_MIN ? 0 : (uint8_t)(i * 5);
+        break;
+    }
+    case PROTO_MSG_REGISTER_REJECT:
+        m->u.register_reject.status = v == PS_MAX ? PD_STATUS_MIN : PD_ERR_MISMATCH;
+        ps_str(m->u.register_reject.reason, why, 'r');
+        break;
+    case PROTO_MSG_HEARTBEAT: {
+        proto_heartbeat_t *h = &m->u.heartbeat;
+        h->incarnation = big;
+        h->sent_ns = big / 7;
+        h->flags = v == PS_MAX ? PROTO_HB_DEFINED : 0;
+        h->queue_depth = big32;
+        h->running_seqs = big32 / 2;
+        h->free_blocks = big32 / 3;
+        h->total_blocks = big32;
+        h->leases = big32 / 4;
+        h->outstanding_prefill_tokens = big;
+        break;
+    }
+    case PROTO_MSG_PREFILL_REQ: {
+        proto_prefill_req_t *p = &m->u.prefill_req;
+        ps_str(p->request_id, rid, '0');
+        p->prompt = ps_tokens(ps_tok, v == PS_MAX ? PROTO_MAX_PROMPT_TOKENS
+                                      : v == PS_MID ? 37 : 0);
+        ps_sampling(&p->sampling, v);
+        ps_str(p->target_decode_id, v == PS_MIN ? 0 : did, 'd');
+        p->deadline_ns = big;
+        break;
+    }
+    case PROTO_MSG_PREFILL_DONE: {
+        proto_prefill_done_t *p = &m->u.prefill_done;
+        ps_str(p->request_id, rid, '0');
+        p->first_token = v == PS_MAX ? INT32_MAX : v == PS_MID ? 42 : 0;
+        p->n_prompt_tokens = big32;
+        p->lease_id = big;
+        p->lease_ns = big / 2;
+        p->kv_handle = ps_blob(v == PS_MAX ? PROTO_KV_HANDLE_MAX : v == PS_MID ? 96 : 0);
+        p->queue_ns = big / 9;
+        p->prefill_ns = big / 11;
+        break;
+    }
+    case PROTO_MSG_DECODE_REQ: {
+        proto_decode_req_t *d = &m->u.decode_req;
+        ps_str(d->request_id, rid, '0');
+        d->flags = v == PS_MIN ? PROTO_DEC_PREFILL_LOCALLY : 0;
+        d->prompt = ps_tokens(ps_tok, v == PS_MAX ? PROTO_MAX_PROMPT_TOKENS
+                                      : v == PS_MID ? 37 : 0);
+        d->generated = ps_tokens(ps_tok2, v == PS_MAX ? PROTO_MAX_GEN_TOKENS
+                                          : v == PS_MID ? 1 : 0);
+        ps_sampling(&d->sampling, v);
+        d->rng_state = big ^ 0xabcdef;
+        ps_str(d->prefill_peer_id, v == PS_MIN ? 0 : did, 'p');
+        d->lease_id = big;
+        d->kv_handle = ps_blob(v == PS_MAX ? PROTO_KV_HANDLE_MAX : v == PS_MID ? 96 : 0);
+        d->deadline_ns = big;
+        break;
+    }
+    case PROTO_MSG_TOKENS: {
+        proto_tokens_msg_t *t = &m->u.tokens;
+        ps_str(t->request_id, rid, '0');
+        t->seq = big32;
+        t->tokens = ps_tokens(ps_tok, v == PS_MAX ? PROTO_MAX_TOKENS_MSG
+                                      : v == PS_MID ? 1 : 0);
+        t->text = ps_blob(v == PS_MAX ? PROTO_MAX_TEXT : v == PS_MID ? 5 : 0);
+        break;
+    }
+    case PROTO_MSG_FINISH: {
+        proto_finish_t *f = &m->u.finish;
+        ps_str(f->request_id, rid, '0');
+        f->reason = v == PS_MAX ? PROTO_FINISH_CANCELED : v == PS_MID ? PROTO_FINISH_LENGTH
+                                                                      : PROTO_FINISH_STOP;
+        f->status = v == PS_MAX ? PD_ERR_CANCELED : PD_OK;
+        f->prompt_tokens = big32;
+        f->completion_tokens = big32 / 2;
+        f->queue_ns = big;
+        f->prefill_ns = big / 2;
+        f->transfer_ns = big / 3;
+        f->decode_ns = big / 4;
+        f->ttft_ns = big / 5;
+        f->total_ns = big / 6;
+        break;
+    }
+    case PROTO_MSG_CANCEL:
+        ps_str(m->u.cancel.request_id, rid, '0');
+        m->u.cancel.status = v == PS_MIN ? PD_OK : PD_ERR_CANCELED;
+        ps_str(m->u.cancel.reason, why, 'c');
+        break;
+    case PROTO_MSG_RELEASE:
+        ps_str(m->u.release.request_id, rid, '0');
+        m->u.release.lease_id = big;
+        break;
+    case PROTO_MSG_ERROR:
+        ps_str(m->u.error.request_id, v == PS_MIN ? 0 : rid, '0');
+        m->u.error.status = v == PS_MAX ? PD_STATUS_MIN : PD_ERR_INTERNAL;
+        ps_str(m->u.error.message, v == PS_MAX ? PROTO_ERRMSG_MAX : v == PS_MID ? 20 : 0, 'e');
+        break;
+    }
+}
+
+static int tok_eq(const proto_tokens_t *a, const proto_tokens_t *b)
+{
+    if (a->n != b->n)
+        return 0;
+    for (uint32_t i = 0; i < a->n; i++)
+        if (proto_tokens_get(a, i) != proto_tokens_get(b, i))
+            return 0;
+    return 1;
+}
+
+static int blob_eq(const proto_blob_t *a, const proto_blob_t *b)
+{
+    return a->len == b->len && (a->len == 0 || memcmp(a->p, b->p, a->len) == 0);
+}
+
+static int samp_eq(const proto_sampling_t *a, const proto_sampling_t *b)
+{
+    return memcmp(&a->temperature, &b->temperature, 4) == 0 &&
+           memcmp(&a->top_p, &b->top_p, 4) == 0 && a->top_k == b->top_k &&
+           a->flags == b->flags && a->seed == b->seed &&
+           a->max_tokens == b->max_tokens && a->min_tokens == b->min_tokens &&
+           tok_eq(&a->stop, &b->stop);
+}
+
+#define EQ(f) (a->f == b->f)
+#define SEQ(f) (strcmp(a->f, b->f) == 0)
+#define MEQ(f) (memcmp(a->f, b->f, sizeof(a->f)) == 0)
+
+int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
+{
+    if (ma->hdr.type != mb->hdr.type || ma->hdr.flags != mb->hdr.flags ||
+        ma->hdr.tag != mb->hdr.tag)
+        return 0;
+    switch (ma->hdr.type) {
+    case PROTO_MSG_HELLO: {
+        const proto_hello_t *a = &ma->u.hello, *b = &mb->u.hello;
+        return EQ(role) && EQ(caps) && SEQ(daemon_id) && EQ(incarnation) &&
+               EQ(compat_hash) && EQ(geom.n_layers) && EQ(geom.n_kv_heads) &&
+               EQ(geom.head_dim) && EQ(geom.block_tokens) && EQ(geom.kv_dtype) &&
+               EQ(geom.total_blocks) && EQ(geom.block_bytes) &&
+               EQ(geom.context_length) && EQ(geom.vocab_size) &&
+               blob_eq(&a->kv_addr, &b->kv_addr) && MEQ(nonce) && MEQ(mac);
+    }
+    case PROTO_MSG_REGISTER_ACK: {
+        const proto_register_ack_t *a = &ma->u.register_ack, *b = &mb->u.register_ack;
+        return SEQ(daemon_id) && EQ(incarnation) && EQ(heartbeat_interval_ns) &&
+               EQ(lease_ns) && MEQ(nonce) && MEQ(mac);
+    }
+    case PROTO_MSG_REGISTER_REJECT: {
+        const proto_register_reject_t *a = &ma->u.register_reject,
+                                      *b = &mb->u.register_reject;
+        return EQ(status) && SEQ(reason);
+    }
+    case PROTO_MSG_HEARTBEAT: {
+        const proto_heartbeat_t *a = &ma->u.heartbeat, *b = &mb->u.heartbeat;
+        return EQ(incarnation) && EQ(sent_ns) && EQ(flags) && EQ(queue_depth) &&
+               EQ(running_seqs) && EQ(free_blocks) && EQ(total_blocks) &&
+               EQ(leases) && EQ(outstanding_prefill_tokens);
+    }
+    case PROTO_MSG_PREFILL_REQ: {
+        const proto_prefill_req_t *a = &ma->u.prefill_req, *b = &mb->u.prefill_req;
+        return SEQ(request_id) && tok_eq(&a->prompt, &b->prompt) &&
+               samp_eq(&a->sampling, &b->sampling) && SEQ(target_decode_id) &&
+               EQ(deadline_ns);
+    }
+    case PROTO_MSG_PREFILL_DONE: {
+        const proto_prefill_done_t *a = &ma->u.prefill_done, *b = &mb->u.prefill_done;
+        return SEQ(request_id) && EQ(first_token) && EQ(n_prompt_tokens) &&
+               EQ(lease_id) && EQ(lease_ns) && blob_eq(&a->kv_handle, &b->kv_handle) &&
+               EQ(queue_ns) && EQ(prefill_ns);
+    }
+    case PROTO_MSG_DECODE_REQ: {
+        const proto_decode_req_t *a = &ma->u.decode_req, *b = &mb->u.decode_req;
+        return SEQ(request_id) && EQ(flags) && tok_eq(&a->prompt, &b->prompt) &&
+               tok_eq(&a->generated, &b->generated) &&
+               samp_eq(&a->sampling, &b->sampling) && EQ(rng_state) &&
+               SEQ(prefill_peer_id) && EQ(lease_id) &&
+               blob_eq(&a->kv_handle, &b->kv_handle) && EQ(deadline_ns);
+    }
+    case PROTO_MSG_TOKENS: {
+        const proto_tokens_msg_t *a = &ma->u.tokens, *b = &mb->u.tokens;
+        return SEQ(request_id) && EQ(seq) && tok_eq(&a->tokens, &b->tokens) &&
+               blob_eq(&a->text, &b->text);
+    }
+    case PROTO_MSG_FINISH: {
+        const proto_finish_t *a = &ma->u.finish, *b = &mb->u.finish;
+        return SEQ(request_id) && EQ(reason) && EQ(status) && EQ(prompt_tokens) &&
+               EQ(completion_tokens) && EQ(queue_ns) && EQ(prefill_ns) &&
+               EQ(transfer_ns) && EQ(decode_ns) && EQ(ttft_ns) && EQ(total_ns);
+    }
+    case PROTO_MSG_CANCEL: {
+        const proto_cancel_t *a = &ma->u.cancel, *b = &mb->u.cancel;
+        return SEQ(request_id) && EQ(status) && SEQ(reason);
+    }
+    case PROTO_MSG_RELEASE: {
+        const proto_release_t *a = &ma->u.release, *b = &mb->u.release;
+        return SEQ(request_id) && EQ(lease_id);
+    }
+    case PROTO_MSG_ERROR: {
+        const proto_error_t *a = &ma->u.error, *b = &mb->u.error;
+        return SEQ(request_id) && EQ(status) && SEQ(message);
+    }
+    }
+    return 0;
+}
