@@ -25,6 +25,7 @@
 #define SIM_TOK_EOS         258
 #define SIM_PRINT_FIRST     32
 #define SIM_PRINT_COUNT     95        /* ' ' .. '~' */
+#define SIM_LOGIT_NEVER     (-1e9f)
 
 struct eng_model {
     uint64_t magic;
@@ -428,14 +429,15 @@ static uint64_t kv_checksum(eng_model_t *m, const void *arena, const uint32_t *b
 
 /* Logits of position pos from the checksum of everything it attends to:
  * printable bytes get U[0,4), one of them +6 (the greedy pick), EOS -10,
- * every other id -20. */
+ * every other id -1e9 (probability exactly 0 after softmax, so the text is
+ * always printable ASCII and any byte tokenizer of >= 260 ids decodes it). */
 static void make_logits(const eng_model_t *m, uint64_t kv_hash, uint32_t pos, float *logits)
 {
     uint64_t s = kv_hash ^ mix4(pos, 0x51f15eedULL, 0, 0);
     uint32_t i, win;
 
     for (i = 0; i < m->p.vocab; i++)
-        logits[i] = -20.0f;
+        logits[i] = SIM_LOGIT_NEVER;
     for (i = 0; i < SIM_PRINT_COUNT; i++)
         logits[SIM_PRINT_FIRST + i] = (float)(splitmix64(&s) >> 40) * (4.0f / 16777216.0f);
     win = SIM_PRINT_FIRST + (uint32_t)(splitmix64(&s) % SIM_PRINT_COUNT);

@@ -12,9 +12,11 @@
  *   - compute time is modeled: prefill n tokens = n / prefill_tps seconds,
  *     a decode step of batch b = (a + b_coef * b) ms; the compute thread
  *     sleeps the modeled time / speedup minus the real time spent.
- * The model's text is meaningless: the favoured tokens are printable bytes
- * of the built-in byte tokenizer (eng_tok_create_byte(vocab_size)), which is
- * the tokenizer to use with this engine.
+ * The model's text is meaningless: only printable-ASCII byte tokens and EOS
+ * (id 258) ever get a non-zero probability, so the tokenizer to use with
+ * this engine is the built-in byte tokenizer: eng_tok_create_byte(vocab_size)
+ * or, where the geometry is not at hand (pd-router),
+ * eng_tok_create_byte(ENG_TOK_BYTE_VOCAB_MIN).
  *
  * model_path selects a preset and/or overrides, comma-separated, optional
  * "sim:" prefix:  "llama3-8b"  "sim:llama3-70b,speedup=100"

@@ -205,6 +205,13 @@ static void test_determinism_and_chunking(void **state)
     assert_int_equal(a.ops->prefill(a.m, a.arena, bt_a, NB, tok, 38, 0, lc), PD_OK);
     assert_memory_not_equal(la, lc, sizeof(la));
     assert_true(argmax(la, 300) >= 32 && argmax(la, 300) < 127);
+    /* only printable bytes and EOS can ever be sampled */
+    for (i = 0; i < 300; i++) {
+        if ((i >= 32 && i < 127) || i == 258)
+            assert_true(la[i] > -100.0f);
+        else
+            assert_true(la[i] <= -1e8f);
+    }
     fx_fini(&a);
     fx_fini(&b);
 }
