@@ -17,6 +17,10 @@
  * Unused dims are 1. Tensor data pointers are aligned to gguf_alignment()
  * (>= 8) when the file was opened with gguf_open() (page-aligned map).
  *
+ * The mapping is MAP_PRIVATE read-only: the file must not be truncated
+ * while open (SIGBUS on access, as with any mmap'd model loader); replace
+ * model files by rename, as pd-mkmodel and gguf_writer_write do.
+ *
  * Writer: collect metadata and tensors in memory, then gguf_writer_write()
  * writes a GGUF v3 file atomically (tmp file + fsync + rename).
  */
