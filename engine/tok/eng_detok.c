@@ -1,4 +1,5 @@
 /* eng_detok.c - streaming detokenizer and stop-string matcher. */
+#include <assert.h>
 #include <string.h>
 
 #include "eng_tok_int.h"
@@ -48,6 +49,7 @@ size_t eng_detok_feed(eng_detok_t *d, int32_t id, char *out, size_t cap)
     size_t n, p;
     const uint8_t *pc;
 
+    assert(cap >= ENG_DETOK_OUT_MAX); /* caller bug otherwise */
     if (cap < ENG_DETOK_OUT_MAX)
         return 0;
     memcpy(buf, d->pend, d->n_pend);
@@ -144,6 +146,7 @@ size_t eng_stop_feed(eng_stop_t *st, const char *text, size_t len,
     size_t n, j, first = SIZE_MAX, keep;
     int which = -1;
 
+    assert(cap >= len + ENG_STOP_MAX_LEN); /* caller bug otherwise */
     if (st->matched >= 0 || cap < len + ENG_STOP_MAX_LEN)
         return 0;
     if (st->n_stop == 0) {

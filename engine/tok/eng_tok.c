@@ -496,7 +496,8 @@ pd_status_t eng_tok_create(const eng_tok_vocab_t *v, eng_tok_t **tok_p,
     tok->add_space_prefix = v->add_space_prefix >= 0 ? v->add_space_prefix != 0
                                                      : tok->kind == ENG_TOK_SPM;
 
-    /* special tokens, longest first so "<|a|>x" beats "<|a|>" */
+    /* special tokens (control, user-defined, unknown as llama.cpp), longest
+     * first so "<|a|>x" beats "<|a|>" */
     tok->special = malloc((size_t)v->n_tokens * sizeof(int32_t));
     if (tok->special == NULL)
         goto err_free;
@@ -504,7 +505,8 @@ pd_status_t eng_tok_create(const eng_tok_vocab_t *v, eng_tok_t **tok_p,
         uint8_t t = tok->types[i];
         uint32_t len;
         const char *s = eng_tok_text_at(tok, i, &len);
-        if ((t == ENG_TOKT_CONTROL || t == ENG_TOKT_USER_DEFINED) && len > 0) {
+        if ((t == ENG_TOKT_CONTROL || t == ENG_TOKT_USER_DEFINED || t == ENG_TOKT_UNKNOWN) &&
+            len > 0) {
             tok->special[tok->n_special++] = (int32_t)i;
             tok->special_first[(uint8_t)s[0]] = true;
         }

@@ -165,7 +165,8 @@ typedef struct {
 void eng_detok_init(eng_detok_t *d, const eng_tok_t *tok, bool special,
                     bool strip_prefix_space);
 /* Feed one token; writes 0..ENG_DETOK_OUT_MAX bytes of complete UTF-8 to out
- * (cap must be >= ENG_DETOK_OUT_MAX) and returns the count. */
+ * and returns the count. cap < ENG_DETOK_OUT_MAX is a caller bug (asserted;
+ * 0 bytes in NDEBUG builds). */
 size_t eng_detok_feed(eng_detok_t *d, int32_t id, char *out, size_t cap);
 /* End of stream: an incomplete trailing sequence becomes U+FFFD. Returns bytes
  * written (<= 3; cap >= 4). */
@@ -198,9 +199,10 @@ typedef struct {
  * (n > ENG_STOP_MAX or a string longer than ENG_STOP_MAX_LEN),
  * PD_ERR_BAD_INPUT (NULL string). */
 pd_status_t eng_stop_init(eng_stop_t *st, const char *const *stops, size_t n);
-/* Feed streamed text; writes releasable text to out (cap >= len +
- * ENG_STOP_MAX_LEN) and returns its length. After a match (st->matched >= 0)
- * further feeds output nothing. */
+/* Feed streamed text; writes releasable text to out and returns its length.
+ * out is also the workspace: cap < len + ENG_STOP_MAX_LEN is a caller bug
+ * (asserted). After a match (st->matched >= 0) further feeds output nothing:
+ * end the sequence with finish_reason "stop". */
 size_t eng_stop_feed(eng_stop_t *st, const char *text, size_t len,
                      char *out, size_t cap);
 /* Stream ended without a match: release what was held (cap >= ENG_STOP_MAX_LEN). */

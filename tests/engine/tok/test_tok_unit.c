@@ -378,7 +378,7 @@ static void test_detok_utf8_split(void **state)
 {
     eng_tok_t *tok;
     eng_detok_t d;
-    char out[256], tmp[8];
+    char out[ENG_DETOK_OUT_MAX], tmp[8];
     size_t lens[8], n;
     /* U+1F600 in four byte tokens, then 'a' */
     const int32_t emoji[] = { 0xf0, 0x9f, 0x98, 0x80, 'a' };
