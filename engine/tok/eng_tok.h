@@ -105,6 +105,14 @@ pd_status_t eng_tok_load(const gguf_t *file, eng_tok_t **tok_p,
 pd_status_t eng_tok_load_path(const char *path, eng_tok_t **tok_p,
                               char *err, size_t err_len);
 
+/* The tokenizer of a model as the daemons configure it: engine "sim" uses
+ * the built-in byte tokenizer (the sim engine only emits byte tokens and
+ * EOS, see engine/sim/eng_sim.h), any other engine loads model_path's GGUF.
+ * Lets pd-router pick a tokenizer without linking the engines. Statuses: as
+ * eng_tok_load_path. */
+pd_status_t eng_tok_load_for(const char *engine, const char *model_path,
+                             eng_tok_t **tok_p, char *err, size_t err_len);
+
 void eng_tok_destroy(eng_tok_t *tok); /* accepts NULL */
 
 /* Encode text[0..len) into ids (capacity cap). add_bos prepends BOS when the

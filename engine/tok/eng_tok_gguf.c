@@ -165,3 +165,16 @@ pd_status_t eng_tok_load_path(const char *path, eng_tok_t **tok_p, char *err, si
     gguf_close(g);
     return status;
 }
+
+pd_status_t eng_tok_load_for(const char *engine, const char *model_path,
+                             eng_tok_t **tok_p, char *err, size_t err_len)
+{
+    if (engine != NULL && strcmp(engine, "sim") == 0)
+        return eng_tok_create_byte(ENG_TOK_BYTE_VOCAB_MIN, tok_p);
+    if (model_path == NULL) {
+        if (err != NULL && err_len > 0)
+            snprintf(err, err_len, "tokenizer: no model path");
+        return PD_ERR_BAD_INPUT;
+    }
+    return eng_tok_load_path(model_path, tok_p, err, err_len);
+}

@@ -174,6 +174,15 @@ static void test_builtin_model(void **state)
     assert_int_equal(ids[12], 257);
     eng_tok_destroy(g);
     eng_tok_destroy(b);
+    /* engine-aware loading: sim -> byte tokenizer, otherwise the GGUF */
+    assert_int_equal(eng_tok_load_for("sim", "llama3-8b", &b, err, sizeof(err)), PD_OK);
+    assert_int_equal(eng_tok_kind(b), ENG_TOK_BYTE);
+    assert_int_equal(eng_tok_eos(b), 258);
+    eng_tok_destroy(b);
+    assert_int_equal(eng_tok_load_for("llama", g_model_path, &g, err, sizeof(err)), PD_OK);
+    eng_tok_destroy(g);
+    assert_int_equal(eng_tok_load_for("llama", "/nonexistent.gguf", &g, err, sizeof(err)),
+                     PD_ERR_IO);
 }
 
 int main(int argc, char **argv)
