@@ -1,0 +1,196 @@
+/* proto_auth.c - deployment secret parsing and HELLO / ACK MACs (libsodium). */
+#include "proto_auth.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sodium.h>
+
+static int hexval(uint8_t c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static int is_space(uint8_t c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+pd_status_t proto_auth_secret_parse(const uint8_t *p, size_t len,
+                                    proto_auth_secret_t *s_p)
+{
+    if (p == NULL && len > 0)
+        return PD_ERR_BAD_INPUT;
+    while (len > 0 && is_space(p[0])) {
+        p++;
+        len--;
+    }
+    while (len > 0 && is_space(p[len - 1]))
+        len--;
+    bool hex = len > 0 && len % 2 == 0;
+    for (size_t i = 0; hex && i < len; i++)
+        hex = hexval(p[i]) >= 0;
+    size_t n = hex ? len / 2 : len;
+    if (n < PROTO_AUTH_SECRET_MIN)
+        return PD_ERR_BAD_INPUT;
+    if (n > PROTO_AUTH_SECRET_MAX)
+        return PD_ERR_TOO_BIG;
+    proto_auth_secret_t s;
+    memset(&s, 0, sizeof(s));
+    if (hex) {
+        for (size_t i = 0; i < n; i++)
+            s.key[i] = (uint8_t)(hexval(p[2 * i]) << 4 | hexval(p[2 * i + 1]));
+    } else {
+        memcpy(s.key, p, n);
+    }
+    s.len = n;
+    *s_p = s;
+    sodium_memzero(&s, sizeof(s));
+    return PD_OK;
+}
+
+pd_status_t proto_auth_secret_load(const char *path, proto_auth_secret_t *s_p)
+{
+    /* hex of the max secret plus whitespace fits; more is TOO_BIG */
+    uint8_t buf[2 * PROTO_AUTH_SECRET_MAX + 64];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return PD_ERR_IO;
+    size_t len = 0;
+    for (;;) {
+        if (len == sizeof(buf)) {
+            close(fd);
+            sodium_memzero(buf, sizeof(buf));
+            return PD_ERR_TOO_BIG;
+        }
+        ssize_t r = read(fd, buf + len, sizeof(buf) - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            int e = errno;
+            close(fd);
+            errno = e;
+            return PD_ERR_IO;
+        }
+        if (r == 0)
+            break;
+        len += (size_t)r;
+    }
+    close(fd);
+    pd_status_t st = proto_auth_secret_parse(buf, len, s_p);
+    sodium_memzero(buf, sizeof(buf));
+    return st;
+}
+
+void proto_auth_secret_wipe(proto_auth_secret_t *s)
+{
+    if (s != NULL)
+        sodium_memzero(s, sizeof(*s));
+}
+
+void proto_auth_nonce(uint8_t nonce[PROTO_AUTH_NONCE_LEN])
+{
+    /* idempotent, thread-safe; < 0 only if the RNG cannot start, and then
+     * randombytes_buf aborts rather than return predictable bytes */
+    if (sodium_init() < 0)
+        abort();
+    randombytes_buf(nonce, PROTO_AUTH_NONCE_LEN);
+}
+
+/* HMAC(secret, a || b) */
+static void mac2(const proto_auth_secret_t *s, const uint8_t *a, size_t alen,
+                 const uint8_t *b, size_t blen, uint8_t out[PROTO_AUTH_MAC_LEN])
+{
+    crypto_auth_hmacsha256_state st;
+    crypto_auth_hmacsha256_init(&st, s->key, s->len);
+    crypto_auth_hmacsha256_update(&st, a, alen);
+    if (blen > 0)
+        crypto_auth_hmacsha256_update(&st, b, blen);
+    crypto_auth_hmacsha256_final(&st, out);
+    sodium_memzero(&st, sizeof(st));
+}
+
+/* Encode msg, MAC its body-without-mac (+ extra), write the mac into out. */
+static pd_status_t sign(const proto_auth_secret_t *s, const proto_msg_t *msg,
+                        const uint8_t *extra, size_t extra_len,
+                        uint8_t out[PROTO_AUTH_MAC_LEN])
+{
+    size_t need = 0;
+    pd_status_t st = proto_msg_encode(msg, NULL, 0, &need);
+    if (st != PD_ERR_NO_SPACE && st != PD_OK)
+        return st;
+    uint8_t *buf = malloc(need);   /* (need) one encoded frame */
+    if (buf == NULL)
+        return PD_ERR_NO_MEMORY;
+    size_t len = 0;
+    st = proto_msg_encode(msg, buf, need, &len);
+    if (st == PD_OK) {
+        const uint8_t *in;
+        size_t in_len;
+        st = proto_mac_input(buf, len, &in, &in_len);
+        if (st == PD_OK)
+            mac2(s, in, in_len, extra, extra_len, out);
+    }
+    free(buf);
+    return st;
+}
+
+static pd_status_t verify(const proto_auth_secret_t *s, uint16_t type,
+                          const uint8_t *frame, size_t len,
+                          const uint8_t *extra, size_t extra_len)
+{
+    const uint8_t *in;
+    size_t in_len;
+    pd_status_t st = proto_mac_input(frame, len, &in, &in_len);
+    if (st != PD_OK)
+        return st;
+    proto_hdr_t hdr;
+    st = proto_hdr_decode(frame, len, &hdr);
+    if (st != PD_OK)
+        return st;
+    if (hdr.type != type)
+        return PD_ERR_BAD_TYPE;
+    uint8_t mac[PROTO_AUTH_MAC_LEN];
+    mac2(s, in, in_len, extra, extra_len, mac);
+    /* the received mac is the last field: right after the MAC input */
+    int bad = crypto_verify_32(mac, in + in_len);
+    sodium_memzero(mac, sizeof(mac));
+    return bad ? PD_ERR_AUTH : PD_OK;
+}
+
+pd_status_t proto_auth_hello_sign(const proto_auth_secret_t *s, proto_msg_t *msg)
+{
+    if (msg->hdr.type != PROTO_MSG_HELLO)
+        return PD_ERR_BAD_TYPE;
+    return sign(s, msg, NULL, 0, msg->u.hello.mac);
+}
+
+pd_status_t proto_auth_hello_verify(const proto_auth_secret_t *s,
+                                    const uint8_t *frame, size_t len)
+{
+    return verify(s, PROTO_MSG_HELLO, frame, len, NULL, 0);
+}
+
+pd_status_t proto_auth_ack_sign(const proto_auth_secret_t *s, proto_msg_t *msg,
+                                const uint8_t hello_nonce[PROTO_AUTH_NONCE_LEN])
+{
+    if (msg->hdr.type != PROTO_MSG_REGISTER_ACK)
+        return PD_ERR_BAD_TYPE;
+    return sign(s, msg, hello_nonce, PROTO_AUTH_NONCE_LEN, msg->u.register_ack.mac);
+}
+
+pd_status_t proto_auth_ack_verify(const proto_auth_secret_t *s,
+                                  const uint8_t *frame, size_t len,
+                                  const uint8_t hello_nonce[PROTO_AUTH_NONCE_LEN])
+{
+    return verify(s, PROTO_MSG_REGISTER_ACK, frame, len, hello_nonce,
+                  PROTO_AUTH_NONCE_LEN);
+}
