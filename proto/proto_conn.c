@@ -150,7 +150,10 @@ static proto_msg_cb_t conn_callback(const proto_conn_t *c, uint16_t type)
     return cb ? cb : c->cbs.on_other;
 }
 
-/* Parse and dispatch every complete frame in the input buffer. */
+/* Parse and dispatch every complete frame in the input buffer. The header
+ * is looked at first (32 bytes), so a bad or oversized header is refused
+ * before any body is buffered; the read low-watermark is then set to the
+ * whole frame, so the callback is not re-run for every partial read. */
 static void conn_read_cb(struct bufferevent *bev, void *ctx)
 {
     proto_conn_t *c = ctx;
@@ -160,36 +163,29 @@ static void conn_read_cb(struct bufferevent *bev, void *ctx)
         size_t avail = evbuffer_get_length(in);
         size_t look = avail < PROTO_HDR_LEN ? avail : PROTO_HDR_LEN;
         size_t need = PROTO_HDR_LEN;
-        proto_hdr_t hdr;
         const uint8_t *p = look ? evbuffer_pullup(in, (ev_ssize_t)look) : NULL;
 
-        /* Only the header is looked at here: PD_INPROGRESS with need set
-         * to the whole frame once the header is in and valid. */
-        pd_status_t st = proto_frame_check(p, look, &hdr, &need);
+        pd_status_t st = proto_frame_next(p, look, c->msg, &need);
+        if (st == PD_INPROGRESS && avail >= need) {
+            p = evbuffer_pullup(in, (ev_ssize_t)need);
+            if (p == NULL) {
+                conn_schedule_reap(c, PD_ERR_NO_MEMORY);
+                return;
+            }
+            st = proto_frame_next(p, need, c->msg, &need);
+        }
         if (PD_IS_ERR(st)) {
             conn_protocol_error(c, st);
             return;
         }
-        if (avail < need) {
+        if (st == PD_INPROGRESS) {
             conn_set_want(c, need);
             return;
         }
-        p = evbuffer_pullup(in, (ev_ssize_t)need);
-        if (p == NULL) {
-            conn_schedule_reap(c, PD_ERR_NO_MEMORY);
-            return;
-        }
-        st = proto_body_decode(hdr.type, p + PROTO_HDR_LEN, hdr.body_len,
-                               c->msg);
-        if (st != PD_OK) {
-            conn_protocol_error(c, st);
-            return;
-        }
-        c->msg->hdr = hdr;
         STAT_ADD(c, frames_in, 1);
         STAT_ADD(c, bytes_in, need);
 
-        proto_msg_cb_t cb = conn_callback(c, hdr.type);
+        proto_msg_cb_t cb = conn_callback(c, c->msg->hdr.type);
         if (cb) {
             c->cur_frame = p;
             c->cur_frame_len = need;

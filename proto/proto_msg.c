@@ -715,6 +715,55 @@ static void dec_error(rd_t *r, proto_error_t *m)
     r_str(r, m->message, PROTO_ERRMSG_MAX);
 }
 
+/* PEER_INFO */
+static pd_status_t check_peer_info(const proto_peer_info_t *m)
+{
+    CHECK(check_str(m->daemon_id, PROTO_DAEMON_ID_MAX, true));
+    REQUIRE(m->role >= PROTO_ROLE_PREFILL && m->role <= PROTO_ROLE_ROUTER,
+            PD_ERR_BAD_INPUT);
+    return check_blob(&m->kv_addr, PROTO_KV_ADDR_MAX);
+}
+
+static void enc_peer_info(wr_t *w, const proto_peer_info_t *m)
+{
+    w_str(w, m->daemon_id);
+    w_u16(w, m->role);
+    w_u16(w, 0);
+    w_u64(w, m->incarnation);
+    w_blob(w, &m->kv_addr);
+}
+
+static void dec_peer_info(rd_t *r, proto_peer_info_t *m)
+{
+    r_str(r, m->daemon_id, PROTO_DAEMON_ID_MAX);
+    m->role = r_u16(r);
+    r_reserved16(r);
+    m->incarnation = r_u64(r);
+    r_blob(r, &m->kv_addr, PROTO_KV_ADDR_MAX);
+}
+
+/* PEER_DOWN */
+static pd_status_t check_peer_down(const proto_peer_down_t *m)
+{
+    CHECK(check_str(m->daemon_id, PROTO_DAEMON_ID_MAX, true));
+    REQUIRE(status_error(m->status), PD_ERR_BAD_INPUT);
+    return PD_OK;
+}
+
+static void enc_peer_down(wr_t *w, const proto_peer_down_t *m)
+{
+    w_str(w, m->daemon_id);
+    w_u64(w, m->incarnation);
+    w_u32(w, (uint32_t)m->status);
+}
+
+static void dec_peer_down(rd_t *r, proto_peer_down_t *m)
+{
+    r_str(r, m->daemon_id, PROTO_DAEMON_ID_MAX);
+    m->incarnation = r_u64(r);
+    m->status = (int32_t)r_u32(r);
+}
+
 /* ---- dispatch generated from PROTO_MSG_LIST --------------------------- */
 
 const char *proto_msg_name(uint16_t type)
@@ -865,6 +914,20 @@ pd_status_t proto_frame_check(const uint8_t *buf, size_t len,
     *frame_len_p = PROTO_HDR_LEN + (size_t)hdr.body_len;
     *hdr_p = hdr;
     return len >= *frame_len_p ? PD_OK : PD_INPROGRESS;
+}
+
+pd_status_t proto_frame_next(const uint8_t *buf, size_t len, proto_msg_t *msg,
+                             size_t *frame_len_p)
+{
+    proto_hdr_t hdr;
+    pd_status_t st = proto_frame_check(buf, len, &hdr, frame_len_p);
+    if (st != PD_OK)
+        return st;
+    st = proto_body_decode(hdr.type, buf + PROTO_HDR_LEN, hdr.body_len, msg);
+    if (st != PD_OK)
+        return st;
+    msg->hdr = hdr;
+    return PD_OK;
 }
 
 pd_status_t proto_msg_decode(const uint8_t *buf, size_t len, proto_msg_t *msg)

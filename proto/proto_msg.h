@@ -84,6 +84,9 @@
 #define PROTO_RELEASE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 8u)
 #define PROTO_ERROR_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
         + PROTO__STR(PROTO_ERRMSG_MAX))
+#define PROTO_PEER_INFO_BODY_MAX (PROTO__STR(PROTO_DAEMON_ID_MAX) + 4u + 8u \
+        + PROTO__BLOB(PROTO_KV_ADDR_MAX))
+#define PROTO_PEER_DOWN_BODY_MAX (PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u + 4u)
 
 /* THE message list. X(NAME, name, code, max_body)
  * Codes are wire values: never renumber, only append. */
@@ -99,7 +102,9 @@
     X(FINISH,          finish,          20, PROTO_FINISH_BODY_MAX)            \
     X(CANCEL,          cancel,          21, PROTO_CANCEL_BODY_MAX)            \
     X(RELEASE,         release,         22, PROTO_RELEASE_BODY_MAX)           \
-    X(ERROR,           error,           23, PROTO_ERROR_BODY_MAX)
+    X(ERROR,           error,           23, PROTO_ERROR_BODY_MAX)             \
+    X(PEER_INFO,       peer_info,       24, PROTO_PEER_INFO_BODY_MAX)         \
+    X(PEER_DOWN,       peer_down,       25, PROTO_PEER_DOWN_BODY_MAX)
 
 typedef enum {
     PROTO_MSG_NONE = 0,
@@ -301,6 +306,22 @@ typedef struct {
     char message[PROTO_ERRMSG_MAX + 1];
 } proto_error_t;
 
+/* PEER_INFO (router -> decode): a prefill daemon the decode may pull from.
+ * kv_addr is that prefill's kvx_meta_pack() blob from its HELLO. */
+typedef struct {
+    char daemon_id[PROTO_DAEMON_ID_MAX + 1]; /* non-empty */
+    uint16_t role;                          /* proto_role_t */
+    uint64_t incarnation;
+    proto_blob_t kv_addr;                   /* <= PROTO_KV_ADDR_MAX, opaque */
+} proto_peer_info_t;
+
+/* PEER_DOWN (router -> decode): that incarnation of the daemon is gone. */
+typedef struct {
+    char daemon_id[PROTO_DAEMON_ID_MAX + 1]; /* non-empty */
+    uint64_t incarnation;
+    int32_t status;                         /* a negative pd_status_t */
+} proto_peer_down_t;
+
 typedef struct {
     uint16_t type;        /* proto_msg_type_t */
     uint16_t flags;       /* PROTO_FLAG_* */
@@ -324,6 +345,8 @@ typedef struct {
         proto_cancel_t cancel;
         proto_release_t release;
         proto_error_t error;
+        proto_peer_info_t peer_info;
+        proto_peer_down_t peer_down;
     } u;
 } proto_msg_t;
 
@@ -354,6 +377,15 @@ pd_status_t proto_hdr_decode(const uint8_t *buf, size_t len, proto_hdr_t *hdr_p)
  *                  is garbage and must be dropped. */
 pd_status_t proto_frame_check(const uint8_t *buf, size_t len,
                               proto_hdr_t *hdr_p, size_t *frame_len_p);
+
+/* The framing step used by proto_conn (and by the frame fuzzer): look at
+ * the front of a stream and, if a whole frame is there, decode it.
+ *   PD_OK          *msg decoded (hdr + body, views into buf); consume
+ *                  *frame_len_p bytes
+ *   PD_INPROGRESS  wait until *frame_len_p bytes are available
+ *   PD_ERR_*       header or body invalid: drop the stream. */
+pd_status_t proto_frame_next(const uint8_t *buf, size_t len, proto_msg_t *msg,
+                             size_t *frame_len_p);
 
 /* Decode a body of `type` into msg->u (msg->hdr untouched). Statuses:
  * PD_ERR_BAD_TYPE, PD_ERR_TOO_BIG (a count/length over its cap),

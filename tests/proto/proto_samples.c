@@ -210,6 +210,18 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         m->u.error.status = v == PS_MAX ? PD_STATUS_MIN : PD_ERR_INTERNAL;
         ps_str(m->u.error.message, v == PS_MAX ? PROTO_ERRMSG_MAX : v == PS_MID ? 20 : 0, 'e');
         break;
+    case PROTO_MSG_PEER_INFO:
+        ps_str(m->u.peer_info.daemon_id, did, 'p');
+        m->u.peer_info.role = v == PS_MAX ? PROTO_ROLE_ROUTER : PROTO_ROLE_PREFILL;
+        m->u.peer_info.incarnation = big;
+        m->u.peer_info.kv_addr =
+            ps_blob(v == PS_MAX ? PROTO_KV_ADDR_MAX : v == PS_MID ? 300 : 0);
+        break;
+    case PROTO_MSG_PEER_DOWN:
+        ps_str(m->u.peer_down.daemon_id, did, 'p');
+        m->u.peer_down.incarnation = big;
+        m->u.peer_down.status = v == PS_MAX ? PD_STATUS_MIN : PD_ERR_PEER_GONE;
+        break;
     }
 }
 
@@ -314,6 +326,15 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
     case PROTO_MSG_ERROR: {
         const proto_error_t *a = &ma->u.error, *b = &mb->u.error;
         return SEQ(request_id) && EQ(status) && SEQ(message);
+    }
+    case PROTO_MSG_PEER_INFO: {
+        const proto_peer_info_t *a = &ma->u.peer_info, *b = &mb->u.peer_info;
+        return SEQ(daemon_id) && EQ(role) && EQ(incarnation) &&
+               blob_eq(&a->kv_addr, &b->kv_addr);
+    }
+    case PROTO_MSG_PEER_DOWN: {
+        const proto_peer_down_t *a = &ma->u.peer_down, *b = &mb->u.peer_down;
+        return SEQ(daemon_id) && EQ(incarnation) && EQ(status);
     }
     }
     return 0;

@@ -66,7 +66,9 @@ static pd_status_t decode_check(const uint8_t *buf, size_t len, proto_msg_t *out
 
 static void test_names(void **state)
 {
-    assert_int_equal(PROTO_MSG_COUNT, 12);
+    assert_int_equal(PROTO_MSG_COUNT, 14);
+    assert_string_equal(proto_msg_name(PROTO_MSG_PEER_INFO), "PEER_INFO");
+    assert_int_equal(PROTO_MSG_PEER_DOWN, 25);
     assert_string_equal(proto_msg_name(PROTO_MSG_HELLO), "HELLO");
     assert_string_equal(proto_msg_name(PROTO_MSG_DECODE_REQ), "DECODE_REQ");
     assert_string_equal(proto_msg_name(PROTO_MSG_ERROR), "ERROR");
