@@ -74,7 +74,6 @@ static int run_bench(eng_tok_t *tok, double secs, bool bos, bool special)
     free(lens);
     free(line);
     free(ids);
-    eng_tok_destroy(tok);
     return 0;
 }
 
@@ -119,8 +118,14 @@ int main(int argc, char **argv)
     dec = malloc(8u << 20);
     if (ids == NULL || text == NULL || dec == NULL)
         return 1;
-    if (bench > 0)
-        return run_bench(tok, bench, bos, special);
+    if (bench > 0) {
+        int rc = run_bench(tok, bench, bos, special);
+        free(ids);
+        free(text);
+        free(dec);
+        eng_tok_destroy(tok);
+        return rc;
+    }
     while ((len = getline(&line, &cap, stdin)) >= 0) {
         size_t n = 0, tl = 0, dl;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
