@@ -41,7 +41,7 @@ pd_status_t eng_chat_detect(const char *t, eng_chat_kind_t *kind_p)
             *kind_p = ENG_CHAT_CHATML;
     } else if (strstr(t, "<|start_header_id|>") != NULL &&
                strstr(t, "<|end_header_id|>") != NULL) {
-        *kind_p = ENG_CHAT_LLAMA3;
+        *kind_p = strstr(t, "Cutting Knowledge Date") != NULL ? ENG_CHAT_LLAMA31 : ENG_CHAT_LLAMA3;
     } else if (strstr(t, "[INST]") != NULL && strstr(t, "<<SYS>>") != NULL) {
         *kind_p = ENG_CHAT_LLAMA2;
     } else {
@@ -154,13 +154,25 @@ static void render_chatml(sbuf_t *b, const eng_chat_msg_t *m, const int *roles, 
         puts_(b, "<|im_start|>assistant\n");
 }
 
+/* Meta's Llama-3 template; Llama-3.1's (date_header) always opens with a
+ * system block carrying its knowledge-cutoff lines (the default date string of
+ * the official template, no tools), the first system message trimmed inside. */
 static void render_llama3(sbuf_t *b, const eng_chat_msg_t *m, const int *roles, size_t n,
-                          bool gen, const char *bos)
+                          bool gen, const char *bos, bool date_header)
 {
-    size_t i;
+    size_t i = 0;
 
     puts_(b, bos);
-    for (i = 0; i < n; i++) {
+    if (date_header) {
+        puts_(b, "<|start_header_id|>system<|end_header_id|>\n\n"
+                 "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+        if (n > 0 && roles[0] == ROLE_SYSTEM) {
+            put_trim(b, m[0].content, m[0].content_len);
+            i = 1;
+        }
+        puts_(b, "<|eot_id|>");
+    }
+    for (; i < n; i++) {
         puts_(b, "<|start_header_id|>");
         puts_(b, role_names[roles[i]]);
         puts_(b, "<|end_header_id|>\n\n");
@@ -248,7 +260,10 @@ pd_status_t eng_chat_render(eng_chat_kind_t kind, const eng_chat_msg_t *msgs,
                       "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
         break;
     case ENG_CHAT_LLAMA3:
-        render_llama3(&b, msgs, roles, n, gen, bos != NULL ? bos : "<|begin_of_text|>");
+        render_llama3(&b, msgs, roles, n, gen, bos != NULL ? bos : "<|begin_of_text|>", false);
+        break;
+    case ENG_CHAT_LLAMA31:
+        render_llama3(&b, msgs, roles, n, gen, bos != NULL ? bos : "<|begin_of_text|>", true);
         break;
     case ENG_CHAT_LLAMA2:
         render_llama2(&b, msgs, roles, n, bos != NULL ? bos : "<s>", eos != NULL ? eos : "</s>");

@@ -24,7 +24,8 @@
     X(QWEN2,   "qwen2",   "ChatML + default system 'You are a helpful assistant.'") \
     X(QWEN25,  "qwen2.5", "ChatML + default system 'You are Qwen, created by Alibaba Cloud...'") \
     X(LLAMA2,  "llama2",  "<s>[INST] <<SYS>>...<</SYS>> ... [/INST] answer </s>") \
-    X(LLAMA3,  "llama3",  "<|start_header_id|>role<|end_header_id|>\\n\\n...<|eot_id|>")
+    X(LLAMA3,  "llama3",  "<|start_header_id|>role<|end_header_id|>\\n\\n...<|eot_id|>") \
+    X(LLAMA31, "llama3.1", "llama3 + system block 'Cutting Knowledge Date: December 2023...'")
 
 typedef enum {
 #define ENG_CHAT_ENUM(e, name, desc) ENG_CHAT_##e,

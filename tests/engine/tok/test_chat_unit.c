@@ -65,6 +65,21 @@ static void test_llama3(void **state)
               "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>");
 }
 
+static void test_llama31(void **state)
+{
+    (void)state;
+    render_eq(ENG_CHAT_LLAMA31, conv, 2, true,
+              "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+              "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+              "You are terse.<|eot_id|>"
+              "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    render_eq(ENG_CHAT_LLAMA31, conv + 3, 1, false,
+              "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+              "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
+              "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>");
+}
+
 static void test_llama2(void **state)
 {
     (void)state;
@@ -97,6 +112,9 @@ static void test_detect(void **state)
     assert_int_equal(k, ENG_CHAT_LLAMA3);
     assert_int_equal(eng_chat_detect(llama2, &k), PD_OK);
     assert_int_equal(k, ENG_CHAT_LLAMA2);
+    assert_int_equal(eng_chat_detect("<|start_header_id|>{{ 'Cutting Knowledge Date: ' }}"
+                                     "<|end_header_id|>", &k), PD_OK);
+    assert_int_equal(k, ENG_CHAT_LLAMA31);
     assert_int_equal(eng_chat_detect("{{ messages }}", &k), PD_ERR_NOT_FOUND);
     assert_int_equal(eng_chat_by_name("llama3", &k), PD_OK);
     assert_int_equal(k, ENG_CHAT_LLAMA3);
@@ -190,6 +208,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chatml),
         cmocka_unit_test(test_llama3),
+        cmocka_unit_test(test_llama31),
         cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_detect),
         cmocka_unit_test(test_bad_input),
