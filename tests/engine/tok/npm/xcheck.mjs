@@ -68,6 +68,24 @@ const texts = [
   Buffer.from([0x61, 0x80, 0x62, 0xe2, 0x82, 0x63, 0xff, 0x64]),
   Buffer.from([0xf0, 0x9f, 0x98]), Buffer.from([0xc3, 0x28, 0xed, 0xa0, 0x80]),
 ];
+// plus seeded random strings mixing scripts, digits, punctuation, spaces
+{
+  const pools = ['abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ', '0123456789', ' ', '  \t\n\r',
+    '.,;:!?\'"()[]{}<>-_=+*/\\|@#$%^&~`', 'àéîõüçñßøåÆŒ', 'αβγδεжзийкл', '的一是不了人我在有他这为之大来以个中上们',
+    'あいうえおカキクケコ', '한국어문장', '😀🎉👍🏽❤️🚀', '\u00a0\u2009\u3000', 'أبتثجح', 'अआइईउ'];
+  let seed = 12345;
+  const rnd = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+  for (let i = 0; i < 300; i++) {
+    let s = '';
+    const n = 1 + Math.floor(rnd() * 40);
+    for (let j = 0; j < n; j++) {
+      const p = Array.from(pools[Math.floor(rnd() * pools.length)]);
+      const run = 1 + Math.floor(rnd() * 6);
+      for (let k = 0; k < run; k++) s += p[Math.floor(rnd() * p.length)];
+    }
+    texts.push(s);
+  }
+}
 const asBuf = (t) => (Buffer.isBuffer(t) ? t : Buffer.from(t, 'utf8'));
 // What the reference sees: invalid bytes replaced per WHATWG (= our rule).
 const asStr = (t) => (Buffer.isBuffer(t) ? new TextDecoder('utf-8').decode(t) : t);
