@@ -90,6 +90,22 @@ pd_status_t proto_auth_secret_load(const char *path, proto_auth_secret_t *s_p)
     return st;
 }
 
+void proto_auth_derive(const proto_auth_secret_t *s, const char *label,
+                       uint8_t out[32])
+{
+    /* BLAKE2b keys are at most 64 bytes: hash longer secrets first */
+    uint8_t key[crypto_generichash_KEYBYTES_MAX];
+    size_t klen = s->len;
+    if (klen > sizeof(key)) {
+        crypto_generichash(key, sizeof(key), s->key, s->len, NULL, 0);
+        klen = sizeof(key);
+    } else {
+        memcpy(key, s->key, klen);
+    }
+    crypto_generichash(out, 32, (const uint8_t *)label, strlen(label), key, klen);
+    sodium_memzero(key, sizeof(key));
+}
+
 void proto_auth_secret_wipe(proto_auth_secret_t *s)
 {
     if (s != NULL)

@@ -36,6 +36,11 @@ pd_status_t proto_auth_secret_parse(const uint8_t *p, size_t len,
  * PD_ERR_IO (cannot open/read; errno kept), PD_ERR_BAD_INPUT, PD_ERR_TOO_BIG. */
 pd_status_t proto_auth_secret_load(const char *path, proto_auth_secret_t *s_p);
 
+/* Derive a 32-byte sub-key for another use of the same deployment secret
+ * (e.g. label "kvx" -> kvx_config_t.secret): keyed BLAKE2b(secret, label). */
+void proto_auth_derive(const proto_auth_secret_t *s, const char *label,
+                       uint8_t out[32]);
+
 /* Wipe a secret (sodium_memzero). Accepts NULL. */
 void proto_auth_secret_wipe(proto_auth_secret_t *s);
 

@@ -46,6 +46,12 @@ static void test_secret_parse(void **state)
     assert_int_equal(s.len, 32);
     unlink(path);
     assert_int_equal(proto_auth_secret_load(path, &s), PD_ERR_IO);
+    uint8_t k1[32], k2[32], k3[32];
+    proto_auth_derive(&s, "kvx", k1);
+    proto_auth_derive(&s, "kvx", k2);
+    proto_auth_derive(&s, "other", k3);
+    assert_memory_equal(k1, k2, 32);
+    assert_memory_not_equal(k1, k3, 32);
     proto_auth_secret_wipe(&s);
     assert_int_equal(s.len, 0);
     proto_auth_secret_wipe(NULL);

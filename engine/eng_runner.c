@@ -1,0 +1,104 @@
+/* eng_runner.c - see eng_runner.h. */
+#include "eng_runner.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+struct eng_runner {
+    pd_queue_t *in;      /* loop -> compute */
+    pd_queue_t *out;     /* compute -> loop (attached to the loop) */
+    pthread_t thread;
+    size_t pending;      /* loop-thread count */
+};
+
+static void *runner_main(void *arg)
+{
+    eng_runner_t *r = arg;
+    for (;;) {
+        pd_queue_node_t *n = pd_queue_pop_wait(r->in, UINT64_MAX);
+        if (n == NULL) {
+            if (pd_queue_closed(r->in))
+                break;
+            continue;
+        }
+        eng_job_t *job = PD_CONTAINER_OF(n, eng_job_t, node);
+        job->run(job);
+        while (pd_queue_push(r->out, &job->node) == PD_ERR_BUSY)
+            ; /* out is unbounded: never taken */
+    }
+    return NULL;
+}
+
+static void runner_deliver(pd_queue_t *q, pd_queue_node_t *n, void *arg)
+{
+    (void)q;
+    eng_runner_t *r = arg;
+    eng_job_t *job = PD_CONTAINER_OF(n, eng_job_t, node);
+    r->pending--;
+    job->done(job);
+}
+
+pd_status_t eng_runner_create(pd_loop_t *loop, size_t queue_cap,
+                              eng_runner_t **r_p)
+{
+    eng_runner_t *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return PD_ERR_NO_MEMORY;
+    pd_status_t st = pd_queue_create(queue_cap, &r->in);
+    if (st != PD_OK)
+        goto err_free;
+    st = pd_queue_create(0, &r->out);
+    if (st != PD_OK)
+        goto err_in;
+    st = pd_queue_attach(r->out, loop, runner_deliver, r, 0);
+    if (st != PD_OK)
+        goto err_out;
+    if (pthread_create(&r->thread, NULL, runner_main, r) != 0) {
+        st = PD_ERR_INTERNAL;
+        goto err_out;
+    }
+    *r_p = r;
+    return PD_OK;
+err_out:
+    pd_queue_destroy(r->out);
+err_in:
+    pd_queue_destroy(r->in);
+err_free:
+    free(r);
+    return st;
+}
+
+void eng_runner_destroy(eng_runner_t *r)
+{
+    if (r == NULL)
+        return;
+    pd_queue_close(r->in);
+    pthread_join(r->thread, NULL);
+    pd_queue_node_t *n;
+    while ((n = pd_queue_pop(r->out)) != NULL) {
+        eng_job_t *job = PD_CONTAINER_OF(n, eng_job_t, node);
+        job->done(job);
+    }
+    while ((n = pd_queue_pop(r->in)) != NULL) {
+        eng_job_t *job = PD_CONTAINER_OF(n, eng_job_t, node);
+        job->aborted = true;
+        job->done(job);
+    }
+    pd_queue_destroy(r->in);
+    pd_queue_destroy(r->out);
+    free(r);
+}
+
+pd_status_t eng_runner_submit(eng_runner_t *r, eng_job_t *job)
+{
+    job->aborted = false;
+    pd_status_t st = pd_queue_push(r->in, &job->node);
+    if (st == PD_OK)
+        r->pending++;
+    return st;
+}
+
+size_t eng_runner_pending(const eng_runner_t *r)
+{
+    return r->pending;
+}
