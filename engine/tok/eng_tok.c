@@ -707,7 +707,7 @@ pd_status_t eng_tok_encode(const eng_tok_t *tok, const char *text, size_t len,
 
     if (len > ENG_TOK_MAX_INPUT)
         return PD_ERR_TOO_BIG;
-    if (text == NULL && len > 0)
+    if ((text == NULL && len > 0) || (ids == NULL && cap > 0))
         return PD_ERR_BAD_INPUT;
     clean = utf8_sanitize(text, len, &clean_len, &oom);
     if (oom)
@@ -758,7 +758,7 @@ out:
     free(clean);
     if (status != PD_OK)
         return status;
-    *n_p = out.n < cap ? out.n : cap;
+    *n_p = out.n;
     return out.overflow ? PD_ERR_NO_SPACE : PD_OK;
 }
 

@@ -119,8 +119,9 @@ void eng_tok_destroy(eng_tok_t *tok); /* accepts NULL */
  * vocabulary has one (callers usually pass eng_tok_add_bos(tok));
  * parse_special turns control-token texts into their ids. *n_p is the number
  * of ids. Statuses: PD_ERR_TOO_BIG (len > ENG_TOK_MAX_INPUT), PD_ERR_NO_SPACE
- * (more than cap ids: *n_p = ids needed is NOT computed, ids is partial),
- * PD_ERR_NO_MEMORY. Never fails on any byte content. */
+ * (more than cap ids: ids holds the first cap, *n_p the number needed, so
+ * ids = NULL, cap = 0 counts tokens), PD_ERR_NO_MEMORY. Never fails on any
+ * byte content. */
 pd_status_t eng_tok_encode(const eng_tok_t *tok, const char *text, size_t len,
                            bool add_bos, bool parse_special,
                            int32_t *ids /* (cap) */, size_t cap, size_t *n_p);

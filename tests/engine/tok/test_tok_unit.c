@@ -231,6 +231,10 @@ static void test_caps(void **state)
     (void)state;
     assert_int_equal(eng_tok_create_byte(260, &tok), PD_OK);
     assert_int_equal(eng_tok_encode(tok, "abcdef", 6, false, false, ids, 4, &n), PD_ERR_NO_SPACE);
+    assert_int_equal(n, 6);
+    assert_int_equal(ids[3], 'd');
+    assert_int_equal(eng_tok_encode(tok, "abcdef", 6, true, false, NULL, 0, &n), PD_ERR_NO_SPACE);
+    assert_int_equal(n, 7); /* counting only */
     big = malloc(ENG_TOK_MAX_INPUT + 1);
     assert_non_null(big);
     memset(big, 'a', ENG_TOK_MAX_INPUT + 1);
