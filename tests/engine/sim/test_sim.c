@@ -267,6 +267,48 @@ static void test_corruption_changes_token(void **state)
     fx_fini(&f);
 }
 
+/* the P/D path: KV prefilled in one arena, blocks copied ("transferred") to
+ * other block ids of another arena, decode continues there = same tokens as
+ * continuing in place; a prefix reused from a cache block gives the same too */
+static void test_transfer_and_prefix_reuse(void **state)
+{
+    fx_t p, d;
+    uint32_t bt_p[4] = { 5, 2, 7, 0 }, bt_d[4] = { 1, 3, 0, 6 }, i;
+    int32_t tok[64];
+    float lp[300], ld[300];
+    eng_decode_item_t ip = { .block_table = bt_p, .n_blocks = 4 };
+    eng_decode_item_t id = { .block_table = bt_d, .n_blocks = 4 };
+    int32_t next;
+
+    (void)state;
+    fx_init(&p, SMALL, 8);
+    fx_init(&d, SMALL, 8);
+    make_tokens(tok, 64, 9);
+    assert_int_equal(p.ops->prefill(p.m, p.arena, bt_p, 4, tok, 37, 0, lp), PD_OK);
+    for (i = 0; i < 3; i++) /* 37 tokens live in 3 blocks */
+        memcpy(d.arena + (size_t)bt_d[i] * d.g->block_bytes,
+               p.arena + (size_t)bt_p[i] * p.g->block_bytes, p.g->block_bytes);
+    next = argmax(lp, 300);
+    for (i = 0; i < 8; i++) { /* 8 greedy steps on both sides */
+        ip.pos = id.pos = 37 + i;
+        ip.token = id.token = next;
+        assert_int_equal(p.ops->decode(p.m, p.arena, &ip, 1, lp), PD_OK);
+        assert_int_equal(d.ops->decode(d.m, d.arena, &id, 1, ld), PD_OK);
+        assert_memory_equal(lp, ld, sizeof(lp));
+        next = argmax(lp, 300);
+    }
+    /* prefix reuse: the first 32 tokens' blocks shared, the rest prefilled */
+    memset(d.arena, 0, d.arena_bytes);
+    for (i = 0; i < 2; i++)
+        memcpy(d.arena + (size_t)bt_d[i] * d.g->block_bytes,
+               p.arena + (size_t)bt_p[i] * p.g->block_bytes, p.g->block_bytes);
+    assert_int_equal(p.ops->prefill(p.m, p.arena, bt_p, 4, tok, 40, 0, lp), PD_OK);
+    assert_int_equal(d.ops->prefill(d.m, d.arena, bt_d, 4, tok + 32, 8, 32, ld), PD_OK);
+    assert_memory_equal(lp, ld, sizeof(lp));
+    fx_fini(&p);
+    fx_fini(&d);
+}
+
 static void test_batch_invariance(void **state)
 {
     fx_t f;
@@ -455,6 +497,7 @@ int main(void)
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_determinism_and_chunking),
         cmocka_unit_test(test_corruption_changes_token),
+        cmocka_unit_test(test_transfer_and_prefix_reuse),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_kv_check_sample),
