@@ -23,6 +23,8 @@
 #include "pd_time.h"
 
 #define PROTO_PEER_LEN 64
+#define PROTO_FLUSH_TIMEOUT_NS (5 * PD_NS_PER_S)
+#define PROTO_ACCEPT_RETRY_NS  (100 * PD_NS_PER_MS)
 
 struct proto_conn {
     struct bufferevent *bev;
@@ -30,6 +32,7 @@ struct proto_conn {
     proto_conn_cbs_t cbs;
     void *arg;
     size_t out_cap;
+    uint64_t flush_timeout_ns;
     proto_stats_t stats;
     proto_stats_t *sink;       /* shared counters, may be NULL */
     proto_msg_t *msg;          /* decode target, reused for every frame */
@@ -47,6 +50,7 @@ struct proto_conn {
 
 struct proto_listener {
     struct evconnlistener *evl;
+    struct event *retry_ev;    /* re-enables accepting after EMFILE & co */
     proto_accept_cb_t on_accept;
     proto_conn_cbs_t cbs;
     proto_conn_opts_t opts;
@@ -100,6 +104,9 @@ void proto_conn_close_after_flush(proto_conn_t *conn, pd_status_t why)
     conn->flushing = true;
     conn->flush_why = why;
     bufferevent_disable(conn->bev, EV_READ);
+    /* a peer that never reads must not keep us forever */
+    struct timeval tv = pd_ns_to_timeval(conn->flush_timeout_ns);
+    bufferevent_set_timeouts(conn->bev, NULL, &tv);
     if (evbuffer_get_length(bufferevent_get_output(conn->bev)) == 0)
         conn_schedule_reap(conn, why);
 }
@@ -291,6 +298,8 @@ static pd_status_t conn_new(struct event_base *base, evutil_socket_t fd,
     c->arg = arg;
     c->out_cap = opts && opts->out_cap ? opts->out_cap : PROTO_OUT_CAP_DEFAULT;
     c->sink = opts ? opts->stats : NULL;
+    c->flush_timeout_ns = opts && opts->flush_timeout_ns ? opts->flush_timeout_ns
+                                                         : PROTO_FLUSH_TIMEOUT_NS;
     c->want = PROTO_HDR_LEN;
     bufferevent_setwatermark(c->bev, EV_READ, PROTO_HDR_LEN, 0);
     bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
@@ -301,7 +310,6 @@ static pd_status_t conn_new(struct event_base *base, evutil_socket_t fd,
     }
     if (bufferevent_enable(c->bev, EV_READ | EV_WRITE) != 0)
         goto err_free;
-    STAT_ADD(c, conns_opened, 1);
     snprintf(c->peer, sizeof(c->peer), "local");
     *conn_p = c;
     return PD_OK;
@@ -330,6 +338,7 @@ pd_status_t proto_conn_create(struct event_base *base, int fd,
         return st;
     conn_set_nodelay(c);
     conn_fill_peer(c);
+    STAT_ADD(c, conns_opened, 1);
     *conn_p = c;
     return PD_OK;
 }
@@ -416,6 +425,7 @@ pd_status_t proto_conn_connect(struct event_base *base, const char *addr,
         conn_free(c);
         return PD_ERR_IO;
     }
+    STAT_ADD(c, conns_opened, 1);
     *conn_p = c;
     return PD_OK;
 }
@@ -514,6 +524,30 @@ static void listener_accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
         l->on_accept(l, c, l->arg);
 }
 
+/* accept() failed. Out of fds/memory would make the level-triggered
+ * listen socket spin the loop: pause accepting for a moment instead. */
+static void listener_error_cb(struct evconnlistener *evl, void *ctx)
+{
+    proto_listener_t *l = ctx;
+    int err = EVUTIL_SOCKET_ERROR();
+
+    if (l->opts.stats)
+        l->opts.stats->accept_errors++;
+    pd_log(PD_LOG_DEBUG, "proto", NULL, "accept: %s",
+           evutil_socket_error_to_string(err));
+    if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        struct timeval tv = pd_ns_to_timeval(PROTO_ACCEPT_RETRY_NS);
+        evconnlistener_disable(evl);
+        event_add(l->retry_ev, &tv);
+    }
+}
+
+static void listener_retry_cb(evutil_socket_t fd, short what, void *ctx)
+{
+    proto_listener_t *l = ctx;
+    evconnlistener_enable(l->evl);
+}
+
 pd_status_t proto_listener_create(struct event_base *base, const char *addr,
                                   proto_accept_cb_t on_accept,
                                   const proto_conn_cbs_t *cbs, void *arg,
@@ -542,6 +576,10 @@ pd_status_t proto_listener_create(struct event_base *base, const char *addr,
                                      (struct sockaddr *)&ss, ss_len);
     if (l->evl == NULL)
         goto err_free;
+    l->retry_ev = evtimer_new(base, listener_retry_cb, l);
+    if (l->retry_ev == NULL)
+        goto err_close;
+    evconnlistener_set_error_cb(l->evl, listener_error_cb);
     struct sockaddr_storage bound;
     socklen_t blen = sizeof(bound);
     if (getsockname(evconnlistener_get_fd(l->evl), (struct sockaddr *)&bound,
@@ -560,6 +598,8 @@ pd_status_t proto_listener_create(struct event_base *base, const char *addr,
     return PD_OK;
 
 err_close:
+    if (l->retry_ev)
+        event_free(l->retry_ev);
     evconnlistener_free(l->evl);
 err_free:
     free(l);
@@ -570,6 +610,8 @@ void proto_listener_destroy(proto_listener_t *l)
 {
     if (l == NULL)
         return;
+    if (l->retry_ev)
+        event_free(l->retry_ev);
     if (l->evl)
         evconnlistener_free(l->evl);
     free(l);

@@ -43,7 +43,8 @@ typedef struct proto_listener proto_listener_t;
     X(unhandled,        "frames dropped: no callback for their type")         \
     X(proto_disconnects, "connections dropped for a protocol error")          \
     X(conns_opened,     "connections created")                                \
-    X(conns_closed,     "connections closed (on_close delivered)")
+    X(conns_closed,     "connections closed (on_close delivered)")            \
+    X(accept_errors,    "accept() failures (out of fds: accepting pauses 100 ms)")
 
 typedef struct {
 #define PROTO_X_STAT(name, desc) uint64_t name;
@@ -92,6 +93,7 @@ typedef struct {
     size_t out_cap;              /* 0 = PROTO_OUT_CAP_DEFAULT */
     uint64_t idle_timeout_ns;    /* no bytes received for this long -> close; 0 = off */
     uint64_t connect_timeout_ns; /* 0 = off */
+    uint64_t flush_timeout_ns;   /* close_after_flush deadline; 0 = 5 s */
     proto_stats_t *stats;        /* optional shared sink (e.g. per daemon) */
 } proto_conn_opts_t;
 
@@ -123,7 +125,8 @@ pd_status_t proto_conn_send(proto_conn_t *conn, const proto_msg_t *msg);
 void proto_conn_close(proto_conn_t *conn, pd_status_t why);
 
 /* Stop reading, flush queued output, then close with `why` (e.g. after a
- * REGISTER_REJECT). Idempotent. */
+ * REGISTER_REJECT). If the output does not drain within
+ * opts.flush_timeout_ns the close happens anyway with PD_ERR_TIMED_OUT. Idempotent. */
 void proto_conn_close_after_flush(proto_conn_t *conn, pd_status_t why);
 
 void proto_conn_set_arg(proto_conn_t *conn, void *arg);

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <netinet/in.h>
 #include <cmocka.h>
 #include <event2/event.h>
@@ -528,6 +529,87 @@ static void test_reject_then_close(void **state)
     event_base_free(base);
 }
 
+/* Peer never reads: close_after_flush gives up after flush_timeout_ns. */
+static void test_flush_timeout(void **state)
+{
+    peer_t p = { .base = event_base_new() };
+    proto_conn_cbs_t cbs = sample_cbs();
+    proto_conn_opts_t opts = { .flush_timeout_ns = 100 * PD_NS_PER_MS };
+    proto_msg_t m;
+    int fds[2], small = 4096;
+
+    pair(fds);
+    setsockopt(fds[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+    setsockopt(fds[1], SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    assert_int_equal(proto_conn_create(p.base, fds[0], &cbs, &p, &opts, &p.conn), PD_OK);
+    ps_make(PROTO_MSG_TOKENS, PS_MAX, &m);
+    assert_int_equal(proto_conn_send(p.conn, &m), PD_OK);
+    uint64_t t0 = pd_now_ns();
+    proto_conn_close_after_flush(p.conn, PD_ERR_AUTH);
+    assert_true(proto_conn_is_closing(p.conn));
+    assert_int_equal(proto_conn_send(p.conn, &m), PD_ERR_SHUTDOWN);
+    run_until(p.base, is_closed, &p, NULL, 3000);
+    assert_int_equal(p.why, PD_ERR_TIMED_OUT);
+    assert_true(pd_now_ns() - t0 >= 90 * PD_NS_PER_MS);
+    close(fds[1]);
+    event_base_free(p.base);
+}
+
+static int accept_errors_at_least(const peer_t *p, const void *arg)
+{
+    const proto_stats_t *sink = arg;
+    return sink->accept_errors >= 2;
+}
+
+static int has_accepted(const peer_t *p, const void *arg)
+{
+    return p->accepted > 0;
+}
+
+/* Out of fds: accept fails, the listener pauses (no busy loop) and
+ * accepts the pending connection once fds are available again. */
+static void test_accept_emfile(void **state)
+{
+    struct event_base *base = event_base_new();
+    peer_t srv = { .base = base };
+    proto_conn_cbs_t scbs = { .on_close = on_close };
+    proto_stats_t sink = { 0 };
+    proto_conn_opts_t opts = { .stats = &sink };
+    proto_listener_t *l;
+    struct rlimit old, low;
+    struct sockaddr_in sin = { .sin_family = AF_INET };
+
+    assert_int_equal(proto_listener_create(base, "127.0.0.1:0", on_accept, &scbs, &srv,
+                                           &opts, &l), PD_OK);
+    int cli = socket(AF_INET, SOCK_STREAM, 0);
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sin.sin_port = htons(proto_listener_port(l));
+    assert_int_equal(connect(cli, (struct sockaddr *)&sin, sizeof(sin)), 0);
+
+    /* no fd can be created from here on */
+    int next = dup(0);
+    assert_true(next >= 0);
+    close(next);
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = (rlim_t)next;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    uint64_t t0 = pd_now_ns();
+    run_until(base, accept_errors_at_least, &srv, &sink, 3000);
+    uint64_t dt = pd_now_ns() - t0;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    assert_int_equal(srv.accepted, 0);
+    assert_true(dt >= 90 * PD_NS_PER_MS); /* paused between attempts */
+
+    run_until(base, has_accepted, &srv, NULL, 3000);
+    assert_int_equal(sink.conns_opened, 1);
+    close(cli);
+    run_until(base, is_closed, &srv, NULL, 3000);
+    assert_int_equal(srv.why, PD_ERR_PEER_GONE);
+    proto_listener_destroy(l);
+    event_base_free(base);
+}
+
 static void test_connect_refused(void **state)
 {
     struct event_base *base = event_base_new();
@@ -637,7 +719,7 @@ static void test_stat_descs(void **state)
         assert_true(d->offset + sizeof(uint64_t) <= sizeof(proto_stats_t));
         assert_true(strlen(d->desc) > 0);
     }
-    assert_int_equal(n, 9);
+    assert_int_equal(n, 10);
     assert_string_equal(proto_stat_descs[0].name, "frames_in");
 }
 
@@ -650,6 +732,8 @@ int main(void)
         cmocka_unit_test(test_output_cap),
         cmocka_unit_test(test_close_in_callback),
         cmocka_unit_test(test_reject_then_close),
+        cmocka_unit_test(test_flush_timeout),
+        cmocka_unit_test(test_accept_emfile),
         cmocka_unit_test(test_connect_refused),
         cmocka_unit_test(test_idle_timeout_and_unhandled),
         cmocka_unit_test(test_addr_parse),
