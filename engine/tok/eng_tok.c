@@ -437,6 +437,13 @@ pd_status_t eng_tok_create(const eng_tok_vocab_t *v, eng_tok_t **tok_p,
     }
     tok->piece_off[v->n_tokens] = (uint32_t)o;
 
+    for (i = 0; i < v->n_tokens; i++) {
+        uint32_t tl = tok->text_off[i + 1] - tok->text_off[i] - 1;
+        if ((tok->types[i] == ENG_TOKT_NORMAL || tok->types[i] == ENG_TOKT_USER_DEFINED) &&
+            tl > tok->max_tok_len)
+            tok->max_tok_len = tl;
+    }
+
     /* byte tokens */
     for (i = 0; i < 256; i++)
         tok->byte_tok[i] = -1;

@@ -32,6 +32,7 @@ struct eng_tok {
     uint32_t map_mask;
     eng_merge_slot_t *merges; /* (merge_mask + 1) open addressing */
     uint32_t merge_mask;
+    uint32_t max_tok_len;  /* longest normal/user-defined token text (SPM pruning) */
     int32_t byte_tok[256]; /* SPM: <0xNN>; BPE: mapped single char; BYTE: byte */
     int32_t bos, eos, eot, unk, pad;
     int32_t *eog;          /* (n_eog) end-of-generation ids */

@@ -84,7 +84,7 @@ static bool try_bigram(const eng_tok_t *tok, const char *text, const spm_sym_t *
     uint8_t t;
     spm_bigram_t b;
 
-    if (left < 0 || right < 0)
+    if (left < 0 || right < 0 || sym[left].len + sym[right].len > tok->max_tok_len)
         return true;
     id = eng_tok_lookup(tok, text + sym[left].start, sym[left].len + sym[right].len);
     if (id < 0)

@@ -1,6 +1,7 @@
 // bench.mjs - tokenizer throughput: our C encoder (tok_cli --bench) side by
 // side with the npm reference encoders (baseline) on the same texts and the
 // same real vocabularies (GGUFs written by xcheck.mjs into WORKDIR).
+// Rates are per CPU second (both sides single-threaded; the box is shared).
 //   node bench.mjs TOK_CLI WORKDIR [SECONDS]
 import fs from 'node:fs';
 import path from 'node:path';
@@ -27,14 +28,15 @@ function ours(gguf) {
   const m = /bytes=(\d+) tokens=(\d+) seconds=([\d.]+)/.exec(out);
   return { mbs: Number(m[1]) / Number(m[3]) / 1e6, tps: Number(m[2]) / Number(m[3]) };
 }
+const cpu = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1e6; };
 function ref(encode) {
   let bytes = 0, tokens = 0;
-  const t0 = performance.now();
+  const t0 = cpu();
   let t;
   do {
     for (const s of texts) tokens += encode(s).length;
     bytes += bytesPerRound;
-    t = (performance.now() - t0) / 1000;
+    t = cpu() - t0;
   } while (t < secs);
   return { mbs: bytes / t / 1e6, tps: tokens / t };
 }
