@@ -33,6 +33,7 @@ struct proto_conn {
     void *arg;
     size_t out_cap;
     uint64_t flush_timeout_ns;
+    uint64_t idle_timeout_ns;  /* 0 = none */
     proto_stats_t stats;
     proto_stats_t *sink;       /* shared counters, may be NULL */
     proto_msg_t *msg;          /* decode target, reused for every frame */
@@ -81,6 +82,16 @@ static void conn_set_want(proto_conn_t *c, size_t want)
     bufferevent_setwatermark(c->bev, EV_READ, want, 0);
 }
 
+/* Read timeout = idle timeout (always); write timeout = write_ns (connect
+ * or flush deadline), 0 = none. */
+static void conn_set_timeouts(proto_conn_t *c, uint64_t write_ns)
+{
+    struct timeval rtv = pd_ns_to_timeval(c->idle_timeout_ns);
+    struct timeval wtv = pd_ns_to_timeval(write_ns);
+    bufferevent_set_timeouts(c->bev, c->idle_timeout_ns ? &rtv : NULL,
+                             write_ns ? &wtv : NULL);
+}
+
 static void conn_schedule_reap(proto_conn_t *c, pd_status_t why)
 {
     if (c->closing)
@@ -105,8 +116,7 @@ void proto_conn_close_after_flush(proto_conn_t *conn, pd_status_t why)
     conn->flush_why = why;
     bufferevent_disable(conn->bev, EV_READ);
     /* a peer that never reads must not keep us forever */
-    struct timeval tv = pd_ns_to_timeval(conn->flush_timeout_ns);
-    bufferevent_set_timeouts(conn->bev, NULL, &tv);
+    conn_set_timeouts(conn, conn->flush_timeout_ns);
     if (evbuffer_get_length(bufferevent_get_output(conn->bev)) == 0)
         conn_schedule_reap(conn, why);
 }
@@ -262,7 +272,7 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *ctx)
         c->connecting = false;
         conn_set_nodelay(c);
         conn_fill_peer(c);
-        bufferevent_set_timeouts(c->bev, NULL, NULL);
+        conn_set_timeouts(c, 0);
         if (c->cbs.on_connected)
             c->cbs.on_connected(c, c->arg);
         return;
@@ -304,10 +314,8 @@ static pd_status_t conn_new(struct event_base *base, evutil_socket_t fd,
     bufferevent_setwatermark(c->bev, EV_READ, PROTO_HDR_LEN, 0);
     bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
     bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
-    if (opts && opts->idle_timeout_ns) {
-        struct timeval tv = pd_ns_to_timeval(opts->idle_timeout_ns);
-        bufferevent_set_timeouts(c->bev, &tv, NULL);
-    }
+    c->idle_timeout_ns = opts ? opts->idle_timeout_ns : 0;
+    conn_set_timeouts(c, 0);
     if (bufferevent_enable(c->bev, EV_READ | EV_WRITE) != 0)
         goto err_free;
     snprintf(c->peer, sizeof(c->peer), "local");
@@ -414,11 +422,9 @@ pd_status_t proto_conn_connect(struct event_base *base, const char *addr,
         return st;
     c->connecting = true;
     snprintf(c->peer, sizeof(c->peer), "%s", addr);
-    if (opts && opts->connect_timeout_ns) {
-        struct timeval tv = pd_ns_to_timeval(opts->connect_timeout_ns);
-        /* libevent applies the write timeout to the connect itself */
-        bufferevent_set_timeouts(c->bev, NULL, &tv);
-    }
+    /* libevent applies the write timeout to the connect itself */
+    if (opts && opts->connect_timeout_ns)
+        conn_set_timeouts(c, opts->connect_timeout_ns);
     if (bufferevent_socket_connect(c->bev, (struct sockaddr *)&ss, ss_len) != 0) {
         /* libevent may already have reported through the event callback */
         c->closing = true;

@@ -690,6 +690,34 @@ static void test_idle_timeout_and_unhandled(void **state)
     event_base_free(r.base);
 }
 
+/* Outgoing connection with connect and idle timeouts: connects, then the
+ * idle timeout (not cleared by the connect) closes it. */
+static void test_connect_idle_timeout(void **state)
+{
+    struct event_base *base = event_base_new();
+    peer_t srv = { .base = base }, cli = { .base = base };
+    proto_conn_cbs_t scbs = { .on_close = on_close }, ccbs = sample_cbs();
+    proto_conn_opts_t copts = { .idle_timeout_ns = 100 * PD_NS_PER_MS,
+                                .connect_timeout_ns = 2 * PD_NS_PER_S };
+    proto_listener_t *l;
+    char addr[64];
+
+    assert_int_equal(proto_listener_create(base, "127.0.0.1:0", on_accept, &scbs, &srv,
+                                           NULL, &l), PD_OK);
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", proto_listener_port(l));
+    assert_int_equal(proto_conn_connect(base, addr, &ccbs, &cli, &copts, &cli.conn),
+                     PD_OK);
+    run_until(base, is_connected, &cli, NULL, 3000);
+    uint64_t t0 = pd_now_ns();
+    run_until(base, is_closed, &cli, NULL, 3000);
+    assert_int_equal(cli.why, PD_ERR_TIMED_OUT);
+    assert_true(pd_now_ns() - t0 >= 50 * PD_NS_PER_MS);
+    run_until(base, is_closed, &srv, NULL, 3000);
+    assert_int_equal(srv.why, PD_ERR_PEER_GONE);
+    proto_listener_destroy(l);
+    event_base_free(base);
+}
+
 static void test_addr_parse(void **state)
 {
     struct sockaddr_storage ss;
@@ -736,6 +764,7 @@ int main(void)
         cmocka_unit_test(test_accept_emfile),
         cmocka_unit_test(test_connect_refused),
         cmocka_unit_test(test_idle_timeout_and_unhandled),
+        cmocka_unit_test(test_connect_idle_timeout),
         cmocka_unit_test(test_addr_parse),
         cmocka_unit_test(test_stat_descs),
     };
