@@ -1,0 +1,507 @@
+/* rtr_ctl.c - pd-router's control plane: the listener daemons connect to,
+ * registration (HMAC both ways, compat/geometry/vocab checks, duplicate id
+ * rejection), heartbeats both ways, backend states, and PEER_INFO/PEER_DOWN
+ * distribution to decode daemons. Request messages are handed to
+ * rtr_http.c (rtr_http_on_msg). */
+#include "rtr_int.h"
+
+#include <cjson/cJSON.h>
+#include <event2/event.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pd_log.h"
+#include "pd_time.h"
+
+static const pd_stat_desc_t be_stat_descs[] = { RTR_BE_STATS(PD_STAT_DESC) };
+static const pd_stats_table_t be_stats_table = PD_STATS_TABLE("router_backend", be_stat_descs);
+
+static const char *const be_state_names[] = { "down", "ready", "drain", "maint" };
+
+const char *rtr_be_state_name(rtr_be_state_t s)
+{
+    return (unsigned)s < 4 ? be_state_names[s] : "invalid";
+}
+
+static const char *role_name(uint16_t role)
+{
+    switch (role) {
+    case PROTO_ROLE_PREFILL: return "prefill";
+    case PROTO_ROLE_DECODE:  return "decode";
+    case PROTO_ROLE_ROUTER:  return "router";
+    default:                 return "unknown";
+    }
+}
+
+static void be_set_state(rtr_backend_t *be, rtr_be_state_t s)
+{
+    be->state = s;
+    pd_stats_gauge_set(be->stats, RTR_BE_state, (int64_t)s);
+}
+
+pd_status_t rtr_backend_send(rtr_backend_t *be, proto_msg_t *msg)
+{
+    if (be == NULL || be->conn == NULL)
+        return PD_ERR_PEER_GONE;
+    return proto_conn_send(be->conn, msg);
+}
+
+/* ---- policy glue --------------------------------------------------------- */
+
+static bool be_eligible(const rtr_backend_t *be, uint32_t cap)
+{
+    return be->used && be->conn != NULL && be->state == RTR_BE_READY &&
+           (be->caps & cap) != 0 && !(be->hb.flags & PROTO_HB_DRAINING);
+}
+
+rtr_backend_t *rtr_pick_backend(rtr_t *r, uint32_t cap, uint32_t needed_blocks,
+                                const rtr_backend_t *exclude)
+{
+    rtr_backend_load_t loads[RTR_MAX_BACKENDS];
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
+        const rtr_backend_t *be = &r->be[i];
+        loads[i].eligible = be != exclude && be_eligible(be, cap);
+        loads[i].outstanding_prefill_tokens = be->hb.outstanding_prefill_tokens;
+        loads[i].free_blocks = be->hb.free_blocks;
+        /* Requests sent since the last heartbeat count as running, so a
+         * burst spreads before the next heartbeat says so. */
+        loads[i].running_seqs = be->hb.running_seqs + be->assigned;
+    }
+    int idx = cap == PROTO_CAP_PREFILL
+                  ? rtr_pick_prefill(loads, RTR_MAX_BACKENDS, &r->rr_prefill)
+                  : rtr_pick_decode(loads, RTR_MAX_BACKENDS, needed_blocks, &r->rr_decode);
+    return idx < 0 ? NULL : &r->be[idx];
+}
+
+bool rtr_have_backend(rtr_t *r, uint32_t cap)
+{
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
+        if (be_eligible(&r->be[i], cap))
+            return true;
+    return false;
+}
+
+/* ---- registration -------------------------------------------------------- */
+
+static void send_reject(rtr_ctlconn_t *cc, proto_conn_t *conn, pd_status_t status,
+                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static void send_reject(rtr_ctlconn_t *cc, proto_conn_t *conn, pd_status_t status,
+                        const char *fmt, ...)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_REGISTER_REJECT;
+    m.u.register_reject.status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m.u.register_reject.reason, sizeof(m.u.register_reject.reason), fmt, ap);
+    va_end(ap);
+    pd_log(PD_LOG_WARN, RTR_COMP, NULL, "registration from %s rejected (%s): %s",
+           proto_conn_peer(conn), pd_status_name(status), m.u.register_reject.reason);
+    pd_stats_inc(cc->r->stats, RTR_ST_backends_rejected);
+    (void)proto_conn_send(conn, &m);
+    proto_conn_close_after_flush(conn, status);
+}
+
+static void send_peer_info(rtr_backend_t *to, const rtr_backend_t *peer)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_PEER_INFO;
+    snprintf(m.u.peer_info.daemon_id, sizeof(m.u.peer_info.daemon_id), "%s", peer->id);
+    m.u.peer_info.role = peer->role;
+    m.u.peer_info.incarnation = peer->incarnation;
+    m.u.peer_info.kv_addr.p = peer->kv_addr;
+    m.u.peer_info.kv_addr.len = peer->kv_addr_len;
+    pd_status_t s = rtr_backend_send(to, &m);
+    if (s != PD_OK)
+        pd_log(PD_LOG_WARN, RTR_COMP, NULL, "PEER_INFO %s -> %s not sent: %s",
+               peer->id, to->id, pd_status_name(s));
+}
+
+static void send_peer_down(rtr_t *r, const rtr_backend_t *peer, pd_status_t why)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_PEER_DOWN;
+    snprintf(m.u.peer_down.daemon_id, sizeof(m.u.peer_down.daemon_id), "%s", peer->id);
+    m.u.peer_down.incarnation = peer->incarnation;
+    m.u.peer_down.status = why < 0 ? why : PD_ERR_PEER_GONE;
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
+        rtr_backend_t *be = &r->be[i];
+        if (be->conn != NULL && be != peer && (be->caps & PROTO_CAP_DECODE))
+            (void)rtr_backend_send(be, &m);
+    }
+}
+
+static bool geom_equal(const proto_kv_geom_t *a, const proto_kv_geom_t *b)
+{
+    return a->n_layers == b->n_layers && a->n_kv_heads == b->n_kv_heads &&
+           a->head_dim == b->head_dim && a->block_tokens == b->block_tokens &&
+           a->kv_dtype == b->kv_dtype && a->block_bytes == b->block_bytes &&
+           a->vocab_size == b->vocab_size;
+}
+
+static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
+{
+    rtr_ctlconn_t *cc = arg;
+    if (cc == NULL)
+        return;
+    rtr_t *r = cc->r;
+    const proto_hello_t *h = &msg->u.hello;
+
+    if (cc->be != NULL) {
+        proto_conn_close(conn, PD_ERR_BAD_INPUT);
+        return;
+    }
+    if (r->auth) {
+        const uint8_t *frame;
+        size_t flen;
+        if (proto_conn_frame(conn, &frame, &flen) != PD_OK ||
+            proto_auth_hello_verify(&r->secret, frame, flen) != PD_OK) {
+            send_reject(cc, conn, PD_ERR_AUTH, "HELLO from '%s': bad MAC (wrong deployment secret?)",
+                        h->daemon_id);
+            return;
+        }
+    }
+    if (h->role != PROTO_ROLE_PREFILL && h->role != PROTO_ROLE_DECODE) {
+        send_reject(cc, conn, PD_ERR_BAD_INPUT, "role %u cannot register with a router", h->role);
+        return;
+    }
+    uint32_t need = h->role == PROTO_ROLE_PREFILL ? PROTO_CAP_PREFILL : PROTO_CAP_DECODE;
+    if ((h->caps & need) == 0) {
+        send_reject(cc, conn, PD_ERR_BAD_INPUT, "role %s without its capability bit",
+                    role_name(h->role));
+        return;
+    }
+    if (r->tok_vocab_fixed && h->geom.vocab_size != eng_tok_vocab_size(r->tok)) {
+        send_reject(cc, conn, PD_ERR_MISMATCH,
+                    "vocab_size %u differs from the router's tokenizer (%u)",
+                    h->geom.vocab_size, eng_tok_vocab_size(r->tok));
+        return;
+    }
+    if (r->geom_fixed && (h->compat_hash != r->compat_hash || !geom_equal(&h->geom, &r->geom))) {
+        send_reject(cc, conn, PD_ERR_MISMATCH,
+                    "compat_hash %016" PRIx64 "/geometry (layers %u, kv_heads %u, head_dim %u, "
+                    "block_tokens %u, dtype %u, vocab %u) differ from the deployment's "
+                    "(%016" PRIx64 ": %u, %u, %u, %u, %u, %u)",
+                    h->compat_hash, h->geom.n_layers, h->geom.n_kv_heads, h->geom.head_dim,
+                    h->geom.block_tokens, h->geom.kv_dtype, h->geom.vocab_size,
+                    r->compat_hash, r->geom.n_layers, r->geom.n_kv_heads, r->geom.head_dim,
+                    r->geom.block_tokens, r->geom.kv_dtype, r->geom.vocab_size);
+        return;
+    }
+    if (r->context_length != 0 && h->geom.context_length != 0 &&
+        h->geom.context_length < r->context_length) {
+        send_reject(cc, conn, PD_ERR_MISMATCH,
+                    "context_length %u below the router's %u", h->geom.context_length,
+                    r->context_length);
+        return;
+    }
+    rtr_backend_t *be = NULL, *free_slot = NULL;
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
+        if (r->be[i].used && strcmp(r->be[i].id, h->daemon_id) == 0) {
+            be = &r->be[i];
+            break;
+        }
+        if (!r->be[i].used && free_slot == NULL)
+            free_slot = &r->be[i];
+    }
+    if (be != NULL && be->conn != NULL) {
+        send_reject(cc, conn, PD_ERR_EXISTS,
+                    "duplicate daemon id '%s': already registered from %s (incarnation %016" PRIx64 ")",
+                    h->daemon_id, proto_conn_peer(be->conn), be->incarnation);
+        return;
+    }
+    if (be == NULL) {
+        if (free_slot == NULL) {
+            /* Reuse the slot of a down backend. */
+            for (size_t i = 0; i < RTR_MAX_BACKENDS && free_slot == NULL; i++)
+                if (r->be[i].conn == NULL && r->be[i].assigned == 0)
+                    free_slot = &r->be[i];
+            if (free_slot == NULL) {
+                send_reject(cc, conn, PD_ERR_NO_SPACE, "router full (%d backends)", RTR_MAX_BACKENDS);
+                return;
+            }
+            if (r->admin != NULL)
+                pd_admin_remove_stats(r->admin, free_slot->stats);
+            pd_stats_destroy(free_slot->stats);
+            memset(free_slot, 0, sizeof(*free_slot));
+        }
+        be = free_slot;
+        memset(be, 0, sizeof(*be));
+        be->used = true;
+        snprintf(be->id, sizeof(be->id), "%s", h->daemon_id);
+        be->admin_state = RTR_BE_READY;
+        const char *labels[] = { "backend", be->id, "role", role_name(h->role), NULL };
+        if (pd_stats_create(&be_stats_table, labels, &be->stats) == PD_OK && r->admin != NULL)
+            pd_admin_add_stats(r->admin, be->stats);
+    }
+    if (!r->geom_fixed) {
+        r->geom_fixed = true;
+        r->compat_hash = h->compat_hash;
+        r->geom = h->geom;
+        if (r->context_length == 0)
+            r->context_length = h->geom.context_length;
+        pd_log(PD_LOG_INFO, RTR_COMP, NULL,
+               "deployment geometry fixed by '%s': compat %016" PRIx64 " layers %u kv_heads %u "
+               "head_dim %u block_tokens %u block_bytes %" PRIu64 " vocab %u ctx %u",
+               h->daemon_id, h->compat_hash, h->geom.n_layers, h->geom.n_kv_heads,
+               h->geom.head_dim, h->geom.block_tokens, h->geom.block_bytes,
+               h->geom.vocab_size, r->context_length);
+    }
+    be->role = h->role;
+    be->caps = h->caps;
+    be->incarnation = h->incarnation;
+    be->conn = conn;
+    be->registered_ns = pd_now_ns();
+    be->last_hb_ns = be->registered_ns;
+    memset(&be->hb, 0, sizeof(be->hb));
+    be->hb.free_blocks = h->geom.total_blocks;
+    be->hb.total_blocks = h->geom.total_blocks;
+    be->kv_addr_len = h->kv_addr.len <= sizeof(be->kv_addr) ? h->kv_addr.len : 0;
+    if (be->kv_addr_len > 0)
+        memcpy(be->kv_addr, h->kv_addr.p, be->kv_addr_len);
+    be_set_state(be, be->admin_state);
+    pd_stats_gauge_set(be->stats, RTR_BE_total_blocks, h->geom.total_blocks);
+    pd_stats_gauge_set(be->stats, RTR_BE_free_blocks, h->geom.total_blocks);
+    cc->be = be;
+
+    proto_msg_t ack;
+    memset(&ack, 0, sizeof(ack));
+    ack.hdr.type = PROTO_MSG_REGISTER_ACK;
+    snprintf(ack.u.register_ack.daemon_id, sizeof(ack.u.register_ack.daemon_id), "%s", r->cfg.id);
+    ack.u.register_ack.incarnation = r->incarnation;
+    ack.u.register_ack.heartbeat_interval_ns = r->cfg.heartbeat_interval;
+    ack.u.register_ack.lease_ns = r->cfg.lease;
+    proto_auth_nonce(ack.u.register_ack.nonce);
+    if (r->auth && proto_auth_ack_sign(&r->secret, &ack, h->nonce) != PD_OK) {
+        proto_conn_close(conn, PD_ERR_INTERNAL);
+        return;
+    }
+    (void)proto_conn_send(conn, &ack);
+    pd_stats_inc(r->stats, RTR_ST_backends_registered);
+    pd_log(PD_LOG_INFO, RTR_COMP, NULL,
+           "backend '%s' registered: role %s caps 0x%x from %s incarnation %016" PRIx64
+           " blocks %u state %s", be->id, role_name(be->role), be->caps, proto_conn_peer(conn),
+           be->incarnation, h->geom.total_blocks, rtr_be_state_name(be->state));
+
+    /* PEER_INFO: a new decode learns every live prefill; a new prefill is
+     * announced to every live decode. */
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
+        rtr_backend_t *o = &r->be[i];
+        if (o == be || o->conn == NULL)
+            continue;
+        if ((be->caps & PROTO_CAP_DECODE) && (o->caps & PROTO_CAP_PREFILL))
+            send_peer_info(be, o);
+        if ((be->caps & PROTO_CAP_PREFILL) && (o->caps & PROTO_CAP_DECODE))
+            send_peer_info(o, be);
+    }
+}
+
+static void backend_down(rtr_t *r, rtr_backend_t *be, pd_status_t why)
+{
+    pd_log(PD_LOG_WARN, RTR_COMP, NULL, "backend '%s' (%s) down: %s", be->id,
+           role_name(be->role), pd_status_name(why));
+    pd_stats_inc(r->stats, RTR_ST_backends_lost);
+    be->conn = NULL;
+    be_set_state(be, RTR_BE_DOWN);
+    if (be->caps & PROTO_CAP_PREFILL)
+        send_peer_down(r, be, why);
+    rtr_http_backend_down(r, be);
+}
+
+static void on_heartbeat(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
+{
+    rtr_ctlconn_t *cc = arg;
+    if (cc->be == NULL) {
+        proto_conn_close(conn, PD_ERR_AUTH);
+        return;
+    }
+    rtr_backend_t *be = cc->be;
+    be->hb = msg->u.heartbeat;
+    be->last_hb_ns = pd_now_ns();
+    pd_stats_gauge_set(be->stats, RTR_BE_queue_depth, be->hb.queue_depth);
+    pd_stats_gauge_set(be->stats, RTR_BE_running_seqs, be->hb.running_seqs);
+    pd_stats_gauge_set(be->stats, RTR_BE_free_blocks, be->hb.free_blocks);
+    pd_stats_gauge_set(be->stats, RTR_BE_total_blocks, be->hb.total_blocks);
+}
+
+static void on_request_msg(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
+{
+    rtr_ctlconn_t *cc = arg;
+    if (cc->be == NULL) {
+        pd_log(PD_LOG_WARN, RTR_COMP, NULL, "%s from unregistered %s: closing",
+               proto_msg_name(msg->hdr.type), proto_conn_peer(conn));
+        proto_conn_close(conn, PD_ERR_AUTH);
+        return;
+    }
+    rtr_http_on_msg(cc->r, cc->be, msg);
+}
+
+static void on_other(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
+{
+    rtr_ctlconn_t *cc = arg;
+    pd_log(PD_LOG_WARN, RTR_COMP, NULL, "unexpected %s from %s ('%s'): closing",
+           proto_msg_name(msg->hdr.type), proto_conn_peer(conn),
+           cc->be != NULL ? cc->be->id : "unregistered");
+    proto_conn_close(conn, PD_ERR_BAD_TYPE);
+}
+
+static void on_close(proto_conn_t *conn, pd_status_t why, void *arg)
+{
+    rtr_ctlconn_t *cc = arg;
+    if (cc == NULL)
+        return;
+    if (cc->be != NULL && cc->be->conn == conn)
+        backend_down(cc->r, cc->be, why);
+    if (pd_loop_defer_free(cc->r->loop, free, cc) != PD_OK)
+        free(cc);
+}
+
+static void on_accept(proto_listener_t *l, proto_conn_t *conn, void *arg)
+{
+    rtr_t *r = arg;
+    rtr_ctlconn_t *cc = calloc(1, sizeof(*cc));
+    if (cc == NULL) {
+        proto_conn_set_arg(conn, NULL);
+        proto_conn_close(conn, PD_ERR_NO_MEMORY);
+        return;
+    }
+    cc->r = r;
+    proto_conn_set_arg(conn, cc);
+}
+
+static void hb_tick(evutil_socket_t fd, short what, void *arg)
+{
+    rtr_t *r = arg;
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_HEARTBEAT;
+    m.u.heartbeat.incarnation = r->incarnation;
+    m.u.heartbeat.sent_ns = pd_now_ns();
+    m.u.heartbeat.flags = r->draining ? PROTO_HB_DRAINING : 0;
+    m.u.heartbeat.queue_depth = r->n_reqs;
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
+        if (r->be[i].conn != NULL)
+            (void)proto_conn_send(r->be[i].conn, &m);
+}
+
+pd_status_t rtr_ctl_start(rtr_t *r)
+{
+    proto_conn_cbs_t cbs;
+    memset(&cbs, 0, sizeof(cbs));
+    cbs.on_hello = on_hello;
+    cbs.on_heartbeat = on_heartbeat;
+    cbs.on_prefill_done = on_request_msg;
+    cbs.on_tokens = on_request_msg;
+    cbs.on_finish = on_request_msg;
+    cbs.on_error = on_request_msg;
+    cbs.on_other = on_other;
+    cbs.on_close = on_close;
+    proto_conn_opts_t opts;
+    memset(&opts, 0, sizeof(opts));
+    opts.idle_timeout_ns = 3 * r->cfg.heartbeat_interval;
+    opts.stats = &r->ctl_stats;
+    pd_status_t s = proto_listener_create(r->base, r->cfg.control, on_accept, &cbs, r, &opts,
+                                          &r->ctl);
+    if (s != PD_OK)
+        return s;
+    r->ctl_port = proto_listener_port(r->ctl);
+    r->hb_timer = event_new(r->base, -1, EV_PERSIST, hb_tick, r);
+    if (r->hb_timer == NULL)
+        return PD_ERR_NO_MEMORY;
+    struct timeval tv = { (time_t)(r->cfg.heartbeat_interval / 1000000000ull),
+                          (suseconds_t)(r->cfg.heartbeat_interval % 1000000000ull / 1000) };
+    event_add(r->hb_timer, &tv);
+    return PD_OK;
+}
+
+void rtr_ctl_stop(rtr_t *r)
+{
+    if (r->hb_timer != NULL) {
+        event_free(r->hb_timer);
+        r->hb_timer = NULL;
+    }
+    proto_listener_destroy(r->ctl);
+    r->ctl = NULL;
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
+        if (r->be[i].conn != NULL)
+            proto_conn_close(r->be[i].conn, PD_ERR_SHUTDOWN);
+}
+
+/* ---- admin ---------------------------------------------------------------- */
+
+pd_status_t rtr_admin_backends(pd_admin_req_t *req, cJSON *reply)
+{
+    rtr_t *r = req->arg;
+    cJSON *arr = cJSON_AddArrayToObject(reply, "backends");
+    if (arr == NULL)
+        return PD_ERR_NO_MEMORY;
+    uint64_t now = pd_now_ns();
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
+        rtr_backend_t *be = &r->be[i];
+        if (!be->used)
+            continue;
+        cJSON *o = cJSON_CreateObject();
+        if (o == NULL)
+            return PD_ERR_NO_MEMORY;
+        cJSON_AddItemToArray(arr, o);
+        char inc[24];
+        snprintf(inc, sizeof(inc), "%016" PRIx64, be->incarnation);
+        cJSON_AddStringToObject(o, "id", be->id);
+        cJSON_AddStringToObject(o, "role", role_name(be->role));
+        cJSON_AddStringToObject(o, "state", rtr_be_state_name(be->state));
+        cJSON_AddStringToObject(o, "admin_state", rtr_be_state_name(be->admin_state));
+        cJSON_AddStringToObject(o, "incarnation", inc);
+        cJSON_AddStringToObject(o, "addr", be->conn != NULL ? proto_conn_peer(be->conn) : "");
+        cJSON_AddNumberToObject(o, "caps", be->caps);
+        cJSON_AddBoolToObject(o, "draining", (be->hb.flags & PROTO_HB_DRAINING) != 0);
+        cJSON_AddNumberToObject(o, "queue_depth", be->hb.queue_depth);
+        cJSON_AddNumberToObject(o, "running_seqs", be->hb.running_seqs);
+        cJSON_AddNumberToObject(o, "free_blocks", be->hb.free_blocks);
+        cJSON_AddNumberToObject(o, "total_blocks", be->hb.total_blocks);
+        cJSON_AddNumberToObject(o, "leases", be->hb.leases);
+        cJSON_AddNumberToObject(o, "outstanding_prefill_tokens",
+                                (double)be->hb.outstanding_prefill_tokens);
+        cJSON_AddNumberToObject(o, "assigned", be->assigned);
+        cJSON_AddNumberToObject(o, "last_heartbeat_ms", (double)(now - be->last_hb_ns) / 1e6);
+    }
+    return PD_OK;
+}
+
+pd_status_t rtr_admin_set_backend(pd_admin_req_t *req, cJSON *reply)
+{
+    rtr_t *r = req->arg;
+    if (req->argc != 2)
+        return pd_admin_req_error(req, PD_ERR_BAD_INPUT,
+                                  "usage: set-backend <id> ready|drain|maint");
+    rtr_be_state_t s;
+    if (strcmp(req->argv[1], "ready") == 0)
+        s = RTR_BE_READY;
+    else if (strcmp(req->argv[1], "drain") == 0)
+        s = RTR_BE_DRAIN;
+    else if (strcmp(req->argv[1], "maint") == 0)
+        s = RTR_BE_MAINT;
+    else
+        return pd_admin_req_error(req, PD_ERR_BAD_INPUT, "state must be ready|drain|maint, got '%s'",
+                                  req->argv[1]);
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
+        rtr_backend_t *be = &r->be[i];
+        if (be->used && strcmp(be->id, req->argv[0]) == 0) {
+            be->admin_state = s;
+            if (be->conn != NULL)
+                be_set_state(be, s);
+            pd_log(PD_LOG_INFO, RTR_COMP, NULL, "admin: backend '%s' set to %s (uid %u)", be->id,
+                   rtr_be_state_name(s), (unsigned)req->uid);
+            cJSON_AddStringToObject(reply, "id", be->id);
+            cJSON_AddStringToObject(reply, "state", rtr_be_state_name(be->state));
+            return PD_OK;
+        }
+    }
+    return pd_admin_req_error(req, PD_ERR_NOT_FOUND, "no backend '%s'", req->argv[0]);
+}

@@ -1,0 +1,201 @@
+/* rtr_int.h - pd-router internals shared by rtr_main.c (config, boot,
+ * admin), rtr_ctl.c (control plane: registration, heartbeats, backends) and
+ * rtr_http.c (evhttp front end and the request flow). Not a public API. */
+#ifndef RTR_INT_H
+#define RTR_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "pd_admin.h"
+#include "pd_config.h"
+#include "pd_loop.h"
+#include "pd_stats.h"
+#include "proto_auth.h"
+#include "proto_conn.h"
+#include "rtr_openai.h"
+#include "rtr_policy.h"
+#include "rtr_req.h"
+#include "eng_tok.h"
+#include "eng_chat.h"
+
+#define RTR_COMP "router"
+#define RTR_MAX_BACKENDS 64
+
+/* ---- configuration (one table in rtr_main.c) ---------------------------- */
+typedef struct {
+    char *id;
+    char *http;
+    char *control;
+    char *secret_file;
+    char *secret;
+    bool insecure_no_auth;
+    char *admin_socket;
+    char *log_level;
+    char *log_file;
+    char *model;
+    char *engine;
+    char *served_model_name;
+    char *chat_template;
+    char *api_key;
+    int disagg_mode;              /* rtr_disagg_mode_t */
+    uint64_t disagg_threshold;
+    uint64_t max_body;
+    uint64_t max_body_hard;
+    uint64_t max_tokens_cap;
+    uint64_t default_max_tokens;
+    uint64_t n_cap;
+    uint64_t max_concurrent;
+    uint64_t max_retries;
+    uint64_t context_length;
+    uint64_t heartbeat_interval;  /* ns */
+    uint64_t request_timeout;     /* ns */
+    uint64_t drain_timeout;       /* ns */
+    uint64_t lease;               /* ns, announced in REGISTER_ACK */
+    uint64_t retry_after;         /* seconds, Retry-After on 429/503 */
+    char *ready_file;
+} rtr_cfg_t;
+
+/* ---- stats ------------------------------------------------------------ */
+#define RTR_STATS(X)                                                             \
+    X(requests_accepted,   COUNTER,   "Requests accepted (routed to a backend)")  \
+    X(requests_completed,  COUNTER,   "Accepted requests that finished with a finish_reason") \
+    X(requests_failed,     COUNTER,   "Accepted requests that ended with an error") \
+    X(requests_canceled,   COUNTER,   "Accepted requests canceled (client gone)") \
+    X(requests_rejected,   COUNTER,   "Requests refused before acceptance (4xx)") \
+    X(requests_overloaded, COUNTER,   "Requests refused with 429/503 (overload, no backend)") \
+    X(requests_retried,    COUNTER,   "Request retries (prefill or KV pull failure)") \
+    X(requests_disaggregated, COUNTER, "Requests prefilled on a prefill daemon") \
+    X(requests_local,      COUNTER,   "Requests prefilled on their decode daemon") \
+    X(requests_inflight,   GAUGE,     "Accepted requests not finished yet")       \
+    X(prompt_tokens,       COUNTER,   "Prompt tokens of accepted requests")       \
+    X(generation_tokens,   COUNTER,   "Tokens streamed to clients")               \
+    X(request_ttft,        HISTOGRAM, "Time to first token (acceptance to first token)") \
+    X(request_inter_token, HISTOGRAM, "Time between consecutive tokens")          \
+    X(request_e2e,         HISTOGRAM, "Acceptance to finish")                     \
+    X(request_queue_time,  HISTOGRAM, "Queue time reported by daemons")           \
+    X(kv_transfer_bytes,   COUNTER,   "KV bytes pulled by decode daemons (from FINISH)") \
+    X(kv_transfer,         HISTOGRAM, "KV transfer time reported by decode daemons") \
+    X(kv_transfer_failures, COUNTER,  "KV pulls that failed (decode ERROR)")      \
+    X(backends_registered, COUNTER,   "Successful registrations")                 \
+    X(backends_rejected,   COUNTER,   "Registrations refused")                    \
+    X(backends_lost,       COUNTER,   "Backends marked down")                     \
+    X(client_disconnects,  COUNTER,   "Clients gone before their request ended")
+
+#define RTR_STAT_ID(name, kind, help) RTR_ST_##name,
+typedef enum { RTR_STATS(RTR_STAT_ID) RTR_ST__COUNT } rtr_stat_id_t;
+
+#define RTR_BE_STATS(X)                                                          \
+    X(state,        GAUGE, "Backend state: 0 down, 1 ready, 2 drain, 3 maint")    \
+    X(queue_depth,  GAUGE, "Queued requests (last heartbeat)")                    \
+    X(running_seqs, GAUGE, "Running sequences (last heartbeat)")                  \
+    X(free_blocks,  GAUGE, "Free KV blocks (last heartbeat)")                     \
+    X(total_blocks, GAUGE, "Total KV blocks (last heartbeat)")                    \
+    X(assigned,     GAUGE, "Router requests currently assigned")
+
+#define RTR_BE_STAT_ID(name, kind, help) RTR_BE_##name,
+typedef enum { RTR_BE_STATS(RTR_BE_STAT_ID) RTR_BE__COUNT } rtr_be_stat_id_t;
+
+/* ---- backends ----------------------------------------------------------- */
+typedef enum {
+    RTR_BE_DOWN  = 0,
+    RTR_BE_READY = 1,
+    RTR_BE_DRAIN = 2,
+    RTR_BE_MAINT = 3,
+} rtr_be_state_t;
+
+typedef struct rtr rtr_t;
+
+typedef struct rtr_backend {
+    bool used;                       /* slot holds a (possibly down) backend */
+    char id[PROTO_DAEMON_ID_MAX + 1];
+    uint16_t role;                   /* proto_role_t */
+    uint32_t caps;
+    uint64_t incarnation;
+    rtr_be_state_t state;            /* DOWN when conn == NULL */
+    rtr_be_state_t admin_state;      /* READY / DRAIN / MAINT as set by admin */
+    proto_conn_t *conn;              /* NULL when down */
+    proto_heartbeat_t hb;            /* last heartbeat */
+    uint64_t last_hb_ns;
+    uint64_t registered_ns;
+    uint8_t kv_addr[PROTO_KV_ADDR_MAX];
+    uint32_t kv_addr_len;
+    uint32_t assigned;               /* requests using it */
+    pd_stats_t *stats;
+} rtr_backend_t;
+
+/* Per control connection (freed deferred after on_close). */
+typedef struct {
+    rtr_t *r;
+    rtr_backend_t *be;               /* NULL until registered */
+} rtr_ctlconn_t;
+
+typedef struct rtr_req rtr_req_t;
+
+struct rtr {
+    rtr_cfg_t cfg;
+    pd_loop_t *loop;
+    struct event_base *base;
+    pd_admin_t *admin;
+    pd_stats_t *stats;
+    proto_auth_secret_t secret;
+    bool auth;
+    uint64_t incarnation;
+
+    /* model */
+    eng_tok_t *tok;
+    eng_chat_kind_t chat_kind;
+    bool chat_ok;
+    bool tok_vocab_fixed;            /* tokenizer vocab must match daemons' */
+    uint32_t context_length;         /* 0 = unknown yet */
+    char model_name[RTR_OAI_MODEL_MAX];
+    int64_t created;
+
+    /* deployment geometry, fixed by the first registration */
+    bool geom_fixed;
+    uint64_t compat_hash;
+    proto_kv_geom_t geom;
+
+    /* control plane */
+    proto_listener_t *ctl;
+    proto_stats_t ctl_stats;
+    rtr_backend_t be[RTR_MAX_BACKENDS];
+    struct event *hb_timer;
+    uint32_t rr_prefill, rr_decode;
+
+    /* HTTP */
+    struct evhttp *http;
+    struct evhttp_bound_socket *http_sock;
+    uint16_t http_port;
+    uint16_t ctl_port;
+
+    /* requests */
+    rtr_req_t *reqs;                 /* doubly linked list of live requests */
+    uint32_t n_reqs;
+    uint64_t next_seq;
+    bool draining;
+    struct event *drain_timer;
+};
+
+/* rtr_ctl.c */
+pd_status_t rtr_ctl_start(rtr_t *r);
+void rtr_ctl_stop(rtr_t *r);
+/* Eligible backends of a role (caps bit), for the policy functions. */
+rtr_backend_t *rtr_pick_backend(rtr_t *r, uint32_t cap, uint32_t needed_blocks,
+                                const rtr_backend_t *exclude);
+bool rtr_have_backend(rtr_t *r, uint32_t cap);
+/* Send on a backend's connection; PD_ERR_PEER_GONE if it is down. */
+pd_status_t rtr_backend_send(rtr_backend_t *be, proto_msg_t *msg);
+const char *rtr_be_state_name(rtr_be_state_t s);
+pd_status_t rtr_admin_backends(pd_admin_req_t *req, struct cJSON *reply);
+pd_status_t rtr_admin_set_backend(pd_admin_req_t *req, struct cJSON *reply);
+
+/* rtr_http.c */
+pd_status_t rtr_http_start(rtr_t *r);
+void rtr_http_stop(rtr_t *r);
+void rtr_http_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg);
+/* A backend went down: retry or fail its requests. */
+void rtr_http_backend_down(rtr_t *r, rtr_backend_t *be);
+void rtr_http_drain(rtr_t *r);
+pd_status_t rtr_admin_requests(pd_admin_req_t *req, struct cJSON *reply);
+
+#endif

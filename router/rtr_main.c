@@ -1,0 +1,335 @@
+/* rtr_main.c - pd-router: configuration, boot, admin commands, ready file,
+ * SIGTERM drain. The control plane lives in rtr_ctl.c, the HTTP front end
+ * and the request flow in rtr_http.c. */
+#include "rtr_int.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gguf.h"
+#include "pd_log.h"
+#include "pd_time.h"
+
+static const pd_stat_desc_t rtr_stat_descs[] = { RTR_STATS(PD_STAT_DESC) };
+static const pd_stats_table_t rtr_stats_table = PD_STATS_TABLE("router", rtr_stat_descs);
+
+static const char *const disagg_modes[] = { "threshold", "always", "never", NULL };
+
+#define ROW(field, key, type, def, help, min, max) \
+    PD_CFG_ROW(rtr_cfg_t, field, key, type, def, help, min, max, NULL)
+static const pd_cfg_field_t rtr_cfg_fields[] = {
+    ROW(id, "id", STRING, "router", "router id (sent in REGISTER_ACK)", 0, 0),
+    ROW(http, "http", STRING, "127.0.0.1:8000", "HTTP listen address host:port (port 0: any)", 0, 0),
+    ROW(control, "control", STRING, "127.0.0.1:7000",
+        "control-plane listen address host:port (port 0: any)", 0, 0),
+    ROW(secret_file, "secret-file", STRING, NULL, "deployment secret file (>= 32 bytes, hex or raw)", 0, 0),
+    ROW(secret, "secret", STRING, NULL, "deployment secret as text (tests; prefer secret-file)", 0, 0),
+    ROW(insecure_no_auth, "insecure-no-auth", BOOL, "false",
+        "run without a secret (loopback addresses only)", 0, 0),
+    ROW(admin_socket, "admin.socket", STRING, NULL, "admin UNIX socket path", 0, 0),
+    ROW(log_level, "log.level", STRING, "info", "error|warn|info|debug|trace", 0, 0),
+    ROW(log_file, "log.file", STRING, NULL, "log file (default stderr)", 0, 0),
+    ROW(model, "model", STRING, NULL, "GGUF path (tokenizer, chat template) or sim:<preset or spec>", 0, 0),
+    ROW(engine, "engine", STRING, NULL, "llama|sim (default: sim for sim: models, else llama)", 0, 0),
+    ROW(served_model_name, "served-model-name", STRING, NULL,
+        "model id in the API (default: the model's file name or spec)", 0, 0),
+    ROW(chat_template, "chat-template", STRING, NULL,
+        "chat template override (chatml|qwen2|qwen2.5|llama2|llama3)", 0, 0),
+    ROW(api_key, "api-key", STRING, NULL, "require Authorization: Bearer <key> on /v1/*", 0, 0),
+    PD_CFG_ROW(rtr_cfg_t, disagg_mode, "disagg-mode", ENUM, "threshold",
+               "threshold|always|never: when to prefill on a prefill daemon", 0, 0, disagg_modes),
+    ROW(disagg_threshold, "disagg-threshold", UINT, "32",
+        "prompts with at least this many tokens are disaggregated", 0, 1e9),
+    ROW(max_body, "max-body", SIZE, "1MiB", "largest request body (413 above)", 1024, 1e9),
+    ROW(max_body_hard, "max-body-hard", SIZE, "16MiB",
+        "bodies above this are cut by libevent (plain 413)", 1024, 4e9),
+    ROW(max_tokens_cap, "max-tokens-cap", UINT, "32768", "largest max_tokens accepted", 1, 1e7),
+    ROW(default_max_tokens, "default-max-tokens", UINT, "256", "max_tokens when the client sends none", 1, 1e7),
+    ROW(n_cap, "n-cap", UINT, "1", "largest n accepted (n > 1 is not implemented)", 1, 1),
+    ROW(max_concurrent, "max-concurrent", UINT, "1024", "requests in flight before 429", 1, 1e7),
+    ROW(max_retries, "max-retries", UINT, "2", "decode-local retries per request", 0, 16),
+    ROW(context_length, "context-length", UINT, "0",
+        "context length (0: from the model, else from the first daemon)", 0, 1e9),
+    ROW(heartbeat_interval, "heartbeat-interval", DURATION, "500ms",
+        "heartbeat period (idle for 3 periods = down)", 1e6, 6e10),
+    ROW(request_timeout, "request-timeout", DURATION, "600s", "end-to-end request budget", 1e6, 864e11),
+    ROW(drain_timeout, "drain-timeout", DURATION, "30s", "SIGTERM: wait this long for streams", 0, 36e11),
+    ROW(lease, "lease-ttl", DURATION, "30s", "KV lease length announced to daemons", 1e6, 36e11),
+    ROW(retry_after, "retry-after", UINT, "1", "Retry-After seconds on 429/503", 1, 3600),
+    ROW(ready_file, "ready-file", STRING, NULL,
+        "write {\"http\":port,\"control\":port} here once listening", 0, 0),
+    PD_CFG_END,
+};
+
+static const pd_cfg_schema_t rtr_cfg_schema = {
+    .prog = "pd-router",
+    .summary = "pd-router [--config FILE] [--key=value ...]  OpenAI-compatible PD router",
+    .fields = rtr_cfg_fields,
+};
+
+static const pd_admin_cmd_t rtr_admin_cmds[] = {
+    { "backends", PD_ADMIN_USER, rtr_admin_backends,
+      "backends - registered daemons: role, state, load, last heartbeat" },
+    { "set-backend", PD_ADMIN_ADMIN, rtr_admin_set_backend,
+      "set-backend <id> ready|drain|maint - change a backend's routing state" },
+    { "requests", PD_ADMIN_USER, rtr_admin_requests,
+      "requests - requests in flight with state and per-state times" },
+    PD_ADMIN_CMD_END,
+};
+
+static bool addr_loopback(const char *a)
+{
+    return a != NULL && (strncmp(a, "127.", 4) == 0 || strncmp(a, "localhost", 9) == 0 ||
+                         strncmp(a, "[::1]", 5) == 0 || a[0] == ':' ||
+                         strchr(a, ':') == NULL);
+}
+
+static bool is_sim(const rtr_cfg_t *c)
+{
+    if (c->engine != NULL && c->engine[0] != '\0')
+        return strcmp(c->engine, "sim") == 0;
+    return c->model != NULL && strncmp(c->model, "sim:", 4) == 0;
+}
+
+static pd_status_t load_model(rtr_t *r)
+{
+    rtr_cfg_t *c = &r->cfg;
+    char err[256] = "";
+    bool sim = is_sim(c);
+    pd_status_t s;
+    if (c->model == NULL || c->model[0] == '\0') {
+        fprintf(stderr, "pd-router: --model is required (GGUF path or sim:<preset>)\n");
+        return PD_ERR_BAD_INPUT;
+    }
+    s = eng_tok_load_for(sim ? "sim" : "llama", c->model, &r->tok, err, sizeof(err));
+    if (s != PD_OK) {
+        fprintf(stderr, "pd-router: --model %s: tokenizer: %s%s%s\n", c->model,
+                pd_status_str(s), err[0] ? ": " : "", err);
+        return s;
+    }
+    /* The sim engine's vocabulary is the preset's (e.g. 128256) while its
+     * text is the byte tokenizer's: the daemons' vocab is taken as is. */
+    r->tok_vocab_fixed = !sim;
+    r->context_length = (uint32_t)c->context_length;
+    if (!sim && r->context_length == 0) {
+        gguf_t *g = NULL;
+        if (gguf_open(c->model, &g, err, sizeof(err)) == PD_OK) {
+            char key[96];
+            const char *arch = NULL;
+            uint64_t alen = 0;
+            if (gguf_get_string(g, "general.architecture", &arch, &alen) == PD_OK &&
+                alen < 64) {
+                uint32_t v;
+                snprintf(key, sizeof(key), "%.*s.context_length", (int)alen, arch);
+                if (gguf_get_u32(g, key, &v) == PD_OK)
+                    r->context_length = v;
+            }
+            gguf_close(g);
+        }
+    }
+    s = eng_chat_for_tok(r->tok, c->chat_template, &r->chat_kind);
+    r->chat_ok = s == PD_OK;
+    if (!r->chat_ok && c->chat_template != NULL && c->chat_template[0] != '\0') {
+        fprintf(stderr, "pd-router: --chat-template: unknown template '%s'\n", c->chat_template);
+        return PD_ERR_BAD_INPUT;
+    }
+    const char *name = c->served_model_name;
+    if (name == NULL || name[0] == '\0') {
+        name = c->model;
+        if (!sim) {
+            const char *slash = strrchr(name, '/');
+            if (slash != NULL)
+                name = slash + 1;
+        }
+    }
+    snprintf(r->model_name, sizeof(r->model_name), "%s", name);
+    pd_log(PD_LOG_INFO, RTR_COMP, NULL,
+           "model '%s': tokenizer %s vocab %u, chat template %s, context length %u%s",
+           r->model_name, eng_tok_model_name(r->tok), eng_tok_vocab_size(r->tok),
+           r->chat_ok ? eng_chat_name(r->chat_kind) : "none", r->context_length,
+           r->context_length ? "" : " (from the first daemon)");
+    return PD_OK;
+}
+
+static pd_status_t load_secret(rtr_t *r)
+{
+    rtr_cfg_t *c = &r->cfg;
+    pd_status_t s;
+    const char *env = getenv("PD_SECRET");
+    if (c->secret_file != NULL && c->secret_file[0] != '\0') {
+        s = proto_auth_secret_load(c->secret_file, &r->secret);
+        if (s != PD_OK) {
+            fprintf(stderr, "pd-router: --secret-file %s: %s\n", c->secret_file, pd_status_str(s));
+            return s;
+        }
+    } else if ((c->secret != NULL && c->secret[0] != '\0') || (env != NULL && env[0] != '\0')) {
+        const char *t = c->secret != NULL && c->secret[0] ? c->secret : env;
+        s = proto_auth_secret_parse((const uint8_t *)t, strlen(t), &r->secret);
+        if (s != PD_OK) {
+            fprintf(stderr, "pd-router: --secret: %s (need >= %u bytes)\n", pd_status_str(s),
+                    PROTO_AUTH_SECRET_MIN);
+            return s;
+        }
+    } else {
+        if (!c->insecure_no_auth) {
+            fprintf(stderr, "pd-router: no deployment secret: give --secret-file (or --secret, "
+                            "PD_SECRET), or --insecure-no-auth on loopback\n");
+            return PD_ERR_AUTH;
+        }
+        if (!addr_loopback(c->control) || !addr_loopback(c->http)) {
+            fprintf(stderr, "pd-router: --insecure-no-auth needs loopback --http and --control\n");
+            return PD_ERR_AUTH;
+        }
+        pd_log(PD_LOG_WARN, RTR_COMP, NULL,
+               "*** RUNNING WITHOUT CONTROL-PLANE AUTHENTICATION (--insecure-no-auth) ***");
+        r->auth = false;
+        return PD_OK;
+    }
+    r->auth = true;
+    return PD_OK;
+}
+
+static pd_status_t write_ready_file(rtr_t *r)
+{
+    if (r->cfg.ready_file == NULL || r->cfg.ready_file[0] == '\0')
+        return PD_OK;
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%d", r->cfg.ready_file, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL)
+        return PD_ERR_IO;
+    fprintf(f, "{\"http\":%u,\"control\":%u,\"pid\":%d}\n", r->http_port, r->ctl_port,
+            (int)getpid());
+    if (fclose(f) != 0 || rename(tmp, r->cfg.ready_file) != 0) {
+        unlink(tmp);
+        return PD_ERR_IO;
+    }
+    return PD_OK;
+}
+
+static void on_drain(pd_loop_t *loop, void *arg)
+{
+    rtr_http_drain(arg);
+}
+
+int main(int argc, char **argv)
+{
+    static rtr_t router;
+    rtr_t *r = &router;
+    pd_cfg_result_t res;
+    int rc = 1;
+    pd_status_t s;
+
+    pd_config_load_or_exit(&rtr_cfg_schema, &r->cfg, argc, argv, &res);
+    pd_log_level_t lvl;
+    if (pd_log_level_parse(r->cfg.log_level, &lvl) != PD_OK) {
+        fprintf(stderr, "pd-router: --log.level: expected error|warn|info|debug|trace, got \"%s\"\n",
+                r->cfg.log_level);
+        pd_config_result_free(&res);
+        return 2;
+    }
+    pd_log_set_level(lvl);
+    if (pd_log_open(r->cfg.log_file) != PD_OK) {
+        fprintf(stderr, "pd-router: --log.file %s: cannot open\n", r->cfg.log_file);
+        pd_config_result_free(&res);
+        return 2;
+    }
+    if (sodium_init() < 0) {
+        fprintf(stderr, "pd-router: libsodium init failed\n");
+        goto err_cfg;
+    }
+    randombytes_buf(&r->incarnation, sizeof(r->incarnation));
+    r->created = (int64_t)time(NULL);
+    if (load_secret(r) != PD_OK) {
+        rc = 2;
+        goto err_cfg;
+    }
+    if (load_model(r) != PD_OK) {
+        rc = 2;
+        goto err_secret;
+    }
+    if (pd_stats_create(&rtr_stats_table, NULL, &r->stats) != PD_OK)
+        goto err_tok;
+    if (pd_loop_create(&r->loop) != PD_OK)
+        goto err_stats;
+    r->base = pd_loop_base(r->loop);
+    pd_loop_on_drain(r->loop, on_drain, r);
+
+    if (r->cfg.admin_socket != NULL && r->cfg.admin_socket[0] != '\0') {
+        pd_admin_opts_t ao = {
+            .path = r->cfg.admin_socket,
+            .prog = "pd-router",
+            .cfg_schema = &rtr_cfg_schema,
+            .cfg_target = &r->cfg,
+        };
+        s = pd_admin_create(r->loop, &ao, &r->admin);
+        if (s != PD_OK) {
+            pd_log(PD_LOG_ERROR, RTR_COMP, NULL, "admin socket %s: %s", r->cfg.admin_socket,
+                   pd_status_str(s));
+            goto err_loop;
+        }
+        pd_admin_register(r->admin, rtr_admin_cmds, r);
+        pd_admin_add_stats(r->admin, r->stats);
+    }
+    s = rtr_ctl_start(r);
+    if (s != PD_OK) {
+        pd_log(PD_LOG_ERROR, RTR_COMP, NULL, "control listener %s: %s", r->cfg.control,
+               pd_status_str(s));
+        goto err_admin;
+    }
+    s = rtr_http_start(r);
+    if (s != PD_OK) {
+        pd_log(PD_LOG_ERROR, RTR_COMP, NULL, "HTTP listener %s: %s", r->cfg.http,
+               pd_status_str(s));
+        goto err_ctl;
+    }
+    pd_log(PD_LOG_INFO, RTR_COMP, NULL, "listening http=127.0.0.1:%u control=127.0.0.1:%u%s",
+           r->http_port, r->ctl_port, r->auth ? "" : " (no auth)");
+    if (write_ready_file(r) != PD_OK) {
+        pd_log(PD_LOG_ERROR, RTR_COMP, NULL, "ready file %s: cannot write", r->cfg.ready_file);
+        goto err_http;
+    }
+    s = pd_loop_run(r->loop);
+    rc = s == PD_OK ? 0 : 1;
+    pd_log(PD_LOG_INFO, RTR_COMP, NULL, "exiting: accepted %" PRIu64 " = completed %" PRIu64
+           " + failed %" PRIu64 " + canceled %" PRIu64 " (+%u in flight)",
+           pd_stats_counter(r->stats, RTR_ST_requests_accepted),
+           pd_stats_counter(r->stats, RTR_ST_requests_completed),
+           pd_stats_counter(r->stats, RTR_ST_requests_failed),
+           pd_stats_counter(r->stats, RTR_ST_requests_canceled), r->n_reqs);
+err_http:
+    rtr_http_stop(r);
+err_ctl:
+    rtr_ctl_stop(r);
+err_admin:
+    if (r->admin != NULL) {
+        for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
+            if (r->be[i].stats != NULL)
+                pd_admin_remove_stats(r->admin, r->be[i].stats);
+        pd_admin_remove_stats(r->admin, r->stats);
+    }
+    pd_admin_destroy(r->admin);
+err_loop:
+    pd_loop_destroy(r->loop);
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
+        pd_stats_destroy(r->be[i].stats);
+    if (r->cfg.ready_file != NULL && rc == 0)
+        unlink(r->cfg.ready_file);
+err_stats:
+    pd_stats_destroy(r->stats);
+err_tok:
+    eng_tok_destroy(r->tok);
+err_secret:
+    proto_auth_secret_wipe(&r->secret);
+err_cfg:
+    pd_config_free(&rtr_cfg_schema, &r->cfg);
+    pd_config_result_free(&res);
+    pd_log_close();
+    return rc;
+}
