@@ -1,0 +1,428 @@
+/* Unit tests for pd-bench's pure parts: percentiles, summaries, TPOT,
+ * SLO parsing and goodput, length distributions, the seeded RNG and the
+ * HTTP/1.1 response and SSE parsers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "pb_http.h"
+#include "pb_stats.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MS 1000000ULL
+
+static void test_percentile_numpy(void **state)
+{
+    double v[] = { 1, 2, 3, 4 };
+    double one[] = { 7 };
+
+    /* Reference values from numpy.percentile (linear interpolation). */
+    assert_float_equal(pb_percentile(v, 4, 50), 2.5, 1e-12);
+    assert_float_equal(pb_percentile(v, 4, 90), 3.7, 1e-12);
+    assert_float_equal(pb_percentile(v, 4, 99), 3.97, 1e-12);
+    assert_float_equal(pb_percentile(v, 4, 0), 1, 1e-12);
+    assert_float_equal(pb_percentile(v, 4, 100), 4, 1e-12);
+    assert_float_equal(pb_percentile(one, 1, 99), 7, 1e-12);
+    assert_float_equal(pb_percentile(NULL, 0, 50), 0, 1e-12);
+}
+
+static void test_summary(void **state)
+{
+    double v[] = { 50, 10, 40, 20, 30 };
+    pb_summary_t s;
+
+    pb_summary(v, 5, &s);
+    assert_int_equal(s.n, 5);
+    assert_float_equal(s.mean, 30, 1e-12);
+    assert_float_equal(s.std, sqrt(200.0), 1e-9);   /* population std */
+    assert_float_equal(s.median, 30, 1e-12);
+    assert_float_equal(s.p50, 30, 1e-12);
+    assert_float_equal(s.p90, 46, 1e-12);
+    assert_float_equal(s.p99, 49.6, 1e-12);
+    assert_float_equal(s.min, 10, 1e-12);
+    assert_float_equal(s.max, 50, 1e-12);
+    pb_summary(v, 0, &s);
+    assert_int_equal(s.n, 0);
+    assert_float_equal(s.mean, 0, 0);
+}
+
+static void test_dist_parse(void **state)
+{
+    pb_dist_t d;
+    pb_rng_t rng;
+    bool lo = false, hi = false;
+    int i;
+
+    assert_int_equal(pb_dist_parse("fixed:5", &d), PD_OK);
+    assert_int_equal(d.kind, PB_DIST_FIXED);
+    assert_int_equal(d.a, 5);
+    assert_int_equal(pb_dist_parse("7", &d), PD_OK);
+    assert_int_equal(d.a, 7);
+    assert_int_equal(pb_dist_parse("uniform:3:9", &d), PD_OK);
+    assert_int_equal(d.kind, PB_DIST_UNIFORM);
+    pb_rng_seed(&rng, 1);
+    for (i = 0; i < 1000; i++) {
+        uint32_t x = pb_dist_sample(&d, &rng);
+        assert_true(x >= 3 && x <= 9);
+        lo |= x == 3;
+        hi |= x == 9;
+    }
+    assert_true(lo && hi);
+    const char *bad[] = { "uniform:9:3", "0", "fixed:", "abc", "uniform:1",
+                          "5x", "2000000", "fixed:-3", "", "uniform:1:2:3" };
+    for (i = 0; i < (int)(sizeof(bad) / sizeof(bad[0])); i++) {
+        d.a = 1234;
+        assert_int_equal(pb_dist_parse(bad[i], &d), PD_ERR_BAD_INPUT);
+        assert_int_equal(d.a, 1234);   /* untouched on failure */
+    }
+}
+
+static void test_slo_parse(void **state)
+{
+    pb_slo_t s;
+
+    assert_int_equal(pb_slo_parse("ttft=200ms,tpot=50ms", &s), PD_OK);
+    assert_true(s.has_ttft && s.has_tpot && !s.has_e2el);
+    assert_int_equal(s.ttft_ns, 200 * MS);
+    assert_int_equal(s.tpot_ns, 50 * MS);
+    assert_int_equal(pb_slo_parse("e2el=2s", &s), PD_OK);
+    assert_true(!s.has_ttft && s.has_e2el);
+    assert_int_equal(s.e2el_ns, 2000 * MS);
+    assert_int_equal(pb_slo_parse("ttft=200", &s), PD_OK);   /* bare = ms */
+    assert_int_equal(s.ttft_ns, 200 * MS);
+    assert_int_equal(pb_slo_parse("tpot=0.5", &s), PD_OK);
+    assert_int_equal(s.tpot_ns, 500000);
+    assert_int_equal(pb_slo_parse(NULL, &s), PD_OK);
+    assert_false(pb_slo_any(&s));
+    assert_int_equal(pb_slo_parse("foo=1", &s), PD_ERR_BAD_INPUT);
+    assert_int_equal(pb_slo_parse("ttft", &s), PD_ERR_BAD_INPUT);
+    assert_int_equal(pb_slo_parse("ttft=1ms,ttft=2ms", &s), PD_ERR_BAD_INPUT);
+    assert_int_equal(pb_slo_parse("ttft=abc", &s), PD_ERR_BAD_INPUT);
+    assert_int_equal(pb_slo_parse("ttft=-5", &s), PD_ERR_BAD_INPUT);
+}
+
+static pb_record_t rec_ok(uint64_t ttft_ms, uint64_t e2el_ms, uint32_t tokens)
+{
+    pb_record_t r;
+
+    memset(&r, 0, sizeof(r));
+    r.success = true;
+    r.http_status = 200;
+    r.ttft_ns = ttft_ms * MS;
+    r.e2el_ns = e2el_ms * MS;
+    r.output_tokens = tokens;
+    r.content_chunks = tokens;
+    r.input_tokens = 100;
+    return r;
+}
+
+static void test_tpot_and_slo_met(void **state)
+{
+    pb_record_t r = rec_ok(50, 230, 10);
+    pb_slo_t slo;
+
+    assert_float_equal(pb_record_tpot_ns(&r), 20.0 * MS, 1e-6);
+    r.output_tokens = 1;
+    assert_float_equal(pb_record_tpot_ns(&r), 0, 0);   /* undefined */
+    r.output_tokens = 10;
+
+    assert_int_equal(pb_slo_parse("ttft=50ms,tpot=20ms", &slo), PD_OK);
+    assert_true(pb_slo_met(&slo, &r));                 /* bounds inclusive */
+    assert_int_equal(pb_slo_parse("tpot=19ms", &slo), PD_OK);
+    assert_false(pb_slo_met(&slo, &r));
+    assert_int_equal(pb_slo_parse("e2el=229ms", &slo), PD_OK);
+    assert_false(pb_slo_met(&slo, &r));
+    r.success = false;
+    assert_int_equal(pb_slo_parse(NULL, &slo), PD_OK);
+    assert_false(pb_slo_met(&slo, &r));                /* failures never good */
+}
+
+static void test_aggregate_goodput(void **state)
+{
+    pb_record_t r[6];
+    uint64_t itl0[] = { 20 * MS, 22 * MS }, itl1[] = { 18 * MS };
+    pb_slo_t slo;
+    pb_aggregate_t a;
+
+    r[0] = rec_ok(100, 140, 3);
+    r[0].itl_ns = itl0;
+    r[0].n_itl = 2;
+    r[1] = rec_ok(300, 320, 2);
+    r[1].itl_ns = itl1;
+    r[1].n_itl = 1;
+    r[2] = rec_ok(150, 150, 1);                       /* single token */
+    memset(&r[3], 0, sizeof(r[3]));
+    r[3].err = PB_ERR_HTTP_5XX;
+    r[3].http_status = 503;
+    memset(&r[4], 0, sizeof(r[4]));
+    r[4].err = PB_ERR_TIMEOUT;
+    r[5] = rec_ok(10, 100, 5);
+    r[5].success = false;                             /* error frame */
+    r[5].err = PB_ERR_STREAM_ERROR;
+
+    assert_int_equal(pb_slo_parse("ttft=200ms", &slo), PD_OK);
+    assert_int_equal(pb_aggregate(r, 6, &slo, 2 * 1000 * MS, &a), PD_OK);
+    assert_int_equal(a.num_requests, 6);
+    assert_int_equal(a.completed, 3);
+    assert_int_equal(a.failed, 3);
+    assert_int_equal(a.good, 2);
+    assert_int_equal(a.errors[PB_ERR_NONE], 3);
+    assert_int_equal(a.errors[PB_ERR_HTTP_5XX], 1);
+    assert_int_equal(a.errors[PB_ERR_TIMEOUT], 1);
+    assert_int_equal(a.errors[PB_ERR_STREAM_ERROR], 1);
+    assert_int_equal(a.total_output_tokens, 6);       /* successes only */
+    assert_int_equal(a.total_input_tokens, 300);
+    assert_float_equal(a.duration_s, 2.0, 1e-12);
+    assert_float_equal(a.request_throughput, 1.5, 1e-12);
+    assert_float_equal(a.request_goodput, 1.0, 1e-12);
+    assert_float_equal(a.output_throughput, 3.0, 1e-12);
+    assert_float_equal(a.total_token_throughput, 153.0, 1e-12);
+    assert_int_equal(a.ttft_ms.n, 3);
+    assert_float_equal(a.ttft_ms.mean, (100 + 300 + 150) / 3.0, 1e-9);
+    assert_float_equal(a.ttft_ms.median, 150, 1e-9);
+    assert_int_equal(a.tpot_ms.n, 2);                 /* 1-token excluded */
+    assert_float_equal(a.tpot_ms.mean, (20 + 20) / 2.0, 1e-9);
+    assert_int_equal(a.itl_ms.n, 3);
+    assert_float_equal(a.itl_ms.mean, 20, 1e-9);
+    assert_float_equal(a.e2el_ms.max, 320, 1e-9);
+
+    /* No SLO: goodput equals throughput. */
+    assert_int_equal(pb_slo_parse("", &slo), PD_OK);
+    assert_int_equal(pb_aggregate(r, 6, &slo, 2 * 1000 * MS, &a), PD_OK);
+    assert_int_equal(a.good, 3);
+    assert_int_equal(pb_aggregate(NULL, 0, &slo, MS, &a), PD_OK);
+    assert_int_equal(a.completed, 0);
+}
+
+static void test_rng(void **state)
+{
+    pb_rng_t a, b;
+    double sum = 0;
+    int i, n = 200000;
+
+    pb_rng_seed(&a, 42);
+    pb_rng_seed(&b, 42);
+    for (i = 0; i < 100; i++)
+        assert_int_equal(pb_rng_next(&a), pb_rng_next(&b));
+    for (i = 0; i < n; i++) {
+        double u = pb_rng_uniform(&a);
+        assert_true(u >= 0 && u < 1);
+    }
+    for (i = 0; i < n; i++)
+        sum += pb_rng_exp(&a, 40.0);
+    /* Mean gap 1/40 s; the standard error is 0.025/sqrt(n) ~ 5.6e-5. */
+    assert_float_equal(sum / n, 0.025, 0.0005);
+}
+
+/* ---- HTTP ---------------------------------------------------------------- */
+
+typedef struct {
+    char buf[4096];
+    size_t len;
+} sink_t;
+
+static void sink(void *arg, const char *d, size_t n)
+{
+    sink_t *s = arg;
+    assert_true(s->len + n < sizeof(s->buf));
+    memcpy(s->buf + s->len, d, n);
+    s->len += n;
+    s->buf[s->len] = '\0';
+}
+
+static void feed_split(const char *resp, size_t step, pb_http_resp_t *r,
+                       sink_t *s, pd_status_t want)
+{
+    size_t len = strlen(resp), off = 0;
+    pd_status_t st = PD_OK;
+
+    pb_http_resp_init(r);
+    memset(s, 0, sizeof(*s));
+    while (off < len && st == PD_OK) {
+        size_t n = len - off < step ? len - off : step;
+        st = pb_http_resp_feed(r, resp + off, n, sink, s, NULL);
+        off += n;
+    }
+    assert_int_equal(st, want);
+}
+
+static void test_http_chunked(void **state)
+{
+    const char *resp =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+        "6\r\ndata: \r\n"
+        "a;ext=1\r\nhello\n\nxyz\r\n"
+        "0\r\nX-Trailer: 1\r\n\r\n";
+    size_t steps[] = { 1, 2, 7, 1000 }, i;
+    pb_http_resp_t *r = malloc(sizeof(*r));
+    sink_t *s = malloc(sizeof(*s));
+
+    for (i = 0; i < 4; i++) {
+        feed_split(resp, steps[i], r, s, PD_OK);
+        assert_true(r->headers_done && r->complete && r->chunked);
+        assert_int_equal(r->status, 200);
+        assert_false(r->conn_close);
+        assert_string_equal(s->buf, "data: hello\n\nxyz");
+    }
+    free(r);
+    free(s);
+}
+
+static void test_http_length_close_interim(void **state)
+{
+    pb_http_resp_t *r = malloc(sizeof(*r));
+    sink_t *s = malloc(sizeof(*s));
+    size_t used = 0;
+    const char *lenresp =
+        "HTTP/1.1 400 Bad Request\r\ncontent-length: 5\r\nConnection: close\r\n\r\n"
+        "{\"a\":EXTRA";
+
+    pb_http_resp_init(r);
+    memset(s, 0, sizeof(*s));
+    assert_int_equal(pb_http_resp_feed(r, lenresp, strlen(lenresp), sink, s, &used),
+                     PD_OK);
+    assert_true(r->complete && r->conn_close);
+    assert_int_equal(r->status, 400);
+    assert_string_equal(s->buf, "{\"a\":");
+    assert_int_equal(used, strlen(lenresp) - 5);
+
+    feed_split("HTTP/1.0 200 OK\r\n\r\nuntil close", 3, r, s, PD_OK);
+    assert_false(r->complete);
+    assert_true(r->conn_close);
+    assert_true(pb_http_resp_eof(r));
+    assert_string_equal(s->buf, "until close");
+
+    feed_split("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+               5, r, s, PD_OK);
+    assert_true(r->complete);
+    assert_int_equal(r->status, 204);
+
+    /* Chunked body cut short: EOF does not complete it. */
+    feed_split("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab", 4,
+               r, s, PD_OK);
+    assert_false(pb_http_resp_eof(r));
+    free(r);
+    free(s);
+}
+
+static void test_http_malformed(void **state)
+{
+    pb_http_resp_t *r = malloc(sizeof(*r));
+    sink_t *s = malloc(sizeof(*s));
+    char *big;
+
+    feed_split("HTTP/2 200 OK\r\n\r\n", 100, r, s, PD_ERR_BAD_INPUT);
+    feed_split("HTTP/1.1 20 OK\r\n\r\n", 100, r, s, PD_ERR_BAD_INPUT);
+    feed_split("HTTP/1.1 200 OK\r\nNoColon\r\n\r\n", 100, r, s, PD_ERR_BAD_INPUT);
+    feed_split("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", 100, r, s,
+               PD_ERR_BAD_INPUT);
+    feed_split("HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+               100, r, s, PD_ERR_BAD_INPUT);
+    feed_split("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", 100, r, s,
+               PD_ERR_BAD_INPUT);
+    feed_split("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 100,
+               r, s, PD_ERR_BAD_INPUT);
+    feed_split("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabX\r\n",
+               100, r, s, PD_ERR_BAD_INPUT);
+    big = malloc(PB_HTTP_LINE_MAX + 64);
+    strcpy(big, "HTTP/1.1 200 OK\r\nX: ");
+    memset(big + strlen(big), 'a', PB_HTTP_LINE_MAX);
+    big[PB_HTTP_LINE_MAX + 20] = '\0';
+    feed_split(big, 4096, r, s, PD_ERR_TOO_BIG);
+    free(big);
+    free(r);
+    free(s);
+}
+
+/* ---- SSE ----------------------------------------------------------------- */
+
+typedef struct {
+    int n;
+    char ev[8][64];
+} events_t;
+
+static void on_event(void *arg, const char *data, size_t len)
+{
+    events_t *e = arg;
+    assert_int_equal(strlen(data), len);
+    assert_true(e->n < 8 && len < 64);
+    strcpy(e->ev[e->n++], data);
+}
+
+static void test_sse(void **state)
+{
+    const char *stream =
+        ": keep-alive\n\n"
+        "data: {\"a\":1}\n\n"
+        "data:nospace\r\n\r\n"
+        "event: x\nid: 7\ndata: one\ndata: two\n\n"
+        "data\n\n"
+        "data: [DONE]\r\r"
+        "data: pending-without-blank-line\n";
+    size_t steps[] = { 1, 3, 1000 }, i, off;
+
+    for (i = 0; i < 3; i++) {
+        pb_sse_t s;
+        events_t e;
+
+        memset(&e, 0, sizeof(e));
+        pb_sse_init(&s);
+        for (off = 0; off < strlen(stream); off += steps[i]) {
+            size_t n = strlen(stream) - off;
+            if (n > steps[i])
+                n = steps[i];
+            assert_int_equal(pb_sse_feed(&s, stream + off, n, on_event, &e), PD_OK);
+        }
+        assert_int_equal(e.n, 5);
+        assert_string_equal(e.ev[0], "{\"a\":1}");
+        assert_string_equal(e.ev[1], "nospace");
+        assert_string_equal(e.ev[2], "one\ntwo");
+        assert_string_equal(e.ev[3], "");
+        assert_string_equal(e.ev[4], "[DONE]");
+        pb_sse_fini(&s);
+    }
+}
+
+static void test_sse_cap(void **state)
+{
+    pb_sse_t s;
+    events_t e;
+    char *chunk = malloc(65536);
+    pd_status_t st = PD_OK;
+    int i;
+
+    memset(&e, 0, sizeof(e));
+    memset(chunk, 'x', 65536);
+    pb_sse_init(&s);
+    st = pb_sse_feed(&s, "data: ", 6, on_event, &e);
+    for (i = 0; i < 40 && st == PD_OK; i++)
+        st = pb_sse_feed(&s, chunk, 65536, on_event, &e);
+    assert_int_equal(st, PD_ERR_TOO_BIG);
+    pb_sse_fini(&s);
+    free(chunk);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_percentile_numpy),
+        cmocka_unit_test(test_summary),
+        cmocka_unit_test(test_dist_parse),
+        cmocka_unit_test(test_slo_parse),
+        cmocka_unit_test(test_tpot_and_slo_met),
+        cmocka_unit_test(test_aggregate_goodput),
+        cmocka_unit_test(test_rng),
+        cmocka_unit_test(test_http_chunked),
+        cmocka_unit_test(test_http_length_close_interim),
+        cmocka_unit_test(test_http_malformed),
+        cmocka_unit_test(test_sse),
+        cmocka_unit_test(test_sse_cap),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
