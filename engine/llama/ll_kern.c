@@ -434,6 +434,38 @@ static TGT512 void ll_axpy_512(float *y, float a, const float *x, size_t n)
                                                 _mm512_loadu_ps(y + k)));
 }
 
+/* cnt dot products against rows k + j*stride (attention scores). */
+static TGT512 void ll_dot_rows_f16_512(const uint16_t *k, size_t stride, uint32_t cnt,
+                                       const float *q, size_t n, float *out)
+{
+    for (uint32_t j = 0; j < cnt; j++)
+        out[j] = ll_dot_f16_512(k + j * stride, q, n);
+}
+
+/* y += sum_j a[j] * v_j in j order, y kept in registers for n <= 256. */
+static TGT512 void ll_axpy_rows_f16_512(float *y, const float *a, const uint16_t *v,
+                                        size_t stride, uint32_t cnt, size_t n)
+{
+    if (n > 256) {
+        for (uint32_t j = 0; j < cnt; j++)
+            ll_axpy_f16_512(y, a[j], v + j * stride, n);
+        return;
+    }
+    __m512 acc[16];
+    const size_t nv = n / 16;
+    for (size_t c = 0; c < nv; c++)
+        acc[c] = _mm512_loadu_ps(y + 16 * c);
+    for (uint32_t j = 0; j < cnt; j++) {
+        __m512 av = _mm512_set1_ps(a[j]);
+        const uint16_t *vj = v + j * stride;
+        for (size_t c = 0; c < nv; c++)
+            acc[c] = _mm512_fmadd_ps(av, _mm512_cvtph_ps(_mm256_loadu_si256(
+                         (const __m256i *)(const void *)(vj + 16 * c))), acc[c]);
+    }
+    for (size_t c = 0; c < nv; c++)
+        _mm512_storeu_ps(y + 16 * c, acc[c]);
+}
+
 /* ------------------------------------------------------------------ */
 /* AVX2: two ymm per canonical 16-lane accumulator                     */
 
@@ -598,10 +630,47 @@ void eng_ll_axpy(float *y, float a, const float *x, size_t n)
         y[k] = fmaf(a, x[k], y[k]);
 }
 
+void eng_ll_dot_rows_f16(const uint16_t *k, size_t stride, uint32_t cnt,
+                         const float *q, size_t n, float *out)
+{
+    if (n % 16 == 0 && ll_isa_get() == LL_ISA_AVX512) {
+        ll_dot_rows_f16_512(k, stride, cnt, q, n, out);
+        return;
+    }
+    for (uint32_t j = 0; j < cnt; j++)
+        out[j] = eng_ll_dot_f16(k + j * stride, q, n);
+}
+
+void eng_ll_dot_rows(const float *k, size_t stride, uint32_t cnt, const float *q,
+                     size_t n, float *out)
+{
+    for (uint32_t j = 0; j < cnt; j++)
+        out[j] = eng_ll_dot(k + j * stride, q, n);
+}
+
+void eng_ll_axpy_rows_f16(float *y, const float *a, const uint16_t *v, size_t stride,
+                          uint32_t cnt, size_t n)
+{
+    if (n % 16 == 0 && ll_isa_get() == LL_ISA_AVX512) {
+        ll_axpy_rows_f16_512(y, a, v, stride, cnt, n);
+        return;
+    }
+    for (uint32_t j = 0; j < cnt; j++)
+        eng_ll_axpy_f16(y, a[j], v + j * stride, n);
+}
+
+void eng_ll_axpy_rows(float *y, const float *a, const float *v, size_t stride,
+                      uint32_t cnt, size_t n)
+{
+    for (uint32_t j = 0; j < cnt; j++)
+        eng_ll_axpy(y, a[j], v + j * stride, n);
+}
+
 /* ------------------------------------------------------------------ */
 /* matmul                                                              */
 
 int eng_ll_nofuse_g; /* experiments only: force the scratch path */
+uint32_t eng_ll_fuse_max_g = 8; /* largest batch on the fused path */
 
 /* Rows [r0, r1) of w for all items. scratch holds 4 dequantized rows. */
 static void ll_matmul_rows(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1,
@@ -615,12 +684,16 @@ static void ll_matmul_rows(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1,
     const uint32_t rt_max = isa == LL_ISA_AVX512 ? 4 : isa == LL_ISA_AVX2 ? 2 : 1;
     const uint32_t it_max = isa == LL_ISA_AVX512 ? 4 : isa == LL_ISA_AVX2 ? 2 : 1;
 
-    if (!eng_ll_nofuse_g && isa == LL_ISA_AVX512 && n_items <= 4 && ll_mkf_tab(w->type)) {
+    if (!eng_ll_nofuse_g && isa == LL_ISA_AVX512 && n_items <= eng_ll_fuse_max_g &&
+        ll_mkf_tab(w->type)) {
         const ll_mkf_fn (*tab)[5] = ll_mkf_tab(w->type);
         for (uint32_t r = r0; r < r1;) {
             uint32_t rt = r1 - r >= 4 ? 4 : 1;
-            tab[rt == 4][n_items](w->data + (size_t)r * w->row_bytes, w->row_bytes, x, xs,
-                                  K, out + r, os);
+            for (uint32_t i = 0; i < n_items; i += 4) {
+                uint32_t it = n_items - i < 4 ? n_items - i : 4;
+                tab[rt == 4][it](w->data + (size_t)r * w->row_bytes, w->row_bytes,
+                                 x + (size_t)i * xs, xs, K, out + (size_t)i * os + r, os);
+            }
             r += rt;
         }
         return;

@@ -54,6 +54,17 @@ float eng_ll_dot_f16(const uint16_t *a, const float *b, size_t n);
 /* y[i] += a * x[i] (elementwise, single rounding per fma). */
 void eng_ll_axpy_f16(float *y, float a, const uint16_t *x, size_t n);
 void eng_ll_axpy(float *y, float a, const float *x, size_t n);
+/* Row-batched forms for attention over one KV block: out[j] = dot(row j, q)
+ * and y += sum_j a[j] * row j (j in order), row j at base + j * stride.
+ * Per element exactly the same operations as the single-row calls. */
+void eng_ll_dot_rows_f16(const uint16_t *k, size_t stride, uint32_t cnt,
+                         const float *q, size_t n, float *out /* (cnt) */);
+void eng_ll_dot_rows(const float *k, size_t stride, uint32_t cnt, const float *q,
+                     size_t n, float *out /* (cnt) */);
+void eng_ll_axpy_rows_f16(float *y, const float *a /* (cnt) */, const uint16_t *v,
+                          size_t stride, uint32_t cnt, size_t n);
+void eng_ll_axpy_rows(float *y, const float *a /* (cnt) */, const float *v, size_t stride,
+                      uint32_t cnt, size_t n);
 
 /* Which ISA path the kernels use: "avx512", "avx2", "scalar". Set once at
  * first use from __builtin_cpu_supports; ENG_LL_ISA=scalar|avx2 in the
@@ -94,11 +105,12 @@ typedef struct {
     uint32_t n_items;
 } eng_ll_matmul_t;
 
-/* Small batches (<= 4 items) on AVX-512 widen weights in registers
- * ("fused"); larger ones dequantize 4 rows to scratch and reuse them across
- * item tiles. Both give the same bits. Setting this to 1 forces the scratch
- * path (micro-benchmarks only). */
+/* Small batches (<= eng_ll_fuse_max_g items, default 8) on AVX-512 widen
+ * weights in registers ("fused", once per 4-item tile); larger ones
+ * dequantize 4 rows to scratch and reuse them across item tiles. Both give
+ * the same bits. The knobs exist for micro-benchmarks only. */
 extern int eng_ll_nofuse_g;
+extern uint32_t eng_ll_fuse_max_g;
 
 /* scratch: per-thread f32 buffers, each >= 4 * max cols floats. */
 void eng_ll_matmul(eng_ll_pool_t *pool, const eng_ll_matmul_t *mm,

@@ -576,29 +576,47 @@ static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
         const float *q = m->q + (size_t)ti * m->q_dim + (size_t)h * hd;
         float *out = m->att + (size_t)ti * m->q_dim + (size_t)h * hd;
         size_t hoff = (size_t)(h / group) * hd;
+        const uint32_t btk = m->geom.block_tokens, kvd = m->kv_dim;
+        const size_t esz = f16 ? 2 : 4;
+        const size_t blk_elems = m->geom.block_bytes / esz;
+        const size_t koff = ((size_t)c->layer * 2 + 0) * btk * kvd + hoff;
+        const size_t voff = ((size_t)c->layer * 2 + 1) * btk * kvd + hoff;
+        const uint32_t n_pos = t->pos + 1;
+        /* scores, one KV block (a run of contiguous slots) at a time */
+        for (uint32_t s0 = 0; s0 < n_pos; s0 += btk) {
+            uint32_t cnt = n_pos - s0 < btk ? n_pos - s0 : btk;
+            size_t base = (size_t)t->bt[s0 / btk] * blk_elems + koff;
+            if (f16)
+                eng_ll_dot_rows_f16((const uint16_t *)(const void *)c->arena + base, kvd, cnt,
+                                    q, hd, sc + s0);
+            else
+                eng_ll_dot_rows((const float *)(const void *)c->arena + base, kvd, cnt, q,
+                                hd, sc + s0);
+        }
         float mx = -INFINITY;
-        for (uint32_t s = 0; s <= t->pos; s++) {
-            size_t off = ll_kv_off(m, t, s, c->layer, 0) + hoff;
-            float d = f16 ? eng_ll_dot_f16((const uint16_t *)(const void *)c->arena + off, q, hd)
-                          : eng_ll_dot((const float *)(const void *)c->arena + off, q, hd);
-            sc[s] = d * scale;
+        for (uint32_t s = 0; s < n_pos; s++) {
+            sc[s] *= scale;
             if (sc[s] > mx)
                 mx = sc[s];
         }
         float sum = 0.0f;
-        for (uint32_t s = 0; s <= t->pos; s++) {
+        for (uint32_t s = 0; s < n_pos; s++) {
             sc[s] = expf(sc[s] - mx);
             sum += sc[s];
         }
         float inv = 1.0f / sum;
+        for (uint32_t s = 0; s < n_pos; s++)
+            sc[s] *= inv;
         memset(out, 0, hd * sizeof(float));
-        for (uint32_t s = 0; s <= t->pos; s++) {
-            size_t off = ll_kv_off(m, t, s, c->layer, 1) + hoff;
+        for (uint32_t s0 = 0; s0 < n_pos; s0 += btk) {
+            uint32_t cnt = n_pos - s0 < btk ? n_pos - s0 : btk;
+            size_t base = (size_t)t->bt[s0 / btk] * blk_elems + voff;
             if (f16)
-                eng_ll_axpy_f16(out, sc[s] * inv,
-                                (const uint16_t *)(const void *)c->arena + off, hd);
+                eng_ll_axpy_rows_f16(out, sc + s0, (const uint16_t *)(const void *)c->arena + base,
+                                     kvd, cnt, hd);
             else
-                eng_ll_axpy(out, sc[s] * inv, (const float *)(const void *)c->arena + off, hd);
+                eng_ll_axpy_rows(out, sc + s0, (const float *)(const void *)c->arena + base, kvd,
+                                 cnt, hd);
         }
     }
 }
