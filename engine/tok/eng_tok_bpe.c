@@ -66,16 +66,21 @@ pd_status_t eng_tok_bpe_setup(eng_tok_t *tok, char *err, size_t err_len)
     int errcode;
     PCRE2_SIZE erroff;
 
+    /* llama.cpp's pre-type table, for the families whose pattern we ship */
     if (strcmp(tok->pre_name, "llama-bpe") == 0 || strcmp(tok->pre_name, "llama3") == 0 ||
-        strcmp(tok->pre_name, "llama-v3") == 0 || strcmp(tok->pre_name, "smaug-bpe") == 0) {
+        strcmp(tok->pre_name, "llama-v3") == 0) {
         tok->pre = ENG_PRE_LLAMA3;
         pat = RE_LLAMA3;
         tok->ignore_merges = true;
-    } else if (strcmp(tok->pre_name, "qwen2") == 0) {
+    } else if (strcmp(tok->pre_name, "smaug-bpe") == 0 || strcmp(tok->pre_name, "dbrx") == 0) {
+        tok->pre = ENG_PRE_LLAMA3;
+        pat = RE_LLAMA3;
+    } else if (strcmp(tok->pre_name, "qwen2") == 0 ||
+               strcmp(tok->pre_name, "deepseek-r1-qwen") == 0) {
         tok->pre = ENG_PRE_QWEN2;
         pat = RE_QWEN2;
     } else {
-        tok->pre = ENG_PRE_GPT2;
+        tok->pre = ENG_PRE_GPT2; /* "default", "gpt2", and unknown names */
     }
     tok->re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED,
                             PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
