@@ -698,6 +698,7 @@ void kvx_config_default(kvx_config_t *cfg)
     cfg->max_lease_ttl_ns = 600 * PD_NS_PER_S;
     cfg->close_grace_ns = 200 * PD_NS_PER_MS;
     cfg->err_mode = KVX_ERRMODE_AUTO;
+    cfg->warm_peer_mappings = true;
 }
 
 static uint64_t kvx_read_host_id(void)
@@ -1029,6 +1030,26 @@ static pd_status_t kvx_rkey_unpack(kvx_peer_t *p, const uint8_t *buf,
     return PD_OK;
 }
 
+/* Same host, shared-memory lanes: the exporter's segment is attached at
+ * rkey unpack, but each page is faulted in on its first get (~60-80 ms per
+ * 256 MiB). Touch every page now, at peer setup, not on a request's path.
+ * ucp_rkey_ptr only succeeds when the memory is directly mapped here. */
+static void kvx_peer_warm(kvx_peer_t *p)
+{
+    for (unsigned i = 0; i < p->n_regions; i++) {
+        const kvx_rregion_t *rr = &p->regions[i];
+        void *ptr;
+        if (ucp_rkey_ptr(rr->rkey, rr->base, &ptr) != UCS_OK)
+            continue;
+        const volatile uint8_t *b = ptr;
+        uint64_t len = (uint64_t)rr->n_blocks * rr->block_bytes;
+        uint8_t sink = 0;
+        for (uint64_t off = 0; off < len; off += 4096)
+            sink ^= b[off];
+        (void)sink;
+    }
+}
+
 pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len)
 {
     const uint8_t *b = meta;
@@ -1157,6 +1178,8 @@ pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len)
         roff += KVX_META_REGION_HDR + rk;
     }
     memset(&p->st, 0, sizeof(p->st));
+    if (ctx->cfg.warm_peer_mappings)
+        kvx_peer_warm(p);
     ctx->cs[KVX_CS_peers_added]++;
     kvx_progress(ctx);
     return PD_OK;

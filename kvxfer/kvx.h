@@ -77,6 +77,8 @@ typedef struct {
     uint64_t close_grace_ns;           /* wait for canceled gets after a
                                           forced close (200 ms) */
     kvx_errmode_t err_mode;
+    bool warm_peer_mappings;           /* fault in a same-host exporter's
+                                          mapped arena at kvx_peer_add (true) */
     kvx_lease_end_cb_t on_lease_end;   /* may be NULL */
     void *cb_arg;
 } kvx_config_t;

@@ -1,1 +1,494 @@
-/* placeholder */ int main(void){return 0;}
+/* kvxfer-bench - pull KV shaped like a real model between two processes
+ * (exporter child, importer parent, or two netns with --role) and print
+ * GB/s, pulls/s, latency p50/p99 and the pure handle export/import costs.
+ *
+ *   kvxfer-bench [--preset=llama3-8b|llama3-70b|qwen3-8b|tiny]
+ *                [--block-bytes=B] [--blocks-per-pull=N] [--arena-blocks=N]
+ *                [--iters=N] [--warmup=N] [--alloc=ucx|own] [--contiguous]
+ *                [--err-mode=auto|peer|none] [--max-op-bytes=B]
+ *
+ * Blocks of each pull are a random subset of the exporter arena in random
+ * order (scattered; --contiguous: one run), landing in random local blocks.
+ * Each pull is one handle (exported ahead, so the control plane is not
+ * measured); latency = kvx_pull_start -> completion callback on the loop.
+ * The last line is machine readable (tests/kvxfer/perftest-compare.sh). */
+#include "kvx.h"
+#include "pd_time.h"
+
+#include <event2/event.h>
+#include <sodium.h>
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct {
+    uint64_t block_bytes;
+    uint32_t blocks_per_pull;
+    uint32_t arena_blocks;
+    uint32_t iters, warmup;
+    kvx_alloc_t alloc;
+    kvx_errmode_t err_mode;
+    uint64_t max_op_bytes;
+    bool contiguous;
+    const char *preset;
+} bench_opts_t;
+
+static const uint8_t bench_secret[KVX_KEY_BYTES] = "kvxfer-bench-secret-0123456789a";
+
+/* ---- socket framing: u32 length + bytes ----------------------------------- */
+
+static int send_msg(int fd, const void *b, uint32_t len)
+{
+    if (write(fd, &len, 4) != 4)
+        return -1;
+    for (uint32_t off = 0; off < len;) {
+        ssize_t k = write(fd, (const uint8_t *)b + off, len - off);
+        if (k <= 0)
+            return -1;
+        off += (uint32_t)k;
+    }
+    return 0;
+}
+
+static int recv_all(int fd, void *b, size_t len)
+{
+    for (size_t off = 0; off < len;) {
+        ssize_t k = read(fd, (uint8_t *)b + off, len - off);
+        if (k <= 0)
+            return -1;
+        off += (size_t)k;
+    }
+    return 0;
+}
+
+static int recv_msg(int fd, void *b, uint32_t cap, uint32_t *len_p)
+{
+    uint32_t len;
+    if (recv_all(fd, &len, 4) || len > cap || recv_all(fd, b, len))
+        return -1;
+    *len_p = len;
+    return 0;
+}
+
+/* Cheap PRNG for block picking (getrandom per pick would be measured). */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rng_below(uint32_t n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state % n);
+}
+
+static void shuffle(uint32_t *v, uint32_t n)
+{
+    for (uint32_t i = n; i > 1; i--) {
+        uint32_t j = rng_below(i);
+        uint32_t t = v[i - 1];
+        v[i - 1] = v[j];
+        v[j] = t;
+    }
+}
+
+/* Random subset of n out of arena in random order (or a contiguous run). */
+static void pick_blocks(const bench_opts_t *o, uint32_t *out)
+{
+    if (o->contiguous) {
+        uint32_t start = rng_below(o->arena_blocks - o->blocks_per_pull + 1);
+        for (uint32_t i = 0; i < o->blocks_per_pull; i++)
+            out[i] = start + i;
+        return;
+    }
+    uint32_t *all = malloc(sizeof(uint32_t) * o->arena_blocks);
+    for (uint32_t i = 0; i < o->arena_blocks; i++)
+        all[i] = i;
+    shuffle(all, o->arena_blocks);
+    memcpy(out, all, sizeof(uint32_t) * o->blocks_per_pull);
+    free(all);
+}
+
+static kvx_ctx_h *make_ctx(const bench_opts_t *o, uint64_t node,
+                           struct event_base *base, kvx_region_h **region_p)
+{
+    kvx_config_t cfg;
+    kvx_ctx_h *ctx;
+    kvx_config_default(&cfg);
+    cfg.node_id = node;
+    memcpy(cfg.secret, bench_secret, KVX_KEY_BYTES);
+    cfg.err_mode = o->err_mode;
+    /* one live lease per prepared handle */
+    if (o->iters + o->warmup + 16 > cfg.max_leases)
+        cfg.max_leases = o->iters + o->warmup + 16;
+    if (o->max_op_bytes)
+        cfg.max_op_bytes = o->max_op_bytes;
+    pd_status_t st = kvx_ctx_create(&cfg, base, &ctx);
+    if (st != PD_OK) {
+        fprintf(stderr, "kvxfer-bench: kvx_ctx_create: %s\n", pd_status_str(st));
+        exit(1);
+    }
+    st = kvx_region_register(ctx, 1, o->block_bytes, o->arena_blocks, 0x5eed,
+                             o->alloc, region_p);
+    if (st != PD_OK) {
+        fprintf(stderr, "kvxfer-bench: kvx_region_register: %s\n", pd_status_str(st));
+        exit(1);
+    }
+    return ctx;
+}
+
+/* ---- exporter (child) ----------------------------------------------------- */
+
+typedef struct {
+    struct event_base *base;
+    kvx_ctx_h *ctx;
+    struct event *drain;
+    uint64_t drain_until_ns;
+} exporter_t;
+
+/* After 'q': keep serving until the importer's release notifies arrived
+ * (checked every 5 ms, at most 2 s), then stop. */
+static void exporter_drain_cb(evutil_socket_t fd, short what, void *arg)
+{
+    exporter_t *ex = arg;
+    kvx_gauges_t g;
+    kvx_gauges(ex->ctx, &g);
+    if (g.leases_active == 0 || pd_now_ns() > ex->drain_until_ns) {
+        event_base_loopbreak(ex->base);
+        return;
+    }
+    struct timeval tv = { 0, 5000 };
+    evtimer_add(ex->drain, &tv);
+}
+
+static void exporter_sock_cb(evutil_socket_t fd, short what, void *arg)
+{
+    exporter_t *ex = arg;
+    char c;
+    if (read(fd, &c, 1) <= 0 || c == 'q') {
+        ex->drain_until_ns = pd_now_ns() + 2 * PD_NS_PER_S;
+        exporter_drain_cb(-1, 0, ex);
+    }
+}
+
+static int run_exporter(const bench_opts_t *o, int sock)
+{
+    struct event_base *base = event_base_new();
+    kvx_region_h *region;
+    kvx_ctx_h *ctx = make_ctx(o, 1, base, &region);
+    static uint8_t buf[KVX_META_MAX_BYTES];
+    size_t len;
+    uint32_t total = o->iters + o->warmup;
+    uint32_t *blocks = malloc(sizeof(uint32_t) * o->blocks_per_pull);
+
+    memset(kvx_region_base(region), 0x5a, o->block_bytes * o->arena_blocks);
+    /* pure export cost: export + revoke, same block set shape */
+    pick_blocks(o, blocks);
+    const uint32_t n_cost = 20000;
+    uint64_t export_ns = 0, max_len = 0;
+    for (uint32_t i = 0; i < n_cost; i++) {
+        kvx_lease_id_t lid;
+        uint64_t t0 = pd_now_ns();
+        pd_status_t st = kvx_export(region, 2, blocks, o->blocks_per_pull,
+                                    60 * PD_NS_PER_S, 0, buf, KVX_HANDLE_MAX_BYTES,
+                                    &len, &lid);
+        export_ns += pd_now_ns() - t0;
+        if (st != PD_OK) {
+            fprintf(stderr, "kvxfer-bench: kvx_export: %s (%u runs too many? use fewer blocks)\n",
+                    pd_status_str(st), o->blocks_per_pull);
+            return 1;
+        }
+        max_len = len > max_len ? len : max_len;
+        kvx_lease_revoke(ctx, lid);
+        event_base_loop(base, EVLOOP_NONBLOCK); /* lease slot back to the pool */
+    }
+    /* metadata only now: nobody connects while the costs are measured */
+    if (kvx_meta_pack(ctx, buf, sizeof(buf), &len) != PD_OK || send_msg(sock, buf, (uint32_t)len))
+        return 1;
+    char line[128];
+    snprintf(line, sizeof(line), "%.3f %llu", (double)export_ns / n_cost / 1000.0,
+             (unsigned long long)max_len);
+    send_msg(sock, line, (uint32_t)strlen(line) + 1);
+    /* the handles the importer pulls */
+    for (uint32_t i = 0; i < total; i++) {
+        kvx_lease_id_t lid;
+        pick_blocks(o, blocks);
+        pd_status_t st = kvx_export(region, 2, blocks, o->blocks_per_pull,
+                                    600 * PD_NS_PER_S, 0, buf,
+                                    KVX_HANDLE_MAX_BYTES, &len, &lid);
+        if (st != PD_OK) {
+            fprintf(stderr, "kvxfer-bench: kvx_export: %s\n", pd_status_str(st));
+            return 1;
+        }
+        if (send_msg(sock, buf, (uint32_t)len))
+            return 1;
+    }
+    exporter_t ex = { .base = base, .ctx = ctx };
+    ex.drain = evtimer_new(base, exporter_drain_cb, &ex);
+    struct event *ev = event_new(base, sock, EV_READ, exporter_sock_cb, &ex);
+    event_add(ev, NULL);
+    event_base_dispatch(base);
+    event_free(ex.drain);
+    kvx_gauges_t g;
+    kvx_gauges(ctx, &g);
+    int rc = g.leases_active == 0 ? 0 : 3; /* every lease released */
+    if (rc)
+        fprintf(stderr, "kvxfer-bench: exporter still holds %u leases\n", g.leases_active);
+    event_free(ev);
+    kvx_ctx_destroy(ctx);
+    event_base_free(base);
+    free(blocks);
+    return rc;
+}
+
+/* ---- importer (parent) ---------------------------------------------------- */
+
+typedef struct {
+    struct event_base *base;
+    kvx_ctx_h *ctx;
+    kvx_region_h *region;
+    const bench_opts_t *o;
+    uint8_t (*handles)[KVX_HANDLE_MAX_BYTES];
+    uint32_t *handle_len;
+    uint32_t next, done, total;
+    uint64_t *lat_ns;
+    uint64_t t_start_ns, t_end_ns;
+    uint64_t bytes;
+    uint32_t *local;
+    kvx_import_t imp;
+    pd_status_t failed;
+} importer_t;
+
+static void start_next(importer_t *im);
+
+static void on_pull(void *arg, pd_status_t status, const kvx_pull_result_t *res)
+{
+    importer_t *im = arg;
+    if (status != PD_OK) {
+        im->failed = status;
+        event_base_loopbreak(im->base);
+        return;
+    }
+    kvx_lease_release(im->ctx, &im->imp);
+    if (im->done >= im->o->warmup) {
+        im->lat_ns[im->done - im->o->warmup] = res->latency_ns;
+        im->bytes += res->bytes;
+    }
+    im->done++;
+    if (im->done == im->o->warmup)
+        im->t_start_ns = pd_now_ns();
+    if (im->done == im->total) {
+        im->t_end_ns = pd_now_ns();
+        event_base_loopbreak(im->base);
+        return;
+    }
+    start_next(im);
+}
+
+static void start_next(importer_t *im)
+{
+    uint32_t i = im->next++;
+    kvx_reject_t reason;
+    pd_status_t st = kvx_handle_import(im->ctx, im->handles[i], im->handle_len[i],
+                                       0, &im->imp, &reason);
+    if (st == PD_OK) {
+        pick_blocks(im->o, im->local);
+        st = kvx_pull_start(im->ctx, &im->imp, im->region, im->local,
+                            im->o->blocks_per_pull, pd_now_ns() + 30 * PD_NS_PER_S,
+                            i, on_pull, im, NULL);
+    } else {
+        fprintf(stderr, "kvxfer-bench: import rejected: %s\n", kvx_reject_name(reason));
+    }
+    if (st != PD_INPROGRESS && st != PD_OK) {
+        im->failed = st;
+        event_base_loopbreak(im->base);
+    }
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int run_importer(const bench_opts_t *o, int sock, pid_t child)
+{
+    importer_t im = { .o = o };
+    static uint8_t buf[KVX_META_MAX_BYTES];
+    uint32_t len;
+    char cost_line[128] = "0 0";
+
+    im.base = event_base_new();
+    im.ctx = make_ctx(o, 2, im.base, &im.region);
+    memset(kvx_region_base(im.region), 0, o->block_bytes * o->arena_blocks);
+    if (recv_msg(sock, buf, sizeof(buf), &len))
+        return 1;
+    pd_status_t st = kvx_peer_add(im.ctx, buf, len);
+    if (st != PD_OK) {
+        fprintf(stderr, "kvxfer-bench: kvx_peer_add: %s\n", pd_status_str(st));
+        return 1;
+    }
+    if (recv_msg(sock, cost_line, sizeof(cost_line) - 1, &len))
+        return 1;
+    im.total = o->iters + o->warmup;
+    im.handles = malloc((size_t)im.total * KVX_HANDLE_MAX_BYTES);
+    im.handle_len = calloc(im.total, sizeof(uint32_t));
+    im.lat_ns = calloc(o->iters, sizeof(uint64_t));
+    im.local = malloc(sizeof(uint32_t) * o->blocks_per_pull);
+    for (uint32_t i = 0; i < im.total; i++)
+        if (recv_msg(sock, im.handles[i], KVX_HANDLE_MAX_BYTES, &im.handle_len[i]))
+            return 1;
+    /* pure import cost of a cached peer's handle (decode + MAC + checks) */
+    const uint32_t n_cost = 20000;
+    uint64_t t0 = pd_now_ns();
+    for (uint32_t i = 0; i < n_cost; i++) {
+        if (kvx_handle_import(im.ctx, im.handles[0], im.handle_len[0], 0, &im.imp, NULL) != PD_OK)
+            return 1;
+    }
+    double import_us = (double)(pd_now_ns() - t0) / n_cost / 1000.0;
+
+    if (o->warmup == 0)
+        im.t_start_ns = pd_now_ns();
+    start_next(&im);
+    event_base_dispatch(im.base);
+    /* release notifies are fire-and-forget: let them go out */
+    for (int i = 0; i < 20; i++)
+        event_base_loop(im.base, EVLOOP_NONBLOCK);
+    char q = 'q';
+    if (write(sock, &q, 1) != 1)
+        (void)0;
+    int wst = 0;
+    waitpid(child, &wst, 0);
+    if (im.failed != PD_OK) {
+        fprintf(stderr, "kvxfer-bench: pull failed: %s\n", pd_status_str(im.failed));
+        return 1;
+    }
+    qsort(im.lat_ns, o->iters, sizeof(uint64_t), cmp_u64);
+    double secs = (double)(im.t_end_ns - im.t_start_ns) / 1e9;
+    double gbps = (double)im.bytes / secs / 1e9;
+    double p50 = (double)im.lat_ns[o->iters / 2] / 1000.0;
+    double p99 = (double)im.lat_ns[(o->iters * 99) / 100 < o->iters ? (o->iters * 99) / 100 : o->iters - 1] / 1000.0;
+    double export_us = atof(cost_line);
+    const char *sp = strchr(cost_line, ' ');
+    unsigned handle_bytes = sp ? (unsigned)atoi(sp + 1) : 0;
+    const char *tls = getenv("UCX_TLS");
+    printf("kvxfer-bench: preset=%s block=%llu blocks/pull=%u pull=%.2f MiB arena=%u "
+           "alloc=%s layout=%s UCX_TLS=%s\n",
+           o->preset, (unsigned long long)o->block_bytes, o->blocks_per_pull,
+           (double)o->block_bytes * o->blocks_per_pull / 1048576.0, o->arena_blocks,
+           o->alloc == KVX_ALLOC_UCX ? "ucx" : "own",
+           o->contiguous ? "contiguous" : "scattered", tls ? tls : "(default)");
+    printf("  pulls=%u  %.3f GB/s  %.1f pulls/s  latency p50=%.1f us p99=%.1f us\n",
+           o->iters, gbps, o->iters / secs, p50, p99);
+    printf("  handle: %u bytes, export %.3f us, validate+import %.3f us\n",
+           handle_bytes, export_us, import_us);
+    kvx_gauges_t g;
+    kvx_gauges(im.ctx, &g);
+    printf("RESULT gbps=%.4f mibps=%.1f p50_us=%.2f p99_us=%.2f pulls_per_s=%.1f "
+           "export_us=%.3f import_us=%.3f handle_bytes=%u exporter_rc=%d\n",
+           gbps, (double)im.bytes / secs / 1048576.0, p50, p99, o->iters / secs,
+           export_us, import_us, handle_bytes,
+           WIFEXITED(wst) ? WEXITSTATUS(wst) : 128);
+    kvx_ctx_destroy(im.ctx);
+    event_base_free(im.base);
+    free(im.handles);
+    free(im.handle_len);
+    free(im.lat_ns);
+    free(im.local);
+    return WIFEXITED(wst) && WEXITSTATUS(wst) == 0 ? 0 : 1;
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: kvxfer-bench [--preset=llama3-8b|llama3-70b|qwen3-8b|tiny]\n"
+            "  [--block-bytes=B] [--blocks-per-pull=N] [--arena-blocks=N] [--iters=N]\n"
+            "  [--warmup=N] [--alloc=ucx|own] [--contiguous] [--err-mode=auto|peer|none]\n"
+            "  [--max-op-bytes=B]\n");
+}
+
+int main(int argc, char **argv)
+{
+    /* default: Llama-3-8B bf16, 16-token blocks = 16 * 128 KiB = 2 MiB,
+     * 32 blocks (512 tokens) = 64 MiB per pull */
+    bench_opts_t o = {
+        .block_bytes = 2u << 20, .blocks_per_pull = 32, .arena_blocks = 128,
+        .iters = 30, .warmup = 3, .alloc = KVX_ALLOC_UCX,
+        .err_mode = KVX_ERRMODE_AUTO, .preset = "llama3-8b",
+    };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--preset=llama3-8b")) {
+            o.block_bytes = 2u << 20;
+        } else if (!strcmp(a, "--preset=llama3-70b")) {
+            o.preset = "llama3-70b";
+            o.block_bytes = 16 * 320 * 1024;
+        } else if (!strcmp(a, "--preset=qwen3-8b")) {
+            o.preset = "qwen3-8b";
+            o.block_bytes = 16 * 144 * 1024;
+        } else if (!strcmp(a, "--preset=tiny")) {
+            o.preset = "tiny";
+            o.block_bytes = 64 << 10;
+            o.blocks_per_pull = 1;
+            o.arena_blocks = 64;
+            o.iters = 2000;
+            o.warmup = 100;
+        } else if (!strncmp(a, "--block-bytes=", 14)) {
+            o.block_bytes = strtoull(a + 14, NULL, 0);
+            o.preset = "custom";
+        } else if (!strncmp(a, "--blocks-per-pull=", 18)) {
+            o.blocks_per_pull = (uint32_t)strtoul(a + 18, NULL, 0);
+        } else if (!strncmp(a, "--arena-blocks=", 15)) {
+            o.arena_blocks = (uint32_t)strtoul(a + 15, NULL, 0);
+        } else if (!strncmp(a, "--iters=", 8)) {
+            o.iters = (uint32_t)strtoul(a + 8, NULL, 0);
+        } else if (!strncmp(a, "--warmup=", 9)) {
+            o.warmup = (uint32_t)strtoul(a + 9, NULL, 0);
+        } else if (!strcmp(a, "--alloc=own")) {
+            o.alloc = KVX_ALLOC_OWN;
+        } else if (!strcmp(a, "--alloc=ucx")) {
+            o.alloc = KVX_ALLOC_UCX;
+        } else if (!strcmp(a, "--contiguous")) {
+            o.contiguous = true;
+        } else if (!strcmp(a, "--err-mode=peer")) {
+            o.err_mode = KVX_ERRMODE_PEER;
+        } else if (!strcmp(a, "--err-mode=none")) {
+            o.err_mode = KVX_ERRMODE_NONE;
+        } else if (!strncmp(a, "--max-op-bytes=", 15)) {
+            o.max_op_bytes = strtoull(a + 15, NULL, 0);
+        } else if (!strcmp(a, "--help")) {
+            usage();
+            return 0;
+        } else {
+            fprintf(stderr, "kvxfer-bench: unknown option '%s'\n", a);
+            usage();
+            return 2;
+        }
+    }
+    if (o.blocks_per_pull == 0 || o.blocks_per_pull > o.arena_blocks ||
+        o.iters == 0 || o.iters + o.warmup > 60000 || o.block_bytes < 64) {
+        fprintf(stderr, "kvxfer-bench: need 0 < blocks-per-pull <= arena-blocks, "
+                "0 < iters + warmup <= 60000\n");
+        return 2;
+    }
+    if (sodium_init() < 0)
+        return 1;
+    rng_state ^= (uint64_t)getpid() << 32 | (uint64_t)pd_now_ns();
+    signal(SIGPIPE, SIG_IGN);
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+        return 1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return 1;
+    if (pid == 0) {
+        close(sv[0]);
+        _exit(run_exporter(&o, sv[1]));
+    }
+    close(sv[1]);
+    return run_importer(&o, sv[0], pid);
+}
