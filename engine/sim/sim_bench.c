@@ -11,7 +11,17 @@
 
 #include "eng.h"
 #include "eng_sim.h"
+#include <time.h>
+
 #include "pd_time.h"
+
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * PD_NS_PER_S + (uint64_t)ts.tv_nsec;
+}
 
 static const char *const presets[] = { "llama3-8b", "llama3-70b", "qwen3-8b", "deepseek-v3" };
 
@@ -29,7 +39,7 @@ static int bench_one(const char *name, uint32_t ctx, uint32_t batch, uint32_t st
     uint8_t *arena;
     eng_decode_item_t *items;
     eng_sim_stats_t s0, s1, s2;
-    uint64_t t0, t1, t2;
+    uint64_t t0, t1, t2, w0, w1, w2;
     pd_status_t st;
 
     snprintf(spec, sizeof(spec), "%s,no_sleep=1", name);
@@ -57,10 +67,12 @@ static int bench_one(const char *name, uint32_t ctx, uint32_t batch, uint32_t st
     for (i = 0; i <= ctx; i++)
         tok[i] = (int32_t)(32 + i % 95);
     eng_sim_stats(m, &s0);
-    t0 = pd_now_ns();
+    w0 = pd_now_ns();
+    t0 = cpu_ns();
     if (ops->prefill(m, arena, bt, n_blocks, tok, ctx, 0, logits) != PD_OK)
         return 1;
-    t1 = pd_now_ns();
+    t1 = cpu_ns();
+    w1 = pd_now_ns();
     eng_sim_stats(m, &s1);
     /* B sequences sharing one context (each hashes all of it, as attention reads it) */
     for (i = 0; i < batch; i++) {
@@ -72,15 +84,17 @@ static int bench_one(const char *name, uint32_t ctx, uint32_t batch, uint32_t st
     for (i = 0; i < steps; i++)
         if (ops->decode(m, arena, items, batch, logits) != PD_OK)
             return 1;
-    t2 = pd_now_ns();
+    t2 = cpu_ns();
+    w2 = pd_now_ns();
     eng_sim_stats(m, &s2);
-    printf("%-12s %8.1f %6u %10.1f %10.1f %6.2fx %5u %10.2f %10.2f %6.2fx %8.2f\n", name,
+    printf("%-12s %8.1f %6u %10.1f %10.1f %6.2fx %5u %10.2f %10.2f %6.2fx %8.2f %9.1f %9.2f\n", name,
            (double)g->bytes_per_token / 1024.0, ctx,
            (double)(s1.modeled_ns - s0.modeled_ns) / 1e6, (double)(t1 - t0) / 1e6,
            (double)(t1 - t0) / (double)(s1.modeled_ns - s0.modeled_ns), batch,
            (double)(s2.modeled_ns - s1.modeled_ns) / 1e6 / steps, (double)(t2 - t1) / 1e6 / steps,
            (double)(t2 - t1) / (double)(s2.modeled_ns - s1.modeled_ns),
-           (double)(s2.kv_bytes_hashed - s1.kv_bytes_hashed) / ((double)(t2 - t1) / 1e9) / 1e9);
+           (double)(s2.kv_bytes_hashed - s1.kv_bytes_hashed) / ((double)(t2 - t1) / 1e9) / 1e9,
+           (double)(w1 - w0) / 1e6, (double)(w2 - w1) / 1e6 / steps);
     ops->destroy(m);
     free(arena);
     free(bt);
@@ -120,10 +134,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "pd-sim-bench: need ctx >= 1, 1 <= batch <= 1024, steps >= 1\n");
         return 2;
     }
-    printf("%-12s %8s %6s %10s %10s %7s %5s %10s %10s %7s %8s\n", "model", "KiB/tok", "ctx",
-           "pf model", "pf real", "ratio", "batch", "dec model", "dec real", "ratio", "hash GB/s");
-    printf("%-12s %8s %6s %10s %10s %7s %5s %10s %10s %7s %8s\n", "", "", "", "ms", "ms", "",
-           "", "ms/step", "ms/step", "", "");
+    printf("%-12s %8s %6s %10s %10s %7s %5s %10s %10s %7s %8s %9s %9s\n", "model", "KiB/tok",
+           "ctx", "pf model", "pf real", "ratio", "batch", "dec model", "dec real", "ratio",
+           "hash GB/s", "pf wall", "dec wall");
+    printf("%-12s %8s %6s %10s %10s %7s %5s %10s %10s %7s %8s %9s %9s\n", "", "", "", "ms",
+           "cpu ms", "", "", "ms/step", "cpu ms", "", "", "ms", "ms/step");
     if (model != NULL)
         return bench_one(model, ctx, batch, steps, dt);
     for (i = 0; i < (int)(sizeof(presets) / sizeof(presets[0])) && rc == 0; i++)
