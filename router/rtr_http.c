@@ -281,7 +281,7 @@ static void send_sse(rtr_req_t *q, char *json)
         rtr_sse_frame(json, len, frame, need + 1);
         struct evbuffer *b = evbuffer_new();
         if (b != NULL) {
-            evbuffer_add_reference(b, frame, need, NULL, NULL);
+            evbuffer_add(b, frame, need);
             evhttp_send_reply_chunk(q->http, b);
             evbuffer_free(b);
         }
