@@ -304,8 +304,8 @@ static inline __attribute__((always_inline)) TGT512 void
 ll_mkf512(const uint8_t *w, size_t rb, const float *x, size_t xs, size_t K,
           float *o, size_t os, const int R, const int NI, const uint32_t type)
 {
-    __m512 acc[4][4];
-#pragma GCC unroll 4
+    __m512 acc[8][4];
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < NI; i++)
@@ -314,8 +314,8 @@ ll_mkf512(const uint8_t *w, size_t rb, const float *x, size_t xs, size_t K,
         /* one block (32) per step: one scale conversion for two vectors */
         const size_t bb = type == ENG_LL_T_Q8_0 ? 34 : 18;
         for (size_t k = 0; k < K; k += QK) {
-            __m512 w0[4], w1[4];
-#pragma GCC unroll 4
+            __m512 w0[8], w1[8];
+#pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 const uint8_t *blk = w + r * rb + (k / QK) * bb;
                 __m512 d = _mm512_set1_ps(_cvtsh_ss(ll_rd16(blk)));
@@ -338,7 +338,7 @@ ll_mkf512(const uint8_t *w, size_t rb, const float *x, size_t xs, size_t K,
             for (int i = 0; i < NI; i++) {
                 __m512 x0 = _mm512_loadu_ps(x + i * xs + k);
                 __m512 x1 = _mm512_loadu_ps(x + i * xs + k + 16);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {
                     acc[r][i] = _mm512_fmadd_ps(w0[r], x0, acc[r][i]);
                     acc[r][i] = _mm512_fmadd_ps(w1[r], x1, acc[r][i]);
@@ -347,20 +347,20 @@ ll_mkf512(const uint8_t *w, size_t rb, const float *x, size_t xs, size_t K,
         }
     } else {
         for (size_t k = 0; k < K; k += 16) {
-            __m512 wv[4];
-#pragma GCC unroll 4
+            __m512 wv[8];
+#pragma GCC unroll 8
             for (int r = 0; r < R; r++)
                 wv[r] = ll_wload512(w + r * rb, k, type);
 #pragma GCC unroll 4
             for (int i = 0; i < NI; i++) {
                 __m512 xv = _mm512_loadu_ps(x + i * xs + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int r = 0; r < R; r++)
                     acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
             }
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < NI; i++)
@@ -376,6 +376,7 @@ typedef void (*ll_mkf_fn)(const uint8_t *, size_t, const float *, size_t, size_t
         ll_mkf512(w, rb, x, xs, K, o, os, R, NI, T);                          \
     }
 #define LL_MKF_TYPE(T, TN)                                                    \
+    LL_MKF_FN(T, TN, 8, 1) LL_MKF_FN(T, TN, 8, 2)                             \
     LL_MKF_FN(T, TN, 4, 1) LL_MKF_FN(T, TN, 4, 2) LL_MKF_FN(T, TN, 4, 3)      \
     LL_MKF_FN(T, TN, 4, 4) LL_MKF_FN(T, TN, 1, 1) LL_MKF_FN(T, TN, 1, 2)      \
     LL_MKF_FN(T, TN, 1, 3) LL_MKF_FN(T, TN, 1, 4)                             \
@@ -389,6 +390,21 @@ LL_MKF_TYPE(ENG_LL_T_F16, f16)
 LL_MKF_TYPE(ENG_LL_T_BF16, bf16)
 LL_MKF_TYPE(ENG_LL_T_Q8_0, q8)
 LL_MKF_TYPE(ENG_LL_T_Q4_0, q4)
+
+/* 8-row tiles for 1-2 items: more weight streams in flight per core (the
+ * batch-1 path is bound by memory-level parallelism and, for Q8_0/Q4_0, by
+ * widening work that 8 independent accumulators overlap better). */
+static ll_mkf_fn ll_mkf8_fn(uint32_t type, uint32_t n_items)
+{
+    int two = n_items == 2;
+    switch (type) {
+    case ENG_LL_T_F16: return two ? ll_mkf_f16_8x2 : ll_mkf_f16_8x1;
+    case ENG_LL_T_BF16: return two ? ll_mkf_bf16_8x2 : ll_mkf_bf16_8x1;
+    case ENG_LL_T_Q8_0: return two ? ll_mkf_q8_8x2 : ll_mkf_q8_8x1;
+    case ENG_LL_T_Q4_0: return two ? ll_mkf_q4_8x2 : ll_mkf_q4_8x1;
+    default: return NULL;
+    }
+}
 
 static const ll_mkf_fn (*ll_mkf_tab(uint32_t type))[5]
 {
@@ -670,6 +686,7 @@ void eng_ll_axpy_rows(float *y, const float *a, const float *v, size_t stride,
 /* matmul                                                              */
 
 int eng_ll_nofuse_g; /* experiments only: force the scratch path */
+int eng_ll_r8_g = 1;     /* experiments only: 0 = no 8-row tiles */
 uint32_t eng_ll_fuse_max_g = 8; /* largest batch on the fused path */
 
 /* Rows [r0, r1) of w for all items. scratch holds 4 dequantized rows. */
@@ -687,7 +704,13 @@ static void ll_matmul_rows(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1,
     if (!eng_ll_nofuse_g && isa == LL_ISA_AVX512 && n_items <= eng_ll_fuse_max_g &&
         ll_mkf_tab(w->type)) {
         const ll_mkf_fn (*tab)[5] = ll_mkf_tab(w->type);
+        ll_mkf_fn f8 = n_items <= 2 && eng_ll_r8_g ? ll_mkf8_fn(w->type, n_items) : NULL;
         for (uint32_t r = r0; r < r1;) {
+            if (f8 && r1 - r >= 8) {
+                f8(w->data + (size_t)r * w->row_bytes, w->row_bytes, x, xs, K, out + r, os);
+                r += 8;
+                continue;
+            }
             uint32_t rt = r1 - r >= 4 ? 4 : 1;
             for (uint32_t i = 0; i < n_items; i += 4) {
                 uint32_t it = n_items - i < 4 ? n_items - i : 4;

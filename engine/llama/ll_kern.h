@@ -111,6 +111,7 @@ typedef struct {
  * the same bits. The knobs exist for micro-benchmarks only. */
 extern int eng_ll_nofuse_g;
 extern uint32_t eng_ll_fuse_max_g;
+extern int eng_ll_r8_g;
 
 /* scratch: per-thread f32 buffers, each >= 4 * max cols floats. */
 void eng_ll_matmul(eng_ll_pool_t *pool, const eng_ll_matmul_t *mm,
