@@ -1,0 +1,215 @@
+/* dec.h - pd-decode internals: config, the daemon, one request.
+ *
+ * One request, one struct, one state enum, one setter (dec_req_set_state):
+ *
+ *   NEW -> WAITING (no room yet: bounded wait queue)
+ *   NEW/WAITING -> PULLING (KV handle: import + pull into reserved blocks)
+ *               -> PREFILLING (decode-local: chunked, interleaved with steps)
+ *               -> RUNNING (in the continuous batch)
+ *   PULLING -> PREFILLING (generated tokens beyond token 0) | RUNNING
+ *   any live -> FINISHED (FINISH stop/length) | FAILED (ERROR, or FINISH
+ *               error once TOKENS were sent) | CANCELED (FINISH canceled)
+ *
+ * Blocks for min(n_prompt + max_tokens, context) tokens are reserved at
+ * admission and freed only on entering a terminal state. The compute thread
+ * touches a request only while it is part of the step in flight
+ * (in_step); the loop defers ending such a request until the step is back. */
+#ifndef DEC_H
+#define DEC_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "eng.h"
+#include "eng_runner.h"
+#include "eng_sample.h"
+#include "kvx.h"
+#include "kvx_blocks.h"
+#include "pd_admin.h"
+#include "pd_config.h"
+#include "pd_loop.h"
+#include "pd_stats.h"
+#include "proto_auth.h"
+#include "proto_session.h"
+
+typedef struct {
+    char *id;
+    char *router;
+    char *secret_file;
+    char *secret;
+    bool insecure_no_auth;
+    char *admin_socket;
+    char *log_level;
+    char *log_file;
+    char *model;
+    char *engine;
+    uint64_t threads;
+    uint64_t block_tokens;
+    int kv_dtype;
+    uint64_t kv_blocks;
+    uint64_t max_batch;
+    uint64_t max_queue;
+    uint64_t transfer_timeout_ns;
+    uint64_t prefill_chunk;
+    uint64_t heartbeat_ns;
+    uint64_t reconnect_min_ns;
+    uint64_t drain_timeout_ns;
+    char *ready_file;
+} dec_config_t;
+
+#define DEC_STATES(X)                                                         \
+    X(NEW,        "new")                                                      \
+    X(WAITING,    "waiting")                                                  \
+    X(PULLING,    "pulling")                                                  \
+    X(PREFILLING, "prefilling")                                               \
+    X(RUNNING,    "running")                                                  \
+    X(FINISHED,   "finished")                                                 \
+    X(FAILED,     "failed")                                                   \
+    X(CANCELED,   "canceled")
+
+typedef enum {
+#define DEC_X_ENUM(name, text) DEC_ST_##name,
+    DEC_STATES(DEC_X_ENUM)
+#undef DEC_X_ENUM
+    DEC_ST__COUNT
+} dec_state_t;
+
+#define DEC_STATS(X)                                                          \
+    X(accepted,        COUNTER,   "DECODE_REQs admitted")                     \
+    X(completed,       COUNTER,   "requests finished (stop / length)")        \
+    X(failed,          COUNTER,   "requests failed (ERROR or FINISH error)")  \
+    X(canceled,        COUNTER,   "requests canceled (CANCEL, router lost)")  \
+    X(rejected,        COUNTER,   "DECODE_REQs refused at admission")         \
+    X(pulls_ok,        COUNTER,   "KV pulls completed")                       \
+    X(pulls_failed,    COUNTER,   "KV imports or pulls failed")               \
+    X(local_prefills,  COUNTER,   "decode-local prefills")                    \
+    X(tokens_out,      COUNTER,   "tokens generated")                         \
+    X(steps,           COUNTER,   "compute steps")                            \
+    X(live,            GAUGE,     "requests not yet terminal")                \
+    X(waiting,         GAUGE,     "requests in the wait queue")               \
+    X(running,         GAUGE,     "sequences in the batch")                   \
+    X(step_time,       HISTOGRAM, "one compute step (chunk + batch)")         \
+    X(transfer_time,   HISTOGRAM, "KV pull, start to completion")             \
+    X(ttft,            HISTOGRAM, "DECODE_REQ -> first TOKENS")
+
+#define DEC_STAT_ID(name, kind, help) DEC_ST_##name,
+typedef enum { DEC_STATS(DEC_STAT_ID) DEC_STAT__COUNT } dec_stat_id_t;
+#undef DEC_STAT_ID
+
+typedef struct dec dec_t;
+
+typedef struct dec_req {
+    dec_t *d;
+    struct dec_req *hnext;              /* id hash chain */
+    struct dec_req *prev, *next;        /* live list */
+    struct dec_req *wnext;              /* wait queue */
+    char id[PROTO_REQID_MAX + 1];
+    dec_state_t state;
+    uint64_t t[DEC_ST__COUNT];          /* pd_now_ns() on entering each state */
+    uint64_t epoch;
+    bool local;                         /* PROTO_DEC_PREFILL_LOCALLY */
+    bool cancel;                        /* end as CANCELED when the step is back */
+    bool quiet;                         /* router gone: end without a reply */
+    bool in_step;
+    /* tokens: prompt then generated, (cap) */
+    int32_t *tok;
+    uint32_t cap;                       /* max_pos + 1 */
+    uint32_t n_prompt;
+    uint32_t n_gen;                     /* generated so far (incl. those given) */
+    uint32_t n_gen_given;               /* in the DECODE_REQ */
+    uint32_t max_pos;                   /* min(n_prompt + max_tokens, ctx) */
+    uint32_t kv_have;                   /* positions with KV present */
+    uint32_t chunk_n;                   /* step in flight: prefill chunk size */
+    bool chunk_logits;
+    /* sampling (compute thread while in_step) */
+    eng_sampler_t smp;
+    int32_t step_token;
+    eng_finish_t step_finish;
+    pd_status_t step_status;
+    /* KV */
+    uint32_t n_blocks;
+    uint32_t *blocks;                   /* (n_blocks) reserved arena blocks */
+    bool blocks_held;
+    /* transfer */
+    char peer[PROTO_DAEMON_ID_MAX + 1];
+    uint8_t *handle;                    /* (handle_len) copy of the KV handle */
+    uint32_t handle_len;
+    uint64_t deadline_ns;               /* relative budget from the router */
+    kvx_import_t imp;
+    bool imported;
+    uint64_t pull_id;
+    bool pull_live;
+    uint64_t transfer_ns;
+    uint64_t prefill_ns;
+    /* streaming */
+    uint32_t seq;                       /* TOKENS messages sent */
+    uint64_t first_token_ns;
+} dec_req_t;
+
+#define DEC_HASH_BUCKETS 1024u
+#define DEC_MAX_PEERS 64u
+
+typedef struct {
+    char id[PROTO_DAEMON_ID_MAX + 1];
+    uint64_t incarnation;
+    uint64_t node_id;
+    bool live;
+} dec_peer_t;
+
+/* The one compute step in flight. */
+typedef struct {
+    eng_job_t job;
+    dec_t *d;
+    dec_req_t *chunk;                   /* prefill chunk owner or NULL */
+    uint32_t n_items;
+    dec_req_t **items;                  /* (max_batch) */
+    eng_decode_item_t *eitems;          /* (max_batch) */
+    float *logits;                      /* (max_batch, vocab) */
+    uint64_t start_ns, end_ns;
+    pd_status_t status;
+} dec_step_t;
+
+struct dec {
+    dec_config_t cfg;
+    pd_loop_t *loop;
+    pd_admin_t *admin;
+    pd_stats_t *stats;
+    proto_stats_t pstats;
+    proto_auth_secret_t secret;
+    bool have_secret;
+    /* engine */
+    const eng_ops_t *ops;
+    eng_model_t *model;
+    const eng_kv_geom_t *geom;
+    eng_runner_t *runner;
+    eng_sample_scratch_t scratch;       /* compute thread only */
+    int32_t eos_ids[ENG_SAMPLE_MAX_EOS];
+    uint32_t n_eos;
+    dec_step_t step;
+    bool step_busy;
+    /* kv */
+    kvx_ctx_h *kvx;
+    kvx_region_h *region;
+    kvx_blocks_t *blocks;
+    uint8_t meta[KVX_META_MAX_BYTES];
+    size_t meta_len;
+    dec_peer_t peers[DEC_MAX_PEERS];
+    /* control plane */
+    proto_session_t *sess;
+    uint64_t epoch;
+    bool registered_once;
+    char daemon_id[PROTO_DAEMON_ID_MAX + 1];
+    /* requests */
+    dec_req_t *buckets[DEC_HASH_BUCKETS];
+    dec_req_t *live;
+    uint32_t n_live;
+    dec_req_t *wait_head, *wait_tail;
+    uint32_t n_waiting;
+    uint32_t n_active;                  /* PULLING + PREFILLING + RUNNING */
+    bool draining;
+    bool stopping;
+    struct event *drain_ev;
+};
+
+#endif

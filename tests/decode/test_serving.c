@@ -1,0 +1,862 @@
+/* test_serving.c - pd-prefill + pd-decode as real processes, driven by a
+ * small fake router built on proto_conn (this test plays the router side of
+ * proto/PROTOCOL.md "Flows"): registration with the real secret handling
+ * (and a wrong-secret daemon that must be refused), PEER_INFO, heartbeats,
+ * PREFILL_REQ -> PREFILL_DONE -> DECODE_REQ -> TOKENS/FINISH compared with
+ * `pd-run --tokens-out` on the same model; decode-local prefill (chunked),
+ * retries with generated tokens, CANCEL mid-decode, lease expiry, SIGKILL of
+ * a prefill between PREFILL_DONE and the pull, SIGTERM drain. Every wait
+ * polls a condition with a deadline; nothing sleeps a fixed time.
+ *
+ * usage: test-serving PD_PREFILL PD_DECODE PD_RUN MODEL.gguf */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cjson/cJSON.h>
+#include <event2/event.h>
+
+#include "eng_sample.h"
+#include "pd_time.h"
+#include "proto_auth.h"
+#include "proto_conn.h"
+
+static const char *g_prefill_bin, *g_decode_bin, *g_run_bin, *g_model;
+static char g_dir[256];
+static const char *SECRET_HEX =
+    "5a5b5c5d5e5f606162636465666768696a6b6c6d6e6f707172737475767778797a";
+static const char *WRONG_HEX =
+    "0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f20";
+
+/* ---- fake router ---------------------------------------------------------- */
+
+#define MAX_DAEMONS 8
+#define MAX_REQS 64
+#define MAX_TOK 4096
+
+typedef struct {
+    bool used, registered, closed;
+    proto_conn_t *conn;
+    char id[PROTO_DAEMON_ID_MAX + 1];
+    uint16_t role;
+    uint64_t incarnation;
+    uint8_t kv_addr[PROTO_KV_ADDR_MAX];
+    uint32_t kv_addr_len;
+} fr_daemon_t;
+
+typedef struct {
+    char id[PROTO_REQID_MAX + 1];
+    bool done, error, finish;
+    int32_t first_token;
+    uint32_t n_prompt;
+    uint64_t lease_id;
+    uint8_t handle[PROTO_KV_HANDLE_MAX];
+    uint32_t handle_len;
+    int32_t err_status;
+    uint64_t err_at_ns;
+    int32_t tokens[MAX_TOK];
+    uint32_t n_tokens;
+    uint32_t next_seq;
+    bool seq_bad;
+    proto_finish_t fin;
+} fr_req_t;
+
+static struct {
+    struct event_base *base;
+    proto_listener_t *l;
+    uint16_t port;
+    proto_auth_secret_t secret;
+    fr_daemon_t d[MAX_DAEMONS];
+    fr_req_t r[MAX_REQS];
+    unsigned bad_macs;
+    struct event *hb_ev, *tick_ev;
+} fr;
+
+static fr_daemon_t *fr_by_conn(proto_conn_t *c)
+{
+    for (int i = 0; i < MAX_DAEMONS; i++)
+        if (fr.d[i].used && fr.d[i].conn == c && !fr.d[i].closed)
+            return &fr.d[i];
+    return NULL;
+}
+
+static fr_daemon_t *fr_by_id(const char *id)
+{
+    for (int i = 0; i < MAX_DAEMONS; i++)
+        if (fr.d[i].used && fr.d[i].registered && !fr.d[i].closed && strcmp(fr.d[i].id, id) == 0)
+            return &fr.d[i];
+    return NULL;
+}
+
+static fr_req_t *fr_req(const char *id, bool create)
+{
+    for (int i = 0; i < MAX_REQS; i++)
+        if (fr.r[i].id[0] && strcmp(fr.r[i].id, id) == 0)
+            return &fr.r[i];
+    if (!create)
+        return NULL;
+    for (int i = 0; i < MAX_REQS; i++)
+        if (!fr.r[i].id[0]) {
+            memset(&fr.r[i], 0, sizeof(fr.r[i]));
+            snprintf(fr.r[i].id, sizeof(fr.r[i].id), "%s", id);
+            return &fr.r[i];
+        }
+    return NULL;
+}
+
+static void fr_send(fr_daemon_t *d, proto_msg_t *m)
+{
+    assert_non_null(d);
+    assert_int_equal(proto_conn_send(d->conn, m), PD_OK);
+}
+
+static void fr_peer_info(fr_daemon_t *dec, fr_daemon_t *pf)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_PEER_INFO;
+    snprintf(m.u.peer_info.daemon_id, sizeof(m.u.peer_info.daemon_id), "%s", pf->id);
+    m.u.peer_info.role = PROTO_ROLE_PREFILL;
+    m.u.peer_info.incarnation = pf->incarnation;
+    m.u.peer_info.kv_addr.p = pf->kv_addr;
+    m.u.peer_info.kv_addr.len = pf->kv_addr_len;
+    fr_send(dec, &m);
+}
+
+static void fr_on_hello(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)arg;
+    const uint8_t *f;
+    size_t flen;
+    assert_int_equal(proto_conn_frame(c, &f, &flen), PD_OK);
+    const proto_hello_t *h = &msg->u.hello;
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    if (proto_auth_hello_verify(&fr.secret, f, flen) != PD_OK) {
+        fr.bad_macs++;
+        m.hdr.type = PROTO_MSG_REGISTER_REJECT;
+        m.u.register_reject.status = PD_ERR_AUTH;
+        snprintf(m.u.register_reject.reason, sizeof(m.u.register_reject.reason),
+                 "HELLO from %s: bad MAC (wrong secret?)", h->daemon_id);
+        proto_conn_send(c, &m);
+        proto_conn_close_after_flush(c, PD_ERR_AUTH);
+        return;
+    }
+    fr_daemon_t *d = NULL;
+    for (int i = 0; i < MAX_DAEMONS && d == NULL; i++)
+        if (!fr.d[i].used)
+            d = &fr.d[i];
+    assert_non_null(d);
+    memset(d, 0, sizeof(*d));
+    d->used = true;
+    d->registered = true;
+    d->conn = c;
+    snprintf(d->id, sizeof(d->id), "%s", h->daemon_id);
+    d->role = h->role;
+    d->incarnation = h->incarnation;
+    memcpy(d->kv_addr, h->kv_addr.p, h->kv_addr.len);
+    d->kv_addr_len = h->kv_addr.len;
+    m.hdr.type = PROTO_MSG_REGISTER_ACK;
+    snprintf(m.u.register_ack.daemon_id, sizeof(m.u.register_ack.daemon_id), "fake-router");
+    m.u.register_ack.incarnation = 7;
+    m.u.register_ack.heartbeat_interval_ns = 200000000ull;
+    m.u.register_ack.lease_ns = 30000000000ull;
+    proto_auth_nonce(m.u.register_ack.nonce);
+    assert_int_equal(proto_auth_ack_sign(&fr.secret, &m, h->nonce), PD_OK);
+    fr_send(d, &m);
+    /* PEER_INFO: every decode learns every prefill */
+    for (int i = 0; i < MAX_DAEMONS; i++) {
+        fr_daemon_t *o = &fr.d[i];
+        if (!o->used || !o->registered || o->closed || o == d)
+            continue;
+        if (d->role == PROTO_ROLE_DECODE && o->role == PROTO_ROLE_PREFILL)
+            fr_peer_info(d, o);
+        if (d->role == PROTO_ROLE_PREFILL && o->role == PROTO_ROLE_DECODE)
+            fr_peer_info(o, d);
+    }
+}
+
+static void fr_on_prefill_done(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)c;
+    (void)arg;
+    const proto_prefill_done_t *p = &msg->u.prefill_done;
+    fr_req_t *r = fr_req(p->request_id, false);
+    assert_non_null(r);
+    assert_false(r->done || r->error);
+    r->done = true;
+    r->first_token = p->first_token;
+    r->n_prompt = p->n_prompt_tokens;
+    r->lease_id = p->lease_id;
+    memcpy(r->handle, p->kv_handle.p, p->kv_handle.len);
+    r->handle_len = p->kv_handle.len;
+}
+
+static void fr_on_tokens(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)c;
+    (void)arg;
+    const proto_tokens_msg_t *t = &msg->u.tokens;
+    fr_req_t *r = fr_req(t->request_id, false);
+    assert_non_null(r);
+    assert_false(r->finish || r->error);
+    if (t->seq != r->next_seq)
+        r->seq_bad = true;
+    r->next_seq++;
+    for (uint32_t i = 0; i < t->tokens.n && r->n_tokens < MAX_TOK; i++)
+        r->tokens[r->n_tokens++] = proto_tokens_get(&t->tokens, i);
+}
+
+static void fr_on_finish(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)c;
+    (void)arg;
+    fr_req_t *r = fr_req(msg->u.finish.request_id, false);
+    assert_non_null(r);
+    assert_false(r->finish || r->error); /* exactly one terminal message */
+    r->finish = true;
+    r->fin = msg->u.finish;
+}
+
+static void fr_on_error(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)c;
+    (void)arg;
+    fr_req_t *r = fr_req(msg->u.error.request_id, false);
+    assert_non_null(r);
+    assert_false(r->finish || r->error);
+    r->error = true;
+    r->err_status = msg->u.error.status;
+    r->err_at_ns = pd_now_ns();
+}
+
+static void fr_on_close(proto_conn_t *c, pd_status_t why, void *arg)
+{
+    (void)why;
+    (void)arg;
+    fr_daemon_t *d = fr_by_conn(c);
+    if (d != NULL)
+        d->closed = true;
+}
+
+static void fr_hb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg;
+    for (int i = 0; i < MAX_DAEMONS; i++) {
+        fr_daemon_t *d = &fr.d[i];
+        if (!d->used || !d->registered || d->closed)
+            continue;
+        proto_msg_t m;
+        memset(&m, 0, sizeof(m));
+        m.hdr.type = PROTO_MSG_HEARTBEAT;
+        m.u.heartbeat.incarnation = 7;
+        m.u.heartbeat.sent_ns = pd_now_ns();
+        proto_conn_send(d->conn, &m);
+    }
+}
+
+static void fr_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg; /* wakes the loop so run_until re-checks its condition */
+}
+
+static void fr_start(void)
+{
+    memset(&fr, 0, sizeof(fr));
+    assert_int_equal(proto_auth_secret_parse((const uint8_t *)SECRET_HEX, strlen(SECRET_HEX),
+                                             &fr.secret), PD_OK);
+    fr.base = event_base_new();
+    assert_non_null(fr.base);
+    proto_conn_cbs_t cbs;
+    memset(&cbs, 0, sizeof(cbs));
+    cbs.on_hello = fr_on_hello;
+    cbs.on_prefill_done = fr_on_prefill_done;
+    cbs.on_tokens = fr_on_tokens;
+    cbs.on_finish = fr_on_finish;
+    cbs.on_error = fr_on_error;
+    cbs.on_close = fr_on_close;
+    assert_int_equal(proto_listener_create(fr.base, "127.0.0.1:0", NULL, &cbs, NULL, NULL, &fr.l),
+                     PD_OK);
+    fr.port = proto_listener_port(fr.l);
+    struct timeval hb = { 0, 200000 }, tick = { 0, 5000 };
+    fr.hb_ev = event_new(fr.base, -1, EV_PERSIST, fr_hb, NULL);
+    fr.tick_ev = event_new(fr.base, -1, EV_PERSIST, fr_tick, NULL);
+    event_add(fr.hb_ev, &hb);
+    event_add(fr.tick_ev, &tick);
+}
+
+typedef bool (*pred_t)(void *arg);
+
+/* Run the fake router's loop until pred holds or timeout. */
+static bool run_until(pred_t pred, void *arg, double timeout_s)
+{
+    uint64_t end = pd_now_ns() + (uint64_t)(timeout_s * 1e9);
+    while (!pred(arg)) {
+        if (pd_now_ns() > end)
+            return false;
+        event_base_loop(fr.base, EVLOOP_ONCE);
+    }
+    return true;
+}
+
+static bool p_registered(void *arg) { return fr_by_id(arg) != NULL; }
+static bool p_bad_mac(void *arg) { return fr.bad_macs >= *(unsigned *)arg; }
+static bool p_done_or_error(void *arg) { fr_req_t *r = arg; return r->done || r->error; }
+static bool p_final(void *arg) { fr_req_t *r = arg; return r->finish || r->error; }
+static bool p_has_tokens(void *arg) { fr_req_t *r = arg; return r->n_tokens > 0 || r->finish || r->error; }
+static bool p_closed(void *arg) { fr_daemon_t *d = arg; return d->closed; }
+
+/* ---- processes ------------------------------------------------------------ */
+
+typedef struct {
+    pid_t pid;
+    char id[64];
+    char sock[100];
+} proc_t;
+
+static void spawn(proc_t *p, const char *bin, const char *id, const char *secret_hex,
+                  const char *const *extra)
+{
+    char router[64], sock[340], secret[160], idarg[100], model[600];
+    snprintf(router, sizeof(router), "--router=127.0.0.1:%u", fr.port);
+    snprintf(p->sock, sizeof(p->sock), "%.60s/%.30s.sock", g_dir, id);
+    snprintf(sock, sizeof(sock), "--admin.socket=%s", p->sock);
+    snprintf(secret, sizeof(secret), "--secret=%s", secret_hex);
+    snprintf(idarg, sizeof(idarg), "--id=%s", id);
+    snprintf(model, sizeof(model), "--model=%s", g_model);
+    snprintf(p->id, sizeof(p->id), "%s", id);
+    const char *argv[40];
+    int n = 0;
+    argv[n++] = bin;
+    argv[n++] = router;
+    argv[n++] = sock;
+    argv[n++] = secret;
+    argv[n++] = idarg;
+    argv[n++] = model;
+    argv[n++] = "--threads=1";
+    argv[n++] = "--kv-blocks=64";
+    argv[n++] = "--heartbeat-interval=200ms";
+    argv[n++] = "--reconnect-min=100ms";
+    argv[n++] = "--log.level=warn";
+    for (int i = 0; extra && extra[i]; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    p->pid = fork();
+    assert_true(p->pid >= 0);
+    if (p->pid == 0) {
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+}
+
+static int wait_exit(proc_t *p, double timeout_s)
+{
+    uint64_t end = pd_now_ns() + (uint64_t)(timeout_s * 1e9);
+    for (;;) {
+        int status;
+        pid_t w = waitpid(p->pid, &status, WNOHANG);
+        if (w == p->pid) {
+            p->pid = 0;
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+        if (pd_now_ns() > end)
+            return -1;
+        event_base_loop(fr.base, EVLOOP_ONCE); /* keep serving while waiting */
+    }
+}
+
+static void kill_proc(proc_t *p)
+{
+    if (p->pid > 0) {
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, NULL, 0);
+        p->pid = 0;
+    }
+}
+
+/* One admin command -> parsed JSON reply (caller deletes). */
+static cJSON *admin(proc_t *p, const char *cmd)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof(a));
+    a.sun_family = AF_UNIX;
+    memcpy(a.sun_path, p->sock, strlen(p->sock) + 1);
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return NULL;
+    }
+    char line[256];
+    int n = snprintf(line, sizeof(line), "%s\n", cmd);
+    assert_int_equal(write(fd, line, (size_t)n), n);
+    static char buf[1 << 20];
+    size_t len = 0;
+    while (len < sizeof(buf) - 1) {
+        ssize_t r = read(fd, buf + len, sizeof(buf) - 1 - len);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+        if (buf[len - 1] == '\n')
+            break;
+    }
+    close(fd);
+    buf[len] = '\0';
+    return cJSON_Parse(buf);
+}
+
+static double jnum(const cJSON *o, const char *path1, const char *path2)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, path1);
+    if (path2)
+        x = cJSON_GetObjectItemCaseSensitive(x, path2);
+    return cJSON_IsNumber(x) ? x->valuedouble : -1;
+}
+
+/* Poll `kv` until free == blocks_total. */
+static bool kv_all_free(proc_t *p, double timeout_s)
+{
+    uint64_t end = pd_now_ns() + (uint64_t)(timeout_s * 1e9);
+    for (;;) {
+        cJSON *j = admin(p, "kv");
+        bool ok = j && jnum(j, "free", NULL) == jnum(j, "blocks_total", NULL) &&
+                  jnum(j, "free", NULL) > 0;
+        cJSON_Delete(j);
+        if (ok)
+            return true;
+        if (pd_now_ns() > end)
+            return false;
+        event_base_loop(fr.base, EVLOOP_ONCE);
+    }
+}
+
+/* accepted == completed + failed + canceled once nothing is live. */
+static void check_ledger(proc_t *p)
+{
+    cJSON *j = admin(p, "requests");
+    assert_non_null(j);
+    double acc = jnum(j, "counters", "accepted"), com = jnum(j, "counters", "completed"),
+           fail = jnum(j, "counters", "failed"), can = jnum(j, "counters", "canceled");
+    cJSON *reqs = cJSON_GetObjectItemCaseSensitive(j, "requests");
+    assert_int_equal(cJSON_GetArraySize(reqs), 0);
+    assert_true(acc > 0);
+    assert_true(acc == com + fail + can);
+    cJSON_Delete(j);
+}
+
+/* ---- reference ------------------------------------------------------------- */
+
+typedef struct {
+    float temperature;
+    uint64_t seed;
+    uint32_t max_tokens;
+    bool ignore_eos;
+} samp_t;
+
+static uint32_t reference(const int32_t *prompt, uint32_t n, const samp_t *s, int32_t *out,
+                          uint32_t cap)
+{
+    char cmd[16384];
+    int off = snprintf(cmd, sizeof(cmd), "%s --model %s --threads 1 --tokens-out --max-tokens %u "
+                       "--temperature %g --seed %llu %s --tokens ", g_run_bin, g_model,
+                       s->max_tokens, s->temperature, (unsigned long long)s->seed,
+                       s->ignore_eos ? "--ignore-eos" : "");
+    for (uint32_t i = 0; i < n; i++)
+        off += snprintf(cmd + off, sizeof(cmd) - (size_t)off, i ? ",%d" : "%d", prompt[i]);
+    snprintf(cmd + off, sizeof(cmd) - (size_t)off, " 2>/dev/null");
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    uint32_t k = 0;
+    int v;
+    while (k < cap && fscanf(f, "%d", &v) == 1)
+        out[k++] = v;
+    assert_int_equal(pclose(f), 0);
+    assert_true(k > 0);
+    return k;
+}
+
+static void make_prompt(int32_t *p, uint32_t n, uint32_t salt)
+{
+    for (uint32_t i = 0; i < n; i++)
+        p[i] = (int32_t)(32 + (i * 7 + salt * 13) % 90); /* printable bytes */
+}
+
+static void fill_sampling(proto_sampling_t *ps, const samp_t *s)
+{
+    memset(ps, 0, sizeof(*ps));
+    ps->temperature = s->temperature;
+    ps->top_p = 1.0f;
+    ps->seed = s->seed;
+    ps->flags = PROTO_SAMPLE_HAS_SEED | (s->ignore_eos ? PROTO_SAMPLE_IGNORE_EOS : 0);
+    ps->max_tokens = s->max_tokens;
+}
+
+/* rng_state the router sends: sampler replayed over `generated`. */
+static uint64_t rng_after(const samp_t *s, const int32_t *gen, uint32_t n)
+{
+    eng_sample_params_t p;
+    eng_sample_params_default(&p);
+    p.temperature = s->temperature;
+    p.seed = s->seed;
+    eng_sampler_t smp;
+    eng_sampler_init(&smp, &p);
+    for (uint32_t i = 0; i < n; i++) {
+        if (s->temperature > 0)
+            (void)eng_rng_next(&smp.rng);
+        (void)eng_sampler_accept(&smp, gen[i]);
+    }
+    return smp.rng.s[0];
+}
+
+static unsigned g_reqno;
+
+static fr_req_t *send_prefill(const char *pf_id, const char *dec_id, const int32_t *prompt,
+                              uint32_t n, const samp_t *s)
+{
+    char id[64];
+    snprintf(id, sizeof(id), "req-%u", ++g_reqno);
+    fr_req_t *r = fr_req(id, true);
+    assert_non_null(r);
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_PREFILL_REQ;
+    snprintf(m.u.prefill_req.request_id, sizeof(m.u.prefill_req.request_id), "%s", id);
+    m.u.prefill_req.prompt.n = n;
+    m.u.prefill_req.prompt.v = prompt;
+    fill_sampling(&m.u.prefill_req.sampling, s);
+    snprintf(m.u.prefill_req.target_decode_id, sizeof(m.u.prefill_req.target_decode_id), "%s",
+             dec_id);
+    fr_send(fr_by_id(pf_id), &m);
+    return r;
+}
+
+static void send_decode(fr_req_t *r, const char *dec_id, const char *pf_id,
+                        const int32_t *prompt, uint32_t n, const int32_t *gen, uint32_t ng,
+                        const samp_t *s, bool local)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_DECODE_REQ;
+    proto_decode_req_t *q = &m.u.decode_req;
+    snprintf(q->request_id, sizeof(q->request_id), "%s", r->id);
+    q->flags = local ? PROTO_DEC_PREFILL_LOCALLY : 0;
+    q->prompt.n = n;
+    q->prompt.v = prompt;
+    q->generated.n = ng;
+    q->generated.v = gen;
+    fill_sampling(&q->sampling, s);
+    q->rng_state = rng_after(s, gen, ng);
+    if (!local) {
+        snprintf(q->prefill_peer_id, sizeof(q->prefill_peer_id), "%s", pf_id);
+        q->lease_id = r->lease_id;
+        q->kv_handle.p = r->handle;
+        q->kv_handle.len = r->handle_len;
+    }
+    fr_send(fr_by_id(dec_id), &m);
+}
+
+static fr_req_t *new_req(void)
+{
+    char id[64];
+    snprintf(id, sizeof(id), "req-%u", ++g_reqno);
+    return fr_req(id, true);
+}
+
+static void send_cancel(const char *to, fr_req_t *r)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_CANCEL;
+    snprintf(m.u.cancel.request_id, sizeof(m.u.cancel.request_id), "%s", r->id);
+    m.u.cancel.status = PD_ERR_CANCELED;
+    fr_send(fr_by_id(to), &m);
+}
+
+/* ---- the scenario ---------------------------------------------------------- */
+
+static proc_t P, D, PL, PK, BAD;
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(g_dir, sizeof(g_dir), "/tmp/pd-serving-XXXXXX");
+    if (mkdtemp(g_dir) == NULL)
+        return -1;
+    fr_start();
+    spawn(&P, g_prefill_bin, "pf-a", SECRET_HEX, NULL);
+    spawn(&D, g_decode_bin, "dec-a", SECRET_HEX,
+          (const char *const[]){ "--prefill-chunk=16", "--transfer-timeout=2s", "--max-batch=8",
+                                 NULL });
+    if (!run_until(p_registered, "pf-a", 20) || !run_until(p_registered, "dec-a", 20))
+        return -1;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    kill_proc(&P);
+    kill_proc(&D);
+    kill_proc(&PL);
+    kill_proc(&PK);
+    kill_proc(&BAD);
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
+    if (system(cmd) != 0)
+        return -1;
+    return 0;
+}
+
+static void test_wrong_secret(void **state)
+{
+    (void)state;
+    unsigned before = fr.bad_macs, want = before + 1;
+    spawn(&BAD, g_prefill_bin, "pf-bad", WRONG_HEX, NULL);
+    assert_true(run_until(p_bad_mac, &want, 20));
+    assert_null(fr_by_id("pf-bad"));
+    /* the daemon saw the REGISTER_REJECT and keeps retrying, never registered */
+    bool seen = false;
+    uint64_t end = pd_now_ns() + 10000000000ull;
+    while (!seen && pd_now_ns() < end) {
+        cJSON *j = admin(&BAD, "session");
+        seen = j && jnum(j, "rejects", NULL) >= 1 && jnum(j, "registrations", NULL) == 0;
+        cJSON_Delete(j);
+        if (!seen)
+            event_base_loop(fr.base, EVLOOP_ONCE);
+    }
+    assert_true(seen);
+    kill_proc(&BAD);
+}
+
+static void disagg_one(uint32_t n, uint32_t salt, const samp_t *s)
+{
+    int32_t prompt[512], ref[MAX_TOK];
+    make_prompt(prompt, n, salt);
+    uint32_t nref = reference(prompt, n, s, ref, MAX_TOK);
+    fr_req_t *r = send_prefill("pf-a", "dec-a", prompt, n, s);
+    assert_true(run_until(p_done_or_error, r, 20));
+    assert_false(r->error);
+    assert_int_equal(r->first_token, ref[0]);
+    assert_int_equal(r->n_prompt, n);
+    send_decode(r, "dec-a", "pf-a", prompt, n, &r->first_token, 1, s, false);
+    assert_true(run_until(p_final, r, 30));
+    assert_false(r->error);
+    assert_false(r->seq_bad);
+    assert_int_equal(r->n_tokens + 1, nref);
+    for (uint32_t i = 1; i < nref; i++)
+        assert_int_equal(r->tokens[i - 1], ref[i]);
+    assert_int_equal(r->fin.completion_tokens, nref);
+    assert_int_equal(r->fin.prompt_tokens, n);
+    assert_true(r->fin.reason == PROTO_FINISH_LENGTH || r->fin.reason == PROTO_FINISH_STOP);
+}
+
+static void test_disagg_matches_pd_run(void **state)
+{
+    (void)state;
+    samp_t greedy = { 0.0f, 0, 12, false };
+    disagg_one(5, 1, &greedy);    /* < 1 block */
+    disagg_one(16, 2, &greedy);   /* exactly one block */
+    disagg_one(32, 3, &greedy);   /* exactly two blocks */
+    disagg_one(41, 4, &greedy);   /* > 2 blocks */
+    samp_t hot = { 0.9f, 1234, 10, true };
+    disagg_one(23, 5, &hot);      /* sampling: token 0 in prefill, the rest in decode */
+    assert_true(kv_all_free(&P, 10));
+    assert_true(kv_all_free(&D, 10));
+}
+
+static void test_local_matches_pd_run(void **state)
+{
+    (void)state;
+    samp_t greedy = { 0.0f, 0, 10, false };
+    samp_t hot = { 0.7f, 99, 9, true };
+    const samp_t *ss[] = { &greedy, &hot };
+    uint32_t lens[] = { 7, 16, 50 };
+    for (int k = 0; k < 2; k++)
+        for (int li = 0; li < 3; li++) {
+            int32_t prompt[512], ref[MAX_TOK];
+            make_prompt(prompt, lens[li], 10 + (uint32_t)li);
+            uint32_t nref = reference(prompt, lens[li], ss[k], ref, MAX_TOK);
+            /* all local: decode samples token 0 itself */
+            fr_req_t *r = new_req();
+            send_decode(r, "dec-a", NULL, prompt, lens[li], NULL, 0, ss[k], true);
+            /* a retry with 2 tokens already streamed */
+            fr_req_t *r2 = new_req();
+            uint32_t given = nref >= 3 ? 2 : 0;
+            send_decode(r2, "dec-a", NULL, prompt, lens[li], ref, given, ss[k], true);
+            assert_true(run_until(p_final, r, 30));
+            assert_true(run_until(p_final, r2, 30));
+            assert_false(r->error);
+            assert_false(r2->error);
+            assert_int_equal(r->n_tokens, nref);
+            for (uint32_t i = 0; i < nref; i++)
+                assert_int_equal(r->tokens[i], ref[i]);
+            assert_int_equal(r2->n_tokens + given, nref);
+            for (uint32_t i = given; i < nref; i++)
+                assert_int_equal(r2->tokens[i - given], ref[i]);
+            assert_int_equal(r2->fin.completion_tokens, nref);
+        }
+    assert_true(kv_all_free(&D, 10));
+}
+
+static void test_cancel_mid_decode(void **state)
+{
+    (void)state;
+    samp_t s = { 0.0f, 0, 600, true };
+    int32_t prompt[64];
+    make_prompt(prompt, 20, 30);
+    fr_req_t *r = send_prefill("pf-a", "dec-a", prompt, 20, &s);
+    assert_true(run_until(p_done_or_error, r, 20));
+    assert_false(r->error);
+    send_decode(r, "dec-a", "pf-a", prompt, 20, &r->first_token, 1, &s, false);
+    assert_true(run_until(p_has_tokens, r, 20));
+    assert_false(r->finish);
+    send_cancel("dec-a", r);
+    assert_true(run_until(p_final, r, 20));
+    assert_true(r->finish);
+    assert_int_equal(r->fin.reason, PROTO_FINISH_CANCELED);
+    /* a CANCEL for a finished request is ignored; and a local one, too */
+    fr_req_t *r2 = new_req();
+    send_decode(r2, "dec-a", NULL, prompt, 20, NULL, 0, &s, true);
+    assert_true(run_until(p_has_tokens, r2, 20));
+    send_cancel("dec-a", r2);
+    assert_true(run_until(p_final, r2, 20));
+    assert_int_equal(r2->fin.reason, PROTO_FINISH_CANCELED);
+    assert_true(kv_all_free(&D, 10));
+    assert_true(kv_all_free(&P, 10));
+}
+
+static void test_lease_expiry(void **state)
+{
+    (void)state;
+    spawn(&PL, g_prefill_bin, "pf-lease", SECRET_HEX,
+          (const char *const[]){ "--lease-ttl=300ms", NULL });
+    assert_true(run_until(p_registered, "pf-lease", 20));
+    samp_t s = { 0.0f, 0, 4, false };
+    int32_t prompt[64];
+    make_prompt(prompt, 40, 40);
+    fr_req_t *r = send_prefill("pf-lease", "dec-a", prompt, 40, &s);
+    assert_true(run_until(p_done_or_error, r, 20));
+    assert_false(r->error);
+    cJSON *j = admin(&PL, "kv");
+    assert_non_null(j);
+    assert_true(jnum(j, "leased", NULL) == 3);
+    cJSON_Delete(j);
+    /* never forwarded: the lease expires and the blocks come back */
+    assert_true(kv_all_free(&PL, 10));
+    j = admin(&PL, "requests");
+    assert_true(jnum(j, "counters", "failed") == 1);
+    cJSON_Delete(j);
+    check_ledger(&PL);
+    /* CANCEL while leased (client went away): revoked at once */
+    fr_req_t *r2 = send_prefill("pf-lease", "dec-a", prompt, 40, &s);
+    assert_true(run_until(p_done_or_error, r2, 20));
+    send_cancel("pf-lease", r2);
+    assert_true(kv_all_free(&PL, 10));
+    check_ledger(&PL);
+}
+
+static void send_peer_down(const char *to, const char *id, uint64_t incarnation)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_PEER_DOWN;
+    snprintf(m.u.peer_down.daemon_id, sizeof(m.u.peer_down.daemon_id), "%s", id);
+    m.u.peer_down.incarnation = incarnation;
+    m.u.peer_down.status = PD_ERR_PEER_GONE;
+    fr_send(fr_by_id(to), &m);
+}
+
+static void test_prefill_killed_before_pull(void **state)
+{
+    (void)state;
+    spawn(&PK, g_prefill_bin, "pf-kill", SECRET_HEX, NULL);
+    assert_true(run_until(p_registered, "pf-kill", 20));
+    samp_t s = { 0.0f, 0, 6, false };
+    int32_t prompt[64], ref[MAX_TOK];
+    make_prompt(prompt, 33, 50);
+    uint32_t nref = reference(prompt, 33, &s, ref, MAX_TOK);
+    fr_req_t *r = send_prefill("pf-kill", "dec-a", prompt, 33, &s);
+    fr_req_t *r2 = send_prefill("pf-kill", "dec-a", prompt, 33, &s);
+    assert_true(run_until(p_done_or_error, r, 20));
+    assert_true(run_until(p_done_or_error, r2, 20));
+    assert_false(r->error);
+    assert_false(r2->error);
+    fr_daemon_t *dk = fr_by_id("pf-kill");
+    uint64_t inc = dk->incarnation;
+    kill_proc(&PK);
+    assert_true(run_until(p_closed, dk, 10));
+    /* before the router's PEER_DOWN: the pull either fails within the
+     * transfer timeout or (same-host shared memory outlives the process)
+     * lands the right bytes; never a hang, never wrong tokens */
+    uint64_t t0 = pd_now_ns();
+    send_decode(r, "dec-a", "pf-kill", prompt, 33, &r->first_token, 1, &s, false);
+    assert_true(run_until(p_final, r, 10));
+    assert_true(pd_now_ns() - t0 < 2000000000ull + 1500000000ull);
+    if (r->error) {
+        assert_true(r->err_status == PD_ERR_PEER_GONE || r->err_status == PD_ERR_TIMED_OUT ||
+                    r->err_status == PD_ERR_TRANSPORT || r->err_status == PD_ERR_STALE);
+    } else {
+        assert_int_equal(r->n_tokens + 1, nref);
+        for (uint32_t i = 1; i < nref; i++)
+            assert_int_equal(r->tokens[i - 1], ref[i]);
+    }
+    /* after PEER_DOWN (what the router sends when the prefill's connection
+     * dies): the handle is refused at once with PEER_GONE */
+    send_peer_down("dec-a", "pf-kill", inc);
+    t0 = pd_now_ns();
+    send_decode(r2, "dec-a", "pf-kill", prompt, 33, &r2->first_token, 1, &s, false);
+    assert_true(run_until(p_final, r2, 10));
+    assert_true(r2->error);
+    assert_int_equal(r2->err_status, PD_ERR_PEER_GONE);
+    assert_true(pd_now_ns() - t0 < 2000000000ull);
+    assert_true(kv_all_free(&D, 10));
+}
+
+static void test_drain_and_ledgers(void **state)
+{
+    (void)state;
+    check_ledger(&P);
+    check_ledger(&D);
+    kill(D.pid, SIGTERM);
+    kill(P.pid, SIGTERM);
+    assert_int_equal(wait_exit(&D, 20), 0);
+    assert_int_equal(wait_exit(&P, 20), 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 5) {
+        fprintf(stderr, "usage: test-serving PD_PREFILL PD_DECODE PD_RUN MODEL\n");
+        return 2;
+    }
+    g_prefill_bin = argv[1];
+    g_decode_bin = argv[2];
+    g_run_bin = argv[3];
+    g_model = argv[4];
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wrong_secret),
+        cmocka_unit_test(test_disagg_matches_pd_run),
+        cmocka_unit_test(test_local_matches_pd_run),
+        cmocka_unit_test(test_cancel_mid_decode),
+        cmocka_unit_test(test_lease_expiry),
+        cmocka_unit_test(test_prefill_killed_before_pull),
+        cmocka_unit_test(test_drain_and_ledgers),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
