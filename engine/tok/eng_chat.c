@@ -44,6 +44,10 @@ pd_status_t eng_chat_detect(const char *t, eng_chat_kind_t *kind_p)
         *kind_p = strstr(t, "Cutting Knowledge Date") != NULL ? ENG_CHAT_LLAMA31 : ENG_CHAT_LLAMA3;
     } else if (strstr(t, "[INST]") != NULL && strstr(t, "<<SYS>>") != NULL) {
         *kind_p = ENG_CHAT_LLAMA2;
+    } else if (strstr(t, "[INST]") != NULL) {
+        *kind_p = ENG_CHAT_MISTRAL;
+    } else if (strstr(t, "<|user|>") != NULL && strstr(t, "<|assistant|>") != NULL) {
+        *kind_p = strstr(t, "<|end|>") != NULL ? ENG_CHAT_PHI3 : ENG_CHAT_ZEPHYR;
     } else {
         return PD_ERR_NOT_FOUND;
     }
@@ -221,6 +225,53 @@ static void render_llama2(sbuf_t *b, const eng_chat_msg_t *m, const int *roles, 
     }
 }
 
+/* Mistral-7B-Instruct v0.1/v0.2: no system role in the official template;
+ * like llama.cpp, a system message is prepended to the next user turn. */
+static void render_mistral(sbuf_t *b, const eng_chat_msg_t *m, const int *roles, size_t n,
+                           const char *bos, const char *eos)
+{
+    const eng_chat_msg_t *sys = NULL;
+    size_t i;
+
+    puts_(b, bos);
+    for (i = 0; i < n; i++) {
+        if (roles[i] == ROLE_SYSTEM) {
+            sys = &m[i];
+        } else if (roles[i] == ROLE_USER) {
+            puts_(b, "[INST] ");
+            if (sys != NULL) {
+                put(b, sys->content, sys->content_len);
+                puts_(b, "\n\n");
+                sys = NULL;
+            }
+            put(b, m[i].content, m[i].content_len);
+            puts_(b, " [/INST]");
+        } else {
+            put(b, m[i].content, m[i].content_len);
+            puts_(b, eos);
+        }
+    }
+}
+
+/* Zephyr / TinyLlama-1.1B-Chat as HF renders it (trim_blocks): every turn is
+ * "<|role|>\ncontent" + EOS text + "\n"; the prompt ends "<|assistant|>\n". */
+static void render_zephyr(sbuf_t *b, const eng_chat_msg_t *m, const int *roles, size_t n,
+                          bool gen, const char *eos)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        puts_(b, "<|");
+        puts_(b, role_names[roles[i]]);
+        puts_(b, "|>\n");
+        put(b, m[i].content, m[i].content_len);
+        puts_(b, eos);
+        puts_(b, "\n");
+    }
+    if (gen)
+        puts_(b, "<|assistant|>\n");
+}
+
 pd_status_t eng_chat_render(eng_chat_kind_t kind, const eng_chat_msg_t *msgs,
                             size_t n, bool gen, const char *bos, const char *eos,
                             char **out_p, size_t *len_p)
@@ -267,6 +318,15 @@ pd_status_t eng_chat_render(eng_chat_kind_t kind, const eng_chat_msg_t *msgs,
         break;
     case ENG_CHAT_LLAMA2:
         render_llama2(&b, msgs, roles, n, bos != NULL ? bos : "<s>", eos != NULL ? eos : "</s>");
+        break;
+    case ENG_CHAT_MISTRAL:
+        render_mistral(&b, msgs, roles, n, bos != NULL ? bos : "<s>", eos != NULL ? eos : "</s>");
+        break;
+    case ENG_CHAT_ZEPHYR:
+        render_zephyr(&b, msgs, roles, n, gen, eos != NULL ? eos : "</s>");
+        break;
+    case ENG_CHAT_PHI3:
+        render_zephyr(&b, msgs, roles, n, gen, "<|end|>");
         break;
     default:
         break;

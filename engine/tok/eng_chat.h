@@ -25,7 +25,10 @@
     X(QWEN25,  "qwen2.5", "ChatML + default system 'You are Qwen, created by Alibaba Cloud...'") \
     X(LLAMA2,  "llama2",  "<s>[INST] <<SYS>>...<</SYS>> ... [/INST] answer </s>") \
     X(LLAMA3,  "llama3",  "<|start_header_id|>role<|end_header_id|>\\n\\n...<|eot_id|>") \
-    X(LLAMA31, "llama3.1", "llama3 + system block 'Cutting Knowledge Date: December 2023...'")
+    X(LLAMA31, "llama3.1", "llama3 + system block 'Cutting Knowledge Date: December 2023...'") \
+    X(MISTRAL, "mistral", "<s>[INST] user [/INST]answer</s> (system folded into the next user turn)") \
+    X(ZEPHYR,  "zephyr",  "<|system|>\\n...</s>\\n<|user|>\\n...</s>\\n<|assistant|>\\n (TinyLlama chat)") \
+    X(PHI3,    "phi3",    "<|user|>\\n...<|end|>\\n<|assistant|>\\n")
 
 typedef enum {
 #define ENG_CHAT_ENUM(e, name, desc) ENG_CHAT_##e,

@@ -90,6 +90,17 @@ static void test_llama2(void **state)
     render_eq(ENG_CHAT_LLAMA2, conv + 1, 1, true, "<s>[INST] Hi there [/INST]");
 }
 
+static void test_mistral_zephyr(void **state)
+{
+    (void)state;
+    render_eq(ENG_CHAT_MISTRAL, conv, 4, true,
+              "<s>[INST] You are terse.\n\n Hi there \n [/INST]Hello!</s>[INST] 2+2? [/INST]");
+    render_eq(ENG_CHAT_ZEPHYR, conv, 4, true,
+              "<|system|>\nYou are terse.</s>\n<|user|>\n Hi there \n</s>\n"
+              "<|assistant|>\nHello!</s>\n<|user|>\n2+2?</s>\n<|assistant|>\n");
+    render_eq(ENG_CHAT_PHI3, conv + 3, 1, true, "<|user|>\n2+2?<|end|>\n<|assistant|>\n");
+}
+
 static void test_detect(void **state)
 {
     eng_chat_kind_t k;
@@ -115,6 +126,15 @@ static void test_detect(void **state)
     assert_int_equal(eng_chat_detect("<|start_header_id|>{{ 'Cutting Knowledge Date: ' }}"
                                      "<|end_header_id|>", &k), PD_OK);
     assert_int_equal(k, ENG_CHAT_LLAMA31);
+    assert_int_equal(eng_chat_detect("{{ bos_token }}{% for message in messages %}{{ '[INST] ' + "
+                                     "message['content'] + ' [/INST]' }}", &k), PD_OK);
+    assert_int_equal(k, ENG_CHAT_MISTRAL);
+    assert_int_equal(eng_chat_detect("{{ '<|user|>\n' + message['content'] + eos_token }}"
+                                     "{{ '<|assistant|>' }}", &k), PD_OK);
+    assert_int_equal(k, ENG_CHAT_ZEPHYR);
+    assert_int_equal(eng_chat_detect("{{'<|user|>' + '\n' + message['content'] + '<|end|>' + "
+                                     "'\n' + '<|assistant|>' + '\n'}}", &k), PD_OK);
+    assert_int_equal(k, ENG_CHAT_PHI3);
     assert_int_equal(eng_chat_detect("{{ messages }}", &k), PD_ERR_NOT_FOUND);
     assert_int_equal(eng_chat_by_name("llama3", &k), PD_OK);
     assert_int_equal(k, ENG_CHAT_LLAMA3);
@@ -210,6 +230,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_llama3),
         cmocka_unit_test(test_llama31),
         cmocka_unit_test(test_llama2),
+        cmocka_unit_test(test_mistral_zephyr),
         cmocka_unit_test(test_detect),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_builtin_model),
