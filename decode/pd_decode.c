@@ -1048,6 +1048,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "pd-decode: --model: required (GGUF path or sim:<preset>)\n");
         return 2;
     }
+    {
+        struct sockaddr_storage ss;
+        int sl;
+        if (proto_addr_parse(d->cfg.router, &ss, &sl) != PD_OK) {
+            fprintf(stderr, "pd-decode: --router: bad address \"%s\" (host:port, numeric host)\n",
+                    d->cfg.router);
+            return 2;
+        }
+    }
     if (d->cfg.secret_file) {
         st = proto_auth_secret_load(d->cfg.secret_file, &d->secret);
         if (st != PD_OK) {
@@ -1070,9 +1079,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "pd-decode: --insecure-no-auth needs a loopback --router\n");
         return 2;
     }
-    if (!d->have_secret)
-        pd_log(PD_LOG_WARN, DEC_COMP, NULL,
-               "RUNNING WITHOUT AUTHENTICATION (--insecure-no-auth): loopback only");
     if (d->cfg.id && (d->cfg.id[0] == '\0' || strlen(d->cfg.id) > PROTO_DAEMON_ID_MAX)) {
         fprintf(stderr, "pd-decode: --id: 1..%u bytes\n", PROTO_DAEMON_ID_MAX);
         return 2;
@@ -1204,6 +1210,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "pd-decode: --router: bad address \"%s\"\n", d->cfg.router);
         return 2;
     }
+    if (!d->have_secret)
+        pd_log(PD_LOG_WARN, DEC_COMP, NULL,
+               "RUNNING WITHOUT AUTHENTICATION (--insecure-no-auth): loopback only");
     pd_loop_on_drain(d->loop, dec_on_sigterm, d);
     pd_log(PD_LOG_INFO, DEC_COMP, NULL,
            "%s up: model %s (%s), %llu blocks x %llu bytes, max-batch %u, router %s",

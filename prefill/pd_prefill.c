@@ -744,6 +744,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "pd-prefill: --model: required (GGUF path or sim:<preset>)\n");
         return 2;
     }
+    {
+        struct sockaddr_storage ss;
+        int sl;
+        if (proto_addr_parse(pf->cfg.router, &ss, &sl) != PD_OK) {
+            fprintf(stderr, "pd-prefill: --router: bad address \"%s\" (host:port, numeric host)\n",
+                    pf->cfg.router);
+            return 2;
+        }
+    }
     /* secret: --secret-file, --secret (hex), env PD_SECRET */
     const char *env_secret = getenv("PD_SECRET");
     if (pf->cfg.secret_file) {
@@ -768,9 +777,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "pd-prefill: --insecure-no-auth needs a loopback --router\n");
         return 2;
     }
-    if (!pf->have_secret)
-        pd_log(PD_LOG_WARN, PF_COMP, NULL,
-               "RUNNING WITHOUT AUTHENTICATION (--insecure-no-auth): loopback only");
 
     if (pf->cfg.id)
         snprintf(pf->daemon_id, sizeof(pf->daemon_id), "%s", pf->cfg.id);
@@ -911,6 +917,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "pd-prefill: --router: bad address \"%s\"\n", pf->cfg.router);
         return 2;
     }
+    if (!pf->have_secret)
+        pd_log(PD_LOG_WARN, PF_COMP, NULL,
+               "RUNNING WITHOUT AUTHENTICATION (--insecure-no-auth): loopback only");
     pd_loop_on_drain(pf->loop, pf_on_sigterm, pf);
     pd_log(PD_LOG_INFO, PF_COMP, NULL,
            "%s up: model %s (%s), %llu blocks x %llu bytes (%u tokens), router %s",
