@@ -102,13 +102,19 @@ static void w_str(wr_t *w, const char *s)
 
 static void w_tok_array(wr_t *w, const proto_tokens_t *t)
 {
+    size_t n = (size_t)t->n * 4;
+
     w_u32(w, t->n);
     if (t->v == NULL) {
-        w_bytes(w, t->wire, (size_t)t->n * 4);
+        w_bytes(w, t->wire, n);
         return;
     }
-    for (uint32_t i = 0; i < t->n; i++)
-        w_u32(w, (uint32_t)t->v[i]);
+    if (w->len + n <= w->cap) {
+        uint8_t *p = w->p + w->len;
+        for (uint32_t i = 0; i < t->n; i++)
+            put_u32(p + (size_t)i * 4, (uint32_t)t->v[i]);
+    }
+    w->len += n;
 }
 
 static void w_blob(wr_t *w, const proto_blob_t *b)
@@ -258,8 +264,16 @@ int32_t proto_tokens_get(const proto_tokens_t *t, uint32_t i)
 uint32_t proto_tokens_copy(const proto_tokens_t *t, int32_t *dst, uint32_t cap)
 {
     uint32_t n = t->n < cap ? t->n : cap;
+    if (t->v != NULL) {
+        memcpy(dst, t->v, (size_t)n * 4);
+        return n;
+    }
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(dst, t->wire, (size_t)n * 4); /* wire order is host order */
+#else
     for (uint32_t i = 0; i < n; i++)
-        dst[i] = proto_tokens_get(t, i);
+        dst[i] = (int32_t)get_u32(t->wire + (size_t)i * 4);
+#endif
     return n;
 }
 
@@ -280,11 +294,18 @@ static pd_status_t check_tok_array(const proto_tokens_t *t, uint32_t max)
         return PD_ERR_TOO_BIG;
     if (t->n != 0 && t->v == NULL && t->wire == NULL)
         return PD_ERR_BAD_INPUT;
-    /* ids are u32 on the wire but must fit int32_t (engine token type) */
-    for (uint32_t i = 0; i < t->n; i++)
-        if (proto_tokens_get(t, i) < 0)
-            return PD_ERR_BAD_INPUT;
-    return PD_OK;
+    /* ids are u32 on the wire but must fit int32_t (engine token type):
+     * the top bit of every id (byte 3 on the wire) must be clear */
+    uint32_t bad = 0;
+    if (t->v != NULL) {
+        for (uint32_t i = 0; i < t->n; i++)
+            bad |= (uint32_t)t->v[i];
+    } else {
+        for (uint32_t i = 0; i < t->n; i++)
+            bad |= t->wire[(size_t)i * 4 + 3];
+        bad <<= 24;
+    }
+    return (bad & 0x80000000u) ? PD_ERR_BAD_INPUT : PD_OK;
 }
 
 static pd_status_t check_blob(const proto_blob_t *b, uint32_t max)
