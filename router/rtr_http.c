@@ -223,12 +223,63 @@ static void req_free(void *obj)
     free(q);
 }
 
-static void maybe_drained(rtr_t *r)
+/* Draining: responses that ended are tracked until their bytes left the
+ * process (output buffer empty) or their connection closed, so exiting does
+ * not cut the last chunks ([DONE]) of a stream. */
+#define FLUSH_MAX 256
+static struct evhttp_connection *flushing[FLUSH_MAX];
+static unsigned n_flushing;
+
+static void flush_forget(struct evhttp_connection *evcon)
 {
-    if (r->draining && r->n_reqs == 0) {
+    for (unsigned i = 0; i < n_flushing; i++) {
+        if (flushing[i] == evcon) {
+            flushing[i] = flushing[--n_flushing];
+            return;
+        }
+    }
+}
+
+static void on_flush_close(struct evhttp_connection *evcon, void *arg)
+{
+    flush_forget(evcon);
+}
+
+static void flush_track(struct evhttp_connection *evcon)
+{
+    if (evcon == NULL || n_flushing == FLUSH_MAX)
+        return;
+    flush_forget(evcon);
+    flushing[n_flushing++] = evcon;
+    evhttp_connection_set_closecb(evcon, on_flush_close, NULL);
+}
+
+static void flush_tick(evutil_socket_t fd, short what, void *arg)
+{
+    rtr_t *r = arg;
+    for (unsigned i = 0; i < n_flushing;) {
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(flushing[i]);
+        if (bev == NULL || evbuffer_get_length(bufferevent_get_output(bev)) == 0) {
+            evhttp_connection_set_closecb(flushing[i], NULL, NULL);
+            flushing[i] = flushing[--n_flushing];
+        } else {
+            i++;
+        }
+    }
+    if (n_flushing == 0) {
         pd_log(PD_LOG_INFO, RTR_COMP, NULL, "drain complete: no requests in flight, exiting");
         pd_loop_stop(r->loop);
     }
+}
+
+static void maybe_drained(rtr_t *r)
+{
+    if (!r->draining || r->n_reqs != 0 || r->flush_timer != NULL)
+        return;
+    r->flush_timer = event_new(r->base, -1, EV_PERSIST, flush_tick, r);
+    struct timeval tv = { 0, 2000 };
+    if (r->flush_timer == NULL || event_add(r->flush_timer, &tv) != 0)
+        pd_loop_stop(r->loop);
 }
 
 /* The one terminal path: state, counters, unlink, deferred free. */
@@ -244,6 +295,8 @@ static void req_end(rtr_req_t *q, rtr_req_state_t st)
     }
     req_set_backend(&q->prefill, NULL);
     req_set_backend(&q->decode, NULL);
+    if (r->draining && q->evcon != NULL)
+        flush_track(q->evcon);
     pd_stats_inc(r->stats, st == RTR_REQ_COMPLETED ? RTR_ST_requests_completed
                            : st == RTR_REQ_FAILED  ? RTR_ST_requests_failed
                                                    : RTR_ST_requests_canceled);
@@ -819,6 +872,7 @@ static void req_client_gone(rtr_req_t *q, const char *why)
         if (evcon != NULL)
             evhttp_connection_free(evcon);
     }
+    q->evcon = NULL;
     req_end(q, RTR_REQ_CANCELED);
 }
 
@@ -832,6 +886,7 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg)
     if (q->http != NULL && evhttp_request_get_connection(q->http) == NULL)
         q->orphan = q->http;      /* detached by libevent: ours to free */
     q->http = NULL;               /* never touch it again */
+    q->evcon = NULL;              /* being freed by libevent */
     req_client_gone(q, "connection closed");
 }
 
@@ -1362,6 +1417,10 @@ void rtr_http_stop(rtr_t *r)
     if (r->drain_timer != NULL) {
         event_free(r->drain_timer);
         r->drain_timer = NULL;
+    }
+    if (r->flush_timer != NULL) {
+        event_free(r->flush_timer);
+        r->flush_timer = NULL;
     }
     if (r->http != NULL) {
         evhttp_free(r->http);

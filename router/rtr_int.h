@@ -174,6 +174,7 @@ struct rtr {
     uint64_t next_seq;
     bool draining;
     struct event *drain_timer;
+    struct event *flush_timer;       /* draining: waits for responses to flush */
 };
 
 /* rtr_ctl.c */

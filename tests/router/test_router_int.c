@@ -94,7 +94,8 @@ typedef struct {
     char reject_reason[PROTO_REASON_MAX + 1];
     struct event *hb;
     /* records */
-    int n_peer_info;
+    int n_peer_info, n_peer_down;
+    char held_id[PROTO_REQID_MAX + 1];
     char peer_info_id[PROTO_DAEMON_ID_MAX + 1];
     int n_prefill_req, n_decode_req, n_cancel, n_release;
     char last_req_id[PROTO_REQID_MAX + 1];
@@ -284,6 +285,7 @@ static void on_decode_req(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
         return;
     }
     if (f->mode == D_HOLD) {
+        snprintf(f->held_id, sizeof(f->held_id), "%s", d->request_id);
         int32_t t = SCRIPT[start < len ? start : 0];
         send_tokens(f, d->request_id, seq++, &t, 1);
         return;
@@ -322,6 +324,12 @@ static void on_ignore(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
 {
 }
 
+static void on_peer_down(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
+{
+    fake_t *f = arg;
+    f->n_peer_down++;
+}
+
 static void on_fake_close(proto_conn_t *conn, pd_status_t why, void *arg)
 {
     fake_t *f = arg;
@@ -346,7 +354,7 @@ static void fake_start(fake_t *f, const char *id, uint16_t role, int mode, bool 
     cbs.on_register_ack = on_ack;
     cbs.on_register_reject = on_reject;
     cbs.on_peer_info = on_peer_info;
-    cbs.on_peer_down = on_ignore;
+    cbs.on_peer_down = on_peer_down;
     cbs.on_heartbeat = on_ignore;
     cbs.on_prefill_req = on_prefill_req;
     cbs.on_decode_req = on_decode_req;
@@ -691,7 +699,7 @@ static int start_router(void)
 static int stop_router(void)
 {
     if (g.router_pid <= 0)
-        return -1;
+        return 0;   /* already stopped (and checked) by a test */
     kill(g.router_pid, SIGTERM);
     int st = 0;
     uint64_t dl = now_ms() + 10000;
@@ -796,25 +804,21 @@ static void test_bad_inputs(void **st)
         hc_free(c);
     }
     /* over-long prompt: 5000 bytes + BOS > 4096 context */
+    static char body[110 * 1024];
     size_t n = 5000;
-    char *body = malloc(n + 64);
-    int off = sprintf(body, "{\"prompt\":\"");
+    int off = snprintf(body, sizeof(body), "{\"prompt\":\"");
     memset(body + off, 'a', n);
-    sprintf(body + off + n, "\",\"max_tokens\":10}");
+    snprintf(body + off + n, sizeof(body) - off - n, "\",\"max_tokens\":10}");
     hc_t *c = post("/v1/completions", body);
     check_envelope(c, 400, "invalid_request_error", "context_length_exceeded", "prompt");
     hc_free(c);
-    free(body);
     /* oversized body: 100 KiB over a 64 KiB max-body -> OpenAI JSON 413 */
     n = 100 * 1024;
-    body = malloc(n + 64);
-    off = sprintf(body, "{\"prompt\":\"");
     memset(body + off, 'b', n);
-    sprintf(body + off + n, "\"}");
+    snprintf(body + off + n, sizeof(body) - off - n, "\"}");
     c = post("/v1/completions", body);
     check_envelope(c, 413, "invalid_request_error", NULL, NULL);
     hc_free(c);
-    free(body);
     /* the request id is echoed */
     c = http("GET", "/health", "X-Request-Id: my-id-1\r\n", NULL);
     assert_non_null(strcasestr(c->head, "X-Request-Id: my-id-1"));
@@ -973,6 +977,7 @@ static void test_prefill_death_retry(void **st)
     assert_int_equal(D1.n_decode_req, dec + 1);
     assert_int_equal(D1.last_flags, PROTO_DEC_PREFILL_LOCALLY);
     assert_int_equal(D1.last_gen_n, 0);
+    WAIT_FOR(D1.n_peer_down == 1, 2000);    /* decode told the prefill is gone */
     fake_register(&P1, "prefill-1", PROTO_ROLE_PREFILL, P_DONE);
     WAIT_FOR(D1.n_peer_info >= 2, 2000);   /* re-announced */
 
@@ -1124,6 +1129,47 @@ static void test_admin_and_metrics(void **st)
     }
 }
 
+/* SIGTERM: stop accepting, finish the stream in flight, exit 0. */
+static void test_sigterm_drain(void **st)
+{
+    D1.mode = D_HOLD;
+    hc_t *h = hold_stream();
+    WAIT_FOR(evbuffer_search(h->in, "\"text\":\"H\"", 10, NULL).pos >= 0, 5000);
+    kill(g.router_pid, SIGTERM);
+    /* new connections are refused once the listener is gone */
+    hc_t *c = NULL;
+    uint64_t dl = now_ms() + 5000;
+    for (;;) {
+        c = http("GET", "/health", NULL, NULL);
+        if (c->status == 0 || now_ms() > dl)
+            break;
+        hc_free(c);
+    }
+    assert_int_equal(c->status, 0);
+    hc_free(c);
+    /* the held stream still completes normally */
+    int32_t rest[16];
+    uint32_t n = 0;
+    for (const char *p = SCRIPT + 1; *p; p++)
+        rest[n++] = *p;
+    send_tokens(&D1, D1.held_id, 1, rest, n);
+    send_finish(&D1, D1.held_id, PROTO_FINISH_STOP, 3, (uint32_t)strlen(SCRIPT));
+    hc_wait(h);
+    sse_t s;
+    sse_parse(h->body, &s);
+    assert_true(s.done);
+    assert_string_equal(s.text, SCRIPT);
+    sse_free(&s);
+    hc_free(h);
+    int stc = 0;
+    dl = now_ms() + 5000;
+    while (waitpid(g.router_pid, &stc, WNOHANG) != g.router_pid && now_ms() < dl)
+        event_base_loop(g.base, EVLOOP_ONCE);
+    assert_true(WIFEXITED(stc));
+    assert_int_equal(WEXITSTATUS(stc), 0);
+    g.router_pid = 0;
+}
+
 /* ---- node mode: the official openai client ------------------------------------ */
 
 static int run_node(const char *script)
@@ -1178,6 +1224,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_decode_death_midstream),
         cmocka_unit_test(test_disconnect_and_429),
         cmocka_unit_test(test_admin_and_metrics),
+        cmocka_unit_test(test_sigterm_drain),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
