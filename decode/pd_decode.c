@@ -872,12 +872,19 @@ static void dec_fill_hb(proto_session_t *s, proto_heartbeat_t *hb, void *arg)
 
 /* ---- drain -------------------------------------------------------------- */
 
+static void dec_stop_loop(void *arg)
+{
+    dec_t *d = arg;
+    pd_loop_stop(d->loop);
+}
+
 static void dec_maybe_drained(dec_t *d)
 {
     if (d->draining && !d->stopping && d->n_live == 0) {
-        pd_log(PD_LOG_INFO, DEC_COMP, NULL, "drained: exiting");
+        pd_log(PD_LOG_INFO, DEC_COMP, NULL, "drained: flushing and exiting");
         d->stopping = true;
-        pd_loop_stop(d->loop);
+        /* the last TOKENS/FINISH must reach the router before we exit */
+        proto_session_shutdown(d->sess, dec_stop_loop, d);
     }
 }
 

@@ -545,12 +545,19 @@ static void pf_fill_hb(proto_session_t *s, proto_heartbeat_t *hb, void *arg)
 
 /* ---- drain -------------------------------------------------------------- */
 
+static void pf_stop_loop(void *arg)
+{
+    pf_t *pf = arg;
+    pd_loop_stop(pf->loop);
+}
+
 static void pf_maybe_drained(pf_t *pf)
 {
     if (pf->draining && !pf->stopping && pf->n_live == 0) {
-        pd_log(PD_LOG_INFO, PF_COMP, NULL, "drained: exiting");
+        pd_log(PD_LOG_INFO, PF_COMP, NULL, "drained: flushing and exiting");
         pf->stopping = true;
-        pd_loop_stop(pf->loop);
+        /* the last TOKENS/FINISH must reach the router before we exit */
+        proto_session_shutdown(pf->sess, pf_stop_loop, pf);
     }
 }
 

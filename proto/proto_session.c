@@ -24,6 +24,9 @@ struct proto_session {
     char last_error[PROTO_REASON_MAX + 64];
     uint64_t registrations;
     uint64_t rejects;
+    bool shutting_down;
+    void (*shutdown_done)(void *arg);
+    void *shutdown_arg;
 };
 
 static void sess_connect(proto_session_t *s);
@@ -176,6 +179,14 @@ static void on_close(proto_conn_t *c, pd_status_t why, void *arg)
     bool was_up = s->state == PROTO_SESS_UP;
     s->conn = NULL;
     s->state = PROTO_SESS_DOWN;
+    if (s->shutting_down) {
+        if (s->shutdown_done) {
+            void (*done)(void *) = s->shutdown_done;
+            s->shutdown_done = NULL;
+            done(s->shutdown_arg);
+        }
+        return;
+    }
     if (was_up) {
         snprintf(s->last_error, sizeof(s->last_error), "router connection lost: %s",
                  pd_status_str(why));
@@ -220,7 +231,7 @@ static void retry_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     proto_session_t *s = arg;
-    if (s->state == PROTO_SESS_DOWN && s->conn == NULL)
+    if (s->state == PROTO_SESS_DOWN && s->conn == NULL && !s->shutting_down)
         sess_connect(s);
 }
 
@@ -302,6 +313,23 @@ void proto_session_destroy(proto_session_t *s)
     event_free(s->hb_ev);
     event_free(s->retry_ev);
     free(s);
+}
+
+void proto_session_shutdown(proto_session_t *s, void (*done)(void *arg), void *arg)
+{
+    if (s->shutting_down)
+        return;
+    s->shutting_down = true;
+    event_del(s->retry_ev);
+    event_del(s->hb_ev);
+    if (s->conn == NULL) {
+        if (done)
+            done(arg);
+        return;
+    }
+    s->shutdown_done = done;
+    s->shutdown_arg = arg;
+    proto_conn_close_after_flush(s->conn, PD_OK);
 }
 
 pd_status_t proto_session_send(proto_session_t *s, const proto_msg_t *msg)

@@ -71,6 +71,11 @@ pd_status_t proto_session_create(struct event_base *base,
  * Not from inside one of the session's callbacks. */
 void proto_session_destroy(proto_session_t *s);
 
+/* Graceful end (drain): stop reconnecting, flush queued output, close;
+ * then done(arg) once, on the loop (at once if there is no connection).
+ * on_down is not called for this close. */
+void proto_session_shutdown(proto_session_t *s, void (*done)(void *arg), void *arg);
+
 /* Send while UP. Expected: PD_ERR_SHUTDOWN (not UP), PD_ERR_BUSY. */
 pd_status_t proto_session_send(proto_session_t *s, const proto_msg_t *msg);
 /* Send a heartbeat now (e.g. when draining starts). */

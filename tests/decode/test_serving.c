@@ -41,7 +41,7 @@ static const char *WRONG_HEX =
 
 /* ---- fake router ---------------------------------------------------------- */
 
-#define MAX_DAEMONS 8
+#define MAX_DAEMONS 16
 #define MAX_REQS 64
 #define MAX_TOK 4096
 
@@ -468,24 +468,42 @@ typedef struct {
     bool ignore_eos;
 } samp_t;
 
+/* pd-run --tokens-out on the same model; the fake router keeps serving
+ * (heartbeats) while it runs. */
 static uint32_t reference(const int32_t *prompt, uint32_t n, const samp_t *s, int32_t *out,
                           uint32_t cap)
 {
-    char cmd[16384];
-    int off = snprintf(cmd, sizeof(cmd), "%s --model %s --threads 1 --tokens-out --max-tokens %u "
-                       "--temperature %g --seed %llu %s --tokens ", g_run_bin, g_model,
-                       s->max_tokens, s->temperature, (unsigned long long)s->seed,
-                       s->ignore_eos ? "--ignore-eos" : "");
+    static char toks[16384];
+    char mt[32], temp[32], seed[32], outp[300];
+    int off = 0;
     for (uint32_t i = 0; i < n; i++)
-        off += snprintf(cmd + off, sizeof(cmd) - (size_t)off, i ? ",%d" : "%d", prompt[i]);
-    snprintf(cmd + off, sizeof(cmd) - (size_t)off, " 2>/dev/null");
-    FILE *f = popen(cmd, "r");
+        off += snprintf(toks + off, sizeof(toks) - (size_t)off, i ? ",%d" : "%d", prompt[i]);
+    snprintf(mt, sizeof(mt), "%u", s->max_tokens);
+    snprintf(temp, sizeof(temp), "%g", s->temperature);
+    snprintf(seed, sizeof(seed), "%llu", (unsigned long long)s->seed);
+    snprintf(outp, sizeof(outp), "%.200s/ref.out", g_dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        FILE *o = freopen(outp, "w", stdout);
+        FILE *e = freopen("/dev/null", "w", stderr);
+        (void)o;
+        (void)e;
+        const char *argv[] = { g_run_bin, "--model", g_model, "--threads", "1", "--tokens-out",
+                               "--max-tokens", mt, "--temperature", temp, "--seed", seed,
+                               "--tokens", toks, s->ignore_eos ? "--ignore-eos" : NULL, NULL };
+        execv(g_run_bin, (char *const *)argv);
+        _exit(127);
+    }
+    proc_t p = { .pid = pid };
+    assert_int_equal(wait_exit(&p, 60), 0);
+    FILE *f = fopen(outp, "r");
     assert_non_null(f);
     uint32_t k = 0;
     int v;
     while (k < cap && fscanf(f, "%d", &v) == 1)
         out[k++] = v;
-    assert_int_equal(pclose(f), 0);
+    fclose(f);
     assert_true(k > 0);
     return k;
 }
@@ -827,15 +845,172 @@ static void test_prefill_killed_before_pull(void **state)
     assert_true(kv_all_free(&D, 10));
 }
 
+/* Several sequences at once (disaggregated and local, different lengths):
+ * continuous batching must not change any sequence's tokens. */
+static void test_concurrent_batch(void **state)
+{
+    (void)state;
+    enum { N = 6 };
+    samp_t s = { 0.0f, 0, 14, true };
+    int32_t prompts[N][128], refs[N][MAX_TOK];
+    uint32_t lens[N] = { 3, 17, 48, 9, 31, 64 }, nref[N];
+    fr_req_t *rs[N];
+    for (int i = 0; i < N; i++) {
+        make_prompt(prompts[i], lens[i], 60 + (uint32_t)i);
+        nref[i] = reference(prompts[i], lens[i], &s, refs[i], MAX_TOK);
+    }
+    for (int i = 0; i < N; i++) {
+        if (i % 2 == 0) {
+            rs[i] = send_prefill("pf-a", "dec-a", prompts[i], lens[i], &s);
+        } else {
+            rs[i] = new_req();
+            send_decode(rs[i], "dec-a", NULL, prompts[i], lens[i], NULL, 0, &s, true);
+        }
+    }
+    for (int i = 0; i < N; i += 2) {
+        assert_true(run_until(p_done_or_error, rs[i], 20));
+        assert_false(rs[i]->error);
+        send_decode(rs[i], "dec-a", "pf-a", prompts[i], lens[i], &rs[i]->first_token, 1, &s,
+                    false);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_true(run_until(p_final, rs[i], 30));
+        assert_false(rs[i]->error);
+        uint32_t off = i % 2 == 0 ? 1 : 0;
+        assert_int_equal(rs[i]->n_tokens + off, nref[i]);
+        for (uint32_t k = off; k < nref[i]; k++)
+            assert_int_equal(rs[i]->tokens[k - off], refs[i][k]);
+    }
+    assert_true(kv_all_free(&D, 10));
+    assert_true(kv_all_free(&P, 10));
+}
+
+static bool p_state(proc_t *p, const char *id, const char *state)
+{
+    cJSON *j = admin(p, "requests");
+    bool ok = false;
+    cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "requests"), *o;
+    cJSON_ArrayForEach(o, a) {
+        const cJSON *rid = cJSON_GetObjectItemCaseSensitive(o, "request_id");
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "state");
+        if (cJSON_IsString(rid) && strcmp(rid->valuestring, id) == 0 && cJSON_IsString(st))
+            ok = strcmp(st->valuestring, state) == 0;
+    }
+    cJSON_Delete(j);
+    return ok;
+}
+
+/* Two requests that each reserve most of the pool: the second waits (no
+ * KV exhaustion mid-stream), starts when the first ends, and is correct. */
+static void test_wait_queue(void **state)
+{
+    (void)state;
+    samp_t big = { 0.0f, 0, 600, true };   /* 620 tokens -> 39 of 64 blocks */
+    samp_t s2 = { 0.0f, 0, 600, true };
+    int32_t prompt[64], ref[MAX_TOK];
+    make_prompt(prompt, 20, 70);
+    uint32_t nref = reference(prompt, 20, &s2, ref, MAX_TOK);
+    fr_req_t *a = new_req(), *b = new_req();
+    send_decode(a, "dec-a", NULL, prompt, 20, NULL, 0, &big, true);
+    assert_true(run_until(p_has_tokens, a, 20));
+    send_decode(b, "dec-a", NULL, prompt, 20, NULL, 0, &s2, true);
+    uint64_t end = pd_now_ns() + 10000000000ull;
+    bool waiting = false;
+    while (!waiting && pd_now_ns() < end && !b->finish && !b->error) {
+        waiting = p_state(&D, b->id, "waiting");
+        if (!waiting)
+            event_base_loop(fr.base, EVLOOP_ONCE);
+    }
+    assert_true(waiting);
+    assert_int_equal(b->n_tokens, 0);
+    send_cancel("dec-a", a);
+    assert_true(run_until(p_final, a, 20));
+    assert_int_equal(a->fin.reason, PROTO_FINISH_CANCELED);
+    assert_true(run_until(p_final, b, 60));
+    assert_false(b->error);
+    assert_int_equal(b->n_tokens, nref);
+    for (uint32_t i = 0; i < nref; i++)
+        assert_int_equal(b->tokens[i], ref[i]);
+    assert_true(b->fin.queue_ns > 0);
+    assert_true(kv_all_free(&D, 10));
+}
+
+/* The router connection drops: both daemons cancel everything, free their
+ * blocks and register again. */
+static void test_router_loss(void **state)
+{
+    (void)state;
+    samp_t s = { 0.0f, 0, 600, true };
+    int32_t prompt[64];
+    make_prompt(prompt, 40, 80);
+    fr_req_t *a = new_req();
+    send_decode(a, "dec-a", NULL, prompt, 40, NULL, 0, &s, true);
+    fr_req_t *b = send_prefill("pf-a", "dec-a", prompt, 40, &s); /* leased, never pulled */
+    assert_true(run_until(p_has_tokens, a, 20));
+    assert_true(run_until(p_done_or_error, b, 20));
+    fr_daemon_t *dd = fr_by_id("dec-a"), *pd = fr_by_id("pf-a");
+    proto_conn_close(dd->conn, PD_ERR_SHUTDOWN);
+    proto_conn_close(pd->conn, PD_ERR_SHUTDOWN);
+    assert_true(run_until(p_closed, dd, 10));
+    assert_true(run_until(p_closed, pd, 10));
+    assert_true(run_until(p_registered, "dec-a", 20));
+    assert_true(run_until(p_registered, "pf-a", 20));
+    assert_true(kv_all_free(&D, 10));
+    assert_true(kv_all_free(&P, 10));
+    /* and serving works again */
+    samp_t g = { 0.0f, 0, 5, false };
+    disagg_one(12, 81, &g);
+}
+
 static void test_drain_and_ledgers(void **state)
 {
     (void)state;
     check_ledger(&P);
     check_ledger(&D);
+    /* SIGTERM with a sequence running: it completes, new work is refused */
+    samp_t s = { 0.0f, 0, 40, true };
+    int32_t prompt[64], ref[MAX_TOK];
+    make_prompt(prompt, 10, 90);
+    uint32_t nref = reference(prompt, 10, &s, ref, MAX_TOK);
+    fr_req_t *a = new_req();
+    send_decode(a, "dec-a", NULL, prompt, 10, NULL, 0, &s, true);
+    assert_true(run_until(p_has_tokens, a, 20));
     kill(D.pid, SIGTERM);
     kill(P.pid, SIGTERM);
-    assert_int_equal(wait_exit(&D, 20), 0);
     assert_int_equal(wait_exit(&P, 20), 0);
+    /* poll until the decode is draining, then a new request is refused */
+    uint64_t end = pd_now_ns() + 10000000000ull;
+    bool draining = false;
+    while (!draining && pd_now_ns() < end && !a->finish) {
+        cJSON *j = admin(&D, "session");
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, "draining");
+        draining = cJSON_IsTrue(x);
+        cJSON_Delete(j);
+        if (!draining)
+            event_base_loop(fr.base, EVLOOP_ONCE);
+    }
+    fr_req_t *b = new_req();
+    if (!a->finish) {
+        send_decode(b, "dec-a", NULL, prompt, 10, NULL, 0, &s, true);
+        assert_true(run_until(p_final, b, 20));
+        assert_true(b->error);
+        assert_int_equal(b->err_status, PD_ERR_SHUTDOWN);
+    }
+    bool fin = run_until(p_final, a, 30);
+    if (!fin) {
+        cJSON *j = admin(&D, "requests");
+        char *t = cJSON_PrintUnformatted(j);
+        fprintf(stderr, "decode not finishing: tokens %u, b error %d: %s\n", a->n_tokens,
+                b->error, t ? t : "(no reply)");
+        free(t);
+        cJSON_Delete(j);
+    }
+    assert_true(fin);
+    assert_true(a->finish);
+    assert_int_equal(a->n_tokens, nref);
+    for (uint32_t i = 0; i < nref; i++)
+        assert_int_equal(a->tokens[i], ref[i]);
+    assert_int_equal(wait_exit(&D, 20), 0);
 }
 
 int main(int argc, char **argv)
@@ -856,6 +1031,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cancel_mid_decode),
         cmocka_unit_test(test_lease_expiry),
         cmocka_unit_test(test_prefill_killed_before_pull),
+        cmocka_unit_test(test_concurrent_batch),
+        cmocka_unit_test(test_wait_queue),
+        cmocka_unit_test(test_router_loss),
         cmocka_unit_test(test_drain_and_ledgers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
