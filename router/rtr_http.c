@@ -813,6 +813,12 @@ void rtr_http_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
         } else if (from_decode) {
             if (q->disagg && is_pull_failure(st))
                 pd_stats_inc(r->stats, RTR_ST_kv_transfer_failures);
+            if (q->disagg && q->prefill != NULL) {
+                /* The handle will not be used again (the retry is
+                 * decode-local): let the prefill revoke the lease now. */
+                q->lease_held = true;
+                release_lease(q);
+            }
             if (st == PD_ERR_NO_KV_SPACE || st == PD_ERR_OVERLOADED) {
                 if (!q->headers_sent && q->retries >= r->cfg.max_retries) {
                     req_fail(q, 503, "overloaded", "%s", why);

@@ -996,6 +996,9 @@ static void test_prefill_death_retry(void **st)
     assert_int_equal(D1.last_flags, PROTO_DEC_PREFILL_LOCALLY);
     assert_int_equal(D1.last_gen_n, 1);
     assert_int_equal(D1.last_gen[0], 'H');
+    /* the unused lease went back to the prefill */
+    WAIT_FOR(P1.n_release == 1, 2000);
+    assert_int_equal(P1.release_lease, 0x77);
     D1.mode = D_SCRIPT;
 }
 
