@@ -87,6 +87,7 @@ typedef struct {
     uint16_t role;
     int mode;
     bool wrong_secret;
+    bool no_heartbeats;
     proto_conn_t *conn;
     uint8_t nonce[PROTO_AUTH_NONCE_LEN];
     bool registered, rejected, closed, ack_ok;
@@ -114,7 +115,7 @@ static void fake_send(fake_t *f, proto_msg_t *m)
 static void fake_hb(evutil_socket_t fd, short what, void *arg)
 {
     fake_t *f = arg;
-    if (f->conn == NULL || !f->registered)
+    if (f->conn == NULL || !f->registered || f->no_heartbeats)
         return;
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
@@ -1132,6 +1133,26 @@ static void test_admin_and_metrics(void **st)
     }
 }
 
+/* A daemon that stops heartbeating is marked down within 3 intervals. */
+static void test_heartbeat_loss(void **st)
+{
+    static fake_t D2;
+    fake_register(&D2, "decode-2", PROTO_ROLE_DECODE, D_SCRIPT);
+    uint64_t t0 = now_ms();
+    D2.no_heartbeats = true;
+    WAIT_FOR(D2.closed, 6000);
+    uint64_t took = now_ms() - t0;
+    assert_true(took >= 2000 && took <= 4500);   /* 3 x 1 s heartbeat interval */
+    cJSON *j = admin("backends"), *b;
+    cJSON_ArrayForEach(b, cJSON_GetObjectItem(j, "backends")) {
+        if (strcmp(cJSON_GetObjectItem(b, "id")->valuestring, "decode-2") == 0)
+            assert_string_equal(cJSON_GetObjectItem(b, "state")->valuestring, "down");
+    }
+    cJSON_Delete(j);
+    event_free(D2.hb);
+    D2.hb = NULL;
+}
+
 /* SIGTERM: stop accepting, finish the stream in flight, exit 0. */
 static void test_sigterm_drain(void **st)
 {
@@ -1227,6 +1248,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_decode_death_midstream),
         cmocka_unit_test(test_disconnect_and_429),
         cmocka_unit_test(test_admin_and_metrics),
+        cmocka_unit_test(test_heartbeat_loss),
         cmocka_unit_test(test_sigterm_drain),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
