@@ -275,6 +275,8 @@ static inline __attribute__((always_inline)) TGT512 __m512
 ll_wload512(const uint8_t *row, size_t k, const uint32_t type)
 {
     switch (type) {
+    case ENG_LL_T_F32:
+        return _mm512_loadu_ps((const float *)(const void *)row + k);
     case ENG_LL_T_F16:
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(row + 2 * k)));
     case ENG_LL_T_BF16:
@@ -386,6 +388,7 @@ typedef void (*ll_mkf_fn)(const uint8_t *, size_t, const float *, size_t, size_t
         { NULL, ll_mkf_##TN##_4x1, ll_mkf_##TN##_4x2, ll_mkf_##TN##_4x3,      \
           ll_mkf_##TN##_4x4 },                                                \
     };
+LL_MKF_TYPE(ENG_LL_T_F32, f32)
 LL_MKF_TYPE(ENG_LL_T_F16, f16)
 LL_MKF_TYPE(ENG_LL_T_BF16, bf16)
 LL_MKF_TYPE(ENG_LL_T_Q8_0, q8)
@@ -398,6 +401,7 @@ static ll_mkf_fn ll_mkf8_fn(uint32_t type, uint32_t n_items)
 {
     int two = n_items == 2;
     switch (type) {
+    case ENG_LL_T_F32: return two ? ll_mkf_f32_8x2 : ll_mkf_f32_8x1;
     case ENG_LL_T_F16: return two ? ll_mkf_f16_8x2 : ll_mkf_f16_8x1;
     case ENG_LL_T_BF16: return two ? ll_mkf_bf16_8x2 : ll_mkf_bf16_8x1;
     case ENG_LL_T_Q8_0: return two ? ll_mkf_q8_8x2 : ll_mkf_q8_8x1;
@@ -409,6 +413,7 @@ static ll_mkf_fn ll_mkf8_fn(uint32_t type, uint32_t n_items)
 static const ll_mkf_fn (*ll_mkf_tab(uint32_t type))[5]
 {
     switch (type) {
+    case ENG_LL_T_F32: return ll_mkf_f32_tab;
     case ENG_LL_T_F16: return ll_mkf_f16_tab;
     case ENG_LL_T_BF16: return ll_mkf_bf16_tab;
     case ENG_LL_T_Q8_0: return ll_mkf_q8_tab;
