@@ -1044,16 +1044,16 @@ int main(int argc, char **argv)
     if (pd_log_level_parse(d->cfg.log_level, &lvl) != PD_OK) {
         fprintf(stderr, "pd-decode: --log.level: expected error|warn|info|debug|trace, got \"%s\"\n",
                 d->cfg.log_level);
-        return 2;
+        goto usage;
     }
     pd_log_set_level(lvl);
     if (d->cfg.log_file && pd_log_open(d->cfg.log_file) != PD_OK) {
         fprintf(stderr, "pd-decode: --log.file: cannot open %s\n", d->cfg.log_file);
-        return 2;
+        goto usage;
     }
     if (d->cfg.model == NULL) {
         fprintf(stderr, "pd-decode: --model: required (GGUF path or sim:<preset>)\n");
-        return 2;
+        goto usage;
     }
     {
         struct sockaddr_storage ss;
@@ -1061,7 +1061,7 @@ int main(int argc, char **argv)
         if (proto_addr_parse(d->cfg.router, &ss, &sl) != PD_OK) {
             fprintf(stderr, "pd-decode: --router: bad address \"%s\" (host:port, numeric host)\n",
                     d->cfg.router);
-            return 2;
+            goto usage;
         }
     }
     if (d->cfg.secret_file) {
@@ -1069,26 +1069,26 @@ int main(int argc, char **argv)
         if (st != PD_OK) {
             fprintf(stderr, "pd-decode: --secret-file: %s: %s\n", d->cfg.secret_file,
                     st == PD_ERR_IO ? strerror(errno) : "need at least 32 bytes (hex or raw)");
-            return 2;
+            goto usage;
         }
         d->have_secret = true;
     } else if (d->cfg.secret) {
         if (proto_auth_secret_parse((const uint8_t *)d->cfg.secret, strlen(d->cfg.secret),
                                     &d->secret) != PD_OK) {
             fprintf(stderr, "pd-decode: --secret: need at least 32 bytes (64 hex digits)\n");
-            return 2;
+            goto usage;
         }
         d->have_secret = true;
     } else if (!d->cfg.insecure_no_auth) {
         fprintf(stderr, "pd-decode: no secret: give --secret-file (or --insecure-no-auth on loopback)\n");
-        return 2;
+        goto usage;
     } else if (!dec_addr_loopback(d->cfg.router)) {
         fprintf(stderr, "pd-decode: --insecure-no-auth needs a loopback --router\n");
-        return 2;
+        goto usage;
     }
     if (d->cfg.id && (d->cfg.id[0] == '\0' || strlen(d->cfg.id) > PROTO_DAEMON_ID_MAX)) {
         fprintf(stderr, "pd-decode: --id: 1..%u bytes\n", PROTO_DAEMON_ID_MAX);
-        return 2;
+        goto usage;
     }
     if (d->cfg.id)
         snprintf(d->daemon_id, sizeof(d->daemon_id), "%s", d->cfg.id);
@@ -1102,7 +1102,7 @@ int main(int argc, char **argv)
     d->ops = eng_find(engine);
     if (d->ops == NULL) {
         fprintf(stderr, "pd-decode: --engine: unknown engine \"%s\"\n", engine);
-        return 2;
+        goto usage;
     }
     eng_load_opts_t lo = {
         .engine = engine, .model_path = model_path,
@@ -1267,4 +1267,10 @@ int main(int argc, char **argv)
     pd_config_result_free(&res);
     pd_log_close();
     return rc;
+usage:
+    proto_auth_secret_wipe(&d->secret);
+    pd_config_free(&dec_schema, &d->cfg);
+    pd_config_result_free(&res);
+    pd_log_close();
+    return 2;
 }

@@ -740,16 +740,16 @@ int main(int argc, char **argv)
     if (pd_log_level_parse(pf->cfg.log_level, &lvl) != PD_OK) {
         fprintf(stderr, "pd-prefill: --log.level: expected error|warn|info|debug|trace, got \"%s\"\n",
                 pf->cfg.log_level);
-        return 2;
+        goto usage;
     }
     pd_log_set_level(lvl);
     if (pf->cfg.log_file && pd_log_open(pf->cfg.log_file) != PD_OK) {
         fprintf(stderr, "pd-prefill: --log.file: cannot open %s\n", pf->cfg.log_file);
-        return 2;
+        goto usage;
     }
     if (pf->cfg.model == NULL) {
         fprintf(stderr, "pd-prefill: --model: required (GGUF path or sim:<preset>)\n");
-        return 2;
+        goto usage;
     }
     {
         struct sockaddr_storage ss;
@@ -757,7 +757,7 @@ int main(int argc, char **argv)
         if (proto_addr_parse(pf->cfg.router, &ss, &sl) != PD_OK) {
             fprintf(stderr, "pd-prefill: --router: bad address \"%s\" (host:port, numeric host)\n",
                     pf->cfg.router);
-            return 2;
+            goto usage;
         }
     }
     /* secret: --secret-file, --secret (hex), env PD_SECRET */
@@ -767,22 +767,22 @@ int main(int argc, char **argv)
         if (st != PD_OK) {
             fprintf(stderr, "pd-prefill: --secret-file: %s: %s\n", pf->cfg.secret_file,
                     st == PD_ERR_IO ? strerror(errno) : "need at least 32 bytes (hex or raw)");
-            return 2;
+            goto usage;
         }
         pf->have_secret = true;
     } else if (pf->cfg.secret || env_secret) {
         const char *h = pf->cfg.secret ? pf->cfg.secret : env_secret;
         if (proto_auth_secret_parse((const uint8_t *)h, strlen(h), &pf->secret) != PD_OK) {
             fprintf(stderr, "pd-prefill: --secret: need at least 32 bytes (64 hex digits)\n");
-            return 2;
+            goto usage;
         }
         pf->have_secret = true;
     } else if (!pf->cfg.insecure_no_auth) {
         fprintf(stderr, "pd-prefill: no secret: give --secret-file (or --insecure-no-auth on loopback)\n");
-        return 2;
+        goto usage;
     } else if (!pf_addr_loopback(pf->cfg.router)) {
         fprintf(stderr, "pd-prefill: --insecure-no-auth needs a loopback --router\n");
-        return 2;
+        goto usage;
     }
 
     if (pf->cfg.id)
@@ -791,7 +791,7 @@ int main(int argc, char **argv)
         snprintf(pf->daemon_id, sizeof(pf->daemon_id), "prefill-%d", (int)getpid());
     if (pf->daemon_id[0] == '\0' || strlen(pf->cfg.id ? pf->cfg.id : pf->daemon_id) > PROTO_DAEMON_ID_MAX) {
         fprintf(stderr, "pd-prefill: --id: 1..%u bytes\n", PROTO_DAEMON_ID_MAX);
-        return 2;
+        goto usage;
     }
 
     /* engine */
@@ -806,7 +806,7 @@ int main(int argc, char **argv)
     pf->ops = eng_find(engine);
     if (pf->ops == NULL) {
         fprintf(stderr, "pd-prefill: --engine: unknown engine \"%s\"\n", engine);
-        return 2;
+        goto usage;
     }
     eng_load_opts_t lo = {
         .engine = engine, .model_path = model_path,
@@ -967,4 +967,10 @@ int main(int argc, char **argv)
     pd_config_result_free(&res);
     pd_log_close();
     return rc;
+usage:
+    proto_auth_secret_wipe(&pf->secret);
+    pd_config_free(&pf_schema, &pf->cfg);
+    pd_config_result_free(&res);
+    pd_log_close();
+    return 2;
 }

@@ -786,6 +786,9 @@ static void test_lease_expiry(void **state)
     send_cancel("pf-lease", r2);
     assert_true(kv_all_free(&PL, 10));
     check_ledger(&PL);
+    /* idle SIGTERM: clean exit (sanitizer builds: no leaks) */
+    kill(PL.pid, SIGTERM);
+    assert_int_equal(wait_exit(&PL, 20), 0);
 }
 
 static void send_peer_down(const char *to, const char *id, uint64_t incarnation)
