@@ -24,9 +24,13 @@ static float tm_uniform(uint64_t *s) /* [-1, 1) */
     return (float)((double)(tm_rng(s) >> 11) * 0x1.0p-52 - 1.0);
 }
 
+static const char *tm_omit;
+
 static int tm_add(gguf_writer_t *w, const char *name, uint32_t type, uint32_t rows,
                   uint32_t cols, float scale, float offset, uint64_t *rng)
 {
+    if (tm_omit && strcmp(name, tm_omit) == 0)
+        return 0;
     size_t n = (size_t)rows * cols;
     float *d = malloc(n * sizeof(float));
     if (!d)
@@ -46,6 +50,7 @@ int ll_tm_write(const ll_tm_spec_t *s, const char *path)
         return -1;
     uint64_t rng = s->seed;
     char key[128];
+    tm_omit = s->omit;
     uint32_t hd = s->n_embd / s->n_heads;
     int rc = 0;
 #define KU32(suffix, v)                                                       \

@@ -15,6 +15,7 @@ typedef struct {
     bool tied;                 /* no output.weight */
     bool bias;                 /* Q/K/V biases (qwen2 style) */
     uint64_t seed;
+    const char *omit;          /* tensor name to leave out (tests of bad files) */
 } ll_tm_spec_t;
 
 /* Write the model to path. Returns 0 on success. */

@@ -411,6 +411,40 @@ static void test_geometry_and_errors(void **state)
     f32.ops->destroy(f32.m);
 }
 
+/* Bad model files fail to load with the documented status, never crash. */
+static void test_load_errors(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *tag;
+        ll_tm_spec_t spec;
+        pd_status_t want;
+    } cases[] = {
+        { "bad_arch", { "gpt2", 64, 1, 4, 4, 96, 100, 64, 0, 0, false, false, 1, NULL },
+          PD_ERR_UNSUPPORTED },
+        { "missing_ffn_up", { "llama", 64, 2, 4, 4, 96, 100, 64, 0, 0, false, false, 1,
+                              "blk.1.ffn_up.weight" }, PD_ERR_BAD_INPUT },
+        { "missing_norm", { "llama", 64, 1, 4, 4, 96, 100, 64, 0, 0, false, false, 1,
+                            "output_norm.weight" }, PD_ERR_BAD_INPUT },
+        { "heads_not_dividing", { "llama", 64, 1, 4, 3, 96, 100, 64, 0, 0, false, false, 1,
+                                  NULL }, PD_ERR_BAD_INPUT },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char path[300];
+        model_path(path, sizeof(path), cases[i].tag);
+        assert_int_equal(ll_tm_write(&cases[i].spec, path), 0);
+        eng_load_opts_t o = { "llama", path, 0, ENG_KV_F16, 1, 1 };
+        eng_model_t *m = NULL;
+        char err[200] = "";
+        pd_status_t st = eng_find("llama")->load(&o, &m, err, sizeof(err));
+        if (st != cases[i].want)
+            fprintf(stderr, "%s: got %s (%s)\n", cases[i].tag, pd_status_name(st), err);
+        assert_int_equal(st, cases[i].want);
+        assert_null(m);
+        assert_true(err[0] != '\0'); /* one line naming the problem */
+    }
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -437,6 +471,7 @@ int main(void)
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_isa_paths_agree),
         cmocka_unit_test(test_geometry_and_errors),
+        cmocka_unit_test(test_load_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
