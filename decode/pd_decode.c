@@ -189,7 +189,8 @@ static void dec_send_tokens(dec_t *d, dec_req_t *r, uint32_t from)
     m.u.tokens.tokens.v = r->tok + r->n_prompt + from;
     pd_status_t st = proto_session_send(d->sess, &m);
     if (st != PD_OK)
-        pd_log(PD_LOG_WARN, DEC_COMP, r->id, "TOKENS not sent: %s", pd_status_str(st));
+        pd_log(st == PD_ERR_SHUTDOWN ? PD_LOG_DEBUG : PD_LOG_WARN, DEC_COMP, r->id,
+               "TOKENS not sent: %s", pd_status_str(st));
 }
 
 /* ---- the one state setter ------------------------------------------------ */
@@ -271,7 +272,7 @@ static void dec_req_end(dec_req_t *r, uint16_t reason, pd_status_t status)
         r->cancel = true;
         return;
     }
-    if (r->imported && !r->quiet) {
+    if (r->imported) {
         (void)kvx_lease_release(d->kvx, &r->imp); /* prefill gets its blocks back */
         r->imported = false;
     }
@@ -494,8 +495,7 @@ static void dec_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t
     pd_stats_observe_ns(d->stats, DEC_ST_transfer_time, r->transfer_ns);
     if (status == PD_OK) {
         pd_stats_inc(d->stats, DEC_ST_pulls_ok);
-        if (!r->quiet)
-            (void)kvx_lease_release(d->kvx, &r->imp);
+        (void)kvx_lease_release(d->kvx, &r->imp);
         r->imported = false;
     } else {
         pd_stats_inc(d->stats, DEC_ST_pulls_failed);
@@ -587,6 +587,17 @@ static pd_status_t dec_sampling(dec_t *d, const proto_sampling_t *ps, eng_sample
     return eng_sample_params_check(sp);
 }
 
+/* Best effort: give the exporter its blocks back for a handle we will not
+ * pull (validated first; nothing happens for garbage). */
+static void dec_release_handle(dec_t *d, const proto_blob_t *h)
+{
+    if (h->len == 0)
+        return;
+    kvx_import_t imp;
+    if (kvx_handle_import(d->kvx, h->p, h->len, d->geom->compat_hash, &imp, NULL) == PD_OK)
+        (void)kvx_lease_release(d->kvx, &imp);
+}
+
 static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 {
     (void)c;
@@ -644,6 +655,8 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
     if (st != PD_OK) {
         pd_stats_inc(d->stats, DEC_ST_rejected);
         pd_log(PD_LOG_DEBUG, DEC_COMP, q->request_id, "rejected: %s", why);
+        if (st != PD_ERR_EXISTS)
+            dec_release_handle(d, &q->kv_handle);
         dec_send_error(d, q->request_id, st, "%s", why);
         return;
     }
@@ -688,6 +701,8 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
         return;
     }
     if (f != ENG_FINISH_NONE) { /* the given tokens already end it */
+        if (!local)
+            dec_release_handle(d, &q->kv_handle);
         dec_req_end(r, f == ENG_FINISH_STOP ? PROTO_FINISH_STOP : PROTO_FINISH_LENGTH, PD_OK);
         return;
     }

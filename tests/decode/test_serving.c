@@ -848,6 +848,112 @@ static void test_prefill_killed_before_pull(void **state)
     assert_true(kv_all_free(&D, 10));
 }
 
+/* Handles the decode will not pull still give the prefill its blocks back
+ * at once (not after the 30 s lease): max_tokens 1 (token 0 ends it) and a
+ * request refused for KV space. */
+static void test_handle_released_without_pull(void **state)
+{
+    (void)state;
+    int32_t prompt[64];
+    make_prompt(prompt, 30, 95);
+    samp_t one = { 0.0f, 0, 1, false };
+    fr_req_t *r = send_prefill("pf-a", "dec-a", prompt, 30, &one);
+    assert_true(run_until(p_done_or_error, r, 20));
+    assert_false(r->error);
+    send_decode(r, "dec-a", "pf-a", prompt, 30, &r->first_token, 1, &one, false);
+    assert_true(run_until(p_final, r, 20));
+    assert_true(r->finish);
+    assert_int_equal(r->fin.reason, PROTO_FINISH_LENGTH);
+    assert_int_equal(r->fin.completion_tokens, 1);
+    assert_int_equal(r->n_tokens, 0);
+    samp_t huge = { 0.0f, 0, 3000, true }; /* 3030 tokens > 64 blocks of 16 */
+    fr_req_t *r2 = send_prefill("pf-a", "dec-a", prompt, 30, &huge);
+    assert_true(run_until(p_done_or_error, r2, 20));
+    assert_false(r2->error);
+    send_decode(r2, "dec-a", "pf-a", prompt, 30, &r2->first_token, 1, &huge, false);
+    assert_true(run_until(p_final, r2, 20));
+    assert_true(r2->error);
+    assert_int_equal(r2->err_status, PD_ERR_NO_KV_SPACE);
+    assert_true(kv_all_free(&P, 5));
+    assert_true(kv_all_free(&D, 5));
+}
+
+/* Bad inputs get an ERROR (never a crash, never a hang): replayed and
+ * garbage handles, out-of-range tokens, duplicate ids, wrong message types. */
+static void test_bad_inputs(void **state)
+{
+    (void)state;
+    int32_t prompt[64];
+    make_prompt(prompt, 20, 97);
+    samp_t g = { 0.0f, 0, 4, false };
+    fr_req_t *r = send_prefill("pf-a", "dec-a", prompt, 20, &g);
+    assert_true(run_until(p_done_or_error, r, 20));
+    send_decode(r, "dec-a", "pf-a", prompt, 20, &r->first_token, 1, &g, false);
+    assert_true(run_until(p_final, r, 20));
+    assert_true(r->finish);
+    /* the same (released) handle again, under a new request id */
+    fr_req_t *r2 = new_req();
+    memcpy(r2->handle, r->handle, r->handle_len);
+    r2->handle_len = r->handle_len;
+    send_decode(r2, "dec-a", "pf-a", prompt, 20, &r->first_token, 1, &g, false);
+    assert_true(run_until(p_final, r2, 20));
+    assert_true(r2->error);
+    /* garbage handle */
+    fr_req_t *r3 = new_req();
+    for (uint32_t i = 0; i < 100; i++)
+        r3->handle[i] = (uint8_t)(i * 37 + 5);
+    r3->handle_len = 100;
+    send_decode(r3, "dec-a", "pf-a", prompt, 20, &r->first_token, 1, &g, false);
+    assert_true(run_until(p_final, r3, 20));
+    assert_true(r3->error);
+    /* token id beyond the vocabulary, to both daemons */
+    int32_t badp[3] = { 1, 5000, 2 };
+    fr_req_t *r4 = send_prefill("pf-a", "dec-a", badp, 3, &g);
+    assert_true(run_until(p_done_or_error, r4, 20));
+    assert_true(r4->error);
+    assert_int_equal(r4->err_status, PD_ERR_BAD_INPUT);
+    fr_req_t *r5 = new_req();
+    send_decode(r5, "dec-a", NULL, badp, 3, NULL, 0, &g, true);
+    assert_true(run_until(p_final, r5, 20));
+    assert_true(r5->error);
+    assert_int_equal(r5->err_status, PD_ERR_BAD_INPUT);
+    /* a sampler state that does not match the replay */
+    fr_req_t *r6 = new_req();
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_DECODE_REQ;
+    snprintf(m.u.decode_req.request_id, sizeof(m.u.decode_req.request_id), "%s", r6->id);
+    m.u.decode_req.flags = PROTO_DEC_PREFILL_LOCALLY;
+    m.u.decode_req.prompt.n = 20;
+    m.u.decode_req.prompt.v = prompt;
+    fill_sampling(&m.u.decode_req.sampling, &g);
+    m.u.decode_req.rng_state = 12345;
+    fr_send(fr_by_id("dec-a"), &m);
+    assert_true(run_until(p_final, r6, 20));
+    assert_true(r6->error);
+    assert_int_equal(r6->err_status, PD_ERR_MISMATCH);
+    /* a message type the daemon does not serve is dropped, it stays up */
+    proto_msg_t w;
+    memset(&w, 0, sizeof(w));
+    w.hdr.type = PROTO_MSG_RELEASE;
+    snprintf(w.u.release.request_id, sizeof(w.u.release.request_id), "nope");
+    fr_send(fr_by_id("dec-a"), &w);
+    /* duplicate live id: the second one is refused, the first completes */
+    samp_t longer = { 0.0f, 0, 60, true };
+    fr_req_t *r7 = new_req();
+    send_decode(r7, "dec-a", NULL, prompt, 20, NULL, 0, &longer, true);
+    assert_true(run_until(p_has_tokens, r7, 20));
+    send_decode(r7, "dec-a", NULL, prompt, 20, NULL, 0, &longer, true);
+    assert_true(run_until(p_final, r7, 20));
+    assert_true(r7->error);
+    assert_int_equal(r7->err_status, PD_ERR_EXISTS);
+    r7->error = false; /* the original still ends exactly once */
+    assert_true(run_until(p_final, r7, 20));
+    assert_true(r7->finish);
+    assert_true(kv_all_free(&D, 10));
+    assert_true(kv_all_free(&P, 10));
+}
+
 /* Several sequences at once (disaggregated and local, different lengths):
  * continuous batching must not change any sequence's tokens. */
 static void test_concurrent_batch(void **state)
@@ -1034,6 +1140,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cancel_mid_decode),
         cmocka_unit_test(test_lease_expiry),
         cmocka_unit_test(test_prefill_killed_before_pull),
+        cmocka_unit_test(test_handle_released_without_pull),
+        cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_concurrent_batch),
         cmocka_unit_test(test_wait_queue),
         cmocka_unit_test(test_router_loss),
