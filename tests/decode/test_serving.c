@@ -53,6 +53,8 @@ typedef struct {
     uint64_t incarnation;
     uint8_t kv_addr[PROTO_KV_ADDR_MAX];
     uint32_t kv_addr_len;
+    proto_heartbeat_t hb;               /* last heartbeat received */
+    unsigned n_hb;
 } fr_daemon_t;
 
 typedef struct {
@@ -241,6 +243,16 @@ static void fr_on_error(proto_conn_t *c, const proto_msg_t *msg, void *arg)
     r->err_at_ns = pd_now_ns();
 }
 
+static void fr_on_heartbeat(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)arg;
+    fr_daemon_t *d = fr_by_conn(c);
+    if (d != NULL) {
+        d->hb = msg->u.heartbeat;
+        d->n_hb++;
+    }
+}
+
 static void fr_on_close(proto_conn_t *c, pd_status_t why, void *arg)
 {
     (void)why;
@@ -289,6 +301,7 @@ static void fr_start(void)
     cbs.on_tokens = fr_on_tokens;
     cbs.on_finish = fr_on_finish;
     cbs.on_error = fr_on_error;
+    cbs.on_heartbeat = fr_on_heartbeat;
     cbs.on_close = fr_on_close;
     assert_int_equal(proto_listener_create(fr.base, "127.0.0.1:0", NULL, &cbs, NULL, NULL, &fr.l),
                      PD_OK);
@@ -319,6 +332,11 @@ static bool p_bad_mac(void *arg) { return fr.bad_macs >= *(unsigned *)arg; }
 static bool p_done_or_error(void *arg) { fr_req_t *r = arg; return r->done || r->error; }
 static bool p_final(void *arg) { fr_req_t *r = arg; return r->finish || r->error; }
 static bool p_has_tokens(void *arg) { fr_req_t *r = arg; return r->n_tokens > 0 || r->finish || r->error; }
+static bool p_draining_hb(void *arg)
+{
+    fr_daemon_t *d = arg;
+    return d->closed || (d->hb.flags & PROTO_HB_DRAINING) != 0;
+}
 static bool p_closed(void *arg) { fr_daemon_t *d = arg; return d->closed; }
 
 /* ---- processes ------------------------------------------------------------ */
@@ -1084,8 +1102,20 @@ static void test_drain_and_ledgers(void **state)
     fr_req_t *a = new_req();
     send_decode(a, "dec-a", NULL, prompt, 10, NULL, 0, &s, true);
     assert_true(run_until(p_has_tokens, a, 20));
+    /* heartbeats carry the load: decode running 1, pools as `kv` says */
+    fr_daemon_t *dd = fr_by_id("dec-a"), *pd = fr_by_id("pf-a");
+    unsigned n0 = dd->n_hb;
+    while (dd->n_hb < n0 + 2)
+        event_base_loop(fr.base, EVLOOP_ONCE);
+    if (!a->finish)
+        assert_int_equal(dd->hb.running_seqs, 1);
+    assert_int_equal(dd->hb.total_blocks, 64);
+    assert_int_equal(pd->hb.total_blocks, 64);
+    assert_int_equal(pd->hb.free_blocks, 64);
+    assert_int_equal(pd->hb.flags, 0);
     kill(D.pid, SIGTERM);
     kill(P.pid, SIGTERM);
+    assert_true(run_until(p_draining_hb, dd, 10)); /* DRAINING announced at once */
     assert_int_equal(wait_exit(&P, 20), 0);
     /* poll until the decode is draining, then a new request is refused */
     uint64_t end = pd_now_ns() + 10000000000ull;
