@@ -164,8 +164,12 @@ int32_t eng_sample_next(eng_sampler_t *s, float *lg, uint32_t vocab,
     for (uint32_t i = 1; i < vocab; i++)
         if (lg[i] > lg[best])
             best = i;
-    if (!(p->temperature > 0.0f) || p->top_k == 1)
+    if (!(p->temperature > 0.0f))
         return (int32_t)best;
+    if (p->top_k == 1) {
+        (void)eng_rng_next(&s->rng); /* one draw per sampled token, always */
+        return (int32_t)best;
+    }
 
     const double inv_t = 1.0 / (double)p->temperature;
     const double mx = lg[best];
@@ -251,6 +255,13 @@ eng_finish_t eng_sampler_accept(eng_sampler_t *s, int32_t token)
     if (p->max_tokens && s->n_generated >= p->max_tokens)
         return ENG_FINISH_LENGTH;
     return ENG_FINISH_NONE;
+}
+
+eng_finish_t eng_sampler_replay(eng_sampler_t *s, int32_t token)
+{
+    if (s->p.temperature > 0.0f)
+        (void)eng_rng_next(&s->rng);
+    return eng_sampler_accept(s, token);
 }
 
 const char *eng_finish_name(eng_finish_t f)

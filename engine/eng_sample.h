@@ -10,6 +10,7 @@
  * Order of operations for one token (all deterministic):
  *   1. while n_generated < min_tokens: EOS ids and stop ids get -inf;
  *   2. temperature <= 0: argmax (lowest id on ties), no PRNG draw;
+ *      top_k == 1: argmax too, but still one (discarded) draw;
  *   3. otherwise logits / temperature -> softmax (double), keep the top_k
  *      most likely (ties: lower id first), renormalize, keep the smallest
  *      prefix whose mass >= top_p, draw one uniform double from the PRNG
@@ -83,8 +84,10 @@ pd_status_t eng_sample_scratch_create(eng_sample_scratch_t *scr, uint32_t vocab)
 void eng_sample_scratch_destroy(eng_sample_scratch_t *scr); /* accepts zeroed */
 
 /* Pick the next token from logits (vocab; modified in place: masking).
- * Advances the PRNG when sampling (temperature > 0). Does NOT count the
- * token: call eng_sampler_accept. Returns the token id (never fails when
+ * PRNG contract: a call with temperature > 0 consumes EXACTLY ONE draw
+ * (eng_rng_next), whatever top_k/top_p; temperature <= 0 consumes none.
+ * So a sampler can be fast-forwarded over tokens chosen elsewhere with
+ * eng_sampler_replay. Does NOT count the token: call eng_sampler_accept. Returns the token id (never fails when
  * vocab <= scr->cap; returns -1 if vocab == 0 or exceeds scr->cap). */
 int32_t eng_sample_next(eng_sampler_t *s, float *logits /* (vocab) */, uint32_t vocab,
                         eng_sample_scratch_t *scr);
@@ -93,6 +96,12 @@ int32_t eng_sample_next(eng_sampler_t *s, float *logits /* (vocab) */, uint32_t 
  * ENG_FINISH_STOP for an EOS id (unless ignore_eos) or a stop id,
  * ENG_FINISH_LENGTH when max_tokens is reached, else ENG_FINISH_NONE. */
 eng_finish_t eng_sampler_accept(eng_sampler_t *s, int32_t token);
+
+/* Account for a token another process sampled with the same parameters
+ * (e.g. prefill's first token): advance the PRNG exactly as
+ * eng_sample_next did, then eng_sampler_accept. Replaying the generated
+ * tokens of a request reproduces the state the sampler had. */
+eng_finish_t eng_sampler_replay(eng_sampler_t *s, int32_t token);
 
 /* "stop" | "length" | NULL for NONE (OpenAI finish_reason). */
 const char *eng_finish_name(eng_finish_t f);

@@ -61,6 +61,44 @@ static void test_greedy(void **state)
     eng_sample_scratch_destroy(&scr);
 }
 
+/* temperature > 0: exactly one draw per token, for every top_k/top_p, so
+ * replaying tokens sampled elsewhere reproduces the sampler state. */
+static void test_one_draw_per_token_and_replay(void **state)
+{
+    (void)state;
+    enum { V = 300 };
+    static const struct { uint32_t top_k; float top_p; } cfg[] = {
+        { 0, 1.0f }, { 1, 1.0f }, { 5, 1.0f }, { 0, 0.3f }, { 40, 0.9f },
+    };
+    eng_sample_scratch_t scr;
+    assert_int_equal(eng_sample_scratch_create(&scr, V), PD_OK);
+    float lg[V];
+    for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
+        eng_sample_params_t p;
+        eng_sample_params_default(&p);
+        p.temperature = 0.8f;
+        p.top_k = cfg[c].top_k;
+        p.top_p = cfg[c].top_p;
+        p.seed = 99;
+        eng_sampler_t s, r, ref;
+        eng_sampler_init(&s, &p);
+        eng_sampler_init(&r, &p);
+        eng_sampler_init(&ref, &p);
+        for (int i = 0; i < 10; i++) {
+            for (int v = 0; v < V; v++)
+                lg[v] = (float)((v * 37 + i * 11) % 101) / 10.0f;
+            int32_t t = eng_sample_next(&s, lg, V, &scr);
+            eng_sampler_accept(&s, t);
+            eng_sampler_replay(&r, t);
+            (void)eng_rng_next(&ref.rng);
+            assert_memory_equal(&s.rng, &ref.rng, sizeof(s.rng));
+            assert_memory_equal(&s.rng, &r.rng, sizeof(s.rng));
+            assert_int_equal(s.n_generated, r.n_generated);
+        }
+    }
+    eng_sample_scratch_destroy(&scr);
+}
+
 static void test_seed_reproducible_and_handoff(void **state)
 {
     (void)state;
@@ -224,6 +262,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),
         cmocka_unit_test(test_seed_reproducible_and_handoff),
+        cmocka_unit_test(test_one_draw_per_token_and_replay),
         cmocka_unit_test(test_top_k),
         cmocka_unit_test(test_top_p),
         cmocka_unit_test(test_stop_rules),
