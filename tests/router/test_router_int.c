@@ -6,6 +6,8 @@
  *   test-router-int ROUTER MODEL                 cmocka suite
  *   test-router-int ROUTER MODEL --node SCRIPT   start router + fakes, run
  *                                                `node SCRIPT`, exit with its code
+ *   test-router-int ROUTER MODEL --bench SECS    requests/s and latency per
+ *                                                phase vs GET /health
  *
  * Fake daemons answer from one script text S (byte tokens): prefill returns
  * token 0 = S[0]; decode streams S[n_generated..] (capped by max_tokens) and
@@ -56,6 +58,7 @@ static struct {
     char dir[256], ready[300], sock[300];
     uint16_t http_port, ctl_port;
     proto_auth_secret_t secret, wrong;
+    int max_concurrent;      /* router --max-concurrent (tests rely on 3) */
 } g;
 
 #define WAIT_FOR(cond, ms)                                                    \
@@ -386,6 +389,7 @@ typedef struct {
     struct bufferevent *bev;
     struct evbuffer *in;
     bool done;
+    uint64_t t0_ns;
     const char *abort_on;   /* close the connection once this text arrived */
     bool aborted;
     /* parsed */
@@ -659,7 +663,8 @@ static int start_router(void)
     mkdir(g.dir, 0700);
     snprintf(g.ready, sizeof(g.ready), "%s/ready.json", g.dir);
     snprintf(g.sock, sizeof(g.sock), "%s/admin.sock", g.dir);
-    char a_ready[320], a_sock[320], a_model[1024];
+    char a_ready[320], a_sock[320], a_model[1024], a_conc[64];
+    snprintf(a_conc, sizeof(a_conc), "--max-concurrent=%d", g.max_concurrent ? g.max_concurrent : 3);
     snprintf(a_ready, sizeof(a_ready), "--ready-file=%s", g.ready);
     snprintf(a_sock, sizeof(a_sock), "--admin.socket=%s", g.sock);
     snprintf(a_model, sizeof(a_model), "--model=%s", g.model);
@@ -667,8 +672,8 @@ static int start_router(void)
                      "--http=127.0.0.1:0", "--control=127.0.0.1:0",
                      "--secret=" SECRET_HEX, "--api-key=" API_KEY,
                      "--served-model-name=test-model",
-                     "--disagg-threshold=32", "--max-body=64KiB", "--max-tokens-cap=1000",
-                     "--max-concurrent=3", "--heartbeat-interval=1s", "--retry-after=2",
+                     "--disagg-threshold=32", "--max-body=64KiB", "--max-tokens-cap=1000", "--log.level=warn",
+                     a_conc, "--heartbeat-interval=1s", "--retry-after=2",
                      "--drain-timeout=5s", NULL };
     g.router_pid = fork();
     if (g.router_pid == 0) {
@@ -1226,6 +1231,95 @@ static int run_node(const char *script)
     return rc;
 }
 
+/* ---- bench mode: router overhead against evhttp answering itself -------- */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+#define BENCH_CONC 8
+#define BENCH_MAX_SAMPLES (1u << 20)
+
+static int run_bench(double secs)
+{
+    g.max_concurrent = 1024;
+    if (group_setup(NULL) != 0)
+        return 1;
+    fake_register(&P1, "prefill-1", PROTO_ROLE_PREFILL, P_DONE);
+    fake_register(&D1, "decode-1", PROTO_ROLE_DECODE, D_SCRIPT);
+    static const struct {
+        const char *name, *method, *path, *headers, *body;
+    } phases[] = {
+        { "GET /health (evhttp baseline)", "GET", "/health", NULL, NULL },
+        { "completion, local, 11 tok", "POST", "/v1/completions", AUTH,
+          "{\"prompt\":\"hi\",\"max_tokens\":11}" },
+        { "completion stream, disagg, 11 tok", "POST", "/v1/completions", AUTH,
+          "{\"prompt\":\"The quick brown fox jumps over the lazy dog again and again\","
+          "\"max_tokens\":11,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" },
+        { "chat stream, local, 11 tok", "POST", "/v1/chat/completions", AUTH,
+          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true}" },
+    };
+    uint64_t *lat = malloc(BENCH_MAX_SAMPLES * sizeof(*lat));
+    double base_rps = 0;
+    int errors = 0;
+    printf("pd-router bench: %d concurrent clients (one connection per request), %.1f s per "
+           "phase, fake daemons in the client process\n", BENCH_CONC, secs);
+    printf("%-36s %10s %9s %9s %11s\n", "phase", "req/s", "p50 ms", "p99 ms", "vs baseline");
+    for (size_t p = 0; p < sizeof(phases) / sizeof(phases[0]); p++) {
+        hc_t *slot[BENCH_CONC] = { 0 };
+        size_t n = 0;
+        uint64_t t_start = now_ns(), t_end = t_start + (uint64_t)(secs * 1e9);
+        size_t blen = phases[p].body ? strlen(phases[p].body) : 0;
+        bool running = true;
+        while (running) {
+            running = false;
+            bool more = now_ns() < t_end;
+            for (int i = 0; i < BENCH_CONC; i++) {
+                if (slot[i] != NULL && slot[i]->done) {
+                    hc_parse(slot[i]);
+                    if (slot[i]->status != 200)
+                        errors++;
+                    if (n < BENCH_MAX_SAMPLES)
+                        lat[n++] = now_ns() - slot[i]->t0_ns;
+                    hc_free(slot[i]);
+                    slot[i] = NULL;
+                }
+                if (slot[i] == NULL && more) {
+                    slot[i] = hc_start(phases[p].method, phases[p].path, phases[p].headers,
+                                       phases[p].body, blen);
+                    slot[i]->t0_ns = now_ns();
+                }
+                if (slot[i] != NULL)
+                    running = true;
+            }
+            if (running)
+                event_base_loop(g.base, EVLOOP_ONCE);
+        }
+        double el = (double)(now_ns() - t_start) / 1e9;
+        qsort(lat, n, sizeof(*lat), cmp_u64);
+        double rps = (double)n / el;
+        if (p == 0)
+            base_rps = rps;
+        printf("%-36s %10.0f %9.3f %9.3f %10.2fx\n", phases[p].name, rps,
+               n ? (double)lat[n / 2] / 1e6 : 0, n ? (double)lat[(n * 99) / 100] / 1e6 : 0,
+               base_rps > 0 ? rps / base_rps : 0);
+    }
+    free(lat);
+    if (errors)
+        printf("errors: %d non-200 responses\n", errors);
+    int rc = group_teardown(NULL);
+    return errors || rc ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -1236,6 +1330,8 @@ int main(int argc, char **argv)
     g.model = argv[2];
     if (argc == 5 && strcmp(argv[3], "--node") == 0)
         return run_node(argv[4]);
+    if (argc == 5 && strcmp(argv[3], "--bench") == 0)
+        return run_bench(atof(argv[4]));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_backends),
         cmocka_unit_test(test_bad_inputs),
