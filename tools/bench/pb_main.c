@@ -1284,7 +1284,16 @@ static int setup(pb_run_t *run, int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
 
-    run->base = event_base_new();
+    {
+        /* Precise timers: arrivals and timeouts would otherwise follow the
+         * coarse monotonic clock (~4 ms steps). */
+        struct event_config *ec = event_config_new();
+        if (ec == NULL)
+            return 1;
+        event_config_set_flag(ec, EVENT_BASE_FLAG_PRECISE_TIMER);
+        run->base = event_base_new_with_config(ec);
+        event_config_free(ec);
+    }
     if (run->base == NULL)
         return 1;
     run->pump_ev = event_new(run->base, -1, 0, pump_cb, run);
