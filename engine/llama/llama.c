@@ -322,6 +322,45 @@ static pd_status_t ll_alloc_buffers(eng_model_t *m)
     return PD_OK;
 }
 
+/* RoPE frequency adjustments: `<arch>.rope.scaling.type` "linear" (positions
+ * divided by `.rope.scaling.factor`) and the per-pair divisors of an optional
+ * `rope_freqs.weight` (Llama 3.1 style), both as llama.cpp applies them.
+ * Other scaling types (yarn, ...) are refused rather than silently wrong. */
+static pd_status_t ll_rope_scaling(eng_model_t *m, const char *arch, char *err, size_t err_len)
+{
+    char key[160];
+    const char *ty;
+    uint64_t ty_len;
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);
+    if (gguf_get_string(m->gguf, key, &ty, &ty_len) == PD_OK &&
+        !(ty_len == 4 && memcmp(ty, "none", 4) == 0)) {
+        if (!(ty_len == 6 && memcmp(ty, "linear", 6) == 0))
+            return ll_bad(err, err_len, PD_ERR_UNSUPPORTED, "rope scaling '%.*s' unsupported",
+                          (int)(ty_len > 32 ? 32 : ty_len), ty);
+        float factor = 1.0f;
+        if (ll_get_f32(m->gguf, arch, "rope.scaling.factor", &factor, err, err_len) != PD_OK ||
+            !(factor >= 1.0f) || factor > 1024.0f)
+            return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "%s", "bad rope.scaling.factor");
+        for (uint32_t i = 0; i < m->rope_dim / 2; i++)
+            m->inv_freq[i] /= factor;
+    }
+    float *ff = NULL;
+    pd_status_t st = ll_load_vec(m, "rope_freqs.weight", m->rope_dim / 2, 1, &ff, err, err_len);
+    if (st != PD_OK)
+        return st;
+    if (ff) {
+        for (uint32_t i = 0; i < m->rope_dim / 2; i++) {
+            if (!(ff[i] > 0.0f)) {
+                free(ff);
+                return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "%s", "bad rope_freqs.weight");
+            }
+            m->inv_freq[i] /= ff[i];
+        }
+        free(ff);
+    }
+    return PD_OK;
+}
+
 static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
                            char *err, size_t err_len)
 {
@@ -431,6 +470,8 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     }
     for (uint32_t i = 0; i < m->rope_dim / 2; i++)
         m->inv_freq[i] = pow((double)m->rope_base, -(double)(2 * i) / (double)m->rope_dim);
+    if ((st = ll_rope_scaling(m, arch, err, err_len)))
+        goto err_free;
 
     /* sizes */
     for (uint64_t i = 0; i < gguf_tensor_count(m->gguf); i++)

@@ -70,11 +70,20 @@ int ll_tm_write(const ll_tm_spec_t *s, const char *path)
     rc |= gguf_writer_add_f32(w, key, 1e-5f) != PD_OK;
     snprintf(key, sizeof(key), "%s.rope.freq_base", s->arch);
     rc |= gguf_writer_add_f32(w, key, 10000.0f) != PD_OK;
+    if (s->rope_linear > 0) {
+        snprintf(key, sizeof(key), "%s.rope.scaling.type", s->arch);
+        rc |= gguf_writer_add_string(w, key, "linear") != PD_OK;
+        snprintf(key, sizeof(key), "%s.rope.scaling.factor", s->arch);
+        rc |= gguf_writer_add_f32(w, key, s->rope_linear) != PD_OK;
+    }
 
     uint32_t E = s->n_embd, qd = s->n_heads * hd, kvd = s->n_kv_heads * hd;
     float se = 1.0f / sqrtf((float)E), sf = 1.0f / sqrtf((float)s->n_ff);
     rc |= tm_add(w, "token_embd.weight", s->wtype, s->vocab, E, 1.0f, 0, &rng);
     rc |= tm_add(w, "output_norm.weight", 0, 1, E, 0.1f, 1.0f, &rng);
+    if (s->rope_freqs) /* divisors in [1, 9) */
+        rc |= tm_add(w, "rope_freqs.weight", 0, 1, (s->rope_dim ? s->rope_dim : hd) / 2,
+                     4.0f, 5.0f, &rng);
     if (!s->tied)
         rc |= tm_add(w, "output.weight", s->wtype, s->vocab, E, se, 0, &rng);
     for (uint32_t l = 0; l < s->n_layers && !rc; l++) {
@@ -159,10 +168,14 @@ static void ref_norm(double *y, const double *x, const double *w, uint32_t n, do
         y[i] = x[i] * sc * w[i];
 }
 
-static void ref_rope(double *h, uint32_t pos, uint32_t rope_dim, double base, bool neox)
+static double ref_linear = 1.0; /* rope.scaling.factor of the model being run */
+
+static void ref_rope(double *h, uint32_t pos, uint32_t rope_dim, double base, bool neox,
+                     const double *ff)
 {
     for (uint32_t i = 0; i < rope_dim / 2; i++) {
-        double th = pos * pow(base, -(double)(2 * i) / rope_dim);
+        double th = pos / ref_linear * pow(base, -(double)(2 * i) / rope_dim) /
+                    (ff ? ff[i] : 1.0);
         double c = cos(th), s = sin(th);
         uint32_t a = neox ? i : 2 * i, b = neox ? i + rope_dim / 2 : 2 * i + 1;
         double x0 = h[a], x1 = h[b];
@@ -199,12 +212,17 @@ int ll_ref_logits(const char *path, const int32_t *toks, uint32_t n, bool kv_f16
     gguf_get_f32(g, key, &eps);
     snprintf(key, sizeof(key), "%s.rope.freq_base", arch);
     gguf_get_f32(g, key, &base);
+    float lin = 1.0f;
+    snprintf(key, sizeof(key), "%s.rope.scaling.factor", arch);
+    gguf_get_f32(g, key, &lin);
+    ref_linear = lin;
     uint32_t hd = E / H, qd = H * hd, kvd = KH * hd;
     uint64_t ne;
     double *emb = ref_tensor(g, "token_embd.weight", &ne);
     uint32_t V = (uint32_t)(ne / E);
     double *outw = ref_tensor(g, "output.weight", &ne);
     double *onorm = ref_tensor(g, "output_norm.weight", &ne);
+    double *rff = ref_tensor(g, "rope_freqs.weight", &ne);
 
     double *X = calloc((size_t)n * E, sizeof(double));     /* (n, E) */
     double *Kc = calloc((size_t)n * kvd, sizeof(double));  /* (n, kvd) this layer */
@@ -246,9 +264,9 @@ int ll_ref_logits(const char *path, const int32_t *toks, uint32_t n, bool kv_f16
             for (uint32_t i = 0; bv && i < kvd; i++)
                 v[i] += bv[i];
             for (uint32_t h = 0; h < H; h++)
-                ref_rope(q + h * hd, t, RD, base, neox);
+                ref_rope(q + h * hd, t, RD, base, neox, rff);
             for (uint32_t h = 0; h < KH; h++)
-                ref_rope(k + h * hd, t, RD, base, neox);
+                ref_rope(k + h * hd, t, RD, base, neox, rff);
             if (kv_f16)
                 for (uint32_t i = 0; i < kvd; i++) {
                     k[i] = ggml_fp16_to_fp32(ggml_fp32_to_fp16((float)k[i]));
@@ -301,7 +319,7 @@ int ll_ref_logits(const char *path, const int32_t *toks, uint32_t n, bool kv_f16
     ref_norm(xb, X + (size_t)(n - 1) * E, onorm, E, eps);
     ref_mv(logits, outw ? outw : emb, xb, V, E);
     free(X); free(Kc); free(Vc); free(Q); free(xb); free(xb2); free(hb); free(hb2);
-    free(att); free(sc); free(emb); free(outw); free(onorm);
+    free(att); free(sc); free(emb); free(outw); free(onorm); free(rff);
     gguf_close(g);
     return 0;
 }

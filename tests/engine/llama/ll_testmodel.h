@@ -16,6 +16,8 @@ typedef struct {
     bool bias;                 /* Q/K/V biases (qwen2 style) */
     uint64_t seed;
     const char *omit;          /* tensor name to leave out (tests of bad files) */
+    bool rope_freqs;           /* add a rope_freqs.weight (Llama 3.1 style) */
+    float rope_linear;         /* > 0: rope.scaling.type "linear" with this factor */
 } ll_tm_spec_t;
 
 /* Write the model to path. Returns 0 on success. */

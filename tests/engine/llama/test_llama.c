@@ -125,6 +125,10 @@ static void test_ref_agreement(void **state)
           ENG_KV_F16, 1e-3 },
         { "llama_odd_dims_f32", { "llama", 40, 2, 4, 2, 72, 100, 256, 0, 0, false, false, 6 },
           ENG_KV_F32, 1e-5 },
+        { "llama31_rope_freqs", { "llama", 64, 2, 4, 2, 96, 300, 256, 0, 1, false, false, 7,
+                                  NULL, true }, ENG_KV_F32, 1e-5 },
+        { "qwen2_rope_linear4", { "qwen2", 64, 2, 4, 2, 96, 300, 256, 0, 0, false, true, 8,
+                                  NULL, false, 4.0f }, ENG_KV_F32, 1e-5 },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         check_ref_case(&cases[i]);
@@ -428,6 +432,8 @@ static void test_load_errors(void **state)
                             "output_norm.weight" }, PD_ERR_BAD_INPUT },
         { "heads_not_dividing", { "llama", 64, 1, 4, 3, 96, 100, 64, 0, 0, false, false, 1,
                                   NULL }, PD_ERR_BAD_INPUT },
+        { "rope_linear_too_small", { "llama", 64, 1, 4, 4, 96, 100, 64, 0, 0, false, false, 1,
+                                     NULL, false, 0.5f }, PD_ERR_BAD_INPUT },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char path[300];
