@@ -376,7 +376,7 @@ static void fake_start(fake_t *f, const char *id, uint16_t role, int mode, bool 
 static void fake_register(fake_t *f, const char *id, uint16_t role, int mode)
 {
     fake_start(f, id, role, mode, false);
-    WAIT_FOR(f->registered || f->rejected || f->closed, 5000);
+    WAIT_FOR(f->registered || f->rejected || f->closed, 10000);
     if (!f->registered)
         fail_msg("fake %s not registered: %s", id, f->reject_reason);
 }
