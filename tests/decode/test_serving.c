@@ -378,6 +378,11 @@ static void spawn(proc_t *p, const char *bin, const char *id, const char *secret
     argv[n++] = "--heartbeat-interval=200ms";
     argv[n++] = "--reconnect-min=100ms";
     argv[n++] = "--log.level=warn";
+    static char ready[8][340];
+    static int n_ready;
+    char *rf = ready[n_ready++ % 8];
+    snprintf(rf, sizeof(ready[0]), "--ready-file=%.60s/%.30s.ready", g_dir, id);
+    argv[n++] = rf;
     for (int i = 0; extra && extra[i]; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
@@ -666,6 +671,42 @@ static int teardown(void **state)
     return 0;
 }
 
+static cJSON *read_ready(const char *id)
+{
+    char path[300];
+    snprintf(path, sizeof(path), "%.60s/%.30s.ready", g_dir, id);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return NULL;
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return cJSON_Parse(buf);
+}
+
+/* --ready-file: written once registered (JSON), absent otherwise. */
+static void test_ready_file(void **state)
+{
+    (void)state;
+    const char *ids[] = { "pf-a", "dec-a" }, *roles[] = { "prefill", "decode" };
+    for (int i = 0; i < 2; i++) {
+        cJSON *j = NULL;
+        uint64_t end = pd_now_ns() + 10000000000ull;
+        while ((j = read_ready(ids[i])) == NULL && pd_now_ns() < end)
+            event_base_loop(fr.base, EVLOOP_ONCE); /* written once the ACK is in */
+        assert_non_null(j);
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id");
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(j, "role");
+        const cJSON *router = cJSON_GetObjectItemCaseSensitive(j, "router");
+        assert_true(cJSON_IsString(id) && strcmp(id->valuestring, ids[i]) == 0);
+        assert_true(cJSON_IsString(role) && strcmp(role->valuestring, roles[i]) == 0);
+        assert_true(cJSON_IsString(router) && strcmp(router->valuestring, "fake-router") == 0);
+        assert_true(jnum(j, "pid", NULL) == (i == 0 ? P.pid : D.pid));
+        cJSON_Delete(j);
+    }
+}
+
 static void test_wrong_secret(void **state)
 {
     (void)state;
@@ -684,6 +725,7 @@ static void test_wrong_secret(void **state)
             event_base_loop(fr.base, EVLOOP_ONCE);
     }
     assert_true(seen);
+    assert_null(read_ready("pf-bad")); /* never registered: no ready file */
     kill_proc(&BAD);
 }
 
@@ -1170,6 +1212,7 @@ int main(int argc, char **argv)
     g_sim = strncmp(g_model, "sim:", 4) == 0;
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ready_file),
         cmocka_unit_test(test_wrong_secret),
         cmocka_unit_test(test_disagg_matches_pd_run),
         cmocka_unit_test(test_local_matches_pd_run),
