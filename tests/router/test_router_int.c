@@ -75,6 +75,7 @@ static struct {
 typedef enum {
     P_DONE,       /* PREFILL_DONE with token 0 = SCRIPT[0] */
     P_DIE,        /* close the connection on PREFILL_REQ */
+    P_HOLD,       /* answer nothing (until the test says so) */
 } pmode_t;
 
 typedef enum {
@@ -91,6 +92,8 @@ typedef struct {
     int mode;
     bool wrong_secret;
     bool no_heartbeats;
+    uint32_t vocab;              /* 0 = 260 */
+    uint64_t compat;             /* 0 = the deployment's */
     proto_conn_t *conn;
     uint8_t nonce[PROTO_AUTH_NONCE_LEN];
     bool registered, rejected, closed, ack_ok;
@@ -142,11 +145,12 @@ static void on_connected(proto_conn_t *conn, void *arg)
                   : PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT;
     snprintf(h->daemon_id, sizeof(h->daemon_id), "%s", f->id);
     h->incarnation = ((uint64_t)rand() << 32) | (uint64_t)rand();
-    h->compat_hash = 0x1234abcdull;
+    h->compat_hash = f->compat ? f->compat : 0x1234abcdull;
     h->geom = (proto_kv_geom_t){ .n_layers = 6, .n_kv_heads = 4, .head_dim = 32,
                                  .block_tokens = 16, .kv_dtype = 0, .total_blocks = 1024,
                                  .block_bytes = 16ull * 6 * 2 * 4 * 32 * 4,
-                                 .context_length = 4096, .vocab_size = 260 };
+                                 .context_length = 4096,
+                                 .vocab_size = f->vocab ? f->vocab : 260 };
     static const uint8_t addr[] = "fake-kv-addr";
     h->kv_addr.p = addr;
     h->kv_addr.len = sizeof(addr);
@@ -221,6 +225,8 @@ static void send_error(fake_t *f, const char *reqid, pd_status_t st, const char 
     fake_send(f, &m);
 }
 
+static void send_prefill_done(fake_t *f, const char *reqid, uint32_t n_prompt);
+
 static void on_prefill_req(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
 {
     fake_t *f = arg;
@@ -232,14 +238,21 @@ static void on_prefill_req(proto_conn_t *conn, const proto_msg_t *msg, void *arg
         proto_conn_close(conn, PD_ERR_SHUTDOWN);
         return;
     }
+    if (f->mode == P_HOLD)
+        return;
+    send_prefill_done(f, p->request_id, p->prompt.n);
+}
+
+static void send_prefill_done(fake_t *f, const char *reqid, uint32_t n_prompt)
+{
     static const uint8_t handle[] = "fake-kv-handle";
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
     m.hdr.type = PROTO_MSG_PREFILL_DONE;
     proto_prefill_done_t *d = &m.u.prefill_done;
-    snprintf(d->request_id, sizeof(d->request_id), "%s", p->request_id);
+    snprintf(d->request_id, sizeof(d->request_id), "%s", reqid);
     d->first_token = SCRIPT[0];
-    d->n_prompt_tokens = p->prompt.n;
+    d->n_prompt_tokens = n_prompt;
     d->lease_id = 0x77;
     d->lease_ns = 30000000000ull;
     d->kv_handle.p = handle;
@@ -848,6 +861,24 @@ static void test_registration(void **st)
     WAIT_FOR(D1.n_peer_info >= 1, 2000);
     assert_string_equal(D1.peer_info_id, "prefill-1");
 
+    /* vocabulary and geometry must match the router's tokenizer / the
+     * deployment fixed by the first registration */
+    fake_t mm;
+    memset(&mm, 0, sizeof(mm));
+    fake_start(&mm, "decode-vocab", PROTO_ROLE_DECODE, D_SCRIPT, false);
+    mm.vocab = 300;
+    WAIT_FOR(mm.rejected && mm.closed, 5000);
+    assert_int_equal(mm.reject_status, PD_ERR_MISMATCH);
+    assert_non_null(strstr(mm.reject_reason, "vocab"));
+    event_free(mm.hb);
+    memset(&mm, 0, sizeof(mm));
+    fake_start(&mm, "decode-geom", PROTO_ROLE_DECODE, D_SCRIPT, false);
+    mm.compat = 0x9999;
+    WAIT_FOR(mm.rejected && mm.closed, 5000);
+    assert_int_equal(mm.reject_status, PD_ERR_MISMATCH);
+    assert_non_null(strstr(mm.reject_reason, "compat_hash"));
+    event_free(mm.hb);
+
     fake_t dup;
     memset(&dup, 0, sizeof(dup));
     fake_start(&dup, "decode-1", PROTO_ROLE_DECODE, D_SCRIPT, false);
@@ -1138,6 +1169,25 @@ static void test_admin_and_metrics(void **st)
     }
 }
 
+/* Client gone while prefilling: CANCEL reaches the prefill; a PREFILL_DONE
+ * that arrives afterwards is answered with RELEASE (blocks back at once). */
+static void test_disconnect_while_prefilling(void **st)
+{
+    P1.mode = P_HOLD;
+    int pre = P1.n_prefill_req, cancels = P1.n_cancel, releases = P1.n_release;
+    const char *body = long_prompt_body(",\"stream\":true");
+    hc_t *c = hc_start("POST", "/v1/completions", AUTH "X-Request-Id: rid-gone-1\r\n", body,
+                       strlen(body));
+    WAIT_FOR(P1.n_prefill_req == pre + 1, 5000);
+    hc_free(c);   /* the client leaves */
+    WAIT_FOR(P1.n_cancel == cancels + 1, 5000);
+    assert_string_equal(P1.cancel_id, "rid-gone-1");
+    send_prefill_done(&P1, "rid-gone-1", 10);   /* too late */
+    WAIT_FOR(P1.n_release == releases + 1, 5000);
+    assert_int_equal(P1.release_lease, 0x77);
+    P1.mode = P_DONE;
+}
+
 /* A daemon that stops heartbeating is marked down within 3 intervals. */
 static void test_heartbeat_loss(void **st)
 {
@@ -1344,6 +1394,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_decode_death_midstream),
         cmocka_unit_test(test_disconnect_and_429),
         cmocka_unit_test(test_admin_and_metrics),
+        cmocka_unit_test(test_disconnect_while_prefilling),
         cmocka_unit_test(test_heartbeat_loss),
         cmocka_unit_test(test_sigterm_drain),
     };
