@@ -1199,10 +1199,109 @@ static void test_drain_and_ledgers(void **state)
     assert_int_equal(wait_exit(&D, 20), 0);
 }
 
+/* ---- bench mode -------------------------------------------------------------
+ * test-serving --bench PD_PREFILL PD_DECODE PD_RUN MODEL [N_TOKENS]
+ * Decode throughput of the daemons (continuous batching at batch 1, 4, 8;
+ * decode-local and disaggregated) side by side with pd-run's single-process
+ * decode rate on the same model and thread count (the baseline). */
+
+static double pd_run_decode_tps(const int32_t *prompt, uint32_t n, uint32_t max_tokens)
+{
+    char cmd[8192], *p = cmd;
+    p += snprintf(p, sizeof(cmd), "%s --model %s --engine %s --threads 1 --tokens-out "
+                  "--ignore-eos --max-tokens %u --tokens ", g_run_bin, g_model,
+                  g_sim ? "sim" : "llama", max_tokens);
+    for (uint32_t i = 0; i < n; i++)
+        p += snprintf(p, sizeof(cmd) - (size_t)(p - cmd), i ? ",%d" : "%d", prompt[i]);
+    snprintf(p, sizeof(cmd) - (size_t)(p - cmd), " 2>&1 >/dev/null");
+    FILE *f = popen(cmd, "r");
+    char line[1024];
+    double tps = 0;
+    while (f && fgets(line, sizeof(line), f)) {
+        const char *k = strstr(line, "decode ");
+        if (k && strstr(k, "tok/s"))
+            tps = atof(k + 7);
+    }
+    if (f)
+        pclose(f);
+    return tps;
+}
+
+static int bench(uint32_t T)
+{
+    snprintf(g_dir, sizeof(g_dir), "/tmp/pd-serving-XXXXXX");
+    if (mkdtemp(g_dir) == NULL)
+        return 1;
+    fr_start();
+    spawn(&P, g_prefill_bin, "pf-a", SECRET_HEX, (const char *const[]){ "--kv-blocks=512", NULL });
+    spawn(&D, g_decode_bin, "dec-a", SECRET_HEX,
+          (const char *const[]){ "--kv-blocks=512", "--max-batch=8", NULL });
+    if (!run_until(p_registered, "pf-a", 30) || !run_until(p_registered, "dec-a", 30))
+        return 1;
+    int32_t prompt[8][64];
+    for (int i = 0; i < 8; i++)
+        make_prompt(prompt[i], 32, 200 + (uint32_t)i);
+    double base = pd_run_decode_tps(prompt[0], 32, T);
+    samp_t s = { 0.0f, 0, T, true };
+    printf("%-8s %5s %7s %9s %9s %9s\n", "path", "batch", "tokens", "wall_ms", "tok/s",
+           "x pd-run");
+    printf("%-8s %5d %7u %9s %9.1f %9.2f\n", "pd-run", 1, T, "-", base, 1.0);
+    static const int batches[] = { 1, 4, 8 };
+    for (int mode = 0; mode < 2; mode++)
+        for (int bi = 0; bi < 3; bi++) {
+            int b = batches[bi];
+            fr_req_t *rs[8];
+            uint64_t t0 = pd_now_ns();
+            for (int i = 0; i < b; i++) {
+                if (mode == 0) {
+                    rs[i] = new_req();
+                    send_decode(rs[i], "dec-a", NULL, prompt[i], 32, NULL, 0, &s, true);
+                } else {
+                    rs[i] = send_prefill("pf-a", "dec-a", prompt[i], 32, &s);
+                }
+            }
+            if (mode == 1)
+                for (int i = 0; i < b; i++) {
+                    if (!run_until(p_done_or_error, rs[i], 60) || rs[i]->error)
+                        return 1;
+                    send_decode(rs[i], "dec-a", "pf-a", prompt[i], 32, &rs[i]->first_token, 1,
+                                &s, false);
+                }
+            uint64_t tokens = 0;
+            for (int i = 0; i < b; i++) {
+                if (!run_until(p_final, rs[i], 300) || rs[i]->error)
+                    return 1;
+                tokens += rs[i]->fin.completion_tokens;
+            }
+            double wall = (double)(pd_now_ns() - t0) / 1e9;
+            double tps = (double)tokens / wall;
+            printf("%-8s %5d %7llu %9.1f %9.1f %9.2f\n", mode == 0 ? "local" : "disagg", b,
+                   (unsigned long long)tokens, wall * 1e3, tps, base > 0 ? tps / base : 0.0);
+            fflush(stdout);
+        }
+    kill(D.pid, SIGTERM);
+    kill(P.pid, SIGTERM);
+    int rc = wait_exit(&D, 30) == 0 && wait_exit(&P, 30) == 0 ? 0 : 1;
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
+    if (system(cmd) != 0)
+        rc = 1;
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
+    signal(SIGPIPE, SIG_IGN);
+    if (argc >= 6 && strcmp(argv[1], "--bench") == 0) {
+        g_prefill_bin = argv[2];
+        g_decode_bin = argv[3];
+        g_run_bin = argv[4];
+        g_model = argv[5];
+        g_sim = strncmp(g_model, "sim:", 4) == 0;
+        return bench(argc >= 7 ? (uint32_t)atoi(argv[6]) : 128);
+    }
     if (argc != 5) {
-        fprintf(stderr, "usage: test-serving PD_PREFILL PD_DECODE PD_RUN MODEL\n");
+        fprintf(stderr, "usage: test-serving [--bench] PD_PREFILL PD_DECODE PD_RUN MODEL [N]\n");
         return 2;
     }
     g_prefill_bin = argv[1];
