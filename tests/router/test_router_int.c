@@ -844,6 +844,49 @@ static void test_bad_inputs(void **st)
     hc_free(c);
 }
 
+/* Malformed HTTP never takes the router down. */
+static hc_t *raw_send(const char *bytes, size_t len)
+{
+    hc_t *c = calloc(1, sizeof(*c));
+    c->in = evbuffer_new();
+    c->bev = bufferevent_socket_new(g.base, -1, BEV_OPT_CLOSE_ON_FREE);
+    bufferevent_setcb(c->bev, hc_read, NULL, hc_event, c);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(g.http_port),
+                              .sin_addr.s_addr = htonl(0x7f000001) };
+    assert_int_equal(bufferevent_socket_connect(c->bev, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    evbuffer_add(bufferevent_get_output(c->bev), bytes, len);
+    hc_wait(c);
+    return c;
+}
+
+static void test_http_garbage(void **st)
+{
+    static char big[80 * 1024];
+    int off = snprintf(big, sizeof(big), "GET /health HTTP/1.1\r\nX-Big: ");
+    memset(big + off, 'h', sizeof(big) - (size_t)off - 5);
+    memcpy(big + sizeof(big) - 5, "\r\n\r\n", 4);
+    const struct {
+        const char *bytes;
+        size_t len;
+    } cases[] = {
+        { "GARBAGE\r\n\r\n", 11 },
+        { "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n\r\n", 0 },
+        { "POST /v1/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n", 0 },
+        { "GET /health HTTP/9.9\r\n\r\n", 0 },
+        { "\x00\x01\x02\xff\r\n\r\n", 8 },
+        { big, sizeof(big) - 1 },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        hc_t *c = raw_send(cases[i].bytes, cases[i].len ? cases[i].len : strlen(cases[i].bytes));
+        assert_true(c->status == 0 || c->status >= 400);
+        hc_free(c);
+    }
+    hc_t *c = http("GET", "/health", NULL, NULL);
+    assert_int_equal(c->status, 200);
+    hc_free(c);
+}
+
 static void test_registration(void **st)
 {
     fake_t bad;
@@ -1385,6 +1428,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_backends),
         cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_http_garbage),
         cmocka_unit_test(test_registration),
         cmocka_unit_test(test_stream_disaggregated),
         cmocka_unit_test(test_chat_stream_local),
