@@ -569,6 +569,38 @@ static void test_chat_and_model_discovery(void **state)
     fake_stop(f);
 }
 
+static void test_concurrency_duration(void **state)
+{
+    fake_t *f = fake_start();
+    const char *lines[] = { "ok ttft=10 n=2 gap=10" };
+    char prompts[300], out[300], url[64];
+    cJSON *j, *res, *r;
+    double n;
+
+    snprintf(prompts, sizeof(prompts), "%s/dur.jsonl", tmpdir);
+    snprintf(out, sizeof(out), "%s/dur.json", tmpdir);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d", f->port);
+    write_prompts(prompts, lines, 1);
+    const char *args[] = { "--url", url, "--model", "m", "--prompts", prompts,
+                           "--concurrency", "3", "--duration", "600ms",
+                           "--quiet", "--out", out, NULL };
+    assert_int_equal(run_bench(args, 15), 0);
+    j = load_json(out);
+    res = cJSON_GetObjectItem(j, "results");
+    n = num(res, "num_requests");
+    /* ~20 ms per request, 3 in flight, 0.6 s: about 90; loaded hosts fewer. */
+    print_message("requests in 600 ms at concurrency 3: %.0f\n", n);
+    assert_true(n >= 15 && n <= 95);
+    assert_int_equal(num(res, "completed"), n);
+    assert_int_equal(num(res, "max_concurrency_observed"), 3);
+    assert_int_equal(atomic_load(&f->requests), (int)n);
+    cJSON_ArrayForEach(r, cJSON_GetObjectItem(j, "requests"))
+        assert_true(num(r, "start_ms") < 600.0);
+    assert_true(num(res, "duration") >= 0.6 && num(res, "duration") < 2.0);
+    cJSON_Delete(j);
+    fake_stop(f);
+}
+
 static void test_connect_refused_and_synthetic(void **state)
 {
     struct sockaddr_in sin;
@@ -621,6 +653,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_scripted_mix),
         cmocka_unit_test(test_poisson_arrivals),
         cmocka_unit_test(test_chat_and_model_discovery),
+        cmocka_unit_test(test_concurrency_duration),
         cmocka_unit_test(test_connect_refused_and_synthetic),
     };
     int rc;
