@@ -291,19 +291,27 @@ static void fake_stop(fake_t *f)
 
 /* ---- running pd-bench ------------------------------------------------- */
 
-/* Spawn pd-bench with args, wait (polling) up to timeout_s. Exit status. */
-static int run_bench(const char *const *args, double timeout_s)
+static pid_t spawn_bench(const char *const *args)
 {
     char *argv[64];
-    int n = 0, status = 0;
-    pid_t pid, w;
-    struct timespec t0, now, nap = { 0, 5 * 1000 * 1000 };
+    int n = 0;
+    pid_t pid;
 
     argv[n++] = (char *)pd_bench_path;
     while (*args != NULL && n < 63)
         argv[n++] = (char *)*args++;
     argv[n] = NULL;
     assert_int_equal(posix_spawn(&pid, pd_bench_path, NULL, NULL, argv, environ), 0);
+    return pid;
+}
+
+/* Wait (polling) up to timeout_s for pid; its exit status. */
+static int wait_bench(pid_t pid, double timeout_s)
+{
+    int status = 0;
+    pid_t w;
+    struct timespec t0, now, nap = { 0, 5 * 1000 * 1000 };
+
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
         w = waitpid(pid, &status, WNOHANG);
@@ -319,6 +327,12 @@ static int run_bench(const char *const *args, double timeout_s)
     }
     assert_true(WIFEXITED(status));
     return WEXITSTATUS(status);
+}
+
+/* Spawn pd-bench with args, wait up to timeout_s. Exit status. */
+static int run_bench(const char *const *args, double timeout_s)
+{
+    return wait_bench(spawn_bench(args), timeout_s);
 }
 
 static cJSON *load_json(const char *path)
@@ -430,6 +444,9 @@ static void test_scripted_mix(void **state)
         assert_int_equal(slo_met, success && cJSON_IsNumber(ttft) &&
                                   ttft->valuedouble <= 100.0);
         good += slo_met;
+        assert_int_equal(success, strcmp(err, "none") == 0);
+        assert_non_null(strstr(cJSON_GetObjectItem(r, "request_id")->valuestring,
+                               "pd-bench-0-"));
         if (id < 10) {
             assert_true(success);
             assert_int_equal(num(r, "output_tokens"), 10);
@@ -601,6 +618,40 @@ static void test_concurrency_duration(void **state)
     fake_stop(f);
 }
 
+static void test_sigint_stops_cleanly(void **state)
+{
+    fake_t *f = fake_start();
+    const char *lines[] = { "ok ttft=10 n=5 gap=10" };
+    char prompts[300], out[300], url[64];
+    struct timespec nap = { 0, 5 * 1000 * 1000 };
+    cJSON *j, *res;
+    pid_t pid;
+    int i;
+
+    snprintf(prompts, sizeof(prompts), "%s/int.jsonl", tmpdir);
+    snprintf(out, sizeof(out), "%s/int.json", tmpdir);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d", f->port);
+    write_prompts(prompts, lines, 1);
+    const char *args[] = { "--url", url, "--model", "m", "--prompts", prompts,
+                           "--rate", "50", "--duration", "60s", "--seed", "3",
+                           "--quiet", "--out", out, NULL };
+    pid = spawn_bench(args);
+    /* Poll until the server has seen some load, then interrupt. */
+    for (i = 0; i < 2000 && atomic_load(&f->requests) < 5; i++)
+        nanosleep(&nap, NULL);
+    assert_true(atomic_load(&f->requests) >= 5);
+    kill(pid, SIGINT);
+    assert_int_equal(wait_bench(pid, 10), 0);
+    j = load_json(out);
+    res = cJSON_GetObjectItem(j, "results");
+    /* In-flight requests finished; nothing new was issued after SIGINT. */
+    assert_int_equal(num(res, "num_requests"), atomic_load(&f->requests));
+    assert_int_equal(num(res, "completed"), num(res, "num_requests"));
+    assert_true(num(res, "duration") < 30.0);
+    cJSON_Delete(j);
+    fake_stop(f);
+}
+
 static void test_connect_refused_and_synthetic(void **state)
 {
     struct sockaddr_in sin;
@@ -654,12 +705,28 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_poisson_arrivals),
         cmocka_unit_test(test_chat_and_model_discovery),
         cmocka_unit_test(test_concurrency_duration),
+        cmocka_unit_test(test_sigint_stops_cleanly),
         cmocka_unit_test(test_connect_refused_and_synthetic),
     };
     int rc;
 
+    if (argc == 3 && strcmp(argv[1], "--serve") == 0) {
+        /* Manual runs and figures: the scripted server alone on
+         * 127.0.0.1, for at most SECONDS (bounded), port on stdout. */
+        fake_t *f;
+        unsigned left = (unsigned)atoi(argv[2]);
+
+        evthread_use_pthreads();
+        f = fake_start();
+        printf("http://127.0.0.1:%d\n", f->port);
+        fflush(stdout);
+        while (left > 0)
+            left = sleep(left);
+        fake_stop(f);
+        return 0;
+    }
     if (argc < 2) {
-        fprintf(stderr, "usage: %s PATH-TO-pd-bench\n", argv[0]);
+        fprintf(stderr, "usage: %s PATH-TO-pd-bench | --serve SECONDS\n", argv[0]);
         return 2;
     }
     pd_bench_path = argv[1];

@@ -1117,6 +1117,9 @@ static cJSON *build_json(pb_run_t *run, const pb_aggregate_t *agg)
         uint32_t j;
 
         cJSON_AddNumberToObject(o, "id", r->id);
+        snprintf(buf, sizeof(buf), "pd-bench-%llu-%u",
+                 (unsigned long long)run->cfg.seed, r->id);
+        cJSON_AddStringToObject(o, "request_id", buf);
         cJSON_AddNumberToObject(o, "start_ms", (double)r->start_ns / 1e6);
         cJSON_AddBoolToObject(o, "success", r->success);
         cJSON_AddStringToObject(o, "error", pb_err_kind_name(r->err));
