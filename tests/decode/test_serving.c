@@ -638,7 +638,7 @@ static void send_cancel(const char *to, fr_req_t *r)
 
 /* ---- the scenario ---------------------------------------------------------- */
 
-static proc_t P, D, PL, PK, BAD;
+static proc_t P, D, PL, PK, BAD, PS;
 
 static int setup(void **state)
 {
@@ -664,6 +664,7 @@ static int teardown(void **state)
     kill_proc(&PL);
     kill_proc(&PK);
     kill_proc(&BAD);
+    kill_proc(&PS);
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
     if (system(cmd) != 0)
@@ -1136,6 +1137,43 @@ static void test_router_loss(void **state)
     disagg_one(12, 81, &g);
 }
 
+/* SIGSTOP the prefill past the transfer deadline: the pull ends within the
+ * deadline (TIMED_OUT over tcp; shared memory may still serve the bytes:
+ * then the tokens must be right); after SIGCONT the prefill's pool is free. */
+static void test_prefill_stopped(void **state)
+{
+    (void)state;
+    spawn(&PS, g_prefill_bin, "pf-stop", SECRET_HEX, NULL);
+    assert_true(run_until(p_registered, "pf-stop", 20));
+    samp_t s = { 0.0f, 0, 6, true };
+    int32_t prompt[64], ref[MAX_TOK];
+    make_prompt(prompt, 35, 120);
+    uint32_t nref = reference(prompt, 35, &s, ref, MAX_TOK);
+    fr_req_t *r = send_prefill("pf-stop", "dec-a", prompt, 35, &s);
+    assert_true(run_until(p_done_or_error, r, 20));
+    assert_false(r->error);
+    kill(PS.pid, SIGSTOP);
+    uint64_t t0 = pd_now_ns();
+    send_decode(r, "dec-a", "pf-stop", prompt, 35, &r->first_token, 1, &s, false);
+    assert_true(run_until(p_final, r, 10));
+    assert_true(pd_now_ns() - t0 < 2000000000ull + 1500000000ull);
+    if (r->error) {
+        assert_true(r->err_status == PD_ERR_TIMED_OUT || r->err_status == PD_ERR_PEER_GONE ||
+                    r->err_status == PD_ERR_TRANSPORT);
+    } else {
+        assert_int_equal(r->n_tokens + 1, nref);
+        for (uint32_t i = 1; i < nref; i++)
+            assert_int_equal(r->tokens[i - 1], ref[i]);
+    }
+    assert_true(kv_all_free(&D, 10));
+    kill(PS.pid, SIGCONT);
+    /* the router connection idled out while stopped; it comes back */
+    assert_true(run_until(p_registered, "pf-stop", 20));
+    assert_true(kv_all_free(&PS, 20));
+    kill(PS.pid, SIGTERM);
+    assert_int_equal(wait_exit(&PS, 20), 0);
+}
+
 static void test_drain_and_ledgers(void **state)
 {
     (void)state;
@@ -1323,6 +1361,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_concurrent_batch),
         cmocka_unit_test(test_wait_queue),
         cmocka_unit_test(test_router_loss),
+        cmocka_unit_test(test_prefill_stopped),
         cmocka_unit_test(test_drain_and_ledgers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
