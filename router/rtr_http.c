@@ -31,13 +31,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 
 #include "pd_log.h"
 #include "pd_time.h"
 
-#define SLOW_CLIENT_MAX (8u << 20)   /* unsent bytes before a client is dropped */
 #define REQ_HASH_BUCKETS 1024u
 
 struct rtr_req {
@@ -64,6 +65,7 @@ struct rtr_req {
     bool headers_sent;
     uint32_t retries;
     uint32_t next_tok_seq;
+    uint32_t slow_checks;
     rtr_textpipe_t pipe;
     char *text;                          /* non-streaming: whole completion */
     size_t text_len, text_cap;
@@ -311,12 +313,24 @@ static void req_end(rtr_req_t *q, rtr_req_state_t st)
     maybe_drained(r);
 }
 
+/* A client that does not read: bytes queued for it in the evbuffer plus
+ * those still in the kernel's send queue (SIOCOUTQ; checked every 8th call,
+ * one ioctl) over client-max-unsent. */
 static bool client_slow(rtr_req_t *q)
 {
     if (q->http == NULL || q->evcon == NULL)
         return false;
     struct bufferevent *bev = evhttp_connection_get_bufferevent(q->evcon);
-    return bev != NULL && evbuffer_get_length(bufferevent_get_output(bev)) > SLOW_CLIENT_MAX;
+    if (bev == NULL)
+        return false;
+    uint64_t unsent = evbuffer_get_length(bufferevent_get_output(bev));
+    if ((++q->slow_checks & 7) == 0) {
+        int outq = 0;
+        evutil_socket_t fd = bufferevent_getfd(bev);
+        if (fd >= 0 && ioctl(fd, SIOCOUTQ, &outq) == 0 && outq > 0)
+            unsent += (uint64_t)outq;
+    }
+    return unsent > q->r->cfg.client_max_unsent;
 }
 
 static void req_client_gone(rtr_req_t *q, const char *why);

@@ -52,6 +52,7 @@ typedef struct {
     uint64_t drain_timeout;       /* ns */
     uint64_t lease;               /* ns, announced in REGISTER_ACK */
     uint64_t retry_after;         /* seconds, Retry-After on 429/503 */
+    uint64_t client_max_unsent;   /* bytes queued to a client before it is dropped */
     char *ready_file;
 } rtr_cfg_t;
 

@@ -62,6 +62,8 @@ static const pd_cfg_field_t rtr_cfg_fields[] = {
     ROW(drain_timeout, "drain-timeout", DURATION, "30s", "SIGTERM: wait this long for streams", 0, 36e11),
     ROW(lease, "lease-ttl", DURATION, "30s", "KV lease length announced to daemons", 1e6, 36e11),
     ROW(retry_after, "retry-after", UINT, "1", "Retry-After seconds on 429/503", 1, 3600),
+    ROW(client_max_unsent, "client-max-unsent", SIZE, "8MiB",
+        "response bytes queued to a client that does not read before it is dropped", 4096, 1e10),
     ROW(ready_file, "ready-file", STRING, NULL,
         "write {\"http\":port,\"control\":port} here once listening", 0, 0),
     PD_CFG_END,

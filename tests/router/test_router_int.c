@@ -84,6 +84,7 @@ typedef enum {
     D_DIE_AFTER,  /* stream 3 tokens, then close the connection */
     D_PULLFAIL,   /* handle -> ERROR PEER_GONE; local -> D_SCRIPT */
     D_FAILME,     /* prompt contains FAILME: 1 token then ERROR INTERNAL */
+    D_FLOOD,      /* max_tokens one-token TOKENS at once, no FINISH */
 } dmode_t;
 
 typedef struct {
@@ -299,6 +300,14 @@ static void on_decode_req(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
         int32_t t = SCRIPT[start < len ? start : 0];
         send_tokens(f, d->request_id, seq++, &t, 1);
         send_error(f, d->request_id, PD_ERR_INTERNAL, "injected failure");
+        return;
+    }
+    if (f->mode == D_FLOOD) {
+        snprintf(f->held_id, sizeof(f->held_id), "%s", d->request_id);
+        for (uint32_t i = start; i < max; i++) {
+            int32_t t = 'x';
+            send_tokens(f, d->request_id, seq++, &t, 1);
+        }
         return;
     }
     if (f->mode == D_HOLD) {
@@ -685,7 +694,7 @@ static int start_router(void)
                      "--http=127.0.0.1:0", "--control=127.0.0.1:0",
                      "--secret=" SECRET_HEX, "--api-key=" API_KEY,
                      "--served-model-name=test-model",
-                     "--disagg-threshold=32", "--max-body=64KiB", "--max-tokens-cap=1000", "--log.level=warn",
+                     "--disagg-threshold=32", "--max-body=64KiB", "--client-max-unsent=64KiB", "--max-tokens-cap=4000", "--log.level=warn",
                      a_conc, "--heartbeat-interval=1s", "--retry-after=2",
                      "--drain-timeout=5s", NULL };
     g.router_pid = fork();
@@ -1212,6 +1221,32 @@ static void test_admin_and_metrics(void **st)
     }
 }
 
+/* A streaming client that stops reading is dropped once its unsent output
+ * passes client-max-unsent, and the decode is told to stop. */
+static void test_slow_client(void **st)
+{
+    D1.mode = D_FLOOD;
+    int cancels = D1.n_cancel;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(g.http_port),
+                              .sin_addr.s_addr = htonl(0x7f000001) };
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    static const char body[] = "{\"prompt\":\"hi\",\"max_tokens\":4000,\"stream\":true}";
+    char req[512];
+    int n = snprintf(req, sizeof(req),
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\n" AUTH
+                     "X-Request-Id: rid-slow\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    /* never read: the router must give up on us and cancel upstream */
+    WAIT_FOR(D1.n_cancel == cancels + 1, 10000);
+    assert_string_equal(D1.cancel_id, "rid-slow");
+    close(fd);
+    D1.mode = D_SCRIPT;
+}
+
 /* Client gone while prefilling: CANCEL reaches the prefill; a PREFILL_DONE
  * that arrives afterwards is answered with RELEASE (blocks back at once). */
 static void test_disconnect_while_prefilling(void **st)
@@ -1439,6 +1474,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_disconnect_and_429),
         cmocka_unit_test(test_admin_and_metrics),
         cmocka_unit_test(test_disconnect_while_prefilling),
+        cmocka_unit_test(test_slow_client),
         cmocka_unit_test(test_heartbeat_loss),
         cmocka_unit_test(test_sigterm_drain),
     };
