@@ -813,6 +813,12 @@ void rtr_http_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
         (void)req_tokens(q, &msg->u.tokens.tokens);
         return;
     case PROTO_MSG_FINISH:
+        if (from_prefill) {
+            /* A prefill ends a request only with PREFILL_DONE or ERROR;
+             * treat anything else as a failed prefill. */
+            req_retry(q, NULL, "prefill sent FINISH instead of PREFILL_DONE");
+            return;
+        }
         if (!from_decode)
             goto stale;
         on_finish(q, &msg->u.finish);
