@@ -406,36 +406,52 @@ static void kvx_lease_timer_cb(evutil_socket_t fd, short what, void *arg)
     kvx_lease_end(l, KVX_LEASE_EXPIRED);
 }
 
-pd_status_t kvx_export(kvx_region_h *r, uint64_t importer_id,
-                       const uint32_t *blocks, uint32_t n, uint64_t ttl_ns,
-                       uint64_t user_tag, void *buf, size_t cap,
-                       size_t *len_p, kvx_lease_id_t *lease_p)
+static pd_status_t kvx_export_impl(kvx_region_h *r, uint64_t importer_id,
+                                   const uint32_t *blocks, uint32_t n,
+                                   uint64_t ttl_ns, uint64_t user_tag,
+                                   void *buf, size_t cap, size_t *len_p,
+                                   kvx_lease_id_t *lease_p, uint32_t *taken_p)
 {
     kvx_ctx_h *ctx = r->ctx;
     kvx_handle_t h;
     pd_status_t status;
+    /* one run more than a handle holds, to know when to stop */
+    kvx_run_t runs[KVX_HANDLE_MAX_RUNS + 1];
+    unsigned n_runs = 0;
 
     if (n == 0 || ttl_ns == 0 || importer_id == 0)
         return PD_ERR_BAD_INPUT;
-    if (n > KVX_HANDLE_MAX_BLOCKS)
-        return PD_ERR_TOO_BIG;
+    if (n > KVX_HANDLE_MAX_BLOCKS) {
+        if (taken_p == NULL)
+            return PD_ERR_TOO_BIG;
+        n = KVX_HANDLE_MAX_BLOCKS;
+    }
     if (ttl_ns > ctx->cfg.max_lease_ttl_ns)
         ttl_ns = ctx->cfg.max_lease_ttl_ns;
-    h.n_runs = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (blocks[i] >= r->n_blocks)
             return PD_ERR_BAD_INPUT;
-        if (h.n_runs > 0 &&
-            blocks[i] == h.runs[h.n_runs - 1].start + h.runs[h.n_runs - 1].count) {
-            h.runs[h.n_runs - 1].count++;
+        if (n_runs > 0 &&
+            blocks[i] == runs[n_runs - 1].start + runs[n_runs - 1].count) {
+            runs[n_runs - 1].count++;
             continue;
         }
-        if (h.n_runs == KVX_HANDLE_MAX_RUNS)
-            return PD_ERR_TOO_BIG;
-        h.runs[h.n_runs].start = blocks[i];
-        h.runs[h.n_runs].count = 1;
-        h.n_runs++;
+        if (n_runs == KVX_HANDLE_MAX_RUNS + 1)
+            break;
+        runs[n_runs].start = blocks[i];
+        runs[n_runs].count = 1;
+        n_runs++;
     }
+    unsigned fit = kvx_handle_runs_fitting(runs, n_runs);
+    if (fit < n_runs && (taken_p == NULL || fit == 0))
+        return PD_ERR_TOO_BIG;
+    h.n_runs = (uint16_t)fit;
+    uint32_t taken = 0;
+    for (unsigned i = 0; i < fit; i++) {
+        h.runs[i] = runs[i];
+        taken += runs[i].count;
+    }
+    n = taken;
     kvx_lease_t *l = ctx->lease_free;
     if (l == NULL)
         return PD_ERR_NO_SPACE;
@@ -478,7 +494,28 @@ pd_status_t kvx_export(kvx_region_h *r, uint64_t importer_id,
         lease_p->slot = l->slot;
         lease_p->gen = l->gen;
     }
+    if (taken_p)
+        *taken_p = taken;
     return PD_OK;
+}
+
+pd_status_t kvx_export(kvx_region_h *r, uint64_t importer_id,
+                       const uint32_t *blocks, uint32_t n, uint64_t ttl_ns,
+                       uint64_t user_tag, void *buf, size_t cap,
+                       size_t *len_p, kvx_lease_id_t *lease_p)
+{
+    return kvx_export_impl(r, importer_id, blocks, n, ttl_ns, user_tag, buf,
+                           cap, len_p, lease_p, NULL);
+}
+
+pd_status_t kvx_export_part(kvx_region_h *r, uint64_t importer_id,
+                            const uint32_t *blocks, uint32_t n, uint64_t ttl_ns,
+                            uint64_t user_tag, void *buf, size_t cap,
+                            size_t *len_p, kvx_lease_id_t *lease_p,
+                            uint32_t *taken_p)
+{
+    return kvx_export_impl(r, importer_id, blocks, n, ttl_ns, user_tag, buf,
+                           cap, len_p, lease_p, taken_p);
 }
 
 pd_status_t kvx_lease_revoke(kvx_ctx_h *ctx, kvx_lease_id_t id)

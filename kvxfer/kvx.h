@@ -178,6 +178,18 @@ pd_status_t kvx_export(kvx_region_h *region, uint64_t importer_id,
                        uint64_t user_tag, void *buf, size_t cap,
                        size_t *len_p, kvx_lease_id_t *lease_p);
 
+/* Like kvx_export, for sets that may not fit one handle: leases and
+ * encodes the longest prefix of blocks[0..n) that fits (at least one block;
+ * at most 64 runs, 256 bytes, 65536 blocks) and sets *taken_p. The caller
+ * exports blocks + taken next, with the same importer, until all are
+ * covered; the importer pulls each handle into the matching slice of its
+ * local blocks. Expected errors as kvx_export. */
+pd_status_t kvx_export_part(kvx_region_h *region, uint64_t importer_id,
+                            const uint32_t *blocks, uint32_t n, uint64_t ttl_ns,
+                            uint64_t user_tag, void *buf, size_t cap,
+                            size_t *len_p, kvx_lease_id_t *lease_p,
+                            uint32_t *taken_p);
+
 /* End a lease now (exporter decides: abort, shutdown). PD_ERR_NOT_FOUND if
  * it already ended. on_lease_end runs with KVX_LEASE_REVOKED. */
 pd_status_t kvx_lease_revoke(kvx_ctx_h *ctx, kvx_lease_id_t lease);

@@ -63,6 +63,33 @@ static void kvx_mac(const uint8_t *buf, size_t len,
     crypto_generichash(tag, KVX_TAG_BYTES, buf, len, key, KVX_KEY_BYTES);
 }
 
+static size_t kvx_varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+unsigned kvx_handle_runs_fitting(const kvx_run_t *runs, unsigned n)
+{
+    size_t bytes = KVX_HANDLE_HDR_BYTES + KVX_TAG_BYTES;
+    uint64_t prev_end = 0;
+    unsigned i;
+    for (i = 0; i < n && i < KVX_HANDLE_MAX_RUNS; i++) {
+        if (runs[i].count == 0)
+            break;
+        bytes += kvx_varint_len(kvx_zigzag((int64_t)runs[i].start - (int64_t)prev_end));
+        bytes += kvx_varint_len((uint64_t)runs[i].count - 1);
+        if (bytes > KVX_HANDLE_MAX_BYTES)
+            break;
+        prev_end = (uint64_t)runs[i].start + runs[i].count;
+    }
+    return i;
+}
+
 pd_status_t kvx_handle_encode(const kvx_handle_t *h,
                               const uint8_t key[KVX_KEY_BYTES],
                               uint8_t *buf, size_t cap, size_t *len_p)

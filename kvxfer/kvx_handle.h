@@ -125,6 +125,10 @@ pd_status_t kvx_handle_encode(const kvx_handle_t *h,
                               const uint8_t key[KVX_KEY_BYTES],
                               uint8_t *buf, size_t cap, size_t *len_p);
 
+/* How many of runs[0..n) fit one handle (<= KVX_HANDLE_MAX_RUNS runs,
+ * <= KVX_HANDLE_MAX_BYTES bytes). Pure arithmetic, no syscalls. */
+unsigned kvx_handle_runs_fitting(const kvx_run_t *runs, unsigned n);
+
 /* Parse and authenticate buf into *h: structure, MAC, run decoding with
  * overflow and cap checks. On error *reason_p (may be NULL) says why and
  * the status is PD_ERR_TRUNCATED, PD_ERR_BAD_MAGIC, PD_ERR_BAD_VERSION,

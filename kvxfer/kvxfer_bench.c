@@ -39,6 +39,8 @@ typedef struct {
     const char *preset;
 } bench_opts_t;
 
+#define MAX_HANDLES_PER_PULL 1024
+
 static const uint8_t bench_secret[KVX_KEY_BYTES] = "kvxfer-bench-secret-0123456789a";
 
 /* ---- socket framing: u32 length + bytes ----------------------------------- */
@@ -123,8 +125,11 @@ static kvx_ctx_h *make_ctx(const bench_opts_t *o, uint64_t node,
     memcpy(cfg.secret, bench_secret, KVX_KEY_BYTES);
     cfg.err_mode = o->err_mode;
     /* one live lease per prepared handle */
-    if (o->iters + o->warmup + 16 > cfg.max_leases)
-        cfg.max_leases = o->iters + o->warmup + 16;
+    /* one live lease per prepared handle (a pull may need several) */
+    uint64_t want = (uint64_t)(o->iters + o->warmup) *
+                    ((o->blocks_per_pull + 31) / 32) + 64;
+    if (want > cfg.max_leases)
+        cfg.max_leases = want > 65536 ? 65536 : (uint32_t)want;
     if (o->max_op_bytes)
         cfg.max_op_bytes = o->max_op_bytes;
     pd_status_t st = kvx_ctx_create(&cfg, base, &ctx);
@@ -180,7 +185,7 @@ static int run_exporter(const bench_opts_t *o, int sock)
     struct event_base *base = event_base_new();
     kvx_region_h *region;
     kvx_ctx_h *ctx = make_ctx(o, 1, base, &region);
-    static uint8_t buf[KVX_META_MAX_BYTES];
+    static uint8_t buf[KVX_META_MAX_BYTES + 1];
     size_t len;
     uint32_t total = o->iters + o->warmup;
     uint32_t *blocks = malloc(sizeof(uint32_t) * o->blocks_per_pull);
@@ -193,13 +198,13 @@ static int run_exporter(const bench_opts_t *o, int sock)
     for (uint32_t i = 0; i < n_cost; i++) {
         kvx_lease_id_t lid;
         uint64_t t0 = pd_now_ns();
-        pd_status_t st = kvx_export(region, 2, blocks, o->blocks_per_pull,
-                                    60 * PD_NS_PER_S, 0, buf, KVX_HANDLE_MAX_BYTES,
-                                    &len, &lid);
+        uint32_t taken;
+        pd_status_t st = kvx_export_part(region, 2, blocks, o->blocks_per_pull,
+                                         60 * PD_NS_PER_S, 0, buf,
+                                         KVX_HANDLE_MAX_BYTES, &len, &lid, &taken);
         export_ns += pd_now_ns() - t0;
         if (st != PD_OK) {
-            fprintf(stderr, "kvxfer-bench: kvx_export: %s (%u runs too many? use fewer blocks)\n",
-                    pd_status_str(st), o->blocks_per_pull);
+            fprintf(stderr, "kvxfer-bench: kvx_export: %s\n", pd_status_str(st));
             return 1;
         }
         max_len = len > max_len ? len : max_len;
@@ -215,17 +220,26 @@ static int run_exporter(const bench_opts_t *o, int sock)
     send_msg(sock, line, (uint32_t)strlen(line) + 1);
     /* the handles the importer pulls */
     for (uint32_t i = 0; i < total; i++) {
-        kvx_lease_id_t lid;
         pick_blocks(o, blocks);
-        pd_status_t st = kvx_export(region, 2, blocks, o->blocks_per_pull,
-                                    600 * PD_NS_PER_S, 0, buf,
-                                    KVX_HANDLE_MAX_BYTES, &len, &lid);
-        if (st != PD_OK) {
-            fprintf(stderr, "kvxfer-bench: kvx_export: %s\n", pd_status_str(st));
-            return 1;
+        /* a set that does not fit one handle (> 64 runs or > 256 bytes)
+         * becomes several: what a daemon does with kvx_export_part */
+        for (uint32_t first = 0; first < o->blocks_per_pull;) {
+            kvx_lease_id_t lid;
+            uint32_t taken;
+            pd_status_t st = kvx_export_part(region, 2, blocks + first,
+                                             o->blocks_per_pull - first,
+                                             600 * PD_NS_PER_S, 0, buf,
+                                             KVX_HANDLE_MAX_BYTES, &len, &lid,
+                                             &taken);
+            if (st != PD_OK) {
+                fprintf(stderr, "kvxfer-bench: kvx_export: %s\n", pd_status_str(st));
+                return 1;
+            }
+            first += taken;
+            buf[len] = first == o->blocks_per_pull; /* last handle of the pull */
+            if (send_msg(sock, buf, (uint32_t)len + 1))
+                return 1;
         }
-        if (send_msg(sock, buf, (uint32_t)len))
-            return 1;
     }
     exporter_t ex = { .base = base, .ctx = ctx };
     ex.drain = evtimer_new(base, exporter_drain_cb, &ex);
@@ -252,14 +266,18 @@ typedef struct {
     kvx_ctx_h *ctx;
     kvx_region_h *region;
     const bench_opts_t *o;
-    uint8_t (*handles)[KVX_HANDLE_MAX_BYTES];
+    uint8_t (*handles)[KVX_HANDLE_MAX_BYTES + 1];
     uint32_t *handle_len;
+    uint32_t *pull_first;      /* (total + 1) first handle of each pull */
+    uint32_t n_handles;
     uint32_t next, done, total;
     uint64_t *lat_ns;
     uint64_t t_start_ns, t_end_ns;
     uint64_t bytes;
     uint32_t *local;
-    kvx_import_t imp;
+    kvx_import_t *imp;         /* (handles) of the current pull */
+    uint32_t parts_left;
+    uint64_t pull_t0;
     pd_status_t failed;
 } importer_t;
 
@@ -273,11 +291,17 @@ static void on_pull(void *arg, pd_status_t status, const kvx_pull_result_t *res)
         event_base_loopbreak(im->base);
         return;
     }
-    kvx_lease_release(im->ctx, &im->imp);
-    if (im->done >= im->o->warmup) {
-        im->lat_ns[im->done - im->o->warmup] = res->latency_ns;
+    if (im->done >= im->o->warmup)
         im->bytes += res->bytes;
-    }
+    if (--im->parts_left > 0)
+        return;
+    uint32_t i = im->next - 1;
+    uint32_t k_n = im->pull_first[i + 1] - im->pull_first[i];
+    uint64_t lat = k_n == 1 ? res->latency_ns : pd_now_ns() - im->pull_t0;
+    for (uint32_t k = 0; k < k_n; k++)
+        kvx_lease_release(im->ctx, &im->imp[k]);
+    if (im->done >= im->o->warmup)
+        im->lat_ns[im->done - im->o->warmup] = lat;
     im->done++;
     if (im->done == im->o->warmup)
         im->t_start_ns = pd_now_ns();
@@ -291,19 +315,29 @@ static void on_pull(void *arg, pd_status_t status, const kvx_pull_result_t *res)
 
 static void start_next(importer_t *im)
 {
+    const bench_opts_t *o = im->o;
     uint32_t i = im->next++;
     kvx_reject_t reason;
-    pd_status_t st = kvx_handle_import(im->ctx, im->handles[i], im->handle_len[i],
-                                       0, &im->imp, &reason);
-    if (st == PD_OK) {
-        pick_blocks(im->o, im->local);
-        st = kvx_pull_start(im->ctx, &im->imp, im->region, im->local,
-                            im->o->blocks_per_pull, pd_now_ns() + 30 * PD_NS_PER_S,
-                            i, on_pull, im, NULL);
-    } else {
-        fprintf(stderr, "kvxfer-bench: import rejected: %s\n", kvx_reject_name(reason));
+    pd_status_t st = PD_OK;
+    pick_blocks(o, im->local);
+    uint32_t k_n = im->pull_first[i + 1] - im->pull_first[i];
+    im->parts_left = k_n;
+    im->pull_t0 = pd_now_ns();
+    uint32_t off = 0;
+    for (uint32_t k = 0; k < k_n && (st == PD_OK || st == PD_INPROGRESS); k++) {
+        uint32_t h = im->pull_first[i] + k;
+        st = kvx_handle_import(im->ctx, im->handles[h], im->handle_len[h], 0,
+                               &im->imp[k], &reason);
+        if (st != PD_OK) {
+            fprintf(stderr, "kvxfer-bench: import rejected: %s\n", kvx_reject_name(reason));
+            break;
+        }
+        st = kvx_pull_start(im->ctx, &im->imp[k], im->region, im->local + off,
+                            im->imp[k].h.n_blocks, pd_now_ns() + 30 * PD_NS_PER_S,
+                            h, on_pull, im, NULL);
+        off += im->imp[k].h.n_blocks;
     }
-    if (st != PD_INPROGRESS && st != PD_OK) {
+    if (st != PD_INPROGRESS) {
         im->failed = st;
         event_base_loopbreak(im->base);
     }
@@ -335,18 +369,36 @@ static int run_importer(const bench_opts_t *o, int sock, pid_t child)
     if (recv_msg(sock, cost_line, sizeof(cost_line) - 1, &len))
         return 1;
     im.total = o->iters + o->warmup;
-    im.handles = malloc((size_t)im.total * KVX_HANDLE_MAX_BYTES);
-    im.handle_len = calloc(im.total, sizeof(uint32_t));
+    uint32_t cap_handles = im.total * 4 + 16;
+    im.handles = malloc((size_t)cap_handles * sizeof(im.handles[0]));
+    im.handle_len = calloc(cap_handles, sizeof(uint32_t));
+    im.pull_first = calloc(im.total + 1, sizeof(uint32_t));
+    im.imp = calloc(MAX_HANDLES_PER_PULL, sizeof(kvx_import_t));
     im.lat_ns = calloc(o->iters, sizeof(uint64_t));
     im.local = malloc(sizeof(uint32_t) * o->blocks_per_pull);
-    for (uint32_t i = 0; i < im.total; i++)
-        if (recv_msg(sock, im.handles[i], KVX_HANDLE_MAX_BYTES, &im.handle_len[i]))
-            return 1;
+    for (uint32_t i = 0; i < im.total; i++) {
+        im.pull_first[i] = im.n_handles;
+        for (;;) {
+            if (im.n_handles == cap_handles) {
+                cap_handles *= 2;
+                im.handles = realloc(im.handles, (size_t)cap_handles * sizeof(im.handles[0]));
+                im.handle_len = realloc(im.handle_len, cap_handles * sizeof(uint32_t));
+            }
+            uint32_t h = im.n_handles++;
+            if (recv_msg(sock, im.handles[h], KVX_HANDLE_MAX_BYTES + 1, &im.handle_len[h]) ||
+                im.handle_len[h] < 2 || h - im.pull_first[i] >= MAX_HANDLES_PER_PULL)
+                return 1;
+            im.handle_len[h]--;
+            if (im.handles[h][im.handle_len[h]])
+                break;
+        }
+    }
+    im.pull_first[im.total] = im.n_handles;
     /* pure import cost of a cached peer's handle (decode + MAC + checks) */
     const uint32_t n_cost = 20000;
     uint64_t t0 = pd_now_ns();
     for (uint32_t i = 0; i < n_cost; i++) {
-        if (kvx_handle_import(im.ctx, im.handles[0], im.handle_len[0], 0, &im.imp, NULL) != PD_OK)
+        if (kvx_handle_import(im.ctx, im.handles[0], im.handle_len[0], 0, &im.imp[0], NULL) != PD_OK)
             return 1;
     }
     double import_us = (double)(pd_now_ns() - t0) / n_cost / 1000.0;
@@ -376,9 +428,10 @@ static int run_importer(const bench_opts_t *o, int sock, pid_t child)
     const char *sp = strchr(cost_line, ' ');
     unsigned handle_bytes = sp ? (unsigned)atoi(sp + 1) : 0;
     const char *tls = getenv("UCX_TLS");
-    printf("kvxfer-bench: preset=%s block=%llu blocks/pull=%u pull=%.2f MiB arena=%u "
+    printf("kvxfer-bench: preset=%s block=%llu blocks/pull=%u (%.1f handles) pull=%.2f MiB arena=%u "
            "alloc=%s layout=%s UCX_TLS=%s\n",
            o->preset, (unsigned long long)o->block_bytes, o->blocks_per_pull,
+           (double)im.n_handles / im.total,
            (double)o->block_bytes * o->blocks_per_pull / 1048576.0, o->arena_blocks,
            o->alloc == KVX_ALLOC_UCX ? "ucx" : "own",
            o->contiguous ? "contiguous" : "scattered", tls ? tls : "(default)");
@@ -399,6 +452,8 @@ static int run_importer(const bench_opts_t *o, int sock, pid_t child)
     free(im.handle_len);
     free(im.lat_ns);
     free(im.local);
+    free(im.imp);
+    free(im.pull_first);
     return WIFEXITED(wst) && WEXITSTATUS(wst) == 0 ? 0 : 1;
 }
 
@@ -473,6 +528,10 @@ int main(int argc, char **argv)
         o.iters == 0 || o.iters + o.warmup > 60000 || o.block_bytes < 64) {
         fprintf(stderr, "kvxfer-bench: need 0 < blocks-per-pull <= arena-blocks, "
                 "0 < iters + warmup <= 60000\n");
+        return 2;
+    }
+    if ((uint64_t)(o.iters + o.warmup) * ((o.blocks_per_pull + 31) / 32) > 60000) {
+        fprintf(stderr, "kvxfer-bench: too many handles (iters * blocks-per-pull / 32 > 60000)\n");
         return 2;
     }
     if (sodium_init() < 0)
