@@ -317,6 +317,11 @@ ll_mkf512(const uint8_t *w, size_t rb, const float *x, size_t xs, size_t K,
         const size_t bb = type == ENG_LL_T_Q8_0 ? 34 : 18;
         for (size_t k = 0; k < K; k += QK) {
             __m512 w0[8], w1[8];
+            if (eng_ll_pf_g && (k & 63) == 0)
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++)
+                    _mm_prefetch((const char *)(w + r * rb + (k / QK) * bb) + eng_ll_pf_g,
+                                 _MM_HINT_T0);
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 const uint8_t *blk = w + r * rb + (k / QK) * bb;
@@ -350,6 +355,11 @@ ll_mkf512(const uint8_t *w, size_t rb, const float *x, size_t xs, size_t K,
     } else {
         for (size_t k = 0; k < K; k += 16) {
             __m512 wv[8];
+            if (eng_ll_pf_g && (k & 31) == 0)
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++)
+                    _mm_prefetch((const char *)(w + r * rb + (type == ENG_LL_T_F32 ? 4 : 2) * k) +
+                                 eng_ll_pf_g, _MM_HINT_T0);
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++)
                 wv[r] = ll_wload512(w + r * rb, k, type);
@@ -691,6 +701,7 @@ void eng_ll_axpy_rows(float *y, const float *a, const float *v, size_t stride,
 /* matmul                                                              */
 
 int eng_ll_nofuse_g; /* experiments only: force the scratch path */
+int eng_ll_pf_g = 512;   /* software prefetch distance (bytes) on the fused path */
 int eng_ll_r8_g = 1;     /* experiments only: 0 = no 8-row tiles */
 uint32_t eng_ll_fuse_max_g = 8; /* largest batch on the fused path */
 
