@@ -118,8 +118,25 @@ static char *ids_json(const int32_t *ids, int n)
 }
 
 /* Run pd-run; returns generated ids count, ids in out. */
+/* Sampling options for pd-run and the request body (NULL = greedy). */
+typedef struct {
+    double temperature, top_p;
+    int top_k;
+    unsigned long long seed;
+    const char *stop;       /* one stop string or NULL */
+} samp_t;
+
+static int pdrun_s(const char *engine, const char *model, const int32_t *ids, int n,
+                   const char *text, int max_tokens, const samp_t *sp, int32_t *out, int cap);
+
 static int pdrun(const char *engine, const char *model, const int32_t *ids, int n,
                  const char *text, int max_tokens, int32_t *out, int cap)
+{
+    return pdrun_s(engine, model, ids, n, text, max_tokens, NULL, out, cap);
+}
+
+static int pdrun_s(const char *engine, const char *model, const int32_t *ids, int n,
+                   const char *text, int max_tokens, const samp_t *sp, int32_t *out, int cap)
 {
     char *list = NULL;
     if (ids) {
@@ -140,9 +157,30 @@ static int pdrun(const char *engine, const char *model, const int32_t *ids, int 
         int nul = open("/dev/null", 1);
         if (nul >= 0)
             dup2(nul, 2);
-        execl(g_pdrun, g_pdrun, "--engine", engine, "--model", model,
-              ids ? "--tokens" : "--prompt", ids ? list : text, "--max-tokens", mt,
-              "--temperature", "0", "--threads", "1", "--tokens-out", (char *)NULL);
+        char t[32] = "0", tp[32] = "1", tk[32] = "0", sd[32] = "0";
+        if (sp) {
+            snprintf(t, sizeof(t), "%g", sp->temperature);
+            snprintf(tp, sizeof(tp), "%g", sp->top_p);
+            snprintf(tk, sizeof(tk), "%d", sp->top_k);
+            snprintf(sd, sizeof(sd), "%llu", sp->seed);
+        }
+        const char *av[40];
+        int k = 0;
+        av[k++] = g_pdrun;
+        av[k++] = "--engine"; av[k++] = engine;
+        av[k++] = "--model"; av[k++] = model;
+        av[k++] = ids ? "--tokens" : "--prompt"; av[k++] = ids ? list : text;
+        av[k++] = "--max-tokens"; av[k++] = mt;
+        av[k++] = "--temperature"; av[k++] = t;
+        if (sp) {
+            av[k++] = "--top-p"; av[k++] = tp;
+            av[k++] = "--top-k"; av[k++] = tk;
+            av[k++] = "--seed"; av[k++] = sd;
+        }
+        av[k++] = "--threads"; av[k++] = "1";
+        av[k++] = "--tokens-out";
+        av[k] = NULL;
+        execv(g_pdrun, (char *const *)av);
         _exit(127);
     }
     close(pfd[1]);
@@ -429,6 +467,77 @@ static void test_equiv_concurrent(void **st)
         build_references();
     run_concurrent(&g_a, "disaggregated x16", 16);
     run_concurrent(&g_b, "decode-local x16", 16);
+    quiet_ok(&g_a);
+    quiet_ok(&g_b);
+}
+
+/* Seeded sampling (temperature > 0, top-p, top-k): the decode daemon rebuilds
+ * the sampler and replays the RNG for token 0 sampled on the prefill daemon,
+ * so disaggregated, decode-local and pd-run must still agree token for token. */
+static void test_equiv_sampled(void **st)
+{
+    (void)st;
+    static const int lens[] = { 3, 16, 33, 64, 129, 300 };
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        int32_t ids[400], out[MAXTOK + 4];
+        make_prompt(ids, lens[i], 500 + (unsigned)i, 4, 259);
+        samp_t sp = { .temperature = 0.9, .top_p = 0.95, .top_k = 40, .seed = 1000 + i };
+        int nref = pdrun_s("llama", g_model, ids, lens[i], NULL, MAXTOK, &sp, out, MAXTOK + 4);
+        assert_true(nref > 0);
+        char *ref = detok("llama", g_model, out, nref);
+        char *list = ids_json(ids, lens[i]);
+        char *body = malloc(strlen(list) + 256);
+        sprintf(body, "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0.9,\"top_p\":0.95,"
+                "\"top_k\":40,\"seed\":%llu%s}", list, MAXTOK, sp.seed,
+                i % 2 ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+        e2e_deploy_t *ds[2] = { &g_a, &g_b };
+        for (int k = 0; k < 2; k++) {
+            compl_t c;
+            complete(ds[k]->http_port, "/v1/completions", body, i % 2, &c);
+            if (c.status != 200 || strcmp(c.text, ref) != 0 || c.n_completion != nref)
+                fail_msg("%s sampled prompt %zu (%d tokens, seed %llu): status %d, %d tokens "
+                         "'%s'; pd-run %d tokens '%s'", k ? "decode-local" : "disaggregated", i,
+                         lens[i], sp.seed, c.status, c.n_completion, c.text, nref, ref);
+            compl_free(&c);
+        }
+        free(body);
+        free(list);
+        free(ref);
+    }
+    quiet_ok(&g_a);
+    quiet_ok(&g_b);
+}
+
+/* Chat completions (template applied by the router): disaggregated and
+ * decode-local give the same greedy text and usage, streamed or not. */
+static void test_equiv_chat(void **st)
+{
+    (void)st;
+    static const char *msgs[] = {
+        "[{\"role\":\"user\",\"content\":\"Hi\"}]",
+        "[{\"role\":\"system\",\"content\":\"You are terse.\"},"
+        "{\"role\":\"user\",\"content\":\"Tell me about the sea, the stars and the wind.\"}]",
+        "[{\"role\":\"user\",\"content\":\"one\"},{\"role\":\"assistant\",\"content\":\"two\"},"
+        "{\"role\":\"user\",\"content\":\"three, four, five, six, seven, eight, nine, ten\"}]",
+    };
+    for (size_t i = 0; i < sizeof(msgs) / sizeof(msgs[0]); i++)
+        for (int stream = 0; stream < 2; stream++) {
+            char body[1024];
+            snprintf(body, sizeof(body), "{\"messages\":%s,\"max_completion_tokens\":%d,"
+                     "\"temperature\":0%s}", msgs[i], MAXTOK,
+                     stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+            compl_t a, b;
+            complete(g_a.http_port, "/v1/chat/completions", body, stream, &a);
+            complete(g_b.http_port, "/v1/chat/completions", body, stream, &b);
+            if (a.status != 200 || b.status != 200 || !a.done || !b.done ||
+                strcmp(a.text, b.text) != 0 || a.n_completion != b.n_completion ||
+                a.n_completion <= 0 || strcmp(a.finish, b.finish) != 0)
+                fail_msg("chat %zu stream %d: disaggregated %d '%s' (%d, %s) vs local %d '%s' "
+                         "(%d, %s)", i, stream, a.status, a.text, a.n_completion, a.finish,
+                         b.status, b.text, b.n_completion, b.finish);
+            compl_free(&a);
+            compl_free(&b);
+        }
     quiet_ok(&g_a);
     quiet_ok(&g_b);
 }
@@ -815,6 +924,55 @@ static void test_kill_decode_midstream(void **st)
     assert_true(router_stat(&g_a, "requests_failed") >= 1);
 }
 
+/* SIGKILL a decode that holds a KV handle it never pulled (frozen first):
+ * the client reads an error (frame or HTTP), the prefill's lease ends
+ * (expiry with the 1 s TTL, or revocation) and its blocks come back. */
+static void test_kill_decode_holding_lease(void **st)
+{
+    (void)st;
+    e2e_proc_t *pf = &g_a.prefill[0], *dec = &g_a.decode[g_a.n_decode - 1];
+    assert_true(e2e_proc_alive(dec));
+    double ended0 = admin_num(pf, "xfer", "xfer.total.leases_expired") +
+                    admin_num(pf, "xfer", "xfer.total.leases_revoked");
+    assert_int_equal(e2e_proc_signal(dec, SIGSTOP), 0);
+    bg_req_t b = { .port = g_a.http_port,
+                   .body = "{\"prompt\":\"This handle will be orphaned by a dead decode daemon\","
+                           "\"max_tokens\":8,\"temperature\":0,\"stream\":true}" };
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, bg_req, &b), 0);
+    double end = e2e_now() + 10;
+    bool leased = false;
+    while (e2e_now() < end && !(leased = admin_num(pf, "kv", "leased") > 0))
+        e2e_nap_ms(5);
+    e2e_proc_signal(dec, SIGKILL);
+    e2e_proc_wait(dec, 5.0);
+    pthread_join(th, NULL);
+    assert_true(leased);
+    if (b.secs > 15)
+        fail_msg("client waited %.1f s after the decode's death", b.secs);
+    if (b.r.status == 200) {
+        e2e_sse_t s;
+        e2e_sse_parse(b.r.body, &s);
+        if (!s.error_frame || s.done || s.bad)
+            fail_msg("decode died holding the lease: want an error frame, got: %s", b.r.body);
+        e2e_sse_free(&s);
+    } else {
+        cJSON *j = cJSON_Parse(b.r.body);
+        if (b.r.status < 500 || !cJSON_IsObject(cJSON_GetObjectItem(j, "error")))
+            fail_msg("decode died holding the lease: %d %s", b.r.status, b.r.body);
+        cJSON_Delete(j);
+    }
+    e2e_resp_free(&b.r);
+    assert_true(e2e_wait_kv_free(pf, 5.0));
+    double ended = admin_num(pf, "xfer", "xfer.total.leases_expired") +
+                   admin_num(pf, "xfer", "xfer.total.leases_revoked") - ended0;
+    assert_true(ended >= 1);
+    static const char *da[] = { "--kv-blocks=512", NULL };
+    assert_non_null(e2e_add_daemon(&g_a, E2E_DECODE, "decode-new2", da));
+    normal_request_ok(&g_a, NULL);
+    quiet_ok(&g_a);
+}
+
 /* SIGKILL the prefill while the decode pulls (large sim KV over TCP to widen
  * the window): the request completes through a decode-local retry with the
  * right tokens, or ends with an error the client can read; never hangs. */
@@ -993,6 +1151,8 @@ int main(int argc, char **argv)
         const struct CMUnitTest t[] = {
             cmocka_unit_test(test_equiv_sequential),
             cmocka_unit_test(test_equiv_concurrent),
+            cmocka_unit_test(test_equiv_sampled),
+            cmocka_unit_test(test_equiv_chat),
         };
         return cmocka_run_group_tests_name("e2e-equiv", t, equiv_setup, equiv_teardown);
     }
@@ -1009,6 +1169,7 @@ int main(int argc, char **argv)
             cmocka_unit_test(test_cancel_disconnect),
             cmocka_unit_test(test_lease_expiry),
             cmocka_unit_test(test_kill_decode_midstream),
+            cmocka_unit_test(test_kill_decode_holding_lease),
         };
         int rc = cmocka_run_group_tests_name("e2e-fault", t, fault_setup, a_teardown);
         const struct CMUnitTest t2[] = { cmocka_unit_test(test_kill_prefill_midpull) };
