@@ -6,6 +6,7 @@
 
 #include "pd_build_config.h"
 #include "pd_log.h"
+#include "pd_stats.h"
 #include "pd_time.h"
 
 #include <cjson/cJSON.h>
@@ -63,6 +64,73 @@ static const char *const kvx_cs_names[] = {
     KVX_CTX_STATS(KVX_CS_NAME)
 #undef KVX_CS_NAME
 };
+
+/* The same lists, published as one pd_stats set (Prometheus pd_kvx_*):
+ * counters of both lists, one counter per rejection reason
+ * (rejected_<reason>), the gauges of kvx_gauges_t, the latency histogram. */
+#define KVX_GAUGE_LIST(X)                                                     \
+    X(leases_active,   "leases held by importers")                            \
+    X(blocks_pinned,   "exporter blocks pinned by leases")                    \
+    X(pulls_in_flight, "pulls started and not completed")                     \
+    X(ops_in_flight,   "gets posted and not completed")                       \
+    X(peers_live,      "importer peers with state")                           \
+    X(rkeys_live,      "unpacked rkeys")                                      \
+    X(eps_live,        "endpoints not yet closed")
+
+enum {
+    KVX_PROM_PS0 = 0,
+    KVX_PROM_CS0 = KVX_PROM_PS0 + KVX_PS__COUNT,
+    KVX_PROM_REJ0 = KVX_PROM_CS0 + KVX_CS__COUNT,
+    KVX_PROM_G0 = KVX_PROM_REJ0 + (KVX_REJECT__COUNT - 1),
+#define KVX_G_ENUM(name, help) KVX_PROM_G_##name,
+    KVX_PROM_G__BASE = KVX_PROM_G0 - 1,
+    KVX_GAUGE_LIST(KVX_G_ENUM)
+#undef KVX_G_ENUM
+    KVX_PROM_LATENCY,
+    KVX_PROM__COUNT
+};
+
+static pd_stat_desc_t kvx_prom_descs[KVX_PROM__COUNT];
+static char kvx_prom_names[KVX_REJECT__COUNT][48];
+static pd_stats_table_t kvx_prom_table = { "kvx", kvx_prom_descs, KVX_PROM__COUNT };
+
+static void kvx_prom_table_init(void)
+{
+    static const char *const ps_help[] = {
+#define KVX_HELP(name, help) help,
+        KVX_PULL_STATS(KVX_HELP)
+    };
+    static const char *const cs_help[] = { KVX_CTX_STATS(KVX_HELP) };
+    static const char *const g_names[] = {
+#define KVX_GN(name, help) #name,
+        KVX_GAUGE_LIST(KVX_GN)
+#undef KVX_GN
+    };
+    static const char *const g_help[] = { KVX_GAUGE_LIST(KVX_HELP) };
+#undef KVX_HELP
+    if (kvx_prom_descs[0].name)
+        return;
+    for (unsigned i = 0; i < KVX_PS__COUNT; i++)
+        kvx_prom_descs[KVX_PROM_PS0 + i] =
+            (pd_stat_desc_t){ kvx_ps_names[i], PD_STAT_COUNTER, ps_help[i] };
+    for (unsigned i = 0; i < KVX_CS__COUNT; i++)
+        kvx_prom_descs[KVX_PROM_CS0 + i] =
+            (pd_stat_desc_t){ kvx_cs_names[i], PD_STAT_COUNTER, cs_help[i] };
+    for (unsigned r = 1; r < KVX_REJECT__COUNT; r++) {
+        char *n = kvx_prom_names[r];
+        snprintf(n, sizeof(kvx_prom_names[r]), "rejected_%s", kvx_reject_name(r));
+        for (char *c = n; *c; c++)
+            if (*c >= 'A' && *c <= 'Z')
+                *c = (char)(*c - 'A' + 'a');
+        kvx_prom_descs[KVX_PROM_REJ0 + r - 1] =
+            (pd_stat_desc_t){ n, PD_STAT_COUNTER, "handles rejected for this reason" };
+    }
+    for (unsigned i = 0; i < sizeof(g_names) / sizeof(g_names[0]); i++)
+        kvx_prom_descs[KVX_PROM_G0 + i] =
+            (pd_stat_desc_t){ g_names[i], PD_STAT_GAUGE, g_help[i] };
+    kvx_prom_descs[KVX_PROM_LATENCY] = (pd_stat_desc_t){
+        "pull_latency", PD_STAT_HISTOGRAM, "pull latency, start to completion callback" };
+}
 
 typedef struct {
     uint64_t c[KVX_PS__COUNT];
@@ -286,7 +354,39 @@ struct kvx_ctx {
     kvx_pstats_t total;
     uint64_t cs[KVX_CS__COUNT];
     uint64_t rejects[KVX_REJECT__COUNT];
+    pd_stats_t *prom;            /* the same, as a pd_stats set */
+    uint64_t prom_sent[KVX_PROM__COUNT]; /* counter values already added */
 };
+
+/* Bring the pd_stats set up to date: counter deltas and gauge levels.
+ * Called at the end of every kick and public entry point that counts. */
+static void kvx_prom_publish(kvx_ctx_h *ctx)
+{
+    if (ctx->prom == NULL)
+        return;
+    uint64_t v[KVX_PROM__COUNT];
+    for (unsigned i = 0; i < KVX_PS__COUNT; i++)
+        v[KVX_PROM_PS0 + i] = ctx->total.c[i];
+    for (unsigned i = 0; i < KVX_CS__COUNT; i++)
+        v[KVX_PROM_CS0 + i] = ctx->cs[i];
+    for (unsigned r = 1; r < KVX_REJECT__COUNT; r++)
+        v[KVX_PROM_REJ0 + r - 1] = ctx->rejects[r];
+    for (unsigned i = 0; i < KVX_PROM_G0; i++) {
+        if (v[i] != ctx->prom_sent[i]) {
+            pd_stats_add(ctx->prom, i, v[i] - ctx->prom_sent[i]);
+            ctx->prom_sent[i] = v[i];
+        }
+    }
+    kvx_gauges_t g;
+    kvx_gauges(ctx, &g);
+    pd_stats_gauge_set(ctx->prom, KVX_PROM_G_leases_active, g.leases_active);
+    pd_stats_gauge_set(ctx->prom, KVX_PROM_G_blocks_pinned, (int64_t)g.blocks_pinned);
+    pd_stats_gauge_set(ctx->prom, KVX_PROM_G_pulls_in_flight, g.pulls_in_flight);
+    pd_stats_gauge_set(ctx->prom, KVX_PROM_G_ops_in_flight, g.ops_in_flight);
+    pd_stats_gauge_set(ctx->prom, KVX_PROM_G_peers_live, g.peers_live);
+    pd_stats_gauge_set(ctx->prom, KVX_PROM_G_rkeys_live, g.rkeys_live);
+    pd_stats_gauge_set(ctx->prom, KVX_PROM_G_eps_live, g.eps_live);
+}
 
 static void kvx_kick(kvx_ctx_h *ctx)
 {
@@ -859,6 +959,12 @@ pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
     ctx->ev_kick = event_new(base, -1, 0, kvx_kick_cb, ctx);
     if (!ctx->ev_efd || !ctx->ev_kick || event_add(ctx->ev_efd, NULL) != 0)
         goto err_events;
+    kvx_prom_table_init();
+    char node[24];
+    snprintf(node, sizeof(node), "%016llx", (unsigned long long)cfg->node_id);
+    if (pd_stats_create(&kvx_prom_table, (const char *[]){ "node", node, NULL },
+                        &ctx->prom) != PD_OK)
+        ctx->prom = NULL; /* JSON stats still work */
     kvx_progress(ctx);
     *ctx_p = ctx;
     return PD_OK;
@@ -1455,6 +1561,8 @@ static void kvx_pull_deliver(kvx_pull_t *pl, pd_status_t status)
     }
     if (status == PD_ERR_STALE)
         ctx->rejects[KVX_REJECT_STALE]++;
+    if (status == PD_OK)
+        pd_stats_observe_ns(ctx->prom, KVX_PROM_LATENCY, res.latency_ns);
     evtimer_del(pl->timer);
     ctx->pulls_in_flight--;
     kvx_pull_cb_t cb = pl->cb;
@@ -1761,6 +1869,7 @@ static void kvx_kick_run(kvx_ctx_h *ctx)
             kvx_peer_reap(&ctx->peers[i]);
     kvx_lease_deliver(ctx);
     kvx_progress(ctx);
+    kvx_prom_publish(ctx);
 }
 
 static void kvx_kick_cb(evutil_socket_t fd, short what, void *arg)
@@ -1828,10 +1937,17 @@ void kvx_ctx_destroy(kvx_ctx_h *ctx)
     ucp_worker_release_address(ctx->worker, ctx->addr);
     ucp_worker_destroy(ctx->worker);
     ucp_cleanup(ctx->ucp);
+    pd_stats_destroy(ctx->prom);
     free(ctx->leases);
     free(ctx->peers);
     free(ctx->pulls);
     free(ctx);
+}
+
+pd_stats_t *kvx_stats_set(kvx_ctx_h *ctx)
+{
+    kvx_prom_publish(ctx);
+    return ctx->prom;
 }
 
 /* ---- statistics ------------------------------------------------------------------ */

@@ -24,6 +24,7 @@
 
 struct event_base;
 struct cJSON;
+struct pd_stats;
 
 typedef struct kvx_ctx kvx_ctx_h;
 typedef struct kvx_region kvx_region_h;
@@ -316,5 +317,13 @@ uint64_t kvx_counter(const kvx_ctx_h *ctx, const char *name);
  * "recent_bw_bytes_per_s"}, "rejected":{reason:n}, "peers":[{..}]}.
  * Caller frees with cJSON_Delete. NULL on ENOMEM. */
 struct cJSON *kvx_stats_json(const kvx_ctx_h *ctx);
+
+/* The same totals as a pd_stats set (table "kvx", label node=<id>):
+ * every counter above, rejected_<reason> counters, the gauges and a
+ * pull_latency histogram; kept up to date by the loop. Register it with
+ * pd_admin_add_stats for `stats` and /metrics (pd_kvx_*); it lives until
+ * kvx_ctx_destroy (remove it from the admin server first). NULL if it could
+ * not be allocated. */
+struct pd_stats *kvx_stats_set(kvx_ctx_h *ctx);
 
 #endif

@@ -23,9 +23,11 @@
  *   gauges -> gauges leases=.. pinned=.. pulls=.. ops=.. peers=.. rkeys=.. eps=..
  *   counter <name> | rejects <REASON> -> value <n>
  *   stats                        -> stats <json>
+ *   prom                         -> prom <Prometheus text, '|' for newlines>
  *   quit                         -> bye (after kvx_ctx_destroy)
  */
 #include "kvx.h"
+#include "pd_stats.h"
 #include "pd_time.h"
 
 #include <cjson/cJSON.h>
@@ -322,6 +324,19 @@ static void command(char *line)
         reply("stats %s", s);
         free(s);
         cJSON_Delete(j);
+    } else if (!strcmp(c, "prom")) {
+        /* Prometheus text of the kvx pd_stats set, newlines as '|' */
+        pd_stats_t *set = kvx_stats_set(g.ctx);
+        char *text = NULL;
+        if (set == NULL || pd_stats_render_prometheus(&set, 1, &text, NULL) != PD_OK) {
+            reply("err ERR_NO_MEMORY");
+            return;
+        }
+        for (char *t = text; *t; t++)
+            if (*t == '\n')
+                *t = '|';
+        reply("prom %s", text);
+        free(text);
     } else if (!strcmp(c, "quit")) {
         g.quit = true;
         event_base_loopbreak(g.base);

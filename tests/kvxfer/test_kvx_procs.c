@@ -211,6 +211,12 @@ static void test_pull_patterns(void **state)
     free(odd65);
     assert_int_equal(value(&pp->i, "counter", "pulls_ok"), 5);
     assert_int_equal(value(&pp->e, "counter", "leases_exported"), 5);
+    /* the pd_stats set agrees with the counters (Prometheus for /metrics) */
+    const char *pm = kp_cmd(&pp->i, "prom");
+    if (!strstr(pm, "pd_kvx_pulls_ok_total{node=\"0000000000000002\"} 5|") ||
+        !strstr(pm, "pd_kvx_pull_latency_seconds_count{node=\"0000000000000002\"} 5|") ||
+        !strstr(pm, "pd_kvx_rejected_bad_mac_total"))
+        fail_msg("prometheus text: %.400s", pm);
     pair_finish(pp, true);
 }
 
