@@ -181,6 +181,7 @@ static int spawn(e2e_deploy_t *d, e2e_proc_t *p)
     argv_free(&a);
     p->pid = pid;
     p->status = -1;
+    p->stopped = false;
     reg_add(pid);
     return 0;
 }
@@ -215,6 +216,8 @@ int e2e_proc_signal(e2e_proc_t *p, int sig)
 {
     if (p->pid <= 0)
         return -1;
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGKILL)
+        p->stopped = true;
     return kill(p->pid, sig);
 }
 
@@ -391,6 +394,25 @@ int e2e_deploy_start(e2e_deploy_t *d, const e2e_opts_t *o)
         return -1;
     }
     return 0;
+}
+
+int e2e_restart_router(e2e_deploy_t *d)
+{
+    if (e2e_proc_alive(&d->router))
+        return -1;
+    char ctl[64];
+    snprintf(ctl, sizeof(ctl), "--control=127.0.0.1:%u", d->control_port);
+    d->router.extra[0] = strdup(ctl);   /* same control port: daemons reconnect */
+    d->router.extra[1] = NULL;
+    unlink(d->router.sock);
+    if (spawn(d, &d->router) != 0 || wait_ready_file(&d->router, d->o.ready_timeout_s) != 0)
+        return -1;
+    cJSON *j = read_json_file(d->router.ready);
+    d->http_port = (uint16_t)e2e_jnum(j, "http");
+    cJSON_Delete(j);
+    if (d->http_port == 0)
+        return -1;
+    return wait_http_ready(d, d->o.ready_timeout_s);
 }
 
 static int stop_one(e2e_proc_t *p, bool verbose)
@@ -609,8 +631,8 @@ bool e2e_quiescent(e2e_deploy_t *d, double timeout_s, char *why, size_t why_len)
     all[n++] = &d->router;
     for (int i = 0; i < n; i++) {
         e2e_proc_t *p = all[i];
-        if (p->pid == 0 && p->status == 128 + SIGKILL)
-            continue;   /* killed on purpose by the test */
+        if (p->pid == 0 && p->stopped && (p->status == 0 || p->status == 128 + SIGKILL))
+            continue;   /* stopped or killed on purpose by the test */
         if (!e2e_proc_alive(p)) {
             snprintf(why, why_len, "%s died (status %d)", p->id, p->status);
             e2e_proc_dump_log(p, 40);

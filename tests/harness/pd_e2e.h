@@ -25,6 +25,7 @@ typedef struct {
     e2e_role_t role;
     pid_t pid;                 /* 0 once reaped */
     int status;                /* exit code, or 128 + signal, once reaped; -1 before */
+    bool stopped;              /* the test sent SIGTERM/SIGINT/SIGKILL: exit expected */
     char id[48];
     char sock[108];            /* admin socket path */
     char log[200];
@@ -72,6 +73,10 @@ int e2e_deploy_stop(e2e_deploy_t *d, bool verbose);
  * (or NULL = role-N); waits for its ready file. Returns the proc or NULL. */
 e2e_proc_t *e2e_add_daemon(e2e_deploy_t *d, e2e_role_t role, const char *id,
                            const char *const *extra);
+
+/* Start the router again (after it died) on the same control port, so the
+ * daemons' reconnect loops find it; waits for /ready 200. 0 or -1. */
+int e2e_restart_router(e2e_deploy_t *d);
 
 int e2e_proc_signal(e2e_proc_t *p, int sig);
 /* Reap if exited (non-blocking); true while running. */

@@ -973,6 +973,121 @@ static void test_kill_decode_holding_lease(void **st)
     quiet_ok(&g_a);
 }
 
+/* SIGTERM a decode while it streams: it stops admitting, finishes the
+ * stream (finish_reason + [DONE], all tokens), exits 0. With no decode left
+ * the router answers 503 + Retry-After; a new decode makes it serve again. */
+static void test_drain_decode_midstream(void **st)
+{
+    (void)st;
+    e2e_proc_t *dec = &g_a.decode[g_a.n_decode - 1];
+    assert_true(e2e_proc_alive(dec));
+    const char *req = "{\"prompt\":\"Drain me gently\",\"max_tokens\":300,\"ignore_eos\":true,"
+                      "\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}";
+    int fd = e2e_http_connect(g_a.http_port);
+    assert_true(fd >= 0);
+    assert_int_equal(e2e_http_send(fd, "POST", "/v1/completions", NULL, req, strlen(req)), 0);
+    char *buf = NULL;
+    size_t len = 0;
+    double end = e2e_now() + 20;
+    while (count_data(buf) < 4 && e2e_now() < end)
+        if (e2e_http_read(fd, &buf, &len, NULL, 0.05) != 0)
+            break;
+    assert_true(count_data(buf) >= 4);
+    assert_int_equal(e2e_proc_signal(dec, SIGTERM), 0);
+    assert_int_equal(e2e_http_read(fd, &buf, &len, NULL, 30.0), 1);
+    close(fd);
+    e2e_resp_t r;
+    memset(&r, 0, sizeof(r));
+    e2e_http_parse(buf, len, &r);
+    free(buf);
+    e2e_sse_t s;
+    e2e_sse_parse(r.body, &s);
+    if (!s.done || s.error_frame || s.finish == NULL || strcmp(s.finish, "length") != 0 ||
+        s.usage_completion != 300)
+        fail_msg("drained stream: done %d error %d finish %s usage %d", s.done, s.error_frame,
+                 s.finish ? s.finish : "-", s.usage_completion);
+    e2e_sse_free(&s);
+    e2e_resp_free(&r);
+    int rc = e2e_proc_wait(dec, 15.0);
+    if (rc != 0)
+        fail_msg("drained decode exit status %d", rc);
+    /* no decode: 503 with Retry-After (poll: the router notices the close) */
+    end = e2e_now() + 10;
+    int status = 0;
+    char ra[32] = "";
+    while (e2e_now() < end && status != 503) {
+        e2e_http(g_a.http_port, "POST", "/v1/completions", NULL,
+                 "{\"prompt\":\"anyone?\",\"max_tokens\":2}", 10.0, &r);
+        status = r.status;
+        if (status == 503 && e2e_header(&r, "Retry-After", ra, sizeof(ra)) == NULL)
+            fail_msg("503 without Retry-After: %s", r.head);
+        e2e_resp_free(&r);
+        if (status != 503)
+            e2e_nap_ms(20);
+    }
+    assert_int_equal(status, 503);
+    static const char *da[] = { "--kv-blocks=512", NULL };
+    assert_non_null(e2e_add_daemon(&g_a, E2E_DECODE, "decode-new3", da));
+    e2e_proc_t *nd = &g_a.decode[g_a.n_decode - 1];
+    end = e2e_now() + 10;
+    status = 0;
+    while (e2e_now() < end && status != 200) {
+        e2e_http(g_a.http_port, "GET", "/ready", NULL, NULL, 5.0, &r);
+        status = r.status;
+        e2e_resp_free(&r);
+        if (status != 200)
+            e2e_nap_ms(20);
+    }
+    assert_int_equal(status, 200);
+    normal_request_ok(&g_a, NULL);
+    (void)nd;
+    quiet_ok(&g_a);
+}
+
+/* SIGKILL the router with a stream in flight: the daemons notice, cancel
+ * the router's requests and free every block; a router restarted on the same
+ * control port gets them back (re-registration) and serves. */
+static void test_kill_router(void **st)
+{
+    (void)st;
+    int fd = e2e_http_connect(g_a.http_port);
+    assert_true(fd >= 0);
+    assert_int_equal(e2e_http_send(fd, "POST", "/v1/completions", NULL, LONG_STREAM,
+                                   strlen(LONG_STREAM)), 0);
+    char *buf = NULL;
+    size_t len = 0;
+    double end = e2e_now() + 20;
+    while (count_data(buf) < 4 && e2e_now() < end)
+        if (e2e_http_read(fd, &buf, &len, NULL, 0.05) != 0)
+            break;
+    assert_true(count_data(buf) >= 4);
+    assert_int_equal(e2e_proc_signal(&g_a.router, SIGKILL), 0);
+    assert_true(e2e_proc_wait(&g_a.router, 5.0) == 128 + SIGKILL);
+    assert_int_equal(e2e_http_read(fd, &buf, &len, NULL, 5.0), 1);   /* EOF, no hang */
+    close(fd);
+    free(buf);
+    char why[512] = "";
+    for (int i = 0; i < g_a.n_prefill + g_a.n_decode; i++) {
+        e2e_proc_t *p = i < g_a.n_prefill ? &g_a.prefill[i] : &g_a.decode[i - g_a.n_prefill];
+        if (!e2e_proc_alive(p))
+            continue;
+        if (!e2e_wait_kv_free(p, 10.0))
+            fail_msg("%s kept KV blocks after the router died", p->id);
+        if (!e2e_ledger_ok(p, 10.0, why, sizeof(why)))
+            fail_msg("after router death: %s", why);
+    }
+    double c = 0;
+    for (int i = 0; i < g_a.n_decode; i++)
+        if (e2e_proc_alive(&g_a.decode[i]))
+            c += admin_num(&g_a.decode[i], "requests", "counters.canceled") +
+                 admin_num(&g_a.decode[i], "requests", "counters.failed");
+    assert_true(c >= 1);
+    if (e2e_restart_router(&g_a) != 0)
+        fail_msg("restarted router never became ready (daemons did not re-register)");
+    normal_request_ok(&g_a, NULL);
+    quiet_ok(&g_a);
+}
+
 /* SIGKILL the prefill while the decode pulls (large sim KV over TCP to widen
  * the window): the request completes through a decode-local retry with the
  * right tokens, or ends with an error the client can read; never hangs. */
@@ -1170,6 +1285,8 @@ int main(int argc, char **argv)
             cmocka_unit_test(test_lease_expiry),
             cmocka_unit_test(test_kill_decode_midstream),
             cmocka_unit_test(test_kill_decode_holding_lease),
+            cmocka_unit_test(test_drain_decode_midstream),
+            cmocka_unit_test(test_kill_router),
         };
         int rc = cmocka_run_group_tests_name("e2e-fault", t, fault_setup, a_teardown);
         const struct CMUnitTest t2[] = { cmocka_unit_test(test_kill_prefill_midpull) };
