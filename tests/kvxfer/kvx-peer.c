@@ -10,6 +10,7 @@
  *   meta                         -> meta <hex>
  *   fill <seed>                  -> ok
  *   export <importer> <ttl_ms> <blocks>  -> handle <hex> <slot> <gen> | err <S>
+ *   exportpart <importer> <ttl_ms> <blocks> -> handles <n> <hex>,<hex>...
  *   revoke <slot> <gen> | free <blocks>  -> ok | err <S>
  *   peer <hex>                   -> ok | err <S>
  *   watch <node> <pid>           -> ok   (pidfd: exit -> kvx_peer_fail)
@@ -231,6 +232,32 @@ static void command(char *line)
         char *h = hex_of(buf, len);
         reply("handle %s %u %llu", h, lid.slot, (unsigned long long)lid.gen);
         free(h);
+    } else if (!strcmp(c, "exportpart") && argc == 4) {
+        /* a set that may need several handles: "handles <n> <hex>,<hex>.." */
+        uint32_t *blocks;
+        uint32_t n = parse_list(argv[3], &blocks);
+        static char out[LINE_MAX_BYTES];
+        size_t o = 0;
+        unsigned k = 0;
+        for (uint32_t first = 0; first < n; k++) {
+            size_t len;
+            uint32_t taken;
+            kvx_lease_id_t lid;
+            st = kvx_export_part(g.region, strtoull(argv[1], NULL, 0), blocks + first,
+                                 n - first, strtoull(argv[2], NULL, 0) * PD_NS_PER_MS,
+                                 0, buf, KVX_HANDLE_MAX_BYTES, &len, &lid, &taken);
+            if (st != PD_OK) {
+                free(blocks);
+                reply("err %s", pd_status_name(st));
+                return;
+            }
+            char *h = hex_of(buf, len);
+            o += (size_t)snprintf(out + o, sizeof(out) - o, "%s%s", k ? "," : "", h);
+            free(h);
+            first += taken;
+        }
+        free(blocks);
+        reply("handles %u %s", k, out);
     } else if (!strcmp(c, "revoke") && argc == 3) {
         kvx_lease_id_t lid = { (uint32_t)strtoul(argv[1], NULL, 0),
                                strtoull(argv[2], NULL, 0) };

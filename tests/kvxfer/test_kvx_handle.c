@@ -84,6 +84,34 @@ static void test_size_bound(void **state)
     assert_int_equal(kvx_handle_encode(&h, key, buf, sizeof(buf), &len), PD_ERR_TOO_BIG);
 }
 
+/* kvx_handle_runs_fitting: the prefix it names encodes within 256 bytes and
+ * one more run would not (or the 64-run cap is reached). */
+static void test_runs_fitting(void **state)
+{
+    kvx_handle_t h = base_handle();
+    kvx_run_t runs[200];
+    uint8_t buf[KVX_HANDLE_MAX_BYTES];
+    size_t len;
+    for (int i = 0; i < 200; i++)
+        runs[i] = (kvx_run_t){ (uint32_t)((i * 7919) % 100000), 1 };
+    unsigned fit = kvx_handle_runs_fitting(runs, 200);
+    assert_true(fit >= 1 && fit <= KVX_HANDLE_MAX_RUNS);
+    h.n_runs = (uint16_t)fit;
+    memcpy(h.runs, runs, sizeof(runs[0]) * fit);
+    assert_int_equal(kvx_handle_encode(&h, key, buf, sizeof(buf), &len), PD_OK);
+    assert_true(len <= KVX_HANDLE_MAX_BYTES);
+    if (fit < KVX_HANDLE_MAX_RUNS) {
+        h.n_runs = (uint16_t)(fit + 1);
+        memcpy(h.runs, runs, sizeof(runs[0]) * (fit + 1));
+        assert_int_equal(kvx_handle_encode(&h, key, buf, sizeof(buf), &len), PD_ERR_TOO_BIG);
+    }
+    /* adjacent-ish runs: the 64-run cap binds first */
+    for (int i = 0; i < 200; i++)
+        runs[i] = (kvx_run_t){ (uint32_t)(i * 2), 1 };
+    assert_int_equal(kvx_handle_runs_fitting(runs, 200), KVX_HANDLE_MAX_RUNS);
+    assert_int_equal(kvx_handle_runs_fitting(runs, 3), 3);
+}
+
 static void test_decode_rejects(void **state)
 {
     kvx_handle_t h = base_handle(), d;
@@ -226,6 +254,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_size_bound),
+        cmocka_unit_test(test_runs_fitting),
         cmocka_unit_test(test_decode_rejects),
         cmocka_unit_test(test_signed_garbage),
         cmocka_unit_test(test_check_rejects),

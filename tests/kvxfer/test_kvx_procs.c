@@ -183,6 +183,28 @@ static char *range(unsigned from, unsigned to, int step)
 
 #define BB (64u << 10)
 
+/* 0,2,4,..,126: 64 one-block runs */
+static const char *even_blocks_for_split(void)
+{
+    static char buf[1024];
+    size_t n = 0;
+    for (unsigned b = 0; b < 128; b += 2)
+        n += (size_t)snprintf(buf + n, sizeof(buf) - n, "%s%u", n ? "," : "", b);
+    return buf;
+}
+
+static size_t unhex_n(const char *s, uint8_t *out)
+{
+    size_t n = strlen(s) / 2;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        if (sscanf(s + 2 * i, "%2x", &v) != 1)
+            return i;
+        out[i] = (uint8_t)v;
+    }
+    return n;
+}
+
 /* ---- correctness ------------------------------------------------------- */
 
 static void test_pull_patterns(void **state)
@@ -204,17 +226,47 @@ static void test_pull_patterns(void **state)
     pull_ok(pp, even, desc, 64ull * BB);
     free(even);
     free(desc);
-    /* 65 runs do not fit one handle */
-    char *odd65 = range(0, 128, 2);
-    const char *l = kp_cmd(&pp->e, "export 2 1000 %s", odd65);
-    assert_true(strncmp(l, "err ERR_TOO_BIG", 15) == 0 || strncmp(l, "err ERR_BAD_INPUT", 17) == 0);
-    free(odd65);
-    assert_int_equal(value(&pp->i, "counter", "pulls_ok"), 5);
-    assert_int_equal(value(&pp->e, "counter", "leases_exported"), 5);
+    /* 128 runs do not fit one handle; kvx_export_part splits them and the
+     * importer pulls each part into its slice of the local blocks */
+    char *spread = range(1, 127, 2);          /* 64 odd blocks: 64 more runs */
+    char both[8192];
+    snprintf(both, sizeof(both), "%s,%s", even_blocks_for_split(), spread);
+    const char *l = kp_cmd(&pp->e, "export 2 1000 %s", both);
+    assert_true(strncmp(l, "err ERR_TOO_BIG", 15) == 0);
+    l = kp_cmd(&pp->e, "exportpart 2 10000 %s", both);
+    unsigned parts = 0;
+    assert_int_equal(sscanf(l, "handles %u", &parts), 1);
+    assert_true(parts >= 2);
+    char *list = strdup(strchr(l + 8, ' ') + 1);
+    unsigned local_next = 0, pulled = 0;
+    for (char *save = NULL, *hx = strtok_r(list, ",", &save); hx;
+         hx = strtok_r(NULL, ",", &save)) {
+        uint8_t raw[512];
+        kvx_handle_t hd;
+        size_t rl = unhex_n(hx, raw);
+        assert_int_equal(kvx_handle_decode(raw, rl, test_secret, &hd, NULL), PD_OK);
+        assert_true(rl <= KVX_HANDLE_MAX_BYTES);
+        char *loc = range(local_next, local_next + hd.n_blocks - 1, 1);
+        char *ev = pull(&pp->i, hx, 5000, loc, 1);
+        if (strncmp(ev, "event pulled OK ok", 18) != 0)
+            fail_msg("part pull: %s", ev);
+        free(ev);
+        free(loc);
+        local_next += hd.n_blocks;
+        pulled++;
+    }
+    assert_int_equal(pulled, parts);
+    assert_int_equal(local_next, 128);
+    free(list);
+    free(spread);
+    assert_int_equal(value(&pp->i, "counter", "pulls_ok"), 5 + parts);
+    assert_int_equal(value(&pp->e, "counter", "leases_exported"), 5 + parts);
     /* the pd_stats set agrees with the counters (Prometheus for /metrics) */
     const char *pm = kp_cmd(&pp->i, "prom");
-    if (!strstr(pm, "pd_kvx_pulls_ok_total{node=\"0000000000000002\"} 5|") ||
-        !strstr(pm, "pd_kvx_pull_latency_seconds_count{node=\"0000000000000002\"} 5|") ||
+    char want_ok[128], want_lat[128];
+    snprintf(want_ok, sizeof(want_ok), "pd_kvx_pulls_ok_total{node=\"0000000000000002\"} %u|", 5 + parts);
+    snprintf(want_lat, sizeof(want_lat), "pd_kvx_pull_latency_seconds_count{node=\"0000000000000002\"} %u|", 5 + parts);
+    if (!strstr(pm, want_ok) || !strstr(pm, want_lat) ||
         !strstr(pm, "pd_kvx_rejected_bad_mac_total"))
         fail_msg("prometheus text: %.400s", pm);
     pair_finish(pp, true);
