@@ -17,6 +17,9 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <event2/bufferevent.h>
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
@@ -54,6 +57,8 @@ typedef struct {
     atomic_int warmup_requests; /* X-Request-Id marked warmup */
     atomic_int chat_requests;
     atomic_int model_gets;
+    atomic_int conns;           /* distinct client ports seen */
+    unsigned char port_seen[65536];
 } fake_t;
 
 typedef struct {
@@ -184,6 +189,21 @@ static void fake_cb(struct evhttp_request *req, void *arg)
         return;
     }
     atomic_fetch_add(&f->requests, 1);
+    {
+        char *peer;
+        ev_uint16_t pport;
+        evhttp_connection_get_peer(evhttp_request_get_connection(req), &peer, &pport);
+        if (!f->port_seen[pport]) {
+            /* A streaming server must not let Nagle hold token chunks
+             * back (40 ms with the client's delayed ACKs). */
+            int one = 1;
+            setsockopt(bufferevent_getfd(evhttp_connection_get_bufferevent(
+                           evhttp_request_get_connection(req))),
+                       IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+            f->port_seen[pport] = 1;
+            atomic_fetch_add(&f->conns, 1);
+        }
+    }
     rid = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Request-Id");
     if (rid != NULL && strstr(rid, "-w") != NULL)
         atomic_fetch_add(&f->warmup_requests, 1);
@@ -409,6 +429,10 @@ static void test_scripted_mix(void **state)
 
     assert_int_equal(atomic_load(&f->requests), 22);
     assert_int_equal(atomic_load(&f->warmup_requests), 2);
+    /* Keep-alive (default): 4 slots' connections, plus new ones after the
+     * error frame and the timeout, which close theirs. */
+    print_message("connections for 22 requests: %d\n", atomic_load(&f->conns));
+    assert_true(atomic_load(&f->conns) >= 4 && atomic_load(&f->conns) <= 8);
     j = load_json(out);
     assert_string_equal(cJSON_GetObjectItem(j, "mode")->valuestring, "concurrency");
     res = cJSON_GetObjectItem(j, "results");
@@ -572,10 +596,11 @@ static void test_chat_and_model_discovery(void **state)
     write_prompts(prompts, lines, 1);
     const char *args[] = { "--url", url, "--endpoint", "chat", "--prompts", prompts,
                            "--concurrency", "2", "--num-requests", "3",
-                           "--quiet", "--out", out, NULL };
+                           "--no-keep-alive", "--quiet", "--out", out, NULL };
     assert_int_equal(run_bench(args, 15), 0);
     assert_int_equal(atomic_load(&f->model_gets), 1);
     assert_int_equal(atomic_load(&f->chat_requests), 3);
+    assert_int_equal(atomic_load(&f->conns), 3);   /* one per request */
     j = load_json(out);
     assert_string_equal(cJSON_GetObjectItem(j, "model")->valuestring, "fake-model");
     res = cJSON_GetObjectItem(j, "results");

@@ -2,9 +2,10 @@
  * streaming servers (what `vllm bench serve` measures, in C on libevent).
  *
  * One event loop, one process. A fixed pool of request slots (the
- * concurrency cap) is allocated at boot; each slot owns one TCP connection
- * per request (Connection: close), an HTTP/1.1 response parser and an SSE
- * parser (pb_http.h). Finished slots are reaped from a deferred "pump"
+ * concurrency cap) is allocated at boot; each slot owns at most one TCP
+ * connection (kept alive between its requests, as aiohttp's pooled
+ * session in `vllm bench serve`; --no-keep-alive opens one per request),
+ * an HTTP/1.1 response parser and an SSE parser (pb_http.h). Finished slots are reaped from a deferred "pump"
  * event, never inside their own callbacks; the pump also issues new work:
  *   concurrency mode: keep N requests in flight;
  *   rate mode: Poisson arrivals (seeded), queued while all slots are busy.
@@ -68,6 +69,7 @@ typedef struct {
     double temperature;
     bool quiet;
     bool no_per_request;
+    bool keep_alive;
 } pb_config_t;
 
 static const pd_cfg_field_t pb_fields[] = {
@@ -113,6 +115,8 @@ static const pd_cfg_field_t pb_fields[] = {
                "do not print the result table", 0, 0, NULL),
     PD_CFG_ROW(pb_config_t, no_per_request, "no-per-request", BOOL, "false",
                "omit per-request records from the JSON", 0, 0, NULL),
+    PD_CFG_ROW(pb_config_t, keep_alive, "keep-alive", BOOL, "true",
+               "reuse each slot's connection between requests", 0, 0, NULL),
     PD_CFG_END,
 };
 
@@ -142,6 +146,8 @@ typedef struct pb_slot {
     bool connected;
     bool got_done;
     bool got_error_frame;
+    bool reused;                /* this request went on a kept-alive conn */
+    bool bev_dead;              /* idle connection closed by the server */
     uint32_t rec_idx;           /* into run->recs (main phase) */
     pb_record_t rec;            /* filled while running, copied on reap */
     struct bufferevent *bev;
@@ -149,6 +155,7 @@ typedef struct pb_slot {
     uint64_t t_send;
     uint64_t t_last;            /* last content chunk */
     uint64_t t_now;             /* stamp of the current read */
+    uint64_t t_done;            /* [DONE] seen (body may still be ending) */
     uint32_t itl_cap;
     pb_http_resp_t http;
     pb_sse_t sse;
@@ -368,14 +375,15 @@ static char *build_request(pb_run_t *run, pb_slot_t *s, uint64_t seq,
                          "Accept: text/event-stream\r\n"
                          "X-Request-Id: pd-bench-%llu-%s%llu\r\n"
                          "%s%s%s"
-                         "Connection: close\r\n"
+                         "Connection: %s\r\n"
                          "Content-Length: %zu\r\n\r\n",
                          run->path, run->host_hdr, PD_VERSION,
                          (unsigned long long)run->cfg.seed,
                          s->warmup ? "w" : "", (unsigned long long)seq,
                          run->cfg.api_key ? "Authorization: Bearer " : "",
                          run->cfg.api_key ? run->cfg.api_key : "",
-                         run->cfg.api_key ? "\r\n" : "", jl);
+                         run->cfg.api_key ? "\r\n" : "",
+                         run->cfg.keep_alive ? "keep-alive" : "close", jl);
             if (n < 0 || (size_t)n + jl >= cap) {
                 free(req);
                 req = NULL;
@@ -428,6 +436,7 @@ static void on_sse_event(void *arg, const char *data, size_t len)
         return;
     if (strcmp(data, "[DONE]") == 0) {
         s->got_done = true;
+        s->t_done = s->t_now;
         return;
     }
     j = cJSON_ParseWithLength(data, len);
@@ -533,6 +542,12 @@ static void slot_read_cb(struct bufferevent *bev, void *arg)
     char buf[16384];
     int n;
 
+    if (s->state == SLOT_FREE) {
+        /* Bytes on an idle kept-alive connection: not reusable. */
+        s->bev_dead = true;
+        bufferevent_disable(bev, EV_READ | EV_WRITE);
+        return;
+    }
     s->t_now = pd_now_ns();
     while (s->state == SLOT_ACTIVE &&
            (n = evbuffer_remove(in, buf, sizeof(buf))) > 0) {
@@ -544,8 +559,10 @@ static void slot_read_cb(struct bufferevent *bev, void *arg)
             slot_finish(s, PB_ERR_PROTOCOL, "malformed HTTP response");
             return;
         }
-        /* [DONE] ends the measurement; the rest of the body is not needed. */
-        if (s->got_done || s->http.complete) {
+        /* [DONE] ends the measurement (t_done). Without keep-alive the rest
+         * of the body is not needed; with it, the connection is reusable
+         * only once the body has ended. */
+        if (s->http.complete || (s->got_done && !s->run->cfg.keep_alive)) {
             slot_end_of_response(s);
             return;
         }
@@ -556,6 +573,12 @@ static void slot_event_cb(struct bufferevent *bev, short what, void *arg)
 {
     pb_slot_t *s = arg;
 
+    if (s->state == SLOT_FREE) {
+        /* The server closed an idle kept-alive connection. */
+        s->bev_dead = true;
+        bufferevent_disable(bev, EV_READ | EV_WRITE);
+        return;
+    }
     if (s->state != SLOT_ACTIVE)
         return;
     if (what & BEV_EVENT_CONNECTED) {
@@ -578,9 +601,11 @@ static void slot_event_cb(struct bufferevent *bev, short what, void *arg)
             snprintf(msg, sizeof(msg), "connect: %s", strerror(err));
             slot_finish(s, PB_ERR_CONNECT, msg);
         } else if (!s->http.headers_done) {
-            slot_finish(s, PB_ERR_DISCONNECT,
-                        "connection closed before response headers");
-        } else if (pb_http_resp_eof(&s->http) || s->http.status != 200) {
+            slot_finish(s, PB_ERR_DISCONNECT, s->reused
+                        ? "kept-alive connection closed before response headers"
+                        : "connection closed before response headers");
+        } else if (pb_http_resp_eof(&s->http) || s->http.status != 200 ||
+                   s->got_done) {
             slot_end_of_response(s);
         } else {
             slot_finish(s, PB_ERR_NO_DONE, "connection closed mid-stream");
@@ -592,7 +617,11 @@ static void slot_timeout_cb(evutil_socket_t fd, short what, void *arg)
 {
     pb_slot_t *s = arg;
 
-    if (s->state == SLOT_ACTIVE)
+    if (s->state != SLOT_ACTIVE)
+        return;
+    if (s->got_done && s->http.status == 200)
+        slot_finish(s, PB_ERR_NONE, NULL);   /* only the body end was late */
+    else
         slot_finish(s, PB_ERR_TIMEOUT, "request timeout");
 }
 
@@ -607,7 +636,7 @@ static void slot_finish(pb_slot_t *s, pb_err_kind_t err, const char *msg)
     s->rec.err = err;
     s->rec.success = err == PB_ERR_NONE;
     s->rec.http_status = s->http.headers_done ? s->http.status : 0;
-    s->rec.e2el_ns = now - s->t_send;
+    s->rec.e2el_ns = (s->t_done ? s->t_done : now) - s->t_send;
     if (!s->rec.usage_seen)
         s->rec.output_tokens = s->rec.content_chunks;
     if (msg != NULL)
@@ -642,7 +671,8 @@ static void slot_issue(pb_run_t *run, bool warmup)
     s->rec.id = (uint32_t)seq;
     s->state = SLOT_ACTIVE;
     s->warmup = warmup;
-    s->connected = s->got_done = s->got_error_frame = false;
+    s->connected = s->got_done = s->got_error_frame = s->reused = false;
+    s->t_done = 0;
     s->itl_cap = 0;
     s->errbody_len = 0;
     s->errbody[0] = '\0';
@@ -658,6 +688,19 @@ static void slot_issue(pb_run_t *run, bool warmup)
         slot_finish(s, PB_ERR_PROTOCOL, "out of memory building request");
         return;
     }
+    if (s->bev != NULL && !s->bev_dead) {
+        /* Kept-alive connection of this slot. */
+        s->reused = s->connected = s->rec.conn_reused = true;
+        bufferevent_enable(s->bev, EV_READ | EV_WRITE);
+        bufferevent_write(s->bev, req, req_len);
+        free(req);
+        return;
+    }
+    if (s->bev != NULL) {
+        bufferevent_free(s->bev);
+        s->bev = NULL;
+    }
+    s->bev_dead = false;
     s->bev = bufferevent_socket_new(run->base, -1, BEV_OPT_CLOSE_ON_FREE);
     if (s->bev == NULL) {
         free(req);
@@ -678,7 +721,19 @@ static void slot_issue(pb_run_t *run, bool warmup)
 
 static void slot_reap(pb_run_t *run, pb_slot_t *s)
 {
-    if (s->bev != NULL) {
+    /* Keep the connection only after a whole response with nothing left
+     * over and no "Connection: close" (an error frame closes the stream). */
+    bool reuse = run->cfg.keep_alive && s->bev != NULL && s->http.complete &&
+                 !s->http.conn_close && !s->bev_dead &&
+                 (s->rec.err == PB_ERR_NONE || s->rec.err == PB_ERR_HTTP_4XX ||
+                  s->rec.err == PB_ERR_HTTP_5XX || s->rec.err == PB_ERR_NO_DONE) &&
+                 evbuffer_get_length(bufferevent_get_input(s->bev)) == 0;
+
+    if (reuse) {
+        /* Idle: watch for the server closing it (slot callbacks see
+         * SLOT_FREE and mark it dead). */
+        bufferevent_enable(s->bev, EV_READ);
+    } else if (s->bev != NULL) {
         bufferevent_free(s->bev);
         s->bev = NULL;
     }
@@ -1140,6 +1195,7 @@ static cJSON *build_json(pb_run_t *run, const pb_aggregate_t *agg)
         cJSON_AddStringToObject(o, "output_tokens_source",
                                 r->usage_seen ? "usage" : "chunks");
         cJSON_AddNumberToObject(o, "content_chunks", r->content_chunks);
+        cJSON_AddBoolToObject(o, "conn_reused", r->conn_reused);
         cJSON_AddBoolToObject(o, "slo_met", pb_slo_met(&run->slo, r));
         itl = cJSON_AddArrayToObject(o, "itl_ms");
         for (j = 0; j < r->n_itl; j++)

@@ -85,6 +85,7 @@ typedef struct {
     uint32_t output_tokens;     /* usage.completion_tokens, else chunks */
     uint32_t content_chunks;
     bool usage_seen;
+    bool conn_reused;           /* sent on a kept-alive connection */
     uint32_t n_itl;
     uint64_t *itl_ns;           /* (n_itl) gaps between content chunks;
                                    owned by the record, may be NULL */

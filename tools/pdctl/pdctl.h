@@ -1,0 +1,153 @@
+/* pdctl.h - pdctl internals: the deployment file (pdctl_conf.c), daemon
+ * processes and the run-dir state (pdctl_proc.c), admin-socket / HTTP
+ * queries and their rendering (pdctl_query.c). pdctl.c is the command table.
+ *
+ * Exit codes of every command: 0 ok, 1 runtime failure (a daemon did not
+ * start, a socket did not answer...), 2 usage or a bad deployment file. */
+#ifndef PDCTL_H
+#define PDCTL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <cjson/cJSON.h>
+
+#define PDCTL_EXIT_FAIL  1
+#define PDCTL_EXIT_USAGE 2
+
+#define PDCTL_MAX_PER_ROLE 32
+#define PDCTL_MAX_DAEMONS (1 + 2 * PDCTL_MAX_PER_ROLE)
+
+/* X(id, section / role name, binary name) */
+#define PDCTL_ROLES(X)                          \
+    X(ROUTER,  "router",  "pd-router")          \
+    X(PREFILL, "prefill", "pd-prefill")         \
+    X(DECODE,  "decode",  "pd-decode")
+
+typedef enum {
+#define PDCTL_X_ROLE(id, name, bin) PDCTL_##id,
+    PDCTL_ROLES(PDCTL_X_ROLE)
+#undef PDCTL_X_ROLE
+    PDCTL_ROLE_N
+} pdctl_role_t;
+
+const char *pdctl_role_name(pdctl_role_t role);
+/* PDCTL_ROLE_N if unknown. */
+pdctl_role_t pdctl_role_parse(const char *name);
+
+/* One `key = value` from the file (or --set), with where it came from. */
+typedef struct {
+    char *key;
+    char *val;
+    int line;                  /* 0: from --set or derived */
+} pdctl_kv_t;
+
+typedef struct {
+    pdctl_kv_t *v;
+    size_t n, cap;
+} pdctl_kvs_t;
+
+/* A parsed deployment file. Paths are absolute once pdctl_dep_load returns. */
+typedef struct {
+    char *path;                /* the deployment file */
+    char *name;                /* [deployment] name */
+    char *model;
+    char *run_dir;
+    char *secret_file;
+    char *bins[PDCTL_ROLE_N];  /* daemon binaries */
+    unsigned count[PDCTL_ROLE_N];        /* router: always 1 */
+    uint64_t ready_timeout_ns, stop_timeout_ns;
+    pdctl_kvs_t role_kv[PDCTL_ROLE_N];   /* daemon config keys per role */
+    pdctl_kvs_t env;           /* [env] NAME = value for every daemon */
+    pdctl_kvs_t netns;         /* [netns] daemon-name = namespace */
+} pdctl_dep_t;
+
+/* Parse `path`, apply `sets` ("section.key=value", n_sets of them) on top,
+ * resolve binaries and the model, validate every daemon key against the
+ * daemon's own --help table. On failure prints ONE clear line
+ * ("pdctl: FILE:LINE: ...") to stderr and returns PDCTL_EXIT_USAGE (bad
+ * file) or PDCTL_EXIT_FAIL (binary missing); 0 on success. */
+int pdctl_dep_load(const char *path, char *const *sets, int n_sets,
+                   const char *run_dir_override, pdctl_dep_t *dep);
+void pdctl_dep_free(pdctl_dep_t *dep);
+/* The config file text of one daemon (caller frees): role keys plus the
+ * keys pdctl manages (id, router, secret-file, admin.socket, ready-file). */
+char *pdctl_dep_render(const pdctl_dep_t *dep, pdctl_role_t role, const char *name,
+                       const char *control_addr, const char *admin_sock,
+                       const char *ready_file);
+/* The value of a role key, or NULL. */
+const char *pdctl_kvs_get(const pdctl_kvs_t *kvs, const char *key);
+void pdctl_kvs_set(pdctl_kvs_t *kvs, const char *key, const char *val, int line);
+void pdctl_kvs_free(pdctl_kvs_t *kvs);
+/* Directory holding the daemon binaries (PD_BIN_DIR, next to pdctl, or the
+ * meson build tree pdctl sits in). Static buffer. NULL if not found. */
+const char *pdctl_bin_dir(pdctl_role_t role, char *buf, size_t cap);
+
+/* ---- run-dir state (deployment.json) -------------------------------------- */
+
+typedef struct {
+    char name[48];             /* router, prefill-0, decode-3 ... */
+    pdctl_role_t role;
+    pid_t pid;
+    int64_t started_unix;      /* wall clock seconds */
+    char sock[256], log[256], cfg[256], ready[256];
+} pdctl_daemon_t;
+
+typedef struct {
+    char run_dir[256];
+    char dep_file[256];        /* copy of the deployment file in the run dir */
+    char name[64];
+    char url[128];             /* http://host:port */
+    char control[128];         /* host:port the daemons connect to */
+    int n;
+    pdctl_daemon_t d[PDCTL_MAX_DAEMONS];
+    int lock_fd;
+} pdctl_state_t;
+
+/* Default run dir: $PD_RUN_DIR, else ./run. */
+const char *pdctl_default_run_dir(void);
+/* Load <run_dir>/deployment.json. Prints a clear error, returns exit code. */
+int pdctl_state_load(const char *run_dir, pdctl_state_t *st);
+int pdctl_state_save(const pdctl_state_t *st);
+/* flock the run dir (one pdctl changing it at a time). */
+int pdctl_state_lock(pdctl_state_t *st);
+void pdctl_state_unlock(pdctl_state_t *st);
+pdctl_daemon_t *pdctl_state_find(pdctl_state_t *st, const char *name);
+/* Is the pid alive and still running the daemon's binary? */
+bool pdctl_daemon_alive(const pdctl_daemon_t *d);
+
+int pdctl_cmd_up(int argc, char **argv);
+int pdctl_cmd_down(int argc, char **argv);
+int pdctl_cmd_scale(int argc, char **argv);
+int pdctl_cmd_check(int argc, char **argv);
+int pdctl_cmd_render(int argc, char **argv);
+
+/* ---- queries ----------------------------------------------------------------- */
+
+/* One admin command on a UNIX socket; the parsed reply or NULL with a clear
+ * message in err ("no admin socket ...", "connection refused (daemon not
+ * running?)", "garbage reply ...", "timed out"). Replies with "ok":false
+ * are returned as-is. */
+cJSON *pdctl_admin(const char *sock, const char *cmd, double timeout_s,
+                   char *err, size_t err_len);
+/* GET path on http://host:port; the status code, or -1 (err set). */
+int pdctl_http_status(const char *url, const char *path, double timeout_s,
+                      char *err, size_t err_len);
+void pdctl_nap_ms(unsigned ms);
+double pdctl_now(void);
+
+int pdctl_cmd_status(int argc, char **argv);
+int pdctl_cmd_query(const char *what, int argc, char **argv);
+int pdctl_cmd_top(int argc, char **argv);
+
+/* Shared option parsing: strips --run-dir D / --json from argv. */
+typedef struct {
+    const char *run_dir;
+    bool json;
+    bool once;
+} pdctl_opts_t;
+int pdctl_parse_opts(int *argc, char **argv, pdctl_opts_t *o);
+
+#endif
