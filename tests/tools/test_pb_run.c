@@ -639,6 +639,31 @@ static void test_concurrency_duration(void **state)
     cJSON_ArrayForEach(r, cJSON_GetObjectItem(j, "requests"))
         assert_true(num(r, "start_ms") < 600.0);
     assert_true(num(res, "duration") >= 0.6 && num(res, "duration") < 2.0);
+
+    /* A second run against the first as --baseline: side-by-side ratios. */
+    {
+        char out2[300];
+        cJSON *j2, *cmp, *row;
+
+        snprintf(out2, sizeof(out2), "%s/dur2.json", tmpdir);
+        const char *args2[] = { "--url", url, "--model", "m", "--prompts", prompts,
+                                "--concurrency", "1", "--num-requests", "5",
+                                "--baseline", out, "--out", out2, NULL };
+        assert_int_equal(run_bench(args2, 15), 0);
+        j2 = load_json(out2);
+        cmp = cJSON_GetObjectItem(j2, "comparison");
+        row = cJSON_GetObjectItem(cmp, "request_throughput");
+        assert_float_equal(num(row, "baseline"), num(res, "request_throughput"), 1e-9);
+        assert_float_equal(num(row, "current"),
+                           num(cJSON_GetObjectItem(j2, "results"), "request_throughput"),
+                           1e-9);
+        assert_float_equal(num(row, "ratio"), num(row, "current") / num(row, "baseline"),
+                           1e-9);
+        row = cJSON_GetObjectItem(cmp, "completed");
+        assert_float_equal(num(row, "current"), 5, 0);
+        assert_non_null(cJSON_GetObjectItem(cmp, "p99_itl_ms"));
+        cJSON_Delete(j2);
+    }
     cJSON_Delete(j);
     fake_stop(f);
 }
@@ -713,6 +738,8 @@ static void test_cli_usage(void **state)
     const char *bad_len[] = { "--input-len", "uniform:9:1", NULL };
     const char *bad_url[] = { "--url", "https://example.com", NULL };
     const char *big_conc[] = { "--concurrency", "100000", NULL };
+    const char *bad_base[] = { "--baseline", "/nonexistent/pb.json", NULL };
+    const char *bad_prompts[] = { "--prompts", "/nonexistent/p.jsonl", NULL };
 
     assert_int_equal(run_bench(help, 10), 0);
     assert_int_equal(run_bench(bad_flag, 10), 2);
@@ -720,6 +747,8 @@ static void test_cli_usage(void **state)
     assert_int_equal(run_bench(bad_len, 10), 2);
     assert_int_equal(run_bench(bad_url, 10), 2);
     assert_int_equal(run_bench(big_conc, 10), 2);
+    assert_int_equal(run_bench(bad_base, 10), 2);
+    assert_int_equal(run_bench(bad_prompts, 10), 2);
 }
 
 int main(int argc, char **argv)

@@ -70,6 +70,7 @@ typedef struct {
     bool quiet;
     bool no_per_request;
     bool keep_alive;
+    char *baseline;
 } pb_config_t;
 
 static const pd_cfg_field_t pb_fields[] = {
@@ -117,6 +118,8 @@ static const pd_cfg_field_t pb_fields[] = {
                "omit per-request records from the JSON", 0, 0, NULL),
     PD_CFG_ROW(pb_config_t, keep_alive, "keep-alive", BOOL, "true",
                "reuse each slot's connection between requests", 0, 0, NULL),
+    PD_CFG_ROW(pb_config_t, baseline, "baseline", STRING, NULL,
+               "earlier --out JSON: print figures side by side with ratios", 0, 0, NULL),
     PD_CFG_END,
 };
 
@@ -204,6 +207,7 @@ struct pb_run {
     bool stopping;              /* SIGINT: issue nothing more */
     pb_record_t *recs;
     size_t n_recs, cap_recs;
+    cJSON *baseline;            /* --baseline file, parsed at boot */
 };
 
 static void slot_finish(pb_slot_t *s, pb_err_kind_t err, const char *msg);
@@ -1260,6 +1264,110 @@ static void print_table(pb_run_t *run, const pb_aggregate_t *agg)
     fflush(stdout);
 }
 
+/* ---- baseline comparison ------------------------------------------------ */
+
+/* Figures compared with --baseline; "higher" says which way is better. */
+static const struct {
+    const char *key;
+    const char *label;
+    bool higher_better;
+} cmp_rows[] = {
+    { "completed",              "Successful requests",        true },
+    { "failed",                 "Failed requests",            false },
+    { "request_throughput",     "Request throughput (req/s)", true },
+    { "request_goodput",        "Request goodput (req/s)",    true },
+    { "output_throughput",      "Output tok/s",               true },
+    { "total_token_throughput", "Total tok/s",                true },
+    { "mean_ttft_ms",           "Mean TTFT (ms)",             false },
+    { "p50_ttft_ms",            "P50 TTFT (ms)",              false },
+    { "p99_ttft_ms",            "P99 TTFT (ms)",              false },
+    { "mean_tpot_ms",           "Mean TPOT (ms)",             false },
+    { "p99_tpot_ms",            "P99 TPOT (ms)",              false },
+    { "mean_itl_ms",            "Mean ITL (ms)",              false },
+    { "p50_itl_ms",             "P50 ITL (ms)",               false },
+    { "p99_itl_ms",             "P99 ITL (ms)",               false },
+    { "mean_e2el_ms",           "Mean E2EL (ms)",             false },
+    { "p99_e2el_ms",            "P99 E2EL (ms)",              false },
+};
+
+static pd_status_t load_baseline(pb_run_t *run, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char *text;
+    long n;
+
+    if (f == NULL) {
+        fprintf(stderr, "%s: --baseline: cannot open %s: %s\n", PB_PROG, path,
+                strerror(errno));
+        return PD_ERR_IO;
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || n > (256L << 20) ||
+        fseek(f, 0, SEEK_SET) != 0 || (text = malloc((size_t)n + 1)) == NULL) {
+        fclose(f);
+        fprintf(stderr, "%s: --baseline: cannot read %s\n", PB_PROG, path);
+        return PD_ERR_IO;
+    }
+    if (fread(text, 1, (size_t)n, f) != (size_t)n) {
+        free(text);
+        fclose(f);
+        fprintf(stderr, "%s: --baseline: cannot read %s\n", PB_PROG, path);
+        return PD_ERR_IO;
+    }
+    fclose(f);
+    text[n] = '\0';
+    run->baseline = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(run->baseline, "results"))) {
+        fprintf(stderr, "%s: --baseline: %s is not a pd-bench result (no \"results\")\n",
+                PB_PROG, path);
+        return PD_ERR_BAD_INPUT;
+    }
+    return PD_OK;
+}
+
+/* Side-by-side table (unless quiet) and a "comparison" object for the JSON:
+ * {key: {"baseline": b, "current": c, "ratio": c/b or null}}. */
+static cJSON *compare_baseline(pb_run_t *run, const cJSON *cur_results)
+{
+    const cJSON *base = cJSON_GetObjectItemCaseSensitive(run->baseline, "results");
+    cJSON *cmp = cJSON_CreateObject();
+    size_t i;
+
+    if (!run->cfg.quiet) {
+        printf("%s\n", "============ Comparison with baseline ============");
+        printf("%-28s %12s %12s %8s\n", "", "baseline", "this run", "ratio");
+    }
+    for (i = 0; i < sizeof(cmp_rows) / sizeof(cmp_rows[0]); i++) {
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(base, cmp_rows[i].key);
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(cur_results, cmp_rows[i].key);
+        cJSON *row;
+
+        if (!cJSON_IsNumber(b) || !cJSON_IsNumber(c))
+            continue;
+        row = cJSON_AddObjectToObject(cmp, cmp_rows[i].key);
+        cJSON_AddNumberToObject(row, "baseline", b->valuedouble);
+        cJSON_AddNumberToObject(row, "current", c->valuedouble);
+        if (b->valuedouble != 0)
+            cJSON_AddNumberToObject(row, "ratio", c->valuedouble / b->valuedouble);
+        else
+            cJSON_AddNullToObject(row, "ratio");
+        cJSON_AddBoolToObject(row, "higher_is_better", cmp_rows[i].higher_better);
+        if (run->cfg.quiet)
+            continue;
+        if (b->valuedouble != 0)
+            printf("%-28s %12.2f %12.2f %7.3fx\n", cmp_rows[i].label,
+                   b->valuedouble, c->valuedouble, c->valuedouble / b->valuedouble);
+        else
+            printf("%-28s %12.2f %12.2f %8s\n", cmp_rows[i].label,
+                   b->valuedouble, c->valuedouble, "-");
+    }
+    if (!run->cfg.quiet) {
+        printf("%s\n", "==================================================");
+        fflush(stdout);
+    }
+    return cmp;
+}
+
 /* ---- main -------------------------------------------------------------- */
 
 static void run_free(pb_run_t *run)
@@ -1292,6 +1400,7 @@ static void run_free(pb_run_t *run)
         event_free(run->deadline_ev);
     if (run->sigint_ev)
         event_free(run->sigint_ev);
+    cJSON_Delete(run->baseline);
     if (run->base)
         event_base_free(run->base);
     pd_config_free(&pb_schema, &run->cfg);
@@ -1330,6 +1439,8 @@ static int setup(pb_run_t *run, int argc, char **argv)
     if (run->num_requests == 0 && run->cfg.duration_ns == 0)
         run->num_requests = 100;
     if (run->cfg.prompts != NULL && load_prompts(run, run->cfg.prompts) != PD_OK)
+        return PD_CONFIG_EXIT_USAGE;
+    if (run->cfg.baseline != NULL && load_baseline(run, run->cfg.baseline) != PD_OK)
         return PD_CONFIG_EXIT_USAGE;
     if (parse_url(run, run->cfg.url) != PD_OK)
         return PD_CONFIG_EXIT_USAGE;
@@ -1415,10 +1526,21 @@ int main(int argc, char **argv)
         goto out;
     if (!run->cfg.quiet)
         print_table(run, &agg);
-    if (run->cfg.out != NULL) {
+    if (run->cfg.out != NULL || run->baseline != NULL) {
         cJSON *root = build_json(run, &agg);
-        char *text = root ? cJSON_Print(root) : NULL;
-        FILE *f = text ? fopen(run->cfg.out, "w") : NULL;
+        char *text;
+        FILE *f;
+
+        if (root != NULL && run->baseline != NULL)
+            cJSON_AddItemToObject(root, "comparison",
+                                  compare_baseline(run, cJSON_GetObjectItem(root, "results")));
+        if (run->cfg.out == NULL) {
+            cJSON_Delete(root);
+            rc = 0;
+            goto out;
+        }
+        text = root ? cJSON_Print(root) : NULL;
+        f = text ? fopen(run->cfg.out, "w") : NULL;
 
         if (f == NULL || fputs(text, f) < 0 || fputc('\n', f) < 0) {
             fprintf(stderr, "%s: --out: cannot write %s\n", PB_PROG, run->cfg.out);
