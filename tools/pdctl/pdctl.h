@@ -136,6 +136,9 @@ cJSON *pdctl_admin(const char *sock, const char *cmd, double timeout_s,
 int pdctl_http_status(const char *url, const char *path, double timeout_s,
                       char *err, size_t err_len);
 void pdctl_nap_ms(unsigned ms);
+/* snprintf that reports truncation: false if `buf` was too small. */
+bool pdctl_fmt(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 double pdctl_now(void);
 
 int pdctl_cmd_status(int argc, char **argv);

@@ -195,7 +195,7 @@ static bool pdctl_builtin_model(char *buf, size_t cap)
         return false;
     *slash = '\0';
     char path[PATH_MAX];
-    snprintf(path, sizeof(path), "%s/../../engine/gguf/builtin.gguf", self);
+    pdctl_fmt(path, sizeof(path), "%s/../../engine/gguf/builtin.gguf", self);
     return realpath(path, buf) != NULL && cap >= PATH_MAX;
 }
 

@@ -1,0 +1,78 @@
+/* pdctl.c - the operator's tool for a pdserve deployment: start one from a
+ * deployment file (router + N prefill + M decode as separate processes),
+ * look at it through the daemons' admin sockets, change its P:D ratio at
+ * run time, stop it. Commands are one table; see `pdctl help`. */
+#include "pdctl.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "pd_config.h"
+
+static int cmd_stats(int argc, char **argv) { return pdctl_cmd_query("stats", argc, argv); }
+static int cmd_kv(int argc, char **argv) { return pdctl_cmd_query("kv", argc, argv); }
+static int cmd_leases(int argc, char **argv) { return pdctl_cmd_query("leases", argc, argv); }
+static int cmd_xfer(int argc, char **argv) { return pdctl_cmd_query("xfer", argc, argv); }
+static int cmd_requests(int argc, char **argv) { return pdctl_cmd_query("requests", argc, argv); }
+static int cmd_help(int argc, char **argv);
+
+/* X(name, handler, synopsis) */
+#define PDCTL_COMMANDS(X)                                                                     \
+    X("up", pdctl_cmd_up, "up FILE [--run-dir D] [--set sec.key=v]  start a deployment, wait until ready") \
+    X("down", pdctl_cmd_down, "down                    stop it (router drains first, then the daemons)") \
+    X("status", pdctl_cmd_status, "status                  one line per daemon: role, state, load, pid, uptime") \
+    X("scale", pdctl_cmd_scale, "scale prefill|decode N   start daemons or drain+stop them to reach N") \
+    X("stats", cmd_stats, "stats [DAEMON|all]      counters and histograms") \
+    X("kv", cmd_kv, "kv [DAEMON|all]         KV block pools") \
+    X("leases", cmd_leases, "leases [DAEMON|all]     KV leases held by prefill daemons") \
+    X("xfer", cmd_xfer, "xfer [DAEMON|all]       KV transfers; `all`: prefill x decode matrix") \
+    X("requests", cmd_requests, "requests [DAEMON|all]   requests in flight + outcome counters") \
+    X("top", pdctl_cmd_top, "top [--once]            live view, refreshed each second (q quits)") \
+    X("check", pdctl_cmd_check, "check FILE              validate a deployment file") \
+    X("render", pdctl_cmd_render, "render FILE OUTDIR      per-daemon config files for the systemd units") \
+    X("help", cmd_help, "help                    this text")
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *synopsis;
+} pdctl_cmd_t;
+
+static const pdctl_cmd_t pdctl_cmds[] = {
+#define PDCTL_X_CMD(n, f, s) { n, f, s },
+    PDCTL_COMMANDS(PDCTL_X_CMD)
+#undef PDCTL_X_CMD
+};
+
+static int cmd_help(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    printf("usage: pdctl COMMAND [ARGS] [--run-dir D] [--json]\n\n");
+    for (size_t i = 0; i < sizeof(pdctl_cmds) / sizeof(pdctl_cmds[0]); i++)
+        printf("  pdctl %s\n", pdctl_cmds[i].synopsis);
+    printf("\nRun dir: --run-dir D, else $PD_RUN_DIR, else ./run (`up` uses the file's run-dir).\n"
+           "DAEMON: router, prefill-N, decode-N, all, or an admin socket path.\n"
+           "Binaries: $PD_BIN_DIR, next to pdctl, or the build tree pdctl is in.\n"
+           "Exit: 0 ok, 1 failure, 2 usage or bad deployment file.\n");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        cmd_help(0, NULL);
+        return PDCTL_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)
+        return cmd_help(0, NULL);
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("pdctl %s\n", PD_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(pdctl_cmds) / sizeof(pdctl_cmds[0]); i++)
+        if (strcmp(argv[1], pdctl_cmds[i].name) == 0)
+            return pdctl_cmds[i].fn(argc - 2, argv + 2);
+    fprintf(stderr, "pdctl: unknown command \"%s\" (try pdctl help)\n", argv[1]);
+    return PDCTL_EXIT_USAGE;
+}

@@ -1,0 +1,1122 @@
+/* pdctl_proc.c - daemon processes and the run dir: `up`, `down`, `scale`,
+ * `check`, `render`.
+ *
+ * Run dir layout (mode 0700):
+ *   deployment.json   state: url, control address, daemons {name, role, pid,
+ *                     started, paths}; rewritten atomically on every change
+ *   deployment.ini    snapshot of the deployment file `up` used (+ sets in
+ *                     deployment.json), so `scale` starts identical daemons
+ *   secret            deployment secret (64 hex chars, 0600), made if absent
+ *   <name>.ini .log .pid .sock .ready   per daemon
+ *   pdctl.lock        flock: one pdctl changes the deployment at a time
+ * Daemons run in their own session (setsid) and outlive pdctl; they get the
+ * environment of pdctl minus PD_* (the config file is authoritative) plus
+ * the [env] section. */
+#include "pdctl.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pd_sbuf.h"
+
+extern char **environ;
+
+#define PDCTL_MAX_SETS 64
+
+static const char *const pdctl_bin_names[] = {
+#define PDCTL_X_ROLE(id, name, bin) bin,
+    PDCTL_ROLES(PDCTL_X_ROLE)
+#undef PDCTL_X_ROLE
+};
+
+const char *pdctl_default_run_dir(void)
+{
+    const char *e = getenv("PD_RUN_DIR");
+    return e != NULL && e[0] != '\0' ? e : "run";
+}
+
+/* ---- small file helpers ---------------------------------------------------- */
+
+static char *pdctl_read_file(const char *path, size_t *len_p)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return NULL;
+    pd_sbuf_t sb = PD_SBUF_INIT;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+        pd_sbuf_append(&sb, buf, n);
+    fclose(f);
+    return pd_sbuf_finish(&sb, len_p);
+}
+
+static int pdctl_write_file(const char *path, const char *text, mode_t mode)
+{
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    if (fd < 0)
+        return -1;
+    size_t len = strlen(text), off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, text + off, len - off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            close(fd);
+            unlink(tmp);
+            return -1;
+        }
+        off += (size_t)w;
+    }
+    if (close(fd) != 0 || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+static void pdctl_tail_log(const char *path, int lines)
+{
+    size_t len = 0;
+    char *s = pdctl_read_file(path, &len);
+    if (s == NULL) {
+        fprintf(stderr, "  (no log %s)\n", path);
+        return;
+    }
+    const char *p = s + len;
+    int n = 0;
+    while (p > s) {
+        p--;
+        if (*p == '\n' && p != s + len - 1 && ++n >= lines) {
+            p++;
+            break;
+        }
+    }
+    fprintf(stderr, "--- last lines of %s:\n%s%s", path, p, len && s[len - 1] != '\n' ? "\n" : "");
+    free(s);
+}
+
+/* ---- state -------------------------------------------------------------------- */
+
+static void pdctl_state_path(const char *run_dir, char *buf, size_t cap)
+{
+    pdctl_fmt(buf, cap, "%s/deployment.json", run_dir);
+}
+
+static void pdctl_cpy(char *dst, size_t cap, const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    snprintf(dst, cap, "%s", cJSON_IsString(v) ? v->valuestring : "");
+}
+
+int pdctl_state_load(const char *run_dir, pdctl_state_t *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->lock_fd = -1;
+    char path[PATH_MAX];
+    char abs[PATH_MAX];
+    if (realpath(run_dir, abs) == NULL) {
+        fprintf(stderr, "pdctl: run dir %s: %s (no deployment started there; "
+                "`pdctl up FILE` or --run-dir D)\n", run_dir, strerror(errno));
+        return PDCTL_EXIT_FAIL;
+    }
+    pdctl_state_path(abs, path, sizeof(path));
+    char *text = pdctl_read_file(path, NULL);
+    if (text == NULL) {
+        fprintf(stderr, "pdctl: no deployment in %s (%s: %s)\n", abs, path, strerror(errno));
+        return PDCTL_EXIT_FAIL;
+    }
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *ds = cJSON_GetObjectItemCaseSensitive(j, "daemons");
+    if (j == NULL || !cJSON_IsArray(ds)) {
+        fprintf(stderr, "pdctl: %s is corrupt (not the JSON pdctl writes)\n", path);
+        cJSON_Delete(j);
+        return PDCTL_EXIT_FAIL;
+    }
+    if (!pdctl_fmt(st->run_dir, sizeof(st->run_dir), "%s", abs)) {
+        fprintf(stderr, "pdctl: run dir path too long: %s\n", abs);
+        return PDCTL_EXIT_FAIL;
+    }
+    pdctl_cpy(st->dep_file, sizeof(st->dep_file), j, "deployment_file");
+    pdctl_cpy(st->name, sizeof(st->name), j, "name");
+    pdctl_cpy(st->url, sizeof(st->url), j, "url");
+    pdctl_cpy(st->control, sizeof(st->control), j, "control");
+    const cJSON *d;
+    cJSON_ArrayForEach(d, ds) {
+        if (st->n == PDCTL_MAX_DAEMONS)
+            break;
+        pdctl_daemon_t *x = &st->d[st->n];
+        pdctl_cpy(x->name, sizeof(x->name), d, "name");
+        char role[16];
+        pdctl_cpy(role, sizeof(role), d, "role");
+        x->role = pdctl_role_parse(role);
+        x->pid = (pid_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(d, "pid"));
+        x->started_unix = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(d, "started"));
+        pdctl_cpy(x->sock, sizeof(x->sock), d, "admin_socket");
+        pdctl_cpy(x->log, sizeof(x->log), d, "log");
+        pdctl_cpy(x->cfg, sizeof(x->cfg), d, "config");
+        pdctl_cpy(x->ready, sizeof(x->ready), d, "ready_file");
+        if (x->role == PDCTL_ROLE_N || x->name[0] == '\0')
+            continue;
+        st->n++;
+    }
+    cJSON_Delete(j);
+    return 0;
+}
+
+static cJSON *pdctl_sets_json;  /* the --set list `up` was given (saved in the state) */
+
+int pdctl_state_save(const pdctl_state_t *st)
+{
+    char path[PATH_MAX];
+    pdctl_state_path(st->run_dir, path, sizeof(path));
+    /* keep the saved sets of an existing state */
+    cJSON *sets = NULL;
+    char *old = pdctl_read_file(path, NULL);
+    if (old != NULL) {
+        cJSON *o = cJSON_Parse(old);
+        sets = cJSON_DetachItemFromObjectCaseSensitive(o, "sets");
+        cJSON_Delete(o);
+        free(old);
+    }
+    if (pdctl_sets_json != NULL) {
+        cJSON_Delete(sets);
+        sets = cJSON_Duplicate(pdctl_sets_json, true);
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "name", st->name);
+    cJSON_AddStringToObject(j, "deployment_file", st->dep_file);
+    cJSON_AddItemToObject(j, "sets", sets != NULL ? sets : cJSON_CreateArray());
+    cJSON_AddStringToObject(j, "url", st->url);
+    cJSON_AddStringToObject(j, "control", st->control);
+    cJSON *arr = cJSON_AddArrayToObject(j, "daemons");
+    for (int i = 0; i < st->n; i++) {
+        const pdctl_daemon_t *x = &st->d[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", x->name);
+        cJSON_AddStringToObject(o, "role", pdctl_role_name(x->role));
+        cJSON_AddNumberToObject(o, "pid", x->pid);
+        cJSON_AddNumberToObject(o, "started", (double)x->started_unix);
+        cJSON_AddStringToObject(o, "admin_socket", x->sock);
+        cJSON_AddStringToObject(o, "log", x->log);
+        cJSON_AddStringToObject(o, "config", x->cfg);
+        cJSON_AddStringToObject(o, "ready_file", x->ready);
+        cJSON_AddItemToArray(arr, o);
+    }
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    if (text == NULL)
+        return PDCTL_EXIT_FAIL;
+    int rc = pdctl_write_file(path, text, 0600);
+    free(text);
+    if (rc != 0) {
+        fprintf(stderr, "pdctl: cannot write %s: %s\n", path, strerror(errno));
+        return PDCTL_EXIT_FAIL;
+    }
+    return 0;
+}
+
+int pdctl_state_lock(pdctl_state_t *st)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/pdctl.lock", st->run_dir);
+    st->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (st->lock_fd < 0) {
+        fprintf(stderr, "pdctl: cannot open %s: %s\n", path, strerror(errno));
+        return PDCTL_EXIT_FAIL;
+    }
+    if (flock(st->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        fprintf(stderr, "pdctl: another pdctl is changing the deployment in %s (waiting)\n",
+                st->run_dir);
+        if (flock(st->lock_fd, LOCK_EX) != 0) {
+            close(st->lock_fd);
+            st->lock_fd = -1;
+            return PDCTL_EXIT_FAIL;
+        }
+    }
+    return 0;
+}
+
+void pdctl_state_unlock(pdctl_state_t *st)
+{
+    if (st->lock_fd >= 0)
+        close(st->lock_fd);
+    st->lock_fd = -1;
+}
+
+pdctl_daemon_t *pdctl_state_find(pdctl_state_t *st, const char *name)
+{
+    for (int i = 0; i < st->n; i++)
+        if (strcmp(st->d[i].name, name) == 0)
+            return &st->d[i];
+    return NULL;
+}
+
+bool pdctl_daemon_alive(const pdctl_daemon_t *d)
+{
+    if (d->pid <= 0)
+        return false;
+    /* our own child that exited: reap it (a zombie still answers kill 0) */
+    int status;
+    pid_t w = waitpid(d->pid, &status, WNOHANG);
+    if (w == d->pid)
+        return false;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)d->pid);
+    char *stat = pdctl_read_file(path, NULL);
+    if (stat == NULL)
+        return false;
+    const char *rp = strrchr(stat, ')');
+    bool zombie = rp != NULL && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+    free(stat);
+    if (zombie)
+        return false;
+    /* the pid must still run the daemon's binary (pids get reused) */
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)d->pid);
+    size_t len = 0;
+    char *cmd = pdctl_read_file(path, &len);
+    if (cmd == NULL)
+        return false;
+    bool match = false;
+    const char *want = d->role < PDCTL_ROLE_N ? pdctl_bin_names[d->role] : "";
+    for (size_t off = 0; off < len; off += strlen(cmd + off) + 1) {
+        const char *b = strrchr(cmd + off, '/');
+        if (strcmp(b ? b + 1 : cmd + off, want) == 0) {
+            match = true;
+            break;
+        }
+    }
+    free(cmd);
+    return match;
+}
+
+/* ---- starting daemons --------------------------------------------------------- */
+
+static int pdctl_secret_ensure(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        if (sb.st_size < 32) {
+            fprintf(stderr, "pdctl: secret file %s is shorter than 32 bytes\n", path);
+            return PDCTL_EXIT_FAIL;
+        }
+        if ((sb.st_mode & 077) != 0 && sb.st_uid == getuid())
+            chmod(path, 0600);
+        return 0;
+    }
+    unsigned char raw[32];
+    if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw)) {
+        fprintf(stderr, "pdctl: getrandom: %s\n", strerror(errno));
+        return PDCTL_EXIT_FAIL;
+    }
+    char hex[65];
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    if (pdctl_write_file(path, hex, 0600) != 0) {
+        fprintf(stderr, "pdctl: cannot write secret %s: %s\n", path, strerror(errno));
+        return PDCTL_EXIT_FAIL;
+    }
+    return 0;
+}
+
+/* host:port -> bind test. 0: free (or port 0), else prints and returns 1. */
+static int pdctl_port_check(const char *what, const char *addr)
+{
+    char host[128];
+    const char *colon = strrchr(addr, ':');
+    if (colon == NULL) {
+        fprintf(stderr, "pdctl: [router] %s = %s: expected host:port\n", what, addr);
+        return PDCTL_EXIT_USAGE;
+    }
+    snprintf(host, sizeof(host), "%.*s", (int)(colon - addr), addr);
+    int port = atoi(colon + 1);
+    if (port == 0)
+        return 0;
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+        return 0;  /* names / IPv6: the router reports its own bind errors */
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    int rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    int e = errno;
+    close(fd);
+    if (rc != 0 && e == EADDRINUSE) {
+        fprintf(stderr, "pdctl: port in use: %s %s (another deployment? use port 0 for any free port)\n",
+                what, addr);
+        return PDCTL_EXIT_FAIL;
+    }
+    return 0;
+}
+
+static void pdctl_daemon_paths(pdctl_daemon_t *x, const char *run_dir)
+{
+    pdctl_fmt(x->sock, sizeof(x->sock), "%s/%s.sock", run_dir, x->name);
+    pdctl_fmt(x->log, sizeof(x->log), "%s/%s.log", run_dir, x->name);
+    pdctl_fmt(x->cfg, sizeof(x->cfg), "%s/%s.ini", run_dir, x->name);
+    pdctl_fmt(x->ready, sizeof(x->ready), "%s/%s.ready", run_dir, x->name);
+}
+
+static int pdctl_spawn(const pdctl_dep_t *dep, pdctl_state_t *st, pdctl_daemon_t *x)
+{
+    pdctl_daemon_paths(x, st->run_dir);
+    unlink(x->ready);
+    char *cfg = pdctl_dep_render(dep, x->role, x->name,
+                                 x->role == PDCTL_ROUTER ? NULL : st->control, x->sock, x->ready);
+    if (cfg == NULL || pdctl_write_file(x->cfg, cfg, 0600) != 0) {
+        fprintf(stderr, "pdctl: cannot write %s: %s\n", x->cfg, strerror(errno));
+        free(cfg);
+        return PDCTL_EXIT_FAIL;
+    }
+    free(cfg);
+    int logfd = open(x->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (logfd < 0) {
+        fprintf(stderr, "pdctl: cannot open %s: %s\n", x->log, strerror(errno));
+        return PDCTL_EXIT_FAIL;
+    }
+    const char *bin = dep->bins[x->role];
+    const char *ns = pdctl_kvs_get(&dep->netns, x->name);
+    char stamp[64];
+    time_t now = time(NULL);
+    strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    dprintf(logfd, "### %s pdctl: %s%s%s --config %s\n", stamp, ns ? "ip netns exec " : "",
+            ns ? ns : "", bin, x->cfg);
+    /* exec barrier: the pipe closes when the child execs (or dies), so the
+     * pid runs the daemon's binary by the time we return */
+    int barrier[2];
+    if (pipe2(barrier, O_CLOEXEC) != 0) {
+        fprintf(stderr, "pdctl: pipe: %s\n", strerror(errno));
+        close(logfd);
+        return PDCTL_EXIT_FAIL;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "pdctl: fork: %s\n", strerror(errno));
+        close(logfd);
+        close(barrier[0]);
+        close(barrier[1]);
+        return PDCTL_EXIT_FAIL;
+    }
+    if (pid == 0) {
+        close(barrier[0]);
+        setsid();
+        int null = open("/dev/null", O_RDONLY);
+        if (null >= 0)
+            dup2(null, 0);
+        dup2(logfd, 1);
+        dup2(logfd, 2);
+        /* the config file is authoritative: no PD_* from our environment */
+        for (char **e = environ; e != NULL && *e != NULL;) {
+            if (strncmp(*e, "PD_", 3) == 0) {
+                char name[256];
+                snprintf(name, sizeof(name), "%.*s", (int)(strchr(*e, '=') - *e), *e);
+                unsetenv(name);
+                e = environ;
+                continue;
+            }
+            e++;
+        }
+        for (size_t i = 0; i < dep->env.n; i++)
+            setenv(dep->env.v[i].key, dep->env.v[i].val, 1);
+        if (ns != NULL)
+            execlp("ip", "ip", "netns", "exec", ns, bin, "--config", x->cfg, (char *)NULL);
+        else
+            execl(bin, bin, "--config", x->cfg, (char *)NULL);
+        dprintf(2, "pdctl: exec %s: %s\n", ns ? "ip" : bin, strerror(errno));
+        _exit(127);
+    }
+    close(logfd);
+    close(barrier[1]);
+    char c;
+    while (read(barrier[0], &c, 1) < 0 && errno == EINTR)
+        ;
+    close(barrier[0]);
+    x->pid = pid;
+    x->started_unix = (int64_t)time(NULL);
+    char pidf[PATH_MAX], txt[32];
+    snprintf(pidf, sizeof(pidf), "%s/%s.pid", st->run_dir, x->name);
+    snprintf(txt, sizeof(txt), "%d\n", (int)pid);
+    pdctl_write_file(pidf, txt, 0644);
+    return 0;
+}
+
+/* Poll x's ready file; false (log tail printed) if it exits or the deadline passes. */
+static bool pdctl_wait_ready_file(const pdctl_daemon_t *x, double deadline)
+{
+    struct stat sb;
+    while (stat(x->ready, &sb) != 0 || sb.st_size == 0) {
+        if (!pdctl_daemon_alive(x)) {
+            fprintf(stderr, "pdctl: %s (pid %d) exited during start-up\n", x->name, (int)x->pid);
+            pdctl_tail_log(x->log, 12);
+            return false;
+        }
+        if (pdctl_now() > deadline) {
+            fprintf(stderr, "pdctl: %s not ready in time (no %s)\n", x->name, x->ready);
+            pdctl_tail_log(x->log, 12);
+            return false;
+        }
+        pdctl_nap_ms(20);
+    }
+    return true;
+}
+
+static const pdctl_daemon_t *pdctl_router(const pdctl_state_t *st)
+{
+    for (int i = 0; i < st->n; i++)
+        if (st->d[i].role == PDCTL_ROUTER)
+            return &st->d[i];
+    return NULL;
+}
+
+/* Every daemon named in `names` is in the router's `backends` as ready. */
+static bool pdctl_wait_registered(const pdctl_state_t *st, const pdctl_daemon_t *const *xs, int n,
+                                  double deadline)
+{
+    const pdctl_daemon_t *r = pdctl_router(st);
+    char err[256] = "";
+    for (;;) {
+        int found = 0;
+        cJSON *b = r ? pdctl_admin(r->sock, "backends", 2.0, err, sizeof(err)) : NULL;
+        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(b, "backends");
+        for (int i = 0; i < n; i++) {
+            const cJSON *o;
+            cJSON_ArrayForEach(o, arr) {
+                const char *id = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "id"));
+                const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "state"));
+                if (id && s && strcmp(id, xs[i]->name) == 0 && strcmp(s, "ready") == 0) {
+                    found++;
+                    break;
+                }
+            }
+        }
+        cJSON_Delete(b);
+        if (found == n)
+            return true;
+        for (int i = 0; i < n; i++) {
+            if (!pdctl_daemon_alive(xs[i])) {
+                fprintf(stderr, "pdctl: %s exited before it registered\n", xs[i]->name);
+                pdctl_tail_log(xs[i]->log, 12);
+                return false;
+            }
+        }
+        if (pdctl_now() > deadline) {
+            fprintf(stderr, "pdctl: not every daemon registered with the router in time%s%s\n",
+                    err[0] ? ": " : "", err);
+            if (r != NULL)
+                pdctl_tail_log(r->log, 12);
+            return false;
+        }
+        pdctl_nap_ms(50);
+    }
+}
+
+/* SIGTERM (or the admin `drain` when via_drain) and wait; SIGKILL after timeout. */
+static void pdctl_stop_many(pdctl_daemon_t *const *xs, int n, bool via_drain, double timeout_s)
+{
+    char err[256];
+    for (int i = 0; i < n; i++) {
+        if (!pdctl_daemon_alive(xs[i]))
+            continue;
+        bool sent = false;
+        if (via_drain) {
+            cJSON *r = pdctl_admin(xs[i]->sock, "drain", 2.0, err, sizeof(err));
+            sent = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "ok"));
+            cJSON_Delete(r);
+        }
+        if (!sent)
+            kill(xs[i]->pid, SIGTERM);
+    }
+    double deadline = pdctl_now() + timeout_s;
+    for (;;) {
+        int alive = 0;
+        for (int i = 0; i < n; i++)
+            alive += pdctl_daemon_alive(xs[i]);
+        if (alive == 0)
+            break;
+        if (pdctl_now() > deadline) {
+            for (int i = 0; i < n; i++) {
+                if (pdctl_daemon_alive(xs[i])) {
+                    fprintf(stderr, "pdctl: %s (pid %d) did not stop in %.0f s: SIGKILL\n",
+                            xs[i]->name, (int)xs[i]->pid, timeout_s);
+                    kill(xs[i]->pid, SIGKILL);
+                }
+            }
+            deadline = pdctl_now() + 5;
+            timeout_s = 5;
+            continue;
+        }
+        pdctl_nap_ms(20);
+    }
+    for (int i = 0; i < n; i++) {
+        char p[PATH_MAX];
+        snprintf(p, sizeof(p), "%s", xs[i]->cfg);   /* <run>/<name>.ini -> .pid */
+        char *dot = strrchr(p, '.');
+        if (dot != NULL && strcmp(dot, ".ini") == 0) {
+            strcpy(dot, ".pid");
+            unlink(p);
+        }
+        unlink(xs[i]->ready);
+        xs[i]->pid = 0;
+    }
+}
+
+static void pdctl_stop_all(pdctl_state_t *st, double timeout_s)
+{
+    pdctl_daemon_t *xs[PDCTL_MAX_DAEMONS];
+    int n = 0;
+    /* router first: it stops taking HTTP and finishes its streams while the
+     * daemons still serve them; then the (idle) daemons */
+    for (int i = 0; i < st->n; i++)
+        if (st->d[i].role == PDCTL_ROUTER)
+            xs[n++] = &st->d[i];
+    pdctl_stop_many(xs, n, false, timeout_s);
+    n = 0;
+    for (int i = 0; i < st->n; i++)
+        if (st->d[i].role != PDCTL_ROUTER)
+            xs[n++] = &st->d[i];
+    pdctl_stop_many(xs, n, false, timeout_s);
+}
+
+/* ---- option parsing ---------------------------------------------------------- */
+
+int pdctl_parse_opts(int *argc, char **argv, pdctl_opts_t *o)
+{
+    int out = 0;
+    for (int i = 0; i < *argc; i++) {
+        if (strcmp(argv[i], "--run-dir") == 0 && i + 1 < *argc) {
+            o->run_dir = argv[++i];
+        } else if (strncmp(argv[i], "--run-dir=", 10) == 0) {
+            o->run_dir = argv[i] + 10;
+        } else if (strcmp(argv[i], "--json") == 0) {
+            o->json = true;
+        } else if (strcmp(argv[i], "--once") == 0) {
+            o->once = true;
+        } else {
+            argv[out++] = argv[i];
+        }
+    }
+    *argc = out;
+    argv[out] = NULL;
+    if (o->run_dir == NULL)
+        o->run_dir = pdctl_default_run_dir();
+    return 0;
+}
+
+/* Split --set k=v out of argv (up, check, render). */
+static int pdctl_take_sets(int *argc, char **argv, char **sets, int *n_sets)
+{
+    int out = 0;
+    for (int i = 0; i < *argc; i++) {
+        if (strcmp(argv[i], "--set") == 0 && i + 1 < *argc) {
+            if (*n_sets == PDCTL_MAX_SETS)
+                return -1;
+            sets[(*n_sets)++] = argv[++i];
+        } else if (strncmp(argv[i], "--set=", 6) == 0) {
+            if (*n_sets == PDCTL_MAX_SETS)
+                return -1;
+            sets[(*n_sets)++] = argv[i] + 6;
+        } else {
+            argv[out++] = argv[i];
+        }
+    }
+    *argc = out;
+    return 0;
+}
+
+/* ---- up ------------------------------------------------------------------------- */
+
+static int pdctl_copy_file(const char *from, const char *to)
+{
+    char *text = pdctl_read_file(from, NULL);
+    if (text == NULL)
+        return -1;
+    int rc = pdctl_write_file(to, text, 0600);
+    free(text);
+    return rc;
+}
+
+static int pdctl_mkdir_p(const char *dir)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof(p), "%s", dir);
+    for (char *s = p + 1; *s; s++) {
+        if (*s == '/') {
+            *s = '\0';
+            if (mkdir(p, 0755) != 0 && errno != EEXIST)
+                return -1;
+            *s = '/';
+        }
+    }
+    if (mkdir(p, 0700) != 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+static int pdctl_ready_port(const char *ready, const char *key)
+{
+    char *t = pdctl_read_file(ready, NULL);
+    cJSON *j = t ? cJSON_Parse(t) : NULL;
+    free(t);
+    double v = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(j, key));
+    cJSON_Delete(j);
+    return v == v && v > 0 && v < 65536 ? (int)v : -1;
+}
+
+/* Start the daemons of `role` until it has `want`; appends to st. */
+static int pdctl_start_role(const pdctl_dep_t *dep, pdctl_state_t *st, pdctl_role_t role,
+                            unsigned want, pdctl_daemon_t **started, int *n_started)
+{
+    unsigned have = 0;
+    for (int i = 0; i < st->n; i++)
+        have += st->d[i].role == role;
+    for (unsigned idx = 0; have < want && idx < 1000; idx++) {
+        char name[48];
+        if (role == PDCTL_ROUTER)
+            snprintf(name, sizeof(name), "router");
+        else
+            snprintf(name, sizeof(name), "%s-%u", pdctl_role_name(role), idx);
+        if (pdctl_state_find(st, name) != NULL)
+            continue;
+        if (st->n == PDCTL_MAX_DAEMONS)
+            return PDCTL_EXIT_FAIL;
+        pdctl_daemon_t *x = &st->d[st->n];
+        memset(x, 0, sizeof(*x));
+        snprintf(x->name, sizeof(x->name), "%s", name);
+        x->role = role;
+        int rc = pdctl_spawn(dep, st, x);
+        if (rc != 0)
+            return rc;
+        st->n++;
+        started[(*n_started)++] = x;
+        have++;
+    }
+    return 0;
+}
+
+static bool pdctl_wait_started(const pdctl_dep_t *dep, pdctl_state_t *st,
+                               pdctl_daemon_t *const *xs, int n)
+{
+    double deadline = pdctl_now() + (double)dep->ready_timeout_ns / 1e9;
+    for (int i = 0; i < n; i++)
+        if (!pdctl_wait_ready_file(xs[i], deadline))
+            return false;
+    return pdctl_wait_registered(st, (const pdctl_daemon_t *const *)xs, n, deadline);
+}
+
+int pdctl_cmd_up(int argc, char **argv)
+{
+    char *sets[PDCTL_MAX_SETS];
+    int n_sets = 0;
+    pdctl_opts_t o = { 0 };
+    const char *run_override = NULL;
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--run-dir") == 0 || strncmp(argv[i], "--run-dir=", 10) == 0)
+            run_override = "";  /* given explicitly */
+    if (pdctl_take_sets(&argc, argv, sets, &n_sets) != 0)
+        return PDCTL_EXIT_USAGE;
+    pdctl_parse_opts(&argc, argv, &o);
+    if (run_override != NULL)
+        run_override = o.run_dir;
+    else if (getenv("PD_RUN_DIR") != NULL && getenv("PD_RUN_DIR")[0] != '\0')
+        run_override = getenv("PD_RUN_DIR");
+    if (argc != 1) {
+        fprintf(stderr, "usage: pdctl up FILE [--run-dir D] [--set section.key=value ...]\n");
+        return PDCTL_EXIT_USAGE;
+    }
+    pdctl_dep_t dep;
+    int rc = pdctl_dep_load(argv[0], sets, n_sets, run_override, &dep);
+    if (rc != 0)
+        return rc;
+    pdctl_state_t st;
+    memset(&st, 0, sizeof(st));
+    st.lock_fd = -1;
+    rc = PDCTL_EXIT_FAIL;
+    if (pdctl_mkdir_p(dep.run_dir) != 0) {
+        fprintf(stderr, "pdctl: cannot create run dir %s: %s\n", dep.run_dir, strerror(errno));
+        goto out;
+    }
+    snprintf(st.run_dir, sizeof(st.run_dir), "%s", dep.run_dir);
+    if (pdctl_state_lock(&st) != 0)
+        goto out;
+    {
+        pdctl_state_t old;
+        char sp[PATH_MAX];
+        pdctl_state_path(dep.run_dir, sp, sizeof(sp));
+        if (access(sp, F_OK) == 0 && pdctl_state_load(dep.run_dir, &old) == 0) {
+            for (int i = 0; i < old.n; i++) {
+                if (pdctl_daemon_alive(&old.d[i])) {
+                    fprintf(stderr, "pdctl: a deployment is already running in %s (%s, pid %d); "
+                            "`pdctl down --run-dir %s` first\n", dep.run_dir, old.d[i].name,
+                            (int)old.d[i].pid, dep.run_dir);
+                    goto out;
+                }
+            }
+        }
+    }
+    if (pdctl_secret_ensure(dep.secret_file) != 0)
+        goto out;
+    const char *http = pdctl_kvs_get(&dep.role_kv[PDCTL_ROUTER], "http");
+    const char *control = pdctl_kvs_get(&dep.role_kv[PDCTL_ROUTER], "control");
+    if ((rc = pdctl_port_check("http", http ? http : "127.0.0.1:8000")) != 0 ||
+        (rc = pdctl_port_check("control", control ? control : "127.0.0.1:7000")) != 0)
+        goto out;
+    rc = PDCTL_EXIT_FAIL;
+    snprintf(st.dep_file, sizeof(st.dep_file), "%s/deployment.ini", dep.run_dir);
+    if (pdctl_copy_file(dep.path, st.dep_file) != 0) {
+        fprintf(stderr, "pdctl: cannot copy %s to %s\n", dep.path, st.dep_file);
+        goto out;
+    }
+    snprintf(st.name, sizeof(st.name), "%s", dep.name);
+    pdctl_sets_json = cJSON_CreateArray();
+    for (int i = 0; i < n_sets; i++)
+        cJSON_AddItemToArray(pdctl_sets_json, cJSON_CreateString(sets[i]));
+
+    /* router */
+    pdctl_daemon_t *started[PDCTL_MAX_DAEMONS];
+    int n_started = 0;
+    if (pdctl_start_role(&dep, &st, PDCTL_ROUTER, 1, started, &n_started) != 0)
+        goto err_stop;
+    double deadline = pdctl_now() + (double)dep.ready_timeout_ns / 1e9;
+    if (!pdctl_wait_ready_file(&st.d[0], deadline))
+        goto err_stop;
+    int http_port = pdctl_ready_port(st.d[0].ready, "http");
+    int control_port = pdctl_ready_port(st.d[0].ready, "control");
+    if (http_port < 0 || control_port < 0) {
+        fprintf(stderr, "pdctl: cannot read the ports from %s\n", st.d[0].ready);
+        goto err_stop;
+    }
+    char host[128] = "127.0.0.1";
+    const char *ha = http ? http : "127.0.0.1:8000";
+    const char *ca = control ? control : "127.0.0.1:7000";
+    const char *colon = strrchr(ha, ':');
+    if (colon != NULL && colon != ha && strncmp(ha, "0.0.0.0", 7) != 0)
+        snprintf(host, sizeof(host), "%.*s", (int)(colon - ha), ha);
+    snprintf(st.url, sizeof(st.url), "http://%s:%d", host, http_port);
+    snprintf(host, sizeof(host), "127.0.0.1");
+    colon = strrchr(ca, ':');
+    if (colon != NULL && colon != ca && strncmp(ca, "0.0.0.0", 7) != 0)
+        snprintf(host, sizeof(host), "%.*s", (int)(colon - ca), ca);
+    snprintf(st.control, sizeof(st.control), "%s:%d", host, control_port);
+    if (pdctl_state_save(&st) != 0)
+        goto err_stop;
+
+    /* prefill + decode daemons, all at once */
+    n_started = 0;
+    if (pdctl_start_role(&dep, &st, PDCTL_PREFILL, dep.count[PDCTL_PREFILL], started, &n_started) != 0 ||
+        pdctl_start_role(&dep, &st, PDCTL_DECODE, dep.count[PDCTL_DECODE], started, &n_started) != 0)
+        goto err_stop;
+    pdctl_state_save(&st);
+    if (!pdctl_wait_started(&dep, &st, started, n_started))
+        goto err_stop;
+    /* /ready: the router has a decode (and a prefill when there are some) */
+    char err[256] = "";
+    int code;
+    while ((code = pdctl_http_status(st.url, "/ready", 2.0, err, sizeof(err))) != 200) {
+        if (pdctl_now() > deadline) {
+            fprintf(stderr, "pdctl: %s/ready still %d after %.0f s%s%s\n", st.url, code,
+                    (double)dep.ready_timeout_ns / 1e9, err[0] ? ": " : "", err);
+            goto err_stop;
+        }
+        pdctl_nap_ms(50);
+    }
+    if (pdctl_state_save(&st) != 0)
+        goto err_stop;
+    printf("pdserve deployment \"%s\" is ready: %s  (%u prefill : %u decode; run dir %s)\n",
+           st.name, st.url, dep.count[PDCTL_PREFILL], dep.count[PDCTL_DECODE], st.run_dir);
+    printf("  status: pdctl status --run-dir %s    stop: pdctl down --run-dir %s\n",
+           st.run_dir, st.run_dir);
+    char urlf[PATH_MAX];
+    snprintf(urlf, sizeof(urlf), "%s/url", st.run_dir);
+    char line[160];
+    snprintf(line, sizeof(line), "%s\n", st.url);
+    pdctl_write_file(urlf, line, 0644);
+    fflush(stdout);
+    rc = 0;
+    goto out;
+
+err_stop:
+    fprintf(stderr, "pdctl: start-up failed; stopping what was started\n");
+    pdctl_stop_all(&st, 10);
+    {
+        char p[PATH_MAX];
+        pdctl_state_path(st.run_dir, p, sizeof(p));
+        unlink(p);
+    }
+    rc = PDCTL_EXIT_FAIL;
+out:
+    cJSON_Delete(pdctl_sets_json);
+    pdctl_sets_json = NULL;
+    pdctl_state_unlock(&st);
+    pdctl_dep_free(&dep);
+    return rc;
+}
+
+/* The deployment of a run dir, re-parsed from its snapshot (for scale). */
+static int pdctl_dep_of_state(const pdctl_state_t *st, pdctl_dep_t *dep)
+{
+    char path[PATH_MAX];
+    pdctl_state_path(st->run_dir, path, sizeof(path));
+    char *text = pdctl_read_file(path, NULL);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    char *sets[PDCTL_MAX_SETS];
+    int n = 0;
+    const cJSON *s;
+    cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(j, "sets")) {
+        if (cJSON_IsString(s) && n < PDCTL_MAX_SETS)
+            sets[n++] = s->valuestring;
+    }
+    int rc = pdctl_dep_load(st->dep_file, sets, n, st->run_dir, dep);
+    cJSON_Delete(j);
+    return rc;
+}
+
+/* ---- down ------------------------------------------------------------------------ */
+
+int pdctl_cmd_down(int argc, char **argv)
+{
+    pdctl_opts_t o = { 0 };
+    pdctl_parse_opts(&argc, argv, &o);
+    if (argc != 0) {
+        fprintf(stderr, "usage: pdctl down [--run-dir D]\n");
+        return PDCTL_EXIT_USAGE;
+    }
+    pdctl_state_t st;
+    int rc = pdctl_state_load(o.run_dir, &st);
+    if (rc != 0)
+        return rc;
+    if ((rc = pdctl_state_lock(&st)) != 0)
+        return rc;
+    double timeout = 30;
+    pdctl_dep_t dep;
+    if (pdctl_dep_of_state(&st, &dep) == 0) {
+        timeout = (double)dep.stop_timeout_ns / 1e9;
+        pdctl_dep_free(&dep);
+    }
+    int alive = 0;
+    for (int i = 0; i < st.n; i++)
+        alive += pdctl_daemon_alive(&st.d[i]);
+    pdctl_stop_all(&st, timeout);
+    char p[PATH_MAX];
+    pdctl_state_path(st.run_dir, p, sizeof(p));
+    unlink(p);
+    snprintf(p, sizeof(p), "%s/url", st.run_dir);
+    unlink(p);
+    printf("pdserve deployment \"%s\" stopped (%d daemon%s; logs in %s)\n", st.name, alive,
+           alive == 1 ? "" : "s", st.run_dir);
+    pdctl_state_unlock(&st);
+    return 0;
+}
+
+/* ---- scale ------------------------------------------------------------------------ */
+
+static int pdctl_daemon_index(const pdctl_daemon_t *x)
+{
+    const char *dash = strrchr(x->name, '-');
+    return dash ? atoi(dash + 1) : 0;
+}
+
+int pdctl_cmd_scale(int argc, char **argv)
+{
+    pdctl_opts_t o = { 0 };
+    pdctl_parse_opts(&argc, argv, &o);
+    pdctl_role_t role = argc == 2 ? pdctl_role_parse(argv[0]) : PDCTL_ROLE_N;
+    char *end = NULL;
+    long want = argc == 2 ? strtol(argv[1], &end, 10) : -1;
+    if (role == PDCTL_ROLE_N || role == PDCTL_ROUTER || end == NULL || *end != '\0' ||
+        want < (role == PDCTL_DECODE ? 1 : 0) || want > PDCTL_MAX_PER_ROLE) {
+        fprintf(stderr, "usage: pdctl scale prefill|decode N [--run-dir D]  "
+                "(prefill 0..%d, decode 1..%d)\n", PDCTL_MAX_PER_ROLE, PDCTL_MAX_PER_ROLE);
+        return PDCTL_EXIT_USAGE;
+    }
+    pdctl_state_t st;
+    int rc = pdctl_state_load(o.run_dir, &st);
+    if (rc != 0)
+        return rc;
+    if ((rc = pdctl_state_lock(&st)) != 0)
+        return rc;
+    pdctl_dep_t dep;
+    if ((rc = pdctl_dep_of_state(&st, &dep)) != 0) {
+        pdctl_state_unlock(&st);
+        return rc;
+    }
+    rc = PDCTL_EXIT_FAIL;
+    const pdctl_daemon_t *router = pdctl_router(&st);
+    if (router == NULL || !pdctl_daemon_alive(router)) {
+        fprintf(stderr, "pdctl: the router of %s is not running\n", st.run_dir);
+        goto out;
+    }
+    /* forget daemons that died (their names get reused) */
+    int w = 0;
+    for (int i = 0; i < st.n; i++) {
+        if (st.d[i].role != PDCTL_ROUTER && !pdctl_daemon_alive(&st.d[i])) {
+            fprintf(stderr, "pdctl: %s (pid %d) is dead; replacing it\n", st.d[i].name,
+                    (int)st.d[i].pid);
+            continue;
+        }
+        st.d[w++] = st.d[i];
+    }
+    st.n = w;
+    int have = 0;
+    for (int i = 0; i < st.n; i++)
+        have += st.d[i].role == role;
+    if (want > have) {
+        pdctl_daemon_t *started[PDCTL_MAX_DAEMONS];
+        int n_started = 0;
+        rc = pdctl_start_role(&dep, &st, role, (unsigned)want, started, &n_started);
+        pdctl_state_save(&st);
+        if (rc != 0 || !pdctl_wait_started(&dep, &st, started, n_started)) {
+            fprintf(stderr, "pdctl: scale-up failed; stopping the new daemons\n");
+            pdctl_stop_many(started, n_started, false, 10);
+            int k = 0;
+            for (int i = 0; i < st.n; i++)
+                if (st.d[i].pid != 0)
+                    st.d[k++] = st.d[i];
+            st.n = k;
+            pdctl_state_save(&st);
+            rc = PDCTL_EXIT_FAIL;
+            goto out;
+        }
+    } else if (want < have) {
+        /* drain the highest-numbered ones: the router stops routing to them,
+         * they finish what they hold and exit */
+        pdctl_daemon_t *victims[PDCTL_MAX_DAEMONS];
+        int nv = 0;
+        while (have - nv > want) {
+            pdctl_daemon_t *best = NULL;
+            for (int i = 0; i < st.n; i++) {
+                if (st.d[i].role != role)
+                    continue;
+                bool taken = false;
+                for (int v = 0; v < nv; v++)
+                    taken |= victims[v] == &st.d[i];
+                if (!taken && (best == NULL || pdctl_daemon_index(&st.d[i]) > pdctl_daemon_index(best)))
+                    best = &st.d[i];
+            }
+            victims[nv++] = best;
+        }
+        char err[256], cmd[128];
+        for (int v = 0; v < nv; v++) {
+            snprintf(cmd, sizeof(cmd), "set-backend %s drain", victims[v]->name);
+            cJSON *r = pdctl_admin(router->sock, cmd, 5.0, err, sizeof(err));
+            if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "ok")))
+                fprintf(stderr, "pdctl: router: %s: %s\n", cmd,
+                        r ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
+                                cJSON_GetObjectItemCaseSensitive(r, "error"), "message"))
+                          : err);
+            cJSON_Delete(r);
+        }
+        pdctl_stop_many(victims, nv, true, (double)dep.stop_timeout_ns / 1e9);
+        int k = 0;
+        for (int i = 0; i < st.n; i++)
+            if (st.d[i].pid != 0)
+                st.d[k++] = st.d[i];
+        st.n = k;
+    }
+    if (pdctl_state_save(&st) != 0)
+        goto out;
+    printf("%s: %ld daemon%s (was %d)\n", pdctl_role_name(role), want, want == 1 ? "" : "s", have);
+    rc = 0;
+out:
+    pdctl_dep_free(&dep);
+    pdctl_state_unlock(&st);
+    return rc;
+}
+
+/* ---- check / render ---------------------------------------------------------- */
+
+int pdctl_cmd_check(int argc, char **argv)
+{
+    char *sets[PDCTL_MAX_SETS];
+    int n_sets = 0;
+    if (pdctl_take_sets(&argc, argv, sets, &n_sets) != 0 || argc != 1) {
+        fprintf(stderr, "usage: pdctl check FILE [--set section.key=value ...]\n");
+        return PDCTL_EXIT_USAGE;
+    }
+    pdctl_dep_t dep;
+    int rc = pdctl_dep_load(argv[0], sets, n_sets, NULL, &dep);
+    if (rc != 0)
+        return rc;
+    printf("%s: ok: deployment \"%s\", model %s, 1 router, %u prefill, %u decode, run dir %s\n",
+           argv[0], dep.name, dep.model, dep.count[PDCTL_PREFILL], dep.count[PDCTL_DECODE],
+           dep.run_dir);
+    pdctl_dep_free(&dep);
+    return 0;
+}
+
+int pdctl_cmd_render(int argc, char **argv)
+{
+    char *sets[PDCTL_MAX_SETS];
+    int n_sets = 0;
+    pdctl_opts_t o = { 0 };
+    bool have_run = false;
+    for (int i = 0; i < argc; i++)
+        have_run |= strncmp(argv[i], "--run-dir", 9) == 0;
+    if (pdctl_take_sets(&argc, argv, sets, &n_sets) != 0)
+        return PDCTL_EXIT_USAGE;
+    pdctl_parse_opts(&argc, argv, &o);
+    if (argc != 2) {
+        fprintf(stderr, "usage: pdctl render FILE OUTDIR [--run-dir /run/pdserve] [--set ...]\n"
+                "  writes router.ini, prefill-N.ini, decode-N.ini for the systemd units\n");
+        return PDCTL_EXIT_USAGE;
+    }
+    const char *run = have_run ? o.run_dir : "/run/pdserve";
+    pdctl_dep_t dep;
+    int rc = pdctl_dep_load(argv[0], sets, n_sets, run, &dep);
+    if (rc != 0)
+        return rc;
+    rc = PDCTL_EXIT_FAIL;
+    const char *ca = pdctl_kvs_get(&dep.role_kv[PDCTL_ROUTER], "control");
+    ca = ca ? ca : "127.0.0.1:7000";
+    const char *colon = strrchr(ca, ':');
+    if (colon == NULL || atoi(colon + 1) == 0) {
+        fprintf(stderr, "pdctl: render needs a fixed [router] control port (got %s)\n", ca);
+        goto out;
+    }
+    if (pdctl_mkdir_p(argv[1]) != 0) {
+        fprintf(stderr, "pdctl: cannot create %s: %s\n", argv[1], strerror(errno));
+        goto out;
+    }
+    for (int r = 0; r < PDCTL_ROLE_N; r++) {
+        for (unsigned i = 0; i < dep.count[r]; i++) {
+            char name[48], sock[PATH_MAX], out[PATH_MAX];
+            if (r == PDCTL_ROUTER)
+                snprintf(name, sizeof(name), "router");
+            else
+                snprintf(name, sizeof(name), "%s-%u", pdctl_role_name((pdctl_role_t)r), i);
+            snprintf(sock, sizeof(sock), "%s/%s.sock", run, name);
+            snprintf(out, sizeof(out), "%s/%s.ini", argv[1], name);
+            char *text = pdctl_dep_render(&dep, (pdctl_role_t)r, name, ca, sock, NULL);
+            if (text == NULL || pdctl_write_file(out, text, 0640) != 0) {
+                fprintf(stderr, "pdctl: cannot write %s: %s\n", out, strerror(errno));
+                free(text);
+                goto out;
+            }
+            free(text);
+            printf("%s\n", out);
+        }
+    }
+    rc = 0;
+out:
+    pdctl_dep_free(&dep);
+    return rc;
+}

@@ -1,0 +1,945 @@
+/* pdctl_query.c - read-only views of a running deployment: the admin-socket
+ * and HTTP clients, `status`, `stats|kv|leases|xfer|requests`, the transfer
+ * matrix (`xfer all`) and `top`. Everything is polled with bounded
+ * timeouts; a daemon that does not answer is one clear message. */
+#include "pdctl.h"
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+#include <netdb.h>
+
+#include "pd_sbuf.h"
+
+double pdctl_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void pdctl_nap_ms(unsigned ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+bool pdctl_fmt(char *buf, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
+    return n >= 0 && (size_t)n < cap;
+}
+
+/* ---- clients ------------------------------------------------------------------ */
+
+static void pdctl_seterr(char *err, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, cap, fmt, ap);
+    va_end(ap);
+}
+
+/* Read until '\n' (or EOF) within the deadline. */
+static char *pdctl_read_line(int fd, double deadline, bool *timed_out)
+{
+    pd_sbuf_t sb = PD_SBUF_INIT;
+    *timed_out = false;
+    for (;;) {
+        double left = deadline - pdctl_now();
+        if (left <= 0) {
+            *timed_out = true;
+            break;
+        }
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        int r = poll(&p, 1, (int)(left * 1000) + 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            continue;
+        char buf[65536];
+        ssize_t n = read(fd, buf, sizeof(buf));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        pd_sbuf_append(&sb, buf, (size_t)n);
+        if (memchr(buf, '\n', (size_t)n) != NULL)
+            break;
+    }
+    return pd_sbuf_finish(&sb, NULL);
+}
+
+cJSON *pdctl_admin(const char *sock, const char *cmd, double timeout_s, char *err, size_t err_len)
+{
+    struct stat sb;
+    if (stat(sock, &sb) != 0) {
+        pdctl_seterr(err, err_len, "no admin socket %s (daemon not running?)", sock);
+        return NULL;
+    }
+    if (!S_ISSOCK(sb.st_mode)) {
+        pdctl_seterr(err, err_len, "%s is not a socket", sock);
+        return NULL;
+    }
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    if (strlen(sock) >= sizeof(sa.sun_path)) {
+        pdctl_seterr(err, err_len, "admin socket path too long: %s", sock);
+        return NULL;
+    }
+    strcpy(sa.sun_path, sock);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        pdctl_seterr(err, err_len, "socket: %s", strerror(errno));
+        return NULL;
+    }
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        int e = errno;
+        close(fd);
+        if (e == ECONNREFUSED)
+            pdctl_seterr(err, err_len, "%s: connection refused (daemon dead? stale socket)", sock);
+        else
+            pdctl_seterr(err, err_len, "%s: %s", sock, strerror(e));
+        return NULL;
+    }
+    char line[1024];
+    int len = snprintf(line, sizeof(line), "%s\n", cmd);
+    if (send(fd, line, (size_t)len, MSG_NOSIGNAL) != len) {
+        pdctl_seterr(err, err_len, "%s: write: %s", sock, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    bool timed_out;
+    char *reply = pdctl_read_line(fd, pdctl_now() + timeout_s, &timed_out);
+    close(fd);
+    if (reply == NULL || reply[0] == '\0') {
+        pdctl_seterr(err, err_len, "%s: %s", sock,
+                     timed_out ? "no reply (timed out)" : "closed without a reply (daemon dying?)");
+        free(reply);
+        return NULL;
+    }
+    cJSON *j = cJSON_Parse(reply);
+    if (j == NULL || !cJSON_IsObject(j)) {
+        size_t n = strcspn(reply, "\r\n");
+        pdctl_seterr(err, err_len, "%s: garbage reply (not a JSON object): \"%.*s\"", sock,
+                     (int)(n > 60 ? 60 : n), reply);
+        cJSON_Delete(j);
+        j = NULL;
+    }
+    free(reply);
+    return j;
+}
+
+int pdctl_http_status(const char *url, const char *path, double timeout_s, char *err, size_t err_len)
+{
+    char host[128], port[16];
+    if (sscanf(url, "http://%127[^:]:%15[0-9]", host, port) != 2) {
+        pdctl_seterr(err, err_len, "bad url %s", url);
+        return -1;
+    }
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *ai;
+    if (getaddrinfo(host, port, &hints, &ai) != 0) {
+        pdctl_seterr(err, err_len, "cannot resolve %s", host);
+        return -1;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+        pdctl_seterr(err, err_len, "%s: %s", url, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(ai);
+        return -1;
+    }
+    freeaddrinfo(ai);
+    char req[256];
+    int len = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
+                       path, host);
+    if (send(fd, req, (size_t)len, MSG_NOSIGNAL) != len) {
+        close(fd);
+        pdctl_seterr(err, err_len, "%s: write failed", url);
+        return -1;
+    }
+    bool timed_out;
+    char *resp = pdctl_read_line(fd, pdctl_now() + timeout_s, &timed_out);
+    close(fd);
+    int code = -1;
+    if (resp == NULL || sscanf(resp, "HTTP/1.%*d %d", &code) != 1) {
+        pdctl_seterr(err, err_len, "%s%s: no HTTP status line", url, path);
+        code = -1;
+    }
+    free(resp);
+    return code;
+}
+
+/* ---- tables -------------------------------------------------------------------- */
+
+#define PDCTL_MAX_COLS 40
+#define PDCTL_MAX_ROWS 512
+
+typedef struct {
+    int ncols, nrows;
+    char *head[PDCTL_MAX_COLS];
+    char *cell[PDCTL_MAX_ROWS][PDCTL_MAX_COLS];
+} pdctl_table_t;
+
+static int pdctl_col(pdctl_table_t *t, const char *name)
+{
+    for (int c = 0; c < t->ncols; c++)
+        if (strcmp(t->head[c], name) == 0)
+            return c;
+    if (t->ncols == PDCTL_MAX_COLS)
+        return -1;
+    t->head[t->ncols] = strdup(name);
+    return t->ncols++;
+}
+
+static int pdctl_row(pdctl_table_t *t)
+{
+    return t->nrows < PDCTL_MAX_ROWS ? t->nrows++ : -1;
+}
+
+static void pdctl_put(pdctl_table_t *t, int row, const char *col, const char *fmt, ...)
+{
+    int c = pdctl_col(t, col);
+    if (row < 0 || c < 0)
+        return;
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    free(t->cell[row][c]);
+    t->cell[row][c] = strdup(buf);
+}
+
+static void pdctl_table_print(pdctl_table_t *t, FILE *out, const char *eol)
+{
+    int w[PDCTL_MAX_COLS];
+    for (int c = 0; c < t->ncols; c++) {
+        w[c] = (int)strlen(t->head[c]);
+        for (int r = 0; r < t->nrows; r++)
+            if (t->cell[r][c] != NULL && (int)strlen(t->cell[r][c]) > w[c])
+                w[c] = (int)strlen(t->cell[r][c]);
+    }
+    bool num[PDCTL_MAX_COLS];
+    for (int c = 0; c < t->ncols; c++) {
+        num[c] = c > 0;
+        for (int r = 0; r < t->nrows && num[c]; r++) {
+            const char *s = t->cell[r][c];
+            char *end;
+            if (s != NULL && strcmp(s, "-") != 0 && (strtod(s, &end), *end != '\0' || end == s))
+                num[c] = false;
+        }
+    }
+    for (int r = -1; r < t->nrows; r++) {
+        for (int c = 0; c < t->ncols; c++) {
+            const char *s = r < 0 ? t->head[c] : t->cell[r][c] ? t->cell[r][c] : "-";
+            /* numbers right-aligned, text left-aligned; no trailing blanks */
+            const char *sep = c == 0 ? "" : "  ";
+            if (num[c])
+                fprintf(out, "%s%*s", sep, w[c], s);
+            else if (c == t->ncols - 1)
+                fprintf(out, "%s%s", sep, s);
+            else
+                fprintf(out, "%s%-*s", sep, w[c], s);
+        }
+        fputs(eol, out);
+    }
+}
+
+static void pdctl_table_free(pdctl_table_t *t)
+{
+    for (int c = 0; c < t->ncols; c++) {
+        free(t->head[c]);
+        for (int r = 0; r < t->nrows; r++)
+            free(t->cell[r][c]);
+    }
+    memset(t, 0, sizeof(*t));
+}
+
+static void pdctl_fmt_ns(char *buf, size_t cap, double ns)
+{
+    if (ns >= 1e9)
+        snprintf(buf, cap, "%.2fs", ns / 1e9);
+    else if (ns >= 1e6)
+        snprintf(buf, cap, "%.1fms", ns / 1e6);
+    else if (ns >= 1e3)
+        snprintf(buf, cap, "%.1fus", ns / 1e3);
+    else
+        snprintf(buf, cap, "%.0fns", ns);
+}
+
+static void pdctl_fmt_bytes(char *buf, size_t cap, double b)
+{
+    const char *u[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+    int i = 0;
+    while (b >= 1024 && i < 4) {
+        b /= 1024;
+        i++;
+    }
+    snprintf(buf, cap, i ? "%.1f%s" : "%.0f%s", b, u[i]);
+}
+
+/* A JSON value as one cell. Histograms {count,p50_ns,p99_ns} compact. */
+static void pdctl_fmt_value(char *buf, size_t cap, const cJSON *v)
+{
+    if (cJSON_IsNumber(v)) {
+        double d = v->valuedouble;
+        if (d == floor(d) && fabs(d) < 1e15)
+            snprintf(buf, cap, "%.0f", d);
+        else
+            snprintf(buf, cap, "%.3f", d);
+    } else if (cJSON_IsString(v)) {
+        snprintf(buf, cap, "%s", v->valuestring);
+    } else if (cJSON_IsBool(v)) {
+        snprintf(buf, cap, "%s", cJSON_IsTrue(v) ? "yes" : "no");
+    } else if (cJSON_IsObject(v) && cJSON_GetObjectItemCaseSensitive(v, "p50_ns") != NULL) {
+        char a[32], b[32];
+        pdctl_fmt_ns(a, sizeof(a), cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(v, "p50_ns")));
+        pdctl_fmt_ns(b, sizeof(b), cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(v, "p99_ns")));
+        snprintf(buf, cap, "n=%.0f p50=%s p99=%s",
+                 cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(v, "count")), a, b);
+    } else if (cJSON_IsArray(v)) {
+        snprintf(buf, cap, "[%d]", cJSON_GetArraySize(v));
+    } else if (cJSON_IsObject(v)) {
+        char *s = cJSON_PrintUnformatted(v);
+        snprintf(buf, cap, "%s", s ? s : "{}");
+        free(s);
+    } else {
+        snprintf(buf, cap, "null");
+    }
+}
+
+/* ---- targets ------------------------------------------------------------------ */
+
+typedef struct {
+    const char *name;
+    const char *sock;
+    pdctl_role_t role;
+} pdctl_target_t;
+
+/* Resolve DAEMON|all|<socket path> into targets. `roles` limits "all". */
+static int pdctl_targets(pdctl_state_t *st, const char *which, unsigned roles,
+                         pdctl_target_t *out, int *n)
+{
+    *n = 0;
+    if (which != NULL && strchr(which, '/') != NULL) {
+        out[0] = (pdctl_target_t){ which, which, PDCTL_ROLE_N };
+        *n = 1;
+        return 0;
+    }
+    if (which == NULL || strcmp(which, "all") == 0) {
+        for (int i = 0; i < st->n; i++)
+            if (roles & (1u << st->d[i].role))
+                out[(*n)++] = (pdctl_target_t){ st->d[i].name, st->d[i].sock, st->d[i].role };
+        return 0;
+    }
+    pdctl_daemon_t *d = pdctl_state_find(st, which);
+    if (d == NULL) {
+        fprintf(stderr, "pdctl: no daemon \"%s\" in %s (names:", which, st->run_dir);
+        for (int i = 0; i < st->n; i++)
+            fprintf(stderr, " %s", st->d[i].name);
+        fprintf(stderr, ")\n");
+        return PDCTL_EXIT_USAGE;
+    }
+    out[0] = (pdctl_target_t){ d->name, d->sock, d->role };
+    *n = 1;
+    return 0;
+}
+
+/* Query one target; prints the error and returns NULL on failure, also for
+ * an {"ok":false} reply. */
+static cJSON *pdctl_ask(const pdctl_target_t *t, const char *cmd)
+{
+    char err[512];
+    cJSON *r = pdctl_admin(t->sock, cmd, 5.0, err, sizeof(err));
+    if (r == NULL) {
+        fprintf(stderr, "pdctl: %s: %s\n", t->name, err);
+        return NULL;
+    }
+    const cJSON *ok = cJSON_GetObjectItemCaseSensitive(r, "ok");
+    if (!cJSON_IsTrue(ok)) {
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(r, "error");
+        const char *m = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "message"));
+        if (!cJSON_IsBool(ok))
+            fprintf(stderr, "pdctl: %s: garbage reply (no \"ok\" field) to `%s`\n", t->name, cmd);
+        else
+            fprintf(stderr, "pdctl: %s: %s: %s\n", t->name, cmd, m ? m : "failed");
+        cJSON_Delete(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* Load the state unless the target is a socket path. */
+static int pdctl_state_for(const pdctl_opts_t *o, const char *which, pdctl_state_t *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->lock_fd = -1;
+    if (which != NULL && strchr(which, '/') != NULL)
+        return 0;
+    return pdctl_state_load(o->run_dir, st);
+}
+
+/* ---- status ---------------------------------------------------------------------- */
+
+static const cJSON *pdctl_backend(const cJSON *backends, const char *id)
+{
+    const cJSON *o;
+    cJSON_ArrayForEach(o, cJSON_GetObjectItemCaseSensitive(backends, "backends")) {
+        const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "id"));
+        if (s != NULL && strcmp(s, id) == 0)
+            return o;
+    }
+    return NULL;
+}
+
+static double pdctl_num(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+/* The values object of the first stats set named `table`. */
+static const cJSON *pdctl_stats_values(const cJSON *stats, const char *table)
+{
+    const cJSON *s;
+    cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(stats, "stats")) {
+        const char *t = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(s, "table"));
+        if (t != NULL && strcmp(t, table) == 0)
+            return cJSON_GetObjectItemCaseSensitive(s, "values");
+    }
+    return NULL;
+}
+
+static void pdctl_fmt_uptime(char *buf, size_t cap, double s)
+{
+    if (s >= 86400)
+        snprintf(buf, cap, "%.0fd%02.0fh", floor(s / 86400), floor(fmod(s, 86400) / 3600));
+    else if (s >= 3600)
+        snprintf(buf, cap, "%.0fh%02.0fm", floor(s / 3600), floor(fmod(s, 3600) / 60));
+    else if (s >= 60)
+        snprintf(buf, cap, "%.0fm%02.0fs", floor(s / 60), floor(fmod(s, 60)));
+    else
+        snprintf(buf, cap, "%.0fs", s);
+}
+
+int pdctl_cmd_status(int argc, char **argv)
+{
+    pdctl_opts_t o = { 0 };
+    pdctl_parse_opts(&argc, argv, &o);
+    if (argc != 0) {
+        fprintf(stderr, "usage: pdctl status [--run-dir D] [--json]\n");
+        return PDCTL_EXIT_USAGE;
+    }
+    pdctl_state_t st;
+    int rc = pdctl_state_load(o.run_dir, &st);
+    if (rc != 0)
+        return rc;
+    char err[512] = "";
+    cJSON *backends = NULL, *rstats = NULL;
+    for (int i = 0; i < st.n; i++) {
+        if (st.d[i].role == PDCTL_ROUTER && pdctl_daemon_alive(&st.d[i])) {
+            backends = pdctl_admin(st.d[i].sock, "backends", 5.0, err, sizeof(err));
+            rstats = pdctl_admin(st.d[i].sock, "stats", 5.0, err, sizeof(err));
+        }
+    }
+    pdctl_table_t t = { 0 };
+    cJSON *js = cJSON_CreateArray();
+    int bad = 0;
+    for (int i = 0; i < st.n; i++) {
+        const pdctl_daemon_t *d = &st.d[i];
+        int row = pdctl_row(&t);
+        bool alive = pdctl_daemon_alive(d);
+        char state[32] = "dead", load[96] = "-", up[32] = "-";
+        if (alive) {
+            cJSON *s = pdctl_admin(d->sock, "stats", 5.0, err, sizeof(err));
+            const cJSON *proc = cJSON_GetObjectItemCaseSensitive(s, "process");
+            if (proc != NULL)
+                pdctl_fmt_uptime(up, sizeof(up), pdctl_num(proc, "uptime_s"));
+            if (d->role == PDCTL_ROUTER) {
+                snprintf(state, sizeof(state), "%s", s ? "up" : "no-admin");
+                const cJSON *v = pdctl_stats_values(rstats, "router");
+                if (v != NULL)
+                    snprintf(load, sizeof(load), "inflight=%.0f done=%.0f", pdctl_num(v, "requests_inflight"),
+                             pdctl_num(v, "requests_completed"));
+            } else {
+                const cJSON *b = pdctl_backend(backends, d->name);
+                const char *bs = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(b, "state"));
+                snprintf(state, sizeof(state), "%s", bs ? bs : "unregistered");
+                if (b != NULL) {
+                    double tot = pdctl_num(b, "total_blocks"), fr = pdctl_num(b, "free_blocks");
+                    snprintf(load, sizeof(load), "queue=%.0f run=%.0f kv=%.0f%%",
+                             pdctl_num(b, "queue_depth"), pdctl_num(b, "running_seqs"),
+                             tot > 0 ? 100.0 * (tot - fr) / tot : 0.0);
+                }
+            }
+            cJSON_Delete(s);
+        }
+        if (!alive || strcmp(state, "ready") != 0)
+            bad += d->role != PDCTL_ROUTER || !alive;
+        pdctl_put(&t, row, "DAEMON", "%s", d->name);
+        pdctl_put(&t, row, "ROLE", "%s", pdctl_role_name(d->role));
+        pdctl_put(&t, row, "STATE", "%s", state);
+        pdctl_put(&t, row, "LOAD", "%s", load);
+        pdctl_put(&t, row, "PID", "%d", (int)d->pid);
+        pdctl_put(&t, row, "UPTIME", "%s", up);
+        cJSON *jo = cJSON_CreateObject();
+        cJSON_AddStringToObject(jo, "name", d->name);
+        cJSON_AddStringToObject(jo, "role", pdctl_role_name(d->role));
+        cJSON_AddStringToObject(jo, "state", state);
+        cJSON_AddStringToObject(jo, "load", load);
+        cJSON_AddNumberToObject(jo, "pid", d->pid);
+        cJSON_AddStringToObject(jo, "uptime", up);
+        cJSON_AddItemToArray(js, jo);
+    }
+    if (o.json) {
+        cJSON *top = cJSON_CreateObject();
+        cJSON_AddStringToObject(top, "name", st.name);
+        cJSON_AddStringToObject(top, "url", st.url);
+        cJSON_AddItemToObject(top, "daemons", js);
+        char *s = cJSON_PrintUnformatted(top);
+        printf("%s\n", s);
+        free(s);
+        cJSON_Delete(top);
+    } else {
+        printf("deployment \"%s\"  %s  (run dir %s)\n", st.name, st.url, st.run_dir);
+        pdctl_table_print(&t, stdout, "\n");
+        cJSON_Delete(js);
+    }
+    pdctl_table_free(&t);
+    cJSON_Delete(backends);
+    cJSON_Delete(rstats);
+    return bad ? PDCTL_EXIT_FAIL : 0;
+}
+
+/* ---- stats | kv | leases | xfer | requests ------------------------------------ */
+
+/* One row per object of `arr` (keys as columns), prefixed with DAEMON. */
+static void pdctl_rows_of(pdctl_table_t *t, const char *daemon, const cJSON *arr)
+{
+    const cJSON *o;
+    cJSON_ArrayForEach(o, arr) {
+        int row = pdctl_row(t);
+        pdctl_put(t, row, "DAEMON", "%s", daemon);
+        const cJSON *f;
+        cJSON_ArrayForEach(f, o) {
+            char buf[256];
+            pdctl_fmt_value(buf, sizeof(buf), f);
+            pdctl_put(t, row, f->string, "%s", buf);
+        }
+    }
+}
+
+/* Scalars of an object as one row (skips "ok" and arrays). */
+static void pdctl_row_of(pdctl_table_t *t, const char *daemon, const cJSON *obj)
+{
+    int row = pdctl_row(t);
+    pdctl_put(t, row, "DAEMON", "%s", daemon);
+    const cJSON *f;
+    cJSON_ArrayForEach(f, obj) {
+        if (strcmp(f->string, "ok") == 0 || cJSON_IsArray(f) || cJSON_IsObject(f))
+            continue;
+        char buf[256];
+        pdctl_fmt_value(buf, sizeof(buf), f);
+        pdctl_put(t, row, f->string, "%s", buf);
+    }
+}
+
+/* Failed pulls of a kvx per-peer / total object. */
+static double pdctl_pull_failures(const cJSON *p)
+{
+    static const char *const k[] = { "pulls_timed_out", "pulls_canceled", "pulls_peer_gone",
+                                     "pulls_stale", "pulls_transport", "pulls_shutdown" };
+    double f = 0;
+    for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++)
+        f += pdctl_num(p, k[i]);
+    return f;
+}
+
+/* node_id (hex) -> prefill daemon name, from each prefill's `xfer`. */
+typedef struct {
+    char node[32];
+    char name[48];
+} pdctl_node_t;
+
+static int pdctl_prefill_nodes(pdctl_state_t *st, pdctl_node_t *nodes, int cap)
+{
+    int n = 0;
+    char err[256];
+    for (int i = 0; i < st->n && n < cap; i++) {
+        if (st->d[i].role != PDCTL_PREFILL)
+            continue;
+        cJSON *r = pdctl_admin(st->d[i].sock, "xfer", 5.0, err, sizeof(err));
+        const char *id = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(r, "xfer"), "node_id"));
+        if (id != NULL) {
+            snprintf(nodes[n].node, sizeof(nodes[n].node), "%s", id);
+            snprintf(nodes[n].name, sizeof(nodes[n].name), "%s", st->d[i].name);
+            n++;
+        }
+        cJSON_Delete(r);
+    }
+    return n;
+}
+
+static const char *pdctl_node_name(const pdctl_node_t *nodes, int n, const char *node)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(nodes[i].node, node) == 0)
+            return nodes[i].name;
+    return node;
+}
+
+/* Per-peer rows from decode `xfer` replies: DECODE, PREFILL, pulls, bytes... */
+static void pdctl_xfer_rows(pdctl_table_t *t, const char *daemon, const cJSON *reply,
+                            const pdctl_node_t *nodes, int n_nodes)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(reply, "xfer");
+    const cJSON *p;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(x, "peers")) {
+        const char *node = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(p, "node_id"));
+        const cJSON *lat = cJSON_GetObjectItemCaseSensitive(p, "latency");
+        char bytes[32], p50[32], p99[32];
+        pdctl_fmt_bytes(bytes, sizeof(bytes), pdctl_num(p, "bytes_pulled"));
+        pdctl_fmt_ns(p50, sizeof(p50), pdctl_num(lat, "p50_ns"));
+        pdctl_fmt_ns(p99, sizeof(p99), pdctl_num(lat, "p99_ns"));
+        int row = pdctl_row(t);
+        pdctl_put(t, row, "DECODE", "%s", daemon);
+        pdctl_put(t, row, "PREFILL", "%s", node ? pdctl_node_name(nodes, n_nodes, node) : "?");
+        pdctl_put(t, row, "STATE", "%s",
+                  cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(p, "state")) ?: "?");
+        pdctl_put(t, row, "PULLS", "%.0f", pdctl_num(p, "pulls_ok"));
+        pdctl_put(t, row, "FAILED", "%.0f", pdctl_pull_failures(p));
+        pdctl_put(t, row, "BYTES", "%s", bytes);
+        pdctl_put(t, row, "RECENT_GB/s", "%.3f", pdctl_num(p, "recent_bw_bytes_per_s") / 1e9);
+        pdctl_put(t, row, "P50", "%s", p50);
+        pdctl_put(t, row, "P99", "%s", p99);
+        pdctl_put(t, row, "IN_FLIGHT", "%.0f",
+                  pdctl_num(p, "pulls_started") - pdctl_num(p, "pulls_ok") - pdctl_pull_failures(p));
+    }
+}
+
+static void pdctl_stats_rows(pdctl_table_t *t, const char *daemon, const cJSON *reply)
+{
+    const cJSON *s;
+    cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(reply, "stats")) {
+        const char *table = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(s, "table"));
+        char set[128];
+        snprintf(set, sizeof(set), "%s", table ? table : "?");
+        const cJSON *labels = cJSON_GetObjectItemCaseSensitive(s, "labels");
+        const cJSON *l;
+        cJSON_ArrayForEach(l, labels) {
+            if (cJSON_IsString(l) && strcmp(l->string, "daemon") != 0) {
+                size_t n = strlen(set);
+                snprintf(set + n, sizeof(set) - n, "%s%s=%s", n ? " " : "", l->string, l->valuestring);
+            }
+        }
+        const cJSON *v;
+        cJSON_ArrayForEach(v, cJSON_GetObjectItemCaseSensitive(s, "values")) {
+            char buf[256];
+            pdctl_fmt_value(buf, sizeof(buf), v);
+            int row = pdctl_row(t);
+            pdctl_put(t, row, "DAEMON", "%s", daemon);
+            pdctl_put(t, row, "SET", "%s", set);
+            pdctl_put(t, row, "COUNTER", "%s", v->string);
+            pdctl_put(t, row, "VALUE", "%s", buf);
+        }
+    }
+}
+
+int pdctl_cmd_query(const char *what, int argc, char **argv)
+{
+    pdctl_opts_t o = { 0 };
+    pdctl_parse_opts(&argc, argv, &o);
+    if (argc > 1) {
+        fprintf(stderr, "usage: pdctl %s [DAEMON|all|SOCKET_PATH] [--run-dir D] [--json]\n", what);
+        return PDCTL_EXIT_USAGE;
+    }
+    const char *which = argc == 1 ? argv[0] : NULL;
+    unsigned all = (1u << PDCTL_ROUTER) | (1u << PDCTL_PREFILL) | (1u << PDCTL_DECODE);
+    unsigned roles = all;
+    if (strcmp(what, "kv") == 0)
+        roles = (1u << PDCTL_PREFILL) | (1u << PDCTL_DECODE);
+    else if (strcmp(what, "leases") == 0)
+        roles = 1u << PDCTL_PREFILL;
+    else if (strcmp(what, "xfer") == 0)
+        roles = 1u << PDCTL_DECODE;
+    bool matrix = strcmp(what, "xfer") == 0 && (which == NULL || strcmp(which, "all") == 0);
+
+    pdctl_state_t st;
+    int rc = pdctl_state_for(&o, which, &st);
+    if (rc != 0)
+        return rc;
+    pdctl_target_t tg[PDCTL_MAX_DAEMONS];
+    int n;
+    if ((rc = pdctl_targets(&st, which, roles, tg, &n)) != 0)
+        return rc;
+    if (n == 0) {
+        fprintf(stderr, "pdctl: no daemon in %s answers `%s`\n", st.run_dir, what);
+        return PDCTL_EXIT_FAIL;
+    }
+    pdctl_node_t nodes[PDCTL_MAX_PER_ROLE];
+    int n_nodes = strcmp(what, "xfer") == 0 && st.n > 0 ?
+                  pdctl_prefill_nodes(&st, nodes, PDCTL_MAX_PER_ROLE) : 0;
+    pdctl_table_t t = { 0 };
+    cJSON *all_json = cJSON_CreateObject();
+    int failed = 0;
+    for (int i = 0; i < n; i++) {
+        cJSON *r = pdctl_ask(&tg[i], what);
+        if (r == NULL) {
+            failed++;
+            continue;
+        }
+        if (strcmp(what, "stats") == 0) {
+            pdctl_stats_rows(&t, tg[i].name, r);
+        } else if (strcmp(what, "xfer") == 0) {
+            pdctl_xfer_rows(&t, tg[i].name, r, nodes, n_nodes);
+        } else if (strcmp(what, "kv") == 0) {
+            pdctl_row_of(&t, tg[i].name, r);
+        } else {
+            const cJSON *arr = cJSON_GetObjectItemCaseSensitive(r, what);
+            pdctl_rows_of(&t, tg[i].name, arr);
+        }
+        cJSON_AddItemToObject(all_json, tg[i].name, r);
+    }
+    if (o.json) {
+        cJSON *out = n == 1 ? cJSON_GetObjectItemCaseSensitive(all_json, tg[0].name) : all_json;
+        if (out != NULL) {
+            char *s = cJSON_PrintUnformatted(out);
+            printf("%s\n", s);
+            free(s);
+        }
+    } else if (failed < n) {
+        if (matrix)
+            printf("KV transfers (decode pulls from prefill), totals since start:\n");
+        if (t.nrows == 0)
+            printf("(no %s)\n", strcmp(what, "xfer") == 0 ? "transfers yet" : what);
+        else
+            pdctl_table_print(&t, stdout, "\n");
+        if (strcmp(what, "requests") == 0) {
+            /* outcome counters below the table */
+            const cJSON *d;
+            cJSON_ArrayForEach(d, all_json) {
+                const cJSON *c = cJSON_GetObjectItemCaseSensitive(d, "counters");
+                if (c == NULL)
+                    continue;
+                printf("%s:", d->string);
+                const cJSON *f;
+                cJSON_ArrayForEach(f, c)
+                    printf(" %s=%.0f", f->string, cJSON_GetNumberValue(f));
+                printf("\n");
+            }
+        }
+    }
+    pdctl_table_free(&t);
+    cJSON_Delete(all_json);
+    return failed ? PDCTL_EXIT_FAIL : 0;
+}
+
+/* ---- top ------------------------------------------------------------------------ */
+
+#define PDCTL_MAX_PAIRS (PDCTL_MAX_PER_ROLE * PDCTL_MAX_PER_ROLE)
+
+typedef struct {
+    double t;                  /* monotonic s */
+    double done;               /* router requests completed + failed */
+    int n_pairs;
+    struct {
+        char dec[48], node[32];
+        double bytes;
+    } pairs[PDCTL_MAX_PAIRS];
+} pdctl_sample_t;
+
+static double pdctl_pair_bytes(const pdctl_sample_t *s, const char *dec, const char *node)
+{
+    for (int i = 0; i < s->n_pairs; i++)
+        if (strcmp(s->pairs[i].dec, dec) == 0 && strcmp(s->pairs[i].node, node) == 0)
+            return s->pairs[i].bytes;
+    return -1;
+}
+
+/* One frame into `out`; `prev` (may have t == 0) for rates. */
+static int pdctl_top_frame(pdctl_state_t *st, const pdctl_sample_t *prev, pdctl_sample_t *cur,
+                           FILE *out, const char *eol)
+{
+    char err[512] = "";
+    const pdctl_daemon_t *router = NULL;
+    for (int i = 0; i < st->n; i++)
+        if (st->d[i].role == PDCTL_ROUTER)
+            router = &st->d[i];
+    cJSON *rs = router ? pdctl_admin(router->sock, "stats", 2.0, err, sizeof(err)) : NULL;
+    if (rs == NULL) {
+        fprintf(out, "router: %s%s", err[0] ? err : "not in the deployment", eol);
+        return PDCTL_EXIT_FAIL;
+    }
+    cJSON *be = pdctl_admin(router->sock, "backends", 2.0, err, sizeof(err));
+    memset(cur, 0, sizeof(*cur));
+    cur->t = pdctl_now();
+    const cJSON *v = pdctl_stats_values(rs, "router");
+    cur->done = pdctl_num(v, "requests_completed") + pdctl_num(v, "requests_failed");
+    double uptime = pdctl_num(cJSON_GetObjectItemCaseSensitive(rs, "process"), "uptime_s");
+    double rps = prev->t > 0 && cur->t > prev->t ? (cur->done - prev->done) / (cur->t - prev->t)
+                 : uptime > 0 ? cur->done / uptime : 0;
+    char tt50[32], tt99[32], it50[32], it99[32];
+    const cJSON *ttft = cJSON_GetObjectItemCaseSensitive(v, "request_ttft");
+    const cJSON *itl = cJSON_GetObjectItemCaseSensitive(v, "request_inter_token");
+    pdctl_fmt_ns(tt50, sizeof(tt50), pdctl_num(ttft, "p50_ns"));
+    pdctl_fmt_ns(tt99, sizeof(tt99), pdctl_num(ttft, "p99_ns"));
+    pdctl_fmt_ns(it50, sizeof(it50), pdctl_num(itl, "p50_ns"));
+    pdctl_fmt_ns(it99, sizeof(it99), pdctl_num(itl, "p99_ns"));
+    time_t now = time(NULL);
+    char clock[32];
+    strftime(clock, sizeof(clock), "%H:%M:%S", localtime(&now));
+    fprintf(out, "pdctl top - %s  deployment \"%s\"  %s%s", clock, st->name, st->url, eol);
+    fprintf(out, "requests/s %.1f%s  in flight %.0f  done %.0f  failed %.0f  retried %.0f  "
+            "disagg %.0f  local %.0f%s", rps, prev->t > 0 ? "" : " (avg)",
+            pdctl_num(v, "requests_inflight"), pdctl_num(v, "requests_completed"),
+            pdctl_num(v, "requests_failed"), pdctl_num(v, "requests_retried"),
+            pdctl_num(v, "requests_disaggregated"), pdctl_num(v, "requests_local"), eol);
+    fprintf(out, "TTFT p50 %s p99 %s   inter-token p50 %s p99 %s%s%s", tt50, tt99, it50, it99,
+            eol, eol);
+
+    pdctl_table_t t = { 0 };
+    for (int i = 0; i < st->n; i++) {
+        const pdctl_daemon_t *d = &st->d[i];
+        if (d->role == PDCTL_ROUTER)
+            continue;
+        int row = pdctl_row(&t);
+        const cJSON *b = pdctl_backend(be, d->name);
+        pdctl_put(&t, row, "DAEMON", "%s", d->name);
+        pdctl_put(&t, row, "STATE", "%s",
+                  b ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(b, "state")) ?: "?"
+                    : pdctl_daemon_alive(d) ? "unregistered" : "dead");
+        if (b != NULL) {
+            double tot = pdctl_num(b, "total_blocks"), fr = pdctl_num(b, "free_blocks");
+            pdctl_put(&t, row, "QUEUE", "%.0f", pdctl_num(b, "queue_depth"));
+            pdctl_put(&t, row, "RUNNING", "%.0f", pdctl_num(b, "running_seqs"));
+            pdctl_put(&t, row, "KV_USED", "%.0f/%.0f", tot - fr, tot);
+            pdctl_put(&t, row, "KV%", "%.0f", tot > 0 ? 100 * (tot - fr) / tot : 0.0);
+            pdctl_put(&t, row, "LEASES", "%.0f", pdctl_num(b, "leases"));
+        }
+    }
+    pdctl_table_print(&t, out, eol);
+    pdctl_table_free(&t);
+
+    /* transfer matrix: rows decode, columns prefill, current GB/s */
+    pdctl_node_t nodes[PDCTL_MAX_PER_ROLE];
+    int n_nodes = pdctl_prefill_nodes(st, nodes, PDCTL_MAX_PER_ROLE);
+    pdctl_table_t m = { 0 };
+    pdctl_col(&m, "GB/s (decode<-prefill)");
+    for (int k = 0; k < n_nodes; k++)
+        pdctl_col(&m, nodes[k].name);
+    for (int i = 0; i < st->n; i++) {
+        const pdctl_daemon_t *d = &st->d[i];
+        if (d->role != PDCTL_DECODE)
+            continue;
+        int row = pdctl_row(&m);
+        pdctl_put(&m, row, "GB/s (decode<-prefill)", "%s", d->name);
+        cJSON *x = pdctl_admin(d->sock, "xfer", 2.0, err, sizeof(err));
+        const cJSON *p;
+        cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(
+                                  cJSON_GetObjectItemCaseSensitive(x, "xfer"), "peers")) {
+            const char *node = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(p, "node_id"));
+            if (node == NULL || cur->n_pairs == PDCTL_MAX_PAIRS)
+                continue;
+            double bytes = pdctl_num(p, "bytes_pulled");
+            snprintf(cur->pairs[cur->n_pairs].dec, sizeof(cur->pairs[0].dec), "%s", d->name);
+            snprintf(cur->pairs[cur->n_pairs].node, sizeof(cur->pairs[0].node), "%s", node);
+            cur->pairs[cur->n_pairs++].bytes = bytes;
+            double pb = pdctl_pair_bytes(prev, d->name, node);
+            double gbps = prev->t > 0 && pb >= 0 ? (bytes - pb) / (cur->t - prev->t) / 1e9
+                                                 : pdctl_num(p, "recent_bw_bytes_per_s") / 1e9;
+            char tot[32];
+            pdctl_fmt_bytes(tot, sizeof(tot), bytes);
+            pdctl_put(&m, row, pdctl_node_name(nodes, n_nodes, node), "%.3f (%s, %.0f fail)", gbps,
+                      tot, pdctl_pull_failures(p));
+        }
+        cJSON_Delete(x);
+    }
+    fputs(eol, out);
+    if (m.nrows > 0)
+        pdctl_table_print(&m, out, eol);
+    pdctl_table_free(&m);
+    cJSON_Delete(rs);
+    cJSON_Delete(be);
+    return 0;
+}
+
+int pdctl_cmd_top(int argc, char **argv)
+{
+    pdctl_opts_t o = { 0 };
+    pdctl_parse_opts(&argc, argv, &o);
+    if (argc != 0) {
+        fprintf(stderr, "usage: pdctl top [--once] [--run-dir D]\n");
+        return PDCTL_EXIT_USAGE;
+    }
+    pdctl_state_t st;
+    int rc = pdctl_state_load(o.run_dir, &st);
+    if (rc != 0)
+        return rc;
+    static pdctl_sample_t a, b;
+    memset(&a, 0, sizeof(a));
+    if (o.once)
+        return pdctl_top_frame(&st, &a, &b, stdout, "\n");
+    bool tty = isatty(0);
+    struct termios saved, raw;
+    if (tty && tcgetattr(0, &saved) == 0) {
+        raw = saved;
+        raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+        raw.c_cc[VMIN] = 0;
+        raw.c_cc[VTIME] = 0;
+        tcsetattr(0, TCSANOW, &raw);
+    } else {
+        tty = false;
+    }
+    printf("\033[?25l");  /* hide the cursor */
+    pdctl_sample_t *prev = &a, *cur = &b;
+    for (;;) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        if (f == NULL)
+            break;
+        rc = pdctl_top_frame(&st, prev, cur, f, "\033[K\n");
+        fclose(f);
+        printf("\033[H%s\033[J(q to quit)", buf);
+        fflush(stdout);
+        free(buf);
+        pdctl_sample_t *tmp = prev;
+        prev = cur;
+        cur = tmp;
+        double until = pdctl_now() + 1.0;
+        bool quit = false;
+        while (!quit && pdctl_now() < until) {
+            struct pollfd p = { .fd = 0, .events = POLLIN };
+            int r = poll(&p, 1, (int)((until - pdctl_now()) * 1000) + 1);
+            if (r > 0) {
+                char c;
+                if (read(0, &c, 1) != 1 || c == 'q' || c == 'Q')
+                    quit = true;
+            } else if (r < 0 && errno != EINTR) {
+                break;
+            }
+        }
+        if (quit)
+            break;
+    }
+    printf("\033[?25h\n");
+    if (tty)
+        tcsetattr(0, TCSANOW, &saved);
+    return 0;
+}
