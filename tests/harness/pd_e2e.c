@@ -400,9 +400,9 @@ int e2e_restart_router(e2e_deploy_t *d)
 {
     if (e2e_proc_alive(&d->router))
         return -1;
-    char ctl[64];
-    snprintf(ctl, sizeof(ctl), "--control=127.0.0.1:%u", d->control_port);
-    d->router.extra[0] = strdup(ctl);   /* same control port: daemons reconnect */
+    snprintf(d->router_ctl_arg, sizeof(d->router_ctl_arg), "--control=127.0.0.1:%u",
+             d->control_port);
+    d->router.extra[0] = d->router_ctl_arg;   /* same control port: daemons reconnect */
     d->router.extra[1] = NULL;
     unlink(d->router.sock);
     if (spawn(d, &d->router) != 0 || wait_ready_file(&d->router, d->o.ready_timeout_s) != 0)
@@ -415,10 +415,11 @@ int e2e_restart_router(e2e_deploy_t *d)
     return wait_http_ready(d, d->o.ready_timeout_s);
 }
 
-static int stop_one(e2e_proc_t *p, bool verbose)
+static int stop_one(e2e_proc_t *p, bool verbose, bool send_term)
 {
     if (p->pid > 0) {
-        e2e_proc_signal(p, SIGTERM);
+        if (send_term)   /* once: a second SIGTERM means "stop now" */
+            e2e_proc_signal(p, SIGTERM);
         if (e2e_proc_wait(p, 10.0) < 0) {
             fprintf(stderr, "e2e: %s ignored SIGTERM for 10 s: SIGKILL\n", p->id);
             kill(p->pid, SIGKILL);
@@ -451,10 +452,10 @@ int e2e_deploy_stop(e2e_deploy_t *d, bool verbose)
         if (d->prefill[i].pid > 0)
             e2e_proc_signal(&d->prefill[i], SIGTERM);
     for (int i = 0; i < d->n_decode; i++)
-        bad += stop_one(&d->decode[i], verbose);
+        bad += stop_one(&d->decode[i], verbose, false);
     for (int i = 0; i < d->n_prefill; i++)
-        bad += stop_one(&d->prefill[i], verbose);
-    bad += stop_one(&d->router, verbose);
+        bad += stop_one(&d->prefill[i], verbose, false);
+    bad += stop_one(&d->router, verbose, true);
     /* Sockets and ready files must be gone after a clean exit. */
     const e2e_proc_t *all[1 + 2 * E2E_MAX_DAEMONS];
     int n = 0;
@@ -469,6 +470,20 @@ int e2e_deploy_stop(e2e_deploy_t *d, bool verbose)
             fprintf(stderr, "e2e: %s left its admin socket %s behind\n", all[i]->id, all[i]->sock);
             bad++;
         }
+    }
+    /* Sanitizer reports in any log fail the deployment (UBSan does not abort). */
+    for (int i = 0; i < n; i++) {
+        FILE *f = fopen(all[i]->log, "r");
+        char line[1024];
+        while (f && fgets(line, sizeof(line), f))
+            if (strstr(line, "runtime error:") || strstr(line, "AddressSanitizer") ||
+                strstr(line, "LeakSanitizer") || strstr(line, "ThreadSanitizer")) {
+                fprintf(stderr, "e2e: sanitizer report in %s: %s", all[i]->log, line);
+                bad++;
+                break;
+            }
+        if (f)
+            fclose(f);
     }
     if (getenv("E2E_KEEP") == NULL && bad == 0) {
         char cmd[300];

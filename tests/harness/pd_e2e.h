@@ -54,6 +54,7 @@ typedef struct {
     e2e_proc_t decode[E2E_MAX_DAEMONS];
     int n_prefill, n_decode;
     uint16_t http_port, control_port;
+    char router_ctl_arg[64];   /* --control=... of a restarted router */
 } e2e_deploy_t;
 
 double e2e_now(void);          /* monotonic seconds */
