@@ -191,6 +191,16 @@ static void test_aggregate_goodput(void **state)
     assert_float_equal(a.itl_ms.mean, 20, 1e-9);
     assert_float_equal(a.e2el_ms.max, 320, 1e-9);
 
+    /* A successful stream without content has E2EL but no TTFT. */
+    r[4] = rec_ok(0, 30, 0);
+    r[4].content_chunks = 0;
+    assert_int_equal(pb_aggregate(r, 6, &slo, 2 * 1000 * MS, &a), PD_OK);
+    assert_int_equal(a.completed, 4);
+    assert_int_equal(a.ttft_ms.n, 3);
+    assert_int_equal(a.e2el_ms.n, 4);
+    r[4].success = false;
+    r[4].err = PB_ERR_TIMEOUT;
+
     /* No SLO: goodput equals throughput. */
     assert_int_equal(pb_slo_parse("", &slo), PD_OK);
     assert_int_equal(pb_aggregate(r, 6, &slo, 2 * 1000 * MS, &a), PD_OK);

@@ -162,7 +162,7 @@ const char *pb_err_kind_name(pb_err_kind_t kind)
 
 double pb_record_tpot_ns(const pb_record_t *rec)
 {
-    if (rec->output_tokens <= 1 || rec->ttft_ns == 0 ||
+    if (rec->output_tokens <= 1 || rec->content_chunks == 0 ||
         rec->e2el_ns < rec->ttft_ns)
         return 0.0;
     return (double)(rec->e2el_ns - rec->ttft_ns) /
@@ -236,7 +236,7 @@ pd_status_t pb_aggregate(const pb_record_t *recs, size_t n,
                          pb_aggregate_t *agg)
 {
     double *ttft = NULL, *tpot = NULL, *e2el = NULL, *itl = NULL;
-    size_t n_ok = 0, n_tpot = 0, n_itl = 0, total_itl = 0, i, j;
+    size_t n_ok = 0, n_ttft = 0, n_tpot = 0, n_itl = 0, total_itl = 0, i, j;
     pd_status_t status = PD_ERR_NO_MEMORY;
 
     memset(agg, 0, sizeof(*agg));
@@ -266,10 +266,12 @@ pd_status_t pb_aggregate(const pb_record_t *recs, size_t n,
             agg->good++;
         agg->total_input_tokens += r->input_tokens;
         agg->total_output_tokens += r->output_tokens;
-        ttft[n_ok] = (double)r->ttft_ns / 1e6;
+        /* A stream with no content chunk has no TTFT (not a zero one). */
+        if (r->content_chunks > 0)
+            ttft[n_ttft++] = (double)r->ttft_ns / 1e6;
         e2el[n_ok] = (double)r->e2el_ns / 1e6;
         n_ok++;
-        if (r->output_tokens > 1 && r->ttft_ns != 0)
+        if (r->output_tokens > 1 && r->content_chunks > 0)
             tpot[n_tpot++] = pb_record_tpot_ns(r) / 1e6;
         for (j = 0; j < r->n_itl && r->itl_ns != NULL; j++)
             itl[n_itl++] = (double)r->itl_ns[j] / 1e6;
@@ -282,7 +284,7 @@ pd_status_t pb_aggregate(const pb_record_t *recs, size_t n,
             (double)(agg->total_input_tokens + agg->total_output_tokens) /
             agg->duration_s;
     }
-    pb_summary(ttft, n_ok, &agg->ttft_ms);
+    pb_summary(ttft, n_ttft, &agg->ttft_ms);
     pb_summary(tpot, n_tpot, &agg->tpot_ms);
     pb_summary(e2el, n_ok, &agg->e2el_ms);
     pb_summary(itl, n_itl, &agg->itl_ms);

@@ -129,7 +129,7 @@ typedef struct {
 } pb_aggregate_t;
 
 /* Aggregate records over duration_ns (> 0). Only successful records feed
- * tokens and latencies (as vllm). PD_ERR_NO_MEMORY possible (scratch
+ * tokens and latencies (as vllm); TTFT/TPOT only those with a content chunk. PD_ERR_NO_MEMORY possible (scratch
  * arrays). */
 pd_status_t pb_aggregate(const pb_record_t *recs, size_t n,
                          const pb_slo_t *slo, uint64_t duration_ns,
