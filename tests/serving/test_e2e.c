@@ -35,11 +35,43 @@ static bool g_a_up, g_b_up;
 
 /* ---- helpers ---------------------------------------------------------------- */
 
+static double router_stat(e2e_deploy_t *d, const char *name);
+
+/* /metrics sample value of a family (no labels), -1 if absent. */
+static double metric(const char *text, const char *name)
+{
+    size_t l = strlen(name);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (strncmp(p, name, l) == 0 && p[l] == ' ')
+            return strtod(p + l + 1, NULL);
+    return -1;
+}
+
+/* FIELD-NOTES 5.6: the router's counters agree between the admin socket and
+ * /metrics once quiescent. */
+static void metrics_agree(e2e_deploy_t *d)
+{
+    static const char *names[] = { "accepted", "completed", "failed", "canceled" };
+    e2e_resp_t r;
+    e2e_http(d->http_port, "GET", "/metrics", NULL, NULL, 10.0, &r);
+    assert_int_equal(r.status, 200);
+    for (size_t i = 0; i < 4; i++) {
+        char stat[64], fam[96];
+        snprintf(stat, sizeof(stat), "requests_%s", names[i]);
+        snprintf(fam, sizeof(fam), "pd_router_requests_%s_total", names[i]);
+        double a = router_stat(d, stat), m = metric(r.body, fam);
+        if (a < 0 || a != m)
+            fail_msg("router %s: admin %.0f, /metrics %s %.0f", stat, a, fam, m);
+    }
+    e2e_resp_free(&r);
+}
+
 static void quiet_ok(e2e_deploy_t *d)
 {
     char why[512] = "";
     if (!e2e_quiescent(d, 10.0, why, sizeof(why)))
         fail_msg("not quiescent: %s (logs in %s)", why, d->dir);
+    metrics_agree(d);
 }
 
 static int g_teardown_failures;   /* cmocka does not count a failed group teardown */
@@ -447,6 +479,8 @@ static void test_equiv_sequential(void **st)
 {
     (void)st;
     build_references();
+    double com_a = router_stat(&g_a, "requests_completed");
+    double com_b = router_stat(&g_b, "requests_completed");
     double dis0 = router_stat(&g_a, "requests_disaggregated");
     double loc0 = router_stat(&g_b, "requests_local");
     double pulled0 = admin_num(&g_a.decode[0], "xfer", "xfer.total.bytes_pulled");
@@ -456,6 +490,10 @@ static void test_equiv_sequential(void **st)
         check_one(&g_b, i, "decode-local");
     assert_int_equal((int)(router_stat(&g_a, "requests_disaggregated") - dis0), NPROMPT);
     assert_int_equal((int)(router_stat(&g_b, "requests_local") - loc0), NPROMPT);
+    /* the client's ledger: every request it saw succeed is one completed */
+    assert_int_equal((int)(router_stat(&g_a, "requests_completed") - com_a), NPROMPT);
+    assert_int_equal((int)(router_stat(&g_b, "requests_completed") - com_b), NPROMPT);
+    assert_int_equal((int)admin_num(&g_a.decode[0], "requests", "counters.pulls_ok"), NPROMPT);
     double pulled = admin_num(&g_a.decode[0], "xfer", "xfer.total.bytes_pulled") - pulled0;
     double bb = admin_num(&g_a.decode[0], "kv", "block_bytes");
     assert_true(pulled >= NPROMPT * bb);   /* every request pulled at least one block */
