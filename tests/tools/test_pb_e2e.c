@@ -160,11 +160,31 @@ static void test_rate_chat(void **state)
         fail_msg("not quiescent after pd-bench: %s", why);
 }
 
+static void test_prompt_ids_exact_input(void **state)
+{
+    char url[64], out[256];
+    cJSON *j, *r;
+
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u", g_d.http_port);
+    snprintf(out, sizeof(out), "%s/pb-ids.json", g_d.dir);
+    const char *args[] = { "--url", url, "--prompt-ids", "10:60", "--input-len", "20",
+                           "--output-len", "4", "--ignore-eos", "--concurrency", "2",
+                           "--num-requests", "4", "--quiet", "--out", out, NULL };
+    assert_int_equal(run_bench(args, 60), 0);
+    check_run(out, 4, 4);
+    j = load_json(out);
+    /* The router's usage.prompt_tokens agrees with the ids sent. */
+    cJSON_ArrayForEach(r, cJSON_GetObjectItem(j, "requests"))
+        assert_int_equal(num(r, "input_tokens"), 20);
+    cJSON_Delete(j);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrency_completions),
         cmocka_unit_test(test_rate_chat),
+        cmocka_unit_test(test_prompt_ids_exact_input),
     };
 
     if (argc < 6) {

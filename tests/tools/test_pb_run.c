@@ -58,6 +58,8 @@ typedef struct {
     atomic_int chat_requests;
     atomic_int model_gets;
     atomic_int conns;           /* distinct client ports seen */
+    atomic_int id_prompts;      /* prompts given as token-id arrays */
+    atomic_int id_bad;          /* ... of the wrong length or range */
     unsigned char port_seen[65536];
 } fake_t;
 
@@ -68,6 +70,7 @@ typedef struct {
     char kind[16];
     int ttft_ms, n, gap_ms;
     int sent;
+    int prompt_tokens;
     bool chat;
     bool closed;
 } stream_t;
@@ -126,8 +129,9 @@ static void stream_tick(evutil_socket_t fd, short what, void *arg)
     if (strcmp(s->kind, "chunks") != 0) {
         snprintf(json, sizeof(json),
                  "{\"id\":\"c\",\"object\":\"text_completion\",\"choices\":[],"
-                 "\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":%d,"
-                 "\"total_tokens\":%d}}", s->n, s->n + 7);
+                 "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
+                 "\"total_tokens\":%d}}", s->prompt_tokens, s->n,
+                 s->n + s->prompt_tokens);
         send_data(s, json);
     }
     if (strcmp(s->kind, "nodone") != 0) {
@@ -219,6 +223,25 @@ static void fake_cb(struct evhttp_request *req, void *arg)
     } else {
         p = cJSON_GetObjectItem(j, "prompt");
         assert_string_equal(uri, "/v1/completions");
+        if (cJSON_IsArray(p)) {
+            /* Token ids: check length 17 and range [100, 199], then run
+             * a short "ok" script. */
+            cJSON *id;
+            int n_ids = 0;
+
+            atomic_fetch_add(&f->id_prompts, 1);
+            cJSON_ArrayForEach(id, p) {
+                if (!cJSON_IsNumber(id) || id->valuedouble < 100 ||
+                    id->valuedouble > 199 || id->valuedouble != (int)id->valuedouble)
+                    atomic_fetch_add(&f->id_bad, 1);
+                n_ids++;
+            }
+            if (n_ids != 17)
+                atomic_fetch_add(&f->id_bad, 1);
+            s->prompt_tokens = n_ids;
+            snprintf(script, sizeof(script), "ok ttft=5 n=2 gap=5");
+            p = NULL;
+        }
     }
     /* Request shape every client of the contract sends. */
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "stream")));
@@ -229,6 +252,8 @@ static void fake_cb(struct evhttp_request *req, void *arg)
         snprintf(script, sizeof(script), "%s", p->valuestring);
     cJSON_Delete(j);
 
+    if (s->prompt_tokens == 0)
+        s->prompt_tokens = 7;
     s->ttft_ms = 50;
     s->n = 10;
     s->gap_ms = 20;
@@ -702,6 +727,31 @@ static void test_sigint_stops_cleanly(void **state)
     fake_stop(f);
 }
 
+static void test_prompt_ids(void **state)
+{
+    fake_t *f = fake_start();
+    char out[300], url[64];
+    cJSON *j, *res, *r;
+
+    snprintf(out, sizeof(out), "%s/ids.json", tmpdir);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d", f->port);
+    const char *args[] = { "--url", url, "--model", "m", "--prompt-ids", "100:199",
+                           "--input-len", "17", "--output-len", "2",
+                           "--concurrency", "2", "--num-requests", "5",
+                           "--quiet", "--out", out, NULL };
+    assert_int_equal(run_bench(args, 15), 0);
+    assert_int_equal(atomic_load(&f->id_prompts), 5);
+    assert_int_equal(atomic_load(&f->id_bad), 0);
+    j = load_json(out);
+    res = cJSON_GetObjectItem(j, "results");
+    assert_int_equal(num(res, "completed"), 5);
+    assert_int_equal(num(res, "total_input_tokens"), 5 * 17);
+    cJSON_ArrayForEach(r, cJSON_GetObjectItem(j, "requests"))
+        assert_int_equal(num(r, "input_tokens"), 17);
+    cJSON_Delete(j);
+    fake_stop(f);
+}
+
 static void test_connect_refused_and_synthetic(void **state)
 {
     struct sockaddr_in sin;
@@ -740,6 +790,8 @@ static void test_cli_usage(void **state)
     const char *big_conc[] = { "--concurrency", "100000", NULL };
     const char *bad_base[] = { "--baseline", "/nonexistent/pb.json", NULL };
     const char *bad_prompts[] = { "--prompts", "/nonexistent/p.jsonl", NULL };
+    const char *bad_ids[] = { "--prompt-ids", "9:1", NULL };
+    const char *chat_ids[] = { "--prompt-ids", "1:9", "--endpoint", "chat", NULL };
 
     assert_int_equal(run_bench(help, 10), 0);
     assert_int_equal(run_bench(bad_flag, 10), 2);
@@ -749,6 +801,8 @@ static void test_cli_usage(void **state)
     assert_int_equal(run_bench(big_conc, 10), 2);
     assert_int_equal(run_bench(bad_base, 10), 2);
     assert_int_equal(run_bench(bad_prompts, 10), 2);
+    assert_int_equal(run_bench(bad_ids, 10), 2);
+    assert_int_equal(run_bench(chat_ids, 10), 2);
 }
 
 int main(int argc, char **argv)
@@ -760,6 +814,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_chat_and_model_discovery),
         cmocka_unit_test(test_concurrency_duration),
         cmocka_unit_test(test_sigint_stops_cleanly),
+        cmocka_unit_test(test_prompt_ids),
         cmocka_unit_test(test_connect_refused_and_synthetic),
     };
     int rc;

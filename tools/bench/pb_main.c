@@ -71,6 +71,7 @@ typedef struct {
     bool no_per_request;
     bool keep_alive;
     char *baseline;
+    char *prompt_ids;
 } pb_config_t;
 
 static const pd_cfg_field_t pb_fields[] = {
@@ -118,6 +119,9 @@ static const pd_cfg_field_t pb_fields[] = {
                "omit per-request records from the JSON", 0, 0, NULL),
     PD_CFG_ROW(pb_config_t, keep_alive, "keep-alive", BOOL, "true",
                "reuse each slot's connection between requests", 0, 0, NULL),
+    PD_CFG_ROW(pb_config_t, prompt_ids, "prompt-ids", STRING, NULL,
+               "A:B: synthetic prompts as --input-len token ids drawn from [A, B] "
+               "(completions only; exact input length)", 0, 0, NULL),
     PD_CFG_ROW(pb_config_t, baseline, "baseline", STRING, NULL,
                "earlier --out JSON: print figures side by side with ratios", 0, 0, NULL),
     PD_CFG_END,
@@ -176,6 +180,8 @@ struct pb_run {
     uint32_t n_slots;
     uint64_t num_requests;      /* 0 = only duration bounds */
     pb_dist_t in_dist, out_dist;
+    bool use_ids;               /* --prompt-ids */
+    uint32_t id_lo, id_hi;
     pb_slo_t slo;
     pb_rng_t rng_prompt, rng_arrival;
     pb_prompt_t *prompts;
@@ -336,12 +342,16 @@ static char *build_request(pb_run_t *run, pb_slot_t *s, uint64_t seq,
         prompt = strdup(p->prompt);
         max_tokens = p->max_tokens ? p->max_tokens
                                    : pb_dist_sample(&run->out_dist, &run->rng_prompt);
+    } else if (run->use_ids) {
+        in_len = pb_dist_sample(&run->in_dist, &run->rng_prompt);
+        max_tokens = pb_dist_sample(&run->out_dist, &run->rng_prompt);
+        prompt = NULL;
     } else {
         in_len = pb_dist_sample(&run->in_dist, &run->rng_prompt);
         max_tokens = pb_dist_sample(&run->out_dist, &run->rng_prompt);
         prompt = synth_prompt(&run->rng_prompt, in_len);
     }
-    if (prompt == NULL)
+    if (prompt == NULL && !(run->use_ids && run->n_prompts == 0))
         goto out;
     s->rec.input_tokens = in_len;
     cJSON_AddStringToObject(body, "model", run->cfg.model);
@@ -352,6 +362,16 @@ static char *build_request(pb_run_t *run, pb_slot_t *s, uint64_t seq,
         cJSON_AddStringToObject(m, "content", prompt);
         cJSON_AddItemToArray(msgs, m);
         cJSON_AddNumberToObject(body, "max_completion_tokens", max_tokens);
+    } else if (prompt == NULL) {
+        /* Token ids: exact input length whatever the tokenizer. */
+        cJSON *ids = cJSON_AddArrayToObject(body, "prompt");
+        uint64_t span = (uint64_t)run->id_hi - run->id_lo + 1;
+        uint32_t k;
+
+        for (k = 0; k < in_len; k++)
+            cJSON_AddItemToArray(ids, cJSON_CreateNumber(
+                (double)(run->id_lo + pb_rng_next(&run->rng_prompt) % span)));
+        cJSON_AddNumberToObject(body, "max_tokens", max_tokens);
     } else {
         cJSON_AddStringToObject(body, "prompt", prompt);
         cJSON_AddNumberToObject(body, "max_tokens", max_tokens);
@@ -1428,6 +1448,22 @@ static int setup(pb_run_t *run, int argc, char **argv)
     if (pb_dist_parse(run->cfg.output_len, &run->out_dist) != PD_OK)
         return usage_error("--output-len", "expected N, fixed:N or uniform:A:B "
                            "(1..1000000)", run->cfg.output_len);
+    if (run->cfg.prompt_ids != NULL) {
+        unsigned lo, hi;
+        int used = 0;
+
+        if (sscanf(run->cfg.prompt_ids, "%u:%u%n", &lo, &hi, &used) != 2 ||
+            run->cfg.prompt_ids[used] != '\0' || lo > hi || hi > 100000000u ||
+            run->cfg.prompt_ids[0] == '-')
+            return usage_error("--prompt-ids", "expected A:B with 0 <= A <= B",
+                               run->cfg.prompt_ids);
+        if (run->cfg.endpoint == PB_EP_CHAT || run->cfg.prompts != NULL)
+            return usage_error("--prompt-ids", "needs --endpoint completions and "
+                               "no --prompts", run->cfg.prompt_ids);
+        run->use_ids = true;
+        run->id_lo = lo;
+        run->id_hi = hi;
+    }
     if (pb_slo_parse(run->cfg.slo, &run->slo) != PD_OK)
         return usage_error("--slo", "expected ttft=DUR,tpot=DUR,e2el=DUR (any "
                            "subset)", run->cfg.slo);
