@@ -1,0 +1,315 @@
+#!/usr/bin/env bash
+# tests/pdctl: pdctl against real deployments (loopback, ports chosen by the
+# OS, temp run dirs). Every wait polls with a bound; nothing sleeps blindly.
+#   test_pdctl.sh lifecycle|errors|systemd SRC_ROOT PDCTL
+set -uo pipefail
+MODE=$1 SRC=$2 PDCTL=$3
+T=$(mktemp -d /tmp/pdctl-test.XXXXXX)
+PY_PIDS=()
+LOAD_PIDS=()
+cleanup() {
+    local p
+    for p in "${LOAD_PIDS[@]}" "${PY_PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    for d in "$T"/run*; do
+        [ -f "$d/deployment.json" ] && "$PDCTL" down --run-dir "$d" >/dev/null 2>&1
+        for f in "$d"/*.pid; do
+            [ -f "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null
+        done
+    done
+    [ -n "${KEEP:-}" ] || rm -rf "$T"
+}
+trap cleanup EXIT
+fails=0
+ok()   { echo "ok   - $*"; }
+bad()  { echo "FAIL - $*"; fails=$((fails + 1)); }
+check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+# run CMD...: sets RC, OUT (stdout), ERR (stderr)
+run() {
+    "$@" >"$T/out" 2>"$T/err"; RC=$?
+    OUT=$(cat "$T/out"); ERR=$(cat "$T/err")
+}
+expect() {   # expect RC WHAT-GREP-IN-STDERR description
+    local want=$1 pat=$2 what=$3
+    if [ "$RC" = "$want" ] && grep -qE -- "$pat" <<<"$ERR$OUT"; then ok "$what"
+    else bad "$what (rc=$RC, want $want, /$pat/): $ERR $OUT"; fi
+}
+poll() {     # poll SECONDS CMD...: until CMD succeeds
+    local limit=$1; shift
+    local end=$((SECONDS + limit))
+    until "$@"; do
+        [ $SECONDS -lt $end ] || return 1
+        sleep 0.05
+    done
+}
+PROMPT='The quick brown fox jumps over the lazy dog while the five boxing wizards jump quickly and a long prompt goes on'
+request() {  # request URL [MAX_TOKENS] -> prints "200 finish" / "<code> error" / "<code> unreadable"
+    local code body
+    body=$(curl -s -m 30 -w '\n%{http_code}' "$1/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"prompt\":\"$PROMPT\",\"max_tokens\":${2:-8}}")
+    code=${body##*$'\n'}
+    body=${body%$'\n'*}
+    if [ "$code" = 200 ] && grep -q '"finish_reason":"\(length\|stop\)"' <<<"$body"; then
+        echo "200 finish"
+    elif grep -q '"error":{' <<<"$body"; then
+        echo "$code error"
+    else
+        echo "$code unreadable"
+    fi
+}
+load_loop() {  # load_loop URL RESULTS STOPFILE
+    while [ ! -e "$3" ]; do request "$1" 24 >>"$2"; done
+}
+count_ge() {   # count_ge FILE N: FILE has at least N lines
+    [ "$(wc -l <"$1")" -ge "$2" ]
+}
+pid_alive() {  # a zombie (exited, not yet reaped by whoever adopted it) is dead
+    [ -r "/proc/$1/stat" ] && ! grep -qE '^[0-9]+ \(.*\) [ZX] ' "/proc/$1/stat"
+}
+json_get() {   # json_get EXPR < json   (python3: the expression over `j`)
+    python3 -c "import json,sys; j=json.load(sys.stdin); print($1)"
+}
+
+lifecycle() {
+    local R=$T/run1 URL
+    run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$R" \
+        --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0
+    expect 0 "is ready: http://127.0.0.1:[0-9]+" "up local-1p1d prints the endpoint"
+    [ $RC = 0 ] || { for f in "$R"/*.log; do tail -5 "$f"; done; return; }
+    URL=$(cat "$R/url")
+    check "state recorded (deployment.json, pid files, sockets)" \
+        test -s "$R/deployment.json" -a -S "$R/router.sock" -a -S "$R/decode-0.sock" -a -s "$R/prefill-0.pid"
+    run "$PDCTL" status --run-dir "$R"
+    expect 0 "prefill-0 +prefill +ready" "status: prefill-0 ready"
+    check "status: router up and decode-0 ready with pid + uptime" \
+        grep -qE "^router +router +up .* [0-9]+ +[0-9]+s" <<<"$OUT"
+    check "status: decode-0 line" grep -qE "^decode-0 +decode +ready +queue=" <<<"$OUT"
+
+    for i in 1 2 3 4; do
+        r=$(request "$URL"); [ "$r" = "200 finish" ] || bad "request $i: $r"
+    done
+    run "$PDCTL" xfer all --run-dir "$R"
+    expect 0 "decode-0 +prefill-0 +active +[1-9][0-9]* +0 +[0-9.]+[KMG]?i?B" "xfer all: non-zero prefill x decode matrix"
+    run "$PDCTL" xfer all --run-dir "$R" --json
+    check "xfer --json: bytes_pulled > 0" \
+        test "$(json_get 'j["xfer"]["peers"][0]["bytes_pulled"] > 0' <<<"$OUT")" = True
+    run "$PDCTL" top --once --run-dir "$R"
+    expect 0 "TTFT p50 [0-9.]+(ms|us|s)" "top --once renders (TTFT)"
+    check "top --once: per-daemon rows and the transfer matrix" \
+        grep -qE "^decode-0 +\S+ .*prefill-0|^decode-0 +[0-9.]+ \(" <<<"$OUT"
+    check "top --once: decode-0 in the matrix" grep -qE "^decode-0 +[0-9.]+ \(.*B, 0 fail\)" <<<"$OUT"
+    run "$PDCTL" stats router --run-dir "$R"
+    expect 0 "requests_completed +4" "stats router: 4 completed"
+    run "$PDCTL" kv --run-dir "$R"
+    expect 0 "decode-0 +[0-9]+" "kv: table"
+    run "$PDCTL" leases --run-dir "$R"
+    expect 0 "no leases|DAEMON" "leases: prefill table"
+    run "$PDCTL" requests all --run-dir "$R"
+    expect 0 "decode-0: accepted=4 completed=4" "requests: outcome counters"
+    run "$PDCTL" kv decode-0 --json --run-dir "$R"
+    check "kv decode-0 --json is the raw reply" test "$(json_get 'j["ok"] and j["blocks_total"] > 0' <<<"$OUT")" = True
+
+    # scale decode 1 -> 2 -> 1 under load: no request lost
+    local res=$T/results stop=$T/stop
+    : >"$res"
+    load_loop "$URL" "$res" "$stop" & LOAD_PIDS+=($!)
+    load_loop "$URL" "$res" "$stop" & LOAD_PIDS+=($!)
+    load_loop "$URL" "$res" "$stop" & LOAD_PIDS+=($!)
+    poll 30 count_ge "$res" 3 || bad "load loop produced no results"
+    run "$PDCTL" scale decode 2 --run-dir "$R"
+    expect 0 "decode: 2 daemons \(was 1\)" "scale decode 1 -> 2 under load"
+    run "$PDCTL" status --run-dir "$R"
+    check "status: decode-1 ready" grep -qE "^decode-1 +decode +ready" <<<"$OUT"
+    dec1_served() {
+        local n
+        n=$("$PDCTL" requests decode-1 --json --run-dir "$R" 2>/dev/null)
+        n=$(json_get 'j["counters"]["accepted"]' <<<"$n" 2>/dev/null)
+        [ "${n:-0}" -gt 0 ] 2>/dev/null
+    }
+    check "decode-1 takes requests" poll 30 dec1_served
+    local before
+    before=$(wc -l <"$res")
+    run "$PDCTL" scale decode 1 --run-dir "$R"
+    expect 0 "decode: 1 daemon \(was 2\)" "scale decode 2 -> 1 (drain) under load"
+    check "scale-down drained (no SIGKILL)" bash -c '! grep -q SIGKILL <<<"$1"' _ "$ERR"
+    poll 30 count_ge "$res" $((before + 3)) || bad "no requests after scale-down"
+    touch "$stop"
+    local p
+    for p in "${LOAD_PIDS[@]}"; do wait "$p"; done
+    LOAD_PIDS=()
+    local total fin
+    total=$(wc -l <"$res"); fin=$(grep -c "^200 finish" "$res")
+    if [ "$total" -gt 5 ] && ! grep -qv -e "^200 finish" -e " error$" "$res"; then
+        ok "scale under load: $total requests, $fin finished, the rest readable errors"
+    else
+        bad "scale under load lost requests: $(sort "$res" | uniq -c | tr '\n' ';')"
+    fi
+    check "scale under load: every request finished" test "$fin" = "$total"
+    run "$PDCTL" status --run-dir "$R"
+    check "status after scale-down: decode-1 gone" bash -c '! grep -q "^decode-1" <<<"$1"' _ "$OUT"
+
+    # P:D ratio: prefill 1 -> 2 -> 0 (decode-local), requests keep working
+    run "$PDCTL" scale prefill 2 --run-dir "$R"
+    expect 0 "prefill: 2 daemons" "scale prefill 1 -> 2"
+    run "$PDCTL" scale prefill 0 --run-dir "$R"
+    expect 0 "prefill: 0 daemons \(was 2\)" "scale prefill 2 -> 0"
+    r=$(request "$URL"); check "request with prefill = 0 (decode-local): $r" test "$r" = "200 finish"
+
+    local pids
+    pids=$(cat "$R"/*.pid)
+    run "$PDCTL" down --run-dir "$R"
+    expect 0 "stopped" "down"
+    local alive=0
+    for p in $pids; do pid_alive "$p" && { alive=1; echo "# pid $p alive: $(cat /proc/$p/cmdline | tr '\0' ' ')"; }; done
+    check "down: every daemon exited" test $alive = 0
+    check "down: state removed" test ! -e "$R/deployment.json"
+    run "$PDCTL" status --run-dir "$R"
+    expect 1 "no deployment in" "status after down: clear error"
+    check "logs kept" test -s "$R/router.log"
+}
+
+errors() {
+    local f=$T/bad.ini
+    printf '[deployment]\nmodel = builtin\ndecode = 1\n[decode]\nthreads = 1\nkv-blockz = 4\n' >"$f"
+    run "$PDCTL" check "$f"
+    expect 2 "bad.ini:6: unknown key \"kv-blockz\" in \[decode\]" "unknown daemon key: line number, exit 2"
+    run "$PDCTL" up "$f" --run-dir "$T/run-bad"
+    expect 2 "bad.ini:6: unknown key" "up with an unknown key: exit 2, nothing started"
+    check "up with a bad file starts nothing" test ! -e "$T/run-bad/router.pid"
+    printf 'model = builtin\nprefil = 2\n' >"$f"
+    run "$PDCTL" check "$f"; expect 2 "bad.ini:2: unknown key \"prefil\" in \[deployment\]" "unknown deployment key"
+    printf 'model = builtin\ndecode = 0\n' >"$f"
+    run "$PDCTL" check "$f"; expect 2 "bad.ini:2: bad count decode = \"0\"" "bad count: decode = 0"
+    printf 'model = builtin\nprefill = lots\n' >"$f"
+    run "$PDCTL" check "$f"; expect 2 "bad.ini:2: bad count prefill" "bad count: prefill = lots"
+    printf 'model = builtin\n[decoder]\nthreads = 1\n' >"$f"
+    run "$PDCTL" check "$f"; expect 2 "bad.ini:3: unknown section \[decoder\]" "unknown section"
+    printf 'model = builtin\n[prefill]\nid = p\n' >"$f"
+    run "$PDCTL" check "$f"; expect 2 "bad.ini:3: key \"id\" in \[prefill\] is set by pdctl" "managed key refused"
+    printf 'model = builtin\nthis is not ini\n' >"$f"
+    run "$PDCTL" check "$f"; expect 2 "bad.ini:2: syntax error" "syntax error"
+    printf 'model = builtin\n[env]\nPD_MODEL = x\n' >"$f"
+    run "$PDCTL" check "$f"; expect 2 "PD_\* variables" "[env] PD_* refused"
+    run "$PDCTL" check "$T/does-not-exist.ini"
+    expect 2 "cannot read deployment file .*does-not-exist.ini" "unreadable file"
+    run "$PDCTL" check "$f" --set decode=-1
+    expect 2 "--set: bad count decode" "--set checked too"
+    run "$PDCTL" frobnicate
+    expect 2 "unknown command" "unknown command"
+    local ini
+    for ini in "$SRC"/deploy/*.ini; do
+        run "$PDCTL" check "$ini"
+        expect 0 ": ok: deployment" "shipped $(basename "$ini") is valid"
+    done
+
+    # admin sockets: missing, dead (nobody listening), garbage reply
+    run "$PDCTL" stats "$T/missing.sock"
+    expect 1 "no admin socket .*missing.sock \(daemon not running\?\)" "missing socket: clear message"
+    python3 -c "import socket,sys; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1])" "$T/dead.sock"
+    run "$PDCTL" kv "$T/dead.sock"
+    expect 1 "dead.sock: connection refused \(daemon dead\? stale socket\)" "dead daemon: clear message"
+    python3 - "$T/garbage.sock" <<'PY' & PY_PIDS+=($!)
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1] + ".tmp"); s.listen(8)
+import os; os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+while True:
+    c, _ = s.accept(); c.recv(4096); c.sendall(b"Segmentation fault\n"); c.close()
+PY
+    poll 10 test -S "$T/garbage.sock" || bad "fake server did not start"
+    run "$PDCTL" stats "$T/garbage.sock"
+    expect 1 "garbage reply \(not a JSON object\): \"Segmentation fault\"" "garbage reply: clear message"
+    python3 - "$T/nook.sock" <<'PY' & PY_PIDS+=($!)
+import socket, sys, os
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1] + ".tmp"); s.listen(8)
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+while True:
+    c, _ = s.accept(); c.recv(4096); c.sendall(b'{"hello":1}\n'); c.close()
+PY
+    poll 10 test -S "$T/nook.sock" || bad "fake server 2 did not start"
+    run "$PDCTL" kv "$T/nook.sock"
+    expect 1 "garbage reply \(no \"ok\" field\)" "JSON without ok: clear message"
+    run "$PDCTL" status --run-dir "$T/nowhere"
+    expect 1 "run dir .*nowhere" "status without a deployment: clear message"
+
+    # port in use
+    local port
+    python3 - "$T/port" <<'PY' & PY_PIDS+=($!)
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
+open(sys.argv[1] + ".tmp", "w").write(str(s.getsockname()[1])); import os; os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(120)
+PY
+    poll 10 test -s "$T/port" || bad "port holder did not start"
+    port=$(cat "$T/port")
+    run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$T/run-port" \
+        --set router.http=127.0.0.1:$port --set router.control=127.0.0.1:0
+    expect 1 "port in use: http 127.0.0.1:$port" "port in use: clear message, exit 1"
+
+    # a daemon that fails to start: its log tail is shown, everything stopped
+    run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$T/run-fail" \
+        --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0 --set decode.kv-blocks=0
+    expect 1 "decode-0 \(pid [0-9]+\) exited during start-up" "daemon failed to start: exit 1"
+    check "failed start: the daemon's log lines are printed" grep -q "kv-blocks" <<<"$ERR"
+    check "failed start: the rest is stopped" bash -c '! kill -0 $(cat "$1"/router.pid 2>/dev/null) 2>/dev/null' _ "$T/run-fail"
+    check "failed start: no state left" test ! -e "$T/run-fail/deployment.json"
+
+    # a deployment whose daemon died: status says dead, queries say why
+    run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$T/run-dead" \
+        --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0
+    expect 0 "is ready" "up for the dead-daemon case"
+    kill -KILL "$(cat "$T/run-dead/decode-0.pid")"
+    dead_seen() { grep -qE "^decode-0 +decode +dead" <<<"$("$PDCTL" status --run-dir "$T/run-dead" 2>/dev/null)"; }
+    check "status shows a killed daemon as dead" poll 10 dead_seen
+    run "$PDCTL" status --run-dir "$T/run-dead"
+    expect 1 "decode-0 +decode +dead" "status exits 1 when a daemon is dead"
+    run "$PDCTL" kv decode-0 --run-dir "$T/run-dead"
+    expect 1 "decode-0: .*(connection refused|no admin socket)" "query of a dead daemon: clear message"
+    run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$T/run-dead" \
+        --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0
+    expect 1 "already running in" "up twice on one run dir refused"
+    run "$PDCTL" scale decode 1 --run-dir "$T/run-dead"
+    expect 0 "decode: 1 daemon \(was 0\)" "scale replaces the dead decode"
+    run "$PDCTL" down --run-dir "$T/run-dead"
+    expect 0 "stopped" "down"
+}
+
+systemd_verify() {
+    command -v systemd-analyze >/dev/null 2>&1 || { echo "skip: no systemd-analyze"; exit 77; }
+    local d=$T/units r
+    mkdir -p "$d"
+    cp "$SRC"/deploy/systemd/*.service "$SRC"/deploy/systemd/*.target "$d"/
+    # point ExecStart at the built binaries (verify checks they are executable)
+    local build
+    build=$(cd "$(dirname "$PDCTL")/../.." && pwd)
+    for r in router prefill decode; do
+        sed -i "s#/usr/local/bin/pd-$r #$build/$r/pd-$r #" "$d"/pd-$r*.service
+    done
+    ln -s pd-prefill@.service "$d/pd-prefill@prefill-0.service"
+    ln -s pd-decode@.service "$d/pd-decode@decode-0.service"
+    (cd "$d" && systemd-analyze verify --man=no ./pd-router.service ./pd-prefill@prefill-0.service \
+        ./pd-decode@decode-0.service ./pdserve.target) >"$T/out" 2>"$T/err"
+    RC=$?; ERR=$(cat "$T/err")
+    if [ $RC = 0 ] && [ -z "$ERR" ]; then ok "systemd-analyze verify: clean"
+    else bad "systemd-analyze verify (rc=$RC): $ERR"; fi
+    for u in pd-router.service pd-prefill@.service pd-decode@.service; do
+        for k in 'KillSignal=SIGTERM' 'TimeoutStopSec=' 'RuntimeDirectory=pdserve' 'LimitMEMLOCK=infinity' \
+                 'NoNewPrivileges=yes' 'ProtectSystem=strict' 'ProtectHome=yes' 'PrivateTmp=yes' \
+                 'RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK' 'ExecStart=.* --config /etc/pdserve/'; do
+            grep -qE "^$k" "$SRC/deploy/systemd/$u" || bad "$u lacks $k"
+        done
+    done
+    ok "units carry the drain, runtime dir, memlock and hardening settings"
+    # pdctl render makes the /etc/pdserve files the units read
+    run "$PDCTL" render "$SRC/deploy/local-1p3d.ini" "$T/etc"
+    expect 0 "decode-2.ini" "render: per-daemon config files"
+    check "render: decode-2.ini names its router and socket" \
+        grep -q "admin.socket = /run/pdserve/decode-2.sock" "$T/etc/decode-2.ini"
+}
+
+case $MODE in
+lifecycle) lifecycle ;;
+errors) errors ;;
+systemd) systemd_verify ;;
+*) echo "usage: $0 lifecycle|errors|systemd SRC PDCTL" >&2; exit 2 ;;
+esac
+echo "$MODE: $fails failure(s)"
+[ $fails = 0 ]
