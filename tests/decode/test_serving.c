@@ -159,6 +159,12 @@ static void fr_on_hello(proto_conn_t *c, const proto_msg_t *msg, void *arg)
         return;
     }
     fr_daemon_t *d = NULL;
+    for (int i = 0; i < MAX_DAEMONS; i++) /* a re-registration replaces the old entry */
+        if (fr.d[i].used && strcmp(fr.d[i].id, h->daemon_id) == 0) {
+            if (!fr.d[i].closed)
+                proto_conn_close(fr.d[i].conn, PD_ERR_STALE);
+            fr.d[i].used = false;
+        }
     for (int i = 0; i < MAX_DAEMONS && d == NULL; i++)
         if (!fr.d[i].used)
             d = &fr.d[i];
@@ -1271,15 +1277,16 @@ static int bench(uint32_t T)
     if (mkdtemp(g_dir) == NULL)
         return 1;
     fr_start();
-    spawn(&P, g_prefill_bin, "pf-a", SECRET_HEX, (const char *const[]){ "--kv-blocks=512", NULL });
-    spawn(&D, g_decode_bin, "dec-a", SECRET_HEX,
-          (const char *const[]){ "--kv-blocks=512", "--max-batch=8", NULL });
-    if (!run_until(p_registered, "pf-a", 30) || !run_until(p_registered, "dec-a", 30))
-        return 1;
     int32_t prompt[8][64];
     for (int i = 0; i < 8; i++)
         make_prompt(prompt[i], 32, 200 + (uint32_t)i);
-    double base = pd_run_decode_tps(prompt[0], 32, T);
+    double base = pd_run_decode_tps(prompt[0], 32, T); /* before any daemon: no idle router */
+    spawn(&P, g_prefill_bin, "pf-a", SECRET_HEX, (const char *const[]){ "--kv-blocks=512", NULL });
+    spawn(&D, g_decode_bin, "dec-a", SECRET_HEX,
+          (const char *const[]){ "--kv-blocks=512", "--max-batch=8", NULL });
+    int rc = 1;
+    if (!run_until(p_registered, "pf-a", 30) || !run_until(p_registered, "dec-a", 30))
+        goto out;
     samp_t s = { 0.0f, 0, T, true };
     printf("%-8s %5s %7s %9s %9s %9s\n", "path", "batch", "tokens", "wall_ms", "tok/s",
            "x pd-run");
@@ -1301,14 +1308,14 @@ static int bench(uint32_t T)
             if (mode == 1)
                 for (int i = 0; i < b; i++) {
                     if (!run_until(p_done_or_error, rs[i], 60) || rs[i]->error)
-                        return 1;
+                        goto out;
                     send_decode(rs[i], "dec-a", "pf-a", prompt[i], 32, &rs[i]->first_token, 1,
                                 &s, false);
                 }
             uint64_t tokens = 0;
             for (int i = 0; i < b; i++) {
                 if (!run_until(p_final, rs[i], 300) || rs[i]->error)
-                    return 1;
+                    goto out;
                 tokens += rs[i]->fin.completion_tokens;
             }
             double wall = (double)(pd_now_ns() - t0) / 1e9;
@@ -1317,9 +1324,27 @@ static int bench(uint32_t T)
                    (unsigned long long)tokens, wall * 1e3, tps, base > 0 ? tps / base : 0.0);
             fflush(stdout);
         }
+    cJSON *st = admin(&D, "stats");
+    const cJSON *sets = cJSON_GetObjectItemCaseSensitive(st, "stats"), *set;
+    cJSON_ArrayForEach(set, sets) {
+        const cJSON *tb = cJSON_GetObjectItemCaseSensitive(set, "table");
+        if (!cJSON_IsString(tb) || strcmp(tb->valuestring, "decode") != 0)
+            continue;
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(set, "values");
+        const cJSON *h = cJSON_GetObjectItemCaseSensitive(v, "step_time");
+        printf("decode: %.0f compute steps, step p50 %.0f us, p99 %.0f us (all batches)\n",
+               jnum(v, "steps", NULL), jnum(h, "p50_ns", NULL) / 1e3,
+               jnum(h, "p99_ns", NULL) / 1e3);
+    }
+    cJSON_Delete(st);
     kill(D.pid, SIGTERM);
     kill(P.pid, SIGTERM);
-    int rc = wait_exit(&D, 30) == 0 && wait_exit(&P, 30) == 0 ? 0 : 1;
+    rc = wait_exit(&D, 30) == 0 && wait_exit(&P, 30) == 0 ? 0 : 1;
+out:
+    if (rc != 0)
+        fprintf(stderr, "bench failed\n");
+    kill_proc(&D);
+    kill_proc(&P);
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
     if (system(cmd) != 0)
