@@ -1,15 +1,25 @@
 /* kvx_blocks.c - see kvx_blocks.h. */
 #include "kvx_blocks.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 
+/* Free blocks are a bitmap; allocation takes the lowest-addressed run of n
+ * contiguous free blocks if there is one, else the n lowest free blocks, so
+ * a lease needs few runs (kvx_export allows 64) and pulls merge into few
+ * gets. */
 struct kvx_blocks {
     kvx_region_h *region;   /* may be NULL */
     uint32_t n_total;
     uint32_t n_free;
-    uint32_t *stack;        /* (n_total) free block ids; [0, n_free) valid */
+    uint64_t *freebits;     /* (ceil(n_total / 64)) bit set = free */
     uint8_t *used;          /* (n_total) 1 = allocated */
 };
+
+static inline bool bit_free(const kvx_blocks_t *b, uint32_t i)
+{
+    return (b->freebits[i >> 6] >> (i & 63)) & 1u;
+}
 
 pd_status_t kvx_blocks_create(kvx_region_h *region, uint32_t n_blocks,
                               kvx_blocks_t **b_p)
@@ -19,22 +29,22 @@ pd_status_t kvx_blocks_create(kvx_region_h *region, uint32_t n_blocks,
     kvx_blocks_t *b = calloc(1, sizeof(*b));
     if (b == NULL)
         goto err;
-    b->stack = malloc((size_t)n_blocks * sizeof(*b->stack));
-    if (b->stack == NULL)
+    uint32_t words = (n_blocks + 63) / 64;
+    b->freebits = calloc(words, sizeof(*b->freebits));
+    if (b->freebits == NULL)
         goto err_b;
     b->used = calloc(n_blocks, 1);
     if (b->used == NULL)
-        goto err_stack;
+        goto err_bits;
     b->region = region;
     b->n_total = n_blocks;
     b->n_free = n_blocks;
-    /* lowest ids on top: block 0 is handed out first */
     for (uint32_t i = 0; i < n_blocks; i++)
-        b->stack[i] = n_blocks - 1 - i;
+        b->freebits[i >> 6] |= 1ull << (i & 63);
     *b_p = b;
     return PD_OK;
-err_stack:
-    free(b->stack);
+err_bits:
+    free(b->freebits);
 err_b:
     free(b);
 err:
@@ -46,19 +56,54 @@ void kvx_blocks_destroy(kvx_blocks_t *b)
     if (b == NULL)
         return;
     free(b->used);
-    free(b->stack);
+    free(b->freebits);
     free(b);
+}
+
+static void take(kvx_blocks_t *b, uint32_t id)
+{
+    b->freebits[id >> 6] &= ~(1ull << (id & 63));
+    b->used[id] = 1;
+    b->n_free--;
 }
 
 pd_status_t kvx_blocks_alloc(kvx_blocks_t *b, uint32_t n, uint32_t *out)
 {
     if (n > b->n_free)
         return PD_ERR_NO_KV_SPACE;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t id = b->stack[--b->n_free];
-        b->used[id] = 1;
-        out[i] = id;
+    if (n == 0)
+        return PD_OK;
+    /* 1: lowest run of n contiguous free blocks (whole empty words skipped) */
+    uint32_t run_start = 0, run_len = 0;
+    for (uint32_t i = 0; i < b->n_total && run_len < n;) {
+        uint64_t w = b->freebits[i >> 6];
+        if ((i & 63) == 0 && w == 0) {
+            run_len = 0;
+            i += 64;
+            continue;
+        }
+        if (bit_free(b, i)) {
+            if (run_len++ == 0)
+                run_start = i;
+        } else {
+            run_len = 0;
+        }
+        i++;
     }
+    if (run_len == n) {
+        for (uint32_t k = 0; k < n; k++) {
+            out[k] = run_start + k;
+            take(b, run_start + k);
+        }
+        return PD_OK;
+    }
+    /* 2: the n lowest free blocks (fewest runs we can do cheaply) */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < b->n_total && k < n; i++)
+        if (bit_free(b, i))
+            out[k++] = i;
+    for (uint32_t j = 0; j < k; j++)
+        take(b, out[j]);
     return PD_OK;
 }
 
@@ -85,7 +130,8 @@ pd_status_t kvx_blocks_free(kvx_blocks_t *b, const uint32_t *blocks, uint32_t n)
     }
     for (i = 0; i < n; i++) {
         b->used[blocks[i]] = 0;
-        b->stack[b->n_free++] = blocks[i];
+        b->freebits[blocks[i] >> 6] |= 1ull << (blocks[i] & 63);
+        b->n_free++;
     }
     return PD_OK;
 }

@@ -45,6 +45,27 @@ static void test_blocks(void **state)
     assert_int_equal(kvx_blocks_alloc(b, 0, c), PD_OK);
     kvx_blocks_destroy(b);
     kvx_blocks_destroy(NULL);
+
+    /* contiguity: after fragmentation a request that fits in a hole gets
+     * one run; otherwise the lowest free blocks */
+    assert_int_equal(kvx_blocks_create(NULL, 200, &b), PD_OK);
+    uint32_t all[200];
+    assert_int_equal(kvx_blocks_alloc(b, 200, all), PD_OK);
+    for (uint32_t i = 0; i < 200; i++)
+        assert_int_equal(all[i], i);
+    uint32_t holes[] = { 3, 4, 70, 71, 72, 73, 74, 150 };
+    assert_int_equal(kvx_blocks_free(b, holes, 8), PD_OK);
+    uint32_t got[8];
+    assert_int_equal(kvx_blocks_alloc(b, 4, got), PD_OK); /* fits 70..73 */
+    for (uint32_t i = 0; i < 4; i++)
+        assert_int_equal(got[i], 70 + i);
+    assert_int_equal(kvx_blocks_alloc(b, 3, got), PD_OK); /* no run of 3: lowest */
+    assert_int_equal(got[0], 3);
+    assert_int_equal(got[1], 4);
+    assert_int_equal(got[2], 74);
+    assert_int_equal(kvx_blocks_free_count(b), 1);
+    assert_int_equal(kvx_blocks_alloc(b, 2, got), PD_ERR_NO_KV_SPACE);
+    kvx_blocks_destroy(b);
 }
 
 typedef struct {
