@@ -651,8 +651,9 @@ static void test_sim_geometry(void **st)
 static int bad_setup(void **st)
 {
     (void)st;
-    static const char *ra[] = { "--max-body=64KiB", "--max-tokens-cap=2048",
-                                "--served-model-name=e2e-model", "--api-key=" API_KEY, NULL };
+    static const char *ra[] = { "--max-body=64KiB", "--max-tokens-cap=4000",
+                                "--served-model-name=e2e-model", "--api-key=" API_KEY,
+                                "--max-concurrent=4", NULL };
     return start_deploy(&g_a, &g_a_up, g_model, ra, NULL, NULL, NULL, 1, 1);
 }
 
@@ -784,6 +785,44 @@ static void test_bad_inputs(void **st)
     normal_request_ok(&g_a, AUTH);
     /* Rejections are not accepted requests: ledgers still balance. */
     assert_true(router_stat(&g_a, "requests_rejected") >= 14);
+    quiet_ok(&g_a);
+}
+
+static int count_data(const char *buf);
+
+/* --max-concurrent=4: four streams in flight, the fifth gets 429 with
+ * Retry-After and the envelope; the four are canceled by disconnecting and
+ * every pool comes back. */
+static void test_overload_429(void **st)
+{
+    (void)st;
+    const char *req = "{\"prompt\":\"hold the line\",\"max_tokens\":3000,\"ignore_eos\":true,"
+                      "\"stream\":true}";
+    int fds[4];
+    for (int i = 0; i < 4; i++) {
+        fds[i] = e2e_http_connect(g_a.http_port);
+        assert_true(fds[i] >= 0);
+        assert_int_equal(e2e_http_send(fds[i], "POST", "/v1/completions", AUTH, req, strlen(req)), 0);
+        char *buf = NULL;
+        size_t len = 0;
+        double end = e2e_now() + 20;
+        while (count_data(buf) < 1 && e2e_now() < end)
+            if (e2e_http_read(fds[i], &buf, &len, NULL, 0.05) != 0)
+                break;
+        assert_true(count_data(buf) >= 1);
+        free(buf);
+    }
+    e2e_resp_t r;
+    e2e_http(g_a.http_port, "POST", "/v1/completions", AUTH, "{\"prompt\":\"one more\"}", 10.0, &r);
+    char ra[32];
+    if (r.status != 429 || e2e_header(&r, "Retry-After", ra, sizeof(ra)) == NULL ||
+        strstr(r.body, "\"error\"") == NULL)
+        fail_msg("fifth request: %d, head %s, body %s", r.status, r.head, r.body);
+    e2e_resp_free(&r);
+    for (int i = 0; i < 4; i++)
+        close(fds[i]);
+    quiet_ok(&g_a);
+    normal_request_ok(&g_a, AUTH);
     quiet_ok(&g_a);
 }
 
@@ -1328,7 +1367,8 @@ int main(int argc, char **argv)
         return finish(cmocka_run_group_tests_name("e2e-sim", t, sim_setup, a_teardown));
     }
     if (strcmp(group, "bad") == 0) {
-        const struct CMUnitTest t[] = { cmocka_unit_test(test_bad_inputs) };
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_bad_inputs),
+                                        cmocka_unit_test(test_overload_429) };
         return finish(cmocka_run_group_tests_name("e2e-bad", t, bad_setup, a_teardown));
     }
     if (strcmp(group, "fault") == 0) {
