@@ -40,7 +40,7 @@ echo "$body" | tail -n 2 | grep -q '^data: \[DONE\]' || die "no [DONE]: $body"
 kv=$(PD_RUN_DIR=$run "$src/deploy/run-local.sh" admin decode-0 kv) || die "admin kv failed"
 echo "$kv" | grep -q '"blocks_total"' || die "admin kv reply: $kv"
 
-kill -INT "$script"
+kill -INT -- "-$script"   # the whole process group, as a terminal's Ctrl-C
 n=0
 while kill -0 "$script" 2>/dev/null; do
     [ $n -lt 400 ] || die "run-local.sh still running 20 s after SIGINT"
