@@ -112,6 +112,11 @@ typedef struct dec_req {
     bool cancel;                        /* end as CANCELED when the step is back */
     bool quiet;                         /* router gone: end without a reply */
     bool in_step;
+    /* step results between dec_step_done's phases (see there) */
+    bool finishing;                     /* ends after its TOKENS go out */
+    bool pend_send;                     /* a new token to stream */
+    uint16_t pend_reason;               /* proto finish reason if finishing */
+    pd_status_t pend_status;
     /* tokens: prompt then generated, (cap) */
     int32_t *tok;
     uint32_t cap;                       /* max_pos + 1 */
@@ -164,6 +169,7 @@ typedef struct {
     dec_req_t *chunk;                   /* prefill chunk owner or NULL */
     uint32_t n_items;
     dec_req_t **items;                  /* (max_batch) */
+    dec_req_t **prev;                   /* (max_batch + 1) the step just done */
     eng_decode_item_t *eitems;          /* (max_batch) */
     float *logits;                      /* (max_batch, vocab) */
     uint64_t start_ns, end_ns;

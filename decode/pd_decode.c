@@ -365,23 +365,38 @@ static void dec_step_run(eng_job_t *job)
     s->end_ns = pd_now_ns();
 }
 
-/* Loop: take a sampled token into the request, stream it, maybe finish. */
+/* Loop, phase A: take a sampled token into the request (no messages yet);
+ * decide whether it ends. */
 static void dec_take_token(dec_t *d, dec_req_t *r)
 {
     if (r->step_status != PD_OK || r->step_token < 0) {
         pd_log(PD_LOG_WARN, DEC_COMP, r->id, "compute failed: %s", pd_status_str(r->step_status));
-        dec_req_end(r, PROTO_FINISH_ERROR, r->step_status != PD_OK ? r->step_status : PD_ERR_INTERNAL);
+        r->finishing = true;
+        r->pend_reason = PROTO_FINISH_ERROR;
+        r->pend_status = r->step_status != PD_OK ? r->step_status : PD_ERR_INTERNAL;
         return;
     }
-    uint32_t from = r->n_gen;
     r->tok[r->n_prompt + r->n_gen++] = r->step_token;
     pd_stats_inc(d->stats, DEC_ST_tokens_out);
-    dec_send_tokens(d, r, from);
-    if (r->step_finish != ENG_FINISH_NONE)
-        dec_req_end(r, r->step_finish == ENG_FINISH_STOP ? PROTO_FINISH_STOP : PROTO_FINISH_LENGTH,
-                    PD_OK);
+    r->pend_send = true;
+    if (r->step_finish != ENG_FINISH_NONE) {
+        r->finishing = true;
+        r->pend_reason = r->step_finish == ENG_FINISH_STOP ? PROTO_FINISH_STOP
+                                                           : PROTO_FINISH_LENGTH;
+        r->pend_status = PD_OK;
+    }
 }
 
+static void dec_mark_end(dec_req_t *r, uint16_t reason, pd_status_t status)
+{
+    r->finishing = true;
+    r->pend_reason = reason;
+    r->pend_status = status;
+}
+
+/* A step came back. Phase A: fold its results into the requests without
+ * sending anything; phase B: submit the next step at once (the compute
+ * thread works while we talk); phase C: stream TOKENS, end the finished. */
 static void dec_step_done(eng_job_t *job)
 {
     dec_step_t *s = (dec_step_t *)job;
@@ -391,16 +406,18 @@ static void dec_step_done(eng_job_t *job)
         pd_stats_inc(d->stats, DEC_ST_steps);
         pd_stats_observe_ns(d->stats, DEC_ST_step_time, s->end_ns - s->start_ns);
     }
+    uint32_t np = 0;
     dec_req_t *c = s->chunk;
     s->chunk = NULL;
     if (c != NULL) {
         c->in_step = false;
+        s->prev[np++] = c;
         if (job->aborted)
             c->step_status = PD_ERR_SHUTDOWN;
         if (c->cancel) {
-            dec_req_end(c, PROTO_FINISH_CANCELED, PD_ERR_CANCELED);
+            dec_mark_end(c, PROTO_FINISH_CANCELED, PD_ERR_CANCELED);
         } else if (c->step_status != PD_OK) {
-            dec_req_end(c, PROTO_FINISH_ERROR, c->step_status);
+            dec_mark_end(c, PROTO_FINISH_ERROR, c->step_status);
         } else {
             c->kv_have += c->chunk_n;
             c->prefill_ns += s->end_ns - s->start_ns;
@@ -412,20 +429,34 @@ static void dec_step_done(eng_job_t *job)
             }
         }
     }
-    uint32_t n = s->n_items;
-    s->n_items = 0;
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; i < s->n_items; i++) {
         dec_req_t *r = s->items[i];
         r->in_step = false;
+        s->prev[np++] = r;
         if (job->aborted)
             r->step_status = PD_ERR_SHUTDOWN;
         if (r->cancel)
-            dec_req_end(r, PROTO_FINISH_CANCELED, PD_ERR_CANCELED);
+            dec_mark_end(r, PROTO_FINISH_CANCELED, PD_ERR_CANCELED);
         else
             dec_take_token(d, r);
     }
+    s->n_items = 0;
     if (!job->aborted)
-        dec_kick(d);
+        dec_kick(d); /* skips the finishing ones */
+    for (uint32_t i = 0; i < np; i++) {
+        dec_req_t *r = s->prev[i];
+        if (r->pend_send) {
+            r->pend_send = false;
+            dec_send_tokens(d, r, r->n_gen - 1);
+        }
+        if (r->finishing) {
+            r->finishing = false;
+            r->cancel = false;
+            dec_req_end(r, r->pend_reason, r->pend_status);
+        }
+    }
+    if (!job->aborted)
+        dec_kick(d); /* admissions made room for new work */
 }
 
 /* Build and submit the next step if there is work and none in flight. */
@@ -439,7 +470,7 @@ static void dec_kick(dec_t *d)
     /* the oldest PREFILLING request gets one chunk (list is newest first) */
     dec_req_t *oldest = NULL;
     for (dec_req_t *r = d->live; r != NULL; r = r->next) {
-        if (r->cancel)
+        if (r->cancel || r->finishing)
             continue;
         if (r->state == DEC_ST_PREFILLING)
             oldest = r;
@@ -1146,9 +1177,10 @@ int main(int argc, char **argv)
     d->step.job.run = dec_step_run;
     d->step.job.done = dec_step_done;
     d->step.items = calloc(mb, sizeof(*d->step.items));
+    d->step.prev = calloc((size_t)mb + 1, sizeof(*d->step.prev));
     d->step.eitems = calloc(mb, sizeof(*d->step.eitems));
     d->step.logits = malloc((size_t)mb * d->geom->vocab_size * sizeof(float));
-    if (!d->step.items || !d->step.eitems || !d->step.logits ||
+    if (!d->step.items || !d->step.prev || !d->step.eitems || !d->step.logits ||
         eng_sample_scratch_create(&d->scratch, d->geom->vocab_size) != PD_OK)
         return dec_fail("boot", PD_ERR_NO_MEMORY, NULL);
 
@@ -1273,6 +1305,7 @@ int main(int argc, char **argv)
     d->ops->destroy(d->model);
     eng_sample_scratch_destroy(&d->scratch);
     free(d->step.items);
+    free(d->step.prev);
     free(d->step.eitems);
     free(d->step.logits);
     proto_auth_secret_wipe(&d->secret);
