@@ -750,6 +750,12 @@ int pdctl_cmd_up(int argc, char **argv)
     memset(&st, 0, sizeof(st));
     st.lock_fd = -1;
     rc = PDCTL_EXIT_FAIL;
+    /* sun_path holds 107 bytes: <run>/prefill-31.sock must fit */
+    if (strlen(dep.run_dir) + sizeof("/prefill-31.sock") > 108) {
+        fprintf(stderr, "pdctl: run dir %s is too long for UNIX admin sockets "
+                "(at most %zu characters)\n", dep.run_dir, 108 - sizeof("/prefill-31.sock"));
+        goto out;
+    }
     if (pdctl_mkdir_p(dep.run_dir) != 0) {
         fprintf(stderr, "pdctl: cannot create run dir %s: %s\n", dep.run_dir, strerror(errno));
         goto out;

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -879,6 +880,14 @@ static int pdctl_top_frame(pdctl_state_t *st, const pdctl_sample_t *prev, pdctl_
     return 0;
 }
 
+static volatile sig_atomic_t pdctl_top_stop;
+
+static void pdctl_top_signal(int sig)
+{
+    (void)sig;
+    pdctl_top_stop = 1;
+}
+
 int pdctl_cmd_top(int argc, char **argv)
 {
     pdctl_opts_t o = { 0 };
@@ -906,6 +915,10 @@ int pdctl_cmd_top(int argc, char **argv)
     } else {
         tty = false;
     }
+    struct sigaction sa = { .sa_handler = pdctl_top_signal };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     printf("\033[?25l");  /* hide the cursor */
     pdctl_sample_t *prev = &a, *cur = &b;
     for (;;) {
@@ -924,7 +937,7 @@ int pdctl_cmd_top(int argc, char **argv)
         cur = tmp;
         double until = pdctl_now() + 1.0;
         bool quit = false;
-        while (!quit && pdctl_now() < until) {
+        while (!quit && !pdctl_top_stop && pdctl_now() < until) {
             struct pollfd p = { .fd = 0, .events = POLLIN };
             int r = poll(&p, 1, (int)((until - pdctl_now()) * 1000) + 1);
             if (r > 0) {
@@ -935,7 +948,7 @@ int pdctl_cmd_top(int argc, char **argv)
                 break;
             }
         }
-        if (quit)
+        if (quit || pdctl_top_stop)
             break;
     }
     printf("\033[?25h\n");
