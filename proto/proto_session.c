@@ -24,6 +24,7 @@ struct proto_session {
     char last_error[PROTO_REASON_MAX + 64];
     uint64_t registrations;
     uint64_t rejects;
+    uint64_t last_rx_ns;                 /* last frame received (liveness) */
     bool shutting_down;
     void (*shutdown_done)(void *arg);
     void *shutdown_arg;
@@ -75,6 +76,7 @@ static void on_connected(proto_conn_t *c, void *arg)
     proto_session_t *s = arg;
     if (s == NULL)
         return;
+    s->last_rx_ns = pd_now_ns();
     sess_send_hello(s);
 }
 
@@ -85,6 +87,7 @@ static void on_ack(proto_conn_t *c, const proto_msg_t *msg, void *arg)
         proto_conn_close(c, PD_ERR_BAD_INPUT);
         return;
     }
+    s->last_rx_ns = pd_now_ns();
     if (s->o.secret != NULL) {
         const uint8_t *f;
         size_t flen;
@@ -142,7 +145,9 @@ static void on_heartbeat(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 {
     (void)c;
     (void)msg;
-    (void)arg; /* arrival alone resets the idle timer */
+    proto_session_t *s = arg;
+    if (s != NULL)
+        s->last_rx_ns = pd_now_ns(); /* arrival alone proves liveness */
 }
 
 static void on_hello(proto_conn_t *c, const proto_msg_t *msg, void *arg)
@@ -158,6 +163,7 @@ static void on_other(proto_conn_t *c, const proto_msg_t *msg, void *arg)
     proto_session_t *s = arg;
     if (s == NULL || s->state != PROTO_SESS_UP)
         return;
+    s->last_rx_ns = pd_now_ns();
     proto_msg_cb_t cb = NULL;
     switch (msg->hdr.type) {
 #define SESS_X_CB(NAME, name, code, max) case code: cb = s->o.cbs.on_##name; break;
@@ -212,7 +218,7 @@ static void sess_connect(proto_session_t *s)
     cbs.on_close = on_close;
     proto_conn_opts_t co;
     memset(&co, 0, sizeof(co));
-    co.idle_timeout_ns = 3 * s->hb_ns;
+    co.idle_timeout_ns = 0; /* liveness: hb_cb, at 3 intervals of the ACK's period */
     co.connect_timeout_ns = s->o.connect_timeout_ns;
     co.stats = s->o.stats;
     s->state = PROTO_SESS_CONNECTING;
@@ -239,7 +245,13 @@ static void hb_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    proto_session_heartbeat_now(arg);
+    proto_session_t *s = arg;
+    if (s->conn != NULL && s->state != PROTO_SESS_CONNECTING &&
+        pd_now_ns() - s->last_rx_ns > 3 * s->hb_ns) {
+        proto_conn_close(s->conn, PD_ERR_TIMED_OUT); /* router silent 3 intervals */
+        return;
+    }
+    proto_session_heartbeat_now(s);
 }
 
 void proto_session_heartbeat_now(proto_session_t *s)

@@ -7,7 +7,11 @@
  *
  *   DOWN --connect--> CONNECTING --on_connected/HELLO--> HELLO_SENT
  *   HELLO_SENT --valid ACK--> UP (on_up)        --reject/bad ACK--> DOWN
- *   UP --close / idle 3 intervals--> DOWN (on_down) --backoff--> CONNECTING
+ *   UP --close / nothing received for 3 intervals--> DOWN (on_down)
+ *      --backoff--> CONNECTING
+ * The interval is the ACK's heartbeat_interval_ns once registered (before
+ * that, opts.heartbeat_interval_ns); liveness is checked on the heartbeat
+ * timer, so a dead router is noticed within 3-4 intervals.
  *
  * Messages other than ACK/REJECT/HEARTBEAT are delivered to the caller's
  * per-type callbacks only while UP (dropped otherwise). */

@@ -1141,6 +1141,20 @@ static void test_router_loss(void **state)
     /* and serving works again */
     samp_t g = { 0.0f, 0, 5, false };
     disagg_one(12, 81, &g);
+    /* a router that stops heartbeating is dropped after 3-4 intervals
+     * (200 ms here), then the daemons register again */
+    event_del(fr.hb_ev);
+    dd = fr_by_id("dec-a");
+    pd = fr_by_id("pf-a");
+    uint64_t t0 = pd_now_ns();
+    assert_true(run_until(p_closed, dd, 10));
+    assert_true(run_until(p_closed, pd, 10));
+    assert_true(pd_now_ns() - t0 < 2000000000ull);
+    struct timeval hb = { 0, 200000 };
+    event_add(fr.hb_ev, &hb);
+    assert_true(run_until(p_registered, "dec-a", 20));
+    assert_true(run_until(p_registered, "pf-a", 20));
+    disagg_one(20, 82, &g);
 }
 
 /* SIGSTOP the prefill past the transfer deadline: the pull ends within the
