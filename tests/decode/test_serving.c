@@ -28,6 +28,7 @@
 #include <event2/event.h>
 
 #include "eng_sample.h"
+#include "proto_samples.h"
 #include "pd_time.h"
 #include "proto_auth.h"
 #include "proto_conn.h"
@@ -44,7 +45,7 @@ static const char *WRONG_HEX =
 /* ---- fake router ---------------------------------------------------------- */
 
 #define MAX_DAEMONS 16
-#define MAX_REQS 64
+#define MAX_REQS 512
 #define MAX_TOK 4096
 
 typedef struct {
@@ -1026,6 +1027,89 @@ static void test_bad_inputs(void **state)
     assert_true(kv_all_free(&P, 10));
 }
 
+static bool p_out_empty(void *arg)
+{
+    fr_daemon_t *d = arg;
+    return d->closed || proto_conn_out_len(d->conn) == 0;
+}
+
+/* Wait for every answer; RELEASE the leases made for decodes that will
+ * never pull them. */
+static void release_leases(fr_req_t **sent, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        fr_req_t *r = sent[i];
+        if (!r->finish && !r->error && !r->done)
+            (void)run_until(p_final, r, 20);
+        if (r->done) {
+            proto_msg_t m;
+            memset(&m, 0, sizeof(m));
+            m.hdr.type = PROTO_MSG_RELEASE;
+            snprintf(m.u.release.request_id, sizeof(m.u.release.request_id), "%s", r->id);
+            fr_send(fr_by_id("pf-a"), &m);
+        }
+    }
+}
+
+/* Every message type in its MIN/MID/MAX sample form (valid frames, hostile
+ * values: 1M-token prompts, foreign handles, garbage kv_addr...) to both
+ * daemons: each request they accept ends exactly once, nothing crashes,
+ * pools come back, ledgers hold. Registration messages come last: they
+ * make a registered daemon drop the connection and register again. */
+static void test_sample_messages(void **state)
+{
+    (void)state;
+    const char *targets[] = { "pf-a", "dec-a" };
+    fr_req_t *sent[64];
+    unsigned n_sent = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int t = 0; t < PROTO_MSG_COUNT; t++) {
+            uint16_t type = ps_types[t];
+            bool reg = type == PROTO_MSG_HELLO || type == PROTO_MSG_REGISTER_ACK ||
+                       type == PROTO_MSG_REGISTER_REJECT;
+            if (reg != (pass == 1))
+                continue;
+            for (int v = 0; v < PS_VARIANTS; v++)
+                for (int k = 0; k < 2; k++) {
+                    proto_msg_t m;
+                    ps_make(type, v, &m);
+                    m.hdr.flags = 0;
+                    fr_req_t *r = new_req();
+                    char *rid = NULL;
+                    switch (type) {
+                    case PROTO_MSG_PREFILL_REQ: rid = m.u.prefill_req.request_id; break;
+                    case PROTO_MSG_DECODE_REQ:  rid = m.u.decode_req.request_id; break;
+                    case PROTO_MSG_CANCEL:      rid = m.u.cancel.request_id; break;
+                    case PROTO_MSG_RELEASE:     rid = m.u.release.request_id; break;
+                    default: break;
+                    }
+                    if (rid != NULL)
+                        snprintf(rid, PROTO_REQID_MAX + 1, "%s", r->id);
+                    bool answers = (type == PROTO_MSG_PREFILL_REQ && k == 0) ||
+                                   (type == PROTO_MSG_DECODE_REQ && k == 1);
+                    if (answers && n_sent < 64)
+                        sent[n_sent++] = r;
+                    assert_true(run_until(p_registered, (void *)targets[k], 20));
+                    fr_daemon_t *d = fr_by_id(targets[k]);
+                    assert_true(run_until(p_out_empty, d, 20));
+                    (void)proto_conn_send(d->conn, &m);
+                    if (reg) /* a registered daemon drops the connection, comes back */
+                        assert_true(run_until(p_closed, d, 20));
+                }
+            if (pass == 0)
+                release_leases(sent, n_sent);
+        }
+    for (int k = 0; k < 2; k++)
+        assert_true(run_until(p_registered, (void *)targets[k], 20));
+    assert_true(kv_all_free(&P, 20));
+    assert_true(kv_all_free(&D, 20));
+    check_ledger(&P);
+    check_ledger(&D);
+    /* still serving correctly */
+    samp_t g = { 0.0f, 0, 6, false };
+    disagg_one(18, 99, &g);
+}
+
 /* Several sequences at once (disaggregated and local, different lengths):
  * continuous batching must not change any sequence's tokens. */
 static void test_concurrent_batch(void **state)
@@ -1397,6 +1481,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_prefill_killed_before_pull),
         cmocka_unit_test(test_handle_released_without_pull),
         cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_sample_messages),
         cmocka_unit_test(test_concurrent_batch),
         cmocka_unit_test(test_wait_queue),
         cmocka_unit_test(test_router_loss),
