@@ -1178,7 +1178,7 @@ static int pull_setup(void **st)
     static const char *ra[] = { "--disagg-mode=always", "--lease-ttl=2s",
                                 "--heartbeat-interval=300ms", NULL };
     static const char *pa[] = { "--lease-ttl=2s", "--kv-blocks=260", NULL };
-    static const char *da[] = { "--kv-blocks=260", "--transfer-timeout=5s", NULL };
+    static const char *da[] = { "--kv-blocks=260", "--transfer-timeout=3s", NULL };
     static const char *env[] = { "UCX_TLS=tcp", NULL };
     return start_deploy(&g_a, &g_a_up, SIM_SPEC, ra, pa, da, env, 1, 1);
 }
@@ -1266,6 +1266,65 @@ static void test_kill_prefill_midpull(void **st)
     static const char *pa[] = { "--lease-ttl=2s", "--kv-blocks=260", NULL };
     assert_non_null(e2e_add_daemon(&g_a, E2E_PREFILL, "prefill-new", pa));
     normal_request_ok(&g_a, NULL);
+    quiet_ok(&g_a);
+}
+
+/* SIGSTOP the prefill while the decode pulls over TCP: the pull fails (the
+ * router marks the silent prefill down after 3 heartbeats and sends
+ * PEER_DOWN, or --transfer-timeout fires), the router retries decode-locally
+ * and the client gets exactly the reference tokens; after SIGCONT the
+ * prefill's lease ends and its pool is free again. */
+static void test_stop_prefill_past_deadline(void **st)
+{
+    (void)st;
+    e2e_proc_t *dec = &g_a.decode[0], *pf = &g_a.prefill[g_a.n_prefill - 1];
+    assert_true(e2e_proc_alive(pf));
+    static int32_t ids[4000];
+    const int n = 3900;
+    make_prompt(ids, n, 43, 1, 128000);
+    int32_t ref[16];
+    int nref = pdrun("sim", SIM_SPEC, ids, n, NULL, 8, ref, 16);
+    char *ref_text = detok("sim", SIM_SPEC, ref, nref);
+    char *list = ids_json(ids, n);
+    char *body = malloc(strlen(list) + 128);
+    sprintf(body, "{\"prompt\":%s,\"max_tokens\":8,\"temperature\":0,\"stream\":true}", list);
+    free(list);
+    double pf0 = admin_num(dec, "requests", "counters.pulls_failed");
+    bool hit = false;
+    for (int attempt = 0; attempt < 4 && !hit; attempt++) {
+        bg_req_t b = { .port = g_a.http_port, .body = body };
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, bg_req, &b), 0);
+        double end = e2e_now() + 20;
+        while (e2e_now() < end && !hit && pthread_tryjoin_np(th, NULL) == EBUSY)
+            if (decode_pulling(dec)) {
+                e2e_proc_signal(pf, SIGSTOP);
+                hit = true;
+            }
+        if (hit)
+            pthread_join(th, NULL);
+        e2e_proc_signal(pf, SIGCONT);
+        if (hit) {
+            e2e_sse_t s;
+            e2e_sse_parse(b.r.body ? b.r.body : "", &s);
+            if (b.r.status != 200 || !s.done || s.error_frame || strcmp(s.text, ref_text) != 0)
+                fail_msg("prefill stopped mid-pull: status %d done %d error %d text '%s' want "
+                         "'%s'", b.r.status, s.done, s.error_frame, s.text, ref_text);
+            fprintf(stderr, "e2e: prefill stopped mid-pull -> completed in %.1f s\n", b.secs);
+            e2e_sse_free(&s);
+        }
+        e2e_resp_free(&b.r);
+    }
+    free(body);
+    free(ref_text);
+    if (!hit) {
+        g_pull_missed = true;
+        skip();
+    }
+    /* timed out, or failed earlier when the router marked the silent prefill
+     * down (PEER_DOWN) - either way the pull failed and was retried */
+    assert_true(admin_num(dec, "requests", "counters.pulls_failed") - pf0 >= 1);
+    assert_true(router_stat(&g_a, "requests_retried") >= 1);
     quiet_ok(&g_a);
 }
 
@@ -1383,7 +1442,8 @@ int main(int argc, char **argv)
         return finish(cmocka_run_group_tests_name("e2e-fault", t, fault_setup, a_teardown));
     }
     if (strcmp(group, "fault-pull") == 0) {
-        const struct CMUnitTest t[] = { cmocka_unit_test(test_kill_prefill_midpull) };
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_kill_prefill_midpull),
+                                        cmocka_unit_test(test_stop_prefill_past_deadline) };
         int rc = finish(cmocka_run_group_tests_name("e2e-fault-pull", t, pull_setup, a_teardown));
         return rc == 0 && g_pull_missed ? 77 : rc;
     }
