@@ -1247,7 +1247,10 @@ static void test_router_loss(void **state)
 static void test_prefill_stopped(void **state)
 {
     (void)state;
-    spawn(&PS, g_prefill_bin, "pf-stop", SECRET_HEX, NULL);
+    /* a timed-out pull may leave the lease to expire (its release cannot
+     * reach a peer whose endpoint was closed): keep the TTL short */
+    spawn(&PS, g_prefill_bin, "pf-stop", SECRET_HEX,
+          (const char *const[]){ "--lease-ttl=4s", NULL });
     assert_true(run_until(p_registered, "pf-stop", 20));
     samp_t s = { 0.0f, 0, 6, true };
     int32_t prompt[64], ref[MAX_TOK];
@@ -1271,8 +1274,7 @@ static void test_prefill_stopped(void **state)
     }
     assert_true(kv_all_free(&D, 10));
     kill(PS.pid, SIGCONT);
-    /* the router connection idled out while stopped; it comes back */
-    assert_true(run_until(p_registered, "pf-stop", 20));
+    /* released (shm pull done, or release AM) or expired (4 s) */
     assert_true(kv_all_free(&PS, 20));
     kill(PS.pid, SIGTERM);
     assert_int_equal(wait_exit(&PS, 20), 0);
