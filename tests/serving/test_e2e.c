@@ -4,7 +4,7 @@
  * single-process reference) and the daemons' admin sockets.
  *
  * usage: test-e2e GROUP ROUTER PREFILL DECODE PD_RUN MODEL [NODE_SCRIPT]
- * GROUP: equiv | sim | bad | fault | fault-pull | 1p3d | node
+ * GROUP: equiv | sim | bad | fault | fault-pull | fallback | 1p3d | node
  * After every test: every pool is free, every ledger balances (accepted =
  * completed + failed + canceled), no daemon died (FIELD-NOTES §5). */
 
@@ -1328,6 +1328,80 @@ static void test_stop_prefill_past_deadline(void **st)
     quiet_ok(&g_a);
 }
 
+/* ---- prefill overload / no KV space -> decode-local fallback ---------------- */
+
+/* Modeled (sleeping) prefill at 5000 tok/s: a 1000-token prompt keeps the
+ * prefill busy ~200 ms. --max-queue=1 and room for one prompt's KV make the
+ * prefill refuse (OVERLOADED / NO_KV_SPACE); the router must fall back to
+ * decode-local prefill, and every client still gets the reference tokens. */
+#define SIM_SLOW "sim:llama3-8b,prefill_tps=5000"
+#define SIM_SLOW_REF "sim:llama3-8b,prefill_tps=5000,no_sleep=1"
+
+static int fallback_setup(void **st)
+{
+    (void)st;
+    static const char *ra[] = { "--disagg-mode=always", NULL };
+    static const char *pa[] = { "--kv-blocks=70", "--max-queue=1", NULL };
+    static const char *da[] = { "--kv-blocks=260", NULL };
+    return start_deploy(&g_a, &g_a_up, SIM_SLOW, ra, pa, da, NULL, 1, 1);
+}
+
+typedef struct {
+    int idx;
+    char *body, *ref;
+    int nref;
+    bg_req_t b;
+} fb_req_t;
+
+static void test_prefill_refuses_fallback_local(void **st)
+{
+    (void)st;
+    enum { N = 4, LEN = 1000 };
+    static fb_req_t q[N];
+    static int32_t ids[LEN];
+    double rej0 = admin_num(&g_a.prefill[0], "requests", "counters.rejected");
+    double retry0 = router_stat(&g_a, "requests_retried");
+    double loc0 = admin_num(&g_a.decode[0], "requests", "counters.local_prefills");
+    for (int i = 0; i < N; i++) {
+        make_prompt(ids, LEN, 900 + (unsigned)i, 1, 128000);
+        int32_t ref[8];
+        q[i].nref = pdrun("sim", SIM_SLOW_REF, ids, LEN, NULL, 4, ref, 8);
+        q[i].ref = detok("sim", SIM_SLOW_REF, ref, q[i].nref);
+        char *list = ids_json(ids, LEN);
+        q[i].body = malloc(strlen(list) + 128);
+        sprintf(q[i].body, "{\"prompt\":%s,\"max_tokens\":4,\"temperature\":0}", list);
+        free(list);
+        q[i].b.port = g_a.http_port;
+        q[i].b.body = q[i].body;
+    }
+    pthread_t th[N];
+    for (int i = 0; i < N; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, bg_req, &q[i].b), 0);
+    for (int i = 0; i < N; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < N; i++) {
+        cJSON *j = cJSON_Parse(q[i].b.r.body);
+        cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+        cJSON *t = cJSON_GetObjectItem(c0, "text");
+        if (q[i].b.r.status != 200 || !cJSON_IsString(t) || strcmp(t->valuestring, q[i].ref) != 0)
+            fail_msg("request %d: status %d body %.300s; want text '%s'", i, q[i].b.r.status,
+                     q[i].b.r.body, q[i].ref);
+        cJSON_Delete(j);
+        e2e_resp_free(&q[i].b.r);
+        free(q[i].body);
+        free(q[i].ref);
+    }
+    double rej = admin_num(&g_a.prefill[0], "requests", "counters.rejected") - rej0;
+    double retried = router_stat(&g_a, "requests_retried") - retry0;
+    double loc = admin_num(&g_a.decode[0], "requests", "counters.local_prefills") - loc0;
+    fprintf(stderr, "e2e: prefill refused %.0f, router retried %.0f, decode prefilled %.0f "
+            "locally\n", rej, retried, loc);
+    assert_true(rej >= 1);
+    assert_true(retried >= rej);   /* every refusal was retried ... */
+    assert_true(loc >= rej);       /* ... as a decode-local prefill */
+    quiet_ok(&g_a);
+}
+
 /* ---- 1P3D --------------------------------------------------------------------- */
 
 static int p1d3_setup(void **st)
@@ -1446,6 +1520,10 @@ int main(int argc, char **argv)
                                         cmocka_unit_test(test_stop_prefill_past_deadline) };
         int rc = finish(cmocka_run_group_tests_name("e2e-fault-pull", t, pull_setup, a_teardown));
         return rc == 0 && g_pull_missed ? 77 : rc;
+    }
+    if (strcmp(group, "fallback") == 0) {
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_prefill_refuses_fallback_local) };
+        return finish(cmocka_run_group_tests_name("e2e-fallback", t, fallback_setup, a_teardown));
     }
     if (strcmp(group, "1p3d") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_1p3d_spread) };
