@@ -5,7 +5,7 @@
  *   kvxfer-bench [--preset=llama3-8b|llama3-70b|qwen3-8b|tiny]
  *                [--block-bytes=B] [--blocks-per-pull=N] [--arena-blocks=N]
  *                [--iters=N] [--warmup=N] [--alloc=ucx|own] [--contiguous]
- *                [--err-mode=auto|peer|none] [--max-op-bytes=B]
+ *                [--err-mode=auto|peer|none] [--max-op-bytes=B] [--deadline-ms=MS]
  *
  * Blocks of each pull are a random subset of the exporter arena in random
  * order (scattered; --contiguous: one run), landing in random local blocks.
@@ -37,6 +37,7 @@ typedef struct {
     uint64_t max_op_bytes;
     bool contiguous;
     const char *preset;
+    uint64_t deadline_ns;
 } bench_opts_t;
 
 #define MAX_HANDLES_PER_PULL 1024
@@ -333,7 +334,7 @@ static void start_next(importer_t *im)
             break;
         }
         st = kvx_pull_start(im->ctx, &im->imp[k], im->region, im->local + off,
-                            im->imp[k].h.n_blocks, pd_now_ns() + 30 * PD_NS_PER_S,
+                            im->imp[k].h.n_blocks, pd_now_ns() + o->deadline_ns,
                             h, on_pull, im, NULL);
         off += im->imp[k].h.n_blocks;
     }
@@ -442,10 +443,11 @@ static int run_importer(const bench_opts_t *o, int sock, pid_t child)
     kvx_gauges_t g;
     kvx_gauges(im.ctx, &g);
     printf("RESULT gbps=%.4f mibps=%.1f p50_us=%.2f p99_us=%.2f pulls_per_s=%.1f "
-           "export_us=%.3f import_us=%.3f handle_bytes=%u exporter_rc=%d\n",
+           "export_us=%.3f import_us=%.3f handle_bytes=%u exporter_rc=%d rescues=%llu\n",
            gbps, (double)im.bytes / secs / 1048576.0, p50, p99, o->iters / secs,
            export_us, import_us, handle_bytes,
-           WIFEXITED(wst) ? WEXITSTATUS(wst) : 128);
+           WIFEXITED(wst) ? WEXITSTATUS(wst) : 128,
+           (unsigned long long)kvx_counter(im.ctx, "progress_rescues"));
     kvx_ctx_destroy(im.ctx);
     event_base_free(im.base);
     free(im.handles);
@@ -463,7 +465,7 @@ static void usage(void)
             "usage: kvxfer-bench [--preset=llama3-8b|llama3-70b|qwen3-8b|tiny]\n"
             "  [--block-bytes=B] [--blocks-per-pull=N] [--arena-blocks=N] [--iters=N]\n"
             "  [--warmup=N] [--alloc=ucx|own] [--contiguous] [--err-mode=auto|peer|none]\n"
-            "  [--max-op-bytes=B]\n");
+            "  [--max-op-bytes=B] [--deadline-ms=MS]\n");
 }
 
 int main(int argc, char **argv)
@@ -474,6 +476,7 @@ int main(int argc, char **argv)
         .block_bytes = 2u << 20, .blocks_per_pull = 32, .arena_blocks = 128,
         .iters = 30, .warmup = 3, .alloc = KVX_ALLOC_UCX,
         .err_mode = KVX_ERRMODE_AUTO, .preset = "llama3-8b",
+        .deadline_ns = 30 * PD_NS_PER_S,
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -513,6 +516,8 @@ int main(int argc, char **argv)
             o.err_mode = KVX_ERRMODE_PEER;
         } else if (!strcmp(a, "--err-mode=none")) {
             o.err_mode = KVX_ERRMODE_NONE;
+        } else if (!strncmp(a, "--deadline-ms=", 14)) {
+            o.deadline_ns = strtoull(a + 14, NULL, 0) * PD_NS_PER_MS;
         } else if (!strncmp(a, "--max-op-bytes=", 15)) {
             o.max_op_bytes = strtoull(a + 15, NULL, 0);
         } else if (!strcmp(a, "--help")) {
