@@ -1169,6 +1169,100 @@ static void test_kill_router(void **st)
     quiet_ok(&g_a);
 }
 
+static const char *backend_state(e2e_deploy_t *d, const char *id, char *out, size_t cap)
+{
+    cJSON *j = e2e_admin(d->router.sock, "backends");
+    snprintf(out, cap, "absent");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "backends")) {
+        const cJSON *i = cJSON_GetObjectItemCaseSensitive(e, "id");
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(e, "state");
+        if (cJSON_IsString(i) && strcmp(i->valuestring, id) == 0 && cJSON_IsString(st))
+            snprintf(out, cap, "%s", st->valuestring);
+    }
+    cJSON_Delete(j);
+    return out;
+}
+
+/* SIGKILL the prefill and start it again under the same id (a new
+ * incarnation): the router marks the old one down, takes the new one, and
+ * disaggregated requests pull from it again. */
+static void test_restart_prefill_same_id(void **st)
+{
+    (void)st;
+    e2e_proc_t *pf = &g_a.prefill[0];
+    e2e_proc_t *dec = &g_a.decode[g_a.n_decode - 1];
+    char id[48], state[32];
+    snprintf(id, sizeof(id), "%s", pf->id);
+    assert_int_equal(e2e_proc_signal(pf, SIGKILL), 0);
+    e2e_proc_wait(pf, 5.0);
+    double end = e2e_now() + 10;
+    while (e2e_now() < end && strcmp(backend_state(&g_a, id, state, sizeof(state)), "ready") == 0)
+        e2e_nap_ms(20);
+    assert_string_not_equal(state, "ready");
+    static const char *pa[] = { "--lease-ttl=1s", "--kv-blocks=256", NULL };
+    e2e_proc_t *np = e2e_add_daemon(&g_a, E2E_PREFILL, id, pa);
+    assert_non_null(np);
+    end = e2e_now() + 10;
+    while (e2e_now() < end && strcmp(backend_state(&g_a, id, state, sizeof(state)), "ready") != 0)
+        e2e_nap_ms(20);
+    assert_string_equal(state, "ready");
+    double pulls0 = admin_num(dec, "requests", "counters.pulls_ok");
+    double dis0 = router_stat(&g_a, "requests_disaggregated");
+    for (int i = 0; i < 3; i++)
+        normal_request_ok(&g_a, NULL);
+    assert_int_equal((int)(router_stat(&g_a, "requests_disaggregated") - dis0), 3);
+    assert_int_equal((int)(admin_num(dec, "requests", "counters.pulls_ok") - pulls0), 3);
+    assert_true(admin_num(np, "requests", "counters.completed") >= 3);
+    quiet_ok(&g_a);
+}
+
+/* SIGTERM the router with a stream in flight: it finishes the stream
+ * (finish_reason + [DONE]), refuses new work, and exits 0. */
+static void test_router_drain(void **st)
+{
+    (void)st;
+    const char *req = "{\"prompt\":\"Finish what you started\",\"max_tokens\":200,\"ignore_eos\":true,"
+                      "\"temperature\":0,\"stream\":true}";
+    int fd = e2e_http_connect(g_a.http_port);
+    assert_true(fd >= 0);
+    assert_int_equal(e2e_http_send(fd, "POST", "/v1/completions", NULL, req, strlen(req)), 0);
+    char *buf = NULL;
+    size_t len = 0;
+    double end = e2e_now() + 20;
+    while (count_data(buf) < 2 && e2e_now() < end)
+        if (e2e_http_read(fd, &buf, &len, NULL, 0.05) != 0)
+            break;
+    assert_true(count_data(buf) >= 2);
+    assert_int_equal(e2e_proc_signal(&g_a.router, SIGTERM), 0);
+    assert_int_equal(e2e_http_read(fd, &buf, &len, NULL, 30.0), 1);
+    close(fd);
+    e2e_resp_t r;
+    memset(&r, 0, sizeof(r));
+    e2e_http_parse(buf, len, &r);
+    free(buf);
+    e2e_sse_t s;
+    e2e_sse_parse(r.body, &s);
+    if (!s.done || s.error_frame || s.finish == NULL || strcmp(s.finish, "length") != 0)
+        fail_msg("stream during router drain: done %d error %d finish %s", s.done, s.error_frame,
+                 s.finish ? s.finish : "-");
+    e2e_sse_free(&s);
+    e2e_resp_free(&r);
+    int rc = e2e_proc_wait(&g_a.router, 15.0);
+    if (rc != 0)
+        fail_msg("router exit status %d after SIGTERM drain", rc);
+    /* daemons lost their router: they must have nothing live and all KV free */
+    char why[512];
+    for (int i = 0; i < g_a.n_prefill + g_a.n_decode; i++) {
+        e2e_proc_t *p = i < g_a.n_prefill ? &g_a.prefill[i] : &g_a.decode[i - g_a.n_prefill];
+        if (!e2e_proc_alive(p))
+            continue;
+        assert_true(e2e_wait_kv_free(p, 10.0));
+        if (!e2e_ledger_ok(p, 10.0, why, sizeof(why)))
+            fail_msg("%s", why);
+    }
+}
+
 /* SIGKILL the prefill while the decode pulls (large sim KV over TCP to widen
  * the window): the request completes through a decode-local retry with the
  * right tokens, or ends with an error the client can read; never hangs. */
@@ -1511,7 +1605,9 @@ int main(int argc, char **argv)
             cmocka_unit_test(test_kill_decode_midstream),
             cmocka_unit_test(test_kill_decode_holding_lease),
             cmocka_unit_test(test_drain_decode_midstream),
+            cmocka_unit_test(test_restart_prefill_same_id),
             cmocka_unit_test(test_kill_router),
+            cmocka_unit_test(test_router_drain),
         };
         return finish(cmocka_run_group_tests_name("e2e-fault", t, fault_setup, a_teardown));
     }
