@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/pdctl: pdctl against real deployments (loopback, ports chosen by the
 # OS, temp run dirs). Every wait polls with a bound; nothing sleeps blindly.
-#   test_pdctl.sh lifecycle|errors|systemd SRC_ROOT PDCTL
+#   test_pdctl.sh lifecycle|errors|systemd|sim SRC_ROOT PDCTL
 set -uo pipefail
 MODE=$1 SRC=$2 PDCTL=$3
 T=$(mktemp -d /tmp/pdctl-test.XXXXXX)
@@ -57,7 +57,7 @@ request() {  # request URL [MAX_TOKENS] -> prints "200 finish" / "<code> error" 
     fi
 }
 load_loop() {  # load_loop URL RESULTS STOPFILE
-    while [ ! -e "$3" ]; do request "$1" 24 >>"$2"; done
+    while [ ! -e "$3" ]; do request "$1" 96 >>"$2"; done
 }
 count_ge() {   # count_ge FILE N: FILE has at least N lines
     [ "$(wc -l <"$1")" -ge "$2" ]
@@ -270,6 +270,51 @@ PY
     expect 0 "decode: 1 daemon \(was 0\)" "scale replaces the dead decode"
     run "$PDCTL" down --run-dir "$T/run-dead"
     expect 0 "stopped" "down"
+
+    # up --foreground (what `make run` needs): SIGINT stops everything, exit 0;
+    # a daemon that dies stops everything, exit 1
+    local fg=$T/run-fg fgpid pids p alive
+    "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$fg" --foreground \
+        --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0 >"$T/fg.out" 2>&1 &
+    fgpid=$!; PY_PIDS+=($fgpid)
+    check "foreground: ready" poll 30 test -s "$fg/url"
+    pids=$(cat "$fg"/*.pid)
+    kill -INT $fgpid
+    poll 30 bash -c '! kill -0 $1 2>/dev/null' _ $fgpid || kill -KILL $fgpid
+    wait $fgpid; RC=$?
+    alive=0; for p in $pids; do pid_alive "$p" && alive=1; done
+    check "foreground: SIGINT -> everything stopped, exit 0 (rc=$RC)" test "$RC.$alive" = "0.0"
+    check "foreground: url removed on stop" test ! -e "$fg/url"
+    "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$fg" --foreground \
+        --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0 >"$T/fg.out" 2>&1 &
+    fgpid=$!; PY_PIDS+=($fgpid)
+    check "foreground again: ready" poll 30 test -s "$fg/url"
+    pids=$(cat "$fg"/*.pid)
+    kill -KILL "$(cat "$fg/decode-0.pid")"
+    poll 30 bash -c '! kill -0 $1 2>/dev/null' _ $fgpid || kill -KILL $fgpid
+    wait $fgpid; RC=$?
+    alive=0; for p in $pids; do pid_alive "$p" && alive=1; done
+    check "foreground: a daemon died -> the rest stopped, exit 1 (rc=$RC)" test "$RC.$alive" = "1.0"
+    check "foreground: says which daemon died" grep -q "decode-0 (pid [0-9]*) exited" "$T/fg.out"
+}
+
+sim() {
+    # the shipped sim deployment at Llama-3-70B geometry, shrunk to 1P1D and
+    # small arenas for this box: the spec parses, KV moves at 320 KiB/token
+    local R=$T/run-sim URL r
+    run "$PDCTL" up "$SRC/deploy/sim-llama3-70b-2p6d.ini" --run-dir "$R" \
+        --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0 \
+        --set prefill=1 --set decode=1 --set prefill.kv-blocks=16 --set decode.kv-blocks=16 \
+        --set 'model=sim:llama3-70b,prefill_tps=100000,decode_ms=1+0*b,kv_check=sample'
+    expect 0 "is ready" "up sim-llama3-70b (1P1D, small arenas)"
+    [ $RC = 0 ] || return
+    URL=$(cat "$R/url")
+    r=$(request "$URL" 4); check "sim request: $r" test "$r" = "200 finish"
+    run "$PDCTL" xfer all --run-dir "$R" --json
+    check "sim: a 70B-geometry transfer (>= 320 KiB per prompt token)" \
+        test "$(json_get 'j["xfer"]["peers"][0]["bytes_pulled"] >= 20 * 327680' <<<"$OUT")" = True
+    run "$PDCTL" down --run-dir "$R"
+    expect 0 "stopped \(3 daemons" "down"
 }
 
 systemd_verify() {
@@ -309,7 +354,8 @@ case $MODE in
 lifecycle) lifecycle ;;
 errors) errors ;;
 systemd) systemd_verify ;;
-*) echo "usage: $0 lifecycle|errors|systemd SRC PDCTL" >&2; exit 2 ;;
+sim) sim ;;
+*) echo "usage: $0 lifecycle|errors|systemd|sim SRC PDCTL" >&2; exit 2 ;;
 esac
 echo "$MODE: $fails failure(s)"
 [ $fails = 0 ]

@@ -18,7 +18,8 @@ static int cmd_help(int argc, char **argv);
 
 /* X(name, handler, synopsis) */
 #define PDCTL_COMMANDS(X)                                                                     \
-    X("up", pdctl_cmd_up, "up FILE [--run-dir D] [--set sec.key=v]  start a deployment, wait until ready") \
+    X("up", pdctl_cmd_up, "up FILE [--run-dir D] [--set sec.key=v] [--foreground]\n" \
+                          "                          start a deployment, wait until ready (--foreground: Ctrl-C stops)") \
     X("down", pdctl_cmd_down, "down                    stop it (router drains first, then the daemons)") \
     X("status", pdctl_cmd_status, "status                  one line per daemon: role, state, load, pid, uptime") \
     X("scale", pdctl_cmd_scale, "scale prefill|decode N   start daemons or drain+stop them to reach N") \

@@ -722,6 +722,72 @@ static bool pdctl_wait_started(const pdctl_dep_t *dep, pdctl_state_t *st,
     return pdctl_wait_registered(st, (const pdctl_daemon_t *const *)xs, n, deadline);
 }
 
+static volatile sig_atomic_t pdctl_fg_signal;
+
+static void pdctl_fg_handler(int sig)
+{
+    pdctl_fg_signal = sig;
+}
+
+/* --foreground: stay until SIGINT/SIGTERM (then stop everything, exit 0) or
+ * until a daemon exits (then stop the rest, exit 1) - what `make run` does. */
+static int pdctl_foreground(pdctl_state_t *st, double stop_timeout_s)
+{
+    struct sigaction sa = { .sa_handler = pdctl_fg_handler };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    printf("  foreground: Ctrl-C stops the deployment\n");
+    fflush(stdout);
+    int rc = 0;
+    char lock_path[PATH_MAX];
+    pdctl_fmt(lock_path, sizeof(lock_path), "%s/pdctl.lock", st->run_dir);
+    while (pdctl_fg_signal == 0) {
+        /* `pdctl scale` may add and remove daemons meanwhile: judge deaths
+         * only against the saved state, read while nobody changes it */
+        const pdctl_daemon_t *gone = NULL;
+        for (int i = 0; i < st->n && gone == NULL; i++)
+            if (!pdctl_daemon_alive(&st->d[i]))
+                gone = &st->d[i];
+        if (gone != NULL) {
+            int fd = open(lock_path, O_RDWR | O_CLOEXEC);
+            if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+                if (fd >= 0)
+                    close(fd);
+                pdctl_nap_ms(200);
+                continue;
+            }
+            pdctl_state_t now;
+            if (pdctl_state_load(st->run_dir, &now) == 0) {
+                now.lock_fd = -1;
+                *st = now;
+            }
+            close(fd);
+            gone = NULL;
+            for (int i = 0; i < st->n && gone == NULL; i++)
+                if (!pdctl_daemon_alive(&st->d[i]))
+                    gone = &st->d[i];
+        }
+        if (gone != NULL) {
+            fprintf(stderr, "pdctl: %s (pid %d) exited; stopping the deployment\n", gone->name,
+                    (int)gone->pid);
+            pdctl_tail_log(gone->log, 12);
+            rc = PDCTL_EXIT_FAIL;
+            break;
+        }
+        pdctl_nap_ms(200);
+    }
+    printf("\npdctl: stopping...\n");
+    pdctl_stop_all(st, stop_timeout_s);
+    char p[PATH_MAX];
+    pdctl_state_path(st->run_dir, p, sizeof(p));
+    unlink(p);
+    pdctl_fmt(p, sizeof(p), "%s/url", st->run_dir);
+    unlink(p);
+    printf("pdctl: stopped (logs in %s)\n", st->run_dir);
+    return rc;
+}
+
 int pdctl_cmd_up(int argc, char **argv)
 {
     char *sets[PDCTL_MAX_SETS];
@@ -733,13 +799,22 @@ int pdctl_cmd_up(int argc, char **argv)
             run_override = "";  /* given explicitly */
     if (pdctl_take_sets(&argc, argv, sets, &n_sets) != 0)
         return PDCTL_EXIT_USAGE;
+    bool foreground = false;
+    int k = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--foreground") == 0)
+            foreground = true;
+        else
+            argv[k++] = argv[i];
+    }
+    argc = k;
     pdctl_parse_opts(&argc, argv, &o);
     if (run_override != NULL)
         run_override = o.run_dir;
     else if (getenv("PD_RUN_DIR") != NULL && getenv("PD_RUN_DIR")[0] != '\0')
         run_override = getenv("PD_RUN_DIR");
     if (argc != 1) {
-        fprintf(stderr, "usage: pdctl up FILE [--run-dir D] [--set section.key=value ...]\n");
+        fprintf(stderr, "usage: pdctl up FILE [--run-dir D] [--set section.key=value ...] [--foreground]\n");
         return PDCTL_EXIT_USAGE;
     }
     pdctl_dep_t dep;
@@ -777,6 +852,11 @@ int pdctl_cmd_up(int argc, char **argv)
                 }
             }
         }
+    }
+    {
+        char urlf[PATH_MAX];
+        pdctl_fmt(urlf, sizeof(urlf), "%s/url", dep.run_dir);
+        unlink(urlf);   /* written again once ready: pollers wait for it */
     }
     if (pdctl_secret_ensure(dep.secret_file) != 0)
         goto out;
@@ -857,6 +937,10 @@ int pdctl_cmd_up(int argc, char **argv)
     pdctl_write_file(urlf, line, 0644);
     fflush(stdout);
     rc = 0;
+    if (foreground) {
+        pdctl_state_unlock(&st);   /* `pdctl status/scale` work meanwhile */
+        rc = pdctl_foreground(&st, (double)dep.stop_timeout_ns / 1e9);
+    }
     goto out;
 
 err_stop:
