@@ -76,6 +76,7 @@ lifecycle() {
     expect 0 "is ready: http://127.0.0.1:[0-9]+" "up local-1p1d prints the endpoint"
     [ $RC = 0 ] || { for f in "$R"/*.log; do tail -5 "$f"; done; return; }
     URL=$(cat "$R/url")
+    check "secret generated with mode 0600" test "$(stat -c %a "$R/secret")" = 600
     check "state recorded (deployment.json, pid files, sockets)" \
         test -s "$R/deployment.json" -a -S "$R/router.sock" -a -S "$R/decode-0.sock" -a -s "$R/prefill-0.pid"
     run "$PDCTL" status --run-dir "$R"
@@ -132,6 +133,16 @@ lifecycle() {
     expect 0 "decode: 1 daemon \(was 2\)" "scale decode 2 -> 1 (drain) under load"
     check "scale-down drained (no SIGKILL)" bash -c '! grep -q SIGKILL <<<"$1"' _ "$ERR"
     poll 30 count_ge "$res" $((before + 3)) || bad "no requests after scale-down"
+    # the prefill side too, still under load
+    run "$PDCTL" scale prefill 2 --run-dir "$R"
+    expect 0 "prefill: 2 daemons \(was 1\)" "scale prefill 1 -> 2 under load"
+    before=$(wc -l <"$res")
+    poll 30 count_ge "$res" $((before + 3)) || bad "no requests after prefill scale-up"
+    run "$PDCTL" scale prefill 1 --run-dir "$R"
+    expect 0 "prefill: 1 daemon \(was 2\)" "scale prefill 2 -> 1 under load"
+    check "prefill scale-down drained (no SIGKILL)" bash -c '! grep -q SIGKILL <<<"$1"' _ "$ERR"
+    before=$(wc -l <"$res")
+    poll 30 count_ge "$res" $((before + 3)) || bad "no requests after prefill scale-down"
     touch "$stop"
     local p
     for p in "${LOAD_PIDS[@]}"; do wait "$p"; done
@@ -147,11 +158,9 @@ lifecycle() {
     run "$PDCTL" status --run-dir "$R"
     check "status after scale-down: decode-1 gone" bash -c '! grep -q "^decode-1" <<<"$1"' _ "$OUT"
 
-    # P:D ratio: prefill 1 -> 2 -> 0 (decode-local), requests keep working
-    run "$PDCTL" scale prefill 2 --run-dir "$R"
-    expect 0 "prefill: 2 daemons" "scale prefill 1 -> 2"
+    # P:D ratio 0:1 (decode-local), requests keep working
     run "$PDCTL" scale prefill 0 --run-dir "$R"
-    expect 0 "prefill: 0 daemons \(was 2\)" "scale prefill 2 -> 0"
+    expect 0 "prefill: 0 daemons \(was 1\)" "scale prefill 1 -> 0"
     r=$(request "$URL"); check "request with prefill = 0 (decode-local): $r" test "$r" = "200 finish"
 
     local pids
