@@ -866,6 +866,10 @@ int pdctl_cmd_up(int argc, char **argv)
         (rc = pdctl_port_check("control", control ? control : "127.0.0.1:7000")) != 0)
         goto out;
     rc = PDCTL_EXIT_FAIL;
+    if (http != NULL && (strncmp(http, "0.0.0.0:", 8) == 0 || strncmp(http, "[::]:", 5) == 0) &&
+        pdctl_kvs_get(&dep.role_kv[PDCTL_ROUTER], "api-key") == NULL)
+        fprintf(stderr, "pdctl: WARNING: [router] http = %s listens on every interface "
+                "without an api-key: anyone who can reach it can use the model\n", http);
     snprintf(st.dep_file, sizeof(st.dep_file), "%s/deployment.ini", dep.run_dir);
     if (pdctl_copy_file(dep.path, st.dep_file) != 0) {
         fprintf(stderr, "pdctl: cannot copy %s to %s\n", dep.path, st.dep_file);
