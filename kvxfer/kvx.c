@@ -1214,6 +1214,29 @@ static void kvx_peer_warm(kvx_peer_t *p)
         (void)sink;
     }
 }
+/* Whether UCX may pick shared-memory lanes (posix/sysv/cma) for a same-host
+ * peer. AUTO mode gives up PEER error handling on the same host only to keep
+ * those lanes (UCX 1.13 drops them in PEER mode). When UCX_TLS leaves them
+ * out (e.g. UCX_TLS=tcp) the lanes are tcp anyway, and an endpoint in mode
+ * NONE is worse than useless there: when the connection breaks, UCX 1.13's
+ * tcp transport asserts in uct_tcp_ep_pending_purge on the exporter. */
+static bool kvx_shm_lanes_enabled(void)
+{
+    const char *tls = getenv("UCX_TLS");
+    if (tls == NULL || *tls == '\0' || *tls == '^')
+        return true; /* default or an exclusion list: shm stays possible */
+    static const char *const shm[] = { "all", "sm", "shm", "posix", "sysv", "cma",
+                                       "knem", "xpmem" };
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", tls);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save))
+        for (size_t i = 0; i < sizeof(shm) / sizeof(shm[0]); i++)
+            if (strcmp(t, shm[i]) == 0)
+                return true;
+    return false;
+}
+
 
 pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len)
 {
@@ -1295,7 +1318,7 @@ pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len)
 
     bool want_peer = ctx->cfg.err_mode == KVX_ERRMODE_PEER ||
                      (ctx->cfg.err_mode == KVX_ERRMODE_AUTO &&
-                      p->host_id != ctx->host_id);
+                      (p->host_id != ctx->host_id || !kvx_shm_lanes_enabled()));
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
@@ -1942,8 +1965,6 @@ void kvx_ctx_destroy(kvx_ctx_h *ctx)
             kvx_peer_clear(p); /* gets that never came back: rkeys go too */
         event_free(p->grace_timer);
     }
-    for (unsigned i = 0; i < KVX_MAX_REGIONS; i++)
-        kvx_region_deregister(&ctx->regions[i]);
     for (uint32_t i = 0; i < ctx->cfg.max_leases; i++)
         if (ctx->leases[i].state == KVX_LEASE_ACTIVE)
             kvx_lease_end(&ctx->leases[i], KVX_LEASE_REVOKED);
@@ -1959,10 +1980,19 @@ void kvx_ctx_destroy(kvx_ctx_h *ctx)
     event_free(ctx->ev_efd);
     event_free(ctx->ev_kick);
     event_free(ctx->ev_watchdog);
-    ucp_rkey_buffer_release(ctx->gen_rkey_buf);
-    ucp_mem_unmap(ctx->ucp, ctx->gen_memh);
+    /* The worker goes BEFORE any memory is unmapped: over tcp an exporter
+     * serves gets with active-message replies that its worker copies out of
+     * the arena (uct_tcp_ep_am_bcopy), and endpoints other nodes created to
+     * us can still hold such replies. Unmapping first made the worker read
+     * freed memory at destroy (seen as a SEGV after a pull interrupted by
+     * SIGSTOP). */
     ucp_worker_release_address(ctx->worker, ctx->addr);
     ucp_worker_destroy(ctx->worker);
+    ctx->worker = NULL;
+    for (unsigned i = 0; i < KVX_MAX_REGIONS; i++)
+        kvx_region_deregister(&ctx->regions[i]);
+    ucp_rkey_buffer_release(ctx->gen_rkey_buf);
+    ucp_mem_unmap(ctx->ucp, ctx->gen_memh);
     ucp_cleanup(ctx->ucp);
     pd_stats_destroy(ctx->prom);
     free(ctx->leases);

@@ -951,8 +951,8 @@ int main(int argc, char **argv)
         pd_admin_destroy(pf->admin);
     }
     kvx_blocks_destroy(pf->blocks);
-    kvx_region_deregister(pf->region);
-    kvx_ctx_destroy(pf->kvx);
+    kvx_ctx_destroy(pf->kvx);                /* worker first, then the region */
+    pf->region = NULL;
     event_free(pf->drain_ev);
     pd_loop_destroy(pf->loop);               /* runs the deferred frees */
     pd_stats_destroy(pf->stats);
