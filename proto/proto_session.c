@@ -348,7 +348,16 @@ pd_status_t proto_session_send(proto_session_t *s, const proto_msg_t *msg)
 {
     if (s == NULL || s->state != PROTO_SESS_UP || s->conn == NULL)
         return PD_ERR_SHUTDOWN;
-    return proto_conn_send(s->conn, msg);
+    pd_status_t st = proto_conn_send(s->conn, msg);
+    if (st == PD_ERR_BUSY) {
+        /* The router has stopped reading (the output cap holds megabytes of
+         * control traffic). Dropping this one message would silently skip
+         * tokens or lose a FINISH, so end the session instead: the router
+         * sees the connection drop and ends every request of this daemon
+         * with an error the client can read; we cancel ours and reconnect. */
+        proto_conn_close(s->conn, PD_ERR_BUSY);
+    }
+    return st;
 }
 
 proto_sess_state_t proto_session_state(const proto_session_t *s) { return s->state; }

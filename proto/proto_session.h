@@ -80,7 +80,9 @@ void proto_session_destroy(proto_session_t *s);
  * on_down is not called for this close. */
 void proto_session_shutdown(proto_session_t *s, void (*done)(void *arg), void *arg);
 
-/* Send while UP. Expected: PD_ERR_SHUTDOWN (not UP), PD_ERR_BUSY. */
+/* Send while UP. Expected: PD_ERR_SHUTDOWN (not UP), PD_ERR_BUSY (the
+ * router stopped reading: the session is closed, as if the router were lost,
+ * so no message is ever silently dropped from a live session). */
 pd_status_t proto_session_send(proto_session_t *s, const proto_msg_t *msg);
 /* Send a heartbeat now (e.g. when draining starts). */
 void proto_session_heartbeat_now(proto_session_t *s);
