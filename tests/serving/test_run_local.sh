@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# test_run_local.sh SRC_ROOT BUILD_ROOT: `make run`'s script for real.
+# test_run_local.sh SRC_ROOT BUILD_ROOT: `make run`'s script (pdctl up
+# deploy/local-1p1d.ini --foreground) for real.
 # Starts deploy/run-local.sh on OS-chosen ports with a private run dir, polls
 # until it prints its URL, streams one chat completion with curl, queries an
 # admin socket through the script, then SIGINTs it (as Ctrl-C would) and
@@ -20,12 +21,12 @@ trap cleanup EXIT
 die() { echo "FAIL: $*"; echo "--- script output"; cat "$run/out.txt"; tail -n 20 "$run"/*.log; exit 1; }
 
 n=0
-until grep -q '^pdserve is ready: ' "$run/out.txt" 2>/dev/null; do
+until grep -q '^pdserve deployment ".*" is ready: ' "$run/out.txt" 2>/dev/null; do
     kill -0 "$script" 2>/dev/null || die "run-local.sh exited before ready"
     [ $n -lt 600 ] || die "not ready after 60 s"
     sleep 0.1; n=$((n + 1))
 done
-url=$(sed -n 's/^pdserve is ready: \(http[^ ]*\).*/\1/p' "$run/out.txt")
+url=$(sed -n 's/^pdserve deployment ".*" is ready: \(http[^ ]*\).*/\1/p' "$run/out.txt")
 [ "$url" = "$(cat "$run/url")" ] || die "printed URL $url != $run/url"
 grep -q 'curl -sN' "$run/out.txt" || die "no curl example printed"
 stat -c %a "$run/secret" | grep -qx 600 || die "secret file mode is not 0600"
@@ -50,7 +51,7 @@ wait "$script"; rc=$?
 [ $rc = 0 ] || die "run-local.sh exit status $rc after SIGINT"
 for p in $pids; do kill -0 "$p" 2>/dev/null && die "daemon pid $p still alive"; done
 ls "$run"/*.sock "$run"/*.pid 2>/dev/null && die "sockets / pid files left behind"
-grep -q 'run-local: stopped' "$run/out.txt" || die "no orderly stop"
+grep -q 'pdctl: stopped' "$run/out.txt" || die "no orderly stop"
 trap - EXIT
 rm -rf "$run"
 echo "ok: run-local.sh served $url and stopped cleanly"

@@ -934,6 +934,12 @@ int pdctl_cmd_up(int argc, char **argv)
            st.name, st.url, dep.count[PDCTL_PREFILL], dep.count[PDCTL_DECODE], st.run_dir);
     printf("  status: pdctl status --run-dir %s    stop: pdctl down --run-dir %s\n",
            st.run_dir, st.run_dir);
+    printf("  try:    curl -sN %s/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+           "            -d '{\"stream\": true, \"max_tokens\": 32, "
+           "\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'\n",
+           st.url);
+    printf("  watch:  pdctl top --run-dir %s      transfers: pdctl xfer all --run-dir %s\n",
+           st.run_dir, st.run_dir);
     char urlf[PATH_MAX];
     snprintf(urlf, sizeof(urlf), "%s/url", st.run_dir);
     char line[160];
