@@ -13,7 +13,7 @@ PKGS=(
   # tests: unit framework, fuzzing + sanitizer runtimes, metrics lint
   libcmocka-dev clang libclang-rt-14-dev prometheus
   # tools: network namespaces, plots, JSON on the command line
-  iproute2 gnuplot-nox jq python3 curl systemd
+  iproute2 gnuplot-nox jq python3 curl socat systemd
 )
 
 missing=()
