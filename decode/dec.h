@@ -56,6 +56,7 @@ typedef struct {
     uint64_t reconnect_min_ns;
     uint64_t drain_timeout_ns;
     char *ready_file;
+    char *metrics_listen;
 } dec_config_t;
 
 #define DEC_STATES(X)                                                         \
@@ -91,7 +92,9 @@ typedef enum {
     X(running,         GAUGE,     "sequences in the batch")                   \
     X(step_time,       HISTOGRAM, "one compute step (chunk + batch)")         \
     X(transfer_time,   HISTOGRAM, "KV pull, start to completion")             \
-    X(ttft,            HISTOGRAM, "DECODE_REQ -> first TOKENS")
+    X(ttft,            HISTOGRAM, "DECODE_REQ -> first TOKENS")                  \
+    X(handoff,         HISTOGRAM, "pulled: DECODE_REQ -> first step start, minus wait and pull") \
+    X(lease_renews,    COUNTER,   "lease renewals sent while waiting for KV room")
 
 #define DEC_STAT_ID(name, kind, help) DEC_ST_##name,
 typedef enum { DEC_STATS(DEC_STAT_ID) DEC_STAT__COUNT } dec_stat_id_t;
@@ -147,12 +150,21 @@ typedef struct dec_req {
     bool pull_live;
     uint64_t transfer_ns;
     uint64_t prefill_ns;
+    struct event *renew_ev;             /* WAITING with an imported handle */
+    uint64_t renew_ttl_ns;              /* asked for on each renewal */
+    uint64_t first_step_ns;             /* the first step with it submitted */
+    uint64_t handoff_ns;                /* see DEC_STATS handoff */
     /* streaming */
     uint32_t seq;                       /* TOKENS messages sent */
     uint64_t first_token_ns;
 } dec_req_t;
 
 #define DEC_HASH_BUCKETS 1024u
+
+/* dec_metrics.c: HTTP /metrics on cfg.metrics_listen (no-op when unset). */
+pd_status_t dec_metrics_start(dec_t *d);
+uint16_t dec_metrics_port(void);         /* 0 when off */
+void dec_metrics_stop(void);
 #define DEC_MAX_PEERS 64u
 
 typedef struct {

@@ -51,6 +51,7 @@ static const pd_cfg_field_t dec_fields[] = {
     DEC_ROW(reconnect_min_ns, "reconnect-min", DURATION, "1s", "first reconnect backoff (doubles to 30 s)", 1e6, 60e9, NULL),
     DEC_ROW(drain_timeout_ns, "drain-timeout", DURATION, "30s", "SIGTERM: max wait for in-flight work", 0, 3600e9, NULL),
     DEC_ROW(ready_file, "ready-file", STRING, NULL, "write JSON here once registered with the router", 0, 0, NULL),
+    DEC_ROW(metrics_listen, "metrics.listen", STRING, NULL, "HTTP /metrics + /health address host:port (port 0: any; default off)", 0, 0, NULL),
     PD_CFG_END,
 };
 
@@ -138,6 +139,8 @@ static void dec_wait_remove(dec_t *d, dec_req_t *r)
 static void dec_req_free(void *obj)
 {
     dec_req_t *r = obj;
+    if (r->renew_ev)
+        event_free(r->renew_ev);
     free(r->tok);
     free(r->blocks);
     free(r->handle);
@@ -241,8 +244,11 @@ static void dec_req_set_state(dec_req_t *r, dec_state_t to)
         pd_stats_gauge_add(d->stats, DEC_ST_running, -1);
     if (to == DEC_ST_RUNNING)
         pd_stats_gauge_add(d->stats, DEC_ST_running, 1);
-    if (from == DEC_ST_WAITING)
+    if (from == DEC_ST_WAITING) {
         dec_wait_remove(d, r);
+        if (r->renew_ev)
+            event_del(r->renew_ev); /* the pull starts now (or the request ends) */
+    }
     if (!dec_terminal(to))
         return;
     assert(!r->in_step && !r->pull_live);
@@ -485,10 +491,23 @@ static void dec_kick(dec_t *d)
         oldest->in_step = true;
         s->chunk = oldest;
     }
-    for (uint32_t i = 0; i < s->n_items; i++)
-        s->items[i]->in_step = true;
     if (s->chunk == NULL && s->n_items == 0)
         return;
+    uint64_t now = pd_now_ns();
+    for (uint32_t i = 0; i < s->n_items; i++) {
+        dec_req_t *r = s->items[i];
+        r->in_step = true;
+        if (r->first_step_ns == 0) {
+            r->first_step_ns = now;
+            if (r->t[DEC_ST_PULLING] != 0) { /* the handoff: what is neither wait nor pull */
+                uint64_t waited = r->t[DEC_ST_WAITING] ? r->t[DEC_ST_PULLING] - r->t[DEC_ST_WAITING]
+                                                       : 0;
+                uint64_t busy = now - r->t[DEC_ST_NEW];
+                r->handoff_ns = busy > waited + r->transfer_ns ? busy - waited - r->transfer_ns : 0;
+                pd_stats_observe_ns(d->stats, DEC_ST_handoff, r->handoff_ns);
+            }
+        }
+    }
     d->step_busy = true;
     pd_status_t st = eng_runner_submit(d->runner, &s->job);
     if (st != PD_OK) { /* the runner queue is unbounded: shutting down */
@@ -548,7 +567,8 @@ static void dec_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t
 static void dec_start_pull(dec_t *d, dec_req_t *r)
 {
     kvx_reject_t why = 0;
-    pd_status_t st = kvx_handle_import(d->kvx, r->handle, r->handle_len, d->geom->compat_hash,
+    pd_status_t st = r->imported ? PD_OK /* while waiting, see dec_wait_import */
+                   : kvx_handle_import(d->kvx, r->handle, r->handle_len, d->geom->compat_hash,
                                        &r->imp, &why);
     dec_req_set_state(r, DEC_ST_PULLING);
     if (st != PD_OK) {
@@ -573,6 +593,59 @@ static void dec_start_pull(dec_t *d, dec_req_t *r)
         return;
     }
     r->pull_live = true;
+}
+
+/* Lease renewal while waiting: the prefill's lease runs out while the
+ * request sits in the wait queue, so the handle is imported (validated) on
+ * entering WAITING and the lease renewed at half the remaining TTL, each
+ * time for the TTL it had at import (the exporter caps it). */
+static void dec_renew_arm(dec_req_t *r, uint64_t in_ns)
+{
+    struct timeval tv = pd_ns_to_timeval(in_ns);
+    (void)event_add(r->renew_ev, &tv);
+}
+
+static void dec_renew_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    dec_req_t *r = arg;
+    dec_t *d = r->d;
+    if (r->state != DEC_ST_WAITING || !r->imported)
+        return;
+    pd_status_t st = kvx_lease_renew(d->kvx, &r->imp, r->renew_ttl_ns);
+    if (st != PD_OK) { /* the pull will tell (stale / peer gone) */
+        pd_log(PD_LOG_WARN, DEC_COMP, r->id, "lease renewal to %s not sent: %s", r->peer,
+               pd_status_str(st));
+        return;
+    }
+    pd_stats_inc(d->stats, DEC_ST_lease_renews);
+    r->imp.h.expiry_wall_ns = pd_wall_ns() + r->renew_ttl_ns;
+    dec_renew_arm(r, r->renew_ttl_ns / 2);
+}
+
+/* Import r's handle now (it is going to wait) and arm the renewal. false:
+ * ended with an ERROR (handle rejected). */
+static bool dec_wait_import(dec_t *d, dec_req_t *r)
+{
+    kvx_reject_t why = 0;
+    pd_status_t st = kvx_handle_import(d->kvx, r->handle, r->handle_len, d->geom->compat_hash,
+                                       &r->imp, &why);
+    if (st != PD_OK) {
+        pd_stats_inc(d->stats, DEC_ST_pulls_failed);
+        pd_log(PD_LOG_WARN, DEC_COMP, r->id, "KV handle from %s rejected: %s (%s)", r->peer,
+               pd_status_str(st), kvx_reject_name(why));
+        dec_req_end(r, PROTO_FINISH_ERROR, st);
+        return false;
+    }
+    r->imported = true;
+    uint64_t now = pd_wall_ns();
+    uint64_t left = r->imp.h.expiry_wall_ns > now ? r->imp.h.expiry_wall_ns - now : 0;
+    r->renew_ttl_ns = left > 1000000 ? left : 1000000;
+    r->renew_ev = event_new(pd_loop_base(d->loop), -1, 0, dec_renew_cb, r);
+    if (r->renew_ev != NULL)
+        dec_renew_arm(r, left / 2);
+    return true;
 }
 
 /* ---- admission ---------------------------------------------------------- */
@@ -747,6 +820,8 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
         d->wait_tail = r;
         d->n_waiting++;
         pd_stats_gauge_set(d->stats, DEC_ST_waiting, d->n_waiting);
+        if (!local)
+            (void)dec_wait_import(d, r);
     }
 }
 
@@ -847,6 +922,8 @@ static void dec_write_ready(dec_t *d)
     cJSON_AddStringToObject(j, "router", proto_session_router_id(d->sess));
     if (d->cfg.admin_socket)
         cJSON_AddStringToObject(j, "admin", d->cfg.admin_socket);
+    if (dec_metrics_port() != 0)
+        cJSON_AddNumberToObject(j, "metrics", dec_metrics_port());
     char *txt = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (txt == NULL)
@@ -1000,6 +1077,7 @@ static pd_status_t dec_adm_requests(pd_admin_req_t *req, cJSON *reply)
         cJSON_AddNumberToObject(o, "blocks", r->n_blocks);
         cJSON_AddNumberToObject(o, "age_ns", (double)(now - r->t[DEC_ST_NEW]));
         cJSON_AddNumberToObject(o, "transfer_ns", (double)r->transfer_ns);
+        cJSON_AddNumberToObject(o, "handoff_ns", (double)r->handoff_ns);
         cJSON_AddNumberToObject(o, "prefill_ns", (double)r->prefill_ns);
         cJSON_AddItemToArray(a, o);
     }
@@ -1227,6 +1305,9 @@ int main(int argc, char **argv)
         pd_admin_register(d->admin, dec_cmds, d);
         pd_admin_add_stats(d->admin, d->stats);
     }
+    st = dec_metrics_start(d);
+    if (st != PD_OK)
+        return dec_fail("metrics.listen", st, d->cfg.metrics_listen);
 
     proto_session_opts_t so;
     memset(&so, 0, sizeof(so));
@@ -1291,6 +1372,7 @@ int main(int argc, char **argv)
         pd_admin_remove_stats(d->admin, d->stats);
         pd_admin_destroy(d->admin);
     }
+    dec_metrics_stop();
     kvx_ctx_destroy(d->kvx); /* fails pulls -> callbacks end their requests */
     for (dec_req_t *r = d->live; r != NULL; r = next) {
         next = r->next;

@@ -647,7 +647,7 @@ static void send_cancel(const char *to, fr_req_t *r)
 
 /* ---- the scenario ---------------------------------------------------------- */
 
-static proc_t P, D, PL, PK, BAD, PS;
+static proc_t P, D, PL, PK, BAD, PS, PR;
 
 static int setup(void **state)
 {
@@ -674,6 +674,7 @@ static int teardown(void **state)
     kill_proc(&PK);
     kill_proc(&BAD);
     kill_proc(&PS);
+    kill_proc(&PR);
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
     if (system(cmd) != 0)
@@ -1202,6 +1203,55 @@ static void test_wait_queue(void **state)
     assert_true(kv_all_free(&D, 10));
 }
 
+static bool p_renewed(void *arg)
+{
+    cJSON *j = admin(&PR, "xfer");
+    double n = jnum(cJSON_GetObjectItemCaseSensitive(j, "xfer"), "total", "leases_renewed");
+    cJSON_Delete(j);
+    return n >= *(double *)arg;
+}
+
+/* A disaggregated request waits for KV room longer than its prefill lease
+ * lives: decode renews the lease while it waits (prefill's renew counter
+ * goes up), and the pull afterwards succeeds with the right tokens. */
+static void test_lease_renew_while_waiting(void **state)
+{
+    (void)state;
+    if (g_sim) /* the sim engine's blocker request ends too fast to wait on */
+        skip();
+    spawn(&PR, g_prefill_bin, "pf-renew", SECRET_HEX,
+          (const char *const[]){ "--lease-ttl=100ms", NULL });
+    assert_true(run_until(p_registered, "pf-renew", 20));
+    samp_t big = { 0.0f, 0, 900, true };   /* 920 tokens -> 58 of 64 blocks */
+    samp_t s = { 0.0f, 0, 200, true };     /* 220 tokens -> 14 blocks: waits */
+    int32_t prompt[64], ref[MAX_TOK];
+    make_prompt(prompt, 20, 90);
+    uint32_t nref = reference(prompt, 20, &s, ref, MAX_TOK);
+    fr_req_t *a = new_req();
+    send_decode(a, "dec-a", NULL, prompt, 20, NULL, 0, &big, true);
+    assert_true(run_until(p_has_tokens, a, 20));
+    fr_req_t *b = send_prefill("pf-renew", "dec-a", prompt, 20, &s);
+    assert_true(run_until(p_done_or_error, b, 20));
+    assert_false(b->error);
+    send_decode(b, "dec-a", "pf-renew", prompt, 20, &b->first_token, 1, &s, false);
+    double three = 3; /* renewals every ttl/2: three of them outlive the TTL */
+    assert_true(run_until(p_renewed, &three, 20));
+    assert_true(p_state(&D, b->id, "waiting"));
+    assert_false(a->finish || a->error);
+    send_cancel("dec-a", a);
+    assert_true(run_until(p_final, a, 20));
+    assert_true(run_until(p_final, b, 60));
+    assert_false(b->error);
+    assert_int_equal(b->n_tokens + 1, nref);
+    for (uint32_t i = 1; i < nref; i++)
+        assert_int_equal(b->tokens[i - 1], ref[i]);
+    assert_true(b->fin.queue_ns > 100000000ull); /* waited longer than the TTL */
+    assert_true(kv_all_free(&D, 10));
+    assert_true(kv_all_free(&PR, 10));
+    check_ledger(&PR);
+    kill_proc(&PR);
+}
+
 /* The router connection drops: both daemons cancel everything, free their
  * blocks and register again. */
 static void test_router_loss(void **state)
@@ -1488,6 +1538,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sample_messages),
         cmocka_unit_test(test_concurrent_batch),
         cmocka_unit_test(test_wait_queue),
+        cmocka_unit_test(test_lease_renew_while_waiting),
         cmocka_unit_test(test_router_loss),
         cmocka_unit_test(test_prefill_stopped),
         cmocka_unit_test(test_drain_and_ledgers),
