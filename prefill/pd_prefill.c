@@ -48,6 +48,7 @@ static const pd_cfg_field_t pf_fields[] = {
     PF_ROW(reconnect_min_ns, "reconnect-min", DURATION, "1s", "first reconnect backoff (doubles to 30 s)", 1e6, 60e9, NULL),
     PF_ROW(drain_timeout_ns, "drain-timeout", DURATION, "30s", "SIGTERM: max wait for in-flight work", 0, 3600e9, NULL),
     PF_ROW(ready_file, "ready-file", STRING, NULL, "write JSON here once registered with the router", 0, 0, NULL),
+    PF_ROW(metrics_listen, "metrics.listen", STRING, NULL, "HTTP /metrics + /health address host:port (port 0: any; default off)", 0, 0, NULL),
     PD_CFG_END,
 };
 
@@ -470,6 +471,8 @@ static void pf_write_ready(pf_t *pf)
     cJSON_AddStringToObject(j, "router", proto_session_router_id(pf->sess));
     if (pf->cfg.admin_socket)
         cJSON_AddStringToObject(j, "admin", pf->cfg.admin_socket);
+    if (pf_metrics_port() != 0)
+        cJSON_AddNumberToObject(j, "metrics", pf_metrics_port());
     char nid[32];
     snprintf(nid, sizeof(nid), "%016llx", (unsigned long long)kvx_ctx_node_id(pf->kvx));
     cJSON_AddStringToObject(j, "kv_node", nid);
@@ -888,6 +891,9 @@ int main(int argc, char **argv)
         pd_admin_register(pf->admin, pf_cmds, pf);
         pd_admin_add_stats(pf->admin, pf->stats);
     }
+    st = pf_metrics_start(pf);
+    if (st != PD_OK)
+        return pf_fail("metrics.listen", st, pf->cfg.metrics_listen);
 
     proto_session_opts_t so;
     memset(&so, 0, sizeof(so));
@@ -950,6 +956,7 @@ int main(int argc, char **argv)
         pd_admin_remove_stats(pf->admin, pf->stats);
         pd_admin_destroy(pf->admin);
     }
+    pf_metrics_stop();
     kvx_blocks_destroy(pf->blocks);
     kvx_ctx_destroy(pf->kvx);                /* worker first, then the region */
     pf->region = NULL;

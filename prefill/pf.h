@@ -52,6 +52,7 @@ typedef struct {
     uint64_t reconnect_min_ns;
     uint64_t drain_timeout_ns;
     char *ready_file;
+    char *metrics_listen;
 } pf_config_t;
 
 #define PF_STATES(X)                                                          \
@@ -117,6 +118,11 @@ typedef struct pf_req {
 } pf_req_t;
 
 #define PF_HASH_BUCKETS 1024u
+
+/* pf_metrics.c: HTTP /metrics on cfg.metrics_listen (no-op when unset). */
+pd_status_t pf_metrics_start(pf_t *pf);
+uint16_t pf_metrics_port(void);          /* 0 when off */
+void pf_metrics_stop(void);
 
 struct pf {
     pf_config_t cfg;
