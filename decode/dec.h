@@ -94,7 +94,9 @@ typedef enum {
     X(transfer_time,   HISTOGRAM, "KV pull, start to completion")             \
     X(ttft,            HISTOGRAM, "DECODE_REQ -> first TOKENS")                  \
     X(handoff,         HISTOGRAM, "pulled: DECODE_REQ -> first step start, minus wait and pull") \
-    X(lease_renews,    COUNTER,   "lease renewals sent while waiting for KV room")
+    X(lease_renews,    COUNTER,   "lease renewals sent while waiting for KV room") \
+    X(lease_left,      HISTOGRAM, "pulled: handle's lease left at DECODE_REQ (wall clocks)") \
+    X(req_time,        HISTOGRAM, "DECODE_REQ -> FINISH / ERROR")
 
 #define DEC_STAT_ID(name, kind, help) DEC_ST_##name,
 typedef enum { DEC_STATS(DEC_STAT_ID) DEC_STAT__COUNT } dec_stat_id_t;

@@ -282,6 +282,7 @@ static void dec_req_end(dec_req_t *r, uint16_t reason, pd_status_t status)
         (void)kvx_lease_release(d->kvx, &r->imp); /* prefill gets its blocks back */
         r->imported = false;
     }
+    pd_stats_observe_ns(d->stats, DEC_ST_req_time, pd_now_ns() - r->t[DEC_ST_NEW]);
     dec_state_t to = reason == PROTO_FINISH_CANCELED ? DEC_ST_CANCELED
                    : reason == PROTO_FINISH_ERROR ? DEC_ST_FAILED : DEC_ST_FINISHED;
     if (dec_can_reply(d, r)) {
@@ -564,6 +565,17 @@ static void dec_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t
     dec_start_compute(d, r);
 }
 
+/* A handle was imported: how much of its lease was left when the
+ * DECODE_REQ came (the exporter's TTL minus this is the hop prefill ->
+ * router -> decode; same-host wall clocks). */
+static void dec_note_import(dec_t *d, dec_req_t *r)
+{
+    r->imported = true;
+    uint64_t arrival = pd_wall_ns() - (pd_now_ns() - r->t[DEC_ST_NEW]);
+    if (r->imp.h.expiry_wall_ns > arrival)
+        pd_stats_observe_ns(d->stats, DEC_ST_lease_left, r->imp.h.expiry_wall_ns - arrival);
+}
+
 static void dec_start_pull(dec_t *d, dec_req_t *r)
 {
     kvx_reject_t why = 0;
@@ -578,7 +590,8 @@ static void dec_start_pull(dec_t *d, dec_req_t *r)
         dec_req_end(r, PROTO_FINISH_ERROR, st);
         return;
     }
-    r->imported = true;
+    if (!r->imported)
+        dec_note_import(d, r);
     uint32_t nb = (r->n_prompt + d->geom->block_tokens - 1) / d->geom->block_tokens;
     uint64_t budget = d->cfg.transfer_timeout_ns;
     if (r->deadline_ns != 0 && r->deadline_ns < budget)
@@ -638,7 +651,7 @@ static bool dec_wait_import(dec_t *d, dec_req_t *r)
         dec_req_end(r, PROTO_FINISH_ERROR, st);
         return false;
     }
-    r->imported = true;
+    dec_note_import(d, r);
     uint64_t now = pd_wall_ns();
     uint64_t left = r->imp.h.expiry_wall_ns > now ? r->imp.h.expiry_wall_ns - now : 0;
     r->renew_ttl_ns = left > 1000000 ? left : 1000000;
