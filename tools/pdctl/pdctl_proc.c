@@ -894,7 +894,7 @@ int pdctl_cmd_up(int argc, char **argv)
         fprintf(stderr, "pdctl: cannot read the ports from %s\n", st.d[0].ready);
         goto err_stop;
     }
-    char host[128] = "127.0.0.1";
+    char host[96] = "127.0.0.1"; /* numeric address; fits url/control */
     const char *ha = http ? http : "127.0.0.1:8000";
     const char *ca = control ? control : "127.0.0.1:7000";
     const char *colon = strrchr(ha, ':');
