@@ -546,8 +546,6 @@ static void dec_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t
     pd_stats_observe_ns(d->stats, DEC_ST_transfer_time, r->transfer_ns);
     if (status == PD_OK) {
         pd_stats_inc(d->stats, DEC_ST_pulls_ok);
-        (void)kvx_lease_release(d->kvx, &r->imp);
-        r->imported = false;
     } else {
         pd_stats_inc(d->stats, DEC_ST_pulls_failed);
         pd_log(PD_LOG_WARN, DEC_COMP, r->id, "KV pull from %s failed: %s", r->peer,
@@ -563,6 +561,11 @@ static void dec_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t
     }
     r->kv_have = r->n_prompt;
     dec_start_compute(d, r);
+    /* The release after the first step is on its way: posting the notify
+     * can take milliseconds after a large pull (UCX tcp), which the compute
+     * thread spends on the step instead of waiting. */
+    (void)kvx_lease_release(d->kvx, &r->imp); /* prefill gets its blocks back */
+    r->imported = false;
 }
 
 /* A handle was imported: how much of its lease was left when the
