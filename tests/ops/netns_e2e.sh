@@ -177,4 +177,7 @@ printf '%s\n' "$m" | grep -q '^pd_kvx_bytes_pulled_total{.*} [1-9]' || die "deco
 
 "$PDCTL" down --run-dir "$TMP/run" >"$TMP/down.out" 2>&1 || { cat "$TMP/down.out"; die "pdctl down failed"; }
 UP=0
+if grep -l -E 'Sanitizer|runtime error:' "$TMP"/run/*.log 2>/dev/null; then
+    die "sanitizer report in the daemon logs above"
+fi
 echo "PASS"
