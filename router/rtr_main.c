@@ -291,8 +291,9 @@ int main(int argc, char **argv)
                pd_status_str(s));
         goto err_ctl;
     }
-    pd_log(PD_LOG_INFO, RTR_COMP, NULL, "listening http=127.0.0.1:%u control=127.0.0.1:%u%s",
-           r->http_port, r->ctl_port, r->auth ? "" : " (no auth)");
+    pd_log(PD_LOG_INFO, RTR_COMP, NULL, "listening http=%s (port %u) control=%s (port %u)%s",
+           r->cfg.http, r->http_port, r->cfg.control, r->ctl_port,
+           r->auth ? "" : " (no auth)");
     if (write_ready_file(r) != PD_OK) {
         pd_log(PD_LOG_ERROR, RTR_COMP, NULL, "ready file %s: cannot write", r->cfg.ready_file);
         goto err_http;
