@@ -18,9 +18,10 @@
 #include <event2/event.h>
 #include <xxhash.h>
 
-#include "eng_tok.h"
+#include "eng_boot.h"
 #include "pd_log.h"
 #include "pd_time.h"
+#include "proto_boot.h"
 
 #define DEC_COMP "decode"
 
@@ -28,29 +29,16 @@ static const char *const dec_kv_dtypes[] = { "f32", "f16", NULL };
 
 #define DEC_ROW(field, key, type, def, help, min, max, en)                    \
     PD_CFG_ROW(dec_config_t, field, key, type, def, help, min, max, en)
+#define DEC_ROW_X(field, key, type, def, help, min, max, en) DEC_ROW(field, key, type, def, help, min, max, en),
 static const pd_cfg_field_t dec_fields[] = {
-    DEC_ROW(id, "id", STRING, NULL, "daemon id (default decode-<pid>)", 0, 0, NULL),
-    DEC_ROW(router, "router", STRING, "127.0.0.1:7000", "router control address host:port", 0, 0, NULL),
-    DEC_ROW(secret_file, "secret-file", STRING, NULL, "file with the deployment secret (>= 32 bytes, hex or raw)", 0, 0, NULL),
-    DEC_ROW(secret, "secret", STRING, NULL, "deployment secret as hex (tests; prefer secret-file / PD_SECRET)", 0, 0, NULL),
-    DEC_ROW(insecure_no_auth, "insecure-no-auth", BOOL, "false", "run without a secret (loopback router only)", 0, 0, NULL),
-    DEC_ROW(admin_socket, "admin.socket", STRING, NULL, "admin UNIX socket path", 0, 0, NULL),
-    DEC_ROW(log_level, "log.level", STRING, "info", "error|warn|info|debug|trace", 0, 0, NULL),
-    DEC_ROW(log_file, "log.file", STRING, NULL, "log file (default stderr)", 0, 0, NULL),
-    DEC_ROW(model, "model", STRING, NULL, "GGUF path or sim:<preset or spec>", 0, 0, NULL),
-    DEC_ROW(engine, "engine", STRING, NULL, "llama|sim (default: from model)", 0, 0, NULL),
-    DEC_ROW(threads, "threads", UINT, "0", "engine threads (0 = online cores)", 0, 1024, NULL),
-    DEC_ROW(block_tokens, "block-tokens", UINT, "16", "tokens per KV block", 1, 4096, NULL),
-    DEC_ROW(kv_dtype, "kv-dtype", ENUM, "f16", "KV dtype: f32|f16", 0, 0, dec_kv_dtypes),
+    PROTO_BOOT_HEAD_ROWS(DEC_ROW_X, "daemon id (default decode-<pid>)")
+    ENG_BOOT_ROWS(DEC_ROW_X, dec_kv_dtypes)
     DEC_ROW(kv_blocks, "kv-blocks", UINT, "1024", "KV blocks in the arena", 1, 1e8, NULL),
     DEC_ROW(max_batch, "max-batch", UINT, "32", "sequences admitted at once (continuous batch)", 1, 4096, NULL),
     DEC_ROW(max_queue, "max-queue", UINT, "64", "requests waiting for room before NO_KV_SPACE", 0, 1e6, NULL),
     DEC_ROW(transfer_timeout_ns, "transfer-timeout", DURATION, "5s", "deadline of one KV pull", 1e6, 600e9, NULL),
     DEC_ROW(prefill_chunk, "prefill-chunk", UINT, "256", "tokens per decode-local prefill chunk", 1, 1048576, NULL),
-    DEC_ROW(heartbeat_ns, "heartbeat-interval", DURATION, "500ms", "heartbeat interval before the router's ACK", 1e6, 60e9, NULL),
-    DEC_ROW(reconnect_min_ns, "reconnect-min", DURATION, "1s", "first reconnect backoff (doubles to 30 s)", 1e6, 60e9, NULL),
-    DEC_ROW(drain_timeout_ns, "drain-timeout", DURATION, "30s", "SIGTERM: max wait for in-flight work", 0, 3600e9, NULL),
-    DEC_ROW(ready_file, "ready-file", STRING, NULL, "write JSON here once registered with the router", 0, 0, NULL),
+    PROTO_BOOT_TAIL_ROWS(DEC_ROW_X)
     DEC_ROW(metrics_listen, "metrics.listen", STRING, NULL, "HTTP /metrics + /health address host:port (port 0: any; default off)", 0, 0, NULL),
     PD_CFG_END,
 };
@@ -944,17 +932,7 @@ static void dec_write_ready(dec_t *d)
     cJSON_Delete(j);
     if (txt == NULL)
         return;
-    char tmp[4096];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", d->cfg.ready_file);
-    FILE *f = fopen(tmp, "w");
-    if (f != NULL) {
-        fprintf(f, "%s\n", txt);
-        if (fclose(f) == 0 && rename(tmp, d->cfg.ready_file) == 0)
-            d->registered_once = true;
-    }
-    if (!d->registered_once)
-        pd_log(PD_LOG_ERROR, DEC_COMP, NULL, "cannot write ready file %s: %s",
-               d->cfg.ready_file, strerror(errno));
+    d->registered_once = proto_boot_ready_write(d->cfg.ready_file, txt, DEC_COMP);
     free(txt);
 }
 
@@ -1165,12 +1143,6 @@ static int dec_fail(const char *what, pd_status_t st, const char *detail)
     return 1;
 }
 
-static bool dec_addr_loopback(const char *addr)
-{
-    return strncmp(addr, "127.", 4) == 0 || strncmp(addr, "localhost:", 10) == 0 ||
-           strncmp(addr, "[::1]:", 6) == 0 || addr[0] == ':' || strchr(addr, ':') == NULL;
-}
-
 int main(int argc, char **argv)
 {
     static dec_t g;
@@ -1180,92 +1152,36 @@ int main(int argc, char **argv)
     pd_status_t st;
     char err[256] = "";
 
-    pd_log_level_t lvl;
-    if (pd_log_level_parse(d->cfg.log_level, &lvl) != PD_OK) {
-        fprintf(stderr, "pd-decode: --log.level: expected error|warn|info|debug|trace, got \"%s\"\n",
-                d->cfg.log_level);
+    proto_boot_cfg_t bc = {
+        .prog = "pd-decode", .role = "decode",
+        .log_level = d->cfg.log_level, .log_file = d->cfg.log_file,
+        .model = d->cfg.model, .router = d->cfg.router,
+        .secret_file = d->cfg.secret_file, .secret_hex = d->cfg.secret,
+        .insecure_no_auth = d->cfg.insecure_no_auth, .id = d->cfg.id,
+    };
+    if (proto_boot_daemon(&bc, &d->secret, &d->have_secret, d->daemon_id) != PD_OK)
         goto usage;
-    }
-    pd_log_set_level(lvl);
-    if (d->cfg.log_file && pd_log_open(d->cfg.log_file) != PD_OK) {
-        fprintf(stderr, "pd-decode: --log.file: cannot open %s\n", d->cfg.log_file);
-        goto usage;
-    }
-    if (d->cfg.model == NULL) {
-        fprintf(stderr, "pd-decode: --model: required (GGUF path or sim:<preset>)\n");
-        goto usage;
-    }
-    {
-        struct sockaddr_storage ss;
-        int sl;
-        if (proto_addr_parse(d->cfg.router, &ss, &sl) != PD_OK) {
-            fprintf(stderr, "pd-decode: --router: bad address \"%s\" (host:port, numeric host)\n",
-                    d->cfg.router);
-            goto usage;
-        }
-    }
-    if (d->cfg.secret_file) {
-        st = proto_auth_secret_load(d->cfg.secret_file, &d->secret);
-        if (st != PD_OK) {
-            fprintf(stderr, "pd-decode: --secret-file: %s: %s\n", d->cfg.secret_file,
-                    st == PD_ERR_IO ? strerror(errno) : "need at least 32 bytes (hex or raw)");
-            goto usage;
-        }
-        d->have_secret = true;
-    } else if (d->cfg.secret) {
-        if (proto_auth_secret_parse((const uint8_t *)d->cfg.secret, strlen(d->cfg.secret),
-                                    &d->secret) != PD_OK) {
-            fprintf(stderr, "pd-decode: --secret: need at least 32 bytes (64 hex digits)\n");
-            goto usage;
-        }
-        d->have_secret = true;
-    } else if (!d->cfg.insecure_no_auth) {
-        fprintf(stderr, "pd-decode: no secret: give --secret-file (or --insecure-no-auth on loopback)\n");
-        goto usage;
-    } else if (!dec_addr_loopback(d->cfg.router)) {
-        fprintf(stderr, "pd-decode: --insecure-no-auth needs a loopback --router\n");
-        goto usage;
-    }
-    if (d->cfg.id && (d->cfg.id[0] == '\0' || strlen(d->cfg.id) > PROTO_DAEMON_ID_MAX)) {
-        fprintf(stderr, "pd-decode: --id: 1..%u bytes\n", PROTO_DAEMON_ID_MAX);
-        goto usage;
-    }
-    if (d->cfg.id)
-        snprintf(d->daemon_id, sizeof(d->daemon_id), "%s", d->cfg.id);
-    else
-        snprintf(d->daemon_id, sizeof(d->daemon_id), "decode-%d", (int)getpid());
 
-    const char *model_path = d->cfg.model;
-    const char *engine = d->cfg.engine;
-    if (engine == NULL)
-        engine = strncmp(model_path, "sim:", 4) == 0 ? "sim" : "llama";
-    d->ops = eng_find(engine);
-    if (d->ops == NULL) {
-        fprintf(stderr, "pd-decode: --engine: unknown engine \"%s\"\n", engine);
-        goto usage;
-    }
-    eng_load_opts_t lo = {
-        .engine = engine, .model_path = model_path,
+    eng_boot_opts_t eo = {
+        .model = d->cfg.model, .engine = d->cfg.engine,
         .block_tokens = (uint32_t)d->cfg.block_tokens,
         .kv_dtype = (eng_kv_dtype_t)d->cfg.kv_dtype,
         .n_threads = (uint32_t)d->cfg.threads, .max_batch = (uint32_t)d->cfg.max_batch,
+        .log_comp = DEC_COMP,
     };
-    st = d->ops->load(&lo, &d->model, err, sizeof(err));
+    eng_boot_t eb;
+    st = eng_boot_load(&eo, &eb, err, sizeof(err));
+    if (st == PD_ERR_NOT_FOUND) {
+        fprintf(stderr, "pd-decode: --engine: %s\n", err);
+        goto usage;
+    }
     if (st != PD_OK)
         return dec_fail("model load", st, err);
-    d->geom = d->ops->geometry(d->model);
-    eng_tok_t *tok = NULL;
-    st = eng_tok_load_for(engine, model_path, &tok, err, sizeof(err));
-    if (st == PD_OK) {
-        if (eng_tok_eos(tok) >= 0)
-            d->eos_ids[d->n_eos++] = eng_tok_eos(tok);
-        for (uint32_t id = 0; id < eng_tok_vocab_size(tok) && d->n_eos < ENG_SAMPLE_MAX_EOS; id++)
-            if (eng_tok_is_eog(tok, (int32_t)id) && (int32_t)id != eng_tok_eos(tok))
-                d->eos_ids[d->n_eos++] = (int32_t)id;
-        eng_tok_destroy(tok);
-    } else {
-        pd_log(PD_LOG_WARN, DEC_COMP, NULL, "no tokenizer (%s): no EOS ids", err);
-    }
+    d->ops = eb.ops;
+    d->model = eb.model;
+    d->geom = eb.geom;
+    memcpy(d->eos_ids, eb.eos_ids, sizeof(d->eos_ids));
+    d->n_eos = eb.n_eos;
     uint32_t mb = (uint32_t)d->cfg.max_batch;
     d->step.d = d;
     d->step.job.run = dec_step_run;
@@ -1367,7 +1283,7 @@ int main(int argc, char **argv)
     pd_loop_on_drain(d->loop, dec_on_sigterm, d);
     pd_log(PD_LOG_INFO, DEC_COMP, NULL,
            "%s up: model %s (%s), %llu blocks x %llu bytes, max-batch %u, router %s",
-           d->daemon_id, model_path, engine, (unsigned long long)d->cfg.kv_blocks,
+           d->daemon_id, d->cfg.model, eb.engine, (unsigned long long)d->cfg.kv_blocks,
            (unsigned long long)d->geom->block_bytes, mb, d->cfg.router);
 
     st = pd_loop_run(d->loop);

@@ -16,9 +16,10 @@
 #include <event2/event.h>
 #include <xxhash.h>
 
-#include "eng_tok.h"
+#include "eng_boot.h"
 #include "pd_log.h"
 #include "pd_time.h"
+#include "proto_boot.h"
 
 #define PF_COMP "prefill"
 
@@ -26,28 +27,15 @@ static const char *const pf_kv_dtypes[] = { "f32", "f16", NULL };
 
 #define PF_ROW(field, key, type, def, help, min, max, en)                     \
     PD_CFG_ROW(pf_config_t, field, key, type, def, help, min, max, en)
+#define PF_ROW_X(field, key, type, def, help, min, max, en) PF_ROW(field, key, type, def, help, min, max, en),
 static const pd_cfg_field_t pf_fields[] = {
-    PF_ROW(id, "id", STRING, NULL, "daemon id (default prefill-<pid>)", 0, 0, NULL),
-    PF_ROW(router, "router", STRING, "127.0.0.1:7000", "router control address host:port", 0, 0, NULL),
-    PF_ROW(secret_file, "secret-file", STRING, NULL, "file with the deployment secret (>= 32 bytes, hex or raw)", 0, 0, NULL),
-    PF_ROW(secret, "secret", STRING, NULL, "deployment secret as hex (tests; prefer secret-file / PD_SECRET)", 0, 0, NULL),
-    PF_ROW(insecure_no_auth, "insecure-no-auth", BOOL, "false", "run without a secret (loopback router only)", 0, 0, NULL),
-    PF_ROW(admin_socket, "admin.socket", STRING, NULL, "admin UNIX socket path", 0, 0, NULL),
-    PF_ROW(log_level, "log.level", STRING, "info", "error|warn|info|debug|trace", 0, 0, NULL),
-    PF_ROW(log_file, "log.file", STRING, NULL, "log file (default stderr)", 0, 0, NULL),
-    PF_ROW(model, "model", STRING, NULL, "GGUF path or sim:<preset or spec>", 0, 0, NULL),
-    PF_ROW(engine, "engine", STRING, NULL, "llama|sim (default: from model)", 0, 0, NULL),
-    PF_ROW(threads, "threads", UINT, "0", "engine threads (0 = online cores)", 0, 1024, NULL),
-    PF_ROW(block_tokens, "block-tokens", UINT, "16", "tokens per KV block", 1, 4096, NULL),
-    PF_ROW(kv_dtype, "kv-dtype", ENUM, "f16", "KV dtype: f32|f16", 0, 0, pf_kv_dtypes),
+    PROTO_BOOT_HEAD_ROWS(PF_ROW_X, "daemon id (default prefill-<pid>)")
+    ENG_BOOT_ROWS(PF_ROW_X, pf_kv_dtypes)
     PF_ROW(kv_blocks, "kv-blocks", UINT, "1024", "KV blocks in the arena", 1, 1e8, NULL),
     PF_ROW(max_queue, "max-queue", UINT, "64", "requests queued or computing before OVERLOADED", 1, 1e6, NULL),
     PF_ROW(lease_ttl_ns, "lease-ttl", DURATION, "30s", "KV lease length after PREFILL_DONE", 1e6, 600e9, NULL),
     PF_ROW(max_prompt_tokens, "max-prompt-tokens", UINT, "1048576", "longest prompt accepted", 1, 1048576, NULL),
-    PF_ROW(heartbeat_ns, "heartbeat-interval", DURATION, "500ms", "heartbeat interval before the router's ACK", 1e6, 60e9, NULL),
-    PF_ROW(reconnect_min_ns, "reconnect-min", DURATION, "1s", "first reconnect backoff (doubles to 30 s)", 1e6, 60e9, NULL),
-    PF_ROW(drain_timeout_ns, "drain-timeout", DURATION, "30s", "SIGTERM: max wait for in-flight work", 0, 3600e9, NULL),
-    PF_ROW(ready_file, "ready-file", STRING, NULL, "write JSON here once registered with the router", 0, 0, NULL),
+    PROTO_BOOT_TAIL_ROWS(PF_ROW_X)
     PF_ROW(metrics_listen, "metrics.listen", STRING, NULL, "HTTP /metrics + /health address host:port (port 0: any; default off)", 0, 0, NULL),
     PD_CFG_END,
 };
@@ -480,17 +468,7 @@ static void pf_write_ready(pf_t *pf)
     cJSON_Delete(j);
     if (txt == NULL)
         return;
-    char tmp[4096];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", pf->cfg.ready_file);
-    FILE *f = fopen(tmp, "w");
-    if (f != NULL) {
-        fprintf(f, "%s\n", txt);
-        if (fclose(f) == 0 && rename(tmp, pf->cfg.ready_file) == 0)
-            pf->registered_once = true;
-    }
-    if (!pf->registered_once)
-        pd_log(PD_LOG_ERROR, PF_COMP, NULL, "cannot write ready file %s: %s",
-               pf->cfg.ready_file, strerror(errno));
+    pf->registered_once = proto_boot_ready_write(pf->cfg.ready_file, txt, PF_COMP);
     free(txt);
 }
 
@@ -722,13 +700,6 @@ static int pf_fail(const char *what, pd_status_t st, const char *detail)
     return 1;
 }
 
-static bool pf_addr_loopback(const char *addr)
-{
-    return strncmp(addr, "127.", 4) == 0 || strncmp(addr, "localhost:", 10) == 0 ||
-           strncmp(addr, "[::1]:", 6) == 0 || addr[0] == ':' ||
-           strchr(addr, ':') == NULL;
-}
-
 int main(int argc, char **argv)
 {
     static pf_t g;
@@ -739,100 +710,36 @@ int main(int argc, char **argv)
     pd_status_t st;
     char err[256] = "";
 
-    pd_log_level_t lvl;
-    if (pd_log_level_parse(pf->cfg.log_level, &lvl) != PD_OK) {
-        fprintf(stderr, "pd-prefill: --log.level: expected error|warn|info|debug|trace, got \"%s\"\n",
-                pf->cfg.log_level);
+    proto_boot_cfg_t bc = {
+        .prog = "pd-prefill", .role = "prefill",
+        .log_level = pf->cfg.log_level, .log_file = pf->cfg.log_file,
+        .model = pf->cfg.model, .router = pf->cfg.router,
+        .secret_file = pf->cfg.secret_file, .secret_hex = pf->cfg.secret,
+        .insecure_no_auth = pf->cfg.insecure_no_auth, .id = pf->cfg.id,
+    };
+    if (proto_boot_daemon(&bc, &pf->secret, &pf->have_secret, pf->daemon_id) != PD_OK)
         goto usage;
-    }
-    pd_log_set_level(lvl);
-    if (pf->cfg.log_file && pd_log_open(pf->cfg.log_file) != PD_OK) {
-        fprintf(stderr, "pd-prefill: --log.file: cannot open %s\n", pf->cfg.log_file);
-        goto usage;
-    }
-    if (pf->cfg.model == NULL) {
-        fprintf(stderr, "pd-prefill: --model: required (GGUF path or sim:<preset>)\n");
-        goto usage;
-    }
-    {
-        struct sockaddr_storage ss;
-        int sl;
-        if (proto_addr_parse(pf->cfg.router, &ss, &sl) != PD_OK) {
-            fprintf(stderr, "pd-prefill: --router: bad address \"%s\" (host:port, numeric host)\n",
-                    pf->cfg.router);
-            goto usage;
-        }
-    }
-    /* secret: --secret-file, --secret (hex), env PD_SECRET */
-    const char *env_secret = getenv("PD_SECRET");
-    if (pf->cfg.secret_file) {
-        st = proto_auth_secret_load(pf->cfg.secret_file, &pf->secret);
-        if (st != PD_OK) {
-            fprintf(stderr, "pd-prefill: --secret-file: %s: %s\n", pf->cfg.secret_file,
-                    st == PD_ERR_IO ? strerror(errno) : "need at least 32 bytes (hex or raw)");
-            goto usage;
-        }
-        pf->have_secret = true;
-    } else if (pf->cfg.secret || env_secret) {
-        const char *h = pf->cfg.secret ? pf->cfg.secret : env_secret;
-        if (proto_auth_secret_parse((const uint8_t *)h, strlen(h), &pf->secret) != PD_OK) {
-            fprintf(stderr, "pd-prefill: --secret: need at least 32 bytes (64 hex digits)\n");
-            goto usage;
-        }
-        pf->have_secret = true;
-    } else if (!pf->cfg.insecure_no_auth) {
-        fprintf(stderr, "pd-prefill: no secret: give --secret-file (or --insecure-no-auth on loopback)\n");
-        goto usage;
-    } else if (!pf_addr_loopback(pf->cfg.router)) {
-        fprintf(stderr, "pd-prefill: --insecure-no-auth needs a loopback --router\n");
-        goto usage;
-    }
-
-    if (pf->cfg.id)
-        snprintf(pf->daemon_id, sizeof(pf->daemon_id), "%s", pf->cfg.id);
-    else
-        snprintf(pf->daemon_id, sizeof(pf->daemon_id), "prefill-%d", (int)getpid());
-    if (pf->daemon_id[0] == '\0' || strlen(pf->cfg.id ? pf->cfg.id : pf->daemon_id) > PROTO_DAEMON_ID_MAX) {
-        fprintf(stderr, "pd-prefill: --id: 1..%u bytes\n", PROTO_DAEMON_ID_MAX);
-        goto usage;
-    }
 
     /* engine */
-    const char *model_path = pf->cfg.model;
-    const char *engine = pf->cfg.engine;
-    if (strncmp(model_path, "sim:", 4) == 0) {
-        if (engine == NULL)
-            engine = "sim";
-    }
-    if (engine == NULL)
-        engine = "llama";
-    pf->ops = eng_find(engine);
-    if (pf->ops == NULL) {
-        fprintf(stderr, "pd-prefill: --engine: unknown engine \"%s\"\n", engine);
-        goto usage;
-    }
-    eng_load_opts_t lo = {
-        .engine = engine, .model_path = model_path,
+    eng_boot_opts_t eo = {
+        .model = pf->cfg.model, .engine = pf->cfg.engine,
         .block_tokens = (uint32_t)pf->cfg.block_tokens,
         .kv_dtype = (eng_kv_dtype_t)pf->cfg.kv_dtype,
-        .n_threads = (uint32_t)pf->cfg.threads, .max_batch = 1,
+        .n_threads = (uint32_t)pf->cfg.threads, .max_batch = 1, .log_comp = PF_COMP,
     };
-    st = pf->ops->load(&lo, &pf->model, err, sizeof(err));
+    eng_boot_t eb;
+    st = eng_boot_load(&eo, &eb, err, sizeof(err));
+    if (st == PD_ERR_NOT_FOUND) {
+        fprintf(stderr, "pd-prefill: --engine: %s\n", err);
+        goto usage;
+    }
     if (st != PD_OK)
         return pf_fail("model load", st, err);
-    pf->geom = pf->ops->geometry(pf->model);
-    eng_tok_t *tok = NULL;
-    st = eng_tok_load_for(engine, model_path, &tok, err, sizeof(err));
-    if (st == PD_OK) {
-        if (eng_tok_eos(tok) >= 0)
-            pf->eos_ids[pf->n_eos++] = eng_tok_eos(tok);
-        for (uint32_t id = 0; id < eng_tok_vocab_size(tok) && pf->n_eos < ENG_SAMPLE_MAX_EOS; id++)
-            if (eng_tok_is_eog(tok, (int32_t)id) && (int32_t)id != eng_tok_eos(tok))
-                pf->eos_ids[pf->n_eos++] = (int32_t)id;
-        eng_tok_destroy(tok);
-    } else {
-        pd_log(PD_LOG_WARN, PF_COMP, NULL, "no tokenizer (%s): no EOS ids", err);
-    }
+    pf->ops = eb.ops;
+    pf->model = eb.model;
+    pf->geom = eb.geom;
+    memcpy(pf->eos_ids, eb.eos_ids, sizeof(pf->eos_ids));
+    pf->n_eos = eb.n_eos;
     pf->logits = malloc((size_t)pf->geom->vocab_size * sizeof(float));
     if (pf->logits == NULL || eng_sample_scratch_create(&pf->scratch, pf->geom->vocab_size) != PD_OK)
         return pf_fail("boot", PD_ERR_NO_MEMORY, NULL);
@@ -936,7 +843,7 @@ int main(int argc, char **argv)
     pd_loop_on_drain(pf->loop, pf_on_sigterm, pf);
     pd_log(PD_LOG_INFO, PF_COMP, NULL,
            "%s up: model %s (%s), %llu blocks x %llu bytes (%u tokens), router %s",
-           pf->daemon_id, model_path, engine, (unsigned long long)pf->cfg.kv_blocks,
+           pf->daemon_id, pf->cfg.model, eb.engine, (unsigned long long)pf->cfg.kv_blocks,
            (unsigned long long)pf->geom->block_bytes, pf->geom->block_tokens, pf->cfg.router);
 
     st = pd_loop_run(pf->loop);

@@ -1249,7 +1249,11 @@ static void test_lease_renew_while_waiting(void **state)
     assert_true(kv_all_free(&D, 10));
     assert_true(kv_all_free(&PR, 10));
     check_ledger(&PR);
+    fr_daemon_t *dr = fr_by_id("pf-renew");
+    uint64_t inc = dr->incarnation;
     kill_proc(&PR);
+    assert_true(run_until(p_closed, dr, 10));
+    send_peer_down("dec-a", "pf-renew", inc); /* as the router would: decode drops the peer */
 }
 
 /* The router connection drops: both daemons cancel everything, free their
