@@ -1167,7 +1167,6 @@ int main(int argc, char **argv)
         .block_tokens = (uint32_t)d->cfg.block_tokens,
         .kv_dtype = (eng_kv_dtype_t)d->cfg.kv_dtype,
         .n_threads = (uint32_t)d->cfg.threads, .max_batch = (uint32_t)d->cfg.max_batch,
-        .log_comp = DEC_COMP,
     };
     eng_boot_t eb;
     st = eng_boot_load(&eo, &eb, err, sizeof(err));
@@ -1182,6 +1181,8 @@ int main(int argc, char **argv)
     d->geom = eb.geom;
     memcpy(d->eos_ids, eb.eos_ids, sizeof(d->eos_ids));
     d->n_eos = eb.n_eos;
+    if (eb.tok_err[0] != '\0')
+        pd_log(PD_LOG_WARN, DEC_COMP, NULL, "no tokenizer (%s): no EOS ids", eb.tok_err);
     uint32_t mb = (uint32_t)d->cfg.max_batch;
     d->step.d = d;
     d->step.job.run = dec_step_run;

@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "eng_tok.h"
-#include "pd_log.h"
 
 pd_status_t eng_boot_load(const eng_boot_opts_t *o, eng_boot_t *b, char *err, size_t err_len)
 {
@@ -27,9 +26,9 @@ pd_status_t eng_boot_load(const eng_boot_opts_t *o, eng_boot_t *b, char *err, si
         return st;
     b->geom = b->ops->geometry(b->model);
     eng_tok_t *tok = NULL;
-    char terr[256] = "";
-    if (eng_tok_load_for(b->engine, o->model, &tok, terr, sizeof(terr)) != PD_OK) {
-        pd_log(PD_LOG_WARN, o->log_comp, NULL, "no tokenizer (%s): no EOS ids", terr);
+    if (eng_tok_load_for(b->engine, o->model, &tok, b->tok_err, sizeof(b->tok_err)) != PD_OK) {
+        if (b->tok_err[0] == '\0')
+            snprintf(b->tok_err, sizeof(b->tok_err), "no tokenizer");
         return PD_OK;
     }
     int32_t eos = eng_tok_eos(tok);

@@ -29,7 +29,6 @@ typedef struct {
     eng_kv_dtype_t kv_dtype;
     uint32_t n_threads;
     uint32_t max_batch;
-    const char *log_comp;       /* pd_log component of the caller */
 } eng_boot_opts_t;
 
 typedef struct {
@@ -38,13 +37,14 @@ typedef struct {
     eng_model_t *model;
     const eng_kv_geom_t *geom;
     int32_t eos_ids[ENG_SAMPLE_MAX_EOS];
-    uint32_t n_eos;             /* 0 when the model has no tokenizer (logged) */
+    uint32_t n_eos;             /* 0 when the model has no tokenizer */
+    char tok_err[256];          /* why there is no tokenizer, "" if there is */
 } eng_boot_t;
 
 /* Load o's model into *b. PD_ERR_NOT_FOUND: no engine of that name
  * (b->engine names it, err says so); other statuses come from the engine's
  * load with its message in err. A missing tokenizer is not an error: no
- * EOS ids, one warning. The caller owns b->model (ops->destroy). */
+ * EOS ids, b->tok_err says why (the caller warns). The caller owns b->model (ops->destroy). */
 pd_status_t eng_boot_load(const eng_boot_opts_t *o, eng_boot_t *b, char *err, size_t err_len);
 
 #endif

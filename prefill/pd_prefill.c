@@ -725,7 +725,7 @@ int main(int argc, char **argv)
         .model = pf->cfg.model, .engine = pf->cfg.engine,
         .block_tokens = (uint32_t)pf->cfg.block_tokens,
         .kv_dtype = (eng_kv_dtype_t)pf->cfg.kv_dtype,
-        .n_threads = (uint32_t)pf->cfg.threads, .max_batch = 1, .log_comp = PF_COMP,
+        .n_threads = (uint32_t)pf->cfg.threads, .max_batch = 1,
     };
     eng_boot_t eb;
     st = eng_boot_load(&eo, &eb, err, sizeof(err));
@@ -740,6 +740,8 @@ int main(int argc, char **argv)
     pf->geom = eb.geom;
     memcpy(pf->eos_ids, eb.eos_ids, sizeof(pf->eos_ids));
     pf->n_eos = eb.n_eos;
+    if (eb.tok_err[0] != '\0')
+        pd_log(PD_LOG_WARN, PF_COMP, NULL, "no tokenizer (%s): no EOS ids", eb.tok_err);
     pf->logits = malloc((size_t)pf->geom->vocab_size * sizeof(float));
     if (pf->logits == NULL || eng_sample_scratch_create(&pf->scratch, pf->geom->vocab_size) != PD_OK)
         return pf_fail("boot", PD_ERR_NO_MEMORY, NULL);
