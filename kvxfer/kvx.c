@@ -328,7 +328,13 @@ struct kvx_ctx {
     struct event *ev_efd;
     struct event *ev_kick;
     struct event *ev_watchdog;
+    struct event *ev_kick_later; /* zero timer: a kick through epoll + timers */
     bool kick_pending;
+    uint32_t kick_chain;        /* kicks run back to back without the loop
+                                 * polling (libevent runs an event activated
+                                 * in a callback in the same pass) */
+    bool armed;                 /* worker armed, no event consumed since */
+    uint32_t wd_us;             /* watchdog period: 1 ms, backs off to 100 */
     bool destroying;
     /* exporter */
     kvx_region_h regions[KVX_MAX_REGIONS];
@@ -348,6 +354,7 @@ struct kvx_ctx {
     kvx_pull_t *pulls;          /* (max_pulls) */
     uint32_t pulls_in_flight;
     uint32_t ops_in_flight;
+    uint32_t notifies_in_flight; /* AM sends UCX returned a request for */
     uint64_t pull_seq;
     kvx_notify_buf_t notify[KVX_NOTIFY_SLOTS];
     uint32_t rkeys_live, eps_live;
@@ -389,11 +396,23 @@ static void kvx_prom_publish(kvx_ctx_h *ctx)
     pd_stats_gauge_set(ctx->prom, KVX_PROM_G_eps_live, g.eps_live);
 }
 
+/* Kicks chained by callbacks (a pull completing starts the next one) run in
+ * one libevent pass that never looks at timers or fds. After
+ * KVX_KICK_CHAIN_MAX such kicks the next goes through a zero timer, so
+ * deadlines, the watchdog and the worker fd are served at least that often
+ * (before: a stuck chain starved a pull deadline for ~10 minutes). */
+#define KVX_KICK_CHAIN_MAX 64
+
 static void kvx_kick(kvx_ctx_h *ctx)
 {
-    if (!ctx->kick_pending) {
-        ctx->kick_pending = true;
+    if (ctx->kick_pending)
+        return;
+    ctx->kick_pending = true;
+    if (ctx->kick_chain < KVX_KICK_CHAIN_MAX) {
         event_active(ctx->ev_kick, 0, 0);
+    } else {
+        static const struct timeval zero = { 0, 0 };
+        evtimer_add(ctx->ev_kick_later, &zero);
     }
 }
 
@@ -415,16 +434,49 @@ static pd_status_t kvx_ucs_status(ucs_status_t s)
 /* ---- progress: worker event fd on the loop -------------------------------- */
 
 /* Drain progress, then arm; BUSY means events arrived meanwhile. Returns
- * how many progress calls did work. */
+ * how many progress calls did work. The arm (an eventfd read plus one
+ * recvfrom per shared-memory interface: ~1 us here, measured with perf on
+ * the 64 KiB latency path) is skipped when the worker is still armed: no
+ * progress call consumed an event since the last successful arm, the event
+ * fd did not fire, and none of our gets is outstanding (a get that returned
+ * a request is always followed by a fresh arm). */
+#define KVX_ARM_SPIN_NS (50 * PD_NS_PER_US)
+#define KVX_WD_MIN_US 1000
+#define KVX_WD_MAX_US 100000
+
 static unsigned kvx_progress(kvx_ctx_h *ctx)
 {
     ucs_status_t s;
     unsigned worked = 0;
-    do {
+    while (ucp_worker_progress(ctx->worker) != 0)
+        worked++;
+    if (worked == 0 && ctx->armed && ctx->ops_in_flight == 0 &&
+        ctx->notifies_in_flight == 0)
+        return 0;
+    /* Bounded: measured (UCX 1.13.1, posix), arm kept returning BUSY for
+     * ever while a release notify sat in an endpoint's pending queue behind
+     * the asleep exporter's full FIFO, and progress had nothing to do. The
+     * old unbounded loop spun here at 100 % CPU and starved every libevent
+     * timer (pull deadlines included): the ~10 minute kvxfer-bench stall.
+     * Usually the peer drains within microseconds (the retry loop is the
+     * backpressure on notifies), so retry for at most KVX_ARM_SPIN_NS; then
+     * return unarmed and let the watchdog retry. */
+    uint64_t spin_until = 0;
+    for (;;) {
+        s = ucp_worker_arm(ctx->worker);
+        if (s != UCS_ERR_BUSY)
+            break;
+        uint64_t now = pd_now_ns();
+        if (spin_until == 0)
+            spin_until = now + KVX_ARM_SPIN_NS;
+        else if (now > spin_until)
+            break;
         while (ucp_worker_progress(ctx->worker) != 0)
             worked++;
-        s = ucp_worker_arm(ctx->worker);
-    } while (s == UCS_ERR_BUSY);
+    }
+    ctx->armed = s == UCS_OK;
+    if (s == UCS_ERR_BUSY)
+        ctx->cs[KVX_CS_arm_busy]++;
     return worked;
 }
 
@@ -437,17 +489,27 @@ static unsigned kvx_progress(kvx_ctx_h *ctx)
 static void kvx_watchdog_cb(evutil_socket_t fd, short what, void *arg)
 {
     kvx_ctx_h *ctx = arg;
-    if (kvx_progress(ctx) > 0)
+    ctx->kick_chain = 0;
+    ctx->armed = false;
+    if (kvx_progress(ctx) > 0) {
         ctx->cs[KVX_CS_progress_rescues]++;
+        ctx->wd_us = KVX_WD_MIN_US;
+    } else if (ctx->ops_in_flight == 0 && ctx->wd_us < KVX_WD_MAX_US) {
+        ctx->wd_us *= 2; /* idle but unarmed or serving leases: back off */
+    }
     kvx_kick(ctx);
 }
 
 static void kvx_efd_cb(evutil_socket_t fd, short what, void *arg)
 {
-    kvx_progress(arg);
+    kvx_ctx_h *ctx = arg;
+    ctx->kick_chain = 0;
+    ctx->armed = false; /* the fd fired: the arm is used up */
+    kvx_progress(ctx);
 }
 
 static void kvx_kick_cb(evutil_socket_t fd, short what, void *arg);
+static void kvx_kick_later_cb(evutil_socket_t fd, short what, void *arg);
 
 /* ---- leases (exporter) --------------------------------------------------- */
 
@@ -892,6 +954,7 @@ pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
     if (ctx == NULL)
         goto err;
     ctx->cfg = *cfg;
+    ctx->wd_us = KVX_WD_MIN_US;
     ctx->base = base;
     randombytes_buf(&ctx->incarnation, sizeof(ctx->incarnation));
     ctx->incarnation |= 1;
@@ -976,7 +1039,8 @@ pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
     ctx->ev_efd = event_new(base, efd, EV_READ | EV_PERSIST, kvx_efd_cb, ctx);
     ctx->ev_kick = event_new(base, -1, 0, kvx_kick_cb, ctx);
     ctx->ev_watchdog = evtimer_new(base, kvx_watchdog_cb, ctx);
-    if (!ctx->ev_efd || !ctx->ev_kick || !ctx->ev_watchdog ||
+    ctx->ev_kick_later = evtimer_new(base, kvx_kick_later_cb, ctx);
+    if (!ctx->ev_efd || !ctx->ev_kick || !ctx->ev_watchdog || !ctx->ev_kick_later ||
         event_add(ctx->ev_efd, NULL) != 0)
         goto err_events;
     kvx_prom_table_init();
@@ -996,6 +1060,8 @@ err_events:
         event_free(ctx->ev_kick);
     if (ctx->ev_watchdog)
         event_free(ctx->ev_watchdog);
+    if (ctx->ev_kick_later)
+        event_free(ctx->ev_kick_later);
 err_gen_rkey:
     ucp_rkey_buffer_release(ctx->gen_rkey_buf);
 err_gen:
@@ -1801,6 +1867,7 @@ static void kvx_notify_done(void *req, ucs_status_t us, void *user_data)
     kvx_notify_buf_t *nb = user_data;
     ucp_request_free(req);
     nb->in_use = false;
+    nb->ctx->notifies_in_flight--;
 }
 
 static pd_status_t kvx_notify_send(kvx_ctx_h *ctx, const kvx_import_t *imp,
@@ -1847,6 +1914,9 @@ static pd_status_t kvx_notify_send(kvx_ctx_h *ctx, const kvx_import_t *imp,
     if (UCS_PTR_IS_ERR(req))
         return kvx_ucs_status(UCS_PTR_STATUS(req));
     nb->in_use = req != NULL;
+    nb->ctx = ctx;
+    if (req != NULL)
+        ctx->notifies_in_flight++;
     ctx->total.c[KVX_PS_notifies_sent]++;
     p->st.c[KVX_PS_notifies_sent]++;
     kvx_kick(ctx); /* progress + arm after posting */
@@ -1914,8 +1984,19 @@ static void kvx_kick_run(kvx_ctx_h *ctx)
             kvx_peer_reap(&ctx->peers[i]);
     kvx_lease_deliver(ctx);
     kvx_progress(ctx);
-    if (ctx->ops_in_flight > 0 && !evtimer_pending(ctx->ev_watchdog, NULL)) {
-        struct timeval tv = { 0, 1000 };
+    /* watchdog: 1 ms while our gets are outstanding; backing off to 100 ms
+     * while the worker could not be armed (pending sends) or an exporter
+     * holds leases; 1 ms again while a notify send is pending in UCX: a
+     * send queued behind a full shared-memory FIFO is only retried by our
+     * own progress (nobody signals the sender when space frees), yet
+     * ucp_worker_arm returns OK for it - measured: release notifies stuck
+     * until the lease TTL, exporter_rc=3 in kvxfer_bench_smoke) */
+    if (ctx->ops_in_flight > 0 || ctx->notifies_in_flight > 0)
+        ctx->wd_us = KVX_WD_MIN_US;
+    if ((ctx->ops_in_flight > 0 || ctx->notifies_in_flight > 0 || !ctx->armed ||
+         ctx->leases_active > 0) &&
+        !evtimer_pending(ctx->ev_watchdog, NULL)) {
+        struct timeval tv = { 0, (suseconds_t)ctx->wd_us };
         evtimer_add(ctx->ev_watchdog, &tv);
     }
     kvx_prom_publish(ctx);
@@ -1923,7 +2004,16 @@ static void kvx_kick_run(kvx_ctx_h *ctx)
 
 static void kvx_kick_cb(evutil_socket_t fd, short what, void *arg)
 {
-    kvx_kick_run(arg);
+    kvx_ctx_h *ctx = arg;
+    ctx->kick_chain++;
+    kvx_kick_run(ctx);
+}
+
+static void kvx_kick_later_cb(evutil_socket_t fd, short what, void *arg)
+{
+    kvx_ctx_h *ctx = arg;
+    ctx->kick_chain = 0;
+    kvx_kick_run(ctx);
 }
 
 /* ---- destroy -------------------------------------------------------------------- */
@@ -1980,6 +2070,7 @@ void kvx_ctx_destroy(kvx_ctx_h *ctx)
     event_free(ctx->ev_efd);
     event_free(ctx->ev_kick);
     event_free(ctx->ev_watchdog);
+    event_free(ctx->ev_kick_later);
     /* The worker goes BEFORE any memory is unmapped: over tcp an exporter
      * serves gets with active-message replies that its worker copies out of
      * the arena (uct_tcp_ep_am_bcopy), and endpoints other nodes created to

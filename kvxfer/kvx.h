@@ -294,7 +294,8 @@ pd_status_t kvx_lease_renew(kvx_ctx_h *ctx, const kvx_import_t *imp,
     X(peers_added,      "peer metadata accepted")                             \
     X(peers_failed,     "peers failed (dead or replaced)")                    \
     X(eps_forced_closed,"endpoints force-closed")                            \
-    X(progress_rescues, "in-flight watchdog ticks that found UCX work")
+    X(progress_rescues, "in-flight watchdog ticks that found UCX work")      \
+    X(arm_busy,         "worker arms given up as BUSY (pending sends)")
 
 typedef struct {
     uint32_t leases_active;

@@ -6,6 +6,7 @@
  *                [--block-bytes=B] [--blocks-per-pull=N] [--arena-blocks=N]
  *                [--iters=N] [--warmup=N] [--alloc=ucx|own] [--contiguous]
  *                [--err-mode=auto|peer|none] [--max-op-bytes=B] [--deadline-ms=MS]
+ *                [--stall-s=S]
  *
  * Blocks of each pull are a random subset of the exporter arena in random
  * order (scattered; --contiguous: one run), landing in random local blocks.
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +43,33 @@ typedef struct {
 } bench_opts_t;
 
 #define MAX_HANDLES_PER_PULL 1024
+
+/* Stall guard: the loop can be starved (it was, by an unbounded arm loop in
+ * kvx.c, for ~10 minutes), so a libevent timer cannot be the last line.
+ * SIGALRM every second; when no pull completed for stall_s seconds, report,
+ * kill the exporter and exit 1. */
+static volatile sig_atomic_t g_done_pulls;
+static sig_atomic_t g_seen_pulls, g_quiet_s;
+static unsigned g_stall_s = 60;
+static pid_t g_child;
+
+static void stall_alarm(int sig)
+{
+    (void)sig;
+    if (g_done_pulls != g_seen_pulls) {
+        g_seen_pulls = g_done_pulls;
+        g_quiet_s = 0;
+        return;
+    }
+    if ((unsigned)++g_quiet_s < g_stall_s)
+        return;
+    static const char msg[] = "kvxfer-bench: STALLED: no pull completed within the stall limit, giving up\n";
+    if (write(2, msg, sizeof(msg) - 1) < 0)
+        (void)0;
+    if (g_child > 0)
+        kill(g_child, SIGKILL);
+    _exit(1);
+}
 
 static const uint8_t bench_secret[KVX_KEY_BYTES] = "kvxfer-bench-secret-0123456789a";
 
@@ -304,6 +333,7 @@ static void on_pull(void *arg, pd_status_t status, const kvx_pull_result_t *res)
     if (im->done >= im->o->warmup)
         im->lat_ns[im->done - im->o->warmup] = lat;
     im->done++;
+    g_done_pulls = (sig_atomic_t)im->done;
     if (im->done == im->o->warmup)
         im->t_start_ns = pd_now_ns();
     if (im->done == im->total) {
@@ -342,6 +372,11 @@ static void start_next(importer_t *im)
         im->failed = st;
         event_base_loopbreak(im->base);
     }
+}
+
+static void bench_eof_cb(evutil_socket_t fd, short what, void *arg)
+{
+    event_base_loopbreak(arg);
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -404,16 +439,28 @@ static int run_importer(const bench_opts_t *o, int sock, pid_t child)
     }
     double import_us = (double)(pd_now_ns() - t0) / n_cost / 1000.0;
 
+    struct sigaction sa = { .sa_handler = stall_alarm };
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = { { 1, 0 }, { 1, 0 } };
+    setitimer(ITIMER_REAL, &it, NULL);
     if (o->warmup == 0)
         im.t_start_ns = pd_now_ns();
     start_next(&im);
     event_base_dispatch(im.base);
-    /* release notifies are fire-and-forget: let them go out */
-    for (int i = 0; i < 20; i++)
-        event_base_loop(im.base, EVLOOP_NONBLOCK);
+    struct itimerval off = { { 0, 0 }, { 0, 0 } };
+    setitimer(ITIMER_REAL, &off, NULL);
+    /* Release notifies are fire-and-forget, but some may still sit in
+     * UCX's pending queue behind the exporter's full shared-memory FIFO:
+     * keep this loop (and kvx's watchdog) running until the exporter has
+     * drained and exits (EOF on the socket), at most 3 s. */
     char q = 'q';
     if (write(sock, &q, 1) != 1)
         (void)0;
+    struct event *eof = event_new(im.base, sock, EV_READ, bench_eof_cb, im.base);
+    struct timeval eof_tv = { 3, 0 };
+    event_add(eof, &eof_tv);
+    event_base_dispatch(im.base);
+    event_free(eof);
     int wst = 0;
     waitpid(child, &wst, 0);
     if (im.failed != PD_OK) {
@@ -465,7 +512,7 @@ static void usage(void)
             "usage: kvxfer-bench [--preset=llama3-8b|llama3-70b|qwen3-8b|tiny]\n"
             "  [--block-bytes=B] [--blocks-per-pull=N] [--arena-blocks=N] [--iters=N]\n"
             "  [--warmup=N] [--alloc=ucx|own] [--contiguous] [--err-mode=auto|peer|none]\n"
-            "  [--max-op-bytes=B] [--deadline-ms=MS]\n");
+            "  [--max-op-bytes=B] [--deadline-ms=MS] [--stall-s=S (60)]\n");
 }
 
 int main(int argc, char **argv)
@@ -518,6 +565,8 @@ int main(int argc, char **argv)
             o.err_mode = KVX_ERRMODE_NONE;
         } else if (!strncmp(a, "--deadline-ms=", 14)) {
             o.deadline_ns = strtoull(a + 14, NULL, 0) * PD_NS_PER_MS;
+        } else if (!strncmp(a, "--stall-s=", 10)) {
+            g_stall_s = (unsigned)strtoul(a + 10, NULL, 0);
         } else if (!strncmp(a, "--max-op-bytes=", 15)) {
             o.max_op_bytes = strtoull(a + 15, NULL, 0);
         } else if (!strcmp(a, "--help")) {
@@ -554,5 +603,6 @@ int main(int argc, char **argv)
         _exit(run_exporter(&o, sv[1]));
     }
     close(sv[1]);
+    g_child = pid;
     return run_importer(&o, sv[0], pid);
 }
