@@ -5,19 +5,28 @@
 #   ratio = kvxfer / ucx_perftest
 #
 #   perftest-compare.sh [--mode=bw|lat] [--size=BYTES] [--block-bytes=B]
-#                       [--iters=N] [--runs=K] [--bench=PATH] [-- extra bench args]
+#                       [--iters=N] [--runs=K] [--lat-arena=N] [--bench=PATH]
+#                       [-- extra bench args]
+#
+# Fairness: both tools get the same iteration count and the same warm-up
+# (iters/10, at least 3: `ucx_perftest -w`, `kvxfer-bench --warmup`), the
+# same UCX_TLS and the same total size.
 #
 # bw  (default): size 64 MiB pulled as scattered blocks of block-bytes
 #                (2 MiB: Llama-3-8B, 16 tokens); compares MiB/s (higher is
 #                better; target ratio >= 0.9).
 # lat:           one block of 64 KiB per pull; compares p50 latency in us
-#                (lower is better; target ratio <= 1.5).
+#                (lower is better; target ratio <= 1.5). ucx_perftest gets the
+#                same 64 KiB buffer every time (cache-hot); --lat-arena=1
+#                (default) does the same, --lat-arena=64 pulls a random one of
+#                64 blocks into a random one of 64 (4 MiB each side: L2-cold).
 set -u
 mode=bw
 size=$((64 << 20))
 block=$((2 << 20))
 iters=""
 runs=3
+lat_arena=1
 bench=""
 extra=()
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,6 +37,7 @@ for a in "$@"; do
     --block-bytes=*) block=${a#*=} ;;
     --iters=*) iters=${a#*=} ;;
     --runs=*) runs=${a#*=} ;;
+    --lat-arena=*) lat_arena=${a#*=} ;;
     --bench=*) bench=${a#*=} ;;
     --) shift; extra=("$@"); break ;;
     *) ;;
@@ -35,7 +45,7 @@ for a in "$@"; do
     shift
 done
 if [ -z "$bench" ]; then
-    for c in "$here/../../build-kvxfer/kvxfer/kvxfer-bench" "$here/../../build/kvxfer/kvxfer-bench"; do
+    for c in "$here/../../build-kvperf/kvxfer/kvxfer-bench" "$here/../../build-kvxfer/kvxfer/kvxfer-bench" "$here/../../build/kvxfer/kvxfer-bench"; do
         [ -x "$c" ] && bench=$c && break
     done
 fi
@@ -46,12 +56,14 @@ if [ "$mode" = lat ]; then
     size=$((64 << 10))
     block=$size
     iters=${iters:-5000}
-    bargs=(--block-bytes=$block --blocks-per-pull=1 --arena-blocks=64 --iters=$iters --warmup=200)
+    warm=$((iters / 10 > 3 ? iters / 10 : 3))
+    bargs=(--block-bytes=$block --blocks-per-pull=1 --arena-blocks=$lat_arena --iters=$iters --warmup=$warm)
 else
-    iters=${iters:-30}
+    iters=${iters:-100}
+    warm=$((iters / 10 > 3 ? iters / 10 : 3))
     nb=$((size / block))
     # same 64 MiB working set as ucx_perftest, in a new random order per pull
-    bargs=(--block-bytes=$block --blocks-per-pull=$nb --arena-blocks=$nb --iters=$iters --warmup=3)
+    bargs=(--block-bytes=$block --blocks-per-pull=$nb --arena-blocks=$nb --iters=$iters --warmup=$warm)
 fi
 
 # ucx_perftest server on a free port; readiness by polling the listen socket.
@@ -69,7 +81,7 @@ perftest_once() {
         done
         if ss -ltn "sport = :$port" | grep -q LISTEN; then
             out=$(timeout 120 ucx_perftest 127.0.0.1 -p "$port" -t ucp_get -s "$size" \
-                  -n "$iters" 2>/dev/null | awk '/^Final:/ {print $3, $7}')
+                  -n "$iters" -w "$warm" 2>/dev/null | awk '/^Final:/ {print $3, $7}')
             wait "$srv" 2>/dev/null
             echo "$out"
             return 0
@@ -84,9 +96,10 @@ median() { sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 
 kv=()
 pt=()
-echo "UCX_TLS=${UCX_TLS:-(default)} mode=$mode size=$size block=$block iters=$iters runs=$runs"
+echo "UCX_TLS=${UCX_TLS:-(default)} mode=$mode size=$size block=$block iters=$iters warmup=$warm runs=$runs bench=${bargs[*]} ${extra[*]}"
 for r in $(seq 1 "$runs"); do
-    res=$("$bench" "${bargs[@]}" "${extra[@]}" | grep '^RESULT')
+    # the bench has its own stall guard (--stall-s); timeout is the last line
+    res=$(timeout 600 "$bench" "${bargs[@]}" "${extra[@]}" | grep '^RESULT')
     [ -n "$res" ] || { echo "kvxfer-bench failed" >&2; exit 1; }
     p=$(perftest_once) || { echo "ucx_perftest failed" >&2; exit 1; }
     if [ "$mode" = lat ]; then
