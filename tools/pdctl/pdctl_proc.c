@@ -294,6 +294,12 @@ bool pdctl_daemon_alive(const pdctl_daemon_t *d)
     char *cmd = pdctl_read_file(path, &len);
     if (cmd == NULL)
         return false;
+    if (len == 0) {
+        /* a process in the middle of exiting (its memory is gone, it is not
+         * a zombie yet) has an empty cmdline: still alive, wait for it */
+        free(cmd);
+        return true;
+    }
     bool match = false;
     const char *want = d->role < PDCTL_ROLE_N ? pdctl_bin_names[d->role] : "";
     for (size_t off = 0; off < len; off += strlen(cmd + off) + 1) {
