@@ -66,7 +66,7 @@ if run_build build normal -Dwerror=true; then
   run_suites build normal --no-suite fuzz-long
 fi
 if [ $quick = 0 ]; then
-  if run_build build-asan asan+ubsan -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug; then
+  if run_build build-asan asan+ubsan -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false; then
     run_suites build-asan asan+ubsan --no-suite bench-smoke --no-suite fuzz-long --timeout-multiplier 3
   fi
   if command -v clang >/dev/null 2>&1; then
