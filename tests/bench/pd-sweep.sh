@@ -82,8 +82,10 @@ SLO="ttft=$SLO_TTFT,tpot=$SLO_TPOT"
 
 # ---- cleanup: every daemon we started goes ----------------------------------
 RUNS=()
+BENCH_PID=
 cleanup() {
     local d f p
+    [ -n "$BENCH_PID" ] && kill "$BENCH_PID" 2>/dev/null
     for d in "${RUNS[@]}"; do
         [ -f "$d/deployment.json" ] && "$PDCTL" down --run-dir "$d" >/dev/null 2>&1
         for f in "$d"/*.pid; do
@@ -142,7 +144,11 @@ for sp in "${SPLITS[@]}"; do
            --out "$J")
         say "${B[@]}"
         c0=$(daemon_cpu_ticks "$RUN"); t0=$(date +%s.%N)
-        "${B[@]}" >"$J.log" 2>&1 || { echo "pd-sweep: pd-bench failed:" >&2; tail -5 "$J.log" >&2; }
+        # in the background + wait: a signal reaches the trap at once
+        "${B[@]}" >"$J.log" 2>&1 &
+        BENCH_PID=$!
+        wait "$BENCH_PID" || { echo "pd-sweep: pd-bench failed:" >&2; tail -5 "$J.log" >&2; }
+        BENCH_PID=
         c1=$(daemon_cpu_ticks "$RUN"); t1=$(date +%s.%N)
         load1=$(cut -d' ' -f1 /proc/loadavg)
         # the KV-transfer matrix (pull counts, bytes, GB/s, latency) of the point
