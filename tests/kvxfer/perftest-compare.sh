@@ -45,7 +45,8 @@ for a in "$@"; do
     shift
 done
 if [ -z "$bench" ]; then
-    for c in "$here/../../build-kvperf/kvxfer/kvxfer-bench" "$here/../../build-kvxfer/kvxfer/kvxfer-bench" "$here/../../build/kvxfer/kvxfer-bench"; do
+    # the project's build dir (make build); --bench=PATH for another one
+    for c in "$here/../../build/kvxfer/kvxfer-bench"; do
         [ -x "$c" ] && bench=$c && break
     done
 fi
