@@ -287,7 +287,12 @@ PY
         --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0 >"$T/fg.out" 2>&1 &
     fgpid=$!; PY_PIDS+=($fgpid)
     check "foreground: ready" poll 30 test -s "$fg/url"
+    # the README's tour: `pdctl scale decode 2` beside a foreground `up`;
+    # Ctrl-C must stop the daemon the scale added too
+    run "$PDCTL" scale decode 2 --run-dir "$fg"
+    expect 0 "decode: 2 daemons \(was 1\)" "foreground: scale decode 1 -> 2"
     pids=$(cat "$fg"/*.pid)
+    check "foreground: 4 daemons after the scale" test "$(echo $pids | wc -w)" = 4
     kill -INT $fgpid
     poll 30 bash -c '! kill -0 $1 2>/dev/null' _ $fgpid || kill -KILL $fgpid
     wait $fgpid; RC=$?

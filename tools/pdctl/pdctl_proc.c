@@ -784,6 +784,19 @@ static int pdctl_foreground(pdctl_state_t *st, double stop_timeout_s)
         pdctl_nap_ms(200);
     }
     printf("\npdctl: stopping...\n");
+    {   /* daemons a `pdctl scale` added meanwhile are only in the saved
+         * state: reload it (after any scale in progress) and stop them all */
+        int fd = open(lock_path, O_RDWR | O_CLOEXEC);
+        if (fd >= 0)
+            (void)flock(fd, LOCK_EX);
+        pdctl_state_t now;
+        if (pdctl_state_load(st->run_dir, &now) == 0) {
+            now.lock_fd = -1;
+            *st = now;
+        }
+        if (fd >= 0)
+            close(fd);
+    }
     pdctl_stop_all(st, stop_timeout_s);
     char p[PATH_MAX];
     pdctl_state_path(st->run_dir, p, sizeof(p));
