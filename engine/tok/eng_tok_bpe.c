@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "eng_tok_int.h"
+#include "eng_tok_heap.h"
 
 /* Pre-tokenizer patterns, as in the HF tokenizer.json files / llama.cpp. */
 static const char RE_GPT2[] =
@@ -130,55 +131,8 @@ static bool pair_before(const bpe_pair_t *a, const bpe_pair_t *b)
     return a->left < b->left;
 }
 
-typedef struct {
-    bpe_pair_t *a;
-    size_t n, cap;
-} bpe_heap_t;
 
-static bool heap_push(bpe_heap_t *h, bpe_pair_t v)
-{
-    size_t i;
-
-    if (h->n == h->cap) {
-        size_t nc = h->cap ? h->cap * 2 : 64;
-        bpe_pair_t *na = realloc(h->a, nc * sizeof(*na));
-        if (na == NULL)
-            return false;
-        h->a = na;
-        h->cap = nc;
-    }
-    i = h->n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!pair_before(&v, &h->a[p]))
-            break;
-        h->a[i] = h->a[p];
-        i = p;
-    }
-    h->a[i] = v;
-    return true;
-}
-
-static bpe_pair_t heap_pop(bpe_heap_t *h)
-{
-    bpe_pair_t top = h->a[0], last = h->a[--h->n];
-    size_t i = 0;
-
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n)
-            break;
-        if (c + 1 < h->n && pair_before(&h->a[c + 1], &h->a[c]))
-            c++;
-        if (!pair_before(&h->a[c], &last))
-            break;
-        h->a[i] = h->a[c];
-        i = c;
-    }
-    if (h->n > 0)
-        h->a[i] = last;
-    return top;
-}
+ENG_TOK_HEAP_DEFINE(bpe_heap, bpe_pair_t, pair_before)
 
 static bool try_pair(const eng_tok_t *tok, const bpe_sym_t *sym, int32_t left,
                      int32_t right, bpe_heap_t *h)
@@ -194,7 +148,7 @@ static bool try_pair(const eng_tok_t *tok, const bpe_sym_t *sym, int32_t left,
     p.right = right;
     p.l_id = sym[left].id;
     p.r_id = sym[right].id;
-    return heap_push(h, p);
+    return bpe_heap_push(h, p);
 }
 
 /* BPE of one pre-tokenized piece. map is scratch of >= 2 * len bytes. */
@@ -227,7 +181,7 @@ static pd_status_t bpe_piece(const eng_tok_t *tok, const char *s, size_t len,
         if (!try_pair(tok, sym, (int32_t)i - 1, (int32_t)i, heap))
             return PD_ERR_NO_MEMORY;
     while (heap->n > 0) {
-        bpe_pair_t p = heap_pop(heap);
+        bpe_pair_t p = bpe_heap_pop(heap);
         bpe_sym_t *l = &sym[p.left], *r = &sym[p.right];
         if (l->len == 0 || r->len == 0 || l->next != p.right ||
             l->id != p.l_id || r->id != p.r_id)

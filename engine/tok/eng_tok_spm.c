@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "eng_tok_int.h"
+#include "eng_tok_heap.h"
 
 typedef struct {
     uint32_t start, len; /* byte range in the text; len 0 = merged away */
@@ -19,10 +20,6 @@ typedef struct {
     uint32_t size;       /* combined length when queued: detects stale pairs */
 } spm_bigram_t;
 
-typedef struct {
-    spm_bigram_t *a;
-    size_t n, cap;
-} spm_heap_t;
 
 /* a before b: higher score first, then leftmost */
 static bool bigram_before(const spm_bigram_t *a, const spm_bigram_t *b)
@@ -32,50 +29,7 @@ static bool bigram_before(const spm_bigram_t *a, const spm_bigram_t *b)
     return a->left < b->left;
 }
 
-static bool heap_push(spm_heap_t *h, spm_bigram_t v)
-{
-    size_t i;
-
-    if (h->n == h->cap) {
-        size_t nc = h->cap ? h->cap * 2 : 64;
-        spm_bigram_t *na = realloc(h->a, nc * sizeof(*na));
-        if (na == NULL)
-            return false;
-        h->a = na;
-        h->cap = nc;
-    }
-    i = h->n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!bigram_before(&v, &h->a[p]))
-            break;
-        h->a[i] = h->a[p];
-        i = p;
-    }
-    h->a[i] = v;
-    return true;
-}
-
-static spm_bigram_t heap_pop(spm_heap_t *h)
-{
-    spm_bigram_t top = h->a[0], last = h->a[--h->n];
-    size_t i = 0;
-
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n)
-            break;
-        if (c + 1 < h->n && bigram_before(&h->a[c + 1], &h->a[c]))
-            c++;
-        if (!bigram_before(&h->a[c], &last))
-            break;
-        h->a[i] = h->a[c];
-        i = c;
-    }
-    if (h->n > 0)
-        h->a[i] = last;
-    return top;
-}
+ENG_TOK_HEAP_DEFINE(spm_heap, spm_bigram_t, bigram_before)
 
 static bool try_bigram(const eng_tok_t *tok, const char *text, const spm_sym_t *sym,
                        int32_t left, int32_t right, spm_heap_t *h)
@@ -96,7 +50,7 @@ static bool try_bigram(const eng_tok_t *tok, const char *text, const spm_sym_t *
     b.left = left;
     b.right = right;
     b.size = sym[left].len + sym[right].len;
-    return heap_push(h, b);
+    return spm_heap_push(h, b);
 }
 
 pd_status_t eng_tok_spm_encode(const eng_tok_t *tok, const char *text,
@@ -128,7 +82,7 @@ pd_status_t eng_tok_spm_encode(const eng_tok_t *tok, const char *text,
             goto out;
 
     while (heap.n > 0) {
-        spm_bigram_t b = heap_pop(&heap);
+        spm_bigram_t b = spm_heap_pop(&heap);
         spm_sym_t *l = &sym[b.left], *r = &sym[b.right];
         if (l->len == 0 || r->len == 0 || l->len + r->len != b.size)
             continue;
