@@ -28,6 +28,7 @@
 #include "kvx_blocks.h"
 #include "pd_admin.h"
 #include "pd_config.h"
+#include "pd_idhash.h"
 #include "pd_loop.h"
 #include "pd_stats.h"
 #include "proto_auth.h"
@@ -106,7 +107,7 @@ typedef struct dec dec_t;
 
 typedef struct dec_req {
     dec_t *d;
-    struct dec_req *hnext;              /* id hash chain */
+    pd_idhash_node_t hnode;             /* d->by_id, keyed by id */
     struct dec_req *prev, *next;        /* live list */
     struct dec_req *wnext;              /* wait queue */
     char id[PROTO_REQID_MAX + 1];
@@ -161,7 +162,6 @@ typedef struct dec_req {
     uint64_t first_token_ns;
 } dec_req_t;
 
-#define DEC_HASH_BUCKETS 1024u
 
 /* dec_metrics.c: HTTP /metrics on cfg.metrics_listen (no-op when unset). */
 pd_status_t dec_metrics_start(dec_t *d);
@@ -221,7 +221,7 @@ struct dec {
     bool registered_once;
     char daemon_id[PROTO_DAEMON_ID_MAX + 1];
     /* requests */
-    dec_req_t *buckets[DEC_HASH_BUCKETS];
+    pd_idhash_t by_id;                  /* live requests by id */
     dec_req_t *live;
     uint32_t n_live;
     dec_req_t *wait_head, *wait_tail;

@@ -64,24 +64,15 @@ static void dec_maybe_drained(dec_t *d);
 
 /* ---- lookup ----------------------------------------------------------------- */
 
-static uint32_t dec_hash(const char *id)
-{
-    return (uint32_t)XXH64(id, strlen(id), 0) & (DEC_HASH_BUCKETS - 1);
-}
-
 static dec_req_t *dec_req_find(dec_t *d, const char *id)
 {
-    for (dec_req_t *r = d->buckets[dec_hash(id)]; r != NULL; r = r->hnext)
-        if (strcmp(r->id, id) == 0)
-            return r;
-    return NULL;
+    pd_idhash_node_t *n = pd_idhash_find(&d->by_id, id);
+    return n != NULL ? PD_CONTAINER_OF(n, dec_req_t, hnode) : NULL;
 }
 
 static void dec_req_link(dec_t *d, dec_req_t *r)
 {
-    uint32_t h = dec_hash(r->id);
-    r->hnext = d->buckets[h];
-    d->buckets[h] = r;
+    pd_idhash_add(&d->by_id, &r->hnode, r->id);
     r->next = d->live;
     r->prev = NULL;
     if (d->live)
@@ -93,10 +84,7 @@ static void dec_req_link(dec_t *d, dec_req_t *r)
 
 static void dec_req_unlink(dec_t *d, dec_req_t *r)
 {
-    dec_req_t **pp = &d->buckets[dec_hash(r->id)];
-    while (*pp != r)
-        pp = &(*pp)->hnext;
-    *pp = r->hnext;
+    pd_idhash_del(&d->by_id, &r->hnode);
     if (r->prev)
         r->prev->next = r->next;
     else

@@ -57,24 +57,15 @@ static const char *const pf_state_names[] = {
 
 /* ---- requests: lookup ---------------------------------------------------- */
 
-static uint32_t pf_hash(const char *id)
-{
-    return (uint32_t)XXH64(id, strlen(id), 0) & (PF_HASH_BUCKETS - 1);
-}
-
 static pf_req_t *pf_req_find(pf_t *pf, const char *id)
 {
-    for (pf_req_t *r = pf->buckets[pf_hash(id)]; r != NULL; r = r->hnext)
-        if (strcmp(r->id, id) == 0)
-            return r;
-    return NULL;
+    pd_idhash_node_t *n = pd_idhash_find(&pf->by_id, id);
+    return n != NULL ? PD_CONTAINER_OF(n, pf_req_t, hnode) : NULL;
 }
 
 static void pf_req_link(pf_t *pf, pf_req_t *r)
 {
-    uint32_t h = pf_hash(r->id);
-    r->hnext = pf->buckets[h];
-    pf->buckets[h] = r;
+    pd_idhash_add(&pf->by_id, &r->hnode, r->id);
     r->next = pf->live;
     r->prev = NULL;
     if (pf->live)
@@ -86,10 +77,7 @@ static void pf_req_link(pf_t *pf, pf_req_t *r)
 
 static void pf_req_unlink(pf_t *pf, pf_req_t *r)
 {
-    pf_req_t **pp = &pf->buckets[pf_hash(r->id)];
-    while (*pp != r)
-        pp = &(*pp)->hnext;
-    *pp = r->hnext;
+    pd_idhash_del(&pf->by_id, &r->hnode);
     if (r->prev)
         r->prev->next = r->next;
     else

@@ -25,6 +25,7 @@
 #include "kvx_blocks.h"
 #include "pd_admin.h"
 #include "pd_config.h"
+#include "pd_idhash.h"
 #include "pd_loop.h"
 #include "pd_stats.h"
 #include "proto_auth.h"
@@ -93,7 +94,7 @@ typedef struct pf pf_t;
 typedef struct pf_req {
     eng_job_t job;                      /* first: compute hand-off */
     pf_t *pf;
-    struct pf_req *hnext;               /* id hash chain */
+    pd_idhash_node_t hnode;             /* pf->by_id, keyed by id */
     struct pf_req *prev, *next;         /* live list */
     char id[PROTO_REQID_MAX + 1];
     char target[PROTO_DAEMON_ID_MAX + 1];
@@ -117,7 +118,6 @@ typedef struct pf_req {
     uint64_t lease_ttl_ns;
 } pf_req_t;
 
-#define PF_HASH_BUCKETS 1024u
 
 /* pf_metrics.c: HTTP /metrics on cfg.metrics_listen (no-op when unset). */
 pd_status_t pf_metrics_start(pf_t *pf);
@@ -156,7 +156,7 @@ struct pf {
     char daemon_id[PROTO_DAEMON_ID_MAX + 1];
     uint64_t incarnation;
     /* requests */
-    pf_req_t *buckets[PF_HASH_BUCKETS];
+    pd_idhash_t by_id;                  /* live requests by id */
     pf_req_t *live;
     uint32_t n_live;
     uint32_t n_computing;

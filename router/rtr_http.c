@@ -38,15 +38,14 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "pd_idhash.h"
 #include "pd_log.h"
 #include "pd_time.h"
-
-#define REQ_HASH_BUCKETS 1024u
 
 struct rtr_req {
     rtr_t *r;
     rtr_req_t *prev, *next;              /* r->reqs */
-    rtr_req_t *hnext;                    /* hash chain */
+    pd_idhash_node_t hnode;              /* req_by_id, keyed by id */
     struct evhttp_request *http;         /* NULL once the client is gone */
     struct evhttp_request *orphan;       /* detached by libevent: ours to free */
     struct evhttp_connection *evcon;
@@ -74,29 +73,17 @@ struct rtr_req {
     uint64_t t_accept, t_last_tok;
 };
 
-static rtr_req_t *req_hash[REQ_HASH_BUCKETS];
-
-static uint32_t id_hash(const char *s)
-{
-    uint32_t h = 2166136261u;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 16777619u;
-    return h % REQ_HASH_BUCKETS;
-}
+static pd_idhash_t req_by_id;
 
 static rtr_req_t *req_find(const char *id)
 {
-    for (rtr_req_t *q = req_hash[id_hash(id)]; q != NULL; q = q->hnext)
-        if (strcmp(q->id, id) == 0)
-            return q;
-    return NULL;
+    pd_idhash_node_t *n = pd_idhash_find(&req_by_id, id);
+    return n != NULL ? PD_CONTAINER_OF(n, rtr_req_t, hnode) : NULL;
 }
 
 static void req_link(rtr_t *r, rtr_req_t *q)
 {
-    uint32_t b = id_hash(q->id);
-    q->hnext = req_hash[b];
-    req_hash[b] = q;
+    pd_idhash_add(&req_by_id, &q->hnode, q->id);
     q->next = r->reqs;
     if (r->reqs != NULL)
         r->reqs->prev = q;
@@ -106,18 +93,14 @@ static void req_link(rtr_t *r, rtr_req_t *q)
 
 static void req_unlink(rtr_t *r, rtr_req_t *q)
 {
-    rtr_req_t **pp = &req_hash[id_hash(q->id)];
-    while (*pp != NULL && *pp != q)
-        pp = &(*pp)->hnext;
-    if (*pp == q)
-        *pp = q->hnext;
+    pd_idhash_del(&req_by_id, &q->hnode);
     if (q->prev != NULL)
         q->prev->next = q->next;
     else
         r->reqs = q->next;
     if (q->next != NULL)
         q->next->prev = q->prev;
-    q->prev = q->next = q->hnext = NULL;
+    q->prev = q->next = NULL;
     r->n_reqs--;
 }
 
