@@ -14,6 +14,7 @@
  * timeouts. Connects only to the --url given. */
 #include "pb_http.h"
 #include "pb_stats.h"
+#include "pb_work.h"
 #include "pd_config.h"
 #include "pd_time.h"
 
@@ -42,11 +43,20 @@
 #define PB_MAX_PROMPT_LINES 100000
 #define PB_MAX_PROMPT_FILE  (64u << 20)
 #define PB_RATE_DEFAULT_CAP 1024      /* slots in rate mode without --concurrency */
+#define PB_MAX_ANSWER       (1u << 20) /* multi-turn: answer bytes kept per turn */
+#define PB_MAX_CONV_BYTES   (16u << 20) /* multi-turn: history bytes per conversation */
 
 /* ---- configuration ----------------------------------------------------- */
 
 typedef enum { PB_EP_COMPLETIONS, PB_EP_CHAT } pb_endpoint_t;
 static const char *const endpoint_names[] = { "completions", "chat", NULL };
+
+typedef enum {
+    PB_WL_SYNTHETIC, PB_WL_MULTI_TURN, PB_WL_SHARED_PREFIX, PB_WL_TRACE,
+} pb_workload_t;
+static const char *const workload_names[] = {
+    "synthetic", "multi-turn", "shared-prefix", "trace", NULL,
+};
 
 typedef struct {
     char *url;
@@ -72,6 +82,17 @@ typedef struct {
     bool keep_alive;
     char *baseline;
     char *prompt_ids;
+    int workload;
+    uint64_t conversations;
+    uint64_t turns;
+    uint64_t prefix_len;
+    uint64_t prefix_groups;
+    uint64_t prefix_prompts;
+    char *trace;
+    uint64_t block_size;
+    double trace_speed;
+    char *compare;
+    char *compare_model;
 } pb_config_t;
 
 static const pd_cfg_field_t pb_fields[] = {
@@ -124,6 +145,39 @@ static const pd_cfg_field_t pb_fields[] = {
                "(completions only; exact input length)", 0, 0, NULL),
     PD_CFG_ROW(pb_config_t, baseline, "baseline", STRING, NULL,
                "earlier --out JSON: print figures side by side with ratios", 0, 0, NULL),
+    PD_CFG_ROW(pb_config_t, workload, "workload", ENUM, "synthetic",
+               "synthetic | multi-turn (--conversations x --turns, chat) | "
+               "shared-prefix (--prefix-groups x --prefix-prompts) | trace (--trace)",
+               0, 0, workload_names),
+    PD_CFG_ROW(pb_config_t, conversations, "conversations", UINT, "4",
+               "multi-turn: conversations (each turn's prompt: the whole conversation "
+               "so far, with the server's answers, + --input-len new words)",
+               1, 100000, NULL),
+    PD_CFG_ROW(pb_config_t, turns, "turns", UINT, "3",
+               "multi-turn: turns per conversation", 1, 1000, NULL),
+    PD_CFG_ROW(pb_config_t, prefix_len, "prefix-len", UINT, "256",
+               "shared-prefix: tokens of each group's shared system prompt",
+               1, PB_PROMPT_TOKENS_MAX / 2, NULL),
+    PD_CFG_ROW(pb_config_t, prefix_groups, "prefix-groups", UINT, "1",
+               "shared-prefix: groups (distinct shared prefixes)", 1, 10000, NULL),
+    PD_CFG_ROW(pb_config_t, prefix_prompts, "prefix-prompts", UINT, "8",
+               "shared-prefix: prompts per group (each: prefix + --input-len tokens)",
+               1, 100000, NULL),
+    PD_CFG_ROW(pb_config_t, trace, "trace", STRING, NULL,
+               "trace: JSONL, one {\"timestamp\": ms, \"input_length\": N, "
+               "\"output_length\": M, \"hash_ids\": [...]} per line (Mooncake)",
+               0, 0, NULL),
+    PD_CFG_ROW(pb_config_t, block_size, "block-size", UINT, "512",
+               "trace: tokens per hash id block (512 in Mooncake's trace)",
+               1, PB_BLOCK_SIZE_MAX, NULL),
+    PD_CFG_ROW(pb_config_t, trace_speed, "trace-speed", DOUBLE, "1",
+               "trace: replay speed (2 = arrivals twice as fast)", 0.001, 1000, NULL),
+    PD_CFG_ROW(pb_config_t, compare, "compare", STRING, NULL,
+               "second server URL: run the same workload (same seed, same arrivals) "
+               "against --url, then this; print every figure with the ratio", 0, 0, NULL),
+    PD_CFG_ROW(pb_config_t, compare_model, "compare-model", STRING, NULL,
+               "model name at --compare (default: --model, else GET /v1/models)",
+               0, 0, NULL),
     PD_CFG_END,
 };
 
@@ -166,12 +220,27 @@ typedef struct pb_slot {
     uint32_t itl_cap;
     pb_http_resp_t http;
     pb_sse_t sse;
+    bool got_bytes;             /* a response byte arrived on this connection */
+    bool retried;               /* resent once on a fresh connection */
+    char *req;                  /* request bytes (kept for the one resend) */
+    size_t req_len;
+    uint32_t conv;              /* multi-turn: conversation of this request */
+    char *user_msg;             /* multi-turn: the new user message sent */
+    char *answer;               /* multi-turn: streamed content (capped) */
+    size_t ans_len, ans_cap;
     char errbody[160];
     size_t errbody_len;
     struct pb_slot *next;       /* free list */
 } pb_slot_t;
 
 typedef enum { PHASE_WARMUP, PHASE_MAIN, PHASE_DONE } pb_phase_t;
+
+/* Multi-turn: one conversation's history (user/assistant messages). */
+typedef struct {
+    cJSON *msgs;
+    uint32_t turn;              /* turns finished */
+    size_t bytes;               /* history size (capped) */
+} pb_conv_t;
 
 struct pb_run {
     pb_config_t cfg;
@@ -214,9 +283,39 @@ struct pb_run {
     pb_record_t *recs;
     size_t n_recs, cap_recs;
     cJSON *baseline;            /* --baseline file, parsed at boot */
+    /* workloads */
+    pb_workload_t workload;
+    pb_trace_t trace;
+    pb_conv_t *convs;
+    uint32_t n_convs;
+    uint32_t *ready;            /* ring of conversations ready for a turn */
+    uint32_t ready_head, ready_n;
+    uint64_t skipped_turns;     /* turns not sent (their conversation ended) */
+    uint64_t idle_closed;       /* kept-alive connections closed while idle */
+    /* target of this pass (--url, then --compare) */
+    const char *target_url;
+    const char *model;
+    char *model_fetched;        /* owned */
 };
 
 static void slot_finish(pb_slot_t *s, pb_err_kind_t err, const char *msg);
+static void slot_connect(pb_slot_t *s);
+static void slot_reconnect(pb_slot_t *s);
+
+static void ready_push(pb_run_t *run, uint32_t c)
+{
+    run->ready[(run->ready_head + run->ready_n) % run->n_convs] = c;
+    run->ready_n++;
+}
+
+static uint32_t ready_pop(pb_run_t *run)
+{
+    uint32_t c = run->ready[run->ready_head];
+
+    run->ready_head = (run->ready_head + 1) % run->n_convs;
+    run->ready_n--;
+    return c;
+}
 
 static void pump_kick(pb_run_t *run)
 {
@@ -225,24 +324,12 @@ static void pump_kick(pb_run_t *run)
 
 /* ---- workload ---------------------------------------------------------- */
 
-static const char *const words[] = {
-    "the", "of", "and", "to", "in", "is", "was", "for", "on", "are", "with",
-    "as", "at", "be", "this", "have", "from", "or", "one", "had", "by", "word",
-    "but", "not", "what", "all", "were", "we", "when", "your", "can", "said",
-    "there", "use", "an", "each", "which", "she", "do", "how", "their", "if",
-    "will", "up", "other", "about", "out", "many", "then", "them", "these",
-    "so", "some", "her", "would", "make", "like", "him", "into", "time", "has",
-    "look", "two", "more", "write", "go", "see", "number", "no", "way",
-    "could", "people", "my", "than", "first", "water", "been", "call", "who",
-    "oil", "its", "now", "find", "long", "down", "day", "did", "get", "come",
-    "made", "may", "part",
-};
 
 /* Synthetic prompt of n common words (about one token each for BPE
  * tokenizers; usage.prompt_tokens reports the server's count). */
 static char *synth_prompt(pb_rng_t *rng, uint32_t n)
 {
-    size_t nw = sizeof(words) / sizeof(words[0]);
+    size_t nw = pb_n_words;
     size_t cap = (size_t)n * 8 + 1, len = 0;
     char *p = malloc(cap);
     uint32_t i;
@@ -250,7 +337,7 @@ static char *synth_prompt(pb_rng_t *rng, uint32_t n)
     if (p == NULL)
         return NULL;
     for (i = 0; i < n; i++) {
-        const char *w = words[pb_rng_next(rng) % nw];
+        const char *w = pb_words[pb_rng_next(rng) % nw];
         size_t wl = strlen(w);
         if (len + wl + 2 > cap)
             break;
@@ -326,17 +413,47 @@ err:
     return PD_ERR_BAD_INPUT;
 }
 
-/* Build the HTTP request for one slot. Returns malloc'd bytes. */
-static char *build_request(pb_run_t *run, pb_slot_t *s, uint64_t seq,
-                           size_t *len_p)
+/* Add a built prompt to a JSON object as `key`: a string (words) or an
+ * array of token ids. */
+static bool add_prompt_buf(cJSON *o, const char *key, const pb_prompt_buf_t *b)
 {
-    cJSON *body = cJSON_CreateObject(), *so, *msgs, *m;
-    char *prompt, *json, *req = NULL;
-    uint32_t in_len = 0, max_tokens;
-    int n;
+    uint32_t k;
+    cJSON *ids;
 
-    if (body == NULL)
-        return NULL;
+    if (!b->ids)
+        return cJSON_AddStringToObject(o, key, b->text ? b->text : "") != NULL;
+    ids = cJSON_AddArrayToObject(o, key);
+    if (ids == NULL)
+        return false;
+    for (k = 0; k < b->n_tokens; k++)
+        if (!cJSON_AddItemToArray(ids, cJSON_CreateNumber((double)b->id[k])))
+            return false;
+    return true;
+}
+
+static bool add_message(cJSON *msgs, const char *role, const char *content)
+{
+    cJSON *m = cJSON_CreateObject();
+
+    if (m == NULL || !cJSON_AddItemToArray(msgs, m))
+        return false;
+    return cJSON_AddStringToObject(m, "role", role) != NULL &&
+           cJSON_AddStringToObject(m, "content", content) != NULL;
+}
+
+static void add_max_tokens(pb_run_t *run, cJSON *body, uint32_t max_tokens)
+{
+    cJSON_AddNumberToObject(body, run->endpoint == PB_EP_CHAT
+                            ? "max_completion_tokens" : "max_tokens", max_tokens);
+}
+
+/* The plain synthetic workload (and every workload's warm-up). */
+static bool body_synthetic(pb_run_t *run, pb_slot_t *s, uint64_t seq, cJSON *body)
+{
+    cJSON *msgs;
+    char *prompt;
+    uint32_t in_len = 0, max_tokens;
+
     if (run->n_prompts > 0) {
         const pb_prompt_t *p = &run->prompts[seq % run->n_prompts];
         prompt = strdup(p->prompt);
@@ -352,16 +469,11 @@ static char *build_request(pb_run_t *run, pb_slot_t *s, uint64_t seq,
         prompt = synth_prompt(&run->rng_prompt, in_len);
     }
     if (prompt == NULL && !(run->use_ids && run->n_prompts == 0))
-        goto out;
+        return false;
     s->rec.input_tokens = in_len;
-    cJSON_AddStringToObject(body, "model", run->cfg.model);
     if (run->endpoint == PB_EP_CHAT) {
         msgs = cJSON_AddArrayToObject(body, "messages");
-        m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "role", "user");
-        cJSON_AddStringToObject(m, "content", prompt);
-        cJSON_AddItemToArray(msgs, m);
-        cJSON_AddNumberToObject(body, "max_completion_tokens", max_tokens);
+        add_message(msgs, "user", prompt);
     } else if (prompt == NULL) {
         /* Token ids: exact input length whatever the tokenizer. */
         cJSON *ids = cJSON_AddArrayToObject(body, "prompt");
@@ -371,12 +483,139 @@ static char *build_request(pb_run_t *run, pb_slot_t *s, uint64_t seq,
         for (k = 0; k < in_len; k++)
             cJSON_AddItemToArray(ids, cJSON_CreateNumber(
                 (double)(run->id_lo + pb_rng_next(&run->rng_prompt) % span)));
-        cJSON_AddNumberToObject(body, "max_tokens", max_tokens);
     } else {
         cJSON_AddStringToObject(body, "prompt", prompt);
-        cJSON_AddNumberToObject(body, "max_tokens", max_tokens);
     }
+    add_max_tokens(run, body, max_tokens);
     free(prompt);
+    return true;
+}
+
+/* Shared prefix: request seq belongs to group seq % groups; its prompt is
+ * the group's prefix (--prefix-len tokens, the same for every request and
+ * every pass) + --input-len tokens of its own. Chat: the prefix is the
+ * system message. */
+static bool body_shared_prefix(pb_run_t *run, pb_slot_t *s, uint64_t seq,
+                               cJSON *body)
+{
+    pb_prompt_buf_t pre, own;
+    pb_rng_t grng;
+    uint32_t in_len = pb_dist_sample(&run->in_dist, &run->rng_prompt);
+    uint32_t max_tokens = pb_dist_sample(&run->out_dist, &run->rng_prompt);
+    bool ok = false;
+
+    pb_prompt_buf_init(&pre, run->use_ids, run->id_lo, run->id_hi);
+    pb_prompt_buf_init(&own, run->use_ids, run->id_lo, run->id_hi);
+    pb_block_rng(&grng, run->cfg.seed ^ 0x70726566ULL,
+                 seq % run->cfg.prefix_groups);
+    if (pb_prompt_add(&pre, &grng, (uint32_t)run->cfg.prefix_len) != PD_OK)
+        goto out;
+    s->rec.input_tokens = (uint32_t)run->cfg.prefix_len + in_len;
+    if (run->endpoint == PB_EP_CHAT) {
+        cJSON *msgs = cJSON_AddArrayToObject(body, "messages");
+
+        if (pb_prompt_add(&own, &run->rng_prompt, in_len) != PD_OK ||
+            !add_message(msgs, "system", pre.text) ||
+            !add_message(msgs, "user", own.text))
+            goto out;
+    } else {
+        /* One buffer: the prefix, then this request's tokens. */
+        if (pb_prompt_add(&pre, &run->rng_prompt, in_len) != PD_OK ||
+            !add_prompt_buf(body, "prompt", &pre))
+            goto out;
+    }
+    add_max_tokens(run, body, max_tokens);
+    ok = true;
+out:
+    pb_prompt_buf_fini(&pre);
+    pb_prompt_buf_fini(&own);
+    return ok;
+}
+
+/* Trace replay: entry seq's prompt from its hash ids, its output length. */
+static bool body_trace(pb_run_t *run, pb_slot_t *s, uint64_t seq, cJSON *body)
+{
+    const pb_trace_entry_t *e = &run->trace.e[seq % run->trace.n];
+    pb_prompt_buf_t b;
+    bool ok = false;
+
+    pb_prompt_buf_init(&b, run->use_ids, run->id_lo, run->id_hi);
+    if (pb_prompt_from_trace(&b, e, (uint32_t)run->cfg.block_size, run->cfg.seed,
+                             seq) != PD_OK)
+        goto out;
+    s->rec.input_tokens = e->input_len;
+    if (run->endpoint == PB_EP_CHAT) {
+        cJSON *msgs = cJSON_AddArrayToObject(body, "messages");
+        if (!add_message(msgs, "user", b.text))
+            goto out;
+    } else if (!add_prompt_buf(body, "prompt", &b)) {
+        goto out;
+    }
+    add_max_tokens(run, body, e->output_len);
+    ok = true;
+out:
+    pb_prompt_buf_fini(&b);
+    return ok;
+}
+
+/* Multi-turn: the conversation so far (the user messages sent and the
+ * server's actual answers) + a new user message. The new message of
+ * (conversation, turn) depends only on the seed, not on timing. */
+static bool body_turn(pb_run_t *run, pb_slot_t *s, cJSON *body)
+{
+    pb_conv_t *c = &run->convs[s->conv];
+    pb_prompt_buf_t b;
+    pb_rng_t rng;
+    uint32_t in_len, max_tokens;
+    cJSON *msgs;
+    bool ok = false;
+
+    pb_block_rng(&rng, run->cfg.seed ^ 0x7475726eULL,
+                 (uint64_t)s->conv * 1000003ULL + c->turn);
+    in_len = pb_dist_sample(&run->in_dist, &rng);
+    max_tokens = pb_dist_sample(&run->out_dist, &rng);
+    pb_prompt_buf_init(&b, false, 0, 0);
+    if (pb_prompt_add(&b, &rng, in_len) != PD_OK)
+        goto out;
+    s->rec.turn = c->turn;
+    s->rec.conv = s->conv;
+    s->rec.input_tokens = in_len;
+    free(s->user_msg);
+    s->user_msg = strdup(b.text);
+    msgs = cJSON_Duplicate(c->msgs, 1);
+    if (s->user_msg == NULL || msgs == NULL ||
+        !cJSON_AddItemToObject(body, "messages", msgs) ||
+        !add_message(msgs, "user", b.text))
+        goto out;
+    add_max_tokens(run, body, max_tokens);
+    ok = true;
+out:
+    pb_prompt_buf_fini(&b);
+    return ok;
+}
+
+/* Build the HTTP request for one slot. Returns malloc'd bytes. */
+static char *build_request(pb_run_t *run, pb_slot_t *s, uint64_t seq,
+                           size_t *len_p)
+{
+    cJSON *body = cJSON_CreateObject(), *so;
+    char *json, *req = NULL;
+    bool ok;
+    int n;
+
+    if (body == NULL)
+        return NULL;
+    cJSON_AddStringToObject(body, "model", run->model);
+    if (s->warmup || run->workload == PB_WL_SYNTHETIC)
+        ok = body_synthetic(run, s, seq, body);
+    else if (run->workload == PB_WL_SHARED_PREFIX)
+        ok = body_shared_prefix(run, s, seq, body);
+    else if (run->workload == PB_WL_TRACE)
+        ok = body_trace(run, s, seq, body);
+    else
+        ok = body_turn(run, s, body);
+    if (!ok)
+        goto out;
     cJSON_AddNumberToObject(body, "temperature", run->cfg.temperature);
     cJSON_AddBoolToObject(body, "stream", 1);
     so = cJSON_AddObjectToObject(body, "stream_options");
@@ -451,6 +690,33 @@ static void copy_msg(char *dst, size_t cap, const char *src)
     dst[j] = '\0';
 }
 
+/* Multi-turn: keep the answer for the next turn's history (capped; the
+ * rest of a longer answer is dropped). */
+static void answer_append(pb_slot_t *s, const char *text)
+{
+    size_t tl = strlen(text);
+
+    if (tl > PB_MAX_ANSWER - s->ans_len)
+        tl = PB_MAX_ANSWER - s->ans_len;
+    if (tl == 0)
+        return;
+    if (s->ans_len + tl + 1 > s->ans_cap) {
+        size_t cap = s->ans_cap ? s->ans_cap : 1024;
+        char *n;
+
+        while (cap < s->ans_len + tl + 1)
+            cap *= 2;
+        n = realloc(s->answer, cap);
+        if (n == NULL)
+            return;
+        s->answer = n;
+        s->ans_cap = cap;
+    }
+    memcpy(s->answer + s->ans_len, text, tl);
+    s->ans_len += tl;
+    s->answer[s->ans_len] = '\0';
+}
+
 static void on_sse_event(void *arg, const char *data, size_t len)
 {
     pb_slot_t *s = arg;
@@ -481,12 +747,20 @@ static void on_sse_event(void *arg, const char *data, size_t len)
     if (cJSON_IsObject(u)) {
         cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
         cJSON *pt = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
-        if (cJSON_IsNumber(ct) && ct->valuedouble >= 0) {
+        if (cJSON_IsNumber(ct) && ct->valuedouble >= 0 && ct->valuedouble <= UINT32_MAX) {
             s->rec.output_tokens = (uint32_t)ct->valuedouble;
             s->rec.usage_seen = true;
         }
-        if (cJSON_IsNumber(pt) && pt->valuedouble >= 0)
+        cJSON *ptd = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
+        cJSON *cached = cJSON_GetObjectItemCaseSensitive(ptd, "cached_tokens");
+        if (cJSON_IsNumber(pt) && pt->valuedouble >= 0 && pt->valuedouble <= UINT32_MAX)
             s->rec.input_tokens = (uint32_t)pt->valuedouble;
+        /* Shown when the server reports it (vLLM, SGLang, llama-server). */
+        if (cJSON_IsNumber(cached) && cached->valuedouble >= 0 &&
+            cached->valuedouble <= UINT32_MAX) {
+            s->rec.cached_tokens = (uint32_t)cached->valuedouble;
+            s->rec.cached_seen = true;
+        }
     }
     ch = cJSON_GetObjectItemCaseSensitive(j, "choices");
     c0 = cJSON_IsArray(ch) ? cJSON_GetArrayItem(ch, 0) : NULL;
@@ -504,6 +778,8 @@ static void on_sse_event(void *arg, const char *data, size_t len)
                 itl_push(s, s->t_now - s->t_last);
             s->t_last = s->t_now;
             s->rec.content_chunks++;
+            if (s->run->workload == PB_WL_MULTI_TURN && !s->warmup)
+                answer_append(s, t->valuestring);
         }
     }
     cJSON_Delete(j);
@@ -575,6 +851,7 @@ static void slot_read_cb(struct bufferevent *bev, void *arg)
     s->t_now = pd_now_ns();
     while (s->state == SLOT_ACTIVE &&
            (n = evbuffer_remove(in, buf, sizeof(buf))) > 0) {
+        s->got_bytes = true;
         pd_status_t status = pb_http_resp_feed(&s->http, buf, (size_t)n,
                                                on_body, s, NULL);
         if (s->state != SLOT_ACTIVE)
@@ -621,6 +898,15 @@ static void slot_event_cb(struct bufferevent *bev, short what, void *arg)
         slot_read_cb(bev, s);
         if (s->state != SLOT_ACTIVE)
             return;
+        if (s->reused && !s->got_bytes && !s->retried && s->req != NULL) {
+            /* The server had closed the kept-alive connection (idle
+             * timeout, keep-alive budget) before answering: nothing of
+             * this request was processed. Send it once more on a fresh
+             * connection, as wrk and aiohttp do; counted as a reconnect,
+             * not an error. The request keeps its original send time. */
+            slot_reconnect(s);
+            return;
+        }
         if (!s->connected) {
             snprintf(msg, sizeof(msg), "connect: %s", strerror(err));
             slot_finish(s, PB_ERR_CONNECT, msg);
@@ -696,6 +982,10 @@ static void slot_issue(pb_run_t *run, bool warmup)
     s->state = SLOT_ACTIVE;
     s->warmup = warmup;
     s->connected = s->got_done = s->got_error_frame = s->reused = false;
+    s->got_bytes = s->retried = false;
+    s->ans_len = 0;
+    if (run->workload == PB_WL_MULTI_TURN && !warmup)
+        s->conv = ready_pop(run);
     s->t_done = 0;
     s->itl_cap = 0;
     s->errbody_len = 0;
@@ -712,35 +1002,81 @@ static void slot_issue(pb_run_t *run, bool warmup)
         slot_finish(s, PB_ERR_PROTOCOL, "out of memory building request");
         return;
     }
+    s->req = req;
+    s->req_len = req_len;
     if (s->bev != NULL && !s->bev_dead) {
         /* Kept-alive connection of this slot. */
         s->reused = s->connected = s->rec.conn_reused = true;
         bufferevent_enable(s->bev, EV_READ | EV_WRITE);
         bufferevent_write(s->bev, req, req_len);
-        free(req);
         return;
     }
     if (s->bev != NULL) {
+        if (!warmup)
+            run->idle_closed++;
         bufferevent_free(s->bev);
         s->bev = NULL;
     }
+    slot_connect(s);
+}
+
+/* Open a fresh connection for the slot and queue its request bytes. */
+static void slot_connect(pb_slot_t *s)
+{
+    pb_run_t *run = s->run;
+
     s->bev_dead = false;
     s->bev = bufferevent_socket_new(run->base, -1, BEV_OPT_CLOSE_ON_FREE);
     if (s->bev == NULL) {
-        free(req);
         slot_finish(s, PB_ERR_CONNECT, "cannot create socket");
         return;
     }
     bufferevent_setcb(s->bev, slot_read_cb, NULL, slot_event_cb, s);
     bufferevent_enable(s->bev, EV_READ | EV_WRITE);
-    bufferevent_write(s->bev, req, req_len);
-    free(req);
+    bufferevent_write(s->bev, s->req, s->req_len);
     if (bufferevent_socket_connect(s->bev, (struct sockaddr *)&run->addr,
                                    (int)run->addrlen) < 0) {
         char msg[160];
         snprintf(msg, sizeof(msg), "connect: %s", strerror(errno));
         slot_finish(s, PB_ERR_CONNECT, msg);
     }
+}
+
+static void slot_reconnect(pb_slot_t *s)
+{
+    s->retried = true;
+    s->rec.reconnected = true;
+    s->reused = s->connected = false;
+    bufferevent_free(s->bev);
+    s->bev = NULL;
+    pb_http_resp_init(&s->http);
+    slot_connect(s);
+}
+
+/* Multi-turn: a turn ended. On success the user message and the answer
+ * join the history and the conversation is ready for its next turn; a
+ * failed turn ends its conversation (its later turns are skipped). */
+static void conv_turn_done(pb_run_t *run, pb_slot_t *s)
+{
+    pb_conv_t *c = &run->convs[s->conv];
+    size_t add = (s->user_msg ? strlen(s->user_msg) : 0) + s->ans_len + 64;
+    bool ok = s->rec.success && s->user_msg != NULL &&
+              add_message(c->msgs, "user", s->user_msg) &&
+              add_message(c->msgs, "assistant", s->answer ? s->answer : "");
+
+    free(s->user_msg);
+    s->user_msg = NULL;
+    s->ans_len = 0;
+    c->turn++;
+    c->bytes += add;
+    if (c->turn >= run->cfg.turns)
+        return;
+    if (ok && c->bytes <= PB_MAX_CONV_BYTES) {
+        ready_push(run, s->conv);
+        return;
+    }
+    run->skipped_turns += run->cfg.turns - c->turn;
+    c->turn = (uint32_t)run->cfg.turns;
 }
 
 static void slot_reap(pb_run_t *run, pb_slot_t *s)
@@ -762,6 +1098,10 @@ static void slot_reap(pb_run_t *run, pb_slot_t *s)
         s->bev = NULL;
     }
     pb_sse_fini(&s->sse);
+    free(s->req);
+    s->req = NULL;
+    if (!s->warmup && run->workload == PB_WL_MULTI_TURN)
+        conv_turn_done(run, s);
     if (s->warmup) {
         free(s->rec.itl_ns);
     } else {
@@ -806,6 +1146,8 @@ static bool main_may_issue_more(pb_run_t *run, uint64_t now)
         return false;
     if (run->cfg.duration_ns && now >= run->t0 + run->cfg.duration_ns)
         return false;
+    if (run->workload == PB_WL_MULTI_TURN && run->ready_n == 0)
+        return false;
     return run->issued < PB_MAX_REQUESTS;
 }
 
@@ -814,11 +1156,16 @@ static void schedule_arrival(pb_run_t *run, uint64_t now)
     struct timeval tv;
     uint64_t at;
 
-    run->next_arrival_ns += (uint64_t)(pb_rng_exp(&run->rng_arrival,
-                                                  run->cfg.rate) * 1e9);
+    if (run->workload == PB_WL_TRACE)
+        run->next_arrival_ns = run->t0 +
+            run->trace.e[run->arrivals < run->trace.n ? run->arrivals : 0].at_ns;
+    else
+        run->next_arrival_ns += (uint64_t)(pb_rng_exp(&run->rng_arrival,
+                                                      run->cfg.rate) * 1e9);
     at = run->next_arrival_ns;
     if (run->stopping ||
         (run->num_requests && run->arrivals >= run->num_requests) ||
+        (run->workload == PB_WL_TRACE && run->arrivals >= run->trace.n) ||
         (run->cfg.duration_ns && at >= run->t0 + run->cfg.duration_ns) ||
         run->arrivals >= PB_MAX_REQUESTS) {
         run->arrivals_over = true;
@@ -1121,6 +1468,52 @@ static void add_summary(cJSON *o, const char *metric, const pb_summary_t *s)
 #undef ADD
 }
 
+/* Multi-turn: the figures of each turn (1-based) over all conversations:
+ * results.per_turn[{turn, completed, failed, mean_input_tokens,
+ * mean_cached_tokens (null unless reported), TTFT/TPOT/E2EL}]. */
+static void add_per_turn(pb_run_t *run, cJSON *res)
+{
+    cJSON *arr = cJSON_AddArrayToObject(res, "per_turn");
+    pb_record_t *sub = malloc((run->n_recs + 1) * sizeof(*sub));
+    uint32_t t;
+    size_t i, n;
+
+    if (arr == NULL || sub == NULL) {
+        free(sub);
+        return;
+    }
+    for (t = 0; t < run->cfg.turns; t++) {
+        pb_aggregate_t a;
+        cJSON *o;
+
+        for (i = n = 0; i < run->n_recs; i++)
+            if (run->recs[i].turn == t)
+                sub[n++] = run->recs[i];
+        if (n == 0 || pb_aggregate(sub, n, &run->slo, 1, &a) != PD_OK)
+            continue;
+        o = cJSON_CreateObject();
+        if (o == NULL || !cJSON_AddItemToArray(arr, o))
+            break;
+        cJSON_AddNumberToObject(o, "turn", t + 1);
+        cJSON_AddNumberToObject(o, "completed", a.completed);
+        cJSON_AddNumberToObject(o, "failed", a.failed);
+        cJSON_AddNumberToObject(o, "mean_input_tokens", a.completed
+                                ? (double)a.total_input_tokens / a.completed : 0);
+        if (a.cached_reported > 0)
+            cJSON_AddNumberToObject(o, "mean_cached_tokens",
+                                    (double)a.total_cached_tokens / a.cached_reported);
+        else
+            cJSON_AddNullToObject(o, "mean_cached_tokens");
+        cJSON_AddNumberToObject(o, "mean_ttft_ms", a.ttft_ms.mean);
+        cJSON_AddNumberToObject(o, "p50_ttft_ms", a.ttft_ms.p50);
+        cJSON_AddNumberToObject(o, "p99_ttft_ms", a.ttft_ms.p99);
+        cJSON_AddNumberToObject(o, "mean_tpot_ms", a.tpot_ms.mean);
+        cJSON_AddNumberToObject(o, "p99_tpot_ms", a.tpot_ms.p99);
+        cJSON_AddNumberToObject(o, "mean_e2el_ms", a.e2el_ms.mean);
+    }
+    free(sub);
+}
+
 static cJSON *build_json(pb_run_t *run, const pb_aggregate_t *agg)
 {
     cJSON *root = cJSON_CreateObject(), *cfg, *res, *errs, *st, *slo, *reqs;
@@ -1135,9 +1528,12 @@ static cJSON *build_json(pb_run_t *run, const pb_aggregate_t *agg)
         cJSON_DeleteItemFromObject(cfg, "api-key");
         cJSON_AddItemToObject(root, "config", cfg);
     }
-    cJSON_AddStringToObject(root, "mode", run->rate_mode ? "rate" : "concurrency");
+    cJSON_AddStringToObject(root, "url", run->target_url);
+    cJSON_AddStringToObject(root, "mode", run->workload == PB_WL_TRACE ? "trace"
+                            : run->rate_mode ? "rate" : "concurrency");
+    cJSON_AddStringToObject(root, "workload", workload_names[run->workload]);
     cJSON_AddNumberToObject(root, "max_concurrency", run->n_slots);
-    cJSON_AddStringToObject(root, "model", run->cfg.model);
+    cJSON_AddStringToObject(root, "model", run->model);
 
     res = cJSON_AddObjectToObject(root, "results");
     cJSON_AddNumberToObject(res, "num_requests", agg->num_requests);
@@ -1158,6 +1554,21 @@ static cJSON *build_json(pb_run_t *run, const pb_aggregate_t *agg)
     cJSON_AddNumberToObject(res, "max_concurrency_observed", run->max_inflight);
     if (run->rate_mode)
         cJSON_AddNumberToObject(res, "arrivals", (double)run->arrivals);
+    cJSON_AddNumberToObject(res, "reconnects", agg->reconnects);
+    cJSON_AddNumberToObject(res, "connections_closed_idle", (double)run->idle_closed);
+    if (agg->cached_reported > 0) {
+        cJSON_AddNumberToObject(res, "total_cached_tokens",
+                                (double)agg->total_cached_tokens);
+        cJSON_AddNumberToObject(res, "cached_token_fraction",
+                                agg->total_input_tokens
+                                ? (double)agg->total_cached_tokens /
+                                  (double)agg->total_input_tokens : 0.0);
+    } else {
+        cJSON_AddNullToObject(res, "total_cached_tokens");
+        cJSON_AddNullToObject(res, "cached_token_fraction");
+    }
+    if (run->workload == PB_WL_MULTI_TURN)
+        cJSON_AddNumberToObject(res, "skipped_turns", (double)run->skipped_turns);
     add_summary(res, "ttft", &agg->ttft_ms);
     add_summary(res, "tpot", &agg->tpot_ms);
     add_summary(res, "itl", &agg->itl_ms);
@@ -1179,6 +1590,8 @@ static cJSON *build_json(pb_run_t *run, const pb_aggregate_t *agg)
         else
             cJSON_SetNumberValue(c, c->valuedouble + 1);
     }
+    if (run->workload == PB_WL_MULTI_TURN)
+        add_per_turn(run, res);
     slo = cJSON_AddObjectToObject(root, "slo");
     if (run->slo.has_ttft)
         cJSON_AddNumberToObject(slo, "ttft_ms", (double)run->slo.ttft_ns / 1e6);
@@ -1220,6 +1633,15 @@ static cJSON *build_json(pb_run_t *run, const pb_aggregate_t *agg)
                                 r->usage_seen ? "usage" : "chunks");
         cJSON_AddNumberToObject(o, "content_chunks", r->content_chunks);
         cJSON_AddBoolToObject(o, "conn_reused", r->conn_reused);
+        cJSON_AddBoolToObject(o, "reconnected", r->reconnected);
+        if (r->cached_seen)
+            cJSON_AddNumberToObject(o, "cached_tokens", r->cached_tokens);
+        else
+            cJSON_AddNullToObject(o, "cached_tokens");
+        if (run->workload == PB_WL_MULTI_TURN) {
+            cJSON_AddNumberToObject(o, "conversation", r->conv);
+            cJSON_AddNumberToObject(o, "turn", r->turn + 1);
+        }
         cJSON_AddBoolToObject(o, "slo_met", pb_slo_met(&run->slo, r));
         itl = cJSON_AddArrayToObject(o, "itl_ms");
         for (j = 0; j < r->n_itl; j++)
@@ -1245,12 +1667,16 @@ static void print_summary_rows(const char *name, const char *label,
     printf("%-40s %-10.2f\n", t, s->p99);
 }
 
-static void print_table(pb_run_t *run, const pb_aggregate_t *agg)
+static void print_table(pb_run_t *run, const pb_aggregate_t *agg,
+                        const cJSON *per_turn)
 {
     size_t i;
 
     printf("%s\n", "============ Serving Benchmark Result ============");
-    printf("%-40s %-10s\n", "Mode:", run->rate_mode ? "rate (Poisson)" : "concurrency");
+    printf("%-40s %-10s\n", "Server:", run->target_url);
+    printf("%-40s %-10s\n", "Workload:", workload_names[run->workload]);
+    printf("%-40s %-10s\n", "Mode:", run->workload == PB_WL_TRACE ? "trace replay"
+           : run->rate_mode ? "rate (Poisson)" : "concurrency");
     printf("%-40s %-10u\n", "Max concurrency:", run->n_slots);
     printf("%-40s %-10u\n", "Successful requests:", agg->completed);
     printf("%-40s %-10u\n", "Failed requests:", agg->failed);
@@ -1259,6 +1685,15 @@ static void print_table(pb_run_t *run, const pb_aggregate_t *agg)
            (unsigned long long)agg->total_input_tokens);
     printf("%-40s %-10llu\n", "Total generated tokens:",
            (unsigned long long)agg->total_output_tokens);
+    if (agg->cached_reported > 0)
+        printf("%-40s %-10llu (%.1f %%)\n", "Total cached prompt tokens:",
+               (unsigned long long)agg->total_cached_tokens,
+               agg->total_input_tokens ? 100.0 * (double)agg->total_cached_tokens /
+                                         (double)agg->total_input_tokens : 0.0);
+    printf("%-40s %-10u\n", "Reconnects (resent, not errors):", agg->reconnects);
+    if (run->workload == PB_WL_MULTI_TURN)
+        printf("%-40s %-10llu\n", "Skipped turns (conversation failed):",
+               (unsigned long long)run->skipped_turns);
     printf("%-40s %-10.2f\n", "Request throughput (req/s):", agg->request_throughput);
     if (pb_slo_any(&run->slo))
         printf("%-40s %-10.2f\n", "Request goodput (req/s):", agg->request_goodput);
@@ -1273,6 +1708,27 @@ static void print_table(pb_run_t *run, const pb_aggregate_t *agg)
                        &agg->itl_ms);
     print_summary_rows("E2EL", "----------------End-to-end Latency----------------",
                        &agg->e2el_ms);
+    if (per_turn != NULL) {
+        const cJSON *o;
+
+        printf("%s\n", "---------------------Per turn---------------------");
+        printf("%-5s %5s %8s %7s %9s %9s %9s\n", "turn", "ok", "in tok", "cached",
+               "TTFT ms", "P99 TTFT", "TPOT ms");
+        cJSON_ArrayForEach(o, per_turn) {
+            const cJSON *c = cJSON_GetObjectItem(o, "mean_cached_tokens");
+            char cached[32] = "-";
+
+            if (cJSON_IsNumber(c))
+                snprintf(cached, sizeof(cached), "%.0f", c->valuedouble);
+            printf("%-5.0f %5.0f %8.0f %7s %9.2f %9.2f %9.2f\n",
+                   cJSON_GetObjectItem(o, "turn")->valuedouble,
+                   cJSON_GetObjectItem(o, "completed")->valuedouble,
+                   cJSON_GetObjectItem(o, "mean_input_tokens")->valuedouble, cached,
+                   cJSON_GetObjectItem(o, "mean_ttft_ms")->valuedouble,
+                   cJSON_GetObjectItem(o, "p99_ttft_ms")->valuedouble,
+                   cJSON_GetObjectItem(o, "mean_tpot_ms")->valuedouble);
+        }
+    }
     if (agg->failed > 0) {
         printf("%s\n", "---------------------Errors-----------------------");
         for (i = 1; i < PB_ERR_COUNT; i++)
@@ -1308,6 +1764,23 @@ static const struct {
     { "p99_itl_ms",             "P99 ITL (ms)",               false },
     { "mean_e2el_ms",           "Mean E2EL (ms)",             false },
     { "p99_e2el_ms",            "P99 E2EL (ms)",              false },
+    { "good_requests",          "Good requests",              true },
+    { "reconnects",             "Reconnects",                 false },
+    { "total_cached_tokens",    "Cached prompt tokens",       true },
+    { "cached_token_fraction",  "Cached / prompt tokens",     true },
+    { "mean_cached_tokens",     "Mean cached tokens",         true },
+    { "skipped_turns",          "Skipped turns",              false },
+    { "duration",               "Duration (s)",               false },
+    { "median_ttft_ms",         "Median TTFT (ms)",           false },
+    { "p90_ttft_ms",            "P90 TTFT (ms)",              false },
+    { "median_tpot_ms",         "Median TPOT (ms)",           false },
+    { "p50_tpot_ms",            "P50 TPOT (ms)",              false },
+    { "p90_tpot_ms",            "P90 TPOT (ms)",              false },
+    { "median_itl_ms",          "Median ITL (ms)",            false },
+    { "p90_itl_ms",             "P90 ITL (ms)",               false },
+    { "median_e2el_ms",         "Median E2EL (ms)",           false },
+    { "p50_e2el_ms",            "P50 E2EL (ms)",              false },
+    { "p90_e2el_ms",            "P90 E2EL (ms)",              false },
 };
 
 static pd_status_t load_baseline(pb_run_t *run, const char *path)
@@ -1345,41 +1818,99 @@ static pd_status_t load_baseline(pb_run_t *run, const char *path)
     return PD_OK;
 }
 
-/* Side-by-side table (unless quiet) and a "comparison" object for the JSON:
- * {key: {"baseline": b, "current": c, "ratio": c/b or null}}. */
-static cJSON *compare_baseline(pb_run_t *run, const cJSON *cur_results)
+/* One figure of two result objects side by side (row in the table, entry
+ * {a_key: a, b_key: b, ratio: b / a or null[, higher_is_better]}). */
+static void compare_one(pb_run_t *run, cJSON *cmp, const char *key, double a,
+                        double b, const char *a_key, const char *b_key)
 {
-    const cJSON *base = cJSON_GetObjectItemCaseSensitive(run->baseline, "results");
-    cJSON *cmp = cJSON_CreateObject();
+    cJSON *row = cJSON_AddObjectToObject(cmp, key);
+    const char *label = key, *base = strchr(key, '.');
+    int better = -1;
     size_t i;
 
-    if (!run->cfg.quiet) {
-        printf("%s\n", "============ Comparison with baseline ============");
-        printf("%-28s %12s %12s %8s\n", "", "baseline", "this run", "ratio");
-    }
-    for (i = 0; i < sizeof(cmp_rows) / sizeof(cmp_rows[0]); i++) {
-        const cJSON *b = cJSON_GetObjectItemCaseSensitive(base, cmp_rows[i].key);
-        const cJSON *c = cJSON_GetObjectItemCaseSensitive(cur_results, cmp_rows[i].key);
-        cJSON *row;
+    /* Per-turn keys ("turn2.mean_ttft_ms") take their metric's direction. */
+    base = base ? base + 1 : key;
+    for (i = 0; i < sizeof(cmp_rows) / sizeof(cmp_rows[0]); i++)
+        if (strcmp(cmp_rows[i].key, base) == 0) {
+            better = cmp_rows[i].higher_better;
+            if (base == key)
+                label = cmp_rows[i].label;
+        }
+    if (row == NULL)
+        return;
+    cJSON_AddNumberToObject(row, a_key, a);
+    cJSON_AddNumberToObject(row, b_key, b);
+    if (a != 0)
+        cJSON_AddNumberToObject(row, "ratio", b / a);
+    else
+        cJSON_AddNullToObject(row, "ratio");
+    if (better >= 0)
+        cJSON_AddBoolToObject(row, "higher_is_better", better);
+    if (run->cfg.quiet)
+        return;
+    if (a != 0)
+        printf("%-32s %12.2f %12.2f %7.3fx\n", label, a, b, b / a);
+    else
+        printf("%-32s %12.2f %12.2f %8s\n", label, a, b, "-");
+}
 
-        if (!cJSON_IsNumber(b) || !cJSON_IsNumber(c))
-            continue;
-        row = cJSON_AddObjectToObject(cmp, cmp_rows[i].key);
-        cJSON_AddNumberToObject(row, "baseline", b->valuedouble);
-        cJSON_AddNumberToObject(row, "current", c->valuedouble);
-        if (b->valuedouble != 0)
-            cJSON_AddNumberToObject(row, "ratio", c->valuedouble / b->valuedouble);
-        else
-            cJSON_AddNullToObject(row, "ratio");
-        cJSON_AddBoolToObject(row, "higher_is_better", cmp_rows[i].higher_better);
-        if (run->cfg.quiet)
-            continue;
-        if (b->valuedouble != 0)
-            printf("%-28s %12.2f %12.2f %7.3fx\n", cmp_rows[i].label,
-                   b->valuedouble, c->valuedouble, c->valuedouble / b->valuedouble);
-        else
-            printf("%-28s %12.2f %12.2f %8s\n", cmp_rows[i].label,
-                   b->valuedouble, c->valuedouble, "-");
+/* Every number of results `a` that `b` has too (errors.KIND and
+ * turnN.METRIC flattened), side by side with the ratio b / a. */
+static cJSON *compare_results(pb_run_t *run, const cJSON *a, const cJSON *b,
+                              const char *title, const char *col_a,
+                              const char *col_b, const char *a_key,
+                              const char *b_key)
+{
+    cJSON *cmp = cJSON_CreateObject();
+    const cJSON *it, *sub, *bsub;
+    char key[96];
+
+    if (cmp == NULL)
+        return NULL;
+    if (!run->cfg.quiet) {
+        printf("%s\n", title);
+        printf("%-32s %12s %12s %8s\n", "", col_a, col_b, "ratio");
+    }
+    cJSON_ArrayForEach(it, a) {
+        const cJSON *bv = cJSON_GetObjectItemCaseSensitive(b, it->string);
+
+        if (cJSON_IsNumber(it) && cJSON_IsNumber(bv)) {
+            compare_one(run, cmp, it->string, it->valuedouble, bv->valuedouble,
+                        a_key, b_key);
+        } else if (cJSON_IsObject(it) && cJSON_IsObject(bv)) {
+            cJSON_ArrayForEach(sub, it) {
+                bsub = cJSON_GetObjectItemCaseSensitive(bv, sub->string);
+                if (!cJSON_IsNumber(sub) || !cJSON_IsNumber(bsub))
+                    continue;
+                snprintf(key, sizeof(key), "%s.%s", it->string, sub->string);
+                compare_one(run, cmp, key, sub->valuedouble, bsub->valuedouble,
+                            a_key, b_key);
+            }
+        } else if (cJSON_IsArray(it) && cJSON_IsArray(bv) &&
+                   strcmp(it->string, "per_turn") == 0) {
+            cJSON_ArrayForEach(sub, it) {
+                const cJSON *turn = cJSON_GetObjectItem(sub, "turn"), *bt, *f;
+
+                bsub = NULL;
+                cJSON_ArrayForEach(bt, bv)
+                    if (cJSON_IsNumber(turn) &&
+                        cJSON_IsNumber(cJSON_GetObjectItem(bt, "turn")) &&
+                        cJSON_GetObjectItem(bt, "turn")->valuedouble == turn->valuedouble)
+                        bsub = bt;
+                if (bsub == NULL)
+                    continue;
+                cJSON_ArrayForEach(f, sub) {
+                    const cJSON *bf = cJSON_GetObjectItemCaseSensitive(bsub, f->string);
+                    if (strcmp(f->string, "turn") == 0 || !cJSON_IsNumber(f) ||
+                        !cJSON_IsNumber(bf))
+                        continue;
+                    snprintf(key, sizeof(key), "turn%.0f.%s", turn->valuedouble,
+                             f->string);
+                    compare_one(run, cmp, key, f->valuedouble, bf->valuedouble,
+                                a_key, b_key);
+                }
+            }
+        }
     }
     if (!run->cfg.quiet) {
         printf("%s\n", "==================================================");
@@ -1403,6 +1934,9 @@ static void run_free(pb_run_t *run)
                 event_free(s->timer);
             pb_sse_fini(&s->sse);
             free(s->rec.itl_ns);
+            free(s->req);
+            free(s->user_msg);
+            free(s->answer);
         }
         free(run->slots);
     }
@@ -1421,6 +1955,12 @@ static void run_free(pb_run_t *run)
     if (run->sigint_ev)
         event_free(run->sigint_ev);
     cJSON_Delete(run->baseline);
+    pb_trace_free(&run->trace);
+    for (i = 0; i < run->n_convs; i++)
+        cJSON_Delete(run->convs[i].msgs);
+    free(run->convs);
+    free(run->ready);
+    free(run->model_fetched);
     if (run->base)
         event_base_free(run->base);
     pd_config_free(&pb_schema, &run->cfg);
@@ -1441,6 +1981,11 @@ static int setup(pb_run_t *run, int argc, char **argv)
 
     pd_config_load_or_exit(&pb_schema, &run->cfg, argc, argv, &res);
     pd_config_result_free(&res);
+    run->workload = (pb_workload_t)run->cfg.workload;
+    if (run->cfg.trace != NULL && run->workload == PB_WL_SYNTHETIC)
+        run->workload = PB_WL_TRACE;
+    if (run->workload == PB_WL_MULTI_TURN)
+        run->cfg.endpoint = PB_EP_CHAT;      /* roles: user / assistant */
     run->endpoint = (pb_endpoint_t)run->cfg.endpoint;
     if (pb_dist_parse(run->cfg.input_len, &run->in_dist) != PD_OK)
         return usage_error("--input-len", "expected N, fixed:N or uniform:A:B "
@@ -1467,21 +2012,68 @@ static int setup(pb_run_t *run, int argc, char **argv)
     if (pb_slo_parse(run->cfg.slo, &run->slo) != PD_OK)
         return usage_error("--slo", "expected ttft=DUR,tpot=DUR,e2el=DUR (any "
                            "subset)", run->cfg.slo);
-    run->rate_mode = run->cfg.rate > 0;
+    if (run->workload != PB_WL_SYNTHETIC && run->cfg.prompts != NULL)
+        return usage_error("--prompts", "only with --workload synthetic",
+                           run->cfg.prompts);
+    if (run->workload == PB_WL_MULTI_TURN) {
+        if (run->cfg.rate > 0 || run->use_ids || run->cfg.num_requests > 0)
+            return usage_error("--workload", "multi-turn runs in concurrency mode "
+                               "with text prompts (--conversations x --turns "
+                               "requests; no --rate, --prompt-ids, --num-requests)",
+                               workload_names[run->workload]);
+        if (run->cfg.conversations * run->cfg.turns > PB_MAX_REQUESTS)
+            return usage_error("--conversations", "conversations x turns must be "
+                               "at most 1000000", "");
+    }
+    if (run->workload == PB_WL_TRACE) {
+        char why[512];
+
+        if (run->cfg.trace == NULL || run->cfg.rate > 0)
+            return usage_error("--workload", "trace needs --trace FILE (arrivals "
+                               "come from it; no --rate)", workload_names[run->workload]);
+        if (pb_trace_load(run->cfg.trace, (uint32_t)run->cfg.block_size,
+                          run->cfg.trace_speed, &run->trace, why,
+                          sizeof(why)) != PD_OK) {
+            fprintf(stderr, "%s: --trace: %s\n", PB_PROG, why);
+            return PD_CONFIG_EXIT_USAGE;
+        }
+    } else if (run->cfg.trace != NULL) {
+        return usage_error("--trace", "only with --workload trace", run->cfg.trace);
+    }
+    run->rate_mode = run->cfg.rate > 0 || run->workload == PB_WL_TRACE;
     run->n_slots = (uint32_t)run->cfg.concurrency;
     if (run->n_slots == 0)
         run->n_slots = run->rate_mode ? PB_RATE_DEFAULT_CAP : 1;
     run->num_requests = run->cfg.num_requests;
+    if (run->workload == PB_WL_MULTI_TURN)
+        run->num_requests = run->cfg.conversations * run->cfg.turns;
+    else if (run->workload == PB_WL_TRACE &&
+             (run->num_requests == 0 || run->num_requests > run->trace.n))
+        run->num_requests = run->trace.n;
+    else if (run->workload == PB_WL_SHARED_PREFIX && run->num_requests == 0 &&
+             run->cfg.duration_ns == 0)
+        run->num_requests = run->cfg.prefix_groups * run->cfg.prefix_prompts;
     if (run->num_requests == 0 && run->cfg.duration_ns == 0)
         run->num_requests = 100;
+    if (run->num_requests > PB_MAX_REQUESTS)
+        return usage_error("--prefix-groups", "groups x prompts must be at most "
+                           "1000000", "");
     if (run->cfg.prompts != NULL && load_prompts(run, run->cfg.prompts) != PD_OK)
         return PD_CONFIG_EXIT_USAGE;
     if (run->cfg.baseline != NULL && load_baseline(run, run->cfg.baseline) != PD_OK)
         return PD_CONFIG_EXIT_USAGE;
+    if (run->cfg.compare != NULL && parse_url(run, run->cfg.compare) != PD_OK)
+        return PD_CONFIG_EXIT_USAGE;
+    run->target_url = run->cfg.url;
     if (parse_url(run, run->cfg.url) != PD_OK)
         return PD_CONFIG_EXIT_USAGE;
-    pb_rng_seed(&run->rng_prompt, run->cfg.seed);
-    pb_rng_seed(&run->rng_arrival, run->cfg.seed ^ 0xa5a5a5a5a5a5a5a5ULL);
+    if (run->workload == PB_WL_MULTI_TURN) {
+        run->n_convs = (uint32_t)run->cfg.conversations;
+        run->convs = calloc(run->n_convs, sizeof(*run->convs));
+        run->ready = calloc(run->n_convs, sizeof(*run->ready));
+        if (run->convs == NULL || run->ready == NULL)
+            return 1;
+    }
 
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < run->n_slots + 64) {
         rl.rlim_cur = rl.rlim_max < run->n_slots + 64 ? rl.rlim_max
@@ -1520,27 +2112,105 @@ static int setup(pb_run_t *run, int argc, char **argv)
         s->next = run->free_slots;
         run->free_slots = s;
     }
+    return 0;
+}
+
+/* Prepare a pass against `url` (--url, then --compare): fresh slots,
+ * records, conversations and generators, so both passes send the same
+ * workload with the same arrivals. */
+static int pass_begin(pb_run_t *run, const char *url, const char *model)
+{
+    uint32_t i;
+
+    run->target_url = url;
+    if (parse_url(run, url) != PD_OK)
+        return PD_CONFIG_EXIT_USAGE;
+    evtimer_del(run->arrival_ev);
+    evtimer_del(run->deadline_ev);
+    run->free_slots = NULL;
+    for (i = run->n_slots; i-- > 0;) {
+        pb_slot_t *s = &run->slots[i];
+
+        if (s->bev != NULL)
+            bufferevent_free(s->bev);
+        s->bev = NULL;
+        s->bev_dead = false;
+        s->state = SLOT_FREE;
+        s->next = run->free_slots;
+        run->free_slots = s;
+    }
+    for (i = 0; i < run->n_recs; i++)
+        free(run->recs[i].itl_ns);
+    free(run->recs);
+    run->recs = NULL;
+    run->n_recs = run->cap_recs = 0;
+    run->inflight = run->max_inflight = 0;
+    run->warm_issued = run->issued = run->arrivals = run->pending = 0;
+    run->arrivals_over = false;
+    run->skipped_turns = run->idle_closed = 0;
+    run->t0 = run->t_end_issue = run->t_last_done = run->next_arrival_ns = 0;
+    pb_rng_seed(&run->rng_prompt, run->cfg.seed);
+    pb_rng_seed(&run->rng_arrival, run->cfg.seed ^ 0xa5a5a5a5a5a5a5a5ULL);
+    run->ready_head = run->ready_n = 0;
+    for (i = 0; i < run->n_convs; i++) {
+        cJSON_Delete(run->convs[i].msgs);
+        run->convs[i].msgs = cJSON_CreateArray();
+        run->convs[i].turn = 0;
+        run->convs[i].bytes = 0;
+        if (run->convs[i].msgs == NULL)
+            return 1;
+        ready_push(run, i);
+    }
     if (run->num_requests) {
         run->cap_recs = run->num_requests;
         run->recs = calloc(run->cap_recs, sizeof(*run->recs));
         if (run->recs == NULL)
             return 1;
     }
-    if (run->cfg.model == NULL) {
-        run->cfg.model = fetch_model(run);
-        if (run->cfg.model == NULL) {
-            fprintf(stderr, "%s: --model not given and GET /v1/models at %s "
-                    "gave no model id\n", PB_PROG, run->cfg.url);
+    run->model = model;
+    if (run->model == NULL) {
+        free(run->model_fetched);
+        run->model_fetched = fetch_model(run);
+        run->model = run->model_fetched;
+        if (run->model == NULL) {
+            fprintf(stderr, "%s: no model given and GET /v1/models at %s "
+                    "gave no model id\n", PB_PROG, url);
             return 1;
         }
     }
+    run->phase = run->cfg.warmup > 0 ? PHASE_WARMUP : PHASE_MAIN;
+    if (run->phase == PHASE_MAIN)
+        start_main_phase(run);
+    pump_kick(run);
     return 0;
+}
+
+/* One pass of the workload against url: run, print, return the JSON. */
+static cJSON *run_pass(pb_run_t *run, const char *url, const char *model)
+{
+    pb_aggregate_t agg;
+    cJSON *root;
+
+    if (pass_begin(run, url, model) != 0)
+        return NULL;
+    event_base_dispatch(run->base);
+    if (pb_aggregate(run->recs, run->n_recs, &run->slo,
+                     run->t_last_done > run->t0 ? run->t_last_done - run->t0 : 1,
+                     &agg) != PD_OK)
+        return NULL;
+    root = build_json(run, &agg);
+    if (root == NULL)
+        return NULL;
+    if (!run->cfg.quiet)
+        print_table(run, &agg, cJSON_GetObjectItem(cJSON_GetObjectItem(root, "results"),
+                                                   "per_turn"));
+    return root;
 }
 
 int main(int argc, char **argv)
 {
     pb_run_t *run = calloc(1, sizeof(*run));
-    pb_aggregate_t agg;
+    cJSON *root = NULL, *second = NULL;
     int rc;
 
     if (run == NULL)
@@ -1548,55 +2218,49 @@ int main(int argc, char **argv)
     rc = setup(run, argc, argv);
     if (rc != 0)
         goto out;
-
-    run->phase = run->cfg.warmup > 0 ? PHASE_WARMUP : PHASE_MAIN;
-    if (run->phase == PHASE_MAIN)
-        start_main_phase(run);
-    pump_kick(run);
-    event_base_dispatch(run->base);
-
     rc = 1;
-    if (pb_aggregate(run->recs, run->n_recs, &run->slo,
-                     run->t_last_done > run->t0 ? run->t_last_done - run->t0 : 1,
-                     &agg) != PD_OK)
+    root = run_pass(run, run->cfg.url, run->cfg.model);
+    if (root == NULL)
         goto out;
-    if (!run->cfg.quiet)
-        print_table(run, &agg);
-    if (run->cfg.out != NULL || run->baseline != NULL) {
-        cJSON *root = build_json(run, &agg);
-        char *text;
-        FILE *f;
+    if (run->cfg.compare != NULL && !run->stopping) {
+        /* The same workload against the second server: same seed, same
+         * prompts, same arrivals (answers, and so multi-turn histories,
+         * are each server's own). */
+        second = run_pass(run, run->cfg.compare, run->cfg.compare_model
+                          ? run->cfg.compare_model : run->cfg.model);
+        if (second == NULL)
+            goto out;
+        cJSON_AddItemToObject(root, "side_by_side", compare_results(
+            run, cJSON_GetObjectItem(root, "results"),
+            cJSON_GetObjectItem(second, "results"),
+            "======= Side by side (ratio = --compare / --url) =======",
+            "--url", "--compare", "url", "compare"));
+        cJSON_AddItemToObject(root, "compare", second);
+        second = NULL;
+    }
+    if (run->baseline != NULL)
+        cJSON_AddItemToObject(root, "comparison", compare_results(
+            run, cJSON_GetObjectItemCaseSensitive(run->baseline, "results"),
+            cJSON_GetObjectItem(root, "results"),
+            "============ Comparison with baseline ============",
+            "baseline", "this run", "baseline", "current"));
+    if (run->cfg.out != NULL) {
+        char *text = cJSON_Print(root);
+        FILE *f = text ? fopen(run->cfg.out, "w") : NULL;
+        bool ok = f != NULL && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
 
-        if (root != NULL && run->baseline != NULL)
-            cJSON_AddItemToObject(root, "comparison",
-                                  compare_baseline(run, cJSON_GetObjectItem(root, "results")));
-        if (run->cfg.out == NULL) {
-            cJSON_Delete(root);
-            rc = 0;
-            goto out;
-        }
-        text = root ? cJSON_Print(root) : NULL;
-        f = text ? fopen(run->cfg.out, "w") : NULL;
-
-        if (f == NULL || fputs(text, f) < 0 || fputc('\n', f) < 0) {
-            fprintf(stderr, "%s: --out: cannot write %s\n", PB_PROG, run->cfg.out);
-            if (f != NULL)
-                fclose(f);
-            free(text);
-            cJSON_Delete(root);
-            goto out;
-        }
-        if (fclose(f) != 0) {
-            fprintf(stderr, "%s: --out: cannot write %s\n", PB_PROG, run->cfg.out);
-            free(text);
-            cJSON_Delete(root);
-            goto out;
-        }
+        if (f != NULL && fclose(f) != 0)
+            ok = false;
         free(text);
-        cJSON_Delete(root);
+        if (!ok) {
+            fprintf(stderr, "%s: --out: cannot write %s\n", PB_PROG, run->cfg.out);
+            goto out;
+        }
     }
     rc = 0;
 out:
+    cJSON_Delete(root);
+    cJSON_Delete(second);
     run_free(run);
     free(run);
     return rc;

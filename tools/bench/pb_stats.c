@@ -257,6 +257,8 @@ pd_status_t pb_aggregate(const pb_record_t *recs, size_t n,
         const pb_record_t *r = &recs[i];
 
         agg->errors[r->err < PB_ERR_COUNT ? r->err : PB_ERR_PROTOCOL]++;
+        if (r->reconnected)
+            agg->reconnects++;
         if (!r->success) {
             agg->failed++;
             continue;
@@ -266,6 +268,10 @@ pd_status_t pb_aggregate(const pb_record_t *recs, size_t n,
             agg->good++;
         agg->total_input_tokens += r->input_tokens;
         agg->total_output_tokens += r->output_tokens;
+        if (r->cached_seen) {
+            agg->cached_reported++;
+            agg->total_cached_tokens += r->cached_tokens;
+        }
         /* A stream with no content chunk has no TTFT (not a zero one). */
         if (r->content_chunks > 0)
             ttft[n_ttft++] = (double)r->ttft_ns / 1e6;

@@ -86,6 +86,12 @@ typedef struct {
     uint32_t content_chunks;
     bool usage_seen;
     bool conn_reused;           /* sent on a kept-alive connection */
+    bool reconnected;           /* that connection was closed before any
+                                   response byte; resent once on a new one */
+    bool cached_seen;           /* usage.prompt_tokens_details.cached_tokens */
+    uint32_t cached_tokens;
+    uint32_t turn;              /* multi-turn: 0-based turn; else 0 */
+    uint32_t conv;              /* multi-turn: conversation index */
     uint32_t n_itl;
     uint64_t *itl_ns;           /* (n_itl) gaps between content chunks;
                                    owned by the record, may be NULL */
@@ -120,6 +126,9 @@ typedef struct {
     uint32_t errors[PB_ERR_COUNT];
     uint64_t total_input_tokens;
     uint64_t total_output_tokens;
+    uint32_t reconnects;        /* records with reconnected set (any outcome) */
+    uint32_t cached_reported;   /* successes whose usage had cached_tokens */
+    uint64_t total_cached_tokens;
     double duration_s;
     double request_throughput;  /* completed / duration */
     double request_goodput;     /* good / duration (all completed if no SLO) */
