@@ -179,12 +179,124 @@ static void test_prompt_ids_exact_input(void **state)
     cJSON_Delete(j);
 }
 
+/* Multi-turn chat against the router: every turn's prompt carries the
+ * router's own earlier answers, so prompts grow turn by turn. */
+static void test_multi_turn_chat(void **state)
+{
+    char url[64], out[256], why[512] = "";
+    cJSON *j, *res, *t;
+    double prev_in = 0;
+
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u", g_d.http_port);
+    snprintf(out, sizeof(out), "%s/pb-mt.json", g_d.dir);
+    const char *args[] = { "--url", url, "--workload", "multi-turn", "--conversations", "3",
+                           "--turns", "3", "--concurrency", "2", "--input-len", "10",
+                           "--output-len", "6", "--ignore-eos", "--seed", "8",
+                           "--quiet", "--out", out, NULL };
+    assert_int_equal(run_bench(args, 90), 0);
+    check_run(out, 9, 6);
+    j = load_json(out);
+    res = cJSON_GetObjectItem(j, "results");
+    assert_int_equal(num(res, "skipped_turns"), 0);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(res, "per_turn")), 3);
+    cJSON_ArrayForEach(t, cJSON_GetObjectItem(res, "per_turn")) {
+        print_message("turn %.0f: %.0f prompt tokens, TTFT %.2f ms, TPOT %.3f ms\n",
+                      num(t, "turn"), num(t, "mean_input_tokens"), num(t, "mean_ttft_ms"),
+                      num(t, "mean_tpot_ms"));
+        assert_int_equal(num(t, "completed"), 3);
+        /* The router's usage.prompt_tokens: history + answers + new message. */
+        assert_true(num(t, "mean_input_tokens") > prev_in + 6);
+        prev_in = num(t, "mean_input_tokens");
+    }
+    cJSON_Delete(j);
+    if (!e2e_quiescent(&g_d, 10.0, why, sizeof(why)))
+        fail_msg("not quiescent after pd-bench: %s", why);
+}
+
+/* Shared prefixes and a replayed trace (token ids: exact lengths, checked
+ * against the router's usage.prompt_tokens). */
+static void test_shared_prefix_and_trace(void **state)
+{
+    char url[64], out[256], trace[256], why[512] = "";
+    cJSON *j, *r;
+    FILE *f;
+    int i = 0;
+    static const int in_len[3] = { 40, 48, 20 };
+
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u", g_d.http_port);
+    snprintf(out, sizeof(out), "%s/pb-sp.json", g_d.dir);
+    const char *sp[] = { "--url", url, "--workload", "shared-prefix", "--prefix-groups", "2",
+                         "--prefix-prompts", "3", "--prefix-len", "32", "--input-len", "8",
+                         "--prompt-ids", "10:60", "--output-len", "4", "--ignore-eos",
+                         "--concurrency", "2", "--quiet", "--out", out, NULL };
+    assert_int_equal(run_bench(sp, 60), 0);
+    check_run(out, 6, 4);
+    j = load_json(out);
+    cJSON_ArrayForEach(r, cJSON_GetObjectItem(j, "requests"))
+        assert_int_equal(num(r, "input_tokens"), 40);
+    cJSON_Delete(j);
+
+    snprintf(trace, sizeof(trace), "%s/trace.jsonl", g_d.dir);
+    f = fopen(trace, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"timestamp\": 0, \"input_length\": 40, \"output_length\": 5, \"hash_ids\": [1, 2, 3]}\n"
+               "{\"timestamp\": 30, \"input_length\": 48, \"output_length\": 5, \"hash_ids\": [1, 2, 4]}\n"
+               "{\"timestamp\": 60, \"input_length\": 20, \"output_length\": 5, \"hash_ids\": [1, 5]}\n");
+    fclose(f);
+    snprintf(out, sizeof(out), "%s/pb-trace.json", g_d.dir);
+    const char *tr[] = { "--url", url, "--trace", trace, "--block-size", "16",
+                         "--prompt-ids", "10:60", "--ignore-eos", "--quiet", "--out", out,
+                         NULL };
+    assert_int_equal(run_bench(tr, 60), 0);
+    check_run(out, 3, 5);
+    j = load_json(out);
+    cJSON_ArrayForEach(r, cJSON_GetObjectItem(j, "requests"))
+        assert_int_equal(num(r, "input_tokens"), in_len[i++]);
+    cJSON_Delete(j);
+    if (!e2e_quiescent(&g_d, 10.0, why, sizeof(why)))
+        fail_msg("not quiescent after pd-bench: %s", why);
+}
+
+/* --compare with the router on both sides (by two spellings of its URL):
+ * both passes complete, every figure has a ratio. */
+static void test_compare_router(void **state)
+{
+    char url[64], url2[80], out[256], why[512] = "";
+    cJSON *j, *sbs, *row;
+
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u", g_d.http_port);
+    snprintf(url2, sizeof(url2), "http://127.0.0.1:%u/v1", g_d.http_port);
+    snprintf(out, sizeof(out), "%s/pb-cmp.json", g_d.dir);
+    const char *args[] = { "--url", url, "--compare", url2, "--rate", "20",
+                           "--num-requests", "8", "--input-len", "uniform:8:24",
+                           "--output-len", "5", "--ignore-eos", "--seed", "4",
+                           "--quiet", "--out", out, NULL };
+    assert_int_equal(run_bench(args, 90), 0);
+    check_run(out, 8, 5);
+    j = load_json(out);
+    assert_int_equal(num(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "compare"), "results"),
+                         "completed"), 8);
+    sbs = cJSON_GetObjectItem(j, "side_by_side");
+    row = cJSON_GetObjectItem(sbs, "total_output_tokens");
+    assert_float_equal(num(row, "ratio"), 1.0, 1e-12);
+    row = cJSON_GetObjectItem(sbs, "mean_ttft_ms");
+    print_message("TTFT %.2f vs %.2f ms (ratio %.3f)\n", num(row, "url"), num(row, "compare"),
+                  num(row, "ratio"));
+    assert_true(num(row, "ratio") > 0);
+    cJSON_Delete(j);
+    if (!e2e_quiescent(&g_d, 10.0, why, sizeof(why)))
+        fail_msg("not quiescent after pd-bench: %s", why);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrency_completions),
         cmocka_unit_test(test_rate_chat),
         cmocka_unit_test(test_prompt_ids_exact_input),
+        cmocka_unit_test(test_multi_turn_chat),
+        cmocka_unit_test(test_shared_prefix_and_trace),
+        cmocka_unit_test(test_compare_router),
     };
 
     if (argc < 6) {

@@ -9,6 +9,7 @@
 
 #include "pb_http.h"
 #include "pb_stats.h"
+#include "pb_work.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -418,6 +419,84 @@ static void test_sse_cap(void **state)
     free(chunk);
 }
 
+/* ---- workloads (pb_work) ---------------------------------------------- */
+
+static pd_status_t parse(const char *line, uint32_t bs, pb_trace_entry_t *e)
+{
+    char err[256];
+    return pb_trace_parse_line(line, strlen(line), bs, e, err, sizeof(err));
+}
+
+static void test_trace_line(void **state)
+{
+    pb_trace_entry_t e;
+
+    assert_int_equal(parse("{\"timestamp\": 27482, \"input_length\": 6955, "
+                           "\"output_length\": 52, \"hash_ids\": [46, 47, 48, 49, 50, "
+                           "51, 52, 53, 54, 55, 56, 57, 58, 59]}", 512, &e), PD_OK);
+    assert_int_equal(e.at_ns, 27482ULL * 1000000);
+    assert_int_equal(e.input_len, 6955);
+    assert_int_equal(e.output_len, 52);
+    assert_int_equal(e.n_hash, 14);
+    assert_int_equal(e.hash_ids[13], 59);
+    free(e.hash_ids);
+    /* 15 ids for 6955 tokens of 512: more blocks than the prompt has. */
+    assert_int_equal(parse("{\"timestamp\": 0, \"input_length\": 6955, \"output_length\": 1, "
+                           "\"hash_ids\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]}", 512, &e),
+                     PD_ERR_BAD_INPUT);
+    /* hash_ids optional; caps and types. */
+    assert_int_equal(parse("{\"timestamp\": 1.5, \"input_length\": 1, \"output_length\": 1}",
+                           16, &e), PD_OK);
+    assert_null(e.hash_ids);
+    assert_int_equal(parse("{\"timestamp\": 0, \"input_length\": 131073, \"output_length\": 1}",
+                           16, &e), PD_ERR_BAD_INPUT);
+    assert_int_equal(parse("{\"timestamp\": 0, \"input_length\": 0, \"output_length\": 1}",
+                           16, &e), PD_ERR_BAD_INPUT);
+    assert_int_equal(parse("{\"timestamp\": -1, \"input_length\": 5, \"output_length\": 1}",
+                           16, &e), PD_ERR_BAD_INPUT);
+    assert_int_equal(parse("{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 65537}",
+                           16, &e), PD_ERR_BAD_INPUT);
+    assert_int_equal(parse("{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, "
+                           "\"hash_ids\": [\"a\"]}", 16, &e), PD_ERR_BAD_INPUT);
+    assert_int_equal(parse("{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, "
+                           "\"hash_ids\": 3}", 16, &e), PD_ERR_BAD_INPUT);
+    assert_int_equal(parse("[1]", 16, &e), PD_ERR_BAD_INPUT);
+    assert_int_equal(parse("{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1}",
+                           0, &e), PD_ERR_BAD_INPUT);
+}
+
+static void test_trace_prompts(void **state)
+{
+    uint64_t h1[] = { 7, 8 }, h2[] = { 7, 9 };
+    pb_trace_entry_t a = { 0, 10, 1, 2, h1 }, b = { 0, 7, 1, 2, h2 };
+    pb_trace_entry_t c = { 0, 3, 1, 0, NULL };
+    pb_prompt_buf_t pa, pb, pc, pw;
+    pb_rng_t rng;
+
+    pb_prompt_buf_init(&pa, true, 0, 1u << 30);
+    pb_prompt_buf_init(&pb, true, 0, 1u << 30);
+    pb_prompt_buf_init(&pc, true, 0, 1u << 30);
+    assert_int_equal(pb_prompt_from_trace(&pa, &a, 4, 1, 0), PD_OK);
+    assert_int_equal(pb_prompt_from_trace(&pb, &b, 4, 1, 1), PD_OK);
+    assert_int_equal(pb_prompt_from_trace(&pc, &c, 4, 1, 0), PD_OK);
+    assert_int_equal(pa.n_tokens, 10);
+    assert_int_equal(pb.n_tokens, 7);
+    assert_memory_equal(pa.id, pb.id, 4 * sizeof(uint32_t));        /* block 7 */
+    assert_memory_not_equal(pa.id + 4, pb.id + 4, 3 * sizeof(uint32_t));
+    assert_memory_not_equal(pa.id, pc.id, 3 * sizeof(uint32_t));
+    pb_prompt_buf_fini(&pa);
+    pb_prompt_buf_fini(&pb);
+    pb_prompt_buf_fini(&pc);
+    /* Words: n tokens, space separated; the cap holds. */
+    pb_prompt_buf_init(&pw, false, 0, 0);
+    pb_rng_seed(&rng, 3);
+    assert_int_equal(pb_prompt_add(&pw, &rng, 5), PD_OK);
+    assert_int_equal(pw.n_tokens, 5);
+    assert_int_equal(pw.text[pw.len], '\0');
+    assert_int_equal(pb_prompt_add(&pw, &rng, PB_PROMPT_TOKENS_MAX), PD_ERR_TOO_BIG);
+    pb_prompt_buf_fini(&pw);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -433,6 +512,8 @@ int main(void)
         cmocka_unit_test(test_http_malformed),
         cmocka_unit_test(test_sse),
         cmocka_unit_test(test_sse_cap),
+        cmocka_unit_test(test_trace_line),
+        cmocka_unit_test(test_trace_prompts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
