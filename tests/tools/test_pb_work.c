@@ -723,8 +723,9 @@ static void test_trace_errors(void **state)
         "{\"timestamp\": 0, \"input_length\": -3, \"output_length\": 1}\n",
         "{\"timestamp\": 0, \"input_length\": 99999999, \"output_length\": 1}\n",
         "{\"timestamp\": 0, \"input_length\": 8, \"output_length\": 1.5}\n",
-        "{\"timestamp\": 5, \"input_length\": 8, \"output_length\": 1}\n"
-        "{\"timestamp\": 4, \"input_length\": 8, \"output_length\": 1}\n",
+        /* timestamps going back */
+        ("{\"timestamp\": 5, \"input_length\": 8, \"output_length\": 1}\n"
+         "{\"timestamp\": 4, \"input_length\": 8, \"output_length\": 1}\n"),
         "{\"timestamp\": 0, \"input_length\": 8, \"output_length\": 1, \"hash_ids\": [-1]}\n",
         "not json\n",
         "\n\n",
