@@ -1062,7 +1062,7 @@ static void conv_turn_done(pb_run_t *run, pb_slot_t *s)
     size_t add = (s->user_msg ? strlen(s->user_msg) : 0) + s->ans_len + 64;
     bool ok = s->rec.success && s->user_msg != NULL &&
               add_message(c->msgs, "user", s->user_msg) &&
-              add_message(c->msgs, "assistant", s->answer ? s->answer : "");
+              add_message(c->msgs, "assistant", s->ans_len > 0 ? s->answer : "");
 
     free(s->user_msg);
     s->user_msg = NULL;
