@@ -415,6 +415,14 @@ static void client_event_cb(struct bufferevent *bev, short what, void *arg)
         PD_LOG_DEBUG("admin", "client pid %d idle, closing", (int)c->pid);
         pd_stats_inc(c->admin->own_stats, ADMIN_ST_timeouts);
     }
+    /* A half-close (`echo stats | socat - UNIX:...`) only ends the client's
+     * side: finish writing the replies already queued, then close. The idle
+     * timeout still bounds a client that stops reading. */
+    if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR) &&
+        evbuffer_get_length(bufferevent_get_output(bev)) > 0) {
+        client_close_after_flush(c);
+        return;
+    }
     client_close(c);
 }
 

@@ -259,6 +259,10 @@ static void dec_req_end(dec_req_t *r, uint16_t reason, pd_status_t status)
         r->imported = false;
     }
     pd_stats_observe_ns(d->stats, DEC_ST_req_time, pd_now_ns() - r->t[DEC_ST_NEW]);
+    if (reason == PROTO_FINISH_CANCELED && r->cancel_stop) {
+        reason = PROTO_FINISH_STOP; /* a stop string ended it: not a cancel */
+        status = PD_OK;
+    }
     dec_state_t to = reason == PROTO_FINISH_CANCELED ? DEC_ST_CANCELED
                    : reason == PROTO_FINISH_ERROR ? DEC_ST_FAILED : DEC_ST_FINISHED;
     if (dec_can_reply(d, r)) {
@@ -832,8 +836,10 @@ static void dec_on_cancel(proto_conn_t *c, const proto_msg_t *msg, void *arg)
     (void)c;
     dec_t *d = arg;
     dec_req_t *r = dec_req_find(d, msg->u.cancel.request_id);
-    if (r != NULL && !r->cancel)
+    if (r != NULL && !r->cancel) {
+        r->cancel_stop = msg->u.cancel.status == PD_OK; /* PROTOCOL.md: CANCEL */
         dec_req_cancel(d, r);
+    }
 }
 
 /* ---- peers ---------------------------------------------------------------- */

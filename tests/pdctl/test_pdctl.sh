@@ -69,6 +69,58 @@ json_get() {   # json_get EXPR < json   (python3: the expression over `j`)
     python3 -c "import json,sys; j=json.load(sys.stdin); print($1)"
 }
 
+# drain|maint|ready, admin, logs, the admin socket through socat, /ready's
+# text, and a stop-string finish counted as completed (not canceled).
+ops_commands() {
+    local R=$1 URL=$2 body
+    run "$PDCTL" admin router help --run-dir "$R"
+    check "admin router help: the command list" \
+        test "$(json_get 'j["ok"] and any(c["name"] == "set-backend" for c in j["commands"])' <<<"$OUT")" = True
+    run "$PDCTL" admin decode-0 no-such-command --run-dir "$R"
+    expect 1 "unknown command" "admin: a refused command exits 1 with the daemon's message"
+    run "$PDCTL" admin nobody help --run-dir "$R"
+    expect 2 "no daemon \"nobody\"" "admin: unknown daemon is a usage error"
+    # the README's socat pattern: a reply far over 16 KiB arrives whole
+    body=$(echo stats prometheus | socat -t 5 - "UNIX-CONNECT:$R/decode-0.sock")
+    check "socat half-close: full \`stats prometheus\` reply (${#body} bytes) parses" \
+        test "${#body}" -gt 16384 -a "$(json_get 'j["ok"]' <<<"$body")" = True
+    run "$PDCTL" maint decode-0 --run-dir "$R"
+    expect 0 "decode-0: maint \(router state now maint\)" "maint decode-0"
+    run "$PDCTL" status --run-dir "$R"
+    check "status: decode-0 in maint" grep -qE "^decode-0 +decode +maint" <<<"$OUT"
+    body=$(curl -s -m 5 "$URL/ready")
+    check "/ready without a decode: one reason, no stray separator ($body)" \
+        test "$(json_get 'j["error"]["message"]' <<<"$body")" = "not ready: no decode daemon"
+    run "$PDCTL" drain decode-0 --run-dir "$R"
+    expect 0 "decode-0: drain" "drain decode-0"
+    run "$PDCTL" ready decode-0 --run-dir "$R"
+    expect 0 "decode-0: ready \(router state now ready\)" "ready decode-0"
+    check "/ready again" poll 10 bash -c '[ "$(curl -s -o /dev/null -w %{http_code} "$1/ready")" = 200 ]' _ "$URL"
+    run "$PDCTL" ready router --run-dir "$R"
+    expect 2 "not routed to" "ready router: usage error"
+    run "$PDCTL" logs router -n 2 --run-dir "$R"
+    check "logs router -n 2: two lines" test "$RC.$(wc -l <<<"$OUT")" = "0.2"
+    run "$PDCTL" logs decode-0 -n 0 --run-dir "$R"
+    check "logs decode-0 -n 0: the whole file" test "$RC" = 0 -a "$(wc -l <<<"$OUT")" = "$(wc -l <"$R/decode-0.log")"
+    # stop string: take a piece of a greedy completion, ask again with it
+    local req text stop before after
+    req='{"prompt":"'"$PROMPT"'","max_tokens":24,"temperature":0,"ignore_eos":true}'
+    text=$(curl -s -m 30 "$URL/v1/completions" -H 'Content-Type: application/json' -d "$req" |
+           json_get 'j["choices"][0]["text"]')
+    stop=$(python3 -c 'import sys; t=sys.argv[1]; print(t[len(t)//2:len(t)//2+3])' "$text")
+    before=$("$PDCTL" requests decode-0 --json --run-dir "$R")
+    body=$(curl -s -m 30 "$URL/v1/completions" -H 'Content-Type: application/json' \
+           -d "$(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); r["stop"]=[sys.argv[2]]; print(json.dumps(r))' "$req" "$stop")")
+    check "stop string \"$stop\": finish_reason stop" \
+        test "$(json_get 'j["choices"][0]["finish_reason"]' <<<"$body")" = stop
+    stop_counted() {
+        after=$("$PDCTL" requests decode-0 --json --run-dir "$R")
+        python3 -c 'import json,sys; a=json.loads(sys.argv[1])["counters"]; b=json.loads(sys.argv[2])["counters"]
+sys.exit(0 if a["completed"] == b["completed"] + 1 and a["canceled"] == b["canceled"] else 1)' "$after" "$before"
+    }
+    check "decode counts the stop-string finish as completed, not canceled" poll 10 stop_counted
+}
+
 lifecycle() {
     local R=$T/run1 URL
     run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$R" \
@@ -91,7 +143,10 @@ lifecycle() {
     run "$PDCTL" xfer all --run-dir "$R"
     expect 0 "decode-0 +prefill-0 +active +[1-9][0-9]* +0 +[0-9.]+[KMG]?i?B" "xfer all: non-zero prefill x decode matrix"
     run "$PDCTL" xfer all --run-dir "$R" --json
-    check "xfer --json: bytes_pulled > 0" \
+    check "xfer all --json: keyed by daemon even with one decode, bytes_pulled > 0" \
+        test "$(json_get 'list(j) == ["decode-0"] and j["decode-0"]["xfer"]["peers"][0]["bytes_pulled"] > 0' <<<"$OUT")" = True
+    run "$PDCTL" xfer decode-0 --run-dir "$R" --json
+    check "xfer decode-0 --json: the one reply" \
         test "$(json_get 'j["xfer"]["peers"][0]["bytes_pulled"] > 0' <<<"$OUT")" = True
     run "$PDCTL" top --once --run-dir "$R"
     expect 0 "TTFT p50 [0-9.]+(ms|us|s)" "top --once renders (TTFT)"
@@ -108,6 +163,7 @@ lifecycle() {
     expect 0 "decode-0: accepted=4 completed=4" "requests: outcome counters"
     run "$PDCTL" kv decode-0 --json --run-dir "$R"
     check "kv decode-0 --json is the raw reply" test "$(json_get 'j["ok"] and j["blocks_total"] > 0' <<<"$OUT")" = True
+    ops_commands "$R" "$URL"
 
     # scale decode 1 -> 2 -> 1 under load: no request lost
     local res=$T/results stop=$T/stop
@@ -116,8 +172,16 @@ lifecycle() {
     load_loop "$URL" "$res" "$stop" & LOAD_PIDS+=($!)
     load_loop "$URL" "$res" "$stop" & LOAD_PIDS+=($!)
     poll 30 count_ge "$res" 3 || bad "load loop produced no results"
+    # a live `top` (not --once) must pick up the daemon the scale adds
+    mkfifo "$T/top-in"
+    "$PDCTL" top --run-dir "$R" <"$T/top-in" >"$T/top-out" 2>&1 & local top_pid=$!
+    exec 7>"$T/top-in"
     run "$PDCTL" scale decode 2 --run-dir "$R"
     expect 0 "decode: 2 daemons \(was 1\)" "scale decode 1 -> 2 under load"
+    check "live top shows decode-1 after the scale" poll 20 grep -qa "^decode-1 " "$T/top-out"
+    echo q >&7; exec 7>&-
+    poll 10 bash -c '! kill -0 $1 2>/dev/null' _ "$top_pid" || kill "$top_pid"
+    wait "$top_pid" 2>/dev/null
     run "$PDCTL" status --run-dir "$R"
     check "status: decode-1 ready" grep -qE "^decode-1 +decode +ready" <<<"$OUT"
     dec1_served() {
@@ -326,7 +390,7 @@ sim() {
     r=$(request "$URL" 4); check "sim request: $r" test "$r" = "200 finish"
     run "$PDCTL" xfer all --run-dir "$R" --json
     check "sim: a 70B-geometry transfer (>= 320 KiB per prompt token)" \
-        test "$(json_get 'j["xfer"]["peers"][0]["bytes_pulled"] >= 20 * 327680' <<<"$OUT")" = True
+        test "$(json_get 'j["decode-0"]["xfer"]["peers"][0]["bytes_pulled"] >= 20 * 327680' <<<"$OUT")" = True
     run "$PDCTL" down --run-dir "$R"
     expect 0 "stopped \(3 daemons" "down"
 }

@@ -144,6 +144,10 @@ double pdctl_now(void);
 int pdctl_cmd_status(int argc, char **argv);
 int pdctl_cmd_query(const char *what, int argc, char **argv);
 int pdctl_cmd_top(int argc, char **argv);
+/* pdctl_ops.c: drain|maint|ready DAEMON (state is the word), admin, logs */
+int pdctl_cmd_route(const char *state, int argc, char **argv);
+int pdctl_cmd_admin(int argc, char **argv);
+int pdctl_cmd_logs(int argc, char **argv);
 
 /* Shared option parsing: strips --run-dir D / --json from argv. */
 typedef struct {
