@@ -399,25 +399,39 @@ systemd_verify() {
     command -v systemd-analyze >/dev/null 2>&1 || { echo "skip: no systemd-analyze"; exit 77; }
     local d=$T/units r
     mkdir -p "$d"
-    cp "$SRC"/deploy/systemd/*.service "$SRC"/deploy/systemd/*.target "$d"/
-    # point ExecStart at the built binaries (verify checks they are executable)
     local build
     build=$(cd "$(dirname "$PDCTL")/../.." && pwd)
+    # the units as meson generates them (ExecStart in the configured bindir)
+    cp "$build"/deploy/*.service "$SRC"/deploy/systemd/*.target "$d"/
+    # point ExecStart at the built binaries (verify checks they are executable)
     for r in router prefill decode; do
-        sed -i "s#/usr/local/bin/pd-$r #$build/$r/pd-$r #" "$d"/pd-$r*.service
+        sed -i "s#^ExecStart=[^ ]*/pd-$r #ExecStart=$build/$r/pd-$r #" "$d"/pd-$r*.service
     done
     ln -s pd-prefill@.service "$d/pd-prefill@prefill-0.service"
     ln -s pd-decode@.service "$d/pd-decode@decode-0.service"
     (cd "$d" && systemd-analyze verify --man=no ./pd-router.service ./pd-prefill@prefill-0.service \
-        ./pd-decode@decode-0.service ./pdserve.target) >"$T/out" 2>"$T/err"
+        ./pd-decode@decode-0.service ./pdserve.target ./pdserve-router.target ./pdserve-prefill.target \
+        ./pdserve-decode.target) >"$T/out" 2>"$T/err"
     RC=$?; ERR=$(cat "$T/err")
     if [ $RC = 0 ] && [ -z "$ERR" ]; then ok "systemd-analyze verify: clean"
     else bad "systemd-analyze verify (rc=$RC): $ERR"; fi
+    # a host runs only its roles: each unit belongs to its role's target,
+    # pdserve.target pulls in nothing by itself
+    for r in router prefill decode; do
+        u=$(ls "$build"/deploy/pd-$r*.service)
+        grep -qx "WantedBy=pdserve-$r.target" "$u" && grep -qx "PartOf=pdserve-$r.target" "$u" ||
+            bad "$u is not in pdserve-$r.target"
+        grep -qx "WantedBy=pdserve.target" "$SRC/deploy/systemd/pdserve-$r.target" ||
+            bad "pdserve-$r.target is not wanted by pdserve.target"
+        grep -qx "EnvironmentFile=-/etc/pdserve/env" "$u" || bad "$u does not read /etc/pdserve/env"
+    done
+    grep -qE "^(Wants|Requires)=" "$SRC/deploy/systemd/pdserve.target" && bad "pdserve.target pulls in units itself"
+    ok "per-role targets: pdserve.target starts only the roles enabled on the host"
     for u in pd-router.service pd-prefill@.service pd-decode@.service; do
         for k in 'KillSignal=SIGTERM' 'TimeoutStopSec=' 'RuntimeDirectory=pdserve' 'LimitMEMLOCK=infinity' \
                  'NoNewPrivileges=yes' 'ProtectSystem=strict' 'ProtectHome=yes' 'PrivateTmp=yes' \
                  'RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK' 'ExecStart=.* --config /etc/pdserve/'; do
-            grep -qE "^$k" "$SRC/deploy/systemd/$u" || bad "$u lacks $k"
+            grep -qE "^$k" "$build/deploy/$u" || bad "$u lacks $k"
         done
     done
     ok "units carry the drain, runtime dir, memlock and hardening settings"
@@ -426,6 +440,15 @@ systemd_verify() {
     expect 0 "decode-2.ini" "render: per-daemon config files"
     check "render: decode-2.ini names its router and socket" \
         grep -q "admin.socket = /run/pdserve/decode-2.sock" "$T/etc/decode-2.ini"
+    check "render: the secret is next to the configs, persistent, not in /run" \
+        grep -qx "secret-file = $T/etc/secret" "$T/etc/decode-2.ini"
+    check "render: metrics on fixed ports (decode-2: 9302)" \
+        grep -qx "metrics.listen = 127.0.0.1:9302" "$T/etc/decode-2.ini"
+    check "render: secret created 0600 (no pdserve group here) or 0640" \
+        grep -qE "^6[04]0$" <<<"$(stat -c %a "$T/etc/secret")"
+    run "$PDCTL" render "$SRC/deploy/local-1p3d.ini" "$T/etc2" --group "$(id -g)"
+    check "render --group: configs 0640 in that group" \
+        test "$(stat -c '%a %g' "$T/etc2/router.ini")" = "640 $(id -g)"
 }
 
 case $MODE in

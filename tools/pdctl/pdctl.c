@@ -38,7 +38,7 @@ static int cmd_help(int argc, char **argv);
     X("logs", pdctl_cmd_logs, "logs DAEMON [-n N] [-f] the daemon's log: last N lines (50; 0 all), -f follows") \
     X("top", pdctl_cmd_top, "top [--once]            live view, refreshed each second (q quits)") \
     X("check", pdctl_cmd_check, "check FILE              validate a deployment file") \
-    X("render", pdctl_cmd_render, "render FILE OUTDIR      per-daemon config files for the systemd units") \
+    X("render", pdctl_cmd_render, "render FILE OUTDIR [--group G]  configs, env, secret for the systemd units (/etc/pdserve)") \
     X("help", cmd_help, "help                    this text")
 
 typedef struct {
