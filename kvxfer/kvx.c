@@ -92,7 +92,80 @@ enum {
 
 static pd_stat_desc_t kvx_prom_descs[KVX_PROM__COUNT];
 static char kvx_prom_names[KVX_REJECT__COUNT][48];
-static pd_stats_table_t kvx_prom_table = { "kvx", kvx_prom_descs, KVX_PROM__COUNT };
+/* Prometheus shape, per stats role (kvx_stats_role_t): reasons are labels
+ * of one family (pd_kvx_rejected_total{reason}, pd_kvx_pulls_failed_total
+ * {reason}, pd_kvx_leases_ended_total{how}); the other side's figures are
+ * hidden. */
+static pd_stat_prom_t kvx_prom_meta[3][KVX_PROM__COUNT];
+static pd_stats_table_t kvx_prom_table[3] = {
+    { "kvx", kvx_prom_descs, KVX_PROM__COUNT, kvx_prom_meta[KVX_STATS_BOTH], KVX_PROM__COUNT },
+    { "kvx", kvx_prom_descs, KVX_PROM__COUNT, kvx_prom_meta[KVX_STATS_EXPORTER], KVX_PROM__COUNT },
+    { "kvx", kvx_prom_descs, KVX_PROM__COUNT, kvx_prom_meta[KVX_STATS_IMPORTER], KVX_PROM__COUNT },
+};
+
+/* Importer-side rows: pulls, their gets, rkeys, handle validation. */
+static bool kvx_prom_importer_row(unsigned i)
+{
+    return i < KVX_PROM_PS0 + KVX_PS__COUNT || /* KVX_PROM_PS0 is 0 */
+           (i >= KVX_PROM_REJ0 && i < KVX_PROM_G0) || i == KVX_PROM_LATENCY ||
+           i == KVX_PROM_G_pulls_in_flight || i == KVX_PROM_G_ops_in_flight ||
+           i == KVX_PROM_G_rkeys_live;
+}
+
+/* Exporter-side rows: leases and the notifies that end or renew them. */
+static bool kvx_prom_exporter_row(unsigned i)
+{
+    return i == KVX_PROM_CS0 + KVX_CS_leases_exported ||
+           i == KVX_PROM_CS0 + KVX_CS_leases_released ||
+           i == KVX_PROM_CS0 + KVX_CS_leases_expired ||
+           i == KVX_PROM_CS0 + KVX_CS_leases_renewed ||
+           i == KVX_PROM_CS0 + KVX_CS_leases_revoked ||
+           i == KVX_PROM_CS0 + KVX_CS_notifies_rejected ||
+           i == KVX_PROM_G_leases_active || i == KVX_PROM_G_blocks_pinned;
+}
+
+static void kvx_prom_meta_init(void)
+{
+    static const char *const pull_fail[] = { "pulls_timed_out", "pulls_canceled",
+        "pulls_peer_gone", "pulls_stale", "pulls_transport", "pulls_shutdown" };
+    static const char *const lease_end[] = { "leases_released", "leases_expired",
+                                             "leases_revoked" };
+    for (unsigned role = 0; role < 3; role++) {
+        for (unsigned i = 0; i < KVX_PROM__COUNT; i++) {
+            pd_stat_prom_t *m = &kvx_prom_meta[role][i];
+            const char *n = kvx_prom_descs[i].name;
+            m->name = n;
+            if (i >= KVX_PROM_REJ0 && i < KVX_PROM_G0) {
+                m->family = "rejected";
+                m->key = "reason";
+                m->value = n + strlen("rejected_");
+                m->family_help = "KV handles refused by the importer before any UCX "
+                                 "operation, by reason";
+            }
+            for (size_t k = 0; k < sizeof(pull_fail) / sizeof(pull_fail[0]); k++) {
+                if (strcmp(n, pull_fail[k]) == 0) {
+                    m->family = "pulls_failed";
+                    m->key = "reason";
+                    m->value = n + strlen("pulls_");
+                    m->family_help = "pulls that failed, by reason";
+                }
+            }
+            for (size_t k = 0; k < sizeof(lease_end) / sizeof(lease_end[0]); k++) {
+                if (strcmp(n, lease_end[k]) == 0) {
+                    m->family = "leases_ended";
+                    m->key = "how";
+                    m->value = n + strlen("leases_");
+                    m->family_help = "leases ended: released by the importer, expired "
+                                     "(TTL) or revoked by the exporter";
+                }
+            }
+            if (i == KVX_PROM_LATENCY)
+                m->le = PD_HIST_LE_MS;
+            m->hidden = (role == KVX_STATS_EXPORTER && kvx_prom_importer_row(i)) ||
+                        (role == KVX_STATS_IMPORTER && kvx_prom_exporter_row(i));
+        }
+    }
+}
 
 static void kvx_prom_table_init(void)
 {
@@ -130,6 +203,7 @@ static void kvx_prom_table_init(void)
             (pd_stat_desc_t){ g_names[i], PD_STAT_GAUGE, g_help[i] };
     kvx_prom_descs[KVX_PROM_LATENCY] = (pd_stat_desc_t){
         "pull_latency", PD_STAT_HISTOGRAM, "pull latency, start to completion callback" };
+    kvx_prom_meta_init();
 }
 
 typedef struct {
@@ -1049,7 +1123,9 @@ pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
     kvx_prom_table_init();
     char node[24];
     snprintf(node, sizeof(node), "%016llx", (unsigned long long)cfg->node_id);
-    if (pd_stats_create(&kvx_prom_table, (const char *[]){ "node", node, NULL },
+    unsigned role = (unsigned)cfg->stats_role <= KVX_STATS_IMPORTER ? (unsigned)cfg->stats_role
+                                                                    : KVX_STATS_BOTH;
+    if (pd_stats_create(&kvx_prom_table[role], (const char *[]){ "node", node, NULL },
                         &ctx->prom) != PD_OK)
         ctx->prom = NULL; /* JSON stats still work */
     kvx_progress(ctx);

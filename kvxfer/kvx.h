@@ -66,6 +66,15 @@ typedef struct {
 typedef void (*kvx_lease_end_cb_t)(void *arg, const kvx_lease_info_t *info,
                                    kvx_lease_end_t why);
 
+/* The side a context works on, for its Prometheus set: an exporter-only
+ * context (prefill) has no pulls, an importer-only one (decode) no leases,
+ * so their always-zero counters are left out. */
+typedef enum {
+    KVX_STATS_BOTH = 0,
+    KVX_STATS_EXPORTER,
+    KVX_STATS_IMPORTER,
+} kvx_stats_role_t;
+
 typedef struct {
     uint64_t node_id;                  /* this daemon's id, nonzero */
     uint8_t secret[KVX_KEY_BYTES];     /* deployment secret (handles, meta) */
@@ -82,6 +91,8 @@ typedef struct {
                                           mapped arena at kvx_peer_add (true) */
     kvx_lease_end_cb_t on_lease_end;   /* may be NULL */
     void *cb_arg;
+    kvx_stats_role_t stats_role;       /* which side's figures kvx_stats_set
+                                          exports (KVX_STATS_BOTH) */
 } kvx_config_t;
 
 /* Defaults for every field except node_id and secret (zeroed). */

@@ -418,6 +418,8 @@ static void req_complete(rtr_req_t *q, const char *finish_reason)
     emit_text(q, out, n);
     if (q->pipe.stopped)
         finish_reason = "stop";
+    pd_stats_inc(q->r->stats, strcmp(finish_reason, "length") == 0 ? RTR_ST_finish_length
+                                                                   : RTR_ST_finish_stop);
     rtr_oai_resp_meta_t m = req_meta(q);
     rtr_oai_usage_t usage = { q->n_prompt, q->n_gen };
     if (q->http != NULL) {
@@ -1230,7 +1232,7 @@ static void handle_metrics(rtr_t *r, struct evhttp_request *h)
         for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
             if (r->be[i].used && r->be[i].stats != NULL)
                 sets[n++] = r->be[i].stats;
-        s = pd_stats_render_prometheus(sets, n, &text, &len);
+        s = pd_stats_render_scrape(sets, n, &text, &len);
     }
     if (s != PD_OK) {
         evhttp_send_error(h, 500, NULL);
