@@ -97,10 +97,12 @@ for f in usr/bin/pd-router usr/bin/pd-prefill usr/bin/pd-decode usr/bin/pdctl us
          usr/share/man/man1/pd-router.1.gz usr/share/man/man1/pd-prefill.1.gz \
          usr/share/man/man1/pd-decode.1.gz usr/share/man/man1/pdctl.1.gz \
          usr/share/doc/pdserve/README.md.gz usr/share/doc/pdserve/ARCHITECTURE.md.gz \
-         usr/share/doc/pdserve/examples/local-1p1d.ini; do
+         usr/share/doc/pdserve/examples/local-1p1d.ini \
+         usr/share/pdserve/monitoring/pdserve-dashboard.json \
+         usr/share/pdserve/monitoring/pdserve-alerts.yml; do
     [ -e "$A/$f" ] || bad "package lacks /$f"
 done
-ok "package holds binaries, model, units, sysusers/tmpfiles, man pages, docs"
+ok "package holds binaries, model, units, sysusers/tmpfiles, man pages, docs, monitoring"
 check "man page generated from --help (pd-router: --max-concurrent)" \
     bash -c 'zcat "$1" | grep -q "max\\\\-concurrent\|max-concurrent"' _ "$A/usr/share/man/man1/pd-router.1.gz"
 
