@@ -338,5 +338,11 @@ struct cJSON *kvx_stats_json(const kvx_ctx_h *ctx);
  * kvx_ctx_destroy (remove it from the admin server first). NULL if it could
  * not be allocated. */
 struct pd_stats *kvx_stats_set(kvx_ctx_h *ctx);
+/* For a /metrics scrape: that set (first), then one set per live importer
+ * peer (table "kvx_peer", labels node, peer = the exporter's node id:
+ * pulls {result}, bytes pulled, pull latency), at most cap of them, all
+ * published. A peer's set ends (is freed) with its slot: call this per
+ * scrape, on the loop, and do not keep the pointers. */
+size_t kvx_stats_sets(kvx_ctx_h *ctx, struct pd_stats **sets, size_t cap);
 
 #endif

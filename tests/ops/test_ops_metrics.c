@@ -227,6 +227,10 @@ static void test_metrics_everywhere(void **st)
     need(pr.body, "prefill", "pd_kv_pool_blocks", 256);
     need(pr.body, "prefill", "pd_kv_pool_blocks_free", 256);
     need(dr.body, "decode", "pd_kv_pool_usage_ratio", 0);
+    /* which prefill the KV came from: per-peer series on the decode */
+    need(dr.body, "decode", "pd_kvx_peer_bytes_pulled_total{peer=\"}", 1);
+    need(dr.body, "decode", "pd_kvx_peer_pulls_total{result=\"ok\"}", 4);
+    need(dr.body, "decode", "pd_kvx_peer_pull_latency_seconds_count", 4);
     need(pr.body, "prefill", "pd_kv_pool_usage_ratio", 0);
     /* reasons are one labeled family, not a metric each */
     need(dr.body, "decode", "pd_kvx_rejected_total{reason=\"bad_mac\"}", 0);
