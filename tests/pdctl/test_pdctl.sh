@@ -104,6 +104,14 @@ l=sys.stdin.read().splitlines(); print(len(l) == 2 and all(json.loads(x)["ok"] f
     check "logs router -n 2: two lines" test "$RC.$(wc -l <<<"$OUT")" = "0.2"
     run "$PDCTL" logs decode-0 -n 0 --run-dir "$R"
     check "logs decode-0 -n 0: the whole file" test "$RC" = 0 -a "$(wc -l <<<"$OUT")" = "$(wc -l <"$R/decode-0.log")"
+    "$PDCTL" logs decode-0 -n 1 -f --run-dir "$R" >"$T/follow" 2>&1 & local fpid=$!
+    poll 10 test -s "$T/follow" || bad "logs -f printed nothing"
+    echo "follow-marker-$$" >>"$R/decode-0.log"
+    check "logs -f: a line appended to the log shows up" poll 10 grep -q "follow-marker-$$" "$T/follow"
+    kill -INT "$fpid"; wait "$fpid"; local frc=$?
+    check "logs -f: Ctrl-C ends it with exit 0 (rc=$frc)" test "$frc" = 0
+    run "$PDCTL" logs --run-dir "$R"
+    expect 2 "usage: pdctl logs" "logs without a daemon: usage"
     # stop string: take a piece of a greedy completion, ask again with it
     local req text stop before after
     req='{"prompt":"'"$PROMPT"'","max_tokens":24,"temperature":0,"ignore_eos":true}'
