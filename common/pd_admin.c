@@ -44,8 +44,9 @@
 #define ADMIN_STAT_ID(name, kind, help) ADMIN_ST_##name,
 typedef enum { PD_ADMIN_STATS(ADMIN_STAT_ID) ADMIN_ST__COUNT } admin_stat_id_t;
 static const pd_stat_desc_t admin_stat_descs[] = { PD_ADMIN_STATS(PD_STAT_DESC) };
+static const pd_stat_prom_t admin_stat_prom[] = { PD_STAT_PROM_LE("command_latency", US) };
 static const pd_stats_table_t admin_stats_table =
-    PD_STATS_TABLE("admin", admin_stat_descs);
+    PD_STATS_TABLE_PROM("admin", admin_stat_descs, admin_stat_prom);
 
 typedef struct admin_client {
     pd_admin_t *admin;
@@ -415,6 +416,14 @@ static void client_event_cb(struct bufferevent *bev, short what, void *arg)
         PD_LOG_DEBUG("admin", "client pid %d idle, closing", (int)c->pid);
         pd_stats_inc(c->admin->own_stats, ADMIN_ST_timeouts);
     }
+    /* A half-close (`echo stats | socat - UNIX:...`) only ends the client's
+     * side: finish writing the replies already queued, then close. The idle
+     * timeout still bounds a client that stops reading. */
+    if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR) &&
+        evbuffer_get_length(bufferevent_get_output(bev)) > 0) {
+        client_close_after_flush(c);
+        return;
+    }
     client_close(c);
 }
 
@@ -664,7 +673,7 @@ pd_status_t pd_admin_stats_prometheus(pd_admin_t *admin, char **text_p,
     pd_stats_t *sets[ADMIN_MAX_STATS + 1];
     memcpy(sets, admin->stats, admin->n_stats * sizeof(sets[0]));
     sets[admin->n_stats] = admin->own_stats;
-    return pd_stats_render_prometheus(sets, admin->n_stats + 1, text_p, len_p);
+    return pd_stats_render_scrape(sets, admin->n_stats + 1, text_p, len_p);
 }
 
 static pd_status_t cmd_stats_prometheus(pd_admin_req_t *req, cJSON *reply)

@@ -122,8 +122,9 @@ pd_status_t pd_admin_remove_stats(pd_admin_t *admin, pd_stats_t *stats);
  * Also for an HTTP /stats endpoint. NULL on ENOMEM. */
 struct cJSON *pd_admin_stats_json(pd_admin_t *admin);
 
-/* Prometheus text of every registered set plus the server's own counters
- * (for an HTTP /metrics endpoint). *text_p malloc'd. PD_ERR_NO_MEMORY. */
+/* Prometheus text of every registered set plus the server's own counters,
+ * build info and process_* (pd_stats_render_scrape: a whole HTTP /metrics
+ * scrape). *text_p malloc'd. PD_ERR_NO_MEMORY. */
 pd_status_t pd_admin_stats_prometheus(pd_admin_t *admin, char **text_p,
                                       size_t *len_p);
 

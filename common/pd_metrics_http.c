@@ -32,7 +32,24 @@ typedef struct mh_client {
 } mh_client_t;
 
 static const pd_stat_desc_t pd_kv_pool_descs[] = { PD_KV_POOL_STATS(PD_STAT_DESC) };
-const pd_stats_table_t pd_kv_pool_stats_table = PD_STATS_TABLE("kv_pool", pd_kv_pool_descs);
+static const pd_stat_prom_t pd_kv_pool_prom[] = {
+    { .name = "usage_ppm", .family = "usage_ratio", .scale = 1e-6,
+      .family_help = "KV blocks used / blocks in the arena (0..1)" },
+};
+const pd_stats_table_t pd_kv_pool_stats_table =
+    PD_STATS_TABLE_PROM("kv_pool", pd_kv_pool_descs, pd_kv_pool_prom);
+
+void pd_kv_pool_set(pd_stats_t *pool, uint64_t blocks, uint64_t blocks_free,
+                    uint64_t block_bytes)
+{
+    uint64_t used = blocks_free <= blocks ? blocks - blocks_free : 0;
+    pd_stats_gauge_set(pool, PD_KV_POOL_blocks, (int64_t)blocks);
+    pd_stats_gauge_set(pool, PD_KV_POOL_blocks_free, (int64_t)blocks_free);
+    pd_stats_gauge_set(pool, PD_KV_POOL_blocks_used, (int64_t)used);
+    pd_stats_gauge_set(pool, PD_KV_POOL_block_bytes, (int64_t)block_bytes);
+    pd_stats_gauge_set(pool, PD_KV_POOL_usage_ppm,
+                       blocks ? (int64_t)(used * 1000000 / blocks) : 0);
+}
 
 struct pd_metrics_http {
     pd_loop_t *loop;

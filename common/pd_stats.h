@@ -51,15 +51,53 @@ typedef struct {
     const char *help;
 } pd_stat_desc_t;
 
+/* Which buckets a histogram shows in Prometheus: a slice of the internal
+ * ladder (1 us x 2^i, see below) that fits the figure, so a second-scale
+ * latency does not start at 1 us and a microsecond one does not end at
+ * minutes. Every boundary shown is an internal one: counts stay exact. */
+typedef enum {
+    PD_HIST_LE_ALL = 0, /* 1 us .. 134 s, x2: every internal bucket (28) */
+    PD_HIST_LE_US,      /* 1 us .. 1.05 s, x4: sub-millisecond work (11) */
+    PD_HIST_LE_MS,      /* 128 us .. 16.8 s, x2: a step, a prefill, a KV
+                           transfer, inter-token time (18) */
+    PD_HIST_LE_S,       /* 1.02 ms .. 134 s, x2: request-scale latencies:
+                           TTFT, end to end, queue, lease life (18) */
+} pd_hist_le_t;
+
+/* How one row looks in Prometheus (optional; rows without one are their
+ * own family pd_<prefix>_<name>). Rows naming the same `family` become ONE
+ * family pd_<prefix>_<family> told apart by the label key="value" (e.g.
+ * rejected_bad_mac, rejected_expired... -> pd_kvx_rejected_total{reason=
+ * "bad_mac"}); they must be of one kind. JSON (admin socket) keeps the rows'
+ * own names. */
+typedef struct {
+    const char *name;          /* the row, as in pd_stat_desc_t */
+    const char *family;        /* NULL: the row's name */
+    const char *key, *value;   /* with family: this row's label */
+    const char *family_help;   /* HELP of the family (else the row's help) */
+    pd_hist_le_t le;           /* histograms: the bucket set */
+    double scale;              /* gauges: value x scale (0: 1), e.g. ppm -> ratio */
+    int hidden;                /* not exported (always zero in this process) */
+} pd_stat_prom_t;
+
 typedef struct {
     const char *prefix;             /* "kvx" -> pd_kvx_<name> */
     const pd_stat_desc_t *descs;
     size_t n;
+    const pd_stat_prom_t *prom;     /* NULL, or n_prom rows (any order) */
+    size_t n_prom;
 } pd_stats_table_t;
 
 #define PD_STAT_DESC(name, kind, help) { #name, PD_STAT_##kind, (help) },
 #define PD_STATS_TABLE(prefix, descs)                                         \
-    { (prefix), (descs), sizeof(descs) / sizeof((descs)[0]) }
+    { (prefix), (descs), sizeof(descs) / sizeof((descs)[0]), NULL, 0 }
+#define PD_STATS_TABLE_PROM(prefix, descs, prom)                              \
+    { (prefix), (descs), sizeof(descs) / sizeof((descs)[0]),                  \
+      (prom), sizeof(prom) / sizeof((prom)[0]) }
+/* Prometheus rows: one labeled member of a family; a histogram's buckets. */
+#define PD_STAT_PROM_LABEL(row, fam, k, v, help)                              \
+    { .name = (row), .family = (fam), .key = (k), .value = (v), .family_help = (help) }
+#define PD_STAT_PROM_LE(row, set) { .name = (row), .le = PD_HIST_LE_##set }
 
 /* Histogram buckets: upper bounds 1us * 2^i, i = 0..PD_HIST_BUCKETS-2
  * (1us .. ~134s), last bucket is +Inf. */
@@ -125,5 +163,14 @@ struct cJSON *pd_stats_to_json(const pd_stats_t *stats);
  * PD_ERR_NO_MEMORY. */
 pd_status_t pd_stats_render_prometheus(pd_stats_t *const *sets, size_t n,
                                        char **text_p, size_t *len_p);
+
+/* What a whole-process scrape returns: the sets as above, then
+ *   pd_build_info{program,version,jemalloc,sanitizers} 1
+ *   process_cpu_seconds_total, process_resident_memory_bytes,
+ *   process_virtual_memory_bytes, process_open_fds, process_max_fds,
+ *   process_start_time_seconds (the standard names, from /proc/self).
+ * Call it once per scrape (a family must not repeat). PD_ERR_NO_MEMORY. */
+pd_status_t pd_stats_render_scrape(pd_stats_t *const *sets, size_t n,
+                                   char **text_p, size_t *len_p);
 
 #endif

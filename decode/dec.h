@@ -116,6 +116,7 @@ typedef struct dec_req {
     uint64_t epoch;
     bool local;                         /* PROTO_DEC_PREFILL_LOCALLY */
     bool cancel;                        /* end as CANCELED when the step is back */
+    bool cancel_stop;                   /* the CANCEL was the router's stop string: end as STOP */
     bool quiet;                         /* router gone: end without a reply */
     bool in_step;
     /* step results between dec_step_done's phases (see there) */

@@ -18,18 +18,14 @@ static pd_status_t dec_metrics_render(void *arg, char **text_p, size_t *len_p)
     dec_t *d = arg;
     uint32_t total = (uint32_t)d->cfg.kv_blocks;
     uint32_t free_n = kvx_blocks_free_count(d->blocks);
-    pd_stats_gauge_set(dec_pool, PD_KV_POOL_blocks, total);
-    pd_stats_gauge_set(dec_pool, PD_KV_POOL_blocks_free, free_n);
-    pd_stats_gauge_set(dec_pool, PD_KV_POOL_blocks_used, (int64_t)total - free_n);
-    pd_stats_gauge_set(dec_pool, PD_KV_POOL_block_bytes, (int64_t)d->geom->block_bytes);
-    pd_stats_t *sets[3];
+    pd_kv_pool_set(dec_pool, total, free_n, d->geom->block_bytes);
+    pd_stats_t *sets[2 + 1 + DEC_MAX_PEERS];
     size_t n = 0;
     sets[n++] = d->stats;
     sets[n++] = dec_pool;
-    pd_stats_t *kx = kvx_stats_set(d->kvx);   /* publishes the latest values */
-    if (kx != NULL)
-        sets[n++] = kx;
-    return pd_stats_render_prometheus(sets, n, text_p, len_p);
+    /* kvx totals + one set per prefill peer (publishes the latest values) */
+    n += kvx_stats_sets(d->kvx, sets + n, sizeof(sets) / sizeof(sets[0]) - n);
+    return pd_stats_render_scrape(sets, n, text_p, len_p); /* + build info, process_* */
 }
 
 pd_status_t dec_metrics_start(dec_t *d)

@@ -50,7 +50,19 @@ static const pd_cfg_schema_t dec_schema = {
 };
 
 static const pd_stat_desc_t dec_stat_descs[] = { DEC_STATS(PD_STAT_DESC) };
-static const pd_stats_table_t dec_stats_table = PD_STATS_TABLE("decode", dec_stat_descs);
+/* Prometheus: outcomes as labeled families, buckets fit for each figure */
+static const pd_stat_prom_t dec_stat_prom[] = {
+    PD_STAT_PROM_LABEL("completed", "requests", "outcome", "completed", "requests ended, by outcome"),
+    PD_STAT_PROM_LABEL("failed", "requests", "outcome", "failed", NULL),
+    PD_STAT_PROM_LABEL("canceled", "requests", "outcome", "canceled", NULL),
+    PD_STAT_PROM_LABEL("pulls_ok", "pulls", "result", "ok", "KV imports + pulls, by result"),
+    PD_STAT_PROM_LABEL("pulls_failed", "pulls", "result", "failed", NULL),
+    PD_STAT_PROM_LE("step_time", US), PD_STAT_PROM_LE("transfer_time", MS),
+    PD_STAT_PROM_LE("ttft", S), PD_STAT_PROM_LE("handoff", MS),
+    PD_STAT_PROM_LE("lease_left", S), PD_STAT_PROM_LE("req_time", S),
+};
+static const pd_stats_table_t dec_stats_table =
+    PD_STATS_TABLE_PROM("decode", dec_stat_descs, dec_stat_prom);
 
 static const char *const dec_state_names[] = {
 #define DEC_X_NAME(name, text) text,
@@ -259,6 +271,10 @@ static void dec_req_end(dec_req_t *r, uint16_t reason, pd_status_t status)
         r->imported = false;
     }
     pd_stats_observe_ns(d->stats, DEC_ST_req_time, pd_now_ns() - r->t[DEC_ST_NEW]);
+    if (reason == PROTO_FINISH_CANCELED && r->cancel_stop) {
+        reason = PROTO_FINISH_STOP; /* a stop string ended it: not a cancel */
+        status = PD_OK;
+    }
     dec_state_t to = reason == PROTO_FINISH_CANCELED ? DEC_ST_CANCELED
                    : reason == PROTO_FINISH_ERROR ? DEC_ST_FAILED : DEC_ST_FINISHED;
     if (dec_can_reply(d, r)) {
@@ -832,8 +848,10 @@ static void dec_on_cancel(proto_conn_t *c, const proto_msg_t *msg, void *arg)
     (void)c;
     dec_t *d = arg;
     dec_req_t *r = dec_req_find(d, msg->u.cancel.request_id);
-    if (r != NULL && !r->cancel)
+    if (r != NULL && !r->cancel) {
+        r->cancel_stop = msg->u.cancel.status == PD_OK; /* PROTOCOL.md: CANCEL */
         dec_req_cancel(d, r);
+    }
 }
 
 /* ---- peers ---------------------------------------------------------------- */
@@ -1195,6 +1213,7 @@ int main(int argc, char **argv)
         kc.node_id = 1;
     if (d->have_secret)
         proto_auth_derive(&d->secret, "pdserve kvx v1", kc.secret);
+    kc.stats_role = KVX_STATS_IMPORTER; /* no leases here: no lease counters in /metrics */
     st = kvx_ctx_create(&kc, base, &d->kvx);
     if (st != PD_OK)
         return dec_fail("kvxfer init", st, NULL);

@@ -14,6 +14,8 @@ PKGS=(
   libcmocka-dev clang libclang-rt-14-dev prometheus
   # tools: network namespaces, plots, JSON on the command line
   iproute2 gnuplot-nox jq python3 curl socat systemd
+  # the Debian package (debian/): build, man pages from --help, lint
+  debhelper help2man lintian fakeroot
 )
 
 missing=()

@@ -92,7 +92,99 @@ enum {
 
 static pd_stat_desc_t kvx_prom_descs[KVX_PROM__COUNT];
 static char kvx_prom_names[KVX_REJECT__COUNT][48];
-static pd_stats_table_t kvx_prom_table = { "kvx", kvx_prom_descs, KVX_PROM__COUNT };
+/* Prometheus shape, per stats role (kvx_stats_role_t): reasons are labels
+ * of one family (pd_kvx_rejected_total{reason}, pd_kvx_pulls_failed_total
+ * {reason}, pd_kvx_leases_ended_total{how}); the other side's figures are
+ * hidden. */
+static pd_stat_prom_t kvx_prom_meta[3][KVX_PROM__COUNT];
+static pd_stats_table_t kvx_prom_table[3] = {
+    { "kvx", kvx_prom_descs, KVX_PROM__COUNT, kvx_prom_meta[KVX_STATS_BOTH], KVX_PROM__COUNT },
+    { "kvx", kvx_prom_descs, KVX_PROM__COUNT, kvx_prom_meta[KVX_STATS_EXPORTER], KVX_PROM__COUNT },
+    { "kvx", kvx_prom_descs, KVX_PROM__COUNT, kvx_prom_meta[KVX_STATS_IMPORTER], KVX_PROM__COUNT },
+};
+
+/* Importer-side rows: pulls, their gets, rkeys, handle validation. */
+static bool kvx_prom_importer_row(unsigned i)
+{
+    return i < KVX_PROM_PS0 + KVX_PS__COUNT || /* KVX_PROM_PS0 is 0 */
+           (i >= KVX_PROM_REJ0 && i < KVX_PROM_G0) || i == KVX_PROM_LATENCY ||
+           i == KVX_PROM_G_pulls_in_flight || i == KVX_PROM_G_ops_in_flight ||
+           i == KVX_PROM_G_rkeys_live;
+}
+
+/* Exporter-side rows: leases and the notifies that end or renew them. */
+static bool kvx_prom_exporter_row(unsigned i)
+{
+    return i == KVX_PROM_CS0 + KVX_CS_leases_exported ||
+           i == KVX_PROM_CS0 + KVX_CS_leases_released ||
+           i == KVX_PROM_CS0 + KVX_CS_leases_expired ||
+           i == KVX_PROM_CS0 + KVX_CS_leases_renewed ||
+           i == KVX_PROM_CS0 + KVX_CS_leases_revoked ||
+           i == KVX_PROM_CS0 + KVX_CS_notifies_rejected ||
+           i == KVX_PROM_G_leases_active || i == KVX_PROM_G_blocks_pinned;
+}
+
+/* Per importer peer (Prometheus pd_kvx_peer_*{node, peer}): which prefill
+ * the KV came from. A set lives as long as the peer slot. */
+#define KVX_PEER_PROM(X)                                                      \
+    X(pulls_ok,     COUNTER,   "pulls from this peer completed OK")           \
+    X(pulls_failed, COUNTER,   "pulls from this peer that failed")            \
+    X(bytes_pulled, COUNTER,   "bytes landed from this peer")                 \
+    X(pull_latency, HISTOGRAM, "pull latency from this peer")
+#define KVX_PEER_PROM_ID(name, kind, help) KVX_PP_##name,
+enum { KVX_PEER_PROM(KVX_PEER_PROM_ID) KVX_PP__COUNT };
+#undef KVX_PEER_PROM_ID
+static const pd_stat_desc_t kvx_peer_prom_descs[] = { KVX_PEER_PROM(PD_STAT_DESC) };
+static const pd_stat_prom_t kvx_peer_prom_meta[] = {
+    PD_STAT_PROM_LABEL("pulls_ok", "pulls", "result", "ok", "pulls from one peer, by result"),
+    PD_STAT_PROM_LABEL("pulls_failed", "pulls", "result", "failed", NULL),
+    PD_STAT_PROM_LE("pull_latency", MS),
+};
+static const pd_stats_table_t kvx_peer_prom_table =
+    PD_STATS_TABLE_PROM("kvx_peer", kvx_peer_prom_descs, kvx_peer_prom_meta);
+
+static void kvx_prom_meta_init(void)
+{
+    static const char *const pull_fail[] = { "pulls_timed_out", "pulls_canceled",
+        "pulls_peer_gone", "pulls_stale", "pulls_transport", "pulls_shutdown" };
+    static const char *const lease_end[] = { "leases_released", "leases_expired",
+                                             "leases_revoked" };
+    for (unsigned role = 0; role < 3; role++) {
+        for (unsigned i = 0; i < KVX_PROM__COUNT; i++) {
+            pd_stat_prom_t *m = &kvx_prom_meta[role][i];
+            const char *n = kvx_prom_descs[i].name;
+            m->name = n;
+            if (i >= KVX_PROM_REJ0 && i < KVX_PROM_G0) {
+                m->family = "rejected";
+                m->key = "reason";
+                m->value = n + strlen("rejected_");
+                m->family_help = "KV handles refused by the importer before any UCX "
+                                 "operation, by reason";
+            }
+            for (size_t k = 0; k < sizeof(pull_fail) / sizeof(pull_fail[0]); k++) {
+                if (strcmp(n, pull_fail[k]) == 0) {
+                    m->family = "pulls_failed";
+                    m->key = "reason";
+                    m->value = n + strlen("pulls_");
+                    m->family_help = "pulls that failed, by reason";
+                }
+            }
+            for (size_t k = 0; k < sizeof(lease_end) / sizeof(lease_end[0]); k++) {
+                if (strcmp(n, lease_end[k]) == 0) {
+                    m->family = "leases_ended";
+                    m->key = "how";
+                    m->value = n + strlen("leases_");
+                    m->family_help = "leases ended: released by the importer, expired "
+                                     "(TTL) or revoked by the exporter";
+                }
+            }
+            if (i == KVX_PROM_LATENCY)
+                m->le = PD_HIST_LE_MS;
+            m->hidden = (role == KVX_STATS_EXPORTER && kvx_prom_importer_row(i)) ||
+                        (role == KVX_STATS_IMPORTER && kvx_prom_exporter_row(i));
+        }
+    }
+}
 
 static void kvx_prom_table_init(void)
 {
@@ -130,6 +222,7 @@ static void kvx_prom_table_init(void)
             (pd_stat_desc_t){ g_names[i], PD_STAT_GAUGE, g_help[i] };
     kvx_prom_descs[KVX_PROM_LATENCY] = (pd_stat_desc_t){
         "pull_latency", PD_STAT_HISTOGRAM, "pull latency, start to completion callback" };
+    kvx_prom_meta_init();
 }
 
 typedef struct {
@@ -269,6 +362,8 @@ typedef struct kvx_peer {
     uint64_t *released_gen;     /* (n_slots) highest gen we released */
     uint32_t pulls_ref;         /* pulls (incl. zombies) using this peer */
     kvx_pstats_t st;
+    pd_stats_t *prom;           /* pd_kvx_peer_* {node, peer}; NULL: none */
+    uint64_t prom_sent[3];      /* ok, failed, bytes already added to it */
 } kvx_peer_t;
 
 typedef enum {
@@ -397,6 +492,21 @@ static void kvx_prom_publish(kvx_ctx_h *ctx)
     pd_stats_gauge_set(ctx->prom, KVX_PROM_G_peers_live, g.peers_live);
     pd_stats_gauge_set(ctx->prom, KVX_PROM_G_rkeys_live, g.rkeys_live);
     pd_stats_gauge_set(ctx->prom, KVX_PROM_G_eps_live, g.eps_live);
+    for (uint32_t i = 0; i < ctx->peer_hwm; i++) {
+        kvx_peer_t *p = &ctx->peers[i];
+        if (p->prom == NULL)
+            continue;
+        uint64_t failed = 0;
+        for (unsigned c = KVX_PS_pulls_timed_out; c <= KVX_PS_pulls_shutdown; c++)
+            failed += p->st.c[c];
+        uint64_t now[3] = { p->st.c[KVX_PS_pulls_ok], failed, p->st.c[KVX_PS_bytes_pulled] };
+        static const unsigned id[3] = { KVX_PP_pulls_ok, KVX_PP_pulls_failed, KVX_PP_bytes_pulled };
+        for (int k = 0; k < 3; k++) {
+            if (now[k] > p->prom_sent[k])
+                pd_stats_add(p->prom, id[k], now[k] - p->prom_sent[k]);
+            p->prom_sent[k] = now[k];
+        }
+    }
 }
 
 /* Kicks chained by callbacks (a pull completing starts the next one) run in
@@ -1049,7 +1159,9 @@ pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
     kvx_prom_table_init();
     char node[24];
     snprintf(node, sizeof(node), "%016llx", (unsigned long long)cfg->node_id);
-    if (pd_stats_create(&kvx_prom_table, (const char *[]){ "node", node, NULL },
+    unsigned role = (unsigned)cfg->stats_role <= KVX_STATS_IMPORTER ? (unsigned)cfg->stats_role
+                                                                    : KVX_STATS_BOTH;
+    if (pd_stats_create(&kvx_prom_table[role], (const char *[]){ "node", node, NULL },
                         &ctx->prom) != PD_OK)
         ctx->prom = NULL; /* JSON stats still work */
     kvx_progress(ctx);
@@ -1186,6 +1298,7 @@ static void kvx_peer_clear(kvx_peer_t *p)
     evtimer_del(gt);
     kvx_peer_release_rkeys(p);
     free(p->released_gen);
+    pd_stats_destroy(p->prom); /* its series end with the peer */
     memset(p, 0, sizeof(*p));
     p->ctx = ctx;
     p->idx = idx;
@@ -1418,6 +1531,14 @@ pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len)
     p->ep_open = true;
     ctx->eps_live++;
     p->state = KVX_PEER_ACTIVE; /* from here fail_now() can undo it */
+    if (ctx->prom != NULL && ctx->cfg.stats_role != KVX_STATS_EXPORTER && p->prom == NULL) {
+        char self[24], peer[24];
+        snprintf(self, sizeof(self), "%016llx", (unsigned long long)ctx->cfg.node_id);
+        snprintf(peer, sizeof(peer), "%016llx", (unsigned long long)node_id);
+        if (pd_stats_create(&kvx_peer_prom_table,
+                            (const char *[]){ "node", self, "peer", peer, NULL }, &p->prom) != PD_OK)
+            p->prom = NULL; /* the totals still count it */
+    }
     status = kvx_rkey_unpack(p, b + KVX_META_HDR + addr_len, &p->gen_rkey);
     if (status != PD_OK)
         goto err_close;
@@ -1677,8 +1798,10 @@ static void kvx_pull_deliver(kvx_pull_t *pl, pd_status_t status)
     }
     if (status == PD_ERR_STALE)
         ctx->rejects[KVX_REJECT_STALE]++;
-    if (status == PD_OK)
+    if (status == PD_OK) {
         pd_stats_observe_ns(ctx->prom, KVX_PROM_LATENCY, res.latency_ns);
+        pd_stats_observe_ns(p->prom, KVX_PP_pull_latency, res.latency_ns);
+    }
     evtimer_del(pl->timer);
     ctx->pulls_in_flight--;
     kvx_pull_cb_t cb = pl->cb;
@@ -2103,6 +2226,18 @@ pd_stats_t *kvx_stats_set(kvx_ctx_h *ctx)
 {
     kvx_prom_publish(ctx);
     return ctx->prom;
+}
+
+size_t kvx_stats_sets(kvx_ctx_h *ctx, pd_stats_t **sets, size_t cap)
+{
+    size_t n = 0;
+    kvx_prom_publish(ctx);
+    if (ctx->prom != NULL && n < cap)
+        sets[n++] = ctx->prom;
+    for (uint32_t i = 0; i < ctx->peer_hwm && n < cap; i++)
+        if (ctx->peers[i].prom != NULL)
+            sets[n++] = ctx->peers[i].prom;
+    return n;
 }
 
 /* ---- statistics ------------------------------------------------------------------ */

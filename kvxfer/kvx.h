@@ -66,6 +66,15 @@ typedef struct {
 typedef void (*kvx_lease_end_cb_t)(void *arg, const kvx_lease_info_t *info,
                                    kvx_lease_end_t why);
 
+/* The side a context works on, for its Prometheus set: an exporter-only
+ * context (prefill) has no pulls, an importer-only one (decode) no leases,
+ * so their always-zero counters are left out. */
+typedef enum {
+    KVX_STATS_BOTH = 0,
+    KVX_STATS_EXPORTER,
+    KVX_STATS_IMPORTER,
+} kvx_stats_role_t;
+
 typedef struct {
     uint64_t node_id;                  /* this daemon's id, nonzero */
     uint8_t secret[KVX_KEY_BYTES];     /* deployment secret (handles, meta) */
@@ -82,6 +91,8 @@ typedef struct {
                                           mapped arena at kvx_peer_add (true) */
     kvx_lease_end_cb_t on_lease_end;   /* may be NULL */
     void *cb_arg;
+    kvx_stats_role_t stats_role;       /* which side's figures kvx_stats_set
+                                          exports (KVX_STATS_BOTH) */
 } kvx_config_t;
 
 /* Defaults for every field except node_id and secret (zeroed). */
@@ -327,5 +338,11 @@ struct cJSON *kvx_stats_json(const kvx_ctx_h *ctx);
  * kvx_ctx_destroy (remove it from the admin server first). NULL if it could
  * not be allocated. */
 struct pd_stats *kvx_stats_set(kvx_ctx_h *ctx);
+/* For a /metrics scrape: that set (first), then one set per live importer
+ * peer (table "kvx_peer", labels node, peer = the exporter's node id:
+ * pulls {result}, bytes pulled, pull latency), at most cap of them, all
+ * published. A peer's set ends (is freed) with its slot: call this per
+ * scrape, on the loop, and do not keep the pointers. */
+size_t kvx_stats_sets(kvx_ctx_h *ctx, struct pd_stats **sets, size_t cap);
 
 #endif

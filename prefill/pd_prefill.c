@@ -47,7 +47,16 @@ static const pd_cfg_schema_t pf_schema = {
 };
 
 static const pd_stat_desc_t pf_stat_descs[] = { PF_STATS(PD_STAT_DESC) };
-static const pd_stats_table_t pf_stats_table = PD_STATS_TABLE("prefill", pf_stat_descs);
+/* Prometheus: outcomes as one labeled family, buckets fit for each figure */
+static const pd_stat_prom_t pf_stat_prom[] = {
+    PD_STAT_PROM_LABEL("completed", "requests", "outcome", "completed", "requests ended, by outcome"),
+    PD_STAT_PROM_LABEL("failed", "requests", "outcome", "failed", NULL),
+    PD_STAT_PROM_LABEL("canceled", "requests", "outcome", "canceled", NULL),
+    PD_STAT_PROM_LE("queue_time", MS), PD_STAT_PROM_LE("prefill_time", MS),
+    PD_STAT_PROM_LE("lease_time", S),
+};
+static const pd_stats_table_t pf_stats_table =
+    PD_STATS_TABLE_PROM("prefill", pf_stat_descs, pf_stat_prom);
 
 static const char *const pf_state_names[] = {
 #define PF_X_NAME(name, text) text,
@@ -748,6 +757,7 @@ int main(int argc, char **argv)
     if (pf->have_secret)
         proto_auth_derive(&pf->secret, "pdserve kvx v1", kc.secret);
     kc.on_lease_end = pf_on_lease_end;
+    kc.stats_role = KVX_STATS_EXPORTER; /* no pulls here: no pull counters in /metrics */
     kc.cb_arg = pf;
     kc.max_lease_ttl_ns = pf->cfg.lease_ttl_ns > kc.max_lease_ttl_ns ? pf->cfg.lease_ttl_ns
                                                                      : kc.max_lease_ttl_ns;

@@ -18,10 +18,7 @@ static pd_status_t pf_metrics_render(void *arg, char **text_p, size_t *len_p)
     pf_t *pf = arg;
     uint32_t total = (uint32_t)pf->cfg.kv_blocks;
     uint32_t free_n = kvx_blocks_free_count(pf->blocks);
-    pd_stats_gauge_set(pf_pool, PD_KV_POOL_blocks, total);
-    pd_stats_gauge_set(pf_pool, PD_KV_POOL_blocks_free, free_n);
-    pd_stats_gauge_set(pf_pool, PD_KV_POOL_blocks_used, (int64_t)total - free_n);
-    pd_stats_gauge_set(pf_pool, PD_KV_POOL_block_bytes, (int64_t)pf->geom->block_bytes);
+    pd_kv_pool_set(pf_pool, total, free_n, pf->geom->block_bytes);
     pd_stats_t *sets[3];
     size_t n = 0;
     sets[n++] = pf->stats;
@@ -29,7 +26,7 @@ static pd_status_t pf_metrics_render(void *arg, char **text_p, size_t *len_p)
     pd_stats_t *kx = kvx_stats_set(pf->kvx);   /* publishes the latest values */
     if (kx != NULL)
         sets[n++] = kx;
-    return pd_stats_render_prometheus(sets, n, text_p, len_p);
+    return pd_stats_render_scrape(sets, n, text_p, len_p); /* + build info, process_* */
 }
 
 pd_status_t pf_metrics_start(pf_t *pf)

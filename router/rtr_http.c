@@ -418,6 +418,8 @@ static void req_complete(rtr_req_t *q, const char *finish_reason)
     emit_text(q, out, n);
     if (q->pipe.stopped)
         finish_reason = "stop";
+    pd_stats_inc(q->r->stats, strcmp(finish_reason, "length") == 0 ? RTR_ST_finish_length
+                                                                   : RTR_ST_finish_stop);
     rtr_oai_resp_meta_t m = req_meta(q);
     rtr_oai_usage_t usage = { q->n_prompt, q->n_gen };
     if (q->http != NULL) {
@@ -515,6 +517,19 @@ static void send_simple(rtr_backend_t *be, uint16_t type, rtr_req_t *q, uint64_t
     pd_status_t s = rtr_backend_send(be, &m);
     pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "%s -> %s: %s", proto_msg_name(type),
            be != NULL ? be->id : "-", pd_status_name(s));
+}
+
+/* A stop string matched: CANCEL with status PD_OK, which the decode ends as
+ * a STOP finish rather than a cancel (PROTOCOL.md, CANCEL). */
+static void send_stop(rtr_req_t *q)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_CANCEL;
+    snprintf(m.u.cancel.request_id, sizeof(m.u.cancel.request_id), "%s", q->id);
+    m.u.cancel.status = PD_OK;
+    snprintf(m.u.cancel.reason, sizeof(m.u.cancel.reason), "stop string");
+    (void)rtr_backend_send(q->decode, &m);
 }
 
 static void release_lease(rtr_req_t *q)
@@ -666,7 +681,7 @@ static bool req_tokens(rtr_req_t *q, const proto_tokens_t *toks)
     }
     if (q->pipe.stopped) {
         if (q->fsm.state == RTR_REQ_DECODING)
-            send_simple(q->decode, PROTO_MSG_CANCEL, q, 0);
+            send_stop(q);
         release_lease(q);
         req_complete(q, "stop");
         return false;
@@ -1217,7 +1232,7 @@ static void handle_metrics(rtr_t *r, struct evhttp_request *h)
         for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
             if (r->be[i].used && r->be[i].stats != NULL)
                 sets[n++] = r->be[i].stats;
-        s = pd_stats_render_prometheus(sets, n, &text, &len);
+        s = pd_stats_render_scrape(sets, n, &text, &len);
     }
     if (s != PD_OK) {
         evhttp_send_error(h, 500, NULL);
@@ -1291,9 +1306,17 @@ static void on_http(struct evhttp_request *h, void *arg)
         if (dec && pre && !r->draining) {
             reply_json(h, 200, "{\"status\":\"ready\"}", reqid, 0);
         } else {
+            const char *why[3];
+            int n = 0;
+            if (r->draining)
+                why[n++] = "draining";
+            if (!dec)
+                why[n++] = "no decode daemon";
+            if (!pre)
+                why[n++] = "no prefill-capable daemon";
             reply_status(r, h, reqid, 503, "server_error", "not_ready", NULL,
-                         "not ready: %s%s%s", r->draining ? "draining; " : "",
-                         dec ? "" : "no decode daemon; ", pre ? "" : "no prefill-capable daemon");
+                         "not ready: %s%s%s%s%s", why[0], n > 1 ? "; " : "", n > 1 ? why[1] : "",
+                         n > 2 ? "; " : "", n > 2 ? why[2] : "");
         }
         return;
     }

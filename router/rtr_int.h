@@ -80,7 +80,9 @@ typedef struct {
     X(backends_registered, COUNTER,   "Successful registrations")                 \
     X(backends_rejected,   COUNTER,   "Registrations refused")                    \
     X(backends_lost,       COUNTER,   "Backends marked down")                     \
-    X(client_disconnects,  COUNTER,   "Clients gone before their request ended")
+    X(client_disconnects,  COUNTER,   "Clients gone before their request ended") \
+    X(finish_stop,         COUNTER,   "Completed requests with finish_reason stop") \
+    X(finish_length,       COUNTER,   "Completed requests with finish_reason length")
 
 #define RTR_STAT_ID(name, kind, help) RTR_ST_##name,
 typedef enum { RTR_STATS(RTR_STAT_ID) RTR_ST__COUNT } rtr_stat_id_t;

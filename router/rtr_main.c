@@ -17,7 +17,28 @@
 #include "pd_time.h"
 
 static const pd_stat_desc_t rtr_stat_descs[] = { RTR_STATS(PD_STAT_DESC) };
-static const pd_stats_table_t rtr_stats_table = PD_STATS_TABLE("router", rtr_stat_descs);
+/* Prometheus: outcomes, refusals, finish reasons and where the prompt was
+ * prefilled as labeled families; buckets fit for each figure */
+static const pd_stat_prom_t rtr_stat_prom[] = {
+    PD_STAT_PROM_LABEL("requests_completed", "requests", "outcome", "completed",
+                       "accepted requests ended, by outcome"),
+    PD_STAT_PROM_LABEL("requests_failed", "requests", "outcome", "failed", NULL),
+    PD_STAT_PROM_LABEL("requests_canceled", "requests", "outcome", "canceled", NULL),
+    PD_STAT_PROM_LABEL("requests_rejected", "requests_refused", "reason", "invalid",
+                       "requests refused before acceptance: invalid (4xx) or overloaded (429/503)"),
+    PD_STAT_PROM_LABEL("requests_overloaded", "requests_refused", "reason", "overloaded", NULL),
+    PD_STAT_PROM_LABEL("finish_stop", "requests_finished", "finish_reason", "stop",
+                       "completed requests, by OpenAI finish_reason"),
+    PD_STAT_PROM_LABEL("finish_length", "requests_finished", "finish_reason", "length", NULL),
+    PD_STAT_PROM_LABEL("requests_disaggregated", "requests_prefilled", "where", "prefill_daemon",
+                       "accepted requests by where the prompt was prefilled"),
+    PD_STAT_PROM_LABEL("requests_local", "requests_prefilled", "where", "decode_local", NULL),
+    PD_STAT_PROM_LE("request_ttft", S), PD_STAT_PROM_LE("request_inter_token", MS),
+    PD_STAT_PROM_LE("request_e2e", S), PD_STAT_PROM_LE("request_queue_time", S),
+    PD_STAT_PROM_LE("kv_transfer", MS),
+};
+static const pd_stats_table_t rtr_stats_table =
+    PD_STATS_TABLE_PROM("router", rtr_stat_descs, rtr_stat_prom);
 
 static const char *const disagg_modes[] = { "threshold", "always", "never", NULL };
 
@@ -256,7 +277,8 @@ int main(int argc, char **argv)
         rc = 2;
         goto err_secret;
     }
-    if (pd_stats_create(&rtr_stats_table, NULL, &r->stats) != PD_OK)
+    if (pd_stats_create(&rtr_stats_table, (const char *[]){ "model", r->model_name, NULL },
+                        &r->stats) != PD_OK)
         goto err_tok;
     if (pd_loop_create(&r->loop) != PD_OK)
         goto err_stats;

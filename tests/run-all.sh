@@ -67,7 +67,8 @@ if run_build build normal -Dwerror=true; then
 fi
 if [ $quick = 0 ]; then
   if run_build build-asan asan+ubsan -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false; then
-    run_suites build-asan asan+ubsan --no-suite bench-smoke --no-suite fuzz-long --timeout-multiplier 3
+    # the package test builds its own (non-sanitizer) tree: once, in the normal build
+    run_suites build-asan asan+ubsan --no-suite bench-smoke --no-suite fuzz-long --no-suite package --timeout-multiplier 3
   fi
   if command -v clang >/dev/null 2>&1; then
     if CC=clang run_build build-fuzz libfuzzer -Dfuzz=true -Db_lundef=false -Djemalloc=false; then

@@ -147,7 +147,22 @@ static pd_status_t cmd_fail(pd_admin_req_t *req, cJSON *reply)
                               req->argc ? req->argv[0] : "-");
 }
 
+/* A reply far larger than a socket buffer (256 KiB of 'x'). */
+static pd_status_t cmd_big(pd_admin_req_t *req, cJSON *reply)
+{
+    size_t n = 256 * 1024;
+    char *s = malloc(n + 1);
+    if (s == NULL)
+        return PD_ERR_NO_MEMORY;
+    memset(s, 'x', n);
+    s[n] = '\0';
+    cJSON *item = cJSON_AddStringToObject(reply, "big", s);
+    free(s);
+    return item ? PD_OK : PD_ERR_NO_MEMORY;
+}
+
 static const pd_admin_cmd_t srv_cmds[] = {
+    { "test big", PD_ADMIN_USER, cmd_big, "test big - a 256 KiB reply" },
     { "echo", PD_ADMIN_USER, cmd_echo, "echo <words> - returns its arguments" },
     { "test bump", PD_ADMIN_USER, cmd_bump, "test bump - count a bump" },
     { "test secret", PD_ADMIN_ADMIN, cmd_secret, "test secret - admin only" },

@@ -640,6 +640,45 @@ static void test_client_never_reads(void **state)
     assert_alive(main_path);
 }
 
+/* `echo CMD | socat - UNIX:...` half-closes right after the line: the
+ * server must still write the whole reply (here 256 KiB, far more than the
+ * socket buffer) before it closes. */
+static void test_half_close_full_reply(void **state)
+{
+    double cmds0 = admin_stat(main_path, "commands");
+    int fd = connect_to(main_path);
+    assert_true(fd >= 0);
+    assert_int_equal(send_all(fd, "test big\n", 9), 0);
+    assert_int_equal(shutdown(fd, SHUT_WR), 0);
+    /* let the server run the command and see our EOF before we read */
+    uint64_t deadline = pd_now_ns() + 5 * PD_NS_PER_S;
+    while (admin_stat(main_path, "commands") < cmds0 + 2 && pd_now_ns() < deadline)
+        pause_ms(5);
+    size_t cap = 1 << 20, n = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    for (;;) {
+        struct pollfd pfd = { fd, POLLIN, 0 };
+        assert_true(poll(&pfd, 1, 5000) == 1);
+        ssize_t k = recv(fd, buf + n, cap - n - 1, 0);
+        assert_true(k >= 0);
+        if (k == 0)
+            break;
+        n += (size_t)k;
+        assert_true(n < cap - 1);
+    }
+    close(fd);
+    buf[n] = '\0';
+    assert_true(n > 256 * 1024);
+    assert_int_equal(buf[n - 1], '\n');
+    cJSON *j = cJSON_Parse(buf);
+    assert_true(reply_ok(j));
+    assert_int_equal(strlen(cJSON_GetObjectItem(j, "big")->valuestring), 256 * 1024);
+    cJSON_Delete(j);
+    free(buf);
+    assert_alive(main_path);
+}
+
 static void test_max_clients(void **state)
 {
     int fds[8];
@@ -1005,6 +1044,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_overlong_line),
         cmocka_unit_test(test_client_never_reads),
+        cmocka_unit_test(test_half_close_full_reply),
         cmocka_unit_test(test_max_clients),
         cmocka_unit_test(test_socket_mode_and_levels),
         cmocka_unit_test(test_group_and_operator),

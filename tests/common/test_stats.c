@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "pd_build_config.h"
 #include "pd_stats.h"
 #include "pd_time.h"
 
@@ -284,6 +285,93 @@ static void test_prometheus(void **state)
     pd_stats_destroy(other);
 }
 
+/* Families with labels, bucket sets, scaled and hidden rows, and the
+ * whole-process scrape; promtool must accept all of it. */
+#define V_STATS(X)                                                            \
+    X(rej_a, COUNTER, "a")                                                    \
+    X(fast, HISTOGRAM, "fast thing")                                          \
+    X(rej_b, COUNTER, "b")                                                    \
+    X(slow, HISTOGRAM, "slow thing")                                          \
+    X(use_ppm, GAUGE, "use")                                                  \
+    X(secret, COUNTER, "never shown")                                         \
+    X(lat_a, HISTOGRAM, "lat a")                                              \
+    X(lat_b, HISTOGRAM, "lat b")
+#define V_STAT_ID(name, kind, help) V_ST_##name,
+enum { V_STATS(V_STAT_ID) V_ST__COUNT };
+static const pd_stat_desc_t v_descs[] = { V_STATS(PD_STAT_DESC) };
+static const pd_stat_prom_t v_prom[] = {
+    PD_STAT_PROM_LABEL("rej_a", "rejected", "reason", "a", "refused, by reason"),
+    PD_STAT_PROM_LABEL("rej_b", "rejected", "reason", "b", NULL),
+    PD_STAT_PROM_LE("fast", US), PD_STAT_PROM_LE("slow", S),
+    { .name = "use_ppm", .family = "use_ratio", .scale = 1e-6 },
+    { .name = "secret", .hidden = 1 },
+    { .name = "lat_a", .family = "lat", .key = "phase", .value = "a", .le = PD_HIST_LE_MS },
+    { .name = "lat_b", .family = "lat", .key = "phase", .value = "b", .le = PD_HIST_LE_MS },
+};
+static const pd_stats_table_t v_table = PD_STATS_TABLE_PROM("v", v_descs, v_prom);
+
+static void test_prometheus_shape(void **state)
+{
+    pd_stats_t *s, *t;
+    assert_int_equal(pd_stats_create(&v_table, (const char *[]){ "daemon", "d0", NULL }, &s), PD_OK);
+    assert_int_equal(pd_stats_create(&v_table, (const char *[]){ "daemon", "d1", NULL }, &t), PD_OK);
+    pd_stats_add(s, V_ST_rej_a, 2);
+    pd_stats_add(s, V_ST_rej_b, 3);
+    pd_stats_add(s, V_ST_secret, 7);
+    pd_stats_gauge_set(s, V_ST_use_ppm, 250000);
+    pd_stats_observe_ns(s, V_ST_fast, 3 * PD_NS_PER_US);
+    pd_stats_observe_ns(s, V_ST_slow, 2 * PD_NS_PER_S);
+    pd_stats_observe_ns(s, V_ST_lat_b, 5 * PD_NS_PER_MS);
+    pd_stats_t *sets[] = { s, t };
+    char *text;
+    size_t len;
+    assert_int_equal(pd_stats_render_scrape(sets, 2, &text, &len), PD_OK);
+    assert_int_equal(strlen(text), len);
+    /* one family, HELP/TYPE once, the reason as a label */
+    assert_int_equal(count_substr(text, "# TYPE pd_v_rejected_total counter\n"), 1);
+    assert_int_equal(count_substr(text, "# HELP pd_v_rejected_total refused, by reason\n"), 1);
+    assert_non_null(strstr(text, "\npd_v_rejected_total{daemon=\"d0\",reason=\"a\"} 2\n"));
+    assert_non_null(strstr(text, "\npd_v_rejected_total{daemon=\"d0\",reason=\"b\"} 3\n"));
+    assert_non_null(strstr(text, "\npd_v_rejected_total{daemon=\"d1\",reason=\"b\"} 0\n"));
+    assert_null(strstr(text, "pd_v_rej_a"));
+    assert_null(strstr(text, "secret"));
+    /* bucket sets: us from 1 us x4 to 1.05 s; s from 1.024 ms to 134 s */
+    assert_non_null(strstr(text, "pd_v_fast_seconds_bucket{daemon=\"d0\",le=\"1e-06\"} 0\n"
+                                 "pd_v_fast_seconds_bucket{daemon=\"d0\",le=\"4e-06\"} 1\n"));
+    assert_non_null(strstr(text, "pd_v_fast_seconds_bucket{daemon=\"d0\",le=\"1.048576\"} 1\n"
+                                 "pd_v_fast_seconds_bucket{daemon=\"d0\",le=\"+Inf\"} 1\n"));
+    assert_non_null(strstr(text, "# TYPE pd_v_slow_seconds histogram\n"
+                                 "pd_v_slow_seconds_bucket{daemon=\"d0\",le=\"0.001024\"} 0\n"));
+    assert_non_null(strstr(text, "pd_v_slow_seconds_bucket{daemon=\"d0\",le=\"2.097152\"} 1\n"));
+    assert_int_equal(count_substr(text, "pd_v_slow_seconds_bucket{daemon=\"d0\""), 18 + 1);
+    assert_int_equal(count_substr(text, "pd_v_fast_seconds_bucket{daemon=\"d0\""), 11 + 1);
+    /* a labeled histogram family */
+    assert_int_equal(count_substr(text, "# TYPE pd_v_lat_seconds histogram\n"), 1);
+    assert_non_null(strstr(text, "pd_v_lat_seconds_bucket{daemon=\"d0\",phase=\"b\",le=\"0.008192\"} 1\n"));
+    assert_non_null(strstr(text, "pd_v_lat_seconds_count{daemon=\"d0\",phase=\"b\"} 1\n"));
+    /* scaled gauge */
+    assert_non_null(strstr(text, "\npd_v_use_ratio{daemon=\"d0\"} 0.25\n"));
+    /* build info and process metrics, once */
+    assert_int_equal(count_substr(text, "# TYPE pd_build_info gauge\n"), 1);
+    assert_non_null(strstr(text, "version=\"" PD_VERSION "\""));
+    assert_int_equal(count_substr(text, "# TYPE process_cpu_seconds_total counter\n"), 1);
+    assert_non_null(strstr(text, "\nprocess_resident_memory_bytes "));
+    assert_non_null(strstr(text, "\nprocess_open_fds "));
+    assert_non_null(strstr(text, "\nprocess_start_time_seconds "));
+    char out[512];
+    int rc = promtool_check(text, out, sizeof(out));
+    if (rc != -1 && rc != 0)
+        fail_msg("promtool check metrics: %s", out);
+    /* JSON keeps the rows' own names */
+    cJSON *j = pd_stats_to_json(s);
+    assert_non_null(cJSON_GetObjectItem(j, "rej_a"));
+    assert_non_null(cJSON_GetObjectItem(j, "secret"));
+    cJSON_Delete(j);
+    free(text);
+    pd_stats_destroy(s);
+    pd_stats_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -293,6 +381,7 @@ int main(void)
         cmocka_unit_test(test_hist_buckets_quantiles),
         cmocka_unit_test(test_json),
         cmocka_unit_test(test_prometheus),
+        cmocka_unit_test(test_prometheus_shape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

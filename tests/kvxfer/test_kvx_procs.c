@@ -267,7 +267,7 @@ static void test_pull_patterns(void **state)
     snprintf(want_ok, sizeof(want_ok), "pd_kvx_pulls_ok_total{node=\"0000000000000002\"} %u|", 5 + parts);
     snprintf(want_lat, sizeof(want_lat), "pd_kvx_pull_latency_seconds_count{node=\"0000000000000002\"} %u|", 5 + parts);
     if (!strstr(pm, want_ok) || !strstr(pm, want_lat) ||
-        !strstr(pm, "pd_kvx_rejected_bad_mac_total"))
+        !strstr(pm, "pd_kvx_rejected_total{node=\"0000000000000002\",reason=\"bad_mac\"} "))
         fail_msg("prometheus text: %.400s", pm);
     pair_finish(pp, true);
 }

@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "pd_build_config.h"
 #include "pd_e2e.h"
 
 static const char *g_router, *g_prefill, *g_decode, *g_model;
@@ -41,19 +42,56 @@ static uint16_t ready_port(const e2e_proc_t *p, const char *key)
 }
 
 /* Sum of the samples of metric `name` (exact name, any labels); -1 if absent. */
-static double metric(const char *text, const char *name)
+/* Sum of the series of `sel`: a metric name, optionally with {label="v"}
+ * (which must appear in the series' labels); -1 if there is none. */
+static double metric(const char *text, const char *sel)
 {
     double sum = -1;
-    size_t nl = strlen(name);
+    char name[256], want[256] = "";
+    size_t nl = strcspn(sel, "{");
+    snprintf(name, sizeof(name), "%.*s", (int)nl, sel);
+    if (sel[nl] == '{')
+        snprintf(want, sizeof(want), "%.*s", (int)(strlen(sel) - nl - 2), sel + nl + 1);
     for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
         if (strncmp(l, name, nl) != 0 || (l[nl] != '{' && l[nl] != ' '))
             continue;
         const char *sp = l[nl] == '{' ? strchr(l + nl, '}') : l + nl;
         if (sp == NULL)
             continue;
+        if (want[0] != '\0') {
+            const char *w = l[nl] == '{' ? strstr(l + nl, want) : NULL;
+            if (w == NULL || w > sp)
+                continue;
+        }
         sum = (sum < 0 ? 0 : sum) + strtod(sp + 1, NULL);
     }
     return sum;
+}
+
+static void absent(const char *text, const char *what, const char *name)
+{
+    if (metric(text, name) >= 0 || strstr(text, name) != NULL)
+        fail_msg("%s exports %s (it must not)", what, name);
+}
+
+/* The le="..." bounds of one histogram's first series, as text. */
+static void bucket_bounds(const char *text, const char *hist, char *out, size_t cap)
+{
+    char pre[256];
+    snprintf(pre, sizeof(pre), "%s_bucket{", hist);
+    out[0] = '\0';
+    const char *first = strstr(text, pre);
+    for (const char *l = first; l != NULL && strncmp(l, pre, strlen(pre)) == 0;
+         l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        const char *le = strstr(l, "le=\"");
+        if (le == NULL)
+            break;
+        size_t n = strcspn(le + 4, "\"");
+        size_t o = strlen(out);
+        snprintf(out + o, cap - o, "%s%.*s", o ? " " : "", (int)n, le + 4);
+        if (strncmp(le + 4, "+Inf", 4) == 0)
+            break;
+    }
 }
 
 /* promtool check metrics < text: its exit status (127: not runnable). */
@@ -172,7 +210,9 @@ static void test_metrics_everywhere(void **st)
     need(dr.body, "decode", "pd_kvx_bytes_pulled_total", 1);
     need(dr.body, "decode", "pd_kvx_pulls_ok_total", 4);
     need(dr.body, "decode", "pd_decode_accepted_total", 4);
-    need(dr.body, "decode", "pd_decode_completed_total", 4);
+    need(dr.body, "decode", "pd_decode_requests_total{outcome=\"completed\"}", 4);
+    need(dr.body, "decode", "pd_decode_requests_total{outcome=\"canceled\"}", 0);
+    need(dr.body, "decode", "pd_decode_pulls_total{result=\"ok\"}", 4);
     need(dr.body, "decode", "pd_decode_tokens_out_total", 1);
     need(dr.body, "decode", "pd_kvx_pull_latency_seconds_count", 4);
     need(dr.body, "decode", "pd_kv_pool_blocks", 256);
@@ -180,15 +220,52 @@ static void test_metrics_everywhere(void **st)
     need(dr.body, "decode", "pd_kv_pool_blocks_used", 0);
     /* prefill: leases exported and released, requests, pool */
     need(pr.body, "prefill", "pd_kvx_leases_exported_total", 4);
-    need(pr.body, "prefill", "pd_kvx_leases_released_total", 4);
-    need(pr.body, "prefill", "pd_kvx_leases_expired_total", 0);
+    need(pr.body, "prefill", "pd_kvx_leases_ended_total{how=\"released\"}", 4);
+    need(pr.body, "prefill", "pd_kvx_leases_ended_total{how=\"expired\"}", 0);
     need(pr.body, "prefill", "pd_prefill_accepted_total", 4);
     need(pr.body, "prefill", "pd_prefill_prompt_tokens_total", 10);
     need(pr.body, "prefill", "pd_kv_pool_blocks", 256);
     need(pr.body, "prefill", "pd_kv_pool_blocks_free", 256);
-    /* router: something request-shaped is there and non-zero */
-    if (strstr(rr.body, "# TYPE ") == NULL)
-        fail_msg("router /metrics has no TYPE lines");
+    need(dr.body, "decode", "pd_kv_pool_usage_ratio", 0);
+    /* which prefill the KV came from: per-peer series on the decode */
+    need(dr.body, "decode", "pd_kvx_peer_bytes_pulled_total{peer=\"}", 1);
+    need(dr.body, "decode", "pd_kvx_peer_pulls_total{result=\"ok\"}", 4);
+    need(dr.body, "decode", "pd_kvx_peer_pull_latency_seconds_count", 4);
+    need(pr.body, "prefill", "pd_kv_pool_usage_ratio", 0);
+    /* reasons are one labeled family, not a metric each */
+    need(dr.body, "decode", "pd_kvx_rejected_total{reason=\"bad_mac\"}", 0);
+    need(dr.body, "decode", "pd_kvx_pulls_failed_total{reason=\"timed_out\"}", 0);
+    absent(dr.body, "decode", "pd_kvx_rejected_bad_mac_total");
+    absent(dr.body, "decode", "pd_kvx_pulls_timed_out_total");
+    /* each side exports only its own figures */
+    absent(pr.body, "prefill", "pd_kvx_pulls_started_total");
+    absent(pr.body, "prefill", "pd_kvx_bytes_pulled_total");
+    absent(pr.body, "prefill", "pd_kvx_pull_latency_seconds");
+    absent(dr.body, "decode", "pd_kvx_leases_exported_total");
+    /* router: outcomes, finish reasons and the model as labels */
+    need(rr.body, "router", "pd_router_requests_total{outcome=\"completed\"}", 4);
+    need(rr.body, "router", "pd_router_requests_finished_total{finish_reason=\"length\"}", 4);
+    need(rr.body, "router", "pd_router_requests_refused_total{reason=\"overloaded\"}", 0);
+    need(rr.body, "router", "pd_router_requests_prefilled_total{where=\"prefill_daemon\"}", 4);
+    need(rr.body, "router", "pd_router_requests_accepted_total{model=\"}", 4);
+    /* every daemon: build info and the standard process metrics */
+    const char *bodies[3] = { rr.body, pr.body, dr.body };
+    const char *names[3] = { "router", "prefill", "decode" };
+    for (int i = 0; i < 3; i++) {
+        need(bodies[i], names[i], "pd_build_info{version=\"" PD_VERSION "\"}", 1);
+        need(bodies[i], names[i], "process_cpu_seconds_total", 0);
+        need(bodies[i], names[i], "process_resident_memory_bytes", 1 << 20);
+        need(bodies[i], names[i], "process_open_fds", 3);
+        need(bodies[i], names[i], "process_start_time_seconds", 1.6e9);
+    }
+    /* buckets fit the figure: request scale from 1 ms, a step from 1 us */
+    char b[1024];
+    bucket_bounds(rr.body, "pd_router_request_ttft_seconds", b, sizeof(b));
+    if (strncmp(b, "0.001024 0.002048 ", 18) != 0 || strstr(b, "134.217728 +Inf") == NULL)
+        fail_msg("router TTFT buckets: %s", b);
+    bucket_bounds(dr.body, "pd_decode_step_time_seconds", b, sizeof(b));
+    if (strncmp(b, "1e-06 4e-06 1.6e-05 ", 20) != 0 || strstr(b, "1.048576 +Inf") == NULL)
+        fail_msg("decode step buckets: %s", b);
     e2e_resp_free(&rr);
     e2e_resp_free(&pr);
     e2e_resp_free(&dr);

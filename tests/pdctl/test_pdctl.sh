@@ -69,6 +69,68 @@ json_get() {   # json_get EXPR < json   (python3: the expression over `j`)
     python3 -c "import json,sys; j=json.load(sys.stdin); print($1)"
 }
 
+# drain|maint|ready, admin, logs, the admin socket through socat, /ready's
+# text, and a stop-string finish counted as completed (not canceled).
+ops_commands() {
+    local R=$1 URL=$2 body
+    run "$PDCTL" admin router help --run-dir "$R"
+    check "admin router help: the command list" \
+        test "$(json_get 'j["ok"] and any(c["name"] == "set-backend" for c in j["commands"])' <<<"$OUT")" = True
+    run "$PDCTL" admin decode-0 no-such-command --run-dir "$R"
+    expect 1 "unknown command" "admin: a refused command exits 1 with the daemon's message"
+    run "$PDCTL" admin nobody help --run-dir "$R"
+    expect 2 "no daemon \"nobody\"" "admin: unknown daemon is a usage error"
+    # the README's socat pattern: replies far over 16 KiB arrive whole (two
+    # commands, then the half-close, with both replies still queued)
+    body=$(printf 'stats prometheus\nstats prometheus\n' | socat -t 5 - "UNIX-CONNECT:$R/decode-0.sock")
+    check "socat half-close: both \`stats prometheus\` replies whole (${#body} bytes)" \
+        test "${#body}" -gt 16384 -a "$(python3 -c 'import json,sys
+l=sys.stdin.read().splitlines(); print(len(l) == 2 and all(json.loads(x)["ok"] for x in l))' <<<"$body")" = True
+    run "$PDCTL" maint decode-0 --run-dir "$R"
+    expect 0 "decode-0: maint \(router state now maint\)" "maint decode-0"
+    run "$PDCTL" status --run-dir "$R"
+    check "status: decode-0 in maint" grep -qE "^decode-0 +decode +maint" <<<"$OUT"
+    body=$(curl -s -m 5 "$URL/ready")
+    check "/ready without a decode: one reason, no stray separator ($body)" \
+        test "$(json_get 'j["error"]["message"]' <<<"$body")" = "not ready: no decode daemon"
+    run "$PDCTL" drain decode-0 --run-dir "$R"
+    expect 0 "decode-0: drain" "drain decode-0"
+    run "$PDCTL" ready decode-0 --run-dir "$R"
+    expect 0 "decode-0: ready \(router state now ready\)" "ready decode-0"
+    check "/ready again" poll 10 bash -c '[ "$(curl -s -o /dev/null -w %{http_code} "$1/ready")" = 200 ]' _ "$URL"
+    run "$PDCTL" ready router --run-dir "$R"
+    expect 2 "not routed to" "ready router: usage error"
+    run "$PDCTL" logs router -n 2 --run-dir "$R"
+    check "logs router -n 2: two lines" test "$RC.$(wc -l <<<"$OUT")" = "0.2"
+    run "$PDCTL" logs decode-0 -n 0 --run-dir "$R"
+    check "logs decode-0 -n 0: the whole file" test "$RC" = 0 -a "$(wc -l <<<"$OUT")" = "$(wc -l <"$R/decode-0.log")"
+    "$PDCTL" logs decode-0 -n 1 -f --run-dir "$R" >"$T/follow" 2>&1 & local fpid=$!
+    poll 10 test -s "$T/follow" || bad "logs -f printed nothing"
+    echo "follow-marker-$$" >>"$R/decode-0.log"
+    check "logs -f: a line appended to the log shows up" poll 10 grep -q "follow-marker-$$" "$T/follow"
+    kill -INT "$fpid"; wait "$fpid"; local frc=$?
+    check "logs -f: Ctrl-C ends it with exit 0 (rc=$frc)" test "$frc" = 0
+    run "$PDCTL" logs --run-dir "$R"
+    expect 2 "usage: pdctl logs" "logs without a daemon: usage"
+    # stop string: take a piece of a greedy completion, ask again with it
+    local req text stop before after
+    req='{"prompt":"'"$PROMPT"'","max_tokens":24,"temperature":0,"ignore_eos":true}'
+    text=$(curl -s -m 30 "$URL/v1/completions" -H 'Content-Type: application/json' -d "$req" |
+           json_get 'j["choices"][0]["text"]')
+    stop=$(python3 -c 'import sys; t=sys.argv[1]; print(t[len(t)//2:len(t)//2+3])' "$text")
+    before=$("$PDCTL" requests decode-0 --json --run-dir "$R")
+    body=$(curl -s -m 30 "$URL/v1/completions" -H 'Content-Type: application/json' \
+           -d "$(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); r["stop"]=[sys.argv[2]]; print(json.dumps(r))' "$req" "$stop")")
+    check "stop string \"$stop\": finish_reason stop" \
+        test "$(json_get 'j["choices"][0]["finish_reason"]' <<<"$body")" = stop
+    stop_counted() {
+        after=$("$PDCTL" requests decode-0 --json --run-dir "$R")
+        python3 -c 'import json,sys; a=json.loads(sys.argv[1])["counters"]; b=json.loads(sys.argv[2])["counters"]
+sys.exit(0 if a["completed"] == b["completed"] + 1 and a["canceled"] == b["canceled"] else 1)' "$after" "$before"
+    }
+    check "decode counts the stop-string finish as completed, not canceled" poll 10 stop_counted
+}
+
 lifecycle() {
     local R=$T/run1 URL
     run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$R" \
@@ -91,7 +153,10 @@ lifecycle() {
     run "$PDCTL" xfer all --run-dir "$R"
     expect 0 "decode-0 +prefill-0 +active +[1-9][0-9]* +0 +[0-9.]+[KMG]?i?B" "xfer all: non-zero prefill x decode matrix"
     run "$PDCTL" xfer all --run-dir "$R" --json
-    check "xfer --json: bytes_pulled > 0" \
+    check "xfer all --json: keyed by daemon even with one decode, bytes_pulled > 0" \
+        test "$(json_get 'list(j) == ["decode-0"] and j["decode-0"]["xfer"]["peers"][0]["bytes_pulled"] > 0' <<<"$OUT")" = True
+    run "$PDCTL" xfer decode-0 --run-dir "$R" --json
+    check "xfer decode-0 --json: the one reply" \
         test "$(json_get 'j["xfer"]["peers"][0]["bytes_pulled"] > 0' <<<"$OUT")" = True
     run "$PDCTL" top --once --run-dir "$R"
     expect 0 "TTFT p50 [0-9.]+(ms|us|s)" "top --once renders (TTFT)"
@@ -108,6 +173,7 @@ lifecycle() {
     expect 0 "decode-0: accepted=4 completed=4" "requests: outcome counters"
     run "$PDCTL" kv decode-0 --json --run-dir "$R"
     check "kv decode-0 --json is the raw reply" test "$(json_get 'j["ok"] and j["blocks_total"] > 0' <<<"$OUT")" = True
+    ops_commands "$R" "$URL"
 
     # scale decode 1 -> 2 -> 1 under load: no request lost
     local res=$T/results stop=$T/stop
@@ -116,8 +182,16 @@ lifecycle() {
     load_loop "$URL" "$res" "$stop" & LOAD_PIDS+=($!)
     load_loop "$URL" "$res" "$stop" & LOAD_PIDS+=($!)
     poll 30 count_ge "$res" 3 || bad "load loop produced no results"
+    # a live `top` (not --once) must pick up the daemon the scale adds
+    mkfifo "$T/top-in"
+    "$PDCTL" top --run-dir "$R" <"$T/top-in" >"$T/top-out" 2>&1 & local top_pid=$!
+    exec 7>"$T/top-in"
     run "$PDCTL" scale decode 2 --run-dir "$R"
     expect 0 "decode: 2 daemons \(was 1\)" "scale decode 1 -> 2 under load"
+    check "live top shows decode-1 after the scale" poll 20 grep -qa "^decode-1 " "$T/top-out"
+    echo q >&7; exec 7>&-
+    poll 10 bash -c '! kill -0 $1 2>/dev/null' _ "$top_pid" || kill "$top_pid"
+    wait "$top_pid" 2>/dev/null
     run "$PDCTL" status --run-dir "$R"
     check "status: decode-1 ready" grep -qE "^decode-1 +decode +ready" <<<"$OUT"
     dec1_served() {
@@ -326,7 +400,7 @@ sim() {
     r=$(request "$URL" 4); check "sim request: $r" test "$r" = "200 finish"
     run "$PDCTL" xfer all --run-dir "$R" --json
     check "sim: a 70B-geometry transfer (>= 320 KiB per prompt token)" \
-        test "$(json_get 'j["xfer"]["peers"][0]["bytes_pulled"] >= 20 * 327680' <<<"$OUT")" = True
+        test "$(json_get 'j["decode-0"]["xfer"]["peers"][0]["bytes_pulled"] >= 20 * 327680' <<<"$OUT")" = True
     run "$PDCTL" down --run-dir "$R"
     expect 0 "stopped \(3 daemons" "down"
 }
@@ -335,25 +409,39 @@ systemd_verify() {
     command -v systemd-analyze >/dev/null 2>&1 || { echo "skip: no systemd-analyze"; exit 77; }
     local d=$T/units r
     mkdir -p "$d"
-    cp "$SRC"/deploy/systemd/*.service "$SRC"/deploy/systemd/*.target "$d"/
-    # point ExecStart at the built binaries (verify checks they are executable)
     local build
     build=$(cd "$(dirname "$PDCTL")/../.." && pwd)
+    # the units as meson generates them (ExecStart in the configured bindir)
+    cp "$build"/deploy/*.service "$SRC"/deploy/systemd/*.target "$d"/
+    # point ExecStart at the built binaries (verify checks they are executable)
     for r in router prefill decode; do
-        sed -i "s#/usr/local/bin/pd-$r #$build/$r/pd-$r #" "$d"/pd-$r*.service
+        sed -i "s#^ExecStart=[^ ]*/pd-$r #ExecStart=$build/$r/pd-$r #" "$d"/pd-$r*.service
     done
     ln -s pd-prefill@.service "$d/pd-prefill@prefill-0.service"
     ln -s pd-decode@.service "$d/pd-decode@decode-0.service"
     (cd "$d" && systemd-analyze verify --man=no ./pd-router.service ./pd-prefill@prefill-0.service \
-        ./pd-decode@decode-0.service ./pdserve.target) >"$T/out" 2>"$T/err"
+        ./pd-decode@decode-0.service ./pdserve.target ./pdserve-router.target ./pdserve-prefill.target \
+        ./pdserve-decode.target) >"$T/out" 2>"$T/err"
     RC=$?; ERR=$(cat "$T/err")
     if [ $RC = 0 ] && [ -z "$ERR" ]; then ok "systemd-analyze verify: clean"
     else bad "systemd-analyze verify (rc=$RC): $ERR"; fi
+    # a host runs only its roles: each unit belongs to its role's target,
+    # pdserve.target pulls in nothing by itself
+    for r in router prefill decode; do
+        u=$(ls "$build"/deploy/pd-$r*.service)
+        grep -qx "WantedBy=pdserve-$r.target" "$u" && grep -qx "PartOf=pdserve-$r.target" "$u" ||
+            bad "$u is not in pdserve-$r.target"
+        grep -qx "WantedBy=pdserve.target" "$SRC/deploy/systemd/pdserve-$r.target" ||
+            bad "pdserve-$r.target is not wanted by pdserve.target"
+        grep -qx "EnvironmentFile=-/etc/pdserve/env" "$u" || bad "$u does not read /etc/pdserve/env"
+    done
+    grep -qE "^(Wants|Requires)=" "$SRC/deploy/systemd/pdserve.target" && bad "pdserve.target pulls in units itself"
+    ok "per-role targets: pdserve.target starts only the roles enabled on the host"
     for u in pd-router.service pd-prefill@.service pd-decode@.service; do
         for k in 'KillSignal=SIGTERM' 'TimeoutStopSec=' 'RuntimeDirectory=pdserve' 'LimitMEMLOCK=infinity' \
                  'NoNewPrivileges=yes' 'ProtectSystem=strict' 'ProtectHome=yes' 'PrivateTmp=yes' \
                  'RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK' 'ExecStart=.* --config /etc/pdserve/'; do
-            grep -qE "^$k" "$SRC/deploy/systemd/$u" || bad "$u lacks $k"
+            grep -qE "^$k" "$build/deploy/$u" || bad "$u lacks $k"
         done
     done
     ok "units carry the drain, runtime dir, memlock and hardening settings"
@@ -362,6 +450,15 @@ systemd_verify() {
     expect 0 "decode-2.ini" "render: per-daemon config files"
     check "render: decode-2.ini names its router and socket" \
         grep -q "admin.socket = /run/pdserve/decode-2.sock" "$T/etc/decode-2.ini"
+    check "render: the secret is next to the configs, persistent, not in /run" \
+        grep -qx "secret-file = $T/etc/secret" "$T/etc/decode-2.ini"
+    check "render: metrics on fixed ports (decode-2: 9302)" \
+        grep -qx "metrics.listen = 127.0.0.1:9302" "$T/etc/decode-2.ini"
+    check "render: secret created 0600 (no pdserve group here) or 0640" \
+        grep -qE "^6[04]0$" <<<"$(stat -c %a "$T/etc/secret")"
+    run "$PDCTL" render "$SRC/deploy/local-1p3d.ini" "$T/etc2" --group "$(id -g)"
+    check "render --group: configs 0640 in that group" \
+        test "$(stat -c '%a %g' "$T/etc2/router.ini")" = "640 $(id -g)"
 }
 
 case $MODE in

@@ -1149,16 +1149,27 @@ static void test_disconnect_and_429(void **st)
     D1.mode = D_SCRIPT;
 }
 
-static double metric(const char *text, const char *name)
+/* The value of the first series named `name` whose labels contain `label`
+ * (NULL: any labels); -1 if none. */
+static double metric_l(const char *text, const char *name, const char *label)
 {
     const char *p = text;
     size_t n = strlen(name);
     while ((p = strstr(p, name)) != NULL) {
-        if ((p == text || p[-1] == '\n') && p[n] == ' ')
-            return strtod(p + n + 1, NULL);
+        if ((p == text || p[-1] == '\n') && (p[n] == ' ' || p[n] == '{')) {
+            const char *v = p[n] == '{' ? strchr(p + n, '}') : p + n;
+            if (v != NULL && (label == NULL || (p[n] == '{' && strstr(p + n, label) != NULL &&
+                                                strstr(p + n, label) < v)))
+                return strtod(v + 1, NULL);
+        }
         p += n;
     }
     return -1;
+}
+
+static double metric(const char *text, const char *name)
+{
+    return metric_l(text, name, NULL);
 }
 
 static void test_admin_and_metrics(void **st)
@@ -1196,9 +1207,9 @@ static void test_admin_and_metrics(void **st)
     c = http("GET", "/metrics", NULL, NULL);
     assert_int_equal(c->status, 200);
     double acc = metric(c->body, "pd_router_requests_accepted_total");
-    double done = metric(c->body, "pd_router_requests_completed_total");
-    double failed = metric(c->body, "pd_router_requests_failed_total");
-    double canceled = metric(c->body, "pd_router_requests_canceled_total");
+    double done = metric_l(c->body, "pd_router_requests_total", "outcome=\"completed\"");
+    double failed = metric_l(c->body, "pd_router_requests_total", "outcome=\"failed\"");
+    double canceled = metric_l(c->body, "pd_router_requests_total", "outcome=\"canceled\"");
     assert_true(acc > 0);
     assert_true(acc == done + failed + canceled);
     assert_true(metric(c->body, "pd_router_kv_transfer_failures_total") >= 1);

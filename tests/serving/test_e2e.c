@@ -37,13 +37,19 @@ static bool g_a_up, g_b_up;
 
 static double router_stat(e2e_deploy_t *d, const char *name);
 
-/* /metrics sample value of a family (no labels), -1 if absent. */
-static double metric(const char *text, const char *name)
+/* /metrics sample value of the first series of a family whose labels
+ * contain `label` (NULL: any), -1 if absent. */
+static double metric(const char *text, const char *name, const char *label)
 {
     size_t l = strlen(name);
-    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-        if (strncmp(p, name, l) == 0 && p[l] == ' ')
-            return strtod(p + l + 1, NULL);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        if (strncmp(p, name, l) != 0 || (p[l] != ' ' && p[l] != '{'))
+            continue;
+        const char *v = p[l] == '{' ? strchr(p + l, '}') : p + l;
+        const char *m = label != NULL && p[l] == '{' ? strstr(p + l, label) : NULL;
+        if (v != NULL && (label == NULL || (m != NULL && m < v)))
+            return strtod(v + 1, NULL);
+    }
     return -1;
 }
 
@@ -56,10 +62,13 @@ static void metrics_agree(e2e_deploy_t *d)
     e2e_http(d->http_port, "GET", "/metrics", NULL, NULL, 10.0, &r);
     assert_int_equal(r.status, 200);
     for (size_t i = 0; i < 4; i++) {
-        char stat[64], fam[96];
+        char stat[64], fam[96], label[64];
         snprintf(stat, sizeof(stat), "requests_%s", names[i]);
-        snprintf(fam, sizeof(fam), "pd_router_requests_%s_total", names[i]);
-        double a = router_stat(d, stat), m = metric(r.body, fam);
+        /* accepted is its own family; the outcomes are one, by label */
+        snprintf(fam, sizeof(fam), i == 0 ? "pd_router_requests_accepted_total"
+                                          : "pd_router_requests_total");
+        snprintf(label, sizeof(label), "outcome=\"%s\"", names[i]);
+        double a = router_stat(d, stat), m = metric(r.body, fam, i == 0 ? NULL : label);
         if (a < 0 || a != m)
             fail_msg("router %s: admin %.0f, /metrics %s %.0f", stat, a, fam, m);
     }

@@ -14,6 +14,9 @@ static int cmd_kv(int argc, char **argv) { return pdctl_cmd_query("kv", argc, ar
 static int cmd_leases(int argc, char **argv) { return pdctl_cmd_query("leases", argc, argv); }
 static int cmd_xfer(int argc, char **argv) { return pdctl_cmd_query("xfer", argc, argv); }
 static int cmd_requests(int argc, char **argv) { return pdctl_cmd_query("requests", argc, argv); }
+static int cmd_drain(int argc, char **argv) { return pdctl_cmd_route("drain", argc, argv); }
+static int cmd_maint(int argc, char **argv) { return pdctl_cmd_route("maint", argc, argv); }
+static int cmd_ready(int argc, char **argv) { return pdctl_cmd_route("ready", argc, argv); }
 static int cmd_help(int argc, char **argv);
 
 /* X(name, handler, synopsis) */
@@ -28,9 +31,14 @@ static int cmd_help(int argc, char **argv);
     X("leases", cmd_leases, "leases [DAEMON|all]     KV leases held by prefill daemons") \
     X("xfer", cmd_xfer, "xfer [DAEMON|all]       KV transfers; `all`: prefill x decode matrix") \
     X("requests", cmd_requests, "requests [DAEMON|all]   requests in flight + outcome counters") \
+    X("drain", cmd_drain, "drain DAEMON            the router sends it no new requests (it keeps running)") \
+    X("maint", cmd_maint, "maint DAEMON            same, shown as maintenance") \
+    X("ready", cmd_ready, "ready DAEMON            the router routes to it again") \
+    X("admin", pdctl_cmd_admin, "admin DAEMON CMD...     one admin command, the JSON reply (try: admin router help)") \
+    X("logs", pdctl_cmd_logs, "logs DAEMON [-n N] [-f] the daemon's log: last N lines (50; 0 all), -f follows") \
     X("top", pdctl_cmd_top, "top [--once]            live view, refreshed each second (q quits)") \
     X("check", pdctl_cmd_check, "check FILE              validate a deployment file") \
-    X("render", pdctl_cmd_render, "render FILE OUTDIR      per-daemon config files for the systemd units") \
+    X("render", pdctl_cmd_render, "render FILE OUTDIR [--group G]  configs, env, secret for the systemd units (/etc/pdserve)") \
     X("help", cmd_help, "help                    this text")
 
 typedef struct {

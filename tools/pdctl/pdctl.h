@@ -56,6 +56,7 @@ typedef struct {
     char *model;
     char *run_dir;
     char *secret_file;
+    bool secret_given;         /* secret-file was an absolute path in the file */
     char *bins[PDCTL_ROLE_N];  /* daemon binaries */
     unsigned count[PDCTL_ROLE_N];        /* router: always 1 */
     uint64_t ready_timeout_ns, stop_timeout_ns;
@@ -73,10 +74,13 @@ int pdctl_dep_load(const char *path, char *const *sets, int n_sets,
                    const char *run_dir_override, pdctl_dep_t *dep);
 void pdctl_dep_free(pdctl_dep_t *dep);
 /* The config file text of one daemon (caller frees): role keys plus the
- * keys pdctl manages (id, router, secret-file, admin.socket, ready-file). */
+ * keys pdctl manages (id, router, secret-file, admin.socket, ready-file).
+ * secret_file: NULL for dep->secret_file. metrics_listen: the prefill's or
+ * decode's metrics.listen unless the file sets one (NULL: none). */
 char *pdctl_dep_render(const pdctl_dep_t *dep, pdctl_role_t role, const char *name,
                        const char *control_addr, const char *admin_sock,
-                       const char *ready_file);
+                       const char *ready_file, const char *secret_file,
+                       const char *metrics_listen);
 /* The value of a role key, or NULL. */
 const char *pdctl_kvs_get(const pdctl_kvs_t *kvs, const char *key);
 void pdctl_kvs_set(pdctl_kvs_t *kvs, const char *key, const char *val, int line);
@@ -144,6 +148,10 @@ double pdctl_now(void);
 int pdctl_cmd_status(int argc, char **argv);
 int pdctl_cmd_query(const char *what, int argc, char **argv);
 int pdctl_cmd_top(int argc, char **argv);
+/* pdctl_ops.c: drain|maint|ready DAEMON (state is the word), admin, logs */
+int pdctl_cmd_route(const char *state, int argc, char **argv);
+int pdctl_cmd_admin(int argc, char **argv);
+int pdctl_cmd_logs(int argc, char **argv);
 
 /* Shared option parsing: strips --run-dir D / --json from argv. */
 typedef struct {

@@ -718,7 +718,10 @@ int pdctl_cmd_query(const char *what, int argc, char **argv)
         cJSON_AddItemToObject(all_json, tg[i].name, r);
     }
     if (o.json) {
-        cJSON *out = n == 1 ? cJSON_GetObjectItemCaseSensitive(all_json, tg[0].name) : all_json;
+        /* one daemon named: its reply; `all` (or none named): always an
+         * object keyed by daemon name, however many there are */
+        bool one = which != NULL && strcmp(which, "all") != 0;
+        cJSON *out = one ? cJSON_GetObjectItemCaseSensitive(all_json, tg[0].name) : all_json;
         if (out != NULL) {
             char *s = cJSON_PrintUnformatted(out);
             printf("%s\n", s);
@@ -927,6 +930,11 @@ int pdctl_cmd_top(int argc, char **argv)
         FILE *f = open_memstream(&buf, &len);
         if (f == NULL)
             break;
+        /* re-read the run dir each frame: `pdctl scale` adds and removes
+         * daemons while top runs (keep the last good state if it fails) */
+        pdctl_state_t fresh;
+        if (pdctl_state_load(o.run_dir, &fresh) == 0)
+            st = fresh;
         rc = pdctl_top_frame(&st, prev, cur, f, "\033[K\n");
         fclose(f);
         printf("\033[H%s\033[J(q to quit)", buf);
