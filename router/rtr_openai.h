@@ -15,6 +15,8 @@
 #define RTR_OAI_MAX_STOP        8      /* stop strings per request */
 #define RTR_OAI_MAX_STOP_BYTES  256    /* bytes per stop string */
 #define RTR_OAI_MODEL_MAX       256
+#define RTR_OAI_MAX_BIAS        300    /* logit_bias entries (OpenAI's cap) */
+#define RTR_OAI_MAX_STOP_IDS    32     /* stop_token_ids (= ENG_SAMPLE_MAX_STOP_IDS) */
 
 typedef enum {
     RTR_API_COMPLETIONS = 0,  /* POST /v1/completions */
@@ -61,6 +63,16 @@ typedef struct {
     uint32_t n_stop;
     bool ignore_eos;
     uint32_t n;
+    /* Penalties and biases (see docs/API.md for the exact semantics) */
+    float presence_penalty;          /* [-2, 2], 0 = off (OpenAI) */
+    float frequency_penalty;         /* [-2, 2], 0 = off (OpenAI) */
+    float repetition_penalty;        /* (0, 2], 1 = off (vLLM) */
+    float min_p;                     /* [0, 1], 0 = off (vLLM) */
+    uint32_t n_bias;
+    int32_t bias_ids[RTR_OAI_MAX_BIAS];   /* logit_bias keys (token ids < vocab) */
+    float bias[RTR_OAI_MAX_BIAS];         /* [-100, 100] */
+    uint32_t n_stop_ids;
+    int32_t stop_ids[RTR_OAI_MAX_STOP_IDS]; /* stop_token_ids */
     /* Streaming */
     bool stream;
     bool include_usage;
@@ -71,8 +83,9 @@ typedef struct {
     int http_status;       /* 400, 401, 404, 413, 429, 500, 502, 503, 504 */
     const char *type;      /* "invalid_request_error", ... */
     const char *code;      /* e.g. "context_length_exceeded" or NULL */
-    const char *param;     /* offending parameter or NULL */
+    const char *param;     /* offending parameter or NULL (may point at param_buf) */
     char message[320];
+    char param_buf[64];    /* room for a built name such as "messages[3].content" */
 } rtr_oai_error_t;
 
 /* Parse and validate a request body. On success fills *req (free with

@@ -146,6 +146,109 @@ static void test_bad_requests(void **state)
     expect_bad(RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":5000}", 400, "max_completion_tokens", NULL);
 }
 
+/* The strict policy: every field is honoured or refused with a 400 naming it. */
+static void test_strict_policy(void **state)
+{
+    const rtr_api_t C = RTR_API_COMPLETIONS, H = RTR_API_CHAT;
+#define CM "{\"prompt\":\"x\","
+#define HM "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+    /* unknown fields, on either endpoint */
+    expect_bad(C, CM "\"foo\":1}", 400, "foo", "unknown_parameter");
+    expect_bad(H, HM "\"temprature\":0.5}", 400, "temprature", "unknown_parameter");
+    expect_bad(C, CM "\"foo\":null}", 400, "foo", "unknown_parameter");
+    /* a chat-only field on /v1/completions, and the reverse */
+    expect_bad(C, CM "\"max_completion_tokens\":5}", 400, "max_completion_tokens",
+               "unknown_parameter");
+    expect_bad(C, CM "\"top_logprobs\":2}", 400, "top_logprobs", "unknown_parameter");
+    expect_bad(C, CM "\"response_format\":{\"type\":\"text\"}}", 400, "response_format",
+               "unknown_parameter");
+    expect_bad(H, HM "\"echo\":false}", 400, "echo", "unknown_parameter");
+    expect_bad(H, HM "\"prompt\":\"y\"}", 400, "prompt", "unknown_parameter");
+    /* logprobs */
+    expect_bad(H, HM "\"top_logprobs\":3}", 400, "top_logprobs", NULL);
+    expect_bad(H, HM "\"logprobs\":false,\"top_logprobs\":3}", 400, "top_logprobs", NULL);
+    expect_bad(H, HM "\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs", NULL);
+    expect_bad(H, HM "\"logprobs\":1}", 400, "logprobs", NULL);
+    expect_bad(C, CM "\"logprobs\":6}", 400, "logprobs", NULL);
+    /* structured output, tools, storage: refused unless neutral */
+    expect_bad(H, HM "\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format",
+               "unsupported_parameter");
+    expect_bad(H, HM "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}", 400,
+               "response_format", "unsupported_parameter");
+    expect_bad(H, HM "\"response_format\":\"json\"}", 400, "response_format", NULL);
+    expect_bad(H, HM "\"tool_choice\":\"auto\"}", 400, "tool_choice", "unsupported_parameter");
+    expect_bad(H, HM "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}",
+               400, "tool_choice", "unsupported_parameter");
+    expect_bad(H, HM "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", 400,
+               "tools", "unsupported_parameter");
+    expect_bad(H, HM "\"functions\":[{\"name\":\"f\"}]}", 400, "functions",
+               "unsupported_parameter");
+    expect_bad(H, HM "\"function_call\":\"auto\"}", 400, "function_call", "unsupported_parameter");
+    expect_bad(H, HM "\"store\":true}", 400, "store", "unsupported_parameter");
+    expect_bad(H, HM "\"modalities\":[\"audio\"]}", 400, "modalities", "unsupported_parameter");
+    expect_bad(H, HM "\"parallel_tool_calls\":1}", 400, "parallel_tool_calls", NULL);
+    /* completions-only refusals */
+    expect_bad(C, CM "\"echo\":true}", 400, "echo", "unsupported_parameter");
+    expect_bad(C, CM "\"echo\":\"yes\"}", 400, "echo", NULL);
+    expect_bad(C, CM "\"best_of\":2}", 400, "best_of", "unsupported_parameter");
+    expect_bad(C, CM "\"suffix\":\"end\"}", 400, "suffix", "unsupported_parameter");
+    expect_bad(C, CM "\"user\":5}", 400, "user", NULL);
+    /* messages: content is required except for the assistant; no unknown keys */
+    expect_bad(H, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0].content", NULL);
+    expect_bad(H, "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
+                  "{\"role\":\"user\",\"content\":null}]}", 400, "messages[1].content", NULL);
+    expect_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":\"bob\"}]}", 400,
+               "messages[0].name", "unsupported_parameter");
+    expect_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"colour\":1}]}", 400,
+               "messages[0].colour", NULL);
+    expect_bad(H, "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
+                  "[{\"id\":\"1\"}]}]}", 400, "messages[0].tool_calls", "unsupported_parameter");
+    expect_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+                  "\"text\":\"a\",\"cache\":1}]}]}", 400, "messages", NULL);
+    expect_bad(H, HM "\"stream_options\":{\"include_usage\":true,\"continuous\":true}}", 400,
+               "stream_options.continuous", NULL);
+    /* penalties and biases: ranges */
+    expect_bad(C, CM "\"presence_penalty\":2.5}", 400, "presence_penalty", NULL);
+    expect_bad(C, CM "\"frequency_penalty\":-3}", 400, "frequency_penalty", NULL);
+    expect_bad(C, CM "\"repetition_penalty\":0}", 400, "repetition_penalty", NULL);
+    expect_bad(C, CM "\"min_p\":1.5}", 400, "min_p", NULL);
+    expect_bad(C, CM "\"logit_bias\":[1]}", 400, "logit_bias", NULL);
+    expect_bad(C, CM "\"logit_bias\":{\"abc\":1}}", 400, "logit_bias", NULL);
+    expect_bad(C, CM "\"logit_bias\":{\"-1\":1}}", 400, "logit_bias", NULL);
+    expect_bad(C, CM "\"logit_bias\":{\"1000\":1}}", 400, "logit_bias", NULL);
+    expect_bad(C, CM "\"logit_bias\":{\"5\":100.5}}", 400, "logit_bias", NULL);
+    expect_bad(C, CM "\"logit_bias\":{\"5\":\"1\"}}", 400, "logit_bias", NULL);
+    expect_bad(C, CM "\"stop_token_ids\":[1000]}", 400, "stop_token_ids", NULL);
+    expect_bad(C, CM "\"stop_token_ids\":7}", 400, "stop_token_ids", NULL);
+
+    /* neutral values of the refused fields are accepted (they change nothing) */
+    static const char *const ok_chat[] = {
+        HM "\"logprobs\":false,\"tools\":[],\"tool_choice\":\"none\",\"functions\":null,"
+           "\"function_call\":\"none\",\"store\":false,\"response_format\":{\"type\":\"text\"},"
+           "\"parallel_tool_calls\":true,\"user\":\"u-1\",\"metadata\":{},\"service_tier\":\"auto\"}",
+        "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[],"
+        "\"refusal\":null,\"name\":null},{\"role\":\"tool\",\"content\":\"r\","
+        "\"tool_call_id\":\"c1\"},{\"role\":\"user\",\"content\":\"x\"}]}",
+    };
+    static const char *const ok_cmpl[] = {
+        CM "\"echo\":false,\"best_of\":1,\"suffix\":\"\",\"logprobs\":null,\"user\":\"u\"}",
+    };
+    rtr_oai_req_t req;
+    rtr_oai_error_t err;
+    for (size_t i = 0; i < sizeof(ok_chat) / sizeof(ok_chat[0]); i++) {
+        if (parse(H, ok_chat[i], &req, &err) != PD_OK)
+            fail_msg("refused (%s): %s", err.message, ok_chat[i]);
+        rtr_oai_req_free(&req);
+    }
+    for (size_t i = 0; i < sizeof(ok_cmpl) / sizeof(ok_cmpl[0]); i++) {
+        if (parse(C, ok_cmpl[i], &req, &err) != PD_OK)
+            fail_msg("refused (%s): %s", err.message, ok_cmpl[i]);
+        rtr_oai_req_free(&req);
+    }
+#undef CM
+#undef HM
+}
+
 static void test_too_long(void **state)
 {
     size_t n = 5000;
@@ -235,6 +338,7 @@ int main(void)
         cmocka_unit_test(test_completion_full),
         cmocka_unit_test(test_chat),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_strict_policy),
         cmocka_unit_test(test_too_long),
         cmocka_unit_test(test_bodies),
     };
