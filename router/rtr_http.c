@@ -53,6 +53,7 @@ struct rtr_req {
     struct event *timer;                 /* request timeout */
     char id[PROTO_REQID_MAX + 1];
     char resp_id[PROTO_REQID_MAX + 16];
+    int64_t created;                 /* unix seconds at acceptance: the response's "created" */
     rtr_req_fsm_t fsm;
     rtr_oai_req_t oai;
     int32_t *prompt;                     /* (n_prompt) */
@@ -354,9 +355,18 @@ static void send_raw_chunk(rtr_req_t *q, const char *text)
     }
 }
 
+/* The seed the request samples with (the client's, or the one drawn for it),
+ * so that any answer can be reproduced by sending it back as "seed". */
+static void add_seed_header(rtr_req_t *q)
+{
+    char v[24];
+    snprintf(v, sizeof(v), "%" PRId64, (int64_t)q->oai.seed);
+    evhttp_add_header(evhttp_request_get_output_headers(q->http), "X-Seed", v);
+}
+
 static rtr_oai_resp_meta_t req_meta(rtr_req_t *q)
 {
-    rtr_oai_resp_meta_t m = { q->resp_id, q->r->model_name, q->r->created, q->oai.api };
+    rtr_oai_resp_meta_t m = { q->resp_id, q->r->model_name, q->created, q->oai.api };
     return m;
 }
 
@@ -368,6 +378,7 @@ static void stream_start(rtr_req_t *q)
     evhttp_add_header(out, "Content-Type", "text/event-stream");
     evhttp_add_header(out, "Cache-Control", "no-cache");
     add_common_headers(q->http, q->id);
+    add_seed_header(q);
     evhttp_send_reply_start(q->http, 200, "OK");
     q->headers_sent = true;
     if (q->oai.api == RTR_API_CHAT) {
@@ -434,6 +445,7 @@ static void req_complete(rtr_req_t *q, const char *finish_reason)
             const char *fr[1] = { finish_reason };
             char *json = rtr_oai_response_json(&m, 1, texts, lens, fr, &usage);
             req_stop_watching(q);
+            add_seed_header(q);
             reply_json(q->http, json != NULL ? 200 : 500,
                        json != NULL ? json : "{\"error\":{\"message\":\"out of memory\","
                                              "\"type\":\"server_error\",\"param\":null,"
@@ -1133,7 +1145,10 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
     snprintf(q->resp_id, sizeof(q->resp_id), "%s%s", api == RTR_API_CHAT ? "chatcmpl-" : "cmpl-",
              reqid);
     q->t_accept = pd_now_ns();
+    q->created = (int64_t)time(NULL);
     rtr_req_fsm_init(&q->fsm, q->t_accept);
+    if (!o.seed_set) /* a fresh seed per request, in the range "seed" accepts */
+        o.seed = randombytes_uniform(1u << 31) * (1ull << 22) + randombytes_uniform(1u << 22);
     q->oai = o;
     memset(&o, 0, sizeof(o));
     q->prompt = ids;
