@@ -320,7 +320,8 @@ static void dec_step_run(eng_job_t *job)
         c->step_token = -1;
         c->step_finish = ENG_FINISH_NONE;
         if (c->step_status == PD_OK && c->chunk_logits) {
-            c->step_token = eng_sample_next(&c->smp, s->logits, vocab, &d->scratch);
+            eng_sample_hist_t h = { c->tok, c->n_prompt, c->tok + c->n_prompt, c->n_gen };
+            c->step_token = eng_sample_next(&c->smp, s->logits, vocab, &d->scratch, &h);
             c->step_finish = dec_accept(d, c, c->step_token);
         }
     }
@@ -338,8 +339,9 @@ static void dec_step_run(eng_job_t *job)
             r->step_token = -1;
             r->step_finish = ENG_FINISH_NONE;
             if (st == PD_OK) {
+                eng_sample_hist_t h = { r->tok, r->n_prompt, r->tok + r->n_prompt, r->n_gen };
                 r->step_token = eng_sample_next(&r->smp, s->logits + (size_t)i * vocab,
-                                                vocab, &d->scratch);
+                                                vocab, &d->scratch, &h);
                 r->step_finish = dec_accept(d, r, r->step_token);
             }
         }
@@ -680,6 +682,15 @@ static pd_status_t dec_sampling(dec_t *d, const proto_sampling_t *ps, eng_sample
     if (ps->stop.n > ENG_SAMPLE_MAX_STOP_IDS)
         return PD_ERR_TOO_BIG;
     sp->n_stop_ids = proto_tokens_copy(&ps->stop, sp->stop_ids, ENG_SAMPLE_MAX_STOP_IDS);
+    sp->presence_penalty = ps->presence_penalty;
+    sp->frequency_penalty = ps->frequency_penalty;
+    sp->repetition_penalty = ps->repetition_penalty;
+    sp->min_p = ps->min_p;
+    if (ps->n_bias > ENG_SAMPLE_MAX_BIAS)
+        return PD_ERR_TOO_BIG;
+    sp->n_bias = ps->n_bias;
+    for (uint32_t i = 0; i < ps->n_bias; i++)
+        sp->bias[i] = (eng_logit_bias_t){ ps->bias_ids[i], ps->bias[i] };
     return eng_sample_params_check(sp);
 }
 

@@ -199,7 +199,8 @@ static void pf_job_run(eng_job_t *job)
     if (st == PD_OK) {
         eng_sampler_t s;
         eng_sampler_init(&s, &r->sp);
-        r->token0 = eng_sample_next(&s, pf->logits, pf->geom->vocab_size, &pf->scratch);
+        eng_sample_hist_t hist = { r->prompt, r->n_prompt, NULL, 0 };
+        r->token0 = eng_sample_next(&s, pf->logits, pf->geom->vocab_size, &pf->scratch, &hist);
         if (r->token0 < 0)
             st = PD_ERR_INTERNAL;
     }
@@ -309,6 +310,15 @@ static pd_status_t pf_sampling(pf_t *pf, const proto_sampling_t *ps, eng_sample_
     if (ps->stop.n > ENG_SAMPLE_MAX_STOP_IDS)
         return PD_ERR_TOO_BIG;
     sp->n_stop_ids = proto_tokens_copy(&ps->stop, sp->stop_ids, ENG_SAMPLE_MAX_STOP_IDS);
+    sp->presence_penalty = ps->presence_penalty;
+    sp->frequency_penalty = ps->frequency_penalty;
+    sp->repetition_penalty = ps->repetition_penalty;
+    sp->min_p = ps->min_p;
+    if (ps->n_bias > ENG_SAMPLE_MAX_BIAS)
+        return PD_ERR_TOO_BIG;
+    sp->n_bias = ps->n_bias;
+    for (uint32_t i = 0; i < ps->n_bias; i++)
+        sp->bias[i] = (eng_logit_bias_t){ ps->bias_ids[i], ps->bias[i] };
     return eng_sample_params_check(sp);
 }
 

@@ -349,6 +349,63 @@ static pd_status_t check_sampling(const proto_sampling_t *s)
     return check_tok_array(&s->stop, PROTO_MAX_STOP_TOKENS);
 }
 
+static bool f32_in(float v, float lo, float hi)
+{
+    return isfinite(v) && v >= lo && v <= hi;
+}
+
+static pd_status_t check_sampling2(const proto_sampling_t *s)
+{
+    REQUIRE(f32_in(s->presence_penalty, -2.0f, 2.0f) &&
+            f32_in(s->frequency_penalty, -2.0f, 2.0f) &&
+            f32_in(s->repetition_penalty, 0.0f, 2.0f) && f32_in(s->min_p, 0.0f, 1.0f),
+            PD_ERR_BAD_INPUT);
+    REQUIRE(s->n_bias <= PROTO_MAX_LOGIT_BIAS, PD_ERR_TOO_BIG);
+    for (uint32_t i = 0; i < s->n_bias; i++)
+        REQUIRE(s->bias_ids[i] >= 0 && f32_in(s->bias[i], -100.0f, 100.0f), PD_ERR_BAD_INPUT);
+    return PD_OK;
+}
+
+/* The sampling tail (penalties, min_p, logit_bias), written last. */
+static void w_sampling2(wr_t *w, const proto_sampling_t *s)
+{
+    w_f32(w, s->presence_penalty);
+    w_f32(w, s->frequency_penalty);
+    w_f32(w, s->repetition_penalty);
+    w_f32(w, s->min_p);
+    w_u32(w, s->n_bias);
+    for (uint32_t i = 0; i < s->n_bias; i++) {
+        w_u32(w, (uint32_t)s->bias_ids[i]);
+        w_f32(w, s->bias[i]);
+    }
+}
+
+/* Range checks happen here too: a decoded struct is always valid. */
+static void r_sampling2(rd_t *r, proto_sampling_t *s)
+{
+    s->presence_penalty = r_f32(r);
+    s->frequency_penalty = r_f32(r);
+    s->repetition_penalty = r_f32(r);
+    s->min_p = r_f32(r);
+    s->n_bias = r_u32(r);
+    if (r->st != PD_OK)
+        return;
+    if (s->n_bias > PROTO_MAX_LOGIT_BIAS) {
+        s->n_bias = 0;
+        r_fail(r, PD_ERR_TOO_BIG);
+        return;
+    }
+    for (uint32_t i = 0; i < s->n_bias && r->st == PD_OK; i++) {
+        s->bias_ids[i] = (int32_t)r_u32(r);
+        s->bias[i] = r_f32(r);
+    }
+    if (r->st == PD_OK) {
+        pd_status_t st = check_sampling2(s);
+        if (st != PD_OK)
+            r_fail(r, st);
+    }
+}
+
 static void w_sampling(wr_t *w, const proto_sampling_t *s)
 {
     w_f32(w, s->temperature);
@@ -513,6 +570,7 @@ static pd_status_t check_prefill_req(const proto_prefill_req_t *m)
     CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
     CHECK(check_tok_array(&m->prompt, PROTO_MAX_PROMPT_TOKENS));
     CHECK(check_sampling(&m->sampling));
+    CHECK(check_sampling2(&m->sampling));
     return check_str(m->target_decode_id, PROTO_DAEMON_ID_MAX, false);
 }
 
@@ -523,6 +581,7 @@ static void enc_prefill_req(wr_t *w, const proto_prefill_req_t *m)
     w_sampling(w, &m->sampling);
     w_str(w, m->target_decode_id);
     w_u64(w, m->deadline_ns);
+    w_sampling2(w, &m->sampling);
 }
 
 static void dec_prefill_req(rd_t *r, proto_prefill_req_t *m)
@@ -532,6 +591,7 @@ static void dec_prefill_req(rd_t *r, proto_prefill_req_t *m)
     r_sampling(r, &m->sampling);
     r_str(r, m->target_decode_id, PROTO_DAEMON_ID_MAX);
     m->deadline_ns = r_u64(r);
+    r_sampling2(r, &m->sampling);
 }
 
 /* PREFILL_DONE */
@@ -574,6 +634,7 @@ static pd_status_t check_decode_req(const proto_decode_req_t *m)
     CHECK(check_tok_array(&m->prompt, PROTO_MAX_PROMPT_TOKENS));
     CHECK(check_tok_array(&m->generated, PROTO_MAX_GEN_TOKENS));
     CHECK(check_sampling(&m->sampling));
+    CHECK(check_sampling2(&m->sampling));
     CHECK(check_str(m->prefill_peer_id, PROTO_DAEMON_ID_MAX, false));
     CHECK(check_blob(&m->kv_handle, PROTO_KV_HANDLE_MAX));
     bool local = (m->flags & PROTO_DEC_PREFILL_LOCALLY) != 0;
@@ -593,6 +654,7 @@ static void enc_decode_req(wr_t *w, const proto_decode_req_t *m)
     w_u64(w, m->lease_id);
     w_blob(w, &m->kv_handle);
     w_u64(w, m->deadline_ns);
+    w_sampling2(w, &m->sampling);
 }
 
 static void dec_decode_req(rd_t *r, proto_decode_req_t *m)
@@ -607,6 +669,7 @@ static void dec_decode_req(rd_t *r, proto_decode_req_t *m)
     m->lease_id = r_u64(r);
     r_blob(r, &m->kv_handle, PROTO_KV_HANDLE_MAX);
     m->deadline_ns = r_u64(r);
+    r_sampling2(r, &m->sampling);
 }
 
 /* TOKENS */

@@ -49,6 +49,7 @@
 #define PROTO_MAX_PROMPT_TOKENS (1u << 20) /* tokens */
 #define PROTO_MAX_GEN_TOKENS    (1u << 20) /* tokens */
 #define PROTO_MAX_STOP_TOKENS   64u        /* tokens */
+#define PROTO_MAX_LOGIT_BIAS    300u       /* (token id, bias) pairs */
 #define PROTO_MAX_TOKENS_MSG    4096u      /* tokens per TOKENS message */
 #define PROTO_MAX_TEXT          65536u     /* text bytes per TOKENS message */
 #define PROTO_KV_HANDLE_MAX     4096u      /* opaque versioned KV handle */
@@ -61,6 +62,8 @@
 #define PROTO__TOK(max)     (4u + 4u * (max))
 #define PROTO__BLOB(max)    (4u + (max))
 #define PROTO__SAMPLING     (32u + PROTO__TOK(PROTO_MAX_STOP_TOKENS))
+/* The sampling tail: at the END of PREFILL_REQ and DECODE_REQ. */
+#define PROTO__SAMPLING2    (16u + 4u + 8u * PROTO_MAX_LOGIT_BIAS)
 #define PROTO_HELLO_BODY_MAX (8u + PROTO__STR(PROTO_DAEMON_ID_MAX) + 16u + 40u \
         + PROTO__BLOB(PROTO_KV_ADDR_MAX) + PROTO_AUTH_NONCE_LEN + PROTO_AUTH_MAC_LEN)
 #define PROTO_REGISTER_ACK_BODY_MAX (PROTO__STR(PROTO_DAEMON_ID_MAX) + 24u \
@@ -69,13 +72,13 @@
 #define PROTO_HEARTBEAT_BODY_MAX 48u
 #define PROTO_PREFILL_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) \
         + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + PROTO__SAMPLING \
-        + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u)
+        + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u + PROTO__SAMPLING2)
 #define PROTO_PREFILL_DONE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 24u \
         + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 16u)
 #define PROTO_DECODE_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
         + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + PROTO__TOK(PROTO_MAX_GEN_TOKENS) \
         + PROTO__SAMPLING + 8u + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u \
-        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 8u)
+        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 8u + PROTO__SAMPLING2)
 #define PROTO_TOKENS_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
         + PROTO__TOK(PROTO_MAX_TOKENS_MSG) + PROTO__BLOB(PROTO_MAX_TEXT))
 #define PROTO_FINISH_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 16u + 48u)
@@ -148,6 +151,15 @@ typedef struct {
     uint32_t max_tokens;
     uint32_t min_tokens;
     proto_tokens_t stop;  /* <= PROTO_MAX_STOP_TOKENS stop token ids */
+    /* The sampling tail: these travel at the END of the message body (after
+     * the message's last older field), see PROTOCOL.md. */
+    float presence_penalty;   /* finite, [-2, 2] */
+    float frequency_penalty;  /* finite, [-2, 2] */
+    float repetition_penalty; /* finite, [0, 2]; 0 and 1 = off */
+    float min_p;              /* finite, [0, 1] */
+    uint32_t n_bias;          /* <= PROTO_MAX_LOGIT_BIAS */
+    int32_t bias_ids[PROTO_MAX_LOGIT_BIAS];   /* >= 0 */
+    float bias[PROTO_MAX_LOGIT_BIAS];         /* finite, [-100, 100] */
 } proto_sampling_t;
 
 typedef enum {

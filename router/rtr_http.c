@@ -491,6 +491,9 @@ static void req_fail(rtr_req_t *q, int status, const char *code, const char *fmt
 
 /* ---- upstream messages ---------------------------------------------------- */
 
+_Static_assert(RTR_OAI_MAX_BIAS <= PROTO_MAX_LOGIT_BIAS, "logit_bias cap");
+_Static_assert(RTR_OAI_MAX_STOP_IDS <= PROTO_MAX_STOP_TOKENS, "stop_token_ids cap");
+
 static void fill_sampling(const rtr_req_t *q, proto_sampling_t *s)
 {
     memset(s, 0, sizeof(*s));
@@ -502,6 +505,15 @@ static void fill_sampling(const rtr_req_t *q, proto_sampling_t *s)
     s->seed = q->oai.seed;
     s->max_tokens = q->oai.max_tokens;
     s->min_tokens = q->oai.min_tokens;
+    s->stop.n = q->oai.n_stop_ids;
+    s->stop.v = q->oai.stop_ids;
+    s->presence_penalty = q->oai.presence_penalty;
+    s->frequency_penalty = q->oai.frequency_penalty;
+    s->repetition_penalty = q->oai.repetition_penalty;
+    s->min_p = q->oai.min_p;
+    s->n_bias = q->oai.n_bias;
+    memcpy(s->bias_ids, q->oai.bias_ids, q->oai.n_bias * sizeof(s->bias_ids[0]));
+    memcpy(s->bias, q->oai.bias, q->oai.n_bias * sizeof(s->bias[0]));
 }
 
 static uint64_t req_budget_ns(const rtr_req_t *q)

@@ -738,17 +738,6 @@ pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
     }
     if (!parse_penalties(&pc, root, lim, req) || !check_unsupported(&pc, root, api, req))
         goto out;
-    {   /* parsed and range-checked, but the samplers do not apply them yet */
-        const char *np = req->presence_penalty != 0.0f ? "presence_penalty"
-                       : req->frequency_penalty != 0.0f ? "frequency_penalty"
-                       : req->repetition_penalty != 1.0f ? "repetition_penalty"
-                       : req->min_p != 0.0f ? "min_p"
-                       : req->n_bias ? "logit_bias" : req->n_stop_ids ? "stop_token_ids" : NULL;
-        if (np != NULL) {
-            unsupported(&pc, np, NULL);
-            goto out;
-        }
-    }
 out:
     cJSON_Delete(root);
     if (pc.status != PD_OK) {

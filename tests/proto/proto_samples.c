@@ -64,6 +64,15 @@ static void ps_sampling(proto_sampling_t *s, int v)
     s->max_tokens = v == PS_MAX ? UINT32_MAX : 128;
     s->min_tokens = v == PS_MAX ? UINT32_MAX : 1;
     s->stop = ps_tokens(ps_tok2, v == PS_MAX ? PROTO_MAX_STOP_TOKENS : 2);
+    s->presence_penalty = v == PS_MAX ? 2.0f : 0.5f;
+    s->frequency_penalty = v == PS_MAX ? -2.0f : 0.25f;
+    s->repetition_penalty = v == PS_MAX ? 2.0f : 1.1f;
+    s->min_p = v == PS_MAX ? 1.0f : 0.05f;
+    s->n_bias = v == PS_MAX ? PROTO_MAX_LOGIT_BIAS : 2;
+    for (uint32_t i = 0; i < s->n_bias; i++) {
+        s->bias_ids[i] = v == PS_MAX ? INT32_MAX - (int32_t)i : (int32_t)(7 * i + 3);
+        s->bias[i] = v == PS_MAX ? (i % 2 ? -100.0f : 100.0f) : 1.5f - (float)i;
+    }
 }
 
 void ps_make(uint16_t type, int v, proto_msg_t *m)
@@ -246,7 +255,13 @@ static int samp_eq(const proto_sampling_t *a, const proto_sampling_t *b)
            memcmp(&a->top_p, &b->top_p, 4) == 0 && a->top_k == b->top_k &&
            a->flags == b->flags && a->seed == b->seed &&
            a->max_tokens == b->max_tokens && a->min_tokens == b->min_tokens &&
-           tok_eq(&a->stop, &b->stop);
+           tok_eq(&a->stop, &b->stop) &&
+           memcmp(&a->presence_penalty, &b->presence_penalty, 4) == 0 &&
+           memcmp(&a->frequency_penalty, &b->frequency_penalty, 4) == 0 &&
+           memcmp(&a->repetition_penalty, &b->repetition_penalty, 4) == 0 &&
+           memcmp(&a->min_p, &b->min_p, 4) == 0 && a->n_bias == b->n_bias &&
+           memcmp(a->bias_ids, b->bias_ids, a->n_bias * sizeof(a->bias_ids[0])) == 0 &&
+           memcmp(a->bias, b->bias, a->n_bias * sizeof(a->bias[0])) == 0;
 }
 
 #define EQ(f) (a->f == b->f)

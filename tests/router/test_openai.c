@@ -249,6 +249,46 @@ static void test_strict_policy(void **state)
 #undef HM
 }
 
+static void test_penalties_parsed(void **state)
+{
+    rtr_oai_req_t req;
+    rtr_oai_error_t err;
+    const char *body = "{\"prompt\":\"x\",\"presence_penalty\":0.5,\"frequency_penalty\":-1,"
+                       "\"repetition_penalty\":1.25,\"min_p\":0.1,"
+                       "\"logit_bias\":{\"5\":-100,\"999\":100,\"0\":0.5},"
+                       "\"stop_token_ids\":[1,2,999]}";
+    assert_int_equal(parse(RTR_API_COMPLETIONS, body, &req, &err), PD_OK);
+    assert_true(req.presence_penalty == 0.5f && req.frequency_penalty == -1.0f);
+    assert_true(req.repetition_penalty == 1.25f && req.min_p == 0.1f);
+    assert_int_equal(req.n_bias, 3);
+    assert_int_equal(req.bias_ids[0], 5);
+    assert_true(req.bias[0] == -100.0f);
+    assert_int_equal(req.bias_ids[1], 999);
+    assert_true(req.bias[1] == 100.0f);
+    assert_int_equal(req.bias_ids[2], 0);
+    assert_int_equal(req.n_stop_ids, 3);
+    assert_int_equal(req.stop_ids[2], 999);
+    rtr_oai_req_free(&req);
+    /* defaults: all off */
+    assert_int_equal(parse(RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+                           &req, &err), PD_OK);
+    assert_true(req.presence_penalty == 0.0f && req.frequency_penalty == 0.0f);
+    assert_true(req.repetition_penalty == 1.0f && req.min_p == 0.0f);
+    assert_int_equal(req.n_bias, 0);
+    assert_int_equal(req.n_stop_ids, 0);
+    rtr_oai_req_free(&req);
+    expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":1,\"5\":2}}", 400,
+               "logit_bias", NULL);
+    char big[8192] = "{\"prompt\":\"x\",\"logit_bias\":{";
+    for (int i = 0; i < 301; i++)
+        snprintf(big + strlen(big), sizeof(big) - strlen(big), "%s\"%d\":1", i ? "," : "", i);
+    strcat(big, "}}");
+    expect_bad(RTR_API_COMPLETIONS, big, 400, "logit_bias", NULL);
+    expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"stop_token_ids\":[1,2,3,4,5,6,7,8,9,10,"
+               "11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33]}", 400,
+               "stop_token_ids", NULL);
+}
+
 static void test_too_long(void **state)
 {
     size_t n = 5000;
@@ -339,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_chat),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_strict_policy),
+        cmocka_unit_test(test_penalties_parsed),
         cmocka_unit_test(test_too_long),
         cmocka_unit_test(test_bodies),
     };

@@ -4,12 +4,33 @@
 // between completions and chat (same engine, same prompt => same tokens).
 import OpenAI from 'openai';
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 
 const baseURL = process.env.PD_E2E_BASE_URL;
 const apiKey = process.env.PD_E2E_API_KEY;
 const model = process.env.PD_E2E_MODEL;
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 30000 });
 const LONG = 'The quick brown fox jumps over the lazy dog, again and again and again.';
+
+// The reference: pd-run (single process) on the same model with the same
+// token-id prompt and sampling options; it prints the text plus "\n".
+function pdRun(ids, maxTokens, o) {
+  const args = ['--model', process.env.PD_E2E_GGUF, '--tokens', ids.join(','),
+    '--max-tokens', String(maxTokens), '--threads', '1',
+    '--temperature', String(o.temperature ?? 0), '--seed', String(o.seed ?? 0)];
+  if (o.top_p !== undefined) args.push('--top-p', String(o.top_p));
+  if (o.presence_penalty !== undefined) args.push('--presence-penalty', String(o.presence_penalty));
+  if (o.frequency_penalty !== undefined) args.push('--frequency-penalty', String(o.frequency_penalty));
+  if (o.repetition_penalty !== undefined) args.push('--repetition-penalty', String(o.repetition_penalty));
+  if (o.min_p !== undefined) args.push('--min-p', String(o.min_p));
+  if (o.logit_bias) args.push('--logit-bias',
+    Object.entries(o.logit_bias).map(([k, v]) => `${k}:${v}`).join(','));
+  if (o.stop_token_ids) args.push('--stop-token-ids', o.stop_token_ids.join(','));
+  const r = spawnSync(process.env.PD_E2E_PDRUN, args, { encoding: 'utf8' });
+  assert.equal(r.status, 0, `pd-run failed: ${r.stderr}`);
+  assert.ok(r.stdout.endsWith('\n'));
+  return r.stdout.slice(0, -1);
+}
 
 async function expectError(fn, Cls, status, code) {
   try {
@@ -122,6 +143,92 @@ const checks = {
     const bad = new OpenAI({ baseURL, apiKey: 'wrong', maxRetries: 0 });
     await expectError(() => bad.completions.create({ model, prompt: 'x' }),
       OpenAI.AuthenticationError, 401);
+  },
+
+  // presence/frequency/repetition penalties, min_p, logit_bias and
+  // stop_token_ids through the client, streamed and not, equal pd-run's text.
+  async penaltiesMatchReference() {
+    const ids = Array.from({ length: 48 }, (_, i) => 4 + ((i * 53) % 250));
+    const sets = [
+      { temperature: 0.9, seed: 7, presence_penalty: 1.5, frequency_penalty: 0.5 },
+      { temperature: 1.0, seed: 8, top_p: 0.9, repetition_penalty: 1.6, min_p: 0.1 },
+      { temperature: 0, logit_bias: { 77: 100 } },
+      { temperature: 0.8, seed: 9, logit_bias: { 33: 5, 34: -100 }, frequency_penalty: -0.5 },
+    ];
+    for (const o of sets) {
+      const want = pdRun(ids, 16, o);
+      const n = await client.completions.create({ model, prompt: ids, max_tokens: 16, ...o });
+      assert.equal(n.choices[0].text, want, JSON.stringify(o));
+      const s = await streamCompletion({ model, prompt: ids, max_tokens: 16, ...o });
+      assert.equal(s.text, want, JSON.stringify(o));
+    }
+    // stop_token_ids: the greedy continuation cut after the given id
+    const greedyIds = spawnSync(process.env.PD_E2E_PDRUN, ['--model', process.env.PD_E2E_GGUF,
+      '--tokens', ids.join(','), '--max-tokens', '16', '--threads', '1', '--tokens-out'],
+      { encoding: 'utf8' }).stdout.trim().split(' ').map(Number);
+    const o = { temperature: 0, stop_token_ids: [greedyIds[3]] };
+    const want = pdRun(ids, 16, o);
+    const n = await client.completions.create({ model, prompt: ids, max_tokens: 16, ...o });
+    assert.equal(n.choices[0].text, want);
+    assert.equal(n.choices[0].finish_reason, 'stop');
+    assert.equal(n.usage.completion_tokens, greedyIds.indexOf(greedyIds[3]) + 1);
+    // chat with penalties: streamed = non-streamed (same seed)
+    const c = { model, messages: [{ role: 'user', content: 'tell me a story' }], max_tokens: 12,
+      temperature: 0.9, seed: 3, presence_penalty: 1, frequency_penalty: 1, logit_bias: { 50: 3 } };
+    const a = await client.chat.completions.create(c);
+    const st = await client.chat.completions.create({ ...c, stream: true });
+    let text = '';
+    for await (const chunk of st) for (const ch of chunk.choices) text += ch.delta.content ?? '';
+    assert.equal(text, a.choices[0].message.content);
+  },
+
+  // Every refused field gets a 400 that names it.
+  async refusedFields() {
+    const msgs = [{ role: 'user', content: 'x' }];
+    const cases = [
+      [() => client.chat.completions.create({ model, messages: msgs,
+        tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }), 'tools', 'unsupported_parameter'],
+      [() => client.chat.completions.create({ model, messages: msgs, tool_choice: 'required' }),
+        'tool_choice', 'unsupported_parameter'],
+      [() => client.chat.completions.create({ model, messages: msgs,
+        response_format: { type: 'json_object' } }), 'response_format', 'unsupported_parameter'],
+      [() => client.chat.completions.create({ model, messages: msgs, top_logprobs: 2 }),
+        'top_logprobs', null],
+      [() => client.chat.completions.create({ model, messages: msgs, n: 2 }), 'n', null],
+      [() => client.chat.completions.create({ model, messages: [{ role: 'user' }] }),
+        'messages[0].content', null],
+      [() => client.chat.completions.create({ model, messages: msgs, frobnicate: 1 }),
+        'frobnicate', 'unknown_parameter'],
+      [() => client.completions.create({ model, prompt: 'x', max_completion_tokens: 4 }),
+        'max_completion_tokens', 'unknown_parameter'],
+      [() => client.completions.create({ model, prompt: 'x', echo: true }), 'echo', 'unsupported_parameter'],
+      [() => client.completions.create({ model, prompt: 'x', logit_bias: { 5: 101 } }), 'logit_bias', null],
+      [() => client.completions.create({ model, prompt: 'x', presence_penalty: 3 }), 'presence_penalty', null],
+    ];
+    for (const [fn, param, code] of cases) {
+      const e = await expectError(fn, OpenAI.BadRequestError, 400);
+      assert.equal(e.param, param);
+      assert.equal(e.code, code);
+      assert.equal(e.type, 'invalid_request_error');
+    }
+  },
+
+  // An unseeded request draws a fresh seed, says which (X-Seed), and that
+  // seed reproduces it; created is the request's time.
+  async seedsAndCreated() {
+    const p = { model, prompt: LONG, max_tokens: 12, temperature: 1 };
+    const t0 = Math.floor(Date.now() / 1000);
+    const { data: a, response: ra } = await client.completions.create(p).withResponse();
+    const { data: b, response: rb } = await client.completions.create(p).withResponse();
+    const t1 = Math.ceil(Date.now() / 1000);
+    const sa = ra.headers.get('x-seed'), sb = rb.headers.get('x-seed');
+    assert.ok(sa && sb && sa !== sb, `seeds ${sa} ${sb}`);
+    assert.ok(a.created >= t0 && a.created <= t1, `created ${a.created} not in [${t0}, ${t1}]`);
+    const again = await client.completions.create({ ...p, seed: Number(sa) });
+    assert.equal(again.choices[0].text, a.choices[0].text);
+    const s = await streamCompletion({ ...p, seed: Number(sb) });
+    assert.equal(s.text, b.choices[0].text);
+    assert.equal(s.response.headers.get('x-seed'), sb);
   },
 
   async abortMidStream() {
