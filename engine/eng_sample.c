@@ -93,7 +93,8 @@ pd_status_t eng_sample_scratch_create(eng_sample_scratch_t *scr, uint32_t vocab)
     scr->idx = malloc((size_t)vocab * sizeof(*scr->idx));
     scr->prob = malloc((size_t)vocab * sizeof(*scr->prob));
     scr->cnt = calloc(vocab ? vocab : 1, sizeof(*scr->cnt));
-    if (!scr->idx || !scr->prob || !scr->cnt) {
+    scr->raw = malloc((size_t)(vocab ? vocab : 1) * sizeof(*scr->raw));
+    if (!scr->idx || !scr->prob || !scr->cnt || !scr->raw) {
         eng_sample_scratch_destroy(scr);
         return PD_ERR_NO_MEMORY;
     }
@@ -108,6 +109,7 @@ void eng_sample_scratch_destroy(eng_sample_scratch_t *scr)
     free(scr->idx);
     free(scr->prob);
     free(scr->cnt);
+    free(scr->raw);
     memset(scr, 0, sizeof(*scr));
 }
 
@@ -372,6 +374,46 @@ bool eng_sample_probs(const eng_sampler_t *s, float *lg, uint32_t vocab,
             probs[scr->idx[i]] = scr->prob[i] / c.mass;
     }
     return true;
+}
+
+void eng_sample_logprobs(const float *raw, uint32_t vocab, int32_t chosen, uint32_t n_top,
+                         eng_logprobs_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (vocab == 0)
+        return;
+    uint32_t best = argmax(raw, vocab);
+    double mx = raw[best], sum = 0.0;
+    for (uint32_t i = 0; i < vocab; i++)
+        sum += exp((double)raw[i] - mx);
+    double lse = mx + log(sum);
+    if (chosen >= 0 && (uint32_t)chosen < vocab)
+        out->logprob = (float)((double)raw[chosen] - lse);
+    else
+        out->logprob = -INFINITY;
+    uint32_t m = n_top < ENG_SAMPLE_MAX_TOP_LOGPROBS ? n_top : ENG_SAMPLE_MAX_TOP_LOGPROBS;
+    if (m > vocab)
+        m = vocab;
+    uint32_t idx[ENG_SAMPLE_MAX_TOP_LOGPROBS];
+    if (m > 0)
+        top_m(raw, vocab, m, idx);
+    for (uint32_t i = 0; i < m; i++) {
+        out->top_ids[i] = (int32_t)idx[i];
+        out->top_lp[i] = (float)((double)raw[idx[i]] - lse);
+    }
+    out->n_top = m;
+}
+
+int32_t eng_sample_next_lp(eng_sampler_t *s, float *lg, uint32_t vocab,
+                           eng_sample_scratch_t *scr, const eng_sample_hist_t *hist,
+                           uint32_t n_top, eng_logprobs_t *lp)
+{
+    if (lp == NULL || vocab == 0 || !scr || vocab > scr->cap)
+        return eng_sample_next(s, lg, vocab, scr, hist);
+    memcpy(scr->raw, lg, (size_t)vocab * sizeof(*lg));
+    int32_t t = eng_sample_next(s, lg, vocab, scr, hist);
+    eng_sample_logprobs(scr->raw, vocab, t, n_top, lp);
+    return t;
 }
 
 eng_finish_t eng_sampler_accept(eng_sampler_t *s, int32_t token)

@@ -102,6 +102,7 @@ typedef struct {
     uint32_t *idx;             /* (cap) */
     double *prob;              /* (cap) */
     uint32_t *cnt;             /* (cap) penalty counts; all zero between calls */
+    float *raw;                /* (cap) raw logits kept for eng_sample_next_lp */
 } eng_sample_scratch_t;
 
 /* Default parameters: greedy, no limits. */
@@ -137,6 +138,30 @@ int32_t eng_sample_next(eng_sampler_t *s, float *logits /* (vocab) */, uint32_t 
 bool eng_sample_probs(const eng_sampler_t *s, float *logits /* (vocab) */, uint32_t vocab,
                       eng_sample_scratch_t *scr, const eng_sample_hist_t *hist,
                       double *probs /* (vocab) */);
+
+/* Log-probabilities of one step under the MODEL's distribution: the
+ * log-softmax of the raw logits, before bias, penalties, temperature and
+ * truncation (what vLLM reports by default). */
+#define ENG_SAMPLE_MAX_TOP_LOGPROBS 20
+typedef struct {
+    float logprob;                                  /* of the chosen token */
+    uint32_t n_top;                                 /* <= ENG_SAMPLE_MAX_TOP_LOGPROBS */
+    int32_t top_ids[ENG_SAMPLE_MAX_TOP_LOGPROBS];   /* most likely first, lower id on ties */
+    float top_lp[ENG_SAMPLE_MAX_TOP_LOGPROBS];
+} eng_logprobs_t;
+
+/* Fill *out for `chosen` from raw logits (vocab, not modified; copy them
+ * before eng_sample_next adjusts them in place) with the n_top most likely
+ * tokens (n_top capped at ENG_SAMPLE_MAX_TOP_LOGPROBS and vocab). */
+void eng_sample_logprobs(const float *raw /* (vocab) */, uint32_t vocab, int32_t chosen,
+                         uint32_t n_top, eng_logprobs_t *out);
+
+/* eng_sample_next, and when lp is not NULL also the chosen token's
+ * log-probabilities (eng_sample_logprobs on the logits as they came in, with
+ * n_top alternatives). Same PRNG contract. */
+int32_t eng_sample_next_lp(eng_sampler_t *s, float *logits /* (vocab) */, uint32_t vocab,
+                           eng_sample_scratch_t *scr, const eng_sample_hist_t *hist,
+                           uint32_t n_top, eng_logprobs_t *lp);
 
 /* Steps 1-3 above (bias, min_tokens masking, penalties) on logits in place,
  * without sampling: the logits eng_sample_next samples from (exposed for

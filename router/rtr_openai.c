@@ -233,27 +233,26 @@ static bool check_unsupported(parse_ctx_t *pc, const cJSON *root, rtr_api_t api,
                               rtr_oai_req_t *req)
 {
     const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
-    bool lp_on = false;
     if (api == RTR_API_CHAT) {
         if (lp != NULL && !cJSON_IsNull(lp) && !cJSON_IsBool(lp))
             return bad(pc, "logprobs", "must be a boolean");
-        lp_on = cJSON_IsTrue(lp);
+        req->logprobs = cJSON_IsTrue(lp);
         const cJSON *tl = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
         if (tl != NULL && !cJSON_IsNull(tl)) {
             int64_t v;
-            if (!get_int(tl, 0, 20, &v))
+            if (!get_int(tl, 0, RTR_OAI_MAX_TOP_LOGPROBS, &v))
                 return bad(pc, "top_logprobs", "must be an integer in [0, 20]");
-            if (!lp_on)
+            if (!req->logprobs)
                 return bad(pc, "top_logprobs", "requires 'logprobs': true");
+            req->top_logprobs = (uint32_t)v;
         }
-        if (lp_on)
-            return unsupported(pc, "logprobs", NULL);
     } else {
         if (lp != NULL && !cJSON_IsNull(lp)) {
             int64_t v;
-            if (!get_int(lp, 0, 5, &v))
-                return bad(pc, "logprobs", "must be an integer in [0, 5] or null");
-            return unsupported(pc, "logprobs", NULL);
+            if (!get_int(lp, 0, RTR_OAI_MAX_TOP_LOGPROBS, &v))
+                return bad(pc, "logprobs", "must be an integer in [0, 20] or null");
+            req->logprobs = true;
+            req->top_logprobs = (uint32_t)v;
         }
         const cJSON *echo = cJSON_GetObjectItemCaseSensitive(root, "echo");
         if (echo != NULL && !cJSON_IsNull(echo) && !cJSON_IsBool(echo))
@@ -825,9 +824,156 @@ static void add_finish(cJSON *choice, const char *finish_reason)
         cJSON_AddNullToObject(choice, "finish_reason");
 }
 
+/* ---- logprobs ------------------------------------------------------------- */
+
+/* Length of the UTF-8 sequence starting at p (1 for an invalid byte), and
+ * whether it is valid. */
+static size_t utf8_seq(const unsigned char *p, size_t n, bool *ok)
+{
+    unsigned char c = p[0];
+    size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3
+               : (c & 0xf8) == 0xf0 ? 4 : 0;
+    *ok = len != 0 && len <= n && c != 0 && c != 0xc0 && c != 0xc1 && c < 0xf5;
+    for (size_t i = 1; *ok && i < len; i++)
+        *ok = (p[i] & 0xc0) == 0x80;
+    return *ok ? len : 1;
+}
+
+static uint64_t utf8_chars(const char *s, size_t n)
+{
+    uint64_t chars = 0;
+    for (size_t i = 0; i < n; chars++) {
+        bool ok;
+        i += utf8_seq((const unsigned char *)s + i, n - i, &ok);
+    }
+    return chars;
+}
+
+/* A JSON string for token bytes: valid UTF-8 kept, every invalid byte (and
+ * NUL) as U+FFFD; the exact bytes go in "bytes". */
+static cJSON *token_string(const char *b, size_t n)
+{
+    char *s = malloc(n * 3 + 1);
+    if (s == NULL)
+        return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        bool ok;
+        size_t l = utf8_seq((const unsigned char *)b + i, n - i, &ok);
+        if (ok) {
+            memcpy(s + o, b + i, l);
+            o += l;
+        } else {
+            memcpy(s + o, "\xef\xbf\xbd", 3);
+            o += 3;
+        }
+        i += l;
+    }
+    s[o] = '\0';
+    cJSON *it = cJSON_CreateString(s);
+    free(s);
+    return it;
+}
+
+#define PIECE_MAX 256
+
+static size_t lp_piece(const rtr_oai_logprobs_t *lp, int32_t id, char *buf)
+{
+    return lp->piece != NULL ? lp->piece(lp->ctx, id, buf, PIECE_MAX) : 0;
+}
+
+uint64_t rtr_oai_logprobs_chars(const rtr_oai_logprobs_t *lp)
+{
+    char buf[PIECE_MAX];
+    uint64_t chars = 0;
+    for (uint32_t i = 0; lp != NULL && i < lp->n; i++)
+        chars += utf8_chars(buf, lp_piece(lp, lp->v[i].id, buf));
+    return chars;
+}
+
+/* {"token", "logprob", "bytes"} (+ "top_logprobs" when top is set). */
+static cJSON *chat_lp_item(const rtr_oai_logprobs_t *lp, int32_t id, float logprob,
+                           const rtr_oai_logprob_t *top)
+{
+    char buf[PIECE_MAX];
+    size_t n = lp_piece(lp, id, buf);
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL)
+        return NULL;
+    cJSON_AddItemToObject(o, "token", token_string(buf, n));
+    cJSON_AddNumberToObject(o, "logprob", (double)logprob);
+    cJSON *bytes = cJSON_AddArrayToObject(o, "bytes");
+    for (size_t i = 0; bytes != NULL && i < n; i++)
+        cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)buf[i]));
+    if (top != NULL) {
+        cJSON *arr = cJSON_AddArrayToObject(o, "top_logprobs");
+        for (uint32_t k = 0; arr != NULL && k < top->n_top; k++)
+            cJSON_AddItemToArray(arr, chat_lp_item(lp, top->top_ids[k], top->top_lp[k], NULL));
+    }
+    return o;
+}
+
+static cJSON *logprobs_json(rtr_api_t api, const rtr_oai_logprobs_t *lp)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL)
+        return NULL;
+    if (api == RTR_API_CHAT) {
+        cJSON *content = cJSON_AddArrayToObject(o, "content");
+        for (uint32_t i = 0; content != NULL && i < lp->n; i++)
+            cJSON_AddItemToArray(content, chat_lp_item(lp, lp->v[i].id, lp->v[i].logprob,
+                                                       &lp->v[i]));
+        cJSON_AddNullToObject(o, "refusal");
+        return o;
+    }
+    cJSON *tokens = cJSON_AddArrayToObject(o, "tokens");
+    cJSON *tlp = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON *off = cJSON_AddArrayToObject(o, "text_offset");
+    if (tokens == NULL || tlp == NULL || top == NULL || off == NULL)
+        return o;
+    uint64_t at = lp->text_offset;
+    char buf[PIECE_MAX], tb[PIECE_MAX];
+    for (uint32_t i = 0; i < lp->n; i++) {
+        const rtr_oai_logprob_t *e = &lp->v[i];
+        size_t n = lp_piece(lp, e->id, buf);
+        cJSON_AddItemToArray(tokens, token_string(buf, n));
+        cJSON_AddItemToArray(tlp, cJSON_CreateNumber((double)e->logprob));
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
+        at += utf8_chars(buf, n);
+        /* the top alternatives, then the chosen token (OpenAI: up to n + 1) */
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddItemToArray(top, d);
+        for (uint32_t k = 0; d != NULL && k <= e->n_top; k++) {
+            int32_t id = k < e->n_top ? e->top_ids[k] : e->id;
+            float v = k < e->n_top ? e->top_lp[k] : e->logprob;
+            cJSON *key = token_string(tb, lp_piece(lp, id, tb));
+            if (key != NULL && cJSON_GetObjectItemCaseSensitive(d, key->valuestring) == NULL)
+                cJSON_AddNumberToObject(d, key->valuestring, (double)v);
+            cJSON_Delete(key);
+        }
+    }
+    return o;
+}
+
+static void add_logprobs(cJSON *choice, rtr_api_t api, const rtr_oai_logprobs_t *lp)
+{
+    if (lp == NULL)
+        cJSON_AddNullToObject(choice, "logprobs");
+    else
+        cJSON_AddItemToObject(choice, "logprobs", logprobs_json(api, lp));
+}
+
 char *rtr_oai_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
                          const char *text, size_t text_len,
                          const char *finish_reason, bool with_role)
+{
+    return rtr_oai_chunk_lp_json(meta, index, text, text_len, finish_reason, with_role, NULL);
+}
+
+char *rtr_oai_chunk_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
+                            const char *text, size_t text_len, const char *finish_reason,
+                            bool with_role, const rtr_oai_logprobs_t *lp)
 {
     cJSON *root = meta_object(meta, true);
     cJSON *choices = cJSON_AddArrayToObject(root, "choices");
@@ -848,7 +994,7 @@ char *rtr_oai_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
     } else {
         cJSON_AddItemToObject(choice, "text", text_item(text, text_len));
     }
-    cJSON_AddNullToObject(choice, "logprobs");
+    add_logprobs(choice, meta->api, lp);
     add_finish(choice, finish_reason);
     return print_and_free(root);
 }
@@ -867,6 +1013,15 @@ char *rtr_oai_response_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
                             const char *const *texts, const size_t *text_lens,
                             const char *const *finish_reasons,
                             const rtr_oai_usage_t *usage)
+{
+    return rtr_oai_response_lp_json(meta, n_choices, texts, text_lens, finish_reasons, usage,
+                                    NULL);
+}
+
+char *rtr_oai_response_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
+                               const char *const *texts, const size_t *text_lens,
+                               const char *const *finish_reasons,
+                               const rtr_oai_usage_t *usage, const rtr_oai_logprobs_t *lps)
 {
     cJSON *root = meta_object(meta, false);
     cJSON *choices = cJSON_AddArrayToObject(root, "choices");
@@ -887,7 +1042,7 @@ char *rtr_oai_response_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
         } else {
             cJSON_AddItemToObject(choice, "text", text_item(texts[i], text_lens[i]));
         }
-        cJSON_AddNullToObject(choice, "logprobs");
+        add_logprobs(choice, meta->api, lps != NULL ? &lps[i] : NULL);
         add_finish(choice, finish_reasons[i]);
     }
     add_usage(root, usage);

@@ -7,9 +7,12 @@
  *          [--kv f16|f32] [--block-tokens N] [--no-bos] [--engine llama]
  *          [--presence-penalty X] [--frequency-penalty X] [--repetition-penalty X]
  *          [--min-p X] [--logit-bias ID:BIAS,...] [--stop-token-ids 1,2]
+ *          [--logprobs-out N]
  *
  * Text streams to stdout as it is generated; --tokens-out prints the
- * generated token ids (space separated, one line) instead. Timings go to
+ * generated token ids (space separated, one line) instead; --logprobs-out N
+ * then adds one line per token: "#lp ID LOGPROB TOP1:LP1 ..." (the model's
+ * log-softmax, N alternatives; see eng_sample_logprobs). Timings go to
  * stderr. Exit 0 on success, 2 on bad usage, 1 on other errors. */
 #include <getopt.h>
 #include <stdio.h>
@@ -33,6 +36,7 @@ static void usage(FILE *f)
         "  --stop STR         stop string (repeatable, up to %d)\n"
         "  --presence-penalty X  --frequency-penalty X  --repetition-penalty X  --min-p X\n"
         "  --logit-bias ID:BIAS,...   --stop-token-ids ID,...\n"
+        "  --logprobs-out N   with --tokens-out: per-token logprobs, N alternatives\n"
         "  --threads N        compute threads (default: online cores)\n"
         "  --tokens-out       print generated token ids instead of text\n"
         "  --kv f16|f32       KV cache dtype (default f16)\n"
@@ -84,11 +88,11 @@ int main(int argc, char **argv)
     eng_sample_params_default(&sp);
     sp.max_tokens = 32;
     eng_load_opts_t lo = { .engine = "llama", .kv_dtype = ENG_KV_F16, .max_batch = 1 };
-    int tokens_out = 0, no_bos = 0;
+    int tokens_out = 0, no_bos = 0, lp_top = -1;
 
     enum { O_MODEL = 1, O_PROMPT, O_MAXT, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_THREADS,
            O_MINT, O_IGNEOS, O_STOP, O_TOKENS, O_TOKOUT, O_KV, O_BT, O_NOBOS, O_ENGINE,
-           O_HELP, O_PRES, O_FREQ, O_REP, O_MINP, O_BIAS, O_STOPIDS };
+           O_HELP, O_PRES, O_FREQ, O_REP, O_MINP, O_BIAS, O_STOPIDS, O_LPOUT };
     static const struct option opts[] = {
         { "model", required_argument, NULL, O_MODEL },
         { "prompt", required_argument, NULL, O_PROMPT },
@@ -107,6 +111,7 @@ int main(int argc, char **argv)
         { "min-p", required_argument, NULL, O_MINP },
         { "logit-bias", required_argument, NULL, O_BIAS },
         { "stop-token-ids", required_argument, NULL, O_STOPIDS },
+        { "logprobs-out", required_argument, NULL, O_LPOUT },
         { "tokens", required_argument, NULL, O_TOKENS },
         { "tokens-out", no_argument, NULL, O_TOKOUT },
         { "kv", required_argument, NULL, O_KV },
@@ -187,6 +192,7 @@ int main(int argc, char **argv)
             free(sids);
             break;
         }
+        case O_LPOUT: lp_top = (int)strtol(optarg, &end, 10); break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -271,14 +277,16 @@ int main(int argc, char **argv)
     uint32_t *bt = malloc(n_blocks * sizeof(*bt));
     float *logits = malloc((size_t)g->vocab_size * sizeof(float));
     int32_t *gen = malloc((size_t)max_pos * sizeof(*gen)); /* generated ids, for penalties */
+    eng_logprobs_t *lps = lp_top >= 0 ? calloc(max_pos, sizeof(*lps)) : NULL;
     eng_sample_scratch_t scr;
-    if (!arena || !bt || !logits || !gen ||
+    if (!arena || !bt || !logits || !gen || (lp_top >= 0 && !lps) ||
         eng_sample_scratch_create(&scr, g->vocab_size) != PD_OK) {
         fprintf(stderr, "pd-run: out of memory\n");
         free(arena);
         free(bt);
         free(logits);
         free(gen);
+        free(lps);
         goto out_model;
     }
     for (uint32_t i = 0; i < n_blocks; i++)
@@ -307,7 +315,9 @@ int main(int argc, char **argv)
     char piece[ENG_DETOK_OUT_MAX], outb[ENG_DETOK_OUT_MAX + ENG_STOP_MAX_LEN];
     for (;;) {
         eng_sample_hist_t hist = { ids, (uint32_t)n_ids, gen, n_gen };
-        int32_t t = eng_sample_next(&smp, logits, g->vocab_size, &scr, &hist);
+        int32_t t = eng_sample_next_lp(&smp, logits, g->vocab_size, &scr, &hist,
+                                       lp_top >= 0 ? (uint32_t)lp_top : 0,
+                                       lps ? &lps[n_gen] : NULL);
         eng_finish_t f = eng_sampler_accept(&smp, t);
         gen[n_gen++] = t;
         /* an EOS ends without text; a stop_token_ids token is output (as vLLM) */
@@ -347,6 +357,12 @@ int main(int argc, char **argv)
         fwrite(outb, 1, no, stdout);
     }
     printf("\n");
+    for (uint32_t i = 0; lps != NULL && tokens_out && i < n_gen; i++) {
+        printf("#lp %d %.9g", gen[i], (double)lps[i].logprob);
+        for (uint32_t k = 0; k < lps[i].n_top; k++)
+            printf(" %d:%.9g", lps[i].top_ids[k], (double)lps[i].top_lp[k]);
+        printf("\n");
+    }
     uint64_t t2 = pd_now_ns();
     fprintf(stderr, "pd-run: prompt %zu tokens, prefill %.1f ms (%.1f tok/s); "
             "generated %u tokens, decode %.1f tok/s; finish_reason=%s\n",
@@ -356,6 +372,7 @@ int main(int argc, char **argv)
 out_buf:
     eng_sample_scratch_destroy(&scr);
     free(gen);
+    free(lps);
     free(arena);
     free(bt);
     free(logits);

@@ -513,8 +513,16 @@ static void test_sampling_tail(void **state)
         uint16_t type = k ? PROTO_MSG_DECODE_REQ : PROTO_MSG_PREFILL_REQ;
         ps_make(type, PS_MID, &m);
         uint8_t *buf = enc(&m, &len);
-        /* tail = 4 f32 + u32 count + 2 x (u32 id, f32 bias) */
-        size_t tail = len - (16 + 4 + 2 * 8);
+        /* tail = 4 f32 + u32 count + 2 x (u32 id, f32 bias) + 2 u32 (logprobs) */
+        size_t tail = len - (16 + 4 + 2 * 8 + 8);
+        assert_int_equal(get32(buf + len - 8), 1);   /* logprobs */
+        assert_int_equal(get32(buf + len - 4), 3);   /* top_logprobs */
+        put32(buf + len - 4, PROTO_MAX_TOP_LOGPROBS + 1);
+        assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+        put32(buf + len - 4, 3);
+        put32(buf + len - 8, 0); /* top_logprobs without logprobs */
+        assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+        put32(buf + len - 8, 1);
         assert_int_equal(get32(buf + tail + 16), 2);
         float f;
         memcpy(&f, buf + tail, 4);
@@ -533,6 +541,33 @@ static void test_sampling_tail(void **state)
         assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
         free(buf);
     }
+    /* the logprobs tail of TOKENS: one entry per token or none; values <= 0 */
+    ps_make(PROTO_MSG_TOKENS, PS_MID, &m);
+    uint8_t *buf = enc(&m, &len);
+    size_t tail = len - (8 + 4 + 8 * 4);     /* top_n 4, one token */
+    assert_int_equal(get32(buf + tail), 4);
+    assert_int_equal(get32(buf + tail + 4), 1);
+    assert_int_equal(decode_check(buf, len, &d), PD_OK);
+    proto_logprob_t e;
+    proto_logprobs_get(&d.u.tokens.logprobs, 0, &e);
+    assert_true(e.logprob == 0.0f && e.top_ids[0] == INT32_MAX);
+    put32(buf + tail + 4, 2); /* more entries than tokens */
+    assert_int_equal(decode_check(buf, len, &d), PD_ERR_TOO_BIG);
+    put32(buf + tail + 4, 1);
+    float f = 0.5f; /* a positive logprob */
+    memcpy(buf + tail + 8, &f, 4);
+    assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+    f = NAN;
+    memcpy(buf + tail + 8, &f, 4);
+    assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+    f = -1.0f;
+    memcpy(buf + tail + 8, &f, 4);
+    put32(buf + tail + 12, 0x80000000u); /* a negative id */
+    assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+    free(buf);
+    ps_make(PROTO_MSG_TOKENS, PS_MID, &m);
+    m.u.tokens.logprobs.top_n = PROTO_MAX_TOP_LOGPROBS + 1;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_TOO_BIG);
 }
 
 /* Layout pinned to PROTOCOL.md: header and a RELEASE, byte by byte. */

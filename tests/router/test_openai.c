@@ -135,7 +135,7 @@ static void test_bad_requests(void **state)
     expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":[1]}", 400, "stop", NULL);
     expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]}", 400, "stop", NULL);
     expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"min_tokens\":20}", 400, "min_tokens", NULL);
-    expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":3}", 400, "logprobs", "unsupported_parameter");
+    expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":true}", 400, "logprobs", NULL);
     expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"model\":7}", 400, "model", NULL);
     expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"stream_options\":1}", 400, "stream_options", NULL);
     expect_bad(RTR_API_CHAT, "{\"messages\":[]}", 400, "messages", NULL);
@@ -169,7 +169,8 @@ static void test_strict_policy(void **state)
     expect_bad(H, HM "\"logprobs\":false,\"top_logprobs\":3}", 400, "top_logprobs", NULL);
     expect_bad(H, HM "\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs", NULL);
     expect_bad(H, HM "\"logprobs\":1}", 400, "logprobs", NULL);
-    expect_bad(C, CM "\"logprobs\":6}", 400, "logprobs", NULL);
+    expect_bad(C, CM "\"logprobs\":21}", 400, "logprobs", NULL);
+    expect_bad(C, CM "\"logprobs\":-1}", 400, "logprobs", NULL);
     /* structured output, tools, storage: refused unless neutral */
     expect_bad(H, HM "\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format",
                "unsupported_parameter");
@@ -289,6 +290,120 @@ static void test_penalties_parsed(void **state)
                "stop_token_ids", NULL);
 }
 
+/* Piece callback for the logprobs tests: id 1 "Hi", 2 " there", 3 a lone
+ * UTF-8 lead byte, 4 "é"; others "t<id>". */
+static size_t test_piece(void *ctx, int32_t id, char *buf, size_t cap)
+{
+    (void)ctx;
+    const char *s = id == 1 ? "Hi" : id == 2 ? " there" : id == 3 ? "\xe6" : id == 4 ? "\xc3\xa9"
+                                                                                   : NULL;
+    char tmp[16];
+    if (s == NULL) {
+        snprintf(tmp, sizeof(tmp), "t%d", id);
+        s = tmp;
+    }
+    size_t n = strlen(s);
+    if (n > cap)
+        return 0;
+    memcpy(buf, s, n);
+    return n;
+}
+
+static void test_logprobs_parse_and_shapes(void **state)
+{
+    rtr_oai_req_t req;
+    rtr_oai_error_t err;
+    assert_int_equal(parse(RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                           "\"logprobs\":true,\"top_logprobs\":20}", &req, &err), PD_OK);
+    assert_true(req.logprobs && req.top_logprobs == 20);
+    rtr_oai_req_free(&req);
+    assert_int_equal(parse(RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                           "\"logprobs\":false}", &req, &err), PD_OK);
+    assert_false(req.logprobs);
+    rtr_oai_req_free(&req);
+    assert_int_equal(parse(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":0}", &req, &err),
+                     PD_OK);
+    assert_true(req.logprobs && req.top_logprobs == 0);
+    rtr_oai_req_free(&req);
+
+    rtr_oai_logprob_t v[3] = {
+        { .id = 1, .logprob = -0.5f, .n_top = 2, .top_ids = { 1, 7 }, .top_lp = { -0.5f, -1.5f } },
+        { .id = 3, .logprob = -2.0f, .n_top = 2, .top_ids = { 4, 2 }, .top_lp = { -0.25f, -1.0f } },
+        { .id = 4, .logprob = -0.25f, .n_top = 0 },
+    };
+    rtr_oai_logprobs_t lp = { v, 3, 10, test_piece, NULL };
+    assert_int_equal(rtr_oai_logprobs_chars(&lp), 2 + 1 + 1);
+    /* chat: {content: [{token, logprob, bytes, top_logprobs: [...]}], refusal: null} */
+    rtr_oai_resp_meta_t meta = { "chatcmpl-1", "m", 1700000000, RTR_API_CHAT };
+    const char *texts[1] = { "Hi\xef\xbf\xbd\xc3\xa9" };
+    size_t lens[1] = { strlen(texts[0]) };
+    const char *fr[1] = { "length" };
+    rtr_oai_usage_t u = { 3, 3 };
+    char *json = rtr_oai_response_lp_json(&meta, 1, texts, lens, fr, &u, &lp);
+    cJSON *root = cJSON_Parse(json);
+    assert_non_null(root);
+    cJSON *l = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0),
+                                   "logprobs");
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(l, "refusal")));
+    cJSON *content = cJSON_GetObjectItem(l, "content");
+    assert_int_equal(cJSON_GetArraySize(content), 3);
+    cJSON *c0 = cJSON_GetArrayItem(content, 0), *c1 = cJSON_GetArrayItem(content, 1);
+    assert_string_equal(cJSON_GetObjectItem(c0, "token")->valuestring, "Hi");
+    assert_float_equal(cJSON_GetObjectItem(c0, "logprob")->valuedouble, -0.5, 1e-9);
+    cJSON *bytes = cJSON_GetObjectItem(c0, "bytes");
+    assert_int_equal(cJSON_GetArraySize(bytes), 2);
+    assert_int_equal(cJSON_GetArrayItem(bytes, 0)->valueint, 'H');
+    cJSON *top = cJSON_GetObjectItem(c0, "top_logprobs");
+    assert_int_equal(cJSON_GetArraySize(top), 2);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(top, 1), "token")->valuestring, "t7");
+    assert_null(cJSON_GetObjectItem(cJSON_GetArrayItem(top, 1), "top_logprobs"));
+    /* a lone lead byte: U+FFFD in the string, the exact byte in "bytes" */
+    assert_string_equal(cJSON_GetObjectItem(c1, "token")->valuestring, "\xef\xbf\xbd");
+    assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(c1, "bytes"), 0)->valueint, 0xe6);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(content, 2),
+                                                            "top_logprobs")), 0);
+    cJSON_Delete(root);
+    free(json);
+    /* streaming chunk: the same object inside the choice */
+    json = rtr_oai_chunk_lp_json(&meta, 0, "Hi", 2, NULL, false, &lp);
+    root = cJSON_Parse(json);
+    l = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0), "logprobs");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(l, "content")), 3);
+    cJSON_Delete(root);
+    free(json);
+    /* completions: tokens, token_logprobs, top_logprobs (top n + chosen), text_offset */
+    meta.api = RTR_API_COMPLETIONS;
+    json = rtr_oai_chunk_lp_json(&meta, 0, "Hi", 2, NULL, false, &lp);
+    root = cJSON_Parse(json);
+    assert_non_null(root);
+    l = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0), "logprobs");
+    cJSON *tokens = cJSON_GetObjectItem(l, "tokens");
+    assert_int_equal(cJSON_GetArraySize(tokens), 3);
+    assert_string_equal(cJSON_GetArrayItem(tokens, 2)->valuestring, "\xc3\xa9");
+    assert_float_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(l, "token_logprobs"), 1)->valuedouble,
+                       -2.0, 1e-9);
+    cJSON *off = cJSON_GetObjectItem(l, "text_offset");
+    assert_int_equal(cJSON_GetArrayItem(off, 0)->valueint, 10);
+    assert_int_equal(cJSON_GetArrayItem(off, 1)->valueint, 12);
+    assert_int_equal(cJSON_GetArrayItem(off, 2)->valueint, 13);
+    cJSON *tl = cJSON_GetObjectItem(l, "top_logprobs");
+    cJSON *d0 = cJSON_GetArrayItem(tl, 0), *d1 = cJSON_GetArrayItem(tl, 1);
+    assert_int_equal(cJSON_GetArraySize(d0), 2);        /* Hi (top and chosen) + t7 */
+    assert_float_equal(cJSON_GetObjectItem(d0, "t7")->valuedouble, -1.5, 1e-9);
+    assert_int_equal(cJSON_GetArraySize(d1), 3);        /* é, " there", and the chosen */
+    assert_float_equal(cJSON_GetObjectItem(d1, "\xef\xbf\xbd")->valuedouble, -2.0, 1e-9);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetArrayItem(tl, 2)), 1); /* logprobs 0: chosen */
+    cJSON_Delete(root);
+    free(json);
+    /* no logprobs asked: null, as before */
+    json = rtr_oai_chunk_json(&meta, 0, "Hi", 2, NULL, false);
+    root = cJSON_Parse(json);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root,
+                                                 "choices"), 0), "logprobs")));
+    cJSON_Delete(root);
+    free(json);
+}
+
 static void test_too_long(void **state)
 {
     size_t n = 5000;
@@ -380,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_strict_policy),
         cmocka_unit_test(test_penalties_parsed),
+        cmocka_unit_test(test_logprobs_parse_and_shapes),
         cmocka_unit_test(test_too_long),
         cmocka_unit_test(test_bodies),
     };

@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -688,6 +689,160 @@ static void test_equiv_penalties(void **st)
     g.presence = 2.0;
     n = check_sampled(ids, 20, &g, true, "presence_penalty", ref, MAXTOK + 4);
     assert_true(n != np || memcmp(ref, plain, (size_t)n * sizeof(int32_t)) != 0);
+    quiet_ok(&g_a);
+    quiet_ok(&g_b);
+}
+
+/* pd-run's per-token logprobs: "#lp ID LP TOP:LP ..." lines after the ids. */
+typedef struct {
+    int32_t id;
+    double lp;
+    int n_top;
+    int32_t top_ids[20];
+    double top_lp[20];
+} lp_ref_t;
+
+static int pdrun_logprobs(const int32_t *ids, int n, const samp_t *sp, int top, lp_ref_t *out,
+                          int cap)
+{
+    char *list = ids_json(ids, n);
+    list[strlen(list) - 1] = '\0'; /* "[1,2]" -> "1,2" */
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd), "%s --engine llama --model %s --tokens %s --max-tokens %d "
+             "--temperature %g --top-p %g --top-k %d --seed %llu --threads 1 --tokens-out "
+             "--logprobs-out %d 2>/dev/null", g_pdrun, g_model, list + 1, MAXTOK,
+             sp->temperature, sp->top_p, sp->top_k, sp->seed, top);
+    free(list);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    char line[4096];
+    int k = 0;
+    while (fgets(line, sizeof(line), f) != NULL && k < cap) {
+        if (strncmp(line, "#lp ", 4) != 0)
+            continue;
+        char *p = line + 4, *e;
+        lp_ref_t *r = &out[k++];
+        r->id = (int32_t)strtol(p, &e, 10);
+        r->lp = strtod(e, &p);
+        r->n_top = 0;
+        for (;;) {
+            long id = strtol(p, &e, 10);
+            if (e == p || *e != ':' || r->n_top == 20)
+                break;
+            r->top_ids[r->n_top] = (int32_t)id;
+            r->top_lp[r->n_top++] = strtod(e + 1, &p);
+        }
+    }
+    assert_int_equal(pclose(f), 0);
+    return k;
+}
+
+/* The choices[0].logprobs objects of a reply, in order (one per SSE chunk
+ * that has one, or the single body's); appends completions-shape arrays. */
+static void collect_lp(const char *body, bool stream, cJSON *tokens, cJSON *tlp, cJSON *top,
+                       cJSON *off)
+{
+    const char *p = body;
+    while (p != NULL && *p) {
+        const char *js = p;
+        if (stream) {
+            js = strstr(p, "data: ");
+            if (js == NULL)
+                break;
+            js += 6;
+            p = strstr(js, "\n");
+        } else {
+            p = NULL;
+        }
+        cJSON *j = cJSON_Parse(js);
+        cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0),
+                                        "logprobs");
+        if (cJSON_IsObject(lp)) {
+            const char *names[4] = { "tokens", "token_logprobs", "top_logprobs", "text_offset" };
+            cJSON *dst[4] = { tokens, tlp, top, off };
+            for (int k = 0; k < 4; k++) {
+                cJSON *a = cJSON_GetObjectItem(lp, names[k]), *x;
+                assert_true(cJSON_IsArray(a));
+                cJSON_ArrayForEach(x, a)
+                    cJSON_AddItemToArray(dst[k], cJSON_Duplicate(x, true));
+            }
+        }
+        cJSON_Delete(j);
+    }
+}
+
+/* Completions logprobs (token 0 on the prefill, the rest on the decode):
+ * the values equal pd-run's log-softmax of the same logits, streamed or not,
+ * disaggregated or decode-local. */
+static void test_equiv_logprobs(void **st)
+{
+    (void)st;
+    static const int lens[] = { 7, 33, 130 };
+    static const samp_t sets[] = {
+        { .temperature = 0, .top_p = 1 },
+        { .temperature = 0.9, .top_p = 0.95, .top_k = 40, .seed = 77 },
+    };
+    static const int tops[] = { 0, 5, 20 };
+    int32_t ids[200];
+    lp_ref_t ref[MAXTOK + 4];
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        make_prompt(ids, lens[i], 1300 + (unsigned)i, 4, 259);
+        for (size_t k = 0; k < sizeof(sets) / sizeof(sets[0]); k++) {
+            int top = tops[(i + k) % 3];
+            int nref = pdrun_logprobs(ids, lens[i], &sets[k], top, ref, MAXTOK + 4);
+            assert_true(nref > 0);
+            char *list = ids_json(ids, lens[i]);
+            char *body = malloc(strlen(list) + 512);
+            for (int stream = 0; stream < 2; stream++) {
+                sprintf(body, "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":%g,\"top_p\":%g,"
+                        "\"top_k\":%d,\"seed\":%llu,\"logprobs\":%d%s}", list, MAXTOK,
+                        sets[k].temperature, sets[k].top_p, sets[k].top_k, sets[k].seed, top,
+                        stream ? ",\"stream\":true" : "");
+                e2e_deploy_t *ds[2] = { &g_a, &g_b };
+                for (int d = 0; d < 2; d++) {
+                    e2e_resp_t r;
+                    e2e_http(ds[d]->http_port, "POST", "/v1/completions", NULL, body, 60.0, &r);
+                    assert_int_equal(r.status, 200);
+                    cJSON *tokens = cJSON_CreateArray(), *tlp = cJSON_CreateArray(),
+                          *tp = cJSON_CreateArray(), *off = cJSON_CreateArray();
+                    collect_lp(r.body, stream, tokens, tlp, tp, off);
+                    const char *what = d ? "decode-local" : "disaggregated";
+                    if (cJSON_GetArraySize(tlp) != nref)
+                        fail_msg("%s prompt %d set %zu stream %d: %d logprobs, pd-run %d tokens",
+                                 what, lens[i], k, stream, cJSON_GetArraySize(tlp), nref);
+                    uint64_t at = 0;
+                    for (int t = 0; t < nref; t++) {
+                        double got = cJSON_GetArrayItem(tlp, t)->valuedouble;
+                        if (fabs(got - ref[t].lp) > 2e-3)
+                            fail_msg("%s prompt %d set %zu stream %d token %d: logprob %.6f, "
+                                     "pd-run %.6f (id %d)\n%.1500s", what, lens[i], k, stream, t,
+                                     got, ref[t].lp, ref[t].id, r.body);
+                        cJSON *dict = cJSON_GetArrayItem(tp, t);
+                        /* top n + the chosen token, keyed by token text */
+                        assert_true(cJSON_GetArraySize(dict) <= top + 1);
+                        assert_true(cJSON_GetArraySize(dict) >= 1);
+                        double best = -1e9;
+                        cJSON *x;
+                        cJSON_ArrayForEach(x, dict) best = x->valuedouble > best ? x->valuedouble : best;
+                        if (top > 0 && fabs(best - ref[t].top_lp[0]) > 2e-3)
+                            fail_msg("%s token %d: best alternative %.6f, pd-run %.6f", what, t,
+                                     best, ref[t].top_lp[0]);
+                        /* text_offset: from 0, non-decreasing across chunks */
+                        uint64_t o = (uint64_t)cJSON_GetArrayItem(off, t)->valuedouble;
+                        assert_true(t == 0 ? o == 0 : o >= at);
+                        at = o;
+                    }
+                    cJSON_Delete(tokens);
+                    cJSON_Delete(tlp);
+                    cJSON_Delete(tp);
+                    cJSON_Delete(off);
+                    e2e_resp_free(&r);
+                }
+            }
+            free(body);
+            free(list);
+        }
+    }
     quiet_ok(&g_a);
     quiet_ok(&g_b);
 }
@@ -1730,6 +1885,7 @@ int main(int argc, char **argv)
             cmocka_unit_test(test_equiv_concurrent),
             cmocka_unit_test(test_equiv_sampled),
             cmocka_unit_test(test_equiv_penalties),
+            cmocka_unit_test(test_equiv_logprobs),
             cmocka_unit_test(test_equiv_chat),
         };
         return finish(cmocka_run_group_tests_name("e2e-equiv", t, equiv_setup, equiv_teardown));

@@ -581,6 +581,70 @@ static void test_params_ranges(void **state)
     assert_int_equal(eng_sample_params_check(&p), PD_ERR_BAD_INPUT);
 }
 
+/* Logprobs: log-softmax of the raw logits, top n best first (lower id on
+ * ties), whatever the sampling parameters; eng_sample_next_lp draws as
+ * eng_sample_next does. */
+static void test_logprobs(void **state)
+{
+    (void)state;
+    enum { V = 50 };
+    uint32_t x = 4242;
+    float raw[V], lg[V];
+    for (uint32_t i = 0; i < V; i++)
+        raw[i] = (float)((int)(lcg(&x) % 1000) - 500) / 100.0f;
+    raw[9] = raw[31]; /* a tie */
+    double mx = -1e300, sum = 0;
+    for (uint32_t i = 0; i < V; i++)
+        mx = raw[i] > mx ? raw[i] : mx;
+    for (uint32_t i = 0; i < V; i++)
+        sum += exp(raw[i] - mx);
+    double lse = mx + log(sum);
+    eng_logprobs_t lp;
+    eng_sample_logprobs(raw, V, 17, 20, &lp);
+    assert_float_equal(lp.logprob, raw[17] - lse, 1e-5);
+    assert_int_equal(lp.n_top, 20);
+    for (uint32_t k = 0; k < 20; k++) {
+        int32_t id = lp.top_ids[k];
+        assert_float_equal(lp.top_lp[k], raw[id] - lse, 1e-5);
+        /* rank: exactly k tokens are better (higher, or equal with lower id) */
+        uint32_t better = 0;
+        for (uint32_t i = 0; i < V; i++)
+            better += raw[i] > raw[id] || (raw[i] == raw[id] && (int32_t)i < id);
+        assert_int_equal(better, k);
+    }
+    eng_sample_logprobs(raw, 3, 1, 20, &lp); /* n_top capped by the vocabulary */
+    assert_int_equal(lp.n_top, 3);
+    eng_sample_logprobs(raw, V, 5, 0, &lp);
+    assert_int_equal(lp.n_top, 0);
+    assert_float_equal(lp.logprob, raw[5] - lse, 1e-5);
+    /* with penalties and a bias the logprobs stay the model's; the draw is
+     * the same as without logprobs */
+    eng_sample_params_t p;
+    eng_sample_params_default(&p);
+    p.temperature = 0.7f;
+    p.seed = 5;
+    p.presence_penalty = 1.0f;
+    p.n_bias = 1;
+    p.bias[0] = (eng_logit_bias_t){ 3, 7.0f };
+    eng_sample_scratch_t scr;
+    assert_int_equal(eng_sample_scratch_create(&scr, V), PD_OK);
+    eng_sampler_t a, b;
+    eng_sampler_init(&a, &p);
+    eng_sampler_init(&b, &p);
+    const int32_t gen[] = { 3, 3, 8 };
+    eng_sample_hist_t h = { NULL, 0, gen, 3 };
+    for (int k = 0; k < 50; k++) {
+        memcpy(lg, raw, sizeof(lg));
+        int32_t t1 = eng_sample_next_lp(&a, lg, V, &scr, &h, 4, &lp);
+        memcpy(lg, raw, sizeof(lg));
+        int32_t t2 = eng_sample_next(&b, lg, V, &scr, &h);
+        assert_int_equal(t1, t2);
+        assert_float_equal(lp.logprob, raw[t1] - lse, 1e-5);
+        assert_int_equal(lp.n_top, 4);
+    }
+    eng_sample_scratch_destroy(&scr);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -594,6 +658,7 @@ int main(void)
         cmocka_unit_test(test_probs_vs_reference),
         cmocka_unit_test(test_penalties_handoff),
         cmocka_unit_test(test_params_ranges),
+        cmocka_unit_test(test_logprobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -231,6 +231,65 @@ const checks = {
     assert.equal(s.response.headers.get('x-seed'), sb);
   },
 
+  // logprobs in OpenAI's shapes, through the client, streamed and not.
+  async chatLogprobs() {
+    const c = { model, messages: [{ role: 'user', content: 'say something' }], max_tokens: 10,
+      temperature: 0, logprobs: true, top_logprobs: 3 };
+    const a = await client.chat.completions.create(c);
+    const lp = a.choices[0].logprobs;
+    assert.equal(lp.refusal, null);
+    assert.equal(lp.content.length, a.usage.completion_tokens);
+    let text = '';
+    for (const e of lp.content) {
+      assert.equal(typeof e.token, 'string');
+      assert.ok(e.logprob <= 0);
+      assert.ok(Array.isArray(e.bytes));
+      assert.equal(e.top_logprobs.length, 3);
+      for (let k = 1; k < 3; k++) assert.ok(e.top_logprobs[k].logprob <= e.top_logprobs[k - 1].logprob);
+      // greedy without penalties picks the model's most likely token
+      assert.equal(e.top_logprobs[0].token, e.token);
+      assert.equal(e.top_logprobs[0].logprob, e.logprob);
+      assert.ok(e.top_logprobs.reduce((x, t) => x + Math.exp(t.logprob), 0) <= 1 + 1e-6);
+      text += Buffer.from(e.bytes).toString('latin1');
+    }
+    // the bytes of the tokens are the bytes of the text (EOS excepted)
+    const body = Buffer.from(a.choices[0].message.content, 'utf8').toString('latin1');
+    assert.ok(text.startsWith(body), `${JSON.stringify(text)} vs ${JSON.stringify(body)}`);
+    // streamed: the same entries, spread over the chunks
+    const st = await client.chat.completions.create({ ...c, stream: true });
+    const got = [];
+    for await (const chunk of st)
+      for (const ch of chunk.choices) if (ch.logprobs) got.push(...ch.logprobs.content);
+    assert.deepEqual(got, lp.content);
+    // the SDK's stream helper accumulates them too
+    const final = await client.beta.chat.completions.stream(c).finalChatCompletion();
+    assert.deepEqual(final.choices[0].logprobs.content, lp.content);
+    // no logprobs asked: null
+    const n = await client.chat.completions.create({ ...c, logprobs: false, top_logprobs: undefined });
+    assert.equal(n.choices[0].logprobs, null);
+  },
+
+  async completionsLogprobsMatchReference() {
+    const ids = Array.from({ length: 24 }, (_, i) => 4 + ((i * 71) % 250));
+    const r = spawnSync(process.env.PD_E2E_PDRUN, ['--model', process.env.PD_E2E_GGUF,
+      '--tokens', ids.join(','), '--max-tokens', '8', '--threads', '1', '--temperature', '0.8',
+      '--seed', '21', '--tokens-out', '--logprobs-out', '2'], { encoding: 'utf8' });
+    assert.equal(r.status, 0);
+    const ref = r.stdout.split('\n').filter((l) => l.startsWith('#lp ')).map((l) => Number(l.split(' ')[2]));
+    const p = { model, prompt: ids, max_tokens: 8, temperature: 0.8, seed: 21, logprobs: 2 };
+    const a = await client.completions.create(p);
+    const l = a.choices[0].logprobs;
+    assert.equal(l.token_logprobs.length, ref.length);
+    l.token_logprobs.forEach((v, i) => assert.ok(Math.abs(v - ref[i]) < 2e-3, `${i}: ${v} vs ${ref[i]}`));
+    assert.equal(l.tokens.length, ref.length);
+    assert.equal(l.text_offset[0], 0);
+    for (const d of l.top_logprobs) assert.ok(Object.keys(d).length >= 1 && Object.keys(d).length <= 3);
+    const s = await client.completions.create({ ...p, stream: true });
+    const tl = [];
+    for await (const chunk of s) for (const c of chunk.choices) if (c.logprobs) tl.push(...c.logprobs.token_logprobs);
+    assert.deepEqual(tl, l.token_logprobs);
+  },
+
   async abortMidStream() {
     const ac = new AbortController();
     const stream = await client.completions.create(
