@@ -683,6 +683,10 @@ static void test_equiv_penalties(void **st)
         first++;
     assert_int_equal(n, first + 1);
     assert_memory_equal(ref, plain, (size_t)n * sizeof(int32_t));
+    /* token 0 (sampled on the prefill) as the stop id: one token, finish stop */
+    snprintf(sid, sizeof(sid), "%d", plain[0]);
+    n = check_sampled(ids, 20, &g, true, "stop_token_ids on token 0", ref, MAXTOK + 4);
+    assert_int_equal(n, 1);
     g.stop_ids = NULL;
     /* presence 2 at greedy: no token repeats unless its logit margin beats 2 —
      * at least the plain greedy output's repetitions must change */
