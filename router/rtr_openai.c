@@ -779,13 +779,34 @@ char *rtr_oai_error_json(const rtr_oai_error_t *err)
     return print_and_free(root);
 }
 
-/* cJSON strings are NUL-terminated: text with an embedded NUL is cut there. */
+/* Generated text as a JSON string. cJSON strings end at NUL, and a model
+ * can emit a byte 0 (a byte token), which would cut the text there; so the
+ * literal is escaped here (control bytes as \u00XX, NUL included) and
+ * inserted with cJSON_CreateRaw. Other bytes are copied as they are (the
+ * detokenizer only releases whole UTF-8 characters). */
 static cJSON *text_item(const char *text, size_t len)
 {
-    char *s = dup_n(text ? text : "", text ? len : 0);
+    if (text == NULL)
+        len = 0;
+    char *s = malloc(len * 6 + 3);
     if (s == NULL)
         return NULL;
-    cJSON *it = cJSON_CreateString(s);
+    size_t o = 0;
+    s[o++] = '"';
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (c == '"' || c == '\\') {
+            s[o++] = '\\';
+            s[o++] = (char)c;
+        } else if (c < 0x20 || c == 0x7f) {
+            o += (size_t)snprintf(s + o, 7, "\\u%04x", c);
+        } else {
+            s[o++] = (char)c;
+        }
+    }
+    s[o++] = '"';
+    s[o] = '\0';
+    cJSON *it = cJSON_CreateRaw(s);
     free(s);
     return it;
 }

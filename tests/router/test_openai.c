@@ -404,6 +404,31 @@ static void test_logprobs_parse_and_shapes(void **state)
     free(json);
 }
 
+/* A byte 0 in generated text (a byte token) must not cut the JSON string:
+ * control bytes are escaped, the rest of the text follows. */
+static void test_text_escaping(void **state)
+{
+    rtr_oai_resp_meta_t meta = { "cmpl-1", "m", 1700000000, RTR_API_COMPLETIONS };
+    const char text[] = "a\0b\"\\\n\x7f" "\xc3\xa9z";
+    const char *texts[1] = { text };
+    size_t lens[1] = { sizeof(text) - 1 };
+    const char *fr[1] = { "stop" };
+    rtr_oai_usage_t u = { 1, 1 };
+    char *json = rtr_oai_response_json(&meta, 1, texts, lens, fr, &u);
+    assert_non_null(strstr(json, "\"text\":\"a\\u0000b\\\"\\\\\\u000a\\u007f\xc3\xa9z\""));
+    cJSON *root = cJSON_Parse(json);
+    assert_non_null(root); /* still valid JSON */
+    cJSON_Delete(root);
+    free(json);
+    meta.api = RTR_API_CHAT;
+    json = rtr_oai_chunk_json(&meta, 0, text, sizeof(text) - 1, NULL, false);
+    assert_non_null(strstr(json, "\"content\":\"a\\u0000b\\\"\\\\\\u000a\\u007f\xc3\xa9z\""));
+    root = cJSON_Parse(json);
+    assert_non_null(root);
+    cJSON_Delete(root);
+    free(json);
+}
+
 static void test_too_long(void **state)
 {
     size_t n = 5000;
@@ -496,6 +521,7 @@ int main(void)
         cmocka_unit_test(test_strict_policy),
         cmocka_unit_test(test_penalties_parsed),
         cmocka_unit_test(test_logprobs_parse_and_shapes),
+        cmocka_unit_test(test_text_escaping),
         cmocka_unit_test(test_too_long),
         cmocka_unit_test(test_bodies),
     };

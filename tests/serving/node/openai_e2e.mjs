@@ -219,9 +219,6 @@ const checks = {
     const p = { model, prompt: LONG, max_tokens: 12, temperature: 1 };
     const t0 = Math.floor(Date.now() / 1000);
     const { data: a, response: ra } = await client.completions.create(p).withResponse();
-    // b streamed: with random tokens a byte 0 can appear, and a non-streamed
-    // text is cut there (cJSON strings end at NUL), a streamed one only in
-    // that chunk; so each answer is reproduced in its own mode.
     const b = await streamCompletion(p);
     const rb = b.response;
     const t1 = Math.ceil(Date.now() / 1000);
@@ -233,6 +230,13 @@ const checks = {
     const s = await streamCompletion({ ...p, seed: Number(sb) });
     assert.equal(s.text, b.text);
     assert.equal(s.response.headers.get('x-seed'), sb);
+    // and across modes: random tokens may include a byte 0, which must not
+    // cut the non-streamed text (it is escaped as \u0000)
+    for (let k = 0; k < 6; k++) {
+      const x = await streamCompletion(p);
+      const y = await client.completions.create({ ...p, seed: Number(x.response.headers.get('x-seed')) });
+      assert.equal(y.choices[0].text, x.text);
+    }
   },
 
   // logprobs in OpenAI's shapes, through the client, streamed and not.
