@@ -136,6 +136,11 @@ typedef struct dec_req {
     bool chunk_logits;
     /* sampling (compute thread while in_step) */
     eng_sampler_t smp;
+    bool lp_on;                         /* report logprobs with each token */
+    uint32_t lp_top;                    /* alternatives per token */
+    eng_logprobs_t step_lp;             /* step_token's (when lp_on; compute thread) */
+    eng_logprobs_t pend_lp;             /* the last taken token's (loop): the next
+                                         * step may overwrite step_lp meanwhile */
     int32_t step_token;
     eng_finish_t step_finish;
     pd_status_t step_status;

@@ -178,6 +178,14 @@ static void dec_send_tokens(dec_t *d, dec_req_t *r, uint32_t from)
     m.u.tokens.seq = r->seq++;
     m.u.tokens.tokens.n = r->n_gen - from;
     m.u.tokens.tokens.v = r->tok + r->n_prompt + from;
+    proto_logprob_t lp;
+    if (r->lp_on && m.u.tokens.tokens.n == 1) { /* pend_lp is the last token's */
+        _Static_assert(ENG_SAMPLE_MAX_TOP_LOGPROBS == PROTO_MAX_TOP_LOGPROBS, "top logprobs");
+        lp.logprob = r->pend_lp.logprob;
+        memcpy(lp.top_ids, r->pend_lp.top_ids, sizeof(lp.top_ids));
+        memcpy(lp.top_lp, r->pend_lp.top_lp, sizeof(lp.top_lp));
+        m.u.tokens.logprobs = (proto_logprobs_t){ r->pend_lp.n_top, 1, &lp, NULL };
+    }
     pd_status_t st = proto_session_send(d->sess, &m);
     if (st != PD_OK)
         pd_log(st == PD_ERR_SHUTDOWN ? PD_LOG_DEBUG : PD_LOG_WARN, DEC_COMP, r->id,
@@ -336,7 +344,9 @@ static void dec_step_run(eng_job_t *job)
         c->step_token = -1;
         c->step_finish = ENG_FINISH_NONE;
         if (c->step_status == PD_OK && c->chunk_logits) {
-            c->step_token = eng_sample_next(&c->smp, s->logits, vocab, &d->scratch);
+            eng_sample_hist_t h = { c->tok, c->n_prompt, c->tok + c->n_prompt, c->n_gen };
+            c->step_token = eng_sample_next_lp(&c->smp, s->logits, vocab, &d->scratch, &h,
+                                               c->lp_top, c->lp_on ? &c->step_lp : NULL);
             c->step_finish = dec_accept(d, c, c->step_token);
         }
     }
@@ -354,8 +364,10 @@ static void dec_step_run(eng_job_t *job)
             r->step_token = -1;
             r->step_finish = ENG_FINISH_NONE;
             if (st == PD_OK) {
-                r->step_token = eng_sample_next(&r->smp, s->logits + (size_t)i * vocab,
-                                                vocab, &d->scratch);
+                eng_sample_hist_t h = { r->tok, r->n_prompt, r->tok + r->n_prompt, r->n_gen };
+                r->step_token = eng_sample_next_lp(&r->smp, s->logits + (size_t)i * vocab,
+                                                   vocab, &d->scratch, &h, r->lp_top,
+                                                   r->lp_on ? &r->step_lp : NULL);
                 r->step_finish = dec_accept(d, r, r->step_token);
             }
         }
@@ -376,6 +388,8 @@ static void dec_take_token(dec_t *d, dec_req_t *r)
         return;
     }
     r->tok[r->n_prompt + r->n_gen++] = r->step_token;
+    if (r->lp_on)
+        r->pend_lp = r->step_lp;
     pd_stats_inc(d->stats, DEC_ST_tokens_out);
     r->pend_send = true;
     if (r->step_finish != ENG_FINISH_NONE) {
@@ -696,6 +710,15 @@ static pd_status_t dec_sampling(dec_t *d, const proto_sampling_t *ps, eng_sample
     if (ps->stop.n > ENG_SAMPLE_MAX_STOP_IDS)
         return PD_ERR_TOO_BIG;
     sp->n_stop_ids = proto_tokens_copy(&ps->stop, sp->stop_ids, ENG_SAMPLE_MAX_STOP_IDS);
+    sp->presence_penalty = ps->presence_penalty;
+    sp->frequency_penalty = ps->frequency_penalty;
+    sp->repetition_penalty = ps->repetition_penalty;
+    sp->min_p = ps->min_p;
+    if (ps->n_bias > ENG_SAMPLE_MAX_BIAS)
+        return PD_ERR_TOO_BIG;
+    sp->n_bias = ps->n_bias;
+    for (uint32_t i = 0; i < ps->n_bias; i++)
+        sp->bias[i] = (eng_logit_bias_t){ ps->bias_ids[i], ps->bias[i] };
     return eng_sample_params_check(sp);
 }
 
@@ -783,6 +806,8 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
     r->n_gen_given = proto_tokens_copy(&q->generated, r->tok + np, ng);
     r->n_blocks = nb;
     r->deadline_ns = q->deadline_ns;
+    r->lp_on = q->sampling.logprobs != 0;
+    r->lp_top = q->sampling.top_logprobs;
     if (!local) {
         memcpy(r->handle, q->kv_handle.p, q->kv_handle.len);
         r->handle_len = q->kv_handle.len;

@@ -1,5 +1,6 @@
-/* eng_sample.c - sampling (greedy, temperature, top-k, top-p), per-sequence
- * PRNG and token-level stop conditions. See eng_sample.h. */
+/* eng_sample.c - sampling (greedy, temperature, top-k, top-p, min-p; logit
+ * bias; presence, frequency and repetition penalties), per-sequence PRNG and
+ * token-level stop conditions. See eng_sample.h. */
 #include "eng_sample.h"
 
 #include <math.h>
@@ -42,16 +43,30 @@ void eng_sample_params_default(eng_sample_params_t *p)
 {
     memset(p, 0, sizeof(*p));
     p->top_p = 1.0f;
+    p->repetition_penalty = 1.0f;
+}
+
+static bool in_range(float v, float lo, float hi)
+{
+    return isfinite(v) && v >= lo && v <= hi;
 }
 
 pd_status_t eng_sample_params_check(const eng_sample_params_t *p)
 {
     if (!p || !isfinite(p->temperature) || p->temperature < 0.0f)
         return PD_ERR_BAD_INPUT;
-    if (!isfinite(p->top_p) || p->top_p < 0.0f || p->top_p > 1.0f)
+    if (!in_range(p->top_p, 0.0f, 1.0f) || !in_range(p->min_p, 0.0f, 1.0f))
         return PD_ERR_BAD_INPUT;
-    if (p->n_eos > ENG_SAMPLE_MAX_EOS || p->n_stop_ids > ENG_SAMPLE_MAX_STOP_IDS)
+    if (!in_range(p->presence_penalty, -2.0f, 2.0f) ||
+        !in_range(p->frequency_penalty, -2.0f, 2.0f) ||
+        !in_range(p->repetition_penalty, 0.0f, 2.0f))
         return PD_ERR_BAD_INPUT;
+    if (p->n_eos > ENG_SAMPLE_MAX_EOS || p->n_stop_ids > ENG_SAMPLE_MAX_STOP_IDS ||
+        p->n_bias > ENG_SAMPLE_MAX_BIAS)
+        return PD_ERR_BAD_INPUT;
+    for (uint32_t i = 0; i < p->n_bias; i++)
+        if (p->bias[i].id < 0 || !in_range(p->bias[i].bias, -100.0f, 100.0f))
+            return PD_ERR_BAD_INPUT;
     if (p->max_tokens && p->min_tokens > p->max_tokens)
         return PD_ERR_BAD_INPUT;
     return PD_OK;
@@ -65,6 +80,8 @@ void eng_sampler_init(eng_sampler_t *s, const eng_sample_params_t *p)
         s->p.n_eos = ENG_SAMPLE_MAX_EOS;
     if (s->p.n_stop_ids > ENG_SAMPLE_MAX_STOP_IDS)
         s->p.n_stop_ids = ENG_SAMPLE_MAX_STOP_IDS;
+    if (s->p.n_bias > ENG_SAMPLE_MAX_BIAS)
+        s->p.n_bias = ENG_SAMPLE_MAX_BIAS;
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++)
         s->rng.s[i] = splitmix64(&x);
@@ -75,7 +92,9 @@ pd_status_t eng_sample_scratch_create(eng_sample_scratch_t *scr, uint32_t vocab)
     memset(scr, 0, sizeof(*scr));
     scr->idx = malloc((size_t)vocab * sizeof(*scr->idx));
     scr->prob = malloc((size_t)vocab * sizeof(*scr->prob));
-    if (!scr->idx || !scr->prob) {
+    scr->cnt = calloc(vocab ? vocab : 1, sizeof(*scr->cnt));
+    scr->raw = malloc((size_t)(vocab ? vocab : 1) * sizeof(*scr->raw));
+    if (!scr->idx || !scr->prob || !scr->cnt || !scr->raw) {
         eng_sample_scratch_destroy(scr);
         return PD_ERR_NO_MEMORY;
     }
@@ -89,6 +108,8 @@ void eng_sample_scratch_destroy(eng_sample_scratch_t *scr)
         return;
     free(scr->idx);
     free(scr->prob);
+    free(scr->cnt);
+    free(scr->raw);
     memset(scr, 0, sizeof(*scr));
 }
 
@@ -146,12 +167,55 @@ static void top_m(const float *lg, uint32_t vocab, uint32_t m, uint32_t *out)
     }
 }
 
-int32_t eng_sample_next(eng_sampler_t *s, float *lg, uint32_t vocab,
-                        eng_sample_scratch_t *scr)
+#define CNT_PROMPT 0x80000000u /* scr->cnt: the id is in the prompt */
+
+static bool rep_on(const eng_sample_params_t *p)
 {
-    if (vocab == 0 || !scr || vocab > scr->cap)
-        return -1;
+    return p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f;
+}
+
+/* Repetition, frequency and presence penalties, each distinct id once.
+ * scr->cnt is zero on entry and on return. */
+static void apply_penalties(const eng_sample_params_t *p, float *lg, uint32_t vocab,
+                            eng_sample_scratch_t *scr, const eng_sample_hist_t *h)
+{
+    const bool rep = rep_on(p);
+    const bool fp = p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+    if ((!rep && !fp) || h == NULL)
+        return;
+    uint32_t *cnt = scr->cnt;
+    uint32_t np = rep ? h->n_prompt : 0;
+    for (uint32_t i = 0; i < np; i++) {
+        int32_t t = h->prompt[i];
+        if (t >= 0 && (uint32_t)t < vocab)
+            cnt[t] |= CNT_PROMPT;
+    }
+    for (uint32_t i = 0; i < h->n_gen; i++) {
+        int32_t t = h->gen[i];
+        if (t >= 0 && (uint32_t)t < vocab)
+            cnt[t]++;
+    }
+    for (uint32_t k = 0; k < np + h->n_gen; k++) {
+        int32_t t = k < np ? h->prompt[k] : h->gen[k - np];
+        if (t < 0 || (uint32_t)t >= vocab || cnt[t] == 0)
+            continue; /* out of range, or done already */
+        uint32_t c = cnt[t] & ~CNT_PROMPT;
+        float l = lg[t];
+        if (rep)
+            l = l > 0.0f ? l / p->repetition_penalty : l * p->repetition_penalty;
+        l -= p->frequency_penalty * (float)c + p->presence_penalty * (c > 0 ? 1.0f : 0.0f);
+        lg[t] = l;
+        cnt[t] = 0;
+    }
+}
+
+void eng_sample_adjust(const eng_sampler_t *s, float *lg, uint32_t vocab,
+                       eng_sample_scratch_t *scr, const eng_sample_hist_t *hist)
+{
     const eng_sample_params_t *p = &s->p;
+    for (uint32_t i = 0; i < p->n_bias; i++)
+        if (p->bias[i].id >= 0 && (uint32_t)p->bias[i].id < vocab)
+            lg[p->bias[i].id] += p->bias[i].bias;
     if (s->n_generated < p->min_tokens) {
         for (uint32_t i = 0; i < p->n_eos; i++)
             if (p->eos_ids[i] >= 0 && (uint32_t)p->eos_ids[i] < vocab && !p->ignore_eos)
@@ -160,40 +224,42 @@ int32_t eng_sample_next(eng_sampler_t *s, float *lg, uint32_t vocab,
             if (p->stop_ids[i] >= 0 && (uint32_t)p->stop_ids[i] < vocab)
                 lg[p->stop_ids[i]] = -INFINITY;
     }
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < vocab; i++)
-        if (lg[i] > lg[best])
-            best = i;
-    if (!(p->temperature > 0.0f))
-        return (int32_t)best;
-    if (p->top_k == 1) {
-        (void)eng_rng_next(&s->rng); /* one draw per sampled token, always */
-        return (int32_t)best;
-    }
+    apply_penalties(p, lg, vocab, scr, hist);
+}
 
+/* The candidates of one sampled step (temperature > 0, top_k != 1), with
+ * unnormalized probabilities exp((logit - max) / T) (the best one is 1):
+ * dense: prob[i] is token i's, for every id; otherwise idx[0..n) best
+ * first with prob[0..n). Tokens cut by min_p have prob 0 (dense) or are
+ * past n. *mass_p = the sum over the kept candidates. */
+typedef struct {
+    bool dense;
+    uint32_t n;
+    double mass;
+} cands_t;
+
+static cands_t candidates(const eng_sample_params_t *p, const float *lg, uint32_t vocab,
+                          uint32_t best, eng_sample_scratch_t *scr)
+{
+    cands_t c = { false, 0, 0.0 };
     const double inv_t = 1.0 / (double)p->temperature;
     const double mx = lg[best];
     const bool use_p = p->top_p > 0.0f && p->top_p < 1.0f;
+    const double min_p = p->min_p > 0.0f ? (double)p->min_p : 0.0;
     uint32_t m = p->top_k > 0 && p->top_k < vocab ? p->top_k : vocab;
 
     if (m == vocab && !use_p) {
         /* plain temperature sampling: walk in id order */
-        double sum = 0.0;
+        c.dense = true;
+        c.n = vocab;
         for (uint32_t i = 0; i < vocab; i++) {
-            scr->prob[i] = exp(((double)lg[i] - mx) * inv_t);
-            sum += scr->prob[i];
+            double e = exp(((double)lg[i] - mx) * inv_t);
+            if (e < min_p)
+                e = 0.0;
+            scr->prob[i] = e;
+            c.mass += e;
         }
-        double r = eng_rng_uniform(&s->rng) * sum, acc = 0.0;
-        uint32_t last = best;
-        for (uint32_t i = 0; i < vocab; i++) {
-            if (scr->prob[i] <= 0.0)
-                continue;
-            acc += scr->prob[i];
-            last = i;
-            if (r < acc)
-                return (int32_t)i;
-        }
-        return (int32_t)last;
+        return c;
     }
 
     /* Mass of the whole (top-k truncated) distribution. */
@@ -232,16 +298,122 @@ int32_t eng_sample_next(eng_sampler_t *s, float *lg, uint32_t vocab,
         }
         break;
     }
-    double kept = 0.0;
+    /* min_p: probabilities relative to the best one, which is 1 here */
+    while (keep > 1 && scr->prob[keep - 1] < min_p)
+        keep--;
+    c.n = keep;
     for (uint32_t i = 0; i < keep; i++)
-        kept += scr->prob[i];
-    double r = eng_rng_uniform(&s->rng) * kept, acc = 0.0;
-    for (uint32_t i = 0; i < keep; i++) {
+        c.mass += scr->prob[i];
+    return c;
+}
+
+static uint32_t argmax(const float *lg, uint32_t vocab)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < vocab; i++)
+        if (lg[i] > lg[best])
+            best = i;
+    return best;
+}
+
+int32_t eng_sample_next(eng_sampler_t *s, float *lg, uint32_t vocab,
+                        eng_sample_scratch_t *scr, const eng_sample_hist_t *hist)
+{
+    if (vocab == 0 || !scr || vocab > scr->cap)
+        return -1;
+    const eng_sample_params_t *p = &s->p;
+    eng_sample_adjust(s, lg, vocab, scr, hist);
+    uint32_t best = argmax(lg, vocab);
+    if (!(p->temperature > 0.0f))
+        return (int32_t)best;
+    if (p->top_k == 1) {
+        (void)eng_rng_next(&s->rng); /* one draw per sampled token, always */
+        return (int32_t)best;
+    }
+    cands_t c = candidates(p, lg, vocab, best, scr);
+    double r = eng_rng_uniform(&s->rng) * c.mass, acc = 0.0;
+    if (c.dense) {
+        uint32_t last = best;
+        for (uint32_t i = 0; i < vocab; i++) {
+            if (scr->prob[i] <= 0.0)
+                continue;
+            acc += scr->prob[i];
+            last = i;
+            if (r < acc)
+                return (int32_t)i;
+        }
+        return (int32_t)last;
+    }
+    for (uint32_t i = 0; i < c.n; i++) {
         acc += scr->prob[i];
         if (r < acc)
             return (int32_t)scr->idx[i];
     }
-    return (int32_t)scr->idx[keep - 1];
+    return (int32_t)scr->idx[c.n - 1];
+}
+
+bool eng_sample_probs(const eng_sampler_t *s, float *lg, uint32_t vocab,
+                      eng_sample_scratch_t *scr, const eng_sample_hist_t *hist, double *probs)
+{
+    if (vocab == 0 || !scr || vocab > scr->cap)
+        return false;
+    const eng_sample_params_t *p = &s->p;
+    eng_sample_adjust(s, lg, vocab, scr, hist);
+    uint32_t best = argmax(lg, vocab);
+    memset(probs, 0, (size_t)vocab * sizeof(*probs));
+    if (!(p->temperature > 0.0f) || p->top_k == 1) {
+        probs[best] = 1.0;
+        return true;
+    }
+    cands_t c = candidates(p, lg, vocab, best, scr);
+    if (c.dense) {
+        for (uint32_t i = 0; i < vocab; i++)
+            probs[i] = scr->prob[i] / c.mass;
+    } else {
+        for (uint32_t i = 0; i < c.n; i++)
+            probs[scr->idx[i]] = scr->prob[i] / c.mass;
+    }
+    return true;
+}
+
+void eng_sample_logprobs(const float *raw, uint32_t vocab, int32_t chosen, uint32_t n_top,
+                         eng_logprobs_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (vocab == 0)
+        return;
+    uint32_t best = argmax(raw, vocab);
+    double mx = raw[best], sum = 0.0;
+    for (uint32_t i = 0; i < vocab; i++)
+        sum += exp((double)raw[i] - mx);
+    double lse = mx + log(sum);
+    if (chosen >= 0 && (uint32_t)chosen < vocab)
+        out->logprob = (float)((double)raw[chosen] - lse);
+    else
+        out->logprob = -INFINITY;
+    uint32_t m = n_top < ENG_SAMPLE_MAX_TOP_LOGPROBS ? n_top : ENG_SAMPLE_MAX_TOP_LOGPROBS;
+    if (m > vocab)
+        m = vocab;
+    uint32_t idx[ENG_SAMPLE_MAX_TOP_LOGPROBS];
+    if (m > 0)
+        top_m(raw, vocab, m, idx);
+    for (uint32_t i = 0; i < m; i++) {
+        out->top_ids[i] = (int32_t)idx[i];
+        out->top_lp[i] = (float)((double)raw[idx[i]] - lse);
+    }
+    out->n_top = m;
+}
+
+int32_t eng_sample_next_lp(eng_sampler_t *s, float *lg, uint32_t vocab,
+                           eng_sample_scratch_t *scr, const eng_sample_hist_t *hist,
+                           uint32_t n_top, eng_logprobs_t *lp)
+{
+    if (lp == NULL || vocab == 0 || !scr || vocab > scr->cap)
+        return eng_sample_next(s, lg, vocab, scr, hist);
+    memcpy(scr->raw, lg, (size_t)vocab * sizeof(*lg));
+    int32_t t = eng_sample_next(s, lg, vocab, scr, hist);
+    eng_sample_logprobs(scr->raw, vocab, t, n_top, lp);
+    return t;
 }
 
 eng_finish_t eng_sampler_accept(eng_sampler_t *s, int32_t token)

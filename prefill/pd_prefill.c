@@ -208,7 +208,9 @@ static void pf_job_run(eng_job_t *job)
     if (st == PD_OK) {
         eng_sampler_t s;
         eng_sampler_init(&s, &r->sp);
-        r->token0 = eng_sample_next(&s, pf->logits, pf->geom->vocab_size, &pf->scratch);
+        eng_sample_hist_t hist = { r->prompt, r->n_prompt, NULL, 0 };
+        r->token0 = eng_sample_next_lp(&s, pf->logits, pf->geom->vocab_size, &pf->scratch,
+                                       &hist, r->lp_top, r->lp_on ? &r->lp0 : NULL);
         if (r->token0 < 0)
             st = PD_ERR_INTERNAL;
     }
@@ -277,6 +279,14 @@ static void pf_job_done(eng_job_t *job)
     d->kv_handle.len = (uint32_t)hlen;
     d->queue_ns = r->run_start_ns - r->t[PF_ST_COMPUTING];
     d->prefill_ns = r->run_end_ns - r->run_start_ns;
+    proto_logprob_t lp0;
+    if (r->lp_on) {
+        _Static_assert(ENG_SAMPLE_MAX_TOP_LOGPROBS == PROTO_MAX_TOP_LOGPROBS, "top logprobs");
+        lp0.logprob = r->lp0.logprob;
+        memcpy(lp0.top_ids, r->lp0.top_ids, sizeof(lp0.top_ids));
+        memcpy(lp0.top_lp, r->lp0.top_lp, sizeof(lp0.top_lp));
+        d->logprobs = (proto_logprobs_t){ r->lp0.n_top, 1, &lp0, NULL };
+    }
     r->reply_pending = false;
     st = proto_session_send(pf->sess, &m);
     if (st != PD_OK) {
@@ -318,6 +328,15 @@ static pd_status_t pf_sampling(pf_t *pf, const proto_sampling_t *ps, eng_sample_
     if (ps->stop.n > ENG_SAMPLE_MAX_STOP_IDS)
         return PD_ERR_TOO_BIG;
     sp->n_stop_ids = proto_tokens_copy(&ps->stop, sp->stop_ids, ENG_SAMPLE_MAX_STOP_IDS);
+    sp->presence_penalty = ps->presence_penalty;
+    sp->frequency_penalty = ps->frequency_penalty;
+    sp->repetition_penalty = ps->repetition_penalty;
+    sp->min_p = ps->min_p;
+    if (ps->n_bias > ENG_SAMPLE_MAX_BIAS)
+        return PD_ERR_TOO_BIG;
+    sp->n_bias = ps->n_bias;
+    for (uint32_t i = 0; i < ps->n_bias; i++)
+        sp->bias[i] = (eng_logit_bias_t){ ps->bias_ids[i], ps->bias[i] };
     return eng_sample_params_check(sp);
 }
 
@@ -379,6 +398,8 @@ static void pf_on_prefill_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
     r->n_prompt = proto_tokens_copy(&q->prompt, r->prompt, n);
     r->n_blocks = nb;
     r->sp = sp;
+    r->lp_on = q->sampling.logprobs != 0;
+    r->lp_top = q->sampling.top_logprobs;
     r->lease_ttl_ns = pf->cfg.lease_ttl_ns;
     r->lease.slot = UINT32_MAX;
     (void)kvx_blocks_alloc(pf->blocks, nb, r->blocks); /* checked above */

@@ -109,9 +109,12 @@ typedef struct pf_req {
     uint32_t *blocks;                   /* (n_blocks) arena block ids */
     bool blocks_held;
     eng_sample_params_t sp;
+    bool lp_on;                         /* report token 0's logprobs */
+    uint32_t lp_top;                    /* with this many alternatives */
     /* written by the compute thread, read after done() */
     pd_status_t cstatus;
     int32_t token0;
+    eng_logprobs_t lp0;
     uint64_t run_start_ns, run_end_ns;
     /* lease */
     kvx_lease_id_t lease;

@@ -349,6 +349,156 @@ static pd_status_t check_sampling(const proto_sampling_t *s)
     return check_tok_array(&s->stop, PROTO_MAX_STOP_TOKENS);
 }
 
+static bool f32_in(float v, float lo, float hi)
+{
+    return isfinite(v) && v >= lo && v <= hi;
+}
+
+static pd_status_t check_sampling2(const proto_sampling_t *s)
+{
+    REQUIRE(f32_in(s->presence_penalty, -2.0f, 2.0f) &&
+            f32_in(s->frequency_penalty, -2.0f, 2.0f) &&
+            f32_in(s->repetition_penalty, 0.0f, 2.0f) && f32_in(s->min_p, 0.0f, 1.0f),
+            PD_ERR_BAD_INPUT);
+    REQUIRE(s->n_bias <= PROTO_MAX_LOGIT_BIAS, PD_ERR_TOO_BIG);
+    REQUIRE(s->logprobs <= 1 && s->top_logprobs <= PROTO_MAX_TOP_LOGPROBS &&
+            (s->logprobs || s->top_logprobs == 0), PD_ERR_BAD_INPUT);
+    for (uint32_t i = 0; i < s->n_bias; i++)
+        REQUIRE(s->bias_ids[i] >= 0 && f32_in(s->bias[i], -100.0f, 100.0f), PD_ERR_BAD_INPUT);
+    return PD_OK;
+}
+
+/* The sampling tail (penalties, min_p, logit_bias), written last. */
+static void w_sampling2(wr_t *w, const proto_sampling_t *s)
+{
+    w_f32(w, s->presence_penalty);
+    w_f32(w, s->frequency_penalty);
+    w_f32(w, s->repetition_penalty);
+    w_f32(w, s->min_p);
+    w_u32(w, s->n_bias);
+    for (uint32_t i = 0; i < s->n_bias; i++) {
+        w_u32(w, (uint32_t)s->bias_ids[i]);
+        w_f32(w, s->bias[i]);
+    }
+    w_u32(w, s->logprobs);
+    w_u32(w, s->top_logprobs);
+}
+
+/* Range checks happen here too: a decoded struct is always valid. */
+static void r_sampling2(rd_t *r, proto_sampling_t *s)
+{
+    s->presence_penalty = r_f32(r);
+    s->frequency_penalty = r_f32(r);
+    s->repetition_penalty = r_f32(r);
+    s->min_p = r_f32(r);
+    s->n_bias = r_u32(r);
+    if (r->st != PD_OK)
+        return;
+    if (s->n_bias > PROTO_MAX_LOGIT_BIAS) {
+        s->n_bias = 0;
+        r_fail(r, PD_ERR_TOO_BIG);
+        return;
+    }
+    for (uint32_t i = 0; i < s->n_bias && r->st == PD_OK; i++) {
+        s->bias_ids[i] = (int32_t)r_u32(r);
+        s->bias[i] = r_f32(r);
+    }
+    s->logprobs = r_u32(r);
+    s->top_logprobs = r_u32(r);
+    if (r->st == PD_OK) {
+        pd_status_t st = check_sampling2(s);
+        if (st != PD_OK)
+            r_fail(r, st);
+    }
+}
+
+/* ---- per-token logprobs tail ------------------------------------------ */
+
+static bool lp_ok(float v)
+{
+    return !isnan(v) && v <= 0.0f;
+}
+
+static size_t lp_entry_bytes(uint32_t top_n)
+{
+    return 4u + 8u * (size_t)top_n;
+}
+
+void proto_logprobs_get(const proto_logprobs_t *l, uint32_t i, proto_logprob_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (i >= l->n)
+        return;
+    uint32_t k = l->top_n < PROTO_MAX_TOP_LOGPROBS ? l->top_n : PROTO_MAX_TOP_LOGPROBS;
+    if (l->v != NULL) {
+        out->logprob = l->v[i].logprob;
+        memcpy(out->top_ids, l->v[i].top_ids, k * sizeof(out->top_ids[0]));
+        memcpy(out->top_lp, l->v[i].top_lp, k * sizeof(out->top_lp[0]));
+        return;
+    }
+    const uint8_t *p = l->wire + (size_t)i * lp_entry_bytes(l->top_n);
+    uint32_t u = get_u32(p);
+    memcpy(&out->logprob, &u, 4);
+    for (uint32_t j = 0; j < k; j++) {
+        out->top_ids[j] = (int32_t)get_u32(p + 4 + 8 * j);
+        u = get_u32(p + 8 + 8 * j);
+        memcpy(&out->top_lp[j], &u, 4);
+    }
+}
+
+/* At most n_max entries, top_n within its cap, every value in range. */
+static pd_status_t check_logprobs(const proto_logprobs_t *l, uint32_t n_max)
+{
+    REQUIRE(l->top_n <= PROTO_MAX_TOP_LOGPROBS, PD_ERR_TOO_BIG);
+    REQUIRE(l->n <= n_max, PD_ERR_TOO_BIG);
+    REQUIRE(l->n == 0 || l->v != NULL || l->wire != NULL, PD_ERR_BAD_INPUT);
+    for (uint32_t i = 0; i < l->n; i++) {
+        proto_logprob_t e;
+        proto_logprobs_get(l, i, &e);
+        REQUIRE(lp_ok(e.logprob), PD_ERR_BAD_INPUT);
+        for (uint32_t j = 0; j < l->top_n; j++)
+            REQUIRE(e.top_ids[j] >= 0 && lp_ok(e.top_lp[j]), PD_ERR_BAD_INPUT);
+    }
+    return PD_OK;
+}
+
+static void w_logprobs(wr_t *w, const proto_logprobs_t *l)
+{
+    w_u32(w, l->top_n);
+    w_u32(w, l->n);
+    for (uint32_t i = 0; i < l->n; i++) {
+        proto_logprob_t e;
+        proto_logprobs_get(l, i, &e);
+        w_f32(w, e.logprob);
+        for (uint32_t j = 0; j < l->top_n; j++) {
+            w_u32(w, (uint32_t)e.top_ids[j]);
+            w_f32(w, e.top_lp[j]);
+        }
+    }
+}
+
+static void r_logprobs(rd_t *r, proto_logprobs_t *l, uint32_t n_max)
+{
+    memset(l, 0, sizeof(*l));
+    l->top_n = r_u32(r);
+    uint32_t n = r_u32(r);
+    if (r->st != PD_OK)
+        return;
+    if (l->top_n > PROTO_MAX_TOP_LOGPROBS || n > n_max) {
+        l->top_n = 0;
+        r_fail(r, PD_ERR_TOO_BIG);
+        return;
+    }
+    const uint8_t *p = r_take(r, (size_t)n * lp_entry_bytes(l->top_n));
+    if (p == NULL)
+        return;
+    l->n = n;
+    l->wire = n ? p : NULL;
+    pd_status_t st = check_logprobs(l, n_max);
+    if (st != PD_OK)
+        r_fail(r, st);
+}
+
 static void w_sampling(wr_t *w, const proto_sampling_t *s)
 {
     w_f32(w, s->temperature);
@@ -513,6 +663,7 @@ static pd_status_t check_prefill_req(const proto_prefill_req_t *m)
     CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
     CHECK(check_tok_array(&m->prompt, PROTO_MAX_PROMPT_TOKENS));
     CHECK(check_sampling(&m->sampling));
+    CHECK(check_sampling2(&m->sampling));
     return check_str(m->target_decode_id, PROTO_DAEMON_ID_MAX, false);
 }
 
@@ -523,6 +674,7 @@ static void enc_prefill_req(wr_t *w, const proto_prefill_req_t *m)
     w_sampling(w, &m->sampling);
     w_str(w, m->target_decode_id);
     w_u64(w, m->deadline_ns);
+    w_sampling2(w, &m->sampling);
 }
 
 static void dec_prefill_req(rd_t *r, proto_prefill_req_t *m)
@@ -532,6 +684,7 @@ static void dec_prefill_req(rd_t *r, proto_prefill_req_t *m)
     r_sampling(r, &m->sampling);
     r_str(r, m->target_decode_id, PROTO_DAEMON_ID_MAX);
     m->deadline_ns = r_u64(r);
+    r_sampling2(r, &m->sampling);
 }
 
 /* PREFILL_DONE */
@@ -539,6 +692,7 @@ static pd_status_t check_prefill_done(const proto_prefill_done_t *m)
 {
     CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
     REQUIRE(m->first_token >= 0, PD_ERR_BAD_INPUT);
+    CHECK(check_logprobs(&m->logprobs, 1));
     return check_blob(&m->kv_handle, PROTO_KV_HANDLE_MAX);
 }
 
@@ -552,6 +706,7 @@ static void enc_prefill_done(wr_t *w, const proto_prefill_done_t *m)
     w_blob(w, &m->kv_handle);
     w_u64(w, m->queue_ns);
     w_u64(w, m->prefill_ns);
+    w_logprobs(w, &m->logprobs);
 }
 
 static void dec_prefill_done(rd_t *r, proto_prefill_done_t *m)
@@ -564,6 +719,7 @@ static void dec_prefill_done(rd_t *r, proto_prefill_done_t *m)
     r_blob(r, &m->kv_handle, PROTO_KV_HANDLE_MAX);
     m->queue_ns = r_u64(r);
     m->prefill_ns = r_u64(r);
+    r_logprobs(r, &m->logprobs, 1);
 }
 
 /* DECODE_REQ */
@@ -574,6 +730,7 @@ static pd_status_t check_decode_req(const proto_decode_req_t *m)
     CHECK(check_tok_array(&m->prompt, PROTO_MAX_PROMPT_TOKENS));
     CHECK(check_tok_array(&m->generated, PROTO_MAX_GEN_TOKENS));
     CHECK(check_sampling(&m->sampling));
+    CHECK(check_sampling2(&m->sampling));
     CHECK(check_str(m->prefill_peer_id, PROTO_DAEMON_ID_MAX, false));
     CHECK(check_blob(&m->kv_handle, PROTO_KV_HANDLE_MAX));
     bool local = (m->flags & PROTO_DEC_PREFILL_LOCALLY) != 0;
@@ -593,6 +750,7 @@ static void enc_decode_req(wr_t *w, const proto_decode_req_t *m)
     w_u64(w, m->lease_id);
     w_blob(w, &m->kv_handle);
     w_u64(w, m->deadline_ns);
+    w_sampling2(w, &m->sampling);
 }
 
 static void dec_decode_req(rd_t *r, proto_decode_req_t *m)
@@ -607,6 +765,7 @@ static void dec_decode_req(rd_t *r, proto_decode_req_t *m)
     m->lease_id = r_u64(r);
     r_blob(r, &m->kv_handle, PROTO_KV_HANDLE_MAX);
     m->deadline_ns = r_u64(r);
+    r_sampling2(r, &m->sampling);
 }
 
 /* TOKENS */
@@ -614,6 +773,8 @@ static pd_status_t check_tokens(const proto_tokens_msg_t *m)
 {
     CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
     CHECK(check_tok_array(&m->tokens, PROTO_MAX_TOKENS_MSG));
+    CHECK(check_logprobs(&m->logprobs, m->tokens.n));
+    REQUIRE(m->logprobs.n == 0 || m->logprobs.n == m->tokens.n, PD_ERR_BAD_INPUT);
     return check_blob(&m->text, PROTO_MAX_TEXT);
 }
 
@@ -623,6 +784,7 @@ static void enc_tokens(wr_t *w, const proto_tokens_msg_t *m)
     w_u32(w, m->seq);
     w_tok_array(w, &m->tokens);
     w_blob(w, &m->text);
+    w_logprobs(w, &m->logprobs);
 }
 
 static void dec_tokens(rd_t *r, proto_tokens_msg_t *m)
@@ -631,6 +793,9 @@ static void dec_tokens(rd_t *r, proto_tokens_msg_t *m)
     m->seq = r_u32(r);
     r_tok_array(r, &m->tokens, PROTO_MAX_TOKENS_MSG);
     r_blob(r, &m->text, PROTO_MAX_TEXT);
+    r_logprobs(r, &m->logprobs, m->tokens.n);
+    if (r->st == PD_OK && m->logprobs.n != 0 && m->logprobs.n != m->tokens.n)
+        r_fail(r, PD_ERR_BAD_INPUT);
 }
 
 /* FINISH */

@@ -49,6 +49,8 @@
 #define PROTO_MAX_PROMPT_TOKENS (1u << 20) /* tokens */
 #define PROTO_MAX_GEN_TOKENS    (1u << 20) /* tokens */
 #define PROTO_MAX_STOP_TOKENS   64u        /* tokens */
+#define PROTO_MAX_LOGIT_BIAS    300u       /* (token id, bias) pairs */
+#define PROTO_MAX_TOP_LOGPROBS  20u        /* alternatives per token */
 #define PROTO_MAX_TOKENS_MSG    4096u      /* tokens per TOKENS message */
 #define PROTO_MAX_TEXT          65536u     /* text bytes per TOKENS message */
 #define PROTO_KV_HANDLE_MAX     4096u      /* opaque versioned KV handle */
@@ -61,6 +63,10 @@
 #define PROTO__TOK(max)     (4u + 4u * (max))
 #define PROTO__BLOB(max)    (4u + (max))
 #define PROTO__SAMPLING     (32u + PROTO__TOK(PROTO_MAX_STOP_TOKENS))
+/* The sampling tail: at the END of PREFILL_REQ and DECODE_REQ. */
+#define PROTO__SAMPLING2    (16u + 4u + 8u * PROTO_MAX_LOGIT_BIAS + 8u)
+/* A logprobs tail carrying n entries (at the END of PREFILL_DONE, TOKENS). */
+#define PROTO__LOGPROBS(n)  (8u + (n) * (4u + 8u * PROTO_MAX_TOP_LOGPROBS))
 #define PROTO_HELLO_BODY_MAX (8u + PROTO__STR(PROTO_DAEMON_ID_MAX) + 16u + 40u \
         + PROTO__BLOB(PROTO_KV_ADDR_MAX) + PROTO_AUTH_NONCE_LEN + PROTO_AUTH_MAC_LEN)
 #define PROTO_REGISTER_ACK_BODY_MAX (PROTO__STR(PROTO_DAEMON_ID_MAX) + 24u \
@@ -69,15 +75,16 @@
 #define PROTO_HEARTBEAT_BODY_MAX 48u
 #define PROTO_PREFILL_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) \
         + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + PROTO__SAMPLING \
-        + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u)
+        + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u + PROTO__SAMPLING2)
 #define PROTO_PREFILL_DONE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 24u \
-        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 16u)
+        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 16u + PROTO__LOGPROBS(1u))
 #define PROTO_DECODE_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
         + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + PROTO__TOK(PROTO_MAX_GEN_TOKENS) \
         + PROTO__SAMPLING + 8u + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u \
-        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 8u)
+        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 8u + PROTO__SAMPLING2)
 #define PROTO_TOKENS_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
-        + PROTO__TOK(PROTO_MAX_TOKENS_MSG) + PROTO__BLOB(PROTO_MAX_TEXT))
+        + PROTO__TOK(PROTO_MAX_TOKENS_MSG) + PROTO__BLOB(PROTO_MAX_TEXT) \
+        + PROTO__LOGPROBS(PROTO_MAX_TOKENS_MSG))
 #define PROTO_FINISH_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 16u + 48u)
 #define PROTO_CANCEL_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
         + PROTO__STR(PROTO_REASON_MAX))
@@ -148,7 +155,35 @@ typedef struct {
     uint32_t max_tokens;
     uint32_t min_tokens;
     proto_tokens_t stop;  /* <= PROTO_MAX_STOP_TOKENS stop token ids */
+    /* The sampling tail: these travel at the END of the message body (after
+     * the message's last older field), see PROTOCOL.md. */
+    float presence_penalty;   /* finite, [-2, 2] */
+    float frequency_penalty;  /* finite, [-2, 2] */
+    float repetition_penalty; /* finite, [0, 2]; 0 and 1 = off */
+    float min_p;              /* finite, [0, 1] */
+    uint32_t n_bias;          /* <= PROTO_MAX_LOGIT_BIAS */
+    int32_t bias_ids[PROTO_MAX_LOGIT_BIAS];   /* >= 0 */
+    float bias[PROTO_MAX_LOGIT_BIAS];         /* finite, [-100, 100] */
+    uint32_t logprobs;        /* 0 or 1: report each token's logprob */
+    uint32_t top_logprobs;    /* <= PROTO_MAX_TOP_LOGPROBS alternatives; 0 if !logprobs */
 } proto_sampling_t;
+
+/* Per-token log-probabilities (TOKENS, PREFILL_DONE). Wire: u32 top_n,
+ * u32 n, then n x (f32 logprob, top_n x (u32 id, f32 logprob)); every
+ * logprob is a float <= 0 (or -inf), ids <= INT32_MAX. Encode side: set v;
+ * decode side: wire is a view (read entries with proto_logprobs_get). */
+typedef struct {
+    float logprob;                              /* of the token itself */
+    int32_t top_ids[PROTO_MAX_TOP_LOGPROBS];    /* (top_n) */
+    float top_lp[PROTO_MAX_TOP_LOGPROBS];       /* (top_n) */
+} proto_logprob_t;
+
+typedef struct {
+    uint32_t top_n;              /* <= PROTO_MAX_TOP_LOGPROBS */
+    uint32_t n;                  /* 0 = none, else one per token of the message */
+    const proto_logprob_t *v;    /* (n) encode side, or NULL */
+    const uint8_t *wire;         /* decode side view, or NULL */
+} proto_logprobs_t;
 
 typedef enum {
     PROTO_ROLE_PREFILL = 1,
@@ -240,6 +275,7 @@ typedef struct {
     proto_blob_t kv_handle;                 /* <= PROTO_KV_HANDLE_MAX, opaque */
     uint64_t queue_ns;
     uint64_t prefill_ns;
+    proto_logprobs_t logprobs;              /* n 0 or 1 (first_token's); LAST */
 } proto_prefill_done_t;
 
 #define PROTO_DEC_PREFILL_LOCALLY 0x1u
@@ -265,6 +301,7 @@ typedef struct {
     uint32_t seq;                           /* per request, from 0 */
     proto_tokens_t tokens;                  /* <= PROTO_MAX_TOKENS_MSG */
     proto_blob_t text;                      /* <= PROTO_MAX_TEXT, any bytes */
+    proto_logprobs_t logprobs;              /* n 0 or tokens.n; LAST */
 } proto_tokens_msg_t;
 
 typedef enum {
@@ -414,6 +451,9 @@ pd_status_t proto_msg_encode(const proto_msg_t *msg, uint8_t *buf, size_t cap,
 /* Token accessors that work on both encode-side and decode-side arrays.
  * proto_tokens_copy copies min(n, cap) ids and returns how many it copied. */
 int32_t proto_tokens_get(const proto_tokens_t *t, uint32_t i);
+/* Entry i (< l->n) of a logprobs array of either form; entries past top_n
+ * are zeroed. */
+void proto_logprobs_get(const proto_logprobs_t *l, uint32_t i, proto_logprob_t *out);
 uint32_t proto_tokens_copy(const proto_tokens_t *t, int32_t *dst, uint32_t cap);
 
 /* MAC input of an encoded HELLO or REGISTER_ACK frame: the body without its

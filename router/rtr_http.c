@@ -53,12 +53,15 @@ struct rtr_req {
     struct event *timer;                 /* request timeout */
     char id[PROTO_REQID_MAX + 1];
     char resp_id[PROTO_REQID_MAX + 16];
+    int64_t created;                 /* unix seconds at acceptance: the response's "created" */
     rtr_req_fsm_t fsm;
     rtr_oai_req_t oai;
     int32_t *prompt;                     /* (n_prompt) */
     uint32_t n_prompt;
     int32_t *gen;                        /* (n_gen) tokens streamed to the client */
     uint32_t n_gen, cap_gen;
+    rtr_oai_logprob_t *lps;              /* (cap_gen) when oai.logprobs: gen's logprobs */
+    uint64_t lp_chars;                   /* completions text_offset streamed so far */
     rtr_backend_t *prefill, *decode;
     uint64_t lease_id;
     bool lease_held;                     /* PREFILL_DONE seen, lease not handed on */
@@ -206,6 +209,7 @@ static void req_free(void *obj)
     rtr_oai_req_free(&q->oai);
     free(q->prompt);
     free(q->gen);
+    free(q->lps);
     free(q->text);
     free(q);
 }
@@ -354,9 +358,31 @@ static void send_raw_chunk(rtr_req_t *q, const char *text)
     }
 }
 
+/* Token bytes for logprobs (control tokens as their text). */
+static size_t lp_piece(void *ctx, int32_t id, char *buf, size_t cap)
+{
+    const eng_tok_t *tok = ctx;
+    return tok != NULL ? eng_tok_token_piece(tok, id, true, buf, cap) : 0;
+}
+
+static rtr_oai_logprobs_t req_lps(rtr_req_t *q, uint32_t from, uint32_t to)
+{
+    rtr_oai_logprobs_t l = { q->lps + from, to - from, q->lp_chars, lp_piece, q->r->tok };
+    return l;
+}
+
+/* The seed the request samples with (the client's, or the one drawn for it),
+ * so that any answer can be reproduced by sending it back as "seed". */
+static void add_seed_header(rtr_req_t *q)
+{
+    char v[24];
+    snprintf(v, sizeof(v), "%" PRId64, (int64_t)q->oai.seed);
+    evhttp_add_header(evhttp_request_get_output_headers(q->http), "X-Seed", v);
+}
+
 static rtr_oai_resp_meta_t req_meta(rtr_req_t *q)
 {
-    rtr_oai_resp_meta_t m = { q->resp_id, q->r->model_name, q->r->created, q->oai.api };
+    rtr_oai_resp_meta_t m = { q->resp_id, q->r->model_name, q->created, q->oai.api };
     return m;
 }
 
@@ -368,6 +394,7 @@ static void stream_start(rtr_req_t *q)
     evhttp_add_header(out, "Content-Type", "text/event-stream");
     evhttp_add_header(out, "Cache-Control", "no-cache");
     add_common_headers(q->http, q->id);
+    add_seed_header(q);
     evhttp_send_reply_start(q->http, 200, "OK");
     q->headers_sent = true;
     if (q->oai.api == RTR_API_CHAT) {
@@ -434,8 +461,13 @@ static void req_complete(rtr_req_t *q, const char *finish_reason)
             const char *texts[1] = { q->text != NULL ? q->text : "" };
             size_t lens[1] = { q->text_len };
             const char *fr[1] = { finish_reason };
-            char *json = rtr_oai_response_json(&m, 1, texts, lens, fr, &usage);
+            rtr_oai_logprobs_t lps;
+            if (q->oai.logprobs)
+                lps = req_lps(q, 0, q->n_gen);
+            char *json = rtr_oai_response_lp_json(&m, 1, texts, lens, fr, &usage,
+                                                  q->oai.logprobs ? &lps : NULL);
             req_stop_watching(q);
+            add_seed_header(q);
             reply_json(q->http, json != NULL ? 200 : 500,
                        json != NULL ? json : "{\"error\":{\"message\":\"out of memory\","
                                              "\"type\":\"server_error\",\"param\":null,"
@@ -481,6 +513,9 @@ static void req_fail(rtr_req_t *q, int status, const char *code, const char *fmt
 
 /* ---- upstream messages ---------------------------------------------------- */
 
+_Static_assert(RTR_OAI_MAX_BIAS <= PROTO_MAX_LOGIT_BIAS, "logit_bias cap");
+_Static_assert(RTR_OAI_MAX_STOP_IDS <= PROTO_MAX_STOP_TOKENS, "stop_token_ids cap");
+
 static void fill_sampling(const rtr_req_t *q, proto_sampling_t *s)
 {
     memset(s, 0, sizeof(*s));
@@ -492,6 +527,17 @@ static void fill_sampling(const rtr_req_t *q, proto_sampling_t *s)
     s->seed = q->oai.seed;
     s->max_tokens = q->oai.max_tokens;
     s->min_tokens = q->oai.min_tokens;
+    s->stop.n = q->oai.n_stop_ids;
+    s->stop.v = q->oai.stop_ids;
+    s->logprobs = q->oai.logprobs ? 1 : 0;
+    s->top_logprobs = q->oai.logprobs ? q->oai.top_logprobs : 0;
+    s->presence_penalty = q->oai.presence_penalty;
+    s->frequency_penalty = q->oai.frequency_penalty;
+    s->repetition_penalty = q->oai.repetition_penalty;
+    s->min_p = q->oai.min_p;
+    s->n_bias = q->oai.n_bias;
+    memcpy(s->bias_ids, q->oai.bias_ids, q->oai.n_bias * sizeof(s->bias_ids[0]));
+    memcpy(s->bias, q->oai.bias, q->oai.n_bias * sizeof(s->bias[0]));
 }
 
 static uint64_t req_budget_ns(const rtr_req_t *q)
@@ -627,12 +673,13 @@ static void req_retry(rtr_req_t *q, rtr_backend_t *failed, const char *why)
 /* Tokens that reached the router (token 0 from PREFILL_DONE or TOKENS):
  * record, detokenize, stop strings, stream. Returns false if the request
  * ended (stop string or max_tokens reached). */
-static bool req_tokens(rtr_req_t *q, const proto_tokens_t *toks)
+static bool req_tokens(rtr_req_t *q, const proto_tokens_t *toks, const proto_logprobs_t *lps)
 {
     rtr_t *r = q->r;
     char out[RTR_TEXTPIPE_OUT_MAX];
     char *acc = NULL;
     size_t acc_len = 0, acc_cap = 0;
+    uint32_t first_new = q->n_gen;
     for (uint32_t i = 0; i < toks->n; i++) {
         if (q->n_gen >= q->oai.max_tokens || q->pipe.stopped)
             break;
@@ -643,7 +690,27 @@ static bool req_tokens(rtr_req_t *q, const proto_tokens_t *toks)
             if (g == NULL)
                 break;
             q->gen = g;
+            if (q->oai.logprobs) {
+                rtr_oai_logprob_t *l = realloc(q->lps, cap * sizeof(*l));
+                if (l == NULL)
+                    break;
+                q->lps = l;
+            }
             q->cap_gen = cap;
+        }
+        if (q->oai.logprobs) {
+            rtr_oai_logprob_t *e = &q->lps[q->n_gen];
+            memset(e, 0, sizeof(*e));
+            e->id = t;
+            if (lps != NULL && i < lps->n) {
+                proto_logprob_t pl;
+                proto_logprobs_get(lps, i, &pl);
+                e->logprob = pl.logprob;
+                e->n_top = lps->top_n < RTR_OAI_MAX_TOP_LOGPROBS ? lps->top_n
+                                                                 : RTR_OAI_MAX_TOP_LOGPROBS;
+                memcpy(e->top_ids, pl.top_ids, e->n_top * sizeof(e->top_ids[0]));
+                memcpy(e->top_lp, pl.top_lp, e->n_top * sizeof(e->top_lp[0]));
+            }
         }
         q->gen[q->n_gen++] = t;
         uint64_t now = pd_now_ns();
@@ -673,7 +740,15 @@ static bool req_tokens(rtr_req_t *q, const proto_tokens_t *toks)
      * the client sees its first chunk (TTFT) right away. */
     if (q->oai.stream)
         stream_start(q);
-    emit_text(q, acc, acc_len);
+    if (q->oai.logprobs && q->oai.stream && q->n_gen > first_new) {
+        /* the chunk carries these tokens' logprobs, even with no text yet */
+        rtr_oai_resp_meta_t m = req_meta(q);
+        rtr_oai_logprobs_t l = req_lps(q, first_new, q->n_gen);
+        send_sse(q, rtr_oai_chunk_lp_json(&m, 0, acc, acc_len, NULL, false, &l));
+        q->lp_chars += rtr_oai_logprobs_chars(&l);
+    } else {
+        emit_text(q, acc, acc_len);
+    }
     free(acc);
     if (client_slow(q)) {
         req_client_gone(q, "client not reading (output over cap)");
@@ -709,7 +784,7 @@ static void on_prefill_done(rtr_req_t *q, rtr_backend_t *be, const proto_prefill
                be->id, pd->n_prompt_tokens, q->n_prompt);
     int32_t t0 = pd->first_token;
     proto_tokens_t toks = { 1, &t0, NULL };
-    if (!req_tokens(q, &toks))
+    if (!req_tokens(q, &toks, &pd->logprobs))
         return;
     if (r->tok != NULL && eng_tok_is_eog(r->tok, t0) && !q->oai.ignore_eos &&
         q->n_gen >= q->oai.min_tokens) {
@@ -810,7 +885,7 @@ void rtr_http_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
             pd_log(PD_LOG_WARN, RTR_COMP, q->id, "TOKENS seq %u from '%s', expected %u",
                    msg->u.tokens.seq, be->id, q->next_tok_seq);
         q->next_tok_seq = msg->u.tokens.seq + 1;
-        (void)req_tokens(q, &msg->u.tokens.tokens);
+        (void)req_tokens(q, &msg->u.tokens.tokens, &msg->u.tokens.logprobs);
         return;
     case PROTO_MSG_FINISH:
         if (from_prefill) {
@@ -1148,7 +1223,10 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
     snprintf(q->resp_id, sizeof(q->resp_id), "%s%s", api == RTR_API_CHAT ? "chatcmpl-" : "cmpl-",
              reqid);
     q->t_accept = pd_now_ns();
+    q->created = (int64_t)time(NULL);
     rtr_req_fsm_init(&q->fsm, q->t_accept);
+    if (!o.seed_set) /* a fresh seed per request, in the range "seed" accepts */
+        o.seed = randombytes_uniform(1u << 31) * (1ull << 22) + randombytes_uniform(1u << 22);
     q->oai = o;
     memset(&o, 0, sizeof(o));
     q->prompt = ids;

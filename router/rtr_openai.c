@@ -125,6 +125,188 @@ static bool parse_bool_field(parse_ctx_t *pc, const cJSON *root, const char *nam
     return true;
 }
 
+/* ---- the strict policy: every top-level field is known here ------------ */
+
+#define API_CMPL 0x1u
+#define API_CHAT 0x2u
+#define API_BOTH (API_CMPL | API_CHAT)
+
+/* Every field a request may carry, per endpoint. A field not listed for the
+ * endpoint is refused (code "unknown_parameter"); a listed field is either
+ * honoured or refused below with "unsupported_parameter". docs/API.md has
+ * the same list with each field's range and behaviour. */
+static const struct {
+    const char *name;
+    unsigned apis;
+} known_fields[] = {
+    { "model", API_BOTH },             { "prompt", API_CMPL },
+    { "messages", API_CHAT },          { "max_tokens", API_BOTH },
+    { "max_completion_tokens", API_CHAT }, { "min_tokens", API_BOTH },
+    { "temperature", API_BOTH },       { "top_p", API_BOTH },
+    { "top_k", API_BOTH },             { "min_p", API_BOTH },
+    { "seed", API_BOTH },              { "stop", API_BOTH },
+    { "stop_token_ids", API_BOTH },    { "ignore_eos", API_BOTH },
+    { "n", API_BOTH },                 { "stream", API_BOTH },
+    { "stream_options", API_BOTH },    { "presence_penalty", API_BOTH },
+    { "frequency_penalty", API_BOTH }, { "repetition_penalty", API_BOTH },
+    { "logit_bias", API_BOTH },        { "user", API_BOTH },
+    { "logprobs", API_BOTH },          { "top_logprobs", API_CHAT },
+    { "echo", API_CMPL },              { "best_of", API_CMPL },
+    { "suffix", API_CMPL },            { "response_format", API_CHAT },
+    { "tools", API_CHAT },             { "tool_choice", API_CHAT },
+    { "parallel_tool_calls", API_CHAT }, { "functions", API_CHAT },
+    { "function_call", API_CHAT },     { "store", API_CHAT },
+    { "metadata", API_CHAT },          { "service_tier", API_CHAT },
+    { "reasoning_effort", API_CHAT },  { "modalities", API_CHAT },
+    { "audio", API_CHAT },             { "prediction", API_CHAT },
+    { "web_search_options", API_CHAT },
+};
+
+static bool unsupported(parse_ctx_t *pc, const char *param, const char *why)
+{
+    rtr_oai_error_set(pc->err, 400, INVALID, "unsupported_parameter", param,
+                      "'%s' is not supported by this server%s%s", param, why ? ": " : "",
+                      why ? why : "");
+    pc->status = PD_ERR_BAD_INPUT;
+    return false;
+}
+
+/* Copy a client-chosen name into err->param_buf (bounded) and point param at it. */
+static const char *param_name(parse_ctx_t *pc, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static const char *param_name(parse_ctx_t *pc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pc->err->param_buf, sizeof(pc->err->param_buf), fmt, ap);
+    va_end(ap);
+    return pc->err->param_buf;
+}
+
+static bool check_known_fields(parse_ctx_t *pc, const cJSON *root, rtr_api_t api)
+{
+    unsigned bit = api == RTR_API_CHAT ? API_CHAT : API_CMPL;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, root) {
+        const char *k = it->string != NULL ? it->string : "";
+        bool other_api = false, ok = false;
+        for (size_t i = 0; i < sizeof(known_fields) / sizeof(known_fields[0]); i++) {
+            if (strcmp(k, known_fields[i].name) != 0)
+                continue;
+            ok = (known_fields[i].apis & bit) != 0;
+            other_api = !ok;
+            break;
+        }
+        if (ok)
+            continue;
+        const char *name = param_name(pc, "%s", k);
+        rtr_oai_error_set(pc->err, 400, INVALID, "unknown_parameter", name,
+                          other_api ? "'%s' is not a parameter of %s%s" :
+                                      "'%s' is not a known parameter of %s%s", name,
+                          api == RTR_API_CHAT ? "/v1/chat/completions"
+                                              : "/v1/completions",
+                          strcmp(k, "max_completion_tokens") == 0 ? " (use max_tokens)" : "");
+        pc->status = PD_ERR_BAD_INPUT;
+        return false;
+    }
+    return true;
+}
+
+/* A field that may only carry its neutral value(s): absent, null, false, an
+ * empty array/object, or the given string. Anything else is refused. */
+static bool only_neutral(parse_ctx_t *pc, const cJSON *root, const char *name,
+                         const char *neutral_str, const char *why)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (it == NULL || cJSON_IsNull(it) || cJSON_IsFalse(it))
+        return true;
+    if ((cJSON_IsArray(it) || cJSON_IsObject(it)) && it->child == NULL)
+        return true;
+    if (neutral_str != NULL && cJSON_IsString(it) && strcmp(it->valuestring, neutral_str) == 0)
+        return true;
+    return unsupported(pc, name, why);
+}
+
+/* Fields the router knows but does not implement, and the requests where
+ * they would change nothing (accepted). */
+static bool check_unsupported(parse_ctx_t *pc, const cJSON *root, rtr_api_t api,
+                              rtr_oai_req_t *req)
+{
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
+    if (api == RTR_API_CHAT) {
+        if (lp != NULL && !cJSON_IsNull(lp) && !cJSON_IsBool(lp))
+            return bad(pc, "logprobs", "must be a boolean");
+        req->logprobs = cJSON_IsTrue(lp);
+        const cJSON *tl = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
+        if (tl != NULL && !cJSON_IsNull(tl)) {
+            int64_t v;
+            if (!get_int(tl, 0, RTR_OAI_MAX_TOP_LOGPROBS, &v))
+                return bad(pc, "top_logprobs", "must be an integer in [0, 20]");
+            if (!req->logprobs)
+                return bad(pc, "top_logprobs", "requires 'logprobs': true");
+            req->top_logprobs = (uint32_t)v;
+        }
+    } else {
+        if (lp != NULL && !cJSON_IsNull(lp)) {
+            int64_t v;
+            if (!get_int(lp, 0, RTR_OAI_MAX_TOP_LOGPROBS, &v))
+                return bad(pc, "logprobs", "must be an integer in [0, 20] or null");
+            req->logprobs = true;
+            req->top_logprobs = (uint32_t)v;
+        }
+        const cJSON *echo = cJSON_GetObjectItemCaseSensitive(root, "echo");
+        if (echo != NULL && !cJSON_IsNull(echo) && !cJSON_IsBool(echo))
+            return bad(pc, "echo", "must be a boolean");
+        if (cJSON_IsTrue(echo))
+            return unsupported(pc, "echo", NULL);
+        const cJSON *bo = cJSON_GetObjectItemCaseSensitive(root, "best_of");
+        if (bo != NULL && !cJSON_IsNull(bo)) {
+            int64_t v;
+            if (!get_int(bo, 1, 1e9, &v))
+                return bad(pc, "best_of", "must be an integer >= 1");
+            if ((uint64_t)v != req->n)
+                return unsupported(pc, "best_of", "only best_of = n is served");
+        }
+        const cJSON *sf = cJSON_GetObjectItemCaseSensitive(root, "suffix");
+        if (sf != NULL && !cJSON_IsNull(sf) && !cJSON_IsString(sf))
+            return bad(pc, "suffix", "must be a string");
+        if (cJSON_IsString(sf) && sf->valuestring[0] != '\0')
+            return unsupported(pc, "suffix", "insertion is not implemented");
+    }
+    const cJSON *user = cJSON_GetObjectItemCaseSensitive(root, "user");
+    if (user != NULL && !cJSON_IsNull(user) &&
+        (!cJSON_IsString(user) || strlen(user->valuestring) > 256))
+        return bad(pc, "user", "must be a string of at most 256 bytes");
+    if (api != RTR_API_CHAT)
+        return true;
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (rf != NULL && !cJSON_IsNull(rf)) {
+        const cJSON *type = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type")
+                                               : NULL;
+        if (!cJSON_IsString(type))
+            return bad(pc, "response_format", "must be an object with a string 'type'");
+        if (strcmp(type->valuestring, "text") != 0 || cJSON_GetArraySize(rf) != 1)
+            return unsupported(pc, "response_format",
+                               "only {\"type\":\"text\"}; structured output is not implemented");
+    }
+    const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(root, "parallel_tool_calls");
+    if (ptc != NULL && !cJSON_IsNull(ptc) && !cJSON_IsBool(ptc))
+        return bad(pc, "parallel_tool_calls", "must be a boolean");
+    static const char *const tools_why = "tool calling is not implemented";
+    return only_neutral(pc, root, "tools", NULL, tools_why) &&
+           only_neutral(pc, root, "tool_choice", "none", tools_why) &&
+           only_neutral(pc, root, "functions", NULL, tools_why) &&
+           only_neutral(pc, root, "function_call", "none", tools_why) &&
+           only_neutral(pc, root, "store", NULL, "responses are not stored") &&
+           only_neutral(pc, root, "metadata", NULL, "responses are not stored") &&
+           only_neutral(pc, root, "service_tier", "auto", NULL) &&
+           only_neutral(pc, root, "reasoning_effort", NULL, NULL) &&
+           only_neutral(pc, root, "modalities", NULL, "text output only") &&
+           only_neutral(pc, root, "audio", NULL, "text output only") &&
+           only_neutral(pc, root, "prediction", NULL, NULL) &&
+           only_neutral(pc, root, "web_search_options", NULL, NULL);
+}
+
 static bool parse_stop(parse_ctx_t *pc, const cJSON *root, rtr_oai_req_t *req)
 {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, "stop");
@@ -240,7 +422,7 @@ static bool parse_content(parse_ctx_t *pc, const cJSON *c, char **out, size_t *l
             const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
             const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
             if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
-                !cJSON_IsString(text)) {
+                !cJSON_IsString(text) || cJSON_GetArraySize(part) != 2) {
                 free(buf);
                 return bad(pc, "messages", "content parts must be {\"type\":\"text\","
                                            "\"text\":...} (this model takes text only)");
@@ -321,11 +503,108 @@ static bool parse_messages(parse_ctx_t *pc, const cJSON *root, const rtr_oai_lim
             return false;
         }
         req->n_messages++;
+        uint32_t mi = req->n_messages - 1;
+        bool assistant = strcmp(role->valuestring, "assistant") == 0;
+        bool tool = strcmp(role->valuestring, "tool") == 0;
+        const cJSON *key;
+        cJSON_ArrayForEach(key, msg) {
+            const char *k = key->string != NULL ? key->string : "";
+            if (strcmp(k, "role") == 0 || strcmp(k, "content") == 0)
+                continue;
+            if (cJSON_IsNull(key))
+                continue;
+            if (strcmp(k, "tool_call_id") == 0 && tool && cJSON_IsString(key))
+                continue; /* tool results render by position; the id is not needed */
+            if (strcmp(k, "refusal") == 0 && assistant)
+                return bad(pc, param_name(pc, "messages[%u].refusal", mi),
+                           "is not supported (send it as content)");
+            bool known_key = strcmp(k, "name") == 0 || strcmp(k, "tool_calls") == 0 ||
+                             strcmp(k, "function_call") == 0 || strcmp(k, "tool_call_id") == 0;
+            if (known_key && (cJSON_IsArray(key) && key->child == NULL))
+                continue;
+            return known_key
+                ? unsupported(pc, param_name(pc, "messages[%u].%.24s", mi, k),
+                              strcmp(k, "name") == 0 ? "the chat templates do not render names"
+                                                     : "tool calling is not implemented")
+                : bad(pc, param_name(pc, "messages[%u].%.24s", mi, k), "is not a known field");
+        }
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
+        if (!assistant && (c == NULL || cJSON_IsNull(c)))
+            return bad(pc, param_name(pc, "messages[%u].content", mi),
+                       "is required for this role");
         char *content = NULL;
-        if (!parse_content(pc, cJSON_GetObjectItemCaseSensitive(msg, "content"), &content,
-                           &out->content_len, &budget))
+        if (!parse_content(pc, c, &content, &out->content_len, &budget))
             return false;
         out->content = content;
+    }
+    return true;
+}
+
+/* presence/frequency/repetition penalties, min_p, logit_bias, stop_token_ids. */
+static bool parse_penalties(parse_ctx_t *pc, const cJSON *root, const rtr_oai_limits_t *lim,
+                            rtr_oai_req_t *req)
+{
+    if (!parse_float_field(pc, root, "presence_penalty", -2, 2, false, &req->presence_penalty) ||
+        !parse_float_field(pc, root, "frequency_penalty", -2, 2, false,
+                           &req->frequency_penalty) ||
+        !parse_float_field(pc, root, "repetition_penalty", 0, 2, true,
+                           &req->repetition_penalty) ||
+        !parse_float_field(pc, root, "min_p", 0, 1, false, &req->min_p))
+        return false;
+    double hi = lim->vocab_size ? (double)lim->vocab_size - 1 : 2147483647.0;
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    if (lb != NULL && !cJSON_IsNull(lb)) {
+        if (!cJSON_IsObject(lb))
+            return bad(pc, "logit_bias", "must be an object mapping token ids to biases");
+        if (cJSON_GetArraySize(lb) > RTR_OAI_MAX_BIAS) {
+            rtr_oai_error_set(pc->err, 400, INVALID, NULL, "logit_bias",
+                              "'logit_bias' allows at most %d entries", RTR_OAI_MAX_BIAS);
+            pc->status = PD_ERR_BAD_INPUT;
+            return false;
+        }
+        const cJSON *e;
+        cJSON_ArrayForEach(e, lb) {
+            const char *k = e->string != NULL ? e->string : "";
+            char *end = NULL;
+            long long id = strtoll(k, &end, 10);
+            if (k[0] < '0' || k[0] > '9' || *end != '\0' || strlen(k) > 10 || id < 0 ||
+                (double)id > hi) {
+                rtr_oai_error_set(pc->err, 400, INVALID, NULL, "logit_bias",
+                                  "'logit_bias' keys must be token ids in [0, %.0f]", hi);
+                pc->status = PD_ERR_BAD_INPUT;
+                return false;
+            }
+            if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble) || e->valuedouble < -100 ||
+                e->valuedouble > 100)
+                return bad(pc, "logit_bias", "values must be numbers in [-100, 100]");
+            for (uint32_t i = 0; i < req->n_bias; i++)
+                if (req->bias_ids[i] == (int32_t)id)
+                    return bad(pc, "logit_bias", "has the same token id twice");
+            req->bias_ids[req->n_bias] = (int32_t)id;
+            req->bias[req->n_bias] = (float)e->valuedouble;
+            req->n_bias++;
+        }
+    }
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(root, "stop_token_ids");
+    if (st != NULL && !cJSON_IsNull(st)) {
+        if (!cJSON_IsArray(st) || cJSON_GetArraySize(st) > RTR_OAI_MAX_STOP_IDS) {
+            rtr_oai_error_set(pc->err, 400, INVALID, NULL, "stop_token_ids",
+                              "'stop_token_ids' must be an array of at most %d token ids",
+                              RTR_OAI_MAX_STOP_IDS);
+            pc->status = PD_ERR_BAD_INPUT;
+            return false;
+        }
+        const cJSON *t;
+        cJSON_ArrayForEach(t, st) {
+            int64_t v;
+            if (!get_int(t, 0, hi, &v)) {
+                rtr_oai_error_set(pc->err, 400, INVALID, NULL, "stop_token_ids",
+                                  "'stop_token_ids' entries must be token ids in [0, %.0f]", hi);
+                pc->status = PD_ERR_BAD_INPUT;
+                return false;
+            }
+            req->stop_ids[req->n_stop_ids++] = (int32_t)v;
+        }
     }
     return true;
 }
@@ -340,6 +619,7 @@ pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
     req->top_p = 1.0f;
     req->top_k = 0;
     req->n = 1;
+    req->repetition_penalty = 1.0f;
     req->max_tokens = lim->default_max_tokens;
     parse_ctx_t pc = { err, PD_OK };
 
@@ -356,6 +636,8 @@ pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
         return PD_ERR_BAD_INPUT;
     }
 
+    if (!check_known_fields(&pc, root, api))
+        goto out;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (model != NULL && !cJSON_IsNull(model)) {
         if (!cJSON_IsString(model) || strlen(model->valuestring) >= RTR_OAI_MODEL_MAX) {
@@ -444,21 +726,17 @@ pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
         }
         if (!parse_bool_field(&pc, so, "include_usage", &req->include_usage))
             goto out;
-    }
-    {   /* fields we do not implement: refuse rather than silently ignore */
-        static const char *const unsupported[] = { "logprobs", "echo", "best_of",
-                                                   "tools", "suffix" };
-        for (size_t i = 0; i < sizeof(unsupported) / sizeof(unsupported[0]); i++) {
-            const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, unsupported[i]);
-            if (it != NULL && !cJSON_IsNull(it) && !cJSON_IsFalse(it) &&
-                !(cJSON_IsArray(it) && cJSON_GetArraySize(it) == 0)) {
-                rtr_oai_error_set(err, 400, INVALID, "unsupported_parameter", unsupported[i],
-                                  "'%s' is not supported by this server", unsupported[i]);
-                pc.status = PD_ERR_BAD_INPUT;
+        const cJSON *k;
+        cJSON_ArrayForEach(k, so) {
+            if (k->string == NULL || strcmp(k->string, "include_usage") != 0) {
+                bad(&pc, param_name(&pc, "stream_options.%.32s", k->string ? k->string : ""),
+                    "is not a known field (only include_usage)");
                 goto out;
             }
         }
     }
+    if (!parse_penalties(&pc, root, lim, req) || !check_unsupported(&pc, root, api, req))
+        goto out;
 out:
     cJSON_Delete(root);
     if (pc.status != PD_OK) {
@@ -501,13 +779,34 @@ char *rtr_oai_error_json(const rtr_oai_error_t *err)
     return print_and_free(root);
 }
 
-/* cJSON strings are NUL-terminated: text with an embedded NUL is cut there. */
+/* Generated text as a JSON string. cJSON strings end at NUL, and a model
+ * can emit a byte 0 (a byte token), which would cut the text there; so the
+ * literal is escaped here (control bytes as \u00XX, NUL included) and
+ * inserted with cJSON_CreateRaw. Other bytes are copied as they are (the
+ * detokenizer only releases whole UTF-8 characters). */
 static cJSON *text_item(const char *text, size_t len)
 {
-    char *s = dup_n(text ? text : "", text ? len : 0);
+    if (text == NULL)
+        len = 0;
+    char *s = malloc(len * 6 + 3);
     if (s == NULL)
         return NULL;
-    cJSON *it = cJSON_CreateString(s);
+    size_t o = 0;
+    s[o++] = '"';
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (c == '"' || c == '\\') {
+            s[o++] = '\\';
+            s[o++] = (char)c;
+        } else if (c < 0x20 || c == 0x7f) {
+            o += (size_t)snprintf(s + o, 7, "\\u%04x", c);
+        } else {
+            s[o++] = (char)c;
+        }
+    }
+    s[o++] = '"';
+    s[o] = '\0';
+    cJSON *it = cJSON_CreateRaw(s);
     free(s);
     return it;
 }
@@ -546,9 +845,156 @@ static void add_finish(cJSON *choice, const char *finish_reason)
         cJSON_AddNullToObject(choice, "finish_reason");
 }
 
+/* ---- logprobs ------------------------------------------------------------- */
+
+/* Length of the UTF-8 sequence starting at p (1 for an invalid byte), and
+ * whether it is valid. */
+static size_t utf8_seq(const unsigned char *p, size_t n, bool *ok)
+{
+    unsigned char c = p[0];
+    size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3
+               : (c & 0xf8) == 0xf0 ? 4 : 0;
+    *ok = len != 0 && len <= n && c != 0 && c != 0xc0 && c != 0xc1 && c < 0xf5;
+    for (size_t i = 1; *ok && i < len; i++)
+        *ok = (p[i] & 0xc0) == 0x80;
+    return *ok ? len : 1;
+}
+
+static uint64_t utf8_chars(const char *s, size_t n)
+{
+    uint64_t chars = 0;
+    for (size_t i = 0; i < n; chars++) {
+        bool ok;
+        i += utf8_seq((const unsigned char *)s + i, n - i, &ok);
+    }
+    return chars;
+}
+
+/* A JSON string for token bytes: valid UTF-8 kept, every invalid byte (and
+ * NUL) as U+FFFD; the exact bytes go in "bytes". */
+static cJSON *token_string(const char *b, size_t n)
+{
+    char *s = malloc(n * 3 + 1);
+    if (s == NULL)
+        return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        bool ok;
+        size_t l = utf8_seq((const unsigned char *)b + i, n - i, &ok);
+        if (ok) {
+            memcpy(s + o, b + i, l);
+            o += l;
+        } else {
+            memcpy(s + o, "\xef\xbf\xbd", 3);
+            o += 3;
+        }
+        i += l;
+    }
+    s[o] = '\0';
+    cJSON *it = cJSON_CreateString(s);
+    free(s);
+    return it;
+}
+
+#define PIECE_MAX 256
+
+static size_t lp_piece(const rtr_oai_logprobs_t *lp, int32_t id, char *buf)
+{
+    return lp->piece != NULL ? lp->piece(lp->ctx, id, buf, PIECE_MAX) : 0;
+}
+
+uint64_t rtr_oai_logprobs_chars(const rtr_oai_logprobs_t *lp)
+{
+    char buf[PIECE_MAX];
+    uint64_t chars = 0;
+    for (uint32_t i = 0; lp != NULL && i < lp->n; i++)
+        chars += utf8_chars(buf, lp_piece(lp, lp->v[i].id, buf));
+    return chars;
+}
+
+/* {"token", "logprob", "bytes"} (+ "top_logprobs" when top is set). */
+static cJSON *chat_lp_item(const rtr_oai_logprobs_t *lp, int32_t id, float logprob,
+                           const rtr_oai_logprob_t *top)
+{
+    char buf[PIECE_MAX];
+    size_t n = lp_piece(lp, id, buf);
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL)
+        return NULL;
+    cJSON_AddItemToObject(o, "token", token_string(buf, n));
+    cJSON_AddNumberToObject(o, "logprob", (double)logprob);
+    cJSON *bytes = cJSON_AddArrayToObject(o, "bytes");
+    for (size_t i = 0; bytes != NULL && i < n; i++)
+        cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)buf[i]));
+    if (top != NULL) {
+        cJSON *arr = cJSON_AddArrayToObject(o, "top_logprobs");
+        for (uint32_t k = 0; arr != NULL && k < top->n_top; k++)
+            cJSON_AddItemToArray(arr, chat_lp_item(lp, top->top_ids[k], top->top_lp[k], NULL));
+    }
+    return o;
+}
+
+static cJSON *logprobs_json(rtr_api_t api, const rtr_oai_logprobs_t *lp)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL)
+        return NULL;
+    if (api == RTR_API_CHAT) {
+        cJSON *content = cJSON_AddArrayToObject(o, "content");
+        for (uint32_t i = 0; content != NULL && i < lp->n; i++)
+            cJSON_AddItemToArray(content, chat_lp_item(lp, lp->v[i].id, lp->v[i].logprob,
+                                                       &lp->v[i]));
+        cJSON_AddNullToObject(o, "refusal");
+        return o;
+    }
+    cJSON *tokens = cJSON_AddArrayToObject(o, "tokens");
+    cJSON *tlp = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON *off = cJSON_AddArrayToObject(o, "text_offset");
+    if (tokens == NULL || tlp == NULL || top == NULL || off == NULL)
+        return o;
+    uint64_t at = lp->text_offset;
+    char buf[PIECE_MAX], tb[PIECE_MAX];
+    for (uint32_t i = 0; i < lp->n; i++) {
+        const rtr_oai_logprob_t *e = &lp->v[i];
+        size_t n = lp_piece(lp, e->id, buf);
+        cJSON_AddItemToArray(tokens, token_string(buf, n));
+        cJSON_AddItemToArray(tlp, cJSON_CreateNumber((double)e->logprob));
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
+        at += utf8_chars(buf, n);
+        /* the top alternatives, then the chosen token (OpenAI: up to n + 1) */
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddItemToArray(top, d);
+        for (uint32_t k = 0; d != NULL && k <= e->n_top; k++) {
+            int32_t id = k < e->n_top ? e->top_ids[k] : e->id;
+            float v = k < e->n_top ? e->top_lp[k] : e->logprob;
+            cJSON *key = token_string(tb, lp_piece(lp, id, tb));
+            if (key != NULL && cJSON_GetObjectItemCaseSensitive(d, key->valuestring) == NULL)
+                cJSON_AddNumberToObject(d, key->valuestring, (double)v);
+            cJSON_Delete(key);
+        }
+    }
+    return o;
+}
+
+static void add_logprobs(cJSON *choice, rtr_api_t api, const rtr_oai_logprobs_t *lp)
+{
+    if (lp == NULL)
+        cJSON_AddNullToObject(choice, "logprobs");
+    else
+        cJSON_AddItemToObject(choice, "logprobs", logprobs_json(api, lp));
+}
+
 char *rtr_oai_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
                          const char *text, size_t text_len,
                          const char *finish_reason, bool with_role)
+{
+    return rtr_oai_chunk_lp_json(meta, index, text, text_len, finish_reason, with_role, NULL);
+}
+
+char *rtr_oai_chunk_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
+                            const char *text, size_t text_len, const char *finish_reason,
+                            bool with_role, const rtr_oai_logprobs_t *lp)
 {
     cJSON *root = meta_object(meta, true);
     cJSON *choices = cJSON_AddArrayToObject(root, "choices");
@@ -569,7 +1015,7 @@ char *rtr_oai_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
     } else {
         cJSON_AddItemToObject(choice, "text", text_item(text, text_len));
     }
-    cJSON_AddNullToObject(choice, "logprobs");
+    add_logprobs(choice, meta->api, lp);
     add_finish(choice, finish_reason);
     return print_and_free(root);
 }
@@ -588,6 +1034,15 @@ char *rtr_oai_response_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
                             const char *const *texts, const size_t *text_lens,
                             const char *const *finish_reasons,
                             const rtr_oai_usage_t *usage)
+{
+    return rtr_oai_response_lp_json(meta, n_choices, texts, text_lens, finish_reasons, usage,
+                                    NULL);
+}
+
+char *rtr_oai_response_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
+                               const char *const *texts, const size_t *text_lens,
+                               const char *const *finish_reasons,
+                               const rtr_oai_usage_t *usage, const rtr_oai_logprobs_t *lps)
 {
     cJSON *root = meta_object(meta, false);
     cJSON *choices = cJSON_AddArrayToObject(root, "choices");
@@ -608,7 +1063,7 @@ char *rtr_oai_response_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
         } else {
             cJSON_AddItemToObject(choice, "text", text_item(texts[i], text_lens[i]));
         }
-        cJSON_AddNullToObject(choice, "logprobs");
+        add_logprobs(choice, meta->api, lps != NULL ? &lps[i] : NULL);
         add_finish(choice, finish_reasons[i]);
     }
     add_usage(root, usage);

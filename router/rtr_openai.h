@@ -15,6 +15,9 @@
 #define RTR_OAI_MAX_STOP        8      /* stop strings per request */
 #define RTR_OAI_MAX_STOP_BYTES  256    /* bytes per stop string */
 #define RTR_OAI_MODEL_MAX       256
+#define RTR_OAI_MAX_BIAS        300    /* logit_bias entries (OpenAI's cap) */
+#define RTR_OAI_MAX_STOP_IDS    32     /* stop_token_ids (= ENG_SAMPLE_MAX_STOP_IDS) */
+#define RTR_OAI_MAX_TOP_LOGPROBS 20    /* top_logprobs / completions logprobs */
 
 typedef enum {
     RTR_API_COMPLETIONS = 0,  /* POST /v1/completions */
@@ -61,6 +64,19 @@ typedef struct {
     uint32_t n_stop;
     bool ignore_eos;
     uint32_t n;
+    /* Penalties and biases (see docs/API.md for the exact semantics) */
+    float presence_penalty;          /* [-2, 2], 0 = off (OpenAI) */
+    float frequency_penalty;         /* [-2, 2], 0 = off (OpenAI) */
+    float repetition_penalty;        /* (0, 2], 1 = off (vLLM) */
+    float min_p;                     /* [0, 1], 0 = off (vLLM) */
+    uint32_t n_bias;
+    int32_t bias_ids[RTR_OAI_MAX_BIAS];   /* logit_bias keys (token ids < vocab) */
+    float bias[RTR_OAI_MAX_BIAS];         /* [-100, 100] */
+    uint32_t n_stop_ids;
+    int32_t stop_ids[RTR_OAI_MAX_STOP_IDS]; /* stop_token_ids */
+    /* logprobs: chat logprobs/top_logprobs, completions logprobs = N */
+    bool logprobs;
+    uint32_t top_logprobs;           /* alternatives per token, <= 20 */
     /* Streaming */
     bool stream;
     bool include_usage;
@@ -71,8 +87,9 @@ typedef struct {
     int http_status;       /* 400, 401, 404, 413, 429, 500, 502, 503, 504 */
     const char *type;      /* "invalid_request_error", ... */
     const char *code;      /* e.g. "context_length_exceeded" or NULL */
-    const char *param;     /* offending parameter or NULL */
+    const char *param;     /* offending parameter or NULL (may point at param_buf) */
     char message[320];
+    char param_buf[64];    /* room for a built name such as "messages[3].content" */
 } rtr_oai_error_t;
 
 /* Parse and validate a request body. On success fills *req (free with
@@ -105,12 +122,43 @@ typedef struct {
     uint32_t completion_tokens;
 } rtr_oai_usage_t;
 
+/* Log-probabilities of generated tokens (the model's distribution). */
+typedef struct {
+    int32_t id;
+    float logprob;
+    uint32_t n_top;
+    int32_t top_ids[RTR_OAI_MAX_TOP_LOGPROBS];   /* most likely first */
+    float top_lp[RTR_OAI_MAX_TOP_LOGPROBS];
+} rtr_oai_logprob_t;
+
+/* The bytes token `id` stands for (at most cap written; returns the count). */
+typedef size_t (*rtr_oai_piece_fn)(void *ctx, int32_t id, char *buf, size_t cap);
+
+typedef struct {
+    const rtr_oai_logprob_t *v;      /* (n) */
+    uint32_t n;
+    uint64_t text_offset;            /* completions: characters before v[0] */
+    rtr_oai_piece_fn piece;
+    void *ctx;
+} rtr_oai_logprobs_t;
+
+/* Characters (UTF-8 code points; an invalid byte counts as one) that the
+ * pieces of lp's tokens add: advance text_offset by this per chunk. */
+uint64_t rtr_oai_logprobs_chars(const rtr_oai_logprobs_t *lp);
+
 /* One streaming chunk (the JSON after "data: "). `text` may be empty;
  * finish_reason NULL while streaming, "stop"/"length" on the last one;
  * with_role adds delta.role (the first chat chunk). */
 char *rtr_oai_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
                          const char *text, size_t text_len,
                          const char *finish_reason, bool with_role);
+/* The same with logprobs for the chunk's tokens (lp NULL: "logprobs": null).
+ * Chat: {"content":[{token, logprob, bytes, top_logprobs:[...]}],
+ * "refusal":null}; completions: {tokens, token_logprobs, top_logprobs
+ * (top n + the chosen token), text_offset}. */
+char *rtr_oai_chunk_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
+                            const char *text, size_t text_len, const char *finish_reason,
+                            bool with_role, const rtr_oai_logprobs_t *lp);
 /* The include_usage chunk: choices [] and usage. */
 char *rtr_oai_usage_chunk_json(const rtr_oai_resp_meta_t *meta,
                                const rtr_oai_usage_t *usage);
@@ -119,6 +167,11 @@ char *rtr_oai_response_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
                             const char *const *texts, const size_t *text_lens,
                             const char *const *finish_reasons,
                             const rtr_oai_usage_t *usage);
+/* The same with logprobs per choice (lps (n_choices), or NULL). */
+char *rtr_oai_response_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
+                               const char *const *texts, const size_t *text_lens,
+                               const char *const *finish_reasons,
+                               const rtr_oai_usage_t *usage, const rtr_oai_logprobs_t *lps);
 /* GET /v1/models body. */
 char *rtr_oai_models_json(const char *const *model_ids, uint32_t n, int64_t created,
                           const char *owned_by);

@@ -5,9 +5,14 @@
  *          [--top-p P] [--top-k K] [--seed S] [--threads N] [--min-tokens N]
  *          [--ignore-eos] [--stop STR]... [--tokens 1,2,3] [--tokens-out]
  *          [--kv f16|f32] [--block-tokens N] [--no-bos] [--engine llama]
+ *          [--presence-penalty X] [--frequency-penalty X] [--repetition-penalty X]
+ *          [--min-p X] [--logit-bias ID:BIAS,...] [--stop-token-ids 1,2]
+ *          [--logprobs-out N]
  *
  * Text streams to stdout as it is generated; --tokens-out prints the
- * generated token ids (space separated, one line) instead. Timings go to
+ * generated token ids (space separated, one line) instead; --logprobs-out N
+ * then adds one line per token: "#lp ID LOGPROB TOP1:LP1 ..." (the model's
+ * log-softmax, N alternatives; see eng_sample_logprobs). Timings go to
  * stderr. Exit 0 on success, 2 on bad usage, 1 on other errors. */
 #include <getopt.h>
 #include <stdio.h>
@@ -29,6 +34,9 @@ static void usage(FILE *f)
         "  --temperature T    0 = greedy (default 0)\n"
         "  --top-p P  --top-k K  --seed S  --min-tokens N  --ignore-eos\n"
         "  --stop STR         stop string (repeatable, up to %d)\n"
+        "  --presence-penalty X  --frequency-penalty X  --repetition-penalty X  --min-p X\n"
+        "  --logit-bias ID:BIAS,...   --stop-token-ids ID,...\n"
+        "  --logprobs-out N   with --tokens-out: per-token logprobs, N alternatives\n"
         "  --threads N        compute threads (default: online cores)\n"
         "  --tokens-out       print generated token ids instead of text\n"
         "  --kv f16|f32       KV cache dtype (default f16)\n"
@@ -80,11 +88,11 @@ int main(int argc, char **argv)
     eng_sample_params_default(&sp);
     sp.max_tokens = 32;
     eng_load_opts_t lo = { .engine = "llama", .kv_dtype = ENG_KV_F16, .max_batch = 1 };
-    int tokens_out = 0, no_bos = 0;
+    int tokens_out = 0, no_bos = 0, lp_top = -1;
 
     enum { O_MODEL = 1, O_PROMPT, O_MAXT, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_THREADS,
            O_MINT, O_IGNEOS, O_STOP, O_TOKENS, O_TOKOUT, O_KV, O_BT, O_NOBOS, O_ENGINE,
-           O_HELP };
+           O_HELP, O_PRES, O_FREQ, O_REP, O_MINP, O_BIAS, O_STOPIDS, O_LPOUT };
     static const struct option opts[] = {
         { "model", required_argument, NULL, O_MODEL },
         { "prompt", required_argument, NULL, O_PROMPT },
@@ -97,6 +105,13 @@ int main(int argc, char **argv)
         { "min-tokens", required_argument, NULL, O_MINT },
         { "ignore-eos", no_argument, NULL, O_IGNEOS },
         { "stop", required_argument, NULL, O_STOP },
+        { "presence-penalty", required_argument, NULL, O_PRES },
+        { "frequency-penalty", required_argument, NULL, O_FREQ },
+        { "repetition-penalty", required_argument, NULL, O_REP },
+        { "min-p", required_argument, NULL, O_MINP },
+        { "logit-bias", required_argument, NULL, O_BIAS },
+        { "stop-token-ids", required_argument, NULL, O_STOPIDS },
+        { "logprobs-out", required_argument, NULL, O_LPOUT },
         { "tokens", required_argument, NULL, O_TOKENS },
         { "tokens-out", no_argument, NULL, O_TOKOUT },
         { "kv", required_argument, NULL, O_KV },
@@ -142,6 +157,42 @@ int main(int argc, char **argv)
         case O_BT: lo.block_tokens = (uint32_t)strtoul(optarg, &end, 10); break;
         case O_NOBOS: no_bos = 1; break;
         case O_ENGINE: engine = optarg; break;
+        case O_PRES: sp.presence_penalty = strtof(optarg, &end); break;
+        case O_FREQ: sp.frequency_penalty = strtof(optarg, &end); break;
+        case O_REP: sp.repetition_penalty = strtof(optarg, &end); break;
+        case O_MINP: sp.min_p = strtof(optarg, &end); break;
+        case O_BIAS:
+            for (const char *q = optarg; *q;) {
+                char *e1 = NULL, *e2 = NULL;
+                long id = strtol(q, &e1, 10);
+                if (e1 == q || *e1 != ':' || sp.n_bias == ENG_SAMPLE_MAX_BIAS) {
+                    fprintf(stderr, "pd-run: bad --logit-bias (ID:BIAS,...)\n");
+                    return 2;
+                }
+                float b = strtof(e1 + 1, &e2);
+                if (e2 == e1 + 1 || id < 0 || id > INT32_MAX || (*e2 && *e2 != ',')) {
+                    fprintf(stderr, "pd-run: bad --logit-bias (ID:BIAS,...)\n");
+                    return 2;
+                }
+                sp.bias[sp.n_bias++] = (eng_logit_bias_t){ (int32_t)id, b };
+                q = *e2 ? e2 + 1 : e2;
+            }
+            break;
+        case O_STOPIDS: {
+            int32_t *sids = NULL;
+            size_t n_sids = 0;
+            if (parse_tokens(optarg, &sids, &n_sids) != 0 || n_sids > ENG_SAMPLE_MAX_STOP_IDS) {
+                free(sids);
+                fprintf(stderr, "pd-run: bad --stop-token-ids (at most %d)\n",
+                        ENG_SAMPLE_MAX_STOP_IDS);
+                return 2;
+            }
+            memcpy(sp.stop_ids, sids, n_sids * sizeof(*sids));
+            sp.n_stop_ids = (uint32_t)n_sids;
+            free(sids);
+            break;
+        }
+        case O_LPOUT: lp_top = (int)strtol(optarg, &end, 10); break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -225,12 +276,17 @@ int main(int argc, char **argv)
     void *arena = calloc(n_blocks, g->block_bytes);
     uint32_t *bt = malloc(n_blocks * sizeof(*bt));
     float *logits = malloc((size_t)g->vocab_size * sizeof(float));
+    int32_t *gen = malloc((size_t)max_pos * sizeof(*gen)); /* generated ids, for penalties */
+    eng_logprobs_t *lps = lp_top >= 0 ? calloc(max_pos, sizeof(*lps)) : NULL;
     eng_sample_scratch_t scr;
-    if (!arena || !bt || !logits || eng_sample_scratch_create(&scr, g->vocab_size) != PD_OK) {
+    if (!arena || !bt || !logits || !gen || (lp_top >= 0 && !lps) ||
+        eng_sample_scratch_create(&scr, g->vocab_size) != PD_OK) {
         fprintf(stderr, "pd-run: out of memory\n");
         free(arena);
         free(bt);
         free(logits);
+        free(gen);
+        free(lps);
         goto out_model;
     }
     for (uint32_t i = 0; i < n_blocks; i++)
@@ -258,10 +314,14 @@ int main(int argc, char **argv)
     const char *finish = "length";
     char piece[ENG_DETOK_OUT_MAX], outb[ENG_DETOK_OUT_MAX + ENG_STOP_MAX_LEN];
     for (;;) {
-        int32_t t = eng_sample_next(&smp, logits, g->vocab_size, &scr);
+        eng_sample_hist_t hist = { ids, (uint32_t)n_ids, gen, n_gen };
+        int32_t t = eng_sample_next_lp(&smp, logits, g->vocab_size, &scr, &hist,
+                                       lp_top >= 0 ? (uint32_t)lp_top : 0,
+                                       lps ? &lps[n_gen] : NULL);
         eng_finish_t f = eng_sampler_accept(&smp, t);
-        n_gen++;
-        int is_eos_stop = f == ENG_FINISH_STOP;
+        gen[n_gen++] = t;
+        /* an EOS ends without text; a stop_token_ids token is output (as vLLM) */
+        int is_eos_stop = f == ENG_FINISH_STOP && (!tok || eng_tok_is_eog(tok, t));
         if (tokens_out) {
             printf(n_gen > 1 ? " %d" : "%d", t);
         } else if (tok && !is_eos_stop) {
@@ -297,6 +357,12 @@ int main(int argc, char **argv)
         fwrite(outb, 1, no, stdout);
     }
     printf("\n");
+    for (uint32_t i = 0; lps != NULL && tokens_out && i < n_gen; i++) {
+        printf("#lp %d %.9g", gen[i], (double)lps[i].logprob);
+        for (uint32_t k = 0; k < lps[i].n_top; k++)
+            printf(" %d:%.9g", lps[i].top_ids[k], (double)lps[i].top_lp[k]);
+        printf("\n");
+    }
     uint64_t t2 = pd_now_ns();
     fprintf(stderr, "pd-run: prompt %zu tokens, prefill %.1f ms (%.1f tok/s); "
             "generated %u tokens, decode %.1f tok/s; finish_reason=%s\n",
@@ -305,6 +371,8 @@ int main(int argc, char **argv)
     rc = 0;
 out_buf:
     eng_sample_scratch_destroy(&scr);
+    free(gen);
+    free(lps);
     free(arena);
     free(bt);
     free(logits);

@@ -505,6 +505,10 @@ typedef struct {
     uint64_t seed;
     uint32_t max_tokens;
     bool ignore_eos;
+    /* penalties and one logit bias (0 = off; repetition 0 = off) */
+    float presence, frequency, repetition, min_p;
+    int32_t bias_id;
+    float bias;
 } samp_t;
 
 /* pd-run --tokens-out on the same model; the fake router keeps serving
@@ -513,7 +517,8 @@ static uint32_t reference(const int32_t *prompt, uint32_t n, const samp_t *s, in
                           uint32_t cap)
 {
     static char toks[16384];
-    char mt[32], temp[32], seed[32], outp[300];
+    char mt[32], temp[32], seed[32], outp[300], pres[32], freq[32], rep[32], minp[32],
+         bias[48];
     int off = 0;
     for (uint32_t i = 0; i < n; i++)
         off += snprintf(toks + off, sizeof(toks) - (size_t)off, i ? ",%d" : "%d", prompt[i]);
@@ -521,6 +526,11 @@ static uint32_t reference(const int32_t *prompt, uint32_t n, const samp_t *s, in
     snprintf(temp, sizeof(temp), "%g", s->temperature);
     snprintf(seed, sizeof(seed), "%llu", (unsigned long long)s->seed);
     snprintf(outp, sizeof(outp), "%.200s/ref.out", g_dir);
+    snprintf(pres, sizeof(pres), "%g", s->presence);
+    snprintf(freq, sizeof(freq), "%g", s->frequency);
+    snprintf(rep, sizeof(rep), "%g", s->repetition ? s->repetition : 1.0f);
+    snprintf(minp, sizeof(minp), "%g", s->min_p);
+    snprintf(bias, sizeof(bias), "%d:%g", s->bias_id, s->bias);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -531,6 +541,9 @@ static uint32_t reference(const int32_t *prompt, uint32_t n, const samp_t *s, in
         const char *argv[] = { g_run_bin, "--model", g_model, "--threads", "1", "--tokens-out",
                                "--max-tokens", mt, "--temperature", temp, "--seed", seed,
                                "--engine", g_sim ? "sim" : "llama", "--tokens", toks,
+                               "--presence-penalty", pres, "--frequency-penalty", freq,
+                               "--repetition-penalty", rep, "--min-p", minp,
+                               "--logit-bias", bias,
                                s->ignore_eos || g_sim ? "--ignore-eos" : NULL, NULL };
         execv(g_run_bin, (char *const *)argv);
         _exit(127);
@@ -562,6 +575,13 @@ static void fill_sampling(proto_sampling_t *ps, const samp_t *s)
     ps->seed = s->seed;
     ps->flags = PROTO_SAMPLE_HAS_SEED | (s->ignore_eos || g_sim ? PROTO_SAMPLE_IGNORE_EOS : 0);
     ps->max_tokens = s->max_tokens;
+    ps->presence_penalty = s->presence;
+    ps->frequency_penalty = s->frequency;
+    ps->repetition_penalty = s->repetition;
+    ps->min_p = s->min_p;
+    ps->n_bias = 1;
+    ps->bias_ids[0] = s->bias_id;
+    ps->bias[0] = s->bias;
 }
 
 /* rng_state the router sends: sampler replayed over `generated`. */
@@ -772,6 +792,10 @@ static void test_disagg_matches_pd_run(void **state)
     disagg_one(41, 4, &greedy);   /* > 2 blocks */
     samp_t hot = { 0.9f, 1234, 10, true };
     disagg_one(23, 5, &hot);      /* sampling: token 0 in prefill, the rest in decode */
+    /* penalties + bias + min_p: the decode recomputes them from prompt + generated */
+    samp_t pen = { 0.8f, 4321, 12, true, 1.2f, 0.6f, 1.4f, 0.05f, 40, 2.0f };
+    disagg_one(23, 6, &pen);
+    disagg_one(37, 7, &pen);
     assert_true(kv_all_free(&P, 10));
     assert_true(kv_all_free(&D, 10));
 }
@@ -781,9 +805,11 @@ static void test_local_matches_pd_run(void **state)
     (void)state;
     samp_t greedy = { 0.0f, 0, 10, false };
     samp_t hot = { 0.7f, 99, 9, true };
-    const samp_t *ss[] = { &greedy, &hot };
+    /* penalties survive a retry: the replayed tokens are history too */
+    samp_t pen = { 0.9f, 77, 10, true, 1.5f, 0.8f, 1.3f, 0.02f, 33, -3.0f };
+    const samp_t *ss[] = { &greedy, &hot, &pen };
     uint32_t lens[] = { 7, 16, 50 };
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         for (int li = 0; li < 3; li++) {
             int32_t prompt[512], ref[MAX_TOK];
             make_prompt(prompt, lens[li], 10 + (uint32_t)li);

@@ -15,6 +15,7 @@ static int32_t ps_tok[PS_TOKENS_CAP];        /* (PS_TOKENS_CAP) */
 static int32_t ps_tok2[PS_TOKENS_CAP];       /* (PS_TOKENS_CAP) */
 static uint8_t ps_bytes[PROTO_MAX_TEXT];     /* (PROTO_MAX_TEXT) */
 static int ps_ready;
+static proto_logprob_t ps_lp[PROTO_MAX_TOKENS_MSG];   /* (PROTO_MAX_TOKENS_MSG) */
 
 static void ps_init(void)
 {
@@ -26,6 +27,13 @@ static void ps_init(void)
     }
     ps_tok[0] = INT32_MAX;
     ps_tok[1] = 0;
+    for (uint32_t i = 0; i < PROTO_MAX_TOKENS_MSG; i++) {
+        ps_lp[i].logprob = i == 0 ? 0.0f : -(float)i / 7.0f;
+        for (uint32_t j = 0; j < PROTO_MAX_TOP_LOGPROBS; j++) {
+            ps_lp[i].top_ids[j] = j == 0 && i == 0 ? INT32_MAX : (int32_t)(i * 31 + j);
+            ps_lp[i].top_lp[j] = -(float)(j + i) / 3.0f;
+        }
+    }
     for (uint32_t i = 0; i < sizeof(ps_bytes); i++)
         ps_bytes[i] = (uint8_t)(i * 131 + 7); /* includes 0x00 bytes */
     ps_ready = 1;
@@ -64,6 +72,17 @@ static void ps_sampling(proto_sampling_t *s, int v)
     s->max_tokens = v == PS_MAX ? UINT32_MAX : 128;
     s->min_tokens = v == PS_MAX ? UINT32_MAX : 1;
     s->stop = ps_tokens(ps_tok2, v == PS_MAX ? PROTO_MAX_STOP_TOKENS : 2);
+    s->presence_penalty = v == PS_MAX ? 2.0f : 0.5f;
+    s->frequency_penalty = v == PS_MAX ? -2.0f : 0.25f;
+    s->repetition_penalty = v == PS_MAX ? 2.0f : 1.1f;
+    s->min_p = v == PS_MAX ? 1.0f : 0.05f;
+    s->logprobs = 1;
+    s->top_logprobs = v == PS_MAX ? PROTO_MAX_TOP_LOGPROBS : 3;
+    s->n_bias = v == PS_MAX ? PROTO_MAX_LOGIT_BIAS : 2;
+    for (uint32_t i = 0; i < s->n_bias; i++) {
+        s->bias_ids[i] = v == PS_MAX ? INT32_MAX - (int32_t)i : (int32_t)(7 * i + 3);
+        s->bias[i] = v == PS_MAX ? (i % 2 ? -100.0f : 100.0f) : 1.5f - (float)i;
+    }
 }
 
 void ps_make(uint16_t type, int v, proto_msg_t *m)
@@ -153,6 +172,8 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         p->kv_handle = ps_blob(v == PS_MAX ? PROTO_KV_HANDLE_MAX : v == PS_MID ? 96 : 0);
         p->queue_ns = big / 9;
         p->prefill_ns = big / 11;
+        p->logprobs = (proto_logprobs_t){ v == PS_MAX ? PROTO_MAX_TOP_LOGPROBS : v == PS_MID ? 2 : 0,
+                                          v == PS_MIN ? 0 : 1, ps_lp, NULL };
         break;
     }
     case PROTO_MSG_DECODE_REQ: {
@@ -178,6 +199,8 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         t->tokens = ps_tokens(ps_tok, v == PS_MAX ? PROTO_MAX_TOKENS_MSG
                                       : v == PS_MID ? 1 : 0);
         t->text = ps_blob(v == PS_MAX ? PROTO_MAX_TEXT : v == PS_MID ? 5 : 0);
+        t->logprobs = (proto_logprobs_t){ v == PS_MAX ? PROTO_MAX_TOP_LOGPROBS : v == PS_MID ? 4 : 0,
+                                          t->tokens.n, ps_lp, NULL };
         break;
     }
     case PROTO_MSG_FINISH: {
@@ -240,13 +263,34 @@ static int blob_eq(const proto_blob_t *a, const proto_blob_t *b)
     return a->len == b->len && (a->len == 0 || memcmp(a->p, b->p, a->len) == 0);
 }
 
+static int lp_eq(const proto_logprobs_t *a, const proto_logprobs_t *b)
+{
+    if (a->top_n != b->top_n || a->n != b->n)
+        return 0;
+    for (uint32_t i = 0; i < a->n; i++) {
+        proto_logprob_t x, y;
+        proto_logprobs_get(a, i, &x);
+        proto_logprobs_get(b, i, &y);
+        if (memcmp(&x, &y, sizeof(x)) != 0)
+            return 0;
+    }
+    return 1;
+}
+
 static int samp_eq(const proto_sampling_t *a, const proto_sampling_t *b)
 {
     return memcmp(&a->temperature, &b->temperature, 4) == 0 &&
            memcmp(&a->top_p, &b->top_p, 4) == 0 && a->top_k == b->top_k &&
            a->flags == b->flags && a->seed == b->seed &&
            a->max_tokens == b->max_tokens && a->min_tokens == b->min_tokens &&
-           tok_eq(&a->stop, &b->stop);
+           tok_eq(&a->stop, &b->stop) &&
+           memcmp(&a->presence_penalty, &b->presence_penalty, 4) == 0 &&
+           memcmp(&a->frequency_penalty, &b->frequency_penalty, 4) == 0 &&
+           memcmp(&a->repetition_penalty, &b->repetition_penalty, 4) == 0 &&
+           memcmp(&a->min_p, &b->min_p, 4) == 0 && a->n_bias == b->n_bias &&
+           memcmp(a->bias_ids, b->bias_ids, a->n_bias * sizeof(a->bias_ids[0])) == 0 &&
+           memcmp(a->bias, b->bias, a->n_bias * sizeof(a->bias[0])) == 0 &&
+           a->logprobs == b->logprobs && a->top_logprobs == b->top_logprobs;
 }
 
 #define EQ(f) (a->f == b->f)
@@ -294,7 +338,7 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
         const proto_prefill_done_t *a = &ma->u.prefill_done, *b = &mb->u.prefill_done;
         return SEQ(request_id) && EQ(first_token) && EQ(n_prompt_tokens) &&
                EQ(lease_id) && EQ(lease_ns) && blob_eq(&a->kv_handle, &b->kv_handle) &&
-               EQ(queue_ns) && EQ(prefill_ns);
+               EQ(queue_ns) && EQ(prefill_ns) && lp_eq(&a->logprobs, &b->logprobs);
     }
     case PROTO_MSG_DECODE_REQ: {
         const proto_decode_req_t *a = &ma->u.decode_req, *b = &mb->u.decode_req;
@@ -307,7 +351,7 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
     case PROTO_MSG_TOKENS: {
         const proto_tokens_msg_t *a = &ma->u.tokens, *b = &mb->u.tokens;
         return SEQ(request_id) && EQ(seq) && tok_eq(&a->tokens, &b->tokens) &&
-               blob_eq(&a->text, &b->text);
+               blob_eq(&a->text, &b->text) && lp_eq(&a->logprobs, &b->logprobs);
     }
     case PROTO_MSG_FINISH: {
         const proto_finish_t *a = &ma->u.finish, *b = &mb->u.finish;

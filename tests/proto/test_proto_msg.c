@@ -473,6 +473,101 @@ static void test_encode_refuses(void **state)
     ps_make(PROTO_MSG_PREFILL_REQ, PS_MID, &m);
     m.u.prefill_req.sampling.stop.n = PROTO_MAX_STOP_TOKENS + 1;
     assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_TOO_BIG);
+
+    /* the sampling tail: ranges and the logit_bias cap, on both messages */
+    for (int k = 0; k < 2; k++) {
+        uint16_t type = k ? PROTO_MSG_DECODE_REQ : PROTO_MSG_PREFILL_REQ;
+        proto_sampling_t *sp = k ? &m.u.decode_req.sampling : &m.u.prefill_req.sampling;
+        ps_make(type, PS_MID, &m);
+        sp->presence_penalty = 2.5f;
+        assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+        ps_make(type, PS_MID, &m);
+        sp->frequency_penalty = NAN;
+        assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+        ps_make(type, PS_MID, &m);
+        sp->repetition_penalty = -1.0f;
+        assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+        ps_make(type, PS_MID, &m);
+        sp->min_p = 1.01f;
+        assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+        ps_make(type, PS_MID, &m);
+        sp->bias[1] = -100.5f;
+        assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+        ps_make(type, PS_MID, &m);
+        sp->bias_ids[0] = -1;
+        assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+        ps_make(type, PS_MID, &m);
+        sp->n_bias = PROTO_MAX_LOGIT_BIAS + 1;
+        assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_TOO_BIG);
+    }
+}
+
+/* The sampling tail is the last thing in PREFILL_REQ and DECODE_REQ: the
+ * decoder checks its values too (a peer cannot smuggle an out-of-range
+ * penalty or bias past proto). */
+static void test_sampling_tail(void **state)
+{
+    proto_msg_t m, d;
+    size_t len;
+    for (int k = 0; k < 2; k++) {
+        uint16_t type = k ? PROTO_MSG_DECODE_REQ : PROTO_MSG_PREFILL_REQ;
+        ps_make(type, PS_MID, &m);
+        uint8_t *buf = enc(&m, &len);
+        /* tail = 4 f32 + u32 count + 2 x (u32 id, f32 bias) + 2 u32 (logprobs) */
+        size_t tail = len - (16 + 4 + 2 * 8 + 8);
+        assert_int_equal(get32(buf + len - 8), 1);   /* logprobs */
+        assert_int_equal(get32(buf + len - 4), 3);   /* top_logprobs */
+        put32(buf + len - 4, PROTO_MAX_TOP_LOGPROBS + 1);
+        assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+        put32(buf + len - 4, 3);
+        put32(buf + len - 8, 0); /* top_logprobs without logprobs */
+        assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+        put32(buf + len - 8, 1);
+        assert_int_equal(get32(buf + tail + 16), 2);
+        float f;
+        memcpy(&f, buf + tail, 4);
+        assert_true(f == 0.5f); /* presence_penalty, as proto_samples sets it */
+        put32(buf + tail + 16, PROTO_MAX_LOGIT_BIAS + 1);
+        assert_int_equal(decode_check(buf, len, &d), PD_ERR_TOO_BIG);
+        put32(buf + tail + 16, 2);
+        assert_int_equal(decode_check(buf, len, &d), PD_OK);
+        f = 3.0f; /* presence_penalty out of range */
+        memcpy(buf + tail, &f, 4);
+        assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+        f = 0.5f;
+        memcpy(buf + tail, &f, 4);
+        f = 101.0f; /* a bias out of range */
+        memcpy(buf + tail + 24, &f, 4);
+        assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+        free(buf);
+    }
+    /* the logprobs tail of TOKENS: one entry per token or none; values <= 0 */
+    ps_make(PROTO_MSG_TOKENS, PS_MID, &m);
+    uint8_t *buf = enc(&m, &len);
+    size_t tail = len - (8 + 4 + 8 * 4);     /* top_n 4, one token */
+    assert_int_equal(get32(buf + tail), 4);
+    assert_int_equal(get32(buf + tail + 4), 1);
+    assert_int_equal(decode_check(buf, len, &d), PD_OK);
+    proto_logprob_t e;
+    proto_logprobs_get(&d.u.tokens.logprobs, 0, &e);
+    assert_true(e.logprob == 0.0f && e.top_ids[0] == INT32_MAX);
+    put32(buf + tail + 4, 2); /* more entries than tokens */
+    assert_int_equal(decode_check(buf, len, &d), PD_ERR_TOO_BIG);
+    put32(buf + tail + 4, 1);
+    float f = 0.5f; /* a positive logprob */
+    memcpy(buf + tail + 8, &f, 4);
+    assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+    f = NAN;
+    memcpy(buf + tail + 8, &f, 4);
+    assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+    f = -1.0f;
+    memcpy(buf + tail + 8, &f, 4);
+    put32(buf + tail + 12, 0x80000000u); /* a negative id */
+    assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+    free(buf);
+    ps_make(PROTO_MSG_TOKENS, PS_MID, &m);
+    m.u.tokens.logprobs.top_n = PROTO_MAX_TOP_LOGPROBS + 1;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_TOO_BIG);
 }
 
 /* Layout pinned to PROTOCOL.md: header and a RELEASE, byte by byte. */
@@ -632,6 +727,7 @@ int main(void)
         cmocka_unit_test(test_trailing),
         cmocka_unit_test(test_bad_values),
         cmocka_unit_test(test_encode_refuses),
+        cmocka_unit_test(test_sampling_tail),
         cmocka_unit_test(test_golden_bytes),
         cmocka_unit_test(test_frame_check),
         cmocka_unit_test(test_mac_input),

@@ -26,6 +26,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             assert(req.n_prompt_tokens <= lim.max_prompt_tokens);
             for (uint32_t i = 0; i < req.n_prompt_tokens; i++)
                 assert(req.prompt_tokens[i] >= 0 && (uint32_t)req.prompt_tokens[i] < lim.vocab_size);
+            /* penalties, biases, stop ids, logprobs: within their ranges */
+            assert(req.presence_penalty >= -2 && req.presence_penalty <= 2);
+            assert(req.frequency_penalty >= -2 && req.frequency_penalty <= 2);
+            assert(req.repetition_penalty > 0 && req.repetition_penalty <= 2);
+            assert(req.min_p >= 0 && req.min_p <= 1);
+            assert(req.n_bias <= RTR_OAI_MAX_BIAS && req.n_stop_ids <= RTR_OAI_MAX_STOP_IDS);
+            for (uint32_t i = 0; i < req.n_bias; i++)
+                assert(req.bias_ids[i] >= 0 && (uint32_t)req.bias_ids[i] < lim.vocab_size &&
+                       req.bias[i] >= -100 && req.bias[i] <= 100);
+            for (uint32_t i = 0; i < req.n_stop_ids; i++)
+                assert(req.stop_ids[i] >= 0 && (uint32_t)req.stop_ids[i] < lim.vocab_size);
+            assert(req.top_logprobs <= RTR_OAI_MAX_TOP_LOGPROBS);
+            assert(req.logprobs || req.top_logprobs == 0);
             rtr_oai_req_free(&req);
         } else {
             assert(err.http_status >= 400 && err.http_status < 600);

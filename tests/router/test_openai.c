@@ -135,7 +135,7 @@ static void test_bad_requests(void **state)
     expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":[1]}", 400, "stop", NULL);
     expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]}", 400, "stop", NULL);
     expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"min_tokens\":20}", 400, "min_tokens", NULL);
-    expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":3}", 400, "logprobs", "unsupported_parameter");
+    expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":true}", 400, "logprobs", NULL);
     expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"model\":7}", 400, "model", NULL);
     expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"stream_options\":1}", 400, "stream_options", NULL);
     expect_bad(RTR_API_CHAT, "{\"messages\":[]}", 400, "messages", NULL);
@@ -144,6 +144,289 @@ static void test_bad_requests(void **state)
     expect_bad(RTR_API_CHAT, "{\"messages\":[{\"content\":\"x\"}]}", 400, "messages", NULL);
     expect_bad(RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400, "messages", NULL);
     expect_bad(RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":5000}", 400, "max_completion_tokens", NULL);
+}
+
+/* The strict policy: every field is honoured or refused with a 400 naming it. */
+static void test_strict_policy(void **state)
+{
+    const rtr_api_t C = RTR_API_COMPLETIONS, H = RTR_API_CHAT;
+#define CM "{\"prompt\":\"x\","
+#define HM "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+    /* unknown fields, on either endpoint */
+    expect_bad(C, CM "\"foo\":1}", 400, "foo", "unknown_parameter");
+    expect_bad(H, HM "\"temprature\":0.5}", 400, "temprature", "unknown_parameter");
+    expect_bad(C, CM "\"foo\":null}", 400, "foo", "unknown_parameter");
+    /* a chat-only field on /v1/completions, and the reverse */
+    expect_bad(C, CM "\"max_completion_tokens\":5}", 400, "max_completion_tokens",
+               "unknown_parameter");
+    expect_bad(C, CM "\"top_logprobs\":2}", 400, "top_logprobs", "unknown_parameter");
+    expect_bad(C, CM "\"response_format\":{\"type\":\"text\"}}", 400, "response_format",
+               "unknown_parameter");
+    expect_bad(H, HM "\"echo\":false}", 400, "echo", "unknown_parameter");
+    expect_bad(H, HM "\"prompt\":\"y\"}", 400, "prompt", "unknown_parameter");
+    /* logprobs */
+    expect_bad(H, HM "\"top_logprobs\":3}", 400, "top_logprobs", NULL);
+    expect_bad(H, HM "\"logprobs\":false,\"top_logprobs\":3}", 400, "top_logprobs", NULL);
+    expect_bad(H, HM "\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs", NULL);
+    expect_bad(H, HM "\"logprobs\":1}", 400, "logprobs", NULL);
+    expect_bad(C, CM "\"logprobs\":21}", 400, "logprobs", NULL);
+    expect_bad(C, CM "\"logprobs\":-1}", 400, "logprobs", NULL);
+    /* structured output, tools, storage: refused unless neutral */
+    expect_bad(H, HM "\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format",
+               "unsupported_parameter");
+    expect_bad(H, HM "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}", 400,
+               "response_format", "unsupported_parameter");
+    expect_bad(H, HM "\"response_format\":\"json\"}", 400, "response_format", NULL);
+    expect_bad(H, HM "\"tool_choice\":\"auto\"}", 400, "tool_choice", "unsupported_parameter");
+    expect_bad(H, HM "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}",
+               400, "tool_choice", "unsupported_parameter");
+    expect_bad(H, HM "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", 400,
+               "tools", "unsupported_parameter");
+    expect_bad(H, HM "\"functions\":[{\"name\":\"f\"}]}", 400, "functions",
+               "unsupported_parameter");
+    expect_bad(H, HM "\"function_call\":\"auto\"}", 400, "function_call", "unsupported_parameter");
+    expect_bad(H, HM "\"store\":true}", 400, "store", "unsupported_parameter");
+    expect_bad(H, HM "\"modalities\":[\"audio\"]}", 400, "modalities", "unsupported_parameter");
+    expect_bad(H, HM "\"parallel_tool_calls\":1}", 400, "parallel_tool_calls", NULL);
+    /* completions-only refusals */
+    expect_bad(C, CM "\"echo\":true}", 400, "echo", "unsupported_parameter");
+    expect_bad(C, CM "\"echo\":\"yes\"}", 400, "echo", NULL);
+    expect_bad(C, CM "\"best_of\":2}", 400, "best_of", "unsupported_parameter");
+    expect_bad(C, CM "\"suffix\":\"end\"}", 400, "suffix", "unsupported_parameter");
+    expect_bad(C, CM "\"user\":5}", 400, "user", NULL);
+    /* messages: content is required except for the assistant; no unknown keys */
+    expect_bad(H, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0].content", NULL);
+    expect_bad(H, "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
+                  "{\"role\":\"user\",\"content\":null}]}", 400, "messages[1].content", NULL);
+    expect_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":\"bob\"}]}", 400,
+               "messages[0].name", "unsupported_parameter");
+    expect_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"colour\":1}]}", 400,
+               "messages[0].colour", NULL);
+    expect_bad(H, "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
+                  "[{\"id\":\"1\"}]}]}", 400, "messages[0].tool_calls", "unsupported_parameter");
+    expect_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+                  "\"text\":\"a\",\"cache\":1}]}]}", 400, "messages", NULL);
+    expect_bad(H, HM "\"stream_options\":{\"include_usage\":true,\"continuous\":true}}", 400,
+               "stream_options.continuous", NULL);
+    /* penalties and biases: ranges */
+    expect_bad(C, CM "\"presence_penalty\":2.5}", 400, "presence_penalty", NULL);
+    expect_bad(C, CM "\"frequency_penalty\":-3}", 400, "frequency_penalty", NULL);
+    expect_bad(C, CM "\"repetition_penalty\":0}", 400, "repetition_penalty", NULL);
+    expect_bad(C, CM "\"min_p\":1.5}", 400, "min_p", NULL);
+    expect_bad(C, CM "\"logit_bias\":[1]}", 400, "logit_bias", NULL);
+    expect_bad(C, CM "\"logit_bias\":{\"abc\":1}}", 400, "logit_bias", NULL);
+    expect_bad(C, CM "\"logit_bias\":{\"-1\":1}}", 400, "logit_bias", NULL);
+    expect_bad(C, CM "\"logit_bias\":{\"1000\":1}}", 400, "logit_bias", NULL);
+    expect_bad(C, CM "\"logit_bias\":{\"5\":100.5}}", 400, "logit_bias", NULL);
+    expect_bad(C, CM "\"logit_bias\":{\"5\":\"1\"}}", 400, "logit_bias", NULL);
+    expect_bad(C, CM "\"stop_token_ids\":[1000]}", 400, "stop_token_ids", NULL);
+    expect_bad(C, CM "\"stop_token_ids\":7}", 400, "stop_token_ids", NULL);
+
+    /* neutral values of the refused fields are accepted (they change nothing) */
+    static const char *const ok_chat[] = {
+        HM "\"logprobs\":false,\"tools\":[],\"tool_choice\":\"none\",\"functions\":null,"
+           "\"function_call\":\"none\",\"store\":false,\"response_format\":{\"type\":\"text\"},"
+           "\"parallel_tool_calls\":true,\"user\":\"u-1\",\"metadata\":{},\"service_tier\":\"auto\"}",
+        "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[],"
+        "\"refusal\":null,\"name\":null},{\"role\":\"tool\",\"content\":\"r\","
+        "\"tool_call_id\":\"c1\"},{\"role\":\"user\",\"content\":\"x\"}]}",
+    };
+    static const char *const ok_cmpl[] = {
+        CM "\"echo\":false,\"best_of\":1,\"suffix\":\"\",\"logprobs\":null,\"user\":\"u\"}",
+    };
+    rtr_oai_req_t req;
+    rtr_oai_error_t err;
+    for (size_t i = 0; i < sizeof(ok_chat) / sizeof(ok_chat[0]); i++) {
+        if (parse(H, ok_chat[i], &req, &err) != PD_OK)
+            fail_msg("refused (%s): %s", err.message, ok_chat[i]);
+        rtr_oai_req_free(&req);
+    }
+    for (size_t i = 0; i < sizeof(ok_cmpl) / sizeof(ok_cmpl[0]); i++) {
+        if (parse(C, ok_cmpl[i], &req, &err) != PD_OK)
+            fail_msg("refused (%s): %s", err.message, ok_cmpl[i]);
+        rtr_oai_req_free(&req);
+    }
+#undef CM
+#undef HM
+}
+
+static void test_penalties_parsed(void **state)
+{
+    rtr_oai_req_t req;
+    rtr_oai_error_t err;
+    const char *body = "{\"prompt\":\"x\",\"presence_penalty\":0.5,\"frequency_penalty\":-1,"
+                       "\"repetition_penalty\":1.25,\"min_p\":0.1,"
+                       "\"logit_bias\":{\"5\":-100,\"999\":100,\"0\":0.5},"
+                       "\"stop_token_ids\":[1,2,999]}";
+    assert_int_equal(parse(RTR_API_COMPLETIONS, body, &req, &err), PD_OK);
+    assert_true(req.presence_penalty == 0.5f && req.frequency_penalty == -1.0f);
+    assert_true(req.repetition_penalty == 1.25f && req.min_p == 0.1f);
+    assert_int_equal(req.n_bias, 3);
+    assert_int_equal(req.bias_ids[0], 5);
+    assert_true(req.bias[0] == -100.0f);
+    assert_int_equal(req.bias_ids[1], 999);
+    assert_true(req.bias[1] == 100.0f);
+    assert_int_equal(req.bias_ids[2], 0);
+    assert_int_equal(req.n_stop_ids, 3);
+    assert_int_equal(req.stop_ids[2], 999);
+    rtr_oai_req_free(&req);
+    /* defaults: all off */
+    assert_int_equal(parse(RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+                           &req, &err), PD_OK);
+    assert_true(req.presence_penalty == 0.0f && req.frequency_penalty == 0.0f);
+    assert_true(req.repetition_penalty == 1.0f && req.min_p == 0.0f);
+    assert_int_equal(req.n_bias, 0);
+    assert_int_equal(req.n_stop_ids, 0);
+    rtr_oai_req_free(&req);
+    expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":1,\"5\":2}}", 400,
+               "logit_bias", NULL);
+    char big[8192] = "{\"prompt\":\"x\",\"logit_bias\":{";
+    for (int i = 0; i < 301; i++)
+        snprintf(big + strlen(big), sizeof(big) - strlen(big), "%s\"%d\":1", i ? "," : "", i);
+    strcat(big, "}}");
+    expect_bad(RTR_API_COMPLETIONS, big, 400, "logit_bias", NULL);
+    expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"stop_token_ids\":[1,2,3,4,5,6,7,8,9,10,"
+               "11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33]}", 400,
+               "stop_token_ids", NULL);
+}
+
+/* Piece callback for the logprobs tests: id 1 "Hi", 2 " there", 3 a lone
+ * UTF-8 lead byte, 4 "é"; others "t<id>". */
+static size_t test_piece(void *ctx, int32_t id, char *buf, size_t cap)
+{
+    (void)ctx;
+    const char *s = id == 1 ? "Hi" : id == 2 ? " there" : id == 3 ? "\xe6" : id == 4 ? "\xc3\xa9"
+                                                                                   : NULL;
+    char tmp[16];
+    if (s == NULL) {
+        snprintf(tmp, sizeof(tmp), "t%d", id);
+        s = tmp;
+    }
+    size_t n = strlen(s);
+    if (n > cap)
+        return 0;
+    memcpy(buf, s, n);
+    return n;
+}
+
+static void test_logprobs_parse_and_shapes(void **state)
+{
+    rtr_oai_req_t req;
+    rtr_oai_error_t err;
+    assert_int_equal(parse(RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                           "\"logprobs\":true,\"top_logprobs\":20}", &req, &err), PD_OK);
+    assert_true(req.logprobs && req.top_logprobs == 20);
+    rtr_oai_req_free(&req);
+    assert_int_equal(parse(RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                           "\"logprobs\":false}", &req, &err), PD_OK);
+    assert_false(req.logprobs);
+    rtr_oai_req_free(&req);
+    assert_int_equal(parse(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":0}", &req, &err),
+                     PD_OK);
+    assert_true(req.logprobs && req.top_logprobs == 0);
+    rtr_oai_req_free(&req);
+
+    rtr_oai_logprob_t v[3] = {
+        { .id = 1, .logprob = -0.5f, .n_top = 2, .top_ids = { 1, 7 }, .top_lp = { -0.5f, -1.5f } },
+        { .id = 3, .logprob = -2.0f, .n_top = 2, .top_ids = { 4, 2 }, .top_lp = { -0.25f, -1.0f } },
+        { .id = 4, .logprob = -0.25f, .n_top = 0 },
+    };
+    rtr_oai_logprobs_t lp = { v, 3, 10, test_piece, NULL };
+    assert_int_equal(rtr_oai_logprobs_chars(&lp), 2 + 1 + 1);
+    /* chat: {content: [{token, logprob, bytes, top_logprobs: [...]}], refusal: null} */
+    rtr_oai_resp_meta_t meta = { "chatcmpl-1", "m", 1700000000, RTR_API_CHAT };
+    const char *texts[1] = { "Hi\xef\xbf\xbd\xc3\xa9" };
+    size_t lens[1] = { strlen(texts[0]) };
+    const char *fr[1] = { "length" };
+    rtr_oai_usage_t u = { 3, 3 };
+    char *json = rtr_oai_response_lp_json(&meta, 1, texts, lens, fr, &u, &lp);
+    cJSON *root = cJSON_Parse(json);
+    assert_non_null(root);
+    cJSON *l = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0),
+                                   "logprobs");
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(l, "refusal")));
+    cJSON *content = cJSON_GetObjectItem(l, "content");
+    assert_int_equal(cJSON_GetArraySize(content), 3);
+    cJSON *c0 = cJSON_GetArrayItem(content, 0), *c1 = cJSON_GetArrayItem(content, 1);
+    assert_string_equal(cJSON_GetObjectItem(c0, "token")->valuestring, "Hi");
+    assert_float_equal(cJSON_GetObjectItem(c0, "logprob")->valuedouble, -0.5, 1e-9);
+    cJSON *bytes = cJSON_GetObjectItem(c0, "bytes");
+    assert_int_equal(cJSON_GetArraySize(bytes), 2);
+    assert_int_equal(cJSON_GetArrayItem(bytes, 0)->valueint, 'H');
+    cJSON *top = cJSON_GetObjectItem(c0, "top_logprobs");
+    assert_int_equal(cJSON_GetArraySize(top), 2);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(top, 1), "token")->valuestring, "t7");
+    assert_null(cJSON_GetObjectItem(cJSON_GetArrayItem(top, 1), "top_logprobs"));
+    /* a lone lead byte: U+FFFD in the string, the exact byte in "bytes" */
+    assert_string_equal(cJSON_GetObjectItem(c1, "token")->valuestring, "\xef\xbf\xbd");
+    assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(c1, "bytes"), 0)->valueint, 0xe6);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(content, 2),
+                                                            "top_logprobs")), 0);
+    cJSON_Delete(root);
+    free(json);
+    /* streaming chunk: the same object inside the choice */
+    json = rtr_oai_chunk_lp_json(&meta, 0, "Hi", 2, NULL, false, &lp);
+    root = cJSON_Parse(json);
+    l = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0), "logprobs");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(l, "content")), 3);
+    cJSON_Delete(root);
+    free(json);
+    /* completions: tokens, token_logprobs, top_logprobs (top n + chosen), text_offset */
+    meta.api = RTR_API_COMPLETIONS;
+    json = rtr_oai_chunk_lp_json(&meta, 0, "Hi", 2, NULL, false, &lp);
+    root = cJSON_Parse(json);
+    assert_non_null(root);
+    l = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0), "logprobs");
+    cJSON *tokens = cJSON_GetObjectItem(l, "tokens");
+    assert_int_equal(cJSON_GetArraySize(tokens), 3);
+    assert_string_equal(cJSON_GetArrayItem(tokens, 2)->valuestring, "\xc3\xa9");
+    assert_float_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(l, "token_logprobs"), 1)->valuedouble,
+                       -2.0, 1e-9);
+    cJSON *off = cJSON_GetObjectItem(l, "text_offset");
+    assert_int_equal(cJSON_GetArrayItem(off, 0)->valueint, 10);
+    assert_int_equal(cJSON_GetArrayItem(off, 1)->valueint, 12);
+    assert_int_equal(cJSON_GetArrayItem(off, 2)->valueint, 13);
+    cJSON *tl = cJSON_GetObjectItem(l, "top_logprobs");
+    cJSON *d0 = cJSON_GetArrayItem(tl, 0), *d1 = cJSON_GetArrayItem(tl, 1);
+    assert_int_equal(cJSON_GetArraySize(d0), 2);        /* Hi (top and chosen) + t7 */
+    assert_float_equal(cJSON_GetObjectItem(d0, "t7")->valuedouble, -1.5, 1e-9);
+    assert_int_equal(cJSON_GetArraySize(d1), 3);        /* é, " there", and the chosen */
+    assert_float_equal(cJSON_GetObjectItem(d1, "\xef\xbf\xbd")->valuedouble, -2.0, 1e-9);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetArrayItem(tl, 2)), 1); /* logprobs 0: chosen */
+    cJSON_Delete(root);
+    free(json);
+    /* no logprobs asked: null, as before */
+    json = rtr_oai_chunk_json(&meta, 0, "Hi", 2, NULL, false);
+    root = cJSON_Parse(json);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root,
+                                                 "choices"), 0), "logprobs")));
+    cJSON_Delete(root);
+    free(json);
+}
+
+/* A byte 0 in generated text (a byte token) must not cut the JSON string:
+ * control bytes are escaped, the rest of the text follows. */
+static void test_text_escaping(void **state)
+{
+    rtr_oai_resp_meta_t meta = { "cmpl-1", "m", 1700000000, RTR_API_COMPLETIONS };
+    const char text[] = "a\0b\"\\\n\x7f" "\xc3\xa9z";
+    const char *texts[1] = { text };
+    size_t lens[1] = { sizeof(text) - 1 };
+    const char *fr[1] = { "stop" };
+    rtr_oai_usage_t u = { 1, 1 };
+    char *json = rtr_oai_response_json(&meta, 1, texts, lens, fr, &u);
+    assert_non_null(strstr(json, "\"text\":\"a\\u0000b\\\"\\\\\\u000a\\u007f\xc3\xa9z\""));
+    cJSON *root = cJSON_Parse(json);
+    assert_non_null(root); /* still valid JSON */
+    cJSON_Delete(root);
+    free(json);
+    meta.api = RTR_API_CHAT;
+    json = rtr_oai_chunk_json(&meta, 0, text, sizeof(text) - 1, NULL, false);
+    assert_non_null(strstr(json, "\"content\":\"a\\u0000b\\\"\\\\\\u000a\\u007f\xc3\xa9z\""));
+    root = cJSON_Parse(json);
+    assert_non_null(root);
+    cJSON_Delete(root);
+    free(json);
 }
 
 static void test_too_long(void **state)
@@ -235,6 +518,10 @@ int main(void)
         cmocka_unit_test(test_completion_full),
         cmocka_unit_test(test_chat),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_strict_policy),
+        cmocka_unit_test(test_penalties_parsed),
+        cmocka_unit_test(test_logprobs_parse_and_shapes),
+        cmocka_unit_test(test_text_escaping),
         cmocka_unit_test(test_too_long),
         cmocka_unit_test(test_bodies),
     };

@@ -111,6 +111,7 @@ typedef struct {
     uint32_t last_flags, last_gen_n, last_handle_len, last_prompt_n;
     int32_t last_gen[16];
     uint64_t release_lease;
+    uint64_t last_seed;          /* sampling.seed of the last PREFILL_REQ / DECODE_REQ */
 } fake_t;
 
 static void fake_send(fake_t *f, proto_msg_t *m)
@@ -235,6 +236,7 @@ static void on_prefill_req(proto_conn_t *conn, const proto_msg_t *msg, void *arg
     f->n_prefill_req++;
     snprintf(f->last_req_id, sizeof(f->last_req_id), "%s", p->request_id);
     f->last_prompt_n = p->prompt.n;
+    f->last_seed = p->sampling.seed;
     if (f->mode == P_DIE) {
         proto_conn_close(conn, PD_ERR_SHUTDOWN);
         return;
@@ -286,6 +288,7 @@ static void on_decode_req(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
     f->last_gen_n = d->generated.n;
     f->last_prompt_n = d->prompt.n;
     f->last_handle_len = d->kv_handle.len;
+    f->last_seed = d->sampling.seed;
     proto_tokens_copy(&d->generated, f->last_gen, 16);
     bool local = (d->flags & PROTO_DEC_PREFILL_LOCALLY) != 0;
     if (f->mode == D_PULLFAIL && !local) {
@@ -1033,6 +1036,62 @@ static void test_nonstream_and_length(void **st)
     hc_free(c);
 }
 
+/* X-Seed value of a reply (the header must be there). */
+static long long seed_of(const hc_t *c)
+{
+    const char *h = strcasestr(c->head, "\r\nX-Seed: ");
+    if (h == NULL)
+        fail_msg("no X-Seed header in:\n%s", c->head);
+    return strtoll(h + 10, NULL, 10);
+}
+
+/* Regressions: an unseeded request used seed 0 (every answer at temperature 1
+ * was the same), and "created" was the router's start time. */
+static void test_seed_and_created(void **st)
+{
+    hc_t *c = http("GET", "/v1/models", AUTH, NULL);
+    assert_int_equal(c->status, 200);
+    cJSON *j = cJSON_Parse(c->body);
+    double started = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0),
+                                         "created")->valuedouble;
+    cJSON_Delete(j);
+    hc_free(c);
+    WAIT_FOR((double)time(NULL) > started, 3000); /* so "created" must differ from it */
+    long long seeds[4];
+    for (int i = 0; i < 4; i++) {
+        bool stream = i % 2 == 1;
+        int64_t t0 = (int64_t)time(NULL);
+        c = post(i < 2 ? "/v1/completions" : "/v1/chat/completions",
+                 i < 2 ? (stream ? "{\"prompt\":\"hi\",\"max_tokens\":3,\"stream\":true}"
+                                 : "{\"prompt\":\"hi\",\"max_tokens\":3}")
+                       : (stream ? "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                   "\"max_tokens\":3,\"stream\":true}"
+                                 : "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                   "\"max_tokens\":3}"));
+        int64_t t1 = (int64_t)time(NULL);
+        assert_int_equal(c->status, 200);
+        seeds[i] = seed_of(c);
+        assert_true(seeds[i] >= 0 && seeds[i] < (1ll << 53));
+        /* the daemons sample with the seed the client is told */
+        assert_true((long long)D1.last_seed == seeds[i]);
+        for (int k = 0; k < i; k++)
+            assert_true(seeds[k] != seeds[i]);
+        const char *cr = strstr(c->body, "\"created\":");
+        assert_non_null(cr);
+        long long created = strtoll(cr + 10, NULL, 10);
+        if (created < t0 || created > t1 || (double)created <= started)
+            fail_msg("created %lld: not in [%lld, %lld] (router started at %.0f)", created,
+                     (long long)t0, (long long)t1, started);
+        hc_free(c);
+    }
+    /* a client's seed is used and echoed as given */
+    c = post("/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":3,\"seed\":-5}");
+    assert_int_equal(c->status, 200);
+    assert_true(seed_of(c) == -5);
+    assert_true(D1.last_seed == (uint64_t)-5);
+    hc_free(c);
+}
+
 static void test_stop_string(void **st)
 {
     int cancels = D1.n_cancel;
@@ -1479,6 +1538,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stream_disaggregated),
         cmocka_unit_test(test_chat_stream_local),
         cmocka_unit_test(test_nonstream_and_length),
+        cmocka_unit_test(test_seed_and_created),
         cmocka_unit_test(test_stop_string),
         cmocka_unit_test(test_prefill_death_retry),
         cmocka_unit_test(test_decode_death_midstream),

@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -169,6 +170,10 @@ typedef struct {
     int top_k;
     unsigned long long seed;
     const char *stop;       /* one stop string or NULL */
+    /* penalties etc.: 0 / NULL = not given (repetition 0 = not given) */
+    double presence, frequency, repetition, min_p;
+    const char *bias;       /* pd-run form "ID:BIAS,..." */
+    const char *stop_ids;   /* pd-run form "ID,..." */
 } samp_t;
 
 static int pdrun_s(const char *engine, const char *model, const int32_t *ids, int n,
@@ -217,10 +222,25 @@ static int pdrun_s(const char *engine, const char *model, const int32_t *ids, in
         av[k++] = ids ? "--tokens" : "--prompt"; av[k++] = ids ? list : text;
         av[k++] = "--max-tokens"; av[k++] = mt;
         av[k++] = "--temperature"; av[k++] = t;
+        char pp[32], fp[32], rp[32], mp[32];
         if (sp) {
             av[k++] = "--top-p"; av[k++] = tp;
             av[k++] = "--top-k"; av[k++] = tk;
             av[k++] = "--seed"; av[k++] = sd;
+            snprintf(pp, sizeof(pp), "%g", sp->presence);
+            snprintf(fp, sizeof(fp), "%g", sp->frequency);
+            snprintf(rp, sizeof(rp), "%g", sp->repetition ? sp->repetition : 1.0);
+            snprintf(mp, sizeof(mp), "%g", sp->min_p);
+            av[k++] = "--presence-penalty"; av[k++] = pp;
+            av[k++] = "--frequency-penalty"; av[k++] = fp;
+            av[k++] = "--repetition-penalty"; av[k++] = rp;
+            av[k++] = "--min-p"; av[k++] = mp;
+            if (sp->bias) {
+                av[k++] = "--logit-bias"; av[k++] = sp->bias;
+            }
+            if (sp->stop_ids) {
+                av[k++] = "--stop-token-ids"; av[k++] = sp->stop_ids;
+            }
         }
         av[k++] = "--threads"; av[k++] = "1";
         av[k++] = "--tokens-out";
@@ -554,6 +574,287 @@ static void test_equiv_sampled(void **st)
         free(body);
         free(list);
         free(ref);
+    }
+    quiet_ok(&g_a);
+    quiet_ok(&g_b);
+}
+
+/* The request fields for sp's penalties/bias/stop ids (pd-run's forms turned
+ * into JSON: "3:1.5,7:-2" -> {"3":1.5,"7":-2}). */
+static void samp_json(const samp_t *sp, char *out, size_t cap)
+{
+    size_t o = (size_t)snprintf(out, cap, ",\"presence_penalty\":%g,\"frequency_penalty\":%g,"
+                                "\"repetition_penalty\":%g,\"min_p\":%g", sp->presence,
+                                sp->frequency, sp->repetition ? sp->repetition : 1.0, sp->min_p);
+    if (sp->bias) {
+        o += (size_t)snprintf(out + o, cap - o, ",\"logit_bias\":{");
+        const char *q = sp->bias;
+        for (int first = 1; *q; first = 0) {
+            char *e1, *e2;
+            long id = strtol(q, &e1, 10);
+            double b = strtod(e1 + 1, &e2);
+            o += (size_t)snprintf(out + o, cap - o, "%s\"%ld\":%g", first ? "" : ",", id, b);
+            q = *e2 ? e2 + 1 : e2;
+        }
+        o += (size_t)snprintf(out + o, cap - o, "}");
+    }
+    if (sp->stop_ids)
+        o += (size_t)snprintf(out + o, cap - o, ",\"stop_token_ids\":[%s]", sp->stop_ids);
+}
+
+/* One request with sp against pd-run, on both deployments (disaggregated:
+ * token 0 sampled on the prefill, the rest on the decode after the hand-off;
+ * decode-local), streamed or not. Returns pd-run's ids in ref (n returned). */
+static int check_sampled(const int32_t *ids, int n, const samp_t *sp, bool stream,
+                         const char *what, int32_t *ref, int cap)
+{
+    int nref = pdrun_s("llama", g_model, ids, n, NULL, MAXTOK, sp, ref, cap);
+    assert_true(nref > 0);
+    char *want = detok("llama", g_model, ref, nref);
+    char *list = ids_json(ids, n);
+    char extra[2048];
+    samp_json(sp, extra, sizeof(extra));
+    char *body = malloc(strlen(list) + 4096);
+    sprintf(body, "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":%g,\"top_p\":%g,"
+            "\"top_k\":%d,\"seed\":%llu%s%s}", list, MAXTOK, sp->temperature, sp->top_p,
+            sp->top_k, sp->seed, extra,
+            stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+    e2e_deploy_t *ds[2] = { &g_a, &g_b };
+    for (int k = 0; k < 2; k++) {
+        compl_t c;
+        complete(ds[k]->http_port, "/v1/completions", body, stream, &c);
+        if (c.status != 200 || strcmp(c.text, want) != 0 || c.n_completion != nref)
+            fail_msg("%s, %s (%d prompt tokens): status %d, %d tokens '%s'; pd-run %d tokens "
+                     "'%s'\n  body %s\n  raw %.300s", what, k ? "decode-local" : "disaggregated",
+                     n, c.status, c.n_completion, c.text, nref, want, body, c.raw);
+        compl_free(&c);
+    }
+    free(body);
+    free(list);
+    free(want);
+    return nref;
+}
+
+/* Penalties, min_p, logit_bias and stop_token_ids: the P->D hand-off carries
+ * them (PREFILL_REQ / DECODE_REQ sampling tail) and the decode recomputes the
+ * penalties from prompt + generated, so disaggregated, decode-local and
+ * pd-run agree token for token; and each parameter does what it says. */
+static void test_equiv_penalties(void **st)
+{
+    (void)st;
+    static const int lens[] = { 5, 16, 40, 129 };
+    static const samp_t sets[] = {
+        { .temperature = 0.8, .top_p = 1, .presence = 1.5, .seed = 11 },
+        { .temperature = 0.8, .top_p = 1, .frequency = 1.2, .seed = 12 },
+        { .temperature = 1.0, .top_p = 0.9, .top_k = 50, .repetition = 1.7, .seed = 13 },
+        { .temperature = 1.0, .top_p = 1, .min_p = 0.2, .seed = 14 },
+        { .temperature = 0.9, .top_p = 0.95, .top_k = 40, .presence = -0.5, .frequency = 0.4,
+          .repetition = 0.8, .min_p = 0.05, .bias = "100:3,101:-100,7:2.5", .seed = 15 },
+        { .temperature = 0, .top_p = 1, .presence = 2, .frequency = 2, .repetition = 2,
+          .seed = 16 },
+    };
+    int32_t ids[200], ref[MAXTOK + 4];
+    char what[64];
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        make_prompt(ids, lens[i], 900 + (unsigned)i, 4, 259);
+        for (size_t k = 0; k < sizeof(sets) / sizeof(sets[0]); k++) {
+            snprintf(what, sizeof(what), "set %zu", k);
+            check_sampled(ids, lens[i], &sets[k], (i + k) % 2 == 1, what, ref, MAXTOK + 4);
+        }
+    }
+    /* each parameter against what it specifies, on pd-run's reference ids */
+    make_prompt(ids, 20, 4242, 4, 259);
+    samp_t g = { .temperature = 0, .top_p = 1 };
+    int32_t plain[MAXTOK + 4];
+    int np = pdrun_s("llama", g_model, ids, 20, NULL, MAXTOK, &g, plain, MAXTOK + 4);
+    assert_true(np >= 4);
+    /* logit_bias +100 on one id: greedy picks it every step */
+    g.bias = "123:100";
+    int n = check_sampled(ids, 20, &g, false, "logit_bias +100", ref, MAXTOK + 4);
+    assert_int_equal(n, MAXTOK);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(ref[i], 123);
+    /* -100 on greedy's first token: never generated */
+    char ban[32];
+    snprintf(ban, sizeof(ban), "%d:-100", plain[0]);
+    g.bias = ban;
+    n = check_sampled(ids, 20, &g, true, "logit_bias -100", ref, MAXTOK + 4);
+    for (int i = 0; i < n; i++)
+        assert_true(ref[i] != plain[0]);
+    g.bias = NULL;
+    /* stop_token_ids: the greedy text up to and including the third token */
+    char sid[32];
+    snprintf(sid, sizeof(sid), "%d", plain[2]);
+    g.stop_ids = sid;
+    n = check_sampled(ids, 20, &g, false, "stop_token_ids", ref, MAXTOK + 4);
+    int first = 0;
+    while (plain[first] != plain[2])
+        first++;
+    assert_int_equal(n, first + 1);
+    assert_memory_equal(ref, plain, (size_t)n * sizeof(int32_t));
+    /* token 0 (sampled on the prefill) as the stop id: one token, finish stop */
+    snprintf(sid, sizeof(sid), "%d", plain[0]);
+    n = check_sampled(ids, 20, &g, true, "stop_token_ids on token 0", ref, MAXTOK + 4);
+    assert_int_equal(n, 1);
+    g.stop_ids = NULL;
+    /* presence 2 at greedy: no token repeats unless its logit margin beats 2 —
+     * at least the plain greedy output's repetitions must change */
+    g.presence = 2.0;
+    n = check_sampled(ids, 20, &g, true, "presence_penalty", ref, MAXTOK + 4);
+    assert_true(n != np || memcmp(ref, plain, (size_t)n * sizeof(int32_t)) != 0);
+    quiet_ok(&g_a);
+    quiet_ok(&g_b);
+}
+
+/* pd-run's per-token logprobs: "#lp ID LP TOP:LP ..." lines after the ids. */
+typedef struct {
+    int32_t id;
+    double lp;
+    int n_top;
+    int32_t top_ids[20];
+    double top_lp[20];
+} lp_ref_t;
+
+static int pdrun_logprobs(const int32_t *ids, int n, const samp_t *sp, int top, lp_ref_t *out,
+                          int cap)
+{
+    char *list = ids_json(ids, n);
+    list[strlen(list) - 1] = '\0'; /* "[1,2]" -> "1,2" */
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd), "%s --engine llama --model %s --tokens %s --max-tokens %d "
+             "--temperature %g --top-p %g --top-k %d --seed %llu --threads 1 --tokens-out "
+             "--logprobs-out %d 2>/dev/null", g_pdrun, g_model, list + 1, MAXTOK,
+             sp->temperature, sp->top_p, sp->top_k, sp->seed, top);
+    free(list);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    char line[4096];
+    int k = 0;
+    while (fgets(line, sizeof(line), f) != NULL && k < cap) {
+        if (strncmp(line, "#lp ", 4) != 0)
+            continue;
+        char *p = line + 4, *e;
+        lp_ref_t *r = &out[k++];
+        r->id = (int32_t)strtol(p, &e, 10);
+        r->lp = strtod(e, &p);
+        r->n_top = 0;
+        for (;;) {
+            long id = strtol(p, &e, 10);
+            if (e == p || *e != ':' || r->n_top == 20)
+                break;
+            r->top_ids[r->n_top] = (int32_t)id;
+            r->top_lp[r->n_top++] = strtod(e + 1, &p);
+        }
+    }
+    assert_int_equal(pclose(f), 0);
+    return k;
+}
+
+/* The choices[0].logprobs objects of a reply, in order (one per SSE chunk
+ * that has one, or the single body's); appends completions-shape arrays. */
+static void collect_lp(const char *body, bool stream, cJSON *tokens, cJSON *tlp, cJSON *top,
+                       cJSON *off)
+{
+    const char *p = body;
+    while (p != NULL && *p) {
+        const char *js = p;
+        if (stream) {
+            js = strstr(p, "data: ");
+            if (js == NULL)
+                break;
+            js += 6;
+            p = strstr(js, "\n");
+        } else {
+            p = NULL;
+        }
+        cJSON *j = cJSON_Parse(js);
+        cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0),
+                                        "logprobs");
+        if (cJSON_IsObject(lp)) {
+            const char *names[4] = { "tokens", "token_logprobs", "top_logprobs", "text_offset" };
+            cJSON *dst[4] = { tokens, tlp, top, off };
+            for (int k = 0; k < 4; k++) {
+                cJSON *a = cJSON_GetObjectItem(lp, names[k]), *x;
+                assert_true(cJSON_IsArray(a));
+                cJSON_ArrayForEach(x, a)
+                    cJSON_AddItemToArray(dst[k], cJSON_Duplicate(x, true));
+            }
+        }
+        cJSON_Delete(j);
+    }
+}
+
+/* Completions logprobs (token 0 on the prefill, the rest on the decode):
+ * the values equal pd-run's log-softmax of the same logits, streamed or not,
+ * disaggregated or decode-local. */
+static void test_equiv_logprobs(void **st)
+{
+    (void)st;
+    static const int lens[] = { 7, 33, 130 };
+    static const samp_t sets[] = {
+        { .temperature = 0, .top_p = 1 },
+        { .temperature = 0.9, .top_p = 0.95, .top_k = 40, .seed = 77 },
+    };
+    static const int tops[] = { 0, 5, 20 };
+    int32_t ids[200];
+    lp_ref_t ref[MAXTOK + 4];
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        make_prompt(ids, lens[i], 1300 + (unsigned)i, 4, 259);
+        for (size_t k = 0; k < sizeof(sets) / sizeof(sets[0]); k++) {
+            int top = tops[(i + k) % 3];
+            int nref = pdrun_logprobs(ids, lens[i], &sets[k], top, ref, MAXTOK + 4);
+            assert_true(nref > 0);
+            char *list = ids_json(ids, lens[i]);
+            char *body = malloc(strlen(list) + 512);
+            for (int stream = 0; stream < 2; stream++) {
+                sprintf(body, "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":%g,\"top_p\":%g,"
+                        "\"top_k\":%d,\"seed\":%llu,\"logprobs\":%d%s}", list, MAXTOK,
+                        sets[k].temperature, sets[k].top_p, sets[k].top_k, sets[k].seed, top,
+                        stream ? ",\"stream\":true" : "");
+                e2e_deploy_t *ds[2] = { &g_a, &g_b };
+                for (int d = 0; d < 2; d++) {
+                    e2e_resp_t r;
+                    e2e_http(ds[d]->http_port, "POST", "/v1/completions", NULL, body, 60.0, &r);
+                    assert_int_equal(r.status, 200);
+                    cJSON *tokens = cJSON_CreateArray(), *tlp = cJSON_CreateArray(),
+                          *tp = cJSON_CreateArray(), *off = cJSON_CreateArray();
+                    collect_lp(r.body, stream, tokens, tlp, tp, off);
+                    const char *what = d ? "decode-local" : "disaggregated";
+                    if (cJSON_GetArraySize(tlp) != nref)
+                        fail_msg("%s prompt %d set %zu stream %d: %d logprobs, pd-run %d tokens",
+                                 what, lens[i], k, stream, cJSON_GetArraySize(tlp), nref);
+                    uint64_t at = 0;
+                    for (int t = 0; t < nref; t++) {
+                        double got = cJSON_GetArrayItem(tlp, t)->valuedouble;
+                        if (fabs(got - ref[t].lp) > 2e-3)
+                            fail_msg("%s prompt %d set %zu stream %d token %d: logprob %.6f, "
+                                     "pd-run %.6f (id %d)\n%.1500s", what, lens[i], k, stream, t,
+                                     got, ref[t].lp, ref[t].id, r.body);
+                        cJSON *dict = cJSON_GetArrayItem(tp, t);
+                        /* top n + the chosen token, keyed by token text */
+                        assert_true(cJSON_GetArraySize(dict) <= top + 1);
+                        assert_true(cJSON_GetArraySize(dict) >= 1);
+                        double best = -1e9;
+                        cJSON *x;
+                        cJSON_ArrayForEach(x, dict) best = x->valuedouble > best ? x->valuedouble : best;
+                        if (top > 0 && fabs(best - ref[t].top_lp[0]) > 2e-3)
+                            fail_msg("%s token %d: best alternative %.6f, pd-run %.6f", what, t,
+                                     best, ref[t].top_lp[0]);
+                        /* text_offset: from 0, non-decreasing across chunks */
+                        uint64_t o = (uint64_t)cJSON_GetArrayItem(off, t)->valuedouble;
+                        assert_true(t == 0 ? o == 0 : o >= at);
+                        at = o;
+                    }
+                    cJSON_Delete(tokens);
+                    cJSON_Delete(tlp);
+                    cJSON_Delete(tp);
+                    cJSON_Delete(off);
+                    e2e_resp_free(&r);
+                }
+            }
+            free(body);
+            free(list);
+        }
     }
     quiet_ok(&g_a);
     quiet_ok(&g_b);
@@ -1555,6 +1856,8 @@ static void test_node_client(void **st)
         setenv("PD_E2E_BASE_URL", url, 1);
         setenv("PD_E2E_API_KEY", API_KEY, 1);
         setenv("PD_E2E_MODEL", "e2e-model", 1);
+        setenv("PD_E2E_PDRUN", g_pdrun, 1);      /* the reference: pd-run on ... */
+        setenv("PD_E2E_GGUF", g_model, 1);       /* ... the same model file */
         execlp("node", "node", g_node, (char *)NULL);
         _exit(127);
     }
@@ -1594,6 +1897,8 @@ int main(int argc, char **argv)
             cmocka_unit_test(test_equiv_sequential),
             cmocka_unit_test(test_equiv_concurrent),
             cmocka_unit_test(test_equiv_sampled),
+            cmocka_unit_test(test_equiv_penalties),
+            cmocka_unit_test(test_equiv_logprobs),
             cmocka_unit_test(test_equiv_chat),
         };
         return finish(cmocka_run_group_tests_name("e2e-equiv", t, equiv_setup, equiv_teardown));
