@@ -47,6 +47,7 @@
 #define NG_MAX_FILE    (8u << 20)   /* bytes per corpus file */
 #define NG_MAX_TOTAL   (64u << 20)  /* bytes of corpus */
 #define NG_MAX_MERGES  4096u
+#define NG_MAX_TOKEN   64u          /* bytes of a merged token */
 #define NG_SLOT        640u         /* residual slot: classes + constant */
 #define NG_HEAD_DIM    64u
 #define NG_FFN         16u
@@ -573,7 +574,7 @@ static pd_status_t add_token(mk_ngram_t *ng, const uint8_t *bytes, uint32_t len)
 static pd_status_t train_bpe(mk_ngram_t *ng, pcre2_match_data *md, char *err, size_t err_len)
 {
     ng_words_t W = { 0 };
-    ng_map_t pairs = { 0 };
+    ng_map_t pairs = { 0 }, banned = { 0 };
     bool seen[256] = { false };
     uint32_t n_bytes = 0, budget;
     pd_status_t st;
@@ -586,7 +587,8 @@ static pd_status_t train_bpe(mk_ngram_t *ng, pcre2_match_data *md, char *err, si
     W.tab = calloc(1024, sizeof(uint32_t));
     W.tab_mask = 1023;
     if (!ng->raw || !ng->raw_len || !ng->merge_l || !ng->merge_r || !W.tab ||
-        map_init(&pairs, 1u << 16) != PD_OK || map_init(&ng->ranks, 1u << 13) != PD_OK) {
+        map_init(&pairs, 1u << 16) != PD_OK || map_init(&ng->ranks, 1u << 13) != PD_OK ||
+        map_init(&banned, 1u << 6) != PD_OK) {
         st = PD_ERR_NO_MEMORY;
         goto out;
     }
@@ -627,6 +629,9 @@ static pd_status_t train_bpe(mk_ngram_t *ng, pcre2_match_data *md, char *err, si
                 continue;
             uint64_t k = pairs.key[i] - 1;
             uint32_t l = (uint32_t)(k >> 32), r = (uint32_t)k, c = pairs.val[i];
+            if (ng->raw_len[l] + ng->raw_len[r] > NG_MAX_TOKEN ||
+                map_slot(&banned, k, false) != NULL)
+                continue;
             if (c > best_c || (c == best_c && (l < best_l || (l == best_l && r < best_r)))) {
                 best_c = c;
                 best_l = l;
@@ -637,11 +642,19 @@ static pd_status_t train_bpe(mk_ngram_t *ng, pcre2_match_data *md, char *err, si
             break;
         uint32_t id = 256 + ng->n_merges;
         uint32_t ll = ng->raw_len[best_l], rl = ng->raw_len[best_r];
-        uint8_t tmp[2 * 4096];
-        if (ll + rl > sizeof(tmp))
-            break;
+        uint8_t tmp[NG_MAX_TOKEN];
+        bool dup = false;
         memcpy(tmp, ng->raw[best_l], ll);
         memcpy(tmp + ll, ng->raw[best_r], rl);
+        /* (a, bc) after (ab, c): the same text twice would make two ids the
+         * GGUF vocab cannot tell apart; such a pair is never merged */
+        for (uint32_t t = 256; t < ng->n_vocab && !dup; t++)
+            dup = ng->raw_len[t] == ll + rl && memcmp(ng->raw[t], tmp, ll + rl) == 0;
+        if (dup) {
+            if ((st = map_add(&banned, pair_key(best_l, best_r), 1)) != PD_OK)
+                goto out;
+            continue;
+        }
         if ((st = add_token(ng, tmp, ll + rl)) != PD_OK)
             goto out;
         ng->merge_l[ng->n_merges] = best_l;
@@ -680,6 +693,7 @@ out:
     free(W.txt_len);
     free(W.tab);
     map_free(&pairs);
+    map_free(&banned);
     return st;
 }
 
@@ -708,7 +722,23 @@ static pd_status_t enc_piece(void *arg, const char *s, size_t len)
     }
     for (size_t i = 0; i < len; i++)
         E->sym[i] = (uint8_t)s[i];
-    for (;;) {
+    /* A pair with a merged token in it always ranks after that merge, so
+     * applying the merges in rank order, each in one left-to-right pass,
+     * gives the same result as lowest-rank-first: O(n * merges) for long
+     * pieces instead of O(n^2). */
+    for (uint32_t m = 0; len > 64 && m < ng->n_merges; m++) {
+        uint32_t o = 0, l = ng->merge_l[m], r = ng->merge_r[m];
+        for (size_t i = 0; i < n; i++) {
+            if (i + 1 < n && E->sym[i] == l && E->sym[i + 1] == r) {
+                E->sym[o++] = 256 + m;
+                i++;
+            } else {
+                E->sym[o++] = E->sym[i];
+            }
+        }
+        n = o;
+    }
+    for (; len <= 64;) {
         uint32_t best = UINT32_MAX;
         size_t at = 0;
         for (size_t i = 0; i + 1 < n; i++) {

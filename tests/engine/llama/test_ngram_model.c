@@ -151,6 +151,21 @@ static void test_tokenizer_matches(void **state)
         free(b);
     }
     assert_true(total > 10000);
+    /* long pieces (the trainer's rank-pass path) and text far from the
+     * corpus: still the engine's encoding */
+    static char odd[3][700];
+    memset(odd[0], '=', 300);
+    for (int i = 0; i < 100; i++)
+        memcpy(odd[1] + 6 * i, "thethe", 6);
+    snprintf(odd[2], sizeof(odd[2]), "%s", "Ünïcödé — ✓ 日本語 🚀 x'll 12345 \t\n  end");
+    for (int k = 0; k < 3; k++) {
+        size_t l = strlen(odd[k]), na, nb;
+        int32_t a[700], b[700];
+        assert_int_equal(mk_ngram_encode(g_ng, odd[k], l, a, 700, &na), PD_OK);
+        assert_int_equal(eng_tok_encode(g_tok, odd[k], l, false, false, b, 700, &nb), PD_OK);
+        assert_int_equal(na, nb);
+        assert_memory_equal(a, b, na * sizeof(int32_t));
+    }
     /* BPE actually compresses: ~2.8 bytes per token on held-out text */
     size_t n, len;
     char *t = heldout_text(20000, &len);
