@@ -1349,7 +1349,7 @@ pd_status_t mk_ngram_write(const mk_ngram_t *ng, const char *path, char *err, si
 {
     gguf_writer_t *w;
     pd_status_t st;
-    char desc[512];
+    char desc[2048];
 
     if (gguf_writer_create(&w) != PD_OK)
         return ng_fail(err, err_len, PD_ERR_NO_MEMORY, "out of memory");

@@ -454,7 +454,7 @@ static int mk_builtin(const mk_cfg_t *cfg, const char *corpus, int n_shape)
 {
     mk_ngram_opts_t o = {.corpus_dir = corpus, .seed = cfg->seed, .name = cfg->name};
     mk_ngram_t *ng;
-    char err[512] = "", desc[512];
+    char err[512] = "", desc[2048];
 
     if (n_shape > 0)
         die_usage("--preset builtin is compiled from a corpus: only --seed, --corpus, --name "
