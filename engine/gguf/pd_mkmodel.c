@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "gguf.h"
+#include "mk_ngram.h"
 
 #define MK_BYTE_TOKENS 256u
 #define MK_TOK_BOS     256u  /* "<s>" */
@@ -66,8 +67,12 @@ typedef struct {
 } mk_preset_t;
 
 static const mk_preset_t mk_presets[] = {
-    {"builtin", "default model of `make run`: ~4.9M params, byte vocab, ctx 4096, f32",
+    {"builtin", "default model of `make run`: n-gram model of --corpus compiled into a "
+     "1-layer llama (mk_ngram.h); only --seed, --corpus, --name, -o apply",
      {"llama", "pdserve-builtin", 256, 6, 8, 4, 768, 260, 4096, 10000.0f, 1e-5f, false,
+      GGML_TYPE_F32, 1, "byte", NULL, false, 32, NULL}},
+    {"byte", "random weights: ~4.9M params, byte vocab, ctx 4096, f32 (builtin until issue 19)",
+     {"llama", "pdserve-byte", 256, 6, 8, 4, 768, 260, 4096, 10000.0f, 1e-5f, false,
       GGML_TYPE_F32, 1, "byte", NULL, false, 32, NULL}},
     {"tiny", "unit-test model: ~0.1M params, byte vocab, ctx 512, f32",
      {"llama", "pdserve-tiny", 64, 2, 4, 2, 128, 260, 512, 10000.0f, 1e-5f, true,
@@ -391,8 +396,9 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: pd-mkmodel [--preset NAME] [options] -o FILE.gguf\n"
-        "Generate a deterministic random Llama-family model as GGUF v3.\n\n"
-        "  --preset NAME     start from a preset (default builtin):\n");
+        "Generate a deterministic Llama-family model as GGUF v3: random weights, or\n"
+        "(--preset builtin) an n-gram language model of a text corpus.\n\n"
+        "  --preset NAME     start from a preset (default byte):\n");
     for (size_t i = 0; i < sizeof(mk_presets) / sizeof(mk_presets[0]); i++)
         fprintf(f, "                      %-11s %s\n", mk_presets[i].name, mk_presets[i].help);
     fprintf(f,
@@ -413,6 +419,7 @@ static void usage(FILE *f)
         "  --vocab-from F    copy all tokenizer.* keys from GGUF F (sets vocab size)\n"
         "  --name S          general.name\n"
         "  --alignment N     data alignment (power of two, 8..65536)\n"
+        "  --corpus DIR      builtin: text corpus (default " MK_NGRAM_DEFAULT_CORPUS ")\n"
         "  -o, --output F    output file (written atomically)\n"
         "  -h, --help\n");
 }
@@ -442,12 +449,35 @@ static void validate(const mk_cfg_t *c)
         die_usage("missing -o FILE");
 }
 
+/* --preset builtin: the n-gram model of a corpus (mk_ngram.c). */
+static int mk_builtin(const mk_cfg_t *cfg, const char *corpus, int n_shape)
+{
+    mk_ngram_opts_t o = {.corpus_dir = corpus, .seed = cfg->seed, .name = cfg->name};
+    mk_ngram_t *ng;
+    char err[512] = "", desc[2048];
+
+    if (n_shape > 0)
+        die_usage("--preset builtin is compiled from a corpus: only --seed, --corpus, --name "
+                  "and -o apply");
+    if (cfg->out == NULL)
+        die_usage("missing -o FILE");
+    if (mk_ngram_build(&o, &ng, err, sizeof(err)) != PD_OK)
+        die("%s", err);
+    if (mk_ngram_write(ng, cfg->out, err, sizeof(err)) != PD_OK)
+        die("%s", err);
+    mk_ngram_describe(ng, desc, sizeof(desc));
+    printf("wrote %s: %s, 1-layer llama, vocab %u; %s\n", cfg->out, cfg->name,
+           mk_ngram_vocab(ng), desc);
+    mk_ngram_destroy(ng);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     enum {
         O_PRESET = 256, O_ARCH, O_DIM, O_LAYERS, O_HEADS, O_KV_HEADS, O_FFN, O_VOCAB, O_CTX,
         O_ROPE, O_EPS, O_TIED, O_UNTIED, O_TYPE, O_SEED, O_VOCAB_TYPE, O_VOCAB_FROM, O_NAME,
-        O_ALIGN,
+        O_ALIGN, O_CORPUS,
     };
     static const struct option opts[] = {
         {"preset", required_argument, NULL, O_PRESET},
@@ -469,12 +499,15 @@ int main(int argc, char **argv)
         {"vocab-from", required_argument, NULL, O_VOCAB_FROM},
         {"name", required_argument, NULL, O_NAME},
         {"alignment", required_argument, NULL, O_ALIGN},
+        {"corpus", required_argument, NULL, O_CORPUS},
         {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    mk_cfg_t cfg = mk_presets[0].cfg;
-    int opt;
+    /* without --preset: the random byte-vocab model, shaped by the flags */
+    mk_cfg_t cfg = mk_presets[1].cfg;
+    const char *preset = mk_presets[1].name, *corpus = NULL;
+    int opt, n_shape = 0;
 
     /* first pass: the preset, so explicit flags override it in any order */
     opterr = 0;
@@ -487,9 +520,12 @@ int main(int argc, char **argv)
         if (i == n)
             die_usage("unknown --preset '%s'", optarg);
         cfg = mk_presets[i].cfg;
+        preset = mk_presets[i].name;
     }
     optind = 1;
     while ((opt = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
+        n_shape += opt != O_PRESET && opt != O_SEED && opt != O_NAME && opt != O_CORPUS &&
+                   opt != 'o' && opt != 'h';
         switch (opt) {
         case O_PRESET: break;
         case O_ARCH: cfg.arch = optarg; break;
@@ -525,6 +561,7 @@ int main(int argc, char **argv)
             cfg.alignment = (uint32_t)a;
             break;
         }
+        case O_CORPUS: corpus = optarg; break;
         case 'o': cfg.out = optarg; break;
         case 'h': usage(stdout); return 0;
         default: die_usage("bad option '%s'", argv[optind - 1]);
@@ -532,6 +569,10 @@ int main(int argc, char **argv)
     }
     if (optind < argc)
         die_usage("unexpected argument '%s'", argv[optind]);
+    if (strcmp(preset, "builtin") == 0)
+        return mk_builtin(&cfg, corpus, n_shape);
+    if (corpus != NULL)
+        die_usage("--corpus only applies to --preset builtin");
     validate(&cfg);
 
     gguf_writer_t *w;

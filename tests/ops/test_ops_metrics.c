@@ -177,7 +177,8 @@ static int teardown(void **st)
 static void test_metrics_everywhere(void **st)
 {
     (void)st;
-    /* a few disaggregated requests, > 1 block included (block-tokens 16) */
+    /* a few disaggregated requests, > 1 block included (block-tokens 16);
+     * min_tokens 2: token 0 is never EOS, so every one reaches the decode */
     for (int i = 0; i < 4; i++) {
         char body[1024];
         int o = snprintf(body, sizeof(body), "{\"prompt\":[");
@@ -186,7 +187,7 @@ static void test_metrics_everywhere(void **st)
             o += snprintf(body + o, sizeof(body) - (size_t)o, "%s%d", k ? "," : "",
                           (k * 31 + i) % 250 + 4);
         snprintf(body + o, sizeof(body) - (size_t)o,
-                 "],\"max_tokens\":8,\"temperature\":0%s}",
+                 "],\"max_tokens\":8,\"min_tokens\":2,\"temperature\":0%s}",
                  i % 2 ? ",\"stream\":true" : "");
         e2e_resp_t r;
         assert_int_equal(e2e_http(g_d.http_port, "POST", "/v1/completions",

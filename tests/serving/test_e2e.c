@@ -522,10 +522,17 @@ static void test_equiv_sequential(void **st)
     /* the client's ledger: every request it saw succeed is one completed */
     assert_int_equal((int)(router_stat(&g_a, "requests_completed") - com_a), NPROMPT);
     assert_int_equal((int)(router_stat(&g_b, "requests_completed") - com_b), NPROMPT);
-    assert_int_equal((int)admin_num(&g_a.decode[0], "requests", "counters.pulls_ok"), NPROMPT);
+    /* a request whose token 0 ends it (EOS, as pd-run's reference says:
+     * one token, not max_tokens) is answered by the prefill alone; every
+     * other one pulled its KV */
+    int n_pull = 0;
+    for (int i = 0; i < NPROMPT; i++)
+        n_pull += !(g_prompts[i].ref_n == 1 && MAXTOK > 1);
+    assert_true(n_pull >= NPROMPT / 2);
+    assert_int_equal((int)admin_num(&g_a.decode[0], "requests", "counters.pulls_ok"), n_pull);
     double pulled = admin_num(&g_a.decode[0], "xfer", "xfer.total.bytes_pulled") - pulled0;
     double bb = admin_num(&g_a.decode[0], "kv", "block_bytes");
-    assert_true(pulled >= NPROMPT * bb);   /* every request pulled at least one block */
+    assert_true(pulled >= n_pull * bb);   /* every pull moved at least one block */
     assert_int_equal((int)admin_num(&g_b.decode[0], "xfer", "xfer.total.bytes_pulled"), 0);
     quiet_ok(&g_a);
     quiet_ok(&g_b);

@@ -955,9 +955,13 @@ int pdctl_cmd_up(int argc, char **argv)
            st.name, st.url, dep.count[PDCTL_PREFILL], dep.count[PDCTL_DECODE], st.run_dir);
     printf("  status: pdctl status --run-dir %s    stop: pdctl down --run-dir %s\n",
            st.run_dir, st.run_dir);
+    /* a prompt long enough (40+ tokens of the built-in model) to be over the
+     * local deployments' disagg-threshold, so `pdctl xfer all` shows a pull */
     printf("  try:    curl -sN %s/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-           "            -d '{\"stream\": true, \"max_tokens\": 32, "
-           "\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'\n",
+           "            -d '{\"stream\": true, \"max_tokens\": 64, \"temperature\": 0.5, "
+           "\"messages\": [{\"role\": \"user\", \"content\": \"I want to share a modified "
+           "version of a program that is licensed under the GNU General Public License. What "
+           "must I do?\"}]}'\n",
            st.url);
     printf("  watch:  pdctl top --run-dir %s      transfers: pdctl xfer all --run-dir %s\n",
            st.run_dir, st.run_dir);

@@ -118,6 +118,64 @@ static uint32_t get_u32(const gguf_t *g, const char *key)
     return v;
 }
 
+/* --preset builtin (the n-gram model of /usr/share/common-licenses, which
+ * Debian's Essential base-files always ships): same seed + corpus = same
+ * bytes; another seed holds out other paragraphs; a gpt2 BPE vocab with
+ * merges, ChatML, one layer. */
+static void test_builtin_reproducible(void **state)
+{
+    char err[1024];
+    size_t n1, n2, n3;
+    (void)state;
+    char *a = path_in_tmp("ba.gguf"), *b = path_in_tmp("bb.gguf"), *c = path_in_tmp("bc.gguf");
+    assert_int_equal(run(err, sizeof(err), "--preset", "builtin", "-o", a, NULL), 0);
+    assert_int_equal(run(err, sizeof(err), "-o", b, "--preset", "builtin", NULL), 0);
+    assert_int_equal(run(err, sizeof(err), "--preset", "builtin", "--seed", "2", "-o", c, NULL), 0);
+    uint8_t *x = slurp(a, &n1), *y = slurp(b, &n2), *z = slurp(c, &n3);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(x, y, n1);
+    assert_true(n1 != n3 || memcmp(x, z, n1) != 0);
+    assert_true(n1 < (32u << 20)); /* tens of MB at most */
+    free(x);
+    free(y);
+    free(z);
+
+    gguf_t *g;
+    const char *s;
+    uint64_t len;
+    const gguf_arr_t *toks, *merges;
+    assert_int_equal(gguf_open(a, &g, err, sizeof(err)), PD_OK);
+    assert_int_equal(gguf_get_string(g, "general.architecture", &s, &len), PD_OK);
+    assert_true(len == 5 && memcmp(s, "llama", 5) == 0);
+    assert_int_equal(gguf_get_string(g, "tokenizer.ggml.model", &s, &len), PD_OK);
+    assert_true(len == 4 && memcmp(s, "gpt2", 4) == 0);
+    assert_int_equal(gguf_get_string(g, "tokenizer.chat_template", &s, &len), PD_OK);
+    assert_non_null(memmem(s, len, "<|im_start|>", 12));
+    assert_int_equal(gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks), PD_OK);
+    assert_int_equal(gguf_get_arr(g, "tokenizer.ggml.merges", GGUF_TYPE_STRING, &merges), PD_OK);
+    assert_true(merges->count >= 200);
+    assert_int_equal(toks->count, get_u32(g, "llama.vocab_size"));
+    assert_int_equal(get_u32(g, "llama.block_count"), 1);
+    const gguf_tensor_t *out = gguf_tensor_find(g, "output.weight");
+    assert_non_null(out);
+    assert_int_equal(out->ne[1], toks->count);
+    gguf_close(g);
+
+    /* a corpus with too little text is refused with exit 1 */
+    char *dir = path_in_tmp("tiny-corpus");
+    assert_int_equal(mkdir(dir, 0700), 0);
+    char *f = path_in_tmp("tiny-corpus/one");
+    FILE *fp = fopen(f, "w");
+    assert_non_null(fp);
+    fputs("Just one paragraph.\n\nAnd a second one.\n", fp);
+    fclose(fp);
+    int rc = run(err, sizeof(err), "--preset", "builtin", "--corpus", dir, "-o", c, NULL);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(err, "too little text"));
+    unlink(f);
+    rmdir(dir);
+}
+
 static const gguf_tensor_t *tensor(const gguf_t *g, const char *name, uint32_t type,
                                    uint64_t ne0, uint64_t ne1)
 {
@@ -338,11 +396,19 @@ static void test_bad_flags(void **state)
     expect_usage_error("needs --dim and --ffn multiples of 32", "--type", "q8_0", "--ffn", "100");
     expect_usage_error("bad option", "--bogus", "-o", o, NULL);
     expect_usage_error("unexpected argument 'extra'", "-o", o, "extra", NULL);
+    expect_usage_error("only --seed, --corpus, --name and -o apply", "--preset", "builtin",
+                       "--layers", "2");
+    expect_usage_error("--corpus only applies to --preset builtin", "--corpus", "/tmp", "-o", o);
     assert_int_equal(access(o, F_OK), -1);
 
     /* runtime failure: exit 1, one line, no partial output file left */
     char err[1024];
-    int rc = run(err, sizeof(err), "--preset", "tiny", "-o", "/nonexistent-dir/x.gguf", NULL);
+    int rc = run(err, sizeof(err), "--preset", "builtin", "--corpus", "/nonexistent-dir", "-o", o,
+                 NULL);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(err, "corpus /nonexistent-dir"));
+    assert_int_equal(access(o, F_OK), -1);
+    rc = run(err, sizeof(err), "--preset", "tiny", "-o", "/nonexistent-dir/x.gguf", NULL);
     assert_int_equal(rc, 1);
     assert_non_null(strstr(err, "/nonexistent-dir/x.gguf"));
     rc = run(err, sizeof(err), "--preset", "tiny", "--vocab-from", "/nonexistent.gguf", "-o", o,
@@ -371,6 +437,7 @@ int main(int argc, char **argv)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reproducible),
+        cmocka_unit_test(test_builtin_reproducible),
         cmocka_unit_test(test_types_and_archs),
         cmocka_unit_test(test_vocab_from),
         cmocka_unit_test(test_bad_flags),
