@@ -366,7 +366,7 @@ static size_t generate(const int32_t *ids, size_t n, float temp, uint64_t seed, 
         run_step(&r, p, ids[p], lg);
     *eos = false;
     for (;;) {
-        int32_t t = eng_sample_next(&s, lg, V, &scr);
+        int32_t t = eng_sample_next(&s, lg, V, &scr, NULL);
         eng_finish_t f = eng_sampler_accept(&s, t);
         if (f == ENG_FINISH_STOP) {
             *eos = t == mk_ngram_eos(g_ng);
