@@ -31,9 +31,6 @@ typedef struct mh_client {
     bool replied;               /* reply queued: only waiting for the flush */
 } mh_client_t;
 
-static const pd_stat_desc_t pd_kv_pool_descs[] = { PD_KV_POOL_STATS(PD_STAT_DESC) };
-const pd_stats_table_t pd_kv_pool_stats_table = PD_STATS_TABLE("kv_pool", pd_kv_pool_descs);
-
 struct pd_metrics_http {
     pd_loop_t *loop;
     struct evconnlistener *lev;
