@@ -41,25 +41,19 @@ typedef struct {
     X(FAILED,     "failed")                                                   \
     X(CANCELED,   "canceled")
 
-typedef enum {
-#define DEC_X_ENUM(name, text) DEC_ST_##name,
-    DEC_STATES(DEC_X_ENUM)
-#undef DEC_X_ENUM
-    DEC_ST__COUNT
-} dec_state_t;
+#define DEC_ST_ENUM(name, text) DEC_ST_##name,
+typedef enum { DEC_STATES(DEC_ST_ENUM) DEC_ST__COUNT } dec_state_t;
 
 #define DEC_STATS(X)                                                          \
-    X(accepted,        COUNTER,   "DECODE_REQs admitted")                     \
-    X(completed,       COUNTER,   "requests finished (stop / length)")        \
-    X(failed,          COUNTER,   "requests failed (ERROR or FINISH error)")  \
-    X(canceled,        COUNTER,   "requests canceled (CANCEL, router lost)")  \
-    X(rejected,        COUNTER,   "DECODE_REQs refused at admission")         \
+    NODE_REQ_STATS(X, "DECODE_REQ",                                           \
+                   "requests finished (stop / length)",                       \
+                   "requests failed (ERROR or FINISH error)",                 \
+                   "requests canceled (CANCEL, router lost)")                 \
     X(pulls_ok,        COUNTER,   "KV pulls completed")                       \
     X(pulls_failed,    COUNTER,   "KV imports or pulls failed")               \
     X(local_prefills,  COUNTER,   "decode-local prefills")                    \
     X(tokens_out,      COUNTER,   "tokens generated")                         \
     X(steps,           COUNTER,   "compute steps")                            \
-    X(live,            GAUGE,     "requests not yet terminal")                \
     X(waiting,         GAUGE,     "requests in the wait queue")               \
     X(running,         GAUGE,     "sequences in the batch")                   \
     X(step_time,       HISTOGRAM, "one compute step (chunk + batch)")         \

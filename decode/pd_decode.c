@@ -37,14 +37,7 @@ static const pd_cfg_schema_t dec_schema = {
     .fields = dec_fields,
 };
 
-static const pd_stat_desc_t dec_stat_descs[] = { DEC_STATS(PD_STAT_DESC) };
-static const pd_stats_table_t dec_stats_table = PD_STATS_TABLE("decode", dec_stat_descs);
-
-static const char *const dec_state_names[] = {
-#define DEC_X_NAME(name, text) text,
-    DEC_STATES(DEC_X_NAME)
-#undef DEC_X_NAME
-};
+static const char *const dec_state_names[] = { DEC_STATES(NODE_STATE_NAME) };
 
 static void dec_kick(dec_t *d);
 static void dec_admit_waiting(dec_t *d);
@@ -866,12 +859,7 @@ static pd_status_t dec_adm_requests(pd_admin_req_t *req, cJSON *reply)
         cJSON_AddNumberToObject(o, "prefill_ns", (double)r->prefill_ns);
         cJSON_AddItemToArray(a, o);
     }
-    cJSON *c = cJSON_AddObjectToObject(reply, "counters");
-#define DEC_X_CNT(name, kind, help) \
-    if (PD_STAT_##kind == PD_STAT_COUNTER) \
-        cJSON_AddNumberToObject(c, #name, (double)pd_stats_counter(d->n.stats, DEC_STAT_##name));
-    DEC_STATS(DEC_X_CNT)
-#undef DEC_X_CNT
+    node_adm_counters(&d->n, reply);
     return PD_OK;
 }
 
@@ -895,6 +883,9 @@ static const pd_admin_cmd_t dec_cmds[] = {
 };
 
 /* ---- boot ----------------------------------------------------------------- */
+
+static const pd_stat_desc_t dec_stat_descs[] = { DEC_STATS(PD_STAT_DESC) };
+static const pd_stats_table_t dec_stats_table = PD_STATS_TABLE("decode", dec_stat_descs);
 
 static const node_role_t dec_role = {
     .name = "decode",

@@ -341,6 +341,16 @@ static pd_status_t node_adm_session(pd_admin_req_t *req, cJSON *reply)
     return PD_OK;
 }
 
+void node_adm_counters(const node_t *n, cJSON *reply)
+{
+    cJSON *c = cJSON_AddObjectToObject(reply, "counters");
+    const pd_stats_table_t *t = n->role->stats;
+    for (size_t i = 0; i < t->n; i++)
+        if (t->descs[i].kind == PD_STAT_COUNTER)
+            cJSON_AddNumberToObject(c, t->descs[i].name,
+                                    (double)pd_stats_counter(n->stats, (unsigned)i));
+}
+
 void node_admin_register(node_t *n)
 {
     /* the role's commands first: `help` lists them in registration order */

@@ -91,6 +91,22 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
     NODE_ROW(stype, ready_file, "ready-file", STRING, NULL, "write JSON here once registered with the router", 0, 0, NULL) \
     NODE_ROW(stype, metrics_listen, "metrics.listen", STRING, NULL, "HTTP /metrics + /health address host:port (port 0: any; default off)", 0, 0, NULL)
 
+/* ---- role tables ---------------------------------------------------------- */
+
+/* The counters every role keeps, first in its stats list: X(name, kind,
+ * help); req names its request message, the others say what each outcome
+ * means for the role. */
+#define NODE_REQ_STATS(X, req, completed_help, failed_help, canceled_help)    \
+    X(accepted,  COUNTER, req "s admitted")                                   \
+    X(completed, COUNTER, completed_help)                                     \
+    X(failed,    COUNTER, failed_help)                                        \
+    X(canceled,  COUNTER, canceled_help)                                      \
+    X(rejected,  COUNTER, req "s refused at admission")                       \
+    X(live,      GAUGE,   "requests not yet terminal")
+
+/* Over a role's X(NAME, "text") state list: the names array entries. */
+#define NODE_STATE_NAME(name, text) text,
+
 /* ---- requests ----------------------------------------------------------- */
 
 /* The part of a role's request the node keeps: id, table + live list
@@ -107,7 +123,8 @@ typedef struct node_req {
 } node_req_t;
 
 #define NODE_REQ(n, type) PD_CONTAINER_OF((n), type, nr)
-/* for (type *r over the live list, newest first); safe against unlinking r. */
+/* for (type *r over the live list, newest first); safe against unlinking r.
+ * The body must not `break` (it would only leave the inner loop). */
 #define NODE_FOR_EACH(node, type, r)                                          \
     for (node_req_t *r##_n_ = (node)->live, *r##_next_;                       \
          r##_n_ != NULL && (r##_next_ = r##_n_->next, 1); r##_n_ = r##_next_) \
@@ -263,6 +280,8 @@ void node_metrics_stop(node_t *n);
 /* ---- internal: the session and admin wiring (node.c) -------------------- */
 
 void node_session_opts(node_t *n, proto_session_opts_t *so);
+/* The role's counters (COUNTER rows of its stats table) as reply.counters. */
+void node_adm_counters(const node_t *n, cJSON *reply);
 void node_drain_init(node_t *n);
 void node_admin_register(node_t *n);
 

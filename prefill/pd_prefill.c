@@ -33,14 +33,7 @@ static const pd_cfg_schema_t pf_schema = {
     .fields = pf_fields,
 };
 
-static const pd_stat_desc_t pf_stat_descs[] = { PF_STATS(PD_STAT_DESC) };
-static const pd_stats_table_t pf_stats_table = PD_STATS_TABLE("prefill", pf_stat_descs);
-
-static const char *const pf_state_names[] = {
-#define PF_X_NAME(name, text) text,
-    PF_STATES(PF_X_NAME)
-#undef PF_X_NAME
-};
+static const char *const pf_state_names[] = { PF_STATES(NODE_STATE_NAME) };
 
 static pf_req_t *pf_req_find(pf_t *pf, const char *id)
 {
@@ -416,12 +409,7 @@ static pd_status_t pf_adm_requests(pd_admin_req_t *req, cJSON *reply)
         }
         cJSON_AddItemToArray(a, o);
     }
-    cJSON *c = cJSON_AddObjectToObject(reply, "counters");
-#define PF_X_CNT(name, kind, help) \
-    if (PD_STAT_##kind == PD_STAT_COUNTER) \
-        cJSON_AddNumberToObject(c, #name, (double)pd_stats_counter(pf->n.stats, PF_STAT_##name));
-    PF_STATS(PF_X_CNT)
-#undef PF_X_CNT
+    node_adm_counters(&pf->n, reply);
     return PD_OK;
 }
 
@@ -432,6 +420,9 @@ static const pd_admin_cmd_t pf_cmds[] = {
 };
 
 /* ---- boot ----------------------------------------------------------------- */
+
+static const pd_stat_desc_t pf_stat_descs[] = { PF_STATS(PD_STAT_DESC) };
+static const pd_stats_table_t pf_stats_table = PD_STATS_TABLE("prefill", pf_stat_descs);
 
 static const node_role_t pf_role = {
     .name = "prefill",

@@ -35,21 +35,15 @@ typedef struct {
     X(FAILED,    "failed")                                                    \
     X(CANCELED,  "canceled")
 
-typedef enum {
-#define PF_X_ENUM(name, text) PF_ST_##name,
-    PF_STATES(PF_X_ENUM)
-#undef PF_X_ENUM
-    PF_ST__COUNT
-} pf_state_t;
+#define PF_ST_ENUM(name, text) PF_ST_##name,
+typedef enum { PF_STATES(PF_ST_ENUM) PF_ST__COUNT } pf_state_t;
 
 #define PF_STATS(X)                                                           \
-    X(accepted,        COUNTER,   "PREFILL_REQs admitted")                    \
-    X(completed,       COUNTER,   "requests whose KV lease was released by the importer") \
-    X(failed,          COUNTER,   "requests failed (compute, export, lease expiry)") \
-    X(canceled,        COUNTER,   "requests canceled (CANCEL, RELEASE, router lost)") \
-    X(rejected,        COUNTER,   "PREFILL_REQs refused at admission")        \
+    NODE_REQ_STATS(X, "PREFILL_REQ",                                          \
+                   "requests whose KV lease was released by the importer",    \
+                   "requests failed (compute, export, lease expiry)",         \
+                   "requests canceled (CANCEL, RELEASE, router lost)")        \
     X(prompt_tokens,   COUNTER,   "prompt tokens prefilled")                  \
-    X(live,            GAUGE,     "requests not yet terminal")                \
     X(computing,       GAUGE,     "requests queued or running on the compute thread") \
     X(leased,          GAUGE,     "requests holding a KV lease")              \
     X(queue_time,      HISTOGRAM, "accept -> compute start")                  \
