@@ -44,30 +44,6 @@ typedef struct {
 #define DEC_ST_ENUM(name, text) DEC_ST_##name,
 typedef enum { DEC_STATES(DEC_ST_ENUM) DEC_ST__COUNT } dec_state_t;
 
-#define DEC_STATS(X)                                                          \
-    NODE_REQ_STATS(X, "DECODE_REQ",                                           \
-                   "requests finished (stop / length)",                       \
-                   "requests failed (ERROR or FINISH error)",                 \
-                   "requests canceled (CANCEL, router lost)")                 \
-    X(pulls_ok,        COUNTER,   "KV pulls completed")                       \
-    X(pulls_failed,    COUNTER,   "KV imports or pulls failed")               \
-    X(local_prefills,  COUNTER,   "decode-local prefills")                    \
-    X(tokens_out,      COUNTER,   "tokens generated")                         \
-    X(steps,           COUNTER,   "compute steps")                            \
-    X(waiting,         GAUGE,     "requests in the wait queue")               \
-    X(running,         GAUGE,     "sequences in the batch")                   \
-    X(step_time,       HISTOGRAM, "one compute step (chunk + batch)")         \
-    X(transfer_time,   HISTOGRAM, "KV pull, start to completion")             \
-    X(ttft,            HISTOGRAM, "DECODE_REQ -> first TOKENS")                  \
-    X(handoff,         HISTOGRAM, "pulled: DECODE_REQ -> first step start, minus wait and pull") \
-    X(lease_renews,    COUNTER,   "lease renewals sent while waiting for KV room") \
-    X(lease_left,      HISTOGRAM, "pulled: handle's lease left at DECODE_REQ (wall clocks)") \
-    X(req_time,        HISTOGRAM, "DECODE_REQ -> FINISH / ERROR")
-
-#define DEC_STAT_ID(name, kind, help) DEC_STAT_##name,
-typedef enum { DEC_STATS(DEC_STAT_ID) DEC_STAT__COUNT } dec_stat_id_t;
-#undef DEC_STAT_ID
-
 typedef struct dec dec_t;
 
 typedef struct dec_req {
@@ -155,5 +131,29 @@ struct dec {
     uint32_t n_waiting;
     uint32_t n_active;                  /* PULLING + PREFILLING + RUNNING */
 };
+
+/* Counters, gauges and histograms (NODE_REQ_STATS first). */
+#define DEC_STATS(X)                                                          \
+    NODE_REQ_STATS(X, "DECODE_REQ",                                           \
+                   "requests finished (stop / length)",                       \
+                   "requests failed (ERROR or FINISH error)",                 \
+                   "requests canceled (CANCEL, router lost)")                 \
+    X(pulls_ok,        COUNTER,   "KV pulls completed")                       \
+    X(pulls_failed,    COUNTER,   "KV imports or pulls failed")               \
+    X(local_prefills,  COUNTER,   "decode-local prefills")                    \
+    X(tokens_out,      COUNTER,   "tokens generated")                         \
+    X(steps,           COUNTER,   "compute steps")                            \
+    X(waiting,         GAUGE,     "requests in the wait queue")               \
+    X(running,         GAUGE,     "sequences in the batch")                   \
+    X(step_time,       HISTOGRAM, "one compute step (chunk + batch)")         \
+    X(transfer_time,   HISTOGRAM, "KV pull, start to completion")             \
+    X(ttft,            HISTOGRAM, "DECODE_REQ -> first TOKENS")                  \
+    X(handoff,         HISTOGRAM, "pulled: DECODE_REQ -> first step start, minus wait and pull") \
+    X(lease_renews,    COUNTER,   "lease renewals sent while waiting for KV room") \
+    X(lease_left,      HISTOGRAM, "pulled: handle's lease left at DECODE_REQ (wall clocks)") \
+    X(req_time,        HISTOGRAM, "DECODE_REQ -> FINISH / ERROR")
+
+#define DEC_STAT_ID(name, kind, help) DEC_STAT_##name,
+typedef enum { DEC_STATS(DEC_STAT_ID) DEC_STAT__COUNT } dec_stat_id_t;
 
 #endif

@@ -888,23 +888,13 @@ static const pd_stat_desc_t dec_stat_descs[] = { DEC_STATS(PD_STAT_DESC) };
 static const pd_stats_table_t dec_stats_table = PD_STATS_TABLE("decode", dec_stat_descs);
 
 static const node_role_t dec_role = {
-    .name = "decode",
-    .schema = &dec_schema,
-    .stats = &dec_stats_table,
-    .live_stat = DEC_STAT_live,
+    .name = "decode", .schema = &dec_schema, .stats = &dec_stats_table,
     .proto_role = PROTO_ROLE_DECODE,
     .caps = PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT,
-    .cbs = {
-        .on_decode_req = dec_on_decode_req,
-        .on_cancel = dec_on_cancel,
-        .on_peer_info = dec_on_peer_info,
-        .on_peer_down = dec_on_peer_down,
-    },
-    .cancel_all = dec_cancel_all,
-    .fill_hb = dec_fill_hb,
-    .adm_kv = dec_adm_kv,
-    .adm_session = dec_adm_session,
-    .cmds = dec_cmds,
+    .cbs = { .on_decode_req = dec_on_decode_req, .on_cancel = dec_on_cancel,
+             .on_peer_info = dec_on_peer_info, .on_peer_down = dec_on_peer_down },
+    .cancel_all = dec_cancel_all, .fill_hb = dec_fill_hb,
+    .adm_kv = dec_adm_kv, .adm_session = dec_adm_session, .cmds = dec_cmds,
     .xfer_help = "xfer - kvxfer statistics (pulls per prefill peer)",
     .session_help = "session - router session state and prefill peers",
 };

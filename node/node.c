@@ -44,7 +44,7 @@ void node_req_link(node_t *n, node_req_t *r)
         n->live->prev = r;
     n->live = r;
     n->n_live++;
-    pd_stats_gauge_set(n->stats, n->role->live_stat, n->n_live);
+    pd_stats_gauge_set(n->stats, NODE_STAT_live, n->n_live);
 }
 
 static void node_req_unlink(node_t *n, node_req_t *r)
@@ -57,7 +57,7 @@ static void node_req_unlink(node_t *n, node_req_t *r)
     if (r->next)
         r->next->prev = r->prev;
     n->n_live--;
-    pd_stats_gauge_set(n->stats, n->role->live_stat, n->n_live);
+    pd_stats_gauge_set(n->stats, NODE_STAT_live, n->n_live);
 }
 
 void node_req_retire(node_t *n, node_req_t *r, void (*free_fn)(void *), void *obj)

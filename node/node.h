@@ -104,6 +104,11 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
     X(rejected,  COUNTER, req "s refused at admission")                       \
     X(live,      GAUGE,   "requests not yet terminal")
 
+/* Their ids, the same in every role's stats enum (they come first). */
+#define NODE_STAT_ENUM(name, kind, help) NODE_STAT_##name,
+enum { NODE_REQ_STATS(NODE_STAT_ENUM, "", "", "", "") NODE_STAT__COUNT };
+#undef NODE_STAT_ENUM
+
 /* Over a role's X(NAME, "text") state list: the names array entries. */
 #define NODE_STATE_NAME(name, text) text,
 
@@ -137,8 +142,7 @@ typedef struct node node_t;
 typedef struct {
     const char *name;                   /* "prefill": log component, ready role, default id */
     const pd_cfg_schema_t *schema;      /* the role's config rows (for `config show`) */
-    const pd_stats_table_t *stats;      /* the role's counters */
-    uint32_t live_stat;                 /* the GAUGE in it that counts live requests */
+    const pd_stats_table_t *stats;      /* the role's counters (NODE_REQ_STATS first) */
     uint16_t proto_role;                /* PROTO_ROLE_* */
     uint32_t caps;                      /* PROTO_CAP_* */
     /* Session messages for the role (request, cancel, release, peer info,

@@ -425,21 +425,11 @@ static const pd_stat_desc_t pf_stat_descs[] = { PF_STATS(PD_STAT_DESC) };
 static const pd_stats_table_t pf_stats_table = PD_STATS_TABLE("prefill", pf_stat_descs);
 
 static const node_role_t pf_role = {
-    .name = "prefill",
-    .schema = &pf_schema,
-    .stats = &pf_stats_table,
-    .live_stat = PF_STAT_live,
-    .proto_role = PROTO_ROLE_PREFILL,
-    .caps = PROTO_CAP_PREFILL | PROTO_CAP_KV_EXPORT,
-    .cbs = {
-        .on_prefill_req = pf_on_prefill_req,
-        .on_cancel = pf_on_cancel,
-        .on_release = pf_on_release,
-    },
-    .cancel_all = pf_cancel_all,
-    .fill_hb = pf_fill_hb,
-    .adm_kv = pf_adm_kv,
-    .cmds = pf_cmds,
+    .name = "prefill", .schema = &pf_schema, .stats = &pf_stats_table,
+    .proto_role = PROTO_ROLE_PREFILL, .caps = PROTO_CAP_PREFILL | PROTO_CAP_KV_EXPORT,
+    .cbs = { .on_prefill_req = pf_on_prefill_req, .on_cancel = pf_on_cancel,
+             .on_release = pf_on_release },
+    .cancel_all = pf_cancel_all, .fill_hb = pf_fill_hb, .adm_kv = pf_adm_kv, .cmds = pf_cmds,
     .xfer_help = "xfer - kvxfer statistics",
     .session_help = "session - router session state",
 };

@@ -38,22 +38,6 @@ typedef struct {
 #define PF_ST_ENUM(name, text) PF_ST_##name,
 typedef enum { PF_STATES(PF_ST_ENUM) PF_ST__COUNT } pf_state_t;
 
-#define PF_STATS(X)                                                           \
-    NODE_REQ_STATS(X, "PREFILL_REQ",                                          \
-                   "requests whose KV lease was released by the importer",    \
-                   "requests failed (compute, export, lease expiry)",         \
-                   "requests canceled (CANCEL, RELEASE, router lost)")        \
-    X(prompt_tokens,   COUNTER,   "prompt tokens prefilled")                  \
-    X(computing,       GAUGE,     "requests queued or running on the compute thread") \
-    X(leased,          GAUGE,     "requests holding a KV lease")              \
-    X(queue_time,      HISTOGRAM, "accept -> compute start")                  \
-    X(prefill_time,    HISTOGRAM, "compute of prompt + token 0")              \
-    X(lease_time,      HISTOGRAM, "export -> lease end")
-
-#define PF_STAT_ID(name, kind, help) PF_STAT_##name,
-typedef enum { PF_STATS(PF_STAT_ID) PF_STAT__COUNT } pf_stat_id_t;
-#undef PF_STAT_ID
-
 typedef struct pf pf_t;
 
 typedef struct pf_req {
@@ -85,5 +69,20 @@ struct pf {
     pf_req_t **lease_slots;             /* (max_leases) request per slot */
     uint32_t n_computing;
 };
+
+/* Counters, gauges and histograms (NODE_REQ_STATS first). */
+#define PF_STATS(X)                                                           \
+    NODE_REQ_STATS(X, "PREFILL_REQ", "requests whose KV lease was released by the importer", \
+                   "requests failed (compute, export, lease expiry)",                         \
+                   "requests canceled (CANCEL, RELEASE, router lost)")                        \
+    X(prompt_tokens,   COUNTER,   "prompt tokens prefilled")                  \
+    X(computing,       GAUGE,     "requests queued or running on the compute thread") \
+    X(leased,          GAUGE,     "requests holding a KV lease")              \
+    X(queue_time,      HISTOGRAM, "accept -> compute start")                  \
+    X(prefill_time,    HISTOGRAM, "compute of prompt + token 0")              \
+    X(lease_time,      HISTOGRAM, "export -> lease end")
+
+#define PF_STAT_ID(name, kind, help) PF_STAT_##name,
+typedef enum { PF_STATS(PF_STAT_ID) PF_STAT__COUNT } pf_stat_id_t;
 
 #endif
