@@ -4,6 +4,7 @@
 #include "pd_metrics_http.h"
 
 #include "pd_log.h"
+#include "pd_time.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -275,8 +276,7 @@ static void mh_accept_cb(struct evconnlistener *lev, evutil_socket_t fd,
         m->clients->prev = c;
     m->clients = c;
     m->n_clients++;
-    struct timeval tv = { .tv_sec = (time_t)(m->o.idle_timeout_ns / 1000000000ULL),
-                          .tv_usec = (suseconds_t)(m->o.idle_timeout_ns % 1000000000ULL / 1000) };
+    struct timeval tv = pd_ns_to_timeval(m->o.idle_timeout_ns);
     bufferevent_set_timeouts(bev, &tv, &tv);
     bufferevent_setwatermark(bev, EV_READ, 0, m->o.max_header + 1);
     bufferevent_setcb(bev, mh_read_cb, mh_write_cb, mh_event_cb, c);
