@@ -4,6 +4,7 @@
 #include "pd_metrics_http.h"
 
 #include "pd_log.h"
+#include "pd_time.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -30,26 +31,6 @@ typedef struct mh_client {
     struct mh_client *prev, *next;
     bool replied;               /* reply queued: only waiting for the flush */
 } mh_client_t;
-
-static const pd_stat_desc_t pd_kv_pool_descs[] = { PD_KV_POOL_STATS(PD_STAT_DESC) };
-static const pd_stat_prom_t pd_kv_pool_prom[] = {
-    { .name = "usage_ppm", .family = "usage_ratio", .scale = 1e-6,
-      .family_help = "KV blocks used / blocks in the arena (0..1)" },
-};
-const pd_stats_table_t pd_kv_pool_stats_table =
-    PD_STATS_TABLE_PROM("kv_pool", pd_kv_pool_descs, pd_kv_pool_prom);
-
-void pd_kv_pool_set(pd_stats_t *pool, uint64_t blocks, uint64_t blocks_free,
-                    uint64_t block_bytes)
-{
-    uint64_t used = blocks_free <= blocks ? blocks - blocks_free : 0;
-    pd_stats_gauge_set(pool, PD_KV_POOL_blocks, (int64_t)blocks);
-    pd_stats_gauge_set(pool, PD_KV_POOL_blocks_free, (int64_t)blocks_free);
-    pd_stats_gauge_set(pool, PD_KV_POOL_blocks_used, (int64_t)used);
-    pd_stats_gauge_set(pool, PD_KV_POOL_block_bytes, (int64_t)block_bytes);
-    pd_stats_gauge_set(pool, PD_KV_POOL_usage_ppm,
-                       blocks ? (int64_t)(used * 1000000 / blocks) : 0);
-}
 
 struct pd_metrics_http {
     pd_loop_t *loop;
@@ -295,8 +276,7 @@ static void mh_accept_cb(struct evconnlistener *lev, evutil_socket_t fd,
         m->clients->prev = c;
     m->clients = c;
     m->n_clients++;
-    struct timeval tv = { .tv_sec = (time_t)(m->o.idle_timeout_ns / 1000000000ULL),
-                          .tv_usec = (suseconds_t)(m->o.idle_timeout_ns % 1000000000ULL / 1000) };
+    struct timeval tv = pd_ns_to_timeval(m->o.idle_timeout_ns);
     bufferevent_set_timeouts(bev, &tv, &tv);
     bufferevent_setwatermark(bev, EV_READ, 0, m->o.max_header + 1);
     bufferevent_setcb(bev, mh_read_cb, mh_write_cb, mh_event_cb, c);

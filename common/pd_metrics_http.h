@@ -70,21 +70,4 @@ unsigned pd_metrics_http_client_count(const pd_metrics_http_t *m);
  * daemon can warn loudly about anything else. */
 bool pd_metrics_http_addr_is_loopback(const char *listen);
 
-/* KV block pool gauges shared by the daemons that own a block arena
- * (pd_kv_pool_<name>); the daemon sets them just before rendering. */
-#define PD_KV_POOL_STATS(X)                                                   \
-    X(blocks,       GAUGE, "KV blocks in the arena")                          \
-    X(blocks_free,  GAUGE, "KV blocks free")                                  \
-    X(blocks_used,  GAUGE, "KV blocks allocated (computing, leased or decoding)") \
-    X(block_bytes,  GAUGE, "bytes per KV block")                              \
-    X(usage_ppm,    GAUGE, "KV blocks used per million (Prometheus: pd_kv_pool_usage_ratio, 0..1)")
-
-#define PD_KV_POOL_STAT_ID(name, kind, help) PD_KV_POOL_##name,
-typedef enum { PD_KV_POOL_STATS(PD_KV_POOL_STAT_ID) PD_KV_POOL__COUNT } pd_kv_pool_stat_id_t;
-#undef PD_KV_POOL_STAT_ID
-extern const pd_stats_table_t pd_kv_pool_stats_table;
-/* Set every pool gauge from the arena's figures (usage = used / total). */
-void pd_kv_pool_set(pd_stats_t *pool, uint64_t blocks, uint64_t blocks_free,
-                    uint64_t block_bytes);
-
 #endif

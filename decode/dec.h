@@ -21,43 +21,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "eng.h"
-#include "eng_runner.h"
-#include "eng_sample.h"
-#include "kvx.h"
-#include "kvx_blocks.h"
-#include "pd_admin.h"
-#include "pd_config.h"
-#include "pd_idhash.h"
-#include "pd_loop.h"
-#include "pd_stats.h"
-#include "proto_auth.h"
-#include "proto_session.h"
+#include "node.h"
 
 typedef struct {
-    char *id;
-    char *router;
-    char *secret_file;
-    char *secret;
-    bool insecure_no_auth;
-    char *admin_socket;
-    char *log_level;
-    char *log_file;
-    char *model;
-    char *engine;
-    uint64_t threads;
-    uint64_t block_tokens;
-    int kv_dtype;
-    uint64_t kv_blocks;
+    node_config_t node;                 /* first: the rows every node has */
     uint64_t max_batch;
     uint64_t max_queue;
     uint64_t transfer_timeout_ns;
     uint64_t prefill_chunk;
-    uint64_t heartbeat_ns;
-    uint64_t reconnect_min_ns;
-    uint64_t drain_timeout_ns;
-    char *ready_file;
-    char *metrics_listen;
 } dec_config_t;
 
 #define DEC_STATES(X)                                                         \
@@ -70,50 +41,17 @@ typedef struct {
     X(FAILED,     "failed")                                                   \
     X(CANCELED,   "canceled")
 
-typedef enum {
-#define DEC_X_ENUM(name, text) DEC_ST_##name,
-    DEC_STATES(DEC_X_ENUM)
-#undef DEC_X_ENUM
-    DEC_ST__COUNT
-} dec_state_t;
-
-#define DEC_STATS(X)                                                          \
-    X(accepted,        COUNTER,   "DECODE_REQs admitted")                     \
-    X(completed,       COUNTER,   "requests finished (stop / length)")        \
-    X(failed,          COUNTER,   "requests failed (ERROR or FINISH error)")  \
-    X(canceled,        COUNTER,   "requests canceled (CANCEL, router lost)")  \
-    X(rejected,        COUNTER,   "DECODE_REQs refused at admission")         \
-    X(pulls_ok,        COUNTER,   "KV pulls completed")                       \
-    X(pulls_failed,    COUNTER,   "KV imports or pulls failed")               \
-    X(local_prefills,  COUNTER,   "decode-local prefills")                    \
-    X(tokens_out,      COUNTER,   "tokens generated")                         \
-    X(steps,           COUNTER,   "compute steps")                            \
-    X(live,            GAUGE,     "requests not yet terminal")                \
-    X(waiting,         GAUGE,     "requests in the wait queue")               \
-    X(running,         GAUGE,     "sequences in the batch")                   \
-    X(step_time,       HISTOGRAM, "one compute step (chunk + batch)")         \
-    X(transfer_time,   HISTOGRAM, "KV pull, start to completion")             \
-    X(ttft,            HISTOGRAM, "DECODE_REQ -> first TOKENS")                  \
-    X(handoff,         HISTOGRAM, "pulled: DECODE_REQ -> first step start, minus wait and pull") \
-    X(lease_renews,    COUNTER,   "lease renewals sent while waiting for KV room") \
-    X(lease_left,      HISTOGRAM, "pulled: handle's lease left at DECODE_REQ (wall clocks)") \
-    X(req_time,        HISTOGRAM, "DECODE_REQ -> FINISH / ERROR")
-
-#define DEC_STAT_ID(name, kind, help) DEC_ST_##name,
-typedef enum { DEC_STATS(DEC_STAT_ID) DEC_STAT__COUNT } dec_stat_id_t;
-#undef DEC_STAT_ID
+#define DEC_ST_ENUM(name, text) DEC_ST_##name,
+typedef enum { DEC_STATES(DEC_ST_ENUM) DEC_ST__COUNT } dec_state_t;
 
 typedef struct dec dec_t;
 
 typedef struct dec_req {
+    node_req_t nr;                      /* id, table links, epoch, blocks */
     dec_t *d;
-    pd_idhash_node_t hnode;             /* d->by_id, keyed by id */
-    struct dec_req *prev, *next;        /* live list */
     struct dec_req *wnext;              /* wait queue */
-    char id[PROTO_REQID_MAX + 1];
     dec_state_t state;
     uint64_t t[DEC_ST__COUNT];          /* pd_now_ns() on entering each state */
-    uint64_t epoch;
     bool local;                         /* PROTO_DEC_PREFILL_LOCALLY */
     bool cancel;                        /* end as CANCELED when the step is back */
     bool cancel_stop;                   /* the CANCEL was the router's stop string: end as STOP */
@@ -144,15 +82,11 @@ typedef struct dec_req {
     int32_t step_token;
     eng_finish_t step_finish;
     pd_status_t step_status;
-    /* KV */
-    uint32_t n_blocks;
-    uint32_t *blocks;                   /* (n_blocks) reserved arena blocks */
-    bool blocks_held;
     /* transfer */
     char peer[PROTO_DAEMON_ID_MAX + 1];
     uint8_t *handle;                    /* (handle_len) copy of the KV handle */
     uint32_t handle_len;
-    uint64_t deadline_ns;               /* relative budget from the router */
+    uint64_t budget_ns;                 /* the router's relative deadline (0: none) */
     kvx_import_t imp;
     bool imported;
     uint64_t pull_id;
@@ -169,10 +103,6 @@ typedef struct dec_req {
 } dec_req_t;
 
 
-/* dec_metrics.c: HTTP /metrics on cfg.metrics_listen (no-op when unset). */
-pd_status_t dec_metrics_start(dec_t *d);
-uint16_t dec_metrics_port(void);         /* 0 when off */
-void dec_metrics_stop(void);
 #define DEC_MAX_PEERS 64u
 
 typedef struct {
@@ -197,45 +127,39 @@ typedef struct {
 } dec_step_t;
 
 struct dec {
+    node_t n;                           /* first: boot, session, kv, live table */
     dec_config_t cfg;
-    pd_loop_t *loop;
-    pd_admin_t *admin;
-    pd_stats_t *stats;
-    proto_stats_t pstats;
-    proto_auth_secret_t secret;
-    bool have_secret;
-    /* engine */
-    const eng_ops_t *ops;
-    eng_model_t *model;
-    const eng_kv_geom_t *geom;
-    eng_runner_t *runner;
-    eng_sample_scratch_t scratch;       /* compute thread only */
-    int32_t eos_ids[ENG_SAMPLE_MAX_EOS];
-    uint32_t n_eos;
     dec_step_t step;
     bool step_busy;
-    /* kv */
-    kvx_ctx_h *kvx;
-    kvx_region_h *region;
-    kvx_blocks_t *blocks;
-    uint8_t meta[KVX_META_MAX_BYTES];
-    size_t meta_len;
     dec_peer_t peers[DEC_MAX_PEERS];
-    /* control plane */
-    proto_session_t *sess;
-    uint64_t epoch;
-    bool registered_once;
-    char daemon_id[PROTO_DAEMON_ID_MAX + 1];
-    /* requests */
-    pd_idhash_t by_id;                  /* live requests by id */
-    dec_req_t *live;
-    uint32_t n_live;
+    /* requests beyond the node's live table */
     dec_req_t *wait_head, *wait_tail;
     uint32_t n_waiting;
     uint32_t n_active;                  /* PULLING + PREFILLING + RUNNING */
-    bool draining;
-    bool stopping;
-    struct event *drain_ev;
 };
+
+/* Counters, gauges and histograms (NODE_REQ_STATS first). */
+#define DEC_STATS(X)                                                          \
+    NODE_REQ_STATS(X, "DECODE_REQ",                                           \
+                   "requests finished (stop / length)",                       \
+                   "requests failed (ERROR or FINISH error)",                 \
+                   "requests canceled (CANCEL, router lost)")                 \
+    X(pulls_ok,        COUNTER,   "KV pulls completed")                       \
+    X(pulls_failed,    COUNTER,   "KV imports or pulls failed")               \
+    X(local_prefills,  COUNTER,   "decode-local prefills")                    \
+    X(tokens_out,      COUNTER,   "tokens generated")                         \
+    X(steps,           COUNTER,   "compute steps")                            \
+    X(waiting,         GAUGE,     "requests in the wait queue")               \
+    X(running,         GAUGE,     "sequences in the batch")                   \
+    X(step_time,       HISTOGRAM, "one compute step (chunk + batch)")         \
+    X(transfer_time,   HISTOGRAM, "KV pull, start to completion")             \
+    X(ttft,            HISTOGRAM, "DECODE_REQ -> first TOKENS")                  \
+    X(handoff,         HISTOGRAM, "pulled: DECODE_REQ -> first step start, minus wait and pull") \
+    X(lease_renews,    COUNTER,   "lease renewals sent while waiting for KV room") \
+    X(lease_left,      HISTOGRAM, "pulled: handle's lease left at DECODE_REQ (wall clocks)") \
+    X(req_time,        HISTOGRAM, "DECODE_REQ -> FINISH / ERROR")
+
+#define DEC_STAT_ID(name, kind, help) DEC_STAT_##name,
+typedef enum { DEC_STATS(DEC_STAT_ID) DEC_STAT__COUNT } dec_stat_id_t;
 
 #endif

@@ -1895,7 +1895,7 @@ static void kvx_pull_timer_cb(evutil_socket_t fd, short what, void *arg)
 
 pd_status_t kvx_pull_start(kvx_ctx_h *ctx, const kvx_import_t *imp,
                            kvx_region_h *local, const uint32_t *local_blocks,
-                           uint32_t n, uint64_t deadline_ns, uint64_t user_tag,
+                           uint32_t n, uint64_t deadline_at_ns, uint64_t user_tag,
                            kvx_pull_cb_t cb, void *cb_arg, uint64_t *pull_id_p)
 {
     const kvx_handle_t *h = &imp->h;
@@ -1919,7 +1919,7 @@ pd_status_t kvx_pull_start(kvx_ctx_h *ctx, const kvx_import_t *imp,
     if (rr == NULL)
         return PD_ERR_NOT_FOUND;
     uint64_t now = pd_now_ns();
-    if (deadline_ns <= now)
+    if (deadline_at_ns <= now)
         return PD_ERR_TIMED_OUT;
     kvx_pull_t *pl = NULL;
     for (uint32_t i = 0; i < ctx->cfg.max_pulls; i++) {
@@ -1965,7 +1965,7 @@ pd_status_t kvx_pull_start(kvx_ctx_h *ctx, const kvx_import_t *imp,
     ctx->pulls_in_flight++;
     ctx->total.c[KVX_PS_pulls_started]++;
     p->st.c[KVX_PS_pulls_started]++;
-    struct timeval tv = pd_ns_to_timeval(deadline_ns - now);
+    struct timeval tv = pd_ns_to_timeval(deadline_at_ns - now);
     evtimer_add(pl->timer, &tv);
     /* post now (fast path); completion is always delivered from the loop */
     kvx_pull_post(pl);

@@ -248,7 +248,7 @@ typedef void (*kvx_pull_cb_t)(void *arg, pd_status_t status,
                               const kvx_pull_result_t *res);
 
 /* Pull imp's blocks into local region blocks local[0..n) (n must equal the
- * handle's block count; local blocks must not be in use). deadline_ns is
+ * handle's block count; local blocks must not be in use). deadline_at_ns is
  * absolute pd_now_ns() time. Adjacent blocks (remote AND local contiguous)
  * merge into runs; runs above max_op_bytes are split; at most
  * max_ops_in_flight gets are posted at once. Returns PD_INPROGRESS and
@@ -258,7 +258,7 @@ typedef void (*kvx_pull_cb_t)(void *arg, pd_status_t status,
  * local block out of range, geometry), PD_ERR_TIMED_OUT (deadline past). */
 pd_status_t kvx_pull_start(kvx_ctx_h *ctx, const kvx_import_t *imp,
                            kvx_region_h *local, const uint32_t *local_blocks,
-                           uint32_t n, uint64_t deadline_ns, uint64_t user_tag,
+                           uint32_t n, uint64_t deadline_at_ns, uint64_t user_tag,
                            kvx_pull_cb_t cb, void *cb_arg,
                            uint64_t *pull_id_p);
 
@@ -278,7 +278,8 @@ pd_status_t kvx_lease_renew(kvx_ctx_h *ctx, const kvx_import_t *imp,
 
 /* ---- statistics --------------------------------------------------------- */
 
-/* Counters per peer and total (declared once in kvx_stats.h). */
+/* Counters per peer and total, declared once here (kvx.c keeps a set per
+ * peer plus the total; kvx_stats_json / kvx_stats_set show them). */
 #define KVX_PULL_STATS(X)                                                     \
     X(pulls_started,    "pulls started")                                      \
     X(pulls_ok,         "pulls completed OK")                                 \

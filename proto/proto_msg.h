@@ -216,7 +216,8 @@ typedef struct {
 
 /* HELLO (a.k.a. REGISTER): first message on every connection, from the
  * connecting side. mac is the LAST field on the wire so the MAC input is
- * body[0 .. body_len - PROTO_AUTH_MAC_LEN) (see proto_hello_mac_input). */
+ * body[0 .. body_len - PROTO_AUTH_MAC_LEN) (see proto_auth_hello_sign /
+ * proto_auth_hello_verify). */
 typedef struct {
     uint16_t role;                          /* proto_role_t */
     uint32_t caps;                          /* PROTO_CAP_* */

@@ -1,8 +1,9 @@
 /* rtr_ctl.c - pd-router's control plane: the listener daemons connect to,
  * registration (HMAC both ways, compat/geometry/vocab checks, duplicate id
  * rejection), heartbeats both ways, backend states, and PEER_INFO/PEER_DOWN
- * distribution to decode daemons. Request messages are handed to
- * rtr_http.c (rtr_http_on_msg). */
+ * distribution to decode daemons. Request messages and backend loss are
+ * handed on through r->on_backend_msg / r->on_backend_down (the request
+ * flow, rtr_flow.c). */
 #include "rtr_int.h"
 
 #include <cjson/cJSON.h>
@@ -39,7 +40,7 @@ static const char *role_name(uint16_t role)
 static void be_set_state(rtr_backend_t *be, rtr_be_state_t s)
 {
     be->state = s;
-    pd_stats_gauge_set(be->stats, RTR_BE_state, (int64_t)s);
+    pd_stats_gauge_set(be->stats, RTR_BE_STAT_state, (int64_t)s);
 }
 
 pd_status_t rtr_backend_send(rtr_backend_t *be, proto_msg_t *msg)
@@ -102,7 +103,7 @@ static void send_reject(rtr_ctlconn_t *cc, proto_conn_t *conn, pd_status_t statu
     va_end(ap);
     pd_log(PD_LOG_WARN, RTR_COMP, NULL, "registration from %s rejected (%s): %s",
            proto_conn_peer(conn), pd_status_name(status), m.u.register_reject.reason);
-    pd_stats_inc(cc->r->stats, RTR_ST_backends_rejected);
+    pd_stats_inc(cc->r->stats, RTR_STAT_backends_rejected);
     (void)proto_conn_send(conn, &m);
     proto_conn_close_after_flush(conn, status);
 }
@@ -267,8 +268,8 @@ static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
     if (be->kv_addr_len > 0)
         memcpy(be->kv_addr, h->kv_addr.p, be->kv_addr_len);
     be_set_state(be, be->admin_state);
-    pd_stats_gauge_set(be->stats, RTR_BE_total_blocks, h->geom.total_blocks);
-    pd_stats_gauge_set(be->stats, RTR_BE_free_blocks, h->geom.total_blocks);
+    pd_stats_gauge_set(be->stats, RTR_BE_STAT_total_blocks, h->geom.total_blocks);
+    pd_stats_gauge_set(be->stats, RTR_BE_STAT_free_blocks, h->geom.total_blocks);
     cc->be = be;
 
     proto_msg_t ack;
@@ -276,15 +277,15 @@ static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
     ack.hdr.type = PROTO_MSG_REGISTER_ACK;
     snprintf(ack.u.register_ack.daemon_id, sizeof(ack.u.register_ack.daemon_id), "%s", r->cfg.id);
     ack.u.register_ack.incarnation = r->incarnation;
-    ack.u.register_ack.heartbeat_interval_ns = r->cfg.heartbeat_interval;
-    ack.u.register_ack.lease_ns = r->cfg.lease;
+    ack.u.register_ack.heartbeat_interval_ns = r->cfg.heartbeat_interval_ns;
+    ack.u.register_ack.lease_ns = r->cfg.lease_ns;
     proto_auth_nonce(ack.u.register_ack.nonce);
     if (r->auth && proto_auth_ack_sign(&r->secret, &ack, h->nonce) != PD_OK) {
         proto_conn_close(conn, PD_ERR_INTERNAL);
         return;
     }
     (void)proto_conn_send(conn, &ack);
-    pd_stats_inc(r->stats, RTR_ST_backends_registered);
+    pd_stats_inc(r->stats, RTR_STAT_backends_registered);
     pd_log(PD_LOG_INFO, RTR_COMP, NULL,
            "backend '%s' registered: role %s caps 0x%x from %s incarnation %016" PRIx64
            " blocks %u state %s", be->id, role_name(be->role), be->caps, proto_conn_peer(conn),
@@ -307,12 +308,12 @@ static void backend_down(rtr_t *r, rtr_backend_t *be, pd_status_t why)
 {
     pd_log(PD_LOG_WARN, RTR_COMP, NULL, "backend '%s' (%s) down: %s", be->id,
            role_name(be->role), pd_status_name(why));
-    pd_stats_inc(r->stats, RTR_ST_backends_lost);
+    pd_stats_inc(r->stats, RTR_STAT_backends_lost);
     be->conn = NULL;
     be_set_state(be, RTR_BE_DOWN);
     if (be->caps & PROTO_CAP_PREFILL)
         send_peer_down(r, be, why);
-    rtr_http_backend_down(r, be);
+    r->on_backend_down(r, be);
 }
 
 static void on_heartbeat(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
@@ -325,10 +326,10 @@ static void on_heartbeat(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
     rtr_backend_t *be = cc->be;
     be->hb = msg->u.heartbeat;
     be->last_hb_ns = pd_now_ns();
-    pd_stats_gauge_set(be->stats, RTR_BE_queue_depth, be->hb.queue_depth);
-    pd_stats_gauge_set(be->stats, RTR_BE_running_seqs, be->hb.running_seqs);
-    pd_stats_gauge_set(be->stats, RTR_BE_free_blocks, be->hb.free_blocks);
-    pd_stats_gauge_set(be->stats, RTR_BE_total_blocks, be->hb.total_blocks);
+    pd_stats_gauge_set(be->stats, RTR_BE_STAT_queue_depth, be->hb.queue_depth);
+    pd_stats_gauge_set(be->stats, RTR_BE_STAT_running_seqs, be->hb.running_seqs);
+    pd_stats_gauge_set(be->stats, RTR_BE_STAT_free_blocks, be->hb.free_blocks);
+    pd_stats_gauge_set(be->stats, RTR_BE_STAT_total_blocks, be->hb.total_blocks);
 }
 
 static void on_request_msg(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
@@ -340,7 +341,7 @@ static void on_request_msg(proto_conn_t *conn, const proto_msg_t *msg, void *arg
         proto_conn_close(conn, PD_ERR_AUTH);
         return;
     }
-    rtr_http_on_msg(cc->r, cc->be, msg);
+    cc->r->on_backend_msg(cc->r, cc->be, msg);
 }
 
 static void on_other(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
@@ -405,7 +406,7 @@ pd_status_t rtr_ctl_start(rtr_t *r)
     cbs.on_close = on_close;
     proto_conn_opts_t opts;
     memset(&opts, 0, sizeof(opts));
-    opts.idle_timeout_ns = 3 * r->cfg.heartbeat_interval;
+    opts.idle_timeout_ns = 3 * r->cfg.heartbeat_interval_ns;
     opts.stats = &r->ctl_stats;
     pd_status_t s = proto_listener_create(r->base, r->cfg.control, on_accept, &cbs, r, &opts,
                                           &r->ctl);
@@ -415,8 +416,7 @@ pd_status_t rtr_ctl_start(rtr_t *r)
     r->hb_timer = event_new(r->base, -1, EV_PERSIST, hb_tick, r);
     if (r->hb_timer == NULL)
         return PD_ERR_NO_MEMORY;
-    struct timeval tv = { (time_t)(r->cfg.heartbeat_interval / 1000000000ull),
-                          (suseconds_t)(r->cfg.heartbeat_interval % 1000000000ull / 1000) };
+    struct timeval tv = pd_ns_to_timeval(r->cfg.heartbeat_interval_ns);
     event_add(r->hb_timer, &tv);
     return PD_OK;
 }

@@ -1,11 +1,8 @@
-/* rtr_http.c - pd-router's OpenAI front end (the only file that includes
- * evhttp) and the request flow of the serving spec:
- *   HTTP in -> parse -> tokenize -> limits -> route
- *   -> PREFILL_REQ (disaggregated) -> PREFILL_DONE: token 0 to the client
- *   -> DECODE_REQ -> TOKENS... -> FINISH -> finish_reason, usage, [DONE]
- * with retries (decode-local, generated = tokens already streamed), client
- * disconnects (CANCEL / RELEASE upstream) and exactly one terminal state per
- * accepted request.
+/* rtr_http.c - pd-router's OpenAI front end, the only file that includes
+ * evhttp: routes, request parsing and limits, tokenizing, plain replies,
+ * the SSE response, client watchers (EOF, close, slow reader) and, while
+ * draining, flushing. The request life cycle is rtr_flow.c; it reaches the
+ * client through the output calls at the end of this file (rtr_http_out).
  *
  * evhttp lifetime rules followed here (libevent 2.1.12):
  *   - a request is answered exactly once (evhttp_send_reply or
@@ -17,7 +14,7 @@
  *     (evhttp_request_get_connection == NULL: ours to free) or about to be
  *     freed with the connection: the pointer is dropped either way and never
  *     used again. */
-#include "rtr_int.h"
+#include "rtr_flow.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -38,87 +35,8 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "pd_idhash.h"
 #include "pd_log.h"
 #include "pd_time.h"
-
-struct rtr_req {
-    rtr_t *r;
-    rtr_req_t *prev, *next;              /* r->reqs */
-    pd_idhash_node_t hnode;              /* req_by_id, keyed by id */
-    struct evhttp_request *http;         /* NULL once the client is gone */
-    struct evhttp_request *orphan;       /* detached by libevent: ours to free */
-    struct evhttp_connection *evcon;
-    struct event *watch;                 /* client EOF watcher */
-    struct event *timer;                 /* request timeout */
-    char id[PROTO_REQID_MAX + 1];
-    char resp_id[PROTO_REQID_MAX + 16];
-    int64_t created;                 /* unix seconds at acceptance: the response's "created" */
-    rtr_req_fsm_t fsm;
-    rtr_oai_req_t oai;
-    int32_t *prompt;                     /* (n_prompt) */
-    uint32_t n_prompt;
-    int32_t *gen;                        /* (n_gen) tokens streamed to the client */
-    uint32_t n_gen, cap_gen;
-    rtr_oai_logprob_t *lps;              /* (cap_gen) when oai.logprobs: gen's logprobs */
-    uint64_t lp_chars;                   /* completions text_offset streamed so far */
-    rtr_backend_t *prefill, *decode;
-    uint64_t lease_id;
-    bool lease_held;                     /* PREFILL_DONE seen, lease not handed on */
-    bool disagg;
-    bool headers_sent;
-    uint32_t retries;
-    uint32_t next_tok_seq;
-    uint32_t slow_checks;
-    rtr_textpipe_t pipe;
-    char *text;                          /* non-streaming: whole completion */
-    size_t text_len, text_cap;
-    uint64_t t_accept, t_last_tok;
-};
-
-static pd_idhash_t req_by_id;
-
-static rtr_req_t *req_find(const char *id)
-{
-    pd_idhash_node_t *n = pd_idhash_find(&req_by_id, id);
-    return n != NULL ? PD_CONTAINER_OF(n, rtr_req_t, hnode) : NULL;
-}
-
-static void req_link(rtr_t *r, rtr_req_t *q)
-{
-    pd_idhash_add(&req_by_id, &q->hnode, q->id);
-    q->next = r->reqs;
-    if (r->reqs != NULL)
-        r->reqs->prev = q;
-    r->reqs = q;
-    r->n_reqs++;
-}
-
-static void req_unlink(rtr_t *r, rtr_req_t *q)
-{
-    pd_idhash_del(&req_by_id, &q->hnode);
-    if (q->prev != NULL)
-        q->prev->next = q->next;
-    else
-        r->reqs = q->next;
-    if (q->next != NULL)
-        q->next->prev = q->prev;
-    q->prev = q->next = NULL;
-    r->n_reqs--;
-}
-
-static void req_set_backend(rtr_backend_t **slot, rtr_backend_t *be)
-{
-    if (*slot != NULL) {
-        (*slot)->assigned--;
-        pd_stats_gauge_add((*slot)->stats, RTR_BE_assigned, -1);
-    }
-    *slot = be;
-    if (be != NULL) {
-        be->assigned++;
-        pd_stats_gauge_add(be->stats, RTR_BE_assigned, 1);
-    }
-}
 
 /* ---- plain HTTP replies ---------------------------------------------------- */
 
@@ -189,29 +107,17 @@ static void reply_status(rtr_t *r, struct evhttp_request *h, const char *reqid, 
     reply_error(r, h, &err, reqid);
 }
 
-/* ---- per-request output --------------------------------------------------- */
+/* ---- the client of one request --------------------------------------------- */
 
 static void req_stop_watching(rtr_req_t *q)
 {
-    if (q->watch != NULL) {
-        event_free(q->watch);
-        q->watch = NULL;
+    rtr_client_t *c = &q->client;
+    if (c->watch != NULL) {
+        event_free(c->watch);
+        c->watch = NULL;
     }
-    if (q->http != NULL && q->evcon != NULL)
-        evhttp_connection_set_closecb(q->evcon, NULL, NULL);
-}
-
-static void req_free(void *obj)
-{
-    rtr_req_t *q = obj;
-    if (q->orphan != NULL)
-        evhttp_request_free(q->orphan);
-    rtr_oai_req_free(&q->oai);
-    free(q->prompt);
-    free(q->gen);
-    free(q->lps);
-    free(q->text);
-    free(q);
+    if (c->http != NULL && c->evcon != NULL)
+        evhttp_connection_set_closecb(c->evcon, NULL, NULL);
 }
 
 /* Draining: responses that ended are tracked until their bytes left the
@@ -263,112 +169,11 @@ static void flush_tick(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-static void maybe_drained(rtr_t *r)
-{
-    if (!r->draining || r->n_reqs != 0 || r->flush_timer != NULL)
-        return;
-    r->flush_timer = event_new(r->base, -1, EV_PERSIST, flush_tick, r);
-    struct timeval tv = { 0, 2000 };
-    if (r->flush_timer == NULL || event_add(r->flush_timer, &tv) != 0)
-        pd_loop_stop(r->loop);
-}
+/* ---- output calls for the flow (rtr_flow.h) -------------------------------- */
 
-/* The one terminal path: state, counters, unlink, deferred free. */
-static void req_end(rtr_req_t *q, rtr_req_state_t st)
+static bool out_attached(const rtr_req_t *q)
 {
-    rtr_t *r = q->r;
-    uint64_t now = pd_now_ns();
-    rtr_req_fsm_set(&q->fsm, st, now);
-    req_stop_watching(q);
-    if (q->timer != NULL) {
-        event_free(q->timer);
-        q->timer = NULL;
-    }
-    req_set_backend(&q->prefill, NULL);
-    req_set_backend(&q->decode, NULL);
-    if (r->draining && q->evcon != NULL)
-        flush_track(q->evcon);
-    pd_stats_inc(r->stats, st == RTR_REQ_COMPLETED ? RTR_ST_requests_completed
-                           : st == RTR_REQ_FAILED  ? RTR_ST_requests_failed
-                                                   : RTR_ST_requests_canceled);
-    pd_stats_gauge_add(r->stats, RTR_ST_requests_inflight, -1);
-    pd_stats_observe_ns(r->stats, RTR_ST_request_e2e, now - q->t_accept);
-    pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "%s after %.3f ms, %u tokens, %u retries",
-           rtr_req_state_name(st), (double)(now - q->t_accept) / 1e6, q->n_gen, q->retries);
-    req_unlink(r, q);
-    q->http = NULL;
-    if (pd_loop_defer_free(r->loop, req_free, q) != PD_OK)
-        req_free(q);
-    maybe_drained(r);
-}
-
-/* A client that does not read: bytes queued for it in the evbuffer plus
- * those still in the kernel's send queue (SIOCOUTQ; checked every 8th call,
- * one ioctl) over client-max-unsent. */
-static bool client_slow(rtr_req_t *q)
-{
-    if (q->http == NULL || q->evcon == NULL)
-        return false;
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(q->evcon);
-    if (bev == NULL)
-        return false;
-    uint64_t unsent = evbuffer_get_length(bufferevent_get_output(bev));
-    if ((++q->slow_checks & 7) == 0) {
-        int outq = 0;
-        evutil_socket_t fd = bufferevent_getfd(bev);
-        if (fd >= 0 && ioctl(fd, SIOCOUTQ, &outq) == 0 && outq > 0)
-            unsent += (uint64_t)outq;
-    }
-    return unsent > q->r->cfg.client_max_unsent;
-}
-
-static void req_client_gone(rtr_req_t *q, const char *why);
-
-static void send_sse(rtr_req_t *q, char *json)
-{
-    if (json == NULL || q->http == NULL) {
-        free(json);
-        return;
-    }
-    size_t len = strlen(json);
-    size_t need = rtr_sse_frame(json, len, NULL, 0);
-    char *frame = need > 0 ? malloc(need + 1) : NULL;
-    if (frame != NULL) {
-        rtr_sse_frame(json, len, frame, need + 1);
-        struct evbuffer *b = evbuffer_new();
-        if (b != NULL) {
-            evbuffer_add(b, frame, need);
-            evhttp_send_reply_chunk(q->http, b);
-            evbuffer_free(b);
-        }
-    }
-    free(frame);
-    free(json);
-}
-
-static void send_raw_chunk(rtr_req_t *q, const char *text)
-{
-    if (q->http == NULL)
-        return;
-    struct evbuffer *b = evbuffer_new();
-    if (b != NULL) {
-        evbuffer_add(b, text, strlen(text));
-        evhttp_send_reply_chunk(q->http, b);
-        evbuffer_free(b);
-    }
-}
-
-/* Token bytes for logprobs (control tokens as their text). */
-static size_t lp_piece(void *ctx, int32_t id, char *buf, size_t cap)
-{
-    const eng_tok_t *tok = ctx;
-    return tok != NULL ? eng_tok_token_piece(tok, id, true, buf, cap) : 0;
-}
-
-static rtr_oai_logprobs_t req_lps(rtr_req_t *q, uint32_t from, uint32_t to)
-{
-    rtr_oai_logprobs_t l = { q->lps + from, to - from, q->lp_chars, lp_piece, q->r->tok };
-    return l;
+    return q->client.http != NULL;
 }
 
 /* The seed the request samples with (the client's, or the one drawn for it),
@@ -377,618 +182,139 @@ static void add_seed_header(rtr_req_t *q)
 {
     char v[24];
     snprintf(v, sizeof(v), "%" PRId64, (int64_t)q->oai.seed);
-    evhttp_add_header(evhttp_request_get_output_headers(q->http), "X-Seed", v);
+    evhttp_add_header(evhttp_request_get_output_headers(q->client.http), "X-Seed", v);
 }
 
-static rtr_oai_resp_meta_t req_meta(rtr_req_t *q)
+static void out_stream_open(rtr_req_t *q)
 {
-    rtr_oai_resp_meta_t m = { q->resp_id, q->r->model_name, q->created, q->oai.api };
-    return m;
-}
-
-static void stream_start(rtr_req_t *q)
-{
-    if (q->headers_sent || q->http == NULL || !q->oai.stream)
-        return;
-    struct evkeyvalq *out = evhttp_request_get_output_headers(q->http);
+    struct evhttp_request *h = q->client.http;
+    struct evkeyvalq *out = evhttp_request_get_output_headers(h);
     evhttp_add_header(out, "Content-Type", "text/event-stream");
     evhttp_add_header(out, "Cache-Control", "no-cache");
-    add_common_headers(q->http, q->id);
+    add_common_headers(h, q->id);
     add_seed_header(q);
-    evhttp_send_reply_start(q->http, 200, "OK");
-    q->headers_sent = true;
-    if (q->oai.api == RTR_API_CHAT) {
-        rtr_oai_resp_meta_t m = req_meta(q);
-        send_sse(q, rtr_oai_chunk_json(&m, 0, "", 0, NULL, true));
-    }
+    evhttp_send_reply_start(h, 200, "OK");
 }
 
-static void emit_text(rtr_req_t *q, const char *text, size_t len)
+static void out_write(rtr_req_t *q, const char *bytes, size_t len)
 {
-    if (len == 0)
-        return;
-    if (q->oai.stream) {
-        stream_start(q);
-        rtr_oai_resp_meta_t m = req_meta(q);
-        send_sse(q, rtr_oai_chunk_json(&m, 0, text, len, NULL, false));
-        return;
+    struct evbuffer *b = evbuffer_new();
+    if (b != NULL) {
+        evbuffer_add(b, bytes, len);
+        evhttp_send_reply_chunk(q->client.http, b);
+        evbuffer_free(b);
     }
-    if (q->text_len + len + 1 > q->text_cap) {
-        size_t cap = q->text_cap ? q->text_cap : 256;
-        while (cap < q->text_len + len + 1)
-            cap *= 2;
-        char *t = realloc(q->text, cap);
-        if (t == NULL)
-            return;
-        q->text = t;
-        q->text_cap = cap;
-    }
-    memcpy(q->text + q->text_len, text, len);
-    q->text_len += len;
-    q->text[q->text_len] = '\0';
 }
 
-static void end_http_ok(rtr_req_t *q)
+static void out_stream_end(rtr_req_t *q)
 {
     req_stop_watching(q);
-    if (q->http == NULL)
+    if (q->client.http == NULL)
         return;
-    evhttp_send_reply_end(q->http);
-    q->http = NULL;
+    evhttp_send_reply_end(q->client.http);
+    q->client.http = NULL;
 }
 
-/* Success: flush held text, finish_reason, usage, [DONE] / JSON body. */
-static void req_complete(rtr_req_t *q, const char *finish_reason)
+static void out_reply(rtr_req_t *q, int status, const char *json, const rtr_oai_error_t *err)
 {
-    char out[RTR_TEXTPIPE_OUT_MAX];
-    size_t n = rtr_textpipe_finish(&q->pipe, out, sizeof(out));
-    emit_text(q, out, n);
-    if (q->pipe.stopped)
-        finish_reason = "stop";
-    pd_stats_inc(q->r->stats, strcmp(finish_reason, "length") == 0 ? RTR_ST_finish_length
-                                                                   : RTR_ST_finish_stop);
-    rtr_oai_resp_meta_t m = req_meta(q);
-    rtr_oai_usage_t usage = { q->n_prompt, q->n_gen };
-    if (q->http != NULL) {
-        if (q->oai.stream) {
-            stream_start(q);
-            send_sse(q, rtr_oai_chunk_json(&m, 0, "", 0, finish_reason, false));
-            if (q->oai.include_usage)
-                send_sse(q, rtr_oai_usage_chunk_json(&m, &usage));
-            send_raw_chunk(q, RTR_SSE_DONE);
-            end_http_ok(q);
-        } else {
-            const char *texts[1] = { q->text != NULL ? q->text : "" };
-            size_t lens[1] = { q->text_len };
-            const char *fr[1] = { finish_reason };
-            rtr_oai_logprobs_t lps;
-            if (q->oai.logprobs)
-                lps = req_lps(q, 0, q->n_gen);
-            char *json = rtr_oai_response_lp_json(&m, 1, texts, lens, fr, &usage,
-                                                  q->oai.logprobs ? &lps : NULL);
-            req_stop_watching(q);
+    req_stop_watching(q);
+    if (err != NULL) {
+        reply_error(q->r, q->client.http, err, q->id);
+    } else {
+        if (status == 200)
             add_seed_header(q);
-            reply_json(q->http, json != NULL ? 200 : 500,
-                       json != NULL ? json : "{\"error\":{\"message\":\"out of memory\","
-                                             "\"type\":\"server_error\",\"param\":null,"
-                                             "\"code\":null}}", q->id, 0);
-            free(json);
-            q->http = NULL;
-        }
+        reply_json(q->client.http, status, json, q->id, 0);
     }
-    pd_log(PD_LOG_INFO, RTR_COMP, q->id, "done: finish_reason=%s prompt=%u completion=%u %s",
-           finish_reason, q->n_prompt, q->n_gen, q->disagg ? "disaggregated" : "local");
-    req_end(q, RTR_REQ_COMPLETED);
+    q->client.http = NULL;
 }
 
-/* Failure: a pre-stream HTTP error or a mid-stream error frame. */
-static void req_fail(rtr_req_t *q, int status, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void req_fail(rtr_req_t *q, int status, const char *code, const char *fmt, ...)
+/* A client that does not read: bytes queued for it in the evbuffer plus
+ * those still in the kernel's send queue (SIOCOUTQ; checked every 8th call,
+ * one ioctl) over client-max-unsent. */
+static bool out_slow(rtr_req_t *q)
 {
-    rtr_oai_error_t err;
-    memset(&err, 0, sizeof(err));
-    err.http_status = status;
-    err.type = status == 429 ? "rate_limit_error" : "server_error";
-    err.code = code;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err.message, sizeof(err.message), fmt, ap);
-    va_end(ap);
-    pd_log(PD_LOG_WARN, RTR_COMP, q->id, "failed (%d %s): %s%s", status, code, err.message,
-           q->headers_sent ? " [mid-stream]" : "");
-    if (q->http != NULL) {
-        if (q->headers_sent) {
-            send_sse(q, rtr_oai_error_json(&err));
-            end_http_ok(q);
-        } else {
-            req_stop_watching(q);
-            reply_error(q->r, q->http, &err, q->id);
-            q->http = NULL;
-        }
-    }
-    req_end(q, RTR_REQ_FAILED);
-}
-
-/* ---- upstream messages ---------------------------------------------------- */
-
-_Static_assert(RTR_OAI_MAX_BIAS <= PROTO_MAX_LOGIT_BIAS, "logit_bias cap");
-_Static_assert(RTR_OAI_MAX_STOP_IDS <= PROTO_MAX_STOP_TOKENS, "stop_token_ids cap");
-
-static void fill_sampling(const rtr_req_t *q, proto_sampling_t *s)
-{
-    memset(s, 0, sizeof(*s));
-    s->temperature = q->oai.temperature;
-    s->top_p = q->oai.top_p;
-    s->top_k = q->oai.top_k > 0 ? (uint32_t)q->oai.top_k : 0;
-    s->flags = (q->oai.ignore_eos ? PROTO_SAMPLE_IGNORE_EOS : 0) |
-               (q->oai.seed_set ? PROTO_SAMPLE_HAS_SEED : 0);
-    s->seed = q->oai.seed;
-    s->max_tokens = q->oai.max_tokens;
-    s->min_tokens = q->oai.min_tokens;
-    s->stop.n = q->oai.n_stop_ids;
-    s->stop.v = q->oai.stop_ids;
-    s->logprobs = q->oai.logprobs ? 1 : 0;
-    s->top_logprobs = q->oai.logprobs ? q->oai.top_logprobs : 0;
-    s->presence_penalty = q->oai.presence_penalty;
-    s->frequency_penalty = q->oai.frequency_penalty;
-    s->repetition_penalty = q->oai.repetition_penalty;
-    s->min_p = q->oai.min_p;
-    s->n_bias = q->oai.n_bias;
-    memcpy(s->bias_ids, q->oai.bias_ids, q->oai.n_bias * sizeof(s->bias_ids[0]));
-    memcpy(s->bias, q->oai.bias, q->oai.n_bias * sizeof(s->bias[0]));
-}
-
-static uint64_t req_budget_ns(const rtr_req_t *q)
-{
-    uint64_t el = pd_now_ns() - q->t_accept;
-    uint64_t to = q->r->cfg.request_timeout;
-    return el < to ? to - el : 1;
-}
-
-static void send_simple(rtr_backend_t *be, uint16_t type, rtr_req_t *q, uint64_t lease_id)
-{
-    proto_msg_t m;
-    memset(&m, 0, sizeof(m));
-    m.hdr.type = type;
-    if (type == PROTO_MSG_CANCEL) {
-        snprintf(m.u.cancel.request_id, sizeof(m.u.cancel.request_id), "%s", q->id);
-        m.u.cancel.status = PD_ERR_CANCELED;
-        snprintf(m.u.cancel.reason, sizeof(m.u.cancel.reason), "canceled by router");
-    } else {
-        snprintf(m.u.release.request_id, sizeof(m.u.release.request_id), "%s", q->id);
-        m.u.release.lease_id = lease_id;
-    }
-    pd_status_t s = rtr_backend_send(be, &m);
-    pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "%s -> %s: %s", proto_msg_name(type),
-           be != NULL ? be->id : "-", pd_status_name(s));
-}
-
-/* A stop string matched: CANCEL with status PD_OK, which the decode ends as
- * a STOP finish rather than a cancel (PROTOCOL.md, CANCEL). */
-static void send_stop(rtr_req_t *q)
-{
-    proto_msg_t m;
-    memset(&m, 0, sizeof(m));
-    m.hdr.type = PROTO_MSG_CANCEL;
-    snprintf(m.u.cancel.request_id, sizeof(m.u.cancel.request_id), "%s", q->id);
-    m.u.cancel.status = PD_OK;
-    snprintf(m.u.cancel.reason, sizeof(m.u.cancel.reason), "stop string");
-    (void)rtr_backend_send(q->decode, &m);
-}
-
-static void release_lease(rtr_req_t *q)
-{
-    if (q->lease_held) {
-        send_simple(q->prefill, PROTO_MSG_RELEASE, q, q->lease_id);
-        q->lease_held = false;
-    }
-}
-
-static uint32_t needed_blocks(const rtr_req_t *q)
-{
-    const rtr_t *r = q->r;
-    if (!r->geom_fixed || r->geom.block_tokens == 0)
-        return 0;
-    uint64_t toks = (uint64_t)q->n_prompt + q->oai.max_tokens;
-    if (r->context_length != 0 && toks > r->context_length)
-        toks = r->context_length;
-    return (uint32_t)((toks + r->geom.block_tokens - 1) / r->geom.block_tokens);
-}
-
-static pd_status_t send_decode_req(rtr_req_t *q, const proto_prefill_done_t *pd)
-{
-    proto_msg_t m;
-    memset(&m, 0, sizeof(m));
-    m.hdr.type = PROTO_MSG_DECODE_REQ;
-    proto_decode_req_t *d = &m.u.decode_req;
-    snprintf(d->request_id, sizeof(d->request_id), "%s", q->id);
-    d->prompt.n = q->n_prompt;
-    d->prompt.v = q->prompt;
-    d->generated.n = q->n_gen;
-    d->generated.v = q->gen;
-    fill_sampling(q, &d->sampling);
-    /* rng_state 0 = "not provided": the router cannot replay the sampler
-     * (it links only the tokenizer part of the engine). */
-    d->rng_state = 0;
-    d->deadline_ns = req_budget_ns(q);
-    if (pd != NULL) {
-        d->flags = 0;
-        snprintf(d->prefill_peer_id, sizeof(d->prefill_peer_id), "%s", q->prefill->id);
-        d->lease_id = pd->lease_id;
-        d->kv_handle = pd->kv_handle;
-    } else {
-        d->flags = PROTO_DEC_PREFILL_LOCALLY;
-    }
-    q->next_tok_seq = 0;
-    return rtr_backend_send(q->decode, &m);
-}
-
-/* Decode-local (re)try on some decode daemon with generated = tokens already
- * streamed. `avoid` is tried last. */
-static void req_go_local(rtr_req_t *q, rtr_backend_t *avoid, const char *why)
-{
-    rtr_t *r = q->r;
-    uint64_t now = pd_now_ns();
-    if (q->fsm.state != RTR_REQ_ROUTED)
-        rtr_req_fsm_set(&q->fsm, RTR_REQ_ROUTED, now);
-    req_set_backend(&q->prefill, NULL);
-    rtr_backend_t *d = rtr_pick_backend(r, PROTO_CAP_DECODE, needed_blocks(q), avoid);
-    if (d == NULL)
-        d = rtr_pick_backend(r, PROTO_CAP_DECODE, needed_blocks(q), NULL);
-    if (d == NULL) {
-        if (q->headers_sent)
-            req_fail(q, 503, "no_backend", "no decode daemon available (%s)", why);
-        else
-            req_fail(q, 503, "no_backend", "no decode daemon available (%s)", why);
-        return;
-    }
-    req_set_backend(&q->decode, d);
-    q->disagg = false;
-    pd_status_t s = send_decode_req(q, NULL);
-    if (s != PD_OK) {
-        req_fail(q, 503, "backend_busy", "DECODE_REQ to '%s' not sent: %s", d->id,
-                 pd_status_name(s));
-        return;
-    }
-    rtr_req_fsm_set(&q->fsm, RTR_REQ_DECODING, pd_now_ns());
-    pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "decode-local on '%s' (generated %u)%s%s", d->id,
-           q->n_gen, why ? ": " : "", why ? why : "");
-}
-
-static void req_retry(rtr_req_t *q, rtr_backend_t *failed, const char *why)
-{
-    rtr_t *r = q->r;
-    if (q->retries >= r->cfg.max_retries) {
-        req_fail(q, 502, "backend_failed", "%s (after %u retries)", why, q->retries);
-        return;
-    }
-    q->retries++;
-    pd_stats_inc(r->stats, RTR_ST_requests_retried);
-    pd_log(PD_LOG_INFO, RTR_COMP, q->id, "retry %u decode-local: %s", q->retries, why);
-    req_go_local(q, failed, why);
-}
-
-/* Tokens that reached the router (token 0 from PREFILL_DONE or TOKENS):
- * record, detokenize, stop strings, stream. Returns false if the request
- * ended (stop string or max_tokens reached). */
-static bool req_tokens(rtr_req_t *q, const proto_tokens_t *toks, const proto_logprobs_t *lps)
-{
-    rtr_t *r = q->r;
-    char out[RTR_TEXTPIPE_OUT_MAX];
-    char *acc = NULL;
-    size_t acc_len = 0, acc_cap = 0;
-    uint32_t first_new = q->n_gen;
-    for (uint32_t i = 0; i < toks->n; i++) {
-        if (q->n_gen >= q->oai.max_tokens || q->pipe.stopped)
-            break;
-        int32_t t = proto_tokens_get(toks, i);
-        if (q->n_gen == q->cap_gen) {
-            uint32_t cap = q->cap_gen ? q->cap_gen * 2 : 64;
-            int32_t *g = realloc(q->gen, cap * sizeof(*g));
-            if (g == NULL)
-                break;
-            q->gen = g;
-            if (q->oai.logprobs) {
-                rtr_oai_logprob_t *l = realloc(q->lps, cap * sizeof(*l));
-                if (l == NULL)
-                    break;
-                q->lps = l;
-            }
-            q->cap_gen = cap;
-        }
-        if (q->oai.logprobs) {
-            rtr_oai_logprob_t *e = &q->lps[q->n_gen];
-            memset(e, 0, sizeof(*e));
-            e->id = t;
-            if (lps != NULL && i < lps->n) {
-                proto_logprob_t pl;
-                proto_logprobs_get(lps, i, &pl);
-                e->logprob = pl.logprob;
-                e->n_top = lps->top_n < RTR_OAI_MAX_TOP_LOGPROBS ? lps->top_n
-                                                                 : RTR_OAI_MAX_TOP_LOGPROBS;
-                memcpy(e->top_ids, pl.top_ids, e->n_top * sizeof(e->top_ids[0]));
-                memcpy(e->top_lp, pl.top_lp, e->n_top * sizeof(e->top_lp[0]));
-            }
-        }
-        q->gen[q->n_gen++] = t;
-        uint64_t now = pd_now_ns();
-        if (q->n_gen == 1)
-            pd_stats_observe_ns(r->stats, RTR_ST_request_ttft, now - q->t_accept);
-        else
-            pd_stats_observe_ns(r->stats, RTR_ST_request_inter_token, now - q->t_last_tok);
-        q->t_last_tok = now;
-        pd_stats_inc(r->stats, RTR_ST_generation_tokens);
-        size_t n = rtr_textpipe_feed(&q->pipe, t, out, sizeof(out));
-        if (n > 0) {
-            if (acc_len + n > acc_cap) {
-                size_t cap = acc_cap ? acc_cap * 2 : 1024;
-                while (cap < acc_len + n)
-                    cap *= 2;
-                char *a = realloc(acc, cap);
-                if (a == NULL)
-                    break;
-                acc = a;
-                acc_cap = cap;
-            }
-            memcpy(acc + acc_len, out, n);
-            acc_len += n;
-        }
-    }
-    /* First token: open the stream even if no text is releasable yet, so
-     * the client sees its first chunk (TTFT) right away. */
-    if (q->oai.stream)
-        stream_start(q);
-    if (q->oai.logprobs && q->oai.stream && q->n_gen > first_new) {
-        /* the chunk carries these tokens' logprobs, even with no text yet */
-        rtr_oai_resp_meta_t m = req_meta(q);
-        rtr_oai_logprobs_t l = req_lps(q, first_new, q->n_gen);
-        send_sse(q, rtr_oai_chunk_lp_json(&m, 0, acc, acc_len, NULL, false, &l));
-        q->lp_chars += rtr_oai_logprobs_chars(&l);
-    } else {
-        emit_text(q, acc, acc_len);
-    }
-    free(acc);
-    if (client_slow(q)) {
-        req_client_gone(q, "client not reading (output over cap)");
+    if (q->client.http == NULL || q->client.evcon == NULL)
         return false;
-    }
-    if (q->pipe.stopped) {
-        if (q->fsm.state == RTR_REQ_DECODING)
-            send_stop(q);
-        release_lease(q);
-        req_complete(q, "stop");
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(q->client.evcon);
+    if (bev == NULL)
         return false;
+    uint64_t unsent = evbuffer_get_length(bufferevent_get_output(bev));
+    if ((++q->client.slow_checks & 7) == 0) {
+        int outq = 0;
+        evutil_socket_t fd = bufferevent_getfd(bev);
+        if (fd >= 0 && ioctl(fd, SIOCOUTQ, &outq) == 0 && outq > 0)
+            unsent += (uint64_t)outq;
     }
-    if (q->n_gen >= q->oai.max_tokens) {
-        /* Decode finishes by itself at max_tokens; wait for its FINISH unless
-         * it never got the request (token 0 from prefill). */
-        if (q->fsm.state != RTR_REQ_DECODING) {
-            release_lease(q);
-            req_complete(q, "length");
-            return false;
-        }
-    }
-    return true;
+    return unsent > q->r->cfg.client_max_unsent;
 }
 
-static void on_prefill_done(rtr_req_t *q, rtr_backend_t *be, const proto_prefill_done_t *pd)
+static void out_drop(rtr_req_t *q)
 {
-    rtr_t *r = q->r;
-    q->lease_id = pd->lease_id;
-    q->lease_held = true;
-    pd_stats_observe_ns(r->stats, RTR_ST_request_queue_time, pd->queue_ns);
-    if (pd->n_prompt_tokens != q->n_prompt)
-        pd_log(PD_LOG_WARN, RTR_COMP, q->id, "prefill '%s' reports %u prompt tokens, sent %u",
-               be->id, pd->n_prompt_tokens, q->n_prompt);
-    int32_t t0 = pd->first_token;
-    proto_tokens_t toks = { 1, &t0, NULL };
-    if (!req_tokens(q, &toks, &pd->logprobs))
-        return;
-    if (r->tok != NULL && eng_tok_is_eog(r->tok, t0) && !q->oai.ignore_eos &&
-        q->n_gen >= q->oai.min_tokens) {
-        release_lease(q);
-        req_complete(q, "stop");
-        return;
-    }
-    if (q->decode == NULL || q->decode->conn == NULL || q->decode->state != RTR_BE_READY) {
-        release_lease(q);
-        req_retry(q, q->decode, "target decode gone before DECODE_REQ");
-        return;
-    }
-    pd_status_t s = send_decode_req(q, pd);
-    if (s != PD_OK) {
-        release_lease(q);
-        req_retry(q, q->decode, "DECODE_REQ not sent");
-        return;
-    }
-    q->lease_held = false;   /* decode owns the lease now (it releases after its pull) */
-    rtr_req_fsm_set(&q->fsm, RTR_REQ_DECODING, pd_now_ns());
-}
-
-static void on_finish(rtr_req_t *q, const proto_finish_t *f)
-{
-    rtr_t *r = q->r;
-    if (f->queue_ns > 0 && !q->disagg)
-        pd_stats_observe_ns(r->stats, RTR_ST_request_queue_time, f->queue_ns);
-    if (q->disagg && f->transfer_ns > 0) {
-        pd_stats_observe_ns(r->stats, RTR_ST_kv_transfer, f->transfer_ns);
-        if (r->geom_fixed && r->geom.block_tokens > 0)
-            pd_stats_add(r->stats, RTR_ST_kv_transfer_bytes,
-                         (uint64_t)((q->n_prompt + r->geom.block_tokens - 1) / r->geom.block_tokens) *
-                         r->geom.block_bytes);
-    }
-    switch (f->reason) {
-    case PROTO_FINISH_STOP:
-        req_complete(q, "stop");
-        break;
-    case PROTO_FINISH_LENGTH:
-        req_complete(q, "length");
-        break;
-    default:
-        req_fail(q, 502, "backend_failed", "decode '%s' finished with %s",
-                 q->decode != NULL ? q->decode->id : "-", pd_status_name(f->status));
-        break;
-    }
-}
-
-static bool is_pull_failure(pd_status_t s)
-{
-    return s == PD_ERR_PEER_GONE || s == PD_ERR_TIMED_OUT || s == PD_ERR_STALE ||
-           s == PD_ERR_BAD_HANDLE || s == PD_ERR_EXPIRED || s == PD_ERR_TRANSPORT ||
-           s == PD_ERR_MISMATCH || s == PD_ERR_IO;
-}
-
-void rtr_http_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
-{
-    const char *id;
-    switch (msg->hdr.type) {
-    case PROTO_MSG_PREFILL_DONE: id = msg->u.prefill_done.request_id; break;
-    case PROTO_MSG_TOKENS:       id = msg->u.tokens.request_id; break;
-    case PROTO_MSG_FINISH:       id = msg->u.finish.request_id; break;
-    case PROTO_MSG_ERROR:        id = msg->u.error.request_id; break;
-    default: return;
-    }
-    rtr_req_t *q = id[0] != '\0' ? req_find(id) : NULL;
-    if (q == NULL) {
-        if (msg->hdr.type == PROTO_MSG_PREFILL_DONE) {
-            /* The request is gone (client left, stop string): give the
-             * blocks back now rather than at lease expiry. */
-            proto_msg_t m;
-            memset(&m, 0, sizeof(m));
-            m.hdr.type = PROTO_MSG_RELEASE;
-            snprintf(m.u.release.request_id, sizeof(m.u.release.request_id), "%s", id);
-            m.u.release.lease_id = msg->u.prefill_done.lease_id;
-            (void)rtr_backend_send(be, &m);
-        }
-        if (msg->hdr.type == PROTO_MSG_ERROR && id[0] == '\0')
-            pd_log(PD_LOG_WARN, RTR_COMP, NULL, "ERROR from '%s': %s: %s", be->id,
-                   pd_status_name(msg->u.error.status), msg->u.error.message);
-        else
-            pd_log(PD_LOG_DEBUG, RTR_COMP, id, "%s from '%s' for no live request",
-                   proto_msg_name(msg->hdr.type), be->id);
-        return;
-    }
-    bool from_prefill = q->fsm.state == RTR_REQ_PREFILLING && be == q->prefill;
-    bool from_decode = q->fsm.state == RTR_REQ_DECODING && be == q->decode;
-    switch (msg->hdr.type) {
-    case PROTO_MSG_PREFILL_DONE:
-        if (!from_prefill)
-            goto stale;
-        on_prefill_done(q, be, &msg->u.prefill_done);
-        return;
-    case PROTO_MSG_TOKENS:
-        if (!from_decode)
-            goto stale;
-        if (msg->u.tokens.seq != q->next_tok_seq)
-            pd_log(PD_LOG_WARN, RTR_COMP, q->id, "TOKENS seq %u from '%s', expected %u",
-                   msg->u.tokens.seq, be->id, q->next_tok_seq);
-        q->next_tok_seq = msg->u.tokens.seq + 1;
-        (void)req_tokens(q, &msg->u.tokens.tokens, &msg->u.tokens.logprobs);
-        return;
-    case PROTO_MSG_FINISH:
-        if (from_prefill) {
-            /* A prefill ends a request only with PREFILL_DONE or ERROR;
-             * treat anything else as a failed prefill. */
-            req_retry(q, NULL, "prefill sent FINISH instead of PREFILL_DONE");
-            return;
-        }
-        if (!from_decode)
-            goto stale;
-        on_finish(q, &msg->u.finish);
-        return;
-    case PROTO_MSG_ERROR: {
-        pd_status_t st = msg->u.error.status;
-        char why[PROTO_ERRMSG_MAX + 128];
-        snprintf(why, sizeof(why), "%s '%s': %s: %s", from_prefill ? "prefill" : "decode", be->id,
-                 pd_status_name(st), msg->u.error.message);
-        if (from_prefill) {
-            req_retry(q, NULL, why);
-        } else if (from_decode) {
-            if (q->disagg && is_pull_failure(st))
-                pd_stats_inc(r->stats, RTR_ST_kv_transfer_failures);
-            if (q->disagg && q->prefill != NULL) {
-                /* The handle will not be used again (the retry is
-                 * decode-local): let the prefill revoke the lease now. */
-                q->lease_held = true;
-                release_lease(q);
-            }
-            if (st == PD_ERR_NO_KV_SPACE || st == PD_ERR_OVERLOADED) {
-                if (!q->headers_sent && q->retries >= r->cfg.max_retries) {
-                    req_fail(q, 503, "overloaded", "%s", why);
-                    return;
-                }
-            }
-            req_retry(q, be, why);
-        } else {
-            goto stale;
-        }
-        return;
-    }
-    default:
-        return;
-    }
-stale:
-    pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "stale %s from '%s' in state %s: ignored",
-           proto_msg_name(msg->hdr.type), be->id, rtr_req_state_name(q->fsm.state));
-}
-
-void rtr_http_backend_down(rtr_t *r, rtr_backend_t *be)
-{
-    rtr_req_t *q = r->reqs;
-    while (q != NULL) {
-        rtr_req_t *next = q->next;   /* q may end (unlinked) below */
-        if (q->fsm.state == RTR_REQ_PREFILLING && q->prefill == be) {
-            req_retry(q, NULL, "prefill daemon down");
-        } else if (q->fsm.state == RTR_REQ_DECODING && q->decode == be) {
-            if (q->headers_sent || q->n_gen > 0)
-                req_fail(q, 502, "backend_failed", "decode daemon '%s' died mid-stream", be->id);
-            else
-                req_retry(q, be, "decode daemon down before the first token");
-        }
-        q = next;
-    }
-}
-
-/* ---- client side ------------------------------------------------------------ */
-
-static void req_client_gone(rtr_req_t *q, const char *why)
-{
-    rtr_t *r = q->r;
-    pd_stats_inc(r->stats, RTR_ST_client_disconnects);
-    pd_log(PD_LOG_INFO, RTR_COMP, q->id, "client gone in %s: %s", rtr_req_state_name(q->fsm.state),
-           why);
-    if (q->fsm.state == RTR_REQ_PREFILLING)
-        send_simple(q->prefill, PROTO_MSG_CANCEL, q, 0);
-    else if (q->fsm.state == RTR_REQ_DECODING)
-        send_simple(q->decode, PROTO_MSG_CANCEL, q, 0);
-    release_lease(q);
-    if (q->http != NULL) {
+    if (q->client.http != NULL) {
         /* Still attached to its connection: drop the connection (which
          * frees the request with it). */
-        struct evhttp_connection *evcon = q->evcon;
+        struct evhttp_connection *evcon = q->client.evcon;
         req_stop_watching(q);
-        q->http = NULL;
+        q->client.http = NULL;
         if (evcon != NULL)
             evhttp_connection_free(evcon);
     }
-    q->evcon = NULL;
-    req_end(q, RTR_REQ_CANCELED);
+    q->client.evcon = NULL;
 }
+
+static void out_ended(rtr_req_t *q)
+{
+    req_stop_watching(q);
+    if (q->r->draining && q->client.evcon != NULL)
+        flush_track(q->client.evcon);
+    q->client.http = NULL;
+}
+
+static void out_release(rtr_req_t *q)
+{
+    if (q->client.orphan != NULL)
+        evhttp_request_free(q->client.orphan);
+}
+
+static void out_idle(rtr_t *r)
+{
+    if (r->flush_timer != NULL)
+        return;
+    r->flush_timer = event_new(r->base, -1, EV_PERSIST, flush_tick, r);
+    struct timeval tv = { 0, 2000 };
+    if (r->flush_timer == NULL || event_add(r->flush_timer, &tv) != 0)
+        pd_loop_stop(r->loop);
+}
+
+const rtr_flow_out_t rtr_http_out = {
+    .attached = out_attached,
+    .stream_open = out_stream_open,
+    .write = out_write,
+    .stream_end = out_stream_end,
+    .reply = out_reply,
+    .slow = out_slow,
+    .drop = out_drop,
+    .ended = out_ended,
+    .release = out_release,
+    .idle = out_idle,
+    .send = rtr_backend_send,
+};
+
+/* ---- client watchers -------------------------------------------------------- */
 
 static void on_conn_close(struct evhttp_connection *evcon, void *arg)
 {
     rtr_req_t *q = arg;
-    if (q->watch != NULL) {
-        event_free(q->watch);
-        q->watch = NULL;
+    rtr_client_t *c = &q->client;
+    if (c->watch != NULL) {
+        event_free(c->watch);
+        c->watch = NULL;
     }
-    if (q->http != NULL && evhttp_request_get_connection(q->http) == NULL)
-        q->orphan = q->http;      /* detached by libevent: ours to free */
-    q->http = NULL;               /* never touch it again */
-    q->evcon = NULL;              /* being freed by libevent */
-    req_client_gone(q, "connection closed");
+    if (c->http != NULL && evhttp_request_get_connection(c->http) == NULL)
+        c->orphan = c->http;      /* detached by libevent: ours to free */
+    c->http = NULL;               /* never touch it again */
+    c->evcon = NULL;              /* being freed by libevent */
+    rtr_flow_client_gone(q, "connection closed");
 }
 
 static void on_client_readable(evutil_socket_t fd, short what, void *arg)
@@ -999,25 +325,13 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
     if (n > 0) {
         /* A pipelined request: evhttp reads it after this one; stop
          * watching (the close callback still covers write errors). */
-        event_free(q->watch);
-        q->watch = NULL;
+        event_free(q->client.watch);
+        q->client.watch = NULL;
         return;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         return;
-    req_client_gone(q, n == 0 ? "EOF" : strerror(errno));
-}
-
-static void on_req_timeout(evutil_socket_t fd, short what, void *arg)
-{
-    rtr_req_t *q = arg;
-    if (q->fsm.state == RTR_REQ_PREFILLING)
-        send_simple(q->prefill, PROTO_MSG_CANCEL, q, 0);
-    else if (q->fsm.state == RTR_REQ_DECODING)
-        send_simple(q->decode, PROTO_MSG_CANCEL, q, 0);
-    release_lease(q);
-    req_fail(q, 504, "timeout", "request timed out in state %s",
-             rtr_req_state_name(q->fsm.state));
+    rtr_flow_client_gone(q, n == 0 ? "EOF" : strerror(errno));
 }
 
 /* ---- request intake ------------------------------------------------------- */
@@ -1114,7 +428,7 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
     struct evbuffer *in = evhttp_request_get_input_buffer(h);
     size_t len = evbuffer_get_length(in);
     if (len > r->cfg.max_body) {
-        pd_stats_inc(r->stats, RTR_ST_requests_rejected);
+        pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_status(r, h, reqid, 413, "invalid_request_error", "request_too_large", NULL,
                      "request body is %zu bytes; the limit is %" PRIu64, len, r->cfg.max_body);
         return;
@@ -1133,14 +447,14 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
     memset(&o, 0, sizeof(o));
     pd_status_t s = rtr_oai_parse(api, body != NULL ? body : "", len, &lim, &o, &err);
     if (s != PD_OK) {
-        pd_stats_inc(r->stats, RTR_ST_requests_rejected);
+        pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         if (s == PD_ERR_NO_MEMORY)
             rtr_oai_error_set(&err, 500, "server_error", NULL, NULL, "out of memory");
         reply_error(r, h, &err, reqid);
         return;
     }
     if (o.model[0] != '\0' && strcmp(o.model, r->model_name) != 0) {
-        pd_stats_inc(r->stats, RTR_ST_requests_rejected);
+        pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_status(r, h, reqid, 404, "invalid_request_error", "model_not_found", "model",
                      "The model '%s' does not exist; this server serves '%s'", o.model,
                      r->model_name);
@@ -1151,7 +465,7 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
     uint32_t n_ids = 0;
     s = tokenize(r, &o, &ids, &n_ids, &err);
     if (s != PD_OK) {
-        pd_stats_inc(r->stats, RTR_ST_requests_rejected);
+        pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         if (s != PD_ERR_BAD_INPUT)
             rtr_oai_error_set(&err, 500, "server_error", NULL, NULL, "tokenizer: %s",
                               pd_status_str(s));
@@ -1160,14 +474,14 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
         return;
     }
     if (n_ids == 0) {
-        pd_stats_inc(r->stats, RTR_ST_requests_rejected);
+        pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_status(r, h, reqid, 400, "invalid_request_error", NULL, "prompt",
                      "the prompt is empty after tokenization");
         goto out;
     }
     if (n_ids > PROTO_MAX_PROMPT_TOKENS ||
         (r->context_length != 0 && (uint64_t)n_ids + o.max_tokens > r->context_length)) {
-        pd_stats_inc(r->stats, RTR_ST_requests_rejected);
+        pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_status(r, h, reqid, 400, "invalid_request_error", "context_length_exceeded",
                      api == RTR_API_CHAT ? "messages" : "prompt",
                      "This model's maximum context length is %u tokens. However, you requested "
@@ -1177,119 +491,58 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
         goto out;
     }
     if (o.n_stop > ENG_STOP_MAX) {
-        pd_stats_inc(r->stats, RTR_ST_requests_rejected);
+        pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_status(r, h, reqid, 400, "invalid_request_error", NULL, "stop",
                      "at most %d stop strings", ENG_STOP_MAX);
         goto out;
     }
     if (r->draining) {
-        pd_stats_inc(r->stats, RTR_ST_requests_overloaded);
+        pd_stats_inc(r->stats, RTR_STAT_requests_overloaded);
         reply_status(r, h, reqid, 503, "server_error", "shutting_down", NULL,
                      "the router is draining");
         goto out;
     }
     if (r->n_reqs >= r->cfg.max_concurrent) {
-        pd_stats_inc(r->stats, RTR_ST_requests_overloaded);
+        pd_stats_inc(r->stats, RTR_STAT_requests_overloaded);
         reply_status(r, h, reqid, 429, "rate_limit_error", "too_many_requests", NULL,
                      "too many requests in flight (%u); retry later", r->n_reqs);
         goto out;
     }
     /* Route: a decode always, a prefill when disaggregating. */
-    uint32_t thr = (uint32_t)r->cfg.disagg_threshold;
-    bool prefill_up = rtr_have_backend(r, PROTO_CAP_PREFILL);
-    bool disagg = rtr_should_disaggregate((rtr_disagg_mode_t)r->cfg.disagg_mode, n_ids, thr,
-                                          prefill_up);
-    rtr_req_t tmp_q = { .n_prompt = n_ids, .r = r };
-    tmp_q.oai.max_tokens = o.max_tokens;
-    rtr_backend_t *dec = rtr_pick_backend(r, PROTO_CAP_DECODE, needed_blocks(&tmp_q), NULL);
-    rtr_backend_t *pre = disagg ? rtr_pick_backend(r, PROTO_CAP_PREFILL, 0, NULL) : NULL;
+    rtr_backend_t *dec, *pre;
+    bool disagg = rtr_flow_route(r, n_ids, o.max_tokens, &dec, &pre);
     if (dec == NULL || (disagg && pre == NULL)) {
-        pd_stats_inc(r->stats, RTR_ST_requests_overloaded);
+        pd_stats_inc(r->stats, RTR_STAT_requests_overloaded);
         reply_status(r, h, reqid, 503, "server_error", "no_backend", NULL,
                      "no %s daemon is available; retry later", dec == NULL ? "decode" : "prefill");
         goto out;
     }
 
     /* Accepted. */
-    rtr_req_t *q = calloc(1, sizeof(*q));
-    if (q == NULL) {
+    rtr_req_t *q;
+    s = rtr_flow_new(r, reqid, api, &o, &ids, n_ids, &q);
+    if (s == PD_ERR_NO_MEMORY) {
         reply_status(r, h, reqid, 500, "server_error", NULL, NULL, "out of memory");
         goto out;
     }
-    q->r = r;
-    q->http = h;
-    q->evcon = evhttp_request_get_connection(h);
-    snprintf(q->id, sizeof(q->id), "%s", reqid);
-    snprintf(q->resp_id, sizeof(q->resp_id), "%s%s", api == RTR_API_CHAT ? "chatcmpl-" : "cmpl-",
-             reqid);
-    q->t_accept = pd_now_ns();
-    q->created = (int64_t)time(NULL);
-    rtr_req_fsm_init(&q->fsm, q->t_accept);
-    if (!o.seed_set) /* a fresh seed per request, in the range "seed" accepts */
-        o.seed = randombytes_uniform(1u << 31) * (1ull << 22) + randombytes_uniform(1u << 22);
-    q->oai = o;
-    memset(&o, 0, sizeof(o));
-    q->prompt = ids;
-    q->n_prompt = n_ids;
-    ids = NULL;
-    if (rtr_textpipe_init(&q->pipe, r->tok, (const char *const *)q->oai.stop, q->oai.n_stop) !=
-        PD_OK) {
+    if (s != PD_OK) {
         reply_status(r, h, reqid, 400, "invalid_request_error", NULL, "stop", "bad stop strings");
-        req_free(q);
         goto out;
     }
-    req_link(r, q);
-    pd_stats_inc(r->stats, RTR_ST_requests_accepted);
-    pd_stats_gauge_add(r->stats, RTR_ST_requests_inflight, 1);
-    pd_stats_add(r->stats, RTR_ST_prompt_tokens, n_ids);
-    rtr_req_fsm_set(&q->fsm, RTR_REQ_ROUTED, pd_now_ns());
-
-    if (q->evcon != NULL) {
-        evhttp_connection_set_closecb(q->evcon, on_conn_close, q);
-        struct bufferevent *bev = evhttp_connection_get_bufferevent(q->evcon);
+    rtr_client_t *c = &q->client;
+    c->http = h;
+    c->evcon = evhttp_request_get_connection(h);
+    if (c->evcon != NULL) {
+        evhttp_connection_set_closecb(c->evcon, on_conn_close, q);
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(c->evcon);
         evutil_socket_t fd = bev != NULL ? bufferevent_getfd(bev) : -1;
         if (fd >= 0) {
-            q->watch = event_new(r->base, fd, EV_READ | EV_PERSIST, on_client_readable, q);
-            if (q->watch != NULL)
-                event_add(q->watch, NULL);
+            c->watch = event_new(r->base, fd, EV_READ | EV_PERSIST, on_client_readable, q);
+            if (c->watch != NULL)
+                event_add(c->watch, NULL);
         }
     }
-    q->timer = event_new(r->base, -1, 0, on_req_timeout, q);
-    if (q->timer != NULL) {
-        struct timeval tv = { (time_t)(r->cfg.request_timeout / 1000000000ull),
-                              (suseconds_t)(r->cfg.request_timeout % 1000000000ull / 1000) };
-        event_add(q->timer, &tv);
-    }
-    pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "accepted %s: %u prompt tokens, max_tokens %u, %s%s%s",
-           api == RTR_API_CHAT ? "chat" : "completion", n_ids, q->oai.max_tokens,
-           disagg ? "prefill on " : "local", disagg ? pre->id : "", q->oai.stream ? " stream" : "");
-
-    req_set_backend(&q->decode, dec);
-    if (disagg) {
-        req_set_backend(&q->prefill, pre);
-        q->disagg = true;
-        pd_stats_inc(r->stats, RTR_ST_requests_disaggregated);
-        proto_msg_t m;
-        memset(&m, 0, sizeof(m));
-        m.hdr.type = PROTO_MSG_PREFILL_REQ;
-        proto_prefill_req_t *p = &m.u.prefill_req;
-        snprintf(p->request_id, sizeof(p->request_id), "%s", q->id);
-        p->prompt.n = q->n_prompt;
-        p->prompt.v = q->prompt;
-        fill_sampling(q, &p->sampling);
-        snprintf(p->target_decode_id, sizeof(p->target_decode_id), "%s", dec->id);
-        p->deadline_ns = req_budget_ns(q);
-        s = rtr_backend_send(pre, &m);
-        if (s == PD_OK) {
-            rtr_req_fsm_set(&q->fsm, RTR_REQ_PREFILLING, pd_now_ns());
-            return;
-        }
-        pd_log(PD_LOG_WARN, RTR_COMP, q->id, "PREFILL_REQ to '%s' not sent (%s): decode-local",
-               pre->id, pd_status_name(s));
-    } else {
-        pd_stats_inc(r->stats, RTR_ST_requests_local);
-    }
-    req_go_local(q, NULL, NULL);
+    rtr_flow_start(q, dec, disagg ? pre : NULL);
     return;
 out:
     free(ids);
@@ -1353,12 +606,12 @@ static void on_http(struct evhttp_request *h, void *arg)
     http_set_nodelay(h);
     const char *hid = evhttp_find_header(evhttp_request_get_input_headers(h), "X-Request-Id");
     if (hid != NULL && !rtr_reqid_valid(hid, strlen(hid))) {
-        pd_stats_inc(r->stats, RTR_ST_requests_rejected);
+        pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_status(r, h, NULL, 400, "invalid_request_error", "invalid_request_id", NULL,
                      "X-Request-Id must be 1-64 printable ASCII characters without spaces");
         return;
     }
-    if (hid != NULL && req_find(hid) == NULL) {
+    if (hid != NULL && rtr_flow_find(hid) == NULL) {
         snprintf(reqid, sizeof(reqid), "%s", hid);
     } else {
         /* Absent, or already in flight (ids must be unique on the control
@@ -1404,7 +657,7 @@ static void on_http(struct evhttp_request *h, void *arg)
     }
     bool is_v1 = strncmp(path, "/v1/", 4) == 0;
     if (is_v1 && !check_api_key(r, h)) {
-        pd_stats_inc(r->stats, RTR_ST_requests_rejected);
+        pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_status(r, h, reqid, 401, "invalid_request_error", "invalid_api_key", NULL,
                      "Incorrect or missing API key (Authorization: Bearer ...)");
         return;
@@ -1422,7 +675,7 @@ static void on_http(struct evhttp_request *h, void *arg)
         handle_generate(r, h, chat ? RTR_API_CHAT : RTR_API_COMPLETIONS, reqid);
         return;
     }
-    pd_stats_inc(r->stats, RTR_ST_requests_rejected);
+    pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
     if (cmpl || chat || strcmp(path, "/v1/models") == 0 || strcmp(path, "/health") == 0 ||
         strcmp(path, "/ready") == 0 || strcmp(path, "/metrics") == 0)
         reply_status(r, h, reqid, 405, "invalid_request_error", "method_not_allowed", NULL,
@@ -1495,15 +748,7 @@ static void drain_timeout(evutil_socket_t fd, short what, void *arg)
     rtr_t *r = arg;
     pd_log(PD_LOG_WARN, RTR_COMP, NULL, "drain timeout: failing %u requests still in flight",
            r->n_reqs);
-    while (r->reqs != NULL) {
-        rtr_req_t *q = r->reqs;
-        if (q->fsm.state == RTR_REQ_PREFILLING)
-            send_simple(q->prefill, PROTO_MSG_CANCEL, q, 0);
-        else if (q->fsm.state == RTR_REQ_DECODING)
-            send_simple(q->decode, PROTO_MSG_CANCEL, q, 0);
-        release_lease(q);
-        req_fail(q, 503, "shutting_down", "router shutting down");
-    }
+    rtr_flow_fail_all(r, "router shutting down");
     pd_loop_stop(r->loop);
 }
 
@@ -1522,25 +767,16 @@ void rtr_http_drain(rtr_t *r)
     }
     r->drain_timer = event_new(r->base, -1, 0, drain_timeout, r);
     if (r->drain_timer != NULL) {
-        struct timeval tv = { (time_t)(r->cfg.drain_timeout / 1000000000ull),
-                              (suseconds_t)(r->cfg.drain_timeout % 1000000000ull / 1000) };
+        struct timeval tv = pd_ns_to_timeval(r->cfg.drain_timeout_ns);
         event_add(r->drain_timer, &tv);
     }
-    maybe_drained(r);
+    rtr_flow_check_idle(r);
 }
 
 void rtr_http_stop(rtr_t *r)
 {
     /* Whatever is still in flight ends here (SIGINT / drain timeout). */
-    while (r->reqs != NULL) {
-        rtr_req_t *q = r->reqs;
-        if (q->fsm.state == RTR_REQ_PREFILLING)
-            send_simple(q->prefill, PROTO_MSG_CANCEL, q, 0);
-        else if (q->fsm.state == RTR_REQ_DECODING)
-            send_simple(q->decode, PROTO_MSG_CANCEL, q, 0);
-        release_lease(q);
-        req_fail(q, 503, "shutting_down", "router stopping");
-    }
+    rtr_flow_fail_all(r, "router stopping");
     if (r->drain_timer != NULL) {
         event_free(r->drain_timer);
         r->drain_timer = NULL;
@@ -1553,36 +789,4 @@ void rtr_http_stop(rtr_t *r)
         evhttp_free(r->http);
         r->http = NULL;
     }
-}
-
-pd_status_t rtr_admin_requests(pd_admin_req_t *req, cJSON *reply)
-{
-    rtr_t *r = req->arg;
-    cJSON *arr = cJSON_AddArrayToObject(reply, "requests");
-    if (arr == NULL)
-        return PD_ERR_NO_MEMORY;
-    uint64_t now = pd_now_ns();
-    for (rtr_req_t *q = r->reqs; q != NULL; q = q->next) {
-        cJSON *o = cJSON_CreateObject();
-        if (o == NULL)
-            return PD_ERR_NO_MEMORY;
-        cJSON_AddItemToArray(arr, o);
-        cJSON_AddStringToObject(o, "request_id", q->id);
-        cJSON_AddStringToObject(o, "state", rtr_req_state_name(q->fsm.state));
-        cJSON_AddStringToObject(o, "prefill", q->prefill != NULL ? q->prefill->id : "");
-        cJSON_AddStringToObject(o, "decode", q->decode != NULL ? q->decode->id : "");
-        cJSON_AddBoolToObject(o, "disaggregated", q->disagg);
-        cJSON_AddBoolToObject(o, "stream", q->oai.stream);
-        cJSON_AddNumberToObject(o, "prompt_tokens", q->n_prompt);
-        cJSON_AddNumberToObject(o, "generated", q->n_gen);
-        cJSON_AddNumberToObject(o, "retries", q->retries);
-        cJSON_AddNumberToObject(o, "age_ms", (double)(now - q->t_accept) / 1e6);
-        cJSON *ph = cJSON_AddObjectToObject(o, "state_entered_ms");
-        for (int s = 0; s < RTR_REQ__COUNT && ph != NULL; s++)
-            if (q->fsm.enter_ns[s] != 0)
-                cJSON_AddNumberToObject(ph, rtr_req_state_name((rtr_req_state_t)s),
-                                        (double)(q->fsm.enter_ns[s] - q->t_accept) / 1e6);
-    }
-    cJSON_AddNumberToObject(reply, "in_flight", r->n_reqs);
-    return PD_OK;
 }

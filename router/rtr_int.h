@@ -1,6 +1,7 @@
 /* rtr_int.h - pd-router internals shared by rtr_main.c (config, boot,
- * admin), rtr_ctl.c (control plane: registration, heartbeats, backends) and
- * rtr_http.c (evhttp front end and the request flow). Not a public API. */
+ * admin), rtr_ctl.c (control plane: registration, heartbeats, backends),
+ * rtr_flow.c (the request life cycle, see rtr_flow.h) and rtr_http.c (the
+ * evhttp front end). Not a public API. */
 #ifndef RTR_INT_H
 #define RTR_INT_H
 
@@ -47,10 +48,10 @@ typedef struct {
     uint64_t max_concurrent;
     uint64_t max_retries;
     uint64_t context_length;
-    uint64_t heartbeat_interval;  /* ns */
-    uint64_t request_timeout;     /* ns */
-    uint64_t drain_timeout;       /* ns */
-    uint64_t lease;               /* ns, announced in REGISTER_ACK */
+    uint64_t heartbeat_interval_ns;
+    uint64_t request_timeout_ns;
+    uint64_t drain_timeout_ns;
+    uint64_t lease_ns;            /* announced in REGISTER_ACK */
     uint64_t retry_after;         /* seconds, Retry-After on 429/503 */
     uint64_t client_max_unsent;   /* bytes queued to a client before it is dropped */
     char *ready_file;
@@ -84,8 +85,8 @@ typedef struct {
     X(finish_stop,         COUNTER,   "Completed requests with finish_reason stop") \
     X(finish_length,       COUNTER,   "Completed requests with finish_reason length")
 
-#define RTR_STAT_ID(name, kind, help) RTR_ST_##name,
-typedef enum { RTR_STATS(RTR_STAT_ID) RTR_ST__COUNT } rtr_stat_id_t;
+#define RTR_STAT_ID(name, kind, help) RTR_STAT_##name,
+typedef enum { RTR_STATS(RTR_STAT_ID) RTR_STAT__COUNT } rtr_stat_id_t;
 
 #define RTR_BE_STATS(X)                                                          \
     X(state,        GAUGE, "Backend state: 0 down, 1 ready, 2 drain, 3 maint")    \
@@ -95,8 +96,8 @@ typedef enum { RTR_STATS(RTR_STAT_ID) RTR_ST__COUNT } rtr_stat_id_t;
     X(total_blocks, GAUGE, "Total KV blocks (last heartbeat)")                    \
     X(assigned,     GAUGE, "Router requests currently assigned")
 
-#define RTR_BE_STAT_ID(name, kind, help) RTR_BE_##name,
-typedef enum { RTR_BE_STATS(RTR_BE_STAT_ID) RTR_BE__COUNT } rtr_be_stat_id_t;
+#define RTR_BE_STAT_ID(name, kind, help) RTR_BE_STAT_##name,
+typedef enum { RTR_BE_STATS(RTR_BE_STAT_ID) RTR_BE_STAT__COUNT } rtr_be_stat_id_t;
 
 /* ---- backends ----------------------------------------------------------- */
 typedef enum {
@@ -133,6 +134,7 @@ typedef struct {
 } rtr_ctlconn_t;
 
 typedef struct rtr_req rtr_req_t;
+typedef struct rtr_flow_out rtr_flow_out_t;
 
 struct rtr {
     rtr_cfg_t cfg;
@@ -171,13 +173,19 @@ struct rtr {
     uint16_t http_port;
     uint16_t ctl_port;
 
-    /* requests */
+    /* requests (rtr_flow.c) and where they go out (rtr_flow.h) */
+    const rtr_flow_out_t *out;
     rtr_req_t *reqs;                 /* doubly linked list of live requests */
     uint32_t n_reqs;
     uint64_t next_seq;
     bool draining;
     struct event *drain_timer;
     struct event *flush_timer;       /* draining: waits for responses to flush */
+
+    /* What the control plane hands on (rtr_ctl.c calls these, rtr_main.c
+     * sets them to rtr_flow_on_msg / rtr_flow_backend_down). */
+    void (*on_backend_msg)(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg);
+    void (*on_backend_down)(rtr_t *r, rtr_backend_t *be);
 };
 
 /* rtr_ctl.c */
@@ -193,13 +201,13 @@ const char *rtr_be_state_name(rtr_be_state_t s);
 pd_status_t rtr_admin_backends(pd_admin_req_t *req, struct cJSON *reply);
 pd_status_t rtr_admin_set_backend(pd_admin_req_t *req, struct cJSON *reply);
 
-/* rtr_http.c */
+/* rtr_http.c: the evhttp front end and its output calls for the flow */
 pd_status_t rtr_http_start(rtr_t *r);
 void rtr_http_stop(rtr_t *r);
-void rtr_http_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg);
-/* A backend went down: retry or fail its requests. */
-void rtr_http_backend_down(rtr_t *r, rtr_backend_t *be);
 void rtr_http_drain(rtr_t *r);
+extern const rtr_flow_out_t rtr_http_out;
+
+/* rtr_flow.c */
 pd_status_t rtr_admin_requests(pd_admin_req_t *req, struct cJSON *reply);
 
 #endif

@@ -1,7 +1,7 @@
 /* rtr_main.c - pd-router: configuration, boot, admin commands, ready file,
  * SIGTERM drain. The control plane lives in rtr_ctl.c, the HTTP front end
  * and the request flow in rtr_http.c. */
-#include "rtr_int.h"
+#include "rtr_flow.h"
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -77,11 +77,11 @@ static const pd_cfg_field_t rtr_cfg_fields[] = {
     ROW(max_retries, "max-retries", UINT, "2", "decode-local retries per request", 0, 16),
     ROW(context_length, "context-length", UINT, "0",
         "context length (0: from the model, else from the first daemon)", 0, 1e9),
-    ROW(heartbeat_interval, "heartbeat-interval", DURATION, "500ms",
+    ROW(heartbeat_interval_ns, "heartbeat-interval", DURATION, "500ms",
         "heartbeat period (idle for 3 periods = down)", 1e6, 6e10),
-    ROW(request_timeout, "request-timeout", DURATION, "600s", "end-to-end request budget", 1e6, 864e11),
-    ROW(drain_timeout, "drain-timeout", DURATION, "30s", "SIGTERM: wait this long for streams", 0, 36e11),
-    ROW(lease, "lease-ttl", DURATION, "30s", "KV lease length announced to daemons", 1e6, 36e11),
+    ROW(request_timeout_ns, "request-timeout", DURATION, "600s", "end-to-end request budget", 1e6, 864e11),
+    ROW(drain_timeout_ns, "drain-timeout", DURATION, "30s", "SIGTERM: wait this long for streams", 0, 36e11),
+    ROW(lease_ns, "lease-ttl", DURATION, "30s", "KV lease length announced to daemons", 1e6, 36e11),
     ROW(retry_after, "retry-after", UINT, "1", "Retry-After seconds on 429/503", 1, 3600),
     ROW(client_max_unsent, "client-max-unsent", SIZE, "8MiB",
         "response bytes queued to a client that does not read before it is dropped", 4096, 1e10),
@@ -301,6 +301,9 @@ int main(int argc, char **argv)
         pd_admin_register(r->admin, rtr_admin_cmds, r);
         pd_admin_add_stats(r->admin, r->stats);
     }
+    r->out = &rtr_http_out;
+    r->on_backend_msg = rtr_flow_on_msg;
+    r->on_backend_down = rtr_flow_backend_down;
     s = rtr_ctl_start(r);
     if (s != PD_OK) {
         pd_log(PD_LOG_ERROR, RTR_COMP, NULL, "control listener %s: %s", r->cfg.control,
@@ -324,10 +327,10 @@ int main(int argc, char **argv)
     rc = s == PD_OK ? 0 : 1;
     pd_log(PD_LOG_INFO, RTR_COMP, NULL, "exiting: accepted %" PRIu64 " = completed %" PRIu64
            " + failed %" PRIu64 " + canceled %" PRIu64 " (+%u in flight)",
-           pd_stats_counter(r->stats, RTR_ST_requests_accepted),
-           pd_stats_counter(r->stats, RTR_ST_requests_completed),
-           pd_stats_counter(r->stats, RTR_ST_requests_failed),
-           pd_stats_counter(r->stats, RTR_ST_requests_canceled), r->n_reqs);
+           pd_stats_counter(r->stats, RTR_STAT_requests_accepted),
+           pd_stats_counter(r->stats, RTR_STAT_requests_completed),
+           pd_stats_counter(r->stats, RTR_STAT_requests_failed),
+           pd_stats_counter(r->stats, RTR_STAT_requests_canceled), r->n_reqs);
 err_http:
     rtr_http_stop(r);
 err_ctl:

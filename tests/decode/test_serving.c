@@ -28,6 +28,7 @@
 #include <event2/event.h>
 
 #include "eng_sample.h"
+#include "pd_e2e.h"
 #include "proto_samples.h"
 #include "pd_time.h"
 #include "proto_auth.h"
@@ -431,32 +432,7 @@ static void kill_proc(proc_t *p)
 /* One admin command -> parsed JSON reply (caller deletes). */
 static cJSON *admin(proc_t *p, const char *cmd)
 {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_un a;
-    memset(&a, 0, sizeof(a));
-    a.sun_family = AF_UNIX;
-    memcpy(a.sun_path, p->sock, strlen(p->sock) + 1);
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        close(fd);
-        return NULL;
-    }
-    char line[256];
-    int n = snprintf(line, sizeof(line), "%s\n", cmd);
-    assert_int_equal(write(fd, line, (size_t)n), n);
-    static char buf[1 << 20];
-    size_t len = 0;
-    while (len < sizeof(buf) - 1) {
-        ssize_t r = read(fd, buf + len, sizeof(buf) - 1 - len);
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-        if (buf[len - 1] == '\n')
-            break;
-    }
-    close(fd);
-    buf[len] = '\0';
-    return cJSON_Parse(buf);
+    return e2e_admin(p->sock, cmd);
 }
 
 static double jnum(const cJSON *o, const char *path1, const char *path2)

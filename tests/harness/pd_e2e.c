@@ -751,6 +751,41 @@ int e2e_http_read(int fd, char **buf, size_t *len, const char *needle, double ti
     }
 }
 
+int e2e_count_data(const char *buf)
+{
+    int n = 0;
+    for (const char *p = buf; p && (p = strstr(p, "data: ")) != NULL; p += 6)
+        n++;
+    return n;
+}
+
+int e2e_wait_chunks(int fd, char **buf, size_t *len, int n, double timeout_s)
+{
+    double end = e2e_now() + timeout_s;
+    while (e2e_count_data(*buf) < n && e2e_now() < end)
+        if (e2e_http_read(fd, buf, len, NULL, 0.05) != 0)
+            break;   /* EOF or error */
+    return e2e_count_data(*buf);
+}
+
+int e2e_stream_open(uint16_t port, const char *path, const char *extra_headers,
+                    const char *body, int n, double timeout_s, char **buf, size_t *len,
+                    int *got)
+{
+    *buf = NULL;
+    *len = 0;
+    *got = 0;
+    int fd = e2e_http_connect(port);
+    if (fd < 0)
+        return -1;
+    if (e2e_http_send(fd, "POST", path, extra_headers, body, strlen(body)) != 0) {
+        close(fd);
+        return -1;
+    }
+    *got = e2e_wait_chunks(fd, buf, len, n, timeout_s);
+    return fd;
+}
+
 void e2e_http_parse(const char *raw, size_t len, e2e_resp_t *r)
 {
     int timed_out = r->timed_out;

@@ -117,6 +117,18 @@ int e2e_http_send(int fd, const char *method, const char *path, const char *extr
  * Raw bytes accumulate in *buf (malloc'd, NUL-terminated). 1 found / EOF,
  * 0 timeout, -1 error. */
 int e2e_http_read(int fd, char **buf, size_t *len, const char *needle, double timeout_s);
+/* `data: ` lines in raw bytes so far (NULL: 0). */
+int e2e_count_data(const char *buf);
+/* Keep reading fd into *buf / *len until it holds at least n `data: `
+ * chunks, EOF or timeout_s. Returns the chunks counted. */
+int e2e_wait_chunks(int fd, char **buf, size_t *len, int n, double timeout_s);
+/* Open a stream: connect, send POST path (extra_headers, body), wait for n
+ * chunks (e2e_wait_chunks). Returns the fd (the caller closes it; -1 when
+ * the connection or the send failed) with what was read in *buf / *len
+ * (the caller frees) and the chunk count in *got. */
+int e2e_stream_open(uint16_t port, const char *path, const char *extra_headers,
+                    const char *body, int n, double timeout_s, char **buf, size_t *len,
+                    int *got);
 /* Parse raw bytes into resp (de-chunking). */
 void e2e_http_parse(const char *raw, size_t len, e2e_resp_t *r);
 /* One whole request. */

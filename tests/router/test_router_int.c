@@ -34,6 +34,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
+#include "pd_e2e.h"
 #include "proto_auth.h"
 #include "proto_conn.h"
 
@@ -650,28 +651,7 @@ static char *long_prompt_body(const char *extra)
 
 static cJSON *admin(const char *cmd)
 {
-    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    struct sockaddr_un sa = { .sun_family = AF_UNIX };
-    size_t sl = strlen(g.sock);
-    assert_true(sl < sizeof(sa.sun_path));
-    memcpy(sa.sun_path, g.sock, sl + 1);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    char line[256];
-    int n = snprintf(line, sizeof(line), "%s\n", cmd);
-    assert_int_equal(write(fd, line, (size_t)n), n);
-    static char buf[1 << 16];
-    size_t got = 0;
-    while (got < sizeof(buf) - 1) {
-        ssize_t r = read(fd, buf + got, sizeof(buf) - 1 - got);
-        if (r <= 0)
-            break;
-        got += (size_t)r;
-        if (buf[got - 1] == '\n')
-            break;
-    }
-    buf[got] = '\0';
-    close(fd);
-    cJSON *j = cJSON_Parse(buf);
+    cJSON *j = e2e_admin(g.sock, cmd);
     assert_non_null(j);
     return j;
 }

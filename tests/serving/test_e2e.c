@@ -1105,8 +1105,6 @@ static void test_bad_inputs(void **st)
     quiet_ok(&g_a);
 }
 
-static int count_data(const char *buf);
-
 /* --max-concurrent=4: four streams in flight, the fifth gets 429 with
  * Retry-After and the envelope; the four are canceled by disconnecting and
  * every pool comes back. */
@@ -1117,16 +1115,13 @@ static void test_overload_429(void **st)
                       "\"stream\":true}";
     int fds[4];
     for (int i = 0; i < 4; i++) {
-        fds[i] = e2e_http_connect(g_a.http_port);
+        char *buf;
+        size_t len;
+        int got;
+        fds[i] = e2e_stream_open(g_a.http_port, "/v1/completions", AUTH, req, 1, 20, &buf, &len,
+                                 &got);
         assert_true(fds[i] >= 0);
-        assert_int_equal(e2e_http_send(fds[i], "POST", "/v1/completions", AUTH, req, strlen(req)), 0);
-        char *buf = NULL;
-        size_t len = 0;
-        double end = e2e_now() + 20;
-        while (count_data(buf) < 1 && e2e_now() < end)
-            if (e2e_http_read(fds[i], &buf, &len, NULL, 0.05) != 0)
-                break;
-        assert_true(count_data(buf) >= 1);
+        assert_true(got >= 1);
         free(buf);
     }
     e2e_resp_t r;
@@ -1159,14 +1154,6 @@ static const char *LONG_STREAM =
     "{\"prompt\":\"Tell me a very long story about the sea and the stars\","
     "\"max_tokens\":3000,\"ignore_eos\":true,\"temperature\":0,\"stream\":true}";
 
-static int count_data(const char *buf)
-{
-    int n = 0;
-    for (const char *p = buf; p && (p = strstr(p, "data: ")) != NULL; p += 6)
-        n++;
-    return n;
-}
-
 static void test_cancel_disconnect(void **st)
 {
     (void)st;
@@ -1182,11 +1169,7 @@ static void test_cancel_disconnect(void **st)
             /* mid-stream: wait for a few tokens, then vanish */
             char *buf = NULL;
             size_t len = 0;
-            double end = e2e_now() + 20;
-            while (count_data(buf) < 4 && e2e_now() < end)
-                if (e2e_http_read(fd, &buf, &len, NULL, 0.05) != 0)
-                    break;   /* EOF or error */
-            if (count_data(buf) >= 4)
+            if (e2e_wait_chunks(fd, &buf, &len, 4, 20) >= 4)
                 mid++;
             free(buf);
         }
@@ -1282,17 +1265,13 @@ static void test_kill_decode_midstream(void **st)
 {
     (void)st;
     e2e_proc_t *dec = &g_a.decode[0];
-    int fd = e2e_http_connect(g_a.http_port);
+    char *buf;
+    size_t len;
+    int got;
+    int fd = e2e_stream_open(g_a.http_port, "/v1/completions", NULL, LONG_STREAM, 4, 20,
+                             &buf, &len, &got);
     assert_true(fd >= 0);
-    assert_int_equal(e2e_http_send(fd, "POST", "/v1/completions", NULL, LONG_STREAM,
-                                   strlen(LONG_STREAM)), 0);
-    char *buf = NULL;
-    size_t len = 0;
-    double end = e2e_now() + 20;
-    while (count_data(buf) < 4 && e2e_now() < end)
-        if (e2e_http_read(fd, &buf, &len, NULL, 0.05) != 0)
-            break;   /* EOF or error */
-    assert_true(count_data(buf) >= 4);
+    assert_true(got >= 4);
     assert_int_equal(e2e_proc_signal(dec, SIGKILL), 0);
     double t0 = e2e_now();
     int rc = e2e_http_read(fd, &buf, &len, NULL, 15.0);
@@ -1381,16 +1360,13 @@ static void test_drain_decode_midstream(void **st)
     assert_true(e2e_proc_alive(dec));
     const char *req = "{\"prompt\":\"Drain me gently\",\"max_tokens\":300,\"ignore_eos\":true,"
                       "\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}";
-    int fd = e2e_http_connect(g_a.http_port);
+    char *buf;
+    size_t len;
+    int got;
+    int fd = e2e_stream_open(g_a.http_port, "/v1/completions", NULL, req, 4, 20,
+                             &buf, &len, &got);
     assert_true(fd >= 0);
-    assert_int_equal(e2e_http_send(fd, "POST", "/v1/completions", NULL, req, strlen(req)), 0);
-    char *buf = NULL;
-    size_t len = 0;
-    double end = e2e_now() + 20;
-    while (count_data(buf) < 4 && e2e_now() < end)
-        if (e2e_http_read(fd, &buf, &len, NULL, 0.05) != 0)
-            break;
-    assert_true(count_data(buf) >= 4);
+    assert_true(got >= 4);
     assert_int_equal(e2e_proc_signal(dec, SIGTERM), 0);
     assert_int_equal(e2e_http_read(fd, &buf, &len, NULL, 30.0), 1);
     close(fd);
@@ -1410,7 +1386,7 @@ static void test_drain_decode_midstream(void **st)
     if (rc != 0)
         fail_msg("drained decode exit status %d", rc);
     /* no decode: 503 with Retry-After (poll: the router notices the close) */
-    end = e2e_now() + 10;
+    double end = e2e_now() + 10;
     int status = 0;
     char ra[32] = "";
     while (e2e_now() < end && status != 503) {
@@ -1448,17 +1424,13 @@ static void test_drain_decode_midstream(void **st)
 static void test_kill_router(void **st)
 {
     (void)st;
-    int fd = e2e_http_connect(g_a.http_port);
+    char *buf;
+    size_t len;
+    int got;
+    int fd = e2e_stream_open(g_a.http_port, "/v1/completions", NULL, LONG_STREAM, 4, 20,
+                             &buf, &len, &got);
     assert_true(fd >= 0);
-    assert_int_equal(e2e_http_send(fd, "POST", "/v1/completions", NULL, LONG_STREAM,
-                                   strlen(LONG_STREAM)), 0);
-    char *buf = NULL;
-    size_t len = 0;
-    double end = e2e_now() + 20;
-    while (count_data(buf) < 4 && e2e_now() < end)
-        if (e2e_http_read(fd, &buf, &len, NULL, 0.05) != 0)
-            break;
-    assert_true(count_data(buf) >= 4);
+    assert_true(got >= 4);
     assert_int_equal(e2e_proc_signal(&g_a.router, SIGKILL), 0);
     assert_true(e2e_proc_wait(&g_a.router, 5.0) == 128 + SIGKILL);
     assert_int_equal(e2e_http_read(fd, &buf, &len, NULL, 5.0), 1);   /* EOF, no hang */
@@ -1541,16 +1513,13 @@ static void test_router_drain(void **st)
     (void)st;
     const char *req = "{\"prompt\":\"Finish what you started\",\"max_tokens\":200,\"ignore_eos\":true,"
                       "\"temperature\":0,\"stream\":true}";
-    int fd = e2e_http_connect(g_a.http_port);
+    char *buf;
+    size_t len;
+    int got;
+    int fd = e2e_stream_open(g_a.http_port, "/v1/completions", NULL, req, 2, 20,
+                             &buf, &len, &got);
     assert_true(fd >= 0);
-    assert_int_equal(e2e_http_send(fd, "POST", "/v1/completions", NULL, req, strlen(req)), 0);
-    char *buf = NULL;
-    size_t len = 0;
-    double end = e2e_now() + 20;
-    while (count_data(buf) < 2 && e2e_now() < end)
-        if (e2e_http_read(fd, &buf, &len, NULL, 0.05) != 0)
-            break;
-    assert_true(count_data(buf) >= 2);
+    assert_true(got >= 2);
     assert_int_equal(e2e_proc_signal(&g_a.router, SIGTERM), 0);
     assert_int_equal(e2e_http_read(fd, &buf, &len, NULL, 30.0), 1);
     close(fd);

@@ -1,0 +1,378 @@
+/* node.c - the node's loop-side parts: live request table, replies the
+ * roles share, the router session's callbacks, drain, the common admin
+ * commands and the id helpers (see node.h). */
+#include "node.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "pd_log.h"
+#include "pd_time.h"
+
+const char *const node_kv_dtypes[] = { "f32", "f16", NULL };
+
+/* ---- ids ------------------------------------------------------------------ */
+
+uint64_t node_id_of(const char *daemon_id)
+{
+    uint64_t id = XXH64(daemon_id, strlen(daemon_id), 0);
+    return id != 0 ? id : 1;
+}
+
+uint64_t node_lease_wire_id(kvx_lease_id_t l)
+{
+    return (uint64_t)l.slot << 32 | (l.gen & 0xffffffffu);
+}
+
+/* ---- requests ------------------------------------------------------------- */
+
+node_req_t *node_req_find(node_t *n, const char *id)
+{
+    pd_idhash_node_t *h = pd_idhash_find(&n->by_id, id);
+    return h != NULL ? PD_CONTAINER_OF(h, node_req_t, hnode) : NULL;
+}
+
+void node_req_link(node_t *n, node_req_t *r)
+{
+    pd_idhash_add(&n->by_id, &r->hnode, r->id);
+    r->next = n->live;
+    r->prev = NULL;
+    if (n->live)
+        n->live->prev = r;
+    n->live = r;
+    n->n_live++;
+    pd_stats_gauge_set(n->stats, NODE_STAT_live, n->n_live);
+}
+
+static void node_req_unlink(node_t *n, node_req_t *r)
+{
+    pd_idhash_del(&n->by_id, &r->hnode);
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        n->live = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    n->n_live--;
+    pd_stats_gauge_set(n->stats, NODE_STAT_live, n->n_live);
+}
+
+void node_req_retire(node_t *n, node_req_t *r, void (*free_fn)(void *), void *obj)
+{
+    if (r->blocks_held) {
+        pd_status_t st = kvx_blocks_free(n->blocks, r->blocks, r->n_blocks);
+        if (st != PD_OK)
+            pd_log(PD_LOG_ERROR, n->role->name, r->id, "freeing %u blocks: %s (leaked)",
+                   r->n_blocks, pd_status_str(st));
+        r->blocks_held = false;
+    }
+    node_req_unlink(n, r);
+    if (pd_loop_defer_free(n->loop, free_fn, obj) != PD_OK)
+        free_fn(obj); /* nothing references it any more */
+}
+
+pd_status_t node_sampling(const node_t *n, const proto_sampling_t *ps, eng_sample_params_t *sp)
+{
+    eng_sample_params_default(sp);
+    sp->temperature = ps->temperature;
+    sp->top_p = ps->top_p;
+    sp->top_k = ps->top_k;
+    sp->seed = ps->seed;
+    sp->max_tokens = ps->max_tokens;
+    sp->min_tokens = ps->min_tokens;
+    sp->ignore_eos = (ps->flags & PROTO_SAMPLE_IGNORE_EOS) != 0;
+    sp->n_eos = n->n_eos;
+    memcpy(sp->eos_ids, n->eos_ids, sizeof(sp->eos_ids));
+    if (ps->stop.n > ENG_SAMPLE_MAX_STOP_IDS)
+        return PD_ERR_TOO_BIG;
+    sp->n_stop_ids = proto_tokens_copy(&ps->stop, sp->stop_ids, ENG_SAMPLE_MAX_STOP_IDS);
+    sp->presence_penalty = ps->presence_penalty;
+    sp->frequency_penalty = ps->frequency_penalty;
+    sp->repetition_penalty = ps->repetition_penalty;
+    sp->min_p = ps->min_p;
+    if (ps->n_bias > ENG_SAMPLE_MAX_BIAS)
+        return PD_ERR_TOO_BIG;
+    sp->n_bias = ps->n_bias;
+    for (uint32_t i = 0; i < ps->n_bias; i++)
+        sp->bias[i] = (eng_logit_bias_t){ ps->bias_ids[i], ps->bias[i] };
+    return eng_sample_params_check(sp);
+}
+
+void node_send_error(node_t *n, const char *id, pd_status_t status, const char *fmt, ...)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_ERROR;
+    snprintf(m.u.error.request_id, sizeof(m.u.error.request_id), "%s", id);
+    m.u.error.status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m.u.error.message, sizeof(m.u.error.message), fmt, ap);
+    va_end(ap);
+    (void)proto_session_send(n->sess, &m);
+}
+
+/* ---- drain ---------------------------------------------------------------- */
+
+static void node_stop_loop(void *arg)
+{
+    node_t *n = arg;
+    pd_loop_stop(n->loop);
+}
+
+void node_maybe_drained(node_t *n)
+{
+    if (n->draining && !n->stopping && n->n_live == 0) {
+        pd_log(PD_LOG_INFO, n->role->name, NULL, "drained: flushing and exiting");
+        n->stopping = true;
+        /* the last replies must reach the router before we exit */
+        proto_session_shutdown(n->sess, node_stop_loop, n);
+    }
+}
+
+static void node_drain_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    node_t *n = arg;
+    pd_log(PD_LOG_WARN, n->role->name, NULL, "drain timeout: %u requests still live; exiting",
+           n->n_live);
+    n->stopping = true;
+    pd_loop_stop(n->loop);
+}
+
+void node_drain_init(node_t *n)
+{
+    n->drain_ev = evtimer_new(pd_loop_base(n->loop), node_drain_timeout, n);
+}
+
+void node_start_drain(node_t *n)
+{
+    if (n->draining)
+        return;
+    n->draining = true;
+    pd_log(PD_LOG_INFO, n->role->name, NULL, "draining: %u requests live", n->n_live);
+    proto_session_heartbeat_now(n->sess);
+    struct timeval tv = pd_ns_to_timeval(n->cfg->drain_timeout_ns);
+    if (n->drain_ev != NULL)
+        evtimer_add(n->drain_ev, &tv);
+    node_maybe_drained(n);
+}
+
+static void node_on_sigterm(pd_loop_t *loop, void *arg)
+{
+    node_t *n = arg;
+    if (pd_loop_drain_count(loop) > 1) {
+        n->stopping = true;
+        pd_loop_stop(loop);
+        return;
+    }
+    node_start_drain(n);
+}
+
+/* ---- session -------------------------------------------------------------- */
+
+static void node_write_ready(node_t *n)
+{
+    if (n->cfg->ready_file == NULL || n->registered_once)
+        return;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", n->daemon_id);
+    cJSON_AddStringToObject(j, "role", n->role->name);
+    cJSON_AddNumberToObject(j, "pid", (double)getpid());
+    cJSON_AddStringToObject(j, "router", proto_session_router_id(n->sess));
+    if (n->cfg->admin_socket)
+        cJSON_AddStringToObject(j, "admin", n->cfg->admin_socket);
+    if (node_metrics_port(n) != 0)
+        cJSON_AddNumberToObject(j, "metrics", node_metrics_port(n));
+    char nid[32];
+    snprintf(nid, sizeof(nid), "%016llx", (unsigned long long)kvx_ctx_node_id(n->kvx));
+    cJSON_AddStringToObject(j, "kv_node", nid);
+    char *txt = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (txt == NULL)
+        return;
+    n->registered_once = node_ready_write(n->cfg->ready_file, txt, n->role->name);
+    free(txt);
+}
+
+static void node_on_up(proto_session_t *s, const proto_register_ack_t *ack, void *arg)
+{
+    (void)s;
+    node_t *n = arg;
+    n->epoch++;
+    pd_log(PD_LOG_INFO, n->role->name, NULL, "registered with router %s as %s (heartbeat %llu ms)",
+           ack->daemon_id, n->daemon_id,
+           (unsigned long long)(ack->heartbeat_interval_ns / 1000000));
+    node_write_ready(n);
+}
+
+static void node_on_down(proto_session_t *s, pd_status_t why, void *arg)
+{
+    (void)s;
+    node_t *n = arg;
+    n->epoch++;
+    pd_log(PD_LOG_WARN, n->role->name, NULL,
+           "router lost (%s): canceling %u requests, reconnecting", pd_status_str(why), n->n_live);
+    n->role->cancel_all(n);
+}
+
+static void node_on_reject(proto_session_t *s, pd_status_t status, const char *reason, void *arg)
+{
+    (void)s;
+    node_t *n = arg;
+    pd_log(PD_LOG_ERROR, n->role->name, NULL,
+           "registration refused (%s): %s; retrying with backoff", pd_status_name(status), reason);
+}
+
+static void node_on_error(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)c;
+    node_t *n = arg;
+    pd_log(PD_LOG_WARN, n->role->name, msg->u.error.request_id[0] ? msg->u.error.request_id : NULL,
+           "router error: %s: %s", pd_status_name(msg->u.error.status), msg->u.error.message);
+}
+
+static void node_fill_hb(proto_session_t *s, proto_heartbeat_t *hb, void *arg)
+{
+    (void)s;
+    node_t *n = arg;
+    hb->flags = n->draining ? PROTO_HB_DRAINING : 0;
+    hb->free_blocks = kvx_blocks_free_count(n->blocks);
+    hb->total_blocks = kvx_blocks_total(n->blocks);
+    n->role->fill_hb(n, hb);
+}
+
+void node_session_opts(node_t *n, proto_session_opts_t *so)
+{
+    memset(so, 0, sizeof(*so));
+    so->router_addr = n->cfg->router;
+    so->secret = n->have_secret ? &n->secret : NULL;
+    so->hello.role = n->role->proto_role;
+    so->hello.caps = n->role->caps;
+    snprintf(so->hello.daemon_id, sizeof(so->hello.daemon_id), "%s", n->daemon_id);
+    so->hello.incarnation = n->incarnation;
+    so->hello.compat_hash = n->geom->compat_hash;
+    so->hello.geom = (proto_kv_geom_t){
+        .n_layers = n->geom->n_layers, .n_kv_heads = n->geom->n_kv_heads,
+        .head_dim = n->geom->head_dim, .block_tokens = n->geom->block_tokens,
+        .kv_dtype = (uint32_t)n->geom->kv_dtype, .total_blocks = (uint32_t)n->cfg->kv_blocks,
+        .block_bytes = n->geom->block_bytes, .context_length = n->geom->context_length,
+        .vocab_size = n->geom->vocab_size,
+    };
+    so->hello.kv_addr.p = n->meta;
+    so->hello.kv_addr.len = (uint32_t)n->meta_len;
+    so->heartbeat_interval_ns = n->cfg->heartbeat_ns;
+    so->backoff_min_ns = n->cfg->reconnect_min_ns;
+    so->cbs = n->role->cbs;
+    if (so->cbs.on_error == NULL)
+        so->cbs.on_error = node_on_error;
+    so->on_up = node_on_up;
+    so->on_down = node_on_down;
+    so->on_reject = node_on_reject;
+    so->fill_heartbeat = node_fill_hb;
+    so->arg = n;
+    so->stats = &n->pstats;
+}
+
+pd_status_t node_run(node_t *n, const char *extra)
+{
+    proto_session_opts_t so;
+    node_session_opts(n, &so);
+    pd_status_t st = proto_session_create(pd_loop_base(n->loop), &so, &n->sess);
+    if (st != PD_OK) {
+        fprintf(stderr, "pd-%s: --router: bad address \"%s\"\n", n->role->name, n->cfg->router);
+        return PD_ERR_BAD_INPUT;
+    }
+    if (!n->have_secret)
+        pd_log(PD_LOG_WARN, n->role->name, NULL,
+               "RUNNING WITHOUT AUTHENTICATION (--insecure-no-auth): loopback only");
+    pd_loop_on_drain(n->loop, node_on_sigterm, n);
+    pd_log(PD_LOG_INFO, n->role->name, NULL,
+           "%s up: model %s (%s), %llu blocks x %llu bytes (%u tokens)%s, router %s",
+           n->daemon_id, n->cfg->model, n->engine, (unsigned long long)n->cfg->kv_blocks,
+           (unsigned long long)n->geom->block_bytes, n->geom->block_tokens, extra ? extra : "",
+           n->cfg->router);
+    return pd_loop_run(n->loop);
+}
+
+/* ---- admin ---------------------------------------------------------------- */
+
+static pd_status_t node_adm_kv(pd_admin_req_t *req, cJSON *reply)
+{
+    node_t *n = req->arg;
+    cJSON_AddNumberToObject(reply, "arena_bytes",
+                            (double)kvx_region_block_bytes(n->region) * kvx_region_n_blocks(n->region));
+    cJSON_AddNumberToObject(reply, "block_bytes", (double)kvx_region_block_bytes(n->region));
+    cJSON_AddNumberToObject(reply, "block_tokens", n->geom->block_tokens);
+    cJSON_AddNumberToObject(reply, "blocks_total", kvx_blocks_total(n->blocks));
+    cJSON_AddNumberToObject(reply, "free", kvx_blocks_free_count(n->blocks));
+    cJSON_AddNumberToObject(reply, "used", kvx_blocks_used(n->blocks));
+    if (n->role->adm_kv)
+        n->role->adm_kv(n, reply);
+    return PD_OK;
+}
+
+static pd_status_t node_adm_drain(pd_admin_req_t *req, cJSON *reply)
+{
+    node_t *n = req->arg;
+    node_start_drain(n);
+    cJSON_AddBoolToObject(reply, "draining", 1);
+    cJSON_AddNumberToObject(reply, "live", n->n_live);
+    return PD_OK;
+}
+
+static pd_status_t node_adm_xfer(pd_admin_req_t *req, cJSON *reply)
+{
+    node_t *n = req->arg;
+    cJSON *x = kvx_stats_json(n->kvx);
+    if (x == NULL)
+        return PD_ERR_NO_MEMORY;
+    cJSON_AddItemToObject(reply, "xfer", x);
+    return PD_OK;
+}
+
+static pd_status_t node_adm_session(pd_admin_req_t *req, cJSON *reply)
+{
+    node_t *n = req->arg;
+    static const char *const names[] = { "down", "connecting", "hello_sent", "up" };
+    cJSON_AddStringToObject(reply, "state", names[proto_session_state(n->sess)]);
+    cJSON_AddStringToObject(reply, "router_id", proto_session_router_id(n->sess));
+    cJSON_AddNumberToObject(reply, "registrations", (double)proto_session_registrations(n->sess));
+    cJSON_AddNumberToObject(reply, "rejects", (double)proto_session_rejects(n->sess));
+    cJSON_AddStringToObject(reply, "last_error", proto_session_last_error(n->sess));
+    cJSON_AddBoolToObject(reply, "draining", n->draining);
+    if (n->role->adm_session)
+        n->role->adm_session(n, reply);
+    return PD_OK;
+}
+
+void node_adm_counters(const node_t *n, cJSON *reply)
+{
+    cJSON *c = cJSON_AddObjectToObject(reply, "counters");
+    const pd_stats_table_t *t = n->role->stats;
+    for (size_t i = 0; i < t->n; i++)
+        if (t->descs[i].kind == PD_STAT_COUNTER)
+            cJSON_AddNumberToObject(c, t->descs[i].name,
+                                    (double)pd_stats_counter(n->stats, (unsigned)i));
+}
+
+void node_admin_register(node_t *n)
+{
+    /* the role's commands first: `help` lists them in registration order */
+    pd_admin_cmd_t *h = n->cmds_head, *t = n->cmds_tail;
+    h[0] = (pd_admin_cmd_t){ "kv", PD_ADMIN_USER, node_adm_kv, "kv - arena and block counts" };
+    h[1] = (pd_admin_cmd_t)PD_ADMIN_CMD_END;
+    t[0] = (pd_admin_cmd_t){ "xfer", PD_ADMIN_USER, node_adm_xfer, n->role->xfer_help };
+    t[1] = (pd_admin_cmd_t){ "session", PD_ADMIN_USER, node_adm_session, n->role->session_help };
+    t[2] = (pd_admin_cmd_t){ "drain", PD_ADMIN_ADMIN, node_adm_drain,
+                             "drain - stop admitting, exit when idle" };
+    t[3] = (pd_admin_cmd_t)PD_ADMIN_CMD_END;
+    pd_admin_register(n->admin, h, n);
+    if (n->role->cmds)
+        pd_admin_register(n->admin, n->role->cmds, n);
+    pd_admin_register(n->admin, t, n);
+}

@@ -1,0 +1,292 @@
+/* node.h - what every KV-holding daemon (pd-prefill, pd-decode) has, once:
+ * the shared config rows, boot (log, router address, secret, daemon id,
+ * engine + model, event loop, kvx context, the one KV region and its block
+ * pool, stats, compute runner, admin socket, /metrics), the router session
+ * (HELLO, heartbeats, up/down, the ready file), drain, the common admin
+ * commands (kv, xfer, session, drain), teardown, the live request table,
+ * and the node-id / lease-id helpers.
+ *
+ * A role plugs in through node_role_t: its message callbacks (request,
+ * cancel, ...), how it cancels everything, fills its heartbeat load
+ * figures, adds to the kv / session admin replies, and its own admin
+ * commands. The role's daemon struct starts with a node_t, so the one
+ * callback argument (the session's, the admin's) is both.
+ *
+ * One loop thread owns all of it; nothing here runs on the compute thread.
+ * Depends on common, proto, kvxfer, engine (+ engine runner). */
+#ifndef NODE_H
+#define NODE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+#include <event2/event.h>
+
+#include "eng.h"
+#include "eng_runner.h"
+#include "eng_sample.h"
+#include "kvx.h"
+#include "kvx_blocks.h"
+#include "pd_admin.h"
+#include "pd_config.h"
+#include "pd_idhash.h"
+#include "pd_loop.h"
+#include "pd_stats.h"
+#include "proto_auth.h"
+#include "proto_session.h"
+
+/* ---- config ------------------------------------------------------------- */
+
+/* The rows every node has; a role's config struct starts with one of these
+ * as member `node`. */
+typedef struct {
+    char *id;
+    char *router;
+    char *secret_file;
+    char *secret;
+    bool insecure_no_auth;
+    char *admin_socket;
+    char *log_level;
+    char *log_file;
+    char *model;
+    char *engine;
+    uint64_t threads;
+    uint64_t block_tokens;
+    int kv_dtype;
+    uint64_t kv_blocks;
+    uint64_t heartbeat_ns;
+    uint64_t reconnect_min_ns;
+    uint64_t drain_timeout_ns;
+    char *ready_file;
+    char *metrics_listen;
+} node_config_t;
+
+extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_dtype_t order) */
+
+/* Rows over the role's config struct stype (member `node`), in --help
+ * order: NODE_HEAD_ROWS, the role's own rows, NODE_TAIL_ROWS, PD_CFG_END. */
+#define NODE_ROW(stype, field, key, type, def, help, min, max, en)            \
+    PD_CFG_ROW(stype, node.field, key, type, def, help, min, max, en),
+#define NODE_HEAD_ROWS(stype, id_help)                                        \
+    NODE_ROW(stype, id, "id", STRING, NULL, id_help, 0, 0, NULL)              \
+    NODE_ROW(stype, router, "router", STRING, "127.0.0.1:7000", "router control address host:port", 0, 0, NULL) \
+    NODE_ROW(stype, secret_file, "secret-file", STRING, NULL, "file with the deployment secret (>= 32 bytes, hex or raw)", 0, 0, NULL) \
+    NODE_ROW(stype, secret, "secret", STRING, NULL, "deployment secret as hex (tests; prefer secret-file / PD_SECRET)", 0, 0, NULL) \
+    NODE_ROW(stype, insecure_no_auth, "insecure-no-auth", BOOL, "false", "run without a secret (loopback router only)", 0, 0, NULL) \
+    NODE_ROW(stype, admin_socket, "admin.socket", STRING, NULL, "admin UNIX socket path", 0, 0, NULL) \
+    NODE_ROW(stype, log_level, "log.level", STRING, "info", "error|warn|info|debug|trace", 0, 0, NULL) \
+    NODE_ROW(stype, log_file, "log.file", STRING, NULL, "log file (default stderr)", 0, 0, NULL) \
+    NODE_ROW(stype, model, "model", STRING, NULL, "GGUF path or sim:<preset or spec>", 0, 0, NULL) \
+    NODE_ROW(stype, engine, "engine", STRING, NULL, "llama|sim (default: from model)", 0, 0, NULL) \
+    NODE_ROW(stype, threads, "threads", UINT, "0", "engine threads (0 = online cores)", 0, 1024, NULL) \
+    NODE_ROW(stype, block_tokens, "block-tokens", UINT, "16", "tokens per KV block", 1, 4096, NULL) \
+    NODE_ROW(stype, kv_dtype, "kv-dtype", ENUM, "f16", "KV dtype: f32|f16", 0, 0, node_kv_dtypes) \
+    NODE_ROW(stype, kv_blocks, "kv-blocks", UINT, "1024", "KV blocks in the arena", 1, 1e8, NULL)
+#define NODE_TAIL_ROWS(stype)                                                 \
+    NODE_ROW(stype, heartbeat_ns, "heartbeat-interval", DURATION, "500ms", "heartbeat interval before the router's ACK", 1e6, 60e9, NULL) \
+    NODE_ROW(stype, reconnect_min_ns, "reconnect-min", DURATION, "1s", "first reconnect backoff (doubles to 30 s)", 1e6, 60e9, NULL) \
+    NODE_ROW(stype, drain_timeout_ns, "drain-timeout", DURATION, "30s", "SIGTERM: max wait for in-flight work", 0, 3600e9, NULL) \
+    NODE_ROW(stype, ready_file, "ready-file", STRING, NULL, "write JSON here once registered with the router", 0, 0, NULL) \
+    NODE_ROW(stype, metrics_listen, "metrics.listen", STRING, NULL, "HTTP /metrics + /health address host:port (port 0: any; default off)", 0, 0, NULL)
+
+/* ---- role tables ---------------------------------------------------------- */
+
+/* The counters every role keeps, first in its stats list: X(name, kind,
+ * help); req names its request message, the others say what each outcome
+ * means for the role. */
+#define NODE_REQ_STATS(X, req, completed_help, failed_help, canceled_help)    \
+    X(accepted,  COUNTER, req "s admitted")                                   \
+    X(completed, COUNTER, completed_help)                                     \
+    X(failed,    COUNTER, failed_help)                                        \
+    X(canceled,  COUNTER, canceled_help)                                      \
+    X(rejected,  COUNTER, req "s refused at admission")                       \
+    X(live,      GAUGE,   "requests not yet terminal")
+
+/* Their ids, the same in every role's stats enum (they come first). */
+#define NODE_STAT_ENUM(name, kind, help) NODE_STAT_##name,
+enum { NODE_REQ_STATS(NODE_STAT_ENUM, "", "", "", "") NODE_STAT__COUNT };
+#undef NODE_STAT_ENUM
+
+/* Over a role's X(NAME, "text") state list: the names array entries. */
+#define NODE_STATE_NAME(name, text) text,
+
+/* ---- requests ----------------------------------------------------------- */
+
+/* The part of a role's request the node keeps: id, table + live list
+ * links, the router session it came on, its KV blocks. A role's request
+ * embeds one as member `nr` (NODE_REQ gives the role's request back). */
+typedef struct node_req {
+    pd_idhash_node_t hnode;             /* node->by_id, keyed by id */
+    struct node_req *prev, *next;       /* live list, newest first */
+    char id[PROTO_REQID_MAX + 1];
+    uint64_t epoch;                     /* router session it arrived on */
+    uint32_t n_blocks;
+    uint32_t *blocks;                   /* (n_blocks) arena block ids */
+    bool blocks_held;
+} node_req_t;
+
+#define NODE_REQ(n, type) PD_CONTAINER_OF((n), type, nr)
+/* for (type *r over the live list, newest first); safe against unlinking r.
+ * The body must not `break` (it would only leave the inner loop). */
+#define NODE_FOR_EACH(node, type, r)                                          \
+    for (node_req_t *r##_n_ = (node)->live, *r##_next_;                       \
+         r##_n_ != NULL && (r##_next_ = r##_n_->next, 1); r##_n_ = r##_next_) \
+        for (type *r = NODE_REQ(r##_n_, type); r != NULL; r = NULL)
+
+/* ---- the role ----------------------------------------------------------- */
+
+typedef struct node node_t;
+
+typedef struct {
+    const char *name;                   /* "prefill": log component, ready role, default id */
+    const pd_cfg_schema_t *schema;      /* the role's config rows (for `config show`) */
+    const pd_stats_table_t *stats;      /* the role's counters (NODE_REQ_STATS first) */
+    uint16_t proto_role;                /* PROTO_ROLE_* */
+    uint32_t caps;                      /* PROTO_CAP_* */
+    /* Session messages for the role (request, cancel, release, peer info,
+     * ...), called with the node as arg. ERROR from the router is logged
+     * by the node unless the role sets on_error. */
+    proto_conn_cbs_t cbs;
+    /* The router session is lost (the epoch is already bumped): stop every
+     * live request without replying. Also called at teardown. */
+    void (*cancel_all)(node_t *n);
+    /* Fill the role's heartbeat load figures (queue_depth, running_seqs,
+     * leases, outstanding_prefill_tokens); the node sets flags and blocks. */
+    void (*fill_hb)(node_t *n, proto_heartbeat_t *hb);
+    /* Extra fields of the admin `kv` / `session` replies. May be NULL. */
+    void (*adm_kv)(node_t *n, cJSON *reply);
+    void (*adm_session)(node_t *n, cJSON *reply);
+    const pd_admin_cmd_t *cmds;         /* the role's own admin commands (arg = node) */
+    const char *xfer_help;              /* help line of `xfer` */
+    const char *session_help;           /* help line of `session` */
+} node_role_t;
+
+struct node {
+    const node_role_t *role;
+    node_config_t *cfg;                 /* the `node` member of the role's config */
+    pd_loop_t *loop;
+    pd_admin_t *admin;
+    pd_stats_t *stats;                  /* the role's table */
+    proto_stats_t pstats;
+    proto_auth_secret_t secret;
+    bool have_secret;
+    /* engine */
+    const char *engine;
+    const eng_ops_t *ops;
+    eng_model_t *model;
+    const eng_kv_geom_t *geom;
+    eng_runner_t *runner;
+    eng_sample_scratch_t scratch;       /* compute thread only */
+    int32_t eos_ids[ENG_SAMPLE_MAX_EOS];
+    uint32_t n_eos;
+    /* kv */
+    kvx_ctx_h *kvx;
+    kvx_region_h *region;
+    kvx_blocks_t *blocks;
+    uint8_t meta[KVX_META_MAX_BYTES];
+    size_t meta_len;
+    /* control plane */
+    proto_session_t *sess;
+    uint64_t epoch;                     /* bumped on every router up / down */
+    bool registered_once;
+    char daemon_id[PROTO_DAEMON_ID_MAX + 1];
+    uint64_t incarnation;
+    /* requests */
+    pd_idhash_t by_id;                  /* live requests by id */
+    node_req_t *live;
+    uint32_t n_live;
+    bool draining;
+    bool stopping;                      /* no replies, no new work */
+    struct event *drain_ev;
+    /* /metrics (node_metrics.c) */
+    struct pd_metrics_http *mh;
+    pd_stats_t *pool;
+    /* admin command tables (borrowed by pd_admin) */
+    pd_admin_cmd_t cmds_head[2];
+    pd_admin_cmd_t cmds_tail[4];
+};
+
+/* ---- boot and teardown (node_boot.c) ------------------------------------ */
+
+typedef struct {
+    uint32_t max_batch;                 /* the engine's batch size */
+    /* kvx options beyond node id / secret (prefill: lease callbacks). May
+     * be NULL. */
+    void (*kvx_config)(node_t *n, kvx_config_t *kc);
+} node_boot_opts_t;
+
+/* Boot n (zeroed, role and cfg set): the shared checks, log, secret, id,
+ * engine, loop, kvx, region + pool, stats, runner, admin, /metrics. The
+ * role then allocates its own parts and calls node_start. Returns
+ * PD_CONFIG_RUN on success, else the exit status (2 usage, 1 failure) after
+ * one line on stderr or in the log. */
+int node_boot(node_t *n, const node_boot_opts_t *o);
+
+/* Open the router session, install the SIGTERM drain, log the boot line
+ * (extra: the role's part of it, e.g. ", max-batch 32"), run the loop.
+ * Returns the loop's status (PD_OK on a clean stop); on a session error,
+ * PD_ERR_BAD_INPUT after a line on stderr. */
+pd_status_t node_run(node_t *n, const char *extra);
+
+/* Tear down (no replies from here on): session, runner (the jobs in
+ * flight come back aborted), cancel_all, admin, /metrics, kvx, pool, loop
+ * (runs the deferred frees), stats, model, secret, ready file. after_kvx
+ * (may be NULL) runs once the kvx context is gone (decode: end what its
+ * pulls left). */
+void node_teardown(node_t *n, void (*after_kvx)(node_t *n));
+
+/* Write text + "\n" to path atomically (tmp + rename). true when the file
+ * is in place; false after an error log line (component comp). */
+bool node_ready_write(const char *path, const char *text, const char *comp);
+
+/* A router address the insecure mode accepts (loopback, or no host). */
+bool node_addr_loopback(const char *addr);
+
+/* The boot's log line for a failed step; returns 1 (the exit status). */
+int node_fail(const node_t *n, const char *what, pd_status_t st, const char *detail);
+
+/* ---- requests (node.c) -------------------------------------------------- */
+
+node_req_t *node_req_find(node_t *n, const char *id);
+void node_req_link(node_t *n, node_req_t *r);
+/* A request reached its terminal state: free its blocks, unlink it, free
+ * obj (the role's request) later through free_fn, and check the drain. */
+void node_req_retire(node_t *n, node_req_t *r, void (*free_fn)(void *), void *obj);
+
+/* Sampling parameters from a PROTO sampling block + the model's EOS ids. */
+pd_status_t node_sampling(const node_t *n, const proto_sampling_t *ps, eng_sample_params_t *sp);
+
+/* ERROR for request id to the router (best effort). */
+void node_send_error(node_t *n, const char *id, pd_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* ---- drain (node.c) ----------------------------------------------------- */
+
+void node_start_drain(node_t *n);
+/* Draining and nothing live: flush the session, then stop the loop. */
+void node_maybe_drained(node_t *n);
+
+/* ---- ids ---------------------------------------------------------------- */
+
+/* kvx node id of a daemon: xxh64(daemon id), never 0 (0 means "none"). */
+uint64_t node_id_of(const char *daemon_id);
+/* The lease id on the wire: slot << 32 | low 32 bits of the generation. */
+uint64_t node_lease_wire_id(kvx_lease_id_t l);
+
+/* ---- /metrics (node_metrics.c) ------------------------------------------ */
+
+pd_status_t node_metrics_start(node_t *n);
+uint16_t node_metrics_port(const node_t *n);     /* 0 when off */
+void node_metrics_stop(node_t *n);
+
+/* ---- internal: the session and admin wiring (node.c) -------------------- */
+
+void node_session_opts(node_t *n, proto_session_opts_t *so);
+/* The role's counters (COUNTER rows of its stats table) as reply.counters. */
+void node_adm_counters(const node_t *n, cJSON *reply);
+void node_drain_init(node_t *n);
+void node_admin_register(node_t *n);
+
+#endif

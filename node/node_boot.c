@@ -1,0 +1,268 @@
+/* node_boot.c - a node's boot and teardown (see node.h): the checks before
+ * anything starts (log, model, router address, secret, id; errors on
+ * stderr as "<prog>: --<key>: <why>"), the engine (choice, model load, EOS
+ * ids from its tokenizer), then loop, kvx, region + block pool, stats,
+ * runner, admin socket and /metrics; and the ready file. */
+#include "node.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/socket.h>
+
+#include "eng_tok.h"
+#include "pd_log.h"
+#include "proto_conn.h"
+
+/* ---- the checks before anything starts ------------------------------------ */
+
+bool node_addr_loopback(const char *addr)
+{
+    return strncmp(addr, "127.", 4) == 0 || strncmp(addr, "localhost:", 10) == 0 ||
+           strncmp(addr, "[::1]:", 6) == 0 || addr[0] == ':' || strchr(addr, ':') == NULL;
+}
+
+static pd_status_t node_boot_secret(node_t *n, const char *prog)
+{
+    const node_config_t *c = n->cfg;
+    const char *env_secret = getenv("PD_SECRET");
+    n->have_secret = false;
+    if (c->secret_file) {
+        pd_status_t st = proto_auth_secret_load(c->secret_file, &n->secret);
+        if (st != PD_OK) {
+            fprintf(stderr, "%s: --secret-file: %s: %s\n", prog, c->secret_file,
+                    st == PD_ERR_IO ? strerror(errno) : "need at least 32 bytes (hex or raw)");
+            return PD_ERR_BAD_INPUT;
+        }
+        n->have_secret = true;
+    } else if (c->secret || env_secret) {
+        const char *h = c->secret ? c->secret : env_secret;
+        if (proto_auth_secret_parse((const uint8_t *)h, strlen(h), &n->secret) != PD_OK) {
+            fprintf(stderr, "%s: --secret: need at least 32 bytes (64 hex digits)\n", prog);
+            return PD_ERR_BAD_INPUT;
+        }
+        n->have_secret = true;
+    } else if (!c->insecure_no_auth) {
+        fprintf(stderr, "%s: no secret: give --secret-file (or --insecure-no-auth on loopback)\n",
+                prog);
+        return PD_ERR_BAD_INPUT;
+    } else if (!node_addr_loopback(c->router)) {
+        fprintf(stderr, "%s: --insecure-no-auth needs a loopback --router\n", prog);
+        return PD_ERR_BAD_INPUT;
+    }
+    return PD_OK;
+}
+
+static pd_status_t node_boot_checks(node_t *n, const char *prog)
+{
+    const node_config_t *c = n->cfg;
+    pd_log_level_t lvl;
+    if (pd_log_level_parse(c->log_level, &lvl) != PD_OK) {
+        fprintf(stderr, "%s: --log.level: expected error|warn|info|debug|trace, got \"%s\"\n",
+                prog, c->log_level);
+        return PD_ERR_BAD_INPUT;
+    }
+    pd_log_set_level(lvl);
+    if (c->log_file && pd_log_open(c->log_file) != PD_OK) {
+        fprintf(stderr, "%s: --log.file: cannot open %s\n", prog, c->log_file);
+        return PD_ERR_BAD_INPUT;
+    }
+    if (c->model == NULL) {
+        fprintf(stderr, "%s: --model: required (GGUF path or sim:<preset>)\n", prog);
+        return PD_ERR_BAD_INPUT;
+    }
+    struct sockaddr_storage ss;
+    int sl;
+    if (proto_addr_parse(c->router, &ss, &sl) != PD_OK) {
+        fprintf(stderr, "%s: --router: bad address \"%s\" (host:port, numeric host)\n", prog,
+                c->router);
+        return PD_ERR_BAD_INPUT;
+    }
+    if (node_boot_secret(n, prog) != PD_OK)
+        return PD_ERR_BAD_INPUT;
+    if (c->id && (c->id[0] == '\0' || strlen(c->id) > PROTO_DAEMON_ID_MAX)) {
+        fprintf(stderr, "%s: --id: 1..%u bytes\n", prog, PROTO_DAEMON_ID_MAX);
+        return PD_ERR_BAD_INPUT;
+    }
+    if (c->id)
+        snprintf(n->daemon_id, sizeof(n->daemon_id), "%s", c->id);
+    else
+        snprintf(n->daemon_id, sizeof(n->daemon_id), "%s-%d", n->role->name, (int)getpid());
+    return PD_OK;
+}
+
+bool node_ready_write(const char *path, const char *text, const char *comp)
+{
+    char tmp[4096];
+    bool ok = false;
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (f != NULL) {
+        fprintf(f, "%s\n", text);
+        ok = fclose(f) == 0 && rename(tmp, path) == 0;
+    }
+    if (!ok)
+        pd_log(PD_LOG_ERROR, comp, NULL, "cannot write ready file %s: %s", path, strerror(errno));
+    return ok;
+}
+
+/* ---- engine ----------------------------------------------------------------- */
+
+/* Pick the engine (--engine, else "sim" for a "sim:" model, else "llama"),
+ * load the model, read its geometry and the EOS / end of generation ids
+ * from its tokenizer (none without one: tok_err says why). */
+static pd_status_t node_boot_engine(node_t *n, uint32_t max_batch, char *err, size_t err_len,
+                                    char *tok_err, size_t tok_err_len)
+{
+    const node_config_t *c = n->cfg;
+    n->engine = c->engine;
+    if (n->engine == NULL)
+        n->engine = strncmp(c->model, "sim:", 4) == 0 ? "sim" : "llama";
+    n->ops = eng_find(n->engine);
+    if (n->ops == NULL) {
+        snprintf(err, err_len, "unknown engine \"%s\"", n->engine);
+        return PD_ERR_NOT_FOUND;
+    }
+    eng_load_opts_t lo = {
+        .engine = n->engine, .model_path = c->model, .block_tokens = (uint32_t)c->block_tokens,
+        .kv_dtype = (eng_kv_dtype_t)c->kv_dtype, .n_threads = (uint32_t)c->threads,
+        .max_batch = max_batch,
+    };
+    pd_status_t st = n->ops->load(&lo, &n->model, err, err_len);
+    if (st != PD_OK)
+        return st;
+    n->geom = n->ops->geometry(n->model);
+    eng_tok_t *tok = NULL;
+    if (eng_tok_load_for(n->engine, c->model, &tok, tok_err, tok_err_len) != PD_OK) {
+        if (tok_err[0] == '\0')
+            snprintf(tok_err, tok_err_len, "no tokenizer");
+        return PD_OK;
+    }
+    int32_t eos = eng_tok_eos(tok);
+    if (eos >= 0)
+        n->eos_ids[n->n_eos++] = eos;
+    for (uint32_t id = 0; id < eng_tok_vocab_size(tok) && n->n_eos < ENG_SAMPLE_MAX_EOS; id++)
+        if (eng_tok_is_eog(tok, (int32_t)id) && (int32_t)id != eos)
+            n->eos_ids[n->n_eos++] = (int32_t)id;
+    eng_tok_destroy(tok);
+    return PD_OK;
+}
+
+/* ---- boot ------------------------------------------------------------------- */
+
+int node_fail(const node_t *n, const char *what, pd_status_t st, const char *detail)
+{
+    pd_log(PD_LOG_ERROR, n->role->name, NULL, "%s: %s%s%s", what, pd_status_str(st),
+           detail && detail[0] ? ": " : "", detail ? detail : "");
+    return 1;
+}
+
+int node_boot(node_t *n, const node_boot_opts_t *o)
+{
+    char prog[32];
+    snprintf(prog, sizeof(prog), "pd-%s", n->role->name);
+    if (node_boot_checks(n, prog) != PD_OK)
+        return 2;
+
+    char err[256] = "", tok_err[256] = "";
+    pd_status_t st = node_boot_engine(n, o->max_batch, err, sizeof(err), tok_err, sizeof(tok_err));
+    if (st == PD_ERR_NOT_FOUND) {
+        fprintf(stderr, "%s: --engine: %s\n", prog, err);
+        return 2;
+    }
+    if (st != PD_OK)
+        return node_fail(n, "model load", st, err);
+    if (tok_err[0] != '\0')
+        pd_log(PD_LOG_WARN, n->role->name, NULL, "no tokenizer (%s): no EOS ids", tok_err);
+    if (eng_sample_scratch_create(&n->scratch, n->geom->vocab_size) != PD_OK)
+        return node_fail(n, "boot", PD_ERR_NO_MEMORY, NULL);
+
+    st = pd_loop_create(&n->loop);
+    if (st != PD_OK)
+        return node_fail(n, "event loop", st, NULL);
+    struct event_base *base = pd_loop_base(n->loop);
+
+    /* kvxfer: node id = xxh64(daemon id), one region = the arena */
+    kvx_config_t kc;
+    kvx_config_default(&kc);
+    kc.node_id = node_id_of(n->daemon_id);
+    if (n->have_secret)
+        proto_auth_derive(&n->secret, "pdserve kvx v1", kc.secret);
+    kc.cb_arg = n;
+    if (o->kvx_config)
+        o->kvx_config(n, &kc);
+    st = kvx_ctx_create(&kc, base, &n->kvx);
+    if (st != PD_OK)
+        return node_fail(n, "kvxfer init", st, NULL);
+    uint32_t nblocks = (uint32_t)n->cfg->kv_blocks;
+    st = kvx_region_register(n->kvx, 1, n->geom->block_bytes, nblocks, n->geom->compat_hash,
+                             KVX_ALLOC_UCX, &n->region);
+    if (st != PD_OK)
+        return node_fail(n, "KV arena registration", st, NULL);
+    st = kvx_blocks_create(n->region, nblocks, &n->blocks);
+    if (st != PD_OK)
+        return node_fail(n, "block allocator", st, NULL);
+    st = kvx_meta_pack(n->kvx, n->meta, sizeof(n->meta), &n->meta_len);
+    if (st != PD_OK || n->meta_len > PROTO_KV_ADDR_MAX)
+        return node_fail(n, "kvx metadata", st != PD_OK ? st : PD_ERR_TOO_BIG, NULL);
+    n->incarnation = kvx_ctx_incarnation(n->kvx);
+
+    st = pd_stats_create(n->role->stats, (const char *[]){ "daemon", n->daemon_id, NULL },
+                         &n->stats);
+    if (st != PD_OK)
+        return node_fail(n, "stats", st, NULL);
+    st = eng_runner_create(n->loop, 0, &n->runner);
+    if (st != PD_OK)
+        return node_fail(n, "compute thread", st, NULL);
+    node_drain_init(n);
+
+    if (n->cfg->admin_socket) {
+        pd_admin_opts_t ao = { .path = n->cfg->admin_socket, .prog = prog,
+                               .cfg_schema = n->role->schema, .cfg_target = n->cfg };
+        st = pd_admin_create(n->loop, &ao, &n->admin);
+        if (st != PD_OK)
+            return node_fail(n, "admin socket", st, n->cfg->admin_socket);
+        node_admin_register(n);
+        pd_admin_add_stats(n->admin, n->stats);
+    }
+    st = node_metrics_start(n);
+    if (st != PD_OK)
+        return node_fail(n, "metrics.listen", st, n->cfg->metrics_listen);
+    return PD_CONFIG_RUN;
+}
+
+/* ---- teardown --------------------------------------------------------------- */
+
+void node_teardown(node_t *n, void (*after_kvx)(node_t *n))
+{
+    n->stopping = true;
+    proto_session_destroy(n->sess);
+    n->sess = NULL;
+    eng_runner_destroy(n->runner);          /* the jobs in flight come back aborted */
+    n->runner = NULL;
+    n->role->cancel_all(n);
+    if (n->admin) {
+        pd_admin_remove_stats(n->admin, n->stats);
+        pd_admin_destroy(n->admin);
+        n->admin = NULL;
+    }
+    node_metrics_stop(n);
+    kvx_ctx_destroy(n->kvx);                /* worker first, then the region */
+    n->kvx = NULL;
+    n->region = NULL;
+    if (after_kvx)
+        after_kvx(n);
+    kvx_blocks_destroy(n->blocks);
+    n->blocks = NULL;
+    if (n->drain_ev)
+        event_free(n->drain_ev);
+    pd_loop_destroy(n->loop);               /* runs the deferred frees */
+    pd_stats_destroy(n->stats);
+    n->ops->destroy(n->model);
+    eng_sample_scratch_destroy(&n->scratch);
+    proto_auth_secret_wipe(&n->secret);
+    if (n->cfg->ready_file)
+        unlink(n->cfg->ready_file);
+}

@@ -1,0 +1,124 @@
+/* rtr_flow.h - pd-router's request life cycle (rtr_flow.c) and the few
+ * output calls through which it reaches the client and the backends
+ * (rtr_flow_out_t). The flow never includes evhttp: rtr_http.c plugs the
+ * evhttp front end in (rtr_http_out); the unit test plugs a recorder in and
+ * drives the state machine without sockets.
+ *
+ * Who calls what:
+ *   rtr_http.c: rtr_flow_find (X-Request-Id), rtr_flow_route + rtr_flow_new
+ *     + rtr_flow_start (intake), rtr_flow_client_gone (EOF, close, slow),
+ *     rtr_flow_fail_all (drain timeout, stop), rtr_flow_check_idle (drain);
+ *   rtr_ctl.c, through r->on_backend_msg / r->on_backend_down (set by
+ *     rtr_main.c): rtr_flow_on_msg, rtr_flow_backend_down;
+ *   rtr_flow.c -> rtr_ctl.c: rtr_pick_backend, rtr_have_backend.
+ * Every accepted request ends exactly once, in req_end, reached from
+ * req_complete, req_fail or rtr_flow_client_gone. */
+#ifndef RTR_FLOW_H
+#define RTR_FLOW_H
+
+#include "pd_idhash.h"
+#include "rtr_int.h"
+
+struct evhttp_request;
+struct evhttp_connection;
+struct event;
+
+/* The front end's per-request state: the flow carries it, never reads it. */
+typedef struct {
+    struct evhttp_request *http;         /* NULL once the client is gone */
+    struct evhttp_request *orphan;       /* detached by libevent: ours to free */
+    struct evhttp_connection *evcon;
+    struct event *watch;                 /* client EOF watcher */
+    uint32_t slow_checks;
+} rtr_client_t;
+
+struct rtr_req {
+    rtr_t *r;
+    rtr_req_t *prev, *next;              /* r->reqs */
+    pd_idhash_node_t hnode;              /* by id */
+    rtr_client_t client;                 /* the front end's */
+    struct event *timer;                 /* request timeout */
+    char id[PROTO_REQID_MAX + 1];
+    char resp_id[PROTO_REQID_MAX + 16];
+    int64_t created;                     /* unix seconds at acceptance: the response's "created" */
+    rtr_req_fsm_t fsm;
+    rtr_oai_req_t oai;
+    int32_t *prompt;                     /* (n_prompt) */
+    uint32_t n_prompt;
+    int32_t *gen;                        /* (n_gen) tokens streamed to the client */
+    uint32_t n_gen, cap_gen;
+    rtr_oai_logprob_t *lps;              /* (cap_gen) when oai.logprobs: gen's logprobs */
+    uint64_t lp_chars;                   /* completions text_offset streamed so far */
+    rtr_backend_t *prefill, *decode;
+    uint64_t lease_id;
+    bool lease_held;                     /* PREFILL_DONE seen, lease not handed on */
+    bool disagg;
+    bool headers_sent;
+    uint32_t retries;
+    uint32_t next_tok_seq;
+    rtr_textpipe_t pipe;
+    char *text;                          /* non-streaming: whole completion */
+    size_t text_len, text_cap;
+    uint64_t t_accept_ns, t_last_tok_ns;
+};
+
+/* The output calls. */
+struct rtr_flow_out {
+    /* Is a client still there to answer (no reply sent / ended yet)? */
+    bool (*attached)(const rtr_req_t *q);
+    /* Open the SSE response (200, text/event-stream, X-Request-Id, X-Seed). */
+    void (*stream_open)(rtr_req_t *q);
+    /* Bytes on the open response (SSE frames, [DONE]). */
+    void (*write)(rtr_req_t *q, const char *bytes, size_t len);
+    /* End the open response; the client is detached after. */
+    void (*stream_end)(rtr_req_t *q);
+    /* One whole reply: json (status) or, with err, an OpenAI error body
+     * (err->http_status, Retry-After on 429/503); detaches the client. A
+     * 200 carries X-Seed: the seed the request sampled with. */
+    void (*reply)(rtr_req_t *q, int status, const char *json, const rtr_oai_error_t *err);
+    /* The client does not read (output over client-max-unsent). */
+    bool (*slow)(rtr_req_t *q);
+    /* Forget the client; close its connection if it still holds one. */
+    void (*drop)(rtr_req_t *q);
+    /* The request reached its terminal state (once): stop watching the
+     * client; while draining, keep its connection until it flushed. */
+    void (*ended)(rtr_req_t *q);
+    /* The request's memory goes (deferred): free the front end's part. */
+    void (*release)(rtr_req_t *q);
+    /* Draining and no request is left. */
+    void (*idle)(rtr_t *r);
+    /* A message to a backend; PD_ERR_PEER_GONE if it is down. */
+    pd_status_t (*send)(rtr_backend_t *be, proto_msg_t *msg);
+};
+
+/* The live request with this id, or NULL. */
+rtr_req_t *rtr_flow_find(const char *id);
+
+/* Intake. route: the daemons for a new request (a decode always; a
+ * prefill when disaggregating: returns true then, *pre may still be NULL
+ * when none is eligible). new: allocate, link, count, RECEIVED -> ROUTED;
+ * takes *o and *ids (zeroed) unless PD_ERR_NO_MEMORY; draws a fresh seed
+ * when the client gave none; stamps "created"; PD_ERR_BAD_INPUT:
+ * bad stop strings (nothing linked). start: timeout, PREFILL_REQ or
+ * decode-local (pre == NULL). */
+bool rtr_flow_route(rtr_t *r, uint32_t n_prompt, uint32_t max_tokens, rtr_backend_t **dec,
+                    rtr_backend_t **pre);
+pd_status_t rtr_flow_new(rtr_t *r, const char *reqid, rtr_api_t api, rtr_oai_req_t *o,
+                         int32_t **ids, uint32_t n_ids, rtr_req_t **q_p);
+void rtr_flow_start(rtr_req_t *q, rtr_backend_t *dec, rtr_backend_t *pre);
+
+/* The client went away (why: for the log): CANCEL upstream, RELEASE a held
+ * lease, drop the client, CANCELED. */
+void rtr_flow_client_gone(rtr_req_t *q, const char *why);
+
+/* PREFILL_DONE, TOKENS, FINISH, ERROR from a backend. */
+void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg);
+/* A backend went down: retry or fail its requests. */
+void rtr_flow_backend_down(rtr_t *r, rtr_backend_t *be);
+
+/* End every live request with 503 shutting_down (why: the message). */
+void rtr_flow_fail_all(rtr_t *r, const char *why);
+/* Draining and nothing live: out->idle. */
+void rtr_flow_check_idle(rtr_t *r);
+
+#endif

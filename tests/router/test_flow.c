@@ -1,0 +1,442 @@
+/* test_flow.c - the router's request life cycle (router/rtr_flow.c) driven
+ * without evhttp or sockets: a recorder stands in for the client side and
+ * the backend connections (rtr_flow_out_t), two backends sit in the real
+ * backend table (rtr_ctl.c's pick / have), and the test feeds the messages
+ * the daemons would send. Checks what the client sees, what goes upstream
+ * (PREFILL_REQ, DECODE_REQ, CANCEL, RELEASE) and that each request ends
+ * exactly once with the right counter. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pd_log.h"
+#include "rtr_flow.h"
+
+/* ---- the recorder -------------------------------------------------------- */
+
+#define MAX_SENT 32
+
+typedef struct {
+    uint16_t type;
+    const rtr_backend_t *to;
+    char id[PROTO_REQID_MAX + 1];
+    uint32_t flags;                 /* DECODE_REQ */
+    uint32_t n_generated;           /* DECODE_REQ */
+    uint64_t lease_id;              /* DECODE_REQ, RELEASE */
+} sent_t;
+
+static struct {
+    bool attached;
+    bool opened, ended_stream, dropped;
+    int reply_status;               /* 0: none */
+    int n_ended, n_released, n_idle;
+    char body[8192];                /* what the client got */
+    size_t body_len;
+    sent_t sent[MAX_SENT];
+    int n_sent;
+} rec;
+
+static void body_add(const char *s, size_t n)
+{
+    if (rec.body_len + n < sizeof(rec.body)) {
+        memcpy(rec.body + rec.body_len, s, n);
+        rec.body_len += n;
+        rec.body[rec.body_len] = '\0';
+    }
+}
+
+static bool f_attached(const rtr_req_t *q) { (void)q; return rec.attached; }
+static void f_open(rtr_req_t *q) { (void)q; rec.opened = true; }
+static void f_write(rtr_req_t *q, const char *b, size_t n) { (void)q; body_add(b, n); }
+static void f_end(rtr_req_t *q) { (void)q; rec.ended_stream = true; rec.attached = false; }
+static bool f_slow(rtr_req_t *q) { (void)q; return false; }
+static void f_drop(rtr_req_t *q) { (void)q; rec.dropped = true; rec.attached = false; }
+static void f_ended(rtr_req_t *q) { (void)q; rec.n_ended++; }
+static void f_release(rtr_req_t *q) { (void)q; rec.n_released++; }
+static void f_idle(rtr_t *r) { (void)r; rec.n_idle++; }
+
+static void f_reply(rtr_req_t *q, int status, const char *json, const rtr_oai_error_t *err)
+{
+    (void)q;
+    rec.reply_status = err != NULL ? err->http_status : status;
+    if (json != NULL)
+        body_add(json, strlen(json));
+    if (err != NULL)
+        body_add(err->message, strlen(err->message));
+    rec.attached = false;
+}
+
+static pd_status_t f_send(rtr_backend_t *be, proto_msg_t *m)
+{
+    if (be == NULL || be->conn == NULL)
+        return PD_ERR_PEER_GONE;
+    assert_true(rec.n_sent < MAX_SENT);
+    sent_t *s = &rec.sent[rec.n_sent++];
+    memset(s, 0, sizeof(*s));
+    s->type = m->hdr.type;
+    s->to = be;
+    const char *id = "";
+    switch (m->hdr.type) {
+    case PROTO_MSG_PREFILL_REQ: id = m->u.prefill_req.request_id; break;
+    case PROTO_MSG_DECODE_REQ:
+        id = m->u.decode_req.request_id;
+        s->flags = m->u.decode_req.flags;
+        s->n_generated = m->u.decode_req.generated.n;
+        s->lease_id = m->u.decode_req.lease_id;
+        break;
+    case PROTO_MSG_CANCEL: id = m->u.cancel.request_id; break;
+    case PROTO_MSG_RELEASE:
+        id = m->u.release.request_id;
+        s->lease_id = m->u.release.lease_id;
+        break;
+    default: break;
+    }
+    snprintf(s->id, sizeof(s->id), "%s", id);
+    return PD_OK;
+}
+
+static const rtr_flow_out_t fake_out = {
+    .attached = f_attached, .stream_open = f_open, .write = f_write, .stream_end = f_end,
+    .reply = f_reply, .slow = f_slow, .drop = f_drop, .ended = f_ended,
+    .release = f_release, .idle = f_idle, .send = f_send,
+};
+
+/* ---- a router with one prefill and one decode ------------------------------- */
+
+static const pd_stat_desc_t rtr_descs[] = { RTR_STATS(PD_STAT_DESC) };
+static const pd_stats_table_t rtr_table = PD_STATS_TABLE("router", rtr_descs);
+static const pd_stat_desc_t be_descs[] = { RTR_BE_STATS(PD_STAT_DESC) };
+static const pd_stats_table_t be_table = PD_STATS_TABLE("router_backend", be_descs);
+
+static int fake_conn;               /* stands in for a live connection */
+
+typedef struct {
+    rtr_t r;
+    rtr_backend_t *pre, *dec;
+} fx_t;
+
+static void add_backend(rtr_t *r, rtr_backend_t *be, const char *id, uint16_t role,
+                        uint32_t caps)
+{
+    be->used = true;
+    snprintf(be->id, sizeof(be->id), "%s", id);
+    be->role = role;
+    be->caps = caps;
+    be->state = RTR_BE_READY;
+    be->admin_state = RTR_BE_READY;
+    be->conn = (proto_conn_t *)&fake_conn;
+    be->hb.free_blocks = 1000;
+    be->hb.total_blocks = 1000;
+    assert_int_equal(pd_stats_create(&be_table, (const char *[]){ "backend", id, NULL },
+                                     &be->stats), PD_OK);
+}
+
+static int fx_setup(void **state)
+{
+    fx_t *f = calloc(1, sizeof(*f));
+    assert_non_null(f);
+    rtr_t *r = &f->r;
+    memset(&rec, 0, sizeof(rec));
+    r->cfg.max_retries = 2;
+    r->cfg.request_timeout_ns = 600000000000ull;
+    r->cfg.disagg_mode = RTR_DISAGG_ALWAYS;
+    r->out = &fake_out;
+    snprintf(r->model_name, sizeof(r->model_name), "test-model");
+    assert_int_equal(eng_tok_create_byte(260, &r->tok), PD_OK);
+    assert_int_equal(pd_stats_create(&rtr_table, NULL, &r->stats), PD_OK);
+    assert_int_equal(pd_loop_create(&r->loop), PD_OK);
+    r->base = pd_loop_base(r->loop);
+    f->pre = &r->be[0];
+    f->dec = &r->be[1];
+    add_backend(r, f->pre, "p0", PROTO_ROLE_PREFILL, PROTO_CAP_PREFILL | PROTO_CAP_KV_EXPORT);
+    add_backend(r, f->dec, "d0", PROTO_ROLE_DECODE,
+                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
+    *state = f;
+    return 0;
+}
+
+static int fx_teardown(void **state)
+{
+    fx_t *f = *state;
+    rtr_t *r = &f->r;
+    rtr_flow_fail_all(r, "test over");
+    pd_loop_destroy(r->loop);       /* runs the deferred frees */
+    for (int i = 0; i < RTR_MAX_BACKENDS; i++)
+        pd_stats_destroy(r->be[i].stats);
+    pd_stats_destroy(r->stats);
+    eng_tok_destroy(r->tok);
+    free(f);
+    return 0;
+}
+
+static uint64_t counter(const fx_t *f, rtr_stat_id_t id)
+{
+    return pd_stats_counter(f->r.stats, id);
+}
+
+/* Accept one request ("Hi" as bytes) the way rtr_http.c does. */
+static rtr_req_t *accept_req(fx_t *f, const char *id, bool stream, uint32_t max_tokens)
+{
+    rtr_oai_req_t o;
+    memset(&o, 0, sizeof(o));
+    o.api = RTR_API_COMPLETIONS;
+    o.max_tokens = max_tokens;
+    o.top_p = 1.0f;
+    o.stream = stream;
+    int32_t *ids = malloc(2 * sizeof(*ids));
+    assert_non_null(ids);
+    ids[0] = 'H';
+    ids[1] = 'i';
+    rtr_backend_t *dec, *pre;
+    bool disagg = rtr_flow_route(&f->r, 2, max_tokens, &dec, &pre);
+    assert_ptr_equal(dec, f->dec);
+    rtr_req_t *q = NULL;
+    assert_int_equal(rtr_flow_new(&f->r, id, RTR_API_COMPLETIONS, &o, &ids, 2, &q), PD_OK);
+    assert_null(ids);
+    rec.attached = true;
+    rtr_flow_start(q, dec, disagg ? pre : NULL);
+    return q;
+}
+
+static void deliver(fx_t *f, rtr_backend_t *from, proto_msg_t *m)
+{
+    rtr_flow_on_msg(&f->r, from, m);
+}
+
+static void prefill_done(fx_t *f, const char *id, int32_t token0, uint64_t lease)
+{
+    static uint8_t handle[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_PREFILL_DONE;
+    snprintf(m.u.prefill_done.request_id, sizeof(m.u.prefill_done.request_id), "%s", id);
+    m.u.prefill_done.first_token = token0;
+    m.u.prefill_done.n_prompt_tokens = 2;
+    m.u.prefill_done.lease_id = lease;
+    m.u.prefill_done.kv_handle.p = handle;
+    m.u.prefill_done.kv_handle.len = sizeof(handle);
+    deliver(f, f->pre, &m);
+}
+
+static void tokens(fx_t *f, const char *id, uint32_t seq, const int32_t *t, uint32_t n)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_TOKENS;
+    snprintf(m.u.tokens.request_id, sizeof(m.u.tokens.request_id), "%s", id);
+    m.u.tokens.seq = seq;
+    m.u.tokens.tokens.n = n;
+    m.u.tokens.tokens.v = (int32_t *)t;
+    deliver(f, f->dec, &m);
+}
+
+static void finish(fx_t *f, const char *id, uint16_t reason)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_FINISH;
+    snprintf(m.u.finish.request_id, sizeof(m.u.finish.request_id), "%s", id);
+    m.u.finish.reason = reason;
+    deliver(f, f->dec, &m);
+}
+
+static void error_from(fx_t *f, rtr_backend_t *be, const char *id, pd_status_t st)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_ERROR;
+    snprintf(m.u.error.request_id, sizeof(m.u.error.request_id), "%s", id);
+    m.u.error.status = st;
+    snprintf(m.u.error.message, sizeof(m.u.error.message), "test");
+    deliver(f, be, &m);
+}
+
+static const sent_t *last_sent(void)
+{
+    assert_true(rec.n_sent > 0);
+    return &rec.sent[rec.n_sent - 1];
+}
+
+/* ---- tests ------------------------------------------------------------------ */
+
+/* PREFILL_REQ -> PREFILL_DONE (token 0 streamed, DECODE_REQ with the lease)
+ * -> TOKENS -> FINISH: one stream, [DONE], COMPLETED. */
+static void test_disaggregated_stream(void **state)
+{
+    fx_t *f = *state;
+    rtr_req_t *q = accept_req(f, "r1", true, 16);
+    assert_int_equal(q->fsm.state, RTR_REQ_PREFILLING);
+    assert_int_equal(last_sent()->type, PROTO_MSG_PREFILL_REQ);
+    assert_ptr_equal(last_sent()->to, f->pre);
+    assert_int_equal(f->pre->assigned, 1);
+
+    prefill_done(f, "r1", 'O', 77);
+    assert_true(rec.opened);
+    assert_non_null(strstr(rec.body, "\"O\""));
+    const sent_t *s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_DECODE_REQ);
+    assert_ptr_equal(s->to, f->dec);
+    assert_int_equal(s->flags & PROTO_DEC_PREFILL_LOCALLY, 0);
+    assert_int_equal(s->n_generated, 1);
+    assert_int_equal(s->lease_id, 77);
+    assert_false(q->lease_held);
+    assert_int_equal(q->fsm.state, RTR_REQ_DECODING);
+
+    int32_t t[2] = { 'k', '!' };
+    tokens(f, "r1", 0, t, 2);
+    assert_non_null(strstr(rec.body, "\"k!\""));
+    finish(f, "r1", PROTO_FINISH_LENGTH);
+    assert_null(rtr_flow_find("r1"));
+    assert_true(rec.ended_stream);
+    assert_non_null(strstr(rec.body, "\"finish_reason\":\"length\""));
+    assert_non_null(strstr(rec.body, "data: [DONE]\n\n"));
+    assert_int_equal(rec.n_ended, 1);
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
+    assert_int_equal(counter(f, RTR_STAT_requests_failed), 0);
+    assert_int_equal(f->pre->assigned + f->dec->assigned, 0);
+    assert_int_equal(f->r.n_reqs, 0);
+}
+
+/* A prefill ERROR: retried decode-local on the decode (generated empty),
+ * then a non-streamed reply with the whole text. */
+static void test_prefill_error_retries_local(void **state)
+{
+    fx_t *f = *state;
+    rtr_req_t *q = accept_req(f, "r2", false, 16);
+    error_from(f, f->pre, "r2", PD_ERR_OVERLOADED);
+    const sent_t *s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_DECODE_REQ);
+    assert_ptr_equal(s->to, f->dec);
+    assert_int_equal(s->flags & PROTO_DEC_PREFILL_LOCALLY, PROTO_DEC_PREFILL_LOCALLY);
+    assert_int_equal(s->n_generated, 0);
+    assert_int_equal(q->fsm.state, RTR_REQ_DECODING);
+    assert_int_equal(counter(f, RTR_STAT_requests_retried), 1);
+
+    int32_t t[3] = { 'o', 'k', '.' };
+    tokens(f, "r2", 0, t, 3);
+    assert_false(rec.opened);           /* not streamed */
+    finish(f, "r2", PROTO_FINISH_STOP);
+    assert_int_equal(rec.reply_status, 200);
+    assert_non_null(strstr(rec.body, "\"text\":\"ok.\""));
+    assert_non_null(strstr(rec.body, "\"finish_reason\":\"stop\""));
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
+}
+
+/* The decode dies after streaming: an error frame mid-stream, FAILED. */
+static void test_decode_down_mid_stream(void **state)
+{
+    fx_t *f = *state;
+    accept_req(f, "r3", true, 16);
+    prefill_done(f, "r3", 'a', 1);
+    int32_t t[1] = { 'b' };
+    tokens(f, "r3", 0, t, 1);
+    f->dec->conn = NULL;
+    rtr_flow_backend_down(&f->r, f->dec);
+    assert_null(rtr_flow_find("r3"));
+    assert_true(rec.ended_stream);
+    assert_non_null(strstr(rec.body, "died mid-stream"));
+    assert_int_equal(counter(f, RTR_STAT_requests_failed), 1);
+    assert_int_equal(rec.n_ended, 1);
+}
+
+/* The client leaves while its prompt is on the prefill: CANCEL to the
+ * prefill, CANCELED; the PREFILL_DONE that still comes for the gone request
+ * is RELEASEd at once (the blocks come back before the lease TTL). */
+static void test_client_gone_and_late_prefill_done(void **state)
+{
+    fx_t *f = *state;
+    rtr_req_t *q = accept_req(f, "r4", true, 16);
+    rtr_flow_client_gone(q, "test");
+    const sent_t *s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_CANCEL);
+    assert_ptr_equal(s->to, f->pre);
+    assert_string_equal(s->id, "r4");
+    assert_true(rec.dropped);
+    assert_null(rtr_flow_find("r4"));
+    assert_int_equal(counter(f, RTR_STAT_requests_canceled), 1);
+    assert_int_equal(counter(f, RTR_STAT_client_disconnects), 1);
+
+    prefill_done(f, "r4", 'x', 42);
+    s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_RELEASE);
+    assert_ptr_equal(s->to, f->pre);
+    assert_int_equal(s->lease_id, 42);
+}
+
+/* max_tokens 1: token 0 from the prefill ends the request; the lease the
+ * router holds goes back with RELEASE, no DECODE_REQ is sent. */
+static void test_token0_is_the_last(void **state)
+{
+    fx_t *f = *state;
+    accept_req(f, "r5", true, 1);
+    prefill_done(f, "r5", 'z', 9);
+    const sent_t *s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_RELEASE);
+    assert_int_equal(s->lease_id, 9);
+    for (int i = 0; i < rec.n_sent; i++)
+        assert_int_not_equal(rec.sent[i].type, PROTO_MSG_DECODE_REQ);
+    assert_non_null(strstr(rec.body, "\"finish_reason\":\"length\""));
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
+}
+
+/* Pull failures count as KV transfer failures, release the handle and
+ * retry decode-local with the streamed token; retries run out -> 502. */
+static void test_pull_failure_retries_then_fails(void **state)
+{
+    fx_t *f = *state;
+    f->r.cfg.max_retries = 1;
+    accept_req(f, "r6", true, 16);
+    prefill_done(f, "r6", 'p', 5);
+    error_from(f, f->dec, "r6", PD_ERR_STALE);
+    assert_int_equal(counter(f, RTR_STAT_kv_transfer_failures), 1);
+    const sent_t *rel = &rec.sent[rec.n_sent - 2];
+    assert_int_equal(rel->type, PROTO_MSG_RELEASE);
+    assert_int_equal(rel->lease_id, 5);
+    const sent_t *s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_DECODE_REQ);
+    assert_int_equal(s->flags & PROTO_DEC_PREFILL_LOCALLY, PROTO_DEC_PREFILL_LOCALLY);
+    assert_int_equal(s->n_generated, 1);          /* the client already has 'p' */
+    error_from(f, f->dec, "r6", PD_ERR_INTERNAL);
+    assert_null(rtr_flow_find("r6"));
+    assert_int_equal(counter(f, RTR_STAT_requests_failed), 1);
+    assert_non_null(strstr(rec.body, "after 1 retries"));
+}
+
+/* Stale messages (wrong backend, wrong state) change nothing. */
+static void test_stale_messages_ignored(void **state)
+{
+    fx_t *f = *state;
+    rtr_req_t *q = accept_req(f, "r7", true, 16);
+    int32_t t[1] = { 'q' };
+    tokens(f, "r7", 0, t, 1);                      /* TOKENS while PREFILLING */
+    finish(f, "r7", PROTO_FINISH_STOP);            /* FINISH from the decode, too early */
+    assert_int_equal(q->fsm.state, RTR_REQ_PREFILLING);
+    assert_int_equal(q->n_gen, 0);
+    assert_false(rec.opened);
+    rtr_flow_fail_all(&f->r, "stopping");
+    assert_null(rtr_flow_find("r7"));
+    assert_int_equal(last_sent()->type, PROTO_MSG_CANCEL);
+    assert_int_equal(rec.reply_status, 503);
+}
+
+int main(void)
+{
+    pd_log_set_level(PD_LOG_ERROR);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_disaggregated_stream, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_prefill_error_retries_local, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_decode_down_mid_stream, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_client_gone_and_late_prefill_done, fx_setup,
+                                        fx_teardown),
+        cmocka_unit_test_setup_teardown(test_token0_is_the_last, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_pull_failure_retries_then_fails, fx_setup,
+                                        fx_teardown),
+        cmocka_unit_test_setup_teardown(test_stale_messages_ignored, fx_setup, fx_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
