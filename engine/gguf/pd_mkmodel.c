@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "gguf.h"
+#include "mk_mix.h"
 
 #define MK_BYTE_TOKENS 256u
 #define MK_TOK_BOS     256u  /* "<s>" */
@@ -57,6 +58,8 @@ typedef struct {
     bool vocab_set;            /* --vocab given explicitly */
     uint32_t alignment;
     const char *out;
+    const char *type_name;     /* --type (a ggml type or a preset mix name) */
+    mk_mix_t mix;              /* resolved from type / type_name by validate() */
 } mk_cfg_t;
 
 typedef struct {
@@ -161,7 +164,9 @@ static void add_tensor(mk_ctx_t *mk, const char *name, mk_init_t init, uint64_t 
     uint64_t s = cfg->seed ^ fnv1a64(name);
     uint64_t ne[2] = {ne0, ne1};
     uint64_t n = ne0 * ne1;
-    uint32_t type = init == MK_INIT_WEIGHT ? cfg->type : GGML_TYPE_F32;
+    uint32_t type = init == MK_INIT_WEIGHT
+                        ? mk_mix_type(&cfg->mix, name, ne0, cfg->layers, cfg->tied)
+                        : GGML_TYPE_F32;
     pd_status_t status;
 
     for (uint64_t r = 0; r < ne1; r++) {
@@ -194,7 +199,7 @@ static void add_all_tensors(mk_ctx_t *mk)
     uint32_t kv_dim = head_dim * c->kv_heads;
     float s_dim = inv_sqrt((float)c->dim);
     float s_ffn = inv_sqrt((float)c->ffn);
-    bool byte_rows = strcmp(c->vocab_type, "byte") == 0 && c->vocab_from == NULL;
+    bool byte_rows = strcmp(c->vocab_type, "none") != 0 && c->vocab_from == NULL;
     char name[96];
 
     /* tied: the embedding is also the output matrix; a small scale keeps the
@@ -236,7 +241,9 @@ static void add_all_tensors(mk_ctx_t *mk)
             die("metadata %s: %s", #expr, pd_status_str(st_));               \
     } while (0)
 
-static void add_byte_vocab(gguf_writer_t *w, uint32_t vocab)
+/* model: "pdbyte", or "llama" (--vocab-type spm: the same tokens as a
+ * SentencePiece vocabulary with byte fallback, which llama.cpp can load) */
+static void add_byte_vocab(gguf_writer_t *w, uint32_t vocab, const char *model)
 {
     char **toks = calloc(vocab, sizeof(*toks));
     float *scores = calloc(vocab, sizeof(*scores));
@@ -267,7 +274,7 @@ static void add_byte_vocab(gguf_writer_t *w, uint32_t vocab)
             die("out of memory");
         types[i] = type;
     }
-    CHECK(gguf_writer_add_string(w, "tokenizer.ggml.model", "pdbyte"));
+    CHECK(gguf_writer_add_string(w, "tokenizer.ggml.model", model));
     CHECK(gguf_writer_add_string(w, "tokenizer.ggml.pre", "default"));
     CHECK(gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)toks, NULL,
                                   vocab));
@@ -315,18 +322,6 @@ static uint32_t add_vocab_from(gguf_writer_t *w, const char *path)
     return vocab;
 }
 
-static uint32_t file_type_of(uint32_t type)
-{
-    switch (type) {
-    case GGML_TYPE_F32:  return 0;
-    case GGML_TYPE_F16:  return 1;
-    case GGML_TYPE_Q4_0: return 2;
-    case GGML_TYPE_Q8_0: return 7;
-    case GGML_TYPE_BF16: return 32;
-    default:             return 0;
-    }
-}
-
 static void add_metadata(gguf_writer_t *w, mk_cfg_t *c)
 {
     char key[128];
@@ -334,7 +329,7 @@ static void add_metadata(gguf_writer_t *w, mk_cfg_t *c)
 
     CHECK(gguf_writer_add_string(w, "general.architecture", a));
     CHECK(gguf_writer_add_string(w, "general.name", c->name));
-    CHECK(gguf_writer_add_u32(w, "general.file_type", file_type_of(c->type)));
+    CHECK(gguf_writer_add_u32(w, "general.file_type", c->mix.file_type));
     CHECK(gguf_writer_add_u32(w, "general.quantization_version", 2));
     CHECK(gguf_writer_add_string(w, "pdserve.generator", "pd-mkmodel 1"));
     CHECK(gguf_writer_add_u64(w, "pdserve.seed", c->seed));
@@ -352,7 +347,9 @@ static void add_metadata(gguf_writer_t *w, mk_cfg_t *c)
     if (c->vocab_from != NULL)
         c->vocab = add_vocab_from(w, c->vocab_from);
     else if (strcmp(c->vocab_type, "byte") == 0)
-        add_byte_vocab(w, c->vocab);
+        add_byte_vocab(w, c->vocab, "pdbyte");
+    else if (strcmp(c->vocab_type, "spm") == 0)
+        add_byte_vocab(w, c->vocab, "llama");
     snprintf(key, sizeof(key), "%s.vocab_size", a);
     CHECK(gguf_writer_add_u32(w, key, c->vocab));
 }
@@ -407,9 +404,13 @@ static void usage(FILE *f)
         "  --rope-base F     RoPE frequency base\n"
         "  --rms-eps F       RMSNorm epsilon\n"
         "  --tied | --untied output.weight absent (tied to token_embd) or present\n"
-        "  --type T          2-D weight type: f32 f16 bf16 q8_0 q4_0 (norms/biases f32)\n"
+        "  --type T          2-D weight type (norms/biases f32): f32 f16 bf16 q8_0 q4_0\n"
+        "                    q4_1 q5_0 q5_1 iq4_nl q2_K q3_K q4_K q5_K q6_K, or a\n"
+        "                    llama-quantize style mix: q2_K q3_K_S q3_K_M q3_K_L\n"
+        "                    q4_K_S q4_K_M q5_K_S q5_K_M q6_K (see engine/gguf/mk_mix.c)\n"
         "  --seed N          weight seed (u64)\n"
-        "  --vocab-type V    byte (tokenizer.ggml.model \"pdbyte\") | none\n"
+        "  --vocab-type V    byte (tokenizer.ggml.model \"pdbyte\") | spm (the same\n"
+        "                    tokens as model \"llama\", loadable by llama.cpp) | none\n"
         "  --vocab-from F    copy all tokenizer.* keys from GGUF F (sets vocab size)\n"
         "  --name S          general.name\n"
         "  --alignment N     data alignment (power of two, 8..65536)\n"
@@ -417,14 +418,30 @@ static void usage(FILE *f)
         "  -h, --help\n");
 }
 
-static void validate(const mk_cfg_t *c)
+static void validate(mk_cfg_t *c)
 {
+    if (c->type_name != NULL) {
+        if (mk_mix_parse(c->type_name, &c->mix) != PD_OK)
+            die_usage("--type '%s': want one of %s, or a mix: %s", c->type_name,
+                      ggml_supported_types(), mk_mix_names());
+    } else if (mk_mix_parse(ggml_type_name(c->type), &c->mix) != PD_OK) {
+        die_usage("preset type %s is not supported", ggml_type_name(c->type));
+    } else {
+        c->mix.variant = 0; /* a preset's type is plain */
+        c->mix.file_type = c->type == GGML_TYPE_Q2_K || c->type == GGML_TYPE_Q6_K
+                               ? 1024 : c->mix.file_type;
+    }
+    c->type = c->mix.base;
     const ggml_type_info_t *info = ggml_type_info(c->type);
+    /* K-quant rows that are not whole super-blocks fall back to 32-blocks */
+    if (info->block_size == 256)
+        info = ggml_type_info(GGML_TYPE_Q8_0);
 
     if (strcmp(c->arch, "llama") != 0 && strcmp(c->arch, "qwen2") != 0)
         die_usage("--arch '%s': want llama or qwen2", c->arch);
-    if (strcmp(c->vocab_type, "byte") != 0 && strcmp(c->vocab_type, "none") != 0)
-        die_usage("--vocab-type '%s': want byte or none", c->vocab_type);
+    if (strcmp(c->vocab_type, "byte") != 0 && strcmp(c->vocab_type, "spm") != 0 &&
+        strcmp(c->vocab_type, "none") != 0)
+        die_usage("--vocab-type '%s': want byte, spm or none", c->vocab_type);
     if (c->dim % c->heads != 0)
         die_usage("--dim %u is not a multiple of --heads %u", c->dim, c->heads);
     if ((c->dim / c->heads) % 2 != 0)
@@ -434,7 +451,7 @@ static void validate(const mk_cfg_t *c)
     if (c->dim % info->block_size != 0 || c->ffn % info->block_size != 0)
         die_usage("--type %s needs --dim and --ffn multiples of %u", info->name,
                   info->block_size);
-    if (c->vocab_from == NULL && strcmp(c->vocab_type, "byte") == 0 && c->vocab < MK_BYTE_VOCAB_MIN)
+    if (c->vocab_from == NULL && strcmp(c->vocab_type, "none") != 0 && c->vocab < MK_BYTE_VOCAB_MIN)
         die_usage("--vocab %u: byte vocab needs >= %u", c->vocab, MK_BYTE_VOCAB_MIN);
     if (c->vocab_from != NULL && c->vocab_set)
         die_usage("--vocab and --vocab-from are exclusive (vocab size comes from the file)");
@@ -507,13 +524,7 @@ int main(int argc, char **argv)
         case O_EPS: cfg.rms_eps = parse_pos_f32("--rms-eps", optarg); break;
         case O_TIED: cfg.tied = true; break;
         case O_UNTIED: cfg.tied = false; break;
-        case O_TYPE: {
-            ggml_type_t t;
-            if (ggml_type_parse(optarg, &t) != PD_OK)
-                die_usage("--type '%s': want f32, f16, bf16, q8_0 or q4_0", optarg);
-            cfg.type = t;
-            break;
-        }
+        case O_TYPE: cfg.type_name = optarg; break;
         case O_SEED: cfg.seed = parse_u64("--seed", optarg, 0, UINT64_MAX); break;
         case O_VOCAB_TYPE: cfg.vocab_type = optarg; break;
         case O_VOCAB_FROM: cfg.vocab_from = optarg; break;
@@ -552,7 +563,7 @@ int main(int argc, char **argv)
         die("%s", err);
     printf("wrote %s: %s %s, %" PRIu64 " params, %s, dim %u layers %u heads %u/%u ffn %u "
            "vocab %u ctx %u seed %" PRIu64 "\n", cfg.out, cfg.arch, cfg.name, mk.n_params,
-           ggml_type_name(cfg.type), cfg.dim, cfg.layers, cfg.heads, cfg.kv_heads, cfg.ffn,
+           cfg.mix.name, cfg.dim, cfg.layers, cfg.heads, cfg.kv_heads, cfg.ffn,
            cfg.vocab, cfg.ctx, cfg.seed);
     gguf_writer_destroy(w);
     return 0;

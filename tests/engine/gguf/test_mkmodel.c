@@ -325,7 +325,7 @@ static void test_bad_flags(void **state)
     (void)state;
     expect_usage_error("missing -o", "--preset", "tiny", NULL, NULL);
     expect_usage_error("unknown --preset 'huge'", "--preset", "huge", "-o", o);
-    expect_usage_error("--type 'q4_K'", "--type", "q4_K", "-o", o);
+    expect_usage_error("--type 'iq2_xs'", "--type", "iq2_xs", "-o", o);
     expect_usage_error("--kv-heads 3 must divide --heads 8", "--kv-heads", "3", "-o", o);
     expect_usage_error("--dim 250 is not a multiple", "--dim", "250", "-o", o);
     expect_usage_error("--dim: '12x'", "--dim", "12x", "-o", o);

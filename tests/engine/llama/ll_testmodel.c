@@ -38,7 +38,18 @@ static int tm_add(gguf_writer_t *w, const char *name, uint32_t type, uint32_t ro
     for (size_t i = 0; i < n; i++)
         d[i] = offset + scale * tm_uniform(rng);
     uint64_t ne[2] = { cols, rows };
-    pd_status_t st = gguf_writer_add_tensor_f32(w, name, type, rows == 1 ? 1 : 2, ne, d);
+    const ggml_type_info_t *info = ggml_type_info(type);
+    pd_status_t st;
+    if (info && !info->supported) { /* a type pdserve cannot write: zero bytes */
+        uint64_t nb = 0;
+        ggml_nbytes(type, n, &nb);
+        void *raw = calloc(1, nb ? nb : 1);
+        st = raw ? gguf_writer_add_tensor_raw(w, name, type, rows == 1 ? 1 : 2, ne, raw, nb)
+                 : PD_ERR_NO_MEMORY;
+        free(raw);
+    } else {
+        st = gguf_writer_add_tensor_f32(w, name, type, rows == 1 ? 1 : 2, ne, d);
+    }
     free(d);
     return st == PD_OK ? 0 : -1;
 }
@@ -84,8 +95,9 @@ int ll_tm_write(const ll_tm_spec_t *s, const char *path)
     if (s->rope_freqs) /* divisors in [1, 9) */
         rc |= tm_add(w, "rope_freqs.weight", 0, 1, (s->rope_dim ? s->rope_dim : hd) / 2,
                      4.0f, 5.0f, &rng);
+    uint32_t alt = s->wtype_alt ? s->wtype_alt : s->wtype;
     if (!s->tied)
-        rc |= tm_add(w, "output.weight", s->wtype, s->vocab, E, se, 0, &rng);
+        rc |= tm_add(w, "output.weight", alt, s->vocab, E, se, 0, &rng);
     for (uint32_t l = 0; l < s->n_layers && !rc; l++) {
         char n[96];
 #define T(suffix, type, rows, cols, scale, off)                               \
@@ -94,7 +106,7 @@ int ll_tm_write(const ll_tm_spec_t *s, const char *path)
         T("attn_norm.weight", 0, 1, E, 0.1f, 1.0f)
         T("attn_q.weight", s->wtype, qd, E, 2 * se, 0)
         T("attn_k.weight", s->wtype, kvd, E, 2 * se, 0)
-        T("attn_v.weight", s->wtype, kvd, E, se, 0)
+        T("attn_v.weight", alt, kvd, E, se, 0)
         if (s->bias) {
             T("attn_q.bias", 0, 1, qd, 0.2f, 0)
             T("attn_k.bias", 0, 1, kvd, 0.2f, 0)
@@ -104,7 +116,7 @@ int ll_tm_write(const ll_tm_spec_t *s, const char *path)
         T("ffn_norm.weight", 0, 1, E, 0.1f, 1.0f)
         T("ffn_gate.weight", s->wtype, s->n_ff, E, 2 * se, 0)
         T("ffn_up.weight", s->wtype, s->n_ff, E, se, 0)
-        T("ffn_down.weight", s->wtype, E, s->n_ff, sf, 0)
+        T("ffn_down.weight", alt, E, s->n_ff, sf, 0)
 #undef T
     }
     char err[200];

@@ -18,6 +18,8 @@ typedef struct {
     const char *omit;          /* tensor name to leave out (tests of bad files) */
     bool rope_freqs;           /* add a rope_freqs.weight (Llama 3.1 style) */
     float rope_linear;         /* > 0: rope.scaling.type "linear" with this factor */
+    uint32_t wtype_alt;        /* != 0: attn_v, ffn_down and output use this type
+                                * (a llama-quantize style mix, e.g. Q4_K + Q6_K) */
 } ll_tm_spec_t;
 
 /* Write the model to path. Returns 0 on success. */
