@@ -98,6 +98,8 @@ uint32_t mk_mix_type(const mk_mix_t *mix, const char *name, uint64_t ne0,
                      uint32_t n_layers, bool tied)
 {
     uint32_t base = mix->base, t = base;
+    if (strstr(name, "ffn_gate_inp") != NULL) /* MoE routers stay f32 */
+        return GGML_TYPE_F32;
     if (mix->variant == 0)
         return fallback(base, ne0);
     int l = -1, n = (int)n_layers;

@@ -150,6 +150,21 @@ static void test_ref_agreement(void **state)
                           true, 38 }, ENG_KV_F32, 1e-5 },
         { "llama_q6_K", { "llama", 256, 2, 4, 2, 512, 300, 256, 0, GGML_TYPE_Q6_K, false,
                           false, 39 }, ENG_KV_F32, 1e-5 },
+        /* the newer architectures */
+        { "qwen3_f32_hd32", { "qwen3", 64, 2, 4, 2, 96, 300, 256, 0, 0, false, false, 51,
+                              NULL, false, 0, 0, 32 }, ENG_KV_F32, 1e-5 },
+        { "qwen3_q4_K_M", { "qwen3", 256, 2, 4, 2, 512, 300, 256, 0, GGML_TYPE_Q4_K, true,
+                            false, 52, NULL, false, 0, GGML_TYPE_Q6_K }, ENG_KV_F16, 1e-3 },
+        { "qwen3moe_f32", { "qwen3moe", 64, 2, 4, 2, 96, 300, 256, 0, 0, false, false, 53,
+                            NULL, false, 0, 0, 0, 8, 2, 32 }, ENG_KV_F32, 1e-5 },
+        { "qwen3moe_q5_K_k3", { "qwen3moe", 256, 2, 4, 2, 512, 300, 256, 0, GGML_TYPE_Q5_K,
+                                false, false, 54, NULL, false, 0, GGML_TYPE_Q6_K, 0, 6, 3,
+                                256 }, ENG_KV_F32, 1e-5 },
+        { "gemma3_f32_swa4", { "gemma3", 64, 7, 4, 2, 96, 300, 256, 0, 0, true, false, 55,
+                               NULL, false, 0, 0, 0, 0, 0, 0, 4 }, ENG_KV_F32, 1e-5 },
+        { "gemma3_q3_K_swa5", { "gemma3", 256, 7, 4, 1, 512, 300, 256, 0, GGML_TYPE_Q3_K, true,
+                                false, 56, NULL, false, 0, GGML_TYPE_Q5_K, 64, 0, 0, 0, 5 },
+          ENG_KV_F16, 1e-3 },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         check_ref_case(&cases[i]);
@@ -349,9 +364,13 @@ static void test_batch_invariance(void **state)
     static const ll_tm_spec_t q51 = { "llama", 64, 2, 4, 2, 96, 300, 256, 0,
                                       GGML_TYPE_Q5_1, false, false, 43, NULL, false, 0,
                                       GGML_TYPE_Q5_0 };
+    static const ll_tm_spec_t moe = { "qwen3moe", 64, 2, 4, 2, 96, 300, 256, 0, 1, false,
+                                      false, 44, NULL, false, 0, 0, 0, 8, 2, 32 };
+    static const ll_tm_spec_t g3 = { "gemma3", 256, 6, 4, 2, 256, 300, 256, 0, GGML_TYPE_Q6_K,
+                                     true, false, 45, NULL, false, 0, 0, 0, 0, 0, 0, 6 };
     const struct { const ll_tm_spec_t *s; const char *tag; } models[] = {
         { &spec_gqa_f16, "gqa_f16" }, { &q4km, "bi_q4_K_M" }, { &q3k, "bi_q3_K_iq4nl" },
-        { &q51, "bi_q5_1_q5_0" },
+        { &q51, "bi_q5_1_q5_0" }, { &moe, "bi_qwen3moe" }, { &g3, "bi_gemma3_q6_K" },
     };
     for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
         fx_spec = models[i].s;
