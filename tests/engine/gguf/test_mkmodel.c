@@ -335,7 +335,7 @@ static void test_bad_flags(void **state)
     expect_usage_error("--arch 'gpt2'", "--arch", "gpt2", "-o", o);
     expect_usage_error("--rope-base: 'nan'", "--rope-base", "nan", "-o", o);
     expect_usage_error("--alignment 48 is not a power of two", "--alignment", "48", "-o", o);
-    expect_usage_error("needs --dim and --ffn multiples of 32", "--type", "q8_0", "--ffn", "100");
+    expect_usage_error("needs --dim, --ffn, --expert-ffn and heads*head_dim multiples of 32", "--type", "q8_0", "--ffn", "100");
     expect_usage_error("bad option", "--bogus", "-o", o, NULL);
     expect_usage_error("unexpected argument 'extra'", "-o", o, "extra", NULL);
     assert_int_equal(access(o, F_OK), -1);
