@@ -2,6 +2,7 @@
 // prebuilt, offline) as the independent reference: for each prompt (a list
 // of token ids) greedy-generate N_GEN tokens and print one JSON line
 // {"prompt": i, "tokens": [...], "logits": [[vocab floats] per step]}
+// (f32 KV cache, no flash attention).
 // where logits[s] are the raw logits that chose tokens[s].
 import { getLlama } from "node-llama-cpp";
 
@@ -10,12 +11,14 @@ const nGen = Number(nGenS);
 const prompts = JSON.parse(promptsJson);
 const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" });
 const m = await llama.loadModel({ modelPath: model, gpuLayers: 0, useMmap: true });
-const vocab = m.tokens ? undefined : undefined;
+// f32 KV cache and no flash attention: the closest llama.cpp gets to exact
 const ctx = await m.createContext({ contextSize: 512, batchSize: 512, sequences: prompts.length,
-                                    threads: 2 });
+                                    threads: 2, flashAttention: false,
+                                    experimentalKvCacheKeyType: "F32",
+                                    experimentalKvCacheValueType: "F32" });
 for (let p = 0; p < prompts.length; p++) {
     const seq = ctx.getSequence();
-    let input = prompts[p].slice(0, -1).map((t) => t);
+    const input = prompts[p].slice(0, -1);
     const last = prompts[p][prompts[p].length - 1];
     const tokens = [];
     const logits = [];
