@@ -1,6 +1,9 @@
 /* llama.c - the "llama" engine: GGUF loading and the transformer forward
  * pass (RMSNorm, RoPE, grouped-query attention over a paged block-major KV
- * cache, SwiGLU FFN) for archs `llama` and `qwen2`.
+ * cache, SwiGLU/GELU FFN or routed experts) for archs `llama`, `qwen2`,
+ * `qwen3` (QK-norm), `qwen3moe` (top-k experts) and `gemma3` (post norms,
+ * sliding-window layers). Semantics follow llama.cpp's graphs for these
+ * archs (tests/engine/llama runs llama.cpp on the same files).
  *
  * Prefill and decode run through one routine, ll_forward(), over a list of
  * tokens each carrying its own (block table, position): a prefill chunk is
