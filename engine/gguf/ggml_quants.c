@@ -14,6 +14,7 @@
  * super-block scale, round to nearest, then each element re-quantized
  * against the fp16/quantized scales it will be decoded with). They aim for
  * valid, reasonably accurate files, not llama-quantize's error search. */
+#include <immintrin.h>
 #include <math.h>
 #include "ggml_quants.h"
 
@@ -228,10 +229,198 @@ static void dq_q6_k(const uint8_t *b, float *y)
     }
 }
 
+/* ---- AVX2 forms of the common K-quant decoders. Bitwise equal to the
+ * scalar ones: the same per-sub-block scale products are computed in scalar
+ * code, then each element is one IEEE multiply (and one subtract). The target
+ * is "avx2" WITHOUT "fma", so the compiler cannot fuse them either. */
+#define TGT_AVX2 __attribute__((target("avx2")))
+
+/* 8 bytes -> 8 floats */
+static inline TGT_AVX2 __m256 u8x8_ps(__m128i v)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+}
+
+/* y[0..32) = d * q - m for 32 unsigned byte values in qv */
+static inline TGT_AVX2 void affine32(float *y, __m256i qv, float d, float m)
+{
+    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+    __m128i lo = _mm256_castsi256_si128(qv), hi = _mm256_extracti128_si256(qv, 1);
+    _mm256_storeu_ps(y, _mm256_sub_ps(_mm256_mul_ps(dv, u8x8_ps(lo)), mv));
+    _mm256_storeu_ps(y + 8, _mm256_sub_ps(_mm256_mul_ps(dv, u8x8_ps(_mm_srli_si128(lo, 8))), mv));
+    _mm256_storeu_ps(y + 16, _mm256_sub_ps(_mm256_mul_ps(dv, u8x8_ps(hi)), mv));
+    _mm256_storeu_ps(y + 24, _mm256_sub_ps(_mm256_mul_ps(dv, u8x8_ps(_mm_srli_si128(hi, 8))), mv));
+}
+
+static TGT_AVX2 void dq_q4_k_avx2(const uint8_t *b, float *y)
+{
+    float d = h2f(b), dmin = h2f(b + 2);
+    const uint8_t *sc = b + 4, *q = b + 16;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int j = 0; j < 8; j += 2) {
+        uint8_t s, mm;
+        k4_scale_min(j, sc, &s, &mm);
+        float d1 = d * (float)s, m1 = dmin * (float)mm;
+        k4_scale_min(j + 1, sc, &s, &mm);
+        float d2 = d * (float)s, m2 = dmin * (float)mm;
+        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)q);
+        affine32(y, _mm256_and_si256(v, m4), d1, m1);
+        affine32(y + 32, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), d2, m2);
+        y += 64;
+        q += 32;
+    }
+}
+
+static TGT_AVX2 void dq_q5_k_avx2(const uint8_t *b, float *y)
+{
+    float d = h2f(b), dmin = h2f(b + 2);
+    const uint8_t *sc = b + 4, *qh = b + 16, *ql = b + 48;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+    for (int j = 0; j < 8; j += 2) {
+        uint8_t s, mm;
+        k4_scale_min(j, sc, &s, &mm);
+        float d1 = d * (float)s, m1 = dmin * (float)mm;
+        k4_scale_min(j + 1, sc, &s, &mm);
+        float d2 = d * (float)s, m2 = dmin * (float)mm;
+        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+        /* bit j of qh (bytes) -> 16 */
+        __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(h, j), one);
+        __m256i h2 = _mm256_and_si256(_mm256_srli_epi16(h, j + 1), one);
+        __m256i q1 = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_slli_epi16(h1, 4));
+        __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                     _mm256_slli_epi16(h2, 4));
+        affine32(y, q1, d1, m1);
+        affine32(y + 32, q2, d2, m2);
+        y += 64;
+        ql += 32;
+    }
+}
+
+/* y[0..16) = ds * (float)q for 16 signed bytes in v */
+static inline TGT_AVX2 void scale16(float *y, __m128i v, float ds)
+{
+    const __m256 dv = _mm256_set1_ps(ds);
+    _mm256_storeu_ps(y, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))));
+    _mm256_storeu_ps(y + 8, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(
+                                                  _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)))));
+}
+
+static TGT_AVX2 void dq_q6_k_avx2(const uint8_t *b, float *y)
+{
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(const void *)(b + 192);
+    float d = h2f(b + 208);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    const __m256i off = _mm256_set1_epi8(32);
+    for (int n = 0; n < 256; n += 128) {
+        __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+        __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
+        __m256i hh = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(hh, m2), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 2), m2), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 4), m2), 4));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), m2), 4));
+        for (int k = 0; k < 4; k++) {
+            __m256i v = _mm256_sub_epi8(q[k], off); /* -32..31 */
+            /* elements k*32 + l: l < 16 scale sc[2k], l >= 16 scale sc[2k+1] */
+            scale16(y + 32 * k, _mm256_castsi256_si128(v), d * (float)sc[2 * k]);
+            scale16(y + 32 * k + 16, _mm256_extracti128_si256(v, 1), d * (float)sc[2 * k + 1]);
+        }
+        y += 128;
+        ql += 64;
+        qh += 32;
+        sc += 8;
+    }
+}
+
+/* y[0..16) = d * q - m for 16 unsigned bytes */
+static inline TGT_AVX2 void affine16(float *y, __m128i v, float d, float m)
+{
+    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+    _mm256_storeu_ps(y, _mm256_sub_ps(_mm256_mul_ps(dv, u8x8_ps(v)), mv));
+    _mm256_storeu_ps(y + 8, _mm256_sub_ps(_mm256_mul_ps(dv, u8x8_ps(_mm_srli_si128(v, 8))), mv));
+}
+
+static TGT_AVX2 void dq_q2_k_avx2(const uint8_t *b, float *y)
+{
+    const uint8_t *sc = b, *q = b + 16;
+    float d = h2f(b + 80), dmin = h2f(b + 82);
+    const __m256i m2 = _mm256_set1_epi8(3);
+    int is = 0;
+    for (int n = 0; n < 256; n += 128) {
+        __m256i qv = _mm256_loadu_si256((const __m256i *)(const void *)q);
+        for (int shift = 0; shift < 8; shift += 2) {
+            __m256i v = _mm256_and_si256(_mm256_srli_epi16(qv, shift), m2);
+            uint8_t s0 = sc[is++], s1 = sc[is++];
+            affine16(y, _mm256_castsi256_si128(v), d * (float)(s0 & 0x0F),
+                     dmin * (float)(s0 >> 4));
+            affine16(y + 16, _mm256_extracti128_si256(v, 1), d * (float)(s1 & 0x0F),
+                     dmin * (float)(s1 >> 4));
+            y += 32;
+        }
+        q += 32;
+    }
+}
+
+static TGT_AVX2 void dq_q3_k_avx2(const uint8_t *b, float *y)
+{
+    const uint8_t *q = b + 32;
+    int8_t sc[16];
+    q3k_scales(b + 96, sc);
+    float d_all = h2f(b + 108);
+    const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)(const void *)b);
+    int is = 0, bit = 0;
+    for (int n = 0; n < 256; n += 128) {
+        __m256i qv = _mm256_loadu_si256((const __m256i *)(const void *)q);
+        for (int shift = 0; shift < 8; shift += 2, bit++) {
+            __m256i lo2 = _mm256_and_si256(_mm256_srli_epi16(qv, shift), m2);
+            __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, bit), one);
+            /* minus 4 where the high bit is clear */
+            __m256i v = _mm256_sub_epi8(lo2, _mm256_slli_epi16(_mm256_xor_si256(hb, one), 2));
+            scale16(y, _mm256_castsi256_si128(v), d_all * (float)sc[is]);
+            scale16(y + 16, _mm256_extracti128_si256(v, 1), d_all * (float)sc[is + 1]);
+            is += 2;
+            y += 32;
+        }
+        q += 32;
+    }
+}
+
+static int quants_simd = -1; /* -1: not decided, 0: scalar, 1: AVX2 */
+
+void ggml_quants_set_simd(int on)
+{
+    __builtin_cpu_init();
+    quants_simd = on && __builtin_cpu_supports("avx2");
+}
+
 pd_status_t ggml_quants_dequantize(uint32_t type, const uint8_t *src, float *dst, uint64_t n)
 {
     void (*fn)(const uint8_t *, float *);
     uint32_t bs, ts;
+    int simd = __atomic_load_n(&quants_simd, __ATOMIC_RELAXED);
+    if (simd < 0) {
+        __builtin_cpu_init();
+        simd = __builtin_cpu_supports("avx2") ? 1 : 0;
+        __atomic_store_n(&quants_simd, simd, __ATOMIC_RELAXED);
+    }
+    if (simd) {
+        switch (type) {
+        case GGML_TYPE_Q4_K: fn = dq_q4_k_avx2; bs = 256; ts = 144; goto run;
+        case GGML_TYPE_Q5_K: fn = dq_q5_k_avx2; bs = 256; ts = 176; goto run;
+        case GGML_TYPE_Q6_K: fn = dq_q6_k_avx2; bs = 256; ts = 210; goto run;
+        case GGML_TYPE_Q2_K: fn = dq_q2_k_avx2; bs = 256; ts = 84; goto run;
+        case GGML_TYPE_Q3_K: fn = dq_q3_k_avx2; bs = 256; ts = 110; goto run;
+        default: break;
+        }
+    }
     switch (type) {
     case GGML_TYPE_Q4_1: fn = dq_q4_1; bs = 32; ts = 20; break;
     case GGML_TYPE_Q5_0: fn = dq_q5_0; bs = 32; ts = 22; break;
@@ -244,6 +433,7 @@ pd_status_t ggml_quants_dequantize(uint32_t type, const uint8_t *src, float *dst
     case GGML_TYPE_Q6_K: fn = dq_q6_k; bs = 256; ts = 210; break;
     default: return PD_ERR_UNSUPPORTED;
     }
+run:
     for (uint64_t b = 0; b < n / bs; b++)
         fn(src + b * ts, dst + b * bs);
     return PD_OK;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "gguf.h"
+#include "ggml_quants.h"
 
 /* ---------- conversions ---------- */
 
@@ -168,6 +169,12 @@ static void test_quant_roundtrip_all(void **state)
             assert_true(nb <= sizeof(buf));
             assert_int_equal(ggml_quantize_row(types[t].type, x, buf, N), PD_OK);
             assert_int_equal(ggml_dequantize_row(types[t].type, buf, y, N), PD_OK);
+            /* the AVX2 decoders equal the scalar ones bit for bit */
+            static float ys[N];
+            ggml_quants_set_simd(0);
+            assert_int_equal(ggml_dequantize_row(types[t].type, buf, ys, N), PD_OK);
+            ggml_quants_set_simd(1);
+            assert_memory_equal(y, ys, sizeof(ys));
             double se = 0, sx = 0;
             for (int i = 0; i < N; i++) {
                 assert_true(isfinite(y[i]));
@@ -182,6 +189,37 @@ static void test_quant_roundtrip_all(void **state)
             assert_true(rel <= tol);
         }
         assert_int_equal(ggml_quantize_row(types[t].type, x, buf, 16), PD_ERR_BAD_INPUT);
+    }
+}
+
+/* Arbitrary block bytes (every scale/bit pattern): AVX2 decoders = scalar. */
+static void test_dequant_simd_random_bytes(void **state)
+{
+    (void)state;
+    static const struct { uint32_t type, ts; uint32_t d_off[2]; } ks[] = {
+        { GGML_TYPE_Q4_K, 144, { 0, 2 } }, { GGML_TYPE_Q5_K, 176, { 0, 2 } },
+        { GGML_TYPE_Q6_K, 210, { 208, 208 } }, { GGML_TYPE_Q2_K, 84, { 80, 82 } },
+        { GGML_TYPE_Q3_K, 110, { 108, 108 } },
+    };
+    enum { NB = 64 };
+    static uint8_t buf[NB * 210];
+    static float a[NB * 256], b[NB * 256];
+    uint64_t s = 99;
+    for (size_t k = 0; k < sizeof(ks) / sizeof(ks[0]); k++) {
+        for (size_t i = 0; i < sizeof(buf); i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            buf[i] = (uint8_t)(s >> 56);
+        }
+        for (int blk = 0; blk < NB; blk++)
+            for (int j = 0; j < 2; j++) { /* finite fp16 scales */
+                uint8_t *p = buf + (size_t)blk * ks[k].ts + ks[k].d_off[j];
+                p[1] &= 0x3B;
+            }
+        assert_int_equal(ggml_dequantize_row(ks[k].type, buf, a, NB * 256), PD_OK);
+        ggml_quants_set_simd(0);
+        assert_int_equal(ggml_dequantize_row(ks[k].type, buf, b, NB * 256), PD_OK);
+        ggml_quants_set_simd(1);
+        assert_memory_equal(a, b, sizeof(a));
     }
 }
 
@@ -609,6 +647,7 @@ int main(void)
         cmocka_unit_test(test_q8_0_layout),
         cmocka_unit_test(test_q4_0_layout),
         cmocka_unit_test(test_quant_roundtrip_all),
+        cmocka_unit_test(test_dequant_simd_random_bytes),
         cmocka_unit_test(test_roundtrip_memory),
         cmocka_unit_test(test_roundtrip_file),
         cmocka_unit_test(t_bad_magic),
