@@ -398,6 +398,10 @@ static void test_isa_paths_agree(void **state)
           false, 0, GGML_TYPE_Q3_K },
         { "llama", 64, 1, 4, 2, 96, 200, 64, 0, GGML_TYPE_Q5_0, false, false, 28, NULL,
           false, 0, GGML_TYPE_IQ4_NL },
+        { "qwen3moe", 256, 1, 4, 2, 256, 200, 64, 0, GGML_TYPE_Q4_K, false, false, 29, NULL,
+          false, 0, GGML_TYPE_Q6_K, 64, 8, 2, 256 },
+        { "gemma3", 64, 7, 4, 2, 96, 200, 64, 0, 1, true, false, 30, NULL, false, 0, 0, 0, 0,
+          0, 0, 5 },
     };
     static const char *const isas[] = { "avx512", "avx2", "scalar" };
     for (size_t s = 0; s < sizeof(specs) / sizeof(specs[0]); s++) {
