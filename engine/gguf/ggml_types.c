@@ -1,6 +1,8 @@
 /* ggml_types.c - ggml type table and reference row (de)quantization. */
 #include <math.h>
+#include <strings.h>
 #include "ggml_types.h"
+#include "ggml_quants.h"
 
 /* X(id, name, block_size, type_size, supported). Sizes as ggml's
  * type_traits (ggml.c); ids that ggml removed are absent. 40..42 as
@@ -9,22 +11,22 @@
     X(0,  "f32",     1,   4,   true)        \
     X(1,  "f16",     1,   2,   true)        \
     X(2,  "q4_0",    32,  18,  true)        \
-    X(3,  "q4_1",    32,  20,  false)       \
-    X(6,  "q5_0",    32,  22,  false)       \
-    X(7,  "q5_1",    32,  24,  false)       \
+    X(3,  "q4_1",    32,  20,  true)        \
+    X(6,  "q5_0",    32,  22,  true)        \
+    X(7,  "q5_1",    32,  24,  true)        \
     X(8,  "q8_0",    32,  34,  true)        \
     X(9,  "q8_1",    32,  36,  false)       \
-    X(10, "q2_K",    256, 84,  false)       \
-    X(11, "q3_K",    256, 110, false)       \
-    X(12, "q4_K",    256, 144, false)       \
-    X(13, "q5_K",    256, 176, false)       \
-    X(14, "q6_K",    256, 210, false)       \
+    X(10, "q2_K",    256, 84,  true)        \
+    X(11, "q3_K",    256, 110, true)        \
+    X(12, "q4_K",    256, 144, true)        \
+    X(13, "q5_K",    256, 176, true)        \
+    X(14, "q6_K",    256, 210, true)        \
     X(15, "q8_K",    256, 292, false)       \
     X(16, "iq2_xxs", 256, 66,  false)       \
     X(17, "iq2_xs",  256, 74,  false)       \
     X(18, "iq3_xxs", 256, 98,  false)       \
     X(19, "iq1_s",   256, 50,  false)       \
-    X(20, "iq4_nl",  32,  18,  false)       \
+    X(20, "iq4_nl",  32,  18,  true)        \
     X(21, "iq3_s",   256, 110, false)       \
     X(22, "iq2_s",   256, 82,  false)       \
     X(23, "iq4_xs",  256, 136, false)       \
@@ -65,12 +67,17 @@ pd_status_t ggml_type_parse(const char *name, ggml_type_t *type_p)
 {
     for (uint32_t t = 0; t < GGML_TYPE_COUNT; t++) {
         const ggml_type_info_t *info = ggml_type_info(t);
-        if (info && info->supported && strcmp(info->name, name) == 0) {
+        if (info && info->supported && strcasecmp(info->name, name) == 0) {
             *type_p = (ggml_type_t)t;
             return PD_OK;
         }
     }
     return PD_ERR_BAD_INPUT;
+}
+
+const char *ggml_supported_types(void)
+{
+    return "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl q2_K q3_K q4_K q5_K q6_K";
 }
 
 pd_status_t ggml_nbytes(uint32_t type, uint64_t n_elements, uint64_t *bytes_p)
@@ -207,7 +214,7 @@ pd_status_t ggml_dequantize_row(uint32_t type, const void *src, float *dst, uint
         dequant_q4_0(s, dst, n);
         break;
     default:
-        return PD_ERR_UNSUPPORTED;
+        return ggml_quants_dequantize(type, s, dst, n);
     }
     return PD_OK;
 }
@@ -242,7 +249,7 @@ pd_status_t ggml_quantize_row(uint32_t type, const float *src, void *dst, uint64
         quant_q4_0(src, d, n);
         break;
     default:
-        return PD_ERR_UNSUPPORTED;
+        return ggml_quants_quantize(type, src, d, n);
     }
     return PD_OK;
 }

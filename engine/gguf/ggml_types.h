@@ -2,7 +2,9 @@
  * reference (scalar, bit-exact with ggml's C reference code) row
  * quantize/dequantize for the types pdserve computes with.
  *
- * Supported for compute: F32=0, F16=1, Q4_0=2, Q8_0=8, BF16=30.
+ * Supported for compute: F32=0, F16=1, Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7,
+ * Q8_0=8, Q2_K=10, Q3_K=11, Q4_K=12, Q5_K=13, Q6_K=14, IQ4_NL=20, BF16=30
+ * (the types llama-quantize's standard presets write).
  * Known for validation only (sizes, names): every other ggml type id, so a
  * foreign GGUF file can still be opened and its metadata read.
  *
@@ -11,6 +13,22 @@
  *   Q4_0: { fp16 d; uint8 qs[16]; }  18 bytes / 32 elements,
  *         x[i]    = ((qs[i] & 0xF) - 8) * d   for i in 0..15
  *         x[i+16] = ((qs[i] >>  4) - 8) * d   for i in 0..15
+ *   Q4_1:   { fp16 d, m; uint8 qs[16]; }          20 B / 32, x = q*d + m
+ *   Q5_0:   { fp16 d; uint8 qh[4]; uint8 qs[16]; } 22 B / 32, x = (q-16)*d,
+ *           bit 4 of element j = bit j of qh (little-endian u32)
+ *   Q5_1:   { fp16 d, m; uint8 qh[4]; uint8 qs[16]; } 24 B / 32, x = q*d + m
+ *   IQ4_NL: { fp16 d; uint8 qs[16]; }             18 B / 32,
+ *           x = d * {-127,-104,-83,-65,-49,-35,-22,-10,1,13,25,38,53,69,89,113}[q]
+ *   Q2_K: { uint8 scales[16]; uint8 qs[64]; fp16 d, dmin; }  84 B / 256,
+ *         16 sub-blocks of 16: x = d*(sc&15) * q - dmin*(sc>>4), q 2-bit
+ *   Q3_K: { uint8 hmask[32]; uint8 qs[64]; uint8 scales[12]; fp16 d; } 110 B,
+ *         16 x 16: x = d*(s6-32) * (q2 - (hmask bit ? 0 : 4))
+ *   Q4_K: { fp16 d, dmin; uint8 scales[12]; uint8 qs[128]; }  144 B,
+ *         8 x 32: x = d*s6 * q4 - dmin*m6
+ *   Q5_K: { fp16 d, dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]; } 176 B
+ *   Q6_K: { uint8 ql[128]; uint8 qh[64]; int8 scales[16]; fp16 d; } 210 B,
+ *         16 x 16: x = d*sc * (q6 - 32)
+ * (element order within a block and bit packing: ggml_quants.c)
  */
 #ifndef GGML_TYPES_H
 #define GGML_TYPES_H
@@ -29,7 +47,16 @@ typedef enum {
     GGML_TYPE_F32  = 0,
     GGML_TYPE_F16  = 1,
     GGML_TYPE_Q4_0 = 2,
+    GGML_TYPE_Q4_1 = 3,
+    GGML_TYPE_Q5_0 = 6,
+    GGML_TYPE_Q5_1 = 7,
     GGML_TYPE_Q8_0 = 8,
+    GGML_TYPE_Q2_K = 10,
+    GGML_TYPE_Q3_K = 11,
+    GGML_TYPE_Q4_K = 12,
+    GGML_TYPE_Q5_K = 13,
+    GGML_TYPE_Q6_K = 14,
+    GGML_TYPE_IQ4_NL = 20,
     GGML_TYPE_BF16 = 30,
     GGML_TYPE_COUNT = 43,   /* ids >= this are rejected */
 } ggml_type_t;
@@ -64,7 +91,11 @@ const ggml_type_info_t *ggml_type_info(uint32_t type);
 /* Lower-case name or "?" for unknown ids. */
 const char *ggml_type_name(uint32_t type);
 
-/* Parse "f32|f16|bf16|q8_0|q4_0" (only supported types) -> type.
+/* "f32 f16 bf16 q8_0 ..." : the supported types, space-separated. */
+const char *ggml_supported_types(void);
+
+/* Parse a supported type's name ("f32", "q4_K", "q4_k", ...; case-
+ * insensitive) -> type.
  * PD_ERR_BAD_INPUT if not one of those. */
 pd_status_t ggml_type_parse(const char *name, ggml_type_t *type_p);
 

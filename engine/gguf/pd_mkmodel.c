@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "gguf.h"
+#include "mk_mix.h"
 #include "mk_ngram.h"
 
 #define MK_BYTE_TOKENS 256u
@@ -58,6 +59,11 @@ typedef struct {
     bool vocab_set;            /* --vocab given explicitly */
     uint32_t alignment;
     const char *out;
+    const char *type_name;     /* --type (a ggml type or a preset mix name) */
+    mk_mix_t mix;              /* resolved from type / type_name by validate() */
+    uint32_t head_dim;         /* 0 = dim / heads */
+    uint32_t experts, experts_used, expert_ffn; /* qwen3moe */
+    uint32_t swa;              /* gemma3 sliding window (0 = none) */
 } mk_cfg_t;
 
 typedef struct {
@@ -159,14 +165,17 @@ typedef struct {
     uint64_t n_params;
 } mk_ctx_t;
 
-static void add_tensor(mk_ctx_t *mk, const char *name, mk_init_t init, uint64_t ne0,
-                       uint64_t ne1, float std, bool row_bias)
+/* A (ne2, ne1, ne0) tensor: ne2 > 1 stacks matrices (MoE experts). */
+static void add_tensor3(mk_ctx_t *mk, const char *name, mk_init_t init, uint64_t ne0,
+                        uint64_t ne1, uint64_t ne2, float std, bool row_bias)
 {
     const mk_cfg_t *cfg = mk->cfg;
     uint64_t s = cfg->seed ^ fnv1a64(name);
-    uint64_t ne[2] = {ne0, ne1};
+    uint64_t ne[3] = {ne0, ne1 / ne2, ne2};
     uint64_t n = ne0 * ne1;
-    uint32_t type = init == MK_INIT_WEIGHT ? cfg->type : GGML_TYPE_F32;
+    uint32_t type = init == MK_INIT_WEIGHT
+                        ? mk_mix_type(&cfg->mix, name, ne0, cfg->layers, cfg->tied)
+                        : GGML_TYPE_F32;
     pd_status_t status;
 
     for (uint64_t r = 0; r < ne1; r++) {
@@ -185,21 +194,31 @@ static void add_tensor(mk_ctx_t *mk, const char *name, mk_init_t init, uint64_t 
             mk->buf[r * ne0 + c] = v;
         }
     }
-    status = gguf_writer_add_tensor_f32(mk->w, name, type, ne1 > 1 ? 2 : 1, ne, mk->buf);
+    status = gguf_writer_add_tensor_f32(mk->w, name, type, ne2 > 1 ? 3 : ne1 > 1 ? 2 : 1, ne,
+                                        mk->buf);
     if (status != PD_OK)
         die("tensor %s (%" PRIu64 " x %" PRIu64 ", %s): %s", name, ne0, ne1,
             ggml_type_name(type), pd_status_str(status));
     mk->n_params += n;
 }
 
+static void add_tensor(mk_ctx_t *mk, const char *name, mk_init_t init, uint64_t ne0,
+                       uint64_t ne1, float std, bool row_bias)
+{
+    add_tensor3(mk, name, init, ne0, ne1, 1, std, row_bias);
+}
+
 static void add_all_tensors(mk_ctx_t *mk)
 {
     const mk_cfg_t *c = mk->cfg;
-    uint32_t head_dim = c->dim / c->heads;
-    uint32_t kv_dim = head_dim * c->kv_heads;
+    uint32_t head_dim = c->head_dim ? c->head_dim : c->dim / c->heads;
+    uint32_t kv_dim = head_dim * c->kv_heads, q_dim = head_dim * c->heads;
+    bool qk_norm = strcmp(c->arch, "qwen3") == 0 || strcmp(c->arch, "qwen3moe") == 0 ||
+                   strcmp(c->arch, "gemma3") == 0;
+    bool gemma3 = strcmp(c->arch, "gemma3") == 0;
     float s_dim = inv_sqrt((float)c->dim);
     float s_ffn = inv_sqrt((float)c->ffn);
-    bool byte_rows = strcmp(c->vocab_type, "byte") == 0 && c->vocab_from == NULL;
+    bool byte_rows = strcmp(c->vocab_type, "none") != 0 && c->vocab_from == NULL;
     char name[96];
 
     /* tied: the embedding is also the output matrix; a small scale keeps the
@@ -208,10 +227,12 @@ static void add_all_tensors(mk_ctx_t *mk)
                c->tied ? 0.5f * s_dim : 1.0f, byte_rows);
     for (uint32_t l = 0; l < c->layers; l++) {
 #define T(suffix, init, ne0, ne1, std)                                  \
-        snprintf(name, sizeof(name), "blk.%u." suffix, l);             \
-        add_tensor(mk, name, init, ne0, ne1, std, false)
+        do {                                                           \
+            snprintf(name, sizeof(name), "blk.%u." suffix, l);         \
+            add_tensor(mk, name, init, ne0, ne1, std, false);          \
+        } while (0)
         T("attn_norm.weight", MK_INIT_NORM, c->dim, 1, 0);
-        T("attn_q.weight", MK_INIT_WEIGHT, c->dim, c->dim, 2.5f * s_dim);
+        T("attn_q.weight", MK_INIT_WEIGHT, c->dim, q_dim, 2.5f * s_dim);
         T("attn_k.weight", MK_INIT_WEIGHT, c->dim, kv_dim, 2.5f * s_dim);
         T("attn_v.weight", MK_INIT_WEIGHT, c->dim, kv_dim, s_dim);
         if (strcmp(c->arch, "qwen2") == 0) {
@@ -219,11 +240,35 @@ static void add_all_tensors(mk_ctx_t *mk)
             T("attn_k.bias", MK_INIT_BIAS, kv_dim, 1, 0);
             T("attn_v.bias", MK_INIT_BIAS, kv_dim, 1, 0);
         }
-        T("attn_output.weight", MK_INIT_WEIGHT, c->dim, c->dim, s_dim);
+        if (qk_norm) {
+            T("attn_q_norm.weight", MK_INIT_NORM, head_dim, 1, 0);
+            T("attn_k_norm.weight", MK_INIT_NORM, head_dim, 1, 0);
+        }
+        T("attn_output.weight", MK_INIT_WEIGHT, q_dim, c->dim, inv_sqrt((float)q_dim));
+        if (gemma3)
+            T("post_attention_norm.weight", MK_INIT_NORM, c->dim, 1, 0);
         T("ffn_norm.weight", MK_INIT_NORM, c->dim, 1, 0);
-        T("ffn_gate.weight", MK_INIT_WEIGHT, c->dim, c->ffn, s_dim);
-        T("ffn_up.weight", MK_INIT_WEIGHT, c->dim, c->ffn, s_dim);
-        T("ffn_down.weight", MK_INIT_WEIGHT, c->ffn, c->dim, s_ffn);
+        if (c->experts) {
+            /* router logits of std ~2: routing varies with the token */
+            T("ffn_gate_inp.weight", MK_INIT_WEIGHT, c->dim, c->experts, 2.0f * s_dim);
+            uint32_t fe = c->expert_ffn, ne = c->experts;
+#define T3(suffix, ne0, ne1, std)                                       \
+            do {                                                       \
+                snprintf(name, sizeof(name), "blk.%u." suffix, l);     \
+                add_tensor3(mk, name, MK_INIT_WEIGHT, ne0, (uint64_t)(ne1) * ne, ne, std, \
+                            false);                                    \
+            } while (0)
+            T3("ffn_gate_exps.weight", c->dim, fe, s_dim);
+            T3("ffn_up_exps.weight", c->dim, fe, s_dim);
+            T3("ffn_down_exps.weight", fe, c->dim, inv_sqrt((float)fe));
+#undef T3
+        } else {
+            T("ffn_gate.weight", MK_INIT_WEIGHT, c->dim, c->ffn, s_dim);
+            T("ffn_up.weight", MK_INIT_WEIGHT, c->dim, c->ffn, s_dim);
+            T("ffn_down.weight", MK_INIT_WEIGHT, c->ffn, c->dim, s_ffn);
+        }
+        if (gemma3)
+            T("post_ffw_norm.weight", MK_INIT_NORM, c->dim, 1, 0);
 #undef T
     }
     add_tensor(mk, "output_norm.weight", MK_INIT_NORM, c->dim, 1, 0, false);
@@ -241,7 +286,9 @@ static void add_all_tensors(mk_ctx_t *mk)
             die("metadata %s: %s", #expr, pd_status_str(st_));               \
     } while (0)
 
-static void add_byte_vocab(gguf_writer_t *w, uint32_t vocab)
+/* model: "pdbyte", or "llama" (--vocab-type spm: the same tokens as a
+ * SentencePiece vocabulary with byte fallback, which llama.cpp can load) */
+static void add_byte_vocab(gguf_writer_t *w, uint32_t vocab, const char *model)
 {
     char **toks = calloc(vocab, sizeof(*toks));
     float *scores = calloc(vocab, sizeof(*scores));
@@ -272,7 +319,7 @@ static void add_byte_vocab(gguf_writer_t *w, uint32_t vocab)
             die("out of memory");
         types[i] = type;
     }
-    CHECK(gguf_writer_add_string(w, "tokenizer.ggml.model", "pdbyte"));
+    CHECK(gguf_writer_add_string(w, "tokenizer.ggml.model", model));
     CHECK(gguf_writer_add_string(w, "tokenizer.ggml.pre", "default"));
     CHECK(gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)toks, NULL,
                                   vocab));
@@ -320,18 +367,6 @@ static uint32_t add_vocab_from(gguf_writer_t *w, const char *path)
     return vocab;
 }
 
-static uint32_t file_type_of(uint32_t type)
-{
-    switch (type) {
-    case GGML_TYPE_F32:  return 0;
-    case GGML_TYPE_F16:  return 1;
-    case GGML_TYPE_Q4_0: return 2;
-    case GGML_TYPE_Q8_0: return 7;
-    case GGML_TYPE_BF16: return 32;
-    default:             return 0;
-    }
-}
-
 static void add_metadata(gguf_writer_t *w, mk_cfg_t *c)
 {
     char key[128];
@@ -339,7 +374,7 @@ static void add_metadata(gguf_writer_t *w, mk_cfg_t *c)
 
     CHECK(gguf_writer_add_string(w, "general.architecture", a));
     CHECK(gguf_writer_add_string(w, "general.name", c->name));
-    CHECK(gguf_writer_add_u32(w, "general.file_type", file_type_of(c->type)));
+    CHECK(gguf_writer_add_u32(w, "general.file_type", c->mix.file_type));
     CHECK(gguf_writer_add_u32(w, "general.quantization_version", 2));
     CHECK(gguf_writer_add_string(w, "pdserve.generator", "pd-mkmodel 1"));
     CHECK(gguf_writer_add_u64(w, "pdserve.seed", c->seed));
@@ -348,7 +383,21 @@ static void add_metadata(gguf_writer_t *w, mk_cfg_t *c)
     CHECK(gguf_writer_add_u32(w, KEY("embedding_length"), c->dim));
     CHECK(gguf_writer_add_u32(w, KEY("block_count"), c->layers));
     CHECK(gguf_writer_add_u32(w, KEY("feed_forward_length"), c->ffn));
-    CHECK(gguf_writer_add_u32(w, KEY("rope.dimension_count"), c->dim / c->heads));
+    uint32_t head_dim = c->head_dim ? c->head_dim : c->dim / c->heads;
+    CHECK(gguf_writer_add_u32(w, KEY("rope.dimension_count"), head_dim));
+    if (c->head_dim) {
+        CHECK(gguf_writer_add_u32(w, KEY("attention.key_length"), head_dim));
+        CHECK(gguf_writer_add_u32(w, KEY("attention.value_length"), head_dim));
+    }
+    if (c->experts) {
+        CHECK(gguf_writer_add_u32(w, KEY("expert_count"), c->experts));
+        CHECK(gguf_writer_add_u32(w, KEY("expert_used_count"), c->experts_used));
+        CHECK(gguf_writer_add_u32(w, KEY("expert_feed_forward_length"), c->expert_ffn));
+    }
+    if (c->swa) {
+        CHECK(gguf_writer_add_u32(w, KEY("attention.sliding_window"), c->swa));
+        CHECK(gguf_writer_add_f32(w, KEY("rope.freq_base_swa"), 10000.0f));
+    }
     CHECK(gguf_writer_add_f32(w, KEY("rope.freq_base"), c->rope_base));
     CHECK(gguf_writer_add_u32(w, KEY("attention.head_count"), c->heads));
     CHECK(gguf_writer_add_u32(w, KEY("attention.head_count_kv"), c->kv_heads));
@@ -357,7 +406,9 @@ static void add_metadata(gguf_writer_t *w, mk_cfg_t *c)
     if (c->vocab_from != NULL)
         c->vocab = add_vocab_from(w, c->vocab_from);
     else if (strcmp(c->vocab_type, "byte") == 0)
-        add_byte_vocab(w, c->vocab);
+        add_byte_vocab(w, c->vocab, "pdbyte");
+    else if (strcmp(c->vocab_type, "spm") == 0)
+        add_byte_vocab(w, c->vocab, "llama");
     snprintf(key, sizeof(key), "%s.vocab_size", a);
     CHECK(gguf_writer_add_u32(w, key, c->vocab));
 }
@@ -402,7 +453,14 @@ static void usage(FILE *f)
     for (size_t i = 0; i < sizeof(mk_presets) / sizeof(mk_presets[0]); i++)
         fprintf(f, "                      %-11s %s\n", mk_presets[i].name, mk_presets[i].help);
     fprintf(f,
-        "  --arch A          llama | qwen2 (qwen2 adds attn_q/k/v.bias)\n"
+        "  --arch A          llama | qwen2 (adds attn_q/k/v.bias) | qwen3 (per-head\n"
+        "                    Q/K norms) | qwen3moe (+ routed experts) | gemma3 (post\n"
+        "                    norms, GELU, sliding-window layers)\n"
+        "  --head-dim N      attention head size (default dim / heads)\n"
+        "  --experts N       qwen3moe: experts (default 8)\n"
+        "  --experts-used N  qwen3moe: experts per token (default 2)\n"
+        "  --expert-ffn N    qwen3moe: expert feed-forward length (default ffn / 2)\n"
+        "  --sliding-window N gemma3: window of the local layers (default 32; 0 = off)\n"
         "  --dim N           embedding length\n"
         "  --layers N        block count\n"
         "  --heads N         attention heads (head_dim = dim / heads, even)\n"
@@ -413,9 +471,13 @@ static void usage(FILE *f)
         "  --rope-base F     RoPE frequency base\n"
         "  --rms-eps F       RMSNorm epsilon\n"
         "  --tied | --untied output.weight absent (tied to token_embd) or present\n"
-        "  --type T          2-D weight type: f32 f16 bf16 q8_0 q4_0 (norms/biases f32)\n"
+        "  --type T          2-D weight type (norms/biases f32): f32 f16 bf16 q8_0 q4_0\n"
+        "                    q4_1 q5_0 q5_1 iq4_nl q2_K q3_K q4_K q5_K q6_K, or a\n"
+        "                    llama-quantize style mix: q2_K q3_K_S q3_K_M q3_K_L\n"
+        "                    q4_K_S q4_K_M q5_K_S q5_K_M q6_K (see engine/gguf/mk_mix.c)\n"
         "  --seed N          weight seed (u64)\n"
-        "  --vocab-type V    byte (tokenizer.ggml.model \"pdbyte\") | none\n"
+        "  --vocab-type V    byte (tokenizer.ggml.model \"pdbyte\") | spm (the same\n"
+        "                    tokens as model \"llama\", loadable by llama.cpp) | none\n"
         "  --vocab-from F    copy all tokenizer.* keys from GGUF F (sets vocab size)\n"
         "  --name S          general.name\n"
         "  --alignment N     data alignment (power of two, 8..65536)\n"
@@ -424,24 +486,67 @@ static void usage(FILE *f)
         "  -h, --help\n");
 }
 
-static void validate(const mk_cfg_t *c)
+static void validate(mk_cfg_t *c)
 {
+    if (c->type_name != NULL) {
+        if (mk_mix_parse(c->type_name, &c->mix) != PD_OK)
+            die_usage("--type '%s': want one of %s, or a mix: %s", c->type_name,
+                      ggml_supported_types(), mk_mix_names());
+    } else if (mk_mix_parse(ggml_type_name(c->type), &c->mix) != PD_OK) {
+        die_usage("preset type %s is not supported", ggml_type_name(c->type));
+    } else {
+        c->mix.variant = 0; /* a preset's type is plain */
+        c->mix.file_type = c->type == GGML_TYPE_Q2_K || c->type == GGML_TYPE_Q6_K
+                               ? 1024 : c->mix.file_type;
+    }
+    c->type = c->mix.base;
     const ggml_type_info_t *info = ggml_type_info(c->type);
+    /* K-quant rows that are not whole super-blocks fall back to 32-blocks */
+    if (info->block_size == 256)
+        info = ggml_type_info(GGML_TYPE_Q8_0);
 
-    if (strcmp(c->arch, "llama") != 0 && strcmp(c->arch, "qwen2") != 0)
-        die_usage("--arch '%s': want llama or qwen2", c->arch);
-    if (strcmp(c->vocab_type, "byte") != 0 && strcmp(c->vocab_type, "none") != 0)
-        die_usage("--vocab-type '%s': want byte or none", c->vocab_type);
-    if (c->dim % c->heads != 0)
+    static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma3"};
+    size_t ai = 0;
+    while (ai < 5 && strcmp(c->arch, archs[ai]) != 0)
+        ai++;
+    if (ai == 5)
+        die_usage("--arch '%s': want llama, qwen2, qwen3, qwen3moe or gemma3", c->arch);
+    if (strcmp(c->arch, "qwen3moe") == 0) {
+        if (c->experts == 0)
+            c->experts = 8;
+        if (c->experts_used == 0)
+            c->experts_used = 2;
+        if (c->expert_ffn == 0)
+            c->expert_ffn = c->ffn / 2;
+        if (c->experts_used > c->experts)
+            die_usage("--experts-used %u > --experts %u", c->experts_used, c->experts);
+    } else if (c->experts || c->experts_used || c->expert_ffn) {
+        die_usage("--experts/--experts-used/--expert-ffn need --arch qwen3moe");
+    }
+    if (strcmp(c->arch, "gemma3") == 0) {
+        if (c->swa == UINT32_MAX)
+            c->swa = 32;
+    } else if (c->swa != UINT32_MAX && c->swa != 0) {
+        die_usage("--sliding-window needs --arch gemma3");
+    } else {
+        c->swa = 0;
+    }
+    uint32_t hd = c->head_dim ? c->head_dim : c->dim / c->heads;
+    if (strcmp(c->vocab_type, "byte") != 0 && strcmp(c->vocab_type, "spm") != 0 &&
+        strcmp(c->vocab_type, "none") != 0)
+        die_usage("--vocab-type '%s': want byte, spm or none", c->vocab_type);
+    if (c->head_dim == 0 && c->dim % c->heads != 0)
         die_usage("--dim %u is not a multiple of --heads %u", c->dim, c->heads);
-    if ((c->dim / c->heads) % 2 != 0)
-        die_usage("head_dim %u (dim/heads) must be even for RoPE", c->dim / c->heads);
+    if (hd % 2 != 0)
+        die_usage("head_dim %u must be even for RoPE", hd);
     if (c->kv_heads > c->heads || c->heads % c->kv_heads != 0)
         die_usage("--kv-heads %u must divide --heads %u", c->kv_heads, c->heads);
-    if (c->dim % info->block_size != 0 || c->ffn % info->block_size != 0)
-        die_usage("--type %s needs --dim and --ffn multiples of %u", info->name,
-                  info->block_size);
-    if (c->vocab_from == NULL && strcmp(c->vocab_type, "byte") == 0 && c->vocab < MK_BYTE_VOCAB_MIN)
+    if (c->dim % info->block_size != 0 || c->ffn % info->block_size != 0 ||
+        (c->experts && c->expert_ffn % info->block_size != 0) ||
+        (uint64_t)hd * c->heads % info->block_size != 0)
+        die_usage("--type %s needs --dim, --ffn, --expert-ffn and heads*head_dim multiples "
+                  "of %u", info->name, info->block_size);
+    if (c->vocab_from == NULL && strcmp(c->vocab_type, "none") != 0 && c->vocab < MK_BYTE_VOCAB_MIN)
         die_usage("--vocab %u: byte vocab needs >= %u", c->vocab, MK_BYTE_VOCAB_MIN);
     if (c->vocab_from != NULL && c->vocab_set)
         die_usage("--vocab and --vocab-from are exclusive (vocab size comes from the file)");
@@ -477,7 +582,7 @@ int main(int argc, char **argv)
     enum {
         O_PRESET = 256, O_ARCH, O_DIM, O_LAYERS, O_HEADS, O_KV_HEADS, O_FFN, O_VOCAB, O_CTX,
         O_ROPE, O_EPS, O_TIED, O_UNTIED, O_TYPE, O_SEED, O_VOCAB_TYPE, O_VOCAB_FROM, O_NAME,
-        O_ALIGN, O_CORPUS,
+        O_ALIGN, O_CORPUS, O_HEAD_DIM, O_EXPERTS, O_EXPERTS_USED, O_EXPERT_FFN, O_SWA,
     };
     static const struct option opts[] = {
         {"preset", required_argument, NULL, O_PRESET},
@@ -500,6 +605,11 @@ int main(int argc, char **argv)
         {"name", required_argument, NULL, O_NAME},
         {"alignment", required_argument, NULL, O_ALIGN},
         {"corpus", required_argument, NULL, O_CORPUS},
+        {"head-dim", required_argument, NULL, O_HEAD_DIM},
+        {"experts", required_argument, NULL, O_EXPERTS},
+        {"experts-used", required_argument, NULL, O_EXPERTS_USED},
+        {"expert-ffn", required_argument, NULL, O_EXPERT_FFN},
+        {"sliding-window", required_argument, NULL, O_SWA},
         {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -508,6 +618,7 @@ int main(int argc, char **argv)
     mk_cfg_t cfg = mk_presets[1].cfg;
     const char *preset = mk_presets[1].name, *corpus = NULL;
     int opt, n_shape = 0;
+    cfg.swa = UINT32_MAX; /* "not given" */
 
     /* first pass: the preset, so explicit flags override it in any order */
     opterr = 0;
@@ -521,6 +632,7 @@ int main(int argc, char **argv)
             die_usage("unknown --preset '%s'", optarg);
         cfg = mk_presets[i].cfg;
         preset = mk_presets[i].name;
+        cfg.swa = UINT32_MAX;
     }
     optind = 1;
     while ((opt = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
@@ -543,13 +655,7 @@ int main(int argc, char **argv)
         case O_EPS: cfg.rms_eps = parse_pos_f32("--rms-eps", optarg); break;
         case O_TIED: cfg.tied = true; break;
         case O_UNTIED: cfg.tied = false; break;
-        case O_TYPE: {
-            ggml_type_t t;
-            if (ggml_type_parse(optarg, &t) != PD_OK)
-                die_usage("--type '%s': want f32, f16, bf16, q8_0 or q4_0", optarg);
-            cfg.type = t;
-            break;
-        }
+        case O_TYPE: cfg.type_name = optarg; break;
         case O_SEED: cfg.seed = parse_u64("--seed", optarg, 0, UINT64_MAX); break;
         case O_VOCAB_TYPE: cfg.vocab_type = optarg; break;
         case O_VOCAB_FROM: cfg.vocab_from = optarg; break;
@@ -562,6 +668,15 @@ int main(int argc, char **argv)
             break;
         }
         case O_CORPUS: corpus = optarg; break;
+        case O_HEAD_DIM: cfg.head_dim = (uint32_t)parse_u64("--head-dim", optarg, 2, 1024); break;
+        case O_EXPERTS: cfg.experts = (uint32_t)parse_u64("--experts", optarg, 1, 512); break;
+        case O_EXPERTS_USED:
+            cfg.experts_used = (uint32_t)parse_u64("--experts-used", optarg, 1, 64);
+            break;
+        case O_EXPERT_FFN:
+            cfg.expert_ffn = (uint32_t)parse_u64("--expert-ffn", optarg, 1, 1u << 18);
+            break;
+        case O_SWA: cfg.swa = (uint32_t)parse_u64("--sliding-window", optarg, 0, 1u << 20); break;
         case 'o': cfg.out = optarg; break;
         case 'h': usage(stdout); return 0;
         default: die_usage("bad option '%s'", argv[optind - 1]);
@@ -583,6 +698,11 @@ int main(int argc, char **argv)
     add_metadata(w, &cfg);
 
     uint64_t big = (uint64_t)cfg.dim * (cfg.vocab > cfg.ffn ? cfg.vocab : cfg.ffn);
+    uint64_t hd = cfg.head_dim ? cfg.head_dim : cfg.dim / cfg.heads;
+    if ((uint64_t)cfg.dim * hd * cfg.heads > big)
+        big = (uint64_t)cfg.dim * hd * cfg.heads;
+    if ((uint64_t)cfg.dim * cfg.expert_ffn * cfg.experts > big)
+        big = (uint64_t)cfg.dim * cfg.expert_ffn * cfg.experts;
     mk_ctx_t mk = {.cfg = &cfg, .w = w, .buf = malloc(big * sizeof(float))};
     if (mk.buf == NULL)
         die("out of memory (%" PRIu64 " floats)", big);
@@ -593,7 +713,7 @@ int main(int argc, char **argv)
         die("%s", err);
     printf("wrote %s: %s %s, %" PRIu64 " params, %s, dim %u layers %u heads %u/%u ffn %u "
            "vocab %u ctx %u seed %" PRIu64 "\n", cfg.out, cfg.arch, cfg.name, mk.n_params,
-           ggml_type_name(cfg.type), cfg.dim, cfg.layers, cfg.heads, cfg.kv_heads, cfg.ffn,
+           cfg.mix.name, cfg.dim, cfg.layers, cfg.heads, cfg.kv_heads, cfg.ffn,
            cfg.vocab, cfg.ctx, cfg.seed);
     gguf_writer_destroy(w);
     return 0;

@@ -1,5 +1,6 @@
 /* eng_llama.h - the "llama" engine: CPU inference for GGUF models of arch
- * `llama` (Llama 2/3, TinyLlama, SmolLM, Mistral) and `qwen2`.
+ * `llama` (Llama 2/3, TinyLlama, SmolLM, Mistral), `qwen2`, `qwen3`,
+ * `qwen3moe` and `gemma3`.
  *
  * Use it through eng_find("llama") (eng.h). This header adds the ops table
  * symbol and a read-only description of a loaded model for tools
@@ -12,7 +13,7 @@
 extern const eng_ops_t eng_llama_ops;
 
 typedef struct {
-    const char *arch;              /* "llama" | "qwen2" */
+    const char *arch;              /* "llama" | "qwen2" | "qwen3" | "qwen3moe" | "gemma3" */
     uint32_t n_embd, n_layers, n_heads, n_kv_heads, head_dim, n_ff, vocab;
     uint32_t rope_dim;
     float rope_base, rms_eps;

@@ -3,6 +3,8 @@
  * determinism contract every kernel here implements. */
 #include "ll_kern.h"
 
+#include "ggml_types.h"
+
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
@@ -65,7 +67,14 @@ size_t eng_ll_row_bytes(uint32_t type, uint64_t cols)
     case ENG_LL_T_BF16: return (size_t)cols * 2;
     case ENG_LL_T_Q8_0: return cols % QK ? 0 : (size_t)(cols / QK) * 34;
     case ENG_LL_T_Q4_0: return cols % QK ? 0 : (size_t)(cols / QK) * 18;
-    default: return 0;
+    default: {
+        /* the other supported types: one dequantizer (engine/gguf) */
+        const ggml_type_info_t *info = ggml_type_info(type);
+        uint64_t nb;
+        if (!info || !info->supported || ggml_nbytes(type, cols, &nb) != PD_OK)
+            return 0;
+        return (size_t)nb;
+    }
     }
 }
 
@@ -77,7 +86,7 @@ const char *eng_ll_type_name(uint32_t type)
     case ENG_LL_T_BF16: return "BF16";
     case ENG_LL_T_Q8_0: return "Q8_0";
     case ENG_LL_T_Q4_0: return "Q4_0";
-    default: return "?";
+    default: return ggml_type_name(type);
     }
 }
 
@@ -115,7 +124,10 @@ static void ll_dequant_scalar(uint32_t type, const uint8_t *src, size_t n,
         }
         break;
     default:
-        memset(out, 0, n * 4);
+        /* K-quants, Q4_1, Q5_0/1, IQ4_NL: engine/gguf's scalar reference
+         * dequantizer is the only one, so every path gets the same floats */
+        if (ggml_dequantize_row(type, src, out, n) != PD_OK)
+            memset(out, 0, n * 4);
         break;
     }
 }

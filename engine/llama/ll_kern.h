@@ -9,8 +9,10 @@
  *   lanes are reduced by the fixed tree  s8[l] = a[l]+a[l+8],
  *   s4[l] = s8[l]+s8[l+4], s2[l] = s4[l]+s4[l+2], r = s2[0]+s2[1].
  * Weight rows are first dequantized to f32 EXACTLY (f16/bf16 widen exactly;
- * a Q8_0/Q4_0 element q*d fits in a float mantissa), so the result does not
- * depend on how weights were tiled either. Work is split across threads by
+ * a Q8_0/Q4_0 element q*d fits in a float mantissa) or, for the other
+ * quantized types (K-quants, Q4_1, Q5_0/1, IQ4_NL), by engine/gguf's single
+ * scalar decoder on every path, so the result does not depend on how
+ * weights were tiled either. Work is split across threads by
  * output rows only; a (row, item) pair is always computed by the same code.
  */
 #ifndef LL_KERN_H

@@ -1,6 +1,9 @@
 /* llama.c - the "llama" engine: GGUF loading and the transformer forward
  * pass (RMSNorm, RoPE, grouped-query attention over a paged block-major KV
- * cache, SwiGLU FFN) for archs `llama` and `qwen2`.
+ * cache, SwiGLU/GELU FFN or routed experts) for archs `llama`, `qwen2`,
+ * `qwen3` (QK-norm), `qwen3moe` (top-k experts) and `gemma3` (post norms,
+ * sliding-window layers). Semantics follow llama.cpp's graphs for these
+ * archs (tests/engine/llama runs llama.cpp on the same files).
  *
  * Prefill and decode run through one routine, ll_forward(), over a list of
  * tokens each carrying its own (block table, position): a prefill chunk is
@@ -12,6 +15,7 @@
 #include "eng_llama.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,7 +32,18 @@
 #define LL_DEFAULT_MAX_BATCH 32
 #define LL_MAX_THREADS 256
 
-typedef enum { LL_ARCH_LLAMA = 0, LL_ARCH_QWEN2 = 1 } ll_arch_t;
+typedef enum {
+    LL_ARCH_LLAMA = 0,
+    LL_ARCH_QWEN2 = 1,
+    LL_ARCH_QWEN3 = 2,           /* + per-head Q/K RMSNorm, no biases */
+    LL_ARCH_QWEN3MOE = 3,        /* qwen3 attention + top-k routed experts */
+    LL_ARCH_GEMMA3 = 4,          /* embd scale, pre/post norms, QK-norm, GELU,
+                                  * interleaved sliding-window layers */
+} ll_arch_t;
+
+static const char *const ll_arch_names[] = { "llama", "qwen2", "qwen3", "qwen3moe", "gemma3" };
+#define LL_MAX_EXPERTS 512
+#define LL_MAX_EXPERTS_USED 64
 
 typedef struct {
     float *attn_norm;            /* (n_embd) */
@@ -37,8 +52,13 @@ typedef struct {
     eng_ll_tensor_t wq;          /* (q_dim, n_embd) */
     eng_ll_tensor_t wk, wv;      /* (kv_dim, n_embd) */
     eng_ll_tensor_t wo;          /* (n_embd, q_dim) */
-    eng_ll_tensor_t w_gate, w_up;/* (n_ff, n_embd) */
-    eng_ll_tensor_t w_down;      /* (n_embd, n_ff) */
+    eng_ll_tensor_t w_gate, w_up;/* (n_ff, n_embd); MoE: (n_expert * n_ff_exp, n_embd) */
+    eng_ll_tensor_t w_down;      /* (n_embd, n_ff); MoE: (n_expert * n_embd, n_ff_exp) */
+    float *q_norm, *k_norm;      /* (head_dim) per-head RMSNorm (qwen3, gemma3) or NULL */
+    float *post_attn_norm;       /* (n_embd) gemma3 or NULL */
+    float *post_ffn_norm;        /* (n_embd) gemma3 or NULL */
+    eng_ll_tensor_t w_router;    /* (n_expert, n_embd) MoE: ffn_gate_inp */
+    int swa;                     /* sliding-window layer (gemma3) */
 } ll_layer_t;
 
 /* One token of a forward pass. */
@@ -57,6 +77,16 @@ struct eng_model {
     uint32_t rope_dim;
     float rope_base, rms_eps;
     double *inv_freq;            /* (rope_dim / 2) */
+    double *inv_freq_swa;        /* (rope_dim / 2) sliding-window layers (gemma3) */
+    int neox;                    /* RoPE pairs (i, i + rope_dim/2) */
+    uint32_t n_expert, n_expert_used, n_ff_exp; /* MoE (0 = dense) */
+    uint32_t n_swa;              /* sliding window (tokens), 0 = none */
+    uint32_t swa_period;         /* layer l slides iff l % period < period - 1 */
+    const void *swa_flags;       /* or (n_layers) bools from the file */
+    float rope_base_swa;
+    float embd_scale;            /* token embedding multiplier (gemma3 sqrt(n_embd)) */
+    float att_scale;             /* attention score scale */
+    float softcap;               /* final logit soft-capping, 0 = none */
     eng_ll_tensor_t tok_embd;    /* (vocab, n_embd) */
     eng_ll_tensor_t output;      /* (vocab, n_embd), == tok_embd when tied */
     float *out_norm;             /* (n_embd) */
@@ -79,6 +109,14 @@ struct eng_model {
     float *hb;                   /* (t_max, n_ff) gate, then silu(gate)*up */
     float *hb2;                  /* (t_max, n_ff) up */
     float *rope_cs;              /* (t_max, rope_dim/2, 2) cos, sin */
+    float *rope_cs_swa;          /* same for sliding-window layers, or NULL */
+    /* MoE */
+    float *router;               /* (t_max, n_expert) router logits */
+    int32_t *sel;                /* (t_max, n_expert_used) chosen experts */
+    float *selw;                 /* (t_max, n_expert_used) their weights */
+    uint32_t *erows;             /* (t_max) token indices routed to one expert */
+    float *ex;                   /* (t_max, n_embd) gathered inputs */
+    float *eout;                 /* (t_max, n_expert_used, n_embd) expert outputs */
     float **mm_scratch;          /* (n_threads) -> (4, max_cols) */
     float **att_scratch;         /* (n_threads) -> (context_length) scores */
 };
@@ -99,6 +137,10 @@ static void ll_free(eng_model_t *m)
             free(L->bq);
             free(L->bk);
             free(L->bv);
+            free(L->q_norm);
+            free(L->k_norm);
+            free(L->post_attn_norm);
+            free(L->post_ffn_norm);
         }
         free(m->layers);
     }
@@ -112,6 +154,14 @@ static void ll_free(eng_model_t *m)
     free(m->att_scratch);
     free(m->out_norm);
     free(m->inv_freq);
+    free(m->inv_freq_swa);
+    free(m->rope_cs_swa);
+    free(m->router);
+    free(m->sel);
+    free(m->selw);
+    free(m->erows);
+    free(m->ex);
+    free(m->eout);
     free(m->x);
     free(m->xb);
     free(m->xb2);
@@ -164,6 +214,25 @@ static pd_status_t ll_get_f32(const gguf_t *g, const char *arch, const char *suf
     return PD_OK;
 }
 
+/* The one error for a weight the engine cannot use: the tensor, its type
+ * name, and what is supported. */
+static pd_status_t ll_unsupported(const gguf_tensor_t *t, const char *name, char *err,
+                                  size_t err_len)
+{
+    const ggml_type_info_t *info = ggml_type_info(t->type);
+    if (info && info->supported) /* a supported type whose row is not whole blocks */
+        return ll_bad(err, err_len, PD_ERR_UNSUPPORTED,
+                      "tensor %s: type %s needs rows of a multiple of %u elements, "
+                      "has %" PRIu64, name, info->name, info->block_size, t->ne[0]);
+    return ll_bad(err, err_len, PD_ERR_UNSUPPORTED,
+                  "tensor %s: unsupported weight type %s (id %u); supported: %s", name,
+                  ggml_type_name(t->type), t->type, ggml_supported_types());
+}
+
+static pd_status_t ll_bind_3d(eng_model_t *m, const gguf_tensor_t *t, const char *name,
+                              uint32_t rows, uint32_t cols, uint32_t n_mat,
+                              eng_ll_tensor_t *t_p, char *err, size_t err_len);
+
 /* Bind a 2-D weight (rows, cols) in place. */
 static pd_status_t ll_bind_mat(eng_model_t *m, const char *name, uint32_t rows,
                                uint32_t cols, int optional, eng_ll_tensor_t *t_p,
@@ -175,12 +244,23 @@ static pd_status_t ll_bind_mat(eng_model_t *m, const char *name, uint32_t rows,
             return PD_ERR_NOT_FOUND;
         return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "tensor %s missing", name);
     }
-    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
+    return ll_bind_3d(m, t, name, rows, cols, 1, t_p, err, err_len);
+}
+
+/* Bind a (n_mat, rows, cols) stack of matrices (MoE *_exps) as one matrix of
+ * n_mat * rows rows; matrix e is rows [e * rows, (e + 1) * rows). */
+static pd_status_t ll_bind_3d(eng_model_t *m, const gguf_tensor_t *t, const char *name,
+                              uint32_t rows, uint32_t cols, uint32_t n_mat,
+                              eng_ll_tensor_t *t_p, char *err, size_t err_len)
+{
+    (void)m;
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n_mat || t->ne[3] != 1 ||
+        (uint64_t)rows * n_mat > UINT32_MAX)
         return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "tensor %s has wrong shape", name);
+    rows *= n_mat;
     size_t rb = eng_ll_row_bytes(t->type, cols);
     if (rb == 0)
-        return ll_bad(err, err_len, PD_ERR_UNSUPPORTED,
-                      "tensor %s: unsupported type or row length", name);
+        return ll_unsupported(t, name, err, err_len);
     if ((uint64_t)rb * rows != t->n_bytes)
         return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "tensor %s: size mismatch", name);
     t_p->data = t->data;
@@ -206,7 +286,7 @@ static pd_status_t ll_load_vec(eng_model_t *m, const char *name, uint32_t n,
     if (t->n_elements != n || t->ne[0] != n)
         return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "tensor %s has wrong shape", name);
     if (eng_ll_row_bytes(t->type, n) == 0)
-        return ll_bad(err, err_len, PD_ERR_UNSUPPORTED, "tensor %s: unsupported type", name);
+        return ll_unsupported(t, name, err, err_len);
     float *v = malloc((size_t)n * sizeof(float));
     if (!v)
         return PD_ERR_NO_MEMORY;
@@ -236,11 +316,44 @@ static pd_status_t ll_load_layers(eng_model_t *m, char *err, size_t err_len)
         LL_MAT(wk, "attn_k", m->kv_dim, m->n_embd)
         LL_MAT(wv, "attn_v", m->kv_dim, m->n_embd)
         LL_MAT(wo, "attn_output", m->n_embd, m->q_dim)
-        LL_MAT(w_gate, "ffn_gate", m->n_ff, m->n_embd)
-        LL_MAT(w_up, "ffn_up", m->n_ff, m->n_embd)
-        LL_MAT(w_down, "ffn_down", m->n_embd, m->n_ff)
+        if (m->n_expert) {
+#define LL_EXPS(field, suffix, rows, cols)                                    \
+            snprintf(name, sizeof(name), "blk.%u." suffix ".weight", l);       \
+            {                                                                  \
+                const gguf_tensor_t *t_ = gguf_tensor_find(m->gguf, name);     \
+                if (!t_)                                                       \
+                    return ll_bad(err, err_len, PD_ERR_BAD_INPUT,              \
+                                  "tensor %s missing", name);                  \
+                st = ll_bind_3d(m, t_, name, rows, cols, m->n_expert, &L->field, \
+                                err, err_len);                                 \
+                if (st != PD_OK)                                               \
+                    return st;                                                 \
+            }
+            LL_MAT(w_router, "ffn_gate_inp", m->n_expert, m->n_embd)
+            LL_EXPS(w_gate, "ffn_gate_exps", m->n_ff_exp, m->n_embd)
+            LL_EXPS(w_up, "ffn_up_exps", m->n_ff_exp, m->n_embd)
+            LL_EXPS(w_down, "ffn_down_exps", m->n_embd, m->n_ff_exp)
+#undef LL_EXPS
+        } else {
+            LL_MAT(w_gate, "ffn_gate", m->n_ff, m->n_embd)
+            LL_MAT(w_up, "ffn_up", m->n_ff, m->n_embd)
+            LL_MAT(w_down, "ffn_down", m->n_embd, m->n_ff)
+        }
         LL_VEC(attn_norm, "attn_norm.weight", m->n_embd, 0)
         LL_VEC(ffn_norm, "ffn_norm.weight", m->n_embd, 0)
+        if (m->arch == LL_ARCH_QWEN3 || m->arch == LL_ARCH_QWEN3MOE ||
+            m->arch == LL_ARCH_GEMMA3) {
+            LL_VEC(q_norm, "attn_q_norm.weight", m->head_dim, 0)
+            LL_VEC(k_norm, "attn_k_norm.weight", m->head_dim, 0)
+        }
+        if (m->arch == LL_ARCH_GEMMA3) {
+            LL_VEC(post_attn_norm, "post_attention_norm.weight", m->n_embd, 0)
+            LL_VEC(post_ffn_norm, "post_ffw_norm.weight", m->n_embd, 0)
+            uint32_t p = m->swa_period;
+            L->swa = m->n_swa > 0 &&
+                     (m->swa_flags ? ((const uint8_t *)m->swa_flags)[l] != 0
+                                   : p == 0 || l % p < p - 1);
+        }
         LL_VEC(bq, "attn_q.bias", m->q_dim, 1)
         LL_VEC(bk, "attn_k.bias", m->kv_dim, 1)
         LL_VEC(bv, "attn_v.bias", m->kv_dim, 1)
@@ -261,8 +374,11 @@ static uint64_t ll_compat_hash(const eng_model_t *m)
     static const char tag[] = "pdserve-llama-kv-v1";
     XXH64_update(s, tag, sizeof(tag));
     uint32_t hp[] = { m->arch, m->n_embd, m->n_layers, m->n_heads, m->n_kv_heads,
-                      m->head_dim, m->n_ff, m->vocab, m->rope_dim };
+                      m->head_dim, m->n_ff, m->vocab, m->rope_dim, m->n_expert,
+                      m->n_expert_used, m->n_ff_exp, m->n_swa };
     XXH64_update(s, hp, sizeof(hp));
+    float hf[] = { m->rope_base_swa, m->embd_scale, m->att_scale, m->softcap };
+    XXH64_update(s, hf, sizeof(hf));
     XXH64_update(s, &m->rope_base, sizeof(m->rope_base));
     XXH64_update(s, &m->rms_eps, sizeof(m->rms_eps));
     uint64_t n = gguf_tensor_count(m->gguf);
@@ -306,12 +422,23 @@ static pd_status_t ll_alloc_buffers(eng_model_t *m)
     LL_ALLOC(m->k, T * m->kv_dim);
     LL_ALLOC(m->v, T * m->kv_dim);
     LL_ALLOC(m->att, T * m->q_dim);
-    LL_ALLOC(m->hb, T * m->n_ff);
-    LL_ALLOC(m->hb2, T * m->n_ff);
+    size_t ff = m->n_ff > m->n_ff_exp ? m->n_ff : m->n_ff_exp;
+    LL_ALLOC(m->hb, T * ff);
+    LL_ALLOC(m->hb2, T * ff);
     LL_ALLOC(m->rope_cs, T * (m->rope_dim / 2 + 1) * 2);
+    if (m->inv_freq_swa)
+        LL_ALLOC(m->rope_cs_swa, T * (m->rope_dim / 2 + 1) * 2);
+    if (m->n_expert) {
+        LL_ALLOC(m->router, T * m->n_expert);
+        LL_ALLOC(m->sel, T * m->n_expert_used);
+        LL_ALLOC(m->selw, T * m->n_expert_used);
+        LL_ALLOC(m->erows, T);
+        LL_ALLOC(m->ex, T * m->n_embd);
+        LL_ALLOC(m->eout, T * m->n_expert_used * m->n_embd);
+    }
     LL_ALLOC(m->mm_scratch, m->n_threads);
     LL_ALLOC(m->att_scratch, m->n_threads);
-    size_t max_cols = m->n_embd > m->n_ff ? m->n_embd : m->n_ff;
+    size_t max_cols = m->n_embd > ff ? m->n_embd : ff;
     if (m->q_dim > max_cols)
         max_cols = m->q_dim;
     for (uint32_t t = 0; t < m->n_threads; t++) {
@@ -390,21 +517,25 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
         arch_len = sizeof(arch) - 1;
     memcpy(arch, arch_s, arch_len);
     arch[arch_len] = '\0';
-    if (strcmp(arch, "llama") == 0) {
-        m->arch = LL_ARCH_LLAMA;
-    } else if (strcmp(arch, "qwen2") == 0) {
-        m->arch = LL_ARCH_QWEN2;
-    } else {
-        st = ll_bad(err, err_len, PD_ERR_UNSUPPORTED, "unsupported architecture '%s'", arch);
+    uint32_t ai = 0, n_archs = sizeof(ll_arch_names) / sizeof(ll_arch_names[0]);
+    while (ai < n_archs && strcmp(arch, ll_arch_names[ai]) != 0)
+        ai++;
+    if (ai == n_archs) {
+        st = ll_bad(err, err_len, PD_ERR_UNSUPPORTED,
+                    "unsupported architecture '%s' (supported: llama qwen2 qwen3 qwen3moe "
+                    "gemma3)", arch);
         goto err_free;
     }
+    m->arch = (ll_arch_t)ai;
+    m->neox = m->arch != LL_ARCH_LLAMA;
 
     uint32_t ctx_len = 2048;
     m->rope_base = 10000.0f;
     m->rms_eps = 1e-5f;
     if ((st = ll_get_u32(m->gguf, arch, "embedding_length", &m->n_embd, 1, err, err_len)) ||
         (st = ll_get_u32(m->gguf, arch, "block_count", &m->n_layers, 1, err, err_len)) ||
-        (st = ll_get_u32(m->gguf, arch, "feed_forward_length", &m->n_ff, 1, err, err_len)) ||
+        (st = ll_get_u32(m->gguf, arch, "feed_forward_length", &m->n_ff,
+                         m->arch != LL_ARCH_QWEN3MOE, err, err_len)) ||
         (st = ll_get_u32(m->gguf, arch, "attention.head_count", &m->n_heads, 1, err, err_len)) ||
         (st = ll_get_u32(m->gguf, arch, "context_length", &ctx_len, 0, err, err_len)) ||
         (st = ll_get_f32(m->gguf, arch, "rope.freq_base", &m->rope_base, err, err_len)) ||
@@ -415,6 +546,62 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     if ((st = ll_get_u32(m->gguf, arch, "attention.head_count_kv", &m->n_kv_heads, 0,
                          err, err_len)))
         goto err_free;
+    if (m->arch == LL_ARCH_QWEN3MOE) {
+        if ((st = ll_get_u32(m->gguf, arch, "expert_count", &m->n_expert, 1, err, err_len)) ||
+            (st = ll_get_u32(m->gguf, arch, "expert_used_count", &m->n_expert_used, 1, err,
+                             err_len)) ||
+            (st = ll_get_u32(m->gguf, arch, "expert_feed_forward_length", &m->n_ff_exp, 0,
+                             err, err_len)))
+            goto err_free;
+        if (m->n_expert == 0 || m->n_expert > LL_MAX_EXPERTS || m->n_expert_used == 0 ||
+            m->n_expert_used > m->n_expert || m->n_expert_used > LL_MAX_EXPERTS_USED) {
+            st = ll_bad(err, err_len, PD_ERR_BAD_INPUT, "%s", "bad expert_count/expert_used_count");
+            goto err_free;
+        }
+        if (m->n_ff_exp == 0) /* llama.cpp's default */
+            m->n_ff_exp = m->n_ff / m->n_expert_used;
+        if (m->n_ff == 0)
+            m->n_ff = m->n_ff_exp;
+        if (m->n_ff_exp == 0 || m->n_ff_exp > 1u << 20) {
+            st = ll_bad(err, err_len, PD_ERR_BAD_INPUT, "%s", "bad expert_feed_forward_length");
+            goto err_free;
+        }
+    }
+    m->rope_base_swa = 10000.0f;
+    m->softcap = 0.0f;
+    if (m->arch == LL_ARCH_GEMMA3) {
+        if ((st = ll_get_u32(m->gguf, arch, "attention.sliding_window", &m->n_swa, 0, err,
+                             err_len)) ||
+            (st = ll_get_f32(m->gguf, arch, "rope.freq_base_swa", &m->rope_base_swa, err,
+                             err_len)) ||
+            (st = ll_get_f32(m->gguf, arch, "final_logit_softcapping", &m->softcap, err,
+                             err_len)))
+            goto err_free;
+        if (!(m->rope_base_swa > 0) || !(m->softcap >= 0) || m->softcap > 1e6f) {
+            st = ll_bad(err, err_len, PD_ERR_BAD_INPUT, "%s", "bad gemma3 hyper-parameters");
+            goto err_free;
+        }
+        /* which layers slide: `.attention.sliding_window_pattern` as a
+         * u32 period N (layer l slides iff l % N < N - 1; N = 0: all) or a
+         * bool per layer; default period 6, as llama.cpp */
+        char key[160];
+        snprintf(key, sizeof(key), "%s.attention.sliding_window_pattern", arch);
+        const gguf_arr_t *pa;
+        m->swa_period = 6;
+        if (gguf_kv_find(m->gguf, key)) {
+            if (gguf_get_arr(m->gguf, key, GGUF_TYPE_BOOL, &pa) == PD_OK) {
+                if (pa->count != m->n_layers) {
+                    st = ll_bad(err, err_len, PD_ERR_BAD_INPUT, "%s",
+                                "sliding_window_pattern: one bool per layer expected");
+                    goto err_free;
+                }
+                m->swa_flags = pa->data;
+            } else if (gguf_get_u32(m->gguf, key, &m->swa_period) != PD_OK) {
+                st = ll_bad(err, err_len, PD_ERR_BAD_INPUT, "%s", "bad sliding_window_pattern");
+                goto err_free;
+            }
+        }
+    }
     st = PD_ERR_BAD_INPUT;
     if (m->n_embd == 0 || m->n_embd > 65536 || m->n_layers == 0 || m->n_layers > 1024 ||
         m->n_heads == 0 || m->n_kv_heads == 0 || m->n_heads % m->n_kv_heads != 0 ||
@@ -427,6 +614,14 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     if ((st = ll_get_u32(m->gguf, arch, "attention.key_length", &m->head_dim, 0,
                          err, err_len)))
         goto err_free;
+    uint32_t vlen = m->head_dim;
+    if ((st = ll_get_u32(m->gguf, arch, "attention.value_length", &vlen, 0, err, err_len)))
+        goto err_free;
+    if (vlen != m->head_dim) {
+        st = ll_bad(err, err_len, PD_ERR_UNSUPPORTED, "%s",
+                    "attention.value_length != key_length is not supported");
+        goto err_free;
+    }
     m->rope_dim = m->head_dim;
     if ((st = ll_get_u32(m->gguf, arch, "rope.dimension_count", &m->rope_dim, 0,
                          err, err_len)))
@@ -472,6 +667,20 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
         m->inv_freq[i] = pow((double)m->rope_base, -(double)(2 * i) / (double)m->rope_dim);
     if ((st = ll_rope_scaling(m, arch, err, err_len)))
         goto err_free;
+    if (m->n_swa) { /* gemma3 local layers: their own base, no scaling */
+        m->inv_freq_swa = calloc(m->rope_dim / 2 + 1, sizeof(double));
+        if (!m->inv_freq_swa) {
+            st = PD_ERR_NO_MEMORY;
+            goto err_free;
+        }
+        for (uint32_t i = 0; i < m->rope_dim / 2; i++)
+            m->inv_freq_swa[i] = pow((double)m->rope_base_swa,
+                                     -(double)(2 * i) / (double)m->rope_dim);
+    }
+    m->embd_scale = m->arch == LL_ARCH_GEMMA3 ? sqrtf((float)m->n_embd) : 1.0f;
+    /* gemma3: 1/sqrt(n_embd/n_head) for the 62-layer (27B) model, as llama.cpp */
+    m->att_scale = 1.0f / sqrtf((float)(m->arch == LL_ARCH_GEMMA3 && m->n_layers == 62
+                                            ? m->n_embd / m->n_heads : m->head_dim));
 
     /* sizes */
     for (uint64_t i = 0; i < gguf_tensor_count(m->gguf); i++)
@@ -481,8 +690,14 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
         const ll_layer_t *L = &m->layers[l];
         const eng_ll_tensor_t *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo,
                                         &L->w_gate, &L->w_up, &L->w_down };
-        for (size_t j = 0; j < sizeof(ws) / sizeof(ws[0]); j++)
-            m->weight_bytes_per_token += (uint64_t)ws[j]->row_bytes * ws[j]->rows;
+        for (size_t j = 0; j < sizeof(ws) / sizeof(ws[0]); j++) {
+            uint64_t b = (uint64_t)ws[j]->row_bytes * ws[j]->rows;
+            if (j >= 4 && m->n_expert) /* only the chosen experts are read */
+                b = b / m->n_expert * m->n_expert_used;
+            m->weight_bytes_per_token += b;
+        }
+        if (m->n_expert)
+            m->weight_bytes_per_token += (uint64_t)L->w_router.row_bytes * L->w_router.rows;
     }
 
     eng_kv_geom_t *g = &m->geom;
@@ -529,7 +744,7 @@ static const eng_kv_geom_t *ll_geometry(const eng_model_t *m)
 void eng_llama_info(const eng_model_t *m, eng_llama_info_t *info)
 {
     memset(info, 0, sizeof(*info));
-    info->arch = m->arch == LL_ARCH_QWEN2 ? "qwen2" : "llama";
+    info->arch = ll_arch_names[m->arch];
     info->n_embd = m->n_embd;
     info->n_layers = m->n_layers;
     info->n_heads = m->n_heads;
@@ -576,7 +791,7 @@ static void ll_rmsnorm(float *out, const float *x, const float *w, uint32_t n, f
 static void ll_rope(const eng_model_t *m, float *h, const float *cs)
 {
     uint32_t half = m->rope_dim / 2;
-    if (m->arch == LL_ARCH_QWEN2) { /* NEOX: pairs (i, i + rope_dim/2) */
+    if (m->neox) { /* NEOX: pairs (i, i + rope_dim/2) */
         for (uint32_t i = 0; i < half; i++) {
             float c = cs[2 * i], s = cs[2 * i + 1];
             float a = h[i], b = h[i + half];
@@ -599,6 +814,7 @@ typedef struct {
     const ll_tok_t *toks;
     uint32_t n;
     uint32_t layer;
+    int swa;
 } ll_att_ctx_t;
 
 /* Attention for one (token, head) pair per chunk. */
@@ -607,7 +823,7 @@ static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
     const ll_att_ctx_t *c = arg;
     const eng_model_t *m = c->m;
     const uint32_t hd = m->head_dim, group = m->n_heads / m->n_kv_heads;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = m->att_scale;
     float *sc = m->att_scratch[tid];
     const int f16 = m->geom.kv_dtype == ENG_KV_F16;
 
@@ -623,41 +839,50 @@ static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
         const size_t koff = ((size_t)c->layer * 2 + 0) * btk * kvd + hoff;
         const size_t voff = ((size_t)c->layer * 2 + 1) * btk * kvd + hoff;
         const uint32_t n_pos = t->pos + 1;
+        /* sliding-window layer: positions (pos - n_swa, pos] only */
+        const uint32_t lo = c->swa && n_pos > m->n_swa ? n_pos - m->n_swa : 0;
+        float *scl = sc - lo; /* scl[s] for s in [lo, n_pos) */
         /* scores, one KV block (a run of contiguous slots) at a time */
-        for (uint32_t s0 = 0; s0 < n_pos; s0 += btk) {
-            uint32_t cnt = n_pos - s0 < btk ? n_pos - s0 : btk;
-            size_t base = (size_t)t->bt[s0 / btk] * blk_elems + koff;
+        for (uint32_t s0 = lo; s0 < n_pos;) {
+            uint32_t cnt = btk - s0 % btk;
+            if (cnt > n_pos - s0)
+                cnt = n_pos - s0;
+            size_t base = (size_t)t->bt[s0 / btk] * blk_elems + (size_t)(s0 % btk) * kvd + koff;
             if (f16)
                 eng_ll_dot_rows_f16((const uint16_t *)(const void *)c->arena + base, kvd, cnt,
-                                    q, hd, sc + s0);
+                                    q, hd, scl + s0);
             else
                 eng_ll_dot_rows((const float *)(const void *)c->arena + base, kvd, cnt, q,
-                                hd, sc + s0);
+                                hd, scl + s0);
+            s0 += cnt;
         }
         float mx = -INFINITY;
-        for (uint32_t s = 0; s < n_pos; s++) {
-            sc[s] *= scale;
-            if (sc[s] > mx)
-                mx = sc[s];
+        for (uint32_t s = lo; s < n_pos; s++) {
+            scl[s] *= scale;
+            if (scl[s] > mx)
+                mx = scl[s];
         }
         float sum = 0.0f;
-        for (uint32_t s = 0; s < n_pos; s++) {
-            sc[s] = expf(sc[s] - mx);
-            sum += sc[s];
+        for (uint32_t s = lo; s < n_pos; s++) {
+            scl[s] = expf(scl[s] - mx);
+            sum += scl[s];
         }
         float inv = 1.0f / sum;
-        for (uint32_t s = 0; s < n_pos; s++)
-            sc[s] *= inv;
+        for (uint32_t s = lo; s < n_pos; s++)
+            scl[s] *= inv;
         memset(out, 0, hd * sizeof(float));
-        for (uint32_t s0 = 0; s0 < n_pos; s0 += btk) {
-            uint32_t cnt = n_pos - s0 < btk ? n_pos - s0 : btk;
-            size_t base = (size_t)t->bt[s0 / btk] * blk_elems + voff;
+        for (uint32_t s0 = lo; s0 < n_pos;) {
+            uint32_t cnt = btk - s0 % btk;
+            if (cnt > n_pos - s0)
+                cnt = n_pos - s0;
+            size_t base = (size_t)t->bt[s0 / btk] * blk_elems + (size_t)(s0 % btk) * kvd + voff;
             if (f16)
-                eng_ll_axpy_rows_f16(out, sc + s0, (const uint16_t *)(const void *)c->arena + base,
-                                     kvd, cnt, hd);
+                eng_ll_axpy_rows_f16(out, scl + s0,
+                                     (const uint16_t *)(const void *)c->arena + base, kvd, cnt, hd);
             else
-                eng_ll_axpy_rows(out, sc + s0, (const float *)(const void *)c->arena + base, kvd,
+                eng_ll_axpy_rows(out, scl + s0, (const float *)(const void *)c->arena + base, kvd,
                                  cnt, hd);
+            s0 += cnt;
         }
     }
 }
@@ -665,17 +890,127 @@ static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
 typedef struct {
     eng_model_t *m;
     uint32_t n;
+    uint32_t width;              /* n_ff or n_ff_exp */
 } ll_swiglu_ctx_t;
 
-/* silu(gate) * up for one token per chunk. */
+/* act(gate) * up for one token per chunk: SiLU, or GELU (tanh form, as
+ * ggml_gelu) for gemma3. */
 static void ll_swiglu_task(void *arg, uint32_t chunk, uint32_t tid)
 {
     const ll_swiglu_ctx_t *c = arg;
-    size_t i0 = (size_t)chunk * c->m->n_ff, i1 = i0 + c->m->n_ff;
+    size_t i0 = (size_t)chunk * c->width, i1 = i0 + c->width;
     float *g = c->m->hb;
     const float *u = c->m->hb2;
+    if (c->m->arch == LL_ARCH_GEMMA3) {
+        for (size_t i = i0; i < i1; i++) {
+            float x = g[i];
+            g[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x *
+                                            (1.0f + 0.044715f * x * x))) * u[i];
+        }
+        return;
+    }
     for (size_t i = i0; i < i1; i++)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void ll_act(eng_model_t *m, uint32_t n, uint32_t width)
+{
+    ll_swiglu_ctx_t sc = { m, n, width };
+    if ((uint64_t)n * width < (1u << 14))
+        for (uint32_t c = 0; c < n; c++)
+            ll_swiglu_task(&sc, c, 0);
+    else
+        eng_ll_pool_run(m->pool, ll_swiglu_task, &sc, n);
+}
+
+/* A view of matrix e of a stacked (n_mat * rows, cols) tensor. */
+static eng_ll_tensor_t ll_sub(const eng_ll_tensor_t *t, uint32_t e, uint32_t rows)
+{
+    eng_ll_tensor_t v = *t;
+    v.data = t->data + (size_t)e * rows * t->row_bytes;
+    v.rows = rows;
+    return v;
+}
+
+/* Routed experts (qwen3moe) over xb (n tokens) -> xb2. Router: softmax over
+ * all experts, the top n_expert_used (ties: lower id), weights renormalized
+ * to sum 1. Each expert runs once over the tokens that chose it (each a
+ * canonical per-item matmul); a token's result is then summed in its own
+ * rank order, so it never depends on which other tokens are in the pass. */
+static void ll_moe(eng_model_t *m, const ll_layer_t *L, uint32_t n)
+{
+    const uint32_t E = m->n_embd, K = m->n_expert_used, NE = m->n_expert, F = m->n_ff_exp;
+    float *const *scr = m->mm_scratch;
+    eng_ll_matmul_t rt = {
+        .n_mats = 1, .w = { &L->w_router }, .out = { m->router }, .out_stride = { NE },
+        .x = m->xb, .x_stride = E, .n_items = n,
+    };
+    eng_ll_matmul(m->pool, &rt, scr);
+    for (uint32_t i = 0; i < n; i++) {
+        const float *r = m->router + (size_t)i * NE;
+        int32_t *sel = m->sel + (size_t)i * K;
+        float *w = m->selw + (size_t)i * K;
+        float mx = -INFINITY;
+        for (uint32_t e = 0; e < NE; e++)
+            mx = r[e] > mx ? r[e] : mx;
+        double tot = 0.0;
+        for (uint32_t e = 0; e < NE; e++)
+            tot += exp((double)r[e] - mx);
+        for (uint32_t k = 0; k < K; k++) { /* selection by logit = by probability */
+            int32_t best = -1;
+            for (uint32_t e = 0; e < NE; e++) {
+                int used = 0;
+                for (uint32_t j = 0; j < k; j++)
+                    used |= sel[j] == (int32_t)e;
+                if (!used && (best < 0 || r[e] > r[best]))
+                    best = (int32_t)e;
+            }
+            sel[k] = best;
+            w[k] = (float)(exp((double)r[best] - mx) / tot);
+        }
+        float ws = 0.0f;
+        for (uint32_t k = 0; k < K; k++)
+            ws += w[k];
+        for (uint32_t k = 0; k < K; k++)
+            w[k] /= ws;
+    }
+    for (uint32_t e = 0; e < NE; e++) {
+        uint32_t cnt = 0;
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t k = 0; k < K; k++)
+                if (m->sel[(size_t)i * K + k] == (int32_t)e) {
+                    m->erows[cnt] = i * K + k; /* (token, rank) slot */
+                    memcpy(m->ex + (size_t)cnt * E, m->xb + (size_t)i * E, E * sizeof(float));
+                    cnt++;
+                }
+        if (cnt == 0)
+            continue;
+        eng_ll_tensor_t g = ll_sub(&L->w_gate, e, F), u = ll_sub(&L->w_up, e, F);
+        eng_ll_tensor_t d = ll_sub(&L->w_down, e, E);
+        eng_ll_matmul_t gu = {
+            .n_mats = 2, .w = { &g, &u }, .out = { m->hb, m->hb2 }, .out_stride = { F, F },
+            .x = m->ex, .x_stride = E, .n_items = cnt,
+        };
+        eng_ll_matmul(m->pool, &gu, scr);
+        ll_act(m, cnt, F);
+        eng_ll_matmul_t dn = {
+            .n_mats = 1, .w = { &d }, .out = { m->ex }, .out_stride = { E },
+            .x = m->hb, .x_stride = F, .n_items = cnt,
+        };
+        eng_ll_matmul(m->pool, &dn, scr);
+        for (uint32_t j = 0; j < cnt; j++)
+            memcpy(m->eout + (size_t)m->erows[j] * E, m->ex + (size_t)j * E, E * sizeof(float));
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        float *y = m->xb2 + (size_t)i * E;
+        const float *w = m->selw + (size_t)i * K;
+        for (uint32_t c = 0; c < E; c++) {
+            float acc = 0.0f;
+            for (uint32_t k = 0; k < K; k++)
+                acc += w[k] * m->eout[((size_t)i * K + k) * E + c];
+            y[c] = acc;
+        }
+    }
 }
 
 /* One pass over n <= t_max tokens. Logits of toks[logit_from..n) go to
@@ -687,12 +1022,24 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, const ll_tok_t *toks,
     float *const *scr = m->mm_scratch;
 
     for (uint32_t i = 0; i < n; i++) {
-        eng_ll_dequant_row(&m->tok_embd, (uint32_t)toks[i].token, m->x + (size_t)i * E);
+        float *xi = m->x + (size_t)i * E;
+        eng_ll_dequant_row(&m->tok_embd, (uint32_t)toks[i].token, xi);
+        if (m->embd_scale != 1.0f)
+            for (uint32_t j = 0; j < E; j++)
+                xi[j] *= m->embd_scale;
         float *cs = m->rope_cs + (size_t)i * half * 2;
         for (uint32_t j = 0; j < half; j++) {
             double a = (double)toks[i].pos * m->inv_freq[j];
             cs[2 * j] = (float)cos(a);
             cs[2 * j + 1] = (float)sin(a);
+        }
+        if (m->rope_cs_swa) {
+            cs = m->rope_cs_swa + (size_t)i * half * 2;
+            for (uint32_t j = 0; j < half; j++) {
+                double a = (double)toks[i].pos * m->inv_freq_swa[j];
+                cs[2 * j] = (float)cos(a);
+                cs[2 * j + 1] = (float)sin(a);
+            }
         }
     }
 
@@ -723,7 +1070,15 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, const ll_tok_t *toks,
             if (L->bv)
                 for (uint32_t j = 0; j < m->kv_dim; j++)
                     v[j] += L->bv[j];
-            const float *cs = m->rope_cs + (size_t)i * half * 2;
+            if (L->q_norm) {
+                for (uint32_t h = 0; h < m->n_heads; h++)
+                    ll_rmsnorm(q + (size_t)h * m->head_dim, q + (size_t)h * m->head_dim,
+                               L->q_norm, m->head_dim, m->rms_eps);
+                for (uint32_t h = 0; h < m->n_kv_heads; h++)
+                    ll_rmsnorm(k + (size_t)h * m->head_dim, k + (size_t)h * m->head_dim,
+                               L->k_norm, m->head_dim, m->rms_eps);
+            }
+            const float *cs = (L->swa ? m->rope_cs_swa : m->rope_cs) + (size_t)i * half * 2;
             for (uint32_t h = 0; h < m->n_heads; h++)
                 ll_rope(m, q + (size_t)h * m->head_dim, cs);
             for (uint32_t h = 0; h < m->n_kv_heads; h++)
@@ -743,7 +1098,7 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, const ll_tok_t *toks,
             }
         }
 
-        ll_att_ctx_t ac = { m, arena, toks, n, l };
+        ll_att_ctx_t ac = { m, arena, toks, n, l, L->swa };
         uint64_t att_work = 0; /* positions x heads: tiny passes stay inline */
         for (uint32_t i = 0; i < n; i++)
             att_work += (uint64_t)(toks[i].pos + 1) * m->n_heads * m->head_dim;
@@ -758,28 +1113,35 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, const ll_tok_t *toks,
             .x = m->att, .x_stride = m->q_dim, .n_items = n,
         };
         eng_ll_matmul(m->pool, &wo, scr);
+        if (L->post_attn_norm)
+            for (uint32_t i = 0; i < n; i++)
+                ll_rmsnorm(m->xb2 + (size_t)i * E, m->xb2 + (size_t)i * E, L->post_attn_norm,
+                           E, m->rms_eps);
         for (size_t i = 0; i < (size_t)n * E; i++)
             m->x[i] += m->xb2[i];
 
         for (uint32_t i = 0; i < n; i++)
             ll_rmsnorm(m->xb + (size_t)i * E, m->x + (size_t)i * E, L->ffn_norm, E,
                        m->rms_eps);
-        eng_ll_matmul_t gu = {
-            .n_mats = 2, .w = { &L->w_gate, &L->w_up }, .out = { m->hb, m->hb2 },
-            .out_stride = { m->n_ff, m->n_ff }, .x = m->xb, .x_stride = E, .n_items = n,
-        };
-        eng_ll_matmul(m->pool, &gu, scr);
-        ll_swiglu_ctx_t sc = { m, n };
-        if ((uint64_t)n * m->n_ff < (1u << 14))
-            for (uint32_t c = 0; c < n; c++)
-                ll_swiglu_task(&sc, c, 0);
-        else
-            eng_ll_pool_run(m->pool, ll_swiglu_task, &sc, n);
-        eng_ll_matmul_t dn = {
-            .n_mats = 1, .w = { &L->w_down }, .out = { m->xb2 }, .out_stride = { E },
-            .x = m->hb, .x_stride = m->n_ff, .n_items = n,
-        };
-        eng_ll_matmul(m->pool, &dn, scr);
+        if (m->n_expert) {
+            ll_moe(m, L, n);
+        } else {
+            eng_ll_matmul_t gu = {
+                .n_mats = 2, .w = { &L->w_gate, &L->w_up }, .out = { m->hb, m->hb2 },
+                .out_stride = { m->n_ff, m->n_ff }, .x = m->xb, .x_stride = E, .n_items = n,
+            };
+            eng_ll_matmul(m->pool, &gu, scr);
+            ll_act(m, n, m->n_ff);
+            eng_ll_matmul_t dn = {
+                .n_mats = 1, .w = { &L->w_down }, .out = { m->xb2 }, .out_stride = { E },
+                .x = m->hb, .x_stride = m->n_ff, .n_items = n,
+            };
+            eng_ll_matmul(m->pool, &dn, scr);
+        }
+        if (L->post_ffn_norm)
+            for (uint32_t i = 0; i < n; i++)
+                ll_rmsnorm(m->xb2 + (size_t)i * E, m->xb2 + (size_t)i * E, L->post_ffn_norm,
+                           E, m->rms_eps);
         for (size_t i = 0; i < (size_t)n * E; i++)
             m->x[i] += m->xb2[i];
     }
@@ -794,6 +1156,9 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, const ll_tok_t *toks,
         .x = m->xb, .x_stride = E, .n_items = n - logit_from,
     };
     eng_ll_matmul(m->pool, &out, scr);
+    if (m->softcap > 0.0f)
+        for (size_t i = 0; i < (size_t)(n - logit_from) * m->vocab; i++)
+            logits[i] = m->softcap * tanhf(logits[i] / m->softcap);
 }
 
 static pd_status_t ll_check_tok(const eng_model_t *m, int32_t token, uint32_t pos,

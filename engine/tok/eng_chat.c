@@ -46,6 +46,8 @@ pd_status_t eng_chat_detect(const char *t, eng_chat_kind_t *kind_p)
         *kind_p = ENG_CHAT_LLAMA2;
     } else if (strstr(t, "[INST]") != NULL) {
         *kind_p = ENG_CHAT_MISTRAL;
+    } else if (strstr(t, "<start_of_turn>") != NULL && strstr(t, "<end_of_turn>") != NULL) {
+        *kind_p = ENG_CHAT_GEMMA;
     } else if (strstr(t, "<|user|>") != NULL && strstr(t, "<|assistant|>") != NULL) {
         *kind_p = strstr(t, "<|end|>") != NULL ? ENG_CHAT_PHI3 : ENG_CHAT_ZEPHYR;
     } else {
@@ -272,6 +274,36 @@ static void render_zephyr(sbuf_t *b, const eng_chat_msg_t *m, const int *roles, 
         puts_(b, "<|assistant|>\n");
 }
 
+/* Gemma 2/3: "<start_of_turn>user|model\ncontent<end_of_turn>\n" after BOS,
+ * content trimmed; a leading system message is prepended (+ "\n\n") to the
+ * first user turn; the prompt ends "<start_of_turn>model\n". */
+static void render_gemma(sbuf_t *b, const eng_chat_msg_t *m, const int *roles, size_t n,
+                         bool gen, const char *bos)
+{
+    size_t i = 0;
+    const eng_chat_msg_t *sys = NULL;
+
+    puts_(b, bos);
+    if (n > 0 && roles[0] == ROLE_SYSTEM) {
+        sys = &m[0];
+        i = 1;
+    }
+    for (; i < n; i++) {
+        puts_(b, "<start_of_turn>");
+        puts_(b, roles[i] == ROLE_ASSISTANT ? "model" : role_names[roles[i]]);
+        puts_(b, "\n");
+        if (sys != NULL) {
+            put(b, sys->content, sys->content_len); /* not trimmed, as HF's template */
+            puts_(b, "\n\n");
+            sys = NULL;
+        }
+        put_trim(b, m[i].content, m[i].content_len);
+        puts_(b, "<end_of_turn>\n");
+    }
+    if (gen)
+        puts_(b, "<start_of_turn>model\n");
+}
+
 pd_status_t eng_chat_render(eng_chat_kind_t kind, const eng_chat_msg_t *msgs,
                             size_t n, bool gen, const char *bos, const char *eos,
                             char **out_p, size_t *len_p)
@@ -327,6 +359,9 @@ pd_status_t eng_chat_render(eng_chat_kind_t kind, const eng_chat_msg_t *msgs,
         break;
     case ENG_CHAT_PHI3:
         render_zephyr(&b, msgs, roles, n, gen, "<|end|>");
+        break;
+    case ENG_CHAT_GEMMA:
+        render_gemma(&b, msgs, roles, n, gen, bos != NULL ? bos : "<bos>");
         break;
     default:
         break;

@@ -28,7 +28,8 @@
     X(LLAMA31, "llama3.1", "llama3 + system block 'Cutting Knowledge Date: December 2023...'") \
     X(MISTRAL, "mistral", "<s>[INST] user [/INST]answer</s> (system folded into the next user turn)") \
     X(ZEPHYR,  "zephyr",  "<|system|>\\n...</s>\\n<|user|>\\n...</s>\\n<|assistant|>\\n (TinyLlama chat)") \
-    X(PHI3,    "phi3",    "<|user|>\\n...<|end|>\\n<|assistant|>\\n")
+    X(PHI3,    "phi3",    "<|user|>\\n...<|end|>\\n<|assistant|>\\n") \
+    X(GEMMA,   "gemma",   "<bos><start_of_turn>user\\n...<end_of_turn>\\n<start_of_turn>model\\n (system folded into the first user turn)")
 
 typedef enum {
 #define ENG_CHAT_ENUM(e, name, desc) ENG_CHAT_##e,

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "gguf.h"
+#include "ggml_quants.h"
 
 /* ---------- conversions ---------- */
 
@@ -72,7 +73,11 @@ static void test_type_table(void **state)
     assert_int_equal(ggml_nbytes(77, 1, &n), PD_ERR_BAD_TYPE);
     assert_int_equal(ggml_type_parse("q8_0", &t), PD_OK);
     assert_int_equal(t, GGML_TYPE_Q8_0);
-    assert_int_equal(ggml_type_parse("q4_K", &t), PD_ERR_BAD_INPUT);
+    assert_int_equal(ggml_type_parse("q4_K", &t), PD_OK);
+    assert_int_equal(t, GGML_TYPE_Q4_K);
+    assert_int_equal(ggml_type_parse("Q6_K", &t), PD_OK);
+    assert_int_equal(t, GGML_TYPE_Q6_K);
+    assert_int_equal(ggml_type_parse("iq2_xs", &t), PD_ERR_BAD_INPUT);
     assert_string_equal(ggml_type_name(12), "q4_K");
 }
 
@@ -128,6 +133,94 @@ static void test_q4_0_layout(void **state)
     float d = fabsf(ggml_fp16_to_fp32(blk.d));
     for (int i = 0; i < 32; i++)
         assert_true(fabsf(x[i] - y[i]) <= d * 0.5f + 1e-5f || fabsf(x[i] - y[i]) <= d);
+}
+
+/* Every quantized type: quantize -> dequantize keeps the RMS error within
+ * what its bit width allows, over several value distributions (incl. all
+ * positive, all negative, constant and zero blocks). */
+static void test_quant_roundtrip_all(void **state)
+{
+    (void)state;
+    static const struct { uint32_t type; double tol; } types[] = {
+        { GGML_TYPE_Q4_0, 0.10 }, { GGML_TYPE_Q4_1, 0.08 }, { GGML_TYPE_Q5_0, 0.05 },
+        { GGML_TYPE_Q5_1, 0.04 }, { GGML_TYPE_IQ4_NL, 0.10 }, { GGML_TYPE_Q8_0, 0.008 },
+        { GGML_TYPE_Q2_K, 0.35 }, { GGML_TYPE_Q3_K, 0.20 }, { GGML_TYPE_Q4_K, 0.08 },
+        { GGML_TYPE_Q5_K, 0.04 }, { GGML_TYPE_Q6_K, 0.025 },
+    };
+    enum { N = 1024 };
+    static float x[N], y[N];
+    static uint8_t buf[N * 2];
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+        for (int dist = 0; dist < 5; dist++) {
+            uint64_t s = 1234 + (uint64_t)dist;
+            for (int i = 0; i < N; i++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                float u = (float)((s >> 40) & 0xFFFFFF) / 16777216.0f - 0.5f;
+                switch (dist) {
+                case 0: x[i] = u * 2.0f; break;
+                case 1: x[i] = u * 0.01f + 0.5f; break;            /* all positive */
+                case 2: x[i] = -fabsf(u) * (float)(1 + i % 7); break; /* negative */
+                case 3: x[i] = i < N / 2 ? 0.0f : 0.25f; break;      /* constant */
+                default: x[i] = u * (i % 64 == 3 ? 40.0f : 1.0f); break; /* outliers */
+                }
+            }
+            uint64_t nb;
+            assert_int_equal(ggml_nbytes(types[t].type, N, &nb), PD_OK);
+            assert_true(nb <= sizeof(buf));
+            assert_int_equal(ggml_quantize_row(types[t].type, x, buf, N), PD_OK);
+            assert_int_equal(ggml_dequantize_row(types[t].type, buf, y, N), PD_OK);
+            /* the AVX2 decoders equal the scalar ones bit for bit */
+            static float ys[N];
+            ggml_quants_set_simd(0);
+            assert_int_equal(ggml_dequantize_row(types[t].type, buf, ys, N), PD_OK);
+            ggml_quants_set_simd(1);
+            assert_memory_equal(y, ys, sizeof(ys));
+            double se = 0, sx = 0;
+            for (int i = 0; i < N; i++) {
+                assert_true(isfinite(y[i]));
+                se += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+                sx += (double)x[i] * x[i];
+            }
+            double rel = sx > 0 ? sqrt(se / sx) : sqrt(se);
+            double tol = types[t].tol * (dist == 4 ? 2.0 : 1.0); /* 40x outliers */
+            if (rel > tol)
+                fprintf(stderr, "%s dist %d: rms rel err %.4f > %.4f\n",
+                        ggml_type_name(types[t].type), dist, rel, tol);
+            assert_true(rel <= tol);
+        }
+        assert_int_equal(ggml_quantize_row(types[t].type, x, buf, 16), PD_ERR_BAD_INPUT);
+    }
+}
+
+/* Arbitrary block bytes (every scale/bit pattern): AVX2 decoders = scalar. */
+static void test_dequant_simd_random_bytes(void **state)
+{
+    (void)state;
+    static const struct { uint32_t type, ts; uint32_t d_off[2]; } ks[] = {
+        { GGML_TYPE_Q4_K, 144, { 0, 2 } }, { GGML_TYPE_Q5_K, 176, { 0, 2 } },
+        { GGML_TYPE_Q6_K, 210, { 208, 208 } }, { GGML_TYPE_Q2_K, 84, { 80, 82 } },
+        { GGML_TYPE_Q3_K, 110, { 108, 108 } },
+    };
+    enum { NB = 64 };
+    static uint8_t buf[NB * 210];
+    static float a[NB * 256], b[NB * 256];
+    uint64_t s = 99;
+    for (size_t k = 0; k < sizeof(ks) / sizeof(ks[0]); k++) {
+        for (size_t i = 0; i < sizeof(buf); i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            buf[i] = (uint8_t)(s >> 56);
+        }
+        for (int blk = 0; blk < NB; blk++)
+            for (int j = 0; j < 2; j++) { /* finite fp16 scales */
+                uint8_t *p = buf + (size_t)blk * ks[k].ts + ks[k].d_off[j];
+                p[1] &= 0x3B;
+            }
+        assert_int_equal(ggml_dequantize_row(ks[k].type, buf, a, NB * 256), PD_OK);
+        ggml_quants_set_simd(0);
+        assert_int_equal(ggml_dequantize_row(ks[k].type, buf, b, NB * 256), PD_OK);
+        ggml_quants_set_simd(1);
+        assert_memory_equal(a, b, sizeof(a));
+    }
 }
 
 /* ---------- writer -> reader round trip ---------- */
@@ -187,7 +280,7 @@ static gguf_writer_t *make_writer(uint32_t alignment)
     uint64_t bad[1] = {33};
     assert_int_equal(gguf_writer_add_tensor_f32(w, "odd", GGML_TYPE_Q8_0, 1, bad, data),
                      PD_ERR_BAD_INPUT);
-    assert_int_equal(gguf_writer_add_tensor_f32(w, "q4k", 12, 1, ne1, data), PD_ERR_UNSUPPORTED);
+    assert_int_equal(gguf_writer_add_tensor_f32(w, "iq2xxs", 16, 1, ne1, data), PD_ERR_UNSUPPORTED);
     assert_int_equal(gguf_writer_add_tensor_f32(w, "vec", GGML_TYPE_F32, 1, ne1, data), PD_OK);
     return w;
 }
@@ -553,6 +646,8 @@ int main(void)
         cmocka_unit_test(test_type_table),
         cmocka_unit_test(test_q8_0_layout),
         cmocka_unit_test(test_q4_0_layout),
+        cmocka_unit_test(test_quant_roundtrip_all),
+        cmocka_unit_test(test_dequant_simd_random_bytes),
         cmocka_unit_test(test_roundtrip_memory),
         cmocka_unit_test(test_roundtrip_file),
         cmocka_unit_test(t_bad_magic),

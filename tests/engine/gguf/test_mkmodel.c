@@ -383,7 +383,7 @@ static void test_bad_flags(void **state)
     (void)state;
     expect_usage_error("missing -o", "--preset", "tiny", NULL, NULL);
     expect_usage_error("unknown --preset 'huge'", "--preset", "huge", "-o", o);
-    expect_usage_error("--type 'q4_K'", "--type", "q4_K", "-o", o);
+    expect_usage_error("--type 'iq2_xs'", "--type", "iq2_xs", "-o", o);
     expect_usage_error("--kv-heads 3 must divide --heads 8", "--kv-heads", "3", "-o", o);
     expect_usage_error("--dim 250 is not a multiple", "--dim", "250", "-o", o);
     expect_usage_error("--dim: '12x'", "--dim", "12x", "-o", o);
@@ -393,7 +393,7 @@ static void test_bad_flags(void **state)
     expect_usage_error("--arch 'gpt2'", "--arch", "gpt2", "-o", o);
     expect_usage_error("--rope-base: 'nan'", "--rope-base", "nan", "-o", o);
     expect_usage_error("--alignment 48 is not a power of two", "--alignment", "48", "-o", o);
-    expect_usage_error("needs --dim and --ffn multiples of 32", "--type", "q8_0", "--ffn", "100");
+    expect_usage_error("needs --dim, --ffn, --expert-ffn and heads*head_dim multiples of 32", "--type", "q8_0", "--ffn", "100");
     expect_usage_error("bad option", "--bogus", "-o", o, NULL);
     expect_usage_error("unexpected argument 'extra'", "-o", o, "extra", NULL);
     expect_usage_error("only --seed, --corpus, --name and -o apply", "--preset", "builtin",

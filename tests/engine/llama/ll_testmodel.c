@@ -26,6 +26,8 @@ static float tm_uniform(uint64_t *s) /* [-1, 1) */
 
 static const char *tm_omit;
 
+static uint32_t tm_nmat = 1; /* > 1: the next tensor is (tm_nmat, rows/tm_nmat, cols) */
+
 static int tm_add(gguf_writer_t *w, const char *name, uint32_t type, uint32_t rows,
                   uint32_t cols, float scale, float offset, uint64_t *rng)
 {
@@ -37,8 +39,20 @@ static int tm_add(gguf_writer_t *w, const char *name, uint32_t type, uint32_t ro
         return -1;
     for (size_t i = 0; i < n; i++)
         d[i] = offset + scale * tm_uniform(rng);
-    uint64_t ne[2] = { cols, rows };
-    pd_status_t st = gguf_writer_add_tensor_f32(w, name, type, rows == 1 ? 1 : 2, ne, d);
+    uint64_t ne[3] = { cols, rows / tm_nmat, tm_nmat };
+    uint32_t nd = tm_nmat > 1 ? 3 : rows == 1 ? 1 : 2;
+    const ggml_type_info_t *info = ggml_type_info(type);
+    pd_status_t st;
+    if (info && !info->supported) { /* a type pdserve cannot write: zero bytes */
+        uint64_t nb = 0;
+        ggml_nbytes(type, n, &nb);
+        void *raw = calloc(1, nb ? nb : 1);
+        st = raw ? gguf_writer_add_tensor_raw(w, name, type, nd, ne, raw, nb)
+                 : PD_ERR_NO_MEMORY;
+        free(raw);
+    } else {
+        st = gguf_writer_add_tensor_f32(w, name, type, nd, ne, d);
+    }
     free(d);
     return st == PD_OK ? 0 : -1;
 }
@@ -51,7 +65,10 @@ int ll_tm_write(const ll_tm_spec_t *s, const char *path)
     uint64_t rng = s->seed;
     char key[128];
     tm_omit = s->omit;
-    uint32_t hd = s->n_embd / s->n_heads;
+    uint32_t hd = s->head_dim ? s->head_dim : s->n_embd / s->n_heads;
+    bool qkn = strcmp(s->arch, "qwen3") == 0 || strcmp(s->arch, "qwen3moe") == 0 ||
+               strcmp(s->arch, "gemma3") == 0;
+    bool gemma = strcmp(s->arch, "gemma3") == 0;
     int rc = 0;
 #define KU32(suffix, v)                                                       \
     snprintf(key, sizeof(key), "%s." suffix, s->arch);                         \
@@ -65,6 +82,18 @@ int ll_tm_write(const ll_tm_spec_t *s, const char *path)
     KU32("attention.head_count", s->n_heads)
     KU32("attention.head_count_kv", s->n_kv_heads)
     KU32("rope.dimension_count", s->rope_dim ? s->rope_dim : hd)
+    if (s->head_dim) {
+        KU32("attention.key_length", hd)
+        KU32("attention.value_length", hd)
+    }
+    if (s->n_expert) {
+        KU32("expert_count", s->n_expert)
+        KU32("expert_used_count", s->n_expert_used)
+        KU32("expert_feed_forward_length", s->n_ff_exp)
+    }
+    if (s->swa) {
+        KU32("attention.sliding_window", s->swa)
+    }
 #undef KU32
     snprintf(key, sizeof(key), "%s.attention.layer_norm_rms_epsilon", s->arch);
     rc |= gguf_writer_add_f32(w, key, 1e-5f) != PD_OK;
@@ -84,27 +113,48 @@ int ll_tm_write(const ll_tm_spec_t *s, const char *path)
     if (s->rope_freqs) /* divisors in [1, 9) */
         rc |= tm_add(w, "rope_freqs.weight", 0, 1, (s->rope_dim ? s->rope_dim : hd) / 2,
                      4.0f, 5.0f, &rng);
+    uint32_t alt = s->wtype_alt ? s->wtype_alt : s->wtype;
     if (!s->tied)
-        rc |= tm_add(w, "output.weight", s->wtype, s->vocab, E, se, 0, &rng);
+        rc |= tm_add(w, "output.weight", alt, s->vocab, E, se, 0, &rng);
     for (uint32_t l = 0; l < s->n_layers && !rc; l++) {
         char n[96];
 #define T(suffix, type, rows, cols, scale, off)                               \
-        snprintf(n, sizeof(n), "blk.%u." suffix, l);                           \
-        rc |= tm_add(w, n, type, rows, cols, scale, off, &rng);
+        do {                                                                  \
+            snprintf(n, sizeof(n), "blk.%u." suffix, l);                       \
+            rc |= tm_add(w, n, type, rows, cols, scale, off, &rng);           \
+        } while (0);
         T("attn_norm.weight", 0, 1, E, 0.1f, 1.0f)
         T("attn_q.weight", s->wtype, qd, E, 2 * se, 0)
         T("attn_k.weight", s->wtype, kvd, E, 2 * se, 0)
-        T("attn_v.weight", s->wtype, kvd, E, se, 0)
+        T("attn_v.weight", alt, kvd, E, se, 0)
         if (s->bias) {
             T("attn_q.bias", 0, 1, qd, 0.2f, 0)
             T("attn_k.bias", 0, 1, kvd, 0.2f, 0)
             T("attn_v.bias", 0, 1, kvd, 0.2f, 0)
         }
+        if (qkn) {
+            T("attn_q_norm.weight", 0, 1, hd, 0.1f, 1.0f)
+            T("attn_k_norm.weight", 0, 1, hd, 0.1f, 1.0f)
+        }
         T("attn_output.weight", s->wtype, E, qd, se, 0)
+        if (gemma)
+            T("post_attention_norm.weight", 0, 1, E, 0.1f, 1.0f)
         T("ffn_norm.weight", 0, 1, E, 0.1f, 1.0f)
-        T("ffn_gate.weight", s->wtype, s->n_ff, E, 2 * se, 0)
-        T("ffn_up.weight", s->wtype, s->n_ff, E, se, 0)
-        T("ffn_down.weight", s->wtype, E, s->n_ff, sf, 0)
+        if (s->n_expert) {
+            uint32_t NE = s->n_expert, FE = s->n_ff_exp;
+            T("ffn_gate_inp.weight", 0, NE, E, 4 * se, 0)
+            tm_nmat = NE;
+            T("ffn_gate_exps.weight", s->wtype, NE * FE, E, 2 * se, 0)
+            T("ffn_up_exps.weight", s->wtype, NE * FE, E, se, 0)
+            T("ffn_down_exps.weight", alt, NE * E, FE, 1.0f / sqrtf((float)FE), 0)
+            tm_nmat = 1;
+        } else {
+            T("ffn_gate.weight", s->wtype, s->n_ff, E, 2 * se, 0)
+            T("ffn_up.weight", s->wtype, s->n_ff, E, se, 0)
+            T("ffn_down.weight", alt, E, s->n_ff, sf, 0)
+        }
+        if (gemma)
+            T("post_ffw_norm.weight", 0, 1, E, 0.1f, 1.0f)
 #undef T
     }
     char err[200];
@@ -171,10 +221,10 @@ static void ref_norm(double *y, const double *x, const double *w, uint32_t n, do
 static double ref_linear = 1.0; /* rope.scaling.factor of the model being run */
 
 static void ref_rope(double *h, uint32_t pos, uint32_t rope_dim, double base, bool neox,
-                     const double *ff)
+                     const double *ff, double linear)
 {
     for (uint32_t i = 0; i < rope_dim / 2; i++) {
-        double th = pos / ref_linear * pow(base, -(double)(2 * i) / rope_dim) /
+        double th = pos / linear * pow(base, -(double)(2 * i) / rope_dim) /
                     (ff ? ff[i] : 1.0);
         double c = cos(th), s = sin(th);
         uint32_t a = neox ? i : 2 * i, b = neox ? i + rope_dim / 2 : 2 * i + 1;
@@ -196,8 +246,9 @@ int ll_ref_logits(const char *path, const int32_t *toks, uint32_t n, bool kv_f16
     char arch[16] = "";
     gguf_get_string(g, "general.architecture", &as, &al);
     memcpy(arch, as, al < 15 ? al : 15);
-    bool neox = strcmp(arch, "qwen2") == 0;
-    uint32_t E, L, F, H, KH, RD;
+    bool neox = strcmp(arch, "llama") != 0;
+    bool gemma = strcmp(arch, "gemma3") == 0;
+    uint32_t E, L, F = 0, H, KH, RD, HD = 0, NE = 0, NU = 0, FE = 0, SWA = 0;
     float eps, base;
     char key[128];
 #define GU(suffix, v) snprintf(key, sizeof(key), "%s." suffix, arch); gguf_get_u32(g, key, &v);
@@ -207,7 +258,21 @@ int ll_ref_logits(const char *path, const int32_t *toks, uint32_t n, bool kv_f16
     GU("attention.head_count", H)
     GU("attention.head_count_kv", KH)
     GU("rope.dimension_count", RD)
+    GU("attention.key_length", HD)
+    GU("expert_count", NE)
+    GU("expert_used_count", NU)
+    GU("expert_feed_forward_length", FE)
+    GU("attention.sliding_window", SWA)
 #undef GU
+    float base_swa = 10000.0f, softcap = 0.0f;
+    snprintf(key, sizeof(key), "%s.rope.freq_base_swa", arch);
+    gguf_get_f32(g, key, &base_swa);
+    snprintf(key, sizeof(key), "%s.final_logit_softcapping", arch);
+    gguf_get_f32(g, key, &softcap);
+    if (NE && FE == 0)
+        FE = F / NU;
+    if (F < FE)
+        F = FE;
     snprintf(key, sizeof(key), "%s.attention.layer_norm_rms_epsilon", arch);
     gguf_get_f32(g, key, &eps);
     snprintf(key, sizeof(key), "%s.rope.freq_base", arch);
@@ -216,7 +281,7 @@ int ll_ref_logits(const char *path, const int32_t *toks, uint32_t n, bool kv_f16
     snprintf(key, sizeof(key), "%s.rope.scaling.factor", arch);
     gguf_get_f32(g, key, &lin);
     ref_linear = lin;
-    uint32_t hd = E / H, qd = H * hd, kvd = KH * hd;
+    uint32_t hd = HD ? HD : E / H, qd = H * hd, kvd = KH * hd;
     uint64_t ne;
     double *emb = ref_tensor(g, "token_embd.weight", &ne);
     uint32_t V = (uint32_t)(ne / E);
@@ -233,9 +298,12 @@ int ll_ref_logits(const char *path, const int32_t *toks, uint32_t n, bool kv_f16
     double *hb = calloc(F, sizeof(double)), *hb2 = calloc(F, sizeof(double));
     double *att = calloc((size_t)n * qd, sizeof(double));
     double *sc = calloc(n, sizeof(double));
+    double *rl = calloc(NE + 1, sizeof(double));
+    double *moe = calloc(E, sizeof(double));
     for (uint32_t t = 0; t < n; t++)
         for (uint32_t i = 0; i < E; i++)
-            X[(size_t)t * E + i] = emb[(size_t)toks[t] * E + i];
+            X[(size_t)t * E + i] = emb[(size_t)toks[t] * E + i] *
+                                   (gemma ? (double)sqrtf((float)E) : 1.0);
 
     for (uint32_t l = 0; l < L; l++) {
         double *an = ref_get(g, "attn_norm.weight", l);
@@ -250,6 +318,15 @@ int ll_ref_logits(const char *path, const int32_t *toks, uint32_t n, bool kv_f16
         double *wg = ref_get(g, "ffn_gate.weight", l);
         double *wu = ref_get(g, "ffn_up.weight", l);
         double *wd = ref_get(g, "ffn_down.weight", l);
+        double *qn = ref_get(g, "attn_q_norm.weight", l);
+        double *kn = ref_get(g, "attn_k_norm.weight", l);
+        double *pan = ref_get(g, "post_attention_norm.weight", l);
+        double *pfn = ref_get(g, "post_ffw_norm.weight", l);
+        double *wr = ref_get(g, "ffn_gate_inp.weight", l);
+        double *wge = ref_get(g, "ffn_gate_exps.weight", l);
+        double *wue = ref_get(g, "ffn_up_exps.weight", l);
+        double *wde = ref_get(g, "ffn_down_exps.weight", l);
+        bool swa = SWA > 0 && l % 6 < 5;
         for (uint32_t t = 0; t < n; t++) {
             double *x = X + (size_t)t * E;
             ref_norm(xb, x, an, E, eps);
@@ -263,10 +340,16 @@ int ll_ref_logits(const char *path, const int32_t *toks, uint32_t n, bool kv_f16
                 k[i] += bk[i];
             for (uint32_t i = 0; bv && i < kvd; i++)
                 v[i] += bv[i];
+            for (uint32_t h = 0; qn && h < H; h++)
+                ref_norm(q + h * hd, q + h * hd, qn, hd, eps);
+            for (uint32_t h = 0; kn && h < KH; h++)
+                ref_norm(k + h * hd, k + h * hd, kn, hd, eps);
             for (uint32_t h = 0; h < H; h++)
-                ref_rope(q + h * hd, t, RD, base, neox, rff);
+                ref_rope(q + h * hd, t, RD, swa ? base_swa : base, neox, swa ? NULL : rff,
+                         swa ? 1.0 : ref_linear);
             for (uint32_t h = 0; h < KH; h++)
-                ref_rope(k + h * hd, t, RD, base, neox, rff);
+                ref_rope(k + h * hd, t, RD, swa ? base_swa : base, neox, swa ? NULL : rff,
+                         swa ? 1.0 : ref_linear);
             if (kv_f16)
                 for (uint32_t i = 0; i < kvd; i++) {
                     k[i] = ggml_fp16_to_fp32(ggml_fp32_to_fp16((float)k[i]));
@@ -278,7 +361,10 @@ int ll_ref_logits(const char *path, const int32_t *toks, uint32_t n, bool kv_f16
                 const double *q = Q + (size_t)t * qd + h * hd;
                 uint32_t kh = h / (H / KH);
                 double mx = -INFINITY, sum = 0;
-                for (uint32_t s = 0; s <= t; s++) {
+                uint32_t lo = swa && t + 1 > SWA ? t + 1 - SWA : 0;
+                for (uint32_t s = 0; s < lo; s++)
+                    sc[s] = 0;
+                for (uint32_t s = lo; s <= t; s++) {
                     double d = 0;
                     for (uint32_t i = 0; i < hd; i++)
                         d += q[i] * Kc[(size_t)s * kvd + kh * hd + i];
@@ -286,7 +372,7 @@ int ll_ref_logits(const char *path, const int32_t *toks, uint32_t n, bool kv_f16
                     if (sc[s] > mx)
                         mx = sc[s];
                 }
-                for (uint32_t s = 0; s <= t; s++) {
+                for (uint32_t s = lo; s <= t; s++) {
                     sc[s] = exp(sc[s] - mx);
                     sum += sc[s];
                 }
@@ -302,22 +388,63 @@ int ll_ref_logits(const char *path, const int32_t *toks, uint32_t n, bool kv_f16
         for (uint32_t t = 0; t < n; t++) {
             double *x = X + (size_t)t * E;
             ref_mv(xb2, wo, att + (size_t)t * qd, E, qd);
+            if (pan)
+                ref_norm(xb2, xb2, pan, E, eps);
             for (uint32_t i = 0; i < E; i++)
                 x[i] += xb2[i];
             ref_norm(xb, x, fn, E, eps);
-            ref_mv(hb, wg, xb, F, E);
-            ref_mv(hb2, wu, xb, F, E);
-            for (uint32_t i = 0; i < F; i++)
-                hb[i] = hb[i] / (1.0 + exp(-hb[i])) * hb2[i];
-            ref_mv(xb2, wd, hb, E, F);
+            uint32_t n_ex = NE ? NU : 1;
+            int used[64] = { 0 };
+            double wsum = 0, ew[64];
+            if (NE) { /* softmax router, top-NU by logit, renormalized */
+                ref_mv(rl, wr, xb, NE, E);
+                for (uint32_t k = 0; k < NU; k++) {
+                    int best = -1;
+                    for (uint32_t e = 0; e < NE; e++) {
+                        bool taken = false;
+                        for (uint32_t j = 0; j < k; j++)
+                            taken |= used[j] == (int)e;
+                        if (!taken && (best < 0 || rl[e] > rl[best]))
+                            best = (int)e;
+                    }
+                    used[k] = best;
+                    ew[k] = exp(rl[best] - rl[used[0]]); /* softmax denominators cancel */
+                    wsum += ew[k];
+                }
+            }
+            memset(moe, 0, E * sizeof(double));
+            for (uint32_t k = 0; k < n_ex; k++) {
+                uint32_t FF = NE ? FE : F;
+                const double *g_ = NE ? wge + (size_t)used[k] * FE * E : wg;
+                const double *u_ = NE ? wue + (size_t)used[k] * FE * E : wu;
+                const double *d_ = NE ? wde + (size_t)used[k] * E * FE : wd;
+                ref_mv(hb, g_, xb, FF, E);
+                ref_mv(hb2, u_, xb, FF, E);
+                for (uint32_t i = 0; i < FF; i++) {
+                    double a = hb[i];
+                    hb[i] = gemma ? 0.5 * a * (1.0 + tanh(0.7978845608028654 * a *
+                                                          (1.0 + 0.044715 * a * a))) * hb2[i]
+                                  : a / (1.0 + exp(-a)) * hb2[i];
+                }
+                ref_mv(xb2, d_, hb, E, FF);
+                for (uint32_t i = 0; i < E; i++)
+                    moe[i] += (NE ? ew[k] / wsum : 1.0) * xb2[i];
+            }
+            if (pfn)
+                ref_norm(moe, moe, pfn, E, eps);
             for (uint32_t i = 0; i < E; i++)
-                x[i] += xb2[i];
+                x[i] += moe[i];
         }
         free(an); free(wq); free(wk); free(wv); free(bq); free(bk); free(bv);
         free(wo); free(fn); free(wg); free(wu); free(wd);
+        free(qn); free(kn); free(pan); free(pfn); free(wr); free(wge); free(wue); free(wde);
     }
     ref_norm(xb, X + (size_t)(n - 1) * E, onorm, E, eps);
     ref_mv(logits, outw ? outw : emb, xb, V, E);
+    for (uint32_t i = 0; softcap > 0 && i < V; i++)
+        logits[i] = softcap * tanh(logits[i] / softcap);
+    free(rl);
+    free(moe);
     free(X); free(Kc); free(Vc); free(Q); free(xb); free(xb2); free(hb); free(hb2);
     free(att); free(sc); free(emb); free(outw); free(onorm); free(rff);
     gguf_close(g);

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 typedef struct {
-    const char *arch;          /* "llama" | "qwen2" */
+    const char *arch;          /* "llama" | "qwen2" | "qwen3" | "qwen3moe" | "gemma3" */
     uint32_t n_embd, n_layers, n_heads, n_kv_heads, n_ff, vocab, ctx;
     uint32_t rope_dim;         /* 0 = head_dim */
     uint32_t wtype;            /* ggml type of the 2-D weights */
@@ -18,6 +18,11 @@ typedef struct {
     const char *omit;          /* tensor name to leave out (tests of bad files) */
     bool rope_freqs;           /* add a rope_freqs.weight (Llama 3.1 style) */
     float rope_linear;         /* > 0: rope.scaling.type "linear" with this factor */
+    uint32_t wtype_alt;        /* != 0: attn_v, ffn_down and output use this type
+                                * (a llama-quantize style mix, e.g. Q4_K + Q6_K) */
+    uint32_t head_dim;         /* 0 = n_embd / n_heads (else key/value_length) */
+    uint32_t n_expert, n_expert_used, n_ff_exp; /* qwen3moe */
+    uint32_t swa;              /* gemma3 sliding window (0 = none) */
 } ll_tm_spec_t;
 
 /* Write the model to path. Returns 0 on success. */

@@ -15,6 +15,7 @@
 
 #include "eng.h"
 #include "eng_llama.h"
+#include "ggml_types.h"
 #include "ll_kern.h"
 #include "ll_testmodel.h"
 
@@ -129,6 +130,41 @@ static void test_ref_agreement(void **state)
                                   NULL, true }, ENG_KV_F32, 1e-5 },
         { "qwen2_rope_linear4", { "qwen2", 64, 2, 4, 2, 96, 300, 256, 0, 0, false, true, 8,
                                   NULL, false, 4.0f }, ENG_KV_F32, 1e-5 },
+        /* the 32-element types llama-quantize mixes in */
+        { "llama_q4_1", { "llama", 64, 2, 4, 2, 96, 300, 256, 0, GGML_TYPE_Q4_1, false,
+                          false, 31 }, ENG_KV_F32, 1e-5 },
+        { "llama_q5_0", { "llama", 64, 2, 4, 2, 96, 300, 256, 0, GGML_TYPE_Q5_0, false,
+                          false, 32 }, ENG_KV_F32, 1e-5 },
+        { "qwen2_q5_1", { "qwen2", 64, 2, 4, 2, 96, 300, 256, 0, GGML_TYPE_Q5_1, true,
+                          true, 33 }, ENG_KV_F32, 1e-5 },
+        { "llama_iq4_nl", { "llama", 64, 2, 4, 2, 96, 300, 256, 0, GGML_TYPE_IQ4_NL, false,
+                            false, 34 }, ENG_KV_F16, 1e-3 },
+        /* K-quants (rows of 256) and preset-style mixes */
+        { "llama_q2_K", { "llama", 256, 2, 4, 2, 512, 300, 256, 0, GGML_TYPE_Q2_K, false,
+                          false, 35, NULL, false, 0, GGML_TYPE_Q4_K }, ENG_KV_F32, 1e-5 },
+        { "llama_q3_K", { "llama", 256, 2, 4, 2, 512, 300, 256, 0, GGML_TYPE_Q3_K, false,
+                          false, 36, NULL, false, 0, GGML_TYPE_Q5_K }, ENG_KV_F32, 1e-5 },
+        { "llama_q4_K_M", { "llama", 256, 2, 4, 2, 512, 300, 256, 0, GGML_TYPE_Q4_K, false,
+                            false, 37, NULL, false, 0, GGML_TYPE_Q6_K }, ENG_KV_F16, 1e-3 },
+        { "qwen2_q5_K", { "qwen2", 256, 2, 4, 2, 512, 300, 256, 0, GGML_TYPE_Q5_K, true,
+                          true, 38 }, ENG_KV_F32, 1e-5 },
+        { "llama_q6_K", { "llama", 256, 2, 4, 2, 512, 300, 256, 0, GGML_TYPE_Q6_K, false,
+                          false, 39 }, ENG_KV_F32, 1e-5 },
+        /* the newer architectures */
+        { "qwen3_f32_hd32", { "qwen3", 64, 2, 4, 2, 96, 300, 256, 0, 0, false, false, 51,
+                              NULL, false, 0, 0, 32 }, ENG_KV_F32, 1e-5 },
+        { "qwen3_q4_K_M", { "qwen3", 256, 2, 4, 2, 512, 300, 256, 0, GGML_TYPE_Q4_K, true,
+                            false, 52, NULL, false, 0, GGML_TYPE_Q6_K }, ENG_KV_F16, 1e-3 },
+        { "qwen3moe_f32", { "qwen3moe", 64, 2, 4, 2, 96, 300, 256, 0, 0, false, false, 53,
+                            NULL, false, 0, 0, 0, 8, 2, 32 }, ENG_KV_F32, 1e-5 },
+        { "qwen3moe_q5_K_k3", { "qwen3moe", 256, 2, 4, 2, 512, 300, 256, 0, GGML_TYPE_Q5_K,
+                                false, false, 54, NULL, false, 0, GGML_TYPE_Q6_K, 0, 6, 3,
+                                256 }, ENG_KV_F32, 1e-5 },
+        { "gemma3_f32_swa4", { "gemma3", 64, 7, 4, 2, 96, 300, 256, 0, 0, true, false, 55,
+                               NULL, false, 0, 0, 0, 0, 0, 0, 4 }, ENG_KV_F32, 1e-5 },
+        { "gemma3_q3_K_swa5", { "gemma3", 256, 7, 4, 1, 512, 300, 256, 0, GGML_TYPE_Q3_K, true,
+                                false, 56, NULL, false, 0, GGML_TYPE_Q5_K, 64, 0, 0, 0, 5 },
+          ENG_KV_F16, 1e-3 },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         check_ref_case(&cases[i]);
@@ -143,12 +179,16 @@ typedef struct {
     char path[300];
 } fx_t;
 
+/* The model the bitwise tests use; test_batch_invariance switches it. */
+static const ll_tm_spec_t *fx_spec = &spec_gqa_f16;
+static const char *fx_tag = "gqa_f16";
+
 static void fx_open(fx_t *f, eng_kv_dtype_t kv, uint32_t threads, uint32_t bt_tokens,
                     uint32_t max_batch)
 {
-    model_path(f->path, sizeof(f->path), "gqa_f16");
+    model_path(f->path, sizeof(f->path), fx_tag);
     if (access(f->path, R_OK) != 0)
-        assert_int_equal(ll_tm_write(&spec_gqa_f16, f->path), 0);
+        assert_int_equal(ll_tm_write(fx_spec, f->path), 0);
     f->m = load(f->path, kv, threads, bt_tokens, max_batch);
     f->ops = eng_find("llama");
     f->g = f->ops->geometry(f->m);
@@ -270,9 +310,8 @@ static void test_prefix_reuse(void **state)
 
 /* A sequence decoded alone and inside a batch of 16 others, with 1 and 2
  * threads: bitwise-identical logits. */
-static void test_batch_invariance(void **state)
+static void batch_invariance_one(void)
 {
-    (void)state;
     enum { NSEQ = 17, NB = 4, TARGET = 9 };
     float *ref = NULL;
     for (uint32_t threads = 1; threads <= 2; threads++) {
@@ -313,6 +352,35 @@ static void test_batch_invariance(void **state)
     free(ref);
 }
 
+static void test_batch_invariance(void **state)
+{
+    (void)state;
+    static const ll_tm_spec_t q4km = { "llama", 256, 2, 4, 2, 512, 300, 256, 0,
+                                       GGML_TYPE_Q4_K, false, false, 41, NULL, false, 0,
+                                       GGML_TYPE_Q6_K };
+    static const ll_tm_spec_t q3k = { "qwen2", 256, 1, 4, 2, 512, 300, 256, 0,
+                                      GGML_TYPE_Q3_K, true, true, 42, NULL, false, 0,
+                                      GGML_TYPE_IQ4_NL };
+    static const ll_tm_spec_t q51 = { "llama", 64, 2, 4, 2, 96, 300, 256, 0,
+                                      GGML_TYPE_Q5_1, false, false, 43, NULL, false, 0,
+                                      GGML_TYPE_Q5_0 };
+    static const ll_tm_spec_t moe = { "qwen3moe", 64, 2, 4, 2, 96, 300, 256, 0, 1, false,
+                                      false, 44, NULL, false, 0, 0, 0, 8, 2, 32 };
+    static const ll_tm_spec_t g3 = { "gemma3", 256, 6, 4, 2, 256, 300, 256, 0, GGML_TYPE_Q6_K,
+                                     true, false, 45, NULL, false, 0, 0, 0, 0, 0, 0, 6 };
+    const struct { const ll_tm_spec_t *s; const char *tag; } models[] = {
+        { &spec_gqa_f16, "gqa_f16" }, { &q4km, "bi_q4_K_M" }, { &q3k, "bi_q3_K_iq4nl" },
+        { &q51, "bi_q5_1_q5_0" }, { &moe, "bi_qwen3moe" }, { &g3, "bi_gemma3_q6_K" },
+    };
+    for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
+        fx_spec = models[i].s;
+        fx_tag = models[i].tag;
+        batch_invariance_one();
+    }
+    fx_spec = &spec_gqa_f16;
+    fx_tag = "gqa_f16";
+}
+
 /* AVX-512, AVX2 and scalar paths implement the same canonical sums: the
  * logits are bitwise equal, for every weight type (and odd row lengths). */
 static void test_isa_paths_agree(void **state)
@@ -324,6 +392,16 @@ static void test_isa_paths_agree(void **state)
         { "llama", 64, 1, 4, 4, 64, 200, 64, 0, 2, true, false, 23 },
         { "llama", 64, 1, 4, 4, 64, 200, 64, 0, 30, false, false, 24 },
         { "llama", 40, 1, 4, 2, 72, 200, 64, 0, 0, false, false, 25 },
+        { "llama", 256, 1, 4, 2, 256, 200, 64, 0, GGML_TYPE_Q4_K, false, false, 26, NULL,
+          false, 0, GGML_TYPE_Q6_K },
+        { "qwen2", 256, 1, 4, 2, 256, 200, 64, 0, GGML_TYPE_Q2_K, false, true, 27, NULL,
+          false, 0, GGML_TYPE_Q3_K },
+        { "llama", 64, 1, 4, 2, 96, 200, 64, 0, GGML_TYPE_Q5_0, false, false, 28, NULL,
+          false, 0, GGML_TYPE_IQ4_NL },
+        { "qwen3moe", 256, 1, 4, 2, 256, 200, 64, 0, GGML_TYPE_Q4_K, false, false, 29, NULL,
+          false, 0, GGML_TYPE_Q6_K, 64, 8, 2, 256 },
+        { "gemma3", 64, 7, 4, 2, 96, 200, 64, 0, 1, true, false, 30, NULL, false, 0, 0, 0, 0,
+          0, 0, 5 },
     };
     static const char *const isas[] = { "avx512", "avx2", "scalar" };
     for (size_t s = 0; s < sizeof(specs) / sizeof(specs[0]); s++) {
@@ -434,6 +512,9 @@ static void test_load_errors(void **state)
                                   NULL }, PD_ERR_BAD_INPUT },
         { "rope_linear_too_small", { "llama", 64, 1, 4, 4, 96, 100, 64, 0, 0, false, false, 1,
                                      NULL, false, 0.5f }, PD_ERR_BAD_INPUT },
+        /* a type pdserve cannot decode (iq2_xxs, raw bytes) */
+        { "iq2_xxs", { "llama", 256, 1, 4, 4, 256, 100, 64, 0, 16, false, false, 1, NULL },
+          PD_ERR_UNSUPPORTED },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char path[300];
@@ -448,6 +529,12 @@ static void test_load_errors(void **state)
         assert_int_equal(st, cases[i].want);
         assert_null(m);
         assert_true(err[0] != '\0'); /* one line naming the problem */
+        if (cases[i].want == PD_ERR_UNSUPPORTED && strcmp(cases[i].tag, "iq2_xxs") == 0) {
+            /* names the tensor, its type and the supported list */
+            assert_non_null(strstr(err, "token_embd.weight"));
+            assert_non_null(strstr(err, "iq2_xxs"));
+            assert_non_null(strstr(err, "q4_K"));
+        }
     }
 }
 

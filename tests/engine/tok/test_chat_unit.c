@@ -99,6 +99,10 @@ static void test_mistral_zephyr(void **state)
               "<|system|>\nYou are terse.</s>\n<|user|>\n Hi there \n</s>\n"
               "<|assistant|>\nHello!</s>\n<|user|>\n2+2?</s>\n<|assistant|>\n");
     render_eq(ENG_CHAT_PHI3, conv + 3, 1, true, "<|user|>\n2+2?<|end|>\n<|assistant|>\n");
+    render_eq(ENG_CHAT_GEMMA, conv, 4, true,
+              "<bos><start_of_turn>user\nYou are terse.\n\nHi there<end_of_turn>\n"
+              "<start_of_turn>model\nHello!<end_of_turn>\n"
+              "<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n");
 }
 
 static void test_detect(void **state)
@@ -135,6 +139,10 @@ static void test_detect(void **state)
     assert_int_equal(eng_chat_detect("{{'<|user|>' + '\n' + message['content'] + '<|end|>' + "
                                      "'\n' + '<|assistant|>' + '\n'}}", &k), PD_OK);
     assert_int_equal(k, ENG_CHAT_PHI3);
+    assert_int_equal(eng_chat_detect("{{ bos_token }}{{ '<start_of_turn>' + role + '\n' + "
+                                     "(message['content'] | trim) + '<end_of_turn>\n' }}", &k),
+                     PD_OK);
+    assert_int_equal(k, ENG_CHAT_GEMMA);
     assert_int_equal(eng_chat_detect("{{ messages }}", &k), PD_ERR_NOT_FOUND);
     assert_int_equal(eng_chat_by_name("llama3", &k), PD_OK);
     assert_int_equal(k, ENG_CHAT_LLAMA3);
