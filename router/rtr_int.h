@@ -20,6 +20,11 @@
 
 #define RTR_COMP "router"
 #define RTR_MAX_BACKENDS 64
+/* Control connections that have not registered yet: at most this many at
+ * once (more are closed at accept), each for at most RTR_CTL_HANDSHAKE_NS,
+ * and each may send only a HELLO-sized frame. */
+#define RTR_CTL_PENDING_MAX 32
+#define RTR_CTL_HANDSHAKE_NS (5ull * 1000000000ull)
 
 /* ---- configuration (one table in rtr_main.c) ---------------------------- */
 typedef struct {
@@ -80,6 +85,7 @@ typedef struct {
     X(backends_registered, COUNTER,   "Successful registrations")                 \
     X(backends_rejected,   COUNTER,   "Registrations refused")                    \
     X(backends_lost,       COUNTER,   "Backends marked down")                     \
+    X(ctl_unauth_dropped,  COUNTER,   "Control connections dropped before registering (pending cap or handshake timeout)") \
     X(client_disconnects,  COUNTER,   "Clients gone before their request ended")
 
 #define RTR_STAT_ID(name, kind, help) RTR_ST_##name,
@@ -128,6 +134,10 @@ typedef struct rtr_backend {
 typedef struct {
     rtr_t *r;
     rtr_backend_t *be;               /* NULL until registered */
+    proto_conn_t *conn;
+    bool pending;                    /* counted in rtr_t.n_ctl_pending */
+    struct event *hs_timer;          /* handshake deadline while pending */
+    uint8_t challenge[PROTO_AUTH_NONCE_LEN]; /* sent on accept */
 } rtr_ctlconn_t;
 
 typedef struct rtr_req rtr_req_t;
@@ -162,6 +172,7 @@ struct rtr {
     rtr_backend_t be[RTR_MAX_BACKENDS];
     struct event *hb_timer;
     uint32_t rr_prefill, rr_decode;
+    uint32_t n_ctl_pending;          /* connections not registered yet */
 
     /* HTTP */
     struct evhttp *http;

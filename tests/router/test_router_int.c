@@ -97,6 +97,7 @@ typedef struct {
     uint64_t compat;             /* 0 = the deployment's */
     proto_conn_t *conn;
     uint8_t nonce[PROTO_AUTH_NONCE_LEN];
+    uint8_t challenge[PROTO_AUTH_NONCE_LEN];
     bool registered, rejected, closed, ack_ok;
     int32_t reject_status;
     char reject_reason[PROTO_REASON_MAX + 1];
@@ -133,9 +134,11 @@ static void fake_hb(evutil_socket_t fd, short what, void *arg)
     fake_send(f, &m);
 }
 
-static void on_connected(proto_conn_t *conn, void *arg)
+/* The router speaks first: CHALLENGE; our HELLO's mac covers its nonce. */
+static void on_challenge(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
 {
     fake_t *f = arg;
+    memcpy(f->challenge, msg->u.challenge.nonce, sizeof(f->challenge));
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
     m.hdr.type = PROTO_MSG_HELLO;
@@ -157,7 +160,8 @@ static void on_connected(proto_conn_t *conn, void *arg)
     h->kv_addr.len = sizeof(addr);
     proto_auth_nonce(h->nonce);
     memcpy(f->nonce, h->nonce, sizeof(f->nonce));
-    assert_int_equal(proto_auth_hello_sign(f->wrong_secret ? &g.wrong : &g.secret, &m), PD_OK);
+    assert_int_equal(proto_auth_hello_sign(f->wrong_secret ? &g.wrong : &g.secret, &m,
+                                           f->challenge), PD_OK);
     fake_send(f, &m);
 }
 
@@ -167,8 +171,13 @@ static void on_ack(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
     const uint8_t *frame;
     size_t len;
     assert_int_equal(proto_conn_frame(conn, &frame, &len), PD_OK);
-    f->ack_ok = proto_auth_ack_verify(&g.secret, frame, len, f->nonce) == PD_OK;
+    f->ack_ok = proto_auth_ack_verify(&g.secret, frame, len, f->nonce, f->challenge) == PD_OK;
     f->registered = f->ack_ok;
+    if (f->ack_ok) {
+        proto_auth_keys_t k;
+        proto_auth_session_keys(&g.secret, f->challenge, f->nonce, false, &k);
+        proto_conn_set_keys(conn, &k);
+    }
 }
 
 static void on_reject(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
@@ -376,7 +385,7 @@ static void fake_start(fake_t *f, const char *id, uint16_t role, int mode, bool 
     f->wrong_secret = wrong;
     proto_conn_cbs_t cbs;
     memset(&cbs, 0, sizeof(cbs));
-    cbs.on_connected = on_connected;
+    cbs.on_challenge = on_challenge;
     cbs.on_register_ack = on_ack;
     cbs.on_register_reject = on_reject;
     cbs.on_peer_info = on_peer_info;
