@@ -270,3 +270,39 @@ pd_status_t proto_auth_frame_check(const uint8_t key[PROTO_AUTH_TAG_LEN], uint64
     sodium_memzero(want, sizeof(want));
     return bad ? PD_ERR_AUTH : PD_OK;
 }
+
+pd_status_t proto_auth_frame_next(const uint8_t *key, uint64_t *seq, uint32_t body_max,
+                                  const uint8_t *buf, size_t len, proto_msg_t *msg,
+                                  size_t *frame_len_p, size_t *mac_len_p)
+{
+    proto_hdr_t hdr;
+    size_t need = PROTO_HDR_LEN;
+    pd_status_t st = proto_frame_check(buf, len < PROTO_HDR_LEN ? len : PROTO_HDR_LEN,
+                                       &hdr, &need);
+    if (PD_IS_ERR(st))
+        return st;
+    if (len < PROTO_HDR_LEN) {
+        *frame_len_p = PROTO_HDR_LEN;
+        return PD_INPROGRESS;
+    }
+    if (body_max != 0 && hdr.body_len > body_max)
+        return PD_ERR_TOO_BIG;
+    bool tagged = (hdr.flags & PROTO_FLAG_AUTH) != 0;
+    if (tagged != (key != NULL))
+        return PD_ERR_AUTH;
+    size_t total = need + (tagged ? PROTO_AUTH_TAG_LEN : 0);
+    *frame_len_p = total;
+    if (len < total)
+        return PD_INPROGRESS;
+    if (tagged) {
+        if (proto_auth_frame_check(key, *seq, buf, need, buf + need) != PD_OK)
+            return PD_ERR_AUTH;
+        (*seq)++;
+    }
+    size_t flen = 0;
+    st = proto_frame_next(buf, need, msg, &flen);
+    if (st != PD_OK)
+        return st == PD_INPROGRESS ? PD_ERR_INTERNAL : st;
+    *mac_len_p = need;
+    return PD_OK;
+}

@@ -111,5 +111,19 @@ void proto_auth_frame_tag(const uint8_t key[PROTO_AUTH_TAG_LEN], uint64_t seq,
 pd_status_t proto_auth_frame_check(const uint8_t key[PROTO_AUTH_TAG_LEN], uint64_t seq,
                                    const uint8_t *frame, size_t len,
                                    const uint8_t tag[PROTO_AUTH_TAG_LEN]);
+/* The receive step of a control connection (proto_conn runs it on its
+ * input buffer; pure, so the fuzz target runs exactly the same code):
+ * proto_frame_next plus the session rules, checked in this order once the
+ * header is in: body_len <= body_max (0 = the type caps only) else
+ * PD_ERR_TOO_BIG; PROTO_FLAG_AUTH set iff key != NULL else PD_ERR_AUTH;
+ * with a key, the tag over header + body with *seq is checked (PD_ERR_AUTH)
+ * BEFORE the body is decoded, and *seq is incremented.
+ *   PD_OK          *msg decoded; consume *frame_len_p bytes (tag included);
+ *                  *mac_len_p = header + body bytes (what the tag covers)
+ *   PD_INPROGRESS  wait until *frame_len_p bytes are available
+ *   PD_ERR_*       drop the stream. */
+pd_status_t proto_auth_frame_next(const uint8_t *key, uint64_t *seq, uint32_t body_max,
+                                  const uint8_t *buf, size_t len, proto_msg_t *msg,
+                                  size_t *frame_len_p, size_t *mac_len_p);
 
 #endif

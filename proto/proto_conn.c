@@ -191,49 +191,28 @@ static void conn_read_cb(struct bufferevent *bev, void *ctx)
     while (!c->closing && !c->flushing) {
         size_t avail = evbuffer_get_length(in);
         size_t look = avail < PROTO_HDR_LEN ? avail : PROTO_HDR_LEN;
-        size_t need = PROTO_HDR_LEN;
-        proto_hdr_t hdr;
+        size_t total = PROTO_HDR_LEN, need = 0;
         const uint8_t *p = look ? evbuffer_pullup(in, (ev_ssize_t)look) : NULL;
+        const uint8_t *key = c->auth ? c->keys.recv : NULL;
 
-        pd_status_t st = proto_frame_check(p, look, &hdr, &need);
+        /* header first: refuse a bad or oversized one before buffering */
+        pd_status_t st = proto_auth_frame_next(key, &c->seq_in, c->body_max, p, look,
+                                               c->msg, &total, &need);
+        if (st == PD_INPROGRESS && avail >= total) {
+            p = evbuffer_pullup(in, (ev_ssize_t)total);
+            if (p == NULL) {
+                conn_schedule_reap(c, PD_ERR_NO_MEMORY);
+                return;
+            }
+            st = proto_auth_frame_next(key, &c->seq_in, c->body_max, p, total, c->msg,
+                                       &total, &need);
+        }
         if (PD_IS_ERR(st)) {
             conn_protocol_error(c, st);
             return;
         }
-        if (look < PROTO_HDR_LEN) {
-            conn_set_want(c, PROTO_HDR_LEN);
-            return;
-        }
-        if (c->body_max != 0 && hdr.body_len > c->body_max) {
-            conn_protocol_error(c, PD_ERR_TOO_BIG);
-            return;
-        }
-        bool tagged = (hdr.flags & PROTO_FLAG_AUTH) != 0;
-        if (tagged != c->auth) {
-            conn_protocol_error(c, PD_ERR_AUTH);
-            return;
-        }
-        size_t total = need + (tagged ? PROTO_AUTH_TAG_LEN : 0);
-        if (avail < total) {
+        if (st == PD_INPROGRESS) {
             conn_set_want(c, total);
-            return;
-        }
-        p = evbuffer_pullup(in, (ev_ssize_t)total);
-        if (p == NULL) {
-            conn_schedule_reap(c, PD_ERR_NO_MEMORY);
-            return;
-        }
-        if (tagged) {
-            if (proto_auth_frame_check(c->keys.recv, c->seq_in, p, need,
-                                       p + need) != PD_OK) {
-                conn_protocol_error(c, PD_ERR_AUTH);
-                return;
-            }
-            c->seq_in++;
-        }
-        st = proto_frame_next(p, need, c->msg, &need);
-        if (st != PD_OK) {
-            conn_protocol_error(c, st == PD_INPROGRESS ? PD_ERR_INTERNAL : st);
             return;
         }
         STAT_ADD(c, frames_in, 1);

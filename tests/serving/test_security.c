@@ -1,0 +1,454 @@
+/* test_security.c - what an attacker on the control network or a hostile
+ * HTTP client can do, tried against real pd-router / pd-prefill / pd-decode
+ * processes (issue 12). Each group is one deployment:
+ *   replay   - a real daemon's HELLO (and the frames after it) recorded by a
+ *              relay on the wire and replayed to the real router: refused;
+ *              unauthenticated connections are bounded in number, size and
+ *              time;
+ *   lockout  - SIGSTOP a prefill until the router drops it, SIGCONT: it
+ *              registers again with the same incarnation and disaggregated
+ *              requests are pulled from it again (not decode-local).
+ * Usage: test-security GROUP ROUTER PREFILL DECODE MODEL */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "pd_e2e.h"
+#include "proto_msg.h"
+
+static const char *g_router, *g_prefill, *g_decode, *g_model;
+static e2e_deploy_t g_d;
+static bool g_up;
+static int g_teardown_failures;
+
+static int stop_deploy(void)
+{
+    if (!g_up)
+        return 0;
+    g_up = false;
+    int bad = e2e_deploy_stop(&g_d, false);
+    if (bad != 0) {
+        fprintf(stderr, "security: %d daemon(s) exited badly\n", bad);
+        g_teardown_failures++;
+    }
+    return bad == 0 ? 0 : -1;
+}
+
+static int start_deploy(const char *const *rargs, const char *const *pargs,
+                        const char *const *dargs, int np, int nd)
+{
+    e2e_opts_t o = {
+        .router_bin = g_router, .prefill_bin = g_prefill, .decode_bin = g_decode,
+        .model = g_model, .router_args = rargs, .prefill_args = pargs, .decode_args = dargs,
+        .n_prefill = np, .n_decode = nd, .ready_timeout_s = 30,
+    };
+    g_up = true;
+    if (e2e_deploy_start(&g_d, &o) != 0) {
+        stop_deploy();
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **st)
+{
+    (void)st;
+    return stop_deploy();
+}
+
+static double router_stat(const char *name)
+{
+    cJSON *j = e2e_admin(g_d.router.sock, "stats");
+    double v = -1;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "stats")) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "table");
+        if (cJSON_IsString(t) && strcmp(t->valuestring, "router") == 0)
+            v = e2e_jnum(cJSON_GetObjectItemCaseSensitive(e, "values"), name);
+    }
+    cJSON_Delete(j);
+    return v;
+}
+
+/* State of backend `id` in the router's `backends` ("" if absent). */
+static void backend_state(const char *id, char *out, size_t cap)
+{
+    out[0] = '\0';
+    cJSON *j = e2e_admin(g_d.router.sock, "backends");
+    const cJSON *b;
+    cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(j, "backends")) {
+        const cJSON *bid = cJSON_GetObjectItemCaseSensitive(b, "id");
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(b, "state");
+        if (cJSON_IsString(bid) && strcmp(bid->valuestring, id) == 0 && cJSON_IsString(s))
+            snprintf(out, cap, "%s", s->valuestring);
+    }
+    cJSON_Delete(j);
+}
+
+static bool wait_backend_state(const char *id, const char *want, double timeout_s)
+{
+    char s[32];
+    double end = e2e_now() + timeout_s;
+    for (;;) {
+        backend_state(id, s, sizeof(s));
+        if (strcmp(s, want) == 0)
+            return true;
+        if (e2e_now() > end)
+            return false;
+        e2e_nap_ms(20);
+    }
+}
+
+static int tcp_connect(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Read exactly n bytes within timeout_s: n, 0 on EOF first, -1 timeout/error. */
+static ssize_t read_n(int fd, uint8_t *buf, size_t n, double timeout_s)
+{
+    size_t got = 0;
+    double end = e2e_now() + timeout_s;
+    while (got < n) {
+        int ms = (int)((end - e2e_now()) * 1000);
+        if (ms <= 0)
+            return -1;
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, ms) <= 0)
+            continue;
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r == 0)
+            return 0;
+        if (r < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            return errno == ECONNRESET ? 0 : -1;
+        }
+        got += (size_t)r;
+    }
+    return (ssize_t)n;
+}
+
+/* Read one whole frame (header + body; + tag if flagged). Returns its type,
+ * 0 on EOF, -1 on timeout. */
+static int read_frame(int fd, uint8_t *buf, size_t cap, size_t *len_p, double timeout_s)
+{
+    ssize_t r = read_n(fd, buf, PROTO_HDR_LEN, timeout_s);
+    if (r <= 0)
+        return (int)r;
+    proto_hdr_t h;
+    if (proto_hdr_decode(buf, PROTO_HDR_LEN, &h) != PD_OK)
+        return -1;
+    size_t len = PROTO_HDR_LEN + h.body_len +
+                 ((h.flags & PROTO_FLAG_AUTH) ? PROTO_AUTH_TAG_LEN : 0);
+    if (len > cap)
+        return -1;
+    r = read_n(fd, buf + PROTO_HDR_LEN, len - PROTO_HDR_LEN, timeout_s);
+    if (r < 0 || (r == 0 && len > PROTO_HDR_LEN))
+        return r < 0 ? -1 : 0;
+    *len_p = len;
+    return h.type;
+}
+
+/* Wait for EOF (or reset) on fd: true if it came within timeout_s. */
+static bool eof_within(int fd, double timeout_s)
+{
+    uint8_t b[4096];
+    double end = e2e_now() + timeout_s;
+    for (;;) {
+        int ms = (int)((end - e2e_now()) * 1000);
+        if (ms <= 0)
+            return false;
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, ms) <= 0)
+            continue;
+        ssize_t r = read(fd, b, sizeof(b));
+        if (r == 0 || (r < 0 && errno == ECONNRESET))
+            return true;
+    }
+}
+
+/* ---- a relay that records what a daemon sends to the router ------------ */
+
+typedef struct {
+    int lfd;                 /* listening */
+    uint16_t port;
+    uint16_t router_port;
+    volatile bool stop;
+    pthread_mutex_t mu;
+    uint8_t rec[256 * 1024]; /* daemon -> router bytes */
+    size_t rec_len;
+    pthread_t th;
+} relay_t;
+
+static void *relay_main(void *arg)
+{
+    relay_t *r = arg;
+    struct pollfd lp = { .fd = r->lfd, .events = POLLIN };
+    while (!r->stop && poll(&lp, 1, 50) <= 0) {
+    }
+    if (r->stop)
+        return NULL;
+    int d = accept(r->lfd, NULL, NULL);
+    int u = tcp_connect(r->router_port);
+    if (d < 0 || u < 0)
+        goto out;
+    uint8_t buf[65536];
+    while (!r->stop) {
+        struct pollfd p[2] = { { .fd = d, .events = POLLIN }, { .fd = u, .events = POLLIN } };
+        if (poll(p, 2, 50) <= 0)
+            continue;
+        for (int i = 0; i < 2; i++) {
+            if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            ssize_t n = read(p[i].fd, buf, sizeof(buf));
+            if (n <= 0)
+                goto out;
+            if (i == 0) {
+                pthread_mutex_lock(&r->mu);
+                size_t room = sizeof(r->rec) - r->rec_len;
+                size_t k = (size_t)n < room ? (size_t)n : room;
+                memcpy(r->rec + r->rec_len, buf, k);
+                r->rec_len += k;
+                pthread_mutex_unlock(&r->mu);
+            }
+            if (write(p[1 - i].fd, buf, (size_t)n) != n)
+                goto out;
+        }
+    }
+out:
+    if (d >= 0)
+        close(d);
+    if (u >= 0)
+        close(u);
+    return NULL;
+}
+
+static void relay_start(relay_t *r, uint16_t router_port)
+{
+    memset(r, 0, sizeof(*r));
+    pthread_mutex_init(&r->mu, NULL);
+    r->router_port = router_port;
+    r->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(r->lfd >= 0);
+    struct sockaddr_in a = { .sin_family = AF_INET };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(r->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(r->lfd, 4), 0);
+    socklen_t al = sizeof(a);
+    assert_int_equal(getsockname(r->lfd, (struct sockaddr *)&a, &al), 0);
+    r->port = ntohs(a.sin_port);
+    assert_int_equal(pthread_create(&r->th, NULL, relay_main, r), 0);
+}
+
+static void relay_stop(relay_t *r)
+{
+    r->stop = true;
+    pthread_join(r->th, NULL);
+    close(r->lfd);
+    pthread_mutex_destroy(&r->mu);
+}
+
+/* ---- replay group --------------------------------------------------------- */
+
+static int replay_setup(void **st)
+{
+    (void)st;
+    return start_deploy(NULL, NULL, NULL, 0, 1);
+}
+
+/* Finding 1 (critical): a HELLO recorded on the wire from a real prefill,
+ * replayed to the real router after that prefill is gone, must not
+ * register anyone; nor may the recorded session frames that followed it. */
+static void test_hello_replay(void **st)
+{
+    (void)st;
+    relay_t rl;
+    relay_start(&rl, g_d.control_port);
+    char rarg[64];
+    snprintf(rarg, sizeof(rarg), "--router=127.0.0.1:%u", rl.port);
+    const char *extra[] = { rarg, NULL };
+    e2e_proc_t *pf = e2e_add_daemon(&g_d, E2E_PREFILL, "pf-replay", extra);
+    assert_non_null(pf);
+    assert_true(wait_backend_state("pf-replay", "ready", 20));
+    e2e_nap_ms(1200); /* a few heartbeats recorded after the HELLO */
+    e2e_proc_signal(pf, SIGKILL);
+    e2e_proc_wait(pf, 10);
+    pf->stopped = true;
+    relay_stop(&rl);
+    assert_true(wait_backend_state("pf-replay", "down", 20));
+
+    /* the recording: HELLO first (untagged), then tagged session frames */
+    proto_hdr_t h;
+    assert_true(rl.rec_len > PROTO_HDR_LEN);
+    assert_int_equal(proto_hdr_decode(rl.rec, rl.rec_len, &h), PD_OK);
+    assert_int_equal(h.type, PROTO_MSG_HELLO);
+    size_t hello_len = PROTO_HDR_LEN + h.body_len;
+    assert_true(rl.rec_len > hello_len + PROTO_HDR_LEN);
+    proto_hdr_t h2;
+    assert_int_equal(proto_hdr_decode(rl.rec + hello_len, rl.rec_len - hello_len, &h2), PD_OK);
+    assert_true((h2.flags & PROTO_FLAG_AUTH) != 0);
+    double rej0 = router_stat("backends_rejected");
+
+    /* replay 1: the HELLO alone; replay 2: the whole recorded stream */
+    for (int k = 0; k < 2; k++) {
+        int fd = tcp_connect(g_d.control_port);
+        assert_true(fd >= 0);
+        uint8_t buf[16384];
+        size_t len = 0;
+        assert_int_equal(read_frame(fd, buf, sizeof(buf), &len, 5), PROTO_MSG_CHALLENGE);
+        size_t n = k == 0 ? hello_len : rl.rec_len;
+        assert_int_equal(write(fd, rl.rec, n), (ssize_t)n);
+        int t = read_frame(fd, buf, sizeof(buf), &len, 5);
+        if (t != PROTO_MSG_REGISTER_REJECT)
+            fail_msg("replayed HELLO answered with type %d, not REGISTER_REJECT", t);
+        proto_msg_t m;
+        assert_int_equal(proto_msg_decode(buf, len, &m), PD_OK);
+        assert_int_equal(m.u.register_reject.status, PD_ERR_AUTH);
+        assert_true(eof_within(fd, 5));
+        close(fd);
+        char s[32];
+        backend_state("pf-replay", s, sizeof(s));
+        assert_string_equal(s, "down");
+    }
+    assert_true(router_stat("backends_rejected") >= rej0 + 2);
+
+    /* the recorded session frames without a HELLO: closed, nothing
+     * delivered (the router wants a HELLO first) */
+    int fd = tcp_connect(g_d.control_port);
+    assert_true(fd >= 0);
+    uint8_t buf[4096];
+    size_t len;
+    assert_int_equal(read_frame(fd, buf, sizeof(buf), &len, 5), PROTO_MSG_CHALLENGE);
+    size_t n = rl.rec_len - hello_len;
+    assert_int_equal(write(fd, rl.rec + hello_len, n), (ssize_t)n);
+    assert_true(eof_within(fd, 5));
+    close(fd);
+
+    /* the real daemon still registers (with a fresh challenge) */
+    e2e_proc_t *again = e2e_add_daemon(&g_d, E2E_PREFILL, "pf-replay-2", NULL);
+    assert_non_null(again);
+    assert_true(wait_backend_state("pf-replay-2", "ready", 20));
+}
+
+/* Finding 6: before registering, a peer may open only a bounded number of
+ * connections, send only a HELLO-sized frame, and must finish within the
+ * handshake deadline even if it trickles bytes. */
+static void test_preauth_bounds(void **st)
+{
+    (void)st;
+    double drop0 = router_stat("ctl_unauth_dropped");
+    /* 1. an 8 MiB DECODE_REQ header before HELLO: closed on the header */
+    int fd = tcp_connect(g_d.control_port);
+    assert_true(fd >= 0);
+    uint8_t buf[4096];
+    size_t len;
+    assert_int_equal(read_frame(fd, buf, sizeof(buf), &len, 5), PROTO_MSG_CHALLENGE);
+    proto_hdr_t h = { .type = PROTO_MSG_DECODE_REQ, .body_len = 8u << 20 };
+    uint8_t hb[PROTO_HDR_LEN];
+    proto_hdr_encode(&h, hb);
+    assert_int_equal(write(fd, hb, sizeof(hb)), (ssize_t)sizeof(hb));
+    double t0 = e2e_now();
+    assert_true(eof_within(fd, 3));
+    assert_true(e2e_now() - t0 < 2.0);
+    close(fd);
+
+    /* 2. many idle connections: at most RTR_CTL_PENDING_MAX (32) get a
+     * CHALLENGE, the rest are closed at once */
+    enum { N = 48 };
+    int fds[N];
+    int challenged = 0, refused = 0;
+    for (int i = 0; i < N; i++) {
+        fds[i] = tcp_connect(g_d.control_port);
+        assert_true(fds[i] >= 0);
+    }
+    for (int i = 0; i < N; i++) {
+        int t = read_frame(fds[i], buf, sizeof(buf), &len, 3);
+        if (t == PROTO_MSG_CHALLENGE)
+            challenged++;
+        else if (t == 0)
+            refused++;
+    }
+    fprintf(stderr, "security: %d of %d idle connections challenged, %d closed at once\n",
+            challenged, N, refused);
+    assert_true(challenged <= 32);
+    assert_true(refused >= N - 32);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    assert_true(router_stat("ctl_unauth_dropped") >= drop0 + (N - 32));
+
+    /* 3. a trickler (one byte every 300 ms keeps the idle timer happy):
+     * closed at the 5 s handshake deadline */
+    e2e_nap_ms(300);
+    fd = tcp_connect(g_d.control_port);
+    assert_true(fd >= 0);
+    assert_int_equal(read_frame(fd, buf, sizeof(buf), &len, 5), PROTO_MSG_CHALLENGE);
+    /* a valid HELLO header, then body bytes: nothing to refuse early */
+    proto_hdr_t hh = { .type = PROTO_MSG_HELLO, .body_len = 400 };
+    uint8_t trickle[PROTO_HDR_LEN + 400] = { 0 };
+    proto_hdr_encode(&hh, trickle);
+    t0 = e2e_now();
+    bool closed = false;
+    for (int i = 0; i < 40 && !closed; i++) {
+        if (write(fd, trickle + i, 1) != 1)
+            closed = true;
+        else
+            closed = eof_within(fd, 0.3);
+    }
+    assert_true(closed);
+    double took = e2e_now() - t0;
+    fprintf(stderr, "security: trickling control peer closed after %.1f s\n", took);
+    assert_true(took < 8.0);
+    close(fd);
+}
+
+/* ---- main ------------------------------------------------------------------ */
+
+int main(int argc, char **argv)
+{
+    if (argc < 6) {
+        fprintf(stderr, "usage: %s GROUP ROUTER PREFILL DECODE MODEL\n", argv[0]);
+        return 2;
+    }
+    const char *group = argv[1];
+    g_router = argv[2];
+    g_prefill = argv[3];
+    g_decode = argv[4];
+    g_model = argv[5];
+    signal(SIGPIPE, SIG_IGN);
+    int rc;
+    if (strcmp(group, "replay") == 0) {
+        const struct CMUnitTest t[] = {
+            cmocka_unit_test(test_hello_replay),
+            cmocka_unit_test(test_preauth_bounds),
+        };
+        rc = cmocka_run_group_tests_name("security-replay", t, replay_setup, teardown);
+    } else {
+        fprintf(stderr, "unknown group %s\n", group);
+        return 2;
+    }
+    return rc + g_teardown_failures;
+}
