@@ -866,6 +866,14 @@ static void dec_on_peer_info(proto_conn_t *c, const proto_msg_t *msg, void *arg)
         return;
     }
     pd_status_t st = kvx_peer_add(d->kvx, pi->kv_addr.p, pi->kv_addr.len);
+    if (st == PD_ERR_STALE) {
+        /* PEER_DOWN tombstoned this incarnation, and now the router (over
+         * our authenticated session) says it registered again: it was
+         * unreachable for a while, not dead. Use it again. */
+        uint64_t node = XXH64(pi->daemon_id, strlen(pi->daemon_id), 0);
+        if (kvx_peer_revive(d->kvx, node, pi->incarnation) == PD_OK)
+            st = kvx_peer_add(d->kvx, pi->kv_addr.p, pi->kv_addr.len);
+    }
     if (st == PD_OK || st == PD_ERR_EXISTS) {
         p->incarnation = pi->incarnation;
         p->node_id = XXH64(pi->daemon_id, strlen(pi->daemon_id), 0);

@@ -1460,6 +1460,18 @@ pd_status_t kvx_peer_fail(kvx_ctx_h *ctx, uint64_t node_id, pd_status_t why)
     return PD_OK;
 }
 
+pd_status_t kvx_peer_revive(kvx_ctx_h *ctx, uint64_t node_id, uint64_t incarnation)
+{
+    pd_status_t st = PD_ERR_NOT_FOUND;
+    for (unsigned i = 0; i < KVX_TOMBSTONES; i++)
+        if (ctx->dead[i].node_id == node_id && ctx->dead[i].incarnation == incarnation) {
+            ctx->dead[i].node_id = 0;
+            ctx->dead[i].incarnation = 0;
+            st = PD_OK;
+        }
+    return st;
+}
+
 pd_status_t kvx_peer_remove(kvx_ctx_h *ctx, uint64_t node_id)
 {
     return kvx_peer_fail(ctx, node_id, PD_ERR_SHUTDOWN);

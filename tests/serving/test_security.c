@@ -425,6 +425,93 @@ static void test_preauth_bounds(void **st)
     close(fd);
 }
 
+/* ---- lockout group -------------------------------------------------------- */
+
+static int lockout_setup(void **st)
+{
+    (void)st;
+    static const char *ra[] = { "--disagg-mode=always", NULL };
+    return start_deploy(ra, NULL, NULL, 1, 1);
+}
+
+static double admin_num(const e2e_proc_t *p, const char *cmd, const char *path)
+{
+    cJSON *j = e2e_admin(p->sock, cmd);
+    double v = e2e_jnum(j, path);
+    cJSON_Delete(j);
+    return v;
+}
+
+static void backend_incarnation(const char *id, char *out, size_t cap)
+{
+    out[0] = '\0';
+    cJSON *j = e2e_admin(g_d.router.sock, "backends");
+    const cJSON *b;
+    cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(j, "backends")) {
+        const cJSON *bid = cJSON_GetObjectItemCaseSensitive(b, "id");
+        const cJSON *inc = cJSON_GetObjectItemCaseSensitive(b, "incarnation");
+        if (cJSON_IsString(bid) && strcmp(bid->valuestring, id) == 0 && cJSON_IsString(inc))
+            snprintf(out, cap, "%s", inc->valuestring);
+    }
+    cJSON_Delete(j);
+}
+
+static void one_request(int salt)
+{
+    char body[512];
+    int o = snprintf(body, sizeof(body), "{\"prompt\":[");
+    for (int i = 0; i < 40; i++)
+        o += snprintf(body + o, sizeof(body) - (size_t)o, "%s%d", i ? "," : "",
+                      10 + (i * 7 + salt * 13) % 200);
+    snprintf(body + o, sizeof(body) - (size_t)o, "],\"max_tokens\":4,\"temperature\":0}");
+    e2e_resp_t r;
+    e2e_http(g_d.http_port, "POST", "/v1/completions", NULL, body, 30.0, &r);
+    if (r.status != 200)
+        fail_msg("request %d: status %d body %s", salt, r.status, r.body ? r.body : "");
+    e2e_resp_free(&r);
+}
+
+/* Finding 2: the prefill is stopped long enough for the router to drop it
+ * (PEER_DOWN to the decode), then resumed. It registers again with the
+ * same incarnation and must be used again: disaggregated requests are
+ * pulled over kvxfer, not silently re-done decode-local. */
+static void test_stop_resume_prefill(void **st)
+{
+    (void)st;
+    e2e_proc_t *pf = &g_d.prefill[0], *dec = &g_d.decode[0];
+    const char *id = pf->id;
+    assert_true(wait_backend_state(id, "ready", 20));
+    char inc0[32], inc1[32];
+    backend_incarnation(id, inc0, sizeof(inc0));
+    double ok0 = admin_num(dec, "requests", "counters.pulls_ok");
+    one_request(0);
+    assert_true(admin_num(dec, "requests", "counters.pulls_ok") >= ok0 + 1);
+
+    double t0 = e2e_now();
+    e2e_proc_signal(pf, SIGSTOP);
+    assert_true(wait_backend_state(id, "down", 10));
+    while (e2e_now() - t0 < 3.0)
+        e2e_nap_ms(50);
+    e2e_proc_signal(pf, SIGCONT);
+    assert_true(wait_backend_state(id, "ready", 20));
+    backend_incarnation(id, inc1, sizeof(inc1));
+    assert_string_equal(inc0, inc1);    /* the same process, not a restart */
+
+    double ok1 = admin_num(dec, "requests", "counters.pulls_ok");
+    double local0 = router_stat("requests_local");
+    double dis0 = router_stat("requests_disaggregated");
+    double retried0 = router_stat("requests_retried");
+    for (int i = 1; i <= 3; i++)
+        one_request(i);
+    double pulled = admin_num(dec, "requests", "counters.pulls_ok") - ok1;
+    double local = router_stat("requests_local") - local0;
+    fprintf(stderr, "security: after stop/resume: %.0f pulled, %.0f decode-local, "
+            "%.0f disaggregated\n", pulled, local, router_stat("requests_disaggregated") - dis0);
+    assert_true(pulled >= 3);
+    assert_true(local == 0);
+    assert_true(router_stat("requests_retried") == retried0); /* no fallback retries */
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 int main(int argc, char **argv)
@@ -446,6 +533,9 @@ int main(int argc, char **argv)
             cmocka_unit_test(test_preauth_bounds),
         };
         rc = cmocka_run_group_tests_name("security-replay", t, replay_setup, teardown);
+    } else if (strcmp(group, "lockout") == 0) {
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_stop_resume_prefill) };
+        rc = cmocka_run_group_tests_name("security-lockout", t, lockout_setup, teardown);
     } else {
         fprintf(stderr, "unknown group %s\n", group);
         return 2;
