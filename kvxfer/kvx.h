@@ -105,6 +105,15 @@ uint64_t kvx_ctx_incarnation(const kvx_ctx_h *ctx);
 
 /* ---- regions ------------------------------------------------------------ */
 
+/* Memory this process can still get: MemAvailable, capped by a cgroup v2
+ * memory.max (UINT64_MAX if neither can be read). */
+uint64_t kvx_mem_available(void);
+/* Would an arena of len bytes fit (at most 90% of kvx_mem_available)?
+ * PD_OK, or PD_ERR_NO_MEMORY with a sentence in why. kvx_region_register
+ * runs it first (and logs why), so a huge --kv-blocks is a clear error at
+ * boot instead of an OOM kill (which would leave a /dev/shm segment). */
+pd_status_t kvx_arena_check(uint64_t len, char *why, size_t why_len);
+
 /* Allocate and register an arena of n_blocks * block_bytes, once, at start:
  * prot LOCAL_READ|LOCAL_WRITE|REMOTE_READ (never REMOTE_WRITE); the rkey is
  * packed here. region_id is the daemon's name for it (unique per ctx);

@@ -512,6 +512,104 @@ static void test_stop_resume_prefill(void **st)
     assert_true(router_stat("requests_retried") == retried0); /* no fallback retries */
 }
 
+/* ---- memory group ------------------------------------------------------------ */
+
+#include <dirent.h>
+#include <sys/wait.h>
+
+#include <sys/stat.h>
+#include <time.h>
+
+/* Entries of /dev/shm changed since t0 (wall clock) and larger than 64 MiB:
+ * what a leftover KV arena would look like (other processes on the machine
+ * may create small segments meanwhile). */
+static int big_new_shm(time_t t0)
+{
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    if (d == NULL)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char p[512];
+        struct stat sb;
+        snprintf(p, sizeof(p), "/dev/shm/%s", e->d_name);
+        if (e->d_name[0] != '.' && stat(p, &sb) == 0 && sb.st_mtime >= t0 &&
+            sb.st_size > (64 << 20))
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Run bin with args; its stderr+stdout into out; exit status or -1. */
+static int run_capture(const char *const *argv, char *out, size_t cap, double timeout_s)
+{
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        dup2(pfd[1], 2);
+        close(pfd[0]);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(pfd[1]);
+    size_t n = 0;
+    double end = e2e_now() + timeout_s;
+    for (;;) {
+        struct pollfd p = { .fd = pfd[0], .events = POLLIN };
+        int ms = (int)((end - e2e_now()) * 1000);
+        if (ms <= 0 || poll(&p, 1, ms) <= 0)
+            break;
+        ssize_t r = read(pfd[0], out + n, cap - 1 - n);
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+        if (n >= cap - 1)
+            break;
+    }
+    out[n] = '\0';
+    close(pfd[0]);
+    int st;
+    for (;;) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (e2e_now() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        e2e_nap_ms(20);
+    }
+}
+
+/* Finding 3: --kv-blocks inside the documented range but far beyond the
+ * machine: a clear error at boot, exit 1, nothing left in /dev/shm. */
+static void test_kv_blocks_vs_machine(void **st)
+{
+    (void)st;
+    time_t wall0 = time(NULL);
+    const char *bins[] = { g_prefill, g_decode };
+    for (int i = 0; i < 2; i++) {
+        char model[512];
+        snprintf(model, sizeof(model), "--model=%s", g_model);
+        const char *argv[] = { bins[i], model, "--id=mem-test", "--router=127.0.0.1:1",
+                               "--kv-blocks=100000000", "--insecure-no-auth", "--threads=1",
+                               NULL };
+        static char out[16384];
+        double t0 = e2e_now();
+        int rc = run_capture(argv, out, sizeof(out), 60);
+        if (rc != 1 || strstr(out, "does not fit") == NULL || strstr(out, "--kv-blocks") == NULL)
+            fail_msg("%s --kv-blocks=100000000: exit %d, output:\n%s", bins[i], rc, out);
+        fprintf(stderr, "security: %s refused the arena in %.2f s\n", bins[i], e2e_now() - t0);
+    }
+    assert_int_equal(big_new_shm(wall0), 0);
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 int main(int argc, char **argv)
@@ -533,6 +631,9 @@ int main(int argc, char **argv)
             cmocka_unit_test(test_preauth_bounds),
         };
         rc = cmocka_run_group_tests_name("security-replay", t, replay_setup, teardown);
+    } else if (strcmp(group, "memory") == 0) {
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_kv_blocks_vs_machine) };
+        rc = cmocka_run_group_tests_name("security-memory", t, NULL, NULL);
     } else if (strcmp(group, "lockout") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_stop_resume_prefill) };
         rc = cmocka_run_group_tests_name("security-lockout", t, lockout_setup, teardown);
