@@ -1253,11 +1253,31 @@ static void http_set_nodelay(struct evhttp_request *h)
         (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+static evutil_socket_t http_fd(struct evhttp_request *h)
+{
+    struct evhttp_connection *evcon = evhttp_request_get_connection(h);
+    struct bufferevent *bev = evcon != NULL ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    return bev != NULL ? bufferevent_getfd(bev) : -1;
+}
+
+/* The response is out: the connection's next request has a read deadline
+ * again (rtr_conns). */
+static void on_http_complete(struct evhttp_request *h, void *arg)
+{
+    rtr_t *r = arg;
+    if (r->conns != NULL)
+        rtr_conns_response_done(r->conns, http_fd(h));
+}
+
 static void on_http(struct evhttp_request *h, void *arg)
 {
     rtr_t *r = arg;
     char reqid[PROTO_REQID_MAX + 1];
     http_set_nodelay(h);
+    if (r->conns != NULL) {
+        rtr_conns_request_in(r->conns, http_fd(h));
+        evhttp_request_set_on_complete_cb(h, on_http_complete, r);
+    }
     const char *hid = evhttp_find_header(evhttp_request_get_input_headers(h), "X-Request-Id");
     if (hid != NULL && !rtr_reqid_valid(hid, strlen(hid))) {
         pd_stats_inc(r->stats, RTR_ST_requests_rejected);
@@ -1369,9 +1389,22 @@ pd_status_t rtr_http_start(rtr_t *r)
                                             EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
                                             EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
     evhttp_set_gencb(r->http, on_http, r);
+    rtr_conns_opts_t co = {
+        .max_total = (uint32_t)r->cfg.http_max_conns,
+        .max_per_client = (uint32_t)r->cfg.http_max_conns_per_client,
+        .read_timeout_ns = r->cfg.http_read_timeout,
+        .reserved_fds = 2 * RTR_MAX_BACKENDS + RTR_CTL_PENDING_MAX + 64,
+        .retry_after = (uint32_t)r->cfg.retry_after,
+        .stats = r->stats,
+    };
+    pd_status_t cst = rtr_conns_create(r->base, &co, &r->conns);
+    if (cst != PD_OK)
+        return cst;
+    evhttp_set_bevcb(r->http, rtr_conns_bevcb, r->conns);
     r->http_sock = evhttp_bind_socket_with_handle(r->http, host, (uint16_t)port);
     if (r->http_sock == NULL)
         return PD_ERR_IO;
+    rtr_conns_set_listener(r->conns, evhttp_bound_socket_get_listener(r->http_sock));
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
     evutil_socket_t fd = evhttp_bound_socket_get_fd(r->http_sock);
@@ -1416,6 +1449,7 @@ void rtr_http_drain(rtr_t *r)
     r->draining = true;
     pd_log(PD_LOG_INFO, RTR_COMP, NULL, "SIGTERM: draining (%u requests in flight)", r->n_reqs);
     if (r->http_sock != NULL) {
+        rtr_conns_set_listener(r->conns, NULL);
         evhttp_del_accept_socket(r->http, r->http_sock);
         r->http_sock = NULL;
     }
@@ -1452,6 +1486,8 @@ void rtr_http_stop(rtr_t *r)
         evhttp_free(r->http);
         r->http = NULL;
     }
+    rtr_conns_destroy(r->conns);
+    r->conns = NULL;
 }
 
 pd_status_t rtr_admin_requests(pd_admin_req_t *req, cJSON *reply)

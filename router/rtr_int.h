@@ -12,6 +12,7 @@
 #include "pd_stats.h"
 #include "proto_auth.h"
 #include "proto_conn.h"
+#include "rtr_conns.h"
 #include "rtr_openai.h"
 #include "rtr_policy.h"
 #include "rtr_req.h"
@@ -58,6 +59,9 @@ typedef struct {
     uint64_t lease;               /* ns, announced in REGISTER_ACK */
     uint64_t retry_after;         /* seconds, Retry-After on 429/503 */
     uint64_t client_max_unsent;   /* bytes queued to a client before it is dropped */
+    uint64_t http_max_conns;
+    uint64_t http_max_conns_per_client;
+    uint64_t http_read_timeout;   /* ns */
     char *ready_file;
 } rtr_cfg_t;
 
@@ -86,7 +90,11 @@ typedef struct {
     X(backends_rejected,   COUNTER,   "Registrations refused")                    \
     X(backends_lost,       COUNTER,   "Backends marked down")                     \
     X(ctl_unauth_dropped,  COUNTER,   "Control connections dropped before registering (pending cap or handshake timeout)") \
-    X(client_disconnects,  COUNTER,   "Clients gone before their request ended")
+    X(client_disconnects,  COUNTER,   "Clients gone before their request ended") \
+    X(http_conns,          GAUGE,     "Open HTTP connections")                    \
+    X(http_conns_refused,  COUNTER,   "HTTP connections refused: over http-max-conns-per-client") \
+    X(http_read_timeouts,  COUNTER,   "HTTP connections closed: request not read within http-read-timeout") \
+    X(http_accept_errors,  COUNTER,   "HTTP accept() failures (out of fds: accepting pauses 100 ms)")
 
 #define RTR_STAT_ID(name, kind, help) RTR_ST_##name,
 typedef enum { RTR_STATS(RTR_STAT_ID) RTR_ST__COUNT } rtr_stat_id_t;
@@ -176,6 +184,7 @@ struct rtr {
 
     /* HTTP */
     struct evhttp *http;
+    rtr_conns_t *conns;              /* connection caps and read deadlines */
     struct evhttp_bound_socket *http_sock;
     uint16_t http_port;
     uint16_t ctl_port;

@@ -27,6 +27,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <dirent.h>
+#include <sys/stat.h>
+
 #include "pd_e2e.h"
 #include "proto_msg.h"
 
@@ -610,6 +613,214 @@ static void test_kv_blocks_vs_machine(void **st)
     assert_int_equal(big_new_shm(wall0), 0);
 }
 
+/* ---- http group -------------------------------------------------------------- */
+
+#include <sys/resource.h>
+
+static int http_setup(void **st)
+{
+    (void)st;
+    static const char *ra[] = { "--http-max-conns=24", "--http-max-conns-per-client=8",
+                                "--http-read-timeout=2s", NULL };
+    return start_deploy(ra, NULL, NULL, 0, 1);
+}
+
+/* A TCP connection to the router's HTTP port from source address src
+ * (any 127/8 address is loopback on Linux). */
+static int http_connect_from(const char *src)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in b = { .sin_family = AF_INET };
+    inet_pton(AF_INET, src, &b.sin_addr);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(g_d.http_port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, (struct sockaddr *)&b, sizeof(b)) != 0 ||
+        connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int health_status(double timeout_s)
+{
+    e2e_resp_t r;
+    e2e_http(g_d.http_port, "GET", "/health", NULL, NULL, timeout_s, &r);
+    int st = r.status;
+    e2e_resp_free(&r);
+    return st;
+}
+
+/* What arrived on fd within timeout_s: 1 = a 503 then EOF, 2 = EOF alone,
+ * 0 = nothing (still open). */
+static int http_refused(int fd, double timeout_s)
+{
+    char b[1024];
+    size_t n = 0;
+    double end = e2e_now() + timeout_s;
+    for (;;) {
+        int ms = (int)((end - e2e_now()) * 1000);
+        if (ms <= 0)
+            return 0;
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, ms) <= 0)
+            continue;
+        ssize_t r = read(fd, b + n, sizeof(b) - 1 - n);
+        if (r <= 0) {
+            b[n] = '\0';
+            return strncmp(b, "HTTP/1.1 503", 12) == 0 ? 1 : 2;
+        }
+        n += (size_t)r;
+        if (n >= sizeof(b) - 1)
+            return 0;
+    }
+}
+
+/* Finding 4: per-client cap (503 + close), a slow client closed at the
+ * read deadline however it trickles, the total cap (accept pauses, other
+ * clients wait instead of failing). */
+static void test_http_conn_caps(void **st)
+{
+    (void)st;
+    double refused0 = router_stat("http_conns_refused");
+    int fds[32], n_open = 0, n_503 = 0;
+    for (int i = 0; i < 12; i++) {
+        fds[i] = http_connect_from("127.0.0.2");
+        assert_true(fds[i] >= 0);
+    }
+    for (int i = 0; i < 12; i++) {
+        int k = http_refused(fds[i], i < 8 ? 0.05 : 1.0);
+        if (k == 1)
+            n_503++;
+        else if (k == 0)
+            n_open++;
+    }
+    fprintf(stderr, "security: 12 connections from one client: %d open, %d refused with 503\n",
+            n_open, n_503);
+    assert_int_equal(n_open, 8);
+    assert_int_equal(n_503, 4);
+    assert_int_equal(health_status(5), 200); /* other clients unaffected */
+    assert_true(router_stat("http_conns_refused") >= refused0 + 4);
+    for (int i = 0; i < 12; i++)
+        close(fds[i]);
+
+    /* slowloris: one header byte every 300 ms */
+    double to0 = router_stat("http_read_timeouts");
+    int fd = http_connect_from("127.0.0.3");
+    assert_true(fd >= 0);
+    static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaa"
+                              "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    double t0 = e2e_now();
+    bool closed = false;
+    for (size_t i = 0; i < sizeof(req) - 1 && !closed; i++) {
+        if (send(fd, req + i, 1, MSG_NOSIGNAL) != 1)
+            closed = true;
+        else
+            closed = eof_within(fd, 0.3);
+    }
+    double took = e2e_now() - t0;
+    fprintf(stderr, "security: trickling HTTP client closed after %.1f s\n", took);
+    assert_true(closed);
+    assert_true(took < 4.0);
+    assert_true(router_stat("http_read_timeouts") >= to0 + 1);
+    close(fd);
+
+    /* total cap 24: 24 idle connections from 4 addresses fill it; a new
+     * client waits in the backlog (no error) until the idle ones hit their
+     * read deadline */
+    static const char *src[] = { "127.0.0.11", "127.0.0.12", "127.0.0.13", "127.0.0.14" };
+    for (int i = 0; i < 24; i++) {
+        fds[i] = http_connect_from(src[i % 4]);
+        assert_true(fds[i] >= 0);
+    }
+    e2e_nap_ms(300);
+    t0 = e2e_now();
+    int stt = health_status(8);
+    took = e2e_now() - t0;
+    fprintf(stderr, "security: /health with %d idle connections open: %d after %.1f s\n", 24,
+            stt, took);
+    assert_int_equal(stt, 200);
+    assert_true(took > 0.8); /* it had to wait for the read deadline */
+    for (int i = 0; i < 24; i++)
+        close(fds[i]);
+}
+
+static double proc_cpu_s(pid_t pid)
+{
+    char p[64], b[1024];
+    snprintf(p, sizeof(p), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(p, "re");
+    if (f == NULL)
+        return -1;
+    size_t n = fread(b, 1, sizeof(b) - 1, f);
+    fclose(f);
+    b[n] = '\0';
+    char *q = strrchr(b, ')');
+    unsigned long ut = 0, stt = 0;
+    if (q == NULL || sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+                            &ut, &stt) != 2)
+        return -1;
+    return (double)(ut + stt) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static int proc_fds(pid_t pid)
+{
+    char p[64];
+    snprintf(p, sizeof(p), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(p);
+    int n = 0;
+    if (d == NULL)
+        return -1;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static long file_size(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (long)sb.st_size : -1;
+}
+
+/* Finding 4: the router at its fd limit neither spins nor floods its log,
+ * and serves again once fds are free. */
+static void test_http_emfile(void **st)
+{
+    (void)st;
+    pid_t pid = g_d.router.pid;
+    struct rlimit old, lim;
+    assert_int_equal(prlimit(pid, RLIMIT_NOFILE, NULL, &old), 0);
+    int open_fds = proc_fds(pid);
+    assert_true(open_fds > 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)open_fds + 2;
+    assert_int_equal(prlimit(pid, RLIMIT_NOFILE, &lim, NULL), 0);
+    static const char *src[] = { "127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24" };
+    int fds[16];
+    for (int i = 0; i < 16; i++)
+        fds[i] = http_connect_from(src[i % 4]); /* the kernel completes them (backlog) */
+    e2e_nap_ms(300);
+    double cpu0 = proc_cpu_s(pid);
+    long log0 = file_size(g_d.router.log);
+    e2e_nap_ms(2000);
+    double cpu = proc_cpu_s(pid) - cpu0;
+    long grew = file_size(g_d.router.log) - log0;
+    fprintf(stderr, "security: at the fd limit for 2 s: router CPU %.2f s, log +%ld bytes, "
+            "accept errors %.0f\n", cpu, grew, router_stat("http_accept_errors"));
+    assert_int_equal(prlimit(pid, RLIMIT_NOFILE, &old, NULL), 0);
+    assert_true(cpu < 0.5);
+    assert_true(grew < 16384);
+    assert_true(router_stat("http_accept_errors") >= 1);
+    for (int i = 0; i < 16; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    assert_int_equal(health_status(5), 200);
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 int main(int argc, char **argv)
@@ -634,6 +845,10 @@ int main(int argc, char **argv)
     } else if (strcmp(group, "memory") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_kv_blocks_vs_machine) };
         rc = cmocka_run_group_tests_name("security-memory", t, NULL, NULL);
+    } else if (strcmp(group, "http") == 0) {
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_http_conn_caps),
+                                        cmocka_unit_test(test_http_emfile) };
+        rc = cmocka_run_group_tests_name("security-http", t, http_setup, teardown);
     } else if (strcmp(group, "lockout") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_stop_resume_prefill) };
         rc = cmocka_run_group_tests_name("security-lockout", t, lockout_setup, teardown);
