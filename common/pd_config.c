@@ -15,6 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
 
 /* ---- value parsers ---------------------------------------------------- */
 
@@ -452,13 +455,37 @@ static int ini_cb(void *user, const char *section, const char *name,
     return 1;
 }
 
+#define PD_CONFIG_FILE_MAX (1 << 20)
+
 static pd_status_t load_file(const pd_cfg_schema_t *schema, void *target,
                              const char *path, pd_cfg_result_t *res)
 {
     ini_ctx_t ctx = { .schema = schema, .target = target, .path = path,
                       .status = PD_OK };
     const char *prog = schema->prog ? schema->prog : "pdserve";
-    int line = ini_parse(path, ini_cb, &ctx);
+    /* a regular file of bounded size: --config=/dev/urandom or a FIFO
+     * must not hang or eat memory */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY); /* FIFOs: no wait */
+    FILE *fp = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (fp == NULL) {
+        if (fd >= 0)
+            close(fd);
+        snprintf(res->message, sizeof(res->message), "%s: --config: cannot open \"%s\"",
+                 prog, path);
+        return PD_ERR_IO;
+    }
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode) ||
+        sb.st_size > PD_CONFIG_FILE_MAX) {
+        bool reg = S_ISREG(sb.st_mode);
+        fclose(fp);
+        snprintf(res->message, sizeof(res->message),
+                 "%s: --config: \"%s\" is %s", prog, path,
+                 reg ? "larger than 1 MiB" : "not a regular file");
+        return PD_ERR_BAD_INPUT;
+    }
+    int line = ini_parse_file(fp, ini_cb, &ctx);
+    fclose(fp);
     if (line < 0) {
         snprintf(res->message, sizeof(res->message), "%s: --config: cannot %s \"%s\"",
                  prog, line == -1 ? "open" : "read", path);

@@ -37,6 +37,9 @@ static pd_status_t proto_boot_secret(const proto_boot_cfg_t *c, proto_auth_secre
             return PD_ERR_BAD_INPUT;
         }
         *have_secret = true;
+        if (c->secret_hex)
+            fprintf(stderr, "%s: warning: --secret given as text: on a command line it is "
+                    "visible to every local user (ps, /proc); prefer --secret-file\n", c->prog);
     } else if (!c->insecure_no_auth) {
         fprintf(stderr, "%s: no secret: give --secret-file (or --insecure-no-auth on loopback)\n",
                 c->prog);

@@ -148,6 +148,25 @@ static bool geom_equal(const proto_kv_geom_t *a, const proto_kv_geom_t *b)
            a->vocab_size == b->vocab_size;
 }
 
+/* A daemon id as it may appear in a log line or a reject reason: printable
+ * ASCII other than space and backslash as is, every other byte as \xHH.
+ * True if nothing had to be escaped. */
+static bool id_safe(const char *in, char *out, size_t cap)
+{
+    bool clean = true;
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)in; *p && o + 5 < cap; p++) {
+        if (*p > 0x20 && *p < 0x7f && *p != '\\') {
+            out[o++] = (char)*p;
+        } else {
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", *p);
+            clean = false;
+        }
+    }
+    out[o] = '\0';
+    return clean;
+}
+
 /* The connection registered or is gone: no longer pending. */
 static void cc_unpend(rtr_ctlconn_t *cc)
 {
@@ -173,15 +192,23 @@ static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
         proto_conn_close(conn, PD_ERR_BAD_INPUT);
         return;
     }
+    char sid[4 * PROTO_DAEMON_ID_MAX + 1];
+    bool id_clean = id_safe(h->daemon_id, sid, sizeof(sid));
     if (r->auth) {
         const uint8_t *frame;
         size_t flen;
         if (proto_conn_frame(conn, &frame, &flen) != PD_OK ||
             proto_auth_hello_verify(&r->secret, frame, flen, cc->challenge) != PD_OK) {
             send_reject(cc, conn, PD_ERR_AUTH, "HELLO from '%s': bad MAC (wrong deployment secret?)",
-                        h->daemon_id);
+                        sid);
             return;
         }
+    }
+    if (!id_clean) {
+        /* ids go into logs, admin JSON and metrics labels */
+        send_reject(cc, conn, PD_ERR_BAD_INPUT,
+                    "daemon id '%s' must be printable ASCII without spaces or backslashes", sid);
+        return;
     }
     if (h->role != PROTO_ROLE_PREFILL && h->role != PROTO_ROLE_DECODE) {
         send_reject(cc, conn, PD_ERR_BAD_INPUT, "role %u cannot register with a router", h->role);
