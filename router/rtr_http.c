@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -1269,6 +1270,34 @@ static void on_http_complete(struct evhttp_request *h, void *arg)
         rtr_conns_response_done(r->conns, http_fd(h));
 }
 
+/* Framing a proxy in front could read differently from libevent: more
+ * than one Content-Length or Transfer-Encoding, a Transfer-Encoding other
+ * than plain "chunked", or both. NULL if the request is unambiguous. */
+static const char *http_ambiguous(struct evhttp_request *h)
+{
+    const struct evkeyvalq *hd = evhttp_request_get_input_headers(h);
+    const struct evkeyval *kv;
+    int n_cl = 0, n_te = 0;
+    const char *te = NULL;
+    for (kv = hd->tqh_first; kv != NULL; kv = kv->next.tqe_next) {
+        if (strcasecmp(kv->key, "Content-Length") == 0)
+            n_cl++;
+        if (strcasecmp(kv->key, "Transfer-Encoding") == 0) {
+            n_te++;
+            te = kv->value;
+        }
+    }
+    if (n_cl > 1)
+        return "more than one Content-Length header";
+    if (n_te > 1)
+        return "more than one Transfer-Encoding header";
+    if (te != NULL && strcasecmp(te, "chunked") != 0)
+        return "Transfer-Encoding other than \"chunked\"";
+    if (te != NULL && n_cl > 0)
+        return "both Content-Length and Transfer-Encoding";
+    return NULL;
+}
+
 static void on_http(struct evhttp_request *h, void *arg)
 {
     rtr_t *r = arg;
@@ -1277,6 +1306,15 @@ static void on_http(struct evhttp_request *h, void *arg)
     if (r->conns != NULL) {
         rtr_conns_request_in(r->conns, http_fd(h));
         evhttp_request_set_on_complete_cb(h, on_http_complete, r);
+    }
+    const char *amb = http_ambiguous(h);
+    if (amb != NULL) {
+        /* and close: the next request's start is uncertain */
+        evhttp_add_header(evhttp_request_get_output_headers(h), "Connection", "close");
+        pd_stats_inc(r->stats, RTR_ST_requests_rejected);
+        reply_status(r, h, NULL, 400, "invalid_request_error", "ambiguous_request", NULL,
+                     "ambiguous HTTP framing: %s", amb);
+        return;
     }
     const char *hid = evhttp_find_header(evhttp_request_get_input_headers(h), "X-Request-Id");
     if (hid != NULL && !rtr_reqid_valid(hid, strlen(hid))) {
