@@ -46,13 +46,15 @@
 struct rtr_req {
     rtr_t *r;
     rtr_req_t *prev, *next;              /* r->reqs */
-    pd_idhash_node_t hnode;              /* req_by_id, keyed by id */
+    pd_idhash_node_t hnode;              /* req_by_id, keyed by wire_id */
     struct evhttp_request *http;         /* NULL once the client is gone */
     struct evhttp_request *orphan;       /* detached by libevent: ours to free */
     struct evhttp_connection *evcon;
     struct event *watch;                 /* client EOF watcher */
     struct event *timer;                 /* request timeout */
-    char id[PROTO_REQID_MAX + 1];
+    char id[PROTO_REQID_MAX + 1];        /* the client's (X-Request-Id): logs, headers */
+    char wire_id[PROTO_REQID_MAX + 1];   /* ours, unique per router run: the
+                                            only id daemons see and answer to */
     char resp_id[PROTO_REQID_MAX + 16];
     rtr_req_fsm_t fsm;
     rtr_oai_req_t oai;
@@ -84,7 +86,7 @@ static rtr_req_t *req_find(const char *id)
 
 static void req_link(rtr_t *r, rtr_req_t *q)
 {
-    pd_idhash_add(&req_by_id, &q->hnode, q->id);
+    pd_idhash_add(&req_by_id, &q->hnode, q->wire_id);
     q->next = r->reqs;
     if (r->reqs != NULL)
         r->reqs->prev = q;
@@ -506,11 +508,11 @@ static void send_simple(rtr_backend_t *be, uint16_t type, rtr_req_t *q, uint64_t
     memset(&m, 0, sizeof(m));
     m.hdr.type = type;
     if (type == PROTO_MSG_CANCEL) {
-        snprintf(m.u.cancel.request_id, sizeof(m.u.cancel.request_id), "%s", q->id);
+        snprintf(m.u.cancel.request_id, sizeof(m.u.cancel.request_id), "%s", q->wire_id);
         m.u.cancel.status = PD_ERR_CANCELED;
         snprintf(m.u.cancel.reason, sizeof(m.u.cancel.reason), "canceled by router");
     } else {
-        snprintf(m.u.release.request_id, sizeof(m.u.release.request_id), "%s", q->id);
+        snprintf(m.u.release.request_id, sizeof(m.u.release.request_id), "%s", q->wire_id);
         m.u.release.lease_id = lease_id;
     }
     pd_status_t s = rtr_backend_send(be, &m);
@@ -543,7 +545,7 @@ static pd_status_t send_decode_req(rtr_req_t *q, const proto_prefill_done_t *pd)
     memset(&m, 0, sizeof(m));
     m.hdr.type = PROTO_MSG_DECODE_REQ;
     proto_decode_req_t *d = &m.u.decode_req;
-    snprintf(d->request_id, sizeof(d->request_id), "%s", q->id);
+    snprintf(d->request_id, sizeof(d->request_id), "%s", q->wire_id);
     d->prompt.n = q->n_prompt;
     d->prompt.v = q->prompt;
     d->generated.n = q->n_gen;
@@ -1131,6 +1133,10 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
     q->http = h;
     q->evcon = evhttp_request_get_connection(h);
     snprintf(q->id, sizeof(q->id), "%s", reqid);
+    /* never the client's id on the control plane: a late reply to an
+     * ended request must not reach a new one that reused its id */
+    snprintf(q->wire_id, sizeof(q->wire_id), "w%08" PRIx64 "-%" PRIx64,
+             r->incarnation & 0xffffffffu, ++r->next_wire);
     snprintf(q->resp_id, sizeof(q->resp_id), "%s%s", api == RTR_API_CHAT ? "chatcmpl-" : "cmpl-",
              reqid);
     q->t_accept = pd_now_ns();
@@ -1181,7 +1187,7 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
         memset(&m, 0, sizeof(m));
         m.hdr.type = PROTO_MSG_PREFILL_REQ;
         proto_prefill_req_t *p = &m.u.prefill_req;
-        snprintf(p->request_id, sizeof(p->request_id), "%s", q->id);
+        snprintf(p->request_id, sizeof(p->request_id), "%s", q->wire_id);
         p->prompt.n = q->n_prompt;
         p->prompt.v = q->prompt;
         fill_sampling(q, &p->sampling);
@@ -1323,15 +1329,13 @@ static void on_http(struct evhttp_request *h, void *arg)
                      "X-Request-Id must be 1-64 printable ASCII characters without spaces");
         return;
     }
-    if (hid != NULL && req_find(hid) == NULL) {
+    if (hid != NULL) {
+        /* kept even if another request uses it: daemons never see it */
         snprintf(reqid, sizeof(reqid), "%s", hid);
     } else {
-        /* Absent, or already in flight (ids must be unique on the control
-         * plane): generate one; the client sees it in the response. */
+        /* absent: generate one; the client sees it in the response */
         snprintf(reqid, sizeof(reqid), "%08" PRIx64 "%08" PRIx64, r->incarnation & 0xffffffffu,
                  ++r->next_seq);
-        if (hid != NULL)
-            pd_log(PD_LOG_INFO, RTR_COMP, reqid, "X-Request-Id '%s' already in flight: renamed", hid);
     }
     const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(h));
     if (path == NULL)
@@ -1541,6 +1545,7 @@ pd_status_t rtr_admin_requests(pd_admin_req_t *req, cJSON *reply)
             return PD_ERR_NO_MEMORY;
         cJSON_AddItemToArray(arr, o);
         cJSON_AddStringToObject(o, "request_id", q->id);
+        cJSON_AddStringToObject(o, "wire_id", q->wire_id);
         cJSON_AddStringToObject(o, "state", rtr_req_state_name(q->fsm.state));
         cJSON_AddStringToObject(o, "prefill", q->prefill != NULL ? q->prefill->id : "");
         cJSON_AddStringToObject(o, "decode", q->decode != NULL ? q->decode->id : "");

@@ -193,6 +193,7 @@ struct rtr {
     rtr_req_t *reqs;                 /* doubly linked list of live requests */
     uint32_t n_reqs;
     uint64_t next_seq;
+    uint64_t next_wire;              /* control-plane request ids (rtr_http.c) */
     bool draining;
     struct event *drain_timer;
     struct event *flush_timer;       /* draining: waits for responses to flush */
