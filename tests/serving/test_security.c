@@ -31,6 +31,7 @@
 #include <sys/stat.h>
 
 #include "pd_e2e.h"
+#include "proto_auth.h"
 #include "proto_msg.h"
 
 static const char *g_router, *g_prefill, *g_decode, *g_model;
@@ -193,6 +194,8 @@ static bool eof_within(int fd, double timeout_s)
             return true;
     }
 }
+
+static int run_capture(const char *const *argv, char *out, size_t cap, double timeout_s);
 
 /* ---- a relay that records what a daemon sends to the router ------------ */
 
@@ -426,6 +429,77 @@ static void test_preauth_bounds(void **st)
     fprintf(stderr, "security: trickling control peer closed after %.1f s\n", took);
     assert_true(took < 8.0);
     close(fd);
+}
+
+static bool file_has(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return false;
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, needle) != NULL;
+}
+
+/* Finding 7, the smaller ones, against the real processes. */
+static void test_smaller_ones(void **st)
+{
+    (void)st;
+    /* a daemon id with a newline, correctly signed: refused, logged escaped */
+    proto_auth_secret_t sec;
+    assert_int_equal(proto_auth_secret_parse((const uint8_t *)g_d.secret_hex,
+                                             strlen(g_d.secret_hex), &sec), PD_OK);
+    int fd = tcp_connect(g_d.control_port);
+    assert_true(fd >= 0);
+    uint8_t buf[16384];
+    size_t len = 0;
+    assert_int_equal(read_frame(fd, buf, sizeof(buf), &len, 5), PROTO_MSG_CHALLENGE);
+    proto_msg_t ch;
+    assert_int_equal(proto_msg_decode(buf, len, &ch), PD_OK);
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_HELLO;
+    m.u.hello.role = PROTO_ROLE_DECODE;
+    m.u.hello.caps = PROTO_CAP_DECODE;
+    snprintf(m.u.hello.daemon_id, sizeof(m.u.hello.daemon_id), "evil\nid 2026-01-01 forged");
+    proto_auth_nonce(m.u.hello.nonce);
+    assert_int_equal(proto_auth_hello_sign(&sec, &m, ch.u.challenge.nonce), PD_OK);
+    size_t n = 0;
+    assert_int_equal(proto_msg_encode(&m, buf, sizeof(buf), &n), PD_OK);
+    assert_int_equal(write(fd, buf, n), (ssize_t)n);
+    assert_int_equal(read_frame(fd, buf, sizeof(buf), &len, 5), PROTO_MSG_REGISTER_REJECT);
+    assert_int_equal(proto_msg_decode(buf, len, &m), PD_OK);
+    assert_int_equal(m.u.register_reject.status, PD_ERR_BAD_INPUT);
+    close(fd);
+    e2e_nap_ms(100);
+    assert_true(file_has(g_d.router.log, "evil\\x0aid\\x202026"));
+    assert_false(file_has(g_d.router.log, "evil\nid"));
+
+    /* admin: words beyond the usage are refused, nothing happens */
+    cJSON *j = e2e_admin(g_d.decode[0].sock, "drain now please");
+    assert_non_null(j);
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "ok")));
+    cJSON_Delete(j);
+    e2e_nap_ms(300);
+    assert_true(e2e_proc_alive(&g_d.decode[0]));
+    j = e2e_admin(g_d.decode[0].sock, "session");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "ok")));
+    cJSON_Delete(j);
+
+    /* --config=/dev/urandom: refused at once, no hang */
+    static char out[4096];
+    const char *argv[] = { g_router, "--config=/dev/urandom", NULL };
+    double t0 = e2e_now();
+    assert_int_equal(run_capture(argv, out, sizeof(out), 10), 2);
+    assert_true(e2e_now() - t0 < 5);
+    assert_non_null(strstr(out, "not a regular file"));
+
+    /* --secret as text (the harness passes it): warned */
+    assert_true(file_has(g_d.router.log, "prefer --secret-file"));
+    assert_true(file_has(g_d.decode[0].log, "prefer --secret-file"));
+    proto_auth_secret_wipe(&sec);
 }
 
 /* ---- lockout group -------------------------------------------------------- */
@@ -930,6 +1004,7 @@ int main(int argc, char **argv)
         const struct CMUnitTest t[] = {
             cmocka_unit_test(test_hello_replay),
             cmocka_unit_test(test_preauth_bounds),
+            cmocka_unit_test(test_smaller_ones),
         };
         rc = cmocka_run_group_tests_name("security-replay", t, replay_setup, teardown);
     } else if (strcmp(group, "memory") == 0) {
