@@ -496,6 +496,15 @@ static void test_smaller_ones(void **st)
     assert_true(e2e_now() - t0 < 5);
     assert_non_null(strstr(out, "not a regular file"));
 
+    /* lease-ttl: the router refuses what the prefill would refuse */
+    const char *lr[] = { g_router, "--check-config", "--lease-ttl=700s", NULL };
+    assert_int_equal(run_capture(lr, out, sizeof(out), 10), 2);
+    assert_non_null(strstr(out, "out of range"));
+    const char *lp[] = { g_prefill, "--check-config", "--lease-ttl=700s", NULL };
+    assert_int_equal(run_capture(lp, out, sizeof(out), 10), 2);
+    const char *lok[] = { g_router, "--check-config", "--lease-ttl=600s", NULL };
+    assert_int_equal(run_capture(lok, out, sizeof(out), 10), 0);
+
     /* --secret as text (the harness passes it): warned */
     assert_true(file_has(g_d.router.log, "prefer --secret-file"));
     assert_true(file_has(g_d.decode[0].log, "prefer --secret-file"));
