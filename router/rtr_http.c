@@ -25,6 +25,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/http_struct.h>
 #include <event2/keyvalq_struct.h>
 #include <inttypes.h>
 #include <sodium.h>
@@ -50,7 +51,9 @@ struct rtr_req {
     struct evhttp_request *http;         /* NULL once the client is gone */
     struct evhttp_request *orphan;       /* detached by libevent: ours to free */
     struct evhttp_connection *evcon;
-    struct event *watch;                 /* client EOF watcher */
+    struct event *watch;                 /* client EOF watcher, then the
+                                            half-close probe's timer */
+    evutil_socket_t probe_fd;            /* the client socket being probed */
     struct event *timer;                 /* request timeout */
     char id[PROTO_REQID_MAX + 1];        /* the client's (X-Request-Id): logs, headers */
     char wire_id[PROTO_REQID_MAX + 1];   /* ours, unique per router run: the
@@ -904,6 +907,56 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg)
     req_client_gone(q, "connection closed");
 }
 
+/* The probe was answered (or not): a client that closed its socket has
+ * sent a RST back by now; one that only shut down its sending side still
+ * waits for the answer, which it gets. */
+static void on_client_probe(evutil_socket_t unused, short what, void *arg)
+{
+    (void)unused;
+    (void)what;
+    rtr_req_t *q = arg;
+    struct tcp_info ti;
+    socklen_t tl = sizeof(ti);
+    int err = 0;
+    socklen_t el = sizeof(err);
+    bool closed = getsockopt(q->probe_fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) != 0 ||
+                  ti.tcpi_state == TCP_CLOSE ||
+                  getsockopt(q->probe_fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0;
+    event_free(q->watch);
+    q->watch = NULL;
+    if (closed) {
+        req_client_gone(q, "connection closed");
+        return;
+    }
+    pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "client half-closed its connection: still answering");
+}
+
+/* EOF from the client: a half-close (it still reads) and a full close look
+ * the same. For a non-streaming request send an interim "100 Continue"
+ * (HTTP/1.1 clients must accept one at any time; nothing of ours is on the
+ * wire yet) and look again shortly: a closed socket answers it with a RST.
+ * Streaming responses cannot be kept for a half-closed client (evhttp ends
+ * the connection on EOF once the stream starts). False: no probe. */
+static bool client_probe(rtr_req_t *q, evutil_socket_t fd)
+{
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    struct bufferevent *bev = q->evcon ? evhttp_connection_get_bufferevent(q->evcon) : NULL;
+    if (q->http == NULL || bev == NULL || q->oai.stream || q->headers_sent ||
+        q->http->major != 1 || q->http->minor < 1 ||
+        evbuffer_get_length(bufferevent_get_output(bev)) != 0 ||
+        send(fd, cont, sizeof(cont) - 1, MSG_NOSIGNAL | MSG_DONTWAIT) !=
+            (ssize_t)(sizeof(cont) - 1))
+        return false;
+    event_free(q->watch);
+    q->watch = evtimer_new(q->r->base, on_client_probe, q);
+    if (q->watch == NULL)
+        return false;
+    q->probe_fd = fd;
+    struct timeval tv = { 0, 300000 };
+    event_add(q->watch, &tv);
+    return true;
+}
+
 static void on_client_readable(evutil_socket_t fd, short what, void *arg)
 {
     rtr_req_t *q = arg;
@@ -918,6 +971,8 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         return;
+    if (n == 0 && client_probe(q, fd))
+        return; /* maybe only half-closed: decided by on_client_probe */
     req_client_gone(q, n == 0 ? "EOF" : strerror(errno));
 }
 

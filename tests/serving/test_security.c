@@ -920,6 +920,46 @@ static void test_http_ambiguous(void **st)
     assert_int_equal(raw_http(req, &closed, body, sizeof(body)), 200);
 }
 
+/* Finding 7: a client that shuts down its sending side after a
+ * non-streaming request (shutdown(SHUT_WR), `nc -N`) still gets its answer
+ * (a streaming one does not: evhttp ends a started stream on EOF); one
+ * that closes its socket is still noticed (router-int, e2e-faults). */
+static void test_http_half_close(void **st)
+{
+    (void)st;
+    static const char *const bodies[] = {
+        "{\"prompt\":\"hello there\",\"max_tokens\":6,\"temperature\":0}",
+    };
+    for (int k = 0; k < 1; k++) {
+        int fd = http_connect_from("127.0.0.6");
+        assert_true(fd >= 0);
+        char req[512];
+        int n = snprintf(req, sizeof(req),
+                         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         "application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                         strlen(bodies[k]), bodies[k]);
+        assert_int_equal(write(fd, req, (size_t)n), n);
+        shutdown(fd, SHUT_WR);
+        static char b[65536];
+        size_t got = 0;
+        double end = e2e_now() + 20;
+        while (e2e_now() < end && got < sizeof(b) - 1) {
+            struct pollfd p = { .fd = fd, .events = POLLIN };
+            if (poll(&p, 1, 100) <= 0)
+                continue;
+            ssize_t r = read(fd, b + got, sizeof(b) - 1 - got);
+            if (r <= 0)
+                break;
+            got += (size_t)r;
+        }
+        b[got] = '\0';
+        close(fd);
+        if (strstr(b, "HTTP/1.1 200") == NULL ||
+            strstr(b, k == 0 ? "\"finish_reason\"" : "data: [DONE]") == NULL)
+            fail_msg("half-closed client (%s) got: %.400s", k ? "stream" : "json", b);
+    }
+}
+
 static double proc_cpu_s(pid_t pid)
 {
     char p[64], b[1024];
@@ -1022,6 +1062,7 @@ int main(int argc, char **argv)
     } else if (strcmp(group, "http") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_http_conn_caps),
                                         cmocka_unit_test(test_http_ambiguous),
+                                        cmocka_unit_test(test_http_half_close),
                                         cmocka_unit_test(test_http_emfile) };
         rc = cmocka_run_group_tests_name("security-http", t, http_setup, teardown);
     } else if (strcmp(group, "lockout") == 0) {
