@@ -21,6 +21,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/listener.h>
@@ -41,6 +42,11 @@ typedef struct {
     ino_t ino;                             /* of the socket: fd reuse check */
     char peer[INET6_ADDRSTRLEN];           /* client address, no port */
     uint64_t deadline_ns;                  /* request must be in by then; 0 = serving */
+    struct bufferevent *bev;               /* valid only inside conns_input_cb */
+    rtr_conns_t *cs;
+    bool in_hdr;                           /* scanning a request head */
+    bool prev_cr;
+    uint32_t line_len;
 } conn_slot_t;
 
 struct rtr_conns {
@@ -176,6 +182,61 @@ static conn_slot_t *conns_find_fd(rtr_conns_t *cs, evutil_socket_t fd)
     return NULL;
 }
 
+/* Bytes arrived on a connection (evbuffer callback of its input, run
+ * before evhttp parses them): a request head must use CRLF line ends. A
+ * bare LF (which libevent would accept, and a proxy in front might not) gets
+ * a 400 and the connection closed; nothing of it reaches evhttp. */
+static void conns_input_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+    conn_slot_t *s = arg;
+    if (info->n_added == 0 || !s->used || !s->in_hdr)
+        return;
+    size_t len = evbuffer_get_length(buf);
+    if (info->n_added > len)
+        return;
+    struct evbuffer_ptr pos;
+    if (evbuffer_ptr_set(buf, &pos, len - info->n_added, EVBUFFER_PTR_SET) != 0)
+        return;
+    struct evbuffer_iovec v[16];
+    int n = evbuffer_peek(buf, (ev_ssize_t)info->n_added, &pos, v, 16);
+    bool bad = false;
+    for (int i = 0; i < n && i < 16 && s->in_hdr && !bad; i++) {
+        const unsigned char *p = v[i].iov_base;
+        for (size_t k = 0; k < v[i].iov_len && s->in_hdr; k++) {
+            if (p[k] == '\n') {
+                if (!s->prev_cr) {
+                    bad = true;
+                    break;
+                }
+                if (s->line_len == 0)
+                    s->in_hdr = false; /* the empty line: the body follows */
+                s->line_len = 0;
+            } else if (p[k] != '\r') {
+                s->line_len++;
+            }
+            s->prev_cr = p[k] == '\r';
+        }
+    }
+    if (!bad)
+        return;
+    s->in_hdr = false;
+    rtr_conns_t *cs = s->cs;
+    cs->c.bare_lf++;
+    if (cs->o.stats)
+        pd_stats_inc(cs->o.stats, RTR_ST_requests_rejected);
+    static const char body[] =
+        "{\"error\":{\"message\":\"HTTP request head with a bare LF line end (CRLF required)\","
+        "\"type\":\"invalid_request_error\",\"param\":null,\"code\":\"ambiguous_request\"}}";
+    char msg[512];
+    int m = snprintf(msg, sizeof(msg),
+                     "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", sizeof(body) - 1, body);
+    if (s->bev != NULL && evbuffer_get_length(bufferevent_get_output(s->bev)) == 0)
+        (void)send(s->fd, msg, (size_t)m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    evbuffer_drain(buf, len); /* evhttp never sees it */
+    shutdown(s->fd, SHUT_RDWR);
+}
+
 static void conns_classify_one(rtr_conns_t *cs, struct bufferevent *bev)
 {
     bufferevent_data_cb rcb = NULL;
@@ -198,6 +259,12 @@ static void conns_classify_one(rtr_conns_t *cs, struct bufferevent *bev)
     s->used = true;
     s->fd = fd;
     s->ino = sb.st_ino;
+    s->cs = cs;
+    s->bev = bev;
+    s->in_hdr = true;
+    s->prev_cr = false;
+    s->line_len = 0;
+    evbuffer_add_cb(bufferevent_get_input(bev), conns_input_cb, s);
     s->deadline_ns = pd_now_ns() + cs->o.read_timeout_ns;
     conns_peer(fd, s->peer, sizeof(s->peer));
     cs->live++;
@@ -370,8 +437,13 @@ void rtr_conns_request_in(rtr_conns_t *cs, evutil_socket_t fd)
     if (cs->n_pending > 0)
         conns_classify_cb(-1, 0, cs); /* in case the deferred step has not run */
     conn_slot_t *s = conns_find_fd(cs, fd);
-    if (s != NULL)
+    if (s != NULL) {
         s->deadline_ns = 0;
+        /* the next request on this connection starts with a head again */
+        s->in_hdr = true;
+        s->prev_cr = false;
+        s->line_len = 0;
+    }
 }
 
 void rtr_conns_response_done(rtr_conns_t *cs, evutil_socket_t fd)

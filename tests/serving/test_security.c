@@ -884,6 +884,9 @@ static void test_http_ambiguous(void **st)
         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         "Transfer-Encoding: gzip, chunked\r\n\r\n1e\r\n"
         "{\"prompt\":\"hi\",\"max_tokens\":1}\r\n0\r\n\r\n",
+        /* bare LF line ends, all or one */
+        "GET /health HTTP/1.1\nHost: x\n\n",
+        "GET /health HTTP/1.1\r\nHost: x\nX-A: b\r\n\r\n",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         bool closed;
