@@ -227,6 +227,37 @@ static int name_match(const char *name, char **words, int n_words)
     return matched;
 }
 
+/* Length of the usage part of a help text ("name <a> [b]" before " - "). */
+static size_t admin_usage_len(const pd_admin_cmd_t *cmd)
+{
+    const char *h = cmd->help ? cmd->help : cmd->name;
+    const char *dash = strstr(h, " - ");
+    return dash ? (size_t)(dash - h) : strlen(h);
+}
+
+/* Most arguments the usage names (each word after the command name, an
+ * optional one in [] too); -1 = unlimited ("..."). */
+static int admin_max_args(const pd_admin_cmd_t *cmd)
+{
+    const char *h = cmd->help ? cmd->help : cmd->name;
+    size_t len = admin_usage_len(cmd);
+    int words = 0, name_words = 1;
+    for (const char *p = cmd->name; *p; p++)
+        name_words += *p == ' ';
+    bool in_word = false;
+    for (size_t i = 0; i < len; i++) {
+        if (h[i] == ' ') {
+            in_word = false;
+        } else if (!in_word) {
+            in_word = true;
+            words++;
+        }
+    }
+    if (memmem(h, len, "...", 3) != NULL)
+        return -1;
+    return words > name_words ? words - name_words : 0;
+}
+
 static void dispatch(admin_client_t *c, const char *line, size_t len)
 {
     pd_admin_t *admin = c->admin;
@@ -276,6 +307,17 @@ static void dispatch(admin_client_t *c, const char *line, size_t len)
                  best->name, pd_admin_level_name(best->level),
                  pd_admin_level_name(c->level));
         client_send_error(c, PD_ERR_PERMISSION, msg);
+        return;
+    }
+
+    /* the help text is the usage: "name <a> [b] - ...": more words than it
+     * names are refused ("drain now please" must not drain) */
+    int max_args = admin_max_args(best);
+    if (max_args >= 0 && n_words - best_words > max_args) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "too many arguments for \"%s\" (usage: %.*s)", best->name,
+                 (int)admin_usage_len(best), best->help);
+        client_send_error(c, PD_ERR_BAD_INPUT, msg);
         return;
     }
 

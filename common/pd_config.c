@@ -15,6 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
 
 /* ---- value parsers ---------------------------------------------------- */
 
@@ -452,13 +455,37 @@ static int ini_cb(void *user, const char *section, const char *name,
     return 1;
 }
 
+#define PD_CONFIG_FILE_MAX (1 << 20)
+
 static pd_status_t load_file(const pd_cfg_schema_t *schema, void *target,
                              const char *path, pd_cfg_result_t *res)
 {
     ini_ctx_t ctx = { .schema = schema, .target = target, .path = path,
                       .status = PD_OK };
     const char *prog = schema->prog ? schema->prog : "pdserve";
-    int line = ini_parse(path, ini_cb, &ctx);
+    /* a regular file of bounded size: --config=/dev/urandom or a FIFO
+     * must not hang or eat memory */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY); /* FIFOs: no wait */
+    FILE *fp = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (fp == NULL) {
+        if (fd >= 0)
+            close(fd);
+        snprintf(res->message, sizeof(res->message), "%s: --config: cannot open \"%s\"",
+                 prog, path);
+        return PD_ERR_IO;
+    }
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode) ||
+        sb.st_size > PD_CONFIG_FILE_MAX) {
+        bool reg = S_ISREG(sb.st_mode);
+        fclose(fp);
+        snprintf(res->message, sizeof(res->message),
+                 "%s: --config: \"%s\" is %s", prog, path,
+                 reg ? "larger than 1 MiB" : "not a regular file");
+        return PD_ERR_BAD_INPUT;
+    }
+    int line = ini_parse_file(fp, ini_cb, &ctx);
+    fclose(fp);
     if (line < 0) {
         snprintf(res->message, sizeof(res->message), "%s: --config: cannot %s \"%s\"",
                  prog, line == -1 ? "open" : "read", path);
@@ -490,6 +517,8 @@ char *pd_config_help(const pd_cfg_schema_t *schema)
               env_prefix(schema));
     pd_sbuf_printf(&sb, "  %-34s %s\n", "-h, --help", "show this help and exit");
     pd_sbuf_printf(&sb, "  %-34s %s\n", "--version", "print the version and exit");
+    pd_sbuf_printf(&sb, "  %-34s %s\n", "--check-config",
+                   "check every key and value given, print \"configuration ok\" and exit");
     env_name(schema, "config", envv, sizeof(envv));
     pd_sbuf_printf(&sb, "  %-34s INI config file (env %s)\n", "--config FILE", envv);
     for (const pd_cfg_field_t *f = schema->fields; f->name != NULL; f++) {
@@ -550,6 +579,7 @@ pd_status_t pd_config_load(const pd_cfg_schema_t *schema, void *target,
 
     memset(res, 0, sizeof(*res));
     res->exit_code = PD_CONFIG_RUN;
+    bool check_only = false;
 
     /* Pass 1: --help, --version, --config. --help wins over everything. */
     for (int i = 1; i < argc; i++) {
@@ -578,6 +608,8 @@ pd_status_t pd_config_load(const pd_cfg_schema_t *schema, void *target,
             res->exit_code = PD_CONFIG_EXIT_OK;
             return PD_OK;
         }
+        if (strcmp(a, "--check-config") == 0)
+            check_only = true;
         if (strcmp(a, "--config") == 0) {
             if (i + 1 >= argc) {
                 set_usage(res, schema, "--config: missing value");
@@ -664,7 +696,7 @@ pd_status_t pd_config_load(const pd_cfg_schema_t *schema, void *target,
             i++;
             continue;
         }
-        if (strncmp(a, "--config=", 9) == 0)
+        if (strncmp(a, "--config=", 9) == 0 || strcmp(a, "--check-config") == 0)
             continue;
 
         char key[256];
@@ -710,6 +742,22 @@ pd_status_t pd_config_load(const pd_cfg_schema_t *schema, void *target,
             res->exit_code = PD_CONFIG_EXIT_USAGE;
             return status;
         }
+    }
+    if (res->n_args == 0) {
+        /* nothing to hand over: do not make every early exit of a daemon
+         * (which never calls pd_config_result_free) leak it */
+        free(res->args);
+        res->args = NULL;
+    }
+    if (check_only) {
+        /* --check-config: every key and value passed its checks (pdctl
+         * check runs this with a deployment file's values) */
+        if (asprintf(&res->text, "%s: configuration ok\n",
+                     schema->prog ? schema->prog : "pdserve") < 0) {
+            res->text = NULL;
+            return PD_ERR_NO_MEMORY;
+        }
+        res->exit_code = PD_CONFIG_EXIT_OK;
     }
     return PD_OK;
 

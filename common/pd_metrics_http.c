@@ -33,6 +33,7 @@ typedef struct mh_client {
 } mh_client_t;
 
 struct pd_metrics_http {
+    struct event *resume;       /* re-enables accept after EMFILE & co */
     pd_loop_t *loop;
     struct evconnlistener *lev;
     pd_metrics_http_opts_t o;   /* listen not kept */
@@ -283,13 +284,28 @@ static void mh_accept_cb(struct evconnlistener *lev, evutil_socket_t fd,
     bufferevent_enable(bev, EV_READ);
 }
 
+/* EMFILE and friends: the connection stays in the backlog and the listen
+ * socket readable, so a still-enabled listener would spin the loop; pause
+ * accepting for 100 ms instead. */
 static void mh_listen_error_cb(struct evconnlistener *lev, void *arg)
 {
-    (void)lev;
-    (void)arg;
-    /* EMFILE and friends: the listener stays enabled; the next accept retries */
-    PD_LOG_DEBUG(MH_COMP, "accept failed: %s",
-                 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+    pd_metrics_http_t *m = arg;
+    int err = EVUTIL_SOCKET_ERROR();
+    PD_LOG_DEBUG(MH_COMP, "accept failed: %s; pausing 100 ms",
+                 evutil_socket_error_to_string(err));
+    if (m->resume != NULL) {
+        struct timeval tv = { 0, 100000 };
+        evconnlistener_disable(lev);
+        evtimer_add(m->resume, &tv);
+    }
+}
+
+static void mh_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    pd_metrics_http_t *m = arg;
+    evconnlistener_enable(m->lev);
 }
 
 pd_status_t pd_metrics_http_create(pd_loop_t *loop, const pd_metrics_http_opts_t *opts,
@@ -321,6 +337,7 @@ pd_status_t pd_metrics_http_create(pd_loop_t *loop, const pd_metrics_http_opts_t
         return PD_ERR_IO;
     }
     evconnlistener_set_error_cb(m->lev, mh_listen_error_cb);
+    m->resume = evtimer_new(pd_loop_base(loop), mh_resume_cb, m);
     struct sockaddr_storage bound;
     socklen_t blen = sizeof(bound);
     if (getsockname(evconnlistener_get_fd(m->lev), (struct sockaddr *)&bound, &blen) == 0)
@@ -336,6 +353,8 @@ void pd_metrics_http_destroy(pd_metrics_http_t *m)
     if (m == NULL)
         return;
     evconnlistener_free(m->lev);
+    if (m->resume != NULL)
+        event_free(m->resume);
     while (m->clients != NULL)
         mh_client_free(m->clients);
     free(m);

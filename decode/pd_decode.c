@@ -800,6 +800,13 @@ static void dec_on_peer_info(proto_conn_t *c, const proto_msg_t *msg, void *arg)
         return;
     }
     pd_status_t st = kvx_peer_add(d->n.kvx, pi->kv_addr.p, pi->kv_addr.len);
+    if (st == PD_ERR_STALE) {
+        /* PEER_DOWN tombstoned this incarnation, and now the router (over
+         * our authenticated session) says it registered again: it was
+         * unreachable for a while, not dead. Use it again. */
+        if (kvx_peer_revive(d->n.kvx, node_id_of(pi->daemon_id), pi->incarnation) == PD_OK)
+            st = kvx_peer_add(d->n.kvx, pi->kv_addr.p, pi->kv_addr.len);
+    }
     if (st == PD_OK || st == PD_ERR_EXISTS) {
         p->incarnation = pi->incarnation;
         p->node_id = node_id_of(pi->daemon_id);

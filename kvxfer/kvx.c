@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 
 #define KVX_COMP              "kvx"
 #define KVX_MAX_REGIONS       4
@@ -900,6 +901,60 @@ static pd_status_t kvx_mem_map(kvx_ctx_h *ctx, void *addr, size_t len,
     return PD_OK;
 }
 
+/* A number from a one-line file (cgroup v2); false if absent or "max". */
+static bool kvx_read_u64_file(const char *path, uint64_t *v_p)
+{
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return false;
+    unsigned long long v;
+    bool ok = fscanf(f, "%llu", &v) == 1;
+    fclose(f);
+    if (ok)
+        *v_p = v;
+    return ok;
+}
+
+uint64_t kvx_mem_available(void)
+{
+    uint64_t avail = UINT64_MAX;
+    FILE *f = fopen("/proc/meminfo", "re");
+    if (f != NULL) {
+        char line[128];
+        unsigned long long kb;
+        while (fgets(line, sizeof(line), f) != NULL)
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                avail = (uint64_t)kb * 1024;
+                break;
+            }
+        fclose(f);
+    }
+    uint64_t max, cur;
+    if (kvx_read_u64_file("/sys/fs/cgroup/memory.max", &max) &&
+        kvx_read_u64_file("/sys/fs/cgroup/memory.current", &cur)) {
+        uint64_t room = max > cur ? max - cur : 0;
+        if (room < avail)
+            avail = room;
+    }
+    return avail;
+}
+
+pd_status_t kvx_arena_check(uint64_t len, char *why, size_t why_len)
+{
+    uint64_t avail = kvx_mem_available();
+    if (avail == UINT64_MAX)
+        return PD_OK; /* nothing to check against */
+    /* leave a tenth for the model, the engine and the rest of the machine */
+    if (len > avail - avail / 10) {
+        snprintf(why, why_len,
+                 "KV arena of %.1f MiB does not fit: %.1f MiB of memory available "
+                 "(MemAvailable / cgroup limit, 90%% usable); lower --kv-blocks",
+                 (double)len / 1048576.0, (double)avail / 1048576.0);
+        return PD_ERR_NO_MEMORY;
+    }
+    return PD_OK;
+}
+
 pd_status_t kvx_region_register(kvx_ctx_h *ctx, uint32_t region_id,
                                 uint64_t block_bytes, uint32_t n_blocks,
                                 uint64_t compat_hash, kvx_alloc_t alloc,
@@ -920,6 +975,26 @@ pd_status_t kvx_region_register(kvx_ctx_h *ctx, uint32_t region_id,
     }
     if (r == NULL)
         return PD_ERR_NO_SPACE;
+    char why[256];
+    if (kvx_arena_check((uint64_t)block_bytes * n_blocks, why, sizeof(why)) != PD_OK) {
+        pd_log(PD_LOG_ERROR, "kvx", NULL, "%s", why);
+        return PD_ERR_NO_MEMORY;
+    }
+    if (alloc == KVX_ALLOC_UCX) {
+        /* UCX may back the arena with a POSIX segment in /dev/shm; one
+         * larger than the tmpfs has room for would SIGBUS on first touch
+         * (and a killed process leaves the file behind): map our own. */
+        struct statvfs sv;
+        if (statvfs("/dev/shm", &sv) == 0 &&
+            (uint64_t)sv.f_bavail * sv.f_frsize < (uint64_t)block_bytes * n_blocks) {
+            pd_log(PD_LOG_WARN, "kvx", NULL,
+                   "KV arena (%.1f MiB) larger than the free space of /dev/shm (%.1f MiB): "
+                   "allocating it with mmap instead of UCX (same-host pulls go slower)",
+                   (double)block_bytes * n_blocks / 1048576.0,
+                   (double)sv.f_bavail * sv.f_frsize / 1048576.0);
+            alloc = KVX_ALLOC_OWN;
+        }
+    }
     memset(r, 0, sizeof(*r));
     r->ctx = ctx;
     r->id = region_id;
@@ -1579,6 +1654,18 @@ pd_status_t kvx_peer_fail(kvx_ctx_h *ctx, uint64_t node_id, pd_status_t why)
         return PD_ERR_NOT_FOUND;
     kvx_peer_fail_now(p, why);
     return PD_OK;
+}
+
+pd_status_t kvx_peer_revive(kvx_ctx_h *ctx, uint64_t node_id, uint64_t incarnation)
+{
+    pd_status_t st = PD_ERR_NOT_FOUND;
+    for (unsigned i = 0; i < KVX_TOMBSTONES; i++)
+        if (ctx->dead[i].node_id == node_id && ctx->dead[i].incarnation == incarnation) {
+            ctx->dead[i].node_id = 0;
+            ctx->dead[i].incarnation = 0;
+            st = PD_OK;
+        }
+    return st;
 }
 
 pd_status_t kvx_peer_remove(kvx_ctx_h *ctx, uint64_t node_id)

@@ -116,6 +116,15 @@ uint64_t kvx_ctx_incarnation(const kvx_ctx_h *ctx);
 
 /* ---- regions ------------------------------------------------------------ */
 
+/* Memory this process can still get: MemAvailable, capped by a cgroup v2
+ * memory.max (UINT64_MAX if neither can be read). */
+uint64_t kvx_mem_available(void);
+/* Would an arena of len bytes fit (at most 90% of kvx_mem_available)?
+ * PD_OK, or PD_ERR_NO_MEMORY with a sentence in why. kvx_region_register
+ * runs it first (and logs why), so a huge --kv-blocks is a clear error at
+ * boot instead of an OOM kill (which would leave a /dev/shm segment). */
+pd_status_t kvx_arena_check(uint64_t len, char *why, size_t why_len);
+
 /* Allocate and register an arena of n_blocks * block_bytes, once, at start:
  * prot LOCAL_READ|LOCAL_WRITE|REMOTE_READ (never REMOTE_WRITE); the rkey is
  * packed here. region_id is the daemon's name for it (unique per ctx);
@@ -156,7 +165,8 @@ pd_status_t kvx_meta_pack(kvx_ctx_h *ctx, void *buf, size_t cap,
  * every rkey once. A known node with the same incarnation: PD_ERR_EXISTS
  * (nothing changes); with a new incarnation the old peer is failed
  * (PD_ERR_PEER_GONE to its pulls) and replaced. A peer that failed can only
- * come back with a new incarnation: PD_ERR_STALE otherwise.
+ * come back with a new incarnation, PD_ERR_STALE otherwise, unless
+ * kvx_peer_revive dropped its tombstone first.
  * Expected: PD_ERR_AUTH, PD_ERR_BAD_INPUT, PD_ERR_TRUNCATED, PD_ERR_STALE,
  * PD_ERR_EXISTS, PD_ERR_NO_SPACE (peer table full), PD_ERR_TRANSPORT. */
 pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len);
@@ -166,6 +176,14 @@ pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len);
  * as their gets are canceled, its endpoint is force-closed, its rkeys
  * released. PD_ERR_NOT_FOUND if unknown. */
 pd_status_t kvx_peer_fail(kvx_ctx_h *ctx, uint64_t node_id, pd_status_t why);
+
+/* The control plane vouches that a failed exporter incarnation is alive
+ * (it registered again, authenticated, with the same incarnation: it was
+ * unreachable, not dead): drop its tombstone so kvx_peer_add accepts its
+ * metadata again. Handles it issued before still fail their lease checks
+ * (the exporter revoked them when it lost the control plane).
+ * PD_OK if a tombstone was dropped, PD_ERR_NOT_FOUND otherwise. */
+pd_status_t kvx_peer_revive(kvx_ctx_h *ctx, uint64_t node_id, uint64_t incarnation);
 
 /* Forget a peer after its pulls ended (same as fail with PD_ERR_SHUTDOWN,
  * but the node may come back with the same incarnation). */

@@ -44,6 +44,9 @@ static pd_status_t node_boot_secret(node_t *n, const char *prog)
             return PD_ERR_BAD_INPUT;
         }
         n->have_secret = true;
+        if (c->secret)
+            fprintf(stderr, "%s: warning: --secret given as text: on a command line it is "
+                    "visible to every local user (ps, /proc); prefer --secret-file\n", prog);
     } else if (!c->insecure_no_auth) {
         fprintf(stderr, "%s: no secret: give --secret-file (or --insecure-no-auth on loopback)\n",
                 prog);

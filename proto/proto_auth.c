@@ -121,22 +121,26 @@ void proto_auth_nonce(uint8_t nonce[PROTO_AUTH_NONCE_LEN])
     randombytes_buf(nonce, PROTO_AUTH_NONCE_LEN);
 }
 
-/* HMAC(secret, a || b) */
-static void mac2(const proto_auth_secret_t *s, const uint8_t *a, size_t alen,
-                 const uint8_t *b, size_t blen, uint8_t out[PROTO_AUTH_MAC_LEN])
+/* HMAC(secret, a || b || c) */
+static void mac3(const proto_auth_secret_t *s, const uint8_t *a, size_t alen,
+                 const uint8_t *b, size_t blen, const uint8_t *c, size_t clen,
+                 uint8_t out[PROTO_AUTH_MAC_LEN])
 {
     crypto_auth_hmacsha256_state st;
     crypto_auth_hmacsha256_init(&st, s->key, s->len);
     crypto_auth_hmacsha256_update(&st, a, alen);
     if (blen > 0)
         crypto_auth_hmacsha256_update(&st, b, blen);
+    if (clen > 0)
+        crypto_auth_hmacsha256_update(&st, c, clen);
     crypto_auth_hmacsha256_final(&st, out);
     sodium_memzero(&st, sizeof(st));
 }
 
-/* Encode msg, MAC its body-without-mac (+ extra), write the mac into out. */
+/* Encode msg, MAC its header + body-without-mac (+ b + c), write the mac
+ * into out. */
 static pd_status_t sign(const proto_auth_secret_t *s, const proto_msg_t *msg,
-                        const uint8_t *extra, size_t extra_len,
+                        const uint8_t *b, size_t blen, const uint8_t *c, size_t clen,
                         uint8_t out[PROTO_AUTH_MAC_LEN])
 {
     size_t need = 0;
@@ -153,7 +157,7 @@ static pd_status_t sign(const proto_auth_secret_t *s, const proto_msg_t *msg,
         size_t in_len;
         st = proto_mac_input(buf, len, &in, &in_len);
         if (st == PD_OK)
-            mac2(s, in, in_len, extra, extra_len, out);
+            mac3(s, in, in_len, b, blen, c, clen, out);
     }
     free(buf);
     return st;
@@ -161,7 +165,7 @@ static pd_status_t sign(const proto_auth_secret_t *s, const proto_msg_t *msg,
 
 static pd_status_t verify(const proto_auth_secret_t *s, uint16_t type,
                           const uint8_t *frame, size_t len,
-                          const uint8_t *extra, size_t extra_len)
+                          const uint8_t *b, size_t blen, const uint8_t *c, size_t clen)
 {
     const uint8_t *in;
     size_t in_len;
@@ -175,38 +179,130 @@ static pd_status_t verify(const proto_auth_secret_t *s, uint16_t type,
     if (hdr.type != type)
         return PD_ERR_BAD_TYPE;
     uint8_t mac[PROTO_AUTH_MAC_LEN];
-    mac2(s, in, in_len, extra, extra_len, mac);
+    mac3(s, in, in_len, b, blen, c, clen, mac);
     /* the received mac is the last field: right after the MAC input */
     int bad = crypto_verify_32(mac, in + in_len);
     sodium_memzero(mac, sizeof(mac));
     return bad ? PD_ERR_AUTH : PD_OK;
 }
 
-pd_status_t proto_auth_hello_sign(const proto_auth_secret_t *s, proto_msg_t *msg)
+pd_status_t proto_auth_hello_sign(const proto_auth_secret_t *s, proto_msg_t *msg,
+                                  const uint8_t challenge[PROTO_AUTH_NONCE_LEN])
 {
     if (msg->hdr.type != PROTO_MSG_HELLO)
         return PD_ERR_BAD_TYPE;
-    return sign(s, msg, NULL, 0, msg->u.hello.mac);
+    return sign(s, msg, challenge, PROTO_AUTH_NONCE_LEN, NULL, 0, msg->u.hello.mac);
 }
 
 pd_status_t proto_auth_hello_verify(const proto_auth_secret_t *s,
-                                    const uint8_t *frame, size_t len)
+                                    const uint8_t *frame, size_t len,
+                                    const uint8_t challenge[PROTO_AUTH_NONCE_LEN])
 {
-    return verify(s, PROTO_MSG_HELLO, frame, len, NULL, 0);
+    return verify(s, PROTO_MSG_HELLO, frame, len, challenge, PROTO_AUTH_NONCE_LEN,
+                  NULL, 0);
 }
 
 pd_status_t proto_auth_ack_sign(const proto_auth_secret_t *s, proto_msg_t *msg,
-                                const uint8_t hello_nonce[PROTO_AUTH_NONCE_LEN])
+                                const uint8_t hello_nonce[PROTO_AUTH_NONCE_LEN],
+                                const uint8_t challenge[PROTO_AUTH_NONCE_LEN])
 {
     if (msg->hdr.type != PROTO_MSG_REGISTER_ACK)
         return PD_ERR_BAD_TYPE;
-    return sign(s, msg, hello_nonce, PROTO_AUTH_NONCE_LEN, msg->u.register_ack.mac);
+    return sign(s, msg, hello_nonce, PROTO_AUTH_NONCE_LEN, challenge,
+                PROTO_AUTH_NONCE_LEN, msg->u.register_ack.mac);
 }
 
 pd_status_t proto_auth_ack_verify(const proto_auth_secret_t *s,
                                   const uint8_t *frame, size_t len,
-                                  const uint8_t hello_nonce[PROTO_AUTH_NONCE_LEN])
+                                  const uint8_t hello_nonce[PROTO_AUTH_NONCE_LEN],
+                                  const uint8_t challenge[PROTO_AUTH_NONCE_LEN])
 {
     return verify(s, PROTO_MSG_REGISTER_ACK, frame, len, hello_nonce,
-                  PROTO_AUTH_NONCE_LEN);
+                  PROTO_AUTH_NONCE_LEN, challenge, PROTO_AUTH_NONCE_LEN);
+}
+
+void proto_auth_session_keys(const proto_auth_secret_t *s,
+                             const uint8_t challenge[PROTO_AUTH_NONCE_LEN],
+                             const uint8_t hello_nonce[PROTO_AUTH_NONCE_LEN],
+                             bool acceptor, proto_auth_keys_t *k)
+{
+    uint8_t ctl[32], master[crypto_kdf_KEYBYTES];
+    uint8_t c2a[PROTO_AUTH_TAG_LEN], a2c[PROTO_AUTH_TAG_LEN];
+    crypto_generichash_state st;
+
+    proto_auth_derive(s, "pdserve ctl v2", ctl);
+    crypto_generichash_init(&st, ctl, sizeof(ctl), sizeof(master));
+    crypto_generichash_update(&st, challenge, PROTO_AUTH_NONCE_LEN);
+    crypto_generichash_update(&st, hello_nonce, PROTO_AUTH_NONCE_LEN);
+    crypto_generichash_final(&st, master, sizeof(master));
+    crypto_kdf_derive_from_key(c2a, sizeof(c2a), 1, "pdsvctl2", master);
+    crypto_kdf_derive_from_key(a2c, sizeof(a2c), 2, "pdsvctl2", master);
+    memcpy(k->send, acceptor ? a2c : c2a, PROTO_AUTH_TAG_LEN);
+    memcpy(k->recv, acceptor ? c2a : a2c, PROTO_AUTH_TAG_LEN);
+    sodium_memzero(ctl, sizeof(ctl));
+    sodium_memzero(master, sizeof(master));
+    sodium_memzero(c2a, sizeof(c2a));
+    sodium_memzero(a2c, sizeof(a2c));
+    sodium_memzero(&st, sizeof(st));
+}
+
+void proto_auth_frame_tag(const uint8_t key[PROTO_AUTH_TAG_LEN], uint64_t seq,
+                          const uint8_t *frame, size_t len,
+                          uint8_t tag[PROTO_AUTH_TAG_LEN])
+{
+    crypto_generichash_state st;
+    uint8_t s8[8];
+    for (int i = 0; i < 8; i++)
+        s8[i] = (uint8_t)(seq >> (8 * i));
+    crypto_generichash_init(&st, key, PROTO_AUTH_TAG_LEN, PROTO_AUTH_TAG_LEN);
+    crypto_generichash_update(&st, s8, sizeof(s8));
+    crypto_generichash_update(&st, frame, len);
+    crypto_generichash_final(&st, tag, PROTO_AUTH_TAG_LEN);
+}
+
+pd_status_t proto_auth_frame_check(const uint8_t key[PROTO_AUTH_TAG_LEN], uint64_t seq,
+                                   const uint8_t *frame, size_t len,
+                                   const uint8_t tag[PROTO_AUTH_TAG_LEN])
+{
+    uint8_t want[PROTO_AUTH_TAG_LEN];
+    proto_auth_frame_tag(key, seq, frame, len, want);
+    int bad = crypto_verify_32(want, tag);
+    sodium_memzero(want, sizeof(want));
+    return bad ? PD_ERR_AUTH : PD_OK;
+}
+
+pd_status_t proto_auth_frame_next(const uint8_t *key, uint64_t *seq, uint32_t body_max,
+                                  const uint8_t *buf, size_t len, proto_msg_t *msg,
+                                  size_t *frame_len_p, size_t *mac_len_p)
+{
+    proto_hdr_t hdr;
+    size_t need = PROTO_HDR_LEN;
+    pd_status_t st = proto_frame_check(buf, len < PROTO_HDR_LEN ? len : PROTO_HDR_LEN,
+                                       &hdr, &need);
+    if (PD_IS_ERR(st))
+        return st;
+    if (len < PROTO_HDR_LEN) {
+        *frame_len_p = PROTO_HDR_LEN;
+        return PD_INPROGRESS;
+    }
+    if (body_max != 0 && hdr.body_len > body_max)
+        return PD_ERR_TOO_BIG;
+    bool tagged = (hdr.flags & PROTO_FLAG_AUTH) != 0;
+    if (tagged != (key != NULL))
+        return PD_ERR_AUTH;
+    size_t total = need + (tagged ? PROTO_AUTH_TAG_LEN : 0);
+    *frame_len_p = total;
+    if (len < total)
+        return PD_INPROGRESS;
+    if (tagged) {
+        if (proto_auth_frame_check(key, *seq, buf, need, buf + need) != PD_OK)
+            return PD_ERR_AUTH;
+        (*seq)++;
+    }
+    size_t flen = 0;
+    st = proto_frame_next(buf, need, msg, &flen);
+    if (st != PD_OK)
+        return st == PD_INPROGRESS ? PD_ERR_INTERNAL : st;
+    *mac_len_p = need;
+    return PD_OK;
 }

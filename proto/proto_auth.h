@@ -1,10 +1,7 @@
-/* proto_auth.h - deployment secret and the HELLO / REGISTER_ACK MACs.
- *
- * Mutual authentication of the control plane (see proto/PROTOCOL.md "Flows"):
- *   HELLO.mac        = HMAC-SHA256(secret, HELLO body without its mac)
- *   REGISTER_ACK.mac = HMAC-SHA256(secret, ACK body without its mac
- *                                          || the HELLO's nonce)
- * The key is the whole secret (libsodium crypto_auth_hmacsha256_init takes
+/* proto_auth.h - deployment secret, the challenge-response handshake MACs
+ * and the per-frame session tags of the control plane (proto/PROTOCOL.md
+ * "Registration and session authentication").
+ * The HMAC key is the whole secret (libsodium crypto_auth_hmacsha256_init takes
  * any key length). Comparisons are constant time (crypto_verify_32).
  *
  * Pure except proto_auth_secret_load (reads one file at boot) and
@@ -12,6 +9,7 @@
 #ifndef PROTO_AUTH_H
 #define PROTO_AUTH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "pd_status.h"
@@ -47,26 +45,85 @@ void proto_auth_secret_wipe(proto_auth_secret_t *s);
 /* Fill a fresh random nonce (randombytes_buf). */
 void proto_auth_nonce(uint8_t nonce[PROTO_AUTH_NONCE_LEN]);
 
-/* Compute msg->u.hello.mac in place (msg->hdr.type must be HELLO). The mac
- * field's old content is irrelevant. Errors: the encode statuses of
- * proto_msg_encode for an invalid struct (bugs), PD_ERR_NO_MEMORY. */
-pd_status_t proto_auth_hello_sign(const proto_auth_secret_t *s, proto_msg_t *msg);
+/* The handshake (PROTOCOL.md "Registration and session authentication"):
+ *   acceptor  -> CHALLENGE{nonce_r}          fresh per connection
+ *   connector -> HELLO{..., nonce_d, mac}    mac = HMAC-SHA256(secret,
+ *                    HELLO header || body without mac || nonce_r)
+ *   acceptor  -> REGISTER_ACK{..., nonce = nonce_r, mac}
+ *                    mac = HMAC-SHA256(secret, ACK header || body without
+ *                    mac || nonce_d || nonce_r)
+ * then both sides derive the session keys (proto_auth_session_keys) and
+ * every later frame carries a tag (proto_auth_frame_tag) over its header
+ * and body and an implicit per-direction sequence number. */
+
+/* Compute msg->u.hello.mac in place (msg->hdr.type must be HELLO), bound to
+ * the acceptor's CHALLENGE nonce. The mac field's old content is
+ * irrelevant. Errors: the encode statuses of proto_msg_encode for an
+ * invalid struct (bugs), PD_ERR_NO_MEMORY. */
+pd_status_t proto_auth_hello_sign(const proto_auth_secret_t *s, proto_msg_t *msg,
+                                  const uint8_t challenge[PROTO_AUTH_NONCE_LEN]);
 
 /* Verify the mac of a received HELLO frame (header + body, as given by
- * proto_conn_frame). PD_OK or PD_ERR_AUTH; PD_ERR_BAD_TYPE /
- * PD_ERR_TRUNCATED for frames that are not a whole HELLO. */
+ * proto_conn_frame) against the CHALLENGE we sent on this connection.
+ * PD_OK or PD_ERR_AUTH; PD_ERR_BAD_TYPE / PD_ERR_TRUNCATED for frames that
+ * are not a whole HELLO. */
 pd_status_t proto_auth_hello_verify(const proto_auth_secret_t *s,
-                                    const uint8_t *frame, size_t len);
+                                    const uint8_t *frame, size_t len,
+                                    const uint8_t challenge[PROTO_AUTH_NONCE_LEN]);
 
 /* Compute msg->u.register_ack.mac in place, bound to the HELLO nonce the
- * ACK answers. Errors as proto_auth_hello_sign. */
+ * ACK answers and to our challenge. Errors as proto_auth_hello_sign. */
 pd_status_t proto_auth_ack_sign(const proto_auth_secret_t *s, proto_msg_t *msg,
-                                const uint8_t hello_nonce[PROTO_AUTH_NONCE_LEN]);
+                                const uint8_t hello_nonce[PROTO_AUTH_NONCE_LEN],
+                                const uint8_t challenge[PROTO_AUTH_NONCE_LEN]);
 
 /* Verify a received REGISTER_ACK frame against the nonce of the HELLO we
- * sent. PD_OK or PD_ERR_AUTH; PD_ERR_BAD_TYPE / PD_ERR_TRUNCATED. */
+ * sent and the challenge we answered. PD_OK or PD_ERR_AUTH;
+ * PD_ERR_BAD_TYPE / PD_ERR_TRUNCATED. */
 pd_status_t proto_auth_ack_verify(const proto_auth_secret_t *s,
                                   const uint8_t *frame, size_t len,
-                                  const uint8_t hello_nonce[PROTO_AUTH_NONCE_LEN]);
+                                  const uint8_t hello_nonce[PROTO_AUTH_NONCE_LEN],
+                                  const uint8_t challenge[PROTO_AUTH_NONCE_LEN]);
+
+/* Per-session, per-direction frame keys. */
+typedef struct {
+    uint8_t send[PROTO_AUTH_TAG_LEN];
+    uint8_t recv[PROTO_AUTH_TAG_LEN];
+} proto_auth_keys_t;
+
+/* Session keys after a verified handshake:
+ *   master = BLAKE2b-256(key = proto_auth_derive(secret, "pdserve ctl v2"),
+ *                        nonce_r || nonce_d)
+ *   connector->acceptor key = crypto_kdf_derive_from_key(id 1, "pdsvctl2", master)
+ *   acceptor->connector key = crypto_kdf_derive_from_key(id 2, "pdsvctl2", master)
+ * acceptor picks which one is k->send. */
+void proto_auth_session_keys(const proto_auth_secret_t *s,
+                             const uint8_t challenge[PROTO_AUTH_NONCE_LEN],
+                             const uint8_t hello_nonce[PROTO_AUTH_NONCE_LEN],
+                             bool acceptor, proto_auth_keys_t *k);
+
+/* Tag of one session frame: keyed BLAKE2b-256(key, seq as u64 LE ||
+ * header || body). frame/len = header + body (no tag). */
+void proto_auth_frame_tag(const uint8_t key[PROTO_AUTH_TAG_LEN], uint64_t seq,
+                          const uint8_t *frame, size_t len,
+                          uint8_t tag[PROTO_AUTH_TAG_LEN]);
+/* Constant-time check of a received tag. PD_OK or PD_ERR_AUTH. */
+pd_status_t proto_auth_frame_check(const uint8_t key[PROTO_AUTH_TAG_LEN], uint64_t seq,
+                                   const uint8_t *frame, size_t len,
+                                   const uint8_t tag[PROTO_AUTH_TAG_LEN]);
+/* The receive step of a control connection (proto_conn runs it on its
+ * input buffer; pure, so the fuzz target runs exactly the same code):
+ * proto_frame_next plus the session rules, checked in this order once the
+ * header is in: body_len <= body_max (0 = the type caps only) else
+ * PD_ERR_TOO_BIG; PROTO_FLAG_AUTH set iff key != NULL else PD_ERR_AUTH;
+ * with a key, the tag over header + body with *seq is checked (PD_ERR_AUTH)
+ * BEFORE the body is decoded, and *seq is incremented.
+ *   PD_OK          *msg decoded; consume *frame_len_p bytes (tag included);
+ *                  *mac_len_p = header + body bytes (what the tag covers)
+ *   PD_INPROGRESS  wait until *frame_len_p bytes are available
+ *   PD_ERR_*       drop the stream. */
+pd_status_t proto_auth_frame_next(const uint8_t *key, uint64_t *seq, uint32_t body_max,
+                                  const uint8_t *buf, size_t len, proto_msg_t *msg,
+                                  size_t *frame_len_p, size_t *mac_len_p);
 
 #endif

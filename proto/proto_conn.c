@@ -19,8 +19,13 @@
 #include <event2/listener.h>
 #include <event2/util.h>
 
+#include <sodium.h>
+
 #include "pd_log.h"
 #include "pd_time.h"
+#include "proto_auth.h"
+
+_Static_assert(PROTO_AUTH_TAG_LEN == 32, "crypto_verify_32 compares the tags");
 
 #define PROTO_PEER_LEN 64
 #define PROTO_FLUSH_TIMEOUT_NS (5 * PD_NS_PER_S)
@@ -40,6 +45,10 @@ struct proto_conn {
     const uint8_t *cur_frame;  /* (cur_frame_len) while dispatching */
     size_t cur_frame_len;
     size_t want;               /* current read low-watermark */
+    uint32_t body_max;         /* extra cap on received bodies; 0 = type caps */
+    bool auth;                 /* session keys set: every frame is tagged */
+    proto_auth_keys_t keys;
+    uint64_t seq_out, seq_in;  /* implicit per-direction frame counters */
     bool connecting;
     bool slow;
     bool closing;              /* close scheduled, no more I/O */
@@ -130,6 +139,7 @@ static void conn_free(proto_conn_t *c)
     if (c->reap_ev)
         event_free(c->reap_ev);
     free(c->msg);
+    sodium_memzero(&c->keys, sizeof(c->keys));
     free(c);
 }
 
@@ -170,7 +180,9 @@ static proto_msg_cb_t conn_callback(const proto_conn_t *c, uint16_t type)
 /* Parse and dispatch every complete frame in the input buffer. The header
  * is looked at first (32 bytes), so a bad or oversized header is refused
  * before any body is buffered; the read low-watermark is then set to the
- * whole frame, so the callback is not re-run for every partial read. */
+ * whole frame (+ its tag on an authenticated connection), so the callback
+ * is not re-run for every partial read. A tagged frame is verified before
+ * its body is decoded. */
 static void conn_read_cb(struct bufferevent *bev, void *ctx)
 {
     proto_conn_t *c = ctx;
@@ -179,28 +191,32 @@ static void conn_read_cb(struct bufferevent *bev, void *ctx)
     while (!c->closing && !c->flushing) {
         size_t avail = evbuffer_get_length(in);
         size_t look = avail < PROTO_HDR_LEN ? avail : PROTO_HDR_LEN;
-        size_t need = PROTO_HDR_LEN;
+        size_t total = PROTO_HDR_LEN, need = 0;
         const uint8_t *p = look ? evbuffer_pullup(in, (ev_ssize_t)look) : NULL;
+        const uint8_t *key = c->auth ? c->keys.recv : NULL;
 
-        pd_status_t st = proto_frame_next(p, look, c->msg, &need);
-        if (st == PD_INPROGRESS && avail >= need) {
-            p = evbuffer_pullup(in, (ev_ssize_t)need);
+        /* header first: refuse a bad or oversized one before buffering */
+        pd_status_t st = proto_auth_frame_next(key, &c->seq_in, c->body_max, p, look,
+                                               c->msg, &total, &need);
+        if (st == PD_INPROGRESS && avail >= total) {
+            p = evbuffer_pullup(in, (ev_ssize_t)total);
             if (p == NULL) {
                 conn_schedule_reap(c, PD_ERR_NO_MEMORY);
                 return;
             }
-            st = proto_frame_next(p, need, c->msg, &need);
+            st = proto_auth_frame_next(key, &c->seq_in, c->body_max, p, total, c->msg,
+                                       &total, &need);
         }
         if (PD_IS_ERR(st)) {
             conn_protocol_error(c, st);
             return;
         }
         if (st == PD_INPROGRESS) {
-            conn_set_want(c, need);
+            conn_set_want(c, total);
             return;
         }
         STAT_ADD(c, frames_in, 1);
-        STAT_ADD(c, bytes_in, need);
+        STAT_ADD(c, bytes_in, total);
 
         proto_msg_cb_t cb = conn_callback(c, c->msg->hdr.type);
         if (cb) {
@@ -212,7 +228,7 @@ static void conn_read_cb(struct bufferevent *bev, void *ctx)
         } else {
             STAT_ADD(c, unhandled, 1);
         }
-        evbuffer_drain(in, need);
+        evbuffer_drain(in, total);
     }
 }
 
@@ -311,6 +327,7 @@ static pd_status_t conn_new(struct event_base *base, evutil_socket_t fd,
     c->flush_timeout_ns = opts && opts->flush_timeout_ns ? opts->flush_timeout_ns
                                                          : PROTO_FLUSH_TIMEOUT_NS;
     c->want = PROTO_HDR_LEN;
+    c->body_max = opts ? opts->body_max : 0;
     bufferevent_setwatermark(c->bev, EV_READ, PROTO_HDR_LEN, 0);
     bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
     bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
@@ -453,8 +470,9 @@ pd_status_t proto_conn_send(proto_conn_t *conn, const proto_msg_t *msg)
     pd_status_t st = proto_msg_encode(msg, NULL, 0, &need);
     if (st != PD_ERR_NO_SPACE)
         return st;
-    if (evbuffer_reserve_space(out, (ev_ssize_t)need, &vec, 1) != 1 ||
-        vec.iov_len < need)
+    size_t tag = conn->auth ? PROTO_AUTH_TAG_LEN : 0;
+    if (evbuffer_reserve_space(out, (ev_ssize_t)(need + tag), &vec, 1) != 1 ||
+        vec.iov_len < need + tag)
         return PD_ERR_NO_MEMORY;
     st = proto_msg_encode(msg, vec.iov_base, need, &len);
     if (st != PD_OK) {
@@ -462,12 +480,42 @@ pd_status_t proto_conn_send(proto_conn_t *conn, const proto_msg_t *msg)
         evbuffer_commit_space(out, &vec, 1);
         return st;
     }
+    /* PROTO_FLAG_AUTH (LE u16 flags at offset 8) is ours to set: exactly
+     * on an authenticated connection; the tag covers the header */
+    uint8_t *f = vec.iov_base;
+    uint16_t flags = (uint16_t)(f[8] | f[9] << 8);
+    flags = conn->auth ? (uint16_t)(flags | PROTO_FLAG_AUTH)
+                       : (uint16_t)(flags & ~PROTO_FLAG_AUTH);
+    f[8] = (uint8_t)flags;
+    f[9] = (uint8_t)(flags >> 8);
+    if (conn->auth) {
+        proto_auth_frame_tag(conn->keys.send, conn->seq_out++, f, len, f + len);
+        len += tag;
+    }
     vec.iov_len = len;
     if (evbuffer_commit_space(out, &vec, 1) != 0)
         return PD_ERR_NO_MEMORY;
     STAT_ADD(conn, frames_out, 1);
     STAT_ADD(conn, bytes_out, len);
     return PD_OK;
+}
+
+void proto_conn_set_keys(proto_conn_t *conn, const proto_auth_keys_t *keys)
+{
+    conn->keys = *keys;
+    conn->auth = true;
+    conn->seq_out = 0;
+    conn->seq_in = 0;
+}
+
+bool proto_conn_is_authenticated(const proto_conn_t *conn)
+{
+    return conn->auth;
+}
+
+void proto_conn_set_body_max(proto_conn_t *conn, uint32_t body_max)
+{
+    conn->body_max = body_max;
 }
 
 void proto_conn_set_arg(proto_conn_t *conn, void *arg)

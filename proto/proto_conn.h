@@ -15,6 +15,10 @@
  * sends an invalid header, an over-cap body or an undecodable body is
  * disconnected: on_close(why = the decode status) and stats.proto_errors.
  *
+ * Authenticated connections (proto_conn_set_keys): each frame is followed
+ * by a 32-byte tag over its header and body and a per-direction sequence
+ * number; the tag is checked before the body is decoded.
+ *
  * Sending: proto_conn_send() encodes straight into the output evbuffer.
  * If more than opts.out_cap bytes are already queued the send is refused
  * with PD_ERR_BUSY (expected back-pressure: the connection is "slow";
@@ -28,6 +32,7 @@
 #include <sys/socket.h>
 #include <event2/event.h>
 #include "pd_status.h"
+#include "proto_auth.h"
 #include "proto_msg.h"
 
 typedef struct proto_conn proto_conn_t;
@@ -94,6 +99,10 @@ typedef struct {
     uint64_t idle_timeout_ns;    /* no bytes received for this long -> close; 0 = off */
     uint64_t connect_timeout_ns; /* 0 = off */
     uint64_t flush_timeout_ns;   /* close_after_flush deadline; 0 = 5 s */
+    uint32_t body_max;           /* received bodies above this -> close with
+                                    PD_ERR_TOO_BIG; 0 = the type caps only.
+                                    Keep it small until the peer is
+                                    authenticated (proto_conn_set_body_max). */
     proto_stats_t *stats;        /* optional shared sink (e.g. per daemon) */
 } proto_conn_opts_t;
 
@@ -128,6 +137,17 @@ void proto_conn_close(proto_conn_t *conn, pd_status_t why);
  * REGISTER_REJECT). If the output does not drain within
  * opts.flush_timeout_ns the close happens anyway with PD_ERR_TIMED_OUT. Idempotent. */
 void proto_conn_close_after_flush(proto_conn_t *conn, pd_status_t why);
+
+/* From now on every frame sent carries PROTO_FLAG_AUTH and a tag
+ * (proto_auth_frame_tag with keys->send and an implicit counter from 0),
+ * and every frame received must too (keys->recv, its own counter): an
+ * untagged, mis-tagged, replayed, reordered or dropped frame closes the
+ * connection with PD_ERR_AUTH. Call it right after the handshake, inside the
+ * callback of its last frame (frames after it in the buffer are checked). */
+void proto_conn_set_keys(proto_conn_t *conn, const proto_auth_keys_t *keys);
+bool proto_conn_is_authenticated(const proto_conn_t *conn);
+/* Change opts.body_max (0 = the type caps only). */
+void proto_conn_set_body_max(proto_conn_t *conn, uint32_t body_max);
 
 void proto_conn_set_arg(proto_conn_t *conn, void *arg);
 void *proto_conn_get_arg(const proto_conn_t *conn);

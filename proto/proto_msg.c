@@ -605,6 +605,23 @@ static void dec_register_ack(rd_t *r, proto_register_ack_t *m)
     r_fixed(r, m->mac, PROTO_AUTH_MAC_LEN);
 }
 
+/* CHALLENGE */
+static pd_status_t check_challenge(const proto_challenge_t *m)
+{
+    (void)m;
+    return PD_OK;
+}
+
+static void enc_challenge(wr_t *w, const proto_challenge_t *m)
+{
+    w_bytes(w, m->nonce, PROTO_AUTH_NONCE_LEN);
+}
+
+static void dec_challenge(rd_t *r, proto_challenge_t *m)
+{
+    r_fixed(r, m->nonce, PROTO_AUTH_NONCE_LEN);
+}
+
 /* REGISTER_REJECT */
 static pd_status_t check_register_reject(const proto_register_reject_t *m)
 {
@@ -1174,7 +1191,7 @@ pd_status_t proto_mac_input(const uint8_t *frame, size_t len,
         return PD_ERR_BAD_TYPE;
     if (len - PROTO_HDR_LEN < hdr.body_len || hdr.body_len < PROTO_AUTH_MAC_LEN)
         return PD_ERR_TRUNCATED;
-    *p_p = frame + PROTO_HDR_LEN;
-    *len_p = hdr.body_len - PROTO_AUTH_MAC_LEN;
+    *p_p = frame;
+    *len_p = PROTO_HDR_LEN + hdr.body_len - PROTO_AUTH_MAC_LEN;
     return PD_OK;
 }

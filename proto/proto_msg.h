@@ -6,9 +6,10 @@
  * Frame = 32-byte header + body (body_len bytes). All integers little-endian.
  *   off size field
  *     0    4 magic      "PDSV" (0x50 0x44 0x53 0x56)
- *     4    2 version    PROTO_VERSION (1)
+ *     4    2 version    PROTO_VERSION (2)
  *     6    2 type       proto_msg_type_t
  *     8    2 flags      PROTO_FLAG_* only; other bits -> PD_ERR_RESERVED
+ *                       (AUTH: a 32-byte tag follows the body)
  *    10    2 reserved0  must be 0
  *    12    4 body_len   <= per-type cap <= PROTO_BODY_MAX
  *    16    8 tag        opaque correlation value chosen by the sender;
@@ -33,13 +34,15 @@
 #include "pd_status.h"
 
 #define PROTO_MAGIC          0x56534450u /* "PDSV" read as LE u32 */
-#define PROTO_VERSION        1u
+#define PROTO_VERSION        2u /* 2: challenge handshake, AUTH frames */
 #define PROTO_HDR_LEN        32u
 #define PROTO_BODY_MAX       (16u << 20) /* absolute cap on any body */
 
 /* Header flags. */
 #define PROTO_FLAG_REPLY     0x0001u /* tag echoes the tag of a request */
-#define PROTO_FLAGS_DEFINED  (PROTO_FLAG_REPLY)
+#define PROTO_FLAG_AUTH      0x0002u /* a PROTO_AUTH_TAG_LEN tag follows the
+                                        body (session frames, proto_conn) */
+#define PROTO_FLAGS_DEFINED  (PROTO_FLAG_REPLY | PROTO_FLAG_AUTH)
 
 /* Hard caps (bytes unless noted). */
 #define PROTO_REQID_MAX        64u   /* X-Request-Id */
@@ -57,6 +60,7 @@
 #define PROTO_KV_ADDR_MAX       8192u      /* opaque transfer address info */
 #define PROTO_AUTH_NONCE_LEN    32u
 #define PROTO_AUTH_MAC_LEN      32u
+#define PROTO_AUTH_TAG_LEN      32u        /* per-frame tag after the body */
 
 /* Per-type worst-case body sizes, derived from the caps above. */
 #define PROTO__STR(max)     (2u + (max))
@@ -71,6 +75,7 @@
         + PROTO__BLOB(PROTO_KV_ADDR_MAX) + PROTO_AUTH_NONCE_LEN + PROTO_AUTH_MAC_LEN)
 #define PROTO_REGISTER_ACK_BODY_MAX (PROTO__STR(PROTO_DAEMON_ID_MAX) + 24u \
         + PROTO_AUTH_NONCE_LEN + PROTO_AUTH_MAC_LEN)
+#define PROTO_CHALLENGE_BODY_MAX PROTO_AUTH_NONCE_LEN
 #define PROTO_REGISTER_REJECT_BODY_MAX (4u + PROTO__STR(PROTO_REASON_MAX))
 #define PROTO_HEARTBEAT_BODY_MAX 48u
 #define PROTO_PREFILL_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) \
@@ -102,6 +107,7 @@
     X(REGISTER_ACK,    register_ack,    2,  PROTO_REGISTER_ACK_BODY_MAX)      \
     X(REGISTER_REJECT, register_reject, 3,  PROTO_REGISTER_REJECT_BODY_MAX)   \
     X(HEARTBEAT,       heartbeat,       4,  PROTO_HEARTBEAT_BODY_MAX)         \
+    X(CHALLENGE,       challenge,       5,  PROTO_CHALLENGE_BODY_MAX)         \
     X(PREFILL_REQ,     prefill_req,     16, PROTO_PREFILL_REQ_BODY_MAX)       \
     X(PREFILL_DONE,    prefill_done,    17, PROTO_PREFILL_DONE_BODY_MAX)      \
     X(DECODE_REQ,      decode_req,      18, PROTO_DECODE_REQ_BODY_MAX)        \
@@ -239,6 +245,13 @@ typedef struct {
     uint8_t mac[PROTO_AUTH_MAC_LEN];        /* last field on the wire */
 } proto_register_ack_t;
 
+/* CHALLENGE: the accepting side's first frame on every connection. The
+ * connecting side's HELLO mac covers this nonce, so a recorded HELLO is
+ * worthless on any other connection. Fixed 32 bytes. */
+typedef struct {
+    uint8_t nonce[PROTO_AUTH_NONCE_LEN];
+} proto_challenge_t;
+
 typedef struct {
     int32_t status;                         /* a negative pd_status_t */
     char reason[PROTO_REASON_MAX + 1];
@@ -375,6 +388,7 @@ typedef struct {
         proto_register_ack_t register_ack;
         proto_register_reject_t register_reject;
         proto_heartbeat_t heartbeat;
+        proto_challenge_t challenge;
         proto_prefill_req_t prefill_req;
         proto_prefill_done_t prefill_done;
         proto_decode_req_t decode_req;
@@ -457,8 +471,8 @@ int32_t proto_tokens_get(const proto_tokens_t *t, uint32_t i);
 void proto_logprobs_get(const proto_logprobs_t *l, uint32_t i, proto_logprob_t *out);
 uint32_t proto_tokens_copy(const proto_tokens_t *t, int32_t *dst, uint32_t cap);
 
-/* MAC input of an encoded HELLO or REGISTER_ACK frame: the body without its
- * trailing mac field. PD_ERR_BAD_TYPE for other types, PD_ERR_TRUNCATED if
+/* MAC input of an encoded HELLO or REGISTER_ACK frame: the header and the
+ * body without its trailing mac field (the mac is right after it). PD_ERR_BAD_TYPE for other types, PD_ERR_TRUNCATED if
  * the frame is shorter than the header says. */
 pd_status_t proto_mac_input(const uint8_t *frame, size_t len,
                             const uint8_t **p_p, size_t *len_p);

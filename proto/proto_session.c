@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sodium.h>
 #include "pd_log.h"
 #include "pd_time.h"
 
@@ -16,6 +17,8 @@ struct proto_session {
     proto_sess_state_t state;
     proto_conn_t *conn;
     uint8_t nonce[PROTO_AUTH_NONCE_LEN]; /* of the HELLO on this connection */
+    uint8_t challenge[PROTO_AUTH_NONCE_LEN]; /* the router's, this connection */
+    bool connected;                      /* TCP up, waiting for CHALLENGE */
     uint64_t hb_ns;                      /* current heartbeat interval */
     uint64_t backoff_ns;                 /* next reconnect delay */
     struct event *hb_ev;                 /* persistent heartbeat timer */
@@ -58,7 +61,7 @@ static void sess_send_hello(proto_session_t *s)
     memcpy(m.u.hello.nonce, s->nonce, PROTO_AUTH_NONCE_LEN);
     pd_status_t st = PD_OK;
     if (s->o.secret != NULL)
-        st = proto_auth_hello_sign(s->o.secret, &m);
+        st = proto_auth_hello_sign(s->o.secret, &m, s->challenge);
     if (st == PD_OK)
         st = proto_conn_send(s->conn, &m);
     if (st != PD_OK) {
@@ -70,6 +73,8 @@ static void sess_send_hello(proto_session_t *s)
     s->state = PROTO_SESS_HELLO_SENT;
 }
 
+/* Connected: wait for the router's CHALLENGE (hb_cb gives up after 3
+ * intervals of silence). */
 static void on_connected(proto_conn_t *c, void *arg)
 {
     (void)c;
@@ -77,6 +82,18 @@ static void on_connected(proto_conn_t *c, void *arg)
     if (s == NULL)
         return;
     s->last_rx_ns = pd_now_ns();
+    s->connected = true;
+}
+
+static void on_challenge(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    proto_session_t *s = arg;
+    if (s == NULL || s->state != PROTO_SESS_CONNECTING || !s->connected) {
+        proto_conn_close(c, PD_ERR_BAD_INPUT); /* one CHALLENGE, first */
+        return;
+    }
+    s->last_rx_ns = pd_now_ns();
+    memcpy(s->challenge, msg->u.challenge.nonce, PROTO_AUTH_NONCE_LEN);
     sess_send_hello(s);
 }
 
@@ -93,7 +110,7 @@ static void on_ack(proto_conn_t *c, const proto_msg_t *msg, void *arg)
         size_t flen;
         pd_status_t st = proto_conn_frame(c, &f, &flen);
         if (st == PD_OK)
-            st = proto_auth_ack_verify(s->o.secret, f, flen, s->nonce);
+            st = proto_auth_ack_verify(s->o.secret, f, flen, s->nonce, s->challenge);
         if (st != PD_OK) {
             s->rejects++;
             snprintf(s->last_error, sizeof(s->last_error),
@@ -105,6 +122,14 @@ static void on_ack(proto_conn_t *c, const proto_msg_t *msg, void *arg)
             return;
         }
     }
+    if (s->o.secret != NULL) {
+        /* every frame from here on is tagged with this session's keys */
+        proto_auth_keys_t k;
+        proto_auth_session_keys(s->o.secret, s->challenge, s->nonce, false, &k);
+        proto_conn_set_keys(c, &k);
+        sodium_memzero(&k, sizeof(k));
+    }
+    proto_conn_set_body_max(c, 0);
     const proto_register_ack_t *ack = &msg->u.register_ack;
     snprintf(s->router_id, sizeof(s->router_id), "%s", ack->daemon_id);
     if (ack->heartbeat_interval_ns >= 1000000ull &&
@@ -210,6 +235,7 @@ static void sess_connect(proto_session_t *s)
     proto_conn_cbs_t cbs;
     memset(&cbs, 0, sizeof(cbs));
     cbs.on_hello = on_hello;
+    cbs.on_challenge = on_challenge;
     cbs.on_register_ack = on_ack;
     cbs.on_register_reject = on_reject;
     cbs.on_heartbeat = on_heartbeat;
@@ -221,7 +247,11 @@ static void sess_connect(proto_session_t *s)
     co.idle_timeout_ns = 0; /* liveness: hb_cb, at 3 intervals of the ACK's period */
     co.connect_timeout_ns = s->o.connect_timeout_ns;
     co.stats = s->o.stats;
+    /* before the ACK only CHALLENGE, REJECT, ACK: never buffer more */
+    co.body_max = PROTO_REGISTER_REJECT_BODY_MAX > PROTO_REGISTER_ACK_BODY_MAX
+                  ? PROTO_REGISTER_REJECT_BODY_MAX : PROTO_REGISTER_ACK_BODY_MAX;
     s->state = PROTO_SESS_CONNECTING;
+    s->connected = false;
     pd_status_t st = proto_conn_connect(s->base, s->addr, &cbs, s, &co, &s->conn);
     if (st != PD_OK) {
         s->conn = NULL;
@@ -246,7 +276,7 @@ static void hb_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     proto_session_t *s = arg;
-    if (s->conn != NULL && s->state != PROTO_SESS_CONNECTING &&
+    if (s->conn != NULL && (s->state != PROTO_SESS_CONNECTING || s->connected) &&
         pd_now_ns() - s->last_rx_ns > 3 * s->hb_ns) {
         proto_conn_close(s->conn, PD_ERR_TIMED_OUT); /* router silent 3 intervals */
         return;

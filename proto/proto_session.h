@@ -1,12 +1,14 @@
 /* proto_session.h - a daemon's control-plane session to the router:
- * connect, HELLO (HMAC-signed), REGISTER_ACK verification (mutual auth,
- * bound to our HELLO nonce), heartbeats both ways, and reconnect with
+ * connect, the router's CHALLENGE, HELLO (HMAC over it), REGISTER_ACK
+ * verification (mutual auth, bound to both nonces), session keys, heartbeats both ways, and reconnect with
  * exponential backoff after any loss or REGISTER_REJECT.
  *
  * Pure control plane: no kvxfer, no engine. One event loop, no threads.
  *
- *   DOWN --connect--> CONNECTING --on_connected/HELLO--> HELLO_SENT
+ *   DOWN --connect--> CONNECTING --CHALLENGE/HELLO--> HELLO_SENT
  *   HELLO_SENT --valid ACK--> UP (on_up)        --reject/bad ACK--> DOWN
+ * With a secret, every frame after the ACK is tagged with per-session keys
+ * (proto_conn_set_keys), see PROTOCOL.md.
  *   UP --close / nothing received for 3 intervals--> DOWN (on_down)
  *      --backoff--> CONNECTING
  * The interval is the ACK's heartbeat_interval_ns once registered (before

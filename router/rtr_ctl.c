@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sodium.h>
+
 #include "pd_log.h"
 #include "pd_time.h"
 
@@ -147,6 +149,38 @@ static bool geom_equal(const proto_kv_geom_t *a, const proto_kv_geom_t *b)
            a->vocab_size == b->vocab_size;
 }
 
+/* A daemon id as it may appear in a log line or a reject reason: printable
+ * ASCII other than space and backslash as is, every other byte as \xHH.
+ * True if nothing had to be escaped. */
+static bool id_safe(const char *in, char *out, size_t cap)
+{
+    bool clean = true;
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)in; *p && o + 5 < cap; p++) {
+        if (*p > 0x20 && *p < 0x7f && *p != '\\') {
+            out[o++] = (char)*p;
+        } else {
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", *p);
+            clean = false;
+        }
+    }
+    out[o] = '\0';
+    return clean;
+}
+
+/* The connection registered or is gone: no longer pending. */
+static void cc_unpend(rtr_ctlconn_t *cc)
+{
+    if (cc->pending) {
+        cc->pending = false;
+        cc->r->n_ctl_pending--;
+    }
+    if (cc->hs_timer != NULL) {
+        event_free(cc->hs_timer);
+        cc->hs_timer = NULL;
+    }
+}
+
 static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
 {
     rtr_ctlconn_t *cc = arg;
@@ -159,15 +193,23 @@ static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
         proto_conn_close(conn, PD_ERR_BAD_INPUT);
         return;
     }
+    char sid[4 * PROTO_DAEMON_ID_MAX + 1];
+    bool id_clean = id_safe(h->daemon_id, sid, sizeof(sid));
     if (r->auth) {
         const uint8_t *frame;
         size_t flen;
         if (proto_conn_frame(conn, &frame, &flen) != PD_OK ||
-            proto_auth_hello_verify(&r->secret, frame, flen) != PD_OK) {
+            proto_auth_hello_verify(&r->secret, frame, flen, cc->challenge) != PD_OK) {
             send_reject(cc, conn, PD_ERR_AUTH, "HELLO from '%s': bad MAC (wrong deployment secret?)",
-                        h->daemon_id);
+                        sid);
             return;
         }
+    }
+    if (!id_clean) {
+        /* ids go into logs, admin JSON and metrics labels */
+        send_reject(cc, conn, PD_ERR_BAD_INPUT,
+                    "daemon id '%s' must be printable ASCII without spaces or backslashes", sid);
+        return;
     }
     if (h->role != PROTO_ROLE_PREFILL && h->role != PROTO_ROLE_DECODE) {
         send_reject(cc, conn, PD_ERR_BAD_INPUT, "role %u cannot register with a router", h->role);
@@ -279,12 +321,22 @@ static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
     ack.u.register_ack.incarnation = r->incarnation;
     ack.u.register_ack.heartbeat_interval_ns = r->cfg.heartbeat_interval_ns;
     ack.u.register_ack.lease_ns = r->cfg.lease_ns;
-    proto_auth_nonce(ack.u.register_ack.nonce);
-    if (r->auth && proto_auth_ack_sign(&r->secret, &ack, h->nonce) != PD_OK) {
+    memcpy(ack.u.register_ack.nonce, cc->challenge, PROTO_AUTH_NONCE_LEN);
+    if (r->auth && proto_auth_ack_sign(&r->secret, &ack, h->nonce, cc->challenge) != PD_OK) {
         proto_conn_close(conn, PD_ERR_INTERNAL);
         return;
     }
     (void)proto_conn_send(conn, &ack);
+    /* registered: every later frame both ways is tagged with this
+     * session's keys (derived from the secret and both nonces) */
+    if (r->auth) {
+        proto_auth_keys_t k;
+        proto_auth_session_keys(&r->secret, cc->challenge, h->nonce, true, &k);
+        proto_conn_set_keys(conn, &k);
+        sodium_memzero(&k, sizeof(k));
+    }
+    proto_conn_set_body_max(conn, 0);
+    cc_unpend(cc);
     pd_stats_inc(r->stats, RTR_STAT_backends_registered);
     pd_log(PD_LOG_INFO, RTR_COMP, NULL,
            "backend '%s' registered: role %s caps 0x%x from %s incarnation %016" PRIx64
@@ -360,13 +412,38 @@ static void on_close(proto_conn_t *conn, pd_status_t why, void *arg)
         return;
     if (cc->be != NULL && cc->be->conn == conn)
         backend_down(cc->r, cc->be, why);
+    cc_unpend(cc);
     if (pd_loop_defer_free(cc->r->loop, free, cc) != PD_OK)
         free(cc);
 }
 
+static void hs_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    rtr_ctlconn_t *cc = arg;
+    if (cc->be == NULL && cc->conn != NULL) {
+        pd_stats_inc(cc->r->stats, RTR_STAT_ctl_unauth_dropped);
+        pd_log(PD_LOG_WARN, RTR_COMP, NULL, "control connection from %s: no valid HELLO "
+               "within %llu s, closing", proto_conn_peer(cc->conn),
+               (unsigned long long)(RTR_CTL_HANDSHAKE_NS / 1000000000ull));
+        proto_conn_close(cc->conn, PD_ERR_TIMED_OUT);
+    }
+}
+
+/* A new control connection: bounded in number and time until it registers;
+ * it gets a fresh CHALLENGE its HELLO's mac must cover. */
 static void on_accept(proto_listener_t *l, proto_conn_t *conn, void *arg)
 {
+    (void)l;
     rtr_t *r = arg;
+    if (r->n_ctl_pending >= RTR_CTL_PENDING_MAX) {
+        /* counted, not logged per connection: a flood must not fill the log */
+        pd_stats_inc(r->stats, RTR_STAT_ctl_unauth_dropped);
+        proto_conn_set_arg(conn, NULL);
+        proto_conn_close(conn, PD_ERR_OVERLOADED);
+        return;
+    }
     rtr_ctlconn_t *cc = calloc(1, sizeof(*cc));
     if (cc == NULL) {
         proto_conn_set_arg(conn, NULL);
@@ -374,7 +451,27 @@ static void on_accept(proto_listener_t *l, proto_conn_t *conn, void *arg)
         return;
     }
     cc->r = r;
+    cc->conn = conn;
+    cc->hs_timer = evtimer_new(r->base, hs_timeout, cc);
+    if (cc->hs_timer == NULL) {
+        free(cc);
+        proto_conn_set_arg(conn, NULL);
+        proto_conn_close(conn, PD_ERR_NO_MEMORY);
+        return;
+    }
+    struct timeval tv = pd_ns_to_timeval(RTR_CTL_HANDSHAKE_NS);
+    event_add(cc->hs_timer, &tv);
+    cc->pending = true;
+    r->n_ctl_pending++;
     proto_conn_set_arg(conn, cc);
+
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_CHALLENGE;
+    proto_auth_nonce(m.u.challenge.nonce);
+    memcpy(cc->challenge, m.u.challenge.nonce, PROTO_AUTH_NONCE_LEN);
+    if (proto_conn_send(conn, &m) != PD_OK)
+        proto_conn_close(conn, PD_ERR_IO);
 }
 
 static void hb_tick(evutil_socket_t fd, short what, void *arg)
@@ -408,6 +505,7 @@ pd_status_t rtr_ctl_start(rtr_t *r)
     memset(&opts, 0, sizeof(opts));
     opts.idle_timeout_ns = 3 * r->cfg.heartbeat_interval_ns;
     opts.stats = &r->ctl_stats;
+    opts.body_max = PROTO_HELLO_BODY_MAX; /* until registered (on_hello) */
     pd_status_t s = proto_listener_create(r->base, r->cfg.control, on_accept, &cbs, r, &opts,
                                           &r->ctl);
     if (s != PD_OK)

@@ -33,7 +33,7 @@ rtr_req_t *rtr_flow_find(const char *id)
 
 static void req_link(rtr_t *r, rtr_req_t *q)
 {
-    pd_idhash_add(&req_by_id, &q->hnode, q->id);
+    pd_idhash_add(&req_by_id, &q->hnode, q->wire_id);
     q->next = r->reqs;
     if (r->reqs != NULL)
         r->reqs->prev = q;
@@ -304,11 +304,11 @@ static void send_simple(rtr_backend_t *be, uint16_t type, rtr_req_t *q, uint64_t
     memset(&m, 0, sizeof(m));
     m.hdr.type = type;
     if (type == PROTO_MSG_CANCEL) {
-        snprintf(m.u.cancel.request_id, sizeof(m.u.cancel.request_id), "%s", q->id);
+        snprintf(m.u.cancel.request_id, sizeof(m.u.cancel.request_id), "%s", q->wire_id);
         m.u.cancel.status = PD_ERR_CANCELED;
         snprintf(m.u.cancel.reason, sizeof(m.u.cancel.reason), "canceled by router");
     } else {
-        snprintf(m.u.release.request_id, sizeof(m.u.release.request_id), "%s", q->id);
+        snprintf(m.u.release.request_id, sizeof(m.u.release.request_id), "%s", q->wire_id);
         m.u.release.lease_id = lease_id;
     }
     pd_status_t s = q->r->out->send(be, &m);
@@ -323,7 +323,7 @@ static void send_stop(rtr_req_t *q)
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
     m.hdr.type = PROTO_MSG_CANCEL;
-    snprintf(m.u.cancel.request_id, sizeof(m.u.cancel.request_id), "%s", q->id);
+    snprintf(m.u.cancel.request_id, sizeof(m.u.cancel.request_id), "%s", q->wire_id);
     m.u.cancel.status = PD_OK;
     snprintf(m.u.cancel.reason, sizeof(m.u.cancel.reason), "stop string");
     (void)q->r->out->send(q->decode, &m);
@@ -369,7 +369,7 @@ static pd_status_t send_decode_req(rtr_req_t *q, const proto_prefill_done_t *pd)
     memset(&m, 0, sizeof(m));
     m.hdr.type = PROTO_MSG_DECODE_REQ;
     proto_decode_req_t *d = &m.u.decode_req;
-    snprintf(d->request_id, sizeof(d->request_id), "%s", q->id);
+    snprintf(d->request_id, sizeof(d->request_id), "%s", q->wire_id);
     d->prompt.n = q->n_prompt;
     d->prompt.v = q->prompt;
     d->generated.n = q->n_gen;
@@ -761,6 +761,10 @@ pd_status_t rtr_flow_new(rtr_t *r, const char *reqid, rtr_api_t api, rtr_oai_req
         return PD_ERR_NO_MEMORY;
     q->r = r;
     snprintf(q->id, sizeof(q->id), "%s", reqid);
+    /* never the client's id on the control plane: a late reply to an
+     * ended request must not reach a new one that reused its id */
+    snprintf(q->wire_id, sizeof(q->wire_id), "w%08" PRIx64 "-%" PRIx64,
+             r->incarnation & 0xffffffffu, ++r->next_wire);
     snprintf(q->resp_id, sizeof(q->resp_id), "%s%s", api == RTR_API_CHAT ? "chatcmpl-" : "cmpl-",
              reqid);
     q->t_accept_ns = pd_now_ns();
@@ -809,7 +813,7 @@ void rtr_flow_start(rtr_req_t *q, rtr_backend_t *dec, rtr_backend_t *pre)
         memset(&m, 0, sizeof(m));
         m.hdr.type = PROTO_MSG_PREFILL_REQ;
         proto_prefill_req_t *p = &m.u.prefill_req;
-        snprintf(p->request_id, sizeof(p->request_id), "%s", q->id);
+        snprintf(p->request_id, sizeof(p->request_id), "%s", q->wire_id);
         p->prompt.n = q->n_prompt;
         p->prompt.v = q->prompt;
         fill_sampling(q, &p->sampling);
@@ -850,6 +854,7 @@ pd_status_t rtr_admin_requests(pd_admin_req_t *req, cJSON *reply)
             return PD_ERR_NO_MEMORY;
         cJSON_AddItemToArray(arr, o);
         cJSON_AddStringToObject(o, "request_id", q->id);
+        cJSON_AddStringToObject(o, "wire_id", q->wire_id);
         cJSON_AddStringToObject(o, "state", rtr_req_state_name(q->fsm.state));
         cJSON_AddStringToObject(o, "prefill", q->prefill != NULL ? q->prefill->id : "");
         cJSON_AddStringToObject(o, "decode", q->decode != NULL ? q->decode->id : "");

@@ -28,17 +28,21 @@ typedef struct {
     struct evhttp_request *http;         /* NULL once the client is gone */
     struct evhttp_request *orphan;       /* detached by libevent: ours to free */
     struct evhttp_connection *evcon;
-    struct event *watch;                 /* client EOF watcher */
+    struct event *watch;                 /* client EOF watcher, then the
+                                            half-close probe's timer */
+    int probe_fd;                        /* the client socket being probed */
     uint32_t slow_checks;
 } rtr_client_t;
 
 struct rtr_req {
     rtr_t *r;
     rtr_req_t *prev, *next;              /* r->reqs */
-    pd_idhash_node_t hnode;              /* by id */
+    pd_idhash_node_t hnode;              /* by wire_id */
     rtr_client_t client;                 /* the front end's */
     struct event *timer;                 /* request timeout */
-    char id[PROTO_REQID_MAX + 1];
+    char id[PROTO_REQID_MAX + 1];        /* the client's (X-Request-Id): logs, headers */
+    char wire_id[PROTO_REQID_MAX + 1];   /* ours, unique per router run: the
+                                            only id daemons see and answer to */
     char resp_id[PROTO_REQID_MAX + 16];
     int64_t created;                     /* unix seconds at acceptance: the response's "created" */
     rtr_req_fsm_t fsm;
@@ -91,7 +95,7 @@ struct rtr_flow_out {
     pd_status_t (*send)(rtr_backend_t *be, proto_msg_t *msg);
 };
 
-/* The live request with this id, or NULL. */
+/* The live request with this wire id (what daemons answer to), or NULL. */
 rtr_req_t *rtr_flow_find(const char *id);
 
 /* Intake. route: the daemons for a new request (a decode always; a

@@ -22,12 +22,14 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/http_struct.h>
 #include <event2/keyvalq_struct.h>
 #include <inttypes.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -317,6 +319,58 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg)
     rtr_flow_client_gone(q, "connection closed");
 }
 
+/* The probe was answered (or not): a client that closed its socket has
+ * sent a RST back by now; one that only shut down its sending side still
+ * waits for the answer, which it gets. */
+static void on_client_probe(evutil_socket_t unused, short what, void *arg)
+{
+    (void)unused;
+    (void)what;
+    rtr_req_t *q = arg;
+    struct tcp_info ti;
+    socklen_t tl = sizeof(ti);
+    int err = 0;
+    socklen_t el = sizeof(err);
+    rtr_client_t *c = &q->client;
+    bool closed = getsockopt(c->probe_fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) != 0 ||
+                  ti.tcpi_state == TCP_CLOSE ||
+                  getsockopt(c->probe_fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0;
+    event_free(c->watch);
+    c->watch = NULL;
+    if (closed) {
+        rtr_flow_client_gone(q, "connection closed");
+        return;
+    }
+    pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "client half-closed its connection: still answering");
+}
+
+/* EOF from the client: a half-close (it still reads) and a full close look
+ * the same. For a non-streaming request send an interim "100 Continue"
+ * (HTTP/1.1 clients must accept one at any time; nothing of ours is on the
+ * wire yet) and look again shortly: a closed socket answers it with a RST.
+ * Streaming responses cannot be kept for a half-closed client (evhttp ends
+ * the connection on EOF once the stream starts). False: no probe. */
+static bool client_probe(rtr_req_t *q, evutil_socket_t fd)
+{
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    rtr_client_t *c = &q->client;
+    struct bufferevent *bev = c->evcon ? evhttp_connection_get_bufferevent(c->evcon) : NULL;
+    if (c->http == NULL || bev == NULL || q->oai.stream || q->headers_sent ||
+        c->http->major != 1 || c->http->minor < 1 ||
+        evbuffer_get_length(bufferevent_get_output(bev)) != 0 ||
+        send(fd, cont, sizeof(cont) - 1, MSG_NOSIGNAL | MSG_DONTWAIT) !=
+            (ssize_t)(sizeof(cont) - 1))
+        return false;
+    event_free(c->watch);
+    c->watch = evtimer_new(q->r->base, on_client_probe, q);
+    if (c->watch == NULL)
+        return false;
+    c->probe_fd = fd;
+    struct timeval tv = { 0, 300000 };
+    event_add(c->watch, &tv);
+    return true;
+}
+
 static void on_client_readable(evutil_socket_t fd, short what, void *arg)
 {
     rtr_req_t *q = arg;
@@ -331,6 +385,8 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         return;
+    if (n == 0 && client_probe(q, fd))
+        return; /* maybe only half-closed: decided by on_client_probe */
     rtr_flow_client_gone(q, n == 0 ? "EOF" : strerror(errno));
 }
 
@@ -599,11 +655,68 @@ static void http_set_nodelay(struct evhttp_request *h)
         (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+static evutil_socket_t http_fd(struct evhttp_request *h)
+{
+    struct evhttp_connection *evcon = evhttp_request_get_connection(h);
+    struct bufferevent *bev = evcon != NULL ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    return bev != NULL ? bufferevent_getfd(bev) : -1;
+}
+
+/* The response is out: the connection's next request has a read deadline
+ * again (rtr_conns). */
+static void on_http_complete(struct evhttp_request *h, void *arg)
+{
+    rtr_t *r = arg;
+    if (r->conns != NULL)
+        rtr_conns_response_done(r->conns, http_fd(h));
+}
+
+/* Framing a proxy in front could read differently from libevent: more
+ * than one Content-Length or Transfer-Encoding, a Transfer-Encoding other
+ * than plain "chunked", or both. NULL if the request is unambiguous. */
+static const char *http_ambiguous(struct evhttp_request *h)
+{
+    const struct evkeyvalq *hd = evhttp_request_get_input_headers(h);
+    const struct evkeyval *kv;
+    int n_cl = 0, n_te = 0;
+    const char *te = NULL;
+    for (kv = hd->tqh_first; kv != NULL; kv = kv->next.tqe_next) {
+        if (strcasecmp(kv->key, "Content-Length") == 0)
+            n_cl++;
+        if (strcasecmp(kv->key, "Transfer-Encoding") == 0) {
+            n_te++;
+            te = kv->value;
+        }
+    }
+    if (n_cl > 1)
+        return "more than one Content-Length header";
+    if (n_te > 1)
+        return "more than one Transfer-Encoding header";
+    if (te != NULL && strcasecmp(te, "chunked") != 0)
+        return "Transfer-Encoding other than \"chunked\"";
+    if (te != NULL && n_cl > 0)
+        return "both Content-Length and Transfer-Encoding";
+    return NULL;
+}
+
 static void on_http(struct evhttp_request *h, void *arg)
 {
     rtr_t *r = arg;
     char reqid[PROTO_REQID_MAX + 1];
     http_set_nodelay(h);
+    if (r->conns != NULL) {
+        rtr_conns_request_in(r->conns, http_fd(h));
+        evhttp_request_set_on_complete_cb(h, on_http_complete, r);
+    }
+    const char *amb = http_ambiguous(h);
+    if (amb != NULL) {
+        /* and close: the next request's start is uncertain */
+        evhttp_add_header(evhttp_request_get_output_headers(h), "Connection", "close");
+        pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
+        reply_status(r, h, NULL, 400, "invalid_request_error", "ambiguous_request", NULL,
+                     "ambiguous HTTP framing: %s", amb);
+        return;
+    }
     const char *hid = evhttp_find_header(evhttp_request_get_input_headers(h), "X-Request-Id");
     if (hid != NULL && !rtr_reqid_valid(hid, strlen(hid))) {
         pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
@@ -611,15 +724,13 @@ static void on_http(struct evhttp_request *h, void *arg)
                      "X-Request-Id must be 1-64 printable ASCII characters without spaces");
         return;
     }
-    if (hid != NULL && rtr_flow_find(hid) == NULL) {
+    if (hid != NULL) {
+        /* kept even if another request uses it: daemons never see it */
         snprintf(reqid, sizeof(reqid), "%s", hid);
     } else {
-        /* Absent, or already in flight (ids must be unique on the control
-         * plane): generate one; the client sees it in the response. */
+        /* absent: generate one; the client sees it in the response */
         snprintf(reqid, sizeof(reqid), "%08" PRIx64 "%08" PRIx64, r->incarnation & 0xffffffffu,
                  ++r->next_seq);
-        if (hid != NULL)
-            pd_log(PD_LOG_INFO, RTR_COMP, reqid, "X-Request-Id '%s' already in flight: renamed", hid);
     }
     const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(h));
     if (path == NULL)
@@ -723,9 +834,22 @@ pd_status_t rtr_http_start(rtr_t *r)
                                             EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
                                             EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
     evhttp_set_gencb(r->http, on_http, r);
+    rtr_conns_opts_t co = {
+        .max_total = (uint32_t)r->cfg.http_max_conns,
+        .max_per_client = (uint32_t)r->cfg.http_max_conns_per_client,
+        .read_timeout_ns = r->cfg.http_read_timeout_ns,
+        .reserved_fds = 2 * RTR_MAX_BACKENDS + RTR_CTL_PENDING_MAX + 64,
+        .retry_after = (uint32_t)r->cfg.retry_after,
+        .stats = r->stats,
+    };
+    pd_status_t cst = rtr_conns_create(r->base, &co, &r->conns);
+    if (cst != PD_OK)
+        return cst;
+    evhttp_set_bevcb(r->http, rtr_conns_bevcb, r->conns);
     r->http_sock = evhttp_bind_socket_with_handle(r->http, host, (uint16_t)port);
     if (r->http_sock == NULL)
         return PD_ERR_IO;
+    rtr_conns_set_listener(r->conns, evhttp_bound_socket_get_listener(r->http_sock));
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
     evutil_socket_t fd = evhttp_bound_socket_get_fd(r->http_sock);
@@ -762,6 +886,7 @@ void rtr_http_drain(rtr_t *r)
     r->draining = true;
     pd_log(PD_LOG_INFO, RTR_COMP, NULL, "SIGTERM: draining (%u requests in flight)", r->n_reqs);
     if (r->http_sock != NULL) {
+        rtr_conns_set_listener(r->conns, NULL);
         evhttp_del_accept_socket(r->http, r->http_sock);
         r->http_sock = NULL;
     }
@@ -789,4 +914,6 @@ void rtr_http_stop(rtr_t *r)
         evhttp_free(r->http);
         r->http = NULL;
     }
+    rtr_conns_destroy(r->conns);
+    r->conns = NULL;
 }

@@ -13,6 +13,7 @@
 #include "pd_stats.h"
 #include "proto_auth.h"
 #include "proto_conn.h"
+#include "rtr_conns.h"
 #include "rtr_openai.h"
 #include "rtr_policy.h"
 #include "rtr_req.h"
@@ -21,6 +22,11 @@
 
 #define RTR_COMP "router"
 #define RTR_MAX_BACKENDS 64
+/* Control connections that have not registered yet: at most this many at
+ * once (more are closed at accept), each for at most RTR_CTL_HANDSHAKE_NS,
+ * and each may send only a HELLO-sized frame. */
+#define RTR_CTL_PENDING_MAX 32
+#define RTR_CTL_HANDSHAKE_NS (5ull * 1000000000ull)
 
 /* ---- configuration (one table in rtr_main.c) ---------------------------- */
 typedef struct {
@@ -54,6 +60,9 @@ typedef struct {
     uint64_t lease_ns;            /* announced in REGISTER_ACK */
     uint64_t retry_after;         /* seconds, Retry-After on 429/503 */
     uint64_t client_max_unsent;   /* bytes queued to a client before it is dropped */
+    uint64_t http_max_conns;
+    uint64_t http_max_conns_per_client;
+    uint64_t http_read_timeout_ns;
     char *ready_file;
 } rtr_cfg_t;
 
@@ -81,9 +90,14 @@ typedef struct {
     X(backends_registered, COUNTER,   "Successful registrations")                 \
     X(backends_rejected,   COUNTER,   "Registrations refused")                    \
     X(backends_lost,       COUNTER,   "Backends marked down")                     \
+    X(ctl_unauth_dropped,  COUNTER,   "Control connections dropped before registering (pending cap or handshake timeout)") \
     X(client_disconnects,  COUNTER,   "Clients gone before their request ended") \
     X(finish_stop,         COUNTER,   "Completed requests with finish_reason stop") \
-    X(finish_length,       COUNTER,   "Completed requests with finish_reason length")
+    X(finish_length,       COUNTER,   "Completed requests with finish_reason length") \
+    X(http_conns,          GAUGE,     "Open HTTP connections")                    \
+    X(http_conns_refused,  COUNTER,   "HTTP connections refused: over http-max-conns-per-client") \
+    X(http_read_timeouts,  COUNTER,   "HTTP connections closed: request not read within http-read-timeout") \
+    X(http_accept_errors,  COUNTER,   "HTTP accept() failures (out of fds: accepting pauses 100 ms)")
 
 #define RTR_STAT_ID(name, kind, help) RTR_STAT_##name,
 typedef enum { RTR_STATS(RTR_STAT_ID) RTR_STAT__COUNT } rtr_stat_id_t;
@@ -131,6 +145,10 @@ typedef struct rtr_backend {
 typedef struct {
     rtr_t *r;
     rtr_backend_t *be;               /* NULL until registered */
+    proto_conn_t *conn;
+    bool pending;                    /* counted in rtr_t.n_ctl_pending */
+    struct event *hs_timer;          /* handshake deadline while pending */
+    uint8_t challenge[PROTO_AUTH_NONCE_LEN]; /* sent on accept */
 } rtr_ctlconn_t;
 
 typedef struct rtr_req rtr_req_t;
@@ -166,9 +184,11 @@ struct rtr {
     rtr_backend_t be[RTR_MAX_BACKENDS];
     struct event *hb_timer;
     uint32_t rr_prefill, rr_decode;
+    uint32_t n_ctl_pending;          /* connections not registered yet */
 
     /* HTTP */
     struct evhttp *http;
+    rtr_conns_t *conns;              /* connection caps and read deadlines */
     struct evhttp_bound_socket *http_sock;
     uint16_t http_port;
     uint16_t ctl_port;
@@ -178,6 +198,7 @@ struct rtr {
     rtr_req_t *reqs;                 /* doubly linked list of live requests */
     uint32_t n_reqs;
     uint64_t next_seq;
+    uint64_t next_wire;              /* control-plane request ids (rtr_flow.c) */
     bool draining;
     struct event *drain_timer;
     struct event *flush_timer;       /* draining: waits for responses to flush */

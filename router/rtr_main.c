@@ -81,10 +81,18 @@ static const pd_cfg_field_t rtr_cfg_fields[] = {
         "heartbeat period (idle for 3 periods = down)", 1e6, 6e10),
     ROW(request_timeout_ns, "request-timeout", DURATION, "600s", "end-to-end request budget", 1e6, 864e11),
     ROW(drain_timeout_ns, "drain-timeout", DURATION, "30s", "SIGTERM: wait this long for streams", 0, 36e11),
-    ROW(lease_ns, "lease-ttl", DURATION, "30s", "KV lease length announced to daemons", 1e6, 36e11),
+    ROW(lease_ns, "lease-ttl", DURATION, "30s",
+        "KV lease length announced to daemons (the prefill's own range: 1ms..600s)", 1e6, 600e9),
     ROW(retry_after, "retry-after", UINT, "1", "Retry-After seconds on 429/503", 1, 3600),
     ROW(client_max_unsent, "client-max-unsent", SIZE, "8MiB",
         "response bytes queued to a client that does not read before it is dropped", 4096, 1e10),
+    ROW(http_max_conns, "http-max-conns", UINT, "1024",
+        "open HTTP connections at most (accepting pauses at the cap)", 1, 1e6),
+    ROW(http_max_conns_per_client, "http-max-conns-per-client", UINT, "256",
+        "open HTTP connections per client address (more get 503)", 1, 1e6),
+    ROW(http_read_timeout_ns, "http-read-timeout", DURATION, "30s",
+        "a request's headers and body must arrive within this (slow clients are closed)",
+        1e8, 36e11),
     ROW(ready_file, "ready-file", STRING, NULL,
         "write {\"http\":port,\"control\":port} here once listening", 0, 0),
     PD_CFG_END,
@@ -194,6 +202,9 @@ static pd_status_t load_secret(rtr_t *r)
     } else if ((c->secret != NULL && c->secret[0] != '\0') || (env != NULL && env[0] != '\0')) {
         const char *t = c->secret != NULL && c->secret[0] ? c->secret : env;
         s = proto_auth_secret_parse((const uint8_t *)t, strlen(t), &r->secret);
+        if (c->secret != NULL && c->secret[0])
+            fprintf(stderr, "pd-router: warning: --secret given as text: on a command line it "
+                    "is visible to every local user (ps, /proc); prefer --secret-file\n");
         if (s != PD_OK) {
             fprintf(stderr, "pd-router: --secret: %s (need >= %u bytes)\n", pd_status_str(s),
                     PROTO_AUTH_SECRET_MIN);

@@ -609,6 +609,46 @@ static bool parse_penalties(parse_ctx_t *pc, const cJSON *root, const rtr_oai_li
     return true;
 }
 
+static int key_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A key appearing twice in one object, anywhere in the tree: a proxy in
+ * front may take the last where cJSON takes the first. Sorting keeps it
+ * O(n log n) per object. Returns the duplicated key or NULL (and NULL with
+ * *oom set if a scratch array could not be had). */
+static const char *dup_key(const cJSON *node, bool *oom)
+{
+    size_t n = 0;
+    for (const cJSON *c = node->child; c != NULL; c = c->next)
+        n++;
+    if (cJSON_IsObject(node) && n > 1) {
+        const char **keys = malloc(n * sizeof(*keys));
+        if (keys == NULL) {
+            *oom = true;
+            return NULL;
+        }
+        size_t i = 0;
+        for (const cJSON *c = node->child; c != NULL; c = c->next)
+            keys[i++] = c->string != NULL ? c->string : "";
+        qsort(keys, n, sizeof(*keys), key_cmp);
+        const char *dup = NULL;
+        for (i = 1; i < n && dup == NULL; i++)
+            if (strcmp(keys[i - 1], keys[i]) == 0)
+                dup = keys[i];
+        free(keys);
+        if (dup != NULL)
+            return dup;
+    }
+    for (const cJSON *c = node->child; c != NULL; c = c->next) {
+        const char *d = dup_key(c, oom);
+        if (d != NULL || *oom)
+            return d;
+    }
+    return NULL;
+}
+
 pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
                           const rtr_oai_limits_t *lim, rtr_oai_req_t *req,
                           rtr_oai_error_t *err)
@@ -623,11 +663,33 @@ pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
     req->max_tokens = lim->default_max_tokens;
     parse_ctx_t pc = { err, PD_OK };
 
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (root == NULL) {
         rtr_oai_error_set(err, 400, INVALID, NULL, NULL,
                           "the request body is not valid JSON");
         return PD_ERR_BAD_INPUT;
+    }
+    /* one JSON value and nothing after it but whitespace */
+    while (end != NULL && end < body + len &&
+           (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n'))
+        end++;
+    if (end == NULL || end != body + len) {
+        rtr_oai_error_set(err, 400, INVALID, NULL, NULL,
+                          "the request body has bytes after its JSON value");
+        cJSON_Delete(root);
+        return PD_ERR_BAD_INPUT;
+    }
+    bool oom = false;
+    const char *dup = dup_key(root, &oom);
+    if (dup != NULL || oom) {
+        if (oom)
+            rtr_oai_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        else
+            rtr_oai_error_set(err, 400, INVALID, NULL, NULL,
+                              "the request body has the key \"%.64s\" twice in one object", dup);
+        cJSON_Delete(root);
+        return oom ? PD_ERR_NO_MEMORY : PD_ERR_BAD_INPUT;
     }
     if (!cJSON_IsObject(root)) {
         rtr_oai_error_set(err, 400, INVALID, NULL, NULL,

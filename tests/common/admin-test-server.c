@@ -163,7 +163,7 @@ static pd_status_t cmd_big(pd_admin_req_t *req, cJSON *reply)
 
 static const pd_admin_cmd_t srv_cmds[] = {
     { "test big", PD_ADMIN_USER, cmd_big, "test big - a 256 KiB reply" },
-    { "echo", PD_ADMIN_USER, cmd_echo, "echo <words> - returns its arguments" },
+    { "echo", PD_ADMIN_USER, cmd_echo, "echo <words>... - returns its arguments" },
     { "test bump", PD_ADMIN_USER, cmd_bump, "test bump - count a bump" },
     { "test secret", PD_ADMIN_ADMIN, cmd_secret, "test secret - admin only" },
     { "test fail", PD_ADMIN_USER, cmd_fail, "test fail <x> - always an error" },

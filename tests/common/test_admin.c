@@ -492,6 +492,13 @@ static void test_builtin_commands(void **state)
     j = call(main_path, "log level info");
     assert_true(reply_ok(j));
     cJSON_Delete(j);
+    /* more words than the usage names are refused, not ignored */
+    j = call(main_path, "log level info now");
+    assert_string_equal(error_code(j), "ERR_BAD_INPUT");
+    cJSON_Delete(j);
+    j = call(main_path, "version please");
+    assert_string_equal(error_code(j), "ERR_BAD_INPUT");
+    cJSON_Delete(j);
 
     /* multi-word match, arguments, handler errors, admin-only as admin */
     j = call(main_path, "echo  a   b\tc");

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -443,6 +444,58 @@ static int run_child(const char *arg, char *out, size_t out_len)
     return WEXITSTATUS(st);
 }
 
+/* Issue 12: a config file must be a regular file of at most 1 MiB (no
+ * hang on /dev/urandom or a FIFO); --check-config validates and stops; a
+ * daemon that exits early without pd_config_result_free leaks nothing
+ * (args is only kept when there are positional arguments). */
+static void test_file_kinds_and_check(void **state)
+{
+    tcfg_t c;
+    pd_cfg_result_t r;
+    assert_int_equal(load(&c, &r, "--kv-blocks=7", "--name=x", NULL), PD_OK);
+    assert_null(r.args);
+    pd_config_result_free(&r);
+    pd_config_free(&schema, &c);
+
+    assert_int_equal(load(&c, &r, "--config=/dev/urandom", NULL), PD_ERR_BAD_INPUT);
+    assert_non_null(strstr(r.message, "not a regular file"));
+    pd_config_result_free(&r);
+    pd_config_free(&schema, &c);
+    char fifo[256];
+    snprintf(fifo, sizeof(fifo), "%s/fifo", tmpdir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    char *flag;
+    assert_true(asprintf(&flag, "--config=%s", fifo) > 0);
+    assert_int_equal(load(&c, &r, flag, NULL), PD_ERR_BAD_INPUT); /* at once */
+    pd_config_result_free(&r);
+    pd_config_free(&schema, &c);
+    free(flag);
+    unlink(fifo);
+    char *big = malloc((2u << 20) + 1);
+    assert_non_null(big);
+    memset(big, '#', 2u << 20);
+    big[2u << 20] = '\0';
+    char *path = write_file("big.ini", big);
+    free(big);
+    assert_true(asprintf(&flag, "--config=%s", path) > 0);
+    assert_int_equal(load(&c, &r, flag, NULL), PD_ERR_BAD_INPUT);
+    assert_non_null(strstr(r.message, "larger than 1 MiB"));
+    pd_config_result_free(&r);
+    pd_config_free(&schema, &c);
+    free(flag);
+    free(path);
+
+    assert_int_equal(load(&c, &r, "--check-config", "--kv-blocks=9", NULL), PD_OK);
+    assert_int_equal(r.exit_code, PD_CONFIG_EXIT_OK);
+    assert_non_null(strstr(r.text, "configuration ok"));
+    pd_config_result_free(&r);
+    pd_config_free(&schema, &c);
+    assert_int_equal(load(&c, &r, "--check-config", "--kv-blocks=abc", NULL), PD_ERR_BAD_INPUT);
+    assert_int_equal(r.exit_code, 2);
+    pd_config_result_free(&r);
+    pd_config_free(&schema, &c);
+}
+
 static void test_exit_status(void **state)
 {
     char out[8192];
@@ -468,6 +521,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_env_and_file_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_help_version, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parsers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_file_kinds_and_check, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dumps_roundtrip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_positional_args, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exit_status, setup, teardown),

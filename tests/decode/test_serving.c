@@ -141,16 +141,50 @@ static void fr_peer_info(fr_daemon_t *dec, fr_daemon_t *pf)
     fr_send(dec, &m);
 }
 
+/* The challenge sent on each accepted connection (a small ring). */
+static struct {
+    proto_conn_t *c;
+    uint8_t nonce[PROTO_AUTH_NONCE_LEN];
+} fr_ch[64];
+static unsigned fr_ch_next;
+
+static void fr_on_accept(proto_listener_t *l, proto_conn_t *c, void *arg)
+{
+    (void)l;
+    (void)arg;
+    unsigned i = fr_ch_next++ % 64;
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_CHALLENGE;
+    proto_auth_nonce(m.u.challenge.nonce);
+    fr_ch[i].c = c;
+    memcpy(fr_ch[i].nonce, m.u.challenge.nonce, PROTO_AUTH_NONCE_LEN);
+    assert_int_equal(proto_conn_send(c, &m), PD_OK);
+}
+
+static const uint8_t *fr_challenge(proto_conn_t *c)
+{
+    /* newest first: a freed connection's address is reused */
+    for (unsigned k = 1; k <= 64; k++) {
+        unsigned i = (fr_ch_next - k) % 64;
+        if (fr_ch[i].c == c)
+            return fr_ch[i].nonce;
+    }
+    fail_msg("no challenge for this connection");
+    return NULL;
+}
+
 static void fr_on_hello(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 {
     (void)arg;
+    const uint8_t *ch = fr_challenge(c);
     const uint8_t *f;
     size_t flen;
     assert_int_equal(proto_conn_frame(c, &f, &flen), PD_OK);
     const proto_hello_t *h = &msg->u.hello;
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
-    if (proto_auth_hello_verify(&fr.secret, f, flen) != PD_OK) {
+    if (proto_auth_hello_verify(&fr.secret, f, flen, ch) != PD_OK) {
         fr.bad_macs++;
         m.hdr.type = PROTO_MSG_REGISTER_REJECT;
         m.u.register_reject.status = PD_ERR_AUTH;
@@ -187,9 +221,12 @@ static void fr_on_hello(proto_conn_t *c, const proto_msg_t *msg, void *arg)
      * can stall this loop for a few hundred ms) */
     m.u.register_ack.heartbeat_interval_ns = 500000000ull;
     m.u.register_ack.lease_ns = 30000000000ull;
-    proto_auth_nonce(m.u.register_ack.nonce);
-    assert_int_equal(proto_auth_ack_sign(&fr.secret, &m, h->nonce), PD_OK);
+    memcpy(m.u.register_ack.nonce, ch, PROTO_AUTH_NONCE_LEN);
+    assert_int_equal(proto_auth_ack_sign(&fr.secret, &m, h->nonce, ch), PD_OK);
     fr_send(d, &m);
+    proto_auth_keys_t k;
+    proto_auth_session_keys(&fr.secret, ch, h->nonce, true, &k);
+    proto_conn_set_keys(c, &k);
     /* PEER_INFO: every decode learns every prefill */
     for (int i = 0; i < MAX_DAEMONS; i++) {
         fr_daemon_t *o = &fr.d[i];
@@ -320,7 +357,8 @@ static void fr_start(void)
     cbs.on_error = fr_on_error;
     cbs.on_heartbeat = fr_on_heartbeat;
     cbs.on_close = fr_on_close;
-    assert_int_equal(proto_listener_create(fr.base, "127.0.0.1:0", NULL, &cbs, NULL, NULL, &fr.l),
+    assert_int_equal(proto_listener_create(fr.base, "127.0.0.1:0", fr_on_accept, &cbs, NULL,
+                                           NULL, &fr.l),
                      PD_OK);
     fr.port = proto_listener_port(fr.l);
     struct timeval hb = { 0, 200000 }, tick = { 0, 5000 };
@@ -1071,7 +1109,7 @@ static void test_sample_messages(void **state)
         for (int t = 0; t < PROTO_MSG_COUNT; t++) {
             uint16_t type = ps_types[t];
             bool reg = type == PROTO_MSG_HELLO || type == PROTO_MSG_REGISTER_ACK ||
-                       type == PROTO_MSG_REGISTER_REJECT;
+                       type == PROTO_MSG_REGISTER_REJECT || type == PROTO_MSG_CHALLENGE;
             if (reg != (pass == 1))
                 continue;
             for (int v = 0; v < PS_VARIANTS; v++)

@@ -1,7 +1,8 @@
 /* test_metrics_http.c - pd_metrics_http (common/pd_metrics_http.h) against
  * raw sockets: replies and framing, HEAD, 404/405/400, the header cap
  * (431), max clients (503), the idle timeout, a failing render (500),
- * health callback, address parsing. The loop runs on its own thread. */
+ * health callback, address parsing, accept at the fd limit (no spin).
+ * The loop runs on its own thread. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -14,7 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -217,6 +222,67 @@ static void test_max_clients_and_idle(void **st)
     close(fd);
 }
 
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    if (d != NULL)
+        closedir(d);
+    return n - 1; /* the DIR's own fd */
+}
+
+static double cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+}
+
+/* Out of fds: accept fails with the connection still in the backlog; the
+ * listener must pause (not spin the loop) and serve again afterwards. */
+static void test_accept_emfile(void **st)
+{
+    fx_t *f = *st;
+    uint16_t port = pd_metrics_http_port(f->m);
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)open_fds();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* other fd table: the kernel completes these */
+        for (int i = 0; i < 3; i++) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0)
+                _exit(1);
+        }
+        sleep(3);
+        _exit(0);
+    }
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &lim), 0);
+    struct timespec ts = { 0, 300000000 };
+    nanosleep(&ts, NULL);
+    double c0 = cpu_s();
+    ts.tv_sec = 1;
+    ts.tv_nsec = 0;
+    nanosleep(&ts, NULL);
+    double used = cpu_s() - c0;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    if (used > 0.2)
+        fail_msg("at the fd limit the loop burned %.2f s of CPU in 1 s", used);
+    char *r = ask(f, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_non_null(strstr(r, "200 OK"));
+    free(r);
+}
+
 static void test_addresses(void **st)
 {
     (void)st;
@@ -262,6 +328,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_statuses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_header_cap, setup, teardown),
         cmocka_unit_test_setup_teardown(test_max_clients_and_idle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_accept_emfile, setup, teardown),
         cmocka_unit_test(test_addresses),
     };
     return cmocka_run_group_tests_name("metrics-http", t, NULL, NULL);

@@ -274,6 +274,12 @@ errors() {
     run "$PDCTL" check "$f"; expect 2 "PD_\* variables" "[env] PD_* refused"
     run "$PDCTL" check "$T/does-not-exist.ini"
     expect 2 "cannot read deployment file .*does-not-exist.ini" "unreadable file"
+    # values are checked by the daemons' own parsers (--check-config)
+    printf 'model = builtin\n[prefill]\nkv-blocks = abc\n' >"$f"
+    run "$PDCTL" check "$f"
+    expect 2 "\[prefill\] kv-blocks: expected an unsigned integer, got \"abc\"" "bad value refused"
+    printf 'model = builtin\n[router]\nlease-ttl = 900s\n' >"$f"
+    run "$PDCTL" check "$f"; expect 2 "\[router\] lease-ttl: 900s is out of range" "value out of range"
     run "$PDCTL" check "$f" --set decode=-1
     expect 2 "--set: bad count decode" "--set checked too"
     run "$PDCTL" frobnicate

@@ -139,6 +139,9 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         m->u.register_reject.status = v == PS_MAX ? PD_STATUS_MIN : PD_ERR_MISMATCH;
         ps_str(m->u.register_reject.reason, why, 'r');
         break;
+    case PROTO_MSG_CHALLENGE:
+        memset(m->u.challenge.nonce, v == PS_MAX ? 0xff : 0x5a + v, PROTO_AUTH_NONCE_LEN);
+        break;
     case PROTO_MSG_HEARTBEAT: {
         proto_heartbeat_t *h = &m->u.heartbeat;
         h->incarnation = big;
@@ -322,6 +325,8 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
                                       *b = &mb->u.register_reject;
         return EQ(status) && SEQ(reason);
     }
+    case PROTO_MSG_CHALLENGE:
+        return memcmp(ma->u.challenge.nonce, mb->u.challenge.nonce, PROTO_AUTH_NONCE_LEN) == 0;
     case PROTO_MSG_HEARTBEAT: {
         const proto_heartbeat_t *a = &ma->u.heartbeat, *b = &mb->u.heartbeat;
         return EQ(incarnation) && EQ(sent_ns) && EQ(flags) && EQ(queue_depth) &&

@@ -74,24 +74,39 @@ static void test_hello(void **state)
     assert_int_equal(proto_auth_secret_parse((const uint8_t *)HEX64, 64, &s), PD_OK);
     other = s;
     other.key[0] ^= 1;
+    uint8_t ch[PROTO_AUTH_NONCE_LEN], ch2[PROTO_AUTH_NONCE_LEN];
+    proto_auth_nonce(ch);
+    proto_auth_nonce(ch2);
     for (int v = 0; v < PS_VARIANTS; v++) {
         proto_msg_t m;
         ps_make(PROTO_MSG_HELLO, v, &m);
         proto_auth_nonce(m.u.hello.nonce);
-        assert_int_equal(proto_auth_hello_sign(&s, &m), PD_OK);
+        assert_int_equal(proto_auth_hello_sign(&s, &m, ch), PD_OK);
         size_t len;
         uint8_t *f = enc(&m, &len);
-        assert_int_equal(proto_auth_hello_verify(&s, f, len), PD_OK);
-        assert_int_equal(proto_auth_hello_verify(&other, f, len), PD_ERR_AUTH);
+        assert_int_equal(proto_auth_hello_verify(&s, f, len, ch), PD_OK);
+        assert_int_equal(proto_auth_hello_verify(&other, f, len, ch), PD_ERR_AUTH);
+        /* the same HELLO replayed on a connection with another challenge */
+        assert_int_equal(proto_auth_hello_verify(&s, f, len, ch2), PD_ERR_AUTH);
         /* the ACK check refuses a HELLO frame */
-        assert_int_equal(proto_auth_ack_verify(&s, f, len, m.u.hello.nonce), PD_ERR_BAD_TYPE);
-        /* flip every body byte in turn: always rejected */
-        for (size_t i = PROTO_HDR_LEN; i < len; i += (len > 2000 ? 97 : 1)) {
+        assert_int_equal(proto_auth_ack_verify(&s, f, len, m.u.hello.nonce, ch),
+                         PD_ERR_BAD_TYPE);
+        /* flip every byte in turn, header included (except magic/version/
+         * type, which the header check refuses first): always rejected */
+        for (size_t i = 8; i < len; i += (len > 2000 ? 97 : 1)) {
+            if (i >= 12 && i < 16)
+                continue; /* body_len: a length change is TRUNCATED/AUTH */
             f[i] ^= 0x40;
-            assert_int_equal(proto_auth_hello_verify(&s, f, len), PD_ERR_AUTH);
+            pd_status_t st = proto_auth_hello_verify(&s, f, len, ch);
+            assert_true(st == PD_ERR_AUTH || st == PD_ERR_RESERVED);
             f[i] ^= 0x40;
         }
-        assert_int_equal(proto_auth_hello_verify(&s, f, PROTO_HDR_LEN + 4), PD_ERR_TRUNCATED);
+        /* the tag field of the header (16..23) is covered */
+        f[16] ^= 1;
+        assert_int_equal(proto_auth_hello_verify(&s, f, len, ch), PD_ERR_AUTH);
+        f[16] ^= 1;
+        assert_int_equal(proto_auth_hello_verify(&s, f, PROTO_HDR_LEN + 4, ch),
+                         PD_ERR_TRUNCATED);
         free(f);
     }
 }
@@ -101,26 +116,75 @@ static void test_ack(void **state)
     (void)state;
     proto_auth_secret_t s;
     assert_int_equal(proto_auth_secret_parse((const uint8_t *)HEX64, 64, &s), PD_OK);
-    uint8_t n1[PROTO_AUTH_NONCE_LEN], n2[PROTO_AUTH_NONCE_LEN];
+    uint8_t n1[PROTO_AUTH_NONCE_LEN], n2[PROTO_AUTH_NONCE_LEN], ch[PROTO_AUTH_NONCE_LEN];
     proto_auth_nonce(n1);
     proto_auth_nonce(n2);
+    proto_auth_nonce(ch);
     assert_memory_not_equal(n1, n2, sizeof(n1));
     proto_msg_t m;
     ps_make(PROTO_MSG_REGISTER_ACK, PS_MID, &m);
-    assert_int_equal(proto_auth_ack_sign(&s, &m, n1), PD_OK);
+    assert_int_equal(proto_auth_ack_sign(&s, &m, n1, ch), PD_OK);
     size_t len;
     uint8_t *f = enc(&m, &len);
-    assert_int_equal(proto_auth_ack_verify(&s, f, len, n1), PD_OK);
-    /* an old ACK replayed to a HELLO with another nonce */
-    assert_int_equal(proto_auth_ack_verify(&s, f, len, n2), PD_ERR_AUTH);
-    assert_int_equal(proto_auth_hello_verify(&s, f, len), PD_ERR_BAD_TYPE);
+    assert_int_equal(proto_auth_ack_verify(&s, f, len, n1, ch), PD_OK);
+    /* an old ACK replayed to a HELLO with another nonce or challenge */
+    assert_int_equal(proto_auth_ack_verify(&s, f, len, n2, ch), PD_ERR_AUTH);
+    assert_int_equal(proto_auth_ack_verify(&s, f, len, n1, n2), PD_ERR_AUTH);
+    assert_int_equal(proto_auth_hello_verify(&s, f, len, ch), PD_ERR_BAD_TYPE);
     f[len - 1] ^= 1;
-    assert_int_equal(proto_auth_ack_verify(&s, f, len, n1), PD_ERR_AUTH);
+    assert_int_equal(proto_auth_ack_verify(&s, f, len, n1, ch), PD_ERR_AUTH);
     free(f);
     /* wrong types refused by sign */
     ps_make(PROTO_MSG_HEARTBEAT, PS_MID, &m);
-    assert_int_equal(proto_auth_hello_sign(&s, &m), PD_ERR_BAD_TYPE);
-    assert_int_equal(proto_auth_ack_sign(&s, &m, n1), PD_ERR_BAD_TYPE);
+    assert_int_equal(proto_auth_hello_sign(&s, &m, ch), PD_ERR_BAD_TYPE);
+    assert_int_equal(proto_auth_ack_sign(&s, &m, n1, ch), PD_ERR_BAD_TYPE);
+}
+
+/* Session keys: both ends agree, directions differ, any nonce or secret
+ * change gives unrelated keys; frame tags bind key, sequence and bytes. */
+static void test_session_keys(void **state)
+{
+    (void)state;
+    proto_auth_secret_t s, other;
+    assert_int_equal(proto_auth_secret_parse((const uint8_t *)HEX64, 64, &s), PD_OK);
+    other = s;
+    other.key[3] ^= 0x80;
+    uint8_t ch[PROTO_AUTH_NONCE_LEN], hn[PROTO_AUTH_NONCE_LEN];
+    proto_auth_nonce(ch);
+    proto_auth_nonce(hn);
+    proto_auth_keys_t a, c, x;
+    proto_auth_session_keys(&s, ch, hn, true, &a);
+    proto_auth_session_keys(&s, ch, hn, false, &c);
+    assert_memory_equal(a.send, c.recv, sizeof(a.send));
+    assert_memory_equal(a.recv, c.send, sizeof(a.recv));
+    assert_memory_not_equal(a.send, a.recv, sizeof(a.send));
+    proto_auth_session_keys(&other, ch, hn, true, &x);
+    assert_memory_not_equal(a.send, x.send, sizeof(a.send));
+    ch[0] ^= 1;
+    proto_auth_session_keys(&s, ch, hn, true, &x);
+    assert_memory_not_equal(a.send, x.send, sizeof(a.send));
+    ch[0] ^= 1;
+    hn[31] ^= 1;
+    proto_auth_session_keys(&s, ch, hn, true, &x);
+    assert_memory_not_equal(a.send, x.send, sizeof(a.send));
+
+    proto_msg_t m;
+    ps_make(PROTO_MSG_TOKENS, PS_MID, &m);
+    size_t len;
+    uint8_t *f = enc(&m, &len);
+    uint8_t tag[PROTO_AUTH_TAG_LEN];
+    proto_auth_frame_tag(c.send, 7, f, len, tag);
+    assert_int_equal(proto_auth_frame_check(a.recv, 7, f, len, tag), PD_OK);
+    assert_int_equal(proto_auth_frame_check(a.recv, 6, f, len, tag), PD_ERR_AUTH);
+    assert_int_equal(proto_auth_frame_check(a.recv, 8, f, len, tag), PD_ERR_AUTH);
+    assert_int_equal(proto_auth_frame_check(a.send, 7, f, len, tag), PD_ERR_AUTH);
+    assert_int_equal(proto_auth_frame_check(x.recv, 7, f, len, tag), PD_ERR_AUTH);
+    for (size_t i = 0; i < len; i += 13) {
+        f[i] ^= 4;
+        assert_int_equal(proto_auth_frame_check(a.recv, 7, f, len, tag), PD_ERR_AUTH);
+        f[i] ^= 4;
+    }
+    free(f);
 }
 
 int main(void)
@@ -129,6 +193,7 @@ int main(void)
         cmocka_unit_test(test_secret_parse),
         cmocka_unit_test(test_hello),
         cmocka_unit_test(test_ack),
+        cmocka_unit_test(test_session_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

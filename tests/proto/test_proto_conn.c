@@ -119,6 +119,7 @@ static void on_sample(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 
     p->in_cb = 1;
     ps_make(msg->hdr.type, PS_MID, &want);
+    want.hdr.flags |= msg->hdr.flags & PROTO_FLAG_AUTH; /* set by proto_conn */
     if (!ps_equal(&want, msg))
         p->n_bad++;
     if (proto_conn_frame(c, &raw, &raw_len) == PD_OK &&
@@ -357,7 +358,7 @@ static void test_garbage_disconnects(void **state)
         uint8_t *b = enc(&m, &len);
         switch (i) {
         case 0: b[0] = 'X'; break;
-        case 1: b[4] = 2; break;
+        case 1: b[4] = 9; break;
         case 2: b[6] = 99; break;
         case 3: b[30] = 1; break;
         case 4: b[12] = 0xff; b[13] = 0xff; b[14] = 0xff; break;
@@ -388,6 +389,173 @@ static void test_garbage_disconnects(void **state)
         free(b);
         event_base_free(p.base);
     }
+}
+
+/* A session frame as a peer with `key` would send it as its seq-th: the
+ * sample with PROTO_FLAG_AUTH, then the tag. */
+static uint8_t *tagged(uint16_t type, const uint8_t key[PROTO_AUTH_TAG_LEN], uint64_t seq,
+                       size_t *len_p)
+{
+    proto_msg_t m;
+    size_t len;
+    ps_make(type, PS_MID, &m);
+    m.hdr.flags |= PROTO_FLAG_AUTH;
+    uint8_t *b = enc(&m, &len);
+    b = realloc(b, len + PROTO_AUTH_TAG_LEN);
+    assert_non_null(b);
+    proto_auth_frame_tag(key, seq, b, len, b + len);
+    *len_p = len + PROTO_AUTH_TAG_LEN;
+    return b;
+}
+
+/* Authenticated connections: in-order tagged frames pass; a replayed,
+ * reordered, untagged, foreign-session or tampered frame closes with
+ * PD_ERR_AUTH before anything of it is dispatched. Two proto_conns with
+ * matching keys talk both ways. */
+static void test_auth_frames(void **state)
+{
+    proto_auth_secret_t sec;
+    static const char hex[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+    assert_int_equal(proto_auth_secret_parse((const uint8_t *)hex, 64, &sec), PD_OK);
+    uint8_t ch[PROTO_AUTH_NONCE_LEN], hn[PROTO_AUTH_NONCE_LEN];
+    proto_auth_nonce(ch);
+    proto_auth_nonce(hn);
+    proto_auth_keys_t acc, con, other;
+    proto_auth_session_keys(&sec, ch, hn, true, &acc);
+    proto_auth_session_keys(&sec, ch, hn, false, &con);
+    hn[0] ^= 1;
+    proto_auth_session_keys(&sec, ch, hn, false, &other);
+
+    enum { GOOD, REPLAY, REORDER, UNTAGGED, FOREIGN, TAMPER, N_CASES };
+    for (int c = 0; c < N_CASES; c++) {
+        peer_t p = { .base = event_base_new() };
+        proto_conn_cbs_t cbs = sample_cbs();
+        int fds[2];
+        pair(fds);
+        assert_int_equal(proto_conn_create(p.base, fds[0], &cbs, &p, NULL, &p.conn), PD_OK);
+        proto_conn_set_keys(p.conn, &acc);
+        assert_true(proto_conn_is_authenticated(p.conn));
+        size_t l0, l1;
+        uint8_t *f0 = tagged(PROTO_MSG_TOKENS, con.send, 0, &l0);
+        uint8_t *f1 = tagged(PROTO_MSG_HEARTBEAT, con.send, 1, &l1);
+        int want_msgs = 0;
+        switch (c) {
+        case GOOD:
+            assert_int_equal(write(fds[1], f0, l0), (ssize_t)l0);
+            assert_int_equal(write(fds[1], f1, l1), (ssize_t)l1);
+            want_msgs = 2;
+            break;
+        case REPLAY:     /* the same frame twice */
+            assert_int_equal(write(fds[1], f0, l0), (ssize_t)l0);
+            assert_int_equal(write(fds[1], f0, l0), (ssize_t)l0);
+            want_msgs = 1;
+            break;
+        case REORDER:    /* seq 1 before seq 0 */
+            assert_int_equal(write(fds[1], f1, l1), (ssize_t)l1);
+            break;
+        case UNTAGGED: { /* a valid plain frame */
+            proto_msg_t m;
+            size_t l;
+            ps_make(PROTO_MSG_TOKENS, PS_MID, &m);
+            uint8_t *b = enc(&m, &l);
+            assert_int_equal(write(fds[1], b, l), (ssize_t)l);
+            free(b);
+            break;
+        }
+        case FOREIGN: {  /* tagged with another session's key */
+            size_t l;
+            uint8_t *b = tagged(PROTO_MSG_TOKENS, other.send, 0, &l);
+            assert_int_equal(write(fds[1], b, l), (ssize_t)l);
+            free(b);
+            break;
+        }
+        case TAMPER:     /* header tag field changed after tagging */
+            f0[16] ^= 1;
+            assert_int_equal(write(fds[1], f0, l0), (ssize_t)l0);
+            break;
+        }
+        if (c == GOOD) {
+            run_until(p.base, has_msgs, &p, &want_msgs, 2000);
+            /* and back: our replies are tagged with acc.send, seq from 0 */
+            proto_msg_t m;
+            ps_make(PROTO_MSG_CANCEL, PS_MID, &m);
+            assert_int_equal(proto_conn_send(p.conn, &m), PD_OK);
+            event_base_loop(p.base, EVLOOP_NONBLOCK);
+            uint8_t rb[4096];
+            fcntl(fds[1], F_SETFL, 0);
+            ssize_t n = read(fds[1], rb, sizeof(rb));
+            assert_true(n > (ssize_t)(PROTO_HDR_LEN + PROTO_AUTH_TAG_LEN));
+            size_t fl = (size_t)n - PROTO_AUTH_TAG_LEN;
+            assert_int_equal(rb[8] & PROTO_FLAG_AUTH, PROTO_FLAG_AUTH);
+            assert_int_equal(proto_auth_frame_check(con.recv, 0, rb, fl, rb + fl), PD_OK);
+            assert_int_equal(proto_auth_frame_check(con.recv, 1, rb, fl, rb + fl), PD_ERR_AUTH);
+            assert_int_equal(p.closed, 0);
+            finish(&p);
+        } else {
+            run_until(p.base, is_closed, &p, NULL, 2000);
+            if (p.why != PD_ERR_AUTH)
+                fail_msg("case %d: closed with %s", c, pd_status_name(p.why));
+        }
+        assert_int_equal(p.n_msgs, want_msgs);
+        assert_int_equal(p.n_bad, 0);
+        close(fds[1]);
+        free(f0);
+        free(f1);
+        event_base_free(p.base);
+    }
+
+    /* Two proto_conns, keys on both ends: 200 frames each way arrive. */
+    peer_t a = { .base = event_base_new() }, b = { .base = a.base };
+    proto_conn_cbs_t cbs = sample_cbs();
+    int fds[2];
+    pair(fds);
+    assert_int_equal(proto_conn_create(a.base, fds[0], &cbs, &a, NULL, &a.conn), PD_OK);
+    assert_int_equal(proto_conn_create(b.base, fds[1], &cbs, &b, NULL, &b.conn), PD_OK);
+    proto_conn_set_keys(a.conn, &acc);
+    proto_conn_set_keys(b.conn, &con);
+    proto_msg_t m;
+    ps_make(PROTO_MSG_PREFILL_DONE, PS_MID, &m);
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(proto_conn_send(a.conn, &m), PD_OK);
+        assert_int_equal(proto_conn_send(b.conn, &m), PD_OK);
+    }
+    int want = 200;
+    run_until(a.base, has_msgs, &a, &want, 5000);
+    run_until(b.base, has_msgs, &b, &want, 5000);
+    assert_int_equal(a.n_bad + b.n_bad, 0);
+    assert_int_equal(a.frame_ok, 200);
+    finish(&a);
+    finish(&b);
+    event_base_free(a.base);
+}
+
+/* opts.body_max: a body over it is refused from its header alone (before it
+ * is buffered), PD_ERR_TOO_BIG; set_body_max(0) lifts it. */
+static void test_body_max(void **state)
+{
+    peer_t p = { .base = event_base_new() };
+    proto_conn_cbs_t cbs = sample_cbs();
+    proto_conn_opts_t opts = { .body_max = 64 };
+    int fds[2];
+    pair(fds);
+    assert_int_equal(proto_conn_create(p.base, fds[0], &cbs, &p, &opts, &p.conn), PD_OK);
+    proto_msg_t m;
+    size_t len;
+    ps_make(PROTO_MSG_HEARTBEAT, PS_MID, &m);        /* 48 bytes: fits */
+    uint8_t *hb = enc(&m, &len);
+    assert_int_equal(write(fds[1], hb, len), (ssize_t)len);
+    int one = 1;
+    run_until(p.base, has_msgs, &p, &one, 2000);
+    ps_make(PROTO_MSG_DECODE_REQ, PS_MID, &m);
+    uint8_t *big = enc(&m, &len);
+    assert_true(len > PROTO_HDR_LEN + 64);
+    assert_int_equal(write(fds[1], big, PROTO_HDR_LEN), PROTO_HDR_LEN); /* header only */
+    run_until(p.base, is_closed, &p, NULL, 2000);
+    assert_int_equal(p.why, PD_ERR_TOO_BIG);
+    close(fds[1]);
+    free(hb);
+    free(big);
+    event_base_free(p.base);
 }
 
 /* Output cap: a peer that does not read makes sends fail with PD_ERR_BUSY;
@@ -757,6 +925,8 @@ int main(void)
         cmocka_unit_test(test_one_byte_writes),
         cmocka_unit_test(test_tcp_back_to_back),
         cmocka_unit_test(test_garbage_disconnects),
+        cmocka_unit_test(test_auth_frames),
+        cmocka_unit_test(test_body_max),
         cmocka_unit_test(test_output_cap),
         cmocka_unit_test(test_close_in_callback),
         cmocka_unit_test(test_reject_then_close),

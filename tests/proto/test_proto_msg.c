@@ -66,7 +66,9 @@ static pd_status_t decode_check(const uint8_t *buf, size_t len, proto_msg_t *out
 
 static void test_names(void **state)
 {
-    assert_int_equal(PROTO_MSG_COUNT, 14);
+    assert_int_equal(PROTO_MSG_COUNT, 15);
+    assert_int_equal(PROTO_MSG_CHALLENGE, 5);
+    assert_string_equal(proto_msg_name(PROTO_MSG_CHALLENGE), "CHALLENGE");
     assert_string_equal(proto_msg_name(PROTO_MSG_PEER_INFO), "PEER_INFO");
     assert_int_equal(PROTO_MSG_PEER_DOWN, 25);
     assert_string_equal(proto_msg_name(PROTO_MSG_HELLO), "HELLO");
@@ -80,7 +82,7 @@ static void test_names(void **state)
         assert_string_not_equal(proto_msg_name(ps_types[i]), "UNKNOWN");
     }
     assert_false(proto_msg_type_known(0));
-    assert_false(proto_msg_type_known(5));
+    assert_false(proto_msg_type_known(6));
     assert_false(proto_msg_type_known(0xffff));
 }
 
@@ -179,6 +181,10 @@ static void test_header_bitflips(void **state)
                 if (bit == 64) { /* PROTO_FLAG_REPLY */
                     assert_int_equal(st, PD_OK);
                     assert_int_equal(d.hdr.flags, PROTO_FLAG_REPLY);
+                } else if (bit == 65) { /* PROTO_FLAG_AUTH (the tag is
+                                           proto_conn's, not the codec's) */
+                    assert_int_equal(st, PD_OK);
+                    assert_int_equal(d.hdr.flags, PROTO_FLAG_AUTH);
                 } else {
                     assert_int_equal(st, PD_ERR_RESERVED);
                 }
@@ -452,7 +458,7 @@ static void test_encode_refuses(void **state)
     m.hdr.flags = 0x8000;
     assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_RESERVED);
     m.hdr.flags = 0;
-    m.hdr.type = 5;
+    m.hdr.type = 6;
     assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_TYPE);
 
     ps_make(PROTO_MSG_TOKENS, PS_MID, &m);
@@ -577,7 +583,7 @@ static void test_golden_bytes(void **state)
     uint8_t buf[64];
     size_t len;
     static const uint8_t want[] = {
-        'P', 'D', 'S', 'V', 0x01, 0x00, 0x16, 0x00, /* magic, ver 1, type 22 */
+        'P', 'D', 'S', 'V', 0x02, 0x00, 0x16, 0x00, /* magic, ver 2, type 22 */
         0x01, 0x00, 0x00, 0x00, 0x0d, 0x00, 0x00, 0x00, /* REPLY, rsv, len 13 */
         0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* tag */
         0, 0, 0, 0, 0, 0, 0, 0,                         /* reserved1 */
@@ -639,8 +645,8 @@ static void test_mac_input(void **state)
     ps_make(PROTO_MSG_HELLO, PS_MID, &m);
     uint8_t *buf = enc(&m, &len);
     assert_int_equal(proto_mac_input(buf, len, &p, &mlen), PD_OK);
-    assert_ptr_equal(p, buf + PROTO_HDR_LEN);
-    assert_int_equal(mlen, len - PROTO_HDR_LEN - PROTO_AUTH_MAC_LEN);
+    assert_ptr_equal(p, buf); /* the header is covered too */
+    assert_int_equal(mlen, len - PROTO_AUTH_MAC_LEN);
     assert_memory_equal(buf + len - PROTO_AUTH_MAC_LEN, m.u.hello.mac, PROTO_AUTH_MAC_LEN);
     assert_int_equal(proto_mac_input(buf, len - 1, &p, &mlen), PD_ERR_TRUNCATED);
     free(buf);

@@ -179,6 +179,18 @@ static uint64_t counter(const fx_t *f, rtr_stat_id_t id)
     return pd_stats_counter(f->r.stats, id);
 }
 
+/* Daemons see and answer to the router's wire id, never the client's id:
+ * the test names requests by client id and maps them here. */
+static struct { char cid[16]; char wid[PROTO_REQID_MAX + 1]; } wids[16];
+
+static const char *W(const char *cid)
+{
+    for (size_t i = 0; i < sizeof(wids) / sizeof(wids[0]); i++)
+        if (strcmp(wids[i].cid, cid) == 0)
+            return wids[i].wid;
+    return cid;
+}
+
 /* Accept one request ("Hi" as bytes) the way rtr_http.c does. */
 static rtr_req_t *accept_req(fx_t *f, const char *id, bool stream, uint32_t max_tokens)
 {
@@ -198,6 +210,13 @@ static rtr_req_t *accept_req(fx_t *f, const char *id, bool stream, uint32_t max_
     rtr_req_t *q = NULL;
     assert_int_equal(rtr_flow_new(&f->r, id, RTR_API_COMPLETIONS, &o, &ids, 2, &q), PD_OK);
     assert_null(ids);
+    assert_string_not_equal(q->wire_id, id);  /* daemons never see the client's id */
+    for (size_t i = 0; i < sizeof(wids) / sizeof(wids[0]); i++)
+        if (wids[i].cid[0] == '\0' || strcmp(wids[i].cid, id) == 0) {
+            snprintf(wids[i].cid, sizeof(wids[i].cid), "%s", id);
+            snprintf(wids[i].wid, sizeof(wids[i].wid), "%s", q->wire_id);
+            break;
+        }
     rec.attached = true;
     rtr_flow_start(q, dec, disagg ? pre : NULL);
     return q;
@@ -214,7 +233,7 @@ static void prefill_done(fx_t *f, const char *id, int32_t token0, uint64_t lease
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
     m.hdr.type = PROTO_MSG_PREFILL_DONE;
-    snprintf(m.u.prefill_done.request_id, sizeof(m.u.prefill_done.request_id), "%s", id);
+    snprintf(m.u.prefill_done.request_id, sizeof(m.u.prefill_done.request_id), "%s", W(id));
     m.u.prefill_done.first_token = token0;
     m.u.prefill_done.n_prompt_tokens = 2;
     m.u.prefill_done.lease_id = lease;
@@ -228,7 +247,7 @@ static void tokens(fx_t *f, const char *id, uint32_t seq, const int32_t *t, uint
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
     m.hdr.type = PROTO_MSG_TOKENS;
-    snprintf(m.u.tokens.request_id, sizeof(m.u.tokens.request_id), "%s", id);
+    snprintf(m.u.tokens.request_id, sizeof(m.u.tokens.request_id), "%s", W(id));
     m.u.tokens.seq = seq;
     m.u.tokens.tokens.n = n;
     m.u.tokens.tokens.v = (int32_t *)t;
@@ -240,7 +259,7 @@ static void finish(fx_t *f, const char *id, uint16_t reason)
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
     m.hdr.type = PROTO_MSG_FINISH;
-    snprintf(m.u.finish.request_id, sizeof(m.u.finish.request_id), "%s", id);
+    snprintf(m.u.finish.request_id, sizeof(m.u.finish.request_id), "%s", W(id));
     m.u.finish.reason = reason;
     deliver(f, f->dec, &m);
 }
@@ -250,7 +269,7 @@ static void error_from(fx_t *f, rtr_backend_t *be, const char *id, pd_status_t s
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
     m.hdr.type = PROTO_MSG_ERROR;
-    snprintf(m.u.error.request_id, sizeof(m.u.error.request_id), "%s", id);
+    snprintf(m.u.error.request_id, sizeof(m.u.error.request_id), "%s", W(id));
     m.u.error.status = st;
     snprintf(m.u.error.message, sizeof(m.u.error.message), "test");
     deliver(f, be, &m);
@@ -291,7 +310,7 @@ static void test_disaggregated_stream(void **state)
     tokens(f, "r1", 0, t, 2);
     assert_non_null(strstr(rec.body, "\"k!\""));
     finish(f, "r1", PROTO_FINISH_LENGTH);
-    assert_null(rtr_flow_find("r1"));
+    assert_null(rtr_flow_find(W("r1")));
     assert_true(rec.ended_stream);
     assert_non_null(strstr(rec.body, "\"finish_reason\":\"length\""));
     assert_non_null(strstr(rec.body, "data: [DONE]\n\n"));
@@ -337,7 +356,7 @@ static void test_decode_down_mid_stream(void **state)
     tokens(f, "r3", 0, t, 1);
     f->dec->conn = NULL;
     rtr_flow_backend_down(&f->r, f->dec);
-    assert_null(rtr_flow_find("r3"));
+    assert_null(rtr_flow_find(W("r3")));
     assert_true(rec.ended_stream);
     assert_non_null(strstr(rec.body, "died mid-stream"));
     assert_int_equal(counter(f, RTR_STAT_requests_failed), 1);
@@ -355,9 +374,9 @@ static void test_client_gone_and_late_prefill_done(void **state)
     const sent_t *s = last_sent();
     assert_int_equal(s->type, PROTO_MSG_CANCEL);
     assert_ptr_equal(s->to, f->pre);
-    assert_string_equal(s->id, "r4");
+    assert_string_equal(s->id, W("r4"));
     assert_true(rec.dropped);
-    assert_null(rtr_flow_find("r4"));
+    assert_null(rtr_flow_find(W("r4")));
     assert_int_equal(counter(f, RTR_STAT_requests_canceled), 1);
     assert_int_equal(counter(f, RTR_STAT_client_disconnects), 1);
 
@@ -402,7 +421,7 @@ static void test_pull_failure_retries_then_fails(void **state)
     assert_int_equal(s->flags & PROTO_DEC_PREFILL_LOCALLY, PROTO_DEC_PREFILL_LOCALLY);
     assert_int_equal(s->n_generated, 1);          /* the client already has 'p' */
     error_from(f, f->dec, "r6", PD_ERR_INTERNAL);
-    assert_null(rtr_flow_find("r6"));
+    assert_null(rtr_flow_find(W("r6")));
     assert_int_equal(counter(f, RTR_STAT_requests_failed), 1);
     assert_non_null(strstr(rec.body, "after 1 retries"));
 }
@@ -419,7 +438,7 @@ static void test_stale_messages_ignored(void **state)
     assert_int_equal(q->n_gen, 0);
     assert_false(rec.opened);
     rtr_flow_fail_all(&f->r, "stopping");
-    assert_null(rtr_flow_find("r7"));
+    assert_null(rtr_flow_find(W("r7")));
     assert_int_equal(last_sent()->type, PROTO_MSG_CANCEL);
     assert_int_equal(rec.reply_status, 503);
 }

@@ -113,6 +113,18 @@ static void test_chat(void **state)
 static void test_bad_requests(void **state)
 {
     expect_bad(RTR_API_COMPLETIONS, "{", 400, NULL, NULL);
+    /* one value, no bytes after it (whitespace aside), no key twice */
+    expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\"} {}", 400, NULL, NULL);
+    expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\"}x", 400, NULL, NULL);
+    expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"prompt\":\"y\"}", 400, NULL, NULL);
+    expect_bad(RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\","
+               "\"content\":\"b\"}]}", 400, NULL, NULL);
+    {
+        rtr_oai_req_t req;
+        rtr_oai_error_t err;
+        assert_int_equal(parse(RTR_API_COMPLETIONS, " {\"prompt\":\"x\"} \r\n", &req, &err), PD_OK);
+        rtr_oai_req_free(&req);
+    }
     expect_bad(RTR_API_COMPLETIONS, "[1,2]", 400, NULL, NULL);
     expect_bad(RTR_API_COMPLETIONS, "{}", 400, "prompt", NULL);
     expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":5}", 400, "prompt", NULL);

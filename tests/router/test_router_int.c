@@ -98,6 +98,7 @@ typedef struct {
     uint64_t compat;             /* 0 = the deployment's */
     proto_conn_t *conn;
     uint8_t nonce[PROTO_AUTH_NONCE_LEN];
+    uint8_t challenge[PROTO_AUTH_NONCE_LEN];
     bool registered, rejected, closed, ack_ok;
     int32_t reject_status;
     char reject_reason[PROTO_REASON_MAX + 1];
@@ -135,9 +136,11 @@ static void fake_hb(evutil_socket_t fd, short what, void *arg)
     fake_send(f, &m);
 }
 
-static void on_connected(proto_conn_t *conn, void *arg)
+/* The router speaks first: CHALLENGE; our HELLO's mac covers its nonce. */
+static void on_challenge(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
 {
     fake_t *f = arg;
+    memcpy(f->challenge, msg->u.challenge.nonce, sizeof(f->challenge));
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
     m.hdr.type = PROTO_MSG_HELLO;
@@ -159,7 +162,8 @@ static void on_connected(proto_conn_t *conn, void *arg)
     h->kv_addr.len = sizeof(addr);
     proto_auth_nonce(h->nonce);
     memcpy(f->nonce, h->nonce, sizeof(f->nonce));
-    assert_int_equal(proto_auth_hello_sign(f->wrong_secret ? &g.wrong : &g.secret, &m), PD_OK);
+    assert_int_equal(proto_auth_hello_sign(f->wrong_secret ? &g.wrong : &g.secret, &m,
+                                           f->challenge), PD_OK);
     fake_send(f, &m);
 }
 
@@ -169,8 +173,13 @@ static void on_ack(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
     const uint8_t *frame;
     size_t len;
     assert_int_equal(proto_conn_frame(conn, &frame, &len), PD_OK);
-    f->ack_ok = proto_auth_ack_verify(&g.secret, frame, len, f->nonce) == PD_OK;
+    f->ack_ok = proto_auth_ack_verify(&g.secret, frame, len, f->nonce, f->challenge) == PD_OK;
     f->registered = f->ack_ok;
+    if (f->ack_ok) {
+        proto_auth_keys_t k;
+        proto_auth_session_keys(&g.secret, f->challenge, f->nonce, false, &k);
+        proto_conn_set_keys(conn, &k);
+    }
 }
 
 static void on_reject(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
@@ -380,7 +389,7 @@ static void fake_start(fake_t *f, const char *id, uint16_t role, int mode, bool 
     f->wrong_secret = wrong;
     proto_conn_cbs_t cbs;
     memset(&cbs, 0, sizeof(cbs));
-    cbs.on_connected = on_connected;
+    cbs.on_challenge = on_challenge;
     cbs.on_register_ack = on_ack;
     cbs.on_register_reject = on_reject;
     cbs.on_peer_info = on_peer_info;
@@ -937,8 +946,9 @@ static void test_stream_disaggregated(void **st)
     assert_non_null(strcasestr(c->head, "X-Request-Id: rid-stream-1"));
     assert_int_equal(P1.n_prefill_req, pre + 1);
     assert_int_equal(D1.n_decode_req, dec + 1);
-    assert_string_equal(P1.last_req_id, "rid-stream-1");
-    assert_string_equal(D1.last_req_id, "rid-stream-1");
+    /* daemons see the router's own id, never the client's */
+    assert_string_not_equal(P1.last_req_id, "rid-stream-1");
+    assert_string_equal(D1.last_req_id, P1.last_req_id);
     assert_int_equal(D1.last_flags, 0);                 /* KV from the prefill */
     assert_true(D1.last_handle_len > 0);
     assert_int_equal(D1.last_gen_n, 1);                 /* token 0 from prefill */
@@ -1292,7 +1302,7 @@ static void test_slow_client(void **st)
     assert_int_equal(write(fd, req, (size_t)n), n);
     /* never read: the router must give up on us and cancel upstream */
     WAIT_FOR(D1.n_cancel == cancels + 1, 10000);
-    assert_string_equal(D1.cancel_id, "rid-slow");
+    assert_string_equal(D1.cancel_id, D1.held_id); /* the DECODE_REQ's (router's) id */
     close(fd);
     D1.mode = D_SCRIPT;
 }
@@ -1309,10 +1319,55 @@ static void test_disconnect_while_prefilling(void **st)
     WAIT_FOR(P1.n_prefill_req == pre + 1, 5000);
     hc_free(c);   /* the client leaves */
     WAIT_FOR(P1.n_cancel == cancels + 1, 5000);
-    assert_string_equal(P1.cancel_id, "rid-gone-1");
-    send_prefill_done(&P1, "rid-gone-1", 10);   /* too late */
+    assert_string_equal(P1.cancel_id, P1.last_req_id);
+    send_prefill_done(&P1, P1.last_req_id, 10);   /* too late */
     WAIT_FOR(P1.n_release == releases + 1, 5000);
     assert_int_equal(P1.release_lease, 0x77);
+    P1.mode = P_DONE;
+}
+
+/* Finding 5: a client leaves while its PREFILL_DONE is in flight and a new
+ * request reuses its X-Request-Id: the late PREFILL_DONE (another token 0)
+ * must not reach the new request; it is released. */
+static void test_reqid_reuse(void **st)
+{
+    P1.mode = P_HOLD;
+    int pre = P1.n_prefill_req, cancels = P1.n_cancel, releases = P1.n_release;
+    const char *body = long_prompt_body(",\"stream\":true");
+    hc_t *a = hc_start("POST", "/v1/completions", AUTH "X-Request-Id: rid-reuse\r\n", body,
+                       strlen(body));
+    WAIT_FOR(P1.n_prefill_req == pre + 1, 5000);
+    char wire_a[PROTO_REQID_MAX + 1];
+    snprintf(wire_a, sizeof(wire_a), "%s", P1.last_req_id);
+    hc_free(a);   /* the client leaves */
+    WAIT_FOR(P1.n_cancel == cancels + 1, 5000);
+    body = long_prompt_body(",\"stream\":true");
+    hc_t *b = hc_start("POST", "/v1/completions", AUTH "X-Request-Id: rid-reuse\r\n", body,
+                       strlen(body));
+    WAIT_FOR(P1.n_prefill_req == pre + 2, 5000);
+    assert_string_not_equal(P1.last_req_id, wire_a);
+    assert_string_not_equal(wire_a, "rid-reuse");
+    /* the first request's late answer, with a token 0 of its own */
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_PREFILL_DONE;
+    static const uint8_t handle[] = "fake-kv-handle";
+    snprintf(m.u.prefill_done.request_id, sizeof(m.u.prefill_done.request_id), "%s", wire_a);
+    m.u.prefill_done.first_token = 'Z';
+    m.u.prefill_done.n_prompt_tokens = 10;
+    m.u.prefill_done.lease_id = 0x77;
+    m.u.prefill_done.kv_handle.p = handle;
+    m.u.prefill_done.kv_handle.len = sizeof(handle);
+    fake_send(&P1, &m);
+    WAIT_FOR(P1.n_release == releases + 1, 5000);
+    send_prefill_done(&P1, P1.last_req_id, 10);   /* the second one's own */
+    hc_wait(b);
+    sse_t s;
+    sse_parse(b->body, &s);
+    assert_true(s.done);
+    assert_string_equal(s.text, SCRIPT);          /* 'H'..., never 'Z' */
+    sse_free(&s);
+    hc_free(b);
     P1.mode = P_DONE;
 }
 
@@ -1525,6 +1580,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_disconnect_and_429),
         cmocka_unit_test(test_admin_and_metrics),
         cmocka_unit_test(test_disconnect_while_prefilling),
+        cmocka_unit_test(test_reqid_reuse),
         cmocka_unit_test(test_slow_client),
         cmocka_unit_test(test_heartbeat_loss),
         cmocka_unit_test(test_sigterm_drain),

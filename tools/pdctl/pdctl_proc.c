@@ -1169,6 +1169,76 @@ out:
 
 /* ---- check / render ---------------------------------------------------------- */
 
+/* Run `bin --check-config --config=<the rendered file>`: the daemon's own
+ * parser checks every value (type, range, enum). 0, or 1 with its message
+ * on stderr. */
+static int pdctl_check_values(const pdctl_dep_t *dep, pdctl_role_t r, const char *file,
+                              const char *ca)
+{
+    char *text = pdctl_dep_render(dep, r, "check", ca, "/nonexistent/pdctl-check.sock", NULL,
+                                  NULL, NULL);
+    char tmp[] = "/tmp/pdctl-check-XXXXXX";
+    int tfd = text != NULL ? mkstemp(tmp) : -1;
+    if (tfd < 0) {
+        free(text);
+        fprintf(stderr, "pdctl: check: cannot write a temporary file: %s\n", strerror(errno));
+        return 1;
+    }
+    size_t len = strlen(text);
+    bool wrote = write(tfd, text, len) == (ssize_t)len;
+    close(tfd);
+    free(text);
+    int fds[2];
+    if (!wrote || pipe(fds) != 0) {
+        unlink(tmp);
+        return 1;
+    }
+    char cfg[PATH_MAX + 16];
+    snprintf(cfg, sizeof(cfg), "--config=%s", tmp);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        int null = open("/dev/null", O_RDWR);
+        if (null >= 0) {
+            dup2(null, 0);
+            dup2(null, 1);
+        }
+        close(fds[0]);
+        close(fds[1]);
+        execl(dep->bins[r], dep->bins[r], "--check-config", cfg, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    char msg[1024];
+    size_t n = 0;
+    ssize_t k;
+    while (pid > 0 && n < sizeof(msg) - 1 &&
+           (k = read(fds[0], msg + n, sizeof(msg) - 1 - n)) > 0)
+        n += (size_t)k;
+    msg[n] = '\0';
+    close(fds[0]);
+    int status = 0;
+    while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    unlink(tmp);
+    if (pid < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        /* the daemon names the key; say which section it came from */
+        char *nl = strchr(msg, '\n');
+        if (nl != NULL)
+            *nl = '\0';
+        const char *m = strstr(msg, ": ");
+        if (m != NULL && strncmp(m + 2, tmp, strlen(tmp)) == 0) {
+            const char *after = strstr(m + 2 + strlen(tmp), ": "); /* ":LINE: " */
+            if (after != NULL)
+                m = after;
+        }
+        fprintf(stderr, "pdctl: %s: [%s] %s\n", file, pdctl_role_name(r),
+                m != NULL ? m + 2 : (msg[0] ? msg : "value check failed"));
+        return 1;
+    }
+    return 0;
+}
+
 int pdctl_cmd_check(int argc, char **argv)
 {
     char *sets[PDCTL_MAX_SETS];
@@ -1181,6 +1251,14 @@ int pdctl_cmd_check(int argc, char **argv)
     int rc = pdctl_dep_load(argv[0], sets, n_sets, NULL, &dep);
     if (rc != 0)
         return rc;
+    const char *ca = pdctl_kvs_get(&dep.role_kv[PDCTL_ROUTER], "control");
+    for (int r = 0; r < PDCTL_ROLE_N; r++) {
+        if (pdctl_check_values(&dep, (pdctl_role_t)r, argv[0],
+                               ca ? ca : "127.0.0.1:7000") != 0) {
+            pdctl_dep_free(&dep);
+            return PDCTL_EXIT_USAGE;
+        }
+    }
     printf("%s: ok: deployment \"%s\", model %s, 1 router, %u prefill, %u decode, run dir %s\n",
            argv[0], dep.name, dep.model, dep.count[PDCTL_PREFILL], dep.count[PDCTL_DECODE],
            dep.run_dir);

@@ -1,0 +1,1079 @@
+/* test_security.c - what an attacker on the control network or a hostile
+ * HTTP client can do, tried against real pd-router / pd-prefill / pd-decode
+ * processes (issue 12). Each group is one deployment:
+ *   replay   - a real daemon's HELLO (and the frames after it) recorded by a
+ *              relay on the wire and replayed to the real router: refused;
+ *              unauthenticated connections are bounded in number, size and
+ *              time;
+ *   lockout  - SIGSTOP a prefill until the router drops it, SIGCONT: it
+ *              registers again with the same incarnation and disaggregated
+ *              requests are pulled from it again (not decode-local).
+ * Usage: test-security GROUP ROUTER PREFILL DECODE MODEL */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include "pd_e2e.h"
+#include "proto_auth.h"
+#include "proto_msg.h"
+
+static const char *g_router, *g_prefill, *g_decode, *g_model;
+static e2e_deploy_t g_d;
+static bool g_up;
+static int g_teardown_failures;
+
+static int stop_deploy(void)
+{
+    if (!g_up)
+        return 0;
+    g_up = false;
+    int bad = e2e_deploy_stop(&g_d, false);
+    if (bad != 0) {
+        fprintf(stderr, "security: %d daemon(s) exited badly\n", bad);
+        g_teardown_failures++;
+    }
+    return bad == 0 ? 0 : -1;
+}
+
+static int start_deploy(const char *const *rargs, const char *const *pargs,
+                        const char *const *dargs, int np, int nd)
+{
+    e2e_opts_t o = {
+        .router_bin = g_router, .prefill_bin = g_prefill, .decode_bin = g_decode,
+        .model = g_model, .router_args = rargs, .prefill_args = pargs, .decode_args = dargs,
+        .n_prefill = np, .n_decode = nd, .ready_timeout_s = 30,
+    };
+    g_up = true;
+    if (e2e_deploy_start(&g_d, &o) != 0) {
+        stop_deploy();
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **st)
+{
+    (void)st;
+    return stop_deploy();
+}
+
+static double router_stat(const char *name)
+{
+    cJSON *j = e2e_admin(g_d.router.sock, "stats");
+    double v = -1;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "stats")) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "table");
+        if (cJSON_IsString(t) && strcmp(t->valuestring, "router") == 0)
+            v = e2e_jnum(cJSON_GetObjectItemCaseSensitive(e, "values"), name);
+    }
+    cJSON_Delete(j);
+    return v;
+}
+
+/* State of backend `id` in the router's `backends` ("" if absent). */
+static void backend_state(const char *id, char *out, size_t cap)
+{
+    out[0] = '\0';
+    cJSON *j = e2e_admin(g_d.router.sock, "backends");
+    const cJSON *b;
+    cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(j, "backends")) {
+        const cJSON *bid = cJSON_GetObjectItemCaseSensitive(b, "id");
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(b, "state");
+        if (cJSON_IsString(bid) && strcmp(bid->valuestring, id) == 0 && cJSON_IsString(s))
+            snprintf(out, cap, "%s", s->valuestring);
+    }
+    cJSON_Delete(j);
+}
+
+static bool wait_backend_state(const char *id, const char *want, double timeout_s)
+{
+    char s[32];
+    double end = e2e_now() + timeout_s;
+    for (;;) {
+        backend_state(id, s, sizeof(s));
+        if (strcmp(s, want) == 0)
+            return true;
+        if (e2e_now() > end)
+            return false;
+        e2e_nap_ms(20);
+    }
+}
+
+static int tcp_connect(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Read exactly n bytes within timeout_s: n, 0 on EOF first, -1 timeout/error. */
+static ssize_t read_n(int fd, uint8_t *buf, size_t n, double timeout_s)
+{
+    size_t got = 0;
+    double end = e2e_now() + timeout_s;
+    while (got < n) {
+        int ms = (int)((end - e2e_now()) * 1000);
+        if (ms <= 0)
+            return -1;
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, ms) <= 0)
+            continue;
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r == 0)
+            return 0;
+        if (r < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            return errno == ECONNRESET ? 0 : -1;
+        }
+        got += (size_t)r;
+    }
+    return (ssize_t)n;
+}
+
+/* Read one whole frame (header + body; + tag if flagged). Returns its type,
+ * 0 on EOF, -1 on timeout. */
+static int read_frame(int fd, uint8_t *buf, size_t cap, size_t *len_p, double timeout_s)
+{
+    ssize_t r = read_n(fd, buf, PROTO_HDR_LEN, timeout_s);
+    if (r <= 0)
+        return (int)r;
+    proto_hdr_t h;
+    if (proto_hdr_decode(buf, PROTO_HDR_LEN, &h) != PD_OK)
+        return -1;
+    size_t len = PROTO_HDR_LEN + h.body_len +
+                 ((h.flags & PROTO_FLAG_AUTH) ? PROTO_AUTH_TAG_LEN : 0);
+    if (len > cap)
+        return -1;
+    r = read_n(fd, buf + PROTO_HDR_LEN, len - PROTO_HDR_LEN, timeout_s);
+    if (r < 0 || (r == 0 && len > PROTO_HDR_LEN))
+        return r < 0 ? -1 : 0;
+    *len_p = len;
+    return h.type;
+}
+
+/* Wait for EOF (or reset) on fd: true if it came within timeout_s. */
+static bool eof_within(int fd, double timeout_s)
+{
+    uint8_t b[4096];
+    double end = e2e_now() + timeout_s;
+    for (;;) {
+        int ms = (int)((end - e2e_now()) * 1000);
+        if (ms <= 0)
+            return false;
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, ms) <= 0)
+            continue;
+        ssize_t r = read(fd, b, sizeof(b));
+        if (r == 0 || (r < 0 && errno == ECONNRESET))
+            return true;
+    }
+}
+
+static int run_capture(const char *const *argv, char *out, size_t cap, double timeout_s);
+
+/* ---- a relay that records what a daemon sends to the router ------------ */
+
+typedef struct {
+    int lfd;                 /* listening */
+    uint16_t port;
+    uint16_t router_port;
+    volatile bool stop;
+    pthread_mutex_t mu;
+    uint8_t rec[256 * 1024]; /* daemon -> router bytes */
+    size_t rec_len;
+    pthread_t th;
+} relay_t;
+
+static void *relay_main(void *arg)
+{
+    relay_t *r = arg;
+    struct pollfd lp = { .fd = r->lfd, .events = POLLIN };
+    while (!r->stop && poll(&lp, 1, 50) <= 0) {
+    }
+    if (r->stop)
+        return NULL;
+    int d = accept(r->lfd, NULL, NULL);
+    int u = tcp_connect(r->router_port);
+    if (d < 0 || u < 0)
+        goto out;
+    uint8_t buf[65536];
+    while (!r->stop) {
+        struct pollfd p[2] = { { .fd = d, .events = POLLIN }, { .fd = u, .events = POLLIN } };
+        if (poll(p, 2, 50) <= 0)
+            continue;
+        for (int i = 0; i < 2; i++) {
+            if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            ssize_t n = read(p[i].fd, buf, sizeof(buf));
+            if (n <= 0)
+                goto out;
+            if (i == 0) {
+                pthread_mutex_lock(&r->mu);
+                size_t room = sizeof(r->rec) - r->rec_len;
+                size_t k = (size_t)n < room ? (size_t)n : room;
+                memcpy(r->rec + r->rec_len, buf, k);
+                r->rec_len += k;
+                pthread_mutex_unlock(&r->mu);
+            }
+            if (write(p[1 - i].fd, buf, (size_t)n) != n)
+                goto out;
+        }
+    }
+out:
+    if (d >= 0)
+        close(d);
+    if (u >= 0)
+        close(u);
+    return NULL;
+}
+
+static void relay_start(relay_t *r, uint16_t router_port)
+{
+    memset(r, 0, sizeof(*r));
+    pthread_mutex_init(&r->mu, NULL);
+    r->router_port = router_port;
+    r->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(r->lfd >= 0);
+    struct sockaddr_in a = { .sin_family = AF_INET };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(r->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(r->lfd, 4), 0);
+    socklen_t al = sizeof(a);
+    assert_int_equal(getsockname(r->lfd, (struct sockaddr *)&a, &al), 0);
+    r->port = ntohs(a.sin_port);
+    assert_int_equal(pthread_create(&r->th, NULL, relay_main, r), 0);
+}
+
+static void relay_stop(relay_t *r)
+{
+    r->stop = true;
+    pthread_join(r->th, NULL);
+    close(r->lfd);
+    pthread_mutex_destroy(&r->mu);
+}
+
+/* ---- replay group --------------------------------------------------------- */
+
+static int replay_setup(void **st)
+{
+    (void)st;
+    return start_deploy(NULL, NULL, NULL, 0, 1);
+}
+
+/* Finding 1 (critical): a HELLO recorded on the wire from a real prefill,
+ * replayed to the real router after that prefill is gone, must not
+ * register anyone; nor may the recorded session frames that followed it. */
+static void test_hello_replay(void **st)
+{
+    (void)st;
+    relay_t rl;
+    relay_start(&rl, g_d.control_port);
+    char rarg[64];
+    snprintf(rarg, sizeof(rarg), "--router=127.0.0.1:%u", rl.port);
+    const char *extra[] = { rarg, NULL };
+    e2e_proc_t *pf = e2e_add_daemon(&g_d, E2E_PREFILL, "pf-replay", extra);
+    assert_non_null(pf);
+    assert_true(wait_backend_state("pf-replay", "ready", 20));
+    e2e_nap_ms(1200); /* a few heartbeats recorded after the HELLO */
+    e2e_proc_signal(pf, SIGKILL);
+    e2e_proc_wait(pf, 10);
+    pf->stopped = true;
+    relay_stop(&rl);
+    assert_true(wait_backend_state("pf-replay", "down", 20));
+
+    /* the recording: HELLO first (untagged), then tagged session frames */
+    proto_hdr_t h;
+    assert_true(rl.rec_len > PROTO_HDR_LEN);
+    assert_int_equal(proto_hdr_decode(rl.rec, rl.rec_len, &h), PD_OK);
+    assert_int_equal(h.type, PROTO_MSG_HELLO);
+    size_t hello_len = PROTO_HDR_LEN + h.body_len;
+    assert_true(rl.rec_len > hello_len + PROTO_HDR_LEN);
+    proto_hdr_t h2;
+    assert_int_equal(proto_hdr_decode(rl.rec + hello_len, rl.rec_len - hello_len, &h2), PD_OK);
+    assert_true((h2.flags & PROTO_FLAG_AUTH) != 0);
+    double rej0 = router_stat("backends_rejected");
+
+    /* replay 1: the HELLO alone; replay 2: the whole recorded stream */
+    for (int k = 0; k < 2; k++) {
+        int fd = tcp_connect(g_d.control_port);
+        assert_true(fd >= 0);
+        uint8_t buf[16384];
+        size_t len = 0;
+        assert_int_equal(read_frame(fd, buf, sizeof(buf), &len, 5), PROTO_MSG_CHALLENGE);
+        size_t n = k == 0 ? hello_len : rl.rec_len;
+        assert_int_equal(write(fd, rl.rec, n), (ssize_t)n);
+        int t = read_frame(fd, buf, sizeof(buf), &len, 5);
+        if (t != PROTO_MSG_REGISTER_REJECT)
+            fail_msg("replayed HELLO answered with type %d, not REGISTER_REJECT", t);
+        proto_msg_t m;
+        assert_int_equal(proto_msg_decode(buf, len, &m), PD_OK);
+        assert_int_equal(m.u.register_reject.status, PD_ERR_AUTH);
+        assert_true(eof_within(fd, 5));
+        close(fd);
+        char s[32];
+        backend_state("pf-replay", s, sizeof(s));
+        assert_string_equal(s, "down");
+    }
+    assert_true(router_stat("backends_rejected") >= rej0 + 2);
+
+    /* the recorded session frames without a HELLO: closed, nothing
+     * delivered (the router wants a HELLO first) */
+    int fd = tcp_connect(g_d.control_port);
+    assert_true(fd >= 0);
+    uint8_t buf[4096];
+    size_t len;
+    assert_int_equal(read_frame(fd, buf, sizeof(buf), &len, 5), PROTO_MSG_CHALLENGE);
+    size_t n = rl.rec_len - hello_len;
+    assert_int_equal(write(fd, rl.rec + hello_len, n), (ssize_t)n);
+    assert_true(eof_within(fd, 5));
+    close(fd);
+
+    /* the real daemon still registers (with a fresh challenge) */
+    e2e_proc_t *again = e2e_add_daemon(&g_d, E2E_PREFILL, "pf-replay-2", NULL);
+    assert_non_null(again);
+    assert_true(wait_backend_state("pf-replay-2", "ready", 20));
+}
+
+/* Finding 6: before registering, a peer may open only a bounded number of
+ * connections, send only a HELLO-sized frame, and must finish within the
+ * handshake deadline even if it trickles bytes. */
+static void test_preauth_bounds(void **st)
+{
+    (void)st;
+    double drop0 = router_stat("ctl_unauth_dropped");
+    /* 1. an 8 MiB DECODE_REQ header before HELLO: closed on the header */
+    int fd = tcp_connect(g_d.control_port);
+    assert_true(fd >= 0);
+    uint8_t buf[4096];
+    size_t len;
+    assert_int_equal(read_frame(fd, buf, sizeof(buf), &len, 5), PROTO_MSG_CHALLENGE);
+    proto_hdr_t h = { .type = PROTO_MSG_DECODE_REQ, .body_len = 8u << 20 };
+    uint8_t hb[PROTO_HDR_LEN];
+    proto_hdr_encode(&h, hb);
+    assert_int_equal(write(fd, hb, sizeof(hb)), (ssize_t)sizeof(hb));
+    double t0 = e2e_now();
+    assert_true(eof_within(fd, 3));
+    assert_true(e2e_now() - t0 < 2.0);
+    close(fd);
+
+    /* 2. many idle connections: at most RTR_CTL_PENDING_MAX (32) get a
+     * CHALLENGE, the rest are closed at once */
+    enum { N = 48 };
+    int fds[N];
+    int challenged = 0, refused = 0;
+    for (int i = 0; i < N; i++) {
+        fds[i] = tcp_connect(g_d.control_port);
+        assert_true(fds[i] >= 0);
+    }
+    for (int i = 0; i < N; i++) {
+        int t = read_frame(fds[i], buf, sizeof(buf), &len, 3);
+        if (t == PROTO_MSG_CHALLENGE)
+            challenged++;
+        else if (t == 0)
+            refused++;
+    }
+    fprintf(stderr, "security: %d of %d idle connections challenged, %d closed at once\n",
+            challenged, N, refused);
+    assert_true(challenged <= 32);
+    assert_true(refused >= N - 32);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    assert_true(router_stat("ctl_unauth_dropped") >= drop0 + (N - 32));
+
+    /* 3. a trickler (one byte every 300 ms keeps the idle timer happy):
+     * closed at the 5 s handshake deadline */
+    e2e_nap_ms(300);
+    fd = tcp_connect(g_d.control_port);
+    assert_true(fd >= 0);
+    assert_int_equal(read_frame(fd, buf, sizeof(buf), &len, 5), PROTO_MSG_CHALLENGE);
+    /* a valid HELLO header, then body bytes: nothing to refuse early */
+    proto_hdr_t hh = { .type = PROTO_MSG_HELLO, .body_len = 400 };
+    uint8_t trickle[PROTO_HDR_LEN + 400] = { 0 };
+    proto_hdr_encode(&hh, trickle);
+    t0 = e2e_now();
+    bool closed = false;
+    for (int i = 0; i < 40 && !closed; i++) {
+        if (write(fd, trickle + i, 1) != 1)
+            closed = true;
+        else
+            closed = eof_within(fd, 0.3);
+    }
+    assert_true(closed);
+    double took = e2e_now() - t0;
+    fprintf(stderr, "security: trickling control peer closed after %.1f s\n", took);
+    assert_true(took < 8.0);
+    close(fd);
+}
+
+static bool file_has(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return false;
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, needle) != NULL;
+}
+
+/* Finding 7, the smaller ones, against the real processes. */
+static void test_smaller_ones(void **st)
+{
+    (void)st;
+    /* a daemon id with a newline, correctly signed: refused, logged escaped */
+    proto_auth_secret_t sec;
+    assert_int_equal(proto_auth_secret_parse((const uint8_t *)g_d.secret_hex,
+                                             strlen(g_d.secret_hex), &sec), PD_OK);
+    int fd = tcp_connect(g_d.control_port);
+    assert_true(fd >= 0);
+    uint8_t buf[16384];
+    size_t len = 0;
+    assert_int_equal(read_frame(fd, buf, sizeof(buf), &len, 5), PROTO_MSG_CHALLENGE);
+    proto_msg_t ch;
+    assert_int_equal(proto_msg_decode(buf, len, &ch), PD_OK);
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_HELLO;
+    m.u.hello.role = PROTO_ROLE_DECODE;
+    m.u.hello.caps = PROTO_CAP_DECODE;
+    snprintf(m.u.hello.daemon_id, sizeof(m.u.hello.daemon_id), "evil\nid 2026-01-01 forged");
+    proto_auth_nonce(m.u.hello.nonce);
+    assert_int_equal(proto_auth_hello_sign(&sec, &m, ch.u.challenge.nonce), PD_OK);
+    size_t n = 0;
+    assert_int_equal(proto_msg_encode(&m, buf, sizeof(buf), &n), PD_OK);
+    assert_int_equal(write(fd, buf, n), (ssize_t)n);
+    assert_int_equal(read_frame(fd, buf, sizeof(buf), &len, 5), PROTO_MSG_REGISTER_REJECT);
+    assert_int_equal(proto_msg_decode(buf, len, &m), PD_OK);
+    assert_int_equal(m.u.register_reject.status, PD_ERR_BAD_INPUT);
+    close(fd);
+    e2e_nap_ms(100);
+    assert_true(file_has(g_d.router.log, "evil\\x0aid\\x202026"));
+    assert_false(file_has(g_d.router.log, "evil\nid"));
+
+    /* admin: words beyond the usage are refused, nothing happens */
+    cJSON *j = e2e_admin(g_d.decode[0].sock, "drain now please");
+    assert_non_null(j);
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "ok")));
+    cJSON_Delete(j);
+    e2e_nap_ms(300);
+    assert_true(e2e_proc_alive(&g_d.decode[0]));
+    j = e2e_admin(g_d.decode[0].sock, "session");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "ok")));
+    cJSON_Delete(j);
+
+    /* --config=/dev/urandom: refused at once, no hang */
+    static char out[4096];
+    const char *argv[] = { g_router, "--config=/dev/urandom", NULL };
+    double t0 = e2e_now();
+    assert_int_equal(run_capture(argv, out, sizeof(out), 10), 2);
+    assert_true(e2e_now() - t0 < 5);
+    assert_non_null(strstr(out, "not a regular file"));
+
+    /* lease-ttl: the router refuses what the prefill would refuse */
+    const char *lr[] = { g_router, "--check-config", "--lease-ttl=700s", NULL };
+    assert_int_equal(run_capture(lr, out, sizeof(out), 10), 2);
+    assert_non_null(strstr(out, "out of range"));
+    const char *lp[] = { g_prefill, "--check-config", "--lease-ttl=700s", NULL };
+    assert_int_equal(run_capture(lp, out, sizeof(out), 10), 2);
+    const char *lok[] = { g_router, "--check-config", "--lease-ttl=600s", NULL };
+    assert_int_equal(run_capture(lok, out, sizeof(out), 10), 0);
+
+    /* --secret as text (the harness passes it): warned */
+    assert_true(file_has(g_d.router.log, "prefer --secret-file"));
+    assert_true(file_has(g_d.decode[0].log, "prefer --secret-file"));
+    proto_auth_secret_wipe(&sec);
+}
+
+/* ---- lockout group -------------------------------------------------------- */
+
+static int lockout_setup(void **st)
+{
+    (void)st;
+    static const char *ra[] = { "--disagg-mode=always", NULL };
+    return start_deploy(ra, NULL, NULL, 1, 1);
+}
+
+static double admin_num(const e2e_proc_t *p, const char *cmd, const char *path)
+{
+    cJSON *j = e2e_admin(p->sock, cmd);
+    double v = e2e_jnum(j, path);
+    cJSON_Delete(j);
+    return v;
+}
+
+static void backend_incarnation(const char *id, char *out, size_t cap)
+{
+    out[0] = '\0';
+    cJSON *j = e2e_admin(g_d.router.sock, "backends");
+    const cJSON *b;
+    cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(j, "backends")) {
+        const cJSON *bid = cJSON_GetObjectItemCaseSensitive(b, "id");
+        const cJSON *inc = cJSON_GetObjectItemCaseSensitive(b, "incarnation");
+        if (cJSON_IsString(bid) && strcmp(bid->valuestring, id) == 0 && cJSON_IsString(inc))
+            snprintf(out, cap, "%s", inc->valuestring);
+    }
+    cJSON_Delete(j);
+}
+
+static void one_request(int salt)
+{
+    char body[512];
+    int o = snprintf(body, sizeof(body), "{\"prompt\":[");
+    for (int i = 0; i < 40; i++)
+        o += snprintf(body + o, sizeof(body) - (size_t)o, "%s%d", i ? "," : "",
+                      10 + (i * 7 + salt * 13) % 200);
+    snprintf(body + o, sizeof(body) - (size_t)o, "],\"max_tokens\":4,\"temperature\":0}");
+    e2e_resp_t r;
+    e2e_http(g_d.http_port, "POST", "/v1/completions", NULL, body, 30.0, &r);
+    if (r.status != 200)
+        fail_msg("request %d: status %d body %s", salt, r.status, r.body ? r.body : "");
+    e2e_resp_free(&r);
+}
+
+/* Finding 2: the prefill is stopped long enough for the router to drop it
+ * (PEER_DOWN to the decode), then resumed. It registers again with the
+ * same incarnation and must be used again: disaggregated requests are
+ * pulled over kvxfer, not silently re-done decode-local. */
+static void test_stop_resume_prefill(void **st)
+{
+    (void)st;
+    e2e_proc_t *pf = &g_d.prefill[0], *dec = &g_d.decode[0];
+    const char *id = pf->id;
+    assert_true(wait_backend_state(id, "ready", 20));
+    char inc0[32], inc1[32];
+    backend_incarnation(id, inc0, sizeof(inc0));
+    double ok0 = admin_num(dec, "requests", "counters.pulls_ok");
+    one_request(0);
+    assert_true(admin_num(dec, "requests", "counters.pulls_ok") >= ok0 + 1);
+
+    double t0 = e2e_now();
+    e2e_proc_signal(pf, SIGSTOP);
+    assert_true(wait_backend_state(id, "down", 10));
+    while (e2e_now() - t0 < 3.0)
+        e2e_nap_ms(50);
+    e2e_proc_signal(pf, SIGCONT);
+    assert_true(wait_backend_state(id, "ready", 20));
+    backend_incarnation(id, inc1, sizeof(inc1));
+    assert_string_equal(inc0, inc1);    /* the same process, not a restart */
+
+    double ok1 = admin_num(dec, "requests", "counters.pulls_ok");
+    double local0 = router_stat("requests_local");
+    double dis0 = router_stat("requests_disaggregated");
+    double retried0 = router_stat("requests_retried");
+    for (int i = 1; i <= 3; i++)
+        one_request(i);
+    double pulled = admin_num(dec, "requests", "counters.pulls_ok") - ok1;
+    double local = router_stat("requests_local") - local0;
+    fprintf(stderr, "security: after stop/resume: %.0f pulled, %.0f decode-local, "
+            "%.0f disaggregated\n", pulled, local, router_stat("requests_disaggregated") - dis0);
+    assert_true(pulled >= 3);
+    assert_true(local == 0);
+    assert_true(router_stat("requests_retried") == retried0); /* no fallback retries */
+}
+
+/* ---- memory group ------------------------------------------------------------ */
+
+#include <dirent.h>
+#include <sys/wait.h>
+
+#include <sys/stat.h>
+#include <time.h>
+
+/* Entries of /dev/shm changed since t0 (wall clock) and larger than 64 MiB:
+ * what a leftover KV arena would look like (other processes on the machine
+ * may create small segments meanwhile). */
+static int big_new_shm(time_t t0)
+{
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    if (d == NULL)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char p[512];
+        struct stat sb;
+        snprintf(p, sizeof(p), "/dev/shm/%s", e->d_name);
+        if (e->d_name[0] != '.' && stat(p, &sb) == 0 && sb.st_mtime >= t0 &&
+            sb.st_size > (64 << 20))
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Run bin with args; its stderr+stdout into out; exit status or -1. */
+static int run_capture(const char *const *argv, char *out, size_t cap, double timeout_s)
+{
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        dup2(pfd[1], 2);
+        close(pfd[0]);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(pfd[1]);
+    size_t n = 0;
+    double end = e2e_now() + timeout_s;
+    for (;;) {
+        struct pollfd p = { .fd = pfd[0], .events = POLLIN };
+        int ms = (int)((end - e2e_now()) * 1000);
+        if (ms <= 0 || poll(&p, 1, ms) <= 0)
+            break;
+        ssize_t r = read(pfd[0], out + n, cap - 1 - n);
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+        if (n >= cap - 1)
+            break;
+    }
+    out[n] = '\0';
+    close(pfd[0]);
+    int st;
+    for (;;) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (e2e_now() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        e2e_nap_ms(20);
+    }
+}
+
+/* Finding 3: --kv-blocks inside the documented range but far beyond the
+ * machine: a clear error at boot, exit 1, nothing left in /dev/shm. */
+static void test_kv_blocks_vs_machine(void **st)
+{
+    (void)st;
+    time_t wall0 = time(NULL);
+    const char *bins[] = { g_prefill, g_decode };
+    for (int i = 0; i < 2; i++) {
+        char model[512];
+        snprintf(model, sizeof(model), "--model=%s", g_model);
+        const char *argv[] = { bins[i], model, "--id=mem-test", "--router=127.0.0.1:1",
+                               "--kv-blocks=100000000", "--insecure-no-auth", "--threads=1",
+                               NULL };
+        static char out[16384];
+        double t0 = e2e_now();
+        int rc = run_capture(argv, out, sizeof(out), 60);
+        if (rc != 1 || strstr(out, "does not fit") == NULL || strstr(out, "--kv-blocks") == NULL)
+            fail_msg("%s --kv-blocks=100000000: exit %d, output:\n%s", bins[i], rc, out);
+        fprintf(stderr, "security: %s refused the arena in %.2f s\n", bins[i], e2e_now() - t0);
+    }
+    assert_int_equal(big_new_shm(wall0), 0);
+}
+
+/* ---- http group -------------------------------------------------------------- */
+
+#include <sys/resource.h>
+
+static int http_setup(void **st)
+{
+    (void)st;
+    static const char *ra[] = { "--http-max-conns=24", "--http-max-conns-per-client=8",
+                                "--http-read-timeout=2s", NULL };
+    return start_deploy(ra, NULL, NULL, 0, 1);
+}
+
+/* A TCP connection to the router's HTTP port from source address src
+ * (any 127/8 address is loopback on Linux). */
+static int http_connect_from(const char *src)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in b = { .sin_family = AF_INET };
+    inet_pton(AF_INET, src, &b.sin_addr);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(g_d.http_port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, (struct sockaddr *)&b, sizeof(b)) != 0 ||
+        connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int health_status(double timeout_s)
+{
+    e2e_resp_t r;
+    e2e_http(g_d.http_port, "GET", "/health", NULL, NULL, timeout_s, &r);
+    int st = r.status;
+    e2e_resp_free(&r);
+    return st;
+}
+
+/* What arrived on fd within timeout_s: 1 = a 503 then EOF, 2 = EOF alone,
+ * 0 = nothing (still open). */
+static int http_refused(int fd, double timeout_s)
+{
+    char b[1024];
+    size_t n = 0;
+    double end = e2e_now() + timeout_s;
+    for (;;) {
+        int ms = (int)((end - e2e_now()) * 1000);
+        if (ms <= 0)
+            return 0;
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, ms) <= 0)
+            continue;
+        ssize_t r = read(fd, b + n, sizeof(b) - 1 - n);
+        if (r <= 0) {
+            b[n] = '\0';
+            return strncmp(b, "HTTP/1.1 503", 12) == 0 ? 1 : 2;
+        }
+        n += (size_t)r;
+        if (n >= sizeof(b) - 1)
+            return 0;
+    }
+}
+
+/* Finding 4: per-client cap (503 + close), a slow client closed at the
+ * read deadline however it trickles, the total cap (accept pauses, other
+ * clients wait instead of failing). */
+static void test_http_conn_caps(void **st)
+{
+    (void)st;
+    double refused0 = router_stat("http_conns_refused");
+    int fds[32], n_open = 0, n_503 = 0;
+    for (int i = 0; i < 12; i++) {
+        fds[i] = http_connect_from("127.0.0.2");
+        assert_true(fds[i] >= 0);
+    }
+    for (int i = 0; i < 12; i++) {
+        int k = http_refused(fds[i], i < 8 ? 0.05 : 1.0);
+        if (k == 1)
+            n_503++;
+        else if (k == 0)
+            n_open++;
+    }
+    fprintf(stderr, "security: 12 connections from one client: %d open, %d refused with 503\n",
+            n_open, n_503);
+    assert_int_equal(n_open, 8);
+    assert_int_equal(n_503, 4);
+    assert_int_equal(health_status(5), 200); /* other clients unaffected */
+    assert_true(router_stat("http_conns_refused") >= refused0 + 4);
+    for (int i = 0; i < 12; i++)
+        close(fds[i]);
+
+    /* slowloris: one header byte every 300 ms */
+    double to0 = router_stat("http_read_timeouts");
+    int fd = http_connect_from("127.0.0.3");
+    assert_true(fd >= 0);
+    static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaa"
+                              "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    double t0 = e2e_now();
+    bool closed = false;
+    for (size_t i = 0; i < sizeof(req) - 1 && !closed; i++) {
+        if (send(fd, req + i, 1, MSG_NOSIGNAL) != 1)
+            closed = true;
+        else
+            closed = eof_within(fd, 0.3);
+    }
+    double took = e2e_now() - t0;
+    fprintf(stderr, "security: trickling HTTP client closed after %.1f s\n", took);
+    assert_true(closed);
+    assert_true(took < 4.0);
+    assert_true(router_stat("http_read_timeouts") >= to0 + 1);
+    close(fd);
+
+    /* total cap 24: 24 idle connections from 4 addresses fill it; a new
+     * client waits in the backlog (no error) until the idle ones hit their
+     * read deadline */
+    static const char *src[] = { "127.0.0.11", "127.0.0.12", "127.0.0.13", "127.0.0.14" };
+    for (int i = 0; i < 24; i++) {
+        fds[i] = http_connect_from(src[i % 4]);
+        assert_true(fds[i] >= 0);
+    }
+    e2e_nap_ms(300);
+    t0 = e2e_now();
+    int stt = health_status(8);
+    took = e2e_now() - t0;
+    fprintf(stderr, "security: /health with %d idle connections open: %d after %.1f s\n", 24,
+            stt, took);
+    assert_int_equal(stt, 200);
+    assert_true(took > 0.8); /* it had to wait for the read deadline */
+    for (int i = 0; i < 24; i++)
+        close(fds[i]);
+}
+
+/* Send raw request bytes; the response's status (0 if none within 5 s) and
+ * whether the router closed the connection after it. */
+static int raw_http(const char *req, bool *closed, char *body, size_t cap)
+{
+    int fd = http_connect_from("127.0.0.5");
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    char b[8192];
+    size_t n = 0;
+    double end = e2e_now() + 5;
+    *closed = false;
+    while (e2e_now() < end && n < sizeof(b) - 1) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, 100) <= 0) {
+            if (n > 0 && strstr(b, "\r\n\r\n") != NULL)
+                break; /* a whole answer, connection kept */
+            continue;
+        }
+        ssize_t r = read(fd, b + n, sizeof(b) - 1 - n);
+        if (r <= 0) {
+            *closed = true;
+            break;
+        }
+        n += (size_t)r;
+        b[n] = '\0';
+    }
+    b[n] = '\0';
+    close(fd);
+    int st = 0;
+    if (strncmp(b, "HTTP/1.1 ", 9) == 0)
+        st = atoi(b + 9);
+    const char *bd = strstr(b, "\r\n\r\n");
+    snprintf(body, cap, "%s", bd ? bd + 4 : "");
+    return st;
+}
+
+/* Finding 7: HTTP a proxy in front would frame differently is refused
+ * (and the connection closed); JSON with bytes after the value or a key
+ * twice is refused. */
+static void test_http_ambiguous(void **st)
+{
+    (void)st;
+    static const char *const bad[] = {
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 30\r\nContent-Length: 30\r\n\r\n{\"prompt\":\"hi\",\"max_tokens\":1}",
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: gzip, chunked\r\nContent-Length: 30\r\n\r\n"
+        "{\"prompt\":\"hi\",\"max_tokens\":1}",
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\nContent-Length: 30\r\n\r\n1e\r\n"
+        "{\"prompt\":\"hi\",\"max_tokens\":1}\r\n0\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: gzip, chunked\r\n\r\n1e\r\n"
+        "{\"prompt\":\"hi\",\"max_tokens\":1}\r\n0\r\n\r\n",
+        /* bare LF line ends, all or one */
+        "GET /health HTTP/1.1\nHost: x\n\n",
+        "GET /health HTTP/1.1\r\nHost: x\nX-A: b\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        bool closed;
+        char body[4096];
+        int stt = raw_http(bad[i], &closed, body, sizeof(body));
+        /* ours ("ambiguous HTTP framing") or libevent's own plain 400 */
+        if (stt != 400 || !closed)
+            fail_msg("ambiguous request %zu: status %d closed %d body %s", i, stt, closed, body);
+    }
+    static const struct { const char *json, *why; } js[] = {
+        { "{\"prompt\":\"hi\",\"max_tokens\":1} {}", "bytes after" },
+        { "{\"prompt\":\"hi\",\"max_tokens\":1,\"prompt\":\"other\"}", "twice" },
+        { "{\"prompt\":\"hi\",\"max_tokens\":1,\"stop\":{\"a\":1,\"a\":2}}", "twice" },
+    };
+    for (size_t i = 0; i < sizeof(js) / sizeof(js[0]); i++) {
+        char req[1024];
+        snprintf(req, sizeof(req),
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %zu\r\n\r\n%s", strlen(js[i].json), js[i].json);
+        bool closed;
+        char body[4096];
+        int stt = raw_http(req, &closed, body, sizeof(body));
+        if (stt != 400 || strstr(body, js[i].why) == NULL)
+            fail_msg("JSON %zu: status %d body %s", i, stt, body);
+    }
+    /* the same request, well-formed, works */
+    static const char good[] = "{\"prompt\":\"hi\",\"max_tokens\":1}";
+    char req[512];
+    snprintf(req, sizeof(req),
+             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", strlen(good), good);
+    bool closed;
+    char body[4096];
+    assert_int_equal(raw_http(req, &closed, body, sizeof(body)), 200);
+}
+
+/* Finding 7: a client that shuts down its sending side after a
+ * non-streaming request (shutdown(SHUT_WR), `nc -N`) still gets its answer
+ * (a streaming one does not: evhttp ends a started stream on EOF); one
+ * that closes its socket is still noticed (router-int, e2e-faults). */
+static void test_http_half_close(void **st)
+{
+    (void)st;
+    static const char *const bodies[] = {
+        "{\"prompt\":\"hello there\",\"max_tokens\":6,\"temperature\":0}",
+    };
+    for (int k = 0; k < 1; k++) {
+        int fd = http_connect_from("127.0.0.6");
+        assert_true(fd >= 0);
+        char req[512];
+        int n = snprintf(req, sizeof(req),
+                         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         "application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                         strlen(bodies[k]), bodies[k]);
+        assert_int_equal(write(fd, req, (size_t)n), n);
+        shutdown(fd, SHUT_WR);
+        static char b[65536];
+        size_t got = 0;
+        double end = e2e_now() + 20;
+        while (e2e_now() < end && got < sizeof(b) - 1) {
+            struct pollfd p = { .fd = fd, .events = POLLIN };
+            if (poll(&p, 1, 100) <= 0)
+                continue;
+            ssize_t r = read(fd, b + got, sizeof(b) - 1 - got);
+            if (r <= 0)
+                break;
+            got += (size_t)r;
+        }
+        b[got] = '\0';
+        close(fd);
+        if (strstr(b, "HTTP/1.1 200") == NULL ||
+            strstr(b, k == 0 ? "\"finish_reason\"" : "data: [DONE]") == NULL)
+            fail_msg("half-closed client (%s) got: %.400s", k ? "stream" : "json", b);
+    }
+}
+
+static double proc_cpu_s(pid_t pid)
+{
+    char p[64], b[1024];
+    snprintf(p, sizeof(p), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(p, "re");
+    if (f == NULL)
+        return -1;
+    size_t n = fread(b, 1, sizeof(b) - 1, f);
+    fclose(f);
+    b[n] = '\0';
+    char *q = strrchr(b, ')');
+    unsigned long ut = 0, stt = 0;
+    if (q == NULL || sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+                            &ut, &stt) != 2)
+        return -1;
+    return (double)(ut + stt) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static int proc_fds(pid_t pid)
+{
+    char p[64];
+    snprintf(p, sizeof(p), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(p);
+    int n = 0;
+    if (d == NULL)
+        return -1;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static long file_size(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (long)sb.st_size : -1;
+}
+
+/* Finding 4: the router at its fd limit neither spins nor floods its log,
+ * and serves again once fds are free. */
+static void test_http_emfile(void **st)
+{
+    (void)st;
+    pid_t pid = g_d.router.pid;
+    struct rlimit old, lim;
+    assert_int_equal(prlimit(pid, RLIMIT_NOFILE, NULL, &old), 0);
+    int open_fds = proc_fds(pid);
+    assert_true(open_fds > 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)open_fds + 2;
+    assert_int_equal(prlimit(pid, RLIMIT_NOFILE, &lim, NULL), 0);
+    static const char *src[] = { "127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24" };
+    int fds[16];
+    for (int i = 0; i < 16; i++)
+        fds[i] = http_connect_from(src[i % 4]); /* the kernel completes them (backlog) */
+    e2e_nap_ms(300);
+    double cpu0 = proc_cpu_s(pid);
+    long log0 = file_size(g_d.router.log);
+    e2e_nap_ms(2000);
+    double cpu = proc_cpu_s(pid) - cpu0;
+    long grew = file_size(g_d.router.log) - log0;
+    fprintf(stderr, "security: at the fd limit for 2 s: router CPU %.2f s, log +%ld bytes, "
+            "accept errors %.0f\n", cpu, grew, router_stat("http_accept_errors"));
+    assert_int_equal(prlimit(pid, RLIMIT_NOFILE, &old, NULL), 0);
+    assert_true(cpu < 0.5);
+    assert_true(grew < 16384);
+    assert_true(router_stat("http_accept_errors") >= 1);
+    for (int i = 0; i < 16; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    assert_int_equal(health_status(5), 200);
+}
+
+/* ---- main ------------------------------------------------------------------ */
+
+int main(int argc, char **argv)
+{
+    if (argc < 6) {
+        fprintf(stderr, "usage: %s GROUP ROUTER PREFILL DECODE MODEL\n", argv[0]);
+        return 2;
+    }
+    const char *group = argv[1];
+    g_router = argv[2];
+    g_prefill = argv[3];
+    g_decode = argv[4];
+    g_model = argv[5];
+    signal(SIGPIPE, SIG_IGN);
+    int rc;
+    if (strcmp(group, "replay") == 0) {
+        const struct CMUnitTest t[] = {
+            cmocka_unit_test(test_hello_replay),
+            cmocka_unit_test(test_preauth_bounds),
+            cmocka_unit_test(test_smaller_ones),
+        };
+        rc = cmocka_run_group_tests_name("security-replay", t, replay_setup, teardown);
+    } else if (strcmp(group, "memory") == 0) {
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_kv_blocks_vs_machine) };
+        rc = cmocka_run_group_tests_name("security-memory", t, NULL, NULL);
+    } else if (strcmp(group, "http") == 0) {
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_http_conn_caps),
+                                        cmocka_unit_test(test_http_ambiguous),
+                                        cmocka_unit_test(test_http_half_close),
+                                        cmocka_unit_test(test_http_emfile) };
+        rc = cmocka_run_group_tests_name("security-http", t, http_setup, teardown);
+    } else if (strcmp(group, "lockout") == 0) {
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_stop_resume_prefill) };
+        rc = cmocka_run_group_tests_name("security-lockout", t, lockout_setup, teardown);
+    } else {
+        fprintf(stderr, "unknown group %s\n", group);
+        return 2;
+    }
+    return rc + g_teardown_failures;
+}
