@@ -683,11 +683,22 @@ pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
     bool oom = false;
     const char *dup = dup_key(root, &oom);
     if (dup != NULL || oom) {
-        if (oom)
+        if (oom) {
             rtr_oai_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
-        else
-            rtr_oai_error_set(err, 400, INVALID, NULL, NULL,
+        } else {
+            /* param: the top-level field the repeated key is in (or is) */
+            const char *field = dup;
+            for (const cJSON *c = root->child; c != NULL && c->string != NULL; c = c->next) {
+                bool dummy = false;
+                if (dup_key(c, &dummy) == dup) {
+                    field = c->string;
+                    break;
+                }
+            }
+            snprintf(err->param_buf, sizeof(err->param_buf), "%s", field);
+            rtr_oai_error_set(err, 400, INVALID, NULL, err->param_buf,
                               "the request body has the key \"%.64s\" twice in one object", dup);
+        }
         cJSON_Delete(root);
         return oom ? PD_ERR_NO_MEMORY : PD_ERR_BAD_INPUT;
     }

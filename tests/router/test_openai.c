@@ -116,9 +116,10 @@ static void test_bad_requests(void **state)
     /* one value, no bytes after it (whitespace aside), no key twice */
     expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\"} {}", 400, NULL, NULL);
     expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\"}x", 400, NULL, NULL);
-    expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"prompt\":\"y\"}", 400, NULL, NULL);
+    /* a repeated key: param names the top-level field it is (in) */
+    expect_bad(RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"prompt\":\"y\"}", 400, "prompt", NULL);
     expect_bad(RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\","
-               "\"content\":\"b\"}]}", 400, NULL, NULL);
+               "\"content\":\"b\"}]}", 400, "messages", NULL);
     {
         rtr_oai_req_t req;
         rtr_oai_error_t err;
