@@ -914,11 +914,9 @@ static const pd_admin_cmd_t dec_cmds[] = {
 /* ---- boot ----------------------------------------------------------------- */
 
 static const pd_stat_desc_t dec_stat_descs[] = { DEC_STATS(PD_STAT_DESC) };
-/* Prometheus: outcomes as labeled families, buckets fit for each figure */
+/* Prometheus: outcomes (and pulls) as labeled families, buckets fit for each figure */
 static const pd_stat_prom_t dec_stat_prom[] = {
-    PD_STAT_PROM_LABEL("completed", "requests", "outcome", "completed", "requests ended, by outcome"),
-    PD_STAT_PROM_LABEL("failed", "requests", "outcome", "failed", NULL),
-    PD_STAT_PROM_LABEL("canceled", "requests", "outcome", "canceled", NULL),
+    NODE_REQ_STAT_PROM,
     PD_STAT_PROM_LABEL("pulls_ok", "pulls", "result", "ok", "KV imports + pulls, by result"),
     PD_STAT_PROM_LABEL("pulls_failed", "pulls", "result", "failed", NULL),
     PD_STAT_PROM_LE("step_time", US), PD_STAT_PROM_LE("transfer_time", MS),

@@ -109,6 +109,14 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
 enum { NODE_REQ_STATS(NODE_STAT_ENUM, "", "", "", "") NODE_STAT__COUNT };
 #undef NODE_STAT_ENUM
 
+/* A role's Prometheus rows for them (first in its pd_stat_prom_t table):
+ * the three outcomes as one labeled family, pd_<role>_requests{outcome}. */
+#define NODE_REQ_STAT_PROM                                                     \
+    PD_STAT_PROM_LABEL("completed", "requests", "outcome", "completed",        \
+                       "requests ended, by outcome"),                         \
+    PD_STAT_PROM_LABEL("failed", "requests", "outcome", "failed", NULL),       \
+    PD_STAT_PROM_LABEL("canceled", "requests", "outcome", "canceled", NULL)
+
 /* Over a role's X(NAME, "text") state list: the names array entries. */
 #define NODE_STATE_NAME(name, text) text,
 

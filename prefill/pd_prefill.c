@@ -434,11 +434,9 @@ static const pd_admin_cmd_t pf_cmds[] = {
 /* ---- boot ----------------------------------------------------------------- */
 
 static const pd_stat_desc_t pf_stat_descs[] = { PF_STATS(PD_STAT_DESC) };
-/* Prometheus: outcomes as one labeled family, buckets fit for each figure */
+/* Prometheus: outcomes (and pulls) as labeled families, buckets fit for each figure */
 static const pd_stat_prom_t pf_stat_prom[] = {
-    PD_STAT_PROM_LABEL("completed", "requests", "outcome", "completed", "requests ended, by outcome"),
-    PD_STAT_PROM_LABEL("failed", "requests", "outcome", "failed", NULL),
-    PD_STAT_PROM_LABEL("canceled", "requests", "outcome", "canceled", NULL),
+    NODE_REQ_STAT_PROM,
     PD_STAT_PROM_LE("queue_time", MS), PD_STAT_PROM_LE("prefill_time", MS),
     PD_STAT_PROM_LE("lease_time", S),
 };
