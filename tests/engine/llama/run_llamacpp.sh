@@ -6,17 +6,7 @@
 set -u
 bin=$1 mk=$2 llq=$3
 dir=$(cd "$(dirname "$0")/node" && pwd)
-command -v node >/dev/null 2>&1 || { echo "node not installed: skip"; exit 77; }
-if [ ! -d "$dir/node_modules/node-llama-cpp" ] || [ ! -d "$dir/node_modules/@node-llama-cpp/linux-x64" ]; then
-    command -v npm >/dev/null 2>&1 || { echo "npm not installed: skip"; exit 77; }
-    (
-        flock 9
-        if [ ! -d "$dir/node_modules/@node-llama-cpp/linux-x64" ]; then
-            cd "$dir" && timeout 600 npm ci --omit=optional --ignore-scripts --no-audit \
-                --no-fund --loglevel=error
-        fi
-    ) 9>"$dir/.install.lock" || { echo "npm install failed (offline?): skip"; exit 77; }
-fi
+. "$dir/install.sh"
 lib=$(ls "$dir"/node_modules/@node-llama-cpp/linux-x64/bins/*/libllama.v*.so 2>/dev/null | head -1)
 [ -n "$lib" ] || { echo "no libllama in @node-llama-cpp/linux-x64: skip"; exit 77; }
 shift 3
