@@ -874,17 +874,23 @@ static pd_status_t build_tables(const mk_ngram_t *ng, const ng_counts_t *c, floa
     return PD_OK;
 }
 
-static void ng_logits_tab(const mk_ngram_t *ng, float *const tab[3], double l1, double l2,
-                          const int32_t *toks, size_t n, double *out)
+/* The classes of x_p, x_p-1, x_p-2 for the last position p = n - 1 (the
+ * first token stands in before the start; out-of-vocab ids: the last class). */
+static void ng_context_classes(const mk_ngram_t *ng, const int32_t *toks, size_t n, uint32_t c[3])
 {
-    const size_t V = ng->n_vocab;
     size_t p = n - 1;
-    uint32_t c[3];
-
     for (int o = 0; o < 3; o++) {
         int32_t t = toks[p >= (size_t)o ? p - o : 0];
         c[o] = t >= 0 && (uint32_t)t < ng->n_vocab ? ng->cls[t] : ng->n_classes - 1;
     }
+}
+
+static void ng_logits_tab(const mk_ngram_t *ng, float *const tab[3], double l1, double l2,
+                          const int32_t *toks, size_t n, double *out)
+{
+    const size_t V = ng->n_vocab;
+    uint32_t c[3];
+    ng_context_classes(ng, toks, n, c);
     const float *a = tab[0] + c[0] * V, *b = tab[1] + c[1] * V, *d = tab[2] + c[2] * V;
     for (size_t v = 0; v < V; v++)
         out[v] = (double)a[v] + l1 * b[v] + l2 * d[v];
@@ -893,13 +899,8 @@ static void ng_logits_tab(const mk_ngram_t *ng, float *const tab[3], double l1, 
 void mk_ngram_logits(const mk_ngram_t *ng, const int32_t *toks, size_t n, float *logits)
 {
     const size_t V = ng->n_vocab;
-    size_t p = n - 1;
     uint32_t c[3];
-
-    for (int o = 0; o < 3; o++) {
-        int32_t t = toks[p >= (size_t)o ? p - o : 0];
-        c[o] = t >= 0 && (uint32_t)t < ng->n_vocab ? ng->cls[t] : ng->n_classes - 1;
-    }
+    ng_context_classes(ng, toks, n, c);
     for (size_t v = 0; v < V; v++)
         logits[v] = ng->A[c[0] * V + v] + ng->B[c[1] * V + v] + ng->C[c[2] * V + v];
 }

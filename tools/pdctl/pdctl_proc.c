@@ -316,6 +316,20 @@ bool pdctl_daemon_alive(const pdctl_daemon_t *d)
 
 /* ---- starting daemons --------------------------------------------------------- */
 
+/* A new deployment secret: 32 random bytes as 64 hex digits + NUL. */
+static int pdctl_secret_hex(char hex[65])
+{
+    unsigned char raw[32];
+    if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw)) {
+        fprintf(stderr, "pdctl: getrandom: %s\n", strerror(errno));
+        return PDCTL_EXIT_FAIL;
+    }
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    explicit_bzero(raw, sizeof(raw));
+    return 0;
+}
+
 static int pdctl_secret_ensure(const char *path)
 {
     struct stat sb;
@@ -328,14 +342,9 @@ static int pdctl_secret_ensure(const char *path)
             chmod(path, 0600);
         return 0;
     }
-    unsigned char raw[32];
-    if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw)) {
-        fprintf(stderr, "pdctl: getrandom: %s\n", strerror(errno));
-        return PDCTL_EXIT_FAIL;
-    }
     char hex[65];
-    for (int i = 0; i < 32; i++)
-        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    if (pdctl_secret_hex(hex) != 0)
+        return PDCTL_EXIT_FAIL;
     if (pdctl_write_file(path, hex, 0600) != 0) {
         fprintf(stderr, "pdctl: cannot write secret %s: %s\n", path, strerror(errno));
         return PDCTL_EXIT_FAIL;
@@ -1324,14 +1333,9 @@ static int pdctl_render_secret(const char *path, gid_t gid)
         }
         return 0;
     }
-    unsigned char raw[32];
-    if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw)) {
-        fprintf(stderr, "pdctl: getrandom: %s\n", strerror(errno));
-        return PDCTL_EXIT_FAIL;
-    }
     char hex[66];
-    for (int i = 0; i < 32; i++)
-        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    if (pdctl_secret_hex(hex) != 0)
+        return PDCTL_EXIT_FAIL;
     strcat(hex, "\n");
     if (pdctl_render_write(path, hex, gid) != 0) {
         fprintf(stderr, "pdctl: cannot write secret %s: %s\n", path, strerror(errno));
