@@ -397,6 +397,18 @@ static void client_close_after_flush(admin_client_t *c)
         client_close(c);
 }
 
+/* A line over max-line: drop what is buffered, answer an error, close. */
+static void client_overlong(admin_client_t *c, struct evbuffer *in, size_t avail)
+{
+    pd_admin_t *admin = c->admin;
+    char msg[96];
+    snprintf(msg, sizeof(msg), "line longer than %zu bytes", admin->max_line - 1);
+    pd_stats_inc(admin->own_stats, ADMIN_ST_overlong);
+    evbuffer_drain(in, avail);
+    if (client_send_error(c, PD_ERR_TOO_BIG, msg))
+        client_close_after_flush(c);
+}
+
 static void client_read_cb(struct bufferevent *bev, void *arg)
 {
     admin_client_t *c = arg;
@@ -409,26 +421,13 @@ static void client_read_cb(struct bufferevent *bev, void *arg)
                                                       EVBUFFER_EOL_LF);
         size_t avail = evbuffer_get_length(in);
         if (eol.pos < 0) {
-            if (avail >= admin->max_line) {
-                char msg[96];
-                snprintf(msg, sizeof(msg), "line longer than %zu bytes",
-                         admin->max_line - 1);
-                pd_stats_inc(admin->own_stats, ADMIN_ST_overlong);
-                evbuffer_drain(in, avail);
-                if (client_send_error(c, PD_ERR_TOO_BIG, msg))
-                    client_close_after_flush(c);
-            }
+            if (avail >= admin->max_line)
+                client_overlong(c, in, avail);
             return;
         }
         size_t line_len = (size_t)eol.pos;
         if (line_len + 1 > admin->max_line) {
-            char msg[96];
-            snprintf(msg, sizeof(msg), "line longer than %zu bytes",
-                     admin->max_line - 1);
-            pd_stats_inc(admin->own_stats, ADMIN_ST_overlong);
-            evbuffer_drain(in, avail);
-            if (client_send_error(c, PD_ERR_TOO_BIG, msg))
-                client_close_after_flush(c);
+            client_overlong(c, in, avail);
             return;
         }
         char *line = admin->rx;
