@@ -11,7 +11,7 @@ if [ ! -d "$dir/node_modules/node-llama-cpp" ] || [ ! -d "$dir/node_modules/@nod
     (
         flock 9
         if [ ! -d "$dir/node_modules/@node-llama-cpp/linux-x64" ]; then
-            cd "$dir" && timeout 600 npm ci --omit=optional --ignore-scripts --no-audit \
+            cd "$dir" && timeout 600 npm install --omit=optional --ignore-scripts --no-audit \
                 --no-fund --loglevel=error
         fi
     ) 9>"$dir/.install.lock" || { echo "npm install failed (offline?): skip"; exit 77; }
