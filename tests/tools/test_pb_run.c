@@ -39,6 +39,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "pb_test_json.h"
 
 extern char **environ;
 
@@ -380,34 +381,6 @@ static int run_bench(const char *const *args, double timeout_s)
     return wait_bench(spawn_bench(args), timeout_s);
 }
 
-static cJSON *load_json(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    char *buf;
-    long n;
-    cJSON *j;
-
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    n = ftell(f);
-    rewind(f);
-    buf = malloc((size_t)n + 1);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = '\0';
-    fclose(f);
-    j = cJSON_Parse(buf);
-    free(buf);
-    assert_non_null(j);
-    return j;
-}
-
-static double num(const cJSON *o, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(v))
-        fail_msg("JSON key %s is not a number", key);
-    return v->valuedouble;
-}
 
 static void write_prompts(const char *path, const char *const *lines, int n)
 {

@@ -40,6 +40,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "pb_test_json.h"
 
 extern char **environ;
 
@@ -372,34 +373,6 @@ static int run_bench(const char *const *args, double timeout_s)
     return WEXITSTATUS(status);
 }
 
-static cJSON *load_json(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    char *buf;
-    long n;
-    cJSON *j;
-
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    n = ftell(f);
-    rewind(f);
-    buf = malloc((size_t)n + 1);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = '\0';
-    fclose(f);
-    j = cJSON_Parse(buf);
-    free(buf);
-    assert_non_null(j);
-    return j;
-}
-
-static double num(const cJSON *o, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(v))
-        fail_msg("JSON key %s is not a number", key);
-    return v->valuedouble;
-}
 
 static void tmp_path(char *buf, size_t len, const char *name)
 {
