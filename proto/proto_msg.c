@@ -5,7 +5,9 @@
  *
  * Validation rules live in one check_<name>() per message, used by BOTH the
  * encoder (refuse to emit a bad message) and the decoder (refuse to accept
- * one), so anything that decodes OK re-encodes to identical bytes. */
+ * one), so anything that decodes OK re-encodes to identical bytes. The
+ * wire layout lives in one io_<name>() per message, walked both ways (see
+ * io_t), so the encoder and the decoder cannot disagree on a field. */
 #include "proto_msg.h"
 
 #include <math.h>
@@ -250,6 +252,111 @@ static void r_reserved16(rd_t *r)
         r_fail(r, PD_ERR_RESERVED);
 }
 
+/* ---- one walk per message, both ways ---------------------------------- */
+
+/* Every message body is described once, by an io_<name>() that walks its
+ * fields in wire order. The same walk encodes (io->rd false: values are read
+ * from the struct and written to the buffer) and decodes (io->rd true: values
+ * are read from the buffer and stored into the struct), so the two directions
+ * cannot drift apart. In write mode the io_* helpers never store through the
+ * struct pointer: encoding a const message is safe. */
+typedef struct {
+    bool rd;
+    wr_t w;
+    rd_t r;
+} io_t;
+
+static void io_u16(io_t *io, uint16_t *v)
+{
+    if (io->rd)
+        *v = r_u16(&io->r);
+    else
+        w_u16(&io->w, *v);
+}
+
+static void io_u32(io_t *io, uint32_t *v)
+{
+    if (io->rd)
+        *v = r_u32(&io->r);
+    else
+        w_u32(&io->w, *v);
+}
+
+static void io_i32(io_t *io, int32_t *v)
+{
+    if (io->rd)
+        *v = (int32_t)r_u32(&io->r);
+    else
+        w_u32(&io->w, (uint32_t)*v);
+}
+
+static void io_u64(io_t *io, uint64_t *v)
+{
+    if (io->rd)
+        *v = r_u64(&io->r);
+    else
+        w_u64(&io->w, *v);
+}
+
+static void io_f32(io_t *io, float *v)
+{
+    if (io->rd)
+        *v = r_f32(&io->r);
+    else
+        w_f32(&io->w, *v);
+}
+
+/* A reserved 16-bit field: written as zero, must read as zero. */
+static void io_reserved16(io_t *io)
+{
+    if (io->rd)
+        r_reserved16(&io->r);
+    else
+        w_u16(&io->w, 0);
+}
+
+static void io_str(io_t *io, char *s, size_t max)
+{
+    if (io->rd)
+        r_str(&io->r, s, max);
+    else
+        w_str(&io->w, s);
+}
+
+static void io_fixed(io_t *io, uint8_t *p, size_t n)
+{
+    if (io->rd)
+        r_fixed(&io->r, p, n);
+    else
+        w_bytes(&io->w, p, n);
+}
+
+static void io_toks(io_t *io, proto_tokens_t *t, uint32_t max)
+{
+    if (io->rd)
+        r_tok_array(&io->r, t, max);
+    else
+        w_tok_array(&io->w, t);
+}
+
+static void io_blob(io_t *io, proto_blob_t *b, uint32_t max)
+{
+    if (io->rd)
+        r_blob(&io->r, b, max);
+    else
+        w_blob(&io->w, b);
+}
+
+/* Decode only: refuse a count over its cap before it sizes a loop. */
+static bool io_capped(io_t *io, uint32_t *n, uint32_t max)
+{
+    if (!io->rd || *n <= max)
+        return true;
+    *n = 0;
+    r_fail(&io->r, PD_ERR_TOO_BIG);
+    return false;
+}
+
 /* ---- shared validation ------------------------------------------------ */
 
 int32_t proto_tokens_get(const proto_tokens_t *t, uint32_t i)
@@ -368,48 +475,35 @@ static pd_status_t check_sampling2(const proto_sampling_t *s)
     return PD_OK;
 }
 
-/* The sampling tail (penalties, min_p, logit_bias), written last. */
-static void w_sampling2(wr_t *w, const proto_sampling_t *s)
+/* The sampling head, in PREFILL_REQ and DECODE_REQ. */
+static void io_sampling(io_t *io, proto_sampling_t *s)
 {
-    w_f32(w, s->presence_penalty);
-    w_f32(w, s->frequency_penalty);
-    w_f32(w, s->repetition_penalty);
-    w_f32(w, s->min_p);
-    w_u32(w, s->n_bias);
-    for (uint32_t i = 0; i < s->n_bias; i++) {
-        w_u32(w, (uint32_t)s->bias_ids[i]);
-        w_f32(w, s->bias[i]);
-    }
-    w_u32(w, s->logprobs);
-    w_u32(w, s->top_logprobs);
+    io_f32(io, &s->temperature);
+    io_f32(io, &s->top_p);
+    io_u32(io, &s->top_k);
+    io_u32(io, &s->flags);
+    io_u64(io, &s->seed);
+    io_u32(io, &s->max_tokens);
+    io_u32(io, &s->min_tokens);
+    io_toks(io, &s->stop, PROTO_MAX_STOP_TOKENS);
 }
 
-/* Range checks happen here too: a decoded struct is always valid. */
-static void r_sampling2(rd_t *r, proto_sampling_t *s)
+/* The sampling tail (penalties, min_p, logit_bias, logprobs), written last. */
+static void io_sampling2(io_t *io, proto_sampling_t *s)
 {
-    s->presence_penalty = r_f32(r);
-    s->frequency_penalty = r_f32(r);
-    s->repetition_penalty = r_f32(r);
-    s->min_p = r_f32(r);
-    s->n_bias = r_u32(r);
-    if (r->st != PD_OK)
+    io_f32(io, &s->presence_penalty);
+    io_f32(io, &s->frequency_penalty);
+    io_f32(io, &s->repetition_penalty);
+    io_f32(io, &s->min_p);
+    io_u32(io, &s->n_bias);
+    if (!io_capped(io, &s->n_bias, PROTO_MAX_LOGIT_BIAS))
         return;
-    if (s->n_bias > PROTO_MAX_LOGIT_BIAS) {
-        s->n_bias = 0;
-        r_fail(r, PD_ERR_TOO_BIG);
-        return;
+    for (uint32_t i = 0; i < s->n_bias; i++) {
+        io_i32(io, &s->bias_ids[i]);
+        io_f32(io, &s->bias[i]);
     }
-    for (uint32_t i = 0; i < s->n_bias && r->st == PD_OK; i++) {
-        s->bias_ids[i] = (int32_t)r_u32(r);
-        s->bias[i] = r_f32(r);
-    }
-    s->logprobs = r_u32(r);
-    s->top_logprobs = r_u32(r);
-    if (r->st == PD_OK) {
-        pd_status_t st = check_sampling2(s);
-        if (st != PD_OK)
-            r_fail(r, st);
-    }
+    io_u32(io, &s->logprobs);
+    io_u32(io, &s->top_logprobs);
 }
 
 /* ---- per-token logprobs tail ------------------------------------------ */
@@ -462,23 +556,25 @@ static pd_status_t check_logprobs(const proto_logprobs_t *l, uint32_t n_max)
     return PD_OK;
 }
 
-static void w_logprobs(wr_t *w, const proto_logprobs_t *l)
+/* Written entry by entry from either form; read as a view into the frame
+ * (the values are range-checked by check_logprobs() with the message). */
+static void io_logprobs(io_t *io, proto_logprobs_t *l, uint32_t n_max)
 {
-    w_u32(w, l->top_n);
-    w_u32(w, l->n);
-    for (uint32_t i = 0; i < l->n; i++) {
-        proto_logprob_t e;
-        proto_logprobs_get(l, i, &e);
-        w_f32(w, e.logprob);
-        for (uint32_t j = 0; j < l->top_n; j++) {
-            w_u32(w, (uint32_t)e.top_ids[j]);
-            w_f32(w, e.top_lp[j]);
+    if (!io->rd) {
+        w_u32(&io->w, l->top_n);
+        w_u32(&io->w, l->n);
+        for (uint32_t i = 0; i < l->n; i++) {
+            proto_logprob_t e;
+            proto_logprobs_get(l, i, &e);
+            w_f32(&io->w, e.logprob);
+            for (uint32_t j = 0; j < l->top_n; j++) {
+                w_u32(&io->w, (uint32_t)e.top_ids[j]);
+                w_f32(&io->w, e.top_lp[j]);
+            }
         }
+        return;
     }
-}
-
-static void r_logprobs(rd_t *r, proto_logprobs_t *l, uint32_t n_max)
-{
+    rd_t *r = &io->r;
     memset(l, 0, sizeof(*l));
     l->top_n = r_u32(r);
     uint32_t n = r_u32(r);
@@ -494,33 +590,6 @@ static void r_logprobs(rd_t *r, proto_logprobs_t *l, uint32_t n_max)
         return;
     l->n = n;
     l->wire = n ? p : NULL;
-    pd_status_t st = check_logprobs(l, n_max);
-    if (st != PD_OK)
-        r_fail(r, st);
-}
-
-static void w_sampling(wr_t *w, const proto_sampling_t *s)
-{
-    w_f32(w, s->temperature);
-    w_f32(w, s->top_p);
-    w_u32(w, s->top_k);
-    w_u32(w, s->flags);
-    w_u64(w, s->seed);
-    w_u32(w, s->max_tokens);
-    w_u32(w, s->min_tokens);
-    w_tok_array(w, &s->stop);
-}
-
-static void r_sampling(rd_t *r, proto_sampling_t *s)
-{
-    s->temperature = r_f32(r);
-    s->top_p = r_f32(r);
-    s->top_k = r_u32(r);
-    s->flags = r_u32(r);
-    s->seed = r_u64(r);
-    s->max_tokens = r_u32(r);
-    s->min_tokens = r_u32(r);
-    r_tok_array(r, &s->stop, PROTO_MAX_STOP_TOKENS);
 }
 
 /* ---- per-message codecs ----------------------------------------------- */
@@ -535,48 +604,26 @@ static pd_status_t check_hello(const proto_hello_t *m)
     return check_blob(&m->kv_addr, PROTO_KV_ADDR_MAX);
 }
 
-static void enc_hello(wr_t *w, const proto_hello_t *m)
+static void io_hello(io_t *io, proto_hello_t *m)
 {
-    w_u16(w, m->role);
-    w_u16(w, 0);
-    w_u32(w, m->caps);
-    w_str(w, m->daemon_id);
-    w_u64(w, m->incarnation);
-    w_u64(w, m->compat_hash);
-    w_u32(w, m->geom.n_layers);
-    w_u32(w, m->geom.n_kv_heads);
-    w_u32(w, m->geom.head_dim);
-    w_u32(w, m->geom.block_tokens);
-    w_u32(w, m->geom.kv_dtype);
-    w_u32(w, m->geom.total_blocks);
-    w_u64(w, m->geom.block_bytes);
-    w_u32(w, m->geom.context_length);
-    w_u32(w, m->geom.vocab_size);
-    w_blob(w, &m->kv_addr);
-    w_bytes(w, m->nonce, PROTO_AUTH_NONCE_LEN);
-    w_bytes(w, m->mac, PROTO_AUTH_MAC_LEN);
-}
-
-static void dec_hello(rd_t *r, proto_hello_t *m)
-{
-    m->role = r_u16(r);
-    r_reserved16(r);
-    m->caps = r_u32(r);
-    r_str(r, m->daemon_id, PROTO_DAEMON_ID_MAX);
-    m->incarnation = r_u64(r);
-    m->compat_hash = r_u64(r);
-    m->geom.n_layers = r_u32(r);
-    m->geom.n_kv_heads = r_u32(r);
-    m->geom.head_dim = r_u32(r);
-    m->geom.block_tokens = r_u32(r);
-    m->geom.kv_dtype = r_u32(r);
-    m->geom.total_blocks = r_u32(r);
-    m->geom.block_bytes = r_u64(r);
-    m->geom.context_length = r_u32(r);
-    m->geom.vocab_size = r_u32(r);
-    r_blob(r, &m->kv_addr, PROTO_KV_ADDR_MAX);
-    r_fixed(r, m->nonce, PROTO_AUTH_NONCE_LEN);
-    r_fixed(r, m->mac, PROTO_AUTH_MAC_LEN);
+    io_u16(io, &m->role);
+    io_reserved16(io);
+    io_u32(io, &m->caps);
+    io_str(io, m->daemon_id, PROTO_DAEMON_ID_MAX);
+    io_u64(io, &m->incarnation);
+    io_u64(io, &m->compat_hash);
+    io_u32(io, &m->geom.n_layers);
+    io_u32(io, &m->geom.n_kv_heads);
+    io_u32(io, &m->geom.head_dim);
+    io_u32(io, &m->geom.block_tokens);
+    io_u32(io, &m->geom.kv_dtype);
+    io_u32(io, &m->geom.total_blocks);
+    io_u64(io, &m->geom.block_bytes);
+    io_u32(io, &m->geom.context_length);
+    io_u32(io, &m->geom.vocab_size);
+    io_blob(io, &m->kv_addr, PROTO_KV_ADDR_MAX);
+    io_fixed(io, m->nonce, PROTO_AUTH_NONCE_LEN);
+    io_fixed(io, m->mac, PROTO_AUTH_MAC_LEN);
 }
 
 /* REGISTER_ACK */
@@ -585,24 +632,14 @@ static pd_status_t check_register_ack(const proto_register_ack_t *m)
     return check_str(m->daemon_id, PROTO_DAEMON_ID_MAX, true);
 }
 
-static void enc_register_ack(wr_t *w, const proto_register_ack_t *m)
+static void io_register_ack(io_t *io, proto_register_ack_t *m)
 {
-    w_str(w, m->daemon_id);
-    w_u64(w, m->incarnation);
-    w_u64(w, m->heartbeat_interval_ns);
-    w_u64(w, m->lease_ns);
-    w_bytes(w, m->nonce, PROTO_AUTH_NONCE_LEN);
-    w_bytes(w, m->mac, PROTO_AUTH_MAC_LEN);
-}
-
-static void dec_register_ack(rd_t *r, proto_register_ack_t *m)
-{
-    r_str(r, m->daemon_id, PROTO_DAEMON_ID_MAX);
-    m->incarnation = r_u64(r);
-    m->heartbeat_interval_ns = r_u64(r);
-    m->lease_ns = r_u64(r);
-    r_fixed(r, m->nonce, PROTO_AUTH_NONCE_LEN);
-    r_fixed(r, m->mac, PROTO_AUTH_MAC_LEN);
+    io_str(io, m->daemon_id, PROTO_DAEMON_ID_MAX);
+    io_u64(io, &m->incarnation);
+    io_u64(io, &m->heartbeat_interval_ns);
+    io_u64(io, &m->lease_ns);
+    io_fixed(io, m->nonce, PROTO_AUTH_NONCE_LEN);
+    io_fixed(io, m->mac, PROTO_AUTH_MAC_LEN);
 }
 
 /* CHALLENGE */
@@ -612,14 +649,9 @@ static pd_status_t check_challenge(const proto_challenge_t *m)
     return PD_OK;
 }
 
-static void enc_challenge(wr_t *w, const proto_challenge_t *m)
+static void io_challenge(io_t *io, proto_challenge_t *m)
 {
-    w_bytes(w, m->nonce, PROTO_AUTH_NONCE_LEN);
-}
-
-static void dec_challenge(rd_t *r, proto_challenge_t *m)
-{
-    r_fixed(r, m->nonce, PROTO_AUTH_NONCE_LEN);
+    io_fixed(io, m->nonce, PROTO_AUTH_NONCE_LEN);
 }
 
 /* REGISTER_REJECT */
@@ -629,16 +661,10 @@ static pd_status_t check_register_reject(const proto_register_reject_t *m)
     return check_str(m->reason, PROTO_REASON_MAX, false);
 }
 
-static void enc_register_reject(wr_t *w, const proto_register_reject_t *m)
+static void io_register_reject(io_t *io, proto_register_reject_t *m)
 {
-    w_u32(w, (uint32_t)m->status);
-    w_str(w, m->reason);
-}
-
-static void dec_register_reject(rd_t *r, proto_register_reject_t *m)
-{
-    m->status = (int32_t)r_u32(r);
-    r_str(r, m->reason, PROTO_REASON_MAX);
+    io_i32(io, &m->status);
+    io_str(io, m->reason, PROTO_REASON_MAX);
 }
 
 /* HEARTBEAT */
@@ -648,30 +674,17 @@ static pd_status_t check_heartbeat(const proto_heartbeat_t *m)
     return PD_OK;
 }
 
-static void enc_heartbeat(wr_t *w, const proto_heartbeat_t *m)
+static void io_heartbeat(io_t *io, proto_heartbeat_t *m)
 {
-    w_u64(w, m->incarnation);
-    w_u64(w, m->sent_ns);
-    w_u32(w, m->flags);
-    w_u32(w, m->queue_depth);
-    w_u32(w, m->running_seqs);
-    w_u32(w, m->free_blocks);
-    w_u32(w, m->total_blocks);
-    w_u32(w, m->leases);
-    w_u64(w, m->outstanding_prefill_tokens);
-}
-
-static void dec_heartbeat(rd_t *r, proto_heartbeat_t *m)
-{
-    m->incarnation = r_u64(r);
-    m->sent_ns = r_u64(r);
-    m->flags = r_u32(r);
-    m->queue_depth = r_u32(r);
-    m->running_seqs = r_u32(r);
-    m->free_blocks = r_u32(r);
-    m->total_blocks = r_u32(r);
-    m->leases = r_u32(r);
-    m->outstanding_prefill_tokens = r_u64(r);
+    io_u64(io, &m->incarnation);
+    io_u64(io, &m->sent_ns);
+    io_u32(io, &m->flags);
+    io_u32(io, &m->queue_depth);
+    io_u32(io, &m->running_seqs);
+    io_u32(io, &m->free_blocks);
+    io_u32(io, &m->total_blocks);
+    io_u32(io, &m->leases);
+    io_u64(io, &m->outstanding_prefill_tokens);
 }
 
 /* PREFILL_REQ */
@@ -684,24 +697,14 @@ static pd_status_t check_prefill_req(const proto_prefill_req_t *m)
     return check_str(m->target_decode_id, PROTO_DAEMON_ID_MAX, false);
 }
 
-static void enc_prefill_req(wr_t *w, const proto_prefill_req_t *m)
+static void io_prefill_req(io_t *io, proto_prefill_req_t *m)
 {
-    w_str(w, m->request_id);
-    w_tok_array(w, &m->prompt);
-    w_sampling(w, &m->sampling);
-    w_str(w, m->target_decode_id);
-    w_u64(w, m->deadline_ns);
-    w_sampling2(w, &m->sampling);
-}
-
-static void dec_prefill_req(rd_t *r, proto_prefill_req_t *m)
-{
-    r_str(r, m->request_id, PROTO_REQID_MAX);
-    r_tok_array(r, &m->prompt, PROTO_MAX_PROMPT_TOKENS);
-    r_sampling(r, &m->sampling);
-    r_str(r, m->target_decode_id, PROTO_DAEMON_ID_MAX);
-    m->deadline_ns = r_u64(r);
-    r_sampling2(r, &m->sampling);
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_toks(io, &m->prompt, PROTO_MAX_PROMPT_TOKENS);
+    io_sampling(io, &m->sampling);
+    io_str(io, m->target_decode_id, PROTO_DAEMON_ID_MAX);
+    io_u64(io, &m->deadline_ns);
+    io_sampling2(io, &m->sampling);
 }
 
 /* PREFILL_DONE */
@@ -713,30 +716,17 @@ static pd_status_t check_prefill_done(const proto_prefill_done_t *m)
     return check_blob(&m->kv_handle, PROTO_KV_HANDLE_MAX);
 }
 
-static void enc_prefill_done(wr_t *w, const proto_prefill_done_t *m)
+static void io_prefill_done(io_t *io, proto_prefill_done_t *m)
 {
-    w_str(w, m->request_id);
-    w_u32(w, (uint32_t)m->first_token);
-    w_u32(w, m->n_prompt_tokens);
-    w_u64(w, m->lease_id);
-    w_u64(w, m->lease_ns);
-    w_blob(w, &m->kv_handle);
-    w_u64(w, m->queue_ns);
-    w_u64(w, m->prefill_ns);
-    w_logprobs(w, &m->logprobs);
-}
-
-static void dec_prefill_done(rd_t *r, proto_prefill_done_t *m)
-{
-    r_str(r, m->request_id, PROTO_REQID_MAX);
-    m->first_token = (int32_t)r_u32(r);
-    m->n_prompt_tokens = r_u32(r);
-    m->lease_id = r_u64(r);
-    m->lease_ns = r_u64(r);
-    r_blob(r, &m->kv_handle, PROTO_KV_HANDLE_MAX);
-    m->queue_ns = r_u64(r);
-    m->prefill_ns = r_u64(r);
-    r_logprobs(r, &m->logprobs, 1);
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_i32(io, &m->first_token);
+    io_u32(io, &m->n_prompt_tokens);
+    io_u64(io, &m->lease_id);
+    io_u64(io, &m->lease_ns);
+    io_blob(io, &m->kv_handle, PROTO_KV_HANDLE_MAX);
+    io_u64(io, &m->queue_ns);
+    io_u64(io, &m->prefill_ns);
+    io_logprobs(io, &m->logprobs, 1);
 }
 
 /* DECODE_REQ */
@@ -755,34 +745,19 @@ static pd_status_t check_decode_req(const proto_decode_req_t *m)
     return PD_OK;
 }
 
-static void enc_decode_req(wr_t *w, const proto_decode_req_t *m)
+static void io_decode_req(io_t *io, proto_decode_req_t *m)
 {
-    w_str(w, m->request_id);
-    w_u32(w, m->flags);
-    w_tok_array(w, &m->prompt);
-    w_tok_array(w, &m->generated);
-    w_sampling(w, &m->sampling);
-    w_u64(w, m->rng_state);
-    w_str(w, m->prefill_peer_id);
-    w_u64(w, m->lease_id);
-    w_blob(w, &m->kv_handle);
-    w_u64(w, m->deadline_ns);
-    w_sampling2(w, &m->sampling);
-}
-
-static void dec_decode_req(rd_t *r, proto_decode_req_t *m)
-{
-    r_str(r, m->request_id, PROTO_REQID_MAX);
-    m->flags = r_u32(r);
-    r_tok_array(r, &m->prompt, PROTO_MAX_PROMPT_TOKENS);
-    r_tok_array(r, &m->generated, PROTO_MAX_GEN_TOKENS);
-    r_sampling(r, &m->sampling);
-    m->rng_state = r_u64(r);
-    r_str(r, m->prefill_peer_id, PROTO_DAEMON_ID_MAX);
-    m->lease_id = r_u64(r);
-    r_blob(r, &m->kv_handle, PROTO_KV_HANDLE_MAX);
-    m->deadline_ns = r_u64(r);
-    r_sampling2(r, &m->sampling);
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_u32(io, &m->flags);
+    io_toks(io, &m->prompt, PROTO_MAX_PROMPT_TOKENS);
+    io_toks(io, &m->generated, PROTO_MAX_GEN_TOKENS);
+    io_sampling(io, &m->sampling);
+    io_u64(io, &m->rng_state);
+    io_str(io, m->prefill_peer_id, PROTO_DAEMON_ID_MAX);
+    io_u64(io, &m->lease_id);
+    io_blob(io, &m->kv_handle, PROTO_KV_HANDLE_MAX);
+    io_u64(io, &m->deadline_ns);
+    io_sampling2(io, &m->sampling);
 }
 
 /* TOKENS */
@@ -795,24 +770,13 @@ static pd_status_t check_tokens(const proto_tokens_msg_t *m)
     return check_blob(&m->text, PROTO_MAX_TEXT);
 }
 
-static void enc_tokens(wr_t *w, const proto_tokens_msg_t *m)
+static void io_tokens(io_t *io, proto_tokens_msg_t *m)
 {
-    w_str(w, m->request_id);
-    w_u32(w, m->seq);
-    w_tok_array(w, &m->tokens);
-    w_blob(w, &m->text);
-    w_logprobs(w, &m->logprobs);
-}
-
-static void dec_tokens(rd_t *r, proto_tokens_msg_t *m)
-{
-    r_str(r, m->request_id, PROTO_REQID_MAX);
-    m->seq = r_u32(r);
-    r_tok_array(r, &m->tokens, PROTO_MAX_TOKENS_MSG);
-    r_blob(r, &m->text, PROTO_MAX_TEXT);
-    r_logprobs(r, &m->logprobs, m->tokens.n);
-    if (r->st == PD_OK && m->logprobs.n != 0 && m->logprobs.n != m->tokens.n)
-        r_fail(r, PD_ERR_BAD_INPUT);
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_u32(io, &m->seq);
+    io_toks(io, &m->tokens, PROTO_MAX_TOKENS_MSG);
+    io_blob(io, &m->text, PROTO_MAX_TEXT);
+    io_logprobs(io, &m->logprobs, m->tokens.n);
 }
 
 /* FINISH */
@@ -824,36 +788,20 @@ static pd_status_t check_finish(const proto_finish_t *m)
     return PD_OK;
 }
 
-static void enc_finish(wr_t *w, const proto_finish_t *m)
+static void io_finish(io_t *io, proto_finish_t *m)
 {
-    w_str(w, m->request_id);
-    w_u16(w, m->reason);
-    w_u16(w, 0);
-    w_u32(w, (uint32_t)m->status);
-    w_u32(w, m->prompt_tokens);
-    w_u32(w, m->completion_tokens);
-    w_u64(w, m->queue_ns);
-    w_u64(w, m->prefill_ns);
-    w_u64(w, m->transfer_ns);
-    w_u64(w, m->decode_ns);
-    w_u64(w, m->ttft_ns);
-    w_u64(w, m->total_ns);
-}
-
-static void dec_finish(rd_t *r, proto_finish_t *m)
-{
-    r_str(r, m->request_id, PROTO_REQID_MAX);
-    m->reason = r_u16(r);
-    r_reserved16(r);
-    m->status = (int32_t)r_u32(r);
-    m->prompt_tokens = r_u32(r);
-    m->completion_tokens = r_u32(r);
-    m->queue_ns = r_u64(r);
-    m->prefill_ns = r_u64(r);
-    m->transfer_ns = r_u64(r);
-    m->decode_ns = r_u64(r);
-    m->ttft_ns = r_u64(r);
-    m->total_ns = r_u64(r);
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_u16(io, &m->reason);
+    io_reserved16(io);
+    io_i32(io, &m->status);
+    io_u32(io, &m->prompt_tokens);
+    io_u32(io, &m->completion_tokens);
+    io_u64(io, &m->queue_ns);
+    io_u64(io, &m->prefill_ns);
+    io_u64(io, &m->transfer_ns);
+    io_u64(io, &m->decode_ns);
+    io_u64(io, &m->ttft_ns);
+    io_u64(io, &m->total_ns);
 }
 
 /* CANCEL */
@@ -864,18 +812,11 @@ static pd_status_t check_cancel(const proto_cancel_t *m)
     return check_str(m->reason, PROTO_REASON_MAX, false);
 }
 
-static void enc_cancel(wr_t *w, const proto_cancel_t *m)
+static void io_cancel(io_t *io, proto_cancel_t *m)
 {
-    w_str(w, m->request_id);
-    w_u32(w, (uint32_t)m->status);
-    w_str(w, m->reason);
-}
-
-static void dec_cancel(rd_t *r, proto_cancel_t *m)
-{
-    r_str(r, m->request_id, PROTO_REQID_MAX);
-    m->status = (int32_t)r_u32(r);
-    r_str(r, m->reason, PROTO_REASON_MAX);
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_i32(io, &m->status);
+    io_str(io, m->reason, PROTO_REASON_MAX);
 }
 
 /* RELEASE */
@@ -884,16 +825,10 @@ static pd_status_t check_release(const proto_release_t *m)
     return check_str(m->request_id, PROTO_REQID_MAX, true);
 }
 
-static void enc_release(wr_t *w, const proto_release_t *m)
+static void io_release(io_t *io, proto_release_t *m)
 {
-    w_str(w, m->request_id);
-    w_u64(w, m->lease_id);
-}
-
-static void dec_release(rd_t *r, proto_release_t *m)
-{
-    r_str(r, m->request_id, PROTO_REQID_MAX);
-    m->lease_id = r_u64(r);
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_u64(io, &m->lease_id);
 }
 
 /* ERROR */
@@ -904,18 +839,11 @@ static pd_status_t check_error(const proto_error_t *m)
     return check_str(m->message, PROTO_ERRMSG_MAX, false);
 }
 
-static void enc_error(wr_t *w, const proto_error_t *m)
+static void io_error(io_t *io, proto_error_t *m)
 {
-    w_str(w, m->request_id);
-    w_u32(w, (uint32_t)m->status);
-    w_str(w, m->message);
-}
-
-static void dec_error(rd_t *r, proto_error_t *m)
-{
-    r_str(r, m->request_id, PROTO_REQID_MAX);
-    m->status = (int32_t)r_u32(r);
-    r_str(r, m->message, PROTO_ERRMSG_MAX);
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_i32(io, &m->status);
+    io_str(io, m->message, PROTO_ERRMSG_MAX);
 }
 
 /* PEER_INFO */
@@ -927,22 +855,13 @@ static pd_status_t check_peer_info(const proto_peer_info_t *m)
     return check_blob(&m->kv_addr, PROTO_KV_ADDR_MAX);
 }
 
-static void enc_peer_info(wr_t *w, const proto_peer_info_t *m)
+static void io_peer_info(io_t *io, proto_peer_info_t *m)
 {
-    w_str(w, m->daemon_id);
-    w_u16(w, m->role);
-    w_u16(w, 0);
-    w_u64(w, m->incarnation);
-    w_blob(w, &m->kv_addr);
-}
-
-static void dec_peer_info(rd_t *r, proto_peer_info_t *m)
-{
-    r_str(r, m->daemon_id, PROTO_DAEMON_ID_MAX);
-    m->role = r_u16(r);
-    r_reserved16(r);
-    m->incarnation = r_u64(r);
-    r_blob(r, &m->kv_addr, PROTO_KV_ADDR_MAX);
+    io_str(io, m->daemon_id, PROTO_DAEMON_ID_MAX);
+    io_u16(io, &m->role);
+    io_reserved16(io);
+    io_u64(io, &m->incarnation);
+    io_blob(io, &m->kv_addr, PROTO_KV_ADDR_MAX);
 }
 
 /* PEER_DOWN */
@@ -953,18 +872,11 @@ static pd_status_t check_peer_down(const proto_peer_down_t *m)
     return PD_OK;
 }
 
-static void enc_peer_down(wr_t *w, const proto_peer_down_t *m)
+static void io_peer_down(io_t *io, proto_peer_down_t *m)
 {
-    w_str(w, m->daemon_id);
-    w_u64(w, m->incarnation);
-    w_u32(w, (uint32_t)m->status);
-}
-
-static void dec_peer_down(rd_t *r, proto_peer_down_t *m)
-{
-    r_str(r, m->daemon_id, PROTO_DAEMON_ID_MAX);
-    m->incarnation = r_u64(r);
-    m->status = (int32_t)r_u32(r);
+    io_str(io, m->daemon_id, PROTO_DAEMON_ID_MAX);
+    io_u64(io, &m->incarnation);
+    io_i32(io, &m->status);
 }
 
 /* ---- dispatch generated from PROTO_MSG_LIST --------------------------- */
@@ -1011,21 +923,22 @@ static pd_status_t check_body(uint16_t type, const proto_msg_t *msg)
     return PD_ERR_BAD_TYPE;
 }
 
-/* Writes the body; the caller checked it. */
-static void enc_body(wr_t *w, const proto_msg_t *msg)
+/* Walks the body one way or the other. Encoding reads the message only
+ * (see io_t), so the const is cast away for the walk, never for a store. */
+static void io_body(io_t *io, uint16_t type, proto_msg_t *msg)
 {
-    switch (msg->hdr.type) {
-#define PROTO_X_ENC(NAME, name, code, max)                                    \
-    case code: enc_##name(w, &msg->u.name); break;
-    PROTO_MSG_LIST(PROTO_X_ENC)
-#undef PROTO_X_ENC
+    switch (type) {
+#define PROTO_X_IO(NAME, name, code, max)                                     \
+    case code: io_##name(io, &msg->u.name); break;
+    PROTO_MSG_LIST(PROTO_X_IO)
+#undef PROTO_X_IO
     }
 }
 
 pd_status_t proto_body_decode(uint16_t type, const uint8_t *body, size_t len,
                               proto_msg_t *msg)
 {
-    rd_t r = { body, len, 0, PD_OK };
+    io_t io = { .rd = true, .r = { body, len, 0, PD_OK } };
     uint32_t max = proto_msg_body_max(type);
 
     if (max == 0)
@@ -1035,15 +948,10 @@ pd_status_t proto_body_decode(uint16_t type, const uint8_t *body, size_t len,
     if (len != 0 && body == NULL)
         return PD_ERR_BAD_INPUT;
     memset(&msg->u, 0, sizeof(msg->u));
-    switch (type) {
-#define PROTO_X_DEC(NAME, name, code, max)                                    \
-    case code: dec_##name(&r, &msg->u.name); break;
-    PROTO_MSG_LIST(PROTO_X_DEC)
-#undef PROTO_X_DEC
-    }
-    if (r.st != PD_OK)
-        return r.st;
-    if (r.off != len)
+    io_body(&io, type, msg);
+    if (io.r.st != PD_OK)
+        return io.r.st;
+    if (io.r.off != len)
         return PD_ERR_BAD_INPUT; /* trailing bytes */
     return check_body(type, msg);
 }
@@ -1051,15 +959,15 @@ pd_status_t proto_body_decode(uint16_t type, const uint8_t *body, size_t len,
 pd_status_t proto_body_encode(const proto_msg_t *msg, uint8_t *buf, size_t cap,
                               size_t *len_p)
 {
-    wr_t w = { buf, buf ? cap : 0, 0 };
+    io_t io = { .rd = false, .w = { buf, buf ? cap : 0, 0 } };
     pd_status_t st = check_body(msg->hdr.type, msg);
     if (st != PD_OK)
         return st;
-    enc_body(&w, msg);
-    if (w.len > proto_msg_body_max(msg->hdr.type))
+    io_body(&io, msg->hdr.type, (proto_msg_t *)msg);
+    if (io.w.len > proto_msg_body_max(msg->hdr.type))
         return PD_ERR_TOO_BIG; /* cannot happen when the caps add up */
-    *len_p = w.len;
-    return w.len <= w.cap ? PD_OK : PD_ERR_NO_SPACE;
+    *len_p = io.w.len;
+    return io.w.len <= io.w.cap ? PD_OK : PD_ERR_NO_SPACE;
 }
 
 /* ---- header and frames ------------------------------------------------ */
