@@ -243,6 +243,51 @@ static void enum_list(const pd_cfg_field_t *f, char *buf, size_t len)
     }
 }
 
+/* A numeric value: `num` for the range check, the exact value for the
+ * store (i for INT, u for UINT/SIZE/DURATION, num for DOUBLE). */
+typedef struct {
+    double num;
+    int64_t i;
+    uint64_t u;
+} cfg_num_t;
+
+static bool parse_num(pd_cfg_type_t type, const char *text, cfg_num_t *v)
+{
+    char *end;
+
+    memset(v, 0, sizeof(*v));
+    errno = 0;
+    switch (type) {
+    case PD_CFG_INT:
+        v->i = strtoll(text, &end, 10);
+        v->num = (double)v->i;
+        return errno == 0 && end != text && *end == '\0' &&
+               !isspace((unsigned char)text[0]);
+    case PD_CFG_UINT:
+        if (!isdigit((unsigned char)text[0]))
+            return false;
+        v->u = strtoull(text, &end, 10);
+        v->num = (double)v->u;
+        return errno == 0 && *end == '\0';
+    case PD_CFG_DOUBLE:
+        v->num = strtod(text, &end);
+        return errno == 0 && end != text && *end == '\0' && isfinite(v->num) &&
+               !isspace((unsigned char)text[0]);
+    case PD_CFG_SIZE:
+        if (pd_parse_size(text, &v->u) != PD_OK)
+            return false;
+        v->num = (double)v->u;
+        return true;
+    case PD_CFG_DURATION:
+        if (pd_parse_duration(text, &v->u) != PD_OK)
+            return false;
+        v->num = (double)v->u;
+        return true;
+    default:
+        return false;
+    }
+}
+
 /* Parse `text` for field f and store it. On error fill err with
  * "prog: source: reason". */
 static pd_status_t set_field(const pd_cfg_schema_t *schema, void *target,
@@ -251,8 +296,6 @@ static pd_status_t set_field(const pd_cfg_schema_t *schema, void *target,
 {
     void *p = field_ptr(target, f);
     char reason[384];
-    double num = 0;
-    bool ranged = false;
 
     if (text == NULL)
         text = "";
@@ -265,67 +308,28 @@ static pd_status_t set_field(const pd_cfg_schema_t *schema, void *target,
         *(char **)p = copy;
         return PD_OK;
     }
-    case PD_CFG_INT: {
-        char *end;
-        errno = 0;
-        long long v = strtoll(text, &end, 10);
-        if (errno != 0 || end == text || *end != '\0' ||
-            isspace((unsigned char)text[0]))
+    case PD_CFG_INT:
+    case PD_CFG_UINT:
+    case PD_CFG_DOUBLE:
+    case PD_CFG_SIZE:
+    case PD_CFG_DURATION: {
+        cfg_num_t v;
+        if (!parse_num(f->type, text, &v))
             goto bad_value;
-        num = (double)v;
-        ranged = true;
-        if (has_range(f) && (num < f->min || num > f->max))
+        if (has_range(f) && (v.num < f->min || v.num > f->max))
             goto bad_range;
-        *(int64_t *)p = v;
-        return PD_OK;
-    }
-    case PD_CFG_UINT: {
-        char *end;
-        if (!isdigit((unsigned char)text[0]))
-            goto bad_value;
-        errno = 0;
-        unsigned long long v = strtoull(text, &end, 10);
-        if (errno != 0 || *end != '\0')
-            goto bad_value;
-        num = (double)v;
-        ranged = true;
-        if (has_range(f) && (num < f->min || num > f->max))
-            goto bad_range;
-        *(uint64_t *)p = v;
+        if (f->type == PD_CFG_INT)
+            *(int64_t *)p = v.i;
+        else if (f->type == PD_CFG_DOUBLE)
+            *(double *)p = v.num;
+        else
+            *(uint64_t *)p = v.u;
         return PD_OK;
     }
     case PD_CFG_BOOL:
         if (pd_parse_bool(text, (bool *)p) != PD_OK)
             goto bad_value;
         return PD_OK;
-    case PD_CFG_DOUBLE: {
-        char *end;
-        errno = 0;
-        double v = strtod(text, &end);
-        if (errno != 0 || end == text || *end != '\0' || !isfinite(v) ||
-            isspace((unsigned char)text[0]))
-            goto bad_value;
-        num = v;
-        ranged = true;
-        if (has_range(f) && (num < f->min || num > f->max))
-            goto bad_range;
-        *(double *)p = v;
-        return PD_OK;
-    }
-    case PD_CFG_SIZE:
-    case PD_CFG_DURATION: {
-        uint64_t v;
-        pd_status_t s = f->type == PD_CFG_SIZE ? pd_parse_size(text, &v)
-                                               : pd_parse_duration(text, &v);
-        if (s != PD_OK)
-            goto bad_value;
-        num = (double)v;
-        ranged = true;
-        if (has_range(f) && (num < f->min || num > f->max))
-            goto bad_range;
-        *(uint64_t *)p = v;
-        return PD_OK;
-    }
     case PD_CFG_ENUM:
         for (int i = 0; f->enum_values && f->enum_values[i]; i++) {
             if (strcasecmp(text, f->enum_values[i]) == 0) {
@@ -349,7 +353,6 @@ bad_value:
              expected_text(f), text);
     goto fail;
 bad_range:
-    (void)ranged;
     if (f->type == PD_CFG_DURATION) {
         char a[32], b[32];
         snprintf(reason, sizeof(reason), "%.64s is out of range [%s, %s]", text,

@@ -117,6 +117,8 @@ int pdctl_state_load(const char *run_dir, pdctl_state_t *st);
 int pdctl_state_save(const pdctl_state_t *st);
 /* flock the run dir (one pdctl changing it at a time). */
 int pdctl_state_lock(pdctl_state_t *st);
+/* pdctl_state_load() then pdctl_state_lock(). */
+int pdctl_state_load_locked(const char *run_dir, pdctl_state_t *st);
 void pdctl_state_unlock(pdctl_state_t *st);
 pdctl_daemon_t *pdctl_state_find(pdctl_state_t *st, const char *name);
 /* Is the pid alive and still running the daemon's binary? */

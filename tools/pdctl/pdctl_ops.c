@@ -12,17 +12,23 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The daemon called `name` in the run dir, or NULL with the names listed. */
-static pdctl_daemon_t *pdctl_ops_find(pdctl_state_t *st, const char *name)
+/* Loads the run dir's state into st and finds the daemon called `name`
+ * in it (*d_p), or returns an exit code with the names listed. */
+static int pdctl_ops_find(const char *run_dir, const char *name, pdctl_state_t *st,
+                          pdctl_daemon_t **d_p)
 {
-    pdctl_daemon_t *d = pdctl_state_find(st, name);
-    if (d == NULL) {
+    int rc = pdctl_state_load(run_dir, st);
+    if (rc != 0)
+        return rc;
+    *d_p = pdctl_state_find(st, name);
+    if (*d_p == NULL) {
         fprintf(stderr, "pdctl: no daemon \"%s\" in %s (names:", name, st->run_dir);
         for (int i = 0; i < st->n; i++)
             fprintf(stderr, " %s", st->d[i].name);
         fprintf(stderr, ")\n");
+        return PDCTL_EXIT_USAGE;
     }
-    return d;
+    return 0;
 }
 
 /* Print an {"ok":false} reply's message; true if the reply was ok. */
@@ -47,12 +53,10 @@ int pdctl_cmd_route(const char *state, int argc, char **argv)
         return PDCTL_EXIT_USAGE;
     }
     pdctl_state_t st;
-    int rc = pdctl_state_load(o.run_dir, &st);
+    pdctl_daemon_t *d;
+    int rc = pdctl_ops_find(o.run_dir, argv[0], &st, &d);
     if (rc != 0)
         return rc;
-    pdctl_daemon_t *d = pdctl_ops_find(&st, argv[0]);
-    if (d == NULL)
-        return PDCTL_EXIT_USAGE;
     if (d->role == PDCTL_ROUTER) {
         fprintf(stderr, "pdctl: %s: the router routes, it is not routed to "
                 "(`pdctl down` drains it)\n", d->name);
@@ -117,12 +121,10 @@ int pdctl_cmd_admin(int argc, char **argv)
     const char *name = argv[0], *sock = argv[0];
     pdctl_state_t st;
     if (strchr(argv[0], '/') == NULL) {
-        int rc = pdctl_state_load(o.run_dir, &st);
+        pdctl_daemon_t *d;
+        int rc = pdctl_ops_find(o.run_dir, argv[0], &st, &d);
         if (rc != 0)
             return rc;
-        pdctl_daemon_t *d = pdctl_ops_find(&st, argv[0]);
-        if (d == NULL)
-            return PDCTL_EXIT_USAGE;
         sock = d->sock;
     }
     char err[512];
@@ -214,12 +216,10 @@ int pdctl_cmd_logs(int argc, char **argv)
         return PDCTL_EXIT_USAGE;
     }
     pdctl_state_t st;
-    int rc = pdctl_state_load(o.run_dir, &st);
+    pdctl_daemon_t *d;
+    int rc = pdctl_ops_find(o.run_dir, name, &st, &d);
     if (rc != 0)
         return rc;
-    pdctl_daemon_t *d = pdctl_ops_find(&st, name);
-    if (d == NULL)
-        return PDCTL_EXIT_USAGE;
     FILE *f = fopen(d->log, "r");
     if (f == NULL) {
         fprintf(stderr, "pdctl: %s: no log %s: %s\n", d->name, d->log, strerror(errno));

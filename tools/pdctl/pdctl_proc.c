@@ -255,6 +255,12 @@ int pdctl_state_lock(pdctl_state_t *st)
     return 0;
 }
 
+int pdctl_state_load_locked(const char *run_dir, pdctl_state_t *st)
+{
+    int rc = pdctl_state_load(run_dir, st);
+    return rc != 0 ? rc : pdctl_state_lock(st);
+}
+
 void pdctl_state_unlock(pdctl_state_t *st)
 {
     if (st->lock_fd >= 0)
@@ -1035,10 +1041,8 @@ int pdctl_cmd_down(int argc, char **argv)
         return PDCTL_EXIT_USAGE;
     }
     pdctl_state_t st;
-    int rc = pdctl_state_load(o.run_dir, &st);
+    int rc = pdctl_state_load_locked(o.run_dir, &st);
     if (rc != 0)
-        return rc;
-    if ((rc = pdctl_state_lock(&st)) != 0)
         return rc;
     double timeout = 30;
     pdctl_dep_t dep;
@@ -1083,10 +1087,8 @@ int pdctl_cmd_scale(int argc, char **argv)
         return PDCTL_EXIT_USAGE;
     }
     pdctl_state_t st;
-    int rc = pdctl_state_load(o.run_dir, &st);
+    int rc = pdctl_state_load_locked(o.run_dir, &st);
     if (rc != 0)
-        return rc;
-    if ((rc = pdctl_state_lock(&st)) != 0)
         return rc;
     pdctl_dep_t dep;
     if ((rc = pdctl_dep_of_state(&st, &dep)) != 0) {
