@@ -419,6 +419,12 @@ static void req_go_local(rtr_req_t *q, rtr_backend_t *avoid, const char *why)
         return;
     }
     rtr_req_fsm_set(&q->fsm, RTR_REQ_DECODING, pd_now_ns());
+    if (q->t_failover_ns != 0) {
+        q->failovers++;
+        pd_stats_inc(r->stats, RTR_STAT_requests_failed_over);
+        pd_log(PD_LOG_INFO, RTR_COMP, q->id, "failover %u to '%s' after %u tokens: %s",
+               q->failovers, d->id, q->n_gen, why != NULL ? why : "");
+    }
     pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "decode-local on '%s' (generated %u)%s%s", d->id,
            q->n_gen, why ? ": " : "", why ? why : "");
 }
@@ -434,6 +440,27 @@ static void req_retry(rtr_req_t *q, rtr_backend_t *failed, const char *why)
     pd_stats_inc(r->stats, RTR_STAT_requests_retried);
     pd_log(PD_LOG_INFO, RTR_COMP, q->id, "retry %u decode-local: %s", q->retries, why);
     req_go_local(q, failed, why);
+}
+
+/* The decode serving q is lost (connection, heartbeats) or failed: the
+ * stream goes on elsewhere. The retry is decode-local on another decode with
+ * generated = the tokens already streamed; the new decode replays the
+ * sampler over them (same seed, penalties), so greedy and seeded output is
+ * the uninterrupted run's, with no token lost or repeated (tokens the lost
+ * decode made but never delivered are made again). Bounded by max-retries;
+ * with no decode left the client reads an error. */
+static void req_failover(rtr_req_t *q, rtr_backend_t *lost, const char *why)
+{
+    if (q->disagg && q->prefill != NULL) {
+        /* the handle will not be used again (the retry is decode-local):
+         * let the prefill revoke the lease now, in case the decode had not
+         * pulled yet (a RELEASE after the decode's own is ignored) */
+        q->lease_held = true;
+        release_lease(q);
+    }
+    if (q->n_gen > 0) /* counted by req_go_local once the stream moved */
+        q->t_failover_ns = pd_now_ns();
+    req_retry(q, lost, why);
 }
 
 /* Tokens that reached the router (token 0 from PREFILL_DONE or TOKENS):
@@ -480,6 +507,10 @@ static bool req_tokens(rtr_req_t *q, const proto_tokens_t *toks, const proto_log
         }
         q->gen[q->n_gen++] = t;
         uint64_t now = pd_now_ns();
+        if (q->t_failover_ns != 0) {
+            pd_stats_observe_ns(r->stats, RTR_STAT_failover_resume, now - q->t_failover_ns);
+            q->t_failover_ns = 0;
+        }
         if (q->n_gen == 1)
             pd_stats_observe_ns(r->stats, RTR_STAT_request_ttft, now - q->t_accept_ns);
         else
@@ -592,10 +623,13 @@ static void on_finish(rtr_req_t *q, const proto_finish_t *f)
     case PROTO_FINISH_LENGTH:
         req_complete(q, "length");
         break;
-    default:
-        req_fail(q, 502, "backend_failed", "decode '%s' finished with %s",
+    default: { /* e.g. the decode stopping past its drain timeout */
+        char why[128];
+        snprintf(why, sizeof(why), "decode '%s' finished with %s",
                  q->decode != NULL ? q->decode->id : "-", pd_status_name(f->status));
+        req_failover(q, q->decode, why);
         break;
+    }
     }
 }
 
@@ -674,19 +708,13 @@ void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
         } else if (from_decode) {
             if (q->disagg && is_pull_failure(st))
                 pd_stats_inc(r->stats, RTR_STAT_kv_transfer_failures);
-            if (q->disagg && q->prefill != NULL) {
-                /* The handle will not be used again (the retry is
-                 * decode-local): let the prefill revoke the lease now. */
-                q->lease_held = true;
-                release_lease(q);
-            }
             if (st == PD_ERR_NO_KV_SPACE || st == PD_ERR_OVERLOADED) {
                 if (!q->headers_sent && q->retries >= r->cfg.max_retries) {
                     req_fail(q, 503, "overloaded", "%s", why);
                     return;
                 }
             }
-            req_retry(q, be, why);
+            req_failover(q, be, why);
         } else {
             goto stale;
         }
@@ -708,10 +736,9 @@ void rtr_flow_backend_down(rtr_t *r, rtr_backend_t *be)
         if (q->fsm.state == RTR_REQ_PREFILLING && q->prefill == be) {
             req_retry(q, NULL, "prefill daemon down");
         } else if (q->fsm.state == RTR_REQ_DECODING && q->decode == be) {
-            if (q->headers_sent || q->n_gen > 0)
-                req_fail(q, 502, "backend_failed", "decode daemon '%s' died mid-stream", be->id);
-            else
-                req_retry(q, be, "decode daemon down before the first token");
+            char why[128];
+            snprintf(why, sizeof(why), "decode daemon '%s' lost", be->id);
+            req_failover(q, be, why);
         }
         q = next;
     }

@@ -59,6 +59,8 @@ struct rtr_req {
     bool disagg;
     bool headers_sent;
     uint32_t retries;
+    uint32_t failovers;                  /* decode losses survived mid-stream */
+    uint64_t t_failover_ns;              /* last failover, until the next token: resume time */
     uint32_t next_tok_seq;
     rtr_textpipe_t pipe;
     char *text;                          /* non-streaming: whole completion */

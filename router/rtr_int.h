@@ -74,7 +74,9 @@ typedef struct {
     X(requests_canceled,   COUNTER,   "Accepted requests canceled (client gone)") \
     X(requests_rejected,   COUNTER,   "Requests refused before acceptance (4xx)") \
     X(requests_overloaded, COUNTER,   "Requests refused with 429/503 (overload, no backend)") \
-    X(requests_retried,    COUNTER,   "Request retries (prefill or KV pull failure)") \
+    X(requests_retried,    COUNTER,   "Request retries (prefill or KV pull failure, failover)") \
+    X(requests_failed_over, COUNTER,  "Streams moved to another decode after theirs was lost or failed mid-stream") \
+    X(failover_resume,     HISTOGRAM, "Failover: decode lost to the next token reaching the router") \
     X(requests_disaggregated, COUNTER, "Requests prefilled on a prefill daemon") \
     X(requests_local,      COUNTER,   "Requests prefilled on their decode daemon") \
     X(requests_inflight,   GAUGE,     "Accepted requests not finished yet")       \

@@ -346,7 +346,8 @@ static void test_prefill_error_retries_local(void **state)
     assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
 }
 
-/* The decode dies after streaming: an error frame mid-stream, FAILED. */
+/* The only decode dies after streaming: no decode is left to fail over to,
+ * so an error frame mid-stream that says so, FAILED. */
 static void test_decode_down_mid_stream(void **state)
 {
     fx_t *f = *state;
@@ -355,12 +356,91 @@ static void test_decode_down_mid_stream(void **state)
     int32_t t[1] = { 'b' };
     tokens(f, "r3", 0, t, 1);
     f->dec->conn = NULL;
+    f->dec->state = RTR_BE_DOWN;
     rtr_flow_backend_down(&f->r, f->dec);
     assert_null(rtr_flow_find(W("r3")));
     assert_true(rec.ended_stream);
-    assert_non_null(strstr(rec.body, "died mid-stream"));
+    assert_non_null(strstr(rec.body, "no decode daemon available"));
+    assert_non_null(strstr(rec.body, "'d0' lost"));
+    assert_null(strstr(rec.body, "[DONE]"));
     assert_int_equal(counter(f, RTR_STAT_requests_failed), 1);
+    assert_int_equal(counter(f, RTR_STAT_requests_failed_over), 0);
     assert_int_equal(rec.n_ended, 1);
+}
+
+/* Failover: the decode dies after streaming "ab"; the stream moves to the
+ * other decode (decode-local, generated = the 2 tokens streamed), the lease
+ * is released on the prefill, the new decode's tokens continue the stream
+ * (seq from 0 again), one [DONE], COMPLETED, nothing repeated. */
+static void test_decode_failover_mid_stream(void **state)
+{
+    fx_t *f = *state;
+    rtr_backend_t *d1 = &f->r.be[2];
+    add_backend(&f->r, d1, "d1", PROTO_ROLE_DECODE,
+                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
+    d1->hb.free_blocks = 10; /* d0 is the policy's pick at acceptance */
+    rtr_req_t *q = accept_req(f, "r3f", true, 16);
+    prefill_done(f, "r3f", 'a', 5);
+    int32_t t[1] = { 'b' };
+    tokens(f, "r3f", 0, t, 1);
+    f->dec->conn = NULL;
+    f->dec->state = RTR_BE_DOWN;
+    int sent0 = rec.n_sent;
+    rtr_flow_backend_down(&f->r, f->dec);
+    assert_non_null(rtr_flow_find(W("r3f")));
+    assert_false(rec.ended_stream);
+    assert_int_equal(rec.n_sent, sent0 + 2);
+    assert_int_equal(rec.sent[sent0].type, PROTO_MSG_RELEASE); /* the unpulled lease */
+    assert_ptr_equal(rec.sent[sent0].to, f->pre);
+    assert_int_equal(rec.sent[sent0].lease_id, 5);
+    const sent_t *s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_DECODE_REQ);
+    assert_ptr_equal(s->to, d1);
+    assert_true(s->flags & PROTO_DEC_PREFILL_LOCALLY);
+    assert_int_equal(s->n_generated, 2);
+    assert_ptr_equal(q->decode, d1);
+    assert_int_equal(counter(f, RTR_STAT_requests_failed_over), 1);
+    assert_null(strstr(rec.body, "error"));
+    /* late tokens from the dead decode are stale */
+    rtr_backend_t *d0 = f->dec;
+    int32_t late[1] = { 'X' };
+    tokens(f, "r3f", 1, late, 1);
+    f->dec = d1;
+    int32_t more[2] = { 'c', 'd' };
+    tokens(f, "r3f", 0, more, 2);
+    finish(f, "r3f", PROTO_FINISH_LENGTH);
+    f->dec = d0;
+    assert_null(rtr_flow_find(W("r3f")));
+    assert_true(rec.ended_stream);
+    assert_null(strstr(rec.body, "\"X\""));
+    const char *pa = strstr(rec.body, "\"a\""), *pb = strstr(rec.body, "\"b\""),
+               *pc = strstr(rec.body, "\"cd\"");
+    if (!(pa && pb && pc && pa < pb && pb < pc))
+        fail_msg("stream out of order: %s", rec.body);
+    assert_non_null(strstr(rec.body, "[DONE]"));
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
+    assert_int_equal(counter(f, RTR_STAT_requests_failed), 0);
+    assert_int_equal(rec.n_ended, 1);
+}
+
+/* Failover is bounded: with max-retries 0 a lost decode ends the stream
+ * with an error frame even when another decode is up. */
+static void test_decode_failover_bounded(void **state)
+{
+    fx_t *f = *state;
+    add_backend(&f->r, &f->r.be[2], "d1", PROTO_ROLE_DECODE,
+                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
+    f->r.be[2].hb.free_blocks = 10;
+    f->r.cfg.max_retries = 0;
+    accept_req(f, "r3b", true, 16);
+    prefill_done(f, "r3b", 'a', 6);
+    f->dec->conn = NULL;
+    f->dec->state = RTR_BE_DOWN;
+    rtr_flow_backend_down(&f->r, f->dec);
+    assert_null(rtr_flow_find(W("r3b")));
+    assert_non_null(strstr(rec.body, "after 0 retries"));
+    assert_int_equal(counter(f, RTR_STAT_requests_failed), 1);
+    assert_int_equal(counter(f, RTR_STAT_requests_failed_over), 0);
 }
 
 /* The client leaves while its prompt is on the prefill: CANCEL to the
@@ -450,6 +530,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_disaggregated_stream, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_prefill_error_retries_local, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_decode_down_mid_stream, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_decode_failover_mid_stream, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_decode_failover_bounded, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_client_gone_and_late_prefill_done, fx_setup,
                                         fx_teardown),
         cmocka_unit_test_setup_teardown(test_token0_is_the_last, fx_setup, fx_teardown),

@@ -1200,14 +1200,17 @@ static void *bg_req(void *arg)
     return NULL;
 }
 
-/* Decode frozen (SIGSTOP) holding a DECODE_REQ: prefill's lease must expire
- * (1 s TTL) and its blocks come back; the client gets exactly one terminal
- * state; after SIGCONT the decode rejoins and serves again. */
+/* Decode frozen (SIGSTOP) holding a DECODE_REQ: prefill's lease must end
+ * (expire at its 1 s TTL, or be revoked by the router's RELEASE when it
+ * fails the stream over after missed heartbeats, whichever comes first) and
+ * its blocks come back; the client gets exactly one terminal state; after
+ * SIGCONT the decode rejoins and serves again. */
 static void test_lease_expiry(void **st)
 {
     (void)st;
     e2e_proc_t *pf = &g_a.prefill[0], *dec = &g_a.decode[0];
-    double exp0 = admin_num(pf, "xfer", "xfer.total.leases_expired");
+    double exp0 = admin_num(pf, "xfer", "xfer.total.leases_expired") +
+                  admin_num(pf, "xfer", "xfer.total.leases_revoked");
     assert_int_equal(e2e_proc_signal(dec, SIGSTOP), 0);
     bg_req_t b = { .port = g_a.http_port,
                    .body = "{\"prompt\":\"A lease that will never be pulled, because the decode "
@@ -1224,7 +1227,8 @@ static void test_lease_expiry(void **st)
     }
     /* ... and expires while the decode is still frozen */
     bool freed = leased && e2e_wait_kv_free(pf, 5.0);
-    double expired = admin_num(pf, "xfer", "xfer.total.leases_expired") - exp0;
+    double expired = admin_num(pf, "xfer", "xfer.total.leases_expired") +
+                     admin_num(pf, "xfer", "xfer.total.leases_revoked") - exp0;
     pthread_join(th, NULL);
     e2e_proc_signal(dec, SIGCONT);
     assert_true(leased);
