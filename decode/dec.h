@@ -7,6 +7,8 @@
  *               -> PREFILLING (decode-local: chunked, interleaved with steps)
  *               -> RUNNING (in the continuous batch)
  *   PULLING -> PREFILLING (generated tokens beyond token 0) | RUNNING
+ *   RUNNING -> MIGRATING (router's MIGRATE: KV exported to another decode
+ *               under a lease; ends FINISHED, quietly, when the lease does)
  *   any live -> FINISHED (FINISH stop/length) | FAILED (ERROR, or FINISH
  *               error once TOKENS were sent) | CANCELED (FINISH canceled)
  *
@@ -29,6 +31,7 @@ typedef struct {
     uint64_t max_queue;
     uint64_t transfer_timeout_ns;
     uint64_t prefill_chunk;
+    uint64_t lease_ttl_ns;              /* a migration's handle */
 } dec_config_t;
 
 #define DEC_STATES(X)                                                         \
@@ -37,6 +40,7 @@ typedef struct {
     X(PULLING,    "pulling")                                                  \
     X(PREFILLING, "prefilling")                                               \
     X(RUNNING,    "running")                                                  \
+    X(MIGRATING,  "migrating")                                                \
     X(FINISHED,   "finished")                                                 \
     X(FAILED,     "failed")                                                   \
     X(CANCELED,   "canceled")
@@ -70,6 +74,7 @@ typedef struct dec_req {
     uint32_t n_gen_given;               /* in the DECODE_REQ */
     uint32_t max_pos;                   /* min(n_prompt + max_tokens, ctx) */
     uint32_t kv_have;                   /* positions with KV present */
+    uint32_t kv_pull;                   /* positions the handle's KV covers */
     uint32_t chunk_n;                   /* step in flight: prefill chunk size */
     bool chunk_logits;
     /* sampling (compute thread while in_step) */
@@ -97,6 +102,10 @@ typedef struct dec_req {
     uint64_t renew_ttl_ns;              /* asked for on each renewal */
     uint64_t first_step_ns;             /* the first step with it submitted */
     uint64_t handoff_ns;                /* see DEC_STATS handoff */
+    /* live migration (out) */
+    bool migrate;                       /* MIGRATE seen: leaves the batch, then exports */
+    char migrate_to[PROTO_DAEMON_ID_MAX + 1];
+    kvx_lease_id_t mig_lease;           /* MIGRATING: the exported KV */
     /* streaming */
     uint32_t seq;                       /* TOKENS messages sent */
     uint64_t first_token_ns;
@@ -136,6 +145,8 @@ struct dec {
     dec_req_t *wait_head, *wait_tail;
     uint32_t n_waiting;
     uint32_t n_active;                  /* PULLING + PREFILLING + RUNNING */
+    dec_req_t **lease_slots;            /* (max_leases) MIGRATING by lease slot */
+    uint32_t max_leases;
 };
 
 /* Counters, gauges and histograms (NODE_REQ_STATS first). */
@@ -157,7 +168,10 @@ struct dec {
     X(handoff,         HISTOGRAM, "pulled: DECODE_REQ -> first step start, minus wait and pull") \
     X(lease_renews,    COUNTER,   "lease renewals sent while waiting for KV room") \
     X(lease_left,      HISTOGRAM, "pulled: handle's lease left at DECODE_REQ (wall clocks)") \
-    X(req_time,        HISTOGRAM, "DECODE_REQ -> FINISH / ERROR")
+    X(req_time,        HISTOGRAM, "DECODE_REQ -> FINISH / ERROR")            \
+    X(migrated_out,    COUNTER,   "sequences handed to another decode (KV pulled from here)") \
+    X(migrated_in,     COUNTER,   "sequences taken over from another decode (KV pulled)") \
+    X(migrations_lost, COUNTER,   "exported sequences whose lease expired or was revoked unpulled")
 
 #define DEC_STAT_ID(name, kind, help) DEC_STAT_##name,
 typedef enum { DEC_STATS(DEC_STAT_ID) DEC_STAT__COUNT } dec_stat_id_t;

@@ -27,6 +27,7 @@ static const pd_cfg_field_t dec_fields[] = {
     DEC_ROW(max_queue, "max-queue", UINT, "64", "requests waiting for room before NO_KV_SPACE", 0, 1e6, NULL),
     DEC_ROW(transfer_timeout_ns, "transfer-timeout", DURATION, "5s", "deadline of one KV pull", 1e6, 600e9, NULL),
     DEC_ROW(prefill_chunk, "prefill-chunk", UINT, "256", "tokens per decode-local prefill chunk", 1, 1048576, NULL),
+    DEC_ROW(lease_ttl_ns, "lease-ttl", DURATION, "30s", "KV lease length of a live migration's handle", 1e6, 600e9, NULL),
     NODE_TAIL_ROWS(dec_config_t)
     PD_CFG_END,
 };
@@ -40,6 +41,7 @@ static const pd_cfg_schema_t dec_schema = {
 static const char *const dec_state_names[] = { DEC_STATES(NODE_STATE_NAME) };
 
 static void dec_kick(dec_t *d);
+static void dec_migrate_out(dec_t *d, dec_req_t *r);
 static void dec_admit_waiting(dec_t *d);
 
 /* ---- lookup ----------------------------------------------------------------- */
@@ -138,6 +140,7 @@ static bool dec_transition_ok(dec_state_t from, dec_state_t to)
                                    to == DEC_ST_RUNNING;
     case DEC_ST_PULLING:    return to == DEC_ST_PREFILLING || to == DEC_ST_RUNNING;
     case DEC_ST_PREFILLING: return to == DEC_ST_RUNNING;
+    case DEC_ST_RUNNING:    return to == DEC_ST_MIGRATING;
     default:                return false;
     }
 }
@@ -384,6 +387,8 @@ static void dec_step_done(eng_job_t *job)
             r->finishing = false;
             r->cancel = false;
             dec_req_end(r, r->pend_reason, r->pend_status);
+        } else if (r->migrate && !r->cancel && r->state == DEC_ST_RUNNING) {
+            dec_migrate_out(d, r); /* its TOKENS went out just above */
         }
     }
     if (!job->aborted)
@@ -405,6 +410,8 @@ static void dec_kick(dec_t *d)
             continue;
         if (r->state == DEC_ST_PREFILLING)
             oldest = r;
+        else if (r->state == DEC_ST_RUNNING && r->migrate)
+            continue; /* leaving: dec_migrate_out once it is out of the step */
         else if (r->state == DEC_ST_RUNNING && s->n_items < d->cfg.max_batch)
             s->items[s->n_items++] = r;
     }
@@ -457,6 +464,10 @@ static void dec_start_compute(dec_t *d, dec_req_t *r)
         dec_req_set_state(r, DEC_ST_PREFILLING);
     } else {
         dec_req_set_state(r, DEC_ST_RUNNING);
+        if (r->migrate) { /* MIGRATE came while it pulled */
+            dec_migrate_out(d, r);
+            return;
+        }
     }
     dec_kick(d);
 }
@@ -483,7 +494,9 @@ static void dec_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t
         dec_req_end(r, PROTO_FINISH_ERROR, status);
         return;
     }
-    r->kv_have = r->n_prompt;
+    r->kv_have = r->kv_pull;
+    if (r->kv_pull > r->n_prompt)
+        pd_stats_inc(d->n.stats, DEC_STAT_migrated_in);
     dec_start_compute(d, r);
     /* The release after the first step is on its way: posting the notify
      * can take milliseconds after a large pull (UCX tcp), which the compute
@@ -519,7 +532,7 @@ static void dec_start_pull(dec_t *d, dec_req_t *r)
     }
     if (!r->imported)
         dec_note_import(d, r);
-    uint32_t nb = (r->n_prompt + d->n.geom->block_tokens - 1) / d->n.geom->block_tokens;
+    uint32_t nb = (r->kv_pull + d->n.geom->block_tokens - 1) / d->n.geom->block_tokens;
     uint64_t budget = d->cfg.transfer_timeout_ns;
     if (r->budget_ns != 0 && r->budget_ns < budget)
         budget = r->budget_ns;
@@ -695,6 +708,7 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
     r->max_pos = max_pos;
     r->n_prompt = proto_tokens_copy(&q->prompt, r->tok, np);
     r->n_gen_given = proto_tokens_copy(&q->generated, r->tok + np, ng);
+    r->kv_pull = q->kv_tokens != 0 ? q->kv_tokens : np; /* proto_msg checked the range */
     r->nr.n_blocks = nb;
     r->budget_ns = q->deadline_ns;
     r->lp_on = q->sampling.logprobs != 0;
@@ -751,6 +765,11 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
 
 static void dec_req_cancel(dec_t *d, dec_req_t *r)
 {
+    if (r->state == DEC_ST_MIGRATING) {
+        r->cancel = true;
+        (void)kvx_lease_revoke(d->n.kvx, r->mig_lease); /* -> dec_on_lease_end */
+        return;
+    }
     if (r->pull_live) {
         r->cancel = true;
         (void)kvx_pull_cancel(d->n.kvx, r->pull_id); /* -> dec_pull_done */
@@ -768,6 +787,110 @@ static void dec_on_cancel(proto_conn_t *c, const proto_msg_t *msg, void *arg)
         r->cancel_stop = msg->u.cancel.status == PD_OK; /* PROTOCOL.md: CANCEL */
         dec_req_cancel(d, r);
     }
+}
+
+/* ---- live migration (this decode hands a stream on) ---------------------- */
+
+/* r is RUNNING, out of the step, all its tokens sent: export the KV of its
+ * prompt + generated tokens but the last (the next step's input) to the
+ * target under a lease, tell the router (MIGRATE_DONE) and wait for the
+ * lease to end. If the export fails the stream simply goes on here. */
+static void dec_migrate_out(dec_t *d, dec_req_t *r)
+{
+    uint32_t kv = r->n_prompt + r->n_gen - 1;
+    uint32_t nb = (kv + d->n.geom->block_tokens - 1) / d->n.geom->block_tokens;
+    uint8_t handle[KVX_HANDLE_MAX_BYTES];
+    size_t hlen = 0;
+    pd_status_t st = r->n_gen == 0 || !dec_can_reply(d, r)
+                         ? PD_ERR_BAD_INPUT
+                         : kvx_export(d->n.region, node_id_of(r->migrate_to), r->nr.blocks, nb,
+                                      d->cfg.lease_ttl_ns, (uint64_t)(uintptr_t)r, handle,
+                                      sizeof(handle), &hlen, &r->mig_lease);
+    if (st != PD_OK) {
+        pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "migration to %s not possible (%s): staying",
+               r->migrate_to, pd_status_str(st));
+        r->migrate = false;
+        dec_kick(d);
+        return;
+    }
+    if (r->mig_lease.slot < d->max_leases)
+        d->lease_slots[r->mig_lease.slot] = r;
+    dec_req_set_state(r, DEC_ST_MIGRATING);
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_MIGRATE_DONE;
+    proto_migrate_done_t *md = &m.u.migrate_done;
+    snprintf(md->request_id, sizeof(md->request_id), "%s", r->nr.id);
+    md->n_gen = r->n_gen;
+    md->kv_tokens = kv;
+    md->lease_id = node_lease_wire_id(r->mig_lease);
+    md->lease_ns = d->cfg.lease_ttl_ns;
+    md->kv_handle.p = handle;
+    md->kv_handle.len = (uint32_t)hlen;
+    st = proto_session_send(d->n.sess, &m);
+    pd_log(PD_LOG_INFO, DEC_COMP, r->nr.id, "migrating to %s after %u tokens (%u KV blocks)%s%s",
+           r->migrate_to, r->n_gen, nb, st == PD_OK ? "" : ": MIGRATE_DONE not sent: ",
+           st == PD_OK ? "" : pd_status_str(st));
+    if (st != PD_OK)
+        (void)kvx_lease_revoke(d->n.kvx, r->mig_lease); /* -> dec_on_lease_end */
+    dec_kick(d);
+}
+
+/* The migration's lease ended: released by the target after its pull (the
+ * stream lives there now), or expired / revoked (the router has failed the
+ * stream over, or it ended). Either way it ends here without a reply. */
+static void dec_on_lease_end(void *arg, const kvx_lease_info_t *info, kvx_lease_end_t why)
+{
+    dec_t *d = arg;
+    dec_req_t *r = info->slot < d->max_leases ? d->lease_slots[info->slot] : NULL;
+    if (r == NULL || (uint64_t)(uintptr_t)r != info->user_tag || r->state != DEC_ST_MIGRATING) {
+        pd_log(PD_LOG_ERROR, DEC_COMP, NULL, "lease end for unknown slot %u", info->slot);
+        return;
+    }
+    d->lease_slots[info->slot] = NULL;
+    pd_stats_inc(d->n.stats, why == KVX_LEASE_RELEASED ? DEC_STAT_migrated_out
+                                                       : DEC_STAT_migrations_lost);
+    pd_log(why == KVX_LEASE_RELEASED ? PD_LOG_DEBUG : PD_LOG_WARN, DEC_COMP, r->nr.id,
+           "migration lease %s", why == KVX_LEASE_RELEASED ? "released: moved"
+                                 : why == KVX_LEASE_EXPIRED ? "expired unpulled" : "revoked");
+    pd_stats_observe_ns(d->n.stats, DEC_STAT_req_time, pd_now_ns() - r->t[DEC_ST_NEW]);
+    dec_req_set_state(r, r->cancel ? DEC_ST_CANCELED : DEC_ST_FINISHED);
+}
+
+static void dec_on_migrate(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)c;
+    dec_t *d = arg;
+    const proto_migrate_t *m = &msg->u.migrate;
+    dec_req_t *r = dec_req_find(d, m->request_id);
+    if (r == NULL || r->cancel || r->finishing || r->migrate || dec_terminal(r->state) ||
+        r->state == DEC_ST_MIGRATING || strcmp(m->target_decode_id, d->n.daemon_id) == 0) {
+        pd_log(PD_LOG_DEBUG, DEC_COMP, m->request_id, "MIGRATE ignored (%s)",
+               r == NULL ? "not here" : "ending or moving");
+        return;
+    }
+    r->migrate = true;
+    snprintf(r->migrate_to, sizeof(r->migrate_to), "%s", m->target_decode_id);
+    if (r->state == DEC_ST_RUNNING && !r->in_step)
+        dec_migrate_out(d, r);
+    /* else: after its step (dec_step_done), or once its pull / prefill
+     * made it RUNNING (dec_start_compute, dec_step_done) */
+}
+
+/* RELEASE of a migration's lease: the router will not forward the handle
+ * (the request ended, or the target is gone): revoke it now. */
+static void dec_on_release(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)c;
+    dec_t *d = arg;
+    dec_req_t *r = dec_req_find(d, msg->u.release.request_id);
+    if (r == NULL || r->state != DEC_ST_MIGRATING)
+        return;
+    if (msg->u.release.lease_id != 0 && msg->u.release.lease_id != node_lease_wire_id(r->mig_lease)) {
+        pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "RELEASE with a foreign lease id ignored");
+        return;
+    }
+    (void)kvx_lease_revoke(d->n.kvx, r->mig_lease); /* -> dec_on_lease_end */
 }
 
 /* ---- peers ---------------------------------------------------------------- */
@@ -792,7 +915,9 @@ static void dec_on_peer_info(proto_conn_t *c, const proto_msg_t *msg, void *arg)
     (void)c;
     dec_t *d = arg;
     const proto_peer_info_t *pi = &msg->u.peer_info;
-    if (pi->role != PROTO_ROLE_PREFILL)
+    /* prefills, and other decodes (a live migration pulls from one) */
+    if ((pi->role != PROTO_ROLE_PREFILL && pi->role != PROTO_ROLE_DECODE) ||
+        strcmp(pi->daemon_id, d->n.daemon_id) == 0)
         return;
     dec_peer_t *p = dec_peer_find(d, pi->daemon_id, true);
     if (p == NULL) {
@@ -812,10 +937,11 @@ static void dec_on_peer_info(proto_conn_t *c, const proto_msg_t *msg, void *arg)
         p->node_id = node_id_of(pi->daemon_id);
         p->live = true;
         pd_log(st == PD_OK ? PD_LOG_INFO : PD_LOG_DEBUG, DEC_COMP, NULL,
-               "prefill peer %s (incarnation %llx) %s", pi->daemon_id,
+               "%s peer %s (incarnation %llx) %s",
+               pi->role == PROTO_ROLE_PREFILL ? "prefill" : "decode", pi->daemon_id,
                (unsigned long long)pi->incarnation, st == PD_OK ? "added" : "known");
     } else {
-        pd_log(PD_LOG_WARN, DEC_COMP, NULL, "prefill peer %s refused: %s", pi->daemon_id,
+        pd_log(PD_LOG_WARN, DEC_COMP, NULL, "peer %s refused: %s", pi->daemon_id,
                pd_status_str(st));
     }
 }
@@ -830,7 +956,7 @@ static void dec_on_peer_down(proto_conn_t *c, const proto_msg_t *msg, void *arg)
         return; /* unknown, or an older incarnation than the one we use */
     p->live = false;
     pd_status_t st = kvx_peer_fail(d->n.kvx, p->node_id, PD_ERR_PEER_GONE);
-    pd_log(PD_LOG_INFO, DEC_COMP, NULL, "prefill peer %s down (%s): %s", pd->daemon_id,
+    pd_log(PD_LOG_INFO, DEC_COMP, NULL, "peer %s down (%s): %s", pd->daemon_id,
            pd_status_name(pd->status), pd_status_str(st));
 }
 
@@ -926,19 +1052,27 @@ static const pd_stat_prom_t dec_stat_prom[] = {
 static const pd_stats_table_t dec_stats_table =
     PD_STATS_TABLE_PROM("decode", dec_stat_descs, dec_stat_prom);
 
-/* kvx: this node only imports, so /metrics carries no lease counters. */
+/* kvx: this node pulls, and exports for live migrations (lease ends come
+ * to dec_on_lease_end), so /metrics carries both sides' counters. */
 static void dec_kvx_config(node_t *n, kvx_config_t *kc)
 {
-    (void)n;
-    kc->stats_role = KVX_STATS_IMPORTER;
+    dec_t *d = (dec_t *)n;
+    kc->on_lease_end = dec_on_lease_end;
+    kc->cb_arg = d;
+    kc->stats_role = KVX_STATS_BOTH;
+    kc->max_lease_ttl_ns = d->cfg.lease_ttl_ns > kc->max_lease_ttl_ns ? d->cfg.lease_ttl_ns
+                                                                      : kc->max_lease_ttl_ns;
+    d->max_leases = kc->max_leases;
 }
 
 static const node_role_t dec_role = {
     .name = "decode", .schema = &dec_schema, .stats = &dec_stats_table,
     .proto_role = PROTO_ROLE_DECODE,
-    .caps = PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT,
+    .caps = PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT |
+            PROTO_CAP_KV_EXPORT,
     .cbs = { .on_decode_req = dec_on_decode_req, .on_cancel = dec_on_cancel,
-             .on_peer_info = dec_on_peer_info, .on_peer_down = dec_on_peer_down },
+             .on_peer_info = dec_on_peer_info, .on_peer_down = dec_on_peer_down,
+             .on_migrate = dec_on_migrate, .on_release = dec_on_release },
     .cancel_all = dec_cancel_all, .fill_hb = dec_fill_hb,
     .adm_kv = dec_adm_kv, .adm_session = dec_adm_session, .cmds = dec_cmds,
     .xfer_help = "xfer - kvxfer statistics (pulls per prefill peer)",
@@ -975,7 +1109,9 @@ int main(int argc, char **argv)
         d->step.prev = calloc((size_t)mb + 1, sizeof(*d->step.prev));
         d->step.eitems = calloc(mb, sizeof(*d->step.eitems));
         d->step.logits = malloc((size_t)mb * d->n.geom->vocab_size * sizeof(float));
-        if (!d->step.items || !d->step.prev || !d->step.eitems || !d->step.logits)
+        d->lease_slots = calloc(d->max_leases ? d->max_leases : 1, sizeof(*d->lease_slots));
+        if (!d->step.items || !d->step.prev || !d->step.eitems || !d->step.logits ||
+            !d->lease_slots)
             rc = node_fail(&d->n, "boot", PD_ERR_NO_MEMORY, NULL);
     }
     if (rc == PD_CONFIG_RUN) {
@@ -990,6 +1126,7 @@ int main(int argc, char **argv)
     free(d->step.prev);
     free(d->step.eitems);
     free(d->step.logits);
+    free(d->lease_slots);
     proto_auth_secret_wipe(&d->n.secret);
     pd_config_free(&dec_schema, &d->cfg);
     pd_config_result_free(&res);

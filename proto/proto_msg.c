@@ -742,6 +742,11 @@ static pd_status_t check_decode_req(const proto_decode_req_t *m)
     CHECK(check_blob(&m->kv_handle, PROTO_KV_HANDLE_MAX));
     bool local = (m->flags & PROTO_DEC_PREFILL_LOCALLY) != 0;
     REQUIRE(local == (m->kv_handle.len == 0), PD_ERR_BAD_INPUT);
+    /* a handle's KV covers the prompt (0) or prompt + generated - 1 at most */
+    REQUIRE(m->kv_tokens == 0 ||
+            (!local && m->kv_tokens >= m->prompt.n && m->generated.n > 0 &&
+             (uint64_t)m->kv_tokens <= (uint64_t)m->prompt.n + m->generated.n - 1),
+            PD_ERR_BAD_INPUT);
     return PD_OK;
 }
 
@@ -756,6 +761,7 @@ static void io_decode_req(io_t *io, proto_decode_req_t *m)
     io_str(io, m->prefill_peer_id, PROTO_DAEMON_ID_MAX);
     io_u64(io, &m->lease_id);
     io_blob(io, &m->kv_handle, PROTO_KV_HANDLE_MAX);
+    io_u32(io, &m->kv_tokens);
     io_u64(io, &m->deadline_ns);
     io_sampling2(io, &m->sampling);
 }
@@ -877,6 +883,37 @@ static void io_peer_down(io_t *io, proto_peer_down_t *m)
     io_str(io, m->daemon_id, PROTO_DAEMON_ID_MAX);
     io_u64(io, &m->incarnation);
     io_i32(io, &m->status);
+}
+
+/* MIGRATE */
+static pd_status_t check_migrate(const proto_migrate_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
+    return check_str(m->target_decode_id, PROTO_DAEMON_ID_MAX, true);
+}
+
+static void io_migrate(io_t *io, proto_migrate_t *m)
+{
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_str(io, m->target_decode_id, PROTO_DAEMON_ID_MAX);
+}
+
+/* MIGRATE_DONE */
+static pd_status_t check_migrate_done(const proto_migrate_done_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
+    REQUIRE(m->n_gen > 0 && m->kv_tokens > 0 && m->kv_handle.len > 0, PD_ERR_BAD_INPUT);
+    return check_blob(&m->kv_handle, PROTO_KV_HANDLE_MAX);
+}
+
+static void io_migrate_done(io_t *io, proto_migrate_done_t *m)
+{
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_u32(io, &m->n_gen);
+    io_u32(io, &m->kv_tokens);
+    io_u64(io, &m->lease_id);
+    io_u64(io, &m->lease_ns);
+    io_blob(io, &m->kv_handle, PROTO_KV_HANDLE_MAX);
 }
 
 /* ---- dispatch generated from PROTO_MSG_LIST --------------------------- */

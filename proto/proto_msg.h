@@ -6,7 +6,7 @@
  * Frame = 32-byte header + body (body_len bytes). All integers little-endian.
  *   off size field
  *     0    4 magic      "PDSV" (0x50 0x44 0x53 0x56)
- *     4    2 version    PROTO_VERSION (2)
+ *     4    2 version    PROTO_VERSION (3)
  *     6    2 type       proto_msg_type_t
  *     8    2 flags      PROTO_FLAG_* only; other bits -> PD_ERR_RESERVED
  *                       (AUTH: a 32-byte tag follows the body)
@@ -34,7 +34,8 @@
 #include "pd_status.h"
 
 #define PROTO_MAGIC          0x56534450u /* "PDSV" read as LE u32 */
-#define PROTO_VERSION        2u /* 2: challenge handshake, AUTH frames */
+#define PROTO_VERSION        3u /* 2: challenge handshake, AUTH frames; 3: live
+                                     migration (DECODE_REQ kv_tokens, MIGRATE*) */
 #define PROTO_HDR_LEN        32u
 #define PROTO_BODY_MAX       (16u << 20) /* absolute cap on any body */
 
@@ -86,7 +87,7 @@
 #define PROTO_DECODE_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
         + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + PROTO__TOK(PROTO_MAX_GEN_TOKENS) \
         + PROTO__SAMPLING + 8u + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u \
-        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 8u + PROTO__SAMPLING2)
+        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 4u + 8u + PROTO__SAMPLING2)
 #define PROTO_TOKENS_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
         + PROTO__TOK(PROTO_MAX_TOKENS_MSG) + PROTO__BLOB(PROTO_MAX_TEXT) \
         + PROTO__LOGPROBS(PROTO_MAX_TOKENS_MSG))
@@ -99,6 +100,9 @@
 #define PROTO_PEER_INFO_BODY_MAX (PROTO__STR(PROTO_DAEMON_ID_MAX) + 4u + 8u \
         + PROTO__BLOB(PROTO_KV_ADDR_MAX))
 #define PROTO_PEER_DOWN_BODY_MAX (PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u + 4u)
+#define PROTO_MIGRATE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + PROTO__STR(PROTO_DAEMON_ID_MAX))
+#define PROTO_MIGRATE_DONE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 8u + 16u \
+        + PROTO__BLOB(PROTO_KV_HANDLE_MAX))
 
 /* THE message list. X(NAME, name, code, max_body)
  * Codes are wire values: never renumber, only append. */
@@ -117,7 +121,9 @@
     X(RELEASE,         release,         22, PROTO_RELEASE_BODY_MAX)           \
     X(ERROR,           error,           23, PROTO_ERROR_BODY_MAX)             \
     X(PEER_INFO,       peer_info,       24, PROTO_PEER_INFO_BODY_MAX)         \
-    X(PEER_DOWN,       peer_down,       25, PROTO_PEER_DOWN_BODY_MAX)
+    X(PEER_DOWN,       peer_down,       25, PROTO_PEER_DOWN_BODY_MAX)         \
+    X(MIGRATE,         migrate,         26, PROTO_MIGRATE_BODY_MAX)           \
+    X(MIGRATE_DONE,    migrate_done,    27, PROTO_MIGRATE_DONE_BODY_MAX)
 
 typedef enum {
     PROTO_MSG_NONE = 0,
@@ -307,6 +313,10 @@ typedef struct {
     char prefill_peer_id[PROTO_DAEMON_ID_MAX + 1];
     uint64_t lease_id;
     proto_blob_t kv_handle;                 /* <= PROTO_KV_HANDLE_MAX */
+    uint32_t kv_tokens;                     /* positions the handle's KV covers:
+                                               0 = the prompt (a prefill's
+                                               handle); a migration's covers
+                                               prompt + generated - 1 */
     uint64_t deadline_ns;
 } proto_decode_req_t;
 
@@ -373,6 +383,26 @@ typedef struct {
     int32_t status;                         /* a negative pd_status_t */
 } proto_peer_down_t;
 
+/* MIGRATE (router -> decode): move this running request to that decode:
+ * export its KV under a lease and answer MIGRATE_DONE (or ignore it if the
+ * request is not running there any more). */
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    char target_decode_id[PROTO_DAEMON_ID_MAX + 1]; /* non-empty */
+} proto_migrate_t;
+
+/* MIGRATE_DONE (decode -> router): the request stopped after n_gen tokens
+ * (all of them sent in TOKENS before this); its KV for kv_tokens positions
+ * (prompt + n_gen - 1) is exported to the target under the lease. */
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    uint32_t n_gen;                         /* >= 1 */
+    uint32_t kv_tokens;                     /* >= 1 */
+    uint64_t lease_id;
+    uint64_t lease_ns;
+    proto_blob_t kv_handle;                 /* non-empty, <= PROTO_KV_HANDLE_MAX */
+} proto_migrate_done_t;
+
 typedef struct {
     uint16_t type;        /* proto_msg_type_t */
     uint16_t flags;       /* PROTO_FLAG_* */
@@ -399,6 +429,8 @@ typedef struct {
         proto_error_t error;
         proto_peer_info_t peer_info;
         proto_peer_down_t peer_down;
+        proto_migrate_t migrate;
+        proto_migrate_done_t migrate_done;
     } u;
 } proto_msg_t;
 

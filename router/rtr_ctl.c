@@ -343,15 +343,16 @@ static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
            " blocks %u state %s", be->id, role_name(be->role), be->caps, proto_conn_peer(conn),
            be->incarnation, h->geom.total_blocks, rtr_be_state_name(be->state));
 
-    /* PEER_INFO: a new decode learns every live prefill; a new prefill is
-     * announced to every live decode. */
+    /* PEER_INFO: a new decode learns every live prefill and every other
+     * decode (a live migration pulls from one); a new daemon is announced
+     * to every live decode. */
     for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
         rtr_backend_t *o = &r->be[i];
         if (o == be || o->conn == NULL)
             continue;
-        if ((be->caps & PROTO_CAP_DECODE) && (o->caps & PROTO_CAP_PREFILL))
+        if ((be->caps & PROTO_CAP_DECODE) && (o->caps & (PROTO_CAP_PREFILL | PROTO_CAP_DECODE)))
             send_peer_info(be, o);
-        if ((be->caps & PROTO_CAP_PREFILL) && (o->caps & PROTO_CAP_DECODE))
+        if ((be->caps & (PROTO_CAP_PREFILL | PROTO_CAP_DECODE)) && (o->caps & PROTO_CAP_DECODE))
             send_peer_info(o, be);
     }
 }
@@ -363,7 +364,7 @@ static void backend_down(rtr_t *r, rtr_backend_t *be, pd_status_t why)
     pd_stats_inc(r->stats, RTR_STAT_backends_lost);
     be->conn = NULL;
     be_set_state(be, RTR_BE_DOWN);
-    if (be->caps & PROTO_CAP_PREFILL)
+    if (be->caps & (PROTO_CAP_PREFILL | PROTO_CAP_DECODE))
         send_peer_down(r, be, why);
     r->on_backend_down(r, be);
 }
@@ -376,8 +377,12 @@ static void on_heartbeat(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
         return;
     }
     rtr_backend_t *be = cc->be;
+    bool was_draining = (be->hb.flags & PROTO_HB_DRAINING) != 0;
     be->hb = msg->u.heartbeat;
     be->last_hb_ns = pd_now_ns();
+    if (!was_draining && (be->hb.flags & PROTO_HB_DRAINING) && (be->caps & PROTO_CAP_DECODE) &&
+        cc->r->on_backend_drain != NULL)
+        (void)cc->r->on_backend_drain(cc->r, be); /* SIGTERM / daemon drain: move its streams */
     pd_stats_gauge_set(be->stats, RTR_BE_STAT_queue_depth, be->hb.queue_depth);
     pd_stats_gauge_set(be->stats, RTR_BE_STAT_running_seqs, be->hb.running_seqs);
     pd_stats_gauge_set(be->stats, RTR_BE_STAT_free_blocks, be->hb.free_blocks);
@@ -499,6 +504,7 @@ pd_status_t rtr_ctl_start(rtr_t *r)
     cbs.on_tokens = on_request_msg;
     cbs.on_finish = on_request_msg;
     cbs.on_error = on_request_msg;
+    cbs.on_migrate_done = on_request_msg;
     cbs.on_other = on_other;
     cbs.on_close = on_close;
     proto_conn_opts_t opts;
@@ -594,6 +600,11 @@ pd_status_t rtr_admin_set_backend(pd_admin_req_t *req, cJSON *reply)
             be->admin_state = s;
             if (be->conn != NULL)
                 be_set_state(be, s);
+            uint32_t moving = 0;
+            if (s == RTR_BE_DRAIN && be->conn != NULL && (be->caps & PROTO_CAP_DECODE) &&
+                r->on_backend_drain != NULL)
+                moving = r->on_backend_drain(r, be);
+            cJSON_AddNumberToObject(reply, "migrating", moving);
             pd_log(PD_LOG_INFO, RTR_COMP, NULL, "admin: backend '%s' set to %s (uid %u)", be->id,
                    rtr_be_state_name(s), (unsigned)req->uid);
             cJSON_AddStringToObject(reply, "id", be->id);

@@ -100,6 +100,7 @@ static void req_end(rtr_req_t *q, rtr_req_state_t st)
     }
     req_set_backend(&q->prefill, NULL);
     req_set_backend(&q->decode, NULL);
+    req_set_backend(&q->migrate_to, NULL);
     pd_stats_inc(r->stats, st == RTR_REQ_COMPLETED ? RTR_STAT_requests_completed
                            : st == RTR_REQ_FAILED  ? RTR_STAT_requests_failed
                                                    : RTR_STAT_requests_canceled);
@@ -363,7 +364,11 @@ static uint32_t needed_blocks(const rtr_req_t *q)
     return blocks_for(q->r, q->n_prompt, q->oai.max_tokens);
 }
 
-static pd_status_t send_decode_req(rtr_req_t *q, const proto_prefill_done_t *pd)
+/* DECODE_REQ to q->decode: decode-local (handle.len 0), or pull the KV the
+ * handle grants on peer (a prefill's: kv_tokens 0 = the prompt; a decode's
+ * in a live migration: prompt + generated - 1). */
+static pd_status_t send_decode_req(rtr_req_t *q, const char *peer, uint64_t lease_id,
+                                   proto_blob_t handle, uint32_t kv_tokens)
 {
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
@@ -379,11 +384,12 @@ static pd_status_t send_decode_req(rtr_req_t *q, const proto_prefill_done_t *pd)
      * (it links only the tokenizer part of the engine). */
     d->rng_state = 0;
     d->deadline_ns = req_budget_ns(q);
-    if (pd != NULL) {
+    if (handle.len != 0) {
         d->flags = 0;
-        snprintf(d->prefill_peer_id, sizeof(d->prefill_peer_id), "%s", q->prefill->id);
-        d->lease_id = pd->lease_id;
-        d->kv_handle = pd->kv_handle;
+        snprintf(d->prefill_peer_id, sizeof(d->prefill_peer_id), "%s", peer);
+        d->lease_id = lease_id;
+        d->kv_handle = handle;
+        d->kv_tokens = kv_tokens;
     } else {
         d->flags = PROTO_DEC_PREFILL_LOCALLY;
     }
@@ -411,8 +417,10 @@ static void req_go_local(rtr_req_t *q, rtr_backend_t *avoid, const char *why)
         return;
     }
     req_set_backend(&q->decode, d);
+    req_set_backend(&q->migrate_to, NULL);
+    q->migrated = false;
     q->disagg = false;
-    pd_status_t s = send_decode_req(q, NULL);
+    pd_status_t s = send_decode_req(q, NULL, 0, (proto_blob_t){ NULL, 0 }, 0);
     if (s != PD_OK) {
         req_fail(q, 503, "backend_busy", "DECODE_REQ to '%s' not sent: %s", d->id,
                  pd_status_name(s));
@@ -511,6 +519,10 @@ static bool req_tokens(rtr_req_t *q, const proto_tokens_t *toks, const proto_log
             pd_stats_observe_ns(r->stats, RTR_STAT_failover_resume, now - q->t_failover_ns);
             q->t_failover_ns = 0;
         }
+        if (q->migrated) {
+            pd_stats_observe_ns(r->stats, RTR_STAT_migration_resume, now - q->t_migrate_ns);
+            q->migrated = false;
+        }
         if (q->n_gen == 1)
             pd_stats_observe_ns(r->stats, RTR_STAT_request_ttft, now - q->t_accept_ns);
         else
@@ -594,7 +606,7 @@ static void on_prefill_done(rtr_req_t *q, rtr_backend_t *be, const proto_prefill
         req_retry(q, q->decode, "target decode gone before DECODE_REQ");
         return;
     }
-    pd_status_t s = send_decode_req(q, pd);
+    pd_status_t s = send_decode_req(q, q->prefill->id, pd->lease_id, pd->kv_handle, 0);
     if (s != PD_OK) {
         release_lease(q);
         req_retry(q, q->decode, "DECODE_REQ not sent");
@@ -633,6 +645,73 @@ static void on_finish(rtr_req_t *q, const proto_finish_t *f)
     }
 }
 
+/* ---- live migration ---------------------------------------------------------- */
+
+/* The old decode stopped the stream after m->n_gen tokens (all of them
+ * already here: TOKENS come first on its connection) and exported its KV
+ * to the target under a lease: the target pulls it and goes on. */
+static void on_migrate_done(rtr_req_t *q, rtr_backend_t *from, const proto_migrate_done_t *m)
+{
+    rtr_t *r = q->r;
+    rtr_backend_t *t = q->migrate_to;
+    char why[160];
+    if (m->n_gen != q->n_gen) {
+        send_simple(from, PROTO_MSG_RELEASE, q, m->lease_id);
+        snprintf(why, sizeof(why), "migration from '%s': %u tokens there, %u here", from->id,
+                 m->n_gen, q->n_gen);
+        req_failover(q, from, why);
+        return;
+    }
+    if (t->conn == NULL || t->state != RTR_BE_READY || (t->hb.flags & PROTO_HB_DRAINING)) {
+        /* the handle names its importer: another target cannot use it */
+        send_simple(from, PROTO_MSG_RELEASE, q, m->lease_id);
+        snprintf(why, sizeof(why), "migration target '%s' gone", t->id);
+        req_failover(q, from, why);
+        return;
+    }
+    req_set_backend(&q->decode, t);
+    req_set_backend(&q->migrate_to, NULL);
+    pd_status_t s = send_decode_req(q, from->id, m->lease_id, m->kv_handle, m->kv_tokens);
+    if (s != PD_OK) {
+        send_simple(from, PROTO_MSG_RELEASE, q, m->lease_id);
+        snprintf(why, sizeof(why), "DECODE_REQ to migration target '%s' not sent: %s", t->id,
+                 pd_status_name(s));
+        req_failover(q, t, why);
+        return;
+    }
+    q->migrated = true;
+    pd_stats_inc(r->stats, RTR_STAT_requests_migrated);
+    pd_log(PD_LOG_INFO, RTR_COMP, q->id, "migrating from '%s' to '%s' after %u tokens (KV of %u)",
+           from->id, t->id, q->n_gen, m->kv_tokens);
+}
+
+uint32_t rtr_flow_migrate_from(rtr_t *r, rtr_backend_t *be)
+{
+    uint32_t n = 0;
+    for (rtr_req_t *q = r->reqs; q != NULL; q = q->next) {
+        if (q->fsm.state != RTR_REQ_DECODING || q->decode != be || q->migrate_to != NULL ||
+            q->n_gen == 0)
+            continue;
+        rtr_backend_t *t = rtr_pick_backend(r, PROTO_CAP_DECODE, needed_blocks(q), be);
+        if (t == NULL)
+            break; /* nowhere to go: the rest finish where they are */
+        proto_msg_t m;
+        memset(&m, 0, sizeof(m));
+        m.hdr.type = PROTO_MSG_MIGRATE;
+        snprintf(m.u.migrate.request_id, sizeof(m.u.migrate.request_id), "%s", q->wire_id);
+        snprintf(m.u.migrate.target_decode_id, sizeof(m.u.migrate.target_decode_id), "%s",
+                 t->id);
+        if (r->out->send(be, &m) != PD_OK)
+            continue;
+        req_set_backend(&q->migrate_to, t); /* counts as assigned: the next pick spreads */
+        q->t_migrate_ns = pd_now_ns();
+        n++;
+    }
+    pd_log(PD_LOG_INFO, RTR_COMP, NULL, "decode '%s' draining: %u stream(s) asked to migrate",
+           be->id, n);
+    return n;
+}
+
 static bool is_pull_failure(pd_status_t s)
 {
     return s == PD_ERR_PEER_GONE || s == PD_ERR_TIMED_OUT || s == PD_ERR_STALE ||
@@ -648,18 +727,21 @@ void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
     case PROTO_MSG_TOKENS:       id = msg->u.tokens.request_id; break;
     case PROTO_MSG_FINISH:       id = msg->u.finish.request_id; break;
     case PROTO_MSG_ERROR:        id = msg->u.error.request_id; break;
+    case PROTO_MSG_MIGRATE_DONE: id = msg->u.migrate_done.request_id; break;
     default: return;
     }
     rtr_req_t *q = id[0] != '\0' ? rtr_flow_find(id) : NULL;
     if (q == NULL) {
-        if (msg->hdr.type == PROTO_MSG_PREFILL_DONE) {
+        if (msg->hdr.type == PROTO_MSG_PREFILL_DONE || msg->hdr.type == PROTO_MSG_MIGRATE_DONE) {
             /* The request is gone (client left, stop string): give the
              * blocks back now rather than at lease expiry. */
             proto_msg_t m;
             memset(&m, 0, sizeof(m));
             m.hdr.type = PROTO_MSG_RELEASE;
             snprintf(m.u.release.request_id, sizeof(m.u.release.request_id), "%s", id);
-            m.u.release.lease_id = msg->u.prefill_done.lease_id;
+            m.u.release.lease_id = msg->hdr.type == PROTO_MSG_PREFILL_DONE
+                                       ? msg->u.prefill_done.lease_id
+                                       : msg->u.migrate_done.lease_id;
             (void)r->out->send(be, &m);
         }
         if (msg->hdr.type == PROTO_MSG_ERROR && id[0] == '\0')
@@ -697,6 +779,13 @@ void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
         if (!from_decode)
             goto stale;
         on_finish(q, &msg->u.finish);
+        return;
+    case PROTO_MSG_MIGRATE_DONE:
+        if (!from_decode || q->migrate_to == NULL) {
+            send_simple(be, PROTO_MSG_RELEASE, q, msg->u.migrate_done.lease_id);
+            goto stale;
+        }
+        on_migrate_done(q, be, &msg->u.migrate_done);
         return;
     case PROTO_MSG_ERROR: {
         pd_status_t st = msg->u.error.status;

@@ -61,6 +61,9 @@ struct rtr_req {
     uint32_t retries;
     uint32_t failovers;                  /* decode losses survived mid-stream */
     uint64_t t_failover_ns;              /* last failover, until the next token: resume time */
+    rtr_backend_t *migrate_to;           /* MIGRATE sent, MIGRATE_DONE not yet */
+    bool migrated;                       /* MIGRATE_DONE seen: resume time pending */
+    uint64_t t_migrate_ns;               /* MIGRATE sent */
     uint32_t next_tok_seq;
     rtr_textpipe_t pipe;
     char *text;                          /* non-streaming: whole completion */
@@ -121,6 +124,10 @@ void rtr_flow_client_gone(rtr_req_t *q, const char *why);
 void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg);
 /* A backend went down: retry or fail its requests. */
 void rtr_flow_backend_down(rtr_t *r, rtr_backend_t *be);
+/* Live migration: ask the decode `be` to hand each stream it is running to
+ * another decode (MIGRATE). Streams with nowhere to go stay. Returns how
+ * many were asked. */
+uint32_t rtr_flow_migrate_from(rtr_t *r, rtr_backend_t *be);
 
 /* End every live request with 503 shutting_down (why: the message). */
 void rtr_flow_fail_all(rtr_t *r, const char *why);

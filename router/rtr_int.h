@@ -77,6 +77,8 @@ typedef struct {
     X(requests_retried,    COUNTER,   "Request retries (prefill or KV pull failure, failover)") \
     X(requests_failed_over, COUNTER,  "Streams moved to another decode after theirs was lost or failed mid-stream") \
     X(failover_resume,     HISTOGRAM, "Failover: decode lost to the next token reaching the router") \
+    X(requests_migrated,   COUNTER,   "Streams moved live to another decode (KV pulled from the old one)") \
+    X(migration_resume,    HISTOGRAM, "Live migration: MIGRATE sent to the next token from the new decode") \
     X(requests_disaggregated, COUNTER, "Requests prefilled on a prefill daemon") \
     X(requests_local,      COUNTER,   "Requests prefilled on their decode daemon") \
     X(requests_inflight,   GAUGE,     "Accepted requests not finished yet")       \
@@ -209,6 +211,9 @@ struct rtr {
      * sets them to rtr_flow_on_msg / rtr_flow_backend_down). */
     void (*on_backend_msg)(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg);
     void (*on_backend_down)(rtr_t *r, rtr_backend_t *be);
+    /* A decode starts draining (admin set-backend drain, or its heartbeat
+     * says so): its streams move elsewhere; returns how many were asked. */
+    uint32_t (*on_backend_drain)(rtr_t *r, rtr_backend_t *be);
 };
 
 /* rtr_ctl.c */

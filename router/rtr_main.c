@@ -35,7 +35,8 @@ static const pd_stat_prom_t rtr_stat_prom[] = {
     PD_STAT_PROM_LABEL("requests_local", "requests_prefilled", "where", "decode_local", NULL),
     PD_STAT_PROM_LE("request_ttft", S), PD_STAT_PROM_LE("request_inter_token", MS),
     PD_STAT_PROM_LE("request_e2e", S), PD_STAT_PROM_LE("request_queue_time", S),
-    PD_STAT_PROM_LE("kv_transfer", MS),
+    PD_STAT_PROM_LE("kv_transfer", MS), PD_STAT_PROM_LE("failover_resume", MS),
+    PD_STAT_PROM_LE("migration_resume", MS),
 };
 static const pd_stats_table_t rtr_stats_table =
     PD_STATS_TABLE_PROM("router", rtr_stat_descs, rtr_stat_prom);
@@ -316,6 +317,7 @@ int main(int argc, char **argv)
     r->out = &rtr_http_out;
     r->on_backend_msg = rtr_flow_on_msg;
     r->on_backend_down = rtr_flow_backend_down;
+    r->on_backend_drain = rtr_flow_migrate_from;
     s = rtr_ctl_start(r);
     if (s != PD_OK) {
         pd_log(PD_LOG_ERROR, RTR_COMP, NULL, "control listener %s: %s", r->cfg.control,

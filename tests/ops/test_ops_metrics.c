@@ -238,11 +238,13 @@ static void test_metrics_everywhere(void **st)
     need(dr.body, "decode", "pd_kvx_pulls_failed_total{reason=\"timed_out\"}", 0);
     absent(dr.body, "decode", "pd_kvx_rejected_bad_mac_total");
     absent(dr.body, "decode", "pd_kvx_pulls_timed_out_total");
-    /* each side exports only its own figures */
+    /* each side exports only its own figures: a prefill never pulls; a
+     * decode pulls and also exports (live migration), so it has both */
     absent(pr.body, "prefill", "pd_kvx_pulls_started_total");
     absent(pr.body, "prefill", "pd_kvx_bytes_pulled_total");
     absent(pr.body, "prefill", "pd_kvx_pull_latency_seconds");
-    absent(dr.body, "decode", "pd_kvx_leases_exported_total");
+    need(dr.body, "decode", "pd_kvx_leases_exported_total", 0);
+    need(dr.body, "decode", "pd_decode_migrated_out_total", 0);
     /* router: outcomes, finish reasons and the model as labels */
     need(rr.body, "router", "pd_router_requests_total{outcome=\"completed\"}", 4);
     need(rr.body, "router", "pd_router_requests_finished_total{finish_reason=\"length\"}", 4);

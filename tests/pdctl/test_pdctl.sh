@@ -201,11 +201,34 @@ lifecycle() {
         [ "${n:-0}" -gt 0 ] 2>/dev/null
     }
     check "decode-1 takes requests" poll 30 dec1_served
+    # long streams, some on decode-1: the scale-down moves them (live
+    # migration) instead of waiting them out, and they finish
+    local long=$T/long i
+    : >"$long"
+    for i in 1 2 3 4; do
+        (body=$(curl -s -m 60 "$URL/v1/completions" -H 'Content-Type: application/json' \
+            -d "{\"prompt\":\"$PROMPT\",\"max_tokens\":700,\"ignore_eos\":true}")
+         if grep -q '"finish_reason":"length"' <<<"$body"; then echo "200 finish"; else echo "bad $body"; fi >>"$long") &
+        LOAD_PIDS+=($!)
+    done
+    dec1_running() {
+        local n
+        n=$("$PDCTL" admin decode-1 requests --json --run-dir "$R" 2>/dev/null)
+        n=$(json_get 'sum(1 for q in j["requests"] if q["state"] == "running")' <<<"$n" 2>/dev/null)
+        [ "${n:-0}" -gt 0 ] 2>/dev/null
+    }
+    check "decode-1 runs a long stream" poll 30 dec1_running
+    local mig0 mig1
+    mig0=$("$PDCTL" admin router stats --json --run-dir "$R" | json_get '[t for t in j["stats"] if t["table"] == "router"][0]["values"]["requests_migrated"]')
     local before
     before=$(wc -l <"$res")
     run "$PDCTL" scale decode 1 --run-dir "$R"
     expect 0 "decode: 1 daemon \(was 2\)" "scale decode 2 -> 1 (drain) under load"
     check "scale-down drained (no SIGKILL)" bash -c '! grep -q SIGKILL <<<"$1"' _ "$ERR"
+    mig1=$("$PDCTL" admin router stats --json --run-dir "$R" | json_get '[t for t in j["stats"] if t["table"] == "router"][0]["values"]["requests_migrated"]')
+    check "scale-down moved decode-1's streams live ($mig0 -> $mig1 migrated)" test "$mig1" -gt "$mig0"
+    check "every long stream finished" poll 60 bash -c '[ "$(grep -c "^200 finish" "$1")" = 4 ]' _ "$long"
+    check "long streams: no error" bash -c '! grep -qv "^200 finish" "$1"' _ "$long"
     poll 30 count_ge "$res" $((before + 3)) || bad "no requests after scale-down"
     # the prefill side too, still under load
     run "$PDCTL" scale prefill 2 --run-dir "$R"

@@ -38,6 +38,7 @@ static void make_case(const bench_case_t *bc, proto_msg_t *m, int32_t *tok)
     } else if (bc->type == PROTO_MSG_DECODE_REQ) {
         m->u.decode_req.prompt.n = bc->n_prompt;
         m->u.decode_req.prompt.v = tok;
+        m->u.decode_req.kv_tokens = 0; /* a prefill handle: the prompt */
     }
 }
 

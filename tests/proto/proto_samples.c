@@ -192,6 +192,8 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         ps_str(d->prefill_peer_id, v == PS_MIN ? 0 : did, 'p');
         d->lease_id = big;
         d->kv_handle = ps_blob(v == PS_MAX ? PROTO_KV_HANDLE_MAX : v == PS_MID ? 96 : 0);
+        d->kv_tokens = v == PS_MAX ? PROTO_MAX_PROMPT_TOKENS + PROTO_MAX_GEN_TOKENS - 1
+                     : v == PS_MID ? 37 : 0;
         d->deadline_ns = big;
         break;
     }
@@ -248,6 +250,20 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         m->u.peer_down.incarnation = big;
         m->u.peer_down.status = v == PS_MAX ? PD_STATUS_MIN : PD_ERR_PEER_GONE;
         break;
+    case PROTO_MSG_MIGRATE:
+        ps_str(m->u.migrate.request_id, rid, '0');
+        ps_str(m->u.migrate.target_decode_id, did, 'd');
+        break;
+    case PROTO_MSG_MIGRATE_DONE: {
+        proto_migrate_done_t *d = &m->u.migrate_done;
+        ps_str(d->request_id, rid, '0');
+        d->n_gen = v == PS_MIN ? 1 : big32;
+        d->kv_tokens = v == PS_MIN ? 1 : big32 / 2;
+        d->lease_id = big;
+        d->lease_ns = big / 3;
+        d->kv_handle = ps_blob(v == PS_MAX ? PROTO_KV_HANDLE_MAX : v == PS_MID ? 96 : 1);
+        break;
+    }
     }
 }
 
@@ -351,7 +367,7 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
                tok_eq(&a->generated, &b->generated) &&
                samp_eq(&a->sampling, &b->sampling) && EQ(rng_state) &&
                SEQ(prefill_peer_id) && EQ(lease_id) &&
-               blob_eq(&a->kv_handle, &b->kv_handle) && EQ(deadline_ns);
+               blob_eq(&a->kv_handle, &b->kv_handle) && EQ(kv_tokens) && EQ(deadline_ns);
     }
     case PROTO_MSG_TOKENS: {
         const proto_tokens_msg_t *a = &ma->u.tokens, *b = &mb->u.tokens;
@@ -384,6 +400,15 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
     case PROTO_MSG_PEER_DOWN: {
         const proto_peer_down_t *a = &ma->u.peer_down, *b = &mb->u.peer_down;
         return SEQ(daemon_id) && EQ(incarnation) && EQ(status);
+    }
+    case PROTO_MSG_MIGRATE: {
+        const proto_migrate_t *a = &ma->u.migrate, *b = &mb->u.migrate;
+        return SEQ(request_id) && SEQ(target_decode_id);
+    }
+    case PROTO_MSG_MIGRATE_DONE: {
+        const proto_migrate_done_t *a = &ma->u.migrate_done, *b = &mb->u.migrate_done;
+        return SEQ(request_id) && EQ(n_gen) && EQ(kv_tokens) && EQ(lease_id) &&
+               EQ(lease_ns) && blob_eq(&a->kv_handle, &b->kv_handle);
     }
     }
     return 0;

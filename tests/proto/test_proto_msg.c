@@ -66,11 +66,14 @@ static pd_status_t decode_check(const uint8_t *buf, size_t len, proto_msg_t *out
 
 static void test_names(void **state)
 {
-    assert_int_equal(PROTO_MSG_COUNT, 15);
+    assert_int_equal(PROTO_MSG_COUNT, 17);
     assert_int_equal(PROTO_MSG_CHALLENGE, 5);
     assert_string_equal(proto_msg_name(PROTO_MSG_CHALLENGE), "CHALLENGE");
     assert_string_equal(proto_msg_name(PROTO_MSG_PEER_INFO), "PEER_INFO");
     assert_int_equal(PROTO_MSG_PEER_DOWN, 25);
+    assert_int_equal(PROTO_MSG_MIGRATE, 26);
+    assert_int_equal(PROTO_MSG_MIGRATE_DONE, 27);
+    assert_string_equal(proto_msg_name(PROTO_MSG_MIGRATE_DONE), "MIGRATE_DONE");
     assert_string_equal(proto_msg_name(PROTO_MSG_HELLO), "HELLO");
     assert_string_equal(proto_msg_name(PROTO_MSG_DECODE_REQ), "DECODE_REQ");
     assert_string_equal(proto_msg_name(PROTO_MSG_ERROR), "ERROR");
@@ -425,6 +428,29 @@ static void test_bad_values(void **state)
     m.u.decode_req.flags = 0;
     m.u.decode_req.kv_handle.len = 0;
     assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    /* DECODE_REQ: a handle's KV covers the prompt (0) up to prompt +
+     * generated - 1 (a migration), never more, and never without a handle */
+    ps_make(PROTO_MSG_DECODE_REQ, PS_MID, &m); /* prompt 37, generated 1 */
+    m.u.decode_req.kv_tokens = 36;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    m.u.decode_req.kv_tokens = 38;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    m.u.decode_req.kv_tokens = 37;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_NO_SPACE);
+    m.u.decode_req.kv_tokens = 37;
+    m.u.decode_req.flags = PROTO_DEC_PREFILL_LOCALLY;
+    m.u.decode_req.kv_handle.len = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    /* MIGRATE_DONE: a handle, at least one generated token */
+    ps_make(PROTO_MSG_MIGRATE_DONE, PS_MID, &m);
+    m.u.migrate_done.n_gen = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_MIGRATE_DONE, PS_MID, &m);
+    m.u.migrate_done.kv_handle.len = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_MIGRATE, PS_MID, &m);
+    m.u.migrate.target_decode_id[0] = '\0';
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
 
     /* statuses and enums out of range */
     ps_make(PROTO_MSG_ERROR, PS_MID, &m);
@@ -583,7 +609,7 @@ static void test_golden_bytes(void **state)
     uint8_t buf[64];
     size_t len;
     static const uint8_t want[] = {
-        'P', 'D', 'S', 'V', 0x02, 0x00, 0x16, 0x00, /* magic, ver 2, type 22 */
+        'P', 'D', 'S', 'V', 0x03, 0x00, 0x16, 0x00, /* magic, ver 3, type 22 */
         0x01, 0x00, 0x00, 0x00, 0x0d, 0x00, 0x00, 0x00, /* REPLY, rsv, len 13 */
         0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* tag */
         0, 0, 0, 0, 0, 0, 0, 0,                         /* reserved1 */

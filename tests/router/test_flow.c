@@ -28,6 +28,8 @@ typedef struct {
     uint32_t flags;                 /* DECODE_REQ */
     uint32_t n_generated;           /* DECODE_REQ */
     uint64_t lease_id;              /* DECODE_REQ, RELEASE */
+    uint32_t kv_tokens;             /* DECODE_REQ */
+    char target[PROTO_DAEMON_ID_MAX + 1]; /* MIGRATE: target; DECODE_REQ: KV peer */
 } sent_t;
 
 static struct {
@@ -88,11 +90,17 @@ static pd_status_t f_send(rtr_backend_t *be, proto_msg_t *m)
         s->flags = m->u.decode_req.flags;
         s->n_generated = m->u.decode_req.generated.n;
         s->lease_id = m->u.decode_req.lease_id;
+        s->kv_tokens = m->u.decode_req.kv_tokens;
+        snprintf(s->target, sizeof(s->target), "%s", m->u.decode_req.prefill_peer_id);
         break;
     case PROTO_MSG_CANCEL: id = m->u.cancel.request_id; break;
     case PROTO_MSG_RELEASE:
         id = m->u.release.request_id;
         s->lease_id = m->u.release.lease_id;
+        break;
+    case PROTO_MSG_MIGRATE:
+        id = m->u.migrate.request_id;
+        snprintf(s->target, sizeof(s->target), "%s", m->u.migrate.target_decode_id);
         break;
     default: break;
     }
@@ -443,6 +451,103 @@ static void test_decode_failover_bounded(void **state)
     assert_int_equal(counter(f, RTR_STAT_requests_failed_over), 0);
 }
 
+static void migrate_done(fx_t *f, rtr_backend_t *from, const char *id, uint32_t n_gen,
+                         uint32_t kv_tokens, uint64_t lease)
+{
+    static uint8_t handle[8] = { 8, 7, 6, 5, 4, 3, 2, 1 };
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_MIGRATE_DONE;
+    snprintf(m.u.migrate_done.request_id, sizeof(m.u.migrate_done.request_id), "%s", W(id));
+    m.u.migrate_done.n_gen = n_gen;
+    m.u.migrate_done.kv_tokens = kv_tokens;
+    m.u.migrate_done.lease_id = lease;
+    m.u.migrate_done.kv_handle.p = handle;
+    m.u.migrate_done.kv_handle.len = sizeof(handle);
+    deliver(f, from, &m);
+}
+
+/* Live migration: draining d0 sends it MIGRATE (target d1); its
+ * MIGRATE_DONE (after "ab") becomes a DECODE_REQ to d1 with d0's handle,
+ * kv_tokens and the 2 streamed tokens; late TOKENS from d0 are stale, d1's
+ * continue the stream; one [DONE], COMPLETED, counted as migrated, not
+ * failed over. */
+static void test_live_migration(void **state)
+{
+    fx_t *f = *state;
+    rtr_backend_t *d0 = f->dec, *d1 = &f->r.be[2];
+    add_backend(&f->r, d1, "d1", PROTO_ROLE_DECODE,
+                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
+    d1->hb.free_blocks = 10; /* d0 is the policy's pick at acceptance */
+    rtr_req_t *q = accept_req(f, "m1", true, 16);
+    prefill_done(f, "m1", 'a', 5);
+    int32_t t[1] = { 'b' };
+    tokens(f, "m1", 0, t, 1);
+    assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 1);
+    const sent_t *s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_MIGRATE);
+    assert_ptr_equal(s->to, d0);
+    assert_string_equal(s->target, "d1");
+    assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 0); /* asked once */
+    migrate_done(f, d0, "m1", 2, 3, 77);
+    s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_DECODE_REQ);
+    assert_ptr_equal(s->to, d1);
+    assert_int_equal(s->flags, 0);
+    assert_int_equal(s->n_generated, 2);
+    assert_int_equal(s->lease_id, 77);
+    assert_int_equal(s->kv_tokens, 3);
+    assert_string_equal(s->target, "d0");
+    assert_ptr_equal(q->decode, d1);
+    int32_t late[1] = { 'X' };
+    tokens(f, "m1", 1, late, 1);            /* from d0: stale */
+    f->dec = d1;
+    int32_t more[2] = { 'c', 'd' };
+    tokens(f, "m1", 0, more, 2);
+    finish(f, "m1", PROTO_FINISH_LENGTH);
+    f->dec = d0;
+    assert_null(rtr_flow_find(W("m1")));
+    assert_null(strstr(rec.body, "\"X\""));
+    assert_non_null(strstr(rec.body, "\"cd\""));
+    assert_non_null(strstr(rec.body, "[DONE]"));
+    assert_int_equal(counter(f, RTR_STAT_requests_migrated), 1);
+    assert_int_equal(counter(f, RTR_STAT_requests_failed_over), 0);
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
+    assert_int_equal(d1->assigned, 0);
+    assert_int_equal(d0->assigned, 0);
+}
+
+/* Migration edge cases: no other decode -> nothing asked; a MIGRATE_DONE
+ * whose token count disagrees -> RELEASE to the old decode and failover;
+ * a MIGRATE_DONE for a gone request -> RELEASE. */
+static void test_migration_edges(void **state)
+{
+    fx_t *f = *state;
+    rtr_backend_t *d0 = f->dec, *d1 = &f->r.be[2];
+    accept_req(f, "m2", true, 16);
+    prefill_done(f, "m2", 'a', 5);
+    assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 0); /* nowhere to go */
+    add_backend(&f->r, d1, "d1", PROTO_ROLE_DECODE,
+                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
+    assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 1);
+    int sent0 = rec.n_sent;
+    migrate_done(f, d0, "m2", 3, 2, 9);     /* the router has 1 token */
+    assert_true(rec.n_sent >= sent0 + 2);
+    assert_int_equal(rec.sent[sent0].type, PROTO_MSG_RELEASE);
+    assert_ptr_equal(rec.sent[sent0].to, d0);
+    assert_int_equal(rec.sent[sent0].lease_id, 9);
+    const sent_t *s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_DECODE_REQ); /* failover: decode-local */
+    assert_true(s->flags & PROTO_DEC_PREFILL_LOCALLY);
+    assert_int_equal(counter(f, RTR_STAT_requests_failed_over), 1);
+    /* a MIGRATE_DONE for nothing live: its lease is released */
+    sent0 = rec.n_sent;
+    migrate_done(f, d0, "nobody", 1, 1, 11);
+    assert_int_equal(rec.n_sent, sent0 + 1);
+    assert_int_equal(last_sent()->type, PROTO_MSG_RELEASE);
+    assert_int_equal(last_sent()->lease_id, 11);
+}
+
 /* The client leaves while its prompt is on the prefill: CANCEL to the
  * prefill, CANCELED; the PREFILL_DONE that still comes for the gone request
  * is RELEASEd at once (the blocks come back before the lease TTL). */
@@ -532,6 +637,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_decode_down_mid_stream, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_decode_failover_mid_stream, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_decode_failover_bounded, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_live_migration, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_migration_edges, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_client_gone_and_late_prefill_done, fx_setup,
                                         fx_teardown),
         cmocka_unit_test_setup_teardown(test_token0_is_the_last, fx_setup, fx_teardown),

@@ -31,10 +31,11 @@ static bool g_up;
 
 #define NREQ 6
 #define MAX_TOKENS 240
+#define MIGRATE_TOKENS 900
 
 /* A long prompt (over the router's disaggregation threshold) or a short
  * one (decode-local); greedy or seeded sampling; all stream. */
-static void make_body(int i, bool stream, char *out, size_t cap)
+static void make_body(int i, bool stream, int max_tokens, char *out, size_t cap)
 {
     static const char *const prompts[] = {
         "The quick brown fox",
@@ -53,13 +54,13 @@ static void make_body(int i, bool stream, char *out, size_t cap)
         snprintf(out, cap,
                  "{\"prompt\":\"%s\",\"max_tokens\":%d,\"ignore_eos\":true,"
                  "\"temperature\":0,\"stream\":%s}",
-                 p, MAX_TOKENS, stream ? "true" : "false");
+                 p, max_tokens, stream ? "true" : "false");
     else
         snprintf(out, cap,
                  "{\"prompt\":\"%s\",\"max_tokens\":%d,\"ignore_eos\":true,"
                  "\"temperature\":0.9,\"top_p\":0.95,\"seed\":%d,\"presence_penalty\":0.5,"
                  "\"stream\":%s}",
-                 p, MAX_TOKENS, 1000 + i, stream ? "true" : "false");
+                 p, max_tokens, 1000 + i, stream ? "true" : "false");
 }
 
 static double router_stat(const char *name, const char *field)
@@ -111,10 +112,10 @@ static int teardown(void **st)
 }
 
 /* The text of a whole (non-streamed) completion. */
-static char *reference_text(int i)
+static char *reference_text(int i, int max_tokens)
 {
     char body[1024];
-    make_body(i, false, body, sizeof(body));
+    make_body(i, false, max_tokens, body, sizeof(body));
     e2e_resp_t r;
     e2e_http(g_d.http_port, "POST", "/v1/completions", NULL, body, 60.0, &r);
     if (r.status != 200)
@@ -171,12 +172,12 @@ static e2e_proc_t *busiest_decode(int *n_p, char *states, size_t cap)
 /* What a failover redoes: one decode-local prefill of prompt + generated.
  * Median wall time of a max_tokens=1 request over prompt i + its reference
  * text (generated tokens), for the figure next to the resume time. */
-static double prefill_redo_ms(char *const *ref)
+static double prefill_redo_ms(char *const *ref, int max_tokens)
 {
     double t[NREQ];
     for (int i = 0; i < NREQ; i++) {
         char body[1024];
-        make_body(i, false, body, sizeof(body));
+        make_body(i, false, max_tokens, body, sizeof(body));
         cJSON *j = cJSON_Parse(body);
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
         size_t n = strlen(p->valuestring) + strlen(ref[i]) + 1;
@@ -209,7 +210,7 @@ static void test_kill_decodes(void **st)
     (void)st;
     char *ref[NREQ];
     for (int i = 0; i < NREQ; i++)
-        ref[i] = reference_text(i);
+        ref[i] = reference_text(i, MAX_TOKENS);
     unsigned seed = (unsigned)getpid();
     fprintf(stderr, "failover: rounds %d, seed %u\n", g_rounds, seed);
     srand(seed);
@@ -218,7 +219,7 @@ static void test_kill_decodes(void **st)
         int fd[NREQ];
         for (int i = 0; i < NREQ; i++) {
             char body[1024];
-            make_body(i, true, body, sizeof(body));
+            make_body(i, true, MAX_TOKENS, body, sizeof(body));
             fd[i] = e2e_http_connect(g_d.http_port);
             assert_true(fd[i] >= 0);
             assert_int_equal(e2e_http_send(fd[i], "POST", "/v1/completions", NULL, body,
@@ -267,7 +268,7 @@ static void test_kill_decodes(void **st)
         static const char *da[] = { "--kv-blocks=512", NULL };
         assert_non_null(e2e_add_daemon(&g_d, E2E_DECODE, id, da));
     }
-    double redo = prefill_redo_ms(ref);
+    double redo = prefill_redo_ms(ref, MAX_TOKENS);
     for (int i = 0; i < NREQ; i++)
         free(ref[i]);
     char why[512] = "";
@@ -287,6 +288,164 @@ static void test_kill_decodes(void **st)
     assert_true(fo >= 1);
 }
 
+static double proc_stat(const e2e_proc_t *p, const char *table, const char *name)
+{
+    cJSON *j = e2e_admin(p->sock, "stats");
+    double v = -1;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "stats")) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "table");
+        if (cJSON_IsString(t) && strcmp(t->valuestring, table) == 0)
+            v = e2e_jnum(cJSON_GetObjectItemCaseSensitive(e, "values"), name);
+    }
+    cJSON_Delete(j);
+    return v;
+}
+
+/* Live migration: `set-backend <decode> drain` (what `pdctl drain` and
+ * `pdctl scale decode N-1` send) moves the decode's running streams to the
+ * others with their KV (MIGRATE -> export -> MIGRATE_DONE -> DECODE_REQ with
+ * the handle -> pull): every stream ends with the fault-free text, nothing
+ * fails or fails over, the drained decode's pool comes back empty. */
+static void test_drain_migrates(void **st)
+{
+    (void)st;
+    char *ref[NREQ];
+    for (int i = 0; i < NREQ; i++)
+        ref[i] = reference_text(i, MIGRATE_TOKENS);
+    double fo0 = router_stat("requests_failed_over", NULL);
+    double mig0 = router_stat("requests_migrated", NULL);
+    int fd[NREQ];
+    char *buf[NREQ];
+    size_t len[NREQ];
+    for (int i = 0; i < NREQ; i++) {
+        char body[1024];
+        make_body(i, true, MIGRATE_TOKENS, body, sizeof(body));
+        int got = 0;
+        buf[i] = NULL;
+        len[i] = 0;
+        fd[i] = e2e_stream_open(g_d.http_port, "/v1/completions", NULL, body, 1, 30.0, &buf[i],
+                                &len[i], &got);
+        assert_true(fd[i] >= 0);
+    }
+    int n_on = 0;
+    char states[1024];
+    e2e_proc_t *src = busiest_decode(&n_on, states, sizeof(states));
+    assert_non_null(src);
+    double out0 = proc_stat(src, "decode", "migrated_out");
+    char cmd[96];
+    snprintf(cmd, sizeof(cmd), "set-backend %s drain", src->id);
+    cJSON *rep = e2e_admin(g_d.router.sock, cmd);
+    double asked = e2e_jnum(rep, "migrating");
+    cJSON_Delete(rep);
+    fprintf(stderr, "migrate: drain %s with %d streams (%s): %.0f asked to migrate\n", src->id,
+            n_on, states, asked);
+    for (int i = 0; i < NREQ; i++) {
+        int rc = e2e_http_read(fd[i], &buf[i], &len[i], NULL, 60.0);
+        close(fd[i]);
+        if (rc != 1)
+            fail_msg("stream %d: no end within 60 s", i);
+        e2e_resp_t r;
+        memset(&r, 0, sizeof(r));
+        e2e_http_parse(buf[i], len[i], &r);
+        free(buf[i]);
+        e2e_sse_t s;
+        e2e_sse_parse(r.body, &s);
+        if (r.status != 200 || s.error_frame || !s.done || s.bad)
+            fail_msg("stream %d: status %d, error frame %d, done %d: %.400s", i, r.status,
+                     s.error_frame, s.done, r.body_len > 400 ? r.body + r.body_len - 400 : r.body);
+        if (s.text == NULL || strcmp(s.text, ref[i]) != 0)
+            fail_msg("stream %d: text differs from the uninterrupted run\ngot:  %.300s\n"
+                     "want: %.300s", i, s.text ? s.text : "(null)", ref[i]);
+        e2e_sse_free(&s);
+        e2e_resp_free(&r);
+    }
+    for (int i = 0; i < NREQ; i++)
+        free(ref[i]);
+    double moved = router_stat("requests_migrated", NULL) - mig0;
+    double out = proc_stat(src, "decode", "migrated_out") - out0;
+    double p50 = router_stat("migration_resume", "p50_ns");
+    fprintf(stderr, "migrate: %.0f moved (router), %.0f handed out by %s, resume p50 %.1f ms\n",
+            moved, out, src->id, p50 / 1e6);
+    assert_true(asked >= 1);
+    assert_true(moved == asked);
+    assert_true(out == moved);
+    assert_true(router_stat("requests_failed_over", NULL) == fo0);
+    assert_true(router_stat("requests_failed", NULL) == 0);
+    assert_true(e2e_wait_kv_free(src, 10.0));
+    snprintf(cmd, sizeof(cmd), "set-backend %s ready", src->id);
+    cJSON_Delete(e2e_admin(g_d.router.sock, cmd));
+    char why[512] = "";
+    if (!e2e_quiescent(&g_d, 15.0, why, sizeof(why)))
+        fail_msg("not quiescent: %s (logs in %s)", why, g_d.dir);
+}
+
+/* SIGTERM (what `pdctl down` / a stopping unit does) on a decode with
+ * streams: it drains, its heartbeat says so, the router moves its streams
+ * live, and the daemon exits 0 long before the streams end; every stream
+ * ends with the fault-free text. */
+static void test_sigterm_migrates(void **st)
+{
+    (void)st;
+    char *ref[NREQ];
+    for (int i = 0; i < NREQ; i++)
+        ref[i] = reference_text(i, MIGRATE_TOKENS);
+    double mig0 = router_stat("requests_migrated", NULL);
+    int fd[NREQ];
+    char *buf[NREQ];
+    size_t len[NREQ];
+    for (int i = 0; i < NREQ; i++) {
+        char body[1024];
+        make_body(i, true, MIGRATE_TOKENS, body, sizeof(body));
+        int got = 0;
+        buf[i] = NULL;
+        len[i] = 0;
+        fd[i] = e2e_stream_open(g_d.http_port, "/v1/completions", NULL, body, 1, 30.0, &buf[i],
+                                &len[i], &got);
+        assert_true(fd[i] >= 0);
+    }
+    int n_on = 0;
+    char states[1024];
+    e2e_proc_t *src = busiest_decode(&n_on, states, sizeof(states));
+    assert_non_null(src);
+    double t0 = e2e_now();
+    assert_int_equal(e2e_proc_signal(src, SIGTERM), 0);
+    int rc = e2e_proc_wait(src, 30.0);
+    double exited = e2e_now() - t0;
+    fprintf(stderr, "migrate: SIGTERM %s with %d streams (%s): exit %d after %.0f ms\n", src->id,
+            n_on, states, rc, exited * 1e3);
+    assert_int_equal(rc, 0);
+    int done = 0;
+    for (int i = 0; i < NREQ; i++) {
+        int r2 = e2e_http_read(fd[i], &buf[i], &len[i], NULL, 60.0);
+        close(fd[i]);
+        if (r2 != 1)
+            fail_msg("stream %d: no end within 60 s", i);
+        e2e_resp_t r;
+        memset(&r, 0, sizeof(r));
+        e2e_http_parse(buf[i], len[i], &r);
+        free(buf[i]);
+        e2e_sse_t s;
+        e2e_sse_parse(r.body, &s);
+        if (r.status != 200 || s.error_frame || !s.done || s.bad)
+            fail_msg("stream %d: status %d, error frame %d, done %d: %.400s", i, r.status,
+                     s.error_frame, s.done, r.body_len > 400 ? r.body + r.body_len - 400 : r.body);
+        if (s.text == NULL || strcmp(s.text, ref[i]) != 0)
+            fail_msg("stream %d: text differs from the uninterrupted run", i);
+        done++;
+        e2e_sse_free(&s);
+        e2e_resp_free(&r);
+        free(ref[i]);
+    }
+    double moved = router_stat("requests_migrated", NULL) - mig0;
+    fprintf(stderr, "migrate: %d streams done, %.0f moved live\n", done, moved);
+    assert_true(moved >= 1);
+    assert_true(router_stat("requests_failed", NULL) == 0);
+    char why[512] = "";
+    if (!e2e_quiescent(&g_d, 15.0, why, sizeof(why)))
+        fail_msg("not quiescent: %s (logs in %s)", why, g_d.dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 5) {
@@ -299,9 +458,11 @@ int main(int argc, char **argv)
     g_model = argv[4];
     if (argc > 5)
         g_rounds = atoi(argv[5]);
-    if (g_rounds < 1 || g_rounds > E2E_MAX_DAEMONS - 3)
+    if (g_rounds < 1 || g_rounds > E2E_MAX_DAEMONS - 3) /* one decode added per round */
         g_rounds = 4;
     signal(SIGPIPE, SIG_IGN);
-    const struct CMUnitTest t[] = { cmocka_unit_test(test_kill_decodes) };
+    const struct CMUnitTest t[] = { cmocka_unit_test(test_drain_migrates),
+                                    cmocka_unit_test(test_sigterm_migrates),
+                                    cmocka_unit_test(test_kill_decodes) };
     return cmocka_run_group_tests_name("failover", t, setup, teardown);
 }

@@ -43,7 +43,9 @@ static bool pdctl_ops_reply_ok(const char *who, const char *cmd, const cJSON *r)
 }
 
 /* drain|maint|ready DAEMON: the router stops sending it new requests (drain,
- * maint) or sends them again (ready). The daemon keeps running. */
+ * maint) or sends them again (ready); drain on a decode also moves its
+ * running streams to the other decodes (live migration). The daemon keeps
+ * running. */
 int pdctl_cmd_route(const char *state, int argc, char **argv)
 {
     pdctl_opts_t o = { 0 };

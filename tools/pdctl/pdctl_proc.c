@@ -1133,8 +1133,9 @@ int pdctl_cmd_scale(int argc, char **argv)
             goto out;
         }
     } else if (want < have) {
-        /* drain the highest-numbered ones: the router stops routing to them,
-         * they finish what they hold and exit */
+        /* drain the highest-numbered ones: the router stops routing to them
+         * and moves a decode's running streams to the others (live
+         * migration); they finish what is left and exit */
         pdctl_daemon_t *victims[PDCTL_MAX_DAEMONS];
         int nv = 0;
         while (have - nv > want) {
