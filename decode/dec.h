@@ -145,8 +145,6 @@ struct dec {
     dec_req_t *wait_head, *wait_tail;
     uint32_t n_waiting;
     uint32_t n_active;                  /* PULLING + PREFILLING + RUNNING */
-    dec_req_t **lease_slots;            /* (max_leases) MIGRATING by lease slot */
-    uint32_t max_leases;
 };
 
 /* Counters, gauges and histograms (NODE_REQ_STATS first). */

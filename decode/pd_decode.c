@@ -803,9 +803,9 @@ static void dec_migrate_out(dec_t *d, dec_req_t *r)
     size_t hlen = 0;
     pd_status_t st = r->n_gen == 0 || !dec_can_reply(d, r)
                          ? PD_ERR_BAD_INPUT
-                         : kvx_export(d->n.region, node_id_of(r->migrate_to), r->nr.blocks, nb,
-                                      d->cfg.lease_ttl_ns, (uint64_t)(uintptr_t)r, handle,
-                                      sizeof(handle), &hlen, &r->mig_lease);
+                         : node_export(&d->n, &r->nr, r->migrate_to, r->nr.blocks, nb,
+                                       d->cfg.lease_ttl_ns, handle, sizeof(handle), &hlen,
+                                       &r->mig_lease);
     if (st != PD_OK) {
         pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "migration to %s not possible (%s): staying",
                r->migrate_to, pd_status_str(st));
@@ -813,8 +813,6 @@ static void dec_migrate_out(dec_t *d, dec_req_t *r)
         dec_kick(d);
         return;
     }
-    if (r->mig_lease.slot < d->max_leases)
-        d->lease_slots[r->mig_lease.slot] = r;
     dec_req_set_state(r, DEC_ST_MIGRATING);
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
@@ -839,20 +837,20 @@ static void dec_migrate_out(dec_t *d, dec_req_t *r)
 /* The migration's lease ended: released by the target after its pull (the
  * stream lives there now), or expired / revoked (the router has failed the
  * stream over, or it ended). Either way it ends here without a reply. */
-static void dec_on_lease_end(void *arg, const kvx_lease_info_t *info, kvx_lease_end_t why)
+static void dec_on_lease_end(node_t *n, node_req_t *nr, kvx_lease_end_t why)
 {
-    dec_t *d = arg;
-    dec_req_t *r = info->slot < d->max_leases ? d->lease_slots[info->slot] : NULL;
-    if (r == NULL || (uint64_t)(uintptr_t)r != info->user_tag || r->state != DEC_ST_MIGRATING) {
-        pd_log(PD_LOG_ERROR, DEC_COMP, NULL, "lease end for unknown slot %u", info->slot);
+    dec_t *d = (dec_t *)n;
+    dec_req_t *r = NODE_REQ(nr, dec_req_t);
+    if (r->state != DEC_ST_MIGRATING) {
+        pd_log(PD_LOG_ERROR, DEC_COMP, r->nr.id, "lease end in state %s",
+               dec_state_names[r->state]);
         return;
     }
-    d->lease_slots[info->slot] = NULL;
     pd_stats_inc(d->n.stats, why == KVX_LEASE_RELEASED ? DEC_STAT_migrated_out
                                                        : DEC_STAT_migrations_lost);
-    pd_log(why == KVX_LEASE_RELEASED ? PD_LOG_DEBUG : PD_LOG_WARN, DEC_COMP, r->nr.id,
-           "migration lease %s", why == KVX_LEASE_RELEASED ? "released: moved"
-                                 : why == KVX_LEASE_EXPIRED ? "expired unpulled" : "revoked");
+    if (why != KVX_LEASE_RELEASED)
+        pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "migration lease %s",
+               why == KVX_LEASE_EXPIRED ? "expired unpulled" : "revoked");
     pd_stats_observe_ns(d->n.stats, DEC_STAT_req_time, pd_now_ns() - r->t[DEC_ST_NEW]);
     dec_req_set_state(r, r->cancel ? DEC_ST_CANCELED : DEC_ST_FINISHED);
 }
@@ -1053,16 +1051,14 @@ static const pd_stats_table_t dec_stats_table =
     PD_STATS_TABLE_PROM("decode", dec_stat_descs, dec_stat_prom);
 
 /* kvx: this node pulls, and exports for live migrations (lease ends come
- * to dec_on_lease_end), so /metrics carries both sides' counters. */
+ * to dec_on_lease_end through the node's table), so /metrics carries both
+ * sides' counters. */
 static void dec_kvx_config(node_t *n, kvx_config_t *kc)
 {
     dec_t *d = (dec_t *)n;
-    kc->on_lease_end = dec_on_lease_end;
-    kc->cb_arg = d;
     kc->stats_role = KVX_STATS_BOTH;
     kc->max_lease_ttl_ns = d->cfg.lease_ttl_ns > kc->max_lease_ttl_ns ? d->cfg.lease_ttl_ns
                                                                       : kc->max_lease_ttl_ns;
-    d->max_leases = kc->max_leases;
 }
 
 static const node_role_t dec_role = {
@@ -1076,7 +1072,8 @@ static const node_role_t dec_role = {
     .cancel_all = dec_cancel_all, .fill_hb = dec_fill_hb,
     .adm_kv = dec_adm_kv, .adm_session = dec_adm_session, .cmds = dec_cmds,
     .xfer_help = "xfer - kvxfer statistics (pulls per prefill peer)",
-    .session_help = "session - router session state and prefill peers",
+    .session_help = "session - router session state and peers",
+    .on_lease_end = dec_on_lease_end,
 };
 
 /* After the kvx context is gone (its pulls failed, their callbacks ended
@@ -1109,9 +1106,7 @@ int main(int argc, char **argv)
         d->step.prev = calloc((size_t)mb + 1, sizeof(*d->step.prev));
         d->step.eitems = calloc(mb, sizeof(*d->step.eitems));
         d->step.logits = malloc((size_t)mb * d->n.geom->vocab_size * sizeof(float));
-        d->lease_slots = calloc(d->max_leases ? d->max_leases : 1, sizeof(*d->lease_slots));
-        if (!d->step.items || !d->step.prev || !d->step.eitems || !d->step.logits ||
-            !d->lease_slots)
+        if (!d->step.items || !d->step.prev || !d->step.eitems || !d->step.logits)
             rc = node_fail(&d->n, "boot", PD_ERR_NO_MEMORY, NULL);
     }
     if (rc == PD_CONFIG_RUN) {
@@ -1126,7 +1121,6 @@ int main(int argc, char **argv)
     free(d->step.prev);
     free(d->step.eitems);
     free(d->step.logits);
-    free(d->lease_slots);
     proto_auth_secret_wipe(&d->n.secret);
     pd_config_free(&dec_schema, &d->cfg);
     pd_config_result_free(&res);

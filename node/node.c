@@ -27,6 +27,36 @@ uint64_t node_lease_wire_id(kvx_lease_id_t l)
     return (uint64_t)l.slot << 32 | (l.gen & 0xffffffffu);
 }
 
+/* ---- leases ----------------------------------------------------------------- */
+
+pd_status_t node_export(node_t *n, node_req_t *r, const char *importer, const uint32_t *blocks,
+                        uint32_t nb, uint64_t ttl_ns, void *buf, size_t cap, size_t *len_p,
+                        kvx_lease_id_t *lease_p)
+{
+    pd_status_t st = kvx_export(n->region, node_id_of(importer), blocks, nb, ttl_ns,
+                                (uint64_t)(uintptr_t)r, buf, cap, len_p, lease_p);
+    if (st == PD_OK && lease_p->slot < n->max_leases)
+        n->lease_reqs[lease_p->slot] = r;
+    return st;
+}
+
+/* kvx's lease-end callback (on the loop): the request it was granted for,
+ * checked against the tag given at export, to the role. */
+void node_on_lease_end(void *arg, const kvx_lease_info_t *info, kvx_lease_end_t why)
+{
+    node_t *n = arg;
+    node_req_t *r = info->slot < n->max_leases ? n->lease_reqs[info->slot] : NULL;
+    if (r == NULL || (uint64_t)(uintptr_t)r != info->user_tag) {
+        pd_log(PD_LOG_ERROR, n->role->name, NULL, "lease end for unknown slot %u", info->slot);
+        return;
+    }
+    n->lease_reqs[info->slot] = NULL;
+    pd_log(PD_LOG_DEBUG, n->role->name, r->id, "lease ended: %s",
+           why == KVX_LEASE_RELEASED ? "released" : why == KVX_LEASE_EXPIRED ? "expired"
+                                                                              : "revoked");
+    n->role->on_lease_end(n, r, why);
+}
+
 /* ---- requests ------------------------------------------------------------- */
 
 node_req_t *node_req_find(node_t *n, const char *id)

@@ -169,6 +169,10 @@ typedef struct {
     const pd_admin_cmd_t *cmds;         /* the role's own admin commands (arg = node) */
     const char *xfer_help;              /* help line of `xfer` */
     const char *session_help;           /* help line of `session` */
+    /* A lease granted with node_export ended (released by the importer,
+     * expired, revoked): r is the request it was granted for. May be NULL
+     * for a role that never exports. */
+    void (*on_lease_end)(node_t *n, node_req_t *r, kvx_lease_end_t why);
 } node_role_t;
 
 struct node {
@@ -195,6 +199,8 @@ struct node {
     kvx_blocks_t *blocks;
     uint8_t meta[KVX_META_MAX_BYTES];
     size_t meta_len;
+    node_req_t **lease_reqs;            /* (max_leases) request per live lease slot */
+    uint32_t max_leases;
     /* control plane */
     proto_session_t *sess;
     uint64_t epoch;                     /* bumped on every router up / down */
@@ -283,6 +289,16 @@ uint64_t node_id_of(const char *daemon_id);
 /* The lease id on the wire: slot << 32 | low 32 bits of the generation. */
 uint64_t node_lease_wire_id(kvx_lease_id_t l);
 
+/* ---- leases --------------------------------------------------------------- */
+
+/* Lease blocks[0..nb) of the arena to importer (a daemon id) for ttl_ns
+ * on behalf of r and encode the handle into buf: kvx_export, plus the
+ * node's slot -> request table, so the lease's end reaches
+ * role->on_lease_end with r. Errors as kvx_export. */
+pd_status_t node_export(node_t *n, node_req_t *r, const char *importer, const uint32_t *blocks,
+                        uint32_t nb, uint64_t ttl_ns, void *buf, size_t cap, size_t *len_p,
+                        kvx_lease_id_t *lease_p);
+
 /* ---- /metrics (node_metrics.c) ------------------------------------------ */
 
 pd_status_t node_metrics_start(node_t *n);
@@ -296,5 +312,6 @@ void node_session_opts(node_t *n, proto_session_opts_t *so);
 void node_adm_counters(const node_t *n, cJSON *reply);
 void node_drain_init(node_t *n);
 void node_admin_register(node_t *n);
+void node_on_lease_end(void *arg, const kvx_lease_info_t *info, kvx_lease_end_t why);
 
 #endif

@@ -193,9 +193,16 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
     kc.node_id = node_id_of(n->daemon_id);
     if (n->have_secret)
         proto_auth_derive(&n->secret, "pdserve kvx v1", kc.secret);
-    kc.cb_arg = n;
     if (o->kvx_config)
         o->kvx_config(n, &kc);
+    if (n->role->on_lease_end != NULL) { /* leases end through the node's table */
+        kc.on_lease_end = node_on_lease_end;
+        kc.cb_arg = n;
+        n->max_leases = kc.max_leases;
+        n->lease_reqs = calloc(kc.max_leases ? kc.max_leases : 1, sizeof(*n->lease_reqs));
+        if (n->lease_reqs == NULL)
+            return node_fail(n, "lease table", PD_ERR_NO_MEMORY, NULL);
+    }
     st = kvx_ctx_create(&kc, base, &n->kvx);
     if (st != PD_OK)
         return node_fail(n, "kvxfer init", st, NULL);
@@ -259,6 +266,8 @@ void node_teardown(node_t *n, void (*after_kvx)(node_t *n))
         after_kvx(n);
     kvx_blocks_destroy(n->blocks);
     n->blocks = NULL;
+    free(n->lease_reqs);                    /* the kvx context ended every lease */
+    n->lease_reqs = NULL;
     if (n->drain_ev)
         event_free(n->drain_ev);
     pd_loop_destroy(n->loop);               /* runs the deferred frees */

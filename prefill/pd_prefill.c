@@ -88,8 +88,6 @@ static void pf_req_set_state(pf_req_t *r, pf_state_t to)
     if (from == PF_ST_LEASED) {
         pd_stats_gauge_add(pf->n.stats, PF_STAT_leased, -1);
         pd_stats_observe_ns(pf->n.stats, PF_STAT_lease_time, now - r->t[PF_ST_LEASED]);
-        if (r->lease.slot < pf->max_leases && pf->lease_slots[r->lease.slot] == r)
-            pf->lease_slots[r->lease.slot] = NULL;
     }
     if (to != PF_ST_COMPLETED && to != PF_ST_FAILED && to != PF_ST_CANCELED)
         return;
@@ -163,12 +161,10 @@ static void pf_job_done(eng_job_t *job)
         pf_req_set_state(r, PF_ST_CANCELED);
         return;
     }
-    uint64_t importer = node_id_of(r->target);
     uint8_t handle[KVX_HANDLE_MAX_BYTES];
     size_t hlen = 0;
-    pd_status_t st = kvx_export(pf->n.region, importer, r->nr.blocks, r->nr.n_blocks,
-                                r->lease_ttl_ns, (uint64_t)(uintptr_t)r, handle,
-                                sizeof(handle), &hlen, &r->lease);
+    pd_status_t st = node_export(&pf->n, &r->nr, r->target, r->nr.blocks, r->nr.n_blocks,
+                                 r->lease_ttl_ns, handle, sizeof(handle), &hlen, &r->lease);
     if (st != PD_OK) {
         pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "export: %s", pd_status_str(st));
         node_send_error(&pf->n, r->nr.id, st == PD_ERR_NO_SPACE ? PD_ERR_OVERLOADED : st,
@@ -176,8 +172,6 @@ static void pf_job_done(eng_job_t *job)
         pf_req_set_state(r, PF_ST_FAILED);
         return;
     }
-    if (r->lease.slot < pf->max_leases)
-        pf->lease_slots[r->lease.slot] = r;
     pf_req_set_state(r, PF_ST_LEASED);
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
@@ -209,17 +203,14 @@ static void pf_job_done(eng_job_t *job)
     }
 }
 
-static void pf_on_lease_end(void *arg, const kvx_lease_info_t *info, kvx_lease_end_t why)
+static void pf_on_lease_end(node_t *n, node_req_t *nr, kvx_lease_end_t why)
 {
-    pf_t *pf = arg;
-    pf_req_t *r = info->slot < pf->max_leases ? pf->lease_slots[info->slot] : NULL;
-    if (r == NULL || (uint64_t)(uintptr_t)r != info->user_tag || r->state != PF_ST_LEASED) {
-        pd_log(PD_LOG_ERROR, PF_COMP, NULL, "lease end for unknown slot %u", info->slot);
+    (void)n;
+    pf_req_t *r = NODE_REQ(nr, pf_req_t);
+    if (r->state != PF_ST_LEASED) {
+        pd_log(PD_LOG_ERROR, PF_COMP, r->nr.id, "lease end in state %s", pf_state_names[r->state]);
         return;
     }
-    pd_log(PD_LOG_DEBUG, PF_COMP, r->nr.id, "lease ended: %s",
-           why == KVX_LEASE_RELEASED ? "released" : why == KVX_LEASE_EXPIRED ? "expired"
-                                                                              : "revoked");
     pf_req_set_state(r, why == KVX_LEASE_RELEASED ? PF_ST_COMPLETED
                       : why == KVX_LEASE_EXPIRED ? PF_ST_FAILED : PF_ST_CANCELED);
 }
@@ -451,17 +442,17 @@ static const node_role_t pf_role = {
     .cancel_all = pf_cancel_all, .fill_hb = pf_fill_hb, .adm_kv = pf_adm_kv, .cmds = pf_cmds,
     .xfer_help = "xfer - kvxfer statistics",
     .session_help = "session - router session state",
+    .on_lease_end = pf_on_lease_end,
 };
 
-/* kvx: leases last at least lease-ttl; their ends come to pf_on_lease_end. */
+/* kvx: leases last at least lease-ttl; their ends come to pf_on_lease_end
+ * (through the node's lease table). */
 static void pf_kvx_config(node_t *n, kvx_config_t *kc)
 {
     pf_t *pf = (pf_t *)n;
-    kc->on_lease_end = pf_on_lease_end;
     kc->stats_role = KVX_STATS_EXPORTER; /* no pulls here: no pull counters in /metrics */
     kc->max_lease_ttl_ns = pf->cfg.lease_ttl_ns > kc->max_lease_ttl_ns ? pf->cfg.lease_ttl_ns
                                                                        : kc->max_lease_ttl_ns;
-    pf->max_leases = kc->max_leases;
 }
 
 int main(int argc, char **argv)
@@ -476,8 +467,7 @@ int main(int argc, char **argv)
     int rc = node_boot(&pf->n, &bo);
     if (rc == PD_CONFIG_RUN) {
         pf->logits = malloc((size_t)pf->n.geom->vocab_size * sizeof(float));
-        pf->lease_slots = calloc(pf->max_leases, sizeof(*pf->lease_slots));
-        if (pf->logits == NULL || pf->lease_slots == NULL)
+        if (pf->logits == NULL)
             rc = node_fail(&pf->n, "boot", PD_ERR_NO_MEMORY, NULL);
     }
     if (rc == PD_CONFIG_RUN) {
@@ -487,7 +477,6 @@ int main(int argc, char **argv)
             node_teardown(&pf->n, NULL);
     }
     free(pf->logits);
-    free(pf->lease_slots);
     proto_auth_secret_wipe(&pf->n.secret);
     pd_config_free(&pf_schema, &pf->cfg);
     pd_config_result_free(&res);

@@ -68,8 +68,6 @@ struct pf {
     node_t n;                           /* first: boot, session, kv, live table */
     pf_config_t cfg;
     float *logits;                      /* (vocab) compute thread only */
-    uint32_t max_leases;
-    pf_req_t **lease_slots;             /* (max_leases) request per slot */
     uint32_t n_computing;
 };
 
