@@ -130,6 +130,70 @@ static char *reference_text(int i, int max_tokens)
     return s;
 }
 
+/* NREQ streams of the make_body requests: opened (each waits for its
+ * first `chunks` chunks; 0: only sent), then read to the end and checked:
+ * 200, [DONE], no error frame, and the text of the fault-free run. */
+typedef struct {
+    int fd;
+    char *buf;
+    size_t len;
+} stream_t;
+
+static void streams_open(stream_t *st, int max_tokens, int chunks)
+{
+    for (int i = 0; i < NREQ; i++) {
+        char body[1024];
+        make_body(i, true, max_tokens, body, sizeof(body));
+        st[i].buf = NULL;
+        st[i].len = 0;
+        if (chunks > 0) {
+            int got = 0;
+            st[i].fd = e2e_stream_open(g_d.http_port, "/v1/completions", NULL, body, chunks,
+                                       30.0, &st[i].buf, &st[i].len, &got);
+        } else {
+            st[i].fd = e2e_http_connect(g_d.http_port);
+            if (st[i].fd >= 0 && e2e_http_send(st[i].fd, "POST", "/v1/completions", NULL, body,
+                                               strlen(body)) != 0) {
+                close(st[i].fd);
+                st[i].fd = -1;
+            }
+        }
+        assert_true(st[i].fd >= 0);
+    }
+}
+
+static void streams_check(stream_t *st, char *const *ref, const char *what)
+{
+    for (int i = 0; i < NREQ; i++) {
+        int rc = e2e_http_read(st[i].fd, &st[i].buf, &st[i].len, NULL, 60.0);
+        close(st[i].fd);
+        if (rc != 1)
+            fail_msg("%s stream %d: no end within 60 s", what, i);
+        e2e_resp_t r;
+        memset(&r, 0, sizeof(r));
+        e2e_http_parse(st[i].buf, st[i].len, &r);
+        free(st[i].buf);
+        e2e_sse_t s;
+        e2e_sse_parse(r.body, &s);
+        if (r.status != 200 || s.error_frame || !s.done || s.bad)
+            fail_msg("%s stream %d: status %d, error frame %d, done %d: %.400s", what, i,
+                     r.status, s.error_frame, s.done,
+                     r.body_len > 400 ? r.body + r.body_len - 400 : r.body);
+        if (s.text == NULL || strcmp(s.text, ref[i]) != 0)
+            fail_msg("%s stream %d: text differs from the uninterrupted run\n"
+                     "got:  %.300s\nwant: %.300s", what, i, s.text ? s.text : "(null)", ref[i]);
+        e2e_sse_free(&s);
+        e2e_resp_free(&r);
+    }
+}
+
+static void quiet_ok(void)
+{
+    char why[512] = "";
+    if (!e2e_quiescent(&g_d, 15.0, why, sizeof(why)))
+        fail_msg("not quiescent: %s (logs in %s)", why, g_d.dir);
+}
+
 /* The decode with the most of our requests in flight (router's view), and
  * how many of them it has and in which state. */
 static e2e_proc_t *busiest_decode(int *n_p, char *states, size_t cap)
@@ -216,15 +280,8 @@ static void test_kill_decodes(void **st)
     srand(seed);
     int moved = 0;
     for (int round = 0; round < g_rounds; round++) {
-        int fd[NREQ];
-        for (int i = 0; i < NREQ; i++) {
-            char body[1024];
-            make_body(i, true, MAX_TOKENS, body, sizeof(body));
-            fd[i] = e2e_http_connect(g_d.http_port);
-            assert_true(fd[i] >= 0);
-            assert_int_equal(e2e_http_send(fd[i], "POST", "/v1/completions", NULL, body,
-                                           strlen(body)), 0);
-        }
+        stream_t sts[NREQ];
+        streams_open(sts, MAX_TOKENS, 0);
         /* round 0: at once (queued, pulling, before the first step);
          * the others: a random point mid-stream */
         unsigned delay_ms = round == 0 ? 0 : 20 + (unsigned)(rand() % 400);
@@ -238,30 +295,9 @@ static void test_kill_decodes(void **st)
                 round, victim->id, delay_ms, n_on, states);
         moved += n_on;
         assert_int_equal(e2e_proc_signal(victim, SIGKILL), 0);
-        for (int i = 0; i < NREQ; i++) {
-            char *buf = NULL;
-            size_t len = 0;
-            int rc = e2e_http_read(fd[i], &buf, &len, NULL, 60.0);
-            close(fd[i]);
-            if (rc != 1)
-                fail_msg("round %d stream %d: no end within 60 s", round, i);
-            e2e_resp_t r;
-            memset(&r, 0, sizeof(r));
-            e2e_http_parse(buf, len, &r);
-            free(buf);
-            e2e_sse_t s;
-            e2e_sse_parse(r.body, &s);
-            if (r.status != 200 || s.error_frame || !s.done || s.bad)
-                fail_msg("round %d stream %d: status %d, error frame %d, done %d: %.400s",
-                         round, i, r.status, s.error_frame, s.done,
-                         r.body_len > 400 ? r.body + r.body_len - 400 : r.body);
-            if (s.text == NULL || strcmp(s.text, ref[i]) != 0)
-                fail_msg("round %d stream %d: text differs from the uninterrupted run\n"
-                         "got:  %.300s\nwant: %.300s", round, i, s.text ? s.text : "(null)",
-                         ref[i]);
-            e2e_sse_free(&s);
-            e2e_resp_free(&r);
-        }
+        char what[32];
+        snprintf(what, sizeof(what), "round %d", round);
+        streams_check(sts, ref, what);
         e2e_proc_wait(victim, 5.0);
         char id[48];
         snprintf(id, sizeof(id), "decode-r%d", round);
@@ -271,9 +307,7 @@ static void test_kill_decodes(void **st)
     double redo = prefill_redo_ms(ref, MAX_TOKENS);
     for (int i = 0; i < NREQ; i++)
         free(ref[i]);
-    char why[512] = "";
-    if (!e2e_quiescent(&g_d, 15.0, why, sizeof(why)))
-        fail_msg("not quiescent: %s (logs in %s)", why, g_d.dir);
+    quiet_ok();
     double failed = router_stat("requests_failed", NULL);
     double fo = router_stat("requests_failed_over", NULL);
     double p50 = router_stat("failover_resume", "p50_ns");
@@ -302,6 +336,20 @@ static double proc_stat(const e2e_proc_t *p, const char *table, const char *name
     return v;
 }
 
+/* The migration tests' start: the fault-free texts of MIGRATE_TOKENS-long
+ * requests, the same requests streaming (a first chunk each), and the
+ * decode running most of them. */
+static e2e_proc_t *migration_streams(char **ref, stream_t *sts, int *n_on, char *states,
+                                     size_t cap)
+{
+    for (int i = 0; i < NREQ; i++)
+        ref[i] = reference_text(i, MIGRATE_TOKENS);
+    streams_open(sts, MIGRATE_TOKENS, 1);
+    e2e_proc_t *src = busiest_decode(n_on, states, cap);
+    assert_non_null(src);
+    return src;
+}
+
 /* Live migration: `set-backend <decode> drain` (what `pdctl drain` and
  * `pdctl scale decode N-1` send) moves the decode's running streams to the
  * others with their KV (MIGRATE -> export -> MIGRATE_DONE -> DECODE_REQ with
@@ -311,27 +359,12 @@ static void test_drain_migrates(void **st)
 {
     (void)st;
     char *ref[NREQ];
-    for (int i = 0; i < NREQ; i++)
-        ref[i] = reference_text(i, MIGRATE_TOKENS);
-    double fo0 = router_stat("requests_failed_over", NULL);
-    double mig0 = router_stat("requests_migrated", NULL);
-    int fd[NREQ];
-    char *buf[NREQ];
-    size_t len[NREQ];
-    for (int i = 0; i < NREQ; i++) {
-        char body[1024];
-        make_body(i, true, MIGRATE_TOKENS, body, sizeof(body));
-        int got = 0;
-        buf[i] = NULL;
-        len[i] = 0;
-        fd[i] = e2e_stream_open(g_d.http_port, "/v1/completions", NULL, body, 1, 30.0, &buf[i],
-                                &len[i], &got);
-        assert_true(fd[i] >= 0);
-    }
+    stream_t sts[NREQ];
     int n_on = 0;
     char states[1024];
-    e2e_proc_t *src = busiest_decode(&n_on, states, sizeof(states));
-    assert_non_null(src);
+    double fo0 = router_stat("requests_failed_over", NULL);
+    double mig0 = router_stat("requests_migrated", NULL);
+    e2e_proc_t *src = migration_streams(ref, sts, &n_on, states, sizeof(states));
     double out0 = proc_stat(src, "decode", "migrated_out");
     char cmd[96];
     snprintf(cmd, sizeof(cmd), "set-backend %s drain", src->id);
@@ -340,26 +373,7 @@ static void test_drain_migrates(void **st)
     cJSON_Delete(rep);
     fprintf(stderr, "migrate: drain %s with %d streams (%s): %.0f asked to migrate\n", src->id,
             n_on, states, asked);
-    for (int i = 0; i < NREQ; i++) {
-        int rc = e2e_http_read(fd[i], &buf[i], &len[i], NULL, 60.0);
-        close(fd[i]);
-        if (rc != 1)
-            fail_msg("stream %d: no end within 60 s", i);
-        e2e_resp_t r;
-        memset(&r, 0, sizeof(r));
-        e2e_http_parse(buf[i], len[i], &r);
-        free(buf[i]);
-        e2e_sse_t s;
-        e2e_sse_parse(r.body, &s);
-        if (r.status != 200 || s.error_frame || !s.done || s.bad)
-            fail_msg("stream %d: status %d, error frame %d, done %d: %.400s", i, r.status,
-                     s.error_frame, s.done, r.body_len > 400 ? r.body + r.body_len - 400 : r.body);
-        if (s.text == NULL || strcmp(s.text, ref[i]) != 0)
-            fail_msg("stream %d: text differs from the uninterrupted run\ngot:  %.300s\n"
-                     "want: %.300s", i, s.text ? s.text : "(null)", ref[i]);
-        e2e_sse_free(&s);
-        e2e_resp_free(&r);
-    }
+    streams_check(sts, ref, "drain");
     for (int i = 0; i < NREQ; i++)
         free(ref[i]);
     double moved = router_stat("requests_migrated", NULL) - mig0;
@@ -375,9 +389,7 @@ static void test_drain_migrates(void **st)
     assert_true(e2e_wait_kv_free(src, 10.0));
     snprintf(cmd, sizeof(cmd), "set-backend %s ready", src->id);
     cJSON_Delete(e2e_admin(g_d.router.sock, cmd));
-    char why[512] = "";
-    if (!e2e_quiescent(&g_d, 15.0, why, sizeof(why)))
-        fail_msg("not quiescent: %s (logs in %s)", why, g_d.dir);
+    quiet_ok();
 }
 
 /* SIGTERM (what `pdctl down` / a stopping unit does) on a decode with
@@ -388,26 +400,11 @@ static void test_sigterm_migrates(void **st)
 {
     (void)st;
     char *ref[NREQ];
-    for (int i = 0; i < NREQ; i++)
-        ref[i] = reference_text(i, MIGRATE_TOKENS);
-    double mig0 = router_stat("requests_migrated", NULL);
-    int fd[NREQ];
-    char *buf[NREQ];
-    size_t len[NREQ];
-    for (int i = 0; i < NREQ; i++) {
-        char body[1024];
-        make_body(i, true, MIGRATE_TOKENS, body, sizeof(body));
-        int got = 0;
-        buf[i] = NULL;
-        len[i] = 0;
-        fd[i] = e2e_stream_open(g_d.http_port, "/v1/completions", NULL, body, 1, 30.0, &buf[i],
-                                &len[i], &got);
-        assert_true(fd[i] >= 0);
-    }
+    stream_t sts[NREQ];
     int n_on = 0;
     char states[1024];
-    e2e_proc_t *src = busiest_decode(&n_on, states, sizeof(states));
-    assert_non_null(src);
+    double mig0 = router_stat("requests_migrated", NULL);
+    e2e_proc_t *src = migration_streams(ref, sts, &n_on, states, sizeof(states));
     double t0 = e2e_now();
     assert_int_equal(e2e_proc_signal(src, SIGTERM), 0);
     int rc = e2e_proc_wait(src, 30.0);
@@ -415,35 +412,14 @@ static void test_sigterm_migrates(void **st)
     fprintf(stderr, "migrate: SIGTERM %s with %d streams (%s): exit %d after %.0f ms\n", src->id,
             n_on, states, rc, exited * 1e3);
     assert_int_equal(rc, 0);
-    int done = 0;
-    for (int i = 0; i < NREQ; i++) {
-        int r2 = e2e_http_read(fd[i], &buf[i], &len[i], NULL, 60.0);
-        close(fd[i]);
-        if (r2 != 1)
-            fail_msg("stream %d: no end within 60 s", i);
-        e2e_resp_t r;
-        memset(&r, 0, sizeof(r));
-        e2e_http_parse(buf[i], len[i], &r);
-        free(buf[i]);
-        e2e_sse_t s;
-        e2e_sse_parse(r.body, &s);
-        if (r.status != 200 || s.error_frame || !s.done || s.bad)
-            fail_msg("stream %d: status %d, error frame %d, done %d: %.400s", i, r.status,
-                     s.error_frame, s.done, r.body_len > 400 ? r.body + r.body_len - 400 : r.body);
-        if (s.text == NULL || strcmp(s.text, ref[i]) != 0)
-            fail_msg("stream %d: text differs from the uninterrupted run", i);
-        done++;
-        e2e_sse_free(&s);
-        e2e_resp_free(&r);
+    streams_check(sts, ref, "sigterm");
+    for (int i = 0; i < NREQ; i++)
         free(ref[i]);
-    }
     double moved = router_stat("requests_migrated", NULL) - mig0;
-    fprintf(stderr, "migrate: %d streams done, %.0f moved live\n", done, moved);
+    fprintf(stderr, "migrate: %d streams done, %.0f moved live\n", NREQ, moved);
     assert_true(moved >= 1);
     assert_true(router_stat("requests_failed", NULL) == 0);
-    char why[512] = "";
-    if (!e2e_quiescent(&g_d, 15.0, why, sizeof(why)))
-        fail_msg("not quiescent: %s (logs in %s)", why, g_d.dir);
+    quiet_ok();
 }
 
 int main(int argc, char **argv)
