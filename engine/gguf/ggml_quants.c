@@ -401,41 +401,37 @@ void ggml_quants_set_simd(int on)
     quants_simd = on && __builtin_cpu_supports("avx2");
 }
 
+/* Runs a block kernel over n elements; block geometry from the type table. */
+static void each_block_dq(uint32_t type, void (*fn)(const uint8_t *, float *),
+                          const uint8_t *src, float *dst, uint64_t n)
+{
+    const ggml_type_info_t *t = ggml_type_info(type);
+    for (uint64_t b = 0; b < n / t->block_size; b++)
+        fn(src + b * t->type_size, dst + b * t->block_size);
+}
+
 pd_status_t ggml_quants_dequantize(uint32_t type, const uint8_t *src, float *dst, uint64_t n)
 {
-    void (*fn)(const uint8_t *, float *);
-    uint32_t bs, ts;
+    void (*fn)(const uint8_t *, float *) = NULL;
     int simd = __atomic_load_n(&quants_simd, __ATOMIC_RELAXED);
     if (simd < 0) {
         __builtin_cpu_init();
         simd = __builtin_cpu_supports("avx2") ? 1 : 0;
         __atomic_store_n(&quants_simd, simd, __ATOMIC_RELAXED);
     }
-    if (simd) {
-        switch (type) {
-        case GGML_TYPE_Q4_K: fn = dq_q4_k_avx2; bs = 256; ts = 144; goto run;
-        case GGML_TYPE_Q5_K: fn = dq_q5_k_avx2; bs = 256; ts = 176; goto run;
-        case GGML_TYPE_Q6_K: fn = dq_q6_k_avx2; bs = 256; ts = 210; goto run;
-        case GGML_TYPE_Q2_K: fn = dq_q2_k_avx2; bs = 256; ts = 84; goto run;
-        case GGML_TYPE_Q3_K: fn = dq_q3_k_avx2; bs = 256; ts = 110; goto run;
-        default: break;
-        }
-    }
     switch (type) {
-    case GGML_TYPE_Q4_1: fn = dq_q4_1; bs = 32; ts = 20; break;
-    case GGML_TYPE_Q5_0: fn = dq_q5_0; bs = 32; ts = 22; break;
-    case GGML_TYPE_Q5_1: fn = dq_q5_1; bs = 32; ts = 24; break;
-    case GGML_TYPE_IQ4_NL: fn = dq_iq4_nl; bs = 32; ts = 18; break;
-    case GGML_TYPE_Q2_K: fn = dq_q2_k; bs = 256; ts = 84; break;
-    case GGML_TYPE_Q3_K: fn = dq_q3_k; bs = 256; ts = 110; break;
-    case GGML_TYPE_Q4_K: fn = dq_q4_k; bs = 256; ts = 144; break;
-    case GGML_TYPE_Q5_K: fn = dq_q5_k; bs = 256; ts = 176; break;
-    case GGML_TYPE_Q6_K: fn = dq_q6_k; bs = 256; ts = 210; break;
+    case GGML_TYPE_Q4_1: fn = dq_q4_1; break;
+    case GGML_TYPE_Q5_0: fn = dq_q5_0; break;
+    case GGML_TYPE_Q5_1: fn = dq_q5_1; break;
+    case GGML_TYPE_IQ4_NL: fn = dq_iq4_nl; break;
+    case GGML_TYPE_Q2_K: fn = simd ? dq_q2_k_avx2 : dq_q2_k; break;
+    case GGML_TYPE_Q3_K: fn = simd ? dq_q3_k_avx2 : dq_q3_k; break;
+    case GGML_TYPE_Q4_K: fn = simd ? dq_q4_k_avx2 : dq_q4_k; break;
+    case GGML_TYPE_Q5_K: fn = simd ? dq_q5_k_avx2 : dq_q5_k; break;
+    case GGML_TYPE_Q6_K: fn = simd ? dq_q6_k_avx2 : dq_q6_k; break;
     default: return PD_ERR_UNSUPPORTED;
     }
-run:
-    for (uint64_t b = 0; b < n / bs; b++)
-        fn(src + b * ts, dst + b * bs);
+    each_block_dq(type, fn, src, dst, n);
     return PD_OK;
 }
 
@@ -697,46 +693,33 @@ static void q_q6_k(const float *x, uint8_t *b)
     wr16(b + 208, dh);
 }
 
+static void q_q4_1(const float *x, uint8_t *b)
+{
+    q_affine32(x, b, 4);
+}
+
+static void q_q5_1(const float *x, uint8_t *b)
+{
+    q_affine32(x, b, 5);
+}
+
 pd_status_t ggml_quants_quantize(uint32_t type, const float *src, uint8_t *dst, uint64_t n)
 {
+    void (*fn)(const float *, uint8_t *);
     switch (type) {
-    case GGML_TYPE_Q4_1:
-        for (uint64_t b = 0; b < n / 32; b++)
-            q_affine32(src + 32 * b, dst + 20 * b, 4);
-        return PD_OK;
-    case GGML_TYPE_Q5_1:
-        for (uint64_t b = 0; b < n / 32; b++)
-            q_affine32(src + 32 * b, dst + 24 * b, 5);
-        return PD_OK;
-    case GGML_TYPE_Q5_0:
-        for (uint64_t b = 0; b < n / 32; b++)
-            q_q5_0(src + 32 * b, dst + 22 * b);
-        return PD_OK;
-    case GGML_TYPE_IQ4_NL:
-        for (uint64_t b = 0; b < n / 32; b++)
-            q_iq4_nl(src + 32 * b, dst + 18 * b);
-        return PD_OK;
-    case GGML_TYPE_Q2_K:
-        for (uint64_t b = 0; b < n / 256; b++)
-            q_q2_k(src + 256 * b, dst + 84 * b);
-        return PD_OK;
-    case GGML_TYPE_Q3_K:
-        for (uint64_t b = 0; b < n / 256; b++)
-            q_q3_k(src + 256 * b, dst + 110 * b);
-        return PD_OK;
-    case GGML_TYPE_Q4_K:
-        for (uint64_t b = 0; b < n / 256; b++)
-            q_q4_k(src + 256 * b, dst + 144 * b);
-        return PD_OK;
-    case GGML_TYPE_Q5_K:
-        for (uint64_t b = 0; b < n / 256; b++)
-            q_q5_k(src + 256 * b, dst + 176 * b);
-        return PD_OK;
-    case GGML_TYPE_Q6_K:
-        for (uint64_t b = 0; b < n / 256; b++)
-            q_q6_k(src + 256 * b, dst + 210 * b);
-        return PD_OK;
-    default:
-        return PD_ERR_UNSUPPORTED;
+    case GGML_TYPE_Q4_1: fn = q_q4_1; break;
+    case GGML_TYPE_Q5_1: fn = q_q5_1; break;
+    case GGML_TYPE_Q5_0: fn = q_q5_0; break;
+    case GGML_TYPE_IQ4_NL: fn = q_iq4_nl; break;
+    case GGML_TYPE_Q2_K: fn = q_q2_k; break;
+    case GGML_TYPE_Q3_K: fn = q_q3_k; break;
+    case GGML_TYPE_Q4_K: fn = q_q4_k; break;
+    case GGML_TYPE_Q5_K: fn = q_q5_k; break;
+    case GGML_TYPE_Q6_K: fn = q_q6_k; break;
+    default: return PD_ERR_UNSUPPORTED;
     }
+    const ggml_type_info_t *t = ggml_type_info(type);
+    for (uint64_t b = 0; b < n / t->block_size; b++)
+        fn(src + b * t->block_size, dst + b * t->type_size);
+    return PD_OK;
 }

@@ -171,6 +171,24 @@ static void quant_q4_0(const float *src, uint8_t *dst, uint64_t n)
     }
 }
 
+/* 16-bit float rows (F16, BF16) through one element conversion. */
+static void half_to_f32(const uint8_t *s, float *dst, uint64_t n, float (*cv)(uint16_t))
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, s + 2 * i, 2);
+        dst[i] = cv(h);
+    }
+}
+
+static void f32_to_half(const float *src, uint8_t *d, uint64_t n, uint16_t (*cv)(float))
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint16_t h = cv(src[i]);
+        memcpy(d + 2 * i, &h, 2);
+    }
+}
+
 static pd_status_t check_row(uint32_t type, uint64_t n)
 {
     const ggml_type_info_t *info = ggml_type_info(type);
@@ -194,18 +212,10 @@ pd_status_t ggml_dequantize_row(uint32_t type, const void *src, float *dst, uint
         memcpy(dst, src, n * sizeof(float));
         break;
     case GGML_TYPE_F16:
-        for (uint64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, s + 2 * i, 2);
-            dst[i] = ggml_fp16_to_fp32(h);
-        }
+        half_to_f32(s, dst, n, ggml_fp16_to_fp32);
         break;
     case GGML_TYPE_BF16:
-        for (uint64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, s + 2 * i, 2);
-            dst[i] = ggml_bf16_to_fp32(h);
-        }
+        half_to_f32(s, dst, n, ggml_bf16_to_fp32);
         break;
     case GGML_TYPE_Q8_0:
         dequant_q8_0(s, dst, n);
@@ -231,16 +241,10 @@ pd_status_t ggml_quantize_row(uint32_t type, const float *src, void *dst, uint64
         memcpy(dst, src, n * sizeof(float));
         break;
     case GGML_TYPE_F16:
-        for (uint64_t i = 0; i < n; i++) {
-            uint16_t h = ggml_fp32_to_fp16(src[i]);
-            memcpy(d + 2 * i, &h, 2);
-        }
+        f32_to_half(src, d, n, ggml_fp32_to_fp16);
         break;
     case GGML_TYPE_BF16:
-        for (uint64_t i = 0; i < n; i++) {
-            uint16_t h = ggml_fp32_to_bf16(src[i]);
-            memcpy(d + 2 * i, &h, 2);
-        }
+        f32_to_half(src, d, n, ggml_fp32_to_bf16);
         break;
     case GGML_TYPE_Q8_0:
         quant_q8_0(src, d, n);
