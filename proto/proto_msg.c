@@ -365,6 +365,9 @@ static pd_status_t check_sampling2(const proto_sampling_t *s)
             (s->logprobs || s->top_logprobs == 0), PD_ERR_BAD_INPUT);
     for (uint32_t i = 0; i < s->n_bias; i++)
         REQUIRE(s->bias_ids[i] >= 0 && f32_in(s->bias[i], -100.0f, 100.0f), PD_ERR_BAD_INPUT);
+    REQUIRE(s->gram_kind <= PROTO_GRAM_JSON_SCHEMA, PD_ERR_BAD_INPUT);
+    REQUIRE(s->gram.len <= PROTO_MAX_GRAMMAR, PD_ERR_TOO_BIG);
+    REQUIRE((s->gram_kind == PROTO_GRAM_JSON_SCHEMA) == (s->gram.len > 0), PD_ERR_BAD_INPUT);
     return PD_OK;
 }
 
@@ -382,6 +385,8 @@ static void w_sampling2(wr_t *w, const proto_sampling_t *s)
     }
     w_u32(w, s->logprobs);
     w_u32(w, s->top_logprobs);
+    w_u32(w, s->gram_kind);
+    w_blob(w, &s->gram);
 }
 
 /* Range checks happen here too: a decoded struct is always valid. */
@@ -405,6 +410,8 @@ static void r_sampling2(rd_t *r, proto_sampling_t *s)
     }
     s->logprobs = r_u32(r);
     s->top_logprobs = r_u32(r);
+    s->gram_kind = r_u32(r);
+    r_blob(r, &s->gram, PROTO_MAX_GRAMMAR);
     if (r->st == PD_OK) {
         pd_status_t st = check_sampling2(s);
         if (st != PD_OK)

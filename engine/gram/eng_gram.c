@@ -27,11 +27,14 @@ typedef struct {
     uint8_t kind;
     uint32_t n;
     uint32_t a;
+    uint32_t min;     /* bytes of the shortest complete value */
 } gnode_t;
 
 typedef struct {
     uint32_t key;     /* N_LIT node: "name": */
     uint32_t val;     /* value node */
+    uint32_t tail;    /* shortest bytes for this and the later properties:
+                         keys, values and the commas between them */
 } gprop_t;
 
 struct eng_gram {
@@ -44,6 +47,7 @@ struct eng_gram {
     char *pool;
     size_t n_pool, cap_pool;
     uint32_t root;
+    uint32_t max_min;     /* largest gnode_t.min */
 };
 
 /* ---- compile --------------------------------------------------------------- */
@@ -100,7 +104,7 @@ static uint32_t new_node(comp_t *c, uint8_t kind, uint32_t n, uint32_t a)
         cfail(c, PD_ERR_NO_MEMORY, "out of memory");
         return 0;
     }
-    g->nodes[g->n_nodes] = (gnode_t){ kind, n, a };
+    g->nodes[g->n_nodes] = (gnode_t){ kind, n, a, 0 };
     return g->n_nodes++;
 }
 
@@ -307,7 +311,25 @@ static uint32_t comp_type(comp_t *c, const cJSON *s, const char *type, uint32_t 
     return 0;
 }
 
+static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool root);
+
+/* "nullable": true (OpenAPI style, as the openai client's zod helper emits
+ * it) = anyOf [the schema, null]. */
 static uint32_t comp_schema(comp_t *c, const cJSON *s, uint32_t depth, bool root)
+{
+    uint32_t id = comp_schema1(c, s, depth, root);
+    const cJSON *nl = cJSON_GetObjectItemCaseSensitive(s, "nullable");
+    if (c->st != PD_OK || nl == NULL || cJSON_IsFalse(nl))
+        return id;
+    if (!cJSON_IsTrue(nl)) {
+        cfail(c, PD_ERR_BAD_INPUT, "'nullable' must be a boolean");
+        return 0;
+    }
+    uint32_t ids[2] = { id, lit_node(c, "null", 4) };
+    return alts_node(c, ids, 2);
+}
+
+static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool root)
 {
     if (c->st != PD_OK)
         return 0;
@@ -323,7 +345,7 @@ static uint32_t comp_schema(comp_t *c, const cJSON *s, uint32_t depth, bool root
     }
     static const char *const known[] = {
         "type", "properties", "required", "additionalProperties", "items", "enum",
-        "const", "anyOf", "$ref", "$defs", "definitions", "strict", NULL,
+        "const", "anyOf", "$ref", "$defs", "definitions", "strict", "nullable", NULL,
     };
     const cJSON *k;
     cJSON_ArrayForEach(k, s) {
@@ -397,6 +419,49 @@ static uint32_t comp_schema(comp_t *c, const cJSON *s, uint32_t depth, bool root
     return 0;
 }
 
+static uint32_t sat_add(uint32_t a, uint32_t b)
+{
+    return a > UINT32_MAX - b ? UINT32_MAX : a + b;
+}
+
+/* Shortest completions. Children are compiled before their parents, so one
+ * pass in id order sees every child's value first. */
+static void compute_min(eng_gram_t *g)
+{
+    g->max_min = 0;
+    for (uint32_t i = 1; i < g->n_nodes; i++) {
+        gnode_t *nd = &g->nodes[i];
+        uint32_t m = 0;
+        switch (nd->kind) {
+        case N_STR: m = 2; break;
+        case N_NUM: case N_INT: case N_ANYVAL: m = 1; break;
+        case N_ANYOBJ: case N_ARR: m = 2; break;
+        case N_LIT: m = nd->n; break;
+        case N_ANYOF:
+            m = UINT32_MAX;
+            for (uint32_t k = 0; k < nd->n; k++)
+                if (g->nodes[g->alts[nd->a + k]].min < m)
+                    m = g->nodes[g->alts[nd->a + k]].min;
+            break;
+        case N_OBJ: {
+            uint32_t t = 0;
+            for (uint32_t k = nd->n; k-- > 0;) {
+                gprop_t *p = &g->props[nd->a + k];
+                t = sat_add(sat_add(t, k + 1 < nd->n ? 1 : 0),
+                            sat_add(g->nodes[p->key].min, g->nodes[p->val].min));
+                p->tail = t;
+            }
+            m = sat_add(t, 2);
+            break;
+        }
+        default: break;
+        }
+        nd->min = m;
+        if (m > g->max_min)
+            g->max_min = m;
+    }
+}
+
 pd_status_t eng_gram_compile(eng_gram_kind_t kind, const char *schema, size_t len,
                              eng_gram_t **g_p, char *err, size_t err_len)
 {
@@ -434,6 +499,7 @@ pd_status_t eng_gram_compile(eng_gram_kind_t kind, const char *schema, size_t le
         eng_gram_free(g);
         return c.st;
     }
+    compute_min(g);
     *g_p = g;
     return PD_OK;
 }
@@ -848,6 +914,82 @@ static void feed_cfg(const eng_gram_t *g, cfg_t *c, uint8_t b, set_t *out)
     }
 }
 
+/* Bytes this frame still needs once the frames above it are done. */
+static uint32_t frame_rest(const eng_gram_t *g, const frame_t *f)
+{
+    const gnode_t *nd = &g->nodes[f->node];
+    switch (nd->kind) {
+    case N_LIT:
+        return nd->n - f->aux;
+    case N_STR:
+        switch (f->phase) {
+        case S_OPEN: return 2;
+        case S_BODY: return 1;
+        case S_ESC: return 2;
+        default: return (uint32_t)f->aux + 1; /* S_HEX, S_UTF */
+        }
+    case N_NUM:
+    case N_INT:
+        return f->phase == M_ZERO || f->phase == M_INT || f->phase == M_FRAC ||
+               f->phase == M_EXPDIG ? 0 : 1;
+    case N_ANYOF:
+        return nd->min;
+    case N_ARR:
+    case N_ANYVAL:
+        if (nd->kind == N_ANYVAL && f->aux == 0)
+            return 1;
+        if (nd->kind == N_ANYVAL && f->aux == 2)
+            goto anyobj;
+        switch (f->phase) {
+        case A_OPEN: return 2;
+        case A_ITEM: return sat_add(nd->kind == N_ARR ? g->nodes[nd->a].min : 1, 1);
+        default: return 1;
+        }
+    case N_ANYOBJ:
+    anyobj:
+        switch (f->phase) {
+        case O_OPEN: return 2;
+        case O_FCOMMA: return 5;
+        case O_FCOLON: return 3;
+        case O_VAL: return 2;
+        default: return 1; /* O_NEXT, O_FAFTER */
+        }
+    case N_OBJ: {
+        uint32_t i = f->aux;
+        switch (f->phase) {
+        case O_OPEN: return nd->min;
+        case O_NEXT:
+            if (i >= nd->n)
+                return 1;
+            return sat_add(g->props[nd->a + i].tail, i > 0 ? 2 : 1);
+        case O_KEY:
+            return sat_add(g->props[nd->a + i].tail, 1);
+        case O_VAL: {
+            /* the key is done: this value, the later properties, '}' */
+            const gprop_t *p = &g->props[nd->a + i];
+            return sat_add(p->tail - g->nodes[p->key].min, 1);
+        }
+        }
+        return 1;
+    }
+    }
+    return 0;
+}
+
+/* Shortest bytes that complete the JSON from any configuration of st. */
+static uint32_t set_close(const eng_gram_t *g, const set_t *st)
+{
+    uint32_t best = UINT32_MAX;
+    for (uint32_t i = 0; i < st->n; i++) {
+        uint32_t t = 0;
+        for (uint32_t k = 0; k < st->c[i].n; k++)
+            t = sat_add(t, frame_rest(g, &st->c[i].f[k]));
+        if (t < best)
+            best = t;
+    }
+    return best;
+}
+
 static void set_feed(const eng_gram_t *g, const set_t *in, uint8_t b, set_t *out)
 {
     out->n = 0;
@@ -951,6 +1093,7 @@ struct eng_gram_vocab {
     uint32_t *off2;         /* (256 * 257 + 1) bucket starts in by_first */
     uint32_t *nonplain;     /* non-empty ids that are not plain */
     uint32_t n_nonplain;
+    uint32_t max_piece;     /* longest piece, bytes */
 };
 
 /* Length of the longest prefix of p that is string-body text ending on a
@@ -1026,6 +1169,8 @@ pd_status_t eng_gram_vocab_create(uint32_t n, eng_gram_piece_fn piece, void *ctx
             cap = nc;
         }
         v->off[i] = (uint32_t)used;
+        if (k > v->max_piece)
+            v->max_piece = (uint32_t)k;
         memcpy(v->bytes + used, buf, k);
         used += k;
         if (k) {
@@ -1101,78 +1246,112 @@ static bool in_string_body(const eng_gram_t *g, const set_t *st)
     return true;
 }
 
-bool eng_gram_mask(const eng_gram_state_t *s, const eng_gram_vocab_t *v,
-                   const int32_t *eos, uint32_t n_eos, float *logits, uint32_t n_logits,
-                   uint8_t *ok)
+/* The ok flags of one step; budget as in eng_gram_mask (UINT32_MAX: no
+ * budget check). A token passes the budget check when, after it, the JSON
+ * can still be closed with one-byte tokens and EOS in the tokens left. */
+static void mask_ok(const eng_gram_state_t *s, const eng_gram_vocab_t *v, uint32_t nv,
+                    uint32_t budget, uint8_t *ok)
 {
     const eng_gram_t *g = s->g;
     set_t *ta = (set_t *)&s->tmp[0], *tb = (set_t *)&s->tmp[1];
-    uint32_t nv = v->n < n_logits ? v->n : n_logits;
+    const bool tight = budget != UINT32_MAX;
+    /* after a token, tokens left = budget - 1, one of them for EOS */
+    const uint32_t room = budget >= 2 ? budget - 2 : 0;
+#define FITS(set) (!tight || set_close(g, (set)) <= room)
     if (in_string_body(g, &s->cur)) {
-        memcpy(ok, v->plain, nv);
+        if (FITS(&s->cur))
+            memcpy(ok, v->plain, nv);
+        else
+            memset(ok, 0, nv);
         eng_gram_state_t *ms = (eng_gram_state_t *)s;
-        if (ms->sc_ok && ms->sc_vocab == v && sets_equal(&ms->sc_set, &s->cur)) {
+        if (!tight && ms->sc_ok && ms->sc_vocab == v && sets_equal(&ms->sc_set, &s->cur)) {
             for (uint32_t k = 0; k < ms->sc_n; k++)
                 if (ms->sc_ok[k] < nv)
                     ok[ms->sc_ok[k]] = 1;
-        } else {
-            /* the plain prefix leaves the state as it is: walk from there */
-            uint32_t n_ok_np = 0;
-            for (uint32_t k = 0; k < v->n_nonplain; k++) {
-                uint32_t id = v->nonplain[k];
-                if (id >= nv)
-                    continue;
-                uint32_t o = v->off[id] + v->pre[id], e = v->off[id + 1];
-                bool y = walk(g, &s->cur, v->bytes + o, e - o, ta, tb) != NULL;
-                ok[id] = y;
-                n_ok_np += y;
-            }
-            /* remember the walked ids for the next step in the same string */
-            free(ms->sc_ok);
-            ms->sc_ok = malloc((n_ok_np ? n_ok_np : 1) * sizeof(uint32_t));
-            ms->sc_n = 0;
-            if (ms->sc_ok) {
-                for (uint32_t k = 0; k < v->n_nonplain; k++)
-                    if (v->nonplain[k] < nv && ok[v->nonplain[k]])
-                        ms->sc_ok[ms->sc_n++] = v->nonplain[k];
-                ms->sc_vocab = v;
-                set_copy(&ms->sc_set, &s->cur);
-            }
+            return;
         }
-    } else {
-        memset(ok, 0, nv);
-        set_t first, second;
-        for (uint32_t b = 0; b < 256; b++) {
-            uint32_t lo = v->off2[b * 257], hi = v->off2[b * 257 + 257];
-            if (lo == hi)
+        /* the plain prefix leaves the state as it is: walk from there */
+        uint32_t n_ok_np = 0;
+        for (uint32_t k = 0; k < v->n_nonplain; k++) {
+            uint32_t id = v->nonplain[k];
+            if (id >= nv)
                 continue;
-            set_feed(g, &s->cur, (uint8_t)b, &first);
-            if (first.n == 0)
+            uint32_t o = v->off[id] + v->pre[id], e = v->off[id + 1];
+            const set_t *r = walk(g, &s->cur, v->bytes + o, e - o, ta, tb);
+            bool y = r != NULL && FITS(r);
+            ok[id] = y;
+            n_ok_np += y;
+        }
+        if (tight)
+            return;
+        /* remember the walked ids for the next step in the same string */
+        free(ms->sc_ok);
+        ms->sc_ok = malloc((n_ok_np ? n_ok_np : 1) * sizeof(uint32_t));
+        ms->sc_n = 0;
+        if (ms->sc_ok) {
+            for (uint32_t k = 0; k < v->n_nonplain; k++)
+                if (v->nonplain[k] < nv && ok[v->nonplain[k]])
+                    ms->sc_ok[ms->sc_n++] = v->nonplain[k];
+            ms->sc_vocab = v;
+            set_copy(&ms->sc_set, &s->cur);
+        }
+        return;
+    }
+    memset(ok, 0, nv);
+    set_t first, second;
+    for (uint32_t b = 0; b < 256; b++) {
+        uint32_t lo = v->off2[b * 257], hi = v->off2[b * 257 + 257];
+        if (lo == hi)
+            continue;
+        set_feed(g, &s->cur, (uint8_t)b, &first);
+        if (first.n == 0)
+            continue;
+        for (uint32_t b2 = 0; b2 < 257; b2++) {
+            uint32_t lo2 = v->off2[b * 257 + b2], hi2 = v->off2[b * 257 + b2 + 1];
+            if (lo2 == hi2)
                 continue;
-            for (uint32_t b2 = 0; b2 < 257; b2++) {
-                uint32_t lo2 = v->off2[b * 257 + b2], hi2 = v->off2[b * 257 + b2 + 1];
-                if (lo2 == hi2)
-                    continue;
-                if (b2 == 256) { /* one-byte pieces */
+            if (b2 == 256) { /* one-byte pieces */
+                if (FITS(&first))
                     for (uint32_t k = lo2; k < hi2; k++)
                         if (v->by_first[k] < nv)
                             ok[v->by_first[k]] = 1;
+                continue;
+            }
+            set_feed(g, &first, (uint8_t)b2, &second);
+            if (second.n == 0)
+                continue;
+            for (uint32_t k = lo2; k < hi2; k++) {
+                uint32_t id = v->by_first[k];
+                if (id >= nv)
                     continue;
-                }
-                set_feed(g, &first, (uint8_t)b2, &second);
-                if (second.n == 0)
-                    continue;
-                for (uint32_t k = lo2; k < hi2; k++) {
-                    uint32_t id = v->by_first[k];
-                    if (id >= nv)
-                        continue;
-                    uint32_t o = v->off[id] + 2, e = v->off[id + 1];
-                    ok[id] = walk(g, &second, v->bytes + o, e - o, ta, tb) != NULL;
-                }
+                uint32_t o = v->off[id] + 2, e = v->off[id + 1];
+                const set_t *r = walk(g, &second, v->bytes + o, e - o, ta, tb);
+                ok[id] = r != NULL && FITS(r);
             }
         }
     }
+#undef FITS
+}
+
+bool eng_gram_mask(const eng_gram_state_t *s, const eng_gram_vocab_t *v,
+                   const int32_t *eos, uint32_t n_eos, float *logits, uint32_t n_logits,
+                   uint8_t *ok, uint32_t budget)
+{
+    uint32_t nv = v->n < n_logits ? v->n : n_logits;
+    /* the budget matters only once one token could make the JSON too long
+     * to close: a byte opens at most one value of max_min bytes */
+    uint32_t close = set_close(s->g, &s->cur);
+    uint64_t reach = (uint64_t)close + (uint64_t)s->g->max_min * v->max_piece + 2;
+    if (budget != UINT32_MAX && (uint64_t)budget > reach)
+        budget = UINT32_MAX;
+    mask_ok(s, v, nv, budget, ok);
     bool done = eng_gram_complete(s);
+    bool any = nv > 0 && memchr(ok, 1, nv) != NULL;
+    if (!any && !done && budget != UINT32_MAX) {
+        /* too late to close in budget: at least keep the output a prefix */
+        mask_ok(s, v, nv, UINT32_MAX, ok);
+        any = nv > 0 && memchr(ok, 1, nv) != NULL;
+    }
     uint32_t n_eos_ok = 0;
     for (uint32_t i = 0; i < n_eos; i++)
         if (eos[i] >= 0 && (uint32_t)eos[i] < n_logits) {

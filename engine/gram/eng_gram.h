@@ -77,11 +77,17 @@ bool eng_gram_complete(const eng_gram_state_t *s);
 
 /* Set logits[id] = -inf for every id that cannot come next: ids whose piece
  * does not walk, and eos ids until the JSON is complete (then every other
- * id). ids >= vocab size are masked. scratch: (n_logits) bytes. If nothing
- * would be left (e.g. complete and no EOS id) the logits are not touched
- * and false is returned. */
+ * id). ids >= vocab size are masked. scratch: (n_logits) bytes.
+ * budget: tokens that may still be generated, this one and EOS included
+ * (UINT32_MAX: unlimited). Near the end of the budget only tokens after
+ * which the JSON can still be closed in time pass (assuming the vocabulary
+ * has one-byte tokens for the closing bytes), so a max_tokens that leaves
+ * room for the shortest completion always ends in complete JSON; when the
+ * budget is already too small, the mask falls back to plain validity.
+ * If nothing would be left (e.g. complete and no EOS id) the logits are not
+ * touched and false is returned. */
 bool eng_gram_mask(const eng_gram_state_t *s, const eng_gram_vocab_t *v,
                    const int32_t *eos, uint32_t n_eos, float *logits, uint32_t n_logits,
-                   uint8_t *scratch);
+                   uint8_t *scratch, uint32_t budget);
 
 #endif

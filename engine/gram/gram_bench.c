@@ -154,13 +154,15 @@ int main(int argc, char **argv)
         t0 = now();
         for (uint32_t i = 0; i < iters; i++) {
             memcpy(lg, base, vocab * sizeof(float));
-            (void)eng_gram_mask(st, voc, &eos, 1, lg, vocab, scratch);
+            (void)eng_gram_mask(st, voc, &eos, 1, lg, vocab, scratch,
+                                 UINT32_MAX);
             (void)eng_sample_next(&smp, lg, vocab, &scr, NULL);
         }
         double ms = (now() - t0) / iters;
         t0 = now();
         for (uint32_t i = 0; i < iters; i++)
-            (void)eng_gram_mask(st, voc, &eos, 1, lg, vocab, scratch);
+            (void)eng_gram_mask(st, voc, &eos, 1, lg, vocab, scratch,
+                                 UINT32_MAX);
         double mo = (now() - t0) / iters;
         double ratio = ms / un;
         if (ratio > worst)

@@ -120,6 +120,8 @@ static bool type_ok(const cJSON *v, const char *t)
 static bool valid(const cJSON *v, const cJSON *s, const cJSON *root)
 {
     const cJSON *x;
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "nullable")) && cJSON_IsNull(v))
+        return true;
     if ((x = cJSON_GetObjectItemCaseSensitive(s, "$ref")))
         return valid(v, resolve(root, x->valuestring), root);
     if ((x = cJSON_GetObjectItemCaseSensitive(s, "const")) && !cJSON_Compare(v, x, true))
@@ -175,8 +177,10 @@ static bool valid(const cJSON *v, const cJSON *s, const cJSON *root)
 /* ---- constrained random sampling ------------------------------------------ */
 
 /* Sample until EOS with random logits (random weights); returns the text. */
+/* max_tokens: 0 = unlimited, else EOS must come within that many tokens
+ * (the mask's budget closes the JSON in time). */
 static char *sample_one(eng_gram_kind_t kind, const char *schema, uint64_t seed,
-                        uint32_t *n_tok)
+                        uint32_t max_tokens, uint32_t *n_tok)
 {
     eng_gram_t *g;
     char err[256];
@@ -200,9 +204,12 @@ static char *sample_one(eng_gram_kind_t kind, const char *schema, uint64_t seed,
     uint32_t steps = 0;
     for (;; steps++) {
         assert_true(steps < 20000);
+        if (max_tokens && steps >= max_tokens)
+            fail_msg("no EOS within max_tokens %u: %.*s", max_tokens, (int)n, out);
+        uint32_t budget = max_tokens ? max_tokens - steps : UINT32_MAX;
         for (int i = 0; i < VOCAB; i++)
             lg[i] = (float)(eng_rng_next(&smp.rng) % 4000) / 1000.0f;
-        assert_true(eng_gram_mask(st, voc, &eos, 1, lg, VOCAB, scratch));
+        assert_true(eng_gram_mask(st, voc, &eos, 1, lg, VOCAB, scratch, budget));
         int32_t t = eng_sample_next(&smp, lg, VOCAB, &scr, NULL);
         if (t == EOS_ID) {
             assert_true(eng_gram_complete(st));
@@ -221,13 +228,14 @@ static char *sample_one(eng_gram_kind_t kind, const char *schema, uint64_t seed,
     return out;
 }
 
-static void check_schema(const char *schema, int runs)
+static void check_schema_budget(const char *schema, int runs, uint32_t max_tokens)
 {
     cJSON *sch = cJSON_Parse(schema);
     assert_non_null(sch);
     for (int r = 0; r < runs; r++) {
         uint32_t nt;
-        char *txt = sample_one(ENG_GRAM_JSON_SCHEMA, schema, (uint64_t)r * 7919 + 1, &nt);
+        char *txt = sample_one(ENG_GRAM_JSON_SCHEMA, schema, (uint64_t)r * 7919 + 1,
+                               max_tokens, &nt);
         cJSON *v = cJSON_Parse(txt);
         if (!v || !valid(v, sch, sch))
             fail_msg("run %d: output does not %s: %s", r, v ? "validate" : "parse", txt);
@@ -235,6 +243,12 @@ static void check_schema(const char *schema, int runs)
         free(txt);
     }
     cJSON_Delete(sch);
+}
+
+static void check_schema(const char *schema, int runs)
+{
+    check_schema_budget(schema, runs, 0);
+    check_schema_budget(schema, runs, 400); /* the budget closes it in time */
 }
 
 static void test_schema_simple(void **state)
@@ -262,9 +276,9 @@ static void test_schema_nested(void **state)
                  "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"boolean\"}},"
                  "\"required\":[\"b\"],\"additionalProperties\":false},"
                  "{\"type\":\"array\",\"items\":{\"type\":\"string\"}}]},"
-                 "\"free\":{\"type\":\"array\"},\"e\":{\"type\":\"object\",\"properties\":{},"
+                 "\"free\":{\"type\":\"array\"},\"nn\":{\"type\":\"integer\",\"nullable\":true},\"e\":{\"type\":\"object\",\"properties\":{},"
                  "\"additionalProperties\":false}},"
-                 "\"required\":[\"kind\",\"pts\",\"label\",\"c\",\"u\",\"free\",\"e\"],"
+                 "\"required\":[\"kind\",\"pts\",\"label\",\"c\",\"u\",\"free\",\"nn\",\"e\"],"
                  "\"additionalProperties\":false}", 60);
 }
 
@@ -273,7 +287,8 @@ static void test_json_object(void **state)
     (void)state;
     for (int r = 0; r < 60; r++) {
         uint32_t nt;
-        char *txt = sample_one(ENG_GRAM_JSON_OBJECT, NULL, (uint64_t)r + 100, &nt);
+        uint32_t mt = r % 2 ? 0 : 40 + (uint32_t)r * 3;
+        char *txt = sample_one(ENG_GRAM_JSON_OBJECT, NULL, (uint64_t)r + 100, mt, &nt);
         cJSON *v = cJSON_Parse(txt);
         if (!v || !cJSON_IsObject(v))
             fail_msg("run %d: not a JSON object: %s", r, txt);
