@@ -278,11 +278,8 @@ static void dec_step_run(eng_job_t *job)
         c->step_finish = ENG_FINISH_NONE;
         if (c->step_status == PD_OK && c->chunk_logits) {
             eng_sample_hist_t h = { c->tok, c->n_prompt, c->tok + c->n_prompt, c->n_gen };
-            node_gram_mask(&d->n, &c->gram, s->logits, dec_budget(c));
-            c->step_token = eng_sample_next_lp(&c->smp, s->logits, vocab, &d->n.scratch, &h,
-                                               c->lp_top, c->lp_on ? &c->step_lp : NULL);
-            if (c->step_token >= 0 && !node_gram_take(&d->n, &c->gram, c->step_token))
-                c->step_status = PD_ERR_INTERNAL;
+            c->step_token = node_sample(&d->n, &c->gram, &c->smp, s->logits, &h, dec_budget(c),
+                                        c->lp_top, c->lp_on ? &c->step_lp : NULL);
             c->step_finish = dec_accept(d, c, c->step_token);
         }
     }
@@ -301,12 +298,9 @@ static void dec_step_run(eng_job_t *job)
             r->step_finish = ENG_FINISH_NONE;
             if (st == PD_OK) {
                 eng_sample_hist_t h = { r->tok, r->n_prompt, r->tok + r->n_prompt, r->n_gen };
-                node_gram_mask(&d->n, &r->gram, s->logits + (size_t)i * vocab, dec_budget(r));
-                r->step_token = eng_sample_next_lp(&r->smp, s->logits + (size_t)i * vocab,
-                                                   vocab, &d->n.scratch, &h, r->lp_top,
-                                                   r->lp_on ? &r->step_lp : NULL);
-                if (r->step_token >= 0 && !node_gram_take(&d->n, &r->gram, r->step_token))
-                    r->step_status = PD_ERR_INTERNAL;
+                r->step_token = node_sample(&d->n, &r->gram, &r->smp,
+                                            s->logits + (size_t)i * vocab, &h, dec_budget(r),
+                                            r->lp_top, r->lp_on ? &r->step_lp : NULL);
                 r->step_finish = dec_accept(d, r, r->step_token);
             }
         }

@@ -193,6 +193,7 @@ struct node {
     eng_gram_vocab_t *gram_vocab;       /* token pieces for structured output (NULL:
                                            no tokenizer, response_format refused) */
     uint8_t *gram_scratch;              /* (vocab) compute thread only */
+    float *gram_raw;                    /* (vocab) unmasked logits, for logprobs */
     /* kv */
     kvx_ctx_h *kvx;
     kvx_region_h *region;
@@ -278,10 +279,14 @@ typedef struct {
 /* Compile ps's grammar (none: g stays NULL). PD_ERR_BAD_INPUT when the
  * schema does not compile or the node has no tokenizer. */
 pd_status_t node_gram_start(const node_t *n, const proto_sampling_t *ps, node_gram_t *ng);
-/* Mask logits (vocab) for the next token (compute thread); budget = tokens
- * that may still come, this one included (UINT32_MAX: unlimited), so the
- * JSON is closed before max_tokens. No-op if unconstrained. */
-void node_gram_mask(node_t *n, node_gram_t *ng, float *logits, uint32_t budget);
+/* Sample the next token (compute thread) as eng_sample_next_lp does, under
+ * ng's mask when constrained: budget = tokens that may still come, this one
+ * included (UINT32_MAX: unlimited), so the JSON is closed before max_tokens;
+ * logprobs stay those of the unmasked logits. The token is fed to the
+ * grammar; -1 if it cannot be (never with a mask that left a choice). */
+int32_t node_sample(node_t *n, node_gram_t *ng, eng_sampler_t *s, float *logits,
+                    const eng_sample_hist_t *h, uint32_t budget, uint32_t n_top,
+                    eng_logprobs_t *lp);
 /* Advance over a chosen token (EOS ids are accepted as the end). false if
  * the token cannot continue the JSON. */
 bool node_gram_take(const node_t *n, node_gram_t *ng, int32_t token);

@@ -274,6 +274,8 @@ void node_teardown(node_t *n, void (*after_kvx)(node_t *n))
     n->gram_vocab = NULL;
     free(n->gram_scratch);
     n->gram_scratch = NULL;
+    free(n->gram_raw);
+    n->gram_raw = NULL;
     proto_auth_secret_wipe(&n->secret);
     if (n->cfg->ready_file)
         unlink(n->cfg->ready_file);

@@ -21,7 +21,8 @@ pd_status_t node_gram_vocab(node_t *n, const eng_tok_t *tok)
 {
     uint32_t vocab = n->geom->vocab_size;
     n->gram_scratch = malloc(vocab ? vocab : 1);
-    if (n->gram_scratch == NULL)
+    n->gram_raw = malloc((vocab ? vocab : 1) * sizeof(float));
+    if (n->gram_scratch == NULL || n->gram_raw == NULL)
         return PD_ERR_NO_MEMORY;
     return eng_gram_vocab_create(vocab, node_piece, (void *)tok, &n->gram_vocab);
 }
@@ -44,12 +45,23 @@ pd_status_t node_gram_start(const node_t *n, const proto_sampling_t *ps, node_gr
     return PD_OK;
 }
 
-void node_gram_mask(node_t *n, node_gram_t *ng, float *logits, uint32_t budget)
+int32_t node_sample(node_t *n, node_gram_t *ng, eng_sampler_t *s, float *logits,
+                    const eng_sample_hist_t *h, uint32_t budget, uint32_t n_top,
+                    eng_logprobs_t *lp)
 {
+    uint32_t vocab = n->geom->vocab_size;
     if (ng->st == NULL)
-        return;
-    (void)eng_gram_mask(ng->st, n->gram_vocab, n->eos_ids, n->n_eos, logits,
-                        n->geom->vocab_size, n->gram_scratch, budget);
+        return eng_sample_next_lp(s, logits, vocab, &n->scratch, h, n_top, lp);
+    if (lp)
+        memcpy(n->gram_raw, logits, (size_t)vocab * sizeof(float));
+    (void)eng_gram_mask(ng->st, n->gram_vocab, n->eos_ids, n->n_eos, logits, vocab,
+                        n->gram_scratch, budget);
+    int32_t t = eng_sample_next(s, logits, vocab, &n->scratch, h);
+    if (t < 0 || !node_gram_take(n, ng, t))
+        return -1;
+    if (lp)
+        eng_sample_logprobs(n->gram_raw, vocab, t, n_top, lp);
+    return t;
 }
 
 bool node_gram_take(const node_t *n, node_gram_t *ng, int32_t token)

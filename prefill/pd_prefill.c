@@ -125,11 +125,10 @@ static void pf_job_run(eng_job_t *job)
         eng_sampler_t s;
         eng_sampler_init(&s, &r->sp);
         eng_sample_hist_t hist = { r->prompt, r->n_prompt, NULL, 0 };
-        node_gram_mask(&pf->n, &r->gram, pf->logits,
-                       r->sp.max_tokens ? r->sp.max_tokens : UINT32_MAX);
-        r->token0 = eng_sample_next_lp(&s, pf->logits, pf->n.geom->vocab_size, &pf->n.scratch,
-                                       &hist, r->lp_top, r->lp_on ? &r->lp0 : NULL);
-        if (r->token0 < 0 || !node_gram_take(&pf->n, &r->gram, r->token0))
+        r->token0 = node_sample(&pf->n, &r->gram, &s, pf->logits, &hist,
+                                r->sp.max_tokens ? r->sp.max_tokens : UINT32_MAX, r->lp_top,
+                                r->lp_on ? &r->lp0 : NULL);
+        if (r->token0 < 0)
             st = PD_ERR_INTERNAL;
     }
     r->cstatus = st;

@@ -1094,6 +1094,8 @@ struct eng_gram_vocab {
     uint32_t *nonplain;     /* non-empty ids that are not plain */
     uint32_t n_nonplain;
     uint32_t max_piece;     /* longest piece, bytes */
+    uint32_t *empty;        /* ids with an empty piece (control tokens) */
+    uint32_t n_empty;
 };
 
 /* Length of the longest prefix of p that is string-body text ending on a
@@ -1150,10 +1152,11 @@ pd_status_t eng_gram_vocab_create(uint32_t n, eng_gram_piece_fn piece, void *ctx
     v->pre = calloc(n ? n : 1, sizeof(uint16_t));
     v->off2 = calloc(256 * 257 + 1, sizeof(uint32_t));
     v->nonplain = malloc((n ? n : 1) * sizeof(uint32_t));
+    v->empty = malloc((n ? n : 1) * sizeof(uint32_t));
     size_t cap = (size_t)n * 8 + 64, used = 0;
     v->bytes = malloc(cap);
     if (!v->off || !v->plain || !v->by_first || !v->nonplain || !v->bytes || !v->pre ||
-        !v->off2)
+        !v->off2 || !v->empty)
         goto oom;
     char buf[512];
     for (uint32_t i = 0; i < n; i++) {
@@ -1173,6 +1176,8 @@ pd_status_t eng_gram_vocab_create(uint32_t n, eng_gram_piece_fn piece, void *ctx
             v->max_piece = (uint32_t)k;
         memcpy(v->bytes + used, buf, k);
         used += k;
+        if (k == 0)
+            v->empty[v->n_empty++] = i;
         if (k) {
             size_t pl = plain_prefix((const uint8_t *)buf, k);
             v->pre[i] = (uint16_t)pl;
@@ -1214,6 +1219,7 @@ void eng_gram_vocab_free(eng_gram_vocab_t *v)
     free(v->pre);
     free(v->off2);
     free(v->nonplain);
+    free(v->empty);
     free(v);
 }
 
@@ -1344,6 +1350,28 @@ bool eng_gram_mask(const eng_gram_state_t *s, const eng_gram_vocab_t *v,
     uint64_t reach = (uint64_t)close + (uint64_t)s->g->max_min * v->max_piece + 2;
     if (budget != UINT32_MAX && (uint64_t)budget > reach)
         budget = UINT32_MAX;
+    if (budget == UINT32_MAX && nv == n_logits && in_string_body(s->g, &s->cur)) {
+        /* fast path inside a string: every plain piece passes and the state
+         * stays, so only the non-plain ids that do not walk (and EOS: a
+         * string is never complete) are masked; their walk is cached */
+        const eng_gram_state_t *ms = s;
+        if (ms->sc_ok && ms->sc_vocab == v && sets_equal(&ms->sc_set, &s->cur)) {
+            uint32_t j = 0;
+            for (uint32_t k = 0; k < v->n_nonplain; k++) {
+                uint32_t id = v->nonplain[k];
+                while (j < ms->sc_n && ms->sc_ok[j] < id)
+                    j++;
+                if (!(j < ms->sc_n && ms->sc_ok[j] == id))
+                    logits[id] = -INFINITY;
+            }
+            for (uint32_t k = 0; k < v->n_empty; k++)
+                logits[v->empty[k]] = -INFINITY; /* control tokens, EOS included */
+            for (uint32_t k = 0; k < n_eos; k++)
+                if (eos[k] >= 0 && (uint32_t)eos[k] < n_logits)
+                    logits[eos[k]] = -INFINITY;
+            return true;
+        }
+    }
     mask_ok(s, v, nv, budget, ok);
     bool done = eng_gram_complete(s);
     bool any = nv > 0 && memchr(ok, 1, nv) != NULL;

@@ -114,6 +114,21 @@ const checks = {
     }
   },
 
+  // logprobs stay those of the model's (unmasked) distribution: finite
+  async withLogprobs() {
+    const r = await client.chat.completions.create({ model, messages: msgs, max_tokens: 300,
+      temperature: 1, seed: 3, logprobs: true, top_logprobs: 5,
+      response_format: { type: 'json_object' } });
+    const c = r.choices[0];
+    JSON.parse(c.message.content);
+    assert.equal(c.logprobs.content.length, r.usage.completion_tokens);
+    for (const t of c.logprobs.content) {
+      assert.ok(Number.isFinite(t.logprob) && t.logprob <= 0);
+      assert.equal(t.top_logprobs.length, 5);
+      for (const a of t.top_logprobs) assert.ok(Number.isFinite(a.logprob));
+    }
+  },
+
   async zodHelperParse() {
     const Pet = z.object({ kind: z.enum(['cat', 'dog']), name: z.string() });
     const Person = z.object({ name: z.string(), age: z.number().int(), pets: z.array(Pet),
