@@ -79,6 +79,7 @@ typedef struct dec_req {
     bool chunk_logits;
     /* sampling (compute thread while in_step) */
     eng_sampler_t smp;
+    node_gram_t gram;                   /* structured output (compute thread) */
     bool lp_on;                         /* report logprobs with each token */
     uint32_t lp_top;                    /* alternatives per token */
     eng_logprobs_t step_lp;             /* step_token's (when lp_on; compute thread) */

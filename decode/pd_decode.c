@@ -77,6 +77,7 @@ static void dec_req_free(void *obj)
     free(r->tok);
     free(r->nr.blocks);
     free(r->handle);
+    node_gram_end(&r->gram);
     free(r);
 }
 
@@ -249,6 +250,20 @@ static eng_finish_t dec_accept(dec_t *d, dec_req_t *r, int32_t t)
     return f;
 }
 
+/* Tokens r may still generate, the next one included (max_tokens and the
+ * context), for the structured-output mask. */
+static uint32_t dec_budget(const dec_req_t *r)
+{
+    uint32_t used = r->n_prompt + r->n_gen;
+    uint32_t b = r->max_pos > used ? r->max_pos - used : 1;
+    if (r->smp.p.max_tokens) {
+        uint32_t m = r->smp.p.max_tokens > r->smp.n_generated
+                         ? r->smp.p.max_tokens - r->smp.n_generated : 1;
+        b = m < b ? m : b;
+    }
+    return b;
+}
+
 static void dec_step_run(eng_job_t *job)
 {
     dec_step_t *s = (dec_step_t *)job;
@@ -266,8 +281,8 @@ static void dec_step_run(eng_job_t *job)
         c->step_finish = ENG_FINISH_NONE;
         if (c->step_status == PD_OK && c->chunk_logits) {
             eng_sample_hist_t h = { c->tok, c->n_prompt, c->tok + c->n_prompt, c->n_gen };
-            c->step_token = eng_sample_next_lp(&c->smp, s->logits, vocab, &d->n.scratch, &h,
-                                               c->lp_top, c->lp_on ? &c->step_lp : NULL);
+            c->step_token = node_sample(&d->n, &c->gram, &c->smp, s->logits, &h, dec_budget(c),
+                                        c->lp_top, c->lp_on ? &c->step_lp : NULL);
             c->step_finish = dec_accept(d, c, c->step_token);
         }
     }
@@ -286,9 +301,9 @@ static void dec_step_run(eng_job_t *job)
             r->step_finish = ENG_FINISH_NONE;
             if (st == PD_OK) {
                 eng_sample_hist_t h = { r->tok, r->n_prompt, r->tok + r->n_prompt, r->n_gen };
-                r->step_token = eng_sample_next_lp(&r->smp, s->logits + (size_t)i * vocab,
-                                                   vocab, &d->n.scratch, &h, r->lp_top,
-                                                   r->lp_on ? &r->step_lp : NULL);
+                r->step_token = node_sample(&d->n, &r->gram, &r->smp,
+                                            s->logits + (size_t)i * vocab, &h, dec_budget(r),
+                                            r->lp_top, r->lp_on ? &r->step_lp : NULL);
                 r->step_finish = dec_accept(d, r, r->step_token);
             }
         }
@@ -722,7 +737,18 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
     node_req_link(&d->n, &r->nr);
     pd_stats_inc(d->n.stats, DEC_STAT_accepted);
 
-    /* sampler continuity: replay the tokens already generated */
+    /* grammar + sampler continuity: replay the tokens already generated */
+    pd_status_t gst = node_gram_start(&d->n, &q->sampling, &r->gram);
+    for (uint32_t i = 0; gst == PD_OK && i < ng; i++)
+        if (!node_gram_take(&d->n, &r->gram, r->tok[np + i]))
+            gst = PD_ERR_BAD_INPUT;
+    if (gst != PD_OK) {
+        pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "response_format: %s", pd_status_str(gst));
+        if (!local)
+            dec_release_handle(d, &q->kv_handle);
+        dec_req_end(r, PROTO_FINISH_ERROR, gst);
+        return;
+    }
     eng_sampler_init(&r->smp, &sp);
     eng_finish_t f = ENG_FINISH_NONE;
     for (uint32_t i = 0; i < ng; i++) {

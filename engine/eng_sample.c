@@ -253,7 +253,8 @@ static cands_t candidates(const eng_sample_params_t *p, const float *lg, uint32_
         c.dense = true;
         c.n = vocab;
         for (uint32_t i = 0; i < vocab; i++) {
-            double e = exp(((double)lg[i] - mx) * inv_t);
+            /* masked (-inf) logits skip exp(), whose -inf path is slow */
+            double e = lg[i] == -INFINITY ? 0.0 : exp(((double)lg[i] - mx) * inv_t);
             if (e < min_p)
                 e = 0.0;
             scr->prob[i] = e;
@@ -266,7 +267,8 @@ static cands_t candidates(const eng_sample_params_t *p, const float *lg, uint32_
     double total = 0.0;
     if (m == vocab)
         for (uint32_t i = 0; i < vocab; i++)
-            total += exp(((double)lg[i] - mx) * inv_t);
+            if (lg[i] != -INFINITY)
+                total += exp(((double)lg[i] - mx) * inv_t);
 
     /* Candidates best-first; for top-p alone grow the list until it holds
      * the nucleus (the sorted prefix is the same whatever the list size). */

@@ -25,6 +25,7 @@
 #include <event2/event.h>
 
 #include "eng.h"
+#include "eng_gram.h"
 #include "eng_runner.h"
 #include "eng_sample.h"
 #include "kvx.h"
@@ -193,6 +194,10 @@ struct node {
     eng_sample_scratch_t scratch;       /* compute thread only */
     int32_t eos_ids[ENG_SAMPLE_MAX_EOS];
     uint32_t n_eos;
+    eng_gram_vocab_t *gram_vocab;       /* token pieces for structured output (NULL:
+                                           no tokenizer, response_format refused) */
+    uint8_t *gram_scratch;              /* (vocab) compute thread only */
+    float *gram_raw;                    /* (vocab) unmasked logits, for logprobs */
     /* kv */
     kvx_ctx_h *kvx;
     kvx_region_h *region;
@@ -271,6 +276,30 @@ void node_req_retire(node_t *n, node_req_t *r, void (*free_fn)(void *), void *ob
 
 /* Sampling parameters from a PROTO sampling block + the model's EOS ids. */
 pd_status_t node_sampling(const node_t *n, const proto_sampling_t *ps, eng_sample_params_t *sp);
+
+/* Structured output (node_gram.c): the grammar of one sequence. */
+typedef struct {
+    eng_gram_t *g;              /* NULL: unconstrained */
+    eng_gram_state_t *st;
+} node_gram_t;
+/* Compile ps's grammar (none: g stays NULL). PD_ERR_BAD_INPUT when the
+ * schema does not compile or the node has no tokenizer. */
+pd_status_t node_gram_start(const node_t *n, const proto_sampling_t *ps, node_gram_t *ng);
+/* Sample the next token (compute thread) as eng_sample_next_lp does, under
+ * ng's mask when constrained: budget = tokens that may still come, this one
+ * included (UINT32_MAX: unlimited), so the JSON is closed before max_tokens;
+ * logprobs stay those of the unmasked logits. The token is fed to the
+ * grammar; -1 if it cannot be (never with a mask that left a choice). */
+int32_t node_sample(node_t *n, node_gram_t *ng, eng_sampler_t *s, float *logits,
+                    const eng_sample_hist_t *h, uint32_t budget, uint32_t n_top,
+                    eng_logprobs_t *lp);
+/* Advance over a chosen token (EOS ids are accepted as the end). false if
+ * the token cannot continue the JSON. */
+bool node_gram_take(const node_t *n, node_gram_t *ng, int32_t token);
+void node_gram_end(node_gram_t *ng); /* accepts zeroed */
+/* Boot: the token pieces of tok over the model's vocabulary. */
+struct eng_tok;
+pd_status_t node_gram_vocab(node_t *n, const struct eng_tok *tok);
 
 /* ERROR for request id to the router (best effort). */
 void node_send_error(node_t *n, const char *id, pd_status_t status, const char *fmt, ...)

@@ -149,7 +149,12 @@ static pd_status_t node_boot_engine(node_t *n, uint32_t max_batch, char *err, si
     for (uint32_t id = 0; id < eng_tok_vocab_size(tok) && n->n_eos < ENG_SAMPLE_MAX_EOS; id++)
         if (eng_tok_is_eog(tok, (int32_t)id) && (int32_t)id != eos)
             n->eos_ids[n->n_eos++] = (int32_t)id;
+    pd_status_t gst = node_gram_vocab(n, tok);
     eng_tok_destroy(tok);
+    if (gst != PD_OK) {
+        snprintf(err, err_len, "structured-output vocabulary: %s", pd_status_str(gst));
+        return gst;
+    }
     return PD_OK;
 }
 
@@ -274,6 +279,12 @@ void node_teardown(node_t *n, void (*after_kvx)(node_t *n))
     pd_stats_destroy(n->stats);
     n->ops->destroy(n->model);
     eng_sample_scratch_destroy(&n->scratch);
+    eng_gram_vocab_free(n->gram_vocab);
+    n->gram_vocab = NULL;
+    free(n->gram_scratch);
+    n->gram_scratch = NULL;
+    free(n->gram_raw);
+    n->gram_raw = NULL;
     proto_auth_secret_wipe(&n->secret);
     if (n->cfg->ready_file)
         unlink(n->cfg->ready_file);

@@ -46,6 +46,7 @@ static void pf_req_free(void *obj)
     pf_req_t *r = obj;
     free(r->prompt);
     free(r->nr.blocks);
+    node_gram_end(&r->gram);
     free(r);
 }
 
@@ -122,8 +123,9 @@ static void pf_job_run(eng_job_t *job)
         eng_sampler_t s;
         eng_sampler_init(&s, &r->sp);
         eng_sample_hist_t hist = { r->prompt, r->n_prompt, NULL, 0 };
-        r->token0 = eng_sample_next_lp(&s, pf->logits, pf->n.geom->vocab_size, &pf->n.scratch,
-                                       &hist, r->lp_top, r->lp_on ? &r->lp0 : NULL);
+        r->token0 = node_sample(&pf->n, &r->gram, &s, pf->logits, &hist,
+                                r->sp.max_tokens ? r->sp.max_tokens : UINT32_MAX, r->lp_top,
+                                r->lp_on ? &r->lp0 : NULL);
         if (r->token0 < 0)
             st = PD_ERR_INTERNAL;
     }
@@ -250,9 +252,21 @@ static void pf_on_prefill_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
     if (st == PD_OK && nb > kvx_blocks_free_count(pf->n.blocks)) {
         st = PD_ERR_NO_KV_SPACE; why = "no free KV blocks";
     }
+    node_gram_t gram = { NULL, NULL };
+    if (st == PD_OK) {
+        pd_status_t gs = node_gram_start(&pf->n, &q->sampling, &gram);
+        if (gs != PD_OK) {
+            st = gs; why = gs == PD_ERR_NO_MEMORY ? "out of memory"
+                                                  : "response_format grammar refused";
+        }
+    }
     pf_req_t *r = NULL;
     if (st == PD_OK) {
         r = calloc(1, sizeof(*r));
+        if (r != NULL)
+            r->gram = gram; /* owned by r from here, freed with it */
+        else
+            node_gram_end(&gram);
         if (r == NULL || (r->prompt = malloc((size_t)n * sizeof(int32_t))) == NULL ||
             (r->nr.blocks = malloc((size_t)nb * sizeof(uint32_t))) == NULL) {
             if (r)

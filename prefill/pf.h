@@ -52,6 +52,7 @@ typedef struct pf_req {
     uint32_t n_prompt;
     int32_t *prompt;                    /* (n_prompt) */
     eng_sample_params_t sp;
+    node_gram_t gram;                   /* structured output (token 0's mask) */
     bool lp_on;                         /* report token 0's logprobs */
     uint32_t lp_top;                    /* with this many alternatives */
     /* written by the compute thread, read after done() */

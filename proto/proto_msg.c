@@ -472,6 +472,9 @@ static pd_status_t check_sampling2(const proto_sampling_t *s)
             (s->logprobs || s->top_logprobs == 0), PD_ERR_BAD_INPUT);
     for (uint32_t i = 0; i < s->n_bias; i++)
         REQUIRE(s->bias_ids[i] >= 0 && f32_in(s->bias[i], -100.0f, 100.0f), PD_ERR_BAD_INPUT);
+    REQUIRE(s->gram_kind <= PROTO_GRAM_JSON_SCHEMA, PD_ERR_BAD_INPUT);
+    REQUIRE(s->gram.len <= PROTO_MAX_GRAMMAR, PD_ERR_TOO_BIG);
+    REQUIRE((s->gram_kind == PROTO_GRAM_JSON_SCHEMA) == (s->gram.len > 0), PD_ERR_BAD_INPUT);
     return PD_OK;
 }
 
@@ -488,7 +491,8 @@ static void io_sampling(io_t *io, proto_sampling_t *s)
     io_toks(io, &s->stop, PROTO_MAX_STOP_TOKENS);
 }
 
-/* The sampling tail (penalties, min_p, logit_bias, logprobs), written last. */
+/* The sampling tail (penalties, min_p, logit_bias, logprobs, grammar),
+ * written last. */
 static void io_sampling2(io_t *io, proto_sampling_t *s)
 {
     io_f32(io, &s->presence_penalty);
@@ -504,6 +508,8 @@ static void io_sampling2(io_t *io, proto_sampling_t *s)
     }
     io_u32(io, &s->logprobs);
     io_u32(io, &s->top_logprobs);
+    io_u32(io, &s->gram_kind);
+    io_blob(io, &s->gram, PROTO_MAX_GRAMMAR);
 }
 
 /* ---- per-token logprobs tail ------------------------------------------ */

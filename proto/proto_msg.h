@@ -55,6 +55,7 @@
 #define PROTO_MAX_STOP_TOKENS   64u        /* tokens */
 #define PROTO_MAX_LOGIT_BIAS    300u       /* (token id, bias) pairs */
 #define PROTO_MAX_TOP_LOGPROBS  20u        /* alternatives per token */
+#define PROTO_MAX_GRAMMAR       16384u     /* response_format schema bytes */
 #define PROTO_MAX_TOKENS_MSG    4096u      /* tokens per TOKENS message */
 #define PROTO_MAX_TEXT          65536u     /* text bytes per TOKENS message */
 #define PROTO_KV_HANDLE_MAX     4096u      /* opaque versioned KV handle */
@@ -69,7 +70,8 @@
 #define PROTO__BLOB(max)    (4u + (max))
 #define PROTO__SAMPLING     (32u + PROTO__TOK(PROTO_MAX_STOP_TOKENS))
 /* The sampling tail: at the END of PREFILL_REQ and DECODE_REQ. */
-#define PROTO__SAMPLING2    (16u + 4u + 8u * PROTO_MAX_LOGIT_BIAS + 8u)
+#define PROTO__SAMPLING2    (16u + 4u + 8u * PROTO_MAX_LOGIT_BIAS + 8u + 4u \
+        + PROTO__BLOB(PROTO_MAX_GRAMMAR))
 /* A logprobs tail carrying n entries (at the END of PREFILL_DONE, TOKENS). */
 #define PROTO__LOGPROBS(n)  (8u + (n) * (4u + 8u * PROTO_MAX_TOP_LOGPROBS))
 #define PROTO_HELLO_BODY_MAX (8u + PROTO__STR(PROTO_DAEMON_ID_MAX) + 16u + 40u \
@@ -178,7 +180,15 @@ typedef struct {
     float bias[PROTO_MAX_LOGIT_BIAS];         /* finite, [-100, 100] */
     uint32_t logprobs;        /* 0 or 1: report each token's logprob */
     uint32_t top_logprobs;    /* <= PROTO_MAX_TOP_LOGPROBS alternatives; 0 if !logprobs */
+    /* Structured output (engine/gram): PROTO_GRAM_* and, for JSON_SCHEMA,
+     * the schema's JSON text (1..PROTO_MAX_GRAMMAR bytes; empty otherwise). */
+    uint32_t gram_kind;
+    proto_blob_t gram;
 } proto_sampling_t;
+
+#define PROTO_GRAM_NONE        0u
+#define PROTO_GRAM_JSON_OBJECT 1u
+#define PROTO_GRAM_JSON_SCHEMA 2u
 
 /* Per-token log-probabilities (TOKENS, PREFILL_DONE). Wire: u32 top_n,
  * u32 n, then n x (f32 logprob, top_n x (u32 id, f32 logprob)); every

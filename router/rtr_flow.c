@@ -290,6 +290,9 @@ static void fill_sampling(const rtr_req_t *q, proto_sampling_t *s)
     s->n_bias = q->oai.n_bias;
     memcpy(s->bias_ids, q->oai.bias_ids, q->oai.n_bias * sizeof(s->bias_ids[0]));
     memcpy(s->bias, q->oai.bias, q->oai.n_bias * sizeof(s->bias[0]));
+    s->gram_kind = q->oai.gram_kind;
+    s->gram.p = (const uint8_t *)q->oai.gram_schema;
+    s->gram.len = q->oai.gram_schema ? (uint32_t)q->oai.gram_schema_len : 0;
 }
 
 static uint64_t req_budget_ns(const rtr_req_t *q)

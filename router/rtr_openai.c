@@ -1,5 +1,7 @@
 #include "rtr_openai.h"
 
+#include "eng_gram.h"
+
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
@@ -39,6 +41,7 @@ void rtr_oai_req_free(rtr_oai_req_t *req)
     }
     for (uint32_t i = 0; i < req->n_stop; i++)
         free(req->stop[i]);
+    free(req->gram_schema);
     memset(req, 0, sizeof(*req));
 }
 
@@ -227,6 +230,104 @@ static bool only_neutral(parse_ctx_t *pc, const cJSON *root, const char *name,
     return unsupported(pc, name, why);
 }
 
+/* response_format: text | json_object | json_schema {name, schema, strict,
+ * description}. The schema is compiled here (engine/gram) so a schema the
+ * daemons would refuse gets its 400 naming the keyword. */
+static bool parse_response_format(parse_ctx_t *pc, const cJSON *rf, rtr_oai_req_t *req)
+{
+    const cJSON *type = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+    if (!cJSON_IsString(type))
+        return bad(pc, "response_format", "must be an object with a string 'type'");
+    const char *t = type->valuestring;
+    const cJSON *k;
+    cJSON_ArrayForEach(k, rf) {
+        if (strcmp(k->string, "type") != 0 &&
+            !(strcmp(t, "json_schema") == 0 && strcmp(k->string, "json_schema") == 0)) {
+            rtr_oai_error_set(pc->err, 400, INVALID, "unknown_parameter",
+                              "response_format", "'response_format.%.64s' is not known for "
+                              "type \"%.32s\"", k->string, t);
+            pc->status = PD_ERR_BAD_INPUT;
+            return false;
+        }
+    }
+    if (strcmp(t, "text") == 0)
+        return true;
+    if (req->ignore_eos)
+        return unsupported(pc, "ignore_eos", "cannot be combined with response_format "
+                                             "(the JSON ends with the EOS token)");
+    if (req->min_tokens > 0)
+        return unsupported(pc, "min_tokens", "cannot be combined with response_format "
+                                             "(EOS must be allowed once the JSON is complete)");
+    if (strcmp(t, "json_object") == 0) {
+        req->gram_kind = RTR_OAI_GRAM_JSON_OBJECT;
+        return true;
+    }
+    if (strcmp(t, "json_schema") != 0)
+        return bad(pc, "response_format", "'type' must be \"text\", \"json_object\" or "
+                                          "\"json_schema\"");
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    if (!cJSON_IsObject(js))
+        return bad(pc, "response_format", "'json_schema' must be an object");
+    cJSON_ArrayForEach(k, js) {
+        if (strcmp(k->string, "name") && strcmp(k->string, "schema") &&
+            strcmp(k->string, "strict") && strcmp(k->string, "description")) {
+            rtr_oai_error_set(pc->err, 400, INVALID, "unknown_parameter", "response_format",
+                              "'response_format.json_schema.%.64s' is not a known field",
+                              k->string);
+            pc->status = PD_ERR_BAD_INPUT;
+            return false;
+        }
+    }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+    if (!cJSON_IsString(name) || name->valuestring[0] == '\0' ||
+        strlen(name->valuestring) > 64 ||
+        strspn(name->valuestring, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                  "0123456789_-") != strlen(name->valuestring))
+        return bad(pc, "response_format",
+                   "'json_schema.name' must be 1-64 characters of a-z, A-Z, 0-9, _ and -");
+    const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    if (strict && !cJSON_IsNull(strict) && !cJSON_IsBool(strict))
+        return bad(pc, "response_format", "'json_schema.strict' must be a boolean");
+    const cJSON *desc = cJSON_GetObjectItemCaseSensitive(js, "description");
+    if (desc && !cJSON_IsNull(desc) && !cJSON_IsString(desc))
+        return bad(pc, "response_format", "'json_schema.description' must be a string");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if (!cJSON_IsObject(schema))
+        return bad(pc, "response_format", "'json_schema.schema' must be a JSON schema object");
+    char *text = cJSON_PrintUnformatted(schema);
+    if (text == NULL) {
+        pc->status = PD_ERR_NO_MEMORY;
+        return false;
+    }
+    char why[256];
+    eng_gram_t *g = NULL;
+    pd_status_t st = eng_gram_compile(ENG_GRAM_JSON_SCHEMA, text, strlen(text), &g, why,
+                                      sizeof(why));
+    eng_gram_free(g);
+    if (st == PD_ERR_NO_MEMORY) {
+        cJSON_free(text);
+        pc->status = st;
+        return false;
+    }
+    if (st != PD_OK) {
+        cJSON_free(text);
+        rtr_oai_error_set(pc->err, 400, INVALID, st == PD_ERR_TOO_BIG ? "schema_too_large"
+                                                                        : "unsupported_schema",
+                          "response_format", "'response_format.json_schema.schema': %s", why);
+        pc->status = PD_ERR_BAD_INPUT;
+        return false;
+    }
+    req->gram_schema = dup_n(text, strlen(text));
+    req->gram_schema_len = strlen(text);
+    cJSON_free(text);
+    if (req->gram_schema == NULL) {
+        pc->status = PD_ERR_NO_MEMORY;
+        return false;
+    }
+    req->gram_kind = RTR_OAI_GRAM_JSON_SCHEMA;
+    return true;
+}
+
 /* Fields the router knows but does not implement, and the requests where
  * they would change nothing (accepted). */
 static bool check_unsupported(parse_ctx_t *pc, const cJSON *root, rtr_api_t api,
@@ -280,15 +381,8 @@ static bool check_unsupported(parse_ctx_t *pc, const cJSON *root, rtr_api_t api,
     if (api != RTR_API_CHAT)
         return true;
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
-    if (rf != NULL && !cJSON_IsNull(rf)) {
-        const cJSON *type = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type")
-                                               : NULL;
-        if (!cJSON_IsString(type))
-            return bad(pc, "response_format", "must be an object with a string 'type'");
-        if (strcmp(type->valuestring, "text") != 0 || cJSON_GetArraySize(rf) != 1)
-            return unsupported(pc, "response_format",
-                               "only {\"type\":\"text\"}; structured output is not implemented");
-    }
+    if (rf != NULL && !cJSON_IsNull(rf) && !parse_response_format(pc, rf, req))
+        return false;
     const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(root, "parallel_tool_calls");
     if (ptc != NULL && !cJSON_IsNull(ptc) && !cJSON_IsBool(ptc))
         return bad(pc, "parallel_tool_calls", "must be a boolean");

@@ -19,6 +19,10 @@
 #define RTR_OAI_MAX_STOP_IDS    32     /* stop_token_ids (= ENG_SAMPLE_MAX_STOP_IDS) */
 #define RTR_OAI_MAX_TOP_LOGPROBS 20    /* top_logprobs / completions logprobs */
 
+#define RTR_OAI_GRAM_NONE        0u  /* = PROTO_GRAM_* = ENG_GRAM_* */
+#define RTR_OAI_GRAM_JSON_OBJECT 1u
+#define RTR_OAI_GRAM_JSON_SCHEMA 2u
+
 typedef enum {
     RTR_API_COMPLETIONS = 0,  /* POST /v1/completions */
     RTR_API_CHAT        = 1,  /* POST /v1/chat/completions */
@@ -77,6 +81,11 @@ typedef struct {
     /* logprobs: chat logprobs/top_logprobs, completions logprobs = N */
     bool logprobs;
     uint32_t top_logprobs;           /* alternatives per token, <= 20 */
+    /* Structured output (response_format): RTR_OAI_GRAM_*; for JSON_SCHEMA
+     * the schema as compact JSON text (owned), compiled once to check it. */
+    uint32_t gram_kind;
+    char *gram_schema;
+    size_t gram_schema_len;
     /* Streaming */
     bool stream;
     bool include_usage;

@@ -83,6 +83,8 @@ static void ps_sampling(proto_sampling_t *s, int v)
         s->bias_ids[i] = v == PS_MAX ? INT32_MAX - (int32_t)i : (int32_t)(7 * i + 3);
         s->bias[i] = v == PS_MAX ? (i % 2 ? -100.0f : 100.0f) : 1.5f - (float)i;
     }
+    s->gram_kind = v == PS_MAX ? PROTO_GRAM_JSON_SCHEMA : PROTO_GRAM_JSON_OBJECT;
+    s->gram = ps_blob(v == PS_MAX ? PROTO_MAX_GRAMMAR : 0);
 }
 
 void ps_make(uint16_t type, int v, proto_msg_t *m)
@@ -309,7 +311,8 @@ static int samp_eq(const proto_sampling_t *a, const proto_sampling_t *b)
            memcmp(&a->min_p, &b->min_p, 4) == 0 && a->n_bias == b->n_bias &&
            memcmp(a->bias_ids, b->bias_ids, a->n_bias * sizeof(a->bias_ids[0])) == 0 &&
            memcmp(a->bias, b->bias, a->n_bias * sizeof(a->bias[0])) == 0 &&
-           a->logprobs == b->logprobs && a->top_logprobs == b->top_logprobs;
+           a->logprobs == b->logprobs && a->top_logprobs == b->top_logprobs &&
+           a->gram_kind == b->gram_kind && blob_eq(&a->gram, &b->gram);
 }
 
 #define EQ(f) (a->f == b->f)

@@ -545,16 +545,27 @@ static void test_sampling_tail(void **state)
         uint16_t type = k ? PROTO_MSG_DECODE_REQ : PROTO_MSG_PREFILL_REQ;
         ps_make(type, PS_MID, &m);
         uint8_t *buf = enc(&m, &len);
-        /* tail = 4 f32 + u32 count + 2 x (u32 id, f32 bias) + 2 u32 (logprobs) */
-        size_t tail = len - (16 + 4 + 2 * 8 + 8);
-        assert_int_equal(get32(buf + len - 8), 1);   /* logprobs */
-        assert_int_equal(get32(buf + len - 4), 3);   /* top_logprobs */
-        put32(buf + len - 4, PROTO_MAX_TOP_LOGPROBS + 1);
+        /* tail = 4 f32 + u32 count + 2 x (u32 id, f32 bias) + 2 u32 (logprobs)
+         * + u32 gram_kind + empty gram blob (u32 0) */
+        size_t tail = len - (16 + 4 + 2 * 8 + 8 + 8);
+        assert_int_equal(get32(buf + len - 8), PROTO_GRAM_JSON_OBJECT);
+        assert_int_equal(get32(buf + len - 4), 0);
+        put32(buf + len - 8, 3); /* unknown grammar kind */
         assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
-        put32(buf + len - 4, 3);
-        put32(buf + len - 8, 0); /* top_logprobs without logprobs */
+        put32(buf + len - 8, PROTO_GRAM_JSON_SCHEMA); /* a schema needs its text */
         assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
-        put32(buf + len - 8, 1);
+        put32(buf + len - 8, PROTO_GRAM_JSON_OBJECT);
+        put32(buf + len - 4, PROTO_MAX_GRAMMAR + 1);
+        assert_int_equal(decode_check(buf, len, &d), PD_ERR_TOO_BIG);
+        put32(buf + len - 4, 0);
+        assert_int_equal(get32(buf + len - 16), 1);   /* logprobs */
+        assert_int_equal(get32(buf + len - 12), 3);   /* top_logprobs */
+        put32(buf + len - 12, PROTO_MAX_TOP_LOGPROBS + 1);
+        assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+        put32(buf + len - 12, 3);
+        put32(buf + len - 16, 0); /* top_logprobs without logprobs */
+        assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+        put32(buf + len - 16, 1);
         assert_int_equal(get32(buf + tail + 16), 2);
         float f;
         memcpy(&f, buf + tail, 4);

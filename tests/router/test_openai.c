@@ -185,10 +185,8 @@ static void test_strict_policy(void **state)
     expect_bad(C, CM "\"logprobs\":21}", 400, "logprobs", NULL);
     expect_bad(C, CM "\"logprobs\":-1}", 400, "logprobs", NULL);
     /* structured output, tools, storage: refused unless neutral */
-    expect_bad(H, HM "\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format",
-               "unsupported_parameter");
     expect_bad(H, HM "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}", 400,
-               "response_format", "unsupported_parameter");
+               "response_format", NULL);
     expect_bad(H, HM "\"response_format\":\"json\"}", 400, "response_format", NULL);
     expect_bad(H, HM "\"tool_choice\":\"auto\"}", 400, "tool_choice", "unsupported_parameter");
     expect_bad(H, HM "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}",
@@ -524,9 +522,76 @@ static void test_bodies(void **state)
     free(s);
 }
 
+/* response_format: json_object / json_schema accepted (the schema travels
+ * as compact text), and every refused shape, field or keyword named. */
+static void test_response_format(void **state)
+{
+    (void)state;
+    const rtr_api_t H = RTR_API_CHAT;
+#define HM "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+    rtr_oai_req_t req;
+    rtr_oai_error_t err;
+    const char *ok1 = HM "\"response_format\":{\"type\":\"json_object\"}}";
+    assert_int_equal(parse(H, ok1, &req, &err), PD_OK);
+    assert_int_equal(req.gram_kind, RTR_OAI_GRAM_JSON_OBJECT);
+    assert_null(req.gram_schema);
+    rtr_oai_req_free(&req);
+    const char *ok2 = HM "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                      "{\"name\":\"p\",\"strict\":true,\"description\":\"d\",\"schema\":"
+                      "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                      "\"required\":[\"a\"],\"additionalProperties\":false}}}}";
+    assert_int_equal(parse(H, ok2, &req, &err), PD_OK);
+    assert_int_equal(req.gram_kind, RTR_OAI_GRAM_JSON_SCHEMA);
+    assert_string_equal(req.gram_schema, "{\"type\":\"object\",\"properties\":{\"a\":"
+                        "{\"type\":\"integer\"}},\"required\":[\"a\"],"
+                        "\"additionalProperties\":false}");
+    assert_int_equal(req.gram_schema_len, strlen(req.gram_schema));
+    rtr_oai_req_free(&req);
+    assert_int_equal(parse(H, HM "\"response_format\":{\"type\":\"text\"}}", &req, &err), PD_OK);
+    assert_int_equal(req.gram_kind, RTR_OAI_GRAM_NONE);
+    rtr_oai_req_free(&req);
+
+#define RF(x) HM "\"response_format\":" x "}"
+#define SCH(x) RF("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":" x "}}")
+    static const char *const kws[] = { "pattern", "format", "minLength", "maximum", "minItems",
+                                       "oneOf", "allOf", "not", "patternProperties",
+                                       "uniqueItems", NULL };
+    for (int i = 0; kws[i]; i++) {
+        char body[512];
+        snprintf(body, sizeof(body), SCH("{\"type\":\"object\",\"properties\":{\"a\":"
+                 "{\"type\":\"string\",\"%s\":1}}}"), kws[i]);
+        expect_bad(H, body, 400, "response_format", "unsupported_schema");
+        assert_int_equal(parse(H, body, &req, &err), PD_ERR_BAD_INPUT);
+        assert_non_null(strstr(err.message, kws[i]));
+    }
+    expect_bad(H, SCH("{\"type\":\"array\"}"), 400, "response_format", "unsupported_schema");
+    expect_bad(H, SCH("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}}}"), 400,
+               "response_format", "schema_too_large");
+    expect_bad(H, SCH("[]"), 400, "response_format", NULL);
+    expect_bad(H, RF("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a b\","
+                     "\"schema\":{\"type\":\"object\"}}}"), 400, "response_format", NULL);
+    expect_bad(H, RF("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"x\":1,"
+                     "\"schema\":{\"type\":\"object\"}}}"), 400, "response_format",
+               "unknown_parameter");
+    expect_bad(H, RF("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+                     "\"strict\":1,\"schema\":{\"type\":\"object\"}}}"), 400,
+               "response_format", NULL);
+    expect_bad(H, RF("{\"type\":\"json_object\",\"schema\":{}}"), 400, "response_format",
+               "unknown_parameter");
+    expect_bad(H, RF("{\"type\":\"yaml\"}"), 400, "response_format", NULL);
+    expect_bad(H, HM "\"ignore_eos\":true,\"response_format\":{\"type\":\"json_object\"}}",
+               400, "ignore_eos", "unsupported_parameter");
+    expect_bad(H, HM "\"min_tokens\":2,\"response_format\":{\"type\":\"json_object\"}}",
+               400, "min_tokens", "unsupported_parameter");
+#undef RF
+#undef SCH
+#undef HM
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_response_format),
         cmocka_unit_test(test_completion_defaults),
         cmocka_unit_test(test_completion_full),
         cmocka_unit_test(test_chat),

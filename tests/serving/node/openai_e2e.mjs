@@ -190,8 +190,11 @@ const checks = {
         tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }), 'tools', 'unsupported_parameter'],
       [() => client.chat.completions.create({ model, messages: msgs, tool_choice: 'required' }),
         'tool_choice', 'unsupported_parameter'],
+      // structured output is served (structured_e2e.mjs); a bad schema is refused
       [() => client.chat.completions.create({ model, messages: msgs,
-        response_format: { type: 'json_object' } }), 'response_format', 'unsupported_parameter'],
+        response_format: { type: 'json_schema', json_schema: { name: 'x',
+          schema: { type: 'object', properties: { a: { type: 'string', pattern: 'a' } } } } } }),
+      'response_format', 'unsupported_schema'],
       [() => client.chat.completions.create({ model, messages: msgs, top_logprobs: 2 }),
         'top_logprobs', null],
       [() => client.chat.completions.create({ model, messages: msgs, n: 2 }), 'n', null],

@@ -1,14 +1,15 @@
 #!/bin/sh
-# run_node.sh TEST_E2E ROUTER PREFILL DECODE PD_RUN MODEL NODE_DIR: install
-# the official openai client into NODE_DIR/node_modules (git-ignored) on first
-# use, then let test-e2e start a real deployment and run openai_e2e.mjs
+# run_node.sh TEST_E2E ROUTER PREFILL DECODE PD_RUN MODEL NODE_DIR [SCRIPT]:
+# install the official openai client (and zod, for its structured-output
+# helper) into NODE_DIR/node_modules (git-ignored) on first use, then let
+# test-e2e start a real deployment and run SCRIPT (default openai_e2e.mjs)
 # against it. Exit 77 (skip) without node/npm or the registry.
 set -u
-bin=$1 router=$2 prefill=$3 decode=$4 pdrun=$5 model=$6 dir=$7
+bin=$1 router=$2 prefill=$3 decode=$4 pdrun=$5 model=$6 dir=$7 script=${8:-openai_e2e.mjs}
 command -v node >/dev/null 2>&1 || { echo "node not installed: skip"; exit 77; }
-if [ ! -d "$dir/node_modules/openai" ]; then
+if [ ! -d "$dir/node_modules/openai" ] || [ ! -d "$dir/node_modules/zod" ]; then
     command -v npm >/dev/null 2>&1 || { echo "npm not installed: skip"; exit 77; }
     (cd "$dir" && npm install --no-audit --no-fund >/dev/null 2>&1) ||
         { echo "npm install failed (offline?): skip"; exit 77; }
 fi
-exec "$bin" node "$router" "$prefill" "$decode" "$pdrun" "$model" "$dir/openai_e2e.mjs"
+exec "$bin" node "$router" "$prefill" "$decode" "$pdrun" "$model" "$dir/$script"

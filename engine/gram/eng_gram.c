@@ -1,0 +1,1403 @@
+/* eng_gram.c - JSON schema -> grammar compiler and the per-step token mask.
+ * See eng_gram.h. */
+#include "eng_gram.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- compiled grammar ---------------------------------------------------- */
+
+enum {
+    N_OBJ = 1,    /* schema object: props[a .. a+n) in order */
+    N_ARR,        /* array of node a */
+    N_STR,        /* any string */
+    N_NUM,        /* any number */
+    N_INT,        /* integer */
+    N_LIT,        /* exact bytes pool[a .. a+n) */
+    N_ANYOF,      /* one of alts[a .. a+n) */
+    N_ANYVAL,     /* any JSON value */
+    N_ANYOBJ,     /* any JSON object */
+};
+
+typedef struct {
+    uint8_t kind;
+    uint32_t n;
+    uint32_t a;
+    uint32_t min;     /* bytes of the shortest complete value */
+} gnode_t;
+
+typedef struct {
+    uint32_t key;     /* N_LIT node: "name": */
+    uint32_t val;     /* value node */
+    uint32_t tail;    /* shortest bytes for this and the later properties:
+                         keys, values and the commas between them */
+} gprop_t;
+
+struct eng_gram {
+    gnode_t *nodes;
+    uint32_t n_nodes, cap_nodes;
+    gprop_t *props;
+    uint32_t n_props, cap_props;
+    uint32_t *alts;
+    uint32_t n_alts, cap_alts;
+    char *pool;
+    size_t n_pool, cap_pool;
+    uint32_t root;
+    uint32_t max_min;     /* largest gnode_t.min */
+};
+
+/* ---- compile --------------------------------------------------------------- */
+
+typedef struct {
+    eng_gram_t *g;
+    const cJSON *doc;     /* the root schema ($ref targets) */
+    char *err;
+    size_t err_len;
+    pd_status_t st;
+} comp_t;
+
+static void cfail(comp_t *c, pd_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void cfail(comp_t *c, pd_status_t st, const char *fmt, ...)
+{
+    if (c->st != PD_OK)
+        return;
+    c->st = st;
+    if (c->err && c->err_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->err, c->err_len, fmt, ap);
+        va_end(ap);
+    }
+}
+
+static bool grow(void **p, uint32_t *cap, uint32_t need, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    uint32_t nc = *cap ? *cap * 2 : 16;
+    while (nc < need)
+        nc *= 2;
+    void *q = realloc(*p, (size_t)nc * elem);
+    if (!q)
+        return false;
+    *p = q;
+    *cap = nc;
+    return true;
+}
+
+static uint32_t new_node(comp_t *c, uint8_t kind, uint32_t n, uint32_t a)
+{
+    eng_gram_t *g = c->g;
+    if (c->st != PD_OK)
+        return 0;
+    if (g->n_nodes >= ENG_GRAM_MAX_NODES) {
+        cfail(c, PD_ERR_TOO_BIG, "schema compiles to more than %u grammar nodes",
+              ENG_GRAM_MAX_NODES);
+        return 0;
+    }
+    if (!grow((void **)&g->nodes, &g->cap_nodes, g->n_nodes + 1, sizeof(gnode_t))) {
+        cfail(c, PD_ERR_NO_MEMORY, "out of memory");
+        return 0;
+    }
+    g->nodes[g->n_nodes] = (gnode_t){ kind, n, a, 0 };
+    return g->n_nodes++;
+}
+
+static uint32_t lit_node(comp_t *c, const char *s, size_t n)
+{
+    eng_gram_t *g = c->g;
+    if (c->st != PD_OK)
+        return 0;
+    if (g->n_pool + n > ENG_GRAM_MAX_SCHEMA_BYTES * 2u) {
+        cfail(c, PD_ERR_TOO_BIG, "schema literals too large");
+        return 0;
+    }
+    if (g->n_pool + n > g->cap_pool) {
+        size_t nc = g->cap_pool ? g->cap_pool * 2 : 256;
+        while (nc < g->n_pool + n)
+            nc *= 2;
+        char *q = realloc(g->pool, nc);
+        if (!q) {
+            cfail(c, PD_ERR_NO_MEMORY, "out of memory");
+            return 0;
+        }
+        g->pool = q;
+        g->cap_pool = nc;
+    }
+    memcpy(g->pool + g->n_pool, s, n);
+    uint32_t id = new_node(c, N_LIT, (uint32_t)n, (uint32_t)g->n_pool);
+    g->n_pool += n;
+    return id;
+}
+
+/* The literal JSON text of a value (enum / const entries). */
+static uint32_t value_lit(comp_t *c, const cJSON *v)
+{
+    char *t = cJSON_PrintUnformatted(v);
+    if (!t) {
+        cfail(c, PD_ERR_NO_MEMORY, "out of memory");
+        return 0;
+    }
+    uint32_t id = lit_node(c, t, strlen(t));
+    cJSON_free(t);
+    return id;
+}
+
+static uint32_t alts_node(comp_t *c, const uint32_t *ids, uint32_t n)
+{
+    eng_gram_t *g = c->g;
+    if (c->st != PD_OK)
+        return 0;
+    if (n == 1)
+        return ids[0];
+    if (!grow((void **)&g->alts, &g->cap_alts, g->n_alts + n, sizeof(uint32_t))) {
+        cfail(c, PD_ERR_NO_MEMORY, "out of memory");
+        return 0;
+    }
+    memcpy(g->alts + g->n_alts, ids, n * sizeof(uint32_t));
+    uint32_t id = new_node(c, N_ANYOF, n, g->n_alts);
+    g->n_alts += n;
+    return id;
+}
+
+/* Free JSON: STR, NUM, true, false, null, then the N_ANYVAL whose `a` is
+ * the block's base (N_ANYOBJ nodes point at the same block; their values
+ * are base + 5). Returns base. */
+static uint32_t any_block(comp_t *c)
+{
+    uint32_t base = new_node(c, N_STR, 0, 0);
+    new_node(c, N_NUM, 0, 0);
+    lit_node(c, "true", 4);
+    lit_node(c, "false", 5);
+    lit_node(c, "null", 4);
+    new_node(c, N_ANYVAL, 0, base);
+    return base;
+}
+
+static const char *const annotations[] = {
+    "description", "title", "$schema", "$comment", "examples", "$id", NULL,
+};
+
+static bool is_annotation(const char *k)
+{
+    for (int i = 0; annotations[i]; i++)
+        if (strcmp(k, annotations[i]) == 0)
+            return true;
+    return false;
+}
+
+static uint32_t comp_schema(comp_t *c, const cJSON *s, uint32_t depth, bool root);
+
+static const cJSON *resolve_ref(comp_t *c, const char *ref)
+{
+    const char *pfx[] = { "#/$defs/", "#/definitions/" };
+    for (int i = 0; i < 2; i++) {
+        size_t pl = strlen(pfx[i]);
+        if (strncmp(ref, pfx[i], pl) == 0) {
+            const cJSON *defs = cJSON_GetObjectItemCaseSensitive(c->doc, i ? "definitions"
+                                                                           : "$defs");
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(defs, ref + pl);
+            if (t)
+                return t;
+        }
+    }
+    if (strcmp(ref, "#") == 0)
+        return c->doc;
+    cfail(c, PD_ERR_BAD_INPUT, "'$ref' \"%.64s\" does not name an entry of $defs", ref);
+    return NULL;
+}
+
+static uint32_t comp_type(comp_t *c, const cJSON *s, const char *type, uint32_t depth,
+                          bool root)
+{
+    if (strcmp(type, "string") == 0)
+        return new_node(c, N_STR, 0, 0);
+    if (strcmp(type, "number") == 0)
+        return new_node(c, N_NUM, 0, 0);
+    if (strcmp(type, "integer") == 0)
+        return new_node(c, N_INT, 0, 0);
+    if (strcmp(type, "boolean") == 0) {
+        uint32_t ids[2] = { lit_node(c, "true", 4), lit_node(c, "false", 5) };
+        return alts_node(c, ids, 2);
+    }
+    if (strcmp(type, "null") == 0)
+        return lit_node(c, "null", 4);
+    if (strcmp(type, "array") == 0) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(s, "items");
+        uint32_t item = it ? comp_schema(c, it, depth + 1, false) : any_block(c) + 5;
+        return new_node(c, N_ARR, 0, item);
+    }
+    if (strcmp(type, "object") == 0) {
+        const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
+        const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
+        const cJSON *ap = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+        if (props && !cJSON_IsObject(props)) {
+            cfail(c, PD_ERR_BAD_INPUT, "'properties' must be an object");
+            return 0;
+        }
+        if (ap && !cJSON_IsFalse(ap)) {
+            cfail(c, PD_ERR_BAD_INPUT,
+                  "'additionalProperties' must be false (other values are not supported)");
+            return 0;
+        }
+        if (req) {
+            if (!cJSON_IsArray(req)) {
+                cfail(c, PD_ERR_BAD_INPUT, "'required' must be an array of property names");
+                return 0;
+            }
+            const cJSON *r;
+            cJSON_ArrayForEach(r, req) {
+                if (!cJSON_IsString(r) ||
+                    !cJSON_GetObjectItemCaseSensitive(props, r->valuestring)) {
+                    cfail(c, PD_ERR_BAD_INPUT,
+                          "'required' names a property that 'properties' does not declare");
+                    return 0;
+                }
+            }
+        }
+        (void)root;
+        uint32_t np = (uint32_t)cJSON_GetArraySize(props);
+        if (np > 256) {
+            cfail(c, PD_ERR_TOO_BIG, "an object may declare at most 256 properties");
+            return 0;
+        }
+        uint32_t keys[256], vals[256], i = 0;
+        const cJSON *p;
+        cJSON_ArrayForEach(p, props) {
+            cJSON *ks = cJSON_CreateString(p->string);
+            if (!ks) {
+                cfail(c, PD_ERR_NO_MEMORY, "out of memory");
+                return 0;
+            }
+            char *kt = cJSON_PrintUnformatted(ks);
+            cJSON_Delete(ks);
+            if (!kt) {
+                cfail(c, PD_ERR_NO_MEMORY, "out of memory");
+                return 0;
+            }
+            size_t kl = strlen(kt);
+            char buf[600];
+            if (kl + 1 >= sizeof(buf)) {
+                cJSON_free(kt);
+                cfail(c, PD_ERR_TOO_BIG, "property names are limited to 512 bytes");
+                return 0;
+            }
+            memcpy(buf, kt, kl);
+            buf[kl] = ':';
+            cJSON_free(kt);
+            keys[i] = lit_node(c, buf, kl + 1);
+            vals[i] = comp_schema(c, p, depth + 1, false);
+            i++;
+            if (c->st != PD_OK)
+                return 0;
+        }
+        eng_gram_t *g = c->g;
+        if (!grow((void **)&g->props, &g->cap_props, g->n_props + np, sizeof(gprop_t))) {
+            cfail(c, PD_ERR_NO_MEMORY, "out of memory");
+            return 0;
+        }
+        for (uint32_t j = 0; j < np; j++)
+            g->props[g->n_props + j] = (gprop_t){ keys[j], vals[j] };
+        uint32_t id = new_node(c, N_OBJ, np, g->n_props);
+        g->n_props += np;
+        return id;
+    }
+    cfail(c, PD_ERR_BAD_INPUT, "unsupported 'type' \"%.32s\"", type);
+    return 0;
+}
+
+static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool root);
+
+/* "nullable": true (OpenAPI style, as the openai client's zod helper emits
+ * it) = anyOf [the schema, null]. */
+static uint32_t comp_schema(comp_t *c, const cJSON *s, uint32_t depth, bool root)
+{
+    uint32_t id = comp_schema1(c, s, depth, root);
+    const cJSON *nl = cJSON_GetObjectItemCaseSensitive(s, "nullable");
+    if (c->st != PD_OK || nl == NULL || cJSON_IsFalse(nl))
+        return id;
+    if (!cJSON_IsTrue(nl)) {
+        cfail(c, PD_ERR_BAD_INPUT, "'nullable' must be a boolean");
+        return 0;
+    }
+    uint32_t ids[2] = { id, lit_node(c, "null", 4) };
+    return alts_node(c, ids, 2);
+}
+
+static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool root)
+{
+    if (c->st != PD_OK)
+        return 0;
+    if (depth > ENG_GRAM_MAX_DEPTH) {
+        cfail(c, PD_ERR_TOO_BIG,
+              "schema nesting (including $ref expansion) deeper than %u (recursive $ref?)",
+              ENG_GRAM_MAX_DEPTH);
+        return 0;
+    }
+    if (!cJSON_IsObject(s)) {
+        cfail(c, PD_ERR_BAD_INPUT, "every schema must be a JSON object");
+        return 0;
+    }
+    static const char *const known[] = {
+        "type", "properties", "required", "additionalProperties", "items", "enum",
+        "const", "anyOf", "$ref", "$defs", "definitions", "strict", "nullable", NULL,
+    };
+    const cJSON *k;
+    cJSON_ArrayForEach(k, s) {
+        bool ok = is_annotation(k->string);
+        for (int i = 0; !ok && known[i]; i++)
+            ok = strcmp(k->string, known[i]) == 0;
+        if (!ok) {
+            cfail(c, PD_ERR_BAD_INPUT, "unsupported JSON schema keyword '%.64s'", k->string);
+            return 0;
+        }
+    }
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
+    if (ref) {
+        if (!cJSON_IsString(ref)) {
+            cfail(c, PD_ERR_BAD_INPUT, "'$ref' must be a string");
+            return 0;
+        }
+        const cJSON *t = resolve_ref(c, ref->valuestring);
+        return t ? comp_schema(c, t, depth + 1, root) : 0;
+    }
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
+    const cJSON *cn = cJSON_GetObjectItemCaseSensitive(s, "const");
+    if (cn)
+        return value_lit(c, cn);
+    if (en) {
+        int n = cJSON_GetArraySize(en);
+        if (!cJSON_IsArray(en) || n < 1 || n > 256) {
+            cfail(c, PD_ERR_BAD_INPUT, "'enum' must be an array of 1 to 256 values");
+            return 0;
+        }
+        uint32_t ids[256], i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, en)
+            ids[i++] = value_lit(c, e);
+        return alts_node(c, ids, i);
+    }
+    const cJSON *any = cJSON_GetObjectItemCaseSensitive(s, "anyOf");
+    if (any) {
+        int n = cJSON_GetArraySize(any);
+        if (!cJSON_IsArray(any) || n < 1 || n > 16) {
+            cfail(c, PD_ERR_BAD_INPUT, "'anyOf' must be an array of 1 to 16 schemas");
+            return 0;
+        }
+        uint32_t ids[16], i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, any)
+            ids[i++] = comp_schema(c, e, depth + 1, false);
+        return alts_node(c, ids, i);
+    }
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "type");
+    if (cJSON_IsString(ty))
+        return comp_type(c, s, ty->valuestring, depth, root);
+    if (cJSON_IsArray(ty)) {
+        int n = cJSON_GetArraySize(ty);
+        if (n < 1 || n > 7) {
+            cfail(c, PD_ERR_BAD_INPUT, "'type' lists 1 to 7 type names");
+            return 0;
+        }
+        uint32_t ids[7], i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, ty) {
+            if (!cJSON_IsString(e)) {
+                cfail(c, PD_ERR_BAD_INPUT, "'type' entries must be strings");
+                return 0;
+            }
+            ids[i++] = comp_type(c, s, e->valuestring, depth, false);
+        }
+        return alts_node(c, ids, i);
+    }
+    cfail(c, PD_ERR_BAD_INPUT, "a schema needs 'type', 'enum', 'const', 'anyOf' or '$ref'");
+    return 0;
+}
+
+static uint32_t sat_add(uint32_t a, uint32_t b)
+{
+    return a > UINT32_MAX - b ? UINT32_MAX : a + b;
+}
+
+/* Shortest completions. Children are compiled before their parents, so one
+ * pass in id order sees every child's value first. */
+static void compute_min(eng_gram_t *g)
+{
+    g->max_min = 0;
+    for (uint32_t i = 1; i < g->n_nodes; i++) {
+        gnode_t *nd = &g->nodes[i];
+        uint32_t m = 0;
+        switch (nd->kind) {
+        case N_STR: m = 2; break;
+        case N_NUM: case N_INT: case N_ANYVAL: m = 1; break;
+        case N_ANYOBJ: case N_ARR: m = 2; break;
+        case N_LIT: m = nd->n; break;
+        case N_ANYOF:
+            m = UINT32_MAX;
+            for (uint32_t k = 0; k < nd->n; k++)
+                if (g->nodes[g->alts[nd->a + k]].min < m)
+                    m = g->nodes[g->alts[nd->a + k]].min;
+            break;
+        case N_OBJ: {
+            uint32_t t = 0;
+            for (uint32_t k = nd->n; k-- > 0;) {
+                gprop_t *p = &g->props[nd->a + k];
+                t = sat_add(sat_add(t, k + 1 < nd->n ? 1 : 0),
+                            sat_add(g->nodes[p->key].min, g->nodes[p->val].min));
+                p->tail = t;
+            }
+            m = sat_add(t, 2);
+            break;
+        }
+        default: break;
+        }
+        nd->min = m;
+        if (m > g->max_min)
+            g->max_min = m;
+    }
+}
+
+pd_status_t eng_gram_compile(eng_gram_kind_t kind, const char *schema, size_t len,
+                             eng_gram_t **g_p, char *err, size_t err_len)
+{
+    *g_p = NULL;
+    if (err && err_len)
+        err[0] = '\0';
+    eng_gram_t *g = calloc(1, sizeof(*g));
+    if (!g)
+        return PD_ERR_NO_MEMORY;
+    comp_t c = { g, NULL, err, err_len, PD_OK };
+    new_node(&c, 0, 0, 0); /* node 0 is never used: 0 means "none" */
+    if (kind == ENG_GRAM_JSON_OBJECT) {
+        uint32_t base = any_block(&c);
+        g->root = new_node(&c, N_ANYOBJ, 0, base);
+    } else if (kind == ENG_GRAM_JSON_SCHEMA) {
+        if (len > ENG_GRAM_MAX_SCHEMA_BYTES) {
+            cfail(&c, PD_ERR_TOO_BIG, "schema larger than %u bytes", ENG_GRAM_MAX_SCHEMA_BYTES);
+        } else {
+            cJSON *doc = cJSON_ParseWithLength(schema, len);
+            if (!doc) {
+                cfail(&c, PD_ERR_BAD_INPUT, "schema is not valid JSON");
+            } else {
+                c.doc = doc;
+                const cJSON *ty = cJSON_GetObjectItemCaseSensitive(doc, "type");
+                if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "object") != 0)
+                    cfail(&c, PD_ERR_BAD_INPUT, "the root schema must have \"type\": \"object\"");
+                g->root = comp_schema(&c, doc, 0, true);
+                cJSON_Delete(doc);
+            }
+        }
+    } else {
+        cfail(&c, PD_ERR_BAD_INPUT, "unknown grammar kind");
+    }
+    if (c.st != PD_OK) {
+        eng_gram_free(g);
+        return c.st;
+    }
+    compute_min(g);
+    *g_p = g;
+    return PD_OK;
+}
+
+void eng_gram_free(eng_gram_t *g)
+{
+    if (!g)
+        return;
+    free(g->nodes);
+    free(g->props);
+    free(g->alts);
+    free(g->pool);
+    free(g);
+}
+
+/* ---- runtime: configurations of a pushdown automaton over bytes ----------- */
+
+typedef struct {
+    uint32_t node;
+    uint8_t phase;
+    uint8_t depth;    /* free-JSON nesting (N_ANYVAL / N_ANYOBJ) */
+    uint16_t aux;     /* property index, digit count, UTF-8 bytes left, ... */
+} frame_t;
+
+typedef struct {
+    uint32_t n;                          /* frames */
+    frame_t f[ENG_GRAM_MAX_STACK];
+} cfg_t;
+
+typedef struct {
+    uint32_t n;
+    cfg_t c[ENG_GRAM_MAX_CONFIGS];
+} set_t;
+
+struct eng_gram_state {
+    const eng_gram_t *g;
+    set_t cur;
+    set_t tmp[2];
+    /* string-body cache: for state sc_set, the non-plain ids that walk */
+    const eng_gram_vocab_t *sc_vocab;
+    set_t sc_set;
+    uint32_t *sc_ok;
+    uint32_t sc_n;
+};
+
+/* phases */
+enum { P_START = 0 };
+/* objects (schema N_OBJ and free N_ANYOBJ) */
+enum { O_OPEN = 0, O_NEXT, O_KEY, O_VAL, O_FKEYDONE, O_FCOLON, O_FAFTER, O_FCOMMA };
+/* arrays */
+enum { A_OPEN = 0, A_FIRST, A_AFTER, A_ITEM };
+/* strings */
+enum { S_OPEN = 0, S_BODY, S_ESC, S_HEX, S_UTF };
+/* numbers */
+enum { M_START = 0, M_MINUS, M_ZERO, M_INT, M_DOT, M_FRAC, M_EXPCH, M_EXPSIGN, M_EXPDIG };
+
+#define MAX_INT_DIGITS 15
+#define MAX_FRAC_DIGITS 15
+#define MAX_EXP_DIGITS 2
+
+static void set_add(set_t *out, const cfg_t *c)
+{
+    for (uint32_t i = 0; i < out->n; i++) {
+        const cfg_t *o = &out->c[i];
+        if (o->n == c->n && memcmp(o->f, c->f, c->n * sizeof(frame_t)) == 0)
+            return;
+    }
+    if (out->n >= ENG_GRAM_MAX_CONFIGS)
+        return; /* fewer choices, each still a valid prefix */
+    cfg_t *d = &out->c[out->n++];
+    d->n = c->n;
+    memcpy(d->f, c->f, c->n * sizeof(frame_t));
+}
+
+static bool push(cfg_t *c, uint32_t node, uint8_t depth)
+{
+    if (c->n >= ENG_GRAM_MAX_STACK)
+        return false;
+    c->f[c->n++] = (frame_t){ node, P_START, depth, 0 };
+    return true;
+}
+
+static bool is_digit(uint8_t b)
+{
+    return b >= '0' && b <= '9';
+}
+
+static bool is_hex(uint8_t b)
+{
+    return is_digit(b) || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F');
+}
+
+/* Feed byte b to configuration c (a private copy); every resulting
+ * configuration goes to out. */
+static void feed_cfg(const eng_gram_t *g, cfg_t *c, uint8_t b, set_t *out)
+{
+    for (;;) {
+        if (c->n == 0)
+            return; /* complete: nothing may follow */
+        frame_t *f = &c->f[c->n - 1];
+        const gnode_t *nd = &g->nodes[f->node];
+        switch (nd->kind) {
+        case N_ANYOF: {
+            uint32_t n0 = c->n - 1;
+            uint8_t d = f->depth;
+            for (uint32_t i = 0; i < nd->n; i++) {
+                cfg_t k;
+                k.n = n0;
+                memcpy(k.f, c->f, n0 * sizeof(frame_t));
+                push(&k, g->alts[nd->a + i], d);
+                feed_cfg(g, &k, b, out);
+            }
+            return;
+        }
+        case N_LIT:
+            if (b != (uint8_t)g->pool[nd->a + f->aux])
+                return;
+            if (++f->aux == nd->n)
+                c->n--;
+            set_add(out, c);
+            return;
+        case N_STR:
+            switch (f->phase) {
+            case S_OPEN:
+                if (b != '"')
+                    return;
+                f->phase = S_BODY;
+                break;
+            case S_BODY:
+                if (b == '"')
+                    c->n--;
+                else if (b == '\\')
+                    f->phase = S_ESC;
+                else if (b < 0x20)
+                    return;
+                else if (b >= 0x80) {
+                    if (b >= 0xc2 && b <= 0xdf)
+                        f->aux = 1;
+                    else if (b >= 0xe0 && b <= 0xef)
+                        f->aux = 2;
+                    else if (b >= 0xf0 && b <= 0xf4)
+                        f->aux = 3;
+                    else
+                        return;
+                    f->phase = S_UTF;
+                }
+                break;
+            case S_ESC:
+                if (b == 'u') {
+                    f->phase = S_HEX;
+                    f->aux = 4;
+                } else if (strchr("\"\\/bfnrt", b) && b != 0) {
+                    f->phase = S_BODY;
+                } else {
+                    return;
+                }
+                break;
+            case S_HEX:
+                if (!is_hex(b))
+                    return;
+                if (--f->aux == 0)
+                    f->phase = S_BODY;
+                break;
+            case S_UTF:
+                if (b < 0x80 || b > 0xbf)
+                    return;
+                if (--f->aux == 0)
+                    f->phase = S_BODY;
+                break;
+            }
+            set_add(out, c);
+            return;
+        case N_NUM:
+        case N_INT: {
+            bool integer = nd->kind == N_INT;
+            bool accepting = f->phase == M_ZERO || f->phase == M_INT ||
+                             f->phase == M_FRAC || f->phase == M_EXPDIG;
+            bool took = true;
+            switch (f->phase) {
+            case M_START:
+            case M_MINUS:
+                if (b == '-' && f->phase == M_START)
+                    f->phase = M_MINUS;
+                else if (b == '0')
+                    f->phase = M_ZERO;
+                else if (b >= '1' && b <= '9') {
+                    f->phase = M_INT;
+                    f->aux = 1;
+                } else
+                    return;
+                break;
+            case M_ZERO:
+            case M_INT:
+                if (is_digit(b) && f->phase == M_INT && f->aux < MAX_INT_DIGITS)
+                    f->aux++;
+                else if (b == '.' && !integer) {
+                    f->phase = M_DOT;
+                    f->aux = 0;
+                } else if ((b == 'e' || b == 'E') && !integer) {
+                    f->phase = M_EXPCH;
+                    f->aux = 0;
+                } else
+                    took = false;
+                break;
+            case M_DOT:
+                if (!is_digit(b))
+                    return;
+                f->phase = M_FRAC;
+                f->aux = 1;
+                break;
+            case M_FRAC:
+                if (is_digit(b) && f->aux < MAX_FRAC_DIGITS)
+                    f->aux++;
+                else if (b == 'e' || b == 'E') {
+                    f->phase = M_EXPCH;
+                    f->aux = 0;
+                } else
+                    took = false;
+                break;
+            case M_EXPCH:
+                if (b == '+' || b == '-')
+                    f->phase = M_EXPSIGN;
+                else if (is_digit(b)) {
+                    f->phase = M_EXPDIG;
+                    f->aux = 1;
+                } else
+                    return;
+                break;
+            case M_EXPSIGN:
+                if (!is_digit(b))
+                    return;
+                f->phase = M_EXPDIG;
+                f->aux = 1;
+                break;
+            case M_EXPDIG:
+                if (is_digit(b) && f->aux < MAX_EXP_DIGITS)
+                    f->aux++;
+                else
+                    took = false;
+                break;
+            }
+            if (took) {
+                set_add(out, c);
+                return;
+            }
+            if (!accepting)
+                return;
+            c->n--; /* the number ended: the byte belongs to the parent */
+            continue;
+        }
+        case N_ARR:
+        case N_ANYVAL: {
+            if (nd->kind == N_ANYVAL && f->phase == P_START && f->aux == 0) {
+                /* choose the value's kind by its first byte */
+                if (b == '{') {
+                    if (f->depth >= ENG_GRAM_ANY_DEPTH)
+                        return;
+                    f->aux = 2; /* object */
+                } else if (b == '[') {
+                    if (f->depth >= ENG_GRAM_ANY_DEPTH)
+                        return;
+                    f->aux = 1; /* array */
+                } else {
+                    /* scalars: replace the frame by a literal/string/number */
+                    uint32_t node;
+                    if (b == '"')
+                        node = 2;
+                    else if (b == '-' || is_digit(b))
+                        node = 3;
+                    else if (b == 't')
+                        node = 4;
+                    else if (b == 'f')
+                        node = 5;
+                    else if (b == 'n')
+                        node = 6;
+                    else
+                        return;
+                    /* base + 0..4: see any_block() */
+                    uint32_t base = g->nodes[f->node].a;
+                    *f = (frame_t){ base + node - 2, P_START, f->depth, 0 };
+                    continue;
+                }
+            }
+            if (nd->kind == N_ANYVAL && f->aux == 2) {
+                /* a free object: behave as N_ANYOBJ */
+                goto anyobj;
+            }
+            switch (f->phase) {
+            case A_OPEN:
+                if (b != '[')
+                    return;
+                f->phase = A_FIRST;
+                set_add(out, c);
+                return;
+            case A_FIRST:
+                if (b == ']') {
+                    c->n--;
+                    set_add(out, c);
+                    return;
+                }
+                /* fall through */
+            case A_ITEM: {
+                f->phase = A_AFTER;
+                uint32_t item = nd->kind == N_ARR ? nd->a : f->node;
+                uint8_t d = f->depth + (nd->kind == N_ANYVAL ? 1 : 0);
+                if (!push(c, item, d))
+                    return;
+                continue;
+            }
+            case A_AFTER:
+                if (b == ',') {
+                    f->phase = A_ITEM;
+                    set_add(out, c);
+                } else if (b == ']') {
+                    c->n--;
+                    set_add(out, c);
+                }
+                return;
+            }
+            return;
+        }
+        case N_ANYOBJ:
+        anyobj:
+            switch (f->phase) {
+            case O_OPEN:
+                if (b != '{')
+                    return;
+                f->phase = O_NEXT;
+                set_add(out, c);
+                return;
+            case O_NEXT: /* after '{' */
+                if (b == '}') {
+                    c->n--;
+                    set_add(out, c);
+                    return;
+                }
+                /* fall through */
+            case O_FCOMMA: {
+                if (b != '"')
+                    return;
+                f->phase = O_FCOLON;
+                if (!push(c, nd->a, f->depth)) /* key: any_block()'s N_STR */
+                    return;
+                continue;
+            }
+            case O_FCOLON:
+                if (b != ':')
+                    return;
+                f->phase = O_VAL;
+                set_add(out, c);
+                return;
+            case O_VAL: {
+                f->phase = O_FAFTER;
+                uint32_t val = nd->kind == N_ANYVAL ? f->node : nd->a + 5;
+                if (!push(c, val, f->depth + 1))
+                    return;
+                continue;
+            }
+            case O_FAFTER:
+                if (b == ',') {
+                    f->phase = O_FCOMMA;
+                    set_add(out, c);
+                } else if (b == '}') {
+                    c->n--;
+                    set_add(out, c);
+                }
+                return;
+            }
+            return;
+        case N_OBJ:
+            switch (f->phase) {
+            case O_OPEN:
+                if (b != '{')
+                    return;
+                f->phase = O_NEXT;
+                set_add(out, c);
+                return;
+            case O_NEXT:
+                if (f->aux == nd->n) {
+                    if (b != '}')
+                        return;
+                    c->n--;
+                    set_add(out, c);
+                    return;
+                }
+                if (f->aux > 0) {
+                    if (b != ',')
+                        return;
+                    f->phase = O_KEY;
+                    set_add(out, c);
+                    return;
+                }
+                /* fall through */
+            case O_KEY:
+                f->phase = O_VAL;
+                if (!push(c, g->props[nd->a + f->aux].key, f->depth))
+                    return;
+                continue;
+            case O_VAL: {
+                uint32_t v = g->props[nd->a + f->aux].val;
+                f->phase = O_NEXT;
+                f->aux++;
+                if (!push(c, v, f->depth))
+                    return;
+                continue;
+            }
+            }
+            return;
+        default:
+            return;
+        }
+    }
+}
+
+/* Bytes this frame still needs once the frames above it are done. */
+static uint32_t frame_rest(const eng_gram_t *g, const frame_t *f)
+{
+    const gnode_t *nd = &g->nodes[f->node];
+    switch (nd->kind) {
+    case N_LIT:
+        return nd->n - f->aux;
+    case N_STR:
+        switch (f->phase) {
+        case S_OPEN: return 2;
+        case S_BODY: return 1;
+        case S_ESC: return 2;
+        default: return (uint32_t)f->aux + 1; /* S_HEX, S_UTF */
+        }
+    case N_NUM:
+    case N_INT:
+        return f->phase == M_ZERO || f->phase == M_INT || f->phase == M_FRAC ||
+               f->phase == M_EXPDIG ? 0 : 1;
+    case N_ANYOF:
+        return nd->min;
+    case N_ARR:
+    case N_ANYVAL:
+        if (nd->kind == N_ANYVAL && f->aux == 0)
+            return 1;
+        if (nd->kind == N_ANYVAL && f->aux == 2)
+            goto anyobj;
+        switch (f->phase) {
+        case A_OPEN: return 2;
+        case A_ITEM: return sat_add(nd->kind == N_ARR ? g->nodes[nd->a].min : 1, 1);
+        default: return 1;
+        }
+    case N_ANYOBJ:
+    anyobj:
+        switch (f->phase) {
+        case O_OPEN: return 2;
+        case O_FCOMMA: return 5;
+        case O_FCOLON: return 3;
+        case O_VAL: return 2;
+        default: return 1; /* O_NEXT, O_FAFTER */
+        }
+    case N_OBJ: {
+        uint32_t i = f->aux;
+        switch (f->phase) {
+        case O_OPEN: return nd->min;
+        case O_NEXT:
+            if (i >= nd->n)
+                return 1;
+            return sat_add(g->props[nd->a + i].tail, i > 0 ? 2 : 1);
+        case O_KEY:
+            return sat_add(g->props[nd->a + i].tail, 1);
+        case O_VAL: {
+            /* the key is done: this value, the later properties, '}' */
+            const gprop_t *p = &g->props[nd->a + i];
+            return sat_add(p->tail - g->nodes[p->key].min, 1);
+        }
+        }
+        return 1;
+    }
+    }
+    return 0;
+}
+
+/* Shortest bytes that complete the JSON from any configuration of st. */
+static uint32_t set_close(const eng_gram_t *g, const set_t *st)
+{
+    uint32_t best = UINT32_MAX;
+    for (uint32_t i = 0; i < st->n; i++) {
+        uint32_t t = 0;
+        for (uint32_t k = 0; k < st->c[i].n; k++)
+            t = sat_add(t, frame_rest(g, &st->c[i].f[k]));
+        if (t < best)
+            best = t;
+    }
+    return best;
+}
+
+static void set_feed(const eng_gram_t *g, const set_t *in, uint8_t b, set_t *out)
+{
+    out->n = 0;
+    for (uint32_t i = 0; i < in->n; i++) {
+        cfg_t c;
+        c.n = in->c[i].n;
+        memcpy(c.f, in->c[i].f, c.n * sizeof(frame_t));
+        feed_cfg(g, &c, b, out);
+    }
+}
+
+pd_status_t eng_gram_state_create(const eng_gram_t *g, eng_gram_state_t **s_p)
+{
+    *s_p = NULL;
+    eng_gram_state_t *s = malloc(sizeof(*s));
+    if (!s)
+        return PD_ERR_NO_MEMORY;
+    s->g = g;
+    s->sc_vocab = NULL;
+    s->sc_ok = NULL;
+    s->sc_n = 0;
+    s->cur.n = 1;
+    s->cur.c[0].n = 1;
+    s->cur.c[0].f[0] = (frame_t){ g->root, P_START, 0, 0 };
+    *s_p = s;
+    return PD_OK;
+}
+
+void eng_gram_state_free(eng_gram_state_t *s)
+{
+    if (s)
+        free(s->sc_ok);
+    free(s);
+}
+
+static void set_copy(set_t *d, const set_t *s)
+{
+    d->n = s->n;
+    for (uint32_t i = 0; i < s->n; i++) {
+        d->c[i].n = s->c[i].n;
+        memcpy(d->c[i].f, s->c[i].f, s->c[i].n * sizeof(frame_t));
+    }
+}
+
+static bool sets_equal(const set_t *a, const set_t *b)
+{
+    if (a->n != b->n)
+        return false;
+    for (uint32_t i = 0; i < a->n; i++)
+        if (a->c[i].n != b->c[i].n ||
+            memcmp(a->c[i].f, b->c[i].f, a->c[i].n * sizeof(frame_t)) != 0)
+            return false;
+    return true;
+}
+
+/* Walk bytes from *in; the result ends in one of a/b (returned), or NULL. */
+static const set_t *walk(const eng_gram_t *g, const set_t *in, const uint8_t *p, size_t n,
+                         set_t *a, set_t *b)
+{
+    const set_t *cur = in;
+    for (size_t i = 0; i < n; i++) {
+        set_t *nx = cur == a ? b : a;
+        set_feed(g, cur, p[i], nx);
+        if (nx->n == 0)
+            return NULL;
+        cur = nx;
+    }
+    return cur;
+}
+
+bool eng_gram_feed(eng_gram_state_t *s, const uint8_t *b, size_t n)
+{
+    if (n == 0)
+        return false;
+    const set_t *r = walk(s->g, &s->cur, b, n, &s->tmp[0], &s->tmp[1]);
+    if (!r)
+        return false;
+    set_copy(&s->cur, r);
+    return true;
+}
+
+bool eng_gram_complete(const eng_gram_state_t *s)
+{
+    for (uint32_t i = 0; i < s->cur.n; i++)
+        if (s->cur.c[i].n == 0)
+            return true;
+    return false;
+}
+
+/* ---- vocabulary ------------------------------------------------------------ */
+
+struct eng_gram_vocab {
+    uint32_t n;
+    uint32_t *off;          /* (n + 1) into bytes */
+    uint8_t *bytes;
+    uint8_t *plain;         /* (n) 1: piece is string-body text (no '"', '\\', controls;
+                               complete UTF-8 sequences) */
+    uint16_t *pre;          /* (n) bytes before the first non-plain one */
+    uint32_t *by_first;     /* non-empty ids sorted by (first byte, second byte or
+                               256 for one-byte pieces) */
+    uint32_t *off2;         /* (256 * 257 + 1) bucket starts in by_first */
+    uint32_t *nonplain;     /* non-empty ids that are not plain */
+    uint32_t n_nonplain;
+    uint32_t max_piece;     /* longest piece, bytes */
+    uint32_t *empty;        /* ids with an empty piece (control tokens) */
+    uint32_t n_empty;
+};
+
+/* Length of the longest prefix of p that is string-body text ending on a
+ * character boundary (no '"', '\\', controls; complete UTF-8 sequences). */
+static size_t plain_prefix(const uint8_t *p, size_t n)
+{
+    uint32_t need = 0;
+    size_t good = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b = p[i];
+        if (need) {
+            if (b < 0x80 || b > 0xbf)
+                return good;
+            if (--need == 0)
+                good = i + 1;
+            continue;
+        }
+        if (b == '"' || b == '\\' || b < 0x20)
+            return good;
+        if (b >= 0x80) {
+            if (b >= 0xc2 && b <= 0xdf)
+                need = 1;
+            else if (b >= 0xe0 && b <= 0xef)
+                need = 2;
+            else if (b >= 0xf0 && b <= 0xf4)
+                need = 3;
+            else
+                return good;
+        } else {
+            good = i + 1;
+        }
+    }
+    return good;
+}
+
+static uint32_t bucket2(const eng_gram_vocab_t *v, uint32_t id)
+{
+    const uint8_t *p = v->bytes + v->off[id];
+    uint32_t len = v->off[id + 1] - v->off[id];
+    return (uint32_t)p[0] * 257u + (len > 1 ? p[1] : 256u);
+}
+
+pd_status_t eng_gram_vocab_create(uint32_t n, eng_gram_piece_fn piece, void *ctx,
+                                  eng_gram_vocab_t **v_p)
+{
+    *v_p = NULL;
+    eng_gram_vocab_t *v = calloc(1, sizeof(*v));
+    if (!v)
+        return PD_ERR_NO_MEMORY;
+    v->n = n;
+    v->off = malloc(((size_t)n + 1) * sizeof(uint32_t));
+    v->plain = calloc(n ? n : 1, 1);
+    v->by_first = malloc((n ? n : 1) * sizeof(uint32_t));
+    v->pre = calloc(n ? n : 1, sizeof(uint16_t));
+    v->off2 = calloc(256 * 257 + 1, sizeof(uint32_t));
+    v->nonplain = malloc((n ? n : 1) * sizeof(uint32_t));
+    v->empty = malloc((n ? n : 1) * sizeof(uint32_t));
+    size_t cap = (size_t)n * 8 + 64, used = 0;
+    v->bytes = malloc(cap);
+    if (!v->off || !v->plain || !v->by_first || !v->nonplain || !v->bytes || !v->pre ||
+        !v->off2 || !v->empty)
+        goto oom;
+    char buf[512];
+    for (uint32_t i = 0; i < n; i++) {
+        size_t k = piece(ctx, (int32_t)i, buf, sizeof(buf));
+        if (k > sizeof(buf) || used + k > UINT32_MAX)
+            k = 0;
+        if (used + k > cap) {
+            size_t nc = cap * 2 + k;
+            uint8_t *q = realloc(v->bytes, nc);
+            if (!q)
+                goto oom;
+            v->bytes = q;
+            cap = nc;
+        }
+        v->off[i] = (uint32_t)used;
+        if (k > v->max_piece)
+            v->max_piece = (uint32_t)k;
+        memcpy(v->bytes + used, buf, k);
+        used += k;
+        if (k == 0)
+            v->empty[v->n_empty++] = i;
+        if (k) {
+            size_t pl = plain_prefix((const uint8_t *)buf, k);
+            v->pre[i] = (uint16_t)pl;
+            v->plain[i] = pl == k;
+            if (!v->plain[i])
+                v->nonplain[v->n_nonplain++] = i;
+        }
+    }
+    v->off[n] = (uint32_t)used;
+    /* counting sort by (first byte, second byte | 256) */
+    for (uint32_t i = 0; i < n; i++)
+        if (v->off[i + 1] > v->off[i])
+            v->off2[bucket2(v, i) + 1]++;
+    for (uint32_t b = 0; b < 256 * 257; b++)
+        v->off2[b + 1] += v->off2[b];
+    uint32_t *pos = malloc(256 * 257 * sizeof(uint32_t));
+    if (!pos)
+        goto oom;
+    memcpy(pos, v->off2, 256 * 257 * sizeof(uint32_t));
+    for (uint32_t i = 0; i < n; i++)
+        if (v->off[i + 1] > v->off[i])
+            v->by_first[pos[bucket2(v, i)]++] = i;
+    free(pos);
+    *v_p = v;
+    return PD_OK;
+oom:
+    eng_gram_vocab_free(v);
+    return PD_ERR_NO_MEMORY;
+}
+
+void eng_gram_vocab_free(eng_gram_vocab_t *v)
+{
+    if (!v)
+        return;
+    free(v->off);
+    free(v->bytes);
+    free(v->plain);
+    free(v->by_first);
+    free(v->pre);
+    free(v->off2);
+    free(v->nonplain);
+    free(v->empty);
+    free(v);
+}
+
+uint32_t eng_gram_vocab_size(const eng_gram_vocab_t *v)
+{
+    return v ? v->n : 0;
+}
+
+bool eng_gram_feed_token(eng_gram_state_t *s, const eng_gram_vocab_t *v, int32_t id)
+{
+    if (id < 0 || (uint32_t)id >= v->n)
+        return false;
+    return eng_gram_feed(s, v->bytes + v->off[id], v->off[id + 1] - v->off[id]);
+}
+
+/* Every configuration sits in a string body with no pending UTF-8 byte:
+ * then a plain piece always walks (and leaves the state as it was). */
+static bool in_string_body(const eng_gram_t *g, const set_t *st)
+{
+    if (st->n == 0)
+        return false;
+    for (uint32_t i = 0; i < st->n; i++) {
+        const cfg_t *c = &st->c[i];
+        if (c->n == 0)
+            return false;
+        const frame_t *f = &c->f[c->n - 1];
+        if (g->nodes[f->node].kind != N_STR || f->phase != S_BODY)
+            return false;
+    }
+    return true;
+}
+
+/* The ok flags of one step; budget as in eng_gram_mask (UINT32_MAX: no
+ * budget check). A token passes the budget check when, after it, the JSON
+ * can still be closed with one-byte tokens and EOS in the tokens left. */
+static void mask_ok(const eng_gram_state_t *s, const eng_gram_vocab_t *v, uint32_t nv,
+                    uint32_t budget, uint8_t *ok)
+{
+    const eng_gram_t *g = s->g;
+    set_t *ta = (set_t *)&s->tmp[0], *tb = (set_t *)&s->tmp[1];
+    const bool tight = budget != UINT32_MAX;
+    /* after a token, tokens left = budget - 1, one of them for EOS */
+    const uint32_t room = budget >= 2 ? budget - 2 : 0;
+#define FITS(set) (!tight || set_close(g, (set)) <= room)
+    if (in_string_body(g, &s->cur)) {
+        if (FITS(&s->cur))
+            memcpy(ok, v->plain, nv);
+        else
+            memset(ok, 0, nv);
+        eng_gram_state_t *ms = (eng_gram_state_t *)s;
+        if (!tight && ms->sc_ok && ms->sc_vocab == v && sets_equal(&ms->sc_set, &s->cur)) {
+            for (uint32_t k = 0; k < ms->sc_n; k++)
+                if (ms->sc_ok[k] < nv)
+                    ok[ms->sc_ok[k]] = 1;
+            return;
+        }
+        /* the plain prefix leaves the state as it is: walk from there */
+        uint32_t n_ok_np = 0;
+        for (uint32_t k = 0; k < v->n_nonplain; k++) {
+            uint32_t id = v->nonplain[k];
+            if (id >= nv)
+                continue;
+            uint32_t o = v->off[id] + v->pre[id], e = v->off[id + 1];
+            const set_t *r = walk(g, &s->cur, v->bytes + o, e - o, ta, tb);
+            bool y = r != NULL && FITS(r);
+            ok[id] = y;
+            n_ok_np += y;
+        }
+        if (tight)
+            return;
+        /* remember the walked ids for the next step in the same string */
+        free(ms->sc_ok);
+        ms->sc_ok = malloc((n_ok_np ? n_ok_np : 1) * sizeof(uint32_t));
+        ms->sc_n = 0;
+        if (ms->sc_ok) {
+            for (uint32_t k = 0; k < v->n_nonplain; k++)
+                if (v->nonplain[k] < nv && ok[v->nonplain[k]])
+                    ms->sc_ok[ms->sc_n++] = v->nonplain[k];
+            ms->sc_vocab = v;
+            set_copy(&ms->sc_set, &s->cur);
+        }
+        return;
+    }
+    memset(ok, 0, nv);
+    set_t first, second;
+    for (uint32_t b = 0; b < 256; b++) {
+        uint32_t lo = v->off2[b * 257], hi = v->off2[b * 257 + 257];
+        if (lo == hi)
+            continue;
+        set_feed(g, &s->cur, (uint8_t)b, &first);
+        if (first.n == 0)
+            continue;
+        for (uint32_t b2 = 0; b2 < 257; b2++) {
+            uint32_t lo2 = v->off2[b * 257 + b2], hi2 = v->off2[b * 257 + b2 + 1];
+            if (lo2 == hi2)
+                continue;
+            if (b2 == 256) { /* one-byte pieces */
+                if (FITS(&first))
+                    for (uint32_t k = lo2; k < hi2; k++)
+                        if (v->by_first[k] < nv)
+                            ok[v->by_first[k]] = 1;
+                continue;
+            }
+            set_feed(g, &first, (uint8_t)b2, &second);
+            if (second.n == 0)
+                continue;
+            for (uint32_t k = lo2; k < hi2; k++) {
+                uint32_t id = v->by_first[k];
+                if (id >= nv)
+                    continue;
+                uint32_t o = v->off[id] + 2, e = v->off[id + 1];
+                const set_t *r = walk(g, &second, v->bytes + o, e - o, ta, tb);
+                ok[id] = r != NULL && FITS(r);
+            }
+        }
+    }
+#undef FITS
+}
+
+bool eng_gram_mask(const eng_gram_state_t *s, const eng_gram_vocab_t *v,
+                   const int32_t *eos, uint32_t n_eos, float *logits, uint32_t n_logits,
+                   uint8_t *ok, uint32_t budget)
+{
+    uint32_t nv = v->n < n_logits ? v->n : n_logits;
+    /* the budget matters only once one token could make the JSON too long
+     * to close: a byte opens at most one value of max_min bytes */
+    uint32_t close = set_close(s->g, &s->cur);
+    uint64_t reach = (uint64_t)close + (uint64_t)s->g->max_min * v->max_piece + 2;
+    if (budget != UINT32_MAX && (uint64_t)budget > reach)
+        budget = UINT32_MAX;
+    if (budget == UINT32_MAX && nv == n_logits && in_string_body(s->g, &s->cur)) {
+        /* fast path inside a string: every plain piece passes and the state
+         * stays, so only the non-plain ids that do not walk (and EOS: a
+         * string is never complete) are masked; their walk is cached */
+        const eng_gram_state_t *ms = s;
+        if (ms->sc_ok && ms->sc_vocab == v && sets_equal(&ms->sc_set, &s->cur)) {
+            uint32_t j = 0;
+            for (uint32_t k = 0; k < v->n_nonplain; k++) {
+                uint32_t id = v->nonplain[k];
+                while (j < ms->sc_n && ms->sc_ok[j] < id)
+                    j++;
+                if (!(j < ms->sc_n && ms->sc_ok[j] == id))
+                    logits[id] = -INFINITY;
+            }
+            for (uint32_t k = 0; k < v->n_empty; k++)
+                logits[v->empty[k]] = -INFINITY; /* control tokens, EOS included */
+            for (uint32_t k = 0; k < n_eos; k++)
+                if (eos[k] >= 0 && (uint32_t)eos[k] < n_logits)
+                    logits[eos[k]] = -INFINITY;
+            return true;
+        }
+    }
+    mask_ok(s, v, nv, budget, ok);
+    bool done = eng_gram_complete(s);
+    bool any = nv > 0 && memchr(ok, 1, nv) != NULL;
+    if (!any && !done && budget != UINT32_MAX) {
+        /* too late to close in budget: at least keep the output a prefix */
+        mask_ok(s, v, nv, UINT32_MAX, ok);
+        any = nv > 0 && memchr(ok, 1, nv) != NULL;
+    }
+    uint32_t n_eos_ok = 0;
+    for (uint32_t i = 0; i < n_eos; i++)
+        if (eos[i] >= 0 && (uint32_t)eos[i] < n_logits) {
+            if ((uint32_t)eos[i] < nv)
+                ok[eos[i]] = done;
+            n_eos_ok += done;
+        }
+    if (n_eos_ok == 0 && (nv == 0 || memchr(ok, 1, nv) == NULL))
+        return false;
+    for (uint32_t i = 0; i < nv; i++)
+        if (!ok[i])
+            logits[i] = -INFINITY;
+    for (uint32_t i = nv; i < n_logits; i++) {
+        bool e = false;
+        for (uint32_t k = 0; k < n_eos; k++)
+            e |= eos[k] == (int32_t)i;
+        if (!(e && done))
+            logits[i] = -INFINITY;
+    }
+    return true;
+}

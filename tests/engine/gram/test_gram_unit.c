@@ -1,0 +1,389 @@
+/* test_gram.c - engine/gram: schema compiler refusals and caps, and random
+ * constrained sampling whose every output must parse (cJSON) and validate
+ * against the schema (an independent validator below, written against the
+ * JSON Schema keywords, not against the grammar). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eng_gram.h"
+#include "eng_sample.h"
+
+/* ---- a synthetic vocabulary: 256 bytes + random pieces + one EOS -------- */
+
+#define VOCAB 6000
+#define EOS_ID (VOCAB - 1)
+static char pieces[VOCAB][12];
+static uint8_t plen[VOCAB];
+
+static uint64_t rs = 88172645463325252ULL;
+static uint32_t rnd(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (uint32_t)(rs >> 16);
+}
+
+static size_t piece_fn(void *ctx, int32_t id, char *buf, size_t cap)
+{
+    (void)ctx;
+    if (id < 0 || id >= VOCAB || plen[id] > cap)
+        return 0;
+    memcpy(buf, pieces[id], plen[id]);
+    return plen[id];
+}
+
+static eng_gram_vocab_t *voc;
+
+static int setup(void **state)
+{
+    static const char alpha[] = "abcxyz019-.eE+\"{}[],:\\ntrufalsn /u";
+    for (int i = 0; i < VOCAB; i++) {
+        if (i < 256) {
+            pieces[i][0] = (char)i;
+            plen[i] = 1;
+        } else if (i == EOS_ID) {
+            plen[i] = 0; /* control token */
+        } else {
+            int L = 1 + (int)(rnd() % 8), k = 0;
+            while (k < L) {
+                if (rnd() % 20 == 0 && k + 2 <= L) {
+                    pieces[i][k++] = (char)0xc3;
+                    pieces[i][k++] = (char)(0xa0 + rnd() % 16);
+                } else {
+                    pieces[i][k++] = alpha[rnd() % (sizeof(alpha) - 1)];
+                }
+            }
+            plen[i] = (uint8_t)k;
+        }
+    }
+    /* a few whole JSON words, as real vocabularies have */
+    static const char *words[] = { "true", "false", "null", "\":\"", "\",\"", "{\"",
+                                   "\"}", "\\u00e9", "[]", "12", "\"a\"" };
+    for (size_t w = 0; w < sizeof(words) / sizeof(words[0]); w++) {
+        strcpy(pieces[300 + w], words[w]);
+        plen[300 + w] = (uint8_t)strlen(words[w]);
+    }
+    (void)state;
+    return eng_gram_vocab_create(VOCAB, piece_fn, NULL, &voc) == PD_OK ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    eng_gram_vocab_free(voc);
+    return 0;
+}
+
+/* ---- independent validator ------------------------------------------------ */
+
+static const cJSON *resolve(const cJSON *root, const char *ref)
+{
+    if (strncmp(ref, "#/$defs/", 8) == 0)
+        return cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(root, "$defs"), ref + 8);
+    if (strncmp(ref, "#/definitions/", 14) == 0)
+        return cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(root, "definitions"), ref + 14);
+    return NULL;
+}
+
+static bool type_ok(const cJSON *v, const char *t)
+{
+    if (!strcmp(t, "object"))
+        return cJSON_IsObject(v);
+    if (!strcmp(t, "array"))
+        return cJSON_IsArray(v);
+    if (!strcmp(t, "string"))
+        return cJSON_IsString(v);
+    if (!strcmp(t, "boolean"))
+        return cJSON_IsBool(v);
+    if (!strcmp(t, "null"))
+        return cJSON_IsNull(v);
+    if (!strcmp(t, "number"))
+        return cJSON_IsNumber(v) && isfinite(v->valuedouble);
+    if (!strcmp(t, "integer"))
+        return cJSON_IsNumber(v) && isfinite(v->valuedouble) &&
+               floor(v->valuedouble) == v->valuedouble;
+    return false;
+}
+
+static bool valid(const cJSON *v, const cJSON *s, const cJSON *root)
+{
+    const cJSON *x;
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "nullable")) && cJSON_IsNull(v))
+        return true;
+    if ((x = cJSON_GetObjectItemCaseSensitive(s, "$ref")))
+        return valid(v, resolve(root, x->valuestring), root);
+    if ((x = cJSON_GetObjectItemCaseSensitive(s, "const")) && !cJSON_Compare(v, x, true))
+        return false;
+    if ((x = cJSON_GetObjectItemCaseSensitive(s, "enum"))) {
+        bool any = false;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, x) any |= cJSON_Compare(v, e, true);
+        if (!any)
+            return false;
+    }
+    if ((x = cJSON_GetObjectItemCaseSensitive(s, "anyOf"))) {
+        bool any = false;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, x) any |= valid(v, e, root);
+        if (!any)
+            return false;
+    }
+    if ((x = cJSON_GetObjectItemCaseSensitive(s, "type"))) {
+        bool any = false;
+        if (cJSON_IsString(x))
+            any = type_ok(v, x->valuestring);
+        const cJSON *e;
+        if (cJSON_IsArray(x))
+            cJSON_ArrayForEach(e, x) any |= type_ok(v, e->valuestring);
+        if (!any)
+            return false;
+    }
+    if (cJSON_IsObject(v)) {
+        const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
+        const cJSON *e;
+        if ((x = cJSON_GetObjectItemCaseSensitive(s, "required")))
+            cJSON_ArrayForEach(e, x) if (!cJSON_GetObjectItemCaseSensitive(v, e->valuestring))
+                return false;
+        cJSON_ArrayForEach(e, v) {
+            const cJSON *ps = cJSON_GetObjectItemCaseSensitive(props, e->string);
+            if (!ps) {
+                if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(s, "additionalProperties")))
+                    return false;
+                continue;
+            }
+            if (!valid(e, ps, root))
+                return false;
+        }
+    }
+    if (cJSON_IsArray(v) && (x = cJSON_GetObjectItemCaseSensitive(s, "items"))) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, v) if (!valid(e, x, root)) return false;
+    }
+    return true;
+}
+
+/* ---- constrained random sampling ------------------------------------------ */
+
+/* Sample until EOS with random logits (random weights); returns the text. */
+/* max_tokens: 0 = unlimited, else EOS must come within that many tokens
+ * (the mask's budget closes the JSON in time). */
+static char *sample_one(eng_gram_kind_t kind, const char *schema, uint64_t seed,
+                        uint32_t max_tokens, uint32_t *n_tok)
+{
+    eng_gram_t *g;
+    char err[256];
+    assert_int_equal(eng_gram_compile(kind, schema, schema ? strlen(schema) : 0, &g, err,
+                                      sizeof(err)), PD_OK);
+    eng_gram_state_t *st;
+    assert_int_equal(eng_gram_state_create(g, &st), PD_OK);
+    eng_sample_params_t p;
+    eng_sample_params_default(&p);
+    p.temperature = 1.0f;
+    p.seed = seed;
+    eng_sampler_t smp;
+    eng_sampler_init(&smp, &p);
+    eng_sample_scratch_t scr;
+    assert_int_equal(eng_sample_scratch_create(&scr, VOCAB), PD_OK);
+    static float lg[VOCAB];
+    static uint8_t scratch[VOCAB];
+    size_t cap = 1 << 16, n = 0;
+    char *out = malloc(cap);
+    int32_t eos = EOS_ID;
+    uint32_t steps = 0;
+    for (;; steps++) {
+        assert_true(steps < 20000);
+        if (max_tokens && steps >= max_tokens)
+            fail_msg("no EOS within max_tokens %u: %.*s", max_tokens, (int)n, out);
+        uint32_t budget = max_tokens ? max_tokens - steps : UINT32_MAX;
+        for (int i = 0; i < VOCAB; i++)
+            lg[i] = (float)(eng_rng_next(&smp.rng) % 4000) / 1000.0f;
+        assert_true(eng_gram_mask(st, voc, &eos, 1, lg, VOCAB, scratch, budget));
+        int32_t t = eng_sample_next(&smp, lg, VOCAB, &scr, NULL);
+        if (t == EOS_ID) {
+            assert_true(eng_gram_complete(st));
+            break;
+        }
+        assert_true(eng_gram_feed_token(st, voc, t));
+        assert_true(n + plen[t] < cap);
+        memcpy(out + n, pieces[t], plen[t]);
+        n += plen[t];
+    }
+    out[n] = '\0';
+    *n_tok = steps;
+    eng_sample_scratch_destroy(&scr);
+    eng_gram_state_free(st);
+    eng_gram_free(g);
+    return out;
+}
+
+static void check_schema_budget(const char *schema, int runs, uint32_t max_tokens)
+{
+    cJSON *sch = cJSON_Parse(schema);
+    assert_non_null(sch);
+    for (int r = 0; r < runs; r++) {
+        uint32_t nt;
+        char *txt = sample_one(ENG_GRAM_JSON_SCHEMA, schema, (uint64_t)r * 7919 + 1,
+                               max_tokens, &nt);
+        cJSON *v = cJSON_Parse(txt);
+        if (!v || !valid(v, sch, sch))
+            fail_msg("run %d: output does not %s: %s", r, v ? "validate" : "parse", txt);
+        cJSON_Delete(v);
+        free(txt);
+    }
+    cJSON_Delete(sch);
+}
+
+static void check_schema(const char *schema, int runs)
+{
+    check_schema_budget(schema, runs, 0);
+    check_schema_budget(schema, runs, 400); /* the budget closes it in time */
+}
+
+static void test_schema_simple(void **state)
+{
+    (void)state;
+    check_schema("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+                 "\"age\":{\"type\":\"integer\"},\"score\":{\"type\":\"number\"},"
+                 "\"ok\":{\"type\":\"boolean\"},\"nothing\":{\"type\":\"null\"}},"
+                 "\"required\":[\"name\",\"age\",\"score\",\"ok\",\"nothing\"],"
+                 "\"additionalProperties\":false}", 60);
+}
+
+static void test_schema_nested(void **state)
+{
+    (void)state;
+    check_schema("{\"type\":\"object\",\"$defs\":{\"pt\":{\"type\":\"object\",\"properties\":"
+                 "{\"x\":{\"type\":\"number\"},\"y\":{\"type\":\"number\"}},\"required\":[\"x\",\"y\"],"
+                 "\"additionalProperties\":false}},\"properties\":{"
+                 "\"kind\":{\"enum\":[\"circle\",\"line\",\"q\\\"uote\",3,null]},"
+                 "\"pts\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/pt\"}},"
+                 "\"label\":{\"type\":[\"string\",\"null\"]},"
+                 "\"c\":{\"const\":\"fixed\"},"
+                 "\"u\":{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                 "\"required\":[\"a\"],\"additionalProperties\":false},"
+                 "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"boolean\"}},"
+                 "\"required\":[\"b\"],\"additionalProperties\":false},"
+                 "{\"type\":\"array\",\"items\":{\"type\":\"string\"}}]},"
+                 "\"free\":{\"type\":\"array\"},\"nn\":{\"type\":\"integer\",\"nullable\":true},\"e\":{\"type\":\"object\",\"properties\":{},"
+                 "\"additionalProperties\":false}},"
+                 "\"required\":[\"kind\",\"pts\",\"label\",\"c\",\"u\",\"free\",\"nn\",\"e\"],"
+                 "\"additionalProperties\":false}", 60);
+}
+
+static void test_json_object(void **state)
+{
+    (void)state;
+    for (int r = 0; r < 60; r++) {
+        uint32_t nt;
+        uint32_t mt = r % 2 ? 0 : 40 + (uint32_t)r * 3;
+        char *txt = sample_one(ENG_GRAM_JSON_OBJECT, NULL, (uint64_t)r + 100, mt, &nt);
+        cJSON *v = cJSON_Parse(txt);
+        if (!v || !cJSON_IsObject(v))
+            fail_msg("run %d: not a JSON object: %s", r, txt);
+        cJSON_Delete(v);
+        free(txt);
+    }
+}
+
+static void test_feed_rejects(void **state)
+{
+    (void)state;
+    const char *sch = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                      "\"required\":[\"a\"],\"additionalProperties\":false}";
+    eng_gram_t *g;
+    assert_int_equal(eng_gram_compile(ENG_GRAM_JSON_SCHEMA, sch, strlen(sch), &g, NULL, 0), PD_OK);
+    eng_gram_state_t *st;
+    assert_int_equal(eng_gram_state_create(g, &st), PD_OK);
+    assert_false(eng_gram_feed(st, (const uint8_t *)"{\"b\"", 4));
+    assert_false(eng_gram_feed(st, (const uint8_t *)" {", 2));
+    assert_true(eng_gram_feed(st, (const uint8_t *)"{\"a\":-0", 7));
+    assert_false(eng_gram_feed(st, (const uint8_t *)"1", 1));   /* no leading zeros */
+    assert_false(eng_gram_feed(st, (const uint8_t *)".5", 2));  /* integer */
+    assert_false(eng_gram_complete(st));
+    assert_true(eng_gram_feed(st, (const uint8_t *)"}", 1));
+    assert_true(eng_gram_complete(st));
+    assert_false(eng_gram_feed(st, (const uint8_t *)" ", 1));
+    eng_gram_state_free(st);
+    eng_gram_free(g);
+}
+
+static void expect_refused(const char *schema, pd_status_t want, const char *needle)
+{
+    eng_gram_t *g = NULL;
+    char err[256];
+    pd_status_t s = eng_gram_compile(ENG_GRAM_JSON_SCHEMA, schema, strlen(schema), &g, err,
+                                     sizeof(err));
+    if (s != want || strstr(err, needle) == NULL)
+        fail_msg("%s: status %d, err '%s' (want '%s')", schema, (int)s, err, needle);
+    assert_null(g);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    static const char *const kws[] = { "pattern", "format", "minLength", "maxLength",
+                                       "minimum", "maximum", "minItems", "maxItems", "oneOf",
+                                       "allOf", "not", "patternProperties", "uniqueItems",
+                                       "if", "prefixItems", "multipleOf", NULL };
+    for (int i = 0; kws[i]; i++) {
+        char s[256];
+        snprintf(s, sizeof(s), "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+                 "\"string\",\"%s\":1}},\"additionalProperties\":false}", kws[i]);
+        expect_refused(s, PD_ERR_BAD_INPUT, kws[i]);
+    }
+    expect_refused("{\"type\":\"array\"}", PD_ERR_BAD_INPUT, "root");
+    expect_refused("[1]", PD_ERR_BAD_INPUT, "root");
+    expect_refused("{\"type\":", PD_ERR_BAD_INPUT, "not valid JSON");
+    expect_refused("{\"type\":\"object\",\"additionalProperties\":true}", PD_ERR_BAD_INPUT,
+                   "additionalProperties");
+    expect_refused("{\"type\":\"object\",\"properties\":{},\"required\":[\"x\"]}",
+                   PD_ERR_BAD_INPUT, "required");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/n\"}},"
+                   "\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"k\":"
+                   "{\"$ref\":\"#/$defs/n\"}}}}}", PD_ERR_TOO_BIG, "recursive");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/zz\"}}}",
+                   PD_ERR_BAD_INPUT, "$ref");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"date\"}}}",
+                   PD_ERR_BAD_INPUT, "date");
+    /* size cap */
+    size_t big = ENG_GRAM_MAX_SCHEMA_BYTES + 10;
+    char *s = malloc(big + 1);
+    memset(s, ' ', big);
+    memcpy(s, "{\"type\":\"object\"}", 17);
+    s[big] = '\0';
+    expect_refused(s, PD_ERR_TOO_BIG, "larger");
+    free(s);
+    /* node cap: a wide enum of objects blows up past the cap */
+    char *w = malloc(12000);
+    size_t n = (size_t)sprintf(w, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 250; i++)
+        n += (size_t)sprintf(w + n, "%s\"p%d\":{\"type\":[\"string\",\"null\",\"integer\"]}",
+                             i ? "," : "", i);
+    sprintf(w + n, "}}");
+    expect_refused(w, PD_ERR_TOO_BIG, "grammar nodes");
+    free(w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_feed_rejects),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_schema_simple),
+        cmocka_unit_test(test_schema_nested),
+        cmocka_unit_test(test_json_object),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
