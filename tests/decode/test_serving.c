@@ -774,10 +774,9 @@ static void test_wrong_secret(void **state)
     kill_proc(&BAD);
 }
 
-static void disagg_one(uint32_t n, uint32_t salt, const samp_t *s)
+static void disagg_prompt(const int32_t *prompt, uint32_t n, const samp_t *s)
 {
-    int32_t prompt[512], ref[MAX_TOK];
-    make_prompt(prompt, n, salt);
+    int32_t ref[MAX_TOK];
     uint32_t nref = reference(prompt, n, s, ref, MAX_TOK);
     fr_req_t *r = send_prefill("pf-a", "dec-a", prompt, n, s);
     assert_true(run_until(p_done_or_error, r, 20));
@@ -794,6 +793,69 @@ static void disagg_one(uint32_t n, uint32_t salt, const samp_t *s)
     assert_int_equal(r->fin.completion_tokens, nref);
     assert_int_equal(r->fin.prompt_tokens, n);
     assert_true(r->fin.reason == PROTO_FINISH_LENGTH || r->fin.reason == PROTO_FINISH_STOP);
+}
+
+static void disagg_one(uint32_t n, uint32_t salt, const samp_t *s)
+{
+    int32_t prompt[512];
+    make_prompt(prompt, n, salt);
+    disagg_prompt(prompt, n, s);
+}
+
+static double pf_counter(const char *name)
+{
+    cJSON *j = admin(&P, "requests");
+    assert_non_null(j);
+    double v = jnum(j, "counters", name);
+    cJSON_Delete(j);
+    return v;
+}
+
+/* Prefix cache (on by default): a repeated prompt and one sharing its first
+ * blocks reuse the prefill's cached blocks (only full blocks, never the last
+ * token) and still produce pd-run's tokens (pd-run computes everything:
+ * the cache-off reference), greedy and with penalties; afterwards every
+ * block is free or cached and unused (no leak). */
+static void test_prefix_reuse(void **state)
+{
+    (void)state;
+    cJSON *kv = admin(&P, "kv");
+    assert_non_null(kv);
+    uint32_t bt = (uint32_t)jnum(kv, "block_tokens", NULL);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(kv, "prefix_cache")));
+    cJSON_Delete(kv);
+    assert_true(bt >= 1 && bt <= 32);
+    uint32_t n = 5 * bt + 3;
+    int32_t a[512], b[512];
+    make_prompt(a, n, 21);
+    samp_t greedy = { 0.0f, 0, 12, false };
+    samp_t pen = { 0.8f, 4321, 12, true, 1.2f, 0.6f, 1.4f, 0.05f, 40, 2.0f };
+    double c0 = pf_counter("cached_tokens"), k0 = pf_counter("computed_tokens");
+    disagg_prompt(a, n, &greedy);                   /* cold */
+    assert_true(pf_counter("cached_tokens") == c0);
+    assert_true(pf_counter("computed_tokens") == k0 + n);
+    disagg_prompt(a, n, &greedy);                   /* the same prompt: 5 blocks */
+    assert_true(pf_counter("cached_tokens") == c0 + 5 * bt);
+    assert_true(pf_counter("computed_tokens") == k0 + n + 3);
+    disagg_prompt(a, n, &pen);
+    /* shares 3 blocks, then diverges */
+    memcpy(b, a, sizeof(int32_t) * 3 * bt);
+    for (uint32_t i = 3 * bt; i < n + 4; i++)
+        b[i] = (int32_t)(40 + (i * 11) % 70);
+    double c1 = pf_counter("cached_tokens");
+    disagg_prompt(b, n + 4, &greedy);
+    assert_true(pf_counter("cached_tokens") == c1 + 3 * bt);
+    /* a prompt of exactly 2 blocks reuses 1: the last token is computed */
+    double c2 = pf_counter("cached_tokens");
+    disagg_prompt(a, 2 * bt, &greedy);
+    assert_true(pf_counter("cached_tokens") == c2 + bt);
+    kv = admin(&P, "kv");
+    assert_non_null(kv);
+    assert_true(jnum(kv, "cache", "blocks") >= 6);
+    assert_true(jnum(kv, "cache", "hit_tokens") > 0);
+    cJSON_Delete(kv);
+    assert_true(kv_all_free(&P, 10));
+    assert_true(kv_all_free(&D, 10));
 }
 
 static void test_disagg_matches_pd_run(void **state)
@@ -1573,6 +1635,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ready_file),
         cmocka_unit_test(test_wrong_secret),
         cmocka_unit_test(test_disagg_matches_pd_run),
+        cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_local_matches_pd_run),
         cmocka_unit_test(test_cancel_mid_decode),
         cmocka_unit_test(test_lease_expiry),
