@@ -802,6 +802,15 @@ static void disagg_one(uint32_t n, uint32_t salt, const samp_t *s)
     disagg_prompt(prompt, n, s);
 }
 
+static double counter(proc_t *p, const char *name)
+{
+    cJSON *j = admin(p, "requests");
+    assert_non_null(j);
+    double v = jnum(j, "counters", name);
+    cJSON_Delete(j);
+    return v;
+}
+
 static double pf_counter(const char *name)
 {
     cJSON *j = admin(&P, "requests");
@@ -831,12 +840,17 @@ static void test_prefix_reuse(void **state)
     samp_t greedy = { 0.0f, 0, 12, false };
     samp_t pen = { 0.8f, 4321, 12, true, 1.2f, 0.6f, 1.4f, 0.05f, 40, 2.0f };
     double c0 = pf_counter("cached_tokens"), k0 = pf_counter("computed_tokens");
+    double d0 = counter(&D, "cached_tokens");
     disagg_prompt(a, n, &greedy);                   /* cold */
     assert_true(pf_counter("cached_tokens") == c0);
     assert_true(pf_counter("computed_tokens") == k0 + n);
+    assert_true(counter(&D, "cached_tokens") == d0);
     disagg_prompt(a, n, &greedy);                   /* the same prompt: 5 blocks */
     assert_true(pf_counter("cached_tokens") == c0 + 5 * bt);
     assert_true(pf_counter("computed_tokens") == k0 + n + 3);
+    /* the decode kept the finished sequence's blocks: it pulled only the
+     * last (partial) block of the prompt */
+    assert_true(counter(&D, "cached_tokens") == d0 + 5 * bt);
     disagg_prompt(a, n, &pen);
     /* shares 3 blocks, then diverges */
     memcpy(b, a, sizeof(int32_t) * 3 * bt);
@@ -849,6 +863,23 @@ static void test_prefix_reuse(void **state)
     double c2 = pf_counter("cached_tokens");
     disagg_prompt(a, 2 * bt, &greedy);
     assert_true(pf_counter("cached_tokens") == c2 + bt);
+    /* local path (the decode prefills itself) from the decode's cache: a
+     * prompt continuing a's first 4 blocks */
+    int32_t cc[512], ref[MAX_TOK];
+    memcpy(cc, a, sizeof(int32_t) * 4 * bt);
+    for (uint32_t i = 4 * bt; i < 4 * bt + 9; i++)
+        cc[i] = (int32_t)(35 + (i * 5) % 80);
+    uint32_t nc = 4 * bt + 9;
+    uint32_t nref = reference(cc, nc, &greedy, ref, MAX_TOK);
+    double d1 = counter(&D, "cached_tokens");
+    fr_req_t *r = new_req();
+    send_decode(r, "dec-a", NULL, cc, nc, NULL, 0, &greedy, true);
+    assert_true(run_until(p_final, r, 30));
+    assert_false(r->error);
+    assert_int_equal(r->n_tokens, nref);
+    for (uint32_t i = 0; i < nref; i++)
+        assert_int_equal(r->tokens[i], ref[i]);
+    assert_true(counter(&D, "cached_tokens") == d1 + 4 * bt);
     kv = admin(&P, "kv");
     assert_non_null(kv);
     assert_true(jnum(kv, "cache", "blocks") >= 6);
