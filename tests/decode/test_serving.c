@@ -681,7 +681,7 @@ static void send_cancel(const char *to, fr_req_t *r)
 
 /* ---- the scenario ---------------------------------------------------------- */
 
-static proc_t P, D, PL, PK, BAD, PS, PR;
+static proc_t P, D, PL, PK, BAD, PS, PR, PC, PC2;
 
 static int setup(void **state)
 {
@@ -709,6 +709,8 @@ static int teardown(void **state)
     kill_proc(&BAD);
     kill_proc(&PS);
     kill_proc(&PR);
+    kill_proc(&PC);
+    kill_proc(&PC2);
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
     if (system(cmd) != 0)
@@ -774,16 +776,16 @@ static void test_wrong_secret(void **state)
     kill_proc(&BAD);
 }
 
-static void disagg_prompt(const int32_t *prompt, uint32_t n, const samp_t *s)
+static void disagg_prompt_on(const char *pf, const int32_t *prompt, uint32_t n, const samp_t *s)
 {
     int32_t ref[MAX_TOK];
     uint32_t nref = reference(prompt, n, s, ref, MAX_TOK);
-    fr_req_t *r = send_prefill("pf-a", "dec-a", prompt, n, s);
+    fr_req_t *r = send_prefill(pf, "dec-a", prompt, n, s);
     assert_true(run_until(p_done_or_error, r, 20));
     assert_false(r->error);
     assert_int_equal(r->first_token, ref[0]);
     assert_int_equal(r->n_prompt, n);
-    send_decode(r, "dec-a", "pf-a", prompt, n, &r->first_token, 1, s, false);
+    send_decode(r, "dec-a", pf, prompt, n, &r->first_token, 1, s, false);
     assert_true(run_until(p_final, r, 30));
     assert_false(r->error);
     assert_false(r->seq_bad);
@@ -793,6 +795,11 @@ static void disagg_prompt(const int32_t *prompt, uint32_t n, const samp_t *s)
     assert_int_equal(r->fin.completion_tokens, nref);
     assert_int_equal(r->fin.prompt_tokens, n);
     assert_true(r->fin.reason == PROTO_FINISH_LENGTH || r->fin.reason == PROTO_FINISH_STOP);
+}
+
+static void disagg_prompt(const int32_t *prompt, uint32_t n, const samp_t *s)
+{
+    disagg_prompt_on("pf-a", prompt, n, s);
 }
 
 static void disagg_one(uint32_t n, uint32_t salt, const samp_t *s)
@@ -887,6 +894,78 @@ static void test_prefix_reuse(void **state)
     cJSON_Delete(kv);
     assert_true(kv_all_free(&P, 10));
     assert_true(kv_all_free(&D, 10));
+}
+
+/* Reuse racing eviction, lease expiry and a prefill restart, on a small
+ * pool (12 blocks): a leased cached block is never evicted (the pressure
+ * request is refused instead), blocks come back as evictable cache when the
+ * lease expires, eviction makes room, and every answer is pd-run's (a stale
+ * or overwritten block would change the tokens). A new prefill process
+ * starts with an empty cache while the decode still skips the blocks it
+ * holds. */
+static void send_peer_down(const char *to, const char *id, uint64_t incarnation);
+
+static void test_prefix_races(void **state)
+{
+    (void)state;
+    spawn(&PC, g_prefill_bin, "pf-cache", SECRET_HEX,
+          (const char *const[]){ "--lease-ttl=300ms", "--kv-blocks=12", NULL });
+    assert_true(run_until(p_registered, "pf-cache", 20));
+    cJSON *kv = admin(&PC, "kv");
+    assert_non_null(kv);
+    uint32_t bt = (uint32_t)jnum(kv, "block_tokens", NULL);
+    cJSON_Delete(kv);
+    assert_true(bt >= 1 && bt <= 32);
+    samp_t g = { 0.0f, 0, 6, false };
+    int32_t a[512], b[512], c[512];
+    uint32_t na = 5 * bt + 3, nb = 6 * bt + 5, nc = 5 * bt + 1; /* 6, 7, 6 blocks */
+    make_prompt(a, na, 61);
+    make_prompt(b, nb, 62);
+    make_prompt(c, nc, 63);
+    disagg_prompt_on("pf-cache", a, na, &g);            /* a's 5 full blocks cached */
+    double h0 = counter(&PC, "cached_tokens");
+    /* a reuse that is never forwarded: its lease pins a's cached blocks */
+    fr_req_t *r = send_prefill("pf-cache", "dec-a", a, na, &g);
+    assert_true(run_until(p_done_or_error, r, 20));
+    assert_false(r->error);
+    assert_true(counter(&PC, "cached_tokens") == h0 + 5 * bt);
+    /* 7 blocks wanted, 6 free, the rest leased: refused, nothing evicted */
+    fr_req_t *rb = send_prefill("pf-cache", "dec-a", b, nb, &g);
+    assert_true(run_until(p_done_or_error, rb, 20));
+    assert_true(rb->error);
+    assert_int_equal(rb->err_status, PD_ERR_NO_KV_SPACE);
+    disagg_prompt_on("pf-cache", c, nc, &g);            /* fits beside the lease */
+    /* the lease expires: a's blocks are cache again, nothing held */
+    assert_true(kv_all_free(&PC, 10));
+    /* b now evicts (a's chain is older than c's) and is right */
+    disagg_prompt_on("pf-cache", b, nb, &g);
+    cJSON *k2 = admin(&PC, "kv");
+    assert_non_null(k2);
+    assert_true(jnum(k2, "cache", "evicted") >= 5);
+    cJSON_Delete(k2);
+    /* reuse after eviction: whatever is still cached, the tokens are right */
+    disagg_prompt_on("pf-cache", a, na, &g);
+    disagg_prompt_on("pf-cache", c, nc, &g);
+    disagg_prompt_on("pf-cache", b, nb, &g);
+    assert_true(kv_all_free(&PC, 10));
+    check_ledger(&PC);
+    /* the prefill goes away; a new process serves the same prompts: no
+     * cache there, the decode still has a's blocks and pulls only the rest */
+    fr_daemon_t *dc = fr_by_id("pf-cache");
+    kill_proc(&PC);
+    assert_true(run_until(p_closed, dc, 10));
+    send_peer_down("dec-a", "pf-cache", dc->incarnation);
+    spawn(&PC2, g_prefill_bin, "pf-cache-2", SECRET_HEX,
+          (const char *const[]){ "--kv-blocks=12", NULL });
+    assert_true(run_until(p_registered, "pf-cache-2", 20));
+    double d0 = counter(&D, "cached_tokens");
+    disagg_prompt_on("pf-cache-2", a, na, &g);
+    assert_true(counter(&PC2, "cached_tokens") == 0);
+    assert_true(counter(&D, "cached_tokens") >= d0 + 5 * bt);
+    assert_true(kv_all_free(&PC2, 10));
+    assert_true(kv_all_free(&D, 10));
+    kill(PC2.pid, SIGTERM);
+    assert_int_equal(wait_exit(&PC2, 20), 0);
 }
 
 static void test_disagg_matches_pd_run(void **state)
@@ -1041,6 +1120,10 @@ static void test_prefill_killed_before_pull(void **state)
     assert_true(run_until(p_final, r, 10));
     assert_true(pd_now_ns() - t0 < 2000000000ull + 1500000000ull);
     if (r->error) {
+        if (!(r->err_status == PD_ERR_PEER_GONE || r->err_status == PD_ERR_TIMED_OUT ||
+              r->err_status == PD_ERR_TRANSPORT || r->err_status == PD_ERR_STALE))
+            fprintf(stderr, "pull to a killed prefill ended with %s\n",
+                    pd_status_name(r->err_status));
         assert_true(r->err_status == PD_ERR_PEER_GONE || r->err_status == PD_ERR_TIMED_OUT ||
                     r->err_status == PD_ERR_TRANSPORT || r->err_status == PD_ERR_STALE);
     } else {
@@ -1667,6 +1750,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wrong_secret),
         cmocka_unit_test(test_disagg_matches_pd_run),
         cmocka_unit_test(test_prefix_reuse),
+        cmocka_unit_test(test_prefix_races),
         cmocka_unit_test(test_local_matches_pd_run),
         cmocka_unit_test(test_cancel_mid_decode),
         cmocka_unit_test(test_lease_expiry),
