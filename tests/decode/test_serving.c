@@ -887,6 +887,22 @@ static void test_prefix_reuse(void **state)
     for (uint32_t i = 0; i < nref; i++)
         assert_int_equal(r->tokens[i], ref[i]);
     assert_true(counter(&D, "cached_tokens") == d1 + 4 * bt);
+    /* multi-turn: the next prompt is a + the decode's answer + new tokens;
+     * the decode kept the answer's KV (computed by decode steps) and pulls
+     * neither those blocks nor the prompt's, and the tokens stay pd-run's */
+    samp_t ans = { 0.0f, 0, 2 * bt, true };
+    int32_t gen[MAX_TOK], t2[512];
+    uint32_t ng = reference(a, n, &ans, gen, MAX_TOK);
+    assert_int_equal(ng, 2 * bt);
+    disagg_prompt(a, n, &ans);
+    memcpy(t2, a, sizeof(int32_t) * n);
+    memcpy(t2 + n, gen, sizeof(int32_t) * ng);
+    for (uint32_t i = 0; i < 6; i++)
+        t2[n + ng + i] = (int32_t)(33 + i * 9);
+    uint32_t n2 = n + ng + 6; /* KV cached for n + ng - 1 = 7 bt + 2 tokens */
+    double d2 = counter(&D, "cached_tokens");
+    disagg_prompt(t2, n2, &greedy);
+    assert_true(counter(&D, "cached_tokens") == d2 + 7 * bt);
     kv = admin(&P, "kv");
     assert_non_null(kv);
     assert_true(jnum(kv, "cache", "blocks") >= 6);
