@@ -971,13 +971,21 @@ static void test_prefix_races(void **state)
     kill_proc(&PC);
     assert_true(run_until(p_closed, dc, 10));
     send_peer_down("dec-a", "pf-cache", dc->incarnation);
+    /* (and with its prefix cache switched off: the same tokens, twice) */
     spawn(&PC2, g_prefill_bin, "pf-cache-2", SECRET_HEX,
-          (const char *const[]){ "--kv-blocks=12", NULL });
+          (const char *const[]){ "--kv-blocks=12", "--prefix-cache=false", NULL });
     assert_true(run_until(p_registered, "pf-cache-2", 20));
+    kv = admin(&PC2, "kv");
+    assert_non_null(kv);
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItem(kv, "prefix_cache")));
+    assert_null(cJSON_GetObjectItem(kv, "cache"));
+    cJSON_Delete(kv);
     double d0 = counter(&D, "cached_tokens");
     disagg_prompt_on("pf-cache-2", a, na, &g);
+    disagg_prompt_on("pf-cache-2", a, na, &g);
     assert_true(counter(&PC2, "cached_tokens") == 0);
-    assert_true(counter(&D, "cached_tokens") >= d0 + 5 * bt);
+    assert_true(counter(&PC2, "computed_tokens") == 2 * na);
+    assert_true(counter(&D, "cached_tokens") >= d0 + 2 * 5 * bt);
     assert_true(kv_all_free(&PC2, 10));
     assert_true(kv_all_free(&D, 10));
     kill(PC2.pid, SIGTERM);
