@@ -75,6 +75,8 @@ typedef struct dec_req {
     uint32_t max_pos;                   /* min(n_prompt + max_tokens, ctx) */
     uint32_t kv_have;                   /* positions with KV present */
     uint32_t kv_pull;                   /* positions the handle's KV covers */
+    uint32_t n_reused;                  /* first blocks shared from the prefix
+                                           cache (read only; not pulled) */
     uint32_t chunk_n;                   /* step in flight: prefill chunk size */
     bool chunk_logits;
     /* sampling (compute thread while in_step) */
@@ -157,6 +159,8 @@ struct dec {
     X(pulls_ok,        COUNTER,   "KV pulls completed")                       \
     X(pulls_failed,    COUNTER,   "KV imports or pulls failed")               \
     X(local_prefills,  COUNTER,   "decode-local prefills")                    \
+    X(cached_tokens,   COUNTER,   "prompt tokens whose KV came from this decode's prefix cache") \
+    X(saved_bytes,     COUNTER,   "KV bytes neither pulled nor computed (cached blocks)") \
     X(tokens_out,      COUNTER,   "tokens generated")                         \
     X(steps,           COUNTER,   "compute steps")                            \
     X(waiting,         GAUGE,     "requests in the wait queue")               \

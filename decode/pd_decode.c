@@ -207,6 +207,14 @@ static void dec_req_end(dec_req_t *r, uint16_t reason, pd_status_t status)
     }
     dec_state_t to = reason == PROTO_FINISH_CANCELED ? DEC_ST_CANCELED
                    : reason == PROTO_FINISH_ERROR ? DEC_ST_FAILED : DEC_ST_FINISHED;
+    /* a finished sequence's KV (prompt + generated, full blocks) stays as
+     * cache; never a failed or canceled one's (a failed pull leaves garbage) */
+    if (to == DEC_ST_FINISHED && d->n.prefix != NULL && r->nr.blocks_held) {
+        /* every step succeeded: KV is written for all tokens but the last
+         * sampled one (kv_have counts prefill chunks / the pull only) */
+        uint32_t n_kv = r->n_gen > 0 ? r->n_prompt + r->n_gen - 1 : r->kv_have;
+        (void)kvx_prefix_insert(d->n.prefix, r->tok, n_kv, r->nr.blocks, r->nr.n_blocks, NULL);
+    }
     if (dec_can_reply(d, r)) {
         if (reason == PROTO_FINISH_ERROR && r->seq == 0) {
             node_send_error(&d->n, r->nr.id, status, "%s", pd_status_str(status));
@@ -474,7 +482,7 @@ static void dec_start_compute(dec_t *d, dec_req_t *r)
 {
     uint32_t need = r->n_prompt + (r->n_gen ? r->n_gen - 1 : 0);
     if (r->kv_have < need) {
-        if (r->local && r->kv_have == 0)
+        if (r->local && r->kv_have == r->n_reused * d->n.geom->block_tokens)
             pd_stats_inc(d->n.stats, DEC_STAT_local_prefills);
         dec_req_set_state(r, DEC_ST_PREFILLING);
     } else {
@@ -551,8 +559,21 @@ static void dec_start_pull(dec_t *d, dec_req_t *r)
     uint64_t budget = d->cfg.transfer_timeout_ns;
     if (r->budget_ns != 0 && r->budget_ns < budget)
         budget = r->budget_ns;
-    st = kvx_pull_start(d->n.kvx, &r->imp, d->n.region, r->nr.blocks, nb, pd_now_ns() + budget,
+    /* incremental: the blocks we share from the prefix cache are skipped */
+    uint32_t skip_inline[64], *local = r->nr.blocks;
+    if (r->n_reused > 0) {
+        local = nb <= 64 ? skip_inline : malloc((size_t)nb * sizeof(uint32_t));
+        if (local == NULL) {
+            dec_req_end(r, PROTO_FINISH_ERROR, PD_ERR_NO_MEMORY);
+            return;
+        }
+        for (uint32_t i = 0; i < nb; i++)
+            local[i] = i < r->n_reused ? KVX_PULL_SKIP : r->nr.blocks[i];
+    }
+    st = kvx_pull_start(d->n.kvx, &r->imp, d->n.region, local, nb, pd_now_ns() + budget,
                         0, dec_pull_done, r, &r->pull_id);
+    if (local != r->nr.blocks && local != skip_inline)
+        free(local);
     if (st != PD_INPROGRESS) {
         pd_stats_inc(d->n.stats, DEC_STAT_pulls_failed);
         pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "KV pull from %s not started: %s", r->peer,
@@ -621,10 +642,28 @@ static bool dec_wait_import(dec_t *d, dec_req_t *r)
 /* Reserve blocks and start; false if no room now. */
 static bool dec_try_start(dec_t *d, dec_req_t *r)
 {
-    if (d->n_active >= d->cfg.max_batch || r->nr.n_blocks > kvx_blocks_free_count(d->n.blocks))
+    if (d->n_active >= d->cfg.max_batch || r->nr.n_blocks > node_kv_available(&d->n))
         return false;
-    (void)kvx_blocks_alloc(d->n.blocks, r->nr.n_blocks, r->nr.blocks);
+    /* the longest cached prefix of the prompt: pulled requests skip those
+     * blocks, local ones compute from there (never the last prompt token:
+     * its logits give token 0) */
+    uint32_t m = 0;
+    if (d->n.prefix != NULL)
+        m = kvx_prefix_match(d->n.prefix, r->tok, r->local ? r->n_prompt - 1 : r->n_prompt,
+                             r->nr.blocks, r->nr.n_blocks);
+    pd_status_t st = d->n.prefix != NULL
+                         ? kvx_prefix_alloc(d->n.prefix, r->nr.n_blocks - m, r->nr.blocks + m)
+                         : kvx_blocks_alloc(d->n.blocks, r->nr.n_blocks, r->nr.blocks);
+    if (st != PD_OK) { /* cannot happen after the check above; stay queued */
+        (void)kvx_blocks_unref(d->n.blocks, r->nr.blocks, m, NULL);
+        return false;
+    }
     r->nr.blocks_held = true;
+    r->n_reused = m;
+    if (r->local)
+        r->kv_have = m * d->n.geom->block_tokens;
+    pd_stats_add(d->n.stats, DEC_STAT_cached_tokens, (uint64_t)m * d->n.geom->block_tokens);
+    pd_stats_add(d->n.stats, DEC_STAT_saved_bytes, (uint64_t)m * d->n.geom->block_bytes);
     if (!r->local)
         dec_start_pull(d, r);
     else
@@ -690,7 +729,7 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
         st = PD_ERR_NO_KV_SPACE; why = "request larger than the whole KV pool";
     }
     if (st == PD_OK && d->n_waiting >= d->cfg.max_queue &&
-        (d->n_active >= d->cfg.max_batch || nb > kvx_blocks_free_count(d->n.blocks))) {
+        (d->n_active >= d->cfg.max_batch || nb > node_kv_available(&d->n))) {
         st = d->n_active >= d->cfg.max_batch ? PD_ERR_OVERLOADED : PD_ERR_NO_KV_SPACE;
         why = "no room and the wait queue is full";
     }

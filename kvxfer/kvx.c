@@ -1781,6 +1781,14 @@ static void kvx_pull_post(kvx_pull_t *pl)
         uint64_t rblk = (uint64_t)run->start + pl->cur_run_off;
         uint64_t lblk = pl->local_blocks[pl->cur_blk];
         uint64_t off = pl->cur_byte_off;
+        if (lblk == KVX_PULL_SKIP) { /* the importer has it (off is 0 here) */
+            pl->cur_blk++;
+            if (++pl->cur_run_off == run->count) {
+                pl->cur_run++;
+                pl->cur_run_off = 0;
+            }
+            continue;
+        }
         uint64_t len;
         if (off > 0 || bb >= max_op) {
             len = bb - off < max_op ? bb - off : max_op;
@@ -1997,7 +2005,7 @@ pd_status_t kvx_pull_start(kvx_ctx_h *ctx, const kvx_import_t *imp,
     if (n != h->n_blocks || local->block_bytes != h->block_bytes)
         return PD_ERR_BAD_INPUT;
     for (uint32_t i = 0; i < n; i++)
-        if (local_blocks[i] >= local->n_blocks)
+        if (local_blocks[i] >= local->n_blocks && local_blocks[i] != KVX_PULL_SKIP)
             return PD_ERR_BAD_INPUT;
     kvx_rregion_t *rr = NULL;
     for (unsigned i = 0; i < p->n_regions; i++)

@@ -265,8 +265,15 @@ typedef struct {
 typedef void (*kvx_pull_cb_t)(void *arg, pd_status_t status,
                               const kvx_pull_result_t *res);
 
+/* A local block id that means "do not fetch this block of the handle" (the
+ * importer already holds the same KV, e.g. from its prefix cache): an
+ * incremental pull. The generation check still runs, even if every block
+ * is skipped. */
+#define KVX_PULL_SKIP UINT32_MAX
+
 /* Pull imp's blocks into local region blocks local[0..n) (n must equal the
- * handle's block count; local blocks must not be in use). deadline_at_ns is
+ * handle's block count; local blocks must not be in use; KVX_PULL_SKIP
+ * entries are not fetched). deadline_at_ns is
  * absolute pd_now_ns() time. Adjacent blocks (remote AND local contiguous)
  * merge into runs; runs above max_op_bytes are split; at most
  * max_ops_in_flight gets are posted at once. Returns PD_INPROGRESS and

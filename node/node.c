@@ -90,10 +90,18 @@ static void node_req_unlink(node_t *n, node_req_t *r)
     pd_stats_gauge_set(n->stats, NODE_STAT_live, n->n_live);
 }
 
+uint32_t node_kv_available(const node_t *n)
+{
+    return n->prefix != NULL ? kvx_prefix_available(n->prefix)
+                             : kvx_blocks_free_count(n->blocks);
+}
+
 void node_req_retire(node_t *n, node_req_t *r, void (*free_fn)(void *), void *obj)
 {
     if (r->blocks_held) {
-        pd_status_t st = kvx_blocks_free(n->blocks, r->blocks, r->n_blocks);
+        /* drop this request's references: blocks shared with the prefix
+         * cache (or other sequences) stay, the rest are freed */
+        pd_status_t st = kvx_blocks_unref(n->blocks, r->blocks, r->n_blocks, NULL);
         if (st != PD_OK)
             pd_log(PD_LOG_ERROR, n->role->name, r->id, "freeing %u blocks: %s (leaked)",
                    r->n_blocks, pd_status_str(st));
@@ -271,7 +279,7 @@ static void node_fill_hb(proto_session_t *s, proto_heartbeat_t *hb, void *arg)
     (void)s;
     node_t *n = arg;
     hb->flags = n->draining ? PROTO_HB_DRAINING : 0;
-    hb->free_blocks = kvx_blocks_free_count(n->blocks);
+    hb->free_blocks = node_kv_available(n);
     hb->total_blocks = kvx_blocks_total(n->blocks);
     n->role->fill_hb(n, hb);
 }
@@ -339,8 +347,27 @@ static pd_status_t node_adm_kv(pd_admin_req_t *req, cJSON *reply)
     cJSON_AddNumberToObject(reply, "block_bytes", (double)kvx_region_block_bytes(n->region));
     cJSON_AddNumberToObject(reply, "block_tokens", n->geom->block_tokens);
     cJSON_AddNumberToObject(reply, "blocks_total", kvx_blocks_total(n->blocks));
-    cJSON_AddNumberToObject(reply, "free", kvx_blocks_free_count(n->blocks));
-    cJSON_AddNumberToObject(reply, "used", kvx_blocks_used(n->blocks));
+    /* free = allocatable (free + cached blocks nobody holds); used = the rest */
+    uint32_t avail = node_kv_available(n);
+    cJSON_AddNumberToObject(reply, "free", avail);
+    cJSON_AddNumberToObject(reply, "used", kvx_blocks_total(n->blocks) - avail);
+    cJSON_AddBoolToObject(reply, "prefix_cache", n->prefix != NULL);
+    if (n->prefix != NULL) {
+        kvx_prefix_stats_t ps;
+        kvx_prefix_stats(n->prefix, &ps);
+        cJSON *c = cJSON_AddObjectToObject(reply, "cache");
+        cJSON_AddNumberToObject(c, "blocks", ps.entries);
+        cJSON_AddNumberToObject(c, "evictable", ps.evictable);
+        cJSON_AddNumberToObject(c, "unallocated", kvx_blocks_free_count(n->blocks));
+        cJSON_AddNumberToObject(c, "lookups", (double)ps.lookups);
+        cJSON_AddNumberToObject(c, "query_tokens", (double)ps.query_tokens);
+        cJSON_AddNumberToObject(c, "hit_tokens", (double)ps.hit_tokens);
+        cJSON_AddNumberToObject(c, "hit_rate", ps.query_tokens
+                                    ? (double)ps.hit_tokens / (double)ps.query_tokens : 0.0);
+        cJSON_AddNumberToObject(c, "stored", (double)ps.stored);
+        cJSON_AddNumberToObject(c, "evicted", (double)ps.evicted);
+        cJSON_AddNumberToObject(c, "collisions", (double)ps.collisions);
+    }
     if (n->role->adm_kv)
         n->role->adm_kv(n, reply);
     return PD_OK;

@@ -30,6 +30,7 @@
 #include "eng_sample.h"
 #include "kvx.h"
 #include "kvx_blocks.h"
+#include "kvx_prefix.h"
 #include "pd_admin.h"
 #include "pd_config.h"
 #include "pd_idhash.h"
@@ -57,6 +58,7 @@ typedef struct {
     uint64_t block_tokens;
     int kv_dtype;
     uint64_t kv_blocks;
+    bool prefix_cache;
     uint64_t heartbeat_ns;
     uint64_t reconnect_min_ns;
     uint64_t drain_timeout_ns;
@@ -84,7 +86,8 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
     NODE_ROW(stype, threads, "threads", UINT, "0", "engine threads (0 = online cores)", 0, 1024, NULL) \
     NODE_ROW(stype, block_tokens, "block-tokens", UINT, "16", "tokens per KV block", 1, 4096, NULL) \
     NODE_ROW(stype, kv_dtype, "kv-dtype", ENUM, "f16", "KV dtype: f32|f16", 0, 0, node_kv_dtypes) \
-    NODE_ROW(stype, kv_blocks, "kv-blocks", UINT, "1024", "KV blocks in the arena", 1, 1e8, NULL)
+    NODE_ROW(stype, kv_blocks, "kv-blocks", UINT, "1024", "KV blocks in the arena", 1, 1e8, NULL) \
+    NODE_ROW(stype, prefix_cache, "prefix-cache", BOOL, "true", "reuse the KV of cached prompt prefixes (full blocks)", 0, 0, NULL)
 #define NODE_TAIL_ROWS(stype)                                                 \
     NODE_ROW(stype, heartbeat_ns, "heartbeat-interval", DURATION, "500ms", "heartbeat interval before the router's ACK", 1e6, 60e9, NULL) \
     NODE_ROW(stype, reconnect_min_ns, "reconnect-min", DURATION, "1s", "first reconnect backoff (doubles to 30 s)", 1e6, 60e9, NULL) \
@@ -202,6 +205,7 @@ struct node {
     kvx_ctx_h *kvx;
     kvx_region_h *region;
     kvx_blocks_t *blocks;
+    kvx_prefix_t *prefix;               /* NULL when prefix-cache is off */
     uint8_t meta[KVX_META_MAX_BYTES];
     size_t meta_len;
     node_req_t **lease_reqs;            /* (max_leases) request per live lease slot */
@@ -273,6 +277,10 @@ void node_req_link(node_t *n, node_req_t *r);
 /* A request reached its terminal state: free its blocks, unlink it, free
  * obj (the role's request) later through free_fn, and check the drain. */
 void node_req_retire(node_t *n, node_req_t *r, void (*free_fn)(void *), void *obj);
+/* Blocks a new request can get: free ones plus cached ones nobody uses
+ * (evicted on demand). What heartbeats, admin `kv` "free" and /metrics
+ * report as free. */
+uint32_t node_kv_available(const node_t *n);
 
 /* Sampling parameters from a PROTO sampling block + the model's EOS ids. */
 pd_status_t node_sampling(const node_t *n, const proto_sampling_t *ps, eng_sample_params_t *sp);

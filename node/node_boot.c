@@ -219,6 +219,13 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
     st = kvx_blocks_create(n->region, nblocks, &n->blocks);
     if (st != PD_OK)
         return node_fail(n, "block allocator", st, NULL);
+    if (n->cfg->prefix_cache) {
+        kvx_prefix_config_t pc = { .block_tokens = n->geom->block_tokens,
+                                   .compat_hash = n->geom->compat_hash };
+        st = kvx_prefix_create(n->blocks, &pc, &n->prefix);
+        if (st != PD_OK)
+            return node_fail(n, "prefix cache", st, NULL);
+    }
     st = kvx_meta_pack(n->kvx, n->meta, sizeof(n->meta), &n->meta_len);
     if (st != PD_OK || n->meta_len > PROTO_KV_ADDR_MAX)
         return node_fail(n, "kvx metadata", st != PD_OK ? st : PD_ERR_TOO_BIG, NULL);
@@ -264,6 +271,8 @@ void node_teardown(node_t *n, void (*after_kvx)(node_t *n))
         n->admin = NULL;
     }
     node_metrics_stop(n);
+    kvx_prefix_destroy(n->prefix);          /* reads the region's pins */
+    n->prefix = NULL;
     kvx_ctx_destroy(n->kvx);                /* worker first, then the region */
     n->kvx = NULL;
     n->region = NULL;

@@ -12,7 +12,7 @@
  * before rendering. */
 #define NODE_POOL_STATS(X)                                                    \
     X(blocks,       GAUGE, "KV blocks in the arena")                          \
-    X(blocks_free,  GAUGE, "KV blocks free")                                  \
+    X(blocks_free,  GAUGE, "KV blocks free (unallocated, or cached and unused)") \
     X(blocks_used,  GAUGE, "KV blocks allocated (computing, leased or decoding)") \
     X(block_bytes,  GAUGE, "bytes per KV block")                              \
     X(usage_ppm,    GAUGE, "KV blocks used per million (Prometheus: pd_kv_pool_usage_ratio, 0..1)")
@@ -36,7 +36,7 @@ static pd_status_t node_metrics_render(void *arg, char **text_p, size_t *len_p)
 {
     node_t *n = arg;
     uint64_t total = (uint64_t)n->cfg->kv_blocks;
-    uint64_t free_n = kvx_blocks_free_count(n->blocks);
+    uint64_t free_n = node_kv_available(n); /* free + unused cached */
     uint64_t used = free_n <= total ? total - free_n : 0;
     pd_stats_gauge_set(n->pool, NODE_POOL_blocks, (int64_t)total);
     pd_stats_gauge_set(n->pool, NODE_POOL_blocks_free, (int64_t)free_n);

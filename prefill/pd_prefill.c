@@ -117,8 +117,10 @@ static void pf_job_run(eng_job_t *job)
         r->run_end_ns = r->run_start_ns;
         return;
     }
+    /* KV of [0, n_cached) is already in the first (cached, read-only) blocks */
     pd_status_t st = pf->n.ops->prefill(pf->n.model, kvx_region_base(pf->n.region), r->nr.blocks,
-                                      r->nr.n_blocks, r->prompt, r->n_prompt, 0, pf->logits);
+                                      r->nr.n_blocks, r->prompt + r->n_cached,
+                                      r->n_prompt - r->n_cached, r->n_cached, pf->logits);
     if (st == PD_OK) {
         eng_sampler_t s;
         eng_sampler_init(&s, &r->sp);
@@ -159,6 +161,13 @@ static void pf_job_done(eng_job_t *job)
     }
     pd_stats_observe_ns(pf->n.stats, PF_STAT_prefill_time, r->run_end_ns - r->run_start_ns);
     pd_stats_add(pf->n.stats, PF_STAT_prompt_tokens, r->n_prompt);
+    pd_stats_add(pf->n.stats, PF_STAT_cached_tokens, r->n_cached);
+    pd_stats_add(pf->n.stats, PF_STAT_computed_tokens, r->n_prompt - r->n_cached);
+    pd_stats_add(pf->n.stats, PF_STAT_saved_bytes,
+                 (uint64_t)(r->n_cached / pf->n.geom->block_tokens) * pf->n.geom->block_bytes);
+    if (pf->n.prefix != NULL) /* the prompt's full blocks become shareable */
+        (void)kvx_prefix_insert(pf->n.prefix, r->prompt, r->n_prompt, r->nr.blocks,
+                                r->nr.n_blocks, NULL);
     if (!pf_can_reply(pf, r)) { /* the router that asked is gone */
         pf_req_set_state(r, PF_ST_CANCELED);
         return;
@@ -219,6 +228,27 @@ static void pf_on_lease_end(node_t *n, node_req_t *nr, kvx_lease_end_t why)
 
 /* ---- loop: messages ----------------------------------------------------- */
 
+/* The prompt's blocks: the longest cached prefix (never the whole prompt:
+ * the last token is computed for its logits), then fresh blocks, evicting
+ * unused cached ones when short. All or nothing. */
+static pd_status_t pf_take_blocks(pf_t *pf, pf_req_t *r, uint32_t nb)
+{
+    uint32_t m = 0;
+    if (pf->n.prefix != NULL)
+        m = kvx_prefix_match(pf->n.prefix, r->prompt, r->n_prompt - 1, r->nr.blocks, nb);
+    pd_status_t st = pf->n.prefix != NULL
+                         ? kvx_prefix_alloc(pf->n.prefix, nb - m, r->nr.blocks + m)
+                         : kvx_blocks_alloc(pf->n.blocks, nb - m, r->nr.blocks + m);
+    if (st != PD_OK) {
+        (void)kvx_blocks_unref(pf->n.blocks, r->nr.blocks, m, NULL); /* the cache keeps them */
+        return PD_ERR_NO_KV_SPACE;
+    }
+    r->nr.n_blocks = nb;
+    r->nr.blocks_held = true;
+    r->n_cached = m * pf->n.geom->block_tokens;
+    return PD_OK;
+}
+
 static void pf_on_prefill_req(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 {
     (void)c;
@@ -249,11 +279,8 @@ static void pf_on_prefill_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
         st = PD_ERR_BAD_INPUT; why = "bad sampling parameters";
     }
     uint32_t nb = (n + pf->n.geom->block_tokens - 1) / pf->n.geom->block_tokens;
-    if (st == PD_OK && nb > kvx_blocks_free_count(pf->n.blocks)) {
-        st = PD_ERR_NO_KV_SPACE; why = "no free KV blocks";
-    }
     node_gram_t gram = { NULL, NULL };
-    if (st == PD_OK) {
+    if (st == PD_OK) { /* KV room: pf_take_blocks (cached prefix + new blocks) */
         pd_status_t gs = node_gram_start(&pf->n, &q->sampling, &gram);
         if (gs != PD_OK) {
             st = gs; why = gs == PD_ERR_NO_MEMORY ? "out of memory"
@@ -275,6 +302,15 @@ static void pf_on_prefill_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
             st = PD_ERR_NO_MEMORY; why = "out of memory";
         }
     }
+    if (st == PD_OK) {
+        r->n_prompt = proto_tokens_copy(&q->prompt, r->prompt, n);
+        st = pf_take_blocks(pf, r, nb);
+        if (st != PD_OK) {
+            why = "no free KV blocks";
+            pf_req_free(r);
+            r = NULL;
+        }
+    }
     if (st != PD_OK) {
         pd_stats_inc(pf->n.stats, PF_STAT_rejected);
         pd_log(PD_LOG_DEBUG, PF_COMP, q->request_id, "rejected: %s", why);
@@ -286,15 +322,11 @@ static void pf_on_prefill_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
     snprintf(r->target, sizeof(r->target), "%s", q->target_decode_id);
     r->nr.epoch = pf->n.epoch;
     r->reply_pending = true;
-    r->n_prompt = proto_tokens_copy(&q->prompt, r->prompt, n);
-    r->nr.n_blocks = nb;
     r->sp = sp;
     r->lp_on = q->sampling.logprobs != 0;
     r->lp_top = q->sampling.top_logprobs;
     r->lease_ttl_ns = pf->cfg.lease_ttl_ns;
     r->lease.slot = UINT32_MAX;
-    (void)kvx_blocks_alloc(pf->n.blocks, nb, r->nr.blocks); /* checked above */
-    r->nr.blocks_held = true;
     r->job.run = pf_job_run;
     r->job.done = pf_job_done;
     r->state = PF_ST_NEW;

@@ -51,6 +51,8 @@ typedef struct pf_req {
     bool reply_pending;                 /* no PREFILL_DONE/ERROR sent yet */
     uint32_t n_prompt;
     int32_t *prompt;                    /* (n_prompt) */
+    uint32_t n_cached;                  /* prompt tokens whose KV came from the
+                                           prefix cache (full blocks) */
     eng_sample_params_t sp;
     node_gram_t gram;                   /* structured output (token 0's mask) */
     bool lp_on;                         /* report token 0's logprobs */
@@ -78,6 +80,9 @@ struct pf {
                    "requests failed (compute, export, lease expiry)",                         \
                    "requests canceled (CANCEL, RELEASE, router lost)")                        \
     X(prompt_tokens,   COUNTER,   "prompt tokens prefilled")                  \
+    X(cached_tokens,   COUNTER,   "prompt tokens reused from the prefix cache") \
+    X(computed_tokens, COUNTER,   "prompt tokens computed")                   \
+    X(saved_bytes,     COUNTER,   "KV bytes not recomputed (cached blocks)")  \
     X(computing,       GAUGE,     "requests queued or running on the compute thread") \
     X(leased,          GAUGE,     "requests holding a KV lease")              \
     X(queue_time,      HISTOGRAM, "accept -> compute start")                  \

@@ -22,6 +22,32 @@ int rtr_pick_prefill(const rtr_backend_load_t *b, size_t n, uint32_t *rr_cursor)
     return best;
 }
 
+static uint64_t kv_cost(const rtr_backend_load_t *b, uint32_t cached, uint32_t prompt)
+{
+    uint32_t reuse = prompt == 0 ? 0 : cached < prompt - 1 ? cached : prompt - 1;
+    return b->outstanding_prefill_tokens + (prompt - reuse);
+}
+
+int rtr_pick_prefill_kv(const rtr_backend_load_t *b, const uint32_t *cached, size_t n,
+                        uint32_t prompt, uint32_t *rr_cursor)
+{
+    int best = -1;
+    uint64_t best_cost = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = rr_index(i, n, *rr_cursor);
+        if (!b[k].eligible)
+            continue;
+        uint64_t c = kv_cost(&b[k], cached[k], prompt);
+        if (best < 0 || c < best_cost || (c == best_cost && cached[k] > cached[best])) {
+            best = (int)k;
+            best_cost = c;
+        }
+    }
+    if (best >= 0)
+        *rr_cursor = (uint32_t)best;
+    return best;
+}
+
 static bool decode_better(const rtr_backend_load_t *a, const rtr_backend_load_t *b,
                           uint32_t needed)
 {

@@ -26,6 +26,18 @@ typedef enum {
  * eligible. */
 int rtr_pick_prefill(const rtr_backend_load_t *backends, size_t n, uint32_t *rr_cursor);
 
+/* KV-aware prefill choice: the daemon that finishes this prompt first,
+ * estimated in tokens of work = its outstanding prefill tokens + the part of
+ * this prompt it does not hold in its prefix cache:
+ *   cost(k) = outstanding_prefill_tokens(k) + prompt_tokens - min(cached_tokens[k], prompt_tokens - 1)
+ * (the last prompt token is always computed). With no cache anywhere it is
+ * rtr_pick_prefill. Ties: the larger overlap (keeps a prefix on one daemon),
+ * then round robin after *rr_cursor (updated). cached_tokens[k] is what the
+ * router's index says daemon k holds of this prompt's prefix (full blocks).
+ * Returns an index or -1 if none is eligible. */
+int rtr_pick_prefill_kv(const rtr_backend_load_t *backends, const uint32_t *cached_tokens,
+                        size_t n, uint32_t prompt_tokens, uint32_t *rr_cursor);
+
 /* Decode choice: among eligible daemons with at least `needed_blocks` free,
  * the most free blocks, then the fewest running sequences, then round robin.
  * If none has room, the one with the most free blocks (it queues or pushes

@@ -681,7 +681,7 @@ static void send_cancel(const char *to, fr_req_t *r)
 
 /* ---- the scenario ---------------------------------------------------------- */
 
-static proc_t P, D, PL, PK, BAD, PS, PR;
+static proc_t P, D, PL, PK, BAD, PS, PR, PC, PC2;
 
 static int setup(void **state)
 {
@@ -709,6 +709,8 @@ static int teardown(void **state)
     kill_proc(&BAD);
     kill_proc(&PS);
     kill_proc(&PR);
+    kill_proc(&PC);
+    kill_proc(&PC2);
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
     if (system(cmd) != 0)
@@ -774,17 +776,16 @@ static void test_wrong_secret(void **state)
     kill_proc(&BAD);
 }
 
-static void disagg_one(uint32_t n, uint32_t salt, const samp_t *s)
+static void disagg_prompt_on(const char *pf, const int32_t *prompt, uint32_t n, const samp_t *s)
 {
-    int32_t prompt[512], ref[MAX_TOK];
-    make_prompt(prompt, n, salt);
+    int32_t ref[MAX_TOK];
     uint32_t nref = reference(prompt, n, s, ref, MAX_TOK);
-    fr_req_t *r = send_prefill("pf-a", "dec-a", prompt, n, s);
+    fr_req_t *r = send_prefill(pf, "dec-a", prompt, n, s);
     assert_true(run_until(p_done_or_error, r, 20));
     assert_false(r->error);
     assert_int_equal(r->first_token, ref[0]);
     assert_int_equal(r->n_prompt, n);
-    send_decode(r, "dec-a", "pf-a", prompt, n, &r->first_token, 1, s, false);
+    send_decode(r, "dec-a", pf, prompt, n, &r->first_token, 1, s, false);
     assert_true(run_until(p_final, r, 30));
     assert_false(r->error);
     assert_false(r->seq_bad);
@@ -794,6 +795,201 @@ static void disagg_one(uint32_t n, uint32_t salt, const samp_t *s)
     assert_int_equal(r->fin.completion_tokens, nref);
     assert_int_equal(r->fin.prompt_tokens, n);
     assert_true(r->fin.reason == PROTO_FINISH_LENGTH || r->fin.reason == PROTO_FINISH_STOP);
+}
+
+static void disagg_prompt(const int32_t *prompt, uint32_t n, const samp_t *s)
+{
+    disagg_prompt_on("pf-a", prompt, n, s);
+}
+
+static void disagg_one(uint32_t n, uint32_t salt, const samp_t *s)
+{
+    int32_t prompt[512];
+    make_prompt(prompt, n, salt);
+    disagg_prompt(prompt, n, s);
+}
+
+static double counter(proc_t *p, const char *name)
+{
+    cJSON *j = admin(p, "requests");
+    assert_non_null(j);
+    double v = jnum(j, "counters", name);
+    cJSON_Delete(j);
+    return v;
+}
+
+static double pf_counter(const char *name)
+{
+    cJSON *j = admin(&P, "requests");
+    assert_non_null(j);
+    double v = jnum(j, "counters", name);
+    cJSON_Delete(j);
+    return v;
+}
+
+/* Prefix cache (on by default): a repeated prompt and one sharing its first
+ * blocks reuse the prefill's cached blocks (only full blocks, never the last
+ * token) and still produce pd-run's tokens (pd-run computes everything:
+ * the cache-off reference), greedy and with penalties; afterwards every
+ * block is free or cached and unused (no leak). */
+static void test_prefix_reuse(void **state)
+{
+    (void)state;
+    cJSON *kv = admin(&P, "kv");
+    assert_non_null(kv);
+    uint32_t bt = (uint32_t)jnum(kv, "block_tokens", NULL);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(kv, "prefix_cache")));
+    cJSON_Delete(kv);
+    assert_true(bt >= 1 && bt <= 32);
+    uint32_t n = 5 * bt + 3;
+    int32_t a[512], b[512];
+    make_prompt(a, n, 21);
+    samp_t greedy = { 0.0f, 0, 12, false };
+    samp_t pen = { 0.8f, 4321, 12, true, 1.2f, 0.6f, 1.4f, 0.05f, 40, 2.0f };
+    double c0 = pf_counter("cached_tokens"), k0 = pf_counter("computed_tokens");
+    double d0 = counter(&D, "cached_tokens");
+    disagg_prompt(a, n, &greedy);                   /* cold */
+    assert_true(pf_counter("cached_tokens") == c0);
+    assert_true(pf_counter("computed_tokens") == k0 + n);
+    assert_true(counter(&D, "cached_tokens") == d0);
+    disagg_prompt(a, n, &greedy);                   /* the same prompt: 5 blocks */
+    assert_true(pf_counter("cached_tokens") == c0 + 5 * bt);
+    assert_true(pf_counter("computed_tokens") == k0 + n + 3);
+    /* the decode kept the finished sequence's blocks: it pulled only the
+     * last (partial) block of the prompt */
+    assert_true(counter(&D, "cached_tokens") == d0 + 5 * bt);
+    disagg_prompt(a, n, &pen);
+    /* shares 3 blocks, then diverges */
+    memcpy(b, a, sizeof(int32_t) * 3 * bt);
+    for (uint32_t i = 3 * bt; i < n + 4; i++)
+        b[i] = (int32_t)(40 + (i * 11) % 70);
+    double c1 = pf_counter("cached_tokens");
+    disagg_prompt(b, n + 4, &greedy);
+    assert_true(pf_counter("cached_tokens") == c1 + 3 * bt);
+    /* a prompt of exactly 2 blocks reuses 1: the last token is computed */
+    double c2 = pf_counter("cached_tokens");
+    disagg_prompt(a, 2 * bt, &greedy);
+    assert_true(pf_counter("cached_tokens") == c2 + bt);
+    /* local path (the decode prefills itself) from the decode's cache: a
+     * prompt continuing a's first 4 blocks */
+    int32_t cc[512], ref[MAX_TOK];
+    memcpy(cc, a, sizeof(int32_t) * 4 * bt);
+    for (uint32_t i = 4 * bt; i < 4 * bt + 9; i++)
+        cc[i] = (int32_t)(35 + (i * 5) % 80);
+    uint32_t nc = 4 * bt + 9;
+    uint32_t nref = reference(cc, nc, &greedy, ref, MAX_TOK);
+    double d1 = counter(&D, "cached_tokens");
+    fr_req_t *r = new_req();
+    send_decode(r, "dec-a", NULL, cc, nc, NULL, 0, &greedy, true);
+    assert_true(run_until(p_final, r, 30));
+    assert_false(r->error);
+    assert_int_equal(r->n_tokens, nref);
+    for (uint32_t i = 0; i < nref; i++)
+        assert_int_equal(r->tokens[i], ref[i]);
+    assert_true(counter(&D, "cached_tokens") == d1 + 4 * bt);
+    /* multi-turn: the next prompt is a + the decode's answer + new tokens;
+     * the decode kept the answer's KV (computed by decode steps) and pulls
+     * neither those blocks nor the prompt's, and the tokens stay pd-run's */
+    samp_t ans = { 0.0f, 0, 2 * bt, true };
+    int32_t gen[MAX_TOK], t2[512];
+    uint32_t ng = reference(a, n, &ans, gen, MAX_TOK);
+    assert_int_equal(ng, 2 * bt);
+    disagg_prompt(a, n, &ans);
+    memcpy(t2, a, sizeof(int32_t) * n);
+    memcpy(t2 + n, gen, sizeof(int32_t) * ng);
+    for (uint32_t i = 0; i < 6; i++)
+        t2[n + ng + i] = (int32_t)(33 + i * 9);
+    uint32_t n2 = n + ng + 6; /* KV cached for n + ng - 1 = 7 bt + 2 tokens */
+    double d2 = counter(&D, "cached_tokens");
+    disagg_prompt(t2, n2, &greedy);
+    assert_true(counter(&D, "cached_tokens") == d2 + 7 * bt);
+    kv = admin(&P, "kv");
+    assert_non_null(kv);
+    assert_true(jnum(kv, "cache", "blocks") >= 6);
+    assert_true(jnum(kv, "cache", "hit_tokens") > 0);
+    cJSON_Delete(kv);
+    assert_true(kv_all_free(&P, 10));
+    assert_true(kv_all_free(&D, 10));
+}
+
+/* Reuse racing eviction, lease expiry and a prefill restart, on a small
+ * pool (12 blocks): a leased cached block is never evicted (the pressure
+ * request is refused instead), blocks come back as evictable cache when the
+ * lease expires, eviction makes room, and every answer is pd-run's (a stale
+ * or overwritten block would change the tokens). A new prefill process
+ * starts with an empty cache while the decode still skips the blocks it
+ * holds. */
+static void send_peer_down(const char *to, const char *id, uint64_t incarnation);
+
+static void test_prefix_races(void **state)
+{
+    (void)state;
+    spawn(&PC, g_prefill_bin, "pf-cache", SECRET_HEX,
+          (const char *const[]){ "--lease-ttl=300ms", "--kv-blocks=12", NULL });
+    assert_true(run_until(p_registered, "pf-cache", 20));
+    cJSON *kv = admin(&PC, "kv");
+    assert_non_null(kv);
+    uint32_t bt = (uint32_t)jnum(kv, "block_tokens", NULL);
+    cJSON_Delete(kv);
+    assert_true(bt >= 1 && bt <= 32);
+    samp_t g = { 0.0f, 0, 6, false };
+    int32_t a[512], b[512], c[512];
+    uint32_t na = 5 * bt + 3, nb = 6 * bt + 5, nc = 5 * bt + 1; /* 6, 7, 6 blocks */
+    make_prompt(a, na, 61);
+    make_prompt(b, nb, 62);
+    make_prompt(c, nc, 63);
+    disagg_prompt_on("pf-cache", a, na, &g);            /* a's 5 full blocks cached */
+    double h0 = counter(&PC, "cached_tokens");
+    /* a reuse that is never forwarded: its lease pins a's cached blocks */
+    fr_req_t *r = send_prefill("pf-cache", "dec-a", a, na, &g);
+    assert_true(run_until(p_done_or_error, r, 20));
+    assert_false(r->error);
+    assert_true(counter(&PC, "cached_tokens") == h0 + 5 * bt);
+    /* 7 blocks wanted, 6 free, the rest leased: refused, nothing evicted */
+    fr_req_t *rb = send_prefill("pf-cache", "dec-a", b, nb, &g);
+    assert_true(run_until(p_done_or_error, rb, 20));
+    assert_true(rb->error);
+    assert_int_equal(rb->err_status, PD_ERR_NO_KV_SPACE);
+    disagg_prompt_on("pf-cache", c, nc, &g);            /* fits beside the lease */
+    /* the lease expires: a's blocks are cache again, nothing held */
+    assert_true(kv_all_free(&PC, 10));
+    /* b now evicts (a's chain is older than c's) and is right */
+    disagg_prompt_on("pf-cache", b, nb, &g);
+    cJSON *k2 = admin(&PC, "kv");
+    assert_non_null(k2);
+    assert_true(jnum(k2, "cache", "evicted") >= 5);
+    cJSON_Delete(k2);
+    /* reuse after eviction: whatever is still cached, the tokens are right */
+    disagg_prompt_on("pf-cache", a, na, &g);
+    disagg_prompt_on("pf-cache", c, nc, &g);
+    disagg_prompt_on("pf-cache", b, nb, &g);
+    assert_true(kv_all_free(&PC, 10));
+    check_ledger(&PC);
+    /* the prefill goes away; a new process serves the same prompts: no
+     * cache there, the decode still has a's blocks and pulls only the rest */
+    fr_daemon_t *dc = fr_by_id("pf-cache");
+    kill_proc(&PC);
+    assert_true(run_until(p_closed, dc, 10));
+    send_peer_down("dec-a", "pf-cache", dc->incarnation);
+    /* (and with its prefix cache switched off: the same tokens, twice) */
+    spawn(&PC2, g_prefill_bin, "pf-cache-2", SECRET_HEX,
+          (const char *const[]){ "--kv-blocks=12", "--prefix-cache=false", NULL });
+    assert_true(run_until(p_registered, "pf-cache-2", 20));
+    kv = admin(&PC2, "kv");
+    assert_non_null(kv);
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItem(kv, "prefix_cache")));
+    assert_null(cJSON_GetObjectItem(kv, "cache"));
+    cJSON_Delete(kv);
+    double d0 = counter(&D, "cached_tokens");
+    disagg_prompt_on("pf-cache-2", a, na, &g);
+    disagg_prompt_on("pf-cache-2", a, na, &g);
+    assert_true(counter(&PC2, "cached_tokens") == 0);
+    assert_true(counter(&PC2, "computed_tokens") == 2 * na);
+    assert_true(counter(&D, "cached_tokens") >= d0 + 2 * 5 * bt);
+    assert_true(kv_all_free(&PC2, 10));
+    assert_true(kv_all_free(&D, 10));
+    kill(PC2.pid, SIGTERM);
+    assert_int_equal(wait_exit(&PC2, 20), 0);
 }
 
 static void test_disagg_matches_pd_run(void **state)
@@ -948,6 +1144,10 @@ static void test_prefill_killed_before_pull(void **state)
     assert_true(run_until(p_final, r, 10));
     assert_true(pd_now_ns() - t0 < 2000000000ull + 1500000000ull);
     if (r->error) {
+        if (!(r->err_status == PD_ERR_PEER_GONE || r->err_status == PD_ERR_TIMED_OUT ||
+              r->err_status == PD_ERR_TRANSPORT || r->err_status == PD_ERR_STALE))
+            fprintf(stderr, "pull to a killed prefill ended with %s\n",
+                    pd_status_name(r->err_status));
         assert_true(r->err_status == PD_ERR_PEER_GONE || r->err_status == PD_ERR_TIMED_OUT ||
                     r->err_status == PD_ERR_TRANSPORT || r->err_status == PD_ERR_STALE);
     } else {
@@ -1573,6 +1773,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ready_file),
         cmocka_unit_test(test_wrong_secret),
         cmocka_unit_test(test_disagg_matches_pd_run),
+        cmocka_unit_test(test_prefix_reuse),
+        cmocka_unit_test(test_prefix_races),
         cmocka_unit_test(test_local_matches_pd_run),
         cmocka_unit_test(test_cancel_mid_decode),
         cmocka_unit_test(test_lease_expiry),

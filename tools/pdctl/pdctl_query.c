@@ -836,6 +836,16 @@ static int pdctl_top_frame(pdctl_state_t *st, const pdctl_sample_t *prev, pdctl_
             pdctl_put(&t, row, "KV%", "%.0f", tot > 0 ? 100 * (tot - fr) / tot : 0.0);
             pdctl_put(&t, row, "LEASES", "%.0f", pdctl_num(b, "leases"));
         }
+        /* prefix cache (daemon's `kv`): token hit rate and blocks cached */
+        cJSON *kv = pdctl_admin(d->sock, "kv", 2.0, err, sizeof(err));
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(kv, "cache");
+        if (c != NULL) {
+            pdctl_put(&t, row, "PREFIX_HIT%", "%.0f", 100 * pdctl_num(c, "hit_rate"));
+            pdctl_put(&t, row, "CACHED", "%.0f", pdctl_num(c, "blocks"));
+        } else if (kv != NULL) {
+            pdctl_put(&t, row, "PREFIX_HIT%", "off");
+        }
+        cJSON_Delete(kv);
     }
     pdctl_table_print(&t, out, eol);
     pdctl_table_free(&t);
