@@ -49,8 +49,8 @@ typedef struct eng_gram_vocab eng_gram_vocab_t;
 
 /* Compile. kind JSON_OBJECT ignores schema; JSON_SCHEMA parses schema[0..len)
  * (root must be an object schema). On PD_ERR_BAD_INPUT / PD_ERR_TOO_BIG
- * err holds a message naming the offending keyword or cap; *keyword (when
- * not NULL) points at a static copy of the keyword name or "". */
+ * err (when not NULL) holds a message naming the offending keyword or cap.
+ * PD_ERR_NO_MEMORY is the only other failure. */
 pd_status_t eng_gram_compile(eng_gram_kind_t kind, const char *schema, size_t len,
                              eng_gram_t **g_p, char *err, size_t err_len);
 void eng_gram_free(eng_gram_t *g); /* accepts NULL */

@@ -202,6 +202,8 @@ static char *sample_one(eng_gram_kind_t kind, const char *schema, uint64_t seed,
     char *out = malloc(cap);
     int32_t eos = EOS_ID;
     uint32_t steps = 0;
+    static int32_t ids[20000];
+    static float lg2[VOCAB];
     for (;; steps++) {
         assert_true(steps < 20000);
         if (max_tokens && steps >= max_tokens)
@@ -209,13 +211,29 @@ static char *sample_one(eng_gram_kind_t kind, const char *schema, uint64_t seed,
         uint32_t budget = max_tokens ? max_tokens - steps : UINT32_MAX;
         for (int i = 0; i < VOCAB; i++)
             lg[i] = (float)(eng_rng_next(&smp.rng) % 4000) / 1000.0f;
-        assert_true(eng_gram_mask(st, voc, &eos, 1, lg, VOCAB, scratch, budget));
+        if (steps == 1 || steps % 23 == 0) {
+            /* a decode daemon's view: a fresh state fed the tokens so far
+             * (prefill's token 0, or everything streamed before a retry)
+             * masks exactly as the state that generated them */
+            eng_gram_state_t *rs2;
+            assert_int_equal(eng_gram_state_create(g, &rs2), PD_OK);
+            for (uint32_t k = 0; k < steps; k++)
+                assert_true(eng_gram_feed_token(rs2, voc, ids[k]));
+            memcpy(lg2, lg, sizeof(lg2));
+            assert_true(eng_gram_mask(rs2, voc, &eos, 1, lg2, VOCAB, scratch, budget));
+            assert_true(eng_gram_mask(st, voc, &eos, 1, lg, VOCAB, scratch, budget));
+            assert_memory_equal(lg, lg2, sizeof(lg2));
+            eng_gram_state_free(rs2);
+        } else {
+            assert_true(eng_gram_mask(st, voc, &eos, 1, lg, VOCAB, scratch, budget));
+        }
         int32_t t = eng_sample_next(&smp, lg, VOCAB, &scr, NULL);
         if (t == EOS_ID) {
             assert_true(eng_gram_complete(st));
             break;
         }
         assert_true(eng_gram_feed_token(st, voc, t));
+        ids[steps] = t;
         assert_true(n + plen[t] < cap);
         memcpy(out + n, pieces[t], plen[t]);
         n += plen[t];
