@@ -206,8 +206,8 @@ lifecycle() {
     local long=$T/long i
     : >"$long"
     for i in 1 2 3 4; do
-        (body=$(curl -s -m 60 "$URL/v1/completions" -H 'Content-Type: application/json' \
-            -d "{\"prompt\":\"$PROMPT\",\"max_tokens\":700,\"ignore_eos\":true}")
+        (body=$(curl -s -m 240 "$URL/v1/completions" -H 'Content-Type: application/json' \
+            -d "{\"prompt\":\"$PROMPT\",\"max_tokens\":2000,\"ignore_eos\":true}")
          if grep -q '"finish_reason":"length"' <<<"$body"; then echo "200 finish"; else echo "bad $body"; fi >>"$long") &
         LOAD_PIDS+=($!)
     done
@@ -227,7 +227,7 @@ lifecycle() {
     check "scale-down drained (no SIGKILL)" bash -c '! grep -q SIGKILL <<<"$1"' _ "$ERR"
     mig1=$("$PDCTL" admin router stats --json --run-dir "$R" | json_get '[t for t in j["stats"] if t["table"] == "router"][0]["values"]["requests_migrated"]')
     check "scale-down moved decode-1's streams live ($mig0 -> $mig1 migrated)" test "$mig1" -gt "$mig0"
-    check "every long stream finished" poll 60 bash -c '[ "$(grep -c "^200 finish" "$1")" = 4 ]' _ "$long"
+    check "every long stream finished" poll 240 bash -c '[ "$(grep -c "^200 finish" "$1")" = 4 ]' _ "$long"
     check "long streams: no error" bash -c '! grep -qv "^200 finish" "$1"' _ "$long"
     poll 30 count_ge "$res" $((before + 3)) || bad "no requests after scale-down"
     # the prefill side too, still under load
