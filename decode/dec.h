@@ -159,8 +159,7 @@ struct dec {
     X(pulls_ok,        COUNTER,   "KV pulls completed")                       \
     X(pulls_failed,    COUNTER,   "KV imports or pulls failed")               \
     X(local_prefills,  COUNTER,   "decode-local prefills")                    \
-    X(cached_tokens,   COUNTER,   "prompt tokens whose KV came from this decode's prefix cache") \
-    X(saved_bytes,     COUNTER,   "KV bytes neither pulled nor computed (cached blocks)") \
+    NODE_CACHE_STATS(X)                                                       \
     X(tokens_out,      COUNTER,   "tokens generated")                         \
     X(steps,           COUNTER,   "compute steps")                            \
     X(waiting,         GAUGE,     "requests in the wait queue")               \

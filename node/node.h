@@ -108,6 +108,13 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
     X(rejected,  COUNTER, req "s refused at admission")                       \
     X(live,      GAUGE,   "requests not yet terminal")
 
+/* The prefix cache's counters, the same on every KV-holding role: prompt
+ * tokens whose KV came from the cache, and the KV bytes that were neither
+ * computed nor pulled for them. */
+#define NODE_CACHE_STATS(X)                                                   \
+    X(cached_tokens, COUNTER, "prompt tokens whose KV came from the prefix cache") \
+    X(saved_bytes,   COUNTER, "KV bytes neither computed nor pulled (cached blocks)")
+
 /* Their ids, the same in every role's stats enum (they come first). */
 #define NODE_STAT_ENUM(name, kind, help) NODE_STAT_##name,
 enum { NODE_REQ_STATS(NODE_STAT_ENUM, "", "", "", "") NODE_STAT__COUNT };

@@ -80,9 +80,8 @@ struct pf {
                    "requests failed (compute, export, lease expiry)",                         \
                    "requests canceled (CANCEL, RELEASE, router lost)")                        \
     X(prompt_tokens,   COUNTER,   "prompt tokens prefilled")                  \
-    X(cached_tokens,   COUNTER,   "prompt tokens reused from the prefix cache") \
+    NODE_CACHE_STATS(X)                                                       \
     X(computed_tokens, COUNTER,   "prompt tokens computed")                   \
-    X(saved_bytes,     COUNTER,   "KV bytes not recomputed (cached blocks)")  \
     X(computing,       GAUGE,     "requests queued or running on the compute thread") \
     X(leased,          GAUGE,     "requests holding a KV lease")              \
     X(queue_time,      HISTOGRAM, "accept -> compute start")                  \
