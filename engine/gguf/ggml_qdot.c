@@ -67,6 +67,18 @@ __attribute__((target("avx2"))) static inline int32_t hsum8_avx2(__m256i v)
     return _mm_cvtsi128_si32(x);
 }
 
+/* Lane sums of v[0..7] as one vector: lane i = sum of v[i]'s 8 int32 lanes. */
+__attribute__((target("avx2"))) static inline __m256i hsum8x8_avx2(const __m256i *v)
+{
+    __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
+    __m256i c = _mm256_hadd_epi32(v[4], v[5]), d = _mm256_hadd_epi32(v[6], v[7]);
+    a = _mm256_hadd_epi32(a, b);
+    c = _mm256_hadd_epi32(c, d);
+    /* a: lanes {0,1,2,3 | 0,1,2,3} halves; c likewise for 4..7 */
+    __m256i lo = _mm256_permute2x128_si256(a, c, 0x20), hi = _mm256_permute2x128_si256(a, c, 0x31);
+    return _mm256_add_epi32(lo, hi);
+}
+
 __attribute__((target("avx2"))) static inline __m256i q4_unpack_avx2(const uint8_t *q)
 {
     __m128i lo = _mm_loadu_si128((const __m128i_u *)q);
@@ -79,7 +91,18 @@ __attribute__((target("avx2"))) static void isums_q8_0_avx2(const uint8_t *w,
                                                              int32_t *s)
 {
     const __m256i ones = _mm256_set1_epi16(1);
-    for (uint64_t b = 0; b < nb; b++) {
+    uint64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        __m256i v[8];
+        for (int k = 0; k < 8; k++) {
+            __m256i wq = _mm256_loadu_si256((const __m256i_u *)(w + (b + k) * Q8_0_BYTES + 2));
+            __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b + k].qs);
+            v[k] = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(aq, wq)), ones);
+        }
+        _mm256_storeu_si256((__m256i_u *)(s + b), hsum8x8_avx2(v));
+    }
+    for (; b < nb; b++) {
         __m256i wq = _mm256_loadu_si256((const __m256i_u *)(w + b * Q8_0_BYTES + 2));
         __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b].qs);
         /* |w| * (a * sign(w)); |w| <= 128 so 2 * 128 * 127 fits int16 */
@@ -94,7 +117,20 @@ __attribute__((target("avx2"))) static void isums_q4_0_avx2(const uint8_t *w,
 {
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i ones8 = _mm256_set1_epi8(1);
-    for (uint64_t b = 0; b < nb; b++) {
+    const __m256i eight = _mm256_set1_epi32(8);
+    uint64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        __m256i v[8], t[8];
+        for (int k = 0; k < 8; k++) {
+            __m256i u = q4_unpack_avx2(w + (b + k) * Q4_0_BYTES + 2);
+            __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b + k].qs);
+            v[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(u, aq), ones);
+            t[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, aq), ones);
+        }
+        __m256i r = _mm256_sub_epi32(hsum8x8_avx2(v), _mm256_mullo_epi32(eight, hsum8x8_avx2(t)));
+        _mm256_storeu_si256((__m256i_u *)(s + b), r);
+    }
+    for (; b < nb; b++) {
         __m256i u = q4_unpack_avx2(w + b * Q4_0_BYTES + 2);
         __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b].qs);
         /* sum((u - 8) * a) = sum(u * a) - 8 * sum(a); u <= 15 so no int16 saturation */
@@ -198,6 +234,21 @@ pd_status_t ggml_qdot_isums(int path, uint32_t type, const uint8_t *w, const ggm
     return PD_ERR_UNSUPPORTED;
 }
 
+/* The scalar combine with the fp16 scale converted by F16C (exact, like
+ * h2f) and no FMA enabled, so it returns the scalar loop's bits. */
+__attribute__((target("avx2,f16c"))) static float combine_f16c(float acc, const uint8_t *w,
+                                                                size_t bytes,
+                                                                const ggml_q8a_block *a,
+                                                                const int32_t *s, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        const uint8_t *p = w + i * bytes;
+        float dw = _cvtsh_ss((unsigned short)(p[0] | (p[1] << 8)));
+        acc += (dw * a[i].d) * (float)s[i];
+    }
+    return acc;
+}
+
 pd_status_t ggml_qdot_row(uint32_t type, const uint8_t *w, const ggml_q8a_block *a, uint64_t nb,
                           float *out)
 {
@@ -210,8 +261,11 @@ pd_status_t ggml_qdot_row(uint32_t type, const uint8_t *w, const ggml_q8a_block 
         pd_status_t st = ggml_qdot_isums(path, type, w + b0 * bytes, a + b0, n, s);
         if (st != PD_OK)
             return st;
-        for (uint64_t i = 0; i < n; i++)
-            acc += (h2f(w + (b0 + i) * bytes) * a[b0 + i].d) * (float)s[i];
+        if (path != GGML_QDOT_SCALAR)
+            acc = combine_f16c(acc, w + b0 * bytes, bytes, a + b0, s, n);
+        else
+            for (uint64_t i = 0; i < n; i++)
+                acc += (h2f(w + (b0 + i) * bytes) * a[b0 + i].d) * (float)s[i];
     }
     *out = acc;
     return PD_OK;
