@@ -148,7 +148,20 @@ __attribute__((target(VNNI_TARGET))) static void isums_q8_0_vnni(const uint8_t *
 {
     const __m256i bias = _mm256_set1_epi8((char)0x80);
     const __m256i ones8 = _mm256_set1_epi8(1);
-    for (uint64_t b = 0; b < nb; b++) {
+    const __m256i k128 = _mm256_set1_epi32(128);
+    uint64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        __m256i v[8], t[8];
+        for (int k = 0; k < 8; k++) {
+            __m256i wq = _mm256_loadu_si256((const __m256i_u *)(w + (b + k) * Q8_0_BYTES + 2));
+            __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b + k].qs);
+            v[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(wq, bias), aq);
+            t[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones8, aq);
+        }
+        __m256i r = _mm256_sub_epi32(hsum8x8_avx2(v), _mm256_mullo_epi32(k128, hsum8x8_avx2(t)));
+        _mm256_storeu_si256((__m256i_u *)(s + b), r);
+    }
+    for (; b < nb; b++) {
         __m256i wq = _mm256_loadu_si256((const __m256i_u *)(w + b * Q8_0_BYTES + 2));
         __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b].qs);
         /* (w + 128) as u8: sum(w * a) = sum((w + 128) * a) - 128 * sum(a) */
@@ -163,7 +176,20 @@ __attribute__((target(VNNI_TARGET))) static void isums_q4_0_vnni(const uint8_t *
                                                                  uint64_t nb, int32_t *s)
 {
     const __m256i ones8 = _mm256_set1_epi8(1);
-    for (uint64_t b = 0; b < nb; b++) {
+    const __m256i eight = _mm256_set1_epi32(8);
+    uint64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        __m256i v[8], t[8];
+        for (int k = 0; k < 8; k++) {
+            __m256i u = q4_unpack_avx2(w + (b + k) * Q4_0_BYTES + 2);
+            __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b + k].qs);
+            v[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, aq);
+            t[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones8, aq);
+        }
+        __m256i r = _mm256_sub_epi32(hsum8x8_avx2(v), _mm256_mullo_epi32(eight, hsum8x8_avx2(t)));
+        _mm256_storeu_si256((__m256i_u *)(s + b), r);
+    }
+    for (; b < nb; b++) {
         __m256i u = q4_unpack_avx2(w + b * Q4_0_BYTES + 2);
         __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b].qs);
         __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, aq);
@@ -176,10 +202,13 @@ __attribute__((target(VNNI_TARGET))) static void isums_q4_0_vnni(const uint8_t *
 static int cpu_best(void)
 {
     __builtin_cpu_init();
+    /* the SIMD paths' combine converts scales with F16C */
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("f16c"))
+        return GGML_QDOT_SCALAR;
     if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx2"))
+        __builtin_cpu_supports("avx512bw"))
         return GGML_QDOT_VNNI;
-    if (__builtin_cpu_supports("avx2"))
+    if (1)
         return GGML_QDOT_AVX2;
     return GGML_QDOT_SCALAR;
 }
