@@ -1,4 +1,5 @@
 /* ggml_qdot.c - integer-dot kernels (see ggml_qdot.h). */
+#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -199,11 +200,17 @@ __attribute__((target(VNNI_TARGET))) static void isums_q4_0_vnni(const uint8_t *
 }
 
 /* ---- dispatch ---- */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C); /* clang lacks "f16c" */
+}
+
 static int cpu_best(void)
 {
     __builtin_cpu_init();
     /* the SIMD paths' combine converts scales with F16C */
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("f16c"))
+    if (!__builtin_cpu_supports("avx2") || !cpu_has_f16c())
         return GGML_QDOT_SCALAR;
     if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512bw"))
