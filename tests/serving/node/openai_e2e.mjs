@@ -5,6 +5,7 @@
 import OpenAI from 'openai';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { runChecks } from './run_checks.mjs';
 
 const baseURL = process.env.PD_E2E_BASE_URL;
 const apiKey = process.env.PD_E2E_API_KEY;
@@ -316,14 +317,4 @@ const checks = {
   },
 };
 
-let failed = 0;
-for (const [name, fn] of Object.entries(checks)) {
-  try {
-    await fn();
-    console.log(`ok   ${name}`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${name}: ${e.stack}`);
-  }
-}
-process.exit(failed ? 1 : 0);
+await runChecks(checks);

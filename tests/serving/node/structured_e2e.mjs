@@ -9,6 +9,7 @@ import OpenAI from 'openai';
 import { zodResponseFormat } from 'openai/helpers/zod';
 import { z } from 'zod';
 import assert from 'node:assert/strict';
+import { runChecks } from './run_checks.mjs';
 
 const client = new OpenAI({ baseURL: process.env.PD_E2E_BASE_URL,
   apiKey: process.env.PD_E2E_API_KEY, maxRetries: 0, timeout: 60000 });
@@ -177,14 +178,4 @@ const checks = {
   },
 };
 
-let failed = 0;
-for (const [name, fn] of Object.entries(checks)) {
-  try {
-    await fn();
-    console.log(`ok   ${name}`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${name}: ${e.stack}`);
-  }
-}
-process.exit(failed ? 1 : 0);
+await runChecks(checks);
