@@ -7,6 +7,7 @@
  *               -> PREFILLING (decode-local: chunked, interleaved with steps)
  *               -> RUNNING (in the continuous batch)
  *   PULLING -> PREFILLING (generated tokens beyond token 0) | RUNNING
+ *   NEW (parked fork, n > 1) -> as NEW once the parent's prompt KV is in
  *   RUNNING -> MIGRATING (router's MIGRATE: KV exported to another decode
  *               under a lease; ends FINISHED, quietly, when the lease does)
  *   any live -> FINISHED (FINISH stop/length) | FAILED (ERROR, or FINISH
@@ -109,6 +110,11 @@ typedef struct dec_req {
     bool migrate;                       /* MIGRATE seen: leaves the batch, then exports */
     char migrate_to[PROTO_DAEMON_ID_MAX + 1];
     kvx_lease_id_t mig_lease;           /* MIGRATING: the exported KV */
+    /* n > 1 (DECODE_REQ n_fork): forks wait parked on their parent, in
+     * NEW, until its prompt's KV is complete (dec_fork_release) */
+    struct dec_req *forks;              /* a parent's parked forks */
+    struct dec_req *fork_next;          /* in the parent's list */
+    struct dec_req *fork_parent;        /* a parked fork's parent */
     /* streaming */
     uint32_t seq;                       /* TOKENS messages sent */
     uint64_t first_token_ns;

@@ -43,6 +43,8 @@ static const char *const dec_state_names[] = { DEC_STATES(NODE_STATE_NAME) };
 static void dec_kick(dec_t *d);
 static void dec_migrate_out(dec_t *d, dec_req_t *r);
 static void dec_admit_waiting(dec_t *d);
+static void dec_fork_release(dec_t *d, dec_req_t *r);
+static void dec_forks_end(dec_t *d, dec_req_t *r, pd_status_t status);
 
 /* ---- lookup ----------------------------------------------------------------- */
 
@@ -200,6 +202,7 @@ static void dec_req_end(dec_req_t *r, uint16_t reason, pd_status_t status)
         (void)kvx_lease_release(d->n.kvx, &r->imp); /* prefill gets its blocks back */
         r->imported = false;
     }
+    dec_forks_end(d, r, reason == PROTO_FINISH_ERROR ? status : PD_ERR_CANCELED);
     pd_stats_observe_ns(d->n.stats, DEC_STAT_req_time, pd_now_ns() - r->t[DEC_ST_NEW]);
     if (reason == PROTO_FINISH_CANCELED && r->cancel_stop) {
         reason = PROTO_FINISH_STOP; /* a stop string ended it: not a cancel */
@@ -398,6 +401,8 @@ static void dec_step_done(eng_job_t *job)
             dec_take_token(d, r);
     }
     s->n_items = 0;
+    if (c != NULL && c->forks != NULL && c->state == DEC_ST_RUNNING && !c->finishing)
+        dec_fork_release(d, c); /* a local parent's prompt is in */
     if (!job->aborted)
         dec_kick(d); /* skips the finishing ones */
     for (uint32_t i = 0; i < np; i++) {
@@ -487,6 +492,8 @@ static void dec_start_compute(dec_t *d, dec_req_t *r)
         dec_req_set_state(r, DEC_ST_PREFILLING);
     } else {
         dec_req_set_state(r, DEC_ST_RUNNING);
+        if (r->forks != NULL)
+            dec_fork_release(d, r); /* a pulled parent's prompt is in */
         if (r->migrate) { /* MIGRATE came while it pulled */
             dec_migrate_out(d, r);
             return;
@@ -639,6 +646,19 @@ static bool dec_wait_import(dec_t *d, dec_req_t *r)
 
 /* ---- admission ---------------------------------------------------------- */
 
+/* No room now: to the back of the wait queue. */
+static void dec_wait(dec_t *d, dec_req_t *r)
+{
+    dec_req_set_state(r, DEC_ST_WAITING);
+    if (d->wait_tail)
+        d->wait_tail->wnext = r;
+    else
+        d->wait_head = r;
+    d->wait_tail = r;
+    d->n_waiting++;
+    pd_stats_gauge_set(d->n.stats, DEC_STAT_waiting, d->n_waiting);
+}
+
 /* Reserve blocks and start; false if no room now. */
 static bool dec_try_start(dec_t *d, dec_req_t *r)
 {
@@ -671,6 +691,55 @@ static bool dec_try_start(dec_t *d, dec_req_t *r)
     return true;
 }
 
+/* r's prompt KV is complete: its full blocks go to the prefix cache (so
+ * that its forks match them: shared, refcounted, never pulled or computed
+ * again; each fork computes only the prompt's last partial block) and the
+ * parked forks start in the order they came. Without a prefix cache the
+ * forks compute their whole prompt. */
+static void dec_fork_release(dec_t *d, dec_req_t *r)
+{
+    if (d->n.prefix != NULL)
+        (void)kvx_prefix_insert(d->n.prefix, r->tok, r->n_prompt, r->nr.blocks, r->nr.n_blocks,
+                                NULL);
+    dec_req_t *list = NULL; /* reverse: the list is newest first */
+    while (r->forks != NULL) {
+        dec_req_t *f = r->forks;
+        r->forks = f->fork_next;
+        f->fork_next = list;
+        list = f;
+    }
+    while (list != NULL) {
+        dec_req_t *f = list;
+        list = f->fork_next;
+        f->fork_next = NULL;
+        f->fork_parent = NULL;
+        if (!dec_try_start(d, f))
+            dec_wait(d, f);
+    }
+}
+
+/* r ends: forks still parked on it end with an ERROR (the router starts
+ * them elsewhere); a parked fork that ends leaves its parent's list. */
+static void dec_forks_end(dec_t *d, dec_req_t *r, pd_status_t status)
+{
+    if (r->fork_parent != NULL) {
+        dec_req_t **pp = &r->fork_parent->forks;
+        while (*pp != NULL && *pp != r)
+            pp = &(*pp)->fork_next;
+        if (*pp == r)
+            *pp = r->fork_next;
+        r->fork_parent = NULL;
+        r->fork_next = NULL;
+    }
+    while (r->forks != NULL) {
+        dec_req_t *f = r->forks;
+        r->forks = f->fork_next;
+        f->fork_next = NULL;
+        f->fork_parent = NULL;
+        dec_req_end(f, PROTO_FINISH_ERROR, status == PD_OK ? PD_ERR_CANCELED : status);
+    }
+}
+
 static void dec_admit_waiting(dec_t *d)
 {
     while (d->wait_head != NULL && !d->n.stopping) {
@@ -691,11 +760,11 @@ static void dec_release_handle(dec_t *d, const proto_blob_t *h)
         (void)kvx_lease_release(d->n.kvx, &imp);
 }
 
-static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+/* One DECODE_REQ (or a fork of one: parent != NULL, parked on the parent
+ * until its prompt's KV is complete) admitted, queued or refused. Returns
+ * the request if it is live (not ended already). */
+static dec_req_t *dec_admit(dec_t *d, const proto_decode_req_t *q, dec_req_t *parent)
 {
-    (void)c;
-    dec_t *d = arg;
-    const proto_decode_req_t *q = &msg->u.decode_req;
     uint32_t ctx = d->n.geom->context_length, vocab = d->n.geom->vocab_size;
     uint32_t np = q->prompt.n, ng = q->generated.n;
     bool local = (q->flags & PROTO_DEC_PREFILL_LOCALLY) != 0;
@@ -751,7 +820,7 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
         if (st != PD_ERR_EXISTS)
             dec_release_handle(d, &q->kv_handle);
         node_send_error(&d->n, q->request_id, st, "%s", why);
-        return;
+        return NULL;
     }
     r->d = d;
     snprintf(r->nr.id, sizeof(r->nr.id), "%s", q->request_id);
@@ -786,14 +855,14 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
         if (!local)
             dec_release_handle(d, &q->kv_handle);
         dec_req_end(r, PROTO_FINISH_ERROR, gst);
-        return;
+        return NULL;
     }
     eng_sampler_init(&r->smp, &sp);
     eng_finish_t f = ENG_FINISH_NONE;
     for (uint32_t i = 0; i < ng; i++) {
         if (f != ENG_FINISH_NONE) {
             dec_req_end(r, PROTO_FINISH_ERROR, PD_ERR_BAD_INPUT); /* ended mid-list */
-            return;
+            return NULL;
         }
         if (sp.temperature > 0.0f)
             (void)eng_rng_next(&r->smp.rng);
@@ -805,26 +874,57 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
     if (q->rng_state != 0 && q->rng_state != r->smp.rng.s[0]) {
         pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "sampler state mismatch after replay");
         dec_req_end(r, PROTO_FINISH_ERROR, PD_ERR_MISMATCH);
-        return;
+        return NULL;
     }
     if (f != ENG_FINISH_NONE) { /* the given tokens already end it */
         if (!local)
             dec_release_handle(d, &q->kv_handle);
         dec_req_end(r, f == ENG_FINISH_STOP ? PROTO_FINISH_STOP : PROTO_FINISH_LENGTH, PD_OK);
-        return;
+        return NULL;
+    }
+    if (parent != NULL) { /* parked: dec_fork_release starts it */
+        r->fork_parent = parent;
+        r->fork_next = parent->forks;
+        parent->forks = r;
+        return r;
     }
     if (!dec_try_start(d, r)) {
-        r->state = DEC_ST_NEW;
-        dec_req_set_state(r, DEC_ST_WAITING);
-        if (d->wait_tail)
-            d->wait_tail->wnext = r;
-        else
-            d->wait_head = r;
-        d->wait_tail = r;
-        d->n_waiting++;
-        pd_stats_gauge_set(d->n.stats, DEC_STAT_waiting, d->n_waiting);
-        if (!local)
-            (void)dec_wait_import(d, r);
+        dec_wait(d, r);
+        if (!local && !dec_wait_import(d, r))
+            return NULL;
+    }
+    return dec_terminal(r->state) ? NULL : r;
+}
+
+/* n > 1: the n_fork extra choices, decode-local forks of q's prompt that
+ * start once r's prompt KV is complete (dec_fork_release) and share its
+ * full blocks through the prefix cache. Refused with r: each gets its
+ * ERROR so that the router starts it elsewhere. */
+static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)c;
+    dec_t *d = arg;
+    const proto_decode_req_t *q = &msg->u.decode_req;
+    dec_req_t *r = dec_admit(d, q, NULL);
+    for (uint32_t i = 1; i <= q->n_fork; i++) {
+        proto_decode_req_t f = *q;
+        snprintf(f.request_id, sizeof(f.request_id), "%s/%u", q->request_id, i);
+        if (r == NULL || (r->state != DEC_ST_NEW && r->state != DEC_ST_WAITING &&
+                          r->state != DEC_ST_PULLING && r->state != DEC_ST_PREFILLING)) {
+            node_send_error(&d->n, f.request_id, PD_ERR_CANCELED, "the request it forks from %s",
+                            r == NULL ? "was refused or ended" : "already runs");
+            continue;
+        }
+        f.flags = PROTO_DEC_PREFILL_LOCALLY;
+        f.generated.n = 0;
+        f.rng_state = 0;
+        f.prefill_peer_id[0] = '\0';
+        f.lease_id = 0;
+        f.kv_handle = (proto_blob_t){ NULL, 0 };
+        f.kv_tokens = 0;
+        f.n_fork = 0;
+        f.sampling.seed = q->sampling.seed + i;
+        (void)dec_admit(d, &f, r);
     }
 }
 

@@ -753,6 +753,11 @@ static pd_status_t check_decode_req(const proto_decode_req_t *m)
             (!local && m->kv_tokens >= m->prompt.n && m->generated.n > 0 &&
              (uint64_t)m->kv_tokens <= (uint64_t)m->prompt.n + m->generated.n - 1),
             PD_ERR_BAD_INPUT);
+    /* forks: of a prompt only, and "<id>/<i>" must fit an id */
+    REQUIRE(m->n_fork <= PROTO_MAX_FORK, PD_ERR_TOO_BIG);
+    REQUIRE(m->n_fork == 0 || (m->generated.n <= 1 && m->kv_tokens == 0 &&
+                               strlen(m->request_id) + 3 <= PROTO_REQID_MAX),
+            PD_ERR_BAD_INPUT);
     return PD_OK;
 }
 
@@ -770,6 +775,7 @@ static void io_decode_req(io_t *io, proto_decode_req_t *m)
     io_u32(io, &m->kv_tokens);
     io_u64(io, &m->deadline_ns);
     io_sampling2(io, &m->sampling);
+    io_u32(io, &m->n_fork);
 }
 
 /* TOKENS */

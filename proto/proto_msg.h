@@ -6,7 +6,7 @@
  * Frame = 32-byte header + body (body_len bytes). All integers little-endian.
  *   off size field
  *     0    4 magic      "PDSV" (0x50 0x44 0x53 0x56)
- *     4    2 version    PROTO_VERSION (3)
+ *     4    2 version    PROTO_VERSION (4)
  *     6    2 type       proto_msg_type_t
  *     8    2 flags      PROTO_FLAG_* only; other bits -> PD_ERR_RESERVED
  *                       (AUTH: a 32-byte tag follows the body)
@@ -34,8 +34,9 @@
 #include "pd_status.h"
 
 #define PROTO_MAGIC          0x56534450u /* "PDSV" read as LE u32 */
-#define PROTO_VERSION        3u /* 2: challenge handshake, AUTH frames; 3: live
-                                     migration (DECODE_REQ kv_tokens, MIGRATE*) */
+#define PROTO_VERSION        4u /* 2: challenge handshake, AUTH frames; 3: live
+                                     migration (DECODE_REQ kv_tokens, MIGRATE*);
+                                     4: DECODE_REQ n_fork (n > 1) */
 #define PROTO_HDR_LEN        32u
 #define PROTO_BODY_MAX       (16u << 20) /* absolute cap on any body */
 
@@ -56,6 +57,7 @@
 #define PROTO_MAX_LOGIT_BIAS    300u       /* (token id, bias) pairs */
 #define PROTO_MAX_TOP_LOGPROBS  20u        /* alternatives per token */
 #define PROTO_MAX_GRAMMAR       16384u     /* response_format schema bytes */
+#define PROTO_MAX_FORK          15u        /* DECODE_REQ n_fork: n - 1 of a request's n choices */
 #define PROTO_MAX_TOKENS_MSG    4096u      /* tokens per TOKENS message */
 #define PROTO_MAX_TEXT          65536u     /* text bytes per TOKENS message */
 #define PROTO_KV_HANDLE_MAX     4096u      /* opaque versioned KV handle */
@@ -89,7 +91,7 @@
 #define PROTO_DECODE_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
         + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + PROTO__TOK(PROTO_MAX_GEN_TOKENS) \
         + PROTO__SAMPLING + 8u + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u \
-        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 4u + 8u + PROTO__SAMPLING2)
+        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 4u + 8u + PROTO__SAMPLING2 + 4u)
 #define PROTO_TOKENS_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
         + PROTO__TOK(PROTO_MAX_TOKENS_MSG) + PROTO__BLOB(PROTO_MAX_TEXT) \
         + PROTO__LOGPROBS(PROTO_MAX_TOKENS_MSG))
@@ -328,6 +330,11 @@ typedef struct {
                                                handle); a migration's covers
                                                prompt + generated - 1 */
     uint64_t deadline_ns;
+    /* n > 1: the decode forks n_fork more sequences off this one once its
+     * prompt's KV is complete ("<request_id>/<i>", i = 1..n_fork, seed +
+     * i, decode-local, sharing the prompt's full blocks). 0 unless
+     * generated.n <= 1 and kv_tokens == 0; the LAST field. */
+    uint32_t n_fork;
 } proto_decode_req_t;
 
 typedef struct {

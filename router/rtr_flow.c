@@ -73,8 +73,17 @@ static void req_free(void *obj)
 {
     rtr_req_t *q = obj;
     q->r->out->release(q);
-    rtr_oai_req_free(&q->oai);
-    free(q->prompt);
+    if (q->lead == NULL) { /* a choice borrows its lead's */
+        rtr_oai_req_free(&q->oai);
+        free(q->prompt);
+    }
+    if (q->ch != NULL) {
+        for (uint32_t i = 0; i < q->ch->n; i++) {
+            free(q->ch->text[i]);
+            free(q->ch->lps[i]);
+        }
+        free(q->ch);
+    }
     free(q->gen);
     free(q->lps);
     free(q->text);
@@ -87,10 +96,23 @@ void rtr_flow_check_idle(rtr_t *r)
         r->out->idle(r);
 }
 
-/* The one terminal path: state, counters, unlink, deferred free. */
+static void cancel_upstream(rtr_req_t *q);
+
+/* The one terminal path: state, counters, unlink, deferred free. A lead
+ * ends its live choices first (canceled); a choice leaves its lead's
+ * record (the counters count client requests: the lead's). */
 static void req_end(rtr_req_t *q, rtr_req_state_t st)
 {
     rtr_t *r = q->r;
+    if (q->ch != NULL) {
+        for (uint32_t i = 0; i < q->ch->n; i++) {
+            rtr_req_t *c = q->ch->c[i];
+            if (c != NULL) {
+                cancel_upstream(c);
+                req_end(c, RTR_REQ_CANCELED);
+            }
+        }
+    }
     uint64_t now = pd_now_ns();
     rtr_req_fsm_set(&q->fsm, st, now);
     r->out->ended(q);
@@ -101,6 +123,17 @@ static void req_end(rtr_req_t *q, rtr_req_state_t st)
     req_set_backend(&q->prefill, NULL);
     req_set_backend(&q->decode, NULL);
     req_set_backend(&q->migrate_to, NULL);
+    if (q->lead != NULL) {
+        rtr_choices_t *ch = q->lead->ch;
+        ch->c[q->choice] = NULL;
+        ch->open--;
+        pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "choice %u %s, %u tokens", q->choice,
+               rtr_req_state_name(st), q->n_gen);
+        req_unlink(r, q);
+        if (pd_loop_defer_free(r->loop, req_free, q) != PD_OK)
+            req_free(q);
+        return;
+    }
     pd_stats_inc(r->stats, st == RTR_REQ_COMPLETED ? RTR_STAT_requests_completed
                            : st == RTR_REQ_FAILED  ? RTR_STAT_requests_failed
                                                    : RTR_STAT_requests_canceled);
@@ -114,8 +147,15 @@ static void req_end(rtr_req_t *q, rtr_req_state_t st)
     rtr_flow_check_idle(r);
 }
 
+/* Where q's output goes: a choice writes to its lead's client. */
+static rtr_req_t *cli(rtr_req_t *q)
+{
+    return q->lead != NULL ? q->lead : q;
+}
+
 static void send_sse(rtr_req_t *q, char *json)
 {
+    q = cli(q);
     if (json == NULL || !q->r->out->attached(q)) {
         free(json);
         return;
@@ -133,6 +173,7 @@ static void send_sse(rtr_req_t *q, char *json)
 
 static void send_raw_chunk(rtr_req_t *q, const char *text)
 {
+    q = cli(q);
     if (!q->r->out->attached(q))
         return;
     q->r->out->write(q, text, strlen(text));
@@ -157,15 +198,23 @@ static rtr_oai_resp_meta_t req_meta(rtr_req_t *q)
     return m;
 }
 
+/* The SSE response is open (once per client) and q's choice has had its
+ * chat role chunk. */
 static void stream_start(rtr_req_t *q)
 {
-    if (q->headers_sent || !q->r->out->attached(q) || !q->oai.stream)
+    rtr_req_t *c = cli(q);
+    if (!c->r->out->attached(c) || !c->oai.stream)
         return;
-    q->r->out->stream_open(q);
-    q->headers_sent = true;
-    if (q->oai.api == RTR_API_CHAT) {
-        rtr_oai_resp_meta_t m = req_meta(q);
-        send_sse(q, rtr_oai_chunk_json(&m, 0, "", 0, NULL, true));
+    if (!c->headers_sent) {
+        c->r->out->stream_open(c);
+        c->headers_sent = true;
+    }
+    if (!q->role_sent && q->ch == NULL) {
+        q->role_sent = true;
+        if (q->oai.api == RTR_API_CHAT) {
+            rtr_oai_resp_meta_t m = req_meta(q);
+            send_sse(q, rtr_oai_chunk_json(&m, q->choice, "", 0, NULL, true));
+        }
     }
 }
 
@@ -176,7 +225,7 @@ static void emit_text(rtr_req_t *q, const char *text, size_t len)
     if (q->oai.stream) {
         stream_start(q);
         rtr_oai_resp_meta_t m = req_meta(q);
-        send_sse(q, rtr_oai_chunk_json(&m, 0, text, len, NULL, false));
+        send_sse(q, rtr_oai_chunk_json(&m, q->choice, text, len, NULL, false));
         return;
     }
     if (q->text_len + len + 1 > q->text_cap) {
@@ -194,6 +243,8 @@ static void emit_text(rtr_req_t *q, const char *text, size_t len)
     q->text[q->text_len] = '\0';
 }
 
+static void choice_complete(rtr_req_t *q, const char *finish_reason);
+
 /* Success: flush held text, finish_reason, usage, [DONE] / JSON body. */
 static void req_complete(rtr_req_t *q, const char *finish_reason)
 {
@@ -204,6 +255,10 @@ static void req_complete(rtr_req_t *q, const char *finish_reason)
         finish_reason = "stop";
     pd_stats_inc(q->r->stats, strcmp(finish_reason, "length") == 0 ? RTR_STAT_finish_length
                                                                    : RTR_STAT_finish_stop);
+    if (q->lead != NULL) {
+        choice_complete(q, finish_reason);
+        return;
+    }
     rtr_oai_resp_meta_t m = req_meta(q);
     rtr_oai_usage_t usage = { q->n_prompt, q->n_gen };
     if (q->r->out->attached(q)) {
@@ -250,6 +305,13 @@ static void req_fail(rtr_req_t *q, int status, const char *code, const char *fmt
     va_start(ap, fmt);
     vsnprintf(err.message, sizeof(err.message), fmt, ap);
     va_end(ap);
+    if (q->lead != NULL) { /* one choice failed: the request fails */
+        rtr_req_t *lead = q->lead;
+        pd_log(PD_LOG_WARN, RTR_COMP, q->id, "choice %u failed: %s", q->choice, err.message);
+        req_end(q, RTR_REQ_FAILED);
+        req_fail(lead, status, code, "choice %u: %s", q->choice, err.message);
+        return;
+    }
     pd_log(PD_LOG_WARN, RTR_COMP, q->id, "failed (%d %s): %s%s", status, code, err.message,
            q->headers_sent ? " [mid-stream]" : "");
     if (q->r->out->attached(q)) {
@@ -396,8 +458,26 @@ static pd_status_t send_decode_req(rtr_req_t *q, const char *peer, uint64_t leas
     } else {
         d->flags = PROTO_DEC_PREFILL_LOCALLY;
     }
+    /* n > 1: choice 0's first DECODE_REQ carries the other choices */
+    rtr_choices_t *ch = q->lead != NULL && q->choice == 0 ? q->lead->ch : NULL;
+    bool fork = ch != NULL && ch->n > 1 && ch->c[1] != NULL && ch->c[1]->fork_pending &&
+                q->n_gen <= 1 && kv_tokens == 0;
+    if (fork)
+        d->n_fork = ch->n - 1;
     q->next_tok_seq = 0;
-    return q->r->out->send(q->decode, &m);
+    pd_status_t st = q->r->out->send(q->decode, &m);
+    if (st == PD_OK && fork) {
+        for (uint32_t i = 1; i < ch->n; i++) {
+            rtr_req_t *c = ch->c[i];
+            if (c == NULL || !c->fork_pending)
+                continue;
+            c->fork_pending = false;
+            req_set_backend(&c->decode, q->decode);
+            c->next_tok_seq = 0;
+            rtr_req_fsm_set(&c->fsm, RTR_REQ_DECODING, pd_now_ns());
+        }
+    }
+    return st;
 }
 
 /* Decode-local (re)try on some decode daemon with generated = tokens already
@@ -556,14 +636,14 @@ static bool req_tokens(rtr_req_t *q, const proto_tokens_t *toks, const proto_log
         /* the chunk carries these tokens' logprobs, even with no text yet */
         rtr_oai_resp_meta_t m = req_meta(q);
         rtr_oai_logprobs_t l = req_lps(q, first_new, q->n_gen);
-        send_sse(q, rtr_oai_chunk_lp_json(&m, 0, acc, acc_len, NULL, false, &l));
+        send_sse(q, rtr_oai_chunk_lp_json(&m, q->choice, acc, acc_len, NULL, false, &l));
         q->lp_chars += rtr_oai_logprobs_chars(&l);
     } else {
         emit_text(q, acc, acc_len);
     }
     free(acc);
-    if (q->r->out->slow(q)) {
-        rtr_flow_client_gone(q, "client not reading (output over cap)");
+    if (q->r->out->slow(cli(q))) {
+        rtr_flow_client_gone(cli(q), "client not reading (output over cap)"); /* ends q too */
         return false;
     }
     if (q->pipe.stopped) {
@@ -801,7 +881,7 @@ void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
             if (q->disagg && is_pull_failure(st))
                 pd_stats_inc(r->stats, RTR_STAT_kv_transfer_failures);
             if (st == PD_ERR_NO_KV_SPACE || st == PD_ERR_OVERLOADED) {
-                if (!q->headers_sent && q->retries >= r->cfg.max_retries) {
+                if (!cli(q)->headers_sent && q->retries >= r->cfg.max_retries) {
                     req_fail(q, 503, "overloaded", "%s", why);
                     return;
                 }
@@ -822,17 +902,20 @@ stale:
 
 void rtr_flow_backend_down(rtr_t *r, rtr_backend_t *be)
 {
-    rtr_req_t *q = r->reqs;
-    while (q != NULL) {
-        rtr_req_t *next = q->next;   /* q may end (unlinked) below */
+    /* Each step may end other requests (a failed choice ends its whole
+     * request): start over after each; a request that moved no longer
+     * names be (a down backend is never picked again). */
+again:
+    for (rtr_req_t *q = r->reqs; q != NULL; q = q->next) {
         if (q->fsm.state == RTR_REQ_PREFILLING && q->prefill == be) {
             req_retry(q, NULL, "prefill daemon down");
+            goto again;
         } else if (q->fsm.state == RTR_REQ_DECODING && q->decode == be) {
             char why[128];
             snprintf(why, sizeof(why), "decode daemon '%s' lost", be->id);
             req_failover(q, be, why);
+            goto again;
         }
-        q = next;
     }
 }
 
@@ -855,6 +938,130 @@ static void on_req_timeout(evutil_socket_t fd, short what, void *arg)
     cancel_upstream(q);
     req_fail(q, 504, "timeout", "request timed out in state %s",
              rtr_req_state_name(q->fsm.state));
+}
+
+/* ---- choices (n > 1) ----------------------------------------------------------
+
+ * The lead (the client's request) holds the client, the timer and the
+ * counters; choice i is a request of its own with seed + i. Choice 0 goes
+ * the usual way; choices 1..n-1 ride on its first DECODE_REQ (n_fork): the
+ * decode forks them off its prompt once that KV is in (pulled or computed
+ * once, full blocks shared). From then on each choice is on its own:
+ * tokens, stop strings, retries, failover, migration. One failed choice
+ * fails the request; the response ends when the last choice has. */
+
+static pd_status_t choices_new(rtr_req_t *lead)
+{
+    rtr_t *r = lead->r;
+    uint32_t n = lead->oai.n;
+    lead->ch = calloc(1, sizeof(*lead->ch));
+    if (lead->ch == NULL)
+        return PD_ERR_NO_MEMORY;
+    rtr_choices_t *ch = lead->ch;
+    for (uint32_t i = 0; i < n; i++) {
+        rtr_req_t *c = calloc(1, sizeof(*c));
+        if (c == NULL)
+            return PD_ERR_NO_MEMORY; /* req_end(lead) ends those made */
+        c->r = r;
+        c->lead = lead;
+        c->choice = i;
+        memcpy(c->id, lead->id, sizeof(c->id));
+        if (i == 0)
+            snprintf(c->wire_id, sizeof(c->wire_id), "w%08" PRIx64 "-%" PRIx64,
+                     r->incarnation & 0xffffffffu, ++r->next_wire);
+        else /* the decode names its forks so (PROTOCOL.md, DECODE_REQ) */
+            snprintf(c->wire_id, sizeof(c->wire_id), "%.60s/%u", ch->c[0]->wire_id, i);
+        memcpy(c->resp_id, lead->resp_id, sizeof(c->resp_id));
+        c->created = lead->created;
+        c->t_accept_ns = lead->t_accept_ns;
+        rtr_req_fsm_init(&c->fsm, c->t_accept_ns);
+        c->oai = lead->oai; /* borrowed: req_free frees the lead's only */
+        c->oai.n = 1;
+        c->oai.seed = lead->oai.seed + i;
+        c->prompt = lead->prompt;
+        c->n_prompt = lead->n_prompt;
+        (void)rtr_textpipe_init(&c->pipe, r->tok, (const char *const *)c->oai.stop,
+                                c->oai.n_stop); /* the lead's init checked them */
+        c->fork_pending = i > 0;
+        req_link(r, c);
+        ch->c[i] = c;
+        ch->n++;
+        ch->open++;
+        rtr_req_fsm_set(&c->fsm, RTR_REQ_ROUTED, pd_now_ns());
+    }
+    return PD_OK;
+}
+
+/* All choices ended well: usage and [DONE], or the JSON body with every
+ * choice. */
+static void choices_done(rtr_req_t *lead)
+{
+    rtr_choices_t *ch = lead->ch;
+    rtr_oai_resp_meta_t m = req_meta(lead);
+    rtr_oai_usage_t usage = { lead->n_prompt, 0 };
+    for (uint32_t i = 0; i < ch->n; i++)
+        usage.completion_tokens += ch->n_gen[i];
+    if (lead->r->out->attached(lead)) {
+        if (lead->oai.stream) {
+            stream_start(lead);
+            if (lead->oai.include_usage)
+                send_sse(lead, rtr_oai_usage_chunk_json(&m, &usage));
+            send_raw_chunk(lead, RTR_SSE_DONE);
+            lead->r->out->stream_end(lead);
+        } else {
+            const char *texts[RTR_OAI_MAX_N];
+            rtr_oai_logprobs_t lps[RTR_OAI_MAX_N];
+            for (uint32_t i = 0; i < ch->n; i++) {
+                texts[i] = ch->text[i] != NULL ? ch->text[i] : "";
+                lps[i] = (rtr_oai_logprobs_t){ ch->lps[i], ch->n_gen[i], 0, lp_piece,
+                                               lead->r->tok };
+            }
+            char *json = rtr_oai_response_lp_json(&m, ch->n, texts, ch->text_len, ch->finish,
+                                                  &usage, lead->oai.logprobs ? lps : NULL);
+            lead->r->out->reply(lead, json != NULL ? 200 : 500,
+                                json != NULL ? json : "{\"error\":{\"message\":\"out of memory\","
+                                                      "\"type\":\"server_error\",\"param\":null,"
+                                                      "\"code\":null}}", NULL);
+            free(json);
+        }
+    }
+    pd_log(PD_LOG_INFO, RTR_COMP, lead->id, "done: %u choices, prompt=%u completion=%u", ch->n,
+           lead->n_prompt, usage.completion_tokens);
+    req_end(lead, RTR_REQ_COMPLETED);
+}
+
+/* Choice q ended well (its held text already flushed): its finish chunk,
+ * or its result kept for the body; then, for choice 0, the choices that
+ * were to ride on its DECODE_REQ start on their own (it ended before
+ * sending one: token 0 ended it). */
+static void choice_complete(rtr_req_t *q, const char *finish_reason)
+{
+    rtr_req_t *lead = q->lead;
+    rtr_choices_t *ch = lead->ch;
+    uint32_t i = q->choice;
+    if (lead->oai.stream) {
+        rtr_oai_resp_meta_t m = req_meta(q);
+        stream_start(q);
+        send_sse(q, rtr_oai_chunk_json(&m, i, "", 0, finish_reason, false));
+    } else {
+        ch->text[i] = q->text;
+        ch->text_len[i] = q->text_len;
+        q->text = NULL;
+        ch->lps[i] = q->lps;
+        q->lps = NULL;
+    }
+    ch->finish[i] = finish_reason; /* a string literal */
+    ch->n_gen[i] = q->n_gen;
+    req_end(q, RTR_REQ_COMPLETED);
+    for (uint32_t k = 1; k < ch->n && !rtr_req_state_terminal(lead->fsm.state); k++) {
+        rtr_req_t *c = ch->c[k];
+        if (c != NULL && c->fork_pending) {
+            c->fork_pending = false;
+            req_go_local(c, NULL, NULL); /* may fail the whole request */
+        }
+    }
+    if (!rtr_req_state_terminal(lead->fsm.state) && ch->open == 0)
+        choices_done(lead);
 }
 
 /* ---- intake ------------------------------------------------------------------ */
@@ -910,15 +1117,36 @@ pd_status_t rtr_flow_new(rtr_t *r, const char *reqid, rtr_api_t api, rtr_oai_req
     return PD_OK;
 }
 
+static void req_dispatch(rtr_req_t *q, rtr_backend_t *dec, rtr_backend_t *pre);
+static pd_status_t choices_new(rtr_req_t *lead);
+
 void rtr_flow_start(rtr_req_t *q, rtr_backend_t *dec, rtr_backend_t *pre)
 {
     rtr_t *r = q->r;
-    bool disagg = pre != NULL;
     q->timer = event_new(r->base, -1, 0, on_req_timeout, q);
     if (q->timer != NULL) {
         struct timeval tv = pd_ns_to_timeval(r->cfg.request_timeout_ns);
         event_add(q->timer, &tv);
     }
+    if (q->oai.n <= 1) {
+        req_dispatch(q, dec, pre);
+        return;
+    }
+    if (choices_new(q) != PD_OK) {
+        req_fail(q, 500, "server_error", "out of memory");
+        return;
+    }
+    /* choice 0 goes the usual way; the others ride on its DECODE_REQ */
+    for (uint32_t i = 1; i < q->ch->n; i++)
+        req_set_backend(&q->ch->c[i]->decode, dec);
+    req_dispatch(q->ch->c[0], dec, pre);
+}
+
+/* PREFILL_REQ (disaggregated) or decode-local DECODE_REQ. */
+static void req_dispatch(rtr_req_t *q, rtr_backend_t *dec, rtr_backend_t *pre)
+{
+    rtr_t *r = q->r;
+    bool disagg = pre != NULL;
     pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "accepted %s: %u prompt tokens, max_tokens %u, %s%s%s",
            q->oai.api == RTR_API_CHAT ? "chat" : "completion", q->n_prompt, q->oai.max_tokens,
            disagg ? "prefill on " : "local", disagg ? pre->id : "", q->oai.stream ? " stream" : "");

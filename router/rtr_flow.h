@@ -58,6 +58,7 @@ struct rtr_req {
     bool lease_held;                     /* PREFILL_DONE seen, lease not handed on */
     bool disagg;
     bool headers_sent;
+    bool role_sent;                      /* chat: the choice's role chunk */
     uint32_t retries;
     uint32_t failovers;                  /* decode losses survived mid-stream */
     uint64_t t_failover_ns;              /* last failover, until the next token: resume time */
@@ -69,7 +70,29 @@ struct rtr_req {
     char *text;                          /* non-streaming: whole completion */
     size_t text_len, text_cap;
     uint64_t t_accept_ns, t_last_tok_ns;
+    /* n > 1 ("choices" in rtr_flow.c): the client's request is the lead:
+     * it holds the client and the timer and talks to no daemon; each
+     * choice is a request of its own (own wire id, seed + i, retries,
+     * failover) whose output goes to the lead's client. */
+    rtr_req_t *lead;                     /* a choice: its lead (else NULL) */
+    uint32_t choice;                     /* a choice: its index */
+    bool fork_pending;                   /* choice i > 0: rides on choice 0's
+                                            DECODE_REQ (n_fork), not sent yet */
+    struct rtr_choices *ch;              /* the lead's */
 };
+
+/* The lead's record of its choices: live ones and the results of ended
+ * ones (non-streaming responses are written when the last one ends). */
+typedef struct rtr_choices {
+    uint32_t n, open;
+    rtr_req_t *c[RTR_OAI_MAX_N];         /* NULL once ended */
+    char *text[RTR_OAI_MAX_N];
+    size_t text_len[RTR_OAI_MAX_N];
+    const char *finish[RTR_OAI_MAX_N];
+    rtr_oai_logprob_t *lps[RTR_OAI_MAX_N];
+    uint32_t n_gen[RTR_OAI_MAX_N];
+    uint64_t lp_chars[RTR_OAI_MAX_N];
+} rtr_choices_t;
 
 /* The output calls. */
 struct rtr_flow_out {

@@ -73,7 +73,7 @@ static const pd_cfg_field_t rtr_cfg_fields[] = {
         "bodies above this are cut by libevent (plain 413)", 1024, 4e9),
     ROW(max_tokens_cap, "max-tokens-cap", UINT, "32768", "largest max_tokens accepted", 1, 1e7),
     ROW(default_max_tokens, "default-max-tokens", UINT, "256", "max_tokens when the client sends none", 1, 1e7),
-    ROW(n_cap, "n-cap", UINT, "1", "largest n accepted (n > 1 is not implemented)", 1, 1),
+    ROW(n_cap, "n-cap", UINT, "8", "largest n (choices per request) accepted", 1, RTR_OAI_MAX_N),
     ROW(max_concurrent, "max-concurrent", UINT, "1024", "requests in flight before 429", 1, 1e7),
     ROW(max_retries, "max-retries", UINT, "2", "decode-local retries per request (also failovers)", 0, 16),
     ROW(context_length, "context-length", UINT, "0",

@@ -18,6 +18,7 @@
 #define RTR_OAI_MAX_BIAS        300    /* logit_bias entries (OpenAI's cap) */
 #define RTR_OAI_MAX_STOP_IDS    32     /* stop_token_ids (= ENG_SAMPLE_MAX_STOP_IDS) */
 #define RTR_OAI_MAX_TOP_LOGPROBS 20    /* top_logprobs / completions logprobs */
+#define RTR_OAI_MAX_N           16     /* choices per request (n; = 1 + PROTO_MAX_FORK) */
 
 #define RTR_OAI_GRAM_NONE        0u  /* = PROTO_GRAM_* = ENG_GRAM_* */
 #define RTR_OAI_GRAM_JSON_OBJECT 1u

@@ -197,6 +197,7 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         d->kv_tokens = v == PS_MAX ? PROTO_MAX_PROMPT_TOKENS + PROTO_MAX_GEN_TOKENS - 1
                      : v == PS_MID ? 37 : 0;
         d->deadline_ns = big;
+        d->n_fork = v == PS_MIN ? PROTO_MAX_FORK : 0; /* forks need kv_tokens 0 */
         break;
     }
     case PROTO_MSG_TOKENS: {
@@ -370,7 +371,8 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
                tok_eq(&a->generated, &b->generated) &&
                samp_eq(&a->sampling, &b->sampling) && EQ(rng_state) &&
                SEQ(prefill_peer_id) && EQ(lease_id) &&
-               blob_eq(&a->kv_handle, &b->kv_handle) && EQ(kv_tokens) && EQ(deadline_ns);
+               blob_eq(&a->kv_handle, &b->kv_handle) && EQ(kv_tokens) && EQ(deadline_ns) &&
+               EQ(n_fork);
     }
     case PROTO_MSG_TOKENS: {
         const proto_tokens_msg_t *a = &ma->u.tokens, *b = &mb->u.tokens;

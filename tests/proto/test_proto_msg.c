@@ -545,27 +545,29 @@ static void test_sampling_tail(void **state)
         uint16_t type = k ? PROTO_MSG_DECODE_REQ : PROTO_MSG_PREFILL_REQ;
         ps_make(type, PS_MID, &m);
         uint8_t *buf = enc(&m, &len);
+        /* DECODE_REQ ends with n_fork (u32) after the tail */
+        size_t e = len - (k ? 4 : 0);
         /* tail = 4 f32 + u32 count + 2 x (u32 id, f32 bias) + 2 u32 (logprobs)
          * + u32 gram_kind + empty gram blob (u32 0) */
-        size_t tail = len - (16 + 4 + 2 * 8 + 8 + 8);
-        assert_int_equal(get32(buf + len - 8), PROTO_GRAM_JSON_OBJECT);
-        assert_int_equal(get32(buf + len - 4), 0);
-        put32(buf + len - 8, 3); /* unknown grammar kind */
+        size_t tail = e - (16 + 4 + 2 * 8 + 8 + 8);
+        assert_int_equal(get32(buf + e - 8), PROTO_GRAM_JSON_OBJECT);
+        assert_int_equal(get32(buf + e - 4), 0);
+        put32(buf + e - 8, 3); /* unknown grammar kind */
         assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
-        put32(buf + len - 8, PROTO_GRAM_JSON_SCHEMA); /* a schema needs its text */
+        put32(buf + e - 8, PROTO_GRAM_JSON_SCHEMA); /* a schema needs its text */
         assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
-        put32(buf + len - 8, PROTO_GRAM_JSON_OBJECT);
-        put32(buf + len - 4, PROTO_MAX_GRAMMAR + 1);
+        put32(buf + e - 8, PROTO_GRAM_JSON_OBJECT);
+        put32(buf + e - 4, PROTO_MAX_GRAMMAR + 1);
         assert_int_equal(decode_check(buf, len, &d), PD_ERR_TOO_BIG);
-        put32(buf + len - 4, 0);
-        assert_int_equal(get32(buf + len - 16), 1);   /* logprobs */
-        assert_int_equal(get32(buf + len - 12), 3);   /* top_logprobs */
-        put32(buf + len - 12, PROTO_MAX_TOP_LOGPROBS + 1);
+        put32(buf + e - 4, 0);
+        assert_int_equal(get32(buf + e - 16), 1);   /* logprobs */
+        assert_int_equal(get32(buf + e - 12), 3);   /* top_logprobs */
+        put32(buf + e - 12, PROTO_MAX_TOP_LOGPROBS + 1);
         assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
-        put32(buf + len - 12, 3);
-        put32(buf + len - 16, 0); /* top_logprobs without logprobs */
+        put32(buf + e - 12, 3);
+        put32(buf + e - 16, 0); /* top_logprobs without logprobs */
         assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
-        put32(buf + len - 16, 1);
+        put32(buf + e - 16, 1);
         assert_int_equal(get32(buf + tail + 16), 2);
         float f;
         memcpy(&f, buf + tail, 4);
@@ -584,6 +586,21 @@ static void test_sampling_tail(void **state)
         assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
         free(buf);
     }
+    /* n_fork: capped, and only on a DECODE_REQ for a prompt (no migration) */
+    ps_make(PROTO_MSG_DECODE_REQ, PS_MIN, &m);
+    assert_int_equal(m.u.decode_req.n_fork, PROTO_MAX_FORK);
+    free(enc(&m, &len));
+    m.u.decode_req.n_fork = PROTO_MAX_FORK + 1;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_TOO_BIG);
+    ps_make(PROTO_MSG_DECODE_REQ, PS_MID, &m); /* kv_tokens 37: a migration's */
+    m.u.decode_req.n_fork = 1;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_DECODE_REQ, PS_MAX, &m); /* "<64-byte id>/<i>" does not fit */
+    m.u.decode_req.kv_tokens = 0;
+    m.u.decode_req.generated.n = 1;
+    free(enc(&m, &len));
+    m.u.decode_req.n_fork = 1;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
     /* the logprobs tail of TOKENS: one entry per token or none; values <= 0 */
     ps_make(PROTO_MSG_TOKENS, PS_MID, &m);
     uint8_t *buf = enc(&m, &len);
@@ -620,7 +637,7 @@ static void test_golden_bytes(void **state)
     uint8_t buf[64];
     size_t len;
     static const uint8_t want[] = {
-        'P', 'D', 'S', 'V', 0x03, 0x00, 0x16, 0x00, /* magic, ver 3, type 22 */
+        'P', 'D', 'S', 'V', 0x04, 0x00, 0x16, 0x00, /* magic, ver 4, type 22 */
         0x01, 0x00, 0x00, 0x00, 0x0d, 0x00, 0x00, 0x00, /* REPLY, rsv, len 13 */
         0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* tag */
         0, 0, 0, 0, 0, 0, 0, 0,                         /* reserved1 */

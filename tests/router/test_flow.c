@@ -29,6 +29,7 @@ typedef struct {
     uint32_t n_generated;           /* DECODE_REQ */
     uint64_t lease_id;              /* DECODE_REQ, RELEASE */
     uint32_t kv_tokens;             /* DECODE_REQ */
+    uint32_t n_fork;                /* DECODE_REQ */
     char target[PROTO_DAEMON_ID_MAX + 1]; /* MIGRATE: target; DECODE_REQ: KV peer */
 } sent_t;
 
@@ -91,6 +92,7 @@ static pd_status_t f_send(rtr_backend_t *be, proto_msg_t *m)
         s->n_generated = m->u.decode_req.generated.n;
         s->lease_id = m->u.decode_req.lease_id;
         s->kv_tokens = m->u.decode_req.kv_tokens;
+        s->n_fork = m->u.decode_req.n_fork;
         snprintf(s->target, sizeof(s->target), "%s", m->u.decode_req.prefill_peer_id);
         break;
     case PROTO_MSG_CANCEL: id = m->u.cancel.request_id; break;
@@ -200,7 +202,8 @@ static const char *W(const char *cid)
 }
 
 /* Accept one request ("Hi" as bytes) the way rtr_http.c does. */
-static rtr_req_t *accept_req(fx_t *f, const char *id, bool stream, uint32_t max_tokens)
+static rtr_req_t *accept_req_n(fx_t *f, const char *id, bool stream, uint32_t max_tokens,
+                               uint32_t n)
 {
     rtr_oai_req_t o;
     memset(&o, 0, sizeof(o));
@@ -208,6 +211,7 @@ static rtr_req_t *accept_req(fx_t *f, const char *id, bool stream, uint32_t max_
     o.max_tokens = max_tokens;
     o.top_p = 1.0f;
     o.stream = stream;
+    o.n = n;
     int32_t *ids = malloc(2 * sizeof(*ids));
     assert_non_null(ids);
     ids[0] = 'H';
@@ -228,6 +232,11 @@ static rtr_req_t *accept_req(fx_t *f, const char *id, bool stream, uint32_t max_
     rec.attached = true;
     rtr_flow_start(q, dec, disagg ? pre : NULL);
     return q;
+}
+
+static rtr_req_t *accept_req(fx_t *f, const char *id, bool stream, uint32_t max_tokens)
+{
+    return accept_req_n(f, id, stream, max_tokens, 1);
 }
 
 static void deliver(fx_t *f, rtr_backend_t *from, proto_msg_t *m)
@@ -628,6 +637,132 @@ static void test_stale_messages_ignored(void **state)
     assert_int_equal(rec.reply_status, 503);
 }
 
+/* ---- n > 1 -------------------------------------------------------------------- */
+
+static int count_sent(uint16_t type, const char *id)
+{
+    int k = 0;
+    for (int i = 0; i < rec.n_sent; i++)
+        k += rec.sent[i].type == type && strcmp(rec.sent[i].id, id) == 0;
+    return k;
+}
+
+/* n = 3, streamed: choice 0 is prefilled and its DECODE_REQ carries the two
+ * other choices (n_fork 2, ids "<choice 0>/1", "/2"); each choice streams
+ * with its index and ends with its own finish_reason; one [DONE] after the
+ * last; one request completed; nothing left assigned. */
+static void test_n_choices_stream(void **state)
+{
+    fx_t *f = *state;
+    rtr_req_t *q = accept_req_n(f, "n1", true, 16, 3);
+    assert_non_null(q->ch);
+    char w[3][PROTO_REQID_MAX + 1];
+    for (int i = 0; i < 3; i++)
+        snprintf(w[i], sizeof(w[i]), "%s", q->ch->c[i]->wire_id);
+    char want[PROTO_REQID_MAX + 8];
+    snprintf(want, sizeof(want), "%s/2", w[0]);
+    assert_string_equal(w[2], want);
+    assert_int_equal(last_sent()->type, PROTO_MSG_PREFILL_REQ);
+    assert_string_equal(last_sent()->id, w[0]);
+    assert_int_equal(q->ch->c[1]->fsm.state, RTR_REQ_ROUTED);
+
+    prefill_done(f, w[0], 'A', 7);
+    const sent_t *s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_DECODE_REQ);
+    assert_string_equal(s->id, w[0]);
+    assert_int_equal(s->n_fork, 2);
+    assert_int_equal(q->ch->c[1]->fsm.state, RTR_REQ_DECODING);
+    assert_int_equal(q->ch->c[2]->fsm.state, RTR_REQ_DECODING);
+    assert_int_equal(f->dec->assigned, 3);
+
+    int32_t a = 'b', b = 'c', c = 'd';
+    tokens(f, w[1], 0, &a, 1);
+    tokens(f, w[0], 0, &b, 1);
+    tokens(f, w[2], 0, &c, 1);
+    assert_non_null(strstr(rec.body, "\"index\":1"));
+    assert_non_null(strstr(rec.body, "\"index\":2"));
+    finish(f, w[1], PROTO_FINISH_STOP);
+    assert_null(strstr(rec.body, "[DONE]"));
+    finish(f, w[0], PROTO_FINISH_LENGTH);
+    assert_false(rec.ended_stream);
+    finish(f, w[2], PROTO_FINISH_LENGTH);
+    assert_true(rec.ended_stream);
+    assert_non_null(strstr(rec.body, "data: [DONE]\n\n"));
+    assert_non_null(strstr(rec.body, "\"finish_reason\":\"stop\""));
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
+    assert_int_equal(f->pre->assigned + f->dec->assigned, 0);
+    assert_int_equal(f->r.n_reqs, 0);
+}
+
+/* Choice 0 ends at token 0 (max_tokens 1): it never sends a DECODE_REQ, so
+ * the other choice starts decode-local on its own; the non-streamed body
+ * has both choices. */
+static void test_n_choice0_ends_at_token0(void **state)
+{
+    fx_t *f = *state;
+    rtr_req_t *q = accept_req_n(f, "n2", false, 1, 2);
+    char w1[PROTO_REQID_MAX + 1], w0[PROTO_REQID_MAX + 1];
+    snprintf(w0, sizeof(w0), "%s", q->ch->c[0]->wire_id);
+    snprintf(w1, sizeof(w1), "%s", q->ch->c[1]->wire_id);
+    prefill_done(f, w0, 'x', 3);
+    assert_int_equal(count_sent(PROTO_MSG_RELEASE, w0), 1);
+    assert_int_equal(count_sent(PROTO_MSG_DECODE_REQ, w0), 0);
+    const sent_t *s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_DECODE_REQ);
+    assert_string_equal(s->id, w1);
+    assert_int_equal(s->flags & PROTO_DEC_PREFILL_LOCALLY, PROTO_DEC_PREFILL_LOCALLY);
+    assert_int_equal(s->n_fork, 0);
+    assert_int_equal(rec.reply_status, 0);
+    int32_t t = 'y';
+    tokens(f, w1, 0, &t, 1);
+    finish(f, w1, PROTO_FINISH_LENGTH);
+    assert_int_equal(rec.reply_status, 200);
+    assert_non_null(strstr(rec.body, "\"index\":1"));
+    assert_non_null(strstr(rec.body, "\"completion_tokens\":2"));
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
+    assert_int_equal(f->r.n_reqs, 0);
+}
+
+/* One choice fails for good: the others are canceled upstream and the
+ * client gets one error; one request failed, nothing live. */
+static void test_n_choice_fails_all(void **state)
+{
+    fx_t *f = *state;
+    f->r.cfg.max_retries = 0;
+    rtr_req_t *q = accept_req_n(f, "n3", false, 16, 3);
+    char w[3][PROTO_REQID_MAX + 1];
+    for (int i = 0; i < 3; i++)
+        snprintf(w[i], sizeof(w[i]), "%s", q->ch->c[i]->wire_id);
+    prefill_done(f, w[0], 'A', 7);
+    error_from(f, f->dec, w[1], PD_ERR_INTERNAL);
+    assert_int_equal(rec.reply_status, 502);
+    assert_int_equal(count_sent(PROTO_MSG_CANCEL, w[0]), 1);
+    assert_int_equal(count_sent(PROTO_MSG_CANCEL, w[2]), 1);
+    assert_int_equal(counter(f, RTR_STAT_requests_failed), 1);
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 0);
+    assert_int_equal(f->r.n_reqs, 0);
+    assert_int_equal(f->pre->assigned + f->dec->assigned, 0);
+    int32_t t = 'z'; /* late tokens of an ended choice: stale */
+    tokens(f, w[2], 0, &t, 1);
+    assert_int_equal(f->r.n_reqs, 0);
+}
+
+/* The client leaves: every live choice is canceled upstream (choice 0 at the
+ * prefill; the riders were never sent), one cancel counted. */
+static void test_n_client_gone(void **state)
+{
+    fx_t *f = *state;
+    rtr_req_t *q = accept_req_n(f, "n4", true, 16, 2);
+    char w0[PROTO_REQID_MAX + 1];
+    snprintf(w0, sizeof(w0), "%s", q->ch->c[0]->wire_id);
+    rtr_flow_client_gone(q, "test");
+    assert_int_equal(count_sent(PROTO_MSG_CANCEL, w0), 1);
+    assert_ptr_equal(last_sent()->to, f->pre);
+    assert_int_equal(counter(f, RTR_STAT_requests_canceled), 1);
+    assert_int_equal(f->r.n_reqs, 0);
+    assert_int_equal(f->pre->assigned + f->dec->assigned, 0);
+}
+
 int main(void)
 {
     pd_log_set_level(PD_LOG_ERROR);
@@ -645,6 +780,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pull_failure_retries_then_fails, fx_setup,
                                         fx_teardown),
         cmocka_unit_test_setup_teardown(test_stale_messages_ignored, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_n_choices_stream, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_n_choice0_ends_at_token0, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_n_choice_fails_all, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_n_client_gone, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

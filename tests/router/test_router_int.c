@@ -806,7 +806,7 @@ static void test_bad_inputs(void **st)
           NULL, "messages" },
         { "/v1/completions", AUTH, "{\"prompt\":\"x\",\"max_tokens\":100000}", 400,
           "invalid_request_error", NULL, "max_tokens" },
-        { "/v1/completions", AUTH, "{\"prompt\":\"x\",\"n\":5}", 400, "invalid_request_error",
+        { "/v1/completions", AUTH, "{\"prompt\":\"x\",\"n\":9}", 400, "invalid_request_error",
           NULL, "n" },
         { "/v1/completions", AUTH, "{\"prompt\":\"x\",\"model\":\"other\"}", 404,
           "invalid_request_error", "model_not_found", "model" },

@@ -586,6 +586,146 @@ static void test_equiv_sampled(void **st)
     quiet_ok(&g_b);
 }
 
+/* One n > 1 response (completions) split per choice: texts, finish reasons
+ * and usage, from the JSON body or from the SSE stream (chunks carry their
+ * choice's index). */
+typedef struct {
+    char *text[8];
+    char finish[8][16];
+    int n_choices, completion, prompt;
+    bool done;
+} nresp_t;
+
+static void nresp_free(nresp_t *n)
+{
+    for (int i = 0; i < 8; i++)
+        free(n->text[i]);
+    memset(n, 0, sizeof(*n));
+}
+
+static void nresp_add(nresp_t *n, cJSON *choice)
+{
+    int i = (int)e2e_jnum(choice, "index");
+    assert_true(i >= 0 && i < 8);
+    if (i + 1 > n->n_choices)
+        n->n_choices = i + 1;
+    cJSON *t = cJSON_GetObjectItem(choice, "text");
+    if (cJSON_IsString(t)) {
+        size_t have = n->text[i] ? strlen(n->text[i]) : 0;
+        n->text[i] = realloc(n->text[i], have + strlen(t->valuestring) + 1);
+        strcpy(n->text[i] + have, t->valuestring);
+    }
+    cJSON *f = cJSON_GetObjectItem(choice, "finish_reason");
+    if (cJSON_IsString(f))
+        snprintf(n->finish[i], sizeof(n->finish[i]), "%s", f->valuestring);
+}
+
+static void nresp_parse(const char *body, bool stream, nresp_t *n)
+{
+    memset(n, 0, sizeof(*n));
+    if (!stream) {
+        cJSON *j = cJSON_Parse(body);
+        cJSON *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "choices"))
+            nresp_add(n, c);
+        n->completion = (int)e2e_jnum(j, "usage.completion_tokens");
+        n->prompt = (int)e2e_jnum(j, "usage.prompt_tokens");
+        n->done = j != NULL;
+        cJSON_Delete(j);
+        return;
+    }
+    for (const char *l = body; l != NULL && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, "data: ", 6) != 0)
+            continue;
+        if (strncmp(l + 6, "[DONE]", 6) == 0) {
+            n->done = true;
+            continue;
+        }
+        const char *e = strchr(l, '\n');
+        char *js = strndup(l + 6, e ? (size_t)(e - l - 6) : strlen(l + 6));
+        cJSON *j = cJSON_Parse(js);
+        free(js);
+        assert_non_null(j);
+        assert_null(cJSON_GetObjectItem(j, "error"));
+        cJSON *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "choices"))
+            nresp_add(n, c);
+        if (cJSON_IsObject(cJSON_GetObjectItem(j, "usage"))) {
+            n->completion = (int)e2e_jnum(j, "usage.completion_tokens");
+            n->prompt = (int)e2e_jnum(j, "usage.prompt_tokens");
+        }
+        cJSON_Delete(j);
+    }
+}
+
+/* n > 1: choice i samples with seed + i, so it is the single-choice run with
+ * that seed (pd-run's, token for token), streamed or not, disaggregated or
+ * decode-local; the prompt's KV is pulled once (one pull for the whole
+ * request) and the other choices fork off it on the decode, reusing its
+ * full blocks (the decode's cached_tokens grows by theirs). */
+static void test_equiv_n(void **st)
+{
+    (void)st;
+    static const int lens[] = { 5, 40, 129 };
+    enum { N = 3 };
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        int32_t ids[200], out[MAXTOK + 4];
+        make_prompt(ids, lens[i], 900 + (unsigned)i, 4, 259);
+        unsigned long long seed = 4242 + i;
+        char *ref[N];
+        int nref[N], total = 0;
+        for (int k = 0; k < N; k++) {
+            samp_t sp = { .temperature = 1.0, .top_p = 1.0, .seed = seed + (unsigned)k };
+            nref[k] = pdrun_s("llama", g_model, ids, lens[i], NULL, MAXTOK, &sp, out, MAXTOK + 4);
+            assert_true(nref[k] > 0);
+            ref[k] = detok("llama", g_model, out, nref[k]);
+            total += nref[k];
+        }
+        char *list = ids_json(ids, lens[i]);
+        char *body = malloc(strlen(list) + 256);
+        bool stream = i % 2 == 1;
+        sprintf(body, "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":1.0,\"n\":%d,"
+                "\"seed\":%llu%s}", list, MAXTOK, N, seed,
+                stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+        e2e_deploy_t *ds[2] = { &g_a, &g_b };
+        for (int d = 0; d < 2; d++) {
+            e2e_proc_t *dec = &ds[d]->decode[0];
+            double pulls0 = admin_num(dec, "requests", "counters.pulls_ok");
+            double cached0 = admin_num(dec, "requests", "counters.cached_tokens");
+            double bt = admin_num(dec, "kv", "block_tokens");
+            e2e_resp_t r;
+            e2e_http(ds[d]->http_port, "POST", "/v1/completions", NULL, body, 60.0, &r);
+            nresp_t nr;
+            nresp_parse(r.status == 200 ? r.body : "", stream, &nr);
+            if (r.status != 200 || nr.n_choices != N || !nr.done)
+                fail_msg("n=%d, %s: status %d, %d choices\n  raw %.500s", N,
+                         d ? "decode-local" : "disaggregated", r.status, nr.n_choices, r.body);
+            for (int k = 0; k < N; k++)
+                if (strcmp(nr.text[k] ? nr.text[k] : "", ref[k]) != 0 || nr.finish[k][0] == '\0')
+                    fail_msg("n=%d, %s, prompt %d tokens, choice %d (seed %llu): '%s' (%s); "
+                             "pd-run '%s'", N, d ? "decode-local" : "disaggregated", lens[i],
+                             k, seed + (unsigned)k, nr.text[k], nr.finish[k], ref[k]);
+            assert_int_equal(nr.completion, total);
+            assert_int_equal(nr.prompt, lens[i]);
+            /* choice 0 alone ends at token 0 when it is EOS: nothing pulled */
+            if (d == 0 && nref[0] > 1)
+                assert_int_equal((int)(admin_num(dec, "requests", "counters.pulls_ok") - pulls0), 1);
+            int shared = (int)((lens[i] - 1) / (int)bt) * (int)bt;
+            if (nref[0] > 1) /* the forks reused choice 0's full prompt blocks */
+                assert_true(admin_num(dec, "requests", "counters.cached_tokens") - cached0 >=
+                            (N - 1) * shared);
+            nresp_free(&nr);
+            e2e_resp_free(&r);
+        }
+        for (int k = 0; k < N; k++)
+            free(ref[k]);
+        free(body);
+        free(list);
+    }
+    quiet_ok(&g_a);
+    quiet_ok(&g_b);
+}
+
 /* The request fields for sp's penalties/bias/stop ids (pd-run's forms turned
  * into JSON: "3:1.5,7:-2" -> {"3":1.5,"7":-2}). */
 static void samp_json(const samp_t *sp, char *out, size_t cap)
@@ -1877,6 +2017,7 @@ int main(int argc, char **argv)
             cmocka_unit_test(test_equiv_sequential),
             cmocka_unit_test(test_equiv_concurrent),
             cmocka_unit_test(test_equiv_sampled),
+            cmocka_unit_test(test_equiv_n),
             cmocka_unit_test(test_equiv_penalties),
             cmocka_unit_test(test_equiv_logprobs),
             cmocka_unit_test(test_equiv_chat),

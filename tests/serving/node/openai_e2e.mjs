@@ -115,6 +115,44 @@ const checks = {
     assert.equal(r.usage.completion_tokens, usage.completion_tokens);
   },
 
+  // n: choice i samples with seed + i, so it is the n = 1 answer with that
+  // seed; streamed chunks carry their choice's index; usage sums the choices.
+  async nChoices() {
+    const msgs = [{ role: 'user', content: 'tell me a story about a fox' }];
+    const base = { model, messages: msgs, max_tokens: 10, temperature: 1, seed: 777 };
+    const one = [];
+    for (let i = 0; i < 3; i++)
+      one.push(await client.chat.completions.create({ ...base, seed: 777 + i }));
+    const r = await client.chat.completions.create({ ...base, n: 3 });
+    assert.equal(r.choices.length, 3);
+    let sum = 0;
+    for (let i = 0; i < 3; i++) {
+      assert.equal(r.choices[i].index, i);
+      assert.equal(r.choices[i].message.content, one[i].choices[0].message.content);
+      assert.equal(r.choices[i].finish_reason, one[i].choices[0].finish_reason);
+      sum += one[i].usage.completion_tokens;
+    }
+    assert.equal(r.usage.completion_tokens, sum);
+    const stream = await client.chat.completions.create({
+      ...base, n: 3, stream: true, stream_options: { include_usage: true } });
+    const text = ['', '', ''], roles = [null, null, null], fin = [null, null, null];
+    let usage = null;
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        if (c.delta.role) roles[c.index] = c.delta.role;
+        text[c.index] += c.delta.content ?? '';
+        if (c.finish_reason) fin[c.index] = c.finish_reason;
+      }
+    }
+    for (let i = 0; i < 3; i++) {
+      assert.equal(roles[i], 'assistant');
+      assert.equal(text[i], r.choices[i].message.content);
+      assert.equal(fin[i], r.choices[i].finish_reason);
+    }
+    assert.equal(usage.completion_tokens, sum);
+  },
+
   async streamHelper() {
     const runner = client.beta.chat.completions.stream({
       model, messages: [{ role: 'user', content: 'count' }], max_tokens: 6, temperature: 0 });
@@ -198,7 +236,7 @@ const checks = {
       'response_format', 'unsupported_schema'],
       [() => client.chat.completions.create({ model, messages: msgs, top_logprobs: 2 }),
         'top_logprobs', null],
-      [() => client.chat.completions.create({ model, messages: msgs, n: 2 }), 'n', null],
+      [() => client.chat.completions.create({ model, messages: msgs, n: 64 }), 'n', null],
       [() => client.chat.completions.create({ model, messages: [{ role: 'user' }] }),
         'messages[0].content', null],
       [() => client.chat.completions.create({ model, messages: msgs, frobnicate: 1 }),
