@@ -20,8 +20,10 @@
 #include <sodium.h>
 #include <time.h>
 
+#include "eng_chat.h"
 #include "pd_log.h"
 #include "pd_time.h"
+#include "rtr_tools.h"
 
 static pd_idhash_t req_by_id;
 
@@ -81,9 +83,13 @@ static void req_free(void *obj)
         for (uint32_t i = 0; i < q->ch->n; i++) {
             free(q->ch->text[i]);
             free(q->ch->lps[i]);
+            rtr_tools_calls_free(q->ch->calls[i], q->ch->n_calls[i]);
+            free(q->ch->calls[i]);
         }
         free(q->ch);
     }
+    rtr_tools_calls_free(q->calls, q->n_calls);
+    free(q->calls);
     free(q->gen);
     free(q->lps);
     free(q->text);
@@ -218,16 +224,59 @@ static void stream_start(rtr_req_t *q)
     }
 }
 
+static void text_append(rtr_req_t *q, const char *text, size_t len);
+
+static const char *tool_opener(const rtr_req_t *q)
+{
+    return eng_chat_call_opener((eng_chat_tools_fmt_t)q->oai.tool_fmt);
+}
+
+static bool tool_forced(const rtr_req_t *q)
+{
+    return q->oai.tool_choice == RTR_OAI_TOOLS_REQUIRED ||
+           q->oai.tool_choice == RTR_OAI_TOOLS_NAMED;
+}
+
+/* Where a request's text goes first: held while it may be a tool call. */
+static uint8_t tool_scan_init(const rtr_oai_req_t *o)
+{
+    if (o->tool_fmt == ENG_CHAT_TOOLS_NONE || o->tool_choice == RTR_OAI_TOOLS_NONE)
+        return RTR_TOOL_OFF;
+    return o->tool_choice == RTR_OAI_TOOLS_AUTO ? RTR_TOOL_MAYBE : RTR_TOOL_CALL;
+}
+
 static void emit_text(rtr_req_t *q, const char *text, size_t len)
 {
     if (len == 0)
         return;
+    if (q->tool_scan != RTR_TOOL_OFF) { /* held until we know */
+        text_append(q, text, len);
+        if (q->tool_scan == RTR_TOOL_CALL)
+            return;
+        rtr_toolscan_t st = rtr_tools_scan(tool_opener(q), q->text, q->text_len);
+        if (st == RTR_TOOLSCAN_CALL) {
+            q->tool_scan = RTR_TOOL_CALL;
+        } else if (st == RTR_TOOLSCAN_TEXT) {
+            q->tool_scan = RTR_TOOL_OFF; /* plain text: what was held goes out */
+            if (q->oai.stream && q->text_len > 0) {
+                size_t held = q->text_len;
+                q->text_len = 0;
+                emit_text(q, q->text, held);
+            }
+        }
+        return;
+    }
     if (q->oai.stream) {
         stream_start(q);
         rtr_oai_resp_meta_t m = req_meta(q);
         send_sse(q, rtr_oai_chunk_json(&m, q->choice, text, len, NULL, false));
         return;
     }
+    text_append(q, text, len);
+}
+
+static void text_append(rtr_req_t *q, const char *text, size_t len)
+{
     if (q->text_len + len + 1 > q->text_cap) {
         size_t cap = q->text_cap ? q->text_cap : 256;
         while (cap < q->text_len + len + 1)
@@ -245,6 +294,50 @@ static void emit_text(rtr_req_t *q, const char *text, size_t len)
 
 static void choice_complete(rtr_req_t *q, const char *finish_reason);
 
+/* The answer is complete: a held tool call becomes q->calls (ids drawn
+ * here) and the finish reason "tool_calls"; anything else that was held is
+ * text after all (streamed now). */
+static const char *tools_finish(rtr_req_t *q, const char *finish_reason)
+{
+    if (q->tool_scan == RTR_TOOL_OFF)
+        return finish_reason;
+    rtr_oai_call_t calls[RTR_OAI_MAX_CALLS];
+    memset(calls, 0, sizeof(calls));
+    uint32_t n = 0;
+    eng_chat_tools_fmt_t f = (eng_chat_tools_fmt_t)q->oai.tool_fmt;
+    pd_status_t st = q->tool_scan == RTR_TOOL_CALL
+                         ? rtr_tools_parse(eng_chat_call_opener(f), eng_chat_call_args_key(f),
+                                           tool_forced(q), q->text ? q->text : "", q->text_len,
+                                           q->oai.tools, q->oai.n_tools, calls,
+                                           RTR_OAI_MAX_CALLS, &n)
+                         : PD_ERR_BAD_INPUT;
+    q->tool_scan = RTR_TOOL_OFF;
+    if (st == PD_OK && (q->calls = calloc(n, sizeof(*q->calls))) != NULL) {
+        static const char an[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        for (uint32_t i = 0; i < n; i++) {
+            q->calls[i] = calls[i];
+            char id[32] = "call_";
+            for (int k = 5; k < 29; k++)
+                id[k] = an[randombytes_uniform(sizeof(an) - 1)];
+            id[29] = '\0';
+            q->calls[i].id = strdup(id);
+        }
+        q->n_calls = n;
+        q->text_len = 0; /* the call is the answer */
+        if (q->text != NULL)
+            q->text[0] = '\0';
+        pd_stats_inc(q->r->stats, RTR_STAT_tool_calls);
+        return "tool_calls";
+    }
+    rtr_tools_calls_free(calls, n);
+    if (q->oai.stream && q->text_len > 0) { /* not a call: the held text */
+        size_t held = q->text_len;
+        q->text_len = 0;
+        emit_text(q, q->text, held);
+    }
+    return finish_reason;
+}
+
 /* Success: flush held text, finish_reason, usage, [DONE] / JSON body. */
 static void req_complete(rtr_req_t *q, const char *finish_reason)
 {
@@ -253,6 +346,7 @@ static void req_complete(rtr_req_t *q, const char *finish_reason)
     emit_text(q, out, n);
     if (q->pipe.stopped)
         finish_reason = "stop";
+    finish_reason = tools_finish(q, finish_reason);
     pd_stats_inc(q->r->stats, strcmp(finish_reason, "length") == 0 ? RTR_STAT_finish_length
                                                                    : RTR_STAT_finish_stop);
     if (q->lead != NULL) {
@@ -264,6 +358,10 @@ static void req_complete(rtr_req_t *q, const char *finish_reason)
     if (q->r->out->attached(q)) {
         if (q->oai.stream) {
             stream_start(q);
+            if (q->n_calls > 0) {
+                rtr_oai_calls_t c = { q->calls, q->n_calls };
+                send_sse(q, rtr_oai_tool_chunk_json(&m, 0, &c));
+            }
             send_sse(q, rtr_oai_chunk_json(&m, 0, "", 0, finish_reason, false));
             if (q->oai.include_usage)
                 send_sse(q, rtr_oai_usage_chunk_json(&m, &usage));
@@ -276,8 +374,9 @@ static void req_complete(rtr_req_t *q, const char *finish_reason)
             rtr_oai_logprobs_t lps;
             if (q->oai.logprobs)
                 lps = req_lps(q, 0, q->n_gen);
-            char *json = rtr_oai_response_lp_json(&m, 1, texts, lens, fr, &usage,
-                                                  q->oai.logprobs ? &lps : NULL);
+            rtr_oai_calls_t calls = { q->calls, q->n_calls };
+            char *json = rtr_oai_response_full_json(&m, 1, texts, lens, fr, &usage,
+                                                    q->oai.logprobs ? &lps : NULL, &calls);
             q->r->out->reply(q, json != NULL ? 200 : 500,
                              json != NULL ? json : "{\"error\":{\"message\":\"out of memory\","
                                                    "\"type\":\"server_error\",\"param\":null,"
@@ -983,6 +1082,7 @@ static pd_status_t choices_new(rtr_req_t *lead)
         (void)rtr_textpipe_init(&c->pipe, r->tok, (const char *const *)c->oai.stop,
                                 c->oai.n_stop); /* the lead's init checked them */
         c->fork_pending = i > 0;
+        c->tool_scan = tool_scan_init(&c->oai);
         req_link(r, c);
         ch->c[i] = c;
         ch->n++;
@@ -1011,13 +1111,16 @@ static void choices_done(rtr_req_t *lead)
         } else {
             const char *texts[RTR_OAI_MAX_N];
             rtr_oai_logprobs_t lps[RTR_OAI_MAX_N];
+            rtr_oai_calls_t calls[RTR_OAI_MAX_N];
             for (uint32_t i = 0; i < ch->n; i++) {
                 texts[i] = ch->text[i] != NULL ? ch->text[i] : "";
                 lps[i] = (rtr_oai_logprobs_t){ ch->lps[i], ch->n_gen[i], 0, lp_piece,
                                                lead->r->tok };
+                calls[i] = (rtr_oai_calls_t){ ch->calls[i], ch->n_calls[i] };
             }
-            char *json = rtr_oai_response_lp_json(&m, ch->n, texts, ch->text_len, ch->finish,
-                                                  &usage, lead->oai.logprobs ? lps : NULL);
+            char *json = rtr_oai_response_full_json(&m, ch->n, texts, ch->text_len, ch->finish,
+                                                    &usage, lead->oai.logprobs ? lps : NULL,
+                                                    calls);
             lead->r->out->reply(lead, json != NULL ? 200 : 500,
                                 json != NULL ? json : "{\"error\":{\"message\":\"out of memory\","
                                                       "\"type\":\"server_error\",\"param\":null,"
@@ -1042,6 +1145,10 @@ static void choice_complete(rtr_req_t *q, const char *finish_reason)
     if (lead->oai.stream) {
         rtr_oai_resp_meta_t m = req_meta(q);
         stream_start(q);
+        if (q->n_calls > 0) {
+            rtr_oai_calls_t c = { q->calls, q->n_calls };
+            send_sse(q, rtr_oai_tool_chunk_json(&m, i, &c));
+        }
         send_sse(q, rtr_oai_chunk_json(&m, i, "", 0, finish_reason, false));
     } else {
         ch->text[i] = q->text;
@@ -1049,6 +1156,10 @@ static void choice_complete(rtr_req_t *q, const char *finish_reason)
         q->text = NULL;
         ch->lps[i] = q->lps;
         q->lps = NULL;
+        ch->calls[i] = q->calls;
+        ch->n_calls[i] = q->n_calls;
+        q->calls = NULL;
+        q->n_calls = 0;
     }
     ch->finish[i] = finish_reason; /* a string literal */
     ch->n_gen[i] = q->n_gen;
@@ -1100,6 +1211,7 @@ pd_status_t rtr_flow_new(rtr_t *r, const char *reqid, rtr_api_t api, rtr_oai_req
         o->seed = randombytes_uniform(1u << 31) * (1ull << 22) + randombytes_uniform(1u << 22);
     q->oai = *o;
     memset(o, 0, sizeof(*o));
+    q->tool_scan = tool_scan_init(&q->oai);
     q->prompt = *ids;
     q->n_prompt = n_ids;
     *ids = NULL;

@@ -78,6 +78,11 @@ struct rtr_req {
     uint32_t choice;                     /* a choice: its index */
     bool fork_pending;                   /* choice i > 0: rides on choice 0's
                                             DECODE_REQ (n_fork), not sent yet */
+    /* tools: while the answer may be (MAYBE) or is (CALL) a tool call its
+     * text is held in `text`; at the end it is parsed into calls */
+    uint8_t tool_scan;                   /* RTR_TOOL_* */
+    rtr_oai_call_t *calls;               /* (n_calls) the answer's, ids set */
+    uint32_t n_calls;
     struct rtr_choices *ch;              /* the lead's */
 };
 
@@ -92,7 +97,11 @@ typedef struct rtr_choices {
     rtr_oai_logprob_t *lps[RTR_OAI_MAX_N];
     uint32_t n_gen[RTR_OAI_MAX_N];
     uint64_t lp_chars[RTR_OAI_MAX_N];
+    rtr_oai_call_t *calls[RTR_OAI_MAX_N];
+    uint32_t n_calls[RTR_OAI_MAX_N];
 } rtr_choices_t;
+
+enum { RTR_TOOL_OFF = 0, RTR_TOOL_MAYBE = 1, RTR_TOOL_CALL = 2 };
 
 /* The output calls. */
 struct rtr_flow_out {

@@ -15,6 +15,7 @@
  *     freed with the connection: the pointer is dropped either way and never
  *     used again. */
 #include "rtr_flow.h"
+#include "rtr_tools.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -407,6 +408,37 @@ static bool check_api_key(rtr_t *r, struct evhttp_request *h)
     return sodium_memcmp(a, b, sizeof(a)) == 0;
 }
 
+/* Tools need a template with a call format; a forced call gets its
+ * grammar (the call's JSON schema with the format's arguments key). */
+static pd_status_t tools_prepare(rtr_t *r, rtr_oai_req_t *o, rtr_oai_error_t *err)
+{
+    bool used = o->n_tools > 0;
+    for (uint32_t i = 0; i < o->n_messages && !used; i++)
+        used = o->messages[i].n_calls > 0 || strcmp(o->messages[i].role, "tool") == 0;
+    if (!used || !r->chat_ok)
+        return PD_OK; /* no chat template: tokenize says so */
+    eng_chat_tools_fmt_t f = eng_chat_tools_format(r->chat_kind);
+    if (f == ENG_CHAT_TOOLS_NONE) {
+        rtr_oai_error_set(err, 400, "invalid_request_error", "unsupported_parameter",
+                          o->n_tools > 0 ? "tools" : "messages",
+                          "this model's chat template (%s) has no tool-call format; tools work "
+                          "with chatml, qwen2, qwen2.5, llama3 and llama3.1",
+                          eng_chat_name(r->chat_kind));
+        return PD_ERR_BAD_INPUT;
+    }
+    o->tool_fmt = f;
+    if (o->tool_choice != RTR_OAI_TOOLS_REQUIRED && o->tool_choice != RTR_OAI_TOOLS_NAMED)
+        return PD_OK;
+    o->gram_schema = rtr_tools_call_schema(o->tools, o->n_tools,
+                                           o->tool_choice == RTR_OAI_TOOLS_NAMED
+                                               ? (int32_t)o->tool_named : -1,
+                                           eng_chat_call_args_key(f), &o->gram_schema_len);
+    if (o->gram_schema == NULL)
+        return PD_ERR_NO_MEMORY;
+    o->gram_kind = RTR_OAI_GRAM_JSON_SCHEMA;
+    return PD_OK;
+}
+
 static pd_status_t tokenize(rtr_t *r, const rtr_oai_req_t *o, int32_t **ids_p, uint32_t *n_p,
                             rtr_oai_error_t *err)
 {
@@ -439,23 +471,62 @@ static pd_status_t tokenize(rtr_t *r, const rtr_oai_req_t *o, int32_t **ids_p, u
         eng_chat_msg_t *msgs = calloc(o->n_messages ? o->n_messages : 1, sizeof(*msgs));
         if (msgs == NULL)
             return PD_ERR_NO_MEMORY;
-        size_t total = 0;
-        for (uint32_t i = 0; i < o->n_messages; i++) {
-            const char *role = o->messages[i].role;
-            /* developer is OpenAI's new name for system. */
-            msgs[i].role = strcmp(role, "developer") == 0 ? "system" : role;
-            msgs[i].content = o->messages[i].content;
-            msgs[i].content_len = o->messages[i].content_len;
-            total += o->messages[i].content_len;
-        }
-        cap = 3 * total + 256 * (size_t)o->n_messages + 256;
-        ids = malloc(cap * sizeof(*ids));
-        if (ids == NULL) {
+        size_t total = 0, n_calls = 0;
+        for (uint32_t i = 0; i < o->n_messages; i++)
+            n_calls += o->messages[i].n_calls;
+        eng_chat_call_t *calls = calloc(n_calls ? n_calls : 1, sizeof(*calls));
+        eng_chat_tool_t *tools = calloc(o->n_tools ? o->n_tools : 1, sizeof(*tools));
+        if (calls == NULL || tools == NULL) {
+            free(calls);
+            free(tools);
             free(msgs);
             return PD_ERR_NO_MEMORY;
         }
-        s = eng_chat_encode(r->tok, r->chat_kind, msgs, o->n_messages, true, ids, cap, &n);
+        n_calls = 0;
+        for (uint32_t i = 0; i < o->n_messages; i++) {
+            const rtr_chat_msg_t *m = &o->messages[i];
+            /* developer is OpenAI's new name for system. */
+            msgs[i].role = strcmp(m->role, "developer") == 0 ? "system" : m->role;
+            msgs[i].content = m->content;
+            msgs[i].content_len = m->content_len;
+            msgs[i].calls = calls + n_calls;
+            msgs[i].n_calls = m->n_calls;
+            for (uint32_t k = 0; k < m->n_calls; k++, n_calls++) {
+                calls[n_calls].name = m->calls[k].name;
+                calls[n_calls].arguments = m->calls[k].arguments;
+                total += strlen(m->calls[k].arguments) + 80;
+            }
+            total += m->content_len;
+        }
+        for (uint32_t i = 0; i < o->n_tools; i++) {
+            tools[i].json = o->tools[i].def;
+            tools[i].len = o->tools[i].def_len;
+            total += o->tools[i].def_len;
+        }
+        bool forced = o->tool_choice == RTR_OAI_TOOLS_REQUIRED ||
+                      o->tool_choice == RTR_OAI_TOOLS_NAMED;
+        eng_chat_opts_t opts = { tools, o->n_tools,
+                                 forced ? eng_chat_call_opener(o->tool_fmt) : NULL };
+        cap = 3 * total + 256 * (size_t)o->n_messages + 1024;
+        ids = malloc(cap * sizeof(*ids));
+        if (ids == NULL) {
+            free(calls);
+            free(tools);
+            free(msgs);
+            return PD_ERR_NO_MEMORY;
+        }
+        s = eng_chat_encode_opts(r->tok, r->chat_kind, msgs, o->n_messages, true, &opts, ids,
+                                 cap, &n);
+        free(calls);
+        free(tools);
         free(msgs);
+        if (s == PD_ERR_UNSUPPORTED) {
+            free(ids);
+            rtr_oai_error_set(err, 400, "invalid_request_error", "unsupported_parameter",
+                              "messages", "messages cannot be rendered: the %s template takes "
+                              "one tool call per assistant turn", eng_chat_name(r->chat_kind));
+            return PD_ERR_BAD_INPUT;
+        }
         if (s == PD_ERR_BAD_INPUT || s == PD_ERR_TOO_BIG) {
             free(ids);
             rtr_oai_error_set(err, s == PD_ERR_TOO_BIG ? 413 : 400, "invalid_request_error", NULL,
@@ -519,7 +590,9 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
     }
     int32_t *ids = NULL;
     uint32_t n_ids = 0;
-    s = tokenize(r, &o, &ids, &n_ids, &err);
+    s = tools_prepare(r, &o, &err);
+    if (s == PD_OK)
+        s = tokenize(r, &o, &ids, &n_ids, &err);
     if (s != PD_OK) {
         pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         if (s != PD_ERR_BAD_INPUT)

@@ -98,6 +98,7 @@ typedef struct {
     X(client_disconnects,  COUNTER,   "Clients gone before their request ended") \
     X(finish_stop,         COUNTER,   "Completed requests with finish_reason stop") \
     X(finish_length,       COUNTER,   "Completed requests with finish_reason length") \
+    X(tool_calls,          COUNTER,   "Answers that are tool calls (finish_reason tool_calls)") \
     X(http_conns,          GAUGE,     "Open HTTP connections")                    \
     X(http_conns_refused,  COUNTER,   "HTTP connections refused: over http-max-conns-per-client") \
     X(http_read_timeouts,  COUNTER,   "HTTP connections closed: request not read within http-read-timeout") \

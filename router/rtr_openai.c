@@ -1,4 +1,5 @@
 #include "rtr_openai.h"
+#include "rtr_tools.h"
 
 #include "eng_gram.h"
 
@@ -36,12 +37,21 @@ void rtr_oai_req_free(rtr_oai_req_t *req)
         for (uint32_t i = 0; i < req->n_messages; i++) {
             free((char *)req->messages[i].role);
             free((char *)req->messages[i].content);
+            if (req->messages[i].calls != NULL) {
+                rtr_tools_calls_free(req->messages[i].calls, req->messages[i].n_calls);
+                free(req->messages[i].calls);
+            }
         }
         free(req->messages);
     }
     for (uint32_t i = 0; i < req->n_stop; i++)
         free(req->stop[i]);
     free(req->gram_schema);
+    for (uint32_t i = 0; i < req->n_tools; i++) {
+        cJSON_free(req->tools[i].def);
+        cJSON_free(req->tools[i].params);
+    }
+    free(req->tools);
     memset(req, 0, sizeof(*req));
 }
 
@@ -328,6 +338,172 @@ static bool parse_response_format(parse_ctx_t *pc, const cJSON *rf, rtr_oai_req_
     return true;
 }
 
+/* tools + tool_choice (docs/API.md "Tools"). A forced call (required /
+ * named) is grammar-constrained: its schema is compiled here so that
+ * parameters the grammar cannot express get their 400. */
+static bool parse_tools(parse_ctx_t *pc, const cJSON *root, rtr_oai_req_t *req)
+{
+    const cJSON *tl = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    int n = 0;
+    if (tl != NULL && !cJSON_IsNull(tl)) {
+        if (!cJSON_IsArray(tl))
+            return bad(pc, "tools", "must be an array of {\"type\": \"function\", "
+                                    "\"function\": {...}}");
+        n = cJSON_GetArraySize(tl);
+    }
+    if (n > RTR_OAI_MAX_TOOLS) {
+        rtr_oai_error_set(pc->err, 400, INVALID, NULL, "tools", "at most %d tools are accepted",
+                          RTR_OAI_MAX_TOOLS);
+        pc->status = PD_ERR_BAD_INPUT;
+        return false;
+    }
+    if (n > 0 && (req->tools = calloc((size_t)n, sizeof(*req->tools))) == NULL) {
+        pc->status = PD_ERR_NO_MEMORY;
+        return false;
+    }
+    const cJSON *t, *arr = n > 0 ? tl : NULL;
+    cJSON_ArrayForEach(t, arr) {
+        uint32_t i = req->n_tools;
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (!cJSON_IsObject(t) || !cJSON_IsString(type) ||
+            strcmp(type->valuestring, "function") != 0 || !cJSON_IsObject(fn) ||
+            cJSON_GetArraySize(t) != 2)
+            return bad(pc, param_name(pc, "tools[%u]", i),
+                       "must be {\"type\": \"function\", \"function\": {...}}");
+        const cJSON *k;
+        cJSON_ArrayForEach(k, fn) {
+            if (strcmp(k->string, "name") && strcmp(k->string, "description") &&
+                strcmp(k->string, "parameters") && strcmp(k->string, "strict"))
+                return bad(pc, param_name(pc, "tools[%u].function.%.24s", i, k->string),
+                           "is not a known field");
+        }
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *desc = cJSON_GetObjectItemCaseSensitive(fn, "description");
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        const cJSON *strict = cJSON_GetObjectItemCaseSensitive(fn, "strict");
+        if (!cJSON_IsString(name) || !rtr_tools_name_ok(name->valuestring))
+            return bad(pc, param_name(pc, "tools[%u].function.name", i),
+                       "must be 1-64 characters of a-z, A-Z, 0-9, _ and -");
+        for (uint32_t j = 0; j < i; j++)
+            if (strcmp(req->tools[j].name, name->valuestring) == 0)
+                return bad(pc, param_name(pc, "tools[%u].function.name", i),
+                           "repeats the name of another tool");
+        if (desc != NULL && !cJSON_IsNull(desc) && !cJSON_IsString(desc))
+            return bad(pc, param_name(pc, "tools[%u].function.description", i), "must be a string");
+        if (params != NULL && !cJSON_IsNull(params) && !cJSON_IsObject(params))
+            return bad(pc, param_name(pc, "tools[%u].function.parameters", i),
+                       "must be a JSON schema object");
+        if (strict != NULL && !cJSON_IsNull(strict) && !cJSON_IsBool(strict))
+            return bad(pc, param_name(pc, "tools[%u].function.strict", i), "must be a boolean");
+        rtr_oai_tool_t *o = &req->tools[i];
+        req->n_tools++;
+        snprintf(o->name, sizeof(o->name), "%s", name->valuestring);
+        /* the definition as the templates show it */
+        cJSON *def = cJSON_CreateObject(), *f = cJSON_AddObjectToObject(def, "function");
+        cJSON *p = cJSON_IsObject(params) ? cJSON_Duplicate(params, true)
+                                          : cJSON_Parse("{\"type\":\"object\",\"properties\":{}}");
+        if (def != NULL)
+            cJSON_AddStringToObject(def, "type", "function");
+        if (f != NULL) {
+            cJSON_AddStringToObject(f, "name", o->name);
+            if (cJSON_IsString(desc))
+                cJSON_AddStringToObject(f, "description", desc->valuestring);
+        }
+        o->params = p != NULL ? cJSON_PrintUnformatted(p) : NULL;
+        if (f != NULL && p != NULL)
+            cJSON_AddItemToObject(f, "parameters", p);
+        else
+            cJSON_Delete(p);
+        o->def = def != NULL ? cJSON_PrintUnformatted(def) : NULL;
+        cJSON_Delete(def);
+        if (o->def == NULL || o->params == NULL) {
+            pc->status = PD_ERR_NO_MEMORY;
+            return false;
+        }
+        o->def_len = strlen(o->def);
+    }
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    req->tool_choice = req->n_tools > 0 ? RTR_OAI_TOOLS_AUTO : RTR_OAI_TOOLS_NONE;
+    if (tc != NULL && !cJSON_IsNull(tc)) {
+        if (cJSON_IsString(tc) && strcmp(tc->valuestring, "none") == 0) {
+            req->tool_choice = RTR_OAI_TOOLS_NONE;
+        } else if (req->n_tools == 0) {
+            return bad(pc, "tool_choice", "needs 'tools'");
+        } else if (cJSON_IsString(tc) && strcmp(tc->valuestring, "auto") == 0) {
+            req->tool_choice = RTR_OAI_TOOLS_AUTO;
+        } else if (cJSON_IsString(tc) && strcmp(tc->valuestring, "required") == 0) {
+            req->tool_choice = RTR_OAI_TOOLS_REQUIRED;
+        } else {
+            const cJSON *type = cJSON_GetObjectItemCaseSensitive(tc, "type");
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+            if (!cJSON_IsObject(tc) || !cJSON_IsString(type) ||
+                strcmp(type->valuestring, "function") != 0 || !cJSON_IsString(name))
+                return bad(pc, "tool_choice", "must be \"none\", \"auto\", \"required\" or "
+                                              "{\"type\": \"function\", \"function\": "
+                                              "{\"name\": ...}}");
+            uint32_t j = 0;
+            while (j < req->n_tools && strcmp(req->tools[j].name, name->valuestring) != 0)
+                j++;
+            if (j == req->n_tools)
+                return bad(pc, "tool_choice", "names a function that is not in 'tools'");
+            req->tool_choice = RTR_OAI_TOOLS_NAMED;
+            req->tool_named = j;
+        }
+    }
+    if (req->tool_choice == RTR_OAI_TOOLS_NONE)
+        return true;
+    if (req->logprobs)
+        return unsupported(pc, "logprobs", "cannot be combined with tool calls");
+    if (req->tool_choice == RTR_OAI_TOOLS_AUTO)
+        return true;
+    /* forced: constrained like response_format, so the same rules */
+    if (req->gram_kind != RTR_OAI_GRAM_NONE)
+        return unsupported(pc, "tool_choice", "a forced call cannot be combined with "
+                                              "response_format");
+    if (req->ignore_eos || req->min_tokens > 0)
+        return unsupported(pc, req->ignore_eos ? "ignore_eos" : "min_tokens",
+                           "cannot be combined with a forced tool call (the call ends with EOS)");
+    if (req->tool_choice == RTR_OAI_TOOLS_REQUIRED && req->n_tools > RTR_OAI_MAX_FORCED_TOOLS) {
+        rtr_oai_error_set(pc->err, 400, INVALID, NULL, "tool_choice",
+                          "\"required\" works with at most %d tools; name one instead",
+                          RTR_OAI_MAX_FORCED_TOOLS);
+        pc->status = PD_ERR_BAD_INPUT;
+        return false;
+    }
+    for (uint32_t i = 0; i < req->n_tools; i++) {
+        if (req->tool_choice == RTR_OAI_TOOLS_NAMED && i != req->tool_named)
+            continue;
+        size_t len = 0;
+        char *schema = rtr_tools_call_schema(req->tools, req->n_tools, (int32_t)i, "arguments",
+                                             &len);
+        if (schema == NULL) {
+            pc->status = PD_ERR_NO_MEMORY;
+            return false;
+        }
+        char why[256];
+        eng_gram_t *g = NULL;
+        pd_status_t st = eng_gram_compile(ENG_GRAM_JSON_SCHEMA, schema, len, &g, why, sizeof(why));
+        eng_gram_free(g);
+        cJSON_free(schema);
+        if (st == PD_ERR_NO_MEMORY) {
+            pc->status = st;
+            return false;
+        }
+        if (st != PD_OK) {
+            rtr_oai_error_set(pc->err, 400, INVALID, st == PD_ERR_TOO_BIG ? "schema_too_large"
+                                                                            : "unsupported_schema",
+                              param_name(pc, "tools[%u].function.parameters", i),
+                              "a forced call to '%s' is constrained by its parameters: %s",
+                              req->tools[i].name, why);
+            pc->status = PD_ERR_BAD_INPUT;
+            return false;
+        }
+    }
+    return true;
+}
+
 /* Fields the router knows but does not implement, and the requests where
  * they would change nothing (accepted). */
 static bool check_unsupported(parse_ctx_t *pc, const cJSON *root, rtr_api_t api,
@@ -386,11 +562,10 @@ static bool check_unsupported(parse_ctx_t *pc, const cJSON *root, rtr_api_t api,
     const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(root, "parallel_tool_calls");
     if (ptc != NULL && !cJSON_IsNull(ptc) && !cJSON_IsBool(ptc))
         return bad(pc, "parallel_tool_calls", "must be a boolean");
-    static const char *const tools_why = "tool calling is not implemented";
-    return only_neutral(pc, root, "tools", NULL, tools_why) &&
-           only_neutral(pc, root, "tool_choice", "none", tools_why) &&
-           only_neutral(pc, root, "functions", NULL, tools_why) &&
-           only_neutral(pc, root, "function_call", "none", tools_why) &&
+    static const char *const fn_why = "deprecated: use tools and tool_choice";
+    return parse_tools(pc, root, req) &&
+           only_neutral(pc, root, "functions", NULL, fn_why) &&
+           only_neutral(pc, root, "function_call", "none", fn_why) &&
            only_neutral(pc, root, "store", NULL, "responses are not stored") &&
            only_neutral(pc, root, "metadata", NULL, "responses are not stored") &&
            only_neutral(pc, root, "service_tier", "auto", NULL) &&
@@ -557,6 +732,53 @@ too_big:
     return false;
 }
 
+/* An assistant message's tool_calls: [{id, type: "function", function:
+ * {name, arguments: JSON text of an object}}], at most RTR_OAI_MAX_CALLS. */
+static bool parse_msg_calls(parse_ctx_t *pc, const cJSON *arr, uint32_t mi, rtr_chat_msg_t *out)
+{
+    int n = cJSON_GetArraySize(arr);
+    if (n > RTR_OAI_MAX_CALLS)
+        return bad(pc, param_name(pc, "messages[%u].tool_calls", mi), "has too many calls");
+    out->calls = calloc((size_t)n, sizeof(*out->calls));
+    if (out->calls == NULL) {
+        pc->status = PD_ERR_NO_MEMORY;
+        return false;
+    }
+    const cJSON *c;
+    cJSON_ArrayForEach(c, arr) {
+        uint32_t k = out->n_calls;
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(c, "type");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (!cJSON_IsObject(c) || !cJSON_IsString(id) || strlen(id->valuestring) > 256 ||
+            !cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0 ||
+            !cJSON_IsObject(fn) || !cJSON_IsString(name) || !rtr_tools_name_ok(name->valuestring) ||
+            !cJSON_IsString(args))
+            return bad(pc, param_name(pc, "messages[%u].tool_calls[%u]", mi, k),
+                       "must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
+                       "\"arguments\": a JSON object as a string}}");
+        cJSON *a = cJSON_Parse(args->valuestring);
+        if (!cJSON_IsObject(a)) {
+            cJSON_Delete(a);
+            return bad(pc, param_name(pc, "messages[%u].tool_calls[%u].function.arguments", mi, k),
+                       "must be a JSON object (as a string)");
+        }
+        rtr_oai_call_t *o = &out->calls[k];
+        out->n_calls++;
+        o->id = strdup(id->valuestring);
+        o->name = strdup(name->valuestring);
+        o->arguments = cJSON_PrintUnformatted(a);
+        cJSON_Delete(a);
+        if (o->id == NULL || o->name == NULL || o->arguments == NULL) {
+            pc->status = PD_ERR_NO_MEMORY;
+            return false;
+        }
+    }
+    return true;
+}
+
 static bool parse_messages(parse_ctx_t *pc, const cJSON *root, const rtr_oai_limits_t *lim,
                            rtr_oai_req_t *req)
 {
@@ -609,6 +831,12 @@ static bool parse_messages(parse_ctx_t *pc, const cJSON *root, const rtr_oai_lim
                 continue;
             if (strcmp(k, "tool_call_id") == 0 && tool && cJSON_IsString(key))
                 continue; /* tool results render by position; the id is not needed */
+            if (strcmp(k, "tool_calls") == 0 && assistant && cJSON_IsArray(key) &&
+                key->child != NULL) {
+                if (!parse_msg_calls(pc, key, mi, out))
+                    return false;
+                continue;
+            }
             if (strcmp(k, "refusal") == 0 && assistant)
                 return bad(pc, param_name(pc, "messages[%u].refusal", mi),
                            "is not supported (send it as content)");
@@ -619,7 +847,7 @@ static bool parse_messages(parse_ctx_t *pc, const cJSON *root, const rtr_oai_lim
             return known_key
                 ? unsupported(pc, param_name(pc, "messages[%u].%.24s", mi, k),
                               strcmp(k, "name") == 0 ? "the chat templates do not render names"
-                                                     : "tool calling is not implemented")
+                                                     : "deprecated: use tool_calls")
                 : bad(pc, param_name(pc, "messages[%u].%.24s", mi, k), "is not a known field");
         }
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
@@ -627,6 +855,8 @@ static bool parse_messages(parse_ctx_t *pc, const cJSON *root, const rtr_oai_lim
             return bad(pc, param_name(pc, "messages[%u].content", mi),
                        "is required for this role");
         char *content = NULL;
+        if (out->n_calls > 0 && (c == NULL || cJSON_IsNull(c)))
+            continue; /* only tool calls */
         if (!parse_content(pc, c, &content, &out->content_len, &budget))
             return false;
         out->content = content;
@@ -1206,10 +1436,63 @@ char *rtr_oai_response_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
                                     NULL);
 }
 
+/* [{"id", "type": "function", "function": {"name", "arguments"}}], with
+ * "index" per call in stream deltas. */
+static cJSON *calls_json(const rtr_oai_calls_t *c, bool stream)
+{
+    cJSON *arr = cJSON_CreateArray();
+    for (uint32_t k = 0; arr != NULL && k < c->n; k++) {
+        cJSON *o = cJSON_CreateObject(), *f;
+        if (o == NULL)
+            break;
+        cJSON_AddItemToArray(arr, o);
+        if (stream)
+            cJSON_AddNumberToObject(o, "index", k);
+        cJSON_AddStringToObject(o, "id", c->v[k].id != NULL ? c->v[k].id : "");
+        cJSON_AddStringToObject(o, "type", "function");
+        if ((f = cJSON_AddObjectToObject(o, "function")) != NULL) {
+            cJSON_AddStringToObject(f, "name", c->v[k].name);
+            cJSON_AddStringToObject(f, "arguments", c->v[k].arguments);
+        }
+    }
+    return arr;
+}
+
+char *rtr_oai_tool_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
+                              const rtr_oai_calls_t *calls)
+{
+    cJSON *root = meta_object(meta, true);
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+    cJSON *choice = cJSON_CreateObject();
+    if (choices == NULL || choice == NULL) {
+        cJSON_Delete(choice);
+        cJSON_Delete(root);
+        return NULL;
+    }
+    cJSON_AddItemToArray(choices, choice);
+    cJSON_AddNumberToObject(choice, "index", index);
+    cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
+    if (delta != NULL)
+        cJSON_AddItemToObject(delta, "tool_calls", calls_json(calls, true));
+    add_logprobs(choice, meta->api, NULL);
+    add_finish(choice, NULL);
+    return print_and_free(root);
+}
+
 char *rtr_oai_response_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
                                const char *const *texts, const size_t *text_lens,
                                const char *const *finish_reasons,
                                const rtr_oai_usage_t *usage, const rtr_oai_logprobs_t *lps)
+{
+    return rtr_oai_response_full_json(meta, n_choices, texts, text_lens, finish_reasons, usage,
+                                      lps, NULL);
+}
+
+char *rtr_oai_response_full_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
+                                 const char *const *texts, const size_t *text_lens,
+                                 const char *const *finish_reasons,
+                                 const rtr_oai_usage_t *usage, const rtr_oai_logprobs_t *lps,
+                                 const rtr_oai_calls_t *calls)
 {
     cJSON *root = meta_object(meta, false);
     cJSON *choices = cJSON_AddArrayToObject(root, "choices");
@@ -1226,7 +1509,12 @@ char *rtr_oai_response_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choic
         if (meta->api == RTR_API_CHAT) {
             cJSON *msg = cJSON_AddObjectToObject(choice, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddItemToObject(msg, "content", text_item(texts[i], text_lens[i]));
+            bool call = calls != NULL && calls[i].n > 0;
+            cJSON_AddItemToObject(msg, "content", call && text_lens[i] == 0
+                                                      ? cJSON_CreateNull()
+                                                      : text_item(texts[i], text_lens[i]));
+            if (call)
+                cJSON_AddItemToObject(msg, "tool_calls", calls_json(&calls[i], false));
         } else {
             cJSON_AddItemToObject(choice, "text", text_item(texts[i], text_lens[i]));
         }

@@ -19,6 +19,15 @@
 #define RTR_OAI_MAX_STOP_IDS    32     /* stop_token_ids (= ENG_SAMPLE_MAX_STOP_IDS) */
 #define RTR_OAI_MAX_TOP_LOGPROBS 20    /* top_logprobs / completions logprobs */
 #define RTR_OAI_MAX_N           16     /* choices per request (n; = 1 + PROTO_MAX_FORK) */
+#define RTR_OAI_MAX_TOOLS       64     /* tools per request */
+#define RTR_OAI_MAX_CALLS       8      /* tool calls per message / per answer */
+#define RTR_OAI_MAX_FORCED_TOOLS 8     /* tool_choice "required": anyOf branches (ENG_GRAM_MAX_CONFIGS) */
+
+/* tool_choice */
+#define RTR_OAI_TOOLS_NONE     0u   /* no call (also: no tools) */
+#define RTR_OAI_TOOLS_AUTO     1u   /* the model may call: the output is scanned */
+#define RTR_OAI_TOOLS_REQUIRED 2u   /* a call to one of the tools, constrained */
+#define RTR_OAI_TOOLS_NAMED    3u   /* a call to tool_named, constrained */
 
 #define RTR_OAI_GRAM_NONE        0u  /* = PROTO_GRAM_* = ENG_GRAM_* */
 #define RTR_OAI_GRAM_JSON_OBJECT 1u
@@ -29,10 +38,32 @@ typedef enum {
     RTR_API_CHAT        = 1,  /* POST /v1/chat/completions */
 } rtr_api_t;
 
+/* A tool call: in an assistant message of the request, or parsed from an
+ * answer. All strings owned; name is [A-Za-z0-9_-]{1,64}, arguments
+ * compact JSON text of an object. id may be NULL (parsed, not named yet). */
+typedef struct {
+    char *id;
+    char *name;
+    char *arguments;
+} rtr_oai_call_t;
+
+/* One tool of the request: its definition as the templates render it,
+ * {"type":"function","function":{"name","description","parameters"}}, and
+ * its parameters schema (both compact JSON, owned). */
+typedef struct {
+    char name[65];
+    char *def;
+    size_t def_len;
+    char *params;
+} rtr_oai_tool_t;
+
 typedef struct {
     const char *role;          /* "system" | "user" | "assistant" | "tool" | "developer" */
-    const char *content;       /* concatenated text parts (owned by the request) */
+    const char *content;       /* concatenated text parts (owned by the request); NULL
+                                  for an assistant message with only tool calls */
     size_t content_len;
+    rtr_oai_call_t *calls;     /* assistant: its tool_calls (owned) */
+    uint32_t n_calls;
 } rtr_chat_msg_t;
 
 /* Hard caps applied while parsing; the daemon fills them from its config. */
@@ -87,6 +118,14 @@ typedef struct {
     uint32_t gram_kind;
     char *gram_schema;
     size_t gram_schema_len;
+    /* Tools (chat): definitions and tool_choice (RTR_OAI_TOOLS_*); for
+     * NAMED the index of the tool. tool_fmt: the chat template's call
+     * format (eng_chat_tools_fmt_t), set by the HTTP layer. */
+    rtr_oai_tool_t *tools;           /* (n_tools), owned */
+    uint32_t n_tools;
+    uint32_t tool_choice;
+    uint32_t tool_named;
+    uint32_t tool_fmt;
     /* Streaming */
     bool stream;
     bool include_usage;
@@ -182,6 +221,21 @@ char *rtr_oai_response_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choic
                                const char *const *texts, const size_t *text_lens,
                                const char *const *finish_reasons,
                                const rtr_oai_usage_t *usage, const rtr_oai_logprobs_t *lps);
+/* A choice's tool calls (n 0: none). */
+typedef struct {
+    const rtr_oai_call_t *v;
+    uint32_t n;
+} rtr_oai_calls_t;
+/* With calls (NULL, or one per choice): a choice with calls has
+ * message.tool_calls and content null when it has no text. */
+char *rtr_oai_response_full_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
+                                 const char *const *texts, const size_t *text_lens,
+                                 const char *const *finish_reasons,
+                                 const rtr_oai_usage_t *usage, const rtr_oai_logprobs_t *lps,
+                                 const rtr_oai_calls_t *calls);
+/* A stream chunk whose delta carries a choice's whole tool calls. */
+char *rtr_oai_tool_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
+                              const rtr_oai_calls_t *calls);
 /* GET /v1/models body. */
 char *rtr_oai_models_json(const char *const *model_ids, uint32_t n, int64_t created,
                           const char *owned_by);

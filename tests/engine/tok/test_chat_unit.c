@@ -150,9 +150,80 @@ static void test_detect(void **state)
     assert_string_equal(eng_chat_name(ENG_CHAT_QWEN2), "qwen2");
 }
 
+/* Tools (the Qwen2.5 and Llama 3.1 renderings are checked byte for byte
+ * against the models' own Jinja templates by tok_chat_xcheck): the forced
+ * call's opener after the generation prompt, tojson's spacing, and what
+ * families without a tool format refuse. */
+static void test_tools(void **state)
+{
+    (void)state;
+    static const char def[] = "{\"type\":\"function\",\"function\":{\"name\":\"f\","
+                              "\"parameters\":{\"type\":\"object\",\"properties\":{}}}}";
+    eng_chat_tool_t tools[1] = { { def, sizeof(def) - 1 } };
+    eng_chat_call_t call = { "f", "{\"x\":[1,2],\"y\":\"a,b: c\"}" };
+    eng_chat_msg_t m[4] = { M("user", "go"), M("assistant", ""), M("tool", "ok"),
+                            M("tool", "ok2") };
+    m[1].calls = &call;
+    m[1].n_calls = 1;
+    eng_chat_opts_t o = { tools, 1, "<tool_call>\n" };
+    char *out = NULL;
+    size_t len = 0;
+    assert_int_equal(eng_chat_render_opts(ENG_CHAT_CHATML, m, 4, true, NULL, NULL, &o, &out, &len),
+                     PD_OK);
+    assert_string_equal(out,
+        "<|im_start|>system\n\n\n# Tools\n\nYou may call one or more functions to assist with "
+        "the user query.\n\nYou are provided with function signatures within <tools></tools> "
+        "XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+        "\"parameters\": {\"type\": \"object\", \"properties\": {}}}}\n</tools>\n\nFor each "
+        "function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+        "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\ngo<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": [1, 2], "
+        "\"y\": \"a,b: c\"}}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nok\n</tool_response>\n<tool_response>\nok2\n"
+        "</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>\n");
+    free(out);
+    /* Llama: tools (indent 4) in the first message, one call per turn,
+     * results as JSON strings in an ipython turn */
+    o.gen_prefix = NULL;
+    assert_int_equal(eng_chat_render_opts(ENG_CHAT_LLAMA3, m, 3, false, NULL, NULL, &o, &out, &len),
+                     PD_OK);
+    assert_non_null(strstr(out, "<|start_header_id|>user<|end_header_id|>\n\nGiven the following"));
+    assert_non_null(strstr(out, "{\n    \"type\": \"function\",\n    \"function\": {\n"));
+    assert_non_null(strstr(out, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"f\", "
+                                "\"parameters\": {\"x\": [1, 2], \"y\": \"a,b: c\"}}<|eot_id|>"));
+    assert_non_null(strstr(out, "<|start_header_id|>ipython<|end_header_id|>\n\n\"ok\"<|eot_id|>"));
+    free(out);
+    eng_chat_call_t two[2] = { call, call };
+    m[1].calls = two;
+    m[1].n_calls = 2;
+    assert_int_equal(eng_chat_render_opts(ENG_CHAT_LLAMA31, m, 3, false, NULL, NULL, &o, &out,
+                                          &len), PD_ERR_UNSUPPORTED);
+    /* no tool format: tools, calls and tool results refused */
+    assert_int_equal(eng_chat_render_opts(ENG_CHAT_LLAMA2, m, 1, false, NULL, NULL, &o, &out, &len),
+                     PD_ERR_UNSUPPORTED);
+    assert_int_equal(eng_chat_render(ENG_CHAT_GEMMA, m + 2, 1, false, NULL, NULL, &out, &len),
+                     PD_ERR_UNSUPPORTED);
+    assert_int_equal(eng_chat_render(ENG_CHAT_MISTRAL, m, 2, false, NULL, NULL, &out, &len),
+                     PD_ERR_UNSUPPORTED);
+    /* a call on a user message; Llama tools with nothing to carry them */
+    m[0].calls = &call;
+    m[0].n_calls = 1;
+    assert_int_equal(eng_chat_render(ENG_CHAT_CHATML, m, 1, false, NULL, NULL, &out, &len),
+                     PD_ERR_BAD_INPUT);
+    eng_chat_msg_t sys[1] = { M("system", "s") };
+    assert_int_equal(eng_chat_render_opts(ENG_CHAT_LLAMA31, sys, 1, true, NULL, NULL, &o, &out,
+                                          &len), PD_ERR_BAD_INPUT);
+    assert_int_equal(eng_chat_tools_format(ENG_CHAT_QWEN25), ENG_CHAT_TOOLS_HERMES);
+    assert_int_equal(eng_chat_tools_format(ENG_CHAT_LLAMA31), ENG_CHAT_TOOLS_LLAMA);
+    assert_int_equal(eng_chat_tools_format(ENG_CHAT_PHI3), ENG_CHAT_TOOLS_NONE);
+}
+
 static void test_bad_input(void **state)
 {
-    eng_chat_msg_t bad[1] = { M("tool", "x") };
+    eng_chat_msg_t bad[1] = { M("robot", "x") };
     eng_chat_msg_t *many;
     char *out;
     size_t len, i;
@@ -240,6 +311,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_mistral_zephyr),
         cmocka_unit_test(test_detect),
+        cmocka_unit_test(test_tools),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_builtin_model),
     };
