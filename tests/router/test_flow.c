@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "eng_chat.h"
 #include "pd_log.h"
 #include "rtr_flow.h"
 
@@ -191,7 +192,7 @@ static uint64_t counter(const fx_t *f, rtr_stat_id_t id)
 
 /* Daemons see and answer to the router's wire id, never the client's id:
  * the test names requests by client id and maps them here. */
-static struct { char cid[16]; char wid[PROTO_REQID_MAX + 1]; } wids[16];
+static struct { char cid[16]; char wid[PROTO_REQID_MAX + 1]; } wids[64];
 
 static const char *W(const char *cid)
 {
@@ -763,6 +764,121 @@ static void test_n_client_gone(void **state)
     assert_int_equal(f->pre->assigned + f->dec->assigned, 0);
 }
 
+/* ---- tools -------------------------------------------------------------------- */
+
+/* A chat request with one tool "f" in the Hermes format. */
+static rtr_req_t *accept_tools(fx_t *f, const char *id, bool stream, uint32_t choice)
+{
+    rtr_oai_req_t o;
+    memset(&o, 0, sizeof(o));
+    o.api = RTR_API_CHAT;
+    o.max_tokens = 256;
+    o.top_p = 1.0f;
+    o.stream = stream;
+    o.n = 1;
+    o.tools = calloc(1, sizeof(*o.tools));
+    assert_non_null(o.tools);
+    snprintf(o.tools[0].name, sizeof(o.tools[0].name), "f");
+    o.tools[0].def = strdup("{\"type\":\"function\",\"function\":{\"name\":\"f\"}}");
+    o.tools[0].def_len = strlen(o.tools[0].def);
+    o.tools[0].params = strdup("{\"type\":\"object\",\"properties\":{}}");
+    o.n_tools = 1;
+    o.tool_choice = choice;
+    o.tool_fmt = ENG_CHAT_TOOLS_HERMES;
+    int32_t *ids = malloc(2 * sizeof(*ids));
+    assert_non_null(ids);
+    ids[0] = 'H';
+    ids[1] = 'i';
+    rtr_backend_t *dec, *pre;
+    bool disagg = rtr_flow_route(&f->r, 2, 64, &dec, &pre);
+    rtr_req_t *q = NULL;
+    assert_int_equal(rtr_flow_new(&f->r, id, RTR_API_CHAT, &o, &ids, 2, &q), PD_OK);
+    for (size_t i = 0; i < sizeof(wids) / sizeof(wids[0]); i++)
+        if (wids[i].cid[0] == '\0' || strcmp(wids[i].cid, id) == 0) {
+            snprintf(wids[i].cid, sizeof(wids[i].cid), "%s", id);
+            snprintf(wids[i].wid, sizeof(wids[i].wid), "%s", q->wire_id);
+            break;
+        }
+    rec.attached = true;
+    rtr_flow_start(q, dec, disagg ? pre : NULL);
+    return q;
+}
+
+static void text_tokens(fx_t *f, const char *id, uint32_t seq, const char *text)
+{
+    int32_t t[128];
+    uint32_t n = (uint32_t)strlen(text);
+    assert_true(n <= 128);
+    for (uint32_t i = 0; i < n; i++)
+        t[i] = (unsigned char)text[i];
+    tokens(f, id, seq, t, n);
+}
+
+/* auto, streamed: an answer that opens with <tool_call> is held back (no
+ * content chunk), parsed at the end into delta.tool_calls with an id, and
+ * finishes with "tool_calls". */
+static void test_tools_auto_call(void **state)
+{
+    fx_t *f = *state;
+    accept_tools(f, "t1", true, RTR_OAI_TOOLS_AUTO);
+    prefill_done(f, "t1", '<', 3);
+    text_tokens(f, "t1", 0, "tool_call>\n{\"name\": \"f\", \"arguments\": {\"k\": [1, 2]}}\n");
+    text_tokens(f, "t1", 1, "</tool_call>");
+    assert_null(strstr(rec.body, "tool_call>"));  /* nothing of it went out as content */
+    finish(f, "t1", PROTO_FINISH_STOP);
+    assert_non_null(strstr(rec.body, "\"tool_calls\":[{\"index\":0,\"id\":\"call_"));
+    assert_non_null(strstr(rec.body, "\"name\":\"f\",\"arguments\":\"{\\\"k\\\":[1,2]}\""));
+    assert_non_null(strstr(rec.body, "\"finish_reason\":\"tool_calls\""));
+    assert_null(strstr(rec.body, "<tool_call"));
+    assert_int_equal(counter(f, RTR_STAT_tool_calls), 1);
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
+}
+
+/* auto: an answer that only looks like a call at first is text after all:
+ * what was held goes out as content, in order, and the rest streams. */
+static void test_tools_auto_text(void **state)
+{
+    fx_t *f = *state;
+    accept_tools(f, "t2", true, RTR_OAI_TOOLS_AUTO);
+    prefill_done(f, "t2", '<', 3);
+    assert_null(strstr(rec.body, "\"content\":\"<\""));
+    text_tokens(f, "t2", 0, "tool");
+    assert_null(strstr(rec.body, "<tool"));
+    text_tokens(f, "t2", 1, "s> are fun");
+    assert_non_null(strstr(rec.body, "\"content\":\"<tools> are fun\""));
+    text_tokens(f, "t2", 2, "!");
+    assert_non_null(strstr(rec.body, "\"content\":\"!\""));
+    finish(f, "t2", PROTO_FINISH_STOP);
+    assert_non_null(strstr(rec.body, "\"finish_reason\":\"stop\""));
+    assert_null(strstr(rec.body, "tool_calls"));
+}
+
+/* A forced call, not streamed: the answer is the call's JSON (the opener
+ * was in the prompt); the body has message.tool_calls and content null. A
+ * forced call cut off by max_tokens is answered as text with "length". */
+static void test_tools_forced(void **state)
+{
+    fx_t *f = *state;
+    accept_tools(f, "t3", false, RTR_OAI_TOOLS_REQUIRED);
+    prefill_done(f, "t3", '{', 3);
+    text_tokens(f, "t3", 0, "\"name\":\"f\",\"arguments\":{}}");
+    finish(f, "t3", PROTO_FINISH_STOP);
+    assert_int_equal(rec.reply_status, 200);
+    assert_non_null(strstr(rec.body, "\"content\":null,\"tool_calls\":[{\"id\":\"call_"));
+    assert_non_null(strstr(rec.body, "\"arguments\":\"{}\""));
+    assert_non_null(strstr(rec.body, "\"finish_reason\":\"tool_calls\""));
+
+    memset(&rec, 0, sizeof(rec));
+    accept_tools(f, "t4", false, RTR_OAI_TOOLS_NAMED);
+    prefill_done(f, "t4", '{', 4);
+    text_tokens(f, "t4", 0, "\"name\":\"f\",\"argu");
+    finish(f, "t4", PROTO_FINISH_LENGTH);
+    assert_int_equal(rec.reply_status, 200);
+    assert_non_null(strstr(rec.body, "\"content\":\"{\\\"name\\\":\\\"f\\\",\\\"argu\""));
+    assert_non_null(strstr(rec.body, "\"finish_reason\":\"length\""));
+    assert_null(strstr(rec.body, "tool_calls"));
+}
+
 int main(void)
 {
     pd_log_set_level(PD_LOG_ERROR);
@@ -784,6 +900,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_n_choice0_ends_at_token0, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_n_choice_fails_all, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_n_client_gone, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_tools_auto_call, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_tools_auto_text, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_tools_forced, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
