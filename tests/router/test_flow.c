@@ -213,7 +213,7 @@ static rtr_req_t *accept_req(fx_t *f, const char *id, bool stream, uint32_t max_
     ids[0] = 'H';
     ids[1] = 'i';
     rtr_backend_t *dec, *pre;
-    bool disagg = rtr_flow_route(&f->r, 2, max_tokens, &dec, &pre);
+    bool disagg = rtr_flow_route(&f->r, ids, 2, max_tokens, &dec, &pre);
     assert_ptr_equal(dec, f->dec);
     rtr_req_t *q = NULL;
     assert_int_equal(rtr_flow_new(&f->r, id, RTR_API_COMPLETIONS, &o, &ids, 2, &q), PD_OK);
