@@ -1866,10 +1866,32 @@ static int usage_cached(const char *raw, bool stream)
 #define KVR_PREFIX 320   /* 20 blocks of 16 */
 #define KVR_N 5          /* requests sharing the prefix */
 
+#define KVR_RUNS (KVR_N + 4)
+
 typedef struct {
-    char *text[KVR_N + 2];
-    int cached[KVR_N + 2];
+    char *text[KVR_RUNS];
+    int cached[KVR_RUNS];
 } kvr_run_t;
+
+static void kvr_chat(e2e_deploy_t *d, const char *user, bool stream, char **text, int *cached)
+{
+    char body[2048];
+    snprintf(body, sizeof(body),
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"You are a careful assistant. "
+             "Answer in one short sentence, never more, and never repeat the question. Prefer "
+             "plain words over jargon, numbers over adjectives, and say so when you do not know. "
+             "The user is in a hurry and reads on a small screen.\"},"
+             "{\"role\":\"user\",\"content\":\"%s\"}],\"max_completion_tokens\":16,"
+             "\"temperature\":0%s}", user,
+             stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+    compl_t c;
+    complete(d->http_port, "/v1/chat/completions", body, stream, &c);
+    if (c.status != 200 || !c.done || c.error_frame)
+        fail_msg("kv-route chat: status %d: %s", c.status, c.raw);
+    *text = strdup(c.text);
+    *cached = usage_cached(c.raw, stream);
+    compl_free(&c);
+}
 
 static void kvr_req(e2e_deploy_t *d, const int32_t *ids, int n, bool stream, char **text,
                     int *cached)
@@ -1967,6 +1989,26 @@ static void kvr_workload(e2e_deploy_t *d, bool cache, kvr_run_t *out)
     } else if (out->cached[KVR_N + 1] != 0) {
         fail_msg("cache off, turn 2: cached_tokens %d", out->cached[KVR_N + 1]);
     }
+
+    /* chat: two users behind one long system prompt (disaggregated) */
+    double pind0[E2E_MAX_DAEMONS];
+    for (int k = 0; k < d->n_prefill; k++)
+        pind0[k] = indexed_blocks(d, d->prefill[k].id);
+    kvr_chat(d, "What is the sea?", false, &out->text[KVR_N + 2], &out->cached[KVR_N + 2]);
+    if (cache) { /* the prefill that ran it reported its new blocks */
+        bool seen = false;
+        for (double t0 = e2e_now(); !seen && e2e_now() - t0 < 10; e2e_nap_ms(10))
+            for (int k = 0; k < d->n_prefill; k++)
+                seen |= indexed_blocks(d, d->prefill[k].id) >= pind0[k] + 4;
+        assert_true(seen);
+    }
+    kvr_chat(d, "Why is the sky blue?", true, &out->text[KVR_N + 3], &out->cached[KVR_N + 3]);
+    fprintf(stderr, "e2e: chat cached_tokens %d then %d\n", out->cached[KVR_N + 2],
+            out->cached[KVR_N + 3]);
+    if (out->cached[KVR_N + 2] != 0 || (cache ? out->cached[KVR_N + 3] < 64
+                                              : out->cached[KVR_N + 3] != 0))
+        fail_msg("chat cached_tokens %d then %d (cache %s)", out->cached[KVR_N + 2],
+                 out->cached[KVR_N + 3], cache ? "on" : "off");
 }
 
 static int kvroute_setup(void **st)
@@ -1992,7 +2034,7 @@ static void test_kv_routing(void **st)
     fprintf(stderr, "e2e: router prompt_cached_tokens %.0f, prefill hits %.0f, decode hits %.0f\n",
             hit, router_stat(&g_a, "kv_route_prefill_hits"),
             router_stat(&g_a, "kv_route_decode_hits"));
-    assert_true(hit == (KVR_N - 1) * KVR_PREFIX + 48);
+    assert_true(hit == (KVR_N - 1) * KVR_PREFIX + 48 + on.cached[KVR_N + 3]);
     quiet_ok(&g_a);
     assert_int_equal(stop_deploy(&g_a, &g_a_up), 0);
 
@@ -2000,7 +2042,7 @@ static void test_kv_routing(void **st)
     kvr_workload(&g_a, false, &off);
     quiet_ok(&g_a);
     /* greedy output identical with the cache on or off */
-    for (int i = 0; i < KVR_N + 2; i++) {
+    for (int i = 0; i < KVR_RUNS; i++) {
         if (strcmp(on.text[i], off.text[i]) != 0)
             fail_msg("request %d: cache on '%s' != cache off '%s'", i, on.text[i], off.text[i]);
         free(on.text[i]);
