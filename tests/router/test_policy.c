@@ -128,7 +128,7 @@ static void test_decode_kv(void **state)
 {
     (void)state;
     rtr_backend_load_t b[3] = {
-        { true, 0, 100, 2 }, { true, 0, 50, 4 }, { true, 0, 100, 2 },
+        { true, 0, 100, 2 }, { true, 0, 50, 3 }, { true, 0, 100, 2 },
     };
     uint32_t none[3] = { 0, 0, 0 }, rr = 0, rr2 = 0;
     /* nothing cached: rtr_pick_decode (most free) */
