@@ -375,6 +375,7 @@ static pd_status_t node_adm_kv(pd_admin_req_t *req, cJSON *reply)
         cJSON_AddNumberToObject(e, "frames", (double)ks.frames);
         cJSON_AddNumberToObject(e, "names", (double)ks.names);
         cJSON_AddNumberToObject(e, "snapshots", (double)ks.snapshots);
+        cJSON_AddNumberToObject(e, "snapshots_truncated", (double)ks.snapshots_truncated);
         cJSON_AddNumberToObject(e, "pending", ks.pending);
     }
     if (n->role->adm_kv)

@@ -354,6 +354,7 @@ typedef struct {
     uint64_t frames;                    /* KV_EVENTS sent */
     uint64_t names;                     /* block names in them */
     uint64_t snapshots;                 /* RESET + whole-cache snapshots */
+    uint64_t snapshots_truncated;       /* cache over the snapshot cap (256 Ki names) */
     uint32_t pending;                   /* coalesced, not sent yet */
 } node_kve_stats_t;
 

@@ -18,6 +18,12 @@
 #include "pd_time.h"
 
 #define KVE_SLOTS (2u * PROTO_MAX_KV_EVENTS) /* power of two: open addressing */
+/* A snapshot lists at most this many names (64 frames, ~2 MiB: well under
+ * the session's 4 MiB output cap, so it can never close the session it is
+ * meant for; the router's default per-backend cap is the same). A larger
+ * cache is indexed in part (the first names in block order) until its
+ * blocks change; counted as snapshots_truncated. */
+#define KVE_SNAPSHOT_MAX (64u * PROTO_MAX_KV_EVENTS)
 
 struct node_kve {
     node_t *n;
@@ -79,13 +85,18 @@ void node_kve_flush(node_kve_t *k)
         kve_clear(k);
         k->need_reset = false;
         k->st.snapshots++;
-        uint32_t cur = 0, got;
+        uint32_t cur = 0, got, sent = 0;
         bool first = true;
         while ((got = kvx_prefix_list(n->prefix, &cur, k->stored, PROTO_MAX_KV_EVENTS)) > 0 ||
                first) {
+            if (sent >= KVE_SNAPSHOT_MAX) {
+                k->st.snapshots_truncated++;
+                break;
+            }
             if (!kve_send(k, first ? PROTO_KVE_RESET : 0, k->stored, got, NULL, 0))
                 return;
             first = false;
+            sent += got;
         }
         return;
     }

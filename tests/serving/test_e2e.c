@@ -1871,6 +1871,7 @@ static int usage_cached(const char *raw, bool stream)
 typedef struct {
     char *text[KVR_RUNS];
     int cached[KVR_RUNS];
+    int holder;              /* the prefill holding the shared prefix */
 } kvr_run_t;
 
 static void kvr_chat(e2e_deploy_t *d, const char *user, bool stream, char **text, int *cached)
@@ -1930,8 +1931,10 @@ static void kvr_workload(e2e_deploy_t *d, bool cache, kvr_run_t *out)
         if (i == 0 && cache) {
             /* the prefill that computed it; wait until the router knows */
             for (int k = 0; k < d->n_prefill; k++)
-                if (admin_num(&d->prefill[k], "requests", "counters.accepted") == 1)
+                if (admin_num(&d->prefill[k], "requests", "counters.accepted") == 1) {
                     holder = &d->prefill[k];
+                    out->holder = k;
+                }
             assert_non_null(holder);
             if (!wait_indexed(d, holder, KVR_PREFIX / 16))
                 fail_msg("router never indexed %s's %d blocks (has %.0f)", holder->id,
@@ -2035,6 +2038,30 @@ static void test_kv_routing(void **st)
             hit, router_stat(&g_a, "kv_route_prefill_hits"),
             router_stat(&g_a, "kv_route_decode_hits"));
     assert_true(hit == (KVR_N - 1) * KVR_PREFIX + 48 + on.cached[KVR_N + 3]);
+    quiet_ok(&g_a);
+    /* a new router knows nothing: every daemon's registration starts with
+     * a RESET + snapshot of its cache, so the prefix is found again */
+    assert_int_equal(e2e_proc_signal(&g_a.router, SIGKILL), 0);
+    assert_true(e2e_proc_wait(&g_a.router, 5.0) == 128 + SIGKILL);
+    if (e2e_restart_router(&g_a) != 0)
+        fail_msg("restarted router never became ready");
+    e2e_proc_t *h = &g_a.prefill[on.holder];
+    if (!wait_indexed(&g_a, h, KVR_PREFIX / 16))
+        fail_msg("after a router restart %s's cache was not indexed again (%.0f blocks)", h->id,
+                 indexed_blocks(&g_a, h->id));
+    {
+        int32_t ids[KVR_PREFIX + 20];
+        char *text;
+        int cached;
+        make_prompt(ids, KVR_PREFIX, 1313, 4, 259);
+        make_prompt(ids + KVR_PREFIX, 20, 9999, 4, 259);
+        double acc0 = admin_num(h, "requests", "counters.accepted");
+        kvr_req(&g_a, ids, KVR_PREFIX + 20, false, &text, &cached);
+        free(text);
+        if (cached != KVR_PREFIX || admin_num(h, "requests", "counters.accepted") != acc0 + 1)
+            fail_msg("after a router restart: cached_tokens %d (want %d), %s accepted %.0f -> %.0f",
+                     cached, KVR_PREFIX, h->id, acc0, admin_num(h, "requests", "counters.accepted"));
+    }
     quiet_ok(&g_a);
     assert_int_equal(stop_deploy(&g_a, &g_a_up), 0);
 
