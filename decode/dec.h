@@ -78,6 +78,7 @@ typedef struct dec_req {
     uint32_t kv_pull;                   /* positions the handle's KV covers */
     uint32_t n_reused;                  /* first blocks shared from the prefix
                                            cache (read only; not pulled) */
+    uint64_t pulled_bytes;              /* KV bytes pulled from peers (FINISH) */
     uint32_t chunk_n;                   /* step in flight: prefill chunk size */
     bool chunk_logits;
     /* sampling (compute thread while in_step) */

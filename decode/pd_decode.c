@@ -243,6 +243,9 @@ static void dec_req_end(dec_req_t *r, uint16_t reason, pd_status_t status)
             f->decode_ns = r->t[DEC_ST_RUNNING] ? now - r->t[DEC_ST_RUNNING] : 0;
             f->ttft_ns = r->first_token_ns ? r->first_token_ns - r->t[DEC_ST_NEW] : 0;
             f->total_ns = now - r->t[DEC_ST_NEW];
+            uint64_t cached = (uint64_t)r->n_reused * d->n.geom->block_tokens;
+            f->cached_tokens = cached < r->n_prompt ? (uint32_t)cached : r->n_prompt;
+            f->kv_bytes = r->pulled_bytes;
             (void)proto_session_send(d->n.sess, &m);
         }
     }
@@ -511,6 +514,8 @@ static void dec_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t
     pd_stats_observe_ns(d->n.stats, DEC_STAT_transfer_time, r->transfer_ns);
     if (status == PD_OK) {
         pd_stats_inc(d->n.stats, DEC_STAT_pulls_ok);
+        if (res != NULL)
+            r->pulled_bytes += res->bytes;
     } else {
         pd_stats_inc(d->n.stats, DEC_STAT_pulls_failed);
         pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "KV pull from %s failed: %s", r->peer,

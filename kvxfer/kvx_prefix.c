@@ -4,8 +4,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
-#include <xxhash.h>
+#include "pd_blockname.h"
 
 #define NIL UINT32_MAX
 #define KVX_PREFIX_MAX_BLOCK_TOKENS 4096u
@@ -37,42 +36,13 @@ struct kvx_prefix {
 uint64_t kvx_prefix_name(uint64_t parent, uint64_t compat, const int32_t *tokens,
                          uint32_t n_tokens)
 {
-    /* explicit little-endian bytes: names agree across hosts */
-    XXH3_state_t s;
-    uint8_t buf[8 + 4 * 64];
-    (void)XXH3_64bits_reset_withSeed(&s, compat);
-    for (int k = 0; k < 8; k++)
-        buf[k] = (uint8_t)(parent >> (8 * k));
-    (void)XXH3_64bits_update(&s, buf, 8);
-    for (uint32_t i = 0; i < n_tokens;) {
-        uint32_t m = 0;
-        for (; i < n_tokens && m < 64; i++, m++) {
-            uint32_t t = (uint32_t)tokens[i];
-            buf[4 * m] = (uint8_t)t;
-            buf[4 * m + 1] = (uint8_t)(t >> 8);
-            buf[4 * m + 2] = (uint8_t)(t >> 16);
-            buf[4 * m + 3] = (uint8_t)(t >> 24);
-        }
-        (void)XXH3_64bits_update(&s, buf, 4 * (size_t)m);
-    }
-    return XXH3_64bits_digest(&s);
+    return pd_block_name(parent, compat, tokens, n_tokens);
 }
 
 uint32_t kvx_prefix_names(uint32_t block_tokens, uint64_t compat, const int32_t *tokens,
                           uint32_t n_tokens, uint64_t *out, uint32_t cap)
 {
-    if (block_tokens == 0)
-        return 0;
-    uint32_t n = n_tokens / block_tokens;
-    if (n > cap)
-        n = cap;
-    uint64_t parent = compat;
-    for (uint32_t i = 0; i < n; i++) {
-        parent = kvx_prefix_name(parent, compat, tokens + (size_t)i * block_tokens,
-                                 block_tokens);
-        out[i] = parent;
-    }
-    return n;
+    return pd_block_names(block_tokens, compat, tokens, n_tokens, out, cap);
 }
 
 pd_status_t kvx_prefix_create(kvx_blocks_t *blocks, const kvx_prefix_config_t *cfg,
@@ -326,6 +296,16 @@ uint32_t kvx_prefix_available(const kvx_prefix_t *p)
     for (uint32_t id = p->lru_head; id != NIL; id = p->ent[id].lru_next)
         n += evictable(p, id);
     return n;
+}
+
+uint32_t kvx_prefix_list(const kvx_prefix_t *p, uint32_t *cursor, uint64_t *out, uint32_t cap)
+{
+    uint32_t k = 0, id = *cursor;
+    for (; id < p->n_blocks && k < cap; id++)
+        if (p->ent[id].cached)
+            out[k++] = p->ent[id].name;
+    *cursor = id;
+    return k;
 }
 
 void kvx_prefix_stats(const kvx_prefix_t *p, kvx_prefix_stats_t *out)

@@ -93,6 +93,12 @@ uint32_t kvx_prefix_evict(kvx_prefix_t *p, uint32_t n);
 /* Free blocks + evictable cached blocks (what an admission check may count). */
 uint32_t kvx_prefix_available(const kvx_prefix_t *p);
 
+/* The names of the cached blocks, in block-id order, from *cursor (start
+ * at 0) into out[0..cap); advances *cursor. Returns how many were written;
+ * 0 once the end is reached. For a snapshot of the cache (the router's
+ * index after a reconnect): no cache change may happen between calls. */
+uint32_t kvx_prefix_list(const kvx_prefix_t *p, uint32_t *cursor, uint64_t *out, uint32_t cap);
+
 void kvx_prefix_stats(const kvx_prefix_t *p, kvx_prefix_stats_t *out);
 
 #endif

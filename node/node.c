@@ -245,6 +245,7 @@ static void node_on_up(proto_session_t *s, const proto_register_ack_t *ack, void
     pd_log(PD_LOG_INFO, n->role->name, NULL, "registered with router %s as %s (heartbeat %llu ms)",
            ack->daemon_id, n->daemon_id,
            (unsigned long long)(ack->heartbeat_interval_ns / 1000000));
+    node_kve_session_up(n->kve); /* the router's index of our cache starts over */
     node_write_ready(n);
 }
 
@@ -367,6 +368,15 @@ static pd_status_t node_adm_kv(pd_admin_req_t *req, cJSON *reply)
         cJSON_AddNumberToObject(c, "stored", (double)ps.stored);
         cJSON_AddNumberToObject(c, "evicted", (double)ps.evicted);
         cJSON_AddNumberToObject(c, "collisions", (double)ps.collisions);
+        node_kve_stats_t ks;
+        node_kve_stats(n->kve, &ks);
+        cJSON *e = cJSON_AddObjectToObject(c, "events");
+        cJSON_AddNumberToObject(e, "seen", (double)ks.events);
+        cJSON_AddNumberToObject(e, "frames", (double)ks.frames);
+        cJSON_AddNumberToObject(e, "names", (double)ks.names);
+        cJSON_AddNumberToObject(e, "snapshots", (double)ks.snapshots);
+        cJSON_AddNumberToObject(e, "snapshots_truncated", (double)ks.snapshots_truncated);
+        cJSON_AddNumberToObject(e, "pending", ks.pending);
     }
     if (n->role->adm_kv)
         n->role->adm_kv(n, reply);

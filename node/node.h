@@ -59,6 +59,7 @@ typedef struct {
     int kv_dtype;
     uint64_t kv_blocks;
     bool prefix_cache;
+    uint64_t kv_events_ns;
     uint64_t heartbeat_ns;
     uint64_t reconnect_min_ns;
     uint64_t drain_timeout_ns;
@@ -87,7 +88,8 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
     NODE_ROW(stype, block_tokens, "block-tokens", UINT, "16", "tokens per KV block", 1, 4096, NULL) \
     NODE_ROW(stype, kv_dtype, "kv-dtype", ENUM, "f16", "KV dtype: f32|f16", 0, 0, node_kv_dtypes) \
     NODE_ROW(stype, kv_blocks, "kv-blocks", UINT, "1024", "KV blocks in the arena", 1, 1e8, NULL) \
-    NODE_ROW(stype, prefix_cache, "prefix-cache", BOOL, "true", "reuse the KV of cached prompt prefixes (full blocks)", 0, 0, NULL)
+    NODE_ROW(stype, prefix_cache, "prefix-cache", BOOL, "true", "reuse the KV of cached prompt prefixes (full blocks)", 0, 0, NULL) \
+    NODE_ROW(stype, kv_events_ns, "kv-events-interval", DURATION, "50ms", "prefix cache: batch store/remove events to the router this long", 1e6, 10e9, NULL)
 #define NODE_TAIL_ROWS(stype)                                                 \
     NODE_ROW(stype, heartbeat_ns, "heartbeat-interval", DURATION, "500ms", "heartbeat interval before the router's ACK", 1e6, 60e9, NULL) \
     NODE_ROW(stype, reconnect_min_ns, "reconnect-min", DURATION, "1s", "first reconnect backoff (doubles to 30 s)", 1e6, 60e9, NULL) \
@@ -157,6 +159,7 @@ typedef struct node_req {
 /* ---- the role ----------------------------------------------------------- */
 
 typedef struct node node_t;
+typedef struct node_kve node_kve_t;
 
 typedef struct {
     const char *name;                   /* "prefill": log component, ready role, default id */
@@ -213,6 +216,7 @@ struct node {
     kvx_region_h *region;
     kvx_blocks_t *blocks;
     kvx_prefix_t *prefix;               /* NULL when prefix-cache is off */
+    node_kve_t *kve;                    /* its events to the router (NULL: off) */
     uint8_t meta[KVX_META_MAX_BYTES];
     size_t meta_len;
     node_req_t **lease_reqs;            /* (max_leases) request per live lease slot */
@@ -342,6 +346,29 @@ uint64_t node_lease_wire_id(kvx_lease_id_t l);
 pd_status_t node_export(node_t *n, node_req_t *r, const char *importer, const uint32_t *blocks,
                         uint32_t nb, uint64_t ttl_ns, void *buf, size_t cap, size_t *len_p,
                         kvx_lease_id_t *lease_p);
+
+/* ---- prefix cache events to the router (node_kve.c) ---------------------- */
+
+typedef struct {
+    uint64_t events;                    /* store / remove events seen */
+    uint64_t frames;                    /* KV_EVENTS sent */
+    uint64_t names;                     /* block names in them */
+    uint64_t snapshots;                 /* RESET + whole-cache snapshots */
+    uint64_t snapshots_truncated;       /* cache over the snapshot cap (256 Ki names) */
+    uint32_t pending;                   /* coalesced, not sent yet */
+} node_kve_stats_t;
+
+/* Fixed memory (one frame's worth of pending names); the first flush is
+ * a snapshot. Expected: PD_ERR_NO_MEMORY. */
+pd_status_t node_kve_create(node_t *n, node_kve_t **k_p);
+void node_kve_destroy(node_kve_t *k); /* NULL-safe */
+/* kvx_prefix_config_t.on_event (arg = the node_kve_t). */
+void node_kve_on_event(void *arg, kvx_prefix_event_t ev, uint64_t name);
+/* A new router session: RESET + a snapshot of the cache now. */
+void node_kve_session_up(node_kve_t *k);
+/* Send what is pending (a snapshot if one is due). No-op while down. */
+void node_kve_flush(node_kve_t *k);
+void node_kve_stats(const node_kve_t *k, node_kve_stats_t *out);
 
 /* ---- /metrics (node_metrics.c) ------------------------------------------ */
 

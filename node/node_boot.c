@@ -220,8 +220,12 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
     if (st != PD_OK)
         return node_fail(n, "block allocator", st, NULL);
     if (n->cfg->prefix_cache) {
+        st = node_kve_create(n, &n->kve);
+        if (st != PD_OK)
+            return node_fail(n, "prefix cache events", st, NULL);
         kvx_prefix_config_t pc = { .block_tokens = n->geom->block_tokens,
-                                   .compat_hash = n->geom->compat_hash };
+                                   .compat_hash = n->geom->compat_hash,
+                                   .on_event = node_kve_on_event, .arg = n->kve };
         st = kvx_prefix_create(n->blocks, &pc, &n->prefix);
         if (st != PD_OK)
             return node_fail(n, "prefix cache", st, NULL);
@@ -273,6 +277,8 @@ void node_teardown(node_t *n, void (*after_kvx)(node_t *n))
     node_metrics_stop(n);
     kvx_prefix_destroy(n->prefix);          /* reads the region's pins */
     n->prefix = NULL;
+    node_kve_destroy(n->kve);               /* after the cache: no more events */
+    n->kve = NULL;
     kvx_ctx_destroy(n->kvx);                /* worker first, then the region */
     n->kvx = NULL;
     n->region = NULL;

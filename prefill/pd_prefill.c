@@ -197,6 +197,7 @@ static void pf_job_done(eng_job_t *job)
     d->kv_handle.len = (uint32_t)hlen;
     d->queue_ns = r->run_start_ns - r->t[PF_ST_COMPUTING];
     d->prefill_ns = r->run_end_ns - r->run_start_ns;
+    d->cached_tokens = r->n_cached;
     proto_logprob_t lp0;
     if (r->lp_on) {
         _Static_assert(ENG_SAMPLE_MAX_TOP_LOGPROBS == PROTO_MAX_TOP_LOGPROBS, "top logprobs");

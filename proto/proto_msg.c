@@ -339,6 +339,30 @@ static void io_toks(io_t *io, proto_tokens_t *t, uint32_t max)
         w_tok_array(&io->w, t);
 }
 
+static void io_names(io_t *io, proto_names_t *t)
+{
+    if (!io->rd) {
+        w_u32(&io->w, t->n);
+        for (uint32_t i = 0; i < t->n; i++)
+            w_u64(&io->w, proto_names_get(t, i));
+        return;
+    }
+    rd_t *r = &io->r;
+    memset(t, 0, sizeof(*t));
+    uint32_t n = r_u32(r);
+    if (r->st != PD_OK)
+        return;
+    if (n > PROTO_MAX_KV_EVENTS) {
+        r_fail(r, PD_ERR_TOO_BIG);
+        return;
+    }
+    const uint8_t *p = r_take(r, (size_t)n * 8);
+    if (p == NULL)
+        return;
+    t->n = n;
+    t->wire = n ? p : NULL;
+}
+
 static void io_blob(io_t *io, proto_blob_t *b, uint32_t max)
 {
     if (io->rd)
@@ -382,6 +406,15 @@ uint32_t proto_tokens_copy(const proto_tokens_t *t, int32_t *dst, uint32_t cap)
         dst[i] = (int32_t)get_u32(t->wire + (size_t)i * 4);
 #endif
     return n;
+}
+
+uint64_t proto_names_get(const proto_names_t *t, uint32_t i)
+{
+    if (i >= t->n)
+        return 0;
+    if (t->v != NULL)
+        return t->v[i];
+    return get_u64(t->wire + (size_t)i * 8);
 }
 
 /* A string field: length <= max, no NUL inside (strnlen finds the end). */
@@ -718,6 +751,7 @@ static pd_status_t check_prefill_done(const proto_prefill_done_t *m)
 {
     CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
     REQUIRE(m->first_token >= 0, PD_ERR_BAD_INPUT);
+    REQUIRE(m->cached_tokens <= m->n_prompt_tokens, PD_ERR_BAD_INPUT);
     CHECK(check_logprobs(&m->logprobs, 1));
     return check_blob(&m->kv_handle, PROTO_KV_HANDLE_MAX);
 }
@@ -732,6 +766,7 @@ static void io_prefill_done(io_t *io, proto_prefill_done_t *m)
     io_blob(io, &m->kv_handle, PROTO_KV_HANDLE_MAX);
     io_u64(io, &m->queue_ns);
     io_u64(io, &m->prefill_ns);
+    io_u32(io, &m->cached_tokens);
     io_logprobs(io, &m->logprobs, 1);
 }
 
@@ -803,6 +838,7 @@ static pd_status_t check_finish(const proto_finish_t *m)
     CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
     REQUIRE(m->reason <= PROTO_FINISH_REASON_MAX, PD_ERR_BAD_INPUT);
     REQUIRE(status_valid(m->status), PD_ERR_BAD_INPUT);
+    REQUIRE(m->cached_tokens <= m->prompt_tokens, PD_ERR_BAD_INPUT);
     return PD_OK;
 }
 
@@ -820,6 +856,8 @@ static void io_finish(io_t *io, proto_finish_t *m)
     io_u64(io, &m->decode_ns);
     io_u64(io, &m->ttft_ns);
     io_u64(io, &m->total_ns);
+    io_u32(io, &m->cached_tokens);
+    io_u64(io, &m->kv_bytes);
 }
 
 /* CANCEL */
@@ -926,6 +964,25 @@ static void io_migrate_done(io_t *io, proto_migrate_done_t *m)
     io_u64(io, &m->lease_id);
     io_u64(io, &m->lease_ns);
     io_blob(io, &m->kv_handle, PROTO_KV_HANDLE_MAX);
+}
+
+/* KV_EVENTS */
+static pd_status_t check_kv_events(const proto_kv_events_t *m)
+{
+    REQUIRE((m->flags & ~PROTO_KVE_DEFINED) == 0, PD_ERR_RESERVED);
+    REQUIRE((uint64_t)m->stored.n + m->removed.n <= PROTO_MAX_KV_EVENTS, PD_ERR_TOO_BIG);
+    REQUIRE((m->stored.n == 0 || m->stored.v != NULL || m->stored.wire != NULL) &&
+            (m->removed.n == 0 || m->removed.v != NULL || m->removed.wire != NULL),
+            PD_ERR_BAD_INPUT);
+    return PD_OK;
+}
+
+static void io_kv_events(io_t *io, proto_kv_events_t *m)
+{
+    io_u32(io, &m->flags);
+    io_u32(io, &m->cached_blocks);
+    io_names(io, &m->stored);
+    io_names(io, &m->removed);
 }
 
 /* ---- dispatch generated from PROTO_MSG_LIST --------------------------- */

@@ -36,7 +36,9 @@
 #define PROTO_MAGIC          0x56534450u /* "PDSV" read as LE u32 */
 #define PROTO_VERSION        4u /* 2: challenge handshake, AUTH frames; 3: live
                                      migration (DECODE_REQ kv_tokens, MIGRATE*);
-                                     4: DECODE_REQ n_fork (n > 1) */
+                                     4: DECODE_REQ n_fork (n > 1), prefix caching
+                                     (KV_EVENTS, cached_tokens in PREFILL_DONE and
+                                     FINISH, FINISH kv_bytes) */
 #define PROTO_HDR_LEN        32u
 #define PROTO_BODY_MAX       (16u << 20) /* absolute cap on any body */
 
@@ -65,6 +67,7 @@
 #define PROTO_AUTH_NONCE_LEN    32u
 #define PROTO_AUTH_MAC_LEN      32u
 #define PROTO_AUTH_TAG_LEN      32u        /* per-frame tag after the body */
+#define PROTO_MAX_KV_EVENTS     4096u      /* block names per KV_EVENTS (stored + removed) */
 
 /* Per-type worst-case body sizes, derived from the caps above. */
 #define PROTO__STR(max)     (2u + (max))
@@ -87,7 +90,7 @@
         + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + PROTO__SAMPLING \
         + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u + PROTO__SAMPLING2)
 #define PROTO_PREFILL_DONE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 24u \
-        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 16u + PROTO__LOGPROBS(1u))
+        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 20u + PROTO__LOGPROBS(1u))
 #define PROTO_DECODE_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
         + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + PROTO__TOK(PROTO_MAX_GEN_TOKENS) \
         + PROTO__SAMPLING + 8u + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u \
@@ -95,7 +98,7 @@
 #define PROTO_TOKENS_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
         + PROTO__TOK(PROTO_MAX_TOKENS_MSG) + PROTO__BLOB(PROTO_MAX_TEXT) \
         + PROTO__LOGPROBS(PROTO_MAX_TOKENS_MSG))
-#define PROTO_FINISH_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 16u + 48u)
+#define PROTO_FINISH_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 16u + 48u + 12u)
 #define PROTO_CANCEL_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
         + PROTO__STR(PROTO_REASON_MAX))
 #define PROTO_RELEASE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 8u)
@@ -107,6 +110,7 @@
 #define PROTO_MIGRATE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + PROTO__STR(PROTO_DAEMON_ID_MAX))
 #define PROTO_MIGRATE_DONE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 8u + 16u \
         + PROTO__BLOB(PROTO_KV_HANDLE_MAX))
+#define PROTO_KV_EVENTS_BODY_MAX (8u + 8u + 8u * PROTO_MAX_KV_EVENTS)
 
 /* THE message list. X(NAME, name, code, max_body)
  * Codes are wire values: never renumber, only append. */
@@ -127,7 +131,8 @@
     X(PEER_INFO,       peer_info,       24, PROTO_PEER_INFO_BODY_MAX)         \
     X(PEER_DOWN,       peer_down,       25, PROTO_PEER_DOWN_BODY_MAX)         \
     X(MIGRATE,         migrate,         26, PROTO_MIGRATE_BODY_MAX)           \
-    X(MIGRATE_DONE,    migrate_done,    27, PROTO_MIGRATE_DONE_BODY_MAX)
+    X(MIGRATE_DONE,    migrate_done,    27, PROTO_MIGRATE_DONE_BODY_MAX)      \
+    X(KV_EVENTS,       kv_events,       28, PROTO_KV_EVENTS_BODY_MAX)
 
 typedef enum {
     PROTO_MSG_NONE = 0,
@@ -151,6 +156,15 @@ typedef struct {
     const int32_t *v;     /* (n) host order, or NULL */
     const uint8_t *wire;  /* (n, 4) LE bytes, or NULL */
 } proto_tokens_t;
+
+/* KV block names (pd_blockname.h). Wire: u32 count, then count x u64 LE.
+ * Encode side: set n and v; decode side: wire is a view (read with
+ * proto_names_get). */
+typedef struct {
+    uint32_t n;
+    const uint64_t *v;    /* (n) host order, or NULL */
+    const uint8_t *wire;  /* (n, 8) LE bytes, or NULL */
+} proto_names_t;
 
 /* Opaque bytes. Wire: u32 len, then len bytes. A view on decode. */
 typedef struct {
@@ -307,6 +321,8 @@ typedef struct {
     proto_blob_t kv_handle;                 /* <= PROTO_KV_HANDLE_MAX, opaque */
     uint64_t queue_ns;
     uint64_t prefill_ns;
+    uint32_t cached_tokens;                 /* prompt tokens whose KV came from
+                                               the prefix cache (<= n_prompt_tokens) */
     proto_logprobs_t logprobs;              /* n 0 or 1 (first_token's); LAST */
 } proto_prefill_done_t;
 
@@ -365,6 +381,10 @@ typedef struct {
     uint64_t decode_ns;
     uint64_t ttft_ns;
     uint64_t total_ns;
+    uint32_t cached_tokens;                 /* prompt tokens whose KV the decode
+                                               had in its prefix cache
+                                               (<= prompt_tokens) */
+    uint64_t kv_bytes;                      /* KV bytes it pulled from a peer */
 } proto_finish_t;
 
 typedef struct {
@@ -420,6 +440,24 @@ typedef struct {
     proto_blob_t kv_handle;                 /* non-empty, <= PROTO_KV_HANDLE_MAX */
 } proto_migrate_done_t;
 
+/* KV_EVENTS (daemon -> router): blocks that entered (stored) or left
+ * (removed) the sender's prefix cache since its last KV_EVENTS, coalesced
+ * (a name is in at most one of the two lists: its last change). RESET:
+ * forget everything indexed for the sender before applying this one (the
+ * first KV_EVENTS of every session, and after the sender dropped events:
+ * a snapshot of its whole cache follows, in as many frames as it needs).
+ * stored.n + removed.n <= PROTO_MAX_KV_EVENTS. */
+#define PROTO_KVE_RESET   0x1u
+#define PROTO_KVE_DEFINED (PROTO_KVE_RESET)
+
+typedef struct {
+    uint32_t flags;                         /* PROTO_KVE_* */
+    uint32_t cached_blocks;                 /* blocks in the sender's cache after
+                                               this batch (informational) */
+    proto_names_t stored;
+    proto_names_t removed;
+} proto_kv_events_t;
+
 typedef struct {
     uint16_t type;        /* proto_msg_type_t */
     uint16_t flags;       /* PROTO_FLAG_* */
@@ -448,6 +486,7 @@ typedef struct {
         proto_peer_down_t peer_down;
         proto_migrate_t migrate;
         proto_migrate_done_t migrate_done;
+        proto_kv_events_t kv_events;
     } u;
 } proto_msg_t;
 
@@ -519,6 +558,8 @@ int32_t proto_tokens_get(const proto_tokens_t *t, uint32_t i);
  * are zeroed. */
 void proto_logprobs_get(const proto_logprobs_t *l, uint32_t i, proto_logprob_t *out);
 uint32_t proto_tokens_copy(const proto_tokens_t *t, int32_t *dst, uint32_t cap);
+/* Name i (< n) of either form; 0 past the end. */
+uint64_t proto_names_get(const proto_names_t *t, uint32_t i);
 
 /* MAC input of an encoded HELLO or REGISTER_ACK frame: the header and the
  * body without its trailing mac field (the mac is right after it). PD_ERR_BAD_TYPE for other types, PD_ERR_TRUNCATED if

@@ -54,6 +54,15 @@ pd_status_t rtr_backend_send(rtr_backend_t *be, proto_msg_t *msg)
 
 /* ---- policy glue --------------------------------------------------------- */
 
+static void rtr_kv_gauge(rtr_t *r)
+{
+    if (r->kvidx == NULL)
+        return;
+    rtr_kvindex_stats_t st;
+    rtr_kvindex_stats(r->kvidx, &st);
+    pd_stats_gauge_set(r->stats, RTR_STAT_kv_index_names, st.names);
+}
+
 static bool be_eligible(const rtr_backend_t *be, uint32_t cap)
 {
     return be->used && be->conn != NULL && be->state == RTR_BE_READY &&
@@ -62,6 +71,13 @@ static bool be_eligible(const rtr_backend_t *be, uint32_t cap)
 
 rtr_backend_t *rtr_pick_backend(rtr_t *r, uint32_t cap, uint32_t needed_blocks,
                                 const rtr_backend_t *exclude)
+{
+    return rtr_pick_backend_kv(r, cap, needed_blocks, exclude, NULL, 0);
+}
+
+rtr_backend_t *rtr_pick_backend_kv(rtr_t *r, uint32_t cap, uint32_t needed_blocks,
+                                   const rtr_backend_t *exclude, const uint32_t *cached,
+                                   uint32_t n_prompt)
 {
     rtr_backend_load_t loads[RTR_MAX_BACKENDS];
     for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
@@ -73,9 +89,16 @@ rtr_backend_t *rtr_pick_backend(rtr_t *r, uint32_t cap, uint32_t needed_blocks,
          * burst spreads before the next heartbeat says so. */
         loads[i].running_seqs = be->hb.running_seqs + be->assigned;
     }
-    int idx = cap == PROTO_CAP_PREFILL
-                  ? rtr_pick_prefill(loads, RTR_MAX_BACKENDS, &r->rr_prefill)
-                  : rtr_pick_decode(loads, RTR_MAX_BACKENDS, needed_blocks, &r->rr_decode);
+    int idx;
+    if (cap == PROTO_CAP_PREFILL)
+        idx = cached != NULL ? rtr_pick_prefill_kv(loads, cached, RTR_MAX_BACKENDS, n_prompt,
+                                                   &r->rr_prefill)
+                             : rtr_pick_prefill(loads, RTR_MAX_BACKENDS, &r->rr_prefill);
+    else
+        idx = cached != NULL ? rtr_pick_decode_kv(loads, cached, RTR_MAX_BACKENDS, needed_blocks,
+                                                  &r->rr_decode)
+                             : rtr_pick_decode(loads, RTR_MAX_BACKENDS, needed_blocks,
+                                               &r->rr_decode);
     return idx < 0 ? NULL : &r->be[idx];
 }
 
@@ -297,6 +320,8 @@ static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
                h->geom.head_dim, h->geom.block_tokens, h->geom.block_bytes,
                h->geom.vocab_size, r->context_length);
     }
+    /* what an earlier session of this id cached is not known to be there */
+    rtr_kvindex_clear_backend(r->kvidx, (uint32_t)(be - r->be));
     be->role = h->role;
     be->caps = h->caps;
     be->incarnation = h->incarnation;
@@ -364,6 +389,8 @@ static void backend_down(rtr_t *r, rtr_backend_t *be, pd_status_t why)
     pd_stats_inc(r->stats, RTR_STAT_backends_lost);
     be->conn = NULL;
     be_set_state(be, RTR_BE_DOWN);
+    rtr_kvindex_clear_backend(r->kvidx, (uint32_t)(be - r->be));
+    rtr_kv_gauge(r);
     if (be->caps & (PROTO_CAP_PREFILL | PROTO_CAP_DECODE))
         send_peer_down(r, be, why);
     r->on_backend_down(r, be);
@@ -387,6 +414,31 @@ static void on_heartbeat(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
     pd_stats_gauge_set(be->stats, RTR_BE_STAT_running_seqs, be->hb.running_seqs);
     pd_stats_gauge_set(be->stats, RTR_BE_STAT_free_blocks, be->hb.free_blocks);
     pd_stats_gauge_set(be->stats, RTR_BE_STAT_total_blocks, be->hb.total_blocks);
+}
+
+/* KV_EVENTS: the backend's prefix cache changed. Bounded by the frame cap
+ * (PROTO_MAX_KV_EVENTS names) and the index's caps. */
+static void on_kv_events(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
+{
+    rtr_ctlconn_t *cc = arg;
+    if (cc->be == NULL) {
+        proto_conn_close(conn, PD_ERR_AUTH);
+        return;
+    }
+    rtr_t *r = cc->r;
+    const proto_kv_events_t *e = &msg->u.kv_events;
+    uint32_t b = (uint32_t)(cc->be - r->be);
+    pd_stats_inc(r->stats, RTR_STAT_kv_events);
+    if (r->kvidx == NULL)
+        return;
+    if (e->flags & PROTO_KVE_RESET)
+        rtr_kvindex_clear_backend(r->kvidx, b);
+    for (uint32_t i = 0; i < e->removed.n; i++)
+        rtr_kvindex_remove(r->kvidx, b, proto_names_get(&e->removed, i));
+    for (uint32_t i = 0; i < e->stored.n; i++)
+        if (!rtr_kvindex_add(r->kvidx, b, proto_names_get(&e->stored, i)))
+            pd_stats_inc(r->stats, RTR_STAT_kv_index_dropped);
+    rtr_kv_gauge(r);
 }
 
 static void on_request_msg(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
@@ -505,6 +557,7 @@ pd_status_t rtr_ctl_start(rtr_t *r)
     cbs.on_finish = on_request_msg;
     cbs.on_error = on_request_msg;
     cbs.on_migrate_done = on_request_msg;
+    cbs.on_kv_events = on_kv_events;
     cbs.on_other = on_other;
     cbs.on_close = on_close;
     proto_conn_opts_t opts;
@@ -573,6 +626,8 @@ pd_status_t rtr_admin_backends(pd_admin_req_t *req, cJSON *reply)
         cJSON_AddNumberToObject(o, "outstanding_prefill_tokens",
                                 (double)be->hb.outstanding_prefill_tokens);
         cJSON_AddNumberToObject(o, "assigned", be->assigned);
+        cJSON_AddNumberToObject(o, "kv_blocks_indexed",
+                                rtr_kvindex_count(r->kvidx, (uint32_t)i));
         cJSON_AddNumberToObject(o, "last_heartbeat_ms", (double)(now - be->last_hb_ns) / 1e6);
     }
     return PD_OK;

@@ -21,9 +21,15 @@
 #include <time.h>
 
 #include "eng_chat.h"
+#include "pd_blockname.h"
 #include "pd_log.h"
 #include "pd_time.h"
 #include "rtr_tools.h"
+
+_Static_assert(RTR_MAX_BACKENDS == RTR_KVINDEX_MAX_BACKENDS, "one slot per backend in the KV index");
+/* prompt blocks looked up in the KV index at most (the rest is routed as
+ * if uncached): 16 Ki blocks = 256 Ki tokens at 16 tokens a block */
+#define RTR_KV_LOOKUP_MAX_BLOCKS 16384u
 
 static pd_idhash_t req_by_id;
 
@@ -354,7 +360,9 @@ static void req_complete(rtr_req_t *q, const char *finish_reason)
         return;
     }
     rtr_oai_resp_meta_t m = req_meta(q);
-    rtr_oai_usage_t usage = { q->n_prompt, q->n_gen };
+    rtr_oai_usage_t usage = { q->n_prompt, q->n_gen,
+                              q->cached_tokens < q->n_prompt ? q->cached_tokens : q->n_prompt };
+    pd_stats_add(q->r->stats, RTR_STAT_prompt_cached_tokens, usage.cached_tokens);
     if (q->r->out->attached(q)) {
         if (q->oai.stream) {
             stream_start(q);
@@ -579,18 +587,72 @@ static pd_status_t send_decode_req(rtr_req_t *q, const char *peer, uint64_t leas
     return st;
 }
 
+/* What each backend holds of this prompt per the KV index, in tokens
+ * (full blocks, named as the daemons name them: pd_blockname.h). false
+ * (all 0) when KV routing is off, the geometry is not known yet or no
+ * block of the prompt is indexed anywhere. */
+static bool kv_lookup(rtr_t *r, const int32_t *prompt, uint32_t n_prompt,
+                      uint32_t cached[RTR_MAX_BACKENDS])
+{
+    memset(cached, 0, RTR_MAX_BACKENDS * sizeof(cached[0]));
+    if (r->kvidx == NULL || !r->geom_fixed || r->geom.block_tokens == 0)
+        return false;
+    uint32_t bt = r->geom.block_tokens, nb = n_prompt / bt;
+    if (nb > RTR_KV_LOOKUP_MAX_BLOCKS)
+        nb = RTR_KV_LOOKUP_MAX_BLOCKS;
+    if (nb == 0)
+        return false;
+    uint64_t inline_names[256];
+    uint64_t *names = nb <= 256 ? inline_names : malloc((size_t)nb * sizeof(*names));
+    if (names == NULL)
+        return false;
+    nb = pd_block_names(bt, r->compat_hash, prompt, n_prompt, names, nb);
+    uint32_t blocks[RTR_KVINDEX_MAX_BACKENDS];
+    rtr_kvindex_match(r->kvidx, names, nb, blocks);
+    if (names != inline_names)
+        free(names);
+    pd_stats_inc(r->stats, RTR_STAT_kv_route_lookups);
+    bool any = false;
+    for (uint32_t i = 0; i < RTR_MAX_BACKENDS; i++) {
+        cached[i] = blocks[i] * bt;
+        any |= cached[i] != 0;
+    }
+    return any;
+}
+
+/* Count a KV-aware choice: the chosen daemon held part of the prompt. */
+static void kv_note_choice(rtr_t *r, const rtr_backend_t *be, const uint32_t *cached,
+                           rtr_stat_id_t hits, bool work)
+{
+    if (be == NULL || cached[be - r->be] == 0)
+        return;
+    pd_stats_inc(r->stats, hits);
+    if (work) /* the backend that computes the prompt */
+        pd_stats_add(r->stats, RTR_STAT_kv_route_hit_tokens, cached[be - r->be]);
+}
+
 /* Decode-local (re)try on some decode daemon with generated = tokens already
- * streamed. `avoid` is tried last. */
-static void req_go_local(rtr_req_t *q, rtr_backend_t *avoid, const char *why)
+ * streamed: `prefer` when given and still ready (the route's choice), else
+ * the KV-aware choice; `avoid` is tried last. */
+static void req_go_local(rtr_req_t *q, rtr_backend_t *avoid, const char *why,
+                         rtr_backend_t *prefer)
 {
     rtr_t *r = q->r;
     uint64_t now = pd_now_ns();
     if (q->fsm.state != RTR_REQ_ROUTED)
         rtr_req_fsm_set(&q->fsm, RTR_REQ_ROUTED, now);
     req_set_backend(&q->prefill, NULL);
-    rtr_backend_t *d = rtr_pick_backend(r, PROTO_CAP_DECODE, needed_blocks(q), avoid);
-    if (d == NULL)
-        d = rtr_pick_backend(r, PROTO_CAP_DECODE, needed_blocks(q), NULL);
+    rtr_backend_t *d = NULL;
+    if (prefer != NULL && prefer->conn != NULL && prefer->state == RTR_BE_READY) {
+        d = prefer;
+    } else {
+        uint32_t cached[RTR_MAX_BACKENDS];
+        bool kv = kv_lookup(r, q->prompt, q->n_prompt, cached);
+        d = rtr_pick_backend_kv(r, PROTO_CAP_DECODE, needed_blocks(q), avoid, kv ? cached : NULL,
+                                q->n_prompt);
+        if (d == NULL)
+            d = rtr_pick_backend(r, PROTO_CAP_DECODE, needed_blocks(q), NULL);
+    }
     if (d == NULL) {
         if (q->headers_sent)
             req_fail(q, 503, "no_backend", "no decode daemon available (%s)", why);
@@ -629,7 +691,7 @@ static void req_retry(rtr_req_t *q, rtr_backend_t *failed, const char *why)
     q->retries++;
     pd_stats_inc(r->stats, RTR_STAT_requests_retried);
     pd_log(PD_LOG_INFO, RTR_COMP, q->id, "retry %u decode-local: %s", q->retries, why);
-    req_go_local(q, failed, why);
+    req_go_local(q, failed, why, NULL);
 }
 
 /* The decode serving q is lost (connection, heartbeats) or failed: the
@@ -769,6 +831,7 @@ static void on_prefill_done(rtr_req_t *q, rtr_backend_t *be, const proto_prefill
     rtr_t *r = q->r;
     q->lease_id = pd->lease_id;
     q->lease_held = true;
+    q->cached_tokens = pd->cached_tokens;
     pd_stats_observe_ns(r->stats, RTR_STAT_request_queue_time, pd->queue_ns);
     if (pd->n_prompt_tokens != q->n_prompt)
         pd_log(PD_LOG_WARN, RTR_COMP, q->id, "prefill '%s' reports %u prompt tokens, sent %u",
@@ -803,13 +866,12 @@ static void on_finish(rtr_req_t *q, const proto_finish_t *f)
     rtr_t *r = q->r;
     if (f->queue_ns > 0 && !q->disagg)
         pd_stats_observe_ns(r->stats, RTR_STAT_request_queue_time, f->queue_ns);
-    if (q->disagg && f->transfer_ns > 0) {
+    if (q->disagg && f->transfer_ns > 0)
         pd_stats_observe_ns(r->stats, RTR_STAT_kv_transfer, f->transfer_ns);
-        if (r->geom_fixed && r->geom.block_tokens > 0)
-            pd_stats_add(r->stats, RTR_STAT_kv_transfer_bytes,
-                         (uint64_t)((q->n_prompt + r->geom.block_tokens - 1) / r->geom.block_tokens) *
-                         r->geom.block_bytes);
-    }
+    /* what was really pulled: blocks the decode had cached were skipped */
+    pd_stats_add(r->stats, RTR_STAT_kv_transfer_bytes, f->kv_bytes);
+    if (!q->disagg) /* decode-local: the decode's own reuse */
+        q->cached_tokens = f->cached_tokens;
     switch (f->reason) {
     case PROTO_FINISH_STOP:
         req_complete(q, "stop");
@@ -1098,7 +1160,10 @@ static void choices_done(rtr_req_t *lead)
 {
     rtr_choices_t *ch = lead->ch;
     rtr_oai_resp_meta_t m = req_meta(lead);
-    rtr_oai_usage_t usage = { lead->n_prompt, 0 };
+    rtr_oai_usage_t usage = { lead->n_prompt, 0,
+                              ch->cached_tokens < lead->n_prompt ? ch->cached_tokens
+                                                                 : lead->n_prompt };
+    pd_stats_add(lead->r->stats, RTR_STAT_prompt_cached_tokens, usage.cached_tokens);
     for (uint32_t i = 0; i < ch->n; i++)
         usage.completion_tokens += ch->n_gen[i];
     if (lead->r->out->attached(lead)) {
@@ -1162,13 +1227,15 @@ static void choice_complete(rtr_req_t *q, const char *finish_reason)
         q->n_calls = 0;
     }
     ch->finish[i] = finish_reason; /* a string literal */
+    if (i == 0) /* the prompt is computed (or found cached) once, by choice 0 */
+        ch->cached_tokens = q->cached_tokens;
     ch->n_gen[i] = q->n_gen;
     req_end(q, RTR_REQ_COMPLETED);
     for (uint32_t k = 1; k < ch->n && !rtr_req_state_terminal(lead->fsm.state); k++) {
         rtr_req_t *c = ch->c[k];
         if (c != NULL && c->fork_pending) {
             c->fork_pending = false;
-            req_go_local(c, NULL, NULL); /* may fail the whole request */
+            req_go_local(c, NULL, NULL, c->decode); /* may fail the whole request */
         }
     }
     if (!rtr_req_state_terminal(lead->fsm.state) && ch->open == 0)
@@ -1177,15 +1244,26 @@ static void choice_complete(rtr_req_t *q, const char *finish_reason)
 
 /* ---- intake ------------------------------------------------------------------ */
 
-bool rtr_flow_route(rtr_t *r, uint32_t n_prompt, uint32_t max_tokens, rtr_backend_t **dec,
-                    rtr_backend_t **pre)
+bool rtr_flow_route(rtr_t *r, const int32_t *prompt, uint32_t n_prompt, uint32_t max_tokens,
+                    rtr_backend_t **dec, rtr_backend_t **pre)
 {
     uint32_t thr = (uint32_t)r->cfg.disagg_threshold;
     bool prefill_up = rtr_have_backend(r, PROTO_CAP_PREFILL);
     bool disagg = rtr_should_disaggregate((rtr_disagg_mode_t)r->cfg.disagg_mode, n_prompt, thr,
                                           prefill_up);
-    *dec = rtr_pick_backend(r, PROTO_CAP_DECODE, blocks_for(r, n_prompt, max_tokens), NULL);
-    *pre = disagg ? rtr_pick_backend(r, PROTO_CAP_PREFILL, 0, NULL) : NULL;
+    /* KV-aware: the prefill that finishes first counting what it has
+     * cached; the decode that holds the conversation so far (less to pull,
+     * or to prefill when local) */
+    uint32_t cached[RTR_MAX_BACKENDS];
+    const uint32_t *kv = kv_lookup(r, prompt, n_prompt, cached) ? cached : NULL;
+    *dec = rtr_pick_backend_kv(r, PROTO_CAP_DECODE, blocks_for(r, n_prompt, max_tokens), NULL,
+                               kv, n_prompt);
+    *pre = disagg ? rtr_pick_backend_kv(r, PROTO_CAP_PREFILL, 0, NULL, kv, n_prompt) : NULL;
+    if (kv != NULL) {
+        kv_note_choice(r, *dec, kv, RTR_STAT_kv_route_decode_hits, !disagg);
+        if (disagg)
+            kv_note_choice(r, *pre, kv, RTR_STAT_kv_route_prefill_hits, true);
+    }
     return disagg;
 }
 
@@ -1288,7 +1366,7 @@ static void req_dispatch(rtr_req_t *q, rtr_backend_t *dec, rtr_backend_t *pre)
     } else {
         pd_stats_inc(r->stats, RTR_STAT_requests_local);
     }
-    req_go_local(q, NULL, NULL);
+    req_go_local(q, NULL, NULL, dec);
 }
 
 void rtr_flow_fail_all(rtr_t *r, const char *why)

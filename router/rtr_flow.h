@@ -55,6 +55,9 @@ struct rtr_req {
     uint64_t lp_chars;                   /* completions text_offset streamed so far */
     rtr_backend_t *prefill, *decode;
     uint64_t lease_id;
+    uint32_t cached_tokens;              /* prompt tokens the computing daemon
+                                            reused (PREFILL_DONE, or FINISH
+                                            when decode-local): usage */
     bool lease_held;                     /* PREFILL_DONE seen, lease not handed on */
     bool disagg;
     bool headers_sent;
@@ -99,6 +102,7 @@ typedef struct rtr_choices {
     uint64_t lp_chars[RTR_OAI_MAX_N];
     rtr_oai_call_t *calls[RTR_OAI_MAX_N];
     uint32_t n_calls[RTR_OAI_MAX_N];
+    uint32_t cached_tokens;              /* choice 0's: usage */
 } rtr_choices_t;
 
 enum { RTR_TOOL_OFF = 0, RTR_TOOL_MAYBE = 1, RTR_TOOL_CALL = 2 };
@@ -137,13 +141,15 @@ rtr_req_t *rtr_flow_find(const char *id);
 
 /* Intake. route: the daemons for a new request (a decode always; a
  * prefill when disaggregating: returns true then, *pre may still be NULL
- * when none is eligible). new: allocate, link, count, RECEIVED -> ROUTED;
+ * when none is eligible); KV-aware when the router has a KV index: the
+ * prompt's block names are looked up (rtr_kvindex_match) and the choice is
+ * rtr_pick_prefill_kv / rtr_pick_decode_kv's. new: allocate, link, count, RECEIVED -> ROUTED;
  * takes *o and *ids (zeroed) unless PD_ERR_NO_MEMORY; draws a fresh seed
  * when the client gave none; stamps "created"; PD_ERR_BAD_INPUT:
  * bad stop strings (nothing linked). start: timeout, PREFILL_REQ or
  * decode-local (pre == NULL). */
-bool rtr_flow_route(rtr_t *r, uint32_t n_prompt, uint32_t max_tokens, rtr_backend_t **dec,
-                    rtr_backend_t **pre);
+bool rtr_flow_route(rtr_t *r, const int32_t *prompt, uint32_t n_prompt, uint32_t max_tokens,
+                    rtr_backend_t **dec, rtr_backend_t **pre);
 pd_status_t rtr_flow_new(rtr_t *r, const char *reqid, rtr_api_t api, rtr_oai_req_t *o,
                          int32_t **ids, uint32_t n_ids, rtr_req_t **q_p);
 void rtr_flow_start(rtr_req_t *q, rtr_backend_t *dec, rtr_backend_t *pre);

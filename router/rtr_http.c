@@ -639,7 +639,7 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
     }
     /* Route: a decode always, a prefill when disaggregating. */
     rtr_backend_t *dec, *pre;
-    bool disagg = rtr_flow_route(r, n_ids, o.max_tokens, &dec, &pre);
+    bool disagg = rtr_flow_route(r, ids, n_ids, o.max_tokens, &dec, &pre);
     if (dec == NULL || (disagg && pre == NULL)) {
         pd_stats_inc(r->stats, RTR_STAT_requests_overloaded);
         reply_status(r, h, reqid, 503, "server_error", "no_backend", NULL,

@@ -14,6 +14,7 @@
 #include "proto_auth.h"
 #include "proto_conn.h"
 #include "rtr_conns.h"
+#include "rtr_kvindex.h"
 #include "rtr_openai.h"
 #include "rtr_policy.h"
 #include "rtr_req.h"
@@ -63,6 +64,9 @@ typedef struct {
     uint64_t http_max_conns;
     uint64_t http_max_conns_per_client;
     uint64_t http_read_timeout_ns;
+    bool kv_routing;              /* route by the daemons' cached prefixes */
+    uint64_t kv_index_names;      /* block names the index holds at most */
+    uint64_t kv_index_per_backend; /* of which one backend at most */
     char *ready_file;
 } rtr_cfg_t;
 
@@ -89,6 +93,14 @@ typedef struct {
     X(request_e2e,         HISTOGRAM, "Acceptance to finish")                     \
     X(request_queue_time,  HISTOGRAM, "Queue time reported by daemons")           \
     X(kv_transfer_bytes,   COUNTER,   "KV bytes pulled by decode daemons (from FINISH)") \
+    X(prompt_cached_tokens, COUNTER,  "Prompt tokens whose KV came from a prefix cache (usage cached_tokens)") \
+    X(kv_route_lookups,    COUNTER,   "Requests whose prompt was looked up in the KV index") \
+    X(kv_route_prefill_hits, COUNTER, "Prefill choices where the chosen daemon held part of the prompt (index)") \
+    X(kv_route_decode_hits, COUNTER,  "Decode choices where the chosen daemon held part of the prompt (index)") \
+    X(kv_route_hit_tokens, COUNTER,   "Prompt tokens the chosen prefill (or decode-local decode) held per the index") \
+    X(kv_events,           COUNTER,   "KV_EVENTS frames received from daemons") \
+    X(kv_index_dropped,    COUNTER,   "Stored block names not indexed (kv-index caps)") \
+    X(kv_index_names,      GAUGE,     "Distinct block names in the KV index") \
     X(kv_transfer,         HISTOGRAM, "KV transfer time reported by decode daemons") \
     X(kv_transfer_failures, COUNTER,  "KV pulls that failed (decode ERROR)")      \
     X(backends_registered, COUNTER,   "Successful registrations")                 \
@@ -178,6 +190,9 @@ struct rtr {
     char model_name[RTR_OAI_MODEL_MAX];
     int64_t created;
 
+    /* the daemons' prefix caches: block name -> backends (be[] index) */
+    rtr_kvindex_t *kvidx;            /* NULL: KV routing off */
+
     /* deployment geometry, fixed by the first registration */
     bool geom_fixed;
     uint64_t compat_hash;
@@ -223,6 +238,12 @@ void rtr_ctl_stop(rtr_t *r);
 /* Eligible backends of a role (caps bit), for the policy functions. */
 rtr_backend_t *rtr_pick_backend(rtr_t *r, uint32_t cap, uint32_t needed_blocks,
                                 const rtr_backend_t *exclude);
+/* The same, KV-aware: cached_tokens[i] = what backend i holds of this
+ * prompt per the index (rtr_pick_prefill_kv / rtr_pick_decode_kv);
+ * cached_tokens NULL = rtr_pick_backend. */
+rtr_backend_t *rtr_pick_backend_kv(rtr_t *r, uint32_t cap, uint32_t needed_blocks,
+                                   const rtr_backend_t *exclude, const uint32_t *cached_tokens,
+                                   uint32_t n_prompt);
 bool rtr_have_backend(rtr_t *r, uint32_t cap);
 /* Send on a backend's connection; PD_ERR_PEER_GONE if it is down. */
 pd_status_t rtr_backend_send(rtr_backend_t *be, proto_msg_t *msg);

@@ -94,6 +94,12 @@ static const pd_cfg_field_t rtr_cfg_fields[] = {
     ROW(http_read_timeout_ns, "http-read-timeout", DURATION, "30s",
         "a request's headers and body must arrive within this (slow clients are closed)",
         1e8, 36e11),
+    ROW(kv_routing, "kv-routing", BOOL, "true",
+        "route by the daemons' cached prompt prefixes (their KV_EVENTS)", 0, 0),
+    ROW(kv_index_names, "kv-index-names", UINT, "1048576",
+        "KV index: block names held at most (~40 bytes each)", 1, 1 << 26),
+    ROW(kv_index_per_backend, "kv-index-per-backend", UINT, "262144",
+        "KV index: block names of one backend at most", 1, 1 << 26),
     ROW(ready_file, "ready-file", STRING, NULL,
         "write {\"http\":port,\"control\":port} here once listening", 0, 0),
     PD_CFG_END,
@@ -313,6 +319,15 @@ int main(int argc, char **argv)
         pd_admin_register(r->admin, rtr_admin_cmds, r);
         pd_admin_add_stats(r->admin, r->stats);
     }
+    if (r->cfg.kv_routing) {
+        uint64_t per = r->cfg.kv_index_per_backend < r->cfg.kv_index_names
+                           ? r->cfg.kv_index_per_backend : r->cfg.kv_index_names;
+        s = rtr_kvindex_create((uint32_t)r->cfg.kv_index_names, (uint32_t)per, &r->kvidx);
+        if (s != PD_OK) {
+            pd_log(PD_LOG_ERROR, RTR_COMP, NULL, "KV index: %s", pd_status_str(s));
+            goto err_admin;
+        }
+    }
     r->out = &rtr_http_out;
     r->on_backend_msg = rtr_flow_on_msg;
     r->on_backend_down = rtr_flow_backend_down;
@@ -349,6 +364,8 @@ err_http:
 err_ctl:
     rtr_ctl_stop(r);
 err_admin:
+    rtr_kvindex_destroy(r->kvidx);
+    r->kvidx = NULL;
     if (r->admin != NULL) {
         for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
             if (r->be[i].stats != NULL)

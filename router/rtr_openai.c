@@ -1232,6 +1232,9 @@ static void add_usage(cJSON *root, const rtr_oai_usage_t *u)
     cJSON_AddNumberToObject(usage, "completion_tokens", u->completion_tokens);
     cJSON_AddNumberToObject(usage, "total_tokens",
                             (double)u->prompt_tokens + (double)u->completion_tokens);
+    cJSON *details = cJSON_AddObjectToObject(usage, "prompt_tokens_details");
+    if (details != NULL)
+        cJSON_AddNumberToObject(details, "cached_tokens", u->cached_tokens);
 }
 
 static void add_finish(cJSON *choice, const char *finish_reason)

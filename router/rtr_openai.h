@@ -169,6 +169,8 @@ typedef struct {
 typedef struct {
     uint32_t prompt_tokens;
     uint32_t completion_tokens;
+    uint32_t cached_tokens;  /* of prompt_tokens, KV from a prefix cache:
+                                usage.prompt_tokens_details.cached_tokens */
 } rtr_oai_usage_t;
 
 /* Log-probabilities of generated tokens (the model's distribution). */

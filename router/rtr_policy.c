@@ -75,6 +75,33 @@ int rtr_pick_decode(const rtr_backend_load_t *b, size_t n, uint32_t needed_block
     return best;
 }
 
+int rtr_pick_decode_kv(const rtr_backend_load_t *b, const uint32_t *cached, size_t n,
+                       uint32_t needed_blocks, uint32_t *rr_cursor)
+{
+    bool any_fit = false;
+    uint32_t min_run = UINT32_MAX;
+    for (size_t k = 0; k < n; k++)
+        if (b[k].eligible && b[k].free_blocks >= needed_blocks) {
+            any_fit = true;
+            if (b[k].running_seqs < min_run)
+                min_run = b[k].running_seqs;
+        }
+    int best = -1;
+    for (size_t i = 0; any_fit && i < n; i++) {
+        size_t k = rr_index(i, n, *rr_cursor);
+        if (!b[k].eligible || cached[k] == 0 || b[k].free_blocks < needed_blocks ||
+            b[k].running_seqs > min_run + RTR_DECODE_AFFINITY_SLACK)
+            continue;
+        if (best < 0 || cached[k] > cached[best] ||
+            (cached[k] == cached[best] && decode_better(&b[k], &b[best], needed_blocks)))
+            best = (int)k;
+    }
+    if (best < 0)
+        return rtr_pick_decode(b, n, needed_blocks, rr_cursor);
+    *rr_cursor = (uint32_t)best;
+    return best;
+}
+
 bool rtr_should_disaggregate(rtr_disagg_mode_t mode, uint32_t prompt_tokens,
                              uint32_t threshold, bool prefill_available)
 {

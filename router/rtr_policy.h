@@ -45,6 +45,23 @@ int rtr_pick_prefill_kv(const rtr_backend_load_t *backends, const uint32_t *cach
 int rtr_pick_decode(const rtr_backend_load_t *backends, size_t n, uint32_t needed_blocks,
                     uint32_t *rr_cursor);
 
+/* KV-aware decode choice. A decode keeps finished conversations in its
+ * prefix cache, so turn k+1 of a chat is cheapest where turn k ran: less
+ * to prefill (decode-local) or to pull (only missing blocks). Among the
+ * eligible decodes with room for needed_blocks, those holding part of this
+ * prompt (cached_tokens[k] > 0) and running at most
+ * RTR_DECODE_AFFINITY_SLACK more sequences than the least busy decode with
+ * room are preferred: the most cached tokens, then rtr_pick_decode's order.
+ * Otherwise (no holder, or every holder busier / full) rtr_pick_decode. The
+ * slack is small on purpose: the saving is one prompt's KV, the cost of a
+ * busier batch is paid by every token of every sequence in it, and under
+ * repeated prompts a holder must not starve a new, idle decode (the other
+ * one becomes a holder too after its first request).
+ * Returns an index or -1 if none is eligible. */
+#define RTR_DECODE_AFFINITY_SLACK 1u
+int rtr_pick_decode_kv(const rtr_backend_load_t *backends, const uint32_t *cached_tokens,
+                       size_t n, uint32_t needed_blocks, uint32_t *rr_cursor);
+
 /* Whether a request is prefilled on a prefill daemon (true) or locally on
  * its decode daemon (false). */
 bool rtr_should_disaggregate(rtr_disagg_mode_t mode, uint32_t prompt_tokens,

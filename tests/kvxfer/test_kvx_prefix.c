@@ -132,6 +132,18 @@ static void test_match_insert_evict(void **state)
     assert_int_equal(kvx_blocks_unref(b, sa, 4, NULL), PD_OK);
     assert_int_equal(kvx_blocks_free_count(b), 5);
     assert_int_equal(kvx_prefix_available(p), 8);
+    /* the snapshot lists exactly the cached names, in pages */
+    {
+        uint64_t want[3], lst[4];
+        uint32_t cur = 0, k = 0, got_n;
+        assert_int_equal(kvx_prefix_names(BT, COMPAT, ta, 14, want, 3), 3);
+        while ((got_n = kvx_prefix_list(p, &cur, lst + k, 2)) > 0)
+            k += got_n;
+        assert_int_equal(k, 3);
+        for (int i = 0; i < 3; i++)
+            assert_true(lst[0] == want[i] || lst[1] == want[i] || lst[2] == want[i]);
+        assert_int_equal(ev.last, want[2]);
+    }
 
     /* sequence B shares the first 2 blocks and diverges in the third */
     int32_t tb[12];

@@ -163,6 +163,9 @@ lifecycle() {
     check "top --once: per-daemon rows and the transfer matrix" \
         grep -qE "^decode-0 +\S+ .*prefill-0|^decode-0 +[0-9.]+ \(" <<<"$OUT"
     check "top --once: decode-0 in the matrix" grep -qE "^decode-0 +[0-9.]+ \(.*B, 0 fail\)" <<<"$OUT"
+    check "top --once: the deployment's prefix cache line" \
+        grep -qE "^prefix cache hit [0-9.]+% of prompt tokens \([0-9]+\)  routed by cache: prefill [0-9]+ decode [0-9]+" <<<"$OUT"
+    check "top --once: blocks the router indexed per daemon" grep -qE "INDEXED" <<<"$OUT"
     run "$PDCTL" stats router --run-dir "$R"
     expect 0 "requests_completed +4" "stats router: 4 completed"
     run "$PDCTL" kv --run-dir "$R"

@@ -16,6 +16,7 @@ static int32_t ps_tok2[PS_TOKENS_CAP];       /* (PS_TOKENS_CAP) */
 static uint8_t ps_bytes[PROTO_MAX_TEXT];     /* (PROTO_MAX_TEXT) */
 static int ps_ready;
 static proto_logprob_t ps_lp[PROTO_MAX_TOKENS_MSG];   /* (PROTO_MAX_TOKENS_MSG) */
+static uint64_t ps_names[PROTO_MAX_KV_EVENTS];        /* (PROTO_MAX_KV_EVENTS) */
 
 static void ps_init(void)
 {
@@ -34,6 +35,8 @@ static void ps_init(void)
             ps_lp[i].top_lp[j] = -(float)(j + i) / 3.0f;
         }
     }
+    for (uint32_t i = 0; i < PROTO_MAX_KV_EVENTS; i++)
+        ps_names[i] = i == 0 ? UINT64_MAX : (uint64_t)i * 0x9e3779b97f4a7c15ull;
     for (uint32_t i = 0; i < sizeof(ps_bytes); i++)
         ps_bytes[i] = (uint8_t)(i * 131 + 7); /* includes 0x00 bytes */
     ps_ready = 1;
@@ -177,6 +180,7 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         p->kv_handle = ps_blob(v == PS_MAX ? PROTO_KV_HANDLE_MAX : v == PS_MID ? 96 : 0);
         p->queue_ns = big / 9;
         p->prefill_ns = big / 11;
+        p->cached_tokens = v == PS_MIN ? 0 : big32 / 3;
         p->logprobs = (proto_logprobs_t){ v == PS_MAX ? PROTO_MAX_TOP_LOGPROBS : v == PS_MID ? 2 : 0,
                                           v == PS_MIN ? 0 : 1, ps_lp, NULL };
         break;
@@ -225,6 +229,8 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         f->decode_ns = big / 4;
         f->ttft_ns = big / 5;
         f->total_ns = big / 6;
+        f->cached_tokens = v == PS_MIN ? 0 : big32 / 4;
+        f->kv_bytes = big / 7;
         break;
     }
     case PROTO_MSG_CANCEL:
@@ -267,6 +273,15 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         d->kv_handle = ps_blob(v == PS_MAX ? PROTO_KV_HANDLE_MAX : v == PS_MID ? 96 : 1);
         break;
     }
+    case PROTO_MSG_KV_EVENTS: {
+        proto_kv_events_t *k = &m->u.kv_events;
+        k->flags = v == PS_MID ? PROTO_KVE_RESET : 0;
+        k->cached_blocks = big32;
+        uint32_t ns = v == PS_MAX ? PROTO_MAX_KV_EVENTS / 2 : v == PS_MID ? 3 : 0;
+        k->stored = (proto_names_t){ ns, ns ? ps_names : NULL, NULL };
+        k->removed = (proto_names_t){ ns, ns ? ps_names + ns : NULL, NULL };
+        break;
+    }
     }
 }
 
@@ -276,6 +291,16 @@ static int tok_eq(const proto_tokens_t *a, const proto_tokens_t *b)
         return 0;
     for (uint32_t i = 0; i < a->n; i++)
         if (proto_tokens_get(a, i) != proto_tokens_get(b, i))
+            return 0;
+    return 1;
+}
+
+static int names_eq(const proto_names_t *a, const proto_names_t *b)
+{
+    if (a->n != b->n)
+        return 0;
+    for (uint32_t i = 0; i < a->n; i++)
+        if (proto_names_get(a, i) != proto_names_get(b, i))
             return 0;
     return 1;
 }
@@ -363,7 +388,8 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
         const proto_prefill_done_t *a = &ma->u.prefill_done, *b = &mb->u.prefill_done;
         return SEQ(request_id) && EQ(first_token) && EQ(n_prompt_tokens) &&
                EQ(lease_id) && EQ(lease_ns) && blob_eq(&a->kv_handle, &b->kv_handle) &&
-               EQ(queue_ns) && EQ(prefill_ns) && lp_eq(&a->logprobs, &b->logprobs);
+               EQ(queue_ns) && EQ(prefill_ns) && EQ(cached_tokens) &&
+               lp_eq(&a->logprobs, &b->logprobs);
     }
     case PROTO_MSG_DECODE_REQ: {
         const proto_decode_req_t *a = &ma->u.decode_req, *b = &mb->u.decode_req;
@@ -383,7 +409,8 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
         const proto_finish_t *a = &ma->u.finish, *b = &mb->u.finish;
         return SEQ(request_id) && EQ(reason) && EQ(status) && EQ(prompt_tokens) &&
                EQ(completion_tokens) && EQ(queue_ns) && EQ(prefill_ns) &&
-               EQ(transfer_ns) && EQ(decode_ns) && EQ(ttft_ns) && EQ(total_ns);
+               EQ(transfer_ns) && EQ(decode_ns) && EQ(ttft_ns) && EQ(total_ns) &&
+               EQ(cached_tokens) && EQ(kv_bytes);
     }
     case PROTO_MSG_CANCEL: {
         const proto_cancel_t *a = &ma->u.cancel, *b = &mb->u.cancel;
@@ -414,6 +441,11 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
         const proto_migrate_done_t *a = &ma->u.migrate_done, *b = &mb->u.migrate_done;
         return SEQ(request_id) && EQ(n_gen) && EQ(kv_tokens) && EQ(lease_id) &&
                EQ(lease_ns) && blob_eq(&a->kv_handle, &b->kv_handle);
+    }
+    case PROTO_MSG_KV_EVENTS: {
+        const proto_kv_events_t *a = &ma->u.kv_events, *b = &mb->u.kv_events;
+        return EQ(flags) && EQ(cached_blocks) && names_eq(&a->stored, &b->stored) &&
+               names_eq(&a->removed, &b->removed);
     }
     }
     return 0;

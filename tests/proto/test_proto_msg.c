@@ -66,7 +66,7 @@ static pd_status_t decode_check(const uint8_t *buf, size_t len, proto_msg_t *out
 
 static void test_names(void **state)
 {
-    assert_int_equal(PROTO_MSG_COUNT, 17);
+    assert_int_equal(PROTO_MSG_COUNT, 18);
     assert_int_equal(PROTO_MSG_CHALLENGE, 5);
     assert_string_equal(proto_msg_name(PROTO_MSG_CHALLENGE), "CHALLENGE");
     assert_string_equal(proto_msg_name(PROTO_MSG_PEER_INFO), "PEER_INFO");
@@ -469,6 +469,49 @@ static void test_bad_values(void **state)
     ps_make(PROTO_MSG_PREFILL_DONE, PS_MID, &m);
     m.u.prefill_done.first_token = -1;
     assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    /* cached_tokens never exceed the prompt */
+    ps_make(PROTO_MSG_PREFILL_DONE, PS_MID, &m);
+    m.u.prefill_done.cached_tokens = m.u.prefill_done.n_prompt_tokens + 1;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_FINISH, PS_MID, &m);
+    m.u.finish.cached_tokens = m.u.finish.prompt_tokens + 1;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    /* KV_EVENTS: at most PROTO_MAX_KV_EVENTS names in all, defined flags */
+    ps_make(PROTO_MSG_KV_EVENTS, PS_MAX, &m);
+    m.u.kv_events.removed.n++;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_TOO_BIG);
+    ps_make(PROTO_MSG_KV_EVENTS, PS_MID, &m);
+    m.u.kv_events.flags = 0x2;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_RESERVED);
+    ps_make(PROTO_MSG_KV_EVENTS, PS_MID, &m);
+    m.u.kv_events.stored.v = NULL; /* count without data */
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    {
+        /* a decoder sees a count over the cap before it sizes anything,
+         * and a sum over the cap after */
+        uint8_t kb[PROTO_HDR_LEN + 64];
+        ps_make(PROTO_MSG_KV_EVENTS, PS_MIN, &m);
+        assert_int_equal(proto_msg_encode(&m, kb, sizeof(kb), &len), PD_OK);
+        put32(kb + PROTO_HDR_LEN + 8, PROTO_MAX_KV_EVENTS + 1); /* stored.n */
+        proto_msg_t kd;
+        assert_int_equal(decode_check(kb, len, &kd), PD_ERR_TOO_BIG);
+        static uint64_t names[PROTO_MAX_KV_EVENTS];
+        ps_make(PROTO_MSG_KV_EVENTS, PS_MIN, &m);
+        m.u.kv_events.stored = (proto_names_t){ PROTO_MAX_KV_EVENTS, names, NULL };
+        size_t blen;
+        assert_int_equal(proto_msg_encode(&m, NULL, 0, &blen), PD_ERR_NO_SPACE);
+        uint8_t *big = malloc(blen + 8);
+        assert_non_null(big);
+        assert_int_equal(proto_msg_encode(&m, big, blen, &blen), PD_OK);
+        assert_int_equal(proto_msg_decode(big, blen, &kd), PD_OK);
+        assert_int_equal(kd.u.kv_events.stored.n, PROTO_MAX_KV_EVENTS);
+        /* one more removed name: the sum is over the cap */
+        put32(big + blen - 4, 1);
+        memset(big + blen, 0, 8);
+        put32(big + 12, (uint32_t)(blen + 8 - PROTO_HDR_LEN));
+        assert_int_equal(decode_check(big, blen + 8, &kd), PD_ERR_TOO_BIG);
+        free(big);
+    }
 }
 
 static void test_encode_refuses(void **state)

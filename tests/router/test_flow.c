@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "eng_chat.h"
+#include "pd_blockname.h"
 #include "pd_log.h"
 #include "rtr_flow.h"
 
@@ -218,7 +219,7 @@ static rtr_req_t *accept_req_n(fx_t *f, const char *id, bool stream, uint32_t ma
     ids[0] = 'H';
     ids[1] = 'i';
     rtr_backend_t *dec, *pre;
-    bool disagg = rtr_flow_route(&f->r, 2, max_tokens, &dec, &pre);
+    bool disagg = rtr_flow_route(&f->r, ids, 2, max_tokens, &dec, &pre);
     assert_ptr_equal(dec, f->dec);
     rtr_req_t *q = NULL;
     assert_int_equal(rtr_flow_new(&f->r, id, RTR_API_COMPLETIONS, &o, &ids, 2, &q), PD_OK);
@@ -300,6 +301,63 @@ static const sent_t *last_sent(void)
 }
 
 /* ---- tests ------------------------------------------------------------------ */
+
+/* KV-aware routing through the flow: the router's index says prefill p1
+ * holds the prompt's first block, so both requests go there although p0 is
+ * as idle (round robin alone would alternate); the prefill's cached_tokens
+ * reach usage.prompt_tokens_details. */
+static void test_kv_routing(void **state)
+{
+    fx_t *f = *state;
+    rtr_t *r = &f->r;
+    rtr_backend_t *p1 = &r->be[2];
+    add_backend(r, p1, "p1", PROTO_ROLE_PREFILL, PROTO_CAP_PREFILL | PROTO_CAP_KV_EXPORT);
+    r->geom_fixed = true;
+    r->geom.block_tokens = 1;
+    r->compat_hash = 77;
+    assert_int_equal(rtr_kvindex_create(16, 8, &r->kvidx), PD_OK);
+    const int32_t hi[2] = { 'H', 'i' };
+    uint64_t names[2];
+    assert_int_equal(pd_block_names(1, 77, hi, 2, names, 2), 2);
+    assert_true(rtr_kvindex_add(r->kvidx, 2, names[0]));
+    for (int i = 0; i < 2; i++) {
+        const char *id = i == 0 ? "k1" : "k2";
+        rtr_req_t *q = accept_req(f, id, false, 16);
+        assert_int_equal(q->fsm.state, RTR_REQ_PREFILLING);
+        assert_int_equal(last_sent()->type, PROTO_MSG_PREFILL_REQ);
+        assert_ptr_equal(last_sent()->to, p1);
+        proto_msg_t m;
+        memset(&m, 0, sizeof(m));
+        static uint8_t handle[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+        m.hdr.type = PROTO_MSG_PREFILL_DONE;
+        snprintf(m.u.prefill_done.request_id, sizeof(m.u.prefill_done.request_id), "%s", W(id));
+        m.u.prefill_done.first_token = 'O';
+        m.u.prefill_done.n_prompt_tokens = 2;
+        m.u.prefill_done.cached_tokens = 1;
+        m.u.prefill_done.lease_id = 5;
+        m.u.prefill_done.kv_handle = (proto_blob_t){ handle, sizeof(handle) };
+        deliver(f, p1, &m);
+        assert_int_equal(last_sent()->type, PROTO_MSG_DECODE_REQ);
+        finish(f, id, PROTO_FINISH_LENGTH);
+        assert_int_equal(rec.reply_status, 200);
+        assert_non_null(strstr(rec.body, "\"prompt_tokens_details\":{\"cached_tokens\":1}"));
+        rec.body_len = 0;
+        rec.body[0] = '\0';
+        rec.reply_status = 0;
+    }
+    assert_int_equal(counter(f, RTR_STAT_kv_route_prefill_hits), 2);
+    assert_int_equal(counter(f, RTR_STAT_kv_route_hit_tokens), 2);
+    assert_int_equal(counter(f, RTR_STAT_prompt_cached_tokens), 2);
+    assert_int_equal(f->pre->assigned + p1->assigned, 0);
+    /* p1 leaves: its names go with it, the next request may go to p0 */
+    rtr_kvindex_clear_backend(r->kvidx, 2);
+    p1->conn = NULL;
+    (void)accept_req(f, "k3", false, 16);
+    assert_ptr_equal(last_sent()->to, f->pre);
+    assert_int_equal(counter(f, RTR_STAT_kv_route_prefill_hits), 2);
+    rtr_kvindex_destroy(r->kvidx);
+    r->kvidx = NULL;
+}
 
 /* PREFILL_REQ -> PREFILL_DONE (token 0 streamed, DECODE_REQ with the lease)
  * -> TOKENS -> FINISH: one stream, [DONE], COMPLETED. */
@@ -790,7 +848,7 @@ static rtr_req_t *accept_tools(fx_t *f, const char *id, bool stream, uint32_t ch
     ids[0] = 'H';
     ids[1] = 'i';
     rtr_backend_t *dec, *pre;
-    bool disagg = rtr_flow_route(&f->r, 2, 64, &dec, &pre);
+    bool disagg = rtr_flow_route(&f->r, ids, 2, 64, &dec, &pre);
     rtr_req_t *q = NULL;
     assert_int_equal(rtr_flow_new(&f->r, id, RTR_API_CHAT, &o, &ids, 2, &q), PD_OK);
     for (size_t i = 0; i < sizeof(wids) / sizeof(wids[0]); i++)
@@ -884,6 +942,7 @@ int main(void)
     pd_log_set_level(PD_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_disaggregated_stream, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_kv_routing, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_prefill_error_retries_local, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_decode_down_mid_stream, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_decode_failover_mid_stream, fx_setup, fx_teardown),

@@ -489,13 +489,28 @@ static void test_bodies(void **state)
     cJSON_Delete(o);
     free(s);
 
-    rtr_oai_usage_t u = { 5, 3 };
+    rtr_oai_usage_t u = { 5, 3, 4 };
     s = rtr_oai_usage_chunk_json(&meta, &u);
     o = cJSON_Parse(s);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "choices")), 0);
     assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "total_tokens")->valueint, 8);
+    /* the prefix cache's share of the prompt (chat stream) */
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"),
+                                                             "prompt_tokens_details"),
+                                         "cached_tokens")->valueint, 4);
     cJSON_Delete(o);
     free(s);
+    {
+        const char *tx[] = { "abc" };
+        size_t ln[] = { 3 };
+        const char *fr[] = { "stop" };
+        s = rtr_oai_response_json(&meta, 1, tx, ln, fr, &u); /* chat, not streamed */
+        o = cJSON_Parse(s);
+        cJSON *pd = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "prompt_tokens_details");
+        assert_int_equal(cJSON_GetObjectItem(pd, "cached_tokens")->valueint, 4);
+        cJSON_Delete(o);
+        free(s);
+    }
 
     meta.api = RTR_API_COMPLETIONS;
     const char *texts[] = { "abc" };
@@ -507,6 +522,9 @@ static void test_bodies(void **state)
     c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
     assert_string_equal(cJSON_GetObjectItem(c0, "text")->valuestring, "abc");
     assert_string_equal(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "stop");
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"),
+                                                             "prompt_tokens_details"),
+                                         "cached_tokens")->valueint, 4);
     cJSON_Delete(o);
     free(s);
 

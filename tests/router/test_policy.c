@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "rtr_kvindex.h"
 #include "rtr_policy.h"
 
 static void test_prefill_least_tokens(void **state)
@@ -121,9 +122,156 @@ static void test_prefill_kv(void **state)
     assert_int_equal(rtr_pick_prefill_kv(one, full, 2, 0, &rr), 0);
 }
 
+/* KV-aware decode: turn k+1 goes where turn k's KV is, unless that decode
+ * is full or much busier. */
+static void test_decode_kv(void **state)
+{
+    (void)state;
+    rtr_backend_load_t b[3] = {
+        { true, 0, 100, 2 }, { true, 0, 50, 3 }, { true, 0, 100, 2 },
+    };
+    uint32_t none[3] = { 0, 0, 0 }, rr = 0, rr2 = 0;
+    /* nothing cached: rtr_pick_decode (most free) */
+    assert_int_equal(rtr_pick_decode_kv(b, none, 3, 10, &rr), rtr_pick_decode(b, 3, 10, &rr2));
+    assert_int_equal(rr, rr2);
+    /* the holder wins over freer decodes */
+    uint32_t c[3] = { 0, 640, 0 };
+    assert_int_equal(rtr_pick_decode_kv(b, c, 3, 10, &rr), 1);
+    /* the longest hold wins among holders; ties by decode order */
+    uint32_t c2[3] = { 320, 640, 640 };
+    assert_int_equal(rtr_pick_decode_kv(b, c2, 3, 10, &rr), 2); /* more free than 1 */
+    /* a holder without room for the request is not preferred */
+    rr2 = rr;
+    assert_int_equal(rtr_pick_decode_kv(b, c, 3, 60, &rr), rtr_pick_decode(b, 3, 60, &rr2));
+    /* nor one much busier than the least busy decode with room */
+    b[1].running_seqs = 2 + RTR_DECODE_AFFINITY_SLACK;
+    assert_int_equal(rtr_pick_decode_kv(b, c, 3, 10, &rr), 1); /* at the slack: still */
+    b[1].running_seqs++;
+    int d = rtr_pick_decode_kv(b, c, 3, 10, &rr);
+    assert_true(d == 0 || d == 2);
+    /* ineligible holders never; none eligible: -1 */
+    b[1].running_seqs = 0;
+    b[1].eligible = false;
+    d = rtr_pick_decode_kv(b, c, 3, 10, &rr);
+    assert_true(d == 0 || d == 2);
+    b[0].eligible = b[2].eligible = false;
+    assert_int_equal(rtr_pick_decode_kv(b, c, 3, 10, &rr), -1);
+}
+
+/* The router's index of the daemons' caches. */
+static void test_kvindex(void **state)
+{
+    (void)state;
+    rtr_kvindex_t *x;
+    assert_int_equal(rtr_kvindex_create(0, 1, &x), PD_ERR_BAD_INPUT);
+    assert_int_equal(rtr_kvindex_create(8, 9, &x), PD_ERR_BAD_INPUT);
+    assert_int_equal(rtr_kvindex_create(8, 5, &x), PD_OK);
+    uint64_t n[6] = { 11, 22, 33, 44, 55, 66 };
+    uint32_t out[RTR_KVINDEX_MAX_BACKENDS];
+    /* backend 3 holds a chain of 4, backend 7 the first 2 and the 4th
+     * (a gap: its prefix is 2) */
+    for (int i = 0; i < 4; i++)
+        assert_true(rtr_kvindex_add(x, 3, n[i]));
+    assert_true(rtr_kvindex_add(x, 7, n[0]));
+    assert_true(rtr_kvindex_add(x, 7, n[1]));
+    assert_true(rtr_kvindex_add(x, 7, n[3]));
+    assert_true(rtr_kvindex_add(x, 7, n[3])); /* idempotent */
+    assert_int_equal(rtr_kvindex_count(x, 7), 3);
+    rtr_kvindex_match(x, n, 6, out);
+    assert_int_equal(out[3], 4);
+    assert_int_equal(out[7], 2);
+    assert_int_equal(out[0], 0);
+    rtr_kvindex_match(x, n, 3, out); /* a shorter prompt: all of it */
+    assert_int_equal(out[3], 3);
+    assert_int_equal(out[7], 2);
+    uint64_t other[3] = { 99, 22, 33 }; /* a first block nobody holds */
+    rtr_kvindex_match(x, other, 3, out);
+    assert_int_equal(out[3], 0);
+    assert_int_equal(out[7], 0);
+    /* caps: 5 names per backend, 8 in all; over a cap nothing is indexed */
+    assert_true(rtr_kvindex_add(x, 3, n[4]));      /* backend 3 at its cap */
+    assert_false(rtr_kvindex_add(x, 3, n[5]));
+    assert_false(rtr_kvindex_add(x, 64, n[5]));    /* no such slot */
+    for (uint64_t k = 100; k < 103; k++)
+        assert_true(rtr_kvindex_add(x, 9, k));     /* 8 distinct names */
+    assert_false(rtr_kvindex_add(x, 9, 103));      /* the global cap */
+    assert_true(rtr_kvindex_add(x, 9, n[0]));      /* indexed already: no new entry */
+    rtr_kvindex_stats_t st;
+    rtr_kvindex_stats(x, &st);
+    assert_int_equal(st.names, 8);
+    assert_int_equal(st.dropped, 2);
+    assert_int_equal(st.held, 5 + 3 + 4);
+    /* remove and clear give the entries back */
+    rtr_kvindex_remove(x, 3, n[2]);
+    rtr_kvindex_match(x, n, 6, out);
+    assert_int_equal(out[3], 2);
+    rtr_kvindex_remove(x, 3, 999); /* not held: no-op */
+    rtr_kvindex_clear_backend(x, 9);
+    rtr_kvindex_clear_backend(x, 3);
+    assert_int_equal(rtr_kvindex_count(x, 3), 0);
+    assert_int_equal(rtr_kvindex_count(x, 9), 0);
+    rtr_kvindex_match(x, n, 6, out);
+    assert_int_equal(out[3], 0);
+    assert_int_equal(out[7], 2); /* the other backend's stay */
+    rtr_kvindex_clear_backend(x, 7);
+    rtr_kvindex_stats(x, &st);
+    assert_int_equal(st.names, 0);
+    assert_int_equal(st.held, 0);
+    /* everything freed is reusable: fill to the global cap again */
+    for (uint32_t b = 0; b < 2; b++)
+        for (uint64_t k = 0; k < 4; k++)
+            assert_true(rtr_kvindex_add(x, b, 1000 + b * 10 + k));
+    assert_false(rtr_kvindex_add(x, 2, 5000));
+    rtr_kvindex_destroy(x);
+    rtr_kvindex_destroy(NULL);
+}
+
+/* Many backends sharing names, random churn: the index agrees with a
+ * brute-force model (mask per name), and clear_backend leaves no trace. */
+static void test_kvindex_model(void **state)
+{
+    (void)state;
+    enum { NAMES = 300, BES = 64 };
+    static uint64_t model[NAMES];
+    rtr_kvindex_t *x;
+    assert_int_equal(rtr_kvindex_create(NAMES, NAMES, &x), PD_OK);
+    uint32_t seed = 12345;
+    for (int step = 0; step < 200000; step++) {
+        seed = seed * 1103515245u + 12345u;
+        uint32_t name = (seed >> 8) % NAMES, be = (seed >> 20) % BES, op = (seed >> 27) % 8;
+        if (op < 4) {
+            assert_true(rtr_kvindex_add(x, be, (uint64_t)name * 0x100000001ull));
+            model[name] |= 1ull << be;
+        } else if (op < 7) {
+            rtr_kvindex_remove(x, be, (uint64_t)name * 0x100000001ull);
+            model[name] &= ~(1ull << be);
+        } else if ((seed & 0xff) == 0) {
+            rtr_kvindex_clear_backend(x, be);
+            for (int i = 0; i < NAMES; i++)
+                model[i] &= ~(1ull << be);
+        }
+    }
+    uint64_t held = 0;
+    for (int i = 0; i < NAMES; i++) {
+        uint64_t nm = (uint64_t)i * 0x100000001ull;
+        uint32_t out[RTR_KVINDEX_MAX_BACKENDS];
+        rtr_kvindex_match(x, &nm, 1, out);
+        for (int b = 0; b < BES; b++)
+            assert_int_equal(out[b], (model[i] >> b) & 1);
+        held += (uint64_t)__builtin_popcountll(model[i]);
+    }
+    rtr_kvindex_stats_t st;
+    rtr_kvindex_stats(x, &st);
+    assert_int_equal(st.held, held);
+    rtr_kvindex_destroy(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_decode_kv),
+        cmocka_unit_test(test_kvindex),
+        cmocka_unit_test(test_kvindex_model),
         cmocka_unit_test(test_prefill_kv),
         cmocka_unit_test(test_prefill_least_tokens),
         cmocka_unit_test(test_prefill_round_robin_ties),

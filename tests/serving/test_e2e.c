@@ -1954,6 +1954,269 @@ static void test_1p3d_spread(void **st)
     quiet_ok(&g_a);
 }
 
+/* ---- KV-aware routing (issue 13): 2 prefills, 2 decodes ------------------------- */
+
+/* Blocks the router's index holds for backend id (admin `backends`), -1. */
+static double indexed_blocks(e2e_deploy_t *d, const char *id)
+{
+    cJSON *j = e2e_admin(d->router.sock, "backends");
+    double v = -1;
+    const cJSON *b;
+    cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(j, "backends")) {
+        const cJSON *i = cJSON_GetObjectItemCaseSensitive(b, "id");
+        if (cJSON_IsString(i) && strcmp(i->valuestring, id) == 0)
+            v = e2e_jnum(b, "kv_blocks_indexed");
+    }
+    cJSON_Delete(j);
+    return v;
+}
+
+/* Poll until the router's index holds at least n blocks of backend p. */
+static bool wait_indexed(e2e_deploy_t *d, const e2e_proc_t *p, double n)
+{
+    double t0 = e2e_now();
+    while (e2e_now() - t0 < 10) {
+        if (indexed_blocks(d, p->id) >= n)
+            return true;
+        e2e_nap_ms(10);
+    }
+    return false;
+}
+
+/* usage.prompt_tokens_details.cached_tokens of a response (the usage chunk
+ * of a stream), -1 if absent. */
+static int usage_cached(const char *raw, bool stream)
+{
+    if (!stream) {
+        cJSON *j = cJSON_Parse(raw);
+        int v = (int)e2e_jnum(j, "usage.prompt_tokens_details.cached_tokens");
+        cJSON_Delete(j);
+        return v;
+    }
+    e2e_sse_t s;
+    e2e_sse_parse(raw, &s);
+    int v = -1;
+    for (int i = 0; i < s.n; i++)
+        if (cJSON_GetObjectItemCaseSensitive(s.chunks[i], "usage") != NULL)
+            v = (int)e2e_jnum(s.chunks[i], "usage.prompt_tokens_details.cached_tokens");
+    e2e_sse_free(&s);
+    return v;
+}
+
+#define KVR_PREFIX 320   /* 20 blocks of 16 */
+#define KVR_N 5          /* requests sharing the prefix */
+
+#define KVR_RUNS (KVR_N + 4)
+
+typedef struct {
+    char *text[KVR_RUNS];
+    int cached[KVR_RUNS];
+    int holder;              /* the prefill holding the shared prefix */
+} kvr_run_t;
+
+static void kvr_chat(e2e_deploy_t *d, const char *user, bool stream, char **text, int *cached)
+{
+    char body[2048];
+    snprintf(body, sizeof(body),
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"You are a careful assistant. "
+             "Answer in one short sentence, never more, and never repeat the question. Prefer "
+             "plain words over jargon, numbers over adjectives, and say so when you do not know. "
+             "The user is in a hurry and reads on a small screen.\"},"
+             "{\"role\":\"user\",\"content\":\"%s\"}],\"max_completion_tokens\":16,"
+             "\"temperature\":0%s}", user,
+             stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+    compl_t c;
+    complete(d->http_port, "/v1/chat/completions", body, stream, &c);
+    if (c.status != 200 || !c.done || c.error_frame)
+        fail_msg("kv-route chat: status %d: %s", c.status, c.raw);
+    *text = strdup(c.text);
+    *cached = usage_cached(c.raw, stream);
+    compl_free(&c);
+}
+
+static void kvr_req(e2e_deploy_t *d, const int32_t *ids, int n, bool stream, char **text,
+                    int *cached)
+{
+    char *list = ids_json(ids, n);
+    size_t cap = strlen(list) + 256;
+    char *body = malloc(cap);
+    snprintf(body, cap, "{\"prompt\":%s,\"max_tokens\":16,\"temperature\":0%s}", list,
+             stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+    compl_t c;
+    complete(d->http_port, "/v1/completions", body, stream, &c);
+    free(body);
+    free(list);
+    if (c.status != 200 || !c.done || c.error_frame)
+        fail_msg("kv-route request (%d tokens): status %d: %s", n, c.status, c.raw);
+    *text = strdup(c.text);
+    *cached = usage_cached(c.raw, stream);
+    compl_free(&c);
+}
+
+/* The workload, the same for cache on and off:
+ *  - KVR_N prompts sharing a 320-token prefix (disaggregated: >= 100
+ *    tokens), one after the other; with the cache on, every one after the
+ *    first goes to the prefill that holds the prefix (round robin would
+ *    alternate between the two idle prefills);
+ *  - a short conversation (decode-local: < 100 tokens): turn 2 starts with
+ *    turn 1's prompt and goes to the decode that ran turn 1. */
+static void kvr_workload(e2e_deploy_t *d, bool cache, kvr_run_t *out)
+{
+    int32_t ids[KVR_PREFIX + 40];
+    make_prompt(ids, KVR_PREFIX, 1313, 4, 259);
+    e2e_proc_t *holder = NULL;
+    for (int i = 0; i < KVR_N; i++) {
+        make_prompt(ids + KVR_PREFIX, 20, 7000 + (unsigned)i, 4, 259);
+        kvr_req(d, ids, KVR_PREFIX + 20, i % 2 == 1, &out->text[i], &out->cached[i]);
+        if (i == 0 && cache) {
+            /* the prefill that computed it; wait until the router knows */
+            for (int k = 0; k < d->n_prefill; k++)
+                if (admin_num(&d->prefill[k], "requests", "counters.accepted") == 1) {
+                    holder = &d->prefill[k];
+                    out->holder = k;
+                }
+            assert_non_null(holder);
+            if (!wait_indexed(d, holder, KVR_PREFIX / 16))
+                fail_msg("router never indexed %s's %d blocks (has %.0f)", holder->id,
+                         KVR_PREFIX / 16, indexed_blocks(d, holder->id));
+        }
+        if (cache && i > 0 && out->cached[i] != KVR_PREFIX)
+            fail_msg("request %d: cached_tokens %d, want %d", i, out->cached[i], KVR_PREFIX);
+        if (!cache && out->cached[i] != 0)
+            fail_msg("cache off, request %d: cached_tokens %d", i, out->cached[i]);
+    }
+    if (cache) {
+        /* every request after the first went to the holder */
+        for (int k = 0; k < d->n_prefill; k++) {
+            double acc = admin_num(&d->prefill[k], "requests", "counters.accepted");
+            double hit = admin_num(&d->prefill[k], "kv", "cache.hit_tokens");
+            fprintf(stderr, "e2e: %s accepted %.0f cache hit_tokens %.0f\n", d->prefill[k].id,
+                    acc, hit);
+            if (&d->prefill[k] == holder ? acc != KVR_N || hit != (KVR_N - 1) * KVR_PREFIX
+                                         : acc != 0)
+                fail_msg("%s: accepted %.0f, hit_tokens %.0f (holder %s)", d->prefill[k].id,
+                         acc, hit, holder->id);
+        }
+        assert_true(router_stat(d, "kv_route_prefill_hits") >= KVR_N - 1);
+    }
+
+    /* decode-local conversation: turn 1 = 48 tokens, turn 2 = turn 1 + 30 */
+    int32_t conv[80];
+    make_prompt(conv, 78, 4242, 4, 259);
+    double ind0[E2E_MAX_DAEMONS];
+    for (int k = 0; k < d->n_decode; k++)
+        ind0[k] = indexed_blocks(d, d->decode[k].id);
+    kvr_req(d, conv, 48, false, &out->text[KVR_N], &out->cached[KVR_N]);
+    e2e_proc_t *dholder = NULL;
+    if (cache) {
+        int dk = -1;
+        for (int k = 0; k < d->n_decode; k++)
+            if (admin_num(&d->decode[k], "requests", "counters.accepted") >
+                admin_num(&d->decode[k], "requests", "counters.pulls_ok"))
+                dk = k; /* the one that ran turn 1 locally */
+        assert_true(dk >= 0);
+        dholder = &d->decode[dk];
+        /* turn 1's prompt (48) + 15 generated have KV: 3 new full blocks,
+         * once the router has the decode's KV_EVENTS */
+        if (!wait_indexed(d, dholder, ind0[dk] + 3))
+            fail_msg("router never indexed turn 1 on %s (%.0f blocks, had %.0f)", dholder->id,
+                     indexed_blocks(d, dholder->id), ind0[dk]);
+    }
+    double dhits0 = router_stat(d, "kv_route_decode_hits");
+    kvr_req(d, conv, 78, true, &out->text[KVR_N + 1], &out->cached[KVR_N + 1]);
+    if (cache) {
+        if (out->cached[KVR_N + 1] != 48)
+            fail_msg("turn 2: cached_tokens %d, want 48 (turn 1's prompt on %s)",
+                     out->cached[KVR_N + 1], dholder->id);
+        assert_true(router_stat(d, "kv_route_decode_hits") - dhits0 >= 1);
+    } else if (out->cached[KVR_N + 1] != 0) {
+        fail_msg("cache off, turn 2: cached_tokens %d", out->cached[KVR_N + 1]);
+    }
+
+    /* chat: two users behind one long system prompt (disaggregated) */
+    double pind0[E2E_MAX_DAEMONS];
+    for (int k = 0; k < d->n_prefill; k++)
+        pind0[k] = indexed_blocks(d, d->prefill[k].id);
+    kvr_chat(d, "What is the sea?", false, &out->text[KVR_N + 2], &out->cached[KVR_N + 2]);
+    if (cache) { /* the prefill that ran it reported its new blocks */
+        bool seen = false;
+        for (double t0 = e2e_now(); !seen && e2e_now() - t0 < 10; e2e_nap_ms(10))
+            for (int k = 0; k < d->n_prefill; k++)
+                seen |= indexed_blocks(d, d->prefill[k].id) >= pind0[k] + 4;
+        assert_true(seen);
+    }
+    kvr_chat(d, "Why is the sky blue?", true, &out->text[KVR_N + 3], &out->cached[KVR_N + 3]);
+    fprintf(stderr, "e2e: chat cached_tokens %d then %d\n", out->cached[KVR_N + 2],
+            out->cached[KVR_N + 3]);
+    if (out->cached[KVR_N + 2] != 0 || (cache ? out->cached[KVR_N + 3] < 64
+                                              : out->cached[KVR_N + 3] != 0))
+        fail_msg("chat cached_tokens %d then %d (cache %s)", out->cached[KVR_N + 2],
+                 out->cached[KVR_N + 3], cache ? "on" : "off");
+}
+
+static int kvroute_setup(void **st)
+{
+    (void)st;
+    return 0;
+}
+
+static void test_kv_routing(void **st)
+{
+    (void)st;
+    static const char *ra_on[] = { "--disagg-mode=threshold", "--disagg-threshold=100", NULL };
+    static const char *ra_off[] = { "--disagg-mode=threshold", "--disagg-threshold=100",
+                                    "--kv-routing=false", NULL };
+    static const char *kv_on[] = { "--kv-blocks=256", NULL };
+    static const char *kv_off[] = { "--kv-blocks=256", "--prefix-cache=false", NULL };
+    kvr_run_t on, off;
+    memset(&on, 0, sizeof(on));
+    memset(&off, 0, sizeof(off));
+    assert_int_equal(start_deploy(&g_a, &g_a_up, g_model, ra_on, kv_on, kv_on, NULL, 2, 2), 0);
+    kvr_workload(&g_a, true, &on);
+    double hit = router_stat(&g_a, "prompt_cached_tokens");
+    fprintf(stderr, "e2e: router prompt_cached_tokens %.0f, prefill hits %.0f, decode hits %.0f\n",
+            hit, router_stat(&g_a, "kv_route_prefill_hits"),
+            router_stat(&g_a, "kv_route_decode_hits"));
+    assert_true(hit == (KVR_N - 1) * KVR_PREFIX + 48 + on.cached[KVR_N + 3]);
+    quiet_ok(&g_a);
+    /* a new router knows nothing: every daemon's registration starts with
+     * a RESET + snapshot of its cache, so the prefix is found again */
+    assert_int_equal(e2e_proc_signal(&g_a.router, SIGKILL), 0);
+    assert_true(e2e_proc_wait(&g_a.router, 5.0) == 128 + SIGKILL);
+    if (e2e_restart_router(&g_a) != 0)
+        fail_msg("restarted router never became ready");
+    e2e_proc_t *h = &g_a.prefill[on.holder];
+    if (!wait_indexed(&g_a, h, KVR_PREFIX / 16))
+        fail_msg("after a router restart %s's cache was not indexed again (%.0f blocks)", h->id,
+                 indexed_blocks(&g_a, h->id));
+    {
+        int32_t ids[KVR_PREFIX + 20];
+        char *text;
+        int cached;
+        make_prompt(ids, KVR_PREFIX, 1313, 4, 259);
+        make_prompt(ids + KVR_PREFIX, 20, 9999, 4, 259);
+        double acc0 = admin_num(h, "requests", "counters.accepted");
+        kvr_req(&g_a, ids, KVR_PREFIX + 20, false, &text, &cached);
+        free(text);
+        if (cached != KVR_PREFIX || admin_num(h, "requests", "counters.accepted") != acc0 + 1)
+            fail_msg("after a router restart: cached_tokens %d (want %d), %s accepted %.0f -> %.0f",
+                     cached, KVR_PREFIX, h->id, acc0, admin_num(h, "requests", "counters.accepted"));
+    }
+    quiet_ok(&g_a);
+    assert_int_equal(stop_deploy(&g_a, &g_a_up), 0);
+
+    assert_int_equal(start_deploy(&g_a, &g_a_up, g_model, ra_off, kv_off, kv_off, NULL, 2, 2), 0);
+    kvr_workload(&g_a, false, &off);
+    quiet_ok(&g_a);
+    /* greedy output identical with the cache on or off */
+    for (int i = 0; i < KVR_RUNS; i++) {
+        if (strcmp(on.text[i], off.text[i]) != 0)
+            fail_msg("request %d: cache on '%s' != cache off '%s'", i, on.text[i], off.text[i]);
+        free(on.text[i]);
+        free(off.text[i]);
+    }
+}
+
 /* ---- openai npm client -------------------------------------------------------- */
 
 static int node_setup(void **st)
@@ -2059,6 +2322,10 @@ int main(int argc, char **argv)
     if (strcmp(group, "1p3d") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_1p3d_spread) };
         return finish(cmocka_run_group_tests_name("e2e-1p3d", t, p1d3_setup, a_teardown));
+    }
+    if (strcmp(group, "kvroute") == 0) {
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_kv_routing) };
+        return finish(cmocka_run_group_tests_name("e2e-kvroute", t, kvroute_setup, a_teardown));
     }
     if (strcmp(group, "node") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_node_client) };

@@ -469,6 +469,44 @@ static void test_idle_close(void **state)
 
 /* ---- workloads ---------------------------------------------------------- */
 
+/* Multi-turn with --system-len: every conversation starts with the same
+ * system prompt (a shared prefix for the server's prefix cache). */
+static void test_multi_turn_system(void **state)
+{
+    ka_t *k = ka_start(0, 0, false, true);
+    char url[64];
+    const char *sys0 = NULL;
+    int i;
+
+    (void)state;
+    ka_url(k, url, sizeof(url));
+    const char *args[] = { "--url", url, "--workload", "multi-turn",
+                           "--conversations", "2", "--turns", "2", "--concurrency", "1",
+                           "--input-len", "5", "--output-len", "3", "--system-len", "40",
+                           "--seed", "3", NULL };
+    assert_int_equal(run_bench(args, 30), 0);
+    assert_int_equal(k->n_log, 4);
+    cJSON *first = NULL;
+    for (i = 0; i < k->n_log; i++) {
+        cJSON *body = cJSON_Parse(k->log[i].body);
+        cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItem(body, "messages"), 0);
+        int n = cJSON_GetArraySize(cJSON_GetObjectItem(body, "messages"));
+
+        assert_true(n == 2 || n == 4); /* system + the turns */
+        assert_string_equal(cJSON_GetObjectItem(m0, "role")->valuestring, "system");
+        assert_true(strlen(cJSON_GetObjectItem(m0, "content")->valuestring) > 40);
+        if (first == NULL) {
+            first = body;
+            sys0 = cJSON_GetObjectItem(m0, "content")->valuestring;
+            continue;
+        }
+        assert_string_equal(cJSON_GetObjectItem(m0, "content")->valuestring, sys0);
+        cJSON_Delete(body);
+    }
+    cJSON_Delete(first);
+    ka_stop(k);
+}
+
 /* Multi-turn: every turn's messages are the previous turn's messages, its
  * answer as the server streamed it, and a new user message. */
 static void test_multi_turn(void **state)
@@ -836,6 +874,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_disconnect_not_retried),
         cmocka_unit_test(test_idle_close),
         cmocka_unit_test(test_multi_turn),
+        cmocka_unit_test(test_multi_turn_system),
         cmocka_unit_test(test_shared_prefix),
         cmocka_unit_test(test_trace_replay),
         cmocka_unit_test(test_trace_errors),

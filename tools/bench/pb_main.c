@@ -85,6 +85,7 @@ typedef struct {
     int workload;
     uint64_t conversations;
     uint64_t turns;
+    uint64_t system_len;
     uint64_t prefix_len;
     uint64_t prefix_groups;
     uint64_t prefix_prompts;
@@ -155,6 +156,9 @@ static const pd_cfg_field_t pb_fields[] = {
                1, 100000, NULL),
     PD_CFG_ROW(pb_config_t, turns, "turns", UINT, "3",
                "multi-turn: turns per conversation", 1, 1000, NULL),
+    PD_CFG_ROW(pb_config_t, system_len, "system-len", UINT, "0",
+               "multi-turn: tokens of a system prompt every conversation starts with "
+               "(the same for all; 0: none)", 0, PB_PROMPT_TOKENS_MAX / 2, NULL),
     PD_CFG_ROW(pb_config_t, prefix_len, "prefix-len", UINT, "256",
                "shared-prefix: tokens of each group's shared system prompt",
                1, PB_PROMPT_TOKENS_MAX / 2, NULL),
@@ -2159,6 +2163,19 @@ static int pass_begin(pb_run_t *run, const char *url, const char *model)
         run->convs[i].bytes = 0;
         if (run->convs[i].msgs == NULL)
             return 1;
+        if (run->workload == PB_WL_MULTI_TURN && run->cfg.system_len > 0) {
+            /* one system prompt for every conversation (seeded once) */
+            pb_prompt_buf_t sys;
+            pb_rng_t srng;
+            bool ok;
+            pb_prompt_buf_init(&sys, false, 0, 0);
+            pb_block_rng(&srng, run->cfg.seed ^ 0x73797374ULL, 0);
+            ok = pb_prompt_add(&sys, &srng, (uint32_t)run->cfg.system_len) == PD_OK &&
+                 add_message(run->convs[i].msgs, "system", sys.text);
+            pb_prompt_buf_fini(&sys);
+            if (!ok)
+                return 1;
+        }
         ready_push(run, i);
     }
     if (run->num_requests) {

@@ -814,8 +814,15 @@ static int pdctl_top_frame(pdctl_state_t *st, const pdctl_sample_t *prev, pdctl_
             pdctl_num(v, "requests_inflight"), pdctl_num(v, "requests_completed"),
             pdctl_num(v, "requests_failed"), pdctl_num(v, "requests_retried"),
             pdctl_num(v, "requests_disaggregated"), pdctl_num(v, "requests_local"), eol);
-    fprintf(out, "TTFT p50 %s p99 %s   inter-token p50 %s p99 %s%s%s", tt50, tt99, it50, it99,
-            eol, eol);
+    fprintf(out, "TTFT p50 %s p99 %s   inter-token p50 %s p99 %s%s", tt50, tt99, it50, it99,
+            eol);
+    /* prefix caching across the deployment: the usage figure (prompt tokens
+     * the computing daemon reused) and the router's KV-aware choices */
+    double pt = pdctl_num(v, "prompt_tokens"), ct = pdctl_num(v, "prompt_cached_tokens");
+    fprintf(out, "prefix cache hit %.1f%% of prompt tokens (%.0f)  routed by cache: prefill %.0f "
+            "decode %.0f  index %.0f blocks%s%s", pt > 0 ? 100 * ct / pt : 0.0, ct,
+            pdctl_num(v, "kv_route_prefill_hits"), pdctl_num(v, "kv_route_decode_hits"),
+            pdctl_num(v, "kv_index_names"), eol, eol);
 
     pdctl_table_t t = { 0 };
     for (int i = 0; i < st->n; i++) {
@@ -835,6 +842,7 @@ static int pdctl_top_frame(pdctl_state_t *st, const pdctl_sample_t *prev, pdctl_
             pdctl_put(&t, row, "KV_USED", "%.0f/%.0f", tot - fr, tot);
             pdctl_put(&t, row, "KV%", "%.0f", tot > 0 ? 100 * (tot - fr) / tot : 0.0);
             pdctl_put(&t, row, "LEASES", "%.0f", pdctl_num(b, "leases"));
+            pdctl_put(&t, row, "INDEXED", "%.0f", pdctl_num(b, "kv_blocks_indexed"));
         }
         /* prefix cache (daemon's `kv`): token hit rate and blocks cached */
         cJSON *kv = pdctl_admin(d->sock, "kv", 2.0, err, sizeof(err));
