@@ -129,6 +129,21 @@ static fr_req_t *fr_req(const char *id, bool create)
     return NULL;
 }
 
+/* A request the daemon answers to: one we sent, or a fork of one (n > 1:
+ * "<id>/<i>", started by the decode itself from a DECODE_REQ's n_fork). */
+static fr_req_t *fr_answered(const char *id)
+{
+    fr_req_t *r = fr_req(id, false);
+    const char *slash = strrchr(id, '/');
+    if (r == NULL && slash != NULL) {
+        char parent[PROTO_REQID_MAX + 1];
+        snprintf(parent, sizeof(parent), "%.*s", (int)(slash - id), id);
+        if (fr_req(parent, false) != NULL)
+            r = fr_req(id, true);
+    }
+    return r;
+}
+
 static void fr_send(fr_daemon_t *d, proto_msg_t *m)
 {
     assert_non_null(d);
@@ -282,7 +297,7 @@ static void fr_on_finish(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 {
     (void)c;
     (void)arg;
-    fr_req_t *r = fr_req(msg->u.finish.request_id, false);
+    fr_req_t *r = fr_answered(msg->u.finish.request_id);
     assert_non_null(r);
     assert_false(r->finish || r->error); /* exactly one terminal message */
     r->finish = true;
@@ -293,7 +308,7 @@ static void fr_on_error(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 {
     (void)c;
     (void)arg;
-    fr_req_t *r = fr_req(msg->u.error.request_id, false);
+    fr_req_t *r = fr_answered(msg->u.error.request_id);
     assert_non_null(r);
     if (msg->u.error.status == PD_ERR_EXISTS) { /* answers the duplicate, not r */
         r->exists_err = true;
