@@ -74,7 +74,7 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
     PD_CFG_ROW(stype, node.field, key, type, def, help, min, max, en),
 #define NODE_HEAD_ROWS(stype, id_help)                                        \
     NODE_ROW(stype, id, "id", STRING, NULL, id_help, 0, 0, NULL)              \
-    NODE_ROW(stype, router, "router", STRING, "127.0.0.1:7000", "router control address host:port", 0, 0, NULL) \
+    NODE_ROW(stype, router, "router", STRING, "127.0.0.1:7000", "router control address host:port, or a comma-separated list of them (one session per router, at most 16)", 0, 0, NULL) \
     NODE_ROW(stype, secret_file, "secret-file", STRING, NULL, "file with the deployment secret (>= 32 bytes, hex or raw)", 0, 0, NULL) \
     NODE_ROW(stype, secret, "secret", STRING, NULL, "deployment secret as hex (tests; prefer secret-file / PD_SECRET)", 0, 0, NULL) \
     NODE_ROW(stype, insecure_no_auth, "insecure-no-auth", BOOL, "false", "run without a secret (loopback router only)", 0, 0, NULL) \
@@ -133,14 +133,41 @@ enum { NODE_REQ_STATS(NODE_STAT_ENUM, "", "", "", "") NODE_STAT__COUNT };
 
 /* ---- requests ----------------------------------------------------------- */
 
+/* ---- router links ------------------------------------------------------- */
+
+/* At most this many routers per daemon (static list or found in etcd). */
+#define NODE_ROUTERS_MAX 16u
+
+typedef struct node node_t;
+
+/* One router: its address and the authenticated session to it. A daemon
+ * keeps one per router, each connecting, registering, heartbeating and
+ * reconnecting on its own; a request belongs to the session it arrived on
+ * and is answered only there. epoch is the session serial: a fresh
+ * node-wide number on every up and every down of this link, so a reply
+ * never reaches a later session and request ids (router-generated, unique
+ * only per router) are keyed by it. Slots live in node_t.links and never
+ * move. */
+typedef struct node_link {
+    node_t *n;
+    uint32_t idx;                       /* slot in n->links (bit in masks) */
+    bool in_use;
+    char addr[128];                     /* host:port */
+    proto_session_t *sess;
+    uint64_t epoch;                     /* current session serial */
+    bool shut;                          /* drain: this session's shutdown is done */
+} node_link_t;
+
 /* The part of a role's request the node keeps: id, table + live list
  * links, the router session it came on, its KV blocks. A role's request
  * embeds one as member `nr` (NODE_REQ gives the role's request back). */
 typedef struct node_req {
-    pd_idhash_node_t hnode;             /* node->by_id, keyed by id */
+    pd_idhash_node_t hnode;             /* node->by_id, keyed by key */
     struct node_req *prev, *next;       /* live list, newest first */
-    char id[PROTO_REQID_MAX + 1];
-    uint64_t epoch;                     /* router session it arrived on */
+    char id[PROTO_REQID_MAX + 1];       /* the router's wire id */
+    char key[PROTO_REQID_MAX + 24];     /* "<epoch hex>/<id>": unique across routers */
+    node_link_t *link;                  /* the router it came from */
+    uint64_t epoch;                     /* that link's session serial then */
     uint32_t n_blocks;
     uint32_t *blocks;                   /* (n_blocks) arena block ids */
     bool blocks_held;
@@ -156,8 +183,6 @@ typedef struct node_req {
 
 /* ---- the role ----------------------------------------------------------- */
 
-typedef struct node node_t;
-
 typedef struct {
     const char *name;                   /* "prefill": log component, ready role, default id */
     const pd_cfg_schema_t *schema;      /* the role's config rows (for `config show`) */
@@ -165,12 +190,15 @@ typedef struct {
     uint16_t proto_role;                /* PROTO_ROLE_* */
     uint32_t caps;                      /* PROTO_CAP_* */
     /* Session messages for the role (request, cancel, release, peer info,
-     * ...), called with the node as arg. ERROR from the router is logged
-     * by the node unless the role sets on_error. */
+     * ...), from any router, called with the node as arg; n->rx is the
+     * link the message arrived on. ERROR from the router is logged by the
+     * node unless the role sets on_error. */
     proto_conn_cbs_t cbs;
-    /* The router session is lost (the epoch is already bumped): stop every
-     * live request without replying. Also called at teardown. */
-    void (*cancel_all)(node_t *n);
+    /* The session of router `from` is lost (its epoch is already bumped):
+     * stop every live request that came on it without replying, and forget
+     * what that router told (decode: its peer reports). from == NULL:
+     * teardown, every request. */
+    void (*cancel_all)(node_t *n, const node_link_t *from);
     /* Fill the role's heartbeat load figures (queue_depth, running_seqs,
      * leases, outstanding_prefill_tokens); the node sets flags and blocks. */
     void (*fill_hb)(node_t *n, proto_heartbeat_t *hb);
@@ -217,9 +245,12 @@ struct node {
     size_t meta_len;
     node_req_t **lease_reqs;            /* (max_leases) request per live lease slot */
     uint32_t max_leases;
-    /* control plane */
-    proto_session_t *sess;
-    uint64_t epoch;                     /* bumped on every router up / down */
+    /* control plane: one link per router */
+    node_link_t links[NODE_ROUTERS_MAX];
+    uint32_t n_links;                   /* slots in use */
+    node_link_t *rx;                    /* link of the message being dispatched, else NULL */
+    uint64_t serial;                    /* last session serial handed out */
+    uint32_t n_shut;                    /* drain: sessions still flushing */
     bool registered_once;
     char daemon_id[PROTO_DAEMON_ID_MAX + 1];
     uint64_t incarnation;
@@ -254,7 +285,7 @@ typedef struct {
  * one line on stderr or in the log. */
 int node_boot(node_t *n, const node_boot_opts_t *o);
 
-/* Open the router session, install the SIGTERM drain, log the boot line
+/* Open one session per router of the `router` list, install the SIGTERM drain, log the boot line
  * (extra: the role's part of it, e.g. ", max-batch 32"), run the loop.
  * Returns the loop's status (PD_OK on a clean stop); on a session error,
  * PD_ERR_BAD_INPUT after a line on stderr. */
@@ -316,9 +347,32 @@ void node_gram_end(node_gram_t *ng); /* accepts zeroed */
 struct eng_tok;
 pd_status_t node_gram_vocab(node_t *n, const struct eng_tok *tok);
 
-/* ERROR for request id to the router (best effort). */
-void node_send_error(node_t *n, const char *id, pd_status_t status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+/* ERROR for request id to the router of link l (best effort; l may be
+ * NULL: nothing sent). Before a request exists, l is n->rx. */
+void node_send_error(node_t *n, node_link_t *l, const char *id, pd_status_t status,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* r's router session is the one it arrived on and is up: a reply reaches
+ * the router that owns r. */
+bool node_req_can_reply(const node_t *n, const node_req_t *r);
+/* Send msg on r's router session (PD_ERR_SHUTDOWN if that session ended;
+ * else as proto_session_send). */
+pd_status_t node_req_send(node_t *n, const node_req_t *r, const proto_msg_t *msg);
+
+/* ---- router links (node.c) ---------------------------------------------- */
+
+/* Parse a router list "a:1,b:2" (spaces allowed around entries) into
+ * addrs; PD_ERR_BAD_INPUT for an empty entry, an entry of 128 bytes or
+ * more, a bad address, a duplicate, or more than max entries. */
+pd_status_t node_routers_parse(const char *list, char (*addrs)[128], uint32_t max,
+                               uint32_t *n_p);
+/* Open a session to addr in a free slot. Expected: PD_ERR_EXISTS (already
+ * linked), PD_ERR_NO_SPACE (NODE_ROUTERS_MAX), PD_ERR_BAD_INPUT. */
+pd_status_t node_link_add(node_t *n, const char *addr, node_link_t **l_p);
+/* Close l's session (its requests are canceled as on a loss) and free the
+ * slot. Not from inside one of l's session callbacks. */
+void node_link_remove(node_t *n, node_link_t *l);
+/* Links whose session is up. */
+uint32_t node_links_up(const node_t *n);
 
 /* ---- drain (node.c) ----------------------------------------------------- */
 
