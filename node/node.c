@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "pd_etcd.h"
 #include "pd_log.h"
 #include "pd_time.h"
 
@@ -379,7 +380,7 @@ static void node_fill_hb(proto_session_t *s, proto_heartbeat_t *hb, void *arg)
 void node_session_opts(node_t *n, proto_session_opts_t *so)
 {
     memset(so, 0, sizeof(*so));
-    so->router_addr = n->cfg->router;
+    so->router_addr = NULL;             /* per link (node_link_add) */
     so->secret = n->have_secret ? &n->secret : NULL;
     so->hello.role = n->role->proto_role;
     so->hello.caps = n->role->caps;
@@ -497,14 +498,134 @@ void node_link_remove(node_t *n, node_link_t *l)
     n->role->cancel_all(n, l);
 }
 
+const char *node_router_list(const node_config_t *c)
+{
+    if (c->router != NULL)
+        return c->router;
+    return c->etcd != NULL ? "" : "127.0.0.1:7000";
+}
+
+/* ---- etcd membership ------------------------------------------------------ */
+
+/* Bring the links in line with etcd's routers/: connect to new ones, kick
+ * the reconnect of one whose key was put again (a restart), drop one that
+ * left etcd once its session is down (an up session keeps serving: etcd
+ * may be catching up). Static links are never dropped. Loop thread, never
+ * inside a session callback. */
+static void node_member_reconcile(node_t *n)
+{
+    if (n->member == NULL || n->stopping)
+        return;
+    char err[160];
+    bool up = pd_member_connected(n->member, err, sizeof(err));
+    if (up != n->member_up)
+        pd_log(up ? PD_LOG_INFO : PD_LOG_WARN, n->role->name, NULL, "etcd %s: %s%s",
+               n->cfg->etcd, up ? "registered" : "unreachable (sessions go on): ", up ? "" : err);
+    n->member_up = up;
+    pd_member_entry_t e[PD_MEMBER_MAX];
+    uint32_t ne = pd_member_snapshot(n->member, e, PD_MEMBER_MAX);
+    if (ne > PD_MEMBER_MAX)
+        ne = PD_MEMBER_MAX;
+    bool seen[NODE_ROUTERS_MAX] = { false };
+    for (uint32_t i = 0; i < ne; i++) {
+        struct sockaddr_storage ss;
+        int sl;
+        if (proto_addr_parse(e[i].value, &ss, &sl) != PD_OK ||
+            (!n->have_secret && !node_addr_loopback(e[i].value))) {
+            pd_log(PD_LOG_DEBUG, n->role->name, NULL, "etcd: routers/%s = \"%s\" ignored",
+                   e[i].key, e[i].value);
+            continue;
+        }
+        node_link_t *l = NULL;
+        for (uint32_t k = 0; k < NODE_ROUTERS_MAX && l == NULL; k++)
+            if (n->links[k].in_use && strcmp(n->links[k].addr, e[i].value) == 0)
+                l = &n->links[k];
+        if (l == NULL) {
+            pd_status_t st = node_link_add(n, e[i].value, &l);
+            if (st != PD_OK) {
+                pd_log(PD_LOG_WARN, n->role->name, NULL, "etcd: router %s at %s not used: %s",
+                       e[i].key, e[i].value, pd_status_str(st));
+                continue;
+            }
+            l->from_etcd = true;
+            pd_log(PD_LOG_INFO, n->role->name, NULL, "etcd: router %s at %s: connecting",
+                   e[i].key, e[i].value);
+        } else if (l->etcd_rev != 0 && l->etcd_rev != e[i].mod_revision) {
+            /* registered again: it is back, do not wait out the backoff */
+            proto_session_retry_now(l->sess);
+        }
+        l->etcd_rev = e[i].mod_revision;
+        seen[l->idx] = true;
+    }
+    for (uint32_t k = 0; k < NODE_ROUTERS_MAX; k++) {
+        node_link_t *l = &n->links[k];
+        if (!l->in_use || !l->from_etcd || seen[k] || proto_session_up(l->sess))
+            continue;
+        pd_log(PD_LOG_INFO, n->role->name, NULL, "etcd: router at %s left: dropping its session",
+               l->addr);
+        node_link_remove(n, l);
+    }
+}
+
+static void node_member_changed(void *arg)
+{
+    node_member_reconcile(arg);
+}
+
+static void node_member_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    node_member_reconcile(arg);
+}
+
+pd_status_t node_member_start(node_t *n)
+{
+    const node_config_t *c = n->cfg;
+    if (c->etcd == NULL)
+        return PD_OK;
+    size_t pl = strlen(c->etcd_prefix);
+    if (pl == 0 || c->etcd_prefix[pl - 1] != '/')
+        return PD_ERR_BAD_INPUT;
+    char key[PD_MEMBER_VAL_MAX];
+    snprintf(key, sizeof(key), "daemons/%s", n->daemon_id);
+    pd_member_opts_t mo = {
+        .endpoint = c->etcd, .prefix = c->etcd_prefix, .key = key, .value = n->role->name,
+        .ttl_s = (uint32_t)(c->etcd_ttl_ns / 1000000000ull), .watch = "routers/",
+        .on_change = node_member_changed, .arg = n,
+    };
+    n->member_ev = event_new(pd_loop_base(n->loop), -1, EV_PERSIST, node_member_tick, n);
+    if (n->member_ev == NULL)
+        return PD_ERR_NO_MEMORY;
+    pd_status_t st = pd_member_start(pd_loop_base(n->loop), &mo, &n->member);
+    if (st != PD_OK) {
+        event_free(n->member_ev);
+        n->member_ev = NULL;
+        return st;
+    }
+    struct timeval tv = { 1, 0 };
+    event_add(n->member_ev, &tv);
+    return PD_OK;
+}
+
+void node_member_stop(node_t *n)
+{
+    pd_member_stop(n->member);          /* daemons/<id> goes at once */
+    n->member = NULL;
+    if (n->member_ev != NULL)
+        event_free(n->member_ev);
+    n->member_ev = NULL;
+}
+
 pd_status_t node_run(node_t *n, const char *extra)
 {
     char addrs[NODE_ROUTERS_MAX][128];
     uint32_t na = 0;
-    if (node_routers_parse(n->cfg->router, addrs, NODE_ROUTERS_MAX, &na) != PD_OK) {
+    const char *list = node_router_list(n->cfg);
+    if (list[0] != '\0' && node_routers_parse(list, addrs, NODE_ROUTERS_MAX, &na) != PD_OK) {
         fprintf(stderr,
                 "pd-%s: --router: bad list \"%s\" (host:port[,host:port...], at most %u, no "
-                "duplicates)\n", n->role->name, n->cfg->router, NODE_ROUTERS_MAX);
+                "duplicates)\n", n->role->name, list, NODE_ROUTERS_MAX);
         return PD_ERR_BAD_INPUT;
     }
     for (uint32_t i = 0; i < na; i++) { /* node_boot checked the list and insecure mode */
@@ -515,15 +636,22 @@ pd_status_t node_run(node_t *n, const char *extra)
             return PD_ERR_BAD_INPUT;
         }
     }
+    pd_status_t mst = node_member_start(n);
+    if (mst != PD_OK) {
+        fprintf(stderr, "pd-%s: --etcd %s (prefix %s): %s\n", n->role->name, n->cfg->etcd,
+                n->cfg->etcd_prefix, pd_status_str(mst));
+        return PD_ERR_BAD_INPUT;
+    }
     if (!n->have_secret)
         pd_log(PD_LOG_WARN, n->role->name, NULL,
                "RUNNING WITHOUT AUTHENTICATION (--insecure-no-auth): loopback only");
     pd_loop_on_drain(n->loop, node_on_sigterm, n);
     pd_log(PD_LOG_INFO, n->role->name, NULL,
-           "%s up: model %s (%s), %llu blocks x %llu bytes (%u tokens)%s, router%s %s",
+           "%s up: model %s (%s), %llu blocks x %llu bytes (%u tokens)%s, router%s %s%s%s",
            n->daemon_id, n->cfg->model, n->engine, (unsigned long long)n->cfg->kv_blocks,
            (unsigned long long)n->geom->block_bytes, n->geom->block_tokens, extra ? extra : "",
-           na > 1 ? "s" : "", n->cfg->router);
+           na > 1 ? "s" : "", na > 0 ? list : "(none static)", n->cfg->etcd ? ", etcd " : "",
+           n->cfg->etcd ? n->cfg->etcd : "");
     return pd_loop_run(n->loop);
 }
 
@@ -599,6 +727,7 @@ static pd_status_t node_adm_session(pd_admin_req_t *req, cJSON *reply)
             first = l;
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "addr", l->addr);
+        cJSON_AddStringToObject(o, "source", l->from_etcd ? "etcd" : "static");
         cJSON_AddStringToObject(o, "state", node_sess_names[proto_session_state(l->sess)]);
         cJSON_AddStringToObject(o, "router_id", proto_session_router_id(l->sess));
         cJSON_AddNumberToObject(o, "registrations", (double)proto_session_registrations(l->sess));
@@ -611,6 +740,14 @@ static pd_status_t node_adm_session(pd_admin_req_t *req, cJSON *reply)
         cJSON_AddItemToArray(arr, o);
     }
     cJSON_AddNumberToObject(reply, "routers_up", node_links_up(n));
+    if (n->member != NULL) {
+        char err[160];
+        cJSON *e = cJSON_AddObjectToObject(reply, "etcd");
+        cJSON_AddStringToObject(e, "endpoint", n->cfg->etcd);
+        cJSON_AddStringToObject(e, "prefix", n->cfg->etcd_prefix);
+        cJSON_AddBoolToObject(e, "connected", pd_member_connected(n->member, err, sizeof(err)));
+        cJSON_AddStringToObject(e, "last_error", err);
+    }
     if (first != NULL) {
         cJSON_AddStringToObject(reply, "state", node_sess_names[proto_session_state(first->sess)]);
         cJSON_AddStringToObject(reply, "router_id", proto_session_router_id(first->sess));

@@ -64,6 +64,9 @@ typedef struct {
     uint64_t drain_timeout_ns;
     char *ready_file;
     char *metrics_listen;
+    char *etcd;
+    char *etcd_prefix;
+    uint64_t etcd_ttl_ns;
 } node_config_t;
 
 extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_dtype_t order) */
@@ -74,7 +77,7 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
     PD_CFG_ROW(stype, node.field, key, type, def, help, min, max, en),
 #define NODE_HEAD_ROWS(stype, id_help)                                        \
     NODE_ROW(stype, id, "id", STRING, NULL, id_help, 0, 0, NULL)              \
-    NODE_ROW(stype, router, "router", STRING, "127.0.0.1:7000", "router control address host:port, or a comma-separated list of them (one session per router, at most 16)", 0, 0, NULL) \
+    NODE_ROW(stype, router, "router", STRING, NULL, "router control address host:port, or a comma-separated list (one session per router, at most 16); default 127.0.0.1:7000 unless etcd is set", 0, 0, NULL) \
     NODE_ROW(stype, secret_file, "secret-file", STRING, NULL, "file with the deployment secret (>= 32 bytes, hex or raw)", 0, 0, NULL) \
     NODE_ROW(stype, secret, "secret", STRING, NULL, "deployment secret as hex (tests; prefer secret-file / PD_SECRET)", 0, 0, NULL) \
     NODE_ROW(stype, insecure_no_auth, "insecure-no-auth", BOOL, "false", "run without a secret (loopback router only)", 0, 0, NULL) \
@@ -93,7 +96,10 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
     NODE_ROW(stype, reconnect_min_ns, "reconnect-min", DURATION, "1s", "first reconnect backoff (doubles to 30 s)", 1e6, 60e9, NULL) \
     NODE_ROW(stype, drain_timeout_ns, "drain-timeout", DURATION, "30s", "SIGTERM: max wait for in-flight work", 0, 3600e9, NULL) \
     NODE_ROW(stype, ready_file, "ready-file", STRING, NULL, "write JSON here once registered with the router", 0, 0, NULL) \
-    NODE_ROW(stype, metrics_listen, "metrics.listen", STRING, NULL, "HTTP /metrics + /health address host:port (port 0: any; default off)", 0, 0, NULL)
+    NODE_ROW(stype, metrics_listen, "metrics.listen", STRING, NULL, "HTTP /metrics + /health address host:port (port 0: any; default off)", 0, 0, NULL) \
+    NODE_ROW(stype, etcd, "etcd", STRING, NULL, "etcd client address host:port: register daemons/<id>, connect to every routers/* found (off by default)", 0, 0, NULL) \
+    NODE_ROW(stype, etcd_prefix, "etcd.prefix", STRING, "/pdserve/default/", "deployment prefix in etcd (ends with /)", 0, 0, NULL) \
+    NODE_ROW(stype, etcd_ttl_ns, "etcd.ttl", DURATION, "5s", "lease TTL of the daemon's etcd key", 1e9, 3600e9, NULL)
 
 /* ---- role tables ---------------------------------------------------------- */
 
@@ -156,6 +162,8 @@ typedef struct node_link {
     proto_session_t *sess;
     uint64_t epoch;                     /* current session serial */
     bool shut;                          /* drain: this session's shutdown is done */
+    bool from_etcd;                     /* found in etcd (else the static list) */
+    int64_t etcd_rev;                   /* mod revision of its etcd key last seen */
 } node_link_t;
 
 /* The part of a role's request the node keeps: id, table + live list
@@ -251,6 +259,9 @@ struct node {
     node_link_t *rx;                    /* link of the message being dispatched, else NULL */
     uint64_t serial;                    /* last session serial handed out */
     uint32_t n_shut;                    /* drain: sessions still flushing */
+    struct pd_member *member;           /* etcd membership, NULL when off */
+    struct event *member_ev;            /* periodic reconcile with etcd */
+    bool member_up;
     bool registered_once;
     char daemon_id[PROTO_DAEMON_ID_MAX + 1];
     uint64_t incarnation;
@@ -373,6 +384,12 @@ pd_status_t node_link_add(node_t *n, const char *addr, node_link_t **l_p);
 void node_link_remove(node_t *n, node_link_t *l);
 /* Links whose session is up. */
 uint32_t node_links_up(const node_t *n);
+/* The static router list: the `router` config, or 127.0.0.1:7000 when
+ * neither it nor etcd is set ("" with etcd only). */
+const char *node_router_list(const node_config_t *c);
+/* etcd (node.c): register daemons/<id> and watch routers/; stop revokes. */
+pd_status_t node_member_start(node_t *n);
+void node_member_stop(node_t *n);
 
 /* ---- drain (node.c) ----------------------------------------------------- */
 

@@ -54,7 +54,8 @@ static pd_status_t node_boot_secret(node_t *n, const char *prog)
     } else {
         char addrs[NODE_ROUTERS_MAX][128];
         uint32_t na = 0;
-        if (node_routers_parse(c->router, addrs, NODE_ROUTERS_MAX, &na) == PD_OK)
+        const char *list = node_router_list(c);
+        if (list[0] != '\0' && node_routers_parse(list, addrs, NODE_ROUTERS_MAX, &na) == PD_OK)
             for (uint32_t i = 0; i < na; i++)
                 if (!node_addr_loopback(addrs[i])) {
                     fprintf(stderr, "%s: --insecure-no-auth needs loopback routers\n", prog);
@@ -84,11 +85,27 @@ static pd_status_t node_boot_checks(node_t *n, const char *prog)
     }
     char addrs[NODE_ROUTERS_MAX][128];
     uint32_t na = 0;
-    if (node_routers_parse(c->router, addrs, NODE_ROUTERS_MAX, &na) != PD_OK) {
+    const char *list = node_router_list(c);
+    if ((list[0] != '\0' || c->router != NULL) &&
+        node_routers_parse(list, addrs, NODE_ROUTERS_MAX, &na) != PD_OK) {
         fprintf(stderr,
                 "%s: --router: bad address list \"%s\" (host:port[,host:port...], numeric "
-                "hosts, at most %u, no duplicates)\n", prog, c->router, NODE_ROUTERS_MAX);
+                "hosts, at most %u, no duplicates)\n", prog, list, NODE_ROUTERS_MAX);
         return PD_ERR_BAD_INPUT;
+    }
+    if (c->etcd != NULL) {
+        size_t pl = strlen(c->etcd_prefix);
+        if (pl == 0 || pl >= 100 || c->etcd_prefix[pl - 1] != '/') {
+            fprintf(stderr, "%s: --etcd.prefix: 1..99 bytes ending with /\n", prog);
+            return PD_ERR_BAD_INPUT;
+        }
+        struct sockaddr_storage ss;
+        int sl;
+        if (proto_addr_parse(c->etcd, &ss, &sl) != PD_OK) {
+            fprintf(stderr, "%s: --etcd: bad address \"%s\" (host:port, numeric host)\n", prog,
+                    c->etcd);
+            return PD_ERR_BAD_INPUT;
+        }
     }
     if (node_boot_secret(n, prog) != PD_OK)
         return PD_ERR_BAD_INPUT;
@@ -267,6 +284,7 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
 void node_teardown(node_t *n, void (*after_kvx)(node_t *n))
 {
     n->stopping = true;
+    node_member_stop(n);                    /* daemons/<id> leaves etcd */
     for (uint32_t i = 0; i < NODE_ROUTERS_MAX; i++) {
         node_link_t *l = &n->links[i];
         if (!l->in_use)

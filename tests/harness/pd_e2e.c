@@ -133,7 +133,9 @@ static int spawn(e2e_deploy_t *d, e2e_proc_t *p)
         for (int i = 0; d->o.router_args && d->o.router_args[i]; i++)
             argv_set(&a, d->o.router_args[i]);
     } else {
-        if (d->n_routers > 1)
+        if (d->o.no_router_arg)
+            ; /* etcd tells them */
+        else if (d->n_routers > 1)
             argv_set(&a, d->routers_arg);
         else
             argv_setf(&a, "--router=127.0.0.1:%u", d->control_port);

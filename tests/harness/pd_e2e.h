@@ -45,6 +45,7 @@ typedef struct {
     int n_prefill, n_decode;
     int n_routers;             /* 0 or 1: one router; up to E2E_MAX_ROUTERS, every
                                   daemon gets --router=<all control ports> */
+    bool no_router_arg;        /* daemons get no --router (they find routers in etcd) */
     double ready_timeout_s;    /* default 30 */
 } e2e_opts_t;
 
