@@ -482,6 +482,11 @@ routers() {
         'grep -qx "http = 127.0.0.1:8002" "$1" && grep -qx "control = 127.0.0.1:7002" "$1"' _ "$T/etc-r/router-2.ini"
     check "render: daemons list the three control ports" \
         grep -qx "router = 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002" "$T/etc-r/decode-0.ini"
+    # etcd membership keys reach every daemon's config
+    run "$PDCTL" render "$SRC/deploy/local-1p1d.ini" "$T/etc-e" --set etcd=127.0.0.1:2379 \
+        --set etcd-prefix=/pdserve/t/
+    check "render: etcd keys in router and decode configs" bash -c \
+        'grep -qx "etcd = 127.0.0.1:2379" "$1/router.ini" && grep -qx "etcd.prefix = /pdserve/t/" "$1/decode-0.ini"' _ "$T/etc-e"
 }
 
 systemd_verify() {

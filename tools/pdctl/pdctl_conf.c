@@ -49,7 +49,9 @@
     X("heartbeat-interval", "heartbeat-interval", R | P | D, "heartbeat period") \
     X("drain-timeout", "drain-timeout", R | P | D, "SIGTERM drain bound")        \
     X("block-tokens", "block-tokens", P | D, "tokens per KV block")              \
-    X("kv-dtype", "kv-dtype", P | D, "f32|f16")
+    X("kv-dtype", "kv-dtype", P | D, "f32|f16")                                \
+    X("etcd", "etcd", R | P | D, "etcd client address: membership (off by default)") \
+    X("etcd-prefix", "etcd.prefix", R | P | D, "deployment prefix in etcd (/pdserve/<name>/)")
 
 typedef struct {
     const char *key, *daemon_key;
