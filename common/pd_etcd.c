@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <arpa/inet.h>
@@ -89,32 +90,36 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int parse_endpoint(const char *ep, struct sockaddr_in *sa)
+/* "host:port" -> host, port; the host may be a name (resolved on the
+ * worker, never on a loop). */
+static int split_endpoint(const char *ep, char *host, size_t cap, char *port, size_t pcap)
 {
-    char host[64];
     const char *colon = strrchr(ep, ':');
-    if (colon == NULL || (size_t)(colon - ep) >= sizeof(host))
+    if (colon == NULL || colon == ep || (size_t)(colon - ep) >= cap)
+        return -1;
+    char *end = NULL;
+    unsigned long p = strtoul(colon + 1, &end, 10);
+    if (end == colon + 1 || *end != '\0' || p == 0 || p > 65535)
         return -1;
     memcpy(host, ep, (size_t)(colon - ep));
     host[colon - ep] = '\0';
-    char *end = NULL;
-    unsigned long port = strtoul(colon + 1, &end, 10);
-    if (end == colon + 1 || *end != '\0' || port == 0 || port > 65535)
-        return -1;
-    memset(sa, 0, sizeof(*sa));
-    sa->sin_family = AF_INET;
-    sa->sin_port = htons((uint16_t)port);
-    if (strcmp(host, "localhost") == 0 || host[0] == '\0')
-        snprintf(host, sizeof(host), "127.0.0.1");
-    return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
+    snprintf(port, pcap, "%lu", p);
+    return 0;
 }
 
 /* Connect with a deadline; the fd (non-blocking) or a negative status. */
 static int etcd_connect(const char *endpoint, int64_t deadline)
 {
-    struct sockaddr_in sa;
-    if (parse_endpoint(endpoint, &sa) != 0)
+    char host[128], port[8];
+    if (split_endpoint(endpoint, host, sizeof(host), port, sizeof(port)) != 0)
         return PD_ERR_BAD_INPUT;
+    struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM };
+    struct addrinfo *ai = NULL;
+    if (getaddrinfo(host, port, &hints, &ai) != 0 || ai == NULL)
+        return PD_ERR_IO;               /* unresolvable now: retried with backoff */
+    struct sockaddr_in sa;
+    memcpy(&sa, ai->ai_addr, sizeof(sa));
+    freeaddrinfo(ai);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return PD_ERR_IO;
@@ -608,8 +613,10 @@ static void *member_main(void *arg)
 pd_status_t pd_member_start(struct event_base *base, const pd_member_opts_t *o,
                             pd_member_t **m_p)
 {
-    struct sockaddr_in sa;
-    if (o->endpoint == NULL || parse_endpoint(o->endpoint, &sa) != 0 || o->prefix == NULL ||
+    char host[128], port[8];
+    if (o->endpoint == NULL ||
+        split_endpoint(o->endpoint, host, sizeof(host), port, sizeof(port)) != 0 ||
+        o->prefix == NULL ||
         o->key == NULL || o->value == NULL || o->ttl_s < 1 || o->ttl_s > 3600 ||
         strlen(o->endpoint) >= 128 || strlen(o->prefix) >= 128 || o->prefix[0] == '\0' ||
         strlen(o->key) >= PD_MEMBER_VAL_MAX || strlen(o->value) >= PD_MEMBER_VAL_MAX ||

@@ -38,7 +38,8 @@ typedef struct {
 } pd_member_entry_t;
 
 typedef struct {
-    const char *endpoint;               /* etcd client address host:port (numeric, http) */
+    const char *endpoint;               /* etcd client address host:port (http; a name is
+                                           resolved on the worker, each connect) */
     const char *prefix;                 /* deployment prefix, e.g. "/pdserve/prod/" */
     const char *key;                    /* own key below prefix, e.g. "routers/router-1" */
     const char *value;                  /* its value */

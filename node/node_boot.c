@@ -99,11 +99,12 @@ static pd_status_t node_boot_checks(node_t *n, const char *prog)
             fprintf(stderr, "%s: --etcd.prefix: 1..99 bytes ending with /\n", prog);
             return PD_ERR_BAD_INPUT;
         }
-        struct sockaddr_storage ss;
-        int sl;
-        if (proto_addr_parse(c->etcd, &ss, &sl) != PD_OK) {
-            fprintf(stderr, "%s: --etcd: bad address \"%s\" (host:port, numeric host)\n", prog,
-                    c->etcd);
+        const char *colon = strrchr(c->etcd, ':');
+        long port = colon != NULL ? strtol(colon + 1, NULL, 10) : 0;
+        if (colon == NULL || colon == c->etcd || port < 1 || port > 65535 ||
+            strlen(c->etcd) >= 128) {
+            fprintf(stderr, "%s: --etcd: bad address \"%s\" (host:port; a name is resolved "
+                    "off the loop)\n", prog, c->etcd);
             return PD_ERR_BAD_INPUT;
         }
     }

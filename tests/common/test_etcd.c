@@ -67,6 +67,11 @@ static void *fake_main(void *arg)
                 break;
             off += (size_t)w;
         }
+        /* read what is left of the request before closing: unread data
+         * would turn the close into a reset that loses the reply */
+        shutdown(c, SHUT_WR);
+        while (recv(c, buf, sizeof(buf), 0) > 0)
+            ;
     } else {
         while (recv(c, buf, sizeof(buf), 0) > 0)
             ;
@@ -128,6 +133,9 @@ static void test_post(void **st)
     /* nobody listening */
     assert_int_equal(pd_etcd_post("127.0.0.1:1", "/", "{}", 500, &body), PD_ERR_IO);
     assert_int_equal(pd_etcd_post("no-port", "/", "{}", 500, &body), PD_ERR_BAD_INPUT);
+    /* a name is resolved (localhost), an unknown one is an I/O error */
+    assert_int_equal(pd_etcd_post("localhost:1", "/", "{}", 500, &body), PD_ERR_IO);
+    assert_int_equal(pd_etcd_post("no-such-host.invalid:2379", "/", "{}", 500, &body), PD_ERR_IO);
 }
 
 static void test_member_checks(void **st)
@@ -139,8 +147,10 @@ static void test_member_checks(void **st)
                            .value = "v", .ttl_s = 0 };
     assert_int_equal(pd_member_start(base, &o, &m), PD_ERR_BAD_INPUT);       /* ttl */
     o.ttl_s = 5;
-    o.endpoint = "etcd.example:2379";
-    assert_int_equal(pd_member_start(base, &o, &m), PD_ERR_BAD_INPUT);       /* not numeric */
+    o.endpoint = "etcd.example";
+    assert_int_equal(pd_member_start(base, &o, &m), PD_ERR_BAD_INPUT);       /* no port */
+    o.endpoint = "etcd.example:0";
+    assert_int_equal(pd_member_start(base, &o, &m), PD_ERR_BAD_INPUT);
     o.endpoint = "127.0.0.1:2379";
     char longv[300];
     memset(longv, 'v', sizeof(longv) - 1);
