@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <event2/event.h>
+#include <event2/thread.h>
 
 #include "pd_etcd.h"
 
@@ -141,6 +142,7 @@ static void test_post(void **st)
 static void test_member_checks(void **st)
 {
     (void)st;
+    evthread_use_pthreads(); /* the worker wakes the base from its thread */
     struct event_base *base = event_base_new();
     pd_member_t *m = NULL;
     pd_member_opts_t o = { .endpoint = "127.0.0.1:2379", .prefix = "/p/", .key = "k",
