@@ -1786,6 +1786,62 @@ static void test_two_sessions(void **state)
     assert_true(run_until(p_sessions, &two, 20));
     assert_true(run_until(p_routers_up2, &D2S, 10)); /* the daemon took the ACK */
     assert_true(kv_all_free(&D2S, 10));
+
+    /* PEER_DOWN from one router: the prefill lost that router, it is not
+     * gone (both sessions reported it with PEER_INFO): its handles still
+     * pull. From every router: it is gone (PEER_GONE at once). */
+    a = fr_session("dec-2s", 0);
+    b = fr_session("dec-2s", 1);
+    fr_daemon_t *pf = fr_by_id("pf-a");
+    assert_non_null(pf);
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_PEER_DOWN;
+    snprintf(m.u.peer_down.daemon_id, sizeof(m.u.peer_down.daemon_id), "pf-a");
+    m.u.peer_down.incarnation = pf->incarnation;
+    m.u.peer_down.status = PD_ERR_PEER_GONE;
+    fr_send(b, &m);
+    samp_t g = { 0.0f, 0, 4, true };
+    for (int round = 0; round < 2; round++) {
+        fr_req_t *r = send_prefill("pf-a", "dec-2s", prompt, 12, &g);
+        assert_true(run_until(p_done_or_error, r, 20));
+        assert_false(r->error);
+        proto_msg_t q;
+        memset(&q, 0, sizeof(q));
+        q.hdr.type = PROTO_MSG_DECODE_REQ;
+        proto_decode_req_t *dq = &q.u.decode_req;
+        snprintf(dq->request_id, sizeof(dq->request_id), "%s", r->id);
+        dq->prompt.n = 12;
+        dq->prompt.v = prompt;
+        dq->generated.n = 1;
+        dq->generated.v = &r->first_token;
+        fill_sampling(&dq->sampling, &g);
+        snprintf(dq->prefill_peer_id, sizeof(dq->prefill_peer_id), "pf-a");
+        dq->lease_id = r->lease_id;
+        dq->kv_handle.p = r->handle;
+        dq->kv_handle.len = r->handle_len;
+        fr_send(a, &q);
+        p_mx_t pr = { a->conn, r->id, 100000 };
+        assert_true(run_until(p_mx, &pr, 20));
+        typeof(fr.mx[0]) *x = mx_of(a->conn, r->id);
+        if (round == 0) {   /* one router's PEER_DOWN: pulled, finished */
+            assert_int_equal(x->errors, 0);
+            assert_int_equal(x->finishes, 1);
+            assert_int_equal(x->reason, PROTO_FINISH_LENGTH);
+            fr_send(a, &m); /* now the other router says so too */
+        } else {            /* every router's: the peer is gone */
+            assert_int_equal(x->errors, 1);
+            assert_int_equal(x->status, PD_ERR_PEER_GONE);
+            proto_msg_t rel; /* as the router does after such an ERROR */
+            memset(&rel, 0, sizeof(rel));
+            rel.hdr.type = PROTO_MSG_RELEASE;
+            snprintf(rel.u.release.request_id, sizeof(rel.u.release.request_id), "%s", r->id);
+            rel.u.release.lease_id = r->lease_id;
+            fr_send(pf, &rel);
+        }
+    }
+    assert_true(kv_all_free(&D2S, 10));
+    assert_true(kv_all_free(&P, 10));
 }
 
 
