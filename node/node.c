@@ -527,6 +527,13 @@ static void node_member_reconcile(node_t *n)
     if (ne > PD_MEMBER_MAX)
         ne = PD_MEMBER_MAX;
     bool seen[NODE_ROUTERS_MAX] = { false };
+    /* what cannot be used is logged once per change of the set, not on
+     * every reconcile (a set over NODE_ROUTERS_MAX stays so) */
+    uint64_t sig = ne;
+    for (uint32_t i = 0; i < ne; i++)
+        sig = sig * 1000003u ^ (uint64_t)e[i].mod_revision;
+    bool changed = sig != n->member_sig;
+    n->member_sig = sig;
     for (uint32_t i = 0; i < ne; i++) {
         struct sockaddr_storage ss;
         int sl;
@@ -543,8 +550,9 @@ static void node_member_reconcile(node_t *n)
         if (l == NULL) {
             pd_status_t st = node_link_add(n, e[i].value, &l);
             if (st != PD_OK) {
-                pd_log(PD_LOG_WARN, n->role->name, NULL, "etcd: router %s at %s not used: %s",
-                       e[i].key, e[i].value, pd_status_str(st));
+                if (changed)
+                    pd_log(PD_LOG_WARN, n->role->name, NULL, "etcd: router %s at %s not used: %s",
+                           e[i].key, e[i].value, pd_status_str(st));
                 continue;
             }
             l->from_etcd = true;

@@ -262,6 +262,7 @@ struct node {
     struct pd_member *member;           /* etcd membership, NULL when off */
     struct event *member_ev;            /* periodic reconcile with etcd */
     bool member_up;
+    uint64_t member_sig;                /* of the last etcd set (log once per change) */
     bool registered_once;
     char daemon_id[PROTO_DAEMON_ID_MAX + 1];
     uint64_t incarnation;
