@@ -482,37 +482,36 @@ routers() {
         'grep -qx "http = 127.0.0.1:8002" "$1" && grep -qx "control = 127.0.0.1:7002" "$1"' _ "$T/etc-r/router-2.ini"
     check "render: daemons list the three control ports" \
         grep -qx "router = 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002" "$T/etc-r/decode-0.ini"
-    # etcd membership through the deployment file: the daemons of a
-    # routers = 2 deployment register in etcd and see both routers there too
+    # etcd membership through the deployment file, with the etcd pdctl runs
+    # itself (etcd = local:PORT): the daemons of a routers = 2 deployment
+    # register there and see both routers there too
     if command -v etcd >/dev/null 2>&1; then
-        local ep pp E=$T/etcd
+        local ep
         ep=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-        pp=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-        etcd --name t --data-dir "$E" --listen-client-urls "http://127.0.0.1:$ep" \
-            --advertise-client-urls "http://127.0.0.1:$ep" --listen-peer-urls "http://127.0.0.1:$pp" \
-            --initial-advertise-peer-urls "http://127.0.0.1:$pp" --initial-cluster "t=http://127.0.0.1:$pp" \
-            >"$T/etcd.log" 2>&1 & PY_PIDS+=($!)
-        etcd_up() { curl -sf -m 2 -X POST "http://127.0.0.1:$ep/v3/kv/range" -d '{"key":"AA=="}' >/dev/null; }
-        check "etcd started on loopback" poll 20 etcd_up
         R=$T/run-etcd
         run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$R" --set routers=2 \
-            --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0 \
-            --set etcd=127.0.0.1:$ep --set etcd-prefix=/pdserve/pdctl/
-        expect 0 "is ready" "up with etcd membership"
-        keys() { # keys under /pdserve/pdctl/ (base64 of it and of its end)
+            --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0 --set etcd=local:$ep
+        expect 0 "is ready" "up with etcd = local:$ep (pdctl starts etcd)"
+        check "daemon configs name the local etcd and the default prefix" bash -c \
+            'grep -qx "etcd = 127.0.0.1:$2" "$1" && grep -qx "etcd.prefix = /pdserve/local-1p1d/" "$1"' _ "$R/decode-0.ini" "$ep"
+        keys() { # keys under /pdserve/local-1p1d/ (base64 of it and of its end)
             curl -sf -m 2 -X POST "http://127.0.0.1:$ep/v3/kv/range" \
-                -d '{"key":"L3Bkc2VydmUvcGRjdGwv","range_end":"L3Bkc2VydmUvcGRjdGww","count_only":true}' |
+                -d '{"key":"L3Bkc2VydmUvbG9jYWwtMXAxZC8=","range_end":"L3Bkc2VydmUvbG9jYWwtMXAxZDA=","count_only":true}' |
                 python3 -c 'import json,sys; print(json.load(sys.stdin).get("count", 0))'
         }
         four() { [ "$(keys)" = 4 ]; }
         check "etcd: routers/router, routers/router-1, daemons/prefill-0, daemons/decode-0" poll 10 four
+        run "$PDCTL" status --run-dir "$R"
+        expect 0 "^etcd http://127.0.0.1:$ep  pid [0-9]+  up" "status shows the deployment's etcd"
         run "$PDCTL" admin decode-0 session --run-dir "$R"
         check "decode-0: etcd connected, two sessions (no duplicate from etcd)" test \
             "$(json_get 'str(j["etcd"]["connected"]) + " " + str(j["routers_up"]) + " " + str(len(j["routers"]))' <<<"$OUT")" = "True 2 2"
+        local etcd_pid
+        etcd_pid=$(json_get 'j["etcd"]["pid"]' <"$R/deployment.json")
         run "$PDCTL" down --run-dir "$R"
         expect 0 "stopped" "down (etcd deployment)"
-        gone() { [ "$(keys)" = 0 ]; }
-        check "etcd: every key gone after down (leases revoked)" poll 10 gone
+        etcd_gone() { ! pid_alive "$etcd_pid"; }
+        check "down stopped the deployment's etcd too" poll 10 etcd_gone
     else
         echo "skip: no etcd binary (deploy/install-deps.sh installs etcd-server)"
     fi

@@ -61,6 +61,7 @@ typedef struct {
     char *bins[PDCTL_ROLE_N];  /* daemon binaries */
     unsigned count[PDCTL_ROLE_N];        /* router: [deployment] routers (1..8) */
     uint64_t ready_timeout_ns, stop_timeout_ns;
+    unsigned etcd_port;        /* etcd = local[:PORT]: pdctl runs etcd on 127.0.0.1:PORT (0: no) */
     pdctl_kvs_t role_kv[PDCTL_ROLE_N];   /* daemon config keys per role */
     pdctl_kvs_t env;           /* [env] NAME = value for every daemon */
     pdctl_kvs_t netns;         /* [netns] daemon-name = namespace */
@@ -116,6 +117,8 @@ typedef struct {
     char control[1024];        /* host:port[,host:port...]: the routers the daemons connect to */
     int n;
     pdctl_daemon_t d[PDCTL_MAX_DAEMONS];
+    pid_t etcd_pid;            /* the etcd pdctl started (etcd = local), 0: none */
+    char etcd_url[64];         /* its client URL */
     int lock_fd;
 } pdctl_state_t;
 
@@ -132,6 +135,8 @@ void pdctl_state_unlock(pdctl_state_t *st);
 pdctl_daemon_t *pdctl_state_find(pdctl_state_t *st, const char *name);
 /* Is the pid alive and still running the daemon's binary? */
 bool pdctl_daemon_alive(const pdctl_daemon_t *d);
+/* The etcd pdctl started for the deployment (etcd = local) still runs. */
+bool pdctl_etcd_alive(const pdctl_state_t *st);
 
 int pdctl_cmd_up(int argc, char **argv);
 int pdctl_cmd_down(int argc, char **argv);

@@ -50,7 +50,7 @@
     X("drain-timeout", "drain-timeout", R | P | D, "SIGTERM drain bound")        \
     X("block-tokens", "block-tokens", P | D, "tokens per KV block")              \
     X("kv-dtype", "kv-dtype", P | D, "f32|f16")                                \
-    X("etcd", "etcd", R | P | D, "etcd client address: membership (off by default)") \
+    X("etcd", "etcd", R | P | D, "etcd client address, or local[:PORT] (pdctl runs one on loopback): membership (off by default)") \
     X("etcd-prefix", "etcd.prefix", R | P | D, "deployment prefix in etcd (/pdserve/<name>/)")
 
 typedef struct {
@@ -525,6 +525,31 @@ int pdctl_dep_load(const char *path, char *const *sets, int n_sets,
         char *dot = strrchr(dep->name, '.');
         if (dot != NULL)
             *dot = '\0';
+    }
+    /* etcd = local[:PORT]: pdctl runs one on loopback; every daemon gets its
+     * address. With etcd, the prefix defaults to /pdserve/<name>/. */
+    const char *ev = pdctl_kvs_get(&dep->role_kv[PDCTL_ROUTER], "etcd");
+    if (ev != NULL && strncmp(ev, "local", 5) == 0) {
+        unsigned long port = 2379;
+        char *end = NULL;
+        if (ev[5] == ':')
+            port = strtoul(ev + 6, &end, 10);
+        if ((ev[5] != '\0' && ev[5] != ':') || (end != NULL && (*end != '\0' || end == ev + 6)) ||
+            port < 1 || port > 65534) {
+            pdctl_fail("%s: etcd = \"%s\": expected host:port, local or local:PORT", path, ev);
+            goto out;
+        }
+        dep->etcd_port = (unsigned)port;
+        char addr[32];
+        snprintf(addr, sizeof(addr), "127.0.0.1:%lu", port);
+        for (int r = 0; r < PDCTL_ROLE_N; r++)
+            pdctl_kvs_set(&dep->role_kv[r], "etcd", addr, 0);
+    }
+    if (ev != NULL && pdctl_kvs_get(&dep->role_kv[PDCTL_ROUTER], "etcd.prefix") == NULL) {
+        char pfx[160];
+        snprintf(pfx, sizeof(pfx), "/pdserve/%s/", dep->name);
+        for (int r = 0; r < PDCTL_ROLE_N; r++)
+            pdctl_kvs_set(&dep->role_kv[r], "etcd.prefix", pfx, 0);
     }
     if (dep->model == NULL) {
         pdctl_fail("%s: no model (set `model = ...` in [deployment])", path);

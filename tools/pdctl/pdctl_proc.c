@@ -159,6 +159,11 @@ int pdctl_state_load(const char *run_dir, pdctl_state_t *st)
     pdctl_cpy(st->name, sizeof(st->name), j, "name");
     pdctl_cpy(st->url, sizeof(st->url), j, "url");
     pdctl_cpy(st->control, sizeof(st->control), j, "control");
+    const cJSON *et = cJSON_GetObjectItemCaseSensitive(j, "etcd");
+    if (et != NULL) {
+        st->etcd_pid = (pid_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(et, "pid"));
+        pdctl_cpy(st->etcd_url, sizeof(st->etcd_url), et, "url");
+    }
     const cJSON *d;
     cJSON_ArrayForEach(d, ds) {
         if (st->n == PDCTL_MAX_DAEMONS)
@@ -207,6 +212,11 @@ int pdctl_state_save(const pdctl_state_t *st)
     cJSON_AddItemToObject(j, "sets", sets != NULL ? sets : cJSON_CreateArray());
     cJSON_AddStringToObject(j, "url", st->url);
     cJSON_AddStringToObject(j, "control", st->control);
+    if (st->etcd_pid > 0) {
+        cJSON *et = cJSON_AddObjectToObject(j, "etcd");
+        cJSON_AddNumberToObject(et, "pid", st->etcd_pid);
+        cJSON_AddStringToObject(et, "url", st->etcd_url);
+    }
     cJSON *arr = cJSON_AddArrayToObject(j, "daemons");
     for (int i = 0; i < st->n; i++) {
         const pdctl_daemon_t *x = &st->d[i];
@@ -276,17 +286,18 @@ pdctl_daemon_t *pdctl_state_find(pdctl_state_t *st, const char *name)
     return NULL;
 }
 
-bool pdctl_daemon_alive(const pdctl_daemon_t *d)
+/* pid is alive and runs the binary named want (pids get reused). */
+static bool pdctl_pid_runs(pid_t pid, const char *want)
 {
-    if (d->pid <= 0)
+    if (pid <= 0)
         return false;
     /* our own child that exited: reap it (a zombie still answers kill 0) */
     int status;
-    pid_t w = waitpid(d->pid, &status, WNOHANG);
-    if (w == d->pid)
+    pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid)
         return false;
     char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)d->pid);
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
     char *stat = pdctl_read_file(path, NULL);
     if (stat == NULL)
         return false;
@@ -296,7 +307,7 @@ bool pdctl_daemon_alive(const pdctl_daemon_t *d)
     if (zombie)
         return false;
     /* the pid must still run the daemon's binary (pids get reused) */
-    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)d->pid);
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
     size_t len = 0;
     char *cmd = pdctl_read_file(path, &len);
     if (cmd == NULL)
@@ -308,7 +319,6 @@ bool pdctl_daemon_alive(const pdctl_daemon_t *d)
         return true;
     }
     bool match = false;
-    const char *want = d->role < PDCTL_ROLE_N ? pdctl_bin_names[d->role] : "";
     for (size_t off = 0; off < len; off += strlen(cmd + off) + 1) {
         const char *b = strrchr(cmd + off, '/');
         if (strcmp(b ? b + 1 : cmd + off, want) == 0) {
@@ -318,6 +328,108 @@ bool pdctl_daemon_alive(const pdctl_daemon_t *d)
     }
     free(cmd);
     return match;
+}
+
+bool pdctl_daemon_alive(const pdctl_daemon_t *d)
+{
+    return pdctl_pid_runs(d->pid, d->role < PDCTL_ROLE_N ? pdctl_bin_names[d->role] : "");
+}
+
+/* ---- the deployment's own etcd (etcd = local) ------------------------------ */
+
+bool pdctl_etcd_alive(const pdctl_state_t *st)
+{
+    return pdctl_pid_runs(st->etcd_pid, "etcd");
+}
+
+/* Start etcd on 127.0.0.1:port (peer port + 1), data in <run>/etcd.data,
+ * log <run>/etcd.log; wait for its /health. 0 or PDCTL_EXIT_FAIL. */
+static int pdctl_etcd_start(pdctl_state_t *st, unsigned port, double deadline)
+{
+    char data[PATH_MAX], log[PATH_MAX], client[64], peer[64], init[96];
+    if (!pdctl_fmt(data, sizeof(data), "%s/etcd.data", st->run_dir) ||
+        !pdctl_fmt(log, sizeof(log), "%s/etcd.log", st->run_dir))
+        return PDCTL_EXIT_FAIL;
+    snprintf(client, sizeof(client), "http://127.0.0.1:%u", port);
+    snprintf(peer, sizeof(peer), "http://127.0.0.1:%u", port + 1);
+    snprintf(init, sizeof(init), "pdctl=%s", peer);
+    int logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (logfd < 0) {
+        fprintf(stderr, "pdctl: cannot open %s: %s\n", log, strerror(errno));
+        return PDCTL_EXIT_FAIL;
+    }
+    /* exec barrier: the pipe closes when the child execs (or dies), so the
+     * pid runs etcd by the time we look at it */
+    int barrier[2];
+    if (pipe2(barrier, O_CLOEXEC) != 0) {
+        close(logfd);
+        return PDCTL_EXIT_FAIL;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(logfd);
+        close(barrier[0]);
+        close(barrier[1]);
+        return PDCTL_EXIT_FAIL;
+    }
+    if (pid == 0) {
+        close(barrier[0]);
+        setsid();
+        int null = open("/dev/null", O_RDONLY);
+        if (null >= 0)
+            dup2(null, 0);
+        dup2(logfd, 1);
+        dup2(logfd, 2);
+        execlp("etcd", "etcd", "--name", "pdctl", "--data-dir", data, "--listen-client-urls",
+               client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+               "--initial-advertise-peer-urls", peer, "--initial-cluster", init, (char *)NULL);
+        dprintf(2, "pdctl: exec etcd: %s (Debian: apt-get install etcd-server)\n", strerror(errno));
+        _exit(127);
+    }
+    close(logfd);
+    close(barrier[1]);
+    char c;
+    while (read(barrier[0], &c, 1) < 0 && errno == EINTR)
+        ;
+    close(barrier[0]);
+    st->etcd_pid = pid;
+    snprintf(st->etcd_url, sizeof(st->etcd_url), "%s", client);
+    char err[256] = "";
+    while (pdctl_http_status(client, "/health", 1.0, err, sizeof(err)) != 200) {
+        if (!pdctl_pid_runs(pid, "etcd")) {
+            fprintf(stderr, "pdctl: etcd exited during start-up (log %s)\n", log);
+            pdctl_tail_log(log, 12);
+            st->etcd_pid = 0;
+            return PDCTL_EXIT_FAIL;
+        }
+        if (pdctl_now() > deadline) {
+            fprintf(stderr, "pdctl: etcd on %s not healthy in time%s%s\n", client,
+                    err[0] ? ": " : "", err);
+            pdctl_tail_log(log, 12);
+            return PDCTL_EXIT_FAIL;
+        }
+        pdctl_nap_ms(50);
+    }
+    return 0;
+}
+
+/* SIGTERM the deployment's etcd, SIGKILL after timeout_s. */
+static void pdctl_etcd_stop(pdctl_state_t *st, double timeout_s)
+{
+    if (st->etcd_pid <= 0)
+        return;
+    if (pdctl_etcd_alive(st)) {
+        kill(st->etcd_pid, SIGTERM);
+        double end = pdctl_now() + timeout_s;
+        while (pdctl_etcd_alive(st) && pdctl_now() < end)
+            pdctl_nap_ms(20);
+        if (pdctl_etcd_alive(st)) {
+            kill(st->etcd_pid, SIGKILL);
+            while (pdctl_etcd_alive(st))
+                pdctl_nap_ms(20);
+        }
+    }
+    st->etcd_pid = 0;
 }
 
 /* ---- starting daemons --------------------------------------------------------- */
@@ -627,6 +739,7 @@ static void pdctl_stop_all(pdctl_state_t *st, double timeout_s)
         if (st->d[i].role != PDCTL_ROUTER)
             xs[n++] = &st->d[i];
     pdctl_stop_many(xs, n, false, timeout_s);
+    pdctl_etcd_stop(st, 10);   /* last: the daemons revoke their keys on the way out */
 }
 
 /* ---- option parsing ---------------------------------------------------------- */
@@ -936,12 +1049,16 @@ int pdctl_cmd_up(int argc, char **argv)
     for (int i = 0; i < n_sets; i++)
         cJSON_AddItemToArray(pdctl_sets_json, cJSON_CreateString(sets[i]));
 
-    /* routers, all at once; then their ports */
+    /* the deployment's own etcd first (etcd = local) */
+    double deadline = pdctl_now() + (double)dep.ready_timeout_ns / 1e9;
     pdctl_daemon_t *started[PDCTL_MAX_DAEMONS];
     int n_started = 0;
+    if (dep.etcd_port != 0 &&
+        (pdctl_etcd_start(&st, dep.etcd_port, deadline) != 0 || pdctl_state_save(&st) != 0))
+        goto err_stop;
+    /* routers, all at once; then their ports */
     if (pdctl_start_role(&dep, &st, PDCTL_ROUTER, n_routers, started, &n_started) != 0)
         goto err_stop;
-    double deadline = pdctl_now() + (double)dep.ready_timeout_ns / 1e9;
     char rurl[PDCTL_MAX_ROUTERS][128];
     size_t coff = 0;
     for (unsigned i = 0; i < n_routers; i++) {

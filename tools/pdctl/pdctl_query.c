@@ -528,6 +528,12 @@ int pdctl_cmd_status(int argc, char **argv)
         cJSON *top = cJSON_CreateObject();
         cJSON_AddStringToObject(top, "name", st.name);
         cJSON_AddStringToObject(top, "url", st.url);
+        if (st.etcd_pid > 0) {
+            cJSON *et = cJSON_AddObjectToObject(top, "etcd");
+            cJSON_AddStringToObject(et, "url", st.etcd_url);
+            cJSON_AddNumberToObject(et, "pid", st.etcd_pid);
+            cJSON_AddBoolToObject(et, "up", pdctl_etcd_alive(&st));
+        }
         cJSON_AddItemToObject(top, "daemons", js);
         char *s = cJSON_PrintUnformatted(top);
         printf("%s\n", s);
@@ -535,12 +541,17 @@ int pdctl_cmd_status(int argc, char **argv)
         cJSON_Delete(top);
     } else {
         printf("deployment \"%s\"  %s  (run dir %s)\n", st.name, st.url, st.run_dir);
+        if (st.etcd_pid > 0)
+            printf("etcd %s  pid %d  %s\n", st.etcd_url, (int)st.etcd_pid,
+                   pdctl_etcd_alive(&st) ? "up" : "dead");
         pdctl_table_print(&t, stdout, "\n");
         cJSON_Delete(js);
     }
     pdctl_table_free(&t);
     for (int k = 0; k < n_rt; k++)
         cJSON_Delete(backends[k]);
+    if (st.etcd_pid > 0 && !pdctl_etcd_alive(&st))
+        bad++;
     return bad ? PDCTL_EXIT_FAIL : 0;
 }
 
