@@ -113,7 +113,27 @@ static const pd_cfg_schema_t rtr_cfg_schema = {
     .fields = rtr_cfg_fields,
 };
 
+/* admin `membership`: the etcd registration (off: etcd null). */
+static pd_status_t rtr_admin_membership(pd_admin_req_t *req, cJSON *reply)
+{
+    rtr_t *r = req->arg;
+    if (r->member == NULL) {
+        cJSON_AddNullToObject(reply, "etcd");
+        return PD_OK;
+    }
+    char err[160], key[200];
+    cJSON *e = cJSON_AddObjectToObject(reply, "etcd");
+    cJSON_AddStringToObject(e, "endpoint", r->cfg.etcd);
+    snprintf(key, sizeof(key), "%srouters/%s", r->cfg.etcd_prefix, r->cfg.id);
+    cJSON_AddStringToObject(e, "key", key);
+    cJSON_AddBoolToObject(e, "connected", pd_member_connected(r->member, err, sizeof(err)));
+    cJSON_AddStringToObject(e, "last_error", err);
+    return PD_OK;
+}
+
 static const pd_admin_cmd_t rtr_admin_cmds[] = {
+    { "membership", PD_ADMIN_USER, rtr_admin_membership,
+      "membership - etcd registration (routers/<id>): connected, last error" },
     { "backends", PD_ADMIN_USER, rtr_admin_backends,
       "backends - registered daemons: role, state, load, last heartbeat" },
     { "set-backend", PD_ADMIN_ADMIN, rtr_admin_set_backend,

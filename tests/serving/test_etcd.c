@@ -264,6 +264,12 @@ static void test_found(void **st)
     for (int r = 0; r < 2; r++)
         request_ok(r, "found");
     assert_int_equal(etcd_count(), 4); /* routers/router, routers/router-1, daemons/... */
+    cJSON *j = e2e_admin(e2e_router(&g_d, 1)->sock, "membership");
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "etcd");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "connected")));
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "key")),
+                        PREFIX "routers/router-1");
+    cJSON_Delete(j);
 }
 
 static void test_restart(void **st)
