@@ -129,6 +129,8 @@ typedef struct {
     uint64_t incarnation;
     uint64_t node_id;
     bool live;
+    uint32_t links;                     /* routers that reported it up (bit = link idx):
+                                           PEER_DOWN fails it only when none is left */
 } dec_peer_t;
 
 /* The one compute step in flight. */

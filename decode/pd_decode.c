@@ -87,7 +87,7 @@ static void dec_req_free(void *obj)
 
 static bool dec_can_reply(dec_t *d, dec_req_t *r)
 {
-    return !r->quiet && r->nr.epoch == d->n.epoch && proto_session_up(d->n.sess) && !d->n.stopping;
+    return !r->quiet && node_req_can_reply(&d->n, &r->nr);
 }
 
 /* TOKENS with the generated tokens [from, n_gen). */
@@ -118,7 +118,7 @@ static void dec_send_tokens(dec_t *d, dec_req_t *r, uint32_t from)
         memcpy(lp.top_lp, r->pend_lp.top_lp, sizeof(lp.top_lp));
         m.u.tokens.logprobs = (proto_logprobs_t){ r->pend_lp.n_top, 1, &lp, NULL };
     }
-    pd_status_t st = proto_session_send(d->n.sess, &m);
+    pd_status_t st = node_req_send(&d->n, &r->nr, &m);
     if (st != PD_OK)
         pd_log(st == PD_ERR_SHUTDOWN ? PD_LOG_DEBUG : PD_LOG_WARN, DEC_COMP, r->nr.id,
                "TOKENS not sent: %s", pd_status_str(st));
@@ -220,7 +220,7 @@ static void dec_req_end(dec_req_t *r, uint16_t reason, pd_status_t status)
     }
     if (dec_can_reply(d, r)) {
         if (reason == PROTO_FINISH_ERROR && r->seq == 0) {
-            node_send_error(&d->n, r->nr.id, status, "%s", pd_status_str(status));
+            node_send_error(&d->n, r->nr.link, r->nr.id, status, "%s", pd_status_str(status));
         } else {
             uint64_t now = pd_now_ns();
             proto_msg_t m;
@@ -246,7 +246,7 @@ static void dec_req_end(dec_req_t *r, uint16_t reason, pd_status_t status)
             uint64_t cached = (uint64_t)r->n_reused * d->n.geom->block_tokens;
             f->cached_tokens = cached < r->n_prompt ? (uint32_t)cached : r->n_prompt;
             f->kv_bytes = r->pulled_bytes;
-            (void)proto_session_send(d->n.sess, &m);
+            (void)node_req_send(&d->n, &r->nr, &m);
         }
     }
     dec_req_set_state(r, to);
@@ -824,13 +824,12 @@ static dec_req_t *dec_admit(dec_t *d, const proto_decode_req_t *q, dec_req_t *pa
         pd_log(PD_LOG_DEBUG, DEC_COMP, q->request_id, "rejected: %s", why);
         if (st != PD_ERR_EXISTS)
             dec_release_handle(d, &q->kv_handle);
-        node_send_error(&d->n, q->request_id, st, "%s", why);
+        node_send_error(&d->n, d->n.rx, q->request_id, st, "%s", why);
         return NULL;
     }
     r->d = d;
     snprintf(r->nr.id, sizeof(r->nr.id), "%s", q->request_id);
     snprintf(r->peer, sizeof(r->peer), "%s", q->prefill_peer_id);
-    r->nr.epoch = d->n.epoch;
     r->local = local;
     r->cap = max_pos + 1;
     r->max_pos = max_pos;
@@ -916,7 +915,7 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
         snprintf(f.request_id, sizeof(f.request_id), "%s/%u", q->request_id, i);
         if (r == NULL || (r->state != DEC_ST_NEW && r->state != DEC_ST_WAITING &&
                           r->state != DEC_ST_PULLING && r->state != DEC_ST_PREFILLING)) {
-            node_send_error(&d->n, f.request_id, PD_ERR_CANCELED, "the request it forks from %s",
+            node_send_error(&d->n, d->n.rx, f.request_id, PD_ERR_CANCELED, "the request it forks from %s",
                             r == NULL ? "was refused or ended" : "already runs");
             continue;
         }
@@ -995,7 +994,7 @@ static void dec_migrate_out(dec_t *d, dec_req_t *r)
     md->lease_ns = d->cfg.lease_ttl_ns;
     md->kv_handle.p = handle;
     md->kv_handle.len = (uint32_t)hlen;
-    st = proto_session_send(d->n.sess, &m);
+    st = node_req_send(&d->n, &r->nr, &m);
     pd_log(PD_LOG_INFO, DEC_COMP, r->nr.id, "migrating to %s after %u tokens (%u KV blocks)%s%s",
            r->migrate_to, r->n_gen, nb, st == PD_OK ? "" : ": MIGRATE_DONE not sent: ",
            st == PD_OK ? "" : pd_status_str(st));
@@ -1101,6 +1100,10 @@ static void dec_on_peer_info(proto_conn_t *c, const proto_msg_t *msg, void *arg)
             st = kvx_peer_add(d->n.kvx, pi->kv_addr.p, pi->kv_addr.len);
     }
     if (st == PD_OK || st == PD_ERR_EXISTS) {
+        if (!p->live || p->incarnation != pi->incarnation)
+            p->links = 0; /* a new incarnation: only the routers that saw it */
+        if (d->n.rx != NULL)
+            p->links |= 1u << d->n.rx->idx;
         p->incarnation = pi->incarnation;
         p->node_id = node_id_of(pi->daemon_id);
         p->live = true;
@@ -1122,6 +1125,15 @@ static void dec_on_peer_down(proto_conn_t *c, const proto_msg_t *msg, void *arg)
     dec_peer_t *p = dec_peer_find(d, pd->daemon_id, false);
     if (p == NULL || !p->live || (pd->incarnation != 0 && pd->incarnation != p->incarnation))
         return; /* unknown, or an older incarnation than the one we use */
+    if (d->n.rx != NULL)
+        p->links &= ~(1u << d->n.rx->idx);
+    if (p->links != 0) {
+        /* another router still has a live session with it: the peer lost
+         * one router, it is not gone (its pulls go on) */
+        pd_log(PD_LOG_INFO, DEC_COMP, NULL, "peer %s lost router %s (%s); still up at others",
+               pd->daemon_id, d->n.rx != NULL ? d->n.rx->addr : "?", pd_status_name(pd->status));
+        return;
+    }
     p->live = false;
     pd_status_t st = kvx_peer_fail(d->n.kvx, p->node_id, PD_ERR_PEER_GONE);
     pd_log(PD_LOG_INFO, DEC_COMP, NULL, "peer %s down (%s): %s", pd->daemon_id,
@@ -1130,14 +1142,21 @@ static void dec_on_peer_down(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 
 /* ---- node callbacks ----------------------------------------------------- */
 
-/* Router lost or teardown: end everything without a reply (a request in
- * the step or in a pull ends when that comes back). */
-static void dec_cancel_all(node_t *n)
+/* A router lost (its requests; from NULL at teardown: all): end them
+ * without a reply (a request in the step or in a pull ends when that comes
+ * back), and forget that router's peer reports. */
+static void dec_cancel_all(node_t *n, const node_link_t *from)
 {
+    dec_t *d = (dec_t *)n;
+    if (from != NULL)
+        for (uint32_t i = 0; i < DEC_MAX_PEERS; i++)
+            d->peers[i].links &= ~(1u << from->idx);
     NODE_FOR_EACH(n, dec_req_t, r) {
+        if (from != NULL && r->nr.link != from)
+            continue;
         r->quiet = true;
         if (!r->cancel)
-            dec_req_cancel((dec_t *)n, r);
+            dec_req_cancel(d, r);
     }
 }
 
