@@ -1131,7 +1131,7 @@ static pd_status_t choices_new(rtr_req_t *lead)
             snprintf(c->wire_id, sizeof(c->wire_id), "w%08" PRIx64 "-%" PRIx64,
                      r->incarnation & 0xffffffffu, ++r->next_wire);
         else /* the decode names its forks so (PROTOCOL.md, DECODE_REQ) */
-            snprintf(c->wire_id, sizeof(c->wire_id), "%.60s/%u", ch->c[0]->wire_id, i);
+            snprintf(c->wire_id, sizeof(c->wire_id), "%.40s/%u", ch->c[0]->wire_id, i);
         memcpy(c->resp_id, lead->resp_id, sizeof(c->resp_id));
         c->created = lead->created;
         c->t_accept_ns = lead->t_accept_ns;
