@@ -100,6 +100,11 @@ static const pd_cfg_field_t rtr_cfg_fields[] = {
         "KV index: block names held at most (~40 bytes each)", 1, 1 << 26),
     ROW(kv_index_per_backend, "kv-index-per-backend", UINT, "262144",
         "KV index: block names of one backend at most", 1, 1 << 26),
+    ROW(kv_pull_min_blocks, "kv-pull-min-blocks", UINT, "2",
+        "a prefill pulls a decode's cached prefix of the prompt when that decode holds at least "
+        "this many more blocks of it than the prefill (0 = never)", 0, 1 << 20),
+    ROW(kv_export_timeout_ns, "kv-export-timeout", DURATION, "250ms",
+        "wait this long for a decode's prefix export, then prefill without it", 1e6, 60e9),
     ROW(ready_file, "ready-file", STRING, NULL,
         "write {\"http\":port,\"control\":port} here once listening", 0, 0),
     PD_CFG_END,
