@@ -286,6 +286,16 @@ static void fr_on_error(proto_conn_t *c, const proto_msg_t *msg, void *arg)
     (void)c;
     (void)arg;
     fr_req_t *r = fr_req(msg->u.error.request_id, false);
+    if (r == NULL) { /* a fork "<id>/<i>" of a refused DECODE_REQ with n_fork */
+        char parent[PROTO_REQID_MAX + 1];
+        snprintf(parent, sizeof(parent), "%s", msg->u.error.request_id);
+        char *slash = strchr(parent, '/');
+        if (slash != NULL) {
+            *slash = '\0';
+            if (fr_req(parent, false) != NULL)
+                return;
+        }
+    }
     assert_non_null(r);
     if (msg->u.error.status == PD_ERR_EXISTS) { /* answers the duplicate, not r */
         r->exists_err = true;
@@ -1324,6 +1334,7 @@ static void test_sample_messages(void **state)
                     case PROTO_MSG_DECODE_REQ:  rid = m.u.decode_req.request_id; break;
                     case PROTO_MSG_CANCEL:      rid = m.u.cancel.request_id; break;
                     case PROTO_MSG_RELEASE:     rid = m.u.release.request_id; break;
+                    case PROTO_MSG_KV_EXPORT_REQ: rid = m.u.kv_export_req.request_id; break;
                     default: break;
                     }
                     if (rid != NULL)
