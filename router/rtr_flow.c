@@ -946,6 +946,8 @@ static void on_export_timeout(evutil_socket_t fd, short what, void *arg)
  * it (the prefill pulls what it lacks, then releases the lease). */
 static void on_kv_export_done(rtr_req_t *q, rtr_backend_t *be, const proto_kv_export_done_t *x)
 {
+    pd_stats_observe_ns(q->r->stats, RTR_STAT_kv_src_export_time,
+                        pd_now_ns() - q->fsm.enter_ns[RTR_REQ_EXPORTING]);
     req_set_backend(&q->export_from, NULL);
     if (q->xtimer != NULL)
         event_del(q->xtimer);

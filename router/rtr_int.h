@@ -112,6 +112,7 @@ typedef struct {
     X(kv_src_tokens,       COUNTER,   "Prompt tokens in those sources")             \
     X(kv_src_refused,      COUNTER,   "KV_EXPORT_REQ refused by the decode (plain PREFILL_REQ)") \
     X(kv_src_timeouts,     COUNTER,   "KV_EXPORT_REQ unanswered in kv-export-timeout or decode lost (plain PREFILL_REQ)") \
+    X(kv_src_export_time,  HISTOGRAM, "KV_EXPORT_REQ sent to KV_EXPORT_DONE (what a source adds before the PREFILL_REQ)") \
     X(backends_registered, COUNTER,   "Successful registrations")                 \
     X(backends_rejected,   COUNTER,   "Registrations refused")                    \
     X(backends_lost,       COUNTER,   "Backends marked down")                     \

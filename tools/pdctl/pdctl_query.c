@@ -820,9 +820,11 @@ static int pdctl_top_frame(pdctl_state_t *st, const pdctl_sample_t *prev, pdctl_
      * the computing daemon reused) and the router's KV-aware choices */
     double pt = pdctl_num(v, "prompt_tokens"), ct = pdctl_num(v, "prompt_cached_tokens");
     fprintf(out, "prefix cache hit %.1f%% of prompt tokens (%.0f)  routed by cache: prefill %.0f "
-            "decode %.0f  index %.0f blocks%s%s", pt > 0 ? 100 * ct / pt : 0.0, ct,
+            "decode %.0f  index %.0f blocks  prefills pulled from decodes %.0f tokens "
+            "(%.0f of %.0f exports)%s%s", pt > 0 ? 100 * ct / pt : 0.0, ct,
             pdctl_num(v, "kv_route_prefill_hits"), pdctl_num(v, "kv_route_decode_hits"),
-            pdctl_num(v, "kv_index_names"), eol, eol);
+            pdctl_num(v, "kv_index_names"), pdctl_num(v, "kv_src_tokens"),
+            pdctl_num(v, "kv_src_used"), pdctl_num(v, "kv_src_exports"), eol, eol);
 
     pdctl_table_t t = { 0 };
     for (int i = 0; i < st->n; i++) {
