@@ -20,7 +20,7 @@
 #define KVE_SLOTS (2u * PROTO_MAX_KV_EVENTS) /* power of two: open addressing */
 /* A snapshot lists at most this many names (64 frames, ~2 MiB: well under
  * the session's 4 MiB output cap, so it can never close the session it is
- * meant for; the router's default per-backend cap is the same). A larger
+ * meant for; 4x the router's default per-backend cap). A larger
  * cache is indexed in part (the first names in block order) until its
  * blocks change; counted as snapshots_truncated. */
 #define KVE_SNAPSHOT_MAX (64u * PROTO_MAX_KV_EVENTS)

@@ -83,8 +83,14 @@ static void pf_req_set_state(pf_req_t *r, pf_state_t to)
     uint64_t now = pd_now_ns();
     r->state = to;
     r->t[to] = now;
-    if (from == PF_ST_COMPUTING)
+    if (from == PF_ST_COMPUTING) {
         pd_stats_gauge_set(pf->n.stats, PF_STAT_computing, --pf->n_computing);
+        /* idle again: tell the router now, not at the next heartbeat; its
+         * KV-aware choice weighs a daemon's queue against its cached
+         * prefix, and a stale queue sends the next request elsewhere */
+        if (pf->n_computing == 0 && !pf->n.stopping)
+            proto_session_heartbeat_now(pf->n.sess);
+    }
     if (to == PF_ST_COMPUTING)
         pd_stats_gauge_set(pf->n.stats, PF_STAT_computing, ++pf->n_computing);
     if (to == PF_ST_LEASED)
@@ -563,7 +569,7 @@ static void pf_fill_hb(node_t *n, proto_heartbeat_t *hb)
     uint64_t tok = 0;
     NODE_FOR_EACH(n, pf_req_t, r)
         if (r->state == PF_ST_COMPUTING || r->state == PF_ST_PULLING)
-            tok += r->n_prompt - r->n_cached;
+            tok += r->n_prompt - r->n_cached; /* the work left: cached tokens are not computed */
     hb->outstanding_prefill_tokens = tok;
 }
 

@@ -320,7 +320,7 @@ static const char *tools_finish(rtr_req_t *q, const char *finish_reason)
                          ? rtr_tools_parse(eng_chat_call_opener(f), eng_chat_call_args_key(f),
                                            tool_forced(q), q->text ? q->text : "", q->text_len,
                                            q->oai.tools, q->oai.n_tools, calls,
-                                           RTR_OAI_MAX_CALLS, &n)
+                                           q->oai.single_call ? 1 : RTR_OAI_MAX_CALLS, &n)
                          : PD_ERR_BAD_INPUT;
     q->tool_scan = RTR_TOOL_OFF;
     if (st == PD_OK && (q->calls = calloc(n, sizeof(*q->calls))) != NULL) {

@@ -562,6 +562,7 @@ static bool check_unsupported(parse_ctx_t *pc, const cJSON *root, rtr_api_t api,
     const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(root, "parallel_tool_calls");
     if (ptc != NULL && !cJSON_IsNull(ptc) && !cJSON_IsBool(ptc))
         return bad(pc, "parallel_tool_calls", "must be a boolean");
+    req->single_call = cJSON_IsFalse(ptc);
     static const char *const fn_why = "deprecated: use tools and tool_choice";
     return parse_tools(pc, root, req) &&
            only_neutral(pc, root, "functions", NULL, fn_why) &&

@@ -126,6 +126,7 @@ typedef struct {
     uint32_t tool_choice;
     uint32_t tool_named;
     uint32_t tool_fmt;
+    bool single_call;                /* parallel_tool_calls: false */
     /* Streaming */
     bool stream;
     bool include_usage;

@@ -28,6 +28,7 @@
 #include <event2/event.h>
 
 #include "eng_sample.h"
+#include "pd_blockname.h"
 #include "pd_e2e.h"
 #include "proto_samples.h"
 #include "pd_time.h"
@@ -59,6 +60,12 @@ typedef struct {
     uint32_t kv_addr_len;
     proto_heartbeat_t hb;               /* last heartbeat received */
     unsigned n_hb;
+    /* the router's index of this daemon's prefix cache, from KV_EVENTS */
+    uint64_t compat;
+    uint64_t names[4096];               /* (n_names) */
+    uint32_t n_names;
+    unsigned n_kve, n_resets;
+    bool names_overflow;
 } fr_daemon_t;
 
 typedef struct {
@@ -212,6 +219,7 @@ static void fr_on_hello(proto_conn_t *c, const proto_msg_t *msg, void *arg)
     snprintf(d->id, sizeof(d->id), "%s", h->daemon_id);
     d->role = h->role;
     d->incarnation = h->incarnation;
+    d->compat = h->compat_hash;
     memcpy(d->kv_addr, h->kv_addr.p, h->kv_addr.len);
     d->kv_addr_len = h->kv_addr.len;
     m.hdr.type = PROTO_MSG_REGISTER_ACK;
@@ -317,6 +325,46 @@ static void fr_on_heartbeat(proto_conn_t *c, const proto_msg_t *msg, void *arg)
     }
 }
 
+static bool fr_has_name(const fr_daemon_t *d, uint64_t name)
+{
+    for (uint32_t i = 0; i < d->n_names; i++)
+        if (d->names[i] == name)
+            return true;
+    return false;
+}
+
+/* KV_EVENTS, applied as the router does: RESET, removed, stored. */
+static void fr_on_kv_events(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)arg;
+    fr_daemon_t *d = fr_by_conn(c);
+    if (d == NULL)
+        return;
+    const proto_kv_events_t *e = &msg->u.kv_events;
+    d->n_kve++;
+    if (e->flags & PROTO_KVE_RESET) {
+        d->n_resets++;
+        d->n_names = 0;
+    }
+    for (uint32_t i = 0; i < e->removed.n; i++) {
+        uint64_t nm = proto_names_get(&e->removed, i);
+        for (uint32_t k = 0; k < d->n_names; k++)
+            if (d->names[k] == nm) {
+                d->names[k] = d->names[--d->n_names];
+                break;
+            }
+    }
+    for (uint32_t i = 0; i < e->stored.n; i++) {
+        uint64_t nm = proto_names_get(&e->stored, i);
+        if (fr_has_name(d, nm))
+            continue;
+        if (d->n_names == sizeof(d->names) / sizeof(d->names[0]))
+            d->names_overflow = true;
+        else
+            d->names[d->n_names++] = nm;
+    }
+}
+
 static void fr_on_close(proto_conn_t *c, pd_status_t why, void *arg)
 {
     (void)why;
@@ -366,6 +414,7 @@ static void fr_start(void)
     cbs.on_finish = fr_on_finish;
     cbs.on_error = fr_on_error;
     cbs.on_heartbeat = fr_on_heartbeat;
+    cbs.on_kv_events = fr_on_kv_events;
     cbs.on_close = fr_on_close;
     assert_int_equal(proto_listener_create(fr.base, "127.0.0.1:0", fr_on_accept, &cbs, NULL,
                                            NULL, &fr.l),
@@ -403,6 +452,7 @@ static bool p_draining_hb(void *arg)
     return d->closed || (d->hb.flags & PROTO_HB_DRAINING) != 0;
 }
 static bool p_closed(void *arg) { fr_daemon_t *d = arg; return d->closed; }
+
 
 /* ---- processes ------------------------------------------------------------ */
 
@@ -922,6 +972,25 @@ static void test_prefix_reuse(void **state)
     assert_true(kv_all_free(&D, 10));
 }
 
+/* The fake router's view of a daemon's cache equals the daemon's own
+ * (admin `kv` cache.blocks) and holds g_idx_names. */
+static proc_t *g_idx_proc;
+static uint64_t g_idx_names[8];
+static uint32_t g_idx_names_n;
+static bool p_index_matches(void *arg)
+{
+    fr_daemon_t *d = arg;
+    cJSON *kv = admin(g_idx_proc, "kv");
+    double blocks = jnum(kv, "cache", "blocks");
+    cJSON_Delete(kv);
+    if (d->names_overflow || blocks != (double)d->n_names)
+        return false;
+    for (uint32_t i = 0; i < g_idx_names_n; i++)
+        if (!fr_has_name(d, g_idx_names[i]))
+            return false;
+    return true;
+}
+
 /* Reuse racing eviction, lease expiry and a prefill restart, on a small
  * pool (12 blocks): a leased cached block is never evicted (the pressure
  * request is refused instead), blocks come back as evictable cache when the
@@ -975,6 +1044,19 @@ static void test_prefix_races(void **state)
     disagg_prompt_on("pf-cache", b, nb, &g);
     assert_true(kv_all_free(&PC, 10));
     check_ledger(&PC);
+    /* through all that churn (stores, evictions, a lease pinning cached
+     * blocks) the router's view from KV_EVENTS converges on the cache:
+     * as many names, b's (the newest) among them, a's evicted root not */
+    fr_daemon_t *dpc = fr_by_id("pf-cache");
+    assert_non_null(dpc);
+    g_idx_proc = &PC;
+    g_idx_names_n = pd_block_names(bt, dpc->compat, b, nb, g_idx_names, 8);
+    assert_int_equal(g_idx_names_n, 6);
+    if (!run_until(p_index_matches, dpc, 10))
+        fail_msg("router view: %u names, cache %.0f blocks, overflow %d", dpc->n_names,
+                 jnum(admin(&PC, "kv"), "cache", "blocks"), dpc->names_overflow);
+    assert_true(dpc->n_kve >= 2);
+    assert_int_equal(dpc->n_resets, 1); /* the registration's snapshot */
     /* the prefill goes away; a new process serves the same prompts: no
      * cache there, the decode still has a's blocks and pulls only the rest */
     fr_daemon_t *dc = fr_by_id("pf-cache");

@@ -139,6 +139,16 @@ static void test_parse(void **st)
     parse_bad(h, "arguments", false, "<tool_call>\n{\"name\":\"add\"} trailing");
     parse_bad(h, "arguments", false, "<tool_call>{\"name\":\"add\",\"arguments\":{}}</tool_call>x");
     parse_bad("", "parameters", false, "{\"name\":\"add\",\"arguments\":{}}");
+    /* parallel_tool_calls false: room for one call, two in the answer */
+    rtr_oai_call_t one[1];
+    memset(one, 0, sizeof(one));
+    uint32_t n1 = 9;
+    const char *two = "<tool_call>{\"name\":\"add\",\"arguments\":{}}</tool_call>"
+                      "<tool_call>{\"name\":\"add\",\"arguments\":{}}</tool_call>";
+    assert_int_equal(rtr_tools_parse(h, "arguments", false, two, strlen(two), tools, 2, one, 1,
+                                     &n1), PD_ERR_BAD_INPUT);
+    assert_int_equal(n1, 0);
+    assert_null(one[0].name);
     assert_true(rtr_tools_name_ok("a_b-C9"));
     assert_false(rtr_tools_name_ok(""));
     assert_false(rtr_tools_name_ok("a b"));

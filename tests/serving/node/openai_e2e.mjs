@@ -79,12 +79,12 @@ const checks = {
     const n = await client.completions.create(p);
     assert.equal(n.choices[0].text, s.text);
     assert.equal(n.choices[0].finish_reason, s.finish);
-    // the same prompt again: its prefix is cached by now (prefix caching)
+    // the same prompt again: its full blocks come from the prefix cache
     const { prompt_tokens_details: nd, ...nu } = n.usage;
     const { prompt_tokens_details: sd, ...su } = s.usage;
     assert.deepEqual(nu, su);
-    assert.ok(nd.cached_tokens >= sd.cached_tokens && nd.cached_tokens < n.usage.prompt_tokens,
-      `${sd.cached_tokens} then ${nd.cached_tokens}`);
+    assert.ok(nd.cached_tokens >= sd.cached_tokens && nd.cached_tokens > 0);
+    assert.ok(nd.cached_tokens < n.usage.prompt_tokens);
   },
 
   async tokenIdPrompt() {
