@@ -69,7 +69,9 @@ typedef struct {
     uint64_t kv_index_per_backend; /* of which one backend at most */
     uint64_t kv_pull_min_blocks;  /* a decode's cached prefix is pulled by the
                                      prefill when it holds this many more
-                                     blocks of the prompt (0 = never) */
+                                     blocks of the prompt (0 = never); 1: an
+                                     export + pull costs ~0.3 ms, computing a
+                                     block tens of ms (docs/BENCHMARKS.md) */
     uint64_t kv_export_timeout_ns; /* wait for KV_EXPORT_DONE this long */
     char *ready_file;
 } rtr_cfg_t;

@@ -104,7 +104,7 @@ static const pd_cfg_field_t rtr_cfg_fields[] = {
     ROW(kv_index_per_backend, "kv-index-per-backend", UINT, "65536",
         "KV index: block names of one backend at most (a daemon's kv-blocks is plenty)",
         1, 1 << 26),
-    ROW(kv_pull_min_blocks, "kv-pull-min-blocks", UINT, "2",
+    ROW(kv_pull_min_blocks, "kv-pull-min-blocks", UINT, "1",
         "a prefill pulls a decode's cached prefix of the prompt when that decode holds at least "
         "this many more blocks of it than the prefill (0 = never)", 0, 1 << 20),
     ROW(kv_export_timeout_ns, "kv-export-timeout", DURATION, "250ms",
