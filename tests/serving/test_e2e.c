@@ -2242,11 +2242,24 @@ static void test_kv_routing(void **st)
 #define PFP_NEW 160
 
 typedef struct {
-    char *text[2];
-    int cached[2];
-    int n_t2;
+    char *text[3];
+    int cached[3];
+    int n_t2, n_t3;
     int pulled_want;         /* full blocks of turn 1's prompt + answer with KV */
 } pfp_run_t;
+
+/* the next turn: prompt ids[0..n) + its answer (pd-run, ignore_eos) + a
+ * new message of PFP_NEW tokens; returns the new length */
+static int pfp_next_turn(int32_t *ids, int n, unsigned salt)
+{
+    int32_t ans[PFP_GEN + 4];
+    samp_t sp = { .temperature = 0, .top_p = 1, .ignore_eos = true };
+    int na = pdrun_s("llama", g_model, ids, n, NULL, PFP_GEN, &sp, ans, PFP_GEN + 4);
+    assert_int_equal(na, PFP_GEN);
+    memcpy(ids + n, ans, (size_t)na * sizeof(int32_t));
+    make_prompt(ids + n + na, PFP_NEW, salt, 4, 259);
+    return n + na + PFP_NEW;
+}
 
 /* turn 2's prompt: turn 1's, its answer (pd-run's greedy tokens: the same
  * as served, the equivalence tests say), a new message */
@@ -2266,7 +2279,7 @@ static int pfp_turn2(int32_t *ids, int *pulled_want)
 
 static void pfp_workload(e2e_deploy_t *d, bool cache, pfp_run_t *out)
 {
-    int32_t ids[PFP_T1 + PFP_GEN + PFP_NEW + 8];
+    int32_t ids[PFP_T1 + 2 * (PFP_GEN + PFP_NEW) + 8];
     out->n_t2 = pfp_turn2(ids, &out->pulled_want);
     e2e_proc_t *pre = &d->prefill[0], *dec = &d->decode[0];
     double ind0 = indexed_blocks(d, dec->id);
@@ -2276,7 +2289,8 @@ static void pfp_workload(e2e_deploy_t *d, bool cache, pfp_run_t *out)
         fail_msg("router never indexed turn 1 on %s (%.0f blocks)", dec->id,
                  indexed_blocks(d, dec->id));
     double comp0 = admin_num(pre, "requests", "counters.computed_tokens");
-    kvr_req(d, ids, out->n_t2, true, &out->text[1], &out->cached[1]);
+    kvr_req_x(d, ids, out->n_t2, true, ",\"ignore_eos\":true", &out->text[1],
+              &out->cached[1]);
     double pulled = admin_num(pre, "requests", "counters.src_pulled_tokens");
     double computed = admin_num(pre, "requests", "counters.computed_tokens") - comp0;
     double pbytes = admin_num(pre, "requests", "counters.src_pulled_bytes");
@@ -2302,6 +2316,29 @@ static void pfp_workload(e2e_deploy_t *d, bool cache, pfp_run_t *out)
     } else if (pulled > 0 || out->cached[1] != 0 || router_stat(d, "kv_src_exports") != 0) {
         fail_msg("cache off: pulled %.0f, cached_tokens %d", pulled, out->cached[1]);
     }
+    quiet_ok(d);
+
+    /* turn 3 = turn 2 + its answer + a new message: now the prefill holds
+     * turn 2's prompt blocks itself, the decode one more (turn 2's answer
+     * fills it): the prefill pulls only that block (KVX_PULL_SKIP for its
+     * own 16) and computes from there */
+    int own = out->n_t2 / 16 * 16, dec_has = (out->n_t2 + PFP_GEN - 1) / 16 * 16;
+    assert_true(dec_has > own);
+    if (cache && !wait_indexed(d, dec, dec_has / 16))
+        fail_msg("router never indexed turn 2 on %s (%.0f blocks)", dec->id,
+                 indexed_blocks(d, dec->id));
+    out->n_t3 = pfp_next_turn(ids, out->n_t2, 999);
+    comp0 = admin_num(pre, "requests", "counters.computed_tokens");
+    kvr_req(d, ids, out->n_t3, false, &out->text[2], &out->cached[2]);
+    double pulled3 = admin_num(pre, "requests", "counters.src_pulled_tokens") - pulled;
+    double computed3 = admin_num(pre, "requests", "counters.computed_tokens") - comp0;
+    fprintf(stderr, "e2e: turn 3 (%d tokens): prefill had %d, pulled %.0f, computed %.0f; usage "
+            "cached_tokens %d\n", out->n_t3, own, pulled3, computed3, out->cached[2]);
+    if (cache && (pulled3 != dec_has - own || computed3 != out->n_t3 - dec_has ||
+                  out->cached[2] != dec_has ||
+                  admin_num(pre, "requests", "counters.src_pulls_ok") != 2))
+        fail_msg("turn 3: pulled %.0f (want %d), computed %.0f (want %d), cached_tokens %d",
+                 pulled3, dec_has - own, computed3, out->n_t3 - dec_has, out->cached[2]);
     /* every lease ended, every block free (or evictable cache) again */
     quiet_ok(d);
     assert_int_equal(admin_num(dec, "kv", "exports"), 0);
@@ -2330,7 +2367,7 @@ static void test_prefill_pulls_from_decode(void **st)
     assert_int_equal(start_deploy(&g_a, &g_a_up, g_model, ra_off, kv_off, kv_off, NULL, 1, 1), 0);
     pfp_workload(&g_a, false, &off);
     assert_int_equal(stop_deploy(&g_a, &g_a_up), 0);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         if (strcmp(on.text[i], off.text[i]) != 0)
             fail_msg("turn %d: cache on '%s' != cache off '%s'", i + 1, on.text[i], off.text[i]);
         free(on.text[i]);
