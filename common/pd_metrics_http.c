@@ -164,7 +164,8 @@ static void mh_handle(mh_client_t *c, char *line)
     memcpy(path, target, plen);
     path[plen] = '\0';
     bool is_metrics = strcmp(path, "/metrics") == 0;
-    bool is_health = strcmp(path, "/health") == 0;
+    bool is_ready = m->o.ready != NULL && strcmp(path, "/ready") == 0;
+    bool is_health = is_ready || strcmp(path, "/health") == 0;
     if (!is_metrics && !is_health) {
         mh_reply_text(c, 404, "Not Found", "not found\n", false);
         return;
@@ -176,7 +177,8 @@ static void mh_handle(mh_client_t *c, char *line)
     }
     if (is_health) {
         char why[256] = "";
-        if (m->o.health != NULL && !m->o.health(m->o.arg, why, sizeof(why))) {
+        pd_metrics_health_t cb = is_ready ? m->o.ready : m->o.health;
+        if (cb != NULL && !cb(m->o.arg, why, sizeof(why))) {
             why[sizeof(why) - 2] = '\0';
             size_t wl = strlen(why);
             why[wl] = '\n';

@@ -7,6 +7,8 @@
  *                    the render callback returns (500 if it fails)
  *   GET /health   -> 200 "ok\n" (or 503 + the reason if the health callback
  *                    says not ok)
+ *   GET /ready    -> the same with the ready callback (404 without one):
+ *                    readiness probes
  *   HEAD of those -> the same headers, no body
  *   other paths   -> 404; other methods on those paths -> 405;
  *   bad request line -> 400; headers over max_header -> 431
@@ -46,6 +48,7 @@ typedef struct {
     const char *listen;             /* "127.0.0.1:9100", "[::1]:0" (port 0 ok) */
     pd_metrics_render_t render;     /* required */
     pd_metrics_health_t health;     /* NULL: always healthy */
+    pd_metrics_health_t ready;      /* GET /ready: the same form (NULL: /ready is 404) */
     void *arg;
     unsigned max_clients;           /* 0 -> 16 */
     size_t max_header;              /* 0 -> 8192 bytes */

@@ -87,7 +87,7 @@ static void dec_req_free(void *obj)
 
 static bool dec_can_reply(dec_t *d, dec_req_t *r)
 {
-    return !r->quiet && r->nr.epoch == d->n.epoch && proto_session_up(d->n.sess) && !d->n.stopping;
+    return !r->quiet && node_req_can_reply(&d->n, &r->nr);
 }
 
 /* TOKENS with the generated tokens [from, n_gen). */
@@ -118,7 +118,7 @@ static void dec_send_tokens(dec_t *d, dec_req_t *r, uint32_t from)
         memcpy(lp.top_lp, r->pend_lp.top_lp, sizeof(lp.top_lp));
         m.u.tokens.logprobs = (proto_logprobs_t){ r->pend_lp.n_top, 1, &lp, NULL };
     }
-    pd_status_t st = proto_session_send(d->n.sess, &m);
+    pd_status_t st = node_req_send(&d->n, &r->nr, &m);
     if (st != PD_OK)
         pd_log(st == PD_ERR_SHUTDOWN ? PD_LOG_DEBUG : PD_LOG_WARN, DEC_COMP, r->nr.id,
                "TOKENS not sent: %s", pd_status_str(st));
@@ -220,7 +220,7 @@ static void dec_req_end(dec_req_t *r, uint16_t reason, pd_status_t status)
     }
     if (dec_can_reply(d, r)) {
         if (reason == PROTO_FINISH_ERROR && r->seq == 0) {
-            node_send_error(&d->n, r->nr.id, status, "%s", pd_status_str(status));
+            node_send_error(&d->n, r->nr.link, r->nr.id, status, "%s", pd_status_str(status));
         } else {
             uint64_t now = pd_now_ns();
             proto_msg_t m;
@@ -246,7 +246,7 @@ static void dec_req_end(dec_req_t *r, uint16_t reason, pd_status_t status)
             uint64_t cached = (uint64_t)r->n_reused * d->n.geom->block_tokens;
             f->cached_tokens = cached < r->n_prompt ? (uint32_t)cached : r->n_prompt;
             f->kv_bytes = r->pulled_bytes;
-            (void)proto_session_send(d->n.sess, &m);
+            (void)node_req_send(&d->n, &r->nr, &m);
         }
     }
     dec_req_set_state(r, to);
@@ -824,13 +824,12 @@ static dec_req_t *dec_admit(dec_t *d, const proto_decode_req_t *q, dec_req_t *pa
         pd_log(PD_LOG_DEBUG, DEC_COMP, q->request_id, "rejected: %s", why);
         if (st != PD_ERR_EXISTS)
             dec_release_handle(d, &q->kv_handle);
-        node_send_error(&d->n, q->request_id, st, "%s", why);
+        node_send_error(&d->n, d->n.rx, q->request_id, st, "%s", why);
         return NULL;
     }
     r->d = d;
     snprintf(r->nr.id, sizeof(r->nr.id), "%s", q->request_id);
     snprintf(r->peer, sizeof(r->peer), "%s", q->prefill_peer_id);
-    r->nr.epoch = d->n.epoch;
     r->local = local;
     r->cap = max_pos + 1;
     r->max_pos = max_pos;
@@ -916,7 +915,7 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
         snprintf(f.request_id, sizeof(f.request_id), "%s/%u", q->request_id, i);
         if (r == NULL || (r->state != DEC_ST_NEW && r->state != DEC_ST_WAITING &&
                           r->state != DEC_ST_PULLING && r->state != DEC_ST_PREFILLING)) {
-            node_send_error(&d->n, f.request_id, PD_ERR_CANCELED, "the request it forks from %s",
+            node_send_error(&d->n, d->n.rx, f.request_id, PD_ERR_CANCELED, "the request it forks from %s",
                             r == NULL ? "was refused or ended" : "already runs");
             continue;
         }
@@ -995,7 +994,7 @@ static void dec_migrate_out(dec_t *d, dec_req_t *r)
     md->lease_ns = d->cfg.lease_ttl_ns;
     md->kv_handle.p = handle;
     md->kv_handle.len = (uint32_t)hlen;
-    st = proto_session_send(d->n.sess, &m);
+    st = node_req_send(&d->n, &r->nr, &m);
     pd_log(PD_LOG_INFO, DEC_COMP, r->nr.id, "migrating to %s after %u tokens (%u KV blocks)%s%s",
            r->migrate_to, r->n_gen, nb, st == PD_OK ? "" : ": MIGRATE_DONE not sent: ",
            st == PD_OK ? "" : pd_status_str(st));
@@ -1051,10 +1050,13 @@ static void dec_on_migrate(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 
 /* ---- cached prefixes exported to a prefill (KV_EXPORT_REQ) ----------------- */
 
-static dec_export_t *dec_export_find(dec_t *d, const char *id, uint64_t lease_id)
+/* The export of request id from router link l (ids are unique per router
+ * only). */
+static dec_export_t *dec_export_find(dec_t *d, const node_link_t *l, const char *id,
+                                     uint64_t lease_id)
 {
     for (dec_export_t *x = d->exports; x != NULL; x = x->next)
-        if (strcmp(x->nr.id, id) == 0 &&
+        if (x->nr.link == l && strcmp(x->nr.id, id) == 0 &&
             (lease_id == 0 || lease_id == node_lease_wire_id(x->lease)))
             return x;
     return NULL;
@@ -1116,7 +1118,7 @@ static void dec_on_kv_export_req(proto_conn_t *c, const proto_msg_t *msg, void *
         st = PD_ERR_NOT_FOUND; why = "prompt shorter than min_tokens";
     } else if (d->n_exports >= DEC_MAX_EXPORTS) {
         st = PD_ERR_OVERLOADED; why = "too many prefix exports";
-    } else if (dec_export_find(d, q->request_id, 0) != NULL) {
+    } else if (dec_export_find(d, d->n.rx, q->request_id, 0) != NULL) {
         st = PD_ERR_EXISTS; why = "export already live";
     }
     uint32_t nb = (n - 1) / bt;
@@ -1146,6 +1148,8 @@ static void dec_on_kv_export_req(proto_conn_t *c, const proto_msg_t *msg, void *
     uint32_t taken = 0;
     if (st == PD_OK) {
         snprintf(x->nr.id, sizeof(x->nr.id), "%s", q->request_id);
+        x->nr.link = d->n.rx; /* answered there, revoked when that router is lost */
+        x->nr.epoch = d->n.rx != NULL ? d->n.rx->epoch : 0;
         x->nr.n_blocks = m;
         x->nr.blocks_held = true;
         st = node_export_part(&d->n, &x->nr, q->target_prefill_id, x->nr.blocks, m,
@@ -1165,7 +1169,7 @@ static void dec_on_kv_export_req(proto_conn_t *c, const proto_msg_t *msg, void *
         free(x);
         pd_stats_inc(d->n.stats, DEC_STAT_prefix_exports_refused);
         pd_log(PD_LOG_DEBUG, DEC_COMP, q->request_id, "prefix export refused: %s", why);
-        node_send_error(&d->n, q->request_id, st == PD_ERR_NO_SPACE ? PD_ERR_OVERLOADED : st,
+        node_send_error(&d->n, d->n.rx, q->request_id, st == PD_ERR_NO_SPACE ? PD_ERR_OVERLOADED : st,
                         "prefix export: %s", why);
         return;
     }
@@ -1187,7 +1191,7 @@ static void dec_on_kv_export_req(proto_conn_t *c, const proto_msg_t *msg, void *
     xd->lease_ns = d->cfg.lease_ttl_ns;
     xd->kv_handle.p = handle;
     xd->kv_handle.len = (uint32_t)hlen;
-    st = proto_session_send(d->n.sess, &out);
+    st = node_req_send(&d->n, &x->nr, &out);
     pd_log(PD_LOG_DEBUG, DEC_COMP, q->request_id, "prefix of %u tokens (%u blocks) exported to %s%s%s",
            m * bt, m, x->target, st == PD_OK ? "" : ": KV_EXPORT_DONE not sent: ",
            st == PD_OK ? "" : pd_status_str(st));
@@ -1195,13 +1199,15 @@ static void dec_on_kv_export_req(proto_conn_t *c, const proto_msg_t *msg, void *
         (void)kvx_lease_revoke(d->n.kvx, x->lease); /* -> dec_export_lease_end */
 }
 
-/* Router lost or teardown: every export's lease ends now. */
-static void dec_exports_revoke(dec_t *d)
+/* Router `from` lost (NULL: teardown, all): the leases of the exports it
+ * asked for end now (it will not hand them on). */
+static void dec_exports_revoke(dec_t *d, const node_link_t *from)
 {
     dec_export_t *x = d->exports, *next;
     for (; x != NULL; x = next) {
         next = x->next;
-        (void)kvx_lease_revoke(d->n.kvx, x->lease); /* may unlink and free x */
+        if (from == NULL || x->nr.link == from)
+            (void)kvx_lease_revoke(d->n.kvx, x->lease); /* may unlink and free x */
     }
 }
 
@@ -1212,7 +1218,8 @@ static void dec_on_release(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 {
     (void)c;
     dec_t *d = arg;
-    dec_export_t *x = dec_export_find(d, msg->u.release.request_id, msg->u.release.lease_id);
+    dec_export_t *x = dec_export_find(d, d->n.rx, msg->u.release.request_id,
+                                      msg->u.release.lease_id);
     if (x != NULL && msg->u.release.lease_id != 0) {
         (void)kvx_lease_revoke(d->n.kvx, x->lease); /* -> dec_export_lease_end */
         return;
@@ -1244,15 +1251,20 @@ static void dec_on_peer_down(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 
 /* ---- node callbacks ----------------------------------------------------- */
 
-/* Router lost or teardown: end everything without a reply (a request in
- * the step or in a pull ends when that comes back). */
-static void dec_cancel_all(node_t *n)
+/* A router lost (its requests; from NULL at teardown: all): end them
+ * without a reply (a request in the step or in a pull ends when that comes
+ * back), and forget that router's peer reports. */
+static void dec_cancel_all(node_t *n, const node_link_t *from)
 {
-    dec_exports_revoke((dec_t *)n);
+    dec_t *d = (dec_t *)n;
+    dec_exports_revoke(d, from);
+    node_peers_forget_link(n, from);
     NODE_FOR_EACH(n, dec_req_t, r) {
+        if (from != NULL && r->nr.link != from)
+            continue;
         r->quiet = true;
         if (!r->cancel)
-            dec_req_cancel((dec_t *)n, r);
+            dec_req_cancel(d, r);
     }
 }
 

@@ -14,6 +14,9 @@ PKGS=(
   libcmocka-dev clang libclang-rt-14-dev prometheus
   # tools: network namespaces, plots, JSON on the command line
   iproute2 gnuplot-nox jq python3 curl socat systemd
+  # membership of several routers (optional per deployment): etcd v3, whose
+  # JSON gateway the daemons speak; e2e-etcd starts it on loopback
+  etcd-server etcd-client
   # the Debian package (debian/): build, man pages from --help, lint
   debhelper help2man lintian fakeroot
 )

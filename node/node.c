@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "pd_etcd.h"
 #include "pd_log.h"
 #include "pd_time.h"
 
@@ -88,6 +89,10 @@ void node_peer_info(node_t *n, const proto_peer_info_t *pi, unsigned role_mask)
             st = kvx_peer_add(n->kvx, pi->kv_addr.p, pi->kv_addr.len);
     }
     if (st == PD_OK || st == PD_ERR_EXISTS) {
+        if (!p->live || p->incarnation != pi->incarnation)
+            p->links = 0; /* a new incarnation: only the routers that saw it */
+        if (n->rx != NULL)
+            p->links |= 1u << n->rx->idx;
         p->incarnation = pi->incarnation;
         p->node_id = node_id_of(pi->daemon_id);
         p->live = true;
@@ -106,10 +111,26 @@ void node_peer_down(node_t *n, const proto_peer_down_t *pd)
     node_peer_t *p = node_peer_find(n, pd->daemon_id, false);
     if (p == NULL || !p->live || (pd->incarnation != 0 && pd->incarnation != p->incarnation))
         return; /* unknown, or an older incarnation than the one we use */
+    if (n->rx != NULL)
+        p->links &= ~(1u << n->rx->idx);
+    if (p->links != 0) {
+        /* another router still has a live session with it: the peer lost
+         * one router, it is not gone (its pulls go on) */
+        pd_log(PD_LOG_INFO, n->role->name, NULL, "peer %s lost router %s (%s); still up at others",
+               pd->daemon_id, n->rx != NULL ? n->rx->addr : "?", pd_status_name(pd->status));
+        return;
+    }
     p->live = false;
     pd_status_t st = kvx_peer_fail(n->kvx, p->node_id, PD_ERR_PEER_GONE);
     pd_log(PD_LOG_INFO, n->role->name, NULL, "peer %s down (%s): %s", pd->daemon_id,
            pd_status_name(pd->status), pd_status_str(st));
+}
+
+void node_peers_forget_link(node_t *n, const node_link_t *from)
+{
+    if (from != NULL)
+        for (uint32_t i = 0; i < NODE_MAX_PEERS; i++)
+            n->peers[i].links &= ~(1u << from->idx);
 }
 
 void node_adm_peers(node_t *n, cJSON *reply)
@@ -144,15 +165,29 @@ void node_on_lease_end(void *arg, const kvx_lease_info_t *info, kvx_lease_end_t 
 
 /* ---- requests ------------------------------------------------------------- */
 
+/* The table key of wire id `id` on the router session `epoch`. */
+static void node_req_key(char *key, size_t cap, uint64_t epoch, const char *id)
+{
+    snprintf(key, cap, "%llx/%s", (unsigned long long)epoch, id);
+}
+
 node_req_t *node_req_find(node_t *n, const char *id)
 {
-    pd_idhash_node_t *h = pd_idhash_find(&n->by_id, id);
+    if (n->rx == NULL)
+        return NULL;
+    char key[sizeof(((node_req_t *)0)->key)];
+    node_req_key(key, sizeof(key), n->rx->epoch, id);
+    pd_idhash_node_t *h = pd_idhash_find(&n->by_id, key);
     return h != NULL ? PD_CONTAINER_OF(h, node_req_t, hnode) : NULL;
 }
 
 void node_req_link(node_t *n, node_req_t *r)
 {
-    pd_idhash_add(&n->by_id, &r->hnode, r->id);
+    /* a request is created while its router's message is dispatched */
+    r->link = n->rx;
+    r->epoch = n->rx != NULL ? n->rx->epoch : 0;
+    node_req_key(r->key, sizeof(r->key), r->epoch, r->id);
+    pd_idhash_add(&n->by_id, &r->hnode, r->key);
     r->next = n->live;
     r->prev = NULL;
     if (n->live)
@@ -160,6 +195,20 @@ void node_req_link(node_t *n, node_req_t *r)
     n->live = r;
     n->n_live++;
     pd_stats_gauge_set(n->stats, NODE_STAT_live, n->n_live);
+}
+
+bool node_req_can_reply(const node_t *n, const node_req_t *r)
+{
+    return !n->stopping && r->link != NULL && r->link->in_use &&
+           r->epoch == r->link->epoch && proto_session_up(r->link->sess);
+}
+
+pd_status_t node_req_send(node_t *n, const node_req_t *r, const proto_msg_t *msg)
+{
+    (void)n;
+    if (r->link == NULL || !r->link->in_use || r->epoch != r->link->epoch)
+        return PD_ERR_SHUTDOWN;
+    return proto_session_send(r->link->sess, msg);
 }
 
 static void node_req_unlink(node_t *n, node_req_t *r)
@@ -224,8 +273,12 @@ pd_status_t node_sampling(const node_t *n, const proto_sampling_t *ps, eng_sampl
     return eng_sample_params_check(sp);
 }
 
-void node_send_error(node_t *n, const char *id, pd_status_t status, const char *fmt, ...)
+void node_send_error(node_t *n, node_link_t *l, const char *id, pd_status_t status,
+                     const char *fmt, ...)
 {
+    (void)n;
+    if (l == NULL || !l->in_use)
+        return;
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
     m.hdr.type = PROTO_MSG_ERROR;
@@ -235,7 +288,7 @@ void node_send_error(node_t *n, const char *id, pd_status_t status, const char *
     va_start(ap, fmt);
     vsnprintf(m.u.error.message, sizeof(m.u.error.message), fmt, ap);
     va_end(ap);
-    (void)proto_session_send(n->sess, &m);
+    (void)proto_session_send(l->sess, &m);
 }
 
 /* ---- drain ---------------------------------------------------------------- */
@@ -246,13 +299,34 @@ static void node_stop_loop(void *arg)
     pd_loop_stop(n->loop);
 }
 
+/* One router session flushed and closed; the last one stops the loop. */
+static void node_link_shut(void *arg)
+{
+    node_link_t *l = arg;
+    node_t *n = l->n;
+    if (l->shut)
+        return;
+    l->shut = true;
+    if (n->n_shut > 0 && --n->n_shut == 0)
+        node_stop_loop(n);
+}
+
 void node_maybe_drained(node_t *n)
 {
     if (n->draining && !n->stopping && n->n_live == 0) {
         pd_log(PD_LOG_INFO, n->role->name, NULL, "drained: flushing and exiting");
         n->stopping = true;
-        /* the last replies must reach the router before we exit */
-        proto_session_shutdown(n->sess, node_stop_loop, n);
+        /* the last replies must reach every router before we exit */
+        n->n_shut = 1; /* held until every shutdown is started */
+        for (uint32_t i = 0; i < NODE_ROUTERS_MAX; i++) {
+            node_link_t *l = &n->links[i];
+            if (!l->in_use || l->shut)
+                continue;
+            n->n_shut++;
+            proto_session_shutdown(l->sess, node_link_shut, l);
+        }
+        if (--n->n_shut == 0)
+            node_stop_loop(n);
     }
 }
 
@@ -272,13 +346,20 @@ void node_drain_init(node_t *n)
     n->drain_ev = evtimer_new(pd_loop_base(n->loop), node_drain_timeout, n);
 }
 
+void node_heartbeat_now(node_t *n)
+{
+    for (uint32_t i = 0; i < NODE_ROUTERS_MAX; i++)
+        if (n->links[i].in_use)
+            proto_session_heartbeat_now(n->links[i].sess);
+}
+
 void node_start_drain(node_t *n)
 {
     if (n->draining)
         return;
     n->draining = true;
     pd_log(PD_LOG_INFO, n->role->name, NULL, "draining: %u requests live", n->n_live);
-    proto_session_heartbeat_now(n->sess);
+    node_heartbeat_now(n);
     struct timeval tv = pd_ns_to_timeval(n->cfg->drain_timeout_ns);
     if (n->drain_ev != NULL)
         evtimer_add(n->drain_ev, &tv);
@@ -296,9 +377,9 @@ static void node_on_sigterm(pd_loop_t *loop, void *arg)
     node_start_drain(n);
 }
 
-/* ---- session -------------------------------------------------------------- */
+/* ---- router links ------------------------------------------------------- */
 
-static void node_write_ready(node_t *n)
+static void node_write_ready(node_t *n, const node_link_t *l)
 {
     if (n->cfg->ready_file == NULL || n->registered_once)
         return;
@@ -306,7 +387,7 @@ static void node_write_ready(node_t *n)
     cJSON_AddStringToObject(j, "id", n->daemon_id);
     cJSON_AddStringToObject(j, "role", n->role->name);
     cJSON_AddNumberToObject(j, "pid", (double)getpid());
-    cJSON_AddStringToObject(j, "router", proto_session_router_id(n->sess));
+    cJSON_AddStringToObject(j, "router", proto_session_router_id(l->sess));
     if (n->cfg->admin_socket)
         cJSON_AddStringToObject(j, "admin", n->cfg->admin_socket);
     if (node_metrics_port(n) != 0)
@@ -325,31 +406,40 @@ static void node_write_ready(node_t *n)
 static void node_on_up(proto_session_t *s, const proto_register_ack_t *ack, void *arg)
 {
     (void)s;
-    node_t *n = arg;
-    n->epoch++;
-    pd_log(PD_LOG_INFO, n->role->name, NULL, "registered with router %s as %s (heartbeat %llu ms)",
-           ack->daemon_id, n->daemon_id,
-           (unsigned long long)(ack->heartbeat_interval_ns / 1000000));
-    node_kve_session_up(n->kve); /* the router's index of our cache starts over */
-    node_write_ready(n);
+    node_link_t *l = arg;
+    node_t *n = l->n;
+    l->epoch = ++n->serial;
+    pd_log(PD_LOG_INFO, n->role->name, NULL,
+           "registered with router %s (%s) as %s (heartbeat %llu ms; %u of %u routers up)",
+           ack->daemon_id, l->addr, n->daemon_id,
+           (unsigned long long)(ack->heartbeat_interval_ns / 1000000), node_links_up(n),
+           n->n_links);
+    node_kve_session_up(n->kve); /* every router's index of our cache starts over */
+    node_write_ready(n, l);
 }
 
 static void node_on_down(proto_session_t *s, pd_status_t why, void *arg)
 {
     (void)s;
-    node_t *n = arg;
-    n->epoch++;
+    node_link_t *l = arg;
+    node_t *n = l->n;
+    l->epoch = ++n->serial;
+    uint32_t lost = 0;
+    for (const node_req_t *r = n->live; r != NULL; r = r->next)
+        lost += r->link == l;
     pd_log(PD_LOG_WARN, n->role->name, NULL,
-           "router lost (%s): canceling %u requests, reconnecting", pd_status_str(why), n->n_live);
-    n->role->cancel_all(n);
+           "router %s lost (%s): canceling its %u requests, reconnecting", l->addr,
+           pd_status_str(why), lost);
+    n->role->cancel_all(n, l);
 }
 
 static void node_on_reject(proto_session_t *s, pd_status_t status, const char *reason, void *arg)
 {
     (void)s;
-    node_t *n = arg;
-    pd_log(PD_LOG_ERROR, n->role->name, NULL,
-           "registration refused (%s): %s; retrying with backoff", pd_status_name(status), reason);
+    node_link_t *l = arg;
+    pd_log(PD_LOG_ERROR, l->n->role->name, NULL,
+           "registration with %s refused (%s): %s; retrying with backoff", l->addr,
+           pd_status_name(status), reason);
 }
 
 static void node_on_error(proto_conn_t *c, const proto_msg_t *msg, void *arg)
@@ -357,13 +447,41 @@ static void node_on_error(proto_conn_t *c, const proto_msg_t *msg, void *arg)
     (void)c;
     node_t *n = arg;
     pd_log(PD_LOG_WARN, n->role->name, msg->u.error.request_id[0] ? msg->u.error.request_id : NULL,
-           "router error: %s: %s", pd_status_name(msg->u.error.status), msg->u.error.message);
+           "router %s error: %s: %s", n->rx != NULL ? n->rx->addr : "?",
+           pd_status_name(msg->u.error.status), msg->u.error.message);
+}
+
+/* Every message of an up session: the role's callback for its type, with
+ * n->rx naming the link it came on for the callback's duration. */
+static void node_dispatch(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    node_link_t *l = arg;
+    node_t *n = l->n;
+    const proto_conn_cbs_t *cbs = &n->role->cbs;
+    proto_msg_cb_t cb = NULL;
+    switch (msg->hdr.type) {
+#define NODE_X_CB(NAME, name, code, max) case code: cb = cbs->on_##name; break;
+    PROTO_MSG_LIST(NODE_X_CB)
+#undef NODE_X_CB
+    }
+    if (cb == NULL && msg->hdr.type == PROTO_MSG_ERROR)
+        cb = node_on_error;
+    if (cb == NULL)
+        cb = cbs->on_other;
+    if (cb == NULL)
+        return;
+    node_link_t *saved = n->rx;
+    n->rx = l;
+    cb(c, msg, n);
+    n->rx = saved;
 }
 
 static void node_fill_hb(proto_session_t *s, proto_heartbeat_t *hb, void *arg)
 {
     (void)s;
-    node_t *n = arg;
+    node_link_t *l = arg;
+    node_t *n = l->n;
+    /* the same figures to every router: the daemon's whole load */
     hb->flags = n->draining ? PROTO_HB_DRAINING : 0;
     hb->free_blocks = node_kv_available(n);
     hb->total_blocks = kvx_blocks_total(n->blocks);
@@ -373,7 +491,7 @@ static void node_fill_hb(proto_session_t *s, proto_heartbeat_t *hb, void *arg)
 void node_session_opts(node_t *n, proto_session_opts_t *so)
 {
     memset(so, 0, sizeof(*so));
-    so->router_addr = n->cfg->router;
+    so->router_addr = NULL;             /* per link (node_link_add) */
     so->secret = n->have_secret ? &n->secret : NULL;
     so->hello.role = n->role->proto_role;
     so->hello.caps = n->role->caps;
@@ -391,9 +509,8 @@ void node_session_opts(node_t *n, proto_session_opts_t *so)
     so->hello.kv_addr.len = (uint32_t)n->meta_len;
     so->heartbeat_interval_ns = n->cfg->heartbeat_ns;
     so->backoff_min_ns = n->cfg->reconnect_min_ns;
-    so->cbs = n->role->cbs;
-    if (so->cbs.on_error == NULL)
-        so->cbs.on_error = node_on_error;
+    memset(&so->cbs, 0, sizeof(so->cbs));
+    so->cbs.on_other = node_dispatch; /* -> the role's per-type callbacks */
     so->on_up = node_on_up;
     so->on_down = node_on_down;
     so->on_reject = node_on_reject;
@@ -402,13 +519,246 @@ void node_session_opts(node_t *n, proto_session_opts_t *so)
     so->stats = &n->pstats;
 }
 
-pd_status_t node_run(node_t *n, const char *extra)
+pd_status_t node_routers_parse(const char *list, char (*addrs)[128], uint32_t max,
+                               uint32_t *n_p)
 {
+    uint32_t cnt = 0;
+    const char *p = list;
+    if (p == NULL)
+        return PD_ERR_BAD_INPUT;
+    for (;;) {
+        const char *end = strchr(p, ',');
+        size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        while (len > 0 && (*p == ' ' || *p == '\t')) {
+            p++;
+            len--;
+        }
+        while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+            len--;
+        if (len == 0 || len >= 128 || cnt >= max)
+            return PD_ERR_BAD_INPUT;
+        char a[128];
+        memcpy(a, p, len);
+        a[len] = '\0';
+        struct sockaddr_storage ss;
+        int sl;
+        if (proto_addr_parse(a, &ss, &sl) != PD_OK)
+            return PD_ERR_BAD_INPUT;
+        for (uint32_t i = 0; i < cnt; i++)
+            if (strcmp(addrs[i], a) == 0)
+                return PD_ERR_BAD_INPUT;
+        memcpy(addrs[cnt++], a, len + 1);
+        if (end == NULL)
+            break;
+        p = end + 1;
+    }
+    *n_p = cnt;
+    return PD_OK;
+}
+
+uint32_t node_links_up(const node_t *n)
+{
+    uint32_t up = 0;
+    for (uint32_t i = 0; i < NODE_ROUTERS_MAX; i++)
+        up += n->links[i].in_use && proto_session_up(n->links[i].sess);
+    return up;
+}
+
+pd_status_t node_link_add(node_t *n, const char *addr, node_link_t **l_p)
+{
+    node_link_t *slot = NULL;
+    for (uint32_t i = 0; i < NODE_ROUTERS_MAX; i++) {
+        node_link_t *l = &n->links[i];
+        if (l->in_use && strcmp(l->addr, addr) == 0)
+            return PD_ERR_EXISTS;
+        if (!l->in_use && slot == NULL)
+            slot = l;
+    }
+    if (slot == NULL)
+        return PD_ERR_NO_SPACE;
+    if (strlen(addr) >= sizeof(slot->addr))
+        return PD_ERR_BAD_INPUT;
     proto_session_opts_t so;
     node_session_opts(n, &so);
-    pd_status_t st = proto_session_create(pd_loop_base(n->loop), &so, &n->sess);
+    so.router_addr = addr;
+    so.arg = slot;
+    memset(slot, 0, sizeof(*slot));
+    slot->n = n;
+    slot->idx = (uint32_t)(slot - n->links);
+    snprintf(slot->addr, sizeof(slot->addr), "%s", addr);
+    slot->epoch = ++n->serial;
+    pd_status_t st = proto_session_create(pd_loop_base(n->loop), &so, &slot->sess);
+    if (st != PD_OK)
+        return st;
+    slot->in_use = true;
+    n->n_links++;
+    if (l_p)
+        *l_p = slot;
+    return PD_OK;
+}
+
+void node_link_remove(node_t *n, node_link_t *l)
+{
+    if (l == NULL || !l->in_use)
+        return;
+    proto_session_destroy(l->sess); /* on_down is not called for this close */
+    l->sess = NULL;
+    l->in_use = false;
+    l->epoch = ++n->serial;
+    n->n_links--;
+    n->role->cancel_all(n, l);
+}
+
+const char *node_router_list(const node_config_t *c)
+{
+    if (c->router != NULL)
+        return c->router;
+    return c->etcd != NULL ? "" : "127.0.0.1:7000";
+}
+
+/* ---- etcd membership ------------------------------------------------------ */
+
+/* Bring the links in line with etcd's routers/: connect to new ones, kick
+ * the reconnect of one whose key was put again (a restart), drop one that
+ * left etcd once its session is down (an up session keeps serving: etcd
+ * may be catching up). Static links are never dropped. Loop thread, never
+ * inside a session callback. */
+static void node_member_reconcile(node_t *n)
+{
+    if (n->member == NULL || n->stopping)
+        return;
+    char err[160];
+    bool up = pd_member_connected(n->member, err, sizeof(err));
+    if (up != n->member_up)
+        pd_log(up ? PD_LOG_INFO : PD_LOG_WARN, n->role->name, NULL, "etcd %s: %s%s",
+               n->cfg->etcd, up ? "registered" : "unreachable (sessions go on): ", up ? "" : err);
+    n->member_up = up;
+    pd_member_entry_t e[PD_MEMBER_MAX];
+    uint32_t ne = pd_member_snapshot(n->member, e, PD_MEMBER_MAX);
+    if (ne > PD_MEMBER_MAX)
+        ne = PD_MEMBER_MAX;
+    bool seen[NODE_ROUTERS_MAX] = { false };
+    /* what cannot be used is logged once per change of the set, not on
+     * every reconcile (a set over NODE_ROUTERS_MAX stays so) */
+    uint64_t sig = ne;
+    for (uint32_t i = 0; i < ne; i++)
+        sig = sig * 1000003u ^ (uint64_t)e[i].mod_revision;
+    bool changed = sig != n->member_sig;
+    n->member_sig = sig;
+    for (uint32_t i = 0; i < ne; i++) {
+        struct sockaddr_storage ss;
+        int sl;
+        if (proto_addr_parse(e[i].value, &ss, &sl) != PD_OK ||
+            (!n->have_secret && !node_addr_loopback(e[i].value))) {
+            pd_log(PD_LOG_DEBUG, n->role->name, NULL, "etcd: routers/%s = \"%s\" ignored",
+                   e[i].key, e[i].value);
+            continue;
+        }
+        node_link_t *l = NULL;
+        for (uint32_t k = 0; k < NODE_ROUTERS_MAX && l == NULL; k++)
+            if (n->links[k].in_use && strcmp(n->links[k].addr, e[i].value) == 0)
+                l = &n->links[k];
+        if (l == NULL) {
+            pd_status_t st = node_link_add(n, e[i].value, &l);
+            if (st != PD_OK) {
+                if (changed)
+                    pd_log(PD_LOG_WARN, n->role->name, NULL, "etcd: router %s at %s not used: %s",
+                           e[i].key, e[i].value, pd_status_str(st));
+                continue;
+            }
+            l->from_etcd = true;
+            pd_log(PD_LOG_INFO, n->role->name, NULL, "etcd: router %s at %s: connecting",
+                   e[i].key, e[i].value);
+        } else if (l->etcd_rev != 0 && l->etcd_rev != e[i].mod_revision) {
+            /* registered again: it is back, do not wait out the backoff */
+            proto_session_retry_now(l->sess);
+        }
+        l->etcd_rev = e[i].mod_revision;
+        seen[l->idx] = true;
+    }
+    for (uint32_t k = 0; k < NODE_ROUTERS_MAX; k++) {
+        node_link_t *l = &n->links[k];
+        if (!l->in_use || !l->from_etcd || seen[k] || proto_session_up(l->sess))
+            continue;
+        pd_log(PD_LOG_INFO, n->role->name, NULL, "etcd: router at %s left: dropping its session",
+               l->addr);
+        node_link_remove(n, l);
+    }
+}
+
+static void node_member_changed(void *arg)
+{
+    node_member_reconcile(arg);
+}
+
+static void node_member_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    node_member_reconcile(arg);
+}
+
+pd_status_t node_member_start(node_t *n)
+{
+    const node_config_t *c = n->cfg;
+    if (c->etcd == NULL)
+        return PD_OK;
+    size_t pl = strlen(c->etcd_prefix);
+    if (pl == 0 || c->etcd_prefix[pl - 1] != '/')
+        return PD_ERR_BAD_INPUT;
+    char key[PD_MEMBER_VAL_MAX];
+    snprintf(key, sizeof(key), "daemons/%s", n->daemon_id);
+    pd_member_opts_t mo = {
+        .endpoint = c->etcd, .prefix = c->etcd_prefix, .key = key, .value = n->role->name,
+        .ttl_s = (uint32_t)(c->etcd_ttl_ns / 1000000000ull), .watch = "routers/",
+        .on_change = node_member_changed, .arg = n,
+    };
+    n->member_ev = event_new(pd_loop_base(n->loop), -1, EV_PERSIST, node_member_tick, n);
+    if (n->member_ev == NULL)
+        return PD_ERR_NO_MEMORY;
+    pd_status_t st = pd_member_start(pd_loop_base(n->loop), &mo, &n->member);
     if (st != PD_OK) {
-        fprintf(stderr, "pd-%s: --router: bad address \"%s\"\n", n->role->name, n->cfg->router);
+        event_free(n->member_ev);
+        n->member_ev = NULL;
+        return st;
+    }
+    struct timeval tv = { 1, 0 };
+    event_add(n->member_ev, &tv);
+    return PD_OK;
+}
+
+void node_member_stop(node_t *n)
+{
+    pd_member_stop(n->member);          /* daemons/<id> goes at once */
+    n->member = NULL;
+    if (n->member_ev != NULL)
+        event_free(n->member_ev);
+    n->member_ev = NULL;
+}
+
+pd_status_t node_run(node_t *n, const char *extra)
+{
+    char addrs[NODE_ROUTERS_MAX][128];
+    uint32_t na = 0;
+    const char *list = node_router_list(n->cfg);
+    if (list[0] != '\0' && node_routers_parse(list, addrs, NODE_ROUTERS_MAX, &na) != PD_OK) {
+        fprintf(stderr,
+                "pd-%s: --router: bad list \"%s\" (host:port[,host:port...], at most %u, no "
+                "duplicates)\n", n->role->name, list, NODE_ROUTERS_MAX);
+        return PD_ERR_BAD_INPUT;
+    }
+    for (uint32_t i = 0; i < na; i++) { /* node_boot checked the list and insecure mode */
+        pd_status_t st = node_link_add(n, addrs[i], NULL);
+        if (st != PD_OK) {
+            fprintf(stderr, "pd-%s: --router: cannot use \"%s\": %s\n", n->role->name, addrs[i],
+                    pd_status_str(st));
+            return PD_ERR_BAD_INPUT;
+        }
+    }
+    pd_status_t mst = node_member_start(n);
+    if (mst != PD_OK) {
+        fprintf(stderr, "pd-%s: --etcd %s (prefix %s): %s\n", n->role->name, n->cfg->etcd,
+                n->cfg->etcd_prefix, pd_status_str(mst));
         return PD_ERR_BAD_INPUT;
     }
     if (!n->have_secret)
@@ -416,10 +766,11 @@ pd_status_t node_run(node_t *n, const char *extra)
                "RUNNING WITHOUT AUTHENTICATION (--insecure-no-auth): loopback only");
     pd_loop_on_drain(n->loop, node_on_sigterm, n);
     pd_log(PD_LOG_INFO, n->role->name, NULL,
-           "%s up: model %s (%s), %llu blocks x %llu bytes (%u tokens)%s, router %s",
+           "%s up: model %s (%s), %llu blocks x %llu bytes (%u tokens)%s, router%s %s%s%s",
            n->daemon_id, n->cfg->model, n->engine, (unsigned long long)n->cfg->kv_blocks,
            (unsigned long long)n->geom->block_bytes, n->geom->block_tokens, extra ? extra : "",
-           n->cfg->router);
+           na > 1 ? "s" : "", na > 0 ? list : "(none static)", n->cfg->etcd ? ", etcd " : "",
+           n->cfg->etcd ? n->cfg->etcd : "");
     return pd_loop_run(n->loop);
 }
 
@@ -487,15 +838,54 @@ static pd_status_t node_adm_xfer(pd_admin_req_t *req, cJSON *reply)
     return PD_OK;
 }
 
+static const char *const node_sess_names[] = { "down", "connecting", "hello_sent", "up" };
+
 static pd_status_t node_adm_session(pd_admin_req_t *req, cJSON *reply)
 {
     node_t *n = req->arg;
-    static const char *const names[] = { "down", "connecting", "hello_sent", "up" };
-    cJSON_AddStringToObject(reply, "state", names[proto_session_state(n->sess)]);
-    cJSON_AddStringToObject(reply, "router_id", proto_session_router_id(n->sess));
-    cJSON_AddNumberToObject(reply, "registrations", (double)proto_session_registrations(n->sess));
-    cJSON_AddNumberToObject(reply, "rejects", (double)proto_session_rejects(n->sess));
-    cJSON_AddStringToObject(reply, "last_error", proto_session_last_error(n->sess));
+    /* the top-level fields: the first router (one-router deployments);
+     * "routers": every link */
+    const node_link_t *first = NULL;
+    cJSON *arr = cJSON_AddArrayToObject(reply, "routers");
+    for (uint32_t i = 0; i < NODE_ROUTERS_MAX; i++) {
+        const node_link_t *l = &n->links[i];
+        if (!l->in_use)
+            continue;
+        if (first == NULL)
+            first = l;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "addr", l->addr);
+        cJSON_AddStringToObject(o, "source", l->from_etcd ? "etcd" : "static");
+        cJSON_AddStringToObject(o, "state", node_sess_names[proto_session_state(l->sess)]);
+        cJSON_AddStringToObject(o, "router_id", proto_session_router_id(l->sess));
+        cJSON_AddNumberToObject(o, "registrations", (double)proto_session_registrations(l->sess));
+        cJSON_AddNumberToObject(o, "rejects", (double)proto_session_rejects(l->sess));
+        cJSON_AddStringToObject(o, "last_error", proto_session_last_error(l->sess));
+        uint32_t live = 0;
+        for (const node_req_t *r = n->live; r != NULL; r = r->next)
+            live += r->link == l;
+        cJSON_AddNumberToObject(o, "live", live);
+        cJSON_AddItemToArray(arr, o);
+    }
+    cJSON_AddNumberToObject(reply, "routers_up", node_links_up(n));
+    if (n->member != NULL) {
+        char err[160];
+        cJSON *e = cJSON_AddObjectToObject(reply, "etcd");
+        cJSON_AddStringToObject(e, "endpoint", n->cfg->etcd);
+        cJSON_AddStringToObject(e, "prefix", n->cfg->etcd_prefix);
+        cJSON_AddBoolToObject(e, "connected", pd_member_connected(n->member, err, sizeof(err)));
+        cJSON_AddStringToObject(e, "last_error", err);
+    }
+    if (first != NULL) {
+        cJSON_AddStringToObject(reply, "state", node_sess_names[proto_session_state(first->sess)]);
+        cJSON_AddStringToObject(reply, "router_id", proto_session_router_id(first->sess));
+        cJSON_AddNumberToObject(reply, "registrations",
+                                (double)proto_session_registrations(first->sess));
+        cJSON_AddNumberToObject(reply, "rejects", (double)proto_session_rejects(first->sess));
+        cJSON_AddStringToObject(reply, "last_error", proto_session_last_error(first->sess));
+    } else {
+        cJSON_AddStringToObject(reply, "state", "down");
+    }
     cJSON_AddBoolToObject(reply, "draining", n->draining);
     if (n->role->adm_session)
         n->role->adm_session(n, reply);

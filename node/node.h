@@ -65,6 +65,9 @@ typedef struct {
     uint64_t drain_timeout_ns;
     char *ready_file;
     char *metrics_listen;
+    char *etcd;
+    char *etcd_prefix;
+    uint64_t etcd_ttl_ns;
 } node_config_t;
 
 extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_dtype_t order) */
@@ -75,7 +78,7 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
     PD_CFG_ROW(stype, node.field, key, type, def, help, min, max, en),
 #define NODE_HEAD_ROWS(stype, id_help)                                        \
     NODE_ROW(stype, id, "id", STRING, NULL, id_help, 0, 0, NULL)              \
-    NODE_ROW(stype, router, "router", STRING, "127.0.0.1:7000", "router control address host:port", 0, 0, NULL) \
+    NODE_ROW(stype, router, "router", STRING, NULL, "router control address host:port, or a comma-separated list (one session per router, at most 16); default 127.0.0.1:7000 unless etcd is set", 0, 0, NULL) \
     NODE_ROW(stype, secret_file, "secret-file", STRING, NULL, "file with the deployment secret (>= 32 bytes, hex or raw)", 0, 0, NULL) \
     NODE_ROW(stype, secret, "secret", STRING, NULL, "deployment secret as hex (tests; prefer secret-file / PD_SECRET)", 0, 0, NULL) \
     NODE_ROW(stype, insecure_no_auth, "insecure-no-auth", BOOL, "false", "run without a secret (loopback router only)", 0, 0, NULL) \
@@ -95,7 +98,10 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
     NODE_ROW(stype, reconnect_min_ns, "reconnect-min", DURATION, "1s", "first reconnect backoff (doubles to 30 s)", 1e6, 60e9, NULL) \
     NODE_ROW(stype, drain_timeout_ns, "drain-timeout", DURATION, "30s", "SIGTERM: max wait for in-flight work", 0, 3600e9, NULL) \
     NODE_ROW(stype, ready_file, "ready-file", STRING, NULL, "write JSON here once registered with the router", 0, 0, NULL) \
-    NODE_ROW(stype, metrics_listen, "metrics.listen", STRING, NULL, "HTTP /metrics + /health address host:port (port 0: any; default off)", 0, 0, NULL)
+    NODE_ROW(stype, metrics_listen, "metrics.listen", STRING, NULL, "HTTP /metrics + /health address host:port (port 0: any; default off)", 0, 0, NULL) \
+    NODE_ROW(stype, etcd, "etcd", STRING, NULL, "etcd client address host:port: register daemons/<id>, connect to every routers/* found (off by default)", 0, 0, NULL) \
+    NODE_ROW(stype, etcd_prefix, "etcd.prefix", STRING, "/pdserve/default/", "deployment prefix in etcd (ends with /)", 0, 0, NULL) \
+    NODE_ROW(stype, etcd_ttl_ns, "etcd.ttl", DURATION, "5s", "lease TTL of the daemon's etcd key", 1e9, 3600e9, NULL)
 
 /* ---- role tables ---------------------------------------------------------- */
 
@@ -135,14 +141,43 @@ enum { NODE_REQ_STATS(NODE_STAT_ENUM, "", "", "", "") NODE_STAT__COUNT };
 
 /* ---- requests ----------------------------------------------------------- */
 
+/* ---- router links ------------------------------------------------------- */
+
+/* At most this many routers per daemon (static list or found in etcd). */
+#define NODE_ROUTERS_MAX 16u
+
+typedef struct node node_t;
+
+/* One router: its address and the authenticated session to it. A daemon
+ * keeps one per router, each connecting, registering, heartbeating and
+ * reconnecting on its own; a request belongs to the session it arrived on
+ * and is answered only there. epoch is the session serial: a fresh
+ * node-wide number on every up and every down of this link, so a reply
+ * never reaches a later session and request ids (router-generated, unique
+ * only per router) are keyed by it. Slots live in node_t.links and never
+ * move. */
+typedef struct node_link {
+    node_t *n;
+    uint32_t idx;                       /* slot in n->links (bit in masks) */
+    bool in_use;
+    char addr[128];                     /* host:port */
+    proto_session_t *sess;
+    uint64_t epoch;                     /* current session serial */
+    bool shut;                          /* drain: this session's shutdown is done */
+    bool from_etcd;                     /* found in etcd (else the static list) */
+    int64_t etcd_rev;                   /* mod revision of its etcd key last seen */
+} node_link_t;
+
 /* The part of a role's request the node keeps: id, table + live list
  * links, the router session it came on, its KV blocks. A role's request
  * embeds one as member `nr` (NODE_REQ gives the role's request back). */
 typedef struct node_req {
-    pd_idhash_node_t hnode;             /* node->by_id, keyed by id */
+    pd_idhash_node_t hnode;             /* node->by_id, keyed by key */
     struct node_req *prev, *next;       /* live list, newest first */
-    char id[PROTO_REQID_MAX + 1];
-    uint64_t epoch;                     /* router session it arrived on */
+    char id[PROTO_REQID_MAX + 1];       /* the router's wire id */
+    char key[PROTO_REQID_MAX + 24];     /* "<epoch hex>/<id>": unique across routers */
+    node_link_t *link;                  /* the router it came from */
+    uint64_t epoch;                     /* that link's session serial then */
     uint32_t n_blocks;
     uint32_t *blocks;                   /* (n_blocks) arena block ids */
     bool blocks_held;
@@ -158,7 +193,6 @@ typedef struct node_req {
 
 /* ---- the role ----------------------------------------------------------- */
 
-typedef struct node node_t;
 typedef struct node_kve node_kve_t;
 
 /* KV peers the router told us about (PEER_INFO): the daemons this node may
@@ -170,6 +204,8 @@ typedef struct {
     uint64_t incarnation;
     uint64_t node_id;
     bool live;
+    uint32_t links;                     /* routers that reported it up (bit = link idx):
+                                           PEER_DOWN fails it only when none is left */
 } node_peer_t;
 
 typedef struct {
@@ -179,12 +215,15 @@ typedef struct {
     uint16_t proto_role;                /* PROTO_ROLE_* */
     uint32_t caps;                      /* PROTO_CAP_* */
     /* Session messages for the role (request, cancel, release, peer info,
-     * ...), called with the node as arg. ERROR from the router is logged
-     * by the node unless the role sets on_error. */
+     * ...), from any router, called with the node as arg; n->rx is the
+     * link the message arrived on. ERROR from the router is logged by the
+     * node unless the role sets on_error. */
     proto_conn_cbs_t cbs;
-    /* The router session is lost (the epoch is already bumped): stop every
-     * live request without replying. Also called at teardown. */
-    void (*cancel_all)(node_t *n);
+    /* The session of router `from` is lost (its epoch is already bumped):
+     * stop every live request that came on it without replying, and forget
+     * what that router told (decode: its peer reports). from == NULL:
+     * teardown, every request. */
+    void (*cancel_all)(node_t *n, const node_link_t *from);
     /* Fill the role's heartbeat load figures (queue_depth, running_seqs,
      * leases, outstanding_prefill_tokens); the node sets flags and blocks. */
     void (*fill_hb)(node_t *n, proto_heartbeat_t *hb);
@@ -233,9 +272,16 @@ struct node {
     node_req_t **lease_reqs;            /* (max_leases) request per live lease slot */
     uint32_t max_leases;
     node_peer_t peers[NODE_MAX_PEERS];  /* KV peers (PEER_INFO / PEER_DOWN) */
-    /* control plane */
-    proto_session_t *sess;
-    uint64_t epoch;                     /* bumped on every router up / down */
+    /* control plane: one link per router */
+    node_link_t links[NODE_ROUTERS_MAX];
+    uint32_t n_links;                   /* slots in use */
+    node_link_t *rx;                    /* link of the message being dispatched, else NULL */
+    uint64_t serial;                    /* last session serial handed out */
+    uint32_t n_shut;                    /* drain: sessions still flushing */
+    struct pd_member *member;           /* etcd membership, NULL when off */
+    struct event *member_ev;            /* periodic reconcile with etcd */
+    bool member_up;
+    uint64_t member_sig;                /* of the last etcd set (log once per change) */
     bool registered_once;
     char daemon_id[PROTO_DAEMON_ID_MAX + 1];
     uint64_t incarnation;
@@ -270,7 +316,7 @@ typedef struct {
  * one line on stderr or in the log. */
 int node_boot(node_t *n, const node_boot_opts_t *o);
 
-/* Open the router session, install the SIGTERM drain, log the boot line
+/* Open one session per router of the `router` list, install the SIGTERM drain, log the boot line
  * (extra: the role's part of it, e.g. ", max-batch 32"), run the loop.
  * Returns the loop's status (PD_OK on a clean stop); on a session error,
  * PD_ERR_BAD_INPUT after a line on stderr. */
@@ -332,9 +378,40 @@ void node_gram_end(node_gram_t *ng); /* accepts zeroed */
 struct eng_tok;
 pd_status_t node_gram_vocab(node_t *n, const struct eng_tok *tok);
 
-/* ERROR for request id to the router (best effort). */
-void node_send_error(node_t *n, const char *id, pd_status_t status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+/* ERROR for request id to the router of link l (best effort; l may be
+ * NULL: nothing sent). Before a request exists, l is n->rx. */
+void node_send_error(node_t *n, node_link_t *l, const char *id, pd_status_t status,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* r's router session is the one it arrived on and is up: a reply reaches
+ * the router that owns r. */
+bool node_req_can_reply(const node_t *n, const node_req_t *r);
+/* Send msg on r's router session (PD_ERR_SHUTDOWN if that session ended;
+ * else as proto_session_send). */
+pd_status_t node_req_send(node_t *n, const node_req_t *r, const proto_msg_t *msg);
+
+/* ---- router links (node.c) ---------------------------------------------- */
+
+/* Parse a router list "a:1,b:2" (spaces allowed around entries) into
+ * addrs; PD_ERR_BAD_INPUT for an empty entry, an entry of 128 bytes or
+ * more, a bad address, a duplicate, or more than max entries. */
+pd_status_t node_routers_parse(const char *list, char (*addrs)[128], uint32_t max,
+                               uint32_t *n_p);
+/* Open a session to addr in a free slot. Expected: PD_ERR_EXISTS (already
+ * linked), PD_ERR_NO_SPACE (NODE_ROUTERS_MAX), PD_ERR_BAD_INPUT. */
+pd_status_t node_link_add(node_t *n, const char *addr, node_link_t **l_p);
+/* Close l's session (its requests are canceled as on a loss) and free the
+ * slot. Not from inside one of l's session callbacks. */
+void node_link_remove(node_t *n, node_link_t *l);
+/* Links whose session is up. */
+uint32_t node_links_up(const node_t *n);
+/* A heartbeat (load report) to every router now, not at the next tick. */
+void node_heartbeat_now(node_t *n);
+/* The static router list: the `router` config, or 127.0.0.1:7000 when
+ * neither it nor etcd is set ("" with etcd only). */
+const char *node_router_list(const node_config_t *c);
+/* etcd (node.c): register daemons/<id> and watch routers/; stop revokes. */
+pd_status_t node_member_start(node_t *n);
+void node_member_stop(node_t *n);
 
 /* ---- drain (node.c) ----------------------------------------------------- */
 
@@ -367,11 +444,14 @@ pd_status_t node_export_part(node_t *n, node_req_t *r, const char *importer,
                              size_t cap, size_t *len_p, kvx_lease_id_t *lease_p,
                              uint32_t *taken_p);
 
-/* PEER_INFO: add (or revive) a KV peer of one of the roles in role_mask
- * (1 << proto_role); others, and ourselves, are ignored. PEER_DOWN: that
- * incarnation is gone, its pulls fail with PD_ERR_PEER_GONE. */
+/* PEER_INFO (from router n->rx): add (or revive) a KV peer of one of the
+ * roles in role_mask (1 << proto_role); others, and ourselves, are
+ * ignored. PEER_DOWN: that router lost it; once no router reports it up,
+ * that incarnation is gone and its pulls fail with PD_ERR_PEER_GONE.
+ * forget_link: router `from` is lost, its reports with it (NULL: none). */
 void node_peer_info(node_t *n, const proto_peer_info_t *pi, unsigned role_mask);
 void node_peer_down(node_t *n, const proto_peer_down_t *pd);
+void node_peers_forget_link(node_t *n, const node_link_t *from);
 /* The `session` reply's "peers" array. */
 void node_adm_peers(node_t *n, cJSON *reply);
 

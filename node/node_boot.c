@@ -51,9 +51,16 @@ static pd_status_t node_boot_secret(node_t *n, const char *prog)
         fprintf(stderr, "%s: no secret: give --secret-file (or --insecure-no-auth on loopback)\n",
                 prog);
         return PD_ERR_BAD_INPUT;
-    } else if (!node_addr_loopback(c->router)) {
-        fprintf(stderr, "%s: --insecure-no-auth needs a loopback --router\n", prog);
-        return PD_ERR_BAD_INPUT;
+    } else {
+        char addrs[NODE_ROUTERS_MAX][128];
+        uint32_t na = 0;
+        const char *list = node_router_list(c);
+        if (list[0] != '\0' && node_routers_parse(list, addrs, NODE_ROUTERS_MAX, &na) == PD_OK)
+            for (uint32_t i = 0; i < na; i++)
+                if (!node_addr_loopback(addrs[i])) {
+                    fprintf(stderr, "%s: --insecure-no-auth needs loopback routers\n", prog);
+                    return PD_ERR_BAD_INPUT;
+                }
     }
     return PD_OK;
 }
@@ -76,12 +83,30 @@ static pd_status_t node_boot_checks(node_t *n, const char *prog)
         fprintf(stderr, "%s: --model: required (GGUF path or sim:<preset>)\n", prog);
         return PD_ERR_BAD_INPUT;
     }
-    struct sockaddr_storage ss;
-    int sl;
-    if (proto_addr_parse(c->router, &ss, &sl) != PD_OK) {
-        fprintf(stderr, "%s: --router: bad address \"%s\" (host:port, numeric host)\n", prog,
-                c->router);
+    char addrs[NODE_ROUTERS_MAX][128];
+    uint32_t na = 0;
+    const char *list = node_router_list(c);
+    if ((list[0] != '\0' || c->router != NULL) &&
+        node_routers_parse(list, addrs, NODE_ROUTERS_MAX, &na) != PD_OK) {
+        fprintf(stderr,
+                "%s: --router: bad address list \"%s\" (host:port[,host:port...], numeric "
+                "hosts, at most %u, no duplicates)\n", prog, list, NODE_ROUTERS_MAX);
         return PD_ERR_BAD_INPUT;
+    }
+    if (c->etcd != NULL) {
+        size_t pl = strlen(c->etcd_prefix);
+        if (pl == 0 || pl >= 100 || c->etcd_prefix[pl - 1] != '/') {
+            fprintf(stderr, "%s: --etcd.prefix: 1..99 bytes ending with /\n", prog);
+            return PD_ERR_BAD_INPUT;
+        }
+        const char *colon = strrchr(c->etcd, ':');
+        long port = colon != NULL ? strtol(colon + 1, NULL, 10) : 0;
+        if (colon == NULL || colon == c->etcd || port < 1 || port > 65535 ||
+            strlen(c->etcd) >= 128) {
+            fprintf(stderr, "%s: --etcd: bad address \"%s\" (host:port; a name is resolved "
+                    "off the loop)\n", prog, c->etcd);
+            return PD_ERR_BAD_INPUT;
+        }
     }
     if (node_boot_secret(n, prog) != PD_OK)
         return PD_ERR_BAD_INPUT;
@@ -264,11 +289,19 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
 void node_teardown(node_t *n, void (*after_kvx)(node_t *n))
 {
     n->stopping = true;
-    proto_session_destroy(n->sess);
-    n->sess = NULL;
+    node_member_stop(n);                    /* daemons/<id> leaves etcd */
+    for (uint32_t i = 0; i < NODE_ROUTERS_MAX; i++) {
+        node_link_t *l = &n->links[i];
+        if (!l->in_use)
+            continue;
+        proto_session_destroy(l->sess);
+        l->sess = NULL;
+        l->in_use = false;
+    }
+    n->n_links = 0;
     eng_runner_destroy(n->runner);          /* the jobs in flight come back aborted */
     n->runner = NULL;
-    n->role->cancel_all(n);
+    n->role->cancel_all(n, NULL);
     if (n->admin) {
         pd_admin_remove_stats(n->admin, n->stats);
         pd_admin_destroy(n->admin);

@@ -45,8 +45,9 @@ static void kve_clear(node_kve_t *k)
     memset(k->slot, 0, sizeof(k->slot));
 }
 
-/* One frame; false if the session refused it (it is closed then, and the
- * next session starts with a snapshot). */
+/* One frame to every router that is up (each keeps its own index); false
+ * if a session refused it (that session is closed then; the next frame to
+ * every router is a snapshot). */
 static bool kve_send(node_kve_t *k, uint32_t flags, const uint64_t *st, uint32_t ns,
                      const uint64_t *rm, uint32_t nr)
 {
@@ -60,9 +61,19 @@ static bool kve_send(node_kve_t *k, uint32_t flags, const uint64_t *st, uint32_t
     m.u.kv_events.cached_blocks = ps.entries;
     m.u.kv_events.stored = (proto_names_t){ ns, ns ? st : NULL, NULL };
     m.u.kv_events.removed = (proto_names_t){ nr, nr ? rm : NULL, NULL };
-    pd_status_t s = proto_session_send(n->sess, &m);
-    if (s != PD_OK) {
-        pd_log(PD_LOG_DEBUG, n->role->name, NULL, "KV_EVENTS not sent: %s", pd_status_str(s));
+    bool ok = true;
+    for (uint32_t i = 0; i < NODE_ROUTERS_MAX; i++) {
+        node_link_t *l = &n->links[i];
+        if (!l->in_use || !proto_session_up(l->sess))
+            continue;
+        pd_status_t s = proto_session_send(l->sess, &m);
+        if (s != PD_OK) {
+            pd_log(PD_LOG_DEBUG, n->role->name, NULL, "KV_EVENTS to %s not sent: %s", l->addr,
+                   pd_status_str(s));
+            ok = false;
+        }
+    }
+    if (!ok) {
         k->need_reset = true;
         return false;
     }
@@ -76,7 +87,7 @@ void node_kve_flush(node_kve_t *k)
     if (k == NULL)
         return;
     node_t *n = k->n;
-    if (!proto_session_up(n->sess)) {
+    if (node_links_up(n) == 0) {
         kve_clear(k);
         k->need_reset = true; /* the next session starts from a snapshot */
         return;
@@ -135,9 +146,10 @@ void node_kve_on_event(void *arg, kvx_prefix_event_t ev, uint64_t name)
 {
     node_kve_t *k = arg;
     k->st.events++;
-    if (!proto_session_up(k->n->sess) || k->need_reset) {
+    bool up = node_links_up(k->n) > 0;
+    if (!up || k->need_reset) {
         /* a snapshot will be sent anyway */
-        if (proto_session_up(k->n->sess))
+        if (up)
             kve_arm(k);
         return;
     }

@@ -5,6 +5,8 @@
  * per scrape. */
 #include "node.h"
 
+#include <stdio.h>
+
 #include "pd_log.h"
 #include "pd_metrics_http.h"
 
@@ -53,6 +55,23 @@ static pd_status_t node_metrics_render(void *arg, char **text_p, size_t *len_p)
     return pd_stats_render_scrape(sets, k, text_p, len_p); /* + build info, process_* */
 }
 
+/* GET /ready: registered with at least one router and not draining (a
+ * Kubernetes readiness probe; /health stays "the process serves"). */
+static bool node_metrics_ready(void *arg, char *why, size_t cap)
+{
+    node_t *n = arg;
+    if (n->draining) {
+        snprintf(why, cap, "draining");
+        return false;
+    }
+    uint32_t up = node_links_up(n);
+    if (up == 0) {
+        snprintf(why, cap, "no router session up (%u known)", n->n_links);
+        return false;
+    }
+    return true;
+}
+
 pd_status_t node_metrics_start(node_t *n)
 {
     const char *listen = n->cfg->metrics_listen;
@@ -62,7 +81,8 @@ pd_status_t node_metrics_start(node_t *n)
                                      (const char *[]){ "daemon", n->daemon_id, NULL }, &n->pool);
     if (st != PD_OK)
         return st;
-    pd_metrics_http_opts_t o = { .listen = listen, .render = node_metrics_render, .arg = n };
+    pd_metrics_http_opts_t o = { .listen = listen, .render = node_metrics_render,
+                                 .ready = node_metrics_ready, .arg = n };
     st = pd_metrics_http_create(n->loop, &o, &n->mh);
     if (st != PD_OK) {
         pd_stats_destroy(n->pool);

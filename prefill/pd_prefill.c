@@ -89,7 +89,7 @@ static void pf_req_set_state(pf_req_t *r, pf_state_t to)
          * KV-aware choice weighs a daemon's queue against its cached
          * prefix, and a stale queue sends the next request elsewhere */
         if (pf->n_computing == 0 && !pf->n.stopping)
-            proto_session_heartbeat_now(pf->n.sess);
+            node_heartbeat_now(&pf->n);
     }
     if (to == PF_ST_COMPUTING)
         pd_stats_gauge_set(pf->n.stats, PF_STAT_computing, ++pf->n_computing);
@@ -116,7 +116,7 @@ static void pf_req_set_state(pf_req_t *r, pf_state_t to)
  * session it came from. */
 static bool pf_can_reply(pf_t *pf, pf_req_t *r)
 {
-    return r->reply_pending && r->nr.epoch == pf->n.epoch && proto_session_up(pf->n.sess);
+    return r->reply_pending && node_req_can_reply(&pf->n, &r->nr);
 }
 
 /* ---- compute thread ----------------------------------------------------- */
@@ -162,14 +162,14 @@ static void pf_job_done(eng_job_t *job)
     pd_stats_observe_ns(pf->n.stats, PF_STAT_queue_time, r->run_start_ns - r->t[PF_ST_COMPUTING]);
     if (atomic_load(&r->cancel) || pf->n.stopping) {
         if (pf_can_reply(pf, r) && !pf->n.stopping)
-            node_send_error(&pf->n, r->nr.id, PD_ERR_CANCELED, "canceled");
+            node_send_error(&pf->n, r->nr.link, r->nr.id, PD_ERR_CANCELED, "canceled");
         pf_req_set_state(r, PF_ST_CANCELED);
         return;
     }
     if (r->cstatus != PD_OK) {
         pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "prefill failed: %s", pd_status_str(r->cstatus));
         if (pf_can_reply(pf, r))
-            node_send_error(&pf->n, r->nr.id, r->cstatus, "prefill: %s", pd_status_str(r->cstatus));
+            node_send_error(&pf->n, r->nr.link, r->nr.id, r->cstatus, "prefill: %s", pd_status_str(r->cstatus));
         pf_req_set_state(r, PF_ST_FAILED);
         return;
     }
@@ -191,7 +191,7 @@ static void pf_job_done(eng_job_t *job)
                                  r->lease_ttl_ns, handle, sizeof(handle), &hlen, &r->lease);
     if (st != PD_OK) {
         pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "export: %s", pd_status_str(st));
-        node_send_error(&pf->n, r->nr.id, st == PD_ERR_NO_SPACE ? PD_ERR_OVERLOADED : st,
+        node_send_error(&pf->n, r->nr.link, r->nr.id, st == PD_ERR_NO_SPACE ? PD_ERR_OVERLOADED : st,
                       "kv export: %s", pd_status_str(st));
         pf_req_set_state(r, PF_ST_FAILED);
         return;
@@ -220,7 +220,7 @@ static void pf_job_done(eng_job_t *job)
         d->logprobs = (proto_logprobs_t){ r->lp0.n_top, 1, &lp0, NULL };
     }
     r->reply_pending = false;
-    st = proto_session_send(pf->n.sess, &m);
+    st = node_req_send(&pf->n, &r->nr, &m);
     if (st != PD_OK) {
         pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "PREFILL_DONE not sent: %s; revoking",
                pd_status_str(st));
@@ -271,7 +271,7 @@ static void pf_compute_start(pf_t *pf, pf_req_t *r)
     pd_status_t st = eng_runner_submit(pf->n.runner, &r->job);
     if (st != PD_OK) { /* cannot happen below max_queue; answer anyway */
         if (pf_can_reply(pf, r))
-            node_send_error(&pf->n, r->nr.id, PD_ERR_OVERLOADED, "compute queue: %s",
+            node_send_error(&pf->n, r->nr.link, r->nr.id, PD_ERR_OVERLOADED, "compute queue: %s",
                             pd_status_str(st));
         r->reply_pending = false;
         pf_req_set_state(r, PF_ST_FAILED);
@@ -313,7 +313,7 @@ static void pf_src_pull_done(void *arg, pd_status_t status, const kvx_pull_resul
     pf_src_release(pf, r);
     if (atomic_load(&r->cancel) || pf->n.stopping) {
         if (pf_can_reply(pf, r) && !pf->n.stopping)
-            node_send_error(&pf->n, r->nr.id, PD_ERR_CANCELED, "canceled");
+            node_send_error(&pf->n, r->nr.link, r->nr.id, PD_ERR_CANCELED, "canceled");
         r->reply_pending = false;
         pf_req_set_state(r, PF_ST_CANCELED);
         return;
@@ -450,13 +450,12 @@ static void pf_on_prefill_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
     if (st != PD_OK) {
         pd_stats_inc(pf->n.stats, PF_STAT_rejected);
         pd_log(PD_LOG_DEBUG, PF_COMP, q->request_id, "rejected: %s", why);
-        node_send_error(&pf->n, q->request_id, st, "%s", why);
+        node_send_error(&pf->n, pf->n.rx, q->request_id, st, "%s", why);
         return;
     }
     r->pf = pf;
     snprintf(r->nr.id, sizeof(r->nr.id), "%s", q->request_id);
     snprintf(r->target, sizeof(r->target), "%s", q->target_decode_id);
-    r->nr.epoch = pf->n.epoch;
     r->reply_pending = true;
     r->sp = sp;
     r->lp_on = q->sampling.logprobs != 0;
@@ -517,12 +516,15 @@ static void pf_on_release(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 
 /* ---- node callbacks ----------------------------------------------------- */
 
-/* Router lost or teardown: computing ones are discarded when their job
- * returns, leased ones revoked. */
-static void pf_cancel_all(node_t *n)
+/* A router lost (its requests) or teardown (from NULL: all): computing
+ * ones are discarded when their job returns, leased ones revoked. */
+static void pf_cancel_all(node_t *n, const node_link_t *from)
 {
-    NODE_FOR_EACH(n, pf_req_t, r) /* revoke may free r (deferred) and unlink it */
-        pf_req_cancel((pf_t *)n, r);
+    node_peers_forget_link(n, from); /* what that router said of the decodes */
+    NODE_FOR_EACH(n, pf_req_t, r) { /* revoke may free r (deferred) and unlink it */
+        if (from == NULL || r->nr.link == from)
+            pf_req_cancel((pf_t *)n, r);
+    }
 }
 
 /* After the kvx context is gone: a request whose pull never called back

@@ -390,6 +390,15 @@ pd_status_t proto_session_send(proto_session_t *s, const proto_msg_t *msg)
     return st;
 }
 
+void proto_session_retry_now(proto_session_t *s)
+{
+    if (s == NULL || s->shutting_down || s->state != PROTO_SESS_DOWN || s->conn != NULL)
+        return;
+    event_del(s->retry_ev);
+    s->backoff_ns = s->o.backoff_min_ns;
+    sess_connect(s);
+}
+
 proto_sess_state_t proto_session_state(const proto_session_t *s) { return s->state; }
 bool proto_session_up(const proto_session_t *s) { return s != NULL && s->state == PROTO_SESS_UP; }
 const char *proto_session_router_id(const proto_session_t *s) { return s->router_id; }

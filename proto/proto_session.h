@@ -86,6 +86,10 @@ void proto_session_shutdown(proto_session_t *s, void (*done)(void *arg), void *a
  * router stopped reading: the session is closed, as if the router were lost,
  * so no message is ever silently dropped from a live session). */
 pd_status_t proto_session_send(proto_session_t *s, const proto_msg_t *msg);
+/* Waiting out a reconnect backoff: connect now and reset the backoff (the
+ * router is known to be back, e.g. it registered in etcd again). No-op in
+ * any other state. */
+void proto_session_retry_now(proto_session_t *s);
 /* Send a heartbeat now (e.g. when draining starts). */
 void proto_session_heartbeat_now(proto_session_t *s);
 

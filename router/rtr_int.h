@@ -74,6 +74,10 @@ typedef struct {
                                      block tens of ms (docs/BENCHMARKS.md) */
     uint64_t kv_export_timeout_ns; /* wait for KV_EXPORT_DONE this long */
     char *ready_file;
+    char *etcd;                   /* etcd client address (membership), NULL: off */
+    char *etcd_prefix;            /* deployment prefix in etcd */
+    uint64_t etcd_ttl_ns;         /* lease TTL of our key */
+    char *etcd_advertise;         /* control address daemons should dial */
 } rtr_cfg_t;
 
 /* ---- stats ------------------------------------------------------------ */
@@ -224,6 +228,10 @@ struct rtr {
     struct evhttp_bound_socket *http_sock;
     uint16_t http_port;
     uint16_t ctl_port;
+
+    /* membership in etcd (rtr_main.c; NULL when etcd is off) */
+    struct pd_member *member;
+    bool member_up;
 
     /* requests (rtr_flow.c) and where they go out (rtr_flow.h) */
     const rtr_flow_out_t *out;

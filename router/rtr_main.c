@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "pd_etcd.h"
 #include "pd_log.h"
 #include "pd_time.h"
 
@@ -109,6 +110,13 @@ static const pd_cfg_field_t rtr_cfg_fields[] = {
         "this many more blocks of it than the prefill (0 = never)", 0, 1 << 20),
     ROW(kv_export_timeout_ns, "kv-export-timeout", DURATION, "250ms",
         "wait this long for a decode's prefix export, then prefill without it", 1e6, 60e9),
+    ROW(etcd, "etcd", STRING, NULL,
+        "etcd client address host:port: register routers/<id> under etcd.prefix (off by default)", 0, 0),
+    ROW(etcd_prefix, "etcd.prefix", STRING, "/pdserve/default/",
+        "deployment prefix in etcd (ends with /)", 0, 0),
+    ROW(etcd_ttl_ns, "etcd.ttl", DURATION, "5s", "lease TTL of the router's etcd key", 1e9, 3600e9),
+    ROW(etcd_advertise, "etcd.advertise", STRING, NULL,
+        "control address published in etcd (default: the bound control address)", 0, 0),
     ROW(ready_file, "ready-file", STRING, NULL,
         "write {\"http\":port,\"control\":port} here once listening", 0, 0),
     PD_CFG_END,
@@ -120,7 +128,27 @@ static const pd_cfg_schema_t rtr_cfg_schema = {
     .fields = rtr_cfg_fields,
 };
 
+/* admin `membership`: the etcd registration (off: etcd null). */
+static pd_status_t rtr_admin_membership(pd_admin_req_t *req, cJSON *reply)
+{
+    rtr_t *r = req->arg;
+    if (r->member == NULL) {
+        cJSON_AddNullToObject(reply, "etcd");
+        return PD_OK;
+    }
+    char err[160], key[200];
+    cJSON *e = cJSON_AddObjectToObject(reply, "etcd");
+    cJSON_AddStringToObject(e, "endpoint", r->cfg.etcd);
+    snprintf(key, sizeof(key), "%srouters/%s", r->cfg.etcd_prefix, r->cfg.id);
+    cJSON_AddStringToObject(e, "key", key);
+    cJSON_AddBoolToObject(e, "connected", pd_member_connected(r->member, err, sizeof(err)));
+    cJSON_AddStringToObject(e, "last_error", err);
+    return PD_OK;
+}
+
 static const pd_admin_cmd_t rtr_admin_cmds[] = {
+    { "membership", PD_ADMIN_USER, rtr_admin_membership,
+      "membership - etcd registration (routers/<id>): connected, last error" },
     { "backends", PD_ADMIN_USER, rtr_admin_backends,
       "backends - registered daemons: role, state, load, last heartbeat" },
     { "set-backend", PD_ADMIN_ADMIN, rtr_admin_set_backend,
@@ -263,6 +291,54 @@ static pd_status_t write_ready_file(rtr_t *r)
     return PD_OK;
 }
 
+/* etcd: log when the registration comes and goes (the key itself is the
+ * worker's business). */
+static void on_member_change(void *arg)
+{
+    rtr_t *r = arg;
+    char err[160];
+    bool up = pd_member_connected(r->member, err, sizeof(err));
+    if (up != r->member_up)
+        pd_log(up ? PD_LOG_INFO : PD_LOG_WARN, RTR_COMP, NULL, "etcd %s: %s%s", r->cfg.etcd,
+               up ? "registered as routers/" : "unreachable: ", up ? r->cfg.id : err);
+    r->member_up = up;
+}
+
+/* Register routers/<id> = the control address daemons should dial. */
+static pd_status_t member_start(rtr_t *r)
+{
+    if (r->cfg.etcd == NULL)
+        return PD_OK;
+    char adv[160], key[160];
+    if (r->cfg.etcd_advertise != NULL) {
+        snprintf(adv, sizeof(adv), "%s", r->cfg.etcd_advertise);
+    } else {
+        const char *c = r->cfg.control, *colon = strrchr(c, ':');
+        int hl = colon != NULL ? (int)(colon - c) : 0;
+        if (hl == 0 || strncmp(c, "0.0.0.0", 7) == 0 || c[0] == '[') {
+            fprintf(stderr, "pd-router: --etcd: give --etcd.advertise (control %s has no "
+                    "dialable host)\n", c);
+            return PD_ERR_BAD_INPUT;
+        }
+        snprintf(adv, sizeof(adv), "%.*s:%u", hl, c, r->ctl_port);
+    }
+    size_t pl = strlen(r->cfg.etcd_prefix);
+    if (pl == 0 || r->cfg.etcd_prefix[pl - 1] != '/') {
+        fprintf(stderr, "pd-router: --etcd.prefix must end with /\n");
+        return PD_ERR_BAD_INPUT;
+    }
+    snprintf(key, sizeof(key), "routers/%s", r->cfg.id);
+    pd_member_opts_t mo = {
+        .endpoint = r->cfg.etcd, .prefix = r->cfg.etcd_prefix, .key = key, .value = adv,
+        .ttl_s = (uint32_t)(r->cfg.etcd_ttl_ns / 1000000000ull), .watch = NULL,
+        .on_change = on_member_change, .arg = r,
+    };
+    pd_status_t st = pd_member_start(r->base, &mo, &r->member);
+    if (st != PD_OK)
+        fprintf(stderr, "pd-router: --etcd %s: %s\n", r->cfg.etcd, pd_status_str(st));
+    return st;
+}
+
 static void on_drain(pd_loop_t *loop, void *arg)
 {
     rtr_http_drain(arg);
@@ -356,6 +432,10 @@ int main(int argc, char **argv)
     pd_log(PD_LOG_INFO, RTR_COMP, NULL, "listening http=%s (port %u) control=%s (port %u)%s",
            r->cfg.http, r->http_port, r->cfg.control, r->ctl_port,
            r->auth ? "" : " (no auth)");
+    if (member_start(r) != PD_OK) {
+        rc = 2;
+        goto err_http;
+    }
     if (write_ready_file(r) != PD_OK) {
         pd_log(PD_LOG_ERROR, RTR_COMP, NULL, "ready file %s: cannot write", r->cfg.ready_file);
         goto err_http;
@@ -369,6 +449,8 @@ int main(int argc, char **argv)
            pd_stats_counter(r->stats, RTR_STAT_requests_failed),
            pd_stats_counter(r->stats, RTR_STAT_requests_canceled), r->n_reqs);
 err_http:
+    pd_member_stop(r->member);   /* our key goes at once (lease revoked) */
+    r->member = NULL;
     rtr_http_stop(r);
 err_ctl:
     rtr_ctl_stop(r);

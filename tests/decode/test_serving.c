@@ -5,7 +5,9 @@
  * PREFILL_REQ -> PREFILL_DONE -> DECODE_REQ -> TOKENS/FINISH compared with
  * `pd-run --tokens-out` on the same model; decode-local prefill (chunked),
  * retries with generated tokens, CANCEL mid-decode, lease expiry, SIGKILL of
- * a prefill between PREFILL_DONE and the pull, SIGTERM drain. Every wait
+ * a prefill between PREFILL_DONE and the pull, SIGTERM drain; a decode with
+ * two router sessions (the same request id on both: two requests; CANCEL
+ * and session loss scoped to their session). Every wait
  * polls a condition with a deadline; nothing sleeps a fixed time.
  *
  * usage: test-serving PD_PREFILL PD_DECODE PD_RUN MODEL.gguf */
@@ -95,7 +97,32 @@ static struct {
     fr_req_t r[MAX_REQS];
     unsigned bad_macs;
     struct event *hb_ev, *tick_ev;
+    /* several sessions of one daemon (test_two_sessions): registrations do
+     * not replace each other, and replies are recorded per connection */
+    bool multi;
+    struct {
+        proto_conn_t *conn;
+        char id[PROTO_REQID_MAX + 1];
+        unsigned tokens, finishes, errors;
+        int32_t reason, status;
+        uint32_t completion;
+    } mx[16];
+    unsigned n_mx;
 } fr;
+
+/* fr.multi: the reply record of (connection, id). */
+static void *fr_mx(proto_conn_t *c, const char *id)
+{
+    for (unsigned i = 0; i < fr.n_mx; i++)
+        if (fr.mx[i].conn == c && strcmp(fr.mx[i].id, id) == 0)
+            return &fr.mx[i];
+    if (fr.n_mx == 16)
+        return NULL;
+    memset(&fr.mx[fr.n_mx], 0, sizeof(fr.mx[0]));
+    fr.mx[fr.n_mx].conn = c;
+    snprintf(fr.mx[fr.n_mx].id, sizeof(fr.mx[0].id), "%s", id);
+    return &fr.mx[fr.n_mx++];
+}
 
 static fr_daemon_t *fr_by_conn(proto_conn_t *c)
 {
@@ -127,6 +154,21 @@ static fr_req_t *fr_req(const char *id, bool create)
             return &fr.r[i];
         }
     return NULL;
+}
+
+/* A request the daemon answers to: one we sent, or a fork of one (n > 1:
+ * "<id>/<i>", started by the decode itself from a DECODE_REQ's n_fork). */
+static fr_req_t *fr_answered(const char *id)
+{
+    fr_req_t *r = fr_req(id, false);
+    const char *slash = strrchr(id, '/');
+    if (r == NULL && slash != NULL) {
+        char parent[PROTO_REQID_MAX + 1];
+        snprintf(parent, sizeof(parent), "%.*s", (int)(slash - id), id);
+        if (fr_req(parent, false) != NULL)
+            r = fr_req(id, true);
+    }
+    return r;
 }
 
 static void fr_send(fr_daemon_t *d, proto_msg_t *m)
@@ -203,7 +245,8 @@ static void fr_on_hello(proto_conn_t *c, const proto_msg_t *msg, void *arg)
     }
     fr_daemon_t *d = NULL;
     for (int i = 0; i < MAX_DAEMONS; i++) /* a re-registration replaces the old entry */
-        if (fr.d[i].used && strcmp(fr.d[i].id, h->daemon_id) == 0) {
+        if (fr.d[i].used && strcmp(fr.d[i].id, h->daemon_id) == 0 &&
+            !(fr.multi && !fr.d[i].closed)) {
             if (!fr.d[i].closed)
                 proto_conn_close(fr.d[i].conn, PD_ERR_STALE);
             fr.d[i].used = false;
@@ -268,6 +311,12 @@ static void fr_on_tokens(proto_conn_t *c, const proto_msg_t *msg, void *arg)
     (void)c;
     (void)arg;
     const proto_tokens_msg_t *t = &msg->u.tokens;
+    if (fr.multi) {
+        typeof(fr.mx[0]) *x = fr_mx(c, t->request_id);
+        if (x != NULL)
+            x->tokens += t->tokens.n;
+        return;
+    }
     fr_req_t *r = fr_req(t->request_id, false);
     assert_non_null(r);
     assert_false(r->finish || r->error);
@@ -282,7 +331,16 @@ static void fr_on_finish(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 {
     (void)c;
     (void)arg;
-    fr_req_t *r = fr_req(msg->u.finish.request_id, false);
+    if (fr.multi) {
+        typeof(fr.mx[0]) *x = fr_mx(c, msg->u.finish.request_id);
+        if (x != NULL) {
+            x->finishes++;
+            x->reason = msg->u.finish.reason;
+            x->completion = msg->u.finish.completion_tokens;
+        }
+        return;
+    }
+    fr_req_t *r = fr_answered(msg->u.finish.request_id);
     assert_non_null(r);
     assert_false(r->finish || r->error); /* exactly one terminal message */
     r->finish = true;
@@ -293,17 +351,15 @@ static void fr_on_error(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 {
     (void)c;
     (void)arg;
-    fr_req_t *r = fr_req(msg->u.error.request_id, false);
-    if (r == NULL) { /* a fork "<id>/<i>" of a refused DECODE_REQ with n_fork */
-        char parent[PROTO_REQID_MAX + 1];
-        snprintf(parent, sizeof(parent), "%s", msg->u.error.request_id);
-        char *slash = strchr(parent, '/');
-        if (slash != NULL) {
-            *slash = '\0';
-            if (fr_req(parent, false) != NULL)
-                return;
+    if (fr.multi) {
+        typeof(fr.mx[0]) *x = fr_mx(c, msg->u.error.request_id);
+        if (x != NULL) {
+            x->errors++;
+            x->status = msg->u.error.status;
         }
+        return;
     }
+    fr_req_t *r = fr_answered(msg->u.error.request_id);
     assert_non_null(r);
     if (msg->u.error.status == PD_ERR_EXISTS) { /* answers the duplicate, not r */
         r->exists_err = true;
@@ -741,7 +797,7 @@ static void send_cancel(const char *to, fr_req_t *r)
 
 /* ---- the scenario ---------------------------------------------------------- */
 
-static proc_t P, D, PL, PK, BAD, PS, PR, PC, PC2;
+static proc_t P, D, PL, PK, BAD, PS, PR, PC, PC2, D2S;
 
 static int setup(void **state)
 {
@@ -771,6 +827,7 @@ static int teardown(void **state)
     kill_proc(&PR);
     kill_proc(&PC);
     kill_proc(&PC2);
+    kill_proc(&D2S);
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
     if (system(cmd) != 0)
@@ -1669,6 +1726,223 @@ static void test_prefill_stopped(void **state)
     assert_int_equal(wait_exit(&PS, 20), 0);
 }
 
+/* ---- several routers: one decode, two sessions with (here) one router ------ */
+
+typedef struct {
+    const char *id;
+    int n;
+} p_sessions_t;
+
+static bool p_sessions(void *arg)
+{
+    p_sessions_t *ps = arg;
+    int n = 0;
+    for (int i = 0; i < MAX_DAEMONS; i++)
+        n += fr.d[i].used && fr.d[i].registered && !fr.d[i].closed &&
+             strcmp(fr.d[i].id, ps->id) == 0;
+    return n == ps->n;
+}
+
+static fr_daemon_t *fr_session(const char *id, int k)
+{
+    for (int i = 0; i < MAX_DAEMONS; i++)
+        if (fr.d[i].used && fr.d[i].registered && !fr.d[i].closed &&
+            strcmp(fr.d[i].id, id) == 0 && k-- == 0)
+            return &fr.d[i];
+    return NULL;
+}
+
+static void send_local_on(fr_daemon_t *d, const char *id, const int32_t *prompt, uint32_t n,
+                          uint32_t max_tokens)
+{
+    samp_t s = { 0.0f, 0, max_tokens, true };
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_DECODE_REQ;
+    snprintf(m.u.decode_req.request_id, sizeof(m.u.decode_req.request_id), "%s", id);
+    m.u.decode_req.flags = PROTO_DEC_PREFILL_LOCALLY;
+    m.u.decode_req.prompt.n = n;
+    m.u.decode_req.prompt.v = prompt;
+    fill_sampling(&m.u.decode_req.sampling, &s);
+    fr_send(d, &m);
+}
+
+static void cancel_on(fr_daemon_t *d, const char *id)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_CANCEL;
+    snprintf(m.u.cancel.request_id, sizeof(m.u.cancel.request_id), "%s", id);
+    m.u.cancel.status = PD_ERR_CANCELED;
+    fr_send(d, &m);
+}
+
+typedef struct {
+    proto_conn_t *c;
+    const char *id;
+    unsigned tokens;                    /* at least this many tokens, or an end */
+} p_mx_t;
+
+static bool p_mx(void *arg)
+{
+    p_mx_t *p = arg;
+    for (unsigned i = 0; i < fr.n_mx; i++)
+        if (fr.mx[i].conn == p->c && strcmp(fr.mx[i].id, p->id) == 0)
+            return fr.mx[i].finishes + fr.mx[i].errors > 0 || fr.mx[i].tokens >= p->tokens;
+    return false;
+}
+
+static void *mx_of(proto_conn_t *c, const char *id)
+{
+    for (unsigned i = 0; i < fr.n_mx; i++)
+        if (fr.mx[i].conn == c && strcmp(fr.mx[i].id, id) == 0)
+            return &fr.mx[i];
+    return NULL;
+}
+
+static bool p_routers_up2(void *arg)
+{
+    cJSON *j = admin(arg, "session");
+    bool ok = (int)jnum(j, "routers_up", NULL) == 2;
+    cJSON_Delete(j);
+    return ok;
+}
+
+/* Also after a failure: the fake router back to one session per daemon. */
+static int two_sessions_end(void **state)
+{
+    (void)state;
+    kill_proc(&D2S);
+    fr.multi = false;
+    for (int i = 0; i < MAX_DAEMONS; i++)
+        if (fr.d[i].used && strcmp(fr.d[i].id, "dec-2s") == 0)
+            fr.d[i].used = false;
+    return 0;
+}
+
+/* A decode with `--router=A,B` (two addresses of this fake router: two
+ * sessions, as with two routers). Router-generated ids are only unique per
+ * router: the same id on both sessions is two requests, each answered on
+ * its own session; a CANCEL reaches only its session's request; losing one
+ * session ends only that session's requests. */
+static void test_two_sessions(void **state)
+{
+    (void)state;
+    fr.multi = true;
+    fr.n_mx = 0;
+    char routers[80];
+    snprintf(routers, sizeof(routers), "--router=127.0.0.1:%u,localhost:%u", fr.port, fr.port);
+    spawn(&D2S, g_decode_bin, "dec-2s", SECRET_HEX,
+          (const char *const[]){ routers, "--max-batch=8", NULL });
+    p_sessions_t two = { "dec-2s", 2 };
+    assert_true(run_until(p_sessions, &two, 20));
+    fr_daemon_t *a = fr_session("dec-2s", 0), *b = fr_session("dec-2s", 1);
+    assert_non_null(a);
+    assert_non_null(b);
+    int32_t prompt[64];
+    make_prompt(prompt, 12, 91);
+    /* the same id on both sessions: two requests, no EXISTS */
+    send_local_on(a, "same-1", prompt, 12, 600);
+    send_local_on(b, "same-1", prompt, 12, 5);
+    p_mx_t pb = { b->conn, "same-1", 1000 }, pa = { a->conn, "same-1", 3 };
+    assert_true(run_until(p_mx, &pb, 20));
+    assert_true(run_until(p_mx, &pa, 20));
+    typeof(fr.mx[0]) *xb = mx_of(b->conn, "same-1"), *xa = mx_of(a->conn, "same-1");
+    assert_non_null(xa);
+    assert_non_null(xb);
+    assert_int_equal(xb->errors, 0);
+    assert_int_equal(xb->finishes, 1);
+    assert_int_equal(xb->reason, PROTO_FINISH_LENGTH);
+    assert_int_equal(xb->completion, 5);
+    assert_int_equal(xa->errors + xa->finishes, 0);  /* a's still runs */
+    /* CANCEL on b (its request is over): a's is not touched */
+    cancel_on(b, "same-1");
+    unsigned before = xa->tokens;
+    pa.tokens = before + 3;
+    assert_true(run_until(p_mx, &pa, 20));
+    assert_int_equal(xa->finishes + xa->errors, 0);
+    cancel_on(a, "same-1");
+    pa.tokens = 100000;
+    assert_true(run_until(p_mx, &pa, 20));
+    assert_int_equal(xa->finishes, 1);
+    assert_int_equal(xa->reason, PROTO_FINISH_CANCELED);
+    /* one session lost: only its requests end */
+    send_local_on(a, "same-2", prompt, 12, 40);
+    send_local_on(b, "same-2", prompt, 12, 600);
+    p_mx_t pb2 = { b->conn, "same-2", 2 };
+    assert_true(run_until(p_mx, &pb2, 20));
+    proto_conn_t *bconn = b->conn;
+    proto_conn_close(bconn, PD_ERR_SHUTDOWN);
+    assert_true(run_until(p_closed, b, 10));
+    p_mx_t pa2 = { a->conn, "same-2", 100000 };
+    assert_true(run_until(p_mx, &pa2, 30));
+    typeof(fr.mx[0]) *xa2 = mx_of(a->conn, "same-2");
+    assert_int_equal(xa2->finishes, 1);
+    assert_int_equal(xa2->reason, PROTO_FINISH_LENGTH);
+    assert_int_equal(xa2->completion, 40);
+    /* the lost session comes back; the pool is whole again */
+    assert_true(run_until(p_sessions, &two, 20));
+    assert_true(run_until(p_routers_up2, &D2S, 10)); /* the daemon took the ACK */
+    assert_true(kv_all_free(&D2S, 10));
+
+    /* PEER_DOWN from one router: the prefill lost that router, it is not
+     * gone (both sessions reported it with PEER_INFO): its handles still
+     * pull. From every router: it is gone (PEER_GONE at once). */
+    a = fr_session("dec-2s", 0);
+    b = fr_session("dec-2s", 1);
+    fr_daemon_t *pf = fr_by_id("pf-a");
+    assert_non_null(pf);
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_PEER_DOWN;
+    snprintf(m.u.peer_down.daemon_id, sizeof(m.u.peer_down.daemon_id), "pf-a");
+    m.u.peer_down.incarnation = pf->incarnation;
+    m.u.peer_down.status = PD_ERR_PEER_GONE;
+    fr_send(b, &m);
+    samp_t g = { 0.0f, 0, 4, true };
+    for (int round = 0; round < 2; round++) {
+        fr_req_t *r = send_prefill("pf-a", "dec-2s", prompt, 12, &g);
+        assert_true(run_until(p_done_or_error, r, 20));
+        assert_false(r->error);
+        proto_msg_t q;
+        memset(&q, 0, sizeof(q));
+        q.hdr.type = PROTO_MSG_DECODE_REQ;
+        proto_decode_req_t *dq = &q.u.decode_req;
+        snprintf(dq->request_id, sizeof(dq->request_id), "%s", r->id);
+        dq->prompt.n = 12;
+        dq->prompt.v = prompt;
+        dq->generated.n = 1;
+        dq->generated.v = &r->first_token;
+        fill_sampling(&dq->sampling, &g);
+        snprintf(dq->prefill_peer_id, sizeof(dq->prefill_peer_id), "pf-a");
+        dq->lease_id = r->lease_id;
+        dq->kv_handle.p = r->handle;
+        dq->kv_handle.len = r->handle_len;
+        fr_send(a, &q);
+        p_mx_t pr = { a->conn, r->id, 100000 };
+        assert_true(run_until(p_mx, &pr, 20));
+        typeof(fr.mx[0]) *x = mx_of(a->conn, r->id);
+        if (round == 0) {   /* one router's PEER_DOWN: pulled, finished */
+            assert_int_equal(x->errors, 0);
+            assert_int_equal(x->finishes, 1);
+            assert_int_equal(x->reason, PROTO_FINISH_LENGTH);
+            fr_send(a, &m); /* now the other router says so too */
+        } else {            /* every router's: the peer is gone */
+            assert_int_equal(x->errors, 1);
+            assert_int_equal(x->status, PD_ERR_PEER_GONE);
+            proto_msg_t rel; /* as the router does after such an ERROR */
+            memset(&rel, 0, sizeof(rel));
+            rel.hdr.type = PROTO_MSG_RELEASE;
+            snprintf(rel.u.release.request_id, sizeof(rel.u.release.request_id), "%s", r->id);
+            rel.u.release.lease_id = r->lease_id;
+            fr_send(pf, &rel);
+        }
+    }
+    assert_true(kv_all_free(&D2S, 10));
+    assert_true(kv_all_free(&P, 10));
+}
+
+
 static void test_drain_and_ledgers(void **state)
 {
     (void)state;
@@ -1880,6 +2154,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_lease_renew_while_waiting),
         cmocka_unit_test(test_router_loss),
         cmocka_unit_test(test_prefill_stopped),
+        cmocka_unit_test_teardown(test_two_sessions, two_sessions_end),
         cmocka_unit_test(test_drain_and_ledgers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -133,7 +133,12 @@ static int spawn(e2e_deploy_t *d, e2e_proc_t *p)
         for (int i = 0; d->o.router_args && d->o.router_args[i]; i++)
             argv_set(&a, d->o.router_args[i]);
     } else {
-        argv_setf(&a, "--router=127.0.0.1:%u", d->control_port);
+        if (d->o.no_router_arg)
+            ; /* etcd tells them */
+        else if (d->n_routers > 1)
+            argv_set(&a, d->routers_arg);
+        else
+            argv_setf(&a, "--router=127.0.0.1:%u", d->control_port);
         argv_set(&a, "--threads=1");
         argv_set(&a, "--reconnect-min=100ms");
         const char *const *ex = p->role == E2E_PREFILL ? d->o.prefill_args : d->o.decode_args;
@@ -291,12 +296,13 @@ static int wait_ready_file(e2e_proc_t *p, double timeout_s)
     }
 }
 
-static int wait_http_ready(e2e_deploy_t *d, double timeout_s)
+static int wait_http_ready(e2e_deploy_t *d, uint16_t port, double timeout_s)
 {
+    (void)d;
     double end = e2e_now() + timeout_s;
     for (;;) {
         e2e_resp_t r;
-        e2e_http(d->http_port, "GET", "/ready", NULL, NULL, 2.0, &r);
+        e2e_http(port, "GET", "/ready", NULL, NULL, 2.0, &r);
         int st = r.status;
         e2e_resp_free(&r);
         if (st == 200)
@@ -344,6 +350,38 @@ e2e_proc_t *e2e_add_daemon(e2e_deploy_t *d, e2e_role_t role, const char *id,
     return p;
 }
 
+/* Routers of d (a deployment not made by e2e_deploy_start has one). */
+static int n_routers(const e2e_deploy_t *d)
+{
+    return d->n_routers > 1 ? d->n_routers : 1;
+}
+
+e2e_proc_t *e2e_router(e2e_deploy_t *d, int i)
+{
+    return i == 0 ? &d->router : &d->more_routers[i - 1];
+}
+
+/* Spawn router i, wait for its ready file, read its ports. */
+static int start_router(e2e_deploy_t *d, int i)
+{
+    e2e_proc_t *r = e2e_router(d, i);
+    if (spawn(d, r) != 0 || wait_ready_file(r, d->o.ready_timeout_s) != 0)
+        return -1;
+    cJSON *j = read_json_file(r->ready);
+    d->router_http[i] = (uint16_t)e2e_jnum(j, "http");
+    d->router_control[i] = (uint16_t)e2e_jnum(j, "control");
+    cJSON_Delete(j);
+    if (d->router_http[i] == 0 || d->router_control[i] == 0) {
+        fprintf(stderr, "e2e: %s ready file lacks http/control ports\n", r->id);
+        return -1;
+    }
+    if (i == 0) {
+        d->http_port = d->router_http[0];
+        d->control_port = d->router_control[0];
+    }
+    return 0;
+}
+
 int e2e_deploy_start(e2e_deploy_t *d, const e2e_opts_t *o)
 {
     memset(d, 0, sizeof(*d));
@@ -351,21 +389,27 @@ int e2e_deploy_start(e2e_deploy_t *d, const e2e_opts_t *o)
     d->o = *o;
     if (d->o.ready_timeout_s <= 0)
         d->o.ready_timeout_s = 30;
+    d->n_routers = o->n_routers > 1 ? o->n_routers : 1;
+    if (d->n_routers > E2E_MAX_ROUTERS)
+        return -1;
     snprintf(d->dir, sizeof(d->dir), "/tmp/pd-e2e-XXXXXX");
     if (mkdtemp(d->dir) == NULL)
         return -1;
     make_secret(d->secret_hex);
-    proc_init(d, &d->router, E2E_ROUTER, "router");
-    if (spawn(d, &d->router) != 0 || wait_ready_file(&d->router, d->o.ready_timeout_s) != 0)
-        return -1;
-    cJSON *j = read_json_file(d->router.ready);
-    d->http_port = (uint16_t)e2e_jnum(j, "http");
-    d->control_port = (uint16_t)e2e_jnum(j, "control");
-    cJSON_Delete(j);
-    if (d->http_port == 0 || d->control_port == 0) {
-        fprintf(stderr, "e2e: router ready file lacks http/control ports\n");
-        return -1;
+    for (int i = 0; i < d->n_routers; i++) {
+        char id[48];
+        if (i == 0)
+            snprintf(id, sizeof(id), "router");
+        else
+            snprintf(id, sizeof(id), "router-%d", i);
+        proc_init(d, e2e_router(d, i), E2E_ROUTER, id);
+        if (start_router(d, i) != 0)
+            return -1;
     }
+    size_t off = (size_t)snprintf(d->routers_arg, sizeof(d->routers_arg), "--router=");
+    for (int i = 0; i < d->n_routers; i++)
+        off += (size_t)snprintf(d->routers_arg + off, sizeof(d->routers_arg) - off,
+                                "%s127.0.0.1:%u", i ? "," : "", d->router_control[i]);
     /* Spawn all daemons first, then wait: they load models in parallel. */
     for (int i = 0; i < o->n_prefill; i++) {
         e2e_proc_t *p = &d->prefill[d->n_prefill];
@@ -389,30 +433,32 @@ int e2e_deploy_start(e2e_deploy_t *d, const e2e_opts_t *o)
     for (int i = 0; i < d->n_decode; i++)
         if (wait_ready_file(&d->decode[i], d->o.ready_timeout_s) != 0)
             return -1;
-    if (o->n_decode > 0 && wait_http_ready(d, d->o.ready_timeout_s) != 0) {
-        e2e_proc_dump_log(&d->router, 30);
-        return -1;
-    }
+    for (int i = 0; o->n_decode > 0 && i < d->n_routers; i++)
+        if (wait_http_ready(d, d->router_http[i], d->o.ready_timeout_s) != 0) {
+            e2e_proc_dump_log(e2e_router(d, i), 30);
+            return -1;
+        }
     return 0;
+}
+
+int e2e_restart_router_i(e2e_deploy_t *d, int i)
+{
+    e2e_proc_t *r = e2e_router(d, i);
+    if (i >= d->n_routers || e2e_proc_alive(r))
+        return -1;
+    snprintf(d->router_ctl_args[i], sizeof(d->router_ctl_args[i]), "--control=127.0.0.1:%u",
+             d->router_control[i]);
+    r->extra[0] = d->router_ctl_args[i];   /* same control port: daemons reconnect */
+    r->extra[1] = NULL;
+    unlink(r->sock);
+    if (start_router(d, i) != 0)
+        return -1;
+    return wait_http_ready(d, d->router_http[i], d->o.ready_timeout_s);
 }
 
 int e2e_restart_router(e2e_deploy_t *d)
 {
-    if (e2e_proc_alive(&d->router))
-        return -1;
-    snprintf(d->router_ctl_arg, sizeof(d->router_ctl_arg), "--control=127.0.0.1:%u",
-             d->control_port);
-    d->router.extra[0] = d->router_ctl_arg;   /* same control port: daemons reconnect */
-    d->router.extra[1] = NULL;
-    unlink(d->router.sock);
-    if (spawn(d, &d->router) != 0 || wait_ready_file(&d->router, d->o.ready_timeout_s) != 0)
-        return -1;
-    cJSON *j = read_json_file(d->router.ready);
-    d->http_port = (uint16_t)e2e_jnum(j, "http");
-    cJSON_Delete(j);
-    if (d->http_port == 0)
-        return -1;
-    return wait_http_ready(d, d->o.ready_timeout_s);
+    return e2e_restart_router_i(d, 0);
 }
 
 static int stop_one(e2e_proc_t *p, bool verbose, bool send_term)
@@ -455,11 +501,13 @@ int e2e_deploy_stop(e2e_deploy_t *d, bool verbose)
         bad += stop_one(&d->decode[i], verbose, false);
     for (int i = 0; i < d->n_prefill; i++)
         bad += stop_one(&d->prefill[i], verbose, false);
-    bad += stop_one(&d->router, verbose, true);
+    for (int i = 0; i < n_routers(d); i++)
+        bad += stop_one(e2e_router(d, i), verbose, true);
     /* Sockets and ready files must be gone after a clean exit. */
-    const e2e_proc_t *all[1 + 2 * E2E_MAX_DAEMONS];
+    const e2e_proc_t *all[E2E_MAX_ROUTERS + 2 * E2E_MAX_DAEMONS];
     int n = 0;
-    all[n++] = &d->router;
+    for (int i = 0; i < n_routers(d); i++)
+        all[n++] = e2e_router(d, i);
     for (int i = 0; i < d->n_prefill; i++)
         all[n++] = &d->prefill[i];
     for (int i = 0; i < d->n_decode; i++)
@@ -637,13 +685,14 @@ bool e2e_ledger_ok(const e2e_proc_t *p, double timeout_s, char *why, size_t why_
 
 bool e2e_quiescent(e2e_deploy_t *d, double timeout_s, char *why, size_t why_len)
 {
-    e2e_proc_t *all[1 + 2 * E2E_MAX_DAEMONS];
+    e2e_proc_t *all[E2E_MAX_ROUTERS + 2 * E2E_MAX_DAEMONS];
     int n = 0;
     for (int i = 0; i < d->n_prefill; i++)
         all[n++] = &d->prefill[i];
     for (int i = 0; i < d->n_decode; i++)
         all[n++] = &d->decode[i];
-    all[n++] = &d->router;
+    for (int i = 0; i < n_routers(d); i++)
+        all[n++] = e2e_router(d, i);
     for (int i = 0; i < n; i++) {
         e2e_proc_t *p = all[i];
         if (p->pid == 0 && p->stopped && (p->status == 0 || p->status == 128 + SIGKILL))

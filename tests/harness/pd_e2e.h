@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 
 #define E2E_MAX_DAEMONS 8
+#define E2E_MAX_ROUTERS 4
 #define E2E_MAX_ARGS 40
 
 typedef enum { E2E_ROUTER, E2E_PREFILL, E2E_DECODE } e2e_role_t;
@@ -42,6 +43,9 @@ typedef struct {
     const char *const *decode_args;
     const char *const *env;    /* "K=V" for every daemon (NULL-terminated or NULL) */
     int n_prefill, n_decode;
+    int n_routers;             /* 0 or 1: one router; up to E2E_MAX_ROUTERS, every
+                                  daemon gets --router=<all control ports> */
+    bool no_router_arg;        /* daemons get no --router (they find routers in etcd) */
     double ready_timeout_s;    /* default 30 */
 } e2e_opts_t;
 
@@ -49,7 +53,12 @@ typedef struct {
     char dir[128];
     char secret_hex[65];
     e2e_opts_t o;
-    e2e_proc_t router;
+    e2e_proc_t router;         /* router 0 (e2e_router(d, 0)) */
+    e2e_proc_t more_routers[E2E_MAX_ROUTERS - 1]; /* routers 1.. */
+    int n_routers;             /* >= 1 */
+    uint16_t router_http[E2E_MAX_ROUTERS], router_control[E2E_MAX_ROUTERS];
+    char router_ctl_args[E2E_MAX_ROUTERS][64];
+    char routers_arg[E2E_MAX_ROUTERS * 24 + 16]; /* --router=a,b,... for daemons */
     e2e_proc_t prefill[E2E_MAX_DAEMONS];
     e2e_proc_t decode[E2E_MAX_DAEMONS];
     int n_prefill, n_decode;
@@ -78,6 +87,10 @@ e2e_proc_t *e2e_add_daemon(e2e_deploy_t *d, e2e_role_t role, const char *id,
 /* Start the router again (after it died) on the same control port, so the
  * daemons' reconnect loops find it; waits for /ready 200. 0 or -1. */
 int e2e_restart_router(e2e_deploy_t *d);
+/* Router i (0 = d->router) and the same restart for it (new HTTP port in
+ * d->router_http[i]; router 0's also in d->http_port). */
+e2e_proc_t *e2e_router(e2e_deploy_t *d, int i);
+int e2e_restart_router_i(e2e_deploy_t *d, int i);
 
 int e2e_proc_signal(e2e_proc_t *p, int sig);
 /* Reap if exited (non-blocking); true while running. */

@@ -32,6 +32,7 @@ typedef struct {
     _Atomic int renders;
     _Atomic bool fail_render;
     _Atomic bool unhealthy;
+    _Atomic bool unready;
 } fx_t;
 
 static pd_status_t render(void *arg, char **text_p, size_t *len_p)
@@ -54,6 +55,14 @@ static bool health(void *arg, char *why, size_t cap)
     return !f->unhealthy;
 }
 
+static bool ready(void *arg, char *why, size_t cap)
+{
+    fx_t *f = arg;
+    if (f->unready)
+        snprintf(why, cap, "no router session up");
+    return !f->unready;
+}
+
 static void *loop_main(void *arg)
 {
     fx_t *f = arg;
@@ -66,7 +75,7 @@ static int setup(void **st)
     fx_t *f = calloc(1, sizeof(*f));
     assert_int_equal(pd_loop_create(&f->loop), PD_OK);
     pd_metrics_http_opts_t o = { .listen = "127.0.0.1:0", .render = render, .health = health,
-                                 .arg = f, .max_clients = 4, .max_header = 1024,
+                                 .ready = ready, .arg = f, .max_clients = 4, .max_header = 1024,
                                  .idle_timeout_ns = 300000000ULL };
     assert_int_equal(pd_metrics_http_create(f->loop, &o, &f->m), PD_OK);
     assert_true(pd_metrics_http_port(f->m) != 0);
@@ -154,6 +163,19 @@ static void test_statuses(void **st)
     assert_non_null(strstr(r, "router session down\n"));
     free(r);
     f->unhealthy = false;
+    /* /ready: its own callback (readiness probes); /health unaffected */
+    r = ask(f, "GET /ready HTTP/1.1\r\n\r\n");
+    assert_non_null(strstr(r, "200 OK"));
+    free(r);
+    f->unready = true;
+    r = ask(f, "GET /ready HTTP/1.1\r\n\r\n");
+    assert_non_null(strstr(r, "HTTP/1.1 503 "));
+    assert_non_null(strstr(r, "no router session up\n"));
+    free(r);
+    r = ask(f, "GET /health HTTP/1.1\r\n\r\n");
+    assert_non_null(strstr(r, "200 OK"));
+    free(r);
+    f->unready = false;
     r = ask(f, "GET /metricsx HTTP/1.1\r\n\r\n");
     assert_non_null(strstr(r, "HTTP/1.1 404 "));
     free(r);

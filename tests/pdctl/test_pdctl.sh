@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/pdctl: pdctl against real deployments (loopback, ports chosen by the
 # OS, temp run dirs). Every wait polls with a bound; nothing sleeps blindly.
-#   test_pdctl.sh lifecycle|errors|systemd|sim SRC_ROOT PDCTL
+#   test_pdctl.sh lifecycle|errors|systemd|sim|routers SRC_ROOT PDCTL
 set -uo pipefail
 MODE=$1 SRC=$2 PDCTL=$3
 T=$(mktemp -d /tmp/pdctl-test.XXXXXX)
@@ -437,6 +437,94 @@ sim() {
     expect 0 "stopped \(3 daemons" "down"
 }
 
+# routers = 2: both routers up, every daemon registered with both, status /
+# top across routers, render of the router list; one router killed -> the
+# other serves, status shows it.
+routers() {
+    local R=$T/run-routers URL URL1 r i
+    run "$PDCTL" check "$SRC/deploy/local-1p1d.ini" --set routers=2
+    expect 0 "2 routers, 1 prefill, 1 decode" "check: routers = 2"
+    run "$PDCTL" check "$SRC/deploy/local-1p1d.ini" --set routers=9
+    expect 2 "bad count routers = \"9\" \(expected an integer 1..8\)" "check: routers = 9 refused"
+    run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$R" --set routers=2 \
+        --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0
+    expect 0 "router-1: http://127.0.0.1:[0-9]+" "up with routers = 2 prints both endpoints"
+    [ $RC = 0 ] || { for f in "$R"/*.log; do tail -5 "$f"; done; return; }
+    URL=$(cat "$R/url")
+    URL1=$(grep -oE "router-1: http://[0-9.:]+" <<<"$OUT" | cut -d' ' -f2)
+    check "daemons get both routers" grep -qE "^router = [0-9.]+:[0-9]+,[0-9.]+:[0-9]+$" "$R/decode-0.ini"
+    check "router-1 has its own id" grep -qx "id = router-1" "$R/router-1.ini"
+    run "$PDCTL" status --run-dir "$R"
+    expect 0 "decode-0 +decode +ready +queue=.* 2/2" "status: decode-0 ready at 2/2 routers"
+    check "status: prefill-0 at 2/2, router-1 up" bash -c \
+        'grep -qE "^prefill-0 +prefill +ready .* 2/2" <<<"$1" && grep -qE "^router-1 +router +up " <<<"$1"' _ "$OUT"
+    for i in 1 2 3; do
+        r=$(request "$URL"); [ "$r" = "200 finish" ] || bad "router request $i: $r"
+        r=$(request "$URL1"); [ "$r" = "200 finish" ] || bad "router-1 request $i: $r"
+    done
+    run "$PDCTL" top --once --run-dir "$R"
+    expect 0 "done 6 .*\(all routers\)" "top --once: totals over both routers"
+    check "top --once: a row per router" bash -c \
+        'grep -qE "^router +up +[0-9.]+ +[0-9]+ +3 " <<<"$1" && grep -qE "^router-1 +up +[0-9.]+ +[0-9]+ +3 " <<<"$1"' _ "$OUT"
+    run "$PDCTL" admin decode-0 session --run-dir "$R"
+    check "decode-0: two router sessions up" test "$(json_get 'j["routers_up"]' <<<"$OUT")" = 2
+    # one router gone: the other serves, status says so
+    kill -KILL "$(cat "$R/router-1.pid")"
+    poll 10 bash -c '! kill -0 $1 2>/dev/null' _ "$(cat "$R/router-1.pid")"
+    status_one() { run "$PDCTL" status --run-dir "$R"; grep -qE "^decode-0 +decode +ready .* 1/2" <<<"$OUT"; }
+    check "status after router-1 died: decode-0 at 1/2 routers" poll 10 status_one
+    check "status: router-1 dead, exit 1" bash -c \
+        'grep -qE "^router-1 +router +dead" <<<"$1" && [ "$2" = 1 ]' _ "$OUT" "$RC"
+    r=$(request "$URL"); check "router 0 still serves: $r" test "$r" = "200 finish"
+    run "$PDCTL" down --run-dir "$R"
+    expect 0 "stopped" "down"
+    # render: one config per router, daemons list every control port
+    run "$PDCTL" render "$SRC/deploy/local-1p1d.ini" "$T/etc-r" --set routers=3
+    expect 0 "router-2.ini" "render routers = 3"
+    check "render: router-2 on ports + 2" bash -c \
+        'grep -qx "http = 127.0.0.1:8002" "$1" && grep -qx "control = 127.0.0.1:7002" "$1"' _ "$T/etc-r/router-2.ini"
+    check "render: daemons list the three control ports" \
+        grep -qx "router = 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002" "$T/etc-r/decode-0.ini"
+    # etcd membership through the deployment file, with the etcd pdctl runs
+    # itself (etcd = local:PORT): the daemons of a routers = 2 deployment
+    # register there and see both routers there too
+    if command -v etcd >/dev/null 2>&1; then
+        local ep
+        ep=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+        R=$T/run-etcd
+        run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$R" --set routers=2 \
+            --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0 --set etcd=local:$ep
+        expect 0 "is ready" "up with etcd = local:$ep (pdctl starts etcd)"
+        check "daemon configs name the local etcd and the default prefix" bash -c \
+            'grep -qx "etcd = 127.0.0.1:$2" "$1" && grep -qx "etcd.prefix = /pdserve/local-1p1d/" "$1"' _ "$R/decode-0.ini" "$ep"
+        keys() { # keys under /pdserve/local-1p1d/ (base64 of it and of its end)
+            curl -sf -m 2 -X POST "http://127.0.0.1:$ep/v3/kv/range" \
+                -d '{"key":"L3Bkc2VydmUvbG9jYWwtMXAxZC8=","range_end":"L3Bkc2VydmUvbG9jYWwtMXAxZDA=","count_only":true}' |
+                python3 -c 'import json,sys; print(json.load(sys.stdin).get("count", 0))'
+        }
+        four() { [ "$(keys)" = 4 ]; }
+        check "etcd: routers/router, routers/router-1, daemons/prefill-0, daemons/decode-0" poll 10 four
+        run "$PDCTL" status --run-dir "$R"
+        expect 0 "^etcd http://127.0.0.1:$ep  pid [0-9]+  up" "status shows the deployment's etcd"
+        run "$PDCTL" admin decode-0 session --run-dir "$R"
+        check "decode-0: etcd connected, two sessions (no duplicate from etcd)" test \
+            "$(json_get 'str(j["etcd"]["connected"]) + " " + str(j["routers_up"]) + " " + str(len(j["routers"]))' <<<"$OUT")" = "True 2 2"
+        local etcd_pid
+        etcd_pid=$(json_get 'j["etcd"]["pid"]' <"$R/deployment.json")
+        run "$PDCTL" down --run-dir "$R"
+        expect 0 "stopped" "down (etcd deployment)"
+        etcd_gone() { ! pid_alive "$etcd_pid"; }
+        check "down stopped the deployment's etcd too" poll 10 etcd_gone
+    else
+        echo "skip: no etcd binary (deploy/install-deps.sh installs etcd-server)"
+    fi
+    # etcd membership keys reach every daemon's config
+    run "$PDCTL" render "$SRC/deploy/local-1p1d.ini" "$T/etc-e" --set etcd=127.0.0.1:2379 \
+        --set etcd-prefix=/pdserve/t/
+    check "render: etcd keys in router and decode configs" bash -c \
+        'grep -qx "etcd = 127.0.0.1:2379" "$1/router.ini" && grep -qx "etcd.prefix = /pdserve/t/" "$1/decode-0.ini"' _ "$T/etc-e"
+}
+
 systemd_verify() {
     command -v systemd-analyze >/dev/null 2>&1 || { echo "skip: no systemd-analyze"; exit 77; }
     local d=$T/units r
@@ -498,7 +586,8 @@ lifecycle) lifecycle ;;
 errors) errors ;;
 systemd) systemd_verify ;;
 sim) sim ;;
-*) echo "usage: $0 lifecycle|errors|systemd|sim SRC PDCTL" >&2; exit 2 ;;
+routers) routers ;;
+*) echo "usage: $0 lifecycle|errors|systemd|sim|routers SRC PDCTL" >&2; exit 2 ;;
 esac
 echo "$MODE: $fails failure(s)"
 [ $fails = 0 ]

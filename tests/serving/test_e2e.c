@@ -594,6 +594,7 @@ static void test_equiv_sampled(void **st)
  * choice's index). */
 typedef struct {
     char *text[8];
+    bool cut[8];            /* a byte 0 ended the C string: compare up to it */
     char finish[8][16];
     int n_choices, completion, prompt;
     bool done;
@@ -606,14 +607,18 @@ static void nresp_free(nresp_t *n)
     memset(n, 0, sizeof(*n));
 }
 
-static void nresp_add(nresp_t *n, cJSON *choice)
+/* A chunk's text is appended up to its first byte 0 (cJSON's strings are
+ * C strings), and nothing after one: the reference (detok's C string) ends
+ * there too. */
+static void nresp_add(nresp_t *n, cJSON *choice, bool has_nul)
 {
     int i = (int)e2e_jnum(choice, "index");
     assert_true(i >= 0 && i < 8);
     if (i + 1 > n->n_choices)
         n->n_choices = i + 1;
     cJSON *t = cJSON_GetObjectItem(choice, "text");
-    if (cJSON_IsString(t)) {
+    if (cJSON_IsString(t) && !n->cut[i]) {
+        n->cut[i] = has_nul;
         size_t have = n->text[i] ? strlen(n->text[i]) : 0;
         n->text[i] = realloc(n->text[i], have + strlen(t->valuestring) + 1);
         strcpy(n->text[i] + have, t->valuestring);
@@ -630,7 +635,7 @@ static void nresp_parse(const char *body, bool stream, nresp_t *n)
         cJSON *j = cJSON_Parse(body);
         cJSON *c;
         cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "choices"))
-            nresp_add(n, c);
+            nresp_add(n, c, false);
         n->completion = (int)e2e_jnum(j, "usage.completion_tokens");
         n->prompt = (int)e2e_jnum(j, "usage.prompt_tokens");
         n->done = j != NULL;
@@ -647,12 +652,13 @@ static void nresp_parse(const char *body, bool stream, nresp_t *n)
         const char *e = strchr(l, '\n');
         char *js = strndup(l + 6, e ? (size_t)(e - l - 6) : strlen(l + 6));
         cJSON *j = cJSON_Parse(js);
+        bool has_nul = strstr(js, "\\u0000") != NULL;
         free(js);
         assert_non_null(j);
         assert_null(cJSON_GetObjectItem(j, "error"));
         cJSON *c;
         cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "choices"))
-            nresp_add(n, c);
+            nresp_add(n, c, has_nul);
         if (cJSON_IsObject(cJSON_GetObjectItem(j, "usage"))) {
             n->completion = (int)e2e_jnum(j, "usage.completion_tokens");
             n->prompt = (int)e2e_jnum(j, "usage.prompt_tokens");

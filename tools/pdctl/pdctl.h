@@ -18,7 +18,8 @@
 #define PDCTL_EXIT_USAGE 2
 
 #define PDCTL_MAX_PER_ROLE 32
-#define PDCTL_MAX_DAEMONS (1 + 2 * PDCTL_MAX_PER_ROLE)
+#define PDCTL_MAX_ROUTERS 8
+#define PDCTL_MAX_DAEMONS (PDCTL_MAX_ROUTERS + 2 * PDCTL_MAX_PER_ROLE)
 
 /* X(id, section / role name, binary name) */
 #define PDCTL_ROLES(X)                          \
@@ -58,8 +59,9 @@ typedef struct {
     char *secret_file;
     bool secret_given;         /* secret-file was an absolute path in the file */
     char *bins[PDCTL_ROLE_N];  /* daemon binaries */
-    unsigned count[PDCTL_ROLE_N];        /* router: always 1 */
+    unsigned count[PDCTL_ROLE_N];        /* router: [deployment] routers (1..8) */
     uint64_t ready_timeout_ns, stop_timeout_ns;
+    unsigned etcd_port;        /* etcd = local[:PORT]: pdctl runs etcd on 127.0.0.1:PORT (0: no) */
     pdctl_kvs_t role_kv[PDCTL_ROLE_N];   /* daemon config keys per role */
     pdctl_kvs_t env;           /* [env] NAME = value for every daemon */
     pdctl_kvs_t netns;         /* [netns] daemon-name = namespace */
@@ -81,6 +83,14 @@ char *pdctl_dep_render(const pdctl_dep_t *dep, pdctl_role_t role, const char *na
                        const char *control_addr, const char *admin_sock,
                        const char *ready_file, const char *secret_file,
                        const char *metrics_listen);
+/* Router i's name: "router" for 0 (one-router deployments keep it), else
+ * "router-<i>"; and back (-1: not a router name). */
+void pdctl_router_name(unsigned i, char *buf, size_t cap);
+int pdctl_router_index(const char *name);
+/* Router i's `key` address ("http" or "control"): the [router] value (or
+ * the router's default 127.0.0.1:8000 / :7000) with the port + i (port 0
+ * stays 0: any). false if it does not fit or has no port. */
+bool pdctl_router_addr(const pdctl_dep_t *dep, unsigned i, const char *key, char *buf, size_t cap);
 /* The value of a role key, or NULL. */
 const char *pdctl_kvs_get(const pdctl_kvs_t *kvs, const char *key);
 void pdctl_kvs_set(pdctl_kvs_t *kvs, const char *key, const char *val, int line);
@@ -103,10 +113,12 @@ typedef struct {
     char run_dir[256];
     char dep_file[256];        /* copy of the deployment file in the run dir */
     char name[64];
-    char url[128];             /* http://host:port */
-    char control[128];         /* host:port the daemons connect to */
+    char url[128];             /* http://host:port of the first router */
+    char control[1024];        /* host:port[,host:port...]: the routers the daemons connect to */
     int n;
     pdctl_daemon_t d[PDCTL_MAX_DAEMONS];
+    pid_t etcd_pid;            /* the etcd pdctl started (etcd = local), 0: none */
+    char etcd_url[64];         /* its client URL */
     int lock_fd;
 } pdctl_state_t;
 
@@ -123,6 +135,8 @@ void pdctl_state_unlock(pdctl_state_t *st);
 pdctl_daemon_t *pdctl_state_find(pdctl_state_t *st, const char *name);
 /* Is the pid alive and still running the daemon's binary? */
 bool pdctl_daemon_alive(const pdctl_daemon_t *d);
+/* The etcd pdctl started for the deployment (etcd = local) still runs. */
+bool pdctl_etcd_alive(const pdctl_state_t *st);
 
 int pdctl_cmd_up(int argc, char **argv);
 int pdctl_cmd_down(int argc, char **argv);

@@ -33,6 +33,7 @@
     X("name", NULL, 0, "deployment name (status, top)")                          \
     X("model", "model", R | P | D, "GGUF path, sim:<preset,...>, or builtin")   \
     X("engine", "engine", R | P | D, "llama|sim (default from the model)")       \
+    X("routers", NULL, 0, "number of routers (1..8); router-i: http and control ports + i") \
     X("prefill", NULL, 0, "number of prefill daemons (0..32)")                   \
     X("decode", NULL, 0, "number of decode daemons (1..32)")                     \
     X("run-dir", NULL, 0, "state dir: configs, logs, pid files, sockets")        \
@@ -48,7 +49,9 @@
     X("heartbeat-interval", "heartbeat-interval", R | P | D, "heartbeat period") \
     X("drain-timeout", "drain-timeout", R | P | D, "SIGTERM drain bound")        \
     X("block-tokens", "block-tokens", P | D, "tokens per KV block")              \
-    X("kv-dtype", "kv-dtype", P | D, "f32|f16")
+    X("kv-dtype", "kv-dtype", P | D, "f32|f16")                                \
+    X("etcd", "etcd", R | P | D, "etcd client address, or local[:PORT] (pdctl runs one on loopback): membership (off by default)") \
+    X("etcd-prefix", "etcd.prefix", R | P | D, "deployment prefix in etcd (/pdserve/<name>/)")
 
 typedef struct {
     const char *key, *daemon_key;
@@ -478,7 +481,13 @@ int pdctl_dep_load(const char *path, char *const *sets, int n_sets,
                        where, kv->key);
             goto out;
         }
-        if (strcmp(kv->key, "prefill") == 0 || strcmp(kv->key, "decode") == 0) {
+        if (strcmp(kv->key, "routers") == 0) {
+            if (!pdctl_parse_count(kv->val, 1, PDCTL_MAX_ROUTERS, &dep->count[PDCTL_ROUTER])) {
+                pdctl_fail("%s: bad count routers = \"%s\" (expected an integer 1..%u)", where,
+                           kv->val, PDCTL_MAX_ROUTERS);
+                goto out;
+            }
+        } else if (strcmp(kv->key, "prefill") == 0 || strcmp(kv->key, "decode") == 0) {
             pdctl_role_t r = pdctl_role_parse(kv->key);
             unsigned min = r == PDCTL_DECODE ? 1 : 0;
             if (!pdctl_parse_count(kv->val, min, PDCTL_MAX_PER_ROLE, &dep->count[r])) {
@@ -516,6 +525,31 @@ int pdctl_dep_load(const char *path, char *const *sets, int n_sets,
         char *dot = strrchr(dep->name, '.');
         if (dot != NULL)
             *dot = '\0';
+    }
+    /* etcd = local[:PORT]: pdctl runs one on loopback; every daemon gets its
+     * address. With etcd, the prefix defaults to /pdserve/<name>/. */
+    const char *ev = pdctl_kvs_get(&dep->role_kv[PDCTL_ROUTER], "etcd");
+    if (ev != NULL && strncmp(ev, "local", 5) == 0) {
+        unsigned long port = 2379;
+        char *end = NULL;
+        if (ev[5] == ':')
+            port = strtoul(ev + 6, &end, 10);
+        if ((ev[5] != '\0' && ev[5] != ':') || (end != NULL && (*end != '\0' || end == ev + 6)) ||
+            port < 1 || port > 65534) {
+            pdctl_fail("%s: etcd = \"%s\": expected host:port, local or local:PORT", path, ev);
+            goto out;
+        }
+        dep->etcd_port = (unsigned)port;
+        char addr[32];
+        snprintf(addr, sizeof(addr), "127.0.0.1:%lu", port);
+        for (int r = 0; r < PDCTL_ROLE_N; r++)
+            pdctl_kvs_set(&dep->role_kv[r], "etcd", addr, 0);
+    }
+    if (ev != NULL && pdctl_kvs_get(&dep->role_kv[PDCTL_ROUTER], "etcd.prefix") == NULL) {
+        char pfx[160];
+        snprintf(pfx, sizeof(pfx), "/pdserve/%s/", dep->name);
+        for (int r = 0; r < PDCTL_ROLE_N; r++)
+            pdctl_kvs_set(&dep->role_kv[r], "etcd.prefix", pfx, 0);
     }
     if (dep->model == NULL) {
         pdctl_fail("%s: no model (set `model = ...` in [deployment])", path);
@@ -688,6 +722,39 @@ void pdctl_dep_free(pdctl_dep_t *dep)
     memset(dep, 0, sizeof(*dep));
 }
 
+void pdctl_router_name(unsigned i, char *buf, size_t cap)
+{
+    if (i == 0)
+        snprintf(buf, cap, "router");
+    else
+        snprintf(buf, cap, "router-%u", i);
+}
+
+int pdctl_router_index(const char *name)
+{
+    if (strcmp(name, "router") == 0)
+        return 0;
+    if (strncmp(name, "router-", 7) != 0 || name[7] < '1' || name[7] > '9' || name[8] != '\0')
+        return -1;
+    return name[7] - '0';
+}
+
+bool pdctl_router_addr(const pdctl_dep_t *dep, unsigned i, const char *key, char *buf, size_t cap)
+{
+    const char *a = pdctl_kvs_get(&dep->role_kv[PDCTL_ROUTER], key);
+    if (a == NULL)
+        a = strcmp(key, "http") == 0 ? "127.0.0.1:8000" : "127.0.0.1:7000";
+    const char *colon = strrchr(a, ':');
+    if (colon == NULL)
+        return false;
+    char *end = NULL;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (end == colon + 1 || *end != '\0' || port > 65535 || (port != 0 && port + i > 65535))
+        return false;
+    int n = snprintf(buf, cap, "%.*s:%lu", (int)(colon - a), a, port == 0 ? 0 : port + i);
+    return n > 0 && (size_t)n < cap;
+}
+
 char *pdctl_dep_render(const pdctl_dep_t *dep, pdctl_role_t role, const char *name,
                        const char *control_addr, const char *admin_sock,
                        const char *ready_file, const char *secret_file,
@@ -696,10 +763,20 @@ char *pdctl_dep_render(const pdctl_dep_t *dep, pdctl_role_t role, const char *na
     pd_sbuf_t sb = { 0 };
     pd_sbuf_printf(&sb, "# %s: generated by pdctl from %s (deployment %s); edits are lost\n",
                    name, dep->path, dep->name);
+    int ri = role == PDCTL_ROUTER ? pdctl_router_index(name) : -1;
     if (role != PDCTL_ROUTER) {
         pd_sbuf_printf(&sb, "id = %s\n", name);
         if (control_addr != NULL)
             pd_sbuf_printf(&sb, "router = %s\n", control_addr);
+    } else if (ri > 0) {
+        /* router-i of several: its own id and ports (base + i) */
+        char http[160], ctl[160];
+        if (!pdctl_router_addr(dep, (unsigned)ri, "http", http, sizeof(http)) ||
+            !pdctl_router_addr(dep, (unsigned)ri, "control", ctl, sizeof(ctl))) {
+            free(pd_sbuf_finish(&sb, NULL));
+            return NULL;
+        }
+        pd_sbuf_printf(&sb, "id = %s\nhttp = %s\ncontrol = %s\n", name, http, ctl);
     }
     pd_sbuf_printf(&sb, "model = %s\n", dep->model);
     pd_sbuf_printf(&sb, "secret-file = %s\n", secret_file ? secret_file : dep->secret_file);
@@ -712,7 +789,10 @@ char *pdctl_dep_render(const pdctl_dep_t *dep, pdctl_role_t role, const char *na
     if (metrics_listen != NULL && role != PDCTL_ROUTER &&
         pdctl_kvs_get(kv, "metrics.listen") == NULL)
         pd_sbuf_printf(&sb, "metrics.listen = %s\n", metrics_listen);
-    for (size_t i = 0; i < kv->n; i++)
+    for (size_t i = 0; i < kv->n; i++) {
+        if (ri > 0 && (strcmp(kv->v[i].key, "http") == 0 || strcmp(kv->v[i].key, "control") == 0))
+            continue;
         pd_sbuf_printf(&sb, "%s = %s\n", kv->v[i].key, kv->v[i].val);
+    }
     return pd_sbuf_finish(&sb, NULL);
 }

@@ -159,6 +159,11 @@ int pdctl_state_load(const char *run_dir, pdctl_state_t *st)
     pdctl_cpy(st->name, sizeof(st->name), j, "name");
     pdctl_cpy(st->url, sizeof(st->url), j, "url");
     pdctl_cpy(st->control, sizeof(st->control), j, "control");
+    const cJSON *et = cJSON_GetObjectItemCaseSensitive(j, "etcd");
+    if (et != NULL) {
+        st->etcd_pid = (pid_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(et, "pid"));
+        pdctl_cpy(st->etcd_url, sizeof(st->etcd_url), et, "url");
+    }
     const cJSON *d;
     cJSON_ArrayForEach(d, ds) {
         if (st->n == PDCTL_MAX_DAEMONS)
@@ -207,6 +212,11 @@ int pdctl_state_save(const pdctl_state_t *st)
     cJSON_AddItemToObject(j, "sets", sets != NULL ? sets : cJSON_CreateArray());
     cJSON_AddStringToObject(j, "url", st->url);
     cJSON_AddStringToObject(j, "control", st->control);
+    if (st->etcd_pid > 0) {
+        cJSON *et = cJSON_AddObjectToObject(j, "etcd");
+        cJSON_AddNumberToObject(et, "pid", st->etcd_pid);
+        cJSON_AddStringToObject(et, "url", st->etcd_url);
+    }
     cJSON *arr = cJSON_AddArrayToObject(j, "daemons");
     for (int i = 0; i < st->n; i++) {
         const pdctl_daemon_t *x = &st->d[i];
@@ -276,17 +286,18 @@ pdctl_daemon_t *pdctl_state_find(pdctl_state_t *st, const char *name)
     return NULL;
 }
 
-bool pdctl_daemon_alive(const pdctl_daemon_t *d)
+/* pid is alive and runs the binary named want (pids get reused). */
+static bool pdctl_pid_runs(pid_t pid, const char *want)
 {
-    if (d->pid <= 0)
+    if (pid <= 0)
         return false;
     /* our own child that exited: reap it (a zombie still answers kill 0) */
     int status;
-    pid_t w = waitpid(d->pid, &status, WNOHANG);
-    if (w == d->pid)
+    pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid)
         return false;
     char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)d->pid);
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
     char *stat = pdctl_read_file(path, NULL);
     if (stat == NULL)
         return false;
@@ -296,7 +307,7 @@ bool pdctl_daemon_alive(const pdctl_daemon_t *d)
     if (zombie)
         return false;
     /* the pid must still run the daemon's binary (pids get reused) */
-    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)d->pid);
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
     size_t len = 0;
     char *cmd = pdctl_read_file(path, &len);
     if (cmd == NULL)
@@ -308,7 +319,6 @@ bool pdctl_daemon_alive(const pdctl_daemon_t *d)
         return true;
     }
     bool match = false;
-    const char *want = d->role < PDCTL_ROLE_N ? pdctl_bin_names[d->role] : "";
     for (size_t off = 0; off < len; off += strlen(cmd + off) + 1) {
         const char *b = strrchr(cmd + off, '/');
         if (strcmp(b ? b + 1 : cmd + off, want) == 0) {
@@ -318,6 +328,108 @@ bool pdctl_daemon_alive(const pdctl_daemon_t *d)
     }
     free(cmd);
     return match;
+}
+
+bool pdctl_daemon_alive(const pdctl_daemon_t *d)
+{
+    return pdctl_pid_runs(d->pid, d->role < PDCTL_ROLE_N ? pdctl_bin_names[d->role] : "");
+}
+
+/* ---- the deployment's own etcd (etcd = local) ------------------------------ */
+
+bool pdctl_etcd_alive(const pdctl_state_t *st)
+{
+    return pdctl_pid_runs(st->etcd_pid, "etcd");
+}
+
+/* Start etcd on 127.0.0.1:port (peer port + 1), data in <run>/etcd.data,
+ * log <run>/etcd.log; wait for its /health. 0 or PDCTL_EXIT_FAIL. */
+static int pdctl_etcd_start(pdctl_state_t *st, unsigned port, double deadline)
+{
+    char data[PATH_MAX], log[PATH_MAX], client[64], peer[64], init[96];
+    if (!pdctl_fmt(data, sizeof(data), "%s/etcd.data", st->run_dir) ||
+        !pdctl_fmt(log, sizeof(log), "%s/etcd.log", st->run_dir))
+        return PDCTL_EXIT_FAIL;
+    snprintf(client, sizeof(client), "http://127.0.0.1:%u", port);
+    snprintf(peer, sizeof(peer), "http://127.0.0.1:%u", port + 1);
+    snprintf(init, sizeof(init), "pdctl=%s", peer);
+    int logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (logfd < 0) {
+        fprintf(stderr, "pdctl: cannot open %s: %s\n", log, strerror(errno));
+        return PDCTL_EXIT_FAIL;
+    }
+    /* exec barrier: the pipe closes when the child execs (or dies), so the
+     * pid runs etcd by the time we look at it */
+    int barrier[2];
+    if (pipe2(barrier, O_CLOEXEC) != 0) {
+        close(logfd);
+        return PDCTL_EXIT_FAIL;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(logfd);
+        close(barrier[0]);
+        close(barrier[1]);
+        return PDCTL_EXIT_FAIL;
+    }
+    if (pid == 0) {
+        close(barrier[0]);
+        setsid();
+        int null = open("/dev/null", O_RDONLY);
+        if (null >= 0)
+            dup2(null, 0);
+        dup2(logfd, 1);
+        dup2(logfd, 2);
+        execlp("etcd", "etcd", "--name", "pdctl", "--data-dir", data, "--listen-client-urls",
+               client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+               "--initial-advertise-peer-urls", peer, "--initial-cluster", init, (char *)NULL);
+        dprintf(2, "pdctl: exec etcd: %s (Debian: apt-get install etcd-server)\n", strerror(errno));
+        _exit(127);
+    }
+    close(logfd);
+    close(barrier[1]);
+    char c;
+    while (read(barrier[0], &c, 1) < 0 && errno == EINTR)
+        ;
+    close(barrier[0]);
+    st->etcd_pid = pid;
+    snprintf(st->etcd_url, sizeof(st->etcd_url), "%s", client);
+    char err[256] = "";
+    while (pdctl_http_status(client, "/health", 1.0, err, sizeof(err)) != 200) {
+        if (!pdctl_pid_runs(pid, "etcd")) {
+            fprintf(stderr, "pdctl: etcd exited during start-up (log %s)\n", log);
+            pdctl_tail_log(log, 12);
+            st->etcd_pid = 0;
+            return PDCTL_EXIT_FAIL;
+        }
+        if (pdctl_now() > deadline) {
+            fprintf(stderr, "pdctl: etcd on %s not healthy in time%s%s\n", client,
+                    err[0] ? ": " : "", err);
+            pdctl_tail_log(log, 12);
+            return PDCTL_EXIT_FAIL;
+        }
+        pdctl_nap_ms(50);
+    }
+    return 0;
+}
+
+/* SIGTERM the deployment's etcd, SIGKILL after timeout_s. */
+static void pdctl_etcd_stop(pdctl_state_t *st, double timeout_s)
+{
+    if (st->etcd_pid <= 0)
+        return;
+    if (pdctl_etcd_alive(st)) {
+        kill(st->etcd_pid, SIGTERM);
+        double end = pdctl_now() + timeout_s;
+        while (pdctl_etcd_alive(st) && pdctl_now() < end)
+            pdctl_nap_ms(20);
+        if (pdctl_etcd_alive(st)) {
+            kill(st->etcd_pid, SIGKILL);
+            while (pdctl_etcd_alive(st))
+                pdctl_nap_ms(20);
+        }
+    }
+    st->etcd_pid = 0;
 }
 
 /* ---- starting daemons --------------------------------------------------------- */
@@ -510,29 +622,39 @@ static const pdctl_daemon_t *pdctl_router(const pdctl_state_t *st)
     return NULL;
 }
 
-/* Every daemon named in `names` is in the router's `backends` as ready. */
+/* Every daemon named in `names` is in every router's `backends` as ready. */
 static bool pdctl_wait_registered(const pdctl_state_t *st, const pdctl_daemon_t *const *xs, int n,
                                   double deadline)
 {
-    const pdctl_daemon_t *r = pdctl_router(st);
     char err[256] = "";
     for (;;) {
-        int found = 0;
-        cJSON *b = r ? pdctl_admin(r->sock, "backends", 2.0, err, sizeof(err)) : NULL;
-        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(b, "backends");
-        for (int i = 0; i < n; i++) {
-            const cJSON *o;
-            cJSON_ArrayForEach(o, arr) {
-                const char *id = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "id"));
-                const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "state"));
-                if (id && s && strcmp(id, xs[i]->name) == 0 && strcmp(s, "ready") == 0) {
-                    found++;
-                    break;
+        int found = 0, want = 0;
+        const pdctl_daemon_t *late = NULL;
+        for (int k = 0; k < st->n; k++) {
+            const pdctl_daemon_t *r = &st->d[k];
+            if (r->role != PDCTL_ROUTER)
+                continue;
+            want += n;
+            cJSON *b = pdctl_admin(r->sock, "backends", 2.0, err, sizeof(err));
+            const cJSON *arr = cJSON_GetObjectItemCaseSensitive(b, "backends");
+            int here = 0;
+            for (int i = 0; i < n; i++) {
+                const cJSON *o;
+                cJSON_ArrayForEach(o, arr) {
+                    const char *id = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "id"));
+                    const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "state"));
+                    if (id && s && strcmp(id, xs[i]->name) == 0 && strcmp(s, "ready") == 0) {
+                        here++;
+                        break;
+                    }
                 }
             }
+            if (here < n && late == NULL)
+                late = r;
+            found += here;
+            cJSON_Delete(b);
         }
-        cJSON_Delete(b);
-        if (found == n)
+        if (want > 0 && found == want)
             return true;
         for (int i = 0; i < n; i++) {
             if (!pdctl_daemon_alive(xs[i])) {
@@ -542,10 +664,10 @@ static bool pdctl_wait_registered(const pdctl_state_t *st, const pdctl_daemon_t 
             }
         }
         if (pdctl_now() > deadline) {
-            fprintf(stderr, "pdctl: not every daemon registered with the router in time%s%s\n",
-                    err[0] ? ": " : "", err);
-            if (r != NULL)
-                pdctl_tail_log(r->log, 12);
+            fprintf(stderr, "pdctl: not every daemon registered with %s in time%s%s\n",
+                    late ? late->name : "the router", err[0] ? ": " : "", err);
+            if (late != NULL)
+                pdctl_tail_log(late->log, 12);
             return false;
         }
         pdctl_nap_ms(50);
@@ -617,6 +739,7 @@ static void pdctl_stop_all(pdctl_state_t *st, double timeout_s)
         if (st->d[i].role != PDCTL_ROUTER)
             xs[n++] = &st->d[i];
     pdctl_stop_many(xs, n, false, timeout_s);
+    pdctl_etcd_stop(st, 10);   /* last: the daemons revoke their keys on the way out */
 }
 
 /* ---- option parsing ---------------------------------------------------------- */
@@ -714,7 +837,7 @@ static int pdctl_start_role(const pdctl_dep_t *dep, pdctl_state_t *st, pdctl_rol
     for (unsigned idx = 0; have < want && idx < 1000; idx++) {
         char name[48];
         if (role == PDCTL_ROUTER)
-            snprintf(name, sizeof(name), "router");
+            pdctl_router_name(idx, name, sizeof(name));
         else
             snprintf(name, sizeof(name), "%s-%u", pdctl_role_name(role), idx);
         if (pdctl_state_find(st, name) != NULL)
@@ -897,10 +1020,20 @@ int pdctl_cmd_up(int argc, char **argv)
     if (pdctl_secret_ensure(dep.secret_file) != 0)
         goto out;
     const char *http = pdctl_kvs_get(&dep.role_kv[PDCTL_ROUTER], "http");
-    const char *control = pdctl_kvs_get(&dep.role_kv[PDCTL_ROUTER], "control");
-    if ((rc = pdctl_port_check("http", http ? http : "127.0.0.1:8000")) != 0 ||
-        (rc = pdctl_port_check("control", control ? control : "127.0.0.1:7000")) != 0)
-        goto out;
+    unsigned n_routers = dep.count[PDCTL_ROUTER];
+    char raddr[PDCTL_MAX_ROUTERS][2][160];
+    for (unsigned i = 0; i < n_routers; i++) {
+        if (!pdctl_router_addr(&dep, i, "http", raddr[i][0], sizeof(raddr[i][0])) ||
+            !pdctl_router_addr(&dep, i, "control", raddr[i][1], sizeof(raddr[i][1]))) {
+            fprintf(stderr, "pdctl: [router] http / control: expected host:port with room for "
+                    "%u routers (ports + 0..%u)\n", n_routers, n_routers - 1);
+            rc = PDCTL_EXIT_USAGE;
+            goto out;
+        }
+        if ((rc = pdctl_port_check("http", raddr[i][0])) != 0 ||
+            (rc = pdctl_port_check("control", raddr[i][1])) != 0)
+            goto out;
+    }
     rc = PDCTL_EXIT_FAIL;
     if (http != NULL && (strncmp(http, "0.0.0.0:", 8) == 0 || strncmp(http, "[::]:", 5) == 0) &&
         pdctl_kvs_get(&dep.role_kv[PDCTL_ROUTER], "api-key") == NULL)
@@ -916,32 +1049,45 @@ int pdctl_cmd_up(int argc, char **argv)
     for (int i = 0; i < n_sets; i++)
         cJSON_AddItemToArray(pdctl_sets_json, cJSON_CreateString(sets[i]));
 
-    /* router */
+    /* the deployment's own etcd first (etcd = local) */
+    double deadline = pdctl_now() + (double)dep.ready_timeout_ns / 1e9;
     pdctl_daemon_t *started[PDCTL_MAX_DAEMONS];
     int n_started = 0;
-    if (pdctl_start_role(&dep, &st, PDCTL_ROUTER, 1, started, &n_started) != 0)
+    if (dep.etcd_port != 0 &&
+        (pdctl_etcd_start(&st, dep.etcd_port, deadline) != 0 || pdctl_state_save(&st) != 0))
         goto err_stop;
-    double deadline = pdctl_now() + (double)dep.ready_timeout_ns / 1e9;
-    if (!pdctl_wait_ready_file(&st.d[0], deadline))
+    /* routers, all at once; then their ports */
+    if (pdctl_start_role(&dep, &st, PDCTL_ROUTER, n_routers, started, &n_started) != 0)
         goto err_stop;
-    int http_port = pdctl_ready_port(st.d[0].ready, "http");
-    int control_port = pdctl_ready_port(st.d[0].ready, "control");
-    if (http_port < 0 || control_port < 0) {
-        fprintf(stderr, "pdctl: cannot read the ports from %s\n", st.d[0].ready);
-        goto err_stop;
+    char rurl[PDCTL_MAX_ROUTERS][128];
+    size_t coff = 0;
+    for (unsigned i = 0; i < n_routers; i++) {
+        const pdctl_daemon_t *x = &st.d[i];
+        if (!pdctl_wait_ready_file(x, deadline))
+            goto err_stop;
+        int http_port = pdctl_ready_port(x->ready, "http");
+        int control_port = pdctl_ready_port(x->ready, "control");
+        if (http_port < 0 || control_port < 0) {
+            fprintf(stderr, "pdctl: cannot read the ports from %s\n", x->ready);
+            goto err_stop;
+        }
+        char host[96] = "127.0.0.1"; /* numeric address; fits url/control */
+        const char *ha = raddr[i][0], *ca = raddr[i][1];
+        const char *colon = strrchr(ha, ':');
+        if (colon != NULL && colon != ha && strncmp(ha, "0.0.0.0", 7) != 0)
+            snprintf(host, sizeof(host), "%.*s", (int)(colon - ha), ha);
+        snprintf(rurl[i], sizeof(rurl[i]), "http://%s:%d", host, http_port);
+        snprintf(host, sizeof(host), "127.0.0.1");
+        colon = strrchr(ca, ':');
+        if (colon != NULL && colon != ca && strncmp(ca, "0.0.0.0", 7) != 0)
+            snprintf(host, sizeof(host), "%.*s", (int)(colon - ca), ca);
+        int w = snprintf(st.control + coff, sizeof(st.control) - coff, "%s%s:%d", i ? "," : "",
+                         host, control_port);
+        if (w < 0 || (size_t)w >= sizeof(st.control) - coff)
+            goto err_stop;
+        coff += (size_t)w;
     }
-    char host[96] = "127.0.0.1"; /* numeric address; fits url/control */
-    const char *ha = http ? http : "127.0.0.1:8000";
-    const char *ca = control ? control : "127.0.0.1:7000";
-    const char *colon = strrchr(ha, ':');
-    if (colon != NULL && colon != ha && strncmp(ha, "0.0.0.0", 7) != 0)
-        snprintf(host, sizeof(host), "%.*s", (int)(colon - ha), ha);
-    snprintf(st.url, sizeof(st.url), "http://%s:%d", host, http_port);
-    snprintf(host, sizeof(host), "127.0.0.1");
-    colon = strrchr(ca, ':');
-    if (colon != NULL && colon != ca && strncmp(ca, "0.0.0.0", 7) != 0)
-        snprintf(host, sizeof(host), "%.*s", (int)(colon - ca), ca);
-    snprintf(st.control, sizeof(st.control), "%s:%d", host, control_port);
+    snprintf(st.url, sizeof(st.url), "%s", rurl[0]);
     if (pdctl_state_save(&st) != 0)
         goto err_stop;
 
@@ -953,21 +1099,25 @@ int pdctl_cmd_up(int argc, char **argv)
     pdctl_state_save(&st);
     if (!pdctl_wait_started(&dep, &st, started, n_started))
         goto err_stop;
-    /* /ready: the router has a decode (and a prefill when there are some) */
+    /* /ready: each router has a decode (and a prefill when there are some) */
     char err[256] = "";
-    int code;
-    while ((code = pdctl_http_status(st.url, "/ready", 2.0, err, sizeof(err))) != 200) {
-        if (pdctl_now() > deadline) {
-            fprintf(stderr, "pdctl: %s/ready still %d after %.0f s%s%s\n", st.url, code,
-                    (double)dep.ready_timeout_ns / 1e9, err[0] ? ": " : "", err);
-            goto err_stop;
+    for (unsigned i = 0; i < n_routers; i++) {
+        int code;
+        while ((code = pdctl_http_status(rurl[i], "/ready", 2.0, err, sizeof(err))) != 200) {
+            if (pdctl_now() > deadline) {
+                fprintf(stderr, "pdctl: %s/ready still %d after %.0f s%s%s\n", rurl[i], code,
+                        (double)dep.ready_timeout_ns / 1e9, err[0] ? ": " : "", err);
+                goto err_stop;
+            }
+            pdctl_nap_ms(50);
         }
-        pdctl_nap_ms(50);
     }
     if (pdctl_state_save(&st) != 0)
         goto err_stop;
     printf("pdserve deployment \"%s\" is ready: %s  (%u prefill : %u decode; run dir %s)\n",
            st.name, st.url, dep.count[PDCTL_PREFILL], dep.count[PDCTL_DECODE], st.run_dir);
+    for (unsigned i = 1; i < n_routers; i++)
+        printf("  router-%u: %s\n", i, rurl[i]);
     printf("  status: pdctl status --run-dir %s    stop: pdctl down --run-dir %s\n",
            st.run_dir, st.run_dir);
     /* a prompt long enough (40+ tokens of the built-in model) to be over the
@@ -1154,13 +1304,18 @@ int pdctl_cmd_scale(int argc, char **argv)
         char err[256], cmd[128];
         for (int v = 0; v < nv; v++) {
             snprintf(cmd, sizeof(cmd), "set-backend %s drain", victims[v]->name);
-            cJSON *r = pdctl_admin(router->sock, cmd, 5.0, err, sizeof(err));
-            if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "ok")))
-                fprintf(stderr, "pdctl: router: %s: %s\n", cmd,
-                        r ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
-                                cJSON_GetObjectItemCaseSensitive(r, "error"), "message"))
-                          : err);
-            cJSON_Delete(r);
+            for (int k = 0; k < st.n; k++) { /* every router stops routing to it */
+                const pdctl_daemon_t *rt = &st.d[k];
+                if (rt->role != PDCTL_ROUTER || !pdctl_daemon_alive(rt))
+                    continue;
+                cJSON *r = pdctl_admin(rt->sock, cmd, 5.0, err, sizeof(err));
+                if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "ok")))
+                    fprintf(stderr, "pdctl: %s: %s: %s\n", rt->name, cmd,
+                            r ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
+                                    cJSON_GetObjectItemCaseSensitive(r, "error"), "message"))
+                              : err);
+                cJSON_Delete(r);
+            }
         }
         pdctl_stop_many(victims, nv, true, (double)dep.stop_timeout_ns / 1e9);
         int k = 0;
@@ -1271,9 +1426,10 @@ int pdctl_cmd_check(int argc, char **argv)
             return PDCTL_EXIT_USAGE;
         }
     }
-    printf("%s: ok: deployment \"%s\", model %s, 1 router, %u prefill, %u decode, run dir %s\n",
-           argv[0], dep.name, dep.model, dep.count[PDCTL_PREFILL], dep.count[PDCTL_DECODE],
-           dep.run_dir);
+    printf("%s: ok: deployment \"%s\", model %s, %u router%s, %u prefill, %u decode, run dir %s\n",
+           argv[0], dep.name, dep.model, dep.count[PDCTL_ROUTER],
+           dep.count[PDCTL_ROUTER] == 1 ? "" : "s", dep.count[PDCTL_PREFILL],
+           dep.count[PDCTL_DECODE], dep.run_dir);
     pdctl_dep_free(&dep);
     return 0;
 }
@@ -1405,12 +1561,16 @@ int pdctl_cmd_render(int argc, char **argv)
     if (rc != 0)
         return rc;
     rc = PDCTL_EXIT_FAIL;
-    const char *ca = pdctl_kvs_get(&dep.role_kv[PDCTL_ROUTER], "control");
-    ca = ca ? ca : "127.0.0.1:7000";
-    const char *colon = strrchr(ca, ':');
-    if (colon == NULL || atoi(colon + 1) == 0) {
-        fprintf(stderr, "pdctl: render needs a fixed [router] control port (got %s)\n", ca);
-        goto out;
+    char ca[PDCTL_MAX_ROUTERS * 170] = "";
+    for (unsigned i = 0; i < dep.count[PDCTL_ROUTER]; i++) {
+        char one[160];
+        const char *colon;
+        if (!pdctl_router_addr(&dep, i, "control", one, sizeof(one)) ||
+            (colon = strrchr(one, ':')) == NULL || atoi(colon + 1) == 0) {
+            fprintf(stderr, "pdctl: render needs a fixed [router] control port\n");
+            goto out;
+        }
+        snprintf(ca + strlen(ca), sizeof(ca) - strlen(ca), "%s%s", i ? "," : "", one);
     }
     if (pdctl_mkdir_p(argv[1]) != 0) {
         fprintf(stderr, "pdctl: cannot create %s: %s\n", argv[1], strerror(errno));
@@ -1440,7 +1600,7 @@ int pdctl_cmd_render(int argc, char **argv)
         for (unsigned i = 0; i < dep.count[r]; i++) {
             char name[48], sock[PATH_MAX], out[PATH_MAX];
             if (r == PDCTL_ROUTER)
-                snprintf(name, sizeof(name), "router");
+                pdctl_router_name(i, name, sizeof(name));
             else
                 snprintf(name, sizeof(name), "%s-%u", pdctl_role_name((pdctl_role_t)r), i);
             snprintf(sock, sizeof(sock), "%s/%s.sock", run, name);

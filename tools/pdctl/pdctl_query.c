@@ -451,12 +451,16 @@ int pdctl_cmd_status(int argc, char **argv)
     if (rc != 0)
         return rc;
     char err[512] = "";
-    cJSON *backends = NULL, *rstats = NULL;
+    /* every live router's view of the daemons; the first one's is shown,
+     * ROUTERS counts the routers that have the daemon ready */
+    cJSON *backends[PDCTL_MAX_ROUTERS] = { 0 };
+    int n_rt = 0, n_rt_all = 0;
     for (int i = 0; i < st.n; i++) {
-        if (st.d[i].role == PDCTL_ROUTER && pdctl_daemon_alive(&st.d[i])) {
-            backends = pdctl_admin(st.d[i].sock, "backends", 5.0, err, sizeof(err));
-            rstats = pdctl_admin(st.d[i].sock, "stats", 5.0, err, sizeof(err));
-        }
+        if (st.d[i].role != PDCTL_ROUTER)
+            continue;
+        n_rt_all++;
+        if (n_rt < PDCTL_MAX_ROUTERS && pdctl_daemon_alive(&st.d[i]))
+            backends[n_rt++] = pdctl_admin(st.d[i].sock, "backends", 5.0, err, sizeof(err));
     }
     pdctl_table_t t = { 0 };
     cJSON *js = cJSON_CreateArray();
@@ -465,7 +469,7 @@ int pdctl_cmd_status(int argc, char **argv)
         const pdctl_daemon_t *d = &st.d[i];
         int row = pdctl_row(&t);
         bool alive = pdctl_daemon_alive(d);
-        char state[32] = "dead", load[96] = "-", up[32] = "-";
+        char state[32] = "dead", load[96] = "-", up[32] = "-", routers[32] = "-";
         if (alive) {
             cJSON *s = pdctl_admin(d->sock, "stats", 5.0, err, sizeof(err));
             const cJSON *proc = cJSON_GetObjectItemCaseSensitive(s, "process");
@@ -473,12 +477,21 @@ int pdctl_cmd_status(int argc, char **argv)
                 pdctl_fmt_uptime(up, sizeof(up), pdctl_num(proc, "uptime_s"));
             if (d->role == PDCTL_ROUTER) {
                 snprintf(state, sizeof(state), "%s", s ? "up" : "no-admin");
-                const cJSON *v = pdctl_stats_values(rstats, "router");
+                const cJSON *v = pdctl_stats_values(s, "router");
                 if (v != NULL)
                     snprintf(load, sizeof(load), "inflight=%.0f done=%.0f", pdctl_num(v, "requests_inflight"),
                              pdctl_num(v, "requests_completed"));
             } else {
-                const cJSON *b = pdctl_backend(backends, d->name);
+                const cJSON *b = NULL;
+                int ready_at = 0;
+                for (int k = 0; k < n_rt; k++) {
+                    const cJSON *bk = pdctl_backend(backends[k], d->name);
+                    const char *ks = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(bk, "state"));
+                    ready_at += ks != NULL && strcmp(ks, "ready") == 0;
+                    if (b == NULL)
+                        b = bk;
+                }
+                snprintf(routers, sizeof(routers), "%d/%d", ready_at, n_rt_all);
                 const char *bs = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(b, "state"));
                 snprintf(state, sizeof(state), "%s", bs ? bs : "unregistered");
                 if (b != NULL) {
@@ -498,6 +511,8 @@ int pdctl_cmd_status(int argc, char **argv)
         pdctl_put(&t, row, "LOAD", "%s", load);
         pdctl_put(&t, row, "PID", "%d", (int)d->pid);
         pdctl_put(&t, row, "UPTIME", "%s", up);
+        if (n_rt_all > 1)
+            pdctl_put(&t, row, "ROUTERS", "%s", routers);
         cJSON *jo = cJSON_CreateObject();
         cJSON_AddStringToObject(jo, "name", d->name);
         cJSON_AddStringToObject(jo, "role", pdctl_role_name(d->role));
@@ -505,12 +520,20 @@ int pdctl_cmd_status(int argc, char **argv)
         cJSON_AddStringToObject(jo, "load", load);
         cJSON_AddNumberToObject(jo, "pid", d->pid);
         cJSON_AddStringToObject(jo, "uptime", up);
+        if (d->role != PDCTL_ROUTER)
+            cJSON_AddStringToObject(jo, "routers", routers);
         cJSON_AddItemToArray(js, jo);
     }
     if (o.json) {
         cJSON *top = cJSON_CreateObject();
         cJSON_AddStringToObject(top, "name", st.name);
         cJSON_AddStringToObject(top, "url", st.url);
+        if (st.etcd_pid > 0) {
+            cJSON *et = cJSON_AddObjectToObject(top, "etcd");
+            cJSON_AddStringToObject(et, "url", st.etcd_url);
+            cJSON_AddNumberToObject(et, "pid", st.etcd_pid);
+            cJSON_AddBoolToObject(et, "up", pdctl_etcd_alive(&st));
+        }
         cJSON_AddItemToObject(top, "daemons", js);
         char *s = cJSON_PrintUnformatted(top);
         printf("%s\n", s);
@@ -518,12 +541,17 @@ int pdctl_cmd_status(int argc, char **argv)
         cJSON_Delete(top);
     } else {
         printf("deployment \"%s\"  %s  (run dir %s)\n", st.name, st.url, st.run_dir);
+        if (st.etcd_pid > 0)
+            printf("etcd %s  pid %d  %s\n", st.etcd_url, (int)st.etcd_pid,
+                   pdctl_etcd_alive(&st) ? "up" : "dead");
         pdctl_table_print(&t, stdout, "\n");
         cJSON_Delete(js);
     }
     pdctl_table_free(&t);
-    cJSON_Delete(backends);
-    cJSON_Delete(rstats);
+    for (int k = 0; k < n_rt; k++)
+        cJSON_Delete(backends[k]);
+    if (st.etcd_pid > 0 && !pdctl_etcd_alive(&st))
+        bad++;
     return bad ? PDCTL_EXIT_FAIL : 0;
 }
 
@@ -760,7 +788,8 @@ int pdctl_cmd_query(const char *what, int argc, char **argv)
 
 typedef struct {
     double t;                  /* monotonic s */
-    double done;               /* router requests completed + failed */
+    double done;               /* router requests completed + failed, all routers */
+    double rdone[PDCTL_MAX_ROUTERS]; /* the same per router (state order) */
     int n_pairs;
     struct {
         char dec[48], node[32];
@@ -781,23 +810,74 @@ static int pdctl_top_frame(pdctl_state_t *st, const pdctl_sample_t *prev, pdctl_
                            FILE *out, const char *eol)
 {
     char err[512] = "";
-    const pdctl_daemon_t *router = NULL;
-    for (int i = 0; i < st->n; i++)
-        if (st->d[i].role == PDCTL_ROUTER)
-            router = &st->d[i];
-    cJSON *rs = router ? pdctl_admin(router->sock, "stats", 2.0, err, sizeof(err)) : NULL;
-    if (rs == NULL) {
-        fprintf(out, "router: %s%s", err[0] ? err : "not in the deployment", eol);
-        return PDCTL_EXIT_FAIL;
-    }
-    cJSON *be = pdctl_admin(router->sock, "backends", 2.0, err, sizeof(err));
+    /* every router: totals over all of them, one row each; the first live
+     * one's view of the daemons */
     memset(cur, 0, sizeof(*cur));
     cur->t = pdctl_now();
-    const cJSON *v = pdctl_stats_values(rs, "router");
-    cur->done = pdctl_num(v, "requests_completed") + pdctl_num(v, "requests_failed");
-    double uptime = pdctl_num(cJSON_GetObjectItemCaseSensitive(rs, "process"), "uptime_s");
-    double rps = prev->t > 0 && cur->t > prev->t ? (cur->done - prev->done) / (cur->t - prev->t)
-                 : uptime > 0 ? cur->done / uptime : 0;
+    cJSON *be = NULL;
+    pdctl_table_t rt = { 0 };
+    double sum[6] = { 0 };
+    static const char *const sum_keys[6] = { "requests_inflight", "requests_completed",
+                                             "requests_failed", "requests_retried",
+                                             "requests_disaggregated", "requests_local" };
+    double up_max = 0;
+    int n_rt = 0, n_live = 0;
+    const cJSON *v0 = NULL;
+    cJSON *rs_keep[PDCTL_MAX_ROUTERS] = { 0 };
+    for (int i = 0; i < st->n && n_rt < PDCTL_MAX_ROUTERS; i++) {
+        const pdctl_daemon_t *router = &st->d[i];
+        if (router->role != PDCTL_ROUTER)
+            continue;
+        int k = n_rt++;
+        int row = pdctl_row(&rt);
+        pdctl_put(&rt, row, "ROUTER", "%s", router->name);
+        cJSON *rs = pdctl_admin(router->sock, "stats", 2.0, err, sizeof(err));
+        rs_keep[k] = rs;
+        if (rs == NULL) {
+            pdctl_put(&rt, row, "STATE", "%s", pdctl_daemon_alive(router) ? "no-admin" : "dead");
+            continue;
+        }
+        n_live++;
+        if (be == NULL)
+            be = pdctl_admin(router->sock, "backends", 2.0, err, sizeof(err));
+        const cJSON *v = pdctl_stats_values(rs, "router");
+        if (v0 == NULL)
+            v0 = v;
+        for (int j = 0; j < 6; j++)
+            sum[j] += pdctl_num(v, sum_keys[j]);
+        cur->rdone[k] = pdctl_num(v, "requests_completed") + pdctl_num(v, "requests_failed");
+        double uptime = pdctl_num(cJSON_GetObjectItemCaseSensitive(rs, "process"), "uptime_s");
+        up_max = uptime > up_max ? uptime : up_max;
+        double rps = prev->t > 0 && cur->t > prev->t && prev->rdone[k] <= cur->rdone[k]
+                     ? (cur->rdone[k] - prev->rdone[k]) / (cur->t - prev->t)
+                     : uptime > 0 ? cur->rdone[k] / uptime : 0;
+        char p50[32], p99[32];
+        const cJSON *ttft = cJSON_GetObjectItemCaseSensitive(v, "request_ttft");
+        pdctl_fmt_ns(p50, sizeof(p50), pdctl_num(ttft, "p50_ns"));
+        pdctl_fmt_ns(p99, sizeof(p99), pdctl_num(ttft, "p99_ns"));
+        pdctl_put(&rt, row, "STATE", "up");
+        pdctl_put(&rt, row, "REQ/S", "%.1f", rps);
+        pdctl_put(&rt, row, "INFLIGHT", "%.0f", pdctl_num(v, "requests_inflight"));
+        pdctl_put(&rt, row, "DONE", "%.0f", pdctl_num(v, "requests_completed"));
+        pdctl_put(&rt, row, "FAILED", "%.0f", pdctl_num(v, "requests_failed"));
+        pdctl_put(&rt, row, "TTFT_P50", "%s", p50);
+        pdctl_put(&rt, row, "TTFT_P99", "%s", p99);
+    }
+    if (n_live == 0) {
+        fprintf(out, "router: %s%s", err[0] ? err : "not in the deployment", eol);
+        pdctl_table_free(&rt);
+        cJSON_Delete(be);
+        for (int k = 0; k < n_rt; k++)
+            cJSON_Delete(rs_keep[k]);
+        return PDCTL_EXIT_FAIL;
+    }
+    cur->done = sum[1] + sum[2];
+    double rps = prev->t > 0 && cur->t > prev->t && prev->done <= cur->done
+                 ? (cur->done - prev->done) / (cur->t - prev->t)
+                 : up_max > 0 ? cur->done / up_max : 0;
+    /* latency percentiles cannot be merged: the first router's, and each
+     * router's TTFT in its row */
+    const cJSON *v = v0;
     char tt50[32], tt99[32], it50[32], it99[32];
     const cJSON *ttft = cJSON_GetObjectItemCaseSensitive(v, "request_ttft");
     const cJSON *itl = cJSON_GetObjectItemCaseSensitive(v, "request_inter_token");
@@ -810,21 +890,27 @@ static int pdctl_top_frame(pdctl_state_t *st, const pdctl_sample_t *prev, pdctl_
     strftime(clock, sizeof(clock), "%H:%M:%S", localtime(&now));
     fprintf(out, "pdctl top - %s  deployment \"%s\"  %s%s", clock, st->name, st->url, eol);
     fprintf(out, "requests/s %.1f%s  in flight %.0f  done %.0f  failed %.0f  retried %.0f  "
-            "disagg %.0f  local %.0f%s", rps, prev->t > 0 ? "" : " (avg)",
-            pdctl_num(v, "requests_inflight"), pdctl_num(v, "requests_completed"),
-            pdctl_num(v, "requests_failed"), pdctl_num(v, "requests_retried"),
-            pdctl_num(v, "requests_disaggregated"), pdctl_num(v, "requests_local"), eol);
-    fprintf(out, "TTFT p50 %s p99 %s   inter-token p50 %s p99 %s%s", tt50, tt99, it50, it99,
-            eol);
+            "disagg %.0f  local %.0f%s%s", rps, prev->t > 0 ? "" : " (avg)",
+            sum[0], sum[1], sum[2], sum[3], sum[4], sum[5],
+            n_rt > 1 ? "  (all routers)" : "", eol);
+    fprintf(out, "TTFT p50 %s p99 %s   inter-token p50 %s p99 %s%s%s", tt50, tt99, it50, it99,
+            n_rt > 1 ? "  (first router)" : "", eol);
     /* prefix caching across the deployment: the usage figure (prompt tokens
-     * the computing daemon reused) and the router's KV-aware choices */
+     * the computing daemon reused) and the router's KV-aware choices (each
+     * router keeps its own index: the first router's) */
     double pt = pdctl_num(v, "prompt_tokens"), ct = pdctl_num(v, "prompt_cached_tokens");
     fprintf(out, "prefix cache hit %.1f%% of prompt tokens (%.0f)  routed by cache: prefill %.0f "
             "decode %.0f  index %.0f blocks  prefills pulled from decodes %.0f tokens "
-            "(%.0f of %.0f exports)%s%s", pt > 0 ? 100 * ct / pt : 0.0, ct,
+            "(%.0f of %.0f exports)%s%s%s", pt > 0 ? 100 * ct / pt : 0.0, ct,
             pdctl_num(v, "kv_route_prefill_hits"), pdctl_num(v, "kv_route_decode_hits"),
             pdctl_num(v, "kv_index_names"), pdctl_num(v, "kv_src_tokens"),
-            pdctl_num(v, "kv_src_used"), pdctl_num(v, "kv_src_exports"), eol, eol);
+            pdctl_num(v, "kv_src_used"), pdctl_num(v, "kv_src_exports"),
+            n_rt > 1 ? "  (first router)" : "", eol, eol);
+    if (n_rt > 1) {
+        pdctl_table_print(&rt, out, eol);
+        fputs(eol, out);
+    }
+    pdctl_table_free(&rt);
 
     pdctl_table_t t = { 0 };
     for (int i = 0; i < st->n; i++) {
@@ -898,7 +984,8 @@ static int pdctl_top_frame(pdctl_state_t *st, const pdctl_sample_t *prev, pdctl_
     if (m.nrows > 0)
         pdctl_table_print(&m, out, eol);
     pdctl_table_free(&m);
-    cJSON_Delete(rs);
+    for (int k = 0; k < n_rt; k++)
+        cJSON_Delete(rs_keep[k]);
     cJSON_Delete(be);
     return 0;
 }

@@ -1,0 +1,357 @@
+/* test_etcd.c - membership in etcd (issue 18) with real processes: etcd on
+ * loopback (Debian's etcd-server), two pd-routers registering routers/<id>,
+ * one pd-prefill and one pd-decode with --etcd and no --router (they find
+ * the routers in etcd) and --reconnect-min=5s (so a reconnect that waits
+ * out its backoff is told apart from one etcd triggered).
+ *
+ *   found     every daemon has a session with both routers (source etcd);
+ *             each router serves; the daemons' and routers' keys are there.
+ *   restart   router 1 SIGKILLed and started again on its control port:
+ *             every daemon is back with it well before its 5 s backoff
+ *             (its key was put again: the daemons reconnect at once).
+ *   etcd-down etcd SIGKILLed: both routers keep serving, no daemon loses
+ *             or re-registers a session, the daemons report etcd
+ *             unreachable; etcd started again on the same data dir: every
+ *             member is registered again. Then router 1 dies for good: once
+ *             its lease runs out the daemons drop it.
+ *
+ * usage: test-etcd ROUTER PREFILL DECODE MODEL (exit 77 without etcd). */
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "pd_e2e.h"
+
+static const char *g_router, *g_prefill, *g_decode, *g_model;
+static e2e_deploy_t g_d;
+static bool g_up;
+static char g_etcd_bin[256], g_etcd_dir[128], g_etcd_arg[64];
+static uint16_t g_etcd_port, g_peer_port;
+static pid_t g_etcd_pid;
+
+#define PREFIX "/pdserve/e2e/"
+
+static uint16_t free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t sl = sizeof(sa);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* POST a JSON body to etcd's gateway: the parsed reply or NULL. */
+static cJSON *etcd_call(const char *path, const char *body)
+{
+    e2e_resp_t r;
+    e2e_http(g_etcd_port, "POST", path, "Content-Type: application/json\r\n", body, 2.0, &r);
+    cJSON *j = r.status == 200 && r.body != NULL ? cJSON_Parse(r.body) : NULL;
+    e2e_resp_free(&r);
+    return j;
+}
+
+/* Keys under PREFIX (range over "/pdserve/e2e/" .. "/pdserve/e2e0"). */
+static int etcd_count(void)
+{
+    /* base64("/pdserve/e2e/") and base64("/pdserve/e2e0") */
+    cJSON *j = etcd_call("/v3/kv/range",
+                         "{\"key\":\"L3Bkc2VydmUvZTJlLw==\",\"range_end\":\"L3Bkc2VydmUvZTJlMA==\","
+                         "\"count_only\":true}");
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "count");
+    int n = cJSON_IsString(c) ? atoi(c->valuestring) : cJSON_IsNumber(c) ? c->valueint : j ? 0 : -1;
+    cJSON_Delete(j);
+    return n;
+}
+
+static int etcd_start(void)
+{
+    char client[64], peer[64], init[96];
+    snprintf(client, sizeof(client), "http://127.0.0.1:%u", g_etcd_port);
+    snprintf(peer, sizeof(peer), "http://127.0.0.1:%u", g_peer_port);
+    snprintf(init, sizeof(init), "e2e=%s", peer);
+    char log[200];
+    snprintf(log, sizeof(log), "%s/etcd.log", g_etcd_dir);
+    char data[200];
+    snprintf(data, sizeof(data), "%s/data", g_etcd_dir);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(126);
+        FILE *f = freopen(log, "a", stdout);
+        (void)f;
+        dup2(1, 2);
+        execl(g_etcd_bin, g_etcd_bin, "--name", "e2e", "--data-dir", data,
+              "--listen-client-urls", client, "--advertise-client-urls", client,
+              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+              "--initial-cluster", init, (char *)NULL);
+        _exit(127);
+    }
+    g_etcd_pid = pid;
+    double end = e2e_now() + 20.0;
+    while (e2e_now() < end) {
+        if (etcd_count() >= 0)
+            return 0;
+        e2e_nap_ms(50);
+    }
+    fprintf(stderr, "etcd did not answer within 20 s (log %s)\n", log);
+    return -1;
+}
+
+static void etcd_kill(void)
+{
+    if (g_etcd_pid > 0) {
+        kill(g_etcd_pid, SIGKILL);
+        waitpid(g_etcd_pid, NULL, 0);
+        g_etcd_pid = 0;
+    }
+}
+
+static int setup(void **st)
+{
+    (void)st;
+    snprintf(g_etcd_dir, sizeof(g_etcd_dir), "/tmp/pd-etcd-XXXXXX");
+    g_etcd_port = free_port();
+    g_peer_port = free_port();
+    if (mkdtemp(g_etcd_dir) == NULL || g_etcd_port == 0 || g_peer_port == 0 || etcd_start() != 0)
+        return -1;
+    snprintf(g_etcd_arg, sizeof(g_etcd_arg), "--etcd=127.0.0.1:%u", g_etcd_port);
+    static const char *ra[] = { "--heartbeat-interval=200ms", NULL, "--etcd.prefix=" PREFIX,
+                                "--etcd.ttl=2s", NULL };
+    static const char *na[] = { "--kv-blocks=256", NULL, "--etcd.prefix=" PREFIX,
+                                "--etcd.ttl=2s", "--reconnect-min=5s", NULL };
+    ra[1] = g_etcd_arg;
+    na[1] = g_etcd_arg;
+    e2e_opts_t o = {
+        .router_bin = g_router, .prefill_bin = g_prefill, .decode_bin = g_decode,
+        .model = g_model, .router_args = ra, .prefill_args = na, .decode_args = na,
+        .n_prefill = 1, .n_decode = 1, .n_routers = 2, .no_router_arg = true,
+        .ready_timeout_s = 30,
+    };
+    int rc = e2e_deploy_start(&g_d, &o);
+    g_up = true;
+    return rc;
+}
+
+static int teardown(void **st)
+{
+    (void)st;
+    int bad = 0;
+    if (g_up) {
+        g_up = false;
+        bad = e2e_deploy_stop(&g_d, false);
+    }
+    etcd_kill();
+    if (getenv("E2E_KEEP") == NULL && bad == 0) {
+        char cmd[200];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_etcd_dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "could not remove %s\n", g_etcd_dir);
+    }
+    return bad == 0 ? 0 : -1;
+}
+
+static e2e_proc_t *daemon_at(int k)
+{
+    return k == 0 ? &g_d.prefill[0] : &g_d.decode[0];
+}
+
+/* Sessions up at every daemon == want, each from etcd; registrations of
+ * the link to router i summed over the daemons (-1 if absent). */
+static bool sessions_up(int want, double timeout_s)
+{
+    double end = e2e_now() + timeout_s;
+    for (;;) {
+        bool all = true;
+        for (int k = 0; k < 2 && all; k++) {
+            cJSON *j = e2e_admin(daemon_at(k)->sock, "session");
+            all = (int)e2e_jnum(j, "routers_up") == want;
+            cJSON_Delete(j);
+        }
+        if (all)
+            return true;
+        if (e2e_now() > end)
+            return false;
+        e2e_nap_ms(10);
+    }
+}
+
+static double registrations(int i)
+{
+    char want[32];
+    snprintf(want, sizeof(want), "127.0.0.1:%u", g_d.router_control[i]);
+    double sum = 0;
+    for (int k = 0; k < 2; k++) {
+        cJSON *j = e2e_admin(daemon_at(k)->sock, "session");
+        const cJSON *e;
+        bool found = false;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "routers")) {
+            const cJSON *a = cJSON_GetObjectItemCaseSensitive(e, "addr");
+            const cJSON *s = cJSON_GetObjectItemCaseSensitive(e, "source");
+            if (cJSON_IsString(a) && strcmp(a->valuestring, want) == 0 && cJSON_IsString(s) &&
+                strcmp(s->valuestring, "etcd") == 0) {
+                sum += e2e_jnum(e, "registrations");
+                found = true;
+            }
+        }
+        cJSON_Delete(j);
+        if (!found)
+            return -1;
+    }
+    return sum;
+}
+
+static bool etcd_connected_all(bool want, double timeout_s)
+{
+    double end = e2e_now() + timeout_s;
+    for (;;) {
+        bool all = true;
+        for (int k = 0; k < 2 && all; k++) {
+            cJSON *j = e2e_admin(daemon_at(k)->sock, "session");
+            const cJSON *c = cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetObjectItemCaseSensitive(j, "etcd"), "connected");
+            all = cJSON_IsBool(c) && (cJSON_IsTrue(c) == want);
+            cJSON_Delete(j);
+        }
+        if (all)
+            return true;
+        if (e2e_now() > end)
+            return false;
+        e2e_nap_ms(20);
+    }
+}
+
+static void request_ok(int r, const char *what)
+{
+    e2e_resp_t resp;
+    e2e_http(g_d.router_http[r], "POST", "/v1/completions", NULL,
+             "{\"prompt\":\"Permission is hereby granted, free of charge, to any person "
+             "obtaining a copy of this software and associated documentation files\","
+             "\"max_tokens\":8,\"temperature\":0}", 30.0, &resp);
+    if (resp.status != 200 || resp.body == NULL || strstr(resp.body, "\"finish_reason\"") == NULL)
+        fail_msg("%s: router %d: HTTP %d %.300s", what, r, resp.status,
+                 resp.body ? resp.body : "");
+    e2e_resp_free(&resp);
+}
+
+static void test_found(void **st)
+{
+    (void)st;
+    assert_true(sessions_up(2, 10.0));
+    assert_int_equal((int)registrations(0), 2);
+    assert_int_equal((int)registrations(1), 2);
+    for (int r = 0; r < 2; r++)
+        request_ok(r, "found");
+    assert_int_equal(etcd_count(), 4); /* routers/router, routers/router-1, daemons/... */
+    cJSON *j = e2e_admin(e2e_router(&g_d, 1)->sock, "membership");
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "etcd");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "connected")));
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "key")),
+                        PREFIX "routers/router-1");
+    cJSON_Delete(j);
+}
+
+static void test_restart(void **st)
+{
+    (void)st;
+    e2e_proc_signal(e2e_router(&g_d, 1), SIGKILL);
+    e2e_proc_wait(e2e_router(&g_d, 1), 5.0);
+    assert_true(sessions_up(1, 5.0));   /* both noticed: backoff of 5 s starts */
+    e2e_nap_ms(300);
+    double t0 = e2e_now();
+    assert_int_equal(e2e_restart_router_i(&g_d, 1), 0);
+    assert_true(sessions_up(2, 10.0));
+    double took = e2e_now() - t0;
+    fprintf(stderr, "etcd: restarted router found by every daemon %.0f ms after its start\n",
+            took * 1e3);
+    if (took > 2.5)
+        fail_msg("re-registration took %.1f s: the daemons waited out their backoff", took);
+    assert_int_equal((int)registrations(1), 4);
+    assert_int_equal((int)registrations(0), 2); /* router 0 never lost */
+    request_ok(1, "restarted router");
+}
+
+static void test_etcd_down(void **st)
+{
+    (void)st;
+    double reg0 = registrations(0), reg1 = registrations(1);
+    etcd_kill();
+    assert_true(etcd_connected_all(false, 10.0));
+    /* longer than the 2 s TTLs: sessions do not depend on etcd */
+    double end = e2e_now() + 3.0;
+    int n = 0;
+    while (e2e_now() < end) {
+        request_ok(n % 2, "etcd down");
+        n++;
+    }
+    assert_true(sessions_up(2, 0.1));
+    assert_true(registrations(0) == reg0 && registrations(1) == reg1);
+    /* etcd back: every member registers again */
+    assert_int_equal(etcd_start(), 0);
+    assert_true(etcd_connected_all(true, 15.0));
+    end = e2e_now() + 10.0;
+    while (etcd_count() != 4 && e2e_now() < end)
+        e2e_nap_ms(50);
+    assert_int_equal(etcd_count(), 4);
+    assert_true(registrations(0) == reg0 && registrations(1) == reg1);
+    /* router 1 gone for good: its lease runs out, the daemons drop it */
+    e2e_proc_signal(e2e_router(&g_d, 1), SIGKILL);
+    e2e_proc_wait(e2e_router(&g_d, 1), 5.0);
+    end = e2e_now() + 15.0;
+    while (registrations(1) != -1 && e2e_now() < end)
+        e2e_nap_ms(50);
+    assert_true(registrations(1) == -1);
+    assert_int_equal(etcd_count(), 3);
+    request_ok(0, "after router 1 left");
+    char why[512] = "";
+    if (!e2e_quiescent(&g_d, 15.0, why, sizeof(why)))
+        fail_msg("not quiescent: %s (logs in %s)", why, g_d.dir);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 5) {
+        fprintf(stderr, "usage: %s ROUTER PREFILL DECODE MODEL\n", argv[0]);
+        return 2;
+    }
+    g_router = argv[1];
+    g_prefill = argv[2];
+    g_decode = argv[3];
+    g_model = argv[4];
+    const char *cands[] = { getenv("ETCD_BIN"), "/usr/bin/etcd", "/usr/local/bin/etcd", NULL };
+    for (int i = 0; i < 3 && g_etcd_bin[0] == '\0'; i++)
+        if (cands[i] != NULL && access(cands[i], X_OK) == 0)
+            snprintf(g_etcd_bin, sizeof(g_etcd_bin), "%s", cands[i]);
+    if (g_etcd_bin[0] == '\0') {
+        fprintf(stderr, "SKIP: no etcd binary (install Debian's etcd-server: "
+                "deploy/install-deps.sh)\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_found),
+        cmocka_unit_test(test_restart),
+        cmocka_unit_test(test_etcd_down),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
