@@ -122,16 +122,23 @@ typedef struct dec_req {
 } dec_req_t;
 
 
-#define DEC_MAX_PEERS 64u
 
-typedef struct {
-    char id[PROTO_DAEMON_ID_MAX + 1];
-    uint64_t incarnation;
-    uint64_t node_id;
-    bool live;
-    uint32_t links;                     /* routers that reported it up (bit = link idx):
-                                           PEER_DOWN fails it only when none is left */
-} dec_peer_t;
+/* A cached prefix exported to a prefill (KV_EXPORT_REQ, "the KV pool is
+ * one cache"): references on the matched cached blocks, held until the
+ * lease ends (released by the prefill after its pull, expired, revoked:
+ * router RELEASE, router lost, teardown). Not in the node's live table: the
+ * request id is the router's wire id, which the same request's DECODE_REQ
+ * carries later. At most DEC_MAX_EXPORTS at once. */
+#define DEC_MAX_EXPORTS 64u
+
+typedef struct dec_export {
+    node_req_t nr;                      /* id; blocks = the exported ones (references) */
+    struct dec_export *next;            /* dec_t.exports */
+    char target[PROTO_DAEMON_ID_MAX + 1];
+    kvx_lease_id_t lease;
+    uint64_t start_ns;
+} dec_export_t;
+
 
 /* The one compute step in flight. */
 typedef struct {
@@ -152,7 +159,8 @@ struct dec {
     dec_config_t cfg;
     dec_step_t step;
     bool step_busy;
-    dec_peer_t peers[DEC_MAX_PEERS];
+    dec_export_t *exports;              /* cached prefixes under a lease to a prefill */
+    uint32_t n_exports;
     /* requests beyond the node's live table */
     dec_req_t *wait_head, *wait_tail;
     uint32_t n_waiting;
@@ -182,7 +190,12 @@ struct dec {
     X(req_time,        HISTOGRAM, "DECODE_REQ -> FINISH / ERROR")            \
     X(migrated_out,    COUNTER,   "sequences handed to another decode (KV pulled from here)") \
     X(migrated_in,     COUNTER,   "sequences taken over from another decode (KV pulled)") \
-    X(migrations_lost, COUNTER,   "exported sequences whose lease expired or was revoked unpulled")
+    X(migrations_lost, COUNTER,   "exported sequences whose lease expired or was revoked unpulled") \
+    X(prefix_exports,  COUNTER,   "cached prefixes exported to a prefill (KV_EXPORT_REQ)") \
+    X(prefix_export_tokens, COUNTER, "prompt tokens of those exports")       \
+    X(prefix_exports_refused, COUNTER, "KV_EXPORT_REQ refused (too little cached, no lease slot)") \
+    X(prefix_exports_unpulled, COUNTER, "exports whose lease expired or was revoked (not released by the prefill)") \
+    X(exports_live,    GAUGE,     "cached prefixes under a lease to a prefill now")
 
 #define DEC_STAT_ID(name, kind, help) DEC_STAT_##name,
 typedef enum { DEC_STATS(DEC_STAT_ID) DEC_STAT__COUNT } dec_stat_id_t;

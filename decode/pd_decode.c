@@ -1006,9 +1006,13 @@ static void dec_migrate_out(dec_t *d, dec_req_t *r)
 /* The migration's lease ended: released by the target after its pull (the
  * stream lives there now), or expired / revoked (the router has failed the
  * stream over, or it ended). Either way it ends here without a reply. */
+static bool dec_export_lease_end(dec_t *d, node_req_t *nr, kvx_lease_end_t why);
+
 static void dec_on_lease_end(node_t *n, node_req_t *nr, kvx_lease_end_t why)
 {
     dec_t *d = (dec_t *)n;
+    if (dec_export_lease_end(d, nr, why))
+        return; /* a cached prefix exported to a prefill */
     dec_req_t *r = NODE_REQ(nr, dec_req_t);
     if (r->state != DEC_ST_MIGRATING) {
         pd_log(PD_LOG_ERROR, DEC_COMP, r->nr.id, "lease end in state %s",
@@ -1044,12 +1048,182 @@ static void dec_on_migrate(proto_conn_t *c, const proto_msg_t *msg, void *arg)
      * made it RUNNING (dec_start_compute, dec_step_done) */
 }
 
+/* ---- cached prefixes exported to a prefill (KV_EXPORT_REQ) ----------------- */
+
+/* The export of request id from router link l (ids are unique per router
+ * only). */
+static dec_export_t *dec_export_find(dec_t *d, const node_link_t *l, const char *id,
+                                     uint64_t lease_id)
+{
+    for (dec_export_t *x = d->exports; x != NULL; x = x->next)
+        if (x->nr.link == l && strcmp(x->nr.id, id) == 0 &&
+            (lease_id == 0 || lease_id == node_lease_wire_id(x->lease)))
+            return x;
+    return NULL;
+}
+
+/* nr is an export's: its lease ended. Drop the block references (the
+ * blocks stay cached; nothing else is freed), unlink, free. false: nr is
+ * a request's. */
+static bool dec_export_lease_end(dec_t *d, node_req_t *nr, kvx_lease_end_t why)
+{
+    dec_export_t **pp = &d->exports;
+    while (*pp != NULL && &(*pp)->nr != nr)
+        pp = &(*pp)->next;
+    if (*pp == NULL)
+        return false;
+    dec_export_t *x = *pp;
+    *pp = x->next;
+    d->n_exports--;
+    pd_stats_gauge_set(d->n.stats, DEC_STAT_exports_live, d->n_exports);
+    if (why != KVX_LEASE_RELEASED)
+        pd_stats_inc(d->n.stats, DEC_STAT_prefix_exports_unpulled);
+    pd_log(why == KVX_LEASE_RELEASED ? PD_LOG_DEBUG : PD_LOG_INFO, DEC_COMP, x->nr.id,
+           "prefix export to %s (%u blocks) %s after %.3f ms", x->target, x->nr.n_blocks,
+           why == KVX_LEASE_RELEASED ? "released" : why == KVX_LEASE_EXPIRED ? "expired"
+                                                                              : "revoked",
+           (double)(pd_now_ns() - x->start_ns) / 1e6);
+    if (x->nr.blocks_held &&
+        kvx_blocks_unref(d->n.blocks, x->nr.blocks, x->nr.n_blocks, NULL) != PD_OK)
+        pd_log(PD_LOG_ERROR, DEC_COMP, x->nr.id, "export: dropping %u block references failed",
+               x->nr.n_blocks);
+    free(x->nr.blocks);
+    free(x);
+    dec_admit_waiting(d); /* the blocks may be evictable again */
+    return true;
+}
+
+/* KV_EXPORT_REQ: the router wants the prefill target_prefill_id to pull
+ * our cached KV of this prompt's prefix (turn k+1 of a conversation whose
+ * turn k ran here). Match the cache (never the last prompt token), hold
+ * references on the matched blocks, export them to the prefill under a
+ * lease, KV_EXPORT_DONE; the references go when the lease ends. Refused
+ * with ERROR (NOT_FOUND: less than min_tokens cached) and nothing held. */
+static void dec_on_kv_export_req(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)c;
+    dec_t *d = arg;
+    const proto_kv_export_req_t *q = &msg->u.kv_export_req;
+    uint32_t bt = d->n.geom->block_tokens, n = q->prompt.n;
+    uint32_t want = q->min_tokens > 0 ? q->min_tokens : 1;
+    pd_status_t st = PD_OK;
+    const char *why = "";
+    if (d->n.draining || d->n.stopping) {
+        st = PD_ERR_SHUTDOWN; why = "draining";
+    } else if (d->n.prefix == NULL) {
+        st = PD_ERR_NOT_FOUND; why = "no prefix cache";
+    } else if (n >= d->n.geom->context_length) {
+        st = PD_ERR_TOO_BIG; why = "prompt reaches the context length";
+    } else if ((n - 1) / bt * bt < want) {
+        st = PD_ERR_NOT_FOUND; why = "prompt shorter than min_tokens";
+    } else if (d->n_exports >= DEC_MAX_EXPORTS) {
+        st = PD_ERR_OVERLOADED; why = "too many prefix exports";
+    } else if (dec_export_find(d, d->n.rx, q->request_id, 0) != NULL) {
+        st = PD_ERR_EXISTS; why = "export already live";
+    }
+    uint32_t nb = (n - 1) / bt;
+    dec_export_t *x = NULL;
+    int32_t *tok = NULL;
+    if (st == PD_OK) {
+        x = calloc(1, sizeof(*x));
+        tok = malloc((size_t)nb * bt * sizeof(int32_t));
+        if (x == NULL || tok == NULL ||
+            (x->nr.blocks = malloc((size_t)nb * sizeof(uint32_t))) == NULL) {
+            st = PD_ERR_NO_MEMORY; why = "out of memory";
+        }
+    }
+    uint32_t m = 0;
+    if (st == PD_OK) {
+        for (uint32_t i = 0; i < nb * bt; i++)
+            tok[i] = proto_tokens_get(&q->prompt, i);
+        m = kvx_prefix_match(d->n.prefix, tok, nb * bt, x->nr.blocks, nb);
+        if (m * bt < want) {
+            st = PD_ERR_NOT_FOUND; why = "not enough of the prompt cached";
+            (void)kvx_blocks_unref(d->n.blocks, x->nr.blocks, m, NULL);
+        }
+    }
+    free(tok);
+    uint8_t handle[KVX_HANDLE_MAX_BYTES];
+    size_t hlen = 0;
+    uint32_t taken = 0;
+    if (st == PD_OK) {
+        snprintf(x->nr.id, sizeof(x->nr.id), "%s", q->request_id);
+        x->nr.link = d->n.rx; /* answered there, revoked when that router is lost */
+        x->nr.epoch = d->n.rx != NULL ? d->n.rx->epoch : 0;
+        x->nr.n_blocks = m;
+        x->nr.blocks_held = true;
+        st = node_export_part(&d->n, &x->nr, q->target_prefill_id, x->nr.blocks, m,
+                              d->cfg.lease_ttl_ns, handle, sizeof(handle), &hlen, &x->lease,
+                              &taken);
+        if (st != PD_OK) {
+            why = "kv export";
+            (void)kvx_blocks_unref(d->n.blocks, x->nr.blocks, m, NULL);
+        } else if (taken < m) { /* more runs than one handle holds: the first ones */
+            (void)kvx_blocks_unref(d->n.blocks, x->nr.blocks + taken, m - taken, NULL);
+            x->nr.n_blocks = m = taken;
+        }
+    }
+    if (st != PD_OK) {
+        if (x != NULL)
+            free(x->nr.blocks);
+        free(x);
+        pd_stats_inc(d->n.stats, DEC_STAT_prefix_exports_refused);
+        pd_log(PD_LOG_DEBUG, DEC_COMP, q->request_id, "prefix export refused: %s", why);
+        node_send_error(&d->n, d->n.rx, q->request_id, st == PD_ERR_NO_SPACE ? PD_ERR_OVERLOADED : st,
+                        "prefix export: %s", why);
+        return;
+    }
+    snprintf(x->target, sizeof(x->target), "%s", q->target_prefill_id);
+    x->start_ns = pd_now_ns();
+    x->next = d->exports;
+    d->exports = x;
+    d->n_exports++;
+    pd_stats_gauge_set(d->n.stats, DEC_STAT_exports_live, d->n_exports);
+    pd_stats_inc(d->n.stats, DEC_STAT_prefix_exports);
+    pd_stats_add(d->n.stats, DEC_STAT_prefix_export_tokens, (uint64_t)m * bt);
+    proto_msg_t out;
+    memset(&out, 0, sizeof(out));
+    out.hdr.type = PROTO_MSG_KV_EXPORT_DONE;
+    proto_kv_export_done_t *xd = &out.u.kv_export_done;
+    snprintf(xd->request_id, sizeof(xd->request_id), "%s", q->request_id);
+    xd->kv_tokens = m * bt;
+    xd->lease_id = node_lease_wire_id(x->lease);
+    xd->lease_ns = d->cfg.lease_ttl_ns;
+    xd->kv_handle.p = handle;
+    xd->kv_handle.len = (uint32_t)hlen;
+    st = node_req_send(&d->n, &x->nr, &out);
+    pd_log(PD_LOG_DEBUG, DEC_COMP, q->request_id, "prefix of %u tokens (%u blocks) exported to %s%s%s",
+           m * bt, m, x->target, st == PD_OK ? "" : ": KV_EXPORT_DONE not sent: ",
+           st == PD_OK ? "" : pd_status_str(st));
+    if (st != PD_OK)
+        (void)kvx_lease_revoke(d->n.kvx, x->lease); /* -> dec_export_lease_end */
+}
+
+/* Router `from` lost (NULL: teardown, all): the leases of the exports it
+ * asked for end now (it will not hand them on). */
+static void dec_exports_revoke(dec_t *d, const node_link_t *from)
+{
+    dec_export_t *x = d->exports, *next;
+    for (; x != NULL; x = next) {
+        next = x->next;
+        if (from == NULL || x->nr.link == from)
+            (void)kvx_lease_revoke(d->n.kvx, x->lease); /* may unlink and free x */
+    }
+}
+
 /* RELEASE of a migration's lease: the router will not forward the handle
- * (the request ended, or the target is gone): revoke it now. */
+ * (the request ended, or the target is gone): revoke it now. The same for
+ * an export's lease (the router will not send the PREFILL_REQ with it). */
 static void dec_on_release(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 {
     (void)c;
     dec_t *d = arg;
+    dec_export_t *x = dec_export_find(d, d->n.rx, msg->u.release.request_id,
+                                      msg->u.release.lease_id);
+    if (x != NULL && msg->u.release.lease_id != 0) {
+        (void)kvx_lease_revoke(d->n.kvx, x->lease); /* -> dec_export_lease_end */
+        return;
+    }
     dec_req_t *r = dec_req_find(d, msg->u.release.request_id);
     if (r == NULL || r->state != DEC_ST_MIGRATING)
         return;
@@ -1062,82 +1236,17 @@ static void dec_on_release(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 
 /* ---- peers ---------------------------------------------------------------- */
 
-static dec_peer_t *dec_peer_find(dec_t *d, const char *id, bool create)
-{
-    dec_peer_t *free_slot = NULL;
-    for (uint32_t i = 0; i < DEC_MAX_PEERS; i++) {
-        if (d->peers[i].id[0] != '\0' && strcmp(d->peers[i].id, id) == 0)
-            return &d->peers[i];
-        if (d->peers[i].id[0] == '\0' && free_slot == NULL)
-            free_slot = &d->peers[i];
-    }
-    if (!create || free_slot == NULL)
-        return NULL;
-    snprintf(free_slot->id, sizeof(free_slot->id), "%s", id);
-    return free_slot;
-}
-
+/* prefills, and other decodes (a live migration pulls from one) */
 static void dec_on_peer_info(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 {
     (void)c;
-    dec_t *d = arg;
-    const proto_peer_info_t *pi = &msg->u.peer_info;
-    /* prefills, and other decodes (a live migration pulls from one) */
-    if ((pi->role != PROTO_ROLE_PREFILL && pi->role != PROTO_ROLE_DECODE) ||
-        strcmp(pi->daemon_id, d->n.daemon_id) == 0)
-        return;
-    dec_peer_t *p = dec_peer_find(d, pi->daemon_id, true);
-    if (p == NULL) {
-        pd_log(PD_LOG_WARN, DEC_COMP, NULL, "peer table full: %s ignored", pi->daemon_id);
-        return;
-    }
-    pd_status_t st = kvx_peer_add(d->n.kvx, pi->kv_addr.p, pi->kv_addr.len);
-    if (st == PD_ERR_STALE) {
-        /* PEER_DOWN tombstoned this incarnation, and now the router (over
-         * our authenticated session) says it registered again: it was
-         * unreachable for a while, not dead. Use it again. */
-        if (kvx_peer_revive(d->n.kvx, node_id_of(pi->daemon_id), pi->incarnation) == PD_OK)
-            st = kvx_peer_add(d->n.kvx, pi->kv_addr.p, pi->kv_addr.len);
-    }
-    if (st == PD_OK || st == PD_ERR_EXISTS) {
-        if (!p->live || p->incarnation != pi->incarnation)
-            p->links = 0; /* a new incarnation: only the routers that saw it */
-        if (d->n.rx != NULL)
-            p->links |= 1u << d->n.rx->idx;
-        p->incarnation = pi->incarnation;
-        p->node_id = node_id_of(pi->daemon_id);
-        p->live = true;
-        pd_log(st == PD_OK ? PD_LOG_INFO : PD_LOG_DEBUG, DEC_COMP, NULL,
-               "%s peer %s (incarnation %llx) %s",
-               pi->role == PROTO_ROLE_PREFILL ? "prefill" : "decode", pi->daemon_id,
-               (unsigned long long)pi->incarnation, st == PD_OK ? "added" : "known");
-    } else {
-        pd_log(PD_LOG_WARN, DEC_COMP, NULL, "peer %s refused: %s", pi->daemon_id,
-               pd_status_str(st));
-    }
+    node_peer_info(arg, &msg->u.peer_info, 1u << PROTO_ROLE_PREFILL | 1u << PROTO_ROLE_DECODE);
 }
 
 static void dec_on_peer_down(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 {
     (void)c;
-    dec_t *d = arg;
-    const proto_peer_down_t *pd = &msg->u.peer_down;
-    dec_peer_t *p = dec_peer_find(d, pd->daemon_id, false);
-    if (p == NULL || !p->live || (pd->incarnation != 0 && pd->incarnation != p->incarnation))
-        return; /* unknown, or an older incarnation than the one we use */
-    if (d->n.rx != NULL)
-        p->links &= ~(1u << d->n.rx->idx);
-    if (p->links != 0) {
-        /* another router still has a live session with it: the peer lost
-         * one router, it is not gone (its pulls go on) */
-        pd_log(PD_LOG_INFO, DEC_COMP, NULL, "peer %s lost router %s (%s); still up at others",
-               pd->daemon_id, d->n.rx != NULL ? d->n.rx->addr : "?", pd_status_name(pd->status));
-        return;
-    }
-    p->live = false;
-    pd_status_t st = kvx_peer_fail(d->n.kvx, p->node_id, PD_ERR_PEER_GONE);
-    pd_log(PD_LOG_INFO, DEC_COMP, NULL, "peer %s down (%s): %s", pd->daemon_id,
-           pd_status_name(pd->status), pd_status_str(st));
+    node_peer_down(arg, &msg->u.peer_down);
 }
 
 /* ---- node callbacks ----------------------------------------------------- */
@@ -1148,9 +1257,8 @@ static void dec_on_peer_down(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 static void dec_cancel_all(node_t *n, const node_link_t *from)
 {
     dec_t *d = (dec_t *)n;
-    if (from != NULL)
-        for (uint32_t i = 0; i < DEC_MAX_PEERS; i++)
-            d->peers[i].links &= ~(1u << from->idx);
+    dec_exports_revoke(d, from);
+    node_peers_forget_link(n, from);
     NODE_FOR_EACH(n, dec_req_t, r) {
         if (from != NULL && r->nr.link != from)
             continue;
@@ -1180,6 +1288,11 @@ static void dec_adm_kv(node_t *n, cJSON *reply)
     dec_t *d = (dec_t *)n;
     cJSON_AddNumberToObject(reply, "running", d->n_active);
     cJSON_AddNumberToObject(reply, "waiting", d->n_waiting);
+    uint32_t xb = 0;
+    for (const dec_export_t *x = d->exports; x != NULL; x = x->next)
+        xb += x->nr.n_blocks;
+    cJSON_AddNumberToObject(reply, "exports", d->n_exports);
+    cJSON_AddNumberToObject(reply, "export_blocks", xb);
 }
 
 static pd_status_t dec_adm_requests(pd_admin_req_t *req, cJSON *reply)
@@ -1207,16 +1320,7 @@ static pd_status_t dec_adm_requests(pd_admin_req_t *req, cJSON *reply)
 
 static void dec_adm_session(node_t *n, cJSON *reply)
 {
-    dec_t *d = (dec_t *)n;
-    cJSON *p = cJSON_AddArrayToObject(reply, "peers");
-    for (uint32_t i = 0; i < DEC_MAX_PEERS; i++) {
-        if (d->peers[i].id[0] == '\0')
-            continue;
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "id", d->peers[i].id);
-        cJSON_AddBoolToObject(o, "live", d->peers[i].live);
-        cJSON_AddItemToArray(p, o);
-    }
+    node_adm_peers(n, reply);
 }
 
 static const pd_admin_cmd_t dec_cmds[] = {
@@ -1257,7 +1361,8 @@ static const node_role_t dec_role = {
             PROTO_CAP_KV_EXPORT,
     .cbs = { .on_decode_req = dec_on_decode_req, .on_cancel = dec_on_cancel,
              .on_peer_info = dec_on_peer_info, .on_peer_down = dec_on_peer_down,
-             .on_migrate = dec_on_migrate, .on_release = dec_on_release },
+             .on_migrate = dec_on_migrate, .on_release = dec_on_release,
+             .on_kv_export_req = dec_on_kv_export_req },
     .cancel_all = dec_cancel_all, .fill_hb = dec_fill_hb,
     .adm_kv = dec_adm_kv, .adm_session = dec_adm_session, .cmds = dec_cmds,
     .xfer_help = "xfer - kvxfer statistics (pulls per prefill peer)",

@@ -41,6 +41,111 @@ pd_status_t node_export(node_t *n, node_req_t *r, const char *importer, const ui
     return st;
 }
 
+pd_status_t node_export_part(node_t *n, node_req_t *r, const char *importer,
+                             const uint32_t *blocks, uint32_t nb, uint64_t ttl_ns, void *buf,
+                             size_t cap, size_t *len_p, kvx_lease_id_t *lease_p,
+                             uint32_t *taken_p)
+{
+    pd_status_t st = kvx_export_part(n->region, node_id_of(importer), blocks, nb, ttl_ns,
+                                     (uint64_t)(uintptr_t)r, buf, cap, len_p, lease_p, taken_p);
+    if (st == PD_OK && lease_p->slot < n->max_leases)
+        n->lease_reqs[lease_p->slot] = r;
+    return st;
+}
+
+/* ---- KV peers ---------------------------------------------------------------- */
+
+static node_peer_t *node_peer_find(node_t *n, const char *id, bool create)
+{
+    node_peer_t *free_slot = NULL;
+    for (uint32_t i = 0; i < NODE_MAX_PEERS; i++) {
+        if (n->peers[i].id[0] != '\0' && strcmp(n->peers[i].id, id) == 0)
+            return &n->peers[i];
+        if (n->peers[i].id[0] == '\0' && free_slot == NULL)
+            free_slot = &n->peers[i];
+    }
+    if (!create || free_slot == NULL)
+        return NULL;
+    snprintf(free_slot->id, sizeof(free_slot->id), "%s", id);
+    return free_slot;
+}
+
+void node_peer_info(node_t *n, const proto_peer_info_t *pi, unsigned role_mask)
+{
+    if (pi->role >= 16 || !(role_mask & (1u << pi->role)) ||
+        strcmp(pi->daemon_id, n->daemon_id) == 0)
+        return;
+    node_peer_t *p = node_peer_find(n, pi->daemon_id, true);
+    if (p == NULL) {
+        pd_log(PD_LOG_WARN, n->role->name, NULL, "peer table full: %s ignored", pi->daemon_id);
+        return;
+    }
+    pd_status_t st = kvx_peer_add(n->kvx, pi->kv_addr.p, pi->kv_addr.len);
+    if (st == PD_ERR_STALE) {
+        /* PEER_DOWN tombstoned this incarnation, and now the router (over
+         * our authenticated session) says it registered again: it was
+         * unreachable for a while, not dead. Use it again. */
+        if (kvx_peer_revive(n->kvx, node_id_of(pi->daemon_id), pi->incarnation) == PD_OK)
+            st = kvx_peer_add(n->kvx, pi->kv_addr.p, pi->kv_addr.len);
+    }
+    if (st == PD_OK || st == PD_ERR_EXISTS) {
+        if (!p->live || p->incarnation != pi->incarnation)
+            p->links = 0; /* a new incarnation: only the routers that saw it */
+        if (n->rx != NULL)
+            p->links |= 1u << n->rx->idx;
+        p->incarnation = pi->incarnation;
+        p->node_id = node_id_of(pi->daemon_id);
+        p->live = true;
+        pd_log(st == PD_OK ? PD_LOG_INFO : PD_LOG_DEBUG, n->role->name, NULL,
+               "%s peer %s (incarnation %llx) %s",
+               pi->role == PROTO_ROLE_PREFILL ? "prefill" : "decode", pi->daemon_id,
+               (unsigned long long)pi->incarnation, st == PD_OK ? "added" : "known");
+    } else {
+        pd_log(PD_LOG_WARN, n->role->name, NULL, "peer %s refused: %s", pi->daemon_id,
+               pd_status_str(st));
+    }
+}
+
+void node_peer_down(node_t *n, const proto_peer_down_t *pd)
+{
+    node_peer_t *p = node_peer_find(n, pd->daemon_id, false);
+    if (p == NULL || !p->live || (pd->incarnation != 0 && pd->incarnation != p->incarnation))
+        return; /* unknown, or an older incarnation than the one we use */
+    if (n->rx != NULL)
+        p->links &= ~(1u << n->rx->idx);
+    if (p->links != 0) {
+        /* another router still has a live session with it: the peer lost
+         * one router, it is not gone (its pulls go on) */
+        pd_log(PD_LOG_INFO, n->role->name, NULL, "peer %s lost router %s (%s); still up at others",
+               pd->daemon_id, n->rx != NULL ? n->rx->addr : "?", pd_status_name(pd->status));
+        return;
+    }
+    p->live = false;
+    pd_status_t st = kvx_peer_fail(n->kvx, p->node_id, PD_ERR_PEER_GONE);
+    pd_log(PD_LOG_INFO, n->role->name, NULL, "peer %s down (%s): %s", pd->daemon_id,
+           pd_status_name(pd->status), pd_status_str(st));
+}
+
+void node_peers_forget_link(node_t *n, const node_link_t *from)
+{
+    if (from != NULL)
+        for (uint32_t i = 0; i < NODE_MAX_PEERS; i++)
+            n->peers[i].links &= ~(1u << from->idx);
+}
+
+void node_adm_peers(node_t *n, cJSON *reply)
+{
+    cJSON *p = cJSON_AddArrayToObject(reply, "peers");
+    for (uint32_t i = 0; i < NODE_MAX_PEERS; i++) {
+        if (n->peers[i].id[0] == '\0')
+            continue;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "id", n->peers[i].id);
+        cJSON_AddBoolToObject(o, "live", n->peers[i].live);
+        cJSON_AddItemToArray(p, o);
+    }
+}
+
 /* kvx's lease-end callback (on the loop): the request it was granted for,
  * checked against the tag given at export, to the role. */
 void node_on_lease_end(void *arg, const kvx_lease_info_t *info, kvx_lease_end_t why)

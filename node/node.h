@@ -195,6 +195,19 @@ typedef struct node_req {
 
 typedef struct node_kve node_kve_t;
 
+/* KV peers the router told us about (PEER_INFO): the daemons this node may
+ * pull from (a decode: prefills and other decodes; a prefill: decodes). */
+#define NODE_MAX_PEERS 64u
+
+typedef struct {
+    char id[PROTO_DAEMON_ID_MAX + 1];
+    uint64_t incarnation;
+    uint64_t node_id;
+    bool live;
+    uint32_t links;                     /* routers that reported it up (bit = link idx):
+                                           PEER_DOWN fails it only when none is left */
+} node_peer_t;
+
 typedef struct {
     const char *name;                   /* "prefill": log component, ready role, default id */
     const pd_cfg_schema_t *schema;      /* the role's config rows (for `config show`) */
@@ -258,6 +271,7 @@ struct node {
     size_t meta_len;
     node_req_t **lease_reqs;            /* (max_leases) request per live lease slot */
     uint32_t max_leases;
+    node_peer_t peers[NODE_MAX_PEERS];  /* KV peers (PEER_INFO / PEER_DOWN) */
     /* control plane: one link per router */
     node_link_t links[NODE_ROUTERS_MAX];
     uint32_t n_links;                   /* slots in use */
@@ -421,6 +435,25 @@ uint64_t node_lease_wire_id(kvx_lease_id_t l);
 pd_status_t node_export(node_t *n, node_req_t *r, const char *importer, const uint32_t *blocks,
                         uint32_t nb, uint64_t ttl_ns, void *buf, size_t cap, size_t *len_p,
                         kvx_lease_id_t *lease_p);
+
+/* node_export for a set that may not fit one handle (kvx_export_part):
+ * leases the longest prefix of blocks[0..nb) that fits, *taken_p blocks
+ * (at least one). Errors as kvx_export. */
+pd_status_t node_export_part(node_t *n, node_req_t *r, const char *importer,
+                             const uint32_t *blocks, uint32_t nb, uint64_t ttl_ns, void *buf,
+                             size_t cap, size_t *len_p, kvx_lease_id_t *lease_p,
+                             uint32_t *taken_p);
+
+/* PEER_INFO (from router n->rx): add (or revive) a KV peer of one of the
+ * roles in role_mask (1 << proto_role); others, and ourselves, are
+ * ignored. PEER_DOWN: that router lost it; once no router reports it up,
+ * that incarnation is gone and its pulls fail with PD_ERR_PEER_GONE.
+ * forget_link: router `from` is lost, its reports with it (NULL: none). */
+void node_peer_info(node_t *n, const proto_peer_info_t *pi, unsigned role_mask);
+void node_peer_down(node_t *n, const proto_peer_down_t *pd);
+void node_peers_forget_link(node_t *n, const node_link_t *from);
+/* The `session` reply's "peers" array. */
+void node_adm_peers(node_t *n, cJSON *reply);
 
 /* ---- prefix cache events to the router (node_kve.c) ---------------------- */
 

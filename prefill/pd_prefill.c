@@ -23,6 +23,7 @@ static const pd_cfg_field_t pf_fields[] = {
     PD_CFG_ROW(pf_config_t, max_queue, "max-queue", UINT, "64", "requests queued or computing before OVERLOADED", 1, 1e6, NULL),
     PD_CFG_ROW(pf_config_t, lease_ttl_ns, "lease-ttl", DURATION, "30s", "KV lease length after PREFILL_DONE", 1e6, 600e9, NULL),
     PD_CFG_ROW(pf_config_t, max_prompt_tokens, "max-prompt-tokens", UINT, "1048576", "longest prompt accepted", 1, 1048576, NULL),
+    PD_CFG_ROW(pf_config_t, src_pull_timeout_ns, "src-pull-timeout", DURATION, "2s", "deadline of a pull from a decode's cached prefix (then computed here)", 1e6, 600e9, NULL),
     NODE_TAIL_ROWS(pf_config_t)
     PD_CFG_END,
 };
@@ -55,7 +56,9 @@ static void pf_req_free(void *obj)
 static bool pf_transition_ok(pf_state_t from, pf_state_t to)
 {
     switch (from) {
-    case PF_ST_NEW:       return to == PF_ST_COMPUTING;
+    case PF_ST_NEW:       return to == PF_ST_COMPUTING || to == PF_ST_PULLING;
+    case PF_ST_PULLING:   return to == PF_ST_COMPUTING || to == PF_ST_FAILED ||
+                                 to == PF_ST_CANCELED;
     case PF_ST_COMPUTING: return to == PF_ST_LEASED || to == PF_ST_FAILED ||
                                  to == PF_ST_CANCELED;
     case PF_ST_LEASED:    return to == PF_ST_COMPLETED || to == PF_ST_FAILED ||
@@ -98,6 +101,11 @@ static void pf_req_set_state(pf_req_t *r, pf_state_t to)
     }
     if (to != PF_ST_COMPLETED && to != PF_ST_FAILED && to != PF_ST_CANCELED)
         return;
+    assert(!r->pull_live);
+    if (r->src_imported) { /* the decode gets its blocks back */
+        (void)kvx_lease_release(pf->n.kvx, &r->src_imp);
+        r->src_imported = false;
+    }
     pd_stats_inc(pf->n.stats, to == PF_ST_COMPLETED ? PF_STAT_completed
                           : to == PF_ST_FAILED ? PF_STAT_failed : PF_STAT_canceled);
     node_req_retire(&pf->n, &r->nr, pf_req_free, r);
@@ -167,10 +175,9 @@ static void pf_job_done(eng_job_t *job)
     }
     pd_stats_observe_ns(pf->n.stats, PF_STAT_prefill_time, r->run_end_ns - r->run_start_ns);
     pd_stats_add(pf->n.stats, PF_STAT_prompt_tokens, r->n_prompt);
-    pd_stats_add(pf->n.stats, PF_STAT_cached_tokens, r->n_cached);
+    pd_stats_add(pf->n.stats, PF_STAT_cached_tokens, r->n_cached - r->n_pulled);
     pd_stats_add(pf->n.stats, PF_STAT_computed_tokens, r->n_prompt - r->n_cached);
-    pd_stats_add(pf->n.stats, PF_STAT_saved_bytes,
-                 (uint64_t)(r->n_cached / pf->n.geom->block_tokens) * pf->n.geom->block_bytes);
+    pd_stats_add(pf->n.stats, PF_STAT_saved_bytes, (uint64_t)r->n_own * pf->n.geom->block_bytes);
     if (pf->n.prefix != NULL) /* the prompt's full blocks become shareable */
         (void)kvx_prefix_insert(pf->n.prefix, r->prompt, r->n_prompt, r->nr.blocks,
                                 r->nr.n_blocks, NULL);
@@ -252,8 +259,130 @@ static pd_status_t pf_take_blocks(pf_t *pf, pf_req_t *r, uint32_t nb)
     }
     r->nr.n_blocks = nb;
     r->nr.blocks_held = true;
+    r->n_own = m;
     r->n_cached = m * pf->n.geom->block_tokens;
     return PD_OK;
+}
+
+/* To the compute thread (from NEW or PULLING). */
+static void pf_compute_start(pf_t *pf, pf_req_t *r)
+{
+    pf_req_set_state(r, PF_ST_COMPUTING);
+    pd_status_t st = eng_runner_submit(pf->n.runner, &r->job);
+    if (st != PD_OK) { /* cannot happen below max_queue; answer anyway */
+        if (pf_can_reply(pf, r))
+            node_send_error(&pf->n, r->nr.link, r->nr.id, PD_ERR_OVERLOADED, "compute queue: %s",
+                            pd_status_str(st));
+        r->reply_pending = false;
+        pf_req_set_state(r, PF_ST_FAILED);
+    }
+}
+
+/* The decode's lease is not needed any more: it gets its blocks back. */
+static void pf_src_release(pf_t *pf, pf_req_t *r)
+{
+    if (r->src_imported) {
+        (void)kvx_lease_release(pf->n.kvx, &r->src_imp);
+        r->src_imported = false;
+    }
+}
+
+static void pf_src_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t *res)
+{
+    pf_req_t *r = arg;
+    pf_t *pf = r->pf;
+    uint32_t bt = pf->n.geom->block_tokens;
+    r->pull_live = false;
+    r->pull_ns = res != NULL ? res->latency_ns : pd_now_ns() - r->t[PF_ST_PULLING];
+    pd_stats_observe_ns(pf->n.stats, PF_STAT_src_pull_time, r->pull_ns);
+    if (status == PD_OK) {
+        uint32_t nb = r->src_imp.h.n_blocks;
+        r->n_pulled = (nb - r->n_own) * bt;
+        r->n_cached = nb * bt;
+        pd_stats_inc(pf->n.stats, PF_STAT_src_pulls_ok);
+        pd_stats_add(pf->n.stats, PF_STAT_src_pulled_tokens, r->n_pulled);
+        pd_stats_add(pf->n.stats, PF_STAT_src_pulled_bytes, res != NULL ? res->bytes : 0);
+        pd_log(PD_LOG_DEBUG, PF_COMP, r->nr.id, "pulled %u prompt tokens from %s in %.3f ms",
+               r->n_pulled, r->src_peer, (double)r->pull_ns / 1e6);
+    } else if (status != PD_ERR_CANCELED && status != PD_ERR_SHUTDOWN) {
+        /* the blocks we pulled into hold garbage: computed over below */
+        pd_stats_inc(pf->n.stats, PF_STAT_src_pulls_failed);
+        pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "pull from %s's cache failed (%s): computing",
+               r->src_peer, pd_status_str(status));
+    }
+    pf_src_release(pf, r);
+    if (atomic_load(&r->cancel) || pf->n.stopping) {
+        if (pf_can_reply(pf, r) && !pf->n.stopping)
+            node_send_error(&pf->n, r->nr.link, r->nr.id, PD_ERR_CANCELED, "canceled");
+        r->reply_pending = false;
+        pf_req_set_state(r, PF_ST_CANCELED);
+        return;
+    }
+    pf_compute_start(pf, r);
+}
+
+/* PREFILL_REQ named a decode's cached prefix (q's source tail): pull the
+ * blocks of it we do not hold ourselves (KVX_PULL_SKIP for ours) into our
+ * fresh blocks, with a deadline. true: PULLING (pf_src_pull_done goes on);
+ * false: nothing to pull or the source is unusable: compute now. Never
+ * fails the request. */
+static bool pf_src_start(pf_t *pf, pf_req_t *r, const proto_prefill_req_t *q)
+{
+    uint32_t bt = pf->n.geom->block_tokens;
+    snprintf(r->src_peer, sizeof(r->src_peer), "%s", q->src_peer_id);
+    kvx_reject_t why = 0;
+    pd_status_t st = kvx_handle_import(pf->n.kvx, q->src_handle.p, q->src_handle.len,
+                                       pf->n.geom->compat_hash, &r->src_imp, &why);
+    if (st != PD_OK) {
+        pd_stats_inc(pf->n.stats, PF_STAT_src_pulls_failed);
+        pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "KV handle from %s rejected: %s (%s): computing",
+               r->src_peer, pd_status_str(st), kvx_reject_name(why));
+        return false;
+    }
+    r->src_imported = true;
+    uint32_t nb = r->src_imp.h.n_blocks;
+    /* whole blocks of the prompt, never its last token (proto checked
+     * src_kv_tokens < prompt; the handle must agree) */
+    if ((uint64_t)nb * bt != q->src_kv_tokens || nb > (r->n_prompt - 1) / bt ||
+        pf->n.prefix == NULL) {
+        if (pf->n.prefix != NULL) {
+            pd_stats_inc(pf->n.stats, PF_STAT_src_pulls_failed);
+            pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "source from %s: %u blocks for %u tokens: "
+                   "computing", r->src_peer, nb, q->src_kv_tokens);
+        }
+        pf_src_release(pf, r);
+        return false;
+    }
+    if (nb <= r->n_own) { /* our own cache holds as much */
+        pd_stats_inc(pf->n.stats, PF_STAT_src_skipped);
+        pf_src_release(pf, r);
+        return false;
+    }
+    uint32_t skip_inline[64], *local = nb <= 64 ? skip_inline : malloc((size_t)nb * sizeof(uint32_t));
+    if (local == NULL) {
+        pf_src_release(pf, r);
+        return false;
+    }
+    for (uint32_t i = 0; i < nb; i++)
+        local[i] = i < r->n_own ? KVX_PULL_SKIP : r->nr.blocks[i];
+    uint64_t budget = pf->cfg.src_pull_timeout_ns;
+    if (q->deadline_ns != 0 && q->deadline_ns < budget)
+        budget = q->deadline_ns;
+    pf_req_set_state(r, PF_ST_PULLING);
+    st = kvx_pull_start(pf->n.kvx, &r->src_imp, pf->n.region, local, nb, pd_now_ns() + budget, 0,
+                        pf_src_pull_done, r, &r->pull_id);
+    if (local != skip_inline)
+        free(local);
+    if (st != PD_INPROGRESS) {
+        pd_stats_inc(pf->n.stats, PF_STAT_src_pulls_failed);
+        pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "pull from %s not started (%s): computing",
+               r->src_peer, pd_status_str(st));
+        pf_src_release(pf, r);
+        pf_compute_start(pf, r);
+        return true;
+    }
+    r->pull_live = true;
+    return true;
 }
 
 static void pf_on_prefill_req(proto_conn_t *c, const proto_msg_t *msg, void *arg)
@@ -339,20 +468,20 @@ static void pf_on_prefill_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
     r->t[PF_ST_NEW] = pd_now_ns();
     node_req_link(&pf->n, &r->nr);
     pd_stats_inc(pf->n.stats, PF_STAT_accepted);
-    pf_req_set_state(r, PF_ST_COMPUTING);
-    st = eng_runner_submit(pf->n.runner, &r->job);
-    if (st != PD_OK) { /* cannot happen below max_queue; answer anyway */
-        node_send_error(&pf->n, r->nr.link, r->nr.id, PD_ERR_OVERLOADED, "compute queue: %s", pd_status_str(st));
-        r->reply_pending = false;
-        pf_req_set_state(r, PF_ST_FAILED);
-    }
+    if (q->src_handle.len > 0 && pf_src_start(pf, r, q))
+        return; /* pulling (or already on to compute) */
+    pf_compute_start(pf, r);
 }
 
 /* Stop a request wherever it is. Computing: discard when the job returns;
  * leased: revoke (on_lease_end -> CANCELED). */
 static void pf_req_cancel(pf_t *pf, pf_req_t *r)
 {
-    if (r->state == PF_ST_COMPUTING) {
+    if (r->state == PF_ST_PULLING) {
+        atomic_store(&r->cancel, true);
+        if (r->pull_live)
+            (void)kvx_pull_cancel(pf->n.kvx, r->pull_id); /* -> pf_src_pull_done */
+    } else if (r->state == PF_ST_COMPUTING) {
         atomic_store(&r->cancel, true);
     } else if (r->state == PF_ST_LEASED) {
         if (kvx_lease_revoke(pf->n.kvx, r->lease) != PD_OK && r->state == PF_ST_LEASED)
@@ -391,10 +520,44 @@ static void pf_on_release(proto_conn_t *c, const proto_msg_t *msg, void *arg)
  * ones are discarded when their job returns, leased ones revoked. */
 static void pf_cancel_all(node_t *n, const node_link_t *from)
 {
+    node_peers_forget_link(n, from); /* what that router said of the decodes */
     NODE_FOR_EACH(n, pf_req_t, r) { /* revoke may free r (deferred) and unlink it */
         if (from == NULL || r->nr.link == from)
             pf_req_cancel((pf_t *)n, r);
     }
+}
+
+/* After the kvx context is gone: a request whose pull never called back
+ * (the context ended it) ends here. */
+static void pf_after_kvx(node_t *n)
+{
+    NODE_FOR_EACH(n, pf_req_t, r) {
+        if (r->state != PF_ST_PULLING)
+            continue;
+        r->pull_live = false;
+        r->src_imported = false;
+        r->nr.blocks_held = false;
+        r->reply_pending = false;
+        pf_req_set_state(r, PF_ST_CANCELED);
+    }
+}
+
+/* The decodes: a PREFILL_REQ's source is one of their caches. */
+static void pf_on_peer_info(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)c;
+    node_peer_info(arg, &msg->u.peer_info, 1u << PROTO_ROLE_DECODE);
+}
+
+static void pf_on_peer_down(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)c;
+    node_peer_down(arg, &msg->u.peer_down);
+}
+
+static void pf_adm_session(node_t *n, cJSON *reply)
+{
+    node_adm_peers(n, reply);
 }
 
 static void pf_fill_hb(node_t *n, proto_heartbeat_t *hb)
@@ -407,7 +570,7 @@ static void pf_fill_hb(node_t *n, proto_heartbeat_t *hb)
     hb->leases = g.leases_active;
     uint64_t tok = 0;
     NODE_FOR_EACH(n, pf_req_t, r)
-        if (r->state == PF_ST_COMPUTING)
+        if (r->state == PF_ST_COMPUTING || r->state == PF_ST_PULLING)
             tok += r->n_prompt - r->n_cached; /* the work left: cached tokens are not computed */
     hb->outstanding_prefill_tokens = tok;
 }
@@ -483,7 +646,7 @@ static const pd_stat_desc_t pf_stat_descs[] = { PF_STATS(PD_STAT_DESC) };
 static const pd_stat_prom_t pf_stat_prom[] = {
     NODE_REQ_STAT_PROM,
     PD_STAT_PROM_LE("queue_time", MS), PD_STAT_PROM_LE("prefill_time", MS),
-    PD_STAT_PROM_LE("lease_time", S),
+    PD_STAT_PROM_LE("lease_time", S), PD_STAT_PROM_LE("src_pull_time", MS),
 };
 static const pd_stats_table_t pf_stats_table =
     PD_STATS_TABLE_PROM("prefill", pf_stat_descs, pf_stat_prom);
@@ -492,19 +655,22 @@ static const node_role_t pf_role = {
     .name = "prefill", .schema = &pf_schema, .stats = &pf_stats_table,
     .proto_role = PROTO_ROLE_PREFILL, .caps = PROTO_CAP_PREFILL | PROTO_CAP_KV_EXPORT,
     .cbs = { .on_prefill_req = pf_on_prefill_req, .on_cancel = pf_on_cancel,
-             .on_release = pf_on_release },
-    .cancel_all = pf_cancel_all, .fill_hb = pf_fill_hb, .adm_kv = pf_adm_kv, .cmds = pf_cmds,
-    .xfer_help = "xfer - kvxfer statistics",
-    .session_help = "session - router session state",
+             .on_release = pf_on_release, .on_peer_info = pf_on_peer_info,
+             .on_peer_down = pf_on_peer_down },
+    .cancel_all = pf_cancel_all, .fill_hb = pf_fill_hb, .adm_kv = pf_adm_kv,
+    .adm_session = pf_adm_session, .cmds = pf_cmds,
+    .xfer_help = "xfer - kvxfer statistics (pulls from decodes' caches per peer)",
+    .session_help = "session - router session state and peers (decodes)",
     .on_lease_end = pf_on_lease_end,
 };
 
 /* kvx: leases last at least lease-ttl; their ends come to pf_on_lease_end
- * (through the node's lease table). */
+ * (through the node's lease table). It pulls too: a decode's cached
+ * prefix (PREFILL_REQ source). */
 static void pf_kvx_config(node_t *n, kvx_config_t *kc)
 {
     pf_t *pf = (pf_t *)n;
-    kc->stats_role = KVX_STATS_EXPORTER; /* no pulls here: no pull counters in /metrics */
+    kc->stats_role = KVX_STATS_BOTH; /* exports to decodes, pulls from decodes' caches */
     kc->max_lease_ttl_ns = pf->cfg.lease_ttl_ns > kc->max_lease_ttl_ns ? pf->cfg.lease_ttl_ns
                                                                        : kc->max_lease_ttl_ns;
 }
@@ -528,7 +694,7 @@ int main(int argc, char **argv)
         pd_status_t st = node_run(&pf->n, "");
         rc = st == PD_OK ? 0 : st == PD_ERR_BAD_INPUT ? 2 : 1;
         if (st != PD_ERR_BAD_INPUT)
-            node_teardown(&pf->n, NULL);
+            node_teardown(&pf->n, pf_after_kvx);
     }
     free(pf->logits);
     proto_auth_secret_wipe(&pf->n.secret);

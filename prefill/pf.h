@@ -3,11 +3,16 @@
  * One request, one struct, one state enum, one setter (pf_req_set_state)
  * that asserts the transition and stamps pd_now_ns() per state:
  *
- *   COMPUTING --export ok--> LEASED --released--> COMPLETED
- *       |                      |-----expired----> FAILED
- *       |                      '-----revoked----> CANCELED
- *       |--error------------------------------> FAILED
- *       '--CANCEL / RELEASE / router lost------> CANCELED
+ *   [PULLING] -> COMPUTING --export ok--> LEASED --released--> COMPLETED
+ *       |           |                      |-----expired----> FAILED
+ *       |           |                      '-----revoked----> CANCELED
+ *       |           |--error------------------------------> FAILED
+ *       '-----------'--CANCEL / RELEASE / router lost------> CANCELED
+ *
+ * PULLING: PREFILL_REQ named a decode's cached prefix of the prompt (its
+ * source tail): the blocks this prefill's own cache lacks are pulled from
+ * that decode first (KVX_PULL_SKIP for the rest); a failed pull is not a
+ * failed request (it computes from its own cached prefix instead).
  *
  * Blocks are freed only on entering a terminal state; a LEASED request's
  * blocks only after kvx's on_lease_end (the lease is over, pins are 0). */
@@ -25,10 +30,12 @@ typedef struct {
     uint64_t max_queue;
     uint64_t lease_ttl_ns;
     uint64_t max_prompt_tokens;
+    uint64_t src_pull_timeout_ns;       /* deadline of a pull from a decode's cache */
 } pf_config_t;
 
 #define PF_STATES(X)                                                          \
     X(NEW,       "new")                                                       \
+    X(PULLING,   "pulling")                                                   \
     X(COMPUTING, "computing")                                                 \
     X(LEASED,    "leased")                                                    \
     X(COMPLETED, "completed")                                                 \
@@ -65,6 +72,15 @@ typedef struct pf_req {
     /* lease */
     kvx_lease_id_t lease;
     uint64_t lease_ttl_ns;
+    /* a decode's cached prefix (PREFILL_REQ source tail) */
+    char src_peer[PROTO_DAEMON_ID_MAX + 1];
+    kvx_import_t src_imp;
+    bool src_imported;                  /* lease not released yet */
+    uint32_t n_own;                     /* prompt blocks from our own cache */
+    uint32_t n_pulled;                  /* prompt tokens whose KV was pulled */
+    uint64_t pull_id;
+    bool pull_live;
+    uint64_t pull_ns;
 } pf_req_t;
 
 struct pf {
@@ -82,10 +98,16 @@ struct pf {
     X(prompt_tokens,   COUNTER,   "prompt tokens prefilled")                  \
     NODE_CACHE_STATS(X)                                                       \
     X(computed_tokens, COUNTER,   "prompt tokens computed")                   \
+    X(src_pulled_tokens, COUNTER, "prompt tokens whose KV was pulled from a decode's cache") \
+    X(src_pulled_bytes,  COUNTER, "KV bytes pulled from decodes' caches")     \
+    X(src_pulls_ok,    COUNTER,   "pulls from a decode's cache completed")    \
+    X(src_pulls_failed, COUNTER,  "sources not used: handle rejected, pull failed (computed instead)") \
+    X(src_skipped,     COUNTER,   "sources not pulled: our own cache held as much") \
     X(computing,       GAUGE,     "requests queued or running on the compute thread") \
     X(leased,          GAUGE,     "requests holding a KV lease")              \
     X(queue_time,      HISTOGRAM, "accept -> compute start")                  \
     X(prefill_time,    HISTOGRAM, "compute of prompt + token 0")              \
+    X(src_pull_time,   HISTOGRAM, "pull from a decode's cache")               \
     X(lease_time,      HISTOGRAM, "export -> lease end")
 
 #define PF_STAT_ID(name, kind, help) PF_STAT_##name,

@@ -733,7 +733,15 @@ static pd_status_t check_prefill_req(const proto_prefill_req_t *m)
     CHECK(check_tok_array(&m->prompt, PROTO_MAX_PROMPT_TOKENS));
     CHECK(check_sampling(&m->sampling));
     CHECK(check_sampling2(&m->sampling));
-    return check_str(m->target_decode_id, PROTO_DAEMON_ID_MAX, false);
+    CHECK(check_str(m->target_decode_id, PROTO_DAEMON_ID_MAX, false));
+    CHECK(check_str(m->src_peer_id, PROTO_DAEMON_ID_MAX, false));
+    CHECK(check_blob(&m->src_handle, PROTO_KV_HANDLE_MAX));
+    bool src = m->src_handle.len > 0;
+    /* a source is all there or not at all; never the last prompt token */
+    REQUIRE(src == (m->src_peer_id[0] != '\0') && src == (m->src_kv_tokens > 0) &&
+            (src || m->src_lease_id == 0) && m->src_kv_tokens < (src ? m->prompt.n : 1u),
+            PD_ERR_BAD_INPUT);
+    return PD_OK;
 }
 
 static void io_prefill_req(io_t *io, proto_prefill_req_t *m)
@@ -744,6 +752,10 @@ static void io_prefill_req(io_t *io, proto_prefill_req_t *m)
     io_str(io, m->target_decode_id, PROTO_DAEMON_ID_MAX);
     io_u64(io, &m->deadline_ns);
     io_sampling2(io, &m->sampling);
+    io_str(io, m->src_peer_id, PROTO_DAEMON_ID_MAX);
+    io_u64(io, &m->src_lease_id);
+    io_blob(io, &m->src_handle, PROTO_KV_HANDLE_MAX);
+    io_u32(io, &m->src_kv_tokens);
 }
 
 /* PREFILL_DONE */
@@ -983,6 +995,41 @@ static void io_kv_events(io_t *io, proto_kv_events_t *m)
     io_u32(io, &m->cached_blocks);
     io_names(io, &m->stored);
     io_names(io, &m->removed);
+}
+
+/* KV_EXPORT_REQ */
+static pd_status_t check_kv_export_req(const proto_kv_export_req_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
+    CHECK(check_str(m->target_prefill_id, PROTO_DAEMON_ID_MAX, true));
+    CHECK(check_tok_array(&m->prompt, PROTO_MAX_PROMPT_TOKENS));
+    REQUIRE(m->prompt.n >= 2 && m->min_tokens < m->prompt.n, PD_ERR_BAD_INPUT);
+    return PD_OK;
+}
+
+static void io_kv_export_req(io_t *io, proto_kv_export_req_t *m)
+{
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_str(io, m->target_prefill_id, PROTO_DAEMON_ID_MAX);
+    io_toks(io, &m->prompt, PROTO_MAX_PROMPT_TOKENS);
+    io_u32(io, &m->min_tokens);
+}
+
+/* KV_EXPORT_DONE */
+static pd_status_t check_kv_export_done(const proto_kv_export_done_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
+    REQUIRE(m->kv_tokens > 0 && m->kv_handle.len > 0, PD_ERR_BAD_INPUT);
+    return check_blob(&m->kv_handle, PROTO_KV_HANDLE_MAX);
+}
+
+static void io_kv_export_done(io_t *io, proto_kv_export_done_t *m)
+{
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_u32(io, &m->kv_tokens);
+    io_u64(io, &m->lease_id);
+    io_u64(io, &m->lease_ns);
+    io_blob(io, &m->kv_handle, PROTO_KV_HANDLE_MAX);
 }
 
 /* ---- dispatch generated from PROTO_MSG_LIST --------------------------- */

@@ -38,7 +38,9 @@
                                      migration (DECODE_REQ kv_tokens, MIGRATE*);
                                      4: DECODE_REQ n_fork (n > 1), prefix caching
                                      (KV_EVENTS, cached_tokens in PREFILL_DONE and
-                                     FINISH, FINISH kv_bytes) */
+                                     FINISH, FINISH kv_bytes), the prefill pulls
+                                     a decode's cached prefix (KV_EXPORT_REQ /
+                                     KV_EXPORT_DONE, PREFILL_REQ src_*) */
 #define PROTO_HDR_LEN        32u
 #define PROTO_BODY_MAX       (16u << 20) /* absolute cap on any body */
 
@@ -88,7 +90,8 @@
 #define PROTO_HEARTBEAT_BODY_MAX 48u
 #define PROTO_PREFILL_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) \
         + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + PROTO__SAMPLING \
-        + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u + PROTO__SAMPLING2)
+        + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u + PROTO__SAMPLING2 \
+        + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 4u)
 #define PROTO_PREFILL_DONE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 24u \
         + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 20u + PROTO__LOGPROBS(1u))
 #define PROTO_DECODE_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
@@ -111,6 +114,10 @@
 #define PROTO_MIGRATE_DONE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 8u + 16u \
         + PROTO__BLOB(PROTO_KV_HANDLE_MAX))
 #define PROTO_KV_EVENTS_BODY_MAX (8u + 8u + 8u * PROTO_MAX_KV_EVENTS)
+#define PROTO_KV_EXPORT_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) \
+        + PROTO__STR(PROTO_DAEMON_ID_MAX) + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + 4u)
+#define PROTO_KV_EXPORT_DONE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u + 8u + 8u \
+        + PROTO__BLOB(PROTO_KV_HANDLE_MAX))
 
 /* THE message list. X(NAME, name, code, max_body)
  * Codes are wire values: never renumber, only append. */
@@ -132,7 +139,9 @@
     X(PEER_DOWN,       peer_down,       25, PROTO_PEER_DOWN_BODY_MAX)         \
     X(MIGRATE,         migrate,         26, PROTO_MIGRATE_BODY_MAX)           \
     X(MIGRATE_DONE,    migrate_done,    27, PROTO_MIGRATE_DONE_BODY_MAX)      \
-    X(KV_EVENTS,       kv_events,       28, PROTO_KV_EVENTS_BODY_MAX)
+    X(KV_EVENTS,       kv_events,       28, PROTO_KV_EVENTS_BODY_MAX)        \
+    X(KV_EXPORT_REQ,   kv_export_req,   29, PROTO_KV_EXPORT_REQ_BODY_MAX)    \
+    X(KV_EXPORT_DONE,  kv_export_done,  30, PROTO_KV_EXPORT_DONE_BODY_MAX)
 
 typedef enum {
     PROTO_MSG_NONE = 0,
@@ -310,6 +319,16 @@ typedef struct {
     proto_sampling_t sampling;
     char target_decode_id[PROTO_DAEMON_ID_MAX + 1]; /* may be empty */
     uint64_t deadline_ns;                   /* relative budget, 0 = none */
+    /* The source tail (after the sampling tail): a decode's cached KV of
+     * the prompt's first src_kv_tokens positions, exported to this prefill
+     * under a lease (KV_EXPORT_DONE). All empty / 0, or all set with
+     * 1 <= src_kv_tokens < prompt.n. The prefill pulls what it lacks of it,
+     * releases the lease, and computes the rest; on any failure it computes
+     * everything itself. */
+    char src_peer_id[PROTO_DAEMON_ID_MAX + 1];
+    uint64_t src_lease_id;
+    proto_blob_t src_handle;                /* <= PROTO_KV_HANDLE_MAX */
+    uint32_t src_kv_tokens;
 } proto_prefill_req_t;
 
 typedef struct {
@@ -458,6 +477,31 @@ typedef struct {
     proto_names_t removed;
 } proto_kv_events_t;
 
+/* KV_EXPORT_REQ (router -> decode): export your cached KV of the longest
+ * prefix of prompt you hold (full blocks, never the last prompt token;
+ * at least min_tokens of it, else refuse) to the prefill
+ * target_prefill_id under a lease. Answer KV_EXPORT_DONE, or ERROR with
+ * the request id (PD_ERR_NOT_FOUND: not enough cached). The request id is
+ * the router's wire id of the request the prefill will serve. */
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    char target_prefill_id[PROTO_DAEMON_ID_MAX + 1]; /* non-empty */
+    proto_tokens_t prompt;                  /* 2..PROTO_MAX_PROMPT_TOKENS */
+    uint32_t min_tokens;                    /* < prompt.n */
+} proto_kv_export_req_t;
+
+/* KV_EXPORT_DONE (decode -> router): positions [0, kv_tokens) of the
+ * prompt (whole blocks) exported to the target under the lease; the
+ * router hands the handle on in PREFILL_REQ's source tail (or RELEASEs
+ * it to the decode when it will not). */
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    uint32_t kv_tokens;                     /* >= 1 */
+    uint64_t lease_id;
+    uint64_t lease_ns;
+    proto_blob_t kv_handle;                 /* non-empty, <= PROTO_KV_HANDLE_MAX */
+} proto_kv_export_done_t;
+
 typedef struct {
     uint16_t type;        /* proto_msg_type_t */
     uint16_t flags;       /* PROTO_FLAG_* */
@@ -487,6 +531,8 @@ typedef struct {
         proto_migrate_t migrate;
         proto_migrate_done_t migrate_done;
         proto_kv_events_t kv_events;
+        proto_kv_export_req_t kv_export_req;
+        proto_kv_export_done_t kv_export_done;
     } u;
 } proto_msg_t;
 

@@ -157,9 +157,12 @@ static void send_peer_down(rtr_t *r, const rtr_backend_t *peer, pd_status_t why)
     snprintf(m.u.peer_down.daemon_id, sizeof(m.u.peer_down.daemon_id), "%s", peer->id);
     m.u.peer_down.incarnation = peer->incarnation;
     m.u.peer_down.status = why < 0 ? why : PD_ERR_PEER_GONE;
+    /* to every decode; a decode's loss to the prefills too (they pull
+     * decodes' cached prefixes) */
+    uint32_t to = PROTO_CAP_DECODE | ((peer->caps & PROTO_CAP_DECODE) ? PROTO_CAP_PREFILL : 0);
     for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
         rtr_backend_t *be = &r->be[i];
-        if (be->conn != NULL && be != peer && (be->caps & PROTO_CAP_DECODE))
+        if (be->conn != NULL && be != peer && (be->caps & to))
             (void)rtr_backend_send(be, &m);
     }
 }
@@ -369,15 +372,18 @@ static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
            be->incarnation, h->geom.total_blocks, rtr_be_state_name(be->state));
 
     /* PEER_INFO: a new decode learns every live prefill and every other
-     * decode (a live migration pulls from one); a new daemon is announced
-     * to every live decode. */
+     * decode (a live migration pulls from one); a new prefill learns every
+     * live decode (it pulls a decode's cached prefix); a new daemon is
+     * announced to every live decode, a new decode to every live prefill. */
     for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
         rtr_backend_t *o = &r->be[i];
         if (o == be || o->conn == NULL)
             continue;
-        if ((be->caps & PROTO_CAP_DECODE) && (o->caps & (PROTO_CAP_PREFILL | PROTO_CAP_DECODE)))
+        bool be_dec = (be->caps & PROTO_CAP_DECODE) != 0, o_dec = (o->caps & PROTO_CAP_DECODE) != 0;
+        bool be_pre = (be->caps & PROTO_CAP_PREFILL) != 0, o_pre = (o->caps & PROTO_CAP_PREFILL) != 0;
+        if ((be_dec && (o_pre || o_dec)) || (be_pre && o_dec))
             send_peer_info(be, o);
-        if ((be->caps & (PROTO_CAP_PREFILL | PROTO_CAP_DECODE)) && (o->caps & PROTO_CAP_DECODE))
+        if ((o_dec && (be_pre || be_dec)) || (o_pre && be_dec))
             send_peer_info(o, be);
     }
 }
@@ -557,6 +563,7 @@ pd_status_t rtr_ctl_start(rtr_t *r)
     cbs.on_finish = on_request_msg;
     cbs.on_error = on_request_msg;
     cbs.on_migrate_done = on_request_msg;
+    cbs.on_kv_export_done = on_request_msg;
     cbs.on_kv_events = on_kv_events;
     cbs.on_other = on_other;
     cbs.on_close = on_close;

@@ -132,6 +132,11 @@ static void req_end(rtr_req_t *q, rtr_req_state_t st)
         event_free(q->timer);
         q->timer = NULL;
     }
+    if (q->xtimer != NULL) {
+        event_free(q->xtimer);
+        q->xtimer = NULL;
+    }
+    req_set_backend(&q->export_from, NULL);
     req_set_backend(&q->prefill, NULL);
     req_set_backend(&q->decode, NULL);
     req_set_backend(&q->migrate_to, NULL);
@@ -591,8 +596,8 @@ static pd_status_t send_decode_req(rtr_req_t *q, const char *peer, uint64_t leas
  * (full blocks, named as the daemons name them: pd_blockname.h). false
  * (all 0) when KV routing is off, the geometry is not known yet or no
  * block of the prompt is indexed anywhere. */
-static bool kv_lookup(rtr_t *r, const int32_t *prompt, uint32_t n_prompt,
-                      uint32_t cached[RTR_MAX_BACKENDS])
+static bool kv_match(rtr_t *r, const int32_t *prompt, uint32_t n_prompt,
+                     uint32_t cached[RTR_MAX_BACKENDS])
 {
     memset(cached, 0, RTR_MAX_BACKENDS * sizeof(cached[0]));
     if (r->kvidx == NULL || !r->geom_fixed || r->geom.block_tokens == 0)
@@ -611,12 +616,21 @@ static bool kv_lookup(rtr_t *r, const int32_t *prompt, uint32_t n_prompt,
     rtr_kvindex_match(r->kvidx, names, nb, blocks);
     if (names != inline_names)
         free(names);
-    pd_stats_inc(r->stats, RTR_STAT_kv_route_lookups);
     bool any = false;
     for (uint32_t i = 0; i < RTR_MAX_BACKENDS; i++) {
         cached[i] = blocks[i] * bt;
         any |= cached[i] != 0;
     }
+    return any;
+}
+
+static bool kv_lookup(rtr_t *r, const int32_t *prompt, uint32_t n_prompt,
+                      uint32_t cached[RTR_MAX_BACKENDS])
+{
+    bool any = kv_match(r, prompt, n_prompt, cached);
+    if (r->kvidx != NULL && r->geom_fixed && r->geom.block_tokens != 0 &&
+        n_prompt >= r->geom.block_tokens)
+        pd_stats_inc(r->stats, RTR_STAT_kv_route_lookups);
     return any;
 }
 
@@ -642,6 +656,9 @@ static void req_go_local(rtr_req_t *q, rtr_backend_t *avoid, const char *why,
     if (q->fsm.state != RTR_REQ_ROUTED)
         rtr_req_fsm_set(&q->fsm, RTR_REQ_ROUTED, now);
     req_set_backend(&q->prefill, NULL);
+    req_set_backend(&q->export_from, NULL); /* a late KV_EXPORT_DONE is RELEASEd */
+    if (q->xtimer != NULL)
+        event_del(q->xtimer);
     rtr_backend_t *d = NULL;
     if (prefer != NULL && prefer->conn != NULL && prefer->state == RTR_BE_READY) {
         d = prefer;
@@ -861,6 +878,146 @@ static void on_prefill_done(rtr_req_t *q, rtr_backend_t *be, const proto_prefill
     rtr_req_fsm_set(&q->fsm, RTR_REQ_DECODING, pd_now_ns());
 }
 
+/* ---- a decode's cached prefix for the prefill (KV_EXPORT_REQ) ------------ */
+
+/* PREFILL_REQ to q->prefill, with a decode's exported prefix (src, may be
+ * NULL). PREFILLING on success; else decode-local on q->decode. */
+static void send_prefill_req(rtr_req_t *q, const rtr_backend_t *src_be,
+                             const proto_kv_export_done_t *src)
+{
+    rtr_t *r = q->r;
+    rtr_backend_t *pre = q->prefill;
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_PREFILL_REQ;
+    proto_prefill_req_t *p = &m.u.prefill_req;
+    snprintf(p->request_id, sizeof(p->request_id), "%s", q->wire_id);
+    p->prompt.n = q->n_prompt;
+    p->prompt.v = q->prompt;
+    fill_sampling(q, &p->sampling);
+    snprintf(p->target_decode_id, sizeof(p->target_decode_id), "%s",
+             q->decode != NULL ? q->decode->id : "");
+    p->deadline_ns = req_budget_ns(q);
+    if (src != NULL) {
+        snprintf(p->src_peer_id, sizeof(p->src_peer_id), "%s", src_be->id);
+        p->src_lease_id = src->lease_id;
+        p->src_handle = src->kv_handle;
+        p->src_kv_tokens = src->kv_tokens;
+    }
+    pd_status_t s = r->out->send(pre, &m);
+    if (s == PD_OK) {
+        if (src != NULL) {
+            pd_stats_inc(r->stats, RTR_STAT_kv_src_used);
+            pd_stats_add(r->stats, RTR_STAT_kv_src_tokens, src->kv_tokens);
+        }
+        rtr_req_fsm_set(&q->fsm, RTR_REQ_PREFILLING, pd_now_ns());
+        return;
+    }
+    pd_log(PD_LOG_WARN, RTR_COMP, q->id, "PREFILL_REQ to '%s' not sent (%s): decode-local",
+           pre != NULL ? pre->id : "-", pd_status_name(s));
+    if (src != NULL) /* the prefill will not pull it: the decode's blocks back */
+        send_simple((rtr_backend_t *)src_be, PROTO_MSG_RELEASE, q, src->lease_id);
+    req_go_local(q, NULL, NULL, q->decode);
+}
+
+/* EXPORTING is over without a source (refused, timed out, decode lost):
+ * the plain PREFILL_REQ. */
+static void export_give_up(rtr_req_t *q, rtr_stat_id_t why_stat, const char *why)
+{
+    pd_stats_inc(q->r->stats, why_stat);
+    pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "prefix export from '%s': %s: prefilling without",
+           q->export_from != NULL ? q->export_from->id : "-", why);
+    req_set_backend(&q->export_from, NULL);
+    if (q->xtimer != NULL)
+        event_del(q->xtimer);
+    send_prefill_req(q, NULL, NULL);
+}
+
+static void on_export_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    rtr_req_t *q = arg;
+    if (q->fsm.state == RTR_REQ_EXPORTING)
+        export_give_up(q, RTR_STAT_kv_src_timeouts, "no answer in kv-export-timeout");
+}
+
+/* The decode exported its cached prefix to q's prefill: PREFILL_REQ with
+ * it (the prefill pulls what it lacks, then releases the lease). */
+static void on_kv_export_done(rtr_req_t *q, rtr_backend_t *be, const proto_kv_export_done_t *x)
+{
+    pd_stats_observe_ns(q->r->stats, RTR_STAT_kv_src_export_time,
+                        pd_now_ns() - q->fsm.enter_ns[RTR_REQ_EXPORTING]);
+    req_set_backend(&q->export_from, NULL);
+    if (q->xtimer != NULL)
+        event_del(q->xtimer);
+    if (x->kv_tokens >= q->n_prompt) { /* the decode broke the rule: not usable */
+        send_simple(be, PROTO_MSG_RELEASE, q, x->lease_id);
+        export_give_up(q, RTR_STAT_kv_src_refused, "export covers the whole prompt");
+        return;
+    }
+    pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "'%s' exported %u prompt tokens to '%s'", be->id,
+           x->kv_tokens, q->prefill != NULL ? q->prefill->id : "-");
+    send_prefill_req(q, be, x);
+}
+
+/* Disaggregated dispatch: does a decode hold enough more of the prompt
+ * than the prefill for the prefill to pull it (rtr_pick_prefix_source)?
+ * Then KV_EXPORT_REQ to it and EXPORTING; true if so. */
+static bool try_prefix_source(rtr_req_t *q)
+{
+    rtr_t *r = q->r;
+    if (r->cfg.kv_pull_min_blocks == 0 || r->kvidx == NULL || !r->geom_fixed ||
+        r->geom.block_tokens == 0 || q->prefill == NULL)
+        return false;
+    uint32_t cached[RTR_MAX_BACKENDS];
+    if (!kv_match(r, q->prompt, q->n_prompt, cached))
+        return false;
+    rtr_backend_load_t loads[RTR_MAX_BACKENDS];
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
+        const rtr_backend_t *be = &r->be[i];
+        loads[i].eligible = be->used && be->conn != NULL && be->state == RTR_BE_READY &&
+                            (be->caps & PROTO_CAP_DECODE) && (be->caps & PROTO_CAP_KV_EXPORT) &&
+                            !(be->hb.flags & PROTO_HB_DRAINING);
+        loads[i].outstanding_prefill_tokens = be->hb.outstanding_prefill_tokens;
+        loads[i].free_blocks = be->hb.free_blocks;
+        loads[i].running_seqs = be->hb.running_seqs + be->assigned;
+    }
+    uint64_t gain = r->cfg.kv_pull_min_blocks * r->geom.block_tokens;
+    int k = rtr_pick_prefix_source(loads, cached, RTR_MAX_BACKENDS, q->n_prompt,
+                                   cached[q->prefill - r->be],
+                                   gain > UINT32_MAX ? UINT32_MAX : (uint32_t)gain,
+                                   q->decode != NULL ? (int)(q->decode - r->be) : -1);
+    if (k < 0)
+        return false;
+    rtr_backend_t *src = &r->be[k];
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_KV_EXPORT_REQ;
+    proto_kv_export_req_t *x = &m.u.kv_export_req;
+    snprintf(x->request_id, sizeof(x->request_id), "%s", q->wire_id);
+    snprintf(x->target_prefill_id, sizeof(x->target_prefill_id), "%s", q->prefill->id);
+    x->prompt.n = q->n_prompt;
+    x->prompt.v = q->prompt;
+    /* less than that is not worth it: the prefill has it already */
+    uint64_t min = (uint64_t)cached[q->prefill - r->be] + gain;
+    x->min_tokens = min < q->n_prompt ? (uint32_t)min : q->n_prompt - 1;
+    if (r->out->send(src, &m) != PD_OK)
+        return false;
+    if (q->xtimer == NULL)
+        q->xtimer = event_new(r->base, -1, 0, on_export_timeout, q);
+    if (q->xtimer != NULL) {
+        struct timeval tv = pd_ns_to_timeval(r->cfg.kv_export_timeout_ns);
+        event_add(q->xtimer, &tv);
+    }
+    req_set_backend(&q->export_from, src);
+    pd_stats_inc(r->stats, RTR_STAT_kv_src_exports);
+    rtr_req_fsm_set(&q->fsm, RTR_REQ_EXPORTING, pd_now_ns());
+    pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "'%s' holds %u prompt tokens, prefill '%s' %u: "
+           "KV_EXPORT_REQ", src->id, cached[k], q->prefill->id, cached[q->prefill - r->be]);
+    return true;
+}
+
 static void on_finish(rtr_req_t *q, const proto_finish_t *f)
 {
     rtr_t *r = q->r;
@@ -972,11 +1129,13 @@ void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
     case PROTO_MSG_FINISH:       id = msg->u.finish.request_id; break;
     case PROTO_MSG_ERROR:        id = msg->u.error.request_id; break;
     case PROTO_MSG_MIGRATE_DONE: id = msg->u.migrate_done.request_id; break;
+    case PROTO_MSG_KV_EXPORT_DONE: id = msg->u.kv_export_done.request_id; break;
     default: return;
     }
     rtr_req_t *q = id[0] != '\0' ? rtr_flow_find(id) : NULL;
     if (q == NULL) {
-        if (msg->hdr.type == PROTO_MSG_PREFILL_DONE || msg->hdr.type == PROTO_MSG_MIGRATE_DONE) {
+        if (msg->hdr.type == PROTO_MSG_PREFILL_DONE || msg->hdr.type == PROTO_MSG_MIGRATE_DONE ||
+            msg->hdr.type == PROTO_MSG_KV_EXPORT_DONE) {
             /* The request is gone (client left, stop string): give the
              * blocks back now rather than at lease expiry. */
             proto_msg_t m;
@@ -985,7 +1144,9 @@ void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
             snprintf(m.u.release.request_id, sizeof(m.u.release.request_id), "%s", id);
             m.u.release.lease_id = msg->hdr.type == PROTO_MSG_PREFILL_DONE
                                        ? msg->u.prefill_done.lease_id
-                                       : msg->u.migrate_done.lease_id;
+                                   : msg->hdr.type == PROTO_MSG_MIGRATE_DONE
+                                       ? msg->u.migrate_done.lease_id
+                                       : msg->u.kv_export_done.lease_id;
             (void)r->out->send(be, &m);
         }
         if (msg->hdr.type == PROTO_MSG_ERROR && id[0] == '\0')
@@ -998,7 +1159,15 @@ void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
     }
     bool from_prefill = q->fsm.state == RTR_REQ_PREFILLING && be == q->prefill;
     bool from_decode = q->fsm.state == RTR_REQ_DECODING && be == q->decode;
+    bool from_export = q->fsm.state == RTR_REQ_EXPORTING && be == q->export_from;
     switch (msg->hdr.type) {
+    case PROTO_MSG_KV_EXPORT_DONE:
+        if (!from_export) { /* late (timed out, moved on): its blocks back */
+            send_simple(be, PROTO_MSG_RELEASE, q, msg->u.kv_export_done.lease_id);
+            goto stale;
+        }
+        on_kv_export_done(q, be, &msg->u.kv_export_done);
+        return;
     case PROTO_MSG_PREFILL_DONE:
         if (!from_prefill)
             goto stale;
@@ -1036,7 +1205,9 @@ void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
         char why[PROTO_ERRMSG_MAX + 128];
         snprintf(why, sizeof(why), "%s '%s': %s: %s", from_prefill ? "prefill" : "decode", be->id,
                  pd_status_name(st), msg->u.error.message);
-        if (from_prefill) {
+        if (from_export) {
+            export_give_up(q, RTR_STAT_kv_src_refused, why);
+        } else if (from_prefill) {
             req_retry(q, NULL, why);
         } else if (from_decode) {
             if (q->disagg && is_pull_failure(st))
@@ -1068,7 +1239,11 @@ void rtr_flow_backend_down(rtr_t *r, rtr_backend_t *be)
      * names be (a down backend is never picked again). */
 again:
     for (rtr_req_t *q = r->reqs; q != NULL; q = q->next) {
-        if (q->fsm.state == RTR_REQ_PREFILLING && q->prefill == be) {
+        if (q->fsm.state == RTR_REQ_EXPORTING && q->export_from == be) {
+            export_give_up(q, RTR_STAT_kv_src_timeouts, "decode lost");
+            goto again;
+        } else if ((q->fsm.state == RTR_REQ_PREFILLING || q->fsm.state == RTR_REQ_EXPORTING) &&
+                   q->prefill == be) {
             req_retry(q, NULL, "prefill daemon down");
             goto again;
         } else if (q->fsm.state == RTR_REQ_DECODING && q->decode == be) {
@@ -1346,26 +1521,11 @@ static void req_dispatch(rtr_req_t *q, rtr_backend_t *dec, rtr_backend_t *pre)
         req_set_backend(&q->prefill, pre);
         q->disagg = true;
         pd_stats_inc(r->stats, RTR_STAT_requests_disaggregated);
-        proto_msg_t m;
-        memset(&m, 0, sizeof(m));
-        m.hdr.type = PROTO_MSG_PREFILL_REQ;
-        proto_prefill_req_t *p = &m.u.prefill_req;
-        snprintf(p->request_id, sizeof(p->request_id), "%s", q->wire_id);
-        p->prompt.n = q->n_prompt;
-        p->prompt.v = q->prompt;
-        fill_sampling(q, &p->sampling);
-        snprintf(p->target_decode_id, sizeof(p->target_decode_id), "%s", dec->id);
-        p->deadline_ns = req_budget_ns(q);
-        pd_status_t s = r->out->send(pre, &m);
-        if (s == PD_OK) {
-            rtr_req_fsm_set(&q->fsm, RTR_REQ_PREFILLING, pd_now_ns());
-            return;
-        }
-        pd_log(PD_LOG_WARN, RTR_COMP, q->id, "PREFILL_REQ to '%s' not sent (%s): decode-local",
-               pre->id, pd_status_name(s));
-    } else {
-        pd_stats_inc(r->stats, RTR_STAT_requests_local);
+        if (!try_prefix_source(q))
+            send_prefill_req(q, NULL, NULL);
+        return;
     }
+    pd_stats_inc(r->stats, RTR_STAT_requests_local);
     req_go_local(q, NULL, NULL, dec);
 }
 
@@ -1395,6 +1555,8 @@ pd_status_t rtr_admin_requests(pd_admin_req_t *req, cJSON *reply)
         cJSON_AddStringToObject(o, "state", rtr_req_state_name(q->fsm.state));
         cJSON_AddStringToObject(o, "prefill", q->prefill != NULL ? q->prefill->id : "");
         cJSON_AddStringToObject(o, "decode", q->decode != NULL ? q->decode->id : "");
+        if (q->export_from != NULL)
+            cJSON_AddStringToObject(o, "exporting_from", q->export_from->id);
         cJSON_AddBoolToObject(o, "disaggregated", q->disagg);
         cJSON_AddBoolToObject(o, "stream", q->oai.stream);
         cJSON_AddNumberToObject(o, "prompt_tokens", q->n_prompt);

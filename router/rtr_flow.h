@@ -54,6 +54,9 @@ struct rtr_req {
     rtr_oai_logprob_t *lps;              /* (cap_gen) when oai.logprobs: gen's logprobs */
     uint64_t lp_chars;                   /* completions text_offset streamed so far */
     rtr_backend_t *prefill, *decode;
+    rtr_backend_t *export_from;          /* EXPORTING: the decode asked for its
+                                            cached prefix (KV_EXPORT_REQ) */
+    struct event *xtimer;                /* EXPORTING: kv-export-timeout */
     uint64_t lease_id;
     uint32_t cached_tokens;              /* prompt tokens the computing daemon
                                             reused (PREFILL_DONE, or FINISH
@@ -147,7 +150,11 @@ rtr_req_t *rtr_flow_find(const char *id);
  * takes *o and *ids (zeroed) unless PD_ERR_NO_MEMORY; draws a fresh seed
  * when the client gave none; stamps "created"; PD_ERR_BAD_INPUT:
  * bad stop strings (nothing linked). start: timeout, PREFILL_REQ or
- * decode-local (pre == NULL). */
+ * decode-local (pre == NULL); before the PREFILL_REQ, when a decode holds
+ * at least kv-pull-min-blocks more of the prompt than the prefill
+ * (rtr_pick_prefix_source), KV_EXPORT_REQ to that decode (EXPORTING): its
+ * KV_EXPORT_DONE goes to the prefill as PREFILL_REQ's source; an ERROR,
+ * no answer within kv-export-timeout or its loss: plain PREFILL_REQ. */
 bool rtr_flow_route(rtr_t *r, const int32_t *prompt, uint32_t n_prompt, uint32_t max_tokens,
                     rtr_backend_t **dec, rtr_backend_t **pre);
 pd_status_t rtr_flow_new(rtr_t *r, const char *reqid, rtr_api_t api, rtr_oai_req_t *o,
@@ -158,7 +165,8 @@ void rtr_flow_start(rtr_req_t *q, rtr_backend_t *dec, rtr_backend_t *pre);
  * lease, drop the client, CANCELED. */
 void rtr_flow_client_gone(rtr_req_t *q, const char *why);
 
-/* PREFILL_DONE, TOKENS, FINISH, ERROR from a backend. */
+/* PREFILL_DONE, TOKENS, FINISH, ERROR, MIGRATE_DONE, KV_EXPORT_DONE from a
+ * backend. */
 void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg);
 /* A backend went down: retry or fail its requests. */
 void rtr_flow_backend_down(rtr_t *r, rtr_backend_t *be);

@@ -67,6 +67,12 @@ typedef struct {
     bool kv_routing;              /* route by the daemons' cached prefixes */
     uint64_t kv_index_names;      /* block names the index holds at most */
     uint64_t kv_index_per_backend; /* of which one backend at most */
+    uint64_t kv_pull_min_blocks;  /* a decode's cached prefix is pulled by the
+                                     prefill when it holds this many more
+                                     blocks of the prompt (0 = never); 1: an
+                                     export + pull costs ~0.3 ms, computing a
+                                     block tens of ms (docs/BENCHMARKS.md) */
+    uint64_t kv_export_timeout_ns; /* wait for KV_EXPORT_DONE this long */
     char *ready_file;
     char *etcd;                   /* etcd client address (membership), NULL: off */
     char *etcd_prefix;            /* deployment prefix in etcd */
@@ -107,6 +113,12 @@ typedef struct {
     X(kv_index_names,      GAUGE,     "Distinct block names in the KV index") \
     X(kv_transfer,         HISTOGRAM, "KV transfer time reported by decode daemons") \
     X(kv_transfer_failures, COUNTER,  "KV pulls that failed (decode ERROR)")      \
+    X(kv_src_exports,      COUNTER,   "KV_EXPORT_REQ sent: a decode's cached prefix for the prefill") \
+    X(kv_src_used,         COUNTER,   "PREFILL_REQs sent with a decode's cached prefix (source)") \
+    X(kv_src_tokens,       COUNTER,   "Prompt tokens in those sources")             \
+    X(kv_src_refused,      COUNTER,   "KV_EXPORT_REQ refused by the decode (plain PREFILL_REQ)") \
+    X(kv_src_timeouts,     COUNTER,   "KV_EXPORT_REQ unanswered in kv-export-timeout or decode lost (plain PREFILL_REQ)") \
+    X(kv_src_export_time,  HISTOGRAM, "KV_EXPORT_REQ sent to KV_EXPORT_DONE (what a source adds before the PREFILL_REQ)") \
     X(backends_registered, COUNTER,   "Successful registrations")                 \
     X(backends_rejected,   COUNTER,   "Registrations refused")                    \
     X(backends_lost,       COUNTER,   "Backends marked down")                     \

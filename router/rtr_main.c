@@ -40,7 +40,7 @@ static const pd_stat_prom_t rtr_stat_prom[] = {
     PD_STAT_PROM_LE("request_ttft", S), PD_STAT_PROM_LE("request_inter_token", MS),
     PD_STAT_PROM_LE("request_e2e", S), PD_STAT_PROM_LE("request_queue_time", S),
     PD_STAT_PROM_LE("kv_transfer", MS), PD_STAT_PROM_LE("failover_resume", MS),
-    PD_STAT_PROM_LE("migration_resume", MS),
+    PD_STAT_PROM_LE("migration_resume", MS), PD_STAT_PROM_LE("kv_src_export_time", MS),
 };
 static const pd_stats_table_t rtr_stats_table =
     PD_STATS_TABLE_PROM("router", rtr_stat_descs, rtr_stat_prom);
@@ -105,6 +105,11 @@ static const pd_cfg_field_t rtr_cfg_fields[] = {
     ROW(kv_index_per_backend, "kv-index-per-backend", UINT, "65536",
         "KV index: block names of one backend at most (a daemon's kv-blocks is plenty)",
         1, 1 << 26),
+    ROW(kv_pull_min_blocks, "kv-pull-min-blocks", UINT, "1",
+        "a prefill pulls a decode's cached prefix of the prompt when that decode holds at least "
+        "this many more blocks of it than the prefill (0 = never)", 0, 1 << 20),
+    ROW(kv_export_timeout_ns, "kv-export-timeout", DURATION, "250ms",
+        "wait this long for a decode's prefix export, then prefill without it", 1e6, 60e9),
     ROW(etcd, "etcd", STRING, NULL,
         "etcd client address host:port: register routers/<id> under etcd.prefix (off by default)", 0, 0),
     ROW(etcd_prefix, "etcd.prefix", STRING, "/pdserve/default/",

@@ -102,6 +102,32 @@ int rtr_pick_decode_kv(const rtr_backend_load_t *b, const uint32_t *cached, size
     return best;
 }
 
+int rtr_pick_prefix_source(const rtr_backend_load_t *b, const uint32_t *cached, size_t n,
+                           uint32_t prompt_tokens, uint32_t prefill_cached,
+                           uint32_t min_gain_tokens, int prefer)
+{
+    if (min_gain_tokens == 0 || prompt_tokens < 2 || cached == NULL)
+        return -1;
+    uint64_t need = (uint64_t)prefill_cached + min_gain_tokens;
+    int best = -1;
+    uint32_t best_held = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (!b[k].eligible)
+            continue;
+        uint32_t held = cached[k] < prompt_tokens - 1 ? cached[k] : prompt_tokens - 1;
+        if (held < need)
+            continue;
+        bool better = best < 0 || held > best_held;
+        if (!better && held == best_held && best != prefer)
+            better = (int)k == prefer || b[k].running_seqs < b[best].running_seqs;
+        if (better) {
+            best = (int)k;
+            best_held = held;
+        }
+    }
+    return best;
+}
+
 bool rtr_should_disaggregate(rtr_disagg_mode_t mode, uint32_t prompt_tokens,
                              uint32_t threshold, bool prefill_available)
 {

@@ -62,6 +62,21 @@ int rtr_pick_decode(const rtr_backend_load_t *backends, size_t n, uint32_t neede
 int rtr_pick_decode_kv(const rtr_backend_load_t *backends, const uint32_t *cached_tokens,
                        size_t n, uint32_t needed_blocks, uint32_t *rr_cursor);
 
+/* The prefill pulls a decode's cached prefix ("the KV pool is one
+ * cache"): turn k+1 of a conversation was routed to a prefill (a long new
+ * message) but turn k's prompt + answer is cached only on the decode that
+ * generated it. Returns the decode that should export its cached prefix to
+ * the prefill first, or -1 (plain PREFILL_REQ). Candidates: eligible
+ * entries of decodes[] (the caller marks the decodes that may export);
+ * held(k) = min(cached_tokens[k], prompt_tokens - 1) (the last token is
+ * always computed); a candidate qualifies when held(k) >= prefill_cached +
+ * min_gain_tokens (min_gain_tokens 0 = off: -1). The longest hold wins;
+ * ties go to `prefer` (the chosen decode: it then pulls back only the new
+ * blocks), then the fewest running sequences, then the lowest index. */
+int rtr_pick_prefix_source(const rtr_backend_load_t *decodes, const uint32_t *cached_tokens,
+                           size_t n, uint32_t prompt_tokens, uint32_t prefill_cached,
+                           uint32_t min_gain_tokens, int prefer);
+
 /* Whether a request is prefilled on a prefill daemon (true) or locally on
  * its decode daemon (false). */
 bool rtr_should_disaggregate(rtr_disagg_mode_t mode, uint32_t prompt_tokens,

@@ -7,6 +7,10 @@
  * States (spec "One request, disaggregated"):
  *   RECEIVED -> ROUTED -> PREFILLING -> DECODING -> COMPLETED
  *                   \______________/ \   ^    \-> FAILED | CANCELED
+ *   ROUTED -> EXPORTING -> PREFILLING  (a decode exports its cached prefix
+ *                        of the prompt to the prefill first; refused,
+ *                        timed out or lost: plain PREFILL_REQ)
+ *   EXPORTING -> ROUTED   (the prefill went away meanwhile: decode-local)
  *   PREFILLING -> ROUTED  (retry: prefill failed, go decode-local)
  *   DECODING   -> ROUTED  (retry: KV pull failed / decode refused)
  * Every non-terminal state may go to FAILED or CANCELED. Terminal states
@@ -24,6 +28,7 @@
 #define RTR_REQ_STATES(X)                 \
     X(RECEIVED,   "received",   false)    \
     X(ROUTED,     "routed",     false)    \
+    X(EXPORTING,  "exporting",  false)    \
     X(PREFILLING, "prefilling", false)    \
     X(DECODING,   "decoding",   false)    \
     X(COMPLETED,  "completed",  true)     \

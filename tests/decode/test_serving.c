@@ -1473,6 +1473,7 @@ static void test_sample_messages(void **state)
                     case PROTO_MSG_DECODE_REQ:  rid = m.u.decode_req.request_id; break;
                     case PROTO_MSG_CANCEL:      rid = m.u.cancel.request_id; break;
                     case PROTO_MSG_RELEASE:     rid = m.u.release.request_id; break;
+                    case PROTO_MSG_KV_EXPORT_REQ: rid = m.u.kv_export_req.request_id; break;
                     default: break;
                     }
                     if (rid != NULL)

@@ -238,11 +238,12 @@ static void test_metrics_everywhere(void **st)
     need(dr.body, "decode", "pd_kvx_pulls_failed_total{reason=\"timed_out\"}", 0);
     absent(dr.body, "decode", "pd_kvx_rejected_bad_mac_total");
     absent(dr.body, "decode", "pd_kvx_pulls_timed_out_total");
-    /* each side exports only its own figures: a prefill never pulls; a
-     * decode pulls and also exports (live migration), so it has both */
-    absent(pr.body, "prefill", "pd_kvx_pulls_started_total");
-    absent(pr.body, "prefill", "pd_kvx_bytes_pulled_total");
-    absent(pr.body, "prefill", "pd_kvx_pull_latency_seconds");
+    /* both roles export and pull: a prefill pulls a decode's cached
+     * prefix (none here), a decode pulls and exports (live migration, its
+     * cached prefix to a prefill) */
+    need(pr.body, "prefill", "pd_kvx_pulls_started_total", 0);
+    need(pr.body, "prefill", "pd_kvx_bytes_pulled_total", 0);
+    need(pr.body, "prefill", "pd_kvx_leases_exported_total", 4);
     need(dr.body, "decode", "pd_kvx_leases_exported_total", 0);
     need(dr.body, "decode", "pd_decode_migrated_out_total", 0);
     /* router: outcomes, finish reasons and the model as labels */

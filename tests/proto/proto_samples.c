@@ -168,6 +168,12 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         ps_sampling(&p->sampling, v);
         ps_str(p->target_decode_id, v == PS_MIN ? 0 : did, 'd');
         p->deadline_ns = big;
+        if (v != PS_MIN) { /* a decode's cached prefix to pull */
+            ps_str(p->src_peer_id, did, 'e');
+            p->src_lease_id = big / 5;
+            p->src_handle = ps_blob(v == PS_MAX ? PROTO_KV_HANDLE_MAX : 96);
+            p->src_kv_tokens = v == PS_MAX ? PROTO_MAX_PROMPT_TOKENS - 1 : 32;
+        }
         break;
     }
     case PROTO_MSG_PREFILL_DONE: {
@@ -282,6 +288,24 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         k->removed = (proto_names_t){ ns, ns ? ps_names + ns : NULL, NULL };
         break;
     }
+    case PROTO_MSG_KV_EXPORT_REQ: {
+        proto_kv_export_req_t *x = &m->u.kv_export_req;
+        ps_str(x->request_id, rid, '0');
+        ps_str(x->target_prefill_id, v == PS_MIN ? 1 : did, 'p');
+        x->prompt = ps_tokens(ps_tok, v == PS_MAX ? PROTO_MAX_PROMPT_TOKENS
+                                      : v == PS_MID ? 37 : 2);
+        x->min_tokens = v == PS_MAX ? PROTO_MAX_PROMPT_TOKENS - 1 : v == PS_MID ? 32 : 0;
+        break;
+    }
+    case PROTO_MSG_KV_EXPORT_DONE: {
+        proto_kv_export_done_t *x = &m->u.kv_export_done;
+        ps_str(x->request_id, rid, '0');
+        x->kv_tokens = v == PS_MIN ? 1 : big32;
+        x->lease_id = big;
+        x->lease_ns = big / 3;
+        x->kv_handle = ps_blob(v == PS_MAX ? PROTO_KV_HANDLE_MAX : v == PS_MID ? 96 : 1);
+        break;
+    }
     }
 }
 
@@ -382,7 +406,8 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
         const proto_prefill_req_t *a = &ma->u.prefill_req, *b = &mb->u.prefill_req;
         return SEQ(request_id) && tok_eq(&a->prompt, &b->prompt) &&
                samp_eq(&a->sampling, &b->sampling) && SEQ(target_decode_id) &&
-               EQ(deadline_ns);
+               EQ(deadline_ns) && SEQ(src_peer_id) && EQ(src_lease_id) &&
+               blob_eq(&a->src_handle, &b->src_handle) && EQ(src_kv_tokens);
     }
     case PROTO_MSG_PREFILL_DONE: {
         const proto_prefill_done_t *a = &ma->u.prefill_done, *b = &mb->u.prefill_done;
@@ -446,6 +471,16 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
         const proto_kv_events_t *a = &ma->u.kv_events, *b = &mb->u.kv_events;
         return EQ(flags) && EQ(cached_blocks) && names_eq(&a->stored, &b->stored) &&
                names_eq(&a->removed, &b->removed);
+    }
+    case PROTO_MSG_KV_EXPORT_REQ: {
+        const proto_kv_export_req_t *a = &ma->u.kv_export_req, *b = &mb->u.kv_export_req;
+        return SEQ(request_id) && SEQ(target_prefill_id) && tok_eq(&a->prompt, &b->prompt) &&
+               EQ(min_tokens);
+    }
+    case PROTO_MSG_KV_EXPORT_DONE: {
+        const proto_kv_export_done_t *a = &ma->u.kv_export_done, *b = &mb->u.kv_export_done;
+        return SEQ(request_id) && EQ(kv_tokens) && EQ(lease_id) && EQ(lease_ns) &&
+               blob_eq(&a->kv_handle, &b->kv_handle);
     }
     }
     return 0;

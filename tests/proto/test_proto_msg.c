@@ -66,7 +66,8 @@ static pd_status_t decode_check(const uint8_t *buf, size_t len, proto_msg_t *out
 
 static void test_names(void **state)
 {
-    assert_int_equal(PROTO_MSG_COUNT, 18);
+    assert_int_equal(PROTO_MSG_COUNT, 20);
+    assert_string_equal(proto_msg_name(PROTO_MSG_KV_EXPORT_DONE), "KV_EXPORT_DONE");
     assert_int_equal(PROTO_MSG_CHALLENGE, 5);
     assert_string_equal(proto_msg_name(PROTO_MSG_CHALLENGE), "CHALLENGE");
     assert_string_equal(proto_msg_name(PROTO_MSG_PEER_INFO), "PEER_INFO");
@@ -476,6 +477,42 @@ static void test_bad_values(void **state)
     ps_make(PROTO_MSG_FINISH, PS_MID, &m);
     m.u.finish.cached_tokens = m.u.finish.prompt_tokens + 1;
     assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    /* PREFILL_REQ's source: all or nothing, never the whole prompt */
+    ps_make(PROTO_MSG_PREFILL_REQ, PS_MID, &m);
+    m.u.prefill_req.src_kv_tokens = m.u.prefill_req.prompt.n;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_PREFILL_REQ, PS_MID, &m);
+    m.u.prefill_req.src_peer_id[0] = '\0';
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_PREFILL_REQ, PS_MID, &m);
+    m.u.prefill_req.src_handle.len = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_PREFILL_REQ, PS_MID, &m);
+    m.u.prefill_req.src_kv_tokens = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_PREFILL_REQ, PS_MIN, &m);
+    m.u.prefill_req.src_lease_id = 1; /* a lease without a source */
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_PREFILL_REQ, PS_MID, &m);
+    m.u.prefill_req.src_handle.len = PROTO_KV_HANDLE_MAX + 1;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_TOO_BIG);
+    /* KV_EXPORT_REQ: a target, a prompt of 2+ tokens, min_tokens below it */
+    ps_make(PROTO_MSG_KV_EXPORT_REQ, PS_MID, &m);
+    m.u.kv_export_req.target_prefill_id[0] = '\0';
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_KV_EXPORT_REQ, PS_MID, &m);
+    m.u.kv_export_req.min_tokens = m.u.kv_export_req.prompt.n;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_KV_EXPORT_REQ, PS_MIN, &m);
+    m.u.kv_export_req.prompt.n = 1;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    /* KV_EXPORT_DONE: a handle covering at least one token */
+    ps_make(PROTO_MSG_KV_EXPORT_DONE, PS_MID, &m);
+    m.u.kv_export_done.kv_tokens = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_KV_EXPORT_DONE, PS_MID, &m);
+    m.u.kv_export_done.kv_handle.len = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
     /* KV_EVENTS: at most PROTO_MAX_KV_EVENTS names in all, defined flags */
     ps_make(PROTO_MSG_KV_EVENTS, PS_MAX, &m);
     m.u.kv_events.removed.n++;
@@ -588,8 +625,10 @@ static void test_sampling_tail(void **state)
         uint16_t type = k ? PROTO_MSG_DECODE_REQ : PROTO_MSG_PREFILL_REQ;
         ps_make(type, PS_MID, &m);
         uint8_t *buf = enc(&m, &len);
-        /* DECODE_REQ ends with n_fork (u32) after the tail */
-        size_t e = len - (k ? 4 : 0);
+        /* DECODE_REQ ends with n_fork (u32) after the tail, PREFILL_REQ
+         * with its source (peer id, lease id, handle, kv_tokens) */
+        const proto_prefill_req_t *pq = &m.u.prefill_req;
+        size_t e = len - (k ? 4 : 2 + strlen(pq->src_peer_id) + 8 + 4 + pq->src_handle.len + 4);
         /* tail = 4 f32 + u32 count + 2 x (u32 id, f32 bias) + 2 u32 (logprobs)
          * + u32 gram_kind + empty gram blob (u32 0) */
         size_t tail = e - (16 + 4 + 2 * 8 + 8 + 8);

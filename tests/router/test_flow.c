@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/event.h>
+
 #include "eng_chat.h"
 #include "pd_blockname.h"
 #include "pd_log.h"
@@ -32,7 +34,11 @@ typedef struct {
     uint64_t lease_id;              /* DECODE_REQ, RELEASE */
     uint32_t kv_tokens;             /* DECODE_REQ */
     uint32_t n_fork;                /* DECODE_REQ */
-    char target[PROTO_DAEMON_ID_MAX + 1]; /* MIGRATE: target; DECODE_REQ: KV peer */
+    char target[PROTO_DAEMON_ID_MAX + 1]; /* MIGRATE: target; DECODE_REQ: KV peer;
+                                             PREFILL_REQ: source peer (lease_id,
+                                             kv_tokens: the source's);
+                                             KV_EXPORT_REQ: the prefill
+                                             (kv_tokens: min_tokens) */
 } sent_t;
 
 static struct {
@@ -87,7 +93,17 @@ static pd_status_t f_send(rtr_backend_t *be, proto_msg_t *m)
     s->to = be;
     const char *id = "";
     switch (m->hdr.type) {
-    case PROTO_MSG_PREFILL_REQ: id = m->u.prefill_req.request_id; break;
+    case PROTO_MSG_PREFILL_REQ:
+        id = m->u.prefill_req.request_id;
+        s->lease_id = m->u.prefill_req.src_lease_id;
+        s->kv_tokens = m->u.prefill_req.src_kv_tokens;
+        snprintf(s->target, sizeof(s->target), "%s", m->u.prefill_req.src_peer_id);
+        break;
+    case PROTO_MSG_KV_EXPORT_REQ:
+        id = m->u.kv_export_req.request_id;
+        s->kv_tokens = m->u.kv_export_req.min_tokens;
+        snprintf(s->target, sizeof(s->target), "%s", m->u.kv_export_req.target_prefill_id);
+        break;
     case PROTO_MSG_DECODE_REQ:
         id = m->u.decode_req.request_id;
         s->flags = m->u.decode_req.flags;
@@ -357,6 +373,202 @@ static void test_kv_routing(void **state)
     assert_int_equal(counter(f, RTR_STAT_kv_route_prefill_hits), 2);
     rtr_kvindex_destroy(r->kvidx);
     r->kvidx = NULL;
+}
+
+/* ---- the prefill pulls a decode's cached prefix (KV_EXPORT_REQ) ---------- */
+
+/* The index says d0 (exporting) holds the first block of "Hi" (1 token a
+ * block), p0 nothing: a gain of 1 block, the threshold. */
+static void src_setup(fx_t *f)
+{
+    rtr_t *r = &f->r;
+    f->dec->caps |= PROTO_CAP_KV_EXPORT;
+    r->cfg.kv_pull_min_blocks = 1;
+    r->cfg.kv_export_timeout_ns = 600000000000ull;
+    r->geom_fixed = true;
+    r->geom.block_tokens = 1;
+    r->compat_hash = 77;
+    assert_int_equal(rtr_kvindex_create(16, 8, &r->kvidx), PD_OK);
+    const int32_t hi[2] = { 'H', 'i' };
+    uint64_t names[2];
+    assert_int_equal(pd_block_names(1, 77, hi, 2, names, 2), 2);
+    assert_true(rtr_kvindex_add(r->kvidx, 1, names[0]));
+}
+
+static void src_teardown(fx_t *f)
+{
+    rtr_kvindex_destroy(f->r.kvidx);
+    f->r.kvidx = NULL;
+}
+
+static void export_done(fx_t *f, rtr_backend_t *from, const char *id, uint32_t kv_tokens,
+                        uint64_t lease)
+{
+    static uint8_t handle[8] = { 8, 7, 6, 5, 4, 3, 2, 1 };
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_KV_EXPORT_DONE;
+    snprintf(m.u.kv_export_done.request_id, sizeof(m.u.kv_export_done.request_id), "%s", W(id));
+    m.u.kv_export_done.kv_tokens = kv_tokens;
+    m.u.kv_export_done.lease_id = lease;
+    m.u.kv_export_done.lease_ns = 1000000000;
+    m.u.kv_export_done.kv_handle = (proto_blob_t){ handle, sizeof(handle) };
+    deliver(f, from, &m);
+}
+
+/* The decode exports, the PREFILL_REQ carries its handle, the request goes
+ * on as usual; a second KV_EXPORT_DONE for it (late, duplicate) gets its
+ * lease RELEASEd at once. */
+static void test_src_export_ok(void **state)
+{
+    fx_t *f = *state;
+    src_setup(f);
+    rtr_req_t *q = accept_req(f, "x1", false, 16);
+    assert_int_equal(q->fsm.state, RTR_REQ_EXPORTING);
+    assert_int_equal(last_sent()->type, PROTO_MSG_KV_EXPORT_REQ);
+    assert_ptr_equal(last_sent()->to, f->dec);
+    assert_string_equal(last_sent()->target, "p0");
+    assert_int_equal(last_sent()->kv_tokens, 1);            /* min_tokens: the gain */
+    assert_int_equal(counter(f, RTR_STAT_kv_src_exports), 1);
+    export_done(f, f->dec, "x1", 1, 42);
+    assert_int_equal(q->fsm.state, RTR_REQ_PREFILLING);
+    const sent_t *p = last_sent();
+    assert_int_equal(p->type, PROTO_MSG_PREFILL_REQ);
+    assert_ptr_equal(p->to, f->pre);
+    assert_string_equal(p->target, "d0");
+    assert_int_equal(p->lease_id, 42);
+    assert_int_equal(p->kv_tokens, 1);
+    assert_int_equal(counter(f, RTR_STAT_kv_src_used), 1);
+    assert_int_equal(counter(f, RTR_STAT_kv_src_tokens), 1);
+    export_done(f, f->dec, "x1", 1, 43);                     /* stale */
+    assert_int_equal(last_sent()->type, PROTO_MSG_RELEASE);
+    assert_ptr_equal(last_sent()->to, f->dec);
+    assert_int_equal(last_sent()->lease_id, 43);
+    prefill_done(f, "x1", 'O', 5);
+    assert_int_equal(last_sent()->type, PROTO_MSG_DECODE_REQ);
+    finish(f, "x1", PROTO_FINISH_LENGTH);
+    assert_int_equal(rec.reply_status, 200);
+    assert_int_equal(rec.n_ended, 1);
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
+    assert_int_equal(f->pre->assigned + f->dec->assigned, 0);
+    /* off: a plain PREFILL_REQ */
+    f->r.cfg.kv_pull_min_blocks = 0;
+    q = accept_req(f, "x2", false, 16);
+    assert_int_equal(q->fsm.state, RTR_REQ_PREFILLING);
+    assert_int_equal(last_sent()->type, PROTO_MSG_PREFILL_REQ);
+    assert_string_equal(last_sent()->target, "");
+    src_teardown(f);
+}
+
+/* The decode has too little cached (ERROR): a plain PREFILL_REQ, and the
+ * request is served. An export covering the whole prompt is refused too
+ * (RELEASEd). */
+static void test_src_export_refused(void **state)
+{
+    fx_t *f = *state;
+    src_setup(f);
+    rtr_req_t *q = accept_req(f, "x1", false, 16);
+    assert_int_equal(q->fsm.state, RTR_REQ_EXPORTING);
+    error_from(f, f->dec, "x1", PD_ERR_NOT_FOUND);
+    assert_int_equal(q->fsm.state, RTR_REQ_PREFILLING);
+    assert_int_equal(last_sent()->type, PROTO_MSG_PREFILL_REQ);
+    assert_string_equal(last_sent()->target, "");
+    assert_int_equal(counter(f, RTR_STAT_kv_src_refused), 1);
+    prefill_done(f, "x1", 'O', 5);
+    finish(f, "x1", PROTO_FINISH_LENGTH);
+    assert_int_equal(rec.reply_status, 200);
+    q = accept_req(f, "x2", false, 16);
+    export_done(f, f->dec, "x2", 2, 44);                     /* the whole prompt */
+    assert_int_equal(rec.sent[rec.n_sent - 2].type, PROTO_MSG_RELEASE);
+    assert_int_equal(rec.sent[rec.n_sent - 2].lease_id, 44);
+    assert_int_equal(last_sent()->type, PROTO_MSG_PREFILL_REQ);
+    assert_string_equal(last_sent()->target, "");
+    assert_int_equal(counter(f, RTR_STAT_kv_src_refused), 2);
+    src_teardown(f);
+}
+
+/* The exporting decode is lost: the prefill goes ahead without a source;
+ * its target decode is the lost one, so after PREFILL_DONE the request
+ * goes decode-local on the other decode. Ends once. An unanswered export
+ * times out the same way. */
+static void test_src_decode_lost(void **state)
+{
+    fx_t *f = *state;
+    rtr_t *r = &f->r;
+    src_setup(f);
+    rtr_backend_t *d1 = &r->be[2];
+    add_backend(r, d1, "d1", PROTO_ROLE_DECODE,
+                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
+    rtr_req_t *q = accept_req(f, "x1", false, 16);
+    assert_int_equal(q->fsm.state, RTR_REQ_EXPORTING);
+    f->dec->conn = NULL;
+    rtr_flow_backend_down(r, f->dec);
+    assert_int_equal(q->fsm.state, RTR_REQ_PREFILLING);
+    assert_int_equal(last_sent()->type, PROTO_MSG_PREFILL_REQ);
+    assert_int_equal(counter(f, RTR_STAT_kv_src_timeouts), 1);
+    prefill_done(f, "x1", 'O', 5);
+    assert_int_equal(last_sent()->type, PROTO_MSG_DECODE_REQ);
+    assert_ptr_equal(last_sent()->to, d1);
+    assert_true(last_sent()->flags & PROTO_DEC_PREFILL_LOCALLY);
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_FINISH;
+    snprintf(m.u.finish.request_id, sizeof(m.u.finish.request_id), "%s", W("x1"));
+    m.u.finish.reason = PROTO_FINISH_LENGTH;
+    deliver(f, d1, &m);
+    assert_int_equal(rec.reply_status, 200);
+    assert_int_equal(rec.n_ended, 1);
+    assert_int_equal(f->pre->assigned + f->dec->assigned + d1->assigned, 0);
+    /* timeout: d0 back, no answer within kv-export-timeout */
+    f->dec->conn = (proto_conn_t *)&fake_conn;
+    r->cfg.kv_export_timeout_ns = 1000000; /* 1 ms */
+    rec.reply_status = 0;
+    q = accept_req(f, "x2", false, 16);
+    assert_int_equal(q->fsm.state, RTR_REQ_EXPORTING);
+    for (int i = 0; i < 100 && q->fsm.state == RTR_REQ_EXPORTING; i++)
+        assert_int_equal(event_base_loop(r->base, EVLOOP_ONCE), 0); /* deferred frees, then the timer */
+    assert_int_equal(q->fsm.state, RTR_REQ_PREFILLING);
+    assert_int_equal(last_sent()->type, PROTO_MSG_PREFILL_REQ);
+    assert_string_equal(last_sent()->target, "");
+    assert_int_equal(counter(f, RTR_STAT_kv_src_timeouts), 2);
+    export_done(f, f->dec, "x2", 1, 45);                     /* late: released */
+    assert_int_equal(last_sent()->type, PROTO_MSG_RELEASE);
+    assert_int_equal(last_sent()->lease_id, 45);
+    /* the prefill is lost while exporting: decode-local, the late export
+     * released */
+    r->cfg.kv_export_timeout_ns = 600000000000ull;
+    q = accept_req(f, "x3", false, 16);
+    assert_int_equal(q->fsm.state, RTR_REQ_EXPORTING);
+    f->pre->conn = NULL;
+    rtr_flow_backend_down(r, f->pre);
+    assert_int_equal(q->fsm.state, RTR_REQ_DECODING);
+    assert_true(last_sent()->flags & PROTO_DEC_PREFILL_LOCALLY);
+    export_done(f, f->dec, "x3", 1, 46);
+    assert_int_equal(last_sent()->type, PROTO_MSG_RELEASE);
+    assert_int_equal(last_sent()->lease_id, 46);
+    src_teardown(f);
+}
+
+/* The client leaves while the decode exports: the request ends once; the
+ * export that comes after is RELEASEd to the decode. */
+static void test_src_client_gone(void **state)
+{
+    fx_t *f = *state;
+    src_setup(f);
+    rtr_req_t *q = accept_req(f, "x1", true, 16);
+    assert_int_equal(q->fsm.state, RTR_REQ_EXPORTING);
+    int sent = rec.n_sent;
+    rtr_flow_client_gone(q, "test");
+    assert_int_equal(rec.n_ended, 1);
+    assert_int_equal(rec.n_sent, sent); /* nothing to cancel upstream yet */
+    assert_int_equal(counter(f, RTR_STAT_requests_canceled), 1);
+    assert_int_equal(f->pre->assigned + f->dec->assigned, 0);
+    export_done(f, f->dec, "x1", 1, 47);
+    assert_int_equal(last_sent()->type, PROTO_MSG_RELEASE);
+    assert_ptr_equal(last_sent()->to, f->dec);
+    assert_int_equal(last_sent()->lease_id, 47);
+    assert_int_equal(rec.n_ended, 1);
+    src_teardown(f);
 }
 
 /* PREFILL_REQ -> PREFILL_DONE (token 0 streamed, DECODE_REQ with the lease)
@@ -943,6 +1155,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_disaggregated_stream, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_kv_routing, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_src_export_ok, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_src_export_refused, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_src_decode_lost, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_src_client_gone, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_prefill_error_retries_local, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_decode_down_mid_stream, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_decode_failover_mid_stream, fx_setup, fx_teardown),

@@ -158,6 +158,42 @@ static void test_decode_kv(void **state)
     assert_int_equal(rtr_pick_decode_kv(b, c, 3, 10, &rr), -1);
 }
 
+/* The prefill pulls a decode's cached prefix only when that decode holds
+ * at least min_gain more tokens of the prompt than the prefill. */
+static void test_prefix_source(void **state)
+{
+    (void)state;
+    rtr_backend_load_t b[4] = {
+        { .eligible = true, .running_seqs = 3 },
+        { .eligible = true, .running_seqs = 1 },
+        { .eligible = false },
+        { .eligible = true, .running_seqs = 1 },
+    };
+    uint32_t c[4] = { 0, 640, 2000, 0 };
+    /* off, or nothing to gain */
+    assert_int_equal(rtr_pick_prefix_source(b, c, 4, 1000, 0, 0, 1), -1);
+    assert_int_equal(rtr_pick_prefix_source(b, NULL, 4, 1000, 0, 32, 1), -1);
+    assert_int_equal(rtr_pick_prefix_source(b, c, 4, 1000, 640, 32, 1), -1);
+    /* exactly the threshold qualifies, one token less does not */
+    assert_int_equal(rtr_pick_prefix_source(b, c, 4, 1000, 608, 32, 1), 1);
+    assert_int_equal(rtr_pick_prefix_source(b, c, 4, 1000, 609, 32, 1), -1);
+    /* the ineligible one (2000 cached) is never chosen */
+    assert_int_equal(rtr_pick_prefix_source(b, c, 4, 1000, 0, 32, -1), 1);
+    /* held is capped at prompt - 1: the whole prompt cached still leaves
+     * the last token, and a short prompt gains less */
+    uint32_t c2[4] = { 64, 0, 0, 48 };
+    assert_int_equal(rtr_pick_prefix_source(b, c2, 4, 50, 16, 32, -1), 0); /* 49 > 3's 48 */
+    assert_int_equal(rtr_pick_prefix_source(b, c2, 4, 49, 16, 32, -1), 3); /* 48 each: less busy */
+    assert_int_equal(rtr_pick_prefix_source(b, c2, 4, 48, 16, 32, -1), -1); /* 47 < 48 */
+    /* the longest hold wins; ties: the preferred, then the least busy */
+    uint32_t c3[4] = { 640, 320, 0, 640 };
+    assert_int_equal(rtr_pick_prefix_source(b, c3, 4, 1000, 0, 32, -1), 3);
+    assert_int_equal(rtr_pick_prefix_source(b, c3, 4, 1000, 0, 32, 0), 0);
+    assert_int_equal(rtr_pick_prefix_source(b, c3, 4, 1000, 0, 32, 1), 3); /* 1 holds less */
+    /* a prompt of one token has nothing to pull */
+    assert_int_equal(rtr_pick_prefix_source(b, c3, 4, 1, 0, 1, -1), -1);
+}
+
 /* The router's index of the daemons' caches. */
 static void test_kvindex(void **state)
 {
@@ -270,6 +306,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_kv),
+        cmocka_unit_test(test_prefix_source),
         cmocka_unit_test(test_kvindex),
         cmocka_unit_test(test_kvindex_model),
         cmocka_unit_test(test_prefill_kv),

@@ -43,6 +43,11 @@ static void test_fsm_terminal_is_final(void **st)
     assert_false(rtr_req_transition_legal(RTR_REQ_RECEIVED, RTR_REQ_DECODING));
     assert_false(rtr_req_transition_legal(RTR_REQ_RECEIVED, RTR_REQ_COMPLETED));
     assert_false(rtr_req_transition_legal(RTR_REQ_DECODING, RTR_REQ_PREFILLING));
+    /* a decode's prefix export comes before the prefill, never after */
+    assert_true(rtr_req_transition_legal(RTR_REQ_ROUTED, RTR_REQ_EXPORTING));
+    assert_true(rtr_req_transition_legal(RTR_REQ_EXPORTING, RTR_REQ_PREFILLING));
+    assert_false(rtr_req_transition_legal(RTR_REQ_EXPORTING, RTR_REQ_DECODING));
+    assert_false(rtr_req_transition_legal(RTR_REQ_PREFILLING, RTR_REQ_EXPORTING));
     assert_string_equal(rtr_req_state_name(RTR_REQ_PREFILLING), "prefilling");
     assert_string_equal(rtr_req_state_name((rtr_req_state_t)99), "invalid");
 }

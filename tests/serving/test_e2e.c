@@ -174,6 +174,7 @@ typedef struct {
     double presence, frequency, repetition, min_p;
     const char *bias;       /* pd-run form "ID:BIAS,..." */
     const char *stop_ids;   /* pd-run form "ID,..." */
+    bool ignore_eos;
 } samp_t;
 
 static int pdrun_s(const char *engine, const char *model, const int32_t *ids, int n,
@@ -241,6 +242,8 @@ static int pdrun_s(const char *engine, const char *model, const int32_t *ids, in
             if (sp->stop_ids) {
                 av[k++] = "--stop-token-ids"; av[k++] = sp->stop_ids;
             }
+            if (sp->ignore_eos)
+                av[k++] = "--ignore-eos";
         }
         av[k++] = "--threads"; av[k++] = "1";
         av[k++] = "--tokens-out";
@@ -2040,14 +2043,16 @@ static void kvr_chat(e2e_deploy_t *d, const char *user, bool stream, char **text
     compl_free(&c);
 }
 
-static void kvr_req(e2e_deploy_t *d, const int32_t *ids, int n, bool stream, char **text,
-                    int *cached)
+/* extra: more JSON members (",\"k\":v"), or "" */
+static void kvr_req_x(e2e_deploy_t *d, const int32_t *ids, int n, bool stream, const char *extra,
+                      char **text, int *cached)
 {
     char *list = ids_json(ids, n);
-    size_t cap = strlen(list) + 256;
+    size_t cap = strlen(list) + 256 + strlen(extra);
     char *body = malloc(cap);
-    snprintf(body, cap, "{\"prompt\":%s,\"max_tokens\":16,\"temperature\":0%s}", list,
-             stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+    snprintf(body, cap, "{\"prompt\":%s,\"max_tokens\":16,\"temperature\":0%s%s}", list,
+             stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "",
+             extra);
     compl_t c;
     complete(d->http_port, "/v1/completions", body, stream, &c);
     free(body);
@@ -2057,6 +2062,12 @@ static void kvr_req(e2e_deploy_t *d, const int32_t *ids, int n, bool stream, cha
     *text = strdup(c.text);
     *cached = usage_cached(c.raw, stream);
     compl_free(&c);
+}
+
+static void kvr_req(e2e_deploy_t *d, const int32_t *ids, int n, bool stream, char **text,
+                    int *cached)
+{
+    kvr_req_x(d, ids, n, stream, "", text, cached);
 }
 
 /* The workload, the same for cache on and off:
@@ -2223,6 +2234,223 @@ static void test_kv_routing(void **st)
     }
 }
 
+/* ---- the prefill pulls a decode's cached prefix ("the KV pool is one cache") --
+
+ * Turn 1 of a conversation (88 tokens: decode-local under the threshold of
+ * 100) leaves its prompt + answer cached on the decode only. Turn 2 = turn
+ * 1's prompt + its answer + a long new message (disaggregated): the router
+ * asks the decode to export its cached prefix to the prefill, the prefill
+ * pulls those blocks and computes only the rest, the decode pulls back
+ * only the new blocks. Same output with the cache off. */
+
+#define PFP_T1 88            /* 5.5 blocks: turn 1's answer fills the 6th */
+#define PFP_GEN 16           /* kvr_req's max_tokens */
+#define PFP_NEW 160
+
+typedef struct {
+    char *text[3];
+    int cached[3];
+    int n_t2, n_t3;
+    int pulled_want;         /* full blocks of turn 1's prompt + answer with KV */
+} pfp_run_t;
+
+/* the next turn: prompt ids[0..n) + its answer (pd-run, ignore_eos) + a
+ * new message of PFP_NEW tokens; returns the new length */
+static int pfp_next_turn(int32_t *ids, int n, unsigned salt)
+{
+    int32_t ans[PFP_GEN + 4];
+    samp_t sp = { .temperature = 0, .top_p = 1, .ignore_eos = true };
+    int na = pdrun_s("llama", g_model, ids, n, NULL, PFP_GEN, &sp, ans, PFP_GEN + 4);
+    assert_int_equal(na, PFP_GEN);
+    memcpy(ids + n, ans, (size_t)na * sizeof(int32_t));
+    make_prompt(ids + n + na, PFP_NEW, salt, 4, 259);
+    return n + na + PFP_NEW;
+}
+
+/* turn 2's prompt: turn 1's, its answer (pd-run's greedy tokens: the same
+ * as served, the equivalence tests say), a new message */
+static int pfp_turn2(int32_t *ids, int *pulled_want)
+{
+    make_prompt(ids, PFP_T1, 777, 4, 259);
+    int32_t ans[PFP_GEN + 4];
+    samp_t sp = { .temperature = 0, .top_p = 1, .ignore_eos = true };
+    int na = pdrun_s("llama", g_model, ids, PFP_T1, NULL, PFP_GEN, &sp, ans, PFP_GEN + 4);
+    assert_int_equal(na, PFP_GEN);
+    memcpy(ids + PFP_T1, ans, (size_t)na * sizeof(int32_t));
+    make_prompt(ids + PFP_T1 + na, PFP_NEW, 4242, 4, 259);
+    /* the decode has KV for the prompt and every generated token but the last */
+    *pulled_want = (PFP_T1 + na - 1) / 16 * 16;
+    return PFP_T1 + na + PFP_NEW;
+}
+
+static void pfp_workload(e2e_deploy_t *d, bool cache, pfp_run_t *out)
+{
+    int32_t ids[PFP_T1 + 2 * (PFP_GEN + PFP_NEW) + 8];
+    out->n_t2 = pfp_turn2(ids, &out->pulled_want);
+    e2e_proc_t *pre = &d->prefill[0], *dec = &d->decode[0];
+    double ind0 = indexed_blocks(d, dec->id);
+    kvr_req_x(d, ids, PFP_T1, false, ",\"ignore_eos\":true", &out->text[0], &out->cached[0]);
+    assert_int_equal(admin_num(pre, "requests", "counters.accepted"), 0); /* local */
+    if (cache && !wait_indexed(d, dec, ind0 + out->pulled_want / 16))
+        fail_msg("router never indexed turn 1 on %s (%.0f blocks)", dec->id,
+                 indexed_blocks(d, dec->id));
+    double comp0 = admin_num(pre, "requests", "counters.computed_tokens");
+    kvr_req_x(d, ids, out->n_t2, true, ",\"ignore_eos\":true", &out->text[1],
+              &out->cached[1]);
+    double pulled = admin_num(pre, "requests", "counters.src_pulled_tokens");
+    double computed = admin_num(pre, "requests", "counters.computed_tokens") - comp0;
+    double pbytes = admin_num(pre, "requests", "counters.src_pulled_bytes");
+    double exports = admin_num(dec, "requests", "counters.prefix_exports");
+    double dec_cached = admin_num(dec, "requests", "counters.cached_tokens");
+    fprintf(stderr, "e2e: turn 2 (%d tokens): prefill pulled %.0f tokens (%.0f bytes) from the "
+            "decode, computed %.0f; decode exports %.0f, decode cached_tokens %.0f; usage "
+            "cached_tokens %d\n", out->n_t2, pulled, pbytes, computed, exports, dec_cached,
+            out->cached[1]);
+    if (cache) {
+        if (pulled != out->pulled_want || computed != out->n_t2 - out->pulled_want ||
+            exports != 1 || pbytes <= 0 ||
+            admin_num(pre, "requests", "counters.src_pulls_ok") != 1)
+            fail_msg("turn 2: pulled %.0f (want %d), computed %.0f (want %d), exports %.0f",
+                     pulled, out->pulled_want, computed, out->n_t2 - out->pulled_want, exports);
+        if (out->cached[1] != out->pulled_want)
+            fail_msg("turn 2: usage cached_tokens %d, want %d", out->cached[1], out->pulled_want);
+        /* the decode took its own cached blocks back, pulled only the new */
+        if (dec_cached < out->pulled_want)
+            fail_msg("turn 2: decode reused %.0f tokens, want >= %d", dec_cached,
+                     out->pulled_want);
+        assert_true(router_stat(d, "kv_src_used") == 1);
+    } else if (pulled > 0 || out->cached[1] != 0 || router_stat(d, "kv_src_exports") != 0) {
+        fail_msg("cache off: pulled %.0f, cached_tokens %d", pulled, out->cached[1]);
+    }
+    quiet_ok(d);
+
+    /* turn 3 = turn 2 + its answer + a new message: now the prefill holds
+     * turn 2's prompt blocks itself, the decode one more (turn 2's answer
+     * fills it): the prefill pulls only that block (KVX_PULL_SKIP for its
+     * own 16) and computes from there */
+    int own = out->n_t2 / 16 * 16, dec_has = (out->n_t2 + PFP_GEN - 1) / 16 * 16;
+    assert_true(dec_has > own);
+    if (cache && !wait_indexed(d, dec, dec_has / 16))
+        fail_msg("router never indexed turn 2 on %s (%.0f blocks)", dec->id,
+                 indexed_blocks(d, dec->id));
+    out->n_t3 = pfp_next_turn(ids, out->n_t2, 999);
+    comp0 = admin_num(pre, "requests", "counters.computed_tokens");
+    kvr_req(d, ids, out->n_t3, false, &out->text[2], &out->cached[2]);
+    double pulled3 = admin_num(pre, "requests", "counters.src_pulled_tokens") - pulled;
+    double computed3 = admin_num(pre, "requests", "counters.computed_tokens") - comp0;
+    fprintf(stderr, "e2e: turn 3 (%d tokens): prefill had %d, pulled %.0f, computed %.0f; usage "
+            "cached_tokens %d\n", out->n_t3, own, pulled3, computed3, out->cached[2]);
+    if (cache && (pulled3 != dec_has - own || computed3 != out->n_t3 - dec_has ||
+                  out->cached[2] != dec_has ||
+                  admin_num(pre, "requests", "counters.src_pulls_ok") != 2))
+        fail_msg("turn 3: pulled %.0f (want %d), computed %.0f (want %d), cached_tokens %d",
+                 pulled3, dec_has - own, computed3, out->n_t3 - dec_has, out->cached[2]);
+    /* every lease ended, every block free (or evictable cache) again */
+    quiet_ok(d);
+    assert_int_equal(admin_num(dec, "kv", "exports"), 0);
+}
+
+static int pfpull_setup(void **st)
+{
+    (void)st;
+    return 0;
+}
+
+static void test_prefill_pulls_from_decode(void **st)
+{
+    (void)st;
+    static const char *ra_on[] = { "--disagg-mode=threshold", "--disagg-threshold=100", NULL };
+    static const char *ra_off[] = { "--disagg-mode=threshold", "--disagg-threshold=100",
+                                    "--kv-routing=false", NULL };
+    static const char *kv_on[] = { "--kv-blocks=256", NULL };
+    static const char *kv_off[] = { "--kv-blocks=256", "--prefix-cache=false", NULL };
+    pfp_run_t on, off;
+    memset(&on, 0, sizeof(on));
+    memset(&off, 0, sizeof(off));
+    assert_int_equal(start_deploy(&g_a, &g_a_up, g_model, ra_on, kv_on, kv_on, NULL, 1, 1), 0);
+    pfp_workload(&g_a, true, &on);
+    assert_int_equal(stop_deploy(&g_a, &g_a_up), 0);
+    assert_int_equal(start_deploy(&g_a, &g_a_up, g_model, ra_off, kv_off, kv_off, NULL, 1, 1), 0);
+    pfp_workload(&g_a, false, &off);
+    assert_int_equal(stop_deploy(&g_a, &g_a_up), 0);
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(on.text[i], off.text[i]) != 0)
+            fail_msg("turn %d: cache on '%s' != cache off '%s'", i + 1, on.text[i], off.text[i]);
+        free(on.text[i]);
+        free(off.text[i]);
+    }
+}
+
+typedef struct {
+    uint16_t port;
+    char *body;
+    compl_t c;
+} pfp_async_t;
+
+static void *pfp_async(void *arg)
+{
+    pfp_async_t *a = arg;
+    complete(a->port, "/v1/completions", a->body, false, &a->c);
+    return NULL;
+}
+
+/* The decode holding turn 1 dies while the router waits for its export
+ * (stopped first, then killed): the prefill computes everything, the
+ * request goes decode-local on the other decode and is served; the
+ * prefill's lease and blocks come back. */
+static void test_decode_lost_during_export(void **st)
+{
+    (void)st;
+    static const char *ra[] = { "--disagg-mode=threshold", "--disagg-threshold=100",
+                                "--kv-export-timeout=30s", NULL };
+    static const char *kv[] = { "--kv-blocks=256", NULL };
+    assert_int_equal(start_deploy(&g_a, &g_a_up, g_model, ra, kv, kv, NULL, 1, 2), 0);
+    int32_t ids[PFP_T1 + PFP_GEN + PFP_NEW + 8];
+    int want;
+    int n2 = pfp_turn2(ids, &want);
+    char *t1, *ref;
+    int c1;
+    kvr_req_x(&g_a, ids, PFP_T1, false, ",\"ignore_eos\":true", &t1, &c1);
+    free(t1);
+    e2e_proc_t *holder = NULL;
+    for (int k = 0; k < g_a.n_decode; k++)
+        if (admin_num(&g_a.decode[k], "requests", "counters.accepted") == 1)
+            holder = &g_a.decode[k];
+    assert_non_null(holder);
+    if (!wait_indexed(&g_a, holder, want / 16))
+        fail_msg("router never indexed turn 1 on %s", holder->id);
+    assert_int_equal(e2e_proc_signal(holder, SIGSTOP), 0);
+    char *list = ids_json(ids, n2);
+    size_t cap = strlen(list) + 128;
+    pfp_async_t a = { .port = g_a.http_port, .body = malloc(cap) };
+    snprintf(a.body, cap, "{\"prompt\":%s,\"max_tokens\":16,\"temperature\":0}", list);
+    free(list);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, pfp_async, &a), 0);
+    double t0 = e2e_now();
+    while (router_stat(&g_a, "kv_src_exports") < 1 && e2e_now() - t0 < 10)
+        e2e_nap_ms(5);
+    double exports = router_stat(&g_a, "kv_src_exports");
+    assert_int_equal(e2e_proc_signal(holder, SIGKILL), 0);
+    pthread_join(th, NULL);
+    e2e_proc_wait(holder, 5.0);
+    free(a.body);
+    if (exports != 1 || a.c.status != 200 || !a.c.done)
+        fail_msg("decode lost during export: exports %.0f, status %d: %s", exports, a.c.status,
+                 a.c.raw);
+    assert_true(router_stat(&g_a, "kv_src_timeouts") == 1);
+    assert_true(router_stat(&g_a, "kv_src_used") == 0);
+    /* the same answer as an undisturbed run (pd-run) */
+    int32_t out[24];
+    int nref = pdrun("llama", g_model, ids, n2, NULL, 16, out, 24);
+    ref = detok("llama", g_model, out, nref);
+    if (strcmp(ref, a.c.text) != 0)
+        fail_msg("decode lost during export: '%s', pd-run '%s'", a.c.text, ref);
+    free(ref);
+    compl_free(&a.c);
+    quiet_ok(&g_a);
+}
+
 /* ---- openai npm client -------------------------------------------------------- */
 
 static int node_setup(void **st)
@@ -2332,6 +2560,11 @@ int main(int argc, char **argv)
     if (strcmp(group, "kvroute") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_kv_routing) };
         return finish(cmocka_run_group_tests_name("e2e-kvroute", t, kvroute_setup, a_teardown));
+    }
+    if (strcmp(group, "pfpull") == 0) {
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_prefill_pulls_from_decode),
+                                        cmocka_unit_test(test_decode_lost_during_export) };
+        return finish(cmocka_run_group_tests_name("e2e-pfpull", t, pfpull_setup, a_teardown));
     }
     if (strcmp(group, "node") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_node_client) };

@@ -900,9 +900,12 @@ static int pdctl_top_frame(pdctl_state_t *st, const pdctl_sample_t *prev, pdctl_
      * router keeps its own index: the first router's) */
     double pt = pdctl_num(v, "prompt_tokens"), ct = pdctl_num(v, "prompt_cached_tokens");
     fprintf(out, "prefix cache hit %.1f%% of prompt tokens (%.0f)  routed by cache: prefill %.0f "
-            "decode %.0f  index %.0f blocks%s%s%s", pt > 0 ? 100 * ct / pt : 0.0, ct,
+            "decode %.0f  index %.0f blocks  prefills pulled from decodes %.0f tokens "
+            "(%.0f of %.0f exports)%s%s%s", pt > 0 ? 100 * ct / pt : 0.0, ct,
             pdctl_num(v, "kv_route_prefill_hits"), pdctl_num(v, "kv_route_decode_hits"),
-            pdctl_num(v, "kv_index_names"), n_rt > 1 ? "  (first router)" : "", eol, eol);
+            pdctl_num(v, "kv_index_names"), pdctl_num(v, "kv_src_tokens"),
+            pdctl_num(v, "kv_src_used"), pdctl_num(v, "kv_src_exports"),
+            n_rt > 1 ? "  (first router)" : "", eol, eol);
     if (n_rt > 1) {
         pdctl_table_print(&rt, out, eol);
         fputs(eol, out);
