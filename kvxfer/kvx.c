@@ -2071,6 +2071,9 @@ static void kvx_pull_deliver(kvx_pull_t *pl, pd_status_t status)
         sets[i]->c[c]++;
         sets[i]->c[KVX_PS_runs_posted] += pl->runs;
         sets[i]->c[KVX_PS_ops_posted] += pl->ops;
+        sets[i]->c[KVX_PS_pulls_streamed] += pl->polls > 0;
+        sets[i]->c[KVX_PS_ready_polls] += pl->polls;
+        sets[i]->c[KVX_PS_ready_polls_partial] += pl->polls_partial;
         if (status == PD_OK) {
             sets[i]->c[KVX_PS_bytes_pulled] += pl->bytes;
             kvx_pstats_pull_done(sets[i], res.latency_ns, pl->bytes, now);

@@ -381,7 +381,10 @@ pd_status_t kvx_lease_renew(kvx_ctx_h *ctx, const kvx_import_t *imp,
     X(runs_posted,      "merged runs")                                        \
     X(ops_posted,       "gets posted (after splitting)")                      \
     X(ops_abandoned,    "gets UCX never completed after a forced close")      \
-    X(notifies_sent,    "release/renew messages sent")
+    X(notifies_sent,    "release/renew messages sent")                        \
+    X(pulls_streamed,   "pulls of streamed leases (layer by layer)")          \
+    X(ready_polls,      "readiness reads of streamed pulls")                  \
+    X(ready_polls_partial, "readiness reads that found a layer not ready")
 
 /* Exporter and context totals. */
 #define KVX_CTX_STATS(X)                                                      \
