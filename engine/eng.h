@@ -4,12 +4,24 @@
  * implement it: "llama" (real CPU inference from a GGUF file, engine/llama)
  * and "sim" (a timing-model simulation at real KV geometries, engine/sim).
  *
- * KV layout (block-major, in caller-provided memory):
- *   The caller owns one arena (the kvxfer-registered region). Block b starts
- *   at arena + b * geom.block_bytes and holds block_tokens tokens for EVERY
- *   layer, K and V, contiguous:
- *     block: (n_layers, 2 /K,V/, block_tokens, n_kv_heads, head_dim) of kv_dtype
- *   so one block is one contiguous byte range to transfer.
+ * KV layout (in caller-provided memory):
+ *   The caller owns one arena (the kvxfer-registered region). One "layer
+ *   block" (block b of layer l) holds block_tokens tokens of one layer, K
+ *   and V, contiguous:
+ *     layer block: (2 /K,V/, block_tokens, n_kv_heads, head_dim) of kv_dtype
+ *   (geom.layer_block_bytes) and starts at
+ *     arena + b * layout.block_stride + l * layout.layer_stride.
+ *   Two layouts (eng_kv_layout_block_major / _layer_major below):
+ *   - block-major (the default until set_kv_layout is called): block b at
+ *     arena + b * block_bytes holds every layer, (n_layers, 2, block_tokens,
+ *     n_kv_heads, head_dim): one block is one contiguous byte range;
+ *   - layer-major (the daemons): the arena is n_layers regions of n_blocks
+ *     layer blocks, (n_layers, n_blocks, 2, block_tokens, n_kv_heads,
+ *     head_dim): one layer of a request whose blocks are contiguous is one
+ *     contiguous byte range, so it can be transferred while later layers
+ *     are still computed (kvxfer/README.md "Layer streaming").
+ *   The bytes of a layer block and what the model computes are the same in
+ *   both (the engines' outputs are bitwise identical).
  *   A sequence's KV is described by a block table: block_table[i] holds
  *   positions [i*block_tokens, (i+1)*block_tokens).
  *
@@ -37,6 +49,7 @@ typedef struct {
     eng_kv_dtype_t kv_dtype;
     uint64_t bytes_per_token;  /* n_layers * 2 * n_kv_heads * head_dim * sizeof(dtype) */
     uint64_t block_bytes;      /* block_tokens * bytes_per_token */
+    uint64_t layer_block_bytes;/* block_bytes / n_layers: one layer of a block */
     uint32_t vocab_size;
     uint32_t context_length;   /* max positions */
     uint64_t compat_hash;      /* xxh64 over model identity + geometry: a decode
@@ -44,6 +57,29 @@ typedef struct {
 } eng_kv_geom_t;
 
 typedef struct eng_model eng_model_t;
+
+/* Where block b of layer l starts: arena + b * block_stride + l * layer_stride. */
+typedef struct {
+    uint64_t block_stride;
+    uint64_t layer_stride;
+} eng_kv_layout_t;
+
+static inline eng_kv_layout_t eng_kv_layout_block_major(const eng_kv_geom_t *g)
+{
+    return (eng_kv_layout_t){ g->block_bytes, g->layer_block_bytes };
+}
+
+/* An arena of n_blocks blocks, layer-major. */
+static inline eng_kv_layout_t eng_kv_layout_layer_major(const eng_kv_geom_t *g,
+                                                        uint32_t n_blocks)
+{
+    return (eng_kv_layout_t){ g->layer_block_bytes, (uint64_t)n_blocks * g->layer_block_bytes };
+}
+
+/* Called on the compute thread during prefill when layer `layer`'s KV of
+ * positions [0, pos_end) is written (chunked: once per layer per chunk, in
+ * order). The model runs nothing else until it returns: keep it short. */
+typedef void (*eng_layer_hook_t)(void *arg, uint32_t layer, uint32_t pos_end);
 
 typedef struct {
     const char *engine;        /* "llama" | "sim" */
@@ -92,6 +128,13 @@ typedef struct eng_ops {
     pd_status_t (*decode)(eng_model_t *model, void *arena,
                           const eng_decode_item_t *items, uint32_t n_items,
                           float *logits /* (n_items, vocab) */);
+    /* Address the arena with this layout from now on (both engines; call it
+     * before any prefill/decode, not concurrently with them). Expected:
+     * PD_ERR_BAD_INPUT (strides that overlap a layer block). */
+    pd_status_t (*set_kv_layout)(eng_model_t *model, const eng_kv_layout_t *layout);
+    /* The layer hook for the following prefill calls (NULL: none). Set on
+     * the compute thread, between calls. */
+    void (*set_layer_hook)(eng_model_t *model, eng_layer_hook_t hook, void *arg);
 } eng_ops_t;
 
 /* Find an engine by name ("llama", "sim"); NULL if unknown. */

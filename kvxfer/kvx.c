@@ -25,7 +25,7 @@
 #define KVX_MAX_REGIONS       4
 #define KVX_AM_NOTIFY         17
 #define KVX_META_MAGIC        0x4d58564bu /* "KVXM" */
-#define KVX_META_VERSION      1
+#define KVX_META_VERSION      2
 #define KVX_META_HDR          56
 #define KVX_META_REGION_HDR   36
 #define KVX_META_MAX_ADDR     4096
@@ -40,6 +40,7 @@
 #define KVX_TOMBSTONES        32
 #define KVX_HIST_BUCKETS      256 /* 4 per power of two of ns */
 #define KVX_POISON_BYTE       0xdb
+#define KVX_MAX_LAYERS        1024 /* per region / readiness words per lease */
 
 /* ---- statistics ---------------------------------------------------------- */
 
@@ -291,9 +292,11 @@ struct kvx_region {
     uint32_t id;
     uint64_t block_bytes;
     uint32_t n_blocks;
+    uint32_t n_layers;          /* 1: block-major; else layer-major */
+    uint64_t layer_bytes;       /* block_bytes / n_layers */
     uint64_t compat_hash;
     kvx_alloc_t alloc;
-    uint8_t *base;              /* (n_blocks, block_bytes) */
+    uint8_t *base;              /* (n_layers, n_blocks, layer_bytes) */
     size_t len;
     ucp_mem_h memh;
     void *rkey_buf;
@@ -328,6 +331,7 @@ typedef struct {
     uint32_t id;
     uint32_t n_blocks;
     uint32_t block_bytes;
+    uint32_t n_layers;
     uint64_t base;
     uint64_t compat_hash;
     ucp_rkey_h rkey;
@@ -359,6 +363,7 @@ typedef struct kvx_peer {
     kvx_rregion_t regions[KVX_MAX_REGIONS];
     uint64_t gen_base;
     uint32_t n_slots;
+    uint32_t ready_words;       /* readiness words per lease slot (0: none) */
     ucp_rkey_h gen_rkey;
     uint64_t *released_gen;     /* (n_slots) highest gen we released */
     uint32_t pulls_ref;         /* pulls (incl. zombies) using this peer */
@@ -387,9 +392,21 @@ typedef struct kvx_pull {
     uint32_t n;
     uint32_t *local_blocks;     /* (n): local_inline or heap */
     uint32_t local_inline[KVX_PULL_INLINE];
-    /* posting cursor */
-    uint32_t cur_blk, cur_run, cur_run_off;
+    uint32_t *remote_blocks;    /* (n) the handle's blocks, in order */
+    uint32_t n_layers;
+    uint32_t *posted;           /* (n_layers) blocks posted per layer */
+    uint32_t *ready;            /* (n_layers) blocks ready per layer */
+    uint64_t *rd_words;         /* (n_layers) last readiness read */
+    /* posting cursor: a block split into several gets */
+    uint32_t split_layer;
     uint64_t cur_byte_off;
+    /* layer streaming: readiness polls */
+    bool stream;
+    bool poll_posted;           /* a poll's gets are in flight */
+    uint32_t poll_inflight;
+    uint64_t poll_gen;
+    uint32_t polls, polls_partial;
+    struct event *poll_timer;
     uint64_t prev_raddr_end;
     uintptr_t prev_laddr_end;
     /* progress */
@@ -435,7 +452,9 @@ struct kvx_ctx {
     /* exporter */
     kvx_region_h regions[KVX_MAX_REGIONS];
     ucp_mem_h gen_memh;
-    uint64_t *gen_words;        /* (max_leases) registered, remote-readable */
+    uint64_t *gen_words;        /* (max_leases) generations, then (max_leases,
+                                   ready_layers) readiness words; registered,
+                                   remote-readable */
     void *gen_rkey_buf;
     size_t gen_rkey_len;
     kvx_lease_t *leases;        /* (max_leases) */
@@ -704,7 +723,8 @@ static pd_status_t kvx_export_impl(kvx_region_h *r, uint64_t importer_id,
                                    const uint32_t *blocks, uint32_t n,
                                    uint64_t ttl_ns, uint64_t user_tag,
                                    void *buf, size_t cap, size_t *len_p,
-                                   kvx_lease_id_t *lease_p, uint32_t *taken_p)
+                                   kvx_lease_id_t *lease_p, uint32_t *taken_p,
+                                   uint32_t stream_ready, kvx_ready_t *ready_p)
 {
     kvx_ctx_h *ctx = r->ctx;
     kvx_handle_t h;
@@ -715,6 +735,8 @@ static pd_status_t kvx_export_impl(kvx_region_h *r, uint64_t importer_id,
 
     if (n == 0 || ttl_ns == 0 || importer_id == 0)
         return PD_ERR_BAD_INPUT;
+    if (ready_p != NULL && ctx->cfg.ready_layers < r->n_layers)
+        return PD_ERR_BAD_INPUT; /* no readiness words for this region */
     if (n > KVX_HANDLE_MAX_BLOCKS) {
         if (taken_p == NULL)
             return PD_ERR_TOO_BIG;
@@ -752,6 +774,7 @@ static pd_status_t kvx_export_impl(kvx_region_h *r, uint64_t importer_id,
 
     uint64_t now = pd_now_ns();
     h.version = KVX_HANDLE_VERSION;
+    h.flags = ready_p != NULL ? KVX_HANDLE_F_STREAM : 0;
     h.exporter_id = ctx->cfg.node_id;
     h.incarnation = ctx->incarnation;
     h.importer_id = importer_id;
@@ -779,6 +802,20 @@ static pd_status_t kvx_export_impl(kvx_region_h *r, uint64_t importer_id,
     memcpy(l->runs, h.runs, sizeof(h.runs[0]) * h.n_runs);
     memcpy(l->tag, (uint8_t *)buf + *len_p - KVX_TAG_BYTES, KVX_TAG_BYTES);
     __atomic_store_n(&ctx->gen_words[l->slot], l->gen, __ATOMIC_RELEASE);
+    if (ctx->cfg.ready_layers > 0) {
+        /* a plain export is complete; a streamed one starts at stream_ready
+         * blocks per layer (e.g. a cached prefix) */
+        kvx_ready_t rd = { ctx->gen_words + ctx->cfg.max_leases +
+                               (size_t)l->slot * ctx->cfg.ready_layers,
+                           ctx->cfg.ready_layers, (uint32_t)l->gen };
+        uint32_t init = ready_p != NULL ? (stream_ready < n ? stream_ready : n) : n;
+        for (uint32_t i = 0; i < rd.n_layers; i++)
+            kvx_ready_publish(&rd, i, init);
+        if (ready_p != NULL) {
+            rd.n_layers = r->n_layers;
+            *ready_p = rd;
+        }
+    }
     kvx_region_pin(r, l, +1);
     struct timeval tv = pd_ns_to_timeval(ttl_ns);
     evtimer_add(l->timer, &tv);
@@ -799,7 +836,19 @@ pd_status_t kvx_export(kvx_region_h *r, uint64_t importer_id,
                        size_t *len_p, kvx_lease_id_t *lease_p)
 {
     return kvx_export_impl(r, importer_id, blocks, n, ttl_ns, user_tag, buf,
-                           cap, len_p, lease_p, NULL);
+                           cap, len_p, lease_p, NULL, 0, NULL);
+}
+
+pd_status_t kvx_export_stream(kvx_region_h *r, uint64_t importer_id,
+                              const uint32_t *blocks, uint32_t n, uint64_t ttl_ns,
+                              uint64_t user_tag, uint32_t blocks_ready, void *buf,
+                              size_t cap, size_t *len_p, kvx_lease_id_t *lease_p,
+                              kvx_ready_t *ready_p)
+{
+    if (ready_p == NULL)
+        return PD_ERR_BAD_INPUT;
+    return kvx_export_impl(r, importer_id, blocks, n, ttl_ns, user_tag, buf,
+                           cap, len_p, lease_p, NULL, blocks_ready, ready_p);
 }
 
 pd_status_t kvx_export_part(kvx_region_h *r, uint64_t importer_id,
@@ -809,7 +858,7 @@ pd_status_t kvx_export_part(kvx_region_h *r, uint64_t importer_id,
                             uint32_t *taken_p)
 {
     return kvx_export_impl(r, importer_id, blocks, n, ttl_ns, user_tag, buf,
-                           cap, len_p, lease_p, taken_p);
+                           cap, len_p, lease_p, taken_p, 0, NULL);
 }
 
 pd_status_t kvx_lease_revoke(kvx_ctx_h *ctx, kvx_lease_id_t id)
@@ -960,10 +1009,20 @@ pd_status_t kvx_region_register(kvx_ctx_h *ctx, uint32_t region_id,
                                 uint64_t compat_hash, kvx_alloc_t alloc,
                                 kvx_region_h **region_p)
 {
+    return kvx_region_register_layers(ctx, region_id, block_bytes, n_blocks, 1, compat_hash,
+                                      alloc, region_p);
+}
+
+pd_status_t kvx_region_register_layers(kvx_ctx_h *ctx, uint32_t region_id,
+                                       uint64_t block_bytes, uint32_t n_blocks,
+                                       uint32_t n_layers, uint64_t compat_hash,
+                                       kvx_alloc_t alloc, kvx_region_h **region_p)
+{
     kvx_region_h *r = NULL;
     pd_status_t status;
 
-    if (block_bytes == 0 || n_blocks == 0)
+    if (block_bytes == 0 || n_blocks == 0 || n_layers == 0 || n_layers > KVX_MAX_LAYERS ||
+        block_bytes % n_layers != 0)
         return PD_ERR_BAD_INPUT;
     if (block_bytes > UINT32_MAX || n_blocks > (1u << 31))
         return PD_ERR_TOO_BIG;
@@ -1000,6 +1059,8 @@ pd_status_t kvx_region_register(kvx_ctx_h *ctx, uint32_t region_id,
     r->id = region_id;
     r->block_bytes = block_bytes;
     r->n_blocks = n_blocks;
+    r->n_layers = n_layers;
+    r->layer_bytes = block_bytes / n_layers;
     r->compat_hash = compat_hash;
     r->alloc = alloc;
     r->len = (size_t)block_bytes * n_blocks;
@@ -1070,6 +1131,15 @@ void kvx_region_deregister(kvx_region_h *r)
 void *kvx_region_base(const kvx_region_h *r) { return r->base; }
 uint64_t kvx_region_block_bytes(const kvx_region_h *r) { return r->block_bytes; }
 uint32_t kvx_region_n_blocks(const kvx_region_h *r) { return r->n_blocks; }
+uint32_t kvx_region_n_layers(const kvx_region_h *r) { return r->n_layers; }
+
+/* Block b of layer l: layer-major, (n_layers, n_blocks, layer_bytes); with
+ * one layer that is the block-major (n_blocks, block_bytes). */
+static inline uint64_t kvx_layer_off(uint32_t n_blocks, uint64_t layer_bytes, uint32_t l,
+                                     uint64_t b)
+{
+    return ((uint64_t)l * n_blocks + b) * layer_bytes;
+}
 
 unsigned kvx_region_block_pins(const kvx_region_h *r, uint32_t block)
 {
@@ -1084,8 +1154,9 @@ pd_status_t kvx_region_blocks_free(kvx_region_h *r, const uint32_t *blocks,
             return blocks[i] >= r->n_blocks ? PD_ERR_BAD_INPUT : PD_ERR_BUSY;
 #if PD_DEBUG_POISON
     for (uint32_t i = 0; i < n; i++)
-        memset(r->base + (size_t)blocks[i] * r->block_bytes, KVX_POISON_BYTE,
-               r->block_bytes);
+        for (uint32_t l = 0; l < r->n_layers; l++)
+            memset(r->base + kvx_layer_off(r->n_blocks, r->layer_bytes, l, blocks[i]),
+                   KVX_POISON_BYTE, r->layer_bytes);
 #endif
     return PD_OK;
 }
@@ -1104,6 +1175,7 @@ void kvx_config_default(kvx_config_t *cfg)
     cfg->close_grace_ns = 200 * PD_NS_PER_MS;
     cfg->err_mode = KVX_ERRMODE_AUTO;
     cfg->warm_peer_mappings = true;
+    cfg->ready_poll_ns = 100 * PD_NS_PER_US;
 }
 
 static uint64_t kvx_read_host_id(void)
@@ -1123,6 +1195,7 @@ static uint64_t kvx_read_host_id(void)
 
 static void kvx_peer_grace_cb(evutil_socket_t fd, short what, void *arg);
 static void kvx_pull_timer_cb(evutil_socket_t fd, short what, void *arg);
+static void kvx_pull_poll_cb(evutil_socket_t fd, short what, void *arg);
 
 pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
                            kvx_ctx_h **ctx_p)
@@ -1131,7 +1204,7 @@ pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
     ucp_config_t *ucfg;
     kvx_ctx_h *ctx;
 
-    if (cfg->node_id == 0 || cfg->max_leases == 0 ||
+    if (cfg->node_id == 0 || cfg->max_leases == 0 || cfg->ready_layers > KVX_MAX_LAYERS ||
         cfg->max_leases > KVX_META_MAX_SLOTS || cfg->max_pulls == 0 ||
         cfg->max_pulls > 65535 || cfg->max_ops_in_flight == 0 ||
         cfg->max_peers == 0 || cfg->max_op_bytes < 4096)
@@ -1174,7 +1247,8 @@ pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
         ctx->pulls[i].idx = i;
         ctx->pulls[i].timer = evtimer_new(base, kvx_pull_timer_cb,
                                           &ctx->pulls[i]);
-        if (ctx->pulls[i].timer == NULL)
+        ctx->pulls[i].poll_timer = evtimer_new(base, kvx_pull_poll_cb, &ctx->pulls[i]);
+        if (ctx->pulls[i].timer == NULL || ctx->pulls[i].poll_timer == NULL)
             goto err_free;
     }
 
@@ -1200,12 +1274,12 @@ pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
     if (ctx->addr_len > KVX_META_MAX_ADDR)
         goto err_addr;
     void *gen_addr;
-    status = kvx_mem_map(ctx, NULL, (size_t)cfg->max_leases * sizeof(uint64_t),
-                         true, &ctx->gen_memh, &gen_addr);
+    size_t gen_len = (size_t)cfg->max_leases * (1 + cfg->ready_layers) * sizeof(uint64_t);
+    status = kvx_mem_map(ctx, NULL, gen_len, true, &ctx->gen_memh, &gen_addr);
     if (status != PD_OK)
         goto err_addr;
     ctx->gen_words = gen_addr;
-    memset(ctx->gen_words, 0, (size_t)cfg->max_leases * sizeof(uint64_t));
+    memset(ctx->gen_words, 0, gen_len);
     status = PD_ERR_TRANSPORT;
     if (ucp_rkey_pack(ctx->ucp, ctx->gen_memh, &ctx->gen_rkey_buf,
                       &ctx->gen_rkey_len) != UCS_OK)
@@ -1269,9 +1343,12 @@ err_free:
     for (uint32_t i = 0; ctx->peers && i < cfg->max_peers; i++)
         if (ctx->peers[i].grace_timer)
             event_free(ctx->peers[i].grace_timer);
-    for (uint32_t i = 0; ctx->pulls && i < cfg->max_pulls; i++)
+    for (uint32_t i = 0; ctx->pulls && i < cfg->max_pulls; i++) {
         if (ctx->pulls[i].timer)
             event_free(ctx->pulls[i].timer);
+        if (ctx->pulls[i].poll_timer)
+            event_free(ctx->pulls[i].poll_timer);
+    }
     free(ctx->leases);
     free(ctx->peers);
     free(ctx->pulls);
@@ -1310,7 +1387,7 @@ pd_status_t kvx_meta_pack(kvx_ctx_h *ctx, void *out, size_t cap, size_t *len_p)
     kvx_put_u16(b + 44, (uint16_t)ctx->gen_rkey_len);
     kvx_put_u16(b + 46, (uint16_t)ctx->addr_len);
     kvx_put_u32(b + 48, (uint32_t)need);
-    kvx_put_u32(b + 52, 0);
+    kvx_put_u32(b + 52, ctx->cfg.ready_layers);
     size_t off = KVX_META_HDR;
     memcpy(b + off, ctx->addr, ctx->addr_len);
     off += ctx->addr_len;
@@ -1326,7 +1403,7 @@ pd_status_t kvx_meta_pack(kvx_ctx_h *ctx, void *out, size_t cap, size_t *len_p)
         kvx_put_u64(b + off + 12, (uint64_t)(uintptr_t)r->base);
         kvx_put_u64(b + off + 20, r->compat_hash);
         kvx_put_u16(b + off + 28, (uint16_t)r->rkey_len);
-        kvx_put_u16(b + off + 30, 0);
+        kvx_put_u16(b + off + 30, (uint16_t)r->n_layers);
         kvx_put_u32(b + off + 32, 0);
         off += KVX_META_REGION_HDR;
         memcpy(b + off, r->rkey_buf, r->rkey_len);
@@ -1521,8 +1598,11 @@ pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len)
     uint32_t n_slots = kvx_get_u32(b + 40);
     size_t gen_rkey_len = kvx_get_u16(b + 44);
     size_t addr_len = kvx_get_u16(b + 46);
-    if (kvx_get_u16(b + 6) != 0 || kvx_get_u32(b + 52) != 0)
+    uint32_t ready_words = kvx_get_u32(b + 52);
+    if (kvx_get_u16(b + 6) != 0)
         return PD_ERR_RESERVED;
+    if (ready_words > KVX_MAX_LAYERS)
+        return PD_ERR_BAD_INPUT;
     if (n_regions > KVX_MAX_REGIONS || n_slots == 0 ||
         n_slots > KVX_META_MAX_SLOTS || addr_len == 0 ||
         addr_len > KVX_META_MAX_ADDR || gen_rkey_len > KVX_META_MAX_RKEY ||
@@ -1538,8 +1618,12 @@ pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len)
         if (roff + KVX_META_REGION_HDR > end)
             return PD_ERR_TRUNCATED;
         size_t rk = kvx_get_u16(b + roff + 28);
-        if (rk == 0 || rk > KVX_META_MAX_RKEY)
+        uint32_t nl = kvx_get_u16(b + roff + 30), bb = kvx_get_u32(b + roff + 8);
+        if (rk == 0 || rk > KVX_META_MAX_RKEY || nl == 0 || nl > KVX_MAX_LAYERS ||
+            bb % nl != 0)
             return PD_ERR_BAD_INPUT;
+        if (kvx_get_u32(b + roff + 32) != 0)
+            return PD_ERR_RESERVED;
         roff += KVX_META_REGION_HDR + rk;
         if (roff > end)
             return PD_ERR_TRUNCATED;
@@ -1574,6 +1658,7 @@ pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len)
     p->host_id = kvx_get_u64(b + 24);
     p->gen_base = kvx_get_u64(b + 32);
     p->n_slots = n_slots;
+    p->ready_words = ready_words;
 
     bool want_peer = ctx->cfg.err_mode == KVX_ERRMODE_PEER ||
                      (ctx->cfg.err_mode == KVX_ERRMODE_AUTO &&
@@ -1623,6 +1708,7 @@ pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len)
         rr->id = kvx_get_u32(b + roff);
         rr->n_blocks = kvx_get_u32(b + roff + 4);
         rr->block_bytes = kvx_get_u32(b + roff + 8);
+        rr->n_layers = kvx_get_u16(b + roff + 30);
         rr->base = kvx_get_u64(b + roff + 12);
         rr->compat_hash = kvx_get_u64(b + roff + 20);
         size_t rk = kvx_get_u16(b + roff + 28);
@@ -1724,6 +1810,8 @@ pd_status_t kvx_handle_import(kvx_ctx_h *ctx, const void *buf, size_t len,
     status = kvx_handle_check(h, &e, &reason);
     if (status != PD_OK)
         goto rejected;
+    if ((h->flags & KVX_HANDLE_F_STREAM) && rr != NULL && p->ready_words < rr->n_layers)
+        KVX_IMPORT_REJECT(GEOMETRY, PD_ERR_MISMATCH); /* streamed, but no readiness words */
     if (expect_compat_hash != 0 && h->compat_hash != expect_compat_hash)
         KVX_IMPORT_REJECT(GEOMETRY, PD_ERR_MISMATCH);
     imp->peer_idx = p->idx;
@@ -1768,55 +1856,60 @@ static void kvx_gen_done(void *req, ucs_status_t us, void *user_data)
     kvx_op_done(req, us, user_data);
 }
 
-/* Post gets until the pull is fully posted or the in-flight budget is used. */
+/* Every block of every layer posted? */
+static bool kvx_pull_all_posted(const kvx_pull_t *pl)
+{
+    for (uint32_t l = 0; l < pl->n_layers; l++)
+        if (pl->posted[l] < pl->n)
+            return false;
+    return true;
+}
+
+/* Post gets until every ready block of every layer is posted or the
+ * in-flight budget is used. Layer by layer, in layer order; within a layer
+ * blocks adjacent on both sides merge into one get, runs above max_op_bytes
+ * are split (a split block is finished before anything else is posted). */
 static void kvx_pull_post(kvx_pull_t *pl)
 {
     kvx_ctx_h *ctx = pl->ctx;
-    const uint64_t bb = pl->h.block_bytes;
+    const uint64_t lb = pl->h.block_bytes / pl->n_layers;
     const uint64_t max_op = ctx->cfg.max_op_bytes;
+    uint32_t l = pl->cur_byte_off > 0 ? pl->split_layer : 0;
 
-    while (pl->err == PD_OK && pl->cur_blk < pl->n &&
+    while (pl->err == PD_OK && l < pl->n_layers &&
            ctx->ops_in_flight < ctx->cfg.max_ops_in_flight) {
-        const kvx_run_t *run = &pl->h.runs[pl->cur_run];
-        uint64_t rblk = (uint64_t)run->start + pl->cur_run_off;
-        uint64_t lblk = pl->local_blocks[pl->cur_blk];
+        uint32_t i = pl->posted[l];
+        if (i >= pl->ready[l]) {
+            l++;
+            continue;
+        }
+        uint64_t rblk = pl->remote_blocks[i];
+        uint64_t lblk = pl->local_blocks[i];
         uint64_t off = pl->cur_byte_off;
         if (lblk == KVX_PULL_SKIP) { /* the importer has it (off is 0 here) */
-            pl->cur_blk++;
-            if (++pl->cur_run_off == run->count) {
-                pl->cur_run++;
-                pl->cur_run_off = 0;
-            }
+            pl->posted[l]++;
             continue;
         }
         uint64_t len;
-        if (off > 0 || bb >= max_op) {
-            len = bb - off < max_op ? bb - off : max_op;
+        if (off > 0 || lb >= max_op) {
+            len = lb - off < max_op ? lb - off : max_op;
             pl->cur_byte_off += len;
-            if (pl->cur_byte_off == bb) {
+            pl->split_layer = l;
+            if (pl->cur_byte_off == lb) {
                 pl->cur_byte_off = 0;
-                pl->cur_blk++;
-                if (++pl->cur_run_off == run->count) {
-                    pl->cur_run++;
-                    pl->cur_run_off = 0;
-                }
+                pl->posted[l]++;
             }
         } else {
             uint32_t k = 1;
-            while (pl->cur_blk + k < pl->n && pl->cur_run_off + k < run->count &&
-                   pl->local_blocks[pl->cur_blk + k] == lblk + k &&
-                   (uint64_t)(k + 1) * bb <= max_op)
+            while (i + k < pl->ready[l] && pl->remote_blocks[i + k] == rblk + k &&
+                   pl->local_blocks[i + k] == lblk + k && (uint64_t)(k + 1) * lb <= max_op)
                 k++;
-            len = (uint64_t)k * bb;
-            pl->cur_blk += k;
-            pl->cur_run_off += k;
-            if (pl->cur_run_off == run->count) {
-                pl->cur_run++;
-                pl->cur_run_off = 0;
-            }
+            len = (uint64_t)k * lb;
+            pl->posted[l] += k;
         }
-        uint64_t raddr = pl->rr->base + rblk * bb + off;
-        uint8_t *laddr = pl->local->base + lblk * bb + off;
+        uint64_t raddr = pl->rr->base + kvx_layer_off(pl->rr->n_blocks, lb, l, rblk) + off;
+        uint8_t *laddr = pl->local->base +
+                         kvx_layer_off(pl->local->n_blocks, lb, l, lblk) + off;
         if (raddr != pl->prev_raddr_end || (uintptr_t)laddr != pl->prev_laddr_end)
             pl->runs++;
         pl->prev_raddr_end = raddr + len;
@@ -1840,8 +1933,96 @@ static void kvx_pull_post(kvx_pull_t *pl)
             ctx->ops_in_flight++;
         }
     }
-    if (pl->cur_blk == pl->n && pl->state == KVX_PULL_POSTING)
+    if (pl->state == KVX_PULL_POSTING && kvx_pull_all_posted(pl))
         pl->state = KVX_PULL_DATA_WAIT;
+}
+
+/* ---- layer streaming: readiness polls ---- */
+
+static void kvx_poll_done(void *req, ucs_status_t us, void *user_data)
+{
+    kvx_pull_t *pl = user_data;
+    assert(pl->poll_inflight > 0);
+    pl->poll_inflight--;
+    kvx_op_done(req, us, user_data); /* inflight, errors, kick */
+}
+
+/* Read the lease's generation and readiness words (two gets, one round
+ * trip); kvx_pull_poll_read applies them when both landed. */
+static void kvx_pull_poll_post(kvx_pull_t *pl)
+{
+    kvx_peer_t *p = pl->peer;
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = kvx_poll_done,
+        .user_data = pl,
+    };
+    struct { void *dst; size_t len; uint64_t raddr; } g[2] = {
+        { &pl->poll_gen, sizeof(pl->poll_gen), p->gen_base + (uint64_t)pl->h.lease_slot * 8 },
+        { pl->rd_words, (size_t)pl->n_layers * 8,
+          p->gen_base + ((uint64_t)p->n_slots + (uint64_t)pl->h.lease_slot * p->ready_words) * 8 },
+    };
+    pl->poll_posted = true;
+    pl->polls++;
+    for (int i = 0; i < 2 && pl->err == PD_OK; i++) {
+        void *req = ucp_get_nbx(p->ep, g[i].dst, g[i].len, g[i].raddr, p->gen_rkey, &rp);
+        if (UCS_PTR_IS_ERR(req)) {
+            pl->err = kvx_ucs_status(UCS_PTR_STATUS(req));
+        } else if (req != NULL) {
+            pl->inflight++;
+            pl->poll_inflight++;
+            pl->ctx->ops_in_flight++;
+        }
+    }
+}
+
+/* A poll landed: a changed generation ends the pull (STALE: the lease is
+ * over, the slot may be someone else's); readiness words of another
+ * generation count as nothing ready. Then poll again: at once if something
+ * new became ready, else after ready_poll_ns. */
+static void kvx_pull_poll_read(kvx_pull_t *pl)
+{
+    bool more = false, partial = false;
+    pl->poll_posted = false;
+    if (pl->poll_gen != pl->h.lease_gen) {
+        pl->err = PD_ERR_STALE;
+        return;
+    }
+    for (uint32_t l = 0; l < pl->n_layers; l++) {
+        uint64_t w = pl->rd_words[l];
+        uint32_t got = (uint32_t)(w >> 32) == (uint32_t)pl->h.lease_gen ? (uint32_t)w : 0;
+        if (got > pl->n)
+            got = pl->n;
+        if (got > pl->ready[l]) {
+            pl->ready[l] = got;
+            more = true;
+        }
+        if (pl->ready[l] < pl->n)
+            partial = true;
+    }
+    if (!partial) {
+        pl->stream = false; /* everything is ready: no more polls */
+        return;
+    }
+    pl->polls_partial++;
+    if (more || pl->ctx->cfg.ready_poll_ns == 0) {
+        kvx_pull_poll_post(pl);
+        kvx_kick(pl->ctx); /* the gets may have completed in place */
+    } else {
+        struct timeval tv = pd_ns_to_timeval(pl->ctx->cfg.ready_poll_ns);
+        evtimer_add(pl->poll_timer, &tv);
+    }
+}
+
+static void kvx_pull_poll_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    kvx_pull_t *pl = arg;
+    if (pl->state != KVX_PULL_POSTING || pl->err != PD_OK || !pl->stream || pl->poll_posted)
+        return;
+    kvx_pull_poll_post(pl);
+    kvx_kick(pl->ctx);
 }
 
 static void kvx_pull_free(kvx_pull_t *pl)
@@ -1849,6 +2030,10 @@ static void kvx_pull_free(kvx_pull_t *pl)
     if (pl->local_blocks != pl->local_inline)
         free(pl->local_blocks);
     pl->local_blocks = NULL;
+    free(pl->rd_words); /* posted, ready, remote_blocks live in it too */
+    pl->remote_blocks = NULL;
+    pl->posted = pl->ready = NULL;
+    pl->rd_words = NULL;
     if (pl->peer)
         pl->peer->pulls_ref--;
     pl->peer = NULL;
@@ -1868,6 +2053,8 @@ static void kvx_pull_deliver(kvx_pull_t *pl, pd_status_t status)
         .ops = pl->ops,
         .latency_ns = now - pl->t_start_ns,
         .user_tag = pl->user_tag,
+        .polls = pl->polls,
+        .polls_partial = pl->polls_partial,
     };
     unsigned c;
     switch (status) {
@@ -1884,6 +2071,9 @@ static void kvx_pull_deliver(kvx_pull_t *pl, pd_status_t status)
         sets[i]->c[c]++;
         sets[i]->c[KVX_PS_runs_posted] += pl->runs;
         sets[i]->c[KVX_PS_ops_posted] += pl->ops;
+        sets[i]->c[KVX_PS_pulls_streamed] += pl->polls > 0;
+        sets[i]->c[KVX_PS_ready_polls] += pl->polls;
+        sets[i]->c[KVX_PS_ready_polls_partial] += pl->polls_partial;
         if (status == PD_OK) {
             sets[i]->c[KVX_PS_bytes_pulled] += pl->bytes;
             kvx_pstats_pull_done(sets[i], res.latency_ns, pl->bytes, now);
@@ -1898,6 +2088,7 @@ static void kvx_pull_deliver(kvx_pull_t *pl, pd_status_t status)
         pd_stats_observe_ns(p->prom, KVX_PP_pull_latency, res.latency_ns);
     }
     evtimer_del(pl->timer);
+    evtimer_del(pl->poll_timer);
     ctx->pulls_in_flight--;
     kvx_pull_cb_t cb = pl->cb;
     void *arg = pl->cb_arg;
@@ -1935,7 +2126,9 @@ static void kvx_pull_step(kvx_pull_t *pl)
             kvx_pull_deliver(pl, pl->err);
         return;
     }
-    if (pl->state == KVX_PULL_POSTING)
+    if (pl->stream && pl->poll_posted && pl->poll_inflight == 0)
+        kvx_pull_poll_read(pl);
+    if (pl->state == KVX_PULL_POSTING && pl->err == PD_OK)
         kvx_pull_post(pl);
     if (pl->err != PD_OK) {
         if (pl->inflight == 0)
@@ -2004,6 +2197,7 @@ pd_status_t kvx_pull_start(kvx_ctx_h *ctx, const kvx_import_t *imp,
         return PD_ERR_PEER_GONE;
     if (n != h->n_blocks || local->block_bytes != h->block_bytes)
         return PD_ERR_BAD_INPUT;
+    bool stream = (h->flags & KVX_HANDLE_F_STREAM) != 0;
     for (uint32_t i = 0; i < n; i++)
         if (local_blocks[i] >= local->n_blocks && local_blocks[i] != KVX_PULL_SKIP)
             return PD_ERR_BAD_INPUT;
@@ -2013,6 +2207,8 @@ pd_status_t kvx_pull_start(kvx_ctx_h *ctx, const kvx_import_t *imp,
             rr = &p->regions[i];
     if (rr == NULL)
         return PD_ERR_NOT_FOUND;
+    if (rr->n_layers != local->n_layers || (stream && p->ready_words < rr->n_layers))
+        return PD_ERR_BAD_INPUT; /* layouts differ / no readiness words */
     uint64_t now = pd_now_ns();
     if (deadline_at_ns <= now)
         return PD_ERR_TIMED_OUT;
@@ -2027,14 +2223,40 @@ pd_status_t kvx_pull_start(kvx_ctx_h *ctx, const kvx_import_t *imp,
     }
     if (pl == NULL)
         return PD_ERR_BUSY;
+    const uint32_t nl = rr->n_layers;
+    /* one allocation: rd_words (nl), posted (nl), ready (nl), remote_blocks (n) */
+    uint64_t *mem = malloc((size_t)nl * 16 + (size_t)n * sizeof(uint32_t));
+    if (mem == NULL)
+        return PD_ERR_NO_MEMORY;
     if (n <= KVX_PULL_INLINE) {
         pl->local_blocks = pl->local_inline;
     } else {
         pl->local_blocks = malloc((size_t)n * sizeof(uint32_t));
-        if (pl->local_blocks == NULL)
+        if (pl->local_blocks == NULL) {
+            free(mem);
             return PD_ERR_NO_MEMORY;
+        }
     }
     memcpy(pl->local_blocks, local_blocks, (size_t)n * sizeof(uint32_t));
+    pl->rd_words = mem;
+    pl->posted = (uint32_t *)(void *)(mem + nl);
+    pl->ready = pl->posted + nl;
+    pl->remote_blocks = pl->ready + nl;
+    pl->n_layers = nl;
+    for (uint32_t i = 0, k = 0; i < h->n_runs; i++)
+        for (uint32_t j = 0; j < h->runs[i].count && k < n; j++)
+            pl->remote_blocks[k++] = h->runs[i].start + j;
+    for (uint32_t l = 0; l < nl; l++) {
+        pl->posted[l] = 0;
+        pl->ready[l] = stream ? 0 : n;
+        pl->rd_words[l] = 0;
+    }
+    pl->split_layer = 0;
+    pl->stream = stream;
+    pl->poll_posted = false;
+    pl->poll_inflight = 0;
+    pl->poll_gen = 0;
+    pl->polls = pl->polls_partial = 0;
     pl->id = (++ctx->pull_seq << 16) | pl->idx;
     pl->state = KVX_PULL_POSTING;
     pl->peer = p;
@@ -2042,7 +2264,6 @@ pd_status_t kvx_pull_start(kvx_ctx_h *ctx, const kvx_import_t *imp,
     pl->local = local;
     pl->h = *h;
     pl->n = n;
-    pl->cur_blk = pl->cur_run = pl->cur_run_off = 0;
     pl->cur_byte_off = 0;
     pl->prev_raddr_end = 0;
     pl->prev_laddr_end = 0;
@@ -2063,7 +2284,10 @@ pd_status_t kvx_pull_start(kvx_ctx_h *ctx, const kvx_import_t *imp,
     struct timeval tv = pd_ns_to_timeval(deadline_at_ns - now);
     evtimer_add(pl->timer, &tv);
     /* post now (fast path); completion is always delivered from the loop */
-    kvx_pull_post(pl);
+    if (stream)
+        kvx_pull_poll_post(pl);
+    else
+        kvx_pull_post(pl);
     kvx_kick(ctx);
     if (pull_id_p)
         *pull_id_p = pl->id;
@@ -2290,7 +2514,9 @@ void kvx_ctx_destroy(kvx_ctx_h *ctx)
         kvx_pull_t *pl = &ctx->pulls[i];
         if (pl->local_blocks && pl->local_blocks != pl->local_inline)
             free(pl->local_blocks);
+        free(pl->rd_words);
         event_free(pl->timer);
+        event_free(pl->poll_timer);
     }
     event_free(ctx->ev_efd);
     event_free(ctx->ev_kick);

@@ -93,6 +93,12 @@ typedef struct {
     void *cb_arg;
     kvx_stats_role_t stats_role;       /* which side's figures kvx_stats_set
                                           exports (KVX_STATS_BOTH) */
+    uint32_t ready_layers;             /* exporter: readiness words per lease
+                                          (>= the region's layers for
+                                          kvx_export_stream; 0 = none) */
+    uint64_t ready_poll_ns;            /* importer: re-read the readiness words
+                                          of a streamed pull this long after a
+                                          read that found nothing new (100 us) */
 } kvx_config_t;
 
 /* Defaults for every field except node_id and secret (zeroed). */
@@ -135,12 +141,23 @@ pd_status_t kvx_region_register(kvx_ctx_h *ctx, uint32_t region_id,
                                 uint64_t block_bytes, uint32_t n_blocks,
                                 uint64_t compat_hash, kvx_alloc_t alloc,
                                 kvx_region_h **region_p);
+/* The same, for a layer-major arena (engine/eng.h): block b of layer l at
+ * base + (l * n_blocks + b) * (block_bytes / n_layers), so one layer of a
+ * set of contiguous blocks is one contiguous range. n_layers = 1 is the
+ * block-major layout of kvx_region_register. Importer and exporter regions
+ * must have the same n_layers (metadata carries it). Expected: as above,
+ * PD_ERR_BAD_INPUT (n_layers 0, above 1024, or not dividing block_bytes). */
+pd_status_t kvx_region_register_layers(kvx_ctx_h *ctx, uint32_t region_id,
+                                       uint64_t block_bytes, uint32_t n_blocks,
+                                       uint32_t n_layers, uint64_t compat_hash,
+                                       kvx_alloc_t alloc, kvx_region_h **region_p);
 /* Revokes the region's leases first. NULL-safe. */
 void kvx_region_deregister(kvx_region_h *region);
 
 void *kvx_region_base(const kvx_region_h *region);   /* (n_blocks, block_bytes) */
 uint64_t kvx_region_block_bytes(const kvx_region_h *region);
 uint32_t kvx_region_n_blocks(const kvx_region_h *region);
+uint32_t kvx_region_n_layers(const kvx_region_h *region);
 /* Leases currently holding the block (0 = free to reuse). */
 unsigned kvx_region_block_pins(const kvx_region_h *region, uint32_t block);
 /* The daemon frees blocks (returns them to its allocator): checks none is
@@ -220,6 +237,43 @@ pd_status_t kvx_export_part(kvx_region_h *region, uint64_t importer_id,
                             size_t *len_p, kvx_lease_id_t *lease_p,
                             uint32_t *taken_p);
 
+/* ---- exporter: layer streaming ------------------------------------------ */
+
+/* A streamed lease's readiness words, in the registered generation table:
+ * words[l] = (low 32 bits of the lease generation) << 32 | the number of the
+ * lease's leading blocks whose layer l is complete. A plain export writes
+ * every layer complete; a word of another generation reads as "nothing
+ * ready", so a recycled slot never looks ready. */
+typedef struct {
+    uint64_t *words;      /* (n_layers) */
+    uint32_t n_layers;
+    uint32_t gen32;
+} kvx_ready_t;
+
+/* Publish that the first `blocks` blocks of the lease hold layer `layer`
+ * completely (values only grow). Thread-safe: one release store, so the
+ * compute thread may call it after writing the KV, without the loop. The
+ * caller must stop publishing once the lease may have ended (it ends only
+ * on the loop: publish only while the job that owns the blocks runs). */
+static inline void kvx_ready_publish(const kvx_ready_t *rd, uint32_t layer, uint32_t blocks)
+{
+    if (rd->words != NULL && layer < rd->n_layers)
+        __atomic_store_n(&rd->words[layer], ((uint64_t)rd->gen32 << 32) | blocks,
+                         __ATOMIC_RELEASE);
+}
+
+/* Like kvx_export, before the KV is complete: the handle carries
+ * KVX_HANDLE_F_STREAM, every layer starts at blocks_ready blocks (a cached
+ * prefix: 0 if none) and *ready_p is what the writer publishes progress
+ * with. The importer's pull polls the readiness words and gets each layer's
+ * blocks as they become ready. Needs cfg.ready_layers >= the region's
+ * layers. Expected errors as kvx_export. */
+pd_status_t kvx_export_stream(kvx_region_h *region, uint64_t importer_id,
+                              const uint32_t *blocks, uint32_t n, uint64_t ttl_ns,
+                              uint64_t user_tag, uint32_t blocks_ready, void *buf,
+                              size_t cap, size_t *len_p, kvx_lease_id_t *lease_p,
+                              kvx_ready_t *ready_p);
+
 /* End a lease now (exporter decides: abort, shutdown). PD_ERR_NOT_FOUND if
  * it already ended. on_lease_end runs with KVX_LEASE_REVOKED. */
 pd_status_t kvx_lease_revoke(kvx_ctx_h *ctx, kvx_lease_id_t lease);
@@ -253,6 +307,8 @@ typedef struct {
     uint32_t ops;          /* gets posted (runs after splitting) */
     uint64_t latency_ns;   /* start -> completion */
     uint64_t user_tag;
+    uint32_t polls;        /* streamed: readiness reads */
+    uint32_t polls_partial;/* streamed: reads that found a layer not ready */
 } kvx_pull_result_t;
 
 /* Completion of a pull, on the loop. status: PD_OK (every byte landed and
@@ -271,7 +327,14 @@ typedef void (*kvx_pull_cb_t)(void *arg, pd_status_t status,
  * is skipped. */
 #define KVX_PULL_SKIP UINT32_MAX
 
-/* Pull imp's blocks into local region blocks local[0..n) (n must equal the
+/* A streamed handle (KVX_HANDLE_F_STREAM): the pull first reads the
+ * lease's generation and readiness words (one round trip), gets what is
+ * ready layer by layer, and reads them again (at once after progress, else
+ * after ready_poll_ns) until every layer of every block is posted; a
+ * generation change ends it with PD_ERR_STALE at once. The deadline bounds
+ * the whole, polls included.
+ *
+ * Pull imp's blocks into local region blocks local[0..n) (n must equal the
  * handle's block count; local blocks must not be in use; KVX_PULL_SKIP
  * entries are not fetched). deadline_at_ns is
  * absolute pd_now_ns() time. Adjacent blocks (remote AND local contiguous)
@@ -318,7 +381,10 @@ pd_status_t kvx_lease_renew(kvx_ctx_h *ctx, const kvx_import_t *imp,
     X(runs_posted,      "merged runs")                                        \
     X(ops_posted,       "gets posted (after splitting)")                      \
     X(ops_abandoned,    "gets UCX never completed after a forced close")      \
-    X(notifies_sent,    "release/renew messages sent")
+    X(notifies_sent,    "release/renew messages sent")                        \
+    X(pulls_streamed,   "pulls of streamed leases (layer by layer)")          \
+    X(ready_polls,      "readiness reads of streamed pulls")                  \
+    X(ready_polls_partial, "readiness reads that found a layer not ready")
 
 /* Exporter and context totals. */
 #define KVX_CTX_STATS(X)                                                      \

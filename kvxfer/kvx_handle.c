@@ -125,7 +125,7 @@ pd_status_t kvx_handle_encode(const kvx_handle_t *h,
 
     kvx_put_u32(buf + 0, KVX_HANDLE_MAGIC);
     buf[4] = KVX_HANDLE_VERSION;
-    buf[5] = 0;
+    buf[5] = h->flags;
     kvx_put_u16(buf + 6, h->n_runs);
     kvx_put_u64(buf + 8, h->exporter_id);
     kvx_put_u64(buf + 16, h->incarnation);
@@ -174,10 +174,11 @@ pd_status_t kvx_handle_decode(const uint8_t *buf, size_t len,
     kvx_mac(buf, total - KVX_TAG_BYTES, key, tag);
     if (crypto_verify_16(tag, buf + total - KVX_TAG_BYTES) != 0)
         KVX_REJECT(BAD_MAC, PD_ERR_AUTH);
-    if (buf[5] != 0 || kvx_get_u16(buf + 74) != 0)
+    if ((buf[5] & ~KVX_HANDLE_F_STREAM) != 0 || kvx_get_u16(buf + 74) != 0)
         KVX_REJECT(RESERVED, PD_ERR_RESERVED);
 
     h->version = buf[4];
+    h->flags = buf[5];
     h->n_runs = kvx_get_u16(buf + 6);
     h->exporter_id = kvx_get_u64(buf + 8);
     h->incarnation = kvx_get_u64(buf + 16);

@@ -8,7 +8,8 @@
  *   off size field
  *     0   4  magic 0x4858564b ("KVXH")
  *     4   1  version (1)
- *     5   1  flags (reserved, 0)
+ *     5   1  flags: bit 0 KVX_HANDLE_F_STREAM (the KV may still be being
+ *            written: poll the lease's readiness words), others 0
  *     6   2  n_runs            1..KVX_HANDLE_MAX_RUNS
  *     8   8  exporter node id
  *    16   8  exporter incarnation (random per exporter start)
@@ -43,6 +44,7 @@
 #define KVX_HANDLE_MAX_BYTES  256
 #define KVX_HANDLE_MAX_RUNS   64
 #define KVX_HANDLE_MAX_BLOCKS 65536u
+#define KVX_HANDLE_F_STREAM   0x01u
 
 /* Why a handle was rejected: X(name, help). One counter per reason. */
 #define KVX_REJECT_LIST(X)                                                    \
@@ -98,6 +100,7 @@ typedef struct {
     uint32_t n_blocks;
     uint16_t n_runs;
     uint8_t version;
+    uint8_t flags;                         /* KVX_HANDLE_F_* */
     kvx_run_t runs[KVX_HANDLE_MAX_RUNS];   /* (n_runs) */
     uint8_t tag[KVX_TAG_BYTES];
 } kvx_handle_t;

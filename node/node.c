@@ -53,6 +53,19 @@ pd_status_t node_export_part(node_t *n, node_req_t *r, const char *importer,
     return st;
 }
 
+pd_status_t node_export_stream(node_t *n, node_req_t *r, const char *importer,
+                               const uint32_t *blocks, uint32_t nb, uint64_t ttl_ns,
+                               uint32_t blocks_ready, void *buf, size_t cap, size_t *len_p,
+                               kvx_lease_id_t *lease_p, kvx_ready_t *ready_p)
+{
+    pd_status_t st = kvx_export_stream(n->region, node_id_of(importer), blocks, nb, ttl_ns,
+                                       (uint64_t)(uintptr_t)r, blocks_ready, buf, cap, len_p,
+                                       lease_p, ready_p);
+    if (st == PD_OK && lease_p->slot < n->max_leases)
+        n->lease_reqs[lease_p->slot] = r;
+    return st;
+}
+
 /* ---- KV peers ---------------------------------------------------------------- */
 
 static node_peer_t *node_peer_find(node_t *n, const char *id, bool create)

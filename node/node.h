@@ -435,6 +435,12 @@ uint64_t node_lease_wire_id(kvx_lease_id_t l);
 pd_status_t node_export(node_t *n, node_req_t *r, const char *importer, const uint32_t *blocks,
                         uint32_t nb, uint64_t ttl_ns, void *buf, size_t cap, size_t *len_p,
                         kvx_lease_id_t *lease_p);
+/* The same with kvx_export_stream: before the KV is computed (layer
+ * streaming); *ready_p publishes each layer's progress. */
+pd_status_t node_export_stream(node_t *n, node_req_t *r, const char *importer,
+                               const uint32_t *blocks, uint32_t nb, uint64_t ttl_ns,
+                               uint32_t blocks_ready, void *buf, size_t cap, size_t *len_p,
+                               kvx_lease_id_t *lease_p, kvx_ready_t *ready_p);
 
 /* node_export for a set that may not fit one handle (kvx_export_part):
  * leases the longest prefix of blocks[0..nb) that fits, *taken_p blocks

@@ -223,6 +223,7 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
     kc.node_id = node_id_of(n->daemon_id);
     if (n->have_secret)
         proto_auth_derive(&n->secret, "pdserve kvx v1", kc.secret);
+    kc.ready_layers = n->geom->n_layers; /* layer streaming: readiness words */
     if (o->kvx_config)
         o->kvx_config(n, &kc);
     if (n->role->on_lease_end != NULL) { /* leases end through the node's table */
@@ -237,10 +238,17 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
     if (st != PD_OK)
         return node_fail(n, "kvxfer init", st, NULL);
     uint32_t nblocks = (uint32_t)n->cfg->kv_blocks;
-    st = kvx_region_register(n->kvx, 1, n->geom->block_bytes, nblocks, n->geom->compat_hash,
-                             KVX_ALLOC_UCX, &n->region);
+    /* layer-major (engine/eng.h): one layer of a request's blocks is a few
+     * contiguous runs, so it can be pulled while later layers compute */
+    st = kvx_region_register_layers(n->kvx, 1, n->geom->block_bytes, nblocks, n->geom->n_layers,
+                                    n->geom->compat_hash, KVX_ALLOC_UCX, &n->region);
     if (st != PD_OK)
         return node_fail(n, "KV arena registration", st, NULL);
+    eng_kv_layout_t lay = eng_kv_layout_layer_major(n->geom, nblocks);
+    st = n->ops->set_kv_layout != NULL ? n->ops->set_kv_layout(n->model, &lay)
+                                       : PD_ERR_UNSUPPORTED;
+    if (st != PD_OK)
+        return node_fail(n, "KV layout", st, NULL);
     st = kvx_blocks_create(n->region, nblocks, &n->blocks);
     if (st != PD_OK)
         return node_fail(n, "block allocator", st, NULL);

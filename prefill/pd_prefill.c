@@ -18,12 +18,15 @@
 
 #define PF_COMP "prefill"
 
+static const char *const pf_kv_streams[] = { "layer", "whole", NULL };
+
 static const pd_cfg_field_t pf_fields[] = {
     NODE_HEAD_ROWS(pf_config_t, "daemon id (default prefill-<pid>)")
     PD_CFG_ROW(pf_config_t, max_queue, "max-queue", UINT, "64", "requests queued or computing before OVERLOADED", 1, 1e6, NULL),
     PD_CFG_ROW(pf_config_t, lease_ttl_ns, "lease-ttl", DURATION, "30s", "KV lease length after PREFILL_DONE", 1e6, 600e9, NULL),
     PD_CFG_ROW(pf_config_t, max_prompt_tokens, "max-prompt-tokens", UINT, "1048576", "longest prompt accepted", 1, 1048576, NULL),
     PD_CFG_ROW(pf_config_t, src_pull_timeout_ns, "src-pull-timeout", DURATION, "2s", "deadline of a pull from a decode's cached prefix (then computed here)", 1e6, 600e9, NULL),
+    PD_CFG_ROW(pf_config_t, kv_stream, "kv-stream", ENUM, "whole", "layer: export the KV lease at admission and publish each layer as it is computed (the decode pulls layer by layer); whole: export after the whole prompt pass", 0, 0, pf_kv_streams),
     NODE_TAIL_ROWS(pf_config_t)
     PD_CFG_END,
 };
@@ -121,6 +124,16 @@ static bool pf_can_reply(pf_t *pf, pf_req_t *r)
 
 /* ---- compute thread ----------------------------------------------------- */
 
+/* Compute thread: layer `layer` of positions [0, pos_end) is in the arena:
+ * publish its complete blocks (all of them once the prompt is done). */
+static void pf_layer_hook(void *arg, uint32_t layer, uint32_t pos_end)
+{
+    pf_req_t *r = arg;
+    uint32_t blocks = pos_end >= r->n_prompt ? r->nr.n_blocks
+                                             : pos_end / r->pf->n.geom->block_tokens;
+    kvx_ready_publish(&r->ready, layer, blocks);
+}
+
 static void pf_job_run(eng_job_t *job)
 {
     pf_req_t *r = (pf_req_t *)job;
@@ -132,9 +145,13 @@ static void pf_job_run(eng_job_t *job)
         return;
     }
     /* KV of [0, n_cached) is already in the first (cached, read-only) blocks */
+    if (r->early)
+        pf->n.ops->set_layer_hook(pf->n.model, pf_layer_hook, r);
     pd_status_t st = pf->n.ops->prefill(pf->n.model, kvx_region_base(pf->n.region), r->nr.blocks,
                                       r->nr.n_blocks, r->prompt + r->n_cached,
                                       r->n_prompt - r->n_cached, r->n_cached, pf->logits);
+    if (r->early)
+        pf->n.ops->set_layer_hook(pf->n.model, NULL, NULL);
     if (st == PD_OK) {
         eng_sampler_t s;
         eng_sampler_init(&s, &r->sp);
@@ -151,10 +168,25 @@ static void pf_job_run(eng_job_t *job)
 
 /* ---- loop: compute done -> export -> PREFILL_DONE ------------------------ */
 
+/* End a request whose job is done in state `to`. An early lease still live
+ * is revoked first: the request ends when its on_lease_end comes (the blocks
+ * are unpinned by then). */
+static void pf_req_end(pf_t *pf, pf_req_t *r, pf_state_t to)
+{
+    if (r->early && !r->lease_over) {
+        r->final = to;
+        if (kvx_lease_revoke(pf->n.kvx, r->lease) == PD_OK)
+            return;
+        r->lease_over = true;
+    }
+    pf_req_set_state(r, to);
+}
+
 static void pf_job_done(eng_job_t *job)
 {
     pf_req_t *r = (pf_req_t *)job;
     pf_t *pf = r->pf;
+    r->job_done = true;
     if (job->aborted) {
         r->cstatus = PD_ERR_SHUTDOWN;
         r->run_start_ns = r->run_end_ns = pd_now_ns();
@@ -163,14 +195,16 @@ static void pf_job_done(eng_job_t *job)
     if (atomic_load(&r->cancel) || pf->n.stopping) {
         if (pf_can_reply(pf, r) && !pf->n.stopping)
             node_send_error(&pf->n, r->nr.link, r->nr.id, PD_ERR_CANCELED, "canceled");
-        pf_req_set_state(r, PF_ST_CANCELED);
+        r->reply_pending = false;
+        pf_req_end(pf, r, PF_ST_CANCELED);
         return;
     }
     if (r->cstatus != PD_OK) {
         pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "prefill failed: %s", pd_status_str(r->cstatus));
         if (pf_can_reply(pf, r))
             node_send_error(&pf->n, r->nr.link, r->nr.id, r->cstatus, "prefill: %s", pd_status_str(r->cstatus));
-        pf_req_set_state(r, PF_ST_FAILED);
+        r->reply_pending = false;
+        pf_req_end(pf, r, PF_ST_FAILED);
         return;
     }
     pd_stats_observe_ns(pf->n.stats, PF_STAT_prefill_time, r->run_end_ns - r->run_start_ns);
@@ -182,13 +216,25 @@ static void pf_job_done(eng_job_t *job)
         (void)kvx_prefix_insert(pf->n.prefix, r->prompt, r->n_prompt, r->nr.blocks,
                                 r->nr.n_blocks, NULL);
     if (!pf_can_reply(pf, r)) { /* the router that asked is gone */
-        pf_req_set_state(r, PF_ST_CANCELED);
+        pf_req_end(pf, r, PF_ST_CANCELED);
         return;
     }
-    uint8_t handle[KVX_HANDLE_MAX_BYTES];
-    size_t hlen = 0;
-    pd_status_t st = node_export(&pf->n, &r->nr, r->target, r->nr.blocks, r->nr.n_blocks,
-                                 r->lease_ttl_ns, handle, sizeof(handle), &hlen, &r->lease);
+    pd_status_t st = PD_OK;
+    uint64_t lease_left = r->lease_ttl_ns;
+    if (r->early) { /* exported at admission; the lease may have ended since */
+        uint64_t age = pd_now_ns() - r->exported_ns;
+        lease_left = age < r->lease_ttl_ns ? r->lease_ttl_ns - age : 0;
+        if (r->lease_over || lease_left == 0) {
+            pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "lease ended during the prompt pass");
+            node_send_error(&pf->n, r->nr.link, r->nr.id, PD_ERR_EXPIRED, "kv lease ended during prefill");
+            r->reply_pending = false;
+            pf_req_end(pf, r, PF_ST_FAILED);
+            return;
+        }
+    } else {
+        st = node_export(&pf->n, &r->nr, r->target, r->nr.blocks, r->nr.n_blocks,
+                         r->lease_ttl_ns, r->handle, sizeof(r->handle), &r->hlen, &r->lease);
+    }
     if (st != PD_OK) {
         pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "export: %s", pd_status_str(st));
         node_send_error(&pf->n, r->nr.link, r->nr.id, st == PD_ERR_NO_SPACE ? PD_ERR_OVERLOADED : st,
@@ -205,9 +251,9 @@ static void pf_job_done(eng_job_t *job)
     d->first_token = r->token0;
     d->n_prompt_tokens = r->n_prompt;
     d->lease_id = node_lease_wire_id(r->lease);
-    d->lease_ns = r->lease_ttl_ns;
-    d->kv_handle.p = handle;
-    d->kv_handle.len = (uint32_t)hlen;
+    d->lease_ns = lease_left;
+    d->kv_handle.p = r->handle;
+    d->kv_handle.len = (uint32_t)r->hlen;
     d->queue_ns = r->run_start_ns - r->t[PF_ST_COMPUTING];
     d->prefill_ns = r->run_end_ns - r->run_start_ns;
     d->cached_tokens = r->n_cached;
@@ -232,6 +278,14 @@ static void pf_on_lease_end(node_t *n, node_req_t *nr, kvx_lease_end_t why)
 {
     (void)n;
     pf_req_t *r = NODE_REQ(nr, pf_req_t);
+    if (r->early && r->state == PF_ST_COMPUTING) {
+        /* an early lease ended (released, expired, revoked) before or while
+         * the job ran: the blocks stay until the job is done */
+        r->lease_over = true;
+        if (r->job_done)
+            pf_req_set_state(r, r->final);
+        return;
+    }
     if (r->state != PF_ST_LEASED) {
         pd_log(PD_LOG_ERROR, PF_COMP, r->nr.id, "lease end in state %s", pf_state_names[r->state]);
         return;
@@ -267,14 +321,37 @@ static pd_status_t pf_take_blocks(pf_t *pf, pf_req_t *r, uint32_t nb)
 /* To the compute thread (from NEW or PULLING). */
 static void pf_compute_start(pf_t *pf, pf_req_t *r)
 {
+    pd_status_t st;
+    if (pf->cfg.kv_stream == PF_KV_STREAM_LAYER) {
+        /* the lease now, before compute: cached (and pulled) blocks are
+         * ready at once, the rest layer by layer (pf_layer_hook) */
+        st = node_export_stream(&pf->n, &r->nr, r->target, r->nr.blocks, r->nr.n_blocks,
+                                r->lease_ttl_ns, r->n_cached / pf->n.geom->block_tokens,
+                                r->handle, sizeof(r->handle), &r->hlen, &r->lease, &r->ready);
+        if (st != PD_OK) {
+            pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "export: %s", pd_status_str(st));
+            if (pf_can_reply(pf, r))
+                node_send_error(&pf->n, r->nr.link, r->nr.id,
+                                st == PD_ERR_NO_SPACE ? PD_ERR_OVERLOADED : st, "kv export: %s",
+                                pd_status_str(st));
+            r->reply_pending = false;
+            if (r->state != PF_ST_COMPUTING)
+                pf_req_set_state(r, PF_ST_COMPUTING); /* to a terminal state from here */
+            pf_req_set_state(r, PF_ST_FAILED);
+            return;
+        }
+        r->early = true;
+        r->exported_ns = pd_now_ns();
+    }
     pf_req_set_state(r, PF_ST_COMPUTING);
-    pd_status_t st = eng_runner_submit(pf->n.runner, &r->job);
+    st = eng_runner_submit(pf->n.runner, &r->job);
     if (st != PD_OK) { /* cannot happen below max_queue; answer anyway */
         if (pf_can_reply(pf, r))
             node_send_error(&pf->n, r->nr.link, r->nr.id, PD_ERR_OVERLOADED, "compute queue: %s",
                             pd_status_str(st));
         r->reply_pending = false;
-        pf_req_set_state(r, PF_ST_FAILED);
+        r->job_done = true;
+        pf_req_end(pf, r, PF_ST_FAILED);
     }
 }
 

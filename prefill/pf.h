@@ -15,7 +15,13 @@
  * failed request (it computes from its own cached prefix instead).
  *
  * Blocks are freed only on entering a terminal state; a LEASED request's
- * blocks only after kvx's on_lease_end (the lease is over, pins are 0). */
+ * blocks only after kvx's on_lease_end (the lease is over, pins are 0).
+ *
+ * kv-stream=layer: the lease is exported (streamed) at admission, before
+ * COMPUTING; the compute thread publishes each layer's readiness. The
+ * request stays COMPUTING until its job returns whatever happens to the
+ * lease meanwhile (the blocks are being written); a failed or canceled job
+ * revokes the lease and ends when on_lease_end comes (r->final). */
 #ifndef PF_H
 #define PF_H
 
@@ -31,7 +37,10 @@ typedef struct {
     uint64_t lease_ttl_ns;
     uint64_t max_prompt_tokens;
     uint64_t src_pull_timeout_ns;       /* deadline of a pull from a decode's cache */
+    int kv_stream;                      /* PF_KV_STREAM_* */
 } pf_config_t;
+
+enum { PF_KV_STREAM_LAYER = 0, PF_KV_STREAM_WHOLE = 1 }; /* pf_kv_streams order; default whole */
 
 #define PF_STATES(X)                                                          \
     X(NEW,       "new")                                                       \
@@ -81,6 +90,15 @@ typedef struct pf_req {
     uint64_t pull_id;
     bool pull_live;
     uint64_t pull_ns;
+    /* kv-stream=layer: exported at admission */
+    bool early;                         /* lease exported before compute */
+    bool lease_over;                    /* it ended while COMPUTING */
+    bool job_done;                      /* pf_job_done ran */
+    pf_state_t final;                   /* the terminal state on lease end */
+    kvx_ready_t ready;                  /* readiness words (compute thread) */
+    uint64_t exported_ns;
+    size_t hlen;
+    uint8_t handle[KVX_HANDLE_MAX_BYTES];
 } pf_req_t;
 
 struct pf {

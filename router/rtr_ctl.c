@@ -456,6 +456,15 @@ static void on_request_msg(proto_conn_t *conn, const proto_msg_t *msg, void *arg
         proto_conn_close(conn, PD_ERR_AUTH);
         return;
     }
+    if (msg->hdr.type == PROTO_MSG_PREFILL_DONE) {
+        /* that prompt is no longer outstanding there: do not wait for the
+         * next heartbeat to say so (the KV-aware pick weighs it against
+         * the cached prefix; a stale figure sends a request that shares the
+         * prefix to another prefill) */
+        uint64_t *o = &cc->be->hb.outstanding_prefill_tokens;
+        uint32_t n = msg->u.prefill_done.n_prompt_tokens;
+        *o = *o > n ? *o - n : 0;
+    }
     cc->r->on_backend_msg(cc->r, cc->be, msg);
 }
 

@@ -71,6 +71,9 @@ typedef struct {
 
 struct eng_model {
     gguf_t *gguf;
+    eng_kv_layout_t lay;       /* where a layer block lives in the arena */
+    eng_layer_hook_t hook;     /* prefill: layer done (compute thread) */
+    void *hook_arg;
     ll_arch_t arch;
     uint32_t n_embd, n_layers, n_heads, n_kv_heads, head_dim, n_ff, vocab;
     uint32_t q_dim, kv_dim;
@@ -709,9 +712,11 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     g->bytes_per_token = (uint64_t)m->n_layers * 2 * m->kv_dim *
                          (opts->kv_dtype == ENG_KV_F16 ? 2 : 4);
     g->block_bytes = g->block_tokens * g->bytes_per_token;
+    g->layer_block_bytes = g->block_bytes / m->n_layers;
     g->vocab_size = m->vocab;
     g->context_length = ctx_len;
     g->compat_hash = ll_compat_hash(m);
+    m->lay = eng_kv_layout_block_major(g);
 
     m->n_threads = opts->n_threads ? opts->n_threads : ll_online_cores();
     if (m->n_threads > LL_MAX_THREADS)
@@ -773,8 +778,8 @@ static inline size_t ll_kv_off(const eng_model_t *m, const ll_tok_t *t, uint32_t
     uint32_t blk = t->bt[pos / g->block_tokens];
     uint32_t slot = pos % g->block_tokens;
     size_t esz = g->kv_dtype == ENG_KV_F16 ? 2 : 4;
-    return (size_t)blk * (g->block_bytes / esz) +
-           (((size_t)layer * 2 + kv) * g->block_tokens + slot) * m->kv_dim;
+    return (size_t)blk * (m->lay.block_stride / esz) + (size_t)layer * (m->lay.layer_stride / esz) +
+           ((size_t)kv * g->block_tokens + slot) * m->kv_dim;
 }
 
 static void ll_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
@@ -835,9 +840,10 @@ static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
         size_t hoff = (size_t)(h / group) * hd;
         const uint32_t btk = m->geom.block_tokens, kvd = m->kv_dim;
         const size_t esz = f16 ? 2 : 4;
-        const size_t blk_elems = m->geom.block_bytes / esz;
-        const size_t koff = ((size_t)c->layer * 2 + 0) * btk * kvd + hoff;
-        const size_t voff = ((size_t)c->layer * 2 + 1) * btk * kvd + hoff;
+        const size_t blk_elems = m->lay.block_stride / esz;
+        const size_t loff = (size_t)c->layer * (m->lay.layer_stride / esz);
+        const size_t koff = loff + (size_t)0 * btk * kvd + hoff;
+        const size_t voff = loff + (size_t)1 * btk * kvd + hoff;
         const uint32_t n_pos = t->pos + 1;
         /* sliding-window layer: positions (pos - n_swa, pos] only */
         const uint32_t lo = c->swa && n_pos > m->n_swa ? n_pos - m->n_swa : 0;
@@ -1015,7 +1021,7 @@ static void ll_moe(eng_model_t *m, const ll_layer_t *L, uint32_t n)
 
 /* One pass over n <= t_max tokens. Logits of toks[logit_from..n) go to
  * logits (n - logit_from, vocab). */
-static void ll_forward(eng_model_t *m, uint8_t *arena, const ll_tok_t *toks,
+static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const ll_tok_t *toks,
                        uint32_t n, float *logits, uint32_t logit_from)
 {
     const uint32_t E = m->n_embd, half = m->rope_dim / 2;
@@ -1097,6 +1103,9 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, const ll_tok_t *toks,
                 memcpy(kc + vo, v, m->kv_dim * sizeof(float));
             }
         }
+
+        if (hook_pos && m->hook) /* this chunk's layer-l KV is written */
+            m->hook(m->hook_arg, l, hook_pos);
 
         ll_att_ctx_t ac = { m, arena, toks, n, l, L->swa };
         uint64_t att_work = 0; /* positions x heads: tiny passes stay inline */
@@ -1194,7 +1203,7 @@ static pd_status_t ll_prefill(eng_model_t *m, void *arena, const uint32_t *block
             toks[i].nb = n_blocks;
         }
         int last = c0 + cn == n_tokens;
-        ll_forward(m, arena, toks, cn, last ? logits : NULL, cn - 1);
+        ll_forward(m, arena, start_pos + c0 + cn, toks, cn, last ? logits : NULL, cn - 1);
     }
     return PD_OK;
 }
@@ -1221,9 +1230,29 @@ static pd_status_t ll_decode(eng_model_t *m, void *arena, const eng_decode_item_
             toks[i].bt = items[b0 + i].block_table;
             toks[i].nb = items[b0 + i].n_blocks;
         }
-        ll_forward(m, arena, toks, bn, logits + (size_t)b0 * m->vocab, 0);
+        ll_forward(m, arena, 0, toks, bn, logits + (size_t)b0 * m->vocab, 0);
     }
     return PD_OK;
+}
+
+static pd_status_t ll_set_kv_layout(eng_model_t *m, const eng_kv_layout_t *lay)
+{
+    const uint64_t lbb = m ? m->geom.layer_block_bytes : 0;
+    if (!m || !lay)
+        return PD_ERR_BAD_INPUT;
+    if (!((lay->layer_stride == lbb && lay->block_stride == m->geom.block_bytes) ||
+          (lay->block_stride == lbb && lay->layer_stride >= lbb && lay->layer_stride % lbb == 0)))
+        return PD_ERR_BAD_INPUT;
+    m->lay = *lay;
+    return PD_OK;
+}
+
+static void ll_set_layer_hook(eng_model_t *m, eng_layer_hook_t hook, void *arg)
+{
+    if (!m)
+        return;
+    m->hook = hook;
+    m->hook_arg = arg;
 }
 
 const eng_ops_t eng_llama_ops = {
@@ -1233,4 +1262,6 @@ const eng_ops_t eng_llama_ops = {
     .geometry = ll_geometry,
     .prefill = ll_prefill,
     .decode = ll_decode,
+    .set_kv_layout = ll_set_kv_layout,
+    .set_layer_hook = ll_set_layer_hook,
 };

@@ -36,6 +36,9 @@ struct eng_model {
     uint64_t *tmpl;                /* (n_layers, 2, row_bytes / 8 + 1) random rows */
     uint64_t tmpl_words;           /* words per template row */
     XXH3_state_t *hs;              /* checksum state, compute thread only */
+    eng_kv_layout_t lay;           /* where a layer block lives in the arena */
+    eng_layer_hook_t hook;         /* prefill: layer done (compute thread) */
+    void *hook_arg;
     eng_sim_stats_t stats;         /* updated with relaxed atomics */
 };
 
@@ -272,6 +275,7 @@ static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     g->kv_dtype = opts->kv_dtype;
     g->bytes_per_token = (uint64_t)m->p.n_layers * 2 * m->row_bytes;
     g->block_bytes = (uint64_t)g->block_tokens * g->bytes_per_token;
+    g->layer_block_bytes = g->block_bytes / m->p.n_layers;
     g->vocab_size = m->p.vocab;
     g->context_length = m->p.ctx;
     if (g->block_tokens > 4096 || g->block_bytes > SIM_MAX_BLOCK_BYTES) {
@@ -281,6 +285,7 @@ static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
         goto err_free;
     }
     g->compat_hash = sim_compat_hash(m);
+    m->lay = eng_kv_layout_block_major(g);
     m->hs = XXH3_createState();
     if (m->hs == NULL || make_templates(m) != PD_OK) {
         status = PD_ERR_NO_MEMORY;
@@ -370,19 +375,29 @@ static pd_status_t make_templates(eng_model_t *m)
 static inline uint8_t *row_ptr(const eng_model_t *m, void *arena, uint32_t block,
                                uint32_t layer, uint32_t kv, uint32_t slot)
 {
-    return (uint8_t *)arena + (uint64_t)block * m->geom.block_bytes +
-           (((uint64_t)layer * 2 + kv) * m->geom.block_tokens + slot) * m->row_bytes;
+    return (uint8_t *)arena + (uint64_t)block * m->lay.block_stride +
+           (uint64_t)layer * m->lay.layer_stride +
+           ((uint64_t)kv * m->geom.block_tokens + slot) * m->row_bytes;
+}
+
+/* One layer's K and V rows of one token. */
+static void write_token_layer_kv(eng_model_t *m, void *arena, const uint32_t *bt,
+                                 int32_t token, uint32_t pos, uint32_t l)
+{
+    uint32_t block = bt[pos / m->geom.block_tokens], slot = pos % m->geom.block_tokens;
+    uint32_t kv;
+
+    for (kv = 0; kv < 2; kv++)
+        fill_row(m, row_ptr(m, arena, block, l, kv, slot), token, pos, l, kv);
 }
 
 static void write_token_kv(eng_model_t *m, void *arena, const uint32_t *bt,
                            int32_t token, uint32_t pos)
 {
-    uint32_t block = bt[pos / m->geom.block_tokens], slot = pos % m->geom.block_tokens;
-    uint32_t l, kv;
+    uint32_t l;
 
     for (l = 0; l < m->p.n_layers; l++)
-        for (kv = 0; kv < 2; kv++)
-            fill_row(m, row_ptr(m, arena, block, l, kv, slot), token, pos, l, kv);
+        write_token_layer_kv(m, arena, bt, token, pos, l);
     STAT_ADD(m, kv_bytes_written, m->geom.bytes_per_token);
 }
 
@@ -415,8 +430,15 @@ static uint64_t kv_checksum(eng_model_t *m, const void *arena, const uint32_t *b
     for (i = 0; i < n_blk; i++) {
         uint32_t valid = i + 1 < n_blk || n_pos % bt_tokens == 0 ? bt_tokens : n_pos % bt_tokens;
         if (valid == bt_tokens && !m->p.kv_sample) {
-            hash_range(m, (const uint8_t *)arena + (uint64_t)bt[i] * m->geom.block_bytes,
-                       m->geom.block_bytes);
+            /* a full block: its layer blocks in layer order hash like the
+             * block-major block in one piece (XXH3 streams) */
+            if (m->lay.layer_stride == m->geom.layer_block_bytes)
+                hash_range(m, row_ptr(m, (void *)(uintptr_t)arena, bt[i], 0, 0, 0),
+                           m->geom.block_bytes);
+            else
+                for (l = 0; l < m->p.n_layers; l++)
+                    hash_range(m, row_ptr(m, (void *)(uintptr_t)arena, bt[i], l, 0, 0),
+                               m->geom.layer_block_bytes);
             continue;
         }
         for (l = 0; l < m->p.n_layers; l++)
@@ -447,6 +469,23 @@ static void make_logits(const eng_model_t *m, uint64_t kv_hash, uint32_t pos, fl
 
 /* ---- timing ---------------------------------------------------------------- */
 
+/* Sleep until t0 + target (unless no_sleep); the time slept is counted. */
+static void sim_sleep_until(eng_model_t *m, uint64_t t0, uint64_t target)
+{
+    uint64_t now = pd_now_ns();
+
+    if (m->p.no_sleep || now - t0 >= target)
+        return;
+    {
+        uint64_t until = t0 + target;
+        struct timespec ts = { .tv_sec = (time_t)(until / PD_NS_PER_S),
+                               .tv_nsec = (long)(until % PD_NS_PER_S) };
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+            ;
+        STAT_ADD(m, slept_ns, pd_now_ns() - now);
+    }
+}
+
 static void sim_account(eng_model_t *m, uint64_t t0, uint64_t modeled)
 {
     uint64_t target = (uint64_t)((double)modeled / m->p.speedup);
@@ -459,16 +498,7 @@ static void sim_account(eng_model_t *m, uint64_t t0, uint64_t modeled)
         STAT_ADD(m, late_ns, real - target);
         return;
     }
-    if (m->p.no_sleep)
-        return;
-    {
-        uint64_t until = t0 + target;
-        struct timespec ts = { .tv_sec = (time_t)(until / PD_NS_PER_S),
-                               .tv_nsec = (long)(until % PD_NS_PER_S) };
-        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
-            ;
-        STAT_ADD(m, slept_ns, pd_now_ns() - now);
-    }
+    sim_sleep_until(m, t0, target);
 }
 
 /* ---- ops ---------------------------------------------------------------------- */
@@ -499,8 +529,24 @@ static pd_status_t sim_prefill(eng_model_t *m, void *arena, const uint32_t *bt,
         if (st != PD_OK)
             return st;
     }
-    for (i = 0; i < n_tokens; i++)
-        write_token_kv(m, arena, bt, tokens[i], start_pos + i);
+    if (m->hook == NULL) {
+        for (i = 0; i < n_tokens; i++)
+            write_token_kv(m, arena, bt, tokens[i], start_pos + i);
+    } else {
+        /* layer by layer, each layer's share of the modeled time spent
+         * before its hook runs, as a real engine would (the bytes written
+         * are the same) */
+        uint64_t target = (uint64_t)((double)eng_sim_prefill_ns(&m->p, n_tokens) /
+                                     m->p.speedup);
+        uint32_t l;
+        for (l = 0; l < m->p.n_layers; l++) {
+            for (i = 0; i < n_tokens; i++)
+                write_token_layer_kv(m, arena, bt, tokens[i], start_pos + i, l);
+            sim_sleep_until(m, t0, target / m->p.n_layers * (l + 1));
+            m->hook(m->hook_arg, l, start_pos + n_tokens);
+        }
+        STAT_ADD(m, kv_bytes_written, (uint64_t)n_tokens * m->geom.bytes_per_token);
+    }
     if (logits != NULL)
         make_logits(m, kv_checksum(m, arena, bt, start_pos + n_tokens),
                     start_pos + n_tokens - 1, logits);
@@ -539,6 +585,30 @@ static pd_status_t sim_decode(eng_model_t *m, void *arena, const eng_decode_item
     return PD_OK;
 }
 
+static pd_status_t sim_set_kv_layout(eng_model_t *m, const eng_kv_layout_t *lay)
+{
+    const uint64_t lbb = m->geom.layer_block_bytes;
+
+    if (m == NULL || m->magic != SIM_MAGIC || lay == NULL)
+        return PD_ERR_BAD_INPUT;
+    /* layer blocks must not overlap: one stride is the layer block, the
+     * other a multiple of it covering every block/layer of the first */
+    if (!((lay->layer_stride == lbb && lay->block_stride == m->geom.block_bytes) ||
+          (lay->block_stride == lbb && lay->layer_stride >= lbb &&
+           lay->layer_stride % lbb == 0)))
+        return PD_ERR_BAD_INPUT;
+    m->lay = *lay;
+    return PD_OK;
+}
+
+static void sim_set_layer_hook(eng_model_t *m, eng_layer_hook_t hook, void *arg)
+{
+    if (m == NULL || m->magic != SIM_MAGIC)
+        return;
+    m->hook = hook;
+    m->hook_arg = arg;
+}
+
 const eng_sim_params_t *eng_sim_params(const eng_model_t *m)
 {
     return m != NULL && m->magic == SIM_MAGIC ? &m->p : NULL;
@@ -566,4 +636,6 @@ const eng_ops_t eng_sim_ops = {
     .geometry = sim_geometry,
     .prefill = sim_prefill,
     .decode = sim_decode,
+    .set_kv_layout = sim_set_kv_layout,
+    .set_layer_hook = sim_set_layer_hook,
 };

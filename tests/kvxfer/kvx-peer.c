@@ -56,6 +56,7 @@ static struct {
     struct event *ev_watch;
     uint64_t watch_node;
     uint64_t last_pull;
+    kvx_ready_t ready;          /* the last streamed export's readiness words */
     bool quit;
 } g;
 
@@ -94,13 +95,30 @@ static inline uint64_t pattern(uint64_t seed, uint64_t b, uint64_t w)
     return splitmix(seed * 0x100000001b3ull ^ (b << 40) ^ w);
 }
 
+/* Word w of block b in the region's layout (layer-major with --layers). */
+static uint64_t *word_at(uint64_t b, uint64_t w)
+{
+    uint64_t lw = kvx_region_block_bytes(g.region) / 8 / kvx_region_n_layers(g.region);
+    uint64_t *base = kvx_region_base(g.region);
+    return base + ((w / lw) * kvx_region_n_blocks(g.region) + b) * lw + w % lw;
+}
+
 static void fill(uint64_t seed)
 {
     uint64_t bb = kvx_region_block_bytes(g.region);
-    uint64_t *base = kvx_region_base(g.region);
     for (uint64_t b = 0; b < kvx_region_n_blocks(g.region); b++)
         for (uint64_t w = 0; w < bb / 8; w++)
-            base[b * (bb / 8) + w] = pattern(seed, b, w);
+            *word_at(b, w) = pattern(seed, b, w);
+}
+
+/* Does layer l of local block lb hold layer l of exporter block eb? */
+static bool layer_matches(uint32_t l, uint64_t lb, uint64_t eb, uint64_t seed)
+{
+    uint64_t lw = kvx_region_block_bytes(g.region) / 8 / kvx_region_n_layers(g.region);
+    for (uint64_t w = l * lw; w < (l + 1) * lw; w++)
+        if (*word_at(lb, w) != pattern(seed, eb, w))
+            return false;
+    return true;
 }
 
 static char *hex_of(const uint8_t *b, size_t n)
@@ -147,15 +165,15 @@ static void on_pulled(void *arg, pd_status_t status, const kvx_pull_result_t *re
     if (status == PD_OK) {
         /* every byte must equal the exporter's pattern for its block */
         uint64_t bb = kvx_region_block_bytes(g.region);
-        const uint64_t *base = kvx_region_base(g.region);
         uint32_t i = 0;
         verify = "ok";
         for (unsigned r = 0; r < pc->imp.h.n_runs; r++) {
             for (uint32_t k = 0; k < pc->imp.h.runs[r].count; k++, i++) {
                 uint64_t eb = pc->imp.h.runs[r].start + k;
-                const uint64_t *lb = base + (uint64_t)pc->local[i] * (bb / 8);
+                if (pc->local[i] == KVX_PULL_SKIP)
+                    continue;
                 for (uint64_t w = 0; w < bb / 8; w++) {
-                    if (lb[w] != pattern(pc->seed, eb, w)) {
+                    if (*word_at(pc->local[i], w) != pattern(pc->seed, eb, w)) {
                         verify = "bad";
                         goto done;
                     }
@@ -166,9 +184,9 @@ static void on_pulled(void *arg, pd_status_t status, const kvx_pull_result_t *re
 done:
     if (pc->release && status == PD_OK)
         kvx_lease_release(g.ctx, &pc->imp);
-    reply("event pulled %s %s %llu %llu", pd_status_name(status), verify,
+    reply("event pulled %s %s %llu %llu polls=%u partial=%u", pd_status_name(status), verify,
           (unsigned long long)res->bytes,
-          (unsigned long long)(res->latency_ns / 1000));
+          (unsigned long long)(res->latency_ns / 1000), res->polls, res->polls_partial);
     free(pc->local);
     free(pc);
 }
@@ -232,6 +250,34 @@ static void command(char *line)
         char *h = hex_of(buf, len);
         reply("handle %s %u %llu", h, lid.slot, (unsigned long long)lid.gen);
         free(h);
+    } else if (!strcmp(c, "exports") && argc == 5) {
+        /* streamed: exports <importer> <ttl_ms> <blocks> <blocks ready> */
+        uint32_t *blocks;
+        uint32_t n = parse_list(argv[3], &blocks);
+        size_t len;
+        kvx_lease_id_t lid;
+        st = kvx_export_stream(g.region, strtoull(argv[1], NULL, 0), blocks, n,
+                               strtoull(argv[2], NULL, 0) * PD_NS_PER_MS, 0,
+                               (uint32_t)strtoul(argv[4], NULL, 0), buf, KVX_HANDLE_MAX_BYTES,
+                               &len, &lid, &g.ready);
+        free(blocks);
+        if (st != PD_OK) {
+            reply("err %s", pd_status_name(st));
+            return;
+        }
+        char *h = hex_of(buf, len);
+        reply("handle %s %u %llu", h, lid.slot, (unsigned long long)lid.gen);
+        free(h);
+    } else if (!strcmp(c, "ready") && argc == 3) {
+        /* ready <layer> <blocks>: publish on the last streamed lease */
+        kvx_ready_publish(&g.ready, (uint32_t)strtoul(argv[1], NULL, 0),
+                          (uint32_t)strtoul(argv[2], NULL, 0));
+        reply("ok");
+    } else if (!strcmp(c, "check") && argc == 5) {
+        /* check <layer> <local block> <exporter block> <seed> */
+        reply(layer_matches((uint32_t)strtoul(argv[1], NULL, 0), strtoull(argv[2], NULL, 0),
+                            strtoull(argv[3], NULL, 0), strtoull(argv[4], NULL, 0))
+                  ? "match" : "nomatch");
     } else if (!strcmp(c, "exportpart") && argc == 4) {
         /* a set that may need several handles: "handles <n> <hex>,<hex>.." */
         uint32_t *blocks;
@@ -397,7 +443,7 @@ static void on_stdin(evutil_socket_t fd, short what, void *arg)
 int main(int argc, char **argv)
 {
     kvx_config_t cfg;
-    uint64_t blocks = 64, block_bytes = 64 << 10;
+    uint64_t blocks = 64, block_bytes = 64 << 10, layers = 1;
     kvx_alloc_t alloc = KVX_ALLOC_UCX;
 
     kvx_config_default(&cfg);
@@ -422,6 +468,10 @@ int main(int argc, char **argv)
             cfg.err_mode = KVX_ERRMODE_AUTO;
         else if (!strncmp(a, "--max-op-bytes=", 15))
             cfg.max_op_bytes = strtoull(a + 15, NULL, 0);
+        else if (!strncmp(a, "--layers=", 9))
+            layers = strtoull(a + 9, NULL, 0);
+        else if (!strncmp(a, "--poll-us=", 10))
+            cfg.ready_poll_ns = strtoull(a + 10, NULL, 0) * 1000;
         else if (!strncmp(a, "--max-ops=", 10))
             cfg.max_ops_in_flight = (uint32_t)strtoul(a + 10, NULL, 0);
         else {
@@ -429,6 +479,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    cfg.ready_layers = (uint32_t)layers;
     signal(SIGPIPE, SIG_IGN);
     g.base = event_base_new();
     pd_status_t st = kvx_ctx_create(&cfg, g.base, &g.ctx);
@@ -436,8 +487,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvx-peer: kvx_ctx_create: %s\n", pd_status_str(st));
         return 1;
     }
-    st = kvx_region_register(g.ctx, 1, block_bytes, (uint32_t)blocks, 0xC0FFEE,
-                             alloc, &g.region);
+    st = kvx_region_register_layers(g.ctx, 1, block_bytes, (uint32_t)blocks, (uint32_t)layers,
+                                    0xC0FFEE, alloc, &g.region);
     if (st != PD_OK) {
         fprintf(stderr, "kvx-peer: kvx_region_register: %s\n", pd_status_str(st));
         return 1;

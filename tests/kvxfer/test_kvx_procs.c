@@ -205,6 +205,101 @@ static size_t unhex_n(const char *s, uint8_t *out)
     return n;
 }
 
+/* ---- layer streaming ----------------------------------------------------- */
+
+/* A layer-major region of 4 layers. A streamed lease (KVX_HANDLE_F_STREAM)
+ * whose readiness the exporter publishes layer by layer: the importer's
+ * pull gets exactly the layers published (layer 0 lands while layer 1 is
+ * still absent, a half-ready layer lands half), finishes only once every
+ * layer is ready, with every byte right; a lease revoked mid-stream ends
+ * the pull STALE at once; a lease never ready ends at the deadline. */
+static void test_stream_layers(void **state)
+{
+    (void)state;
+    pair_t *pp = pair_start("--blocks=64", "--block-bytes=65536", "--layers=4",
+                            "--layers=4 --poll-us=200");
+    char *eb = range(0, 15, 1), *lb = range(16, 31, 1);
+    char *h = export(&pp->e, 2, 10000, eb); /* plain export: complete at once */
+    assert_non_null(h);
+    char *ev = pull(&pp->i, h, 5000, lb, 1);
+    if (strncmp(ev, "event pulled OK ok 1048576 ", 27) != 0 || !strstr(ev, "polls=0 "))
+        fail_msg("plain layered pull: %s", ev);
+    free(ev);
+    free(h);
+
+    assert_string_equal(kp_cmd(&pp->i, "fill 7"), "ok"); /* forget the first pull */
+    const char *l = kp_cmd(&pp->e, "exports 2 10000 %s 0", eb);
+    assert_true(strncmp(l, "handle ", 7) == 0);
+    h = strdup(l + 7);
+    *strchr(h, ' ') = 0;
+    l = kp_cmd(&pp->i, "pull %s 5000 %s 42 1", h, lb);
+    assert_true(strncmp(l, "started ", 8) == 0);
+    poll(NULL, 0, 50);
+    assert_int_equal(gauges(&pp->i).pulls, 1); /* nothing ready: still waiting */
+    assert_string_equal(kp_cmd(&pp->i, "check 0 16 0 42"), "nomatch");
+    assert_string_equal(kp_cmd(&pp->e, "ready 0 16"), "ok");
+    assert_string_equal(kp_cmd(&pp->e, "ready 1 8"), "ok");
+    poll(NULL, 0, 100);
+    assert_string_equal(kp_cmd(&pp->i, "check 0 16 0 42"), "match");
+    assert_string_equal(kp_cmd(&pp->i, "check 0 31 15 42"), "match");
+    assert_string_equal(kp_cmd(&pp->i, "check 1 23 7 42"), "match");
+    assert_string_equal(kp_cmd(&pp->i, "check 1 24 8 42"), "nomatch");
+    assert_string_equal(kp_cmd(&pp->i, "check 2 16 0 42"), "nomatch");
+    assert_int_equal(gauges(&pp->i).pulls, 1);
+    assert_string_equal(kp_cmd(&pp->e, "ready 1 16"), "ok");
+    assert_string_equal(kp_cmd(&pp->e, "ready 2 16"), "ok");
+    assert_string_equal(kp_cmd(&pp->e, "ready 3 16"), "ok");
+    ev = kp_wait_event(&pp->i, "pulled", 5000);
+    assert_non_null(ev);
+    unsigned polls = 0, partial = 0;
+    const char *pp_s = strstr(ev, "polls=");
+    assert_non_null(pp_s);
+    assert_int_equal(sscanf(pp_s, "polls=%u partial=%u", &polls, &partial), 2);
+    if (strncmp(ev, "event pulled OK ok 1048576 ", 27) != 0 || partial < 2 || polls <= partial)
+        fail_msg("streamed pull: %s", ev);
+    free(ev);
+    free(h);
+
+    /* revoked mid-stream: STALE, long before the deadline */
+    l = kp_cmd(&pp->e, "exports 2 10000 %s 0", eb);
+    assert_true(strncmp(l, "handle ", 7) == 0);
+    h = strdup(l + 7);
+    unsigned slot = 0;
+    unsigned long long gen = 0;
+    char *sp = strchr(h, ' ');
+    *sp = 0;
+    assert_int_equal(sscanf(sp + 1, "%u %llu", &slot, &gen), 2);
+    assert_string_equal(kp_cmd(&pp->e, "ready 0 16"), "ok");
+    l = kp_cmd(&pp->i, "pull %s 8000 %s 42 0", h, lb);
+    assert_true(strncmp(l, "started ", 8) == 0);
+    poll(NULL, 0, 30);
+    uint64_t t0 = pd_now_ns();
+    assert_string_equal(kp_cmd(&pp->e, "revoke %u %llu", slot, gen), "ok");
+    ev = kp_wait_event(&pp->i, "pulled", 5000);
+    assert_non_null(ev);
+    if (strncmp(ev, "event pulled ERR_STALE", 22) != 0 || pd_now_ns() - t0 > 2 * PD_NS_PER_S)
+        fail_msg("revoked mid-stream: %s", ev);
+    free(ev);
+    free(h);
+
+    /* never ready: the deadline ends it */
+    l = kp_cmd(&pp->e, "exports 2 10000 %s 0", eb);
+    assert_true(strncmp(l, "handle ", 7) == 0);
+    h = strdup(l + 7);
+    sp = strchr(h, ' ');
+    *sp = 0;
+    assert_int_equal(sscanf(sp + 1, "%u %llu", &slot, &gen), 2);
+    ev = pull(&pp->i, h, 300, lb, 0);
+    if (strncmp(ev, "event pulled ERR_TIMED_OUT", 26) != 0)
+        fail_msg("never ready: %s", ev);
+    free(ev);
+    assert_string_equal(kp_cmd(&pp->e, "revoke %u %llu", slot, gen), "ok");
+    free(h);
+    free(eb);
+    free(lb);
+    pair_finish(pp, false);
+}
+
 /* ---- correctness ------------------------------------------------------- */
 
 static void test_pull_patterns(void **state)
@@ -618,6 +713,7 @@ int main(int argc, char **argv)
         tls_tcp = true;
     }
     const struct CMUnitTest correct[] = {
+        cmocka_unit_test(test_stream_layers),
         cmocka_unit_test(test_pull_patterns),
         cmocka_unit_test(test_pull_split),
         cmocka_unit_test(test_pull_window),

@@ -250,6 +250,63 @@ static void test_scattered_blocks(void **state)
     f.ops->destroy(f.m);
 }
 
+/* The daemons' layer-major arena: bitwise the same logits and the same
+ * bytes per layer block as the block-major one (scattered blocks, chunked
+ * prefill, a decode step); the layer hook reports every layer of every
+ * internal chunk, in order. */
+typedef struct {
+    uint32_t calls, next_layer, last_pos;
+} ll_hook_rec_t;
+
+static void ll_rec_hook(void *arg, uint32_t layer, uint32_t pos_end)
+{
+    ll_hook_rec_t *h = arg;
+    assert_int_equal(layer, h->next_layer);
+    assert_true(pos_end >= h->last_pos);
+    h->next_layer = layer + 1 == 2 ? 0 : layer + 1; /* 2 layers in this model */
+    h->last_pos = pos_end;
+    h->calls++;
+}
+
+static void test_layer_major(void **state)
+{
+    (void)state;
+    fx_t f;
+    fx_open(&f, ENG_KV_F16, 2, 4, 4);
+    uint32_t V = f.g->vocab_size, nb = 6, n = 22, arena_nb = 12;
+    uint32_t bt[6] = { 11, 2, 7, 0, 9, 4 };
+    int32_t toks[24];
+    make_toks(toks, n + 1, V, 5);
+    uint8_t *a = calloc(arena_nb, f.g->block_bytes), *b = calloc(arena_nb, f.g->block_bytes);
+    float *la = malloc(V * sizeof(float)), *lb = malloc(V * sizeof(float));
+    assert_int_equal(f.g->n_layers, 2);
+    assert_int_equal(f.ops->prefill(f.m, a, bt, nb, toks, n, 0, la), PD_OK);
+    eng_decode_item_t it = { bt, nb, n, toks[n] };
+    assert_int_equal(f.ops->decode(f.m, a, &it, 1, la), PD_OK);
+
+    eng_kv_layout_t lay = eng_kv_layout_layer_major(f.g, arena_nb);
+    assert_int_equal(f.ops->set_kv_layout(f.m, &lay), PD_OK);
+    ll_hook_rec_t hr = { 0 };
+    f.ops->set_layer_hook(f.m, ll_rec_hook, &hr);
+    assert_int_equal(f.ops->prefill(f.m, b, bt, nb, toks, 9, 0, NULL), PD_OK);
+    assert_int_equal(f.ops->prefill(f.m, b, bt, nb, toks + 9, n - 9, 9, lb), PD_OK);
+    assert_true(hr.calls >= 2 * f.g->n_layers);
+    assert_int_equal(hr.last_pos, n);
+    f.ops->set_layer_hook(f.m, NULL, NULL);
+    assert_int_equal(f.ops->decode(f.m, b, &it, 1, lb), PD_OK);
+    assert_memory_equal(la, lb, V * sizeof(float));
+    const uint64_t lbb = f.g->layer_block_bytes;
+    for (uint32_t i = 0; i < 5; i++)
+        for (uint32_t l = 0; l < f.g->n_layers; l++)
+            assert_memory_equal(a + bt[i] * f.g->block_bytes + l * lbb,
+                                b + ((size_t)l * arena_nb + bt[i]) * lbb, lbb);
+    free(a);
+    free(b);
+    free(la);
+    free(lb);
+    f.ops->destroy(f.m);
+}
+
 static void test_chunked_prefill(void **state)
 {
     (void)state;
@@ -560,6 +617,7 @@ int main(void)
         cmocka_unit_test(test_decode_equals_full),
         cmocka_unit_test(test_scattered_blocks),
         cmocka_unit_test(test_chunked_prefill),
+        cmocka_unit_test(test_layer_major),
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_isa_paths_agree),

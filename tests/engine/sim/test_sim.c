@@ -458,6 +458,74 @@ static void test_timing_accounting(void **state)
 }
 
 /* a real-size preset moves real bytes: one block of llama3-8b = 2 MiB */
+/* ---- layer-major layout and the layer hook ---- */
+
+typedef struct {
+    uint32_t calls, last_layer, pos_end[16];
+} hook_rec_t;
+
+static void rec_hook(void *arg, uint32_t layer, uint32_t pos_end)
+{
+    hook_rec_t *h = arg;
+    /* layers come in order within one prefill call */
+    assert_true(h->calls == 0 || layer == h->last_layer + 1 || layer == 0);
+    h->last_layer = layer;
+    if (h->calls < 16)
+        h->pos_end[h->calls] = pos_end;
+    h->calls++;
+}
+
+/* The same model on a layer-major arena (the daemons' layout) gives
+ * bitwise the same logits and the same bytes per layer block, chunked and
+ * with decode steps; the hook reports each layer of each chunk. Both the
+ * full and the sampled KV check. */
+static void layer_major_case(const char *spec)
+{
+    fx_t a, b;
+    uint32_t bt[NB] = { 7, 3, 5, 0, 1, 2, 4, 6 };
+    int32_t tok[60];
+    float la[300], lb[300];
+    hook_rec_t hr = { 0 };
+    uint32_t i, l;
+
+    fx_init(&a, spec, NB);
+    fx_init(&b, spec, NB);
+    eng_kv_layout_t lay = eng_kv_layout_layer_major(b.g, NB), bad = { 1, 1 };
+    assert_int_equal(b.ops->set_kv_layout(b.m, &bad), PD_ERR_BAD_INPUT);
+    assert_int_equal(b.ops->set_kv_layout(b.m, &lay), PD_OK);
+    b.ops->set_layer_hook(b.m, rec_hook, &hr);
+    make_tokens(tok, 60, 3);
+    assert_int_equal(a.ops->prefill(a.m, a.arena, bt, NB, tok, 37, 0, la), PD_OK);
+    assert_int_equal(b.ops->prefill(b.m, b.arena, bt, NB, tok, 20, 0, NULL), PD_OK);
+    assert_int_equal(b.ops->prefill(b.m, b.arena, bt, NB, tok + 20, 17, 20, lb), PD_OK);
+    assert_memory_equal(la, lb, sizeof(la));
+    assert_int_equal(hr.calls, 2 * b.g->n_layers);
+    assert_int_equal(hr.pos_end[0], 20);
+    assert_int_equal(hr.pos_end[b.g->n_layers - 1], 20);
+    assert_int_equal(hr.pos_end[b.g->n_layers], 37);
+    b.ops->set_layer_hook(b.m, NULL, NULL);
+    eng_decode_item_t it = { bt, NB, 37, tok[37] };
+    assert_int_equal(a.ops->decode(a.m, a.arena, &it, 1, la), PD_OK);
+    assert_int_equal(b.ops->decode(b.m, b.arena, &it, 1, lb), PD_OK);
+    assert_memory_equal(la, lb, sizeof(la));
+    assert_int_equal(hr.calls, 2 * b.g->n_layers); /* decode: no hook */
+    /* every layer block of the 3 used blocks: same bytes, moved */
+    const uint64_t lbb = b.g->layer_block_bytes;
+    for (i = 0; i < 3; i++)
+        for (l = 0; l < b.g->n_layers; l++)
+            assert_memory_equal(a.arena + (size_t)bt[i] * a.g->block_bytes + l * lbb,
+                                b.arena + ((size_t)l * NB + bt[i]) * lbb, lbb);
+    fx_fini(&a);
+    fx_fini(&b);
+}
+
+static void test_layer_major(void **state)
+{
+    (void)state;
+    layer_major_case(SMALL);
+    layer_major_case(SMALL ",kv_check=sample");
+}
+
 static void test_real_size_block(void **state)
 {
     fx_t f;
@@ -503,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_kv_check_sample),
         cmocka_unit_test(test_timing_accounting),
         cmocka_unit_test(test_real_size_block),
+        cmocka_unit_test(test_layer_major),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,60 @@
+#!/bin/bash
+# kv-stream.sh - second-token gap vs a full KV pull, kv-stream = layer vs whole
+# (issue 15). One router + one prefill + one decode of the sim engine at the
+# Llama-3-8B geometry (pdctl up deploy/local-1p1d.ini with --set), per
+# transport (UCX_TLS=tcp, then UCX's default = shared memory on one host) and
+# per kv-stream mode; per prompt length, pd-bench sends R requests one at a
+# time (max_tokens 4, ignore EOS) and we print the medians of TTFT, the gap
+# between token 0 and token 1 (itl_ms[0]) and the decode's pull time (kvx
+# pull latency p50 over those requests).
+#   tests/bench/kv-stream.sh BUILD [R] [LENS...]
+set -u
+B=$(cd "${1:-build}" && pwd); R=${2:-5}; shift 2 2>/dev/null; LENS=${*:-1000 3000 6000}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+M="sim:llama3-8b,prefill_tps=10000,decode_ms=20+0.3*b,speedup=1,kv_check=sample"
+admin() { python3 - "$1" "$2" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
+s.sendall((sys.argv[2] + "\n").encode()); b = b""
+while not b.endswith(b"\n"):
+    x = s.recv(1 << 20)
+    if not x: break
+    b += x
+sys.stdout.write(b.decode())
+PY
+}
+printf '| transport | kv-stream | prompt | TTFT p50 ms | gap token0→1 p50 ms | pull p50 ms | gap / pull |\n|---|---|---|---|---|---|---|\n'
+for tls in tcp shm; do
+  for mode in layer whole; do
+   for n in $LENS; do
+    run=$(mktemp -d /tmp/pd-kvstream-XXXXXX)
+    env=(); [ $tls = tcp ] && env=(UCX_TLS=tcp)
+    env "${env[@]}" "$B/tools/pdctl/pdctl" up "$ROOT/deploy/local-1p1d.ini" --run-dir "$run" \
+        --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0 \
+        --set deployment.model="$M" --set deployment.disagg-mode=always \
+        --set prefill.kv-blocks=480 --set decode.kv-blocks=480 --set prefill.kv-stream=$mode \
+        --foreground > "$run/out.txt" 2>&1 &
+    pid=$!
+    for i in $(seq 600); do grep -q 'is ready: ' "$run/out.txt" 2>/dev/null && break; sleep 0.1; done
+    url=$(cat "$run/url")
+      before=$(admin "$run/decode-0.sock" xfer)
+      "$B/tools/bench/pd-bench" --url "$url" --concurrency 1 --num-requests "$R" --warmup 1 \
+          --prompt-ids 1000:100000 --input-len "fixed:$n" --output-len fixed:4 --ignore-eos \
+          --quiet --out "$run/r$n.json" > /dev/null 2>&1
+      after=$(admin "$run/decode-0.sock" xfer)
+      python3 - "$run/r$n.json" "$tls" "$mode" "$n" "$before" "$after" <<'PY'
+import json, sys, statistics as st
+r = json.load(open(sys.argv[1])); tls, mode, n = sys.argv[2:5]
+b, a = json.loads(sys.argv[5]), json.loads(sys.argv[6])
+reqs = [q for q in r.get("requests", []) if q.get("ttft_ms") is not None and q.get("itl_ms")]
+ttft = st.median(q["ttft_ms"] for q in reqs); gap = st.median(q["itl_ms"][0] for q in reqs)
+tb, ta = b.get("xfer", b)["total"], a.get("xfer", a)["total"]
+pulls = ta["pulls_ok"] - tb["pulls_ok"]
+pull = ta["latency"]["p50_ns"] / 1e6   # a fresh deployment per (transport, mode, length)
+print(f"| {tls} | {mode} | {n} | {ttft:.1f} | {gap:.1f} | {pull:.1f} | {gap / pull:.2f} |"
+      + ("" if pulls == len(reqs) + 1 else f" ({pulls} pulls)"))
+PY
+    kill -TERM $pid; wait $pid 2>/dev/null; rm -rf "$run"
+   done
+  done
+done
