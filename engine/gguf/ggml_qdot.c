@@ -546,7 +546,7 @@ __attribute__((target(AVX2_TARGET))) static inline int32_t q4k_imin_avx2(const u
     return hsum8_avx2(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)bsums), mm));
 }
 
-__attribute__((target(AVX2_TARGET))) static void
+__attribute__((target(AVX2_TARGET))) static inline __attribute__((always_inline)) void
 q4k_ints_avx2(const uint8_t *blk, const uint8_t *a, size_t as, uint64_t b, uint32_t ni,
               kq_ints_t *o)
 {
@@ -580,7 +580,7 @@ q4k_ints_avx2(const uint8_t *blk, const uint8_t *a, size_t as, uint64_t b, uint3
     }
 }
 
-__attribute__((target(AVX2_TARGET))) static void
+__attribute__((target(AVX2_TARGET))) static inline __attribute__((always_inline)) void
 q6k_ints_avx2(const uint8_t *blk, const uint8_t *a, size_t as, uint64_t b, uint32_t ni,
               kq_ints_t *o)
 {
@@ -633,7 +633,7 @@ __attribute__((target(VNNI_TARGET))) static inline int32_t hsum16_vnni(__m512i v
     return hsum8_avx2(x);
 }
 
-__attribute__((target(VNNI_TARGET))) static void
+__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
 q4k_ints_vnni(const uint8_t *blk, const uint8_t *a, size_t as, uint64_t b, uint32_t ni,
               kq_ints_t *o)
 {
@@ -667,7 +667,7 @@ q4k_ints_vnni(const uint8_t *blk, const uint8_t *a, size_t as, uint64_t b, uint3
     }
 }
 
-__attribute__((target(VNNI_TARGET))) static void
+__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
 q6k_ints_vnni(const uint8_t *blk, const uint8_t *a, size_t as, uint64_t b, uint32_t ni,
               kq_ints_t *o)
 {
@@ -717,37 +717,48 @@ q6k_ints_vnni(const uint8_t *blk, const uint8_t *a, size_t as, uint64_t b, uint3
     }
 }
 
+/* The integers of blocks [b0, b0 + n) of one row, one call per chunk. */
+#define KQ_CHUNK 32
+#define KQ_CHUNK_FN(NAME, TGT, INTS, BYTES)                                                     \
+    __attribute__((target(TGT))) static void NAME(const uint8_t *w, uint64_t b0, uint64_t n,     \
+                                                  const uint8_t *a, size_t as, uint32_t ni,      \
+                                                  kq_ints_t *o)                                  \
+    {                                                                                            \
+        for (uint64_t b = b0; b < b0 + n; b++) {                                                 \
+            _mm_prefetch((const char *)(w + b * BYTES) + QDOT_PF, _MM_HINT_T0);                 \
+            INTS(w + b * BYTES, a, as, b, ni, &o[b - b0]);                                       \
+        }                                                                                        \
+    }
+KQ_CHUNK_FN(q4k_chunk_avx2, AVX2_TARGET, q4k_ints_avx2, Q4_K_BYTES)
+KQ_CHUNK_FN(q6k_chunk_avx2, AVX2_TARGET, q6k_ints_avx2, Q6_K_BYTES)
+KQ_CHUNK_FN(q4k_chunk_vnni, VNNI_TARGET, q4k_ints_vnni, Q4_K_BYTES)
+KQ_CHUNK_FN(q6k_chunk_vnni, VNNI_TARGET, q6k_ints_vnni, Q6_K_BYTES)
+
 /* The combine, shared with kq_row_scalar's arithmetic (this function has
  * no FMA target, so the expressions cannot be contracted differently). */
 static void kq_row_simd(int path, uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a,
                         size_t as, uint32_t ni, float *out, size_t os)
 {
     float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-    const size_t bytes = type == GGML_TYPE_Q4_K ? Q4_K_BYTES : Q6_K_BYTES;
-    kq_ints_t o;
-    for (uint64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * bytes;
-        _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+    kq_ints_t o[KQ_CHUNK];
+    for (uint64_t b0 = 0; b0 < nb; b0 += KQ_CHUNK) {
+        uint64_t n = nb - b0 < KQ_CHUNK ? nb - b0 : KQ_CHUNK;
         if (type == GGML_TYPE_Q4_K) {
-            if (path == GGML_QDOT_VNNI)
-                q4k_ints_vnni(blk, a, as, b, ni, &o);
-            else
-                q4k_ints_avx2(blk, a, as, b, ni, &o);
-            for (uint32_t i = 0; i < ni; i++) {
-                float da = ((const ggml_q8k_block *)(const void *)(a + i * as))[b].d;
-                float t = (o.d * da) * (float)o.isum[i];
-                float u = (o.dmin * da) * (float)o.imin[i];
-                acc[i] += t - u;
-            }
+            (path == GGML_QDOT_VNNI ? q4k_chunk_vnni : q4k_chunk_avx2)(w, b0, n, a, as, ni, o);
+            for (uint64_t k = 0; k < n; k++)
+                for (uint32_t i = 0; i < ni; i++) {
+                    float da = ((const ggml_q8k_block *)(const void *)(a + i * as))[b0 + k].d;
+                    float t = (o[k].d * da) * (float)o[k].isum[i];
+                    float u = (o[k].dmin * da) * (float)o[k].imin[i];
+                    acc[i] += t - u;
+                }
         } else {
-            if (path == GGML_QDOT_VNNI)
-                q6k_ints_vnni(blk, a, as, b, ni, &o);
-            else
-                q6k_ints_avx2(blk, a, as, b, ni, &o);
-            for (uint32_t i = 0; i < ni; i++) {
-                float da = ((const ggml_q8k_block *)(const void *)(a + i * as))[b].d;
-                acc[i] += (o.d * da) * (float)o.isum[i];
-            }
+            (path == GGML_QDOT_VNNI ? q6k_chunk_vnni : q6k_chunk_avx2)(w, b0, n, a, as, ni, o);
+            for (uint64_t k = 0; k < n; k++)
+                for (uint32_t i = 0; i < ni; i++) {
+                    float da = ((const ggml_q8k_block *)(const void *)(a + i * as))[b0 + k].d;
+                    acc[i] += (o[k].d * da) * (float)o[k].isum[i];
+                }
         }
     }
     for (uint32_t i = 0; i < ni; i++)
