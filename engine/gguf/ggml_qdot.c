@@ -327,8 +327,15 @@ q32_tile_vnni(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, con
             _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
             u[r][0] = wpair_vnni(type, blk, bytes, 1);
             u[r][1] = wpair_vnni(type, blk + 2 * bytes, bytes, 1);
-            dw[r][0] = dpair_vnni(blk, bytes, 1);
-            dw[r][1] = dpair_vnni(blk + 2 * bytes, bytes, 1);
+            /* the 4 scales in one conversion, then spread to the halves */
+            __m128i h = _mm_cvtsi32_si128((int)(rd16(blk) | ((uint32_t)rd16(blk + bytes) << 16)));
+            h = _mm_insert_epi32(h, (int)(rd16(blk + 2 * bytes) |
+                                          ((uint32_t)rd16(blk + 3 * bytes) << 16)), 1);
+            __m512 d4 = _mm512_castps128_ps512(_mm_cvtph_ps(h));
+            dw[r][0] = _mm512_permutexvar_ps(
+                _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), d4);
+            dw[r][1] = _mm512_permutexvar_ps(
+                _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2), d4);
         }
 #pragma GCC unroll 4
         for (int i = 0; i < NI; i++) {
