@@ -739,12 +739,12 @@ static int ll_qdot_path(void)
 
 size_t eng_ll_qx_bytes(uint32_t n_items, uint32_t cols)
 {
-    size_t b = 0;
-    if (cols % GGML_Q8A_BLOCK == 0)
-        b += ggml_qdot_act_bytes(GGML_QACT_Q8A, cols);
-    if (cols % GGML_Q8K_BLOCK == 0)
-        b += ggml_qdot_act_bytes(GGML_QACT_Q8K, cols);
-    return b * n_items;
+    /* both formats for any row length <= cols (whole blocks of it: the
+     * byte counts only grow with the length, so a shorter matrix fits) */
+    uint32_t c8 = cols / GGML_Q8A_BLOCK * GGML_Q8A_BLOCK;
+    uint32_t ck = cols / GGML_Q8K_BLOCK * GGML_Q8K_BLOCK;
+    return (ggml_qdot_act_bytes(GGML_QACT_Q8A, c8) + ggml_qdot_act_bytes(GGML_QACT_Q8K, ck)) *
+           n_items;
 }
 
 /* Rows [r0, r1) of w for all items. scratch holds 4 dequantized rows. qa:

@@ -150,6 +150,11 @@ static void test_ref_agreement(void **state)
                           true, 38 }, ENG_KV_F32, 1e-5 },
         { "llama_q6_K", { "llama", 256, 2, 4, 2, 512, 300, 256, 0, GGML_TYPE_Q6_K, false,
                           false, 39 }, ENG_KV_F32, 1e-5 },
+        /* both activation formats in one matmul (Q4_K q/k + Q8_0 v), and a
+         * widest row (ffn 352) that is not whole Q8_K blocks */
+        { "llama_q4_K_q8_0_ff352", { "llama", 256, 2, 4, 2, 352, 300, 256, 0, GGML_TYPE_Q4_K,
+                                     false, false, 40, NULL, false, 0, GGML_TYPE_Q8_0 },
+          ENG_KV_F32, 1e-5 },
         /* the newer architectures */
         { "qwen3_f32_hd32", { "qwen3", 64, 2, 4, 2, 96, 300, 256, 0, 0, false, false, 51,
                               NULL, false, 0, 0, 32 }, ENG_KV_F32, 1e-5 },
