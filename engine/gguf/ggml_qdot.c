@@ -447,71 +447,42 @@ static inline void k4_scales(const uint8_t *p, uint8_t sc[8], uint8_t m[8])
     memcpy(m + 4, &m47, 4);
 }
 
-static int32_t q4k_isum_scalar(const uint8_t *blk, const uint8_t sc[8], const int8_t *a)
+/* ---- K-quants, lane form (see the header): per block 16 int32 lanes
+ * V[l] of scale x 4-product sums, accumulated in f32 lanes F[l] with
+ * fma(V, d_w * d_a); Q4_K's mins in 8 lanes G[k]; r = tree16(F) - tree8(G). */
+
+static float tree8_f(const float v[8])
 {
-    const uint8_t *q = blk + 16;
-    int32_t tot = 0;
-    for (int j = 0; j < 4; j++) {
-        int32_t a0 = 0, a1 = 0;
-        for (int l = 0; l < 32; l++) {
-            a0 += (q[l] & 0x0F) * a[l];
-            a1 += (q[l] >> 4) * a[l + 32];
-        }
-        tot += sc[2 * j] * a0 + sc[2 * j + 1] * a1;
-        q += 32;
-        a += 64;
-    }
-    return tot;
+    float s4[4], s2[2];
+    for (int l = 0; l < 4; l++)
+        s4[l] = v[l] + v[l + 4];
+    for (int l = 0; l < 2; l++)
+        s2[l] = s4[l] + s4[l + 2];
+    return s2[0] + s2[1];
 }
 
-static int32_t q6k_isum_scalar(const uint8_t *blk, const int8_t *a)
+static float tree16_f(const float F[16])
+{
+    float v[8];
+    for (int l = 0; l < 8; l++)
+        v[l] = F[l] + F[l + 8];
+    return tree8_f(v);
+}
+
+/* the 256 signed Q6_K weights (q - 32) of a block, element order */
+static void q6k_unpack(const uint8_t *blk, int8_t *w)
 {
     const uint8_t *ql = blk, *qh = blk + 128;
-    const int8_t *sc = (const int8_t *)(blk + 192);
-    int32_t tot = 0;
     for (int n = 0; n < 2; n++) {
-        int32_t g[8] = { 0 }; /* per 16-element group of this half */
         for (int l = 0; l < 32; l++) {
-            int is = l / 16;
-            int q1 = (int)((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) - 32;
-            int q2 = (int)((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
-            int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-            int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-            g[is] += q1 * a[l];
-            g[is + 2] += q2 * a[l + 32];
-            g[is + 4] += q3 * a[l + 64];
-            g[is + 6] += q4 * a[l + 96];
+            w[128 * n + l] = (int8_t)((int)((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) - 32);
+            w[128 * n + l + 32] = (int8_t)((int)((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            w[128 * n + l + 64] = (int8_t)((int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            w[128 * n + l + 96] = (int8_t)((int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
         }
-        for (int k = 0; k < 8; k++)
-            tot += sc[k] * g[k];
         ql += 64;
         qh += 32;
-        sc += 8;
-        a += 128;
     }
-    return tot;
-}
-
-/* The shared float combine of one block's integers (no FMA: this file's
- * default target has none, so no path can fuse it differently). */
-static inline float q4k_term(const uint8_t *blk, float da, int32_t isum, int32_t imin)
-{
-    float t = (h2f(blk) * da) * (float)isum;
-    float u = (h2f(blk + 2) * da) * (float)imin;
-    return t - u;
-}
-
-static inline float q6k_term(const uint8_t *blk, float da, int32_t isum)
-{
-    return (h2f(blk + 208) * da) * (float)isum;
-}
-
-static int32_t q4k_imin(const uint8_t m[8], const ggml_q8k_block *a)
-{
-    int32_t imin = 0;
-    for (int j = 0; j < 8; j++)
-        imin += m[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
-    return imin;
 }
 
 static void kq_row_scalar(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a,
@@ -519,257 +490,283 @@ static void kq_row_scalar(uint32_t type, const uint8_t *w, uint64_t nb, const ui
 {
     for (uint32_t i = 0; i < ni; i++) {
         const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as);
-        float acc = 0.0f;
+        float F[16] = { 0 }, G[8] = { 0 };
         for (uint64_t b = 0; b < nb; b++) {
+            const int8_t *q8 = ab[b].qs;
+            int8_t wv[256];
+            uint8_t sc[8], m[8];
+            float s;
             if (type == GGML_TYPE_Q4_K) {
                 const uint8_t *blk = w + b * Q4_K_BYTES;
-                uint8_t sc[8], m[8];
                 k4_scales(blk + 4, sc, m);
-                acc += q4k_term(blk, ab[b].d, q4k_isum_scalar(blk, sc, ab[b].qs),
-                                q4k_imin(m, &ab[b]));
+                for (int j = 0; j < 4; j++)
+                    for (int l = 0; l < 32; l++) {
+                        wv[64 * j + l] = (int8_t)(blk[16 + 32 * j + l] & 0x0F);
+                        wv[64 * j + 32 + l] = (int8_t)(blk[16 + 32 * j + l] >> 4);
+                    }
+                s = h2f(blk) * ab[b].d;
+                float n = h2f(blk + 2) * ab[b].d;
+                for (int k = 0; k < 8; k++) {
+                    int32_t mk = m[k] * (ab[b].bsums[2 * k] + ab[b].bsums[2 * k + 1]);
+                    G[k] = fmaf((float)mk, n, G[k]);
+                }
             } else {
                 const uint8_t *blk = w + b * Q6_K_BYTES;
-                acc += q6k_term(blk, ab[b].d, q6k_isum_scalar(blk, ab[b].qs));
+                q6k_unpack(blk, wv);
+                s = h2f(blk + 208) * ab[b].d;
+            }
+            for (int l = 0; l < 16; l++) {
+                int32_t V = 0;
+                for (int j = 0; j < 4; j++) {
+                    int e = 64 * j + 4 * l;
+                    int32_t P = 0;
+                    for (int t = 0; t < 4; t++)
+                        P += wv[e + t] * q8[e + t];
+                    int scale = type == GGML_TYPE_Q4_K
+                                    ? sc[2 * j + (l >= 8)]
+                                    : ((const int8_t *)(w + b * Q6_K_BYTES + 192))[4 * j + l / 4];
+                    V += scale * P;
+                }
+                F[l] = fmaf((float)V, s, F[l]);
             }
         }
-        out[i * os] = acc;
+        out[i * os] = type == GGML_TYPE_Q4_K ? tree16_f(F) - tree8_f(G) : tree16_f(F);
     }
 }
 
-/* SIMD: per block the weights are unpacked once for up to 4 items; the
- * integers (and the exactly converted f16 scales) go back to kq_row_simd,
- * which combines them with the same scalar code as kq_row_scalar. */
-typedef struct {
-    float d, dmin;
-    int32_t isum[4], imin[4];
-} kq_ints_t;
-
-/* sum_j m[j] * (bsums[2j] + bsums[2j+1]) */
-__attribute__((target(AVX2_TARGET))) static inline int32_t q4k_imin_avx2(const uint8_t m[8],
-                                                                          const int16_t *bsums)
+/* scalar product of two floats as one SSE op the compiler cannot fuse */
+__attribute__((target(AVX2_TARGET))) static inline __m256 bmul(float x, float y)
 {
-    __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
-    __m256i mm = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
-    return hsum8_avx2(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)bsums), mm));
+    return _mm256_broadcastss_ps(_mm_mul_ss(_mm_set_ss(x), _mm_set_ss(y)));
 }
 
+/* ---- AVX2: 16 lanes as two ymm (lo = lanes 0-7, hi = 8-15) ---- */
 __attribute__((target(AVX2_TARGET))) static inline __attribute__((always_inline)) void
-q4k_ints_avx2(const uint8_t *blk, const uint8_t *a, size_t as, uint64_t b, uint32_t ni,
-              kq_ints_t *o)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    uint8_t sc[8], m[8];
-    k4_scales(blk + 4, sc, m);
-    o->d = _cvtsh_ss(rd16(blk));
-    o->dmin = _cvtsh_ss(rd16(blk + 2));
-    __m256i lo[4], hi[4], s[8];
-    for (int j = 0; j < 4; j++) {
-        __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
-        lo[j] = _mm256_and_si256(q, m4);
-        hi[j] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-    }
-    for (int j = 0; j < 8; j++)
-        s[j] = _mm256_set1_epi16(sc[j]);
-    for (uint32_t i = 0; i < ni; i++) {
-        const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
-        __m256i acc = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            /* nibble (<= 15) * a: pairs <= 3810, no int16 saturation */
-            __m256i p0 = _mm256_maddubs_epi16(
-                lo[j], _mm256_loadu_si256((const __m256i_u *)(ab->qs + 64 * j)));
-            __m256i p1 = _mm256_maddubs_epi16(
-                hi[j], _mm256_loadu_si256((const __m256i_u *)(ab->qs + 64 * j + 32)));
-            acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(p0, s[2 * j]),
-                                                         _mm256_madd_epi16(p1, s[2 * j + 1])));
-        }
-        o->isum[i] = hsum8_avx2(acc);
-        o->imin[i] = q4k_imin_avx2(m, ab->bsums);
-    }
-}
-
-__attribute__((target(AVX2_TARGET))) static inline __attribute__((always_inline)) void
-q6k_ints_avx2(const uint8_t *blk, const uint8_t *a, size_t as, uint64_t b, uint32_t ni,
-              kq_ints_t *o)
+kq_row_avx2_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
+              float *out, size_t os, const int NI)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-    const int8_t *sc = (const int8_t *)(blk + 192);
-    o->d = _cvtsh_ss(rd16(blk + 208));
-    __m256i q[8], s[8];
-    for (int n = 0; n < 2; n++) {
-        const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
-        __m256i l0 = _mm256_loadu_si256((const __m256i_u *)ql);
-        __m256i l1 = _mm256_loadu_si256((const __m256i_u *)(ql + 32));
-        __m256i h = _mm256_loadu_si256((const __m256i_u *)qh);
-        q[4 * n] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
-        q[4 * n + 1] = _mm256_or_si256(
-            _mm256_and_si256(l1, m4),
-            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
-        q[4 * n + 2] = _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
-        q[4 * n + 3] = _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
-    }
-    for (int g = 0; g < 8; g++) /* 32-element group g: scales 2g (low 16), 2g + 1 */
-        s[g] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i_u *)sc));
-    for (uint32_t i = 0; i < ni; i++) {
-        const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
-        __m256i acc = _mm256_setzero_si256();
-        for (int g = 0; g < 8; g++) {
-            /* unsigned 6-bit q (<= 63) * a: pairs <= 16002 */
-            __m256i p = _mm256_maddubs_epi16(
-                q[g], _mm256_loadu_si256((const __m256i_u *)(ab->qs + 32 * g)));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s[g]));
+    __m256 Flo[4], Fhi[4], G[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++)
+        Flo[i] = Fhi[i] = G[i] = _mm256_setzero_ps();
+    for (uint64_t b = 0; b < nb; b++) {
+        __m256i wq[8], S[8];  /* 32-element groups (element order), their scales */
+        __m256i aw[8], sg[8]; /* Q6_K: |w| and w for the sign trick */
+        __m256i mm = _mm256_setzero_si256();
+        float dw, dmin = 0.0f;
+        if (type == GGML_TYPE_Q4_K) {
+            const uint8_t *blk = w + b * Q4_K_BYTES;
+            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+            uint8_t sc[8], m[8];
+            k4_scales(blk + 4, sc, m);
+            dw = _cvtsh_ss(rd16(blk));
+            dmin = _cvtsh_ss(rd16(blk + 2));
+            for (int j = 0; j < 4; j++) {
+                __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
+                wq[2 * j] = _mm256_and_si256(q, m4);
+                wq[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                S[2 * j] = _mm256_set1_epi16(sc[2 * j]);
+                S[2 * j + 1] = _mm256_set1_epi16(sc[2 * j + 1]);
+            }
+            __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
+            mm = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
+        } else {
+            const uint8_t *blk = w + b * Q6_K_BYTES;
+            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            dw = _cvtsh_ss(rd16(blk + 208));
+            for (int n = 0; n < 2; n++) {
+                const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+                __m256i l0 = _mm256_loadu_si256((const __m256i_u *)ql);
+                __m256i l1 = _mm256_loadu_si256((const __m256i_u *)(ql + 32));
+                __m256i h = _mm256_loadu_si256((const __m256i_u *)qh);
+                wq[4 * n] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                            _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+                wq[4 * n + 1] = _mm256_or_si256(
+                    _mm256_and_si256(l1, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+                wq[4 * n + 2] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+                wq[4 * n + 3] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+            }
+            for (int g = 0; g < 8; g++) {
+                sg[g] = _mm256_sub_epi8(wq[g], _mm256_set1_epi8(32));
+                aw[g] = _mm256_sign_epi8(sg[g], sg[g]);
+                /* group g = elements 32g..: lanes 0-3 sub-block 2g, 4-7 2g + 1 */
+                S[g] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
+            }
         }
-        /* the -32 of every q, through the 16-element sums */
-        __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)ab->bsums), sc16);
-        o->isum[i] = hsum8_avx2(acc) - 32 * hsum8_avx2(bs);
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++) {
+            const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
+            __m256i vlo = _mm256_setzero_si256(), vhi = _mm256_setzero_si256();
+            for (int g = 0; g < 8; g++) {
+                __m256i av = _mm256_loadu_si256((const __m256i_u *)(ab->qs + 32 * g));
+                /* Q4_K: nibble * a (pairs <= 3810); Q6_K: |w| * (a * sign w) (<= 8128) */
+                __m256i p = type == GGML_TYPE_Q4_K
+                                ? _mm256_maddubs_epi16(wq[g], av)
+                                : _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(av, sg[g]));
+                p = _mm256_madd_epi16(p, S[g]);
+                if (g & 1)
+                    vhi = _mm256_add_epi32(vhi, p);
+                else
+                    vlo = _mm256_add_epi32(vlo, p);
+            }
+            __m256 sv = bmul(dw, ab->d);
+            Flo[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(vlo), sv, Flo[i]);
+            Fhi[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(vhi), sv, Fhi[i]);
+            if (type == GGML_TYPE_Q4_K) {
+                __m256i mk = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)ab->bsums), mm);
+                G[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mk), bmul(dmin, ab->d), G[i]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++) {
+        float f = tree8_avx2(_mm256_add_ps(Flo[i], Fhi[i]));
+        out[i * os] = type == GGML_TYPE_Q4_K ? f - tree8_avx2(G[i]) : f;
     }
 }
 
-/* AVX-512 VNNI: vpdpbusd over 64 elements at a time (two 32-element Q4_K
- * sub-blocks, four 16-element Q6_K ones); every lane sum of 4 products fits
- * int16 (<= 4 * 63 * 127), so one vpmaddwd with the scale in the low half
- * of each 32-bit lane applies the sub-block scales exactly. */
-__attribute__((target(VNNI_TARGET))) static inline int32_t hsum16_vnni(__m512i v)
-{
-    __m256i x = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
-    return hsum8_avx2(x);
-}
-
+/* ---- VNNI: 64 elements per vpdpbusd (lane l of chunk j = elements
+ * 64j + 4l ..); every lane sum fits int16, so one vpmaddwd with the scale
+ * in the low half of each 32-bit lane applies the sub-block scales. Q6_K
+ * uses signed weights (q - 32) against a + 128, starting from -128 x the
+ * weights' 4-sums, so its lanes are exact without any bsums term. ---- */
 __attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
-q4k_ints_vnni(const uint8_t *blk, const uint8_t *a, size_t as, uint64_t b, uint32_t ni,
-              kq_ints_t *o)
+kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
+              float *out, size_t os, const int NI)
 {
-    uint8_t sc[8], m[8];
-    k4_scales(blk + 4, sc, m);
-    o->d = _cvtsh_ss(rd16(blk));
-    o->dmin = _cvtsh_ss(rd16(blk + 2));
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i sv = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i_u *)sc));
-    __m512i nib[4], s[4];
-    for (int j = 0; j < 4; j++) {
-        __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
-        __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-        nib[j] = _mm512_and_si512(z, m4); /* elements 64j .. 64j + 63 */
-        s[j] = _mm512_permutexvar_epi32(
-            _mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
-                             2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j,
-                             2 * j, 2 * j),
-            sv);
+    __m512 F[4];
+    __m256 G[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++) {
+        F[i] = _mm512_setzero_ps();
+        G[i] = _mm256_setzero_ps();
     }
-    for (uint32_t i = 0; i < ni; i++) {
-        const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
-        __m512i acc = _mm512_setzero_si512();
-        for (int j = 0; j < 4; j++) {
-            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nib[j],
-                                            _mm512_loadu_si512(ab->qs + 64 * j));
-            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, s[j]));
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    for (uint64_t b = 0; b < nb; b++) {
+        __m512i wq[4], S[4], src[4];
+        __m256i mm = _mm256_setzero_si256();
+        float dw, dmin = 0.0f;
+        if (type == GGML_TYPE_Q4_K) {
+            const uint8_t *blk = w + b * Q4_K_BYTES;
+            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+            uint8_t sc[8], m[8];
+            k4_scales(blk + 4, sc, m);
+            dw = _cvtsh_ss(rd16(blk));
+            dmin = _cvtsh_ss(rd16(blk + 2));
+            const __m512i sv = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i_u *)sc));
+            for (int j = 0; j < 4; j++) {
+                __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
+                __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+                wq[j] = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+                S[j] = _mm512_permutexvar_epi32(
+                    _mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
+                                     2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j,
+                                     2 * j, 2 * j, 2 * j, 2 * j),
+                    sv);
+                src[j] = _mm512_setzero_si512();
+            }
+            __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
+            mm = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
+        } else {
+            const uint8_t *blk = w + b * Q6_K_BYTES;
+            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            dw = _cvtsh_ss(rd16(blk + 208));
+            const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+            for (int n = 0; n < 2; n++) {
+                const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+                __m256i l0 = _mm256_loadu_si256((const __m256i_u *)ql);
+                __m256i l1 = _mm256_loadu_si256((const __m256i_u *)(ql + 32));
+                __m256i h = _mm256_loadu_si256((const __m256i_u *)qh);
+                __m256i g0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                             _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+                __m256i g1 = _mm256_or_si256(
+                    _mm256_and_si256(l1, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+                __m256i g2 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+                __m256i g3 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+                wq[2 * n] = _mm512_inserti64x4(_mm512_castsi256_si512(g0), g1, 1);
+                wq[2 * n + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(g2), g3, 1);
+            }
+            const __m512i sv = _mm512_and_si512(
+                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i_u *)sc)), lo16);
+            for (int k = 0; k < 4; k++) {
+                wq[k] = _mm512_sub_epi8(wq[k], _mm512_set1_epi8(32)); /* signed q - 32 */
+                src[k] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                          _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                                              _mm512_set1_epi8((char)0x80), wq[k]));
+                S[k] = _mm512_permutexvar_epi32(
+                    _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2,
+                                     4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1,
+                                     4 * k + 1, 4 * k + 1, 4 * k, 4 * k, 4 * k, 4 * k),
+                    sv);
+            }
         }
-        o->isum[i] = hsum16_vnni(acc);
-        o->imin[i] = q4k_imin_avx2(m, ab->bsums);
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++) {
+            const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
+            __m512i v = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                __m512i av = _mm512_loadu_si512(ab->qs + 64 * k);
+                __m512i p = type == GGML_TYPE_Q4_K
+                                ? _mm512_dpbusd_epi32(src[k], wq[k], av)
+                                : _mm512_dpbusd_epi32(src[k],
+                                                      _mm512_xor_si512(av, _mm512_set1_epi8((char)0x80)),
+                                                      wq[k]);
+                v = _mm512_add_epi32(v, _mm512_madd_epi16(p, S[k]));
+            }
+            __m512 s16 = _mm512_broadcastss_ps(_mm_mul_ss(_mm_set_ss(dw), _mm_set_ss(ab->d)));
+            F[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), s16, F[i]);
+            if (type == GGML_TYPE_Q4_K) {
+                __m256i mk = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)ab->bsums), mm);
+                G[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mk), bmul(dmin, ab->d), G[i]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++) {
+        __m256 lo = _mm512_castps512_ps256(F[i]);
+        __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(F[i]), 1));
+        float f = tree8_avx2(_mm256_add_ps(lo, hi));
+        out[i * os] = type == GGML_TYPE_Q4_K ? f - tree8_avx2(G[i]) : f;
     }
 }
 
-__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
-q6k_ints_vnni(const uint8_t *blk, const uint8_t *a, size_t as, uint64_t b, uint32_t ni,
-              kq_ints_t *o)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-    const int8_t *sc = (const int8_t *)(blk + 192);
-    o->d = _cvtsh_ss(rd16(blk + 208));
-    __m512i q[4], s[4];
-    for (int n = 0; n < 2; n++) {
-        const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
-        __m256i l0 = _mm256_loadu_si256((const __m256i_u *)ql);
-        __m256i l1 = _mm256_loadu_si256((const __m256i_u *)(ql + 32));
-        __m256i h = _mm256_loadu_si256((const __m256i_u *)qh);
-        __m256i g0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                     _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
-        __m256i g1 = _mm256_or_si256(
-            _mm256_and_si256(l1, m4),
-            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
-        __m256i g2 = _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
-        __m256i g3 = _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
-        q[2 * n] = _mm512_inserti64x4(_mm512_castsi256_si512(g0), g1, 1);
-        q[2 * n + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(g2), g3, 1);
-    }
-    /* 16 scales as int32 with a zero high half (vpmaddwd multiplies both) */
-    const __m512i sv = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i_u *)sc)),
-                                        _mm512_set1_epi32(0xFFFF));
-    for (int k = 0; k < 4; k++) /* elements 64k .. 64k + 63: scales 4k .. 4k + 3 */
-        s[k] = _mm512_permutexvar_epi32(
-            _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2, 4 * k + 2,
-                             4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1, 4 * k + 1, 4 * k + 1,
-                             4 * k, 4 * k, 4 * k, 4 * k),
-            sv);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i_u *)sc));
-    for (uint32_t i = 0; i < ni; i++) {
-        const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
-        __m512i acc = _mm512_setzero_si512();
-        for (int k = 0; k < 4; k++) {
-            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[k],
-                                            _mm512_loadu_si512(ab->qs + 64 * k));
-            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, s[k]));
-        }
-        __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)ab->bsums), sc16);
-        o->isum[i] = hsum16_vnni(acc) - 32 * hsum8_avx2(bs);
-    }
-}
-
-/* The integers of blocks [b0, b0 + n) of one row, one call per chunk. */
-#define KQ_CHUNK 32
-#define KQ_CHUNK_FN(NAME, TGT, INTS, BYTES)                                                     \
-    __attribute__((target(TGT))) static void NAME(const uint8_t *w, uint64_t b0, uint64_t n,     \
-                                                  const uint8_t *a, size_t as, uint32_t ni,      \
-                                                  kq_ints_t *o)                                  \
+typedef void (*kq_row_fn)(const uint8_t *, uint64_t, const uint8_t *, size_t, float *, size_t);
+#define KQ_ROW(TGT, BODY, T, TN, NI)                                                            \
+    __attribute__((target(TGT))) static void kq_##BODY##_##TN##_##NI(                           \
+        const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as, float *out, size_t os)       \
     {                                                                                            \
-        for (uint64_t b = b0; b < b0 + n; b++) {                                                 \
-            _mm_prefetch((const char *)(w + b * BYTES) + QDOT_PF, _MM_HINT_T0);                 \
-            INTS(w + b * BYTES, a, as, b, ni, &o[b - b0]);                                       \
-        }                                                                                        \
+        kq_row_##BODY##_t(T, w, nb, a, as, out, os, NI);                                         \
     }
-KQ_CHUNK_FN(q4k_chunk_avx2, AVX2_TARGET, q4k_ints_avx2, Q4_K_BYTES)
-KQ_CHUNK_FN(q6k_chunk_avx2, AVX2_TARGET, q6k_ints_avx2, Q6_K_BYTES)
-KQ_CHUNK_FN(q4k_chunk_vnni, VNNI_TARGET, q4k_ints_vnni, Q4_K_BYTES)
-KQ_CHUNK_FN(q6k_chunk_vnni, VNNI_TARGET, q6k_ints_vnni, Q6_K_BYTES)
+#define KQ_ROWS(TGT, BODY, T, TN)                                                               \
+    KQ_ROW(TGT, BODY, T, TN, 1) KQ_ROW(TGT, BODY, T, TN, 2) KQ_ROW(TGT, BODY, T, TN, 3)          \
+    KQ_ROW(TGT, BODY, T, TN, 4)                                                                  \
+    static const kq_row_fn kq_##BODY##_##TN[5] = { NULL, kq_##BODY##_##TN##_1,                  \
+                                                   kq_##BODY##_##TN##_2, kq_##BODY##_##TN##_3,  \
+                                                   kq_##BODY##_##TN##_4 };
+KQ_ROWS(AVX2_TARGET, avx2, GGML_TYPE_Q4_K, q4k)
+KQ_ROWS(AVX2_TARGET, avx2, GGML_TYPE_Q6_K, q6k)
+KQ_ROWS(VNNI_TARGET, vnni, GGML_TYPE_Q4_K, q4k)
+KQ_ROWS(VNNI_TARGET, vnni, GGML_TYPE_Q6_K, q6k)
 
-/* The combine, shared with kq_row_scalar's arithmetic (this function has
- * no FMA target, so the expressions cannot be contracted differently). */
 static void kq_row_simd(int path, uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a,
                         size_t as, uint32_t ni, float *out, size_t os)
 {
-    float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-    kq_ints_t o[KQ_CHUNK];
-    for (uint64_t b0 = 0; b0 < nb; b0 += KQ_CHUNK) {
-        uint64_t n = nb - b0 < KQ_CHUNK ? nb - b0 : KQ_CHUNK;
-        if (type == GGML_TYPE_Q4_K) {
-            (path == GGML_QDOT_VNNI ? q4k_chunk_vnni : q4k_chunk_avx2)(w, b0, n, a, as, ni, o);
-            for (uint64_t k = 0; k < n; k++)
-                for (uint32_t i = 0; i < ni; i++) {
-                    float da = ((const ggml_q8k_block *)(const void *)(a + i * as))[b0 + k].d;
-                    float t = (o[k].d * da) * (float)o[k].isum[i];
-                    float u = (o[k].dmin * da) * (float)o[k].imin[i];
-                    acc[i] += t - u;
-                }
-        } else {
-            (path == GGML_QDOT_VNNI ? q6k_chunk_vnni : q6k_chunk_avx2)(w, b0, n, a, as, ni, o);
-            for (uint64_t k = 0; k < n; k++)
-                for (uint32_t i = 0; i < ni; i++) {
-                    float da = ((const ggml_q8k_block *)(const void *)(a + i * as))[b0 + k].d;
-                    acc[i] += (o[k].d * da) * (float)o[k].isum[i];
-                }
-        }
-    }
-    for (uint32_t i = 0; i < ni; i++)
-        out[i * os] = acc[i];
+    const kq_row_fn *tab = path == GGML_QDOT_VNNI ? (type == GGML_TYPE_Q4_K ? kq_vnni_q4k : kq_vnni_q6k)
+                                                  : (type == GGML_TYPE_Q4_K ? kq_avx2_q4k : kq_avx2_q6k);
+    tab[ni](w, nb, a, as, out, os);
 }
 
 /* ---- dispatch ---- */

@@ -19,13 +19,18 @@
  *    fma((float)p_j, s_b, acc[b mod 4][j]) from +0; then v_j = (acc0_j +
  *    acc2_j) + (acc1_j + acc3_j) and the tree s4_l = v_l + v_{l+4},
  *    s2_l = s4_l + s4_{l+2}, r = s2_0 + s2_1.
- *  - Q4_K: per block the exact integers isum = sum_j sc_j * sum(q * a) and
- *    imin = sum_j m_j * sum(a) over the 8 sub-blocks; Q6_K: isum =
- *    sum_k sc_k * sum((q - 32) * a) over the 16 sub-blocks; then in block
- *    order acc += (d_w * d_a) * (float)isum - (dmin_w * d_a) * (float)imin
- *    (Q6_K: no second term), one shared scalar loop without FMA.
- * Paths: scalar, AVX2 (maddubs/madd), AVX-512 VNNI (vpdpbusd on 512-bit
- * pairs of blocks; K-quants use the AVX2 integer kernels there). */
+ *  - Q4_K / Q6_K: per block 16 exact int32 lanes V[l] = sum over the 4
+ *    64-element chunks j of scale(j, l) * sum_{t<4} w[64j+4l+t] *
+ *    q[64j+4l+t], where w is the nibble (Q4_K; scale = sc_2j for l < 8,
+ *    sc_2j+1 for l >= 8) or q6 - 32 (Q6_K; scale = sc_{4j + l/4}); Q4_K
+ *    also 8 lanes M[k] = m_k * (bsums[2k] + bsums[2k+1]). In block order
+ *    F[l] = fma((float)V[l], d_w * d_a, F[l]), G[k] = fma((float)M[k],
+ *    dmin_w * d_a, G[k]); r = tree16(F) - tree8(G) (Q6_K: tree16(F)), with
+ *    tree16(F) = tree8(F[l] + F[l+8]).
+ * Paths: scalar, AVX2 (maddubs/madd; sign trick for the signed weights),
+ * AVX-512 VNNI (vpdpbusd on 512-bit pairs of Q8_0/Q4_0 blocks or 64-element
+ * K-quant chunks; the K-quant sub-block scales by one vpmaddwd, as every
+ * lane sum of 4 products fits int16). */
 #ifndef GGML_QDOT_H
 #define GGML_QDOT_H
 

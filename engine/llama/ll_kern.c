@@ -747,6 +747,41 @@ size_t eng_ll_qx_bytes(uint32_t n_items, uint32_t cols)
            n_items;
 }
 
+int eng_ll_qdot_check_g;
+_Atomic uint64_t eng_ll_qdot_check_bad;
+
+/* Tests only: every integer-dot output against the f64 dot of the
+ * dequantized weight row with the dequantized activations it was given. */
+static void ll_qdot_check(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1, const uint8_t *qa,
+                          size_t qa_stride, uint32_t n_items, const float *out, uint32_t os,
+                          float *scratch)
+{
+    const size_t K = w->cols;
+    const int act = ggml_qdot_act(w->type);
+    for (uint32_t r = r0; r < r1; r++) {
+        if (ggml_dequantize_row(w->type, w->data + (size_t)r * w->row_bytes, scratch, K) != PD_OK)
+            continue;
+        for (uint32_t i = 0; i < n_items; i++) {
+            const uint8_t *a = qa + i * qa_stride;
+            double ref = 0.0, mag = 0.0;
+            for (size_t e = 0; e < K; e++) {
+                double av;
+                if (act == GGML_QACT_Q8A) {
+                    const float *d = (const float *)(const void *)(a + 2 * K);
+                    av = (double)((const int8_t *)a)[e] * d[(e / 32) * 8];
+                } else {
+                    const ggml_q8k_block *b = (const ggml_q8k_block *)(const void *)a + e / 256;
+                    av = (double)b->qs[e % 256] * b->d;
+                }
+                ref += scratch[e] * av;
+                mag += fabs(scratch[e] * av);
+            }
+            if (fabs(out[(size_t)i * os + r] - ref) > 1e-5 * mag + 1e-30)
+                atomic_fetch_add(&eng_ll_qdot_check_bad, 1);
+        }
+    }
+}
+
 /* Rows [r0, r1) of w for all items. scratch holds 4 dequantized rows. qa:
  * the items' activations quantized for w's integer dot (NULL: f32 path). */
 static void ll_matmul_rows(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1,
@@ -758,6 +793,8 @@ static void ll_matmul_rows(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1,
     if (qa) {
         (void)ggml_qdot_rows(qpath, w->type, w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
                              r1 - r0, K, qa, qa_stride, n_items, out + r0, os);
+        if (eng_ll_qdot_check_g)
+            ll_qdot_check(w, r0, r1, qa, qa_stride, n_items, out, os, scratch);
         return;
     }
     int isa = ll_isa_get();

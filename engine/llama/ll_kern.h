@@ -27,6 +27,7 @@
 #define LL_KERN_H
 
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include "pd_status.h"
 
@@ -124,6 +125,11 @@ size_t eng_ll_qx_bytes(uint32_t n_items, uint32_t cols);
  * path; tests of exact decoding). -1 at start = read PD_QDOT ("off" = 0).
  * Set only while no engine call runs. */
 extern int eng_ll_qdot_g;
+/* Tests only: != 0 checks every integer-dot output against the f64 dot of
+ * the dequantized weights with the dequantized activations it was given
+ * (tolerance 1e-5 of the sum of |terms|) and counts the misses. */
+extern int eng_ll_qdot_check_g;
+extern _Atomic uint64_t eng_ll_qdot_check_bad;
 
 /* Small batches (<= eng_ll_fuse_max_g items, default 8) on AVX-512 widen
  * weights in registers ("fused", once per 4-item tile); larger ones

@@ -11,7 +11,8 @@
 # usage: tests/bench/qkernels-vs-llamacpp.sh [--build DIR] [--dir DIR]
 #        [--types "f16 q8_0 q4_0 q4_K_M q6_K"] [--threads "1 2"] [--rounds 2]
 #        [--layers N]
-# Models: pd-mkmodel --preset bench-0.5b --vocab-type spm --type T (made once
+# Models: pd-mkmodel --preset bench-0.5b --ffn 3584 --vocab-type spm --type T
+# (the geometry of issue 11's table: ffn rows of whole K-quant super-blocks; made once
 # into --dir, default /tmp/pd-qkbench; ~3 GB for the five types).
 # Run it alone: on a shared 2-core machine every figure is a lower bound.
 set -eu
@@ -39,7 +40,7 @@ mkdir -p "$dir"
 
 for t in $types; do
     f=$dir/bench-$t.gguf
-    [ -s "$f" ] || "$mk" --preset bench-0.5b --vocab-type spm $layers --type "$t" -o "$f" >/dev/null
+    [ -s "$f" ] || "$mk" --preset bench-0.5b --ffn 3584 --vocab-type spm $layers --type "$t" -o "$f" >/dev/null
 done
 
 # best (max) of a value over rounds: file per (engine, type, threads, metric)
