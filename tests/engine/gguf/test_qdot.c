@@ -163,9 +163,9 @@ static void test_quantize_paths(void **state)
     static ggml_q8k_block k0[N / 256], k1[N / 256];
     for (int i = 0; i < N; i++)
         x[i] = frand() * (i % 97 == 0 ? 50.0f : 2.0f);
-    for (int i = 0; i < 32; i++) /* exact halves: round to even */
+    for (int i = 0; i < 32; i++) /* x * id lands on halves: round to even */
         x[256 + i] = (float)(i - 16) * 0.5f;
-    x[256] = -127.0f * 0.5f * 2.0f / 127.0f * 127.0f;
+    x[256] = -127.0f; /* the block's absmax: id = 1, so x * id = k + 0.5 */
     ggml_qdot_set_path(GGML_QDOT_SCALAR);
     ggml_qdot_quantize(GGML_QACT_Q8A, x, N, a0);
     ggml_qdot_quantize(GGML_QACT_Q8K, x, N, k0);
