@@ -1,4 +1,5 @@
-/* ggml_qdot.c - integer-dot kernels (see ggml_qdot.h). */
+/* ggml_qdot.c - integer-dot kernels (see ggml_qdot.h for the activation
+ * formats and the canonical result every path reproduces bit for bit). */
 #include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
@@ -8,59 +9,208 @@
 
 #define Q8_0_BYTES 34
 #define Q4_0_BYTES 18
+#define Q4_K_BYTES 144
+#define Q6_K_BYTES 210
 
 static inline float h2f(const uint8_t *p)
 {
     return ggml_fp16_to_fp32((uint16_t)(p[0] | (p[1] << 8)));
 }
 
-void ggml_q8a_quantize(const float *x, uint64_t n, ggml_q8a_block *out)
+static inline uint16_t rd16(const uint8_t *p)
 {
-    for (uint64_t b = 0; b < n / GGML_Q8A_BLOCK; b++) {
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+int ggml_qdot_act(uint32_t type)
+{
+    switch (type) {
+    case GGML_TYPE_Q8_0:
+    case GGML_TYPE_Q4_0: return GGML_QACT_Q8A;
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q6_K: return GGML_QACT_Q8K;
+    default: return GGML_QACT_NONE;
+    }
+}
+
+uint32_t ggml_qdot_block(uint32_t type)
+{
+    int act = ggml_qdot_act(type);
+    return act == GGML_QACT_Q8A ? GGML_Q8A_BLOCK : act == GGML_QACT_Q8K ? GGML_Q8K_BLOCK : 0;
+}
+
+size_t ggml_qdot_act_bytes(int act, uint64_t n)
+{
+    if (act == GGML_QACT_Q8A)
+        return (size_t)(n / GGML_Q8A_BLOCK) * 96;
+    if (act == GGML_QACT_Q8K)
+        return (size_t)(n / GGML_Q8K_BLOCK) * sizeof(ggml_q8k_block);
+    return 0;
+}
+
+/* round(v * id) clamped to [-127, 127] */
+static inline int8_t q8(float v, float id)
+{
+    long q = lrintf(v * id);
+    return (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+}
+
+static float absmax(const float *v, int n)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < n; j++) {
+        float a = fabsf(v[j]);
+        if (a > amax)
+            amax = a;
+    }
+    return amax;
+}
+
+
+/* AVX2 form of the quantizers: the same IEEE operations (|x| max, d =
+ * amax / 127, id = 1 / d, x * id rounded to nearest-even as lrintf does in
+ * the default rounding mode, clamp), so the same bytes. */
+__attribute__((target("avx2,f16c"))) static float q8_block_avx2(const float *v, int n, int8_t *q)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8)
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + j)), m); /* NaN: keeps m */
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    float d = _mm_cvtss_f32(m4) / 127.0f;
+    float id = d > 0.0f ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+    for (int j = 0; j < n; j += 32) {
+        __m256i r[4];
+        for (int k = 0; k < 4; k++) {
+            __m256i t = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + j + 8 * k), vid));
+            r[k] = _mm256_min_epi32(_mm256_max_epi32(t, lo), hi);
+        }
+        /* packs interleave 128-bit lanes: restore element order */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i_u *)(q + j), p);
+    }
+    return d;
+}
+
+static void q8a_quantize(const float *x, uint64_t n, uint8_t *out)
+{
+    uint64_t nb = n / GGML_Q8A_BLOCK;
+    int8_t *qs = (int8_t *)out;
+    int32_t *ns4 = (int32_t *)(void *)(out + 32 * nb);
+    float *dd = (float *)(void *)(out + 64 * nb);
+    for (uint64_t b = 0; b < nb; b++) {
         const float *v = x + b * GGML_Q8A_BLOCK;
-        float amax = 0.0f;
-        for (int j = 0; j < GGML_Q8A_BLOCK; j++) {
-            float a = fabsf(v[j]);
-            if (a > amax)
-                amax = a;
+        float d;
+        if (ggml_qdot_path() >= GGML_QDOT_AVX2) {
+            d = q8_block_avx2(v, GGML_Q8A_BLOCK, qs + b * 32);
+        } else {
+            d = absmax(v, GGML_Q8A_BLOCK) / 127.0f;
+            float id = d > 0.0f ? 1.0f / d : 0.0f;
+            for (int j = 0; j < GGML_Q8A_BLOCK; j++)
+                qs[b * 32 + j] = q8(v[j], id);
         }
-        float d = amax / 127.0f;
-        float id = d > 0.0f ? 1.0f / d : 0.0f;
-        out[b].d = d;
-        for (int j = 0; j < GGML_Q8A_BLOCK; j++) {
-            long q = lrintf(v[j] * id);
-            out[b].qs[j] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+        for (int j = 0; j < 8; j++) {
+            const int8_t *q = qs + b * 32 + 4 * j;
+            ns4[b * 8 + j] = -128 * ((int32_t)q[0] + q[1] + q[2] + q[3]);
+            dd[b * 8 + j] = d;
         }
     }
 }
 
-/* ---- scalar ---- */
-static void isums_q8_0_scalar(const uint8_t *w, const ggml_q8a_block *a, uint64_t nb, int32_t *s)
+static void q8k_quantize(const float *x, uint64_t n, ggml_q8k_block *out)
 {
-    for (uint64_t b = 0; b < nb; b++) {
-        const int8_t *q = (const int8_t *)(w + b * Q8_0_BYTES + 2);
-        int32_t acc = 0;
-        for (int j = 0; j < 32; j++)
-            acc += (int32_t)q[j] * a[b].qs[j];
-        s[b] = acc;
+    for (uint64_t b = 0; b < n / GGML_Q8K_BLOCK; b++) {
+        const float *v = x + b * GGML_Q8K_BLOCK;
+        if (ggml_qdot_path() >= GGML_QDOT_AVX2) {
+            out[b].d = q8_block_avx2(v, GGML_Q8K_BLOCK, out[b].qs);
+        } else {
+            float d = absmax(v, GGML_Q8K_BLOCK) / 127.0f;
+            float id = d > 0.0f ? 1.0f / d : 0.0f;
+            out[b].d = d;
+            for (int j = 0; j < GGML_Q8K_BLOCK; j++)
+                out[b].qs[j] = q8(v[j], id);
+        }
+        for (int k = 0; k < GGML_Q8K_BLOCK / 16; k++) {
+            int s = 0;
+            for (int j = 0; j < 16; j++)
+                s += out[b].qs[16 * k + j];
+            out[b].bsums[k] = (int16_t)s;
+        }
     }
 }
 
-static void isums_q4_0_scalar(const uint8_t *w, const ggml_q8a_block *a, uint64_t nb, int32_t *s)
+void ggml_qdot_quantize(int act, const float *x, uint64_t n, void *out)
 {
-    for (uint64_t b = 0; b < nb; b++) {
-        const uint8_t *q = w + b * Q4_0_BYTES + 2;
-        int32_t acc = 0;
-        for (int j = 0; j < 16; j++) {
-            acc += ((int32_t)(q[j] & 0x0F) - 8) * a[b].qs[j];
-            acc += ((int32_t)(q[j] >> 4) - 8) * a[b].qs[j + 16];
-        }
-        s[b] = acc;
+    if (act == GGML_QACT_Q8A)
+        q8a_quantize(x, n, out);
+    else if (act == GGML_QACT_Q8K)
+        q8k_quantize(x, n, out);
+}
+
+/* ------------------------------------------------------------------ */
+/* Q8_0 / Q4_0 against Q8A: 8 lanes x 4 chains of f32 (see the header)  */
+
+static float lanes_reduce(const float acc[4][8])
+{
+    float v[8], s4[4], s2[2];
+    for (int j = 0; j < 8; j++)
+        v[j] = (acc[0][j] + acc[2][j]) + (acc[1][j] + acc[3][j]);
+    for (int l = 0; l < 4; l++)
+        s4[l] = v[l] + v[l + 4];
+    for (int l = 0; l < 2; l++)
+        s2[l] = s4[l] + s4[l + 2];
+    return s2[0] + s2[1];
+}
+
+static inline void w32_unpack(uint32_t type, const uint8_t *blk, int8_t *wq)
+{
+    if (type == GGML_TYPE_Q8_0) {
+        memcpy(wq, blk + 2, 32);
+        return;
     }
+    for (int j = 0; j < 16; j++) {
+        wq[j] = (int8_t)((blk[2 + j] & 0x0F) - 8);
+        wq[j + 16] = (int8_t)((blk[2 + j] >> 4) - 8);
+    }
+}
+
+static float q32_dot_scalar(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a)
+{
+    const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
+    const int8_t *qs = (const int8_t *)a;
+    const float *da = (const float *)(const void *)(a + 64 * nb);
+    float acc[4][8] = { { 0 } };
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes;
+        int8_t wq[32];
+        w32_unpack(type, blk, wq);
+        float s = h2f(blk) * da[b * 8];
+        for (int j = 0; j < 8; j++) {
+            int32_t p = 0;
+            for (int t = 0; t < 4; t++)
+                p += (int32_t)wq[4 * j + t] * qs[b * 32 + 4 * j + t];
+            acc[b & 3][j] = fmaf((float)p, s, acc[b & 3][j]);
+        }
+    }
+    return lanes_reduce(acc);
 }
 
 /* ---- AVX2 ---- */
-__attribute__((target("avx2"))) static inline int32_t hsum8_avx2(__m256i v)
+#define AVX2_TARGET "avx2,fma,f16c"
+__attribute__((target(AVX2_TARGET))) static inline float tree8_avx2(__m256 v)
+{
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+}
+
+__attribute__((target(AVX2_TARGET))) static inline int32_t hsum8_avx2(__m256i v)
 {
     __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
@@ -68,135 +218,555 @@ __attribute__((target("avx2"))) static inline int32_t hsum8_avx2(__m256i v)
     return _mm_cvtsi128_si32(x);
 }
 
-/* Lane sums of v[0..7] as one vector: lane i = sum of v[i]'s 8 int32 lanes. */
-__attribute__((target("avx2"))) static inline __m256i hsum8x8_avx2(const __m256i *v)
+/* the 32 signed weights of a Q8_0 / Q4_0 block, element order */
+__attribute__((target(AVX2_TARGET))) static inline __m256i w32_avx2(uint32_t type,
+                                                                     const uint8_t *blk)
 {
-    __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
-    __m256i c = _mm256_hadd_epi32(v[4], v[5]), d = _mm256_hadd_epi32(v[6], v[7]);
-    a = _mm256_hadd_epi32(a, b);
-    c = _mm256_hadd_epi32(c, d);
-    /* a: lanes {0,1,2,3 | 0,1,2,3} halves; c likewise for 4..7 */
-    __m256i lo = _mm256_permute2x128_si256(a, c, 0x20), hi = _mm256_permute2x128_si256(a, c, 0x31);
-    return _mm256_add_epi32(lo, hi);
-}
-
-__attribute__((target("avx2"))) static inline __m256i q4_unpack_avx2(const uint8_t *q)
-{
-    __m128i lo = _mm_loadu_si128((const __m128i_u *)q);
+    if (type == GGML_TYPE_Q8_0)
+        return _mm256_loadu_si256((const __m256i_u *)(blk + 2));
+    __m128i x = _mm_loadu_si128((const __m128i_u *)(blk + 2));
     __m128i m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(lo, 4), m), _mm_and_si128(lo, m));
+    __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
+    return _mm256_sub_epi8(u, _mm256_set1_epi8(8));
 }
 
-__attribute__((target("avx2"))) static void isums_q8_0_avx2(const uint8_t *w,
-                                                             const ggml_q8a_block *a, uint64_t nb,
-                                                             int32_t *s)
+/* One weight row against ni <= 4 activation rows. */
+__attribute__((target(AVX2_TARGET))) static void
+q32_row_avx2(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
+             uint32_t ni, float *out, size_t os)
 {
+    const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
     const __m256i ones = _mm256_set1_epi16(1);
-    uint64_t b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        __m256i v[8];
-        for (int k = 0; k < 8; k++) {
-            __m256i wq = _mm256_loadu_si256((const __m256i_u *)(w + (b + k) * Q8_0_BYTES + 2));
-            __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b + k].qs);
-            v[k] = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(aq, wq)), ones);
+    __m256 acc[4][4];
+    for (uint32_t i = 0; i < 4; i++)
+        for (int k = 0; k < 4; k++)
+            acc[i][k] = _mm256_setzero_ps();
+    for (uint64_t b0 = 0; b0 < nb; b0 += 4) {
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            uint64_t b = b0 + (uint64_t)k;
+            if (b >= nb)
+                break;
+            const uint8_t *blk = w + b * bytes;
+            __m256i wq = w32_avx2(type, blk);
+            __m256i aw = _mm256_sign_epi8(wq, wq);
+            __m256 dw = _mm256_set1_ps(_cvtsh_ss(rd16(blk)));
+            for (uint32_t i = 0; i < ni; i++) {
+                const uint8_t *ai = a + i * as;
+                __m256i aq = _mm256_loadu_si256((const __m256i_u *)(ai + 32 * b));
+                /* |w| * (q * sign(w)): |w| <= 128, so pairs fit int16 */
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(aq, wq)),
+                                              ones);
+                __m256 s = _mm256_mul_ps(
+                    dw, _mm256_broadcast_ss((const float *)(const void *)(ai + 64 * nb) + 8 * b));
+                acc[i][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[i][k]);
+            }
         }
-        _mm256_storeu_si256((__m256i_u *)(s + b), hsum8x8_avx2(v));
     }
-    for (; b < nb; b++) {
-        __m256i wq = _mm256_loadu_si256((const __m256i_u *)(w + b * Q8_0_BYTES + 2));
-        __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b].qs);
-        /* |w| * (a * sign(w)); |w| <= 128 so 2 * 128 * 127 fits int16 */
-        __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(aq, wq));
-        s[b] = hsum8_avx2(_mm256_madd_epi16(p, ones));
+    for (uint32_t i = 0; i < ni; i++)
+        out[i * os] = tree8_avx2(_mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][2]),
+                                               _mm256_add_ps(acc[i][1], acc[i][3])));
+}
+
+/* ---- AVX-512 VNNI: blocks (b, b+1) in one zmm, chains 0/1 in its halves
+ * (accumulator h = 0) and 2/3 (h = 1). vpdpbusd needs unsigned weights:
+ * w + 128 (Q8_0: w ^ 0x80; Q4_0: nibble + 120); the accumulator starts at
+ * the activation's ns4 = -128 * sum4, so every lane is exactly p_j. A tile
+ * is R weight rows x NI items with all accumulators in registers. ---- */
+#define VNNI_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
+#define QDOT_PF 1024 /* software prefetch distance on the weight rows */
+
+/* unsigned weights of block b (low half) and b + 1 (high half, if two) */
+__attribute__((target(VNNI_TARGET))) static inline __m512i
+wpair_vnni(uint32_t type, const uint8_t *blk, size_t bytes, int two)
+{
+    if (type == GGML_TYPE_Q8_0) {
+        __m256i lo = _mm256_loadu_si256((const __m256i_u *)(blk + 2));
+        __m256i hi = two ? _mm256_loadu_si256((const __m256i_u *)(blk + bytes + 2))
+                         : _mm256_setzero_si256();
+        __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        return _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
+    }
+    __m128i x0 = _mm_loadu_si128((const __m128i_u *)(blk + 2));
+    __m128i x1 = two ? _mm_loadu_si128((const __m128i_u *)(blk + bytes + 2)) : _mm_setzero_si128();
+    __m256i x = _mm256_set_m128i(x1, x0);
+    __m256i m = _mm256_set1_epi8(0x0F);
+    __m256i lo = _mm256_and_si256(x, m), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m);
+    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); /* lo0 lo1 hi0 hi1 */
+    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));           /* lo0 hi0 lo1 hi1 */
+    return _mm512_add_epi8(z, _mm512_set1_epi8(120));                 /* (u - 8) + 128 */
+}
+
+__attribute__((target(VNNI_TARGET))) static inline __m512 dpair_vnni(const uint8_t *blk,
+                                                                      size_t bytes, int two)
+{
+    __m256 lo = _mm256_set1_ps(_cvtsh_ss(rd16(blk)));
+    __m256 hi = two ? _mm256_set1_ps(_cvtsh_ss(rd16(blk + bytes))) : _mm256_setzero_ps();
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+                                               _mm256_castps_pd(hi), 1));
+}
+
+__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
+q32_tile_vnni(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a,
+              size_t as, float *out, size_t os, const int R, const int NI)
+{
+    const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
+    __m512 acc[4][4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++)
+            acc[r][i][0] = acc[r][i][1] = _mm512_setzero_ps();
+    uint64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        __m512i u[4][2];
+        __m512 dw[4][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = w + r * rb + b * bytes;
+            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+            u[r][0] = wpair_vnni(type, blk, bytes, 1);
+            u[r][1] = wpair_vnni(type, blk + 2 * bytes, bytes, 1);
+            /* the 4 scales in one conversion, then spread to the halves */
+            __m128i h = _mm_cvtsi32_si128((int)(rd16(blk) | ((uint32_t)rd16(blk + bytes) << 16)));
+            h = _mm_insert_epi32(h, (int)(rd16(blk + 2 * bytes) |
+                                          ((uint32_t)rd16(blk + 3 * bytes) << 16)), 1);
+            __m512 d4 = _mm512_castps128_ps512(_mm_cvtph_ps(h));
+            dw[r][0] = _mm512_permutexvar_ps(
+                _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), d4);
+            dw[r][1] = _mm512_permutexvar_ps(
+                _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2), d4);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++) {
+            const uint8_t *ai = a + i * as;
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                uint64_t bb = b + 2 * (uint64_t)h;
+                __m512i q = _mm512_loadu_si512(ai + 32 * bb);
+                __m512i src = _mm512_loadu_si512(ai + 32 * nb + 32 * bb);
+                __m512 d = _mm512_loadu_ps((const float *)(const void *)(ai + 64 * nb) + 8 * bb);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    __m512i p = _mm512_dpbusd_epi32(src, u[r][h], q);
+                    acc[r][i][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
+                                                   _mm512_mul_ps(dw[r][h], d), acc[r][i][h]);
+                }
+            }
+        }
+    }
+    if (b < nb) { /* 1..3 blocks: the missing lanes keep their chains */
+        for (int h = 0; h < 2; h++) {
+            uint64_t bb = b + 2 * (uint64_t)h;
+            if (bb >= nb)
+                break;
+            int two = bb + 1 < nb;
+            __mmask16 k = two ? (__mmask16)0xFFFF : (__mmask16)0x00FF;
+            for (int r = 0; r < R; r++) {
+                const uint8_t *blk = w + r * rb + bb * bytes;
+                __m512i u = wpair_vnni(type, blk, bytes, two);
+                __m512 dw = dpair_vnni(blk, bytes, two);
+                for (int i = 0; i < NI; i++) {
+                    const uint8_t *ai = a + i * as;
+                    __m512i q = _mm512_maskz_loadu_epi32(k, ai + 32 * bb);
+                    __m512i src = _mm512_maskz_loadu_epi32(k, ai + 32 * nb + 32 * bb);
+                    __m512 d = _mm512_maskz_loadu_ps(k, (const float *)(const void *)(ai + 64 * nb) +
+                                                            8 * bb);
+                    __m512i p = _mm512_dpbusd_epi32(src, u, q);
+                    acc[r][i][h] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(p),
+                                                         _mm512_mul_ps(dw, d), acc[r][i][h], k);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++) {
+            __m512 z = _mm512_add_ps(acc[r][i][0], acc[r][i][1]); /* (acc0+acc2 | acc1+acc3) */
+            __m256 lo = _mm512_castps512_ps256(z);
+            __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1));
+            out[i * os + r] = tree8_avx2(_mm256_add_ps(lo, hi));
+        }
+}
+
+typedef void (*q32_tile_fn)(const uint8_t *, size_t, uint64_t, const uint8_t *, size_t, float *,
+                            size_t);
+#define Q32_TILE(T, TN, R, NI)                                                                 \
+    __attribute__((target(VNNI_TARGET))) static void q32_vnni_##TN##_##R##x##NI(              \
+        const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a, size_t as, float *out,     \
+        size_t os)                                                                             \
+    {                                                                                          \
+        q32_tile_vnni(T, w, rb, nb, a, as, out, os, R, NI);                                    \
+    }
+#define Q32_TILES(T, TN)                                                                       \
+    Q32_TILE(T, TN, 4, 1) Q32_TILE(T, TN, 2, 2) Q32_TILE(T, TN, 2, 4) Q32_TILE(T, TN, 1, 1)    \
+    Q32_TILE(T, TN, 1, 2) Q32_TILE(T, TN, 1, 3) Q32_TILE(T, TN, 1, 4)                          \
+    static const q32_tile_fn q32_vnni_##TN[2][5] = {                                           \
+        { NULL, q32_vnni_##TN##_1x1, q32_vnni_##TN##_1x2, q32_vnni_##TN##_1x3,                 \
+          q32_vnni_##TN##_1x4 },                                                               \
+        { NULL, q32_vnni_##TN##_4x1, q32_vnni_##TN##_2x2, q32_vnni_##TN##_1x3,                 \
+          q32_vnni_##TN##_2x4 },                                                               \
+    };
+Q32_TILES(GGML_TYPE_Q8_0, q8)
+Q32_TILES(GGML_TYPE_Q4_0, q4)
+
+/* rows [0, n_rows) x ni <= 4 items: the widest tile that fits, then 1 row */
+static void q32_rows_vnni(uint32_t type, const uint8_t *w, size_t rb, uint32_t n_rows,
+                          uint64_t nb, const uint8_t *a, size_t as, uint32_t ni, float *out,
+                          size_t os)
+{
+    const q32_tile_fn(*tab)[5] = type == GGML_TYPE_Q8_0 ? q32_vnni_q8 : q32_vnni_q4;
+    const uint32_t rt = ni == 1 ? 4 : ni == 3 ? 1 : 2;
+    uint32_t r = 0;
+    for (; rt > 1 && r + rt <= n_rows; r += rt)
+        tab[1][ni](w + (size_t)r * rb, rb, nb, a, as, out + r, os);
+    for (; r < n_rows; r++)
+        tab[0][ni](w + (size_t)r * rb, rb, nb, a, as, out + r, os);
+}
+
+/* ------------------------------------------------------------------ */
+/* Q4_K / Q6_K against Q8K: exact integers per block, one scalar combine */
+
+/* The 8 6-bit scales and 8 mins of a Q4_K block (12 bytes): bytes 0-3 hold
+ * sc0..3 in their low 6 bits, bytes 4-7 m0..3; bytes 8-11 the low 4 bits of
+ * sc4..7 (low nibble) and m4..7 (high nibble), whose top 2 bits are the top
+ * 2 bits of bytes 0-3 (sc) and 4-7 (m). */
+static inline void k4_scales(const uint8_t *p, uint8_t sc[8], uint8_t m[8])
+{
+    uint32_t w0, w1, w2;
+    memcpy(&w0, p, 4);
+    memcpy(&w1, p + 4, 4);
+    memcpy(&w2, p + 8, 4);
+    uint32_t s03 = w0 & 0x3F3F3F3Fu, m03 = w1 & 0x3F3F3F3Fu;
+    uint32_t s47 = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+    uint32_t m47 = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+    memcpy(sc, &s03, 4);
+    memcpy(sc + 4, &s47, 4);
+    memcpy(m, &m03, 4);
+    memcpy(m + 4, &m47, 4);
+}
+
+/* ---- K-quants, lane form (see the header): per block 16 int32 lanes
+ * V[l] of scale x 4-product sums, accumulated in f32 lanes F[l] with
+ * fma(V, d_w * d_a); Q4_K's mins in 8 lanes G[k]; r = tree16(F) - tree8(G). */
+
+static float tree8_f(const float v[8])
+{
+    float s4[4], s2[2];
+    for (int l = 0; l < 4; l++)
+        s4[l] = v[l] + v[l + 4];
+    for (int l = 0; l < 2; l++)
+        s2[l] = s4[l] + s4[l + 2];
+    return s2[0] + s2[1];
+}
+
+static float tree16_f(const float F[16])
+{
+    float v[8];
+    for (int l = 0; l < 8; l++)
+        v[l] = F[l] + F[l + 8];
+    return tree8_f(v);
+}
+
+/* the 256 signed Q6_K weights (q - 32) of a block, element order */
+static void q6k_unpack(const uint8_t *blk, int8_t *w)
+{
+    const uint8_t *ql = blk, *qh = blk + 128;
+    for (int n = 0; n < 2; n++) {
+        for (int l = 0; l < 32; l++) {
+            w[128 * n + l] = (int8_t)((int)((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) - 32);
+            w[128 * n + l + 32] = (int8_t)((int)((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            w[128 * n + l + 64] = (int8_t)((int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            w[128 * n + l + 96] = (int8_t)((int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+        ql += 64;
+        qh += 32;
     }
 }
 
-__attribute__((target("avx2"))) static void isums_q4_0_avx2(const uint8_t *w,
-                                                             const ggml_q8a_block *a, uint64_t nb,
-                                                             int32_t *s)
+static void kq_row_scalar(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a,
+                          size_t as, uint32_t ni, float *out, size_t os)
 {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i ones8 = _mm256_set1_epi8(1);
-    const __m256i eight = _mm256_set1_epi32(8);
-    uint64_t b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        __m256i v[8], t[8];
-        for (int k = 0; k < 8; k++) {
-            __m256i u = q4_unpack_avx2(w + (b + k) * Q4_0_BYTES + 2);
-            __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b + k].qs);
-            v[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(u, aq), ones);
-            t[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, aq), ones);
+    for (uint32_t i = 0; i < ni; i++) {
+        const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as);
+        float F[16] = { 0 }, G[8] = { 0 };
+        for (uint64_t b = 0; b < nb; b++) {
+            const int8_t *q8 = ab[b].qs;
+            int8_t wv[256];
+            uint8_t sc[8], m[8];
+            float s;
+            if (type == GGML_TYPE_Q4_K) {
+                const uint8_t *blk = w + b * Q4_K_BYTES;
+                k4_scales(blk + 4, sc, m);
+                for (int j = 0; j < 4; j++)
+                    for (int l = 0; l < 32; l++) {
+                        wv[64 * j + l] = (int8_t)(blk[16 + 32 * j + l] & 0x0F);
+                        wv[64 * j + 32 + l] = (int8_t)(blk[16 + 32 * j + l] >> 4);
+                    }
+                s = h2f(blk) * ab[b].d;
+                float n = h2f(blk + 2) * ab[b].d;
+                for (int k = 0; k < 8; k++) {
+                    int32_t mk = m[k] * (ab[b].bsums[2 * k] + ab[b].bsums[2 * k + 1]);
+                    G[k] = fmaf((float)mk, n, G[k]);
+                }
+            } else {
+                const uint8_t *blk = w + b * Q6_K_BYTES;
+                q6k_unpack(blk, wv);
+                s = h2f(blk + 208) * ab[b].d;
+            }
+            for (int l = 0; l < 16; l++) {
+                int32_t V = 0;
+                for (int j = 0; j < 4; j++) {
+                    int e = 64 * j + 4 * l;
+                    int32_t P = 0;
+                    for (int t = 0; t < 4; t++)
+                        P += wv[e + t] * q8[e + t];
+                    int scale = type == GGML_TYPE_Q4_K
+                                    ? sc[2 * j + (l >= 8)]
+                                    : ((const int8_t *)(w + b * Q6_K_BYTES + 192))[4 * j + l / 4];
+                    V += scale * P;
+                }
+                F[l] = fmaf((float)V, s, F[l]);
+            }
         }
-        __m256i r = _mm256_sub_epi32(hsum8x8_avx2(v), _mm256_mullo_epi32(eight, hsum8x8_avx2(t)));
-        _mm256_storeu_si256((__m256i_u *)(s + b), r);
-    }
-    for (; b < nb; b++) {
-        __m256i u = q4_unpack_avx2(w + b * Q4_0_BYTES + 2);
-        __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b].qs);
-        /* sum((u - 8) * a) = sum(u * a) - 8 * sum(a); u <= 15 so no int16 saturation */
-        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, aq), ones);
-        __m256i sa = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, aq), ones);
-        s[b] = hsum8_avx2(p) - 8 * hsum8_avx2(sa);
+        out[i * os] = type == GGML_TYPE_Q4_K ? tree16_f(F) - tree8_f(G) : tree16_f(F);
     }
 }
 
-/* ---- AVX-512 VNNI (256-bit vpdpbusd) ---- */
-#define VNNI_TARGET "avx2,avx512f,avx512vl,avx512bw,avx512vnni"
-__attribute__((target(VNNI_TARGET))) static void isums_q8_0_vnni(const uint8_t *w,
-                                                                 const ggml_q8a_block *a,
-                                                                 uint64_t nb, int32_t *s)
+/* scalar product of two floats as one SSE op the compiler cannot fuse */
+__attribute__((target(AVX2_TARGET))) static inline __m256 bmul(float x, float y)
 {
-    const __m256i bias = _mm256_set1_epi8((char)0x80);
-    const __m256i ones8 = _mm256_set1_epi8(1);
-    const __m256i k128 = _mm256_set1_epi32(128);
-    uint64_t b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        __m256i v[8], t[8];
-        for (int k = 0; k < 8; k++) {
-            __m256i wq = _mm256_loadu_si256((const __m256i_u *)(w + (b + k) * Q8_0_BYTES + 2));
-            __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b + k].qs);
-            v[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(wq, bias), aq);
-            t[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones8, aq);
+    return _mm256_broadcastss_ps(_mm_mul_ss(_mm_set_ss(x), _mm_set_ss(y)));
+}
+
+/* ---- AVX2: 16 lanes as two ymm (lo = lanes 0-7, hi = 8-15) ---- */
+__attribute__((target(AVX2_TARGET))) static inline __attribute__((always_inline)) void
+kq_row_avx2_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
+              float *out, size_t os, const int NI)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    __m256 Flo[4], Fhi[4], G[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++)
+        Flo[i] = Fhi[i] = G[i] = _mm256_setzero_ps();
+    for (uint64_t b = 0; b < nb; b++) {
+        __m256i wq[8], S[8];  /* 32-element groups (element order), their scales */
+        __m256i aw[8], sg[8]; /* Q6_K: |w| and w for the sign trick */
+        __m256i mm = _mm256_setzero_si256();
+        float dw, dmin = 0.0f;
+        if (type == GGML_TYPE_Q4_K) {
+            const uint8_t *blk = w + b * Q4_K_BYTES;
+            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+            uint8_t sc[8], m[8];
+            k4_scales(blk + 4, sc, m);
+            dw = _cvtsh_ss(rd16(blk));
+            dmin = _cvtsh_ss(rd16(blk + 2));
+            for (int j = 0; j < 4; j++) {
+                __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
+                wq[2 * j] = _mm256_and_si256(q, m4);
+                wq[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                S[2 * j] = _mm256_set1_epi16(sc[2 * j]);
+                S[2 * j + 1] = _mm256_set1_epi16(sc[2 * j + 1]);
+            }
+            __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
+            mm = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
+        } else {
+            const uint8_t *blk = w + b * Q6_K_BYTES;
+            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            dw = _cvtsh_ss(rd16(blk + 208));
+            for (int n = 0; n < 2; n++) {
+                const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+                __m256i l0 = _mm256_loadu_si256((const __m256i_u *)ql);
+                __m256i l1 = _mm256_loadu_si256((const __m256i_u *)(ql + 32));
+                __m256i h = _mm256_loadu_si256((const __m256i_u *)qh);
+                wq[4 * n] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                            _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+                wq[4 * n + 1] = _mm256_or_si256(
+                    _mm256_and_si256(l1, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+                wq[4 * n + 2] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+                wq[4 * n + 3] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+            }
+            for (int g = 0; g < 8; g++) {
+                sg[g] = _mm256_sub_epi8(wq[g], _mm256_set1_epi8(32));
+                aw[g] = _mm256_sign_epi8(sg[g], sg[g]);
+                /* group g = elements 32g..: lanes 0-3 sub-block 2g, 4-7 2g + 1 */
+                S[g] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
+            }
         }
-        __m256i r = _mm256_sub_epi32(hsum8x8_avx2(v), _mm256_mullo_epi32(k128, hsum8x8_avx2(t)));
-        _mm256_storeu_si256((__m256i_u *)(s + b), r);
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++) {
+            const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
+            __m256i vlo = _mm256_setzero_si256(), vhi = _mm256_setzero_si256();
+            for (int g = 0; g < 8; g++) {
+                __m256i av = _mm256_loadu_si256((const __m256i_u *)(ab->qs + 32 * g));
+                /* Q4_K: nibble * a (pairs <= 3810); Q6_K: |w| * (a * sign w) (<= 8128) */
+                __m256i p = type == GGML_TYPE_Q4_K
+                                ? _mm256_maddubs_epi16(wq[g], av)
+                                : _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(av, sg[g]));
+                p = _mm256_madd_epi16(p, S[g]);
+                if (g & 1)
+                    vhi = _mm256_add_epi32(vhi, p);
+                else
+                    vlo = _mm256_add_epi32(vlo, p);
+            }
+            __m256 sv = bmul(dw, ab->d);
+            Flo[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(vlo), sv, Flo[i]);
+            Fhi[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(vhi), sv, Fhi[i]);
+            if (type == GGML_TYPE_Q4_K) {
+                __m256i mk = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)ab->bsums), mm);
+                G[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mk), bmul(dmin, ab->d), G[i]);
+            }
+        }
     }
-    for (; b < nb; b++) {
-        __m256i wq = _mm256_loadu_si256((const __m256i_u *)(w + b * Q8_0_BYTES + 2));
-        __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b].qs);
-        /* (w + 128) as u8: sum(w * a) = sum((w + 128) * a) - 128 * sum(a) */
-        __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(wq, bias), aq);
-        __m256i sa = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones8, aq);
-        s[b] = hsum8_avx2(p) - 128 * hsum8_avx2(sa);
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++) {
+        float f = tree8_avx2(_mm256_add_ps(Flo[i], Fhi[i]));
+        out[i * os] = type == GGML_TYPE_Q4_K ? f - tree8_avx2(G[i]) : f;
     }
 }
 
-__attribute__((target(VNNI_TARGET))) static void isums_q4_0_vnni(const uint8_t *w,
-                                                                 const ggml_q8a_block *a,
-                                                                 uint64_t nb, int32_t *s)
+/* ---- VNNI: 64 elements per vpdpbusd (lane l of chunk j = elements
+ * 64j + 4l ..); every lane sum fits int16, so one vpmaddwd with the scale
+ * in the low half of each 32-bit lane applies the sub-block scales. Q6_K
+ * uses signed weights (q - 32) against a + 128, starting from -128 x the
+ * weights' 4-sums, so its lanes are exact without any bsums term. ---- */
+__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
+kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
+              float *out, size_t os, const int NI)
 {
-    const __m256i ones8 = _mm256_set1_epi8(1);
-    const __m256i eight = _mm256_set1_epi32(8);
-    uint64_t b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        __m256i v[8], t[8];
-        for (int k = 0; k < 8; k++) {
-            __m256i u = q4_unpack_avx2(w + (b + k) * Q4_0_BYTES + 2);
-            __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b + k].qs);
-            v[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, aq);
-            t[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones8, aq);
+    __m512 F[4];
+    __m256 G[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++) {
+        F[i] = _mm512_setzero_ps();
+        G[i] = _mm256_setzero_ps();
+    }
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    for (uint64_t b = 0; b < nb; b++) {
+        __m512i wq[4], S[4], src[4];
+        __m256i mm = _mm256_setzero_si256();
+        float dw, dmin = 0.0f;
+        if (type == GGML_TYPE_Q4_K) {
+            const uint8_t *blk = w + b * Q4_K_BYTES;
+            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+            uint8_t sc[8], m[8];
+            k4_scales(blk + 4, sc, m);
+            dw = _cvtsh_ss(rd16(blk));
+            dmin = _cvtsh_ss(rd16(blk + 2));
+            const __m512i sv = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i_u *)sc));
+            for (int j = 0; j < 4; j++) {
+                __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
+                __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+                wq[j] = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+                S[j] = _mm512_permutexvar_epi32(
+                    _mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
+                                     2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j,
+                                     2 * j, 2 * j, 2 * j, 2 * j),
+                    sv);
+                src[j] = _mm512_setzero_si512();
+            }
+            __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
+            mm = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
+        } else {
+            const uint8_t *blk = w + b * Q6_K_BYTES;
+            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            dw = _cvtsh_ss(rd16(blk + 208));
+            const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+            for (int n = 0; n < 2; n++) {
+                const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+                __m256i l0 = _mm256_loadu_si256((const __m256i_u *)ql);
+                __m256i l1 = _mm256_loadu_si256((const __m256i_u *)(ql + 32));
+                __m256i h = _mm256_loadu_si256((const __m256i_u *)qh);
+                __m256i g0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                             _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+                __m256i g1 = _mm256_or_si256(
+                    _mm256_and_si256(l1, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+                __m256i g2 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+                __m256i g3 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+                wq[2 * n] = _mm512_inserti64x4(_mm512_castsi256_si512(g0), g1, 1);
+                wq[2 * n + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(g2), g3, 1);
+            }
+            const __m512i sv = _mm512_and_si512(
+                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i_u *)sc)), lo16);
+            for (int k = 0; k < 4; k++) {
+                wq[k] = _mm512_sub_epi8(wq[k], _mm512_set1_epi8(32)); /* signed q - 32 */
+                src[k] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                          _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                                              _mm512_set1_epi8((char)0x80), wq[k]));
+                S[k] = _mm512_permutexvar_epi32(
+                    _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2,
+                                     4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1,
+                                     4 * k + 1, 4 * k + 1, 4 * k, 4 * k, 4 * k, 4 * k),
+                    sv);
+            }
         }
-        __m256i r = _mm256_sub_epi32(hsum8x8_avx2(v), _mm256_mullo_epi32(eight, hsum8x8_avx2(t)));
-        _mm256_storeu_si256((__m256i_u *)(s + b), r);
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++) {
+            const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
+            __m512i v = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                __m512i av = _mm512_loadu_si512(ab->qs + 64 * k);
+                __m512i p = type == GGML_TYPE_Q4_K
+                                ? _mm512_dpbusd_epi32(src[k], wq[k], av)
+                                : _mm512_dpbusd_epi32(src[k],
+                                                      _mm512_xor_si512(av, _mm512_set1_epi8((char)0x80)),
+                                                      wq[k]);
+                v = _mm512_add_epi32(v, _mm512_madd_epi16(p, S[k]));
+            }
+            __m512 s16 = _mm512_broadcastss_ps(_mm_mul_ss(_mm_set_ss(dw), _mm_set_ss(ab->d)));
+            F[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), s16, F[i]);
+            if (type == GGML_TYPE_Q4_K) {
+                __m256i mk = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)ab->bsums), mm);
+                G[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mk), bmul(dmin, ab->d), G[i]);
+            }
+        }
     }
-    for (; b < nb; b++) {
-        __m256i u = q4_unpack_avx2(w + b * Q4_0_BYTES + 2);
-        __m256i aq = _mm256_loadu_si256((const __m256i_u *)a[b].qs);
-        __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, aq);
-        __m256i sa = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones8, aq);
-        s[b] = hsum8_avx2(p) - 8 * hsum8_avx2(sa);
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++) {
+        __m256 lo = _mm512_castps512_ps256(F[i]);
+        __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(F[i]), 1));
+        float f = tree8_avx2(_mm256_add_ps(lo, hi));
+        out[i * os] = type == GGML_TYPE_Q4_K ? f - tree8_avx2(G[i]) : f;
     }
+}
+
+typedef void (*kq_row_fn)(const uint8_t *, uint64_t, const uint8_t *, size_t, float *, size_t);
+#define KQ_ROW(TGT, BODY, T, TN, NI)                                                            \
+    __attribute__((target(TGT))) static void kq_##BODY##_##TN##_##NI(                           \
+        const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as, float *out, size_t os)       \
+    {                                                                                            \
+        kq_row_##BODY##_t(T, w, nb, a, as, out, os, NI);                                         \
+    }
+#define KQ_ROWS(TGT, BODY, T, TN)                                                               \
+    KQ_ROW(TGT, BODY, T, TN, 1) KQ_ROW(TGT, BODY, T, TN, 2) KQ_ROW(TGT, BODY, T, TN, 3)          \
+    KQ_ROW(TGT, BODY, T, TN, 4)                                                                  \
+    static const kq_row_fn kq_##BODY##_##TN[5] = { NULL, kq_##BODY##_##TN##_1,                  \
+                                                   kq_##BODY##_##TN##_2, kq_##BODY##_##TN##_3,  \
+                                                   kq_##BODY##_##TN##_4 };
+KQ_ROWS(AVX2_TARGET, avx2, GGML_TYPE_Q4_K, q4k)
+KQ_ROWS(AVX2_TARGET, avx2, GGML_TYPE_Q6_K, q6k)
+KQ_ROWS(VNNI_TARGET, vnni, GGML_TYPE_Q4_K, q4k)
+KQ_ROWS(VNNI_TARGET, vnni, GGML_TYPE_Q6_K, q6k)
+
+static void kq_row_simd(int path, uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a,
+                        size_t as, uint32_t ni, float *out, size_t os)
+{
+    const kq_row_fn *tab = path == GGML_QDOT_VNNI ? (type == GGML_TYPE_Q4_K ? kq_vnni_q4k : kq_vnni_q6k)
+                                                  : (type == GGML_TYPE_Q4_K ? kq_avx2_q4k : kq_avx2_q6k);
+    tab[ni](w, nb, a, as, out, os);
 }
 
 /* ---- dispatch ---- */
@@ -208,16 +778,19 @@ static int cpu_has_f16c(void)
 
 static int cpu_best(void)
 {
+    static int best = -1;
+    if (best >= 0)
+        return best;
     __builtin_cpu_init();
-    /* the SIMD paths' combine converts scales with F16C */
-    if (!__builtin_cpu_supports("avx2") || !cpu_has_f16c())
-        return GGML_QDOT_SCALAR;
-    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512bw"))
-        return GGML_QDOT_VNNI;
-    if (1)
-        return GGML_QDOT_AVX2;
-    return GGML_QDOT_SCALAR;
+    int r = GGML_QDOT_SCALAR;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
+        r = GGML_QDOT_AVX2;
+        if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f"))
+            r = GGML_QDOT_VNNI;
+    }
+    best = r;
+    return r;
 }
 
 static int g_path = -1;
@@ -243,66 +816,52 @@ int ggml_qdot_path(void)
     return g_path;
 }
 
-pd_status_t ggml_qdot_isums(int path, uint32_t type, const uint8_t *w, const ggml_q8a_block *a,
-                            uint64_t nb, int32_t *isum)
+pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row_bytes,
+                           uint32_t n_rows, uint64_t n, const void *a, size_t a_stride,
+                           uint32_t n_items, float *out, size_t out_stride)
 {
+    int act = ggml_qdot_act(type);
+    uint32_t bs = ggml_qdot_block(type);
+    if (act == GGML_QACT_NONE || n == 0 || n % bs)
+        return PD_ERR_UNSUPPORTED;
     int best = cpu_best();
     if (path > best)
         path = best;
-    if (type == GGML_TYPE_Q8_0) {
-        if (path == GGML_QDOT_VNNI)
-            isums_q8_0_vnni(w, a, nb, isum);
-        else if (path == GGML_QDOT_AVX2)
-            isums_q8_0_avx2(w, a, nb, isum);
-        else
-            isums_q8_0_scalar(w, a, nb, isum);
-        return PD_OK;
+    const uint64_t nb = n / bs;
+    const uint8_t *ab = a;
+    /* tiles of 16 weight rows (in L1) x 4 items: each weight row is read
+     * from memory once, the activations once per 16 rows */
+    for (uint32_t r0 = 0; r0 < n_rows; r0 += 16) {
+        uint32_t r1 = n_rows - r0 < 16 ? n_rows : r0 + 16;
+        for (uint32_t i0 = 0; i0 < n_items; i0 += 4) {
+            uint32_t ni = n_items - i0 < 4 ? n_items - i0 : 4;
+            const uint8_t *ai = ab + (size_t)i0 * a_stride;
+            if (act == GGML_QACT_Q8A && path == GGML_QDOT_VNNI) {
+                q32_rows_vnni(type, w + (size_t)r0 * row_bytes, row_bytes, r1 - r0, nb, ai,
+                              a_stride, ni, out + r0 + (size_t)i0 * out_stride, out_stride);
+                continue;
+            }
+            for (uint32_t r = r0; r < r1; r++) {
+                const uint8_t *row = w + (size_t)r * row_bytes;
+                float *oi = out + r + (size_t)i0 * out_stride;
+                if (act == GGML_QACT_Q8K) {
+                    if (path >= GGML_QDOT_AVX2)
+                        kq_row_simd(path, type, row, nb, ai, a_stride, ni, oi, out_stride);
+                    else
+                        kq_row_scalar(type, row, nb, ai, a_stride, ni, oi, out_stride);
+                } else if (path == GGML_QDOT_AVX2) {
+                    q32_row_avx2(type, row, nb, ai, a_stride, ni, oi, out_stride);
+                } else {
+                    for (uint32_t i = 0; i < ni; i++)
+                        oi[i * out_stride] = q32_dot_scalar(type, row, nb, ai + i * a_stride);
+                }
+            }
+        }
     }
-    if (type == GGML_TYPE_Q4_0) {
-        if (path == GGML_QDOT_VNNI)
-            isums_q4_0_vnni(w, a, nb, isum);
-        else if (path == GGML_QDOT_AVX2)
-            isums_q4_0_avx2(w, a, nb, isum);
-        else
-            isums_q4_0_scalar(w, a, nb, isum);
-        return PD_OK;
-    }
-    return PD_ERR_UNSUPPORTED;
-}
-
-/* The scalar combine with the fp16 scale converted by F16C (exact, like
- * h2f) and no FMA enabled, so it returns the scalar loop's bits. */
-__attribute__((target("avx2,f16c"))) static float combine_f16c(float acc, const uint8_t *w,
-                                                                size_t bytes,
-                                                                const ggml_q8a_block *a,
-                                                                const int32_t *s, uint64_t n)
-{
-    for (uint64_t i = 0; i < n; i++) {
-        const uint8_t *p = w + i * bytes;
-        float dw = _cvtsh_ss((unsigned short)(p[0] | (p[1] << 8)));
-        acc += (dw * a[i].d) * (float)s[i];
-    }
-    return acc;
-}
-
-pd_status_t ggml_qdot_row(uint32_t type, const uint8_t *w, const ggml_q8a_block *a, uint64_t nb,
-                          float *out)
-{
-    size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
-    float acc = 0.0f;
-    int path = ggml_qdot_path();
-    for (uint64_t b0 = 0; b0 < nb; b0 += 64) {
-        int32_t s[64];
-        uint64_t n = nb - b0 < 64 ? nb - b0 : 64;
-        pd_status_t st = ggml_qdot_isums(path, type, w + b0 * bytes, a + b0, n, s);
-        if (st != PD_OK)
-            return st;
-        if (path != GGML_QDOT_SCALAR)
-            acc = combine_f16c(acc, w + b0 * bytes, bytes, a + b0, s, n);
-        else
-            for (uint64_t i = 0; i < n; i++)
-                acc += (h2f(w + (b0 + i) * bytes) * a[b0 + i].d) * (float)s[i];
-    }
-    *out = acc;
     return PD_OK;
+}
+
+pd_status_t ggml_qdot_row(uint32_t type, const uint8_t *w, const void *a, uint64_t n, float *out)
+{
+    return ggml_qdot_rows(ggml_qdot_path(), type, w, 0, 1, n, a, 0, 1, out, 0);
 }

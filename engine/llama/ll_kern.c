@@ -3,6 +3,7 @@
  * determinism contract every kernel here implements. */
 #include "ll_kern.h"
 
+#include "ggml_qdot.h"
 #include "ggml_types.h"
 
 #include <immintrin.h>
@@ -717,12 +718,85 @@ int eng_ll_pf_g = 512;   /* software prefetch distance (bytes) on the fused path
 int eng_ll_r8_g = 1;     /* experiments only: 0 = no 8-row tiles */
 uint32_t eng_ll_fuse_max_g = 8; /* largest batch on the fused path */
 
-/* Rows [r0, r1) of w for all items. scratch holds 4 dequantized rows. */
-static void ll_matmul_rows(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1,
-                           const float *x, uint32_t xs, uint32_t n_items,
-                           float *out, uint32_t os, float *scratch /* (4, cols) */)
+int eng_ll_qdot_g = -1;
+
+/* The integer-dot path for the current ISA (capped like the f32 kernels,
+ * so ENG_LL_ISA / eng_ll_isa_force exercise every path), -1 when off. */
+static int ll_qdot_path(void)
+{
+    if (eng_ll_qdot_g < 0) {
+        const char *e = getenv("PD_QDOT");
+        eng_ll_qdot_g = !(e && strcmp(e, "off") == 0);
+    }
+    if (!eng_ll_qdot_g)
+        return -1;
+    int p = ggml_qdot_path();
+    int isa = ll_isa_get();
+    int cap = isa == LL_ISA_AVX512 ? GGML_QDOT_VNNI : isa == LL_ISA_AVX2 ? GGML_QDOT_AVX2
+                                                                          : GGML_QDOT_SCALAR;
+    return p < cap ? p : cap;
+}
+
+size_t eng_ll_qx_bytes(uint32_t n_items, uint32_t cols)
+{
+    /* both formats for any row length <= cols (whole blocks of it: the
+     * byte counts only grow with the length, so a shorter matrix fits) */
+    uint32_t c8 = cols / GGML_Q8A_BLOCK * GGML_Q8A_BLOCK;
+    uint32_t ck = cols / GGML_Q8K_BLOCK * GGML_Q8K_BLOCK;
+    return (ggml_qdot_act_bytes(GGML_QACT_Q8A, c8) + ggml_qdot_act_bytes(GGML_QACT_Q8K, ck)) *
+           n_items;
+}
+
+int eng_ll_qdot_check_g;
+_Atomic uint64_t eng_ll_qdot_check_bad;
+
+/* Tests only: every integer-dot output against the f64 dot of the
+ * dequantized weight row with the dequantized activations it was given. */
+static void ll_qdot_check(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1, const uint8_t *qa,
+                          size_t qa_stride, uint32_t n_items, const float *out, uint32_t os,
+                          float *scratch)
 {
     const size_t K = w->cols;
+    const int act = ggml_qdot_act(w->type);
+    for (uint32_t r = r0; r < r1; r++) {
+        if (ggml_dequantize_row(w->type, w->data + (size_t)r * w->row_bytes, scratch, K) != PD_OK)
+            continue;
+        for (uint32_t i = 0; i < n_items; i++) {
+            const uint8_t *a = qa + i * qa_stride;
+            double ref = 0.0, mag = 0.0;
+            for (size_t e = 0; e < K; e++) {
+                double av;
+                if (act == GGML_QACT_Q8A) {
+                    const float *d = (const float *)(const void *)(a + 2 * K);
+                    av = (double)((const int8_t *)a)[e] * d[(e / 32) * 8];
+                } else {
+                    const ggml_q8k_block *b = (const ggml_q8k_block *)(const void *)a + e / 256;
+                    av = (double)b->qs[e % 256] * b->d;
+                }
+                ref += scratch[e] * av;
+                mag += fabs(scratch[e] * av);
+            }
+            if (fabs(out[(size_t)i * os + r] - ref) > 1e-5 * mag + 1e-30)
+                atomic_fetch_add(&eng_ll_qdot_check_bad, 1);
+        }
+    }
+}
+
+/* Rows [r0, r1) of w for all items. scratch holds 4 dequantized rows. qa:
+ * the items' activations quantized for w's integer dot (NULL: f32 path). */
+static void ll_matmul_rows(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1,
+                           const float *x, uint32_t xs, uint32_t n_items,
+                           float *out, uint32_t os, float *scratch /* (4, cols) */,
+                           const uint8_t *qa, size_t qa_stride, int qpath)
+{
+    const size_t K = w->cols;
+    if (qa) {
+        (void)ggml_qdot_rows(qpath, w->type, w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
+                             r1 - r0, K, qa, qa_stride, n_items, out + r0, os);
+        if (eng_ll_qdot_check_g)
+            ll_qdot_check(w, r0, r1, qa, qa_stride, n_items, out, os, scratch);
+        return;
+    }
     int isa = ll_isa_get();
     if (K % 16 != 0)
         isa = LL_ISA_SCALAR; /* shape-determined, hence still deterministic */
@@ -787,7 +861,22 @@ typedef struct {
     float *const *scratch;
     uint64_t total;              /* rows over all matrices */
     uint32_t chunk_rows;         /* multiple of 4 */
+    int qpath;                   /* integer-dot path, -1 = off */
+    uint8_t *qa[3];              /* per activation format (GGML_QACT_*) */
+    size_t qa_stride[3];
 } ll_matmul_ctx_t;
+
+/* Quantize item `chunk`'s activation row into every format in use. */
+static void ll_quant_task(void *arg, uint32_t chunk, uint32_t tid)
+{
+    (void)tid;
+    const ll_matmul_ctx_t *ctx = arg;
+    const eng_ll_matmul_t *mm = ctx->mm;
+    for (int f = GGML_QACT_Q8A; f <= GGML_QACT_Q8K; f++)
+        if (ctx->qa[f])
+            ggml_qdot_quantize(f, mm->x + (size_t)chunk * mm->x_stride, mm->w[0]->cols,
+                               ctx->qa[f] + chunk * ctx->qa_stride[f]);
+}
 
 static void ll_matmul_task(void *arg, uint32_t chunk, uint32_t tid)
 {
@@ -801,8 +890,10 @@ static void ll_matmul_task(void *arg, uint32_t chunk, uint32_t tid)
         if (g0 < base + rows) {
             uint32_t lr0 = (uint32_t)(g0 - base);
             uint32_t lr1 = (uint32_t)((g1 < base + rows ? g1 : base + rows) - base);
+            int f = ctx->qpath >= 0 ? ggml_qdot_act(mm->w[m]->type) : GGML_QACT_NONE;
             ll_matmul_rows(mm->w[m], lr0, lr1, mm->x, mm->x_stride, mm->n_items,
-                           mm->out[m], mm->out_stride[m], ctx->scratch[tid]);
+                           mm->out[m], mm->out_stride[m], ctx->scratch[tid], ctx->qa[f],
+                           ctx->qa_stride[f], ctx->qpath);
             g0 = base + lr1;
         }
         base += rows;
@@ -812,7 +903,30 @@ static void ll_matmul_task(void *arg, uint32_t chunk, uint32_t tid)
 void eng_ll_matmul(eng_ll_pool_t *pool, const eng_ll_matmul_t *mm,
                    float *const *scratch)
 {
-    ll_matmul_ctx_t ctx = { mm, scratch, 0, 0 };
+    ll_matmul_ctx_t ctx = { mm, scratch, 0, 0, -1, { NULL }, { 0 } };
+    /* integer-dot types: quantize each item's row once for all matrices
+     * (they share x, hence cols) in the formats they need */
+    ctx.qpath = mm->qx ? ll_qdot_path() : -1;
+    if (ctx.qpath >= 0) {
+        const uint32_t K = mm->w[0]->cols;
+        uint8_t *q = mm->qx;
+        for (uint32_t m = 0; m < mm->n_mats; m++) {
+            int f = ggml_qdot_act(mm->w[m]->type);
+            if (f == GGML_QACT_NONE || mm->w[m]->cols != K || K % ggml_qdot_block(mm->w[m]->type) ||
+                ctx.qa[f])
+                continue;
+            ctx.qa[f] = q;
+            ctx.qa_stride[f] = ggml_qdot_act_bytes(f, K);
+            q += ctx.qa_stride[f] * mm->n_items;
+        }
+        if (ctx.qa[GGML_QACT_Q8A] || ctx.qa[GGML_QACT_Q8K]) {
+            if (mm->n_items >= 4 && eng_ll_pool_size(pool) > 1)
+                eng_ll_pool_run(pool, ll_quant_task, &ctx, mm->n_items);
+            else
+                for (uint32_t i = 0; i < mm->n_items; i++)
+                    ll_quant_task(&ctx, i, 0);
+        }
+    }
     uint64_t macs = 0;
     for (uint32_t m = 0; m < mm->n_mats; m++) {
         ctx.total += mm->w[m]->rows;

@@ -12,13 +12,22 @@
  * a Q8_0/Q4_0 element q*d fits in a float mantissa) or, for the other
  * quantized types (K-quants, Q4_1, Q5_0/1, IQ4_NL), by engine/gguf's single
  * scalar decoder on every path, so the result does not depend on how
- * weights were tiled either. Work is split across threads by
+ * weights were tiled either.
+ * Integer-dot types (issue 11): Q8_0, Q4_0, Q4_K and Q6_K rows whose length
+ * is whole blocks are instead dotted with the activation row quantized once
+ * per matmul (engine/gguf/ggml_qdot.h: Q8 blocks of 32 or Q8_K blocks of
+ * 256); that dot has its own canonical definition (ggml_qdot.h), equal on
+ * the scalar / AVX2 / VNNI paths and independent of the batch. Whether a
+ * matrix uses it depends only on its type and shape (and eng_ll_qdot_g,
+ * PD_QDOT=off), never on the batch size or thread count.
+ * Work is split across threads by
  * output rows only; a (row, item) pair is always computed by the same code.
  */
 #ifndef LL_KERN_H
 #define LL_KERN_H
 
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include "pd_status.h"
 
@@ -105,7 +114,22 @@ typedef struct {
     const float *x;           /* (n_items, x_stride), x_stride >= cols */
     uint32_t x_stride;
     uint32_t n_items;
+    /* >= eng_ll_qx_bytes(n_items, cols) bytes for the quantized activations
+     * of the integer-dot types; NULL = every type on the f32 path */
+    void *qx;
 } eng_ll_matmul_t;
+
+/* Bytes of the quantized-activation buffer for n_items rows of cols. */
+size_t eng_ll_qx_bytes(uint32_t n_items, uint32_t cols);
+/* Integer-dot switch: 1 on (default), 0 off (every type on the exact f32
+ * path; tests of exact decoding). -1 at start = read PD_QDOT ("off" = 0).
+ * Set only while no engine call runs. */
+extern int eng_ll_qdot_g;
+/* Tests only: != 0 checks every integer-dot output against the f64 dot of
+ * the dequantized weights with the dequantized activations it was given
+ * (tolerance 1e-5 of the sum of |terms|) and counts the misses. */
+extern int eng_ll_qdot_check_g;
+extern _Atomic uint64_t eng_ll_qdot_check_bad;
 
 /* Small batches (<= eng_ll_fuse_max_g items, default 8) on AVX-512 widen
  * weights in registers ("fused", once per 4-item tile); larger ones

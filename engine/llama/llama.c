@@ -121,6 +121,7 @@ struct eng_model {
     float *ex;                   /* (t_max, n_embd) gathered inputs */
     float *eout;                 /* (t_max, n_expert_used, n_embd) expert outputs */
     float **mm_scratch;          /* (n_threads) -> (4, max_cols) */
+    uint8_t *mm_qx;              /* quantized activations, eng_ll_qx_bytes(t_max, max_cols) */
     float **att_scratch;         /* (n_threads) -> (context_length) scores */
 };
 
@@ -154,6 +155,7 @@ static void ll_free(eng_model_t *m)
         for (uint32_t t = 0; t < m->n_threads; t++)
             free(m->att_scratch[t]);
     free(m->mm_scratch);
+    free(m->mm_qx);
     free(m->att_scratch);
     free(m->out_norm);
     free(m->inv_freq);
@@ -444,6 +446,7 @@ static pd_status_t ll_alloc_buffers(eng_model_t *m)
     size_t max_cols = m->n_embd > ff ? m->n_embd : ff;
     if (m->q_dim > max_cols)
         max_cols = m->q_dim;
+    LL_ALLOC(m->mm_qx, eng_ll_qx_bytes(T, (uint32_t)max_cols));
     for (uint32_t t = 0; t < m->n_threads; t++) {
         LL_ALLOC(m->mm_scratch[t], 4 * max_cols);
         LL_ALLOC(m->att_scratch[t], (size_t)m->geom.context_length + 16);
@@ -948,6 +951,7 @@ static void ll_moe(eng_model_t *m, const ll_layer_t *L, uint32_t n)
     const uint32_t E = m->n_embd, K = m->n_expert_used, NE = m->n_expert, F = m->n_ff_exp;
     float *const *scr = m->mm_scratch;
     eng_ll_matmul_t rt = {
+        .qx = m->mm_qx,
         .n_mats = 1, .w = { &L->w_router }, .out = { m->router }, .out_stride = { NE },
         .x = m->xb, .x_stride = E, .n_items = n,
     };
@@ -994,12 +998,14 @@ static void ll_moe(eng_model_t *m, const ll_layer_t *L, uint32_t n)
         eng_ll_tensor_t g = ll_sub(&L->w_gate, e, F), u = ll_sub(&L->w_up, e, F);
         eng_ll_tensor_t d = ll_sub(&L->w_down, e, E);
         eng_ll_matmul_t gu = {
+            .qx = m->mm_qx,
             .n_mats = 2, .w = { &g, &u }, .out = { m->hb, m->hb2 }, .out_stride = { F, F },
             .x = m->ex, .x_stride = E, .n_items = cnt,
         };
         eng_ll_matmul(m->pool, &gu, scr);
         ll_act(m, cnt, F);
         eng_ll_matmul_t dn = {
+            .qx = m->mm_qx,
             .n_mats = 1, .w = { &d }, .out = { m->ex }, .out_stride = { E },
             .x = m->hb, .x_stride = F, .n_items = cnt,
         };
@@ -1055,6 +1061,7 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const 
             ll_rmsnorm(m->xb + (size_t)i * E, m->x + (size_t)i * E, L->attn_norm, E,
                        m->rms_eps);
         eng_ll_matmul_t qkv = {
+            .qx = m->mm_qx,
             .n_mats = 3, .w = { &L->wq, &L->wk, &L->wv },
             .out = { m->q, m->k, m->v },
             .out_stride = { m->q_dim, m->kv_dim, m->kv_dim },
@@ -1118,6 +1125,7 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const 
             eng_ll_pool_run(m->pool, ll_att_task, &ac, n * m->n_heads);
 
         eng_ll_matmul_t wo = {
+            .qx = m->mm_qx,
             .n_mats = 1, .w = { &L->wo }, .out = { m->xb2 }, .out_stride = { E },
             .x = m->att, .x_stride = m->q_dim, .n_items = n,
         };
@@ -1136,12 +1144,14 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const 
             ll_moe(m, L, n);
         } else {
             eng_ll_matmul_t gu = {
+                .qx = m->mm_qx,
                 .n_mats = 2, .w = { &L->w_gate, &L->w_up }, .out = { m->hb, m->hb2 },
                 .out_stride = { m->n_ff, m->n_ff }, .x = m->xb, .x_stride = E, .n_items = n,
             };
             eng_ll_matmul(m->pool, &gu, scr);
             ll_act(m, n, m->n_ff);
             eng_ll_matmul_t dn = {
+                .qx = m->mm_qx,
                 .n_mats = 1, .w = { &L->w_down }, .out = { m->xb2 }, .out_stride = { E },
                 .x = m->hb, .x_stride = m->n_ff, .n_items = n,
             };
@@ -1161,6 +1171,7 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const 
         ll_rmsnorm(m->xb + (size_t)(i - logit_from) * E, m->x + (size_t)i * E,
                    m->out_norm, E, m->rms_eps);
     eng_ll_matmul_t out = {
+        .qx = m->mm_qx,
         .n_mats = 1, .w = { &m->output }, .out = { logits }, .out_stride = { m->vocab },
         .x = m->xb, .x_stride = E, .n_items = n - logit_from,
     };

@@ -1,8 +1,12 @@
-/* test_qdot.c - integer-dot kernels (engine/gguf/ggml_qdot.c): the scalar,
- * AVX2 and VNNI paths give identical integer block sums and identical row
- * dots on odd block counts, the sums equal a plain int64 reference, and the
- * quantized-activation dot stays close to the exact dot of the dequantized
- * weights with the f32 activations. */
+/* test_qdot.c - integer-dot kernels (engine/gguf/ggml_qdot.c) for Q8_0,
+ * Q4_0, Q4_K and Q6_K weight rows against quantized activations:
+ *  - the scalar, AVX2 and VNNI paths return identical bits, and a row dot
+ *    computed in a batch of items equals the same item alone;
+ *  - each dot equals the exact (f64) dot of the dequantized weights with
+ *    the dequantized activations to f32 accumulation accuracy (1e-5 of the
+ *    sum of |terms|), which catches any wrong scale, sign or offset;
+ *  - and the exact dot of the dequantized weights with the f32 activations
+ *    within the activation rounding bound sum |w| * d_a / 2 (+ 1e-5). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,71 +27,91 @@ static float frand(void)
     return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
-static void check_type(uint32_t type, size_t bytes)
-{
-    static const uint64_t nbs[] = {1, 3, 7, 33, 113};
-    for (size_t t = 0; t < sizeof nbs / sizeof nbs[0]; t++) {
-        uint64_t nb = nbs[t], n = nb * 32;
-        float *w = malloc(n * sizeof *w), *x = malloc(n * sizeof *x);
-        float *wd = malloc(n * sizeof *wd);
-        uint8_t *wq = malloc(nb * bytes);
-        ggml_q8a_block *a = malloc(nb * sizeof *a);
-        int32_t *s0 = malloc(nb * sizeof *s0), *s1 = malloc(nb * sizeof *s1);
-        assert_non_null(w);
-        assert_non_null(x);
-        assert_non_null(wd);
-        assert_non_null(wq);
-        assert_non_null(a);
-        assert_non_null(s0);
-        assert_non_null(s1);
-        for (uint64_t i = 0; i < n; i++) {
-            w[i] = frand();
-            x[i] = frand() * 3.0f;
-        }
-        /* extremes: a block of -128-ish weights and full-scale activations */
-        x[0] = -3.0f;
-        assert_int_equal(ggml_quantize_row(type, w, wq, n), PD_OK);
-        assert_int_equal(ggml_dequantize_row(type, wq, wd, n), PD_OK);
-        ggml_q8a_quantize(x, n, a);
+#define NROWS 3
+#define NITEMS 6 /* > 4: the item tiling */
 
-        /* integer reference */
-        for (uint64_t b = 0; b < nb; b++) {
-            int64_t r = 0;
-            for (int j = 0; j < 32; j++) {
-                const uint8_t *q = wq + b * bytes + 2;
-                int wv = type == GGML_TYPE_Q8_0 ? (int8_t)q[j]
-                                                : (j < 16 ? (q[j] & 15) : (q[j - 16] >> 4)) - 8;
-                r += (int64_t)wv * a[b].qs[j];
-            }
-            s0[b] = (int32_t)r;
+/* the dequantized activation value of element e of item row a */
+static double act_val(int act, const uint8_t *a, uint64_t n, uint64_t e)
+{
+    if (act == GGML_QACT_Q8A) {
+        const int8_t *qs = (const int8_t *)a;
+        const float *d = (const float *)(const void *)(a + 2 * n);
+        return (double)qs[e] * d[(e / 32) * 8];
+    }
+    const ggml_q8k_block *b = (const ggml_q8k_block *)(const void *)a + e / 256;
+    return (double)b->qs[e % 256] * b->d;
+}
+
+static double act_d(int act, const uint8_t *a, uint64_t n, uint64_t e)
+{
+    return act == GGML_QACT_Q8A ? ((const float *)(const void *)(a + 2 * n))[(e / 32) * 8]
+                                : ((const ggml_q8k_block *)(const void *)a)[e / 256].d;
+}
+
+static void check_type(uint32_t type, size_t bytes, uint32_t bs)
+{
+    static const uint64_t nbs[] = { 1, 2, 3, 5, 7, 33, 113 };
+    int act = ggml_qdot_act(type);
+    assert_int_not_equal(act, GGML_QACT_NONE);
+    assert_int_equal(ggml_qdot_block(type), bs);
+    for (size_t t = 0; t < sizeof nbs / sizeof nbs[0]; t++) {
+        uint64_t nb = nbs[t], n = nb * bs;
+        if (bs == 256 && nb > 7)
+            continue;
+        size_t ab = ggml_qdot_act_bytes(act, n);
+        float *w = malloc(NROWS * n * sizeof *w), *x = malloc(NITEMS * n * sizeof *x);
+        float *wd = malloc(NROWS * n * sizeof *wd);
+        uint8_t *wq = malloc(NROWS * nb * bytes), *a = malloc(NITEMS * ab);
+        assert_true(w && x && wd && wq && a);
+        for (uint64_t i = 0; i < NROWS * n; i++)
+            w[i] = frand() + (i % 7 == 0 ? 0.5f : 0.0f); /* K-quant mins non-zero */
+        for (uint64_t i = 0; i < NITEMS * n; i++)
+            x[i] = frand() * 3.0f;
+        x[0] = -3.0f; /* full-scale activation */
+        x[n + 5] = 40.0f; /* an outlier block */
+        for (int r = 0; r < NROWS; r++) {
+            assert_int_equal(ggml_quantize_row(type, w + r * n, wq + r * nb * bytes, n), PD_OK);
+            assert_int_equal(ggml_dequantize_row(type, wq + r * nb * bytes, wd + r * n, n), PD_OK);
         }
-        float ref_dot = 0.0f;
+        for (int i = 0; i < NITEMS; i++)
+            ggml_qdot_quantize(act, x + i * n, n, a + i * ab);
+
+        float ref[NITEMS][NROWS], got[NITEMS][NROWS], one;
         for (int p = GGML_QDOT_SCALAR; p <= GGML_QDOT_VNNI; p++) {
-            assert_int_equal(ggml_qdot_isums(p, type, wq, a, nb, s1), PD_OK);
-            assert_memory_equal(s0, s1, nb * sizeof *s0);
-            ggml_qdot_set_path(p);
-            float d;
-            assert_int_equal(ggml_qdot_row(type, wq, a, nb, &d), PD_OK);
+            assert_int_equal(ggml_qdot_rows(p, type, wq, nb * bytes, NROWS, n, a, ab, NITEMS,
+                                            &got[0][0], NROWS), PD_OK);
             if (p == GGML_QDOT_SCALAR)
-                ref_dot = d;
+                memcpy(ref, got, sizeof ref);
             else
-                assert_memory_equal(&ref_dot, &d, sizeof d);
+                assert_memory_equal(ref, got, sizeof ref);
+            /* one item alone = the same item in the batch */
+            for (int i = 0; i < NITEMS; i++)
+                for (int r = 0; r < NROWS; r++) {
+                    assert_int_equal(ggml_qdot_rows(p, type, wq + r * nb * bytes, 0, 1, n,
+                                                    a + i * ab, 0, 1, &one, 0), PD_OK);
+                    assert_memory_equal(&one, &ref[i][r], sizeof one);
+                }
         }
-        /* close to the exact dequantized function: error bounded by the
-         * activation rounding, at most d_a / 2 per element */
-        double exact = 0.0, bound = 0.0;
-        for (uint64_t i = 0; i < n; i++) {
-            exact += (double)wd[i] * x[i];
-            bound += fabs((double)wd[i]) * a[i / 32].d * 0.5;
-        }
-        assert_true(fabs(exact - ref_dot) <= bound + 1e-4 * (1.0 + fabs(exact)));
+        for (int i = 0; i < NITEMS; i++)
+            for (int r = 0; r < NROWS; r++) {
+                double xq = 0.0, mag = 0.0, exact = 0.0, bound = 0.0;
+                for (uint64_t e = 0; e < n; e++) {
+                    double wv = wd[r * n + e], av = act_val(act, a + i * ab, n, e);
+                    xq += wv * av;
+                    mag += fabs(wv * av);
+                    exact += wv * x[i * n + e];
+                    bound += fabs(wv) * act_d(act, a + i * ab, n, e) * 0.5;
+                }
+                if (fabs(ref[i][r] - xq) > 1e-5 * mag + 1e-6)
+                    fail_msg("type %u nb %lu item %d row %d: %.9g vs %.9g (mag %.3g)", type,
+                             (unsigned long)nb, i, r, ref[i][r], xq, mag);
+                assert_true(fabs(exact - ref[i][r]) <= bound + 1e-5 * (1.0 + mag));
+            }
         free(w);
         free(x);
         free(wd);
         free(wq);
         free(a);
-        free(s0);
-        free(s1);
     }
     ggml_qdot_set_path(GGML_QDOT_VNNI);
 }
@@ -95,34 +119,77 @@ static void check_type(uint32_t type, size_t bytes)
 static void test_q8_0(void **state)
 {
     (void)state;
-    check_type(GGML_TYPE_Q8_0, 34);
+    check_type(GGML_TYPE_Q8_0, 34, 32);
 }
 
 static void test_q4_0(void **state)
 {
     (void)state;
-    check_type(GGML_TYPE_Q4_0, 18);
+    check_type(GGML_TYPE_Q4_0, 18, 32);
+}
+
+static void test_q4_K(void **state)
+{
+    (void)state;
+    check_type(GGML_TYPE_Q4_K, 144, 256);
+}
+
+static void test_q6_K(void **state)
+{
+    (void)state;
+    check_type(GGML_TYPE_Q6_K, 210, 256);
 }
 
 static void test_unsupported(void **state)
 {
     (void)state;
-    ggml_q8a_block a[1] = {{0}};
-    uint8_t w[176] = {0};
-    int32_t s[1];
-    assert_int_equal(ggml_qdot_isums(GGML_QDOT_SCALAR, GGML_TYPE_Q5_K, w, a, 1, s),
-                     PD_ERR_UNSUPPORTED);
+    uint8_t w[176] = { 0 }, a[292] = { 0 };
+    float o;
+    assert_int_equal(ggml_qdot_act(GGML_TYPE_Q5_K), GGML_QACT_NONE);
+    assert_int_equal(ggml_qdot_rows(GGML_QDOT_SCALAR, GGML_TYPE_Q5_K, w, 176, 1, 256, a, 0, 1,
+                                    &o, 0), PD_ERR_UNSUPPORTED);
+    /* a row that is not whole blocks */
+    assert_int_equal(ggml_qdot_rows(GGML_QDOT_SCALAR, GGML_TYPE_Q4_K, w, 144, 1, 128, a, 0, 1,
+                                    &o, 0), PD_ERR_UNSUPPORTED);
+}
+
+/* the AVX2 and scalar activation quantizers write the same bytes */
+static void test_quantize_paths(void **state)
+{
+    (void)state;
+    enum { N = 2048 };
+    static float x[N];
+    static uint8_t a0[N / 32 * 96], a1[N / 32 * 96];
+    static ggml_q8k_block k0[N / 256], k1[N / 256];
+    for (int i = 0; i < N; i++)
+        x[i] = frand() * (i % 97 == 0 ? 50.0f : 2.0f);
+    for (int i = 0; i < 32; i++) /* x * id lands on halves: round to even */
+        x[256 + i] = (float)(i - 16) * 0.5f;
+    x[256] = -127.0f; /* the block's absmax: id = 1, so x * id = k + 0.5 */
+    ggml_qdot_set_path(GGML_QDOT_SCALAR);
+    ggml_qdot_quantize(GGML_QACT_Q8A, x, N, a0);
+    ggml_qdot_quantize(GGML_QACT_Q8K, x, N, k0);
+    ggml_qdot_set_path(GGML_QDOT_VNNI);
+    ggml_qdot_quantize(GGML_QACT_Q8A, x, N, a1);
+    ggml_qdot_quantize(GGML_QACT_Q8K, x, N, k1);
+    assert_memory_equal(a0, a1, sizeof a0);
+    assert_memory_equal(k0, k1, sizeof k0);
 }
 
 static void test_zero_row(void **state)
 {
     (void)state;
-    float x[64] = {0};
-    ggml_q8a_block a[2];
-    ggml_q8a_quantize(x, 64, a);
-    assert_true(a[0].d == 0.0f && a[1].d == 0.0f);
-    for (int j = 0; j < 32; j++)
-        assert_int_equal(a[0].qs[j], 0);
+    float x[256] = { 0 };
+    uint8_t a[3 * 96];
+    ggml_q8k_block k;
+    ggml_qdot_quantize(GGML_QACT_Q8A, x, 64, a);
+    ggml_qdot_quantize(GGML_QACT_Q8K, x, 256, &k);
+    const float *d = (const float *)(const void *)(a + 2 * 64);
+    assert_true(d[0] == 0.0f && d[8] == 0.0f && k.d == 0.0f);
+    for (int j = 0; j < 64; j++)
+        assert_int_equal(((int8_t *)a)[j], 0);
+    for (int j = 0; j < 16; j++)
+        assert_int_equal(k.bsums[j], 0);
 }
 
 int main(void)
@@ -130,7 +197,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_q8_0),
         cmocka_unit_test(test_q4_0),
+        cmocka_unit_test(test_q4_K),
+        cmocka_unit_test(test_q6_K),
         cmocka_unit_test(test_unsupported),
+        cmocka_unit_test(test_quantize_paths),
         cmocka_unit_test(test_zero_row),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ggml_qdot.h"
 #include "gguf.h"
 
 static uint64_t tm_rng(uint64_t *s)
@@ -168,6 +169,29 @@ int ll_tm_write(const ll_tm_spec_t *s, const char *path)
 
 /* ------------------------------------------------------------------ */
 
+bool ll_ref_qact;
+
+/* The ggml type of each dequantized tensor (newest first on lookup: freed
+ * addresses are reused), so ref_mv knows which activation format pdserve's
+ * integer dot quantizes to. */
+#define REF_NREG 1024
+static struct {
+    const double *p;
+    uint64_t n;
+    uint32_t type;
+} ref_reg[REF_NREG];
+static unsigned ref_nreg;
+
+static uint32_t ref_type_of(const double *W)
+{
+    for (unsigned k = ref_nreg; k-- > 0 && k + REF_NREG >= ref_nreg;) {
+        unsigned j = k % REF_NREG;
+        if (W >= ref_reg[j].p && W < ref_reg[j].p + ref_reg[j].n)
+            return ref_reg[j].type;
+    }
+    return GGML_TYPE_F32;
+}
+
 static double *ref_tensor(const gguf_t *g, const char *name, uint64_t *n_p)
 {
     const gguf_tensor_t *t = gguf_tensor_find(g, name);
@@ -186,6 +210,10 @@ static double *ref_tensor(const gguf_t *g, const char *name, uint64_t *n_p)
         d[i] = f[i];
     free(f);
     *n_p = t->n_elements;
+    ref_reg[ref_nreg % REF_NREG].p = d;
+    ref_reg[ref_nreg % REF_NREG].n = t->n_elements;
+    ref_reg[ref_nreg % REF_NREG].type = t->type;
+    ref_nreg++;
     return d;
 }
 
@@ -197,15 +225,52 @@ static double *ref_get(const gguf_t *g, const char *suffix, uint32_t l)
     return ref_tensor(g, name, &n);
 }
 
+/* ll_ref_qact: x as pdserve's integer dot sees it for W's type - the f32
+ * activation rounded to 8 bits per block by engine/gguf's quantizer,
+ * read back as q * d. */
+static void ref_qact(double *xq, const double *x, uint32_t cols, uint32_t type)
+{
+    int act = ggml_qdot_act(type);
+    float *xf = malloc(cols * sizeof(float));
+    uint8_t *a = malloc(ggml_qdot_act_bytes(act, cols));
+    if (!xf || !a)
+        abort();
+    for (uint32_t c = 0; c < cols; c++)
+        xf[c] = (float)x[c];
+    ggml_qdot_quantize(act, xf, cols, a);
+    for (uint32_t c = 0; c < cols; c++) {
+        if (act == GGML_QACT_Q8A) {
+            const float *d = (const float *)(const void *)(a + 2 * (size_t)cols);
+            xq[c] = (double)((const int8_t *)a)[c] * d[(c / 32) * 8];
+        } else {
+            const ggml_q8k_block *b = (const ggml_q8k_block *)(const void *)a + c / 256;
+            xq[c] = (double)b->qs[c % 256] * b->d;
+        }
+    }
+    free(xf);
+    free(a);
+}
+
 /* y (rows) = W (rows, cols) x (cols) */
 static void ref_mv(double *y, const double *W, const double *x, uint32_t rows, uint32_t cols)
 {
+    uint32_t type = ref_type_of(W);
+    double *xq = NULL;
+    if (ll_ref_qact && ggml_qdot_act(type) != GGML_QACT_NONE &&
+        cols % ggml_qdot_block(type) == 0) {
+        xq = malloc(cols * sizeof(double));
+        if (!xq)
+            abort();
+        ref_qact(xq, x, cols, type);
+        x = xq;
+    }
     for (uint32_t r = 0; r < rows; r++) {
         double s = 0;
         for (uint32_t c = 0; c < cols; c++)
             s += W[(size_t)r * cols + c] * x[c];
         y[r] = s;
     }
+    free(xq);
 }
 
 static void ref_norm(double *y, const double *x, const double *w, uint32_t n, double eps)

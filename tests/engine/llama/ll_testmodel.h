@@ -28,6 +28,13 @@ typedef struct {
 /* Write the model to path. Returns 0 on success. */
 int ll_tm_write(const ll_tm_spec_t *spec, const char *path);
 
+/* true: every matrix-vector product whose weight type pdserve dots in
+ * integers (engine/gguf/ggml_qdot.h: Q8_0, Q4_0, Q4_K, Q6_K, rows of whole
+ * blocks) first rounds its input as pdserve's activation quantizer does, so
+ * the reference is the exact function of the quantized-activation model.
+ * false (default): the exact dequantized model. */
+extern bool ll_ref_qact;
+
 /* Reference forward over toks[0..n) with the model at path; writes the
  * logits of the last position to logits (vocab). kv_f16 rounds K and V to
  * f16 as the engine's f16 cache does. Returns 0 on success. */

@@ -150,6 +150,11 @@ static void test_ref_agreement(void **state)
                           true, 38 }, ENG_KV_F32, 1e-5 },
         { "llama_q6_K", { "llama", 256, 2, 4, 2, 512, 300, 256, 0, GGML_TYPE_Q6_K, false,
                           false, 39 }, ENG_KV_F32, 1e-5 },
+        /* both activation formats in one matmul (Q4_K q/k + Q8_0 v), and a
+         * widest row (ffn 352) that is not whole Q8_K blocks */
+        { "llama_q4_K_q8_0_ff352", { "llama", 256, 2, 4, 2, 352, 300, 256, 0, GGML_TYPE_Q4_K,
+                                     false, false, 40, NULL, false, 0, GGML_TYPE_Q8_0 },
+          ENG_KV_F32, 1e-5 },
         /* the newer architectures */
         { "qwen3_f32_hd32", { "qwen3", 64, 2, 4, 2, 96, 300, 256, 0, 0, false, false, 51,
                               NULL, false, 0, 0, 32 }, ENG_KV_F32, 1e-5 },
@@ -166,8 +171,32 @@ static void test_ref_agreement(void **state)
                                 false, 56, NULL, false, 0, GGML_TYPE_Q5_K, 64, 0, 0, 0, 5 },
           ENG_KV_F16, 1e-3 },
     };
+    /* 1: integer dot off: every type decodes exactly (the tolerances above) */
+    eng_ll_qdot_g = 0;
+    ll_ref_qact = false;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         check_ref_case(&cases[i]);
+    /* 2: integer dot on (the default) against the reference with the same
+     * activation rounding. The engine's f32 activations differ from the
+     * reference's f64 ones by ulps, so now and then one lands on the other
+     * side of an 8-bit rounding boundary (~1 per step at these sizes); such
+     * a flip moves one product by d_a * |w| and a logit by up to ~1e-2
+     * (seen: 6.7e-3; most cases <= 5.4e-6). So the end-to-end tolerance
+     * here is 3e-2 - it catches wiring errors (wrong rows, strides, formats:
+     * O(1)) - and the kernels' arithmetic is checked exactly on the real
+     * activations of every matmul by eng_ll_qdot_check_g: each integer dot
+     * within 1e-5 of sum |terms| of the f64 dot of what it was given. */
+    eng_ll_qdot_g = 1;
+    eng_ll_qdot_check_g = 1;
+    ll_ref_qact = true;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ref_case_t c = cases[i];
+        c.tol = fmax(c.tol, 3e-2);
+        check_ref_case(&c);
+    }
+    assert_int_equal(atomic_load(&eng_ll_qdot_check_bad), 0);
+    eng_ll_qdot_check_g = 0;
+    ll_ref_qact = false;
 }
 
 /* ---- bitwise properties --------------------------------------------- */

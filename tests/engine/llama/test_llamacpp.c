@@ -10,8 +10,11 @@
  *     llama_model_quantize function llama-quantize calls) to every preset:
  *     both engines against the f64 reference forward pass of the
  *     dequantized weights (ll_testmodel.c) - pdserve must be at least as
- *     close as llama.cpp, and llama.cpp must be close too (so pdserve
- *     decodes the blocks as ggml does). C also checks the files load.
+ *     close as llama.cpp (per file when pdserve is exact; per dense file
+ *     within QDOT_CASE and summed over all files when it rounds activations
+ *     for its integer dot as llama.cpp does), and llama.cpp must be close
+ *     too (so pdserve decodes the blocks as ggml does). C also checks the
+ *     files load.
  *
  * usage: test-llamacpp PD_MKMODEL LLQ LIBLLAMA NODE_DIR [filter]
  * Run through run_llamacpp.sh, which installs the npm package first. */
@@ -23,6 +26,8 @@
 #include <unistd.h>
 
 #include "eng.h"
+#include "ggml_qdot.h"
+#include "gguf.h"
 #include "ll_testmodel.h"
 
 #define NGEN 32
@@ -213,6 +218,30 @@ static void case_exact(const char *tag, const char *args, double tol)
     failures += !ok;
 }
 
+/* per-case allowance of pdserve's error over llama.cpp's when both round
+ * activations to 8 bits (see compare_ref) */
+#define QDOT_CASE 1.5
+static double qdot_sum_pd, qdot_sum_ll;
+static int qdot_cases;
+
+/* Does pdserve dot any weight of this file in integers (a 2-D tensor of an
+ * integer-dot type whose rows are whole blocks)? */
+static int uses_qdot(const char *path)
+{
+    gguf_t *g = NULL;
+    int any = 0;
+    if (gguf_open(path, &g, NULL, 0) != PD_OK)
+        return 0;
+    for (uint64_t i = 0; i < gguf_tensor_count(g); i++) {
+        const gguf_tensor_t *t = gguf_tensor_at(g, i);
+        if (t->n_dims >= 2 && ggml_qdot_act(t->type) != GGML_QACT_NONE &&
+            t->ne[0] % ggml_qdot_block(t->type) == 0)
+            any = 1;
+    }
+    gguf_close(g);
+    return any;
+}
+
 /* B/C: both engines vs the f64 reference at the prompt and 3 more steps
  * (on llama.cpp's tokens). */
 static void compare_ref(const char *tag, const char *kind, const char *path)
@@ -249,12 +278,30 @@ static void compare_ref(const char *tag, const char *kind, const char *path)
             e_pd = fmax(e_pd, rel_err(rb.lg[p][s], ref, ra.vocab));
             e_ll = fmax(e_ll, rel_err(ra.lg[p][s], ref, ra.vocab));
         }
-    /* llama.cpp rounds activations to q8 before its quantized dot products
-     * (seen: 0.02..0.3 on these random models; MoE routing flips add more);
-     * pdserve computes on the exact dequantized weights (seen ~1e-6) */
-    int ok = e_pd <= e_ll + 1e-6 && e_pd < 1e-4 && e_ll < 0.6;
-    printf("%-5s %s %-28s bitwise = ggml decode; vs f64 ref: pdserve %.3g, llama.cpp %.3g\n",
-           ok ? "ok" : "FAIL", kind, tag, e_pd, e_ll);
+    /* llama.cpp rounds activations to 8 bits before every quantized dot
+     * product (seen: 0.01..0.3 on these random models; MoE routing flips
+     * add more). pdserve does the same for its integer-dot types (Q8_0, Q4_0,
+     * Q4_K, Q6_K: ggml_qdot.h) and computes the other types on the exact
+     * dequantized weights (seen ~1e-6).
+     *  - no integer-dot tensor in the file: pdserve <= llama.cpp and < 1e-4;
+     *  - integer-dot tensors: the same rounding model, so the two errors are
+     *    draws of the same size: per dense case pdserve <= QDOT_CASE x
+     *    llama.cpp (seen ratios 0.2..1.15; a wrong kernel is >= 10x off),
+     *    and over all such cases (MoE included) the summed error of pdserve
+     *    <= llama.cpp's (checked in main). MoE files get no per-case ratio:
+     *    a routing flip is a discontinuity either engine can hit (seen:
+     *    llama.cpp 0.32 where pdserve is exact, pdserve 0.18 vs 0.027). */
+    int qd = uses_qdot(path), moe = strstr(tag, "moe") != NULL;
+    int ok = e_ll < 0.6 && (qd ? (moe || e_pd <= QDOT_CASE * e_ll)
+                               : (e_pd <= e_ll + 1e-6 && e_pd < 1e-4));
+    if (qd) {
+        qdot_sum_pd += e_pd;
+        qdot_sum_ll += e_ll;
+        qdot_cases++;
+    }
+    printf("%-5s %s %-28s bitwise = ggml decode; vs f64 ref: pdserve %.3g, llama.cpp %.3g%s\n",
+           ok ? "ok" : "FAIL", kind, tag, e_pd, e_ll,
+           qd ? (moe ? " (int-dot, MoE: in the sum only)" : " (int-dot)") : "");
     failures += !ok;
 }
 
@@ -370,6 +417,12 @@ int main(int argc, char **argv)
         case_llq(tag, args, ft[i].ftype);
     }
 
+    if (qdot_cases) {
+        int ok = qdot_sum_pd <= qdot_sum_ll;
+        printf("%-5s integer-dot cases: summed error vs f64 ref over %d files: pdserve %.4g, "
+               "llama.cpp %.4g\n", ok ? "ok" : "FAIL", qdot_cases, qdot_sum_pd, qdot_sum_ll);
+        failures += !ok;
+    }
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0)
