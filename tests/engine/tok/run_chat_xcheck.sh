@@ -9,10 +9,11 @@ cli=$1 work=$2
 here=$(cd "$(dirname "$0")" && pwd)
 npmdir=$here/npm
 command -v node >/dev/null 2>&1 || { echo "SKIP: node not installed"; exit 77; }
-(
+(   # the same install and marker as run_xcheck.sh
     flock 9
-    [ -d "$npmdir/node_modules/@huggingface/jinja" ] && exit 0
-    cd "$npmdir" && timeout 300 npm ci --no-audit --no-fund --loglevel=error
+    [ -f "$npmdir/node_modules/.pdserve-install-ok" ] && exit 0
+    cd "$npmdir" && timeout 300 npm ci --no-audit --no-fund --loglevel=error &&
+        touch "$npmdir/node_modules/.pdserve-install-ok"
 ) 9>"$npmdir/.install.lock" || { echo "SKIP: npm install failed (registry unreachable?)"; exit 77; }
 dir=$here/../llama/node
 ( . "$dir/install.sh" ) || exit $?
