@@ -212,6 +212,13 @@ running_as() {  # every started process runs with the given uid
     done
 }
 check "every daemon runs as the pdserve user (uid $UID_), not root" running_as "$UID_"
+# /ready says the router can serve (a decode is up); the disaggregated path
+# needs the prefill registered too: wait for both before the request
+both_ready() {
+    "$A/usr/bin/pdctl" admin "$A/run/pdserve/router.sock" backends --json 2>/dev/null |
+        python3 -c 'import json,sys; b=json.load(sys.stdin)["backends"]; sys.exit(0 if sum(1 for x in b if x.get("state")=="ready")>=2 else 1)'
+}
+check "the router has the prefill and the decode ready" poll 60 both_ready
 PROMPT='The quick brown fox jumps over the lazy dog while the five boxing wizards jump quickly and a long prompt goes on and on'
 body=$(curl -s -m 60 "http://127.0.0.1:$HP/v1/completions" -H 'Content-Type: application/json' \
        -d "{\"prompt\":\"$PROMPT\",\"max_tokens\":8}")
