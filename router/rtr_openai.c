@@ -1386,16 +1386,8 @@ static void add_logprobs(cJSON *choice, rtr_api_t api, const rtr_oai_logprobs_t 
         cJSON_AddItemToObject(choice, "logprobs", logprobs_json(api, lp));
 }
 
-char *rtr_oai_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
-                         const char *text, size_t text_len,
-                         const char *finish_reason, bool with_role)
-{
-    return rtr_oai_chunk_lp_json(meta, index, text, text_len, finish_reason, with_role, NULL);
-}
-
-char *rtr_oai_chunk_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
-                            const char *text, size_t text_len, const char *finish_reason,
-                            bool with_role, const rtr_oai_logprobs_t *lp)
+/* A stream chunk with one choice (its "index" set): the root, or NULL. */
+static cJSON *chunk_object(const rtr_oai_resp_meta_t *meta, uint32_t index, cJSON **choice_p)
 {
     cJSON *root = meta_object(meta, true);
     cJSON *choices = cJSON_AddArrayToObject(root, "choices");
@@ -1407,6 +1399,25 @@ char *rtr_oai_chunk_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
     }
     cJSON_AddItemToArray(choices, choice);
     cJSON_AddNumberToObject(choice, "index", index);
+    *choice_p = choice;
+    return root;
+}
+
+char *rtr_oai_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
+                         const char *text, size_t text_len,
+                         const char *finish_reason, bool with_role)
+{
+    return rtr_oai_chunk_lp_json(meta, index, text, text_len, finish_reason, with_role, NULL);
+}
+
+char *rtr_oai_chunk_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
+                            const char *text, size_t text_len, const char *finish_reason,
+                            bool with_role, const rtr_oai_logprobs_t *lp)
+{
+    cJSON *choice;
+    cJSON *root = chunk_object(meta, index, &choice);
+    if (root == NULL)
+        return NULL;
     if (meta->api == RTR_API_CHAT) {
         cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
         if (with_role)
@@ -1465,16 +1476,10 @@ static cJSON *calls_json(const rtr_oai_calls_t *c, bool stream)
 char *rtr_oai_tool_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
                               const rtr_oai_calls_t *calls)
 {
-    cJSON *root = meta_object(meta, true);
-    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
-    cJSON *choice = cJSON_CreateObject();
-    if (choices == NULL || choice == NULL) {
-        cJSON_Delete(choice);
-        cJSON_Delete(root);
+    cJSON *choice;
+    cJSON *root = chunk_object(meta, index, &choice);
+    if (root == NULL)
         return NULL;
-    }
-    cJSON_AddItemToArray(choices, choice);
-    cJSON_AddNumberToObject(choice, "index", index);
     cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
     if (delta != NULL)
         cJSON_AddItemToObject(delta, "tool_calls", calls_json(calls, true));
