@@ -843,6 +843,39 @@ static bool req_tokens(rtr_req_t *q, const proto_tokens_t *toks, const proto_log
     return true;
 }
 
+/* disagg-mode=cost's measured rates (rtr_policy.h rtr_disagg_in_t). */
+static void cost_note(double *avg, double sample)
+{
+    if (sample <= 0)
+        return;
+    *avg = *avg == 0 ? sample : *avg + (sample - *avg) / 8.0; /* 1/8 weight */
+}
+
+/* Fewer computed tokens than this say more about fixed costs than a rate. */
+#define COST_MIN_TOKENS 16u
+
+static void cost_note_prefill(rtr_t *r, const rtr_req_t *q, const proto_prefill_done_t *pd)
+{
+    uint32_t computed = pd->n_prompt_tokens - (pd->cached_tokens < pd->n_prompt_tokens ? pd->cached_tokens : pd->n_prompt_tokens);
+    if (computed >= COST_MIN_TOKENS)
+        cost_note(&r->cost.pf_tok_ns, (double)pd->prefill_ns / computed);
+    /* the hop: the router's view of the prefill minus the prefill's own */
+    uint64_t sent = q->fsm.enter_ns[RTR_REQ_PREFILLING], now = pd_now_ns();
+    if (sent != 0 && now > sent + pd->queue_ns + pd->prefill_ns)
+        cost_note(&r->cost.hop_ns, (double)(now - sent - pd->queue_ns - pd->prefill_ns));
+}
+
+static void cost_note_finish(rtr_t *r, const rtr_req_t *q, const proto_finish_t *f)
+{
+    uint32_t missing = f->prompt_tokens - (f->cached_tokens < f->prompt_tokens ? f->cached_tokens : f->prompt_tokens);
+    if (missing < COST_MIN_TOKENS)
+        return;
+    if (!q->disagg) /* decode-local: the decode computed what it lacked */
+        cost_note(&r->cost.dec_tok_ns, (double)f->prefill_ns / missing);
+    else if (f->transfer_ns > 0) /* it pulled what it lacked */
+        cost_note(&r->cost.pull_tok_ns, (double)f->transfer_ns / missing);
+}
+
 static void on_prefill_done(rtr_req_t *q, rtr_backend_t *be, const proto_prefill_done_t *pd)
 {
     rtr_t *r = q->r;
@@ -850,6 +883,7 @@ static void on_prefill_done(rtr_req_t *q, rtr_backend_t *be, const proto_prefill
     q->lease_held = true;
     q->cached_tokens = pd->cached_tokens;
     pd_stats_observe_ns(r->stats, RTR_STAT_request_queue_time, pd->queue_ns);
+    cost_note_prefill(r, q, pd);
     if (pd->n_prompt_tokens != q->n_prompt)
         pd_log(PD_LOG_WARN, RTR_COMP, q->id, "prefill '%s' reports %u prompt tokens, sent %u",
                be->id, pd->n_prompt_tokens, q->n_prompt);
@@ -1027,6 +1061,7 @@ static void on_finish(rtr_req_t *q, const proto_finish_t *f)
         pd_stats_observe_ns(r->stats, RTR_STAT_kv_transfer, f->transfer_ns);
     /* what was really pulled: blocks the decode had cached were skipped */
     pd_stats_add(r->stats, RTR_STAT_kv_transfer_bytes, f->kv_bytes);
+    cost_note_finish(r, q, f);
     if (!q->disagg) /* decode-local: the decode's own reuse */
         q->cached_tokens = f->cached_tokens;
     switch (f->reason) {
@@ -1422,18 +1457,37 @@ static void choice_complete(rtr_req_t *q, const char *finish_reason)
 bool rtr_flow_route(rtr_t *r, const int32_t *prompt, uint32_t n_prompt, uint32_t max_tokens,
                     rtr_backend_t **dec, rtr_backend_t **pre)
 {
-    uint32_t thr = (uint32_t)r->cfg.disagg_threshold;
-    bool prefill_up = rtr_have_backend(r, PROTO_CAP_PREFILL);
-    bool disagg = rtr_should_disaggregate((rtr_disagg_mode_t)r->cfg.disagg_mode, n_prompt, thr,
-                                          prefill_up);
-    /* KV-aware: the prefill that finishes first counting what it has
-     * cached; the decode that holds the conversation so far (less to pull,
-     * or to prefill when local) */
+    rtr_disagg_mode_t mode = (rtr_disagg_mode_t)r->cfg.disagg_mode;
+    /* KV-aware: the decode that holds the conversation so far (less to
+     * pull, or to prefill when local); the prefill that finishes first
+     * counting what it has cached */
     uint32_t cached[RTR_MAX_BACKENDS];
     const uint32_t *kv = kv_lookup(r, prompt, n_prompt, cached) ? cached : NULL;
     *dec = rtr_pick_backend_kv(r, PROTO_CAP_DECODE, blocks_for(r, n_prompt, max_tokens), NULL,
                                kv, n_prompt);
-    *pre = disagg ? rtr_pick_backend_kv(r, PROTO_CAP_PREFILL, 0, NULL, kv, n_prompt) : NULL;
+    *pre = mode != RTR_DISAGG_NEVER && rtr_have_backend(r, PROTO_CAP_PREFILL)
+               ? rtr_pick_backend_kv(r, PROTO_CAP_PREFILL, 0, NULL, kv, n_prompt) : NULL;
+    /* then whether to disaggregate: by what the chosen decode lacks */
+    rtr_disagg_in_t in = { .prompt_tokens = n_prompt,
+                           .pf_tok_ns = r->cost.pf_tok_ns, .dec_tok_ns = r->cost.dec_tok_ns,
+                           .pull_tok_ns = r->cost.pull_tok_ns, .hop_ns = r->cost.hop_ns };
+    if (*dec != NULL) {
+        in.decode_cached = kv != NULL ? kv[*dec - r->be] : 0;
+        in.decode_running = (*dec)->hb.running_seqs + (*dec)->assigned;
+    }
+    if (*pre != NULL) {
+        in.prefill_cached = kv != NULL ? kv[*pre - r->be] : 0;
+        in.prefill_outstanding = (*pre)->hb.outstanding_prefill_tokens;
+    }
+    rtr_disagg_why_t why;
+    bool disagg = rtr_should_disaggregate(mode, &in, (uint32_t)r->cfg.disagg_threshold,
+                                          *pre != NULL, &why);
+    if (why.measured)
+        pd_log(PD_LOG_DEBUG, RTR_COMP, NULL, "route: %u tokens, %u uncached on the decode: "
+               "local %.2f ms, disaggregated %.2f ms", n_prompt, why.uncached,
+               why.local_ns / 1e6, why.disagg_ns / 1e6);
+    if (!disagg)
+        *pre = NULL;
     if (kv != NULL) {
         kv_note_choice(r, *dec, kv, RTR_STAT_kv_route_decode_hits, !disagg);
         if (disagg)

@@ -143,9 +143,10 @@ struct rtr_flow_out {
 rtr_req_t *rtr_flow_find(const char *id);
 
 /* Intake. route: the daemons for a new request (a decode always; a
- * prefill when disaggregating: returns true then, *pre may still be NULL
- * when none is eligible); KV-aware when the router has a KV index: the
- * prompt's block names are looked up (rtr_kvindex_match) and the choice is
+ * prefill when disaggregating: returns true then; a request is
+ * disaggregated only when a prefill is eligible, rtr_should_disaggregate
+ * decides on what the chosen decode lacks); KV-aware when the router has
+ * a KV index: the prompt's block names are looked up (rtr_kvindex_match) and the choice isrtr_kvindex_match) and the choice is
  * rtr_pick_prefill_kv / rtr_pick_decode_kv's. new: allocate, link, count, RECEIVED -> ROUTED;
  * takes *o and *ids (zeroed) unless PD_ERR_NO_MEMORY; draws a fresh seed
  * when the client gave none; stamps "created"; PD_ERR_BAD_INPUT:

@@ -220,6 +220,11 @@ struct rtr {
     rtr_backend_t be[RTR_MAX_BACKENDS];
     struct event *hb_timer;
     uint32_t rr_prefill, rr_decode;
+    /* measured rates for disagg-mode=cost (running averages, 0 = none yet;
+     * rtr_flow.c cost_note, rtr_policy.h rtr_disagg_in_t) */
+    struct {
+        double pf_tok_ns, dec_tok_ns, pull_tok_ns, hop_ns;
+    } cost;
     uint32_t n_ctl_pending;          /* connections not registered yet */
 
     /* HTTP */

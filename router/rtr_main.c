@@ -45,7 +45,7 @@ static const pd_stat_prom_t rtr_stat_prom[] = {
 static const pd_stats_table_t rtr_stats_table =
     PD_STATS_TABLE_PROM("router", rtr_stat_descs, rtr_stat_prom);
 
-static const char *const disagg_modes[] = { "threshold", "always", "never", NULL };
+static const char *const disagg_modes[] = { "threshold", "always", "never", "cost", NULL };
 
 #define ROW(field, key, type, def, help, min, max) \
     PD_CFG_ROW(rtr_cfg_t, field, key, type, def, help, min, max, NULL)
@@ -69,9 +69,9 @@ static const pd_cfg_field_t rtr_cfg_fields[] = {
         "chat template override by name (eng_chat names: chatml, llama3, ...)", 0, 0),
     ROW(api_key, "api-key", STRING, NULL, "require Authorization: Bearer <key> on /v1/*", 0, 0),
     PD_CFG_ROW(rtr_cfg_t, disagg_mode, "disagg-mode", ENUM, "threshold",
-               "threshold|always|never: when to prefill on a prefill daemon", 0, 0, disagg_modes),
+               "threshold|always|never|cost: when to prefill on a prefill daemon", 0, 0, disagg_modes),
     ROW(disagg_threshold, "disagg-threshold", UINT, "32",
-        "prompts with at least this many tokens are disaggregated", 0, 1e9),
+        "prompts the chosen decode lacks at least this many tokens of are disaggregated", 0, 1e9),
     ROW(max_body, "max-body", SIZE, "1MiB", "largest request body (413 above)", 1024, 1e9),
     ROW(max_body_hard, "max-body-hard", SIZE, "16MiB",
         "bodies above this are cut by libevent (plain 413)", 1024, 4e9),

@@ -128,18 +128,35 @@ int rtr_pick_prefix_source(const rtr_backend_load_t *b, const uint32_t *cached, 
     return best;
 }
 
-bool rtr_should_disaggregate(rtr_disagg_mode_t mode, uint32_t prompt_tokens,
-                             uint32_t threshold, bool prefill_available)
+static uint32_t held_of(uint32_t cached, uint32_t prompt)
 {
-    if (!prefill_available)
-        return false;
-    switch (mode) {
-    case RTR_DISAGG_ALWAYS:
-        return true;
-    case RTR_DISAGG_NEVER:
-        return false;
-    case RTR_DISAGG_THRESHOLD:
-        break;
+    return prompt == 0 ? 0 : (cached < prompt - 1 ? cached : prompt - 1);
+}
+
+bool rtr_should_disaggregate(rtr_disagg_mode_t mode, const rtr_disagg_in_t *in,
+                             uint32_t threshold, bool prefill, rtr_disagg_why_t *why)
+{
+    rtr_disagg_why_t w = { 0 };
+    w.uncached = in->prompt_tokens - held_of(in->decode_cached, in->prompt_tokens);
+    bool disagg = false;
+    if (!prefill)
+        disagg = false;
+    else if (mode == RTR_DISAGG_ALWAYS)
+        disagg = true;
+    else if (mode == RTR_DISAGG_NEVER)
+        disagg = false;
+    else if (mode == RTR_DISAGG_COST && in->pf_tok_ns > 0 && in->dec_tok_ns > 0 &&
+             in->pull_tok_ns > 0) {
+        uint32_t pf_work = in->prompt_tokens - held_of(in->prefill_cached, in->prompt_tokens);
+        w.measured = true;
+        w.local_ns = (double)w.uncached * in->dec_tok_ns * (1.0 + in->decode_running);
+        w.disagg_ns = ((double)in->prefill_outstanding + pf_work) * in->pf_tok_ns +
+                      (double)w.uncached * in->pull_tok_ns + in->hop_ns;
+        disagg = w.disagg_ns < w.local_ns;
+    } else {
+        disagg = w.uncached >= threshold;
     }
-    return prompt_tokens >= threshold;
+    if (why != NULL)
+        *why = w;
+    return disagg;
 }

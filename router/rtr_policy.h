@@ -16,9 +16,10 @@ typedef struct {
 } rtr_backend_load_t;
 
 typedef enum {
-    RTR_DISAGG_THRESHOLD = 0, /* disaggregate prompts >= threshold tokens */
+    RTR_DISAGG_THRESHOLD = 0, /* disaggregate when the decode lacks >= threshold tokens */
     RTR_DISAGG_ALWAYS    = 1, /* always prefill on a prefill daemon (if one is up) */
     RTR_DISAGG_NEVER     = 2, /* always prefill on the decode daemon (PD-mixed) */
+    RTR_DISAGG_COST      = 3, /* by measured cost, threshold until measured */
 } rtr_disagg_mode_t;
 
 /* Prefill choice: least outstanding prefill tokens; ties broken round robin
@@ -77,9 +78,45 @@ int rtr_pick_prefix_source(const rtr_backend_load_t *decodes, const uint32_t *ca
                            size_t n, uint32_t prompt_tokens, uint32_t prefill_cached,
                            uint32_t min_gain_tokens, int prefer);
 
+/* What the disaggregation decision looks at. The *_ns rates are the
+ * router's running averages of what daemons report (0 = not measured yet):
+ * prefill_ns / computed tokens from PREFILL_DONE, a decode-local request's
+ * prefill_ns / computed tokens and a pull's transfer_ns / pulled tokens from
+ * FINISH, and the control-plane hop (router-seen prefill time minus the
+ * prefill's own queue + compute time). */
+typedef struct {
+    uint32_t prompt_tokens;
+    uint32_t decode_cached;        /* the chosen decode's cached prefix */
+    uint32_t prefill_cached;       /* the chosen prefill's (if any) */
+    uint32_t decode_running;       /* sequences in the chosen decode's batch */
+    uint64_t prefill_outstanding;  /* tokens queued + running on the chosen prefill */
+    double pf_tok_ns, dec_tok_ns, pull_tok_ns, hop_ns;
+} rtr_disagg_in_t;
+
+typedef struct {
+    uint32_t uncached;             /* tokens the decode would have to compute */
+    bool measured;                 /* the cost mode had every rate */
+    double local_ns, disagg_ns;    /* the estimates (cost mode, measured) */
+} rtr_disagg_why_t;
+
 /* Whether a request is prefilled on a prefill daemon (true) or locally on
- * its decode daemon (false). */
-bool rtr_should_disaggregate(rtr_disagg_mode_t mode, uint32_t prompt_tokens,
-                             uint32_t threshold, bool prefill_available);
+ * its decode daemon (false); `prefill` says whether a prefill was chosen.
+ * Every mode looks at the tokens the chosen decode does not hold
+ * (uncached = prompt - min(decode_cached, prompt - 1): turn k+1 of a chat
+ * on the decode that ran turn k needs only the new message), like
+ * Dynamo's conditional disaggregation.
+ *   threshold: uncached >= threshold.
+ *   cost: the cheaper of
+ *     local  = uncached * dec_tok_ns * (1 + decode_running)
+ *              (its own prefill, and the same delay to every stream in
+ *              the decode's batch while it runs)
+ *     disagg = (prefill_outstanding + prompt - min(prefill_cached, prompt - 1))
+ *              * pf_tok_ns + uncached * pull_tok_ns + hop_ns
+ *              (the prefill's queue and work, the pull of only the blocks
+ *              the decode lacks, the extra control-plane hop);
+ *     threshold until every rate has been measured.
+ * *why (may be NULL) gets the figures for logs and tests. */
+bool rtr_should_disaggregate(rtr_disagg_mode_t mode, const rtr_disagg_in_t *in,
+                             uint32_t threshold, bool prefill, rtr_disagg_why_t *why);
 
 #endif

@@ -609,6 +609,73 @@ static void test_disaggregated_stream(void **state)
     assert_int_equal(f->r.n_reqs, 0);
 }
 
+/* disagg-mode=cost learns its rates from what daemons report: prefill
+ * time per computed token (PREFILL_DONE), pull time per pulled token and a
+ * decode-local prefill's time per computed token (FINISH); then routes by
+ * them (here a 2-token prompt, under any threshold, is disaggregated
+ * because the decode measured 1 ms/token against the prefill's 10 us). */
+static void test_cost_mode_measures(void **state)
+{
+    fx_t *f = *state;
+    f->r.cfg.disagg_mode = RTR_DISAGG_COST;
+    f->r.cfg.disagg_threshold = 32;
+    rtr_backend_t *dec, *pre;
+    int32_t ids[2] = { 'H', 'i' };
+    assert_false(rtr_flow_route(&f->r, ids, 2, 16, &dec, &pre)); /* unmeasured: threshold */
+    assert_null(pre);
+    /* a disaggregated request: 400 tokens, 64 cached, 3.36 ms of prefill */
+    f->r.cfg.disagg_mode = RTR_DISAGG_ALWAYS;
+    rtr_req_t *q = accept_req(f, "c1", false, 16);
+    assert_int_equal(q->fsm.state, RTR_REQ_PREFILLING);
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    static uint8_t handle[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+    m.hdr.type = PROTO_MSG_PREFILL_DONE;
+    snprintf(m.u.prefill_done.request_id, sizeof(m.u.prefill_done.request_id), "%s", W("c1"));
+    m.u.prefill_done.first_token = 'O';
+    m.u.prefill_done.n_prompt_tokens = 400;
+    m.u.prefill_done.cached_tokens = 64;
+    m.u.prefill_done.prefill_ns = 3360000;
+    m.u.prefill_done.lease_id = 5;
+    m.u.prefill_done.kv_handle.p = handle;
+    m.u.prefill_done.kv_handle.len = sizeof(handle);
+    deliver(f, f->pre, &m);
+    assert_true(f->r.cost.pf_tok_ns == 10000.0);
+    assert_true(f->r.cost.hop_ns >= 0);
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_FINISH;
+    snprintf(m.u.finish.request_id, sizeof(m.u.finish.request_id), "%s", W("c1"));
+    m.u.finish.reason = PROTO_FINISH_LENGTH;
+    m.u.finish.prompt_tokens = 400;
+    m.u.finish.cached_tokens = 80;      /* the decode pulled 320 */
+    m.u.finish.transfer_ns = 640000;
+    deliver(f, f->dec, &m);
+    assert_true(f->r.cost.pull_tok_ns == 2000.0);
+    assert_true(f->r.cost.dec_tok_ns == 0);
+    /* a decode-local one (disagg-mode never for it): 100 computed, 100 ms */
+    f->r.cfg.disagg_mode = RTR_DISAGG_NEVER;
+    accept_req(f, "c2", false, 16);
+    assert_int_equal(last_sent()->type, PROTO_MSG_DECODE_REQ);
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_FINISH;
+    snprintf(m.u.finish.request_id, sizeof(m.u.finish.request_id), "%s", W("c2"));
+    m.u.finish.reason = PROTO_FINISH_LENGTH;
+    m.u.finish.prompt_tokens = 100;
+    m.u.finish.prefill_ns = 100000000;
+    deliver(f, f->dec, &m);
+    assert_true(f->r.cost.dec_tok_ns == 1000000.0);
+    f->r.cfg.disagg_mode = RTR_DISAGG_COST;
+    f->r.cost.hop_ns = 100000; /* 0.1 ms: the loop above is instant */
+    /* now: local 2 x 1 ms = 2 ms > (2 x 10 us + 2 x 2 us + 0.1 ms) */
+    assert_true(rtr_flow_route(&f->r, ids, 2, 16, &dec, &pre));
+    assert_ptr_equal(pre, f->pre);
+    /* a slow hop (5 ms) makes the decode the cheaper place */
+    f->r.cost.hop_ns = 5e6;
+    assert_false(rtr_flow_route(&f->r, ids, 2, 16, &dec, &pre));
+    assert_null(pre);
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 2);
+}
+
 /* A prefill ERROR: retried decode-local on the decode (generated empty),
  * then a non-streamed reply with the whole text. */
 static void test_prefill_error_retries_local(void **state)
@@ -1154,6 +1221,7 @@ int main(void)
     pd_log_set_level(PD_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_disaggregated_stream, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_cost_mode_measures, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_kv_routing, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_src_export_ok, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_src_export_refused, fx_setup, fx_teardown),

@@ -66,14 +66,78 @@ static void test_decode_spreads_equal_load(void **state)
     assert_int_equal(seen[2], 10);
 }
 
+static bool dis(rtr_disagg_mode_t mode, uint32_t prompt, uint32_t dec_cached, uint32_t thr,
+                bool prefill)
+{
+    rtr_disagg_in_t in = { .prompt_tokens = prompt, .decode_cached = dec_cached };
+    return rtr_should_disaggregate(mode, &in, thr, prefill, NULL);
+}
+
 static void test_disaggregation(void **state)
 {
-    assert_true(rtr_should_disaggregate(RTR_DISAGG_THRESHOLD, 64, 64, true));
-    assert_false(rtr_should_disaggregate(RTR_DISAGG_THRESHOLD, 63, 64, true));
-    assert_false(rtr_should_disaggregate(RTR_DISAGG_THRESHOLD, 1000, 64, false));
-    assert_true(rtr_should_disaggregate(RTR_DISAGG_ALWAYS, 1, 64, true));
-    assert_false(rtr_should_disaggregate(RTR_DISAGG_ALWAYS, 1, 64, false));
-    assert_false(rtr_should_disaggregate(RTR_DISAGG_NEVER, 1000, 64, true));
+    assert_true(dis(RTR_DISAGG_THRESHOLD, 64, 0, 64, true));
+    assert_false(dis(RTR_DISAGG_THRESHOLD, 63, 0, 64, true));
+    assert_false(dis(RTR_DISAGG_THRESHOLD, 1000, 0, 64, false));
+    assert_true(dis(RTR_DISAGG_ALWAYS, 1, 0, 64, true));
+    assert_false(dis(RTR_DISAGG_ALWAYS, 1, 0, 64, false));
+    assert_false(dis(RTR_DISAGG_NEVER, 1000, 0, 64, true));
+    /* what the chosen decode lacks counts, not the prompt: turn k+1 of a
+     * chat on the decode holding turn k (960 of 1000 tokens) stays local */
+    assert_false(dis(RTR_DISAGG_THRESHOLD, 1000, 960, 64, true));
+    assert_true(dis(RTR_DISAGG_THRESHOLD, 1000, 928, 64, true));  /* 72 lacking */
+    /* the last token is always computed: a fully cached prompt lacks 1 */
+    rtr_disagg_in_t in = { .prompt_tokens = 100, .decode_cached = 100 };
+    rtr_disagg_why_t w;
+    assert_false(rtr_should_disaggregate(RTR_DISAGG_THRESHOLD, &in, 2, true, &w));
+    assert_int_equal(w.uncached, 1);
+    assert_true(rtr_should_disaggregate(RTR_DISAGG_THRESHOLD, &in, 1, true, &w));
+    /* cost mode before every rate is measured: the threshold rule */
+    assert_true(dis(RTR_DISAGG_COST, 64, 0, 64, true));
+    assert_false(dis(RTR_DISAGG_COST, 63, 0, 64, true));
+    (void)state;
+}
+
+/* disagg-mode=cost against hand-computed estimates. */
+static void test_disaggregation_cost(void **state)
+{
+    (void)state;
+    rtr_disagg_why_t w;
+    /* rates: prefill 100 us/token, decode 150 us/token (it shares its
+     * steps with the batch), pull 20 us/token, hop 2 ms */
+    rtr_disagg_in_t in = { .prompt_tokens = 1000, .pf_tok_ns = 100e3, .dec_tok_ns = 150e3,
+                           .pull_tok_ns = 20e3, .hop_ns = 2e6 };
+    /* idle decode, nothing cached: local 150 ms, disaggregated 100 + 20 + 2 */
+    assert_true(rtr_should_disaggregate(RTR_DISAGG_COST, &in, 64, true, &w));
+    assert_true(w.measured);
+    assert_true(w.local_ns == 1000 * 150e3);
+    assert_true(w.disagg_ns == 1000 * 100e3 + 1000 * 20e3 + 2e6);
+    /* the prefill is 200 tokens behind: 120 + 20 + 2 ms, still cheaper */
+    in.prefill_outstanding = 200;
+    assert_true(rtr_should_disaggregate(RTR_DISAGG_COST, &in, 64, true, &w));
+    /* 600 behind: 160 + 20 + 2 > 150: prefill it on the decode */
+    in.prefill_outstanding = 600;
+    assert_false(rtr_should_disaggregate(RTR_DISAGG_COST, &in, 64, true, &w));
+    /* ... unless the decode runs 3 streams: each waits for that prefill */
+    in.decode_running = 3;
+    assert_true(rtr_should_disaggregate(RTR_DISAGG_COST, &in, 64, true, &w));
+    assert_true(w.local_ns == 1000 * 150e3 * 4);
+    /* the decode holds 992 tokens (turn k): 8 to compute locally, 1.2 ms x 4,
+     * against the prefill's whole prompt: local, whatever the threshold */
+    in.prefill_outstanding = 0;
+    in.decode_cached = 992;
+    assert_false(rtr_should_disaggregate(RTR_DISAGG_COST, &in, 1, true, &w));
+    assert_int_equal(w.uncached, 8);
+    /* the prefill holds it too: 8 x 100 us + 8 x 20 us + 2 ms = 2.96 ms
+     * < 8 x 150 us x 4 = 4.8 ms: disaggregate */
+    in.prefill_cached = 992;
+    assert_true(rtr_should_disaggregate(RTR_DISAGG_COST, &in, 100000, true, &w));
+    assert_true(w.disagg_ns == 8 * 100e3 + 8 * 20e3 + 2e6);
+    /* no prefill: never */
+    assert_false(rtr_should_disaggregate(RTR_DISAGG_COST, &in, 1, false, &w));
+    /* one rate missing: the threshold rule */
+    in.pull_tok_ns = 0;
+    assert_false(rtr_should_disaggregate(RTR_DISAGG_COST, &in, 64, true, &w));
+    assert_false(w.measured);
 }
 
 /* KV-aware prefill: overlap against load, in tokens of work. */
@@ -315,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_decode_choice),
         cmocka_unit_test(test_decode_spreads_equal_load),
         cmocka_unit_test(test_disaggregation),
+        cmocka_unit_test(test_disaggregation_cost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2021,7 +2021,8 @@ static int usage_cached(const char *raw, bool stream)
 #define KVR_PREFIX 320   /* 20 blocks of 16 */
 #define KVR_N 5          /* requests sharing the prefix */
 
-#define KVR_RUNS (KVR_N + 4)
+#define KVR_SUFFIX 120  /* per request: >= the threshold, so disaggregated */
+#define KVR_RUNS (KVR_N + 5)
 
 typedef struct {
     char *text[KVR_RUNS];
@@ -2077,20 +2078,20 @@ static void kvr_req(e2e_deploy_t *d, const int32_t *ids, int n, bool stream, cha
 }
 
 /* The workload, the same for cache on and off:
- *  - KVR_N prompts sharing a 320-token prefix (disaggregated: >= 100
- *    tokens), one after the other; with the cache on, every one after the
+ *  - KVR_N prompts sharing a 320-token prefix, each with 120 new tokens
+ *    (disaggregated: the decode lacks >= 100 tokens), one after the other; with the cache on, every one after the
  *    first goes to the prefill that holds the prefix (round robin would
  *    alternate between the two idle prefills);
  *  - a short conversation (decode-local: < 100 tokens): turn 2 starts with
  *    turn 1's prompt and goes to the decode that ran turn 1. */
 static void kvr_workload(e2e_deploy_t *d, bool cache, kvr_run_t *out)
 {
-    int32_t ids[KVR_PREFIX + 40];
+    int32_t ids[KVR_PREFIX + KVR_SUFFIX];
     make_prompt(ids, KVR_PREFIX, 1313, 4, 259);
     e2e_proc_t *holder = NULL;
     for (int i = 0; i < KVR_N; i++) {
-        make_prompt(ids + KVR_PREFIX, 20, 7000 + (unsigned)i, 4, 259);
-        kvr_req(d, ids, KVR_PREFIX + 20, i % 2 == 1, &out->text[i], &out->cached[i]);
+        make_prompt(ids + KVR_PREFIX, KVR_SUFFIX, 7000 + (unsigned)i, 4, 259);
+        kvr_req(d, ids, KVR_PREFIX + KVR_SUFFIX, i % 2 == 1, &out->text[i], &out->cached[i]);
         if (i == 0 && cache) {
             /* the prefill that computed it; wait until the router knows */
             for (int k = 0; k < d->n_prefill; k++)
@@ -2175,6 +2176,25 @@ static void kvr_workload(e2e_deploy_t *d, bool cache, kvr_run_t *out)
                                               : out->cached[KVR_N + 3] != 0))
         fail_msg("chat cached_tokens %d then %d (cache %s)", out->cached[KVR_N + 2],
                  out->cached[KVR_N + 3], cache ? "on" : "off");
+
+    /* the shared prefix + 20 new tokens: 340 >= the threshold, but the
+     * decodes that pulled the prefix lack only 20, so with the cache on it
+     * is prefilled on one of them (what the decode lacks decides, like
+     * Dynamo's conditional disaggregation); with it off, disaggregated */
+    double acc0 = 0;
+    for (int k = 0; k < d->n_prefill; k++)
+        acc0 += admin_num(&d->prefill[k], "requests", "counters.accepted");
+    make_prompt(ids + KVR_PREFIX, 20, 8888, 4, 259);
+    kvr_req(d, ids, KVR_PREFIX + 20, true, &out->text[KVR_N + 4], &out->cached[KVR_N + 4]);
+    double acc1 = 0;
+    for (int k = 0; k < d->n_prefill; k++)
+        acc1 += admin_num(&d->prefill[k], "requests", "counters.accepted");
+    fprintf(stderr, "e2e: prefix + 20: cached_tokens %d, prefill requests +%.0f\n",
+            out->cached[KVR_N + 4], acc1 - acc0);
+    if (cache ? out->cached[KVR_N + 4] != KVR_PREFIX || acc1 != acc0
+              : out->cached[KVR_N + 4] != 0 || acc1 != acc0 + 1)
+        fail_msg("prefix + 20 (cache %s): cached_tokens %d, prefill requests +%.0f",
+                 cache ? "on" : "off", out->cached[KVR_N + 4], acc1 - acc0);
 }
 
 static int kvroute_setup(void **st)
@@ -2200,7 +2220,7 @@ static void test_kv_routing(void **st)
     fprintf(stderr, "e2e: router prompt_cached_tokens %.0f, prefill hits %.0f, decode hits %.0f\n",
             hit, router_stat(&g_a, "kv_route_prefill_hits"),
             router_stat(&g_a, "kv_route_decode_hits"));
-    assert_true(hit == (KVR_N - 1) * KVR_PREFIX + 48 + on.cached[KVR_N + 3]);
+    assert_true(hit == (KVR_N - 1) * KVR_PREFIX + 48 + on.cached[KVR_N + 3] + on.cached[KVR_N + 4]);
     quiet_ok(&g_a);
     /* a new router knows nothing: every daemon's registration starts with
      * a RESET + snapshot of its cache, so the prefix is found again */
@@ -2213,13 +2233,13 @@ static void test_kv_routing(void **st)
         fail_msg("after a router restart %s's cache was not indexed again (%.0f blocks)", h->id,
                  indexed_blocks(&g_a, h->id));
     {
-        int32_t ids[KVR_PREFIX + 20];
+        int32_t ids[KVR_PREFIX + KVR_SUFFIX];
         char *text;
         int cached;
         make_prompt(ids, KVR_PREFIX, 1313, 4, 259);
-        make_prompt(ids + KVR_PREFIX, 20, 9999, 4, 259);
+        make_prompt(ids + KVR_PREFIX, KVR_SUFFIX, 9999, 4, 259);
         double acc0 = admin_num(h, "requests", "counters.accepted");
-        kvr_req(&g_a, ids, KVR_PREFIX + 20, false, &text, &cached);
+        kvr_req(&g_a, ids, KVR_PREFIX + KVR_SUFFIX, false, &text, &cached);
         free(text);
         if (cached != KVR_PREFIX || admin_num(h, "requests", "counters.accepted") != acc0 + 1)
             fail_msg("after a router restart: cached_tokens %d (want %d), %s accepted %.0f -> %.0f",

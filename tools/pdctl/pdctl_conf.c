@@ -42,8 +42,8 @@
     X("ready-timeout", NULL, 0, "bound on start-up waits (default 30s)")         \
     X("stop-timeout", NULL, 0, "bound on drain/stop waits (default 30s)")        \
     X("log-level", "log.level", R | P | D, "error|warn|info|debug|trace")        \
-    X("disagg-mode", "disagg-mode", R, "threshold|always|never")                 \
-    X("disagg-threshold", "disagg-threshold", R, "prompt tokens to disaggregate") \
+    X("disagg-mode", "disagg-mode", R, "threshold|always|never|cost")            \
+    X("disagg-threshold", "disagg-threshold", R, "uncached tokens to disaggregate") \
     X("lease-ttl", "lease-ttl", R | P, "KV lease length (prefill side)")         \
     X("transfer-timeout", "transfer-timeout", D, "deadline of one KV pull")      \
     X("heartbeat-interval", "heartbeat-interval", R | P | D, "heartbeat period") \
