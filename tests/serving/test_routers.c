@@ -80,9 +80,9 @@ static const char *const g_prompts[] = {
 static void make_body(int i, int max_tokens, bool stream, char *out, size_t cap)
 {
     snprintf(out, cap,
-             "{\"prompt\":\"%s\",\"max_tokens\":%d,\"ignore_eos\":true,\"temperature\":0.8,"
-             "\"seed\":%d,\"stream\":%s}",
-             g_prompts[i % 2], max_tokens, 100 + i, stream ? "true" : "false");
+             "{\"prompt\":\"%d. %s\",\"max_tokens\":%d,\"ignore_eos\":true,"
+             "\"temperature\":0.8,\"seed\":%d,\"stream\":%s}",
+             i, g_prompts[i % 2], max_tokens, 100 + i, stream ? "true" : "false");
 }
 
 /* One streamed request to port: 1 = 200, [DONE], no error frame, at least
@@ -229,7 +229,9 @@ static void test_both(void **st)
     char why[512] = "";
     for (int r = 0; r < 2; r++)
         for (int i = 0; i < 4; i++) {
-            int rc = one_stream(g_d.router_http[r], i, 12, why, sizeof(why));
+            /* distinct prompts (the numbered first block): a decode holding
+             * an earlier one would prefill the rest itself */
+            int rc = one_stream(g_d.router_http[r], 4 * r + i, 12, why, sizeof(why));
             if (rc != 1)
                 fail_msg("router %d request %d: rc %d %s", r, i, rc, why);
         }
