@@ -145,11 +145,13 @@ bool rtr_should_disaggregate(rtr_disagg_mode_t mode, const rtr_disagg_in_t *in,
         disagg = true;
     else if (mode == RTR_DISAGG_NEVER)
         disagg = false;
-    else if (mode == RTR_DISAGG_COST && in->pf_tok_ns > 0 && in->dec_tok_ns > 0 &&
-             in->pull_tok_ns > 0) {
+    else if (mode == RTR_DISAGG_COST && in->pf_tok_ns > 0 && in->pull_tok_ns > 0) {
         uint32_t pf_work = in->prompt_tokens - held_of(in->prefill_cached, in->prompt_tokens);
+        /* the same model on the same kind of engine: until a decode-local
+         * prefill is measured, the prefills' rate (else it never would be) */
+        double dec_tok_ns = in->dec_tok_ns > 0 ? in->dec_tok_ns : in->pf_tok_ns;
         w.measured = true;
-        w.local_ns = (double)w.uncached * in->dec_tok_ns * (1.0 + in->decode_running);
+        w.local_ns = (double)w.uncached * dec_tok_ns * (1.0 + in->decode_running);
         w.disagg_ns = ((double)in->prefill_outstanding + pf_work) * in->pf_tok_ns +
                       (double)w.uncached * in->pull_tok_ns + in->hop_ns;
         disagg = w.disagg_ns < w.local_ns;

@@ -114,7 +114,9 @@ typedef struct {
  *              * pf_tok_ns + uncached * pull_tok_ns + hop_ns
  *              (the prefill's queue and work, the pull of only the blocks
  *              the decode lacks, the extra control-plane hop);
- *     threshold until every rate has been measured.
+ *     dec_tok_ns is pf_tok_ns until a decode-local prefill is measured
+ *     (the same model: else the decode would never be tried); threshold
+ *     until pf_tok_ns and pull_tok_ns are measured.
  * *why (may be NULL) gets the figures for logs and tests. */
 bool rtr_should_disaggregate(rtr_disagg_mode_t mode, const rtr_disagg_in_t *in,
                              uint32_t threshold, bool prefill, rtr_disagg_why_t *why);

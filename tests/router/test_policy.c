@@ -134,7 +134,14 @@ static void test_disaggregation_cost(void **state)
     assert_true(w.disagg_ns == 8 * 100e3 + 8 * 20e3 + 2e6);
     /* no prefill: never */
     assert_false(rtr_should_disaggregate(RTR_DISAGG_COST, &in, 1, false, &w));
-    /* one rate missing: the threshold rule */
+    /* no decode-local prefill measured yet: the prefills' rate stands in
+     * (8 x 100 us x 4 = 3.2 ms > 2.96 ms) */
+    in.dec_tok_ns = 0;
+    assert_true(rtr_should_disaggregate(RTR_DISAGG_COST, &in, 100000, true, &w));
+    assert_true(w.measured && w.local_ns == 8 * 100e3 * 4);
+    in.decode_running = 2; /* 2.4 ms */
+    assert_false(rtr_should_disaggregate(RTR_DISAGG_COST, &in, 1, true, &w));
+    /* the pull not measured: the threshold rule */
     in.pull_tok_ns = 0;
     assert_false(rtr_should_disaggregate(RTR_DISAGG_COST, &in, 64, true, &w));
     assert_false(w.measured);
