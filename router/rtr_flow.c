@@ -856,7 +856,8 @@ static void cost_note(double *avg, double sample)
 
 static void cost_note_prefill(rtr_t *r, const rtr_req_t *q, const proto_prefill_done_t *pd)
 {
-    uint32_t computed = pd->n_prompt_tokens - (pd->cached_tokens < pd->n_prompt_tokens ? pd->cached_tokens : pd->n_prompt_tokens);
+    uint32_t n = pd->n_prompt_tokens;
+    uint32_t computed = n - (pd->cached_tokens < n ? pd->cached_tokens : n);
     if (computed >= COST_MIN_TOKENS)
         cost_note(&r->cost.pf_tok_ns, (double)pd->prefill_ns / computed);
     /* the hop: the router's view of the prefill minus the prefill's own */
@@ -867,7 +868,8 @@ static void cost_note_prefill(rtr_t *r, const rtr_req_t *q, const proto_prefill_
 
 static void cost_note_finish(rtr_t *r, const rtr_req_t *q, const proto_finish_t *f)
 {
-    uint32_t missing = f->prompt_tokens - (f->cached_tokens < f->prompt_tokens ? f->cached_tokens : f->prompt_tokens);
+    uint32_t n = f->prompt_tokens;
+    uint32_t missing = n - (f->cached_tokens < n ? f->cached_tokens : n);
     if (missing < COST_MIN_TOKENS)
         return;
     if (!q->disagg) /* decode-local: the decode computed what it lacked */

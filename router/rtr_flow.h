@@ -146,8 +146,9 @@ rtr_req_t *rtr_flow_find(const char *id);
  * prefill when disaggregating: returns true then; a request is
  * disaggregated only when a prefill is eligible, rtr_should_disaggregate
  * decides on what the chosen decode lacks); KV-aware when the router has
- * a KV index: the prompt's block names are looked up (rtr_kvindex_match) and the choice isrtr_kvindex_match) and the choice is
- * rtr_pick_prefill_kv / rtr_pick_decode_kv's. new: allocate, link, count, RECEIVED -> ROUTED;
+ * a KV index: the prompt's block names are looked up
+ * (rtr_kvindex_match) and the choice is rtr_pick_prefill_kv /
+ * rtr_pick_decode_kv's. new: allocate, link, count, RECEIVED -> ROUTED;
  * takes *o and *ids (zeroed) unless PD_ERR_NO_MEMORY; draws a fresh seed
  * when the client gave none; stamps "created"; PD_ERR_BAD_INPUT:
  * bad stop strings (nothing linked). start: timeout, PREFILL_REQ or

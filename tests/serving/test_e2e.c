@@ -2079,7 +2079,8 @@ static void kvr_req(e2e_deploy_t *d, const int32_t *ids, int n, bool stream, cha
 
 /* The workload, the same for cache on and off:
  *  - KVR_N prompts sharing a 320-token prefix, each with 120 new tokens
- *    (disaggregated: the decode lacks >= 100 tokens), one after the other; with the cache on, every one after the
+ *    (disaggregated: the decode lacks >= 100 tokens), one after the
+ *    other; with the cache on, every one after the
  *    first goes to the prefill that holds the prefix (round robin would
  *    alternate between the two idle prefills);
  *  - a short conversation (decode-local: < 100 tokens): turn 2 starts with
@@ -2220,7 +2221,8 @@ static void test_kv_routing(void **st)
     fprintf(stderr, "e2e: router prompt_cached_tokens %.0f, prefill hits %.0f, decode hits %.0f\n",
             hit, router_stat(&g_a, "kv_route_prefill_hits"),
             router_stat(&g_a, "kv_route_decode_hits"));
-    assert_true(hit == (KVR_N - 1) * KVR_PREFIX + 48 + on.cached[KVR_N + 3] + on.cached[KVR_N + 4]);
+    assert_true(hit == (KVR_N - 1) * KVR_PREFIX + 48 + on.cached[KVR_N + 3] +
+                           on.cached[KVR_N + 4]);
     quiet_ok(&g_a);
     /* a new router knows nothing: every daemon's registration starts with
      * a RESET + snapshot of its cache, so the prefix is found again */
