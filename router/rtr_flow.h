@@ -62,6 +62,10 @@ struct rtr_req {
                                             reused (PREFILL_DONE, or FINISH
                                             when decode-local): usage */
     bool lease_held;                     /* PREFILL_DONE seen, lease not handed on */
+    bool early_dec;                      /* PREFILLING: the decode has the streamed
+                                            handle (DECODE_REQ TOKEN0_LATER) and
+                                            waits for FIRST_TOKEN */
+    bool src_used;                       /* PREFILL_REQ carried a decode's prefix */
     bool disagg;
     bool headers_sent;
     bool role_sent;                      /* chat: the choice's role chunk */
