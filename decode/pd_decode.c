@@ -940,14 +940,9 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
 
 static void dec_req_cancel(dec_t *d, dec_req_t *r)
 {
-    if (r->t0_wait) {
-        /* an early hand-off the router gave up (prefill failed, token 0
-         * ended the request): no answer, and the id is free at once for
-         * the router's retry, which may come here with the same id */
-        r->quiet = true;
-        node_req_forget_id(&d->n, &r->nr);
+    if (r->t0_wait) /* an early hand-off the router gave up (prefill failed,
+                     * token 0 ended the request); answered as any cancel */
         pd_stats_inc(d->n.stats, DEC_STAT_early_canceled);
-    }
     if (r->state == DEC_ST_MIGRATING) {
         r->cancel = true;
         (void)kvx_lease_revoke(d->n.kvx, r->mig_lease); /* -> dec_on_lease_end */

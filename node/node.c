@@ -210,14 +210,6 @@ void node_req_link(node_t *n, node_req_t *r)
     pd_stats_gauge_set(n->stats, NODE_STAT_live, n->n_live);
 }
 
-void node_req_forget_id(node_t *n, node_req_t *r)
-{
-    pd_idhash_del(&n->by_id, &r->hnode);
-    /* node_req_key keys start with a hex epoch: "!" never collides */
-    snprintf(r->key, sizeof(r->key), "!%p", (void *)r);
-    pd_idhash_add(&n->by_id, &r->hnode, r->key);
-}
-
 bool node_req_can_reply(const node_t *n, const node_req_t *r)
 {
     return !n->stopping && r->link != NULL && r->link->in_use &&

@@ -343,9 +343,6 @@ int node_fail(const node_t *n, const char *what, pd_status_t st, const char *det
 
 node_req_t *node_req_find(node_t *n, const char *id);
 void node_req_link(node_t *n, node_req_t *r);
-/* r's id is free again at once (a new request may take it) while r lives
- * on unnamed until it retires: node_req_find no longer finds it. */
-void node_req_forget_id(node_t *n, node_req_t *r);
 /* A request reached its terminal state: free its blocks, unlink it, free
  * obj (the role's request) later through free_fn, and check the drain. */
 void node_req_retire(node_t *n, node_req_t *r, void (*free_fn)(void *), void *obj);

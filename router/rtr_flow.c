@@ -510,15 +510,18 @@ static void send_stop(rtr_req_t *q)
 }
 
 /* The decode holds an early DECODE_REQ (TOKEN0_LATER) it will not get
- * token 0 for: CANCEL it (the decode ends it without an answer and frees
- * its id at once, so a retry may reuse the decode). */
+ * token 0 for: CANCEL it. The copy still answers once (ERROR or FINISH
+ * canceled, under the same id): until then a retry on that decode waits
+ * (early_end_be, see req_go_local), or the two would share the id. */
 static void early_drop(rtr_req_t *q)
 {
     if (!q->early_dec)
         return;
     q->early_dec = false;
-    if (q->decode != NULL)
+    if (q->decode != NULL) {
         send_simple(q->decode, PROTO_MSG_CANCEL, q, 0);
+        q->early_end_be = q->decode;
+    }
     pd_stats_inc(q->r->stats, RTR_STAT_kv_early_canceled);
 }
 
@@ -678,6 +681,8 @@ static void req_go_local(rtr_req_t *q, rtr_backend_t *avoid, const char *why,
     rtr_t *r = q->r;
     uint64_t now = pd_now_ns();
     early_drop(q);
+    if (avoid == NULL) /* a decode that still holds a canceled early copy: last */
+        avoid = q->early_end_be;
     if (q->fsm.state != RTR_REQ_ROUTED)
         rtr_req_fsm_set(&q->fsm, RTR_REQ_ROUTED, now);
     req_set_backend(&q->prefill, NULL);
@@ -703,6 +708,13 @@ static void req_go_local(rtr_req_t *q, rtr_backend_t *avoid, const char *why,
         return;
     }
     req_set_backend(&q->decode, d);
+    if (q->early_end_be != NULL && d == q->early_end_be) {
+        /* its canceled early copy has not answered yet: go on then */
+        q->retry_deferred = true;
+        pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "retry on '%s' waits for its early copy's end",
+               d->id);
+        return;
+    }
     req_set_backend(&q->migrate_to, NULL);
     q->migrated = false;
     q->disagg = false;
@@ -1241,6 +1253,16 @@ void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
                    proto_msg_name(msg->hdr.type), be->id);
         return;
     }
+    if (q->early_end_be == be &&
+        (msg->hdr.type == PROTO_MSG_ERROR || msg->hdr.type == PROTO_MSG_FINISH)) {
+        /* the one answer of a canceled early copy: a deferred retry goes now */
+        q->early_end_be = NULL;
+        if (q->retry_deferred) {
+            q->retry_deferred = false;
+            req_go_local(q, NULL, "early copy ended", be);
+        }
+        return;
+    }
     bool from_prefill = q->fsm.state == RTR_REQ_PREFILLING && be == q->prefill;
     bool from_decode = q->fsm.state == RTR_REQ_DECODING && be == q->decode;
     bool from_export = q->fsm.state == RTR_REQ_EXPORTING && be == q->export_from;
@@ -1338,6 +1360,14 @@ void rtr_flow_backend_down(rtr_t *r, rtr_backend_t *be)
      * names be (a down backend is never picked again). */
 again:
     for (rtr_req_t *q = r->reqs; q != NULL; q = q->next) {
+        if (q->early_end_be == be) { /* its early copy will not answer now */
+            q->early_end_be = NULL;
+            if (q->retry_deferred) {
+                q->retry_deferred = false;
+                req_go_local(q, be, "decode lost", NULL);
+                goto again;
+            }
+        }
         if (q->fsm.state == RTR_REQ_EXPORTING && q->export_from == be) {
             export_give_up(q, RTR_STAT_kv_src_timeouts, "decode lost");
             goto again;

@@ -979,6 +979,16 @@ static void test_early_handoff_prefill_fails(void **state)
     rtr_req_t *q = accept_req(f, "e4", false, 16);
     prefill_handle(f, "e4", 58);
     error_from(f, f->pre, "e4", PD_ERR_INTERNAL);
+    /* the only decode holds the canceled copy under the same id: the retry
+     * waits for the copy's one answer */
+    assert_int_equal(last_sent()->type, PROTO_MSG_CANCEL);
+    assert_ptr_equal(last_sent()->to, f->dec);
+    assert_int_equal(count_sent(PROTO_MSG_DECODE_REQ, W("e4")), 1);
+    assert_true(q->retry_deferred);
+    assert_int_equal(q->fsm.state, RTR_REQ_ROUTED);
+    finish(f, "e4", PROTO_FINISH_CANCELED); /* the copy's answer */
+    assert_false(q->retry_deferred);
+    assert_null(q->early_end_be);
     int cancel_at = -1, retry_at = -1;
     for (int i = 0; i < rec.n_sent; i++) {
         if (rec.sent[i].type == PROTO_MSG_CANCEL && rec.sent[i].to == f->dec)
@@ -1006,9 +1016,34 @@ static void test_early_handoff_prefill_fails(void **state)
     prefill_handle(f, "e5", 59);
     rtr_flow_backend_down(&f->r, f->pre);
     assert_int_equal(count_sent(PROTO_MSG_CANCEL, W("e5")), 1);
+    assert_int_equal(last_sent()->type, PROTO_MSG_CANCEL);
+    error_from(f, f->dec, "e5", PD_ERR_PEER_GONE); /* the copy's pull failed first */
     assert_int_equal(last_sent()->type, PROTO_MSG_DECODE_REQ);
     assert_int_equal(last_sent()->flags & PROTO_DEC_PREFILL_LOCALLY, PROTO_DEC_PREFILL_LOCALLY);
     assert_int_equal(counter(f, RTR_STAT_kv_early_canceled), 2);
+}
+
+/* With a second decode the retry goes there at once; the first decode's
+ * late answer for its copy is taken as that (not as the retry's). */
+static void test_early_handoff_retry_elsewhere(void **state)
+{
+    fx_t *f = *state;
+    rtr_backend_t *d1 = &f->r.be[2];
+    add_backend(&f->r, d1, "d1", PROTO_ROLE_DECODE,
+                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
+    rtr_req_t *q = accept_req(f, "e10", true, 16);
+    prefill_handle(f, "e10", 64);
+    error_from(f, f->pre, "e10", PD_ERR_INTERNAL);
+    assert_int_equal(last_sent()->type, PROTO_MSG_DECODE_REQ);
+    assert_ptr_equal(last_sent()->to, d1);
+    assert_false(q->retry_deferred);
+    assert_ptr_equal(q->early_end_be, f->dec);
+    assert_int_equal(q->fsm.state, RTR_REQ_DECODING);
+    finish(f, "e10", PROTO_FINISH_CANCELED); /* from d0: the copy */
+    assert_null(q->early_end_be);
+    assert_int_equal(q->fsm.state, RTR_REQ_DECODING);
+    assert_non_null(rtr_flow_find(W("e10")));
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 0);
 }
 
 /* The decode drops its early copy (pull failed): back to the plain path,
@@ -1366,6 +1401,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_early_handoff_token0_ends, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_early_handoff_prefill_fails, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_early_handoff_edges, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_early_handoff_retry_elsewhere, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_pull_failure_retries_then_fails, fx_setup,
                                         fx_teardown),
         cmocka_unit_test_setup_teardown(test_stale_messages_ignored, fx_setup, fx_teardown),
