@@ -573,7 +573,10 @@ static void dec_start_pull(dec_t *d, dec_req_t *r)
         dec_note_import(d, r);
     uint32_t nb = (r->kv_pull + d->n.geom->block_tokens - 1) / d->n.geom->block_tokens;
     uint64_t budget = d->cfg.transfer_timeout_ns;
-    if (r->budget_ns != 0 && r->budget_ns < budget)
+    if (r->t0_wait && r->budget_ns != 0)
+        budget = r->budget_ns; /* early hand-off: the prompt pass runs inside this
+                                * pull (a lost prefill ends it: PEER_DOWN) */
+    else if (r->budget_ns != 0 && r->budget_ns < budget)
         budget = r->budget_ns;
     /* incremental: the blocks we share from the prefix cache are skipped */
     uint32_t skip_inline[64], *local = r->nr.blocks;
