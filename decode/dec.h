@@ -58,6 +58,10 @@ typedef struct dec_req {
     dec_state_t state;
     uint64_t t[DEC_ST__COUNT];          /* pd_now_ns() on entering each state */
     bool local;                         /* PROTO_DEC_PREFILL_LOCALLY */
+    /* PROTO_DEC_TOKEN0_LATER (early hand-off, kv-stream=layer): the pull
+     * may run, the first step waits for FIRST_TOKEN */
+    bool t0_wait;                       /* token 0 not here yet */
+    bool t0_pulled;                     /* the pull landed while t0_wait */
     bool cancel;                        /* end as CANCELED when the step is back */
     bool cancel_stop;                   /* the CANCEL was the router's stop string: end as STOP */
     bool quiet;                         /* router gone: end without a reply */
@@ -186,6 +190,8 @@ struct dec {
     X(ttft,            HISTOGRAM, "DECODE_REQ -> first TOKENS")                  \
     X(handoff,         HISTOGRAM, "pulled: DECODE_REQ -> first step start, minus wait and pull") \
     X(lease_renews,    COUNTER,   "lease renewals sent while waiting for KV room") \
+    X(early_handoffs,  COUNTER,   "DECODE_REQs sent before the prompt pass ended (TOKEN0_LATER) whose FIRST_TOKEN came") \
+    X(early_canceled,  COUNTER,   "TOKEN0_LATER requests canceled before their FIRST_TOKEN") \
     X(lease_left,      HISTOGRAM, "pulled: handle's lease left at DECODE_REQ (wall clocks)") \
     X(req_time,        HISTOGRAM, "DECODE_REQ -> FINISH / ERROR")            \
     X(migrated_out,    COUNTER,   "sequences handed to another decode (KV pulled from here)") \

@@ -532,6 +532,10 @@ static void dec_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t
     r->kv_have = r->kv_pull;
     if (r->kv_pull > r->n_prompt)
         pd_stats_inc(d->n.stats, DEC_STAT_migrated_in);
+    if (r->t0_wait) { /* the prompt is in; FIRST_TOKEN starts it (and releases) */
+        r->t0_pulled = true;
+        return;
+    }
     dec_start_compute(d, r);
     /* The release after the first step is on its way: posting the notify
      * can take milliseconds after a large pull (UCX tcp), which the compute
@@ -569,7 +573,10 @@ static void dec_start_pull(dec_t *d, dec_req_t *r)
         dec_note_import(d, r);
     uint32_t nb = (r->kv_pull + d->n.geom->block_tokens - 1) / d->n.geom->block_tokens;
     uint64_t budget = d->cfg.transfer_timeout_ns;
-    if (r->budget_ns != 0 && r->budget_ns < budget)
+    if (r->t0_wait && r->budget_ns != 0)
+        budget = r->budget_ns; /* early hand-off: the prompt pass runs inside this
+                                * pull (a lost prefill ends it: PEER_DOWN) */
+    else if (r->budget_ns != 0 && r->budget_ns < budget)
         budget = r->budget_ns;
     /* incremental: the blocks we share from the prefix cache are skipped */
     uint32_t skip_inline[64], *local = r->nr.blocks;
@@ -773,6 +780,7 @@ static dec_req_t *dec_admit(dec_t *d, const proto_decode_req_t *q, dec_req_t *pa
     uint32_t ctx = d->n.geom->context_length, vocab = d->n.geom->vocab_size;
     uint32_t np = q->prompt.n, ng = q->generated.n;
     bool local = (q->flags & PROTO_DEC_PREFILL_LOCALLY) != 0;
+    bool t0_later = (q->flags & PROTO_DEC_TOKEN0_LATER) != 0; /* proto checked: ng 0 */
     pd_status_t st = PD_OK;
     const char *why = "";
     eng_sample_params_t sp;
@@ -784,7 +792,7 @@ static dec_req_t *dec_admit(dec_t *d, const proto_decode_req_t *q, dec_req_t *pa
         st = PD_ERR_BAD_INPUT; why = "empty prompt";
     } else if ((uint64_t)np + ng >= ctx) {
         st = PD_ERR_TOO_BIG; why = "prompt + generated reach the context length";
-    } else if (!local && (ng == 0 || q->kv_handle.len == 0)) {
+    } else if (!local && ((ng == 0 && !t0_later) || q->kv_handle.len == 0)) {
         st = PD_ERR_BAD_INPUT; why = "a KV handle needs generated = [token 0]";
     } else if (node_sampling(&d->n, &q->sampling, &sp) != PD_OK) {
         st = PD_ERR_BAD_INPUT; why = "bad sampling parameters";
@@ -831,6 +839,7 @@ static dec_req_t *dec_admit(dec_t *d, const proto_decode_req_t *q, dec_req_t *pa
     snprintf(r->nr.id, sizeof(r->nr.id), "%s", q->request_id);
     snprintf(r->peer, sizeof(r->peer), "%s", q->prefill_peer_id);
     r->local = local;
+    r->t0_wait = t0_later;
     r->cap = max_pos + 1;
     r->max_pos = max_pos;
     r->n_prompt = proto_tokens_copy(&q->prompt, r->tok, np);
@@ -934,6 +943,9 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
 
 static void dec_req_cancel(dec_t *d, dec_req_t *r)
 {
+    if (r->t0_wait) /* an early hand-off the router gave up (prefill failed,
+                     * token 0 ended the request); answered as any cancel */
+        pd_stats_inc(d->n.stats, DEC_STAT_early_canceled);
     if (r->state == DEC_ST_MIGRATING) {
         r->cancel = true;
         (void)kvx_lease_revoke(d->n.kvx, r->mig_lease); /* -> dec_on_lease_end */
@@ -956,6 +968,63 @@ static void dec_on_cancel(proto_conn_t *c, const proto_msg_t *msg, void *arg)
         r->cancel_stop = msg->u.cancel.status == PD_OK; /* PROTOCOL.md: CANCEL */
         dec_req_cancel(d, r);
     }
+}
+
+/* FIRST_TOKEN: token 0 of a DECODE_REQ sent with TOKEN0_LATER. Replayed
+ * like DECODE_REQ.generated; the first step starts once the pull landed
+ * too. Dropped for an unknown or ended request; for a request not waiting
+ * for it (a second token 0) it is an error that ends the request. */
+static void dec_on_first_token(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+{
+    (void)c;
+    dec_t *d = arg;
+    const proto_first_token_t *ft = &msg->u.first_token;
+    dec_req_t *r = dec_req_find(d, ft->request_id);
+    if (r == NULL || r->cancel || dec_terminal(r->state)) {
+        pd_log(PD_LOG_DEBUG, DEC_COMP, ft->request_id, "FIRST_TOKEN for no live request: dropped");
+        return;
+    }
+    int32_t t = ft->first_token;
+    pd_status_t st = PD_OK;
+    if (!r->t0_wait) {
+        st = PD_ERR_BAD_INPUT;
+        pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "FIRST_TOKEN for a request not waiting for one");
+    } else if ((uint32_t)t >= d->n.geom->vocab_size) {
+        st = PD_ERR_BAD_INPUT;
+        pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "FIRST_TOKEN id %d out of range", t);
+    } else if (!node_gram_take(&d->n, &r->gram, t)) {
+        st = PD_ERR_BAD_INPUT;
+        pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "FIRST_TOKEN %d refused by the grammar", t);
+    }
+    if (st != PD_OK) {
+        dec_req_end(r, PROTO_FINISH_ERROR, st);
+        return;
+    }
+    /* the replay of dec_admit for one given token */
+    r->t0_wait = false;
+    if (r->smp.p.temperature > 0.0f)
+        (void)eng_rng_next(&r->smp.rng);
+    eng_finish_t f = eng_sampler_accept(&r->smp, t);
+    r->tok[r->n_prompt] = t;
+    r->n_gen = r->n_gen_given = 1;
+    if (f == ENG_FINISH_NONE && r->n_prompt + r->n_gen >= r->max_pos)
+        f = ENG_FINISH_LENGTH;
+    if (ft->rng_state != 0 && ft->rng_state != r->smp.rng.s[0]) {
+        pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "sampler state mismatch after token 0");
+        dec_req_end(r, PROTO_FINISH_ERROR, PD_ERR_MISMATCH);
+        return;
+    }
+    pd_stats_inc(d->n.stats, DEC_STAT_early_handoffs);
+    if (f != ENG_FINISH_NONE) { /* token 0 already ends it */
+        dec_req_end(r, f == ENG_FINISH_STOP ? PROTO_FINISH_STOP : PROTO_FINISH_LENGTH, PD_OK);
+        return;
+    }
+    if (r->t0_pulled) { /* the pull is done: run now, then the lease goes */
+        r->t0_pulled = false;
+        dec_start_compute(d, r);
+        (void)kvx_lease_release(d->n.kvx, &r->imp);
+        r->imported = false;
+    } /* else dec_pull_done starts it */
 }
 
 /* ---- live migration (this decode hands a stream on) ---------------------- */
@@ -1362,7 +1431,8 @@ static const node_role_t dec_role = {
     .cbs = { .on_decode_req = dec_on_decode_req, .on_cancel = dec_on_cancel,
              .on_peer_info = dec_on_peer_info, .on_peer_down = dec_on_peer_down,
              .on_migrate = dec_on_migrate, .on_release = dec_on_release,
-             .on_kv_export_req = dec_on_kv_export_req },
+             .on_kv_export_req = dec_on_kv_export_req,
+             .on_first_token = dec_on_first_token },
     .cancel_all = dec_cancel_all, .fill_hb = dec_fill_hb,
     .adm_kv = dec_adm_kv, .adm_session = dec_adm_session, .cmds = dec_cmds,
     .xfer_help = "xfer - kvxfer statistics (pulls per prefill peer)",

@@ -318,6 +318,31 @@ static pd_status_t pf_take_blocks(pf_t *pf, pf_req_t *r, uint32_t nb)
     return PD_OK;
 }
 
+/* kv-stream=layer: the streamed lease goes to the router now (PREFILL_HANDLE)
+ * so that the decode can pull each layer while the prompt pass runs; the
+ * router may also ignore it and hand the same lease on with PREFILL_DONE.
+ * Not an answer: PREFILL_DONE or ERROR still follows. Best effort. */
+static void pf_send_handle(pf_t *pf, pf_req_t *r)
+{
+    if (!pf_can_reply(pf, r))
+        return;
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_PREFILL_HANDLE;
+    proto_prefill_handle_t *h = &m.u.prefill_handle;
+    snprintf(h->request_id, sizeof(h->request_id), "%s", r->nr.id);
+    h->n_prompt_tokens = r->n_prompt;
+    h->lease_id = node_lease_wire_id(r->lease);
+    h->lease_ns = r->lease_ttl_ns;
+    h->kv_handle.p = r->handle;
+    h->kv_handle.len = (uint32_t)r->hlen;
+    pd_status_t st = node_req_send(&pf->n, &r->nr, &m);
+    if (st == PD_OK)
+        pd_stats_inc(pf->n.stats, PF_STAT_early_handles);
+    else
+        pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "PREFILL_HANDLE not sent: %s", pd_status_str(st));
+}
+
 /* To the compute thread (from NEW or PULLING). */
 static void pf_compute_start(pf_t *pf, pf_req_t *r)
 {
@@ -342,6 +367,7 @@ static void pf_compute_start(pf_t *pf, pf_req_t *r)
         }
         r->early = true;
         r->exported_ns = pd_now_ns();
+        pf_send_handle(pf, r);
     }
     pf_req_set_state(r, PF_ST_COMPUTING);
     st = eng_runner_submit(pf->n.runner, &r->job);

@@ -121,6 +121,7 @@ struct pf {
     X(src_pulls_ok,    COUNTER,   "pulls from a decode's cache completed")    \
     X(src_pulls_failed, COUNTER,  "sources not used: handle rejected, pull failed (computed instead)") \
     X(src_skipped,     COUNTER,   "sources not pulled: our own cache held as much") \
+    X(early_handles,   COUNTER,   "kv-stream=layer: streamed leases sent to the router before the prompt pass (PREFILL_HANDLE)") \
     X(computing,       GAUGE,     "requests queued or running on the compute thread") \
     X(leased,          GAUGE,     "requests holding a KV lease")              \
     X(queue_time,      HISTOGRAM, "accept -> compute start")                  \

@@ -795,6 +795,10 @@ static pd_status_t check_decode_req(const proto_decode_req_t *m)
     CHECK(check_blob(&m->kv_handle, PROTO_KV_HANDLE_MAX));
     bool local = (m->flags & PROTO_DEC_PREFILL_LOCALLY) != 0;
     REQUIRE(local == (m->kv_handle.len == 0), PD_ERR_BAD_INPUT);
+    /* token 0 later: a prefill's handle, nothing generated yet, no forks */
+    REQUIRE(!(m->flags & PROTO_DEC_TOKEN0_LATER) ||
+            (!local && m->generated.n == 0 && m->kv_tokens == 0 && m->n_fork == 0),
+            PD_ERR_BAD_INPUT);
     /* a handle's KV covers the prompt (0) or prompt + generated - 1 at most */
     REQUIRE(m->kv_tokens == 0 ||
             (!local && m->kv_tokens >= m->prompt.n && m->generated.n > 0 &&
@@ -1030,6 +1034,38 @@ static void io_kv_export_done(io_t *io, proto_kv_export_done_t *m)
     io_u64(io, &m->lease_id);
     io_u64(io, &m->lease_ns);
     io_blob(io, &m->kv_handle, PROTO_KV_HANDLE_MAX);
+}
+
+/* PREFILL_HANDLE */
+static pd_status_t check_prefill_handle(const proto_prefill_handle_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
+    REQUIRE(m->n_prompt_tokens > 0 && m->kv_handle.len > 0, PD_ERR_BAD_INPUT);
+    return check_blob(&m->kv_handle, PROTO_KV_HANDLE_MAX);
+}
+
+static void io_prefill_handle(io_t *io, proto_prefill_handle_t *m)
+{
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_u32(io, &m->n_prompt_tokens);
+    io_u64(io, &m->lease_id);
+    io_u64(io, &m->lease_ns);
+    io_blob(io, &m->kv_handle, PROTO_KV_HANDLE_MAX);
+}
+
+/* FIRST_TOKEN */
+static pd_status_t check_first_token(const proto_first_token_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
+    REQUIRE(m->first_token >= 0, PD_ERR_BAD_INPUT);
+    return PD_OK;
+}
+
+static void io_first_token(io_t *io, proto_first_token_t *m)
+{
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_i32(io, &m->first_token);
+    io_u64(io, &m->rng_state);
 }
 
 /* ---- dispatch generated from PROTO_MSG_LIST --------------------------- */

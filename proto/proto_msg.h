@@ -118,6 +118,9 @@
         + PROTO__STR(PROTO_DAEMON_ID_MAX) + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + 4u)
 #define PROTO_KV_EXPORT_DONE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u + 8u + 8u \
         + PROTO__BLOB(PROTO_KV_HANDLE_MAX))
+#define PROTO_PREFILL_HANDLE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u + 8u + 8u \
+        + PROTO__BLOB(PROTO_KV_HANDLE_MAX))
+#define PROTO_FIRST_TOKEN_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u + 8u)
 
 /* THE message list. X(NAME, name, code, max_body)
  * Codes are wire values: never renumber, only append. */
@@ -141,7 +144,9 @@
     X(MIGRATE_DONE,    migrate_done,    27, PROTO_MIGRATE_DONE_BODY_MAX)      \
     X(KV_EVENTS,       kv_events,       28, PROTO_KV_EVENTS_BODY_MAX)        \
     X(KV_EXPORT_REQ,   kv_export_req,   29, PROTO_KV_EXPORT_REQ_BODY_MAX)    \
-    X(KV_EXPORT_DONE,  kv_export_done,  30, PROTO_KV_EXPORT_DONE_BODY_MAX)
+    X(KV_EXPORT_DONE,  kv_export_done,  30, PROTO_KV_EXPORT_DONE_BODY_MAX)    \
+    X(PREFILL_HANDLE,  prefill_handle,  31, PROTO_PREFILL_HANDLE_BODY_MAX)    \
+    X(FIRST_TOKEN,     first_token,     32, PROTO_FIRST_TOKEN_BODY_MAX)
 
 typedef enum {
     PROTO_MSG_NONE = 0,
@@ -346,7 +351,11 @@ typedef struct {
 } proto_prefill_done_t;
 
 #define PROTO_DEC_PREFILL_LOCALLY 0x1u
-#define PROTO_DEC_DEFINED         (PROTO_DEC_PREFILL_LOCALLY)
+/* Early hand-off (kv-stream = layer): the handle comes before the prompt
+ * pass ends; token 0 follows in a FIRST_TOKEN. Requires a handle,
+ * generated empty, kv_tokens 0, n_fork 0. */
+#define PROTO_DEC_TOKEN0_LATER    0x2u
+#define PROTO_DEC_DEFINED         (PROTO_DEC_PREFILL_LOCALLY | PROTO_DEC_TOKEN0_LATER)
 
 /* Exactly one of: PROTO_DEC_PREFILL_LOCALLY set with an empty kv_handle, or
  * the flag clear with a non-empty kv_handle. */
@@ -502,6 +511,27 @@ typedef struct {
     proto_blob_t kv_handle;                 /* non-empty, <= PROTO_KV_HANDLE_MAX */
 } proto_kv_export_done_t;
 
+/* PREFILL_HANDLE (prefill -> router, kv-stream = layer): the streamed
+ * lease of a request, exported before its prompt pass; the router may hand
+ * it to the decode at once (DECODE_REQ with PROTO_DEC_TOKEN0_LATER). The
+ * PREFILL_DONE that follows carries the same lease. */
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    uint32_t n_prompt_tokens;               /* >= 1 */
+    uint64_t lease_id;
+    uint64_t lease_ns;                      /* handle valid this long */
+    proto_blob_t kv_handle;                 /* non-empty, <= PROTO_KV_HANDLE_MAX */
+} proto_prefill_handle_t;
+
+/* FIRST_TOKEN (router -> decode): token 0 of a DECODE_REQ sent with
+ * PROTO_DEC_TOKEN0_LATER. rng_state as DECODE_REQ's (after token 0; 0 =
+ * not checked). */
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    int32_t first_token;                    /* >= 0 */
+    uint64_t rng_state;
+} proto_first_token_t;
+
 typedef struct {
     uint16_t type;        /* proto_msg_type_t */
     uint16_t flags;       /* PROTO_FLAG_* */
@@ -533,6 +563,8 @@ typedef struct {
         proto_kv_events_t kv_events;
         proto_kv_export_req_t kv_export_req;
         proto_kv_export_done_t kv_export_done;
+        proto_prefill_handle_t prefill_handle;
+        proto_first_token_t first_token;
     } u;
 } proto_msg_t;
 

@@ -568,6 +568,7 @@ pd_status_t rtr_ctl_start(rtr_t *r)
     cbs.on_hello = on_hello;
     cbs.on_heartbeat = on_heartbeat;
     cbs.on_prefill_done = on_request_msg;
+    cbs.on_prefill_handle = on_request_msg;
     cbs.on_tokens = on_request_msg;
     cbs.on_finish = on_request_msg;
     cbs.on_error = on_request_msg;

@@ -109,6 +109,7 @@ void rtr_flow_check_idle(rtr_t *r)
 }
 
 static void cancel_upstream(rtr_req_t *q);
+static void early_drop(rtr_req_t *q);
 
 /* The one terminal path: state, counters, unlink, deferred free. A lead
  * ends its live choices first (canceled); a choice leaves its lead's
@@ -125,6 +126,7 @@ static void req_end(rtr_req_t *q, rtr_req_state_t st)
             }
         }
     }
+    early_drop(q);
     uint64_t now = pd_now_ns();
     rtr_req_fsm_set(&q->fsm, st, now);
     r->out->ended(q);
@@ -507,6 +509,22 @@ static void send_stop(rtr_req_t *q)
     (void)q->r->out->send(q->decode, &m);
 }
 
+/* The decode holds an early DECODE_REQ (TOKEN0_LATER) it will not get
+ * token 0 for: CANCEL it. The copy still answers once (ERROR or FINISH
+ * canceled, under the same id): until then a retry on that decode waits
+ * (early_end_be, see req_go_local), or the two would share the id. */
+static void early_drop(rtr_req_t *q)
+{
+    if (!q->early_dec)
+        return;
+    q->early_dec = false;
+    if (q->decode != NULL) {
+        send_simple(q->decode, PROTO_MSG_CANCEL, q, 0);
+        q->early_end_be = q->decode;
+    }
+    pd_stats_inc(q->r->stats, RTR_STAT_kv_early_canceled);
+}
+
 static void release_lease(rtr_req_t *q)
 {
     if (q->lease_held) {
@@ -544,8 +562,17 @@ static uint32_t needed_blocks(const rtr_req_t *q)
 /* DECODE_REQ to q->decode: decode-local (handle.len 0), or pull the KV the
  * handle grants on peer (a prefill's: kv_tokens 0 = the prompt; a decode's
  * in a live migration: prompt + generated - 1). */
+static pd_status_t send_decode_req_flags(rtr_req_t *q, const char *peer, uint64_t lease_id,
+                                         proto_blob_t handle, uint32_t kv_tokens, uint32_t flags);
+
 static pd_status_t send_decode_req(rtr_req_t *q, const char *peer, uint64_t lease_id,
                                    proto_blob_t handle, uint32_t kv_tokens)
+{
+    return send_decode_req_flags(q, peer, lease_id, handle, kv_tokens, 0);
+}
+
+static pd_status_t send_decode_req_flags(rtr_req_t *q, const char *peer, uint64_t lease_id,
+                                         proto_blob_t handle, uint32_t kv_tokens, uint32_t flags)
 {
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
@@ -562,7 +589,7 @@ static pd_status_t send_decode_req(rtr_req_t *q, const char *peer, uint64_t leas
     d->rng_state = 0;
     d->deadline_ns = req_budget_ns(q);
     if (handle.len != 0) {
-        d->flags = 0;
+        d->flags = flags;
         snprintf(d->prefill_peer_id, sizeof(d->prefill_peer_id), "%s", peer);
         d->lease_id = lease_id;
         d->kv_handle = handle;
@@ -573,7 +600,7 @@ static pd_status_t send_decode_req(rtr_req_t *q, const char *peer, uint64_t leas
     /* n > 1: choice 0's first DECODE_REQ carries the other choices */
     rtr_choices_t *ch = q->lead != NULL && q->choice == 0 ? q->lead->ch : NULL;
     bool fork = ch != NULL && ch->n > 1 && ch->c[1] != NULL && ch->c[1]->fork_pending &&
-                q->n_gen <= 1 && kv_tokens == 0;
+                q->n_gen <= 1 && kv_tokens == 0 && !(flags & PROTO_DEC_TOKEN0_LATER);
     if (fork)
         d->n_fork = ch->n - 1;
     q->next_tok_seq = 0;
@@ -653,6 +680,9 @@ static void req_go_local(rtr_req_t *q, rtr_backend_t *avoid, const char *why,
 {
     rtr_t *r = q->r;
     uint64_t now = pd_now_ns();
+    early_drop(q);
+    if (avoid == NULL) /* a decode that still holds a canceled early copy: last */
+        avoid = q->early_end_be;
     if (q->fsm.state != RTR_REQ_ROUTED)
         rtr_req_fsm_set(&q->fsm, RTR_REQ_ROUTED, now);
     req_set_backend(&q->prefill, NULL);
@@ -678,6 +708,13 @@ static void req_go_local(rtr_req_t *q, rtr_backend_t *avoid, const char *why,
         return;
     }
     req_set_backend(&q->decode, d);
+    if (q->early_end_be != NULL && d == q->early_end_be) {
+        /* its canceled early copy has not answered yet: go on then */
+        q->retry_deferred = true;
+        pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "retry on '%s' waits for its early copy's end",
+               d->id);
+        return;
+    }
     req_set_backend(&q->migrate_to, NULL);
     q->migrated = false;
     q->disagg = false;
@@ -904,6 +941,25 @@ static void on_prefill_done(rtr_req_t *q, rtr_backend_t *be, const proto_prefill
         req_retry(q, q->decode, "target decode gone before DECODE_REQ");
         return;
     }
+    if (q->early_dec) { /* the decode has the handle: token 0 completes it */
+        proto_msg_t m;
+        memset(&m, 0, sizeof(m));
+        m.hdr.type = PROTO_MSG_FIRST_TOKEN;
+        snprintf(m.u.first_token.request_id, sizeof(m.u.first_token.request_id), "%s",
+                 q->wire_id);
+        m.u.first_token.first_token = t0;
+        m.u.first_token.rng_state = 0; /* as DECODE_REQ's: not checked */
+        pd_status_t s = r->out->send(q->decode, &m);
+        if (s != PD_OK) {
+            release_lease(q); /* early_drop (in the retry) cancels the decode's copy */
+            req_retry(q, q->decode, "FIRST_TOKEN not sent");
+            return;
+        }
+        q->early_dec = false;
+        q->lease_held = false; /* the decode releases it after its pull */
+        rtr_req_fsm_set(&q->fsm, RTR_REQ_DECODING, pd_now_ns());
+        return;
+    }
     pd_status_t s = send_decode_req(q, q->prefill->id, pd->lease_id, pd->kv_handle, 0);
     if (s != PD_OK) {
         release_lease(q);
@@ -912,6 +968,44 @@ static void on_prefill_done(rtr_req_t *q, rtr_backend_t *be, const proto_prefill
     }
     q->lease_held = false;   /* decode owns the lease now (it releases after its pull) */
     rtr_req_fsm_set(&q->fsm, RTR_REQ_DECODING, pd_now_ns());
+}
+
+/* PREFILL_HANDLE (kv-stream=layer): the prefill's streamed lease, before
+ * its prompt pass. The early hand-off: DECODE_REQ with TOKEN0_LATER at once,
+ * so the decode pulls each layer as it is computed; token 0 follows in a
+ * FIRST_TOKEN once PREFILL_DONE is in (on_prefill_done). Not taken (the
+ * handle then goes with PREFILL_DONE as usual) for n > 1 (the forks ride on
+ * the first DECODE_REQ and want token 0's position settled), a prefill that
+ * pulled a decode's cached prefix (its handle reaches back into that
+ * decode's blocks only through the prefill; kept on the plain path), and
+ * when the target decode is not ready. */
+static void on_prefill_handle(rtr_req_t *q, rtr_backend_t *be, const proto_prefill_handle_t *h)
+{
+    rtr_t *r = q->r;
+    const char *why = NULL;
+    if (q->early_dec)
+        why = "a second PREFILL_HANDLE";
+    else if (q->lead != NULL)
+        why = "n > 1";
+    else if (q->src_used)
+        why = "prompt prefix pulled from a decode";
+    else if (h->n_prompt_tokens != q->n_prompt)
+        why = "prompt length differs";
+    else if (q->decode == NULL || q->decode->conn == NULL || q->decode->state != RTR_BE_READY)
+        why = "target decode not ready";
+    if (why != NULL) {
+        pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "PREFILL_HANDLE from '%s' not used: %s", be->id,
+               why);
+        return;
+    }
+    pd_status_t s = send_decode_req_flags(q, be->id, h->lease_id, h->kv_handle, 0,
+                                          PROTO_DEC_TOKEN0_LATER);
+    if (s != PD_OK) { /* the handle goes with PREFILL_DONE instead */
+        pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "early DECODE_REQ not sent: %s", pd_status_name(s));
+        return;
+    }
+    q->early_dec = true;
+    pd_stats_inc(r->stats, RTR_STAT_kv_early_handoffs);
 }
 
 /* ---- a decode's cached prefix for the prefill (KV_EXPORT_REQ) ------------ */
@@ -946,6 +1040,7 @@ static void send_prefill_req(rtr_req_t *q, const rtr_backend_t *src_be,
             pd_stats_inc(r->stats, RTR_STAT_kv_src_used);
             pd_stats_add(r->stats, RTR_STAT_kv_src_tokens, src->kv_tokens);
         }
+        q->src_used = src != NULL;
         rtr_req_fsm_set(&q->fsm, RTR_REQ_PREFILLING, pd_now_ns());
         return;
     }
@@ -1162,6 +1257,7 @@ void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
     const char *id;
     switch (msg->hdr.type) {
     case PROTO_MSG_PREFILL_DONE: id = msg->u.prefill_done.request_id; break;
+    case PROTO_MSG_PREFILL_HANDLE: id = msg->u.prefill_handle.request_id; break;
     case PROTO_MSG_TOKENS:       id = msg->u.tokens.request_id; break;
     case PROTO_MSG_FINISH:       id = msg->u.finish.request_id; break;
     case PROTO_MSG_ERROR:        id = msg->u.error.request_id; break;
@@ -1194,10 +1290,27 @@ void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
                    proto_msg_name(msg->hdr.type), be->id);
         return;
     }
+    if (q->early_end_be == be &&
+        (msg->hdr.type == PROTO_MSG_ERROR || msg->hdr.type == PROTO_MSG_FINISH)) {
+        /* the one answer of a canceled early copy: a deferred retry goes now */
+        q->early_end_be = NULL;
+        if (q->retry_deferred) {
+            q->retry_deferred = false;
+            req_go_local(q, NULL, "early copy ended", be);
+        }
+        return;
+    }
     bool from_prefill = q->fsm.state == RTR_REQ_PREFILLING && be == q->prefill;
     bool from_decode = q->fsm.state == RTR_REQ_DECODING && be == q->decode;
     bool from_export = q->fsm.state == RTR_REQ_EXPORTING && be == q->export_from;
+    /* the decode holding an early DECODE_REQ (only an ERROR is expected) */
+    bool from_early = q->fsm.state == RTR_REQ_PREFILLING && q->early_dec && be == q->decode;
     switch (msg->hdr.type) {
+    case PROTO_MSG_PREFILL_HANDLE:
+        if (!from_prefill)
+            goto stale; /* the PREFILL_DONE (or the prefill's CANCEL) deals with its lease */
+        on_prefill_handle(q, be, &msg->u.prefill_handle);
+        return;
     case PROTO_MSG_KV_EXPORT_DONE:
         if (!from_export) { /* late (timed out, moved on): its blocks back */
             send_simple(be, PROTO_MSG_RELEASE, q, msg->u.kv_export_done.lease_id);
@@ -1244,6 +1357,14 @@ void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
                  pd_status_name(st), msg->u.error.message);
         if (from_export) {
             export_give_up(q, RTR_STAT_kv_src_refused, why);
+        } else if (from_early) {
+            /* the decode dropped its early copy (refused, pull failed): the
+             * request goes on the plain path; PREFILL_DONE hands the lease
+             * on again (or the prefill reports it ended, and retries) */
+            if (is_pull_failure(st))
+                pd_stats_inc(r->stats, RTR_STAT_kv_transfer_failures);
+            q->early_dec = false;
+            pd_log(PD_LOG_INFO, RTR_COMP, q->id, "early hand-off dropped: %s", why);
         } else if (from_prefill) {
             req_retry(q, NULL, why);
         } else if (from_decode) {
@@ -1276,6 +1397,14 @@ void rtr_flow_backend_down(rtr_t *r, rtr_backend_t *be)
      * names be (a down backend is never picked again). */
 again:
     for (rtr_req_t *q = r->reqs; q != NULL; q = q->next) {
+        if (q->early_end_be == be) { /* its early copy will not answer now */
+            q->early_end_be = NULL;
+            if (q->retry_deferred) {
+                q->retry_deferred = false;
+                req_go_local(q, be, "decode lost", NULL);
+                goto again;
+            }
+        }
         if (q->fsm.state == RTR_REQ_EXPORTING && q->export_from == be) {
             export_give_up(q, RTR_STAT_kv_src_timeouts, "decode lost");
             goto again;
@@ -1283,6 +1412,8 @@ again:
                    q->prefill == be) {
             req_retry(q, NULL, "prefill daemon down");
             goto again;
+        } else if (q->fsm.state == RTR_REQ_PREFILLING && q->early_dec && q->decode == be) {
+            q->early_dec = false; /* PREFILL_DONE then retries on another decode */
         } else if (q->fsm.state == RTR_REQ_DECODING && q->decode == be) {
             char why[128];
             snprintf(why, sizeof(why), "decode daemon '%s' lost", be->id);

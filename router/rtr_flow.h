@@ -62,6 +62,14 @@ struct rtr_req {
                                             reused (PREFILL_DONE, or FINISH
                                             when decode-local): usage */
     bool lease_held;                     /* PREFILL_DONE seen, lease not handed on */
+    bool early_dec;                      /* PREFILLING: the decode has the streamed
+                                            handle (DECODE_REQ TOKEN0_LATER) and
+                                            waits for FIRST_TOKEN */
+    bool src_used;                       /* PREFILL_REQ carried a decode's prefix */
+    rtr_backend_t *early_end_be;         /* a canceled early copy lives there until
+                                            its one answer (ERROR / FINISH) comes */
+    bool retry_deferred;                 /* the retry goes to early_end_be: it
+                                            waits for that answer (same id) */
     bool disagg;
     bool headers_sent;
     bool role_sent;                      /* chat: the choice's role chunk */

@@ -113,6 +113,8 @@ typedef struct {
     X(kv_index_names,      GAUGE,     "Distinct block names in the KV index") \
     X(kv_transfer,         HISTOGRAM, "KV transfer time reported by decode daemons") \
     X(kv_transfer_failures, COUNTER,  "KV pulls that failed (decode ERROR)")      \
+    X(kv_early_handoffs,   COUNTER,   "DECODE_REQs sent on PREFILL_HANDLE, before the prompt pass ended (kv-stream=layer)") \
+    X(kv_early_canceled,   COUNTER,   "early DECODE_REQs canceled before token 0 went (prefill failed, token 0 ended the request)") \
     X(kv_src_exports,      COUNTER,   "KV_EXPORT_REQ sent: a decode's cached prefix for the prefill") \
     X(kv_src_used,         COUNTER,   "PREFILL_REQs sent with a decode's cached prefix (source)") \
     X(kv_src_tokens,       COUNTER,   "Prompt tokens in those sources")             \

@@ -6,7 +6,11 @@
 # per kv-stream mode; per prompt length, pd-bench sends R requests one at a
 # time (max_tokens 4, ignore EOS) and we print the medians of TTFT, the gap
 # between token 0 and token 1 (itl_ms[0]) and the decode's pull time (kvx
-# pull latency p50 over those requests).
+# pull latency p50 over those requests). With layer the decode gets the
+# handle before the prompt pass (early hand-off), so its pull spans the
+# prefill's compute: "gap / full pull" divides by the whole-mode pull of
+# the same transport and length (a full pull at the transport's bandwidth),
+# which is why whole runs first.
 #   tests/bench/kv-stream.sh BUILD [R] [LENS...]
 set -u
 B=$(cd "${1:-build}" && pwd); R=${2:-5}; shift 2 2>/dev/null; LENS=${*:-1000 3000 6000}
@@ -23,9 +27,10 @@ while not b.endswith(b"\n"):
 sys.stdout.write(b.decode())
 PY
 }
-printf '| transport | kv-stream | prompt | TTFT p50 ms | gap token0→1 p50 ms | pull p50 ms | gap / pull |\n|---|---|---|---|---|---|---|\n'
+FULL=$(mktemp /tmp/pd-kvstream-full-XXXXXX)
+printf '| transport | kv-stream | prompt | TTFT p50 ms | gap token0→1 p50 ms | pull p50 ms | gap / full pull |\n|---|---|---|---|---|---|---|\n'
 for tls in tcp shm; do
-  for mode in layer whole; do
+  for mode in whole layer; do
    for n in $LENS; do
     run=$(mktemp -d /tmp/pd-kvstream-XXXXXX)
     env=(); [ $tls = tcp ] && env=(UCX_TLS=tcp)
@@ -42,7 +47,7 @@ for tls in tcp shm; do
           --prompt-ids 1000:100000 --input-len "fixed:$n" --output-len fixed:4 --ignore-eos \
           --quiet --out "$run/r$n.json" > /dev/null 2>&1
       after=$(admin "$run/decode-0.sock" xfer)
-      python3 - "$run/r$n.json" "$tls" "$mode" "$n" "$before" "$after" <<'PY'
+      python3 - "$run/r$n.json" "$tls" "$mode" "$n" "$before" "$after" "$FULL" <<'PY'
 import json, sys, statistics as st
 r = json.load(open(sys.argv[1])); tls, mode, n = sys.argv[2:5]
 b, a = json.loads(sys.argv[5]), json.loads(sys.argv[6])
@@ -51,10 +56,18 @@ ttft = st.median(q["ttft_ms"] for q in reqs); gap = st.median(q["itl_ms"][0] for
 tb, ta = b.get("xfer", b)["total"], a.get("xfer", a)["total"]
 pulls = ta["pulls_ok"] - tb["pulls_ok"]
 pull = ta["latency"]["p50_ns"] / 1e6   # a fresh deployment per (transport, mode, length)
-print(f"| {tls} | {mode} | {n} | {ttft:.1f} | {gap:.1f} | {pull:.1f} | {gap / pull:.2f} |"
+full_f = sys.argv[7]; full = {}
+for line in open(full_f):
+    k, v = line.split(); full[k] = float(v)
+if mode == "whole":
+    with open(full_f, "a") as f: f.write(f"{tls}/{n} {pull}\n")
+    full[f"{tls}/{n}"] = pull
+ref = full.get(f"{tls}/{n}", pull)
+print(f"| {tls} | {mode} | {n} | {ttft:.1f} | {gap:.1f} | {pull:.1f} | {gap / ref:.2f} |"
       + ("" if pulls == len(reqs) + 1 else f" ({pulls} pulls)"))
 PY
     kill -TERM $pid; wait $pid 2>/dev/null; rm -rf "$run"
    done
   done
 done
+rm -f "$FULL"

@@ -1216,6 +1216,108 @@ static void test_local_matches_pd_run(void **state)
     assert_true(kv_all_free(&D, 10));
 }
 
+/* The early hand-off as the decode sees it (kv-stream=layer's router
+ * sends DECODE_REQ TOKEN0_LATER before the prompt pass ends; here the
+ * handle is a finished one, which the decode treats alike): no TOKENS
+ * before FIRST_TOKEN, then pd-run's tokens; a CANCEL before token 0 ends
+ * it (the lease released: both pools free); FIRST_TOKEN for an unknown id
+ * is dropped, a second one ends the request with an error. */
+static void send_first_token(const char *to, fr_req_t *r, int32_t t, const samp_t *s)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_FIRST_TOKEN;
+    snprintf(m.u.first_token.request_id, sizeof(m.u.first_token.request_id), "%s", r->id);
+    m.u.first_token.first_token = t;
+    m.u.first_token.rng_state = rng_after(s, &t, 1);
+    fr_send(fr_by_id(to), &m);
+}
+
+static void send_decode_early(fr_req_t *r, const char *pf_id, const int32_t *prompt, uint32_t n,
+                              const samp_t *s)
+{
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_DECODE_REQ;
+    proto_decode_req_t *q = &m.u.decode_req;
+    snprintf(q->request_id, sizeof(q->request_id), "%s", r->id);
+    q->flags = PROTO_DEC_TOKEN0_LATER;
+    q->prompt.n = n;
+    q->prompt.v = prompt;
+    fill_sampling(&q->sampling, s);
+    snprintf(q->prefill_peer_id, sizeof(q->prefill_peer_id), "%s", pf_id);
+    q->lease_id = r->lease_id;
+    q->kv_handle.p = r->handle;
+    q->kv_handle.len = r->handle_len;
+    fr_send(fr_by_id("dec-a"), &m);
+}
+
+static bool p_counter_at_least(void *arg)
+{
+    const double *want = arg;
+    cJSON *j = admin(&D, "requests");
+    double v = j != NULL ? jnum(j, "counters", "pulls_ok") : 0;
+    cJSON_Delete(j);
+    return v >= *want;
+}
+
+static void test_token0_later(void **state)
+{
+    (void)state;
+    samp_t hot = { 0.8f, 555, 10, true };
+    int32_t prompt[64], ref[MAX_TOK];
+    make_prompt(prompt, 37, 77);
+    uint32_t nref = reference(prompt, 37, &hot, ref, MAX_TOK);
+    assert_true(nref >= 3);
+    double early0 = counter(&D, "early_handoffs"), canc0 = counter(&D, "early_canceled");
+    fr_req_t *r = send_prefill("pf-a", "dec-a", prompt, 37, &hot);
+    assert_true(run_until(p_done_or_error, r, 20));
+    assert_false(r->error);
+    double want = counter(&D, "pulls_ok") + 1;
+    send_decode_early(r, "pf-a", prompt, 37, &hot);
+    assert_true(run_until(p_counter_at_least, &want, 20)); /* pulled, then waits */
+    assert_int_equal(r->n_tokens, 0);
+    assert_false(r->finish || r->error);
+    send_first_token("dec-a", r, r->first_token, &hot);
+    assert_true(run_until(p_final, r, 30));
+    assert_false(r->error);
+    assert_int_equal(r->n_tokens + 1, nref);
+    for (uint32_t i = 1; i < nref; i++)
+        assert_int_equal(r->tokens[i - 1], ref[i]);
+    assert_int_equal(r->fin.completion_tokens, nref);
+    assert_int_equal(counter(&D, "early_handoffs"), early0 + 1);
+    /* FIRST_TOKEN for an ended (unknown) request: dropped, nothing sent */
+    fr_req_t *gone = new_req();
+    send_first_token("dec-a", gone, 5, &hot);
+
+    /* CANCEL before token 0: ends, the lease goes back, pools free */
+    fr_req_t *c = send_prefill("pf-a", "dec-a", prompt, 37, &hot);
+    assert_true(run_until(p_done_or_error, c, 20));
+    send_decode_early(c, "pf-a", prompt, 37, &hot);
+    send_cancel("dec-a", c);
+    assert_true(run_until(p_final, c, 20));
+    assert_int_equal(c->n_tokens, 0);
+    assert_true(c->error || c->fin.reason == PROTO_FINISH_CANCELED);
+    assert_int_equal(counter(&D, "early_canceled"), canc0 + 1);
+    send_first_token("dec-a", c, c->first_token, &hot); /* late: dropped */
+
+    /* a second token 0: an error that ends the request */
+    samp_t longer = { 0.0f, 0, 400, true };
+    fr_req_t *t2 = send_prefill("pf-a", "dec-a", prompt, 37, &longer);
+    assert_true(run_until(p_done_or_error, t2, 20));
+    send_decode_early(t2, "pf-a", prompt, 37, &longer);
+    send_first_token("dec-a", t2, t2->first_token, &longer);
+    assert_true(run_until(p_has_tokens, t2, 20));
+    send_first_token("dec-a", t2, t2->first_token, &longer);
+    assert_true(run_until(p_final, t2, 20));
+    assert_true(t2->error || (t2->finish && (t2->fin.reason == PROTO_FINISH_ERROR ||
+                                             t2->fin.reason == PROTO_FINISH_CANCELED)));
+    assert_true(t2->n_tokens < 399);
+    assert_false(gone->finish || gone->error);
+    assert_true(kv_all_free(&D, 10));
+    assert_true(kv_all_free(&P, 10));
+}
+
 static void test_cancel_mid_decode(void **state)
 {
     (void)state;
@@ -2165,6 +2267,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_prefix_races),
         cmocka_unit_test(test_local_matches_pd_run),
+        cmocka_unit_test(test_token0_later),
         cmocka_unit_test(test_cancel_mid_decode),
         cmocka_unit_test(test_lease_expiry),
         cmocka_unit_test(test_prefill_killed_before_pull),

@@ -306,6 +306,22 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         x->kv_handle = ps_blob(v == PS_MAX ? PROTO_KV_HANDLE_MAX : v == PS_MID ? 96 : 1);
         break;
     }
+    case PROTO_MSG_PREFILL_HANDLE: {
+        proto_prefill_handle_t *x = &m->u.prefill_handle;
+        ps_str(x->request_id, rid, '0');
+        x->n_prompt_tokens = v == PS_MIN ? 1 : big32;
+        x->lease_id = big;
+        x->lease_ns = big / 3;
+        x->kv_handle = ps_blob(v == PS_MAX ? PROTO_KV_HANDLE_MAX : v == PS_MID ? 96 : 1);
+        break;
+    }
+    case PROTO_MSG_FIRST_TOKEN: {
+        proto_first_token_t *x = &m->u.first_token;
+        ps_str(x->request_id, rid, '0');
+        x->first_token = v == PS_MAX ? INT32_MAX : v == PS_MID ? 42 : 0;
+        x->rng_state = big;
+        break;
+    }
     }
 }
 
@@ -481,6 +497,15 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
         const proto_kv_export_done_t *a = &ma->u.kv_export_done, *b = &mb->u.kv_export_done;
         return SEQ(request_id) && EQ(kv_tokens) && EQ(lease_id) && EQ(lease_ns) &&
                blob_eq(&a->kv_handle, &b->kv_handle);
+    }
+    case PROTO_MSG_PREFILL_HANDLE: {
+        const proto_prefill_handle_t *a = &ma->u.prefill_handle, *b = &mb->u.prefill_handle;
+        return SEQ(request_id) && EQ(n_prompt_tokens) && EQ(lease_id) && EQ(lease_ns) &&
+               blob_eq(&a->kv_handle, &b->kv_handle);
+    }
+    case PROTO_MSG_FIRST_TOKEN: {
+        const proto_first_token_t *a = &ma->u.first_token, *b = &mb->u.first_token;
+        return SEQ(request_id) && EQ(first_token) && EQ(rng_state);
     }
     }
     return 0;

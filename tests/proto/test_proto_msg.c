@@ -66,7 +66,11 @@ static pd_status_t decode_check(const uint8_t *buf, size_t len, proto_msg_t *out
 
 static void test_names(void **state)
 {
-    assert_int_equal(PROTO_MSG_COUNT, 20);
+    assert_int_equal(PROTO_MSG_COUNT, 22);
+    assert_int_equal(PROTO_MSG_PREFILL_HANDLE, 31);
+    assert_int_equal(PROTO_MSG_FIRST_TOKEN, 32);
+    assert_string_equal(proto_msg_name(PROTO_MSG_PREFILL_HANDLE), "PREFILL_HANDLE");
+    assert_string_equal(proto_msg_name(PROTO_MSG_FIRST_TOKEN), "FIRST_TOKEN");
     assert_string_equal(proto_msg_name(PROTO_MSG_KV_EXPORT_DONE), "KV_EXPORT_DONE");
     assert_int_equal(PROTO_MSG_CHALLENGE, 5);
     assert_string_equal(proto_msg_name(PROTO_MSG_CHALLENGE), "CHALLENGE");
@@ -505,6 +509,31 @@ static void test_bad_values(void **state)
     assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
     ps_make(PROTO_MSG_KV_EXPORT_REQ, PS_MIN, &m);
     m.u.kv_export_req.prompt.n = 1;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    /* DECODE_REQ TOKEN0_LATER: a prefill's handle, nothing generated, no forks */
+    ps_make(PROTO_MSG_DECODE_REQ, PS_MID, &m); /* generated 1 */
+    m.u.decode_req.flags = PROTO_DEC_TOKEN0_LATER;
+    m.u.decode_req.kv_tokens = 0;
+    m.u.decode_req.n_fork = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    m.u.decode_req.generated.n = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_NO_SPACE);
+    m.u.decode_req.n_fork = 1;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    m.u.decode_req.n_fork = 0;
+    m.u.decode_req.flags = PROTO_DEC_TOKEN0_LATER | PROTO_DEC_PREFILL_LOCALLY;
+    m.u.decode_req.kv_handle.len = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    /* PREFILL_HANDLE: a handle of a non-empty prompt */
+    ps_make(PROTO_MSG_PREFILL_HANDLE, PS_MID, &m);
+    m.u.prefill_handle.kv_handle.len = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_PREFILL_HANDLE, PS_MID, &m);
+    m.u.prefill_handle.n_prompt_tokens = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    /* FIRST_TOKEN: a token id */
+    ps_make(PROTO_MSG_FIRST_TOKEN, PS_MID, &m);
+    m.u.first_token.first_token = -1;
     assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
     /* KV_EXPORT_DONE: a handle covering at least one token */
     ps_make(PROTO_MSG_KV_EXPORT_DONE, PS_MID, &m);

@@ -114,6 +114,10 @@ static pd_status_t f_send(rtr_backend_t *be, proto_msg_t *m)
         snprintf(s->target, sizeof(s->target), "%s", m->u.decode_req.prefill_peer_id);
         break;
     case PROTO_MSG_CANCEL: id = m->u.cancel.request_id; break;
+    case PROTO_MSG_FIRST_TOKEN:
+        id = m->u.first_token.request_id;
+        s->n_generated = (uint32_t)m->u.first_token.first_token; /* the token */
+        break;
     case PROTO_MSG_RELEASE:
         id = m->u.release.request_id;
         s->lease_id = m->u.release.lease_id;
@@ -935,6 +939,231 @@ static void test_token0_is_the_last(void **state)
     assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
 }
 
+/* ---- early hand-off (kv-stream=layer: PREFILL_HANDLE) ---------------------- */
+
+static int count_sent(uint16_t type, const char *id);
+
+static void prefill_handle(fx_t *f, const char *id, uint64_t lease)
+{
+    static uint8_t handle[8] = { 8, 7, 6, 5, 4, 3, 2, 1 };
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_PREFILL_HANDLE;
+    snprintf(m.u.prefill_handle.request_id, sizeof(m.u.prefill_handle.request_id), "%s", W(id));
+    m.u.prefill_handle.n_prompt_tokens = 2;
+    m.u.prefill_handle.lease_id = lease;
+    m.u.prefill_handle.lease_ns = 1000000000;
+    m.u.prefill_handle.kv_handle = (proto_blob_t){ handle, sizeof(handle) };
+    deliver(f, f->pre, &m);
+}
+
+/* The handle before the prompt pass: DECODE_REQ TOKEN0_LATER at once (no
+ * generated tokens, the prefill's lease), the request stays PREFILLING;
+ * PREFILL_DONE streams token 0 and sends it to the decode (FIRST_TOKEN), no
+ * second DECODE_REQ; the decode's tokens follow from seq 0. */
+static void test_early_handoff_stream(void **state)
+{
+    fx_t *f = *state;
+    rtr_req_t *q = accept_req(f, "e1", true, 16);
+    prefill_handle(f, "e1", 55);
+    const sent_t *s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_DECODE_REQ);
+    assert_ptr_equal(s->to, f->dec);
+    assert_int_equal(s->flags, PROTO_DEC_TOKEN0_LATER);
+    assert_int_equal(s->n_generated, 0);
+    assert_int_equal(s->lease_id, 55);
+    assert_string_equal(s->target, "p0");
+    assert_int_equal(q->fsm.state, RTR_REQ_PREFILLING);
+    assert_true(q->early_dec);
+    assert_int_equal(counter(f, RTR_STAT_kv_early_handoffs), 1);
+    int n_before = rec.n_sent;
+    prefill_handle(f, "e1", 55); /* a second one: ignored */
+    assert_int_equal(rec.n_sent, n_before);
+
+    prefill_done(f, "e1", 'O', 55);
+    assert_non_null(strstr(rec.body, "\"O\""));
+    s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_FIRST_TOKEN);
+    assert_ptr_equal(s->to, f->dec);
+    assert_string_equal(s->id, W("e1"));
+    assert_int_equal(s->n_generated, 'O');
+    assert_int_equal(count_sent(PROTO_MSG_DECODE_REQ, W("e1")), 1);
+    assert_int_equal(count_sent(PROTO_MSG_RELEASE, W("e1")), 0);
+    assert_false(q->lease_held);
+    assert_false(q->early_dec);
+    assert_int_equal(q->fsm.state, RTR_REQ_DECODING);
+
+    int32_t t[2] = { 'k', '!' };
+    tokens(f, "e1", 0, t, 2);
+    assert_non_null(strstr(rec.body, "\"k!\""));
+    finish(f, "e1", PROTO_FINISH_LENGTH);
+    assert_null(rtr_flow_find(W("e1")));
+    assert_non_null(strstr(rec.body, "data: [DONE]\n\n"));
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
+    assert_int_equal(counter(f, RTR_STAT_kv_early_canceled), 0);
+    assert_int_equal(count_sent(PROTO_MSG_CANCEL, W("e1")), 0);
+    assert_int_equal(f->pre->assigned + f->dec->assigned, 0);
+}
+
+/* Token 0 ends the request (EOS; max_tokens 1): the decode's early copy is
+ * CANCELed, the prefill's lease RELEASEd, no FIRST_TOKEN, ended once. */
+static void test_early_handoff_token0_ends(void **state)
+{
+    fx_t *f = *state;
+    accept_req(f, "e2", true, 16);
+    prefill_handle(f, "e2", 56);
+    prefill_done(f, "e2", 258 /* <|im_end|>: EOS */, 56);
+    assert_int_equal(count_sent(PROTO_MSG_CANCEL, W("e2")), 1);
+    assert_int_equal(count_sent(PROTO_MSG_FIRST_TOKEN, W("e2")), 0);
+    assert_int_equal(count_sent(PROTO_MSG_RELEASE, W("e2")), 1);
+    for (int i = 0; i < rec.n_sent; i++)
+        if (rec.sent[i].type == PROTO_MSG_CANCEL)
+            assert_ptr_equal(rec.sent[i].to, f->dec);
+    assert_non_null(strstr(rec.body, "\"finish_reason\":\"stop\""));
+    assert_null(rtr_flow_find(W("e2")));
+    assert_int_equal(rec.n_ended, 1);
+
+    accept_req(f, "e3", true, 1);
+    prefill_handle(f, "e3", 57);
+    prefill_done(f, "e3", 'z', 57);
+    assert_int_equal(count_sent(PROTO_MSG_CANCEL, W("e3")), 1);
+    assert_int_equal(count_sent(PROTO_MSG_FIRST_TOKEN, W("e3")), 0);
+    assert_non_null(strstr(rec.body, "\"finish_reason\":\"length\""));
+    assert_int_equal(rec.n_ended, 2);
+    assert_int_equal(counter(f, RTR_STAT_kv_early_canceled), 2);
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 2);
+    /* the canceled copy's late answer is stale */
+    finish(f, "e3", PROTO_FINISH_CANCELED);
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 2);
+}
+
+/* The prefill fails after the early DECODE_REQ: the decode's copy is
+ * CANCELed first, then the usual retry (decode-local, the same decode);
+ * the request ends once. Also with the prefill daemon lost. */
+static void test_early_handoff_prefill_fails(void **state)
+{
+    fx_t *f = *state;
+    rtr_req_t *q = accept_req(f, "e4", false, 16);
+    prefill_handle(f, "e4", 58);
+    error_from(f, f->pre, "e4", PD_ERR_INTERNAL);
+    /* the only decode holds the canceled copy under the same id: the retry
+     * waits for the copy's one answer */
+    assert_int_equal(last_sent()->type, PROTO_MSG_CANCEL);
+    assert_ptr_equal(last_sent()->to, f->dec);
+    assert_int_equal(count_sent(PROTO_MSG_DECODE_REQ, W("e4")), 1);
+    assert_true(q->retry_deferred);
+    assert_int_equal(q->fsm.state, RTR_REQ_ROUTED);
+    finish(f, "e4", PROTO_FINISH_CANCELED); /* the copy's answer */
+    assert_false(q->retry_deferred);
+    assert_null(q->early_end_be);
+    int cancel_at = -1, retry_at = -1;
+    for (int i = 0; i < rec.n_sent; i++) {
+        if (rec.sent[i].type == PROTO_MSG_CANCEL && rec.sent[i].to == f->dec)
+            cancel_at = i;
+        if (rec.sent[i].type == PROTO_MSG_DECODE_REQ &&
+            (rec.sent[i].flags & PROTO_DEC_PREFILL_LOCALLY))
+            retry_at = i;
+    }
+    assert_true(cancel_at >= 0 && retry_at > cancel_at);
+    assert_int_equal(last_sent()->n_generated, 0);
+    assert_false(q->early_dec);
+    assert_int_equal(q->fsm.state, RTR_REQ_DECODING);
+    assert_int_equal(counter(f, RTR_STAT_requests_retried), 1);
+    assert_int_equal(counter(f, RTR_STAT_kv_early_canceled), 1);
+    int32_t t[2] = { 'o', 'k' };
+    tokens(f, "e4", 0, t, 2);
+    finish(f, "e4", PROTO_FINISH_STOP);
+    assert_int_equal(rec.reply_status, 200);
+    assert_non_null(strstr(rec.body, "\"text\":\"ok\""));
+    assert_int_equal(rec.n_ended, 1);
+
+    /* the prefill daemon is lost mid-pass */
+    rec.attached = true;
+    accept_req(f, "e5", true, 16);
+    prefill_handle(f, "e5", 59);
+    rtr_flow_backend_down(&f->r, f->pre);
+    assert_int_equal(count_sent(PROTO_MSG_CANCEL, W("e5")), 1);
+    assert_int_equal(last_sent()->type, PROTO_MSG_CANCEL);
+    error_from(f, f->dec, "e5", PD_ERR_PEER_GONE); /* the copy's pull failed first */
+    assert_int_equal(last_sent()->type, PROTO_MSG_DECODE_REQ);
+    assert_int_equal(last_sent()->flags & PROTO_DEC_PREFILL_LOCALLY, PROTO_DEC_PREFILL_LOCALLY);
+    assert_int_equal(counter(f, RTR_STAT_kv_early_canceled), 2);
+}
+
+/* With a second decode the retry goes there at once; the first decode's
+ * late answer for its copy is taken as that (not as the retry's). */
+static void test_early_handoff_retry_elsewhere(void **state)
+{
+    fx_t *f = *state;
+    rtr_backend_t *d1 = &f->r.be[2];
+    add_backend(&f->r, d1, "d1", PROTO_ROLE_DECODE,
+                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
+    rtr_req_t *q = accept_req(f, "e10", true, 16);
+    prefill_handle(f, "e10", 64);
+    error_from(f, f->pre, "e10", PD_ERR_INTERNAL);
+    assert_int_equal(last_sent()->type, PROTO_MSG_DECODE_REQ);
+    assert_ptr_equal(last_sent()->to, d1);
+    assert_false(q->retry_deferred);
+    assert_ptr_equal(q->early_end_be, f->dec);
+    assert_int_equal(q->fsm.state, RTR_REQ_DECODING);
+    finish(f, "e10", PROTO_FINISH_CANCELED); /* from d0: the copy */
+    assert_null(q->early_end_be);
+    assert_int_equal(q->fsm.state, RTR_REQ_DECODING);
+    assert_non_null(rtr_flow_find(W("e10")));
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 0);
+}
+
+/* The decode drops its early copy (pull failed): back to the plain path,
+ * PREFILL_DONE hands the lease on in a full DECODE_REQ. Client gone while
+ * early: both the prefill and the decode's copy are CANCELed. n > 1 and a
+ * request whose prefill pulls a decode's prefix never go early. */
+static void test_early_handoff_edges(void **state)
+{
+    fx_t *f = *state;
+    rtr_req_t *q = accept_req(f, "e6", true, 16);
+    prefill_handle(f, "e6", 60);
+    error_from(f, f->dec, "e6", PD_ERR_STALE);
+    assert_false(q->early_dec);
+    assert_int_equal(q->fsm.state, RTR_REQ_PREFILLING);
+    prefill_done(f, "e6", 'O', 60);
+    const sent_t *s = last_sent();
+    assert_int_equal(s->type, PROTO_MSG_DECODE_REQ);
+    assert_int_equal(s->flags, 0);
+    assert_int_equal(s->n_generated, 1);
+    assert_int_equal(count_sent(PROTO_MSG_FIRST_TOKEN, W("e6")), 0);
+    finish(f, "e6", PROTO_FINISH_LENGTH);
+
+    rec.attached = true;
+    q = accept_req(f, "e7", true, 16);
+    prefill_handle(f, "e7", 61);
+    rtr_flow_client_gone(q, "test");
+    assert_int_equal(count_sent(PROTO_MSG_CANCEL, W("e7")), 2);
+    assert_null(rtr_flow_find(W("e7")));
+
+    rec.attached = true;
+    q = accept_req_n(f, "e8", true, 16, 2);
+    char w0[PROTO_REQID_MAX + 1];
+    snprintf(w0, sizeof(w0), "%s", q->ch->c[0]->wire_id);
+    int n_before = rec.n_sent;
+    prefill_handle(f, w0, 62);
+    assert_int_equal(rec.n_sent, n_before); /* n > 1: not early */
+    assert_false(q->ch->c[0]->early_dec);
+    prefill_done(f, w0, 'A', 62);
+    assert_int_equal(last_sent()->type, PROTO_MSG_DECODE_REQ);
+    assert_int_equal(last_sent()->n_fork, 1);
+    assert_int_equal(last_sent()->n_generated, 1);
+    rtr_flow_client_gone(q, "test");
+
+    rec.attached = true;
+    q = accept_req(f, "e9", true, 16);
+    q->src_used = true; /* as after a PREFILL_REQ with a decode's prefix */
+    n_before = rec.n_sent;
+    prefill_handle(f, "e9", 63);
+    assert_int_equal(rec.n_sent, n_before);
+    assert_false(q->early_dec);
+    assert_int_equal(counter(f, RTR_STAT_kv_early_handoffs), 2); /* e6, e7 */
+}
+
 /* Pull failures count as KV transfer failures, release the handle and
  * retry decode-local with the streamed token; retries run out -> 502. */
 static void test_pull_failure_retries_then_fails(void **state)
@@ -1236,6 +1465,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_client_gone_and_late_prefill_done, fx_setup,
                                         fx_teardown),
         cmocka_unit_test_setup_teardown(test_token0_is_the_last, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_early_handoff_stream, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_early_handoff_token0_ends, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_early_handoff_prefill_fails, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_early_handoff_edges, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_early_handoff_retry_elsewhere, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_pull_failure_retries_then_fails, fx_setup,
                                         fx_teardown),
         cmocka_unit_test_setup_teardown(test_stale_messages_ignored, fx_setup, fx_teardown),
