@@ -724,7 +724,7 @@ kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
                                 : _mm512_dpbusd_epi32(src[k],
                                                       _mm512_xor_si512(av, _mm512_set1_epi8((char)0x80)),
                                                       wq[k]);
-                v = _mm512_add_epi32(v, _mm512_madd_epi16(p, S[k]));
+                v = _mm512_dpwssd_epi32(v, p, S[k]); /* = v + madd(p, S): exact */
             }
             __m512 s16 = _mm512_broadcastss_ps(_mm_mul_ss(_mm_set_ss(dw), _mm_set_ss(ab->d)));
             F[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), s16, F[i]);
@@ -741,6 +741,130 @@ kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
         float f = tree8_avx2(_mm256_add_ps(lo, hi));
         out[i * os] = type == GGML_TYPE_Q4_K ? f - tree8_avx2(G[i]) : f;
     }
+}
+
+/* The same per-item operations for up to KQ_WIDE items: each block is
+ * decoded once for all of them (batched decode and prefill), so it gives
+ * the bits of the 1-4 item tiles above (tests/engine/qdot checks). */
+#define KQ_WIDE 16
+__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
+kq_wide_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
+              float *out, size_t os, const uint32_t ni)
+{
+    __m512 F[KQ_WIDE];
+    __m256 G[KQ_WIDE];
+#pragma GCC unroll 4
+    for (uint32_t i = 0; i < ni; i++) {
+        F[i] = _mm512_setzero_ps();
+        G[i] = _mm256_setzero_ps();
+    }
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    for (uint64_t b = 0; b < nb; b++) {
+        __m512i wq[4], S[4], src[4];
+        __m256i mm = _mm256_setzero_si256();
+        float dw, dmin = 0.0f;
+        if (type == GGML_TYPE_Q4_K) {
+            const uint8_t *blk = w + b * Q4_K_BYTES;
+            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+            uint8_t sc[8], m[8];
+            k4_scales(blk + 4, sc, m);
+            dw = _cvtsh_ss(rd16(blk));
+            dmin = _cvtsh_ss(rd16(blk + 2));
+            const __m512i sv = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i_u *)sc));
+            for (int j = 0; j < 4; j++) {
+                __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
+                __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+                wq[j] = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+                S[j] = _mm512_permutexvar_epi32(
+                    _mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
+                                     2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j,
+                                     2 * j, 2 * j, 2 * j, 2 * j),
+                    sv);
+                src[j] = _mm512_setzero_si512();
+            }
+            __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
+            mm = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
+        } else {
+            const uint8_t *blk = w + b * Q6_K_BYTES;
+            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            dw = _cvtsh_ss(rd16(blk + 208));
+            const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+            for (int n = 0; n < 2; n++) {
+                const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+                __m256i l0 = _mm256_loadu_si256((const __m256i_u *)ql);
+                __m256i l1 = _mm256_loadu_si256((const __m256i_u *)(ql + 32));
+                __m256i h = _mm256_loadu_si256((const __m256i_u *)qh);
+                __m256i g0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                             _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+                __m256i g1 = _mm256_or_si256(
+                    _mm256_and_si256(l1, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+                __m256i g2 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+                __m256i g3 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+                wq[2 * n] = _mm512_inserti64x4(_mm512_castsi256_si512(g0), g1, 1);
+                wq[2 * n + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(g2), g3, 1);
+            }
+            const __m512i sv = _mm512_and_si512(
+                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i_u *)sc)), lo16);
+            for (int k = 0; k < 4; k++) {
+                wq[k] = _mm512_sub_epi8(wq[k], _mm512_set1_epi8(32)); /* signed q - 32 */
+                src[k] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                          _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                                              _mm512_set1_epi8((char)0x80), wq[k]));
+                S[k] = _mm512_permutexvar_epi32(
+                    _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2,
+                                     4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1,
+                                     4 * k + 1, 4 * k + 1, 4 * k, 4 * k, 4 * k, 4 * k),
+                    sv);
+            }
+        }
+#pragma GCC unroll 4
+        for (uint32_t i = 0; i < ni; i++) {
+            const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
+            __m512i v = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                __m512i av = _mm512_loadu_si512(ab->qs + 64 * k);
+                __m512i p = type == GGML_TYPE_Q4_K
+                                ? _mm512_dpbusd_epi32(src[k], wq[k], av)
+                                : _mm512_dpbusd_epi32(src[k],
+                                                      _mm512_xor_si512(av, _mm512_set1_epi8((char)0x80)),
+                                                      wq[k]);
+                v = _mm512_dpwssd_epi32(v, p, S[k]); /* = v + madd(p, S): exact */
+            }
+            __m512 s16 = _mm512_broadcastss_ps(_mm_mul_ss(_mm_set_ss(dw), _mm_set_ss(ab->d)));
+            F[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), s16, F[i]);
+            if (type == GGML_TYPE_Q4_K) {
+                __m256i mk = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)ab->bsums), mm);
+                G[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mk), bmul(dmin, ab->d), G[i]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (uint32_t i = 0; i < ni; i++) {
+        __m256 lo = _mm512_castps512_ps256(F[i]);
+        __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(F[i]), 1));
+        float f = tree8_avx2(_mm256_add_ps(lo, hi));
+        out[i * os] = type == GGML_TYPE_Q4_K ? f - tree8_avx2(G[i]) : f;
+    }
+}
+
+__attribute__((target(VNNI_TARGET))) static void kq_wide_vnni_q4k(const uint8_t *w, uint64_t nb,
+                                                                  const uint8_t *a, size_t as,
+                                                                  float *out, size_t os, uint32_t ni)
+{
+    kq_wide_vnni_t(GGML_TYPE_Q4_K, w, nb, a, as, out, os, ni);
+}
+
+__attribute__((target(VNNI_TARGET))) static void kq_wide_vnni_q6k(const uint8_t *w, uint64_t nb,
+                                                                  const uint8_t *a, size_t as,
+                                                                  float *out, size_t os, uint32_t ni)
+{
+    kq_wide_vnni_t(GGML_TYPE_Q6_K, w, nb, a, as, out, os, ni);
 }
 
 typedef void (*kq_row_fn)(const uint8_t *, uint64_t, const uint8_t *, size_t, float *, size_t);
@@ -836,6 +960,16 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
         for (uint32_t i0 = 0; i0 < n_items; i0 += 4) {
             uint32_t ni = n_items - i0 < 4 ? n_items - i0 : 4;
             const uint8_t *ai = ab + (size_t)i0 * a_stride;
+            if (act == GGML_QACT_Q8K && path == GGML_QDOT_VNNI && n_items > 4) {
+                /* each weight block decoded once per KQ_WIDE items */
+                ni = n_items - i0 < KQ_WIDE ? n_items - i0 : KQ_WIDE;
+                for (uint32_t r = r0; r < r1; r++)
+                    (type == GGML_TYPE_Q4_K ? kq_wide_vnni_q4k : kq_wide_vnni_q6k)(
+                        w + (size_t)r * row_bytes, nb, ai, a_stride,
+                        out + r + (size_t)i0 * out_stride, out_stride, ni);
+                i0 += ni - 4; /* the loop adds 4 */
+                continue;
+            }
             if (act == GGML_QACT_Q8A && path == GGML_QDOT_VNNI) {
                 q32_rows_vnni(type, w + (size_t)r0 * row_bytes, row_bytes, r1 - r0, nb, ai,
                               a_stride, ni, out + r0 + (size_t)i0 * out_stride, out_stride);

@@ -27,8 +27,8 @@ static float frand(void)
     return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
-#define NROWS 3
-#define NITEMS 6 /* > 4: the item tiling */
+#define NROWS 18 /* > 16: the row tiling */
+#define NITEMS 21 /* > 4: the item tiles; > 16: two groups of the wide K-quant kernel */
 
 /* the dequantized activation value of element e of item row a */
 static double act_val(int act, const uint8_t *a, uint64_t n, uint64_t e)
