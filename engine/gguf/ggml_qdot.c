@@ -716,7 +716,8 @@ kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
 #pragma GCC unroll 4
         for (int i = 0; i < NI; i++) {
             const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
-            __m512i v = _mm512_setzero_si512();
+            __m512i v2[2] = { _mm512_setzero_si512(), _mm512_setzero_si512() };
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 __m512i av = _mm512_loadu_si512(ab->qs + 64 * k);
                 __m512i p = type == GGML_TYPE_Q4_K
@@ -724,8 +725,10 @@ kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
                                 : _mm512_dpbusd_epi32(src[k],
                                                       _mm512_xor_si512(av, _mm512_set1_epi8((char)0x80)),
                                                       wq[k]);
-                v = _mm512_dpwssd_epi32(v, p, S[k]); /* = v + madd(p, S): exact */
+                /* v += madd(p, S), exact; two chains for latency */
+                v2[k & 1] = _mm512_dpwssd_epi32(v2[k & 1], p, S[k]);
             }
+            __m512i v = _mm512_add_epi32(v2[0], v2[1]);
             __m512 s16 = _mm512_broadcastss_ps(_mm_mul_ss(_mm_set_ss(dw), _mm_set_ss(ab->d)));
             F[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), s16, F[i]);
             if (type == GGML_TYPE_Q4_K) {
@@ -826,7 +829,8 @@ kq_wide_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t
 #pragma GCC unroll 4
         for (uint32_t i = 0; i < ni; i++) {
             const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
-            __m512i v = _mm512_setzero_si512();
+            __m512i v2[2] = { _mm512_setzero_si512(), _mm512_setzero_si512() };
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 __m512i av = _mm512_loadu_si512(ab->qs + 64 * k);
                 __m512i p = type == GGML_TYPE_Q4_K
@@ -834,8 +838,10 @@ kq_wide_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t
                                 : _mm512_dpbusd_epi32(src[k],
                                                       _mm512_xor_si512(av, _mm512_set1_epi8((char)0x80)),
                                                       wq[k]);
-                v = _mm512_dpwssd_epi32(v, p, S[k]); /* = v + madd(p, S): exact */
+                /* v += madd(p, S), exact; two chains for latency */
+                v2[k & 1] = _mm512_dpwssd_epi32(v2[k & 1], p, S[k]);
             }
+            __m512i v = _mm512_add_epi32(v2[0], v2[1]);
             __m512 s16 = _mm512_broadcastss_ps(_mm_mul_ss(_mm_set_ss(dw), _mm_set_ss(ab->d)));
             F[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), s16, F[i]);
             if (type == GGML_TYPE_Q4_K) {
