@@ -977,19 +977,21 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
     const uint8_t *ab = a;
     /* tiles of 16 weight rows (in L1) x 4 items: each weight row is read
      * from memory once, the activations once per 16 rows */
+    /* VNNI K-quants with more than 4 items: each weight block decoded once
+     * per KQ_WIDE items (same per-item operations, same bits) */
+    const int wide = act == GGML_QACT_Q8K && path == GGML_QDOT_VNNI && n_items > 4;
+    const uint32_t step = wide ? KQ_WIDE : 4;
     for (uint32_t r0 = 0; r0 < n_rows; r0 += 16) {
         uint32_t r1 = n_rows - r0 < 16 ? n_rows : r0 + 16;
-        for (uint32_t i0 = 0; i0 < n_items; i0 += 4) {
-            uint32_t ni = n_items - i0 < 4 ? n_items - i0 : 4;
+        uint32_t ni;
+        for (uint32_t i0 = 0; i0 < n_items; i0 += ni) {
+            ni = n_items - i0 < step ? n_items - i0 : step;
             const uint8_t *ai = ab + (size_t)i0 * a_stride;
-            if (act == GGML_QACT_Q8K && path == GGML_QDOT_VNNI && n_items > 4) {
-                /* each weight block decoded once per KQ_WIDE items */
-                ni = n_items - i0 < KQ_WIDE ? n_items - i0 : KQ_WIDE;
+            if (wide) {
                 for (uint32_t r = r0; r < r1; r++)
                     (type == GGML_TYPE_Q4_K ? kq_wide_vnni_q4k : kq_wide_vnni_q6k)(
                         w + (size_t)r * row_bytes, nb, ai, a_stride,
                         out + r + (size_t)i0 * out_stride, out_stride, ni);
-                i0 += ni - 4; /* the loop adds 4 */
                 continue;
             }
             if (act == GGML_QACT_Q8A && path == GGML_QDOT_VNNI) {
