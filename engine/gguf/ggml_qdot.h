@@ -73,7 +73,8 @@ int ggml_qdot_set_path(int path);
 /* out[i * out_stride + r] = dot(weight row r, activation row i) for
  * r < n_rows (rows row_bytes apart from w) and i < n_items (activation rows
  * a_stride bytes apart from a), rows of n elements, on `path` (capped to
- * what the CPU has). The weight row is read once for up to 4 items.
+ * what the CPU has). The weight row is read once for up to 4 items (VNNI
+ * K-quants with more than 4 items: each block decoded once per 16).
  * PD_ERR_UNSUPPORTED if the type has no integer kernel or n is not a
  * multiple of its block. */
 pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row_bytes,
