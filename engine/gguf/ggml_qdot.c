@@ -44,7 +44,7 @@ size_t ggml_qdot_act_bytes(int act, uint64_t n)
     if (act == GGML_QACT_Q8A)
         return (size_t)(n / GGML_Q8A_BLOCK) * 96;
     if (act == GGML_QACT_Q8K)
-        return (size_t)(n / GGML_Q8K_BLOCK) * sizeof(ggml_q8k_block);
+        return (size_t)(n / GGML_Q8K_BLOCK) * (sizeof(ggml_q8k_block) + 4 * GGML_Q8K_BLOCK / 4);
     return 0;
 }
 
@@ -141,6 +141,10 @@ static void q8k_quantize(const float *x, uint64_t n, ggml_q8k_block *out)
                 s += out[b].qs[16 * k + j];
             out[b].bsums[k] = (int16_t)s;
         }
+        int32_t *n4 = (int32_t *)(void *)(out + n / GGML_Q8K_BLOCK) + b * (GGML_Q8K_BLOCK / 4);
+        for (int k = 0; k < GGML_Q8K_BLOCK / 4; k++)
+            n4[k] = -32 * ((int32_t)out[b].qs[4 * k] + out[b].qs[4 * k + 1] +
+                           out[b].qs[4 * k + 2] + out[b].qs[4 * k + 3]);
     }
 }
 
@@ -634,9 +638,10 @@ kq_row_avx2_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
 
 /* ---- VNNI: 64 elements per vpdpbusd (lane l of chunk j = elements
  * 64j + 4l ..); every lane sum fits int16, so one vpmaddwd with the scale
- * in the low half of each 32-bit lane applies the sub-block scales. Q6_K
- * uses signed weights (q - 32) against a + 128, starting from -128 x the
- * weights' 4-sums, so its lanes are exact without any bsums term. ---- */
+ * in the low half of each 32-bit lane applies the sub-block scales
+ * (vpdpwssd). Q6_K dots the unsigned 6-bit q with the signed activations,
+ * starting from the activation's n32s4 = -32 x its 4-sums, so each lane is
+ * exactly sum (q - 32) * a with no per-block weight preparation. ---- */
 __attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
 kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
               float *out, size_t os, const int NI)
@@ -645,6 +650,122 @@ kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
     __m256 G[4];
 #pragma GCC unroll 4
     for (int i = 0; i < NI; i++) {
+        F[i] = _mm512_setzero_ps();
+        G[i] = _mm256_setzero_ps();
+    }
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    for (uint64_t b = 0; b < nb; b++) {
+        __m512i wq[4], S[4];
+        __m256i mm = _mm256_setzero_si256();
+        float dw, dmin = 0.0f;
+        if (type == GGML_TYPE_Q4_K) {
+            const uint8_t *blk = w + b * Q4_K_BYTES;
+            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+            uint8_t sc[8], m[8];
+            k4_scales(blk + 4, sc, m);
+            dw = _cvtsh_ss(rd16(blk));
+            dmin = _cvtsh_ss(rd16(blk + 2));
+            const __m512i sv = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i_u *)sc));
+            for (int j = 0; j < 4; j++) {
+                __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
+                __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+                wq[j] = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+                S[j] = _mm512_permutexvar_epi32(
+                    _mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
+                                     2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j,
+                                     2 * j, 2 * j, 2 * j, 2 * j),
+                    sv);
+            }
+            __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
+            mm = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
+        } else {
+            /* the unsigned 6-bit q of both 128-element halves at once (zmm
+             * half n = half n of the block), then chunks in element order */
+            const uint8_t *blk = w + b * Q6_K_BYTES;
+            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            dw = _cvtsh_ss(rd16(blk + 208));
+            const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+            __m512i l0 = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)blk)),
+                _mm256_loadu_si256((const __m256i_u *)(blk + 64)), 1);
+            __m512i l1 = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)(blk + 32))),
+                _mm256_loadu_si256((const __m256i_u *)(blk + 96)), 1);
+            __m512i h = _mm512_loadu_si512(blk + 128);
+            __m512i g0 = _mm512_or_si512(_mm512_and_si512(l0, m4),
+                                         _mm512_slli_epi16(_mm512_and_si512(h, m2), 4));
+            __m512i g1 = _mm512_or_si512(
+                _mm512_and_si512(l1, m4),
+                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2), m2), 4));
+            __m512i g2 = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16(l0, 4), m4),
+                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 4), m2), 4));
+            __m512i g3 = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 6), m2), 4));
+            wq[0] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(1, 0, 1, 0));
+            wq[1] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(1, 0, 1, 0));
+            wq[2] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(3, 2, 3, 2));
+            wq[3] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(3, 2, 3, 2));
+            const __m512i sv = _mm512_and_si512(
+                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i_u *)sc)), lo16);
+            for (int k = 0; k < 4; k++)
+                S[k] = _mm512_permutexvar_epi32(
+                    _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2,
+                                     4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1,
+                                     4 * k + 1, 4 * k + 1, 4 * k, 4 * k, 4 * k, 4 * k),
+                    sv);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++) {
+            const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
+            __m512i v2[2] = { _mm512_setzero_si512(), _mm512_setzero_si512() };
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m512i av = _mm512_loadu_si512(ab->qs + 64 * k);
+                /* Q6_K: q * a from -32 x the activations' 4-sums = (q - 32) * a */
+                __m512i p = type == GGML_TYPE_Q4_K
+                                ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[k], av)
+                                : _mm512_dpbusd_epi32(
+                                      _mm512_loadu_si512((const int32_t *)(const void *)(
+                                                             (const ggml_q8k_block *)(const void *)(
+                                                                 a + i * as) + nb) +
+                                                         64 * b + 16 * k),
+                                      wq[k], av);
+                /* v += madd(p, S), exact; two chains for latency */
+                v2[k & 1] = _mm512_dpwssd_epi32(v2[k & 1], p, S[k]);
+            }
+            __m512i v = _mm512_add_epi32(v2[0], v2[1]);
+            __m512 s16 = _mm512_broadcastss_ps(_mm_mul_ss(_mm_set_ss(dw), _mm_set_ss(ab->d)));
+            F[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), s16, F[i]);
+            if (type == GGML_TYPE_Q4_K) {
+                __m256i mk = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)ab->bsums), mm);
+                G[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mk), bmul(dmin, ab->d), G[i]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++) {
+        __m256 lo = _mm512_castps512_ps256(F[i]);
+        __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(F[i]), 1));
+        float f = tree8_avx2(_mm256_add_ps(lo, hi));
+        out[i * os] = type == GGML_TYPE_Q4_K ? f - tree8_avx2(G[i]) : f;
+    }
+}
+
+/* The same per-item operations for up to KQ_WIDE items: each block is
+ * decoded once for all of them (batched decode and prefill), so it gives
+ * the bits of the 1-4 item tiles above (tests/engine/qdot checks). */
+#define KQ_WIDE 16
+__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
+kq_wide_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
+              float *out, size_t os, const uint32_t ni)
+{
+    __m512 F[KQ_WIDE];
+    __m256 G[KQ_WIDE];
+#pragma GCC unroll 4
+    for (uint32_t i = 0; i < ni; i++) {
         F[i] = _mm512_setzero_ps();
         G[i] = _mm256_setzero_ps();
     }
@@ -670,62 +791,73 @@ kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
                                      2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j,
                                      2 * j, 2 * j, 2 * j, 2 * j),
                     sv);
-                src[j] = _mm512_setzero_si512();
             }
             __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
             mm = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
         } else {
+            /* the unsigned 6-bit q of both 128-element halves at once (zmm
+             * half n = half n of the block), then chunks in element order */
             const uint8_t *blk = w + b * Q6_K_BYTES;
             _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
             const int8_t *sc = (const int8_t *)(blk + 192);
             dw = _cvtsh_ss(rd16(blk + 208));
-            const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-            for (int n = 0; n < 2; n++) {
-                const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
-                __m256i l0 = _mm256_loadu_si256((const __m256i_u *)ql);
-                __m256i l1 = _mm256_loadu_si256((const __m256i_u *)(ql + 32));
-                __m256i h = _mm256_loadu_si256((const __m256i_u *)qh);
-                __m256i g0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                             _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
-                __m256i g1 = _mm256_or_si256(
-                    _mm256_and_si256(l1, m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
-                __m256i g2 = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
-                __m256i g3 = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
-                wq[2 * n] = _mm512_inserti64x4(_mm512_castsi256_si512(g0), g1, 1);
-                wq[2 * n + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(g2), g3, 1);
-            }
-            const __m512i sv = _mm512_and_si512(
-                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i_u *)sc)), lo16);
+            const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+            __m512i l0 = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)blk)),
+                _mm256_loadu_si256((const __m256i_u *)(blk + 64)), 1);
+            __m512i l1 = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)(blk + 32))),
+                _mm256_loadu_si256((const __m256i_u *)(blk + 96)), 1);
+            __m512i h = _mm512_loadu_si512(blk + 128);
+            __m512i g0 = _mm512_or_si512(_mm512_and_si512(l0, m4),
+                                         _mm512_slli_epi16(_mm512_and_si512(h, m2), 4));
+            __m512i g1 = _mm512_or_si512(
+                _mm512_and_si512(l1, m4),
+                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2), m2), 4));
+            __m512i g2 = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16(l0, 4), m4),
+                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 4), m2), 4));
+            __m512i g3 = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 6), m2), 4));
+            wq[0] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(1, 0, 1, 0));
+            wq[1] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(1, 0, 1, 0));
+            wq[2] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(3, 2, 3, 2));
+            wq[3] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(3, 2, 3, 2));
+            /* many items: signed q - 32 against a + 128 (one xor per
+             * chunk and item) keeps the activations compact in cache */
             for (int k = 0; k < 4; k++) {
-                wq[k] = _mm512_sub_epi8(wq[k], _mm512_set1_epi8(32)); /* signed q - 32 */
+                wq[k] = _mm512_sub_epi8(wq[k], _mm512_set1_epi8(32));
                 src[k] = _mm512_sub_epi32(_mm512_setzero_si512(),
                                           _mm512_dpbusd_epi32(_mm512_setzero_si512(),
                                                               _mm512_set1_epi8((char)0x80), wq[k]));
+            }
+            const __m512i sv = _mm512_and_si512(
+                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i_u *)sc)), lo16);
+            for (int k = 0; k < 4; k++)
                 S[k] = _mm512_permutexvar_epi32(
                     _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2,
                                      4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1,
                                      4 * k + 1, 4 * k + 1, 4 * k, 4 * k, 4 * k, 4 * k),
                     sv);
-            }
         }
 #pragma GCC unroll 4
-        for (int i = 0; i < NI; i++) {
+        for (uint32_t i = 0; i < ni; i++) {
             const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
-            __m512i v = _mm512_setzero_si512();
+            __m512i v2[2] = { _mm512_setzero_si512(), _mm512_setzero_si512() };
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 __m512i av = _mm512_loadu_si512(ab->qs + 64 * k);
+                /* Q6_K: (a + 128) * (q - 32) from -128 x the weights' 4-sums */
                 __m512i p = type == GGML_TYPE_Q4_K
-                                ? _mm512_dpbusd_epi32(src[k], wq[k], av)
+                                ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[k], av)
                                 : _mm512_dpbusd_epi32(src[k],
                                                       _mm512_xor_si512(av, _mm512_set1_epi8((char)0x80)),
                                                       wq[k]);
-                v = _mm512_add_epi32(v, _mm512_madd_epi16(p, S[k]));
+                /* v += madd(p, S), exact; two chains for latency */
+                v2[k & 1] = _mm512_dpwssd_epi32(v2[k & 1], p, S[k]);
             }
+            __m512i v = _mm512_add_epi32(v2[0], v2[1]);
             __m512 s16 = _mm512_broadcastss_ps(_mm_mul_ss(_mm_set_ss(dw), _mm_set_ss(ab->d)));
             F[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), s16, F[i]);
             if (type == GGML_TYPE_Q4_K) {
@@ -735,12 +867,26 @@ kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
         }
     }
 #pragma GCC unroll 4
-    for (int i = 0; i < NI; i++) {
+    for (uint32_t i = 0; i < ni; i++) {
         __m256 lo = _mm512_castps512_ps256(F[i]);
         __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(F[i]), 1));
         float f = tree8_avx2(_mm256_add_ps(lo, hi));
         out[i * os] = type == GGML_TYPE_Q4_K ? f - tree8_avx2(G[i]) : f;
     }
+}
+
+__attribute__((target(VNNI_TARGET))) static void kq_wide_vnni_q4k(const uint8_t *w, uint64_t nb,
+                                                                  const uint8_t *a, size_t as,
+                                                                  float *out, size_t os, uint32_t ni)
+{
+    kq_wide_vnni_t(GGML_TYPE_Q4_K, w, nb, a, as, out, os, ni);
+}
+
+__attribute__((target(VNNI_TARGET))) static void kq_wide_vnni_q6k(const uint8_t *w, uint64_t nb,
+                                                                  const uint8_t *a, size_t as,
+                                                                  float *out, size_t os, uint32_t ni)
+{
+    kq_wide_vnni_t(GGML_TYPE_Q6_K, w, nb, a, as, out, os, ni);
 }
 
 typedef void (*kq_row_fn)(const uint8_t *, uint64_t, const uint8_t *, size_t, float *, size_t);
@@ -831,11 +977,23 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
     const uint8_t *ab = a;
     /* tiles of 16 weight rows (in L1) x 4 items: each weight row is read
      * from memory once, the activations once per 16 rows */
+    /* VNNI K-quants with more than 4 items: each weight block decoded once
+     * per KQ_WIDE items (same per-item operations, same bits) */
+    const int wide = act == GGML_QACT_Q8K && path == GGML_QDOT_VNNI && n_items > 4;
+    const uint32_t step = wide ? KQ_WIDE : 4;
     for (uint32_t r0 = 0; r0 < n_rows; r0 += 16) {
         uint32_t r1 = n_rows - r0 < 16 ? n_rows : r0 + 16;
-        for (uint32_t i0 = 0; i0 < n_items; i0 += 4) {
-            uint32_t ni = n_items - i0 < 4 ? n_items - i0 : 4;
+        uint32_t ni;
+        for (uint32_t i0 = 0; i0 < n_items; i0 += ni) {
+            ni = n_items - i0 < step ? n_items - i0 : step;
             const uint8_t *ai = ab + (size_t)i0 * a_stride;
+            if (wide) {
+                for (uint32_t r = r0; r < r1; r++)
+                    (type == GGML_TYPE_Q4_K ? kq_wide_vnni_q4k : kq_wide_vnni_q6k)(
+                        w + (size_t)r * row_bytes, nb, ai, a_stride,
+                        out + r + (size_t)i0 * out_stride, out_stride, ni);
+                continue;
+            }
             if (act == GGML_QACT_Q8A && path == GGML_QDOT_VNNI) {
                 q32_rows_vnni(type, w + (size_t)r0 * row_bytes, row_bytes, r1 - r0, nb, ai,
                               a_stride, ni, out + r0 + (size_t)i0 * out_stride, out_stride);

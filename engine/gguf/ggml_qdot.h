@@ -11,7 +11,9 @@
  *    (96 bytes per block).
  *  - Q8K (weights Q4_K, Q6_K): 256-element blocks ggml_q8k_block
  *    { f32 d; int8 qs[256]; int16 bsums[16] } (bsums = sums of 16 qs),
- *    d = absmax / 127.
+ *    d = absmax / 127; the row's nb blocks are followed by a plane
+ *    int32 n32s4[64 * nb] = -32 x the sum of each 4 consecutive qs (the
+ *    VNNI Q6_K kernel for 1-4 items starts its lanes from it).
  *
  * Canonical results (every path returns the same bits):
  *  - Q8_0 / Q4_0: for block b, 8 lane integers p_j = sum_{t<4} w[4j+t] *
@@ -71,7 +73,8 @@ int ggml_qdot_set_path(int path);
 /* out[i * out_stride + r] = dot(weight row r, activation row i) for
  * r < n_rows (rows row_bytes apart from w) and i < n_items (activation rows
  * a_stride bytes apart from a), rows of n elements, on `path` (capped to
- * what the CPU has). The weight row is read once for up to 4 items.
+ * what the CPU has). The weight row is read once for up to 4 items (VNNI
+ * K-quants with more than 4 items: each block decoded once per 16).
  * PD_ERR_UNSUPPORTED if the type has no integer kernel or n is not a
  * multiple of its block. */
 pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row_bytes,

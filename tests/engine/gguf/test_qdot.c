@@ -27,8 +27,8 @@ static float frand(void)
     return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
-#define NROWS 3
-#define NITEMS 6 /* > 4: the item tiling */
+#define NROWS 18 /* > 16: the row tiling */
+#define NITEMS 21 /* > 4: the item tiles; > 16: two groups of the wide K-quant kernel */
 
 /* the dequantized activation value of element e of item row a */
 static double act_val(int act, const uint8_t *a, uint64_t n, uint64_t e)
@@ -160,7 +160,8 @@ static void test_quantize_paths(void **state)
     enum { N = 2048 };
     static float x[N];
     static uint8_t a0[N / 32 * 96], a1[N / 32 * 96];
-    static ggml_q8k_block k0[N / 256], k1[N / 256];
+    static uint8_t k0[N / 256 * (sizeof(ggml_q8k_block) + 256)], k1[sizeof k0];
+    assert_int_equal(ggml_qdot_act_bytes(GGML_QACT_Q8K, N), sizeof k0);
     for (int i = 0; i < N; i++)
         x[i] = frand() * (i % 97 == 0 ? 50.0f : 2.0f);
     for (int i = 0; i < 32; i++) /* x * id lands on halves: round to even */
@@ -174,6 +175,13 @@ static void test_quantize_paths(void **state)
     ggml_qdot_quantize(GGML_QACT_Q8K, x, N, k1);
     assert_memory_equal(a0, a1, sizeof a0);
     assert_memory_equal(k0, k1, sizeof k0);
+    /* the Q8K row's n32s4 plane: -32 x each 4-sum of qs */
+    const ggml_q8k_block *kb = (const ggml_q8k_block *)(const void *)k0;
+    const int32_t *n4 = (const int32_t *)(const void *)(kb + N / 256);
+    for (int e = 0; e < N; e += 4) {
+        const int8_t *q = kb[e / 256].qs + e % 256;
+        assert_int_equal(n4[e / 4], -32 * (q[0] + q[1] + q[2] + q[3]));
+    }
 }
 
 static void test_zero_row(void **state)
@@ -181,9 +189,13 @@ static void test_zero_row(void **state)
     (void)state;
     float x[256] = { 0 };
     uint8_t a[3 * 96];
-    ggml_q8k_block k;
+    union {
+        ggml_q8k_block k;
+        uint8_t b[sizeof(ggml_q8k_block) + 256];
+    } u;
     ggml_qdot_quantize(GGML_QACT_Q8A, x, 64, a);
-    ggml_qdot_quantize(GGML_QACT_Q8K, x, 256, &k);
+    ggml_qdot_quantize(GGML_QACT_Q8K, x, 256, u.b);
+    const ggml_q8k_block k = u.k;
     const float *d = (const float *)(const void *)(a + 2 * 64);
     assert_true(d[0] == 0.0f && d[8] == 0.0f && k.d == 0.0f);
     for (int j = 0; j < 64; j++)
