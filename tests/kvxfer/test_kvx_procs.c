@@ -222,7 +222,8 @@ static void test_stream_layers(void **state)
     char *h = export(&pp->e, 2, 10000, eb); /* plain export: complete at once */
     assert_non_null(h);
     char *ev = pull(&pp->i, h, 5000, lb, 1);
-    if (strncmp(ev, "event pulled OK ok 1048576 ", 27) != 0 || !strstr(ev, "polls=0 "))
+    if (strncmp(ev, "event pulled OK ok 1048576 ", 27) != 0 || !strstr(ev, "polls=0 ") ||
+        !strstr(ev, " ready_us=0 ")) /* a plain pull: ready at start */
         fail_msg("plain layered pull: %s", ev);
     free(ev);
     free(h);
@@ -254,9 +255,15 @@ static void test_stream_layers(void **state)
     unsigned polls = 0, partial = 0;
     const char *pp_s = strstr(ev, "polls=");
     assert_non_null(pp_s);
-    assert_int_equal(sscanf(pp_s, "polls=%u partial=%u", &polls, &partial), 2);
+    unsigned long long ready_us = 0, posted_us = 0;
+    assert_int_equal(sscanf(pp_s, "polls=%u partial=%u ready_us=%llu posted_us=%llu", &polls,
+                            &partial, &ready_us, &posted_us), 4);
     if (strncmp(ev, "event pulled OK ok 1048576 ", 27) != 0 || partial < 2 || polls <= partial)
         fail_msg("streamed pull: %s", ev);
+    /* the last layers were made ready >= 150 ms after the start; the last
+     * get went out after that */
+    if (ready_us < 150000 || posted_us < ready_us)
+        fail_msg("streamed pull times: %s", ev);
     free(ev);
     free(h);
 
