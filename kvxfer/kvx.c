@@ -578,14 +578,15 @@ static pd_status_t kvx_ucs_status(ucs_status_t s)
 #define KVX_WD_MIN_US 1000
 #define KVX_WD_MAX_US 100000
 
-/* One drain of ucp_worker_progress runs for at most this long: with UCX
- * tcp an exporter serving large gets (software RMA: 8 KiB fragments) or an
- * importer receiving them finds work on every call for as long as the
- * socket keeps up, and the old unbounded drain held the loop for tens of
- * ms - measured with kv-stream = layer: the prefill's PREFILL_DONE went out
- * up to 23 ms after its prompt pass ended (TTFT). Past the slice the drain
- * stops, unarmed, and a zero timer continues it after libevent served the
- * other fds and timers (progress_yields). */
+/* One drain of ucp_worker_progress runs for at most this long (checked
+ * every 8 calls): with UCX tcp an importer receiving a large pull finds
+ * work on every call for as long as the data keeps coming (measured with
+ * kv-stream = layer: 831 drains over 5 streamed 3000-token pulls went past
+ * the slice), and the old unbounded drain held the loop - steps, messages,
+ * timers - meanwhile. Past the slice the drain stops, unarmed, and a zero
+ * timer continues it after libevent served the other fds and timers
+ * (progress_yields). A single call is not cut (an exporter sends a whole
+ * get's software-RMA reply in one). */
 #define KVX_PROGRESS_SLICE_NS (500 * PD_NS_PER_US)
 
 static unsigned kvx_progress(kvx_ctx_h *ctx)
