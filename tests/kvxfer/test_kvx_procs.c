@@ -307,6 +307,29 @@ static void test_stream_layers(void **state)
     pair_finish(pp, false);
 }
 
+/* ---- progress slice ----------------------------------------------------- */
+
+/* Over UCX tcp a get is software RMA: while a large pull streams, every
+ * ucp_worker_progress call finds work, and an unbounded drain would hold
+ * the importer's loop until the data stopped. kvx cuts a drain after its
+ * slice (500 us) and continues from a zero timer: 3 pulls of 64 MiB must
+ * have been cut at least once (progress_yields), with every byte right. */
+static void test_progress_slice(void **state)
+{
+    (void)state;
+    if (!tls_tcp)
+        skip(); /* shared memory: the importer's gets are memcpys, drains stay short */
+    pair_t *pp = pair_start("--blocks=64", "--block-bytes=1048576", "", "");
+    char *all = range(0, 63, 1);
+    for (int k = 0; k < 3; k++)
+        pull_ok(pp, all, all, 64ull << 20);
+    free(all);
+    unsigned long long y = value(&pp->i, "counter", "progress_yields");
+    if (y == 0 || y == ~0ull)
+        fail_msg("progress_yields = %llu after 192 MiB over tcp", y);
+    pair_finish(pp, false);
+}
+
 /* ---- correctness ------------------------------------------------------- */
 
 static void test_pull_patterns(void **state)
@@ -724,6 +747,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pull_patterns),
         cmocka_unit_test(test_pull_split),
         cmocka_unit_test(test_pull_window),
+        cmocka_unit_test(test_progress_slice),
     };
     const struct CMUnitTest handles[] = {
         cmocka_unit_test(test_bad_handles),
