@@ -123,6 +123,13 @@ typedef struct dec_req {
     /* streaming */
     uint32_t seq;                       /* TOKENS messages sent */
     uint64_t first_token_ns;
+    /* early hand-off timeline (pd_now_ns(), 0: not yet; admin `requests`,
+     * debug log "timeline" at the end) */
+    uint64_t pull_end_ns;               /* the pull's callback ran */
+    uint64_t pull_ready_ns;             /* the pull saw every layer ready */
+    uint64_t pull_posted_ns;            /* the pull posted its last get */
+    uint64_t t0_at_ns;                  /* FIRST_TOKEN arrived */
+    uint64_t step0_start_ns;            /* the step that made our first TOKENS */
 } dec_req_t;
 
 

@@ -41,6 +41,8 @@ static const pd_cfg_schema_t dec_schema = {
 static const char *const dec_state_names[] = { DEC_STATES(NODE_STATE_NAME) };
 
 static void dec_kick(dec_t *d);
+static void dec_log_timeline(const dec_req_t *r);
+static double dec_rel_ms(const dec_req_t *r, uint64_t t);
 static void dec_migrate_out(dec_t *d, dec_req_t *r);
 static void dec_admit_waiting(dec_t *d);
 static void dec_fork_release(dec_t *d, dec_req_t *r);
@@ -97,6 +99,7 @@ static void dec_send_tokens(dec_t *d, dec_req_t *r, uint32_t from)
         return;
     if (r->seq == 0) {
         r->first_token_ns = pd_now_ns();
+        r->step0_start_ns = d->step.start_ns;
         pd_stats_observe_ns(d->n.stats, DEC_STAT_ttft, r->first_token_ns - r->t[DEC_ST_NEW]);
     }
     if (!dec_can_reply(d, r)) {
@@ -204,6 +207,7 @@ static void dec_req_end(dec_req_t *r, uint16_t reason, pd_status_t status)
     }
     dec_forks_end(d, r, reason == PROTO_FINISH_ERROR ? status : PD_ERR_CANCELED);
     pd_stats_observe_ns(d->n.stats, DEC_STAT_req_time, pd_now_ns() - r->t[DEC_ST_NEW]);
+    dec_log_timeline(r);
     if (reason == PROTO_FINISH_CANCELED && r->cancel_stop) {
         reason = PROTO_FINISH_STOP; /* a stop string ended it: not a cancel */
         status = PD_OK;
@@ -486,6 +490,41 @@ static void dec_kick(dec_t *d)
 
 /* ---- transfer ---------------------------------------------------------- */
 
+/* ms since the request came, or -1 for a moment that did not happen */
+static double dec_rel_ms(const dec_req_t *r, uint64_t t)
+{
+    return t != 0 ? (double)(t - r->t[DEC_ST_NEW]) / 1e6 : -1.0;
+}
+
+/* Where the hand-off's time went (debug log): pull start / every layer
+ * ready / last get posted / end, FIRST_TOKEN, the first step's start and
+ * its TOKENS (ms since DECODE_REQ). */
+static void dec_log_timeline(const dec_req_t *r)
+{
+    if (pd_log_get_level() < PD_LOG_DEBUG || r->t[DEC_ST_PULLING] == 0)
+        return;
+    pd_log(PD_LOG_DEBUG, DEC_COMP, r->nr.id,
+           "timeline ms: wait %.1f pull %.1f ready %.1f posted %.1f end %.1f, FIRST_TOKEN %.1f, "
+           "step %.1f, tokens %.1f",
+           dec_rel_ms(r, r->t[DEC_ST_WAITING]), dec_rel_ms(r, r->t[DEC_ST_PULLING]),
+           dec_rel_ms(r, r->pull_ready_ns),
+           dec_rel_ms(r, r->pull_posted_ns), dec_rel_ms(r, r->pull_end_ns),
+           dec_rel_ms(r, r->t0_at_ns), dec_rel_ms(r, r->step0_start_ns),
+           dec_rel_ms(r, r->first_token_ns));
+}
+
+/* The early hand-off's waits: the prompt's KV was in and waited for token
+ * 0 (first_token_wait), or token 0 was in and waited for the pull. */
+static uint64_t dec_first_token_wait_ns(const dec_req_t *r)
+{
+    return r->t0_at_ns > r->pull_end_ns && r->pull_end_ns ? r->t0_at_ns - r->pull_end_ns : 0;
+}
+
+static uint64_t dec_pull_after_t0_ns(const dec_req_t *r)
+{
+    return r->pull_end_ns > r->t0_at_ns && r->t0_at_ns ? r->pull_end_ns - r->t0_at_ns : 0;
+}
+
 static void dec_start_compute(dec_t *d, dec_req_t *r)
 {
     uint32_t need = r->n_prompt + (r->n_gen ? r->n_gen - 1 : 0);
@@ -511,6 +550,11 @@ static void dec_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t
     dec_t *d = r->d;
     r->pull_live = false;
     r->transfer_ns = res ? res->latency_ns : pd_now_ns() - r->t[DEC_ST_PULLING];
+    r->pull_end_ns = pd_now_ns();
+    if (res != NULL && res->ready_ns)
+        r->pull_ready_ns = r->t[DEC_ST_PULLING] + res->ready_ns;
+    if (res != NULL && res->posted_ns)
+        r->pull_posted_ns = r->t[DEC_ST_PULLING] + res->posted_ns;
     pd_stats_observe_ns(d->n.stats, DEC_STAT_transfer_time, r->transfer_ns);
     if (status == PD_OK) {
         pd_stats_inc(d->n.stats, DEC_STAT_pulls_ok);
@@ -1002,6 +1046,7 @@ static void dec_on_first_token(proto_conn_t *c, const proto_msg_t *msg, void *ar
     }
     /* the replay of dec_admit for one given token */
     r->t0_wait = false;
+    r->t0_at_ns = pd_now_ns();
     if (r->smp.p.temperature > 0.0f)
         (void)eng_rng_next(&r->smp.rng);
     eng_finish_t f = eng_sampler_accept(&r->smp, t);
@@ -1381,6 +1426,8 @@ static pd_status_t dec_adm_requests(pd_admin_req_t *req, cJSON *reply)
         cJSON_AddNumberToObject(o, "transfer_ns", (double)r->transfer_ns);
         cJSON_AddNumberToObject(o, "handoff_ns", (double)r->handoff_ns);
         cJSON_AddNumberToObject(o, "prefill_ns", (double)r->prefill_ns);
+        cJSON_AddNumberToObject(o, "first_token_wait_ns", (double)dec_first_token_wait_ns(r));
+        cJSON_AddNumberToObject(o, "pull_after_first_token_ns", (double)dec_pull_after_t0_ns(r));
         cJSON_AddItemToArray(a, o);
     }
     node_adm_counters(&d->n, reply);

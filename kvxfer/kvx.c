@@ -415,6 +415,7 @@ typedef struct kvx_pull {
     uint64_t gen_word;
     pd_status_t err;
     uint64_t t_start_ns;
+    uint64_t t_ready_ns, t_posted_ns; /* every layer seen ready / last get posted */
     uint64_t bytes;
     uint32_t runs, ops;
     uint64_t user_tag;
@@ -577,12 +578,40 @@ static pd_status_t kvx_ucs_status(ucs_status_t s)
 #define KVX_WD_MIN_US 1000
 #define KVX_WD_MAX_US 100000
 
+/* One drain of ucp_worker_progress runs for at most this long (checked
+ * every 8 calls): with UCX tcp an importer receiving a large pull finds
+ * work on every call for as long as the data keeps coming (measured with
+ * kv-stream = layer: 831 drains over 5 streamed 3000-token pulls went past
+ * the slice), and the old unbounded drain held the loop - steps, messages,
+ * timers - meanwhile. Past the slice the drain stops, unarmed, and a zero
+ * timer continues it after libevent served the other fds and timers
+ * (progress_yields). A single call is not cut (an exporter sends a whole
+ * get's software-RMA reply in one). */
+#define KVX_PROGRESS_SLICE_NS (500 * PD_NS_PER_US)
+
 static unsigned kvx_progress(kvx_ctx_h *ctx)
 {
     ucs_status_t s;
     unsigned worked = 0;
-    while (ucp_worker_progress(ctx->worker) != 0)
+    uint64_t t0 = 0;
+    while (ucp_worker_progress(ctx->worker) != 0) {
         worked++;
+        if ((worked & 7) != 0)
+            continue;
+        uint64_t now = pd_now_ns();
+        if (t0 == 0) {
+            t0 = now;
+        } else if (now - t0 > KVX_PROGRESS_SLICE_NS) {
+            ctx->armed = false;
+            ctx->cs[KVX_CS_progress_yields]++;
+            if (!evtimer_pending(ctx->ev_kick_later, NULL)) {
+                static const struct timeval zero = { 0, 0 };
+                ctx->kick_pending = true;
+                evtimer_add(ctx->ev_kick_later, &zero);
+            }
+            return worked;
+        }
+    }
     if (worked == 0 && ctx->armed && ctx->ops_in_flight == 0 &&
         ctx->notifies_in_flight == 0)
         return 0;
@@ -1933,8 +1962,10 @@ static void kvx_pull_post(kvx_pull_t *pl)
             ctx->ops_in_flight++;
         }
     }
-    if (pl->state == KVX_PULL_POSTING && kvx_pull_all_posted(pl))
+    if (pl->state == KVX_PULL_POSTING && kvx_pull_all_posted(pl)) {
         pl->state = KVX_PULL_DATA_WAIT;
+        pl->t_posted_ns = pd_now_ns();
+    }
 }
 
 /* ---- layer streaming: readiness polls ---- */
@@ -2002,6 +2033,7 @@ static void kvx_pull_poll_read(kvx_pull_t *pl)
     }
     if (!partial) {
         pl->stream = false; /* everything is ready: no more polls */
+        pl->t_ready_ns = pd_now_ns();
         return;
     }
     pl->polls_partial++;
@@ -2055,6 +2087,8 @@ static void kvx_pull_deliver(kvx_pull_t *pl, pd_status_t status)
         .user_tag = pl->user_tag,
         .polls = pl->polls,
         .polls_partial = pl->polls_partial,
+        .ready_ns = pl->t_ready_ns ? pl->t_ready_ns - pl->t_start_ns : 0,
+        .posted_ns = pl->t_posted_ns ? pl->t_posted_ns - pl->t_start_ns : 0,
     };
     unsigned c;
     switch (status) {
@@ -2272,6 +2306,7 @@ pd_status_t kvx_pull_start(kvx_ctx_h *ctx, const kvx_import_t *imp,
     pl->gen_word = 0;
     pl->err = PD_OK;
     pl->t_start_ns = now;
+    pl->t_ready_ns = pl->t_posted_ns = 0;
     pl->bytes = 0;
     pl->runs = pl->ops = 0;
     pl->user_tag = user_tag;

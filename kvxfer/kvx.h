@@ -309,6 +309,9 @@ typedef struct {
     uint64_t user_tag;
     uint32_t polls;        /* streamed: readiness reads */
     uint32_t polls_partial;/* streamed: reads that found a layer not ready */
+    uint64_t ready_ns;     /* start -> every layer of every block seen ready
+                            * (0 for a plain pull: ready at start) */
+    uint64_t posted_ns;    /* start -> the last data get posted */
 } kvx_pull_result_t;
 
 /* Completion of a pull, on the loop. status: PD_OK (every byte landed and
@@ -398,7 +401,8 @@ pd_status_t kvx_lease_renew(kvx_ctx_h *ctx, const kvx_import_t *imp,
     X(peers_failed,     "peers failed (dead or replaced)")                    \
     X(eps_forced_closed,"endpoints force-closed")                            \
     X(progress_rescues, "in-flight watchdog ticks that found UCX work")      \
-    X(arm_busy,         "worker arms given up as BUSY (pending sends)")
+    X(arm_busy,         "worker arms given up as BUSY (pending sends)")     \
+    X(progress_yields,  "progress drains cut at the time slice (loop served first)")
 
 typedef struct {
     uint32_t leases_active;

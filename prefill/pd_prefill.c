@@ -132,6 +132,10 @@ static void pf_layer_hook(void *arg, uint32_t layer, uint32_t pos_end)
     uint32_t blocks = pos_end >= r->n_prompt ? r->nr.n_blocks
                                              : pos_end / r->pf->n.geom->block_tokens;
     kvx_ready_publish(&r->ready, layer, blocks);
+    if (layer == 0 && r->layer0_ns == 0)
+        r->layer0_ns = pd_now_ns();
+    if (pos_end >= r->n_prompt)
+        r->layer_last_ns = pd_now_ns();
 }
 
 static void pf_job_run(eng_job_t *job)
@@ -267,6 +271,17 @@ static void pf_job_done(eng_job_t *job)
     }
     r->reply_pending = false;
     st = node_req_send(&pf->n, &r->nr, &m);
+    if (r->early && pd_log_get_level() >= PD_LOG_DEBUG) {
+        /* where the streamed prompt pass went (ms since compute start) */
+        uint64_t now = pd_now_ns(), t0 = r->run_start_ns;
+        pd_log(PD_LOG_DEBUG, PF_COMP, r->nr.id,
+               "timeline ms: queued %.1f, layer 0 %.1f, last layer %.1f, done %.1f, "
+               "PREFILL_DONE %.1f",
+               (double)(t0 - r->t[PF_ST_COMPUTING]) / 1e6,
+               r->layer0_ns ? (double)(r->layer0_ns - t0) / 1e6 : -1.0,
+               r->layer_last_ns ? (double)(r->layer_last_ns - t0) / 1e6 : -1.0,
+               (double)(r->run_end_ns - t0) / 1e6, (double)(now - t0) / 1e6);
+    }
     if (st != PD_OK) {
         pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "PREFILL_DONE not sent: %s; revoking",
                pd_status_str(st));

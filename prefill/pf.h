@@ -78,6 +78,7 @@ typedef struct pf_req {
     int32_t token0;
     eng_logprobs_t lp0;
     uint64_t run_start_ns, run_end_ns;
+    uint64_t layer0_ns, layer_last_ns;  /* streamed: first / last layer published */
     /* lease */
     kvx_lease_id_t lease;
     uint64_t lease_ttl_ns;

@@ -15,6 +15,17 @@
 set -u
 B=$(cd "${1:-build}" && pwd); R=${2:-5}; shift 2 2>/dev/null; LENS=${*:-1000 3000 6000}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+# A debug build (PD_DEBUG_POISON, meson's default debugoptimized) fills every
+# freed KV block with 0xdb on the daemon's loop: at 3000 tokens 376 MiB per
+# request, 60-160 ms measured on the decode (the allocation that evicts the
+# previous request's cached blocks, before the pull can start) and on the
+# prefill (after each lease ends). Measure a release build:
+#   meson setup build-rel -Dbuildtype=release && ninja -C build-rel
+if grep -q '^#define PD_DEBUG_POISON 1' "$B/pd_build_config.h" 2>/dev/null; then
+  echo "kv-stream.sh: $B is a debug build (PD_DEBUG_POISON): freed KV is poisoned on the" \
+       "loop, the numbers would include it; use -Dbuildtype=release (KVSTREAM_DEBUG_OK=1 to go on)" >&2
+  [ "${KVSTREAM_DEBUG_OK:-0}" = 1 ] || exit 2
+fi
 M="sim:llama3-8b,prefill_tps=10000,decode_ms=20+0.3*b,speedup=1,kv_check=sample"
 admin() { python3 - "$1" "$2" <<'PY'
 import socket, sys

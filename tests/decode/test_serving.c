@@ -1305,9 +1305,22 @@ static void test_token0_later(void **state)
     samp_t longer = { 0.0f, 0, 400, true };
     fr_req_t *t2 = send_prefill("pf-a", "dec-a", prompt, 37, &longer);
     assert_true(run_until(p_done_or_error, t2, 20));
+    want = counter(&D, "pulls_ok") + 1;
     send_decode_early(t2, "pf-a", prompt, 37, &longer);
+    assert_true(run_until(p_counter_at_least, &want, 20)); /* the KV waits for token 0 */
     send_first_token("dec-a", t2, t2->first_token, &longer);
     assert_true(run_until(p_has_tokens, t2, 20));
+    /* requests: the landed pull waited for FIRST_TOKEN, not the reverse */
+    cJSON *j = admin(&D, "requests"), *o, *mine = NULL;
+    cJSON_ArrayForEach(o, cJSON_GetObjectItemCaseSensitive(j, "requests"))
+        if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "request_id")),
+                   t2->id) == 0)
+            mine = o;
+    assert_non_null(mine);
+    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(mine, "first_token_wait_ns")) > 0);
+    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(mine,
+                                                                      "pull_after_first_token_ns")) == 0);
+    cJSON_Delete(j);
     send_first_token("dec-a", t2, t2->first_token, &longer);
     assert_true(run_until(p_final, t2, 20));
     assert_true(t2->error || (t2->finish && (t2->fin.reason == PROTO_FINISH_ERROR ||

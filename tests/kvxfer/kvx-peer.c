@@ -19,6 +19,7 @@
  *   pull <hex> <deadline_ms> <local blocks> <seed> <release 0|1>
  *        -> started <id> | reject <REASON> <S> | err <S>
  *        later: event pulled <S> <verify ok|bad|skip> <bytes> <latency_us>
+ *               polls=.. partial=.. ready_us=.. posted_us=..
  *   cancel                       -> ok | err <S>   (the last pull)
  *   release <hex> | renew <hex> <ttl_ms> -> ok | err <S>
  *   gauges -> gauges leases=.. pinned=.. pulls=.. ops=.. peers=.. rkeys=.. eps=..
@@ -184,9 +185,10 @@ static void on_pulled(void *arg, pd_status_t status, const kvx_pull_result_t *re
 done:
     if (pc->release && status == PD_OK)
         kvx_lease_release(g.ctx, &pc->imp);
-    reply("event pulled %s %s %llu %llu polls=%u partial=%u", pd_status_name(status), verify,
-          (unsigned long long)res->bytes,
-          (unsigned long long)(res->latency_ns / 1000), res->polls, res->polls_partial);
+    reply("event pulled %s %s %llu %llu polls=%u partial=%u ready_us=%llu posted_us=%llu",
+          pd_status_name(status), verify, (unsigned long long)res->bytes,
+          (unsigned long long)(res->latency_ns / 1000), res->polls, res->polls_partial,
+          (unsigned long long)(res->ready_ns / 1000), (unsigned long long)(res->posted_ns / 1000));
     free(pc->local);
     free(pc);
 }

@@ -222,7 +222,8 @@ static void test_stream_layers(void **state)
     char *h = export(&pp->e, 2, 10000, eb); /* plain export: complete at once */
     assert_non_null(h);
     char *ev = pull(&pp->i, h, 5000, lb, 1);
-    if (strncmp(ev, "event pulled OK ok 1048576 ", 27) != 0 || !strstr(ev, "polls=0 "))
+    if (strncmp(ev, "event pulled OK ok 1048576 ", 27) != 0 || !strstr(ev, "polls=0 ") ||
+        !strstr(ev, " ready_us=0 ")) /* a plain pull: ready at start */
         fail_msg("plain layered pull: %s", ev);
     free(ev);
     free(h);
@@ -254,9 +255,15 @@ static void test_stream_layers(void **state)
     unsigned polls = 0, partial = 0;
     const char *pp_s = strstr(ev, "polls=");
     assert_non_null(pp_s);
-    assert_int_equal(sscanf(pp_s, "polls=%u partial=%u", &polls, &partial), 2);
+    unsigned long long ready_us = 0, posted_us = 0;
+    assert_int_equal(sscanf(pp_s, "polls=%u partial=%u ready_us=%llu posted_us=%llu", &polls,
+                            &partial, &ready_us, &posted_us), 4);
     if (strncmp(ev, "event pulled OK ok 1048576 ", 27) != 0 || partial < 2 || polls <= partial)
         fail_msg("streamed pull: %s", ev);
+    /* the last layers were made ready >= 150 ms after the start; the last
+     * get went out after that */
+    if (ready_us < 150000 || posted_us < ready_us)
+        fail_msg("streamed pull times: %s", ev);
     free(ev);
     free(h);
 
@@ -297,6 +304,29 @@ static void test_stream_layers(void **state)
     free(h);
     free(eb);
     free(lb);
+    pair_finish(pp, false);
+}
+
+/* ---- progress slice ----------------------------------------------------- */
+
+/* Over UCX tcp a get is software RMA: while a large pull streams, every
+ * ucp_worker_progress call finds work, and an unbounded drain would hold
+ * the importer's loop until the data stopped. kvx cuts a drain after its
+ * slice (500 us) and continues from a zero timer: 3 pulls of 64 MiB must
+ * have been cut at least once (progress_yields), with every byte right. */
+static void test_progress_slice(void **state)
+{
+    (void)state;
+    if (!tls_tcp)
+        skip(); /* shared memory: the importer's gets are memcpys, drains stay short */
+    pair_t *pp = pair_start("--blocks=64", "--block-bytes=1048576", "", "");
+    char *all = range(0, 63, 1);
+    for (int k = 0; k < 3; k++)
+        pull_ok(pp, all, all, 64ull << 20);
+    free(all);
+    unsigned long long y = value(&pp->i, "counter", "progress_yields");
+    if (y == 0 || y == ~0ull)
+        fail_msg("progress_yields = %llu after 192 MiB over tcp", y);
     pair_finish(pp, false);
 }
 
@@ -717,6 +747,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pull_patterns),
         cmocka_unit_test(test_pull_split),
         cmocka_unit_test(test_pull_window),
+        cmocka_unit_test(test_progress_slice),
     };
     const struct CMUnitTest handles[] = {
         cmocka_unit_test(test_bad_handles),
