@@ -312,17 +312,26 @@ __attribute__((target(VNNI_TARGET))) static inline __m512 dpair_vnni(const uint8
 
 __attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
 q32_tile_vnni(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a,
-              size_t as, float *out, size_t os, const int R, const int NI)
+              size_t as, float *out, size_t os, uint64_t b0, uint64_t b1, float *accs, const int R,
+              const int NI)
 {
     const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
     __m512 acc[4][4][2];
+    /* blocks [b0, b1) of the rows: the chains start from +0 at block 0,
+     * else from where the previous slice left them in accs (row r, item
+     * i, half h at accs + (r * 4 + i) * 32 + 16 * h) */
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < NI; i++)
-            acc[r][i][0] = acc[r][i][1] = _mm512_setzero_ps();
-    uint64_t b = 0;
-    for (; b + 4 <= nb; b += 4) {
+            if (b0 == 0) {
+                acc[r][i][0] = acc[r][i][1] = _mm512_setzero_ps();
+            } else {
+                acc[r][i][0] = _mm512_loadu_ps(accs + (r * 4 + i) * 32);
+                acc[r][i][1] = _mm512_loadu_ps(accs + (r * 4 + i) * 32 + 16);
+            }
+    uint64_t b = b0;
+    for (; b + 4 <= b1; b += 4) {
         __m512i u[4][2];
         __m512 dw[4][2];
 #pragma GCC unroll 4
@@ -358,6 +367,17 @@ q32_tile_vnni(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, con
                 }
             }
         }
+    }
+    if (b1 < nb) { /* a slice that is not the last (b1 - b0 a multiple of 4) */
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < NI; i++)
+            {
+                _mm512_storeu_ps(accs + (r * 4 + i) * 32, acc[r][i][0]);
+                _mm512_storeu_ps(accs + (r * 4 + i) * 32 + 16, acc[r][i][1]);
+            }
+        return;
     }
     if (b < nb) { /* 1..3 blocks: the missing lanes keep their chains */
         for (int h = 0; h < 2; h++) {
@@ -396,12 +416,21 @@ q32_tile_vnni(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, con
 
 typedef void (*q32_tile_fn)(const uint8_t *, size_t, uint64_t, const uint8_t *, size_t, float *,
                             size_t);
+typedef void (*q32_slice_fn)(const uint8_t *, size_t, uint64_t, const uint8_t *, size_t, float *,
+                             size_t, uint64_t, uint64_t, float *);
 #define Q32_TILE(T, TN, R, NI)                                                                 \
     __attribute__((target(VNNI_TARGET))) static void q32_vnni_##TN##_##R##x##NI(              \
         const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a, size_t as, float *out,     \
         size_t os)                                                                             \
     {                                                                                          \
-        q32_tile_vnni(T, w, rb, nb, a, as, out, os, R, NI);                                    \
+        q32_tile_vnni(T, w, rb, nb, a, as, out, os, 0, nb, NULL, R, NI);                       \
+    }
+#define Q32_SLICE_TILE(T, TN, R, NI)                                                           \
+    __attribute__((target(VNNI_TARGET))) static void q32_vnni_##TN##_##R##x##NI##_s(          \
+        const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a, size_t as, float *out,     \
+        size_t os, uint64_t b0, uint64_t b1, float *accs)                                      \
+    {                                                                                          \
+        q32_tile_vnni(T, w, rb, nb, a, as, out, os, b0, b1, accs, R, NI);                      \
     }
 #define Q32_TILES(T, TN)                                                                       \
     Q32_TILE(T, TN, 4, 1) Q32_TILE(T, TN, 2, 2) Q32_TILE(T, TN, 2, 4) Q32_TILE(T, TN, 1, 1)    \
@@ -411,11 +440,20 @@ typedef void (*q32_tile_fn)(const uint8_t *, size_t, uint64_t, const uint8_t *, 
           q32_vnni_##TN##_1x4 },                                                               \
         { NULL, q32_vnni_##TN##_4x1, q32_vnni_##TN##_2x2, q32_vnni_##TN##_1x3,                 \
           q32_vnni_##TN##_2x4 },                                                               \
-    };
+    };                                                                                         \
+    Q32_SLICE_TILE(T, TN, 1, 4) Q32_SLICE_TILE(T, TN, 2, 4)                                    \
+    static const q32_slice_fn q32_vnni_##TN##_s[2] = { q32_vnni_##TN##_1x4_s,                 \
+                                                       q32_vnni_##TN##_2x4_s };
 Q32_TILES(GGML_TYPE_Q8_0, q8)
 Q32_TILES(GGML_TYPE_Q4_0, q4)
 
-/* rows [0, n_rows) x ni <= 4 items: the widest tile that fits, then 1 row */
+/* rows [0, n_rows <= 16) x ni <= 4 items: the widest tile that fits, then
+ * 1 row. Long rows go in slices of Q32_SLICE blocks, all rows of the tile
+ * per slice, so the items' activation slice stays in L1 (groups of 4 items only: with 1-2 the
+ * weights, streamed from memory, cost more out of order; 4 items of a
+ * 3584-wide row are 43 KB: one row pair at a time streamed them from L2
+ * per pair); the chains carry over through a buffer in the same order. */
+#define Q32_SLICE 32 /* blocks, a multiple of 4 */
 static void q32_rows_vnni(uint32_t type, const uint8_t *w, size_t rb, uint32_t n_rows,
                           uint64_t nb, const uint8_t *a, size_t as, uint32_t ni, float *out,
                           size_t os)
@@ -423,6 +461,19 @@ static void q32_rows_vnni(uint32_t type, const uint8_t *w, size_t rb, uint32_t n
     const q32_tile_fn(*tab)[5] = type == GGML_TYPE_Q8_0 ? q32_vnni_q8 : q32_vnni_q4;
     const uint32_t rt = ni == 1 ? 4 : ni == 3 ? 1 : 2;
     uint32_t r = 0;
+    if (ni == 4 && nb > Q32_SLICE + Q32_SLICE / 2) {
+        const q32_slice_fn *st = type == GGML_TYPE_Q8_0 ? q32_vnni_q8_s : q32_vnni_q4_s;
+        float accs[16 * 4 * 2 * 16];
+        for (uint64_t b0 = 0; b0 < nb;) {
+            uint64_t b1 = nb - b0 <= Q32_SLICE + Q32_SLICE / 2 ? nb : b0 + Q32_SLICE;
+            for (r = 0; r + 2 <= n_rows; r += 2)
+                st[1](w + (size_t)r * rb, rb, nb, a, as, out + r, os, b0, b1, accs + r * 128);
+            for (; r < n_rows; r++)
+                st[0](w + (size_t)r * rb, rb, nb, a, as, out + r, os, b0, b1, accs + r * 128);
+            b0 = b1;
+        }
+        return;
+    }
     for (; rt > 1 && r + rt <= n_rows; r += rt)
         tab[1][ni](w + (size_t)r * rb, rb, nb, a, as, out + r, os);
     for (; r < n_rows; r++)
