@@ -312,17 +312,26 @@ __attribute__((target(VNNI_TARGET))) static inline __m512 dpair_vnni(const uint8
 
 __attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
 q32_tile_vnni(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a,
-              size_t as, float *out, size_t os, const int R, const int NI)
+              size_t as, float *out, size_t os, uint64_t b0, uint64_t b1, float *accs, const int R,
+              const int NI)
 {
     const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
     __m512 acc[4][4][2];
+    /* blocks [b0, b1) of the rows: the chains start from +0 at block 0,
+     * else from where the previous slice left them in accs (row r, item
+     * i, half h at accs + (r * 4 + i) * 32 + 16 * h) */
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < NI; i++)
-            acc[r][i][0] = acc[r][i][1] = _mm512_setzero_ps();
-    uint64_t b = 0;
-    for (; b + 4 <= nb; b += 4) {
+            if (b0 == 0) {
+                acc[r][i][0] = acc[r][i][1] = _mm512_setzero_ps();
+            } else {
+                acc[r][i][0] = _mm512_loadu_ps(accs + (r * 4 + i) * 32);
+                acc[r][i][1] = _mm512_loadu_ps(accs + (r * 4 + i) * 32 + 16);
+            }
+    uint64_t b = b0;
+    for (; b + 4 <= b1; b += 4) {
         __m512i u[4][2];
         __m512 dw[4][2];
 #pragma GCC unroll 4
@@ -358,6 +367,17 @@ q32_tile_vnni(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, con
                 }
             }
         }
+    }
+    if (b1 < nb) { /* a slice that is not the last (b1 - b0 a multiple of 4) */
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < NI; i++)
+            {
+                _mm512_storeu_ps(accs + (r * 4 + i) * 32, acc[r][i][0]);
+                _mm512_storeu_ps(accs + (r * 4 + i) * 32 + 16, acc[r][i][1]);
+            }
+        return;
     }
     if (b < nb) { /* 1..3 blocks: the missing lanes keep their chains */
         for (int h = 0; h < 2; h++) {
@@ -396,12 +416,21 @@ q32_tile_vnni(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, con
 
 typedef void (*q32_tile_fn)(const uint8_t *, size_t, uint64_t, const uint8_t *, size_t, float *,
                             size_t);
+typedef void (*q32_slice_fn)(const uint8_t *, size_t, uint64_t, const uint8_t *, size_t, float *,
+                             size_t, uint64_t, uint64_t, float *);
 #define Q32_TILE(T, TN, R, NI)                                                                 \
     __attribute__((target(VNNI_TARGET))) static void q32_vnni_##TN##_##R##x##NI(              \
         const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a, size_t as, float *out,     \
         size_t os)                                                                             \
     {                                                                                          \
-        q32_tile_vnni(T, w, rb, nb, a, as, out, os, R, NI);                                    \
+        q32_tile_vnni(T, w, rb, nb, a, as, out, os, 0, nb, NULL, R, NI);                       \
+    }
+#define Q32_SLICE_TILE(T, TN, R, NI)                                                           \
+    __attribute__((target(VNNI_TARGET))) static void q32_vnni_##TN##_##R##x##NI##_s(          \
+        const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a, size_t as, float *out,     \
+        size_t os, uint64_t b0, uint64_t b1, float *accs)                                      \
+    {                                                                                          \
+        q32_tile_vnni(T, w, rb, nb, a, as, out, os, b0, b1, accs, R, NI);                      \
     }
 #define Q32_TILES(T, TN)                                                                       \
     Q32_TILE(T, TN, 4, 1) Q32_TILE(T, TN, 2, 2) Q32_TILE(T, TN, 2, 4) Q32_TILE(T, TN, 1, 1)    \
@@ -411,11 +440,20 @@ typedef void (*q32_tile_fn)(const uint8_t *, size_t, uint64_t, const uint8_t *, 
           q32_vnni_##TN##_1x4 },                                                               \
         { NULL, q32_vnni_##TN##_4x1, q32_vnni_##TN##_2x2, q32_vnni_##TN##_1x3,                 \
           q32_vnni_##TN##_2x4 },                                                               \
-    };
+    };                                                                                         \
+    Q32_SLICE_TILE(T, TN, 1, 4) Q32_SLICE_TILE(T, TN, 2, 4)                                    \
+    static const q32_slice_fn q32_vnni_##TN##_s[2] = { q32_vnni_##TN##_1x4_s,                 \
+                                                       q32_vnni_##TN##_2x4_s };
 Q32_TILES(GGML_TYPE_Q8_0, q8)
 Q32_TILES(GGML_TYPE_Q4_0, q4)
 
-/* rows [0, n_rows) x ni <= 4 items: the widest tile that fits, then 1 row */
+/* rows [0, n_rows <= 16) x ni <= 4 items: the widest tile that fits, then
+ * 1 row. Long rows go in slices of Q32_SLICE blocks, all rows of the tile
+ * per slice, so the items' activation slice stays in L1 (groups of 4 items only: with 1-2 the
+ * weights, streamed from memory, cost more out of order; 4 items of a
+ * 3584-wide row are 43 KB: one row pair at a time streamed them from L2
+ * per pair); the chains carry over through a buffer in the same order. */
+#define Q32_SLICE 32 /* blocks, a multiple of 4 */
 static void q32_rows_vnni(uint32_t type, const uint8_t *w, size_t rb, uint32_t n_rows,
                           uint64_t nb, const uint8_t *a, size_t as, uint32_t ni, float *out,
                           size_t os)
@@ -423,6 +461,19 @@ static void q32_rows_vnni(uint32_t type, const uint8_t *w, size_t rb, uint32_t n
     const q32_tile_fn(*tab)[5] = type == GGML_TYPE_Q8_0 ? q32_vnni_q8 : q32_vnni_q4;
     const uint32_t rt = ni == 1 ? 4 : ni == 3 ? 1 : 2;
     uint32_t r = 0;
+    if (ni == 4 && nb > Q32_SLICE + Q32_SLICE / 2) {
+        const q32_slice_fn *st = type == GGML_TYPE_Q8_0 ? q32_vnni_q8_s : q32_vnni_q4_s;
+        float accs[16 * 4 * 2 * 16];
+        for (uint64_t b0 = 0; b0 < nb;) {
+            uint64_t b1 = nb - b0 <= Q32_SLICE + Q32_SLICE / 2 ? nb : b0 + Q32_SLICE;
+            for (r = 0; r + 2 <= n_rows; r += 2)
+                st[1](w + (size_t)r * rb, rb, nb, a, as, out + r, os, b0, b1, accs + r * 128);
+            for (; r < n_rows; r++)
+                st[0](w + (size_t)r * rb, rb, nb, a, as, out + r, os, b0, b1, accs + r * 128);
+            b0 = b1;
+        }
+        return;
+    }
     for (; rt > 1 && r + rt <= n_rows; r += rt)
         tab[1][ni](w + (size_t)r * rb, rb, nb, a, as, out + r, os);
     for (; r < n_rows; r++)
@@ -756,138 +807,162 @@ kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
 
 /* The same per-item operations for up to KQ_WIDE items: each block is
  * decoded once for all of them (batched decode and prefill), so it gives
- * the bits of the 1-4 item tiles above (tests/engine/qdot checks). */
+ * the bits of the 1-4 item tiles above (tests/engine/qdot checks). R = 2
+ * does two consecutive weight rows (rb bytes apart) at once: each
+ * activation chunk is loaded once for both (KQ_WIDE items of a 3584-wide
+ * row are ~65 KB, more than L1, so one row at a time streams them from L2
+ * per row); the per-output operations and their order are unchanged. */
 #define KQ_WIDE 16
 __attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
-kq_wide_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
-              float *out, size_t os, const uint32_t ni)
+kq_wide_vnni_t(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a,
+               size_t as, float *out, size_t os, const uint32_t ni, const int R)
 {
-    __m512 F[KQ_WIDE];
-    __m256 G[KQ_WIDE];
-#pragma GCC unroll 4
-    for (uint32_t i = 0; i < ni; i++) {
-        F[i] = _mm512_setzero_ps();
-        G[i] = _mm256_setzero_ps();
-    }
-    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
-    for (uint64_t b = 0; b < nb; b++) {
-        __m512i wq[4], S[4], src[4];
-        __m256i mm = _mm256_setzero_si256();
-        float dw, dmin = 0.0f;
-        if (type == GGML_TYPE_Q4_K) {
-            const uint8_t *blk = w + b * Q4_K_BYTES;
-            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
-            uint8_t sc[8], m[8];
-            k4_scales(blk + 4, sc, m);
-            dw = _cvtsh_ss(rd16(blk));
-            dmin = _cvtsh_ss(rd16(blk + 2));
-            const __m512i sv = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i_u *)sc));
-            for (int j = 0; j < 4; j++) {
-                __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
-                __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-                wq[j] = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
-                S[j] = _mm512_permutexvar_epi32(
-                    _mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
-                                     2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j,
-                                     2 * j, 2 * j, 2 * j, 2 * j),
-                    sv);
-            }
-            __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
-            mm = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
-        } else {
-            /* the unsigned 6-bit q of both 128-element halves at once (zmm
-             * half n = half n of the block), then chunks in element order */
-            const uint8_t *blk = w + b * Q6_K_BYTES;
-            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
-            const int8_t *sc = (const int8_t *)(blk + 192);
-            dw = _cvtsh_ss(rd16(blk + 208));
-            const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
-            __m512i l0 = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)blk)),
-                _mm256_loadu_si256((const __m256i_u *)(blk + 64)), 1);
-            __m512i l1 = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)(blk + 32))),
-                _mm256_loadu_si256((const __m256i_u *)(blk + 96)), 1);
-            __m512i h = _mm512_loadu_si512(blk + 128);
-            __m512i g0 = _mm512_or_si512(_mm512_and_si512(l0, m4),
-                                         _mm512_slli_epi16(_mm512_and_si512(h, m2), 4));
-            __m512i g1 = _mm512_or_si512(
-                _mm512_and_si512(l1, m4),
-                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2), m2), 4));
-            __m512i g2 = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16(l0, 4), m4),
-                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 4), m2), 4));
-            __m512i g3 = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
-                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 6), m2), 4));
-            wq[0] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(1, 0, 1, 0));
-            wq[1] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(1, 0, 1, 0));
-            wq[2] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(3, 2, 3, 2));
-            wq[3] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(3, 2, 3, 2));
-            /* many items: signed q - 32 against a + 128 (one xor per
-             * chunk and item) keeps the activations compact in cache */
-            for (int k = 0; k < 4; k++) {
-                wq[k] = _mm512_sub_epi8(wq[k], _mm512_set1_epi8(32));
-                src[k] = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                          _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                                              _mm512_set1_epi8((char)0x80), wq[k]));
-            }
-            const __m512i sv = _mm512_and_si512(
-                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i_u *)sc)), lo16);
-            for (int k = 0; k < 4; k++)
-                S[k] = _mm512_permutexvar_epi32(
-                    _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2,
-                                     4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1,
-                                     4 * k + 1, 4 * k + 1, 4 * k, 4 * k, 4 * k, 4 * k),
-                    sv);
-        }
+    __m512 F[2][KQ_WIDE];
+    __m256 G[2][KQ_WIDE];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (uint32_t i = 0; i < ni; i++) {
+            F[r][i] = _mm512_setzero_ps();
+            G[r][i] = _mm256_setzero_ps();
+        }
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    for (uint64_t b = 0; b < nb; b++) {
+        __m512i wq[2][4], S[2][4], src[2][4];
+        __m256i mm[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
+        float dw[2], dmin[2] = { 0.0f, 0.0f };
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            if (type == GGML_TYPE_Q4_K) {
+                const uint8_t *blk = w + r * rb + b * Q4_K_BYTES;
+                _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+                uint8_t sc[8], m[8];
+                k4_scales(blk + 4, sc, m);
+                dw[r] = _cvtsh_ss(rd16(blk));
+                dmin[r] = _cvtsh_ss(rd16(blk + 2));
+                const __m512i sv = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i_u *)sc));
+                for (int j = 0; j < 4; j++) {
+                    __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
+                    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q),
+                                                   _mm256_srli_epi16(q, 4), 1);
+                    wq[r][j] = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+                    S[r][j] = _mm512_permutexvar_epi32(
+                        _mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
+                                         2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j,
+                                         2 * j, 2 * j, 2 * j, 2 * j, 2 * j),
+                        sv);
+                }
+                __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
+                mm[r] = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
+            } else {
+                /* the unsigned 6-bit q of both 128-element halves at once
+                 * (zmm half n = half n of the block), then chunks in
+                 * element order */
+                const uint8_t *blk = w + r * rb + b * Q6_K_BYTES;
+                _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+                const int8_t *sc = (const int8_t *)(blk + 192);
+                dw[r] = _cvtsh_ss(rd16(blk + 208));
+                const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+                __m512i l0 = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)blk)),
+                    _mm256_loadu_si256((const __m256i_u *)(blk + 64)), 1);
+                __m512i l1 = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)(blk + 32))),
+                    _mm256_loadu_si256((const __m256i_u *)(blk + 96)), 1);
+                __m512i h = _mm512_loadu_si512(blk + 128);
+                __m512i g0 = _mm512_or_si512(_mm512_and_si512(l0, m4),
+                                             _mm512_slli_epi16(_mm512_and_si512(h, m2), 4));
+                __m512i g1 = _mm512_or_si512(
+                    _mm512_and_si512(l1, m4),
+                    _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2), m2), 4));
+                __m512i g2 = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16(l0, 4), m4),
+                    _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 4), m2), 4));
+                __m512i g3 = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+                    _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 6), m2), 4));
+                wq[r][0] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(1, 0, 1, 0));
+                wq[r][1] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(1, 0, 1, 0));
+                wq[r][2] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(3, 2, 3, 2));
+                wq[r][3] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(3, 2, 3, 2));
+                /* many items: signed q - 32 against a + 128 (one xor per
+                 * chunk and item) keeps the activations compact in cache */
+                for (int k = 0; k < 4; k++) {
+                    wq[r][k] = _mm512_sub_epi8(wq[r][k], _mm512_set1_epi8(32));
+                    src[r][k] = _mm512_sub_epi32(
+                        _mm512_setzero_si512(),
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80),
+                                            wq[r][k]));
+                }
+                const __m512i sv = _mm512_and_si512(
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i_u *)sc)), lo16);
+                for (int k = 0; k < 4; k++)
+                    S[r][k] = _mm512_permutexvar_epi32(
+                        _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2,
+                                         4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1,
+                                         4 * k + 1, 4 * k + 1, 4 * k, 4 * k, 4 * k, 4 * k),
+                        sv);
+            }
+        }
+#pragma GCC unroll 2
+        for (uint32_t i = 0; i < ni; i++) {
             const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
-            __m512i v2[2] = { _mm512_setzero_si512(), _mm512_setzero_si512() };
+            __m512i v2[2][2] = { { _mm512_setzero_si512(), _mm512_setzero_si512() },
+                                 { _mm512_setzero_si512(), _mm512_setzero_si512() } };
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 __m512i av = _mm512_loadu_si512(ab->qs + 64 * k);
-                /* Q6_K: (a + 128) * (q - 32) from -128 x the weights' 4-sums */
-                __m512i p = type == GGML_TYPE_Q4_K
-                                ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[k], av)
-                                : _mm512_dpbusd_epi32(src[k],
-                                                      _mm512_xor_si512(av, _mm512_set1_epi8((char)0x80)),
-                                                      wq[k]);
-                /* v += madd(p, S), exact; two chains for latency */
-                v2[k & 1] = _mm512_dpwssd_epi32(v2[k & 1], p, S[k]);
+                if (type != GGML_TYPE_Q4_K)
+                    av = _mm512_xor_si512(av, _mm512_set1_epi8((char)0x80));
+#pragma GCC unroll 2
+                for (int r = 0; r < R; r++) {
+                    /* Q6_K: (a + 128) * (q - 32) from -128 x the weights' 4-sums */
+                    __m512i p = type == GGML_TYPE_Q4_K
+                                    ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[r][k], av)
+                                    : _mm512_dpbusd_epi32(src[r][k], av, wq[r][k]);
+                    /* v += madd(p, S), exact; two chains for latency */
+                    v2[r][k & 1] = _mm512_dpwssd_epi32(v2[r][k & 1], p, S[r][k]);
+                }
             }
-            __m512i v = _mm512_add_epi32(v2[0], v2[1]);
-            __m512 s16 = _mm512_broadcastss_ps(_mm_mul_ss(_mm_set_ss(dw), _mm_set_ss(ab->d)));
-            F[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), s16, F[i]);
-            if (type == GGML_TYPE_Q4_K) {
-                __m256i mk = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)ab->bsums), mm);
-                G[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mk), bmul(dmin, ab->d), G[i]);
+            __m256i bs = type == GGML_TYPE_Q4_K
+                             ? _mm256_loadu_si256((const __m256i_u *)ab->bsums)
+                             : _mm256_setzero_si256();
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                __m512i v = _mm512_add_epi32(v2[r][0], v2[r][1]);
+                __m512 s16 =
+                    _mm512_broadcastss_ps(_mm_mul_ss(_mm_set_ss(dw[r]), _mm_set_ss(ab->d)));
+                F[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), s16, F[r][i]);
+                if (type == GGML_TYPE_Q4_K) {
+                    __m256i mk = _mm256_madd_epi16(bs, mm[r]);
+                    G[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mk), bmul(dmin[r], ab->d),
+                                              G[r][i]);
+                }
             }
         }
     }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-    for (uint32_t i = 0; i < ni; i++) {
-        __m256 lo = _mm512_castps512_ps256(F[i]);
-        __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(F[i]), 1));
-        float f = tree8_avx2(_mm256_add_ps(lo, hi));
-        out[i * os] = type == GGML_TYPE_Q4_K ? f - tree8_avx2(G[i]) : f;
+        for (uint32_t i = 0; i < ni; i++) {
+            __m256 lo = _mm512_castps512_ps256(F[r][i]);
+            __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(F[r][i]), 1));
+            float f = tree8_avx2(_mm256_add_ps(lo, hi));
+            out[r + i * os] = type == GGML_TYPE_Q4_K ? f - tree8_avx2(G[r][i]) : f;
+        }
+}
+
+#define KQ_WIDE_FN(TN, T, R)                                                                     \
+    __attribute__((target(VNNI_TARGET))) static void kq_wide##R##_vnni_##TN(                     \
+        const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a, size_t as, float *out,       \
+        size_t os, uint32_t ni)                                                                  \
+    {                                                                                            \
+        kq_wide_vnni_t(T, w, rb, nb, a, as, out, os, ni, R);                                     \
     }
-}
-
-__attribute__((target(VNNI_TARGET))) static void kq_wide_vnni_q4k(const uint8_t *w, uint64_t nb,
-                                                                  const uint8_t *a, size_t as,
-                                                                  float *out, size_t os, uint32_t ni)
-{
-    kq_wide_vnni_t(GGML_TYPE_Q4_K, w, nb, a, as, out, os, ni);
-}
-
-__attribute__((target(VNNI_TARGET))) static void kq_wide_vnni_q6k(const uint8_t *w, uint64_t nb,
-                                                                  const uint8_t *a, size_t as,
-                                                                  float *out, size_t os, uint32_t ni)
-{
-    kq_wide_vnni_t(GGML_TYPE_Q6_K, w, nb, a, as, out, os, ni);
-}
+KQ_WIDE_FN(q4k, GGML_TYPE_Q4_K, 1)
+KQ_WIDE_FN(q4k, GGML_TYPE_Q4_K, 2)
+KQ_WIDE_FN(q6k, GGML_TYPE_Q6_K, 1)
+KQ_WIDE_FN(q6k, GGML_TYPE_Q6_K, 2)
 
 typedef void (*kq_row_fn)(const uint8_t *, uint64_t, const uint8_t *, size_t, float *, size_t);
 #define KQ_ROW(TGT, BODY, T, TN, NI)                                                            \
@@ -988,9 +1063,14 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
             ni = n_items - i0 < step ? n_items - i0 : step;
             const uint8_t *ai = ab + (size_t)i0 * a_stride;
             if (wide) {
-                for (uint32_t r = r0; r < r1; r++)
-                    (type == GGML_TYPE_Q4_K ? kq_wide_vnni_q4k : kq_wide_vnni_q6k)(
-                        w + (size_t)r * row_bytes, nb, ai, a_stride,
+                uint32_t r = r0;
+                for (; r + 2 <= r1; r += 2) /* row pairs share the activation loads */
+                    (type == GGML_TYPE_Q4_K ? kq_wide2_vnni_q4k : kq_wide2_vnni_q6k)(
+                        w + (size_t)r * row_bytes, row_bytes, nb, ai, a_stride,
+                        out + r + (size_t)i0 * out_stride, out_stride, ni);
+                if (r < r1)
+                    (type == GGML_TYPE_Q4_K ? kq_wide1_vnni_q4k : kq_wide1_vnni_q6k)(
+                        w + (size_t)r * row_bytes, row_bytes, nb, ai, a_stride,
                         out + r + (size_t)i0 * out_stride, out_stride, ni);
                 continue;
             }

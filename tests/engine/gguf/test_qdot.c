@@ -27,7 +27,7 @@ static float frand(void)
     return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
-#define NROWS 18 /* > 16: the row tiling */
+#define NROWS 19 /* > 16: the row tiling; odd: the wide K-quant row pairs leave one */
 #define NITEMS 21 /* > 4: the item tiles; > 16: two groups of the wide K-quant kernel */
 
 /* the dequantized activation value of element e of item row a */
