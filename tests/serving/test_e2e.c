@@ -2029,6 +2029,21 @@ static bool wait_indexed(e2e_deploy_t *d, const e2e_proc_t *p, double n)
     return false;
 }
 
+/* Poll until the router's index holds exactly the blocks p's cache holds
+ * (every KV_EVENTS frame of p's is in): a "+n blocks" wait alone can be
+ * met by late events of earlier requests. */
+static bool wait_index_synced(e2e_deploy_t *d, const e2e_proc_t *p)
+{
+    double t0 = e2e_now();
+    while (e2e_now() - t0 < 10) {
+        double have = admin_num(p, "kv", "cache.blocks");
+        if (indexed_blocks(d, p->id) == have && admin_num(p, "kv", "cache.blocks") == have)
+            return true;
+        e2e_nap_ms(10);
+    }
+    return false;
+}
+
 /* usage.prompt_tokens_details.cached_tokens of a response (the usage chunk
  * of a stream), -1 if absent. */
 static int usage_cached(const char *raw, bool stream)
@@ -2160,8 +2175,13 @@ static void kvr_workload(e2e_deploy_t *d, bool cache, kvr_run_t *out)
     int32_t conv[80];
     make_prompt(conv, 78, 4242, 4, 259);
     double ind0[E2E_MAX_DAEMONS];
-    for (int k = 0; k < d->n_decode; k++)
+    for (int k = 0; k < d->n_decode; k++) {
+        if (cache && !wait_index_synced(d, &d->decode[k]))
+            fail_msg("router's index of %s never matched its cache (%.0f vs %.0f blocks)",
+                     d->decode[k].id, indexed_blocks(d, d->decode[k].id),
+                     admin_num(&d->decode[k], "kv", "cache.blocks"));
         ind0[k] = indexed_blocks(d, d->decode[k].id);
+    }
     kvr_req(d, conv, 48, false, &out->text[KVR_N], &out->cached[KVR_N]);
     e2e_proc_t *dholder = NULL;
     if (cache) {
@@ -2174,7 +2194,7 @@ static void kvr_workload(e2e_deploy_t *d, bool cache, kvr_run_t *out)
         dholder = &d->decode[dk];
         /* turn 1's prompt (48) + 15 generated have KV: 3 new full blocks,
          * once the router has the decode's KV_EVENTS */
-        if (!wait_indexed(d, dholder, ind0[dk] + 3))
+        if (!wait_indexed(d, dholder, ind0[dk] + 3) || !wait_index_synced(d, dholder))
             fail_msg("router never indexed turn 1 on %s (%.0f blocks, had %.0f)", dholder->id,
                      indexed_blocks(d, dholder->id), ind0[dk]);
     }
