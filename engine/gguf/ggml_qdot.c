@@ -693,6 +693,36 @@ kq_row_avx2_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
  * (vpdpwssd). Q6_K dots the unsigned 6-bit q with the signed activations,
  * starting from the activation's n32s4 = -32 x its 4-sums, so each lane is
  * exactly sum (q - 32) * a with no per-block weight preparation. ---- */
+/* A Q6_K block's unsigned 6-bit q, both 128-element halves at once (zmm
+ * half n = half n of the block), as four zmm of chunks in element order. */
+__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
+q6k_unpack_vnni(const uint8_t *blk, __m512i wq[4])
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+    __m512i l0 = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)blk)),
+        _mm256_loadu_si256((const __m256i_u *)(blk + 64)), 1);
+    __m512i l1 = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)(blk + 32))),
+        _mm256_loadu_si256((const __m256i_u *)(blk + 96)), 1);
+    __m512i h = _mm512_loadu_si512(blk + 128);
+    __m512i g0 = _mm512_or_si512(_mm512_and_si512(l0, m4),
+                                 _mm512_slli_epi16(_mm512_and_si512(h, m2), 4));
+    __m512i g1 = _mm512_or_si512(
+        _mm512_and_si512(l1, m4),
+        _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2), m2), 4));
+    __m512i g2 = _mm512_or_si512(
+        _mm512_and_si512(_mm512_srli_epi16(l0, 4), m4),
+        _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 4), m2), 4));
+    __m512i g3 = _mm512_or_si512(
+        _mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+        _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 6), m2), 4));
+    wq[0] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(1, 0, 1, 0));
+    wq[1] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(1, 0, 1, 0));
+    wq[2] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(3, 2, 3, 2));
+    wq[3] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(3, 2, 3, 2));
+}
+
 __attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
 kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
               float *out, size_t os, const int NI)
@@ -730,35 +760,11 @@ kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
             __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
             mm = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
         } else {
-            /* the unsigned 6-bit q of both 128-element halves at once (zmm
-             * half n = half n of the block), then chunks in element order */
             const uint8_t *blk = w + b * Q6_K_BYTES;
             _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
             const int8_t *sc = (const int8_t *)(blk + 192);
             dw = _cvtsh_ss(rd16(blk + 208));
-            const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
-            __m512i l0 = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)blk)),
-                _mm256_loadu_si256((const __m256i_u *)(blk + 64)), 1);
-            __m512i l1 = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)(blk + 32))),
-                _mm256_loadu_si256((const __m256i_u *)(blk + 96)), 1);
-            __m512i h = _mm512_loadu_si512(blk + 128);
-            __m512i g0 = _mm512_or_si512(_mm512_and_si512(l0, m4),
-                                         _mm512_slli_epi16(_mm512_and_si512(h, m2), 4));
-            __m512i g1 = _mm512_or_si512(
-                _mm512_and_si512(l1, m4),
-                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2), m2), 4));
-            __m512i g2 = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16(l0, 4), m4),
-                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 4), m2), 4));
-            __m512i g3 = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
-                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 6), m2), 4));
-            wq[0] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(1, 0, 1, 0));
-            wq[1] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(1, 0, 1, 0));
-            wq[2] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(3, 2, 3, 2));
-            wq[3] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(3, 2, 3, 2));
+            q6k_unpack_vnni(blk, wq);
             const __m512i sv = _mm512_and_si512(
                 _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i_u *)sc)), lo16);
             for (int k = 0; k < 4; k++)
@@ -855,36 +861,11 @@ kq_wide_vnni_t(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, co
                 __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
                 mm[r] = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
             } else {
-                /* the unsigned 6-bit q of both 128-element halves at once
-                 * (zmm half n = half n of the block), then chunks in
-                 * element order */
                 const uint8_t *blk = w + r * rb + b * Q6_K_BYTES;
                 _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
                 const int8_t *sc = (const int8_t *)(blk + 192);
                 dw[r] = _cvtsh_ss(rd16(blk + 208));
-                const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
-                __m512i l0 = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)blk)),
-                    _mm256_loadu_si256((const __m256i_u *)(blk + 64)), 1);
-                __m512i l1 = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)(blk + 32))),
-                    _mm256_loadu_si256((const __m256i_u *)(blk + 96)), 1);
-                __m512i h = _mm512_loadu_si512(blk + 128);
-                __m512i g0 = _mm512_or_si512(_mm512_and_si512(l0, m4),
-                                             _mm512_slli_epi16(_mm512_and_si512(h, m2), 4));
-                __m512i g1 = _mm512_or_si512(
-                    _mm512_and_si512(l1, m4),
-                    _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2), m2), 4));
-                __m512i g2 = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16(l0, 4), m4),
-                    _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 4), m2), 4));
-                __m512i g3 = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
-                    _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 6), m2), 4));
-                wq[r][0] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(1, 0, 1, 0));
-                wq[r][1] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(1, 0, 1, 0));
-                wq[r][2] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(3, 2, 3, 2));
-                wq[r][3] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(3, 2, 3, 2));
+                q6k_unpack_vnni(blk, wq[r]);
                 /* many items: signed q - 32 against a + 128 (one xor per
                  * chunk and item) keeps the activations compact in cache */
                 for (int k = 0; k < 4; k++) {
