@@ -11,11 +11,7 @@ set -u
 src=$1 pdctl=$2 router=$3 prefill=$4 decode=$5
 here=$src/tests/k8s k8s=$src/deploy/k8s
 command -v node >/dev/null 2>&1 || { echo "node not installed: skip"; exit 77; }
-if [ ! -d "$here/node_modules/kubernetes-models" ] || [ ! -d "$here/node_modules/yaml" ]; then
-    command -v npm >/dev/null 2>&1 || { echo "npm not installed: skip"; exit 77; }
-    (cd "$here" && npm install --no-audit --no-fund >/dev/null 2>&1) ||
-        { echo "npm install failed (offline?): skip"; exit 77; }
-fi
+sh "$src/tests/npm-install.sh" "$here" || exit $?
 fails=0
 t=$(mktemp -d /tmp/pd-k8s.XXXXXX)
 trap 'rm -rf "$t"' EXIT

@@ -9,14 +9,7 @@ mkmodel=$1; dump=$2
 here=$(cd "$(dirname "$0")" && pwd)
 nodedir=$here/node
 command -v node >/dev/null 2>&1 || { echo "SKIP: node not installed"; exit 77; }
-if [ ! -d "$nodedir/node_modules/@huggingface/gguf" ]; then
-    command -v npm >/dev/null 2>&1 || { echo "SKIP: npm not installed"; exit 77; }
-    echo "installing @huggingface/gguf into $nodedir"
-    if ! timeout 300 npm install --prefix "$nodedir" --no-audit --no-fund >"$nodedir/npm-install.log" 2>&1; then
-        echo "SKIP: npm install @huggingface/gguf failed (see $nodedir/npm-install.log)"
-        exit 77
-    fi
-fi
+sh "$here/../../npm-install.sh" "$nodedir" || exit $?
 work=$(mktemp -d "${TMPDIR:-/tmp}/pd-gguf-xcheck.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 

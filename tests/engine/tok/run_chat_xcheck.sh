@@ -8,13 +8,7 @@ set -u
 cli=$1 work=$2
 here=$(cd "$(dirname "$0")" && pwd)
 npmdir=$here/npm
-command -v node >/dev/null 2>&1 || { echo "SKIP: node not installed"; exit 77; }
-(   # the same install and marker as run_xcheck.sh
-    flock 9
-    [ -f "$npmdir/node_modules/.pdserve-install-ok" ] && exit 0
-    cd "$npmdir" && timeout 300 npm ci --no-audit --no-fund --loglevel=error &&
-        touch "$npmdir/node_modules/.pdserve-install-ok"
-) 9>"$npmdir/.install.lock" || { echo "SKIP: npm install failed (registry unreachable?)"; exit 77; }
+sh "$here/../../npm-install.sh" "$npmdir" || exit $?
 dir=$here/../llama/node
 ( . "$dir/install.sh" ) || exit $?
 bundle=$dir/node_modules/node-llama-cpp/llama/gitRelease.bundle

@@ -5,9 +5,5 @@
 set -u
 bin=$1 router=$2 model=$3 dir=$4
 command -v node >/dev/null 2>&1 || { echo "node not installed: skip"; exit 77; }
-if [ ! -d "$dir/node_modules/openai" ]; then
-    command -v npm >/dev/null 2>&1 || { echo "npm not installed: skip"; exit 77; }
-    (cd "$dir" && npm install --no-audit --no-fund >/dev/null 2>&1) ||
-        { echo "npm install failed (offline?): skip"; exit 77; }
-fi
+sh "$(dirname "$0")/../../npm-install.sh" "$dir" || exit $?
 exec "$bin" "$router" "$model" --node "$dir/openai_test.mjs"

@@ -7,9 +7,5 @@
 set -u
 bin=$1 router=$2 prefill=$3 decode=$4 pdrun=$5 model=$6 dir=$7 script=${8:-openai_e2e.mjs}
 command -v node >/dev/null 2>&1 || { echo "node not installed: skip"; exit 77; }
-if [ ! -d "$dir/node_modules/openai" ] || [ ! -d "$dir/node_modules/zod" ]; then
-    command -v npm >/dev/null 2>&1 || { echo "npm not installed: skip"; exit 77; }
-    (cd "$dir" && npm install --no-audit --no-fund >/dev/null 2>&1) ||
-        { echo "npm install failed (offline?): skip"; exit 77; }
-fi
+sh "$(dirname "$0")/../../npm-install.sh" "$dir" || exit $?
 exec "$bin" node "$router" "$prefill" "$decode" "$pdrun" "$model" "$dir/$script"

@@ -8,11 +8,7 @@
 set -u
 bench=$1 model=$2 dir=$3
 command -v node >/dev/null 2>&1 || { echo "node not installed: skip"; exit 77; }
-if [ ! -d "$dir/node_modules/node-llama-cpp" ] || [ ! -d "$dir/node_modules/@node-llama-cpp/linux-x64" ]; then
-    command -v npm >/dev/null 2>&1 || { echo "npm not installed: skip"; exit 77; }
-    (cd "$dir" && npm install --omit=optional --ignore-scripts --no-audit --no-fund >/dev/null 2>&1) ||
-        { echo "npm install failed (offline?): skip"; exit 77; }
-fi
+sh "$(dirname "$0")/../../npm-install.sh" "$dir" --omit=optional --ignore-scripts || exit $?
 tmp=$(mktemp -d /tmp/pb-llamacpp.XXXXXX) || exit 1
 pid=
 cleanup() {
