@@ -1226,6 +1226,32 @@ static void kvx_peer_grace_cb(evutil_socket_t fd, short what, void *arg);
 static void kvx_pull_timer_cb(evutil_socket_t fd, short what, void *arg);
 static void kvx_pull_poll_cb(evutil_socket_t fd, short what, void *arg);
 
+/* UCX settings kvx changes from UCX's defaults, each unless the operator
+ * set that variable (or one it must agree with) in the environment. Set in
+ * the environment, because UCX 1.13 reads transport settings there (a
+ * ucp_config_modify of TCP_TX_SEG_SIZE was accepted and had no effect,
+ * measured with kvxfer-bench).
+ * UCX_TCP_TX_SEG_SIZE 8K -> 64K (= UCX_TCP_RX_SEG_SIZE's default, which must
+ * stay >= it, so an operator's RX_SEG_SIZE leaves both alone): over UCX tcp
+ * a get is software RMA and the exporter sends the reply in TX_SEG
+ * fragments, a copy and a send() each, on its loop thread. Measured on the
+ * 2-core VM, release build: kvxfer-bench --preset=llama3-8b over tcp 0.98
+ * -> 2.33 GB/s; tests/bench/kv-stream.sh (docs/BENCHMARKS.md, issue 15): a
+ * whole 3000-token pull (376 MiB) 403 -> 168-201 ms, and with kv-stream =
+ * layer the prefill's loop, no longer held in those copies, sends token 0
+ * on time (TTFT +1.6-2.5 % over whole instead of +3-14 %). */
+void kvx_ucx_env_defaults(void)
+{
+    static const struct {
+        const char *name, *value, *unless;
+    } tune[] = {
+        { "UCX_TCP_TX_SEG_SIZE", "64K", "UCX_TCP_RX_SEG_SIZE" },
+    };
+    for (size_t i = 0; i < sizeof(tune) / sizeof(tune[0]); i++)
+        if (getenv(tune[i].unless) == NULL)
+            (void)setenv(tune[i].name, tune[i].value, 0 /* the operator's wins */);
+}
+
 pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
                            kvx_ctx_h **ctx_p)
 {
@@ -1286,6 +1312,7 @@ pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
         .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
     };
     status = PD_ERR_TRANSPORT;
+    kvx_ucx_env_defaults(); /* no-op when the daemon did it before its threads */
     if (ucp_config_read(NULL, NULL, &ucfg) != UCS_OK)
         goto err_free;
     ucs_status_t us = ucp_init(&up, ucfg, &ctx->ucp);

@@ -196,6 +196,7 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
 {
     char prog[32];
     snprintf(prog, sizeof(prog), "pd-%s", n->role->name);
+    kvx_ucx_env_defaults(); /* setenv, before the engine's threads */
     if (node_boot_checks(n, prog) != PD_OK)
         return 2;
 

@@ -10,7 +10,9 @@
 #
 # Fairness: both tools get the same iteration count and the same warm-up
 # (iters/10, at least 3: `ucx_perftest -w`, `kvxfer-bench --warmup`), the
-# same UCX_TLS and the same total size.
+# same UCX_TLS, the same UCX tuning kvx applies to itself
+# (kvx_ucx_env_defaults: UCX_TCP_TX_SEG_SIZE=64K unless the environment sets
+# it or UCX_TCP_RX_SEG_SIZE) and the same total size.
 #
 # bw  (default): size 64 MiB pulled as scattered blocks of block-bytes
 #                (2 MiB: Llama-3-8B, 16 tokens); compares MiB/s (higher is
@@ -21,6 +23,8 @@
 #                (default) does the same, --lat-arena=64 pulls a random one of
 #                64 blocks into a random one of 64 (4 MiB each side: L2-cold).
 set -u
+# kvx's UCX tuning (kvxfer/kvx.c kvx_ucx_env_defaults), for perftest too
+[ -n "${UCX_TCP_RX_SEG_SIZE:-}" ] || export UCX_TCP_TX_SEG_SIZE=${UCX_TCP_TX_SEG_SIZE:-64K}
 mode=bw
 size=$((64 << 20))
 block=$((2 << 20))

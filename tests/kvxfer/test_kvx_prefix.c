@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define BT 4
@@ -296,9 +297,31 @@ static void test_lease_pin(void **state)
     event_base_free(base);
 }
 
+/* kvx's UCX tuning lands in the environment unless the operator set it
+ * (or the variable it must agree with): the tcp pull speed of issue 15's
+ * figures depends on it. */
+static void test_ucx_env_defaults(void **state)
+{
+    (void)state;
+    unsetenv("UCX_TCP_TX_SEG_SIZE");
+    unsetenv("UCX_TCP_RX_SEG_SIZE");
+    kvx_ucx_env_defaults();
+    assert_non_null(getenv("UCX_TCP_TX_SEG_SIZE"));
+    assert_string_equal(getenv("UCX_TCP_TX_SEG_SIZE"), "64K");
+    setenv("UCX_TCP_TX_SEG_SIZE", "16K", 1); /* the operator's value wins */
+    kvx_ucx_env_defaults();
+    assert_string_equal(getenv("UCX_TCP_TX_SEG_SIZE"), "16K");
+    unsetenv("UCX_TCP_TX_SEG_SIZE");
+    setenv("UCX_TCP_RX_SEG_SIZE", "8K", 1); /* TX must stay <= RX: left alone */
+    kvx_ucx_env_defaults();
+    assert_null(getenv("UCX_TCP_TX_SEG_SIZE"));
+    unsetenv("UCX_TCP_RX_SEG_SIZE");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ucx_env_defaults),
         cmocka_unit_test(test_refs),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_match_insert_evict),
