@@ -51,7 +51,15 @@ for tls in tcp shm; do
         --set prefill.kv-blocks=480 --set decode.kv-blocks=480 --set prefill.kv-stream=$mode \
         --foreground > "$run/out.txt" 2>&1 &
     pid=$!
-    for i in $(seq 600); do grep -q 'is ready: ' "$run/out.txt" 2>/dev/null && break; sleep 0.1; done
+    for i in $(seq 600); do
+      grep -q 'is ready: ' "$run/out.txt" 2>/dev/null && break
+      kill -0 $pid 2>/dev/null || break
+      sleep 0.1
+    done
+    if ! grep -q 'is ready: ' "$run/out.txt" 2>/dev/null; then
+      echo "| $tls | $mode | $n | deployment did not start: $(grep -m1 -i error "$run"/*.log "$run/out.txt" 2>/dev/null | cut -c1-160) |"
+      kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$run"; continue
+    fi
     url=$(cat "$run/url")
       before=$(admin "$run/decode-0.sock" xfer)
       "$B/tools/bench/pd-bench" --url "$url" --concurrency 1 --num-requests "$R" --warmup 1 \
