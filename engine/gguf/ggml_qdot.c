@@ -441,17 +441,9 @@ typedef void (*q32_slice_fn)(const uint8_t *, size_t, uint64_t, const uint8_t *,
         { NULL, q32_vnni_##TN##_4x1, q32_vnni_##TN##_2x2, q32_vnni_##TN##_1x3,                 \
           q32_vnni_##TN##_2x4 },                                                               \
     };                                                                                         \
-    Q32_SLICE_TILE(T, TN, 1, 1) Q32_SLICE_TILE(T, TN, 1, 2) Q32_SLICE_TILE(T, TN, 1, 3)        \
-    Q32_SLICE_TILE(T, TN, 1, 4) Q32_SLICE_TILE(T, TN, 2, 1) Q32_SLICE_TILE(T, TN, 2, 2)        \
-    Q32_SLICE_TILE(T, TN, 2, 3) Q32_SLICE_TILE(T, TN, 2, 4)                                    \
+    Q32_SLICE_TILE(T, TN, 1, 4) Q32_SLICE_TILE(T, TN, 2, 4)                                    \
     static const q32_slice_fn q32_vnni_##TN##_s[2] = { q32_vnni_##TN##_1x4_s,                 \
-                                                       q32_vnni_##TN##_2x4_s };                \
-    static const q32_slice_fn q32_vnni_##TN##_sx[2][5] = {                                     \
-        { NULL, q32_vnni_##TN##_1x1_s, q32_vnni_##TN##_1x2_s, q32_vnni_##TN##_1x3_s,           \
-          q32_vnni_##TN##_1x4_s },                                                             \
-        { NULL, q32_vnni_##TN##_2x1_s, q32_vnni_##TN##_2x2_s, q32_vnni_##TN##_2x3_s,           \
-          q32_vnni_##TN##_2x4_s },                                                             \
-    };
+                                                       q32_vnni_##TN##_2x4_s };
 Q32_TILES(GGML_TYPE_Q8_0, q8)
 Q32_TILES(GGML_TYPE_Q4_0, q4)
 
@@ -486,96 +478,6 @@ static void q32_rows_vnni(uint32_t type, const uint8_t *w, size_t rb, uint32_t n
         tab[1][ni](w + (size_t)r * rb, rb, nb, a, as, out + r, os);
     for (; r < n_rows; r++)
         tab[0][ni](w + (size_t)r * rb, rb, nb, a, as, out + r, os);
-}
-
-/* Q8_0 / Q4_0, 5..Q32_WIDE items: the operations of q32_tile_vnni (same
- * chains, same order, same bits) with each group of 4 weight blocks of R
- * rows unpacked once for all the items instead of once per 4 items. The
- * chains live in accs (the slice tiles' layout, one 256-float part per
- * group of 4 items); the last 1..3 blocks and the final sums are left to
- * the slice tiles, so the tails are literally the same code. */
-#define Q32_WIDE 16
-__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
-q32_wide_vnni_t(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a,
-                size_t as, uint32_t ni, uint64_t nb4, float *accs, const int R)
-{
-    const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
-    for (uint64_t b = 0; b < nb4; b += 4) {
-        __m512i u[2][2];
-        __m512 dw[2][2];
-#pragma GCC unroll 2
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = w + r * rb + b * bytes;
-            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
-            u[r][0] = wpair_vnni(type, blk, bytes, 1);
-            u[r][1] = wpair_vnni(type, blk + 2 * bytes, bytes, 1);
-            __m128i h = _mm_cvtsi32_si128((int)(rd16(blk) | ((uint32_t)rd16(blk + bytes) << 16)));
-            h = _mm_insert_epi32(h, (int)(rd16(blk + 2 * bytes) |
-                                          ((uint32_t)rd16(blk + 3 * bytes) << 16)), 1);
-            __m512 d4 = _mm512_castps128_ps512(_mm_cvtph_ps(h));
-            dw[r][0] = _mm512_permutexvar_ps(
-                _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), d4);
-            dw[r][1] = _mm512_permutexvar_ps(
-                _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2), d4);
-        }
-#pragma GCC unroll 2
-        for (uint32_t i = 0; i < ni; i++) {
-            const uint8_t *ai = a + i * as;
-            float *ac = accs + (i / 4) * 256 + (i % 4) * 32;
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                uint64_t bb = b + 2 * (uint64_t)h;
-                __m512i q = _mm512_loadu_si512(ai + 32 * bb);
-                __m512i src = _mm512_loadu_si512(ai + 32 * nb + 32 * bb);
-                __m512 d = _mm512_loadu_ps((const float *)(const void *)(ai + 64 * nb) + 8 * bb);
-#pragma GCC unroll 2
-                for (int r = 0; r < R; r++) {
-                    float *c = ac + r * 128 + 16 * h;
-                    __m512i p = _mm512_dpbusd_epi32(src, u[r][h], q);
-                    _mm512_storeu_ps(c, _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
-                                                        _mm512_mul_ps(dw[r][h], d),
-                                                        _mm512_loadu_ps(c)));
-                }
-            }
-        }
-    }
-}
-#define Q32_WIDE_FN(T, TN, R)                                                                  \
-    __attribute__((target(VNNI_TARGET))) static void q32_wide##R##_##TN(                      \
-        const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a, size_t as, uint32_t ni,    \
-        uint64_t nb4, float *accs)                                                             \
-    {                                                                                          \
-        q32_wide_vnni_t(T, w, rb, nb, a, as, ni, nb4, accs, R);                                \
-    }
-Q32_WIDE_FN(GGML_TYPE_Q8_0, q8, 1)
-Q32_WIDE_FN(GGML_TYPE_Q8_0, q8, 2)
-Q32_WIDE_FN(GGML_TYPE_Q4_0, q4, 1)
-Q32_WIDE_FN(GGML_TYPE_Q4_0, q4, 2)
-
-/* rows [0, n_rows <= 16) x ni <= Q32_WIDE items, row pairs then one row */
-static void q32_wide_rows(uint32_t type, const uint8_t *w, size_t rb, uint32_t n_rows,
-                          uint64_t nb, const uint8_t *a, size_t as, uint32_t ni, float *out,
-                          size_t os)
-{
-    const int q8 = type == GGML_TYPE_Q8_0;
-    const q32_slice_fn(*st)[5] = q8 ? q32_vnni_q8_sx : q32_vnni_q4_sx;
-    const uint64_t nb4 = nb & ~(uint64_t)3;
-    _Alignas(64) float accs[(Q32_WIDE / 4) * 256];
-    for (uint32_t r = 0; r < n_rows;) {
-        const int R = n_rows - r >= 2 ? 2 : 1;
-        const uint8_t *wr = w + (size_t)r * rb;
-        memset(accs, 0, sizeof accs);
-        if (R == 2)
-            (q8 ? q32_wide2_q8 : q32_wide2_q4)(wr, rb, nb, a, as, ni, nb4, accs);
-        else
-            (q8 ? q32_wide1_q8 : q32_wide1_q4)(wr, rb, nb, a, as, ni, nb4, accs);
-        for (uint32_t i0 = 0; i0 < ni; i0 += 4) {
-            uint32_t g = ni - i0 < 4 ? ni - i0 : 4;
-            st[R - 1][g](wr, rb, nb, a + (size_t)i0 * as, as, out + r + (size_t)i0 * os, os, nb4,
-                         nb, accs + (i0 / 4) * 256);
-        }
-        r += (uint32_t)R;
-    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -1134,10 +1036,7 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
     /* VNNI K-quants with more than 4 items: each weight block decoded once
      * per KQ_WIDE items (same per-item operations, same bits) */
     const int wide = act == GGML_QACT_Q8K && path == GGML_QDOT_VNNI && n_items > 4;
-    /* Q8_0 / Q4_0 alike: the 4-block weight groups unpacked once per
-     * Q32_WIDE items (q32_wide_rows) */
-    const int wide32 = act == GGML_QACT_Q8A && path == GGML_QDOT_VNNI && n_items > 4;
-    const uint32_t step = wide ? KQ_WIDE : wide32 ? Q32_WIDE : 4;
+    const uint32_t step = wide ? KQ_WIDE : 4;
     for (uint32_t r0 = 0; r0 < n_rows; r0 += 16) {
         uint32_t r1 = n_rows - r0 < 16 ? n_rows : r0 + 16;
         uint32_t ni;
@@ -1154,11 +1053,6 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
                     (type == GGML_TYPE_Q4_K ? kq_wide1_vnni_q4k : kq_wide1_vnni_q6k)(
                         w + (size_t)r * row_bytes, row_bytes, nb, ai, a_stride,
                         out + r + (size_t)i0 * out_stride, out_stride, ni);
-                continue;
-            }
-            if (wide32) {
-                q32_wide_rows(type, w + (size_t)r0 * row_bytes, row_bytes, r1 - r0, nb, ai,
-                              a_stride, ni, out + r0 + (size_t)i0 * out_stride, out_stride);
                 continue;
             }
             if (act == GGML_QACT_Q8A && path == GGML_QDOT_VNNI) {
