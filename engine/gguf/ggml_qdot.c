@@ -837,6 +837,8 @@ kq_wide_vnni_t(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, co
         __m512i wq[2][4], S[2][4], src[2][4];
         __m256i mm[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
         float dw[2], dmin[2] = { 0.0f, 0.0f };
+        __m512 dwv[2];
+        __m256 dminv[2];
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
             if (type == GGML_TYPE_Q4_K) {
@@ -886,6 +888,11 @@ kq_wide_vnni_t(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, co
             }
         }
 #pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            dwv[r] = _mm512_set1_ps(dw[r]);
+            dminv[r] = _mm256_set1_ps(dmin[r]);
+        }
+#pragma GCC unroll 2
         for (uint32_t i = 0; i < ni; i++) {
             const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
             __m512i v2[2][2] = { { _mm512_setzero_si512(), _mm512_setzero_si512() },
@@ -908,15 +915,18 @@ kq_wide_vnni_t(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, co
             __m256i bs = type == GGML_TYPE_Q4_K
                              ? _mm256_loadu_si256((const __m256i_u *)ab->bsums)
                              : _mm256_setzero_si256();
+            /* d_w * d_a as one vector multiply of broadcasts (the same
+             * f32 product as the scalar one), d_a broadcast once for R rows */
+            const __m512 da = _mm512_set1_ps(ab->d);
 #pragma GCC unroll 2
             for (int r = 0; r < R; r++) {
                 __m512i v = _mm512_add_epi32(v2[r][0], v2[r][1]);
-                __m512 s16 =
-                    _mm512_broadcastss_ps(_mm_mul_ss(_mm_set_ss(dw[r]), _mm_set_ss(ab->d)));
-                F[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), s16, F[r][i]);
+                F[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dwv[r], da),
+                                          F[r][i]);
                 if (type == GGML_TYPE_Q4_K) {
                     __m256i mk = _mm256_madd_epi16(bs, mm[r]);
-                    G[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mk), bmul(dmin[r], ab->d),
+                    G[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mk),
+                                              _mm256_mul_ps(dminv[r], _mm512_castps512_ps256(da)),
                                               G[r][i]);
                 }
             }
