@@ -693,6 +693,22 @@ kq_row_avx2_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
  * (vpdpwssd). Q6_K dots the unsigned 6-bit q with the signed activations,
  * starting from the activation's n32s4 = -32 x its 4-sums, so each lane is
  * exactly sum (q - 32) * a with no per-block weight preparation. ---- */
+/* A Q6_K block's 16 signed scales as int32 (low 16 bits, the form the
+ * kernels' madd takes), broadcast so that S[k] holds chunk k's four scales,
+ * each over the four lanes its 16 weights' dot lands in. */
+__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
+q6k_scales_vnni(const int8_t *sc, __m512i S[4])
+{
+    const __m512i sv = _mm512_and_si512(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i_u *)sc)), _mm512_set1_epi32(0xFFFF));
+    for (int k = 0; k < 4; k++)
+        S[k] = _mm512_permutexvar_epi32(
+            _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2, 4 * k + 2,
+                             4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1, 4 * k + 1, 4 * k + 1,
+                             4 * k, 4 * k, 4 * k, 4 * k),
+            sv);
+}
+
 /* A Q6_K block's unsigned 6-bit q, both 128-element halves at once (zmm
  * half n = half n of the block), as four zmm of chunks in element order. */
 __attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
@@ -734,7 +750,6 @@ kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
         F[i] = _mm512_setzero_ps();
         G[i] = _mm256_setzero_ps();
     }
-    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
     for (uint64_t b = 0; b < nb; b++) {
         __m512i wq[4], S[4];
         __m256i mm = _mm256_setzero_si256();
@@ -765,14 +780,7 @@ kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
             const int8_t *sc = (const int8_t *)(blk + 192);
             dw = _cvtsh_ss(rd16(blk + 208));
             q6k_unpack_vnni(blk, wq);
-            const __m512i sv = _mm512_and_si512(
-                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i_u *)sc)), lo16);
-            for (int k = 0; k < 4; k++)
-                S[k] = _mm512_permutexvar_epi32(
-                    _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2,
-                                     4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1,
-                                     4 * k + 1, 4 * k + 1, 4 * k, 4 * k, 4 * k, 4 * k),
-                    sv);
+            q6k_scales_vnni(sc, S);
         }
 #pragma GCC unroll 4
         for (int i = 0; i < NI; i++) {
@@ -832,7 +840,6 @@ kq_wide_vnni_t(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, co
             F[r][i] = _mm512_setzero_ps();
             G[r][i] = _mm256_setzero_ps();
         }
-    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
     for (uint64_t b = 0; b < nb; b++) {
         __m512i wq[2][4], S[2][4], src[2][4];
         __m256i mm[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
@@ -877,14 +884,7 @@ kq_wide_vnni_t(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, co
                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80),
                                             wq[r][k]));
                 }
-                const __m512i sv = _mm512_and_si512(
-                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i_u *)sc)), lo16);
-                for (int k = 0; k < 4; k++)
-                    S[r][k] = _mm512_permutexvar_epi32(
-                        _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2,
-                                         4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1,
-                                         4 * k + 1, 4 * k + 1, 4 * k, 4 * k, 4 * k, 4 * k),
-                        sv);
+                q6k_scales_vnni(sc, S[r]);
             }
         }
 #pragma GCC unroll 2
