@@ -26,7 +26,7 @@ static const pd_cfg_field_t pf_fields[] = {
     PD_CFG_ROW(pf_config_t, lease_ttl_ns, "lease-ttl", DURATION, "30s", "KV lease length after PREFILL_DONE", 1e6, 600e9, NULL),
     PD_CFG_ROW(pf_config_t, max_prompt_tokens, "max-prompt-tokens", UINT, "1048576", "longest prompt accepted", 1, 1048576, NULL),
     PD_CFG_ROW(pf_config_t, src_pull_timeout_ns, "src-pull-timeout", DURATION, "2s", "deadline of a pull from a decode's cached prefix (then computed here)", 1e6, 600e9, NULL),
-    PD_CFG_ROW(pf_config_t, kv_stream, "kv-stream", ENUM, "layer", "layer (default): export the KV lease at admission and publish each layer as it is computed (the decode pulls layer by layer); whole: export after the whole prompt pass", 0, 0, pf_kv_streams),
+    PD_CFG_ROW(pf_config_t, kv_stream, "kv-stream", ENUM, "whole", "layer: export the KV lease at admission and publish each layer as it is computed (the decode pulls layer by layer); whole: export after the whole prompt pass", 0, 0, pf_kv_streams),
     NODE_TAIL_ROWS(pf_config_t)
     PD_CFG_END,
 };

@@ -40,7 +40,7 @@ typedef struct {
     int kv_stream;                      /* PF_KV_STREAM_* */
 } pf_config_t;
 
-enum { PF_KV_STREAM_LAYER = 0, PF_KV_STREAM_WHOLE = 1 }; /* pf_kv_streams order; default layer */
+enum { PF_KV_STREAM_LAYER = 0, PF_KV_STREAM_WHOLE = 1 }; /* pf_kv_streams order; default whole */
 
 #define PF_STATES(X)                                                          \
     X(NEW,       "new")                                                       \

@@ -534,12 +534,12 @@ static void test_equiv_sequential(void **st)
     for (int i = 0; i < NPROMPT; i++)
         n_pull += !(g_prompts[i].ref_n == 1 && MAXTOK > 1);
     assert_true(n_pull >= NPROMPT / 2);
-    /* kv-stream (PD_KV_STREAM, default layer): layer: every pull was of a
+    /* kv-stream (PD_KV_STREAM, default whole): layer: every pull was of a
      * streamed lease, polled layer by layer; whole: none was. With layer
      * the decode starts pulling before token 0 is known, so a request that
      * token 0 ends may have pulled too before its CANCEL came */
     const char *ks = getenv("PD_KV_STREAM");
-    bool whole = ks != NULL && strcmp(ks, "whole") == 0;
+    bool whole = ks == NULL || strcmp(ks, "layer") != 0;
     int pulls_ok = (int)admin_num(&g_a.decode[0], "requests", "counters.pulls_ok");
     if (whole)
         assert_int_equal(pulls_ok, n_pull);
@@ -1800,8 +1800,8 @@ static void test_kill_prefill_midpull(void **st)
          * (early hand-off), so the kill lands mid-stream: the router cancels
          * the decode's copy and retries decode-local there, which must
          * complete with the reference text */
-        const char *ks = getenv("PD_KV_STREAM"); /* default layer */
-        bool layer = ks == NULL || strcmp(ks, "whole") != 0;
+        const char *ks = getenv("PD_KV_STREAM");
+        bool layer = ks != NULL && strcmp(ks, "layer") == 0;
         if (layer && b.r.status != 200)
             fail_msg("layer: prefill killed mid-stream: HTTP %d: %.300s", b.r.status, b.r.body);
         if (b.r.status == 200) {
