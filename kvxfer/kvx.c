@@ -901,6 +901,21 @@ pd_status_t kvx_lease_revoke(kvx_ctx_h *ctx, kvx_lease_id_t id)
     return PD_OK;
 }
 
+pd_status_t kvx_lease_set_ttl(kvx_ctx_h *ctx, kvx_lease_id_t id, uint64_t ttl_ns)
+{
+    if (id.slot >= ctx->cfg.max_leases)
+        return PD_ERR_NOT_FOUND;
+    kvx_lease_t *l = &ctx->leases[id.slot];
+    if (l->state != KVX_LEASE_ACTIVE || l->gen != id.gen)
+        return PD_ERR_NOT_FOUND;
+    if (ttl_ns > ctx->cfg.max_lease_ttl_ns)
+        ttl_ns = ctx->cfg.max_lease_ttl_ns;
+    l->expiry_ns = pd_now_ns() + ttl_ns;
+    struct timeval tv = pd_ns_to_timeval(ttl_ns); /* sooner: re-arm */
+    evtimer_add(l->timer, &tv);
+    return PD_OK;
+}
+
 /* AM handler (inside ucp_worker_progress): validate, then end/renew. No UCX
  * calls and no user callbacks from here (lease_end defers them). */
 static ucs_status_t kvx_am_notify_cb(void *arg, const void *header,

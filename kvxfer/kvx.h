@@ -283,6 +283,14 @@ pd_status_t kvx_export_stream(kvx_region_h *region, uint64_t importer_id,
 /* End a lease now (exporter decides: abort, shutdown). PD_ERR_NOT_FOUND if
  * it already ended. on_lease_end runs with KVX_LEASE_REVOKED. */
 pd_status_t kvx_lease_revoke(kvx_ctx_h *ctx, kvx_lease_id_t lease);
+/* Exporter: the lease now ends ttl_ns from now (capped at max_lease_ttl_ns),
+ * sooner or later than it would have; the importer's renewals go on as
+ * before. For a streamed lease exported before the prompt pass with the
+ * maximum TTL: at PREFILL_DONE it gets its real lease-ttl. The handle's
+ * signed expiry is not changed (it may outlive the lease: the generation
+ * check still refuses every pull of an ended lease). PD_ERR_NOT_FOUND if it
+ * already ended. */
+pd_status_t kvx_lease_set_ttl(kvx_ctx_h *ctx, kvx_lease_id_t lease, uint64_t ttl_ns);
 
 /* ---- importer: import, pull, release ------------------------------------ */
 

@@ -225,10 +225,12 @@ static void pf_job_done(eng_job_t *job)
     }
     pd_status_t st = PD_OK;
     uint64_t lease_left = r->lease_ttl_ns;
-    if (r->early) { /* exported at admission; the lease may have ended since */
-        uint64_t age = pd_now_ns() - r->exported_ns;
-        lease_left = age < r->lease_ttl_ns ? r->lease_ttl_ns - age : 0;
-        if (r->lease_over || lease_left == 0) {
+    if (r->early) {
+        /* exported at admission with kvx's maximum TTL (the prompt pass may
+         * be long and the router may wait for PREFILL_DONE): from now it
+         * lasts lease-ttl, as for a whole export. It may have ended since
+         * (the decode released it, a revoke). */
+        if (r->lease_over || kvx_lease_set_ttl(pf->n.kvx, r->lease, r->lease_ttl_ns) != PD_OK) {
             pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "lease ended during the prompt pass");
             node_send_error(&pf->n, r->nr.link, r->nr.id, PD_ERR_EXPIRED, "kv lease ended during prefill");
             r->reply_pending = false;
@@ -364,9 +366,12 @@ static void pf_compute_start(pf_t *pf, pf_req_t *r)
     pd_status_t st;
     if (pf->cfg.kv_stream == PF_KV_STREAM_LAYER) {
         /* the lease now, before compute: cached (and pulled) blocks are
-         * ready at once, the rest layer by layer (pf_layer_hook) */
+         * ready at once, the rest layer by layer (pf_layer_hook). Its TTL
+         * covers the prompt pass however long (kvx caps it at its maximum)
+         * and becomes lease-ttl at PREFILL_DONE (pf_job_done); a request
+         * that ends before that revokes it (pf_req_end) */
         st = node_export_stream(&pf->n, &r->nr, r->target, r->nr.blocks, r->nr.n_blocks,
-                                r->lease_ttl_ns, r->n_cached / pf->n.geom->block_tokens,
+                                UINT64_MAX, r->n_cached / pf->n.geom->block_tokens,
                                 r->handle, sizeof(r->handle), &r->hlen, &r->lease, &r->ready);
         if (st != PD_OK) {
             pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "export: %s", pd_status_str(st));
@@ -381,7 +386,6 @@ static void pf_compute_start(pf_t *pf, pf_req_t *r)
             return;
         }
         r->early = true;
-        r->exported_ns = pd_now_ns();
         pf_send_handle(pf, r);
     }
     pf_req_set_state(r, PF_ST_COMPUTING);

@@ -97,7 +97,6 @@ typedef struct pf_req {
     bool job_done;                      /* pf_job_done ran */
     pf_state_t final;                   /* the terminal state on lease end */
     kvx_ready_t ready;                  /* readiness words (compute thread) */
-    uint64_t exported_ns;
     size_t hlen;
     uint8_t handle[KVX_HANDLE_MAX_BYTES];
 } pf_req_t;

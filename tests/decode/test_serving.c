@@ -818,7 +818,7 @@ static void send_cancel(const char *to, fr_req_t *r)
 
 /* ---- the scenario ---------------------------------------------------------- */
 
-static proc_t P, D, PL, PK, BAD, PS, PR, PC, PC2, D2S;
+static proc_t P, D, PL, PK, BAD, PS, PR, PC, PC2, D2S, PSL;
 
 static int setup(void **state)
 {
@@ -1783,6 +1783,42 @@ static void test_lease_renew_while_waiting(void **state)
     send_peer_down("dec-a", "pf-renew", inc); /* as the router would: decode drops the peer */
 }
 
+/* kv-stream=layer exports the lease before the prompt pass, but it lasts
+ * lease-ttl from PREFILL_DONE, as for a whole export: a prompt pass four
+ * times longer than lease-ttl with no decode renewing it (a router that
+ * waits for PREFILL_DONE) still ends in PREFILL_DONE, not "kv lease ended
+ * during prefill", and the lease expires lease-ttl later with every block
+ * free. (Sim engine: its prompt pass takes n / prefill_tps.) */
+static void test_stream_lease_ttl_from_done(void **state)
+{
+    (void)state;
+    if (!g_sim)
+        skip();
+    char model[700];
+    snprintf(model, sizeof(model), "--model=%s", g_model);
+    char *ns = strstr(model, ",no_sleep=1");
+    if (ns != NULL)
+        memmove(ns, ns + 11, strlen(ns + 11) + 1);
+    snprintf(model + strlen(model), sizeof(model) - strlen(model), ",prefill_tps=100");
+    spawn(&PSL, g_prefill_bin, "pf-slowstream", SECRET_HEX,
+          (const char *const[]){ model, "--kv-stream=layer", "--lease-ttl=100ms", NULL });
+    assert_true(run_until(p_registered, "pf-slowstream", 20));
+    samp_t s = { 0.0f, 0, 4, true };
+    int32_t prompt[64];
+    make_prompt(prompt, 40, 77); /* 40 tokens at 100/s: a 400 ms prompt pass */
+    uint64_t t0 = pd_now_ns();
+    fr_req_t *r = send_prefill("pf-slowstream", "dec-a", prompt, 40, &s);
+    assert_true(run_until(p_done_or_error, r, 20));
+    assert_false(r->error);
+    assert_true(r->done);
+    assert_true(pd_now_ns() - t0 > 300000000ull); /* the pass outlived the TTL */
+    assert_true(kv_all_free(&PSL, 10)); /* the lease expired, nobody pulled */
+    check_ledger(&PSL);
+    fr_daemon_t *d = fr_by_id("pf-slowstream");
+    kill_proc(&PSL);
+    assert_true(run_until(p_closed, d, 10));
+}
+
 /* The router connection drops: both daemons cancel everything, free their
  * blocks and register again. */
 static void test_router_loss(void **state)
@@ -2290,6 +2326,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_concurrent_batch),
         cmocka_unit_test(test_wait_queue),
         cmocka_unit_test(test_lease_renew_while_waiting),
+        cmocka_unit_test(test_stream_lease_ttl_from_done),
         cmocka_unit_test(test_router_loss),
         cmocka_unit_test(test_prefill_stopped),
         cmocka_unit_test_teardown(test_two_sessions, two_sessions_end),
