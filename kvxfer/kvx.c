@@ -1254,7 +1254,7 @@ static void kvx_pull_poll_cb(evutil_socket_t fd, short what, void *arg);
  * -> 2.33 GB/s; tests/bench/kv-stream.sh (docs/BENCHMARKS.md, issue 15): a
  * whole 3000-token pull (376 MiB) 403 -> 168-201 ms, and with kv-stream =
  * layer the prefill's loop, no longer held in those copies, sends token 0
- * on time (TTFT +1.6-2.5 % over whole instead of +3-14 %). */
+ * on time (TTFT +2.5-2.8 % over whole instead of +3-14 %). */
 void kvx_ucx_env_defaults(void)
 {
     static const struct {

@@ -224,7 +224,6 @@ static void pf_job_done(eng_job_t *job)
         return;
     }
     pd_status_t st = PD_OK;
-    uint64_t lease_left = r->lease_ttl_ns;
     if (r->early) {
         /* exported at admission with kvx's maximum TTL (the prompt pass may
          * be long and the router may wait for PREFILL_DONE): from now it
@@ -257,7 +256,7 @@ static void pf_job_done(eng_job_t *job)
     d->first_token = r->token0;
     d->n_prompt_tokens = r->n_prompt;
     d->lease_id = node_lease_wire_id(r->lease);
-    d->lease_ns = lease_left;
+    d->lease_ns = r->lease_ttl_ns; /* from now, early or not */
     d->kv_handle.p = r->handle;
     d->kv_handle.len = (uint32_t)r->hlen;
     d->queue_ns = r->run_start_ns - r->t[PF_ST_COMPUTING];
