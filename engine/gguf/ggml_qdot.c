@@ -42,7 +42,7 @@ uint32_t ggml_qdot_block(uint32_t type)
 size_t ggml_qdot_act_bytes(int act, uint64_t n)
 {
     if (act == GGML_QACT_Q8A)
-        return (size_t)(n / GGML_Q8A_BLOCK) * 96;
+        return (size_t)(n / GGML_Q8A_BLOCK) * 44;
     if (act == GGML_QACT_Q8K)
         return (size_t)(n / GGML_Q8K_BLOCK) * (sizeof(ggml_q8k_block) + 4 * GGML_Q8K_BLOCK / 4);
     return 0;
@@ -101,8 +101,8 @@ static void q8a_quantize(const float *x, uint64_t n, uint8_t *out)
 {
     uint64_t nb = n / GGML_Q8A_BLOCK;
     int8_t *qs = (int8_t *)out;
-    int32_t *ns4 = (int32_t *)(void *)(out + 32 * nb);
-    float *dd = (float *)(void *)(out + 64 * nb);
+    int32_t *c128 = (int32_t *)(void *)(out + 32 * nb), *c8 = c128 + nb;
+    float *dd = (float *)(void *)(c8 + nb);
     for (uint64_t b = 0; b < nb; b++) {
         const float *v = x + b * GGML_Q8A_BLOCK;
         float d;
@@ -114,11 +114,12 @@ static void q8a_quantize(const float *x, uint64_t n, uint8_t *out)
             for (int j = 0; j < GGML_Q8A_BLOCK; j++)
                 qs[b * 32 + j] = q8(v[j], id);
         }
-        for (int j = 0; j < 8; j++) {
-            const int8_t *q = qs + b * 32 + 4 * j;
-            ns4[b * 8 + j] = -128 * ((int32_t)q[0] + q[1] + q[2] + q[3]);
-            dd[b * 8 + j] = d;
-        }
+        int32_t sum = 0;
+        for (int j = 0; j < GGML_Q8A_BLOCK; j++)
+            sum += qs[b * 32 + j];
+        c128[b] = -128 * sum;
+        c8[b] = -8 * sum;
+        dd[b] = d;
     }
 }
 
@@ -157,19 +158,12 @@ void ggml_qdot_quantize(int act, const float *x, uint64_t n, void *out)
 }
 
 /* ------------------------------------------------------------------ */
-/* Q8_0 / Q4_0 against Q8A: 8 lanes x 4 chains of f32 (see the header)  */
+/* Q8_0 / Q4_0 against Q8A: one exact int32 per block, one f32 chain    */
 
-static float lanes_reduce(const float acc[4][8])
-{
-    float v[8], s4[4], s2[2];
-    for (int j = 0; j < 8; j++)
-        v[j] = (acc[0][j] + acc[2][j]) + (acc[1][j] + acc[3][j]);
-    for (int l = 0; l < 4; l++)
-        s4[l] = v[l] + v[l + 4];
-    for (int l = 0; l < 2; l++)
-        s2[l] = s4[l] + s4[l + 2];
-    return s2[0] + s2[1];
-}
+/* the Q8A planes of a row of nb blocks */
+#define Q8A_C128(a, nb) ((const int32_t *)(const void *)((const uint8_t *)(a) + 32 * (nb)))
+#define Q8A_C8(a, nb) ((const int32_t *)(const void *)((const uint8_t *)(a) + 36 * (nb)))
+#define Q8A_D(a, nb) ((const float *)(const void *)((const uint8_t *)(a) + 40 * (nb)))
 
 static inline void w32_unpack(uint32_t type, const uint8_t *blk, int8_t *wq)
 {
@@ -187,21 +181,18 @@ static float q32_dot_scalar(uint32_t type, const uint8_t *w, uint64_t nb, const 
 {
     const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
     const int8_t *qs = (const int8_t *)a;
-    const float *da = (const float *)(const void *)(a + 64 * nb);
-    float acc[4][8] = { { 0 } };
+    const float *da = Q8A_D(a, nb);
+    float r = 0.0f;
     for (uint64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bytes;
         int8_t wq[32];
         w32_unpack(type, blk, wq);
-        float s = h2f(blk) * da[b * 8];
-        for (int j = 0; j < 8; j++) {
-            int32_t p = 0;
-            for (int t = 0; t < 4; t++)
-                p += (int32_t)wq[4 * j + t] * qs[b * 32 + 4 * j + t];
-            acc[b & 3][j] = fmaf((float)p, s, acc[b & 3][j]);
-        }
+        int32_t p = 0;
+        for (int j = 0; j < 32; j++)
+            p += (int32_t)wq[j] * qs[b * 32 + j];
+        r = fmaf((float)p, h2f(blk) * da[b], r);
     }
-    return lanes_reduce(acc);
+    return r;
 }
 
 /* ---- AVX2 ---- */
@@ -234,250 +225,182 @@ __attribute__((target(AVX2_TARGET))) static inline __m256i w32_avx2(uint32_t typ
     return _mm256_sub_epi8(u, _mm256_set1_epi8(8));
 }
 
-/* One weight row against ni <= 4 activation rows. */
+/* 8 int32 lanes summing to the block's exact dot: |w| * (q * sign(w)),
+ * |w| <= 128, so the pairs fit int16 */
+__attribute__((target(AVX2_TARGET))) static inline __m256i p8_avx2(__m256i wq, __m256i aw,
+                                                                    const uint8_t *q)
+{
+    __m256i aq = _mm256_loadu_si256((const __m256i_u *)q);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(aq, wq)),
+                             _mm256_set1_epi16(1));
+}
+
+/* One weight row against ni <= 4 activation rows: 4 blocks at a time,
+ * their 4 exact sums gathered into one xmm by horizontal adds, converted
+ * and scaled together, then folded into the chain in block order. */
 __attribute__((target(AVX2_TARGET))) static void
 q32_row_avx2(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
              uint32_t ni, float *out, size_t os)
 {
     const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4][4];
+    __m128 r[4];
     for (uint32_t i = 0; i < 4; i++)
-        for (int k = 0; k < 4; k++)
-            acc[i][k] = _mm256_setzero_ps();
-    for (uint64_t b0 = 0; b0 < nb; b0 += 4) {
-#pragma GCC unroll 4
+        r[i] = _mm_setzero_ps();
+    uint64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        __m256i wq[4], aw[4];
+        const uint8_t *blk = w + b * bytes;
         for (int k = 0; k < 4; k++) {
-            uint64_t b = b0 + (uint64_t)k;
-            if (b >= nb)
-                break;
-            const uint8_t *blk = w + b * bytes;
-            __m256i wq = w32_avx2(type, blk);
-            __m256i aw = _mm256_sign_epi8(wq, wq);
-            __m256 dw = _mm256_set1_ps(_cvtsh_ss(rd16(blk)));
-            for (uint32_t i = 0; i < ni; i++) {
-                const uint8_t *ai = a + i * as;
-                __m256i aq = _mm256_loadu_si256((const __m256i_u *)(ai + 32 * b));
-                /* |w| * (q * sign(w)): |w| <= 128, so pairs fit int16 */
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(aq, wq)),
-                                              ones);
-                __m256 s = _mm256_mul_ps(
-                    dw, _mm256_broadcast_ss((const float *)(const void *)(ai + 64 * nb) + 8 * b));
-                acc[i][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[i][k]);
-            }
+            wq[k] = w32_avx2(type, blk + k * bytes);
+            aw[k] = _mm256_sign_epi8(wq[k], wq[k]);
+        }
+        const __m128 dw = _mm_setr_ps(_cvtsh_ss(rd16(blk)), _cvtsh_ss(rd16(blk + bytes)),
+                                      _cvtsh_ss(rd16(blk + 2 * bytes)),
+                                      _cvtsh_ss(rd16(blk + 3 * bytes)));
+        for (uint32_t i = 0; i < ni; i++) {
+            const uint8_t *ai = a + i * as;
+            __m256i p[4];
+            for (int k = 0; k < 4; k++)
+                p[k] = p8_avx2(wq[k], aw[k], ai + 32 * (b + (uint64_t)k));
+            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]),
+                                          _mm256_hadd_epi32(p[2], p[3]));
+            __m128 f = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h),
+                                                     _mm256_extracti128_si256(h, 1)));
+            __m128 s = _mm_mul_ps(dw, _mm_loadu_ps(Q8A_D(ai, nb) + b));
+            r[i] = _mm_fmadd_ss(f, s, r[i]);
+            r[i] = _mm_fmadd_ss(_mm_shuffle_ps(f, f, 1), _mm_shuffle_ps(s, s, 1), r[i]);
+            r[i] = _mm_fmadd_ss(_mm_shuffle_ps(f, f, 2), _mm_shuffle_ps(s, s, 2), r[i]);
+            r[i] = _mm_fmadd_ss(_mm_shuffle_ps(f, f, 3), _mm_shuffle_ps(s, s, 3), r[i]);
+        }
+    }
+    for (; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes;
+        __m256i wq = w32_avx2(type, blk), aw = _mm256_sign_epi8(wq, wq);
+        const float dw = _cvtsh_ss(rd16(blk));
+        for (uint32_t i = 0; i < ni; i++) {
+            const uint8_t *ai = a + i * as;
+            float f = (float)hsum8_avx2(p8_avx2(wq, aw, ai + 32 * b));
+            r[i] = _mm_fmadd_ss(_mm_set_ss(f), _mm_set_ss(dw * Q8A_D(ai, nb)[b]), r[i]);
         }
     }
     for (uint32_t i = 0; i < ni; i++)
-        out[i * os] = tree8_avx2(_mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][2]),
-                                               _mm256_add_ps(acc[i][1], acc[i][3])));
+        out[i * os] = _mm_cvtss_f32(r[i]);
 }
 
-/* ---- AVX-512 VNNI: blocks (b, b+1) in one zmm, chains 0/1 in its halves
- * (accumulator h = 0) and 2/3 (h = 1). vpdpbusd needs unsigned weights:
- * w + 128 (Q8_0: w ^ 0x80; Q4_0: nibble + 120); the accumulator starts at
- * the activation's ns4 = -128 * sum4, so every lane is exactly p_j. A tile
- * is R weight rows x NI items with all accumulators in registers. ---- */
+/* ---- AVX-512 VNNI on the packed layout (ggml_qdot_pack): 16 weight
+ * rows in the 16 int32 lanes, so one vpdpbusd adds 4 products to each of
+ * 16 rows (the activation's 4 bytes broadcast) and a block's 8 of them
+ * leave each row's exact block sum in its lane. vpdpbusd wants unsigned
+ * weights: Q8_0 is packed as w + 128 (the chain starts from the
+ * activation's -128 * block sum), Q4_0 as its nibbles (from -8 * sum). Per
+ * block and item: one convert, one scale multiply, one fma for 16 rows. */
 #define VNNI_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
 #define QDOT_PF 1024 /* software prefetch distance on the weight rows */
+#define Q32_PK_ITEMS 8 /* items per pass over a packed group */
 
-/* unsigned weights of block b (low half) and b + 1 (high half, if two) */
-__attribute__((target(VNNI_TARGET))) static inline __m512i
-wpair_vnni(uint32_t type, const uint8_t *blk, size_t bytes, int two)
+static inline size_t q32_pk_qbytes(uint32_t type) /* quads of one block of a group */
 {
-    if (type == GGML_TYPE_Q8_0) {
-        __m256i lo = _mm256_loadu_si256((const __m256i_u *)(blk + 2));
-        __m256i hi = two ? _mm256_loadu_si256((const __m256i_u *)(blk + bytes + 2))
-                         : _mm256_setzero_si256();
-        __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-        return _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
-    }
-    __m128i x0 = _mm_loadu_si128((const __m128i_u *)(blk + 2));
-    __m128i x1 = two ? _mm_loadu_si128((const __m128i_u *)(blk + bytes + 2)) : _mm_setzero_si128();
-    __m256i x = _mm256_set_m128i(x1, x0);
-    __m256i m = _mm256_set1_epi8(0x0F);
-    __m256i lo = _mm256_and_si256(x, m), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m);
-    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); /* lo0 lo1 hi0 hi1 */
-    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));           /* lo0 hi0 lo1 hi1 */
-    return _mm512_add_epi8(z, _mm512_set1_epi8(120));                 /* (u - 8) + 128 */
-}
-
-__attribute__((target(VNNI_TARGET))) static inline __m512 dpair_vnni(const uint8_t *blk,
-                                                                      size_t bytes, int two)
-{
-    __m256 lo = _mm256_set1_ps(_cvtsh_ss(rd16(blk)));
-    __m256 hi = two ? _mm256_set1_ps(_cvtsh_ss(rd16(blk + bytes))) : _mm256_setzero_ps();
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)),
-                                               _mm256_castps_pd(hi), 1));
+    return type == GGML_TYPE_Q8_0 ? 16 * 32 : 16 * 16;
 }
 
 __attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
-q32_tile_vnni(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a,
-              size_t as, float *out, size_t os, uint64_t b0, uint64_t b1, float *accs, const int R,
-              const int NI)
+q32_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as,
+              float *out, size_t os, const int NI)
 {
-    const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
-    __m512 acc[4][4][2];
-    /* blocks [b0, b1) of the rows: the chains start from +0 at block 0,
-     * else from where the previous slice left them in accs (row r, item
-     * i, half h at accs + (r * 4 + i) * 32 + 16 * h) */
+    const size_t qb = q32_pk_qbytes(type);
+    const uint16_t *sp = (const uint16_t *)(const void *)(pg + nb * qb);
+    __m512 r[Q32_PK_ITEMS];
+#pragma GCC unroll 8
+    for (int i = 0; i < NI; i++)
+        r[i] = _mm512_setzero_ps();
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pg + b * qb;
+        _mm_prefetch((const char *)q + QDOT_PF, _MM_HINT_T0);
+        __m512i wv[8];
+        if (type == GGML_TYPE_Q8_0) {
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++)
+                wv[t] = _mm512_loadu_si512(q + 64 * t);
+        } else {
+            const __m512i m = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int i = 0; i < NI; i++)
-            if (b0 == 0) {
-                acc[r][i][0] = acc[r][i][1] = _mm512_setzero_ps();
-            } else {
-                acc[r][i][0] = _mm512_loadu_ps(accs + (r * 4 + i) * 32);
-                acc[r][i][1] = _mm512_loadu_ps(accs + (r * 4 + i) * 32 + 16);
+            for (int t = 0; t < 4; t++) {
+                __m512i x = _mm512_loadu_si512(q + 64 * t);
+                wv[t] = _mm512_and_si512(x, m);
+                wv[t + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m);
             }
-    uint64_t b = b0;
-    for (; b + 4 <= b1; b += 4) {
-        __m512i u[4][2];
-        __m512 dw[4][2];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = w + r * rb + b * bytes;
-            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
-            u[r][0] = wpair_vnni(type, blk, bytes, 1);
-            u[r][1] = wpair_vnni(type, blk + 2 * bytes, bytes, 1);
-            /* the 4 scales in one conversion, then spread to the halves */
-            __m128i h = _mm_cvtsi32_si128((int)(rd16(blk) | ((uint32_t)rd16(blk + bytes) << 16)));
-            h = _mm_insert_epi32(h, (int)(rd16(blk + 2 * bytes) |
-                                          ((uint32_t)rd16(blk + 3 * bytes) << 16)), 1);
-            __m512 d4 = _mm512_castps128_ps512(_mm_cvtph_ps(h));
-            dw[r][0] = _mm512_permutexvar_ps(
-                _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), d4);
-            dw[r][1] = _mm512_permutexvar_ps(
-                _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2), d4);
         }
-#pragma GCC unroll 4
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(sp + 16 * b)));
+#pragma GCC unroll 8
         for (int i = 0; i < NI; i++) {
             const uint8_t *ai = a + i * as;
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                uint64_t bb = b + 2 * (uint64_t)h;
-                __m512i q = _mm512_loadu_si512(ai + 32 * bb);
-                __m512i src = _mm512_loadu_si512(ai + 32 * nb + 32 * bb);
-                __m512 d = _mm512_loadu_ps((const float *)(const void *)(ai + 64 * nb) + 8 * bb);
+            const int32_t *g4 = (const int32_t *)(const void *)(ai + 32 * b);
+            const int32_t c = type == GGML_TYPE_Q8_0 ? Q8A_C128(ai, nb)[b] : Q8A_C8(ai, nb)[b];
+            __m512i p0 = _mm512_set1_epi32(c), p1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    __m512i p = _mm512_dpbusd_epi32(src, u[r][h], q);
-                    acc[r][i][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
-                                                   _mm512_mul_ps(dw[r][h], d), acc[r][i][h]);
-                }
+            for (int t = 0; t < 8; t += 2) {
+                p0 = _mm512_dpbusd_epi32(p0, wv[t], _mm512_set1_epi32(g4[t]));
+                p1 = _mm512_dpbusd_epi32(p1, wv[t + 1], _mm512_set1_epi32(g4[t + 1]));
             }
+            __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1));
+            r[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(Q8A_D(ai, nb)[b])), r[i]);
         }
     }
-    if (b1 < nb) { /* a slice that is not the last (b1 - b0 a multiple of 4) */
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-            for (int i = 0; i < NI; i++)
-            {
-                _mm512_storeu_ps(accs + (r * 4 + i) * 32, acc[r][i][0]);
-                _mm512_storeu_ps(accs + (r * 4 + i) * 32 + 16, acc[r][i][1]);
-            }
-        return;
-    }
-    if (b < nb) { /* 1..3 blocks: the missing lanes keep their chains */
-        for (int h = 0; h < 2; h++) {
-            uint64_t bb = b + 2 * (uint64_t)h;
-            if (bb >= nb)
-                break;
-            int two = bb + 1 < nb;
-            __mmask16 k = two ? (__mmask16)0xFFFF : (__mmask16)0x00FF;
-            for (int r = 0; r < R; r++) {
-                const uint8_t *blk = w + r * rb + bb * bytes;
-                __m512i u = wpair_vnni(type, blk, bytes, two);
-                __m512 dw = dpair_vnni(blk, bytes, two);
-                for (int i = 0; i < NI; i++) {
-                    const uint8_t *ai = a + i * as;
-                    __m512i q = _mm512_maskz_loadu_epi32(k, ai + 32 * bb);
-                    __m512i src = _mm512_maskz_loadu_epi32(k, ai + 32 * nb + 32 * bb);
-                    __m512 d = _mm512_maskz_loadu_ps(k, (const float *)(const void *)(ai + 64 * nb) +
-                                                            8 * bb);
-                    __m512i p = _mm512_dpbusd_epi32(src, u, q);
-                    acc[r][i][h] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(p),
-                                                         _mm512_mul_ps(dw, d), acc[r][i][h], k);
-                }
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int i = 0; i < NI; i++) {
-            __m512 z = _mm512_add_ps(acc[r][i][0], acc[r][i][1]); /* (acc0+acc2 | acc1+acc3) */
-            __m256 lo = _mm512_castps512_ps256(z);
-            __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1));
-            out[i * os + r] = tree8_avx2(_mm256_add_ps(lo, hi));
-        }
+#pragma GCC unroll 8
+    for (int i = 0; i < NI; i++)
+        _mm512_storeu_ps(out + i * os, r[i]);
 }
 
-typedef void (*q32_tile_fn)(const uint8_t *, size_t, uint64_t, const uint8_t *, size_t, float *,
-                            size_t);
-typedef void (*q32_slice_fn)(const uint8_t *, size_t, uint64_t, const uint8_t *, size_t, float *,
-                             size_t, uint64_t, uint64_t, float *);
-#define Q32_TILE(T, TN, R, NI)                                                                 \
-    __attribute__((target(VNNI_TARGET))) static void q32_vnni_##TN##_##R##x##NI(              \
-        const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a, size_t as, float *out,     \
-        size_t os)                                                                             \
+typedef void (*q32_pk_fn)(const uint8_t *, uint64_t, const uint8_t *, size_t, float *, size_t);
+#define Q32_PK(T, TN, NI)                                                                      \
+    __attribute__((target(VNNI_TARGET))) static void q32_pk_##TN##_##NI(                      \
+        const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as, float *out, size_t os)    \
     {                                                                                          \
-        q32_tile_vnni(T, w, rb, nb, a, as, out, os, 0, nb, NULL, R, NI);                       \
+        q32_pk_vnni_t(T, pg, nb, a, as, out, os, NI);                                          \
     }
-#define Q32_SLICE_TILE(T, TN, R, NI)                                                           \
-    __attribute__((target(VNNI_TARGET))) static void q32_vnni_##TN##_##R##x##NI##_s(          \
-        const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a, size_t as, float *out,     \
-        size_t os, uint64_t b0, uint64_t b1, float *accs)                                      \
-    {                                                                                          \
-        q32_tile_vnni(T, w, rb, nb, a, as, out, os, b0, b1, accs, R, NI);                      \
-    }
-#define Q32_TILES(T, TN)                                                                       \
-    Q32_TILE(T, TN, 4, 1) Q32_TILE(T, TN, 2, 2) Q32_TILE(T, TN, 2, 4) Q32_TILE(T, TN, 1, 1)    \
-    Q32_TILE(T, TN, 1, 2) Q32_TILE(T, TN, 1, 3) Q32_TILE(T, TN, 1, 4)                          \
-    static const q32_tile_fn q32_vnni_##TN[2][5] = {                                           \
-        { NULL, q32_vnni_##TN##_1x1, q32_vnni_##TN##_1x2, q32_vnni_##TN##_1x3,                 \
-          q32_vnni_##TN##_1x4 },                                                               \
-        { NULL, q32_vnni_##TN##_4x1, q32_vnni_##TN##_2x2, q32_vnni_##TN##_1x3,                 \
-          q32_vnni_##TN##_2x4 },                                                               \
-    };                                                                                         \
-    Q32_SLICE_TILE(T, TN, 1, 4) Q32_SLICE_TILE(T, TN, 2, 4)                                    \
-    static const q32_slice_fn q32_vnni_##TN##_s[2] = { q32_vnni_##TN##_1x4_s,                 \
-                                                       q32_vnni_##TN##_2x4_s };
-Q32_TILES(GGML_TYPE_Q8_0, q8)
-Q32_TILES(GGML_TYPE_Q4_0, q4)
+#define Q32_PKS(T, TN)                                                                         \
+    Q32_PK(T, TN, 1) Q32_PK(T, TN, 2) Q32_PK(T, TN, 3) Q32_PK(T, TN, 4) Q32_PK(T, TN, 5)       \
+    Q32_PK(T, TN, 6) Q32_PK(T, TN, 7) Q32_PK(T, TN, 8)                                         \
+    static const q32_pk_fn q32_pk_##TN[Q32_PK_ITEMS + 1] = {                                   \
+        NULL, q32_pk_##TN##_1, q32_pk_##TN##_2, q32_pk_##TN##_3, q32_pk_##TN##_4,              \
+        q32_pk_##TN##_5, q32_pk_##TN##_6, q32_pk_##TN##_7, q32_pk_##TN##_8 };
+Q32_PKS(GGML_TYPE_Q8_0, q8)
+Q32_PKS(GGML_TYPE_Q4_0, q4)
 
-/* rows [0, n_rows <= 16) x ni <= 4 items: the widest tile that fits, then
- * 1 row. Long rows go in slices of Q32_SLICE blocks, all rows of the tile
- * per slice, so the items' activation slice stays in L1 (groups of 4 items only: with 1-2 the
- * weights, streamed from memory, cost more out of order; 4 items of a
- * 3584-wide row are 43 KB: one row pair at a time streamed them from L2
- * per pair); the chains carry over through a buffer in the same order. */
-#define Q32_SLICE 32 /* blocks, a multiple of 4 */
-static void q32_rows_vnni(uint32_t type, const uint8_t *w, size_t rb, uint32_t n_rows,
-                          uint64_t nb, const uint8_t *a, size_t as, uint32_t ni, float *out,
-                          size_t os)
+size_t ggml_qdot_pack_bytes(uint32_t type, uint32_t n_rows, uint64_t n)
 {
-    const q32_tile_fn(*tab)[5] = type == GGML_TYPE_Q8_0 ? q32_vnni_q8 : q32_vnni_q4;
-    const uint32_t rt = ni == 1 ? 4 : ni == 3 ? 1 : 2;
-    uint32_t r = 0;
-    if (ni == 4 && nb > Q32_SLICE + Q32_SLICE / 2) {
-        const q32_slice_fn *st = type == GGML_TYPE_Q8_0 ? q32_vnni_q8_s : q32_vnni_q4_s;
-        float accs[16 * 4 * 2 * 16];
-        for (uint64_t b0 = 0; b0 < nb;) {
-            uint64_t b1 = nb - b0 <= Q32_SLICE + Q32_SLICE / 2 ? nb : b0 + Q32_SLICE;
-            for (r = 0; r + 2 <= n_rows; r += 2)
-                st[1](w + (size_t)r * rb, rb, nb, a, as, out + r, os, b0, b1, accs + r * 128);
-            for (; r < n_rows; r++)
-                st[0](w + (size_t)r * rb, rb, nb, a, as, out + r, os, b0, b1, accs + r * 128);
-            b0 = b1;
-        }
-        return;
+    if ((type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q4_0) || n == 0 || n % GGML_Q8A_BLOCK)
+        return 0;
+    const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
+    /* groups 64-byte aligned: the quads of every block start a cache line */
+    return (size_t)(n_rows / 16) * ((16 * (size_t)(n / GGML_Q8A_BLOCK) * bytes + 63) & ~(size_t)63);
+}
+
+pd_status_t ggml_qdot_pack(uint32_t type, const uint8_t *w, size_t row_bytes, uint32_t n_rows,
+                           uint64_t n, uint8_t *out)
+{
+    if (ggml_qdot_pack_bytes(type, n_rows, n) == 0)
+        return PD_ERR_UNSUPPORTED;
+    const uint64_t nb = n / GGML_Q8A_BLOCK;
+    const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
+    const size_t qb = q32_pk_qbytes(type), gbytes = ggml_qdot_pack_bytes(type, 16, n);
+    const int nq = type == GGML_TYPE_Q8_0 ? 8 : 4; /* 4-byte groups per block and row */
+    for (uint32_t g = 0; g < n_rows / 16; g++) {
+        uint8_t *pg = out + g * gbytes, *sp = pg + nb * qb;
+        for (uint64_t b = 0; b < nb; b++)
+            for (uint32_t r = 0; r < 16; r++) {
+                const uint8_t *blk = w + (size_t)(16 * g + r) * row_bytes + b * bytes;
+                memcpy(sp + 2 * (16 * b + r), blk, 2);
+                for (int t = 0; t < nq; t++) {
+                    uint32_t v;
+                    memcpy(&v, blk + 2 + 4 * t, 4);
+                    if (type == GGML_TYPE_Q8_0)
+                        v ^= 0x80808080u;
+                    memcpy(pg + b * qb + 64 * (size_t)t + 4 * r, &v, 4);
+                }
+            }
     }
-    for (; rt > 1 && r + rt <= n_rows; r += rt)
-        tab[1][ni](w + (size_t)r * rb, rb, nb, a, as, out + r, os);
-    for (; r < n_rows; r++)
-        tab[0][ni](w + (size_t)r * rb, rb, nb, a, as, out + r, os);
+    return PD_OK;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1065,11 +988,6 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
                         out + r + (size_t)i0 * out_stride, out_stride, ni);
                 continue;
             }
-            if (act == GGML_QACT_Q8A && path == GGML_QDOT_VNNI) {
-                q32_rows_vnni(type, w + (size_t)r0 * row_bytes, row_bytes, r1 - r0, nb, ai,
-                              a_stride, ni, out + r0 + (size_t)i0 * out_stride, out_stride);
-                continue;
-            }
             for (uint32_t r = r0; r < r1; r++) {
                 const uint8_t *row = w + (size_t)r * row_bytes;
                 float *oi = out + r + (size_t)i0 * out_stride;
@@ -1078,7 +996,7 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
                         kq_row_simd(path, type, row, nb, ai, a_stride, ni, oi, out_stride);
                     else
                         kq_row_scalar(type, row, nb, ai, a_stride, ni, oi, out_stride);
-                } else if (path == GGML_QDOT_AVX2) {
+                } else if (path >= GGML_QDOT_AVX2) { /* VNNI: on the packed layout */
                     q32_row_avx2(type, row, nb, ai, a_stride, ni, oi, out_stride);
                 } else {
                     for (uint32_t i = 0; i < ni; i++)
@@ -1088,6 +1006,56 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
         }
     }
     return PD_OK;
+}
+
+pd_status_t ggml_qdot_rows_packed(int path, uint32_t type, const uint8_t *w, size_t row_bytes,
+                                  const uint8_t *pk, uint32_t r0, uint32_t r1, uint64_t n,
+                                  const void *a, size_t a_stride, uint32_t n_items, float *out,
+                                  size_t out_stride)
+{
+    if (r1 < r0)
+        return PD_ERR_BAD_INPUT;
+    if (path > cpu_best())
+        path = cpu_best();
+    /* the full groups of 16 inside [r0, r1) */
+    const uint32_t g0 = (r0 + 15) / 16, g1 = r1 / 16;
+    if (!pk || path != GGML_QDOT_VNNI || ggml_qdot_pack_bytes(type, 16, n) == 0 || g0 >= g1)
+        return ggml_qdot_rows(path, type, w + (size_t)r0 * row_bytes, row_bytes, r1 - r0, n, a,
+                              a_stride, n_items, out, out_stride);
+    const uint64_t nb = n / GGML_Q8A_BLOCK;
+    const size_t gstride = ggml_qdot_pack_bytes(type, 16, n);
+    const q32_pk_fn *tab = type == GGML_TYPE_Q8_0 ? q32_pk_q8 : q32_pk_q4;
+    pd_status_t st = PD_OK;
+    if (r0 < 16 * g0) /* leading rows of a group the range cuts */
+        st = ggml_qdot_rows(path, type, w + (size_t)r0 * row_bytes, row_bytes, 16 * g0 - r0, n,
+                            a, a_stride, n_items, out, out_stride);
+    for (uint32_t g = g0; g < g1 && st == PD_OK; g++) {
+        uint32_t ni;
+        for (uint32_t i0 = 0; i0 < n_items; i0 += ni) {
+            ni = n_items - i0 < Q32_PK_ITEMS ? n_items - i0 : Q32_PK_ITEMS;
+            tab[ni](pk + g * gstride, nb, (const uint8_t *)a + (size_t)i0 * a_stride, a_stride,
+                    out + (16 * g - r0) + (size_t)i0 * out_stride, out_stride);
+        }
+    }
+    if (st == PD_OK && 16 * g1 < r1) /* trailing rows */
+        st = ggml_qdot_rows(path, type, w + (size_t)16 * g1 * row_bytes, row_bytes, r1 - 16 * g1,
+                            n, a, a_stride, n_items, out + (16 * g1 - r0), out_stride);
+    return st;
+}
+
+int8_t ggml_qdot_act_q(int act, const void *a, uint64_t n, uint64_t e)
+{
+    (void)n;
+    if (act == GGML_QACT_Q8A)
+        return ((const int8_t *)a)[e];
+    return ((const ggml_q8k_block *)a)[e / GGML_Q8K_BLOCK].qs[e % GGML_Q8K_BLOCK];
+}
+
+float ggml_qdot_act_scale(int act, const void *a, uint64_t n, uint64_t e)
+{
+    if (act == GGML_QACT_Q8A)
+        return Q8A_D(a, n / GGML_Q8A_BLOCK)[e / GGML_Q8A_BLOCK];
+    return ((const ggml_q8k_block *)a)[e / GGML_Q8K_BLOCK].d;
 }
 
 pd_status_t ggml_qdot_row(uint32_t type, const uint8_t *w, const void *a, uint64_t n, float *out)

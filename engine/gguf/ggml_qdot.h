@@ -3,12 +3,12 @@
  *
  * Two activation formats, chosen by the weight type (ggml_qdot_act):
  *  - Q8A (weights Q8_0, Q4_0): 32-element blocks, d = absmax / 127 (f32),
- *    q = round(x / d) in [-127, 127]. A row of n elements is stored as
- *    planes so SIMD loads of consecutive blocks are contiguous:
- *      int8  qs[n]            the quantized values
- *      int32 ns4[n / 4]       -128 times the sum of each 4 consecutive qs
- *      float d[n / 4]         each block's d, repeated 8 times
- *    (96 bytes per block).
+ *    q = round(x / d) in [-127, 127]. A row of nb blocks is stored as
+ *    planes (44 bytes per block):
+ *      int8  qs[32 * nb]      the quantized values
+ *      int32 c128[nb]         -128 times each block's sum of qs
+ *      int32 c8[nb]           -8 times each block's sum of qs
+ *      float d[nb]            each block's d
  *  - Q8K (weights Q4_K, Q6_K): 256-element blocks ggml_q8k_block
  *    { f32 d; int8 qs[256]; int16 bsums[16] } (bsums = sums of 16 qs),
  *    d = absmax / 127; the row's nb blocks are followed by a plane
@@ -16,11 +16,11 @@
  *    VNNI Q6_K kernel for 1-4 items starts its lanes from it).
  *
  * Canonical results (every path returns the same bits):
- *  - Q8_0 / Q4_0: for block b, 8 lane integers p_j = sum_{t<4} w[4j+t] *
- *    q[4j+t] (exact), s_b = d_w[b] * d_a[b] (f32), acc[b mod 4][j] =
- *    fma((float)p_j, s_b, acc[b mod 4][j]) from +0; then v_j = (acc0_j +
- *    acc2_j) + (acc1_j + acc3_j) and the tree s4_l = v_l + v_{l+4},
- *    s2_l = s4_l + s4_{l+2}, r = s2_0 + s2_1.
+ *  - Q8_0 / Q4_0: per block b the exact int32 P_b = sum of the 32 w * q
+ *    (|P_b| <= 32 * 128 * 127 < 2^24, so (float)P_b is exact), s_b =
+ *    d_w[b] * d_a[b] (f32), and one chain r = fma((float)P_b, s_b, r) from
+ *    +0 in block order. (llama.cpp's repacked GEMM forms the same exact
+ *    block sums; one f32 rounding per block.)
  *  - Q4_K / Q6_K: per block 16 exact int32 lanes V[l] = sum over the 4
  *    64-element chunks j of scale(j, l) * sum_{t<4} w[64j+4l+t] *
  *    q[64j+4l+t], where w is the nibble (Q4_K; scale = sc_2j for l < 8,
@@ -29,10 +29,19 @@
  *    F[l] = fma((float)V[l], d_w * d_a, F[l]), G[k] = fma((float)M[k],
  *    dmin_w * d_a, G[k]); r = tree16(F) - tree8(G) (Q6_K: tree16(F)), with
  *    tree16(F) = tree8(F[l] + F[l+8]).
- * Paths: scalar, AVX2 (maddubs/madd; sign trick for the signed weights),
- * AVX-512 VNNI (vpdpbusd on 512-bit pairs of Q8_0/Q4_0 blocks or 64-element
- * K-quant chunks; the K-quant sub-block scales by one vpmaddwd, as every
- * lane sum of 4 products fits int16). */
+ * Paths: scalar, AVX2 (maddubs/madd; sign trick for the signed weights;
+ * Q8_0/Q4_0 gather 4 blocks' sums into one xmm by horizontal adds), AVX-512
+ * VNNI (Q8_0/Q4_0: on the packed layout below, 16 rows in the 16 lanes of
+ * vpdpbusd; K-quants: 64-element chunks per vpdpbusd, the sub-block scales
+ * by one vpmaddwd, as every lane sum of 4 products fits int16).
+ *
+ * Packed layout (ggml_qdot_pack, Q8_0/Q4_0, made once at model load): each
+ * full group of 16 rows is one 64-byte-aligned region: for every block b
+ * its 4-byte weight groups t (Q8_0: 8 of them, stored as w + 128; Q4_0: 4,
+ * the raw nibble bytes, low nibbles = elements 4t.., high = 16 + 4t..) as
+ * [t][row][4 bytes], then a plane of the 16 rows' f16 scales per block.
+ * A trailing group of fewer than 16 rows is not packed: those rows are read
+ * from the original tensor, with the same bits. */
 #ifndef GGML_QDOT_H
 #define GGML_QDOT_H
 
@@ -74,12 +83,35 @@ int ggml_qdot_set_path(int path);
  * r < n_rows (rows row_bytes apart from w) and i < n_items (activation rows
  * a_stride bytes apart from a), rows of n elements, on `path` (capped to
  * what the CPU has). The weight row is read once for up to 4 items (VNNI
- * K-quants with more than 4 items: each block decoded once per 16).
+ * K-quants with more than 4 items: each block decoded once per 16); VNNI
+ * Q8_0/Q4_0 run the AVX2 row kernel here (their fast kernel is on the
+ * packed layout, ggml_qdot_rows_packed).
  * PD_ERR_UNSUPPORTED if the type has no integer kernel or n is not a
  * multiple of its block. */
 pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row_bytes,
                            uint32_t n_rows, uint64_t n, const void *a, size_t a_stride,
                            uint32_t n_items, float *out, size_t out_stride);
+
+/* Bytes of the packed layout of n_rows rows of n elements (full groups of
+ * 16 only); 0 if the type has no packed kernel (only Q8_0 and Q4_0 do). */
+size_t ggml_qdot_pack_bytes(uint32_t type, uint32_t n_rows, uint64_t n);
+/* Packs the full groups of 16 of rows w (row_bytes apart) into out
+ * (ggml_qdot_pack_bytes bytes, 64-byte aligned for full-speed loads). */
+pd_status_t ggml_qdot_pack(uint32_t type, const uint8_t *w, size_t row_bytes, uint32_t n_rows,
+                           uint64_t n, uint8_t *out);
+/* ggml_qdot_rows for rows [r0, r1) of a tensor w (row 0 at w) whose packed
+ * layout is pk (NULL: none): out[i * out_stride + r - r0]. The full groups
+ * of 16 in the range run the packed kernel on the VNNI path, the rest the
+ * row kernels: the same bits either way. */
+pd_status_t ggml_qdot_rows_packed(int path, uint32_t type, const uint8_t *w, size_t row_bytes,
+                                  const uint8_t *pk, uint32_t r0, uint32_t r1, uint64_t n,
+                                  const void *a, size_t a_stride, uint32_t n_items, float *out,
+                                  size_t out_stride);
+
+/* Element e of a quantized activation row of n elements: its int8 value
+ * and its block's scale (tests and checks read the rows through these). */
+int8_t ggml_qdot_act_q(int act, const void *a, uint64_t n, uint64_t e);
+float ggml_qdot_act_scale(int act, const void *a, uint64_t n, uint64_t e);
 
 /* One row, one item, on the current path. */
 pd_status_t ggml_qdot_row(uint32_t type, const uint8_t *w, const void *a, uint64_t n,

@@ -737,6 +737,34 @@ static int ll_qdot_path(void)
     return p < cap ? p : cap;
 }
 
+pd_status_t eng_ll_pack(eng_ll_tensor_t *t, void **buf_p)
+{
+    *buf_p = NULL;
+    size_t bytes = ggml_qdot_pack_bytes(t->type, t->rows, t->cols);
+    if (bytes == 0 || ll_qdot_path() != GGML_QDOT_VNNI)
+        return PD_OK;
+    void *buf = NULL;
+    if (posix_memalign(&buf, 64, bytes) != 0)
+        return PD_ERR_NO_MEMORY;
+    pd_status_t st = ggml_qdot_pack(t->type, t->data, t->row_bytes, t->rows, t->cols, buf);
+    if (st != PD_OK) {
+        free(buf);
+        return st;
+    }
+    t->pk = buf;
+    *buf_p = buf;
+    return PD_OK;
+}
+
+eng_ll_tensor_t eng_ll_rows_view(const eng_ll_tensor_t *t, uint32_t r0, uint32_t rows)
+{
+    eng_ll_tensor_t v = *t;
+    v.data = t->data + (size_t)r0 * t->row_bytes;
+    v.rows = rows;
+    v.pk = t->pk && r0 % 16 == 0 ? t->pk + ggml_qdot_pack_bytes(t->type, r0, t->cols) : NULL;
+    return v;
+}
+
 size_t eng_ll_qx_bytes(uint32_t n_items, uint32_t cols)
 {
     /* both formats for any row length <= cols (whole blocks of it: the
@@ -765,14 +793,7 @@ static void ll_qdot_check(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1, co
             const uint8_t *a = qa + i * qa_stride;
             double ref = 0.0, mag = 0.0;
             for (size_t e = 0; e < K; e++) {
-                double av;
-                if (act == GGML_QACT_Q8A) {
-                    const float *d = (const float *)(const void *)(a + 2 * K);
-                    av = (double)((const int8_t *)a)[e] * d[(e / 32) * 8];
-                } else {
-                    const ggml_q8k_block *b = (const ggml_q8k_block *)(const void *)a + e / 256;
-                    av = (double)b->qs[e % 256] * b->d;
-                }
+                double av = (double)ggml_qdot_act_q(act, a, K, e) * ggml_qdot_act_scale(act, a, K, e);
                 ref += scratch[e] * av;
                 mag += fabs(scratch[e] * av);
             }
@@ -791,8 +812,8 @@ static void ll_matmul_rows(const eng_ll_tensor_t *w, uint32_t r0, uint32_t r1,
 {
     const size_t K = w->cols;
     if (qa) {
-        (void)ggml_qdot_rows(qpath, w->type, w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
-                             r1 - r0, K, qa, qa_stride, n_items, out + r0, os);
+        (void)ggml_qdot_rows_packed(qpath, w->type, w->data, w->row_bytes, w->pk, r0, r1, K, qa,
+                                    qa_stride, n_items, out + r0, os);
         if (eng_ll_qdot_check_g)
             ll_qdot_check(w, r0, r1, qa, qa_stride, n_items, out, os, scratch);
         return;
@@ -860,7 +881,7 @@ typedef struct {
     const eng_ll_matmul_t *mm;
     float *const *scratch;
     uint64_t total;              /* rows over all matrices */
-    uint32_t chunk_rows;         /* multiple of 4 */
+    uint32_t chunk_rows;         /* multiple of 16 */
     int qpath;                   /* integer-dot path, -1 = off */
     uint8_t *qa[3];              /* per activation format (GGML_QACT_*) */
     size_t qa_stride[3];
@@ -936,7 +957,7 @@ void eng_ll_matmul(eng_ll_pool_t *pool, const eng_ll_matmul_t *mm,
     /* ~8 chunks per thread for balance, >= 16 rows each; tiny matmuls run
      * on the caller alone (waking a worker costs more than the work) */
     uint64_t cr = ctx.total / (8 * (uint64_t)nt);
-    cr = (cr + 3) / 4 * 4;
+    cr = (cr + 15) / 16 * 16; /* whole groups of the packed layout */
     if (cr < 16)
         cr = 16;
     if (macs < (1u << 17))

@@ -47,7 +47,19 @@ typedef struct {
     uint32_t rows;         /* output features */
     uint32_t cols;         /* input features (reduction dim) */
     size_t row_bytes;
+    /* the integer-dot kernel's packed copy (ggml_qdot_pack; Q8_0 / Q4_0 on
+     * a VNNI CPU), owned by the model; NULL = none */
+    const uint8_t *pk;
 } eng_ll_tensor_t;
+
+/* The packed copy of t for the integer-dot kernel on this CPU: *buf_p is
+ * a new 64-byte-aligned buffer the caller owns (t->pk points into it), or
+ * NULL when this type / CPU / PD_QDOT setting has no packed kernel. */
+pd_status_t eng_ll_pack(eng_ll_tensor_t *t, void **buf_p);
+
+/* Rows [r0, r0 + rows) of t as a tensor of their own (with its packed
+ * groups when r0 starts one, else none: same bits, row kernels). */
+eng_ll_tensor_t eng_ll_rows_view(const eng_ll_tensor_t *t, uint32_t r0, uint32_t rows);
 
 /* Bytes of one row of `cols` elements of `type`; 0 if the type is unknown or
  * cols is not a multiple of the type's block size. */

@@ -123,6 +123,8 @@ struct eng_model {
     float **mm_scratch;          /* (n_threads) -> (4, max_cols) */
     uint8_t *mm_qx;              /* quantized activations, eng_ll_qx_bytes(t_max, max_cols) */
     float **att_scratch;         /* (n_threads) -> (context_length) scores */
+    void **pk_bufs;              /* (n_pk) the weights' packed copies (eng_ll_pack) */
+    uint32_t n_pk;
 };
 
 /* ------------------------------------------------------------------ */
@@ -156,6 +158,9 @@ static void ll_free(eng_model_t *m)
             free(m->att_scratch[t]);
     free(m->mm_scratch);
     free(m->mm_qx);
+    for (uint32_t i = 0; i < m->n_pk; i++)
+        free(m->pk_bufs[i]);
+    free(m->pk_bufs);
     free(m->att_scratch);
     free(m->out_norm);
     free(m->inv_freq);
@@ -299,6 +304,35 @@ static pd_status_t ll_load_vec(eng_model_t *m, const char *name, uint32_t n,
     eng_ll_dequant_row(&tt, 0, v);
     *v_p = v;
     return PD_OK;
+}
+
+/* The packed copies of every matmul weight the integer-dot kernel has a
+ * packed form for on this CPU (the output too when tied: token_embd itself
+ * is only read row by row, from the file). */
+static pd_status_t ll_pack_one(eng_model_t *m, eng_ll_tensor_t *t)
+{
+    void *buf;
+    pd_status_t st = eng_ll_pack(t, &buf);
+    if (st == PD_OK && buf)
+        m->pk_bufs[m->n_pk++] = buf;
+    return st; /* on failure ll_free frees the ones made */
+}
+
+static pd_status_t ll_pack_weights(eng_model_t *m)
+{
+    m->pk_bufs = calloc(1 + 8 * (size_t)m->n_layers, sizeof(*m->pk_bufs));
+    if (!m->pk_bufs)
+        return PD_ERR_NO_MEMORY;
+    pd_status_t st = ll_pack_one(m, &m->output);
+    for (uint32_t l = 0; l < m->n_layers && st == PD_OK; l++) {
+        ll_layer_t *L = &m->layers[l];
+        eng_ll_tensor_t *lw[] = { &L->wq, &L->wk, &L->wv, &L->wo,
+                                  &L->w_gate, &L->w_up, &L->w_down, &L->w_router };
+        for (size_t j = 0; j < sizeof(lw) / sizeof(lw[0]) && st == PD_OK; j++)
+            if (lw[j]->data)
+                st = ll_pack_one(m, lw[j]);
+    }
+    return st;
 }
 
 static pd_status_t ll_load_layers(eng_model_t *m, char *err, size_t err_len)
@@ -663,6 +697,11 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     }
     if ((st = ll_load_layers(m, err, err_len)))
         goto err_free;
+    if ((st = ll_pack_weights(m))) {
+        snprintf(err, err_len, "packing the weights for the integer-dot kernel: %s",
+                 pd_status_str(st));
+        goto err_free;
+    }
 
     m->inv_freq = calloc(m->rope_dim / 2 + 1, sizeof(double));
     if (!m->inv_freq) {
@@ -935,10 +974,7 @@ static void ll_act(eng_model_t *m, uint32_t n, uint32_t width)
 /* A view of matrix e of a stacked (n_mat * rows, cols) tensor. */
 static eng_ll_tensor_t ll_sub(const eng_ll_tensor_t *t, uint32_t e, uint32_t rows)
 {
-    eng_ll_tensor_t v = *t;
-    v.data = t->data + (size_t)e * rows * t->row_bytes;
-    v.rows = rows;
-    return v;
+    return eng_ll_rows_view(t, e * rows, rows);
 }
 
 /* Routed experts (qwen3moe) over xb (n tokens) -> xb2. Router: softmax over

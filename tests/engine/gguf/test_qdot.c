@@ -1,7 +1,8 @@
 /* test_qdot.c - integer-dot kernels (engine/gguf/ggml_qdot.c) for Q8_0,
  * Q4_0, Q4_K and Q6_K weight rows against quantized activations:
  *  - the scalar, AVX2 and VNNI paths return identical bits, and a row dot
- *    computed in a batch of items equals the same item alone;
+ *    computed in a batch of items equals the same item alone; Q8_0 / Q4_0
+ *    on the packed layout (any row range, any item count) give them too;
  *  - each dot equals the exact (f64) dot of the dequantized weights with
  *    the dequantized activations to f32 accumulation accuracy (1e-5 of the
  *    sum of |terms|), which catches any wrong scale, sign or offset;
@@ -33,19 +34,43 @@ static float frand(void)
 /* the dequantized activation value of element e of item row a */
 static double act_val(int act, const uint8_t *a, uint64_t n, uint64_t e)
 {
-    if (act == GGML_QACT_Q8A) {
-        const int8_t *qs = (const int8_t *)a;
-        const float *d = (const float *)(const void *)(a + 2 * n);
-        return (double)qs[e] * d[(e / 32) * 8];
-    }
-    const ggml_q8k_block *b = (const ggml_q8k_block *)(const void *)a + e / 256;
-    return (double)b->qs[e % 256] * b->d;
+    return (double)ggml_qdot_act_q(act, a, n, e) * ggml_qdot_act_scale(act, a, n, e);
 }
 
 static double act_d(int act, const uint8_t *a, uint64_t n, uint64_t e)
 {
-    return act == GGML_QACT_Q8A ? ((const float *)(const void *)(a + 2 * n))[(e / 32) * 8]
-                                : ((const ggml_q8k_block *)(const void *)a)[e / 256].d;
+    return ggml_qdot_act_scale(act, a, n, e);
+}
+
+/* Q8_0 / Q4_0: the packed kernel gives the row kernels' bits for every
+ * row range (group-aligned or not, cutting groups or not) and item count */
+static void check_packed(uint32_t type, const uint8_t *wq, size_t rb, uint64_t n,
+                         const uint8_t *a, size_t ab, float ref[NITEMS][NROWS])
+{
+    size_t pb = ggml_qdot_pack_bytes(type, NROWS, n);
+    if (type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q4_0) {
+        assert_int_equal(pb, 0);
+        return;
+    }
+    assert_int_equal(pb, ggml_qdot_pack_bytes(type, 16, n)); /* one full group of 19 rows */
+    void *pk = NULL;
+    assert_int_equal(posix_memalign(&pk, 64, pb), 0);
+    assert_int_equal(ggml_qdot_pack(type, wq, rb, NROWS, n, pk), PD_OK);
+    static const uint32_t ranges[][2] = { { 0, NROWS }, { 0, 16 }, { 3, 19 }, { 16, 19 },
+                                          { 5, 9 }, { 0, 1 } };
+    static const uint32_t items[] = { 1, 3, 8, 9, NITEMS };
+    for (int p = GGML_QDOT_SCALAR; p <= GGML_QDOT_VNNI; p++)
+        for (size_t k = 0; k < sizeof ranges / sizeof ranges[0]; k++)
+            for (size_t j = 0; j < sizeof items / sizeof items[0]; j++) {
+                uint32_t r0 = ranges[k][0], r1 = ranges[k][1], ni = items[j];
+                float got[NITEMS][NROWS];
+                memset(got, 0xFF, sizeof got);
+                assert_int_equal(ggml_qdot_rows_packed(p, type, wq, rb, pk, r0, r1, n, a, ab, ni,
+                                                       &got[0][0], NROWS), PD_OK);
+                for (uint32_t i = 0; i < ni; i++)
+                    assert_memory_equal(&got[i][0], &ref[i][r0], (r1 - r0) * sizeof(float));
+            }
+    free(pk);
 }
 
 static void check_type(uint32_t type, size_t bytes, uint32_t bs)
@@ -92,6 +117,7 @@ static void check_type(uint32_t type, size_t bytes, uint32_t bs)
                     assert_memory_equal(&one, &ref[i][r], sizeof one);
                 }
         }
+        check_packed(type, wq, nb * bytes, n, a, ab, ref);
         for (int i = 0; i < NITEMS; i++)
             for (int r = 0; r < NROWS; r++) {
                 double xq = 0.0, mag = 0.0, exact = 0.0, bound = 0.0;
@@ -159,9 +185,10 @@ static void test_quantize_paths(void **state)
     (void)state;
     enum { N = 2048 };
     static float x[N];
-    static uint8_t a0[N / 32 * 96], a1[N / 32 * 96];
+    static uint8_t a0[N / 32 * 44], a1[N / 32 * 44];
     static uint8_t k0[N / 256 * (sizeof(ggml_q8k_block) + 256)], k1[sizeof k0];
     assert_int_equal(ggml_qdot_act_bytes(GGML_QACT_Q8K, N), sizeof k0);
+    assert_int_equal(ggml_qdot_act_bytes(GGML_QACT_Q8A, N), sizeof a0);
     for (int i = 0; i < N; i++)
         x[i] = frand() * (i % 97 == 0 ? 50.0f : 2.0f);
     for (int i = 0; i < 32; i++) /* x * id lands on halves: round to even */
@@ -175,6 +202,17 @@ static void test_quantize_paths(void **state)
     ggml_qdot_quantize(GGML_QACT_Q8K, x, N, k1);
     assert_memory_equal(a0, a1, sizeof a0);
     assert_memory_equal(k0, k1, sizeof k0);
+    /* the Q8A row's planes: -128 and -8 x each block's sum of qs, its d */
+    const int32_t *c128 = (const int32_t *)(const void *)(a0 + 32 * (N / 32)), *c8 = c128 + N / 32;
+    for (int b = 0; b < N / 32; b++) {
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++)
+            sum += ((const int8_t *)a0)[32 * b + j];
+        assert_int_equal(c128[b], -128 * sum);
+        assert_int_equal(c8[b], -8 * sum);
+        assert_true(ggml_qdot_act_scale(GGML_QACT_Q8A, a0, N, 32 * b) ==
+                    ((const float *)(const void *)(c8 + N / 32))[b]);
+    }
     /* the Q8K row's n32s4 plane: -32 x each 4-sum of qs */
     const ggml_q8k_block *kb = (const ggml_q8k_block *)(const void *)k0;
     const int32_t *n4 = (const int32_t *)(const void *)(kb + N / 256);
@@ -188,7 +226,7 @@ static void test_zero_row(void **state)
 {
     (void)state;
     float x[256] = { 0 };
-    uint8_t a[3 * 96];
+    uint8_t a[2 * 44];
     union {
         ggml_q8k_block k;
         uint8_t b[sizeof(ggml_q8k_block) + 256];
@@ -196,8 +234,8 @@ static void test_zero_row(void **state)
     ggml_qdot_quantize(GGML_QACT_Q8A, x, 64, a);
     ggml_qdot_quantize(GGML_QACT_Q8K, x, 256, u.b);
     const ggml_q8k_block k = u.k;
-    const float *d = (const float *)(const void *)(a + 2 * 64);
-    assert_true(d[0] == 0.0f && d[8] == 0.0f && k.d == 0.0f);
+    assert_true(ggml_qdot_act_scale(GGML_QACT_Q8A, a, 64, 0) == 0.0f &&
+                ggml_qdot_act_scale(GGML_QACT_Q8A, a, 64, 32) == 0.0f && k.d == 0.0f);
     for (int j = 0; j < 64; j++)
         assert_int_equal(((int8_t *)a)[j], 0);
     for (int j = 0; j < 16; j++)

@@ -239,13 +239,7 @@ static void ref_qact(double *xq, const double *x, uint32_t cols, uint32_t type)
         xf[c] = (float)x[c];
     ggml_qdot_quantize(act, xf, cols, a);
     for (uint32_t c = 0; c < cols; c++) {
-        if (act == GGML_QACT_Q8A) {
-            const float *d = (const float *)(const void *)(a + 2 * (size_t)cols);
-            xq[c] = (double)((const int8_t *)a)[c] * d[(c / 32) * 8];
-        } else {
-            const ggml_q8k_block *b = (const ggml_q8k_block *)(const void *)a + c / 256;
-            xq[c] = (double)b->qs[c % 256] * b->d;
-        }
+        xq[c] = (double)ggml_qdot_act_q(act, a, cols, c) * ggml_qdot_act_scale(act, a, cols, c);
     }
     free(xf);
     free(a);
