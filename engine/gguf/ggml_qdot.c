@@ -367,40 +367,26 @@ typedef void (*q32_pk_fn)(const uint8_t *, uint64_t, const uint8_t *, size_t, fl
 Q32_PKS(GGML_TYPE_Q8_0, q8)
 Q32_PKS(GGML_TYPE_Q4_0, q4)
 
-size_t ggml_qdot_pack_bytes(uint32_t type, uint32_t n_rows, uint64_t n)
+/* one group of 16 rows (w: its first row) in the packed layout */
+static void q32_pack_group(uint32_t type, const uint8_t *w, size_t row_bytes, uint64_t nb,
+                           uint8_t *pg)
 {
-    if ((type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q4_0) || n == 0 || n % GGML_Q8A_BLOCK)
-        return 0;
     const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
-    /* groups 64-byte aligned: the quads of every block start a cache line */
-    return (size_t)(n_rows / 16) * ((16 * (size_t)(n / GGML_Q8A_BLOCK) * bytes + 63) & ~(size_t)63);
-}
-
-pd_status_t ggml_qdot_pack(uint32_t type, const uint8_t *w, size_t row_bytes, uint32_t n_rows,
-                           uint64_t n, uint8_t *out)
-{
-    if (ggml_qdot_pack_bytes(type, n_rows, n) == 0)
-        return PD_ERR_UNSUPPORTED;
-    const uint64_t nb = n / GGML_Q8A_BLOCK;
-    const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
-    const size_t qb = q32_pk_qbytes(type), gbytes = ggml_qdot_pack_bytes(type, 16, n);
+    const size_t qb = q32_pk_qbytes(type);
     const int nq = type == GGML_TYPE_Q8_0 ? 8 : 4; /* 4-byte groups per block and row */
-    for (uint32_t g = 0; g < n_rows / 16; g++) {
-        uint8_t *pg = out + g * gbytes, *sp = pg + nb * qb;
-        for (uint64_t b = 0; b < nb; b++)
-            for (uint32_t r = 0; r < 16; r++) {
-                const uint8_t *blk = w + (size_t)(16 * g + r) * row_bytes + b * bytes;
-                memcpy(sp + 2 * (16 * b + r), blk, 2);
-                for (int t = 0; t < nq; t++) {
-                    uint32_t v;
-                    memcpy(&v, blk + 2 + 4 * t, 4);
-                    if (type == GGML_TYPE_Q8_0)
-                        v ^= 0x80808080u;
-                    memcpy(pg + b * qb + 64 * (size_t)t + 4 * r, &v, 4);
-                }
+    uint8_t *sp = pg + nb * qb;
+    for (uint64_t b = 0; b < nb; b++)
+        for (uint32_t r = 0; r < 16; r++) {
+            const uint8_t *blk = w + (size_t)r * row_bytes + b * bytes;
+            memcpy(sp + 2 * (16 * b + r), blk, 2);
+            for (int t = 0; t < nq; t++) {
+                uint32_t v;
+                memcpy(&v, blk + 2 + 4 * t, 4);
+                if (type == GGML_TYPE_Q8_0)
+                    v ^= 0x80808080u;
+                memcpy(pg + b * qb + 64 * (size_t)t + 4 * r, &v, 4);
             }
-    }
-    return PD_OK;
+        }
 }
 
 /* ------------------------------------------------------------------ */
@@ -463,36 +449,18 @@ static void q6k_unpack(const uint8_t *blk, int8_t *w)
     }
 }
 
-static void kq_row_scalar(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a,
-                          size_t as, uint32_t ni, float *out, size_t os)
+static void q6k_row_scalar(const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
+                           uint32_t ni, float *out, size_t os)
 {
     for (uint32_t i = 0; i < ni; i++) {
         const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as);
-        float F[16] = { 0 }, G[8] = { 0 };
+        float F[16] = { 0 };
         for (uint64_t b = 0; b < nb; b++) {
             const int8_t *q8 = ab[b].qs;
             int8_t wv[256];
-            uint8_t sc[8], m[8];
-            float s;
-            if (type == GGML_TYPE_Q4_K) {
-                const uint8_t *blk = w + b * Q4_K_BYTES;
-                k4_scales(blk + 4, sc, m);
-                for (int j = 0; j < 4; j++)
-                    for (int l = 0; l < 32; l++) {
-                        wv[64 * j + l] = (int8_t)(blk[16 + 32 * j + l] & 0x0F);
-                        wv[64 * j + 32 + l] = (int8_t)(blk[16 + 32 * j + l] >> 4);
-                    }
-                s = h2f(blk) * ab[b].d;
-                float n = h2f(blk + 2) * ab[b].d;
-                for (int k = 0; k < 8; k++) {
-                    int32_t mk = m[k] * (ab[b].bsums[2 * k] + ab[b].bsums[2 * k + 1]);
-                    G[k] = fmaf((float)mk, n, G[k]);
-                }
-            } else {
-                const uint8_t *blk = w + b * Q6_K_BYTES;
-                q6k_unpack(blk, wv);
-                s = h2f(blk + 208) * ab[b].d;
-            }
+            const uint8_t *blk = w + b * Q6_K_BYTES;
+            q6k_unpack(blk, wv);
+            const float s = h2f(blk + 208) * ab[b].d;
             for (int l = 0; l < 16; l++) {
                 int32_t V = 0;
                 for (int j = 0; j < 4; j++) {
@@ -500,15 +468,12 @@ static void kq_row_scalar(uint32_t type, const uint8_t *w, uint64_t nb, const ui
                     int32_t P = 0;
                     for (int t = 0; t < 4; t++)
                         P += wv[e + t] * q8[e + t];
-                    int scale = type == GGML_TYPE_Q4_K
-                                    ? sc[2 * j + (l >= 8)]
-                                    : ((const int8_t *)(w + b * Q6_K_BYTES + 192))[4 * j + l / 4];
-                    V += scale * P;
+                    V += ((const int8_t *)(blk + 192))[4 * j + l / 4] * P;
                 }
                 F[l] = fmaf((float)V, s, F[l]);
             }
         }
-        out[i * os] = type == GGML_TYPE_Q4_K ? tree16_f(F) - tree8_f(G) : tree16_f(F);
+        out[i * os] = tree16_f(F);
     }
 }
 
@@ -520,36 +485,19 @@ __attribute__((target(AVX2_TARGET))) static inline __m256 bmul(float x, float y)
 
 /* ---- AVX2: 16 lanes as two ymm (lo = lanes 0-7, hi = 8-15) ---- */
 __attribute__((target(AVX2_TARGET))) static inline __attribute__((always_inline)) void
-kq_row_avx2_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
+q6k_row_avx2_t(const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
               float *out, size_t os, const int NI)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-    __m256 Flo[4], Fhi[4], G[4];
+    __m256 Flo[4], Fhi[4];
 #pragma GCC unroll 4
     for (int i = 0; i < NI; i++)
-        Flo[i] = Fhi[i] = G[i] = _mm256_setzero_ps();
+        Flo[i] = Fhi[i] = _mm256_setzero_ps();
     for (uint64_t b = 0; b < nb; b++) {
         __m256i wq[8], S[8];  /* 32-element groups (element order), their scales */
-        __m256i aw[8], sg[8]; /* Q6_K: |w| and w for the sign trick */
-        __m256i mm = _mm256_setzero_si256();
-        float dw, dmin = 0.0f;
-        if (type == GGML_TYPE_Q4_K) {
-            const uint8_t *blk = w + b * Q4_K_BYTES;
-            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
-            uint8_t sc[8], m[8];
-            k4_scales(blk + 4, sc, m);
-            dw = _cvtsh_ss(rd16(blk));
-            dmin = _cvtsh_ss(rd16(blk + 2));
-            for (int j = 0; j < 4; j++) {
-                __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
-                wq[2 * j] = _mm256_and_si256(q, m4);
-                wq[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                S[2 * j] = _mm256_set1_epi16(sc[2 * j]);
-                S[2 * j + 1] = _mm256_set1_epi16(sc[2 * j + 1]);
-            }
-            __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
-            mm = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
-        } else {
+        __m256i aw[8], sg[8]; /* |w| and w for the sign trick */
+        float dw;
+        {
             const uint8_t *blk = w + b * Q6_K_BYTES;
             _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
             const int8_t *sc = (const int8_t *)(blk + 192);
@@ -584,10 +532,8 @@ kq_row_avx2_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
             __m256i vlo = _mm256_setzero_si256(), vhi = _mm256_setzero_si256();
             for (int g = 0; g < 8; g++) {
                 __m256i av = _mm256_loadu_si256((const __m256i_u *)(ab->qs + 32 * g));
-                /* Q4_K: nibble * a (pairs <= 3810); Q6_K: |w| * (a * sign w) (<= 8128) */
-                __m256i p = type == GGML_TYPE_Q4_K
-                                ? _mm256_maddubs_epi16(wq[g], av)
-                                : _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(av, sg[g]));
+                /* |w| * (a * sign w) (pairs <= 8128) */
+                __m256i p = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(av, sg[g]));
                 p = _mm256_madd_epi16(p, S[g]);
                 if (g & 1)
                     vhi = _mm256_add_epi32(vhi, p);
@@ -597,16 +543,11 @@ kq_row_avx2_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
             __m256 sv = bmul(dw, ab->d);
             Flo[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(vlo), sv, Flo[i]);
             Fhi[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(vhi), sv, Fhi[i]);
-            if (type == GGML_TYPE_Q4_K) {
-                __m256i mk = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)ab->bsums), mm);
-                G[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mk), bmul(dmin, ab->d), G[i]);
-            }
         }
     }
 #pragma GCC unroll 4
     for (int i = 0; i < NI; i++) {
-        float f = tree8_avx2(_mm256_add_ps(Flo[i], Fhi[i]));
-        out[i * os] = type == GGML_TYPE_Q4_K ? f - tree8_avx2(G[i]) : f;
+        out[i * os] = tree8_avx2(_mm256_add_ps(Flo[i], Fhi[i]));
     }
 }
 
@@ -663,48 +604,20 @@ q6k_unpack_vnni(const uint8_t *blk, __m512i wq[4])
 }
 
 __attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
-kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
-              float *out, size_t os, const int NI)
+q6k_row_vnni_t(const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as, float *out,
+               size_t os, const int NI)
 {
     __m512 F[4];
-    __m256 G[4];
 #pragma GCC unroll 4
-    for (int i = 0; i < NI; i++) {
+    for (int i = 0; i < NI; i++)
         F[i] = _mm512_setzero_ps();
-        G[i] = _mm256_setzero_ps();
-    }
     for (uint64_t b = 0; b < nb; b++) {
         __m512i wq[4], S[4];
-        __m256i mm = _mm256_setzero_si256();
-        float dw, dmin = 0.0f;
-        if (type == GGML_TYPE_Q4_K) {
-            const uint8_t *blk = w + b * Q4_K_BYTES;
-            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
-            uint8_t sc[8], m[8];
-            k4_scales(blk + 4, sc, m);
-            dw = _cvtsh_ss(rd16(blk));
-            dmin = _cvtsh_ss(rd16(blk + 2));
-            const __m512i sv = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i_u *)sc));
-            for (int j = 0; j < 4; j++) {
-                __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
-                __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-                wq[j] = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
-                S[j] = _mm512_permutexvar_epi32(
-                    _mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
-                                     2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j,
-                                     2 * j, 2 * j, 2 * j, 2 * j),
-                    sv);
-            }
-            __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
-            mm = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
-        } else {
-            const uint8_t *blk = w + b * Q6_K_BYTES;
-            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
-            const int8_t *sc = (const int8_t *)(blk + 192);
-            dw = _cvtsh_ss(rd16(blk + 208));
-            q6k_unpack_vnni(blk, wq);
-            q6k_scales_vnni(sc, S);
-        }
+        const uint8_t *blk = w + b * Q6_K_BYTES;
+        _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+        const float dw = _cvtsh_ss(rd16(blk + 208));
+        q6k_unpack_vnni(blk, wq);
+        q6k_scales_vnni((const int8_t *)(blk + 192), S);
 #pragma GCC unroll 4
         for (int i = 0; i < NI; i++) {
             const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
@@ -712,33 +625,24 @@ kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 __m512i av = _mm512_loadu_si512(ab->qs + 64 * k);
-                /* Q6_K: q * a from -32 x the activations' 4-sums = (q - 32) * a */
-                __m512i p = type == GGML_TYPE_Q4_K
-                                ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[k], av)
-                                : _mm512_dpbusd_epi32(
-                                      _mm512_loadu_si512((const int32_t *)(const void *)(
-                                                             (const ggml_q8k_block *)(const void *)(
-                                                                 a + i * as) + nb) +
-                                                         64 * b + 16 * k),
-                                      wq[k], av);
+                /* q * a from -32 x the activations' 4-sums = (q - 32) * a */
+                __m512i p = _mm512_dpbusd_epi32(
+                    _mm512_loadu_si512((const int32_t *)(const void *)((const ggml_q8k_block *)(
+                                           const void *)(a + i * as) + nb) + 64 * b + 16 * k),
+                    wq[k], av);
                 /* v += madd(p, S), exact; two chains for latency */
                 v2[k & 1] = _mm512_dpwssd_epi32(v2[k & 1], p, S[k]);
             }
             __m512i v = _mm512_add_epi32(v2[0], v2[1]);
             __m512 s16 = _mm512_broadcastss_ps(_mm_mul_ss(_mm_set_ss(dw), _mm_set_ss(ab->d)));
             F[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), s16, F[i]);
-            if (type == GGML_TYPE_Q4_K) {
-                __m256i mk = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)ab->bsums), mm);
-                G[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mk), bmul(dmin, ab->d), G[i]);
-            }
         }
     }
 #pragma GCC unroll 4
     for (int i = 0; i < NI; i++) {
         __m256 lo = _mm512_castps512_ps256(F[i]);
         __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(F[i]), 1));
-        float f = tree8_avx2(_mm256_add_ps(lo, hi));
-        out[i * os] = type == GGML_TYPE_Q4_K ? f - tree8_avx2(G[i]) : f;
+        out[i * os] = tree8_avx2(_mm256_add_ps(lo, hi));
     }
 }
 
@@ -751,69 +655,34 @@ kq_row_vnni_t(const uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t 
  * per row); the per-output operations and their order are unchanged. */
 #define KQ_WIDE 16
 __attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
-kq_wide_vnni_t(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a,
-               size_t as, float *out, size_t os, const uint32_t ni, const int R)
+q6k_wide_vnni_t(const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a, size_t as, float *out,
+                size_t os, const uint32_t ni, const int R)
 {
     __m512 F[2][KQ_WIDE];
-    __m256 G[2][KQ_WIDE];
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (uint32_t i = 0; i < ni; i++) {
+        for (uint32_t i = 0; i < ni; i++)
             F[r][i] = _mm512_setzero_ps();
-            G[r][i] = _mm256_setzero_ps();
-        }
     for (uint64_t b = 0; b < nb; b++) {
         __m512i wq[2][4], S[2][4], src[2][4];
-        __m256i mm[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
-        float dw[2], dmin[2] = { 0.0f, 0.0f };
         __m512 dwv[2];
-        __m256 dminv[2];
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
-            if (type == GGML_TYPE_Q4_K) {
-                const uint8_t *blk = w + r * rb + b * Q4_K_BYTES;
-                _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
-                uint8_t sc[8], m[8];
-                k4_scales(blk + 4, sc, m);
-                dw[r] = _cvtsh_ss(rd16(blk));
-                dmin[r] = _cvtsh_ss(rd16(blk + 2));
-                const __m512i sv = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i_u *)sc));
-                for (int j = 0; j < 4; j++) {
-                    __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
-                    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q),
-                                                   _mm256_srli_epi16(q, 4), 1);
-                    wq[r][j] = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
-                    S[r][j] = _mm512_permutexvar_epi32(
-                        _mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
-                                         2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j,
-                                         2 * j, 2 * j, 2 * j, 2 * j, 2 * j),
-                        sv);
-                }
-                __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
-                mm[r] = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
-            } else {
-                const uint8_t *blk = w + r * rb + b * Q6_K_BYTES;
-                _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
-                const int8_t *sc = (const int8_t *)(blk + 192);
-                dw[r] = _cvtsh_ss(rd16(blk + 208));
-                q6k_unpack_vnni(blk, wq[r]);
-                /* many items: signed q - 32 against a + 128 (one xor per
-                 * chunk and item) keeps the activations compact in cache */
-                for (int k = 0; k < 4; k++) {
-                    wq[r][k] = _mm512_sub_epi8(wq[r][k], _mm512_set1_epi8(32));
-                    src[r][k] = _mm512_sub_epi32(
-                        _mm512_setzero_si512(),
-                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80),
-                                            wq[r][k]));
-                }
-                q6k_scales_vnni(sc, S[r]);
+            const uint8_t *blk = w + r * rb + b * Q6_K_BYTES;
+            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+            dwv[r] = _mm512_set1_ps(_cvtsh_ss(rd16(blk + 208)));
+            q6k_unpack_vnni(blk, wq[r]);
+            /* many items: signed q - 32 against a + 128 (one xor per
+             * chunk and item) keeps the activations compact in cache */
+            for (int k = 0; k < 4; k++) {
+                wq[r][k] = _mm512_sub_epi8(wq[r][k], _mm512_set1_epi8(32));
+                src[r][k] = _mm512_sub_epi32(
+                    _mm512_setzero_si512(),
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80),
+                                        wq[r][k]));
             }
-        }
-#pragma GCC unroll 2
-        for (int r = 0; r < R; r++) {
-            dwv[r] = _mm512_set1_ps(dw[r]);
-            dminv[r] = _mm256_set1_ps(dmin[r]);
+            q6k_scales_vnni((const int8_t *)(blk + 192), S[r]);
         }
 #pragma GCC unroll 2
         for (uint32_t i = 0; i < ni; i++) {
@@ -822,22 +691,16 @@ kq_wide_vnni_t(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, co
                                  { _mm512_setzero_si512(), _mm512_setzero_si512() } };
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                __m512i av = _mm512_loadu_si512(ab->qs + 64 * k);
-                if (type != GGML_TYPE_Q4_K)
-                    av = _mm512_xor_si512(av, _mm512_set1_epi8((char)0x80));
+                __m512i av = _mm512_xor_si512(_mm512_loadu_si512(ab->qs + 64 * k),
+                                              _mm512_set1_epi8((char)0x80));
 #pragma GCC unroll 2
                 for (int r = 0; r < R; r++) {
-                    /* Q6_K: (a + 128) * (q - 32) from -128 x the weights' 4-sums */
-                    __m512i p = type == GGML_TYPE_Q4_K
-                                    ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[r][k], av)
-                                    : _mm512_dpbusd_epi32(src[r][k], av, wq[r][k]);
+                    /* (a + 128) * (q - 32) from -128 x the weights' 4-sums */
+                    __m512i p = _mm512_dpbusd_epi32(src[r][k], av, wq[r][k]);
                     /* v += madd(p, S), exact; two chains for latency */
                     v2[r][k & 1] = _mm512_dpwssd_epi32(v2[r][k & 1], p, S[r][k]);
                 }
             }
-            __m256i bs = type == GGML_TYPE_Q4_K
-                             ? _mm256_loadu_si256((const __m256i_u *)ab->bsums)
-                             : _mm256_setzero_si256();
             /* d_w * d_a as one vector multiply of broadcasts (the same
              * f32 product as the scalar one), d_a broadcast once for R rows */
             const __m512 da = _mm512_set1_ps(ab->d);
@@ -846,12 +709,6 @@ kq_wide_vnni_t(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, co
                 __m512i v = _mm512_add_epi32(v2[r][0], v2[r][1]);
                 F[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dwv[r], da),
                                           F[r][i]);
-                if (type == GGML_TYPE_Q4_K) {
-                    __m256i mk = _mm256_madd_epi16(bs, mm[r]);
-                    G[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mk),
-                                              _mm256_mul_ps(dminv[r], _mm512_castps512_ps256(da)),
-                                              G[r][i]);
-                }
             }
         }
     }
@@ -861,47 +718,244 @@ kq_wide_vnni_t(const uint32_t type, const uint8_t *w, size_t rb, uint64_t nb, co
         for (uint32_t i = 0; i < ni; i++) {
             __m256 lo = _mm512_castps512_ps256(F[r][i]);
             __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(F[r][i]), 1));
-            float f = tree8_avx2(_mm256_add_ps(lo, hi));
-            out[r + i * os] = type == GGML_TYPE_Q4_K ? f - tree8_avx2(G[r][i]) : f;
+            out[r + i * os] = tree8_avx2(_mm256_add_ps(lo, hi));
         }
 }
 
-#define KQ_WIDE_FN(TN, T, R)                                                                     \
-    __attribute__((target(VNNI_TARGET))) static void kq_wide##R##_vnni_##TN(                     \
+#define Q6K_WIDE_FN(R)                                                                           \
+    __attribute__((target(VNNI_TARGET))) static void q6k_wide##R##_vnni(                         \
         const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a, size_t as, float *out,       \
         size_t os, uint32_t ni)                                                                  \
     {                                                                                            \
-        kq_wide_vnni_t(T, w, rb, nb, a, as, out, os, ni, R);                                     \
+        q6k_wide_vnni_t(w, rb, nb, a, as, out, os, ni, R);                                       \
     }
-KQ_WIDE_FN(q4k, GGML_TYPE_Q4_K, 1)
-KQ_WIDE_FN(q4k, GGML_TYPE_Q4_K, 2)
-KQ_WIDE_FN(q6k, GGML_TYPE_Q6_K, 1)
-KQ_WIDE_FN(q6k, GGML_TYPE_Q6_K, 2)
+Q6K_WIDE_FN(1)
+Q6K_WIDE_FN(2)
 
 typedef void (*kq_row_fn)(const uint8_t *, uint64_t, const uint8_t *, size_t, float *, size_t);
-#define KQ_ROW(TGT, BODY, T, TN, NI)                                                            \
-    __attribute__((target(TGT))) static void kq_##BODY##_##TN##_##NI(                           \
+#define Q6K_ROW(BODY, NI)                                                                        \
+    __attribute__((target(BODY##_TARGET_Q6K))) static void q6k_##BODY##_##NI(                    \
         const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as, float *out, size_t os)       \
     {                                                                                            \
-        kq_row_##BODY##_t(T, w, nb, a, as, out, os, NI);                                         \
+        q6k_row_##BODY##_t(w, nb, a, as, out, os, NI);                                           \
     }
-#define KQ_ROWS(TGT, BODY, T, TN)                                                               \
-    KQ_ROW(TGT, BODY, T, TN, 1) KQ_ROW(TGT, BODY, T, TN, 2) KQ_ROW(TGT, BODY, T, TN, 3)          \
-    KQ_ROW(TGT, BODY, T, TN, 4)                                                                  \
-    static const kq_row_fn kq_##BODY##_##TN[5] = { NULL, kq_##BODY##_##TN##_1,                  \
-                                                   kq_##BODY##_##TN##_2, kq_##BODY##_##TN##_3,  \
-                                                   kq_##BODY##_##TN##_4 };
-KQ_ROWS(AVX2_TARGET, avx2, GGML_TYPE_Q4_K, q4k)
-KQ_ROWS(AVX2_TARGET, avx2, GGML_TYPE_Q6_K, q6k)
-KQ_ROWS(VNNI_TARGET, vnni, GGML_TYPE_Q4_K, q4k)
-KQ_ROWS(VNNI_TARGET, vnni, GGML_TYPE_Q6_K, q6k)
+#define avx2_TARGET_Q6K AVX2_TARGET
+#define vnni_TARGET_Q6K VNNI_TARGET
+#define Q6K_ROWS(BODY)                                                                           \
+    Q6K_ROW(BODY, 1) Q6K_ROW(BODY, 2) Q6K_ROW(BODY, 3) Q6K_ROW(BODY, 4)                          \
+    static const kq_row_fn q6k_##BODY[5] = { NULL, q6k_##BODY##_1, q6k_##BODY##_2,              \
+                                             q6k_##BODY##_3, q6k_##BODY##_4 };
+Q6K_ROWS(avx2)
+Q6K_ROWS(vnni)
 
-static void kq_row_simd(int path, uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a,
-                        size_t as, uint32_t ni, float *out, size_t os)
+/* ------------------------------------------------------------------ */
+/* Q4_K against Q8K: one exact int32 per block for the scaled dot, one for
+ * the mins, one f32 chain (see the header) */
+
+/* a Q4_K block's 8 sub-block dots P_k (elements 32k..: chunk j = k / 2's
+ * low nibbles for even k, high for odd) as V = sum sc_k P_k, and M */
+static void q4k_block_scalar(const uint8_t *blk, const ggml_q8k_block *ab, int32_t *V_p,
+                             int32_t *M_p)
 {
-    const kq_row_fn *tab = path == GGML_QDOT_VNNI ? (type == GGML_TYPE_Q4_K ? kq_vnni_q4k : kq_vnni_q6k)
-                                                  : (type == GGML_TYPE_Q4_K ? kq_avx2_q4k : kq_avx2_q6k);
-    tab[ni](w, nb, a, as, out, os);
+    uint8_t sc[8], m[8];
+    k4_scales(blk + 4, sc, m);
+    int32_t V = 0, M = 0;
+    for (int k = 0; k < 8; k++) {
+        const uint8_t *qs = blk + 16 + 32 * (k / 2);
+        int32_t P = 0;
+        for (int l = 0; l < 32; l++)
+            P += (int32_t)((k & 1) ? qs[l] >> 4 : qs[l] & 0x0F) * ab->qs[32 * k + l];
+        V += sc[k] * P;
+        M += m[k] * (ab->bsums[2 * k] + ab->bsums[2 * k + 1]);
+    }
+    *V_p = V;
+    *M_p = M;
+}
+
+static void q4k_row_scalar(const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
+                           uint32_t ni, float *out, size_t os)
+{
+    for (uint32_t i = 0; i < ni; i++) {
+        const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as);
+        float r = 0.0f;
+        for (uint64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = w + b * Q4_K_BYTES;
+            int32_t V, M;
+            q4k_block_scalar(blk, &ab[b], &V, &M);
+            r = fmaf((float)V, h2f(blk) * ab[b].d, r);
+            r = fmaf((float)M, -(h2f(blk + 2) * ab[b].d), r);
+        }
+        out[i * os] = r;
+    }
+}
+
+/* AVX2 (and VNNI's rows outside the packed groups): per block and item the
+ * 8 sub-blocks' maddubs (nibble * a, pairs <= 3810) madd'ed with their
+ * scale into 8 int32 lanes, one horizontal sum; the mins by one madd. */
+__attribute__((target(AVX2_TARGET))) static void
+q4k_row_avx2(const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as, uint32_t ni, float *out,
+             size_t os)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m128 r[4];
+    for (uint32_t i = 0; i < 4; i++)
+        r[i] = _mm_setzero_ps();
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * Q4_K_BYTES;
+        _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+        uint8_t sc[8], m[8];
+        k4_scales(blk + 4, sc, m);
+        __m256i wq[8], S[8];
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
+            wq[2 * j] = _mm256_and_si256(q, m4);
+            wq[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            S[2 * j] = _mm256_set1_epi16(sc[2 * j]);
+            S[2 * j + 1] = _mm256_set1_epi16(sc[2 * j + 1]);
+        }
+        /* m_k against bsums 2k and 2k + 1 */
+        __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i_u *)m));
+        const __m256i mm = _mm256_set_m128i(_mm_unpackhi_epi16(mv, mv), _mm_unpacklo_epi16(mv, mv));
+        const float dw = _cvtsh_ss(rd16(blk)), dmin = _cvtsh_ss(rd16(blk + 2));
+        for (uint32_t i = 0; i < ni; i++) {
+            const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
+            __m256i v = _mm256_setzero_si256();
+            for (int k = 0; k < 8; k++) {
+                __m256i av = _mm256_loadu_si256((const __m256i_u *)(ab->qs + 32 * k));
+                v = _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(wq[k], av), S[k]));
+            }
+            __m256i mk = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)ab->bsums), mm);
+            const float fv = (float)hsum8_avx2(v), fm = (float)hsum8_avx2(mk);
+            r[i] = _mm_fmadd_ss(_mm_set_ss(fv), _mm_set_ss(dw * ab->d), r[i]);
+            r[i] = _mm_fmadd_ss(_mm_set_ss(fm), _mm_set_ss(-(dmin * ab->d)), r[i]);
+        }
+    }
+    for (uint32_t i = 0; i < ni; i++)
+        out[i * os] = _mm_cvtss_f32(r[i]);
+}
+
+/* VNNI on the packed Q4_K layout: per group of 16 rows and block,
+ *   [j < 4][t < 8][row][4 bytes]  chunk j's quad t (low nibbles: elements
+ *                                 64j + 4t.., high: 64j + 32 + 4t..)
+ *   [k < 8][row] sc, then [k < 8][row] m   (6-bit, one byte each)
+ *   [row] d, then [row] dmin                (f16)
+ * (2368 bytes, a multiple of 64). Half a sub-block (16 elements: 4
+ * vpdpbusd) sums to at most 16 * 15 * 127 < 2^15, so one vpdpwssd applies
+ * the sub-block scale (in the low 16 bits of each lane, 0 above); the mins
+ * by vpdpwssd of (m_k, m_k) against the item's bsums pairs. */
+#define Q4K_PK_BYTES 2368
+#define Q4K_PK_ITEMS 4
+
+__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
+q4k_pk_vnni_t(const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as, float *out, size_t os,
+              const int NI)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 r[Q4K_PK_ITEMS];
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++)
+        r[i] = _mm512_setzero_ps();
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *p = pg + b * Q4K_PK_BYTES;
+        const int32_t *g4[Q4K_PK_ITEMS];
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++)
+            g4[i] = (const int32_t *)(const void *)((const ggml_q8k_block *)(const void *)(
+                                                       a + i * as) + b)->qs;
+        __m512i V[Q4K_PK_ITEMS];
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++)
+            V[i] = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            _mm_prefetch((const char *)p + QDOT_PF + 512 * j, _MM_HINT_T0);
+            const __m512i S0 = _mm512_cvtepu8_epi32(
+                _mm_loadu_si128((const __m128i_u *)(p + 2048 + 16 * (2 * j))));
+            const __m512i S1 = _mm512_cvtepu8_epi32(
+                _mm_loadu_si128((const __m128i_u *)(p + 2048 + 16 * (2 * j + 1))));
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m512i lo[4], hi[4];
+#pragma GCC unroll 4
+                for (int t = 0; t < 4; t++) {
+                    __m512i x = _mm512_loadu_si512(p + 512 * j + 64 * (4 * h + t));
+                    lo[t] = _mm512_and_si512(x, m4);
+                    hi[t] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+                }
+#pragma GCC unroll 4
+                for (int i = 0; i < NI; i++) {
+                    const int32_t *g = g4[i] + 16 * j + 4 * h;
+                    __m512i pl = _mm512_setzero_si512(), ph = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                    for (int t = 0; t < 4; t++) {
+                        pl = _mm512_dpbusd_epi32(pl, lo[t], _mm512_set1_epi32(g[t]));
+                        ph = _mm512_dpbusd_epi32(ph, hi[t], _mm512_set1_epi32(g[8 + t]));
+                    }
+                    V[i] = _mm512_dpwssd_epi32(V[i], pl, S0);
+                    V[i] = _mm512_dpwssd_epi32(V[i], ph, S1);
+                }
+            }
+        }
+        __m512i M[Q4K_PK_ITEMS];
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++)
+            M[i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            __m512i mk = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i_u *)(p + 2176 + 16 * k)));
+            mk = _mm512_or_si512(mk, _mm512_slli_epi32(mk, 16));
+#pragma GCC unroll 4
+            for (int i = 0; i < NI; i++) {
+                const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
+                int32_t pair;
+                memcpy(&pair, ab->bsums + 2 * k, 4);
+                M[i] = _mm512_dpwssd_epi32(M[i], mk, _mm512_set1_epi32(pair));
+            }
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(p + 2304)));
+        const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(p + 2336)));
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++) {
+            const float d = ((const ggml_q8k_block *)(const void *)(a + i * as))[b].d;
+            r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(V[i]), _mm512_mul_ps(dw, _mm512_set1_ps(d)),
+                                   r[i]);
+            r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M[i]), _mm512_mul_ps(dm, _mm512_set1_ps(-d)),
+                                   r[i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++)
+        _mm512_storeu_ps(out + i * os, r[i]);
+}
+
+#define Q4K_PK(NI)                                                                             \
+    __attribute__((target(VNNI_TARGET))) static void q4k_pk_##NI(                             \
+        const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as, float *out, size_t os)    \
+    {                                                                                          \
+        q4k_pk_vnni_t(pg, nb, a, as, out, os, NI);                                             \
+    }
+Q4K_PK(1) Q4K_PK(2) Q4K_PK(3) Q4K_PK(4)
+static const q32_pk_fn q4k_pk[Q4K_PK_ITEMS + 1] = { NULL, q4k_pk_1, q4k_pk_2, q4k_pk_3,
+                                                    q4k_pk_4 };
+
+static void q4k_pack_group(const uint8_t *w, size_t row_bytes, uint64_t nb, uint8_t *pg)
+{
+    for (uint64_t b = 0; b < nb; b++) {
+        uint8_t *p = pg + b * Q4K_PK_BYTES;
+        for (uint32_t r = 0; r < 16; r++) {
+            const uint8_t *blk = w + (size_t)r * row_bytes + b * Q4_K_BYTES;
+            uint8_t sc[8], m[8];
+            k4_scales(blk + 4, sc, m);
+            for (int k = 0; k < 8; k++) {
+                p[2048 + 16 * k + r] = sc[k];
+                p[2176 + 16 * k + r] = m[k];
+            }
+            memcpy(p + 2304 + 2 * r, blk, 2);
+            memcpy(p + 2336 + 2 * r, blk + 2, 2);
+            for (int j = 0; j < 4; j++)
+                for (int t = 0; t < 8; t++)
+                    memcpy(p + 512 * j + 64 * t + 4 * r, blk + 16 + 32 * j + 4 * t, 4);
+        }
+    }
 }
 
 /* ---- dispatch ---- */
@@ -966,9 +1020,9 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
     const uint8_t *ab = a;
     /* tiles of 16 weight rows (in L1) x 4 items: each weight row is read
      * from memory once, the activations once per 16 rows */
-    /* VNNI K-quants with more than 4 items: each weight block decoded once
-     * per KQ_WIDE items (same per-item operations, same bits) */
-    const int wide = act == GGML_QACT_Q8K && path == GGML_QDOT_VNNI && n_items > 4;
+    /* VNNI Q6_K with more than 4 items: each weight block decoded once per
+     * KQ_WIDE items (same per-item operations, same bits) */
+    const int wide = type == GGML_TYPE_Q6_K && path == GGML_QDOT_VNNI && n_items > 4;
     const uint32_t step = wide ? KQ_WIDE : 4;
     for (uint32_t r0 = 0; r0 < n_rows; r0 += 16) {
         uint32_t r1 = n_rows - r0 < 16 ? n_rows : r0 + 16;
@@ -979,11 +1033,11 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
             if (wide) {
                 uint32_t r = r0;
                 for (; r + 2 <= r1; r += 2) /* row pairs share the activation loads */
-                    (type == GGML_TYPE_Q4_K ? kq_wide2_vnni_q4k : kq_wide2_vnni_q6k)(
+                    q6k_wide2_vnni(
                         w + (size_t)r * row_bytes, row_bytes, nb, ai, a_stride,
                         out + r + (size_t)i0 * out_stride, out_stride, ni);
                 if (r < r1)
-                    (type == GGML_TYPE_Q4_K ? kq_wide1_vnni_q4k : kq_wide1_vnni_q6k)(
+                    q6k_wide1_vnni(
                         w + (size_t)r * row_bytes, row_bytes, nb, ai, a_stride,
                         out + r + (size_t)i0 * out_stride, out_stride, ni);
                 continue;
@@ -991,11 +1045,17 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
             for (uint32_t r = r0; r < r1; r++) {
                 const uint8_t *row = w + (size_t)r * row_bytes;
                 float *oi = out + r + (size_t)i0 * out_stride;
-                if (act == GGML_QACT_Q8K) {
+                if (type == GGML_TYPE_Q6_K) {
                     if (path >= GGML_QDOT_AVX2)
-                        kq_row_simd(path, type, row, nb, ai, a_stride, ni, oi, out_stride);
+                        (path == GGML_QDOT_VNNI ? q6k_vnni : q6k_avx2)[ni](row, nb, ai, a_stride,
+                                                                          oi, out_stride);
                     else
-                        kq_row_scalar(type, row, nb, ai, a_stride, ni, oi, out_stride);
+                        q6k_row_scalar(row, nb, ai, a_stride, ni, oi, out_stride);
+                } else if (type == GGML_TYPE_Q4_K) { /* VNNI: on the packed layout */
+                    if (path >= GGML_QDOT_AVX2)
+                        q4k_row_avx2(row, nb, ai, a_stride, ni, oi, out_stride);
+                    else
+                        q4k_row_scalar(row, nb, ai, a_stride, ni, oi, out_stride);
                 } else if (path >= GGML_QDOT_AVX2) { /* VNNI: on the packed layout */
                     q32_row_avx2(type, row, nb, ai, a_stride, ni, oi, out_stride);
                 } else {
@@ -1004,6 +1064,43 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
                 }
             }
         }
+    }
+    return PD_OK;
+}
+
+/* bytes of one packed group of 16 rows of n elements, 64-byte aligned so
+ * that every block's quads start a cache line; 0 = no packed kernel */
+static size_t pk_group_bytes(uint32_t type, uint64_t n)
+{
+    const uint32_t bs = ggml_qdot_block(type);
+    if (n == 0 || bs == 0 || n % bs)
+        return 0;
+    switch (type) {
+    case GGML_TYPE_Q8_0: return (16 * (size_t)(n / bs) * Q8_0_BYTES + 63) & ~(size_t)63;
+    case GGML_TYPE_Q4_0: return (16 * (size_t)(n / bs) * Q4_0_BYTES + 63) & ~(size_t)63;
+    case GGML_TYPE_Q4_K: return (size_t)(n / bs) * Q4K_PK_BYTES;
+    default: return 0;
+    }
+}
+
+size_t ggml_qdot_pack_bytes(uint32_t type, uint32_t n_rows, uint64_t n)
+{
+    return (size_t)(n_rows / 16) * pk_group_bytes(type, n);
+}
+
+pd_status_t ggml_qdot_pack(uint32_t type, const uint8_t *w, size_t row_bytes, uint32_t n_rows,
+                           uint64_t n, uint8_t *out)
+{
+    const size_t gb = pk_group_bytes(type, n);
+    if (gb == 0)
+        return PD_ERR_UNSUPPORTED;
+    const uint64_t nb = n / ggml_qdot_block(type);
+    for (uint32_t g = 0; g < n_rows / 16; g++) {
+        const uint8_t *wg = w + (size_t)16 * g * row_bytes;
+        if (type == GGML_TYPE_Q4_K)
+            q4k_pack_group(wg, row_bytes, nb, out + g * gb);
+        else
+            q32_pack_group(type, wg, row_bytes, nb, out + g * gb);
     }
     return PD_OK;
 }
@@ -1019,12 +1116,14 @@ pd_status_t ggml_qdot_rows_packed(int path, uint32_t type, const uint8_t *w, siz
         path = cpu_best();
     /* the full groups of 16 inside [r0, r1) */
     const uint32_t g0 = (r0 + 15) / 16, g1 = r1 / 16;
-    if (!pk || path != GGML_QDOT_VNNI || ggml_qdot_pack_bytes(type, 16, n) == 0 || g0 >= g1)
+    const size_t gstride = pk_group_bytes(type, n);
+    if (!pk || path != GGML_QDOT_VNNI || gstride == 0 || g0 >= g1)
         return ggml_qdot_rows(path, type, w + (size_t)r0 * row_bytes, row_bytes, r1 - r0, n, a,
                               a_stride, n_items, out, out_stride);
-    const uint64_t nb = n / GGML_Q8A_BLOCK;
-    const size_t gstride = ggml_qdot_pack_bytes(type, 16, n);
-    const q32_pk_fn *tab = type == GGML_TYPE_Q8_0 ? q32_pk_q8 : q32_pk_q4;
+    const uint64_t nb = n / ggml_qdot_block(type);
+    const q32_pk_fn *tab = type == GGML_TYPE_Q8_0 ? q32_pk_q8
+                           : type == GGML_TYPE_Q4_0 ? q32_pk_q4 : q4k_pk;
+    const uint32_t step = type == GGML_TYPE_Q4_K ? Q4K_PK_ITEMS : Q32_PK_ITEMS;
     pd_status_t st = PD_OK;
     if (r0 < 16 * g0) /* leading rows of a group the range cuts */
         st = ggml_qdot_rows(path, type, w + (size_t)r0 * row_bytes, row_bytes, 16 * g0 - r0, n,
@@ -1032,7 +1131,7 @@ pd_status_t ggml_qdot_rows_packed(int path, uint32_t type, const uint8_t *w, siz
     for (uint32_t g = g0; g < g1 && st == PD_OK; g++) {
         uint32_t ni;
         for (uint32_t i0 = 0; i0 < n_items; i0 += ni) {
-            ni = n_items - i0 < Q32_PK_ITEMS ? n_items - i0 : Q32_PK_ITEMS;
+            ni = n_items - i0 < step ? n_items - i0 : step;
             tab[ni](pk + g * gstride, nb, (const uint8_t *)a + (size_t)i0 * a_stride, a_stride,
                     out + (16 * g - r0) + (size_t)i0 * out_stride, out_stride);
         }

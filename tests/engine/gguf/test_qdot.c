@@ -1,8 +1,9 @@
 /* test_qdot.c - integer-dot kernels (engine/gguf/ggml_qdot.c) for Q8_0,
  * Q4_0, Q4_K and Q6_K weight rows against quantized activations:
  *  - the scalar, AVX2 and VNNI paths return identical bits, and a row dot
- *    computed in a batch of items equals the same item alone; Q8_0 / Q4_0
- *    on the packed layout (any row range, any item count) give them too;
+ *    computed in a batch of items equals the same item alone; Q8_0, Q4_0
+ *    and Q4_K on the packed layout (any row range, any item count) give
+ *    them too;
  *  - each dot equals the exact (f64) dot of the dequantized weights with
  *    the dequantized activations to f32 accumulation accuracy (1e-5 of the
  *    sum of |terms|), which catches any wrong scale, sign or offset;
@@ -42,13 +43,14 @@ static double act_d(int act, const uint8_t *a, uint64_t n, uint64_t e)
     return ggml_qdot_act_scale(act, a, n, e);
 }
 
-/* Q8_0 / Q4_0: the packed kernel gives the row kernels' bits for every
- * row range (group-aligned or not, cutting groups or not) and item count */
+/* Q8_0 / Q4_0 / Q4_K: the packed kernel gives the row kernels' bits for
+ * every row range (group-aligned or not, cutting groups or not) and item
+ * count */
 static void check_packed(uint32_t type, const uint8_t *wq, size_t rb, uint64_t n,
                          const uint8_t *a, size_t ab, float ref[NITEMS][NROWS])
 {
     size_t pb = ggml_qdot_pack_bytes(type, NROWS, n);
-    if (type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q4_0) {
+    if (type == GGML_TYPE_Q6_K) {
         assert_int_equal(pb, 0);
         return;
     }
@@ -58,7 +60,7 @@ static void check_packed(uint32_t type, const uint8_t *wq, size_t rb, uint64_t n
     assert_int_equal(ggml_qdot_pack(type, wq, rb, NROWS, n, pk), PD_OK);
     static const uint32_t ranges[][2] = { { 0, NROWS }, { 0, 16 }, { 3, 19 }, { 16, 19 },
                                           { 5, 9 }, { 0, 1 } };
-    static const uint32_t items[] = { 1, 3, 8, 9, NITEMS };
+    static const uint32_t items[] = { 1, 3, 4, 5, 8, 9, NITEMS };
     for (int p = GGML_QDOT_SCALAR; p <= GGML_QDOT_VNNI; p++)
         for (size_t k = 0; k < sizeof ranges / sizeof ranges[0]; k++)
             for (size_t j = 0; j < sizeof items / sizeof items[0]; j++) {
