@@ -624,6 +624,18 @@ void gguf_close(gguf_t *g)
     free(g);
 }
 
+void gguf_release(const gguf_t *g, const void *p, size_t n)
+{
+    const uintptr_t base = (uintptr_t)g->base, pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p, b = a + n;
+    if (!g->mapped || a < base || b > base + g->size || b < a)
+        return;
+    a = (a + pg - 1) & ~(pg - 1);
+    b &= ~(pg - 1);
+    if (a < b) /* read-only private file pages: dropping them loses nothing */
+        (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 uint32_t gguf_version(const gguf_t *g) { return g->version; }
 uint32_t gguf_alignment(const gguf_t *g) { return g->alignment; }
 uint64_t gguf_data_offset(const gguf_t *g) { return g->data_offset; }

@@ -124,6 +124,11 @@ pd_status_t gguf_open(const char *path, gguf_t **gguf_p, char *err, size_t err_l
 pd_status_t gguf_open_memory(const void *data, size_t size, gguf_t **gguf_p,
                              char *err, size_t err_len);
 
+/* The caller will rarely read [p, p + n) (data of this file) again: for a
+ * mapped file its whole pages leave the process's memory (read again, they
+ * fault back from the file); for a gguf_open_memory buffer, nothing. */
+void gguf_release(const gguf_t *gguf, const void *p, size_t n);
+
 /* Unmap and free. Accepts NULL. */
 void gguf_close(gguf_t *gguf);
 

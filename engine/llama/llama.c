@@ -313,8 +313,12 @@ static pd_status_t ll_pack_one(eng_model_t *m, eng_ll_tensor_t *t)
 {
     void *buf;
     pd_status_t st = eng_ll_pack(t, &buf);
-    if (st == PD_OK && buf)
+    if (st == PD_OK && buf) {
         m->pk_bufs[m->n_pk++] = buf;
+        /* the kernels read the packed rows only (tail rows and token_embd
+         * lookups fault theirs back): the model stays ~1x in memory */
+        gguf_release(m->gguf, t->data, (size_t)(t->rows / 16 * 16) * t->row_bytes);
+    }
     return st; /* on failure ll_free frees the ones made */
 }
 
@@ -697,11 +701,6 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     }
     if ((st = ll_load_layers(m, err, err_len)))
         goto err_free;
-    if ((st = ll_pack_weights(m))) {
-        snprintf(err, err_len, "packing the weights for the integer-dot kernel: %s",
-                 pd_status_str(st));
-        goto err_free;
-    }
 
     m->inv_freq = calloc(m->rope_dim / 2 + 1, sizeof(double));
     if (!m->inv_freq) {
@@ -759,6 +758,13 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     g->context_length = ctx_len;
     g->compat_hash = ll_compat_hash(m);
     m->lay = eng_kv_layout_block_major(g);
+    /* after the hash (which reads every byte): packing releases the rows
+     * it copies from the file mapping */
+    if ((st = ll_pack_weights(m))) {
+        snprintf(err, err_len, "packing the weights for the integer-dot kernel: %s",
+                 pd_status_str(st));
+        goto err_free;
+    }
 
     m->n_threads = opts->n_threads ? opts->n_threads : ll_online_cores();
     if (m->n_threads > LL_MAX_THREADS)

@@ -402,6 +402,51 @@ static void test_roundtrip_memory(void **state)
     }
 }
 
+/* gguf_release: a mapped file's released pages read back as the file's
+ * bytes; a memory buffer is left alone */
+static void test_release(void **state)
+{
+    (void)state;
+    enum { N = 4 * 4096 };
+    static float v[N];
+    for (int i = 0; i < N; i++)
+        v[i] = (float)i;
+    gguf_writer_t *w;
+    assert_int_equal(gguf_writer_create(&w), PD_OK);
+    const uint64_t ne[1] = { N };
+    assert_int_equal(gguf_writer_add_tensor_f32(w, "t", GGML_TYPE_F32, 1, ne, v), PD_OK);
+    char path[] = "/tmp/pd-gguf-release-XXXXXX", err[256] = "";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(gguf_writer_write(w, path, err, sizeof(err)), PD_OK);
+    gguf_t *g;
+    assert_int_equal(gguf_open(path, &g, err, sizeof(err)), PD_OK);
+    const gguf_tensor_t *t = gguf_tensor_find(g, "t");
+    assert_non_null(t);
+    assert_memory_equal(t->data, v, sizeof v);
+    gguf_release(g, t->data, sizeof v);
+    assert_memory_equal(t->data, v, sizeof v);
+    gguf_release(g, (const uint8_t *)t->data - 1, 10); /* not its own: ignored */
+    gguf_close(g);
+    unlink(path);
+
+    uint8_t *buf;
+    size_t size;
+    assert_int_equal(gguf_writer_write_memory(w, &buf, &size), PD_OK);
+    void *al = NULL;
+    assert_int_equal(posix_memalign(&al, 4096, size), 0);
+    memcpy(al, buf, size);
+    assert_int_equal(gguf_open_memory(al, size, &g, err, sizeof(err)), PD_OK);
+    t = gguf_tensor_find(g, "t");
+    gguf_release(g, t->data, sizeof v);
+    assert_memory_equal(t->data, v, sizeof v);
+    gguf_close(g);
+    free(al);
+    free(buf);
+    gguf_writer_destroy(w);
+}
+
 static void test_roundtrip_file(void **state)
 {
     char path[] = "/tmp/pd-gguf-test-XXXXXX";
@@ -650,6 +695,7 @@ int main(void)
         cmocka_unit_test(test_dequant_simd_random_bytes),
         cmocka_unit_test(test_roundtrip_memory),
         cmocka_unit_test(test_roundtrip_file),
+        cmocka_unit_test(test_release),
         cmocka_unit_test(t_bad_magic),
         cmocka_unit_test(t_version_2),
         cmocka_unit_test(t_version_4),
