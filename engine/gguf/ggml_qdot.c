@@ -10,6 +10,7 @@
 #define Q8_0_BYTES 34
 #define Q4_0_BYTES 18
 #define Q4_K_BYTES 144
+#define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
 
 static inline float h2f(const uint8_t *p)
@@ -28,6 +29,7 @@ int ggml_qdot_act(uint32_t type)
     case GGML_TYPE_Q8_0:
     case GGML_TYPE_Q4_0: return GGML_QACT_Q8A;
     case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
     case GGML_TYPE_Q6_K: return GGML_QACT_Q8K;
     default: return GGML_QACT_NONE;
     }
@@ -749,22 +751,34 @@ Q6K_ROWS(avx2)
 Q6K_ROWS(vnni)
 
 /* ------------------------------------------------------------------ */
-/* Q4_K against Q8K: one exact int32 per block for the scaled dot, one for
- * the mins, one f32 chain (see the header) */
+/* Q4_K / Q5_K against Q8K: one exact int32 per block for the scaled dot,
+ * one for the mins, one f32 chain (see the header) */
 
-/* a Q4_K block's 8 sub-block dots P_k (elements 32k..: chunk j = k / 2's
- * low nibbles for even k, high for odd) as V = sum sc_k P_k, and M */
-static void q4k_block_scalar(const uint8_t *blk, const ggml_q8k_block *ab, int32_t *V_p,
-                             int32_t *M_p)
+static inline size_t k45_bytes(uint32_t type)
+{
+    return type == GGML_TYPE_Q5_K ? Q5_K_BYTES : Q4_K_BYTES;
+}
+
+/* a Q4_K / Q5_K block's 8 sub-block dots P_k (elements 32k..: chunk j =
+ * k / 2's low nibbles for even k, high for odd; Q5_K: + 16 x bit k of
+ * qh[l]) as V = sum sc_k P_k, and M */
+static void k45_block_scalar(uint32_t type, const uint8_t *blk, const ggml_q8k_block *ab,
+                             int32_t *V_p, int32_t *M_p)
 {
     uint8_t sc[8], m[8];
     k4_scales(blk + 4, sc, m);
+    const int q5 = type == GGML_TYPE_Q5_K;
+    const uint8_t *qh = blk + 16;
     int32_t V = 0, M = 0;
     for (int k = 0; k < 8; k++) {
-        const uint8_t *qs = blk + 16 + 32 * (k / 2);
+        const uint8_t *qs = blk + (q5 ? 48 : 16) + 32 * (k / 2);
         int32_t P = 0;
-        for (int l = 0; l < 32; l++)
-            P += (int32_t)((k & 1) ? qs[l] >> 4 : qs[l] & 0x0F) * ab->qs[32 * k + l];
+        for (int l = 0; l < 32; l++) {
+            int v = (k & 1) ? qs[l] >> 4 : qs[l] & 0x0F;
+            if (q5)
+                v |= ((qh[l] >> k) & 1) << 4;
+            P += v * ab->qs[32 * k + l];
+        }
         V += sc[k] * P;
         M += m[k] * (ab->bsums[2 * k] + ab->bsums[2 * k + 1]);
     }
@@ -772,16 +786,16 @@ static void q4k_block_scalar(const uint8_t *blk, const ggml_q8k_block *ab, int32
     *M_p = M;
 }
 
-static void q4k_row_scalar(const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
-                           uint32_t ni, float *out, size_t os)
+static void k45_row_scalar(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a,
+                           size_t as, uint32_t ni, float *out, size_t os)
 {
     for (uint32_t i = 0; i < ni; i++) {
         const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as);
         float r = 0.0f;
         for (uint64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = w + b * Q4_K_BYTES;
+            const uint8_t *blk = w + b * k45_bytes(type);
             int32_t V, M;
-            q4k_block_scalar(blk, &ab[b], &V, &M);
+            k45_block_scalar(type, blk, &ab[b], &V, &M);
             r = fmaf((float)V, h2f(blk) * ab[b].d, r);
             r = fmaf((float)M, -(h2f(blk + 2) * ab[b].d), r);
         }
@@ -793,23 +807,34 @@ static void q4k_row_scalar(const uint8_t *w, uint64_t nb, const uint8_t *a, size
  * 8 sub-blocks' maddubs (nibble * a, pairs <= 3810) madd'ed with their
  * scale into 8 int32 lanes, one horizontal sum; the mins by one madd. */
 __attribute__((target(AVX2_TARGET))) static void
-q4k_row_avx2(const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as, uint32_t ni, float *out,
-             size_t os)
+k45_row_avx2(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as, uint32_t ni,
+             float *out, size_t os)
 {
+    const int q5 = type == GGML_TYPE_Q5_K;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m128 r[4];
     for (uint32_t i = 0; i < 4; i++)
         r[i] = _mm_setzero_ps();
     for (uint64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * Q4_K_BYTES;
+        const uint8_t *blk = w + b * k45_bytes(type);
         _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
         uint8_t sc[8], m[8];
         k4_scales(blk + 4, sc, m);
         __m256i wq[8], S[8];
+        const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i_u *)(blk + 16))
+                              : _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
-            __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + 16 + 32 * j));
+            __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + (q5 ? 48 : 16) + 32 * j));
             wq[2 * j] = _mm256_and_si256(q, m4);
             wq[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (q5) /* bit k of qh[l] is bit 4 of sub-block k's element l (pairs <= 7874) */
+                for (int h = 0; h < 2; h++)
+                    wq[2 * j + h] = _mm256_or_si256(
+                        wq[2 * j + h],
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(
+                                                               qh, _mm_cvtsi32_si128(2 * j + h)),
+                                                           _mm256_set1_epi8(1)),
+                                          4));
             S[2 * j] = _mm256_set1_epi16(sc[2 * j]);
             S[2 * j + 1] = _mm256_set1_epi16(sc[2 * j + 1]);
         }
@@ -844,19 +869,22 @@ q4k_row_avx2(const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as, uint32_
  * the sub-block scale (in the low 16 bits of each lane, 0 above); the mins
  * by vpdpwssd of (m_k, m_k) against the item's bsums pairs. */
 #define Q4K_PK_BYTES 2368
+#define Q5K_PK_BYTES (Q4K_PK_BYTES + 512) /* + [t < 8][row] qh[4t..4t+3] */
 #define Q4K_PK_ITEMS 4
 
 __attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
-q4k_pk_vnni_t(const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as, float *out, size_t os,
-              const int NI)
+k45_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as,
+              float *out, size_t os, const int NI)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const int q5 = type == GGML_TYPE_Q5_K;
+    const size_t pkb = q5 ? Q5K_PK_BYTES : Q4K_PK_BYTES;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
     __m512 r[Q4K_PK_ITEMS];
 #pragma GCC unroll 4
     for (int i = 0; i < NI; i++)
         r[i] = _mm512_setzero_ps();
     for (uint64_t b = 0; b < nb; b++) {
-        const uint8_t *p = pg + b * Q4K_PK_BYTES;
+        const uint8_t *p = pg + b * pkb;
         const int32_t *g4[Q4K_PK_ITEMS];
 #pragma GCC unroll 4
         for (int i = 0; i < NI; i++)
@@ -880,18 +908,45 @@ q4k_pk_vnni_t(const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as, float
                     __m512i x = _mm512_loadu_si512(p + 512 * j + 64 * (4 * h + t));
                     lo[t] = _mm512_and_si512(x, m4);
                     hi[t] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+                    if (q5) { /* bit 2j / 2j + 1 of qh: bit 4 of the low / high value */
+                        __m512i qh = _mm512_loadu_si512(p + Q4K_PK_BYTES + 64 * (4 * h + t));
+                        lo[t] = _mm512_or_si512(
+                            lo[t], _mm512_slli_epi16(
+                                       _mm512_and_si512(_mm512_srl_epi16(
+                                                            qh, _mm_cvtsi32_si128(2 * j)), one), 4));
+                        hi[t] = _mm512_or_si512(
+                            hi[t], _mm512_slli_epi16(
+                                       _mm512_and_si512(_mm512_srl_epi16(
+                                                            qh, _mm_cvtsi32_si128(2 * j + 1)), one),
+                                       4));
+                    }
                 }
 #pragma GCC unroll 4
                 for (int i = 0; i < NI; i++) {
                     const int32_t *g = g4[i] + 16 * j + 4 * h;
-                    __m512i pl = _mm512_setzero_si512(), ph = _mm512_setzero_si512();
+                    if (!q5) { /* 16 products of a nibble: < 2^15 */
+                        __m512i pl = _mm512_setzero_si512(), ph = _mm512_setzero_si512();
 #pragma GCC unroll 4
-                    for (int t = 0; t < 4; t++) {
-                        pl = _mm512_dpbusd_epi32(pl, lo[t], _mm512_set1_epi32(g[t]));
-                        ph = _mm512_dpbusd_epi32(ph, hi[t], _mm512_set1_epi32(g[8 + t]));
+                        for (int t = 0; t < 4; t++) {
+                            pl = _mm512_dpbusd_epi32(pl, lo[t], _mm512_set1_epi32(g[t]));
+                            ph = _mm512_dpbusd_epi32(ph, hi[t], _mm512_set1_epi32(g[8 + t]));
+                        }
+                        V[i] = _mm512_dpwssd_epi32(V[i], pl, S0);
+                        V[i] = _mm512_dpwssd_epi32(V[i], ph, S1);
+                        continue;
                     }
-                    V[i] = _mm512_dpwssd_epi32(V[i], pl, S0);
-                    V[i] = _mm512_dpwssd_epi32(V[i], ph, S1);
+                    /* 5-bit values: 8 products (31 * 127 * 8 < 2^15) per vpdpwssd */
+#pragma GCC unroll 2
+                    for (int t = 0; t < 4; t += 2) {
+                        __m512i pl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[t],
+                                                         _mm512_set1_epi32(g[t]));
+                        __m512i ph = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[t],
+                                                         _mm512_set1_epi32(g[8 + t]));
+                        pl = _mm512_dpbusd_epi32(pl, lo[t + 1], _mm512_set1_epi32(g[t + 1]));
+                        ph = _mm512_dpbusd_epi32(ph, hi[t + 1], _mm512_set1_epi32(g[8 + t + 1]));
+                        V[i] = _mm512_dpwssd_epi32(V[i], pl, S0);
+                        V[i] = _mm512_dpwssd_epi32(V[i], ph, S1);
+                    }
                 }
             }
         }
@@ -927,22 +982,27 @@ q4k_pk_vnni_t(const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as, float
         _mm512_storeu_ps(out + i * os, r[i]);
 }
 
-#define Q4K_PK(NI)                                                                             \
-    __attribute__((target(VNNI_TARGET))) static void q4k_pk_##NI(                             \
+#define K45_PK(TN, T, NI)                                                                      \
+    __attribute__((target(VNNI_TARGET))) static void TN##_pk_##NI(                            \
         const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as, float *out, size_t os)    \
     {                                                                                          \
-        q4k_pk_vnni_t(pg, nb, a, as, out, os, NI);                                             \
+        k45_pk_vnni_t(T, pg, nb, a, as, out, os, NI);                                          \
     }
-Q4K_PK(1) Q4K_PK(2) Q4K_PK(3) Q4K_PK(4)
-static const q32_pk_fn q4k_pk[Q4K_PK_ITEMS + 1] = { NULL, q4k_pk_1, q4k_pk_2, q4k_pk_3,
-                                                    q4k_pk_4 };
+#define K45_PKS(TN, T)                                                                         \
+    K45_PK(TN, T, 1) K45_PK(TN, T, 2) K45_PK(TN, T, 3) K45_PK(TN, T, 4)                        \
+    static const q32_pk_fn TN##_pk[Q4K_PK_ITEMS + 1] = { NULL, TN##_pk_1, TN##_pk_2,           \
+                                                         TN##_pk_3, TN##_pk_4 };
+K45_PKS(q4k, GGML_TYPE_Q4_K)
+K45_PKS(q5k, GGML_TYPE_Q5_K)
 
-static void q4k_pack_group(const uint8_t *w, size_t row_bytes, uint64_t nb, uint8_t *pg)
+static void k45_pack_group(uint32_t type, const uint8_t *w, size_t row_bytes, uint64_t nb,
+                           uint8_t *pg)
 {
+    const int q5 = type == GGML_TYPE_Q5_K;
     for (uint64_t b = 0; b < nb; b++) {
-        uint8_t *p = pg + b * Q4K_PK_BYTES;
+        uint8_t *p = pg + b * (q5 ? Q5K_PK_BYTES : Q4K_PK_BYTES);
         for (uint32_t r = 0; r < 16; r++) {
-            const uint8_t *blk = w + (size_t)r * row_bytes + b * Q4_K_BYTES;
+            const uint8_t *blk = w + (size_t)r * row_bytes + b * k45_bytes(type);
             uint8_t sc[8], m[8];
             k4_scales(blk + 4, sc, m);
             for (int k = 0; k < 8; k++) {
@@ -953,7 +1013,10 @@ static void q4k_pack_group(const uint8_t *w, size_t row_bytes, uint64_t nb, uint
             memcpy(p + 2336 + 2 * r, blk + 2, 2);
             for (int j = 0; j < 4; j++)
                 for (int t = 0; t < 8; t++)
-                    memcpy(p + 512 * j + 64 * t + 4 * r, blk + 16 + 32 * j + 4 * t, 4);
+                    memcpy(p + 512 * j + 64 * t + 4 * r, blk + (q5 ? 48 : 16) + 32 * j + 4 * t, 4);
+            if (q5)
+                for (int t = 0; t < 8; t++)
+                    memcpy(p + Q4K_PK_BYTES + 64 * t + 4 * r, blk + 16 + 4 * t, 4);
         }
     }
 }
@@ -1051,11 +1114,11 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
                                                                           oi, out_stride);
                     else
                         q6k_row_scalar(row, nb, ai, a_stride, ni, oi, out_stride);
-                } else if (type == GGML_TYPE_Q4_K) { /* VNNI: on the packed layout */
+                } else if (act == GGML_QACT_Q8K) { /* Q4_K / Q5_K; VNNI: packed layout */
                     if (path >= GGML_QDOT_AVX2)
-                        q4k_row_avx2(row, nb, ai, a_stride, ni, oi, out_stride);
+                        k45_row_avx2(type, row, nb, ai, a_stride, ni, oi, out_stride);
                     else
-                        q4k_row_scalar(row, nb, ai, a_stride, ni, oi, out_stride);
+                        k45_row_scalar(type, row, nb, ai, a_stride, ni, oi, out_stride);
                 } else if (path >= GGML_QDOT_AVX2) { /* VNNI: on the packed layout */
                     q32_row_avx2(type, row, nb, ai, a_stride, ni, oi, out_stride);
                 } else {
@@ -1079,6 +1142,7 @@ static size_t pk_group_bytes(uint32_t type, uint64_t n)
     case GGML_TYPE_Q8_0: return (16 * (size_t)(n / bs) * Q8_0_BYTES + 63) & ~(size_t)63;
     case GGML_TYPE_Q4_0: return (16 * (size_t)(n / bs) * Q4_0_BYTES + 63) & ~(size_t)63;
     case GGML_TYPE_Q4_K: return (size_t)(n / bs) * Q4K_PK_BYTES;
+    case GGML_TYPE_Q5_K: return (size_t)(n / bs) * Q5K_PK_BYTES;
     default: return 0;
     }
 }
@@ -1097,8 +1161,8 @@ pd_status_t ggml_qdot_pack(uint32_t type, const uint8_t *w, size_t row_bytes, ui
     const uint64_t nb = n / ggml_qdot_block(type);
     for (uint32_t g = 0; g < n_rows / 16; g++) {
         const uint8_t *wg = w + (size_t)16 * g * row_bytes;
-        if (type == GGML_TYPE_Q4_K)
-            q4k_pack_group(wg, row_bytes, nb, out + g * gb);
+        if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K)
+            k45_pack_group(type, wg, row_bytes, nb, out + g * gb);
         else
             q32_pack_group(type, wg, row_bytes, nb, out + g * gb);
     }
@@ -1121,9 +1185,11 @@ pd_status_t ggml_qdot_rows_packed(int path, uint32_t type, const uint8_t *w, siz
         return ggml_qdot_rows(path, type, w + (size_t)r0 * row_bytes, row_bytes, r1 - r0, n, a,
                               a_stride, n_items, out, out_stride);
     const uint64_t nb = n / ggml_qdot_block(type);
-    const q32_pk_fn *tab = type == GGML_TYPE_Q8_0 ? q32_pk_q8
-                           : type == GGML_TYPE_Q4_0 ? q32_pk_q4 : q4k_pk;
-    const uint32_t step = type == GGML_TYPE_Q4_K ? Q4K_PK_ITEMS : Q32_PK_ITEMS;
+    const q32_pk_fn *tab = type == GGML_TYPE_Q8_0   ? q32_pk_q8
+                           : type == GGML_TYPE_Q4_0 ? q32_pk_q4
+                           : type == GGML_TYPE_Q4_K ? q4k_pk
+                                                    : q5k_pk;
+    const uint32_t step = ggml_qdot_act(type) == GGML_QACT_Q8K ? Q4K_PK_ITEMS : Q32_PK_ITEMS;
     pd_status_t st = PD_OK;
     if (r0 < 16 * g0) /* leading rows of a group the range cuts */
         st = ggml_qdot_rows(path, type, w + (size_t)r0 * row_bytes, row_bytes, 16 * g0 - r0, n,

@@ -1,8 +1,8 @@
 /* test_qdot.c - integer-dot kernels (engine/gguf/ggml_qdot.c) for Q8_0,
- * Q4_0, Q4_K and Q6_K weight rows against quantized activations:
+ * Q4_0, Q4_K, Q5_K and Q6_K weight rows against quantized activations:
  *  - the scalar, AVX2 and VNNI paths return identical bits, and a row dot
- *    computed in a batch of items equals the same item alone; Q8_0, Q4_0
- *    and Q4_K on the packed layout (any row range, any item count) give
+ *    computed in a batch of items equals the same item alone; Q8_0, Q4_0,
+ *    Q4_K and Q5_K on the packed layout (any row range, any item count) give
  *    them too;
  *  - each dot equals the exact (f64) dot of the dequantized weights with
  *    the dequantized activations to f32 accumulation accuracy (1e-5 of the
@@ -162,6 +162,12 @@ static void test_q4_K(void **state)
     check_type(GGML_TYPE_Q4_K, 144, 256);
 }
 
+static void test_q5_K(void **state)
+{
+    (void)state;
+    check_type(GGML_TYPE_Q5_K, 176, 256);
+}
+
 static void test_q6_K(void **state)
 {
     (void)state;
@@ -173,8 +179,8 @@ static void test_unsupported(void **state)
     (void)state;
     uint8_t w[176] = { 0 }, a[292] = { 0 };
     float o;
-    assert_int_equal(ggml_qdot_act(GGML_TYPE_Q5_K), GGML_QACT_NONE);
-    assert_int_equal(ggml_qdot_rows(GGML_QDOT_SCALAR, GGML_TYPE_Q5_K, w, 176, 1, 256, a, 0, 1,
+    assert_int_equal(ggml_qdot_act(GGML_TYPE_Q3_K), GGML_QACT_NONE);
+    assert_int_equal(ggml_qdot_rows(GGML_QDOT_SCALAR, GGML_TYPE_Q3_K, w, 110, 1, 256, a, 0, 1,
                                     &o, 0), PD_ERR_UNSUPPORTED);
     /* a row that is not whole blocks */
     assert_int_equal(ggml_qdot_rows(GGML_QDOT_SCALAR, GGML_TYPE_Q4_K, w, 144, 1, 128, a, 0, 1,
@@ -250,6 +256,7 @@ int main(void)
         cmocka_unit_test(test_q8_0),
         cmocka_unit_test(test_q4_0),
         cmocka_unit_test(test_q4_K),
+        cmocka_unit_test(test_q5_K),
         cmocka_unit_test(test_q6_K),
         cmocka_unit_test(test_unsupported),
         cmocka_unit_test(test_quantize_paths),
