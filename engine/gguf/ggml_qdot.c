@@ -27,7 +27,10 @@ int ggml_qdot_act(uint32_t type)
 {
     switch (type) {
     case GGML_TYPE_Q8_0:
-    case GGML_TYPE_Q4_0: return GGML_QACT_Q8A;
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_Q5_1: return GGML_QACT_Q8A;
     case GGML_TYPE_Q4_K:
     case GGML_TYPE_Q5_K:
     case GGML_TYPE_Q6_K: return GGML_QACT_Q8K;
@@ -167,32 +170,69 @@ void ggml_qdot_quantize(int act, const float *x, uint64_t n, void *out)
 #define Q8A_C8(a, nb) ((const int32_t *)(const void *)((const uint8_t *)(a) + 36 * (nb)))
 #define Q8A_D(a, nb) ((const float *)(const void *)((const uint8_t *)(a) + 40 * (nb)))
 
+/* The 32-element weight types: block bytes, offsets of qs and of the
+ * high-bit word (0: none), a min at +2 (x = d * n + m), and the packed
+ * form (q32_pk_vnni_t): BYTE = the int8 value + 128, NIB = qs as stored. */
+enum { Q32_BYTE = 0, Q32_NIB = 1 };
+typedef struct {
+    uint8_t bytes, qs, qh, has_min, form;
+} q32_fmt_t;
+
+static inline q32_fmt_t q32_fmt(uint32_t type)
+{
+    switch (type) {
+    case GGML_TYPE_Q8_0: return (q32_fmt_t){ 34, 2, 0, 0, Q32_BYTE };
+    case GGML_TYPE_Q4_1: return (q32_fmt_t){ 20, 4, 0, 1, Q32_NIB };
+    case GGML_TYPE_Q5_0: return (q32_fmt_t){ 22, 6, 2, 0, Q32_BYTE };
+    case GGML_TYPE_Q5_1: return (q32_fmt_t){ 24, 8, 4, 1, Q32_BYTE };
+    default: return (q32_fmt_t){ 18, 2, 0, 0, Q32_NIB }; /* Q4_0 */
+    }
+}
+
+/* the block's 32 integer weights w (x = d * w, + m with a min), element
+ * order: Q8_0 q; Q4_0 n - 8; Q4_1 n; Q5_0 n5 - 16; Q5_1 n5 (n5 = nibble +
+ * 16 x bit e of qh) */
 static inline void w32_unpack(uint32_t type, const uint8_t *blk, int8_t *wq)
 {
+    const q32_fmt_t f = q32_fmt(type);
     if (type == GGML_TYPE_Q8_0) {
         memcpy(wq, blk + 2, 32);
         return;
     }
-    for (int j = 0; j < 16; j++) {
-        wq[j] = (int8_t)((blk[2 + j] & 0x0F) - 8);
-        wq[j + 16] = (int8_t)((blk[2 + j] >> 4) - 8);
+    uint32_t qh = 0;
+    if (f.qh)
+        qh = (uint32_t)blk[f.qh] | (uint32_t)blk[f.qh + 1] << 8 |
+             (uint32_t)blk[f.qh + 2] << 16 | (uint32_t)blk[f.qh + 3] << 24;
+    for (int e = 0; e < 32; e++) {
+        uint8_t q = blk[f.qs + e % 16];
+        int n = (e < 16 ? q & 0x0F : q >> 4) | (int)((qh >> e) & 1u) << 4;
+        switch (type) {
+        case GGML_TYPE_Q4_0: n -= 8; break;
+        case GGML_TYPE_Q5_0: n -= 16; break;
+        default: break;
+        }
+        wq[e] = (int8_t)n;
     }
 }
 
 static float q32_dot_scalar(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a)
 {
-    const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
+    const q32_fmt_t f = q32_fmt(type);
     const int8_t *qs = (const int8_t *)a;
     const float *da = Q8A_D(a, nb);
     float r = 0.0f;
     for (uint64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * bytes;
+        const uint8_t *blk = w + b * f.bytes;
         int8_t wq[32];
         w32_unpack(type, blk, wq);
-        int32_t p = 0;
-        for (int j = 0; j < 32; j++)
+        int32_t p = 0, sum = 0;
+        for (int j = 0; j < 32; j++) {
             p += (int32_t)wq[j] * qs[b * 32 + j];
+            sum += qs[b * 32 + j];
+        }
         r = fmaf((float)p, h2f(blk) * da[b], r);
+        if (f.has_min)
+            r = fmaf((float)sum, h2f(blk + 2) * da[b], r);
     }
     return r;
 }
@@ -215,16 +255,32 @@ __attribute__((target(AVX2_TARGET))) static inline int32_t hsum8_avx2(__m256i v)
     return _mm_cvtsi128_si32(x);
 }
 
-/* the 32 signed weights of a Q8_0 / Q4_0 block, element order */
+/* the 32 signed weights of a 32-element block (w32_unpack), element order */
 __attribute__((target(AVX2_TARGET))) static inline __m256i w32_avx2(uint32_t type,
                                                                      const uint8_t *blk)
 {
+    const q32_fmt_t f = q32_fmt(type);
     if (type == GGML_TYPE_Q8_0)
         return _mm256_loadu_si256((const __m256i_u *)(blk + 2));
-    __m128i x = _mm_loadu_si128((const __m128i_u *)(blk + 2));
+    __m128i x = _mm_loadu_si128((const __m128i_u *)(blk + f.qs));
     __m128i m = _mm_set1_epi8(0x0F);
     __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
-    return _mm256_sub_epi8(u, _mm256_set1_epi8(8));
+    if (f.qh) { /* byte e |= 16 x bit e of qh */
+        uint32_t qh;
+        memcpy(&qh, blk + f.qh, 4);
+        __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1,
+                                                         1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
+                                                         3, 3, 3, 3));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+        v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+        u = _mm256_or_si256(u, _mm256_and_si256(v, _mm256_set1_epi8(16)));
+    }
+    switch (type) {
+    case GGML_TYPE_Q4_0: return _mm256_sub_epi8(u, _mm256_set1_epi8(8));
+    case GGML_TYPE_Q5_0: return _mm256_sub_epi8(u, _mm256_set1_epi8(16));
+    default: return u; /* Q4_1, Q5_1 */
+    }
 }
 
 /* 8 int32 lanes summing to the block's exact dot: |w| * (q * sign(w)),
@@ -237,6 +293,32 @@ __attribute__((target(AVX2_TARGET))) static inline __m256i p8_avx2(__m256i wq, _
                              _mm256_set1_epi16(1));
 }
 
+/* (float) of each block's sum of qs, from the c8 plane (-8 x the sum:
+ * exact in f32, and so is the scaling by -1/8) */
+__attribute__((target(AVX2_TARGET))) static inline __m128 q8a_sum4(const uint8_t *ai, uint64_t nb,
+                                                                   uint64_t b)
+{
+    __m128i c8 = _mm_loadu_si128((const __m128i_u *)(Q8A_C8(ai, nb) + b));
+    return _mm_mul_ps(_mm_cvtepi32_ps(c8), _mm_set1_ps(-0.125f));
+}
+
+/* r = fma(P_k, s_k, r) (then fma(S_k, m_k, r) with a min) for lanes k < 4 */
+#define Q32_FOLD4(r, f, s, sv, ms, has_min)                                                      \
+    do {                                                                                         \
+        r = _mm_fmadd_ss(f, s, r);                                                               \
+        if (has_min)                                                                             \
+            r = _mm_fmadd_ss(sv, ms, r);                                                         \
+        r = _mm_fmadd_ss(_mm_shuffle_ps(f, f, 1), _mm_shuffle_ps(s, s, 1), r);                   \
+        if (has_min)                                                                             \
+            r = _mm_fmadd_ss(_mm_shuffle_ps(sv, sv, 1), _mm_shuffle_ps(ms, ms, 1), r);           \
+        r = _mm_fmadd_ss(_mm_shuffle_ps(f, f, 2), _mm_shuffle_ps(s, s, 2), r);                   \
+        if (has_min)                                                                             \
+            r = _mm_fmadd_ss(_mm_shuffle_ps(sv, sv, 2), _mm_shuffle_ps(ms, ms, 2), r);           \
+        r = _mm_fmadd_ss(_mm_shuffle_ps(f, f, 3), _mm_shuffle_ps(s, s, 3), r);                   \
+        if (has_min)                                                                             \
+            r = _mm_fmadd_ss(_mm_shuffle_ps(sv, sv, 3), _mm_shuffle_ps(ms, ms, 3), r);           \
+    } while (0)
+
 /* One weight row against ni <= 4 activation rows: 4 blocks at a time,
  * their 4 exact sums gathered into one xmm by horizontal adds, converted
  * and scaled together, then folded into the chain in block order. */
@@ -244,7 +326,8 @@ __attribute__((target(AVX2_TARGET))) static void
 q32_row_avx2(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
              uint32_t ni, float *out, size_t os)
 {
-    const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
+    const q32_fmt_t fm = q32_fmt(type);
+    const size_t bytes = fm.bytes;
     __m128 r[4];
     for (uint32_t i = 0; i < 4; i++)
         r[i] = _mm_setzero_ps();
@@ -259,6 +342,11 @@ q32_row_avx2(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, siz
         const __m128 dw = _mm_setr_ps(_cvtsh_ss(rd16(blk)), _cvtsh_ss(rd16(blk + bytes)),
                                       _cvtsh_ss(rd16(blk + 2 * bytes)),
                                       _cvtsh_ss(rd16(blk + 3 * bytes)));
+        const __m128 mw = fm.has_min ? _mm_setr_ps(_cvtsh_ss(rd16(blk + 2)),
+                                                   _cvtsh_ss(rd16(blk + bytes + 2)),
+                                                   _cvtsh_ss(rd16(blk + 2 * bytes + 2)),
+                                                   _cvtsh_ss(rd16(blk + 3 * bytes + 2)))
+                                     : _mm_setzero_ps();
         for (uint32_t i = 0; i < ni; i++) {
             const uint8_t *ai = a + i * as;
             __m256i p[4];
@@ -268,11 +356,14 @@ q32_row_avx2(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, siz
                                           _mm256_hadd_epi32(p[2], p[3]));
             __m128 f = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h),
                                                      _mm256_extracti128_si256(h, 1)));
-            __m128 s = _mm_mul_ps(dw, _mm_loadu_ps(Q8A_D(ai, nb) + b));
-            r[i] = _mm_fmadd_ss(f, s, r[i]);
-            r[i] = _mm_fmadd_ss(_mm_shuffle_ps(f, f, 1), _mm_shuffle_ps(s, s, 1), r[i]);
-            r[i] = _mm_fmadd_ss(_mm_shuffle_ps(f, f, 2), _mm_shuffle_ps(s, s, 2), r[i]);
-            r[i] = _mm_fmadd_ss(_mm_shuffle_ps(f, f, 3), _mm_shuffle_ps(s, s, 3), r[i]);
+            const __m128 da = _mm_loadu_ps(Q8A_D(ai, nb) + b);
+            __m128 s = _mm_mul_ps(dw, da);
+            __m128 sv = _mm_setzero_ps(), ms = _mm_setzero_ps();
+            if (fm.has_min) {
+                sv = q8a_sum4(ai, nb, b);
+                ms = _mm_mul_ps(mw, da);
+            }
+            Q32_FOLD4(r[i], f, s, sv, ms, fm.has_min);
         }
     }
     for (; b < nb; b++) {
@@ -281,8 +372,12 @@ q32_row_avx2(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, siz
         const float dw = _cvtsh_ss(rd16(blk));
         for (uint32_t i = 0; i < ni; i++) {
             const uint8_t *ai = a + i * as;
+            const float da = Q8A_D(ai, nb)[b];
             float f = (float)hsum8_avx2(p8_avx2(wq, aw, ai + 32 * b));
-            r[i] = _mm_fmadd_ss(_mm_set_ss(f), _mm_set_ss(dw * Q8A_D(ai, nb)[b]), r[i]);
+            r[i] = _mm_fmadd_ss(_mm_set_ss(f), _mm_set_ss(dw * da), r[i]);
+            if (fm.has_min)
+                r[i] = _mm_fmadd_ss(_mm_set_ss((float)(Q8A_C8(ai, nb)[b] / -8)),
+                                    _mm_set_ss(_cvtsh_ss(rd16(blk + 2)) * da), r[i]);
         }
     }
     for (uint32_t i = 0; i < ni; i++)
@@ -302,15 +397,16 @@ q32_row_avx2(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, siz
 
 static inline size_t q32_pk_qbytes(uint32_t type) /* quads of one block of a group */
 {
-    return type == GGML_TYPE_Q8_0 ? 16 * 32 : 16 * 16;
+    return q32_fmt(type).form == Q32_BYTE ? 16 * 32 : 16 * 16;
 }
 
 __attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
 q32_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as,
               float *out, size_t os, const int NI)
 {
+    const q32_fmt_t fm = q32_fmt(type);
     const size_t qb = q32_pk_qbytes(type);
-    const uint16_t *sp = (const uint16_t *)(const void *)(pg + nb * qb);
+    const uint16_t *sp = (const uint16_t *)(const void *)(pg + nb * qb), *mp = sp + 16 * nb;
     __m512 r[Q32_PK_ITEMS];
 #pragma GCC unroll 8
     for (int i = 0; i < NI; i++)
@@ -319,7 +415,7 @@ q32_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t
         const uint8_t *q = pg + b * qb;
         _mm_prefetch((const char *)q + QDOT_PF, _MM_HINT_T0);
         __m512i wv[8];
-        if (type == GGML_TYPE_Q8_0) {
+        if (fm.form == Q32_BYTE) {
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++)
                 wv[t] = _mm512_loadu_si512(q + 64 * t);
@@ -333,11 +429,17 @@ q32_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t
             }
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(sp + 16 * b)));
+        const __m512 mw = fm.has_min
+                              ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(mp + 16 * b)))
+                              : _mm512_setzero_ps();
 #pragma GCC unroll 8
         for (int i = 0; i < NI; i++) {
             const uint8_t *ai = a + i * as;
             const int32_t *g4 = (const int32_t *)(const void *)(ai + 32 * b);
-            const int32_t c = type == GGML_TYPE_Q8_0 ? Q8A_C128(ai, nb)[b] : Q8A_C8(ai, nb)[b];
+            /* the lanes hold (w + o) * q: start from -o x the block sum */
+            const int32_t c = type == GGML_TYPE_Q4_0 ? Q8A_C8(ai, nb)[b]
+                              : type == GGML_TYPE_Q4_1 ? 0
+                                                       : Q8A_C128(ai, nb)[b];
             __m512i p0 = _mm512_set1_epi32(c), p1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int t = 0; t < 8; t += 2) {
@@ -345,7 +447,11 @@ q32_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t
                 p1 = _mm512_dpbusd_epi32(p1, wv[t + 1], _mm512_set1_epi32(g4[t + 1]));
             }
             __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1));
-            r[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(Q8A_D(ai, nb)[b])), r[i]);
+            const __m512 da = _mm512_set1_ps(Q8A_D(ai, nb)[b]);
+            r[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, da), r[i]);
+            if (fm.has_min)
+                r[i] = _mm512_fmadd_ps(_mm512_set1_ps((float)(Q8A_C8(ai, nb)[b] / -8)),
+                                       _mm512_mul_ps(mw, da), r[i]);
         }
     }
 #pragma GCC unroll 8
@@ -368,26 +474,35 @@ typedef void (*q32_pk_fn)(const uint8_t *, uint64_t, const uint8_t *, size_t, fl
         q32_pk_##TN##_5, q32_pk_##TN##_6, q32_pk_##TN##_7, q32_pk_##TN##_8 };
 Q32_PKS(GGML_TYPE_Q8_0, q8)
 Q32_PKS(GGML_TYPE_Q4_0, q4)
+Q32_PKS(GGML_TYPE_Q4_1, q41)
+Q32_PKS(GGML_TYPE_Q5_0, q50)
+Q32_PKS(GGML_TYPE_Q5_1, q51)
 
-/* one group of 16 rows (w: its first row) in the packed layout */
+/* one group of 16 rows (w: its first row) in the packed layout: per block
+ * the quads (BYTE: w + 128, 8 of them; NIB: the qs bytes, 4), after all
+ * blocks the plane of f16 d, then (with a min) the plane of f16 m */
 static void q32_pack_group(uint32_t type, const uint8_t *w, size_t row_bytes, uint64_t nb,
                            uint8_t *pg)
 {
-    const size_t bytes = type == GGML_TYPE_Q8_0 ? Q8_0_BYTES : Q4_0_BYTES;
+    const q32_fmt_t f = q32_fmt(type);
     const size_t qb = q32_pk_qbytes(type);
-    const int nq = type == GGML_TYPE_Q8_0 ? 8 : 4; /* 4-byte groups per block and row */
-    uint8_t *sp = pg + nb * qb;
+    uint8_t *sp = pg + nb * qb, *mp = sp + 32 * nb;
     for (uint64_t b = 0; b < nb; b++)
         for (uint32_t r = 0; r < 16; r++) {
-            const uint8_t *blk = w + (size_t)r * row_bytes + b * bytes;
+            const uint8_t *blk = w + (size_t)r * row_bytes + b * f.bytes;
             memcpy(sp + 2 * (16 * b + r), blk, 2);
-            for (int t = 0; t < nq; t++) {
-                uint32_t v;
-                memcpy(&v, blk + 2 + 4 * t, 4);
-                if (type == GGML_TYPE_Q8_0)
-                    v ^= 0x80808080u;
-                memcpy(pg + b * qb + 64 * (size_t)t + 4 * r, &v, 4);
+            if (f.has_min)
+                memcpy(mp + 2 * (16 * b + r), blk + 2, 2);
+            if (f.form == Q32_NIB) {
+                for (int t = 0; t < 4; t++)
+                    memcpy(pg + b * qb + 64 * (size_t)t + 4 * r, blk + f.qs + 4 * t, 4);
+                continue;
             }
+            int8_t wq[32];
+            w32_unpack(type, blk, wq);
+            for (int t = 0; t < 8; t++)
+                for (int j = 0; j < 4; j++)
+                    pg[b * qb + 64 * (size_t)t + 4 * r + j] = (uint8_t)(wq[4 * t + j] + 128);
         }
 }
 
@@ -1139,8 +1254,13 @@ static size_t pk_group_bytes(uint32_t type, uint64_t n)
     if (n == 0 || bs == 0 || n % bs)
         return 0;
     switch (type) {
-    case GGML_TYPE_Q8_0: return (16 * (size_t)(n / bs) * Q8_0_BYTES + 63) & ~(size_t)63;
-    case GGML_TYPE_Q4_0: return (16 * (size_t)(n / bs) * Q4_0_BYTES + 63) & ~(size_t)63;
+    case GGML_TYPE_Q8_0:
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_Q5_1: /* quads, d (and m) planes */
+        return ((n / bs) * (q32_pk_qbytes(type) + 32 * (1 + (size_t)q32_fmt(type).has_min)) + 63) &
+               ~(size_t)63;
     case GGML_TYPE_Q4_K: return (size_t)(n / bs) * Q4K_PK_BYTES;
     case GGML_TYPE_Q5_K: return (size_t)(n / bs) * Q5K_PK_BYTES;
     default: return 0;
@@ -1185,10 +1305,16 @@ pd_status_t ggml_qdot_rows_packed(int path, uint32_t type, const uint8_t *w, siz
         return ggml_qdot_rows(path, type, w + (size_t)r0 * row_bytes, row_bytes, r1 - r0, n, a,
                               a_stride, n_items, out, out_stride);
     const uint64_t nb = n / ggml_qdot_block(type);
-    const q32_pk_fn *tab = type == GGML_TYPE_Q8_0   ? q32_pk_q8
-                           : type == GGML_TYPE_Q4_0 ? q32_pk_q4
-                           : type == GGML_TYPE_Q4_K ? q4k_pk
-                                                    : q5k_pk;
+    const q32_pk_fn *tab;
+    switch (type) {
+    case GGML_TYPE_Q8_0: tab = q32_pk_q8; break;
+    case GGML_TYPE_Q4_0: tab = q32_pk_q4; break;
+    case GGML_TYPE_Q4_1: tab = q32_pk_q41; break;
+    case GGML_TYPE_Q5_0: tab = q32_pk_q50; break;
+    case GGML_TYPE_Q5_1: tab = q32_pk_q51; break;
+    case GGML_TYPE_Q4_K: tab = q4k_pk; break;
+    default: tab = q5k_pk; break;
+    }
     const uint32_t step = ggml_qdot_act(type) == GGML_QACT_Q8K ? Q4K_PK_ITEMS : Q32_PK_ITEMS;
     pd_status_t st = PD_OK;
     if (r0 < 16 * g0) /* leading rows of a group the range cuts */

@@ -1,8 +1,9 @@
 /* test_qdot.c - integer-dot kernels (engine/gguf/ggml_qdot.c) for Q8_0,
- * Q4_0, Q4_K, Q5_K and Q6_K weight rows against quantized activations:
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weight rows against
+ * quantized activations:
  *  - the scalar, AVX2 and VNNI paths return identical bits, and a row dot
- *    computed in a batch of items equals the same item alone; Q8_0, Q4_0,
- *    Q4_K and Q5_K on the packed layout (any row range, any item count) give
+ *    computed in a batch of items equals the same item alone; every type
+ *    but Q6_K on the packed layout (any row range, any item count) gives
  *    them too;
  *  - each dot equals the exact (f64) dot of the dequantized weights with
  *    the dequantized activations to f32 accumulation accuracy (1e-5 of the
@@ -156,6 +157,24 @@ static void test_q4_0(void **state)
     check_type(GGML_TYPE_Q4_0, 18, 32);
 }
 
+static void test_q4_1(void **state)
+{
+    (void)state;
+    check_type(GGML_TYPE_Q4_1, 20, 32);
+}
+
+static void test_q5_0(void **state)
+{
+    (void)state;
+    check_type(GGML_TYPE_Q5_0, 22, 32);
+}
+
+static void test_q5_1(void **state)
+{
+    (void)state;
+    check_type(GGML_TYPE_Q5_1, 24, 32);
+}
+
 static void test_q4_K(void **state)
 {
     (void)state;
@@ -180,6 +199,7 @@ static void test_unsupported(void **state)
     uint8_t w[176] = { 0 }, a[292] = { 0 };
     float o;
     assert_int_equal(ggml_qdot_act(GGML_TYPE_Q3_K), GGML_QACT_NONE);
+    assert_int_equal(ggml_qdot_act(GGML_TYPE_IQ4_NL), GGML_QACT_NONE);
     assert_int_equal(ggml_qdot_rows(GGML_QDOT_SCALAR, GGML_TYPE_Q3_K, w, 110, 1, 256, a, 0, 1,
                                     &o, 0), PD_ERR_UNSUPPORTED);
     /* a row that is not whole blocks */
@@ -255,6 +275,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_q8_0),
         cmocka_unit_test(test_q4_0),
+        cmocka_unit_test(test_q4_1),
+        cmocka_unit_test(test_q5_0),
+        cmocka_unit_test(test_q5_1),
         cmocka_unit_test(test_q4_K),
         cmocka_unit_test(test_q5_K),
         cmocka_unit_test(test_q6_K),

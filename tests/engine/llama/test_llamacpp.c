@@ -281,7 +281,8 @@ static void compare_ref(const char *tag, const char *kind, const char *path)
     /* llama.cpp rounds activations to 8 bits before every quantized dot
      * product (seen: 0.01..0.3 on these random models; MoE routing flips
      * add more). pdserve does the same for its integer-dot types (Q8_0, Q4_0,
-     * Q4_K, Q6_K: ggml_qdot.h) and computes the other types on the exact
+     * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: ggml_qdot.h) and computes the
+     * other types on the exact
      * dequantized weights (seen ~1e-6).
      *  - no integer-dot tensor in the file: pdserve <= llama.cpp and < 1e-4;
      *  - integer-dot tensors: the same rounding model, so the two errors are
