@@ -163,7 +163,7 @@ void ggml_qdot_quantize(int act, const float *x, uint64_t n, void *out)
 }
 
 /* ------------------------------------------------------------------ */
-/* Q8_0 / Q4_0 against Q8A: one exact int32 per block, one f32 chain    */
+/* 32-element types against Q8A: one exact int32 per block, one chain  */
 
 /* the Q8A planes of a row of nb blocks */
 #define Q8A_C128(a, nb) ((const int32_t *)(const void *)((const uint8_t *)(a) + 32 * (nb)))

@@ -2,44 +2,53 @@
  * activation row quantized once per step (issue 11).
  *
  * Two activation formats, chosen by the weight type (ggml_qdot_act):
- *  - Q8A (weights Q8_0, Q4_0): 32-element blocks, d = absmax / 127 (f32),
- *    q = round(x / d) in [-127, 127]. A row of nb blocks is stored as
- *    planes (44 bytes per block):
+ *  - Q8A (weights Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): 32-element blocks, d =
+ *    absmax / 127 (f32), q = round(x / d) in [-127, 127]. A row of nb
+ *    blocks is stored as planes (44 bytes per block):
  *      int8  qs[32 * nb]      the quantized values
  *      int32 c128[nb]         -128 times each block's sum of qs
  *      int32 c8[nb]           -8 times each block's sum of qs
  *      float d[nb]            each block's d
- *  - Q8K (weights Q4_K, Q6_K): 256-element blocks ggml_q8k_block
+ *  - Q8K (weights Q4_K, Q5_K, Q6_K): 256-element blocks ggml_q8k_block
  *    { f32 d; int8 qs[256]; int16 bsums[16] } (bsums = sums of 16 qs),
  *    d = absmax / 127; the row's nb blocks are followed by a plane
  *    int32 n32s4[64 * nb] = -32 x the sum of each 4 consecutive qs (the
  *    VNNI Q6_K kernel for 1-4 items starts its lanes from it).
  *
  * Canonical results (every path returns the same bits):
- *  - Q8_0 / Q4_0: per block b the exact int32 P_b = sum of the 32 w * q
- *    (|P_b| <= 32 * 128 * 127 < 2^24, so (float)P_b is exact), s_b =
- *    d_w[b] * d_a[b] (f32), and one chain r = fma((float)P_b, s_b, r) from
- *    +0 in block order. (llama.cpp's repacked GEMM forms the same exact
+ *  - 32-element types: per block b the exact int32 P_b = sum of the 32
+ *    w * q, w the block's integer weights (Q8_0 q; Q4_0 n - 8; Q4_1 n;
+ *    Q5_0 n5 - 16; Q5_1 n5; |P_b| <= 32 * 128 * 127 < 2^24, so (float)P_b
+ *    is exact), s_b = d_w[b] * d_a[b] (f32), and one chain r =
+ *    fma((float)P_b, s_b, r) from +0 in block order; Q4_1 / Q5_1 follow
+ *    each block with r = fma((float)S_b, m_w[b] * d_a[b], r), S_b the
+ *    block's sum of q. (llama.cpp's repacked GEMM forms the same exact
  *    block sums; one f32 rounding per block.)
- *  - Q4_K / Q6_K: per block 16 exact int32 lanes V[l] = sum over the 4
- *    64-element chunks j of scale(j, l) * sum_{t<4} w[64j+4l+t] *
- *    q[64j+4l+t], where w is the nibble (Q4_K; scale = sc_2j for l < 8,
- *    sc_2j+1 for l >= 8) or q6 - 32 (Q6_K; scale = sc_{4j + l/4}); Q4_K
- *    also 8 lanes M[k] = m_k * (bsums[2k] + bsums[2k+1]). In block order
- *    F[l] = fma((float)V[l], d_w * d_a, F[l]), G[k] = fma((float)M[k],
- *    dmin_w * d_a, G[k]); r = tree16(F) - tree8(G) (Q6_K: tree16(F)), with
- *    tree16(F) = tree8(F[l] + F[l+8]).
+ *  - Q4_K / Q5_K: per block the exact int32 V = sum over the 8 sub-blocks
+ *    k of sc_k * P_k (P_k = sum of the 32 products of the 4- / 5-bit value
+ *    and q) and M = sum_k m_k * (bsums[2k] + bsums[2k+1]); in block order
+ *    r = fma((float)V, d_w * d_a, r), r = fma((float)M, -(dmin_w * d_a), r)
+ *    from +0.
+ *  - Q6_K: per block 16 exact int32 lanes V[l] = sum over the 4 64-element
+ *    chunks j of sc_{4j + l/4} * sum_{t<4} (q6 - 32)[64j+4l+t] *
+ *    q[64j+4l+t]; in block order F[l] = fma((float)V[l], d_w * d_a, F[l]);
+ *    r = tree8(F[l] + F[l+8]) (s4_l = v_l + v_{l+4}, s2_l = s4_l +
+ *    s4_{l+2}, r = s2_0 + s2_1).
  * Paths: scalar, AVX2 (maddubs/madd; sign trick for the signed weights;
- * Q8_0/Q4_0 gather 4 blocks' sums into one xmm by horizontal adds), AVX-512
- * VNNI (Q8_0/Q4_0: on the packed layout below, 16 rows in the 16 lanes of
- * vpdpbusd; K-quants: 64-element chunks per vpdpbusd, the sub-block scales
- * by one vpmaddwd, as every lane sum of 4 products fits int16).
+ * the 32-element types gather 4 blocks' sums into one xmm by horizontal
+ * adds), AVX-512 VNNI (every type but Q6_K on the packed layout below, 16
+ * rows in the 16 lanes of vpdpbusd; Q6_K: 64-element chunks per vpdpbusd,
+ * the sub-block scales by one vpmaddwd, as every lane sum of 4 products
+ * fits int16).
  *
- * Packed layout (ggml_qdot_pack, Q8_0/Q4_0, made once at model load): each
- * full group of 16 rows is one 64-byte-aligned region: for every block b
- * its 4-byte weight groups t (Q8_0: 8 of them, stored as w + 128; Q4_0: 4,
- * the raw nibble bytes, low nibbles = elements 4t.., high = 16 + 4t..) as
- * [t][row][4 bytes], then a plane of the 16 rows' f16 scales per block.
+ * Packed layout (ggml_qdot_pack, made once at model load; all types with
+ * an integer kernel but Q6_K): each full group of 16 rows is one
+ * 64-byte-aligned region. 32-element types: for every block b its 4-byte
+ * weight groups t (Q8_0, Q5_0, Q5_1: 8 of them, stored as w + 128; Q4_0,
+ * Q4_1: 4, the raw nibble bytes, low nibbles = elements 4t.., high = 16 +
+ * 4t..) as [t][row][4 bytes], then a plane of the 16 rows' f16 d per
+ * block (and one of m for Q4_1 / Q5_1). Q4_K / Q5_K: see ggml_qdot.c
+ * (quads per 64-element chunk, then sc, m, d, dmin and Q5_K's qh).
  * A trailing group of fewer than 16 rows is not packed: those rows are read
  * from the original tensor, with the same bits. */
 #ifndef GGML_QDOT_H
@@ -83,9 +92,9 @@ int ggml_qdot_set_path(int path);
  * r < n_rows (rows row_bytes apart from w) and i < n_items (activation rows
  * a_stride bytes apart from a), rows of n elements, on `path` (capped to
  * what the CPU has). The weight row is read once for up to 4 items (VNNI
- * K-quants with more than 4 items: each block decoded once per 16); VNNI
- * Q8_0/Q4_0 run the AVX2 row kernel here (their fast kernel is on the
- * packed layout, ggml_qdot_rows_packed).
+ * Q6_K with more than 4 items: each block decoded once per 16); on VNNI
+ * the other types run the AVX2 row kernel here (their fast kernel is on
+ * the packed layout, ggml_qdot_rows_packed).
  * PD_ERR_UNSUPPORTED if the type has no integer kernel or n is not a
  * multiple of its block. */
 pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row_bytes,
@@ -93,7 +102,8 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
                            uint32_t n_items, float *out, size_t out_stride);
 
 /* Bytes of the packed layout of n_rows rows of n elements (full groups of
- * 16 only); 0 if the type has no packed kernel (only Q8_0 and Q4_0 do). */
+ * 16 only); 0 if the type has no packed kernel (Q6_K and the types with no
+ * integer kernel). */
 size_t ggml_qdot_pack_bytes(uint32_t type, uint32_t n_rows, uint64_t n);
 /* Packs the full groups of 16 of rows w (row_bytes apart) into out
  * (ggml_qdot_pack_bytes bytes, 64-byte aligned for full-speed loads). */
