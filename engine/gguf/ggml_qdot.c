@@ -7,8 +7,6 @@
 #include <string.h>
 #include "ggml_qdot.h"
 
-#define Q8_0_BYTES 34
-#define Q4_0_BYTES 18
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
@@ -293,8 +291,14 @@ __attribute__((target(AVX2_TARGET))) static inline __m256i p8_avx2(__m256i wq, _
                              _mm256_set1_epi16(1));
 }
 
-/* (float) of each block's sum of qs, from the c8 plane (-8 x the sum:
- * exact in f32, and so is the scaling by -1/8) */
+/* (float) of block b's sum of qs, from the c8 plane (-8 x the sum) */
+static inline float q8a_sum(const uint8_t *ai, uint64_t nb, uint64_t b)
+{
+    return (float)(Q8A_C8(ai, nb)[b] / -8);
+}
+
+/* the same for blocks b..b + 3 (-8 x the sum is exact in f32, and so is
+ * the scaling by -1/8) */
 __attribute__((target(AVX2_TARGET))) static inline __m128 q8a_sum4(const uint8_t *ai, uint64_t nb,
                                                                    uint64_t b)
 {
@@ -376,7 +380,7 @@ q32_row_avx2(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, siz
             float f = (float)hsum8_avx2(p8_avx2(wq, aw, ai + 32 * b));
             r[i] = _mm_fmadd_ss(_mm_set_ss(f), _mm_set_ss(dw * da), r[i]);
             if (fm.has_min)
-                r[i] = _mm_fmadd_ss(_mm_set_ss((float)(Q8A_C8(ai, nb)[b] / -8)),
+                r[i] = _mm_fmadd_ss(_mm_set_ss(q8a_sum(ai, nb, b)),
                                     _mm_set_ss(_cvtsh_ss(rd16(blk + 2)) * da), r[i]);
         }
     }
@@ -388,9 +392,10 @@ q32_row_avx2(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, siz
  * rows in the 16 int32 lanes, so one vpdpbusd adds 4 products to each of
  * 16 rows (the activation's 4 bytes broadcast) and a block's 8 of them
  * leave each row's exact block sum in its lane. vpdpbusd wants unsigned
- * weights: Q8_0 is packed as w + 128 (the chain starts from the
- * activation's -128 * block sum), Q4_0 as its nibbles (from -8 * sum). Per
- * block and item: one convert, one scale multiply, one fma for 16 rows. */
+ * weights: the BYTE form is w + 128 (the chain starts from the
+ * activation's -128 * block sum), Q4_0's nibbles are w + 8 (from -8 *
+ * sum), Q4_1's are w. Per block and item: one convert, one scale
+ * multiply, one fma (and one for the min) for 16 rows. */
 #define VNNI_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
 #define QDOT_PF 1024 /* software prefetch distance on the weight rows */
 #define Q32_PK_ITEMS 8 /* items per pass over a packed group */
@@ -450,7 +455,7 @@ q32_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t
             const __m512 da = _mm512_set1_ps(Q8A_D(ai, nb)[b]);
             r[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, da), r[i]);
             if (fm.has_min)
-                r[i] = _mm512_fmadd_ps(_mm512_set1_ps((float)(Q8A_C8(ai, nb)[b] / -8)),
+                r[i] = _mm512_fmadd_ps(_mm512_set1_ps(q8a_sum(ai, nb, b)),
                                        _mm512_mul_ps(mw, da), r[i]);
         }
     }
@@ -507,7 +512,7 @@ static void q32_pack_group(uint32_t type, const uint8_t *w, size_t row_bytes, ui
 }
 
 /* ------------------------------------------------------------------ */
-/* Q4_K / Q6_K against Q8K: exact integers per block, one scalar combine */
+/* K-quants against Q8K: exact integers per block                     */
 
 /* The 8 6-bit scales and 8 mins of a Q4_K block (12 bytes): bytes 0-3 hold
  * sc0..3 in their low 6 bits, bytes 4-7 m0..3; bytes 8-11 the low 4 bits of
@@ -528,9 +533,9 @@ static inline void k4_scales(const uint8_t *p, uint8_t sc[8], uint8_t m[8])
     memcpy(m + 4, &m47, 4);
 }
 
-/* ---- K-quants, lane form (see the header): per block 16 int32 lanes
- * V[l] of scale x 4-product sums, accumulated in f32 lanes F[l] with
- * fma(V, d_w * d_a); Q4_K's mins in 8 lanes G[k]; r = tree16(F) - tree8(G). */
+/* ---- Q6_K, lane form (see the header): per block 16 int32 lanes V[l] of
+ * scale x 4-product sums, accumulated in f32 lanes F[l] with
+ * fma(V, d_w * d_a); r = tree16(F). */
 
 static float tree8_f(const float v[8])
 {
@@ -850,20 +855,18 @@ Q6K_WIDE_FN(1)
 Q6K_WIDE_FN(2)
 
 typedef void (*kq_row_fn)(const uint8_t *, uint64_t, const uint8_t *, size_t, float *, size_t);
-#define Q6K_ROW(BODY, NI)                                                                        \
-    __attribute__((target(BODY##_TARGET_Q6K))) static void q6k_##BODY##_##NI(                    \
+#define Q6K_ROW(TGT, BODY, NI)                                                                   \
+    __attribute__((target(TGT))) static void q6k_##BODY##_##NI(                                  \
         const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as, float *out, size_t os)       \
     {                                                                                            \
         q6k_row_##BODY##_t(w, nb, a, as, out, os, NI);                                           \
     }
-#define avx2_TARGET_Q6K AVX2_TARGET
-#define vnni_TARGET_Q6K VNNI_TARGET
-#define Q6K_ROWS(BODY)                                                                           \
-    Q6K_ROW(BODY, 1) Q6K_ROW(BODY, 2) Q6K_ROW(BODY, 3) Q6K_ROW(BODY, 4)                          \
+#define Q6K_ROWS(TGT, BODY)                                                                      \
+    Q6K_ROW(TGT, BODY, 1) Q6K_ROW(TGT, BODY, 2) Q6K_ROW(TGT, BODY, 3) Q6K_ROW(TGT, BODY, 4)      \
     static const kq_row_fn q6k_##BODY[5] = { NULL, q6k_##BODY##_1, q6k_##BODY##_2,              \
                                              q6k_##BODY##_3, q6k_##BODY##_4 };
-Q6K_ROWS(avx2)
-Q6K_ROWS(vnni)
+Q6K_ROWS(AVX2_TARGET, avx2)
+Q6K_ROWS(VNNI_TARGET, vnni)
 
 /* ------------------------------------------------------------------ */
 /* Q4_K / Q5_K against Q8K: one exact int32 per block for the scaled dot,
@@ -1000,11 +1003,10 @@ k45_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t
         r[i] = _mm512_setzero_ps();
     for (uint64_t b = 0; b < nb; b++) {
         const uint8_t *p = pg + b * pkb;
-        const int32_t *g4[Q4K_PK_ITEMS];
+        const ggml_q8k_block *ab[Q4K_PK_ITEMS]; /* each item's block b */
 #pragma GCC unroll 4
         for (int i = 0; i < NI; i++)
-            g4[i] = (const int32_t *)(const void *)((const ggml_q8k_block *)(const void *)(
-                                                       a + i * as) + b)->qs;
+            ab[i] = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
         __m512i V[Q4K_PK_ITEMS];
 #pragma GCC unroll 4
         for (int i = 0; i < NI; i++)
@@ -1038,7 +1040,7 @@ k45_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t
                 }
 #pragma GCC unroll 4
                 for (int i = 0; i < NI; i++) {
-                    const int32_t *g = g4[i] + 16 * j + 4 * h;
+                    const int32_t *g = (const int32_t *)(const void *)ab[i]->qs + 16 * j + 4 * h;
                     if (!q5) { /* 16 products of a nibble: < 2^15 */
                         __m512i pl = _mm512_setzero_si512(), ph = _mm512_setzero_si512();
 #pragma GCC unroll 4
@@ -1075,9 +1077,8 @@ k45_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t
             mk = _mm512_or_si512(mk, _mm512_slli_epi32(mk, 16));
 #pragma GCC unroll 4
             for (int i = 0; i < NI; i++) {
-                const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
                 int32_t pair;
-                memcpy(&pair, ab->bsums + 2 * k, 4);
+                memcpy(&pair, ab[i]->bsums + 2 * k, 4);
                 M[i] = _mm512_dpwssd_epi32(M[i], mk, _mm512_set1_epi32(pair));
             }
         }
@@ -1085,7 +1086,7 @@ k45_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t
         const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(p + 2336)));
 #pragma GCC unroll 4
         for (int i = 0; i < NI; i++) {
-            const float d = ((const ggml_q8k_block *)(const void *)(a + i * as))[b].d;
+            const float d = ab[i]->d;
             r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(V[i]), _mm512_mul_ps(dw, _mm512_set1_ps(d)),
                                    r[i]);
             r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M[i]), _mm512_mul_ps(dm, _mm512_set1_ps(-d)),

@@ -47,8 +47,8 @@ typedef struct {
     uint32_t rows;         /* output features */
     uint32_t cols;         /* input features (reduction dim) */
     size_t row_bytes;
-    /* the integer-dot kernel's packed copy (ggml_qdot_pack; Q8_0 / Q4_0 on
-     * a VNNI CPU), owned by the model; NULL = none */
+    /* the integer-dot kernel's packed copy (ggml_qdot_pack: the integer-dot
+     * types but Q6_K, on a VNNI CPU), owned by the model; NULL = none */
     const uint8_t *pk;
 } eng_ll_tensor_t;
 

@@ -306,9 +306,6 @@ static pd_status_t ll_load_vec(eng_model_t *m, const char *name, uint32_t n,
     return PD_OK;
 }
 
-/* The packed copies of every matmul weight the integer-dot kernel has a
- * packed form for on this CPU (the output too when tied: token_embd itself
- * is only read row by row, from the file). */
 static pd_status_t ll_pack_one(eng_model_t *m, eng_ll_tensor_t *t)
 {
     void *buf;
@@ -322,6 +319,9 @@ static pd_status_t ll_pack_one(eng_model_t *m, eng_ll_tensor_t *t)
     return st; /* on failure ll_free frees the ones made */
 }
 
+/* The packed copies of every matmul weight the integer-dot kernel has a
+ * packed form for on this CPU (the output too when tied: token_embd itself
+ * is only read row by row, from the file). */
 static pd_status_t ll_pack_weights(eng_model_t *m)
 {
     m->pk_bufs = calloc(1 + 8 * (size_t)m->n_layers, sizeof(*m->pk_bufs));
