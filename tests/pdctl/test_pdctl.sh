@@ -490,7 +490,16 @@ routers() {
     # register there and see both routers there too
     if command -v etcd >/dev/null 2>&1; then
         local ep
-        ep=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+        # etcd takes PORT and PORT + 1 (peers): both must be free
+        ep=$(python3 -c '
+import socket
+while True:
+    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
+    b = socket.socket()
+    try:
+        b.bind(("127.0.0.1", p + 1)); print(p); break
+    except OSError:
+        a.close(); b.close()')
         R=$T/run-etcd
         run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$R" --set routers=2 \
             --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0 --set etcd=local:$ep
