@@ -934,6 +934,7 @@ void e2e_sse_parse(const char *body, e2e_sse_t *s)
     memset(s, 0, sizeof(*s));
     s->usage_completion = s->usage_prompt = -1;
     size_t tcap = 256, tlen = 0;
+    bool cut = false; /* a byte 0 was streamed: the text ends there */
     s->text = calloc(1, tcap);
     const char *p = body;
     while (p && (p = strstr(p, "data: ")) != NULL) {
@@ -958,6 +959,7 @@ void e2e_sse_parse(const char *body, e2e_sse_t *s)
         }
         char *json = strndup(p, (size_t)(end - p));
         cJSON *j = cJSON_Parse(json);
+        const bool has_nul = strstr(json, "\\u0000") != NULL;
         free(json);
         p = end + 2;
         if (j == NULL) {
@@ -972,7 +974,8 @@ void e2e_sse_parse(const char *body, e2e_sse_t *s)
             cJSON *dl = cJSON_GetObjectItem(c0, "delta");
             if (dl != NULL)
                 t = cJSON_GetObjectItem(dl, "content");
-            if (cJSON_IsString(t)) {
+            if (cJSON_IsString(t) && !cut) {
+                cut = has_nul;
                 size_t l = strlen(t->valuestring);
                 if (tlen + l + 1 > tcap) {
                     tcap = (tlen + l + 1) * 2;

@@ -157,7 +157,10 @@ typedef struct {
     bool done;                 /* `data: [DONE]` seen, last */
     bool error_frame;          /* a data: {"error":...} seen */
     bool bad;                  /* unparseable payload or data after [DONE] */
-    char *text;                /* concatenated choices[0].text / delta.content */
+    char *text;                /* concatenated choices[0].text / delta.content, up to
+                                * the first byte 0 (cJSON strings are C strings: a
+                                * non-streamed text and a detokenized reference end
+                                * there too) */
     const char *finish;        /* finish_reason of the last content chunk, or NULL */
     int usage_completion;      /* usage.completion_tokens of the usage chunk, -1 */
     int usage_prompt;
