@@ -6,7 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ggml_qdot.h"
+#include "ggml_quants.h"
 
+#define Q2_K_BYTES 84
+#define Q3_K_BYTES 110
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
@@ -28,7 +31,10 @@ int ggml_qdot_act(uint32_t type)
     case GGML_TYPE_Q4_0:
     case GGML_TYPE_Q4_1:
     case GGML_TYPE_Q5_0:
-    case GGML_TYPE_Q5_1: return GGML_QACT_Q8A;
+    case GGML_TYPE_Q5_1:
+    case GGML_TYPE_IQ4_NL: return GGML_QACT_Q8A;
+    case GGML_TYPE_Q2_K:
+    case GGML_TYPE_Q3_K:
     case GGML_TYPE_Q4_K:
     case GGML_TYPE_Q5_K:
     case GGML_TYPE_Q6_K: return GGML_QACT_Q8K;
@@ -170,8 +176,9 @@ void ggml_qdot_quantize(int act, const float *x, uint64_t n, void *out)
 
 /* The 32-element weight types: block bytes, offsets of qs and of the
  * high-bit word (0: none), a min at +2 (x = d * n + m), and the packed
- * form (q32_pk_vnni_t): BYTE = the int8 value + 128, NIB = qs as stored. */
-enum { Q32_BYTE = 0, Q32_NIB = 1 };
+ * form (q32_pk_vnni_t): BYTE = the int8 value + 128, NIB = qs as stored,
+ * LUT = qs as stored, each nibble looked up as its IQ4_NL value + 128. */
+enum { Q32_BYTE = 0, Q32_NIB = 1, Q32_LUT = 2 };
 typedef struct {
     uint8_t bytes, qs, qh, has_min, form;
 } q32_fmt_t;
@@ -183,13 +190,14 @@ static inline q32_fmt_t q32_fmt(uint32_t type)
     case GGML_TYPE_Q4_1: return (q32_fmt_t){ 20, 4, 0, 1, Q32_NIB };
     case GGML_TYPE_Q5_0: return (q32_fmt_t){ 22, 6, 2, 0, Q32_BYTE };
     case GGML_TYPE_Q5_1: return (q32_fmt_t){ 24, 8, 4, 1, Q32_BYTE };
+    case GGML_TYPE_IQ4_NL: return (q32_fmt_t){ 18, 2, 0, 0, Q32_LUT };
     default: return (q32_fmt_t){ 18, 2, 0, 0, Q32_NIB }; /* Q4_0 */
     }
 }
 
 /* the block's 32 integer weights w (x = d * w, + m with a min), element
  * order: Q8_0 q; Q4_0 n - 8; Q4_1 n; Q5_0 n5 - 16; Q5_1 n5 (n5 = nibble +
- * 16 x bit e of qh) */
+ * 16 x bit e of qh); IQ4_NL its code point of n */
 static inline void w32_unpack(uint32_t type, const uint8_t *blk, int8_t *wq)
 {
     const q32_fmt_t f = q32_fmt(type);
@@ -207,6 +215,7 @@ static inline void w32_unpack(uint32_t type, const uint8_t *blk, int8_t *wq)
         switch (type) {
         case GGML_TYPE_Q4_0: n -= 8; break;
         case GGML_TYPE_Q5_0: n -= 16; break;
+        case GGML_TYPE_IQ4_NL: n = ggml_iq4nl_values[n]; break;
         default: break;
         }
         wq[e] = (int8_t)n;
@@ -277,6 +286,9 @@ __attribute__((target(AVX2_TARGET))) static inline __m256i w32_avx2(uint32_t typ
     switch (type) {
     case GGML_TYPE_Q4_0: return _mm256_sub_epi8(u, _mm256_set1_epi8(8));
     case GGML_TYPE_Q5_0: return _mm256_sub_epi8(u, _mm256_set1_epi8(16));
+    case GGML_TYPE_IQ4_NL:
+        return _mm256_shuffle_epi8(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i_u *)ggml_iq4nl_values)), u);
     default: return u; /* Q4_1, Q5_1 */
     }
 }
@@ -432,6 +444,14 @@ q32_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t
                 wv[t] = _mm512_and_si512(x, m);
                 wv[t + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m);
             }
+            if (fm.form == Q32_LUT) {
+                const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(
+                    1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166,
+                    (char)181, (char)197, (char)217, (char)241)); /* IQ4_NL value + 128 */
+#pragma GCC unroll 8
+                for (int t = 0; t < 8; t++)
+                    wv[t] = _mm512_shuffle_epi8(lut, wv[t]);
+            }
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(sp + 16 * b)));
         const __m512 mw = fm.has_min
@@ -482,6 +502,7 @@ Q32_PKS(GGML_TYPE_Q4_0, q4)
 Q32_PKS(GGML_TYPE_Q4_1, q41)
 Q32_PKS(GGML_TYPE_Q5_0, q50)
 Q32_PKS(GGML_TYPE_Q5_1, q51)
+Q32_PKS(GGML_TYPE_IQ4_NL, iq4)
 
 /* one group of 16 rows (w: its first row) in the packed layout: per block
  * the quads (BYTE: w + 128, 8 of them; NIB: the qs bytes, 4), after all
@@ -498,7 +519,7 @@ static void q32_pack_group(uint32_t type, const uint8_t *w, size_t row_bytes, ui
             memcpy(sp + 2 * (16 * b + r), blk, 2);
             if (f.has_min)
                 memcpy(mp + 2 * (16 * b + r), blk + 2, 2);
-            if (f.form == Q32_NIB) {
+            if (f.form != Q32_BYTE) {
                 for (int t = 0; t < 4; t++)
                     memcpy(pg + b * qb + 64 * (size_t)t + 4 * r, blk + f.qs + 4 * t, 4);
                 continue;
@@ -977,6 +998,157 @@ k45_row_avx2(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, siz
         out[i * os] = _mm_cvtss_f32(r[i]);
 }
 
+/* ------------------------------------------------------------------ */
+/* Q2_K / Q3_K against Q8K: 16 sub-blocks of 16 with integer scales, so
+ * per block the exact int32 V = sum_s sc_s * P_s (and Q2_K's M = sum_s
+ * m_s * bsums[s]), one f32 chain as Q4_K's (see the header). Element e =
+ * 128n + 32j + l has its 2 low bits at bit 2j of qs[32n + l]; Q3_K's third
+ * bit is bit 4n + j of hmask[l] (clear: -4). */
+
+#define K23_ITEMS 16 /* items per decoded block (the row kernels' bound) */
+
+typedef struct {
+    int q3;                     /* Q3_K (else Q2_K) */
+    size_t bytes, qs, d, dmin;  /* block bytes and offsets */
+} k23_fmt_t;
+
+static inline k23_fmt_t k23_fmt(uint32_t type)
+{
+    return type == GGML_TYPE_Q3_K ? (k23_fmt_t){ 1, Q3_K_BYTES, 32, 108, 0 }
+                                  : (k23_fmt_t){ 0, Q2_K_BYTES, 16, 80, 82 };
+}
+
+/* the 16 sub-block scales (Q3_K: -32..31) and Q2_K's 16 mins */
+static inline void k23_scales(const k23_fmt_t f, const uint8_t *blk, int8_t sc[16], uint8_t m[16])
+{
+    if (f.q3) {
+        ggml_q3k_scales(blk + 96, sc);
+        memset(m, 0, 16);
+        return;
+    }
+    for (int s = 0; s < 16; s++) {
+        sc[s] = (int8_t)(blk[s] & 0x0F);
+        m[s] = (uint8_t)(blk[s] >> 4);
+    }
+}
+
+static void k23_row_scalar(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a,
+                           size_t as, uint32_t ni, float *out, size_t os)
+{
+    const k23_fmt_t f = k23_fmt(type);
+    for (uint32_t i = 0; i < ni; i++) {
+        const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as);
+        float r = 0.0f;
+        for (uint64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = w + b * f.bytes, *qs = blk + f.qs;
+            int8_t sc[16];
+            uint8_t m[16];
+            k23_scales(f, blk, sc, m);
+            int32_t V = 0, M = 0;
+            for (int s = 0; s < 16; s++) {
+                int32_t P = 0;
+                for (int t = 0; t < 16; t++) {
+                    const int e = 16 * s + t, n = e / 128, j = (e / 32) % 4, l = e % 32;
+                    int v = (qs[32 * n + l] >> (2 * j)) & 3;
+                    if (f.q3 && !((blk[l] >> (4 * n + j)) & 1))
+                        v -= 4;
+                    P += v * ab[b].qs[e];
+                }
+                V += sc[s] * P;
+                M += m[s] * ab[b].bsums[s];
+            }
+            r = fmaf((float)V, h2f(blk + f.d) * ab[b].d, r);
+            if (!f.q3)
+                r = fmaf((float)M, -(h2f(blk + f.dmin) * ab[b].d), r);
+        }
+        out[i * os] = r;
+    }
+}
+
+/* AVX2 (every path): per block the 8 chunks of 32 as unsigned bytes (Q2_K
+ * 0..3; Q3_K 0..7, the value + 4) decoded once for up to K23_ITEMS items;
+ * per item maddubs (pairs <= 1778) madd'ed with the chunk's 2 sub-block
+ * scales, one horizontal sum; Q3_K's -4 and Q2_K's mins by one madd of
+ * the bsums each. */
+__attribute__((target(AVX2_TARGET))) static void
+k23_row_avx2(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as, uint32_t ni,
+             float *out, size_t os)
+{
+    const k23_fmt_t f = k23_fmt(type);
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    __m128 r[K23_ITEMS];
+    for (uint32_t i = 0; i < ni; i++)
+        r[i] = _mm_setzero_ps();
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * f.bytes;
+        _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
+        int8_t sc[16];
+        uint8_t m[16];
+        if (f.q3) {
+            ggml_q3k_scales(blk + 96, sc);
+        } else { /* low nibbles: scales, high: mins */
+            const __m128i x = _mm_loadu_si128((const __m128i_u *)blk);
+            _mm_storeu_si128((__m128i_u *)sc, _mm_and_si128(x, _mm_set1_epi8(0x0F)));
+            _mm_storeu_si128((__m128i_u *)m,
+                             _mm_and_si128(_mm_srli_epi16(x, 4), _mm_set1_epi8(0x0F)));
+        }
+        /* the 16 scales as int16, each 128-bit half broadcast: chunk c's
+         * 2 scales by one byte shuffle */
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i_u *)sc));
+        const __m256i slo = _mm256_permute2x128_si256(s16, s16, 0x00),
+                      shi = _mm256_permute2x128_si256(s16, s16, 0x11);
+        __m256i wq[8], S[8];
+        const __m256i hm = f.q3 ? _mm256_loadu_si256((const __m256i_u *)blk) : _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int n = 0; n < 2; n++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i_u *)(blk + f.qs + 32 * n));
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const int c = 4 * n + j;
+                __m256i u = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j)), m3);
+                if (f.q3)
+                    u = _mm256_or_si256(
+                        u, _mm256_slli_epi16(
+                               _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(c)), one),
+                               2));
+                wq[c] = u;
+                const char k0 = (char)(4 * j), k1 = (char)(4 * j + 1), k2 = (char)(4 * j + 2),
+                           k3 = (char)(4 * j + 3);
+                S[c] = _mm256_shuffle_epi8(
+                    n ? shi : slo, _mm256_setr_epi8(k0, k1, k0, k1, k0, k1, k0, k1, k0, k1, k0, k1, k0,
+                                                    k1, k0, k1, k2, k3, k2, k3, k2, k3, k2, k3, k2, k3,
+                                                    k2, k3, k2, k3, k2, k3));
+            }
+        }
+        /* Q3_K: -4 x sc_s against bsums[s]; Q2_K: m_s against bsums[s] */
+        const __m256i cs = f.q3 ? _mm256_mullo_epi16(_mm256_cvtepi8_epi16(
+                                                         _mm_loadu_si128((const __m128i_u *)sc)),
+                                                     _mm256_set1_epi16(-4))
+                                : _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i_u *)m));
+        const float dw = _cvtsh_ss(rd16(blk + f.d)), dmin = f.q3 ? 0.0f : _cvtsh_ss(rd16(blk + f.dmin));
+        for (uint32_t i = 0; i < ni; i++) {
+            const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
+            __m256i v = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                __m256i av = _mm256_loadu_si256((const __m256i_u *)(ab->qs + 32 * c));
+                v = _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(wq[c], av), S[c]));
+            }
+            const __m256i ck = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i_u *)ab->bsums), cs);
+            if (f.q3) {
+                const float fv = (float)hsum8_avx2(_mm256_add_epi32(v, ck));
+                r[i] = _mm_fmadd_ss(_mm_set_ss(fv), _mm_set_ss(dw * ab->d), r[i]);
+            } else {
+                const float fv = (float)hsum8_avx2(v), fm = (float)hsum8_avx2(ck);
+                r[i] = _mm_fmadd_ss(_mm_set_ss(fv), _mm_set_ss(dw * ab->d), r[i]);
+                r[i] = _mm_fmadd_ss(_mm_set_ss(fm), _mm_set_ss(-(dmin * ab->d)), r[i]);
+            }
+        }
+    }
+    for (uint32_t i = 0; i < ni; i++)
+        out[i * os] = _mm_cvtss_f32(r[i]);
+}
+
 /* VNNI on the packed Q4_K layout: per group of 16 rows and block,
  *   [j < 4][t < 8][row][4 bytes]  chunk j's quad t (low nibbles: elements
  *                                 64j + 4t.., high: 64j + 32 + 4t..)
@@ -1111,6 +1283,175 @@ k45_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t
 K45_PKS(q4k, GGML_TYPE_Q4_K)
 K45_PKS(q5k, GGML_TYPE_Q5_K)
 
+/* VNNI on the packed Q2_K / Q3_K layout: per group of 16 rows and block,
+ *   qs  [n < 2][t < 8][row][4 bytes]  qs[32n + 4t..]: bits 2j of its bytes
+ *                                     are elements 128n + 32j + 4t..
+ *   hm  [t < 8][row][4 bytes]         Q3_K: hmask[4t..]
+ *   sc  [s < 16][row]                 scales (Q3_K: -32..31)
+ *   m   [s < 16][row]                 Q2_K: mins
+ *   d, dmin [row]                     f16
+ * (sizes padded to 64 bytes). A sub-block's 16 products of an unsigned
+ * value (Q2_K 0..3, Q3_K 0..7 = the value + 4) sum to at most 16 * 7 *
+ * 127 < 2^15, so one vpdpwssd applies its scale; Q3_K's -4 and Q2_K's mins
+ * by vpdpwssd of scale / min pairs against the item's bsums pairs. */
+typedef struct {
+    size_t size, qs, hm, sc, m, d, dmin;
+} k23_pk_t;
+
+static inline k23_pk_t k23_pk(uint32_t type)
+{
+    return type == GGML_TYPE_Q3_K ? (k23_pk_t){ 1856, 0, 1024, 1536, 0, 1792, 0 }
+                                  : (k23_pk_t){ 1600, 0, 0, 1024, 1280, 1536, 1568 };
+}
+
+/* 16 int32 lanes of 16 rows' byte at p, in the low 16 bits (0 above) */
+__attribute__((target(VNNI_TARGET))) static inline __m512i k23_lo16(const uint8_t *p, int sgn)
+{
+    const __m128i x = _mm_loadu_si128((const __m128i_u *)p);
+    return sgn ? _mm512_and_si512(_mm512_cvtepi8_epi32(x), _mm512_set1_epi32(0xFFFF))
+               : _mm512_cvtepu8_epi32(x);
+}
+
+__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
+k23_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as,
+              float *out, size_t os, const int NI)
+{
+    const int q3 = type == GGML_TYPE_Q3_K;
+    const k23_pk_t L = k23_pk(type);
+    const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
+    __m512 r[Q4K_PK_ITEMS];
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++)
+        r[i] = _mm512_setzero_ps();
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *p = pg + b * L.size;
+        const ggml_q8k_block *ab[Q4K_PK_ITEMS];
+        __m512i V[Q4K_PK_ITEMS], M[Q4K_PK_ITEMS];
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++) {
+            ab[i] = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
+            V[i] = _mm512_setzero_si512();
+            M[i] = _mm512_setzero_si512();
+        }
+        for (int n = 0; n < 2; n++) {
+            _mm_prefetch((const char *)p + QDOT_PF + 512 * n, _MM_HINT_T0);
+            _mm_prefetch((const char *)p + QDOT_PF + 512 * n + 256, _MM_HINT_T0);
+            __m512i x[8];
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++)
+                x[t] = _mm512_loadu_si512(p + L.qs + 512 * n + 64 * t);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const int s0 = 8 * n + 2 * j;
+                const __m512i S0 = k23_lo16(p + L.sc + 16 * s0, q3);
+                const __m512i S1 = k23_lo16(p + L.sc + 16 * (s0 + 1), q3);
+                __m512i u[8];
+#pragma GCC unroll 8
+                for (int t = 0; t < 8; t++) {
+                    u[t] = _mm512_and_si512(_mm512_srli_epi16(x[t], 2 * j), m3);
+                    if (q3) /* bit 4n + j of hmask: + 4 */
+                        u[t] = _mm512_or_si512(
+                            u[t], _mm512_slli_epi16(
+                                      _mm512_and_si512(
+                                          _mm512_srli_epi16(_mm512_loadu_si512(p + L.hm + 64 * t),
+                                                            4 * n + j),
+                                          one),
+                                      2));
+                }
+#pragma GCC unroll 4
+                for (int i = 0; i < NI; i++) {
+                    const int32_t *g = (const int32_t *)(const void *)ab[i]->qs + 32 * n + 8 * j;
+                    __m512i pl = _mm512_setzero_si512(), ph = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                    for (int t = 0; t < 4; t++) {
+                        pl = _mm512_dpbusd_epi32(pl, u[t], _mm512_set1_epi32(g[t]));
+                        ph = _mm512_dpbusd_epi32(ph, u[t + 4], _mm512_set1_epi32(g[t + 4]));
+                    }
+                    V[i] = _mm512_dpwssd_epi32(V[i], pl, S0);
+                    V[i] = _mm512_dpwssd_epi32(V[i], ph, S1);
+                }
+            }
+        }
+        /* Q3_K: sum sc_s bsums[s] (times -4 below); Q2_K: M = sum m_s bsums[s] */
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const uint8_t *cp = p + (q3 ? L.sc : L.m) + 32 * k;
+            const __m512i ck = _mm512_or_si512(k23_lo16(cp, q3),
+                                               _mm512_slli_epi32(k23_lo16(cp + 16, q3), 16));
+#pragma GCC unroll 4
+            for (int i = 0; i < NI; i++) {
+                int32_t pair;
+                memcpy(&pair, ab[i]->bsums + 2 * k, 4);
+                M[i] = _mm512_dpwssd_epi32(M[i], ck, _mm512_set1_epi32(pair));
+            }
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(p + L.d)));
+        const __m512 dm = q3 ? _mm512_setzero_ps()
+                             : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(p + L.dmin)));
+#pragma GCC unroll 4
+        for (int i = 0; i < NI; i++) {
+            const float d = ab[i]->d;
+            if (q3) {
+                const __m512i v = _mm512_sub_epi32(V[i], _mm512_slli_epi32(M[i], 2));
+                r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dw, _mm512_set1_ps(d)),
+                                       r[i]);
+                continue;
+            }
+            r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(V[i]), _mm512_mul_ps(dw, _mm512_set1_ps(d)),
+                                   r[i]);
+            r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M[i]), _mm512_mul_ps(dm, _mm512_set1_ps(-d)),
+                                   r[i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NI; i++)
+        _mm512_storeu_ps(out + i * os, r[i]);
+}
+
+#define K23_PK(TN, T, NI)                                                                      \
+    __attribute__((target(VNNI_TARGET))) static void TN##_pk_##NI(                            \
+        const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as, float *out, size_t os)    \
+    {                                                                                          \
+        k23_pk_vnni_t(T, pg, nb, a, as, out, os, NI);                                          \
+    }
+#define K23_PKS(TN, T)                                                                         \
+    K23_PK(TN, T, 1) K23_PK(TN, T, 2) K23_PK(TN, T, 3) K23_PK(TN, T, 4)                        \
+    static const q32_pk_fn TN##_pk[Q4K_PK_ITEMS + 1] = { NULL, TN##_pk_1, TN##_pk_2,           \
+                                                         TN##_pk_3, TN##_pk_4 };
+K23_PKS(q2k, GGML_TYPE_Q2_K)
+K23_PKS(q3k, GGML_TYPE_Q3_K)
+
+static void k23_pack_group(uint32_t type, const uint8_t *w, size_t row_bytes, uint64_t nb,
+                           uint8_t *pg)
+{
+    const k23_fmt_t f = k23_fmt(type);
+    const k23_pk_t L = k23_pk(type);
+    for (uint64_t b = 0; b < nb; b++) {
+        uint8_t *p = pg + b * L.size;
+        memset(p, 0, L.size);
+        for (uint32_t r = 0; r < 16; r++) {
+            const uint8_t *blk = w + (size_t)r * row_bytes + b * f.bytes;
+            int8_t sc[16];
+            uint8_t m[16];
+            k23_scales(f, blk, sc, m);
+            for (int s = 0; s < 16; s++) {
+                p[L.sc + 16 * s + r] = (uint8_t)sc[s];
+                if (!f.q3)
+                    p[L.m + 16 * s + r] = m[s];
+            }
+            memcpy(p + L.d + 2 * r, blk + f.d, 2);
+            if (!f.q3)
+                memcpy(p + L.dmin + 2 * r, blk + f.dmin, 2);
+            for (int n = 0; n < 2; n++)
+                for (int t = 0; t < 8; t++)
+                    memcpy(p + L.qs + 512 * n + 64 * t + 4 * r, blk + f.qs + 32 * n + 4 * t, 4);
+            if (f.q3)
+                for (int t = 0; t < 8; t++)
+                    memcpy(p + L.hm + 64 * t + 4 * r, blk + 4 * t, 4);
+        }
+    }
+}
+
 static void k45_pack_group(uint32_t type, const uint8_t *w, size_t row_bytes, uint64_t nb,
                            uint8_t *pg)
 {
@@ -1202,7 +1543,8 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
     /* VNNI Q6_K with more than 4 items: each weight block decoded once per
      * KQ_WIDE items (same per-item operations, same bits) */
     const int wide = type == GGML_TYPE_Q6_K && path == GGML_QDOT_VNNI && n_items > 4;
-    const uint32_t step = wide ? KQ_WIDE : 4;
+    const int k23 = type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q3_K;
+    const uint32_t step = wide ? KQ_WIDE : k23 ? K23_ITEMS : 4;
     for (uint32_t r0 = 0; r0 < n_rows; r0 += 16) {
         uint32_t r1 = n_rows - r0 < 16 ? n_rows : r0 + 16;
         uint32_t ni;
@@ -1224,7 +1566,12 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
             for (uint32_t r = r0; r < r1; r++) {
                 const uint8_t *row = w + (size_t)r * row_bytes;
                 float *oi = out + r + (size_t)i0 * out_stride;
-                if (type == GGML_TYPE_Q6_K) {
+                if (k23) {
+                    if (path >= GGML_QDOT_AVX2)
+                        k23_row_avx2(type, row, nb, ai, a_stride, ni, oi, out_stride);
+                    else
+                        k23_row_scalar(type, row, nb, ai, a_stride, ni, oi, out_stride);
+                } else if (type == GGML_TYPE_Q6_K) {
                     if (path >= GGML_QDOT_AVX2)
                         (path == GGML_QDOT_VNNI ? q6k_vnni : q6k_avx2)[ni](row, nb, ai, a_stride,
                                                                           oi, out_stride);
@@ -1259,9 +1606,12 @@ static size_t pk_group_bytes(uint32_t type, uint64_t n)
     case GGML_TYPE_Q4_0:
     case GGML_TYPE_Q4_1:
     case GGML_TYPE_Q5_0:
-    case GGML_TYPE_Q5_1: /* quads, d (and m) planes */
+    case GGML_TYPE_Q5_1:
+    case GGML_TYPE_IQ4_NL: /* quads, d (and m) planes */
         return ((n / bs) * (q32_pk_qbytes(type) + 32 * (1 + (size_t)q32_fmt(type).has_min)) + 63) &
                ~(size_t)63;
+    case GGML_TYPE_Q2_K:
+    case GGML_TYPE_Q3_K: return (size_t)(n / bs) * k23_pk(type).size;
     case GGML_TYPE_Q4_K: return (size_t)(n / bs) * Q4K_PK_BYTES;
     case GGML_TYPE_Q5_K: return (size_t)(n / bs) * Q5K_PK_BYTES;
     default: return 0;
@@ -1284,6 +1634,8 @@ pd_status_t ggml_qdot_pack(uint32_t type, const uint8_t *w, size_t row_bytes, ui
         const uint8_t *wg = w + (size_t)16 * g * row_bytes;
         if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K)
             k45_pack_group(type, wg, row_bytes, nb, out + g * gb);
+        else if (type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q3_K)
+            k23_pack_group(type, wg, row_bytes, nb, out + g * gb);
         else
             q32_pack_group(type, wg, row_bytes, nb, out + g * gb);
     }
@@ -1313,6 +1665,9 @@ pd_status_t ggml_qdot_rows_packed(int path, uint32_t type, const uint8_t *w, siz
     case GGML_TYPE_Q4_1: tab = q32_pk_q41; break;
     case GGML_TYPE_Q5_0: tab = q32_pk_q50; break;
     case GGML_TYPE_Q5_1: tab = q32_pk_q51; break;
+    case GGML_TYPE_IQ4_NL: tab = q32_pk_iq4; break;
+    case GGML_TYPE_Q2_K: tab = q2k_pk; break;
+    case GGML_TYPE_Q3_K: tab = q3k_pk; break;
     case GGML_TYPE_Q4_K: tab = q4k_pk; break;
     default: tab = q5k_pk; break;
     }

@@ -2,14 +2,14 @@
  * activation row quantized once per step (issue 11).
  *
  * Two activation formats, chosen by the weight type (ggml_qdot_act):
- *  - Q8A (weights Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): 32-element blocks, d =
+ *  - Q8A (weights Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): 32-element blocks, d =
  *    absmax / 127 (f32), q = round(x / d) in [-127, 127]. A row of nb
  *    blocks is stored as planes (44 bytes per block):
  *      int8  qs[32 * nb]      the quantized values
  *      int32 c128[nb]         -128 times each block's sum of qs
  *      int32 c8[nb]           -8 times each block's sum of qs
  *      float d[nb]            each block's d
- *  - Q8K (weights Q4_K, Q5_K, Q6_K): 256-element blocks ggml_q8k_block
+ *  - Q8K (weights Q2_K .. Q6_K): 256-element blocks ggml_q8k_block
  *    { f32 d; int8 qs[256]; int16 bsums[16] } (bsums = sums of 16 qs),
  *    d = absmax / 127; the row's nb blocks are followed by a plane
  *    int32 n32s4[64 * nb] = -32 x the sum of each 4 consecutive qs (the
@@ -18,7 +18,8 @@
  * Canonical results (every path returns the same bits):
  *  - 32-element types: per block b the exact int32 P_b = sum of the 32
  *    w * q, w the block's integer weights (Q8_0 q; Q4_0 n - 8; Q4_1 n;
- *    Q5_0 n5 - 16; Q5_1 n5; |P_b| <= 32 * 128 * 127 < 2^24, so (float)P_b
+ *    Q5_0 n5 - 16; Q5_1 n5; IQ4_NL its code point of n, -127..113;
+ *    |P_b| <= 32 * 128 * 127 < 2^24, so (float)P_b
  *    is exact), s_b = d_w[b] * d_a[b] (f32), and one chain r =
  *    fma((float)P_b, s_b, r) from +0 in block order; Q4_1 / Q5_1 follow
  *    each block with r = fma((float)S_b, m_w[b] * d_a[b], r), S_b the
@@ -29,6 +30,9 @@
  *    and q) and M = sum_k m_k * (bsums[2k] + bsums[2k+1]); in block order
  *    r = fma((float)V, d_w * d_a, r), r = fma((float)M, -(dmin_w * d_a), r)
  *    from +0.
+ *  - Q2_K / Q3_K: the same with their 16 sub-blocks s of 16 elements: V =
+ *    sum_s sc_s * P_s (Q2_K: 2-bit value, sc 0..15; Q3_K: 3-bit value - 4,
+ *    sc -32..31), Q2_K's M = sum_s m_s * bsums[s]; Q3_K has no M term.
  *  - Q6_K: per block 16 exact int32 lanes V[l] = sum over the 4 64-element
  *    chunks j of sc_{4j + l/4} * sum_{t<4} (q6 - 32)[64j+4l+t] *
  *    q[64j+4l+t]; in block order F[l] = fma((float)V[l], d_w * d_a, F[l]);
@@ -36,7 +40,8 @@
  *    s4_{l+2}, r = s2_0 + s2_1).
  * Paths: scalar, AVX2 (maddubs/madd; sign trick for the signed weights;
  * the 32-element types gather 4 blocks' sums into one xmm by horizontal
- * adds), AVX-512 VNNI (every type but Q6_K on the packed layout below, 16
+ * adds; Q2_K / Q3_K: one block decoded once for up to 16 items), AVX-512
+ * VNNI (every type but Q6_K on the packed layout below, 16
  * rows in the 16 lanes of vpdpbusd; Q6_K: 64-element chunks per vpdpbusd,
  * the sub-block scales by one vpmaddwd, as every lane sum of 4 products
  * fits int16).
@@ -45,10 +50,13 @@
  * an integer kernel but Q6_K): each full group of 16 rows is one
  * 64-byte-aligned region. 32-element types: for every block b its 4-byte
  * weight groups t (Q8_0, Q5_0, Q5_1: 8 of them, stored as w + 128; Q4_0,
- * Q4_1: 4, the raw nibble bytes, low nibbles = elements 4t.., high = 16 +
- * 4t..) as [t][row][4 bytes], then a plane of the 16 rows' f16 d per
- * block (and one of m for Q4_1 / Q5_1). Q4_K / Q5_K: see ggml_qdot.c
- * (quads per 64-element chunk, then sc, m, d, dmin and Q5_K's qh).
+ * Q4_1, IQ4_NL: 4, the raw nibble bytes, low nibbles = elements 4t..,
+ * high = 16 + 4t..; IQ4_NL's looked up by vpshufb as value + 128) as
+ * [t][row][4 bytes], then a plane of the 16 rows' f16 d per block (and
+ * one of m for Q4_1 / Q5_1). Q4_K / Q5_K: see ggml_qdot.c (quads per
+ * 64-element chunk, then sc, m, d, dmin and Q5_K's qh). Q2_K / Q3_K: see
+ * ggml_qdot.c (the qs bytes as stored, 4 values each; Q3_K's hmask; one
+ * byte per sub-block scale / min and row; d, dmin).
  * A trailing group of fewer than 16 rows is not packed: those rows are read
  * from the original tensor, with the same bits. */
 #ifndef GGML_QDOT_H

@@ -119,22 +119,12 @@ static void dq_q2_k(const uint8_t *b, float *y)
     }
 }
 
-/* unpack the 16 6-bit Q3_K scales (stored +32) */
-static void q3k_scales(const uint8_t *s12, int8_t out[16])
-{
-    for (int j = 0; j < 16; j++) {
-        int lo = j < 8 ? s12[j] & 0x0F : s12[j - 8] >> 4;
-        int hi = (s12[8 + j % 4] >> (2 * (j / 4))) & 3;
-        out[j] = (int8_t)((lo | hi << 4) - 32);
-    }
-}
-
 /* Q3_K { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d; } */
 static void dq_q3_k(const uint8_t *b, float *y)
 {
     const uint8_t *hm = b, *q = b + 32;
     int8_t sc[16];
-    q3k_scales(b + 96, sc);
+    ggml_q3k_scales(b + 96, sc);
     float d_all = h2f(b + 108);
     int is = 0;
     uint8_t m = 1;
@@ -372,7 +362,7 @@ static TGT_AVX2 void dq_q3_k_avx2(const uint8_t *b, float *y)
 {
     const uint8_t *q = b + 32;
     int8_t sc[16];
-    q3k_scales(b + 96, sc);
+    ggml_q3k_scales(b + 96, sc);
     float d_all = h2f(b + 108);
     const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
     const __m256i hm = _mm256_loadu_si256((const __m256i *)(const void *)b);

@@ -1,5 +1,5 @@
 /* test_qdot.c - integer-dot kernels (engine/gguf/ggml_qdot.c) for Q8_0,
- * Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weight rows against
+ * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q2_K..Q6_K weight rows against
  * quantized activations:
  *  - the scalar, AVX2 and VNNI paths return identical bits, and a row dot
  *    computed in a batch of items equals the same item alone; every type
@@ -175,6 +175,24 @@ static void test_q5_1(void **state)
     check_type(GGML_TYPE_Q5_1, 24, 32);
 }
 
+static void test_iq4_nl(void **state)
+{
+    (void)state;
+    check_type(GGML_TYPE_IQ4_NL, 18, 32);
+}
+
+static void test_q2_K(void **state)
+{
+    (void)state;
+    check_type(GGML_TYPE_Q2_K, 84, 256);
+}
+
+static void test_q3_K(void **state)
+{
+    (void)state;
+    check_type(GGML_TYPE_Q3_K, 110, 256);
+}
+
 static void test_q4_K(void **state)
 {
     (void)state;
@@ -198,9 +216,10 @@ static void test_unsupported(void **state)
     (void)state;
     uint8_t w[176] = { 0 }, a[292] = { 0 };
     float o;
-    assert_int_equal(ggml_qdot_act(GGML_TYPE_Q3_K), GGML_QACT_NONE);
-    assert_int_equal(ggml_qdot_act(GGML_TYPE_IQ4_NL), GGML_QACT_NONE);
-    assert_int_equal(ggml_qdot_rows(GGML_QDOT_SCALAR, GGML_TYPE_Q3_K, w, 110, 1, 256, a, 0, 1,
+    /* f16 / f32 weights: exact f32 dot, no integer kernel */
+    assert_int_equal(ggml_qdot_act(GGML_TYPE_F16), GGML_QACT_NONE);
+    assert_int_equal(ggml_qdot_act(GGML_TYPE_F32), GGML_QACT_NONE);
+    assert_int_equal(ggml_qdot_rows(GGML_QDOT_SCALAR, GGML_TYPE_F16, w, 64, 1, 32, a, 0, 1,
                                     &o, 0), PD_ERR_UNSUPPORTED);
     /* a row that is not whole blocks */
     assert_int_equal(ggml_qdot_rows(GGML_QDOT_SCALAR, GGML_TYPE_Q4_K, w, 144, 1, 128, a, 0, 1,
@@ -278,6 +297,9 @@ int main(void)
         cmocka_unit_test(test_q4_1),
         cmocka_unit_test(test_q5_0),
         cmocka_unit_test(test_q5_1),
+        cmocka_unit_test(test_iq4_nl),
+        cmocka_unit_test(test_q2_K),
+        cmocka_unit_test(test_q3_K),
         cmocka_unit_test(test_q4_K),
         cmocka_unit_test(test_q5_K),
         cmocka_unit_test(test_q6_K),

@@ -11,7 +11,8 @@
  *     both engines against the f64 reference forward pass of the
  *     dequantized weights (ll_testmodel.c) - pdserve must be at least as
  *     close as llama.cpp (per file when pdserve is exact; per dense file
- *     within QDOT_CASE and summed over all files when it rounds activations
+ *     within QDOT_CASE on the mean over the logit rows, and summed over all
+ *     files, when it rounds activations
  *     for its integer dot as llama.cpp does), and llama.cpp must be close
  *     too (so pdserve decodes the blocks as ggml does). C also checks the
  *     files load.
@@ -35,6 +36,10 @@
 #define MAXV 512
 
 static const char *mkmodel, *llq, *libllama, *nodedir, *filter;
+/* LLREF_SEED=N: every model from weight seed N: other draws of the B / C
+ * statistics (case A's tolerances and token equality hold for the default
+ * weights; other seeds can flip a near-tie) */
+static char seed_arg[48];
 static char libggml_base[1024];
 static char tmpdir[256];
 static int failures;
@@ -189,7 +194,7 @@ static void case_exact(const char *tag, const char *args, double tol)
         return;
     char path[512], cmd[1536];
     snprintf(path, sizeof(path), "%s/%s.gguf", tmpdir, tag);
-    snprintf(cmd, sizeof(cmd), "'%s' %s --vocab-type spm -o '%s' >/dev/null", mkmodel, args, path);
+    snprintf(cmd, sizeof(cmd), "'%s' %s%s --vocab-type spm -o '%s' >/dev/null", mkmodel, args, seed_arg, path);
     if (sh(cmd) || run_llamacpp(path, &ra) || run_pdserve(path, &rb)) {
         failures++;
         return;
@@ -221,7 +226,12 @@ static void case_exact(const char *tag, const char *args, double tol)
 /* per-case allowance of pdserve's error over llama.cpp's when both round
  * activations to 8 bits (see compare_ref) */
 #define QDOT_CASE 1.5
-static double qdot_sum_pd, qdot_sum_ll;
+/* allowance on the sums over all integer-dot files: every quantized type
+ * rounds activations in both engines, so the sums are draws of the same
+ * size (4 weight seeds: pdserve / llama.cpp 0.935..1.017 on the max,
+ * 0.983..1.008 on the mean); a bias of 5 % or more fails */
+#define QDOT_SUM 1.05
+static double qdot_sum_pd, qdot_sum_ll, qdot_mean_pd, qdot_mean_ll;
 static int qdot_cases;
 
 /* Does pdserve dot any weight of this file in integers (a 2-D tensor of an
@@ -261,7 +271,8 @@ static void compare_ref(const char *tag, const char *kind, const char *path)
         failures++;
         return;
     }
-    double e_pd = 0, e_ll = 0;
+    double e_pd = 0, e_ll = 0, m_pd = 0, m_ll = 0;
+    int rows = 0;
     static double ref[MAXV];
     for (int p = 0; p < NPROMPT; p++)
         for (int s = 0; s < 4; s++) {
@@ -275,33 +286,42 @@ static void compare_ref(const char *tag, const char *kind, const char *path)
                 failures++;
                 return;
             }
-            e_pd = fmax(e_pd, rel_err(rb.lg[p][s], ref, ra.vocab));
-            e_ll = fmax(e_ll, rel_err(ra.lg[p][s], ref, ra.vocab));
+            double ep = rel_err(rb.lg[p][s], ref, ra.vocab), el = rel_err(ra.lg[p][s], ref, ra.vocab);
+            e_pd = fmax(e_pd, ep);
+            e_ll = fmax(e_ll, el);
+            m_pd += ep;
+            m_ll += el;
+            rows++;
         }
     /* llama.cpp rounds activations to 8 bits before every quantized dot
      * product (seen: 0.01..0.3 on these random models; MoE routing flips
-     * add more). pdserve does the same for its integer-dot types (Q8_0, Q4_0,
-     * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: ggml_qdot.h) and computes the
-     * other types on the exact
-     * dequantized weights (seen ~1e-6).
+     * add more). pdserve does the same for every quantized weight type
+     * (ggml_qdot.h); f32 / f16 / bf16 weights are dotted exactly.
      *  - no integer-dot tensor in the file: pdserve <= llama.cpp and < 1e-4;
      *  - integer-dot tensors: the same rounding model, so the two errors are
-     *    draws of the same size: per dense case pdserve <= QDOT_CASE x
-     *    llama.cpp (seen ratios 0.2..1.15; a wrong kernel is >= 10x off),
-     *    and over all such cases (MoE included) the summed error of pdserve
-     *    <= llama.cpp's (checked in main). MoE files get no per-case ratio:
+     *    draws of the same size. Per dense file, pdserve's mean over the
+     *    logit rows <= QDOT_CASE x llama.cpp's (seen 0.28..1.17; a wrong
+     *    kernel is >= 10x off). The mean, not the max: the max over 12 rows
+     *    is one draw (IQ4_NL, 8 weight seeds: max ratio 0.57..1.67 both
+     *    ways, mean ratio 0.87..1.17, summed max 0.529 vs 0.532). Over all
+     *    such files (MoE included) pdserve's summed max and summed mean
+     *    <= QDOT_SUM x llama.cpp's (checked in main). MoE files get no per-file ratio:
      *    a routing flip is a discontinuity either engine can hit (seen:
      *    llama.cpp 0.32 where pdserve is exact, pdserve 0.18 vs 0.027). */
     int qd = uses_qdot(path), moe = strstr(tag, "moe") != NULL;
-    int ok = e_ll < 0.6 && (qd ? (moe || e_pd <= QDOT_CASE * e_ll)
-                               : (e_pd <= e_ll + 1e-6 && e_pd < 1e-4));
+    m_pd /= rows > 0 ? rows : 1;
+    m_ll /= rows > 0 ? rows : 1;
+    int ok = e_ll < 0.6 && rows > 0 &&
+             (qd ? (moe || m_pd <= QDOT_CASE * m_ll) : (e_pd <= e_ll + 1e-6 && e_pd < 1e-4));
     if (qd) {
         qdot_sum_pd += e_pd;
         qdot_sum_ll += e_ll;
+        qdot_mean_pd += m_pd;
+        qdot_mean_ll += m_ll;
         qdot_cases++;
     }
-    printf("%-5s %s %-28s bitwise = ggml decode; vs f64 ref: pdserve %.3g, llama.cpp %.3g%s\n",
-           ok ? "ok" : "FAIL", kind, tag, e_pd, e_ll,
+    printf("%-5s %s %-26s = ggml decode; vs f64 ref, max / mean: pdserve %.3g / %.3g, "
+           "llama.cpp %.3g / %.3g%s\n", ok ? "ok" : "FAIL", kind, tag, e_pd, m_pd, e_ll, m_ll,
            qd ? (moe ? " (int-dot, MoE: in the sum only)" : " (int-dot)") : "");
     failures += !ok;
 }
@@ -312,7 +332,7 @@ static void case_quant(const char *tag, const char *args)
         return;
     char path[512], cmd[1536];
     snprintf(path, sizeof(path), "%s/%s.gguf", tmpdir, tag);
-    snprintf(cmd, sizeof(cmd), "'%s' %s --vocab-type spm -o '%s' >/dev/null", mkmodel, args, path);
+    snprintf(cmd, sizeof(cmd), "'%s' %s%s --vocab-type spm -o '%s' >/dev/null", mkmodel, args, seed_arg, path);
     if (sh(cmd)) {
         failures++;
         return;
@@ -328,7 +348,7 @@ static void case_llq(const char *tag, const char *args, int ftype)
     char src[512], path[512], cmd[2048];
     snprintf(src, sizeof(src), "%s/%s.src.gguf", tmpdir, tag);
     snprintf(path, sizeof(path), "%s/%s.gguf", tmpdir, tag);
-    snprintf(cmd, sizeof(cmd), "'%s' %s --vocab-type spm -o '%s' >/dev/null", mkmodel, args, src);
+    snprintf(cmd, sizeof(cmd), "'%s' %s%s --vocab-type spm -o '%s' >/dev/null", mkmodel, args, seed_arg, src);
     if (sh(cmd)) {
         failures++;
         return;
@@ -353,6 +373,9 @@ int main(int argc, char **argv)
     libllama = argv[3];
     nodedir = argv[4];
     filter = argc > 5 ? argv[5] : NULL;
+    const char *seed = getenv("LLREF_SEED");
+    if (seed && *seed)
+        snprintf(seed_arg, sizeof(seed_arg), " --seed %llu", strtoull(seed, NULL, 10));
     snprintf(libggml_base, sizeof(libggml_base), "%s", libllama);
     char *slash = strrchr(libggml_base, '/');
     snprintf(slash ? slash + 1 : libggml_base,
@@ -419,9 +442,10 @@ int main(int argc, char **argv)
     }
 
     if (qdot_cases) {
-        int ok = qdot_sum_pd <= qdot_sum_ll;
-        printf("%-5s integer-dot cases: summed error vs f64 ref over %d files: pdserve %.4g, "
-               "llama.cpp %.4g\n", ok ? "ok" : "FAIL", qdot_cases, qdot_sum_pd, qdot_sum_ll);
+        int ok = qdot_sum_pd <= QDOT_SUM * qdot_sum_ll && qdot_mean_pd <= QDOT_SUM * qdot_mean_ll;
+        printf("%-5s integer-dot cases: summed error vs f64 ref over %d files, max / mean: "
+               "pdserve %.4g / %.4g, llama.cpp %.4g / %.4g\n", ok ? "ok" : "FAIL", qdot_cases,
+               qdot_sum_pd, qdot_mean_pd, qdot_sum_ll, qdot_mean_ll);
         failures += !ok;
     }
     char cmd[300];
