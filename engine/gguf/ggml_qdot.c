@@ -445,9 +445,8 @@ q32_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t
                 wv[t + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m);
             }
             if (fm.form == Q32_LUT) {
-                const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(
-                    1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166,
-                    (char)181, (char)197, (char)217, (char)241)); /* IQ4_NL value + 128 */
+                const __m512i lut = _mm512_broadcast_i32x4(_mm_xor_si128( /* value + 128 */
+                    _mm_loadu_si128((const __m128i_u *)ggml_iq4nl_values), _mm_set1_epi8(-128)));
 #pragma GCC unroll 8
                 for (int t = 0; t < 8; t++)
                     wv[t] = _mm512_shuffle_epi8(lut, wv[t]);
@@ -1065,7 +1064,7 @@ static void k23_row_scalar(uint32_t type, const uint8_t *w, uint64_t nb, const u
     }
 }
 
-/* AVX2 (every path): per block the 8 chunks of 32 as unsigned bytes (Q2_K
+/* AVX2 (and VNNI's rows outside the packed groups): per block the 8 chunks of 32 as unsigned bytes (Q2_K
  * 0..3; Q3_K 0..7, the value + 4) decoded once for up to K23_ITEMS items;
  * per item maddubs (pairs <= 1778) madd'ed with the chunk's 2 sub-block
  * scales, one horizontal sum; Q3_K's -4 and Q2_K's mins by one madd of

@@ -231,6 +231,7 @@ static void case_exact(const char *tag, const char *args, double tol)
  * size (4 weight seeds: pdserve / llama.cpp 0.935..1.017 on the max,
  * 0.983..1.008 on the mean); a bias of 5 % or more fails */
 #define QDOT_SUM 1.05
+#define QDOT_SUM_MIN_FILES 10
 static double qdot_sum_pd, qdot_sum_ll, qdot_mean_pd, qdot_mean_ll;
 static int qdot_cases;
 
@@ -441,11 +442,17 @@ int main(int argc, char **argv)
         case_llq(tag, args, ft[i].ftype);
     }
 
+    /* the sums only mean something over many files (a filtered run's few
+     * are single draws: reported, not judged) */
     if (qdot_cases) {
-        int ok = qdot_sum_pd <= QDOT_SUM * qdot_sum_ll && qdot_mean_pd <= QDOT_SUM * qdot_mean_ll;
+        int judged = qdot_cases >= QDOT_SUM_MIN_FILES;
+        int ok = !judged ||
+                 (qdot_sum_pd <= QDOT_SUM * qdot_sum_ll && qdot_mean_pd <= QDOT_SUM * qdot_mean_ll);
         printf("%-5s integer-dot cases: summed error vs f64 ref over %d files, max / mean: "
                "pdserve %.4g / %.4g, llama.cpp %.4g / %.4g\n", ok ? "ok" : "FAIL", qdot_cases,
                qdot_sum_pd, qdot_mean_pd, qdot_sum_ll, qdot_mean_ll);
+        if (!judged)
+            printf("      (fewer than %d files: the sums are not judged)\n", QDOT_SUM_MIN_FILES);
         failures += !ok;
     }
     char cmd[300];
