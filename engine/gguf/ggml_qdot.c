@@ -1158,6 +1158,15 @@ k23_row_avx2(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, siz
  * the sub-block scale (in the low 16 bits of each lane, 0 above); the mins
  * by vpdpwssd of (m_k, m_k) against the item's bsums pairs. */
 #define Q4K_PK_BYTES 2368
+
+/* a K-quant block into 16 rows' chains: r = fma(V, d_w * d_a, r), then
+ * r = fma(M, dmin_w * -d_a, r) */
+__attribute__((target(VNNI_TARGET))) static inline __m512 kq_fold_vnni(__m512 r, __m512i V, __m512i M,
+                                                                       __m512 dw, __m512 dm, float d)
+{
+    r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(V), _mm512_mul_ps(dw, _mm512_set1_ps(d)), r);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(dm, _mm512_set1_ps(-d)), r);
+}
 #define Q5K_PK_BYTES (Q4K_PK_BYTES + 512) /* + [t < 8][row] qh[4t..4t+3] */
 #define Q4K_PK_ITEMS 4
 
@@ -1256,31 +1265,27 @@ k45_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(p + 2304)));
         const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(p + 2336)));
 #pragma GCC unroll 4
-        for (int i = 0; i < NI; i++) {
-            const float d = ab[i]->d;
-            r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(V[i]), _mm512_mul_ps(dw, _mm512_set1_ps(d)),
-                                   r[i]);
-            r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M[i]), _mm512_mul_ps(dm, _mm512_set1_ps(-d)),
-                                   r[i]);
-        }
+        for (int i = 0; i < NI; i++)
+            r[i] = kq_fold_vnni(r[i], V[i], M[i], dw, dm, ab[i]->d);
     }
 #pragma GCC unroll 4
     for (int i = 0; i < NI; i++)
         _mm512_storeu_ps(out + i * os, r[i]);
 }
 
-#define K45_PK(TN, T, NI)                                                                      \
+/* the K-quant packed kernels' instances for 1..Q4K_PK_ITEMS items: TN_pk[] */
+#define KQ_PK(KERN, TN, T, NI)                                                                 \
     __attribute__((target(VNNI_TARGET))) static void TN##_pk_##NI(                            \
         const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as, float *out, size_t os)    \
     {                                                                                          \
-        k45_pk_vnni_t(T, pg, nb, a, as, out, os, NI);                                          \
+        KERN(T, pg, nb, a, as, out, os, NI);                                                   \
     }
-#define K45_PKS(TN, T)                                                                         \
-    K45_PK(TN, T, 1) K45_PK(TN, T, 2) K45_PK(TN, T, 3) K45_PK(TN, T, 4)                        \
+#define KQ_PKS(KERN, TN, T)                                                                    \
+    KQ_PK(KERN, TN, T, 1) KQ_PK(KERN, TN, T, 2) KQ_PK(KERN, TN, T, 3) KQ_PK(KERN, TN, T, 4)    \
     static const q32_pk_fn TN##_pk[Q4K_PK_ITEMS + 1] = { NULL, TN##_pk_1, TN##_pk_2,           \
                                                          TN##_pk_3, TN##_pk_4 };
-K45_PKS(q4k, GGML_TYPE_Q4_K)
-K45_PKS(q5k, GGML_TYPE_Q5_K)
+KQ_PKS(k45_pk_vnni_t, q4k, GGML_TYPE_Q4_K)
+KQ_PKS(k45_pk_vnni_t, q5k, GGML_TYPE_Q5_K)
 
 /* VNNI on the packed Q2_K / Q3_K layout: per group of 16 rows and block,
  *   qs  [n < 2][t < 8][row][4 bytes]  qs[32n + 4t..]: bits 2j of its bytes
@@ -1396,10 +1401,7 @@ k23_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t
                                        r[i]);
                 continue;
             }
-            r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(V[i]), _mm512_mul_ps(dw, _mm512_set1_ps(d)),
-                                   r[i]);
-            r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M[i]), _mm512_mul_ps(dm, _mm512_set1_ps(-d)),
-                                   r[i]);
+            r[i] = kq_fold_vnni(r[i], V[i], M[i], dw, dm, d);
         }
     }
 #pragma GCC unroll 4
@@ -1407,18 +1409,8 @@ k23_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t
         _mm512_storeu_ps(out + i * os, r[i]);
 }
 
-#define K23_PK(TN, T, NI)                                                                      \
-    __attribute__((target(VNNI_TARGET))) static void TN##_pk_##NI(                            \
-        const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as, float *out, size_t os)    \
-    {                                                                                          \
-        k23_pk_vnni_t(T, pg, nb, a, as, out, os, NI);                                          \
-    }
-#define K23_PKS(TN, T)                                                                         \
-    K23_PK(TN, T, 1) K23_PK(TN, T, 2) K23_PK(TN, T, 3) K23_PK(TN, T, 4)                        \
-    static const q32_pk_fn TN##_pk[Q4K_PK_ITEMS + 1] = { NULL, TN##_pk_1, TN##_pk_2,           \
-                                                         TN##_pk_3, TN##_pk_4 };
-K23_PKS(q2k, GGML_TYPE_Q2_K)
-K23_PKS(q3k, GGML_TYPE_Q3_K)
+KQ_PKS(k23_pk_vnni_t, q2k, GGML_TYPE_Q2_K)
+KQ_PKS(k23_pk_vnni_t, q3k, GGML_TYPE_Q3_K)
 
 static void k23_pack_group(uint32_t type, const uint8_t *w, size_t row_bytes, uint64_t nb,
                            uint8_t *pg)
