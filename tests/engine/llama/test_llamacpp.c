@@ -2,9 +2,13 @@
  * prebuilt CPU build in the npm package node-llama-cpp, run by
  * node/llref.mjs in its own process) on the same GGUF files:
  *
- *  A. f32 / f16 models of every architecture (pd-mkmodel): greedy tokens
- *     equal for NGEN tokens on several prompts, logits within a tolerance
- *     at every step;
+ *  A. f32 / f16 models of every architecture (pd-mkmodel): logits within a
+ *     tolerance at every one of NGEN steps on several prompts, llama.cpp
+ *     teacher-forced on pdserve's greedy tokens (the same history at every
+ *     step); free-running greedy tokens equal up to the first near-tie - a
+ *     step whose top-2 margin in pdserve's logits is below twice the two
+ *     engines' measured logit disagreement, which each engine may break
+ *     its own way (llama.cpp's f16 and GELU paths differ per CPU variant);
  *  B. quantized models of every type and preset mix written by pd-mkmodel,
  *  C. the same f32 models quantized by llama.cpp's own quantizer (llq: the
  *     llama_model_quantize function llama-quantize calls) to every preset:
@@ -54,6 +58,7 @@ static const uint32_t prompt_len[NPROMPT] = { 8, 8, 5 };
 typedef struct {
     int32_t tok[NPROMPT][NGEN];
     float lg[NPROMPT][NGEN][MAXV];
+    float tf[NPROMPT][NGEN][MAXV]; /* llama.cpp teacher-forced (run_llamacpp's forced) */
     uint32_t vocab;
 } run_t;
 
@@ -65,23 +70,49 @@ static int sh(const char *cmd)
     return rc;
 }
 
-/* llama.cpp via node: tokens and logits of NGEN greedy steps per prompt. */
+/* llama.cpp via node: tokens and logits of NGEN greedy steps per prompt;
+ * with `forced`, also r->tf: the logits on forced's tokens as history. */
 static int ngen = NGEN; /* steps of the current case */
 
-static int run_llamacpp(const char *model, run_t *r)
+static void json_row(cJSON *row, float *out, run_t *r)
 {
-    char cmd[2048], arr[512];
-    size_t off = 0;
-    off += (size_t)snprintf(arr + off, sizeof(arr) - off, "[");
-    for (int p = 0; p < NPROMPT; p++) {
-        off += (size_t)snprintf(arr + off, sizeof(arr) - off, "%s[", p ? "," : "");
-        for (uint32_t i = 0; i < prompt_len[p]; i++)
-            off += (size_t)snprintf(arr + off, sizeof(arr) - off, "%s%d", i ? "," : "",
-                                    prompts[p][i]);
-        off += (size_t)snprintf(arr + off, sizeof(arr) - off, "]");
+    int n = cJSON_GetArraySize(row);
+    r->vocab = (uint32_t)n;
+    for (int v = 0; v < n && v < MAXV; v++) {
+        cJSON *x = cJSON_GetArrayItem(row, v);
+        out[v] = cJSON_IsNumber(x) ? (float)x->valuedouble : NAN;
     }
-    snprintf(arr + off, sizeof(arr) - off, "]");
-    snprintf(cmd, sizeof(cmd), "node '%s/llref.mjs' '%s' %d '%s'", nodedir, model, ngen, arr);
+}
+
+static void json_tokens(char *arr, size_t cap, const int32_t *const *rows, const uint32_t *lens)
+{
+    size_t off = (size_t)snprintf(arr, cap, "[");
+    for (int p = 0; p < NPROMPT; p++) {
+        off += (size_t)snprintf(arr + off, cap - off, "%s[", p ? "," : "");
+        for (uint32_t i = 0; i < lens[p]; i++)
+            off += (size_t)snprintf(arr + off, cap - off, "%s%d", i ? "," : "", rows[p][i]);
+        off += (size_t)snprintf(arr + off, cap - off, "]");
+    }
+    snprintf(arr + off, cap - off, "]");
+}
+
+static int run_llamacpp(const char *model, run_t *r, const run_t *forced)
+{
+    char cmd[4096], arr[512], farr[1536] = "";
+    const int32_t *rows[NPROMPT];
+    uint32_t flen[NPROMPT];
+    for (int p = 0; p < NPROMPT; p++)
+        rows[p] = prompts[p];
+    json_tokens(arr, sizeof(arr), rows, prompt_len);
+    if (forced) {
+        for (int p = 0; p < NPROMPT; p++) {
+            rows[p] = forced->tok[p];
+            flen[p] = (uint32_t)ngen;
+        }
+        json_tokens(farr, sizeof(farr), rows, flen);
+    }
+    snprintf(cmd, sizeof(cmd), "node '%s/llref.mjs' '%s' %d '%s' '%s'", nodedir, model, ngen,
+             arr, farr);
     FILE *f = popen(cmd, "r");
     if (!f)
         return -1;
@@ -95,15 +126,12 @@ static int run_llamacpp(const char *model, run_t *r)
         int p = cJSON_GetObjectItem(j, "prompt")->valueint;
         cJSON *toks = cJSON_GetObjectItem(j, "tokens");
         cJSON *lgs = cJSON_GetObjectItem(j, "logits");
+        cJSON *tfs = cJSON_GetObjectItem(j, "tf_logits");
         for (int s = 0; s < ngen; s++) {
             r->tok[p][s] = cJSON_GetArrayItem(toks, s)->valueint;
-            cJSON *row = cJSON_GetArrayItem(lgs, s);
-            int n = cJSON_GetArraySize(row);
-            r->vocab = (uint32_t)n;
-            for (int v = 0; v < n && v < MAXV; v++) {
-                cJSON *x = cJSON_GetArrayItem(row, v);
-                r->lg[p][s][v] = cJSON_IsNumber(x) ? (float)x->valuedouble : NAN;
-            }
+            json_row(cJSON_GetArrayItem(lgs, s), r->lg[p][s], r);
+            if (forced)
+                json_row(cJSON_GetArrayItem(tfs, s), r->tf[p][s], r);
         }
         cJSON_Delete(j);
         got++;
@@ -118,8 +146,9 @@ static int run_llamacpp(const char *model, run_t *r)
 }
 
 /* pdserve: the same greedy loop (ties to the lower id), f32 KV as
- * llref.mjs asks of llama.cpp. */
-static int run_pdserve(const char *model, run_t *r)
+ * llref.mjs asks of llama.cpp. With `forced`, the next input is forced's
+ * token (teacher forcing), r->tok still pdserve's own choice. */
+static int run_pdserve(const char *model, run_t *r, const run_t *forced)
 {
     const eng_ops_t *ops = eng_find("llama");
     eng_load_opts_t o = { "llama", model, 16, ENG_KV_F32, 2, 4 };
@@ -145,7 +174,8 @@ static int run_pdserve(const char *model, run_t *r)
                     best = (int32_t)v;
             }
             r->tok[p][s] = best;
-            eng_decode_item_t it = { bt, nb, prompt_len[p] + (uint32_t)s, best };
+            eng_decode_item_t it = { bt, nb, prompt_len[p] + (uint32_t)s,
+                                     forced ? forced->tok[p][s] : best };
             if (s + 1 < ngen)
                 st = ops->decode(m, arena, &it, 1, lg);
         }
@@ -187,7 +217,41 @@ static int want(const char *tag)
 
 static run_t ra, rb;
 
-/* A: tokens equal, logits close. */
+/* top-1 minus top-2 of a logit row */
+static double top2_margin(const float *lg, uint32_t n)
+{
+    double t1 = -INFINITY, t2 = -INFINITY;
+    for (uint32_t v = 0; v < n; v++) {
+        if (lg[v] > t1) {
+            t2 = t1;
+            t1 = lg[v];
+        } else if (lg[v] > t2)
+            t2 = lg[v];
+    }
+    return t1 - t2;
+}
+
+static double max_abs_diff(const float *a, const float *b, uint32_t n)
+{
+    double e = 0;
+    for (uint32_t v = 0; v < n; v++)
+        e = fmax(e, fabs((double)a[v] - b[v]));
+    return e;
+}
+
+/* A: pdserve greedy-generates; llama.cpp runs free and teacher-forced on
+ * pdserve's tokens. Checked:
+ *  - logits: llama.cpp's teacher-forced logits vs pdserve's at every step
+ *    (the same history), relative error <= tol;
+ *  - tokens: the two free-running greedy sequences are equal up to each
+ *    prompt's first near-tie: a step whose top-2 margin in pdserve's
+ *    logits is below 2 D, D the measured disagreement (max |logit
+ *    difference| over every row both engines computed on the same history).
+ *    At a near-tie the engines may pick differently - which one wins
+ *    depends on the CPU variant llama.cpp runs (seen: gemma3 f16 on
+ *    sapphirerapids, margin 1.3e-4) - so the sequences are compared no
+ *    further; the teacher-forced logits cover the rest. A difference
+ *    before the first near-tie fails. */
 static void case_exact(const char *tag, const char *args, double tol)
 {
     if (!want(tag))
@@ -195,30 +259,49 @@ static void case_exact(const char *tag, const char *args, double tol)
     char path[512], cmd[1536];
     snprintf(path, sizeof(path), "%s/%s.gguf", tmpdir, tag);
     snprintf(cmd, sizeof(cmd), "'%s' %s%s --vocab-type spm -o '%s' >/dev/null", mkmodel, args, seed_arg, path);
-    if (sh(cmd) || run_llamacpp(path, &ra) || run_pdserve(path, &rb)) {
+    if (sh(cmd) || run_pdserve(path, &rb, NULL) || run_llamacpp(path, &ra, &rb)) {
         failures++;
         return;
     }
-    double worst = 0;
-    int same = 1, diverge = -1;
-    for (int p = 0; p < NPROMPT; p++)
+    uint32_t nv = ra.vocab < MAXV ? ra.vocab : MAXV;
+    double worst = 0, dis = 0;
+    int diverge[NPROMPT], tie[NPROMPT];
+    for (int p = 0; p < NPROMPT; p++) {
+        diverge[p] = tie[p] = NGEN;
         for (int s = 0; s < NGEN; s++) {
-            if (ra.tok[p][s] != rb.tok[p][s]) {
-                same = 0;
-                diverge = diverge < 0 ? p * 1000 + s : diverge;
+            worst = fmax(worst, rel_err_f(rb.lg[p][s], ra.tf[p][s], nv));
+            dis = fmax(dis, max_abs_diff(rb.lg[p][s], ra.tf[p][s], nv));
+            if (diverge[p] == NGEN) /* free-running rows on the same history too */
+                dis = fmax(dis, max_abs_diff(rb.lg[p][s], ra.lg[p][s], nv));
+            if (diverge[p] == NGEN && ra.tok[p][s] != rb.tok[p][s])
+                diverge[p] = s;
+        }
+    }
+    int compared = 0, ties = 0, early = -1;
+    for (int p = 0; p < NPROMPT; p++) {
+        for (int s = 0; s < NGEN; s++)
+            if (top2_margin(rb.lg[p][s], nv) < 2 * dis) {
+                tie[p] = s;
                 break;
             }
-            worst = fmax(worst, rel_err_f(rb.lg[p][s], ra.lg[p][s], ra.vocab));
-        }
-    int ok = same && worst <= tol && ra.vocab == rb.vocab;
-    printf("%-5s A %-28s tokens %s (%d x %d), logits rel err %.3g (tol %.3g)\n",
-           ok ? "ok" : "FAIL", tag, same ? "equal" : "DIFFER", NPROMPT, NGEN, worst, tol);
-    if (!same) {
-        int p = diverge / 1000, st = diverge % 1000;
-        printf("      first difference: prompt %d step %d: llama.cpp %d (%.5f vs %.5f), "
-               "pdserve %d (%.5f vs %.5f)\n", p, st, ra.tok[p][st], ra.lg[p][st][ra.tok[p][st]],
-               ra.lg[p][st][rb.tok[p][st]], rb.tok[p][st], rb.lg[p][st][rb.tok[p][st]],
-               rb.lg[p][st][ra.tok[p][st]]);
+        ties += tie[p] < NGEN;
+        compared += tie[p] < NGEN ? tie[p] + 1 : NGEN;
+        if (diverge[p] < tie[p] && early < 0)
+            early = p;
+    }
+    int ok = early < 0 && worst <= tol && ra.vocab == rb.vocab;
+    printf("%-5s A %-28s logits rel err %.3g (tol %.3g), teacher-forced %d x %d; free-running "
+           "tokens %s over %d steps (%d near-tie stops, D %.3g)\n", ok ? "ok" : "FAIL", tag,
+           worst, tol, NPROMPT, NGEN, early < 0 ? "equal" : "DIFFER", compared, ties, dis);
+    for (int p = 0; p < NPROMPT; p++) {
+        int st = diverge[p];
+        if (st == NGEN)
+            continue;
+        printf("      prompt %d: first difference at step %d%s: llama.cpp %d, pdserve %d; pdserve "
+               "logits %.6f vs %.6f (margin %.3g), first near-tie step %d\n", p, st,
+               st < tie[p] ? " BEFORE a near-tie" : "", ra.tok[p][st], rb.tok[p][st],
+               rb.lg[p][st][rb.tok[p][st]], rb.lg[p][st][ra.tok[p][st]],
+               top2_margin(rb.lg[p][st], nv), tie[p]);
     }
     failures += !ok;
 }
@@ -253,8 +336,8 @@ static int uses_qdot(const char *path)
     return any;
 }
 
-/* B/C: both engines vs the f64 reference at the prompt and 3 more steps
- * (on llama.cpp's tokens). */
+/* B/C: both engines vs the f64 reference at the prompt and 3 more steps,
+ * all on llama.cpp's greedy tokens (pdserve teacher-forced). */
 static void compare_ref(const char *tag, const char *kind, const char *path)
 {
     /* first: every tensor decodes bitwise as ggml's own to_float does */
@@ -265,8 +348,8 @@ static void compare_ref(const char *tag, const char *kind, const char *path)
         failures++;
         return;
     }
-    ngen = 4;
-    int rc = run_llamacpp(path, &ra) || run_pdserve(path, &rb);
+    ngen = 4; /* pdserve teacher-forced on llama.cpp's tokens: 12 comparable rows */
+    int rc = run_llamacpp(path, &ra, NULL) || run_pdserve(path, &rb, &ra);
     ngen = NGEN;
     if (rc) {
         failures++;
@@ -281,8 +364,6 @@ static void compare_ref(const char *tag, const char *kind, const char *path)
             memcpy(toks, prompts[p], prompt_len[p] * sizeof(int32_t));
             for (int j = 0; j < s; j++)
                 toks[prompt_len[p] + (uint32_t)j] = ra.tok[p][j];
-            if (s > 0 && memcmp(ra.tok[p], rb.tok[p], (size_t)s * sizeof(int32_t)) != 0)
-                break; /* pdserve's logits were computed on other tokens */
             if (ll_ref_logits(path, toks, prompt_len[p] + (uint32_t)s, false, ref) != 0) {
                 failures++;
                 return;

@@ -8,7 +8,7 @@
 set -u
 bench=$1 model=$2 dir=$3
 command -v node >/dev/null 2>&1 || { echo "node not installed: skip"; exit 77; }
-sh "$(dirname "$0")/../../npm-install.sh" "$dir" --omit=optional --ignore-scripts || exit $?
+sh "$(dirname "$0")/../../npm-install.sh" "$dir" || exit $?
 tmp=$(mktemp -d /tmp/pb-llamacpp.XXXXXX) || exit 1
 pid=
 cleanup() {
