@@ -1,8 +1,10 @@
 # Thin wrapper around meson/ninja. The README's two commands are `make run`
-# and `make test`; both install missing Debian packages first.
+# and `make test`; both install missing Debian packages first. `make check`
+# is the edit-test loop: the normal build and every suite but the slow ones
+# (tests/README.md).
 BUILD ?= build
 
-.PHONY: all deps build run test test-quick clean
+.PHONY: all deps build run test test-quick check clean
 
 all: build
 
@@ -21,6 +23,11 @@ test: deps
 
 test-quick: deps
 	tests/run-all.sh --quick
+
+check: deps
+	@[ -f $(BUILD)/build.ninja ] || meson setup $(BUILD) -Dwerror=true
+	meson test -C $(BUILD) --num-processes 2 --print-errorlogs \
+	  --no-suite slow --no-suite package --no-suite bench-smoke --no-suite fuzz-long
 
 clean:
 	rm -rf build build-asan build-fuzz build*.log

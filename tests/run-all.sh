@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The test command behind `make test`: builds and runs every suite twice —
 # a normal build (warnings are errors) and an ASan+UBSan build — plus, when
-# clang is present, the libFuzzer targets for a short bounded run. Prints a
-# final line "N passed, N failed[, N skipped]" counting tests across all runs.
+# clang is present, the libFuzzer targets for a fixed time each. Prints the
+# time of each phase, the slowest tests, and a final line
+# "N passed, N failed[, N skipped]" counting tests across all runs.
 #   tests/run-all.sh [--quick]     --quick: normal build only
+# Which tests each build runs, and why, is in tests/README.md ("Where the
+# time goes").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TOP=$PWD
@@ -18,6 +21,12 @@ export UCX_WARN_UNUSED_ENV_VARS=n
 
 total_pass=0; total_fail=0; total_skip=0
 summary=()
+phases=()
+t_start=$SECONDS
+
+phase_done() { # $1 = label, $2 = start (SECONDS)
+  phases+=("$(printf '%-26s %4d s' "$1" $((SECONDS - $2)))")
+}
 
 count() { # $1 = build dir, $2 = label
   local log="$1/meson-logs/testlog.json"
@@ -42,42 +51,71 @@ PY
   summary+=("$2: $p passed, $f failed, $s skipped")
 }
 
-run_build() { # $1 = dir, $2 = label, $3.. = meson setup args ; env CC may be set
+# configure a tree (once). `meson test` builds each selected test's
+# dependencies itself, so a tree that is not built whole (build_all) builds
+# no target its suites do not run.
+setup() { # $1 = dir, $2 = label, $3.. = meson setup args ; env CC may be set
   local dir=$1 label=$2; shift 2
-  echo "=== [$label] configure + build ($dir)"
   if [ ! -f "$dir/build.ninja" ]; then
     meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; summary+=("$label: configure failed"); total_fail=$((total_fail + 1)); return 1; }
   fi
-  if ! ninja -C "$dir" -j "$JOBS" >"$dir.build.log" 2>&1; then
-    tail -50 "$dir.build.log"; summary+=("$label: build failed"); total_fail=$((total_fail + 1)); return 1
+}
+
+build_all() { # $1 = dir, $2 = label
+  local t0=$SECONDS
+  echo "=== [$2] build ($1)"
+  if ! ninja -C "$1" -j "$JOBS" >"$1.build.log" 2>&1; then
+    tail -50 "$1.build.log"; summary+=("$2: build failed"); total_fail=$((total_fail + 1)); return 1
   fi
-  return 0
+  phase_done "$2 build" $t0
 }
 
 run_suites() { # $1 = dir, $2 = label, $3.. = extra meson test args
-  local dir=$1 label=$2; shift 2
+  local dir=$1 label=$2 t0=$SECONDS; shift 2
   echo "=== [$label] meson test"
   rm -f "$dir/meson-logs/testlog.json"
   meson test -C "$dir" --num-processes "$JOBS" --print-errorlogs "$@" || true
   count "$dir" "$label"
+  phase_done "$label tests" $t0
 }
 
-if run_build build normal -Dwerror=true; then
+# The test-only npm packages download while the first tree compiles (the
+# installs wait on the network, the build on the CPU); each test's own
+# npm-install.sh call then finds its folder installed, or waits on the
+# folder's lock for the install under way.
+for pkg in $(find tests -name package.json -not -path '*/node_modules/*' -not -path '*/variants/*'); do
+  sh tests/npm-install.sh "$(dirname "$pkg")" >/dev/null 2>&1 &
+done
+
+if setup build normal -Dwerror=true && build_all build normal; then
   run_suites build normal --no-suite fuzz-long
 fi
+wait # the npm installs, if the tests did not already
 if [ $quick = 0 ]; then
-  if run_build build-asan asan+ubsan -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false; then
-    # the package test builds its own (non-sanitizer) tree: once, in the normal build
-    run_suites build-asan asan+ubsan --no-suite bench-smoke --no-suite fuzz-long --no-suite package --timeout-multiplier 3
+  if setup build-asan asan+ubsan -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false &&
+     build_all build-asan asan+ubsan; then
+    # see tests/README.md: the package test builds its own (non-sanitizer)
+    # tree; bench smokes measure; normal-only tests repeat code paths the
+    # ASan build already runs (llama.cpp comparisons: numerics, not memory)
+    run_suites build-asan asan+ubsan --no-suite bench-smoke --no-suite fuzz-long \
+      --no-suite package --no-suite normal-only --timeout-multiplier 3
   fi
   if command -v clang >/dev/null 2>&1; then
-    if CC=clang run_build build-fuzz libfuzzer -Dfuzz=true -Db_lundef=false -Djemalloc=false; then
-      run_suites build-fuzz libfuzzer --suite fuzz
+    # only the fuzz targets and what they link: meson test builds them
+    if CC=clang setup build-fuzz libfuzzer -Dfuzz=true -Db_lundef=false -Djemalloc=false; then
+      run_suites build-fuzz "libfuzzer (build + run)" --suite fuzz
     fi
   fi
 fi
 
 echo
+echo "Time per phase (tests/README.md has the breakdown):"
+for line in "${phases[@]}"; do echo "  $line"; done
+printf '  %-26s %4d s\n' "total" $((SECONDS - t_start))
+echo "Slowest tests:"
+for d in build build-asan; do
+  [ -f "$d/meson-logs/testlog.json" ] && python3 tests/durations.py "$d" --top 8 | sed 's/^/  /'
+done
 for line in "${summary[@]}"; do echo "  $line"; done
 echo "$total_pass passed, $total_fail failed, $total_skip skipped"
 [ "$total_fail" -eq 0 ]
