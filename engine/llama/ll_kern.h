@@ -15,7 +15,7 @@
  * weights were tiled either.
  * Integer-dot types (issue 11): Q8_0, Q4_0, Q4_K and Q6_K rows whose length
  * is whole blocks are instead dotted with the activation row quantized once
- * per matmul (engine/gguf/ggml_qdot.h: Q8 blocks of 32 or Q8_K blocks of
+ * per matmul (engine/llama/ggml_qdot.h: Q8 blocks of 32 or Q8_K blocks of
  * 256); that dot has its own canonical definition (ggml_qdot.h), equal on
  * the scalar / AVX2 / VNNI paths and independent of the batch. Whether a
  * matrix uses it depends only on its type and shape (and eng_ll_qdot_g,

@@ -1,4 +1,4 @@
-/* test_qdot.c - integer-dot kernels (engine/gguf/ggml_qdot.c) for Q8_0,
+/* test_qdot.c - integer-dot kernels (engine/llama/ggml_qdot.c) for Q8_0,
  * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q2_K..Q6_K weight rows against
  * quantized activations:
  *  - the scalar, AVX2 and VNNI paths return identical bits, and a row dot

@@ -29,7 +29,7 @@ typedef struct {
 int ll_tm_write(const ll_tm_spec_t *spec, const char *path);
 
 /* true: every matrix-vector product whose weight type pdserve dots in
- * integers (engine/gguf/ggml_qdot.h: Q8_0, Q4_0, Q4_K, Q6_K, rows of whole
+ * integers (engine/llama/ggml_qdot.h: Q8_0, Q4_0, Q4_K, Q6_K, rows of whole
  * blocks) first rounds its input as pdserve's activation quantizer does, so
  * the reference is the exact function of the quantized-activation model.
  * false (default): the exact dequantized model. */
