@@ -87,24 +87,73 @@ for pkg in $(find tests -name package.json -not -path '*/node_modules/*' -not -p
   sh tests/npm-install.sh "$(dirname "$pkg")" >/dev/null 2>&1 &
 done
 
+# The fuzz suite's targets of a configured tree (paths ninja takes).
+fuzz_targets() { # $1 = dir
+  python3 - "$1" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+info = lambda k: json.load(open(os.path.join(d, "meson-info", "intro-%s.json" % k)))
+files = {t["id"]: t["filename"] for t in info("targets")}
+out = {os.path.relpath(f, d) for t in info("tests") if "pdserve:fuzz" in t["suite"]
+       for dep in t["depends"] for f in files[dep]}
+print("\n".join(sorted(out)))
+PY
+}
+
+# The sanitizer and libFuzzer trees compile at the lowest CPU priority while
+# the normal build's tests run: those tests leave a core idle much of the
+# time (daemons waiting on each other, tests run alone), and at nice 19 the
+# compiler only takes what the tests leave. Each tree's tests start once it
+# is built.
+background_builds() {
+  local t0=$SECONDS
+  if setup build-asan asan+ubsan -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false; then
+    nice -n 19 ninja -C build-asan -j "$JOBS" >build-asan.build.log 2>&1
+    echo $? >build-asan.build.rc
+  fi
+  if command -v clang >/dev/null 2>&1 &&
+     CC=clang setup build-fuzz libfuzzer -Dfuzz=true -Db_lundef=false -Djemalloc=false; then
+    # only the fuzz targets and what they link
+    nice -n 19 ninja -C build-fuzz -j "$JOBS" $(fuzz_targets build-fuzz) >build-fuzz.build.log 2>&1
+    echo $? >build-fuzz.build.rc
+  fi
+  echo $((SECONDS - t0)) >build-bg.seconds
+}
+
+built() { # $1 = dir, $2 = label: did the background build of $1 succeed?
+  if [ "$(cat "$1.build.rc" 2>/dev/null)" != 0 ]; then
+    tail -50 "$1.build.log" 2>/dev/null || tail -50 "$1.setup.log" 2>/dev/null
+    summary+=("$2: build failed"); total_fail=$((total_fail + 1))
+    return 1
+  fi
+}
+
 if setup build normal -Dwerror=true && build_all build normal; then
+  bg=
+  if [ $quick = 0 ]; then
+    rm -f build-asan.build.rc build-fuzz.build.rc build-bg.seconds
+    background_builds >/dev/null 2>&1 & bg=$!
+  fi
   run_suites build normal --no-suite fuzz-long
+  if [ -n "$bg" ]; then
+    t0=$SECONDS
+    echo "=== waiting for the ASan and libFuzzer builds"
+    wait $bg
+    phases+=("$(printf '%-26s %4d s (%d s beside the tests)' "asan + fuzz builds" \
+      $((SECONDS - t0)) "$(cat build-bg.seconds 2>/dev/null || echo 0)")")
+  fi
 fi
 wait # the npm installs, if the tests did not already
 if [ $quick = 0 ]; then
-  if setup build-asan asan+ubsan -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false &&
-     build_all build-asan asan+ubsan; then
+  if built build-asan asan+ubsan; then
     # see tests/README.md: the package test builds its own (non-sanitizer)
     # tree; bench smokes measure; normal-only tests repeat code paths the
     # ASan build already runs (llama.cpp comparisons: numerics, not memory)
     run_suites build-asan asan+ubsan --no-suite bench-smoke --no-suite fuzz-long \
       --no-suite package --no-suite normal-only --timeout-multiplier 3
   fi
-  if command -v clang >/dev/null 2>&1; then
-    # only the fuzz targets and what they link: meson test builds them
-    if CC=clang setup build-fuzz libfuzzer -Dfuzz=true -Db_lundef=false -Djemalloc=false; then
-      run_suites build-fuzz "libfuzzer (build + run)" --suite fuzz
-    fi
+  if [ -f build-fuzz.build.rc ] && built build-fuzz libfuzzer; then
+    run_suites build-fuzz libfuzzer --suite fuzz
   fi
 fi
 
