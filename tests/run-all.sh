@@ -134,7 +134,7 @@ if setup build normal -Dwerror=true && build_all build normal; then
     rm -f build-asan.build.rc build-fuzz.build.rc build-bg.seconds
     background_builds >/dev/null 2>&1 & bg=$!
   fi
-  run_suites build normal --no-suite fuzz-long
+  run_suites build normal --no-suite fuzz-long --no-suite ucx-known-bug
   if [ -n "$bg" ]; then
     t0=$SECONDS
     echo "=== waiting for the ASan and libFuzzer builds"
@@ -149,7 +149,7 @@ if [ $quick = 0 ]; then
     # see tests/README.md: the package test builds its own (non-sanitizer)
     # tree; bench smokes measure; normal-only tests repeat code paths the
     # ASan build already runs (llama.cpp comparisons: numerics, not memory)
-    run_suites build-asan asan+ubsan --no-suite bench-smoke --no-suite fuzz-long \
+    run_suites build-asan asan+ubsan --no-suite bench-smoke --no-suite fuzz-long --no-suite ucx-known-bug \
       --no-suite package --no-suite normal-only --timeout-multiplier 3
   fi
   if [ -f build-fuzz.build.rc ] && built build-fuzz libfuzzer; then
