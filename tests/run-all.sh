@@ -120,6 +120,11 @@ background_builds() {
   echo $((SECONDS - t0)) >build-bg.seconds
 }
 
+descendants() { # $1 = pid: it and every process below it
+  ps -e -o pid=,ppid= | awk -v root="$1" '{ up[$1] = $2 }
+    END { for (p in up) { q = p; while ((q in up) && q != root && q > 1) q = up[q]; if (q == root) print p } }'
+}
+
 built() { # $1 = dir, $2 = label: did the background build of $1 succeed?
   if [ "$(cat "$1.build.rc" 2>/dev/null)" != 0 ]; then
     tail -50 "$1.build.log" 2>/dev/null || tail -50 "$1.setup.log" 2>/dev/null
@@ -138,6 +143,10 @@ if setup build normal -Dwerror=true && build_all build normal; then
   if [ -n "$bg" ]; then
     t0=$SECONDS
     echo "=== waiting for the ASan and libFuzzer builds"
+    # nothing of ours runs beside them now: back to the normal priority (a
+    # machine busy with other work would starve a nice-19 build; raising a
+    # priority again needs root, otherwise they go on at 19)
+    renice -n 0 -p $(descendants $bg) >/dev/null 2>&1 || true
     wait $bg
     phases+=("$(printf '%-26s %4d s (%d s beside the tests)' "asan + fuzz builds" \
       $((SECONDS - t0)) "$(cat build-bg.seconds 2>/dev/null || echo 0)")")
