@@ -31,4 +31,4 @@ check: deps
 	  --no-suite ucx-known-bug
 
 clean:
-	rm -rf build build-asan build-fuzz build*.log
+	rm -rf build build-asan build-fuzz build*.log build*.rc build-bg.*

@@ -105,16 +105,17 @@ PY
 # time (daemons waiting on each other, tests run alone), and at nice 19 the
 # compiler only takes what the tests leave. Each tree's tests start once it
 # is built.
+bg_nice() { cat build-bg.nice 2>/dev/null || echo 19; } # 0 once the normal tests end
 background_builds() {
   local t0=$SECONDS
   if setup build-asan asan+ubsan -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false; then
-    nice -n 19 ninja -C build-asan -j "$JOBS" >build-asan.build.log 2>&1
+    nice -n "$(bg_nice)" ninja -C build-asan -j "$JOBS" >build-asan.build.log 2>&1
     echo $? >build-asan.build.rc
   fi
   if command -v clang >/dev/null 2>&1 &&
      CC=clang setup build-fuzz libfuzzer -Dfuzz=true -Db_lundef=false -Djemalloc=false; then
     # only the fuzz targets and what they link
-    nice -n 19 ninja -C build-fuzz -j "$JOBS" $(fuzz_targets build-fuzz) >build-fuzz.build.log 2>&1
+    nice -n "$(bg_nice)" ninja -C build-fuzz -j "$JOBS" $(fuzz_targets build-fuzz) >build-fuzz.build.log 2>&1
     echo $? >build-fuzz.build.rc
   fi
   echo $((SECONDS - t0)) >build-bg.seconds
@@ -136,7 +137,7 @@ built() { # $1 = dir, $2 = label: did the background build of $1 succeed?
 if setup build normal -Dwerror=true && build_all build normal; then
   bg=
   if [ $quick = 0 ]; then
-    rm -f build-asan.build.rc build-fuzz.build.rc build-bg.seconds
+    rm -f build-asan.build.rc build-fuzz.build.rc build-bg.seconds build-bg.nice
     background_builds >/dev/null 2>&1 & bg=$!
   fi
   run_suites build normal --no-suite fuzz-long --no-suite ucx-known-bug
@@ -146,6 +147,7 @@ if setup build normal -Dwerror=true && build_all build normal; then
     # nothing of ours runs beside them now: back to the normal priority (a
     # machine busy with other work would starve a nice-19 build; raising a
     # priority again needs root, otherwise they go on at 19)
+    echo 0 >build-bg.nice # for the builds not started yet
     renice -n 0 -p $(descendants $bg) >/dev/null 2>&1 || true
     wait $bg
     phases+=("$(printf '%-26s %4d s (%d s beside the tests)' "asan + fuzz builds" \
