@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""durations.py BUILD_DIR [BUILD_DIR...] [--top N] [--markdown]: where the
-suite's time goes, from meson's testlog.json of each build: per build the
-sum of test durations, the part spent in tests meson runs alone
+"""durations.py BUILD_DIR [BUILD_DIR...] [--top N] [--markdown] [--count]:
+where the suite's time goes, from meson's testlog.json of each build: per
+build the sum of test durations, the part spent in tests meson runs alone
 (is_parallel: false - nothing else runs beside them), and the slowest N
-tests. tests/README.md's table is this script's --markdown output."""
+tests. tests/README.md's table is this script's --markdown output.
+--count: only "PASSED FAILED SKIPPED" per build (run-all.sh's totals)."""
 import json
 import os
 import sys
@@ -26,13 +27,15 @@ def load(build):
 
 
 def main(argv):
-    top, md, builds = 15, False, []
+    top, md, counts, builds = 15, False, False, []
     it = iter(argv)
     for a in it:
         if a == "--top":
             top = int(next(it))
         elif a == "--markdown":
             md = True
+        elif a == "--count":
+            counts = True
         else:
             builds.append(a)
     if not builds:
@@ -40,6 +43,12 @@ def main(argv):
         return 2
     for b in builds:
         rows, serial = load(b)
+        if counts:
+            res = [r.get("result", "") for r in rows]
+            ok = sum(x in ("OK", "EXPECTEDFAIL") for x in res)
+            skip = sum(x == "SKIP" for x in res)
+            print(ok, len(res) - ok - skip, skip)
+            continue
         name = lambda r: r["name"].split(" / ")[-1]
         total = sum(r["duration"] for r in rows)
         alone = sum(r["duration"] for r in rows if name(r) in serial)

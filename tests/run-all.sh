@@ -33,27 +33,12 @@ count() { # $1 = build dir, $2 = label
   if [ ! -f "$log" ]; then
     summary+=("$2: no test log (build failed?)"); total_fail=$((total_fail + 1)); return
   fi
-  read -r p f s < <(python3 - "$log" <<'PY'
-import json, sys
-p = f = s = 0
-for line in open(sys.argv[1]):
-    line = line.strip()
-    if not line:
-        continue
-    r = json.loads(line).get("result", "")
-    if r in ("OK", "EXPECTEDFAIL"): p += 1
-    elif r == "SKIP": s += 1
-    else: f += 1
-print(p, f, s)
-PY
-)
+  read -r p f s < <(python3 tests/durations.py "$1" --count)
   total_pass=$((total_pass + p)); total_fail=$((total_fail + f)); total_skip=$((total_skip + s))
   summary+=("$2: $p passed, $f failed, $s skipped")
 }
 
-# configure a tree (once). `meson test` builds each selected test's
-# dependencies itself, so a tree that is not built whole (build_all) builds
-# no target its suites do not run.
+# configure a tree (once)
 setup() { # $1 = dir, $2 = label, $3.. = meson setup args ; env CC may be set
   local dir=$1 label=$2; shift 2
   if [ ! -f "$dir/build.ninja" ]; then
@@ -104,18 +89,20 @@ PY
 # the normal build's tests run: those tests leave a core idle much of the
 # time (daemons waiting on each other, tests run alone), and at nice 19 the
 # compiler only takes what the tests leave. Each tree's tests start once it
-# is built.
-bg_nice() { cat build-bg.nice 2>/dev/null || echo 19; } # 0 once the normal tests end
+# is built. Runs in a subshell that lowers its own priority, so every
+# compiler it starts inherits it (and the renice below reaches those not
+# started yet).
 background_builds() {
   local t0=$SECONDS
+  renice -n 19 -p $BASHPID >/dev/null
   if setup build-asan asan+ubsan -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false; then
-    nice -n "$(bg_nice)" ninja -C build-asan -j "$JOBS" >build-asan.build.log 2>&1
+    ninja -C build-asan -j "$JOBS" >build-asan.build.log 2>&1
     echo $? >build-asan.build.rc
   fi
   if command -v clang >/dev/null 2>&1 &&
      CC=clang setup build-fuzz libfuzzer -Dfuzz=true -Db_lundef=false -Djemalloc=false; then
     # only the fuzz targets and what they link
-    nice -n "$(bg_nice)" ninja -C build-fuzz -j "$JOBS" $(fuzz_targets build-fuzz) >build-fuzz.build.log 2>&1
+    ninja -C build-fuzz -j "$JOBS" $(fuzz_targets build-fuzz) >build-fuzz.build.log 2>&1
     echo $? >build-fuzz.build.rc
   fi
   echo $((SECONDS - t0)) >build-bg.seconds
@@ -137,7 +124,7 @@ built() { # $1 = dir, $2 = label: did the background build of $1 succeed?
 if setup build normal -Dwerror=true && build_all build normal; then
   bg=
   if [ $quick = 0 ]; then
-    rm -f build-asan.build.rc build-fuzz.build.rc build-bg.seconds build-bg.nice
+    rm -f build-asan.build.rc build-fuzz.build.rc build-bg.seconds
     background_builds >/dev/null 2>&1 & bg=$!
   fi
   run_suites build normal --no-suite fuzz-long --no-suite ucx-known-bug
@@ -147,7 +134,6 @@ if setup build normal -Dwerror=true && build_all build normal; then
     # nothing of ours runs beside them now: back to the normal priority (a
     # machine busy with other work would starve a nice-19 build; raising a
     # priority again needs root, otherwise they go on at 19)
-    echo 0 >build-bg.nice # for the builds not started yet
     renice -n 0 -p $(descendants $bg) >/dev/null 2>&1 || true
     wait $bg
     phases+=("$(printf '%-26s %4d s (%d s beside the tests)' "asan + fuzz builds" \

@@ -22,11 +22,12 @@ if [ -n "${LLAMACPP_CPU:-}" ]; then
     v=$dir/variants/$LLAMACPP_CPU
     (
         flock 9
-        [ -f "$v/.ok" ] && exit 0
-        rm -rf "$v" && mkdir -p "$v" && cp -al "$dir/node_modules" "$v/" &&
-            find "$v/$bins" -name 'libggml-cpu-*.so' ! -name "libggml-cpu-$LLAMACPP_CPU.so" \
-                -delete && touch "$v/.ok"
+        if [ ! -f "$v/.ok" ]; then
+            rm -rf "$v" && mkdir -p "$v" && cp -al "$dir/node_modules" "$v/" &&
+                find "$v/$bins" -name 'libggml-cpu-*.so' ! -name "libggml-cpu-$LLAMACPP_CPU.so" \
+                    -delete && touch "$v/.ok" || exit 1
+        fi
+        cp "$dir"/*.mjs "$dir/package.json" "$v/" # the scripts as they are now
     ) 9>"$dir/.install.lock" || { echo "cannot make $v"; exit 1; }
-    cp "$dir"/*.mjs "$dir/package.json" "$v/"
     dir=$v
 fi
