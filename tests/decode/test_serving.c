@@ -1427,7 +1427,11 @@ static void test_prefill_killed_before_pull(void **state)
     uint64_t t0 = pd_now_ns();
     send_decode(r, "dec-a", "pf-kill", prompt, 33, &r->first_token, 1, &s, false);
     assert_true(run_until(p_final, r, 10));
-    assert_true(pd_now_ns() - t0 < 2000000000ull + 1500000000ull);
+    /* within the 2 s transfer timeout, with room for a loaded machine */
+    uint64_t end_ms = (pd_now_ns() - t0) / PD_NS_PER_MS;
+    if (end_ms > 2000 + 6000)
+        fail_msg("the pull from the lost prefill ended after %llu ms, want <= 8000 "
+                 "(transfer timeout 2 s)", (unsigned long long)end_ms);
     if (r->error) {
         if (!(r->err_status == PD_ERR_PEER_GONE || r->err_status == PD_ERR_TIMED_OUT ||
               r->err_status == PD_ERR_TRANSPORT || r->err_status == PD_ERR_STALE))
@@ -1852,7 +1856,12 @@ static void test_router_loss(void **state)
     uint64_t t0 = pd_now_ns();
     assert_true(run_until(p_closed, dd, 10));
     assert_true(run_until(p_closed, pd, 10));
-    assert_true(pd_now_ns() - t0 < 3500000000ull);
+    /* 3-4 intervals nominally; the bound only catches a daemon that never
+     * notices (a loaded machine runs timers late: 3.5 s was a flake) */
+    uint64_t gone_ms = (pd_now_ns() - t0) / PD_NS_PER_MS;
+    if (gone_ms > 8000)
+        fail_msg("daemons dropped the silent router after %llu ms, want <= 8000",
+                 (unsigned long long)gone_ms);
     struct timeval hb = { 0, 200000 };
     event_add(fr.hb_ev, &hb);
     assert_true(run_until(p_registered, "dec-a", 20));
@@ -1882,7 +1891,11 @@ static void test_prefill_stopped(void **state)
     uint64_t t0 = pd_now_ns();
     send_decode(r, "dec-a", "pf-stop", prompt, 35, &r->first_token, 1, &s, false);
     assert_true(run_until(p_final, r, 10));
-    assert_true(pd_now_ns() - t0 < 2000000000ull + 1500000000ull);
+    /* within the 2 s transfer timeout, with room for a loaded machine */
+    uint64_t end_ms = (pd_now_ns() - t0) / PD_NS_PER_MS;
+    if (end_ms > 2000 + 6000)
+        fail_msg("the pull from the lost prefill ended after %llu ms, want <= 8000 "
+                 "(transfer timeout 2 s)", (unsigned long long)end_ms);
     if (r->error) {
         assert_true(r->err_status == PD_ERR_TIMED_OUT || r->err_status == PD_ERR_PEER_GONE ||
                     r->err_status == PD_ERR_TRANSPORT);
