@@ -1,7 +1,8 @@
 /* pdctl.c - the operator's tool for a pdserve deployment: start one from a
  * deployment file (router + N prefill + M decode as separate processes),
  * look at it through the daemons' admin sockets, change its P:D ratio at
- * run time, stop it. Commands are one table; see `pdctl help`. */
+ * run time, stop it. Commands are one table (see `pdctl help`); the option
+ * parsing they share is here too. */
 #include "pdctl.h"
 
 #include <stdio.h>
@@ -64,6 +65,52 @@ static int cmd_help(int argc, char **argv)
            "DAEMON: router, prefill-N, decode-N, all, or an admin socket path.\n"
            "Binaries: $PD_BIN_DIR, next to pdctl, or the build tree pdctl is in.\n"
            "Exit: 0 ok, 1 failure, 2 usage or bad deployment file.\n");
+    return 0;
+}
+
+/* ---- option parsing ---------------------------------------------------------- */
+
+int pdctl_parse_opts(int *argc, char **argv, pdctl_opts_t *o)
+{
+    int out = 0;
+    for (int i = 0; i < *argc; i++) {
+        if (strcmp(argv[i], "--run-dir") == 0 && i + 1 < *argc) {
+            o->run_dir = argv[++i];
+        } else if (strncmp(argv[i], "--run-dir=", 10) == 0) {
+            o->run_dir = argv[i] + 10;
+        } else if (strcmp(argv[i], "--json") == 0) {
+            o->json = true;
+        } else if (strcmp(argv[i], "--once") == 0) {
+            o->once = true;
+        } else {
+            argv[out++] = argv[i];
+        }
+    }
+    *argc = out;
+    argv[out] = NULL;
+    if (o->run_dir == NULL)
+        o->run_dir = pdctl_default_run_dir();
+    return 0;
+}
+
+/* Split --set k=v out of argv (up, check, render). */
+int pdctl_take_sets(int *argc, char **argv, char **sets, int *n_sets)
+{
+    int out = 0;
+    for (int i = 0; i < *argc; i++) {
+        if (strcmp(argv[i], "--set") == 0 && i + 1 < *argc) {
+            if (*n_sets == PDCTL_MAX_SETS)
+                return -1;
+            sets[(*n_sets)++] = argv[++i];
+        } else if (strncmp(argv[i], "--set=", 6) == 0) {
+            if (*n_sets == PDCTL_MAX_SETS)
+                return -1;
+            sets[(*n_sets)++] = argv[i] + 6;
+        } else {
+            argv[out++] = argv[i];
+        }
+    }
+    *argc = out;
     return 0;
 }
 

@@ -1,6 +1,8 @@
-/* pdctl.h - pdctl internals: the deployment file (pdctl_conf.c), daemon
- * processes and the run-dir state (pdctl_proc.c), admin-socket / HTTP
- * queries and their rendering (pdctl_query.c). pdctl.c is the command table.
+/* pdctl.h - pdctl internals: the deployment file (pdctl_conf.c), the run-dir
+ * state (pdctl_state.c), daemon processes (pdctl_proc.c), check and render
+ * (pdctl_render.c), admin-socket / HTTP queries and their rendering
+ * (pdctl_query.c), one-daemon commands (pdctl_ops.c). pdctl.c is the command
+ * table and the option parsing the commands share.
  *
  * Exit codes of every command: 0 ok, 1 runtime failure (a daemon did not
  * start, a socket did not answer...), 2 usage or a bad deployment file. */
@@ -137,6 +139,24 @@ pdctl_daemon_t *pdctl_state_find(pdctl_state_t *st, const char *name);
 bool pdctl_daemon_alive(const pdctl_daemon_t *d);
 /* The etcd pdctl started for the deployment (etcd = local) still runs. */
 bool pdctl_etcd_alive(const pdctl_state_t *st);
+/* pid is alive (not a zombie) and runs the binary named want. */
+bool pdctl_pid_runs(pid_t pid, const char *want);
+/* <run_dir>/deployment.json */
+void pdctl_state_path(const char *run_dir, char *buf, size_t cap);
+/* The --set list `up` was given; pdctl_state_save() stores it when set,
+ * else keeps the one already in the state. */
+extern cJSON *pdctl_sets_json;
+
+/* Small file helpers (pdctl_state.c). The whole file, NUL-terminated
+ * (caller frees; length in *len_p if not NULL), or NULL. */
+char *pdctl_read_file(const char *path, size_t *len_p);
+/* Replace path atomically (path.tmp, then rename) with text; 0 or -1 (errno). */
+int pdctl_write_file(const char *path, const char *text, mode_t mode);
+/* mkdir -p: parents 0755, dir itself 0700; 0 or -1 (errno). */
+int pdctl_mkdir_p(const char *dir);
+/* A new deployment secret (pdctl_proc.c): 32 random bytes as 64 hex
+ * digits + NUL. 0 or PDCTL_EXIT_FAIL (printed). */
+int pdctl_secret_hex(char hex[65]);
 
 int pdctl_cmd_up(int argc, char **argv);
 int pdctl_cmd_down(int argc, char **argv);
@@ -176,5 +196,9 @@ typedef struct {
     bool once;
 } pdctl_opts_t;
 int pdctl_parse_opts(int *argc, char **argv, pdctl_opts_t *o);
+/* Split --set k=v (at most PDCTL_MAX_SETS) out of argv (up, check, render).
+ * 0, or -1 when there are too many. */
+#define PDCTL_MAX_SETS 64
+int pdctl_take_sets(int *argc, char **argv, char **sets, int *n_sets);
 
 #endif
