@@ -1,6 +1,6 @@
-/* pdctl_proc.c - daemon processes: `up`, `down`, `scale`; starting a
- * daemon (config, log, exec, ready file, registration), stopping many, and
- * the deployment's own etcd.
+/* pdctl_proc.c - daemon processes: `up` (in named steps), `down`, `scale`;
+ * starting a daemon (config, log, exec, ready file, registration), stopping
+ * many, and the deployment's own etcd.
  *
  * Daemons run in their own session (setsid) and outlive pdctl; they get the
  * environment of pdctl minus PD_* (the config file is authoritative) plus
@@ -590,179 +590,226 @@ static int pdctl_foreground(pdctl_state_t *st, double stop_timeout_s)
     return rc;
 }
 
-int pdctl_cmd_up(int argc, char **argv)
+/* What `up` knows of the routers: the addresses the file gives them, then
+ * the URLs they answer on. */
+typedef struct {
+    unsigned n;
+    char addr[PDCTL_MAX_ROUTERS][2][160];   /* [i][0]: http, [i][1]: control (host:port) */
+    char url[PDCTL_MAX_ROUTERS][128];       /* http://host:port, once ready */
+} pdctl_up_routers_t;
+
+/* up's command line: FILE, --set, --foreground, --run-dir (it, else
+ * PD_RUN_DIR, overrides the file's run-dir). 0 or PDCTL_EXIT_USAGE. */
+static int pdctl_up_args(int *argc, char **argv, char **sets, int *n_sets,
+                         bool *foreground_p, const char **run_override_p)
 {
-    char *sets[PDCTL_MAX_SETS];
-    int n_sets = 0;
     pdctl_opts_t o = { 0 };
     const char *run_override = NULL;
-    for (int i = 0; i < argc; i++)
+    for (int i = 0; i < *argc; i++)
         if (strcmp(argv[i], "--run-dir") == 0 || strncmp(argv[i], "--run-dir=", 10) == 0)
             run_override = "";  /* given explicitly */
-    if (pdctl_take_sets(&argc, argv, sets, &n_sets) != 0)
+    if (pdctl_take_sets(argc, argv, sets, n_sets) != 0)
         return PDCTL_EXIT_USAGE;
     bool foreground = false;
     int k = 0;
-    for (int i = 0; i < argc; i++) {
+    for (int i = 0; i < *argc; i++) {
         if (strcmp(argv[i], "--foreground") == 0)
             foreground = true;
         else
             argv[k++] = argv[i];
     }
-    argc = k;
-    pdctl_parse_opts(&argc, argv, &o);
+    *argc = k;
+    pdctl_parse_opts(argc, argv, &o);
     if (run_override != NULL)
         run_override = o.run_dir;
     else if (getenv("PD_RUN_DIR") != NULL && getenv("PD_RUN_DIR")[0] != '\0')
         run_override = getenv("PD_RUN_DIR");
-    if (argc != 1) {
+    if (*argc != 1) {
         fprintf(stderr, "usage: pdctl up FILE [--run-dir D] [--set section.key=value ...] [--foreground]\n");
         return PDCTL_EXIT_USAGE;
     }
-    pdctl_dep_t dep;
-    int rc = pdctl_dep_load(argv[0], sets, n_sets, run_override, &dep);
-    if (rc != 0)
-        return rc;
-    pdctl_state_t st;
-    memset(&st, 0, sizeof(st));
-    st.lock_fd = -1;
-    rc = PDCTL_EXIT_FAIL;
+    *foreground_p = foreground;
+    *run_override_p = run_override;
+    return 0;
+}
+
+/* The run dir of the new deployment: short enough for the admin sockets,
+ * created, locked (st->lock_fd), no deployment still running in it, no
+ * stale url file. 0 or PDCTL_EXIT_FAIL. */
+static int pdctl_up_run_dir(const pdctl_dep_t *dep, pdctl_state_t *st)
+{
     /* sun_path holds 107 bytes: <run>/prefill-31.sock must fit */
-    if (strlen(dep.run_dir) + sizeof("/prefill-31.sock") > 108) {
+    if (strlen(dep->run_dir) + sizeof("/prefill-31.sock") > 108) {
         fprintf(stderr, "pdctl: run dir %s is too long for UNIX admin sockets "
-                "(at most %zu characters)\n", dep.run_dir, 108 - sizeof("/prefill-31.sock"));
-        goto out;
+                "(at most %zu characters)\n", dep->run_dir, 108 - sizeof("/prefill-31.sock"));
+        return PDCTL_EXIT_FAIL;
     }
-    if (pdctl_mkdir_p(dep.run_dir) != 0) {
-        fprintf(stderr, "pdctl: cannot create run dir %s: %s\n", dep.run_dir, strerror(errno));
-        goto out;
+    if (pdctl_mkdir_p(dep->run_dir) != 0) {
+        fprintf(stderr, "pdctl: cannot create run dir %s: %s\n", dep->run_dir, strerror(errno));
+        return PDCTL_EXIT_FAIL;
     }
-    snprintf(st.run_dir, sizeof(st.run_dir), "%s", dep.run_dir);
-    if (pdctl_state_lock(&st) != 0)
-        goto out;
-    {
-        pdctl_state_t old;
-        char sp[PATH_MAX];
-        pdctl_state_path(dep.run_dir, sp, sizeof(sp));
-        if (access(sp, F_OK) == 0 && pdctl_state_load(dep.run_dir, &old) == 0) {
-            for (int i = 0; i < old.n; i++) {
-                if (pdctl_daemon_alive(&old.d[i])) {
-                    fprintf(stderr, "pdctl: a deployment is already running in %s (%s, pid %d); "
-                            "`pdctl down --run-dir %s` first\n", dep.run_dir, old.d[i].name,
-                            (int)old.d[i].pid, dep.run_dir);
-                    goto out;
-                }
+    snprintf(st->run_dir, sizeof(st->run_dir), "%s", dep->run_dir);
+    if (pdctl_state_lock(st) != 0)
+        return PDCTL_EXIT_FAIL;
+    pdctl_state_t old;
+    char sp[PATH_MAX];
+    pdctl_state_path(dep->run_dir, sp, sizeof(sp));
+    if (access(sp, F_OK) == 0 && pdctl_state_load(dep->run_dir, &old) == 0) {
+        for (int i = 0; i < old.n; i++) {
+            if (pdctl_daemon_alive(&old.d[i])) {
+                fprintf(stderr, "pdctl: a deployment is already running in %s (%s, pid %d); "
+                        "`pdctl down --run-dir %s` first\n", dep->run_dir, old.d[i].name,
+                        (int)old.d[i].pid, dep->run_dir);
+                return PDCTL_EXIT_FAIL;
             }
         }
     }
-    {
-        char urlf[PATH_MAX];
-        pdctl_fmt(urlf, sizeof(urlf), "%s/url", dep.run_dir);
-        unlink(urlf);   /* written again once ready: pollers wait for it */
-    }
-    if (pdctl_secret_ensure(dep.secret_file) != 0)
-        goto out;
-    const char *http = pdctl_kvs_get(&dep.role_kv[PDCTL_ROUTER], "http");
-    unsigned n_routers = dep.count[PDCTL_ROUTER];
-    char raddr[PDCTL_MAX_ROUTERS][2][160];
-    for (unsigned i = 0; i < n_routers; i++) {
-        if (!pdctl_router_addr(&dep, i, "http", raddr[i][0], sizeof(raddr[i][0])) ||
-            !pdctl_router_addr(&dep, i, "control", raddr[i][1], sizeof(raddr[i][1]))) {
+    char urlf[PATH_MAX];
+    pdctl_fmt(urlf, sizeof(urlf), "%s/url", dep->run_dir);
+    unlink(urlf);   /* written again once ready: pollers wait for it */
+    return 0;
+}
+
+/* Router i's http and control addresses (the file's, ports + i), each
+ * checked free. 0, PDCTL_EXIT_USAGE (no room for the ports) or
+ * pdctl_port_check's code. */
+static int pdctl_up_router_addrs(const pdctl_dep_t *dep, pdctl_up_routers_t *rt)
+{
+    int rc;
+    for (unsigned i = 0; i < rt->n; i++) {
+        if (!pdctl_router_addr(dep, i, "http", rt->addr[i][0], sizeof(rt->addr[i][0])) ||
+            !pdctl_router_addr(dep, i, "control", rt->addr[i][1], sizeof(rt->addr[i][1]))) {
             fprintf(stderr, "pdctl: [router] http / control: expected host:port with room for "
-                    "%u routers (ports + 0..%u)\n", n_routers, n_routers - 1);
-            rc = PDCTL_EXIT_USAGE;
-            goto out;
+                    "%u routers (ports + 0..%u)\n", rt->n, rt->n - 1);
+            return PDCTL_EXIT_USAGE;
         }
-        if ((rc = pdctl_port_check("http", raddr[i][0])) != 0 ||
-            (rc = pdctl_port_check("control", raddr[i][1])) != 0)
-            goto out;
+        if ((rc = pdctl_port_check("http", rt->addr[i][0])) != 0 ||
+            (rc = pdctl_port_check("control", rt->addr[i][1])) != 0)
+            return rc;
     }
-    rc = PDCTL_EXIT_FAIL;
+    return 0;
+}
+
+/* A router on every interface without an api-key: say so (not an error). */
+static void pdctl_up_warn_open(const pdctl_dep_t *dep)
+{
+    const char *http = pdctl_kvs_get(&dep->role_kv[PDCTL_ROUTER], "http");
     if (http != NULL && (strncmp(http, "0.0.0.0:", 8) == 0 || strncmp(http, "[::]:", 5) == 0) &&
-        pdctl_kvs_get(&dep.role_kv[PDCTL_ROUTER], "api-key") == NULL)
+        pdctl_kvs_get(&dep->role_kv[PDCTL_ROUTER], "api-key") == NULL)
         fprintf(stderr, "pdctl: WARNING: [router] http = %s listens on every interface "
                 "without an api-key: anyone who can reach it can use the model\n", http);
-    snprintf(st.dep_file, sizeof(st.dep_file), "%s/deployment.ini", dep.run_dir);
-    if (pdctl_copy_file(dep.path, st.dep_file) != 0) {
-        fprintf(stderr, "pdctl: cannot copy %s to %s\n", dep.path, st.dep_file);
-        goto out;
+}
+
+/* What `scale` re-reads later: the deployment file copied to
+ * <run>/deployment.ini, and the --set list (pdctl_sets_json, saved with the
+ * state). 0 or PDCTL_EXIT_FAIL. */
+static int pdctl_up_snapshot(const pdctl_dep_t *dep, pdctl_state_t *st, char *const *sets,
+                             int n_sets)
+{
+    snprintf(st->dep_file, sizeof(st->dep_file), "%s/deployment.ini", dep->run_dir);
+    if (pdctl_copy_file(dep->path, st->dep_file) != 0) {
+        fprintf(stderr, "pdctl: cannot copy %s to %s\n", dep->path, st->dep_file);
+        return PDCTL_EXIT_FAIL;
     }
-    snprintf(st.name, sizeof(st.name), "%s", dep.name);
+    snprintf(st->name, sizeof(st->name), "%s", dep->name);
     pdctl_sets_json = cJSON_CreateArray();
     for (int i = 0; i < n_sets; i++)
         cJSON_AddItemToArray(pdctl_sets_json, cJSON_CreateString(sets[i]));
+    return 0;
+}
 
-    /* the deployment's own etcd first (etcd = local) */
-    double deadline = pdctl_now() + (double)dep.ready_timeout_ns / 1e9;
+/* The host to reach a listen address at (numeric, fits url/control): its
+ * own, or 127.0.0.1 for 0.0.0.0 or no host. */
+static void pdctl_reach_host(const char *addr, char *host, size_t cap)
+{
+    const char *colon = strrchr(addr, ':');
+    if (colon != NULL && colon != addr && strncmp(addr, "0.0.0.0", 7) != 0)
+        snprintf(host, cap, "%.*s", (int)(colon - addr), addr);
+    else
+        snprintf(host, cap, "127.0.0.1");
+}
+
+/* Start the routers, all at once, then wait for each one's ready file: the
+ * ports it bound give rt->url[i] and its part of st->control; st->url is the
+ * first router's. Saves the state. 0 or PDCTL_EXIT_FAIL. */
+static int pdctl_up_routers(const pdctl_dep_t *dep, pdctl_state_t *st, pdctl_up_routers_t *rt,
+                            double deadline)
+{
     pdctl_daemon_t *started[PDCTL_MAX_DAEMONS];
     int n_started = 0;
-    if (dep.etcd_port != 0 &&
-        (pdctl_etcd_start(&st, dep.etcd_port, deadline) != 0 || pdctl_state_save(&st) != 0))
-        goto err_stop;
-    /* routers, all at once; then their ports */
-    if (pdctl_start_role(&dep, &st, PDCTL_ROUTER, n_routers, started, &n_started) != 0)
-        goto err_stop;
-    char rurl[PDCTL_MAX_ROUTERS][128];
+    if (pdctl_start_role(dep, st, PDCTL_ROUTER, rt->n, started, &n_started) != 0)
+        return PDCTL_EXIT_FAIL;
     size_t coff = 0;
-    for (unsigned i = 0; i < n_routers; i++) {
-        const pdctl_daemon_t *x = &st.d[i];
+    for (unsigned i = 0; i < rt->n; i++) {
+        const pdctl_daemon_t *x = &st->d[i];
         if (!pdctl_wait_ready_file(x, deadline))
-            goto err_stop;
+            return PDCTL_EXIT_FAIL;
         int http_port = pdctl_ready_port(x->ready, "http");
         int control_port = pdctl_ready_port(x->ready, "control");
         if (http_port < 0 || control_port < 0) {
             fprintf(stderr, "pdctl: cannot read the ports from %s\n", x->ready);
-            goto err_stop;
+            return PDCTL_EXIT_FAIL;
         }
-        char host[96] = "127.0.0.1"; /* numeric address; fits url/control */
-        const char *ha = raddr[i][0], *ca = raddr[i][1];
-        const char *colon = strrchr(ha, ':');
-        if (colon != NULL && colon != ha && strncmp(ha, "0.0.0.0", 7) != 0)
-            snprintf(host, sizeof(host), "%.*s", (int)(colon - ha), ha);
-        snprintf(rurl[i], sizeof(rurl[i]), "http://%s:%d", host, http_port);
-        snprintf(host, sizeof(host), "127.0.0.1");
-        colon = strrchr(ca, ':');
-        if (colon != NULL && colon != ca && strncmp(ca, "0.0.0.0", 7) != 0)
-            snprintf(host, sizeof(host), "%.*s", (int)(colon - ca), ca);
-        int w = snprintf(st.control + coff, sizeof(st.control) - coff, "%s%s:%d", i ? "," : "",
+        char host[96];
+        pdctl_reach_host(rt->addr[i][0], host, sizeof(host));
+        snprintf(rt->url[i], sizeof(rt->url[i]), "http://%s:%d", host, http_port);
+        pdctl_reach_host(rt->addr[i][1], host, sizeof(host));
+        int w = snprintf(st->control + coff, sizeof(st->control) - coff, "%s%s:%d", i ? "," : "",
                          host, control_port);
-        if (w < 0 || (size_t)w >= sizeof(st.control) - coff)
-            goto err_stop;
+        if (w < 0 || (size_t)w >= sizeof(st->control) - coff)
+            return PDCTL_EXIT_FAIL;
         coff += (size_t)w;
     }
-    snprintf(st.url, sizeof(st.url), "%s", rurl[0]);
-    if (pdctl_state_save(&st) != 0)
-        goto err_stop;
+    snprintf(st->url, sizeof(st->url), "%s", rt->url[0]);
+    return pdctl_state_save(st);
+}
 
-    /* prefill + decode daemons, all at once */
-    n_started = 0;
-    if (pdctl_start_role(&dep, &st, PDCTL_PREFILL, dep.count[PDCTL_PREFILL], started, &n_started) != 0 ||
-        pdctl_start_role(&dep, &st, PDCTL_DECODE, dep.count[PDCTL_DECODE], started, &n_started) != 0)
-        goto err_stop;
-    pdctl_state_save(&st);
-    if (!pdctl_wait_started(&dep, &st, started, n_started))
-        goto err_stop;
-    /* /ready: each router has a decode (and a prefill when there are some) */
+/* Start the prefill and decode daemons, all at once, and wait until each is
+ * ready and registered with every router. 0 or PDCTL_EXIT_FAIL. */
+static int pdctl_up_daemons(const pdctl_dep_t *dep, pdctl_state_t *st)
+{
+    pdctl_daemon_t *started[PDCTL_MAX_DAEMONS];
+    int n_started = 0;
+    if (pdctl_start_role(dep, st, PDCTL_PREFILL, dep->count[PDCTL_PREFILL], started, &n_started) != 0 ||
+        pdctl_start_role(dep, st, PDCTL_DECODE, dep->count[PDCTL_DECODE], started, &n_started) != 0)
+        return PDCTL_EXIT_FAIL;
+    pdctl_state_save(st);
+    if (!pdctl_wait_started(dep, st, started, n_started))
+        return PDCTL_EXIT_FAIL;
+    return 0;
+}
+
+/* /ready of every router: each has a decode (and a prefill when there are
+ * some). 0, or PDCTL_EXIT_FAIL (printed) if one is not by the deadline. */
+static int pdctl_up_wait_ready(const pdctl_dep_t *dep, const pdctl_up_routers_t *rt,
+                               double deadline)
+{
     char err[256] = "";
-    for (unsigned i = 0; i < n_routers; i++) {
+    for (unsigned i = 0; i < rt->n; i++) {
         int code;
-        while ((code = pdctl_http_status(rurl[i], "/ready", 2.0, err, sizeof(err))) != 200) {
+        while ((code = pdctl_http_status(rt->url[i], "/ready", 2.0, err, sizeof(err))) != 200) {
             if (pdctl_now() > deadline) {
-                fprintf(stderr, "pdctl: %s/ready still %d after %.0f s%s%s\n", rurl[i], code,
-                        (double)dep.ready_timeout_ns / 1e9, err[0] ? ": " : "", err);
-                goto err_stop;
+                fprintf(stderr, "pdctl: %s/ready still %d after %.0f s%s%s\n", rt->url[i], code,
+                        (double)dep->ready_timeout_ns / 1e9, err[0] ? ": " : "", err);
+                return PDCTL_EXIT_FAIL;
             }
             pdctl_nap_ms(50);
         }
     }
-    if (pdctl_state_save(&st) != 0)
-        goto err_stop;
+    return 0;
+}
+
+/* Tell the operator where the deployment answers and what to try; then
+ * <run>/url, which pollers wait for. */
+static void pdctl_up_announce(const pdctl_dep_t *dep, const pdctl_state_t *st,
+                              const pdctl_up_routers_t *rt)
+{
     printf("pdserve deployment \"%s\" is ready: %s  (%u prefill : %u decode; run dir %s)\n",
-           st.name, st.url, dep.count[PDCTL_PREFILL], dep.count[PDCTL_DECODE], st.run_dir);
-    for (unsigned i = 1; i < n_routers; i++)
-        printf("  router-%u: %s\n", i, rurl[i]);
+           st->name, st->url, dep->count[PDCTL_PREFILL], dep->count[PDCTL_DECODE], st->run_dir);
+    for (unsigned i = 1; i < rt->n; i++)
+        printf("  router-%u: %s\n", i, rt->url[i]);
     printf("  status: pdctl status --run-dir %s    stop: pdctl down --run-dir %s\n",
-           st.run_dir, st.run_dir);
+           st->run_dir, st->run_dir);
     /* a prompt long enough (40+ tokens of the built-in model) to be over the
      * local deployments' disagg-threshold, so `pdctl xfer all` shows a pull */
     printf("  try:    curl -sN %s/v1/chat/completions -H 'Content-Type: application/json' \\\n"
@@ -770,15 +817,54 @@ int pdctl_cmd_up(int argc, char **argv)
            "\"messages\": [{\"role\": \"user\", \"content\": \"I want to share a modified "
            "version of a program that is licensed under the GNU General Public License. What "
            "must I do?\"}]}'\n",
-           st.url);
+           st->url);
     printf("  watch:  pdctl top --run-dir %s      transfers: pdctl xfer all --run-dir %s\n",
-           st.run_dir, st.run_dir);
+           st->run_dir, st->run_dir);
     char urlf[PATH_MAX];
-    snprintf(urlf, sizeof(urlf), "%s/url", st.run_dir);
+    snprintf(urlf, sizeof(urlf), "%s/url", st->run_dir);
     char line[160];
-    snprintf(line, sizeof(line), "%s\n", st.url);
+    snprintf(line, sizeof(line), "%s\n", st->url);
     pdctl_write_file(urlf, line, 0644);
     fflush(stdout);
+}
+
+int pdctl_cmd_up(int argc, char **argv)
+{
+    char *sets[PDCTL_MAX_SETS];
+    int n_sets = 0;
+    bool foreground;
+    const char *run_override;
+    int rc = pdctl_up_args(&argc, argv, sets, &n_sets, &foreground, &run_override);
+    if (rc != 0)
+        return rc;
+    pdctl_dep_t dep;
+    rc = pdctl_dep_load(argv[0], sets, n_sets, run_override, &dep);
+    if (rc != 0)
+        return rc;
+    pdctl_state_t st;
+    memset(&st, 0, sizeof(st));
+    st.lock_fd = -1;
+    pdctl_up_routers_t rt = { .n = dep.count[PDCTL_ROUTER] };
+    rc = PDCTL_EXIT_FAIL;
+    if (pdctl_up_run_dir(&dep, &st) != 0 || pdctl_secret_ensure(dep.secret_file) != 0)
+        goto out;
+    if ((rc = pdctl_up_router_addrs(&dep, &rt)) != 0)
+        goto out;
+    rc = PDCTL_EXIT_FAIL;
+    pdctl_up_warn_open(&dep);
+    if (pdctl_up_snapshot(&dep, &st, sets, n_sets) != 0)
+        goto out;
+
+    /* the deployment's own etcd first (etcd = local), then the routers,
+     * then prefill + decode; every router's /ready ends the start-up */
+    double deadline = pdctl_now() + (double)dep.ready_timeout_ns / 1e9;
+    if (dep.etcd_port != 0 &&
+        (pdctl_etcd_start(&st, dep.etcd_port, deadline) != 0 || pdctl_state_save(&st) != 0))
+        goto err_stop;
+    if (pdctl_up_routers(&dep, &st, &rt, deadline) != 0 || pdctl_up_daemons(&dep, &st) != 0 ||
+        pdctl_up_wait_ready(&dep, &rt, deadline) != 0 || pdctl_state_save(&st) != 0)
+        goto err_stop;
+    pdctl_up_announce(&dep, &st, &rt);
     rc = 0;
     if (foreground) {
         pdctl_state_unlock(&st);   /* `pdctl status/scale` work meanwhile */
