@@ -264,71 +264,6 @@ static void add_logprobs(cJSON *choice, rtr_api_t api, const rtr_oai_logprobs_t 
         cJSON_AddItemToObject(choice, "logprobs", logprobs_json(api, lp));
 }
 
-/* A stream chunk with one choice (its "index" set): the root, or NULL. */
-static cJSON *chunk_object(const rtr_oai_resp_meta_t *meta, uint32_t index, cJSON **choice_p)
-{
-    cJSON *root = meta_object(meta, true);
-    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
-    cJSON *choice = cJSON_CreateObject();
-    if (choices == NULL || choice == NULL) {
-        cJSON_Delete(choice);
-        cJSON_Delete(root);
-        return NULL;
-    }
-    cJSON_AddItemToArray(choices, choice);
-    cJSON_AddNumberToObject(choice, "index", index);
-    *choice_p = choice;
-    return root;
-}
-
-char *rtr_oai_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
-                         const char *text, size_t text_len,
-                         const char *finish_reason, bool with_role)
-{
-    return rtr_oai_chunk_lp_json(meta, index, text, text_len, finish_reason, with_role, NULL);
-}
-
-char *rtr_oai_chunk_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
-                            const char *text, size_t text_len, const char *finish_reason,
-                            bool with_role, const rtr_oai_logprobs_t *lp)
-{
-    cJSON *choice;
-    cJSON *root = chunk_object(meta, index, &choice);
-    if (root == NULL)
-        return NULL;
-    if (meta->api == RTR_API_CHAT) {
-        cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
-        if (with_role)
-            cJSON_AddStringToObject(delta, "role", "assistant");
-        if (text_len > 0 || finish_reason == NULL)
-            cJSON_AddItemToObject(delta, "content", text_item(text, text_len));
-    } else {
-        cJSON_AddItemToObject(choice, "text", text_item(text, text_len));
-    }
-    add_logprobs(choice, meta->api, lp);
-    add_finish(choice, finish_reason);
-    return print_and_free(root);
-}
-
-char *rtr_oai_usage_chunk_json(const rtr_oai_resp_meta_t *meta, const rtr_oai_usage_t *usage)
-{
-    cJSON *root = meta_object(meta, true);
-    if (root == NULL)
-        return NULL;
-    cJSON_AddArrayToObject(root, "choices");
-    add_usage(root, usage);
-    return print_and_free(root);
-}
-
-char *rtr_oai_response_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
-                            const char *const *texts, const size_t *text_lens,
-                            const char *const *finish_reasons,
-                            const rtr_oai_usage_t *usage)
-{
-    return rtr_oai_response_lp_json(meta, n_choices, texts, text_lens, finish_reasons, usage,
-                                    NULL);
-}
-
 /* [{"id", "type": "function", "function": {"name", "arguments"}}], with
  * "index" per call in stream deltas. */
 static cJSON *calls_json(const rtr_oai_calls_t *c, bool stream)
@@ -351,19 +286,125 @@ static cJSON *calls_json(const rtr_oai_calls_t *c, bool stream)
     return arr;
 }
 
+/* ---- the one response writer -------------------------------------------- */
+
+/* What any body carries: a whole response (choices with "message", then
+ * "usage"), a stream chunk (its choice with "delta"; a tool chunk's delta
+ * holds the whole calls) or the include_usage chunk (no choice, "usage").
+ * Choice i of n is numbered index + i; an array left NULL means none for
+ * every choice (no text, finish_reason null, logprobs null, no calls). */
+typedef struct {
+    bool stream;                        /* "...chunk" object, "delta" */
+    bool with_role;                     /* stream: delta.role (chat's first chunk) */
+    uint32_t index;
+    uint32_t n;
+    const char *const *texts;           /* (n) */
+    const size_t *text_lens;            /* (n) */
+    const char *const *finish_reasons;  /* (n) */
+    const rtr_oai_logprobs_t *lps;      /* (n) */
+    const rtr_oai_calls_t *calls;       /* (n); stream: a tool chunk */
+    const rtr_oai_usage_t *usage;       /* NULL: no "usage" */
+} body_t;
+
+/* Chat's message (whole response) or delta (stream chunk). A message has
+ * its role, its content (null when it is only tool calls) and its calls;
+ * a delta its role on the first chunk, its content unless it is the last
+ * chunk and empty, or (a tool chunk) only the calls. */
+static void add_message(cJSON *choice, const body_t *b, const char *text, size_t len,
+                        const char *finish_reason, const rtr_oai_calls_t *calls)
+{
+    bool call = calls != NULL && (b->stream || calls->n > 0);
+    cJSON *m = cJSON_AddObjectToObject(choice, b->stream ? "delta" : "message");
+    if (m == NULL)
+        return;
+    if (!b->stream || b->with_role)
+        cJSON_AddStringToObject(m, "role", "assistant");
+    if (!b->stream)
+        cJSON_AddItemToObject(m, "content", call && len == 0 ? cJSON_CreateNull()
+                                                             : text_item(text, len));
+    else if (!call && (len > 0 || finish_reason == NULL))
+        cJSON_AddItemToObject(m, "content", text_item(text, len));
+    if (call)
+        cJSON_AddItemToObject(m, "tool_calls", calls_json(calls, b->stream));
+}
+
+static bool add_choice(cJSON *choices, const rtr_oai_resp_meta_t *meta, const body_t *b,
+                       uint32_t i)
+{
+    cJSON *choice = cJSON_CreateObject();
+    if (choice == NULL)
+        return false;
+    cJSON_AddItemToArray(choices, choice);
+    cJSON_AddNumberToObject(choice, "index", b->index + i);
+    const char *text = b->texts != NULL ? b->texts[i] : NULL;
+    size_t len = b->text_lens != NULL ? b->text_lens[i] : 0;
+    const char *finish_reason = b->finish_reasons != NULL ? b->finish_reasons[i] : NULL;
+    const rtr_oai_calls_t *calls = b->calls != NULL ? &b->calls[i] : NULL;
+    /* a tool chunk is a delta whatever the API (tools are chat's) */
+    if (meta->api == RTR_API_CHAT || (b->stream && calls != NULL))
+        add_message(choice, b, text, len, finish_reason, calls);
+    else
+        cJSON_AddItemToObject(choice, "text", text_item(text, len));
+    add_logprobs(choice, meta->api, b->lps != NULL ? &b->lps[i] : NULL);
+    add_finish(choice, finish_reason);
+    return true;
+}
+
+static char *write_body(const rtr_oai_resp_meta_t *meta, const body_t *b)
+{
+    cJSON *root = meta_object(meta, b->stream);
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+    for (uint32_t i = 0; choices != NULL && i < b->n; i++)
+        if (!add_choice(choices, meta, b, i))
+            choices = NULL;
+    if (choices == NULL) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    if (b->usage != NULL)
+        add_usage(root, b->usage);
+    return print_and_free(root);
+}
+
+/* ---- its entry points (rtr_openai.h) ------------------------------------- */
+
+char *rtr_oai_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
+                         const char *text, size_t text_len,
+                         const char *finish_reason, bool with_role)
+{
+    return rtr_oai_chunk_lp_json(meta, index, text, text_len, finish_reason, with_role, NULL);
+}
+
+char *rtr_oai_chunk_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
+                            const char *text, size_t text_len, const char *finish_reason,
+                            bool with_role, const rtr_oai_logprobs_t *lp)
+{
+    body_t b = { .stream = true, .with_role = with_role, .index = index, .n = 1,
+                 .texts = &text, .text_lens = &text_len, .finish_reasons = &finish_reason,
+                 .lps = lp };
+    return write_body(meta, &b);
+}
+
 char *rtr_oai_tool_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
                               const rtr_oai_calls_t *calls)
 {
-    cJSON *choice;
-    cJSON *root = chunk_object(meta, index, &choice);
-    if (root == NULL)
-        return NULL;
-    cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
-    if (delta != NULL)
-        cJSON_AddItemToObject(delta, "tool_calls", calls_json(calls, true));
-    add_logprobs(choice, meta->api, NULL);
-    add_finish(choice, NULL);
-    return print_and_free(root);
+    body_t b = { .stream = true, .index = index, .n = 1, .calls = calls };
+    return write_body(meta, &b);
+}
+
+char *rtr_oai_usage_chunk_json(const rtr_oai_resp_meta_t *meta, const rtr_oai_usage_t *usage)
+{
+    body_t b = { .stream = true, .usage = usage };
+    return write_body(meta, &b);
+}
+
+char *rtr_oai_response_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
+                            const char *const *texts, const size_t *text_lens,
+                            const char *const *finish_reasons,
+                            const rtr_oai_usage_t *usage)
+{
+    return rtr_oai_response_full_json(meta, n_choices, texts, text_lens, finish_reasons, usage,
+                                      NULL, NULL);
 }
 
 char *rtr_oai_response_lp_json(const rtr_oai_resp_meta_t *meta, uint32_t n_choices,
@@ -381,35 +422,9 @@ char *rtr_oai_response_full_json(const rtr_oai_resp_meta_t *meta, uint32_t n_cho
                                  const rtr_oai_usage_t *usage, const rtr_oai_logprobs_t *lps,
                                  const rtr_oai_calls_t *calls)
 {
-    cJSON *root = meta_object(meta, false);
-    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
-    if (choices == NULL) {
-        cJSON_Delete(root);
-        return NULL;
-    }
-    for (uint32_t i = 0; i < n_choices; i++) {
-        cJSON *choice = cJSON_CreateObject();
-        if (choice == NULL)
-            break;
-        cJSON_AddItemToArray(choices, choice);
-        cJSON_AddNumberToObject(choice, "index", i);
-        if (meta->api == RTR_API_CHAT) {
-            cJSON *msg = cJSON_AddObjectToObject(choice, "message");
-            cJSON_AddStringToObject(msg, "role", "assistant");
-            bool call = calls != NULL && calls[i].n > 0;
-            cJSON_AddItemToObject(msg, "content", call && text_lens[i] == 0
-                                                      ? cJSON_CreateNull()
-                                                      : text_item(texts[i], text_lens[i]));
-            if (call)
-                cJSON_AddItemToObject(msg, "tool_calls", calls_json(&calls[i], false));
-        } else {
-            cJSON_AddItemToObject(choice, "text", text_item(texts[i], text_lens[i]));
-        }
-        add_logprobs(choice, meta->api, lps != NULL ? &lps[i] : NULL);
-        add_finish(choice, finish_reasons[i]);
-    }
-    add_usage(root, usage);
-    return print_and_free(root);
+    body_t b = { .n = n_choices, .texts = texts, .text_lens = text_lens,
+                 .finish_reasons = finish_reasons, .lps = lps, .calls = calls, .usage = usage };
+    return write_body(meta, &b);
 }
 
 char *rtr_oai_models_json(const char *const *model_ids, uint32_t n, int64_t created,
