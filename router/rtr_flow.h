@@ -10,7 +10,8 @@
  *     rtr_flow_fail_all (drain timeout, stop), rtr_flow_check_idle (drain);
  *   rtr_ctl.c, through r->on_backend_msg / r->on_backend_down (set by
  *     rtr_main.c): rtr_flow_on_msg, rtr_flow_backend_down;
- *   rtr_flow.c -> rtr_ctl.c: rtr_pick_backend, rtr_have_backend.
+ *   rtr_flow.c -> rtr_ctl.c: rtr_pick_backend(_kv), rtr_have_backend,
+ *     rtr_choose_backend (every rule of the choice: rtr_policy.c).
  * Every accepted request ends exactly once, in req_end, reached from
  * req_complete, req_fail or rtr_flow_client_gone. */
 #ifndef RTR_FLOW_H
