@@ -52,21 +52,28 @@ pd_status_t rtr_backend_send(rtr_backend_t *be, proto_msg_t *msg)
     return proto_conn_send(be->conn, msg);
 }
 
-/* ---- policy glue --------------------------------------------------------- */
+/* ---- backend choice: r->be as the policy sees it (rules: rtr_policy.c) ---- */
 
-static void rtr_kv_gauge(rtr_t *r)
-{
-    if (r->kvidx == NULL)
-        return;
-    rtr_kvindex_stats_t st;
-    rtr_kvindex_stats(r->kvidx, &st);
-    pd_stats_gauge_set(r->stats, RTR_STAT_kv_index_names, st.names);
-}
+_Static_assert(RTR_MAX_BACKENDS <= RTR_POLICY_MAX_BACKENDS, "the policy sees every slot");
 
-static bool be_eligible(const rtr_backend_t *be, uint32_t cap)
+rtr_backend_t *rtr_choose_backend(rtr_t *r, const rtr_choice_t *c)
 {
-    return be->used && be->conn != NULL && be->state == RTR_BE_READY &&
-           (be->caps & cap) != 0 && !(be->hb.flags & PROTO_HB_DRAINING);
+    rtr_backend_view_t v[RTR_MAX_BACKENDS];
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
+        const rtr_backend_t *be = &r->be[i];
+        v[i] = (rtr_backend_view_t){
+            .up = be->used && be->conn != NULL,
+            .ready = be->state == RTR_BE_READY,
+            .draining = (be->hb.flags & PROTO_HB_DRAINING) != 0,
+            .caps = be->caps,
+            .outstanding_prefill_tokens = be->hb.outstanding_prefill_tokens,
+            .free_blocks = be->hb.free_blocks,
+            .running_seqs = be->hb.running_seqs,
+            .assigned = be->assigned,
+        };
+    }
+    int k = rtr_policy_choose(v, RTR_MAX_BACKENDS, c, &r->rr);
+    return k < 0 ? NULL : &r->be[k];
 }
 
 rtr_backend_t *rtr_pick_backend(rtr_t *r, uint32_t cap, uint32_t needed_blocks,
@@ -79,38 +86,29 @@ rtr_backend_t *rtr_pick_backend_kv(rtr_t *r, uint32_t cap, uint32_t needed_block
                                    const rtr_backend_t *exclude, const uint32_t *cached,
                                    uint32_t n_prompt)
 {
-    rtr_backend_load_t loads[RTR_MAX_BACKENDS];
-    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
-        const rtr_backend_t *be = &r->be[i];
-        loads[i].eligible = be != exclude && be_eligible(be, cap);
-        loads[i].outstanding_prefill_tokens = be->hb.outstanding_prefill_tokens;
-        loads[i].free_blocks = be->hb.free_blocks;
-        /* Requests sent since the last heartbeat count as running, so a
-         * burst spreads before the next heartbeat says so. */
-        loads[i].running_seqs = be->hb.running_seqs + be->assigned;
-    }
-    int idx;
-    if (cap == PROTO_CAP_PREFILL)
-        idx = cached != NULL ? rtr_pick_prefill_kv(loads, cached, RTR_MAX_BACKENDS, n_prompt,
-                                                   &r->rr_prefill)
-                             : rtr_pick_prefill(loads, RTR_MAX_BACKENDS, &r->rr_prefill);
-    else
-        idx = cached != NULL ? rtr_pick_decode_kv(loads, cached, RTR_MAX_BACKENDS, needed_blocks,
-                                                  &r->rr_decode)
-                             : rtr_pick_decode(loads, RTR_MAX_BACKENDS, needed_blocks,
-                                               &r->rr_decode);
-    return idx < 0 ? NULL : &r->be[idx];
+    rtr_choice_t c = { .what = cap == PROTO_CAP_PREFILL ? RTR_CHOOSE_PREFILL : RTR_CHOOSE_DECODE,
+                       .caps = cap, .exclude = exclude != NULL ? (int)(exclude - r->be) : -1,
+                       .needed_blocks = needed_blocks, .cached_tokens = cached,
+                       .prompt_tokens = n_prompt };
+    return rtr_choose_backend(r, &c);
 }
 
 bool rtr_have_backend(rtr_t *r, uint32_t cap)
 {
-    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
-        if (be_eligible(&r->be[i], cap))
-            return true;
-    return false;
+    rtr_choice_t c = { .what = RTR_CHOOSE_ANY, .caps = cap, .exclude = -1 };
+    return rtr_choose_backend(r, &c) != NULL;
 }
 
 /* ---- registration -------------------------------------------------------- */
+
+static void rtr_kv_gauge(rtr_t *r)
+{
+    if (r->kvidx == NULL)
+        return;
+    rtr_kvindex_stats_t st;
+    rtr_kvindex_stats(r->kvidx, &st);
+    pd_stats_gauge_set(r->stats, RTR_STAT_kv_index_names, st.names);
+}
 
 static void send_reject(rtr_ctlconn_t *cc, proto_conn_t *conn, pd_status_t status,
                         const char *fmt, ...) __attribute__((format(printf, 4, 5)));

@@ -1104,24 +1104,16 @@ static bool try_prefix_source(rtr_req_t *q)
     uint32_t cached[RTR_MAX_BACKENDS];
     if (!kv_match(r, q->prompt, q->n_prompt, cached))
         return false;
-    rtr_backend_load_t loads[RTR_MAX_BACKENDS];
-    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
-        const rtr_backend_t *be = &r->be[i];
-        loads[i].eligible = be->used && be->conn != NULL && be->state == RTR_BE_READY &&
-                            (be->caps & PROTO_CAP_DECODE) && (be->caps & PROTO_CAP_KV_EXPORT) &&
-                            !(be->hb.flags & PROTO_HB_DRAINING);
-        loads[i].outstanding_prefill_tokens = be->hb.outstanding_prefill_tokens;
-        loads[i].free_blocks = be->hb.free_blocks;
-        loads[i].running_seqs = be->hb.running_seqs + be->assigned;
-    }
     uint64_t gain = r->cfg.kv_pull_min_blocks * r->geom.block_tokens;
-    int k = rtr_pick_prefix_source(loads, cached, RTR_MAX_BACKENDS, q->n_prompt,
-                                   cached[q->prefill - r->be],
-                                   gain > UINT32_MAX ? UINT32_MAX : (uint32_t)gain,
-                                   q->decode != NULL ? (int)(q->decode - r->be) : -1);
-    if (k < 0)
+    rtr_choice_t c = { .what = RTR_CHOOSE_PREFIX_SOURCE,
+                       .caps = PROTO_CAP_DECODE | PROTO_CAP_KV_EXPORT, .exclude = -1,
+                       .cached_tokens = cached, .prompt_tokens = q->n_prompt,
+                       .prefill_cached = cached[q->prefill - r->be],
+                       .min_gain_tokens = gain > UINT32_MAX ? UINT32_MAX : (uint32_t)gain,
+                       .prefer = q->decode != NULL ? (int)(q->decode - r->be) : -1 };
+    rtr_backend_t *src = rtr_choose_backend(r, &c);
+    if (src == NULL)
         return false;
-    rtr_backend_t *src = &r->be[k];
     proto_msg_t m;
     memset(&m, 0, sizeof(m));
     m.hdr.type = PROTO_MSG_KV_EXPORT_REQ;
@@ -1145,7 +1137,7 @@ static bool try_prefix_source(rtr_req_t *q)
     pd_stats_inc(r->stats, RTR_STAT_kv_src_exports);
     rtr_req_fsm_set(&q->fsm, RTR_REQ_EXPORTING, pd_now_ns());
     pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "'%s' holds %u prompt tokens, prefill '%s' %u: "
-           "KV_EXPORT_REQ", src->id, cached[k], q->prefill->id, cached[q->prefill - r->be]);
+           "KV_EXPORT_REQ", src->id, cached[src - r->be], q->prefill->id, cached[q->prefill - r->be]);
     return true;
 }
 

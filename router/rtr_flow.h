@@ -5,12 +5,16 @@
  * drives the state machine without sockets.
  *
  * Who calls what:
- *   rtr_http.c: rtr_flow_find (X-Request-Id), rtr_flow_route + rtr_flow_new
- *     + rtr_flow_start (intake), rtr_flow_client_gone (EOF, close, slow),
- *     rtr_flow_fail_all (drain timeout, stop), rtr_flow_check_idle (drain);
- *   rtr_ctl.c, through r->on_backend_msg / r->on_backend_down (set by
- *     rtr_main.c): rtr_flow_on_msg, rtr_flow_backend_down;
- *   rtr_flow.c -> rtr_ctl.c: rtr_pick_backend, rtr_have_backend.
+ *   rtr_http.c: rtr_flow_route + rtr_flow_new + rtr_flow_start (intake),
+ *     rtr_flow_client_gone (EOF, close, slow), rtr_flow_fail_all (drain
+ *     timeout, stop), rtr_flow_check_idle (drain);
+ *   rtr_ctl.c, through r->on_backend_msg / r->on_backend_down /
+ *     r->on_backend_drain (set by rtr_main.c): rtr_flow_on_msg,
+ *     rtr_flow_backend_down, rtr_flow_migrate_from;
+ *   rtr_flow_find: rtr_flow_on_msg (a backend message's wire id) and the
+ *     unit test;
+ *   rtr_flow.c -> rtr_ctl.c: rtr_pick_backend(_kv), rtr_have_backend,
+ *     rtr_choose_backend (every rule of the choice: rtr_policy.c).
  * Every accepted request ends exactly once, in req_end, reached from
  * req_complete, req_fail or rtr_flow_client_gone. */
 #ifndef RTR_FLOW_H
@@ -147,7 +151,8 @@ struct rtr_flow_out {
     pd_status_t (*send)(rtr_backend_t *be, proto_msg_t *msg);
 };
 
-/* The live request with this wire id (what daemons answer to), or NULL. */
+/* The live request with this wire id (what daemons answer to), or NULL.
+ * Not the client's X-Request-Id: the front end never looks requests up. */
 rtr_req_t *rtr_flow_find(const char *id);
 
 /* Intake. route: the daemons for a new request (a decode always; a

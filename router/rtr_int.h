@@ -221,7 +221,7 @@ struct rtr {
     proto_stats_t ctl_stats;
     rtr_backend_t be[RTR_MAX_BACKENDS];
     struct event *hb_timer;
-    uint32_t rr_prefill, rr_decode;
+    rtr_rr_t rr;                     /* the policy's round-robin cursors */
     /* measured rates for disagg-mode=cost (running averages, 0 = none yet;
      * rtr_flow.c cost_note, rtr_policy.h rtr_disagg_in_t) */
     struct {
@@ -262,12 +262,15 @@ struct rtr {
 /* rtr_ctl.c */
 pd_status_t rtr_ctl_start(rtr_t *r);
 void rtr_ctl_stop(rtr_t *r);
-/* Eligible backends of a role (caps bit), for the policy functions. */
+/* Backend choice: r->be as the policy sees it (rtr_backend_view_t), chosen
+ * by rtr_policy_choose (rtr_policy.c holds every rule); NULL: none. */
+rtr_backend_t *rtr_choose_backend(rtr_t *r, const rtr_choice_t *c);
+/* Its usual questions. pick: a prefill (cap PROTO_CAP_PREFILL) or a decode
+ * (any other cap bit) with that cap, never `exclude` (may be NULL); _kv:
+ * cached_tokens[i] = what backend i holds of this prompt per the index
+ * (NULL = rtr_pick_backend). have: is any backend with that cap eligible. */
 rtr_backend_t *rtr_pick_backend(rtr_t *r, uint32_t cap, uint32_t needed_blocks,
                                 const rtr_backend_t *exclude);
-/* The same, KV-aware: cached_tokens[i] = what backend i holds of this
- * prompt per the index (rtr_pick_prefill_kv / rtr_pick_decode_kv);
- * cached_tokens NULL = rtr_pick_backend. */
 rtr_backend_t *rtr_pick_backend_kv(rtr_t *r, uint32_t cap, uint32_t needed_blocks,
                                    const rtr_backend_t *exclude, const uint32_t *cached_tokens,
                                    uint32_t n_prompt);

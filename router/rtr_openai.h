@@ -1,6 +1,7 @@
 /* rtr_openai.h - the OpenAI API surface of pd-router, as pure functions:
- * request bodies -> validated request structs, and response/chunk/error
- * bodies <- values. No I/O, no logging: the HTTP layer calls these.
+ * request bodies -> validated request structs (rtr_openai_parse.c), and
+ * response/chunk/error bodies <- values (rtr_openai_render.c). No I/O, no
+ * logging: the HTTP layer and the request flow call these.
  *
  * Parsing follows "parse -> validate -> act": every field a client controls
  * is type-checked and capped here, so later layers never see a bad value. */
@@ -157,7 +158,10 @@ rtr_oai_error_t *rtr_oai_error_set(rtr_oai_error_t *err, int http_status,
                                    const char *param, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 
-/* Response bodies. All return malloc'd NUL-terminated JSON (NULL on OOM). */
+/* Response bodies. All return malloc'd NUL-terminated JSON (NULL on OOM).
+ * The completion bodies below (chunks, usage chunk, whole responses) are
+ * one writer's output (rtr_openai_render.c write_body); each function
+ * names one variant and its arguments. */
 char *rtr_oai_error_json(const rtr_oai_error_t *err);
 
 typedef struct {

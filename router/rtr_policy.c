@@ -1,3 +1,6 @@
+/* rtr_policy.c - the router's choice of daemons: eligibility and load of
+ * each backend, the prefill / decode / prefix-source pickers, and whether
+ * to disaggregate. Pure (rtr_policy.h). */
 #include "rtr_policy.h"
 
 /* Round-robin order: candidates are visited starting after the cursor, so
@@ -161,4 +164,45 @@ bool rtr_should_disaggregate(rtr_disagg_mode_t mode, const rtr_disagg_in_t *in,
     if (why != NULL)
         *why = w;
     return disagg;
+}
+
+/* ---- the router's backend choice ------------------------------------------ */
+
+static bool eligible(const rtr_backend_view_t *v, size_t k, const rtr_choice_t *c)
+{
+    return v->up && v->ready && !v->draining && (v->caps & c->caps) == c->caps &&
+           (int)k != c->exclude;
+}
+
+int rtr_policy_choose(const rtr_backend_view_t *v, size_t n, const rtr_choice_t *c,
+                      rtr_rr_t *rr)
+{
+    rtr_backend_load_t loads[RTR_POLICY_MAX_BACKENDS];
+    if (n > RTR_POLICY_MAX_BACKENDS)
+        n = RTR_POLICY_MAX_BACKENDS;
+    for (size_t k = 0; k < n; k++) {
+        loads[k].eligible = eligible(&v[k], k, c);
+        if (c->what == RTR_CHOOSE_ANY && loads[k].eligible)
+            return (int)k;
+        loads[k].outstanding_prefill_tokens = v[k].outstanding_prefill_tokens;
+        loads[k].free_blocks = v[k].free_blocks;
+        loads[k].running_seqs = v[k].running_seqs + v[k].assigned;
+    }
+    const uint32_t *cached = c->cached_tokens;
+    switch (c->what) {
+    case RTR_CHOOSE_PREFILL:
+        return cached != NULL
+            ? rtr_pick_prefill_kv(loads, cached, n, c->prompt_tokens, &rr->prefill)
+            : rtr_pick_prefill(loads, n, &rr->prefill);
+    case RTR_CHOOSE_DECODE:
+        return cached != NULL
+            ? rtr_pick_decode_kv(loads, cached, n, c->needed_blocks, &rr->decode)
+            : rtr_pick_decode(loads, n, c->needed_blocks, &rr->decode);
+    case RTR_CHOOSE_PREFIX_SOURCE:
+        return rtr_pick_prefix_source(loads, cached, n, c->prompt_tokens, c->prefill_cached,
+                                      c->min_gain_tokens, c->prefer);
+    case RTR_CHOOSE_ANY:
+    default:
+        return -1;
+    }
 }

@@ -1,6 +1,8 @@
-/* rtr_policy.h - pure functions that choose daemons for a request.
- * Inputs are the load figures daemons report in heartbeats; no I/O, no
- * globals (round-robin state is passed in), so every choice is unit-tested. */
+/* rtr_policy.h - pure functions that choose daemons for a request: which
+ * backends are eligible, what load each carries, and the pickers that score
+ * them (rtr_policy_choose is the entry). Inputs are the router's view of each
+ * backend (registration, state, heartbeats); no I/O, no globals (round-robin
+ * state is passed in), so every choice is unit-tested. */
 #ifndef RTR_POLICY_H
 #define RTR_POLICY_H
 
@@ -120,5 +122,56 @@ typedef struct {
  * *why (may be NULL) gets the figures for logs and tests. */
 bool rtr_should_disaggregate(rtr_disagg_mode_t mode, const rtr_disagg_in_t *in,
                              uint32_t threshold, bool prefill, rtr_disagg_why_t *why);
+
+/* ---- the router's backend choice -------------------------------------- */
+
+#define RTR_POLICY_MAX_BACKENDS 64   /* = RTR_MAX_BACKENDS (rtr_int.h) */
+
+/* One backend slot as the router knows it (rtr_int.h rtr_backend_t: its
+ * registration, state and last heartbeat); an unused slot is !up. */
+typedef struct {
+    bool up;                             /* registered and connected */
+    bool ready;                          /* state ready (not down, drain or maint) */
+    bool draining;                       /* its heartbeat says it drains */
+    uint32_t caps;                       /* PROTO_CAP_* it registered with */
+    uint64_t outstanding_prefill_tokens; /* last heartbeat */
+    uint32_t free_blocks;                /* last heartbeat */
+    uint32_t running_seqs;               /* last heartbeat */
+    uint32_t assigned;                   /* router requests using it now */
+} rtr_backend_view_t;
+
+typedef enum {
+    RTR_CHOOSE_PREFILL = 0,       /* rtr_pick_prefill(_kv), cursor rr->prefill */
+    RTR_CHOOSE_DECODE,            /* rtr_pick_decode(_kv), cursor rr->decode */
+    RTR_CHOOSE_PREFIX_SOURCE,     /* rtr_pick_prefix_source */
+    RTR_CHOOSE_ANY,               /* the first eligible: is there one? */
+} rtr_choose_t;
+
+typedef struct {
+    uint32_t prefill, decode;     /* round-robin cursors */
+} rtr_rr_t;
+
+typedef struct {
+    rtr_choose_t what;
+    uint32_t caps;                /* the backend must have every one of these */
+    int exclude;                  /* a slot never chosen; -1: none */
+    uint32_t needed_blocks;       /* DECODE: KV blocks the request needs */
+    const uint32_t *cached_tokens; /* (n) what each slot holds of the prompt per
+                                     the KV index; NULL: not KV-aware */
+    uint32_t prompt_tokens;
+    uint32_t prefill_cached;      /* PREFIX_SOURCE: the prefill's share */
+    uint32_t min_gain_tokens;     /* PREFIX_SOURCE */
+    int prefer;                   /* PREFIX_SOURCE: the chosen decode, or -1 */
+} rtr_choice_t;
+
+/* The router's one backend choice over n (<= RTR_POLICY_MAX_BACKENDS)
+ * slots. Eligible: up, ready, not draining, every cap of c->caps, not
+ * c->exclude. Load: the heartbeat's, with the requests sent since counted
+ * as running (assigned), so a burst spreads before the next heartbeat
+ * says so. Then c->what's picker (cached_tokens NULL: the non-KV one).
+ * Returns a slot or -1 if none is eligible (PREFIX_SOURCE: or none gains
+ * enough). rr may be NULL for PREFIX_SOURCE and ANY. */
+int rtr_policy_choose(const rtr_backend_view_t *v, size_t n, const rtr_choice_t *c,
+                      rtr_rr_t *rr);
 
 #endif
