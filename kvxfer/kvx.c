@@ -2,7 +2,7 @@
  * libevent loop (progress, arm, watchdog), the kick that runs everything
  * deferred out of UCX callbacks, create and destroy. Exporter side in
  * kvx_export.c, importer side in kvx_import.c, counters in kvx_stats.c;
- * kvx.h holds the contracts, README.md the protocol. */
+ * kvx.h holds the contracts, DESIGN.md the protocol. */
 #include "kvx_int.h"
 
 #include "pd_build_config.h"
@@ -103,7 +103,7 @@ unsigned kvx_progress(kvx_ctx_h *ctx)
         }
     }
     if (worked == 0 && ctx->armed && ctx->ops_in_flight == 0 &&
-        ctx->notifies_in_flight == 0)
+        ctx->notifies_in_flight == 0 && ctx->amreplies_live == 0)
         return 0;
     /* Bounded: measured (UCX 1.13.1, posix), arm kept returning BUSY for
      * ever while a release notify sat in an endpoint's pending queue behind
@@ -248,8 +248,26 @@ pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
     ctx->leases = calloc(cfg->max_leases, sizeof(*ctx->leases));
     ctx->peers = calloc(cfg->max_peers, sizeof(*ctx->peers));
     ctx->pulls = calloc(cfg->max_pulls, sizeof(*ctx->pulls));
-    if (!ctx->leases || !ctx->peers || !ctx->pulls)
+    /* AM reads: every get a pull can have out (data within the in-flight
+     * budget, two poll reads and the generation read beyond it), twice over
+     * for requests whose send completes after their reply */
+    uint64_t n_amreads = 2 * ((uint64_t)cfg->max_ops_in_flight + 3ull * cfg->max_pulls) + 16;
+    ctx->n_amreads = n_amreads > 65535 ? 65535 : (uint32_t)n_amreads;
+    ctx->amreads = calloc(ctx->n_amreads, sizeof(*ctx->amreads));
+    ctx->amreplies = calloc(KVX_READ_REP_SLOTS, sizeof(*ctx->amreplies));
+    if (!ctx->leases || !ctx->peers || !ctx->pulls || !ctx->amreads || !ctx->amreplies)
         goto err_free;
+    for (uint32_t i = ctx->n_amreads; i-- > 0;) {
+        ctx->amreads[i].idx = i;
+        ctx->amreads[i].ctx = ctx;
+        ctx->amreads[i].next_free = ctx->amread_free;
+        ctx->amread_free = &ctx->amreads[i];
+    }
+    for (uint32_t i = KVX_READ_REP_SLOTS; i-- > 0;) {
+        ctx->amreplies[i].ctx = ctx;
+        ctx->amreplies[i].next_free = ctx->amreply_free;
+        ctx->amreply_free = &ctx->amreplies[i];
+    }
     for (uint32_t i = cfg->max_leases; i-- > 0;) {
         kvx_lease_t *l = &ctx->leases[i];
         l->slot = i;
@@ -310,19 +328,31 @@ pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
     if (ucp_rkey_pack(ctx->ucp, ctx->gen_memh, &ctx->gen_rkey_buf,
                       &ctx->gen_rkey_len) != UCS_OK)
         goto err_gen;
-    ucp_am_handler_param_t ap = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-                      UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG,
-        .id = KVX_AM_NOTIFY,
-        .cb = kvx_am_notify_cb,
-        .arg = ctx,
+    static const struct {
+        unsigned id;
+        ucp_am_recv_callback_t cb;
+    } am[] = {
+        { KVX_AM_NOTIFY, kvx_am_notify_cb },
+        { KVX_AM_READ_REQ, kvx_am_read_req_cb },
+        { KVX_AM_READ_REP, kvx_am_read_rep_cb },
     };
-    if (ucp_worker_set_am_recv_handler(ctx->worker, &ap) != UCS_OK)
+    for (size_t i = 0; i < sizeof(am) / sizeof(am[0]); i++) {
+        ucp_am_handler_param_t ap = {
+            .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                          UCP_AM_HANDLER_PARAM_FIELD_CB |
+                          UCP_AM_HANDLER_PARAM_FIELD_ARG,
+            .id = am[i].id,
+            .cb = am[i].cb,
+            .arg = ctx,
+        };
+        if (ucp_worker_set_am_recv_handler(ctx->worker, &ap) != UCS_OK)
+            goto err_gen_rkey;
+    }
+    if (kvx_reply_dt_create(ctx) != PD_OK)
         goto err_gen_rkey;
     int efd;
     if (ucp_worker_get_efd(ctx->worker, &efd) != UCS_OK)
-        goto err_gen_rkey;
+        goto err_dt;
     status = PD_ERR_INTERNAL;
     ctx->ev_efd = event_new(base, efd, EV_READ | EV_PERSIST, kvx_efd_cb, ctx);
     ctx->ev_kick = event_new(base, -1, 0, kvx_kick_cb, ctx);
@@ -345,6 +375,8 @@ err_events:
         event_free(ctx->ev_watchdog);
     if (ctx->ev_kick_later)
         event_free(ctx->ev_kick_later);
+err_dt:
+    ucp_dt_destroy(ctx->reply_dt);
 err_gen_rkey:
     ucp_rkey_buffer_release(ctx->gen_rkey_buf);
 err_gen:
@@ -371,6 +403,8 @@ err_free:
     free(ctx->leases);
     free(ctx->peers);
     free(ctx->pulls);
+    free(ctx->amreads);
+    free(ctx->amreplies);
     free(ctx);
 err:
     return status;
@@ -403,9 +437,9 @@ static void kvx_kick_run(kvx_ctx_h *ctx)
      * own progress (nobody signals the sender when space frees), yet
      * ucp_worker_arm returns OK for it - measured: release notifies stuck
      * until the lease TTL, exporter_rc=3 in kvxfer_bench_smoke) */
-    if (ctx->ops_in_flight > 0 || ctx->notifies_in_flight > 0)
+    if (ctx->ops_in_flight > 0 || ctx->notifies_in_flight > 0 || ctx->amreplies_live > 0)
         ctx->wd_us = KVX_WD_MIN_US;
-    if ((ctx->ops_in_flight > 0 || ctx->notifies_in_flight > 0 || !ctx->armed ||
+    if ((ctx->ops_in_flight > 0 || ctx->notifies_in_flight > 0 || ctx->amreplies_live > 0 || !ctx->armed ||
          ctx->leases_active > 0) &&
         !evtimer_pending(ctx->ev_watchdog, NULL)) {
         struct timeval tv = { 0, (suseconds_t)ctx->wd_us };
@@ -496,6 +530,7 @@ void kvx_ctx_destroy(kvx_ctx_h *ctx)
     ctx->worker = NULL;
     for (unsigned i = 0; i < KVX_MAX_REGIONS; i++)
         kvx_region_deregister(&ctx->regions[i]);
+    ucp_dt_destroy(ctx->reply_dt);
     ucp_rkey_buffer_release(ctx->gen_rkey_buf);
     ucp_mem_unmap(ctx->ucp, ctx->gen_memh);
     ucp_cleanup(ctx->ucp);
@@ -503,6 +538,8 @@ void kvx_ctx_destroy(kvx_ctx_h *ctx)
     free(ctx->leases);
     free(ctx->peers);
     free(ctx->pulls);
+    free(ctx->amreads);
+    free(ctx->amreplies);
     free(ctx);
 }
 

@@ -308,6 +308,206 @@ reject:
     return UCS_OK;
 }
 
+/* ---- AM reads (exporter side): what UCX 1.13 would emulate with its
+ * software get on tcp, answered by kvx so that a reader that dies is a
+ * failed send (a status in the callback), not an abort in our worker
+ * (DESIGN.md "Reads without an RMA lane"). ---- */
+
+/* Does lease l cover blocks [b0, b1] (runs are disjoint)? */
+static bool kvx_lease_covers(const kvx_lease_t *l, uint64_t b0, uint64_t b1)
+{
+    uint64_t covered = 0;
+    for (unsigned i = 0; i < l->n_runs; i++) {
+        uint64_t s = l->runs[i].start, e = s + l->runs[i].count - 1;
+        uint64_t lo = s > b0 ? s : b0, hi = e < b1 ? e : b1;
+        if (lo <= hi)
+            covered += hi - lo + 1;
+    }
+    return covered == b1 - b0 + 1;
+}
+
+/* What a read may return: the lease slot's generation word or readiness
+ * words (no secret in them, and read after the lease ended to learn it
+ * did), or KV bytes within one layer of blocks that the live lease named
+ * by (slot, gen), held by this importer and proven by the handle's tag,
+ * covers. Stricter than an rkey, which over tcp bounds nothing. */
+static kvx_read_verdict_t kvx_read_check(kvx_ctx_h *ctx, const uint8_t *m, const uint8_t **src_p,
+                                         ucp_mem_h *memh_p)
+{
+    uint64_t importer = kvx_get_u64(m + 16);
+    uint64_t incarnation = kvx_get_u64(m + 24);
+    uint32_t slot = kvx_get_u32(m + 32);
+    uint64_t gen = kvx_get_u64(m + 40);
+    uint64_t raddr = kvx_get_u64(m + 48);
+    uint64_t len = kvx_get_u64(m + 56);
+    if (incarnation != ctx->incarnation)
+        return KVX_READ_STALE; /* a handle of our previous life */
+    if (slot >= ctx->cfg.max_leases || len == 0 || len > ctx->cfg.max_op_bytes ||
+        raddr + len < raddr)
+        return KVX_READ_REFUSED;
+    uint64_t gw = (uint64_t)(uintptr_t)ctx->gen_words;
+    uint64_t rw = gw + ((uint64_t)ctx->cfg.max_leases +
+                        (uint64_t)slot * ctx->cfg.ready_layers) * 8;
+    if ((raddr == gw + (uint64_t)slot * 8 && len == 8) ||
+        (ctx->cfg.ready_layers > 0 && raddr == rw && len <= (uint64_t)ctx->cfg.ready_layers * 8 &&
+         len % 8 == 0)) {
+        *src_p = (const uint8_t *)(uintptr_t)raddr;
+        *memh_p = ctx->gen_memh;
+        return KVX_READ_OK;
+    }
+    const kvx_lease_t *l = &ctx->leases[slot];
+    if (l->state != KVX_LEASE_ACTIVE || l->gen != gen)
+        return KVX_READ_STALE;
+    if (l->importer_id != importer || crypto_verify_16(l->tag, m + 64) != 0)
+        return KVX_READ_REFUSED;
+    const kvx_region_h *r = l->region;
+    uint64_t base = (uint64_t)(uintptr_t)r->base;
+    if (raddr < base || raddr + len > base + r->len)
+        return KVX_READ_REFUSED;
+    uint64_t span = (uint64_t)r->n_blocks * r->layer_bytes; /* one layer */
+    uint64_t off = raddr - base, last = off + len - 1;
+    if (off / span != last / span || off / span >= r->n_layers ||
+        !kvx_lease_covers(l, (off % span) / r->layer_bytes, (last % span) / r->layer_bytes))
+        return KVX_READ_REFUSED;
+    *src_p = r->base + off;
+    *memh_p = r->memh;
+    return KVX_READ_OK;
+}
+
+/* The reply's payload as a UCX generic datatype: UCX packs it with
+ * kvx_reply_pack into its send buffers (one copy, as its software get
+ * does), and never sends it zero-copy. Zero-copy sends are what UCX 1.13's
+ * tcp transport trips over when the reader dies mid-reply (measured with
+ * kvx_importer_death_tcp: uct_iface.h:884 "comp->count > 0" in the
+ * exporter, 1 run in 4 with a contiguous payload). */
+static void *kvx_reply_start_pack(void *context, const void *buffer, size_t count)
+{
+    (void)context;
+    (void)count;
+    return (void *)(uintptr_t)buffer; /* the kvx_amreply_t */
+}
+
+static void *kvx_reply_start_unpack(void *context, void *buffer, size_t count)
+{
+    (void)context;
+    (void)buffer;
+    (void)count;
+    return NULL; /* replies are only sent with it */
+}
+
+static size_t kvx_reply_packed_size(void *state)
+{
+    return ((const kvx_amreply_t *)state)->len;
+}
+
+static size_t kvx_reply_pack(void *state, size_t offset, void *dest, size_t max_length)
+{
+    const kvx_amreply_t *rep = state;
+    size_t n = offset < rep->len ? rep->len - offset : 0;
+    if (n > max_length)
+        n = max_length;
+    memcpy(dest, rep->src + offset, n);
+    return n;
+}
+
+static ucs_status_t kvx_reply_unpack(void *state, size_t offset, const void *src, size_t length)
+{
+    (void)state;
+    (void)offset;
+    (void)src;
+    (void)length;
+    return UCS_ERR_UNSUPPORTED;
+}
+
+static void kvx_reply_finish(void *state)
+{
+    (void)state;
+}
+
+pd_status_t kvx_reply_dt_create(kvx_ctx_h *ctx)
+{
+    static const ucp_generic_dt_ops_t ops = {
+        .start_pack = kvx_reply_start_pack,
+        .start_unpack = kvx_reply_start_unpack,
+        .packed_size = kvx_reply_packed_size,
+        .pack = kvx_reply_pack,
+        .unpack = kvx_reply_unpack,
+        .finish = kvx_reply_finish,
+    };
+    return ucp_dt_create_generic(&ops, ctx, &ctx->reply_dt) == UCS_OK ? PD_OK
+                                                                      : PD_ERR_TRANSPORT;
+}
+
+static void kvx_amreply_done(void *req, ucs_status_t us, void *user_data)
+{
+    kvx_amreply_t *rep = user_data;
+    kvx_ctx_h *ctx = rep->ctx;
+    ucp_request_free(req);
+    if (us != UCS_OK)
+        ctx->cs[KVX_CS_am_replies_failed]++;
+    rep->next_free = ctx->amreply_free;
+    ctx->amreply_free = rep;
+    ctx->amreplies_live--;
+}
+
+/* KVX_AM_READ_REQ (inside progress): check, then answer on the reply
+ * endpoint with the bytes (UCX picks eager or rendezvous by size; the
+ * source is registered memory) or with a refusal. A request beyond
+ * KVX_READ_REP_SLOTS replies in flight is dropped (the reader's deadline
+ * ends its pull); so is one without a reply endpoint. */
+ucs_status_t kvx_am_read_req_cb(void *arg, const void *header, size_t header_length,
+                                void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    kvx_ctx_h *ctx = arg;
+    const uint8_t *m = header;
+    if (header_length != KVX_READ_REQ_BYTES || length != 0 ||
+        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep == NULL ||
+        kvx_get_u32(m) != KVX_READ_REQ_MAGIC || m[4] != 1 || m[5] != 0 ||
+        kvx_get_u16(m + 6) != 0 || kvx_get_u32(m + 36) != 0 || ctx->amreply_free == NULL ||
+        ctx->destroying) {
+        ctx->cs[KVX_CS_am_reads_refused]++;
+        return UCS_OK;
+    }
+    const uint8_t *src = NULL;
+    ucp_mem_h memh = NULL;
+    kvx_read_verdict_t v = kvx_read_check(ctx, m, &src, &memh);
+    uint64_t len = v == KVX_READ_OK ? kvx_get_u64(m + 56) : 0;
+    kvx_amreply_t *rep = ctx->amreply_free;
+    ctx->amreply_free = rep->next_free;
+    ctx->amreplies_live++;
+    kvx_put_u32(rep->hdr, KVX_READ_REP_MAGIC);
+    kvx_put_u32(rep->hdr + 4, (uint32_t)v);
+    memcpy(rep->hdr + 8, m + 8, 8); /* the read's id, echoed */
+    ctx->cs[v == KVX_READ_OK ? KVX_CS_am_reads_served : KVX_CS_am_reads_refused]++;
+    rep->src = src;
+    rep->len = len;
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_DATATYPE,
+        .cb.send = kvx_amreply_done,
+        .user_data = rep,
+        .datatype = ctx->reply_dt,
+    };
+    if (src == NULL || memh == ctx->gen_memh) {
+        /* refusals and generation/readiness words: small, and eager, so the
+         * reader lands them in its callback (never a receive into a pull's
+         * words that could outlive the pull) */
+        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+        rp.flags = UCP_AM_SEND_FLAG_EAGER;
+    }
+    void *req = ucp_am_send_nbx(param->reply_ep, KVX_AM_READ_REP, rep->hdr, KVX_READ_REP_BYTES,
+                                rep, 1, &rp);
+    if (!UCS_PTR_IS_PTR(req)) {
+        if (UCS_PTR_IS_ERR(req))
+            ctx->cs[KVX_CS_am_replies_failed]++;
+        rep->next_free = ctx->amreply_free;
+        ctx->amreply_free = rep;
+        ctx->amreplies_live--;
+    }
+    kvx_kick(ctx); /* progress + watchdog while the reply is out */
+    return UCS_OK;
+}
+
 /* ---- regions -------------------------------------------------------------- */
 
 pd_status_t kvx_mem_map(kvx_ctx_h *ctx, void *addr, size_t len,

@@ -60,6 +60,8 @@ void kvx_peer_clear(kvx_peer_t *p)
     p->grace_timer = gt;
 }
 
+static void kvx_amread_fail_peer(kvx_peer_t *p);
+
 /* Force-close the endpoint; pulls end with `why` once their gets return. */
 void kvx_peer_fail_now(kvx_peer_t *p, pd_status_t why)
 {
@@ -81,6 +83,7 @@ void kvx_peer_fail_now(kvx_peer_t *p, pd_status_t why)
             pl->peer == p && pl->err == PD_OK)
             pl->err = why;
     }
+    kvx_amread_fail_peer(p);
     ucp_request_param_t cp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
         .flags = UCP_EP_CLOSE_FLAG_FORCE,
@@ -293,6 +296,8 @@ pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len)
     }
     p->ep_open = true;
     ctx->eps_live++;
+    p->am_read = ctx->cfg.read_mode == KVX_READ_AM ||
+                 (ctx->cfg.read_mode == KVX_READ_AUTO && !kvx_ep_has_rma_lane(p->ep));
     p->state = KVX_PEER_ACTIVE; /* from here fail_now() can undo it */
     if (ctx->prom != NULL && ctx->cfg.stats_role != KVX_STATS_EXPORTER && p->prom == NULL)
         kvx_prom_peer_create(p);
@@ -424,11 +429,16 @@ rejected:
 
 /* ---- pulls ------------------------------------------------------------------ */
 
-static void kvx_op_done(void *req, ucs_status_t us, void *user_data)
+/* A read ended: count it off the pull, note the first error (`why`, if
+ * set, says more than the UCX status), kick. Inside progress or the loop. */
+static void kvx_read_end(kvx_pull_t *pl, kvx_read_kind_t kind, ucs_status_t us,
+                         pd_status_t why)
 {
-    kvx_pull_t *pl = user_data;
     kvx_ctx_h *ctx = pl->ctx;
-    ucp_request_free(req);
+    if (kind == KVX_READ_POLL) {
+        assert(pl->poll_inflight > 0);
+        pl->poll_inflight--;
+    }
     assert(pl->inflight > 0);
     pl->inflight--;
     if (pl->state == KVX_PULL_ZOMBIE) {
@@ -438,8 +448,8 @@ static void kvx_op_done(void *req, ucs_status_t us, void *user_data)
     }
     ctx->ops_in_flight--;
     if (us != UCS_OK && pl->err == PD_OK) {
-        pd_status_t st = kvx_ucs_status(us);
-        if (pl->peer->state == KVX_PEER_FAILED)
+        pd_status_t st = why != PD_OK ? why : kvx_ucs_status(us);
+        if (why == PD_OK && pl->peer->state == KVX_PEER_FAILED)
             st = pl->peer->fail_status;
         pl->err = st == PD_ERR_CANCELED ? PD_ERR_TRANSPORT : st;
     }
@@ -448,9 +458,233 @@ static void kvx_op_done(void *req, ucs_status_t us, void *user_data)
     kvx_kick(ctx);
 }
 
-static void kvx_gen_done(void *req, ucs_status_t us, void *user_data)
+static void kvx_get_done(void *req, ucs_status_t us, void *user_data)
 {
-    kvx_op_done(req, us, user_data);
+    ucp_request_free(req);
+    kvx_read_end(user_data, KVX_READ_DATA, us, PD_OK);
+}
+
+static void kvx_get_poll_done(void *req, ucs_status_t us, void *user_data)
+{
+    ucp_request_free(req);
+    kvx_read_end(user_data, KVX_READ_POLL, us, PD_OK);
+}
+
+/* ---- AM reads: for peers without an RMA lane (DESIGN.md "Reads without an
+ * RMA lane"). The exporter answers a KVX_AM_READ_REQ with a KVX_AM_READ_REP
+ * carrying the bytes (rendezvous for large ones, received straight into
+ * the block); a reply whose send fails is a status in UCX's callback
+ * there, where UCX 1.13's software get aborts the exporter. ---- */
+
+/* Back to the free list once nothing refers to it any more. */
+static void kvx_amread_release(kvx_amread_t *op)
+{
+    kvx_ctx_h *ctx = op->ctx;
+    if (op->id == 0 || op->waiting || op->send_busy || op->recv_busy)
+        return;
+    op->id = 0;
+    op->pl = NULL;
+    op->peer = NULL;
+    op->next_free = ctx->amread_free;
+    ctx->amread_free = op;
+}
+
+/* The read is over for the pull (reply handled, or given up). */
+static void kvx_amread_end(kvx_amread_t *op, ucs_status_t us, pd_status_t why)
+{
+    kvx_pull_t *pl = op->pl;
+    op->pl = NULL;
+    kvx_read_end(pl, op->kind, us, why);
+    kvx_amread_release(op);
+}
+
+static void kvx_amread_sent(void *req, ucs_status_t us, void *user_data)
+{
+    kvx_amread_t *op = user_data;
+    ucp_request_free(req);
+    op->send_busy = false;
+    if (us != UCS_OK && op->waiting) {
+        op->waiting = false;
+        kvx_amread_end(op, us, PD_OK);
+        return;
+    }
+    kvx_amread_release(op);
+}
+
+static void kvx_amread_recvd(void *req, ucs_status_t us, size_t length, void *user_data)
+{
+    kvx_amread_t *op = user_data;
+    ucp_request_free(req);
+    op->recv_busy = false;
+    kvx_amread_end(op, us == UCS_OK && length != op->len ? UCS_ERR_MESSAGE_TRUNCATED : us,
+                   PD_OK);
+}
+
+static ucs_status_t kvx_amread_post(kvx_pull_t *pl, kvx_read_kind_t kind, void *dst,
+                                    size_t len, uint64_t raddr, ucp_mem_h memh)
+{
+    kvx_ctx_h *ctx = pl->ctx;
+    kvx_amread_t *op = ctx->amread_free;
+    if (op == NULL)
+        return UCS_ERR_NO_RESOURCE; /* sized never to run out: see ctx_create */
+    ctx->amread_free = op->next_free;
+    op->next_free = NULL;
+    op->id = (++ctx->amread_seq << 16) | op->idx;
+    op->kind = kind;
+    op->pl = pl;
+    op->peer = pl->peer;
+    op->dst = dst;
+    op->len = len;
+    op->memh = memh;
+    uint8_t *m = op->req;
+    memset(m, 0, KVX_READ_REQ_BYTES);
+    kvx_put_u32(m, KVX_READ_REQ_MAGIC);
+    m[4] = 1; /* version */
+    kvx_put_u64(m + 8, op->id);
+    kvx_put_u64(m + 16, ctx->cfg.node_id);
+    kvx_put_u64(m + 24, pl->h.incarnation);
+    kvx_put_u32(m + 32, pl->h.lease_slot);
+    kvx_put_u64(m + 40, pl->h.lease_gen);
+    kvx_put_u64(m + 48, raddr);
+    kvx_put_u64(m + 56, len);
+    memcpy(m + 64, pl->h.tag, KVX_TAG_BYTES);
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_FLAGS,
+        .cb.send = kvx_amread_sent,
+        .user_data = op,
+        .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
+    };
+    op->waiting = true;
+    void *req = ucp_am_send_nbx(pl->peer->ep, KVX_AM_READ_REQ, m, KVX_READ_REQ_BYTES,
+                                NULL, 0, &rp);
+    if (UCS_PTR_IS_ERR(req)) {
+        op->waiting = false;
+        kvx_amread_release(op);
+        return UCS_PTR_STATUS(req);
+    }
+    op->send_busy = req != NULL;
+    pl->peer->st.c[KVX_PS_am_reads]++;
+    ctx->total.c[KVX_PS_am_reads]++;
+    return UCS_INPROGRESS; /* the reply is still to come */
+}
+
+/* KVX_AM_READ_REP (inside progress): match the reply to its read, land the
+ * bytes (rendezvous: received straight into dst) and end the read. A reply
+ * nobody waits for any more is dropped. */
+ucs_status_t kvx_am_read_rep_cb(void *arg, const void *header, size_t header_length,
+                                void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    kvx_ctx_h *ctx = arg;
+    const uint8_t *m = header;
+    if (header_length != KVX_READ_REP_BYTES || kvx_get_u32(m) != KVX_READ_REP_MAGIC)
+        return UCS_OK;
+    uint32_t status = kvx_get_u32(m + 4);
+    uint64_t id = kvx_get_u64(m + 8);
+    uint32_t idx = (uint32_t)(id & 0xffff);
+    if (idx >= ctx->n_amreads)
+        return UCS_OK;
+    kvx_amread_t *op = &ctx->amreads[idx];
+    if (op->id != id || !op->waiting)
+        return UCS_OK; /* late: the read was given up */
+    op->waiting = false;
+    if (status != KVX_READ_OK) {
+        /* the exporter refused: no live lease covers it (any more) */
+        kvx_amread_end(op, UCS_ERR_REJECTED,
+                       status == KVX_READ_STALE ? PD_ERR_STALE : PD_ERR_PERMISSION);
+        return UCS_OK;
+    }
+    if (length != op->len) {
+        kvx_amread_end(op, UCS_ERR_MESSAGE_TRUNCATED, PD_ERR_TRANSPORT);
+        return UCS_OK;
+    }
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        ucp_request_param_t rp = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .cb.recv_am = kvx_amread_recvd,
+            .user_data = op,
+        };
+        if (op->memh != NULL) {
+            rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+            rp.memh = op->memh;
+        }
+        void *req = ucp_am_recv_data_nbx(ctx->worker, data, op->dst, op->len, &rp);
+        if (UCS_PTR_IS_PTR(req)) {
+            op->recv_busy = true;
+            return UCS_OK;
+        }
+        kvx_amread_end(op, req == NULL ? UCS_OK : UCS_PTR_STATUS(req), PD_OK);
+        return UCS_OK;
+    }
+    memcpy(op->dst, data, length); /* eager: small replies only */
+    kvx_amread_end(op, UCS_OK, PD_OK);
+    return UCS_OK;
+}
+
+/* A peer failed: its reads still waiting for a reply will not get one. */
+static void kvx_amread_fail_peer(kvx_peer_t *p)
+{
+    kvx_ctx_h *ctx = p->ctx;
+    for (uint32_t i = 0; i < ctx->n_amreads; i++) {
+        kvx_amread_t *op = &ctx->amreads[i];
+        if (op->id != 0 && op->waiting && op->peer == p) {
+            op->waiting = false;
+            kvx_amread_end(op, UCS_ERR_CANCELED, PD_OK);
+        }
+    }
+}
+
+/* Whether UCX reads this endpoint's peer one-sidedly: an rma_bw or rma
+ * lane (shm, cma, RDMA). Without one (tcp) ucp_get_nbx is emulated in
+ * software by the exporter's worker. UCX 1.13 has no query for an
+ * endpoint's lanes, so this reads ucp_ep_print_info's lane table
+ * ("lane[0]: 2:cma/memory.0 ... rma_bw#0"). */
+bool kvx_ep_has_rma_lane(ucp_ep_h ep)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (f == NULL)
+        return true; /* unknown: keep UCX's get */
+    ucp_ep_print_info(ep, f);
+    fclose(f);
+    bool rma = false;
+    for (char *line = buf; line != NULL && *line; ) {
+        char *nl = strchr(line, '\n');
+        if (nl)
+            *nl = '\0';
+        if (strstr(line, "lane[") != NULL &&
+            (strstr(line, " rma_bw#") != NULL || strstr(line, " rma#") != NULL))
+            rma = true;
+        line = nl ? nl + 1 : NULL;
+    }
+    free(buf);
+    return rma;
+}
+
+/* One read of len bytes at the exporter's raddr into dst (memh: dst's
+ * registration, or NULL): a UCX get, or a kvx AM read for a peer without
+ * an RMA lane. UCS_OK: landed already; UCS_INPROGRESS: kvx_read_end
+ * follows; else the error. */
+static ucs_status_t kvx_read_post(kvx_pull_t *pl, kvx_read_kind_t kind, void *dst,
+                                  size_t len, uint64_t raddr, ucp_rkey_h rkey,
+                                  ucp_mem_h memh)
+{
+    if (pl->peer->am_read)
+        return kvx_amread_post(pl, kind, dst, len, raddr, memh);
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = kind == KVX_READ_POLL ? kvx_get_poll_done : kvx_get_done,
+        .user_data = pl,
+    };
+    if (memh != NULL) {
+        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        rp.memh = memh;
+    }
+    void *req = ucp_get_nbx(pl->peer->ep, dst, len, raddr, rkey, &rp);
+    if (UCS_PTR_IS_ERR(req))
+        return UCS_PTR_STATUS(req);
+    return req == NULL ? UCS_OK : UCS_INPROGRESS;
 }
 
 /* Every block of every layer posted? */
@@ -512,22 +746,15 @@ static void kvx_pull_post(kvx_pull_t *pl)
         pl->prev_raddr_end = raddr + len;
         pl->prev_laddr_end = (uintptr_t)laddr + len;
 
-        ucp_request_param_t rp = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                            UCP_OP_ATTR_FIELD_USER_DATA |
-                            UCP_OP_ATTR_FIELD_MEMH,
-            .cb.send = kvx_op_done,
-            .user_data = pl,
-            .memh = pl->local->memh,
-        };
-        void *req = ucp_get_nbx(pl->peer->ep, laddr, len, raddr, pl->rr->rkey, &rp);
+        ucs_status_t us = kvx_read_post(pl, KVX_READ_DATA, laddr, len, raddr,
+                                        pl->rr->rkey, pl->local->memh);
         pl->ops++;
         pl->bytes += len;
-        if (UCS_PTR_IS_ERR(req)) {
-            pl->err = kvx_ucs_status(UCS_PTR_STATUS(req));
-        } else if (req != NULL) {
+        if (us == UCS_INPROGRESS) {
             pl->inflight++;
             ctx->ops_in_flight++;
+        } else if (us != UCS_OK) {
+            pl->err = kvx_ucs_status(us);
         }
     }
     if (pl->state == KVX_PULL_POSTING && kvx_pull_all_posted(pl)) {
@@ -538,24 +765,11 @@ static void kvx_pull_post(kvx_pull_t *pl)
 
 /* ---- layer streaming: readiness polls ---- */
 
-static void kvx_poll_done(void *req, ucs_status_t us, void *user_data)
-{
-    kvx_pull_t *pl = user_data;
-    assert(pl->poll_inflight > 0);
-    pl->poll_inflight--;
-    kvx_op_done(req, us, user_data); /* inflight, errors, kick */
-}
-
 /* Read the lease's generation and readiness words (two gets, one round
  * trip); kvx_pull_poll_read applies them when both landed. */
 static void kvx_pull_poll_post(kvx_pull_t *pl)
 {
     kvx_peer_t *p = pl->peer;
-    ucp_request_param_t rp = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-        .cb.send = kvx_poll_done,
-        .user_data = pl,
-    };
     struct { void *dst; size_t len; uint64_t raddr; } g[2] = {
         { &pl->poll_gen, sizeof(pl->poll_gen), p->gen_base + (uint64_t)pl->h.lease_slot * 8 },
         { pl->rd_words, (size_t)pl->n_layers * 8,
@@ -564,13 +778,14 @@ static void kvx_pull_poll_post(kvx_pull_t *pl)
     pl->poll_posted = true;
     pl->polls++;
     for (int i = 0; i < 2 && pl->err == PD_OK; i++) {
-        void *req = ucp_get_nbx(p->ep, g[i].dst, g[i].len, g[i].raddr, p->gen_rkey, &rp);
-        if (UCS_PTR_IS_ERR(req)) {
-            pl->err = kvx_ucs_status(UCS_PTR_STATUS(req));
-        } else if (req != NULL) {
+        ucs_status_t us = kvx_read_post(pl, KVX_READ_POLL, g[i].dst, g[i].len, g[i].raddr,
+                                        p->gen_rkey, NULL);
+        if (us == UCS_INPROGRESS) {
             pl->inflight++;
             pl->poll_inflight++;
             pl->ctx->ops_in_flight++;
+        } else if (us != UCS_OK) {
+            pl->err = kvx_ucs_status(us);
         }
     }
 }
@@ -740,26 +955,19 @@ void kvx_pull_step(kvx_pull_t *pl)
         /* every get completed = every byte landed; only now read the lease
          * generation: if it still matches, no block was reused before our
          * reads finished (vLLM #52234) */
-        ucp_request_param_t rp = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                            UCP_OP_ATTR_FIELD_USER_DATA,
-            .cb.send = kvx_gen_done,
-            .user_data = pl,
-        };
         pl->state = KVX_PULL_GEN_WAIT;
         pl->gen_posted = true;
-        void *req = ucp_get_nbx(pl->peer->ep, &pl->gen_word, sizeof(pl->gen_word),
-                                pl->peer->gen_base + (uint64_t)pl->h.lease_slot * 8,
-                                pl->peer->gen_rkey, &rp);
-        if (UCS_PTR_IS_ERR(req)) {
-            kvx_pull_deliver(pl, kvx_ucs_status(UCS_PTR_STATUS(req)));
-            return;
-        }
-        if (req == NULL) {
+        ucs_status_t us = kvx_read_post(pl, KVX_READ_DATA, &pl->gen_word, sizeof(pl->gen_word),
+                                        pl->peer->gen_base + (uint64_t)pl->h.lease_slot * 8,
+                                        pl->peer->gen_rkey, NULL);
+        if (us == UCS_OK) {
             pl->gen_done = true;
-        } else {
+        } else if (us == UCS_INPROGRESS) {
             pl->inflight++;
             pl->ctx->ops_in_flight++;
+        } else {
+            kvx_pull_deliver(pl, kvx_ucs_status(us));
+            return;
         }
     }
     if (pl->state == KVX_PULL_GEN_WAIT && pl->gen_done && pl->inflight == 0)

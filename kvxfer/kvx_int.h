@@ -16,6 +16,13 @@
 #define KVX_COMP              "kvx"
 #define KVX_MAX_REGIONS       4
 #define KVX_AM_NOTIFY         17
+#define KVX_AM_READ_REQ       18  /* AM reads: where UCX has no RMA lane */
+#define KVX_AM_READ_REP       19
+#define KVX_READ_REQ_MAGIC    0x5258564bu /* "KVXR" */
+#define KVX_READ_REP_MAGIC    0x4158564bu /* "KVXA" */
+#define KVX_READ_REQ_BYTES    80
+#define KVX_READ_REP_BYTES    16
+#define KVX_READ_REP_SLOTS    1024 /* exporter: replies in flight */
 #define KVX_META_MAGIC        0x4d58564bu /* "KVXM" */
 #define KVX_META_VERSION      2
 #define KVX_META_HDR          56
@@ -148,6 +155,7 @@ typedef struct kvx_peer {
     uint64_t incarnation;
     uint64_t host_id;
     bool err_mode_peer;
+    bool am_read;               /* reads as kvx AM messages (no RMA lane) */
     ucp_ep_h ep;
     void *close_req;            /* pending ucp_ep_close_nbx request */
     bool ep_open;               /* counted in eps_live */
@@ -227,6 +235,47 @@ typedef struct {
     uint8_t msg[KVX_NOTIFY_BYTES];
 } kvx_notify_buf_t;
 
+/* What a read is for: its completion updates the pull accordingly. */
+typedef enum {
+    KVX_READ_DATA = 0,          /* KV bytes (and the final generation read) */
+    KVX_READ_POLL,              /* a layer-streaming readiness poll */
+} kvx_read_kind_t;
+
+/* An AM read's answer, on the wire (the reply's status word). */
+typedef enum {
+    KVX_READ_OK = 0,
+    KVX_READ_REFUSED = 1,       /* names nothing a live lease of the reader covers */
+    KVX_READ_STALE = 2,         /* the lease is over (generation moved on) */
+} kvx_read_verdict_t;
+
+/* Importer: one AM read in flight (kvxfer/DESIGN.md "Reads without an RMA
+ * lane"). Freed when the reply is handled and the request send is done. */
+typedef struct kvx_amread {
+    uint64_t id;                /* (seq << 16) | idx; 0 when free */
+    uint32_t idx;
+    kvx_ctx_h *ctx;
+    bool waiting;               /* reply not handled yet */
+    bool send_busy;             /* the request's send not completed */
+    bool recv_busy;             /* a rendezvous receive posted */
+    kvx_read_kind_t kind;
+    struct kvx_pull *pl;        /* while waiting / receiving */
+    kvx_peer_t *peer;
+    void *dst;
+    size_t len;
+    ucp_mem_h memh;             /* of dst, or NULL */
+    uint8_t req[KVX_READ_REQ_BYTES];
+    struct kvx_amread *next_free;
+} kvx_amread_t;
+
+/* Exporter: a reply's header, alive until its send completes. */
+typedef struct kvx_amreply {
+    uint8_t hdr[KVX_READ_REP_BYTES];
+    kvx_ctx_h *ctx;
+    const uint8_t *src;         /* the bytes (registered memory), len long */
+    size_t len;
+    struct kvx_amreply *next_free;
+} kvx_amreply_t;
+
 struct kvx_ctx {
     kvx_config_t cfg;
     struct event_base *base;
@@ -274,6 +323,15 @@ struct kvx_ctx {
     uint64_t pull_seq;
     kvx_notify_buf_t notify[KVX_NOTIFY_SLOTS];
     uint32_t rkeys_live, eps_live;
+    /* AM reads: importer requests, exporter replies */
+    kvx_amread_t *amreads;      /* (n_amreads) */
+    uint32_t n_amreads;
+    kvx_amread_t *amread_free;
+    uint64_t amread_seq;
+    kvx_amreply_t *amreplies;   /* (KVX_READ_REP_SLOTS) */
+    kvx_amreply_t *amreply_free;
+    ucp_datatype_t reply_dt;    /* generic: replies are copy sends only */
+    uint32_t amreplies_live;
     /* stats */
     kvx_pstats_t total;
     uint64_t cs[KVX_CS__COUNT];
@@ -305,6 +363,9 @@ void kvx_lease_end(kvx_lease_t *l, kvx_lease_end_t why);
 void kvx_lease_deliver(kvx_ctx_h *ctx);
 ucs_status_t kvx_am_notify_cb(void *arg, const void *header, size_t header_length,
                               void *data, size_t length, const ucp_am_recv_param_t *param);
+pd_status_t kvx_reply_dt_create(kvx_ctx_h *ctx);
+ucs_status_t kvx_am_read_req_cb(void *arg, const void *header, size_t header_length,
+                                void *data, size_t length, const ucp_am_recv_param_t *param);
 
 /* kvx_import.c: peers, handle import, pulls, notify send */
 void kvx_peer_grace_cb(evutil_socket_t fd, short what, void *arg);
@@ -314,6 +375,9 @@ void kvx_peer_fail_now(kvx_peer_t *p, pd_status_t why);
 void kvx_peer_reap(kvx_peer_t *p);
 void kvx_peer_clear(kvx_peer_t *p);
 void kvx_pull_step(kvx_pull_t *pl);
+ucs_status_t kvx_am_read_rep_cb(void *arg, const void *header, size_t header_length,
+                                void *data, size_t length, const ucp_am_recv_param_t *param);
+bool kvx_ep_has_rma_lane(ucp_ep_h ep);
 
 /* Byte offset of (layer l, block b) in a region of n_blocks blocks */
 static inline uint64_t kvx_layer_off(uint32_t n_blocks, uint64_t layer_bytes, uint32_t l,

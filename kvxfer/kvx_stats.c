@@ -59,6 +59,9 @@ static bool kvx_prom_exporter_row(unsigned i)
            i == KVX_PROM_CS0 + KVX_CS_leases_renewed ||
            i == KVX_PROM_CS0 + KVX_CS_leases_revoked ||
            i == KVX_PROM_CS0 + KVX_CS_notifies_rejected ||
+           i == KVX_PROM_CS0 + KVX_CS_am_reads_served ||
+           i == KVX_PROM_CS0 + KVX_CS_am_reads_refused ||
+           i == KVX_PROM_CS0 + KVX_CS_am_replies_failed ||
            i == KVX_PROM_G_leases_active || i == KVX_PROM_G_blocks_pinned;
 }
 
@@ -408,6 +411,7 @@ cJSON *kvx_stats_json(const kvx_ctx_h *ctx)
         cJSON_AddStringToObject(pj, "incarnation", id);
         cJSON_AddStringToObject(pj, "state", kvx_peer_state_name(p->state));
         cJSON_AddBoolToObject(pj, "err_mode_peer", p->err_mode_peer);
+        cJSON_AddBoolToObject(pj, "am_read", p->am_read);
         kvx_pstats_json(pj, &p->st);
         cJSON_AddItemToArray(pa, pj);
     }
