@@ -342,7 +342,7 @@ static kvx_read_verdict_t kvx_read_check(kvx_ctx_h *ctx, const uint8_t *m, const
     uint64_t len = kvx_get_u64(m + 56);
     if (incarnation != ctx->incarnation)
         return KVX_READ_STALE; /* a handle of our previous life */
-    if (slot >= ctx->cfg.max_leases || len == 0 || len > ctx->cfg.max_op_bytes ||
+    if (slot >= ctx->cfg.max_leases || len == 0 || /* the lease bounds len */
         raddr + len < raddr)
         return KVX_READ_REFUSED;
     uint64_t gw = (uint64_t)(uintptr_t)ctx->gen_words;
