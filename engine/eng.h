@@ -19,7 +19,7 @@
  *     layer blocks, (n_layers, n_blocks, 2, block_tokens, n_kv_heads,
  *     head_dim): one layer of a request whose blocks are contiguous is one
  *     contiguous byte range, so it can be transferred while later layers
- *     are still computed (kvxfer/README.md "Layer streaming").
+ *     are still computed (kvxfer/DESIGN.md "Layer streaming").
  *   The bytes of a layer block and what the model computes are the same in
  *   both (the engines' outputs are bitwise identical).
  *   A sequence's KV is described by a block table: block_table[i] holds

@@ -29,7 +29,7 @@ struct pd_stats;
 typedef struct kvx_ctx kvx_ctx_h;
 typedef struct kvx_region kvx_region_h;
 
-/* How an arena is allocated (see kvxfer/README.md, "Arena allocation"). */
+/* How an arena is allocated (see kvxfer/DESIGN.md, "Arena allocation"). */
 typedef enum {
     KVX_ALLOC_UCX = 0,   /* ucp_mem_map(ALLOCATE): shm segment, same-host gets
                             served in place by sysv/posix (default) */
@@ -43,6 +43,16 @@ typedef enum {
     KVX_ERRMODE_PEER = 1, /* always PEER (tcp only on the same host) */
     KVX_ERRMODE_NONE = 2, /* never; liveness only from kvx_peer_fail + deadlines */
 } kvx_errmode_t;
+
+/* How an importer reads an exporter's memory (DESIGN.md "Reads without an
+ * RMA lane"). */
+typedef enum {
+    KVX_READ_AUTO = 0, /* ucp_get_nbx where the endpoint has an RMA lane
+                          (shm, cma, RDMA); kvx AM reads where UCX would
+                          emulate the get in software (tcp) */
+    KVX_READ_RMA = 1,  /* always ucp_get_nbx */
+    KVX_READ_AM = 2,   /* always kvx AM reads */
+} kvx_readmode_t;
 
 /* Why a lease ended (exporter side). */
 typedef enum {
@@ -87,6 +97,7 @@ typedef struct {
     uint64_t close_grace_ns;           /* wait for canceled gets after a
                                           forced close (200 ms) */
     kvx_errmode_t err_mode;
+    kvx_readmode_t read_mode;          /* importer (KVX_READ_AUTO) */
     bool warm_peer_mappings;           /* fault in a same-host exporter's
                                           mapped arena at kvx_peer_add (true) */
     kvx_lease_end_cb_t on_lease_end;   /* may be NULL */
@@ -401,7 +412,8 @@ pd_status_t kvx_lease_renew(kvx_ctx_h *ctx, const kvx_import_t *imp,
     X(notifies_sent,    "release/renew messages sent")                        \
     X(pulls_streamed,   "pulls of streamed leases (layer by layer)")          \
     X(ready_polls,      "readiness reads of streamed pulls")                  \
-    X(ready_polls_partial, "readiness reads that found a layer not ready")
+    X(ready_polls_partial, "readiness reads that found a layer not ready")  \
+    X(am_reads,         "reads sent as kvx AM requests (peer without RMA lane)")
 
 /* Exporter and context totals. */
 #define KVX_CTX_STATS(X)                                                      \
@@ -416,7 +428,10 @@ pd_status_t kvx_lease_renew(kvx_ctx_h *ctx, const kvx_import_t *imp,
     X(eps_forced_closed,"endpoints force-closed")                            \
     X(progress_rescues, "in-flight watchdog ticks that found UCX work")      \
     X(arm_busy,         "worker arms given up as BUSY (pending sends)")     \
-    X(progress_yields,  "progress drains cut at the time slice (loop served first)")
+    X(progress_yields,  "progress drains cut at the time slice (loop served first)") \
+    X(am_reads_served,  "AM reads answered with data")                        \
+    X(am_reads_refused, "AM reads refused: no live lease of the reader covers them") \
+    X(am_replies_failed,"AM read replies UCX could not deliver (reader gone)")
 
 typedef struct {
     uint32_t leases_active;

@@ -5,7 +5,8 @@
  *   kvxfer-bench [--preset=llama3-8b|llama3-70b|qwen3-8b|tiny]
  *                [--block-bytes=B] [--blocks-per-pull=N] [--arena-blocks=N]
  *                [--iters=N] [--warmup=N] [--alloc=ucx|own] [--contiguous]
- *                [--err-mode=auto|peer|none] [--max-op-bytes=B] [--deadline-ms=MS]
+ *                [--err-mode=auto|peer|none] [--read-mode=auto|rma|am]
+ *                [--max-op-bytes=B] [--deadline-ms=MS]
  *                [--stall-s=S]
  *
  * Blocks of each pull are a random subset of the exporter arena in random
@@ -36,6 +37,7 @@ typedef struct {
     uint32_t iters, warmup;
     kvx_alloc_t alloc;
     kvx_errmode_t err_mode;
+    kvx_readmode_t read_mode;
     uint64_t max_op_bytes;
     bool contiguous;
     const char *preset;
@@ -154,6 +156,7 @@ static kvx_ctx_h *make_ctx(const bench_opts_t *o, uint64_t node,
     cfg.node_id = node;
     memcpy(cfg.secret, bench_secret, KVX_KEY_BYTES);
     cfg.err_mode = o->err_mode;
+    cfg.read_mode = o->read_mode;
     /* one live lease per prepared handle */
     /* one live lease per prepared handle (a pull may need several) */
     uint64_t want = (uint64_t)(o->iters + o->warmup) *
@@ -490,11 +493,13 @@ static int run_importer(const bench_opts_t *o, int sock, pid_t child)
     kvx_gauges_t g;
     kvx_gauges(im.ctx, &g);
     printf("RESULT gbps=%.4f mibps=%.1f p50_us=%.2f p99_us=%.2f pulls_per_s=%.1f "
-           "export_us=%.3f import_us=%.3f handle_bytes=%u exporter_rc=%d rescues=%llu\n",
+           "export_us=%.3f import_us=%.3f handle_bytes=%u exporter_rc=%d rescues=%llu "
+           "am_reads=%llu\n",
            gbps, (double)im.bytes / secs / 1048576.0, p50, p99, o->iters / secs,
            export_us, import_us, handle_bytes,
            WIFEXITED(wst) ? WEXITSTATUS(wst) : 128,
-           (unsigned long long)kvx_counter(im.ctx, "progress_rescues"));
+           (unsigned long long)kvx_counter(im.ctx, "progress_rescues"),
+           (unsigned long long)kvx_counter(im.ctx, "am_reads"));
     kvx_ctx_destroy(im.ctx);
     event_base_free(im.base);
     free(im.handles);
@@ -512,7 +517,7 @@ static void usage(void)
             "usage: kvxfer-bench [--preset=llama3-8b|llama3-70b|qwen3-8b|tiny]\n"
             "  [--block-bytes=B] [--blocks-per-pull=N] [--arena-blocks=N] [--iters=N]\n"
             "  [--warmup=N] [--alloc=ucx|own] [--contiguous] [--err-mode=auto|peer|none]\n"
-            "  [--max-op-bytes=B] [--deadline-ms=MS] [--stall-s=S (60)]\n");
+            "  [--read-mode=auto|rma|am] [--max-op-bytes=B] [--deadline-ms=MS] [--stall-s=S (60)]\n");
 }
 
 int main(int argc, char **argv)
@@ -563,6 +568,12 @@ int main(int argc, char **argv)
             o.err_mode = KVX_ERRMODE_PEER;
         } else if (!strcmp(a, "--err-mode=none")) {
             o.err_mode = KVX_ERRMODE_NONE;
+        } else if (!strcmp(a, "--read-mode=auto")) {
+            o.read_mode = KVX_READ_AUTO;
+        } else if (!strcmp(a, "--read-mode=rma")) {
+            o.read_mode = KVX_READ_RMA;
+        } else if (!strcmp(a, "--read-mode=am")) {
+            o.read_mode = KVX_READ_AM;
         } else if (!strncmp(a, "--deadline-ms=", 14)) {
             o.deadline_ns = strtoull(a + 14, NULL, 0) * PD_NS_PER_MS;
         } else if (!strncmp(a, "--stall-s=", 10)) {

@@ -4,7 +4,8 @@
  * Every node has one region (id 1) and can export and import.
  *
  *   kvx-peer --node=N [--blocks=N] [--block-bytes=B] [--alloc=ucx|own]
- *            [--err-mode=auto|peer|none] [--max-op-bytes=B] [--max-ops=N]
+ *            [--err-mode=auto|peer|none] [--read-mode=rma|am]
+ *            [--max-op-bytes=B] [--max-ops=N]
  *
  * Commands (hex = lowercase hex bytes, lists = comma separated):
  *   meta                         -> meta <hex>
@@ -26,14 +27,24 @@
  *   counter <name> | rejects <REASON> -> value <n>
  *   stats                        -> stats <json>
  *   prom                         -> prom <Prometheus text, '|' for newlines>
+ *   rawread <meta> <handle> <block> <layer> <len> <mut>
+ *        -> rawread <status> | rawread none
+ *        a kvx AM read request built by hand on a separate UCX worker (not
+ *        through kvx): block/layer of the exporter's region named by the
+ *        handle, or with mut=genword the lease's generation word; mut
+ *        none|tag|importer|gen corrupts nothing or that field. status is
+ *        the exporter's answer (0 data, 1 refused, 2 stale), none: no reply
+ *        within 2 s
  *   quit                         -> bye (after kvx_ctx_destroy)
  */
 #include "kvx.h"
+#include "kvx_handle.h"
 #include "pd_stats.h"
 #include "pd_time.h"
 
 #include <cjson/cJSON.h>
 #include <event2/event.h>
+#include <ucp/api/ucp.h>
 
 #include <errno.h>
 #include <stdarg.h>
@@ -207,6 +218,122 @@ static void do_import_reply(pd_status_t st, kvx_reject_t reason)
         reply("ok");
     else
         reply("reject %s %s", kvx_reject_name(reason), pd_status_name(st));
+}
+
+/* ---- rawread: kvx's AM read protocol spoken by hand (kvxfer/DESIGN.md
+ * "Reads without an RMA lane"), to show what an exporter refuses ---- */
+
+static struct {
+    ucp_context_h ucp;
+    ucp_worker_h worker;
+    bool got;
+    uint32_t status;
+} raw;
+
+static ucs_status_t raw_rep_cb(void *arg, const void *header, size_t header_length, void *data,
+                               size_t length, const ucp_am_recv_param_t *param)
+{
+    const uint8_t *m = header;
+    if (header_length == 16 && kvx_get_u32(m) == 0x4158564bu /* "KVXA" */) {
+        raw.got = true;
+        raw.status = kvx_get_u32(m + 4);
+    }
+    return UCS_OK; /* a rendezvous payload is dropped */
+}
+
+static int raw_init(void)
+{
+    if (raw.worker)
+        return 0;
+    ucp_params_t up = { .field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM };
+    ucp_config_t *cfg;
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK)
+        return -1;
+    ucs_status_t us = ucp_init(&up, cfg, &raw.ucp);
+    ucp_config_release(cfg);
+    ucp_worker_params_t wp = { .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                               .thread_mode = UCS_THREAD_MODE_SINGLE };
+    if (us != UCS_OK || ucp_worker_create(raw.ucp, &wp, &raw.worker) != UCS_OK)
+        return -1;
+    ucp_am_handler_param_t ap = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB,
+        .id = 19, /* KVX_AM_READ_REP */
+        .cb = raw_rep_cb,
+    };
+    return ucp_worker_set_am_recv_handler(raw.worker, &ap) == UCS_OK ? 0 : -1;
+}
+
+static void rawread(const char *meta_hex, const char *handle_hex, uint32_t block, uint32_t layer,
+                    uint64_t len, const char *mut)
+{
+    static uint8_t meta[KVX_META_MAX_BYTES], hb[KVX_HANDLE_MAX_BYTES];
+    size_t ml = unhex(meta_hex, meta, sizeof(meta)), hl = unhex(handle_hex, hb, sizeof(hb));
+    kvx_handle_t h;
+    if (kvx_handle_decode(hb, hl, test_secret, &h, NULL) != PD_OK || ml < 56 || raw_init() != 0) {
+        reply("err ERR_BAD_INPUT");
+        return;
+    }
+    size_t addr_len = kvx_get_u16(meta + 46), grk = kvx_get_u16(meta + 44);
+    const uint8_t *reg = meta + 56 + addr_len + grk; /* the first region */
+    uint64_t gen_base = kvx_get_u64(meta + 32);
+    uint32_t n_blocks = kvx_get_u32(reg + 4);
+    uint64_t lb = kvx_get_u32(reg + 8) / kvx_get_u16(reg + 30);
+    uint64_t raddr = kvx_get_u64(reg + 12) + ((uint64_t)layer * n_blocks + block) * lb;
+    if (!strcmp(mut, "genword")) {
+        raddr = gen_base + (uint64_t)h.lease_slot * 8;
+        len = 8;
+    }
+    uint8_t m[80] = { 0 };
+    kvx_put_u32(m, 0x5258564bu); /* "KVXR" */
+    m[4] = 1;
+    kvx_put_u64(m + 8, 0x10001);
+    uint64_t self = kvx_ctx_node_id(g.ctx);
+    kvx_put_u64(m + 16, !strcmp(mut, "importer") ? self + 1 : self);
+    kvx_put_u64(m + 24, h.incarnation);
+    kvx_put_u32(m + 32, h.lease_slot);
+    kvx_put_u64(m + 40, !strcmp(mut, "gen") ? h.lease_gen + 1 : h.lease_gen);
+    kvx_put_u64(m + 48, raddr);
+    kvx_put_u64(m + 56, len);
+    memcpy(m + 64, h.tag, KVX_TAG_BYTES);
+    if (!strcmp(mut, "tag"))
+        m[64] ^= 1;
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+        .address = (const ucp_address_t *)(meta + 56),
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+    };
+    ucp_ep_h e;
+    if (ucp_ep_create(raw.worker, &ep, &e) != UCS_OK) {
+        reply("err ERR_TRANSPORT");
+        return;
+    }
+    ucp_request_param_t rp = { .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY };
+    void *req = ucp_am_send_nbx(e, 18 /* KVX_AM_READ_REQ */, m, sizeof(m), NULL, 0, &rp);
+    raw.got = false;
+    uint64_t until = pd_now_ns() + 2 * PD_NS_PER_S;
+    while (!raw.got && pd_now_ns() < until) {
+        ucp_worker_progress(raw.worker);
+        /* the exporter may be this very process: its worker needs turns too */
+        event_base_loop(g.base, EVLOOP_NONBLOCK);
+    }
+    if (UCS_PTR_IS_PTR(req)) {
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && pd_now_ns() < until)
+            ucp_worker_progress(raw.worker);
+        ucp_request_free(req);
+    }
+    ucp_request_param_t cp = { .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_EP_CLOSE_FLAG_FORCE };
+    void *creq = ucp_ep_close_nbx(e, &cp);
+    if (UCS_PTR_IS_PTR(creq)) {
+        while (ucp_request_check_status(creq) == UCS_INPROGRESS)
+            ucp_worker_progress(raw.worker);
+        ucp_request_free(creq);
+    }
+    if (raw.got)
+        reply("rawread %u", raw.status);
+    else
+        reply("rawread none");
 }
 
 static void command(char *line)
@@ -393,6 +520,9 @@ static void command(char *line)
             }
         }
         reply("err ERR_NOT_FOUND");
+    } else if (!strcmp(c, "rawread") && argc == 7) {
+        rawread(argv[1], argv[2], (uint32_t)strtoul(argv[3], NULL, 0),
+                (uint32_t)strtoul(argv[4], NULL, 0), strtoull(argv[5], NULL, 0), argv[6]);
     } else if (!strcmp(c, "stats")) {
         cJSON *j = kvx_stats_json(g.ctx);
         char *s = cJSON_PrintUnformatted(j);
@@ -468,6 +598,10 @@ int main(int argc, char **argv)
             cfg.err_mode = KVX_ERRMODE_NONE;
         else if (!strcmp(a, "--err-mode=auto"))
             cfg.err_mode = KVX_ERRMODE_AUTO;
+        else if (!strcmp(a, "--read-mode=rma"))
+            cfg.read_mode = KVX_READ_RMA;
+        else if (!strcmp(a, "--read-mode=am"))
+            cfg.read_mode = KVX_READ_AM;
         else if (!strncmp(a, "--max-op-bytes=", 15))
             cfg.max_op_bytes = strtoull(a + 15, NULL, 0);
         else if (!strncmp(a, "--layers=", 9))
