@@ -603,8 +603,7 @@ static void dec_start_pull(dec_t *d, dec_req_t *r)
 {
     kvx_reject_t why = 0;
     pd_status_t st = r->imported ? PD_OK /* while waiting, see dec_wait_import */
-                   : kvx_handle_import(d->n.kvx, r->handle, r->handle_len, d->n.geom->compat_hash,
-                                       &r->imp, &why);
+                   : node_import(&d->n, r->handle, r->handle_len, &r->imp, &why);
     dec_req_set_state(r, DEC_ST_PULLING);
     if (st != PD_OK) {
         pd_stats_inc(d->n.stats, DEC_STAT_pulls_failed);
@@ -623,25 +622,13 @@ static void dec_start_pull(dec_t *d, dec_req_t *r)
     else if (r->budget_ns != 0 && r->budget_ns < budget)
         budget = r->budget_ns;
     /* incremental: the blocks we share from the prefix cache are skipped */
-    uint32_t skip_inline[64], *local = r->nr.blocks;
-    if (r->n_reused > 0) {
-        local = nb <= 64 ? skip_inline : malloc((size_t)nb * sizeof(uint32_t));
-        if (local == NULL) {
-            dec_req_end(r, PROTO_FINISH_ERROR, PD_ERR_NO_MEMORY);
-            return;
-        }
-        for (uint32_t i = 0; i < nb; i++)
-            local[i] = i < r->n_reused ? KVX_PULL_SKIP : r->nr.blocks[i];
-    }
-    st = kvx_pull_start(d->n.kvx, &r->imp, d->n.region, local, nb, pd_now_ns() + budget,
-                        0, dec_pull_done, r, &r->pull_id);
-    if (local != r->nr.blocks && local != skip_inline)
-        free(local);
+    st = node_pull_start(&d->n, &r->imp, r->nr.blocks, nb, r->n_reused, budget, dec_pull_done, r,
+                         &r->pull_id);
     if (st != PD_INPROGRESS) {
         pd_stats_inc(d->n.stats, DEC_STAT_pulls_failed);
         pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "KV pull from %s not started: %s", r->peer,
                pd_status_str(st));
-        dec_req_end(r, PROTO_FINISH_ERROR, st == PD_OK ? PD_ERR_INTERNAL : st);
+        dec_req_end(r, PROTO_FINISH_ERROR, st);
         return;
     }
     r->pull_live = true;
@@ -681,8 +668,7 @@ static void dec_renew_cb(evutil_socket_t fd, short what, void *arg)
 static bool dec_wait_import(dec_t *d, dec_req_t *r)
 {
     kvx_reject_t why = 0;
-    pd_status_t st = kvx_handle_import(d->n.kvx, r->handle, r->handle_len, d->n.geom->compat_hash,
-                                       &r->imp, &why);
+    pd_status_t st = node_import(&d->n, r->handle, r->handle_len, &r->imp, &why);
     if (st != PD_OK) {
         pd_stats_inc(d->n.stats, DEC_STAT_pulls_failed);
         pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "KV handle from %s rejected: %s (%s)", r->peer,
@@ -812,7 +798,7 @@ static void dec_release_handle(dec_t *d, const proto_blob_t *h)
     if (h->len == 0)
         return;
     kvx_import_t imp;
-    if (kvx_handle_import(d->n.kvx, h->p, h->len, d->n.geom->compat_hash, &imp, NULL) == PD_OK)
+    if (node_import(&d->n, h->p, h->len, &imp, NULL) == PD_OK)
         (void)kvx_lease_release(d->n.kvx, &imp);
 }
 
@@ -921,9 +907,7 @@ static dec_req_t *dec_admit(dec_t *d, const proto_decode_req_t *q, dec_req_t *pa
             dec_req_end(r, PROTO_FINISH_ERROR, PD_ERR_BAD_INPUT); /* ended mid-list */
             return NULL;
         }
-        if (sp.temperature > 0.0f)
-            (void)eng_rng_next(&r->smp.rng);
-        f = eng_sampler_accept(&r->smp, r->tok[np + i]);
+        f = eng_sampler_replay(&r->smp, r->tok[np + i]);
         r->n_gen++;
         if (f == ENG_FINISH_NONE && np + r->n_gen >= max_pos)
             f = ENG_FINISH_LENGTH;
@@ -1047,9 +1031,7 @@ static void dec_on_first_token(proto_conn_t *c, const proto_msg_t *msg, void *ar
     /* the replay of dec_admit for one given token */
     r->t0_wait = false;
     r->t0_at_ns = pd_now_ns();
-    if (r->smp.p.temperature > 0.0f)
-        (void)eng_rng_next(&r->smp.rng);
-    eng_finish_t f = eng_sampler_accept(&r->smp, t);
+    eng_finish_t f = eng_sampler_replay(&r->smp, t);
     r->tok[r->n_prompt] = t;
     r->n_gen = r->n_gen_given = 1;
     if (f == ENG_FINISH_NONE && r->n_prompt + r->n_gen >= r->max_pos)

@@ -66,6 +66,31 @@ pd_status_t node_export_stream(node_t *n, node_req_t *r, const char *importer,
     return st;
 }
 
+pd_status_t node_import(node_t *n, const void *handle, size_t len, kvx_import_t *imp,
+                        kvx_reject_t *why_p)
+{
+    return kvx_handle_import(n->kvx, handle, len, n->geom->compat_hash, imp, why_p);
+}
+
+pd_status_t node_pull_start(node_t *n, const kvx_import_t *imp, const uint32_t *blocks,
+                            uint32_t nb, uint32_t n_skip, uint64_t budget_ns, kvx_pull_cb_t cb,
+                            void *arg, uint64_t *pull_id_p)
+{
+    uint32_t skip_inline[64], *local = (uint32_t *)(uintptr_t)blocks;
+    if (n_skip > 0) {
+        local = nb <= 64 ? skip_inline : malloc((size_t)nb * sizeof(uint32_t));
+        if (local == NULL)
+            return PD_ERR_NO_MEMORY;
+        for (uint32_t i = 0; i < nb; i++)
+            local[i] = i < n_skip ? KVX_PULL_SKIP : blocks[i];
+    }
+    pd_status_t st = kvx_pull_start(n->kvx, imp, n->region, local, nb, pd_now_ns() + budget_ns,
+                                    0, cb, arg, pull_id_p);
+    if (local != blocks && local != skip_inline)
+        free(local);
+    return st == PD_OK ? PD_ERR_INTERNAL : st; /* kvx never completes in place */
+}
+
 /* ---- KV peers ---------------------------------------------------------------- */
 
 static node_peer_t *node_peer_find(node_t *n, const char *id, bool create)

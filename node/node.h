@@ -450,6 +450,19 @@ pd_status_t node_export_part(node_t *n, node_req_t *r, const char *importer,
                              size_t cap, size_t *len_p, kvx_lease_id_t *lease_p,
                              uint32_t *taken_p);
 
+/* The importer twins of node_export. node_import: validate a handle
+ * against this node's geometry (kvx_handle_import; *why_p says why not).
+ * node_pull_start: pull the imported lease's nb blocks into blocks[0..nb),
+ * the first n_skip of which this node holds already (prefix cache: not
+ * fetched, KVX_PULL_SKIP), within budget_ns from now; cb(arg, status, res)
+ * follows on the loop. PD_INPROGRESS, or the error (nothing started; the
+ * caller releases the lease). */
+pd_status_t node_import(node_t *n, const void *handle, size_t len, kvx_import_t *imp,
+                        kvx_reject_t *why_p);
+pd_status_t node_pull_start(node_t *n, const kvx_import_t *imp, const uint32_t *blocks,
+                            uint32_t nb, uint32_t n_skip, uint64_t budget_ns, kvx_pull_cb_t cb,
+                            void *arg, uint64_t *pull_id_p);
+
 /* PEER_INFO (from router n->rx): add (or revive) a KV peer of one of the
  * roles in role_mask (1 << proto_role); others, and ourselves, are
  * ignored. PEER_DOWN: that router lost it; once no router reports it up,

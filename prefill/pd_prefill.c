@@ -452,8 +452,7 @@ static bool pf_src_start(pf_t *pf, pf_req_t *r, const proto_prefill_req_t *q)
     uint32_t bt = pf->n.geom->block_tokens;
     snprintf(r->src_peer, sizeof(r->src_peer), "%s", q->src_peer_id);
     kvx_reject_t why = 0;
-    pd_status_t st = kvx_handle_import(pf->n.kvx, q->src_handle.p, q->src_handle.len,
-                                       pf->n.geom->compat_hash, &r->src_imp, &why);
+    pd_status_t st = node_import(&pf->n, q->src_handle.p, q->src_handle.len, &r->src_imp, &why);
     if (st != PD_OK) {
         pd_stats_inc(pf->n.stats, PF_STAT_src_pulls_failed);
         pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "KV handle from %s rejected: %s (%s): computing",
@@ -479,21 +478,12 @@ static bool pf_src_start(pf_t *pf, pf_req_t *r, const proto_prefill_req_t *q)
         pf_src_release(pf, r);
         return false;
     }
-    uint32_t skip_inline[64], *local = nb <= 64 ? skip_inline : malloc((size_t)nb * sizeof(uint32_t));
-    if (local == NULL) {
-        pf_src_release(pf, r);
-        return false;
-    }
-    for (uint32_t i = 0; i < nb; i++)
-        local[i] = i < r->n_own ? KVX_PULL_SKIP : r->nr.blocks[i];
     uint64_t budget = pf->cfg.src_pull_timeout_ns;
     if (q->deadline_ns != 0 && q->deadline_ns < budget)
         budget = q->deadline_ns;
     pf_req_set_state(r, PF_ST_PULLING);
-    st = kvx_pull_start(pf->n.kvx, &r->src_imp, pf->n.region, local, nb, pd_now_ns() + budget, 0,
-                        pf_src_pull_done, r, &r->pull_id);
-    if (local != skip_inline)
-        free(local);
+    st = node_pull_start(&pf->n, &r->src_imp, r->nr.blocks, nb, r->n_own, budget,
+                         pf_src_pull_done, r, &r->pull_id);
     if (st != PD_INPROGRESS) {
         pd_stats_inc(pf->n.stats, PF_STAT_src_pulls_failed);
         pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "pull from %s not started (%s): computing",
