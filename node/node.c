@@ -3,6 +3,8 @@
  * commands and the id helpers (see node.h). */
 #include "node.h"
 
+#include "pd_boot.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -687,7 +689,7 @@ static void node_member_reconcile(node_t *n)
         struct sockaddr_storage ss;
         int sl;
         if (proto_addr_parse(e[i].value, &ss, &sl) != PD_OK ||
-            (!n->have_secret && !node_addr_loopback(e[i].value))) {
+            (!n->have_secret && !pd_addr_is_loopback(e[i].value))) {
             pd_log(PD_LOG_DEBUG, n->role->name, NULL, "etcd: routers/%s = \"%s\" ignored",
                    e[i].key, e[i].value);
             continue;

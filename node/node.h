@@ -333,8 +333,6 @@ void node_teardown(node_t *n, void (*after_kvx)(node_t *n));
  * is in place; false after an error log line (component comp). */
 bool node_ready_write(const char *path, const char *text, const char *comp);
 
-/* A router address the insecure mode accepts (loopback, or no host). */
-bool node_addr_loopback(const char *addr);
 
 /* The boot's log line for a failed step; returns 1 (the exit status). */
 int node_fail(const node_t *n, const char *what, pd_status_t st, const char *detail);

@@ -13,56 +13,26 @@
 #include <sys/socket.h>
 
 #include "eng_tok.h"
+#include "pd_boot.h"
 #include "pd_log.h"
 #include "proto_conn.h"
 
 /* ---- the checks before anything starts ------------------------------------ */
 
-bool node_addr_loopback(const char *addr)
-{
-    return strncmp(addr, "127.", 4) == 0 || strncmp(addr, "localhost:", 10) == 0 ||
-           strncmp(addr, "[::1]:", 6) == 0 || addr[0] == ':' || strchr(addr, ':') == NULL;
-}
-
 static pd_status_t node_boot_secret(node_t *n, const char *prog)
 {
     const node_config_t *c = n->cfg;
-    const char *env_secret = getenv("PD_SECRET");
-    n->have_secret = false;
-    if (c->secret_file) {
-        pd_status_t st = proto_auth_secret_load(c->secret_file, &n->secret);
-        if (st != PD_OK) {
-            fprintf(stderr, "%s: --secret-file: %s: %s\n", prog, c->secret_file,
-                    st == PD_ERR_IO ? strerror(errno) : "need at least 32 bytes (hex or raw)");
-            return PD_ERR_BAD_INPUT;
-        }
-        n->have_secret = true;
-    } else if (c->secret || env_secret) {
-        const char *h = c->secret ? c->secret : env_secret;
-        if (proto_auth_secret_parse((const uint8_t *)h, strlen(h), &n->secret) != PD_OK) {
-            fprintf(stderr, "%s: --secret: need at least 32 bytes (64 hex digits)\n", prog);
-            return PD_ERR_BAD_INPUT;
-        }
-        n->have_secret = true;
-        if (c->secret)
-            fprintf(stderr, "%s: warning: --secret given as text: on a command line it is "
-                    "visible to every local user (ps, /proc); prefer --secret-file\n", prog);
-    } else if (!c->insecure_no_auth) {
-        fprintf(stderr, "%s: no secret: give --secret-file (or --insecure-no-auth on loopback)\n",
-                prog);
-        return PD_ERR_BAD_INPUT;
-    } else {
-        char addrs[NODE_ROUTERS_MAX][128];
-        uint32_t na = 0;
-        const char *list = node_router_list(c);
-        if (list[0] != '\0' && node_routers_parse(list, addrs, NODE_ROUTERS_MAX, &na) == PD_OK)
-            for (uint32_t i = 0; i < na; i++)
-                if (!node_addr_loopback(addrs[i])) {
-                    fprintf(stderr, "%s: --insecure-no-auth needs loopback routers\n", prog);
-                    return PD_ERR_BAD_INPUT;
-                }
-    }
-    return PD_OK;
+    char addrs[NODE_ROUTERS_MAX][128];
+    const char *ap[NODE_ROUTERS_MAX];
+    uint32_t na = 0;
+    const char *list = node_router_list(c);
+    if (c->insecure_no_auth && list[0] != '\0' &&
+        node_routers_parse(list, addrs, NODE_ROUTERS_MAX, &na) != PD_OK)
+        na = 0; /* the router list's own check reports it */
+    for (uint32_t i = 0; i < na; i++)
+        ap[i] = addrs[i];
+    return proto_auth_boot_secret(prog, c->secret_file, c->secret, c->insecure_no_auth, ap, na,
+                                  "routers", &n->secret, &n->have_secret);
 }
 
 static pd_status_t node_boot_checks(node_t *n, const char *prog)
@@ -123,17 +93,10 @@ static pd_status_t node_boot_checks(node_t *n, const char *prog)
 
 bool node_ready_write(const char *path, const char *text, const char *comp)
 {
-    char tmp[4096];
-    bool ok = false;
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (f != NULL) {
-        fprintf(f, "%s\n", text);
-        ok = fclose(f) == 0 && rename(tmp, path) == 0;
-    }
-    if (!ok)
-        pd_log(PD_LOG_ERROR, comp, NULL, "cannot write ready file %s: %s", path, strerror(errno));
-    return ok;
+    if (pd_ready_file_write(path, text) == PD_OK)
+        return true;
+    pd_log(PD_LOG_ERROR, comp, NULL, "cannot write ready file %s: %s", path, strerror(errno));
+    return false;
 }
 
 /* ---- engine ----------------------------------------------------------------- */

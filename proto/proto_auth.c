@@ -1,8 +1,11 @@
 /* proto_auth.c - deployment secret parsing and HELLO / ACK MACs (libsodium). */
 #include "proto_auth.h"
 
+#include "pd_boot.h"
+
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -88,6 +91,52 @@ pd_status_t proto_auth_secret_load(const char *path, proto_auth_secret_t *s_p)
     pd_status_t st = proto_auth_secret_parse(buf, len, s_p);
     sodium_memzero(buf, sizeof(buf));
     return st;
+}
+
+pd_status_t proto_auth_boot_secret(const char *prog, const char *secret_file,
+                                   const char *secret_text, bool insecure,
+                                   const char *const *addrs, size_t n_addrs,
+                                   const char *addrs_what, proto_auth_secret_t *s_p,
+                                   bool *have_p)
+{
+    const char *env = getenv("PD_SECRET");
+    *have_p = false;
+    if (secret_file != NULL && secret_file[0] != '\0') {
+        pd_status_t st = proto_auth_secret_load(secret_file, s_p);
+        if (st != PD_OK) {
+            fprintf(stderr, "%s: --secret-file %s: %s\n", prog, secret_file,
+                    st == PD_ERR_IO       ? strerror(errno)
+                    : st == PD_ERR_TOO_BIG ? "too long (at most 256 bytes after hex decoding)"
+                                           : "need at least 32 bytes (64 hex digits, or raw)");
+            return PD_ERR_BAD_INPUT;
+        }
+    } else if ((secret_text != NULL && secret_text[0] != '\0') || (env != NULL && env[0] != '\0')) {
+        bool arg = secret_text != NULL && secret_text[0] != '\0';
+        const char *t = arg ? secret_text : env;
+        if (proto_auth_secret_parse((const uint8_t *)t, strlen(t), s_p) != PD_OK) {
+            fprintf(stderr, "%s: %s: need at least 32 bytes (64 hex digits, or raw)\n", prog,
+                    arg ? "--secret" : "PD_SECRET");
+            return PD_ERR_BAD_INPUT;
+        }
+        if (arg)
+            fprintf(stderr, "%s: warning: --secret given as text: on a command line it is "
+                    "visible to every local user (ps, /proc); prefer --secret-file\n", prog);
+    } else if (!insecure) {
+        fprintf(stderr, "%s: no deployment secret: give --secret-file (or --secret, PD_SECRET), "
+                "or --insecure-no-auth on loopback\n", prog);
+        return PD_ERR_BAD_INPUT;
+    } else {
+        for (size_t i = 0; i < n_addrs; i++) {
+            if (addrs[i] != NULL && !pd_addr_is_loopback(addrs[i])) {
+                fprintf(stderr, "%s: --insecure-no-auth needs loopback %s (%s is not)\n", prog,
+                        addrs_what, addrs[i]);
+                return PD_ERR_BAD_INPUT;
+            }
+        }
+        return PD_OK;
+    }
+    *have_p = true;
+    return PD_OK;
 }
 
 void proto_auth_derive(const proto_auth_secret_t *s, const char *label,

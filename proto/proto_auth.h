@@ -34,6 +34,20 @@ pd_status_t proto_auth_secret_parse(const uint8_t *p, size_t len,
  * PD_ERR_IO (cannot open/read; errno kept), PD_ERR_BAD_INPUT, PD_ERR_TOO_BIG. */
 pd_status_t proto_auth_secret_load(const char *path, proto_auth_secret_t *s_p);
 
+/* The deployment secret a daemon boots with, the one rule for the router
+ * and the daemons: secret_file, else secret_text or $PD_SECRET (a warning:
+ * text on a command line is visible in ps), else none, which only
+ * insecure (--insecure-no-auth) allows, and only when every address of
+ * addrs[0..n_addrs) is loopback (pd_addr_is_loopback). Errors go to stderr
+ * as one line "prog: ..." naming the option and the cause (for a file:
+ * strerror); the status is PD_ERR_BAD_INPUT. *have_p: a secret was
+ * loaded into *s_p. Boot only (reads a file and the environment). */
+pd_status_t proto_auth_boot_secret(const char *prog, const char *secret_file,
+                                   const char *secret_text, bool insecure,
+                                   const char *const *addrs, size_t n_addrs,
+                                   const char *addrs_what, proto_auth_secret_t *s_p,
+                                   bool *have_p);
+
 /* Derive a 32-byte sub-key for another use of the same deployment secret
  * (e.g. label "kvx" -> kvx_config_t.secret): keyed BLAKE2b(secret, label). */
 void proto_auth_derive(const proto_auth_secret_t *s, const char *label,

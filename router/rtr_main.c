@@ -4,6 +4,7 @@
 #include "rtr_flow.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <sodium.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 
 #include "gguf.h"
 #include "pd_etcd.h"
+#include "pd_boot.h"
 #include "pd_log.h"
 #include "pd_time.h"
 
@@ -159,13 +161,6 @@ static const pd_admin_cmd_t rtr_admin_cmds[] = {
     PD_ADMIN_CMD_END,
 };
 
-static bool addr_loopback(const char *a)
-{
-    return a != NULL && (strncmp(a, "127.", 4) == 0 || strncmp(a, "localhost", 9) == 0 ||
-                         strncmp(a, "[::1]", 5) == 0 || a[0] == ':' ||
-                         strchr(a, ':') == NULL);
-}
-
 static bool is_sim(const rtr_cfg_t *c)
 {
     if (c->engine != NULL && c->engine[0] != '\0')
@@ -235,61 +230,25 @@ static pd_status_t load_model(rtr_t *r)
 
 static pd_status_t load_secret(rtr_t *r)
 {
-    rtr_cfg_t *c = &r->cfg;
-    pd_status_t s;
-    const char *env = getenv("PD_SECRET");
-    if (c->secret_file != NULL && c->secret_file[0] != '\0') {
-        s = proto_auth_secret_load(c->secret_file, &r->secret);
-        if (s != PD_OK) {
-            fprintf(stderr, "pd-router: --secret-file %s: %s\n", c->secret_file, pd_status_str(s));
-            return s;
-        }
-    } else if ((c->secret != NULL && c->secret[0] != '\0') || (env != NULL && env[0] != '\0')) {
-        const char *t = c->secret != NULL && c->secret[0] ? c->secret : env;
-        s = proto_auth_secret_parse((const uint8_t *)t, strlen(t), &r->secret);
-        if (c->secret != NULL && c->secret[0])
-            fprintf(stderr, "pd-router: warning: --secret given as text: on a command line it "
-                    "is visible to every local user (ps, /proc); prefer --secret-file\n");
-        if (s != PD_OK) {
-            fprintf(stderr, "pd-router: --secret: %s (need >= %u bytes)\n", pd_status_str(s),
-                    PROTO_AUTH_SECRET_MIN);
-            return s;
-        }
-    } else {
-        if (!c->insecure_no_auth) {
-            fprintf(stderr, "pd-router: no deployment secret: give --secret-file (or --secret, "
-                            "PD_SECRET), or --insecure-no-auth on loopback\n");
-            return PD_ERR_AUTH;
-        }
-        if (!addr_loopback(c->control) || !addr_loopback(c->http)) {
-            fprintf(stderr, "pd-router: --insecure-no-auth needs loopback --http and --control\n");
-            return PD_ERR_AUTH;
-        }
+    const rtr_cfg_t *c = &r->cfg;
+    const char *addrs[] = { c->control, c->http };
+    pd_status_t s = proto_auth_boot_secret("pd-router", c->secret_file, c->secret,
+                                           c->insecure_no_auth, addrs, 2, "--http and --control",
+                                           &r->secret, &r->auth);
+    if (s == PD_OK && !r->auth)
         pd_log(PD_LOG_WARN, RTR_COMP, NULL,
                "*** RUNNING WITHOUT CONTROL-PLANE AUTHENTICATION (--insecure-no-auth) ***");
-        r->auth = false;
-        return PD_OK;
-    }
-    r->auth = true;
-    return PD_OK;
+    return s;
 }
 
 static pd_status_t write_ready_file(rtr_t *r)
 {
     if (r->cfg.ready_file == NULL || r->cfg.ready_file[0] == '\0')
         return PD_OK;
-    char tmp[4096];
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%d", r->cfg.ready_file, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL)
-        return PD_ERR_IO;
-    fprintf(f, "{\"http\":%u,\"control\":%u,\"pid\":%d}\n", r->http_port, r->ctl_port,
-            (int)getpid());
-    if (fclose(f) != 0 || rename(tmp, r->cfg.ready_file) != 0) {
-        unlink(tmp);
-        return PD_ERR_IO;
-    }
-    return PD_OK;
+    char text[128];
+    snprintf(text, sizeof(text), "{\"http\":%u,\"control\":%u,\"pid\":%d}", r->http_port,
+             r->ctl_port, (int)getpid());
+    return pd_ready_file_write(r->cfg.ready_file, text);
 }
 
 /* etcd: log when the registration comes and goes (the key itself is the
@@ -438,7 +397,8 @@ int main(int argc, char **argv)
         goto err_http;
     }
     if (write_ready_file(r) != PD_OK) {
-        pd_log(PD_LOG_ERROR, RTR_COMP, NULL, "ready file %s: cannot write", r->cfg.ready_file);
+        pd_log(PD_LOG_ERROR, RTR_COMP, NULL, "ready file %s: cannot write: %s", r->cfg.ready_file,
+               strerror(errno));
         goto err_http;
     }
     s = pd_loop_run(r->loop);

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "pd_boot.h"
 #include "pd_config.h"
 #include "pd_time.h"
 
@@ -510,6 +511,38 @@ static void test_exit_status(void **state)
     assert_int_equal(run_child("--kv-blocks=9", out, sizeof(out)), 42);
 }
 
+/* pd_boot: the one loopback rule of router and daemons (they differed on
+ * "localhost" prefixes before), and the ready file. */
+static void test_boot_helpers(void **state)
+{
+    (void)state;
+    static const char *const yes[] = { "127.0.0.1:7000", "127.1.2.3:1", "localhost:80",
+                                       "localhost", "[::1]:9000", ":7000", "7000" };
+    static const char *const no[] = { "10.1.2.3:7000", "localhostile.example:80",
+                                      "0.0.0.0:7000", "[::]:80", "[::1", "example.com",
+                                      "128.0.0.1:1" };
+    for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
+        if (!pd_addr_is_loopback(yes[i]))
+            fail_msg("%s should be loopback", yes[i]);
+    for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
+        if (pd_addr_is_loopback(no[i]))
+            fail_msg("%s should not be loopback", no[i]);
+    assert_false(pd_addr_is_loopback(NULL));
+    char path[] = "/tmp/pd-ready-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(pd_ready_file_write(path, "{\"pid\":1}"), PD_OK);
+    FILE *f = fopen(path, "r");
+    char line[64] = "";
+    assert_non_null(f);
+    assert_non_null(fgets(line, sizeof(line), f));
+    fclose(f);
+    assert_string_equal(line, "{\"pid\":1}\n");
+    unlink(path);
+    assert_int_equal(pd_ready_file_write("/nonexistent-dir/ready", "x"), PD_ERR_IO);
+}
+
 int main(void)
 {
     if (mkdtemp(tmpdir) == NULL)
@@ -525,6 +558,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_dumps_roundtrip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_positional_args, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exit_status, setup, teardown),
+        cmocka_unit_test(test_boot_helpers),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];
