@@ -50,9 +50,9 @@ static void dec_forks_end(dec_t *d, dec_req_t *r, pd_status_t status);
 
 /* ---- lookup ----------------------------------------------------------------- */
 
-static dec_req_t *dec_req_find(dec_t *d, const char *id)
+static dec_req_t *dec_req_find(dec_t *d, const node_link_t *from, const char *id)
 {
-    node_req_t *n = node_req_find(&d->n, id);
+    node_req_t *n = node_req_find(&d->n, from, id);
     return n != NULL ? NODE_REQ(n, dec_req_t) : NULL;
 }
 
@@ -805,7 +805,8 @@ static void dec_release_handle(dec_t *d, const proto_blob_t *h)
 /* One DECODE_REQ (or a fork of one: parent != NULL, parked on the parent
  * until its prompt's KV is complete) admitted, queued or refused. Returns
  * the request if it is live (not ended already). */
-static dec_req_t *dec_admit(dec_t *d, const proto_decode_req_t *q, dec_req_t *parent)
+static dec_req_t *dec_admit(dec_t *d, node_link_t *from, const proto_decode_req_t *q,
+                            dec_req_t *parent)
 {
     uint32_t ctx = d->n.geom->context_length, vocab = d->n.geom->vocab_size;
     uint32_t np = q->prompt.n, ng = q->generated.n;
@@ -816,7 +817,7 @@ static dec_req_t *dec_admit(dec_t *d, const proto_decode_req_t *q, dec_req_t *pa
     eng_sample_params_t sp;
     if (d->n.draining || d->n.stopping) {
         st = PD_ERR_SHUTDOWN; why = "draining";
-    } else if (dec_req_find(d, q->request_id) != NULL) {
+    } else if (dec_req_find(d, from, q->request_id) != NULL) {
         st = PD_ERR_EXISTS; why = "request id already live";
     } else if (np == 0) {
         st = PD_ERR_BAD_INPUT; why = "empty prompt";
@@ -862,7 +863,7 @@ static dec_req_t *dec_admit(dec_t *d, const proto_decode_req_t *q, dec_req_t *pa
         pd_log(PD_LOG_DEBUG, DEC_COMP, q->request_id, "rejected: %s", why);
         if (st != PD_ERR_EXISTS)
             dec_release_handle(d, &q->kv_handle);
-        node_send_error(&d->n, d->n.rx, q->request_id, st, "%s", why);
+        node_send_error(&d->n, from, q->request_id, st, "%s", why);
         return NULL;
     }
     r->d = d;
@@ -885,7 +886,7 @@ static dec_req_t *dec_admit(dec_t *d, const proto_decode_req_t *q, dec_req_t *pa
     }
     r->state = DEC_ST_NEW;
     r->t[DEC_ST_NEW] = pd_now_ns();
-    node_req_link(&d->n, &r->nr);
+    node_req_link(&d->n, from, &r->nr);
     pd_stats_inc(d->n.stats, DEC_STAT_accepted);
 
     /* grammar + sampler continuity: replay the tokens already generated */
@@ -941,18 +942,17 @@ static dec_req_t *dec_admit(dec_t *d, const proto_decode_req_t *q, dec_req_t *pa
  * start once r's prompt KV is complete (dec_fork_release) and share its
  * full blocks through the prefix cache. Refused with r: each gets its
  * ERROR so that the router starts it elsewhere. */
-static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+static void dec_on_decode_req(node_t *node, node_link_t *from, const proto_msg_t *msg)
 {
-    (void)c;
-    dec_t *d = arg;
+    dec_t *d = PD_CONTAINER_OF(node, dec_t, n);
     const proto_decode_req_t *q = &msg->u.decode_req;
-    dec_req_t *r = dec_admit(d, q, NULL);
+    dec_req_t *r = dec_admit(d, from, q, NULL);
     for (uint32_t i = 1; i <= q->n_fork; i++) {
         proto_decode_req_t f = *q;
         snprintf(f.request_id, sizeof(f.request_id), "%s/%u", q->request_id, i);
         if (r == NULL || (r->state != DEC_ST_NEW && r->state != DEC_ST_WAITING &&
                           r->state != DEC_ST_PULLING && r->state != DEC_ST_PREFILLING)) {
-            node_send_error(&d->n, d->n.rx, f.request_id, PD_ERR_CANCELED, "the request it forks from %s",
+            node_send_error(&d->n, from, f.request_id, PD_ERR_CANCELED, "the request it forks from %s",
                             r == NULL ? "was refused or ended" : "already runs");
             continue;
         }
@@ -965,7 +965,7 @@ static void dec_on_decode_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
         f.kv_tokens = 0;
         f.n_fork = 0;
         f.sampling.seed = q->sampling.seed + i;
-        (void)dec_admit(d, &f, r);
+        (void)dec_admit(d, from, &f, r);
     }
 }
 
@@ -987,11 +987,10 @@ static void dec_req_cancel(dec_t *d, dec_req_t *r)
     dec_req_end(r, PROTO_FINISH_CANCELED, PD_ERR_CANCELED);
 }
 
-static void dec_on_cancel(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+static void dec_on_cancel(node_t *node, node_link_t *from, const proto_msg_t *msg)
 {
-    (void)c;
-    dec_t *d = arg;
-    dec_req_t *r = dec_req_find(d, msg->u.cancel.request_id);
+    dec_t *d = PD_CONTAINER_OF(node, dec_t, n);
+    dec_req_t *r = dec_req_find(d, from, msg->u.cancel.request_id);
     if (r != NULL && !r->cancel) {
         r->cancel_stop = msg->u.cancel.status == PD_OK; /* PROTOCOL.md: CANCEL */
         dec_req_cancel(d, r);
@@ -1002,12 +1001,11 @@ static void dec_on_cancel(proto_conn_t *c, const proto_msg_t *msg, void *arg)
  * like DECODE_REQ.generated; the first step starts once the pull landed
  * too. Dropped for an unknown or ended request; for a request not waiting
  * for it (a second token 0) it is an error that ends the request. */
-static void dec_on_first_token(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+static void dec_on_first_token(node_t *node, node_link_t *from, const proto_msg_t *msg)
 {
-    (void)c;
-    dec_t *d = arg;
+    dec_t *d = PD_CONTAINER_OF(node, dec_t, n);
     const proto_first_token_t *ft = &msg->u.first_token;
-    dec_req_t *r = dec_req_find(d, ft->request_id);
+    dec_req_t *r = dec_req_find(d, from, ft->request_id);
     if (r == NULL || r->cancel || dec_terminal(r->state)) {
         pd_log(PD_LOG_DEBUG, DEC_COMP, ft->request_id, "FIRST_TOKEN for no live request: dropped");
         return;
@@ -1124,12 +1122,11 @@ static void dec_on_lease_end(node_t *n, node_req_t *nr, kvx_lease_end_t why)
     dec_req_set_state(r, r->cancel ? DEC_ST_CANCELED : DEC_ST_FINISHED);
 }
 
-static void dec_on_migrate(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+static void dec_on_migrate(node_t *node, node_link_t *from, const proto_msg_t *msg)
 {
-    (void)c;
-    dec_t *d = arg;
+    dec_t *d = PD_CONTAINER_OF(node, dec_t, n);
     const proto_migrate_t *m = &msg->u.migrate;
-    dec_req_t *r = dec_req_find(d, m->request_id);
+    dec_req_t *r = dec_req_find(d, from, m->request_id);
     if (r == NULL || r->cancel || r->finishing || r->migrate || dec_terminal(r->state) ||
         r->state == DEC_ST_MIGRATING || strcmp(m->target_decode_id, d->n.daemon_id) == 0) {
         pd_log(PD_LOG_DEBUG, DEC_COMP, m->request_id, "MIGRATE ignored (%s)",
@@ -1195,10 +1192,9 @@ static bool dec_export_lease_end(dec_t *d, node_req_t *nr, kvx_lease_end_t why)
  * references on the matched blocks, export them to the prefill under a
  * lease, KV_EXPORT_DONE; the references go when the lease ends. Refused
  * with ERROR (NOT_FOUND: less than min_tokens cached) and nothing held. */
-static void dec_on_kv_export_req(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+static void dec_on_kv_export_req(node_t *node, node_link_t *from, const proto_msg_t *msg)
 {
-    (void)c;
-    dec_t *d = arg;
+    dec_t *d = PD_CONTAINER_OF(node, dec_t, n);
     const proto_kv_export_req_t *q = &msg->u.kv_export_req;
     uint32_t bt = d->n.geom->block_tokens, n = q->prompt.n;
     uint32_t want = q->min_tokens > 0 ? q->min_tokens : 1;
@@ -1214,7 +1210,7 @@ static void dec_on_kv_export_req(proto_conn_t *c, const proto_msg_t *msg, void *
         st = PD_ERR_NOT_FOUND; why = "prompt shorter than min_tokens";
     } else if (d->n_exports >= DEC_MAX_EXPORTS) {
         st = PD_ERR_OVERLOADED; why = "too many prefix exports";
-    } else if (dec_export_find(d, d->n.rx, q->request_id, 0) != NULL) {
+    } else if (dec_export_find(d, from, q->request_id, 0) != NULL) {
         st = PD_ERR_EXISTS; why = "export already live";
     }
     uint32_t nb = (n - 1) / bt;
@@ -1244,8 +1240,8 @@ static void dec_on_kv_export_req(proto_conn_t *c, const proto_msg_t *msg, void *
     uint32_t taken = 0;
     if (st == PD_OK) {
         snprintf(x->nr.id, sizeof(x->nr.id), "%s", q->request_id);
-        x->nr.link = d->n.rx; /* answered there, revoked when that router is lost */
-        x->nr.epoch = d->n.rx != NULL ? d->n.rx->epoch : 0;
+        x->nr.link = from; /* answered there, revoked when that router is lost */
+        x->nr.epoch = from != NULL ? from->epoch : 0;
         x->nr.n_blocks = m;
         x->nr.blocks_held = true;
         st = node_export_part(&d->n, &x->nr, q->target_prefill_id, x->nr.blocks, m,
@@ -1265,7 +1261,7 @@ static void dec_on_kv_export_req(proto_conn_t *c, const proto_msg_t *msg, void *
         free(x);
         pd_stats_inc(d->n.stats, DEC_STAT_prefix_exports_refused);
         pd_log(PD_LOG_DEBUG, DEC_COMP, q->request_id, "prefix export refused: %s", why);
-        node_send_error(&d->n, d->n.rx, q->request_id, st == PD_ERR_NO_SPACE ? PD_ERR_OVERLOADED : st,
+        node_send_error(&d->n, from, q->request_id, st == PD_ERR_NO_SPACE ? PD_ERR_OVERLOADED : st,
                         "prefix export: %s", why);
         return;
     }
@@ -1310,17 +1306,16 @@ static void dec_exports_revoke(dec_t *d, const node_link_t *from)
 /* RELEASE of a migration's lease: the router will not forward the handle
  * (the request ended, or the target is gone): revoke it now. The same for
  * an export's lease (the router will not send the PREFILL_REQ with it). */
-static void dec_on_release(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+static void dec_on_release(node_t *node, node_link_t *from, const proto_msg_t *msg)
 {
-    (void)c;
-    dec_t *d = arg;
-    dec_export_t *x = dec_export_find(d, d->n.rx, msg->u.release.request_id,
+    dec_t *d = PD_CONTAINER_OF(node, dec_t, n);
+    dec_export_t *x = dec_export_find(d, from, msg->u.release.request_id,
                                       msg->u.release.lease_id);
     if (x != NULL && msg->u.release.lease_id != 0) {
         (void)kvx_lease_revoke(d->n.kvx, x->lease); /* -> dec_export_lease_end */
         return;
     }
-    dec_req_t *r = dec_req_find(d, msg->u.release.request_id);
+    dec_req_t *r = dec_req_find(d, from, msg->u.release.request_id);
     if (r == NULL || r->state != DEC_ST_MIGRATING)
         return;
     if (msg->u.release.lease_id != 0 && msg->u.release.lease_id != node_lease_wire_id(r->mig_lease)) {
@@ -1333,16 +1328,14 @@ static void dec_on_release(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 /* ---- peers ---------------------------------------------------------------- */
 
 /* prefills, and other decodes (a live migration pulls from one) */
-static void dec_on_peer_info(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+static void dec_on_peer_info(node_t *node, node_link_t *from, const proto_msg_t *msg)
 {
-    (void)c;
-    node_peer_info(arg, &msg->u.peer_info, 1u << PROTO_ROLE_PREFILL | 1u << PROTO_ROLE_DECODE);
+    node_peer_info(node, from, &msg->u.peer_info, 1u << PROTO_ROLE_PREFILL | 1u << PROTO_ROLE_DECODE);
 }
 
-static void dec_on_peer_down(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+static void dec_on_peer_down(node_t *node, node_link_t *from, const proto_msg_t *msg)
 {
-    (void)c;
-    node_peer_down(arg, &msg->u.peer_down);
+    node_peer_down(node, from, &msg->u.peer_down);
 }
 
 /* ---- node callbacks ----------------------------------------------------- */
@@ -1457,7 +1450,7 @@ static const node_role_t dec_role = {
     .proto_role = PROTO_ROLE_DECODE,
     .caps = PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT |
             PROTO_CAP_KV_EXPORT,
-    .cbs = { .on_decode_req = dec_on_decode_req, .on_cancel = dec_on_cancel,
+    .msgs = { .on_decode_req = dec_on_decode_req, .on_cancel = dec_on_cancel,
              .on_peer_info = dec_on_peer_info, .on_peer_down = dec_on_peer_down,
              .on_migrate = dec_on_migrate, .on_release = dec_on_release,
              .on_kv_export_req = dec_on_kv_export_req,

@@ -110,7 +110,8 @@ static node_peer_t *node_peer_find(node_t *n, const char *id, bool create)
     return free_slot;
 }
 
-void node_peer_info(node_t *n, const proto_peer_info_t *pi, unsigned role_mask)
+void node_peer_info(node_t *n, const node_link_t *from, const proto_peer_info_t *pi,
+                    unsigned role_mask)
 {
     if (pi->role >= 16 || !(role_mask & (1u << pi->role)) ||
         strcmp(pi->daemon_id, n->daemon_id) == 0)
@@ -131,8 +132,8 @@ void node_peer_info(node_t *n, const proto_peer_info_t *pi, unsigned role_mask)
     if (st == PD_OK || st == PD_ERR_EXISTS) {
         if (!p->live || p->incarnation != pi->incarnation)
             p->links = 0; /* a new incarnation: only the routers that saw it */
-        if (n->rx != NULL)
-            p->links |= 1u << n->rx->idx;
+        if (from != NULL)
+            p->links |= 1u << from->idx;
         p->incarnation = pi->incarnation;
         p->node_id = node_id_of(pi->daemon_id);
         p->live = true;
@@ -146,18 +147,18 @@ void node_peer_info(node_t *n, const proto_peer_info_t *pi, unsigned role_mask)
     }
 }
 
-void node_peer_down(node_t *n, const proto_peer_down_t *pd)
+void node_peer_down(node_t *n, const node_link_t *from, const proto_peer_down_t *pd)
 {
     node_peer_t *p = node_peer_find(n, pd->daemon_id, false);
     if (p == NULL || !p->live || (pd->incarnation != 0 && pd->incarnation != p->incarnation))
         return; /* unknown, or an older incarnation than the one we use */
-    if (n->rx != NULL)
-        p->links &= ~(1u << n->rx->idx);
+    if (from != NULL)
+        p->links &= ~(1u << from->idx);
     if (p->links != 0) {
         /* another router still has a live session with it: the peer lost
          * one router, it is not gone (its pulls go on) */
         pd_log(PD_LOG_INFO, n->role->name, NULL, "peer %s lost router %s (%s); still up at others",
-               pd->daemon_id, n->rx != NULL ? n->rx->addr : "?", pd_status_name(pd->status));
+               pd->daemon_id, from != NULL ? from->addr : "?", pd_status_name(pd->status));
         return;
     }
     p->live = false;
@@ -211,21 +212,20 @@ static void node_req_key(char *key, size_t cap, uint64_t epoch, const char *id)
     snprintf(key, cap, "%llx/%s", (unsigned long long)epoch, id);
 }
 
-node_req_t *node_req_find(node_t *n, const char *id)
+node_req_t *node_req_find(node_t *n, const node_link_t *from, const char *id)
 {
-    if (n->rx == NULL)
+    if (from == NULL)
         return NULL;
     char key[sizeof(((node_req_t *)0)->key)];
-    node_req_key(key, sizeof(key), n->rx->epoch, id);
+    node_req_key(key, sizeof(key), from->epoch, id);
     pd_idhash_node_t *h = pd_idhash_find(&n->by_id, key);
     return h != NULL ? PD_CONTAINER_OF(h, node_req_t, hnode) : NULL;
 }
 
-void node_req_link(node_t *n, node_req_t *r)
+void node_req_link(node_t *n, node_link_t *from, node_req_t *r)
 {
-    /* a request is created while its router's message is dispatched */
-    r->link = n->rx;
-    r->epoch = n->rx != NULL ? n->rx->epoch : 0;
+    r->link = from;
+    r->epoch = from != NULL ? from->epoch : 0;
     node_req_key(r->key, sizeof(r->key), r->epoch, r->id);
     pd_idhash_add(&n->by_id, &r->hnode, r->key);
     r->next = n->live;
@@ -482,23 +482,22 @@ static void node_on_reject(proto_session_t *s, pd_status_t status, const char *r
            pd_status_name(status), reason);
 }
 
-static void node_on_error(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+static void node_on_error(node_t *n, node_link_t *from, const proto_msg_t *msg)
 {
-    (void)c;
-    node_t *n = arg;
     pd_log(PD_LOG_WARN, n->role->name, msg->u.error.request_id[0] ? msg->u.error.request_id : NULL,
-           "router %s error: %s: %s", n->rx != NULL ? n->rx->addr : "?",
+           "router %s error: %s: %s", from->addr,
            pd_status_name(msg->u.error.status), msg->u.error.message);
 }
 
-/* Every message of an up session: the role's callback for its type, with
- * n->rx naming the link it came on for the callback's duration. */
+/* Every message of an up session: the role's callback for its type, told
+ * the link it came on. */
 static void node_dispatch(proto_conn_t *c, const proto_msg_t *msg, void *arg)
 {
+    (void)c; /* the link is what the roles need */
     node_link_t *l = arg;
     node_t *n = l->n;
-    const proto_conn_cbs_t *cbs = &n->role->cbs;
-    proto_msg_cb_t cb = NULL;
+    const node_msgs_t *cbs = &n->role->msgs;
+    node_msg_cb_t cb = NULL;
     switch (msg->hdr.type) {
 #define NODE_X_CB(NAME, name, code, max) case code: cb = cbs->on_##name; break;
     PROTO_MSG_LIST(NODE_X_CB)
@@ -506,14 +505,8 @@ static void node_dispatch(proto_conn_t *c, const proto_msg_t *msg, void *arg)
     }
     if (cb == NULL && msg->hdr.type == PROTO_MSG_ERROR)
         cb = node_on_error;
-    if (cb == NULL)
-        cb = cbs->on_other;
-    if (cb == NULL)
-        return;
-    node_link_t *saved = n->rx;
-    n->rx = l;
-    cb(c, msg, n);
-    n->rx = saved;
+    if (cb != NULL)
+        cb(n, l, msg);
 }
 
 static void node_fill_hb(proto_session_t *s, proto_heartbeat_t *hb, void *arg)

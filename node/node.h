@@ -208,6 +208,14 @@ typedef struct {
                                            PEER_DOWN fails it only when none is left */
 } node_peer_t;
 
+/* A role's handler of one session message type. */
+typedef void (*node_msg_cb_t)(node_t *n, node_link_t *from, const proto_msg_t *msg);
+typedef struct {
+#define NODE_MSG_CB_FIELD(NAME, name, code, max) node_msg_cb_t on_##name;
+    PROTO_MSG_LIST(NODE_MSG_CB_FIELD)
+#undef NODE_MSG_CB_FIELD
+} node_msgs_t;
+
 typedef struct {
     const char *name;                   /* "prefill": log component, ready role, default id */
     const pd_cfg_schema_t *schema;      /* the role's config rows (for `config show`) */
@@ -215,10 +223,11 @@ typedef struct {
     uint16_t proto_role;                /* PROTO_ROLE_* */
     uint32_t caps;                      /* PROTO_CAP_* */
     /* Session messages for the role (request, cancel, release, peer info,
-     * ...), from any router, called with the node as arg; n->rx is the
-     * link the message arrived on. ERROR from the router is logged by the
-     * node unless the role sets on_error. */
-    proto_conn_cbs_t cbs;
+     * ...), from any router: msgs.on_<type>(n, from, msg), `from` the link
+     * (router session) it arrived on. ERROR from the router is logged by
+     * the node unless the role sets on_error; types without a callback are
+     * dropped. */
+    node_msgs_t msgs;
     /* The session of router `from` is lost (its epoch is already bumped):
      * stop every live request that came on it without replying, and forget
      * what that router told (decode: its peer reports). from == NULL:
@@ -275,7 +284,6 @@ struct node {
     /* control plane: one link per router */
     node_link_t links[NODE_ROUTERS_MAX];
     uint32_t n_links;                   /* slots in use */
-    node_link_t *rx;                    /* link of the message being dispatched, else NULL */
     uint64_t serial;                    /* last session serial handed out */
     uint32_t n_shut;                    /* drain: sessions still flushing */
     struct pd_member *member;           /* etcd membership, NULL when off */
@@ -339,8 +347,11 @@ int node_fail(const node_t *n, const char *what, pd_status_t st, const char *det
 
 /* ---- requests (node.c) -------------------------------------------------- */
 
-node_req_t *node_req_find(node_t *n, const char *id);
-void node_req_link(node_t *n, node_req_t *r);
+/* The live request of wire id `id` that router link `from` sent (ids are
+ * per router session); NULL if none. */
+node_req_t *node_req_find(node_t *n, const node_link_t *from, const char *id);
+/* Make r live, as a request of router link `from` (its current session). */
+void node_req_link(node_t *n, node_link_t *from, node_req_t *r);
 /* A request reached its terminal state: free its blocks, unlink it, free
  * obj (the role's request) later through free_fn, and check the drain. */
 void node_req_retire(node_t *n, node_req_t *r, void (*free_fn)(void *), void *obj);
@@ -377,7 +388,7 @@ struct eng_tok;
 pd_status_t node_gram_vocab(node_t *n, const struct eng_tok *tok);
 
 /* ERROR for request id to the router of link l (best effort; l may be
- * NULL: nothing sent). Before a request exists, l is n->rx. */
+ * NULL: nothing sent). Before a request exists, l is the message's link. */
 void node_send_error(node_t *n, node_link_t *l, const char *id, pd_status_t status,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* r's router session is the one it arrived on and is up: a reply reaches
@@ -461,13 +472,14 @@ pd_status_t node_pull_start(node_t *n, const kvx_import_t *imp, const uint32_t *
                             uint32_t nb, uint32_t n_skip, uint64_t budget_ns, kvx_pull_cb_t cb,
                             void *arg, uint64_t *pull_id_p);
 
-/* PEER_INFO (from router n->rx): add (or revive) a KV peer of one of the
+/* PEER_INFO (from router link `from`): add (or revive) a KV peer of one of the
  * roles in role_mask (1 << proto_role); others, and ourselves, are
  * ignored. PEER_DOWN: that router lost it; once no router reports it up,
  * that incarnation is gone and its pulls fail with PD_ERR_PEER_GONE.
  * forget_link: router `from` is lost, its reports with it (NULL: none). */
-void node_peer_info(node_t *n, const proto_peer_info_t *pi, unsigned role_mask);
-void node_peer_down(node_t *n, const proto_peer_down_t *pd);
+void node_peer_info(node_t *n, const node_link_t *from, const proto_peer_info_t *pi,
+                    unsigned role_mask);
+void node_peer_down(node_t *n, const node_link_t *from, const proto_peer_down_t *pd);
 void node_peers_forget_link(node_t *n, const node_link_t *from);
 /* The `session` reply's "peers" array. */
 void node_adm_peers(node_t *n, cJSON *reply);

@@ -39,9 +39,9 @@ static const pd_cfg_schema_t pf_schema = {
 
 static const char *const pf_state_names[] = { PF_STATES(NODE_STATE_NAME) };
 
-static pf_req_t *pf_req_find(pf_t *pf, const char *id)
+static pf_req_t *pf_req_find(pf_t *pf, const node_link_t *from, const char *id)
 {
-    node_req_t *n = node_req_find(&pf->n, id);
+    node_req_t *n = node_req_find(&pf->n, from, id);
     return n != NULL ? NODE_REQ(n, pf_req_t) : NULL;
 }
 
@@ -496,17 +496,16 @@ static bool pf_src_start(pf_t *pf, pf_req_t *r, const proto_prefill_req_t *q)
     return true;
 }
 
-static void pf_on_prefill_req(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+static void pf_on_prefill_req(node_t *node, node_link_t *from, const proto_msg_t *msg)
 {
-    (void)c;
-    pf_t *pf = arg;
+    pf_t *pf = PD_CONTAINER_OF(node, pf_t, n);
     const proto_prefill_req_t *q = &msg->u.prefill_req;
     pd_status_t st = PD_OK;
     const char *why = "";
     uint32_t n = q->prompt.n;
     if (pf->n.draining || pf->n.stopping) {
         st = PD_ERR_SHUTDOWN; why = "draining";
-    } else if (pf_req_find(pf, q->request_id) != NULL) {
+    } else if (pf_req_find(pf, from, q->request_id) != NULL) {
         st = PD_ERR_EXISTS; why = "request id already live";
     } else if (n == 0) {
         st = PD_ERR_BAD_INPUT; why = "empty prompt";
@@ -561,7 +560,7 @@ static void pf_on_prefill_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
     if (st != PD_OK) {
         pd_stats_inc(pf->n.stats, PF_STAT_rejected);
         pd_log(PD_LOG_DEBUG, PF_COMP, q->request_id, "rejected: %s", why);
-        node_send_error(&pf->n, pf->n.rx, q->request_id, st, "%s", why);
+        node_send_error(&pf->n, from, q->request_id, st, "%s", why);
         return;
     }
     r->pf = pf;
@@ -577,7 +576,7 @@ static void pf_on_prefill_req(proto_conn_t *c, const proto_msg_t *msg, void *arg
     r->job.done = pf_job_done;
     r->state = PF_ST_NEW;
     r->t[PF_ST_NEW] = pd_now_ns();
-    node_req_link(&pf->n, &r->nr);
+    node_req_link(&pf->n, from, &r->nr);
     pd_stats_inc(pf->n.stats, PF_STAT_accepted);
     if (q->src_handle.len > 0 && pf_src_start(pf, r, q))
         return; /* pulling (or already on to compute) */
@@ -600,20 +599,18 @@ static void pf_req_cancel(pf_t *pf, pf_req_t *r)
     }
 }
 
-static void pf_on_cancel(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+static void pf_on_cancel(node_t *node, node_link_t *from, const proto_msg_t *msg)
 {
-    (void)c;
-    pf_t *pf = arg;
-    pf_req_t *r = pf_req_find(pf, msg->u.cancel.request_id);
+    pf_t *pf = PD_CONTAINER_OF(node, pf_t, n);
+    pf_req_t *r = pf_req_find(pf, from, msg->u.cancel.request_id);
     if (r != NULL)
         pf_req_cancel(pf, r);
 }
 
-static void pf_on_release(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+static void pf_on_release(node_t *node, node_link_t *from, const proto_msg_t *msg)
 {
-    (void)c;
-    pf_t *pf = arg;
-    pf_req_t *r = pf_req_find(pf, msg->u.release.request_id);
+    pf_t *pf = PD_CONTAINER_OF(node, pf_t, n);
+    pf_req_t *r = pf_req_find(pf, from, msg->u.release.request_id);
     if (r == NULL)
         return;
     uint64_t lid = node_lease_wire_id(r->lease);
@@ -654,16 +651,14 @@ static void pf_after_kvx(node_t *n)
 }
 
 /* The decodes: a PREFILL_REQ's source is one of their caches. */
-static void pf_on_peer_info(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+static void pf_on_peer_info(node_t *node, node_link_t *from, const proto_msg_t *msg)
 {
-    (void)c;
-    node_peer_info(arg, &msg->u.peer_info, 1u << PROTO_ROLE_DECODE);
+    node_peer_info(node, from, &msg->u.peer_info, 1u << PROTO_ROLE_DECODE);
 }
 
-static void pf_on_peer_down(proto_conn_t *c, const proto_msg_t *msg, void *arg)
+static void pf_on_peer_down(node_t *node, node_link_t *from, const proto_msg_t *msg)
 {
-    (void)c;
-    node_peer_down(arg, &msg->u.peer_down);
+    node_peer_down(node, from, &msg->u.peer_down);
 }
 
 static void pf_adm_session(node_t *n, cJSON *reply)
@@ -765,7 +760,7 @@ static const pd_stats_table_t pf_stats_table =
 static const node_role_t pf_role = {
     .name = "prefill", .schema = &pf_schema, .stats = &pf_stats_table,
     .proto_role = PROTO_ROLE_PREFILL, .caps = PROTO_CAP_PREFILL | PROTO_CAP_KV_EXPORT,
-    .cbs = { .on_prefill_req = pf_on_prefill_req, .on_cancel = pf_on_cancel,
+    .msgs = { .on_prefill_req = pf_on_prefill_req, .on_cancel = pf_on_cancel,
              .on_release = pf_on_release, .on_peer_info = pf_on_peer_info,
              .on_peer_down = pf_on_peer_down },
     .cancel_all = pf_cancel_all, .fill_hb = pf_fill_hb, .adm_kv = pf_adm_kv,
