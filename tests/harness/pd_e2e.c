@@ -599,6 +599,20 @@ cJSON *e2e_admin(const char *sock, const char *cmd)
     return j;
 }
 
+double e2e_router_stat(const e2e_proc_t *router, const char *path)
+{
+    cJSON *j = e2e_admin(router->sock, "stats");
+    double v = -1;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "stats")) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "table");
+        if (cJSON_IsString(t) && strcmp(t->valuestring, "router") == 0)
+            v = e2e_jnum(cJSON_GetObjectItemCaseSensitive(e, "values"), path);
+    }
+    cJSON_Delete(j);
+    return v;
+}
+
 double e2e_jnum(const cJSON *o, const char *path)
 {
     char key[128];

@@ -103,6 +103,9 @@ void e2e_proc_dump_log(const e2e_proc_t *p, int tail_lines);
 cJSON *e2e_admin(const char *sock, const char *cmd);
 /* Dotted path lookup ("counters.accepted"), -1 if absent / not a number. */
 double e2e_jnum(const cJSON *o, const char *path);
+/* A value of a router's `router` stats table (admin `stats`), by dotted
+ * path ("requests_ok", "ttft.count"); -1 if absent. */
+double e2e_router_stat(const e2e_proc_t *router, const char *path);
 /* Poll `kv` until free == blocks_total (bounded). */
 bool e2e_wait_kv_free(const e2e_proc_t *p, double timeout_s);
 /* The ledger: `requests` has no live request and accepted = completed +

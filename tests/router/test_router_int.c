@@ -434,49 +434,19 @@ typedef struct {
     size_t body_len;
 } hc_t;
 
+/* The response so far, parsed (and de-chunked) by the harness's parser. */
 static void hc_parse(hc_t *c)
 {
     size_t len = evbuffer_get_length(c->in);
     char *all = malloc(len + 1);
     evbuffer_copyout(c->in, all, len);
-    all[len] = '\0';
-    char *sep = strstr(all, "\r\n\r\n");
-    if (sep == NULL) {
-        c->head = all;
-        c->body = strdup("");
-        return;
-    }
-    *sep = '\0';
-    c->head = strdup(all);
-    sscanf(all, "HTTP/1.%*d %d", &c->status);
-    char *b = sep + 4;
-    size_t blen = len - (size_t)(b - all);
-    if (strcasestr(c->head, "Transfer-Encoding: chunked") != NULL) {
-        char *out = malloc(blen + 1);
-        size_t o = 0;
-        char *p = b;
-        while (p < b + blen) {
-            char *end;
-            unsigned long n = strtoul(p, &end, 16);
-            if (end == p || strncmp(end, "\r\n", 2) != 0 || n == 0)
-                break;
-            p = end + 2;
-            if (p + n > b + blen)
-                n = (unsigned long)(b + blen - p);
-            memcpy(out + o, p, n);
-            o += n;
-            p += n + 2;
-        }
-        out[o] = '\0';
-        c->body = out;
-        c->body_len = o;
-    } else {
-        c->body = malloc(blen + 1);
-        memcpy(c->body, b, blen);
-        c->body[blen] = '\0';
-        c->body_len = blen;
-    }
+    e2e_resp_t r = { 0 };
+    e2e_http_parse(all, len, &r);
     free(all);
+    c->status = r.status;
+    c->head = r.head;
+    c->body = r.body;
+    c->body_len = r.body_len;
 }
 
 static void hc_read(struct bufferevent *bev, void *arg)

@@ -119,16 +119,7 @@ static int start_deploy(e2e_deploy_t *d, bool *up, const char *model,
 
 static double router_stat(e2e_deploy_t *d, const char *name)
 {
-    cJSON *j = e2e_admin(d->router.sock, "stats");
-    double v = -1;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "stats")) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "table");
-        if (cJSON_IsString(t) && strcmp(t->valuestring, "router") == 0)
-            v = e2e_jnum(cJSON_GetObjectItemCaseSensitive(e, "values"), name);
-    }
-    cJSON_Delete(j);
-    return v;
+    return e2e_router_stat(&d->router, name);
 }
 
 static double admin_num(const e2e_proc_t *p, const char *cmd, const char *path)

@@ -65,22 +65,9 @@ static void make_body(int i, bool stream, int max_tokens, char *out, size_t cap)
 
 static double router_stat(const char *name, const char *field)
 {
-    cJSON *j = e2e_admin(g_d.router.sock, "stats");
-    double v = -1;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "stats")) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "table");
-        if (cJSON_IsString(t) && strcmp(t->valuestring, "router") == 0) {
-            const cJSON *vals = cJSON_GetObjectItemCaseSensitive(e, "values");
-            const cJSON *x = cJSON_GetObjectItemCaseSensitive(vals, name);
-            if (field != NULL)
-                x = cJSON_GetObjectItemCaseSensitive(x, field);
-            if (cJSON_IsNumber(x))
-                v = x->valuedouble;
-        }
-    }
-    cJSON_Delete(j);
-    return v;
+    char path[128];
+    snprintf(path, sizeof(path), "%s%s%s", name, field ? "." : "", field ? field : "");
+    return e2e_router_stat(&g_d.router, path);
 }
 
 static int setup(void **st)

@@ -179,20 +179,7 @@ static int ready_backends(int i)
 
 static double router_stat(int i, const char *name)
 {
-    cJSON *j = e2e_admin(e2e_router(&g_d, i)->sock, "stats");
-    double v = -1;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "stats")) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "table");
-        if (cJSON_IsString(t) && strcmp(t->valuestring, "router") == 0) {
-            const cJSON *x = cJSON_GetObjectItemCaseSensitive(
-                cJSON_GetObjectItemCaseSensitive(e, "values"), name);
-            if (cJSON_IsNumber(x))
-                v = x->valuedouble;
-        }
-    }
-    cJSON_Delete(j);
-    return v;
+    return e2e_router_stat(e2e_router(&g_d, i), name);
 }
 
 /* ---- both routers serve ---------------------------------------------------- */
