@@ -462,6 +462,21 @@ routers() {
         r=$(request "$URL"); [ "$r" = "200 finish" ] || bad "router request $i: $r"
         r=$(request "$URL1"); [ "$r" = "200 finish" ] || bad "router-1 request $i: $r"
     done
+    # drain|ready reach every router (before: only the last one in the state)
+    both_state() { # both routers list decode-0 in routing state $1
+        local i v
+        for i in router router-1; do
+            v=$("$PDCTL" admin $i backends --run-dir "$R" --json |
+                json_get '[b["state"] for b in j["backends"] if b["id"] == "decode-0"][0]')
+            [ "$v" = "$1" ] || return 1
+        done
+    }
+    run "$PDCTL" drain decode-0 --run-dir "$R"
+    expect 0 "decode-0: drain \(state now drain at 2 of 2 routers\)" "drain decode-0: both routers told"
+    check "router and router-1 list decode-0 drain" both_state drain
+    run "$PDCTL" ready decode-0 --run-dir "$R"
+    expect 0 "decode-0: ready \(state now ready at 2 of 2 routers\)" "ready decode-0: both routers told"
+    check "router and router-1 list decode-0 ready" both_state ready
     run "$PDCTL" top --once --run-dir "$R"
     expect 0 "done 6 .*\(all routers\)" "top --once: totals over both routers"
     check "top --once: a row per router" bash -c \

@@ -1,6 +1,6 @@
 /* pdctl_ops.c - the operator's daily commands on one daemon of a running
- * deployment: `drain|maint|ready DAEMON` (the router's routing state for a
- * backend), `admin DAEMON CMD...` (any admin command, the JSON reply as is)
+ * deployment: `drain|maint|ready DAEMON` (every router's routing state for
+ * a backend), `admin DAEMON CMD...` (any admin command, the JSON reply as is)
  * and `logs DAEMON` (its log file, optionally followed). */
 #include "pdctl.h"
 
@@ -42,8 +42,8 @@ static bool pdctl_ops_reply_ok(const char *who, const char *cmd, const cJSON *r)
     return false;
 }
 
-/* drain|maint|ready DAEMON: the router stops sending it new requests (drain,
- * maint) or sends them again (ready); drain on a decode also moves its
+/* drain|maint|ready DAEMON: every router stops sending it new requests
+ * (drain, maint) or sends them again (ready); drain on a decode also moves its
  * running streams to the other decodes (live migration). The daemon keeps
  * running. */
 int pdctl_cmd_route(const char *state, int argc, char **argv)
@@ -64,34 +64,67 @@ int pdctl_cmd_route(const char *state, int argc, char **argv)
                 "(`pdctl down` drains it)\n", d->name);
         return PDCTL_EXIT_USAGE;
     }
-    const pdctl_daemon_t *router = NULL;
-    for (int i = 0; i < st.n; i++)
-        if (st.d[i].role == PDCTL_ROUTER)
-            router = &st.d[i];
-    if (router == NULL) {
-        fprintf(stderr, "pdctl: no router in %s\n", st.run_dir);
-        return PDCTL_EXIT_FAIL;
-    }
     char cmd[128], err[512];
     if (!pdctl_fmt(cmd, sizeof(cmd), "set-backend %s %s", d->name, state))
         return PDCTL_EXIT_USAGE;
-    cJSON *r = pdctl_admin(router->sock, cmd, 5.0, err, sizeof(err));
-    if (r == NULL) {
-        fprintf(stderr, "pdctl: router: %s\n", err);
+    /* every router routes to it: each must be told (a router that is down
+     * is reported and the command fails, the others still change) */
+    int routers = 0, changed = 0;
+    const char *now = NULL;
+    cJSON *all = cJSON_CreateArray();
+    rc = 0;
+    for (int i = 0; i < st.n; i++) {
+        const pdctl_daemon_t *router = &st.d[i];
+        if (router->role != PDCTL_ROUTER)
+            continue;
+        routers++;
+        cJSON *r = pdctl_admin(router->sock, cmd, 5.0, err, sizeof(err));
+        if (r == NULL) {
+            fprintf(stderr, "pdctl: %s: %s\n", router->name, err);
+            rc = PDCTL_EXIT_FAIL;
+            continue;
+        }
+        if (!pdctl_ops_reply_ok(router->name, cmd, r)) {
+            rc = PDCTL_EXIT_FAIL;
+            cJSON_Delete(r);
+            continue;
+        }
+        changed++;
+        const char *s_now = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "state"));
+        if (s_now == NULL)
+            s_now = "?";
+        if (now == NULL)
+            now = s_now;
+        else if (strcmp(now, s_now) != 0)
+            now = "mixed"; /* a string literal: outlives the replies */
+        cJSON_AddStringToObject(r, "router", router->name);
+        cJSON_AddItemToArray(all, r);
+    }
+    if (routers == 0) {
+        fprintf(stderr, "pdctl: no router in %s\n", st.run_dir);
+        cJSON_Delete(all);
         return PDCTL_EXIT_FAIL;
     }
-    rc = 0;
-    if (!pdctl_ops_reply_ok("router", cmd, r)) {
-        rc = PDCTL_EXIT_FAIL;
-    } else if (o.json) {
-        char *s = cJSON_PrintUnformatted(r);
-        printf("%s\n", s ? s : "{}");
-        free(s);
-    } else {
-        const char *now = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "state"));
+    if (o.json) {
+        /* one router: its reply as before; several: {"routers": [replies]} */
+        cJSON *out = all;
+        if (routers == 1 && cJSON_GetArraySize(all) == 1) {
+            out = cJSON_GetArrayItem(all, 0);
+        } else {
+            out = cJSON_CreateObject();
+            cJSON_AddItemToObject(out, "routers", all);
+            all = out; /* freed below with it */
+        }
+        char *js = cJSON_PrintUnformatted(out);
+        printf("%s\n", js ? js : "{}");
+        free(js);
+    } else if (changed > 0 && routers == 1) {
         printf("%s: %s (router state now %s)\n", d->name, state, now ? now : "?");
+    } else if (changed > 0) {
+        printf("%s: %s (state now %s at %d of %d routers)\n", d->name, state, now ? now : "?",
+               changed, routers);
     }
-    cJSON_Delete(r);
+    cJSON_Delete(all);
     return rc;
 }
 
