@@ -125,6 +125,8 @@ static void conns_sweep_arm(rtr_conns_t *cs)
     }
 }
 
+static void conns_classify_cb(evutil_socket_t unused, short what, void *arg);
+
 struct bufferevent *rtr_conns_bevcb(struct event_base *base, void *arg)
 {
     rtr_conns_t *cs = arg;
@@ -132,15 +134,17 @@ struct bufferevent *rtr_conns_bevcb(struct event_base *base, void *arg)
     if (bev == NULL)
         return NULL;
     cs->c.accepted++;
-    if (cs->n_pending < CONNS_PENDING_MAX) {
-        /* evhttp sets the fd after we return; look at it later this turn,
-         * holding a reference so an evhttp error path cannot free it */
-        bufferevent_incref(bev);
-        cs->pending[cs->n_pending++] = bev;
-        event_active(cs->classify_ev, EV_TIMEOUT, 0);
-    } else {
-        cs->c.untracked++;
-    }
+    /* A burst (libevent accepts until the backlog is empty, in one loop
+     * turn): the connections already pending were set up by evhttp when
+     * their own bevcb returned, so classify them now rather than leave any
+     * connection untracked. */
+    if (cs->n_pending == CONNS_PENDING_MAX)
+        conns_classify_cb(-1, 0, cs);
+    /* evhttp sets the fd after we return; look at it later this turn,
+     * holding a reference so an evhttp error path cannot free it */
+    bufferevent_incref(bev);
+    cs->pending[cs->n_pending++] = bev;
+    event_active(cs->classify_ev, EV_TIMEOUT, 0);
     conns_listener_update(cs);
     return bev;
 }
@@ -253,7 +257,10 @@ static void conns_classify_one(rtr_conns_t *cs, struct bufferevent *bev)
         if (!cs->slots[i].used)
             s = &cs->slots[i];
     if (s == NULL) {
-        cs->c.untracked++;
+        /* no slot (the listener pauses before this can happen): an
+         * untracked connection would have no deadline and no count */
+        cs->c.no_slot++;
+        conns_refuse(fd, cs->o.retry_after);
         return;
     }
     s->used = true;

@@ -2,7 +2,8 @@
  *   - at most max_total connections (the listener pauses at the cap and
  *     resumes when one ends; clamped below the fd limit);
  *   - at most max_per_client per client address (more get a 503 and are
- *     closed at once);
+ *     closed at once); every accepted connection is tracked (deadline and
+ *     count) from its accept, however many arrive in one loop turn;
  *   - a request's headers and body must be in within read_timeout of the
  *     connection's accept (or of the end of the previous response on a
  *     keep-alive connection), however slowly the bytes trickle;
@@ -39,7 +40,7 @@ typedef struct {
     uint64_t read_timeouts;
     uint64_t accept_errors;
     uint64_t paused;           /* times the listener paused at max_total */
-    uint64_t untracked;
+    uint64_t no_slot;          /* refused: no slot left (not expected: accept pauses first) */
     uint64_t bare_lf;          /* request heads refused for a bare LF */
     uint32_t live;
     uint32_t max_total;        /* after clamping */
