@@ -769,6 +769,8 @@ static const char *http_ambiguous(struct evhttp_request *h)
         return "Transfer-Encoding other than \"chunked\"";
     if (te != NULL && n_cl > 0)
         return "both Content-Length and Transfer-Encoding";
+    if (te != NULL && h->major == 1 && h->minor == 0)
+        return "Transfer-Encoding in an HTTP/1.0 request";
     return NULL;
 }
 

@@ -1154,6 +1154,125 @@ static void test_http_burst(void **st)
     assert_int_equal(health_status(5), 200);
 }
 
+/* Send n raw bytes from 127.0.0.8; everything the router sends back until
+ * it closes (or until quiet_s without a byte). */
+static size_t raw_exchange(const char *req, size_t n, char *out, size_t cap, double quiet_s,
+                           bool half_close, bool *closed)
+{
+    int fd = http_connect_from("127.0.0.8");
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, req, n), (ssize_t)n);
+    if (half_close)
+        shutdown(fd, SHUT_WR);
+    size_t got = 0;
+    double end = e2e_now() + quiet_s;
+    *closed = false;
+    while (got < cap - 1) {
+        int ms = (int)((end - e2e_now()) * 1000);
+        if (ms <= 0)
+            break;
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, ms) <= 0)
+            continue;
+        ssize_t r = read(fd, out + got, cap - 1 - got);
+        if (r <= 0) {
+            *closed = true;
+            break;
+        }
+        got += (size_t)r;
+        end = e2e_now() + quiet_s;
+    }
+    out[got] = '\0';
+    close(fd);
+    return got;
+}
+
+static int count_str(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p != NULL; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+/* Finding 6: a body that is itself a request ("GET /v1/models") behind a
+ * Content-Length evhttp would not read as one (space before the colon,
+ * "-0", "+N", "N<NUL>", two values, folded) is refused with one 400 and
+ * the connection closed: it is never answered as a second request. */
+static void test_http_content_length(void **st)
+{
+    (void)st;
+    static const char inner[] = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+    char n[16];
+    snprintf(n, sizeof(n), "%zu", strlen(inner));
+    static const struct { const char *fmt; size_t nul_at; } bad[] = {
+        { "Content-Length : %s\r\n", 0 },
+        { "Content-Length\t: %s\r\n", 0 },
+        { "Content-Length: -0\r\n", 0 },
+        { "Content-Length: +%s\r\n", 0 },
+        { "Content-Length: %sX\r\n", 17 }, /* X becomes a NUL after the digits */
+        { "Content-Length: 0x%s\r\n", 0 },
+        { "Content-Length: %s\r\nContent-Length: 0\r\n", 0 },
+        { "Content-Length: 0\r\nContent-Length: %s\r\n", 0 },
+        { "Content-Length: %s, 0\r\n", 0 },
+        { "X-A: b\r\n Content-Length: %s\r\n", 0 },
+        { "Content-Length:\r\n %s\r\n", 0 },
+        { "Transfer-Encoding: chunked\r\nContent-Length: %s\r\n", 0 },
+    };
+    int n_fail = 0;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char hdr[256], req[1024], out[8192];
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+        snprintf(hdr, sizeof(hdr), bad[i].fmt, n);
+#pragma GCC diagnostic pop
+        int len = snprintf(req, sizeof(req), "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%s\r\n%s",
+                           hdr, inner);
+        if (bad[i].nul_at) {
+            char *x = strstr(req, "X\r\n");
+            assert_non_null(x);
+            *x = '\0';
+        }
+        bool closed;
+        raw_exchange(req, (size_t)len, out, sizeof(out), 1.0, false, &closed);
+        int n_resp = count_str(out, "HTTP/1.1 ");
+        if (strncmp(out, "HTTP/1.1 400", 12) != 0 || n_resp != 1 || !closed ||
+            strstr(out, "\"object\":\"list\"") != NULL)
+        {
+            fprintf(stderr, "security: Content-Length case %zu (%s): %d responses, closed %d: "
+                    "%.300s\n", i, hdr, n_resp, closed, out);
+            n_fail++;
+        }
+    }
+    assert_int_equal(n_fail, 0);
+    /* HTTP/1.0 with Transfer-Encoding: faulty framing (RFC 9112 6.1) */
+    {
+        static const char req[] = "POST /v1/completions HTTP/1.0\r\nHost: x\r\n"
+                                  "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+        char out[8192];
+        bool closed;
+        raw_exchange(req, strlen(req), out, sizeof(out), 1.0, false, &closed);
+        if (strstr(out, " 400 ") == NULL || !closed)
+            fail_msg("HTTP/1.0 with Transfer-Encoding: %.400s", out);
+    }
+    /* well-formed, with optional whitespace around the value: one request
+     * whose body is JSON, then a pipelined second request on the same
+     * connection; both answered */
+    {
+        static const char body[] = "{\"prompt\":\"hi\",\"max_tokens\":1}";
+        char req[1024], out[16384];
+        int len = snprintf(req, sizeof(req),
+                           "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                           "application/json\r\nContent-Length: \t%zu \r\n\r\n%s"
+                           "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                           strlen(body), body);
+        bool closed;
+        raw_exchange(req, (size_t)len, out, sizeof(out), 5.0, false, &closed);
+        if (strncmp(out, "HTTP/1.1 200", 12) != 0 || count_str(out, "HTTP/1.1 200") != 2)
+            fail_msg("well-formed Content-Length then a pipelined request: %.800s", out);
+    }
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 int main(int argc, char **argv)
@@ -1186,7 +1305,8 @@ int main(int argc, char **argv)
                                         cmocka_unit_test(test_http_emfile) };
         rc = cmocka_run_group_tests_name("security-http", t, http_setup, teardown);
     } else if (strcmp(group, "edges") == 0) {
-        const struct CMUnitTest t[] = { cmocka_unit_test(test_http_burst) };
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_http_burst),
+                                        cmocka_unit_test(test_http_content_length) };
         rc = cmocka_run_group_tests_name("security-http-edges", t, edges_setup, teardown);
     } else if (strcmp(group, "lockout") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_stop_resume_prefill) };
