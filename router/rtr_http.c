@@ -570,6 +570,20 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
         .max_messages = ENG_CHAT_MAX_MESSAGES,
         .vocab_size = r->geom_fixed ? r->geom.vocab_size : eng_tok_vocab_size(r->tok),
     };
+    char nul_at[256];
+    if (body != NULL && rtr_json_nul_find(body, len, nul_at, sizeof(nul_at))) {
+        /* it would be cut short at the NUL once parsed */
+        pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
+        rtr_oai_error_set(&err, 400, "invalid_request_error", "invalid_string", NULL,
+                          "a JSON string at \"%s\" contains a NUL (\\u0000): strings with "
+                          "NUL are refused", nul_at);
+        size_t pl = strnlen(nul_at, sizeof(err.param_buf) - 1);
+        memcpy(err.param_buf, nul_at, pl);
+        err.param_buf[pl] = '\0';
+        err.param = err.param_buf;
+        reply_error(r, h, &err, reqid);
+        return;
+    }
     rtr_oai_req_t o;
     memset(&o, 0, sizeof(o));
     pd_status_t s = rtr_oai_parse(api, body != NULL ? body : "", len, &lim, &o, &err);

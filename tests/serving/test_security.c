@@ -1273,6 +1273,81 @@ static void test_http_content_length(void **st)
     }
 }
 
+/* Finding 7: a \u0000 inside a JSON string (cJSON would cut the string
+ * there: a tool named "ab" instead of "ab\u0000rm -rf", stop "of" instead
+ * of "of\u0000ZZZ", the served model's name with junk after a NUL) is
+ * refused with a 400 whose param is the JSON pointer of the string (or of
+ * the member whose key it is). */
+static void test_http_json_nul(void **st)
+{
+    (void)st;
+    e2e_resp_t mr;
+    e2e_http(g_d.http_port, "GET", "/v1/models", NULL, NULL, 5, &mr);
+    cJSON *mj = cJSON_Parse(mr.body ? mr.body : "");
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(mj, "data"), 0), "id");
+    assert_true(cJSON_IsString(id));
+    char model[256];
+    snprintf(model, sizeof(model), "%s", id->valuestring);
+    cJSON_Delete(mj);
+    e2e_resp_free(&mr);
+
+    char model_req[512];
+    snprintf(model_req, sizeof(model_req),
+             "{\"model\":\"%s\\u0000junk\",\"prompt\":\"hi\",\"max_tokens\":1}", model);
+#define TOOL(name, props)                                                                  \
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1,"              \
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"" name "\",\"parameters\":" \
+    "{\"type\":\"object\",\"properties\":{" props "}}}}],\"tool_choice\":\"required\"}"
+    const struct { const char *path, *body, *param; } cases[] = {
+        { "/v1/completions", model_req, "/model" },
+        { "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":1,\"stop\":\"of\\u0000ZZZ\"}",
+          "/stop" },
+        { "/v1/completions",
+          "{\"prompt\":\"hi\",\"max_tokens\":1,\"stop\":[\"a\",\"of\\u0000ZZZ\"]}", "/stop/1" },
+        { "/v1/completions", "{\"prompt\":\"hi\\u0000there\",\"max_tokens\":1}", "/prompt" },
+        { "/v1/chat/completions", TOOL("ab\\u0000rm -rf", ""), "/tools/0/function/name" },
+        { "/v1/chat/completions", TOOL("f", "\"a\\u0000b\":{\"type\":\"string\"}"),
+          "/tools/0/function/parameters/properties/a\\u0000b" },
+        { "/v1/chat/completions",
+          "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\","
+          "\"content\":\"x\\u0000y\"}],\"max_tokens\":1}", "/messages/1/content" },
+        /* JSON in a JSON string: a tool call's arguments, parsed again */
+        { "/v1/chat/completions",
+          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\","
+          "\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":"
+          "{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":\\\"x\\\\u0000y\\\"}\"}}]},"
+          "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"r\"}],\"max_tokens\":1}",
+          "/messages/1/tool_calls/0/function/arguments/a" },
+    };
+#undef TOOL
+    int n_fail = 0;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        e2e_resp_t r;
+        e2e_http(g_d.http_port, "POST", cases[i].path, "Content-Type: application/json\r\n",
+                 cases[i].body, 10, &r);
+        cJSON *j = cJSON_Parse(r.body ? r.body : "");
+        const cJSON *param = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(j, "error"), "param");
+        bool ok = r.status == 400 && cJSON_IsString(param) &&
+                  strcmp(param->valuestring, cases[i].param) == 0;
+        if (!ok) {
+            fprintf(stderr, "security: NUL case %zu (%s): status %d, body %.300s\n", i,
+                    cases[i].param, r.status, r.body ? r.body : "");
+            n_fail++;
+        }
+        cJSON_Delete(j);
+        e2e_resp_free(&r);
+    }
+    assert_int_equal(n_fail, 0);
+    /* an escaped backslash before "u0000" is text, not a NUL */
+    e2e_resp_t r;
+    e2e_http(g_d.http_port, "POST", "/v1/completions", "Content-Type: application/json\r\n",
+             "{\"prompt\":\"a\\\\u0000\",\"max_tokens\":1}", 10, &r);
+    assert_int_equal(r.status, 200);
+    e2e_resp_free(&r);
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 int main(int argc, char **argv)
@@ -1306,7 +1381,8 @@ int main(int argc, char **argv)
         rc = cmocka_run_group_tests_name("security-http", t, http_setup, teardown);
     } else if (strcmp(group, "edges") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_http_burst),
-                                        cmocka_unit_test(test_http_content_length) };
+                                        cmocka_unit_test(test_http_content_length),
+                                        cmocka_unit_test(test_http_json_nul) };
         rc = cmocka_run_group_tests_name("security-http-edges", t, edges_setup, teardown);
     } else if (strcmp(group, "lockout") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_stop_resume_prefill) };
