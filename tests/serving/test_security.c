@@ -1348,6 +1348,53 @@ static void test_http_json_nul(void **st)
     e2e_resp_free(&r);
 }
 
+/* Finding 8: at log.level=debug the router's 4xx lines quote client bytes
+ * (model names, unknown keys, paths): a newline or an ESC in them must not
+ * start a forged line or reach a terminal. */
+static void test_http_log_escape(void **st)
+{
+    (void)st;
+    long off = file_size(g_d.router.log);
+    assert_true(off >= 0);
+    static const char *const bodies[] = {
+        "{\"model\":\"m\\nFORGED-1 error router admin logged in\\u001b[2J\",\"prompt\":\"hi\"}",
+        "{\"prompt\":\"hi\",\"x\\r\\nFORGED-2 error router\\u001b]0;t\\u0007\":1}",
+    };
+    for (size_t i = 0; i < 2; i++) {
+        e2e_resp_t r;
+        e2e_http(g_d.http_port, "POST", "/v1/completions", "Content-Type: application/json\r\n",
+                 bodies[i], 10, &r);
+        assert_true(r.status >= 400 && r.status < 500);
+        e2e_resp_free(&r);
+    }
+    /* a path with an ESC and a raw DEL (the request line allows them) */
+    static const char req[] = "GET /v1/x\x1b[31mFORGED-3\x7f HTTP/1.1\r\nHost: x\r\n"
+                              "Connection: close\r\n\r\n";
+    char out[4096];
+    bool closed;
+    raw_exchange(req, strlen(req), out, sizeof(out), 2.0, false, &closed);
+    assert_true(strncmp(out, "HTTP/1.1 4", 10) == 0);
+    e2e_nap_ms(200);
+    FILE *f = fopen(g_d.router.log, "re");
+    assert_non_null(f);
+    fseek(f, off, SEEK_SET);
+    static char line[8192];
+    int forged = 0, ctl = 0, quoted = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strncmp(line, "FORGED", 6) == 0)
+            forged++;
+        for (const char *c = line; *c; c++)
+            ctl += (*c > 0 && *c < 0x20 && *c != '\n') || *c == 0x7f;
+        quoted += strstr(line, "FORGED") != NULL;
+    }
+    fclose(f);
+    fprintf(stderr, "security: debug log after 3 hostile 4xx: %d forged lines, %d control "
+            "bytes, %d lines quoting the text escaped\n", forged, ctl, quoted);
+    assert_int_equal(forged, 0);
+    assert_int_equal(ctl, 0);
+    assert_true(quoted >= 2);
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 int main(int argc, char **argv)
@@ -1382,7 +1429,8 @@ int main(int argc, char **argv)
     } else if (strcmp(group, "edges") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_http_burst),
                                         cmocka_unit_test(test_http_content_length),
-                                        cmocka_unit_test(test_http_json_nul) };
+                                        cmocka_unit_test(test_http_json_nul),
+                                        cmocka_unit_test(test_http_log_escape) };
         rc = cmocka_run_group_tests_name("security-http-edges", t, edges_setup, teardown);
     } else if (strcmp(group, "lockout") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_stop_resume_prefill) };
