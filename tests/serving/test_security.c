@@ -1395,6 +1395,50 @@ static void test_http_log_escape(void **st)
     assert_true(quoted >= 2);
 }
 
+/* Finding 8: a client that half-closes (shutdown(SHUT_WR)) after sending
+ * gets an answer to every request it sent: one HTTP/1.0 request; three
+ * pipelined HTTP/1.1 ones. No "100 Continue" unless it sent
+ * "Expect: 100-continue". */
+static void test_http_half_close_all(void **st)
+{
+    (void)st;
+    static const char body[] = "{\"prompt\":\"hello there\",\"max_tokens\":4,\"temperature\":0}";
+    char one[512], req[2048], out[65536];
+    bool closed;
+    /* HTTP/1.0 */
+    int len = snprintf(req, sizeof(req),
+                       "POST /v1/completions HTTP/1.0\r\nHost: x\r\nContent-Type: "
+                       "application/json\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    raw_exchange(req, (size_t)len, out, sizeof(out), 10.0, true, &closed);
+    bool ok10 = strstr(out, " 200 ") != NULL && strstr(out, "\"finish_reason\"") != NULL &&
+                strstr(out, " 100 ") == NULL;
+    if (!ok10)
+        fprintf(stderr, "security: half-closed HTTP/1.0 client got: %.400s\n", out);
+    /* three pipelined HTTP/1.1 requests (one answered at once, two later),
+     * the last with Connection: close */
+    len = 0;
+    for (int k = 0; k < 3; k++) {
+        if (k == 1)
+            snprintf(one, sizeof(one), "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+        else
+            snprintf(one, sizeof(one),
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     "application/json\r\nContent-Length: %zu\r\n%s\r\n%s", strlen(body),
+                     k == 2 ? "Connection: close\r\n" : "", body);
+        len += snprintf(req + len, sizeof(req) - (size_t)len, "%s", one);
+    }
+    raw_exchange(req, (size_t)len, out, sizeof(out), 10.0, true, &closed);
+    int n200 = count_str(out, "HTTP/1.1 200"), n100 = count_str(out, "100 Continue");
+    bool ok3 = n200 == 3 && n100 == 0;
+    if (!ok3) {
+        fprintf(stderr, "security: 3 pipelined requests then a half-close: %d answers, %d "
+                "\"100 Continue\": %.600s\n", n200, n100, out);
+        e2e_proc_dump_log(&g_d.router, 12);
+    }
+    assert_true(ok10);
+    assert_true(ok3);
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 int main(int argc, char **argv)
@@ -1430,7 +1474,8 @@ int main(int argc, char **argv)
         const struct CMUnitTest t[] = { cmocka_unit_test(test_http_burst),
                                         cmocka_unit_test(test_http_content_length),
                                         cmocka_unit_test(test_http_json_nul),
-                                        cmocka_unit_test(test_http_log_escape) };
+                                        cmocka_unit_test(test_http_log_escape),
+                                        cmocka_unit_test(test_http_half_close_all) };
         rc = cmocka_run_group_tests_name("security-http-edges", t, edges_setup, teardown);
     } else if (strcmp(group, "lockout") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_stop_resume_prefill) };
