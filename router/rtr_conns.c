@@ -49,6 +49,7 @@ typedef struct {
     bool colon;                            /* the current line's name ended */
     bool name_bad;                         /* a byte that is no tchar before the colon */
     bool have_cl, te;
+    bool no_body;                          /* HEAD or TRACE: evhttp reads no body */
     uint8_t name_len, val_len;
     uint32_t line_len;
     uint32_t n_lines;                      /* lines of this head so far */
@@ -277,6 +278,9 @@ static const char *head_scan(head_scan_t *h, const unsigned char *p, size_t n)
                 if (h->n_lines == 0)
                     continue; /* an empty line before the request line: ignored */
                 /* the end of the head */
+                if (h->no_body && (h->te || (h->have_cl && h->cl > 0)))
+                    return "a body on a HEAD or TRACE request (read as the next request "
+                           "by some servers, as a body by others)";
                 if (h->te) {
                     h->st = SCAN_OFF; /* chunked (or refused by rtr_http) */
                 } else if (h->have_cl && h->cl > 0) {
@@ -307,8 +311,16 @@ static const char *head_scan(head_scan_t *h, const unsigned char *p, size_t n)
         if ((c < 0x20 && c != '\t') || c == 0x7f)
             return "a control character (NUL, ...) in the request head";
         h->line_len++;
-        if (h->n_lines == 0)
-            continue; /* the request line: evhttp checks it */
+        if (h->n_lines == 0) {
+            /* the request line: evhttp checks it; the method decides
+             * whether evhttp reads a body */
+            if (h->line_len <= 6 && h->name_len < sizeof(h->name))
+                h->name[h->name_len++] = (char)c;
+            if (h->line_len == 6)
+                h->no_body = memcmp(h->name, "HEAD ", 5) == 0 ||
+                             memcmp(h->name, "TRACE ", 6) == 0;
+            continue;
+        }
         if (h->line_len == 1 && (c == ' ' || c == '\t'))
             return "a folded header line (obsolete line folding)";
         if (!h->colon) {

@@ -1245,6 +1245,22 @@ static void test_http_content_length(void **st)
         }
     }
     assert_int_equal(n_fail, 0);
+    /* a body on a GET is read as a body (one answer), on a HEAD refused */
+    {
+        char req[1024], out[8192];
+        bool closed;
+        int len = snprintf(req, sizeof(req), "GET /health HTTP/1.1\r\nHost: x\r\n"
+                           "Content-Length: %s\r\n\r\n%s", n, inner);
+        raw_exchange(req, (size_t)len, out, sizeof(out), 1.0, false, &closed);
+        if (count_str(out, "HTTP/1.1 ") != 1 || strstr(out, "\"object\":\"list\"") != NULL)
+            fail_msg("GET with a body: %.600s", out);
+        len = snprintf(req, sizeof(req), "HEAD /health HTTP/1.1\r\nHost: x\r\n"
+                       "Content-Length: %s\r\n\r\n%s", n, inner);
+        raw_exchange(req, (size_t)len, out, sizeof(out), 1.0, false, &closed);
+        if (strncmp(out, "HTTP/1.1 400", 12) != 0 || count_str(out, "HTTP/1.1 ") != 1 ||
+            !closed)
+            fail_msg("HEAD with a body: %.600s", out);
+    }
     /* HTTP/1.0 with Transfer-Encoding: faulty framing (RFC 9112 6.1) */
     {
         static const char req[] = "POST /v1/completions HTTP/1.0\r\nHost: x\r\n"
