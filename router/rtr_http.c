@@ -358,8 +358,9 @@ static bool client_probe(rtr_req_t *q, evutil_socket_t fd)
     struct bufferevent *bev = c->evcon ? evhttp_connection_get_bufferevent(c->evcon) : NULL;
     const char *expect = c->http != NULL
         ? evhttp_find_header(evhttp_request_get_input_headers(c->http), "Expect") : NULL;
-    if (c->http == NULL || bev == NULL || expect == NULL ||
-        strcasecmp(expect, "100-continue") != 0 || c->http->major != 1 || c->http->minor < 1 ||
+    if (c->http == NULL || bev == NULL || q->oai.stream || q->headers_sent ||
+        expect == NULL || strcasecmp(expect, "100-continue") != 0 ||
+        c->http->major != 1 || c->http->minor < 1 ||
         evbuffer_get_length(bufferevent_get_output(bev)) != 0 ||
         send(fd, cont, sizeof(cont) - 1, MSG_NOSIGNAL | MSG_DONTWAIT) !=
             (ssize_t)(sizeof(cont) - 1))

@@ -1451,8 +1451,19 @@ static void test_http_half_close_all(void **st)
                 "\"100 Continue\": %.600s\n", n200, n100, out);
         e2e_proc_dump_log(&g_d.router, 12);
     }
+    /* one that asked for "100 Continue" may be probed with one: answered */
+    len = snprintf(req, sizeof(req),
+                   "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                   "application/json\r\nExpect: 100-continue\r\nContent-Length: %zu\r\n\r\n%s",
+                   strlen(body), body);
+    raw_exchange(req, (size_t)len, out, sizeof(out), 10.0, true, &closed);
+    bool ok_exp = strstr(out, "HTTP/1.1 200") != NULL && strstr(out, "\"finish_reason\"") != NULL;
+    if (!ok_exp)
+        fprintf(stderr, "security: half-closed client with Expect: 100-continue got: %.400s\n",
+                out);
     assert_true(ok10);
     assert_true(ok3);
+    assert_true(ok_exp);
 }
 
 /* ---- main ------------------------------------------------------------------ */
