@@ -75,14 +75,56 @@ const char *pd_log_level_name(pd_log_level_t level)
     return level_names[level];
 }
 
+size_t pd_log_escape(const char *in, size_t n, char *out, size_t cap)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t k = 0;
+    if (cap == 0)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)in[i];
+        char e[8];
+        size_t el = 0;
+        if (c == '\n' || c == '\r' || c == '\t') {
+            e[0] = '\\';
+            e[1] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+            el = 2;
+        } else if (c < 0x20 || c == 0x7f) {
+            e[0] = '\\';
+            e[1] = 'x';
+            e[2] = hex[c >> 4];
+            e[3] = hex[c & 15];
+            el = 4;
+        } else if (c == 0xc2 && i + 1 < n && (unsigned char)in[i + 1] >= 0x80 &&
+                   (unsigned char)in[i + 1] <= 0x9f) {
+            unsigned char d = (unsigned char)in[++i];
+            memcpy(e, "\\u00", 4);
+            e[4] = hex[d >> 4];
+            e[5] = hex[d & 15];
+            el = 6;
+        } else {
+            e[0] = (char)c;
+            el = 1;
+        }
+        if (k + el >= cap)
+            break;
+        memcpy(out + k, e, el);
+        k += el;
+    }
+    out[k] = '\0';
+    return k;
+}
+
 void pd_log_write(pd_log_level_t level, const char *component,
                   const char *request_id, const char *fmt, ...)
 {
-    char line[2048];
+    char line[2048], msg[2048], rid[160];
     uint64_t wall = pd_wall_ns(), mono = pd_now_ns();
     time_t secs = (time_t)(wall / PD_NS_PER_S);
     struct tm tm;
     gmtime_r(&secs, &tm);
+    if (request_id != NULL)
+        pd_log_escape(request_id, strlen(request_id), rid, sizeof(rid));
     int n = snprintf(line, sizeof(line),
                      "%04d-%02d-%02dT%02d:%02d:%02d.%06uZ mono=%llu.%06u %-5s %s%s%s%s ",
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
@@ -91,7 +133,7 @@ void pd_log_write(pd_log_level_t level, const char *component,
                      (unsigned long long)(mono / PD_NS_PER_S),
                      (unsigned)((mono % PD_NS_PER_S) / PD_NS_PER_US),
                      pd_log_level_name(level), component ? component : "-",
-                     request_id ? " [req=" : "", request_id ? request_id : "",
+                     request_id ? " [req=" : "", request_id ? rid : "",
                      request_id ? "]" : "");
     if (n < 0)
         return;
@@ -99,13 +141,13 @@ void pd_log_write(pd_log_level_t level, const char *component,
         n = sizeof(line) - 1;
     va_list ap;
     va_start(ap, fmt);
-    int m = vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+    int m = vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     if (m < 0)
         m = 0;
-    size_t len = (size_t)n + (size_t)m;
-    if (len > sizeof(line) - 2)
-        len = sizeof(line) - 2; /* truncated line */
+    if ((size_t)m >= sizeof(msg))
+        m = sizeof(msg) - 1;
+    size_t len = (size_t)n + pd_log_escape(msg, (size_t)m, line + n, sizeof(line) - 1 - (size_t)n);
     line[len++] = '\n';
     int fd = atomic_load(&log_fd);
     ssize_t w = write(fd, line, len);

@@ -2,6 +2,8 @@
  * and an optional request id. One line per call, written with one write(2)
  * so lines from several threads never interleave. Target: stderr (default)
  * or a file; the level can be changed at run time (admin `log level`).
+ * Every field is escaped (pd_log_escape) at every level: client bytes in a
+ * message cannot start a line of their own or carry terminal escapes.
  *
  * Libraries (common, proto, kvxfer, engine) log at DEBUG/TRACE only and
  * return statuses; daemons decide what the operator sees. */
@@ -9,6 +11,7 @@
 #define PD_LOG_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include "pd_status.h"
 
 typedef enum {
@@ -30,6 +33,14 @@ pd_log_level_t pd_log_get_level(void);
 /* "error|warn|info|debug|trace" -> level. PD_ERR_BAD_INPUT otherwise. */
 pd_status_t pd_log_level_parse(const char *text, pd_log_level_t *level_p);
 const char *pd_log_level_name(pd_log_level_t level);
+
+/* Copies n bytes of in to out (cap > 0, always NUL-terminated) so that
+ * they cannot end or forge a log line or drive a terminal: control bytes
+ * (< 0x20, 0x7f) become \n, \r, \t or \xNN, C1 controls in UTF-8
+ * (0xc2 0x80-0x9f) \u00NN. Returns the length written (cut short at cap,
+ * never inside an escape). pd_log_write applies it to every line's request
+ * id and message, so callers may log client bytes as they are. */
+size_t pd_log_escape(const char *in, size_t n, char *out, size_t cap);
 
 void pd_log_write(pd_log_level_t level, const char *component,
                   const char *request_id, const char *fmt, ...)

@@ -36,6 +36,28 @@
 #define CONNS_SWEEP_NS (200 * PD_NS_PER_MS)
 #define CONNS_LOG_EVERY_NS (5 * PD_NS_PER_S)
 
+/* The framing of the request heads on a connection, read before evhttp
+ * (which is lenient: "Content-Length : 5" is not a Content-Length to it,
+ * "-0", "+5" and "5<NUL>" are read as numbers): RFC 9112 strictly. Bodies
+ * framed by Content-Length are skipped to find the next head; a chunked
+ * body stops the scan until the request is in (rtr_conns_request_in). */
+typedef enum { SCAN_HEAD, SCAN_BODY, SCAN_OFF } scan_state_t;
+
+typedef struct {
+    scan_state_t st;
+    bool prev_cr;
+    bool colon;                            /* the current line's name ended */
+    bool name_bad;                         /* a byte that is no tchar before the colon */
+    bool have_cl, te;
+    bool no_body;                          /* HEAD or TRACE: evhttp reads no body */
+    uint8_t name_len, val_len;
+    uint32_t line_len;
+    uint32_t n_lines;                      /* lines of this head so far */
+    uint64_t cl, body_left;
+    char name[20];                         /* lower case; longer names are no CL/TE */
+    char val[24];                          /* of a Content-Length */
+} head_scan_t;
+
 typedef struct {
     bool used;
     evutil_socket_t fd;
@@ -44,9 +66,7 @@ typedef struct {
     uint64_t deadline_ns;                  /* request must be in by then; 0 = serving */
     struct bufferevent *bev;               /* valid only inside conns_input_cb */
     rtr_conns_t *cs;
-    bool in_hdr;                           /* scanning a request head */
-    bool prev_cr;
-    uint32_t line_len;
+    head_scan_t hs;                        /* the request heads on this connection */
 } conn_slot_t;
 
 struct rtr_conns {
@@ -125,6 +145,8 @@ static void conns_sweep_arm(rtr_conns_t *cs)
     }
 }
 
+static void conns_classify_cb(evutil_socket_t unused, short what, void *arg);
+
 struct bufferevent *rtr_conns_bevcb(struct event_base *base, void *arg)
 {
     rtr_conns_t *cs = arg;
@@ -132,15 +154,17 @@ struct bufferevent *rtr_conns_bevcb(struct event_base *base, void *arg)
     if (bev == NULL)
         return NULL;
     cs->c.accepted++;
-    if (cs->n_pending < CONNS_PENDING_MAX) {
-        /* evhttp sets the fd after we return; look at it later this turn,
-         * holding a reference so an evhttp error path cannot free it */
-        bufferevent_incref(bev);
-        cs->pending[cs->n_pending++] = bev;
-        event_active(cs->classify_ev, EV_TIMEOUT, 0);
-    } else {
-        cs->c.untracked++;
-    }
+    /* A burst (libevent accepts until the backlog is empty, in one loop
+     * turn): the connections already pending were set up by evhttp when
+     * their own bevcb returned, so classify them now rather than leave any
+     * connection untracked. */
+    if (cs->n_pending == CONNS_PENDING_MAX)
+        conns_classify_cb(-1, 0, cs);
+    /* evhttp sets the fd after we return; look at it later this turn,
+     * holding a reference so an evhttp error path cannot free it */
+    bufferevent_incref(bev);
+    cs->pending[cs->n_pending++] = bev;
+    event_active(cs->classify_ev, EV_TIMEOUT, 0);
     conns_listener_update(cs);
     return bev;
 }
@@ -182,14 +206,148 @@ static conn_slot_t *conns_find_fd(rtr_conns_t *cs, evutil_socket_t fd)
     return NULL;
 }
 
+static void head_scan_reset(head_scan_t *h)
+{
+    memset(h, 0, sizeof(*h));
+    h->st = SCAN_HEAD;
+}
+
+static bool is_tchar(unsigned char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
+/* A header line ended: NULL if it is well formed. */
+static const char *head_scan_line(head_scan_t *h)
+{
+    if (!h->colon)
+        return "a header line without a colon";
+    if (h->name_bad || h->name_len == 0)
+        return "a header field name with whitespace or a byte that is not a token character "
+               "(nothing may stand between the name and its colon)";
+    bool is_cl = h->name_len == 14 && memcmp(h->name, "content-length", 14) == 0;
+    bool is_te = h->name_len == 17 && memcmp(h->name, "transfer-encoding", 17) == 0;
+    if (is_te)
+        h->te = true;
+    if (!is_cl)
+        return NULL;
+    /* 1*DIGIT between optional spaces or tabs, at most 18 digits */
+    size_t a = 0, b = h->val_len;
+    while (a < b && (h->val[a] == ' ' || h->val[a] == '\t'))
+        a++;
+    while (b > a && (h->val[b - 1] == ' ' || h->val[b - 1] == '\t'))
+        b--;
+    if (h->val_len == sizeof(h->val) || b == a || b - a > 18)
+        return "a Content-Length that is not 1 to 18 digits";
+    uint64_t v = 0;
+    for (size_t i = a; i < b; i++) {
+        if (h->val[i] < '0' || h->val[i] > '9')
+            return "a Content-Length that is not digits only";
+        v = v * 10 + (uint64_t)(h->val[i] - '0');
+    }
+    if (h->have_cl && v != h->cl)
+        return "two different Content-Length values";
+    h->have_cl = true;
+    h->cl = v;
+    return NULL;
+}
+
+/* Scans n bytes; NULL, or why the head is refused. */
+static const char *head_scan(head_scan_t *h, const unsigned char *p, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        if (h->st == SCAN_OFF)
+            return NULL;
+        if (h->st == SCAN_BODY) {
+            size_t take = n - k < h->body_left ? n - k : (size_t)h->body_left;
+            h->body_left -= take;
+            k += take - 1;
+            if (h->body_left == 0)
+                head_scan_reset(h);
+            continue;
+        }
+        unsigned char c = p[k];
+        if (h->prev_cr && c != '\n')
+            return "a CR not followed by LF in the request head";
+        if (c == '\n') {
+            if (!h->prev_cr)
+                return "a bare LF line end in the request head (CRLF required)";
+            h->prev_cr = false;
+            if (h->line_len == 0) {
+                if (h->n_lines == 0)
+                    continue; /* an empty line before the request line: ignored */
+                /* the end of the head */
+                if (h->no_body && (h->te || (h->have_cl && h->cl > 0)))
+                    return "a body on a HEAD or TRACE request (read as the next request "
+                           "by some servers, as a body by others)";
+                if (h->te) {
+                    h->st = SCAN_OFF; /* chunked (or refused by rtr_http) */
+                } else if (h->have_cl && h->cl > 0) {
+                    uint64_t cl = h->cl;
+                    head_scan_reset(h);
+                    h->st = SCAN_BODY;
+                    h->body_left = cl;
+                } else {
+                    head_scan_reset(h);
+                }
+                continue;
+            }
+            if (h->n_lines > 0) {
+                const char *why = head_scan_line(h);
+                if (why != NULL)
+                    return why;
+            }
+            h->n_lines++;
+            h->line_len = 0;
+            h->colon = h->name_bad = false;
+            h->name_len = h->val_len = 0;
+            continue;
+        }
+        if (c == '\r') {
+            h->prev_cr = true;
+            continue;
+        }
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return "a control character (NUL, ...) in the request head";
+        h->line_len++;
+        if (h->n_lines == 0) {
+            /* the request line: evhttp checks it; the method decides
+             * whether evhttp reads a body */
+            if (h->line_len <= 6 && h->name_len < sizeof(h->name))
+                h->name[h->name_len++] = (char)c;
+            if (h->line_len == 6)
+                h->no_body = memcmp(h->name, "HEAD ", 5) == 0 ||
+                             memcmp(h->name, "TRACE ", 6) == 0;
+            continue;
+        }
+        if (h->line_len == 1 && (c == ' ' || c == '\t'))
+            return "a folded header line (obsolete line folding)";
+        if (!h->colon) {
+            if (c == ':')
+                h->colon = true;
+            else if (!is_tchar(c))
+                h->name_bad = true;
+            else if (h->name_len < sizeof(h->name))
+                h->name[h->name_len++] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+            else
+                h->name_len = sizeof(h->name); /* too long to be CL or TE */
+        } else if (h->val_len < sizeof(h->val)) {
+            h->val[h->val_len++] = (char)c;
+        }
+    }
+    return NULL;
+}
+
 /* Bytes arrived on a connection (evbuffer callback of its input, run
- * before evhttp parses them): a request head must use CRLF line ends. A
- * bare LF (which libevent would accept, and a proxy in front might not) gets
- * a 400 and the connection closed; nothing of it reaches evhttp. */
+ * before evhttp parses them): request heads are checked (head_scan; a
+ * bare LF, which libevent would accept and a proxy in front might not, is
+ * one of the refusals). A bad head gets a 400 naming what is wrong and the
+ * connection is closed; nothing of it reaches evhttp. */
 static void conns_input_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
     conn_slot_t *s = arg;
-    if (info->n_added == 0 || !s->used || !s->in_hdr)
+    if (info->n_added == 0 || !s->used || s->hs.st == SCAN_OFF)
         return;
     size_t len = evbuffer_get_length(buf);
     if (info->n_added > len)
@@ -197,41 +355,42 @@ static void conns_input_cb(struct evbuffer *buf, const struct evbuffer_cb_info *
     struct evbuffer_ptr pos;
     if (evbuffer_ptr_set(buf, &pos, len - info->n_added, EVBUFFER_PTR_SET) != 0)
         return;
-    struct evbuffer_iovec v[16];
-    int n = evbuffer_peek(buf, (ev_ssize_t)info->n_added, &pos, v, 16);
-    bool bad = false;
-    for (int i = 0; i < n && i < 16 && s->in_hdr && !bad; i++) {
-        const unsigned char *p = v[i].iov_base;
-        for (size_t k = 0; k < v[i].iov_len && s->in_hdr; k++) {
-            if (p[k] == '\n') {
-                if (!s->prev_cr) {
-                    bad = true;
-                    break;
-                }
-                if (s->line_len == 0)
-                    s->in_hdr = false; /* the empty line: the body follows */
-                s->line_len = 0;
-            } else if (p[k] != '\r') {
-                s->line_len++;
-            }
-            s->prev_cr = p[k] == '\r';
+    const char *why = NULL;
+    size_t left = info->n_added;
+    while (left > 0 && why == NULL && s->hs.st != SCAN_OFF) {
+        struct evbuffer_iovec v[16];
+        int n = evbuffer_peek(buf, (ev_ssize_t)left, &pos, v, 16);
+        if (n <= 0)
+            break;
+        size_t done = 0;
+        for (int i = 0; i < n && i < 16 && why == NULL && done < left; i++) {
+            size_t l = v[i].iov_len < left - done ? v[i].iov_len : left - done;
+            why = head_scan(&s->hs, v[i].iov_base, l);
+            done += l;
         }
+        left -= done;
+        if (left > 0 && evbuffer_ptr_set(buf, &pos, done, EVBUFFER_PTR_ADD) != 0)
+            break;
     }
-    if (!bad)
+    if (why == NULL)
         return;
-    s->in_hdr = false;
+    s->hs.st = SCAN_OFF;
     rtr_conns_t *cs = s->cs;
-    cs->c.bare_lf++;
+    cs->c.bad_head++;
     if (cs->o.stats)
         pd_stats_inc(cs->o.stats, RTR_STAT_requests_rejected);
-    static const char body[] =
-        "{\"error\":{\"message\":\"HTTP request head with a bare LF line end (CRLF required)\","
-        "\"type\":\"invalid_request_error\",\"param\":null,\"code\":\"ambiguous_request\"}}";
-    char msg[512];
+    pd_log(PD_LOG_DEBUG, CONNS_COMP, NULL, "HTTP client %s: request head refused: %s", s->peer,
+           why);
+    char body[512], msg[768];
+    int bl = snprintf(body, sizeof(body),
+                      "{\"error\":{\"message\":\"malformed HTTP request head: %s\","
+                      "\"type\":\"invalid_request_error\",\"param\":null,"
+                      "\"code\":\"ambiguous_request\"}}", why);
     int m = snprintf(msg, sizeof(msg),
                      "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", sizeof(body) - 1, body);
-    if (s->bev != NULL && evbuffer_get_length(bufferevent_get_output(s->bev)) == 0)
+                     "Content-Length: %d\r\nConnection: close\r\n\r\n%s", bl, body);
+    if (s->bev != NULL && evbuffer_get_length(bufferevent_get_output(s->bev)) == 0 && m > 0 &&
+        (size_t)m < sizeof(msg))
         (void)send(s->fd, msg, (size_t)m, MSG_NOSIGNAL | MSG_DONTWAIT);
     evbuffer_drain(buf, len); /* evhttp never sees it */
     shutdown(s->fd, SHUT_RDWR);
@@ -253,7 +412,10 @@ static void conns_classify_one(rtr_conns_t *cs, struct bufferevent *bev)
         if (!cs->slots[i].used)
             s = &cs->slots[i];
     if (s == NULL) {
-        cs->c.untracked++;
+        /* no slot (the listener pauses before this can happen): an
+         * untracked connection would have no deadline and no count */
+        cs->c.no_slot++;
+        conns_refuse(fd, cs->o.retry_after);
         return;
     }
     s->used = true;
@@ -261,9 +423,7 @@ static void conns_classify_one(rtr_conns_t *cs, struct bufferevent *bev)
     s->ino = sb.st_ino;
     s->cs = cs;
     s->bev = bev;
-    s->in_hdr = true;
-    s->prev_cr = false;
-    s->line_len = 0;
+    head_scan_reset(&s->hs);
     evbuffer_add_cb(bufferevent_get_input(bev), conns_input_cb, s);
     s->deadline_ns = pd_now_ns() + cs->o.read_timeout_ns;
     conns_peer(fd, s->peer, sizeof(s->peer));
@@ -439,10 +599,10 @@ void rtr_conns_request_in(rtr_conns_t *cs, evutil_socket_t fd)
     conn_slot_t *s = conns_find_fd(cs, fd);
     if (s != NULL) {
         s->deadline_ns = 0;
-        /* the next request on this connection starts with a head again */
-        s->in_hdr = true;
-        s->prev_cr = false;
-        s->line_len = 0;
+        /* after a chunked body the scan stopped: the next bytes that
+         * arrive start the next head (the scan is in step otherwise) */
+        if (s->hs.st == SCAN_OFF)
+            head_scan_reset(&s->hs);
     }
 }
 

@@ -2,12 +2,16 @@
  *   - at most max_total connections (the listener pauses at the cap and
  *     resumes when one ends; clamped below the fd limit);
  *   - at most max_per_client per client address (more get a 503 and are
- *     closed at once);
+ *     closed at once); every accepted connection is tracked (deadline and
+ *     count) from its accept, however many arrive in one loop turn;
  *   - a request's headers and body must be in within read_timeout of the
  *     connection's accept (or of the end of the previous response on a
  *     keep-alive connection), however slowly the bytes trickle;
- *   - a request head with a bare LF line end gets a 400 and the connection
- *     is closed before evhttp (which would accept it) sees it;
+ *   - a request head that is not RFC 9112 (bare LF or CR, a control byte,
+ *     whitespace or a non-token byte in a field name, obs-fold, a
+ *     Content-Length that is not 1*DIGIT, two different Content-Lengths)
+ *     gets a 400 naming it and the connection is closed before evhttp
+ *     (which would accept it) sees it;
  *   - accept() failing for lack of fds or memory pauses accepting 100 ms
  *     (no busy loop, one log line per 5 s).
  * Used by rtr_http.c through evhttp_set_bevcb (rtr_conns_bevcb). Uses
@@ -39,8 +43,8 @@ typedef struct {
     uint64_t read_timeouts;
     uint64_t accept_errors;
     uint64_t paused;           /* times the listener paused at max_total */
-    uint64_t untracked;
-    uint64_t bare_lf;          /* request heads refused for a bare LF */
+    uint64_t no_slot;          /* refused: no slot left (not expected: accept pauses first) */
+    uint64_t bad_head;         /* request heads refused: bare LF, bad Content-Length, ... */
     uint32_t live;
     uint32_t max_total;        /* after clamping */
 } rtr_conns_counts_t;

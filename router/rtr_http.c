@@ -345,18 +345,21 @@ static void on_client_probe(evutil_socket_t unused, short what, void *arg)
     pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "client half-closed its connection: still answering");
 }
 
-/* EOF from the client: a half-close (it still reads) and a full close look
- * the same. For a non-streaming request send an interim "100 Continue"
- * (HTTP/1.1 clients must accept one at any time; nothing of ours is on the
- * wire yet) and look again shortly: a closed socket answers it with a RST.
- * Streaming responses cannot be kept for a half-closed client (evhttp ends
- * the connection on EOF once the stream starts). False: no probe. */
+/* EOF from the client: a half-close (it still reads: `nc -N`, HTTP/1.0
+ * clients, pipelining clients that are done sending) and a full close look
+ * the same until bytes are sent to it (a closed socket answers them with a
+ * RST). Only a client that sent "Expect: 100-continue" may be sent an
+ * interim "100 Continue" for that (RFC 9110 10.1.1); look again shortly.
+ * False: no probe. */
 static bool client_probe(rtr_req_t *q, evutil_socket_t fd)
 {
     static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
     rtr_client_t *c = &q->client;
     struct bufferevent *bev = c->evcon ? evhttp_connection_get_bufferevent(c->evcon) : NULL;
+    const char *expect = c->http != NULL
+        ? evhttp_find_header(evhttp_request_get_input_headers(c->http), "Expect") : NULL;
     if (c->http == NULL || bev == NULL || q->oai.stream || q->headers_sent ||
+        expect == NULL || strcasecmp(expect, "100-continue") != 0 ||
         c->http->major != 1 || c->http->minor < 1 ||
         evbuffer_get_length(bufferevent_get_output(bev)) != 0 ||
         send(fd, cont, sizeof(cont) - 1, MSG_NOSIGNAL | MSG_DONTWAIT) !=
@@ -370,6 +373,20 @@ static bool client_probe(rtr_req_t *q, evutil_socket_t fd)
     struct timeval tv = { 0, 300000 };
     event_add(c->watch, &tv);
     return true;
+}
+
+/* The client sent EOF (a half-close) with requests it pipelined still in
+ * evhttp's input buffer: evhttp reads the EOF as soon as it reads again
+ * (after this answer) and drops the connection with them unanswered. A
+ * read high-watermark of 1 byte keeps the bufferevent from reading while
+ * any byte is buffered, so evhttp takes the buffered requests first; after
+ * an EOF no other byte can come, and the last read (1 byte) finds the EOF
+ * once the buffer is empty. */
+static void hold_eof(struct evhttp_connection *evcon)
+{
+    struct bufferevent *bev = evcon != NULL ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    if (bev != NULL)
+        bufferevent_setwatermark(bev, EV_READ, 0, 1);
 }
 
 static void on_client_readable(evutil_socket_t fd, short what, void *arg)
@@ -388,6 +405,16 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
         return;
     if (n == 0 && client_probe(q, fd))
         return; /* maybe only half-closed: decided by on_client_probe */
+    if (n == 0 && !q->oai.stream && !q->headers_sent) {
+        /* Maybe only half-closed, and no bytes may be sent to find out:
+         * answer; a closed socket fails the write (the close callback).
+         * Streams end on EOF (evhttp ends a started stream on it). */
+        event_free(q->client.watch);
+        q->client.watch = NULL;
+        hold_eof(q->client.evcon);
+        pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "client sent EOF: answering (a half-close)");
+        return;
+    }
     rtr_flow_client_gone(q, n == 0 ? "EOF" : strerror(errno));
 }
 
@@ -570,6 +597,20 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
         .max_messages = ENG_CHAT_MAX_MESSAGES,
         .vocab_size = r->geom_fixed ? r->geom.vocab_size : eng_tok_vocab_size(r->tok),
     };
+    char nul_at[256];
+    if (body != NULL && rtr_json_nul_find(body, len, nul_at, sizeof(nul_at))) {
+        /* it would be cut short at the NUL once parsed */
+        pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
+        rtr_oai_error_set(&err, 400, "invalid_request_error", "invalid_string", NULL,
+                          "a JSON string at \"%s\" contains a NUL (\\u0000): strings with "
+                          "NUL are refused", nul_at);
+        size_t pl = strnlen(nul_at, sizeof(err.param_buf) - 1);
+        memcpy(err.param_buf, nul_at, pl);
+        err.param_buf[pl] = '\0';
+        err.param = err.param_buf;
+        reply_error(r, h, &err, reqid);
+        return;
+    }
     rtr_oai_req_t o;
     memset(&o, 0, sizeof(o));
     pd_status_t s = rtr_oai_parse(api, body != NULL ? body : "", len, &lim, &o, &err);
@@ -769,6 +810,8 @@ static const char *http_ambiguous(struct evhttp_request *h)
         return "Transfer-Encoding other than \"chunked\"";
     if (te != NULL && n_cl > 0)
         return "both Content-Length and Transfer-Encoding";
+    if (te != NULL && h->major == 1 && h->minor == 0)
+        return "Transfer-Encoding in an HTTP/1.0 request";
     return NULL;
 }
 
@@ -781,6 +824,13 @@ static void on_http(struct evhttp_request *h, void *arg)
         rtr_conns_request_in(r->conns, http_fd(h));
         evhttp_request_set_on_complete_cb(h, on_http_complete, r);
     }
+    /* requests pipelined behind this one, then EOF: answer them all */
+    struct evhttp_connection *evcon = evhttp_request_get_connection(h);
+    struct bufferevent *bev = evcon != NULL ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    char peek;
+    if (bev != NULL && evbuffer_get_length(bufferevent_get_input(bev)) > 0 &&
+        recv(http_fd(h), &peek, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+        hold_eof(evcon);
     const char *amb = http_ambiguous(h);
     if (amb != NULL) {
         /* and close: the next request's start is uncertain */

@@ -64,6 +64,14 @@ pd_status_t rtr_req_fsm_set(rtr_req_fsm_t *f, rtr_req_state_t to, uint64_t now_n
 /* X-Request-Id: 1..64 bytes of printable ASCII without spaces (0x21-0x7e). */
 bool rtr_reqid_valid(const char *s, size_t len);
 
+/* A NUL inside a JSON string (a \u0000 escape or a raw 0 byte) would cut
+ * the string short once parsed (cJSON strings are C strings): true if the
+ * text has one, with the JSON pointer (RFC 6901) of the value, or of the
+ * member whose key it is, in ptr ("" = the whole body; key bytes as
+ * written, long ones cut short). Works on any text, valid JSON or not
+ * (the parser judges the rest). */
+bool rtr_json_nul_find(const char *json, size_t len, char *ptr, size_t cap);
+
 /* SSE framing: "data: " + payload + "\n\n" into out (cap); returns bytes
  * needed (like snprintf); out is NUL-terminated when room. A payload with a
  * newline is a caller bug (JSON from cJSON_PrintUnformatted has none); such

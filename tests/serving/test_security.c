@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -23,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/syscall.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -1037,6 +1039,433 @@ static void test_http_emfile(void **st)
     assert_int_equal(health_status(5), 200);
 }
 
+/* ---- HTTP edges (issue 28) -------------------------------------------------- */
+
+static int edges_setup(void **st)
+{
+    (void)st;
+    static const char *ra[] = { "--http-max-conns=1024", "--http-max-conns-per-client=256",
+                                "--http-read-timeout=2s", "--log.level=debug", NULL };
+    return start_deploy(ra, NULL, NULL, 0, 1);
+}
+
+#define BURST_N 400
+
+/* The router's listening HTTP socket, duplicated into this process
+ * (pidfd_getfd), or -1. */
+static int router_listen_fd(void)
+{
+    int pfd = (int)syscall(SYS_pidfd_open, g_d.router.pid, 0);
+    if (pfd < 0)
+        return -1;
+    int found = -1;
+    for (int fd = 3; fd < 4096 && found < 0; fd++) {
+        int d = (int)syscall(SYS_pidfd_getfd, pfd, fd, 0);
+        if (d < 0)
+            continue;
+        int acc = 0;
+        socklen_t al = sizeof(acc);
+        struct sockaddr_in a;
+        socklen_t sl = sizeof(a);
+        if (getsockopt(d, SOL_SOCKET, SO_ACCEPTCONN, &acc, &al) == 0 && acc &&
+            getsockname(d, (struct sockaddr *)&a, &sl) == 0 && a.sin_family == AF_INET &&
+            ntohs(a.sin_port) == g_d.http_port)
+            found = d;
+        else
+            close(d);
+    }
+    close(pfd);
+    return found;
+}
+
+/* Finding 5: 400 connections from one address accepted in one turn of the
+ * router's loop (the router stopped while they connect, its listen backlog
+ * raised so the kernel completes them all; then it runs): the per-client
+ * cap holds (256 admitted, the rest get a 503) and every admitted one is
+ * closed by the read deadline (2 s). Before, the 144 beyond the first 256
+ * were untracked: no 503 and no deadline. */
+static void test_http_burst(void **st)
+{
+    (void)st;
+    static int fds[BURST_N];
+    int lfd = router_listen_fd();
+    assert_true(lfd >= 0);
+    assert_int_equal(kill(g_d.router.pid, SIGSTOP), 0);
+    int rc = listen(lfd, 1024);
+    int n_ok = 0;
+    for (int i = 0; i < BURST_N && rc == 0; i++) {
+        fds[i] = http_connect_from("127.0.0.7");
+        n_ok += fds[i] >= 0;
+    }
+    assert_int_equal(kill(g_d.router.pid, SIGCONT), 0);
+    close(lfd);
+    assert_int_equal(rc, 0);
+    double t0 = e2e_now();
+    static double ended_at[BURST_N];
+    static char got503[BURST_N];
+    static struct pollfd p[BURST_N];
+    int n_ended = 0;
+    for (int i = 0; i < BURST_N; i++) {
+        ended_at[i] = fds[i] < 0 ? t0 : 0;
+        got503[i] = 0;
+        n_ended += fds[i] < 0;
+    }
+    while (n_ended < BURST_N && e2e_now() < t0 + 6.0) {
+        int np = 0;
+        for (int i = 0; i < BURST_N; i++)
+            if (ended_at[i] == 0)
+                p[np++] = (struct pollfd){ .fd = fds[i], .events = POLLIN };
+        int r = poll(p, (nfds_t)np, 50);
+        for (int j = 0; r > 0 && j < np; j++) {
+            if (p[j].revents == 0)
+                continue;
+            int i = 0;
+            while (fds[i] != p[j].fd)
+                i++;
+            char b[512];
+            ssize_t m = read(p[j].fd, b, sizeof(b) - 1);
+            if (m > 0) {
+                got503[i] |= strncmp(b, "HTTP/1.1 503", 12) == 0;
+                continue;
+            }
+            ended_at[i] = e2e_now();
+            n_ended++;
+        }
+    }
+    int n_503 = 0, left = 0, admitted = 0;
+    double last = 0;
+    for (int i = 0; i < BURST_N; i++) {
+        n_503 += got503[i];
+        admitted += !got503[i];
+        left += ended_at[i] == 0;
+        if (ended_at[i] > last)
+            last = ended_at[i];
+        if (fds[i] >= 0)
+            close(fds[i]);
+    }
+    fprintf(stderr, "security: burst of %d connections in one loop turn (%d connected): %d "
+            "refused with 503, %d admitted (cap 256), %d still open after 6 s, the last "
+            "closed %.1f s after the router resumed\n",
+            BURST_N, n_ok, n_503, admitted, left, last > 0 ? last - t0 : 0);
+    assert_int_equal(n_ok, BURST_N);
+    assert_int_equal(left, 0);
+    assert_true(admitted <= 256);
+    assert_true(last - t0 < 4.0);
+    assert_int_equal(health_status(5), 200);
+}
+
+/* Send n raw bytes from 127.0.0.8; everything the router sends back until
+ * it closes (or until quiet_s without a byte). */
+static size_t raw_exchange(const char *req, size_t n, char *out, size_t cap, double quiet_s,
+                           bool half_close, bool *closed)
+{
+    int fd = http_connect_from("127.0.0.8");
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, req, n), (ssize_t)n);
+    if (half_close)
+        shutdown(fd, SHUT_WR);
+    size_t got = 0;
+    double end = e2e_now() + quiet_s;
+    *closed = false;
+    while (got < cap - 1) {
+        int ms = (int)((end - e2e_now()) * 1000);
+        if (ms <= 0)
+            break;
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, ms) <= 0)
+            continue;
+        ssize_t r = read(fd, out + got, cap - 1 - got);
+        if (r <= 0) {
+            *closed = true;
+            break;
+        }
+        got += (size_t)r;
+        end = e2e_now() + quiet_s;
+    }
+    out[got] = '\0';
+    close(fd);
+    return got;
+}
+
+static int count_str(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p != NULL; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+/* Finding 6: a body that is itself a request ("GET /v1/models") behind a
+ * Content-Length evhttp would not read as one (space before the colon,
+ * "-0", "+N", "N<NUL>", two values, folded) is refused with one 400 and
+ * the connection closed: it is never answered as a second request. */
+static void test_http_content_length(void **st)
+{
+    (void)st;
+    static const char inner[] = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+    char n[16];
+    snprintf(n, sizeof(n), "%zu", strlen(inner));
+    static const struct { const char *fmt; size_t nul_at; } bad[] = {
+        { "Content-Length : %s\r\n", 0 },
+        { "Content-Length\t: %s\r\n", 0 },
+        { "Content-Length: -0\r\n", 0 },
+        { "Content-Length: +%s\r\n", 0 },
+        { "Content-Length: %sX\r\n", 17 }, /* X becomes a NUL after the digits */
+        { "Content-Length: 0x%s\r\n", 0 },
+        { "Content-Length: %s\r\nContent-Length: 0\r\n", 0 },
+        { "Content-Length: 0\r\nContent-Length: %s\r\n", 0 },
+        { "Content-Length: %s, 0\r\n", 0 },
+        { "X-A: b\r\n Content-Length: %s\r\n", 0 },
+        { "Content-Length:\r\n %s\r\n", 0 },
+        { "Transfer-Encoding: chunked\r\nContent-Length: %s\r\n", 0 },
+    };
+    int n_fail = 0;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char hdr[256], req[1024], out[8192];
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+        snprintf(hdr, sizeof(hdr), bad[i].fmt, n);
+#pragma GCC diagnostic pop
+        int len = snprintf(req, sizeof(req), "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%s\r\n%s",
+                           hdr, inner);
+        if (bad[i].nul_at) {
+            char *x = strstr(req, "X\r\n");
+            assert_non_null(x);
+            *x = '\0';
+        }
+        bool closed;
+        raw_exchange(req, (size_t)len, out, sizeof(out), 1.0, false, &closed);
+        int n_resp = count_str(out, "HTTP/1.1 ");
+        if (strncmp(out, "HTTP/1.1 400", 12) != 0 || n_resp != 1 || !closed ||
+            strstr(out, "\"object\":\"list\"") != NULL)
+        {
+            fprintf(stderr, "security: Content-Length case %zu (%s): %d responses, closed %d: "
+                    "%.300s\n", i, hdr, n_resp, closed, out);
+            n_fail++;
+        }
+    }
+    assert_int_equal(n_fail, 0);
+    /* a body on a GET is read as a body (one answer), on a HEAD refused */
+    {
+        char req[1024], out[8192];
+        bool closed;
+        int len = snprintf(req, sizeof(req), "GET /health HTTP/1.1\r\nHost: x\r\n"
+                           "Content-Length: %s\r\n\r\n%s", n, inner);
+        raw_exchange(req, (size_t)len, out, sizeof(out), 1.0, false, &closed);
+        if (count_str(out, "HTTP/1.1 ") != 1 || strstr(out, "\"object\":\"list\"") != NULL)
+            fail_msg("GET with a body: %.600s", out);
+        len = snprintf(req, sizeof(req), "HEAD /health HTTP/1.1\r\nHost: x\r\n"
+                       "Content-Length: %s\r\n\r\n%s", n, inner);
+        raw_exchange(req, (size_t)len, out, sizeof(out), 1.0, false, &closed);
+        if (strncmp(out, "HTTP/1.1 400", 12) != 0 || count_str(out, "HTTP/1.1 ") != 1 ||
+            !closed)
+            fail_msg("HEAD with a body: %.600s", out);
+    }
+    /* HTTP/1.0 with Transfer-Encoding: faulty framing (RFC 9112 6.1) */
+    {
+        static const char req[] = "POST /v1/completions HTTP/1.0\r\nHost: x\r\n"
+                                  "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+        char out[8192];
+        bool closed;
+        raw_exchange(req, strlen(req), out, sizeof(out), 1.0, false, &closed);
+        if (strstr(out, " 400 ") == NULL || !closed)
+            fail_msg("HTTP/1.0 with Transfer-Encoding: %.400s", out);
+    }
+    /* well-formed, with optional whitespace around the value: one request
+     * whose body is JSON, then a pipelined second request on the same
+     * connection; both answered */
+    {
+        static const char body[] = "{\"prompt\":\"hi\",\"max_tokens\":1}";
+        char req[1024], out[16384];
+        int len = snprintf(req, sizeof(req),
+                           "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                           "application/json\r\nContent-Length: \t%zu \r\n\r\n%s"
+                           "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                           strlen(body), body);
+        bool closed;
+        raw_exchange(req, (size_t)len, out, sizeof(out), 5.0, false, &closed);
+        if (strncmp(out, "HTTP/1.1 200", 12) != 0 || count_str(out, "HTTP/1.1 200") != 2)
+            fail_msg("well-formed Content-Length then a pipelined request: %.800s", out);
+    }
+}
+
+/* Finding 7: a \u0000 inside a JSON string (cJSON would cut the string
+ * there: a tool named "ab" instead of "ab\u0000rm -rf", stop "of" instead
+ * of "of\u0000ZZZ", the served model's name with junk after a NUL) is
+ * refused with a 400 whose param is the JSON pointer of the string (or of
+ * the member whose key it is). */
+static void test_http_json_nul(void **st)
+{
+    (void)st;
+    e2e_resp_t mr;
+    e2e_http(g_d.http_port, "GET", "/v1/models", NULL, NULL, 5, &mr);
+    cJSON *mj = cJSON_Parse(mr.body ? mr.body : "");
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(mj, "data"), 0), "id");
+    assert_true(cJSON_IsString(id));
+    char model[256];
+    snprintf(model, sizeof(model), "%s", id->valuestring);
+    cJSON_Delete(mj);
+    e2e_resp_free(&mr);
+
+    char model_req[512];
+    snprintf(model_req, sizeof(model_req),
+             "{\"model\":\"%s\\u0000junk\",\"prompt\":\"hi\",\"max_tokens\":1}", model);
+#define TOOL(name, props)                                                                  \
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1,"              \
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"" name "\",\"parameters\":" \
+    "{\"type\":\"object\",\"properties\":{" props "}}}}],\"tool_choice\":\"required\"}"
+    const struct { const char *path, *body, *param; } cases[] = {
+        { "/v1/completions", model_req, "/model" },
+        { "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":1,\"stop\":\"of\\u0000ZZZ\"}",
+          "/stop" },
+        { "/v1/completions",
+          "{\"prompt\":\"hi\",\"max_tokens\":1,\"stop\":[\"a\",\"of\\u0000ZZZ\"]}", "/stop/1" },
+        { "/v1/completions", "{\"prompt\":\"hi\\u0000there\",\"max_tokens\":1}", "/prompt" },
+        { "/v1/chat/completions", TOOL("ab\\u0000rm -rf", ""), "/tools/0/function/name" },
+        { "/v1/chat/completions", TOOL("f", "\"a\\u0000b\":{\"type\":\"string\"}"),
+          "/tools/0/function/parameters/properties/a\\u0000b" },
+        { "/v1/chat/completions",
+          "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\","
+          "\"content\":\"x\\u0000y\"}],\"max_tokens\":1}", "/messages/1/content" },
+        /* JSON in a JSON string: a tool call's arguments, parsed again */
+        { "/v1/chat/completions",
+          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\","
+          "\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":"
+          "{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":\\\"x\\\\u0000y\\\"}\"}}]},"
+          "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"r\"}],\"max_tokens\":1}",
+          "/messages/1/tool_calls/0/function/arguments/a" },
+    };
+#undef TOOL
+    int n_fail = 0;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        e2e_resp_t r;
+        e2e_http(g_d.http_port, "POST", cases[i].path, "Content-Type: application/json\r\n",
+                 cases[i].body, 10, &r);
+        cJSON *j = cJSON_Parse(r.body ? r.body : "");
+        const cJSON *param = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(j, "error"), "param");
+        bool ok = r.status == 400 && cJSON_IsString(param) &&
+                  strcmp(param->valuestring, cases[i].param) == 0;
+        if (!ok) {
+            fprintf(stderr, "security: NUL case %zu (%s): status %d, body %.300s\n", i,
+                    cases[i].param, r.status, r.body ? r.body : "");
+            n_fail++;
+        }
+        cJSON_Delete(j);
+        e2e_resp_free(&r);
+    }
+    assert_int_equal(n_fail, 0);
+    /* an escaped backslash before "u0000" is text, not a NUL */
+    e2e_resp_t r;
+    e2e_http(g_d.http_port, "POST", "/v1/completions", "Content-Type: application/json\r\n",
+             "{\"prompt\":\"a\\\\u0000\",\"max_tokens\":1}", 10, &r);
+    assert_int_equal(r.status, 200);
+    e2e_resp_free(&r);
+}
+
+/* Finding 8: at log.level=debug the router's 4xx lines quote client bytes
+ * (model names, unknown keys, paths): a newline or an ESC in them must not
+ * start a forged line or reach a terminal. */
+static void test_http_log_escape(void **st)
+{
+    (void)st;
+    long off = file_size(g_d.router.log);
+    assert_true(off >= 0);
+    static const char *const bodies[] = {
+        "{\"model\":\"m\\nFORGED-1 error router admin logged in\\u001b[2J\",\"prompt\":\"hi\"}",
+        "{\"prompt\":\"hi\",\"x\\r\\nFORGED-2 error router\\u001b]0;t\\u0007\":1}",
+    };
+    for (size_t i = 0; i < 2; i++) {
+        e2e_resp_t r;
+        e2e_http(g_d.http_port, "POST", "/v1/completions", "Content-Type: application/json\r\n",
+                 bodies[i], 10, &r);
+        assert_true(r.status >= 400 && r.status < 500);
+        e2e_resp_free(&r);
+    }
+    /* a path with an ESC and a raw DEL (the request line allows them) */
+    static const char req[] = "GET /v1/x\x1b[31mFORGED-3\x7f HTTP/1.1\r\nHost: x\r\n"
+                              "Connection: close\r\n\r\n";
+    char out[4096];
+    bool closed;
+    raw_exchange(req, strlen(req), out, sizeof(out), 2.0, false, &closed);
+    assert_true(strncmp(out, "HTTP/1.1 4", 10) == 0);
+    e2e_nap_ms(200);
+    FILE *f = fopen(g_d.router.log, "re");
+    assert_non_null(f);
+    fseek(f, off, SEEK_SET);
+    static char line[8192];
+    int forged = 0, ctl = 0, quoted = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strncmp(line, "FORGED", 6) == 0)
+            forged++;
+        for (const char *c = line; *c; c++)
+            ctl += (*c > 0 && *c < 0x20 && *c != '\n') || *c == 0x7f;
+        quoted += strstr(line, "FORGED") != NULL;
+    }
+    fclose(f);
+    fprintf(stderr, "security: debug log after 3 hostile 4xx: %d forged lines, %d control "
+            "bytes, %d lines quoting the text escaped\n", forged, ctl, quoted);
+    assert_int_equal(forged, 0);
+    assert_int_equal(ctl, 0);
+    assert_true(quoted >= 2);
+}
+
+/* Finding 8: a client that half-closes (shutdown(SHUT_WR)) after sending
+ * gets an answer to every request it sent: one HTTP/1.0 request; three
+ * pipelined HTTP/1.1 ones. No "100 Continue" unless it sent
+ * "Expect: 100-continue". */
+static void test_http_half_close_all(void **st)
+{
+    (void)st;
+    static const char body[] = "{\"prompt\":\"hello there\",\"max_tokens\":4,\"temperature\":0}";
+    char one[512], req[2048], out[65536];
+    bool closed;
+    /* HTTP/1.0 */
+    int len = snprintf(req, sizeof(req),
+                       "POST /v1/completions HTTP/1.0\r\nHost: x\r\nContent-Type: "
+                       "application/json\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    raw_exchange(req, (size_t)len, out, sizeof(out), 10.0, true, &closed);
+    bool ok10 = strstr(out, " 200 ") != NULL && strstr(out, "\"finish_reason\"") != NULL &&
+                strstr(out, " 100 ") == NULL;
+    if (!ok10)
+        fprintf(stderr, "security: half-closed HTTP/1.0 client got: %.400s\n", out);
+    /* three pipelined HTTP/1.1 requests (one answered at once, two later),
+     * the last with Connection: close */
+    len = 0;
+    for (int k = 0; k < 3; k++) {
+        if (k == 1)
+            snprintf(one, sizeof(one), "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+        else
+            snprintf(one, sizeof(one),
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     "application/json\r\nContent-Length: %zu\r\n%s\r\n%s", strlen(body),
+                     k == 2 ? "Connection: close\r\n" : "", body);
+        len += snprintf(req + len, sizeof(req) - (size_t)len, "%s", one);
+    }
+    raw_exchange(req, (size_t)len, out, sizeof(out), 10.0, true, &closed);
+    int n200 = count_str(out, "HTTP/1.1 200"), n100 = count_str(out, "100 Continue");
+    bool ok3 = n200 == 3 && n100 == 0;
+    if (!ok3) {
+        fprintf(stderr, "security: 3 pipelined requests then a half-close: %d answers, %d "
+                "\"100 Continue\": %.600s\n", n200, n100, out);
+        e2e_proc_dump_log(&g_d.router, 12);
+    }
+    /* one that asked for "100 Continue" may be probed with one: answered */
+    len = snprintf(req, sizeof(req),
+                   "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                   "application/json\r\nExpect: 100-continue\r\nContent-Length: %zu\r\n\r\n%s",
+                   strlen(body), body);
+    raw_exchange(req, (size_t)len, out, sizeof(out), 10.0, true, &closed);
+    bool ok_exp = strstr(out, "HTTP/1.1 200") != NULL && strstr(out, "\"finish_reason\"") != NULL;
+    if (!ok_exp)
+        fprintf(stderr, "security: half-closed client with Expect: 100-continue got: %.400s\n",
+                out);
+    assert_true(ok10);
+    assert_true(ok3);
+    assert_true(ok_exp);
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 int main(int argc, char **argv)
@@ -1068,6 +1497,13 @@ int main(int argc, char **argv)
                                         cmocka_unit_test(test_http_half_close),
                                         cmocka_unit_test(test_http_emfile) };
         rc = cmocka_run_group_tests_name("security-http", t, http_setup, teardown);
+    } else if (strcmp(group, "edges") == 0) {
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_http_burst),
+                                        cmocka_unit_test(test_http_content_length),
+                                        cmocka_unit_test(test_http_json_nul),
+                                        cmocka_unit_test(test_http_log_escape),
+                                        cmocka_unit_test(test_http_half_close_all) };
+        rc = cmocka_run_group_tests_name("security-http-edges", t, edges_setup, teardown);
     } else if (strcmp(group, "lockout") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_stop_resume_prefill) };
         rc = cmocka_run_group_tests_name("security-lockout", t, lockout_setup, teardown);
