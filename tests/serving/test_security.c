@@ -78,16 +78,7 @@ static int teardown(void **st)
 
 static double router_stat(const char *name)
 {
-    cJSON *j = e2e_admin(g_d.router.sock, "stats");
-    double v = -1;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "stats")) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "table");
-        if (cJSON_IsString(t) && strcmp(t->valuestring, "router") == 0)
-            v = e2e_jnum(cJSON_GetObjectItemCaseSensitive(e, "values"), name);
-    }
-    cJSON_Delete(j);
-    return v;
+    return e2e_router_stat(&g_d.router, name);
 }
 
 /* State of backend `id` in the router's `backends` ("" if absent). */
