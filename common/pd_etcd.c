@@ -469,7 +469,8 @@ static int64_t member_range(pd_member_t *m, char *err, size_t cap)
             (kl = pd_b64_decode(k->valuestring, strlen(k->valuestring), kb, sizeof(kb) - 1)) < 0)
             continue;
         kb[kl] = '\0';
-        if ((size_t)kl <= plen || (size_t)kl - plen >= PD_MEMBER_VAL_MAX)
+        if ((size_t)kl <= plen || (size_t)kl - plen >= PD_MEMBER_VAL_MAX ||
+            memchr(kb, '\0', (size_t)kl) != NULL) /* a NUL would cut the key short */
             continue;
         pd_member_entry_t *e = &ents[n];
         vl = pd_b64_decode(v->valuestring, strlen(v->valuestring), e->value, PD_MEMBER_VAL_MAX - 1);
