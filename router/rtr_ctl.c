@@ -323,6 +323,14 @@ static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
     }
     /* what an earlier session of this id cached is not known to be there */
     rtr_kvindex_clear_backend(r->kvidx, (uint32_t)(be - r->be));
+    if (be->admin_state == RTR_BE_DRAIN && be->incarnation != 0 &&
+        be->incarnation != h->incarnation) {
+        /* a drain is for the process that was leaving: a new one of that
+         * name (scaled up again, restarted) starts ready; maint stays */
+        pd_log(PD_LOG_INFO, RTR_COMP, NULL, "backend %s: new incarnation after a drain: ready",
+               h->daemon_id);
+        be->admin_state = RTR_BE_READY;
+    }
     be->role = h->role;
     be->caps = h->caps;
     be->incarnation = h->incarnation;

@@ -233,6 +233,17 @@ lifecycle() {
     check "every long stream finished" poll 240 bash -c '[ "$(grep -c "^200 finish" "$1")" = 4 ]' _ "$long"
     check "long streams: no error" bash -c '! grep -qv "^200 finish" "$1"' _ "$long"
     poll 30 count_ge "$res" $((before + 3)) || bad "no requests after scale-down"
+    # and back up: the new decode-1 starts ready (the drain was its
+    # predecessor's), it is not left drained
+    run "$PDCTL" scale decode 2 --run-dir "$R"
+    expect 0 "decode: 2 daemons \(was 1\)" "scale decode 1 -> 2 again after the drain"
+    dec1_ready() {
+        "$PDCTL" admin router backends --run-dir "$R" --json |
+            json_get '[b["state"] for b in j["backends"] if b["id"] == "decode-1"][0]' | grep -qx ready
+    }
+    check "the new decode-1 is ready at the router" poll 10 dec1_ready
+    run "$PDCTL" scale decode 1 --run-dir "$R"
+    expect 0 "decode: 1 daemon \(was 2\)" "scale decode 2 -> 1 once more"
     # the prefill side too, still under load
     run "$PDCTL" scale prefill 2 --run-dir "$R"
     expect 0 "prefill: 2 daemons \(was 1\)" "scale prefill 1 -> 2 under load"
