@@ -16,6 +16,7 @@
 #define RTR_OAI_MAX_STOP        8      /* stop strings per request */
 #define RTR_OAI_MAX_STOP_BYTES  256    /* bytes per stop string */
 #define RTR_OAI_MODEL_MAX       256
+#define RTR_OAI_MSG_NAME_MAX    256    /* bytes of a message's "name" */
 #define RTR_OAI_MAX_BIAS        300    /* logit_bias entries (OpenAI's cap) */
 #define RTR_OAI_MAX_STOP_IDS    32     /* stop_token_ids (= ENG_SAMPLE_MAX_STOP_IDS) */
 #define RTR_OAI_MAX_TOP_LOGPROBS 20    /* top_logprobs / completions logprobs */
@@ -63,6 +64,10 @@ typedef struct {
     const char *content;       /* concatenated text parts (owned by the request); NULL
                                   for an assistant message with only tool calls */
     size_t content_len;
+    char *name;                /* the message's "name" (owned; NULL when absent): a
+                                  participant, or the tool a result comes from. Kept for
+                                  templates that render names; none of the supported
+                                  ones does (docs/API.md "Messages") */
     rtr_oai_call_t *calls;     /* assistant: its tool_calls (owned) */
     uint32_t n_calls;
 } rtr_chat_msg_t;

@@ -25,6 +25,7 @@ void rtr_oai_req_free(rtr_oai_req_t *req)
         for (uint32_t i = 0; i < req->n_messages; i++) {
             free((char *)req->messages[i].role);
             free((char *)req->messages[i].content);
+            free(req->messages[i].name);
             if (req->messages[i].calls != NULL) {
                 rtr_tools_calls_free(req->messages[i].calls, req->messages[i].n_calls);
                 free(req->messages[i].calls);
@@ -820,6 +821,17 @@ static bool parse_messages(parse_ctx_t *pc, const cJSON *root, const rtr_oai_lim
                 continue;
             if (strcmp(k, "tool_call_id") == 0 && tool && cJSON_IsString(key))
                 continue; /* tool results render by position; the id is not needed */
+            if (strcmp(k, "name") == 0) { /* any role: a participant, or the tool's name */
+                if (!cJSON_IsString(key) || strlen(key->valuestring) > RTR_OAI_MSG_NAME_MAX)
+                    return bad(pc, param_name(pc, "messages[%u].name", mi),
+                               "must be a string of at most 256 bytes");
+                free(out->name);
+                if ((out->name = strdup(key->valuestring)) == NULL) {
+                    pc->status = PD_ERR_NO_MEMORY;
+                    return false;
+                }
+                continue;
+            }
             if (strcmp(k, "tool_calls") == 0 && assistant && cJSON_IsArray(key) &&
                 key->child != NULL) {
                 if (!parse_msg_calls(pc, key, mi, out))
@@ -829,14 +841,13 @@ static bool parse_messages(parse_ctx_t *pc, const cJSON *root, const rtr_oai_lim
             if (strcmp(k, "refusal") == 0 && assistant)
                 return bad(pc, param_name(pc, "messages[%u].refusal", mi),
                            "is not supported (send it as content)");
-            bool known_key = strcmp(k, "name") == 0 || strcmp(k, "tool_calls") == 0 ||
-                             strcmp(k, "function_call") == 0 || strcmp(k, "tool_call_id") == 0;
+            bool known_key = strcmp(k, "tool_calls") == 0 || strcmp(k, "function_call") == 0 ||
+                             strcmp(k, "tool_call_id") == 0;
             if (known_key && (cJSON_IsArray(key) && key->child == NULL))
                 continue;
             return known_key
                 ? unsupported(pc, param_name(pc, "messages[%u].%.24s", mi, k),
-                              strcmp(k, "name") == 0 ? "the chat templates do not render names"
-                                                     : "deprecated: use tool_calls")
+                              "deprecated: use tool_calls")
                 : bad(pc, param_name(pc, "messages[%u].%.24s", mi, k), "is not a known field");
         }
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");

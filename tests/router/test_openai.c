@@ -160,6 +160,35 @@ static void test_bad_requests(void **state)
 }
 
 /* The strict policy: every field is honoured or refused with a 400 naming it. */
+/* "name" on every role (LangChain's ToolNode sends {"role":"tool","name":...},
+ * multi-agent code names users and assistants); kept on the message. */
+static void test_message_names(void **state)
+{
+    (void)state;
+    rtr_oai_req_t req;
+    rtr_oai_error_t err;
+    const char *body =
+        "{\"messages\":[{\"role\":\"system\",\"content\":\"s\",\"name\":\"rules\"},"
+        "{\"role\":\"user\",\"content\":\"x\",\"name\":\"alice\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"name\":\"agent-1\",\"tool_calls\":"
+        "[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+        "\"arguments\":\"{}\"}}]},"
+        "{\"role\":\"tool\",\"content\":\"r\",\"tool_call_id\":\"c1\",\"name\":\"f\"},"
+        "{\"role\":\"developer\",\"content\":\"d\",\"name\":null}]}";
+    if (parse(RTR_API_CHAT, body, &req, &err) != PD_OK)
+        fail_msg("refused: %s", err.message);
+    assert_string_equal(req.messages[0].name, "rules");
+    assert_string_equal(req.messages[1].name, "alice");
+    assert_string_equal(req.messages[2].name, "agent-1");
+    assert_string_equal(req.messages[3].name, "f");
+    assert_null(req.messages[4].name);
+    rtr_oai_req_free(&req);
+    char big[400];
+    snprintf(big, sizeof(big), "{\"messages\":[{\"role\":\"user\",\"content\":\"x\","
+             "\"name\":\"%0257d\"}]}", 0);
+    expect_bad(RTR_API_CHAT, big, 400, "messages[0].name", NULL);
+}
+
 static void test_strict_policy(void **state)
 {
     const rtr_api_t C = RTR_API_COMPLETIONS, H = RTR_API_CHAT;
@@ -208,8 +237,8 @@ static void test_strict_policy(void **state)
     expect_bad(H, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0].content", NULL);
     expect_bad(H, "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
                   "{\"role\":\"user\",\"content\":null}]}", 400, "messages[1].content", NULL);
-    expect_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":\"bob\"}]}", 400,
-               "messages[0].name", "unsupported_parameter");
+    expect_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":5}]}", 400,
+               "messages[0].name", NULL);
     expect_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"colour\":1}]}", 400,
                "messages[0].colour", NULL);
     expect_bad(H, "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
@@ -614,6 +643,7 @@ int main(void)
         cmocka_unit_test(test_chat),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_strict_policy),
+        cmocka_unit_test(test_message_names),
         cmocka_unit_test(test_penalties_parsed),
         cmocka_unit_test(test_logprobs_parse_and_shapes),
         cmocka_unit_test(test_text_escaping),
