@@ -251,5 +251,10 @@ char *rtr_oai_tool_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
 /* GET /v1/models body. */
 char *rtr_oai_models_json(const char *const *model_ids, uint32_t n, int64_t created,
                           const char *owned_by);
+/* GET /v1/models/{id} (id as it is in the path, %-escapes decoded here):
+ * the model object of a served id, or NULL with *err filled (404
+ * model_not_found; 500 when out of memory). */
+char *rtr_oai_model_get_json(const char *id_enc, const char *const *model_ids, uint32_t n,
+                             int64_t created, const char *owned_by, rtr_oai_error_t *err);
 
 #endif

@@ -7,6 +7,7 @@
 #include "eng_gram.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -973,6 +974,90 @@ static const char *dup_key(const cJSON *node, bool *oom)
     return NULL;
 }
 
+/* The raw text of the top-level member `key` of the JSON object in
+ * body[0..len) (already parsed by cJSON: well-formed), or NULL. Keys with
+ * escapes are not matched. */
+static const char *raw_member(const char *body, size_t len, const char *key, size_t *n_p)
+{
+    size_t i = 0, kl = strlen(key);
+    int depth = 0;
+    bool want_key = false;
+    const char *found = NULL;
+    while (i < len) {
+        char ch = body[i];
+        if (ch == '"') {
+            size_t j = i + 1;
+            while (j < len && body[j] != '"')
+                j += body[j] == '\\' ? 2 : 1;
+            if (j >= len)
+                return NULL;
+            size_t k = j + 1;
+            while (k < len && strchr(" \t\r\n", body[k]) != NULL && body[k] != '\0')
+                k++;
+            if (depth == 1 && want_key && k < len && body[k] == ':' && j - i - 1 == kl &&
+                memcmp(body + i + 1, key, kl) == 0) {
+                k++;
+                while (k < len && strchr(" \t\r\n", body[k]) != NULL && body[k] != '\0')
+                    k++;
+                found = body + k;
+                size_t e = k;
+                while (e < len && strchr("+-.0123456789eE", body[e]) != NULL && body[e] != '\0')
+                    e++;
+                *n_p = e - k;
+                return found;
+            }
+            want_key = false;
+            i = j + 1;
+            continue;
+        }
+        if (ch == '{' || ch == '[')
+            depth++;
+        else if (ch == '}' || ch == ']')
+            depth--;
+        if ((ch == '{' || ch == ',') && depth == 1)
+            want_key = true;
+        i++;
+    }
+    return NULL;
+}
+
+/* "seed": any integer in [-2^63, 2^64), exactly (cJSON's double loses the
+ * low bits above 2^53, so the number's own text is read), reduced mod 2^64
+ * to the sampler's 64-bit state: -1 and 2^64 - 1 are the same seed. */
+static bool parse_seed(const cJSON *it, const char *body, size_t len, uint64_t *out)
+{
+    if (!cJSON_IsNumber(it))
+        return false;
+    size_t n = 0;
+    const char *raw = raw_member(body, len, "seed", &n);
+    char txt[32];
+    if (raw != NULL && n > 0 && n < sizeof(txt))
+        memcpy(txt, raw, n);
+    txt[raw != NULL && n < sizeof(txt) ? n : 0] = '\0';
+    if (txt[0] != '\0' && strpbrk(txt, ".eE") == NULL) {
+        char *end = NULL;
+        errno = 0;
+        if (txt[0] == '-') {
+            long long v = strtoll(txt, &end, 10);
+            if (errno != 0 || *end != '\0')
+                return false;
+            *out = (uint64_t)v;
+        } else {
+            unsigned long long v = strtoull(txt, &end, 10);
+            if (errno != 0 || *end != '\0')
+                return false;
+            *out = (uint64_t)v;
+        }
+        return true;
+    }
+    /* 1e3, 7.0, or a key spelt with escapes: exact only within 2^53 */
+    int64_t v;
+    if (!get_int(it, -9007199254740992.0, 9007199254740992.0, &v))
+        return false;
+    *out = (uint64_t)v;
+    return true;
+}
+
 pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
                           const rtr_oai_limits_t *lim, rtr_oai_req_t *req,
                           rtr_oai_error_t *err)
@@ -1097,11 +1182,10 @@ pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
         }
         const cJSON *seed = cJSON_GetObjectItemCaseSensitive(root, "seed");
         if (seed != NULL && !cJSON_IsNull(seed)) {
-            if (!get_int(seed, -9007199254740991.0, 9007199254740991.0, &v)) {
-                bad(&pc, "seed", "must be an integer");
+            if (!parse_seed(seed, body, len, &req->seed)) {
+                bad(&pc, "seed", "must be an integer in [-2^63, 2^64)");
                 goto out;
             }
-            req->seed = (uint64_t)v;
             req->seed_set = true;
         }
         uint32_t n = 1;
