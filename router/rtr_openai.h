@@ -23,7 +23,6 @@
 #define RTR_OAI_MAX_N           16     /* choices per request (n; = 1 + PROTO_MAX_FORK) */
 #define RTR_OAI_MAX_TOOLS       64     /* tools per request */
 #define RTR_OAI_MAX_CALLS       8      /* tool calls per message / per answer */
-#define RTR_OAI_MAX_FORCED_TOOLS 8     /* tool_choice "required": anyOf branches (ENG_GRAM_MAX_CONFIGS) */
 
 /* tool_choice */
 #define RTR_OAI_TOOLS_NONE     0u   /* no call (also: no tools) */

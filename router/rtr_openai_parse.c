@@ -442,11 +442,7 @@ static bool parse_tools(parse_ctx_t *pc, const cJSON *root, rtr_oai_req_t *req)
             req->tool_named = j;
         }
     }
-    if (req->tool_choice == RTR_OAI_TOOLS_NONE)
-        return true;
-    if (req->logprobs)
-        return unsupported(pc, "logprobs", "cannot be combined with tool calls");
-    if (req->tool_choice == RTR_OAI_TOOLS_AUTO)
+    if (req->tool_choice == RTR_OAI_TOOLS_NONE || req->tool_choice == RTR_OAI_TOOLS_AUTO)
         return true;
     /* forced: constrained like response_format, so the same rules */
     if (req->gram_kind != RTR_OAI_GRAM_NONE)
@@ -455,13 +451,6 @@ static bool parse_tools(parse_ctx_t *pc, const cJSON *root, rtr_oai_req_t *req)
     if (req->ignore_eos || req->min_tokens > 0)
         return unsupported(pc, req->ignore_eos ? "ignore_eos" : "min_tokens",
                            "cannot be combined with a forced tool call (the call ends with EOS)");
-    if (req->tool_choice == RTR_OAI_TOOLS_REQUIRED && req->n_tools > RTR_OAI_MAX_FORCED_TOOLS) {
-        rtr_oai_error_set(pc->err, 400, INVALID, NULL, "tool_choice",
-                          "\"required\" works with at most %d tools; name one instead",
-                          RTR_OAI_MAX_FORCED_TOOLS);
-        pc->status = PD_ERR_BAD_INPUT;
-        return false;
-    }
     for (uint32_t i = 0; i < req->n_tools; i++) {
         if (req->tool_choice == RTR_OAI_TOOLS_NAMED && i != req->tool_named)
             continue;

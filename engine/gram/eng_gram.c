@@ -385,11 +385,12 @@ static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool roo
     const cJSON *any = cJSON_GetObjectItemCaseSensitive(s, "anyOf");
     if (any) {
         int n = cJSON_GetArraySize(any);
-        if (!cJSON_IsArray(any) || n < 1 || n > 16) {
-            cfail(c, PD_ERR_BAD_INPUT, "'anyOf' must be an array of 1 to 16 schemas");
+        if (!cJSON_IsArray(any) || n < 1 || n > (int)ENG_GRAM_MAX_ANYOF) {
+            cfail(c, PD_ERR_BAD_INPUT, "'anyOf' must be an array of 1 to %u schemas",
+                  ENG_GRAM_MAX_ANYOF);
             return 0;
         }
-        uint32_t ids[16], i = 0;
+        uint32_t ids[ENG_GRAM_MAX_ANYOF], i = 0;
         const cJSON *e;
         cJSON_ArrayForEach(e, any)
             ids[i++] = comp_schema(c, e, depth + 1, false);

@@ -33,7 +33,9 @@
 #define ENG_GRAM_MAX_SCHEMA_BYTES 16384u
 #define ENG_GRAM_MAX_DEPTH 16u
 #define ENG_GRAM_MAX_NODES 1024u
-#define ENG_GRAM_MAX_CONFIGS 8u
+#define ENG_GRAM_MAX_CONFIGS 64u   /* = the router's tools per request: a forced call
+                                       keeps every tool's branch alive */
+#define ENG_GRAM_MAX_ANYOF 64u
 #define ENG_GRAM_ANY_DEPTH 8u
 #define ENG_GRAM_MAX_STACK 48u
 
