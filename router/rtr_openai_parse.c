@@ -328,6 +328,29 @@ static bool parse_response_format(parse_ctx_t *pc, const cJSON *rf, rtr_oai_req_
     return true;
 }
 
+/* The grammar names a refused keyword by its JSON pointer in the call's
+ * schema ("at /anyOf/3/properties/arguments/properties/age/minimum"):
+ * make it the pointer in the tool's parameters ("at /properties/age/minimum"). */
+static void params_pointer(char *why, size_t cap)
+{
+    char *at = strstr(why, " at /");
+    if (at == NULL)
+        return;
+    char *p = at + 4;
+    if (strncmp(p, "/anyOf/", 7) == 0) {
+        p += 7;
+        while (*p >= '0' && *p <= '9')
+            p++;
+    }
+    static const char args[] = "/properties/arguments";
+    if (strncmp(p, args, sizeof(args) - 1) != 0)
+        return;
+    p += sizeof(args) - 1;
+    char rest[256];
+    snprintf(rest, sizeof(rest), "%s", *p == '\0' ? "(the root)" : p);
+    snprintf(at + 4, cap - (size_t)(at + 4 - why), "%s", rest);
+}
+
 /* tools + tool_choice (docs/API.md "Tools"). A forced call (required /
  * named) is grammar-constrained: its schema is compiled here so that
  * parameters the grammar cannot express get their 400. */
@@ -471,6 +494,7 @@ static bool parse_tools(parse_ctx_t *pc, const cJSON *root, rtr_oai_req_t *req)
             return false;
         }
         if (st != PD_OK) {
+            params_pointer(why, sizeof(why));
             rtr_oai_error_set(pc->err, 400, INVALID, st == PD_ERR_TOO_BIG ? "schema_too_large"
                                                                             : "unsupported_schema",
                               param_name(pc, "tools[%u].function.parameters", i),

@@ -58,8 +58,44 @@ typedef struct {
     char *err;
     size_t err_len;
     pd_status_t st;
+    char path[256];       /* JSON pointer of the schema being compiled */
+    size_t plen;
+    bool path_cut;        /* path too long: shown ending in "..." */
 } comp_t;
 
+/* Append "/<seg>" (escaped: ~ as ~0, / as ~1) to the pointer; returns the
+ * length to restore with path_pop. */
+static size_t path_push(comp_t *c, const char *seg)
+{
+    size_t old = c->plen;
+    char buf[sizeof(c->path)];
+    size_t k = 0;
+    buf[k++] = '/';
+    for (const char *p = seg; *p != '\0' && k + 3 < sizeof(buf); p++) {
+        if (*p == '~' || *p == '/') {
+            buf[k++] = '~';
+            buf[k++] = *p == '~' ? '0' : '1';
+        } else {
+            buf[k++] = *p;
+        }
+    }
+    if (c->plen + k + 1 > sizeof(c->path)) {
+        c->path_cut = true;
+        return old;
+    }
+    memcpy(c->path + c->plen, buf, k);
+    c->plen += k;
+    c->path[c->plen] = '\0';
+    return old;
+}
+
+static void path_pop(comp_t *c, size_t old)
+{
+    c->plen = old;
+    c->path[old] = '\0';
+}
+
+/* Fail with a message; " at <pointer>" is added when inside the schema. */
 static void cfail(comp_t *c, pd_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void cfail(comp_t *c, pd_status_t st, const char *fmt, ...)
@@ -72,7 +108,19 @@ static void cfail(comp_t *c, pd_status_t st, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(c->err, c->err_len, fmt, ap);
         va_end(ap);
+        size_t n = strlen(c->err);
+        if (c->plen > 0 && n < c->err_len)
+            snprintf(c->err + n, c->err_len - n, " at %s%s", c->path,
+                     c->path_cut ? "..." : "");
     }
+}
+
+/* Fail on keyword kw of the schema being compiled (the pointer names it). */
+static void cfail_kw(comp_t *c, pd_status_t st, const char *kw, const char *why)
+{
+    size_t o = path_push(c, kw);
+    cfail(c, st, "%s", why);
+    path_pop(c, o);
 }
 
 static bool grow(void **p, uint32_t *cap, uint32_t need, size_t elem)
@@ -179,12 +227,18 @@ static uint32_t any_block(comp_t *c)
     return base;
 }
 
+/* Keywords that do not constrain a value (JSON Schema 2020-12 "meta-data"
+ * and core identifiers, and vendor extensions): accepted and ignored. */
 static const char *const annotations[] = {
-    "description", "title", "$schema", "$comment", "examples", "$id", NULL,
+    "description", "title", "$schema", "$comment", "examples", "$id", "default",
+    "deprecated", "readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$vocabulary",
+    "contentEncoding", "contentMediaType", NULL,
 };
 
 static bool is_annotation(const char *k)
 {
+    if (strncmp(k, "x-", 2) == 0)
+        return true;
     for (int i = 0; annotations[i]; i++)
         if (strcmp(k, annotations[i]) == 0)
             return true;
@@ -229,7 +283,9 @@ static uint32_t comp_type(comp_t *c, const cJSON *s, const char *type, uint32_t 
         return lit_node(c, "null", 4);
     if (strcmp(type, "array") == 0) {
         const cJSON *it = cJSON_GetObjectItemCaseSensitive(s, "items");
+        size_t o = path_push(c, "items");
         uint32_t item = it ? comp_schema(c, it, depth + 1, false) : any_block(c) + 5;
+        path_pop(c, o);
         return new_node(c, N_ARR, 0, item);
     }
     if (strcmp(type, "object") == 0) {
@@ -237,25 +293,25 @@ static uint32_t comp_type(comp_t *c, const cJSON *s, const char *type, uint32_t 
         const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
         const cJSON *ap = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
         if (props && !cJSON_IsObject(props)) {
-            cfail(c, PD_ERR_BAD_INPUT, "'properties' must be an object");
+            cfail_kw(c, PD_ERR_BAD_INPUT, "properties", "'properties' must be an object");
             return 0;
         }
         if (ap && !cJSON_IsFalse(ap)) {
-            cfail(c, PD_ERR_BAD_INPUT,
-                  "'additionalProperties' must be false (other values are not supported)");
+            cfail_kw(c, PD_ERR_BAD_INPUT, "additionalProperties",
+                     "'additionalProperties' must be false (other values are not supported)");
             return 0;
         }
         if (req) {
             if (!cJSON_IsArray(req)) {
-                cfail(c, PD_ERR_BAD_INPUT, "'required' must be an array of property names");
+                cfail_kw(c, PD_ERR_BAD_INPUT, "required", "'required' must be an array of property names");
                 return 0;
             }
             const cJSON *r;
             cJSON_ArrayForEach(r, req) {
                 if (!cJSON_IsString(r) ||
                     !cJSON_GetObjectItemCaseSensitive(props, r->valuestring)) {
-                    cfail(c, PD_ERR_BAD_INPUT,
-                          "'required' names a property that 'properties' does not declare");
+                    cfail_kw(c, PD_ERR_BAD_INPUT, "required",
+                             "'required' names a property that 'properties' does not declare");
                     return 0;
                 }
             }
@@ -291,7 +347,10 @@ static uint32_t comp_type(comp_t *c, const cJSON *s, const char *type, uint32_t 
             buf[kl] = ':';
             cJSON_free(kt);
             keys[i] = lit_node(c, buf, kl + 1);
+            size_t o1 = path_push(c, "properties"), o2 = path_push(c, p->string);
             vals[i] = comp_schema(c, p, depth + 1, false);
+            path_pop(c, o2);
+            path_pop(c, o1);
             i++;
             if (c->st != PD_OK)
                 return 0;
@@ -322,7 +381,7 @@ static uint32_t comp_schema(comp_t *c, const cJSON *s, uint32_t depth, bool root
     if (c->st != PD_OK || nl == NULL || cJSON_IsFalse(nl))
         return id;
     if (!cJSON_IsTrue(nl)) {
-        cfail(c, PD_ERR_BAD_INPUT, "'nullable' must be a boolean");
+        cfail_kw(c, PD_ERR_BAD_INPUT, "nullable", "'nullable' must be a boolean");
         return 0;
     }
     uint32_t ids[2] = { id, lit_node(c, "null", 4) };
@@ -353,18 +412,37 @@ static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool roo
         for (int i = 0; !ok && known[i]; i++)
             ok = strcmp(k->string, known[i]) == 0;
         if (!ok) {
-            cfail(c, PD_ERR_BAD_INPUT, "unsupported JSON schema keyword '%.64s'", k->string);
+            char why[128];
+            snprintf(why, sizeof(why), "unsupported JSON schema keyword '%.64s'", k->string);
+            cfail_kw(c, PD_ERR_BAD_INPUT, k->string, why);
             return 0;
         }
     }
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     if (ref) {
         if (!cJSON_IsString(ref)) {
-            cfail(c, PD_ERR_BAD_INPUT, "'$ref' must be a string");
+            cfail_kw(c, PD_ERR_BAD_INPUT, "$ref", "'$ref' must be a string");
             return 0;
         }
         const cJSON *t = resolve_ref(c, ref->valuestring);
-        return t ? comp_schema(c, t, depth + 1, root) : 0;
+        if (t == NULL)
+            return 0;
+        /* errors inside name the target's place: "/$defs/Name/..." */
+        char saved[sizeof(c->path)];
+        size_t sl = c->plen;
+        bool scut = c->path_cut;
+        memcpy(saved, c->path, sl + 1);
+        const char *frag = ref->valuestring + 1; /* after '#' */
+        size_t fl = strlen(frag);
+        if (fl < sizeof(c->path)) {
+            memcpy(c->path, frag, fl + 1);
+            c->plen = fl;
+        }
+        uint32_t id = comp_schema(c, t, depth + 1, root);
+        memcpy(c->path, saved, sl + 1);
+        c->plen = sl;
+        c->path_cut = scut;
+        return id;
     }
     const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
     const cJSON *cn = cJSON_GetObjectItemCaseSensitive(s, "const");
@@ -373,7 +451,7 @@ static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool roo
     if (en) {
         int n = cJSON_GetArraySize(en);
         if (!cJSON_IsArray(en) || n < 1 || n > 256) {
-            cfail(c, PD_ERR_BAD_INPUT, "'enum' must be an array of 1 to 256 values");
+            cfail_kw(c, PD_ERR_BAD_INPUT, "enum", "'enum' must be an array of 1 to 256 values");
             return 0;
         }
         uint32_t ids[256], i = 0;
@@ -392,8 +470,14 @@ static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool roo
         }
         uint32_t ids[ENG_GRAM_MAX_ANYOF], i = 0;
         const cJSON *e;
-        cJSON_ArrayForEach(e, any)
+        cJSON_ArrayForEach(e, any) {
+            char ix[16];
+            snprintf(ix, sizeof(ix), "%u", i);
+            size_t o1 = path_push(c, "anyOf"), o2 = path_push(c, ix);
             ids[i++] = comp_schema(c, e, depth + 1, false);
+            path_pop(c, o2);
+            path_pop(c, o1);
+        }
         return alts_node(c, ids, i);
     }
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "type");

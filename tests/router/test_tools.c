@@ -299,6 +299,14 @@ static void test_request(void **st)
                  "\"parameters\":{\"type\":\"object\",\"properties\":{\"s\":{\"type\":"
                  "\"string\",\"pattern\":\"x\"}}}}}],\"tool_choice\":\"required\"}", M),
                "tools[0].function.parameters");
+    /* ... and names the keyword by its pointer in the parameters */
+    B("%s\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"z\"}},{\"type\":"
+      "\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"object\","
+      "\"properties\":{\"s\":{\"type\":\"string\",\"pattern\":\"x\"}}}}}],"
+      "\"tool_choice\":\"required\"}", M);
+    assert_int_equal(rtr_oai_parse(RTR_API_CHAT, b, strlen(b), &lim, &r, &err), PD_ERR_BAD_INPUT);
+    if (strstr(err.message, "'pattern' at /properties/s/pattern") == NULL)
+        fail_msg("%s", err.message);
     expect_400(B("%s" TOOLS_JSON ",\"tool_choice\":\"required\",\"response_format\":"
                  "{\"type\":\"json_object\"}}", M), "tool_choice");
     /* logprobs with tools, auto and forced */

@@ -394,11 +394,38 @@ static void test_refusals(void **state)
     free(w);
 }
 
+/* Annotations are accepted and ignored (JSON Schema: they do not
+ * constrain); a refused keyword names its JSON pointer, through
+ * properties, items, anyOf and $ref. */
+static void test_annotations_and_pointers(void **state)
+{
+    (void)state;
+    check_schema("{\"type\":\"object\",\"$schema\":\"http://json-schema.org/draft-07/schema#\","
+                 "\"$id\":\"urn:x\",\"title\":\"T\",\"x-vendor\":{\"any\":[1]},\"properties\":{"
+                 "\"a\":{\"type\":\"string\",\"default\":\"hi\",\"description\":\"d\",\"examples\":[\"e\"],"
+                 "\"$comment\":\"c\",\"deprecated\":true,\"readOnly\":false,\"writeOnly\":false,"
+                 "\"$anchor\":\"A\",\"x-order\":1},\"b\":{\"type\":\"boolean\",\"default\":{\"k\":[]}}},"
+                 "\"required\":[\"a\",\"b\"],\"additionalProperties\":false}", 10);
+    expect_refused("{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\","
+                   "\"multipleOf\":2}}}", PD_ERR_BAD_INPUT,
+                   "'multipleOf' at /properties/age/multipleOf");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"l\":{\"type\":\"array\",\"items\":"
+                   "{\"anyOf\":[{\"type\":\"null\"},{\"$ref\":\"#/$defs/p\"}]}}},\"$defs\":{\"p\":"
+                   "{\"type\":\"object\",\"properties\":{\"a/b~\":{\"not\":{}}}}}}",
+                   PD_ERR_BAD_INPUT, "'not' at /$defs/p/properties/a~1b~0/not");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"null\"},"
+                   "{\"type\":\"string\",\"pattern\":\"x\"}]}}}", PD_ERR_BAD_INPUT,
+                   "at /properties/u/anyOf/1/pattern");
+    expect_refused("{\"type\":\"object\",\"additionalProperties\":{}}", PD_ERR_BAD_INPUT,
+                   "at /additionalProperties");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_feed_rejects),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_annotations_and_pointers),
         cmocka_unit_test(test_schema_simple),
         cmocka_unit_test(test_schema_nested),
         cmocka_unit_test(test_json_object),
