@@ -747,9 +747,9 @@ static uint32_t int_more(const grange_t *r, int64_t v, bool neg, uint32_t d)
 /* Bytes a format's body still needs from state st (before the quote). */
 static uint32_t fmt_rest(uint32_t f, uint32_t st)
 {
-    static const uint8_t email_rest[7] = { 5, 4, 5, 3, 2, 1, 0 };
+    static const uint8_t email_rest[8] = { 6, 5, 6, 4, 3, 2, 1, 0 };
     if (formats[f].tpl == NULL)
-        return st < 7 ? email_rest[st] : 0;
+        return st < 8 ? email_rest[st] : 0;
     uint32_t len = (uint32_t)strlen(formats[f].tpl);
     return st < len ? len - st : 0;
 }
@@ -770,14 +770,18 @@ static bool is_lnum(uint8_t b)
 static int fmt_step(uint32_t f, uint32_t st, uint8_t prev, uint8_t b)
 {
     const char *t = formats[f].tpl;
-    if (t == NULL) { /* local@label.label...: states 0-6, 6 accepting */
+    if (t == NULL) {
+        /* atom(.atom)*@label(.label)*.tld, tld 2+ letters (as zod's check
+         * wants): states 0-7, 7 accepting; 4 = in a label that cannot end
+         * the address, 6/7 = one / two+ letters of a possible tld */
+        bool letter = b >= 'a' && b <= 'z', digit = b >= '0' && b <= '9';
         switch (st) {
         case 0: case 2: return is_atext(b) ? 1 : -1;
         case 1: return is_atext(b) ? 1 : b == '.' ? 2 : b == '@' ? 3 : -1;
         case 3: return is_lnum(b) ? 4 : -1;
         case 4: return is_lnum(b) ? 4 : b == '.' ? 5 : -1;
-        case 5: return is_lnum(b) ? 6 : -1;
-        case 6: return is_lnum(b) ? 6 : b == '.' ? 5 : -1;
+        case 5: return letter ? 6 : digit ? 4 : -1;
+        case 6: case 7: return letter ? 7 : digit ? 4 : b == '.' ? 5 : -1;
         default: return -1;
         }
     }

@@ -196,8 +196,12 @@ static bool format_ok(const char *f, const char *v)
             if (*p == '.' || *p == '\0') {
                 if (p == lab || lab[0] == '-' || p[-1] == '-')
                     return false;
-                if (*p == '\0')
-                    return true;
+                if (*p == '\0') { /* a tld of 2+ letters (zod's .email()) */
+                    for (const char *q = lab; q < p; q++)
+                        if (!isalpha((unsigned char)*q))
+                            return false;
+                    return p - lab >= 2;
+                }
                 lab = p + 1;
             } else if (!isalnum((unsigned char)*p) && *p != '-') {
                 return false;
