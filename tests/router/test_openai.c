@@ -659,9 +659,8 @@ static void test_response_format(void **state)
 
 #define RF(x) HM "\"response_format\":" x "}"
 #define SCH(x) RF("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":" x "}}")
-    static const char *const kws[] = { "pattern", "format", "minLength", "maximum", "minItems",
-                                       "oneOf", "allOf", "not", "patternProperties",
-                                       "uniqueItems", NULL };
+    static const char *const kws[] = { "pattern", "format", "multipleOf", "oneOf", "allOf",
+                                       "not", "patternProperties", "uniqueItems", NULL };
     for (int i = 0; kws[i]; i++) {
         char body[512];
         snprintf(body, sizeof(body), SCH("{\"type\":\"object\",\"properties\":{\"a\":"
@@ -669,6 +668,10 @@ static void test_response_format(void **state)
         expect_bad(H, body, 400, "response_format", "unsupported_schema");
         assert_int_equal(parse(H, body, &req, &err), PD_ERR_BAD_INPUT);
         assert_non_null(strstr(err.message, kws[i]));
+        char ptr[64]; /* the message names the keyword's JSON pointer */
+        snprintf(ptr, sizeof(ptr), "at /properties/a/%s", kws[i]);
+        if (strstr(err.message, ptr) == NULL)
+            fail_msg("%s", err.message);
     }
     expect_bad(H, SCH("{\"type\":\"array\"}"), 400, "response_format", "unsupported_schema");
     expect_bad(H, SCH("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}}}"), 400,
