@@ -253,6 +253,27 @@ static bool count_kw(comp_t *c, const cJSON *s, const char *kw, int64_t def, int
     return true;
 }
 
+/* A count range: kmin / kmax (count_kw), kmin at most cap. */
+static bool count_range(comp_t *c, const cJSON *s, const char *kmin, const char *kmax,
+                        int64_t cap, int64_t *lo, int64_t *hi)
+{
+    if (!count_kw(c, s, kmin, 0, lo) || !count_kw(c, s, kmax, INT64_MAX, hi))
+        return false;
+    if (*lo > *hi) {
+        char why[64];
+        snprintf(why, sizeof(why), "%s is above %s", kmin, kmax);
+        cfail_kw(c, PD_ERR_BAD_INPUT, kmin, why);
+        return false;
+    }
+    if (*lo > cap) {
+        char why[64];
+        snprintf(why, sizeof(why), "%s above %lld is not supported", kmin, (long long)cap);
+        cfail_kw(c, PD_ERR_TOO_BIG, kmin, why);
+        return false;
+    }
+    return true;
+}
+
 /* A double as an int64 bound: ceil (lower) or floor (upper), clamped. */
 static int64_t to_i64(double v, bool lower)
 {
@@ -321,7 +342,7 @@ static uint32_t int_node(comp_t *c, const cJSON *s)
 static uint32_t str_node(comp_t *c, const cJSON *s)
 {
     int64_t lo, hi;
-    if (!count_kw(c, s, "minLength", 0, &lo) || !count_kw(c, s, "maxLength", INT64_MAX, &hi))
+    if (!count_range(c, s, "minLength", "maxLength", 4096, &lo, &hi))
         return 0;
     const cJSON *fm = cJSON_GetObjectItemCaseSensitive(s, "format");
     if (fm != NULL) {
@@ -345,14 +366,6 @@ static uint32_t str_node(comp_t *c, const cJSON *s)
             }
         }
         return new_node(c, N_FMT, f, 0);
-    }
-    if (lo > hi) {
-        cfail(c, PD_ERR_BAD_INPUT, "minLength is above maxLength");
-        return 0;
-    }
-    if (lo > 4096) {
-        cfail_kw(c, PD_ERR_TOO_BIG, "minLength", "minLength above 4096 is not supported");
-        return 0;
     }
     if (lo == 0 && hi == INT64_MAX)
         return new_node(c, N_STR, 0, 0);
@@ -473,16 +486,8 @@ static uint32_t comp_type(comp_t *c, const cJSON *s, const char *type, uint32_t 
         uint32_t item = it ? comp_schema(c, it, depth + 1, false) : any_block(c) + 5;
         path_pop(c, o);
         int64_t lo, hi;
-        if (!count_kw(c, s, "minItems", 0, &lo) || !count_kw(c, s, "maxItems", INT64_MAX, &hi))
+        if (!count_range(c, s, "minItems", "maxItems", 1024, &lo, &hi))
             return 0;
-        if (lo > hi) {
-            cfail(c, PD_ERR_BAD_INPUT, "minItems is above maxItems");
-            return 0;
-        }
-        if (lo > 1024) {
-            cfail_kw(c, PD_ERR_TOO_BIG, "minItems", "minItems above 1024 is not supported");
-            return 0;
-        }
         if (hi >= 65535)
             hi = INT64_MAX; /* the item count is kept in 16 bits */
         if (lo == 0 && hi == INT64_MAX)
