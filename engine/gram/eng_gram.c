@@ -626,6 +626,24 @@ static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool roo
             return 0;
         }
     }
+    /* value bounds apply where the schema is compiled by its type: next to
+     * $ref / const / enum / anyOf (compiled without it) they would be lost */
+    static const char *const bounds[] = { "minimum", "maximum", "exclusiveMinimum",
+                                          "exclusiveMaximum", "minLength", "maxLength",
+                                          "minItems", "maxItems", "format", NULL };
+    static const char *const alone[] = { "$ref", "const", "enum", "anyOf", NULL };
+    for (int i = 0; alone[i]; i++) {
+        if (!cJSON_GetObjectItemCaseSensitive(s, alone[i]))
+            continue;
+        for (int j = 0; bounds[j]; j++)
+            if (cJSON_GetObjectItemCaseSensitive(s, bounds[j])) {
+                char why[96];
+                snprintf(why, sizeof(why), "'%s' next to '%s' is not supported (put it in "
+                         "the branches)", bounds[j], alone[i]);
+                cfail_kw(c, PD_ERR_BAD_INPUT, bounds[j], why);
+                return 0;
+            }
+    }
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     if (ref) {
         if (!cJSON_IsString(ref)) {

@@ -601,6 +601,11 @@ static void test_bounds_and_formats(void **state)
                    "\"minimum\":3,\"maximum\":2}}}", PD_ERR_BAD_INPUT, "at /properties/x");
     expect_refused("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"array\","
                    "\"minItems\":-1}}}", PD_ERR_BAD_INPUT, "at /properties/x/minItems");
+    /* a bound next to enum / anyOf would not constrain: refused */
+    expect_refused("{\"type\":\"object\",\"properties\":{\"x\":{\"enum\":[\"a\",\"abc\"],"
+                   "\"minLength\":2}}}", PD_ERR_BAD_INPUT, "at /properties/x/minLength");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"x\":{\"anyOf\":[{\"type\":"
+                   "\"integer\"}],\"maximum\":2}}}", PD_ERR_BAD_INPUT, "'maximum' next to 'anyOf'");
 }
 
 int main(void)
