@@ -324,6 +324,19 @@ static const char *tools_finish(rtr_req_t *q, const char *finish_reason)
                                            q->oai.tools, q->oai.n_tools, calls,
                                            q->oai.single_call ? 1 : RTR_OAI_MAX_CALLS, &n)
                          : PD_ERR_BAD_INPUT;
+    bool cut = false;
+    if (st == PD_ERR_BAD_INPUT && tool_forced(q)) {
+        /* a forced call is a call even when cut short (max_tokens, a stop
+         * string): its truncated arguments, the finish reason as it came */
+        rtr_tools_calls_free(calls, n);
+        n = 0;
+        st = rtr_tools_partial(eng_chat_call_args_key(f), q->text ? q->text : "", q->text_len,
+                               q->oai.tools, q->oai.n_tools,
+                               q->oai.tool_choice == RTR_OAI_TOOLS_NAMED
+                                   ? (int32_t)q->oai.tool_named : -1, &calls[0]);
+        n = st == PD_OK ? 1 : 0;
+        cut = st == PD_OK;
+    }
     q->tool_scan = RTR_TOOL_OFF;
     if (st == PD_OK && (q->calls = calloc(n, sizeof(*q->calls))) != NULL) {
         static const char an[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
@@ -340,7 +353,7 @@ static const char *tools_finish(rtr_req_t *q, const char *finish_reason)
         if (q->text != NULL)
             q->text[0] = '\0';
         pd_stats_inc(q->r->stats, RTR_STAT_tool_calls);
-        return "tool_calls";
+        return cut ? finish_reason : "tool_calls";
     }
     rtr_tools_calls_free(calls, n);
     if (q->oai.stream && q->text_len > 0) { /* not a call: the held text */
@@ -848,11 +861,16 @@ static bool req_tokens(rtr_req_t *q, const proto_tokens_t *toks, const proto_log
     if (q->oai.stream)
         stream_start(q);
     if (q->oai.logprobs && q->oai.stream && q->n_gen > first_new) {
-        /* the chunk carries these tokens' logprobs, even with no text yet */
+        /* the chunk carries these tokens' logprobs, even with no text yet;
+         * text that may be a tool call is held (emit_text), not sent here */
+        bool held = q->tool_scan != RTR_TOOL_OFF;
         rtr_oai_resp_meta_t m = req_meta(q);
         rtr_oai_logprobs_t l = req_lps(q, first_new, q->n_gen);
-        send_sse(q, rtr_oai_chunk_lp_json(&m, q->choice, acc, acc_len, NULL, false, &l));
+        send_sse(q, rtr_oai_chunk_lp_json(&m, q->choice, acc, held ? 0 : acc_len, NULL, false,
+                                          &l));
         q->lp_chars += rtr_oai_logprobs_chars(&l);
+        if (held)
+            emit_text(q, acc, acc_len);
     } else {
         emit_text(q, acc, acc_len);
     }

@@ -16,13 +16,13 @@
 #define RTR_OAI_MAX_STOP        8      /* stop strings per request */
 #define RTR_OAI_MAX_STOP_BYTES  256    /* bytes per stop string */
 #define RTR_OAI_MODEL_MAX       256
+#define RTR_OAI_MSG_NAME_MAX    256    /* bytes of a message's "name" */
 #define RTR_OAI_MAX_BIAS        300    /* logit_bias entries (OpenAI's cap) */
 #define RTR_OAI_MAX_STOP_IDS    32     /* stop_token_ids (= ENG_SAMPLE_MAX_STOP_IDS) */
 #define RTR_OAI_MAX_TOP_LOGPROBS 20    /* top_logprobs / completions logprobs */
 #define RTR_OAI_MAX_N           16     /* choices per request (n; = 1 + PROTO_MAX_FORK) */
 #define RTR_OAI_MAX_TOOLS       64     /* tools per request */
 #define RTR_OAI_MAX_CALLS       8      /* tool calls per message / per answer */
-#define RTR_OAI_MAX_FORCED_TOOLS 8     /* tool_choice "required": anyOf branches (ENG_GRAM_MAX_CONFIGS) */
 
 /* tool_choice */
 #define RTR_OAI_TOOLS_NONE     0u   /* no call (also: no tools) */
@@ -63,6 +63,10 @@ typedef struct {
     const char *content;       /* concatenated text parts (owned by the request); NULL
                                   for an assistant message with only tool calls */
     size_t content_len;
+    char *name;                /* the message's "name" (owned; NULL when absent): a
+                                  participant, or the tool a result comes from. Kept for
+                                  templates that render names; none of the supported
+                                  ones does (docs/API.md "Messages") */
     rtr_oai_call_t *calls;     /* assistant: its tool_calls (owned) */
     uint32_t n_calls;
 } rtr_chat_msg_t;
@@ -246,5 +250,10 @@ char *rtr_oai_tool_chunk_json(const rtr_oai_resp_meta_t *meta, uint32_t index,
 /* GET /v1/models body. */
 char *rtr_oai_models_json(const char *const *model_ids, uint32_t n, int64_t created,
                           const char *owned_by);
+/* GET /v1/models/{id} (id as it is in the path, %-escapes decoded here):
+ * the model object of a served id, or NULL with *err filled (404
+ * model_not_found; 500 when out of memory). */
+char *rtr_oai_model_get_json(const char *id_enc, const char *const *model_ids, uint32_t n,
+                             int64_t created, const char *owned_by, rtr_oai_error_t *err);
 
 #endif

@@ -7,6 +7,7 @@
 #include "eng_gram.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,6 +26,7 @@ void rtr_oai_req_free(rtr_oai_req_t *req)
         for (uint32_t i = 0; i < req->n_messages; i++) {
             free((char *)req->messages[i].role);
             free((char *)req->messages[i].content);
+            free(req->messages[i].name);
             if (req->messages[i].calls != NULL) {
                 rtr_tools_calls_free(req->messages[i].calls, req->messages[i].n_calls);
                 free(req->messages[i].calls);
@@ -326,6 +328,29 @@ static bool parse_response_format(parse_ctx_t *pc, const cJSON *rf, rtr_oai_req_
     return true;
 }
 
+/* The grammar names a refused keyword by its JSON pointer in the call's
+ * schema ("at /anyOf/3/properties/arguments/properties/age/minimum"):
+ * make it the pointer in the tool's parameters ("at /properties/age/minimum"). */
+static void params_pointer(char *why, size_t cap)
+{
+    char *at = strstr(why, " at /");
+    if (at == NULL)
+        return;
+    char *p = at + 4;
+    if (strncmp(p, "/anyOf/", 7) == 0) {
+        p += 7;
+        while (*p >= '0' && *p <= '9')
+            p++;
+    }
+    static const char args[] = "/properties/arguments";
+    if (strncmp(p, args, sizeof(args) - 1) != 0)
+        return;
+    p += sizeof(args) - 1;
+    char rest[256];
+    snprintf(rest, sizeof(rest), "%s", *p == '\0' ? "(the root)" : p);
+    snprintf(at + 4, cap - (size_t)(at + 4 - why), "%s", rest);
+}
+
 /* tools + tool_choice (docs/API.md "Tools"). A forced call (required /
  * named) is grammar-constrained: its schema is compiled here so that
  * parameters the grammar cannot express get their 400. */
@@ -440,11 +465,7 @@ static bool parse_tools(parse_ctx_t *pc, const cJSON *root, rtr_oai_req_t *req)
             req->tool_named = j;
         }
     }
-    if (req->tool_choice == RTR_OAI_TOOLS_NONE)
-        return true;
-    if (req->logprobs)
-        return unsupported(pc, "logprobs", "cannot be combined with tool calls");
-    if (req->tool_choice == RTR_OAI_TOOLS_AUTO)
+    if (req->tool_choice == RTR_OAI_TOOLS_NONE || req->tool_choice == RTR_OAI_TOOLS_AUTO)
         return true;
     /* forced: constrained like response_format, so the same rules */
     if (req->gram_kind != RTR_OAI_GRAM_NONE)
@@ -453,13 +474,6 @@ static bool parse_tools(parse_ctx_t *pc, const cJSON *root, rtr_oai_req_t *req)
     if (req->ignore_eos || req->min_tokens > 0)
         return unsupported(pc, req->ignore_eos ? "ignore_eos" : "min_tokens",
                            "cannot be combined with a forced tool call (the call ends with EOS)");
-    if (req->tool_choice == RTR_OAI_TOOLS_REQUIRED && req->n_tools > RTR_OAI_MAX_FORCED_TOOLS) {
-        rtr_oai_error_set(pc->err, 400, INVALID, NULL, "tool_choice",
-                          "\"required\" works with at most %d tools; name one instead",
-                          RTR_OAI_MAX_FORCED_TOOLS);
-        pc->status = PD_ERR_BAD_INPUT;
-        return false;
-    }
     for (uint32_t i = 0; i < req->n_tools; i++) {
         if (req->tool_choice == RTR_OAI_TOOLS_NAMED && i != req->tool_named)
             continue;
@@ -480,6 +494,7 @@ static bool parse_tools(parse_ctx_t *pc, const cJSON *root, rtr_oai_req_t *req)
             return false;
         }
         if (st != PD_OK) {
+            params_pointer(why, sizeof(why));
             rtr_oai_error_set(pc->err, 400, INVALID, st == PD_ERR_TOO_BIG ? "schema_too_large"
                                                                             : "unsupported_schema",
                               param_name(pc, "tools[%u].function.parameters", i),
@@ -820,6 +835,17 @@ static bool parse_messages(parse_ctx_t *pc, const cJSON *root, const rtr_oai_lim
                 continue;
             if (strcmp(k, "tool_call_id") == 0 && tool && cJSON_IsString(key))
                 continue; /* tool results render by position; the id is not needed */
+            if (strcmp(k, "name") == 0) { /* any role: a participant, or the tool's name */
+                if (!cJSON_IsString(key) || strlen(key->valuestring) > RTR_OAI_MSG_NAME_MAX)
+                    return bad(pc, param_name(pc, "messages[%u].name", mi),
+                               "must be a string of at most 256 bytes");
+                free(out->name);
+                if ((out->name = strdup(key->valuestring)) == NULL) {
+                    pc->status = PD_ERR_NO_MEMORY;
+                    return false;
+                }
+                continue;
+            }
             if (strcmp(k, "tool_calls") == 0 && assistant && cJSON_IsArray(key) &&
                 key->child != NULL) {
                 if (!parse_msg_calls(pc, key, mi, out))
@@ -829,14 +855,13 @@ static bool parse_messages(parse_ctx_t *pc, const cJSON *root, const rtr_oai_lim
             if (strcmp(k, "refusal") == 0 && assistant)
                 return bad(pc, param_name(pc, "messages[%u].refusal", mi),
                            "is not supported (send it as content)");
-            bool known_key = strcmp(k, "name") == 0 || strcmp(k, "tool_calls") == 0 ||
-                             strcmp(k, "function_call") == 0 || strcmp(k, "tool_call_id") == 0;
+            bool known_key = strcmp(k, "tool_calls") == 0 || strcmp(k, "function_call") == 0 ||
+                             strcmp(k, "tool_call_id") == 0;
             if (known_key && (cJSON_IsArray(key) && key->child == NULL))
                 continue;
             return known_key
                 ? unsupported(pc, param_name(pc, "messages[%u].%.24s", mi, k),
-                              strcmp(k, "name") == 0 ? "the chat templates do not render names"
-                                                     : "deprecated: use tool_calls")
+                              "deprecated: use tool_calls")
                 : bad(pc, param_name(pc, "messages[%u].%.24s", mi, k), "is not a known field");
         }
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
@@ -960,6 +985,90 @@ static const char *dup_key(const cJSON *node, bool *oom)
             return d;
     }
     return NULL;
+}
+
+/* The raw text of the top-level member `key` of the JSON object in
+ * body[0..len) (already parsed by cJSON: well-formed), or NULL. Keys with
+ * escapes are not matched. */
+static const char *raw_member(const char *body, size_t len, const char *key, size_t *n_p)
+{
+    size_t i = 0, kl = strlen(key);
+    int depth = 0;
+    bool want_key = false;
+    const char *found = NULL;
+    while (i < len) {
+        char ch = body[i];
+        if (ch == '"') {
+            size_t j = i + 1;
+            while (j < len && body[j] != '"')
+                j += body[j] == '\\' ? 2 : 1;
+            if (j >= len)
+                return NULL;
+            size_t k = j + 1;
+            while (k < len && strchr(" \t\r\n", body[k]) != NULL && body[k] != '\0')
+                k++;
+            if (depth == 1 && want_key && k < len && body[k] == ':' && j - i - 1 == kl &&
+                memcmp(body + i + 1, key, kl) == 0) {
+                k++;
+                while (k < len && strchr(" \t\r\n", body[k]) != NULL && body[k] != '\0')
+                    k++;
+                found = body + k;
+                size_t e = k;
+                while (e < len && strchr("+-.0123456789eE", body[e]) != NULL && body[e] != '\0')
+                    e++;
+                *n_p = e - k;
+                return found;
+            }
+            want_key = false;
+            i = j + 1;
+            continue;
+        }
+        if (ch == '{' || ch == '[')
+            depth++;
+        else if (ch == '}' || ch == ']')
+            depth--;
+        if ((ch == '{' || ch == ',') && depth == 1)
+            want_key = true;
+        i++;
+    }
+    return NULL;
+}
+
+/* "seed": any integer in [-2^63, 2^64), exactly (cJSON's double loses the
+ * low bits above 2^53, so the number's own text is read), reduced mod 2^64
+ * to the sampler's 64-bit state: -1 and 2^64 - 1 are the same seed. */
+static bool parse_seed(const cJSON *it, const char *body, size_t len, uint64_t *out)
+{
+    if (!cJSON_IsNumber(it))
+        return false;
+    size_t n = 0;
+    const char *raw = raw_member(body, len, "seed", &n);
+    char txt[32];
+    if (raw != NULL && n > 0 && n < sizeof(txt))
+        memcpy(txt, raw, n);
+    txt[raw != NULL && n < sizeof(txt) ? n : 0] = '\0';
+    if (txt[0] != '\0' && strpbrk(txt, ".eE") == NULL) {
+        char *end = NULL;
+        errno = 0;
+        if (txt[0] == '-') {
+            long long v = strtoll(txt, &end, 10);
+            if (errno != 0 || *end != '\0')
+                return false;
+            *out = (uint64_t)v;
+        } else {
+            unsigned long long v = strtoull(txt, &end, 10);
+            if (errno != 0 || *end != '\0')
+                return false;
+            *out = (uint64_t)v;
+        }
+        return true;
+    }
+    /* 1e3, 7.0, or a key spelt with escapes: exact only within 2^53 */
+    int64_t v;
+    if (!get_int(it, -9007199254740992.0, 9007199254740992.0, &v))
+        return false;
+    *out = (uint64_t)v;
+    return true;
 }
 
 pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
@@ -1086,11 +1195,10 @@ pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
         }
         const cJSON *seed = cJSON_GetObjectItemCaseSensitive(root, "seed");
         if (seed != NULL && !cJSON_IsNull(seed)) {
-            if (!get_int(seed, -9007199254740991.0, 9007199254740991.0, &v)) {
-                bad(&pc, "seed", "must be an integer");
+            if (!parse_seed(seed, body, len, &req->seed)) {
+                bad(&pc, "seed", "must be an integer in [-2^63, 2^64)");
                 goto out;
             }
-            req->seed = (uint64_t)v;
             req->seed_set = true;
         }
         uint32_t n = 1;

@@ -427,6 +427,18 @@ char *rtr_oai_response_full_json(const rtr_oai_resp_meta_t *meta, uint32_t n_cho
     return write_body(meta, &b);
 }
 
+static cJSON *model_obj(const char *id, int64_t created, const char *owned_by)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (m != NULL) {
+        cJSON_AddStringToObject(m, "id", id);
+        cJSON_AddStringToObject(m, "object", "model");
+        cJSON_AddNumberToObject(m, "created", (double)created);
+        cJSON_AddStringToObject(m, "owned_by", owned_by);
+    }
+    return m;
+}
+
 char *rtr_oai_models_json(const char *const *model_ids, uint32_t n, int64_t created,
                           const char *owned_by)
 {
@@ -438,14 +450,47 @@ char *rtr_oai_models_json(const char *const *model_ids, uint32_t n, int64_t crea
         return NULL;
     }
     for (uint32_t i = 0; i < n; i++) {
-        cJSON *m = cJSON_CreateObject();
+        cJSON *m = model_obj(model_ids[i], created, owned_by);
         if (m == NULL)
             break;
         cJSON_AddItemToArray(data, m);
-        cJSON_AddStringToObject(m, "id", model_ids[i]);
-        cJSON_AddStringToObject(m, "object", "model");
-        cJSON_AddNumberToObject(m, "created", (double)created);
-        cJSON_AddStringToObject(m, "owned_by", owned_by);
     }
     return print_and_free(root);
+}
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+char *rtr_oai_model_get_json(const char *id_enc, const char *const *model_ids, uint32_t n,
+                             int64_t created, const char *owned_by, rtr_oai_error_t *err)
+{
+    char id[RTR_OAI_MODEL_MAX];
+    size_t k = 0;
+    bool ok = id_enc != NULL;
+    for (const char *p = id_enc; ok && *p != '\0'; p++) {
+        int c = (unsigned char)*p;
+        if (c == '%') {
+            int h = hexval(p[1]), l = h >= 0 ? hexval(p[2]) : -1;
+            ok = l >= 0 && (h | l) != 0;
+            c = ok ? h * 16 + l : 0;
+            p += ok ? 2 : 0;
+        }
+        ok = ok && k + 1 < sizeof(id);
+        if (ok)
+            id[k++] = (char)c;
+    }
+    id[ok ? k : 0] = '\0';
+    for (uint32_t i = 0; ok && i < n; i++)
+        if (strcmp(id, model_ids[i]) == 0) {
+            char *j = print_and_free(model_obj(model_ids[i], created, owned_by));
+            if (j == NULL)
+                rtr_oai_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+            return j;
+        }
+    rtr_oai_error_set(err, 404, "invalid_request_error", "model_not_found", "model",
+                      "The model '%.200s' does not exist", ok ? id : "");
+    return NULL;
 }

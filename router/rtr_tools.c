@@ -2,6 +2,7 @@
 #include "rtr_tools.h"
 
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,7 +47,7 @@ char *rtr_tools_call_schema(const rtr_oai_tool_t *tools, uint32_t n_tools, int32
             return NULL;
         root = call_branch(&tools[named], args_key);
     } else {
-        if (n_tools == 0 || n_tools > RTR_OAI_MAX_FORCED_TOOLS)
+        if (n_tools == 0 || n_tools > RTR_OAI_MAX_TOOLS)
             return NULL;
         if (n_tools == 1) {
             root = call_branch(&tools[0], args_key);
@@ -169,8 +170,8 @@ pd_status_t rtr_tools_parse(const char *opener, const char *args_key, bool force
     static const char open[] = "<tool_call>", close[] = "</tool_call>";
     size_t i = skip_ws(text, len, 0), n = 0;
     pd_status_t st = PD_OK;
-    while (st == PD_OK && i < len) {
-        if (n == cap || len - i < sizeof(open) - 1 || memcmp(text + i, open, sizeof(open) - 1)) {
+    while (st == PD_OK && i < len && n < cap) { /* blocks after the cap are dropped */
+        if (len - i < sizeof(open) - 1 || memcmp(text + i, open, sizeof(open) - 1)) {
             st = PD_ERR_BAD_INPUT;
             break;
         }
@@ -194,5 +195,57 @@ pd_status_t rtr_tools_parse(const char *opener, const char *args_key, bool force
         return st;
     }
     *n_calls_p = (uint32_t)n;
+    return PD_OK;
+}
+
+pd_status_t rtr_tools_partial(const char *args_key, const char *text, size_t len,
+                              const rtr_oai_tool_t *tools, uint32_t n_tools, int32_t named,
+                              rtr_oai_call_t *out)
+{
+    static const char head[] = "{\"name\":\"";
+    memset(out, 0, sizeof(*out));
+    size_t i = skip_ws(text, len, 0), k = 0;
+    while (k < sizeof(head) - 1 && i < len && text[i] == head[k])
+        i++, k++;
+    if (i < len && k < sizeof(head) - 1)
+        return PD_ERR_BAD_INPUT; /* not the grammar's shape */
+    size_t ns = i;
+    while (i < len && text[i] != '"')
+        i++;
+    size_t nl = i - ns;
+    bool closed = i < len;
+    const char *name = NULL;
+    for (uint32_t t = 0; t < n_tools && name == NULL; t++) {
+        if (named >= 0 && (uint32_t)named != t)
+            continue;
+        size_t tl = strlen(tools[t].name);
+        if (closed ? tl == nl && memcmp(tools[t].name, text + ns, nl) == 0
+                   : tl >= nl && memcmp(tools[t].name, text + ns, nl) == 0)
+            name = tools[t].name;
+    }
+    if (name == NULL)
+        return PD_ERR_BAD_INPUT;
+    /* ","<args_key>": then the arguments as far as they got */
+    const char *args = "";
+    size_t al = 0;
+    if (closed) {
+        char mid[80];
+        int ml = snprintf(mid, sizeof(mid), "\",\"%s\":", args_key);
+        size_t a = i, m = 0;
+        while (m < (size_t)ml && a < len && text[a] == mid[m])
+            a++, m++;
+        if (m == (size_t)ml) {
+            args = text + a;
+            al = len - a;
+        }
+    }
+    out->name = strdup(name);
+    out->arguments = malloc(al + 1);
+    if (out->name == NULL || out->arguments == NULL) {
+        rtr_tools_calls_free(out, 1);
+        return PD_ERR_NO_MEMORY;
+    }
+    memcpy(out->arguments, args, al);
+    out->arguments[al] = '\0';
     return PD_OK;
 }

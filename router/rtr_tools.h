@@ -10,7 +10,7 @@
 
 /* The JSON schema of a forced call: {"name": <const>, "<args_key>":
  * <the tool's parameters>}, every property required, nothing else; for
- * named < 0 an anyOf over the tools (at most RTR_OAI_MAX_FORCED_TOOLS).
+ * named < 0 an anyOf over the tools (at most RTR_OAI_MAX_TOOLS).
  * malloc'd text (*len_p bytes) or NULL (no memory / bad arguments). */
 char *rtr_tools_call_schema(const rtr_oai_tool_t *tools, uint32_t n_tools, int32_t named,
                             const char *args_key, size_t *len_p);
@@ -25,7 +25,9 @@ rtr_toolscan_t rtr_tools_scan(const char *opener, const char *text, size_t len);
  * the answer is the call's JSON) or auto (the answer starts with the
  * opener; Hermes: one or more <tool_call> blocks). Each call must be a JSON
  * object with a known tool name and an object of arguments (printed
- * compact into calls[i].arguments; ids stay NULL). PD_ERR_BAD_INPUT: not a
+ * compact into calls[i].arguments; ids stay NULL). At most cap calls are
+ * read: blocks after them are dropped (parallel_tool_calls false: cap 1).
+ * PD_ERR_BAD_INPUT: not a
  * well-formed call (the caller answers with the text); PD_ERR_NO_MEMORY.
  * Free with rtr_tools_calls_free. */
 pd_status_t rtr_tools_parse(const char *opener, const char *args_key, bool forced,
@@ -33,6 +35,17 @@ pd_status_t rtr_tools_parse(const char *opener, const char *args_key, bool force
                             uint32_t n_tools, rtr_oai_call_t *calls, uint32_t cap,
                             uint32_t *n_calls_p);
 void rtr_tools_calls_free(rtr_oai_call_t *calls, uint32_t n);
+
+/* A forced call that did not finish (max_tokens, the context or a stop
+ * string cut it): text is a prefix of the grammar's {"name":"N","<key>":
+ * ...}. out gets the tool's name (the only tool the prefix can name: for
+ * named >= 0 that one, else the first whose name the prefix starts) and
+ * the arguments text as far as it got, unparsed ("" if not begun), as
+ * OpenAI returns a truncated call. PD_ERR_BAD_INPUT if text is not such a
+ * prefix; PD_ERR_NO_MEMORY. Free with rtr_tools_calls_free(out, 1). */
+pd_status_t rtr_tools_partial(const char *args_key, const char *text, size_t len,
+                              const rtr_oai_tool_t *tools, uint32_t n_tools, int32_t named,
+                              rtr_oai_call_t *out);
 
 /* A tool name: 1-64 of [A-Za-z0-9_-]. */
 bool rtr_tools_name_ok(const char *s);

@@ -21,7 +21,32 @@ enum {
     N_ANYOF,      /* one of alts[a .. a+n) */
     N_ANYVAL,     /* any JSON value */
     N_ANYOBJ,     /* any JSON object */
+    N_FMT,        /* a string of format n (FMT_*) */
 };
+
+/* N_INT, N_STR and N_ARR with n > 0 are bounded by ranges[n - 1]: the
+ * integer's value, the string's length in characters, the array's items. */
+typedef struct {
+    int64_t lo, hi;
+} grange_t;
+
+/* String formats, as sub-languages every output of which the format's
+ * validators accept (ajv-formats "full" mode): dates with days 01-28,
+ * times in UTC ("Z"), lower-case UUIDs, e-mail addresses of plain dotted
+ * atoms. Templates: D digit, H hex digit, m/n month, d/e day, h/i hour,
+ * M a digit 0-5; anything else is itself. */
+enum { FMT_DATE = 1, FMT_TIME, FMT_DATETIME, FMT_UUID, FMT_EMAIL };
+static const struct {
+    const char *name;
+    const char *tpl;    /* NULL: FMT_EMAIL's automaton */
+} formats[] = {
+    [FMT_DATE] = { "date", "DDDD-mn-de" },
+    [FMT_TIME] = { "time", "hi:MD:MDZ" },
+    [FMT_DATETIME] = { "date-time", "DDDD-mn-deThi:MD:MDZ" },
+    [FMT_UUID] = { "uuid", "HHHHHHHH-HHHH-HHHH-HHHH-HHHHHHHHHHHH" },
+    [FMT_EMAIL] = { "email", NULL },
+};
+#define N_FORMATS (sizeof(formats) / sizeof(formats[0]))
 
 typedef struct {
     uint8_t kind;
@@ -46,6 +71,8 @@ struct eng_gram {
     uint32_t n_alts, cap_alts;
     char *pool;
     size_t n_pool, cap_pool;
+    grange_t *ranges;
+    uint32_t n_ranges, cap_ranges;
     uint32_t root;
     uint32_t max_min;     /* largest gnode_t.min */
 };
@@ -58,8 +85,44 @@ typedef struct {
     char *err;
     size_t err_len;
     pd_status_t st;
+    char path[256];       /* JSON pointer of the schema being compiled */
+    size_t plen;
+    bool path_cut;        /* path too long: shown ending in "..." */
 } comp_t;
 
+/* Append "/<seg>" (escaped: ~ as ~0, / as ~1) to the pointer; returns the
+ * length to restore with path_pop. */
+static size_t path_push(comp_t *c, const char *seg)
+{
+    size_t old = c->plen;
+    char buf[sizeof(c->path)];
+    size_t k = 0;
+    buf[k++] = '/';
+    for (const char *p = seg; *p != '\0' && k + 3 < sizeof(buf); p++) {
+        if (*p == '~' || *p == '/') {
+            buf[k++] = '~';
+            buf[k++] = *p == '~' ? '0' : '1';
+        } else {
+            buf[k++] = *p;
+        }
+    }
+    if (c->plen + k + 1 > sizeof(c->path)) {
+        c->path_cut = true;
+        return old;
+    }
+    memcpy(c->path + c->plen, buf, k);
+    c->plen += k;
+    c->path[c->plen] = '\0';
+    return old;
+}
+
+static void path_pop(comp_t *c, size_t old)
+{
+    c->plen = old;
+    c->path[old] = '\0';
+}
+
+/* Fail with a message; " at <pointer>" is added when inside the schema. */
 static void cfail(comp_t *c, pd_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void cfail(comp_t *c, pd_status_t st, const char *fmt, ...)
@@ -72,7 +135,19 @@ static void cfail(comp_t *c, pd_status_t st, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(c->err, c->err_len, fmt, ap);
         va_end(ap);
+        size_t n = strlen(c->err);
+        if (c->plen > 0 && n < c->err_len)
+            snprintf(c->err + n, c->err_len - n, " at %s%s", c->path,
+                     c->path_cut ? "..." : "");
     }
+}
+
+/* Fail on keyword kw of the schema being compiled (the pointer names it). */
+static void cfail_kw(comp_t *c, pd_status_t st, const char *kw, const char *why)
+{
+    size_t o = path_push(c, kw);
+    cfail(c, st, "%s", why);
+    path_pop(c, o);
 }
 
 static bool grow(void **p, uint32_t *cap, uint32_t need, size_t elem)
@@ -135,6 +210,168 @@ static uint32_t lit_node(comp_t *c, const char *s, size_t n)
     return id;
 }
 
+/* A node of kind with bounds [lo, hi] (ranges table). */
+static uint32_t range_node(comp_t *c, uint8_t kind, int64_t lo, int64_t hi, uint32_t a)
+{
+    eng_gram_t *g = c->g;
+    if (c->st != PD_OK)
+        return 0;
+    if (!grow((void **)&g->ranges, &g->cap_ranges, g->n_ranges + 1, sizeof(grange_t))) {
+        cfail(c, PD_ERR_NO_MEMORY, "out of memory");
+        return 0;
+    }
+    g->ranges[g->n_ranges] = (grange_t){ lo, hi };
+    uint32_t id = new_node(c, kind, g->n_ranges + 1, a);
+    if (c->st == PD_OK)
+        g->n_ranges++;
+    return id;
+}
+
+/* A keyword that must be a number; false (failed) if present and not. */
+static bool num_kw(comp_t *c, const cJSON *s, const char *kw, const cJSON **out)
+{
+    *out = cJSON_GetObjectItemCaseSensitive(s, kw);
+    if (*out != NULL && !cJSON_IsNumber(*out) && !cJSON_IsBool(*out)) {
+        cfail_kw(c, PD_ERR_BAD_INPUT, kw, "must be a number");
+        return false;
+    }
+    return true;
+}
+
+/* A non-negative integer keyword (minLength, maxItems, ...), or def. */
+static bool count_kw(comp_t *c, const cJSON *s, const char *kw, int64_t def, int64_t *out)
+{
+    const cJSON *k = cJSON_GetObjectItemCaseSensitive(s, kw);
+    *out = def;
+    if (k == NULL)
+        return true;
+    if (!cJSON_IsNumber(k) || k->valuedouble < 0 || floor(k->valuedouble) != k->valuedouble) {
+        cfail_kw(c, PD_ERR_BAD_INPUT, kw, "must be a non-negative integer");
+        return false;
+    }
+    *out = k->valuedouble >= 9.2e18 ? INT64_MAX : (int64_t)k->valuedouble;
+    return true;
+}
+
+/* A count range: kmin / kmax (count_kw), kmin at most cap. */
+static bool count_range(comp_t *c, const cJSON *s, const char *kmin, const char *kmax,
+                        int64_t cap, int64_t *lo, int64_t *hi)
+{
+    if (!count_kw(c, s, kmin, 0, lo) || !count_kw(c, s, kmax, INT64_MAX, hi))
+        return false;
+    if (*lo > *hi) {
+        char why[64];
+        snprintf(why, sizeof(why), "%s is above %s", kmin, kmax);
+        cfail_kw(c, PD_ERR_BAD_INPUT, kmin, why);
+        return false;
+    }
+    if (*lo > cap) {
+        char why[64];
+        snprintf(why, sizeof(why), "%s above %lld is not supported", kmin, (long long)cap);
+        cfail_kw(c, PD_ERR_TOO_BIG, kmin, why);
+        return false;
+    }
+    return true;
+}
+
+/* A double as an int64 bound: ceil (lower) or floor (upper), clamped. */
+static int64_t to_i64(double v, bool lower)
+{
+    double r = lower ? ceil(v) : floor(v);
+    if (r <= -9223372036854775808.0)
+        return INT64_MIN;
+    if (r >= 9223372036854775808.0)
+        return INT64_MAX;
+    return (int64_t)r;
+}
+
+/* integer: minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers,
+ * or draft-4 booleans qualifying minimum / maximum), exact within int64. */
+static uint32_t int_node(comp_t *c, const cJSON *s)
+{
+    const cJSON *mn, *mx, *xmn, *xmx;
+    if (!num_kw(c, s, "minimum", &mn) || !num_kw(c, s, "maximum", &mx) ||
+        !num_kw(c, s, "exclusiveMinimum", &xmn) || !num_kw(c, s, "exclusiveMaximum", &xmx))
+        return 0;
+    if ((mn && !cJSON_IsNumber(mn)) || (mx && !cJSON_IsNumber(mx))) {
+        cfail_kw(c, PD_ERR_BAD_INPUT, mn && !cJSON_IsNumber(mn) ? "minimum" : "maximum",
+                 "must be a number");
+        return 0;
+    }
+    if (!mn && !mx && !cJSON_IsNumber(xmn) && !cJSON_IsNumber(xmx))
+        return new_node(c, N_INT, 0, 0);
+    int64_t lo = INT64_MIN, hi = INT64_MAX, v;
+    if (mn) {
+        bool ex = cJSON_IsTrue(xmn); /* draft 4 */
+        v = to_i64(mn->valuedouble, true);
+        if (ex && floor(mn->valuedouble) == mn->valuedouble)
+            v = v == INT64_MAX ? v : v + 1;
+        lo = v;
+    }
+    if (mx) {
+        bool ex = cJSON_IsTrue(xmx);
+        v = to_i64(mx->valuedouble, false);
+        if (ex && floor(mx->valuedouble) == mx->valuedouble)
+            v = v == INT64_MIN ? v : v - 1;
+        hi = v;
+    }
+    if (cJSON_IsNumber(xmn)) {
+        double d = xmn->valuedouble;
+        v = to_i64(d, true);
+        if (floor(d) == d)
+            v = v == INT64_MAX ? v : v + 1;
+        if (v > lo)
+            lo = v;
+    }
+    if (cJSON_IsNumber(xmx)) {
+        double d = xmx->valuedouble;
+        v = to_i64(d, false);
+        if (floor(d) == d)
+            v = v == INT64_MIN ? v : v - 1;
+        if (v < hi)
+            hi = v;
+    }
+    if (lo > hi) {
+        cfail(c, PD_ERR_BAD_INPUT, "no integer satisfies its minimum/maximum");
+        return 0;
+    }
+    return range_node(c, N_INT, lo, hi, 0);
+}
+
+/* string: minLength / maxLength (characters), format. */
+static uint32_t str_node(comp_t *c, const cJSON *s)
+{
+    int64_t lo, hi;
+    if (!count_range(c, s, "minLength", "maxLength", 4096, &lo, &hi))
+        return 0;
+    const cJSON *fm = cJSON_GetObjectItemCaseSensitive(s, "format");
+    if (fm != NULL) {
+        uint32_t f = 0;
+        for (uint32_t i = 1; cJSON_IsString(fm) && i < N_FORMATS && f == 0; i++)
+            if (strcmp(fm->valuestring, formats[i].name) == 0)
+                f = i;
+        if (f == 0) {
+            cfail_kw(c, PD_ERR_BAD_INPUT, "format",
+                     "unsupported 'format' (supported: date, time, date-time, uuid, email)");
+            return 0;
+        }
+        if (lo > 0 || hi < INT64_MAX) {
+            int64_t len = formats[f].tpl ? (int64_t)strlen(formats[f].tpl) : -1;
+            if (len < 0 || len < lo || len > hi) {
+                cfail_kw(c, PD_ERR_BAD_INPUT, lo > 0 ? "minLength" : "maxLength",
+                         len < 0 ? "minLength/maxLength with format 'email' are not supported"
+                                 : "no string of this format has a length in "
+                                   "[minLength, maxLength]");
+                return 0;
+            }
+        }
+        return new_node(c, N_FMT, f, 0);
+    }
+    if (lo == 0 && hi == INT64_MAX)
+        return new_node(c, N_STR, 0, 0);
+    return range_node(c, N_STR, lo, hi, 0);
+}
+
 /* The literal JSON text of a value (enum / const entries). */
 static uint32_t value_lit(comp_t *c, const cJSON *v)
 {
@@ -179,12 +416,18 @@ static uint32_t any_block(comp_t *c)
     return base;
 }
 
+/* Keywords that do not constrain a value (JSON Schema 2020-12 "meta-data"
+ * and core identifiers, and vendor extensions): accepted and ignored. */
 static const char *const annotations[] = {
-    "description", "title", "$schema", "$comment", "examples", "$id", NULL,
+    "description", "title", "$schema", "$comment", "examples", "$id", "default",
+    "deprecated", "readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$vocabulary",
+    "contentEncoding", "contentMediaType", NULL,
 };
 
 static bool is_annotation(const char *k)
 {
+    if (strncmp(k, "x-", 2) == 0)
+        return true;
     for (int i = 0; annotations[i]; i++)
         if (strcmp(k, annotations[i]) == 0)
             return true;
@@ -216,11 +459,21 @@ static uint32_t comp_type(comp_t *c, const cJSON *s, const char *type, uint32_t 
                           bool root)
 {
     if (strcmp(type, "string") == 0)
-        return new_node(c, N_STR, 0, 0);
-    if (strcmp(type, "number") == 0)
+        return str_node(c, s);
+    if (strcmp(type, "number") == 0) {
+        static const char *const nb[] = { "minimum", "maximum", "exclusiveMinimum",
+                                          "exclusiveMaximum" };
+        for (int i = 0; i < 4; i++)
+            if (cJSON_GetObjectItemCaseSensitive(s, nb[i]) != NULL) {
+                cfail_kw(c, PD_ERR_BAD_INPUT, nb[i],
+                         "bounds on a non-integer 'number' are not supported (only on "
+                         "\"type\": \"integer\")");
+                return 0;
+            }
         return new_node(c, N_NUM, 0, 0);
+    }
     if (strcmp(type, "integer") == 0)
-        return new_node(c, N_INT, 0, 0);
+        return int_node(c, s);
     if (strcmp(type, "boolean") == 0) {
         uint32_t ids[2] = { lit_node(c, "true", 4), lit_node(c, "false", 5) };
         return alts_node(c, ids, 2);
@@ -229,33 +482,42 @@ static uint32_t comp_type(comp_t *c, const cJSON *s, const char *type, uint32_t 
         return lit_node(c, "null", 4);
     if (strcmp(type, "array") == 0) {
         const cJSON *it = cJSON_GetObjectItemCaseSensitive(s, "items");
+        size_t o = path_push(c, "items");
         uint32_t item = it ? comp_schema(c, it, depth + 1, false) : any_block(c) + 5;
-        return new_node(c, N_ARR, 0, item);
+        path_pop(c, o);
+        int64_t lo, hi;
+        if (!count_range(c, s, "minItems", "maxItems", 1024, &lo, &hi))
+            return 0;
+        if (hi >= 65535)
+            hi = INT64_MAX; /* the item count is kept in 16 bits */
+        if (lo == 0 && hi == INT64_MAX)
+            return new_node(c, N_ARR, 0, item);
+        return range_node(c, N_ARR, lo, hi, item);
     }
     if (strcmp(type, "object") == 0) {
         const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
         const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
         const cJSON *ap = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
         if (props && !cJSON_IsObject(props)) {
-            cfail(c, PD_ERR_BAD_INPUT, "'properties' must be an object");
+            cfail_kw(c, PD_ERR_BAD_INPUT, "properties", "'properties' must be an object");
             return 0;
         }
         if (ap && !cJSON_IsFalse(ap)) {
-            cfail(c, PD_ERR_BAD_INPUT,
-                  "'additionalProperties' must be false (other values are not supported)");
+            cfail_kw(c, PD_ERR_BAD_INPUT, "additionalProperties",
+                     "'additionalProperties' must be false (other values are not supported)");
             return 0;
         }
         if (req) {
             if (!cJSON_IsArray(req)) {
-                cfail(c, PD_ERR_BAD_INPUT, "'required' must be an array of property names");
+                cfail_kw(c, PD_ERR_BAD_INPUT, "required", "'required' must be an array of property names");
                 return 0;
             }
             const cJSON *r;
             cJSON_ArrayForEach(r, req) {
                 if (!cJSON_IsString(r) ||
                     !cJSON_GetObjectItemCaseSensitive(props, r->valuestring)) {
-                    cfail(c, PD_ERR_BAD_INPUT,
-                          "'required' names a property that 'properties' does not declare");
+                    cfail_kw(c, PD_ERR_BAD_INPUT, "required",
+                             "'required' names a property that 'properties' does not declare");
                     return 0;
                 }
             }
@@ -291,7 +553,10 @@ static uint32_t comp_type(comp_t *c, const cJSON *s, const char *type, uint32_t 
             buf[kl] = ':';
             cJSON_free(kt);
             keys[i] = lit_node(c, buf, kl + 1);
+            size_t o1 = path_push(c, "properties"), o2 = path_push(c, p->string);
             vals[i] = comp_schema(c, p, depth + 1, false);
+            path_pop(c, o2);
+            path_pop(c, o1);
             i++;
             if (c->st != PD_OK)
                 return 0;
@@ -322,7 +587,7 @@ static uint32_t comp_schema(comp_t *c, const cJSON *s, uint32_t depth, bool root
     if (c->st != PD_OK || nl == NULL || cJSON_IsFalse(nl))
         return id;
     if (!cJSON_IsTrue(nl)) {
-        cfail(c, PD_ERR_BAD_INPUT, "'nullable' must be a boolean");
+        cfail_kw(c, PD_ERR_BAD_INPUT, "nullable", "'nullable' must be a boolean");
         return 0;
     }
     uint32_t ids[2] = { id, lit_node(c, "null", 4) };
@@ -345,7 +610,9 @@ static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool roo
     }
     static const char *const known[] = {
         "type", "properties", "required", "additionalProperties", "items", "enum",
-        "const", "anyOf", "$ref", "$defs", "definitions", "strict", "nullable", NULL,
+        "const", "anyOf", "$ref", "$defs", "definitions", "strict", "nullable", "minimum",
+        "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
+        "minItems", "maxItems", "format", NULL,
     };
     const cJSON *k;
     cJSON_ArrayForEach(k, s) {
@@ -353,18 +620,55 @@ static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool roo
         for (int i = 0; !ok && known[i]; i++)
             ok = strcmp(k->string, known[i]) == 0;
         if (!ok) {
-            cfail(c, PD_ERR_BAD_INPUT, "unsupported JSON schema keyword '%.64s'", k->string);
+            char why[128];
+            snprintf(why, sizeof(why), "unsupported JSON schema keyword '%.64s'", k->string);
+            cfail_kw(c, PD_ERR_BAD_INPUT, k->string, why);
             return 0;
         }
+    }
+    /* value bounds apply where the schema is compiled by its type: next to
+     * $ref / const / enum / anyOf (compiled without it) they would be lost */
+    static const char *const bounds[] = { "minimum", "maximum", "exclusiveMinimum",
+                                          "exclusiveMaximum", "minLength", "maxLength",
+                                          "minItems", "maxItems", "format", NULL };
+    static const char *const alone[] = { "$ref", "const", "enum", "anyOf", NULL };
+    for (int i = 0; alone[i]; i++) {
+        if (!cJSON_GetObjectItemCaseSensitive(s, alone[i]))
+            continue;
+        for (int j = 0; bounds[j]; j++)
+            if (cJSON_GetObjectItemCaseSensitive(s, bounds[j])) {
+                char why[96];
+                snprintf(why, sizeof(why), "'%s' next to '%s' is not supported (put it in "
+                         "the branches)", bounds[j], alone[i]);
+                cfail_kw(c, PD_ERR_BAD_INPUT, bounds[j], why);
+                return 0;
+            }
     }
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     if (ref) {
         if (!cJSON_IsString(ref)) {
-            cfail(c, PD_ERR_BAD_INPUT, "'$ref' must be a string");
+            cfail_kw(c, PD_ERR_BAD_INPUT, "$ref", "'$ref' must be a string");
             return 0;
         }
         const cJSON *t = resolve_ref(c, ref->valuestring);
-        return t ? comp_schema(c, t, depth + 1, root) : 0;
+        if (t == NULL)
+            return 0;
+        /* errors inside name the target's place: "/$defs/Name/..." */
+        char saved[sizeof(c->path)];
+        size_t sl = c->plen;
+        bool scut = c->path_cut;
+        memcpy(saved, c->path, sl + 1);
+        const char *frag = ref->valuestring + 1; /* after '#' */
+        size_t fl = strlen(frag);
+        if (fl < sizeof(c->path)) {
+            memcpy(c->path, frag, fl + 1);
+            c->plen = fl;
+        }
+        uint32_t id = comp_schema(c, t, depth + 1, root);
+        memcpy(c->path, saved, sl + 1);
+        c->plen = sl;
+        c->path_cut = scut;
+        return id;
     }
     const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
     const cJSON *cn = cJSON_GetObjectItemCaseSensitive(s, "const");
@@ -373,7 +677,7 @@ static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool roo
     if (en) {
         int n = cJSON_GetArraySize(en);
         if (!cJSON_IsArray(en) || n < 1 || n > 256) {
-            cfail(c, PD_ERR_BAD_INPUT, "'enum' must be an array of 1 to 256 values");
+            cfail_kw(c, PD_ERR_BAD_INPUT, "enum", "'enum' must be an array of 1 to 256 values");
             return 0;
         }
         uint32_t ids[256], i = 0;
@@ -385,14 +689,21 @@ static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool roo
     const cJSON *any = cJSON_GetObjectItemCaseSensitive(s, "anyOf");
     if (any) {
         int n = cJSON_GetArraySize(any);
-        if (!cJSON_IsArray(any) || n < 1 || n > 16) {
-            cfail(c, PD_ERR_BAD_INPUT, "'anyOf' must be an array of 1 to 16 schemas");
+        if (!cJSON_IsArray(any) || n < 1 || n > (int)ENG_GRAM_MAX_ANYOF) {
+            cfail(c, PD_ERR_BAD_INPUT, "'anyOf' must be an array of 1 to %u schemas",
+                  ENG_GRAM_MAX_ANYOF);
             return 0;
         }
-        uint32_t ids[16], i = 0;
+        uint32_t ids[ENG_GRAM_MAX_ANYOF], i = 0;
         const cJSON *e;
-        cJSON_ArrayForEach(e, any)
+        cJSON_ArrayForEach(e, any) {
+            char ix[16];
+            snprintf(ix, sizeof(ix), "%u", i);
+            size_t o1 = path_push(c, "anyOf"), o2 = path_push(c, ix);
             ids[i++] = comp_schema(c, e, depth + 1, false);
+            path_pop(c, o2);
+            path_pop(c, o1);
+        }
         return alts_node(c, ids, i);
     }
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "type");
@@ -424,6 +735,98 @@ static uint32_t sat_add(uint32_t a, uint32_t b)
     return a > UINT32_MAX - b ? UINT32_MAX : a + b;
 }
 
+static uint32_t ndig(uint64_t m)
+{
+    uint32_t d = 1;
+    while (m >= 10) {
+        m /= 10;
+        d++;
+    }
+    return d;
+}
+
+static uint64_t uabs64(int64_t v)
+{
+    return v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+}
+
+/* The fewest digits to append to an integer prefix of value v (d digits,
+ * neg: it began with '-') so that it lies in r; UINT32_MAX if none can. */
+static uint32_t int_more(const grange_t *r, int64_t v, bool neg, uint32_t d)
+{
+    __int128 base = v, span = 1;
+    for (uint32_t k = 0; d + k <= 19; k++) {
+        __int128 a = neg ? base - (span - 1) : base, b = neg ? base : base + span - 1;
+        if (a <= r->hi && b >= r->lo)
+            return k;
+        if (v == 0)
+            return UINT32_MAX; /* nothing follows a leading 0 */
+        base *= 10;
+        span *= 10;
+    }
+    return UINT32_MAX;
+}
+
+/* Bytes a format's body still needs from state st (before the quote). */
+static uint32_t fmt_rest(uint32_t f, uint32_t st)
+{
+    static const uint8_t email_rest[8] = { 6, 5, 6, 4, 3, 2, 1, 0 };
+    if (formats[f].tpl == NULL)
+        return st < 8 ? email_rest[st] : 0;
+    uint32_t len = (uint32_t)strlen(formats[f].tpl);
+    return st < len ? len - st : 0;
+}
+
+static bool is_atext(uint8_t b)
+{
+    return (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') || (b >= '0' && b <= '9') ||
+           b == '_' || b == '+' || b == '-';
+}
+
+static bool is_lnum(uint8_t b)
+{
+    return (b >= 'a' && b <= 'z') || (b >= '0' && b <= '9');
+}
+
+/* The next state of format f's body after byte b (prev: the byte before
+ * it), or -1. */
+static int fmt_step(uint32_t f, uint32_t st, uint8_t prev, uint8_t b)
+{
+    const char *t = formats[f].tpl;
+    if (t == NULL) {
+        /* atom(.atom)*@label(.label)*.tld, tld 2+ letters (as zod's check
+         * wants): states 0-7, 7 accepting; 4 = in a label that cannot end
+         * the address, 6/7 = one / two+ letters of a possible tld */
+        bool letter = b >= 'a' && b <= 'z', digit = b >= '0' && b <= '9';
+        switch (st) {
+        case 0: case 2: return is_atext(b) ? 1 : -1;
+        case 1: return is_atext(b) ? 1 : b == '.' ? 2 : b == '@' ? 3 : -1;
+        case 3: return is_lnum(b) ? 4 : -1;
+        case 4: return is_lnum(b) ? 4 : b == '.' ? 5 : -1;
+        case 5: return letter ? 6 : digit ? 4 : -1;
+        case 6: case 7: return letter ? 7 : digit ? 4 : b == '.' ? 5 : -1;
+        default: return -1;
+        }
+    }
+    if (st >= strlen(t))
+        return -1;
+    bool ok;
+    switch (t[st]) {
+    case 'D': ok = b >= '0' && b <= '9'; break;
+    case 'H': ok = (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f'); break;
+    case 'm': ok = b == '0' || b == '1'; break;
+    case 'n': ok = prev == '0' ? b >= '1' && b <= '9' : b >= '0' && b <= '2'; break;
+    case 'd': ok = b >= '0' && b <= '2'; break;
+    case 'e': ok = prev == '0' ? b >= '1' && b <= '9' : prev == '1' ? b >= '0' && b <= '9'
+                                                                    : b >= '0' && b <= '8'; break;
+    case 'h': ok = b >= '0' && b <= '2'; break;
+    case 'i': ok = prev == '2' ? b >= '0' && b <= '3' : b >= '0' && b <= '9'; break;
+    case 'M': ok = b >= '0' && b <= '5'; break;
+    default: ok = b == (uint8_t)t[st]; break;
+    }
+    return ok ? (int)st + 1 : -1;
+}
+
 /* Shortest completions. Children are compiled before their parents, so one
  * pass in id order sees every child's value first. */
 static void compute_min(eng_gram_t *g)
@@ -433,9 +836,29 @@ static void compute_min(eng_gram_t *g)
         gnode_t *nd = &g->nodes[i];
         uint32_t m = 0;
         switch (nd->kind) {
-        case N_STR: m = 2; break;
-        case N_NUM: case N_INT: case N_ANYVAL: m = 1; break;
-        case N_ANYOBJ: case N_ARR: m = 2; break;
+        case N_STR:
+            m = nd->n ? (uint32_t)sat_add(2, (uint32_t)g->ranges[nd->n - 1].lo) : 2;
+            break;
+        case N_INT:
+            if (nd->n) {
+                const grange_t *r = &g->ranges[nd->n - 1];
+                m = r->lo <= 0 && r->hi >= 0 ? 1 : r->lo > 0 ? ndig((uint64_t)r->lo)
+                                                             : 1 + ndig(uabs64(r->hi));
+            } else {
+                m = 1;
+            }
+            break;
+        case N_NUM: case N_ANYVAL: m = 1; break;
+        case N_ANYOBJ: m = 2; break;
+        case N_ARR: {
+            uint32_t lo = nd->n ? (uint32_t)g->ranges[nd->n - 1].lo : 0;
+            uint32_t im = g->nodes[nd->a].min;
+            m = 2;
+            for (uint32_t k = 0; k < lo; k++)
+                m = sat_add(m, sat_add(im, k ? 1 : 0));
+            break;
+        }
+        case N_FMT: m = 2 + fmt_rest(nd->n, 0); break;
         case N_LIT: m = nd->n; break;
         case N_ANYOF:
             m = UINT32_MAX;
@@ -512,6 +935,7 @@ void eng_gram_free(eng_gram_t *g)
     free(g->props);
     free(g->alts);
     free(g->pool);
+    free(g->ranges);
     free(g);
 }
 
@@ -526,6 +950,9 @@ typedef struct {
 
 typedef struct {
     uint32_t n;                          /* frames */
+    uint64_t num;                        /* the top leaf's value so far: a bounded
+                                            integer's (int64), a bounded string's
+                                            characters, a format's last byte */
     frame_t f[ENG_GRAM_MAX_STACK];
 } cfg_t;
 
@@ -564,13 +991,14 @@ static void set_add(set_t *out, const cfg_t *c)
 {
     for (uint32_t i = 0; i < out->n; i++) {
         const cfg_t *o = &out->c[i];
-        if (o->n == c->n && memcmp(o->f, c->f, c->n * sizeof(frame_t)) == 0)
+        if (o->n == c->n && o->num == c->num && memcmp(o->f, c->f, c->n * sizeof(frame_t)) == 0)
             return;
     }
     if (out->n >= ENG_GRAM_MAX_CONFIGS)
         return; /* fewer choices, each still a valid prefix */
     cfg_t *d = &out->c[out->n++];
     d->n = c->n;
+    d->num = c->num;
     memcpy(d->f, c->f, c->n * sizeof(frame_t));
 }
 
@@ -579,6 +1007,7 @@ static bool push(cfg_t *c, uint32_t node, uint8_t depth)
     if (c->n >= ENG_GRAM_MAX_STACK)
         return false;
     c->f[c->n++] = (frame_t){ node, P_START, depth, 0 };
+    c->num = 0;
     return true;
 }
 
@@ -608,6 +1037,7 @@ static void feed_cfg(const eng_gram_t *g, cfg_t *c, uint8_t b, set_t *out)
             for (uint32_t i = 0; i < nd->n; i++) {
                 cfg_t k;
                 k.n = n0;
+                k.num = c->num;
                 memcpy(k.f, c->f, n0 * sizeof(frame_t));
                 push(&k, g->alts[nd->a + i], d);
                 feed_cfg(g, &k, b, out);
@@ -621,17 +1051,50 @@ static void feed_cfg(const eng_gram_t *g, cfg_t *c, uint8_t b, set_t *out)
                 c->n--;
             set_add(out, c);
             return;
-        case N_STR:
+        case N_FMT:
+            if (f->phase == S_OPEN) {
+                if (b != '"')
+                    return;
+                f->phase = S_BODY;
+                c->num = 0;
+            } else if (b == '"') {
+                if (fmt_rest(nd->n, f->aux) != 0)
+                    return;
+                c->n--;
+                c->num = 0;
+            } else {
+                int ns = fmt_step(nd->n, f->aux, (uint8_t)c->num, b);
+                if (ns < 0)
+                    return;
+                f->aux = (uint16_t)ns;
+                c->num = b;
+            }
+            set_add(out, c);
+            return;
+        case N_STR: {
+            /* bounded (n > 0): c->num counts characters; no \u escapes, so
+             * that a character is one count (a surrogate pair would be two) */
+            const grange_t *r = nd->n ? &g->ranges[nd->n - 1] : NULL;
             switch (f->phase) {
             case S_OPEN:
                 if (b != '"')
                     return;
                 f->phase = S_BODY;
+                c->num = 0;
                 break;
             case S_BODY:
-                if (b == '"')
+                if (r != NULL && b != '"' && (int64_t)c->num >= r->hi)
+                    return;
+                if (r != NULL && b == '"' && (int64_t)c->num < r->lo)
+                    return;
+                if (b == '"') {
                     c->n--;
-                else if (b == '\\')
+                    c->num = 0;
+                    break;
+                }
+                if (r != NULL && b >= 0x20 && (b < 0x80 || b >= 0xc2))
+                    c->num++;
+                if (b == '\\')
                     f->phase = S_ESC;
                 else if (b < 0x20)
                     return;
@@ -648,7 +1111,7 @@ static void feed_cfg(const eng_gram_t *g, cfg_t *c, uint8_t b, set_t *out)
                 }
                 break;
             case S_ESC:
-                if (b == 'u') {
+                if (b == 'u' && r == NULL) {
                     f->phase = S_HEX;
                     f->aux = 4;
                 } else if (strchr("\"\\/bfnrt", b) && b != 0) {
@@ -672,8 +1135,60 @@ static void feed_cfg(const eng_gram_t *g, cfg_t *c, uint8_t b, set_t *out)
             }
             set_add(out, c);
             return;
+        }
         case N_NUM:
         case N_INT: {
+            if (nd->kind == N_INT && nd->n) { /* bounded: every prefix can still land in r */
+                const grange_t *r = &g->ranges[nd->n - 1];
+                int64_t v = (int64_t)c->num;
+                int64_t dg = b - '0';
+                switch (f->phase) {
+                case M_START:
+                    if (b == '-' && r->lo <= -1) {
+                        f->phase = M_MINUS;
+                    } else if (b == '0' && r->lo <= 0 && r->hi >= 0) {
+                        f->phase = M_ZERO;
+                    } else if (b >= '1' && b <= '9' && int_more(r, dg, false, 1) != UINT32_MAX) {
+                        f->phase = M_INT;
+                        f->aux = 1;
+                        c->num = (uint64_t)dg;
+                    } else {
+                        return;
+                    }
+                    set_add(out, c);
+                    return;
+                case M_MINUS: /* no "-0" */
+                    if (b < '1' || b > '9' || int_more(r, -dg, true, 1) == UINT32_MAX)
+                        return;
+                    f->phase = M_INT;
+                    f->aux = 1;
+                    c->num = (uint64_t)-dg;
+                    set_add(out, c);
+                    return;
+                case M_INT:
+                    if (is_digit(b)) {
+                        bool neg = v < 0;
+                        __int128 nv = (__int128)v * 10 + (neg ? -dg : dg);
+                        if (f->aux >= 19 || nv < INT64_MIN || nv > INT64_MAX ||
+                            int_more(r, (int64_t)nv, neg, f->aux + 1u) == UINT32_MAX)
+                            return;
+                        f->aux++;
+                        c->num = (uint64_t)(int64_t)nv;
+                        set_add(out, c);
+                        return;
+                    }
+                    if (v < r->lo || v > r->hi)
+                        return;
+                    break;
+                case M_ZERO:
+                    break;
+                default:
+                    return;
+                }
+                c->n--; /* the number ended: the byte belongs to the parent */
+                c->num = 0;
+                continue;
+            }
             bool integer = nd->kind == N_INT;
             bool accepting = f->phase == M_ZERO || f->phase == M_INT ||
                              f->phase == M_FRAC || f->phase == M_EXPDIG;
@@ -796,12 +1311,18 @@ static void feed_cfg(const eng_gram_t *g, cfg_t *c, uint8_t b, set_t *out)
                 return;
             case A_FIRST:
                 if (b == ']') {
+                    if (nd->kind == N_ARR && nd->n && g->ranges[nd->n - 1].lo > 0)
+                        return;
                     c->n--;
                     set_add(out, c);
                     return;
                 }
+                if (nd->kind == N_ARR && nd->n && g->ranges[nd->n - 1].hi < 1)
+                    return;
                 /* fall through */
             case A_ITEM: {
+                if (nd->kind == N_ARR && nd->n) /* bounded: items begun */
+                    f->aux = f->phase == A_FIRST ? 1 : (uint16_t)(f->aux + (f->aux < 65535));
                 f->phase = A_AFTER;
                 uint32_t item = nd->kind == N_ARR ? nd->a : f->node;
                 uint8_t d = f->depth + (nd->kind == N_ANYVAL ? 1 : 0);
@@ -809,15 +1330,17 @@ static void feed_cfg(const eng_gram_t *g, cfg_t *c, uint8_t b, set_t *out)
                     return;
                 continue;
             }
-            case A_AFTER:
-                if (b == ',') {
+            case A_AFTER: {
+                const grange_t *r = nd->kind == N_ARR && nd->n ? &g->ranges[nd->n - 1] : NULL;
+                if (b == ',' && (r == NULL || f->aux < r->hi)) {
                     f->phase = A_ITEM;
                     set_add(out, c);
-                } else if (b == ']') {
+                } else if (b == ']' && (r == NULL || f->aux >= r->lo)) {
                     c->n--;
                     set_add(out, c);
                 }
                 return;
+            }
             }
             return;
         }
@@ -915,21 +1438,37 @@ static void feed_cfg(const eng_gram_t *g, cfg_t *c, uint8_t b, set_t *out)
 }
 
 /* Bytes this frame still needs once the frames above it are done. */
-static uint32_t frame_rest(const eng_gram_t *g, const frame_t *f)
+/* num: the configuration's leaf value (meaningful for the top frame). */
+static uint32_t frame_rest(const eng_gram_t *g, const frame_t *f, uint64_t num)
 {
     const gnode_t *nd = &g->nodes[f->node];
     switch (nd->kind) {
     case N_LIT:
         return nd->n - f->aux;
-    case N_STR:
+    case N_FMT:
+        return f->phase == S_OPEN ? nd->min : fmt_rest(nd->n, f->aux) + 1;
+    case N_STR: {
+        uint32_t more = 0; /* characters still needed for minLength */
+        if (nd->n && f->phase != S_OPEN && (int64_t)num < g->ranges[nd->n - 1].lo)
+            more = (uint32_t)(g->ranges[nd->n - 1].lo - (int64_t)num);
         switch (f->phase) {
-        case S_OPEN: return 2;
-        case S_BODY: return 1;
-        case S_ESC: return 2;
-        default: return (uint32_t)f->aux + 1; /* S_HEX, S_UTF */
+        case S_OPEN: return nd->min;
+        case S_BODY: return 1 + more;
+        case S_ESC: return 2 + more;
+        default: return (uint32_t)f->aux + 1 + more; /* S_HEX, S_UTF */
         }
+    }
     case N_NUM:
     case N_INT:
+        if (nd->kind == N_INT && nd->n) {
+            const grange_t *r = &g->ranges[nd->n - 1];
+            switch (f->phase) {
+            case M_START: return nd->min;
+            case M_MINUS: return ndig(uabs64(r->hi < -1 ? r->hi : -1));
+            case M_INT: return int_more(r, (int64_t)num, (int64_t)num < 0, f->aux);
+            default: return 0;
+            }
+        }
         return f->phase == M_ZERO || f->phase == M_INT || f->phase == M_FRAC ||
                f->phase == M_EXPDIG ? 0 : 1;
     case N_ANYOF:
@@ -940,6 +1479,21 @@ static uint32_t frame_rest(const eng_gram_t *g, const frame_t *f)
             return 1;
         if (nd->kind == N_ANYVAL && f->aux == 2)
             goto anyobj;
+        if (nd->kind == N_ARR && nd->n) {
+            int64_t lo = g->ranges[nd->n - 1].lo;
+            uint32_t im = g->nodes[nd->a].min;
+            uint32_t r = 0; /* items still needed */
+            switch (f->phase) {
+            case A_OPEN: return nd->min;
+            case A_FIRST: r = (uint32_t)lo; break;
+            case A_ITEM: r = lo > f->aux + 1 ? (uint32_t)(lo - f->aux) : 1; break;
+            default: r = lo > f->aux ? (uint32_t)(lo - f->aux) : 0; break; /* A_AFTER */
+            }
+            uint32_t t = 1; /* ']' */
+            for (uint32_t k = 0; k < r; k++)
+                t = sat_add(t, sat_add(im, f->phase == A_AFTER || k > 0 ? 1 : 0));
+            return t;
+        }
         switch (f->phase) {
         case A_OPEN: return 2;
         case A_ITEM: return sat_add(nd->kind == N_ARR ? g->nodes[nd->a].min : 1, 1);
@@ -983,7 +1537,8 @@ static uint32_t set_close(const eng_gram_t *g, const set_t *st)
     for (uint32_t i = 0; i < st->n; i++) {
         uint32_t t = 0;
         for (uint32_t k = 0; k < st->c[i].n; k++)
-            t = sat_add(t, frame_rest(g, &st->c[i].f[k]));
+            t = sat_add(t, frame_rest(g, &st->c[i].f[k],
+                                      k + 1 == st->c[i].n ? st->c[i].num : 0));
         if (t < best)
             best = t;
     }
@@ -996,6 +1551,7 @@ static void set_feed(const eng_gram_t *g, const set_t *in, uint8_t b, set_t *out
     for (uint32_t i = 0; i < in->n; i++) {
         cfg_t c;
         c.n = in->c[i].n;
+        c.num = in->c[i].num;
         memcpy(c.f, in->c[i].f, c.n * sizeof(frame_t));
         feed_cfg(g, &c, b, out);
     }
@@ -1013,6 +1569,7 @@ pd_status_t eng_gram_state_create(const eng_gram_t *g, eng_gram_state_t **s_p)
     s->sc_n = 0;
     s->cur.n = 1;
     s->cur.c[0].n = 1;
+    s->cur.c[0].num = 0;
     s->cur.c[0].f[0] = (frame_t){ g->root, P_START, 0, 0 };
     *s_p = s;
     return PD_OK;
@@ -1030,6 +1587,7 @@ static void set_copy(set_t *d, const set_t *s)
     d->n = s->n;
     for (uint32_t i = 0; i < s->n; i++) {
         d->c[i].n = s->c[i].n;
+        d->c[i].num = s->c[i].num;
         memcpy(d->c[i].f, s->c[i].f, s->c[i].n * sizeof(frame_t));
     }
 }
@@ -1039,7 +1597,7 @@ static bool sets_equal(const set_t *a, const set_t *b)
     if (a->n != b->n)
         return false;
     for (uint32_t i = 0; i < a->n; i++)
-        if (a->c[i].n != b->c[i].n ||
+        if (a->c[i].n != b->c[i].n || a->c[i].num != b->c[i].num ||
             memcmp(a->c[i].f, b->c[i].f, a->c[i].n * sizeof(frame_t)) != 0)
             return false;
     return true;
@@ -1246,7 +1804,8 @@ static bool in_string_body(const eng_gram_t *g, const set_t *st)
         if (c->n == 0)
             return false;
         const frame_t *f = &c->f[c->n - 1];
-        if (g->nodes[f->node].kind != N_STR || f->phase != S_BODY)
+        /* a bounded string counts its characters: pieces change the state */
+        if (g->nodes[f->node].kind != N_STR || g->nodes[f->node].n != 0 || f->phase != S_BODY)
             return false;
     }
     return true;

@@ -1,7 +1,8 @@
 /* eng_gram.h - grammar-constrained decoding for structured output.
  *
- * A JSON schema (the subset OpenAI's strict mode allows) or "any JSON
- * object" compiles to an immutable grammar (eng_gram_t). A per-sequence
+ * A JSON schema (the subset OpenAI's strict mode allows, plus integer
+ * bounds, string lengths and formats, array sizes: docs/API.md's keyword
+ * table) or "any JSON object" compiles to an immutable grammar (eng_gram_t). A per-sequence
  * state (eng_gram_state_t) is a small set of pushdown configurations
  * walked one BYTE at a time; a token is allowed when every byte of its
  * piece walks. eng_gram_mask sets the logit of every token that cannot
@@ -14,7 +15,7 @@
  *
  * Output shape: no whitespace between tokens; a schema object emits every
  * declared property, in declaration order; integers have at most 15
- * digits, numbers at most 15 integer/fraction digits and 2 exponent digits,
+ * digits (19 with bounds), numbers at most 15 integer/fraction digits and 2 exponent digits,
  * so every value parses to a finite IEEE double.
  *
  * Caps (a client controls the schema): ENG_GRAM_MAX_SCHEMA_BYTES of text,
@@ -33,7 +34,9 @@
 #define ENG_GRAM_MAX_SCHEMA_BYTES 16384u
 #define ENG_GRAM_MAX_DEPTH 16u
 #define ENG_GRAM_MAX_NODES 1024u
-#define ENG_GRAM_MAX_CONFIGS 8u
+#define ENG_GRAM_MAX_CONFIGS 64u   /* = the router's tools per request: a forced call
+                                       keeps every tool's branch alive */
+#define ENG_GRAM_MAX_ANYOF 64u
 #define ENG_GRAM_ANY_DEPTH 8u
 #define ENG_GRAM_MAX_STACK 48u
 

@@ -1332,6 +1332,8 @@ static void test_n_client_gone(void **state)
 
 /* ---- tools -------------------------------------------------------------------- */
 
+static bool tools_logprobs; /* the next accept_tools asks for logprobs */
+
 /* A chat request with one tool "f" in the Hermes format. */
 static rtr_req_t *accept_tools(fx_t *f, const char *id, bool stream, uint32_t choice)
 {
@@ -1351,6 +1353,8 @@ static rtr_req_t *accept_tools(fx_t *f, const char *id, bool stream, uint32_t ch
     o.n_tools = 1;
     o.tool_choice = choice;
     o.tool_fmt = ENG_CHAT_TOOLS_HERMES;
+    o.logprobs = tools_logprobs;
+    tools_logprobs = false;
     int32_t *ids = malloc(2 * sizeof(*ids));
     assert_non_null(ids);
     ids[0] = 'H';
@@ -1421,7 +1425,8 @@ static void test_tools_auto_text(void **state)
 
 /* A forced call, not streamed: the answer is the call's JSON (the opener
  * was in the prompt); the body has message.tool_calls and content null. A
- * forced call cut off by max_tokens is answered as text with "length". */
+ * forced call cut off by max_tokens is still a call (truncated arguments,
+ * as OpenAI), with finish_reason "length", never content. */
 static void test_tools_forced(void **state)
 {
     fx_t *f = *state;
@@ -1440,9 +1445,39 @@ static void test_tools_forced(void **state)
     text_tokens(f, "t4", 0, "\"name\":\"f\",\"argu");
     finish(f, "t4", PROTO_FINISH_LENGTH);
     assert_int_equal(rec.reply_status, 200);
-    assert_non_null(strstr(rec.body, "\"content\":\"{\\\"name\\\":\\\"f\\\",\\\"argu\""));
+    assert_non_null(strstr(rec.body, "\"content\":null,\"tool_calls\":[{\"id\":\"call_"));
+    assert_non_null(strstr(rec.body, "\"name\":\"f\",\"arguments\":\"\""));
     assert_non_null(strstr(rec.body, "\"finish_reason\":\"length\""));
-    assert_null(strstr(rec.body, "tool_calls"));
+
+    /* streamed, cut inside the arguments */
+    memset(&rec, 0, sizeof(rec));
+    accept_tools(f, "t5", true, RTR_OAI_TOOLS_REQUIRED);
+    prefill_done(f, "t5", '{', 5);
+    text_tokens(f, "t5", 0, "\"name\":\"f\",\"arguments\":{\"city\":\" is");
+    finish(f, "t5", PROTO_FINISH_LENGTH);
+    assert_null(strstr(rec.body, "\"content\":\"{"));
+    assert_non_null(strstr(rec.body, "\"tool_calls\":[{\"index\":0,\"id\":\"call_"));
+    assert_non_null(strstr(rec.body, "\"arguments\":\"{\\\"city\\\":\\\" is\""));
+    assert_non_null(strstr(rec.body, "\"finish_reason\":\"length\""));
+    assert_null(strstr(rec.body, "\"finish_reason\":\"tool_calls\""));
+}
+
+/* logprobs with tools, streamed: each chunk carries its tokens' logprobs
+ * while the text that may be a call is held; the call still comes back as
+ * tool_calls, never as content. */
+static void test_tools_logprobs(void **state)
+{
+    fx_t *f = *state;
+    tools_logprobs = true;
+    accept_tools(f, "t6", true, RTR_OAI_TOOLS_AUTO);
+    prefill_done(f, "t6", '<', 6);
+    text_tokens(f, "t6", 0, "tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>");
+    assert_non_null(strstr(rec.body, "\"logprobs\":{\"content\":[{\"token\":\"<\""));
+    assert_null(strstr(rec.body, "\"content\":\"<"));
+    finish(f, "t6", PROTO_FINISH_STOP);
+    assert_non_null(strstr(rec.body, "\"tool_calls\":[{\"index\":0,\"id\":\"call_"));
+    assert_non_null(strstr(rec.body, "\"finish_reason\":\"tool_calls\""));
+    assert_null(strstr(rec.body, "\"content\":\"<tool_call"));
 }
 
 int main(void)
@@ -1478,6 +1513,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_n_choice_fails_all, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_n_client_gone, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_tools_auto_call, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_tools_logprobs, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_tools_auto_text, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_tools_forced, fx_setup, fx_teardown),
     };

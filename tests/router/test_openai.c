@@ -160,6 +160,95 @@ static void test_bad_requests(void **state)
 }
 
 /* The strict policy: every field is honoured or refused with a 400 naming it. */
+/* "name" on every role (LangChain's ToolNode sends {"role":"tool","name":...},
+ * multi-agent code names users and assistants); kept on the message. */
+static void test_message_names(void **state)
+{
+    (void)state;
+    rtr_oai_req_t req;
+    rtr_oai_error_t err;
+    const char *body =
+        "{\"messages\":[{\"role\":\"system\",\"content\":\"s\",\"name\":\"rules\"},"
+        "{\"role\":\"user\",\"content\":\"x\",\"name\":\"alice\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"name\":\"agent-1\",\"tool_calls\":"
+        "[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+        "\"arguments\":\"{}\"}}]},"
+        "{\"role\":\"tool\",\"content\":\"r\",\"tool_call_id\":\"c1\",\"name\":\"f\"},"
+        "{\"role\":\"developer\",\"content\":\"d\",\"name\":null}]}";
+    if (parse(RTR_API_CHAT, body, &req, &err) != PD_OK)
+        fail_msg("refused: %s", err.message);
+    assert_string_equal(req.messages[0].name, "rules");
+    assert_string_equal(req.messages[1].name, "alice");
+    assert_string_equal(req.messages[2].name, "agent-1");
+    assert_string_equal(req.messages[3].name, "f");
+    assert_null(req.messages[4].name);
+    rtr_oai_req_free(&req);
+    char big[400];
+    snprintf(big, sizeof(big), "{\"messages\":[{\"role\":\"user\",\"content\":\"x\","
+             "\"name\":\"%0257d\"}]}", 0);
+    expect_bad(RTR_API_CHAT, big, 400, "messages[0].name", NULL);
+}
+
+/* seed: every integer in [-2^63, 2^64), exact (not through a double),
+ * reduced mod 2^64; GET /v1/models/{id}. */
+static void test_seed_and_model(void **state)
+{
+    (void)state;
+    static const struct { const char *txt; uint64_t want; } ok[] = {
+        { "0", 0 },
+        { "9007199254740993", 9007199254740993ull },          /* 2^53 + 1: not a double */
+        { "18446744073709551615", 18446744073709551615ull },  /* 2^64 - 1 */
+        { "-1", 18446744073709551615ull },
+        { "-9223372036854775808", 9223372036854775808ull },   /* -2^63 */
+        { "12345678901234567891", 12345678901234567891ull },
+        { "1e3", 1000 },
+        { "-7.0", (uint64_t)-7 },
+    };
+    char body[256];
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        rtr_oai_req_t req;
+        rtr_oai_error_t err;
+        /* "seed" also inside a nested object first: only the top-level one counts */
+        snprintf(body, sizeof(body), "{\"prompt\":\"x\",\"stream_options\":null,"
+                 "\"user\":\"seed\",\"logit_bias\":{\"5\":1} , \"seed\" : %s}", ok[i].txt);
+        if (parse(RTR_API_COMPLETIONS, body, &req, &err) != PD_OK)
+            fail_msg("refused (%s): %s", err.message, body);
+        assert_true(req.seed_set);
+        if (req.seed != ok[i].want)
+            fail_msg("seed %s -> %llu", ok[i].txt, (unsigned long long)req.seed);
+        rtr_oai_req_free(&req);
+    }
+    static const char *const bad_seeds[] = {
+        "18446744073709551616", "-9223372036854775809", "1.5", "\"7\"", "true",
+        "1e30", "99999999999999999999999999999999",
+    };
+    for (size_t i = 0; i < sizeof(bad_seeds) / sizeof(bad_seeds[0]); i++) {
+        snprintf(body, sizeof(body), "{\"prompt\":\"x\",\"seed\":%s}", bad_seeds[i]);
+        expect_bad(RTR_API_COMPLETIONS, body, 400, "seed", NULL);
+    }
+
+    const char *ids[1] = { "org/My Model" };
+    rtr_oai_error_t err;
+    char *j = rtr_oai_model_get_json("org%2FMy%20Model", ids, 1, 42, "pdserve", &err);
+    assert_non_null(j);
+    cJSON *m = cJSON_Parse(j);
+    assert_string_equal(cJSON_GetObjectItem(m, "id")->valuestring, "org/My Model");
+    assert_string_equal(cJSON_GetObjectItem(m, "object")->valuestring, "model");
+    assert_int_equal((int)cJSON_GetObjectItem(m, "created")->valuedouble, 42);
+    assert_string_equal(cJSON_GetObjectItem(m, "owned_by")->valuestring, "pdserve");
+    cJSON_Delete(m);
+    free(j);
+    static const char *const missing[] = { "other", "org%2FMy", "%00", "%zz", "" };
+    for (size_t i = 0; i < sizeof(missing) / sizeof(missing[0]); i++) {
+        assert_null(rtr_oai_model_get_json(missing[i], ids, 1, 42, "pdserve", &err));
+        assert_int_equal(err.http_status, 404);
+        assert_string_equal(err.code, "model_not_found");
+        char *e = rtr_oai_error_json(&err);
+        assert_non_null(strstr(e, "\"type\":\"invalid_request_error\""));
+        free(e);
+    }
+}
+
 static void test_strict_policy(void **state)
 {
     const rtr_api_t C = RTR_API_COMPLETIONS, H = RTR_API_CHAT;
@@ -208,8 +297,8 @@ static void test_strict_policy(void **state)
     expect_bad(H, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0].content", NULL);
     expect_bad(H, "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
                   "{\"role\":\"user\",\"content\":null}]}", 400, "messages[1].content", NULL);
-    expect_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":\"bob\"}]}", 400,
-               "messages[0].name", "unsupported_parameter");
+    expect_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":5}]}", 400,
+               "messages[0].name", NULL);
     expect_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"colour\":1}]}", 400,
                "messages[0].colour", NULL);
     expect_bad(H, "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
@@ -570,9 +659,8 @@ static void test_response_format(void **state)
 
 #define RF(x) HM "\"response_format\":" x "}"
 #define SCH(x) RF("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":" x "}}")
-    static const char *const kws[] = { "pattern", "format", "minLength", "maximum", "minItems",
-                                       "oneOf", "allOf", "not", "patternProperties",
-                                       "uniqueItems", NULL };
+    static const char *const kws[] = { "pattern", "format", "multipleOf", "oneOf", "allOf",
+                                       "not", "patternProperties", "uniqueItems", NULL };
     for (int i = 0; kws[i]; i++) {
         char body[512];
         snprintf(body, sizeof(body), SCH("{\"type\":\"object\",\"properties\":{\"a\":"
@@ -580,6 +668,10 @@ static void test_response_format(void **state)
         expect_bad(H, body, 400, "response_format", "unsupported_schema");
         assert_int_equal(parse(H, body, &req, &err), PD_ERR_BAD_INPUT);
         assert_non_null(strstr(err.message, kws[i]));
+        char ptr[64]; /* the message names the keyword's JSON pointer */
+        snprintf(ptr, sizeof(ptr), "at /properties/a/%s", kws[i]);
+        if (strstr(err.message, ptr) == NULL)
+            fail_msg("%s", err.message);
     }
     expect_bad(H, SCH("{\"type\":\"array\"}"), 400, "response_format", "unsupported_schema");
     expect_bad(H, SCH("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}}}"), 400,
@@ -614,6 +706,8 @@ int main(void)
         cmocka_unit_test(test_chat),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_strict_policy),
+        cmocka_unit_test(test_message_names),
+        cmocka_unit_test(test_seed_and_model),
         cmocka_unit_test(test_penalties_parsed),
         cmocka_unit_test(test_logprobs_parse_and_shapes),
         cmocka_unit_test(test_text_escaping),

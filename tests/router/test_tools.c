@@ -76,6 +76,75 @@ static void test_call_schema(void **st)
     assert_null(rtr_tools_call_schema(tools, 2, 2, "arguments", &len));
 }
 
+/* "required" with many tools: every tool's branch stays reachable (the
+ * grammar keeps one configuration per tool while the names are typed). */
+static void test_call_schema_many(void **st)
+{
+    (void)st;
+    enum { NT = 40 };
+    rtr_oai_tool_t many[NT];
+    memset(many, 0, sizeof(many));
+    for (int i = 0; i < NT; i++) {
+        snprintf(many[i].name, sizeof(many[i].name), "tool_%02d", i);
+        many[i].params = strdup(i % 2 ? "{\"type\":\"object\",\"properties\":{\"n\":"
+                                        "{\"type\":\"integer\"}},\"required\":[\"n\"]}"
+                                      : "{\"type\":\"object\",\"properties\":{}}");
+    }
+    size_t len = 0;
+    char *any = rtr_tools_call_schema(many, NT, -1, "arguments", &len);
+    assert_non_null(any);
+    eng_gram_t *g = NULL;
+    char why[200];
+    if (eng_gram_compile(ENG_GRAM_JSON_SCHEMA, any, len, &g, why, sizeof(why)) != PD_OK)
+        fail_msg("%s", why);
+    char call[128];
+    for (int i = 0; i < NT; i++) {
+        snprintf(call, sizeof(call), "{\"name\":\"tool_%02d\",\"arguments\":%s}", i,
+                 i % 2 ? "{\"n\":7}" : "{}");
+        if (!feeds(g, call))
+            fail_msg("tool %d unreachable: %s", i, call);
+        snprintf(call, sizeof(call), "{\"name\":\"tool_%02d\",\"arguments\":%s}", i,
+                 i % 2 ? "{}" : "{\"n\":7}");
+        assert_false(feeds(g, call));
+    }
+    eng_gram_free(g);
+    free(any);
+    for (int i = 0; i < NT; i++)
+        free(many[i].params);
+}
+
+/* A forced call cut short still reads as a call: name + arguments so far. */
+static void test_partial(void **st)
+{
+    (void)st;
+    static const struct {
+        const char *key, *text;
+        int32_t named;
+        const char *name, *args;
+    } ok[] = {
+        { "arguments", "{\"name\":\"get_weather\",\"arguments\":{\"city\":\" is", -1,
+          "get_weather", "{\"city\":\" is" },
+        { "parameters", "{\"name\":\"add\",\"parameters\":{\"a\":1", -1, "add", "{\"a\":1" },
+        { "arguments", "{\"name\":\"get_weather\",\"argu", -1, "get_weather", "" },
+        { "arguments", "{\"name\":\"ad", -1, "add", "" },
+        { "arguments", "{\"na", 1, "add", "" },
+        { "arguments", "", 0, "get_weather", "" },
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        rtr_oai_call_t c;
+        assert_int_equal(rtr_tools_partial(ok[i].key, ok[i].text, strlen(ok[i].text), tools, 2,
+                                           ok[i].named, &c), PD_OK);
+        assert_string_equal(c.name, ok[i].name);
+        assert_string_equal(c.arguments, ok[i].args);
+        rtr_tools_calls_free(&c, 1);
+    }
+    rtr_oai_call_t c;
+    const char *bad[] = { "Sure, here", "{\"name\":\"sub\",", "{\"name\":\"ge" };
+    for (size_t i = 0; i < 3; i++)
+        assert_int_equal(rtr_tools_partial("arguments", bad[i], strlen(bad[i]), tools, 2,
+                                           i == 2 ? 1 : -1, &c), PD_ERR_BAD_INPUT);
+}
+
 static void test_scan(void **st)
 {
     (void)st;
@@ -139,16 +208,19 @@ static void test_parse(void **st)
     parse_bad(h, "arguments", false, "<tool_call>\n{\"name\":\"add\"} trailing");
     parse_bad(h, "arguments", false, "<tool_call>{\"name\":\"add\",\"arguments\":{}}</tool_call>x");
     parse_bad("", "parameters", false, "{\"name\":\"add\",\"arguments\":{}}");
-    /* parallel_tool_calls false: room for one call, two in the answer */
+    /* parallel_tool_calls false: room for one call, two in the answer: the
+     * first is the answer, the second dropped */
     rtr_oai_call_t one[1];
     memset(one, 0, sizeof(one));
     uint32_t n1 = 9;
-    const char *two = "<tool_call>{\"name\":\"add\",\"arguments\":{}}</tool_call>"
-                      "<tool_call>{\"name\":\"add\",\"arguments\":{}}</tool_call>";
+    const char *two = "<tool_call>{\"name\":\"add\",\"arguments\":{\"a\":1}}</tool_call>"
+                      "<tool_call>{\"name\":\"get_weather\",\"arguments\":{}}</tool_call>";
     assert_int_equal(rtr_tools_parse(h, "arguments", false, two, strlen(two), tools, 2, one, 1,
-                                     &n1), PD_ERR_BAD_INPUT);
-    assert_int_equal(n1, 0);
-    assert_null(one[0].name);
+                                     &n1), PD_OK);
+    assert_int_equal(n1, 1);
+    assert_string_equal(one[0].name, "add");
+    assert_string_equal(one[0].arguments, "{\"a\":1}");
+    rtr_tools_calls_free(one, 1);
     assert_true(rtr_tools_name_ok("a_b-C9"));
     assert_false(rtr_tools_name_ok(""));
     assert_false(rtr_tools_name_ok("a b"));
@@ -227,9 +299,26 @@ static void test_request(void **st)
                  "\"parameters\":{\"type\":\"object\",\"properties\":{\"s\":{\"type\":"
                  "\"string\",\"pattern\":\"x\"}}}}}],\"tool_choice\":\"required\"}", M),
                "tools[0].function.parameters");
+    /* ... and names the keyword by its pointer in the parameters */
+    B("%s\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"z\"}},{\"type\":"
+      "\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"object\","
+      "\"properties\":{\"s\":{\"type\":\"string\",\"pattern\":\"x\"}}}}}],"
+      "\"tool_choice\":\"required\"}", M);
+    assert_int_equal(rtr_oai_parse(RTR_API_CHAT, b, strlen(b), &lim, &r, &err), PD_ERR_BAD_INPUT);
+    if (strstr(err.message, "'pattern' at /properties/s/pattern") == NULL)
+        fail_msg("%s", err.message);
     expect_400(B("%s" TOOLS_JSON ",\"tool_choice\":\"required\",\"response_format\":"
                  "{\"type\":\"json_object\"}}", M), "tool_choice");
-    expect_400(B("%s" TOOLS_JSON ",\"logprobs\":true}", M), "logprobs");
+    /* logprobs with tools, auto and forced */
+    const char *lp[] = { ",\"logprobs\":true,\"top_logprobs\":2}",
+                         ",\"logprobs\":true,\"tool_choice\":\"required\"}" };
+    for (int i = 0; i < 2; i++) {
+        B("%s" TOOLS_JSON "%s", M, lp[i]);
+        if (rtr_oai_parse(RTR_API_CHAT, b, strlen(b), &lim, &r, &err) != PD_OK)
+            fail_msg("refused (%s): %s", err.message, b);
+        assert_true(r.logprobs);
+        rtr_oai_req_free(&r);
+    }
     expect_400(B("%s\"functions\":[{\"name\":\"f\"}]}", M), "functions");
     expect_400("{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\",\"type\":"
                "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"[1]\"}}]}]}",
@@ -245,12 +334,25 @@ static void test_request(void **st)
                               "{\"name\":\"t%d\"}}", i ? "," : "", i);
     snprintf(big + o, sizeof(big) - o, "]}");
     expect_400(big, "tools");
+    /* "required" with the most tools there may be */
+    o = (size_t)snprintf(big, sizeof(big), "%s\"tool_choice\":\"required\",\"tools\":[", M);
+    for (int i = 0; i < RTR_OAI_MAX_TOOLS; i++)
+        o += (size_t)snprintf(big + o, sizeof(big) - o, "%s{\"type\":\"function\",\"function\":"
+                              "{\"name\":\"t%d\"}}", i ? "," : "", i);
+    snprintf(big + o, sizeof(big) - o, "]}");
+    if (rtr_oai_parse(RTR_API_CHAT, big, strlen(big), &lim, &r, &err) != PD_OK)
+        fail_msg("refused: %s", err.message);
+    assert_int_equal(r.n_tools, RTR_OAI_MAX_TOOLS);
+    assert_int_equal(r.tool_choice, RTR_OAI_TOOLS_REQUIRED);
+    rtr_oai_req_free(&r);
 }
 
 int main(void)
 {
     const struct CMUnitTest t[] = {
         cmocka_unit_test(test_call_schema),
+        cmocka_unit_test(test_call_schema_many),
+        cmocka_unit_test(test_partial),
         cmocka_unit_test(test_scan),
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_request),

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,9 +118,124 @@ static bool type_ok(const cJSON *v, const char *t)
     return false;
 }
 
+/* Code points of a valid UTF-8 string. */
+static long u8len(const char *p)
+{
+    long n = 0;
+    for (; *p; p++)
+        n += ((unsigned char)*p & 0xc0) != 0x80;
+    return n;
+}
+
+static bool digits(const char *p, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (p[i] < '0' || p[i] > '9')
+            return false;
+    return true;
+}
+
+/* The formats as RFC 3339 / RFC 4122 / RFC 5322 (dot-atom) define them. */
+static bool date_ok(const char *p)
+{
+    static const int mdays[] = { 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
+    if (!digits(p, 4) || p[4] != '-' || !digits(p + 5, 2) || p[7] != '-' || !digits(p + 8, 2))
+        return false;
+    int y = atoi(p), m = atoi(p + 5), d = atoi(p + 8);
+    bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    return m >= 1 && m <= 12 && d >= 1 && d <= (m == 2 && !leap ? 28 : mdays[m - 1]);
+}
+
+static bool time_ok(const char *p)
+{
+    if (!digits(p, 2) || p[2] != ':' || !digits(p + 3, 2) || p[5] != ':' || !digits(p + 6, 2))
+        return false;
+    if (atoi(p) > 23 || atoi(p + 3) > 59 || atoi(p + 6) > 60)
+        return false;
+    p += 8;
+    if (*p == '.') {
+        p++;
+        if (*p < '0' || *p > '9')
+            return false;
+        while (*p >= '0' && *p <= '9')
+            p++;
+    }
+    return strcmp(p, "Z") == 0 || strcmp(p, "z") == 0 ||
+           ((p[0] == '+' || p[0] == '-') && digits(p + 1, 2) && p[3] == ':' &&
+            digits(p + 4, 2) && p[6] == '\0');
+}
+
+static bool format_ok(const char *f, const char *v)
+{
+    if (!strcmp(f, "date"))
+        return strlen(v) == 10 && date_ok(v);
+    if (!strcmp(f, "time"))
+        return time_ok(v);
+    if (!strcmp(f, "date-time"))
+        return strlen(v) > 11 && date_ok(v) && (v[10] == 'T' || v[10] == 't') && time_ok(v + 11);
+    if (!strcmp(f, "uuid")) {
+        if (strlen(v) != 36)
+            return false;
+        for (int i = 0; i < 36; i++) {
+            bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+            if (dash ? v[i] != '-' : !strchr("0123456789abcdefABCDEF", v[i]) || !v[i])
+                return false;
+        }
+        return true;
+    }
+    if (!strcmp(f, "email")) {
+        const char *at = strchr(v, '@');
+        if (!at || at == v || strchr(at + 1, '@') || v[0] == '.' || at[-1] == '.' ||
+            strstr(v, "..") || !strchr(at + 1, '.'))
+            return false;
+        for (const char *p = v; p < at; p++)
+            if (!isalnum((unsigned char)*p) && !strchr("!#$%&'*+/=?^_`{|}~-.", *p))
+                return false;
+        const char *lab = at + 1;
+        for (const char *p = at + 1;; p++) {
+            if (*p == '.' || *p == '\0') {
+                if (p == lab || lab[0] == '-' || p[-1] == '-')
+                    return false;
+                if (*p == '\0') { /* a tld of 2+ letters (zod's .email()) */
+                    for (const char *q = lab; q < p; q++)
+                        if (!isalpha((unsigned char)*q))
+                            return false;
+                    return p - lab >= 2;
+                }
+                lab = p + 1;
+            } else if (!isalnum((unsigned char)*p) && *p != '-') {
+                return false;
+            }
+        }
+    }
+    return false;
+}
+
+static double numkw(const cJSON *s, const char *k, double def)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(s, k);
+    return cJSON_IsNumber(x) ? x->valuedouble : def;
+}
+
 static bool valid(const cJSON *v, const cJSON *s, const cJSON *root)
 {
     const cJSON *x;
+    if (cJSON_IsNumber(v) && (v->valuedouble < numkw(s, "minimum", -INFINITY) ||
+                              v->valuedouble > numkw(s, "maximum", INFINITY) ||
+                              v->valuedouble <= numkw(s, "exclusiveMinimum", -INFINITY) ||
+                              v->valuedouble >= numkw(s, "exclusiveMaximum", INFINITY)))
+        return false;
+    if (cJSON_IsString(v)) {
+        long n = u8len(v->valuestring);
+        if (n < numkw(s, "minLength", 0) || n > numkw(s, "maxLength", INFINITY))
+            return false;
+        if ((x = cJSON_GetObjectItemCaseSensitive(s, "format")) &&
+            !format_ok(x->valuestring, v->valuestring))
+            return false;
+    }
+    if (cJSON_IsArray(v) && (cJSON_GetArraySize(v) < numkw(s, "minItems", 0) ||
+                             cJSON_GetArraySize(v) > numkw(s, "maxItems", INFINITY)))
+        return false;
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "nullable")) && cJSON_IsNull(v))
         return true;
     if ((x = cJSON_GetObjectItemCaseSensitive(s, "$ref")))
@@ -351,8 +467,7 @@ static void expect_refused(const char *schema, pd_status_t want, const char *nee
 static void test_refusals(void **state)
 {
     (void)state;
-    static const char *const kws[] = { "pattern", "format", "minLength", "maxLength",
-                                       "minimum", "maximum", "minItems", "maxItems", "oneOf",
+    static const char *const kws[] = { "pattern", "oneOf",
                                        "allOf", "not", "patternProperties", "uniqueItems",
                                        "if", "prefixItems", "multipleOf", NULL };
     for (int i = 0; kws[i]; i++) {
@@ -394,11 +509,112 @@ static void test_refusals(void **state)
     free(w);
 }
 
+/* Annotations are accepted and ignored (JSON Schema: they do not
+ * constrain); a refused keyword names its JSON pointer, through
+ * properties, items, anyOf and $ref. */
+static void test_annotations_and_pointers(void **state)
+{
+    (void)state;
+    check_schema("{\"type\":\"object\",\"$schema\":\"http://json-schema.org/draft-07/schema#\","
+                 "\"$id\":\"urn:x\",\"title\":\"T\",\"x-vendor\":{\"any\":[1]},\"properties\":{"
+                 "\"a\":{\"type\":\"string\",\"default\":\"hi\",\"description\":\"d\",\"examples\":[\"e\"],"
+                 "\"$comment\":\"c\",\"deprecated\":true,\"readOnly\":false,\"writeOnly\":false,"
+                 "\"$anchor\":\"A\",\"x-order\":1},\"b\":{\"type\":\"boolean\",\"default\":{\"k\":[]}}},"
+                 "\"required\":[\"a\",\"b\"],\"additionalProperties\":false}", 10);
+    expect_refused("{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\","
+                   "\"multipleOf\":2}}}", PD_ERR_BAD_INPUT,
+                   "'multipleOf' at /properties/age/multipleOf");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"l\":{\"type\":\"array\",\"items\":"
+                   "{\"anyOf\":[{\"type\":\"null\"},{\"$ref\":\"#/$defs/p\"}]}}},\"$defs\":{\"p\":"
+                   "{\"type\":\"object\",\"properties\":{\"a/b~\":{\"not\":{}}}}}}",
+                   PD_ERR_BAD_INPUT, "'not' at /$defs/p/properties/a~1b~0/not");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"null\"},"
+                   "{\"type\":\"string\",\"pattern\":\"x\"}]}}}", PD_ERR_BAD_INPUT,
+                   "at /properties/u/anyOf/1/pattern");
+    expect_refused("{\"type\":\"object\",\"additionalProperties\":{}}", PD_ERR_BAD_INPUT,
+                   "at /additionalProperties");
+}
+
+/* Integer bounds (exact, as zod's .int() emits them: +-(2^53 - 1)),
+ * string lengths, array sizes and formats: random sampling validates. */
+static void test_bounds_and_formats(void **state)
+{
+    (void)state;
+    check_schema("{\"type\":\"object\",\"properties\":{"
+                 "\"i\":{\"type\":\"integer\",\"minimum\":-9007199254740991,"
+                 "\"maximum\":9007199254740991},"
+                 "\"small\":{\"type\":\"integer\",\"minimum\":-5,\"maximum\":5},"
+                 "\"pos\":{\"type\":\"integer\",\"exclusiveMinimum\":0,\"maximum\":1000},"
+                 "\"mid\":{\"type\":\"integer\",\"minimum\":100,\"exclusiveMaximum\":201},"
+                 "\"neg\":{\"type\":[\"integer\",\"null\"],\"minimum\":-300,\"maximum\":-250},"
+                 "\"s\":{\"type\":\"string\",\"minLength\":3,\"maxLength\":5},"
+                 "\"ne\":{\"type\":\"string\",\"minLength\":1},"
+                 "\"arr\":{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":0,"
+                 "\"maximum\":9},\"minItems\":2,\"maxItems\":3},"
+                 "\"d\":{\"type\":\"string\",\"format\":\"date\"},"
+                 "\"t\":{\"type\":\"string\",\"format\":\"time\"},"
+                 "\"dt\":{\"type\":\"string\",\"format\":\"date-time\"},"
+                 "\"u\":{\"type\":\"string\",\"format\":\"uuid\"},"
+                 "\"e\":{\"type\":\"string\",\"format\":\"email\"}},"
+                 "\"required\":[\"i\",\"small\",\"pos\",\"mid\",\"neg\",\"s\",\"ne\",\"arr\","
+                 "\"d\",\"t\",\"dt\",\"u\",\"e\"],\"additionalProperties\":false}", 6);
+    /* exactly at the edges of +-(2^53 - 1), and 64-bit ones */
+    static const struct { const char *sch, *in; bool ok; } ex[] = {
+        { "\"minimum\":-9007199254740991,\"maximum\":9007199254740991", "9007199254740991", true },
+        { "\"minimum\":-9007199254740991,\"maximum\":9007199254740991", "9007199254740992", false },
+        { "\"minimum\":-9007199254740991,\"maximum\":9007199254740991", "-9007199254740991", true },
+        { "\"minimum\":-9007199254740991,\"maximum\":9007199254740991", "-9007199254740992", false },
+        { "\"minimum\":-9007199254740991,\"maximum\":9007199254740991", "90071992547409910", false },
+        { "\"minimum\":0", "9223372036854775807", true },
+        { "\"minimum\":0", "9223372036854775808", false },
+        { "\"maximum\":0", "-9223372036854775808", true },
+        { "\"minimum\":10,\"maximum\":20", "9", false },
+        { "\"minimum\":10,\"maximum\":20", "21", false },
+        { "\"minimum\":-1,\"maximum\":1", "-0", false },
+        { "\"exclusiveMinimum\":1.5,\"maximum\":3", "2", true },
+        { "\"minimum\":2,\"exclusiveMinimum\":true", "2", false },
+    };
+    for (size_t i = 0; i < sizeof(ex) / sizeof(ex[0]); i++) {
+        char sch[256], in[64];
+        snprintf(sch, sizeof(sch), "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+                 "\"integer\",%s}},\"required\":[\"a\"]}", ex[i].sch);
+        snprintf(in, sizeof(in), "{\"a\":%s}", ex[i].in);
+        eng_gram_t *g;
+        char err[256];
+        if (eng_gram_compile(ENG_GRAM_JSON_SCHEMA, sch, strlen(sch), &g, err, sizeof(err)) != PD_OK)
+            fail_msg("%s: %s", sch, err);
+        eng_gram_state_t *st;
+        assert_int_equal(eng_gram_state_create(g, &st), PD_OK);
+        bool ok = eng_gram_feed(st, (const uint8_t *)in, strlen(in)) && eng_gram_complete(st);
+        if (ok != ex[i].ok)
+            fail_msg("%s with %s: %s", in, sch, ok ? "accepted" : "refused");
+        eng_gram_state_free(st);
+        eng_gram_free(g);
+    }
+    expect_refused("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"number\","
+                   "\"minimum\":0}}}", PD_ERR_BAD_INPUT, "at /properties/x/minimum");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\","
+                   "\"format\":\"uri\"}}}", PD_ERR_BAD_INPUT, "at /properties/x/format");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\","
+                   "\"format\":\"email\",\"maxLength\":9}}}", PD_ERR_BAD_INPUT, "maxLength");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\","
+                   "\"minimum\":3,\"maximum\":2}}}", PD_ERR_BAD_INPUT, "at /properties/x");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"array\","
+                   "\"minItems\":-1}}}", PD_ERR_BAD_INPUT, "at /properties/x/minItems");
+    /* a bound next to enum / anyOf would not constrain: refused */
+    expect_refused("{\"type\":\"object\",\"properties\":{\"x\":{\"enum\":[\"a\",\"abc\"],"
+                   "\"minLength\":2}}}", PD_ERR_BAD_INPUT, "at /properties/x/minLength");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"x\":{\"anyOf\":[{\"type\":"
+                   "\"integer\"}],\"maximum\":2}}}", PD_ERR_BAD_INPUT, "'maximum' next to 'anyOf'");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_feed_rejects),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_annotations_and_pointers),
+        cmocka_unit_test(test_bounds_and_formats),
         cmocka_unit_test(test_schema_simple),
         cmocka_unit_test(test_schema_nested),
         cmocka_unit_test(test_json_object),
