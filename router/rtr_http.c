@@ -896,6 +896,17 @@ static void on_http(struct evhttp_request *h, void *arg)
                      "Incorrect or missing API key (Authorization: Bearer ...)");
         return;
     }
+    if (strncmp(path, "/v1/models/", 11) == 0 && get) {
+        const char *ids[1] = { r->model_name };
+        rtr_oai_error_t err;
+        char *json = rtr_oai_model_get_json(path + 11, ids, 1, r->created, "pdserve", &err);
+        if (json != NULL)
+            reply_json(h, 200, json, reqid, 0);
+        else
+            reply_error(r, h, &err, reqid);
+        free(json);
+        return;
+    }
     if (strcmp(path, "/v1/models") == 0 && get) {
         const char *ids[1] = { r->model_name };
         char *json = rtr_oai_models_json(ids, 1, r->created, "pdserve");
@@ -910,7 +921,7 @@ static void on_http(struct evhttp_request *h, void *arg)
         return;
     }
     pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
-    if (cmpl || chat || strcmp(path, "/v1/models") == 0 || strcmp(path, "/health") == 0 ||
+    if (cmpl || chat || strncmp(path, "/v1/models", 10) == 0 || strcmp(path, "/health") == 0 ||
         strcmp(path, "/ready") == 0 || strcmp(path, "/metrics") == 0)
         reply_status(r, h, reqid, 405, "invalid_request_error", "method_not_allowed", NULL,
                      "method not allowed on %s", path);

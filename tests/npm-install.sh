@@ -13,9 +13,12 @@ shift
 command -v node >/dev/null 2>&1 || { echo "SKIP: node not installed (apt-get install nodejs npm)"; exit 77; }
 (
     flock 9
-    [ -f "$dir/node_modules/.pdserve-install-ok" ] && exit 0
+    # the marker holds the lock file's hash: a changed package-lock.json
+    # (a package added) installs again in an existing checkout
+    want=$(cat "$dir/package-lock.json" "$dir/package.json" 2>/dev/null | sha256sum | cut -c1-64)
+    [ "$(cat "$dir/node_modules/.pdserve-install-ok" 2>/dev/null)" = "$want" ] && exit 0
     command -v npm >/dev/null 2>&1 || { echo "npm not installed"; exit 1; }
     cd "$dir" && timeout 600 npm install --no-audit --no-fund --loglevel=error "$@" >&2 &&
-        touch "$dir/node_modules/.pdserve-install-ok"
+        echo "$want" >"$dir/node_modules/.pdserve-install-ok"
 ) 9>"$dir/.install.lock" || { echo "SKIP: npm install in $dir failed (registry unreachable?)"; exit 77; }
 exit 0

@@ -1012,9 +1012,23 @@ static void test_seed_and_created(void **st)
     hc_t *c = http("GET", "/v1/models", AUTH, NULL);
     assert_int_equal(c->status, 200);
     cJSON *j = cJSON_Parse(c->body);
-    double started = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0),
-                                         "created")->valuedouble;
+    const cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0);
+    double started = cJSON_GetObjectItem(m0, "created")->valuedouble;
+    char path[512];
+    snprintf(path, sizeof(path), "/v1/models/%s", cJSON_GetObjectItem(m0, "id")->valuestring);
     cJSON_Delete(j);
+    hc_free(c);
+    /* models.retrieve: the model by id; an unknown id is OpenAI's 404 */
+    c = http("GET", path, AUTH, NULL);
+    assert_int_equal(c->status, 200);
+    j = cJSON_Parse(c->body);
+    assert_string_equal(cJSON_GetObjectItem(j, "object")->valuestring, "model");
+    assert_string_equal(cJSON_GetObjectItem(j, "id")->valuestring, path + 11);
+    cJSON_Delete(j);
+    hc_free(c);
+    c = http("GET", "/v1/models/no-such-model", AUTH, NULL);
+    assert_int_equal(c->status, 404);
+    assert_non_null(strstr(c->body, "model_not_found"));
     hc_free(c);
     WAIT_FOR((double)time(NULL) > started, 3000); /* so "created" must differ from it */
     long long seeds[4];
