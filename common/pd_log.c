@@ -13,6 +13,7 @@
 
 _Atomic int pd_log_level_g = PD_LOG_INFO;
 static _Atomic int log_fd = STDERR_FILENO;
+static char log_path[4096]; /* the file pd_log_open opened ("" = stderr); loop thread */
 
 static const char *const level_names[] = { "error", "warn", "info", "debug", "trace" };
 
@@ -27,11 +28,26 @@ pd_status_t pd_log_open(const char *path)
     int old = atomic_exchange(&log_fd, fd);
     if (old != STDERR_FILENO)
         close(old);
+    snprintf(log_path, sizeof(log_path), "%s", fd == STDERR_FILENO ? "" : path);
+    return PD_OK;
+}
+
+pd_status_t pd_log_reopen(void)
+{
+    if (log_path[0] == '\0')
+        return PD_OK;
+    int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    if (fd < 0)
+        return PD_ERR_IO;
+    int old = atomic_exchange(&log_fd, fd);
+    if (old != STDERR_FILENO)
+        close(old);
     return PD_OK;
 }
 
 void pd_log_close(void)
 {
+    log_path[0] = '\0';
     int old = atomic_exchange(&log_fd, STDERR_FILENO);
     if (old != STDERR_FILENO)
         close(old);

@@ -27,6 +27,10 @@ extern _Atomic int pd_log_level_g;
 /* Open `path` for appending as the log target (NULL or "-" = stderr).
  * Expected errors: PD_ERR_IO (cannot open). */
 pd_status_t pd_log_open(const char *path);
+/* Open the path given to pd_log_open again (logrotate moved the file:
+ * SIGHUP, pd_loop). No-op for stderr; on failure the old file stays.
+ * Expected errors: PD_ERR_IO. */
+pd_status_t pd_log_reopen(void);
 void pd_log_close(void);
 void pd_log_set_level(pd_log_level_t level);
 pd_log_level_t pd_log_get_level(void);

@@ -27,6 +27,7 @@ struct pd_loop {
     struct event_base *base;
     struct event *ev_term;
     struct event *ev_int;
+    struct event *ev_hup;
     struct event *ev_reap;
     pd_loop_cb_t drain_cb, stop_cb;
     void *drain_arg, *stop_arg;
@@ -73,6 +74,16 @@ static void term_cb(evutil_socket_t fd, short what, void *arg)
         pd_loop_stop(loop);
 }
 
+/* SIGHUP (logrotate's postrotate): reopen the log file; never exit. */
+static void hup_cb(evutil_socket_t fd, short what, void *arg)
+{
+    if (pd_log_reopen() == PD_OK)
+        pd_log(PD_LOG_INFO, "loop", NULL, "SIGHUP: log file reopened");
+    else
+        pd_log(PD_LOG_ERROR, "loop", NULL, "SIGHUP: cannot reopen the log file (%s): "
+               "still writing the old one", strerror(errno));
+}
+
 static void int_cb(evutil_socket_t fd, short what, void *arg)
 {
     PD_LOG_DEBUG("loop", "SIGINT: stopping");
@@ -96,14 +107,16 @@ pd_status_t pd_loop_create(pd_loop_t **loop_p)
         goto err_free;
     loop->ev_term = evsignal_new(loop->base, SIGTERM, term_cb, loop);
     loop->ev_int = evsignal_new(loop->base, SIGINT, int_cb, loop);
+    loop->ev_hup = evsignal_new(loop->base, SIGHUP, hup_cb, loop);
     loop->ev_reap = event_new(loop->base, -1, 0, reap_cb, loop);
-    if (loop->ev_term == NULL || loop->ev_int == NULL || loop->ev_reap == NULL)
+    if (loop->ev_term == NULL || loop->ev_int == NULL || loop->ev_hup == NULL ||
+        loop->ev_reap == NULL)
         goto err_free;
     event_priority_set(loop->ev_reap, PRIO_REAPER);
     event_priority_set(loop->ev_term, 1);
     event_priority_set(loop->ev_int, 0);
-    if (evsignal_add(loop->ev_term, NULL) != 0 ||
-        evsignal_add(loop->ev_int, NULL) != 0)
+    if (evsignal_add(loop->ev_term, NULL) != 0 || evsignal_add(loop->ev_int, NULL) != 0 ||
+        evsignal_add(loop->ev_hup, NULL) != 0)
         goto err_free;
     *loop_p = loop;
     return PD_OK;
@@ -124,6 +137,8 @@ void pd_loop_destroy(pd_loop_t *loop)
         event_free(loop->ev_term);
     if (loop->ev_int)
         event_free(loop->ev_int);
+    if (loop->ev_hup)
+        event_free(loop->ev_hup);
     if (loop->ev_reap)
         event_free(loop->ev_reap);
     if (loop->base)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# tests/ops: SIGHUP (logrotate's postrotate) reopens the log file of the
+# router and of a daemon, and never stops them.
+#   test_sighup.sh ROUTER DECODE MODEL
+# The log files are moved away, SIGHUP sent twice: each process is alive
+# after it, writes "log file reopened" into a new file at the old path, and
+# the router still answers /health; SIGTERM still stops both.
+set -u
+ROUTER=$1 DECODE=$2 MODEL=$3
+command -v curl >/dev/null 2>&1 || { echo "skip: curl"; exit 77; }
+T=$(mktemp -d /tmp/pd-hup.XXXXXX)
+fails=0
+ok()  { echo "ok   - $*"; }
+bad() { echo "FAIL - $*"; fails=$((fails + 1)); }
+poll() { local end=$((SECONDS + $1)); shift; until "$@"; do [ $SECONDS -lt $end ] || return 1; sleep 0.05; done; }
+cleanup() { kill -KILL "${RPID:-}" "${DPID:-}" 2>/dev/null; rm -rf "$T"; }
+trap cleanup EXIT
+
+"$ROUTER" --model="$MODEL" --insecure-no-auth --http=127.0.0.1:0 --control=127.0.0.1:0 \
+    --log.file="$T/router.log" --ready-file="$T/router.ready" 2>"$T/router.err" &
+RPID=$!
+poll 20 test -s "$T/router.ready" || { bad "router not ready"; cat "$T/router.err" "$T/router.log"; exit 1; }
+HTTP=$(sed -E 's/.*"http":([0-9]+).*/\1/' "$T/router.ready")
+CTL=$(sed -E 's/.*"control":([0-9]+).*/\1/' "$T/router.ready")
+"$DECODE" --model="$MODEL" --insecure-no-auth --router=127.0.0.1:$CTL --kv-blocks=64 \
+    --threads=1 --log.file="$T/decode.log" --ready-file="$T/decode.ready" 2>"$T/decode.err" &
+DPID=$!
+poll 20 test -s "$T/decode.ready" || { bad "decode not registered"; cat "$T/decode.err" "$T/decode.log"; exit 1; }
+
+for who in router decode; do
+    pid=$RPID; [ $who = decode ] && pid=$DPID
+    for round in 1 2; do
+        mv "$T/$who.log" "$T/$who.log.$round"
+        kill -HUP "$pid"
+        if poll 10 grep -q "SIGHUP: log file reopened" "$T/$who.log" 2>/dev/null; then
+            ok "$who: SIGHUP $round reopened its log file"
+        else
+            bad "$who: no new log file after SIGHUP $round"
+        fi
+        kill -0 "$pid" 2>/dev/null && ok "$who alive after SIGHUP $round" || bad "$who exited on SIGHUP $round"
+    done
+done
+code=$(curl -s -o /dev/null -w '%{http_code}' -m 5 "http://127.0.0.1:$HTTP/health")
+[ "$code" = 200 ] && ok "router answers /health after the SIGHUPs" || bad "router /health: $code"
+kill -TERM "$DPID" "$RPID"
+stopped() { ! kill -0 "$RPID" 2>/dev/null && ! kill -0 "$DPID" 2>/dev/null; }
+poll 40 stopped && ok "SIGTERM still stops both" || bad "not stopped by SIGTERM"
+[ $fails = 0 ] && echo "test_sighup: all ok"
+exit $((fails > 0))
