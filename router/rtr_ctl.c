@@ -321,6 +321,14 @@ static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
                h->geom.head_dim, h->geom.block_tokens, h->geom.block_bytes,
                h->geom.vocab_size, r->context_length);
     }
+    if (be->stats == NULL) { /* it left after a drain: its series went */
+        const char *labels[] = { "backend", be->id, "role", role_name(h->role), NULL };
+        if (pd_stats_create(&be_stats_table, labels, &be->stats) == PD_OK) {
+            pd_stats_gauge_set(be->stats, RTR_BE_STAT_assigned, (int64_t)be->assigned);
+            if (r->admin != NULL)
+                pd_admin_add_stats(r->admin, be->stats);
+        }
+    }
     /* what an earlier session of this id cached is not known to be there */
     rtr_kvindex_clear_backend(r->kvidx, (uint32_t)(be - r->be));
     if (be->admin_state == RTR_BE_DRAIN && be->incarnation != 0 &&
@@ -396,9 +404,12 @@ static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
 
 static void backend_down(rtr_t *r, rtr_backend_t *be, pd_status_t why)
 {
-    pd_log(PD_LOG_WARN, RTR_COMP, NULL, "backend '%s' (%s) down: %s", be->id,
-           role_name(be->role), pd_status_name(why));
-    pd_stats_inc(r->stats, RTR_STAT_backends_lost);
+    /* drained (pdctl scale/drain, SIGTERM) before it went: it left, it was
+     * not lost */
+    bool left = (be->hb.flags & PROTO_HB_DRAINING) != 0 || be->admin_state == RTR_BE_DRAIN;
+    pd_log(left ? PD_LOG_INFO : PD_LOG_WARN, RTR_COMP, NULL, "backend '%s' (%s) %s: %s", be->id,
+           role_name(be->role), left ? "left after a drain" : "down", pd_status_name(why));
+    pd_stats_inc(r->stats, left ? RTR_STAT_backends_left : RTR_STAT_backends_lost);
     be->conn = NULL;
     be_set_state(be, RTR_BE_DOWN);
     rtr_kvindex_clear_backend(r->kvidx, (uint32_t)(be - r->be));
@@ -406,6 +417,15 @@ static void backend_down(rtr_t *r, rtr_backend_t *be, pd_status_t why)
     if (be->caps & (PROTO_CAP_PREFILL | PROTO_CAP_DECODE))
         send_peer_down(r, be, why);
     r->on_backend_down(r, be);
+    if (left) {
+        /* its series go with it (pd_router_backend_state{backend} would
+         * read 0 = down for ever and fire PdserveBackendNotReady); a new
+         * daemon of that name gets new ones at registration */
+        if (r->admin != NULL)
+            (void)pd_admin_remove_stats(r->admin, be->stats);
+        pd_stats_destroy(be->stats);
+        be->stats = NULL;
+    }
 }
 
 static void on_heartbeat(proto_conn_t *conn, const proto_msg_t *msg, void *arg)

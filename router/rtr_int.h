@@ -123,7 +123,8 @@ typedef struct {
     X(kv_src_export_time,  HISTOGRAM, "KV_EXPORT_REQ sent to KV_EXPORT_DONE (what a source adds before the PREFILL_REQ)") \
     X(backends_registered, COUNTER,   "Successful registrations")                 \
     X(backends_rejected,   COUNTER,   "Registrations refused")                    \
-    X(backends_lost,       COUNTER,   "Backends marked down")                     \
+    X(backends_lost,       COUNTER,   "Backends marked down (lost, not drained)")  \
+    X(backends_left,       COUNTER,   "Backends gone after a drain (scaled down)") \
     X(ctl_unauth_dropped,  COUNTER,   "Control connections dropped before registering (pending cap or handshake timeout)") \
     X(client_disconnects,  COUNTER,   "Clients gone before their request ended") \
     X(finish_stop,         COUNTER,   "Completed requests with finish_reason stop") \

@@ -244,6 +244,14 @@ lifecycle() {
     check "the new decode-1 is ready at the router" poll 10 dec1_ready
     run "$PDCTL" scale decode 1 --run-dir "$R"
     expect 0 "decode: 1 daemon \(was 2\)" "scale decode 2 -> 1 once more"
+    # a daemon that left after a drain leaves the router's metrics (no
+    # backend_state 0 for ever, no PdserveBackendNotReady alert)
+    no_dec1_series() { # the text first: grep -q would cut curl's pipe (pipefail)
+        local m; m=$(curl -sf -m 5 "$URL/metrics") || return 1
+        ! grep -q 'backend="decode-1"' <<<"$m" && grep -q 'backend="decode-0"' <<<"$m"
+    }
+    check "router /metrics: no decode-1 series after the scale-down, decode-0's still there" \
+        poll 10 no_dec1_series
     # the prefill side too, still under load
     run "$PDCTL" scale prefill 2 --run-dir "$R"
     expect 0 "prefill: 2 daemons \(was 1\)" "scale prefill 1 -> 2 under load"
