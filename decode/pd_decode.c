@@ -1,4 +1,4 @@
-/* pd_decode.c - the pd-decode daemon's own part (see decode/README.md, dec.h
+/* pd_decode.c - the pd-decode daemon's own part (see decode/README.md and DESIGN.md, dec.h
  * and the flow spec in proto/PROTOCOL.md "Flows"): admission with KV
  * reservation, kvx import / pull / release, step scheduling, streaming.
  * Boot, session, drain, the common admin commands: node/.

@@ -122,7 +122,7 @@ typedef struct eng_ops {
                            uint32_t start_pos, float *logits /* (vocab) */);
     /* One decode step for a batch; logits (n_items, vocab). Results are
      * bitwise independent of batch composition and thread count (llama:
-     * also of chunking and block placement, see engine/README.md).
+     * also of chunking and block placement, see engine/DESIGN.md).
      * n_items may exceed max_batch (run in slices). Expected statuses as
      * prefill; nothing is written if any item is invalid. */
     pd_status_t (*decode)(eng_model_t *model, void *arena,

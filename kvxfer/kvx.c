@@ -59,8 +59,8 @@ pd_status_t kvx_ucs_status(ucs_status_t s)
 
 /* Drain progress, then arm; BUSY means events arrived meanwhile. Returns
  * how many progress calls did work. The arm (an eventfd read plus one
- * recvfrom per shared-memory interface: ~1 us here, measured with perf on
- * the 64 KiB latency path) is skipped when the worker is still armed: no
+ * recvfrom per shared-memory interface; its cost: docs/BENCHMARKS.md
+ * "Figures behind kvx.c's choices") is skipped when the worker is still armed: no
  * progress call consumed an event since the last successful arm, the event
  * fd did not fire, and none of our gets is outstanding (a get that returned
  * a request is always followed by a fresh arm). */
@@ -199,17 +199,12 @@ static uint64_t kvx_read_host_id(void)
 /* UCX settings kvx changes from UCX's defaults, each unless the operator
  * set that variable (or one it must agree with) in the environment. Set in
  * the environment, because UCX 1.13 reads transport settings there (a
- * ucp_config_modify of TCP_TX_SEG_SIZE was accepted and had no effect,
- * measured with kvxfer-bench).
+ * ucp_config_modify of TCP_TX_SEG_SIZE was accepted and had no effect).
  * UCX_TCP_TX_SEG_SIZE 8K -> 64K (= UCX_TCP_RX_SEG_SIZE's default, which must
  * stay >= it, so an operator's RX_SEG_SIZE leaves both alone): over UCX tcp
  * a get is software RMA and the exporter sends the reply in TX_SEG
- * fragments, a copy and a send() each, on its loop thread. Measured on the
- * 2-core VM, release build: kvxfer-bench --preset=llama3-8b over tcp 0.98
- * -> 2.33 GB/s; tests/bench/kv-stream.sh (docs/BENCHMARKS.md, issue 15): a
- * whole 3000-token pull (376 MiB) 403 -> 168-201 ms, and with kv-stream =
- * layer the prefill's loop, no longer held in those copies, sends token 0
- * on time (TTFT +2.5-2.8 % over whole instead of +3-14 %). */
+ * fragments, a copy and a send() each, on its loop thread.
+ * Measured gains: docs/BENCHMARKS.md "Figures behind kvx.c's choices". */
 void kvx_ucx_env_defaults(void)
 {
     static const struct {

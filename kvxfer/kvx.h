@@ -116,8 +116,8 @@ typedef struct {
 void kvx_config_default(kvx_config_t *cfg);
 
 /* Put kvx's UCX tuning into the environment where the operator has not set
- * it (today UCX_TCP_TX_SEG_SIZE=64K: tcp gets 2.4x faster, kvx.c says why and
- * what was measured). setenv: call it before the process starts threads;
+ * it (today UCX_TCP_TX_SEG_SIZE=64K: kvx.c says why, docs/BENCHMARKS.md
+ * "Figures behind kvx.c's choices" what it gains). setenv: call it before the process starts threads;
  * kvx_ctx_create calls it too (a no-op the second time). */
 void kvx_ucx_env_defaults(void);
 

@@ -1,4 +1,4 @@
-/* pd_prefill.c - the pd-prefill daemon's own part (see prefill/README.md,
+/* pd_prefill.c - the pd-prefill daemon's own part (see prefill/README.md and DESIGN.md,
  * pf.h and the flow spec in proto/PROTOCOL.md "Flows"): admission, the
  * prompt pass into the arena + token 0, export under a lease, lease end.
  * Boot, session, drain, the common admin commands: node/.

@@ -151,8 +151,8 @@ extern int eng_ll_nofuse_g;
 extern uint32_t eng_ll_fuse_max_g;
 extern int eng_ll_r8_g;
 /* Software prefetch distance in bytes on the fused path (0 = off); 512
- * measured best for DRAM-resident weights (F16 ~+50 %, Q8_0 ~+40 % on one
- * core, noisy machine). */
+ * measured best for DRAM-resident weights (docs/BENCHMARKS.md "Figures
+ * behind the engine's build and kernel choices"). */
 extern int eng_ll_pf_g;
 
 /* scratch: per-thread f32 buffers, each >= 4 * max cols floats. */

@@ -23,8 +23,8 @@
  *   "sim:layers=32,kv_heads=8,head_dim=128,vocab=32000,prefill_tps=8000,decode_ms=20+0.5*b"
  * Keys: layers kv_heads head_dim vocab ctx prefill_tps decode_ms speedup no_sleep
  * kv_check=full|sample. full (default) checksums every KV byte a step reads
- * (~8 GB/s here: 4 x 128 MiB at llama3-8b ctx 1024 costs ~65 ms per step);
- * sample checksums 128 B per (block, layer, K/V) — lost or stale blocks still
+ * (its cost: docs/BENCHMARKS.md "pd-sim-bench: can the sim engine honour
+ * its own timing model?"); sample checksums 128 B per (block, layer, K/V) — lost or stale blocks still
  * change the output, a single corrupted byte may not — for capacity runs
  * where the modeled step time must be honoured.
  */
