@@ -440,6 +440,7 @@ static void hc_parse(hc_t *c)
     size_t len = evbuffer_get_length(c->in);
     char *all = malloc(len + 1);
     evbuffer_copyout(c->in, all, len);
+    all[len] = '\0'; /* the parser reads the status line as a string */
     e2e_resp_t r = { 0 };
     e2e_http_parse(all, len, &r);
     free(all);
