@@ -469,8 +469,9 @@ ucs_status_t kvx_am_read_req_cb(void *arg, const void *header, size_t header_len
         return UCS_OK;
     }
     const uint8_t *src = NULL;
-    ucp_mem_h memh = NULL;
+    ucp_mem_h memh = NULL; /* of src (copy sends do not need it) */
     kvx_read_verdict_t v = kvx_read_check(ctx, m, &src, &memh);
+    (void)memh;
     uint64_t len = v == KVX_READ_OK ? kvx_get_u64(m + 56) : 0;
     kvx_amreply_t *rep = ctx->amreply_free;
     ctx->amreply_free = rep->next_free;
@@ -488,13 +489,15 @@ ucs_status_t kvx_am_read_req_cb(void *arg, const void *header, size_t header_len
         .user_data = rep,
         .datatype = ctx->reply_dt,
     };
-    if (src == NULL || memh == ctx->gen_memh) {
-        /* refusals and generation/readiness words: small, and eager, so the
-         * reader lands them in its callback (never a receive into a pull's
-         * words that could outlive the pull) */
-        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-        rp.flags = UCP_AM_SEND_FLAG_EAGER;
-    }
+    /* Eager always: the bytes go as copy-sent fragments right behind the
+     * header. A rendezvous reply is a request UCX 1.13 tracks on the
+     * (internal) reply endpoint until the reader acknowledges it; with the
+     * reader gone, worker destroy then asserted (ucp_ep.c:437 proto_reqs
+     * not empty, serving-ucx-tcp's stopped-prefill test at shutdown).
+     * Refusals and generation/readiness words land in the reader's
+     * callback, never in a receive that could outlive its pull. */
+    rp.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_AM_SEND_FLAG_EAGER;
     void *req = ucp_am_send_nbx(param->reply_ep, KVX_AM_READ_REP, rep->hdr, KVX_READ_REP_BYTES,
                                 rep, 1, &rp);
     if (!UCS_PTR_IS_PTR(req)) {
