@@ -331,8 +331,7 @@ static bool kvx_lease_covers(const kvx_lease_t *l, uint64_t b0, uint64_t b1)
  * did), or KV bytes within one layer of blocks that the live lease named
  * by (slot, gen), held by this importer and proven by the handle's tag,
  * covers. Stricter than an rkey, which over tcp bounds nothing. */
-static kvx_read_verdict_t kvx_read_check(kvx_ctx_h *ctx, const uint8_t *m, const uint8_t **src_p,
-                                         ucp_mem_h *memh_p)
+static kvx_read_verdict_t kvx_read_check(kvx_ctx_h *ctx, const uint8_t *m, const uint8_t **src_p)
 {
     uint64_t importer = kvx_get_u64(m + 16);
     uint64_t incarnation = kvx_get_u64(m + 24);
@@ -352,7 +351,6 @@ static kvx_read_verdict_t kvx_read_check(kvx_ctx_h *ctx, const uint8_t *m, const
         (ctx->cfg.ready_layers > 0 && raddr == rw && len <= (uint64_t)ctx->cfg.ready_layers * 8 &&
          len % 8 == 0)) {
         *src_p = (const uint8_t *)(uintptr_t)raddr;
-        *memh_p = ctx->gen_memh;
         return KVX_READ_OK;
     }
     const kvx_lease_t *l = &ctx->leases[slot];
@@ -370,7 +368,6 @@ static kvx_read_verdict_t kvx_read_check(kvx_ctx_h *ctx, const uint8_t *m, const
         !kvx_lease_covers(l, (off % span) / r->layer_bytes, (last % span) / r->layer_bytes))
         return KVX_READ_REFUSED;
     *src_p = r->base + off;
-    *memh_p = r->memh;
     return KVX_READ_OK;
 }
 
@@ -469,9 +466,7 @@ ucs_status_t kvx_am_read_req_cb(void *arg, const void *header, size_t header_len
         return UCS_OK;
     }
     const uint8_t *src = NULL;
-    ucp_mem_h memh = NULL; /* of src (copy sends do not need it) */
-    kvx_read_verdict_t v = kvx_read_check(ctx, m, &src, &memh);
-    (void)memh;
+    kvx_read_verdict_t v = kvx_read_check(ctx, m, &src);
     uint64_t len = v == KVX_READ_OK ? kvx_get_u64(m + 56) : 0;
     kvx_amreply_t *rep = ctx->amreply_free;
     ctx->amreply_free = rep->next_free;

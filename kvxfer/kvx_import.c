@@ -472,15 +472,15 @@ static void kvx_get_poll_done(void *req, ucs_status_t us, void *user_data)
 
 /* ---- AM reads: for peers without an RMA lane (DESIGN.md "Reads without an
  * RMA lane"). The exporter answers a KVX_AM_READ_REQ with a KVX_AM_READ_REP
- * carrying the bytes (rendezvous for large ones, received straight into
- * the block); a reply whose send fails is a status in UCX's callback
- * there, where UCX 1.13's software get aborts the exporter. ---- */
+ * carrying the bytes (always eager: DESIGN.md says why); a reply whose
+ * send fails is a status in UCX's callback there, where UCX 1.13's
+ * software get aborts the exporter. ---- */
 
 /* Back to the free list once nothing refers to it any more. */
 static void kvx_amread_release(kvx_amread_t *op)
 {
     kvx_ctx_h *ctx = op->ctx;
-    if (op->id == 0 || op->waiting || op->send_busy || op->recv_busy)
+    if (op->id == 0 || op->waiting || op->send_busy)
         return;
     op->id = 0;
     op->pl = NULL;
@@ -511,17 +511,8 @@ static void kvx_amread_sent(void *req, ucs_status_t us, void *user_data)
     kvx_amread_release(op);
 }
 
-static void kvx_amread_recvd(void *req, ucs_status_t us, size_t length, void *user_data)
-{
-    kvx_amread_t *op = user_data;
-    ucp_request_free(req);
-    op->recv_busy = false;
-    kvx_amread_end(op, us == UCS_OK && length != op->len ? UCS_ERR_MESSAGE_TRUNCATED : us,
-                   PD_OK);
-}
-
 static ucs_status_t kvx_amread_post(kvx_pull_t *pl, kvx_read_kind_t kind, void *dst,
-                                    size_t len, uint64_t raddr, ucp_mem_h memh)
+                                    size_t len, uint64_t raddr)
 {
     kvx_ctx_h *ctx = pl->ctx;
     kvx_amread_t *op = ctx->amread_free;
@@ -535,7 +526,6 @@ static ucs_status_t kvx_amread_post(kvx_pull_t *pl, kvx_read_kind_t kind, void *
     op->peer = pl->peer;
     op->dst = dst;
     op->len = len;
-    op->memh = memh;
     uint8_t *m = op->req;
     memset(m, 0, KVX_READ_REQ_BYTES);
     kvx_put_u32(m, KVX_READ_REQ_MAGIC);
@@ -599,24 +589,12 @@ ucs_status_t kvx_am_read_rep_cb(void *arg, const void *header, size_t header_len
         return UCS_OK;
     }
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-        ucp_request_param_t rp = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-            .cb.recv_am = kvx_amread_recvd,
-            .user_data = op,
-        };
-        if (op->memh != NULL) {
-            rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-            rp.memh = op->memh;
-        }
-        void *req = ucp_am_recv_data_nbx(ctx->worker, data, op->dst, op->len, &rp);
-        if (UCS_PTR_IS_PTR(req)) {
-            op->recv_busy = true;
-            return UCS_OK;
-        }
-        kvx_amread_end(op, req == NULL ? UCS_OK : UCS_PTR_STATUS(req), PD_OK);
+        /* kvx exporters reply eager (kvx_am_read_req_cb); returning OK
+         * drops the descriptor */
+        kvx_amread_end(op, UCS_ERR_UNSUPPORTED, PD_ERR_TRANSPORT);
         return UCS_OK;
     }
-    memcpy(op->dst, data, length); /* eager: small replies only */
+    memcpy(op->dst, data, length); /* eager, reassembled by UCX */
     kvx_amread_end(op, UCS_OK, PD_OK);
     return UCS_OK;
 }
@@ -671,7 +649,7 @@ static ucs_status_t kvx_read_post(kvx_pull_t *pl, kvx_read_kind_t kind, void *ds
                                   ucp_mem_h memh)
 {
     if (pl->peer->am_read)
-        return kvx_amread_post(pl, kind, dst, len, raddr, memh);
+        return kvx_amread_post(pl, kind, dst, len, raddr);
     ucp_request_param_t rp = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
         .cb.send = kind == KVX_READ_POLL ? kvx_get_poll_done : kvx_get_done,

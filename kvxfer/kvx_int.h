@@ -256,13 +256,11 @@ typedef struct kvx_amread {
     kvx_ctx_h *ctx;
     bool waiting;               /* reply not handled yet */
     bool send_busy;             /* the request's send not completed */
-    bool recv_busy;             /* a rendezvous receive posted */
     kvx_read_kind_t kind;
     struct kvx_pull *pl;        /* while waiting / receiving */
     kvx_peer_t *peer;
     void *dst;
     size_t len;
-    ucp_mem_h memh;             /* of dst, or NULL */
     uint8_t req[KVX_READ_REQ_BYTES];
     struct kvx_amread *next_free;
 } kvx_amread_t;
