@@ -1,5 +1,7 @@
 /* pd_etcd.c - see pd_etcd.h. */
 #include "pd_etcd.h"
+#include "pd_httpc.h"
+#include "pd_time.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,7 +23,6 @@
 #include <event2/event.h>
 
 #define ETCD_BODY_MAX (1u << 20)        /* cap on one reply */
-#define ETCD_HEAD_MAX (16u << 10)
 #define ETCD_IO_MS 2000                 /* one request, overall */
 
 /* ---- base64 ----------------------------------------------------------------- */
@@ -81,211 +82,48 @@ long pd_b64_decode(const char *in, size_t n, void *out, size_t cap)
     return (long)len;
 }
 
-/* ---- blocking HTTP/1.1 client ----------------------------------------------- */
+/* ---- the HTTP exchange (pd_httpc.h) --------------------------------------- */
 
 static int64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)(pd_now_ns() / PD_NS_PER_MS);
 }
 
-/* "host:port" -> host, port; the host may be a name (resolved on the
- * worker, never on a loop). */
-static int split_endpoint(const char *ep, char *host, size_t cap, char *port, size_t pcap)
-{
-    const char *colon = strrchr(ep, ':');
-    if (colon == NULL || colon == ep || (size_t)(colon - ep) >= cap)
-        return -1;
-    char *end = NULL;
-    unsigned long p = strtoul(colon + 1, &end, 10);
-    if (end == colon + 1 || *end != '\0' || p == 0 || p > 65535)
-        return -1;
-    memcpy(host, ep, (size_t)(colon - ep));
-    host[colon - ep] = '\0';
-    snprintf(port, pcap, "%lu", p);
-    return 0;
-}
-
-/* Connect with a deadline; the fd (non-blocking) or a negative status. */
+/* Connect to endpoint "host:port" with a deadline (ms, now_ms clock); the
+ * fd (non-blocking) or a negative status. */
 static int etcd_connect(const char *endpoint, int64_t deadline)
 {
     char host[128], port[8];
-    if (split_endpoint(endpoint, host, sizeof(host), port, sizeof(port)) != 0)
+    if (pd_httpc_split_addr(endpoint, host, sizeof(host), port, sizeof(port)) != 0)
         return PD_ERR_BAD_INPUT;
-    struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM };
-    struct addrinfo *ai = NULL;
-    if (getaddrinfo(host, port, &hints, &ai) != 0 || ai == NULL)
-        return PD_ERR_IO;               /* unresolvable now: retried with backoff */
-    struct sockaddr_in sa;
-    memcpy(&sa, ai->ai_addr, sizeof(sa));
-    freeaddrinfo(ai);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0)
-        return PD_ERR_IO;
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 && errno != EINPROGRESS) {
-        close(fd);
-        return PD_ERR_IO;
-    }
-    struct pollfd p = { fd, POLLOUT, 0 };
-    int64_t left = deadline - now_ms();
-    if (left <= 0 || poll(&p, 1, (int)left) != 1) {
-        close(fd);
-        return PD_ERR_TIMED_OUT;
-    }
-    int err = 0;
-    socklen_t el = sizeof(err);
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0) {
-        close(fd);
-        return PD_ERR_IO;
-    }
-    return fd;
-}
-
-static int send_all(int fd, const char *p, size_t n, int64_t deadline)
-{
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w > 0) {
-            p += w;
-            n -= (size_t)w;
-            continue;
-        }
-        if (w < 0 && errno != EAGAIN && errno != EINTR)
-            return PD_ERR_IO;
-        struct pollfd pf = { fd, POLLOUT, 0 };
-        int64_t left = deadline - now_ms();
-        if (left <= 0 || poll(&pf, 1, (int)left) != 1)
-            return PD_ERR_TIMED_OUT;
-    }
-    return 0;
+    return pd_httpc_connect(host, port, (uint64_t)deadline * PD_NS_PER_MS);
 }
 
 static int send_request(int fd, const char *endpoint, const char *path, const char *json,
                         int64_t deadline)
 {
-    char head[512];
-    size_t bl = strlen(json);
-    int hl = snprintf(head, sizeof(head),
-                      "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %zu\r\nConnection: close\r\n\r\n", path, endpoint, bl);
-    if (hl < 0 || (size_t)hl >= sizeof(head))
-        return PD_ERR_BAD_INPUT;
-    int st = send_all(fd, head, (size_t)hl, deadline);
-    return st != 0 ? st : send_all(fd, json, bl, deadline);
-}
-
-/* De-chunk buf[0..len) in place; the new length or -1. */
-static long dechunk(char *buf, size_t len)
-{
-    size_t r = 0, w = 0;
-    for (;;) {
-        char *end = NULL;
-        if (r >= len)
-            return -1;
-        unsigned long sz = strtoul(buf + r, &end, 16);
-        if (end == buf + r)
-            return -1;
-        char *crlf = memmem(end, len - (size_t)(end - buf), "\r\n", 2);
-        if (crlf == NULL)
-            return -1;
-        r = (size_t)(crlf - buf) + 2;
-        if (sz == 0)
-            return (long)w;
-        if (sz > len - r)
-            return -1;
-        memmove(buf + w, buf + r, sz);
-        w += sz;
-        r += sz + 2;
-    }
+    pd_httpc_req_t req = { .method = "POST", .host = endpoint, .path = path,
+                           .body = json, .body_len = strlen(json) };
+    return pd_httpc_send(fd, &req, (uint64_t)deadline * PD_NS_PER_MS);
 }
 
 int pd_etcd_post(const char *endpoint, const char *path, const char *json, int timeout_ms,
                  char **body_p)
 {
+    pd_httpc_req_t req = { .method = "POST", .host = endpoint, .path = path,
+                           .body = json, .body_len = strlen(json) };
+    pd_httpc_reply_t rep;
+    pd_status_t st = pd_httpc_fetch(endpoint, &req, (uint64_t)timeout_ms * PD_NS_PER_MS,
+                                    ETCD_BODY_MAX, &rep);
     *body_p = NULL;
-    int64_t deadline = now_ms() + timeout_ms;
-    int fd = etcd_connect(endpoint, deadline);
-    if (fd < 0)
-        return fd;
-    int st = send_request(fd, endpoint, path, json, deadline);
-    size_t cap = 4096, len = 0;
-    char *buf = st == 0 ? malloc(cap) : NULL;
-    if (st == 0 && buf == NULL)
-        st = PD_ERR_NO_MEMORY;
-    while (st == 0) {
-        if (len + 1 >= cap) {
-            if (cap >= ETCD_BODY_MAX + ETCD_HEAD_MAX) {
-                st = PD_ERR_TOO_BIG;
-                break;
-            }
-            char *nb = realloc(buf, cap * 2);
-            if (nb == NULL) {
-                st = PD_ERR_NO_MEMORY;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        ssize_t r = recv(fd, buf + len, cap - 1 - len, 0);
-        if (r > 0) {
-            len += (size_t)r;
-            continue;
-        }
-        if (r == 0)
-            break;
-        if (errno != EAGAIN && errno != EINTR) {
-            st = PD_ERR_IO;
-            break;
-        }
-        struct pollfd pf = { fd, POLLIN, 0 };
-        int64_t left = deadline - now_ms();
-        if (left <= 0 || poll(&pf, 1, (int)left) != 1)
-            st = PD_ERR_TIMED_OUT;
-    }
-    close(fd);
-    if (st != 0) {
-        free(buf);
+    if (st != PD_OK) {
+        pd_httpc_reply_free(&rep);
         return st;
     }
-    buf[len] = '\0';
-    int code = 0;
-    char *hend = strstr(buf, "\r\n\r\n");
-    if (hend == NULL || sscanf(buf, "HTTP/1.%*d %d", &code) != 1 || code < 100 || code > 599) {
-        free(buf);
-        return PD_ERR_BAD_INPUT;
-    }
-    *hend = '\0';
-    char *body = hend + 4;
-    size_t blen = len - (size_t)(body - buf);
-    bool chunked = false;
-    for (char *h = buf; h != NULL && *h; ) {
-        char *nl = strstr(h, "\r\n");
-        if (nl)
-            *nl = '\0';
-        if (strncasecmp(h, "transfer-encoding:", 18) == 0 && strstr(h + 18, "chunked"))
-            chunked = true;
-        h = nl ? nl + 2 : NULL;
-    }
-    if (chunked) {
-        long dl = dechunk(body, blen);
-        if (dl < 0) {
-            free(buf);
-            return PD_ERR_BAD_INPUT;
-        }
-        blen = (size_t)dl;
-    }
-    char *out = malloc(blen + 1);
-    if (out == NULL) {
-        free(buf);
-        return PD_ERR_NO_MEMORY;
-    }
-    memcpy(out, body, blen);
-    out[blen] = '\0';
-    free(buf);
-    *body_p = out;
+    *body_p = rep.body;                 /* NUL-terminated, malloc'd */
+    rep.body = NULL;
+    int code = rep.status;
+    pd_httpc_reply_free(&rep);
     return code;
 }
 
@@ -616,7 +454,7 @@ pd_status_t pd_member_start(struct event_base *base, const pd_member_opts_t *o,
 {
     char host[128], port[8];
     if (o->endpoint == NULL ||
-        split_endpoint(o->endpoint, host, sizeof(host), port, sizeof(port)) != 0 ||
+        pd_httpc_split_addr(o->endpoint, host, sizeof(host), port, sizeof(port)) != 0 ||
         o->prefix == NULL ||
         o->key == NULL || o->value == NULL || o->ttl_s < 1 || o->ttl_s > 3600 ||
         strlen(o->endpoint) >= 128 || strlen(o->prefix) >= 128 || o->prefix[0] == '\0' ||

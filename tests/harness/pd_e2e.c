@@ -1,5 +1,7 @@
 /* pd_e2e.c - see pd_e2e.h. */
 #include "pd_e2e.h"
+#include "pd_httpc.h"
+#include "pd_time.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -742,37 +744,12 @@ int e2e_http_connect(uint16_t port)
     return fd;
 }
 
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 int e2e_http_send(int fd, const char *method, const char *path, const char *extra_headers,
                   const char *body, size_t body_len)
 {
-    char head[2048];
-    int n = snprintf(head, sizeof(head),
-                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s",
-                     method, path, extra_headers ? extra_headers : "");
-    if (body != NULL)
-        n += snprintf(head + n, sizeof(head) - (size_t)n,
-                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", body_len);
-    else
-        n += snprintf(head + n, sizeof(head) - (size_t)n, "\r\n");
-    if (write_all(fd, head, (size_t)n) != 0)
-        return -1;
-    if (body != NULL && body_len > 0 && write_all(fd, body, body_len) != 0)
-        return -1;
-    return 0;
+    pd_httpc_req_t req = { .method = method, .host = "127.0.0.1", .path = path,
+                           .headers = extra_headers, .body = body, .body_len = body_len };
+    return pd_httpc_send(fd, &req, pd_now_ns() + 30 * PD_NS_PER_S) == PD_OK ? 0 : -1;
 }
 
 int e2e_http_read(int fd, char **buf, size_t *len, const char *needle, double timeout_s)
@@ -849,71 +826,48 @@ int e2e_stream_open(uint16_t port, const char *path, const char *extra_headers,
     return fd;
 }
 
+/* Responses the tests read may be long streams. */
+#define E2E_BODY_MAX (256ULL << 20)
+
+static void resp_from_reply(e2e_resp_t *r, pd_httpc_reply_t *rep)
+{
+    r->status = rep->status;
+    r->head = rep->head;
+    r->body = rep->body;
+    r->body_len = rep->body_len;
+    rep->head = rep->body = NULL;
+}
+
 void e2e_http_parse(const char *raw, size_t len, e2e_resp_t *r)
 {
+    pd_httpc_reply_t rep;
     int timed_out = r->timed_out;
     memset(r, 0, sizeof(*r));
     r->timed_out = timed_out;
-    if (raw == NULL) {
-        r->head = strdup("");
-        r->body = strdup("");
-        return;
-    }
-    const char *sep = memmem(raw, len, "\r\n\r\n", 4);
-    if (sep == NULL) {
-        r->head = strndup(raw, len);
-        r->body = strdup("");
-        sscanf(raw, "HTTP/1.%*d %d", &r->status);
-        return;
-    }
-    r->head = strndup(raw, (size_t)(sep - raw));
-    sscanf(raw, "HTTP/1.%*d %d", &r->status);
-    const char *b = sep + 4;
-    size_t blen = len - (size_t)(b - raw);
-    if (strcasestr(r->head, "Transfer-Encoding: chunked") != NULL) {
-        char *out = malloc(blen + 1);
-        size_t o = 0;
-        const char *p = b;
-        while (p < b + blen) {
-            char *end;
-            unsigned long n = strtoul(p, &end, 16);
-            if (end == p || strncmp(end, "\r\n", 2) != 0 || n == 0)
-                break;
-            p = end + 2;
-            if (p + n > b + blen)
-                n = (unsigned long)(b + blen - p);
-            memcpy(out + o, p, n);
-            o += n;
-            p += n + 2;
-        }
-        out[o] = '\0';
-        r->body = out;
-        r->body_len = o;
-    } else {
-        r->body = strndup(b, blen);
-        r->body_len = blen;
-    }
+    (void)pd_httpc_parse(raw, len, E2E_BODY_MAX, &rep);   /* as far as it goes */
+    resp_from_reply(r, &rep);
+    pd_httpc_reply_free(&rep);
 }
 
 int e2e_http(uint16_t port, const char *method, const char *path, const char *extra_headers,
              const char *body, double timeout_s, e2e_resp_t *r)
 {
+    char addr[32];
+    pd_httpc_req_t req = { .method = method, .host = "127.0.0.1", .path = path,
+                           .headers = extra_headers, .body = body,
+                           .body_len = body ? strlen(body) : 0 };
+    pd_httpc_reply_t rep;
     memset(r, 0, sizeof(*r));
-    int fd = e2e_http_connect(port);
-    if (fd < 0) {
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+    pd_status_t st = pd_httpc_fetch(addr, &req, (uint64_t)(timeout_s * 1e9), E2E_BODY_MAX, &rep);
+    r->timed_out = st == PD_ERR_TIMED_OUT;
+    if (rep.head == NULL)               /* no connection */
         e2e_http_parse(NULL, 0, r);
-        return -1;
-    }
-    char *buf = NULL;
-    size_t len = 0;
-    int rc = -1;
-    if (e2e_http_send(fd, method, path, extra_headers, body, body ? strlen(body) : 0) == 0)
-        rc = e2e_http_read(fd, &buf, &len, NULL, timeout_s);
-    close(fd);
-    r->timed_out = rc == 0;
-    e2e_http_parse(buf, len, r);
-    free(buf);
-    return rc == 1 ? 0 : -1;
+    else
+        resp_from_reply(r, &rep);
+    pd_httpc_reply_free(&rep);
+    /* a response the server ended by closing counts as an answer */
+    return st == PD_OK || (st == PD_ERR_IO && r->status > 0) ? 0 : -1;
 }
 
 void e2e_resp_free(e2e_resp_t *r)
@@ -943,75 +897,79 @@ const char *e2e_header(const e2e_resp_t *r, const char *name, char *out, size_t 
 
 /* ---- SSE -------------------------------------------------------------------- */
 
+typedef struct {
+    e2e_sse_t *s;
+    size_t tlen, tcap;
+    bool cut;                           /* a byte 0 was streamed: the text ends there */
+} sse_acc_t;
+
+static void sse_event(void *arg, const char *data, size_t len)
+{
+    sse_acc_t *a = arg;
+    e2e_sse_t *s = a->s;
+    (void)len;
+    if (s->bad)
+        return;
+    if (s->done) {
+        s->bad = true;                  /* anything after [DONE] */
+        return;
+    }
+    if (strcmp(data, "[DONE]") == 0) {
+        s->done = true;
+        return;
+    }
+    cJSON *j = cJSON_Parse(data);
+    const bool has_nul = strstr(data, "\\u0000") != NULL;
+    if (j == NULL) {
+        s->bad = true;
+        return;
+    }
+    if (cJSON_HasObjectItem(j, "error"))
+        s->error_frame = true;
+    cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    if (c0 != NULL) {
+        cJSON *t = cJSON_GetObjectItem(c0, "text");
+        cJSON *dl = cJSON_GetObjectItem(c0, "delta");
+        if (dl != NULL)
+            t = cJSON_GetObjectItem(dl, "content");
+        if (cJSON_IsString(t) && !a->cut) {
+            a->cut = has_nul;
+            size_t l = strlen(t->valuestring);
+            if (a->tlen + l + 1 > a->tcap) {
+                a->tcap = (a->tlen + l + 1) * 2;
+                s->text = realloc(s->text, a->tcap);
+            }
+            memcpy(s->text + a->tlen, t->valuestring, l + 1);
+            a->tlen += l;
+        }
+        cJSON *f = cJSON_GetObjectItem(c0, "finish_reason");
+        if (cJSON_IsString(f))
+            s->finish = f->valuestring;
+    }
+    cJSON *u = cJSON_GetObjectItem(j, "usage");
+    if (cJSON_IsObject(u)) {
+        s->usage_completion = (int)e2e_jnum(u, "completion_tokens");
+        s->usage_prompt = (int)e2e_jnum(u, "prompt_tokens");
+    }
+    if (s->n < (int)(sizeof(s->chunks) / sizeof(s->chunks[0])))
+        s->chunks[s->n++] = j;
+    else
+        cJSON_Delete(j);   /* finish points into chunks: keep the last ones? rare */
+}
+
 void e2e_sse_parse(const char *body, e2e_sse_t *s)
 {
     memset(s, 0, sizeof(*s));
     s->usage_completion = s->usage_prompt = -1;
-    size_t tcap = 256, tlen = 0;
-    bool cut = false; /* a byte 0 was streamed: the text ends there */
-    s->text = calloc(1, tcap);
-    const char *p = body;
-    while (p && (p = strstr(p, "data: ")) != NULL) {
-        if (p != body && p[-1] != '\n') {
-            p += 6;
-            continue;
-        }
-        p += 6;
-        const char *end = strstr(p, "\n\n");
-        if (end == NULL) {
-            s->bad = true;   /* truncated frame */
-            break;
-        }
-        if (s->done) {
-            s->bad = true;   /* anything after [DONE] */
-            break;
-        }
-        if (strncmp(p, "[DONE]", 6) == 0) {
-            s->done = true;
-            p = end + 2;
-            continue;
-        }
-        char *json = strndup(p, (size_t)(end - p));
-        cJSON *j = cJSON_Parse(json);
-        const bool has_nul = strstr(json, "\\u0000") != NULL;
-        free(json);
-        p = end + 2;
-        if (j == NULL) {
-            s->bad = true;
-            continue;
-        }
-        if (cJSON_HasObjectItem(j, "error"))
-            s->error_frame = true;
-        cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
-        if (c0 != NULL) {
-            cJSON *t = cJSON_GetObjectItem(c0, "text");
-            cJSON *dl = cJSON_GetObjectItem(c0, "delta");
-            if (dl != NULL)
-                t = cJSON_GetObjectItem(dl, "content");
-            if (cJSON_IsString(t) && !cut) {
-                cut = has_nul;
-                size_t l = strlen(t->valuestring);
-                if (tlen + l + 1 > tcap) {
-                    tcap = (tlen + l + 1) * 2;
-                    s->text = realloc(s->text, tcap);
-                }
-                memcpy(s->text + tlen, t->valuestring, l + 1);
-                tlen += l;
-            }
-            cJSON *f = cJSON_GetObjectItem(c0, "finish_reason");
-            if (cJSON_IsString(f))
-                s->finish = f->valuestring;
-        }
-        cJSON *u = cJSON_GetObjectItem(j, "usage");
-        if (cJSON_IsObject(u)) {
-            s->usage_completion = (int)e2e_jnum(u, "completion_tokens");
-            s->usage_prompt = (int)e2e_jnum(u, "prompt_tokens");
-        }
-        if (s->n < (int)(sizeof(s->chunks) / sizeof(s->chunks[0])))
-            s->chunks[s->n++] = j;
-        else
-            cJSON_Delete(j);   /* finish points into chunks: keep the last ones? rare */
-    }
+    sse_acc_t a = { .s = s, .tcap = 256 };
+    s->text = calloc(1, a.tcap);
+    pd_sse_t sse;
+    pd_sse_init(&sse);
+    if (body != NULL && pd_sse_feed(&sse, body, strlen(body), sse_event, &a) != PD_OK)
+        s->bad = true;
+    if (pd_sse_pending(&sse))
+        s->bad = true;                  /* truncated frame */
+    pd_sse_fini(&sse);
 }
 
 void e2e_sse_free(e2e_sse_t *s)

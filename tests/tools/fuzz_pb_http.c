@@ -1,7 +1,7 @@
-/* Fuzz target: pd-bench's client-side decoders (HTTP/1.1 response parser
+/* Fuzz target: the client-side decoders of common/pd_httpc (HTTP/1.1 response parser
  * feeding the SSE parser), the bytes a hostile or broken server controls.
  * The first input byte picks the feed step so chunk boundaries vary. */
-#include "pb_http.h"
+#include "pd_httpc.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -21,14 +21,14 @@ static void on_event(void *arg, const char *d, size_t len)
 
 static void on_body(void *arg, const char *d, size_t len)
 {
-    pb_sse_t *s = arg;
-    pb_sse_feed(s, d, len, on_event, NULL);
+    pd_sse_t *s = arg;
+    pd_sse_feed(s, d, len, on_event, NULL);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    pb_http_resp_t *r;
-    pb_sse_t sse;
+    pd_httpc_resp_t *r;
+    pd_sse_t sse;
     size_t step, off = 0, used;
 
     if (size < 1)
@@ -39,11 +39,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     r = malloc(sizeof(*r));
     if (r == NULL)
         return 0;
-    pb_http_resp_init(r);
-    pb_sse_init(&sse);
+    pd_httpc_resp_init(r, 1u << 20);
+    pd_sse_init(&sse);
     while (off < size) {
         size_t n = size - off < step ? size - off : step;
-        if (pb_http_resp_feed(r, (const char *)data + off, n, on_body, &sse,
+        if (pd_httpc_resp_feed(r, (const char *)data + off, n, on_body, &sse,
                               &used) != PD_OK)
             break;
         if (used > n)
@@ -52,10 +52,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         off += n;
     }
-    pb_http_resp_eof(r);
+    pd_httpc_resp_eof(r);
     if (r->complete && !r->headers_done)
         abort();
-    pb_sse_fini(&sse);
+    pd_sse_fini(&sse);
     free(r);
     return 0;
 }

@@ -1,13 +1,12 @@
 /* Unit tests for pd-bench's pure parts: percentiles, summaries, TPOT,
- * SLO parsing and goodput, length distributions, the seeded RNG and the
- * HTTP/1.1 response and SSE parsers. */
+ * SLO parsing and goodput, length distributions, and the seeded RNG (the
+ * HTTP/1.1 response and SSE parsers are tested in tests/common/test_httpc.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "pb_http.h"
 #include "pb_stats.h"
 #include "pb_work.h"
 
@@ -230,195 +229,6 @@ static void test_rng(void **state)
     assert_float_equal(sum / n, 0.025, 0.0005);
 }
 
-/* ---- HTTP ---------------------------------------------------------------- */
-
-typedef struct {
-    char buf[4096];
-    size_t len;
-} sink_t;
-
-static void sink(void *arg, const char *d, size_t n)
-{
-    sink_t *s = arg;
-    assert_true(s->len + n < sizeof(s->buf));
-    memcpy(s->buf + s->len, d, n);
-    s->len += n;
-    s->buf[s->len] = '\0';
-}
-
-static void feed_split(const char *resp, size_t step, pb_http_resp_t *r,
-                       sink_t *s, pd_status_t want)
-{
-    size_t len = strlen(resp), off = 0;
-    pd_status_t st = PD_OK;
-
-    pb_http_resp_init(r);
-    memset(s, 0, sizeof(*s));
-    while (off < len && st == PD_OK) {
-        size_t n = len - off < step ? len - off : step;
-        st = pb_http_resp_feed(r, resp + off, n, sink, s, NULL);
-        off += n;
-    }
-    assert_int_equal(st, want);
-}
-
-static void test_http_chunked(void **state)
-{
-    const char *resp =
-        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-        "Transfer-Encoding: chunked\r\n\r\n"
-        "6\r\ndata: \r\n"
-        "a;ext=1\r\nhello\n\nxyz\r\n"
-        "0\r\nX-Trailer: 1\r\n\r\n";
-    size_t steps[] = { 1, 2, 7, 1000 }, i;
-    pb_http_resp_t *r = malloc(sizeof(*r));
-    sink_t *s = malloc(sizeof(*s));
-
-    for (i = 0; i < 4; i++) {
-        feed_split(resp, steps[i], r, s, PD_OK);
-        assert_true(r->headers_done && r->complete && r->chunked);
-        assert_int_equal(r->status, 200);
-        assert_false(r->conn_close);
-        assert_string_equal(s->buf, "data: hello\n\nxyz");
-    }
-    free(r);
-    free(s);
-}
-
-static void test_http_length_close_interim(void **state)
-{
-    pb_http_resp_t *r = malloc(sizeof(*r));
-    sink_t *s = malloc(sizeof(*s));
-    size_t used = 0;
-    const char *lenresp =
-        "HTTP/1.1 400 Bad Request\r\ncontent-length: 5\r\nConnection: close\r\n\r\n"
-        "{\"a\":EXTRA";
-
-    pb_http_resp_init(r);
-    memset(s, 0, sizeof(*s));
-    assert_int_equal(pb_http_resp_feed(r, lenresp, strlen(lenresp), sink, s, &used),
-                     PD_OK);
-    assert_true(r->complete && r->conn_close);
-    assert_int_equal(r->status, 400);
-    assert_string_equal(s->buf, "{\"a\":");
-    assert_int_equal(used, strlen(lenresp) - 5);
-
-    feed_split("HTTP/1.0 200 OK\r\n\r\nuntil close", 3, r, s, PD_OK);
-    assert_false(r->complete);
-    assert_true(r->conn_close);
-    assert_true(pb_http_resp_eof(r));
-    assert_string_equal(s->buf, "until close");
-
-    feed_split("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
-               5, r, s, PD_OK);
-    assert_true(r->complete);
-    assert_int_equal(r->status, 204);
-
-    /* Chunked body cut short: EOF does not complete it. */
-    feed_split("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab", 4,
-               r, s, PD_OK);
-    assert_false(pb_http_resp_eof(r));
-    free(r);
-    free(s);
-}
-
-static void test_http_malformed(void **state)
-{
-    pb_http_resp_t *r = malloc(sizeof(*r));
-    sink_t *s = malloc(sizeof(*s));
-    char *big;
-
-    feed_split("HTTP/2 200 OK\r\n\r\n", 100, r, s, PD_ERR_BAD_INPUT);
-    feed_split("HTTP/1.1 20 OK\r\n\r\n", 100, r, s, PD_ERR_BAD_INPUT);
-    feed_split("HTTP/1.1 200 OK\r\nNoColon\r\n\r\n", 100, r, s, PD_ERR_BAD_INPUT);
-    feed_split("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", 100, r, s,
-               PD_ERR_BAD_INPUT);
-    feed_split("HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
-               100, r, s, PD_ERR_BAD_INPUT);
-    feed_split("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", 100, r, s,
-               PD_ERR_BAD_INPUT);
-    feed_split("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 100,
-               r, s, PD_ERR_BAD_INPUT);
-    feed_split("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabX\r\n",
-               100, r, s, PD_ERR_BAD_INPUT);
-    big = malloc(PB_HTTP_LINE_MAX + 64);
-    strcpy(big, "HTTP/1.1 200 OK\r\nX: ");
-    memset(big + strlen(big), 'a', PB_HTTP_LINE_MAX);
-    big[PB_HTTP_LINE_MAX + 20] = '\0';
-    feed_split(big, 4096, r, s, PD_ERR_TOO_BIG);
-    free(big);
-    free(r);
-    free(s);
-}
-
-/* ---- SSE ----------------------------------------------------------------- */
-
-typedef struct {
-    int n;
-    char ev[8][64];
-} events_t;
-
-static void on_event(void *arg, const char *data, size_t len)
-{
-    events_t *e = arg;
-    assert_int_equal(strlen(data), len);
-    assert_true(e->n < 8 && len < 64);
-    strcpy(e->ev[e->n++], data);
-}
-
-static void test_sse(void **state)
-{
-    const char *stream =
-        ": keep-alive\n\n"
-        "data: {\"a\":1}\n\n"
-        "data:nospace\r\n\r\n"
-        "event: x\nid: 7\ndata: one\ndata: two\n\n"
-        "data\n\n"
-        "data: [DONE]\r\r"
-        "data: pending-without-blank-line\n";
-    size_t steps[] = { 1, 3, 1000 }, i, off;
-
-    for (i = 0; i < 3; i++) {
-        pb_sse_t s;
-        events_t e;
-
-        memset(&e, 0, sizeof(e));
-        pb_sse_init(&s);
-        for (off = 0; off < strlen(stream); off += steps[i]) {
-            size_t n = strlen(stream) - off;
-            if (n > steps[i])
-                n = steps[i];
-            assert_int_equal(pb_sse_feed(&s, stream + off, n, on_event, &e), PD_OK);
-        }
-        assert_int_equal(e.n, 5);
-        assert_string_equal(e.ev[0], "{\"a\":1}");
-        assert_string_equal(e.ev[1], "nospace");
-        assert_string_equal(e.ev[2], "one\ntwo");
-        assert_string_equal(e.ev[3], "");
-        assert_string_equal(e.ev[4], "[DONE]");
-        pb_sse_fini(&s);
-    }
-}
-
-static void test_sse_cap(void **state)
-{
-    pb_sse_t s;
-    events_t e;
-    char *chunk = malloc(65536);
-    pd_status_t st = PD_OK;
-    int i;
-
-    memset(&e, 0, sizeof(e));
-    memset(chunk, 'x', 65536);
-    pb_sse_init(&s);
-    st = pb_sse_feed(&s, "data: ", 6, on_event, &e);
-    for (i = 0; i < 40 && st == PD_OK; i++)
-        st = pb_sse_feed(&s, chunk, 65536, on_event, &e);
-    assert_int_equal(st, PD_ERR_TOO_BIG);
-    pb_sse_fini(&s);
-    free(chunk);
-}
-
 /* ---- workloads (pb_work) ---------------------------------------------- */
 
 static pd_status_t parse(const char *line, uint32_t bs, pb_trace_entry_t *e)
@@ -507,11 +317,6 @@ int main(void)
         cmocka_unit_test(test_tpot_and_slo_met),
         cmocka_unit_test(test_aggregate_goodput),
         cmocka_unit_test(test_rng),
-        cmocka_unit_test(test_http_chunked),
-        cmocka_unit_test(test_http_length_close_interim),
-        cmocka_unit_test(test_http_malformed),
-        cmocka_unit_test(test_sse),
-        cmocka_unit_test(test_sse_cap),
         cmocka_unit_test(test_trace_line),
         cmocka_unit_test(test_trace_prompts),
     };

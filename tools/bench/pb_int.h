@@ -4,7 +4,7 @@
 #ifndef PB_INT_H
 #define PB_INT_H
 
-#include "pb_http.h"
+#include "pd_httpc.h"
 #include "pb_stats.h"
 #include "pb_work.h"
 #include "pd_config.h"
@@ -27,6 +27,7 @@ struct event_base;
 #define PB_MAX_PROMPT_FILE  (64u << 20)
 #define PB_RATE_DEFAULT_CAP 1024      /* slots in rate mode without --concurrency */
 #define PB_MAX_ANSWER       (1u << 20) /* multi-turn: answer bytes kept per turn */
+#define PB_BODY_MAX         (1ULL << 30) /* one response body, de-chunked */
 #define PB_MAX_CONV_BYTES   (16u << 20) /* multi-turn: history bytes per conversation */
 
 /* ---- configuration ----------------------------------------------------- */
@@ -109,8 +110,8 @@ typedef struct pb_slot {
     uint64_t t_now;             /* stamp of the current read */
     uint64_t t_done;            /* [DONE] seen (body may still be ending) */
     uint32_t itl_cap;
-    pb_http_resp_t http;
-    pb_sse_t sse;
+    pd_httpc_resp_t http;
+    pd_sse_t sse;
     bool got_bytes;             /* a response byte arrived on this connection */
     bool retried;               /* resent once on a fresh connection */
     char *req;                  /* request bytes (kept for the one resend) */

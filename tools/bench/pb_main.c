@@ -130,7 +130,7 @@ static void run_free(pb_run_t *run)
                 bufferevent_free(s->bev);
             if (s->timer != NULL)
                 event_free(s->timer);
-            pb_sse_fini(&s->sse);
+            pd_sse_fini(&s->sse);
             free(s->rec.itl_ns);
             free(s->req);
             free(s->user_msg);

@@ -5,7 +5,7 @@
  * concurrency cap) is allocated at boot; each slot owns at most one TCP
  * connection (kept alive between its requests, as aiohttp's pooled
  * session in `vllm bench serve`; --no-keep-alive opens one per request),
- * an HTTP/1.1 response parser and an SSE parser (pb_http.h). Finished slots are reaped from a deferred "pump"
+ * an HTTP/1.1 response parser and an SSE parser (common/pd_httpc.h). Finished slots are reaped from a deferred "pump"
  * event, never inside their own callbacks; the pump also issues new work:
  *   concurrency mode: keep N requests in flight;
  *   rate mode: Poisson arrivals (seeded), queued while all slots are busy.
@@ -194,7 +194,7 @@ static void on_body(void *arg, const char *data, size_t len)
         s->errbody[s->errbody_len] = '\0';
         return;
     }
-    status = pb_sse_feed(&s->sse, data, len, on_sse_event, s);
+    status = pd_sse_feed(&s->sse, data, len, on_sse_event, s);
     if (status != PD_OK)
         slot_finish(s, PB_ERR_PROTOCOL, pd_status_str(status));
 }
@@ -245,7 +245,7 @@ static void slot_read_cb(struct bufferevent *bev, void *arg)
     while (s->state == SLOT_ACTIVE &&
            (n = evbuffer_remove(in, buf, sizeof(buf))) > 0) {
         s->got_bytes = true;
-        pd_status_t status = pb_http_resp_feed(&s->http, buf, (size_t)n,
+        pd_status_t status = pd_httpc_resp_feed(&s->http, buf, (size_t)n,
                                                on_body, s, NULL);
         if (s->state != SLOT_ACTIVE)
             return;
@@ -307,7 +307,7 @@ static void slot_event_cb(struct bufferevent *bev, short what, void *arg)
             slot_finish(s, PB_ERR_DISCONNECT, s->reused
                         ? "kept-alive connection closed before response headers"
                         : "connection closed before response headers");
-        } else if (pb_http_resp_eof(&s->http) || s->http.status != 200 ||
+        } else if (pd_httpc_resp_eof(&s->http) || s->http.status != 200 ||
                    s->got_done) {
             slot_end_of_response(s);
         } else {
@@ -383,8 +383,8 @@ static void slot_issue(pb_run_t *run, bool warmup)
     s->itl_cap = 0;
     s->errbody_len = 0;
     s->errbody[0] = '\0';
-    pb_http_resp_init(&s->http);
-    pb_sse_init(&s->sse);
+    pd_httpc_resp_init(&s->http, PB_BODY_MAX);
+    pd_sse_init(&s->sse);
 
     req = pb_build_request(run, s, seq, &req_len);
     s->t_send = pd_now_ns();
@@ -442,7 +442,7 @@ static void slot_reconnect(pb_slot_t *s)
     s->reused = s->connected = false;
     bufferevent_free(s->bev);
     s->bev = NULL;
-    pb_http_resp_init(&s->http);
+    pd_httpc_resp_init(&s->http, PB_BODY_MAX);
     slot_connect(s);
 }
 
@@ -490,7 +490,7 @@ static void slot_reap(pb_run_t *run, pb_slot_t *s)
         bufferevent_free(s->bev);
         s->bev = NULL;
     }
-    pb_sse_fini(&s->sse);
+    pd_sse_fini(&s->sse);
     free(s->req);
     s->req = NULL;
     if (!s->warmup && run->workload == PB_WL_MULTI_TURN)
@@ -693,7 +693,7 @@ int pb_loop_setup(pb_run_t *run)
 
     {
         /* Precise timers: arrivals and timeouts would otherwise follow the
-         * coarse monotonic clock (~4 ms steps). */
+         * coarse monotonic clock (its step: docs/BENCHMARKS.md, tools/bench). */
         struct event_config *ec = event_config_new();
         if (ec == NULL)
             return 1;
@@ -804,40 +804,27 @@ bad:
 
 /* Blocking GET /v1/models before the loop starts (boot code; 5 s cap).
  * Returns the first model id (malloc'd) or NULL. */
-typedef struct {
-    char buf[65536];
-    size_t len;
-} pb_body_t;
-
-static void collect_body(void *arg, const char *data, size_t len)
-{
-    pb_body_t *b = arg;
-    size_t room = sizeof(b->buf) - 1 - b->len;
-
-    if (len > room)
-        len = room;
-    memcpy(b->buf + b->len, data, len);
-    b->len += len;
-    b->buf[b->len] = '\0';
-}
-
 static char *fetch_model(pb_run_t *run)
 {
-    char req[1024], buf[4096], base[512], *id = NULL, *v1;
+    char base[512], auth[600] = "", *id = NULL, *v1;
+    pd_httpc_req_t req = { .method = "GET", .host = run->host_hdr, .path = base };
+    pd_httpc_resp_t *http = malloc(sizeof(*http));
+    pd_httpc_reply_t rep = { 0 };
+    uint64_t deadline_ns = pd_now_ns() + 5 * PD_NS_PER_S;
     struct timeval tv = { 5, 0 };
-    pb_http_resp_t *http = malloc(sizeof(*http));
-    pb_body_t *body = calloc(1, sizeof(*body));
     cJSON *j, *data, *m0, *mid;
-    ssize_t n;
     int fd;
 
-    if (http == NULL || body == NULL)
+    if (http == NULL)
         goto out_free;
     snprintf(base, sizeof(base), "%s", run->path);
     v1 = strstr(base, "/v1/");
     if (v1 == NULL)
         goto out_free;
     strcpy(v1, "/v1/models");
+    if (run->cfg.api_key != NULL)
+        snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", run->cfg.api_key);
+    req.headers = auth;
     fd = socket(run->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         goto out_free;
@@ -845,25 +832,11 @@ static char *fetch_model(pb_run_t *run)
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     if (connect(fd, (struct sockaddr *)&run->addr, run->addrlen) < 0)
         goto out_close;
-    n = snprintf(req, sizeof(req),
-                 "GET %s HTTP/1.1\r\nHost: %s\r\n%s%s%sConnection: close\r\n\r\n",
-                 base, run->host_hdr,
-                 run->cfg.api_key ? "Authorization: Bearer " : "",
-                 run->cfg.api_key ? run->cfg.api_key : "",
-                 run->cfg.api_key ? "\r\n" : "");
-    if (n < 0 || (size_t)n >= sizeof(req) ||
-        send(fd, req, (size_t)n, MSG_NOSIGNAL) != n)
+    pd_httpc_resp_init(http, 1u << 20);
+    if (pd_httpc_send(fd, &req, deadline_ns) != PD_OK ||
+        pd_httpc_recv(fd, http, deadline_ns, &rep) != PD_OK || rep.status != 200)
         goto out_close;
-    pb_http_resp_init(http);
-    while (!http->complete && (n = recv(fd, buf, sizeof(buf), 0)) > 0)
-        if (pb_http_resp_feed(http, buf, (size_t)n, collect_body, body,
-                              NULL) != PD_OK)
-            goto out_close;
-    if (n == 0)
-        pb_http_resp_eof(http);
-    if (!http->complete || http->status != 200)
-        goto out_close;
-    j = cJSON_Parse(body->buf);
+    j = cJSON_Parse(rep.body);
     data = cJSON_GetObjectItemCaseSensitive(j, "data");
     m0 = cJSON_IsArray(data) ? cJSON_GetArrayItem(data, 0) : NULL;
     mid = cJSON_GetObjectItemCaseSensitive(m0, "id");
@@ -873,8 +846,8 @@ static char *fetch_model(pb_run_t *run)
 out_close:
     close(fd);
 out_free:
+    pd_httpc_reply_free(&rep);
     free(http);
-    free(body);
     return id;
 }
 

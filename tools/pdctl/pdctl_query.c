@@ -18,8 +18,8 @@
 #include <termios.h>
 #include <time.h>
 #include <unistd.h>
-#include <netdb.h>
 
+#include "pd_httpc.h"
 #include "pd_sbuf.h"
 
 double pdctl_now(void)
@@ -146,42 +146,21 @@ cJSON *pdctl_admin(const char *sock, const char *cmd, double timeout_s, char *er
 
 int pdctl_http_status(const char *url, const char *path, double timeout_s, char *err, size_t err_len)
 {
-    char host[128], port[16];
+    char host[128], port[16], addr[160];
     if (sscanf(url, "http://%127[^:]:%15[0-9]", host, port) != 2) {
         pdctl_seterr(err, err_len, "bad url %s", url);
         return -1;
     }
-    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *ai;
-    if (getaddrinfo(host, port, &hints, &ai) != 0) {
-        pdctl_seterr(err, err_len, "cannot resolve %s", host);
-        return -1;
-    }
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-        pdctl_seterr(err, err_len, "%s: %s", url, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        freeaddrinfo(ai);
-        return -1;
-    }
-    freeaddrinfo(ai);
-    char req[256];
-    int len = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
-                       path, host);
-    if (send(fd, req, (size_t)len, MSG_NOSIGNAL) != len) {
-        close(fd);
-        pdctl_seterr(err, err_len, "%s: write failed", url);
-        return -1;
-    }
-    bool timed_out;
-    char *resp = pdctl_read_line(fd, pdctl_now() + timeout_s, &timed_out);
-    close(fd);
-    int code = -1;
-    if (resp == NULL || sscanf(resp, "HTTP/1.%*d %d", &code) != 1) {
-        pdctl_seterr(err, err_len, "%s%s: no HTTP status line", url, path);
-        code = -1;
-    }
-    free(resp);
+    snprintf(addr, sizeof(addr), "%s:%s", host, port);
+    pd_httpc_req_t req = { .method = "GET", .host = host, .path = path };
+    pd_httpc_reply_t rep;
+    pd_status_t st = pd_httpc_fetch(addr, &req, (uint64_t)(timeout_s * 1e9), 64u << 10, &rep);
+    /* A status line is the answer, whatever came after it. */
+    int code = rep.status > 0 ? rep.status : -1;
+    if (code < 0)
+        pdctl_seterr(err, err_len, "%s%s: no HTTP status line (%s)", url, path,
+                     pd_status_str(st));
+    pd_httpc_reply_free(&rep);
     return code;
 }
 
