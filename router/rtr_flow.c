@@ -31,17 +31,15 @@ _Static_assert(RTR_MAX_BACKENDS == RTR_KVINDEX_MAX_BACKENDS, "one slot per backe
  * if uncached): 16 Ki blocks = 256 Ki tokens at 16 tokens a block */
 #define RTR_KV_LOOKUP_MAX_BLOCKS 16384u
 
-static pd_idhash_t req_by_id;
-
-rtr_req_t *rtr_flow_find(const char *id)
+rtr_req_t *rtr_flow_find(const rtr_t *r, const char *id)
 {
-    pd_idhash_node_t *n = pd_idhash_find(&req_by_id, id);
+    pd_idhash_node_t *n = pd_idhash_find(&r->req_by_id, id);
     return n != NULL ? PD_CONTAINER_OF(n, rtr_req_t, hnode) : NULL;
 }
 
 static void req_link(rtr_t *r, rtr_req_t *q)
 {
-    pd_idhash_add(&req_by_id, &q->hnode, q->wire_id);
+    pd_idhash_add(&r->req_by_id, &q->hnode, q->wire_id);
     q->next = r->reqs;
     if (r->reqs != NULL)
         r->reqs->prev = q;
@@ -51,7 +49,7 @@ static void req_link(rtr_t *r, rtr_req_t *q)
 
 static void req_unlink(rtr_t *r, rtr_req_t *q)
 {
-    pd_idhash_del(&req_by_id, &q->hnode);
+    pd_idhash_del(&r->req_by_id, &q->hnode);
     if (q->prev != NULL)
         q->prev->next = q->next;
     else
@@ -1275,7 +1273,7 @@ void rtr_flow_on_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
     case PROTO_MSG_KV_EXPORT_DONE: id = msg->u.kv_export_done.request_id; break;
     default: return;
     }
-    rtr_req_t *q = id[0] != '\0' ? rtr_flow_find(id) : NULL;
+    rtr_req_t *q = id[0] != '\0' ? rtr_flow_find(r, id) : NULL;
     if (q == NULL) {
         if (msg->hdr.type == PROTO_MSG_PREFILL_DONE || msg->hdr.type == PROTO_MSG_MIGRATE_DONE ||
             msg->hdr.type == PROTO_MSG_KV_EXPORT_DONE) {

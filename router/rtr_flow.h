@@ -153,7 +153,7 @@ struct rtr_flow_out {
 
 /* The live request with this wire id (what daemons answer to), or NULL.
  * Not the client's X-Request-Id: the front end never looks requests up. */
-rtr_req_t *rtr_flow_find(const char *id);
+rtr_req_t *rtr_flow_find(const rtr_t *r, const char *id);
 
 /* Intake. route: the daemons for a new request (a decode always; a
  * prefill when disaggregating: returns true then; a request is

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include "pd_admin.h"
 #include "pd_config.h"
+#include "pd_idhash.h"
 #include "pd_loop.h"
 #include "pd_stats.h"
 #include "proto_auth.h"
@@ -244,6 +245,7 @@ struct rtr {
     /* requests (rtr_flow.c) and where they go out (rtr_flow.h) */
     const rtr_flow_out_t *out;
     rtr_req_t *reqs;                 /* doubly linked list of live requests */
+    pd_idhash_t req_by_id;           /* the same requests by wire_id (rtr_flow_find) */
     uint32_t n_reqs;
     uint64_t next_seq;
     uint64_t next_wire;              /* control-plane request ids (rtr_flow.c) */

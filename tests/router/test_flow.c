@@ -602,7 +602,7 @@ static void test_disaggregated_stream(void **state)
     tokens(f, "r1", 0, t, 2);
     assert_non_null(strstr(rec.body, "\"k!\""));
     finish(f, "r1", PROTO_FINISH_LENGTH);
-    assert_null(rtr_flow_find(W("r1")));
+    assert_null(rtr_flow_find(&f->r, W("r1")));
     assert_true(rec.ended_stream);
     assert_non_null(strstr(rec.body, "\"finish_reason\":\"length\""));
     assert_non_null(strstr(rec.body, "data: [DONE]\n\n"));
@@ -717,7 +717,7 @@ static void test_decode_down_mid_stream(void **state)
     f->dec->conn = NULL;
     f->dec->state = RTR_BE_DOWN;
     rtr_flow_backend_down(&f->r, f->dec);
-    assert_null(rtr_flow_find(W("r3")));
+    assert_null(rtr_flow_find(&f->r, W("r3")));
     assert_true(rec.ended_stream);
     assert_non_null(strstr(rec.body, "no decode daemon available"));
     assert_non_null(strstr(rec.body, "'d0' lost"));
@@ -746,7 +746,7 @@ static void test_decode_failover_mid_stream(void **state)
     f->dec->state = RTR_BE_DOWN;
     int sent0 = rec.n_sent;
     rtr_flow_backend_down(&f->r, f->dec);
-    assert_non_null(rtr_flow_find(W("r3f")));
+    assert_non_null(rtr_flow_find(&f->r, W("r3f")));
     assert_false(rec.ended_stream);
     assert_int_equal(rec.n_sent, sent0 + 2);
     assert_int_equal(rec.sent[sent0].type, PROTO_MSG_RELEASE); /* the unpulled lease */
@@ -769,7 +769,7 @@ static void test_decode_failover_mid_stream(void **state)
     tokens(f, "r3f", 0, more, 2);
     finish(f, "r3f", PROTO_FINISH_LENGTH);
     f->dec = d0;
-    assert_null(rtr_flow_find(W("r3f")));
+    assert_null(rtr_flow_find(&f->r, W("r3f")));
     assert_true(rec.ended_stream);
     assert_null(strstr(rec.body, "\"X\""));
     const char *pa = strstr(rec.body, "\"a\""), *pb = strstr(rec.body, "\"b\""),
@@ -796,7 +796,7 @@ static void test_decode_failover_bounded(void **state)
     f->dec->conn = NULL;
     f->dec->state = RTR_BE_DOWN;
     rtr_flow_backend_down(&f->r, f->dec);
-    assert_null(rtr_flow_find(W("r3b")));
+    assert_null(rtr_flow_find(&f->r, W("r3b")));
     assert_non_null(strstr(rec.body, "after 0 retries"));
     assert_int_equal(counter(f, RTR_STAT_requests_failed), 1);
     assert_int_equal(counter(f, RTR_STAT_requests_failed_over), 0);
@@ -857,7 +857,7 @@ static void test_live_migration(void **state)
     tokens(f, "m1", 0, more, 2);
     finish(f, "m1", PROTO_FINISH_LENGTH);
     f->dec = d0;
-    assert_null(rtr_flow_find(W("m1")));
+    assert_null(rtr_flow_find(&f->r, W("m1")));
     assert_null(strstr(rec.body, "\"X\""));
     assert_non_null(strstr(rec.body, "\"cd\""));
     assert_non_null(strstr(rec.body, "[DONE]"));
@@ -912,7 +912,7 @@ static void test_client_gone_and_late_prefill_done(void **state)
     assert_ptr_equal(s->to, f->pre);
     assert_string_equal(s->id, W("r4"));
     assert_true(rec.dropped);
-    assert_null(rtr_flow_find(W("r4")));
+    assert_null(rtr_flow_find(&f->r, W("r4")));
     assert_int_equal(counter(f, RTR_STAT_requests_canceled), 1);
     assert_int_equal(counter(f, RTR_STAT_client_disconnects), 1);
 
@@ -997,7 +997,7 @@ static void test_early_handoff_stream(void **state)
     tokens(f, "e1", 0, t, 2);
     assert_non_null(strstr(rec.body, "\"k!\""));
     finish(f, "e1", PROTO_FINISH_LENGTH);
-    assert_null(rtr_flow_find(W("e1")));
+    assert_null(rtr_flow_find(&f->r, W("e1")));
     assert_non_null(strstr(rec.body, "data: [DONE]\n\n"));
     assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
     assert_int_equal(counter(f, RTR_STAT_kv_early_canceled), 0);
@@ -1020,7 +1020,7 @@ static void test_early_handoff_token0_ends(void **state)
         if (rec.sent[i].type == PROTO_MSG_CANCEL)
             assert_ptr_equal(rec.sent[i].to, f->dec);
     assert_non_null(strstr(rec.body, "\"finish_reason\":\"stop\""));
-    assert_null(rtr_flow_find(W("e2")));
+    assert_null(rtr_flow_find(&f->r, W("e2")));
     assert_int_equal(rec.n_ended, 1);
 
     accept_req(f, "e3", true, 1);
@@ -1109,7 +1109,7 @@ static void test_early_handoff_retry_elsewhere(void **state)
     finish(f, "e10", PROTO_FINISH_CANCELED); /* from d0: the copy */
     assert_null(q->early_end_be);
     assert_int_equal(q->fsm.state, RTR_REQ_DECODING);
-    assert_non_null(rtr_flow_find(W("e10")));
+    assert_non_null(rtr_flow_find(&f->r, W("e10")));
     assert_int_equal(counter(f, RTR_STAT_requests_completed), 0);
 }
 
@@ -1138,7 +1138,7 @@ static void test_early_handoff_edges(void **state)
     prefill_handle(f, "e7", 61);
     rtr_flow_client_gone(q, "test");
     assert_int_equal(count_sent(PROTO_MSG_CANCEL, W("e7")), 2);
-    assert_null(rtr_flow_find(W("e7")));
+    assert_null(rtr_flow_find(&f->r, W("e7")));
 
     rec.attached = true;
     q = accept_req_n(f, "e8", true, 16, 2);
@@ -1182,7 +1182,7 @@ static void test_pull_failure_retries_then_fails(void **state)
     assert_int_equal(s->flags & PROTO_DEC_PREFILL_LOCALLY, PROTO_DEC_PREFILL_LOCALLY);
     assert_int_equal(s->n_generated, 1);          /* the client already has 'p' */
     error_from(f, f->dec, "r6", PD_ERR_INTERNAL);
-    assert_null(rtr_flow_find(W("r6")));
+    assert_null(rtr_flow_find(&f->r, W("r6")));
     assert_int_equal(counter(f, RTR_STAT_requests_failed), 1);
     assert_non_null(strstr(rec.body, "after 1 retries"));
 }
@@ -1199,7 +1199,7 @@ static void test_stale_messages_ignored(void **state)
     assert_int_equal(q->n_gen, 0);
     assert_false(rec.opened);
     rtr_flow_fail_all(&f->r, "stopping");
-    assert_null(rtr_flow_find(W("r7")));
+    assert_null(rtr_flow_find(&f->r, W("r7")));
     assert_int_equal(last_sent()->type, PROTO_MSG_CANCEL);
     assert_int_equal(rec.reply_status, 503);
 }
