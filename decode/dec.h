@@ -16,7 +16,7 @@
  * Blocks for min(n_prompt + max_tokens, context) tokens are reserved at
  * admission and freed only on entering a terminal state. The compute thread
  * touches a request only while it is part of the step in flight
- * (in_step); the loop defers ending such a request until the step is back. */
+ * (DEC_RF_IN_STEP); the loop defers ending such a request until the step is back. */
 #ifndef DEC_H
 #define DEC_H
 
@@ -51,24 +51,35 @@ typedef enum { DEC_STATES(DEC_ST_ENUM) DEC_ST__COUNT } dec_state_t;
 
 typedef struct dec dec_t;
 
+/* What a request is doing or owes beside its state, one bit each, set
+ * with dec_req_flag only (loop thread). The state enum says where the
+ * request is in its life; these say what is pending across states (a
+ * CANCEL that must wait for the step or the pull to come back, a MIGRATE
+ * seen mid-pull, a handle still imported) or how it started (LOCAL,
+ * T0_WAIT). chunk_logits and lp_on stay bools: the compute thread reads
+ * them while the loop changes these bits. */
+#define DEC_RF_LOCAL       (1u << 0)    /* PROTO_DEC_PREFILL_LOCALLY */
+#define DEC_RF_T0_WAIT     (1u << 1)    /* PROTO_DEC_TOKEN0_LATER (early hand-off,
+                                         * kv-stream=layer): the pull may run, the
+                                         * first step waits for FIRST_TOKEN */
+#define DEC_RF_T0_PULLED   (1u << 2)    /* the pull landed while T0_WAIT */
+#define DEC_RF_CANCEL      (1u << 3)    /* end as CANCELED when the step/pull is back */
+#define DEC_RF_CANCEL_STOP (1u << 4)    /* the CANCEL was the router's stop string: end as STOP */
+#define DEC_RF_QUIET       (1u << 5)    /* router gone: end without a reply */
+#define DEC_RF_IN_STEP     (1u << 6)    /* in the compute thread's step */
+#define DEC_RF_FINISHING   (1u << 7)    /* step result: ends after its TOKENS go out */
+#define DEC_RF_PEND_SEND   (1u << 8)    /* step result: a new token to stream */
+#define DEC_RF_IMPORTED    (1u << 9)    /* imp holds an imported handle */
+#define DEC_RF_PULL_LIVE   (1u << 10)   /* a pull (pull_id) is in flight */
+#define DEC_RF_MIGRATE     (1u << 11)   /* MIGRATE seen: leaves the batch, then exports */
+
 typedef struct dec_req {
     node_req_t nr;                      /* id, table links, epoch, blocks */
     dec_t *d;
     struct dec_req *wnext;              /* wait queue */
     dec_state_t state;
     uint64_t t[DEC_ST__COUNT];          /* pd_now_ns() on entering each state */
-    bool local;                         /* PROTO_DEC_PREFILL_LOCALLY */
-    /* PROTO_DEC_TOKEN0_LATER (early hand-off, kv-stream=layer): the pull
-     * may run, the first step waits for FIRST_TOKEN */
-    bool t0_wait;                       /* token 0 not here yet */
-    bool t0_pulled;                     /* the pull landed while t0_wait */
-    bool cancel;                        /* end as CANCELED when the step is back */
-    bool cancel_stop;                   /* the CANCEL was the router's stop string: end as STOP */
-    bool quiet;                         /* router gone: end without a reply */
-    bool in_step;
-    /* step results between dec_step_done's phases (see there) */
-    bool finishing;                     /* ends after its TOKENS go out */
-    bool pend_send;                     /* a new token to stream */
+    uint32_t flags;                     /* DEC_RF_*: dec_req_is / dec_req_flag */
     uint16_t pend_reason;               /* proto finish reason if finishing */
     pd_status_t pend_status;
     /* tokens: prompt then generated, (cap) */
@@ -102,17 +113,14 @@ typedef struct dec_req {
     uint32_t handle_len;
     uint64_t budget_ns;                 /* the router's relative deadline (0: none) */
     kvx_import_t imp;
-    bool imported;
     uint64_t pull_id;
-    bool pull_live;
     uint64_t transfer_ns;
     uint64_t prefill_ns;
     struct event *renew_ev;             /* WAITING with an imported handle */
     uint64_t renew_ttl_ns;              /* asked for on each renewal */
     uint64_t first_step_ns;             /* the first step with it submitted */
     uint64_t handoff_ns;                /* see DEC_STATS handoff */
-    /* live migration (out) */
-    bool migrate;                       /* MIGRATE seen: leaves the batch, then exports */
+    /* live migration (out; DEC_RF_MIGRATE) */
     char migrate_to[PROTO_DAEMON_ID_MAX + 1];
     kvx_lease_id_t mig_lease;           /* MIGRATING: the exported KV */
     /* n > 1 (DECODE_REQ n_fork): forks wait parked on their parent, in
@@ -131,6 +139,18 @@ typedef struct dec_req {
     uint64_t t0_at_ns;                  /* FIRST_TOKEN arrived */
     uint64_t step0_start_ns;            /* the step that made our first TOKENS */
 } dec_req_t;
+
+/* Any of the bits f set. */
+static inline bool dec_req_is(const dec_req_t *r, uint32_t f)
+{
+    return (r->flags & f) != 0;
+}
+
+/* The one setter of r->flags: bits f on or off. */
+static inline void dec_req_flag(dec_req_t *r, uint32_t f, bool on)
+{
+    r->flags = on ? r->flags | f : r->flags & ~f;
+}
 
 
 

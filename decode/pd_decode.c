@@ -89,7 +89,7 @@ static void dec_req_free(void *obj)
 
 static bool dec_can_reply(dec_t *d, dec_req_t *r)
 {
-    return !r->quiet && node_req_can_reply(&d->n, &r->nr);
+    return !dec_req_is(r, DEC_RF_QUIET) && node_req_can_reply(&d->n, &r->nr);
 }
 
 /* TOKENS with the generated tokens [from, n_gen). */
@@ -183,7 +183,7 @@ static void dec_req_set_state(dec_req_t *r, dec_state_t to)
     }
     if (!dec_terminal(to))
         return;
-    assert(!r->in_step && !r->pull_live);
+    assert(!dec_req_is(r, DEC_RF_IN_STEP | DEC_RF_PULL_LIVE));
     pd_stats_inc(d->n.stats, to == DEC_ST_FINISHED ? DEC_STAT_completed
                          : to == DEC_ST_FAILED ? DEC_STAT_failed : DEC_STAT_canceled);
     node_req_retire(&d->n, &r->nr, dec_req_free, r);
@@ -197,18 +197,18 @@ static void dec_req_set_state(dec_req_t *r, dec_state_t to)
 static void dec_req_end(dec_req_t *r, uint16_t reason, pd_status_t status)
 {
     dec_t *d = r->d;
-    if (r->in_step || r->pull_live) { /* the compute step / pull returns first */
-        r->cancel = true;
+    if (dec_req_is(r, DEC_RF_IN_STEP | DEC_RF_PULL_LIVE)) { /* the compute step / pull returns first */
+        dec_req_flag(r, DEC_RF_CANCEL, true);
         return;
     }
-    if (r->imported) {
+    if (dec_req_is(r, DEC_RF_IMPORTED)) {
         (void)kvx_lease_release(d->n.kvx, &r->imp); /* prefill gets its blocks back */
-        r->imported = false;
+        dec_req_flag(r, DEC_RF_IMPORTED, false);
     }
     dec_forks_end(d, r, reason == PROTO_FINISH_ERROR ? status : PD_ERR_CANCELED);
     pd_stats_observe_ns(d->n.stats, DEC_STAT_req_time, pd_now_ns() - r->t[DEC_ST_NEW]);
     dec_log_timeline(r);
-    if (reason == PROTO_FINISH_CANCELED && r->cancel_stop) {
+    if (reason == PROTO_FINISH_CANCELED && dec_req_is(r, DEC_RF_CANCEL_STOP)) {
         reason = PROTO_FINISH_STOP; /* a stop string ended it: not a cancel */
         status = PD_OK;
     }
@@ -336,7 +336,7 @@ static void dec_take_token(dec_t *d, dec_req_t *r)
 {
     if (r->step_status != PD_OK || r->step_token < 0) {
         pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "compute failed: %s", pd_status_str(r->step_status));
-        r->finishing = true;
+        dec_req_flag(r, DEC_RF_FINISHING, true);
         r->pend_reason = PROTO_FINISH_ERROR;
         r->pend_status = r->step_status != PD_OK ? r->step_status : PD_ERR_INTERNAL;
         return;
@@ -345,9 +345,9 @@ static void dec_take_token(dec_t *d, dec_req_t *r)
     if (r->lp_on)
         r->pend_lp = r->step_lp;
     pd_stats_inc(d->n.stats, DEC_STAT_tokens_out);
-    r->pend_send = true;
+    dec_req_flag(r, DEC_RF_PEND_SEND, true);
     if (r->step_finish != ENG_FINISH_NONE) {
-        r->finishing = true;
+        dec_req_flag(r, DEC_RF_FINISHING, true);
         r->pend_reason = r->step_finish == ENG_FINISH_STOP ? PROTO_FINISH_STOP
                                                            : PROTO_FINISH_LENGTH;
         r->pend_status = PD_OK;
@@ -356,7 +356,7 @@ static void dec_take_token(dec_t *d, dec_req_t *r)
 
 static void dec_mark_end(dec_req_t *r, uint16_t reason, pd_status_t status)
 {
-    r->finishing = true;
+    dec_req_flag(r, DEC_RF_FINISHING, true);
     r->pend_reason = reason;
     r->pend_status = status;
 }
@@ -377,11 +377,11 @@ static void dec_step_done(eng_job_t *job)
     dec_req_t *c = s->chunk;
     s->chunk = NULL;
     if (c != NULL) {
-        c->in_step = false;
+        dec_req_flag(c, DEC_RF_IN_STEP, false);
         s->prev[np++] = c;
         if (job->aborted)
             c->step_status = PD_ERR_SHUTDOWN;
-        if (c->cancel) {
+        if (dec_req_is(c, DEC_RF_CANCEL)) {
             dec_mark_end(c, PROTO_FINISH_CANCELED, PD_ERR_CANCELED);
         } else if (c->step_status != PD_OK) {
             dec_mark_end(c, PROTO_FINISH_ERROR, c->step_status);
@@ -398,31 +398,33 @@ static void dec_step_done(eng_job_t *job)
     }
     for (uint32_t i = 0; i < s->n_items; i++) {
         dec_req_t *r = s->items[i];
-        r->in_step = false;
+        dec_req_flag(r, DEC_RF_IN_STEP, false);
         s->prev[np++] = r;
         if (job->aborted)
             r->step_status = PD_ERR_SHUTDOWN;
-        if (r->cancel)
+        if (dec_req_is(r, DEC_RF_CANCEL))
             dec_mark_end(r, PROTO_FINISH_CANCELED, PD_ERR_CANCELED);
         else
             dec_take_token(d, r);
     }
     s->n_items = 0;
-    if (c != NULL && c->forks != NULL && c->state == DEC_ST_RUNNING && !c->finishing)
+    if (c != NULL && c->forks != NULL && c->state == DEC_ST_RUNNING &&
+        !dec_req_is(c, DEC_RF_FINISHING))
         dec_fork_release(d, c); /* a local parent's prompt is in */
     if (!job->aborted)
         dec_kick(d); /* skips the finishing ones */
     for (uint32_t i = 0; i < np; i++) {
         dec_req_t *r = s->prev[i];
-        if (r->pend_send) {
-            r->pend_send = false;
+        if (dec_req_is(r, DEC_RF_PEND_SEND)) {
+            dec_req_flag(r, DEC_RF_PEND_SEND, false);
             dec_send_tokens(d, r, r->n_gen - 1);
         }
-        if (r->finishing) {
-            r->finishing = false;
-            r->cancel = false;
+        if (dec_req_is(r, DEC_RF_FINISHING)) {
+            dec_req_flag(r, DEC_RF_FINISHING, false);
+            dec_req_flag(r, DEC_RF_CANCEL, false);
             dec_req_end(r, r->pend_reason, r->pend_status);
-        } else if (r->migrate && !r->cancel && r->state == DEC_ST_RUNNING) {
+        } else if (dec_req_is(r, DEC_RF_MIGRATE) && !dec_req_is(r, DEC_RF_CANCEL) &&
+                   r->state == DEC_ST_RUNNING) {
             dec_migrate_out(d, r); /* its TOKENS went out just above */
         }
     }
@@ -441,11 +443,11 @@ static void dec_kick(dec_t *d)
     /* the oldest PREFILLING request gets one chunk (list is newest first) */
     dec_req_t *oldest = NULL;
     NODE_FOR_EACH(&d->n, dec_req_t, r) {
-        if (r->cancel || r->finishing)
+        if (dec_req_is(r, DEC_RF_CANCEL | DEC_RF_FINISHING))
             continue;
         if (r->state == DEC_ST_PREFILLING)
             oldest = r;
-        else if (r->state == DEC_ST_RUNNING && r->migrate)
+        else if (r->state == DEC_ST_RUNNING && dec_req_is(r, DEC_RF_MIGRATE))
             continue; /* leaving: dec_migrate_out once it is out of the step */
         else if (r->state == DEC_ST_RUNNING && s->n_items < d->cfg.max_batch)
             s->items[s->n_items++] = r;
@@ -455,7 +457,7 @@ static void dec_kick(dec_t *d)
         uint32_t left = need - oldest->kv_have;
         oldest->chunk_n = left < d->cfg.prefill_chunk ? left : (uint32_t)d->cfg.prefill_chunk;
         oldest->chunk_logits = oldest->n_gen == 0 && oldest->kv_have + oldest->chunk_n == need;
-        oldest->in_step = true;
+        dec_req_flag(oldest, DEC_RF_IN_STEP, true);
         s->chunk = oldest;
     }
     if (s->chunk == NULL && s->n_items == 0)
@@ -463,7 +465,7 @@ static void dec_kick(dec_t *d)
     uint64_t now = pd_now_ns();
     for (uint32_t i = 0; i < s->n_items; i++) {
         dec_req_t *r = s->items[i];
-        r->in_step = true;
+        dec_req_flag(r, DEC_RF_IN_STEP, true);
         if (r->first_step_ns == 0) {
             r->first_step_ns = now;
             if (r->t[DEC_ST_PULLING] != 0) { /* the handoff: what is neither wait nor pull */
@@ -480,9 +482,9 @@ static void dec_kick(dec_t *d)
     if (st != PD_OK) { /* the runner queue is unbounded: shutting down */
         d->step_busy = false;
         if (s->chunk)
-            s->chunk->in_step = false;
+            dec_req_flag(s->chunk, DEC_RF_IN_STEP, false);
         for (uint32_t i = 0; i < s->n_items; i++)
-            s->items[i]->in_step = false;
+            dec_req_flag(s->items[i], DEC_RF_IN_STEP, false);
         s->chunk = NULL;
         s->n_items = 0;
     }
@@ -529,14 +531,14 @@ static void dec_start_compute(dec_t *d, dec_req_t *r)
 {
     uint32_t need = r->n_prompt + (r->n_gen ? r->n_gen - 1 : 0);
     if (r->kv_have < need) {
-        if (r->local && r->kv_have == r->n_reused * d->n.geom->block_tokens)
+        if (dec_req_is(r, DEC_RF_LOCAL) && r->kv_have == r->n_reused * d->n.geom->block_tokens)
             pd_stats_inc(d->n.stats, DEC_STAT_local_prefills);
         dec_req_set_state(r, DEC_ST_PREFILLING);
     } else {
         dec_req_set_state(r, DEC_ST_RUNNING);
         if (r->forks != NULL)
             dec_fork_release(d, r); /* a pulled parent's prompt is in */
-        if (r->migrate) { /* MIGRATE came while it pulled */
+        if (dec_req_is(r, DEC_RF_MIGRATE)) { /* MIGRATE came while it pulled */
             dec_migrate_out(d, r);
             return;
         }
@@ -548,7 +550,7 @@ static void dec_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t
 {
     dec_req_t *r = arg;
     dec_t *d = r->d;
-    r->pull_live = false;
+    dec_req_flag(r, DEC_RF_PULL_LIVE, false);
     r->transfer_ns = res ? res->latency_ns : pd_now_ns() - r->t[DEC_ST_PULLING];
     r->pull_end_ns = pd_now_ns();
     if (res != NULL && res->ready_ns)
@@ -565,7 +567,7 @@ static void dec_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t
         pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "KV pull from %s failed: %s", r->peer,
                pd_status_str(status));
     }
-    if (r->cancel) {
+    if (dec_req_is(r, DEC_RF_CANCEL)) {
         dec_req_end(r, PROTO_FINISH_CANCELED, PD_ERR_CANCELED);
         return;
     }
@@ -576,8 +578,8 @@ static void dec_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t
     r->kv_have = r->kv_pull;
     if (r->kv_pull > r->n_prompt)
         pd_stats_inc(d->n.stats, DEC_STAT_migrated_in);
-    if (r->t0_wait) { /* the prompt is in; FIRST_TOKEN starts it (and releases) */
-        r->t0_pulled = true;
+    if (dec_req_is(r, DEC_RF_T0_WAIT)) { /* the prompt is in; FIRST_TOKEN starts it (and releases) */
+        dec_req_flag(r, DEC_RF_T0_PULLED, true);
         return;
     }
     dec_start_compute(d, r);
@@ -585,7 +587,7 @@ static void dec_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t
      * can take milliseconds after a large pull (UCX tcp), which the compute
      * thread spends on the step instead of waiting. */
     (void)kvx_lease_release(d->n.kvx, &r->imp); /* prefill gets its blocks back */
-    r->imported = false;
+    dec_req_flag(r, DEC_RF_IMPORTED, false);
 }
 
 /* A handle was imported: how much of its lease was left when the
@@ -593,7 +595,7 @@ static void dec_pull_done(void *arg, pd_status_t status, const kvx_pull_result_t
  * router -> decode; same-host wall clocks). */
 static void dec_note_import(dec_t *d, dec_req_t *r)
 {
-    r->imported = true;
+    dec_req_flag(r, DEC_RF_IMPORTED, true);
     uint64_t arrival = pd_wall_ns() - (pd_now_ns() - r->t[DEC_ST_NEW]);
     if (r->imp.h.expiry_wall_ns > arrival)
         pd_stats_observe_ns(d->n.stats, DEC_STAT_lease_left, r->imp.h.expiry_wall_ns - arrival);
@@ -602,7 +604,7 @@ static void dec_note_import(dec_t *d, dec_req_t *r)
 static void dec_start_pull(dec_t *d, dec_req_t *r)
 {
     kvx_reject_t why = 0;
-    pd_status_t st = r->imported ? PD_OK /* while waiting, see dec_wait_import */
+    pd_status_t st = dec_req_is(r, DEC_RF_IMPORTED) ? PD_OK /* while waiting, see dec_wait_import */
                    : node_import(&d->n, r->handle, r->handle_len, &r->imp, &why);
     dec_req_set_state(r, DEC_ST_PULLING);
     if (st != PD_OK) {
@@ -612,11 +614,11 @@ static void dec_start_pull(dec_t *d, dec_req_t *r)
         dec_req_end(r, PROTO_FINISH_ERROR, st);
         return;
     }
-    if (!r->imported)
+    if (!dec_req_is(r, DEC_RF_IMPORTED))
         dec_note_import(d, r);
     uint32_t nb = (r->kv_pull + d->n.geom->block_tokens - 1) / d->n.geom->block_tokens;
     uint64_t budget = d->cfg.transfer_timeout_ns;
-    if (r->t0_wait && r->budget_ns != 0)
+    if (dec_req_is(r, DEC_RF_T0_WAIT) && r->budget_ns != 0)
         budget = r->budget_ns; /* early hand-off: the prompt pass runs inside this
                                 * pull (a lost prefill ends it: PEER_DOWN) */
     else if (r->budget_ns != 0 && r->budget_ns < budget)
@@ -631,7 +633,7 @@ static void dec_start_pull(dec_t *d, dec_req_t *r)
         dec_req_end(r, PROTO_FINISH_ERROR, st);
         return;
     }
-    r->pull_live = true;
+    dec_req_flag(r, DEC_RF_PULL_LIVE, true);
 }
 
 /* Lease renewal while waiting: the prefill's lease runs out while the
@@ -650,7 +652,7 @@ static void dec_renew_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     dec_req_t *r = arg;
     dec_t *d = r->d;
-    if (r->state != DEC_ST_WAITING || !r->imported)
+    if (r->state != DEC_ST_WAITING || !dec_req_is(r, DEC_RF_IMPORTED))
         return;
     pd_status_t st = kvx_lease_renew(d->n.kvx, &r->imp, r->renew_ttl_ns);
     if (st != PD_OK) { /* the pull will tell (stale / peer gone) */
@@ -711,7 +713,8 @@ static bool dec_try_start(dec_t *d, dec_req_t *r)
      * its logits give token 0) */
     uint32_t m = 0;
     if (d->n.prefix != NULL)
-        m = kvx_prefix_match(d->n.prefix, r->tok, r->local ? r->n_prompt - 1 : r->n_prompt,
+        m = kvx_prefix_match(d->n.prefix, r->tok,
+                             dec_req_is(r, DEC_RF_LOCAL) ? r->n_prompt - 1 : r->n_prompt,
                              r->nr.blocks, r->nr.n_blocks);
     pd_status_t st = d->n.prefix != NULL
                          ? kvx_prefix_alloc(d->n.prefix, r->nr.n_blocks - m, r->nr.blocks + m)
@@ -722,11 +725,11 @@ static bool dec_try_start(dec_t *d, dec_req_t *r)
     }
     r->nr.blocks_held = true;
     r->n_reused = m;
-    if (r->local)
+    if (dec_req_is(r, DEC_RF_LOCAL))
         r->kv_have = m * d->n.geom->block_tokens;
     pd_stats_add(d->n.stats, DEC_STAT_cached_tokens, (uint64_t)m * d->n.geom->block_tokens);
     pd_stats_add(d->n.stats, DEC_STAT_saved_bytes, (uint64_t)m * d->n.geom->block_bytes);
-    if (!r->local)
+    if (!dec_req_is(r, DEC_RF_LOCAL))
         dec_start_pull(d, r);
     else
         dec_start_compute(d, r);
@@ -869,8 +872,8 @@ static dec_req_t *dec_admit(dec_t *d, node_link_t *from, const proto_decode_req_
     r->d = d;
     snprintf(r->nr.id, sizeof(r->nr.id), "%s", q->request_id);
     snprintf(r->peer, sizeof(r->peer), "%s", q->prefill_peer_id);
-    r->local = local;
-    r->t0_wait = t0_later;
+    dec_req_flag(r, DEC_RF_LOCAL, local);
+    dec_req_flag(r, DEC_RF_T0_WAIT, t0_later);
     r->cap = max_pos + 1;
     r->max_pos = max_pos;
     r->n_prompt = proto_tokens_copy(&q->prompt, r->tok, np);
@@ -971,16 +974,16 @@ static void dec_on_decode_req(node_t *node, node_link_t *from, const proto_msg_t
 
 static void dec_req_cancel(dec_t *d, dec_req_t *r)
 {
-    if (r->t0_wait) /* an early hand-off the router gave up (prefill failed,
+    if (dec_req_is(r, DEC_RF_T0_WAIT)) /* an early hand-off the router gave up (prefill failed,
                      * token 0 ended the request); answered as any cancel */
         pd_stats_inc(d->n.stats, DEC_STAT_early_canceled);
     if (r->state == DEC_ST_MIGRATING) {
-        r->cancel = true;
+        dec_req_flag(r, DEC_RF_CANCEL, true);
         (void)kvx_lease_revoke(d->n.kvx, r->mig_lease); /* -> dec_on_lease_end */
         return;
     }
-    if (r->pull_live) {
-        r->cancel = true;
+    if (dec_req_is(r, DEC_RF_PULL_LIVE)) {
+        dec_req_flag(r, DEC_RF_CANCEL, true);
         (void)kvx_pull_cancel(d->n.kvx, r->pull_id); /* -> dec_pull_done */
         return;
     }
@@ -991,8 +994,8 @@ static void dec_on_cancel(node_t *node, node_link_t *from, const proto_msg_t *ms
 {
     dec_t *d = PD_CONTAINER_OF(node, dec_t, n);
     dec_req_t *r = dec_req_find(d, from, msg->u.cancel.request_id);
-    if (r != NULL && !r->cancel) {
-        r->cancel_stop = msg->u.cancel.status == PD_OK; /* PROTOCOL.md: CANCEL */
+    if (r != NULL && !dec_req_is(r, DEC_RF_CANCEL)) {
+        dec_req_flag(r, DEC_RF_CANCEL_STOP, msg->u.cancel.status == PD_OK); /* PROTOCOL.md: CANCEL */
         dec_req_cancel(d, r);
     }
 }
@@ -1006,13 +1009,13 @@ static void dec_on_first_token(node_t *node, node_link_t *from, const proto_msg_
     dec_t *d = PD_CONTAINER_OF(node, dec_t, n);
     const proto_first_token_t *ft = &msg->u.first_token;
     dec_req_t *r = dec_req_find(d, from, ft->request_id);
-    if (r == NULL || r->cancel || dec_terminal(r->state)) {
+    if (r == NULL || dec_req_is(r, DEC_RF_CANCEL) || dec_terminal(r->state)) {
         pd_log(PD_LOG_DEBUG, DEC_COMP, ft->request_id, "FIRST_TOKEN for no live request: dropped");
         return;
     }
     int32_t t = ft->first_token;
     pd_status_t st = PD_OK;
-    if (!r->t0_wait) {
+    if (!dec_req_is(r, DEC_RF_T0_WAIT)) {
         st = PD_ERR_BAD_INPUT;
         pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "FIRST_TOKEN for a request not waiting for one");
     } else if ((uint32_t)t >= d->n.geom->vocab_size) {
@@ -1027,7 +1030,7 @@ static void dec_on_first_token(node_t *node, node_link_t *from, const proto_msg_
         return;
     }
     /* the replay of dec_admit for one given token */
-    r->t0_wait = false;
+    dec_req_flag(r, DEC_RF_T0_WAIT, false);
     r->t0_at_ns = pd_now_ns();
     eng_finish_t f = eng_sampler_replay(&r->smp, t);
     r->tok[r->n_prompt] = t;
@@ -1044,11 +1047,11 @@ static void dec_on_first_token(node_t *node, node_link_t *from, const proto_msg_
         dec_req_end(r, f == ENG_FINISH_STOP ? PROTO_FINISH_STOP : PROTO_FINISH_LENGTH, PD_OK);
         return;
     }
-    if (r->t0_pulled) { /* the pull is done: run now, then the lease goes */
-        r->t0_pulled = false;
+    if (dec_req_is(r, DEC_RF_T0_PULLED)) { /* the pull is done: run now, then the lease goes */
+        dec_req_flag(r, DEC_RF_T0_PULLED, false);
         dec_start_compute(d, r);
         (void)kvx_lease_release(d->n.kvx, &r->imp);
-        r->imported = false;
+        dec_req_flag(r, DEC_RF_IMPORTED, false);
     } /* else dec_pull_done starts it */
 }
 
@@ -1072,7 +1075,7 @@ static void dec_migrate_out(dec_t *d, dec_req_t *r)
     if (st != PD_OK) {
         pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "migration to %s not possible (%s): staying",
                r->migrate_to, pd_status_str(st));
-        r->migrate = false;
+        dec_req_flag(r, DEC_RF_MIGRATE, false);
         dec_kick(d);
         return;
     }
@@ -1119,7 +1122,7 @@ static void dec_on_lease_end(node_t *n, node_req_t *nr, kvx_lease_end_t why)
         pd_log(PD_LOG_WARN, DEC_COMP, r->nr.id, "migration lease %s",
                why == KVX_LEASE_EXPIRED ? "expired unpulled" : "revoked");
     pd_stats_observe_ns(d->n.stats, DEC_STAT_req_time, pd_now_ns() - r->t[DEC_ST_NEW]);
-    dec_req_set_state(r, r->cancel ? DEC_ST_CANCELED : DEC_ST_FINISHED);
+    dec_req_set_state(r, dec_req_is(r, DEC_RF_CANCEL) ? DEC_ST_CANCELED : DEC_ST_FINISHED);
 }
 
 static void dec_on_migrate(node_t *node, node_link_t *from, const proto_msg_t *msg)
@@ -1127,15 +1130,16 @@ static void dec_on_migrate(node_t *node, node_link_t *from, const proto_msg_t *m
     dec_t *d = PD_CONTAINER_OF(node, dec_t, n);
     const proto_migrate_t *m = &msg->u.migrate;
     dec_req_t *r = dec_req_find(d, from, m->request_id);
-    if (r == NULL || r->cancel || r->finishing || r->migrate || dec_terminal(r->state) ||
+    if (r == NULL || dec_req_is(r, DEC_RF_CANCEL | DEC_RF_FINISHING | DEC_RF_MIGRATE) ||
+        dec_terminal(r->state) ||
         r->state == DEC_ST_MIGRATING || strcmp(m->target_decode_id, d->n.daemon_id) == 0) {
         pd_log(PD_LOG_DEBUG, DEC_COMP, m->request_id, "MIGRATE ignored (%s)",
                r == NULL ? "not here" : "ending or moving");
         return;
     }
-    r->migrate = true;
+    dec_req_flag(r, DEC_RF_MIGRATE, true);
     snprintf(r->migrate_to, sizeof(r->migrate_to), "%s", m->target_decode_id);
-    if (r->state == DEC_ST_RUNNING && !r->in_step)
+    if (r->state == DEC_ST_RUNNING && !dec_req_is(r, DEC_RF_IN_STEP))
         dec_migrate_out(d, r);
     /* else: after its step (dec_step_done), or once its pull / prefill
      * made it RUNNING (dec_start_compute, dec_step_done) */
@@ -1351,8 +1355,8 @@ static void dec_cancel_all(node_t *n, const node_link_t *from)
     NODE_FOR_EACH(n, dec_req_t, r) {
         if (from != NULL && r->nr.link != from)
             continue;
-        r->quiet = true;
-        if (!r->cancel)
+        dec_req_flag(r, DEC_RF_QUIET, true);
+        if (!dec_req_is(r, DEC_RF_CANCEL))
             dec_req_cancel(d, r);
     }
 }
@@ -1366,7 +1370,7 @@ static void dec_fill_hb(node_t *n, proto_heartbeat_t *hb)
     uint64_t tok = 0;
     NODE_FOR_EACH(n, dec_req_t, r)
         if (r->state == DEC_ST_PREFILLING || r->state == DEC_ST_WAITING)
-            tok += r->local ? r->n_prompt + r->n_gen - r->kv_have : 0;
+            tok += dec_req_is(r, DEC_RF_LOCAL) ? r->n_prompt + r->n_gen - r->kv_have : 0;
     hb->outstanding_prefill_tokens = tok;
 }
 
@@ -1393,7 +1397,7 @@ static pd_status_t dec_adm_requests(pd_admin_req_t *req, cJSON *reply)
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "request_id", r->nr.id);
         cJSON_AddStringToObject(o, "state", dec_state_names[r->state]);
-        cJSON_AddBoolToObject(o, "local", r->local);
+        cJSON_AddBoolToObject(o, "local", dec_req_is(r, DEC_RF_LOCAL));
         cJSON_AddNumberToObject(o, "prompt_tokens", r->n_prompt);
         cJSON_AddNumberToObject(o, "generated", r->n_gen);
         cJSON_AddNumberToObject(o, "blocks", r->nr.n_blocks);
@@ -1467,7 +1471,7 @@ static const node_role_t dec_role = {
 static void dec_after_kvx(node_t *n)
 {
     NODE_FOR_EACH(n, dec_req_t, r) {
-        r->in_step = r->pull_live = false;
+        dec_req_flag(r, DEC_RF_IN_STEP | DEC_RF_PULL_LIVE, false);
         r->nr.blocks_held = false;
         dec_req_end(r, PROTO_FINISH_CANCELED, PD_ERR_CANCELED);
     }
