@@ -1021,419 +1021,466 @@ static bool is_hex(uint8_t b)
     return is_digit(b) || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F');
 }
 
+/* What one frame did with the byte: FEED_DONE (the configuration went to
+ * out, or died), FEED_NEXT (a frame was pushed or popped: the byte goes
+ * to the new top frame). */
+typedef enum { FEED_DONE, FEED_NEXT } feed_t;
+
+static void feed_cfg(const eng_gram_t *g, cfg_t *c, uint8_t b, set_t *out);
+
+/* One of alts: each alternative on its own copy of the stack. */
+static feed_t feed_anyof(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t *nd,
+                         uint8_t b, set_t *out)
+{
+    uint32_t n0 = c->n - 1;
+    uint8_t d = f->depth;
+    for (uint32_t i = 0; i < nd->n; i++) {
+        cfg_t k;
+        k.n = n0;
+        k.num = c->num;
+        memcpy(k.f, c->f, n0 * sizeof(frame_t));
+        push(&k, g->alts[nd->a + i], d);
+        feed_cfg(g, &k, b, out);
+    }
+    return FEED_DONE;
+}
+
+/* Exact bytes. */
+static feed_t feed_lit(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t *nd,
+                       uint8_t b, set_t *out)
+{
+    if (b != (uint8_t)g->pool[nd->a + f->aux])
+        return FEED_DONE;
+    if (++f->aux == nd->n)
+        c->n--;
+    set_add(out, c);
+    return FEED_DONE;
+}
+
+/* A string of a format (fmt_step). */
+static feed_t feed_fmt(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t *nd,
+                       uint8_t b, set_t *out)
+{
+    if (f->phase == S_OPEN) {
+        if (b != '"')
+            return FEED_DONE;
+        f->phase = S_BODY;
+        c->num = 0;
+    } else if (b == '"') {
+        if (fmt_rest(nd->n, f->aux) != 0)
+            return FEED_DONE;
+        c->n--;
+        c->num = 0;
+    } else {
+        int ns = fmt_step(nd->n, f->aux, (uint8_t)c->num, b);
+        if (ns < 0)
+            return FEED_DONE;
+        f->aux = (uint16_t)ns;
+        c->num = b;
+    }
+    set_add(out, c);
+    return FEED_DONE;
+}
+
+/* A string; bounded (n > 0): c->num counts characters; no \u escapes, so
+ * that a character is one count (a surrogate pair would be two). */
+static feed_t feed_str(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t *nd,
+                       uint8_t b, set_t *out)
+{
+    const grange_t *r = nd->n ? &g->ranges[nd->n - 1] : NULL;
+    switch (f->phase) {
+    case S_OPEN:
+        if (b != '"')
+            return FEED_DONE;
+        f->phase = S_BODY;
+        c->num = 0;
+        break;
+    case S_BODY:
+        if (r != NULL && b != '"' && (int64_t)c->num >= r->hi)
+            return FEED_DONE;
+        if (r != NULL && b == '"' && (int64_t)c->num < r->lo)
+            return FEED_DONE;
+        if (b == '"') {
+            c->n--;
+            c->num = 0;
+            break;
+        }
+        if (r != NULL && b >= 0x20 && (b < 0x80 || b >= 0xc2))
+            c->num++;
+        if (b == '\\')
+            f->phase = S_ESC;
+        else if (b < 0x20)
+            return FEED_DONE;
+        else if (b >= 0x80) {
+            if (b >= 0xc2 && b <= 0xdf)
+                f->aux = 1;
+            else if (b >= 0xe0 && b <= 0xef)
+                f->aux = 2;
+            else if (b >= 0xf0 && b <= 0xf4)
+                f->aux = 3;
+            else
+                return FEED_DONE;
+            f->phase = S_UTF;
+        }
+        break;
+    case S_ESC:
+        if (b == 'u' && r == NULL) {
+            f->phase = S_HEX;
+            f->aux = 4;
+        } else if (strchr("\"\\/bfnrt", b) && b != 0) {
+            f->phase = S_BODY;
+        } else {
+            return FEED_DONE;
+        }
+        break;
+    case S_HEX:
+        if (!is_hex(b))
+            return FEED_DONE;
+        if (--f->aux == 0)
+            f->phase = S_BODY;
+        break;
+    case S_UTF:
+        if (b < 0x80 || b > 0xbf)
+            return FEED_DONE;
+        if (--f->aux == 0)
+            f->phase = S_BODY;
+        break;
+    }
+    set_add(out, c);
+    return FEED_DONE;
+}
+
+/* A number or an integer; a bounded integer keeps every prefix able to
+ * land in its range. */
+static feed_t feed_num(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t *nd,
+                       uint8_t b, set_t *out)
+{
+    if (nd->kind == N_INT && nd->n) { /* bounded: every prefix can still land in r */
+        const grange_t *r = &g->ranges[nd->n - 1];
+        int64_t v = (int64_t)c->num;
+        int64_t dg = b - '0';
+        switch (f->phase) {
+        case M_START:
+            if (b == '-' && r->lo <= -1) {
+                f->phase = M_MINUS;
+            } else if (b == '0' && r->lo <= 0 && r->hi >= 0) {
+                f->phase = M_ZERO;
+            } else if (b >= '1' && b <= '9' && int_more(r, dg, false, 1) != UINT32_MAX) {
+                f->phase = M_INT;
+                f->aux = 1;
+                c->num = (uint64_t)dg;
+            } else {
+                return FEED_DONE;
+            }
+            set_add(out, c);
+            return FEED_DONE;
+        case M_MINUS: /* no "-0" */
+            if (b < '1' || b > '9' || int_more(r, -dg, true, 1) == UINT32_MAX)
+                return FEED_DONE;
+            f->phase = M_INT;
+            f->aux = 1;
+            c->num = (uint64_t)-dg;
+            set_add(out, c);
+            return FEED_DONE;
+        case M_INT:
+            if (is_digit(b)) {
+                bool neg = v < 0;
+                __int128 nv = (__int128)v * 10 + (neg ? -dg : dg);
+                if (f->aux >= 19 || nv < INT64_MIN || nv > INT64_MAX ||
+                    int_more(r, (int64_t)nv, neg, f->aux + 1u) == UINT32_MAX)
+                    return FEED_DONE;
+                f->aux++;
+                c->num = (uint64_t)(int64_t)nv;
+                set_add(out, c);
+                return FEED_DONE;
+            }
+            if (v < r->lo || v > r->hi)
+                return FEED_DONE;
+            break;
+        case M_ZERO:
+            break;
+        default:
+            return FEED_DONE;
+        }
+        c->n--; /* the number ended: the byte belongs to the parent */
+        c->num = 0;
+        return FEED_NEXT;
+    }
+    bool integer = nd->kind == N_INT;
+    bool accepting = f->phase == M_ZERO || f->phase == M_INT ||
+                     f->phase == M_FRAC || f->phase == M_EXPDIG;
+    bool took = true;
+    switch (f->phase) {
+    case M_START:
+    case M_MINUS:
+        if (b == '-' && f->phase == M_START)
+            f->phase = M_MINUS;
+        else if (b == '0')
+            f->phase = M_ZERO;
+        else if (b >= '1' && b <= '9') {
+            f->phase = M_INT;
+            f->aux = 1;
+        } else
+            return FEED_DONE;
+        break;
+    case M_ZERO:
+    case M_INT:
+        if (is_digit(b) && f->phase == M_INT && f->aux < MAX_INT_DIGITS)
+            f->aux++;
+        else if (b == '.' && !integer) {
+            f->phase = M_DOT;
+            f->aux = 0;
+        } else if ((b == 'e' || b == 'E') && !integer) {
+            f->phase = M_EXPCH;
+            f->aux = 0;
+        } else
+            took = false;
+        break;
+    case M_DOT:
+        if (!is_digit(b))
+            return FEED_DONE;
+        f->phase = M_FRAC;
+        f->aux = 1;
+        break;
+    case M_FRAC:
+        if (is_digit(b) && f->aux < MAX_FRAC_DIGITS)
+            f->aux++;
+        else if (b == 'e' || b == 'E') {
+            f->phase = M_EXPCH;
+            f->aux = 0;
+        } else
+            took = false;
+        break;
+    case M_EXPCH:
+        if (b == '+' || b == '-')
+            f->phase = M_EXPSIGN;
+        else if (is_digit(b)) {
+            f->phase = M_EXPDIG;
+            f->aux = 1;
+        } else
+            return FEED_DONE;
+        break;
+    case M_EXPSIGN:
+        if (!is_digit(b))
+            return FEED_DONE;
+        f->phase = M_EXPDIG;
+        f->aux = 1;
+        break;
+    case M_EXPDIG:
+        if (is_digit(b) && f->aux < MAX_EXP_DIGITS)
+            f->aux++;
+        else
+            took = false;
+        break;
+    }
+    if (took) {
+        set_add(out, c);
+        return FEED_DONE;
+    }
+    if (!accepting)
+        return FEED_DONE;
+    c->n--; /* the number ended: the byte belongs to the parent */
+    return FEED_NEXT;
+}
+
+/* Any object (also N_ANYVAL once it chose an object). */
+static feed_t feed_anyobj(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t *nd,
+                          uint8_t b, set_t *out)
+{
+    switch (f->phase) {
+    case O_OPEN:
+        if (b != '{')
+            return FEED_DONE;
+        f->phase = O_NEXT;
+        set_add(out, c);
+        return FEED_DONE;
+    case O_NEXT: /* after '{' */
+        if (b == '}') {
+            c->n--;
+            set_add(out, c);
+            return FEED_DONE;
+        }
+        /* fall through */
+    case O_FCOMMA: {
+        if (b != '"')
+            return FEED_DONE;
+        f->phase = O_FCOLON;
+        if (!push(c, nd->a, f->depth)) /* key: any_block()'s N_STR */
+            return FEED_DONE;
+        return FEED_NEXT;
+    }
+    case O_FCOLON:
+        if (b != ':')
+            return FEED_DONE;
+        f->phase = O_VAL;
+        set_add(out, c);
+        return FEED_DONE;
+    case O_VAL: {
+        f->phase = O_FAFTER;
+        uint32_t val = nd->kind == N_ANYVAL ? f->node : nd->a + 5;
+        if (!push(c, val, f->depth + 1))
+            return FEED_DONE;
+        return FEED_NEXT;
+    }
+    case O_FAFTER:
+        if (b == ',') {
+            f->phase = O_FCOMMA;
+            set_add(out, c);
+        } else if (b == '}') {
+            c->n--;
+            set_add(out, c);
+        }
+        return FEED_DONE;
+    }
+    return FEED_DONE;
+}
+
+/* An array, or any value (its kind chosen by its first byte). */
+static feed_t feed_arr(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t *nd,
+                       uint8_t b, set_t *out)
+{
+    if (nd->kind == N_ANYVAL && f->phase == P_START && f->aux == 0) {
+        /* choose the value's kind by its first byte */
+        if (b == '{') {
+            if (f->depth >= ENG_GRAM_ANY_DEPTH)
+                return FEED_DONE;
+            f->aux = 2; /* object */
+        } else if (b == '[') {
+            if (f->depth >= ENG_GRAM_ANY_DEPTH)
+                return FEED_DONE;
+            f->aux = 1; /* array */
+        } else {
+            /* scalars: replace the frame by a literal/string/number */
+            uint32_t node;
+            if (b == '"')
+                node = 2;
+            else if (b == '-' || is_digit(b))
+                node = 3;
+            else if (b == 't')
+                node = 4;
+            else if (b == 'f')
+                node = 5;
+            else if (b == 'n')
+                node = 6;
+            else
+                return FEED_DONE;
+            /* base + 0..4: see any_block() */
+            uint32_t base = g->nodes[f->node].a;
+            *f = (frame_t){ base + node - 2, P_START, f->depth, 0 };
+            return FEED_NEXT;
+        }
+    }
+    if (nd->kind == N_ANYVAL && f->aux == 2) {
+        /* a free object: behave as N_ANYOBJ */
+        return feed_anyobj(g, c, f, nd, b, out);
+    }
+    switch (f->phase) {
+    case A_OPEN:
+        if (b != '[')
+            return FEED_DONE;
+        f->phase = A_FIRST;
+        set_add(out, c);
+        return FEED_DONE;
+    case A_FIRST:
+        if (b == ']') {
+            if (nd->kind == N_ARR && nd->n && g->ranges[nd->n - 1].lo > 0)
+                return FEED_DONE;
+            c->n--;
+            set_add(out, c);
+            return FEED_DONE;
+        }
+        if (nd->kind == N_ARR && nd->n && g->ranges[nd->n - 1].hi < 1)
+            return FEED_DONE;
+        /* fall through */
+    case A_ITEM: {
+        if (nd->kind == N_ARR && nd->n) /* bounded: items begun */
+            f->aux = f->phase == A_FIRST ? 1 : (uint16_t)(f->aux + (f->aux < 65535));
+        f->phase = A_AFTER;
+        uint32_t item = nd->kind == N_ARR ? nd->a : f->node;
+        uint8_t d = f->depth + (nd->kind == N_ANYVAL ? 1 : 0);
+        if (!push(c, item, d))
+            return FEED_DONE;
+        return FEED_NEXT;
+    }
+    case A_AFTER: {
+        const grange_t *r = nd->kind == N_ARR && nd->n ? &g->ranges[nd->n - 1] : NULL;
+        if (b == ',' && (r == NULL || f->aux < r->hi)) {
+            f->phase = A_ITEM;
+            set_add(out, c);
+        } else if (b == ']' && (r == NULL || f->aux >= r->lo)) {
+            c->n--;
+            set_add(out, c);
+        }
+        return FEED_DONE;
+    }
+    }
+    return FEED_DONE;
+}
+
+/* A schema object: its properties in order. */
+static feed_t feed_obj(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t *nd,
+                       uint8_t b, set_t *out)
+{
+    switch (f->phase) {
+    case O_OPEN:
+        if (b != '{')
+            return FEED_DONE;
+        f->phase = O_NEXT;
+        set_add(out, c);
+        return FEED_DONE;
+    case O_NEXT:
+        if (f->aux == nd->n) {
+            if (b != '}')
+                return FEED_DONE;
+            c->n--;
+            set_add(out, c);
+            return FEED_DONE;
+        }
+        if (f->aux > 0) {
+            if (b != ',')
+                return FEED_DONE;
+            f->phase = O_KEY;
+            set_add(out, c);
+            return FEED_DONE;
+        }
+        /* fall through */
+    case O_KEY:
+        f->phase = O_VAL;
+        if (!push(c, g->props[nd->a + f->aux].key, f->depth))
+            return FEED_DONE;
+        return FEED_NEXT;
+    case O_VAL: {
+        uint32_t v = g->props[nd->a + f->aux].val;
+        f->phase = O_NEXT;
+        f->aux++;
+        if (!push(c, v, f->depth))
+            return FEED_DONE;
+        return FEED_NEXT;
+    }
+    }
+    return FEED_DONE;
+}
+
+typedef feed_t (*feed_fn_t)(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t *nd,
+                            uint8_t b, set_t *out);
+
+static const feed_fn_t feed_by_kind[] = {
+    [N_OBJ] = feed_obj, [N_ARR] = feed_arr, [N_STR] = feed_str, [N_NUM] = feed_num,
+    [N_INT] = feed_num, [N_LIT] = feed_lit, [N_ANYOF] = feed_anyof, [N_ANYVAL] = feed_arr,
+    [N_ANYOBJ] = feed_anyobj, [N_FMT] = feed_fmt,
+};
+
 /* Feed byte b to configuration c (a private copy); every resulting
  * configuration goes to out. */
 static void feed_cfg(const eng_gram_t *g, cfg_t *c, uint8_t b, set_t *out)
 {
-    for (;;) {
-        if (c->n == 0)
-            return; /* complete: nothing may follow */
+    while (c->n > 0) { /* empty: complete, nothing may follow */
         frame_t *f = &c->f[c->n - 1];
         const gnode_t *nd = &g->nodes[f->node];
-        switch (nd->kind) {
-        case N_ANYOF: {
-            uint32_t n0 = c->n - 1;
-            uint8_t d = f->depth;
-            for (uint32_t i = 0; i < nd->n; i++) {
-                cfg_t k;
-                k.n = n0;
-                k.num = c->num;
-                memcpy(k.f, c->f, n0 * sizeof(frame_t));
-                push(&k, g->alts[nd->a + i], d);
-                feed_cfg(g, &k, b, out);
-            }
+        feed_fn_t fn = nd->kind < sizeof(feed_by_kind) / sizeof(feed_by_kind[0])
+                           ? feed_by_kind[nd->kind] : NULL;
+        if (fn == NULL || fn(g, c, f, nd, b, out) == FEED_DONE)
             return;
-        }
-        case N_LIT:
-            if (b != (uint8_t)g->pool[nd->a + f->aux])
-                return;
-            if (++f->aux == nd->n)
-                c->n--;
-            set_add(out, c);
-            return;
-        case N_FMT:
-            if (f->phase == S_OPEN) {
-                if (b != '"')
-                    return;
-                f->phase = S_BODY;
-                c->num = 0;
-            } else if (b == '"') {
-                if (fmt_rest(nd->n, f->aux) != 0)
-                    return;
-                c->n--;
-                c->num = 0;
-            } else {
-                int ns = fmt_step(nd->n, f->aux, (uint8_t)c->num, b);
-                if (ns < 0)
-                    return;
-                f->aux = (uint16_t)ns;
-                c->num = b;
-            }
-            set_add(out, c);
-            return;
-        case N_STR: {
-            /* bounded (n > 0): c->num counts characters; no \u escapes, so
-             * that a character is one count (a surrogate pair would be two) */
-            const grange_t *r = nd->n ? &g->ranges[nd->n - 1] : NULL;
-            switch (f->phase) {
-            case S_OPEN:
-                if (b != '"')
-                    return;
-                f->phase = S_BODY;
-                c->num = 0;
-                break;
-            case S_BODY:
-                if (r != NULL && b != '"' && (int64_t)c->num >= r->hi)
-                    return;
-                if (r != NULL && b == '"' && (int64_t)c->num < r->lo)
-                    return;
-                if (b == '"') {
-                    c->n--;
-                    c->num = 0;
-                    break;
-                }
-                if (r != NULL && b >= 0x20 && (b < 0x80 || b >= 0xc2))
-                    c->num++;
-                if (b == '\\')
-                    f->phase = S_ESC;
-                else if (b < 0x20)
-                    return;
-                else if (b >= 0x80) {
-                    if (b >= 0xc2 && b <= 0xdf)
-                        f->aux = 1;
-                    else if (b >= 0xe0 && b <= 0xef)
-                        f->aux = 2;
-                    else if (b >= 0xf0 && b <= 0xf4)
-                        f->aux = 3;
-                    else
-                        return;
-                    f->phase = S_UTF;
-                }
-                break;
-            case S_ESC:
-                if (b == 'u' && r == NULL) {
-                    f->phase = S_HEX;
-                    f->aux = 4;
-                } else if (strchr("\"\\/bfnrt", b) && b != 0) {
-                    f->phase = S_BODY;
-                } else {
-                    return;
-                }
-                break;
-            case S_HEX:
-                if (!is_hex(b))
-                    return;
-                if (--f->aux == 0)
-                    f->phase = S_BODY;
-                break;
-            case S_UTF:
-                if (b < 0x80 || b > 0xbf)
-                    return;
-                if (--f->aux == 0)
-                    f->phase = S_BODY;
-                break;
-            }
-            set_add(out, c);
-            return;
-        }
-        case N_NUM:
-        case N_INT: {
-            if (nd->kind == N_INT && nd->n) { /* bounded: every prefix can still land in r */
-                const grange_t *r = &g->ranges[nd->n - 1];
-                int64_t v = (int64_t)c->num;
-                int64_t dg = b - '0';
-                switch (f->phase) {
-                case M_START:
-                    if (b == '-' && r->lo <= -1) {
-                        f->phase = M_MINUS;
-                    } else if (b == '0' && r->lo <= 0 && r->hi >= 0) {
-                        f->phase = M_ZERO;
-                    } else if (b >= '1' && b <= '9' && int_more(r, dg, false, 1) != UINT32_MAX) {
-                        f->phase = M_INT;
-                        f->aux = 1;
-                        c->num = (uint64_t)dg;
-                    } else {
-                        return;
-                    }
-                    set_add(out, c);
-                    return;
-                case M_MINUS: /* no "-0" */
-                    if (b < '1' || b > '9' || int_more(r, -dg, true, 1) == UINT32_MAX)
-                        return;
-                    f->phase = M_INT;
-                    f->aux = 1;
-                    c->num = (uint64_t)-dg;
-                    set_add(out, c);
-                    return;
-                case M_INT:
-                    if (is_digit(b)) {
-                        bool neg = v < 0;
-                        __int128 nv = (__int128)v * 10 + (neg ? -dg : dg);
-                        if (f->aux >= 19 || nv < INT64_MIN || nv > INT64_MAX ||
-                            int_more(r, (int64_t)nv, neg, f->aux + 1u) == UINT32_MAX)
-                            return;
-                        f->aux++;
-                        c->num = (uint64_t)(int64_t)nv;
-                        set_add(out, c);
-                        return;
-                    }
-                    if (v < r->lo || v > r->hi)
-                        return;
-                    break;
-                case M_ZERO:
-                    break;
-                default:
-                    return;
-                }
-                c->n--; /* the number ended: the byte belongs to the parent */
-                c->num = 0;
-                continue;
-            }
-            bool integer = nd->kind == N_INT;
-            bool accepting = f->phase == M_ZERO || f->phase == M_INT ||
-                             f->phase == M_FRAC || f->phase == M_EXPDIG;
-            bool took = true;
-            switch (f->phase) {
-            case M_START:
-            case M_MINUS:
-                if (b == '-' && f->phase == M_START)
-                    f->phase = M_MINUS;
-                else if (b == '0')
-                    f->phase = M_ZERO;
-                else if (b >= '1' && b <= '9') {
-                    f->phase = M_INT;
-                    f->aux = 1;
-                } else
-                    return;
-                break;
-            case M_ZERO:
-            case M_INT:
-                if (is_digit(b) && f->phase == M_INT && f->aux < MAX_INT_DIGITS)
-                    f->aux++;
-                else if (b == '.' && !integer) {
-                    f->phase = M_DOT;
-                    f->aux = 0;
-                } else if ((b == 'e' || b == 'E') && !integer) {
-                    f->phase = M_EXPCH;
-                    f->aux = 0;
-                } else
-                    took = false;
-                break;
-            case M_DOT:
-                if (!is_digit(b))
-                    return;
-                f->phase = M_FRAC;
-                f->aux = 1;
-                break;
-            case M_FRAC:
-                if (is_digit(b) && f->aux < MAX_FRAC_DIGITS)
-                    f->aux++;
-                else if (b == 'e' || b == 'E') {
-                    f->phase = M_EXPCH;
-                    f->aux = 0;
-                } else
-                    took = false;
-                break;
-            case M_EXPCH:
-                if (b == '+' || b == '-')
-                    f->phase = M_EXPSIGN;
-                else if (is_digit(b)) {
-                    f->phase = M_EXPDIG;
-                    f->aux = 1;
-                } else
-                    return;
-                break;
-            case M_EXPSIGN:
-                if (!is_digit(b))
-                    return;
-                f->phase = M_EXPDIG;
-                f->aux = 1;
-                break;
-            case M_EXPDIG:
-                if (is_digit(b) && f->aux < MAX_EXP_DIGITS)
-                    f->aux++;
-                else
-                    took = false;
-                break;
-            }
-            if (took) {
-                set_add(out, c);
-                return;
-            }
-            if (!accepting)
-                return;
-            c->n--; /* the number ended: the byte belongs to the parent */
-            continue;
-        }
-        case N_ARR:
-        case N_ANYVAL: {
-            if (nd->kind == N_ANYVAL && f->phase == P_START && f->aux == 0) {
-                /* choose the value's kind by its first byte */
-                if (b == '{') {
-                    if (f->depth >= ENG_GRAM_ANY_DEPTH)
-                        return;
-                    f->aux = 2; /* object */
-                } else if (b == '[') {
-                    if (f->depth >= ENG_GRAM_ANY_DEPTH)
-                        return;
-                    f->aux = 1; /* array */
-                } else {
-                    /* scalars: replace the frame by a literal/string/number */
-                    uint32_t node;
-                    if (b == '"')
-                        node = 2;
-                    else if (b == '-' || is_digit(b))
-                        node = 3;
-                    else if (b == 't')
-                        node = 4;
-                    else if (b == 'f')
-                        node = 5;
-                    else if (b == 'n')
-                        node = 6;
-                    else
-                        return;
-                    /* base + 0..4: see any_block() */
-                    uint32_t base = g->nodes[f->node].a;
-                    *f = (frame_t){ base + node - 2, P_START, f->depth, 0 };
-                    continue;
-                }
-            }
-            if (nd->kind == N_ANYVAL && f->aux == 2) {
-                /* a free object: behave as N_ANYOBJ */
-                goto anyobj;
-            }
-            switch (f->phase) {
-            case A_OPEN:
-                if (b != '[')
-                    return;
-                f->phase = A_FIRST;
-                set_add(out, c);
-                return;
-            case A_FIRST:
-                if (b == ']') {
-                    if (nd->kind == N_ARR && nd->n && g->ranges[nd->n - 1].lo > 0)
-                        return;
-                    c->n--;
-                    set_add(out, c);
-                    return;
-                }
-                if (nd->kind == N_ARR && nd->n && g->ranges[nd->n - 1].hi < 1)
-                    return;
-                /* fall through */
-            case A_ITEM: {
-                if (nd->kind == N_ARR && nd->n) /* bounded: items begun */
-                    f->aux = f->phase == A_FIRST ? 1 : (uint16_t)(f->aux + (f->aux < 65535));
-                f->phase = A_AFTER;
-                uint32_t item = nd->kind == N_ARR ? nd->a : f->node;
-                uint8_t d = f->depth + (nd->kind == N_ANYVAL ? 1 : 0);
-                if (!push(c, item, d))
-                    return;
-                continue;
-            }
-            case A_AFTER: {
-                const grange_t *r = nd->kind == N_ARR && nd->n ? &g->ranges[nd->n - 1] : NULL;
-                if (b == ',' && (r == NULL || f->aux < r->hi)) {
-                    f->phase = A_ITEM;
-                    set_add(out, c);
-                } else if (b == ']' && (r == NULL || f->aux >= r->lo)) {
-                    c->n--;
-                    set_add(out, c);
-                }
-                return;
-            }
-            }
-            return;
-        }
-        case N_ANYOBJ:
-        anyobj:
-            switch (f->phase) {
-            case O_OPEN:
-                if (b != '{')
-                    return;
-                f->phase = O_NEXT;
-                set_add(out, c);
-                return;
-            case O_NEXT: /* after '{' */
-                if (b == '}') {
-                    c->n--;
-                    set_add(out, c);
-                    return;
-                }
-                /* fall through */
-            case O_FCOMMA: {
-                if (b != '"')
-                    return;
-                f->phase = O_FCOLON;
-                if (!push(c, nd->a, f->depth)) /* key: any_block()'s N_STR */
-                    return;
-                continue;
-            }
-            case O_FCOLON:
-                if (b != ':')
-                    return;
-                f->phase = O_VAL;
-                set_add(out, c);
-                return;
-            case O_VAL: {
-                f->phase = O_FAFTER;
-                uint32_t val = nd->kind == N_ANYVAL ? f->node : nd->a + 5;
-                if (!push(c, val, f->depth + 1))
-                    return;
-                continue;
-            }
-            case O_FAFTER:
-                if (b == ',') {
-                    f->phase = O_FCOMMA;
-                    set_add(out, c);
-                } else if (b == '}') {
-                    c->n--;
-                    set_add(out, c);
-                }
-                return;
-            }
-            return;
-        case N_OBJ:
-            switch (f->phase) {
-            case O_OPEN:
-                if (b != '{')
-                    return;
-                f->phase = O_NEXT;
-                set_add(out, c);
-                return;
-            case O_NEXT:
-                if (f->aux == nd->n) {
-                    if (b != '}')
-                        return;
-                    c->n--;
-                    set_add(out, c);
-                    return;
-                }
-                if (f->aux > 0) {
-                    if (b != ',')
-                        return;
-                    f->phase = O_KEY;
-                    set_add(out, c);
-                    return;
-                }
-                /* fall through */
-            case O_KEY:
-                f->phase = O_VAL;
-                if (!push(c, g->props[nd->a + f->aux].key, f->depth))
-                    return;
-                continue;
-            case O_VAL: {
-                uint32_t v = g->props[nd->a + f->aux].val;
-                f->phase = O_NEXT;
-                f->aux++;
-                if (!push(c, v, f->depth))
-                    return;
-                continue;
-            }
-            }
-            return;
-        default:
-            return;
-        }
     }
 }
 
