@@ -136,8 +136,9 @@ static pd_status_t kvx_rkey_unpack(kvx_peer_t *p, const uint8_t *buf,
 }
 
 /* Same host, shared-memory lanes: the exporter's segment is attached at
- * rkey unpack, but each page is faulted in on its first get (~60-80 ms per
- * 256 MiB). Touch every page now, at peer setup, not on a request's path.
+ * rkey unpack, but each page is faulted in on its first get (the cost:
+ * docs/BENCHMARKS.md, kvxfer). Touch every page now, at peer setup, not on
+ * a request's path.
  * ucp_rkey_ptr only succeeds when the memory is directly mapped here. */
 static void kvx_peer_warm(kvx_peer_t *p)
 {

@@ -316,8 +316,8 @@ struct kvx_ctx {
     uint32_t ops_in_flight;
     uint32_t notifies_in_flight; /* AM sends UCX returned a request for */
     uint32_t pull_hwm, peer_hwm; /* slots above were never used: the kick
-                                  * scans only below (256 pull slots cost
-                                  * ~0.1-0.3 us per kick, measured) */
+                                  * scans only below (the cost of a full
+                                  * scan: docs/BENCHMARKS.md, kvxfer) */
     uint64_t pull_seq;
     kvx_notify_buf_t notify[KVX_NOTIFY_SLOTS];
     uint32_t rkeys_live, eps_live;

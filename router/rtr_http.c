@@ -756,8 +756,8 @@ static bool prefill_capable(rtr_t *r)
 }
 
 /* Streams are many small writes: without TCP_NODELAY, Nagle holds the chunk
- * after the first token until the client's delayed ACK (~40 ms per token on
- * a kept-alive connection, measured with pd-bench). evhttp has no
+ * after the first token until the client's delayed ACK (a stall per token on
+ * a kept-alive connection: docs/BENCHMARKS.md, router). evhttp has no
  * per-connection accept hook, so set it per request (idempotent, cheap). */
 static void http_set_nodelay(struct evhttp_request *h)
 {
