@@ -205,6 +205,12 @@ pd_status_t kvx_meta_pack(kvx_ctx_h *ctx, void *buf, size_t cap,
  * PD_ERR_EXISTS, PD_ERR_NO_SPACE (peer table full), PD_ERR_TRANSPORT. */
 pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len);
 
+/* Whether the endpoint to exporter node_id is connected on both sides
+ * (UCX's wireup exchange came back). Pulls do not wait for it; a caller
+ * that can wait before its first pull shortens the window in which its
+ * death can abort a UCX 1.13 exporter over tcp (DESIGN.md). */
+bool kvx_peer_wired(kvx_ctx_h *ctx, uint64_t node_id);
+
 /* The control plane says the peer is dead (heartbeats lost, connection
  * closed): all its pulls end with `why` (normally PD_ERR_PEER_GONE) as soon
  * as their gets are canceled, its endpoint is force-closed, its rkeys

@@ -161,6 +161,45 @@ static void kvx_peer_warm(kvx_peer_t *p)
  * out (e.g. UCX_TLS=tcp) the lanes are tcp anyway, and an endpoint in mode
  * NONE is worse than useless there: when the connection breaks, UCX 1.13's
  * tcp transport asserts in uct_tcp_ep_pending_purge on the exporter. */
+/* Wireup: UCX connects an endpoint in a message exchange (request, reply,
+ * ack) that runs on after ucp_ep_create. Over tcp, UCX 1.13 aborts the
+ * *exporter* when the importer dies while the exporter's reply is still
+ * queued (ucp_request.c:684 "got REP message", from
+ * uct_tcp_ep_pending_purge). A flush of the new endpoint completes once the
+ * exchange has come back, so kvx_peer_wired() tells a caller when this
+ * peer's connection is past that window (DESIGN.md "Reads without an RMA
+ * lane": what is left of it). */
+static void kvx_peer_wired_cb(void *req, ucs_status_t us, void *user_data)
+{
+    kvx_peer_t *p = user_data;
+    if (p->wire_req == req) {
+        p->wire_req = NULL;
+        p->wired = us == UCS_OK;
+    }
+    ucp_request_free(req);
+}
+
+static void kvx_peer_wire(kvx_peer_t *p)
+{
+    ucp_request_param_t rp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = kvx_peer_wired_cb,
+        .user_data = p,
+    };
+    p->wired = false;
+    void *req = ucp_ep_flush_nbx(p->ep, &rp);
+    if (req == NULL)
+        p->wired = true;
+    else if (!UCS_PTR_IS_ERR(req))
+        p->wire_req = req;
+}
+
+bool kvx_peer_wired(kvx_ctx_h *ctx, uint64_t node_id)
+{
+    kvx_peer_t *p = kvx_peer_find(ctx, node_id);
+    return p != NULL && p->state == KVX_PEER_ACTIVE && p->wired;
+}
+
 static bool kvx_shm_lanes_enabled(void)
 {
     const char *tls = getenv("UCX_TLS");
@@ -324,6 +363,7 @@ pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len)
     memset(&p->st, 0, sizeof(p->st));
     if (ctx->cfg.warm_peer_mappings)
         kvx_peer_warm(p);
+    kvx_peer_wire(p);
     ctx->cs[KVX_CS_peers_added]++;
     kvx_progress(ctx);
     return PD_OK;

@@ -157,6 +157,8 @@ typedef struct kvx_peer {
     bool err_mode_peer;
     bool am_read;               /* reads as kvx AM messages (no RMA lane) */
     ucp_ep_h ep;
+    void *wire_req;             /* the flush that ends wireup (kvx_peer_wired) */
+    bool wired;                 /* wireup done on both sides */
     void *close_req;            /* pending ucp_ep_close_nbx request */
     bool ep_open;               /* counted in eps_live */
     pd_status_t pending_fail;   /* set from the UCX error callback */

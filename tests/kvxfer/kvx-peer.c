@@ -66,6 +66,9 @@ static struct {
     size_t line_len;
     struct event *ev_stdin;
     struct event *ev_watch;
+    struct event *ev_wire;      /* "peer": waiting for the endpoint's wireup */
+    uint64_t wire_node;
+    uint64_t wire_deadline_ns;
     uint64_t watch_node;
     uint64_t last_pull;
     kvx_ready_t ready;          /* the last streamed export's readiness words */
@@ -91,6 +94,18 @@ static void reply(const char *fmt, ...)
     va_end(ap);
     putchar('\n');
     fflush(stdout);
+}
+
+static void on_wire(evutil_socket_t fd, short what, void *arg)
+{
+    if (kvx_peer_wired(g.ctx, g.wire_node)) {
+        reply("ok");
+    } else if (pd_now_ns() >= g.wire_deadline_ns) {
+        reply("ok unwired");
+    } else {
+        struct timeval tv = { 0, 1000 };
+        evtimer_add(g.ev_wire, &tv);
+    }
 }
 
 static uint64_t splitmix(uint64_t x)
@@ -447,7 +462,15 @@ static void command(char *line)
     } else if (!strcmp(c, "peer") && argc == 2) {
         size_t len = unhex(argv[1], buf, sizeof(buf));
         st = kvx_peer_add(g.ctx, buf, len);
-        st == PD_OK ? reply("ok") : reply("err %s", pd_status_name(st));
+        if (st != PD_OK) {
+            reply("err %s", pd_status_name(st));
+        } else {
+            /* answer once the connection is up (as a node's first pull
+             * comes after its peer registered): "ok", or "ok unwired" */
+            g.wire_node = len >= 16 ? kvx_get_u64(buf + 8) : 0;
+            g.wire_deadline_ns = pd_now_ns() + 5000000000ull;
+            on_wire(-1, 0, NULL);
+        }
     } else if (!strcmp(c, "watch") && argc == 3) {
         int pfd = (int)syscall(SYS_pidfd_open, (pid_t)atoi(argv[2]), 0);
         if (pfd < 0) {
@@ -630,6 +653,7 @@ int main(int argc, char **argv)
         return 1;
     }
     g.ev_stdin = event_new(g.base, 0, EV_READ | EV_PERSIST, on_stdin, NULL);
+    g.ev_wire = evtimer_new(g.base, on_wire, NULL);
     event_add(g.ev_stdin, NULL);
     reply("ready %llu", (unsigned long long)cfg.node_id);
     event_base_dispatch(g.base);
@@ -639,6 +663,7 @@ int main(int argc, char **argv)
         event_free(g.ev_watch);
     }
     event_free(g.ev_stdin);
+    event_free(g.ev_wire);
     event_base_free(g.base);
     reply("bye");
     return 0;
