@@ -112,6 +112,30 @@ static void early_drop(rtr_req_t *q);
 /* The one terminal path: state, counters, unlink, deferred free. A lead
  * ends its live choices first (canceled); a choice leaves its lead's
  * record (the counters count client requests: the lead's). */
+/* The access log: one info line per accepted request, where it ends
+ * (refusals are logged by rtr_http.c's reply_error, in the same shape). */
+static void access_log(const rtr_req_t *q, rtr_req_state_t st, uint64_t now)
+{
+    uint32_t n_gen = q->n_gen;
+    if (q->ch != NULL)
+        for (uint32_t i = 0; i < q->ch->n; i++)
+            n_gen += q->ch->c[i] != NULL ? q->ch->c[i]->n_gen : q->ch->n_gen[i];
+    char status[16] = "-";
+    if (q->client.status > 0)
+        snprintf(status, sizeof(status), "%d", q->client.status);
+    pd_log(PD_LOG_INFO, RTR_COMP, q->id,
+           "access client=%s endpoint=%s status=%s outcome=%s prompt_tokens=%u "
+           "cached_tokens=%u completion_tokens=%u ttft_ms=%.1f total_ms=%.1f prefill=%s "
+           "decode=%s retries=%u", q->client.peer[0] ? q->client.peer : "-",
+           q->client.endpoint != NULL ? q->client.endpoint : "-", status,
+           rtr_req_state_name(st), q->n_prompt,
+           q->ch != NULL ? q->ch->cached_tokens : q->cached_tokens, n_gen,
+           q->t_first_tok_ns ? (double)(q->t_first_tok_ns - q->t_accept_ns) / 1e6 : -1.0,
+           (double)(now - q->t_accept_ns) / 1e6,
+           q->prefill != NULL ? q->prefill->id : "-", q->decode != NULL ? q->decode->id : "-",
+           q->retries);
+}
+
 static void req_end(rtr_req_t *q, rtr_req_state_t st)
 {
     rtr_t *r = q->r;
@@ -127,6 +151,8 @@ static void req_end(rtr_req_t *q, rtr_req_state_t st)
     early_drop(q);
     uint64_t now = pd_now_ns();
     rtr_req_fsm_set(&q->fsm, st, now);
+    if (q->lead == NULL)
+        access_log(q, st, now);
     r->out->ended(q);
     if (q->timer != NULL) {
         event_free(q->timer);
@@ -832,6 +858,8 @@ static bool req_tokens(rtr_req_t *q, const proto_tokens_t *toks, const proto_log
             pd_stats_observe_ns(r->stats, RTR_STAT_migration_resume, now - q->t_migrate_ns);
             q->migrated = false;
         }
+        if (cli(q)->t_first_tok_ns == 0)
+            cli(q)->t_first_tok_ns = now;
         if (q->n_gen == 1)
             pd_stats_observe_ns(r->stats, RTR_STAT_request_ttft, now - q->t_accept_ns);
         else

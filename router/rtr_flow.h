@@ -36,6 +36,9 @@ typedef struct {
                                             half-close probe's timer */
     int probe_fd;                        /* the client socket being probed */
     uint32_t slow_checks;
+    int status;                          /* HTTP status sent (0: none): access log */
+    const char *endpoint;                /* "/v1/completions" ...: access log */
+    char peer[64];                       /* client address:port: access log */
 } rtr_client_t;
 
 struct rtr_req {
@@ -88,6 +91,8 @@ struct rtr_req {
     char *text;                          /* non-streaming: whole completion */
     size_t text_len, text_cap;
     uint64_t t_accept_ns, t_last_tok_ns;
+    uint64_t t_first_tok_ns;             /* first token to the client (TTFT; a lead:
+                                            its first choice's) */
     /* n > 1 ("choices" in rtr_flow.c): the client's request is the lead:
      * it holds the client and the timer and talks to no daemon; each
      * choice is a request of its own (own wire id, seed + i, retries,

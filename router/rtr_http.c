@@ -39,6 +39,7 @@
 #include <time.h>
 
 #include "pd_log.h"
+#include "rtr_tok.h"
 #include "pd_time.h"
 
 /* ---- plain HTTP replies ---------------------------------------------------- */
@@ -72,8 +73,41 @@ static void reply_json(struct evhttp_request *h, int status, const char *json,
     evbuffer_free(b);
 }
 
+/* "address:port" of the client of h, "-" if unknown. */
+static void peer_of(struct evhttp_request *h, char *buf, size_t cap)
+{
+    struct evhttp_connection *evcon = h != NULL ? evhttp_request_get_connection(h) : NULL;
+    char *addr = NULL;
+    ev_uint16_t port = 0;
+    if (evcon != NULL)
+        evhttp_connection_get_peer(evcon, &addr, &port);
+    if (addr != NULL)
+        snprintf(buf, cap, strchr(addr, ':') != NULL ? "[%s]:%u" : "%s:%u", addr, port);
+    else
+        snprintf(buf, cap, "-");
+}
+
+static void send_error(rtr_t *r, struct evhttp_request *h, const rtr_oai_error_t *err,
+                       const char *reqid);
+
+/* A request refused before acceptance: the error reply and its access-log
+ * line (accepted requests get theirs where they end, rtr_flow.c req_end). */
 static void reply_error(rtr_t *r, struct evhttp_request *h, const rtr_oai_error_t *err,
                         const char *reqid)
+{
+    char peer[64];
+    const char *path = h != NULL ? evhttp_uri_get_path(evhttp_request_get_evhttp_uri(h)) : NULL;
+    peer_of(h, peer, sizeof(peer));
+    pd_log(PD_LOG_INFO, RTR_COMP, reqid,
+           "access client=%s endpoint=%s status=%d outcome=refused prompt_tokens=0 "
+           "cached_tokens=0 completion_tokens=0 ttft_ms=-1.0 total_ms=0.0 prefill=- decode=- "
+           "retries=0 code=%s", peer, path != NULL ? path : "-", err->http_status,
+           err->code != NULL ? err->code : "-");
+    send_error(r, h, err, reqid);
+}
+
+static void send_error(rtr_t *r, struct evhttp_request *h, const rtr_oai_error_t *err,
+                       const char *reqid)
 {
     char *json = rtr_oai_error_json(err);
     unsigned ra = (err->http_status == 429 || err->http_status == 503)
@@ -196,6 +230,7 @@ static void out_stream_open(rtr_req_t *q)
     evhttp_add_header(out, "Cache-Control", "no-cache");
     add_common_headers(h, q->id);
     add_seed_header(q);
+    q->client.status = 200;
     evhttp_send_reply_start(h, 200, "OK");
 }
 
@@ -221,8 +256,9 @@ static void out_stream_end(rtr_req_t *q)
 static void out_reply(rtr_req_t *q, int status, const char *json, const rtr_oai_error_t *err)
 {
     req_stop_watching(q);
+    q->client.status = err != NULL ? err->http_status : status;
     if (err != NULL) {
-        reply_error(q->r, q->client.http, err, q->id);
+        send_error(q->r, q->client.http, err, q->id);
     } else {
         if (status == 200)
             add_seed_header(q);
@@ -575,6 +611,26 @@ static pd_status_t tokenize(rtr_t *r, const rtr_oai_req_t *o, int32_t **ids_p, u
     return PD_OK;
 }
 
+static void generate_tokenized(rtr_t *r, struct evhttp_request *h, rtr_api_t api,
+                               const char *reqid, rtr_oai_req_t *o, pd_status_t s,
+                               int32_t *ids, uint32_t n_ids, rtr_oai_error_t *err);
+static void tok_offload(rtr_t *r, struct evhttp_request *h, rtr_api_t api, const char *reqid,
+                        rtr_oai_req_t *o);
+
+/* Bytes of text the tokenizer will see (chat: every message, call, tool). */
+static uint64_t prompt_bytes(const rtr_oai_req_t *o)
+{
+    uint64_t n = o->prompt_len;
+    for (uint32_t i = 0; i < o->n_messages; i++) {
+        n += o->messages[i].content_len;
+        for (uint32_t k = 0; k < o->messages[i].n_calls; k++)
+            n += strlen(o->messages[i].calls[k].arguments);
+    }
+    for (uint32_t i = 0; i < o->n_tools; i++)
+        n += o->tools[i].def_len;
+    return n;
+}
+
 static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, const char *reqid)
 {
     rtr_oai_error_t err;
@@ -629,18 +685,36 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
         rtr_oai_req_free(&o);
         return;
     }
+    s = tools_prepare(r, &o, &err);
+    if (s != PD_OK) {
+        generate_tokenized(r, h, api, reqid, &o, s, NULL, 0, &err);
+        return;
+    }
+    if (r->tok_pool != NULL && prompt_bytes(&o) > r->cfg.tok_inline_bytes) {
+        tok_offload(r, h, api, reqid, &o);
+        return;
+    }
     int32_t *ids = NULL;
     uint32_t n_ids = 0;
-    s = tools_prepare(r, &o, &err);
-    if (s == PD_OK)
-        s = tokenize(r, &o, &ids, &n_ids, &err);
+    uint64_t t0 = pd_now_ns();
+    s = tokenize(r, &o, &ids, &n_ids, &err);
+    pd_stats_observe_ns(r->stats, RTR_STAT_tokenize_time, pd_now_ns() - t0);
+    generate_tokenized(r, h, api, reqid, &o, s, ids, n_ids, &err);
+}
+
+/* The rest of a generate request once its prompt is tokenized (s: how the
+ * tokenizer did; ids owned here). Owns o. */
+static void generate_tokenized(rtr_t *r, struct evhttp_request *h, rtr_api_t api,
+                               const char *reqid, rtr_oai_req_t *o, pd_status_t s,
+                               int32_t *ids, uint32_t n_ids, rtr_oai_error_t *err)
+{
     if (s != PD_OK) {
         pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         if (s != PD_ERR_BAD_INPUT)
-            rtr_oai_error_set(&err, 500, "server_error", NULL, NULL, "tokenizer: %s",
+            rtr_oai_error_set(err, 500, "server_error", NULL, NULL, "tokenizer: %s",
                               pd_status_str(s));
-        reply_error(r, h, &err, reqid);
-        rtr_oai_req_free(&o);
+        reply_error(r, h, err, reqid);
+        rtr_oai_req_free(o);
         return;
     }
     if (n_ids == 0) {
@@ -650,17 +724,17 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
         goto out;
     }
     if (n_ids > PROTO_MAX_PROMPT_TOKENS ||
-        (r->context_length != 0 && (uint64_t)n_ids + o.max_tokens > r->context_length)) {
+        (r->context_length != 0 && (uint64_t)n_ids + o->max_tokens > r->context_length)) {
         pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_status(r, h, reqid, 400, "invalid_request_error", "context_length_exceeded",
                      api == RTR_API_CHAT ? "messages" : "prompt",
                      "This model's maximum context length is %u tokens. However, you requested "
                      "%" PRIu64 " tokens (%u in the prompt, %u in the completion). Please reduce "
                      "the prompt or max_tokens.", r->context_length,
-                     (uint64_t)n_ids + o.max_tokens, n_ids, o.max_tokens);
+                     (uint64_t)n_ids + o->max_tokens, n_ids, o->max_tokens);
         goto out;
     }
-    if (o.n_stop > ENG_STOP_MAX) {
+    if (o->n_stop > ENG_STOP_MAX) {
         pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_status(r, h, reqid, 400, "invalid_request_error", NULL, "stop",
                      "at most %d stop strings", ENG_STOP_MAX);
@@ -680,7 +754,7 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
     }
     /* Route: a decode always, a prefill when disaggregating. */
     rtr_backend_t *dec, *pre;
-    bool disagg = rtr_flow_route(r, ids, n_ids, o.max_tokens, &dec, &pre);
+    bool disagg = rtr_flow_route(r, ids, n_ids, o->max_tokens, &dec, &pre);
     if (dec == NULL || (disagg && pre == NULL)) {
         pd_stats_inc(r->stats, RTR_STAT_requests_overloaded);
         reply_status(r, h, reqid, 503, "server_error", "no_backend", NULL,
@@ -690,7 +764,7 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
 
     /* Accepted. */
     rtr_req_t *q;
-    s = rtr_flow_new(r, reqid, api, &o, &ids, n_ids, &q);
+    s = rtr_flow_new(r, reqid, api, o, &ids, n_ids, &q);
     if (s == PD_ERR_NO_MEMORY) {
         reply_status(r, h, reqid, 500, "server_error", NULL, NULL, "out of memory");
         goto out;
@@ -702,6 +776,8 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
     rtr_client_t *c = &q->client;
     c->http = h;
     c->evcon = evhttp_request_get_connection(h);
+    c->endpoint = api == RTR_API_CHAT ? "/v1/chat/completions" : "/v1/completions";
+    peer_of(h, c->peer, sizeof(c->peer));
     if (c->evcon != NULL) {
         evhttp_connection_set_closecb(c->evcon, on_conn_close, q);
         struct bufferevent *bev = evhttp_connection_get_bufferevent(c->evcon);
@@ -716,7 +792,115 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
     return;
 out:
     free(ids);
-    rtr_oai_req_free(&o);
+    rtr_oai_req_free(o);
+}
+
+/* ---- tokenizing off the loop (rtr_tok.h) -------------------------------------
+ * A prompt larger than tokenize-inline-bytes is tokenized on a worker: the
+ * request waits with its evhttp request and parsed body in a tok_job_t,
+ * the worker reads only the loaded tokenizer and chat template (immutable)
+ * and the job's own fields, and the loop finishes the request in
+ * tok_job_done exactly as the inline path would. A client whose connection
+ * is freed meanwhile (evhttp: closecb) is noted; its request is dropped. */
+typedef struct {
+    rtr_tok_job_t job;             /* first: the pool hands back this pointer */
+    rtr_t *r;
+    struct evhttp_request *h;      /* NULL once the connection is gone */
+    struct evhttp_request *orphan; /* detached by libevent: ours to free */
+    struct evhttp_connection *evcon;
+    rtr_api_t api;
+    char reqid[PROTO_REQID_MAX + 1];
+    rtr_oai_req_t o;
+    rtr_oai_error_t err;
+    pd_status_t status;
+    int32_t *ids;
+    uint32_t n_ids;
+    uint64_t t_submit_ns, t_run_ns;
+} tok_job_t;
+
+static void tok_job_run(rtr_tok_job_t *job)
+{
+    tok_job_t *j = (tok_job_t *)job;
+    uint64_t t0 = pd_now_ns();
+    j->status = tokenize(j->r, &j->o, &j->ids, &j->n_ids, &j->err);
+    j->t_run_ns = pd_now_ns() - t0;
+}
+
+static void tok_conn_close(struct evhttp_connection *evcon, void *arg)
+{
+    tok_job_t *j = arg;
+    (void)evcon;
+    if (j->h != NULL && evhttp_request_get_connection(j->h) == NULL)
+        j->orphan = j->h;
+    j->h = NULL;
+    j->evcon = NULL;
+}
+
+static void tok_job_done(rtr_tok_job_t *job, bool canceled)
+{
+    tok_job_t *j = (tok_job_t *)job;
+    rtr_t *r = j->r;
+    if (j->evcon != NULL)
+        evhttp_connection_set_closecb(j->evcon, NULL, NULL);
+    if (!canceled)
+        pd_stats_observe_ns(r->stats, RTR_STAT_tokenize_time, j->t_run_ns);
+    pd_log(PD_LOG_DEBUG, RTR_COMP, j->reqid, "tokenized on a worker: %u tokens, %.1f ms "
+           "(%.1f ms after submit)%s", j->n_ids, (double)j->t_run_ns / 1e6,
+           (double)(pd_now_ns() - j->t_submit_ns) / 1e6, canceled ? ", canceled" : "");
+    if (j->h == NULL) {
+        pd_stats_inc(r->stats, RTR_STAT_client_disconnects);
+        if (j->orphan != NULL)
+            evhttp_request_free(j->orphan);
+        free(j->ids);
+        rtr_oai_req_free(&j->o);
+    } else if (canceled || r->tok_closing) {
+        pd_stats_inc(r->stats, RTR_STAT_requests_overloaded);
+        reply_status(r, j->h, j->reqid, 503, "server_error", "shutting_down", NULL,
+                     "the router is stopping");
+        free(j->ids);
+        rtr_oai_req_free(&j->o);
+    } else {
+        generate_tokenized(r, j->h, j->api, j->reqid, &j->o, j->status, j->ids, j->n_ids,
+                           &j->err);
+    }
+    free(j);
+}
+
+static void tok_offload(rtr_t *r, struct evhttp_request *h, rtr_api_t api, const char *reqid,
+                        rtr_oai_req_t *o)
+{
+    tok_job_t *j = calloc(1, sizeof(*j));
+    pd_status_t s = j != NULL ? PD_OK : PD_ERR_NO_MEMORY;
+    if (j != NULL) {
+        j->job.run = tok_job_run;
+        j->job.done = tok_job_done;
+        j->r = r;
+        j->h = h;
+        j->api = api;
+        snprintf(j->reqid, sizeof(j->reqid), "%s", reqid);
+        j->o = *o; /* the body is moved into the job */
+        j->t_submit_ns = pd_now_ns();
+        s = rtr_tok_pool_submit(r->tok_pool, &j->job);
+    }
+    if (s != PD_OK) {
+        if (j != NULL)
+            *o = j->o;
+        free(j);
+        pd_stats_inc(r->stats, RTR_STAT_requests_overloaded);
+        if (s == PD_ERR_NO_SPACE)
+            reply_status(r, h, reqid, 503, "server_error", "tokenizer_busy", NULL,
+                         "%" PRIu64 " large prompts are waiting to be tokenized; retry later",
+                         r->cfg.tok_queue);
+        else
+            reply_status(r, h, reqid, 503, "server_error", NULL, NULL, "tokenizer: %s",
+                         pd_status_str(s));
+        rtr_oai_req_free(o);
+        return;
+    }
+    pd_stats_inc(r->stats, RTR_STAT_tokenize_offloaded);
+    j->evcon = evhttp_request_get_connection(h);
+    if (j->evcon != NULL)
+        evhttp_connection_set_closecb(j->evcon, tok_conn_close, j);
 }
 
 static void handle_metrics(rtr_t *r, struct evhttp_request *h)
@@ -968,6 +1152,12 @@ pd_status_t rtr_http_start(rtr_t *r)
                                             EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
                                             EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
     evhttp_set_gencb(r->http, on_http, r);
+    if (r->cfg.tok_threads > 0) {
+        pd_status_t ts = rtr_tok_pool_create(r->base, (uint32_t)r->cfg.tok_threads,
+                                             (uint32_t)r->cfg.tok_queue, &r->tok_pool);
+        if (ts != PD_OK)
+            return ts;
+    }
     rtr_conns_opts_t co = {
         .max_total = (uint32_t)r->cfg.http_max_conns,
         .max_per_client = (uint32_t)r->cfg.http_max_conns_per_client,
@@ -1034,7 +1224,11 @@ void rtr_http_drain(rtr_t *r)
 
 void rtr_http_stop(rtr_t *r)
 {
-    /* Whatever is still in flight ends here (SIGINT / drain timeout). */
+    /* Prompts being tokenized get their 503 first, then whatever is still
+     * in flight ends here (SIGINT / drain timeout). */
+    r->tok_closing = true;
+    rtr_tok_pool_destroy(r->tok_pool);
+    r->tok_pool = NULL;
     rtr_flow_fail_all(r, "router stopping");
     if (r->drain_timer != NULL) {
         event_free(r->drain_timer);

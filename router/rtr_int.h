@@ -79,6 +79,9 @@ typedef struct {
     char *etcd_prefix;            /* deployment prefix in etcd */
     uint64_t etcd_ttl_ns;         /* lease TTL of our key */
     char *etcd_advertise;         /* control address daemons should dial */
+    uint64_t tok_threads;         /* tokenizer worker threads, 0: tokenize on the loop */
+    uint64_t tok_queue;           /* prompts waiting for a worker at most (503 above) */
+    uint64_t tok_inline_bytes;    /* prompts up to this many bytes: tokenized on the loop */
 } rtr_cfg_t;
 
 /* ---- stats ------------------------------------------------------------ */
@@ -128,6 +131,8 @@ typedef struct {
     X(backends_left,       COUNTER,   "Backends gone after a drain (scaled down)") \
     X(ctl_unauth_dropped,  COUNTER,   "Control connections dropped before registering (pending cap or handshake timeout)") \
     X(client_disconnects,  COUNTER,   "Clients gone before their request ended") \
+    X(tokenize_offloaded,  COUNTER,   "Prompts tokenized on a worker thread (larger than tokenize-inline-bytes)") \
+    X(tokenize_time,       HISTOGRAM, "Tokenizing one prompt (chat template included), inline or on a worker") \
     X(finish_stop,         COUNTER,   "Completed requests with finish_reason stop") \
     X(finish_length,       COUNTER,   "Completed requests with finish_reason length") \
     X(tool_calls,          COUNTER,   "Answers that are tool calls (finish_reason tool_calls)") \
@@ -252,6 +257,8 @@ struct rtr {
     bool draining;
     struct event *drain_timer;
     struct event *flush_timer;       /* draining: waits for responses to flush */
+    struct rtr_tok_pool *tok_pool;   /* large prompts are tokenized here (rtr_tok.h) */
+    bool tok_closing;                /* rtr_http_stop: jobs delivered now get 503 */
 
     /* What the control plane hands on (rtr_ctl.c calls these, rtr_main.c
      * sets them to rtr_flow_on_msg / rtr_flow_backend_down). */

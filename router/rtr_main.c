@@ -43,6 +43,7 @@ static const pd_stat_prom_t rtr_stat_prom[] = {
     PD_STAT_PROM_LE("request_e2e", S), PD_STAT_PROM_LE("request_queue_time", S),
     PD_STAT_PROM_LE("kv_transfer", MS), PD_STAT_PROM_LE("failover_resume", MS),
     PD_STAT_PROM_LE("migration_resume", MS), PD_STAT_PROM_LE("kv_src_export_time", MS),
+    PD_STAT_PROM_LE("tokenize_time", MS),
 };
 static const pd_stats_table_t rtr_stats_table =
     PD_STATS_TABLE_PROM("router", rtr_stat_descs, rtr_stat_prom);
@@ -101,6 +102,12 @@ static const pd_cfg_field_t rtr_cfg_fields[] = {
     ROW(http_read_timeout_ns, "http-read-timeout", DURATION, "30s",
         "a request's headers and body must arrive within this (slow clients are closed)",
         1e8, 36e11),
+    ROW(tok_threads, "tokenize-threads", UINT, "2",
+        "threads that tokenize large prompts off the event loop (0: on the loop)", 0, 64),
+    ROW(tok_queue, "tokenize-queue", UINT, "64",
+        "large prompts waiting for a tokenize thread at most (503 above)", 1, 1e6),
+    ROW(tok_inline_bytes, "tokenize-inline-bytes", SIZE, "16KiB",
+        "prompts up to this size are tokenized on the event loop", 0, 1e9),
     ROW(kv_routing, "kv-routing", BOOL, "true",
         "route by the daemons' cached prompt prefixes (their KV_EVENTS)", 0, 0),
     ROW(kv_index_names, "kv-index-names", UINT, "262144",

@@ -583,8 +583,6 @@ void eng_tok_destroy(eng_tok_t *tok)
 {
     if (tok == NULL)
         return;
-    if (tok->re != NULL)
-        pcre2_code_free(tok->re);
     free(tok->text);
     free(tok->text_off);
     free(tok->piece);

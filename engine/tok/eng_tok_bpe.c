@@ -1,7 +1,10 @@
 /* eng_tok_bpe.c - byte-level BPE (tokenizer.ggml.model "gpt2").
  *
- * Text is split by the pre-tokenizer regex of tokenizer.ggml.pre (PCRE2 with
- * UTF + UCP so \p{L}/\p{N}/\s are Unicode classes, as in HF tokenizers), each
+ * Text is split by the pre-tokenizer of tokenizer.ggml.pre: one of the three
+ * regexes below (HF tokenizers' patterns, \p{L}/\p{N}/\s as Unicode classes,
+ * PCRE2 UTF + UCP semantics), run by a hand-written scanner that is linear in
+ * the text and needs no regex engine (a PCRE2 interpreter without its JIT,
+ * e.g. under MemoryDenyWriteExecute, was superlinear: issue 31). Each
  * piece is mapped byte -> code point (GPT-2 bytes_to_unicode), and the
  * adjacent pair with the lowest merge rank is merged until none applies
  * (leftmost first on equal ranks), exactly HF's BPE model. Llama-3 sets
@@ -14,7 +17,9 @@
 #include "eng_tok_int.h"
 #include "eng_tok_heap.h"
 
-/* Pre-tokenizer patterns, as in the HF tokenizer.json files / llama.cpp. */
+/* Pre-tokenizer patterns, as in the HF tokenizer.json files / llama.cpp.
+ * The scanner (pre_match) implements them; tests/engine/tok compiles them
+ * with PCRE2 and checks the scanner piece for piece (eng_tok_bpe_pattern). */
 static const char RE_GPT2[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 static const char RE_LLAMA3[] =
@@ -61,38 +66,33 @@ int eng_bpe_cp_to_byte(uint32_t cp)
     return -1;
 }
 
+const char *eng_tok_bpe_pattern(const eng_tok_t *tok)
+{
+    switch (tok->pre) {
+    case ENG_PRE_LLAMA3: return RE_LLAMA3;
+    case ENG_PRE_QWEN2: return RE_QWEN2;
+    case ENG_PRE_GPT2: break;
+    }
+    return RE_GPT2;
+}
+
 pd_status_t eng_tok_bpe_setup(eng_tok_t *tok, char *err, size_t err_len)
 {
-    const char *pat = RE_GPT2;
-    int errcode;
-    PCRE2_SIZE erroff;
-
+    (void)err;
+    (void)err_len;
     /* llama.cpp's pre-type table, for the families whose pattern we ship */
     if (strcmp(tok->pre_name, "llama-bpe") == 0 || strcmp(tok->pre_name, "llama3") == 0 ||
         strcmp(tok->pre_name, "llama-v3") == 0) {
         tok->pre = ENG_PRE_LLAMA3;
-        pat = RE_LLAMA3;
         tok->ignore_merges = true;
     } else if (strcmp(tok->pre_name, "smaug-bpe") == 0 || strcmp(tok->pre_name, "dbrx") == 0) {
         tok->pre = ENG_PRE_LLAMA3;
-        pat = RE_LLAMA3;
     } else if (strcmp(tok->pre_name, "qwen2") == 0 ||
                strcmp(tok->pre_name, "deepseek-r1-qwen") == 0) {
         tok->pre = ENG_PRE_QWEN2;
-        pat = RE_QWEN2;
     } else {
         tok->pre = ENG_PRE_GPT2; /* "default", "gpt2", and unknown names */
     }
-    tok->re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED,
-                            PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
-                            &errcode, &erroff, NULL);
-    if (tok->re == NULL) {
-        if (err != NULL && err_len > 0)
-            snprintf(err, err_len, "tokenizer: pre-tokenizer regex error %d at %zu",
-                     errcode, (size_t)erroff);
-        return PD_ERR_INTERNAL;
-    }
-    (void)pcre2_jit_compile(tok->re, PCRE2_JIT_COMPLETE); /* optional speed-up */
     return PD_OK;
 }
 
@@ -209,50 +209,278 @@ static pd_status_t bpe_piece(const eng_tok_t *tok, const char *s, size_t len,
     return PD_OK;
 }
 
-/* Walk the pre-tokenizer pieces of text, calling fn on each (gaps between
- * regex matches are pieces too, as in HF's split with "isolated" behavior). */
+/* ---- pre-tokenizer scanner ---------------------------------------------------
+ *
+ * pre_match(i) returns the end of the regex match that starts at i, taking
+ * the alternatives in order with PCRE2's backtracking outcome worked out by
+ * hand (comments name each alternative). With these patterns every valid
+ * character starts a match (any character is \p{L}, \p{N}, \s or the rest),
+ * so the pieces are the matches back to back; bytes that are not valid UTF-8
+ * never match in PCRE2 (MATCH_INVALID_UTF) and form the pieces between
+ * matches. Every character is decoded a bounded number of times: linear. */
+
+typedef struct {
+    uint32_t cp;
+    uint32_t len; /* bytes */
+    uint8_t cls;  /* ENG_UC_* */
+} uc_char_t;
+
+#define UC_BAD 0x80u /* not valid UTF-8: a one-byte "character" in no class */
+
+static void char_at(const char *text, size_t len, size_t i, uc_char_t *c)
+{
+    const uint8_t *s = (const uint8_t *)text + i;
+    uint8_t b = s[0];
+
+    if (b < 0x80) {
+        c->cp = b;
+        c->len = 1;
+        c->cls = (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') ? ENG_UC_L
+                 : b >= '0' && b <= '9'                          ? ENG_UC_N
+                 : b == ' ' || (b >= 0x09 && b <= 0x0d)          ? ENG_UC_S
+                                                                  : 0;
+        return;
+    }
+    c->len = (uint32_t)eng_utf8_valid(s, len - i);
+    switch (c->len) {
+    case 2: c->cp = ((uint32_t)(b & 0x1f) << 6) | (s[1] & 0x3f); break;
+    case 3: c->cp = ((uint32_t)(b & 0x0f) << 12) | ((uint32_t)(s[1] & 0x3f) << 6) |
+                    (s[2] & 0x3f); break;
+    case 4: c->cp = ((uint32_t)(b & 0x07) << 18) | ((uint32_t)(s[1] & 0x3f) << 12) |
+                    ((uint32_t)(s[2] & 0x3f) << 6) | (s[3] & 0x3f); break;
+    default:
+        c->cp = 0xfffd;
+        c->len = 1;
+        c->cls = UC_BAD;
+        return;
+    }
+    c->cls = eng_uc_class(c->cp);
+}
+
+static bool is_other(uint8_t cls) /* [^\s\p{L}\p{N}], valid */
+{
+    return (cls & (ENG_UC_L | ENG_UC_N | ENG_UC_S | UC_BAD)) == 0;
+}
+
+/* End of the run of characters from i on whose class has one of bits. */
+static size_t run_of(const char *s, size_t len, size_t i, uint8_t bits)
+{
+    uc_char_t c;
+
+    while (i < len) {
+        char_at(s, len, i, &c);
+        if ((c.cls & bits) == 0)
+            break;
+        i += c.len;
+    }
+    return i;
+}
+
+/* End of the run of "other" characters ([^\s\p{L}\p{N}]) from i on. */
+static size_t run_other(const char *s, size_t len, size_t i)
+{
+    uc_char_t c;
+
+    while (i < len) {
+        char_at(s, len, i, &c);
+        if (!is_other(c.cls))
+            break;
+        i += c.len;
+    }
+    return i;
+}
+
+/* One letter of a contraction at p: its ASCII lower case (caseless: A-Z
+ * fold, and U+017F LONG S is 's' as PCRE2's caseless matching has it),
+ * and its length; 0 if none. */
+static char contraction_letter(const char *s, size_t len, size_t p, bool caseless,
+                               size_t *n_p)
+{
+    char ch;
+
+    if (p >= len)
+        return 0;
+    *n_p = 1;
+    ch = s[p];
+    if (caseless && ch >= 'A' && ch <= 'Z')
+        return (char)(ch - 'A' + 'a');
+    if (caseless && p + 1 < len && (uint8_t)ch == 0xc5 && (uint8_t)s[p + 1] == 0xbf) {
+        *n_p = 2;
+        return 's';
+    }
+    return ch;
+}
+
+/* '(s|t|re|ve|m|ll|d) after the apostrophe at p - 1: bytes matched after it, 0 if none. */
+static size_t contraction(const char *s, size_t len, size_t p, bool caseless)
+{
+    size_t n1 = 0, n2 = 0;
+    char a = contraction_letter(s, len, p, caseless, &n1), b;
+
+    switch (a) {
+    case 's': case 't': case 'm': case 'd':
+        return n1;
+    case 'r': case 'v': case 'l':
+        b = contraction_letter(s, len, p + n1, caseless, &n2);
+        if ((a != 'l' && b == 'e') || (a == 'l' && b == 'l'))
+            return n1 + n2;
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+/* \s+(?!\S) | \s+ from i (a whitespace character): the whole run at the end
+ * of the text, before an invalid byte (which \S does not match either) or
+ * when it is one character, else the run less its last character (that one
+ * goes with the word after it). */
+static size_t match_space(const char *s, size_t len, size_t i)
+{
+    size_t j = i, last = i;
+    uc_char_t c = { 0, 0, 0 };
+
+    while (j < len) {
+        char_at(s, len, j, &c);
+        if ((c.cls & ENG_UC_S) == 0)
+            break;
+        last = j;
+        j += c.len;
+    }
+    if (j == len || last == i || (c.cls & UC_BAD))
+        return j;
+    return last;
+}
+
+static size_t match_gpt2(const char *s, size_t len, size_t i, const uc_char_t *c0)
+{
+    uc_char_t c1;
+
+    /* 's|'t|'re|'ve|'m|'ll|'d */
+    if (c0->cp == '\'') {
+        size_t k = contraction(s, len, i + 1, false);
+        if (k > 0)
+            return i + 1 + k;
+    }
+    /*  ?\p{L}+ |  ?\p{N}+ |  ?[^\s\p{L}\p{N}]+ with the space */
+    if (c0->cp == ' ' && i + 1 < len) {
+        char_at(s, len, i + 1, &c1);
+        if (c1.cls & (ENG_UC_L | ENG_UC_N))
+            return run_of(s, len, i + 1 + c1.len, c1.cls & (ENG_UC_L | ENG_UC_N));
+        if (is_other(c1.cls))
+            return run_other(s, len, i + 1 + c1.len);
+    }
+    /* the same without it */
+    if (c0->cls & ENG_UC_L)
+        return run_of(s, len, i + c0->len, ENG_UC_L);
+    if (c0->cls & ENG_UC_N)
+        return run_of(s, len, i + c0->len, ENG_UC_N);
+    if (is_other(c0->cls))
+        return run_other(s, len, i + c0->len);
+    /* \s+(?!\S) | \s+ */
+    return match_space(s, len, i);
+}
+
+/* llama3: max_digits 3; qwen2: 1 */
+static size_t match_llama3(const char *s, size_t len, size_t i, const uc_char_t *c0,
+                           unsigned max_digits)
+{
+    uc_char_t c1;
+    size_t j, crlf_end;
+    unsigned k;
+
+    /* (?i:'s|'t|'re|'ve|'m|'ll|'d) */
+    if (c0->cp == '\'') {
+        size_t n = contraction(s, len, i + 1, true);
+        if (n > 0)
+            return i + 1 + n;
+    }
+    /* [^\r\n\p{L}\p{N}]?\p{L}+ */
+    if ((c0->cls & (ENG_UC_L | ENG_UC_N | UC_BAD)) == 0 && c0->cp != '\r' && c0->cp != '\n' &&
+        i + c0->len < len) {
+        char_at(s, len, i + c0->len, &c1);
+        if (c1.cls & ENG_UC_L)
+            return run_of(s, len, i + c0->len + c1.len, ENG_UC_L);
+    }
+    if (c0->cls & ENG_UC_L)
+        return run_of(s, len, i + c0->len, ENG_UC_L);
+    /* \p{N}{1,3} (qwen2: \p{N}) */
+    if (c0->cls & ENG_UC_N) {
+        j = i + c0->len;
+        for (k = 1; k < max_digits && j < len; k++) {
+            char_at(s, len, j, &c1);
+            if ((c1.cls & ENG_UC_N) == 0)
+                break;
+            j += c1.len;
+        }
+        return j;
+    }
+    /*  ?[^\s\p{L}\p{N}]+[\r\n]* */
+    j = i;
+    if (c0->cp == ' ' && i + 1 < len) {
+        char_at(s, len, i + 1, &c1);
+        if (is_other(c1.cls))
+            j = i + 1;
+    }
+    if (j > i || is_other(c0->cls)) {
+        j = run_other(s, len, j);
+        while (j < len && (s[j] == '\r' || s[j] == '\n'))
+            j++;
+        return j;
+    }
+    /* \s*[\r\n]+ : the whitespace run up to its last CR or LF */
+    crlf_end = 0;
+    for (j = i; j < len;) {
+        char_at(s, len, j, &c1);
+        if ((c1.cls & ENG_UC_S) == 0)
+            break;
+        if (c1.cp == '\r' || c1.cp == '\n')
+            crlf_end = j + 1;
+        j += c1.len;
+    }
+    if (crlf_end > 0)
+        return crlf_end;
+    /* \s+(?!\S) | \s+ */
+    return match_space(s, len, i);
+}
+
+/* End of the piece that starts at i (> i). */
+static size_t pre_match(const eng_tok_t *tok, const char *s, size_t len, size_t i)
+{
+    uc_char_t c0;
+
+    char_at(s, len, i, &c0);
+    if (c0.cls & UC_BAD) {
+        do {
+            i++;
+            if (i < len)
+                char_at(s, len, i, &c0);
+        } while (i < len && (c0.cls & UC_BAD));
+        return i;
+    }
+    switch (tok->pre) {
+    case ENG_PRE_LLAMA3: return match_llama3(s, len, i, &c0, 3);
+    case ENG_PRE_QWEN2: return match_llama3(s, len, i, &c0, 1);
+    case ENG_PRE_GPT2: break;
+    }
+    return match_gpt2(s, len, i, &c0);
+}
+
+/* Walk the pre-tokenizer pieces of text, calling fn on each. */
 typedef pd_status_t (*piece_fn_t)(void *arg, const char *s, size_t len);
 
 static pd_status_t split_pieces(const eng_tok_t *tok, const char *text, size_t len,
                                 piece_fn_t fn, void *arg)
 {
-    pcre2_match_data *md;
-    PCRE2_SIZE off = 0, prev = 0;
-    pd_status_t status = PD_OK;
+    size_t i = 0;
 
-    md = pcre2_match_data_create_from_pattern(tok->re, NULL);
-    if (md == NULL)
-        return PD_ERR_NO_MEMORY;
-    while (off < len) {
-        int rc = pcre2_match(tok->re, (PCRE2_SPTR)text, len, off, 0, md, NULL);
-        PCRE2_SIZE *ov, ms, me;
-        if (rc < 0)
-            break; /* no match or a limit: the rest is one piece */
-        ov = pcre2_get_ovector_pointer(md);
-        ms = ov[0];
-        me = ov[1];
-        if (ms > prev) {
-            status = fn(arg, text + prev, ms - prev);
-            if (status != PD_OK)
-                goto out;
-            prev = ms;
-        }
-        if (me == ms) {
-            /* empty match (not produced by our patterns): step one character */
-            size_t cl = eng_utf8_len((uint8_t)text[ms]);
-            off = ms + (cl == 0 || cl > len - ms ? 1 : cl);
-            continue;
-        }
-        status = fn(arg, text + ms, me - ms);
+    while (i < len) {
+        size_t e = pre_match(tok, text, len, i);
+        pd_status_t status = fn(arg, text + i, e - i);
         if (status != PD_OK)
-            goto out;
-        off = prev = me;
+            return status;
+        i = e;
     }
-    if (len > prev)
-        status = fn(arg, text + prev, len - prev);
-out:
-    pcre2_match_data_free(md);
-    return status;
+    return PD_OK;
 }
 
 typedef struct {
@@ -309,7 +537,7 @@ size_t eng_tok_bpe_split(const eng_tok_t *tok, const char *text, size_t len,
 {
     split_ctx_t c = { .ends = ends, .cap = cap, .n = 0, .base = text };
 
-    if (tok->re == NULL)
+    if (tok->kind != ENG_TOK_BPE)
         return 0;
     (void)split_pieces(tok, text, len, split_cb, &c);
     return c.n;

@@ -4,9 +4,6 @@
 
 #include "eng_tok.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 typedef enum {
     ENG_PRE_GPT2 = 0,
     ENG_PRE_LLAMA3 = 1,
@@ -41,7 +38,6 @@ struct eng_tok {
     int32_t *special;      /* (n_special) control + user-defined, longest first */
     uint32_t n_special;
     bool special_first[256]; /* first bytes of special texts */
-    pcre2_code *re;        /* BPE pre-tokenizer */
     char *chat_template;
     char model_name[32];
     char pre_name[32];
@@ -82,6 +78,17 @@ pd_status_t eng_tok_bpe_encode(const eng_tok_t *tok, const char *text,
 size_t eng_tok_bpe_split(const eng_tok_t *tok, const char *text, size_t len,
                          size_t *ends, size_t cap);
 pd_status_t eng_tok_bpe_setup(eng_tok_t *tok, char *err, size_t err_len);
+/* The pre-tokenizer regex (PCRE2 syntax, compile with UTF + UCP +
+ * MATCH_INVALID_UTF) that the BPE scanner implements: for tests, which
+ * check the scanner against PCRE2. */
+const char *eng_tok_bpe_pattern(const eng_tok_t *tok);
+
+/* Unicode classes of the pre-tokenizers (eng_tok_ucd.c, generated from
+ * PCRE2's tables): bits of \p{L}, \p{N}, \s (UCP: \p{Z}, \h, \v). */
+#define ENG_UC_L 0x1u
+#define ENG_UC_N 0x2u
+#define ENG_UC_S 0x4u
+uint8_t eng_uc_class(uint32_t cp);
 
 /* Byte-level BPE byte <-> code point tables (GPT-2 bytes_to_unicode). */
 uint32_t eng_bpe_byte_to_cp(uint8_t b);
