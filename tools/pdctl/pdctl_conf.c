@@ -50,6 +50,8 @@
     X("drain-timeout", "drain-timeout", R | P | D, "SIGTERM drain bound")        \
     X("block-tokens", "block-tokens", P | D, "tokens per KV block")              \
     X("kv-dtype", "kv-dtype", P | D, "f32|f16")                                \
+    X("mem-budget", "mem.budget", P | D, "host-wide cap on the daemons' KV arenas (0: from MemAvailable / cgroup)") \
+    X("mem-ledger", "mem.ledger", P | D, "file where one host's daemons reserve their arenas") \
     X("etcd", "etcd", R | P | D, "etcd client address, or local[:PORT] (pdctl runs one on loopback): membership (off by default)") \
     X("etcd-prefix", "etcd.prefix", R | P | D, "deployment prefix in etcd (/pdserve/<name>/)")
 
