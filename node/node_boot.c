@@ -171,7 +171,7 @@ static pd_status_t node_boot_mem_reserve(node_t *n, const char *prog, uint64_t a
         return PD_OK;
     }
     pd_log(PD_LOG_ERROR, n->role->name, NULL, "KV arena does not fit the host's memory budget: "
-           "%s; lower kv-blocks (or mem.budget / the other daemons')", why);
+           "%s; lower --kv-blocks (or mem.budget / the other daemons')", why);
     return st;
 }
 

@@ -79,5 +79,11 @@ check "pdctl up refuses the plan (exit 1, got $rc): $(cat "$T/err")" \
 check "pdctl up started nothing (no pid file, no log)" \
     bash -c "! ls '$T/run'/*.pid '$T/run'/*.log >/dev/null 2>&1"
 
+"$PDCTL" check "$SRC/deploy/sim-llama3-70b-2p6d.ini" "${dep[@]}" \
+    --set prefill.print-arena-bytes=true >"$T/out" 2>"$T/err"
+rc=$?
+check "print-arena-bytes is pdctl's, not a deployment key (exit 2, got $rc)" \
+    bash -c "[ $rc = 2 ] && grep -q 'unknown key \"print-arena-bytes\"' '$T/err'"
+
 echo "mem-budget: $fails failure(s)"
 [ $fails = 0 ]

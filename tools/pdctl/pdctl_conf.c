@@ -631,7 +631,8 @@ int pdctl_dep_load(const char *path, char *const *sets, int n_sets,
                 }
             }
             if (!pdctl_key_in(keys[r], kv->key) || strcmp(kv->key, "help") == 0 ||
-                strcmp(kv->key, "version") == 0 || strcmp(kv->key, "check-config") == 0) {
+                strcmp(kv->key, "version") == 0 || strcmp(kv->key, "check-config") == 0 ||
+                strcmp(kv->key, "print-arena-bytes") == 0) {
                 pdctl_fail("%s: unknown key \"%s\" in [%s] (not an option of %s; see %s --help)",
                            where, kv->key, pdctl_role_name((pdctl_role_t)r),
                            pdctl_role_bins[r], pdctl_role_bins[r]);
