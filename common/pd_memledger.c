@@ -231,9 +231,17 @@ static pd_status_t ledger_open(const pd_memledger_opts_t *o, ledger_t *l)
 {
     memset(l, 0, sizeof(*l));
     l->path = ledger_path(o);
-    l->fd = open(l->path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    l->fd = open(l->path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     if (l->fd < 0)
         return PD_ERR_IO;
+    /* only our own regular file: another user's (in sticky /dev/shm) could
+     * hold entries made up to refuse every daemon */
+    struct stat sb;
+    if (fstat(l->fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid()) {
+        close(l->fd);
+        errno = EPERM;
+        return PD_ERR_IO;
+    }
     int r;
     while ((r = flock(l->fd, LOCK_EX)) != 0 && errno == EINTR)
         ;
@@ -388,7 +396,8 @@ pd_status_t pd_memledger_reserve(const pd_memledger_opts_t *o, const char *name,
         return PD_ERR_NO_MEMORY;
     pd_status_t st = ledger_open(o, l);
     if (st != PD_OK) {
-        snprintf(why, why_len, "memory ledger %s: %s", ledger_path(o), strerror(errno));
+        snprintf(why, why_len, "memory ledger %s: %s", ledger_path(o),
+                 errno == EPERM ? "not a regular file of this user" : strerror(errno));
         free(l);
         return st;
     }

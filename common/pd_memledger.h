@@ -23,6 +23,11 @@
  * further. A refusal names every share:
  *     "pd-decode d0 18.4 GB + pd-prefill p0 18.4 GB > budget 20.7 GB (...)".
  *
+ * The ledger must be a regular file owned by the caller's user (created
+ * 0644): daemons of one user share a budget; a file of another user (in
+ * the sticky /dev/shm it could hold made-up entries) is refused
+ * (PD_ERR_IO), and the caller falls back to its own process's check.
+ *
  * Blocking file I/O: call at boot / exit, never on the loop. No logging
  * above DEBUG (the caller prints the sentence). */
 #ifndef PD_MEMLEDGER_H

@@ -219,6 +219,28 @@ static void test_cgroup_v1(void **st)
                      PD_ERR_NOT_FOUND);
 }
 
+/* A ledger that is not our own regular file is refused (the caller falls
+ * back to its process's check): a directory, and (as root) another
+ * user's file. */
+static void test_foreign_ledger(void **st)
+{
+    (void)st;
+    char p[512];
+    snprintf(p, sizeof(p), "%s", at("a-dir"));
+    assert_int_equal(mkdir(p, 0755), 0);
+    pd_memledger_opts_t o = { .path = p, .budget = 1000 };
+    char why[256] = "";
+    assert_int_equal(pd_memledger_reserve(&o, "pd-x y", 1, why, sizeof(why)), PD_ERR_IO);
+    assert_non_null(strstr(why, "memory ledger"));
+    if (geteuid() == 0) {
+        put("foreign", "1 0 999999 1 pd-decode made-up\n");
+        assert_int_equal(chown(at("foreign"), 12345, 12345), 0);
+        o.path = at("foreign");
+        assert_int_equal(pd_memledger_reserve(&o, "pd-x y", 1, why, sizeof(why)), PD_ERR_IO);
+        assert_non_null(strstr(why, "not a regular file of this user"));
+    }
+}
+
 /* pdctl's check: the plan's daemons beside what the ledger holds. */
 static void test_plan(void **st)
 {
@@ -248,6 +270,7 @@ int main(void)
         cmocka_unit_test(test_budget_formula),
         cmocka_unit_test(test_cgroup_v2),
         cmocka_unit_test(test_cgroup_v1),
+        cmocka_unit_test(test_foreign_ledger),
         cmocka_unit_test(test_plan),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
