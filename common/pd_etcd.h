@@ -80,4 +80,35 @@ long pd_b64_decode(const char *in, size_t n, void *out, size_t cap);
 int pd_etcd_post(const char *endpoint, const char *path, const char *json, int timeout_ms,
                  char **body_p);
 
+/* ---- signed values (pd_etcd_auth.c) ------------------------------------- */
+
+/* Anyone who can write the etcd prefix could otherwise fill the routers/
+ * keys or point daemons at their own address: every value a member puts
+ * carries a MAC over its full key and payload with a key derived from the
+ * deployment secret, and readers drop what does not verify.
+ *
+ *   value = payload " s1:" base64(HMAC-SHA256(key, full_key || 0x00 || payload)[0..16])
+ *
+ * key: 32 bytes, proto_auth_derive(secret, "pdserve etcd v1") in the
+ * daemons (common knows no secret format). The MAC binds the key name, so
+ * a signed value cannot be copied under another key; it carries no
+ * expiry (a lease does): PROTOCOL.md "Threat model" says what that leaves.
+ * The MAC is truncated to 128 bits to fit PD_MEMBER_VAL_MAX. */
+#define PD_ETCD_SIG_KEY_LEN 32u
+#define PD_ETCD_SIG_OVERHEAD 28u            /* " s1:" + 24 base64 characters */
+
+/* The signed value of payload under full_key (prefix + key) into out.
+ * PD_OK; PD_ERR_TOO_BIG if it does not fit cap (or PD_MEMBER_VAL_MAX);
+ * PD_ERR_BAD_INPUT for a payload with a NUL-free but non-printable byte. */
+pd_status_t pd_etcd_value_sign(const uint8_t key[PD_ETCD_SIG_KEY_LEN], const char *full_key,
+                               const char *payload, char *out, size_t cap);
+/* Check value under full_key; its payload into out on success. PD_OK;
+ * PD_ERR_AUTH (no signature, a bad one, or one for another key);
+ * PD_ERR_TOO_BIG (payload longer than cap - 1). Constant-time compare. */
+pd_status_t pd_etcd_value_verify(const uint8_t key[PD_ETCD_SIG_KEY_LEN], const char *full_key,
+                                 const char *value, char *out, size_t cap);
+/* Is name a member id etcd keys may carry below their sub-prefix
+ * ("router-1"): 1..max_len of [A-Za-z0-9._-], not "." or ".."? */
+bool pd_etcd_key_ok(const char *name, size_t max_len);
+
 #endif

@@ -139,8 +139,11 @@ uint64_t kvx_ctx_incarnation(const kvx_ctx_h *ctx);
 
 /* ---- regions ------------------------------------------------------------ */
 
-/* Memory this process can still get: MemAvailable, capped by a cgroup v2
- * memory.max (UINT64_MAX if neither can be read). */
+/* Memory this process can still get: MemAvailable, capped by the room of
+ * its cgroup (v1 or v2, the tightest level; pd_mem_available in
+ * common/pd_memledger.h). UINT64_MAX if neither can be read. The host-wide
+ * budget over several daemons is the ledger's (node boot reserves there
+ * first); this check is the process's own. */
 uint64_t kvx_mem_available(void);
 /* Would an arena of len bytes fit (at most 90% of kvx_mem_available)?
  * PD_OK, or PD_ERR_NO_MEMORY with a sentence in why. kvx_region_register

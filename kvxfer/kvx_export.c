@@ -5,6 +5,7 @@
 
 #include "pd_build_config.h"
 #include "pd_log.h"
+#include "pd_memledger.h"
 #include "pd_stats.h"
 #include "pd_time.h"
 
@@ -539,42 +540,9 @@ pd_status_t kvx_mem_map(kvx_ctx_h *ctx, void *addr, size_t len,
     return PD_OK;
 }
 
-/* A number from a one-line file (cgroup v2); false if absent or "max". */
-static bool kvx_read_u64_file(const char *path, uint64_t *v_p)
-{
-    FILE *f = fopen(path, "re");
-    if (f == NULL)
-        return false;
-    unsigned long long v;
-    bool ok = fscanf(f, "%llu", &v) == 1;
-    fclose(f);
-    if (ok)
-        *v_p = v;
-    return ok;
-}
-
 uint64_t kvx_mem_available(void)
 {
-    uint64_t avail = UINT64_MAX;
-    FILE *f = fopen("/proc/meminfo", "re");
-    if (f != NULL) {
-        char line[128];
-        unsigned long long kb;
-        while (fgets(line, sizeof(line), f) != NULL)
-            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-                avail = (uint64_t)kb * 1024;
-                break;
-            }
-        fclose(f);
-    }
-    uint64_t max, cur;
-    if (kvx_read_u64_file("/sys/fs/cgroup/memory.max", &max) &&
-        kvx_read_u64_file("/sys/fs/cgroup/memory.current", &cur)) {
-        uint64_t room = max > cur ? max - cur : 0;
-        if (room < avail)
-            avail = room;
-    }
-    return avail;
+    return pd_mem_available(NULL, NULL); /* MemAvailable, cgroup v1 / v2 room */
 }
 
 pd_status_t kvx_arena_check(uint64_t len, char *why, size_t why_len)
@@ -586,7 +554,7 @@ pd_status_t kvx_arena_check(uint64_t len, char *why, size_t why_len)
     if (len > avail - avail / 10) {
         snprintf(why, why_len,
                  "KV arena of %.1f MiB does not fit: %.1f MiB of memory available "
-                 "(MemAvailable / cgroup limit, 90%% usable); lower --kv-blocks",
+                 "(MemAvailable / cgroup v1 or v2 room, 90%% usable); lower --kv-blocks",
                  (double)len / 1048576.0, (double)avail / 1048576.0);
         return PD_ERR_NO_MEMORY;
     }

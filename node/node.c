@@ -651,11 +651,58 @@ const char *node_router_list(const node_config_t *c)
 
 /* ---- etcd membership ------------------------------------------------------ */
 
+/* Count a rejected etcd entry once per put (its mod revision); log it
+ * then. */
+static void node_member_reject(node_t *n, const pd_member_entry_t *e, uint64_t *counter,
+                               const char *why)
+{
+    for (uint32_t i = 0; i < 32; i++)
+        if (n->etcd_counted[i] == e->mod_revision && e->mod_revision != 0)
+            return;
+    n->etcd_counted[n->etcd_counted_next++ % 32] = e->mod_revision;
+    (*counter)++;
+    pd_log(PD_LOG_WARN, n->role->name, NULL, "etcd: routers/%.64s ignored: %s", e->key, why);
+}
+
+/* The address an etcd entry routers/<key> gives, or false (counted): the
+ * key's shape, the signature (with a secret: pd_etcd_value_verify over the
+ * full key), the address (numeric host:port; loopback only without a
+ * secret). */
+static bool node_member_addr(node_t *n, const pd_member_entry_t *e, char *addr, size_t cap)
+{
+    if (!pd_etcd_key_ok(e->key, PROTO_DAEMON_ID_MAX)) {
+        node_member_reject(n, e, &n->etcd_bad_key, "not a router id");
+        return false;
+    }
+    if (n->have_secret) {
+        char full[PD_MEMBER_VAL_MAX * 2 + 16];
+        snprintf(full, sizeof(full), "%.100srouters/%.127s", n->cfg->etcd_prefix, e->key);
+        if (pd_etcd_value_verify(n->etcd_key, full, e->value, addr, cap) != PD_OK) {
+            node_member_reject(n, e, &n->etcd_forged, "not signed with the deployment secret");
+            return false;
+        }
+    } else {
+        snprintf(addr, cap, "%s", e->value);
+    }
+    struct sockaddr_storage ss;
+    int sl;
+    if (proto_addr_parse(addr, &ss, &sl) != PD_OK ||
+        (!n->have_secret && !pd_addr_is_loopback(addr))) {
+        node_member_reject(n, e, &n->etcd_bad_value,
+                           n->have_secret ? "not a numeric host:port"
+                                          : "not a loopback host:port (no secret)");
+        return false;
+    }
+    return true;
+}
+
 /* Bring the links in line with etcd's routers/: connect to new ones, kick
  * the reconnect of one whose key was put again (a restart), drop one that
  * left etcd once its session is down (an up session keeps serving: etcd
- * may be catching up). Static links are never dropped. Loop thread, never
- * inside a session callback. */
+ * may be catching up). Only entries that pass node_member_addr take a
+ * link, at most etcd.routers-max of them, in key order (etcd's), so
+ * nobody without the secret takes a slot; static links are never dropped.
+ * Loop thread, never inside a session callback. */
 static void node_member_reconcile(node_t *n)
 {
     if (n->member == NULL || n->stopping)
@@ -678,30 +725,31 @@ static void node_member_reconcile(node_t *n)
         sig = sig * 1000003u ^ (uint64_t)e[i].mod_revision;
     bool changed = sig != n->member_sig;
     n->member_sig = sig;
+    uint32_t taken = 0;
     for (uint32_t i = 0; i < ne; i++) {
-        struct sockaddr_storage ss;
-        int sl;
-        if (proto_addr_parse(e[i].value, &ss, &sl) != PD_OK ||
-            (!n->have_secret && !pd_addr_is_loopback(e[i].value))) {
-            pd_log(PD_LOG_DEBUG, n->role->name, NULL, "etcd: routers/%s = \"%s\" ignored",
-                   e[i].key, e[i].value);
+        char addr[PD_MEMBER_VAL_MAX];
+        if (!node_member_addr(n, &e[i], addr, sizeof(addr)))
+            continue;
+        if (taken == n->cfg->etcd_routers_max) {
+            node_member_reject(n, &e[i], &n->etcd_over_max, "etcd.routers-max reached");
             continue;
         }
+        taken++;
         node_link_t *l = NULL;
         for (uint32_t k = 0; k < NODE_ROUTERS_MAX && l == NULL; k++)
-            if (n->links[k].in_use && strcmp(n->links[k].addr, e[i].value) == 0)
+            if (n->links[k].in_use && strcmp(n->links[k].addr, addr) == 0)
                 l = &n->links[k];
         if (l == NULL) {
-            pd_status_t st = node_link_add(n, e[i].value, &l);
+            pd_status_t st = node_link_add(n, addr, &l);
             if (st != PD_OK) {
                 if (changed)
                     pd_log(PD_LOG_WARN, n->role->name, NULL, "etcd: router %s at %s not used: %s",
-                           e[i].key, e[i].value, pd_status_str(st));
+                           e[i].key, addr, pd_status_str(st));
                 continue;
             }
             l->from_etcd = true;
             pd_log(PD_LOG_INFO, n->role->name, NULL, "etcd: router %s at %s: connecting",
-                   e[i].key, e[i].value);
+                   e[i].key, addr);
         } else if (l->etcd_rev != 0 && l->etcd_rev != e[i].mod_revision) {
             /* registered again: it is back, do not wait out the backoff */
             proto_session_retry_now(l->sess);
@@ -739,10 +787,17 @@ pd_status_t node_member_start(node_t *n)
     size_t pl = strlen(c->etcd_prefix);
     if (pl == 0 || c->etcd_prefix[pl - 1] != '/')
         return PD_ERR_BAD_INPUT;
-    char key[PD_MEMBER_VAL_MAX];
+    char key[PD_MEMBER_VAL_MAX], val[PD_MEMBER_VAL_MAX], full[PD_MEMBER_VAL_MAX * 2 + 16];
     snprintf(key, sizeof(key), "daemons/%s", n->daemon_id);
+    snprintf(val, sizeof(val), "%s", n->role->name);
+    if (n->have_secret) { /* values signed like the routers' (pd_etcd.h) */
+        proto_auth_derive(&n->secret, "pdserve etcd v1", n->etcd_key);
+        snprintf(full, sizeof(full), "%.100s%.127s", c->etcd_prefix, key);
+        if (pd_etcd_value_sign(n->etcd_key, full, n->role->name, val, sizeof(val)) != PD_OK)
+            return PD_ERR_BAD_INPUT;
+    }
     pd_member_opts_t mo = {
-        .endpoint = c->etcd, .prefix = c->etcd_prefix, .key = key, .value = n->role->name,
+        .endpoint = c->etcd, .prefix = c->etcd_prefix, .key = key, .value = val,
         .ttl_s = (uint32_t)(c->etcd_ttl_ns / 1000000000ull), .watch = "routers/",
         .on_change = node_member_changed, .arg = n,
     };
@@ -908,6 +963,13 @@ static pd_status_t node_adm_session(pd_admin_req_t *req, cJSON *reply)
         cJSON_AddStringToObject(e, "prefix", n->cfg->etcd_prefix);
         cJSON_AddBoolToObject(e, "connected", pd_member_connected(n->member, err, sizeof(err)));
         cJSON_AddStringToObject(e, "last_error", err);
+        /* entries under routers/ not used, each put counted once */
+        cJSON *ig = cJSON_AddObjectToObject(e, "ignored");
+        cJSON_AddNumberToObject(ig, "bad_key", (double)n->etcd_bad_key);
+        cJSON_AddNumberToObject(ig, "bad_value", (double)n->etcd_bad_value);
+        cJSON_AddNumberToObject(ig, "forged", (double)n->etcd_forged);
+        cJSON_AddNumberToObject(ig, "over_max", (double)n->etcd_over_max);
+        cJSON_AddNumberToObject(e, "routers_max", (double)n->cfg->etcd_routers_max);
     }
     if (first != NULL) {
         cJSON_AddStringToObject(reply, "state", node_sess_names[proto_session_state(first->sess)]);

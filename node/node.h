@@ -35,6 +35,7 @@
 #include "pd_config.h"
 #include "pd_idhash.h"
 #include "pd_loop.h"
+#include "pd_memledger.h"
 #include "pd_stats.h"
 #include "proto_auth.h"
 #include "proto_session.h"
@@ -68,6 +69,10 @@ typedef struct {
     char *etcd;
     char *etcd_prefix;
     uint64_t etcd_ttl_ns;
+    uint64_t etcd_routers_max;
+    uint64_t mem_budget;
+    char *mem_ledger;
+    bool print_arena_bytes;
 } node_config_t;
 
 extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_dtype_t order) */
@@ -101,7 +106,11 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
     NODE_ROW(stype, metrics_listen, "metrics.listen", STRING, NULL, "HTTP /metrics + /health address host:port (port 0: any; default off)", 0, 0, NULL) \
     NODE_ROW(stype, etcd, "etcd", STRING, NULL, "etcd client address host:port: register daemons/<id>, connect to every routers/* found (off by default)", 0, 0, NULL) \
     NODE_ROW(stype, etcd_prefix, "etcd.prefix", STRING, "/pdserve/default/", "deployment prefix in etcd (ends with /)", 0, 0, NULL) \
-    NODE_ROW(stype, etcd_ttl_ns, "etcd.ttl", DURATION, "5s", "lease TTL of the daemon's etcd key", 1e9, 3600e9, NULL)
+    NODE_ROW(stype, etcd_ttl_ns, "etcd.ttl", DURATION, "5s", "lease TTL of the daemon's etcd key", 1e9, 3600e9, NULL) \
+    NODE_ROW(stype, etcd_routers_max, "etcd.routers-max", UINT, "8", "routers taken from etcd at most (signed entries, in key order; the static list's are extra)", 1, 16, NULL) \
+    NODE_ROW(stype, mem_budget, "mem.budget", SIZE, "0", "host-wide cap on the KV arenas of this host's daemons, shared through mem.ledger (0: 90% of MemAvailable + arenas already committed, or the cgroup room)", 0, 0, NULL) \
+    NODE_ROW(stype, mem_ledger, "mem.ledger", STRING, PD_MEMLEDGER_DEFAULT, "file where the daemons of one host reserve their KV arenas (flock'd; dead processes reclaimed)", 0, 0, NULL) \
+    NODE_ROW(stype, print_arena_bytes, "print-arena-bytes", BOOL, "false", "load the model, print the KV arena's size in bytes and exit (pdctl's memory plan check)", 0, 0, NULL)
 
 /* ---- role tables ---------------------------------------------------------- */
 
@@ -290,8 +299,17 @@ struct node {
     struct event *member_ev;            /* periodic reconcile with etcd */
     bool member_up;
     uint64_t member_sig;                /* of the last etcd set (log once per change) */
+    uint8_t etcd_key[32];               /* signs / verifies etcd values (from the secret) */
+    /* etcd entries not used, each counted once (by mod revision): a key
+     * outside the shape routers/<id>, a value that is no address, a
+     * signature missing or wrong, signed ones past etcd.routers-max */
+    uint64_t etcd_bad_key, etcd_bad_value, etcd_forged, etcd_over_max;
+    int64_t etcd_counted[32];           /* revisions already counted (ring) */
+    uint32_t etcd_counted_next;
     bool registered_once;
     char daemon_id[PROTO_DAEMON_ID_MAX + 1];
+    char mem_name[PD_MEMLEDGER_NAME_MAX]; /* "pd-<role> <id>" in the memory ledger */
+    bool mem_reserved;                  /* released at teardown */
     uint64_t incarnation;
     /* requests */
     pd_idhash_t by_id;                  /* live requests by id */

@@ -78,7 +78,8 @@ static pd_status_t node_boot_checks(node_t *n, const char *prog)
             return PD_ERR_BAD_INPUT;
         }
     }
-    if (node_boot_secret(n, prog) != PD_OK)
+    /* --print-arena-bytes (pdctl's plan check) runs before `up` writes the secret */
+    if (!c->print_arena_bytes && node_boot_secret(n, prog) != PD_OK)
         return PD_ERR_BAD_INPUT;
     if (c->id && (c->id[0] == '\0' || strlen(c->id) > PROTO_DAEMON_ID_MAX)) {
         fprintf(stderr, "%s: --id: 1..%u bytes\n", prog, PROTO_DAEMON_ID_MAX);
@@ -148,6 +149,41 @@ static pd_status_t node_boot_engine(node_t *n, uint32_t max_batch, char *err, si
 
 /* ---- boot ------------------------------------------------------------------- */
 
+/* ---- the host's memory budget --------------------------------------------- */
+
+/* Reserve the arena in the host's ledger before anything commits it: a
+ * refusal names every daemon's share (logged, exit 1). A ledger that cannot
+ * be opened (another user's file, no /dev/shm) leaves the process's own
+ * check (kvx_arena_check) and a warning. */
+static pd_status_t node_boot_mem_reserve(node_t *n, const char *prog, uint64_t arena)
+{
+    pd_memledger_opts_t mo = { .path = n->cfg->mem_ledger, .budget = n->cfg->mem_budget };
+    snprintf(n->mem_name, sizeof(n->mem_name), "%.20s %.40s", prog, n->daemon_id);
+    char why[1024];
+    pd_status_t st = pd_memledger_reserve(&mo, n->mem_name, arena, why, sizeof(why));
+    if (st == PD_OK) {
+        n->mem_reserved = true;
+        return PD_OK;
+    }
+    if (st == PD_ERR_IO) {
+        pd_log(PD_LOG_WARN, n->role->name, NULL,
+               "%s: the arena is checked against this process's memory only", why);
+        return PD_OK;
+    }
+    pd_log(PD_LOG_ERROR, n->role->name, NULL, "KV arena does not fit the host's memory budget: "
+           "%s; lower --kv-blocks (or mem.budget / the other daemons')", why);
+    return st;
+}
+
+static void node_boot_mem_release(node_t *n)
+{
+    if (!n->mem_reserved)
+        return;
+    pd_memledger_opts_t mo = { .path = n->cfg->mem_ledger };
+    pd_memledger_release(&mo, n->mem_name);
+    n->mem_reserved = false;
+}
+
 int node_fail(const node_t *n, const char *what, pd_status_t st, const char *detail)
 {
     pd_log(PD_LOG_ERROR, n->role->name, NULL, "%s: %s%s%s", what, pd_status_str(st),
@@ -175,6 +211,15 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
         pd_log(PD_LOG_WARN, n->role->name, NULL, "no tokenizer (%s): no EOS ids", tok_err);
     if (eng_sample_scratch_create(&n->scratch, n->geom->vocab_size) != PD_OK)
         return node_fail(n, "boot", PD_ERR_NO_MEMORY, NULL);
+
+    uint64_t arena = (uint64_t)n->geom->block_bytes * n->cfg->kv_blocks;
+    if (n->cfg->print_arena_bytes) { /* pdctl's plan check: nothing else starts */
+        printf("%llu\n", (unsigned long long)arena);
+        return fflush(stdout) == 0 ? 0 : 1;
+    }
+    st = node_boot_mem_reserve(n, prog, arena);
+    if (st != PD_OK)
+        return 1;
 
     st = pd_loop_create(&n->loop);
     if (st != PD_OK)
@@ -206,8 +251,14 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
      * contiguous runs, so it can be pulled while later layers compute */
     st = kvx_region_register_layers(n->kvx, 1, n->geom->block_bytes, nblocks, n->geom->n_layers,
                                     n->geom->compat_hash, KVX_ALLOC_UCX, &n->region);
-    if (st != PD_OK)
+    if (st != PD_OK) {
+        node_boot_mem_release(n);
         return node_fail(n, "KV arena registration", st, NULL);
+    }
+    if (n->mem_reserved) { /* touched: MemAvailable counts it from now on */
+        pd_memledger_opts_t mo = { .path = n->cfg->mem_ledger, .budget = n->cfg->mem_budget };
+        pd_memledger_commit(&mo, n->mem_name);
+    }
     eng_kv_layout_t lay = eng_kv_layout_layer_major(n->geom, nblocks);
     st = n->ops->set_kv_layout != NULL ? n->ops->set_kv_layout(n->model, &lay)
                                        : PD_ERR_UNSUPPORTED;
@@ -287,6 +338,7 @@ void node_teardown(node_t *n, void (*after_kvx)(node_t *n))
     kvx_ctx_destroy(n->kvx);                /* worker first, then the region */
     n->kvx = NULL;
     n->region = NULL;
+    node_boot_mem_release(n);               /* the arena is unmapped */
     if (after_kvx)
         after_kvx(n);
     kvx_blocks_destroy(n->blocks);

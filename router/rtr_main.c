@@ -271,7 +271,8 @@ static void on_member_change(void *arg)
     r->member_up = up;
 }
 
-/* Register routers/<id> = the control address daemons should dial. */
+/* Register routers/<id> = the control address daemons should dial, signed
+ * (pd_etcd_value_sign) when there is a secret. */
 static pd_status_t member_start(rtr_t *r)
 {
     if (r->cfg.etcd == NULL)
@@ -295,8 +296,35 @@ static pd_status_t member_start(rtr_t *r)
         return PD_ERR_BAD_INPUT;
     }
     snprintf(key, sizeof(key), "routers/%s", r->cfg.id);
+    /* signed with the deployment secret: daemons drop what does not verify
+     * (without a secret, daemons take loopback addresses only) */
+    char val[PD_MEMBER_VAL_MAX];
+    if (!pd_etcd_key_ok(r->cfg.id, PROTO_DAEMON_ID_MAX)) {
+        fprintf(stderr, "pd-router: --etcd: --id \"%s\" is not a key daemons take (1..%u of "
+                "A-Z a-z 0-9 . _ -)\n", r->cfg.id, PROTO_DAEMON_ID_MAX);
+        return PD_ERR_BAD_INPUT;
+    }
+    size_t al = strlen(adv);
+    if (al >= sizeof(val)) {
+        fprintf(stderr, "pd-router: --etcd.advertise: \"%s\" too long\n", adv);
+        return PD_ERR_BAD_INPUT;
+    }
+    memcpy(val, adv, al + 1);
+    if (r->auth) {
+        uint8_t sk[PD_ETCD_SIG_KEY_LEN];
+        char full[320];
+        proto_auth_derive(&r->secret, "pdserve etcd v1", sk);
+        snprintf(full, sizeof(full), "%s%s", r->cfg.etcd_prefix, key);
+        pd_status_t sst = pd_etcd_value_sign(sk, full, adv, val, sizeof(val));
+        sodium_memzero(sk, sizeof(sk));
+        if (sst != PD_OK) {
+            fprintf(stderr, "pd-router: --etcd.advertise: \"%s\" too long to sign (at most %u "
+                    "bytes)\n", adv, PD_MEMBER_VAL_MAX - PD_ETCD_SIG_OVERHEAD - 1);
+            return PD_ERR_BAD_INPUT;
+        }
+    }
     pd_member_opts_t mo = {
-        .endpoint = r->cfg.etcd, .prefix = r->cfg.etcd_prefix, .key = key, .value = adv,
+        .endpoint = r->cfg.etcd, .prefix = r->cfg.etcd_prefix, .key = key, .value = val,
         .ttl_s = (uint32_t)(r->cfg.etcd_ttl_ns / 1000000000ull), .watch = NULL,
         .on_change = on_member_change, .arg = r,
     };

@@ -175,12 +175,61 @@ static void test_member_checks(void **st)
     event_base_free(base);
 }
 
+/* Signed values (issue #28 finding 3): what verifies and what does not. */
+static void test_signed_values(void **st)
+{
+    (void)st;
+    uint8_t k[PD_ETCD_SIG_KEY_LEN], k2[PD_ETCD_SIG_KEY_LEN];
+    memset(k, 7, sizeof(k));
+    memset(k2, 8, sizeof(k2));
+    const char *full = "/pdserve/e2e/routers/router-1";
+    char v[PD_MEMBER_VAL_MAX], out[PD_MEMBER_VAL_MAX];
+    assert_int_equal(pd_etcd_value_sign(k, full, "10.0.0.5:7000", v, sizeof(v)), PD_OK);
+    assert_int_equal(strlen(v), strlen("10.0.0.5:7000") + PD_ETCD_SIG_OVERHEAD);
+    assert_int_equal(pd_etcd_value_verify(k, full, v, out, sizeof(out)), PD_OK);
+    assert_string_equal(out, "10.0.0.5:7000");
+    /* another secret, another key (a replay), a changed payload, no MAC */
+    assert_int_equal(pd_etcd_value_verify(k2, full, v, out, sizeof(out)), PD_ERR_AUTH);
+    assert_int_equal(pd_etcd_value_verify(k, "/pdserve/e2e/routers/router-2", v, out,
+                                          sizeof(out)), PD_ERR_AUTH);
+    char t[PD_MEMBER_VAL_MAX];
+    snprintf(t, sizeof(t), "%s", v);
+    t[1] = '1';
+    assert_int_equal(pd_etcd_value_verify(k, full, t, out, sizeof(out)), PD_ERR_AUTH);
+    snprintf(t, sizeof(t), "%s", v);
+    t[strlen(t) - 3] ^= 1;                                   /* the MAC's last byte */
+    assert_int_equal(pd_etcd_value_verify(k, full, t, out, sizeof(out)), PD_ERR_AUTH);
+    static const char *const junk[] = { "", "10.0.0.5:7000", " s1:", "x s1:AAAA",
+                                        "x s1:!!!!!!!!!!!!!!!!!!!!!!!!", "x s2:AAAAAAAAAAAAAAAAAAAAAA==" };
+    for (size_t i = 0; i < sizeof(junk) / sizeof(junk[0]); i++)
+        assert_int_equal(pd_etcd_value_verify(k, full, junk[i], out, sizeof(out)), PD_ERR_AUTH);
+    /* sizes: the payload that fits, one byte more; a small out buffer */
+    char big[PD_MEMBER_VAL_MAX];
+    memset(big, 'a', sizeof(big));
+    big[PD_MEMBER_VAL_MAX - PD_ETCD_SIG_OVERHEAD - 1] = '\0';
+    assert_int_equal(pd_etcd_value_sign(k, full, big, v, sizeof(v)), PD_OK);
+    assert_int_equal(pd_etcd_value_verify(k, full, v, out, 8), PD_ERR_TOO_BIG);
+    big[PD_MEMBER_VAL_MAX - PD_ETCD_SIG_OVERHEAD - 1] = 'a';
+    big[PD_MEMBER_VAL_MAX - PD_ETCD_SIG_OVERHEAD] = '\0';
+    assert_int_equal(pd_etcd_value_sign(k, full, big, v, sizeof(v)), PD_ERR_TOO_BIG);
+    assert_int_equal(pd_etcd_value_sign(k, full, "a\nb", v, sizeof(v)), PD_ERR_BAD_INPUT);
+    /* key shapes */
+    assert_true(pd_etcd_key_ok("router-1", 63));
+    assert_true(pd_etcd_key_ok("r.a_b-C9", 63));
+    assert_false(pd_etcd_key_ok("", 63));
+    assert_false(pd_etcd_key_ok("..", 63));
+    assert_false(pd_etcd_key_ok("a/b", 63));
+    assert_false(pd_etcd_key_ok("a b", 63));
+    assert_false(pd_etcd_key_ok("abcd", 3));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_b64),
         cmocka_unit_test(test_post),
         cmocka_unit_test(test_member_checks),
+        cmocka_unit_test(test_signed_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -169,6 +169,19 @@ for (const { file, o } of [...byKind("Service"), ...byKind("PodDisruptionBudget"
   if (!podLabels.some((l) => matches(sel, l)))
     err(`${file} ${o.kind}/${o.metadata.name}`, "selects no workload's pods");
 }
+// a NetworkPolicy guards some workload's pods, and lets in only pods that exist
+function matchesExpr(sel, labels) {
+  return Object.entries(sel?.matchLabels ?? {}).every(([k, v]) => labels?.[k] === v) &&
+    (sel?.matchExpressions ?? []).every((e) => e.operator === "In" && e.values.includes(labels?.[e.key]));
+}
+for (const { file, o } of byKind("NetworkPolicy")) {
+  const where = `${file} NetworkPolicy/${o.metadata.name}`;
+  if (!podLabels.some((l) => matchesExpr(o.spec.podSelector, l))) err(where, "guards no workload's pods");
+  for (const r of o.spec.ingress ?? [])
+    for (const f of r.from ?? [])
+      if (f.podSelector && !podLabels.some((l) => matchesExpr(f.podSelector, l)))
+        err(where, "an ingress rule lets in no workload's pods");
+}
 for (const { file, o } of byKind("Service")) {
   const w = workloads.find((x) => matches(o.spec.selector, x.o.spec.template.metadata.labels));
   const names = new Set(w ? w.o.spec.template.spec.containers.flatMap((c) => (c.ports ?? []).map((p) => p.name)) : []);

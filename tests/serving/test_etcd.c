@@ -6,6 +6,13 @@
  *
  *   found     every daemon has a session with both routers (source etcd);
  *             each router serves; the daemons' and routers' keys are there.
+ *   forged    (issue #28 finding 3) 16 unsigned keys routers/aa-fake-NN
+ *             pointing at 16 trap listeners, a bad signature, router 0's
+ *             signed value copied under another key, a key of a bad shape:
+ *             a daemon started now registers with both real routers (the
+ *             forged keys sort first: they filled every slot before), the
+ *             daemons count them (admin session etcd.ignored), and nothing
+ *             ever connects to the trap. They stay for the next two tests.
  *   restart   router 1 SIGKILLed and started again on its control port:
  *             every daemon is back with it well before its 5 s backoff
  *             (its key was put again: the daemons reconnect at once).
@@ -33,6 +40,7 @@
 #include <unistd.h>
 
 #include "pd_e2e.h"
+#include "pd_etcd.h"
 
 static const char *g_router, *g_prefill, *g_decode, *g_model;
 static e2e_deploy_t g_d;
@@ -272,6 +280,137 @@ static void test_found(void **st)
     cJSON_Delete(j);
 }
 
+/* Put prefix + key = value (raw strings). */
+static bool etcd_put(const char *key, const char *value)
+{
+    char full[256], kb[400], vb[400], body[900];
+    snprintf(full, sizeof(full), PREFIX "%s", key);
+    pd_b64_encode(full, strlen(full), kb);
+    pd_b64_encode(value, strlen(value), vb);
+    snprintf(body, sizeof(body), "{\"key\":\"%s\",\"value\":\"%s\"}", kb, vb);
+    cJSON *j = etcd_call("/v3/kv/put", body);
+    bool ok = j != NULL;
+    cJSON_Delete(j);
+    return ok;
+}
+
+/* The value of prefix + key, or "" (out: cap bytes). */
+static void etcd_get(const char *key, char *out, size_t cap)
+{
+    char full[256], kb[400], body[500];
+    snprintf(full, sizeof(full), PREFIX "%s", key);
+    pd_b64_encode(full, strlen(full), kb);
+    snprintf(body, sizeof(body), "{\"key\":\"%s\"}", kb);
+    cJSON *j = etcd_call("/v3/kv/range", body);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "kvs"), 0), "value");
+    long n = cJSON_IsString(v) ? pd_b64_decode(v->valuestring, strlen(v->valuestring), out,
+                                               cap - 1) : -1;
+    out[n > 0 ? n : 0] = '\0';
+    cJSON_Delete(j);
+}
+
+#define N_FORGED 16
+static int g_trap[N_FORGED];
+static char g_trap_addr[N_FORGED][32];
+
+/* Nothing connected to any trap listener (their backlogs are empty). */
+static bool trap_untouched(void)
+{
+    bool untouched = true;
+    for (int i = 0; i < N_FORGED; i++) {
+        int c = accept(g_trap[i], NULL, NULL);
+        if (c >= 0) {
+            fprintf(stderr, "etcd forged: a connection to %s\n", g_trap_addr[i]);
+            close(c);
+            untouched = false;
+        }
+    }
+    return untouched;
+}
+
+static void test_forged(void **st)
+{
+    (void)st;
+    /* 16 listeners nobody should dial: one per forged key (the issue's 16
+     * distinct addresses filled all NODE_ROUTERS_MAX slots) */
+    char key[64], val[PD_MEMBER_VAL_MAX], real[PD_MEMBER_VAL_MAX];
+    for (int i = 0; i < N_FORGED; i++) {
+        struct sockaddr_in sa = { .sin_family = AF_INET,
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t sl = sizeof(sa);
+        g_trap[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        assert_true(g_trap[i] >= 0);
+        assert_int_equal(bind(g_trap[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+        assert_int_equal(listen(g_trap[i], 64), 0);
+        assert_int_equal(getsockname(g_trap[i], (struct sockaddr *)&sa, &sl), 0);
+        snprintf(g_trap_addr[i], sizeof(g_trap_addr[i]), "127.0.0.1:%u", ntohs(sa.sin_port));
+        snprintf(key, sizeof(key), "routers/aa-fake-%02d", i); /* sorts before "router" */
+        assert_true(etcd_put(key, g_trap_addr[i]));
+    }
+    snprintf(val, sizeof(val), "%s s1:AAAAAAAAAAAAAAAAAAAAAA==", g_trap_addr[0]);
+    assert_true(etcd_put("routers/aa-badsig", val));
+    etcd_get("routers/router", real, sizeof(real));
+    assert_true(etcd_put("routers/zz-copy", real));      /* replayed under another key */
+    assert_true(etcd_put("routers/a/b", g_trap_addr[1])); /* not a router id */
+
+    /* a daemon that starts now: both real routers, nothing else */
+    static const char *la[] = { "--kv-blocks=64", NULL, "--etcd.prefix=" PREFIX,
+                                "--etcd.ttl=2s", NULL };
+    la[1] = g_etcd_arg;
+    double keep = g_d.o.ready_timeout_s;
+    g_d.o.ready_timeout_s = 15;
+    e2e_proc_t *late = e2e_add_daemon(&g_d, E2E_DECODE, "decode-late", la);
+    g_d.o.ready_timeout_s = keep;
+    assert_non_null(late);
+    double end = e2e_now() + 10.0;
+    int up = 0, links = -1;
+    while (e2e_now() < end) {
+        cJSON *j = e2e_admin(late->sock, "session");
+        up = (int)e2e_jnum(j, "routers_up");
+        links = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "routers"));
+        cJSON_Delete(j);
+        if (up == 2)
+            break;
+        e2e_nap_ms(20);
+    }
+    assert_int_equal(up, 2);
+    assert_int_equal(links, 2);
+    /* the daemons there before: still both routers, the forged ones counted */
+    assert_true(sessions_up(2, 5.0));
+    for (int k = 0; k < 3; k++) {
+        e2e_proc_t *p = k < 2 ? daemon_at(k) : late;
+        cJSON *j = e2e_admin(p->sock, "session");
+        double forged = e2e_jnum(j, "etcd.ignored.forged");
+        double bad_key = e2e_jnum(j, "etcd.ignored.bad_key");
+        cJSON_Delete(j);
+        fprintf(stderr, "etcd forged: %s counted forged %.0f, bad_key %.0f\n", p->id, forged,
+                bad_key);
+        assert_true(forged == N_FORGED + 2);
+        assert_true(bad_key == 1);
+    }
+    request_ok(0, "forged keys present");
+    assert_true(trap_untouched());
+    assert_non_null(strstr(real, " s1:"));               /* the real one is signed */
+    e2e_proc_signal(late, SIGTERM);
+    assert_int_equal(e2e_proc_wait(late, 10.0), 0);
+}
+
+/* Remove what test_forged put (the counts below are the real members'). */
+static void forged_remove(void)
+{
+    char b0[64], b1[64], body[200];
+    pd_b64_encode(PREFIX "routers/a", strlen(PREFIX "routers/a"), b0);
+    pd_b64_encode(PREFIX "routers/ab", strlen(PREFIX "routers/ab"), b1);
+    snprintf(body, sizeof(body), "{\"key\":\"%s\",\"range_end\":\"%s\"}", b0, b1);
+    cJSON_Delete(etcd_call("/v3/kv/deleterange", body));
+    pd_b64_encode(PREFIX "routers/zz-copy", strlen(PREFIX "routers/zz-copy"), b0);
+    snprintf(body, sizeof(body), "{\"key\":\"%s\"}", b0);
+    cJSON_Delete(etcd_call("/v3/kv/deleterange", body));
+    for (int i = 0; i < N_FORGED; i++)
+        close(g_trap[i]);
+}
+
 static void test_restart(void **st)
 {
     (void)st;
@@ -290,6 +429,8 @@ static void test_restart(void **st)
     assert_int_equal((int)registrations(1), 4);
     assert_int_equal((int)registrations(0), 2); /* router 0 never lost */
     request_ok(1, "restarted router");
+    assert_true(trap_untouched());   /* the forged keys are still there */
+    forged_remove();
 }
 
 static void test_etcd_down(void **st)
@@ -350,6 +491,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_found),
+        cmocka_unit_test(test_forged),
         cmocka_unit_test(test_restart),
         cmocka_unit_test(test_etcd_down),
     };

@@ -158,6 +158,15 @@ int pdctl_mkdir_p(const char *dir);
  * digits + NUL. 0 or PDCTL_EXIT_FAIL (printed). */
 int pdctl_secret_hex(char hex[65]);
 
+/* The host's memory budget (common/pd_memledger.h) before anything starts:
+ * add[role] more prefill / decode daemons (named <role>-<first[role] + i>;
+ * first NULL: from 0), each with the arena its binary reports for the
+ * deployment's config (--print-arena-bytes), beside the live entries of
+ * the ledger (mem.ledger), under mem.budget if set. 0, or PDCTL_EXIT_FAIL
+ * with the sentence naming every share (printed). */
+int pdctl_mem_plan_check(const pdctl_dep_t *dep, const unsigned add[PDCTL_ROLE_N],
+                         unsigned first[PDCTL_ROLE_N]);
+
 int pdctl_cmd_up(int argc, char **argv);
 int pdctl_cmd_down(int argc, char **argv);
 int pdctl_cmd_scale(int argc, char **argv);

@@ -50,6 +50,8 @@
     X("drain-timeout", "drain-timeout", R | P | D, "SIGTERM drain bound")        \
     X("block-tokens", "block-tokens", P | D, "tokens per KV block")              \
     X("kv-dtype", "kv-dtype", P | D, "f32|f16")                                \
+    X("mem-budget", "mem.budget", P | D, "host-wide cap on the daemons' KV arenas (0: from MemAvailable / cgroup)") \
+    X("mem-ledger", "mem.ledger", P | D, "file where one host's daemons reserve their arenas") \
     X("etcd", "etcd", R | P | D, "etcd client address, or local[:PORT] (pdctl runs one on loopback): membership (off by default)") \
     X("etcd-prefix", "etcd.prefix", R | P | D, "deployment prefix in etcd (/pdserve/<name>/)")
 
@@ -629,7 +631,8 @@ int pdctl_dep_load(const char *path, char *const *sets, int n_sets,
                 }
             }
             if (!pdctl_key_in(keys[r], kv->key) || strcmp(kv->key, "help") == 0 ||
-                strcmp(kv->key, "version") == 0 || strcmp(kv->key, "check-config") == 0) {
+                strcmp(kv->key, "version") == 0 || strcmp(kv->key, "check-config") == 0 ||
+                strcmp(kv->key, "print-arena-bytes") == 0) {
                 pdctl_fail("%s: unknown key \"%s\" in [%s] (not an option of %s; see %s --help)",
                            where, kv->key, pdctl_role_name((pdctl_role_t)r),
                            pdctl_role_bins[r], pdctl_role_bins[r]);

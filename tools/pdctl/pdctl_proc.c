@@ -20,8 +20,12 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "pd_config.h"
+#include "pd_memledger.h"
 
 extern char **environ;
 
@@ -633,6 +637,110 @@ static int pdctl_up_args(int *argc, char **argv, char **sets, int *n_sets,
     return 0;
 }
 
+/* ---- the host's memory budget (before anything starts) ------------------- */
+
+/* One role's KV arena in bytes: `bin --config=<rendered> --print-arena-bytes`
+ * loads the model and prints it (the geometry is the engine's to know).
+ * 0 and *bytes_p; PDCTL_EXIT_FAIL (printed: no temporary file);
+ * PDCTL_EXIT_USAGE, silent, when the daemon does not get that far (a bad
+ * value, a missing model): `check` and the start-up show its own message. */
+static int pdctl_arena_bytes(const pdctl_dep_t *dep, pdctl_role_t r, uint64_t *bytes_p)
+{
+    char *text = pdctl_dep_render(dep, r, "plan", "127.0.0.1:7000",
+                                  "/nonexistent/pdctl-plan.sock", NULL, NULL, NULL);
+    char tmp[] = "/tmp/pdctl-plan-XXXXXX";
+    int tfd = text != NULL ? mkstemp(tmp) : -1;
+    if (tfd < 0) {
+        free(text);
+        fprintf(stderr, "pdctl: memory check: cannot write a temporary file: %s\n",
+                strerror(errno));
+        return PDCTL_EXIT_FAIL;
+    }
+    size_t len = strlen(text);
+    bool wrote = write(tfd, text, len) == (ssize_t)len;
+    close(tfd);
+    free(text);
+    int fds[2];
+    if (!wrote || pipe(fds) != 0) {
+        unlink(tmp);
+        return PDCTL_EXIT_FAIL;
+    }
+    char cfg[PATH_MAX + 16];
+    snprintf(cfg, sizeof(cfg), "--config=%s", tmp);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        int null = open("/dev/null", O_RDWR);
+        if (null >= 0) {
+            dup2(null, 0);
+            dup2(null, 2);
+        }
+        close(fds[0]);
+        close(fds[1]);
+        execl(dep->bins[r], dep->bins[r], cfg, "--print-arena-bytes", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    char out[64];
+    size_t n = 0;
+    ssize_t k;
+    while (pid > 0 && n < sizeof(out) - 1 && (k = read(fds[0], out + n, sizeof(out) - 1 - n)) > 0)
+        n += (size_t)k;
+    out[n] = '\0';
+    close(fds[0]);
+    int status = 0;
+    while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    unlink(tmp);
+    char *end;
+    unsigned long long v = strtoull(out, &end, 10);
+    if (pid < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || end == out || *end != '\n')
+        return PDCTL_EXIT_USAGE; /* its config does not boot: it says why when started */
+    *bytes_p = v;
+    return 0;
+}
+
+int pdctl_mem_plan_check(const pdctl_dep_t *dep, const unsigned add[PDCTL_ROLE_N],
+                         unsigned first[PDCTL_ROLE_N])
+{
+    static pd_memledger_entry_t plan[2 * PDCTL_MAX_PER_ROLE];
+    unsigned np = 0;
+    pd_memledger_opts_t mo = { 0 };
+    for (int r = PDCTL_PREFILL; r <= PDCTL_DECODE; r++) {
+        if (add[r] == 0)
+            continue;
+        const char *b = pdctl_kvs_get(&dep->role_kv[r], "mem.budget");
+        uint64_t budget = 0;
+        if (b != NULL && pd_parse_size(b, &budget) == PD_OK && budget != 0 &&
+            (mo.budget == 0 || budget < mo.budget))
+            mo.budget = budget;
+        if (mo.path == NULL)
+            mo.path = pdctl_kvs_get(&dep->role_kv[r], "mem.ledger");
+        uint64_t bytes;
+        int rc = pdctl_arena_bytes(dep, (pdctl_role_t)r, &bytes);
+        if (rc == PDCTL_EXIT_USAGE)
+            continue;   /* not this check's to report */
+        if (rc != 0)
+            return rc;
+        for (unsigned i = 0; i < add[r] && np < 2 * PDCTL_MAX_PER_ROLE; i++, np++) {
+            memset(&plan[np], 0, sizeof(plan[np]));
+            plan[np].bytes = bytes;
+            snprintf(plan[np].name, sizeof(plan[np].name), "pd-%s %s-%u",
+                     pdctl_role_name((pdctl_role_t)r), pdctl_role_name((pdctl_role_t)r),
+                     (first ? first[r] : 0) + i);
+        }
+    }
+    if (np == 0)
+        return 0;
+    char why[2048];
+    if (pd_memledger_check_plan(&mo, plan, np, why, sizeof(why)) != PD_OK) {
+        fprintf(stderr, "pdctl: %s: the KV arenas do not fit this host's memory: %s; lower "
+                "kv-blocks or the number of daemons (nothing was started)\n", dep->path, why);
+        return PDCTL_EXIT_FAIL;
+    }
+    return 0;
+}
+
 /* The run dir of the new deployment: short enough for the admin sockets,
  * created, locked (st->lock_fd), no deployment still running in it, no
  * stale url file. 0 or PDCTL_EXIT_FAIL. */
@@ -846,7 +954,8 @@ int pdctl_cmd_up(int argc, char **argv)
     st.lock_fd = -1;
     pdctl_up_routers_t rt = { .n = dep.count[PDCTL_ROUTER] };
     rc = PDCTL_EXIT_FAIL;
-    if (pdctl_up_run_dir(&dep, &st) != 0 || pdctl_secret_ensure(dep.secret_file) != 0)
+    if (pdctl_up_run_dir(&dep, &st) != 0 || pdctl_secret_ensure(dep.secret_file) != 0 ||
+        pdctl_mem_plan_check(&dep, dep.count, NULL) != 0)
         goto out;
     if ((rc = pdctl_up_router_addrs(&dep, &rt)) != 0)
         goto out;
@@ -997,6 +1106,11 @@ int pdctl_cmd_scale(int argc, char **argv)
     if (want > have) {
         pdctl_daemon_t *started[PDCTL_MAX_DAEMONS];
         int n_started = 0;
+        unsigned add[PDCTL_ROLE_N] = { 0 }, first[PDCTL_ROLE_N] = { 0 };
+        add[role] = (unsigned)(want - have);
+        first[role] = (unsigned)have;   /* the running ones are in the ledger already */
+        if ((rc = pdctl_mem_plan_check(&dep, add, first)) != 0)
+            goto out;
         rc = pdctl_start_role(&dep, &st, role, (unsigned)want, started, &n_started);
         pdctl_state_save(&st);
         if (rc != 0 || !pdctl_wait_started(&dep, &st, started, n_started)) {

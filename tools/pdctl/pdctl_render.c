@@ -106,6 +106,10 @@ int pdctl_cmd_check(int argc, char **argv)
             return PDCTL_EXIT_USAGE;
         }
     }
+    if (pdctl_mem_plan_check(&dep, dep.count, NULL) != 0) {
+        pdctl_dep_free(&dep);
+        return PDCTL_EXIT_FAIL;
+    }
     printf("%s: ok: deployment \"%s\", model %s, %u router%s, %u prefill, %u decode, run dir %s\n",
            argv[0], dep.name, dep.model, dep.count[PDCTL_ROUTER],
            dep.count[PDCTL_ROUTER] == 1 ? "" : "s", dep.count[PDCTL_PREFILL],
