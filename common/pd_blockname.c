@@ -29,15 +29,29 @@ uint64_t pd_block_name(uint64_t parent, uint64_t compat, const int32_t *tokens,
     return XXH3_64bits_digest(&s);
 }
 
-uint32_t pd_block_names(uint32_t block_tokens, uint64_t compat, const int32_t *tokens,
-                        uint32_t n_tokens, uint64_t *out, uint32_t cap)
+uint64_t pd_block_root(uint64_t compat, uint64_t partition)
+{
+    if (partition == 0)
+        return compat;
+    static const char tag[] = "pdserve cache partition";
+    uint8_t buf[sizeof(tag) + 8];
+    for (size_t k = 0; k < sizeof(tag); k++)
+        buf[k] = (uint8_t)tag[k];
+    for (int k = 0; k < 8; k++)
+        buf[sizeof(tag) + k] = (uint8_t)(partition >> (8 * k));
+    uint64_t root = XXH3_64bits_withSeed(buf, sizeof(buf), compat);
+    return root != compat ? root : root ^ 1; /* never the shared partition's */
+}
+
+uint32_t pd_block_names(uint32_t block_tokens, uint64_t compat, uint64_t partition,
+                        const int32_t *tokens, uint32_t n_tokens, uint64_t *out, uint32_t cap)
 {
     if (block_tokens == 0)
         return 0;
     uint32_t n = n_tokens / block_tokens;
     if (n > cap)
         n = cap;
-    uint64_t parent = compat;
+    uint64_t parent = pd_block_root(compat, partition);
     for (uint32_t i = 0; i < n; i++) {
         parent = pd_block_name(parent, compat, tokens + (size_t)i * block_tokens, block_tokens);
         out[i] = parent;

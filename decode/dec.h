@@ -84,6 +84,7 @@ typedef struct dec_req {
     pd_status_t pend_status;
     /* tokens: prompt then generated, (cap) */
     int32_t *tok;
+    uint64_t partition;                 /* prefix-cache partition (DECODE_REQ) */
     uint32_t cap;                       /* max_pos + 1 */
     uint32_t n_prompt;
     uint32_t n_gen;                     /* generated so far (incl. those given) */

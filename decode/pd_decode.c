@@ -220,7 +220,8 @@ static void dec_req_end(dec_req_t *r, uint16_t reason, pd_status_t status)
         /* every step succeeded: KV is written for all tokens but the last
          * sampled one (kv_have counts prefill chunks / the pull only) */
         uint32_t n_kv = r->n_gen > 0 ? r->n_prompt + r->n_gen - 1 : r->kv_have;
-        (void)kvx_prefix_insert(d->n.prefix, r->tok, n_kv, r->nr.blocks, r->nr.n_blocks, NULL);
+        (void)kvx_prefix_insert(d->n.prefix, r->partition, r->tok, n_kv, r->nr.blocks,
+                                r->nr.n_blocks, NULL);
     }
     if (dec_can_reply(d, r)) {
         if (reason == PROTO_FINISH_ERROR && r->seq == 0) {
@@ -713,7 +714,7 @@ static bool dec_try_start(dec_t *d, dec_req_t *r)
      * its logits give token 0) */
     uint32_t m = 0;
     if (d->n.prefix != NULL)
-        m = kvx_prefix_match(d->n.prefix, r->tok,
+        m = kvx_prefix_match(d->n.prefix, r->partition, r->tok,
                              dec_req_is(r, DEC_RF_LOCAL) ? r->n_prompt - 1 : r->n_prompt,
                              r->nr.blocks, r->nr.n_blocks);
     pd_status_t st = d->n.prefix != NULL
@@ -744,8 +745,8 @@ static bool dec_try_start(dec_t *d, dec_req_t *r)
 static void dec_fork_release(dec_t *d, dec_req_t *r)
 {
     if (d->n.prefix != NULL)
-        (void)kvx_prefix_insert(d->n.prefix, r->tok, r->n_prompt, r->nr.blocks, r->nr.n_blocks,
-                                NULL);
+        (void)kvx_prefix_insert(d->n.prefix, r->partition, r->tok, r->n_prompt, r->nr.blocks,
+                                r->nr.n_blocks, NULL);
     dec_req_t *list = NULL; /* reverse: the list is newest first */
     while (r->forks != NULL) {
         dec_req_t *f = r->forks;
@@ -878,6 +879,7 @@ static dec_req_t *dec_admit(dec_t *d, node_link_t *from, const proto_decode_req_
     r->max_pos = max_pos;
     r->n_prompt = proto_tokens_copy(&q->prompt, r->tok, np);
     r->n_gen_given = proto_tokens_copy(&q->generated, r->tok + np, ng);
+    r->partition = q->cache_partition;
     r->kv_pull = q->kv_tokens != 0 ? q->kv_tokens : np; /* proto_msg checked the range */
     r->nr.n_blocks = nb;
     r->budget_ns = q->deadline_ns;
@@ -1232,7 +1234,7 @@ static void dec_on_kv_export_req(node_t *node, node_link_t *from, const proto_ms
     if (st == PD_OK) {
         for (uint32_t i = 0; i < nb * bt; i++)
             tok[i] = proto_tokens_get(&q->prompt, i);
-        m = kvx_prefix_match(d->n.prefix, tok, nb * bt, x->nr.blocks, nb);
+        m = kvx_prefix_match(d->n.prefix, q->cache_partition, tok, nb * bt, x->nr.blocks, nb);
         if (m * bt < want) {
             st = PD_ERR_NOT_FOUND; why = "not enough of the prompt cached";
             (void)kvx_blocks_unref(d->n.blocks, x->nr.blocks, m, NULL);

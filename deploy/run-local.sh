@@ -11,7 +11,9 @@
 #   PD_RUN_DIR       state dir: secret, logs, pid files, admin sockets (default ./run)
 #   PD_LOCAL_MODEL   GGUF path or sim:<preset> (default BUILD/engine/gguf/builtin.gguf)
 #   PD_LOCAL_THREADS engine threads per daemon (default 1)
-# Everything listens on 127.0.0.1 only. The daemons authenticate each other
+# Everything listens on 127.0.0.1 only: HTTP, control, /metrics, and the KV
+# plane (kv-listen = 127.0.0.1: the daemons' UCX tcp listeners; without it
+# UCX listens on every interface). tests/serving/test_listen.sh checks it. The daemons authenticate each other
 # with the secret in $PD_RUN_DIR/secret (32 random bytes, hex, mode 0600),
 # generated on first use.
 set -euo pipefail
@@ -62,7 +64,8 @@ fi
 # waits for /ready, prints the URL and examples; Ctrl-C (or SIGTERM) stops
 # everything, and if a daemon dies the rest are stopped too.
 SETS=(--set "router.http=127.0.0.1:${PD_HTTP_PORT:-8000}"
-      --set "router.control=127.0.0.1:${PD_CONTROL_PORT:-7000}")
+      --set "router.control=127.0.0.1:${PD_CONTROL_PORT:-7000}"
+      --set "prefill.kv-listen=127.0.0.1" --set "decode.kv-listen=127.0.0.1")
 [ -n "${PD_LOCAL_MODEL:-}" ] && SETS+=(--set "deployment.model=$PD_LOCAL_MODEL")
 [ -n "${PD_LOCAL_THREADS:-}" ] && SETS+=(--set "prefill.threads=$PD_LOCAL_THREADS"
                                         --set "decode.threads=$PD_LOCAL_THREADS")

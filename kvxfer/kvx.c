@@ -298,10 +298,20 @@ pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
     kvx_ucx_env_defaults(); /* no-op when the daemon did it before its threads */
     if (ucp_config_read(NULL, NULL, &ucfg) != UCS_OK)
         goto err_free;
+    /* a context setting (unlike the tcp transport's, see
+     * kvx_ucx_env_defaults): ucp_config_modify takes effect; checked with
+     * /proc/<pid>/net/tcp (tests/serving/test_listen.sh) */
+    if (cfg->net_devices != NULL &&
+        ucp_config_modify(ucfg, "NET_DEVICES", cfg->net_devices) != UCS_OK) {
+        ucp_config_release(ucfg);
+        status = PD_ERR_BAD_INPUT;
+        goto err_free;
+    }
     ucs_status_t us = ucp_init(&up, ucfg, &ctx->ucp);
     ucp_config_release(ucfg);
     if (us != UCS_OK)
         goto err_free;
+    ctx->cfg.net_devices = NULL; /* the caller's string is not kept */
     ucp_worker_params_t wp = {
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
         .thread_mode = UCS_THREAD_MODE_SINGLE,

@@ -110,6 +110,14 @@ typedef struct {
     uint64_t ready_poll_ns;            /* importer: re-read the readiness words
                                           of a streamed pull this long after a
                                           read that found nothing new (100 us) */
+    /* The network devices UCX may use (its NET_DEVICES list: interface
+     * names such as "lo" or "eth0,eth1"), NULL = all of them (UCX's
+     * default). UCX 1.13's tcp transport opens one listening socket per
+     * device it uses, bound to that interface's address, and accepts
+     * connections there from anyone: limiting the devices is what keeps
+     * the KV plane off other interfaces. Shared-memory transports are not
+     * network devices and stay available. Overrides UCX_NET_DEVICES. */
+    const char *net_devices;
 } kvx_config_t;
 
 /* Defaults for every field except node_id and secret (zeroed). */
@@ -124,7 +132,8 @@ void kvx_ucx_env_defaults(void);
 /* Create the UCP context (RMA | AM | WAKEUP) and worker, hook the worker's
  * event fd into base (EV_READ|EV_PERSIST: progress, then arm, retry on
  * BUSY) and allocate every pool (leases, pulls, peers) now.
- * Expected: PD_ERR_BAD_INPUT (node_id 0), PD_ERR_TRANSPORT (UCX init),
+ * Expected: PD_ERR_BAD_INPUT (node_id 0, net_devices refused by UCX),
+ * PD_ERR_TRANSPORT (UCX init),
  * PD_ERR_NO_MEMORY. */
 pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
                            kvx_ctx_h **ctx_p);

@@ -39,10 +39,10 @@ uint64_t kvx_prefix_name(uint64_t parent, uint64_t compat, const int32_t *tokens
     return pd_block_name(parent, compat, tokens, n_tokens);
 }
 
-uint32_t kvx_prefix_names(uint32_t block_tokens, uint64_t compat, const int32_t *tokens,
-                          uint32_t n_tokens, uint64_t *out, uint32_t cap)
+uint32_t kvx_prefix_names(uint32_t block_tokens, uint64_t compat, uint64_t partition,
+                          const int32_t *tokens, uint32_t n_tokens, uint64_t *out, uint32_t cap)
 {
-    return pd_block_names(block_tokens, compat, tokens, n_tokens, out, cap);
+    return pd_block_names(block_tokens, compat, partition, tokens, n_tokens, out, cap);
 }
 
 pd_status_t kvx_prefix_create(kvx_blocks_t *blocks, const kvx_prefix_config_t *cfg,
@@ -194,12 +194,12 @@ void kvx_prefix_destroy(kvx_prefix_t *p)
     free(p);
 }
 
-uint32_t kvx_prefix_match(kvx_prefix_t *p, const int32_t *tokens, uint32_t n_tokens,
-                          uint32_t *blocks_out, uint32_t cap)
+uint32_t kvx_prefix_match(kvx_prefix_t *p, uint64_t partition, const int32_t *tokens,
+                          uint32_t n_tokens, uint32_t *blocks_out, uint32_t cap)
 {
     uint32_t bt = p->cfg.block_tokens;
     uint32_t n_full = n_tokens / bt, k = 0;
-    uint64_t parent = p->cfg.compat_hash;
+    uint64_t parent = pd_block_root(p->cfg.compat_hash, partition);
     p->st.lookups++;
     p->st.query_tokens += n_tokens;
     for (; k < n_full && k < cap; k++) {
@@ -218,15 +218,15 @@ uint32_t kvx_prefix_match(kvx_prefix_t *p, const int32_t *tokens, uint32_t n_tok
     return k;
 }
 
-pd_status_t kvx_prefix_insert(kvx_prefix_t *p, const int32_t *tokens, uint32_t n_tokens,
-                              const uint32_t *blocks, uint32_t n_blocks,
+pd_status_t kvx_prefix_insert(kvx_prefix_t *p, uint64_t partition, const int32_t *tokens,
+                              uint32_t n_tokens, const uint32_t *blocks, uint32_t n_blocks,
                               uint32_t *n_new_p)
 {
     uint32_t bt = p->cfg.block_tokens;
     uint32_t n_full = n_tokens / bt, added = 0, k = 0;
     if (n_full > n_blocks)
         n_full = n_blocks;
-    uint64_t parent = p->cfg.compat_hash;
+    uint64_t parent = pd_block_root(p->cfg.compat_hash, partition);
     pd_status_t st = PD_OK;
     for (; k < n_full; k++) {
         const int32_t *t = tokens + (size_t)k * bt;

@@ -4,9 +4,13 @@
  * Block identity: block i of a token sequence (tokens [i*bt, (i+1)*bt), bt =
  * block_tokens) is named
  *   h(i) = XXH3-64(seed = compat, LE64(h(i-1)) || LE32(tokens of block i))
- * with h(-1) = compat, the deployment's compat hash (model + KV geometry, the
- * one kvx_region_register takes). Equal names mean equal prefixes, so a
- * router can index names without tokens. Only full blocks are named; a
+ * with h(-1) = pd_block_root(compat, partition): compat itself (the
+ * deployment's compat hash: model + KV geometry, the one
+ * kvx_region_register takes) in partition 0, else a hash of compat and the
+ * request's cache partition (pd_blockname.h), so requests of two
+ * partitions never match each other's blocks: the parent check of a lookup
+ * holds at block 0 already. Equal names mean equal prefixes in one
+ * partition, so a router can index names without tokens. Only full blocks are named; a
  * partial block is never shared.
  *
  * The cache holds one reference (kvx_blocks_ref) on every cached block and
@@ -58,20 +62,25 @@ pd_status_t kvx_prefix_create(kvx_blocks_t *blocks, const kvx_prefix_config_t *c
 /* Drops the cache's references (blocks still used elsewhere stay). */
 void kvx_prefix_destroy(kvx_prefix_t *p); /* NULL-safe */
 
-/* Name of one block from its parent's name (compat for block 0). */
+/* Name of one block from its parent's name (the partition's root,
+ * pd_block_root, for block 0). */
 uint64_t kvx_prefix_name(uint64_t parent, uint64_t compat, const int32_t *tokens,
                          uint32_t n_tokens);
-/* Names of the full blocks of tokens[0..n_tokens) into out[0..cap); returns
- * how many were written (min(n_tokens / block_tokens, cap)). */
-uint32_t kvx_prefix_names(uint32_t block_tokens, uint64_t compat, const int32_t *tokens,
-                          uint32_t n_tokens, uint64_t *out, uint32_t cap);
+/* Names of the full blocks of tokens[0..n_tokens) in that partition into
+ * out[0..cap); returns how many were written (min(n_tokens / block_tokens,
+ * cap)). */
+uint32_t kvx_prefix_names(uint32_t block_tokens, uint64_t compat, uint64_t partition,
+                          const int32_t *tokens, uint32_t n_tokens, uint64_t *out, uint32_t cap);
+
+/* partition: the request's cache partition (0 = the shared one); match and
+ * insert see only the blocks of that partition. */
 
 /* Longest cached prefix of tokens[0..n_tokens) in full blocks (callers that
  * must compute at least one token pass n_tokens - 1). Takes one reference on
  * every matched block for the caller (drop with kvx_blocks_unref) and writes
  * their ids to blocks_out[0..cap). Returns the number of blocks matched. */
-uint32_t kvx_prefix_match(kvx_prefix_t *p, const int32_t *tokens, uint32_t n_tokens,
-                          uint32_t *blocks_out, uint32_t cap);
+uint32_t kvx_prefix_match(kvx_prefix_t *p, uint64_t partition, const int32_t *tokens,
+                          uint32_t n_tokens, uint32_t *blocks_out, uint32_t cap);
 
 /* Offers a sequence's blocks (blocks[i] holds tokens [i*bt, (i+1)*bt)) to the
  * cache: each full block not cached yet takes a cache reference. A name
@@ -80,8 +89,8 @@ uint32_t kvx_prefix_match(kvx_prefix_t *p, const int32_t *tokens, uint32_t n_tok
  * references. Returns PD_OK (*n_new_p = blocks newly cached, may be NULL) or
  * PD_ERR_BAD_INPUT (a block not allocated, or already cached under another
  * name: the caller wrote into a shared block; nothing more inserted). */
-pd_status_t kvx_prefix_insert(kvx_prefix_t *p, const int32_t *tokens, uint32_t n_tokens,
-                              const uint32_t *blocks, uint32_t n_blocks,
+pd_status_t kvx_prefix_insert(kvx_prefix_t *p, uint64_t partition, const int32_t *tokens,
+                              uint32_t n_tokens, const uint32_t *blocks, uint32_t n_blocks,
                               uint32_t *n_new_p);
 
 /* kvx_blocks_alloc that first evicts LRU evictable blocks when fewer than n

@@ -854,11 +854,15 @@ pd_status_t node_run(node_t *n, const char *extra)
                "RUNNING WITHOUT AUTHENTICATION (--insecure-no-auth): loopback only");
     pd_loop_on_drain(n->loop, node_on_sigterm, n);
     pd_log(PD_LOG_INFO, n->role->name, NULL,
-           "%s up: model %s (%s), %llu blocks x %llu bytes (%u tokens)%s, router%s %s%s%s",
+           "%s up: model %s (%s), %llu blocks x %llu bytes (%u tokens)%s, router%s %s%s%s, "
+           "KV plane on %s%s%s%s",
            n->daemon_id, n->cfg->model, n->engine, (unsigned long long)n->cfg->kv_blocks,
            (unsigned long long)n->geom->block_bytes, n->geom->block_tokens, extra ? extra : "",
            na > 1 ? "s" : "", na > 0 ? list : "(none static)", n->cfg->etcd ? ", etcd " : "",
-           n->cfg->etcd ? n->cfg->etcd : "");
+           n->cfg->etcd ? n->cfg->etcd : "",
+           strcmp(n->kv_dev, "*") == 0 ? "every interface (kv-listen *)" : n->kv_addr,
+           strcmp(n->kv_dev, "*") == 0 ? "" : " (", strcmp(n->kv_dev, "*") == 0 ? "" : n->kv_dev,
+           strcmp(n->kv_dev, "*") == 0 ? "" : ")");
     return pd_loop_run(n->loop);
 }
 
@@ -872,6 +876,9 @@ static pd_status_t node_adm_kv(pd_admin_req_t *req, cJSON *reply)
     cJSON_AddNumberToObject(reply, "block_bytes", (double)kvx_region_block_bytes(n->region));
     cJSON_AddNumberToObject(reply, "block_tokens", n->geom->block_tokens);
     cJSON_AddNumberToObject(reply, "blocks_total", kvx_blocks_total(n->blocks));
+    /* kv-listen: where this daemon's UCX tcp listener is ("*": every interface) */
+    cJSON_AddStringToObject(reply, "kv_listen", n->kv_addr);
+    cJSON_AddStringToObject(reply, "kv_device", n->kv_dev);
     /* free = allocatable (free + cached blocks nobody holds); used = the rest */
     uint32_t avail = node_kv_available(n);
     cJSON_AddNumberToObject(reply, "free", avail);

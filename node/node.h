@@ -61,6 +61,7 @@ typedef struct {
     uint64_t kv_blocks;
     bool prefix_cache;
     uint64_t kv_events_ns;
+    char *kv_listen;
     uint64_t heartbeat_ns;
     uint64_t reconnect_min_ns;
     uint64_t drain_timeout_ns;
@@ -97,7 +98,8 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
     NODE_ROW(stype, kv_dtype, "kv-dtype", ENUM, "f16", "KV dtype: f32|f16", 0, 0, node_kv_dtypes) \
     NODE_ROW(stype, kv_blocks, "kv-blocks", UINT, "1024", "KV blocks in the arena", 1, 1e8, NULL) \
     NODE_ROW(stype, prefix_cache, "prefix-cache", BOOL, "true", "reuse the KV of cached prompt prefixes (full blocks)", 0, 0, NULL) \
-    NODE_ROW(stype, kv_events_ns, "kv-events-interval", DURATION, "50ms", "prefix cache: batch store/remove events to the router this long", 1e6, 10e9, NULL)
+    NODE_ROW(stype, kv_events_ns, "kv-events-interval", DURATION, "50ms", "prefix cache: batch store/remove events to the router this long", 1e6, 10e9, NULL) \
+    NODE_ROW(stype, kv_listen, "kv-listen", STRING, NULL, "KV plane (UCX) address or interface: an IP address of this host, an interface name, or * for every interface; default: loopback when every router address is loopback and etcd is off, else every interface", 0, 0, NULL)
 #define NODE_TAIL_ROWS(stype)                                                 \
     NODE_ROW(stype, heartbeat_ns, "heartbeat-interval", DURATION, "500ms", "heartbeat interval before the router's ACK", 1e6, 60e9, NULL) \
     NODE_ROW(stype, reconnect_min_ns, "reconnect-min", DURATION, "1s", "first reconnect backoff (doubles to 30 s)", 1e6, 60e9, NULL) \
@@ -287,6 +289,8 @@ struct node {
     node_kve_t *kve;                    /* its events to the router (NULL: off) */
     uint8_t meta[KVX_META_MAX_BYTES];
     size_t meta_len;
+    char kv_dev[64];                    /* kv-listen's interface, "*" = every one */
+    char kv_addr[64];                   /* its address (the first IPv4, else IPv6), "*" */
     node_req_t **lease_reqs;            /* (max_leases) request per live lease slot */
     uint32_t max_leases;
     node_peer_t peers[NODE_MAX_PEERS];  /* KV peers (PEER_INFO / PEER_DOWN) */

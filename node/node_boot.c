@@ -5,7 +5,11 @@
  * runner, admin socket and /metrics; and the ready file. */
 #include "node.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +22,81 @@
 #include "proto_conn.h"
 
 /* ---- the checks before anything starts ------------------------------------ */
+
+/* kv-listen -> the interface UCX may use (n->kv_dev, its NET_DEVICES) and
+ * the address its tcp listener will be on (n->kv_addr). UCX 1.13's tcp
+ * transport binds one listener per interface it uses, to that interface's
+ * address (the first IPv4 one; UCX_TCP_AF_PRIO's default "inet,inet6"),
+ * so pinning the interface pins the address. An address is looked up
+ * among this host's interfaces (getifaddrs); a name must be one of them.
+ * Unset: loopback when every router of the static list is on loopback and
+ * etcd is off (a local deployment), else every interface. */
+/* The IP address of an interface address of family af into out (4 or 16
+ * bytes); false for another family. (memcpy: a sockaddr is not aligned
+ * for sockaddr_in6 as far as the compiler knows.) */
+static bool node_ifa_ip(const struct sockaddr *sa, int af, unsigned char out[16])
+{
+    if (sa == NULL || sa->sa_family != af)
+        return false;
+    if (af == AF_INET) {
+        struct sockaddr_in in;
+        memcpy(&in, sa, sizeof(in));
+        memcpy(out, &in.sin_addr, 4);
+    } else {
+        struct sockaddr_in6 in6;
+        memcpy(&in6, sa, sizeof(in6));
+        memcpy(out, &in6.sin6_addr, 16);
+    }
+    return true;
+}
+
+static pd_status_t node_boot_kv_listen(node_t *n, const char *prog, bool routers_loopback)
+{
+    const char *spec = n->cfg->kv_listen;
+    snprintf(n->kv_dev, sizeof(n->kv_dev), "*");
+    snprintf(n->kv_addr, sizeof(n->kv_addr), "*");
+    if (spec == NULL || spec[0] == '\0')
+        spec = routers_loopback && n->cfg->etcd == NULL ? "127.0.0.1" : "*";
+    if (strcmp(spec, "*") == 0 || strcmp(spec, "0.0.0.0") == 0 || strcmp(spec, "::") == 0)
+        return PD_OK;
+    unsigned char want[sizeof(struct in6_addr)];
+    int want_af = inet_pton(AF_INET, spec, want) == 1    ? AF_INET
+                  : inet_pton(AF_INET6, spec, want) == 1 ? AF_INET6 : 0;
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0) {
+        fprintf(stderr, "%s: --kv-listen: cannot list interfaces: %s\n", prog, strerror(errno));
+        return PD_ERR_BAD_INPUT;
+    }
+    const char *dev = NULL;
+    unsigned char ip[16];
+    for (struct ifaddrs *i = ifs; i != NULL && dev == NULL && want_af != 0; i = i->ifa_next)
+        if (node_ifa_ip(i->ifa_addr, want_af, ip) &&
+            memcmp(ip, want, want_af == AF_INET ? 4 : 16) == 0)
+            dev = i->ifa_name;
+    if (want_af == 0 && if_nametoindex(spec) != 0)
+        dev = spec;
+    if (dev == NULL || strlen(dev) >= sizeof(n->kv_dev)) {
+        fprintf(stderr, "%s: --kv-listen: \"%s\" is %s\n", prog, spec,
+                want_af != 0 ? "not an address of any interface of this host"
+                             : "neither an address nor an interface of this host (or *)");
+        freeifaddrs(ifs);
+        return PD_ERR_BAD_INPUT;
+    }
+    snprintf(n->kv_dev, sizeof(n->kv_dev), "%s", dev);
+    /* the address UCX binds on that interface: its first IPv4, else IPv6 */
+    for (int af = AF_INET; n->kv_addr[0] == '*' && af != 0; af = af == AF_INET ? AF_INET6 : 0)
+        for (struct ifaddrs *i = ifs; i != NULL; i = i->ifa_next) {
+            if (strcmp(i->ifa_name, n->kv_dev) != 0 || !node_ifa_ip(i->ifa_addr, af, ip))
+                continue;
+            if (inet_ntop(af, ip, n->kv_addr, sizeof(n->kv_addr)) != NULL)
+                break;
+            snprintf(n->kv_addr, sizeof(n->kv_addr), "*");
+        }
+    freeifaddrs(ifs);
+    if (n->kv_addr[0] == '*')
+        snprintf(n->kv_addr, sizeof(n->kv_addr), "-"); /* an interface without an address */
+    return PD_OK;
+}
 
 static pd_status_t node_boot_secret(node_t *n, const char *prog)
 {
@@ -80,6 +159,11 @@ static pd_status_t node_boot_checks(node_t *n, const char *prog)
     }
     /* --print-arena-bytes (pdctl's plan check) runs before `up` writes the secret */
     if (!c->print_arena_bytes && node_boot_secret(n, prog) != PD_OK)
+        return PD_ERR_BAD_INPUT;
+    bool routers_loopback = true; /* the default router, 127.0.0.1:7000, too */
+    for (uint32_t i = 0; i < na; i++)
+        routers_loopback &= pd_addr_is_loopback(addrs[i]);
+    if (node_boot_kv_listen(n, prog, routers_loopback) != PD_OK)
         return PD_ERR_BAD_INPUT;
     if (c->id && (c->id[0] == '\0' || strlen(c->id) > PROTO_DAEMON_ID_MAX)) {
         fprintf(stderr, "%s: --id: 1..%u bytes\n", prog, PROTO_DAEMON_ID_MAX);
@@ -233,6 +317,7 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
     if (n->have_secret)
         proto_auth_derive(&n->secret, "pdserve kvx v1", kc.secret);
     kc.ready_layers = n->geom->n_layers; /* layer streaming: readiness words */
+    kc.net_devices = strcmp(n->kv_dev, "*") == 0 ? NULL : n->kv_dev; /* kv-listen */
     if (o->kvx_config)
         o->kvx_config(n, &kc);
     if (n->role->on_lease_end != NULL) { /* leases end through the node's table */

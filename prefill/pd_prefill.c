@@ -217,8 +217,8 @@ static void pf_job_done(eng_job_t *job)
     pd_stats_add(pf->n.stats, PF_STAT_computed_tokens, r->n_prompt - r->n_cached);
     pd_stats_add(pf->n.stats, PF_STAT_saved_bytes, (uint64_t)r->n_own * pf->n.geom->block_bytes);
     if (pf->n.prefix != NULL) /* the prompt's full blocks become shareable */
-        (void)kvx_prefix_insert(pf->n.prefix, r->prompt, r->n_prompt, r->nr.blocks,
-                                r->nr.n_blocks, NULL);
+        (void)kvx_prefix_insert(pf->n.prefix, r->partition, r->prompt, r->n_prompt,
+                                r->nr.blocks, r->nr.n_blocks, NULL);
     if (!pf_can_reply(pf, r)) { /* the router that asked is gone */
         pf_req_end(pf, r, PF_ST_CANCELED);
         return;
@@ -319,7 +319,8 @@ static pd_status_t pf_take_blocks(pf_t *pf, pf_req_t *r, uint32_t nb)
 {
     uint32_t m = 0;
     if (pf->n.prefix != NULL)
-        m = kvx_prefix_match(pf->n.prefix, r->prompt, r->n_prompt - 1, r->nr.blocks, nb);
+        m = kvx_prefix_match(pf->n.prefix, r->partition, r->prompt, r->n_prompt - 1,
+                             r->nr.blocks, nb);
     pd_status_t st = pf->n.prefix != NULL
                          ? kvx_prefix_alloc(pf->n.prefix, nb - m, r->nr.blocks + m)
                          : kvx_blocks_alloc(pf->n.blocks, nb - m, r->nr.blocks + m);
@@ -550,6 +551,7 @@ static void pf_on_prefill_req(node_t *node, node_link_t *from, const proto_msg_t
     }
     if (st == PD_OK) {
         r->n_prompt = proto_tokens_copy(&q->prompt, r->prompt, n);
+        r->partition = q->cache_partition;
         st = pf_take_blocks(pf, r, nb);
         if (st != PD_OK) {
             why = "no free KV blocks";

@@ -67,6 +67,7 @@ typedef struct pf_req {
     bool reply_pending;                 /* no PREFILL_DONE/ERROR sent yet */
     uint32_t n_prompt;
     int32_t *prompt;                    /* (n_prompt) */
+    uint64_t partition;                 /* its prefix-cache partition (PREFILL_REQ) */
     uint32_t n_cached;                  /* prompt tokens whose KV came from the
                                            prefix cache (full blocks) */
     eng_sample_params_t sp;

@@ -756,6 +756,7 @@ static void io_prefill_req(io_t *io, proto_prefill_req_t *m)
     io_u64(io, &m->src_lease_id);
     io_blob(io, &m->src_handle, PROTO_KV_HANDLE_MAX);
     io_u32(io, &m->src_kv_tokens);
+    io_u64(io, &m->cache_partition);
 }
 
 /* PREFILL_DONE */
@@ -827,6 +828,7 @@ static void io_decode_req(io_t *io, proto_decode_req_t *m)
     io_u64(io, &m->deadline_ns);
     io_sampling2(io, &m->sampling);
     io_u32(io, &m->n_fork);
+    io_u64(io, &m->cache_partition);
 }
 
 /* TOKENS */
@@ -1017,6 +1019,7 @@ static void io_kv_export_req(io_t *io, proto_kv_export_req_t *m)
     io_str(io, m->target_prefill_id, PROTO_DAEMON_ID_MAX);
     io_toks(io, &m->prompt, PROTO_MAX_PROMPT_TOKENS);
     io_u32(io, &m->min_tokens);
+    io_u64(io, &m->cache_partition);
 }
 
 /* KV_EXPORT_DONE */

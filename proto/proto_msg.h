@@ -91,13 +91,13 @@
 #define PROTO_PREFILL_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) \
         + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + PROTO__SAMPLING \
         + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u + PROTO__SAMPLING2 \
-        + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 4u)
+        + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 4u + 8u)
 #define PROTO_PREFILL_DONE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 24u \
         + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 20u + PROTO__LOGPROBS(1u))
 #define PROTO_DECODE_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
         + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + PROTO__TOK(PROTO_MAX_GEN_TOKENS) \
         + PROTO__SAMPLING + 8u + PROTO__STR(PROTO_DAEMON_ID_MAX) + 8u \
-        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 4u + 8u + PROTO__SAMPLING2 + 4u)
+        + PROTO__BLOB(PROTO_KV_HANDLE_MAX) + 4u + 8u + PROTO__SAMPLING2 + 4u + 8u)
 #define PROTO_TOKENS_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
         + PROTO__TOK(PROTO_MAX_TOKENS_MSG) + PROTO__BLOB(PROTO_MAX_TEXT) \
         + PROTO__LOGPROBS(PROTO_MAX_TOKENS_MSG))
@@ -115,7 +115,7 @@
         + PROTO__BLOB(PROTO_KV_HANDLE_MAX))
 #define PROTO_KV_EVENTS_BODY_MAX (8u + 8u + 8u * PROTO_MAX_KV_EVENTS)
 #define PROTO_KV_EXPORT_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) \
-        + PROTO__STR(PROTO_DAEMON_ID_MAX) + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + 4u)
+        + PROTO__STR(PROTO_DAEMON_ID_MAX) + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS) + 4u + 8u)
 #define PROTO_KV_EXPORT_DONE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u + 8u + 8u \
         + PROTO__BLOB(PROTO_KV_HANDLE_MAX))
 #define PROTO_PREFILL_HANDLE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u + 8u + 8u \
@@ -334,6 +334,11 @@ typedef struct {
     uint64_t src_lease_id;
     proto_blob_t src_handle;                /* <= PROTO_KV_HANDLE_MAX */
     uint32_t src_kv_tokens;
+    /* The prefix-cache partition the request's blocks are named in
+     * (pd_blockname.h: the root of the chain; 0 = the shared one): the
+     * router's hash of the client's API key and cache_salt. The LAST
+     * field, here, in DECODE_REQ and in KV_EXPORT_REQ. */
+    uint64_t cache_partition;
 } proto_prefill_req_t;
 
 typedef struct {
@@ -377,8 +382,9 @@ typedef struct {
     /* n > 1: the decode forks n_fork more sequences off this one once its
      * prompt's KV is complete ("<request_id>/<i>", i = 1..n_fork, seed +
      * i, decode-local, sharing the prompt's full blocks). 0 unless
-     * generated.n <= 1 and kv_tokens == 0; the LAST field. */
+     * generated.n <= 1 and kv_tokens == 0. */
     uint32_t n_fork;
+    uint64_t cache_partition;               /* as PREFILL_REQ's; LAST */
 } proto_decode_req_t;
 
 typedef struct {
@@ -497,6 +503,8 @@ typedef struct {
     char target_prefill_id[PROTO_DAEMON_ID_MAX + 1]; /* non-empty */
     proto_tokens_t prompt;                  /* 2..PROTO_MAX_PROMPT_TOKENS */
     uint32_t min_tokens;                    /* < prompt.n */
+    uint64_t cache_partition;               /* match in this partition only
+                                               (PREFILL_REQ's); LAST */
 } proto_kv_export_req_t;
 
 /* KV_EXPORT_DONE (decode -> router): positions [0, kv_tokens) of the

@@ -616,6 +616,7 @@ static pd_status_t send_decode_req_flags(rtr_req_t *q, const char *peer, uint64_
     m.hdr.type = PROTO_MSG_DECODE_REQ;
     proto_decode_req_t *d = &m.u.decode_req;
     snprintf(d->request_id, sizeof(d->request_id), "%s", q->wire_id);
+    d->cache_partition = q->oai.cache_partition;
     d->prompt.n = q->n_prompt;
     d->prompt.v = q->prompt;
     d->generated.n = q->n_gen;
@@ -660,7 +661,7 @@ static pd_status_t send_decode_req_flags(rtr_req_t *q, const char *peer, uint64_
  * (full blocks, named as the daemons name them: pd_blockname.h). false
  * (all 0) when KV routing is off, the geometry is not known yet or no
  * block of the prompt is indexed anywhere. */
-static bool kv_match(rtr_t *r, const int32_t *prompt, uint32_t n_prompt,
+static bool kv_match(rtr_t *r, uint64_t partition, const int32_t *prompt, uint32_t n_prompt,
                      uint32_t cached[RTR_MAX_BACKENDS])
 {
     memset(cached, 0, RTR_MAX_BACKENDS * sizeof(cached[0]));
@@ -675,7 +676,7 @@ static bool kv_match(rtr_t *r, const int32_t *prompt, uint32_t n_prompt,
     uint64_t *names = nb <= 256 ? inline_names : malloc((size_t)nb * sizeof(*names));
     if (names == NULL)
         return false;
-    nb = pd_block_names(bt, r->compat_hash, prompt, n_prompt, names, nb);
+    nb = pd_block_names(bt, r->compat_hash, partition, prompt, n_prompt, names, nb);
     uint32_t blocks[RTR_KVINDEX_MAX_BACKENDS];
     rtr_kvindex_match(r->kvidx, names, nb, blocks);
     if (names != inline_names)
@@ -688,10 +689,10 @@ static bool kv_match(rtr_t *r, const int32_t *prompt, uint32_t n_prompt,
     return any;
 }
 
-static bool kv_lookup(rtr_t *r, const int32_t *prompt, uint32_t n_prompt,
+static bool kv_lookup(rtr_t *r, uint64_t partition, const int32_t *prompt, uint32_t n_prompt,
                       uint32_t cached[RTR_MAX_BACKENDS])
 {
-    bool any = kv_match(r, prompt, n_prompt, cached);
+    bool any = kv_match(r, partition, prompt, n_prompt, cached);
     if (r->kvidx != NULL && r->geom_fixed && r->geom.block_tokens != 0 &&
         n_prompt >= r->geom.block_tokens)
         pd_stats_inc(r->stats, RTR_STAT_kv_route_lookups);
@@ -731,7 +732,7 @@ static void req_go_local(rtr_req_t *q, rtr_backend_t *avoid, const char *why,
         d = prefer;
     } else {
         uint32_t cached[RTR_MAX_BACKENDS];
-        bool kv = kv_lookup(r, q->prompt, q->n_prompt, cached);
+        bool kv = kv_lookup(r, q->oai.cache_partition, q->prompt, q->n_prompt, cached);
         d = rtr_pick_backend_kv(r, PROTO_CAP_DECODE, needed_blocks(q), avoid, kv ? cached : NULL,
                                 q->n_prompt);
         if (d == NULL)
@@ -1066,6 +1067,7 @@ static void send_prefill_req(rtr_req_t *q, const rtr_backend_t *src_be,
     m.hdr.type = PROTO_MSG_PREFILL_REQ;
     proto_prefill_req_t *p = &m.u.prefill_req;
     snprintf(p->request_id, sizeof(p->request_id), "%s", q->wire_id);
+    p->cache_partition = q->oai.cache_partition;
     p->prompt.n = q->n_prompt;
     p->prompt.v = q->prompt;
     fill_sampling(q, &p->sampling);
@@ -1146,7 +1148,7 @@ static bool try_prefix_source(rtr_req_t *q)
         r->geom.block_tokens == 0 || q->prefill == NULL)
         return false;
     uint32_t cached[RTR_MAX_BACKENDS];
-    if (!kv_match(r, q->prompt, q->n_prompt, cached))
+    if (!kv_match(r, q->oai.cache_partition, q->prompt, q->n_prompt, cached))
         return false;
     uint64_t gain = r->cfg.kv_pull_min_blocks * r->geom.block_tokens;
     rtr_choice_t c = { .what = RTR_CHOOSE_PREFIX_SOURCE,
@@ -1163,6 +1165,7 @@ static bool try_prefix_source(rtr_req_t *q)
     m.hdr.type = PROTO_MSG_KV_EXPORT_REQ;
     proto_kv_export_req_t *x = &m.u.kv_export_req;
     snprintf(x->request_id, sizeof(x->request_id), "%s", q->wire_id);
+    x->cache_partition = q->oai.cache_partition;
     snprintf(x->target_prefill_id, sizeof(x->target_prefill_id), "%s", q->prefill->id);
     x->prompt.n = q->n_prompt;
     x->prompt.v = q->prompt;
@@ -1624,14 +1627,14 @@ static void choice_complete(rtr_req_t *q, const char *finish_reason)
 /* ---- intake ------------------------------------------------------------------ */
 
 bool rtr_flow_route(rtr_t *r, const int32_t *prompt, uint32_t n_prompt, uint32_t max_tokens,
-                    rtr_backend_t **dec, rtr_backend_t **pre)
+                    uint64_t partition, rtr_backend_t **dec, rtr_backend_t **pre)
 {
     rtr_disagg_mode_t mode = (rtr_disagg_mode_t)r->cfg.disagg_mode;
     /* KV-aware: the decode that holds the conversation so far (less to
      * pull, or to prefill when local); the prefill that finishes first
      * counting what it has cached */
     uint32_t cached[RTR_MAX_BACKENDS];
-    const uint32_t *kv = kv_lookup(r, prompt, n_prompt, cached) ? cached : NULL;
+    const uint32_t *kv = kv_lookup(r, partition, prompt, n_prompt, cached) ? cached : NULL;
     *dec = rtr_pick_backend_kv(r, PROTO_CAP_DECODE, blocks_for(r, n_prompt, max_tokens), NULL,
                                kv, n_prompt);
     *pre = mode != RTR_DISAGG_NEVER && rtr_have_backend(r, PROTO_CAP_PREFILL)

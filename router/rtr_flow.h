@@ -164,7 +164,8 @@ rtr_req_t *rtr_flow_find(const rtr_t *r, const char *id);
  * prefill when disaggregating: returns true then; a request is
  * disaggregated only when a prefill is eligible, rtr_should_disaggregate
  * decides on what the chosen decode lacks); KV-aware when the router has
- * a KV index: the prompt's block names are looked up
+ * a KV index: the prompt's block names in the request's cache partition
+ * (pd_blockname.h; o->cache_partition) are looked up
  * (rtr_kvindex_match) and the choice is rtr_pick_prefill_kv /
  * rtr_pick_decode_kv's. new: allocate, link, count, RECEIVED -> ROUTED;
  * takes *o and *ids (zeroed) unless PD_ERR_NO_MEMORY; draws a fresh seed
@@ -176,7 +177,7 @@ rtr_req_t *rtr_flow_find(const rtr_t *r, const char *id);
  * KV_EXPORT_DONE goes to the prefill as PREFILL_REQ's source; an ERROR,
  * no answer within kv-export-timeout or its loss: plain PREFILL_REQ. */
 bool rtr_flow_route(rtr_t *r, const int32_t *prompt, uint32_t n_prompt, uint32_t max_tokens,
-                    rtr_backend_t **dec, rtr_backend_t **pre);
+                    uint64_t partition, rtr_backend_t **dec, rtr_backend_t **pre);
 pd_status_t rtr_flow_new(rtr_t *r, const char *reqid, rtr_api_t api, rtr_oai_req_t *o,
                          int32_t **ids, uint32_t n_ids, rtr_req_t **q_p);
 void rtr_flow_start(rtr_req_t *q, rtr_backend_t *dec, rtr_backend_t *pre);

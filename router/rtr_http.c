@@ -456,9 +456,15 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
 
 /* ---- request intake ------------------------------------------------------- */
 
-static bool check_api_key(rtr_t *r, struct evhttp_request *h)
+/* Is the request's Bearer key one of api-key's (a comma-separated list;
+ * every key is compared)? key_id: BLAKE2b-256 of the key it carries, the
+ * client's identity for its prefix-cache partition (all zero when no key
+ * is configured: one identity for everyone). */
+static bool check_api_key(rtr_t *r, struct evhttp_request *h, unsigned char key_id[32])
 {
-    if (r->cfg.api_key == NULL || r->cfg.api_key[0] == '\0')
+    memset(key_id, 0, 32);
+    const char *keys = r->cfg.api_key;
+    if (keys == NULL || keys[0] == '\0')
         return true;
     const char *auth = evhttp_find_header(evhttp_request_get_input_headers(h), "Authorization");
     if (auth == NULL || strncasecmp(auth, "Bearer ", 7) != 0)
@@ -466,9 +472,48 @@ static bool check_api_key(rtr_t *r, struct evhttp_request *h)
     auth += 7;
     unsigned char a[32], b[32];
     crypto_generichash(a, sizeof(a), (const unsigned char *)auth, strlen(auth), NULL, 0);
-    crypto_generichash(b, sizeof(b), (const unsigned char *)r->cfg.api_key,
-                       strlen(r->cfg.api_key), NULL, 0);
-    return sodium_memcmp(a, b, sizeof(a)) == 0;
+    bool ok = false;
+    for (const char *k = keys; *k != '\0';) {
+        size_t kl = strcspn(k, ",");
+        if (kl > 0) {
+            crypto_generichash(b, sizeof(b), (const unsigned char *)k, kl, NULL, 0);
+            ok |= sodium_memcmp(a, b, sizeof(a)) == 0;
+        }
+        k += kl + (k[kl] == ',');
+    }
+    if (ok)
+        memcpy(key_id, a, 32);
+    return ok;
+}
+
+/* The prefix-cache partition of a request (pd_blockname.h): 0, the shared
+ * one, for a request without a key identity and without cache_salt; else
+ * the first 8 bytes of BLAKE2b(key = the deployment secret's "pdserve cache
+ * partition v1" subkey (none without a secret), key_id || LE32(salt
+ * length) || salt), never 0. Every router of a deployment computes the
+ * same one, and it cannot be guessed without the secret. */
+static uint64_t cache_partition(const rtr_t *r, const unsigned char key_id[32], const char *salt)
+{
+    static const unsigned char zero[32];
+    size_t sl = strlen(salt);
+    if (sl == 0 && sodium_memcmp(key_id, zero, 32) == 0)
+        return 0;
+    uint8_t sub[32];
+    if (r->auth)
+        proto_auth_derive(&r->secret, "pdserve cache partition v1", sub);
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, r->auth ? sub : NULL, r->auth ? sizeof(sub) : 0, 8);
+    crypto_generichash_update(&st, key_id, 32);
+    uint8_t len4[4] = { (uint8_t)sl, (uint8_t)(sl >> 8), (uint8_t)(sl >> 16), (uint8_t)(sl >> 24) };
+    crypto_generichash_update(&st, len4, sizeof(len4));
+    crypto_generichash_update(&st, (const unsigned char *)salt, sl);
+    uint8_t out[8];
+    crypto_generichash_final(&st, out, sizeof(out));
+    sodium_memzero(sub, sizeof(sub));
+    uint64_t p = 0;
+    for (int k = 0; k < 8; k++)
+        p |= (uint64_t)out[k] << (8 * k);
+    return p != 0 ? p : 1;
 }
 
 /* Tools need a template with a call format; a forced call gets its
@@ -631,7 +676,8 @@ static uint64_t prompt_bytes(const rtr_oai_req_t *o)
     return n;
 }
 
-static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, const char *reqid)
+static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, const char *reqid,
+                            const unsigned char key_id[32])
 {
     rtr_oai_error_t err;
     memset(&err, 0, sizeof(err));
@@ -677,6 +723,7 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
         reply_error(r, h, &err, reqid);
         return;
     }
+    o.cache_partition = cache_partition(r, key_id, o.cache_salt);
     if (o.model[0] != '\0' && strcmp(o.model, r->model_name) != 0) {
         pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_status(r, h, reqid, 404, "invalid_request_error", "model_not_found", "model",
@@ -754,7 +801,7 @@ static void generate_tokenized(rtr_t *r, struct evhttp_request *h, rtr_api_t api
     }
     /* Route: a decode always, a prefill when disaggregating. */
     rtr_backend_t *dec, *pre;
-    bool disagg = rtr_flow_route(r, ids, n_ids, o->max_tokens, &dec, &pre);
+    bool disagg = rtr_flow_route(r, ids, n_ids, o->max_tokens, o->cache_partition, &dec, &pre);
     if (dec == NULL || (disagg && pre == NULL)) {
         pd_stats_inc(r->stats, RTR_STAT_requests_overloaded);
         reply_status(r, h, reqid, 503, "server_error", "no_backend", NULL,
@@ -1074,7 +1121,8 @@ static void on_http(struct evhttp_request *h, void *arg)
         return;
     }
     bool is_v1 = strncmp(path, "/v1/", 4) == 0;
-    if (is_v1 && !check_api_key(r, h)) {
+    unsigned char key_id[32] = { 0 };
+    if (is_v1 && !check_api_key(r, h, key_id)) {
         pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_status(r, h, reqid, 401, "invalid_request_error", "invalid_api_key", NULL,
                      "Incorrect or missing API key (Authorization: Bearer ...)");
@@ -1101,7 +1149,7 @@ static void on_http(struct evhttp_request *h, void *arg)
     bool cmpl = strcmp(path, "/v1/completions") == 0;
     bool chat = strcmp(path, "/v1/chat/completions") == 0;
     if ((cmpl || chat) && post) {
-        handle_generate(r, h, chat ? RTR_API_CHAT : RTR_API_COMPLETIONS, reqid);
+        handle_generate(r, h, chat ? RTR_API_CHAT : RTR_API_COMPLETIONS, reqid, key_id);
         return;
     }
     pd_stats_inc(r->stats, RTR_STAT_requests_rejected);

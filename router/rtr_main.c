@@ -70,7 +70,9 @@ static const pd_cfg_field_t rtr_cfg_fields[] = {
         "model id in the API (default: the model's file name or spec)", 0, 0),
     ROW(chat_template, "chat-template", STRING, NULL,
         "chat template override by name (eng_chat names: chatml, llama3, ...)", 0, 0),
-    ROW(api_key, "api-key", STRING, NULL, "require Authorization: Bearer <key> on /v1/*", 0, 0),
+    ROW(api_key, "api-key", STRING, NULL,
+        "require Authorization: Bearer <key> on /v1/*; several keys comma-separated, each "
+        "its own prefix-cache partition", 0, 0),
     PD_CFG_ROW(rtr_cfg_t, disagg_mode, "disagg-mode", ENUM, "threshold",
                "threshold|always|never|cost: when to prefill on a prefill daemon", 0, 0,
                disagg_modes),

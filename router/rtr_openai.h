@@ -23,6 +23,7 @@
 #define RTR_OAI_MAX_N           16     /* choices per request (n; = 1 + PROTO_MAX_FORK) */
 #define RTR_OAI_MAX_TOOLS       64     /* tools per request */
 #define RTR_OAI_MAX_CALLS       8      /* tool calls per message / per answer */
+#define RTR_OAI_CACHE_SALT_MAX  256    /* bytes of cache_salt */
 
 /* tool_choice */
 #define RTR_OAI_TOOLS_NONE     0u   /* no call (also: no tools) */
@@ -135,6 +136,12 @@ typedef struct {
     /* Streaming */
     bool stream;
     bool include_usage;
+    /* Prefix-cache isolation (vLLM's cache_salt): requests share cached
+     * KV only with requests of the same API key and the same salt. The
+     * HTTP layer turns (key, salt) into cache_partition (rtr_cache_partition). */
+    char cache_salt[RTR_OAI_CACHE_SALT_MAX + 1]; /* "" when absent */
+    bool cache_salt_set;
+    uint64_t cache_partition;        /* 0 = the shared partition */
 } rtr_oai_req_t;
 
 /* An error the client can read: HTTP status + OpenAI error envelope. */

@@ -162,7 +162,7 @@ static const struct {
     { "metadata", API_CHAT },          { "service_tier", API_CHAT },
     { "reasoning_effort", API_CHAT },  { "modalities", API_CHAT },
     { "audio", API_CHAT },             { "prediction", API_CHAT },
-    { "web_search_options", API_CHAT },
+    { "web_search_options", API_CHAT }, { "cache_salt", API_BOTH },
 };
 
 static bool unsupported(parse_ctx_t *pc, const char *param, const char *why)
@@ -557,6 +557,15 @@ static bool check_unsupported(parse_ctx_t *pc, const cJSON *root, rtr_api_t api,
     if (user != NULL && !cJSON_IsNull(user) &&
         (!cJSON_IsString(user) || strlen(user->valuestring) > 256))
         return bad(pc, "user", "must be a string of at most 256 bytes");
+    /* cache_salt (vLLM): a non-empty string; its own prefix-cache partition */
+    const cJSON *salt = cJSON_GetObjectItemCaseSensitive(root, "cache_salt");
+    if (salt != NULL && !cJSON_IsNull(salt)) {
+        if (!cJSON_IsString(salt) || salt->valuestring[0] == '\0' ||
+            strlen(salt->valuestring) > RTR_OAI_CACHE_SALT_MAX)
+            return bad(pc, "cache_salt", "must be a non-empty string of at most 256 bytes");
+        memcpy(req->cache_salt, salt->valuestring, strlen(salt->valuestring) + 1);
+        req->cache_salt_set = true;
+    }
     if (api != RTR_API_CHAT)
         return true;
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");

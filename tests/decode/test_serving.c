@@ -1128,7 +1128,7 @@ static void test_prefix_races(void **state)
     fr_daemon_t *dpc = fr_by_id("pf-cache");
     assert_non_null(dpc);
     g_idx_proc = &PC;
-    g_idx_names_n = pd_block_names(bt, dpc->compat, b, nb, g_idx_names, 8);
+    g_idx_names_n = pd_block_names(bt, dpc->compat, 0, b, nb, g_idx_names, 8);
     assert_int_equal(g_idx_names_n, 6);
     if (!run_until(p_index_matches, dpc, 10))
         fail_msg("router view: %u names, cache %.0f blocks, overflow %d", dpc->n_names,

@@ -5,6 +5,7 @@
 #include "kvx.h"
 #include "kvx_blocks.h"
 #include "kvx_prefix.h"
+#include "pd_blockname.h"
 
 #include <event2/event.h>
 #include <setjmp.h>
@@ -70,19 +71,19 @@ static void test_names(void **state)
     fill(t, 3 * BT, 100);
     memcpy(u, t, sizeof(t));
     u[2 * BT] = 7; /* third block differs */
-    assert_int_equal(kvx_prefix_names(BT, COMPAT, t, 3 * BT, n1, 3), 3);
-    assert_int_equal(kvx_prefix_names(BT, COMPAT, u, 3 * BT, n2, 3), 3);
+    assert_int_equal(kvx_prefix_names(BT, COMPAT, 0, t, 3 * BT, n1, 3), 3);
+    assert_int_equal(kvx_prefix_names(BT, COMPAT, 0, u, 3 * BT, n2, 3), 3);
     assert_true(n1[0] == n2[0] && n1[1] == n2[1] && n1[2] != n2[2]);
     /* chained: block 1 depends on block 0 */
     u[0] = 5;
-    assert_int_equal(kvx_prefix_names(BT, COMPAT, u, 3 * BT, n2, 3), 3);
+    assert_int_equal(kvx_prefix_names(BT, COMPAT, 0, u, 3 * BT, n2, 3), 3);
     assert_true(n1[1] != n2[1] && n1[2] != n2[2]);
     /* the compat hash is in every name */
-    assert_int_equal(kvx_prefix_names(BT, COMPAT + 1, t, 3 * BT, n2, 3), 3);
+    assert_int_equal(kvx_prefix_names(BT, COMPAT + 1, 0, t, 3 * BT, n2, 3), 3);
     assert_true(n1[0] != n2[0] && n1[2] != n2[2]);
     /* partial blocks have no name; cap respected */
-    assert_int_equal(kvx_prefix_names(BT, COMPAT, t, 3 * BT - 1, n2, 3), 2);
-    assert_int_equal(kvx_prefix_names(BT, COMPAT, t, 3 * BT, n2, 1), 1);
+    assert_int_equal(kvx_prefix_names(BT, COMPAT, 0, t, 3 * BT - 1, n2, 3), 2);
+    assert_int_equal(kvx_prefix_names(BT, COMPAT, 0, t, 3 * BT, n2, 1), 1);
     assert_true(n2[0] == n1[0]);
     assert_true(n1[0] == kvx_prefix_name(COMPAT, COMPAT, t, BT));
 }
@@ -102,6 +103,45 @@ static void on_event(void *arg, kvx_prefix_event_t ev, uint64_t name)
     e->last = name;
 }
 
+/* Cache partitions (issue 28 finding 4): the same tokens stored in one
+ * partition are not found from another (nor from the shared partition 0),
+ * and the names differ from the first block on, so the router's index
+ * tells them apart too; the same partition still shares. */
+static void test_partitions(void **state)
+{
+    (void)state;
+    kvx_blocks_t *b;
+    kvx_prefix_t *p;
+    kvx_prefix_config_t cfg = {.block_tokens = BT, .compat_hash = COMPAT};
+    assert_int_equal(kvx_blocks_create(NULL, 8, &b), PD_OK);
+    assert_int_equal(kvx_prefix_create(b, &cfg, &p), PD_OK);
+    const uint64_t pa = 0x1111, pb = 0x2222;
+    int32_t t[3 * BT];
+    uint32_t s[3], m[3];
+    fill(t, 3 * BT, 500);
+    assert_int_equal(kvx_prefix_alloc(p, 3, s), PD_OK);
+    assert_int_equal(kvx_prefix_insert(p, pa, t, 3 * BT, s, 3, NULL), PD_OK);
+    assert_int_equal(kvx_prefix_match(p, pb, t, 3 * BT, m, 3), 0);
+    assert_int_equal(kvx_prefix_match(p, 0, t, 3 * BT, m, 3), 0);
+    assert_int_equal(kvx_prefix_match(p, pa, t, 3 * BT, m, 3), 3);
+    assert_memory_equal(m, s, sizeof(s));
+    assert_int_equal(kvx_blocks_unref(b, m, 3, NULL), PD_OK);
+    uint64_t na[3], nb[3], n0[3];
+    assert_int_equal(kvx_prefix_names(BT, COMPAT, pa, t, 3 * BT, na, 3), 3);
+    assert_int_equal(kvx_prefix_names(BT, COMPAT, pb, t, 3 * BT, nb, 3), 3);
+    assert_int_equal(kvx_prefix_names(BT, COMPAT, 0, t, 3 * BT, n0, 3), 3);
+    for (int i = 0; i < 3; i++)
+        assert_true(na[i] != nb[i] && na[i] != n0[i] && nb[i] != n0[i]);
+    /* partition 0 is the old chain: h(-1) = compat */
+    assert_true(pd_block_root(COMPAT, 0) == COMPAT);
+    assert_true(pd_block_root(COMPAT, pa) != COMPAT);
+    assert_true(n0[0] == kvx_prefix_name(COMPAT, COMPAT, t, BT));
+    assert_true(na[0] == kvx_prefix_name(pd_block_root(COMPAT, pa), COMPAT, t, BT));
+    assert_int_equal(kvx_blocks_unref(b, s, 3, NULL), PD_OK);
+    kvx_prefix_destroy(p);
+    kvx_blocks_destroy(b);
+}
+
 static void test_match_insert_evict(void **state)
 {
     (void)state;
@@ -119,15 +159,15 @@ static void test_match_insert_evict(void **state)
     int32_t ta[14], got[8];
     uint32_t sa[4], m[8], n_new = 0;
     fill(ta, 14, 1000);
-    assert_int_equal(kvx_prefix_match(p, ta, 13, m, 8), 0);
+    assert_int_equal(kvx_prefix_match(p, 0, ta, 13, m, 8), 0);
     assert_int_equal(kvx_prefix_alloc(p, 4, sa), PD_OK);
-    assert_int_equal(kvx_prefix_insert(p, ta, 14, sa, 4, &n_new), PD_OK);
+    assert_int_equal(kvx_prefix_insert(p, 0, ta, 14, sa, 4, &n_new), PD_OK);
     assert_int_equal(n_new, 3); /* the partial block is never cached */
     assert_int_equal(ev.stored, 3);
     assert_int_equal(kvx_blocks_refs(b, sa[0]), 2);
     assert_int_equal(kvx_blocks_refs(b, sa[3]), 1);
     /* inserting again adds nothing */
-    assert_int_equal(kvx_prefix_insert(p, ta, 14, sa, 4, &n_new), PD_OK);
+    assert_int_equal(kvx_prefix_insert(p, 0, ta, 14, sa, 4, &n_new), PD_OK);
     assert_int_equal(n_new, 0);
     /* sequence A finishes: its own references go, the cache keeps 3 */
     assert_int_equal(kvx_blocks_unref(b, sa, 4, NULL), PD_OK);
@@ -137,7 +177,7 @@ static void test_match_insert_evict(void **state)
     {
         uint64_t want[3], lst[4];
         uint32_t cur = 0, k = 0, got_n;
-        assert_int_equal(kvx_prefix_names(BT, COMPAT, ta, 14, want, 3), 3);
+        assert_int_equal(kvx_prefix_names(BT, COMPAT, 0, ta, 14, want, 3), 3);
         while ((got_n = kvx_prefix_list(p, &cur, lst + k, 2)) > 0)
             k += got_n;
         assert_int_equal(k, 3);
@@ -150,12 +190,12 @@ static void test_match_insert_evict(void **state)
     int32_t tb[12];
     memcpy(tb, ta, sizeof(tb));
     tb[9] = -1;
-    assert_int_equal(kvx_prefix_match(p, tb, 11, m, 8), 2);
+    assert_int_equal(kvx_prefix_match(p, 0, tb, 11, m, 8), 2);
     assert_true(m[0] == sa[0] && m[1] == sa[1]);
     assert_int_equal(kvx_blocks_refs(b, sa[0]), 2);
     /* cap on the output */
     uint32_t one;
-    assert_int_equal(kvx_prefix_match(p, ta, 13, &one, 1), 1);
+    assert_int_equal(kvx_prefix_match(p, 0, ta, 13, &one, 1), 1);
     assert_int_equal(kvx_blocks_unref(b, &one, 1, NULL), PD_OK);
     kvx_prefix_stats_t st;
     kvx_prefix_stats(p, &st);
@@ -168,7 +208,7 @@ static void test_match_insert_evict(void **state)
     assert_int_equal(kvx_prefix_alloc(p, 8, big), PD_ERR_NO_KV_SPACE);
     assert_int_equal(ev.removed, 1); /* sa[2] was evicted trying */
     assert_int_equal(kvx_blocks_refs(b, sa[0]), 2);
-    assert_int_equal(kvx_prefix_match(p, ta, 13, m, 8), 2);
+    assert_int_equal(kvx_prefix_match(p, 0, ta, 13, m, 8), 2);
     assert_int_equal(kvx_blocks_unref(b, m, 2, NULL), PD_OK);
     /* B done: now everything can be evicted */
     uint32_t bm[2] = {sa[0], sa[1]};
@@ -185,25 +225,25 @@ static void test_match_insert_evict(void **state)
     fill(tc, 2 * BT, 1);
     fill(td, 2 * BT, 500);
     assert_int_equal(kvx_prefix_alloc(p, 2, sc), PD_OK);
-    assert_int_equal(kvx_prefix_insert(p, tc, 2 * BT, sc, 2, NULL), PD_OK);
+    assert_int_equal(kvx_prefix_insert(p, 0, tc, 2 * BT, sc, 2, NULL), PD_OK);
     assert_int_equal(kvx_prefix_alloc(p, 2, sd), PD_OK);
-    assert_int_equal(kvx_prefix_insert(p, td, 2 * BT, sd, 2, NULL), PD_OK);
+    assert_int_equal(kvx_prefix_insert(p, 0, td, 2 * BT, sd, 2, NULL), PD_OK);
     assert_int_equal(kvx_blocks_unref(b, sc, 2, NULL), PD_OK);
     assert_int_equal(kvx_blocks_unref(b, sd, 2, NULL), PD_OK);
-    assert_int_equal(kvx_prefix_match(p, tc, 2 * BT, m, 8), 2); /* C now newest */
+    assert_int_equal(kvx_prefix_match(p, 0, tc, 2 * BT, m, 8), 2); /* C now newest */
     assert_int_equal(kvx_blocks_unref(b, m, 2, NULL), PD_OK);
     assert_int_equal(kvx_prefix_evict(p, 1), 1);
     assert_int_equal(kvx_blocks_refs(b, sd[1]), 0); /* D's leaf first */
     assert_int_equal(kvx_blocks_refs(b, sd[0]), 1);
     assert_int_equal(kvx_prefix_evict(p, 1), 1);
     assert_int_equal(kvx_blocks_refs(b, sd[0]), 0);
-    assert_int_equal(kvx_prefix_match(p, tc, 2 * BT, m, 8), 2);
+    assert_int_equal(kvx_prefix_match(p, 0, tc, 2 * BT, m, 8), 2);
     assert_int_equal(kvx_blocks_unref(b, m, 2, NULL), PD_OK);
 
     /* the output of a match is the KV of the same tokens: a block cached
      * under one name is refused under another (the caller wrote into it) */
     fill(got, 8, 77);
-    assert_int_equal(kvx_prefix_insert(p, got, 8, sc, 2, &n_new), PD_ERR_BAD_INPUT);
+    assert_int_equal(kvx_prefix_insert(p, 0, got, 8, sc, 2, &n_new), PD_ERR_BAD_INPUT);
     assert_int_equal(n_new, 0);
     kvx_prefix_destroy(p);
     assert_int_equal(kvx_blocks_free_count(b), 8); /* no leak */
@@ -225,7 +265,7 @@ static void test_cap(void **state)
     uint32_t s[4], n_new;
     fill(t, 4 * BT, 3);
     assert_int_equal(kvx_prefix_alloc(p, 4, s), PD_OK);
-    assert_int_equal(kvx_prefix_insert(p, t, 4 * BT, s, 4, &n_new), PD_OK);
+    assert_int_equal(kvx_prefix_insert(p, 0, t, 4 * BT, s, 4, &n_new), PD_OK);
     assert_int_equal(n_new, 2);
     kvx_prefix_stats_t st;
     kvx_prefix_stats(p, &st);
@@ -261,7 +301,7 @@ static void test_lease_pin(void **state)
     uint32_t s[2], m[2];
     fill(t, 2 * BT, 40);
     assert_int_equal(kvx_prefix_alloc(p, 2, s), PD_OK);
-    assert_int_equal(kvx_prefix_insert(p, t, 2 * BT, s, 2, NULL), PD_OK);
+    assert_int_equal(kvx_prefix_insert(p, 0, t, 2 * BT, s, 2, NULL), PD_OK);
     uint8_t h[KVX_HANDLE_MAX_BYTES];
     size_t hl;
     kvx_lease_id_t lease;
@@ -276,7 +316,7 @@ static void test_lease_pin(void **state)
     assert_int_equal(kvx_prefix_alloc(p, 4, all), PD_ERR_NO_KV_SPACE);
     assert_int_equal(kvx_prefix_available(p), 2);
     /* a reuse during the lease shares the same blocks (read only) */
-    assert_int_equal(kvx_prefix_match(p, t, 2 * BT, m, 2), 2);
+    assert_int_equal(kvx_prefix_match(p, 0, t, 2 * BT, m, 2), 2);
     assert_true(m[0] == s[0] && m[1] == s[1]);
     /* dropping the cache's last reference of a pinned block is refused */
     assert_int_equal(kvx_blocks_unref(b, m, 2, NULL), PD_OK);
@@ -325,6 +365,7 @@ int main(void)
         cmocka_unit_test(test_refs),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_match_insert_evict),
+        cmocka_unit_test(test_partitions),
         cmocka_unit_test(test_cap),
         cmocka_unit_test(test_lease_pin),
     };

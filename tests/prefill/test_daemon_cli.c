@@ -83,6 +83,8 @@ static void test_bad_usage(void **state)
         "--model=M --insecure-no-auth --router=10.1.2.3:7000", /* not loopback */
         "--model=M --insecure-no-auth --router=not-an-address",
         "--model=M --insecure-no-auth --engine=nope",
+        "--model=M --insecure-no-auth --kv-listen=203.0.113.77",  /* no interface has it */
+        "--model=M --insecure-no-auth --kv-listen=nosuch-if0",
     };
     for (int i = 0; i < 2; i++)
         for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {

@@ -174,6 +174,7 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
             p->src_handle = ps_blob(v == PS_MAX ? PROTO_KV_HANDLE_MAX : 96);
             p->src_kv_tokens = v == PS_MAX ? PROTO_MAX_PROMPT_TOKENS - 1 : 32;
         }
+        p->cache_partition = v == PS_MIN ? 0 : big ^ 0x5a17;
         break;
     }
     case PROTO_MSG_PREFILL_DONE: {
@@ -208,6 +209,7 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
                      : v == PS_MID ? 37 : 0;
         d->deadline_ns = big;
         d->n_fork = v == PS_MIN ? PROTO_MAX_FORK : 0; /* forks need kv_tokens 0 */
+        d->cache_partition = v == PS_MIN ? 0 : big ^ 0x5a17;
         break;
     }
     case PROTO_MSG_TOKENS: {
@@ -295,6 +297,7 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         x->prompt = ps_tokens(ps_tok, v == PS_MAX ? PROTO_MAX_PROMPT_TOKENS
                                       : v == PS_MID ? 37 : 2);
         x->min_tokens = v == PS_MAX ? PROTO_MAX_PROMPT_TOKENS - 1 : v == PS_MID ? 32 : 0;
+        x->cache_partition = v == PS_MIN ? 0 : big ^ 0x5a17;
         break;
     }
     case PROTO_MSG_KV_EXPORT_DONE: {
@@ -423,7 +426,8 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
         return SEQ(request_id) && tok_eq(&a->prompt, &b->prompt) &&
                samp_eq(&a->sampling, &b->sampling) && SEQ(target_decode_id) &&
                EQ(deadline_ns) && SEQ(src_peer_id) && EQ(src_lease_id) &&
-               blob_eq(&a->src_handle, &b->src_handle) && EQ(src_kv_tokens);
+               blob_eq(&a->src_handle, &b->src_handle) && EQ(src_kv_tokens) &&
+               EQ(cache_partition);
     }
     case PROTO_MSG_PREFILL_DONE: {
         const proto_prefill_done_t *a = &ma->u.prefill_done, *b = &mb->u.prefill_done;
@@ -439,7 +443,7 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
                samp_eq(&a->sampling, &b->sampling) && EQ(rng_state) &&
                SEQ(prefill_peer_id) && EQ(lease_id) &&
                blob_eq(&a->kv_handle, &b->kv_handle) && EQ(kv_tokens) && EQ(deadline_ns) &&
-               EQ(n_fork);
+               EQ(n_fork) && EQ(cache_partition);
     }
     case PROTO_MSG_TOKENS: {
         const proto_tokens_msg_t *a = &ma->u.tokens, *b = &mb->u.tokens;
@@ -491,7 +495,7 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
     case PROTO_MSG_KV_EXPORT_REQ: {
         const proto_kv_export_req_t *a = &ma->u.kv_export_req, *b = &mb->u.kv_export_req;
         return SEQ(request_id) && SEQ(target_prefill_id) && tok_eq(&a->prompt, &b->prompt) &&
-               EQ(min_tokens);
+               EQ(min_tokens) && EQ(cache_partition);
     }
     case PROTO_MSG_KV_EXPORT_DONE: {
         const proto_kv_export_done_t *a = &ma->u.kv_export_done, *b = &mb->u.kv_export_done;

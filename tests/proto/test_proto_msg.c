@@ -655,9 +655,11 @@ static void test_sampling_tail(void **state)
         ps_make(type, PS_MID, &m);
         uint8_t *buf = enc(&m, &len);
         /* DECODE_REQ ends with n_fork (u32) after the tail, PREFILL_REQ
-         * with its source (peer id, lease id, handle, kv_tokens) */
+         * with its source (peer id, lease id, handle, kv_tokens); both
+         * then with cache_partition (u64) */
         const proto_prefill_req_t *pq = &m.u.prefill_req;
-        size_t e = len - (k ? 4 : 2 + strlen(pq->src_peer_id) + 8 + 4 + pq->src_handle.len + 4);
+        size_t e = len - 8 -
+                   (k ? 4 : 2 + strlen(pq->src_peer_id) + 8 + 4 + pq->src_handle.len + 4);
         /* tail = 4 f32 + u32 count + 2 x (u32 id, f32 bias) + 2 u32 (logprobs)
          * + u32 gram_kind + empty gram blob (u32 0) */
         size_t tail = e - (16 + 4 + 2 * 8 + 8 + 8);

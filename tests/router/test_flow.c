@@ -239,7 +239,7 @@ static rtr_req_t *accept_req_n(fx_t *f, const char *id, bool stream, uint32_t ma
     ids[0] = 'H';
     ids[1] = 'i';
     rtr_backend_t *dec, *pre;
-    bool disagg = rtr_flow_route(&f->r, ids, 2, max_tokens, &dec, &pre);
+    bool disagg = rtr_flow_route(&f->r, ids, 2, max_tokens, 0, &dec, &pre);
     assert_ptr_equal(dec, f->dec);
     rtr_req_t *q = NULL;
     assert_int_equal(rtr_flow_new(&f->r, id, RTR_API_COMPLETIONS, &o, &ids, 2, &q), PD_OK);
@@ -338,7 +338,7 @@ static void test_kv_routing(void **state)
     assert_int_equal(rtr_kvindex_create(16, 8, &r->kvidx), PD_OK);
     const int32_t hi[2] = { 'H', 'i' };
     uint64_t names[2];
-    assert_int_equal(pd_block_names(1, 77, hi, 2, names, 2), 2);
+    assert_int_equal(pd_block_names(1, 77, 0, hi, 2, names, 2), 2);
     assert_true(rtr_kvindex_add(r->kvidx, 2, names[0]));
     for (int i = 0; i < 2; i++) {
         const char *id = i == 0 ? "k1" : "k2";
@@ -395,7 +395,7 @@ static void src_setup(fx_t *f)
     assert_int_equal(rtr_kvindex_create(16, 8, &r->kvidx), PD_OK);
     const int32_t hi[2] = { 'H', 'i' };
     uint64_t names[2];
-    assert_int_equal(pd_block_names(1, 77, hi, 2, names, 2), 2);
+    assert_int_equal(pd_block_names(1, 77, 0, hi, 2, names, 2), 2);
     assert_true(rtr_kvindex_add(r->kvidx, 1, names[0]));
 }
 
@@ -625,7 +625,7 @@ static void test_cost_mode_measures(void **state)
     f->r.cfg.disagg_threshold = 32;
     rtr_backend_t *dec, *pre;
     int32_t ids[2] = { 'H', 'i' };
-    assert_false(rtr_flow_route(&f->r, ids, 2, 16, &dec, &pre)); /* unmeasured: threshold */
+    assert_false(rtr_flow_route(&f->r, ids, 2, 16, 0, &dec, &pre)); /* unmeasured: threshold */
     assert_null(pre);
     /* a disaggregated request: 400 tokens, 64 cached, 3.36 ms of prefill */
     f->r.cfg.disagg_mode = RTR_DISAGG_ALWAYS;
@@ -671,11 +671,11 @@ static void test_cost_mode_measures(void **state)
     f->r.cfg.disagg_mode = RTR_DISAGG_COST;
     f->r.cost.hop_ns = 100000; /* 0.1 ms: the loop above is instant */
     /* now: local 2 x 1 ms = 2 ms > (2 x 10 us + 2 x 2 us + 0.1 ms) */
-    assert_true(rtr_flow_route(&f->r, ids, 2, 16, &dec, &pre));
+    assert_true(rtr_flow_route(&f->r, ids, 2, 16, 0, &dec, &pre));
     assert_ptr_equal(pre, f->pre);
     /* a slow hop (5 ms) makes the decode the cheaper place */
     f->r.cost.hop_ns = 5e6;
-    assert_false(rtr_flow_route(&f->r, ids, 2, 16, &dec, &pre));
+    assert_false(rtr_flow_route(&f->r, ids, 2, 16, 0, &dec, &pre));
     assert_null(pre);
     assert_int_equal(counter(f, RTR_STAT_requests_completed), 2);
 }
@@ -1360,7 +1360,7 @@ static rtr_req_t *accept_tools(fx_t *f, const char *id, bool stream, uint32_t ch
     ids[0] = 'H';
     ids[1] = 'i';
     rtr_backend_t *dec, *pre;
-    bool disagg = rtr_flow_route(&f->r, ids, 2, 64, &dec, &pre);
+    bool disagg = rtr_flow_route(&f->r, ids, 2, 64, 0, &dec, &pre);
     rtr_req_t *q = NULL;
     assert_int_equal(rtr_flow_new(&f->r, id, RTR_API_CHAT, &o, &ids, 2, &q), PD_OK);
     for (size_t i = 0; i < sizeof(wids) / sizeof(wids[0]); i++)

@@ -293,6 +293,34 @@ static void test_strict_policy(void **state)
     expect_bad(C, CM "\"best_of\":2}", 400, "best_of", "unsupported_parameter");
     expect_bad(C, CM "\"suffix\":\"end\"}", 400, "suffix", "unsupported_parameter");
     expect_bad(C, CM "\"user\":5}", 400, "user", NULL);
+    /* cache_salt (issue 28): a non-empty string of at most 256 bytes */
+    expect_bad(C, CM "\"cache_salt\":5}", 400, "cache_salt", NULL);
+    expect_bad(H, HM "\"cache_salt\":\"\"}", 400, "cache_salt", NULL);
+    expect_bad(H, HM "\"cache_salt\":[\"a\"]}", 400, "cache_salt", NULL);
+    {
+        char body[600];
+        char big[258];
+        memset(big, 's', 257);
+        big[257] = '\0';
+        snprintf(body, sizeof(body), CM "\"cache_salt\":\"%s\"}", big);
+        expect_bad(C, body, 400, "cache_salt", NULL);
+        big[256] = '\0'; /* 256 bytes: the cap */
+        snprintf(body, sizeof(body), CM "\"cache_salt\":\"%s\"}", big);
+        rtr_oai_req_t req;
+        rtr_oai_error_t err;
+        assert_int_equal(parse(RTR_API_COMPLETIONS, body, &req, &err), PD_OK);
+        assert_true(req.cache_salt_set);
+        assert_string_equal(req.cache_salt, big);
+        rtr_oai_req_free(&req);
+        assert_int_equal(parse(RTR_API_CHAT, HM "\"cache_salt\":\"tenant-7\"}", &req, &err),
+                         PD_OK);
+        assert_string_equal(req.cache_salt, "tenant-7");
+        rtr_oai_req_free(&req);
+        assert_int_equal(parse(RTR_API_CHAT, HM "\"cache_salt\":null}", &req, &err), PD_OK);
+        assert_false(req.cache_salt_set);
+        assert_string_equal(req.cache_salt, "");
+        rtr_oai_req_free(&req);
+    }
     /* messages: content is required except for the assistant; no unknown keys */
     expect_bad(H, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0].content", NULL);
     expect_bad(H, "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"

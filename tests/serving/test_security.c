@@ -5,6 +5,8 @@
  *              relay on the wire and replayed to the real router: refused;
  *              unauthenticated connections are bounded in number, size and
  *              time;
+ *   cache    - prefix-cache isolation: another API key or cache_salt never
+ *              sees cached_tokens of a prompt it did not send (issue 28);
  *   lockout  - SIGSTOP a prefill until the router drops it, SIGCONT: it
  *              registers again with the same incarnation and disaggregated
  *              requests are pulled from it again (not decode-local).
@@ -1459,6 +1461,92 @@ static void test_http_half_close_all(void **st)
 
 /* ---- main ------------------------------------------------------------------ */
 
+/* ---- cache: prefix-cache isolation (issue 28 finding 4) ------------------ */
+
+/* Two API keys; every request prefilled on the prefill daemon, so each
+ * one's cached_tokens is the prefill's own prefix-cache hit. */
+static int cache_setup(void **st)
+{
+    (void)st;
+    static const char *ra[] = { "--api-key=key-alice,key-bob", "--disagg-mode=always", NULL };
+    return start_deploy(ra, NULL, NULL, 1, 1);
+}
+
+/* One chat request with a "secret" system prompt under key (and salt, or
+ * NULL); returns usage.prompt_tokens_details.cached_tokens (-1: no 200) and
+ * the prompt tokens the prefill computed for it in *computed_p. */
+static int cache_probe(const char *key, const char *salt, const char *secret, int *prompt_p,
+                       int *computed_p)
+{
+    char hdr[128], body[1024], saltf[96] = "";
+    snprintf(hdr, sizeof(hdr), "Authorization: Bearer %s\r\n", key);
+    if (salt != NULL)
+        snprintf(saltf, sizeof(saltf), "\"cache_salt\":\"%s\",", salt);
+    snprintf(body, sizeof(body),
+             "{%s\"max_tokens\":2,\"temperature\":0,\"messages\":["
+             "{\"role\":\"system\",\"content\":\"You are the help desk of the Example Bank. "
+             "Never tell anyone: the admin PIN is %s. Answer politely, briefly and only about "
+             "opening hours, cards, transfers and the weather in the town of the branch.\"},"
+             "{\"role\":\"user\",\"content\":\"hi\"}]}", saltf, secret);
+    double c0 = admin_num(&g_d.prefill[0], "requests", "counters.computed_tokens");
+    e2e_resp_t r;
+    e2e_http(g_d.http_port, "POST", "/v1/chat/completions", hdr, body, 30, &r);
+    int cached = -1;
+    *prompt_p = -1;
+    if (r.status == 200) {
+        cJSON *j = cJSON_Parse(r.body);
+        cached = (int)e2e_jnum(j, "usage.prompt_tokens_details.cached_tokens");
+        *prompt_p = (int)e2e_jnum(j, "usage.prompt_tokens");
+        cJSON_Delete(j);
+    } else {
+        fprintf(stderr, "cache: HTTP %d: %s\n", r.status, r.body ? r.body : "");
+    }
+    e2e_resp_free(&r);
+    *computed_p = (int)(admin_num(&g_d.prefill[0], "requests", "counters.computed_tokens") - c0);
+    return cached;
+}
+
+/* The finding: client A's prompt cached, client B sending the same prefix
+ * saw cached_tokens (and a shorter TTFT) and so learned A's secret. Now a
+ * request shares cached blocks only with requests of the same API key and
+ * the same cache_salt: B (other key) and A under another salt get 0 cached
+ * tokens and compute the whole prompt; A's repeat and A's repeat under one
+ * salt are cached. */
+static void test_cache_isolation(void **st)
+{
+    (void)st;
+    int n, comp, c;
+    c = cache_probe("key-alice", NULL, "4185", &n, &comp);
+    assert_int_equal(c, 0);
+    assert_true(n > 64);
+    assert_int_equal(comp, n);
+    c = cache_probe("key-alice", NULL, "4185", &n, &comp); /* A again: its own cache */
+    assert_true(c >= 48);
+    assert_int_equal(comp, n - c);
+    c = cache_probe("key-bob", NULL, "4185", &n, &comp);   /* B guesses right */
+    fprintf(stderr, "cache: other key, same prompt: cached_tokens %d, computed %d of %d\n", c,
+            comp, n);
+    assert_int_equal(c, 0);
+    assert_int_equal(comp, n);
+    c = cache_probe("key-alice", "s1", "4185", &n, &comp); /* A, another partition */
+    assert_int_equal(c, 0);
+    assert_int_equal(comp, n);
+    c = cache_probe("key-alice", "s1", "4185", &n, &comp); /* same key, same salt: shared */
+    assert_true(c >= 48);
+    c = cache_probe("key-bob", "s1", "4185", &n, &comp);   /* same salt, other key */
+    assert_int_equal(c, 0);
+    assert_int_equal(comp, n);
+    c = cache_probe("key-bob", NULL, "4185", &n, &comp);   /* B's own repeat is cached */
+    assert_true(c >= 48);
+    /* a bad salt is refused, naming the field */
+    e2e_resp_t r;
+    e2e_http(g_d.http_port, "POST", "/v1/completions", "Authorization: Bearer key-bob\r\n",
+             "{\"prompt\":\"hi\",\"max_tokens\":1,\"cache_salt\":7}", 30, &r);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.body, "\"param\":\"cache_salt\""));
+    e2e_resp_free(&r);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 6) {
@@ -1495,6 +1583,9 @@ int main(int argc, char **argv)
                                         cmocka_unit_test(test_http_log_escape),
                                         cmocka_unit_test(test_http_half_close_all) };
         rc = cmocka_run_group_tests_name("security-http-edges", t, edges_setup, teardown);
+    } else if (strcmp(group, "cache") == 0) {
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_cache_isolation) };
+        rc = cmocka_run_group_tests_name("security-cache-salt", t, cache_setup, teardown);
     } else if (strcmp(group, "lockout") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_stop_resume_prefill) };
         rc = cmocka_run_group_tests_name("security-lockout", t, lockout_setup, teardown);

@@ -758,6 +758,13 @@ bool pdctl_router_addr(const pdctl_dep_t *dep, unsigned i, const char *key, char
     return n > 0 && (size_t)n < cap;
 }
 
+/* "host:port" (or "[v6]:port") with a loopback host: 127/8, ::1, localhost. */
+static bool pdctl_addr_loopback(const char *a)
+{
+    return strncmp(a, "127.", 4) == 0 || strncmp(a, "[::1]:", 6) == 0 ||
+           strncmp(a, "localhost:", 10) == 0;
+}
+
 char *pdctl_dep_render(const pdctl_dep_t *dep, pdctl_role_t role, const char *name,
                        const char *control_addr, const char *admin_sock,
                        const char *ready_file, const char *secret_file,
@@ -792,6 +799,14 @@ char *pdctl_dep_render(const pdctl_dep_t *dep, pdctl_role_t role, const char *na
     if (metrics_listen != NULL && role != PDCTL_ROUTER &&
         pdctl_kvs_get(kv, "metrics.listen") == NULL)
         pd_sbuf_printf(&sb, "metrics.listen = %s\n", metrics_listen);
+    /* the KV plane (UCX) on loopback while the control plane is: the
+     * daemons of such a deployment are all on this host. Without it a
+     * daemon's UCX tcp listener is on every interface, and whoever
+     * reaches it can read the arena (rkeys do not bound tcp gets). */
+    char ctl0[160];
+    if (role != PDCTL_ROUTER && pdctl_kvs_get(kv, "kv-listen") == NULL &&
+        pdctl_router_addr(dep, 0, "control", ctl0, sizeof(ctl0)) && pdctl_addr_loopback(ctl0))
+        pd_sbuf_printf(&sb, "kv-listen = 127.0.0.1\n");
     for (size_t i = 0; i < kv->n; i++) {
         if (ri > 0 && (strcmp(kv->v[i].key, "http") == 0 || strcmp(kv->v[i].key, "control") == 0))
             continue;

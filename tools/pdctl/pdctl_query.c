@@ -448,7 +448,7 @@ int pdctl_cmd_status(int argc, char **argv)
         const pdctl_daemon_t *d = &st.d[i];
         int row = pdctl_row(&t);
         bool alive = pdctl_daemon_alive(d);
-        char state[32] = "dead", load[96] = "-", up[32] = "-", routers[32] = "-";
+        char state[32] = "dead", load[96] = "-", up[32] = "-", routers[32] = "-", kvl[80] = "-";
         if (alive) {
             cJSON *s = pdctl_admin(d->sock, "stats", 5.0, err, sizeof(err));
             const cJSON *proc = cJSON_GetObjectItemCaseSensitive(s, "process");
@@ -471,6 +471,15 @@ int pdctl_cmd_status(int argc, char **argv)
                         b = bk;
                 }
                 snprintf(routers, sizeof(routers), "%d/%d", ready_at, n_rt_all);
+                /* where its KV plane (UCX tcp) listens: kv-listen */
+                cJSON *kv = pdctl_admin(d->sock, "kv", 5.0, err, sizeof(err));
+                const char *ka = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(kv, "kv_listen"));
+                const char *kd = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(kv, "kv_device"));
+                if (ka != NULL && kd != NULL && strcmp(kd, "*") == 0)
+                    snprintf(kvl, sizeof(kvl), "*");
+                else if (ka != NULL && kd != NULL)
+                    snprintf(kvl, sizeof(kvl), "%s(%s)", ka, kd);
+                cJSON_Delete(kv);
                 const char *bs = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(b, "state"));
                 snprintf(state, sizeof(state), "%s", bs ? bs : "unregistered");
                 if (b != NULL) {
@@ -490,6 +499,7 @@ int pdctl_cmd_status(int argc, char **argv)
         pdctl_put(&t, row, "LOAD", "%s", load);
         pdctl_put(&t, row, "PID", "%d", (int)d->pid);
         pdctl_put(&t, row, "UPTIME", "%s", up);
+        pdctl_put(&t, row, "KV-LISTEN", "%s", kvl);
         if (n_rt_all > 1)
             pdctl_put(&t, row, "ROUTERS", "%s", routers);
         cJSON *jo = cJSON_CreateObject();
@@ -499,6 +509,7 @@ int pdctl_cmd_status(int argc, char **argv)
         cJSON_AddStringToObject(jo, "load", load);
         cJSON_AddNumberToObject(jo, "pid", d->pid);
         cJSON_AddStringToObject(jo, "uptime", up);
+        cJSON_AddStringToObject(jo, "kv_listen", kvl);
         if (d->role != PDCTL_ROUTER)
             cJSON_AddStringToObject(jo, "routers", routers);
         cJSON_AddItemToArray(js, jo);
