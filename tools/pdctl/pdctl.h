@@ -81,6 +81,18 @@ void pdctl_dep_free(pdctl_dep_t *dep);
  * keys pdctl manages (id, router, secret-file, admin.socket, ready-file).
  * secret_file: NULL for dep->secret_file. metrics_listen: the prefill's or
  * decode's metrics.listen unless the file sets one (NULL: none). */
+/* Render role r's config (control address ca) to a temporary file and run
+ * `bin FLAG --config=<file>` (flag_first) or `bin --config=<file> FLAG`,
+ * capturing its fd out_fd (1 or 2; the other and stdin are /dev/null) into
+ * out (cap bytes, NUL-terminated). The file's name goes to tmp_name (it is
+ * gone when this returns: for trimming it out of a message). The exit
+ * status (1 if it did not exit), or -1 (printed) when the file could not be
+ * written. */
+#define PDCTL_TMP_NAME 32
+int pdctl_run_rendered(const pdctl_dep_t *dep, pdctl_role_t r, const char *ca,
+                       const char *flag, bool flag_first, int out_fd, char *out, size_t cap,
+                       char tmp_name[PDCTL_TMP_NAME]);
+
 char *pdctl_dep_render(const pdctl_dep_t *dep, pdctl_role_t role, const char *name,
                        const char *control_addr, const char *admin_sock,
                        const char *ready_file, const char *secret_file,

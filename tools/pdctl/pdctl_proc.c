@@ -646,55 +646,14 @@ static int pdctl_up_args(int *argc, char **argv, char **sets, int *n_sets,
  * value, a missing model): `check` and the start-up show its own message. */
 static int pdctl_arena_bytes(const pdctl_dep_t *dep, pdctl_role_t r, uint64_t *bytes_p)
 {
-    char *text = pdctl_dep_render(dep, r, "plan", "127.0.0.1:7000",
-                                  "/nonexistent/pdctl-plan.sock", NULL, NULL, NULL);
-    char tmp[] = "/tmp/pdctl-plan-XXXXXX";
-    int tfd = text != NULL ? mkstemp(tmp) : -1;
-    if (tfd < 0) {
-        free(text);
-        fprintf(stderr, "pdctl: memory check: cannot write a temporary file: %s\n",
-                strerror(errno));
+    char out[64], tmp[PDCTL_TMP_NAME];
+    int rc = pdctl_run_rendered(dep, r, "127.0.0.1:7000", "--print-arena-bytes", false, 1,
+                                out, sizeof(out), tmp);
+    if (rc < 0)
         return PDCTL_EXIT_FAIL;
-    }
-    size_t len = strlen(text);
-    bool wrote = write(tfd, text, len) == (ssize_t)len;
-    close(tfd);
-    free(text);
-    int fds[2];
-    if (!wrote || pipe(fds) != 0) {
-        unlink(tmp);
-        return PDCTL_EXIT_FAIL;
-    }
-    char cfg[PATH_MAX + 16];
-    snprintf(cfg, sizeof(cfg), "--config=%s", tmp);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        int null = open("/dev/null", O_RDWR);
-        if (null >= 0) {
-            dup2(null, 0);
-            dup2(null, 2);
-        }
-        close(fds[0]);
-        close(fds[1]);
-        execl(dep->bins[r], dep->bins[r], cfg, "--print-arena-bytes", (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    char out[64];
-    size_t n = 0;
-    ssize_t k;
-    while (pid > 0 && n < sizeof(out) - 1 && (k = read(fds[0], out + n, sizeof(out) - 1 - n)) > 0)
-        n += (size_t)k;
-    out[n] = '\0';
-    close(fds[0]);
-    int status = 0;
-    while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
-    unlink(tmp);
     char *end;
     unsigned long long v = strtoull(out, &end, 10);
-    if (pid < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || end == out || *end != '\n')
+    if (rc != 0 || end == out || *end != '\n')
         return PDCTL_EXIT_USAGE; /* its config does not boot: it says why when started */
     *bytes_p = v;
     return 0;

@@ -16,21 +16,20 @@
 
 #include "pd_sbuf.h"
 
-/* Run `bin --check-config --config=<the rendered file>`: the daemon's own
- * parser checks every value (type, range, enum). 0, or 1 with its message
- * on stderr. */
-static int pdctl_check_values(const pdctl_dep_t *dep, pdctl_role_t r, const char *file,
-                              const char *ca)
+int pdctl_run_rendered(const pdctl_dep_t *dep, pdctl_role_t r, const char *ca,
+                       const char *flag, bool flag_first, int out_fd, char *out, size_t cap,
+                       char tmp_name[PDCTL_TMP_NAME])
 {
     char *text = pdctl_dep_render(dep, r, "check", ca, "/nonexistent/pdctl-check.sock", NULL,
                                   NULL, NULL);
-    char tmp[] = "/tmp/pdctl-check-XXXXXX";
+    char tmp[PDCTL_TMP_NAME] = "/tmp/pdctl-check-XXXXXX";
     int tfd = text != NULL ? mkstemp(tmp) : -1;
     if (tfd < 0) {
         free(text);
-        fprintf(stderr, "pdctl: check: cannot write a temporary file: %s\n", strerror(errno));
-        return 1;
+        fprintf(stderr, "pdctl: cannot write a temporary file: %s\n", strerror(errno));
+        return -1;
     }
+    snprintf(tmp_name, PDCTL_TMP_NAME, "%s", tmp);
     size_t len = strlen(text);
     bool wrote = write(tfd, text, len) == (ssize_t)len;
     close(tfd);
@@ -38,37 +37,51 @@ static int pdctl_check_values(const pdctl_dep_t *dep, pdctl_role_t r, const char
     int fds[2];
     if (!wrote || pipe(fds) != 0) {
         unlink(tmp);
-        return 1;
+        return -1;
     }
     char cfg[PATH_MAX + 16];
     snprintf(cfg, sizeof(cfg), "--config=%s", tmp);
     pid_t pid = fork();
     if (pid == 0) {
-        dup2(fds[1], 2);
+        dup2(fds[1], out_fd);
         int null = open("/dev/null", O_RDWR);
         if (null >= 0) {
             dup2(null, 0);
-            dup2(null, 1);
+            dup2(null, out_fd == 1 ? 2 : 1);
         }
         close(fds[0]);
         close(fds[1]);
-        execl(dep->bins[r], dep->bins[r], "--check-config", cfg, (char *)NULL);
+        execl(dep->bins[r], dep->bins[r], flag_first ? flag : cfg, flag_first ? cfg : flag,
+              (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
-    char msg[1024];
     size_t n = 0;
     ssize_t k;
-    while (pid > 0 && n < sizeof(msg) - 1 &&
-           (k = read(fds[0], msg + n, sizeof(msg) - 1 - n)) > 0)
+    while (pid > 0 && n < cap - 1 && (k = read(fds[0], out + n, cap - 1 - n)) > 0)
         n += (size_t)k;
-    msg[n] = '\0';
+    out[n] = '\0';
     close(fds[0]);
     int status = 0;
     while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
     unlink(tmp);
-    if (pid < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    if (pid < 0 || !WIFEXITED(status))
+        return 1;
+    return WEXITSTATUS(status);
+}
+
+/* Run `bin --check-config --config=<the rendered file>`: the daemon's own
+ * parser checks every value (type, range, enum). 0, or 1 with its message
+ * on stderr. */
+static int pdctl_check_values(const pdctl_dep_t *dep, pdctl_role_t r, const char *file,
+                              const char *ca)
+{
+    char msg[1024], tmp[PDCTL_TMP_NAME];
+    int rc = pdctl_run_rendered(dep, r, ca, "--check-config", true, 2, msg, sizeof(msg), tmp);
+    if (rc < 0)
+        return 1;
+    if (rc != 0) {
         /* the daemon names the key; say which section it came from */
         char *nl = strchr(msg, '\n');
         if (nl != NULL)
