@@ -169,3 +169,19 @@ void pd_log_write(pd_log_level_t level, const char *component,
     ssize_t w = write(fd, line, len);
     (void)w;
 }
+
+pd_status_t pd_log_boot(const char *prog, const char *level, const char *file)
+{
+    pd_log_level_t lvl;
+    if (pd_log_level_parse(level, &lvl) != PD_OK) {
+        fprintf(stderr, "%s: --log.level: expected error|warn|info|debug|trace, got \"%s\"\n",
+                prog, level != NULL ? level : "");
+        return PD_ERR_BAD_INPUT;
+    }
+    pd_log_set_level(lvl);
+    if (pd_log_open(file) != PD_OK) {
+        fprintf(stderr, "%s: --log.file: cannot open %s\n", prog, file);
+        return PD_ERR_BAD_INPUT;
+    }
+    return PD_OK;
+}

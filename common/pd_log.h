@@ -36,6 +36,11 @@ void pd_log_set_level(pd_log_level_t level);
 pd_log_level_t pd_log_get_level(void);
 /* "error|warn|info|debug|trace" -> level. PD_ERR_BAD_INPUT otherwise. */
 pd_status_t pd_log_level_parse(const char *text, pd_log_level_t *level_p);
+
+/* A daemon's log at boot: set the level named by `level` and open `file`
+ * (NULL: stderr). PD_ERR_BAD_INPUT with one line on stderr naming prog and
+ * the option. */
+pd_status_t pd_log_boot(const char *prog, const char *level, const char *file);
 const char *pd_log_level_name(pd_log_level_t level);
 
 /* Copies n bytes of in to out (cap > 0, always NUL-terminated) so that

@@ -428,8 +428,8 @@ static void node_write_ready(node_t *n, const node_link_t *l)
     cJSON_AddStringToObject(j, "role", n->role->name);
     cJSON_AddNumberToObject(j, "pid", (double)getpid());
     cJSON_AddStringToObject(j, "router", proto_session_router_id(l->sess));
-    if (n->cfg->admin_socket)
-        cJSON_AddStringToObject(j, "admin", n->cfg->admin_socket);
+    if (n->cfg->boot.admin_socket)
+        cJSON_AddStringToObject(j, "admin", n->cfg->boot.admin_socket);
     if (node_metrics_port(n) != 0)
         cJSON_AddNumberToObject(j, "metrics", node_metrics_port(n));
     char nid[32];

@@ -32,6 +32,7 @@
 #include "kvx_blocks.h"
 #include "kvx_prefix.h"
 #include "pd_admin.h"
+#include "pd_boot.h"
 #include "pd_config.h"
 #include "pd_idhash.h"
 #include "pd_loop.h"
@@ -47,12 +48,7 @@
 typedef struct {
     char *id;
     char *router;
-    char *secret_file;
-    char *secret;
-    bool insecure_no_auth;
-    char *admin_socket;
-    char *log_level;
-    char *log_file;
+    pd_boot_cfg_t boot;         /* secret, admin socket, log */
     char *model;
     char *engine;
     uint64_t threads;
@@ -85,12 +81,7 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
 #define NODE_HEAD_ROWS(stype, id_help)                                        \
     NODE_ROW(stype, id, "id", STRING, NULL, id_help, 0, 0, NULL)              \
     NODE_ROW(stype, router, "router", STRING, NULL, "router control address host:port, or a comma-separated list (one session per router, at most 16); default 127.0.0.1:7000 unless etcd is set", 0, 0, NULL) \
-    NODE_ROW(stype, secret_file, "secret-file", STRING, NULL, "file with the deployment secret (>= 32 bytes, hex or raw)", 0, 0, NULL) \
-    NODE_ROW(stype, secret, "secret", STRING, NULL, "deployment secret as hex (tests; prefer secret-file / PD_SECRET)", 0, 0, NULL) \
-    NODE_ROW(stype, insecure_no_auth, "insecure-no-auth", BOOL, "false", "run without a secret (loopback router only)", 0, 0, NULL) \
-    NODE_ROW(stype, admin_socket, "admin.socket", STRING, NULL, "admin UNIX socket path", 0, 0, NULL) \
-    NODE_ROW(stype, log_level, "log.level", STRING, "info", "error|warn|info|debug|trace", 0, 0, NULL) \
-    NODE_ROW(stype, log_file, "log.file", STRING, NULL, "log file (default stderr)", 0, 0, NULL) \
+    PD_BOOT_ROWS(stype, node.boot),                                           \
     NODE_ROW(stype, model, "model", STRING, NULL, "GGUF path or sim:<preset or spec>", 0, 0, NULL) \
     NODE_ROW(stype, engine, "engine", STRING, NULL, "llama|sim (default: from model)", 0, 0, NULL) \
     NODE_ROW(stype, threads, "threads", UINT, "0", "engine threads (0 = online cores)", 0, 1024, NULL) \

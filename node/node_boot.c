@@ -105,29 +105,21 @@ static pd_status_t node_boot_secret(node_t *n, const char *prog)
     const char *ap[NODE_ROUTERS_MAX];
     uint32_t na = 0;
     const char *list = node_router_list(c);
-    if (c->insecure_no_auth && list[0] != '\0' &&
+    if (c->boot.insecure_no_auth && list[0] != '\0' &&
         node_routers_parse(list, addrs, NODE_ROUTERS_MAX, &na) != PD_OK)
         na = 0; /* the router list's own check reports it */
     for (uint32_t i = 0; i < na; i++)
         ap[i] = addrs[i];
-    return proto_auth_boot_secret(prog, c->secret_file, c->secret, c->insecure_no_auth, ap, na,
+    return proto_auth_boot_secret(prog, c->boot.secret_file, c->boot.secret,
+                                  c->boot.insecure_no_auth, ap, na,
                                   "routers", &n->secret, &n->have_secret);
 }
 
 static pd_status_t node_boot_checks(node_t *n, const char *prog)
 {
     const node_config_t *c = n->cfg;
-    pd_log_level_t lvl;
-    if (pd_log_level_parse(c->log_level, &lvl) != PD_OK) {
-        fprintf(stderr, "%s: --log.level: expected error|warn|info|debug|trace, got \"%s\"\n",
-                prog, c->log_level);
+    if (pd_log_boot(prog, c->boot.log_level, c->boot.log_file) != PD_OK)
         return PD_ERR_BAD_INPUT;
-    }
-    pd_log_set_level(lvl);
-    if (c->log_file && pd_log_open(c->log_file) != PD_OK) {
-        fprintf(stderr, "%s: --log.file: cannot open %s\n", prog, c->log_file);
-        return PD_ERR_BAD_INPUT;
-    }
     if (c->model == NULL) {
         fprintf(stderr, "%s: --model: required (GGUF path or sim:<preset>)\n", prog);
         return PD_ERR_BAD_INPUT;
@@ -377,12 +369,12 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
         return node_fail(n, "compute thread", st, NULL);
     node_drain_init(n);
 
-    if (n->cfg->admin_socket) {
-        pd_admin_opts_t ao = { .path = n->cfg->admin_socket, .prog = prog,
+    if (n->cfg->boot.admin_socket) {
+        pd_admin_opts_t ao = { .path = n->cfg->boot.admin_socket, .prog = prog,
                                .cfg_schema = n->role->schema, .cfg_target = n->cfg };
         st = pd_admin_create(n->loop, &ao, &n->admin);
         if (st != PD_OK)
-            return node_fail(n, "admin socket", st, n->cfg->admin_socket);
+            return node_fail(n, "admin socket", st, n->cfg->boot.admin_socket);
         node_admin_register(n);
         pd_admin_add_stats(n->admin, n->stats);
     }

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "pd_admin.h"
+#include "pd_boot.h"
 #include "pd_config.h"
 #include "pd_idhash.h"
 #include "pd_loop.h"
@@ -35,12 +36,7 @@ typedef struct {
     char *id;
     char *http;
     char *control;
-    char *secret_file;
-    char *secret;
-    bool insecure_no_auth;
-    char *admin_socket;
-    char *log_level;
-    char *log_file;
+    pd_boot_cfg_t boot;         /* secret, admin socket, log */
     char *model;
     char *engine;
     char *served_model_name;

@@ -57,13 +57,7 @@ static const pd_cfg_field_t rtr_cfg_fields[] = {
     ROW(http, "http", STRING, "127.0.0.1:8000", "HTTP listen address host:port (port 0: any)", 0, 0),
     ROW(control, "control", STRING, "127.0.0.1:7000",
         "control-plane listen address host:port (port 0: any)", 0, 0),
-    ROW(secret_file, "secret-file", STRING, NULL, "deployment secret file (>= 32 bytes, hex or raw)", 0, 0),
-    ROW(secret, "secret", STRING, NULL, "deployment secret as text (tests; prefer secret-file)", 0, 0),
-    ROW(insecure_no_auth, "insecure-no-auth", BOOL, "false",
-        "run without a secret (loopback addresses only)", 0, 0),
-    ROW(admin_socket, "admin.socket", STRING, NULL, "admin UNIX socket path", 0, 0),
-    ROW(log_level, "log.level", STRING, "info", "error|warn|info|debug|trace", 0, 0),
-    ROW(log_file, "log.file", STRING, NULL, "log file (default stderr)", 0, 0),
+    PD_BOOT_ROWS(rtr_cfg_t, boot),
     ROW(model, "model", STRING, NULL, "GGUF path (tokenizer, chat template) or sim:<preset or spec>", 0, 0),
     ROW(engine, "engine", STRING, NULL, "llama|sim (default: sim for sim: models, else llama)", 0, 0),
     ROW(served_model_name, "served-model-name", STRING, NULL,
@@ -241,8 +235,8 @@ static pd_status_t load_secret(rtr_t *r)
 {
     const rtr_cfg_t *c = &r->cfg;
     const char *addrs[] = { c->control, c->http };
-    pd_status_t s = proto_auth_boot_secret("pd-router", c->secret_file, c->secret,
-                                           c->insecure_no_auth, addrs, 2, "--http and --control",
+    pd_status_t s = proto_auth_boot_secret("pd-router", c->boot.secret_file, c->boot.secret,
+                                           c->boot.insecure_no_auth, addrs, 2, "--http and --control",
                                            &r->secret, &r->auth);
     if (s == PD_OK && !r->auth)
         pd_log(PD_LOG_WARN, RTR_COMP, NULL,
@@ -350,16 +344,7 @@ int main(int argc, char **argv)
     pd_status_t s;
 
     pd_config_load_or_exit(&rtr_cfg_schema, &r->cfg, argc, argv, &res);
-    pd_log_level_t lvl;
-    if (pd_log_level_parse(r->cfg.log_level, &lvl) != PD_OK) {
-        fprintf(stderr, "pd-router: --log.level: expected error|warn|info|debug|trace, got \"%s\"\n",
-                r->cfg.log_level);
-        pd_config_result_free(&res);
-        return 2;
-    }
-    pd_log_set_level(lvl);
-    if (pd_log_open(r->cfg.log_file) != PD_OK) {
-        fprintf(stderr, "pd-router: --log.file %s: cannot open\n", r->cfg.log_file);
+    if (pd_log_boot("pd-router", r->cfg.boot.log_level, r->cfg.boot.log_file) != PD_OK) {
         pd_config_result_free(&res);
         return 2;
     }
@@ -385,16 +370,16 @@ int main(int argc, char **argv)
     r->base = pd_loop_base(r->loop);
     pd_loop_on_drain(r->loop, on_drain, r);
 
-    if (r->cfg.admin_socket != NULL && r->cfg.admin_socket[0] != '\0') {
+    if (r->cfg.boot.admin_socket != NULL && r->cfg.boot.admin_socket[0] != '\0') {
         pd_admin_opts_t ao = {
-            .path = r->cfg.admin_socket,
+            .path = r->cfg.boot.admin_socket,
             .prog = "pd-router",
             .cfg_schema = &rtr_cfg_schema,
             .cfg_target = &r->cfg,
         };
         s = pd_admin_create(r->loop, &ao, &r->admin);
         if (s != PD_OK) {
-            pd_log(PD_LOG_ERROR, RTR_COMP, NULL, "admin socket %s: %s", r->cfg.admin_socket,
+            pd_log(PD_LOG_ERROR, RTR_COMP, NULL, "admin socket %s: %s", r->cfg.boot.admin_socket,
                    pd_status_str(s));
             goto err_loop;
         }
