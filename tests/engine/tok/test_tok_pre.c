@@ -262,17 +262,26 @@ static void check_linear(const char *pre)
             memcpy(text + len, unit[u], ul);
             len += ul;
         }
+        /* the fastest of 5 runs of each size: a shared machine only ever
+         * adds time, so the minimum is the closest to the work done */
         for (int k = 0; k < 2; k++) {
             size_t l = k == 0 ? len / 4 : len;
-            double t0 = now_s();
-            for (int rep = 0; rep < 3; rep++)
+            t[k] = 1e9;
+            for (int rep = 0; rep < 5; rep++) {
+                double t0 = now_s();
                 (void)eng_tok_bpe_split(tok, text, l, NULL, 0);
-            t[k] = (now_s() - t0) / 3;
+                double dt = now_s() - t0;
+                if (dt < t[k])
+                    t[k] = dt;
+            }
         }
         printf("linear %-10s unit %zu: 256 KiB %.1f ms, 1 MiB %.1f ms\n", pre, u,
                t[0] * 1e3, t[1] * 1e3);
-        /* generous: the box is shared; quadratic would be 16x */
-        CHECK(t[1] < 0.010 || t[1] < 8 * t[0], "%s: not linear (%.4f s vs %.4f s)", pre,
+        /* 4x the text: linear is 4x the time, quadratic 16x (PCRE2's
+         * interpreter took 3.7 s for 256 KiB); the bound sits between, and
+         * anything under 50 ms for 1 MiB is linear enough whatever the ratio
+         * of two tiny figures says */
+        CHECK(t[1] < 0.050 || t[1] < 10 * t[0], "%s: not linear (%.4f s vs %.4f s)", pre,
               t[1], t[0]);
     }
     free(text);
