@@ -1201,7 +1201,7 @@ pd_status_t rtr_http_start(rtr_t *r)
                                             EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
     evhttp_set_gencb(r->http, on_http, r);
     if (r->cfg.tok_threads > 0) {
-        pd_status_t ts = rtr_tok_pool_create(r->base, (uint32_t)r->cfg.tok_threads,
+        pd_status_t ts = rtr_tok_pool_create(r->loop, (uint32_t)r->cfg.tok_threads,
                                              (uint32_t)r->cfg.tok_queue, &r->tok_pool);
         if (ts != PD_OK)
             return ts;

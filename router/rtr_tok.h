@@ -4,7 +4,7 @@
  * job (its run function is called on a worker: it may only read immutable
  * state, e.g. the loaded tokenizer, and write the job's own fields); when
  * it has run, its done function is called on the loop thread, woken through
- * an eventfd registered with the loop (no libevent call from a worker).
+ * a pd_queue_t attached to the loop (no libevent call from a worker).
  * The router tokenizes small prompts inline and sends the large ones here,
  * so one huge prompt never stalls the streams of everyone else.
  */
@@ -13,14 +13,14 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "pd_loop.h"
 #include "pd_status.h"
 
-struct event_base;
 typedef struct rtr_tok_pool rtr_tok_pool_t;
 typedef struct rtr_tok_job rtr_tok_job_t;
 
 struct rtr_tok_job {
-    rtr_tok_job_t *next;                 /* pool-owned while submitted */
+    pd_queue_node_t node;                /* pool-owned while submitted */
     void (*run)(rtr_tok_job_t *job);     /* on a worker */
     /* On the loop thread, exactly once per submitted job. canceled: the
      * pool stopped before the job ran (run was not called). */
@@ -28,8 +28,8 @@ struct rtr_tok_job {
 };
 
 /* Start n_threads workers (>= 1) taking at most queue_max jobs waiting
- * (running ones not counted). PD_ERR_NO_MEMORY, PD_ERR_IO (eventfd/thread). */
-pd_status_t rtr_tok_pool_create(struct event_base *base, uint32_t n_threads,
+ * (running ones not counted; >= 1). PD_ERR_NO_MEMORY, PD_ERR_IO (eventfd/thread). */
+pd_status_t rtr_tok_pool_create(pd_loop_t *loop, uint32_t n_threads,
                                 uint32_t queue_max, rtr_tok_pool_t **pool_p);
 
 /* Queue a job. PD_ERR_NO_SPACE: queue_max jobs are waiting (the caller
