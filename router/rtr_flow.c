@@ -1684,7 +1684,9 @@ pd_status_t rtr_flow_new(rtr_t *r, const char *reqid, rtr_api_t api, rtr_oai_req
     snprintf(q->resp_id, sizeof(q->resp_id), "%s%s", api == RTR_API_CHAT ? "chatcmpl-" : "cmpl-",
              reqid);
     q->t_accept_ns = pd_now_ns();
-    q->created = (int64_t)time(NULL);
+    /* not time(): glibc's reads the coarse clock, a tick behind a client's
+     * gettimeofday at a second boundary */
+    q->created = (int64_t)(pd_wall_ns() / PD_NS_PER_S);
     rtr_req_fsm_init(&q->fsm, q->t_accept_ns);
     if (!o->seed_set) /* a fresh seed per request, in the range "seed" accepts */
         o->seed = randombytes_uniform(1u << 31) * (1ull << 22) + randombytes_uniform(1u << 22);

@@ -353,7 +353,7 @@ int main(int argc, char **argv)
         goto err_cfg;
     }
     randombytes_buf(&r->incarnation, sizeof(r->incarnation));
-    r->created = (int64_t)time(NULL);
+    r->created = (int64_t)(pd_wall_ns() / PD_NS_PER_S);
     if (load_secret(r) != PD_OK) {
         rc = 2;
         goto err_cfg;

@@ -38,6 +38,15 @@
 #include "proto_auth.h"
 #include "proto_conn.h"
 
+/* wall seconds as the router reads them (CLOCK_REALTIME, not glibc's coarse
+ * time(), which lags a tick behind at a second boundary) */
+static int64_t wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec;
+}
+
 #define SECRET_HEX "6b1f0e3a9d2c4b5a69788796a5b4c3d2e1f00112233445566778899aabbccddeeff"
 #define API_KEY "sk-test-123"
 #define SCRIPT "Hello world"
@@ -1031,11 +1040,11 @@ static void test_seed_and_created(void **st)
     assert_int_equal(c->status, 404);
     assert_non_null(strstr(c->body, "model_not_found"));
     hc_free(c);
-    WAIT_FOR((double)time(NULL) > started, 3000); /* so "created" must differ from it */
+    WAIT_FOR((double)wall_s() > started, 3000); /* so "created" must differ from it */
     long long seeds[4];
     for (int i = 0; i < 4; i++) {
         bool stream = i % 2 == 1;
-        int64_t t0 = (int64_t)time(NULL);
+        int64_t t0 = wall_s();
         c = post(i < 2 ? "/v1/completions" : "/v1/chat/completions",
                  i < 2 ? (stream ? "{\"prompt\":\"hi\",\"max_tokens\":3,\"stream\":true}"
                                  : "{\"prompt\":\"hi\",\"max_tokens\":3}")
@@ -1043,7 +1052,7 @@ static void test_seed_and_created(void **st)
                                    "\"max_tokens\":3,\"stream\":true}"
                                  : "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
                                    "\"max_tokens\":3}"));
-        int64_t t1 = (int64_t)time(NULL);
+        int64_t t1 = wall_s();
         assert_int_equal(c->status, 200);
         seeds[i] = seed_of(c);
         assert_true(seeds[i] >= 0 && seeds[i] < (1ll << 53));
