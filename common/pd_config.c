@@ -521,7 +521,7 @@ char *pd_config_help(const pd_cfg_schema_t *schema)
     pd_sbuf_printf(&sb, "  %-34s %s\n", "-h, --help", "show this help and exit");
     pd_sbuf_printf(&sb, "  %-34s %s\n", "--version", "print the version and exit");
     pd_sbuf_printf(&sb, "  %-34s %s\n", "--check-config",
-                   "check every key and value given, print \"configuration ok\" and exit");
+                   "check every key and value given (and the secret, as at boot), print \"configuration ok\" and exit");
     env_name(schema, "config", envv, sizeof(envv));
     pd_sbuf_printf(&sb, "  %-34s INI config file (env %s)\n", "--config FILE", envv);
     for (const pd_cfg_field_t *f = schema->fields; f->name != NULL; f++) {
@@ -755,6 +755,12 @@ pd_status_t pd_config_load(const pd_cfg_schema_t *schema, void *target,
     if (check_only) {
         /* --check-config: every key and value passed its checks (pdctl
          * check runs this with a deployment file's values) */
+        char cerr[sizeof(res->message) - 64] = "";
+        if (schema->check != NULL && schema->check(target, cerr, sizeof(cerr)) != PD_OK) {
+            snprintf(res->message, sizeof(res->message), "%s: %s",
+                     schema->prog ? schema->prog : "pdserve", cerr);
+            goto err_usage;
+        }
         if (asprintf(&res->text, "%s: configuration ok\n",
                      schema->prog ? schema->prog : "pdserve") < 0) {
             res->text = NULL;

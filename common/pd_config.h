@@ -78,6 +78,11 @@ typedef struct {
     const char *env_prefix;          /* NULL = "PD_" */
     const pd_cfg_field_t *fields;    /* ends with PD_CFG_END */
     bool allow_args;                 /* positional arguments accepted */
+    /* Checks across keys or of what a value names (a secret file), run by
+     * --check-config after every key passed its own, so it refuses what the
+     * daemon would refuse at boot. PD_OK, or an error with the line (no
+     * prog prefix) in err. NULL: none. */
+    pd_status_t (*check)(const void *target, char *err, size_t err_len);
 } pd_cfg_schema_t;
 
 #define PD_CONFIG_RUN        (-1)    /* go on running */

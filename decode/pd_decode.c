@@ -36,6 +36,7 @@ static const pd_cfg_schema_t dec_schema = {
     .prog = "pd-decode",
     .summary = "pd-decode [--config FILE] [--key=value ...]: decode daemon (KV pull, continuous batching)",
     .fields = dec_fields,
+    .check = node_check_config, /* node_config_t is the first member */
 };
 
 static const char *const dec_state_names[] = { DEC_STATES(NODE_STATE_NAME) };

@@ -336,6 +336,11 @@ typedef struct {
  * PD_CONFIG_RUN on success, else the exit status (2 usage, 1 failure) after
  * one line on stderr or in the log. */
 int node_boot(node_t *n, const node_boot_opts_t *o);
+/* The schema's --check-config hook (pd_cfg_schema_t.check) for a daemon
+ * config whose first member is node_config_t: the deployment secret as
+ * node_boot would load it (file readable, long enough; or an allowed
+ * --insecure-no-auth). */
+pd_status_t node_check_config(const void *target, char *err, size_t err_len);
 
 /* Open one session per router of the `router` list, install the SIGTERM drain, log the boot line
  * (extra: the role's part of it, e.g. ", max-batch 32"), run the loop.

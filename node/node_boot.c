@@ -98,11 +98,10 @@ static pd_status_t node_boot_kv_listen(node_t *n, const char *prog, bool routers
     return PD_OK;
 }
 
-static pd_status_t node_boot_secret(node_t *n, const char *prog)
+/* The router addresses --insecure-no-auth must find on loopback. */
+static uint32_t node_secret_addrs(const node_config_t *c, char addrs[][128],
+                                  const char **ap)
 {
-    const node_config_t *c = n->cfg;
-    char addrs[NODE_ROUTERS_MAX][128];
-    const char *ap[NODE_ROUTERS_MAX];
     uint32_t na = 0;
     const char *list = node_router_list(c);
     if (c->boot.insecure_no_auth && list[0] != '\0' &&
@@ -110,9 +109,34 @@ static pd_status_t node_boot_secret(node_t *n, const char *prog)
         na = 0; /* the router list's own check reports it */
     for (uint32_t i = 0; i < na; i++)
         ap[i] = addrs[i];
+    return na;
+}
+
+static pd_status_t node_boot_secret(node_t *n, const char *prog)
+{
+    const node_config_t *c = n->cfg;
+    char addrs[NODE_ROUTERS_MAX][128];
+    const char *ap[NODE_ROUTERS_MAX];
+    uint32_t na = node_secret_addrs(c, addrs, ap);
     return proto_auth_boot_secret(prog, c->boot.secret_file, c->boot.secret,
                                   c->boot.insecure_no_auth, ap, na,
                                   "routers", &n->secret, &n->have_secret);
+}
+
+pd_status_t node_check_config(const void *target, char *err, size_t err_len)
+{
+    const node_config_t *c = target;
+    char addrs[NODE_ROUTERS_MAX][128];
+    const char *ap[NODE_ROUTERS_MAX];
+    uint32_t na = node_secret_addrs(c, addrs, ap);
+    proto_auth_secret_t s;
+    bool have = false, warn = false;
+    pd_status_t st = proto_auth_secret_resolve(c->boot.secret_file, c->boot.secret,
+                                               c->boot.insecure_no_auth, ap, na, "routers", &s,
+                                               &have, &warn, err, err_len);
+    if (have)
+        proto_auth_secret_wipe(&s);
+    return st;
 }
 
 static pd_status_t node_boot_checks(node_t *n, const char *prog)

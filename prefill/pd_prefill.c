@@ -35,6 +35,7 @@ static const pd_cfg_schema_t pf_schema = {
     .prog = "pd-prefill",
     .summary = "pd-prefill [--config FILE] [--key=value ...]: prefill daemon (prompt pass, KV export)",
     .fields = pf_fields,
+    .check = node_check_config, /* node_config_t is the first member */
 };
 
 static const char *const pf_state_names[] = { PF_STATES(NODE_STATE_NAME) };

@@ -93,49 +93,68 @@ pd_status_t proto_auth_secret_load(const char *path, proto_auth_secret_t *s_p)
     return st;
 }
 
-pd_status_t proto_auth_boot_secret(const char *prog, const char *secret_file,
-                                   const char *secret_text, bool insecure,
-                                   const char *const *addrs, size_t n_addrs,
-                                   const char *addrs_what, proto_auth_secret_t *s_p,
-                                   bool *have_p)
+pd_status_t proto_auth_secret_resolve(const char *secret_file, const char *secret_text,
+                                      bool insecure, const char *const *addrs, size_t n_addrs,
+                                      const char *addrs_what, proto_auth_secret_t *s_p,
+                                      bool *have_p, bool *warn_text_p, char *err, size_t err_len)
 {
     const char *env = getenv("PD_SECRET");
     *have_p = false;
+    *warn_text_p = false;
     if (secret_file != NULL && secret_file[0] != '\0') {
         pd_status_t st = proto_auth_secret_load(secret_file, s_p);
         if (st != PD_OK) {
-            fprintf(stderr, "%s: --secret-file %s: %s\n", prog, secret_file,
-                    st == PD_ERR_IO       ? strerror(errno)
-                    : st == PD_ERR_TOO_BIG ? "too long (at most 256 bytes after hex decoding)"
-                                           : "need at least 32 bytes (64 hex digits, or raw)");
+            snprintf(err, err_len, "--secret-file %s: %s", secret_file,
+                     st == PD_ERR_IO       ? strerror(errno)
+                     : st == PD_ERR_TOO_BIG ? "too long (at most 256 bytes after hex decoding)"
+                                            : "need at least 32 bytes (64 hex digits, or raw)");
             return PD_ERR_BAD_INPUT;
         }
     } else if ((secret_text != NULL && secret_text[0] != '\0') || (env != NULL && env[0] != '\0')) {
         bool arg = secret_text != NULL && secret_text[0] != '\0';
         const char *t = arg ? secret_text : env;
         if (proto_auth_secret_parse((const uint8_t *)t, strlen(t), s_p) != PD_OK) {
-            fprintf(stderr, "%s: %s: need at least 32 bytes (64 hex digits, or raw)\n", prog,
-                    arg ? "--secret" : "PD_SECRET");
+            snprintf(err, err_len, "%s: need at least 32 bytes (64 hex digits, or raw)",
+                     arg ? "--secret" : "PD_SECRET");
             return PD_ERR_BAD_INPUT;
         }
-        if (arg)
-            fprintf(stderr, "%s: warning: --secret given as text: on a command line it is "
-                    "visible to every local user (ps, /proc); prefer --secret-file\n", prog);
+        *warn_text_p = arg;
     } else if (!insecure) {
-        fprintf(stderr, "%s: no deployment secret: give --secret-file (or --secret, PD_SECRET), "
-                "or --insecure-no-auth on loopback\n", prog);
+        snprintf(err, err_len, "no deployment secret: give --secret-file (or --secret, "
+                 "PD_SECRET), or --insecure-no-auth on loopback");
         return PD_ERR_BAD_INPUT;
     } else {
         for (size_t i = 0; i < n_addrs; i++) {
             if (addrs[i] != NULL && !pd_addr_is_loopback(addrs[i])) {
-                fprintf(stderr, "%s: --insecure-no-auth needs loopback %s (%s is not)\n", prog,
-                        addrs_what, addrs[i]);
+                snprintf(err, err_len, "--insecure-no-auth needs loopback %s (%s is not)",
+                         addrs_what, addrs[i]);
                 return PD_ERR_BAD_INPUT;
             }
         }
         return PD_OK;
     }
     *have_p = true;
+    return PD_OK;
+}
+
+pd_status_t proto_auth_boot_secret(const char *prog, const char *secret_file,
+                                   const char *secret_text, bool insecure,
+                                   const char *const *addrs, size_t n_addrs,
+                                   const char *addrs_what, proto_auth_secret_t *s_p,
+                                   bool *have_p)
+{
+    char err[512];
+    bool warn = false;
+    pd_status_t st = proto_auth_secret_resolve(secret_file, secret_text, insecure, addrs,
+                                               n_addrs, addrs_what, s_p, have_p, &warn, err,
+                                               sizeof(err));
+    if (st != PD_OK) {
+        fprintf(stderr, "%s: %s\n", prog, err);
+        return st;
+    }
+    if (warn)
+        fprintf(stderr, "%s: warning: --secret given as text: on a command line it is "
+                "visible to every local user (ps, /proc); prefer --secret-file\n", prog);
     return PD_OK;
 }
 

@@ -47,6 +47,13 @@ pd_status_t proto_auth_boot_secret(const char *prog, const char *secret_file,
                                    const char *const *addrs, size_t n_addrs,
                                    const char *addrs_what, proto_auth_secret_t *s_p,
                                    bool *have_p);
+/* The same rule without printing: on failure err holds the line (no prog
+ * prefix); *warn_text_p: the secret came as command-line text. What
+ * --check-config runs, so it refuses what the daemon would refuse. */
+pd_status_t proto_auth_secret_resolve(const char *secret_file, const char *secret_text,
+                                      bool insecure, const char *const *addrs, size_t n_addrs,
+                                      const char *addrs_what, proto_auth_secret_t *s_p,
+                                      bool *have_p, bool *warn_text_p, char *err, size_t err_len);
 
 /* Derive a 32-byte sub-key for another use of the same deployment secret
  * (e.g. label "kvx" -> kvx_config_t.secret): keyed BLAKE2b(secret, label). */

@@ -128,10 +128,27 @@ static const pd_cfg_field_t rtr_cfg_fields[] = {
     PD_CFG_END,
 };
 
+/* --check-config: the secret as load_secret would load it */
+static pd_status_t rtr_check_config(const void *target, char *err, size_t err_len)
+{
+    const rtr_cfg_t *c = target;
+    const char *addrs[] = { c->control, c->http };
+    proto_auth_secret_t s;
+    bool have = false, warn = false;
+    pd_status_t st = proto_auth_secret_resolve(c->boot.secret_file, c->boot.secret,
+                                               c->boot.insecure_no_auth, addrs, 2,
+                                               "--http and --control", &s, &have, &warn, err,
+                                               err_len);
+    if (have)
+        proto_auth_secret_wipe(&s);
+    return st;
+}
+
 static const pd_cfg_schema_t rtr_cfg_schema = {
     .prog = "pd-router",
     .summary = "pd-router [--config FILE] [--key=value ...]  OpenAI-compatible PD router",
     .fields = rtr_cfg_fields,
+    .check = rtr_check_config,
 };
 
 /* admin `membership`: the etcd registration (off: etcd null). */

@@ -37,9 +37,12 @@ const YAML = require("yaml"), fs = require("fs");
 const cm = YAML.parse(fs.readFileSync(process.argv[1], "utf8"));
 for (const [k, v] of Object.entries(cm.data)) fs.writeFileSync(process.argv[2] + "/" + k, v);
 ' "$k8s/configmap.yaml" "$t" || fails=$((fails + 1))
+# (the Secret the pods mount at /etc/pdserve/secret: a generated one here,
+# since --check-config loads it as the daemon would)
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$t/secret"
 for r in router prefill decode; do
     eval bin=\$$r
-    if "$bin" --check-config --config="$t/$r.ini" >/dev/null 2>"$t/err"; then
+    if "$bin" --check-config --config="$t/$r.ini" --secret-file="$t/secret" >/dev/null 2>"$t/err"; then
         echo "ok   - $r.ini: $(basename "$bin") --check-config"
     else
         echo "FAIL $r.ini: $(cat "$t/err")"

@@ -497,8 +497,33 @@ static void test_smaller_ones(void **st)
     assert_non_null(strstr(out, "out of range"));
     const char *lp[] = { g_prefill, "--check-config", "--lease-ttl=700s", NULL };
     assert_int_equal(run_capture(lp, out, sizeof(out), 10), 2);
-    const char *lok[] = { g_router, "--check-config", "--lease-ttl=600s", NULL };
+    const char *lok[] = { g_router, "--check-config", "--lease-ttl=600s", "--insecure-no-auth",
+                          NULL };
     assert_int_equal(run_capture(lok, out, sizeof(out), 10), 0);
+
+    /* --check-config loads the secret as the daemon would at boot (it said
+     * "configuration ok" for a secret the daemon then refused), and the
+     * error says why: the file's errno, or what is wrong with its text */
+    const char *nosec[] = { g_decode, "--check-config", NULL };
+    assert_int_equal(run_capture(nosec, out, sizeof(out), 10), 2);
+    assert_non_null(strstr(out, "no deployment secret"));
+    const char *miss[] = { g_router, "--check-config", "--secret-file=/nonexistent/secret", NULL };
+    assert_int_equal(run_capture(miss, out, sizeof(out), 10), 2);
+    assert_non_null(strstr(out, "/nonexistent/secret: No such file or directory"));
+    char shortf[] = "/tmp/pd-sec-short-XXXXXX";
+    int sfd = mkstemp(shortf);
+    assert_true(sfd >= 0);
+    assert_int_equal(write(sfd, "0123456789abcdef", 16), 16);
+    close(sfd);
+    char sarg[64];
+    snprintf(sarg, sizeof(sarg), "--secret-file=%s", shortf);
+    const char *shrt[] = { g_prefill, "--check-config", sarg, NULL };
+    assert_int_equal(run_capture(shrt, out, sizeof(out), 10), 2);
+    assert_non_null(strstr(out, "need at least 32 bytes"));
+    const char *dir[] = { g_decode, "--check-config", "--secret-file=/tmp", NULL };
+    assert_int_equal(run_capture(dir, out, sizeof(out), 10), 2);
+    assert_non_null(strstr(out, "/tmp: Is a directory"));
+    unlink(shortf);
 
     /* --secret as text (the harness passes it): warned */
     assert_true(file_has(g_d.router.log, "prefer --secret-file"));

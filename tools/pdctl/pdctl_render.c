@@ -112,13 +112,39 @@ int pdctl_cmd_check(int argc, char **argv)
     if (rc != 0)
         return rc;
     const char *ca = pdctl_kvs_get(&dep.role_kv[PDCTL_ROUTER], "control");
+    /* The daemons' --check-config loads the secret as they would at boot.
+     * One that `pdctl up` creates does not exist yet: check against a
+     * throwaway secret instead (a secret-file the deployment names is
+     * checked as it is). */
+    char tmpsec[] = "/tmp/pdctl-secret-XXXXXX";
+    bool made = false;
+    if (!dep.secret_given && access(dep.secret_file, F_OK) != 0) {
+        char hex[65];
+        int fd = mkstemp(tmpsec);
+        char *dup = fd >= 0 ? strdup(tmpsec) : NULL;
+        if (dup != NULL && pdctl_secret_hex(hex) == 0 && write(fd, hex, 64) == 64) {
+            free(dep.secret_file);
+            dep.secret_file = dup;
+            made = true;
+        } else {
+            free(dup);
+        }
+        if (fd >= 0)
+            close(fd);
+        if (fd >= 0 && !made)
+            unlink(tmpsec);
+    }
     for (int r = 0; r < PDCTL_ROLE_N; r++) {
         if (pdctl_check_values(&dep, (pdctl_role_t)r, argv[0],
                                ca ? ca : "127.0.0.1:7000") != 0) {
+            if (made)
+                unlink(tmpsec);
             pdctl_dep_free(&dep);
             return PDCTL_EXIT_USAGE;
         }
     }
+    if (made)
+        unlink(tmpsec);
     if (pdctl_mem_plan_check(&dep, dep.count, NULL) != 0) {
         pdctl_dep_free(&dep);
         return PDCTL_EXIT_FAIL;
