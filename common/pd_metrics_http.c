@@ -19,6 +19,7 @@
 #include <event2/event.h>
 #include <event2/listener.h>
 #include <event2/util.h>
+#include <cjson/cJSON.h>
 
 #define MH_COMP "metrics"
 #define MH_DEF_MAX_CLIENTS 16u
@@ -176,17 +177,28 @@ static void mh_handle(mh_client_t *c, char *line)
         return;
     }
     if (is_health) {
+        /* the router's bodies: {"status":"ok"} / {"status":"ready"}; a 503
+         * says why ({"status":"unavailable"|"not_ready","reason":...}) */
         char why[256] = "";
         pd_metrics_health_t cb = is_ready ? m->o.ready : m->o.health;
-        if (cb != NULL && !cb(m->o.arg, why, sizeof(why))) {
-            why[sizeof(why) - 2] = '\0';
-            size_t wl = strlen(why);
-            why[wl] = '\n';
-            why[wl + 1] = '\0';
-            mh_reply_text(c, 503, "Service Unavailable", why, head);
-        } else {
-            mh_reply_text(c, 200, "OK", "ok\n", head);
+        cJSON *o = cJSON_CreateObject();
+        bool up = cb == NULL || cb(m->o.arg, why, sizeof(why));
+        why[sizeof(why) - 1] = '\0';
+        if (o != NULL) {
+            cJSON_AddStringToObject(o, "status", up ? (is_ready ? "ready" : "ok")
+                                                    : (is_ready ? "not_ready" : "unavailable"));
+            if (!up)
+                cJSON_AddStringToObject(o, "reason", why);
         }
+        char *body = o != NULL ? cJSON_PrintUnformatted(o) : NULL;
+        cJSON_Delete(o);
+        if (body == NULL) {
+            mh_reply_text(c, 500, "Internal Server Error", "out of memory\n", head);
+            return;
+        }
+        mh_reply(c, up ? 200 : 503, up ? "OK" : "Service Unavailable", "application/json",
+                 body, strlen(body), head);
+        free(body);
         return;
     }
     char *text = NULL;

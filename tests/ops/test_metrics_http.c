@@ -155,12 +155,13 @@ static void test_statuses(void **st)
     fx_t *f = *st;
     char *r = ask(f, "GET /health HTTP/1.1\r\n\r\n");
     assert_non_null(strstr(r, "200 OK"));
-    assert_non_null(strstr(r, "\r\n\r\nok\n"));
+    assert_non_null(strstr(r, "Content-Type: application/json\r\n"));
+    assert_non_null(strstr(r, "\r\n\r\n{\"status\":\"ok\"}"));
     free(r);
     f->unhealthy = true;
     r = ask(f, "GET /health HTTP/1.1\r\n\r\n");
     assert_non_null(strstr(r, "HTTP/1.1 503 "));
-    assert_non_null(strstr(r, "router session down\n"));
+    assert_non_null(strstr(r, "{\"status\":\"unavailable\",\"reason\":\"router session down\"}"));
     free(r);
     f->unhealthy = false;
     /* /ready: its own callback (readiness probes); /health unaffected */
@@ -170,7 +171,7 @@ static void test_statuses(void **st)
     f->unready = true;
     r = ask(f, "GET /ready HTTP/1.1\r\n\r\n");
     assert_non_null(strstr(r, "HTTP/1.1 503 "));
-    assert_non_null(strstr(r, "no router session up\n"));
+    assert_non_null(strstr(r, "{\"status\":\"not_ready\",\"reason\":\"no router session up\"}"));
     free(r);
     r = ask(f, "GET /health HTTP/1.1\r\n\r\n");
     assert_non_null(strstr(r, "200 OK"));
