@@ -435,6 +435,18 @@ PY
     alive=0; for p in $pids; do pid_alive "$p" && alive=1; done
     check "foreground: a daemon died -> the rest stopped, exit 1 (rc=$RC)" test "$RC.$alive" = "1.0"
     check "foreground: says which daemon died" grep -q "decode-0 (pid [0-9]*) exited" "$T/fg.out"
+    # `pdctl down` from another terminal: the foreground up ends with exit 0
+    # (`make run` said "Error 1" then)
+    "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$fg" --foreground \
+        --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0 >"$T/fg.out" 2>&1 &
+    fgpid=$!; PY_PIDS+=($fgpid)
+    check "foreground, third: ready" poll 30 test -s "$fg/url"
+    run "$PDCTL" down --run-dir "$fg"
+    expect 0 "stopped" "down beside a foreground up"
+    poll 30 bash -c '! kill -0 $1 2>/dev/null' _ $fgpid || kill -KILL $fgpid
+    wait $fgpid; RC=$?
+    check "foreground: pdctl down -> exit 0 (rc=$RC)" test "$RC" = 0
+    check "foreground: says the deployment was stopped" grep -q "stopped (pdctl down)" "$T/fg.out"
 }
 
 sim() {

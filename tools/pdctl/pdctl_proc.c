@@ -550,6 +550,15 @@ static int pdctl_foreground(pdctl_state_t *st, double stop_timeout_s)
                 pdctl_nap_ms(200);
                 continue;
             }
+            /* `pdctl down` from another terminal removed the state after
+             * stopping everything: the deployment ended as asked */
+            char sp[PATH_MAX];
+            pdctl_state_path(st->run_dir, sp, sizeof(sp));
+            if (access(sp, F_OK) != 0 && errno == ENOENT) {
+                close(fd);
+                printf("\npdctl: the deployment was stopped (pdctl down)\n");
+                return 0;
+            }
             pdctl_state_t now;
             if (pdctl_state_load(st->run_dir, &now) == 0) {
                 now.lock_fd = -1;
