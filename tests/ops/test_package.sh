@@ -241,4 +241,6 @@ PIDS=()
 check "SIGTERM (the units' KillSignal) stops every daemon cleanly" test $st = 0
 dpkg --root="$A" --force-script-chrootless --force-depends --purge pdserve >>"$A.dpkg.log" 2>&1
 check "purge: binaries and /etc/pdserve removed" test ! -e "$A/usr/bin/pd-router" -a ! -e "$A/etc/pdserve"
+left=$(cd "$A/etc/systemd/system" 2>/dev/null && find . -name 'pd*' | tr '\n' ' ')
+check "purge: no enable links left in /etc/systemd/system (${left:-none})" test -z "$left"
 finish
