@@ -4,6 +4,7 @@
 #define PD_BOOT_H
 
 #include "pd_config.h"
+#include "pd_log.h"
 #include "pd_status.h"
 
 #include <stdbool.h>
@@ -17,6 +18,7 @@ typedef struct {
     bool insecure_no_auth;
     char *admin_socket;
     char *log_level;
+    int log_format;             /* pd_log_format_t */
     char *log_file;
 } pd_boot_cfg_t;
 
@@ -31,6 +33,8 @@ typedef struct {
                "admin UNIX socket path", 0, 0, NULL),                         \
     PD_CFG_ROW(stype, m.log_level, "log.level", STRING, "info",               \
                "error|warn|info|debug|trace", 0, 0, NULL),                    \
+    PD_CFG_ROW(stype, m.log_format, "log.format", ENUM, "text",               \
+               "text|json (json: one object per line)", 0, 0, pd_log_format_names), \
     PD_CFG_ROW(stype, m.log_file, "log.file", STRING, NULL,                   \
                "log file (default stderr)", 0, 0, NULL)
 

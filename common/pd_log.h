@@ -37,10 +37,18 @@ pd_log_level_t pd_log_get_level(void);
 /* "error|warn|info|debug|trace" -> level. PD_ERR_BAD_INPUT otherwise. */
 pd_status_t pd_log_level_parse(const char *text, pd_log_level_t *level_p);
 
-/* A daemon's log at boot: set the level named by `level` and open `file`
- * (NULL: stderr). PD_ERR_BAD_INPUT with one line on stderr naming prog and
- * the option. */
-pd_status_t pd_log_boot(const char *prog, const char *level, const char *file);
+/* Line format (log.format): text (the default, below) or json: one object
+ * per line {"ts","mono","level","comp","req"?,"msg"} plus every
+ * "key=value" word of the message as its own field (a number when it is
+ * one), so logfmt-style lines (the router's access line) are structured. */
+typedef enum { PD_LOG_FORMAT_TEXT = 0, PD_LOG_FORMAT_JSON = 1 } pd_log_format_t;
+extern const char *const pd_log_format_names[]; /* for the config ENUM row */
+void pd_log_set_format(pd_log_format_t f);
+
+/* A daemon's log at boot: set the level named by `level` and the format,
+ * and open `file` (NULL: stderr). PD_ERR_BAD_INPUT with one line on stderr
+ * naming prog and the option. */
+pd_status_t pd_log_boot(const char *prog, const char *level, int format, const char *file);
 const char *pd_log_level_name(pd_log_level_t level);
 
 /* Copies n bytes of in to out (cap > 0, always NUL-terminated) so that

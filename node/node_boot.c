@@ -142,7 +142,7 @@ pd_status_t node_check_config(const void *target, char *err, size_t err_len)
 static pd_status_t node_boot_checks(node_t *n, const char *prog)
 {
     const node_config_t *c = n->cfg;
-    if (pd_log_boot(prog, c->boot.log_level, c->boot.log_file) != PD_OK)
+    if (pd_log_boot(prog, c->boot.log_level, c->boot.log_format, c->boot.log_file) != PD_OK)
         return PD_ERR_BAD_INPUT;
     if (c->model == NULL) {
         fprintf(stderr, "%s: --model: required (GGUF path or sim:<preset>)\n", prog);

@@ -361,7 +361,8 @@ int main(int argc, char **argv)
     pd_status_t s;
 
     pd_config_load_or_exit(&rtr_cfg_schema, &r->cfg, argc, argv, &res);
-    if (pd_log_boot("pd-router", r->cfg.boot.log_level, r->cfg.boot.log_file) != PD_OK) {
+    if (pd_log_boot("pd-router", r->cfg.boot.log_level, r->cfg.boot.log_format,
+                    r->cfg.boot.log_file) != PD_OK) {
         pd_config_result_free(&res);
         return 2;
     }

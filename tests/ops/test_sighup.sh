@@ -4,7 +4,8 @@
 #   test_sighup.sh ROUTER DECODE MODEL
 # The log files are moved away, SIGHUP sent twice: each process is alive
 # after it, writes "log file reopened" into a new file at the old path, and
-# the router still answers /health; SIGTERM still stops both.
+# the router still answers /health; SIGTERM still stops both. The decode
+# logs in log.format = json: each of its lines must parse.
 set -u
 ROUTER=$1 DECODE=$2 MODEL=$3
 command -v curl >/dev/null 2>&1 || { echo "skip: curl"; exit 77; }
@@ -23,7 +24,7 @@ poll 20 test -s "$T/router.ready" || { bad "router not ready"; cat "$T/router.er
 HTTP=$(sed -E 's/.*"http":([0-9]+).*/\1/' "$T/router.ready")
 CTL=$(sed -E 's/.*"control":([0-9]+).*/\1/' "$T/router.ready")
 "$DECODE" --model="$MODEL" --insecure-no-auth --router=127.0.0.1:$CTL --kv-blocks=64 \
-    --threads=1 --log.file="$T/decode.log" --ready-file="$T/decode.ready" 2>"$T/decode.err" &
+    --threads=1 --log.file="$T/decode.log" --log.format=json --ready-file="$T/decode.ready" 2>"$T/decode.err" &
 DPID=$!
 poll 20 test -s "$T/decode.ready" || { bad "decode not registered"; cat "$T/decode.err" "$T/decode.log"; exit 1; }
 
@@ -40,6 +41,17 @@ for who in router decode; do
         kill -0 "$pid" 2>/dev/null && ok "$who alive after SIGHUP $round" || bad "$who exited on SIGHUP $round"
     done
 done
+# the decode logs in log.format = json: every line of every file is one object
+if python3 - "$T"/decode.log* <<'EOF'
+import json, sys
+n = 0
+for p in sys.argv[1:]:
+    for line in open(p, encoding="utf-8"):
+        o = json.loads(line); n += 1
+        assert {"ts", "mono", "level", "comp", "msg"} <= o.keys(), line
+assert n >= 3, n
+EOF
+then ok "decode: log.format=json lines all parse"; else bad "decode: log.format=json: a line is not JSON"; fi
 code=$(curl -s -o /dev/null -w '%{http_code}' -m 5 "http://127.0.0.1:$HTTP/health")
 [ "$code" = 200 ] && ok "router answers /health after the SIGHUPs" || bad "router /health: $code"
 kill -TERM "$DPID" "$RPID"
