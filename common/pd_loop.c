@@ -1,5 +1,7 @@
 /* pd_loop.c - event loop, signals, deferred reaping, eventfd work queue. */
 #include "pd_loop.h"
+
+#include <systemd/sd-daemon.h>
 #include "pd_log.h"
 #include "pd_time.h"
 
@@ -7,6 +9,7 @@
 #include <event2/thread.h>
 
 #include <errno.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -29,6 +32,8 @@ struct pd_loop {
     struct event *ev_int;
     struct event *ev_hup;
     struct event *ev_reap;
+    struct event *ev_watchdog;  /* systemd's WatchdogSec: fed from the loop */
+    bool stopping_told;
     pd_loop_cb_t drain_cb, stop_cb;
     void *drain_arg, *stop_arg;
     unsigned drain_count;
@@ -63,9 +68,19 @@ static void reap_cb(evutil_socket_t fd, short what, void *arg)
     reap_run(arg);
 }
 
+/* systemd (Type=notify): STOPPING=1 once, at the first SIGTERM/SIGINT */
+static void tell_stopping(pd_loop_t *loop)
+{
+    if (!loop->stopping_told) {
+        loop->stopping_told = true;
+        sd_notify(0, "STOPPING=1");
+    }
+}
+
 static void term_cb(evutil_socket_t fd, short what, void *arg)
 {
     pd_loop_t *loop = arg;
+    tell_stopping(loop);
     loop->drain_count++;
     PD_LOG_DEBUG("loop", "SIGTERM #%u", loop->drain_count);
     if (loop->drain_cb != NULL)
@@ -84,9 +99,17 @@ static void hup_cb(evutil_socket_t fd, short what, void *arg)
                "still writing the old one", strerror(errno));
 }
 
+/* The watchdog is fed from the loop itself, so a loop stuck in one callback
+ * (the failure it exists for) stops feeding it and systemd restarts us. */
+static void watchdog_cb(evutil_socket_t fd, short what, void *arg)
+{
+    sd_notify(0, "WATCHDOG=1");
+}
+
 static void int_cb(evutil_socket_t fd, short what, void *arg)
 {
     PD_LOG_DEBUG("loop", "SIGINT: stopping");
+    tell_stopping(arg);
     pd_loop_stop(arg);
 }
 
@@ -141,6 +164,8 @@ void pd_loop_destroy(pd_loop_t *loop)
         event_free(loop->ev_hup);
     if (loop->ev_reap)
         event_free(loop->ev_reap);
+    if (loop->ev_watchdog)
+        event_free(loop->ev_watchdog);
     if (loop->base)
         event_base_free(loop->base);
     free(loop->reap);
@@ -166,12 +191,32 @@ void pd_loop_on_stop(pd_loop_t *loop, pd_loop_cb_t cb, void *arg)
 
 pd_status_t pd_loop_run(pd_loop_t *loop)
 {
+    uint64_t wd_us = 0;
+    if (loop->ev_watchdog == NULL && sd_watchdog_enabled(0, &wd_us) > 0 && wd_us > 0) {
+        /* feed at half the period (sd_watchdog_enabled(3)) */
+        struct timeval tv = pd_ns_to_timeval(wd_us * PD_NS_PER_US / 2);
+        loop->ev_watchdog = event_new(loop->base, -1, EV_PERSIST, watchdog_cb, loop);
+        if (loop->ev_watchdog == NULL || event_add(loop->ev_watchdog, &tv) != 0)
+            pd_log(PD_LOG_WARN, "loop", NULL, "systemd watchdog: cannot arm the timer");
+        else
+            sd_notify(0, "WATCHDOG=1");
+    }
     int rc = event_base_dispatch(loop->base);
     reap_run(loop);
     if (loop->stop_cb != NULL)
         loop->stop_cb(loop, loop->stop_arg);
     reap_run(loop);
     return rc < 0 ? PD_ERR_INTERNAL : PD_OK;
+}
+
+void pd_loop_notify_ready(const char *status)
+{
+    sd_notifyf(0, "READY=1\nSTATUS=%s", status != NULL ? status : "serving");
+}
+
+void pd_loop_notify_status(const char *status)
+{
+    sd_notifyf(0, "STATUS=%s", status);
 }
 
 void pd_loop_stop(pd_loop_t *loop)

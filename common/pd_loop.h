@@ -45,6 +45,14 @@ void pd_loop_on_stop(pd_loop_t *loop, pd_loop_cb_t cb, void *arg);
 /* Run until pd_loop_stop/SIGINT (or no events left). PD_OK, or
  * PD_ERR_INTERNAL if libevent fails. */
 pd_status_t pd_loop_run(pd_loop_t *loop);
+/* systemd's notify protocol (units are Type=notify; no-ops outside
+ * systemd, i.e. without $NOTIFY_SOCKET): READY=1 once the daemon serves,
+ * a STATUS= line for `systemctl status`. pd_loop itself sends STOPPING=1
+ * at the first SIGTERM/SIGINT and, under WatchdogSec=, feeds the watchdog
+ * from a loop timer at half the period (started by pd_loop_run), so a loop
+ * stuck in a callback is restarted. */
+void pd_loop_notify_ready(const char *status);
+void pd_loop_notify_status(const char *status);
 /* Ask the loop to stop after the current callback. Any thread. */
 void pd_loop_stop(pd_loop_t *loop);
 /* Number of SIGTERMs seen (for tests and drain escalation). */

@@ -9,7 +9,7 @@ PKGS=(
   build-essential meson ninja-build pkg-config
   # libraries (see README "Build dependencies")
   libucx-dev ucx-utils libevent-dev libjemalloc-dev libcjson-dev libinih-dev
-  libsodium-dev libxxhash-dev libpcre2-dev
+  libsodium-dev libxxhash-dev libpcre2-dev libsystemd-dev
   # tests: unit framework, fuzzing + sanitizer runtimes, metrics lint
   libcmocka-dev clang libclang-rt-14-dev prometheus
   # tools: network namespaces, plots, JSON on the command line

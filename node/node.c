@@ -456,6 +456,10 @@ static void node_on_up(proto_session_t *s, const proto_register_ack_t *ack, void
            n->n_links);
     node_kve_session_up(n->kve); /* every router's index of our cache starts over */
     node_write_ready(n, l);
+    char status[96];
+    snprintf(status, sizeof(status), "serving: registered with %u of %u routers",
+             node_links_up(n), n->n_links);
+    pd_loop_notify_status(status);
 }
 
 static void node_on_down(proto_session_t *s, pd_status_t why, void *arg)
@@ -863,6 +867,9 @@ pd_status_t node_run(node_t *n, const char *extra)
            strcmp(n->kv_dev, "*") == 0 ? "every interface (kv-listen *)" : n->kv_addr,
            strcmp(n->kv_dev, "*") == 0 ? "" : " (", strcmp(n->kv_dev, "*") == 0 ? "" : n->kv_dev,
            strcmp(n->kv_dev, "*") == 0 ? "" : ")");
+    /* booted (model loaded, arena registered): systemd's READY; whether a
+     * router has us is the STATUS line and the router's business */
+    pd_loop_notify_ready(na > 0 || n->cfg->etcd ? "up: connecting to routers" : "up: no router");
     return pd_loop_run(n->loop);
 }
 

@@ -441,6 +441,12 @@ int main(int argc, char **argv)
                strerror(errno));
         goto err_http;
     }
+    {
+        char status[256];
+        snprintf(status, sizeof(status), "serving: http %s (port %u), control %s (port %u)",
+                 r->cfg.http, r->http_port, r->cfg.control, r->ctl_port);
+        pd_loop_notify_ready(status);
+    }
     s = pd_loop_run(r->loop);
     rc = s == PD_OK ? 0 : 1;
     pd_log(PD_LOG_INFO, RTR_COMP, NULL, "exiting: accepted %" PRIu64 " = completed %" PRIu64
