@@ -1,5 +1,6 @@
 /* pd_etcd.c - see pd_etcd.h. */
 #include "pd_etcd.h"
+#include "pd_log.h"
 #include "pd_httpc.h"
 #include "pd_time.h"
 
@@ -228,6 +229,23 @@ static void prefix_end(const char *p, char *out, size_t cap)
         out[n - 1]++;
 }
 
+/* Put our key under the lease we hold. */
+static bool member_put(pd_member_t *m, char *err, size_t cap)
+{
+    char full[2 * PD_MEMBER_VAL_MAX + 8];
+    snprintf(full, sizeof(full), "%s%s", m->prefix, m->key);
+    cJSON *req = cJSON_CreateObject();
+    add_b64(req, "key", full);
+    add_b64(req, "value", m->value);
+    char id[32];
+    snprintf(id, sizeof(id), "%lld", (long long)m->lease);
+    cJSON_AddStringToObject(req, "lease", id);
+    cJSON *r = member_call(m, "/v3/kv/put", req, err, cap);
+    cJSON_Delete(req);
+    cJSON_Delete(r);
+    return r != NULL;
+}
+
 /* New lease + put of our key. */
 static bool member_register(pd_member_t *m, char *err, size_t cap)
 {
@@ -243,20 +261,33 @@ static bool member_register(pd_member_t *m, char *err, size_t cap)
         snprintf(err, cap, "etcd: lease grant without an ID");
         return false;
     }
+    if (!member_put(m, err, cap)) {
+        m->lease = 0;
+        return false;
+    }
+    return true;
+}
+
+/* Our key is still there (an operator's `etcdctl del`, a compaction tool
+ * or a forged delete removes it while the lease lives on): put it back.
+ * false only on an etcd error. */
+static bool member_key_check(pd_member_t *m, char *err, size_t cap)
+{
     char full[2 * PD_MEMBER_VAL_MAX + 8];
     snprintf(full, sizeof(full), "%s%s", m->prefix, m->key);
-    req = cJSON_CreateObject();
+    cJSON *req = cJSON_CreateObject();
     add_b64(req, "key", full);
-    add_b64(req, "value", m->value);
-    char id[32];
-    snprintf(id, sizeof(id), "%lld", (long long)m->lease);
-    cJSON_AddStringToObject(req, "lease", id);
-    r = member_call(m, "/v3/kv/put", req, err, cap);
+    cJSON_AddBoolToObject(req, "count_only", 1);
+    cJSON *r = member_call(m, "/v3/kv/range", req, err, cap);
     cJSON_Delete(req);
-    cJSON_Delete(r);
     if (r == NULL)
-        m->lease = 0;
-    return r != NULL;
+        return false;
+    int64_t count = json_i64(r, "count");
+    cJSON_Delete(r);
+    if (count > 0)
+        return true;
+    PD_LOG_DEBUG("etcd", "our key %s was deleted while its lease lives: put it back", full);
+    return member_put(m, err, cap);
 }
 
 /* Keepalive; false (lease 0) if etcd says the lease is gone. */
@@ -424,7 +455,8 @@ static void *member_main(void *arg)
             continue;
         }
         if (now_ms() >= next_ka) {
-            if (!member_keepalive(m, err, sizeof(err))) {
+            if (!member_keepalive(m, err, sizeof(err)) ||
+                (m->lease != 0 && !member_key_check(m, err, sizeof(err)))) {
                 member_set_state(m, false, err);
                 if (m->lease == 0) {      /* expired: register again at once */
                     if (wfd >= 0) {

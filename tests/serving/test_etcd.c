@@ -310,6 +310,31 @@ static void etcd_get(const char *key, char *out, size_t cap)
     cJSON_Delete(j);
 }
 
+/* A live member whose key is deleted (etcdctl del, a cleanup script)
+ * puts it back within a keepalive round (ttl/3): it never wrote it again
+ * before, so a daemon started later saw one router of two. */
+static void test_key_deleted(void **st)
+{
+    (void)st;
+    char full[256], kb[400], body[500], v[256];
+    snprintf(full, sizeof(full), PREFIX "routers/router-1");
+    pd_b64_encode(full, strlen(full), kb);
+    snprintf(body, sizeof(body), "{\"key\":\"%s\"}", kb);
+    cJSON *j = etcd_call("/v3/kv/deleterange", body);
+    assert_non_null(j);
+    cJSON_Delete(j);
+    etcd_get("routers/router-1", v, sizeof(v));
+    assert_string_equal(v, "");
+    double t0 = e2e_now();
+    do {
+        e2e_nap_ms(50);
+        etcd_get("routers/router-1", v, sizeof(v));
+    } while (v[0] == '\0' && e2e_now() - t0 < 10.0);
+    if (v[0] == '\0')
+        fail_msg("router-1's key not put back within 10 s (ttl 2 s)");
+    assert_int_equal(etcd_count(), 4);
+}
+
 #define N_FORGED 16
 static int g_trap[N_FORGED];
 static char g_trap_addr[N_FORGED][32];
@@ -498,6 +523,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_found),
+        cmocka_unit_test(test_key_deleted),
         cmocka_unit_test(test_forged),
         cmocka_unit_test(test_restart),
         cmocka_unit_test(test_etcd_down),
