@@ -4,6 +4,8 @@
 #include "pd_memledger.h"
 
 #include <errno.h>
+#include <math.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -81,8 +83,15 @@ static bool cg_walk(char *dir, size_t root_len, const char *limit_name, const ch
     return found;
 }
 
-pd_status_t pd_mem_cgroup_room(const char *cgroup_file, const char *cgroup_root,
-                               uint64_t *room_p, uint64_t *limit_p)
+/* This process's directory of the hierarchy that holds v1_ctrl (cgroup
+ * v1, e.g. "memory", "cpu") or of the unified one (v2), from the text of
+ * /proc/<pid>/cgroup: dir (under cgroup_root), *root_len_p the length of
+ * its root part, *v1_p which one. A hybrid host has both lines: the
+ * controller is where v1 says. A path that is not there (a container
+ * without a cgroup namespace) falls back to the mount's root. */
+static pd_status_t cg_dir(const char *cgroup_file, const char *cgroup_root, const char *v1_ctrl,
+                          const char *v1_mount, char *dir, size_t dir_cap, size_t *root_len_p,
+                          bool *v1_p)
 {
     FILE *f = fopen(cgroup_file, "re");
     if (f == NULL)
@@ -108,35 +117,129 @@ pd_status_t pd_mem_cgroup_room(const char *cgroup_file, const char *cgroup_root,
         snprintf(list, sizeof(list), "%s", ctrls);
         char *save = NULL;
         for (char *t = strtok_r(list, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save))
-            if (strcmp(t, "memory") == 0) {
+            if (strcmp(t, v1_ctrl) == 0) {
                 snprintf(v1, sizeof(v1), "%s", path);
                 have_v1 = true;
             }
     }
     fclose(f);
-    /* a hybrid host has both lines: the memory controller is where v1 says */
-    const char *root_sub = have_v1 ? "/memory" : "";
     const char *rel = have_v1 ? v1 : v2;
     if (!have_v1 && !have_v2)
         return PD_ERR_NOT_FOUND;
     if (strstr(rel, "/..") != NULL)
         return PD_ERR_NOT_FOUND;
-    char root[2048], dir[4096];
-    snprintf(root, sizeof(root), "%s%s", cgroup_root, root_sub);
-    size_t rl = strlen(root);
-    snprintf(dir, sizeof(dir), "%s%s", root, strcmp(rel, "/") == 0 ? "" : rel);
+    char root[2048];
+    snprintf(root, sizeof(root), "%s%s", cgroup_root, have_v1 ? v1_mount : "");
+    *root_len_p = strlen(root);
+    snprintf(dir, dir_cap, "%s%s", root, strcmp(rel, "/") == 0 ? "" : rel);
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        snprintf(dir, sizeof(dir), "%s", root); /* no cgroup namespace: the mount's root */
+        snprintf(dir, dir_cap, "%s", root);
+    *v1_p = have_v1;
+    return PD_OK;
+}
+
+pd_status_t pd_mem_cgroup_room(const char *cgroup_file, const char *cgroup_root,
+                               uint64_t *room_p, uint64_t *limit_p)
+{
+    char dir[4096];
+    size_t rl;
+    bool v1;
+    pd_status_t st = cg_dir(cgroup_file, cgroup_root, "memory", "/memory", dir, sizeof(dir), &rl,
+                            &v1);
+    if (st != PD_OK)
+        return st;
     uint64_t room = 0, limit = 0;
-    bool found = have_v1 ? cg_walk(dir, rl, "memory.limit_in_bytes", "memory.usage_in_bytes",
-                                   &room, &limit)
-                         : cg_walk(dir, rl, "memory.max", "memory.current", &room, &limit);
+    bool found = v1 ? cg_walk(dir, rl, "memory.limit_in_bytes", "memory.usage_in_bytes",
+                              &room, &limit)
+                    : cg_walk(dir, rl, "memory.max", "memory.current", &room, &limit);
     if (!found)
         return PD_ERR_NOT_FOUND;
     *room_p = room;
     *limit_p = limit;
     return PD_OK;
+}
+
+pd_status_t pd_cpu_cgroup_quota(const char *cgroup_file, const char *cgroup_root,
+                                double *cpus_p)
+{
+    char dir[4096], path[4200];
+    size_t rl;
+    bool v1;
+    pd_status_t st = cg_dir(cgroup_file, cgroup_root, "cpu", "/cpu", dir, sizeof(dir), &rl, &v1);
+    if (st != PD_OK)
+        return st;
+    bool found = false;
+    double best = 0;
+    for (;;) {
+        unsigned long long quota = 0, period = 0;
+        bool lim = false;
+        if (v1) {
+            uint64_t q, p;
+            /* cfs_quota_us is -1 for none: read_u64_file refuses it */
+            snprintf(path, sizeof(path), "%s/cpu.cfs_quota_us", dir);
+            if (read_u64_file(path, &q)) {
+                snprintf(path, sizeof(path), "%s/cpu.cfs_period_us", dir);
+                if (read_u64_file(path, &p)) {
+                    quota = q;
+                    period = p;
+                    lim = true;
+                }
+            }
+        } else {
+            /* cpu.max: "QUOTA PERIOD" or "max PERIOD" */
+            snprintf(path, sizeof(path), "%s/cpu.max", dir);
+            FILE *f = fopen(path, "re");
+            if (f != NULL) {
+                lim = fscanf(f, "%llu %llu", &quota, &period) == 2;
+                fclose(f);
+            }
+        }
+        if (lim && quota > 0 && period > 0) {
+            double c = (double)quota / (double)period;
+            if (!found || c < best)
+                best = c;
+            found = true;
+        }
+        if (strlen(dir) <= rl)
+            break;
+        char *slash = strrchr(dir + rl, '/');
+        if (slash == NULL)
+            break;
+        *slash = '\0';
+    }
+    if (!found)
+        return PD_ERR_NOT_FOUND;
+    *cpus_p = best;
+    return PD_OK;
+}
+
+uint32_t pd_cpu_budget(const char *proc_root, const char *cgroup_root)
+{
+    if (proc_root == NULL)
+        proc_root = "/proc";
+    if (cgroup_root == NULL)
+        cgroup_root = "/sys/fs/cgroup";
+    uint32_t n = 0;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        n = (uint32_t)CPU_COUNT(&set);
+    if (n == 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        n = c > 0 ? (uint32_t)c : 1;
+    }
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/self/cgroup", proc_root);
+    double q;
+    if (pd_cpu_cgroup_quota(path, cgroup_root, &q) == PD_OK) {
+        /* a quota of 1.5 CPUs runs 2 threads at 75 %: round up, at least 1 */
+        uint32_t qc = (uint32_t)ceil(q - 1e-9);
+        if (qc < 1)
+            qc = 1;
+        if (qc < n)
+            n = qc;
+    }
+    return n;
 }
 
 uint64_t pd_mem_available(const char *proc_root, const char *cgroup_root)

@@ -73,6 +73,17 @@ uint64_t pd_mem_available(const char *proc_root, const char *cgroup_root);
 pd_status_t pd_mem_cgroup_room(const char *cgroup_file, const char *cgroup_root,
                                uint64_t *room_p, uint64_t *limit_p);
 
+/* CPUs: the CPU quota of the cgroup hierarchy (v2 cpu.max "QUOTA PERIOD",
+ * v1 cpu.cfs_quota_us / cpu.cfs_period_us; the tightest level) in CPUs,
+ * PD_ERR_NOT_FOUND when none is set. */
+pd_status_t pd_cpu_cgroup_quota(const char *cgroup_file, const char *cgroup_root,
+                                double *cpus_p);
+/* How many threads this process can run at once: the CPUs of its affinity
+ * mask, capped by the cgroup quota rounded up (a Kubernetes pod's CPU
+ * limit), at least 1. NULL roots: /proc, /sys/fs/cgroup. What `threads = 0`
+ * means. */
+uint32_t pd_cpu_budget(const char *proc_root, const char *cgroup_root);
+
 /* Reserve bytes under name for this process (replacing an entry of the
  * same pid and name). PD_OK; PD_ERR_NO_MEMORY (over budget: why names
  * every share and the budget); PD_ERR_IO (the ledger cannot be opened or

@@ -84,7 +84,7 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
     PD_BOOT_ROWS(stype, node.boot),                                           \
     NODE_ROW(stype, model, "model", STRING, NULL, "GGUF path or sim:<preset or spec>", 0, 0, NULL) \
     NODE_ROW(stype, engine, "engine", STRING, NULL, "llama|sim (default: from model)", 0, 0, NULL) \
-    NODE_ROW(stype, threads, "threads", UINT, "0", "engine threads (0 = online cores)", 0, 1024, NULL) \
+    NODE_ROW(stype, threads, "threads", UINT, "0", "engine threads (0 = the CPUs it may use: affinity, capped by the cgroup CPU quota)", 0, 1024, NULL) \
     NODE_ROW(stype, block_tokens, "block-tokens", UINT, "16", "tokens per KV block", 1, 4096, NULL) \
     NODE_ROW(stype, kv_dtype, "kv-dtype", ENUM, "f16", "KV dtype: f32|f16", 0, 0, node_kv_dtypes) \
     NODE_ROW(stype, kv_blocks, "kv-blocks", UINT, "1024", "KV blocks in the arena", 1, 1e8, NULL) \

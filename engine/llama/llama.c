@@ -12,6 +12,7 @@
  * at the other tokens (matmuls per ll_kern.h's canonical dot, attention per
  * (token, head) reading K/V back from the cache), which is what makes chunked
  * prefill, batched decode and any thread count bitwise identical. */
+#include "pd_memledger.h"
 #include "eng_llama.h"
 
 #include <errno.h>
@@ -443,10 +444,12 @@ static uint64_t ll_compat_hash(const eng_model_t *m)
     return h;
 }
 
+/* threads = 0: the CPUs this process may use (affinity mask, capped by the
+ * cgroup quota: a container's CPU limit, not the node's cores) */
 static uint32_t ll_online_cores(void)
 {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > LL_MAX_THREADS ? LL_MAX_THREADS : (uint32_t)n;
+    uint32_t n = pd_cpu_budget(NULL, NULL);
+    return n > LL_MAX_THREADS ? LL_MAX_THREADS : n;
 }
 
 static pd_status_t ll_alloc_buffers(eng_model_t *m)

@@ -10,6 +10,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,6 +220,49 @@ static void test_cgroup_v1(void **st)
                      PD_ERR_NOT_FOUND);
 }
 
+/* threads = 0 in a container: the cgroup CPU quota, not the node's cores */
+static void test_cpu_quota(void **st)
+{
+    (void)st;
+    double c = 0;
+    /* v2: cpu.max "QUOTA PERIOD", the tightest level; "max" is none */
+    put("c2/cgroup", "0::/kubepods/pod1/ctr\n");
+    put("c2/cg/kubepods/cpu.max", "max 100000\n");
+    put("c2/cg/kubepods/pod1/cpu.max", "150000 100000\n");
+    put("c2/cg/kubepods/pod1/ctr/cpu.max", "max 100000\n");
+    assert_int_equal(pd_cpu_cgroup_quota(at("c2/cgroup"), at("c2/cg"), &c), PD_OK);
+    assert_true(c == 1.5);
+    put("c2/cg/kubepods/pod1/ctr/cpu.max", "50000 100000\n");
+    assert_int_equal(pd_cpu_cgroup_quota(at("c2/cgroup"), at("c2/cg"), &c), PD_OK);
+    assert_true(c == 0.5);
+    put("c2/cgroup2", "0::/free\n");
+    put("c2/cg2/free/cpu.max", "max 100000\n");
+    assert_int_equal(pd_cpu_cgroup_quota(at("c2/cgroup2"), at("c2/cg2"), &c), PD_ERR_NOT_FOUND);
+    /* v1 (hybrid: the cpu controller is where v1 says): quota -1 is none */
+    put("c1/cgroup", "12:cpu,cpuacct:/kube/pod2\n11:memory:/kube/pod2\n0::/\n");
+    put("c1/cg/cpu/kube/cpu.cfs_quota_us", "-1\n");
+    put("c1/cg/cpu/kube/cpu.cfs_period_us", "100000\n");
+    put("c1/cg/cpu/kube/pod2/cpu.cfs_quota_us", "300000\n");
+    put("c1/cg/cpu/kube/pod2/cpu.cfs_period_us", "100000\n");
+    put("c1/cg/cpu.max", "10000 100000\n");  /* v2 files are not read on a v1 cpu host */
+    assert_int_equal(pd_cpu_cgroup_quota(at("c1/cgroup"), at("c1/cg"), &c), PD_OK);
+    assert_true(c == 3.0);
+    /* the budget: the quota rounded up, capped by the affinity mask */
+    put("c2/proc/self/cgroup", "0::/kubepods/pod1/ctr\n");
+    put("c2/cg/kubepods/pod1/ctr/cpu.max", "max 100000\n");   /* 1.5 CPUs: 2 threads */
+    char cg[512];
+    snprintf(cg, sizeof(cg), "%s", at("c2/cg"));
+    cpu_set_t set;
+    assert_int_equal(sched_getaffinity(0, sizeof(set), &set), 0);
+    uint32_t cpus = (uint32_t)CPU_COUNT(&set);
+    assert_int_equal(pd_cpu_budget(at("c2/proc"), cg), cpus < 2 ? cpus : 2);
+    put("c2/cg/kubepods/pod1/ctr/cpu.max", "20000 100000\n"); /* 0.2 CPUs: still 1 thread */
+    assert_int_equal(pd_cpu_budget(at("c2/proc"), cg), 1);
+    put("c2/cg/kubepods/pod1/cpu.max", "max 100000\n");
+    put("c2/cg/kubepods/pod1/ctr/cpu.max", "max 100000\n");   /* none: the affinity mask */
+    assert_int_equal(pd_cpu_budget(at("c2/proc"), cg), cpus);
+}
+
 /* A ledger that is not our own regular file is refused (the caller falls
  * back to its process's check): a directory, and (as root) another
  * user's file. */
@@ -270,6 +314,7 @@ int main(void)
         cmocka_unit_test(test_budget_formula),
         cmocka_unit_test(test_cgroup_v2),
         cmocka_unit_test(test_cgroup_v1),
+        cmocka_unit_test(test_cpu_quota),
         cmocka_unit_test(test_foreign_ledger),
         cmocka_unit_test(test_plan),
     };
