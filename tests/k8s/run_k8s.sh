@@ -15,14 +15,21 @@ sh "$src/tests/npm-install.sh" "$here" || exit $?
 fails=0
 t=$(mktemp -d /tmp/pd-k8s.XXXXXX)
 trap 'rm -rf "$t"' EXIT
+# the binaries the image's package installs, for the containers' commands
+BINS="$(basename "$router") $(basename "$prefill") $(basename "$decode") $(basename "$pdctl")"
+export BINS
 node "$here/validate.mjs" "$k8s" || fails=$((fails + 1))
 # the validator must catch a typo the schema alone lets through, a wrong
 # type, and a probe on a port that does not exist
 cp -r "$k8s" "$t/broken"
 sed -i 's/readinessProbe:/readinesProbe:/' "$t/broken/decode.yaml"
 sed -i 's/containerPort: 8000/containerPort: "8000"/; s/port: http$/port: htp/' "$t/broken/router.yaml"
+sed -i 's/command: \["pd-decode"\]/command: ["pd-decoder"]/; s/command: \["sleep", "5"\]/command: ["true"]/' "$t/broken/decode.yaml"
+sed -i '/rm -f \/etc\/pdserve\/secret/d; s/^USER .*/USER 0:0/' "$t/broken/Containerfile"
 out=$(node "$here/validate.mjs" "$t/broken")
-for want in 'unknown field "readinesProbe"' 'containerPort must be integer' 'no port named htp'; do
+for want in 'unknown field "readinesProbe"' 'containerPort must be integer' 'no port named htp' \
+            'command pd-decoder is not a binary' 'decode: no preStop sleep' "keeps the postinst's secret" \
+            "the image's USER is 0:0"; do
     echo "$out" | grep -q "$want" || { echo "FAIL validator missed: $want"; fails=$((fails + 1)); }
 done
 # the ConfigMap is the deployment file's rendering

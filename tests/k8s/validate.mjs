@@ -155,6 +155,19 @@ for (const { file, o } of workloads) {
     const cw = `${where} container ${c.name}`;
     for (const m of c.volumeMounts ?? []) if (!names.has(m.name)) err(cw, `mount ${m.name}: no such volume`);
     const ports = new Map((c.ports ?? []).map((p) => [p.name, p.containerPort]));
+    // a pdserve daemon: a preStop delay (endpoint removal is asynchronous)
+    // inside the grace period, and its role spread over nodes
+    if (c.image?.startsWith("pdserve")) {
+      const ps = c.lifecycle?.preStop?.exec?.command;
+      if (!ps || ps[0] !== "sleep" || !(Number(ps[1]) > 0)) err(cw, "no preStop sleep");
+      else if (!(spec.terminationGracePeriodSeconds > Number(ps[1]) + 30))
+        err(cw, `terminationGracePeriodSeconds ${spec.terminationGracePeriodSeconds} leaves no 30 s drain after the preStop sleep`);
+      const terms = spec.affinity?.podAntiAffinity?.preferredDuringSchedulingIgnoredDuringExecution ?? [];
+      if (!terms.some(t => t.podAffinityTerm?.topologyKey === "kubernetes.io/hostname" &&
+                           t.podAffinityTerm?.labelSelector?.matchLabels?.["app.kubernetes.io/component"] ===
+                             o.spec.template.metadata?.labels?.["app.kubernetes.io/component"]))
+        err(cw, "no podAntiAffinity spreading its role over nodes");
+    }
     for (const [probe, want] of [["readinessProbe", new Set(["/ready", "/health"])], ["livenessProbe", new Set(["/health"])]]) {
       const p = c[probe];
       if (!p?.httpGet) { err(cw, `no ${probe} (httpGet)`); continue; }
@@ -188,6 +201,39 @@ for (const { file, o } of byKind("Service")) {
   for (const p of o.spec.ports ?? [])
     if (typeof p.targetPort === "string" && !names.has(p.targetPort))
       err(`${file} Service/${o.metadata.name}`, `targetPort ${p.targetPort}: no such container port`);
+}
+// ---- 4. the image and the optional ServiceMonitor -------------------------------
+// Containerfile: from the Debian package, the pods' uid, no baked-in secret,
+// and every container's command is a binary the package installs (the
+// daemons' names, checked against BINS from run_k8s.sh: meson's bindir set)
+const cf = fs.readFileSync(path.join(dir, "Containerfile"), "utf8");
+const bins = new Set((process.env.BINS ?? "").split(" ").filter(Boolean));
+if (!/^FROM debian:12/m.test(cf)) err("Containerfile", "not FROM debian:12");
+if (!/apt-get install[^\n]*pdserve_\*_amd64\.deb/.test(cf)) err("Containerfile", "does not install the .deb");
+if (!/rm -f \/etc\/pdserve\/secret/.test(cf)) err("Containerfile", "keeps the postinst's secret in the image");
+const user = cf.match(/^USER (\d+):(\d+)$/m);
+for (const { file, o } of workloads) {
+  const sc = o.spec.template.spec.securityContext ?? {};
+  if (!o.spec.template.spec.containers.some((c) => c.image?.startsWith("pdserve"))) continue; // etcd's own image
+  if (!user || sc.runAsUser !== Number(user[1]) || sc.runAsGroup !== Number(user[2]))
+    err(`${file} ${o.metadata.name}`, `runs as ${sc.runAsUser}:${sc.runAsGroup}, the image's USER is ${user ? user[1] + ":" + user[2] : "unset"}`);
+  for (const c of o.spec.template.spec.containers)
+    if (c.image?.startsWith("pdserve") && bins.size && !bins.has(c.command?.[0]))
+      err(`${file} ${o.metadata.name}`, `command ${c.command?.[0]} is not a binary the package installs`);
+}
+// ServiceMonitor: selects the pdserve Services, scrapes /metrics on a port
+// each of them names (the router: http; the daemons: metrics)
+const sm = YAML.parse(fs.readFileSync(path.join(dir, "monitoring", "servicemonitor.yaml"), "utf8"));
+if (sm.apiVersion !== "monitoring.coreos.com/v1" || sm.kind !== "ServiceMonitor") err("servicemonitor.yaml", "not a ServiceMonitor");
+for (const { file, o } of byKind("Service")) {
+  if (!matches(sm.spec.selector.matchLabels, o.metadata.labels)) {
+    if (o.metadata.labels?.["app.kubernetes.io/name"] === "pdserve" && o.metadata.name !== "pdserve-etcd")
+      err(`${file} Service/${o.metadata.name}`, "not selected by the ServiceMonitor");
+    continue;
+  }
+  const ports = new Set((o.spec.ports ?? []).map((p) => p.name));
+  if (!sm.spec.endpoints.some((e) => ports.has(e.port) && e.path === "/metrics") && !o.metadata.name.includes("etcd"))
+    err(`${file} Service/${o.metadata.name}`, "ServiceMonitor scrapes none of its ports");
 }
 for (const k of ["Deployment", "StatefulSet", "Service", "ConfigMap", "Secret", "PodDisruptionBudget"])
   if (byKind(k).length === 0) err(dir, `no ${k}`);
