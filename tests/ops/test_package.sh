@@ -219,6 +219,10 @@ both_ready() {
         python3 -c 'import json,sys; b=json.load(sys.stdin)["backends"]; sys.exit(0 if sum(1 for x in b if x.get("state")=="ready")>=2 else 1)'
 }
 check "the router has the prefill and the decode ready" poll 60 both_ready
+# pdctl against the installed deployment: render's deployment.json (no pdctl up)
+st_out=$("$A/usr/bin/pdctl" status --run-dir "$A/etc/pdserve" 2>&1)
+check "pdctl status --run-dir /etc/pdserve: the installed router and prefill-0 are up" \
+    bash -c 'grep -q "^router .* up" <<<"$1" && grep -q "^prefill-0 .*ready" <<<"$1"' _ "$st_out"
 PROMPT='The quick brown fox jumps over the lazy dog while the five boxing wizards jump quickly and a long prompt goes on and on'
 body=$(curl -s -m 60 "http://127.0.0.1:$HP/v1/completions" -H 'Content-Type: application/json' \
        -d "{\"prompt\":\"$PROMPT\",\"max_tokens\":8}")

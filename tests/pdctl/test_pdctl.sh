@@ -603,16 +603,17 @@ systemd_verify() {
     # a host runs only its roles: each unit belongs to its role's target,
     # pdserve.target pulls in nothing by itself
     for r in router prefill decode; do
-        u=$(ls "$build"/deploy/pd-$r*.service)
+      for u in "$build"/deploy/pd-$r*.service; do
         grep -qx "WantedBy=pdserve-$r.target" "$u" && grep -qx "PartOf=pdserve-$r.target" "$u" ||
             bad "$u is not in pdserve-$r.target"
         grep -qx "WantedBy=pdserve.target" "$SRC/deploy/systemd/pdserve-$r.target" ||
             bad "pdserve-$r.target is not wanted by pdserve.target"
         grep -qx "EnvironmentFile=-/etc/pdserve/env" "$u" || bad "$u does not read /etc/pdserve/env"
+      done
     done
     grep -qE "^(Wants|Requires)=" "$SRC/deploy/systemd/pdserve.target" && bad "pdserve.target pulls in units itself"
     ok "per-role targets: pdserve.target starts only the roles enabled on the host"
-    for u in pd-router.service pd-prefill@.service pd-decode@.service; do
+    for u in pd-router.service pd-router@.service pd-prefill@.service pd-decode@.service; do
         for k in 'KillSignal=SIGTERM' 'TimeoutStopSec=' 'RuntimeDirectory=pdserve' 'LimitMEMLOCK=infinity' \
                  'NoNewPrivileges=yes' 'ProtectSystem=strict' 'ProtectHome=yes' 'PrivateTmp=yes' \
                  'RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK' 'ExecStart=.* --config /etc/pdserve/'; do
@@ -634,6 +635,56 @@ systemd_verify() {
     run "$PDCTL" render "$SRC/deploy/local-1p3d.ini" "$T/etc2" --group "$(id -g)"
     check "render --group: configs 0640 in that group" \
         test "$(stat -c '%a %g' "$T/etc2/router.ini")" = "640 $(id -g)"
+    # routers = 2: the second router runs as pd-router@router-1 (its own unit)
+    (cd "$d" && ln -s pd-router@.service pd-router@router-1.service &&
+        systemd-analyze verify --man=no ./pd-router@router-1.service) >"$T/out" 2>"$T/err"
+    RC=$?; ERR=$(cat "$T/err")
+    check "systemd-analyze verify pd-router@router-1: clean (rc=$RC) $ERR" test "$RC.$ERR" = "0."
+    grep -q -- "--config /etc/pdserve/%i.ini --id=%i" "$build/deploy/pd-router@.service" ||
+        bad "pd-router@.service does not read /etc/pdserve/%i.ini"
+
+    # pdctl against an installed deployment: render writes deployment.json
+    # beside the configs; the daemons run as the units would (here by hand,
+    # no systemd); status, drain/ready and logs work with --run-dir OUTDIR,
+    # up/down/scale point at systemctl
+    local E=$T/etc3 RUN=$T/installed-run hp cp p
+    hp=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    cp=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    mkdir -p "$RUN"
+    run "$PDCTL" render "$SRC/deploy/local-1p1d.ini" "$E" --run-dir "$RUN" \
+        --set router.http=127.0.0.1:$hp --set router.control=127.0.0.1:$cp \
+        --set prefill.metrics.listen=127.0.0.1:0 --set decode.metrics.listen=127.0.0.1:0 \
+        --set prefill.kv-blocks=64 --set decode.kv-blocks=64
+    expect 0 "deployment.json" "render: deployment.json for pdctl"
+    check "render: deployment.json names the units" \
+        grep -q '"unit":[[:space:]]*"pd-decode@decode-0.service"' "$E/deployment.json"
+    for n in router prefill-0 decode-0; do
+        r=${n%-*}
+        "$build/$r/pd-$r" --config "$E/$n.ini" >"$T/inst-$n.log" 2>&1 &
+        PY_PIDS+=($!)
+    done
+    inst_ready() { grep -q "^decode-0 .*ready" <<<"$("$PDCTL" status --run-dir "$E" 2>/dev/null)"; }
+    check "installed: pdctl status --run-dir OUTDIR sees the daemons ready" poll 30 inst_ready
+    run "$PDCTL" status --run-dir "$E"
+    check "installed: status lists the router and prefill-0 too" \
+        bash -c 'grep -q "^router " <<<"$1" && grep -q "^prefill-0 " <<<"$1"' _ "$OUT"
+    run "$PDCTL" drain decode-0 --run-dir "$E"
+    expect 0 "" "installed: pdctl drain decode-0"
+    inst_draining() { grep -q "^decode-0 .*drain" <<<"$("$PDCTL" status --run-dir "$E" 2>/dev/null)"; }
+    check "installed: decode-0 draining after pdctl drain" poll 10 inst_draining
+    run "$PDCTL" ready decode-0 --run-dir "$E"
+    expect 0 "" "installed: pdctl ready decode-0"
+    check "installed: decode-0 ready again" poll 10 inst_ready
+    mkdir -p "$T/fakebin"
+    printf '#!/bin/sh\necho "journalctl $*"\n' >"$T/fakebin/journalctl"; chmod +x "$T/fakebin/journalctl"
+    OUT=$(PATH=$T/fakebin:$PATH "$PDCTL" logs decode-0 -n 7 --run-dir "$E" 2>&1)
+    check "installed: logs reads the unit's journal ($OUT)" \
+        test "$OUT" = "journalctl --no-pager -u pd-decode@decode-0.service -n 7"
+    for c in down "scale decode 2"; do
+        run "$PDCTL" $c --run-dir "$E"
+        expect 2 "run by systemd: use systemctl" "installed: $c points at systemctl"
+    done
+    for p in "${PY_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
 }
 
 case $MODE in

@@ -121,6 +121,8 @@ typedef struct {
     pid_t pid;
     int64_t started_unix;      /* wall clock seconds */
     char sock[256], log[256], cfg[256], ready[256];
+    char unit[96];             /* installed (pdctl render): its systemd unit, pid 0,
+                                  log in the journal; "" when pdctl up runs it */
 } pdctl_daemon_t;
 
 typedef struct {
@@ -133,8 +135,14 @@ typedef struct {
     pdctl_daemon_t d[PDCTL_MAX_DAEMONS];
     pid_t etcd_pid;            /* the etcd pdctl started (etcd = local), 0: none */
     char etcd_url[64];         /* its client URL */
+    bool installed;            /* written by `pdctl render`: systemd runs the daemons */
     int lock_fd;
 } pdctl_state_t;
+
+/* An installed deployment (pdctl render; systemd runs it): commands that
+ * start or stop processes say so and name the systemctl command instead.
+ * 0, or PDCTL_EXIT_USAGE with the message printed. */
+int pdctl_refuse_installed(const pdctl_state_t *st, const char *cmd);
 
 /* Default run dir: $PD_RUN_DIR, else ./run. */
 const char *pdctl_default_run_dir(void);

@@ -255,6 +255,21 @@ int pdctl_cmd_logs(int argc, char **argv)
     int rc = pdctl_ops_find(o.run_dir, name, &st, &d);
     if (rc != 0)
         return rc;
+    if (d->log[0] == '\0' && d->unit[0] != '\0') {
+        /* systemd runs it: its log is the unit's journal */
+        char n[32];
+        snprintf(n, sizeof(n), "%ld", lines > 0 ? lines : 1000000000L);
+        fflush(stdout);
+        if (follow)
+            execlp("journalctl", "journalctl", "--no-pager", "-u", d->unit, "-n", n, "-f",
+                   (char *)NULL);
+        else
+            execlp("journalctl", "journalctl", "--no-pager", "-u", d->unit, "-n", n,
+                   (char *)NULL);
+        fprintf(stderr, "pdctl: %s: its log is the journal of %s, but journalctl cannot run: %s\n",
+                d->name, d->unit, strerror(errno));
+        return PDCTL_EXIT_FAIL;
+    }
     FILE *f = fopen(d->log, "r");
     if (f == NULL) {
         fprintf(stderr, "pdctl: %s: no log %s: %s\n", d->name, d->log, strerror(errno));

@@ -731,6 +731,8 @@ static int pdctl_up_run_dir(const pdctl_dep_t *dep, pdctl_state_t *st)
     char sp[PATH_MAX];
     pdctl_state_path(dep->run_dir, sp, sizeof(sp));
     if (access(sp, F_OK) == 0 && pdctl_state_load(dep->run_dir, &old) == 0) {
+        if (pdctl_refuse_installed(&old, "up") != 0)
+            return PDCTL_EXIT_FAIL;
         for (int i = 0; i < old.n; i++) {
             if (pdctl_daemon_alive(&old.d[i])) {
                 fprintf(stderr, "pdctl: a deployment is already running in %s (%s, pid %d); "
@@ -1000,6 +1002,10 @@ int pdctl_cmd_down(int argc, char **argv)
     int rc = pdctl_state_load_locked(o.run_dir, &st);
     if (rc != 0)
         return rc;
+    if ((rc = pdctl_refuse_installed(&st, "down")) != 0) {
+        pdctl_state_unlock(&st);
+        return rc;
+    }
     double timeout = 30;
     pdctl_dep_t dep;
     if (pdctl_dep_of_state(&st, &dep) == 0) {
@@ -1046,6 +1052,10 @@ int pdctl_cmd_scale(int argc, char **argv)
     int rc = pdctl_state_load_locked(o.run_dir, &st);
     if (rc != 0)
         return rc;
+    if ((rc = pdctl_refuse_installed(&st, "scale")) != 0) {
+        pdctl_state_unlock(&st);
+        return rc;
+    }
     pdctl_dep_t dep;
     if ((rc = pdctl_dep_of_state(&st, &dep)) != 0) {
         pdctl_state_unlock(&st);

@@ -319,6 +319,24 @@ int pdctl_cmd_render(int argc, char **argv)
     }
     free(env);
     printf("%s\n", envf);
+    /* deployment.json beside the configs: `pdctl --run-dir OUTDIR status|top|
+     * drain|ready|maint|logs` against the installed daemons (systemd runs
+     * them: no pids, logs in the journal, alive = the admin socket answers) */
+    pdctl_state_t ist;
+    memset(&ist, 0, sizeof(ist));
+    ist.lock_fd = -1;
+    ist.installed = true;
+    if (!pdctl_fmt(ist.run_dir, sizeof(ist.run_dir), "%s", outdir)) {
+        fprintf(stderr, "pdctl: %s: path too long\n", outdir);
+        goto out;
+    }
+    snprintf(ist.name, sizeof(ist.name), "%s", dep.name);
+    snprintf(ist.control, sizeof(ist.control), "%s", ca);
+    {
+        char http[160];
+        if (pdctl_router_addr(&dep, 0, "http", http, sizeof(http)))
+            (void)pdctl_fmt(ist.url, sizeof(ist.url), "http://%s", http);
+    }
     for (int r = 0; r < PDCTL_ROLE_N; r++) {
         for (unsigned i = 0; i < dep.count[r]; i++) {
             char name[48], sock[PATH_MAX], out[PATH_MAX];
@@ -341,7 +359,35 @@ int pdctl_cmd_render(int argc, char **argv)
             }
             free(text);
             printf("%s\n", out);
+            if (ist.n < PDCTL_MAX_DAEMONS) {
+                pdctl_daemon_t *x = &ist.d[ist.n++];
+                snprintf(x->name, sizeof(x->name), "%s", name);
+                x->role = (pdctl_role_t)r;
+                if (!pdctl_fmt(x->sock, sizeof(x->sock), "%s", sock) ||
+                    !pdctl_fmt(x->cfg, sizeof(x->cfg), "%s", out)) {
+                    fprintf(stderr, "pdctl: %s: path too long\n", out);
+                    goto out;
+                }
+                if (r == PDCTL_ROUTER)
+                    snprintf(x->unit, sizeof(x->unit), i == 0 ? "pd-router.service"
+                                                              : "pd-router@%s.service", name);
+                else
+                    snprintf(x->unit, sizeof(x->unit), "pd-%s@%s.service",
+                             pdctl_role_name((pdctl_role_t)r), name);
+            }
         }
+    }
+    if (pdctl_state_save(&ist) != 0)
+        goto out;
+    {
+        char sp[PATH_MAX];
+        pdctl_state_path(outdir, sp, sizeof(sp));
+        if (gid != (gid_t)-1 && (chown(sp, (uid_t)-1, gid) != 0 || chmod(sp, 0640) != 0)) {
+            fprintf(stderr, "pdctl: %s: cannot give it to group %u: %s\n", sp, (unsigned)gid,
+                    strerror(errno));
+            goto out;
+        }
+        printf("%s\n", sp);
     }
     rc = 0;
 out:

@@ -20,7 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -143,6 +145,7 @@ int pdctl_state_load(const char *run_dir, pdctl_state_t *st)
     pdctl_cpy(st->name, sizeof(st->name), j, "name");
     pdctl_cpy(st->url, sizeof(st->url), j, "url");
     pdctl_cpy(st->control, sizeof(st->control), j, "control");
+    st->installed = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "installed"));
     const cJSON *et = cJSON_GetObjectItemCaseSensitive(j, "etcd");
     if (et != NULL) {
         st->etcd_pid = (pid_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(et, "pid"));
@@ -163,6 +166,7 @@ int pdctl_state_load(const char *run_dir, pdctl_state_t *st)
         pdctl_cpy(x->log, sizeof(x->log), d, "log");
         pdctl_cpy(x->cfg, sizeof(x->cfg), d, "config");
         pdctl_cpy(x->ready, sizeof(x->ready), d, "ready_file");
+        pdctl_cpy(x->unit, sizeof(x->unit), d, "unit");
         if (x->role == PDCTL_ROLE_N || x->name[0] == '\0')
             continue;
         st->n++;
@@ -196,6 +200,8 @@ int pdctl_state_save(const pdctl_state_t *st)
     cJSON_AddItemToObject(j, "sets", sets != NULL ? sets : cJSON_CreateArray());
     cJSON_AddStringToObject(j, "url", st->url);
     cJSON_AddStringToObject(j, "control", st->control);
+    if (st->installed)
+        cJSON_AddBoolToObject(j, "installed", 1);
     if (st->etcd_pid > 0) {
         cJSON *et = cJSON_AddObjectToObject(j, "etcd");
         cJSON_AddNumberToObject(et, "pid", st->etcd_pid);
@@ -213,6 +219,8 @@ int pdctl_state_save(const pdctl_state_t *st)
         cJSON_AddStringToObject(o, "log", x->log);
         cJSON_AddStringToObject(o, "config", x->cfg);
         cJSON_AddStringToObject(o, "ready_file", x->ready);
+        if (x->unit[0] != '\0')
+            cJSON_AddStringToObject(o, "unit", x->unit);
         cJSON_AddItemToArray(arr, o);
     }
     char *text = cJSON_Print(j);
@@ -316,7 +324,29 @@ bool pdctl_pid_runs(pid_t pid, const char *want)
 
 bool pdctl_daemon_alive(const pdctl_daemon_t *d)
 {
+    if (d->pid == 0 && d->unit[0] != '\0') {
+        /* systemd runs it: alive when its admin socket accepts */
+        struct sockaddr_un a = { .sun_family = AF_UNIX };
+        if (strlen(d->sock) >= sizeof(a.sun_path))
+            return false;
+        memcpy(a.sun_path, d->sock, strlen(d->sock) + 1);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        bool up = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+        if (fd >= 0)
+            close(fd);
+        return up;
+    }
     return pdctl_pid_runs(d->pid, d->role < PDCTL_ROLE_N ? pdctl_bin_names[d->role] : "");
+}
+
+int pdctl_refuse_installed(const pdctl_state_t *st, const char *cmd)
+{
+    if (!st->installed)
+        return 0;
+    fprintf(stderr, "pdctl: %s: the deployment in %s is installed (pdctl render) and run by "
+            "systemd: use systemctl (start|stop pdserve.target, enable --now "
+            "pd-decode@decode-N, ...)\n", cmd, st->run_dir);
+    return PDCTL_EXIT_USAGE;
 }
 
 bool pdctl_etcd_alive(const pdctl_state_t *st)
