@@ -221,8 +221,8 @@ both_ready() {
 check "the router has the prefill and the decode ready" poll 60 both_ready
 # pdctl against the installed deployment: render's deployment.json (no pdctl up)
 st_out=$("$A/usr/bin/pdctl" status --run-dir "$A/etc/pdserve" 2>&1)
-check "pdctl status --run-dir /etc/pdserve: the installed router and prefill-0 are up" \
-    bash -c 'grep -q "^router .* up" <<<"$1" && grep -q "^prefill-0 .*ready" <<<"$1"' _ "$st_out"
+check "pdctl status --run-dir /etc/pdserve: the installed router and prefill-0 are up, host B's decode-0 ready as the router sees it" \
+    bash -c 'grep -q "^router .* up" <<<"$1" && grep -q "^prefill-0 .*ready" <<<"$1" && grep -q "^decode-0 .*ready" <<<"$1"' _ "$st_out"
 PROMPT='The quick brown fox jumps over the lazy dog while the five boxing wizards jump quickly and a long prompt goes on and on'
 body=$(curl -s -m 60 "http://127.0.0.1:$HP/v1/completions" -H 'Content-Type: application/json' \
        -d "{\"prompt\":\"$PROMPT\",\"max_tokens\":8}")

@@ -490,6 +490,29 @@ int pdctl_cmd_status(int argc, char **argv)
                 }
             }
             cJSON_Delete(s);
+        } else if (d->unit[0] != '\0') {
+            /* installed, no admin socket here: on another host. What the
+             * routers reachable from here say of it (a router elsewhere:
+             * "elsewhere") */
+            int ready_at = 0;
+            const cJSON *b = NULL;
+            for (int k = 0; k < n_rt; k++) {
+                const cJSON *bk = pdctl_backend(backends[k], d->name);
+                const char *ks = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(bk, "state"));
+                ready_at += ks != NULL && strcmp(ks, "ready") == 0;
+                if (b == NULL)
+                    b = bk;
+            }
+            const char *bs = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(b, "state"));
+            if (bs != NULL) {
+                snprintf(state, sizeof(state), "%s", bs);
+                snprintf(routers, sizeof(routers), "%d/%d", ready_at, n_rt_all);
+                alive = true; /* the routers have it: not ours to call dead */
+            } else {
+                snprintf(state, sizeof(state), "%s",
+                         d->role == PDCTL_ROUTER || n_rt > 0 ? "elsewhere?" : "elsewhere");
+                alive = d->role == PDCTL_ROUTER || n_rt == 0; /* unknown, not dead */
+            }
         }
         if (!alive || strcmp(state, "ready") != 0)
             bad += d->role != PDCTL_ROUTER || !alive;
