@@ -786,9 +786,13 @@ static void generate_tokenized(rtr_t *r, struct evhttp_request *h, rtr_api_t api
         rtr_oai_req_free(o);
         return;
     }
-    if (o->count_only) { /* POST /v1/messages/count_tokens */
-        char json[48];
+    if (o->count_only) { /* POST /v1/messages/count_tokens: the count is the answer */
+        char json[48], peer[64];
         snprintf(json, sizeof(json), "{\"input_tokens\":%u}", n_ids);
+        peer_of(h, peer, sizeof(peer));
+        pd_log(PD_LOG_INFO, RTR_COMP, reqid,
+               "access client=%s endpoint=/v1/messages/count_tokens status=200 outcome=counted "
+               "prompt_tokens=%u", peer, n_ids);
         reply_json(h, 200, json, reqid, 0);
         goto out;
     }
