@@ -97,6 +97,7 @@ static void req_free(void *obj)
     free(q->gen);
     free(q->lps);
     free(q->text);
+    rtr_fd_stream_free(&q->fd);
     free(q);
 }
 
@@ -222,6 +223,15 @@ static void send_raw_chunk(rtr_req_t *q, const char *text)
     q->r->out->write(q, text, strlen(text));
 }
 
+/* Whole SSE events a front door rendered (rtr_fd.h); takes bytes. */
+static void send_events(rtr_req_t *q, char *bytes)
+{
+    q = cli(q);
+    if (bytes != NULL && q->r->out->attached(q))
+        q->r->out->write(q, bytes, strlen(bytes));
+    free(bytes);
+}
+
 /* Token bytes for logprobs (control tokens as their text). */
 static size_t lp_piece(void *ctx, int32_t id, char *buf, size_t cap)
 {
@@ -241,6 +251,20 @@ static rtr_oai_resp_meta_t req_meta(rtr_req_t *q)
     return m;
 }
 
+/* What a front door renders (Messages, Responses: never n > 1, so q is
+ * the client's request): usage so far, the finish and the stop string. */
+static rtr_fd_answer_t fd_answer(rtr_req_t *q, const rtr_oai_resp_meta_t *m, const char *finish)
+{
+    rtr_fd_answer_t a = { m, &q->oai, q->text != NULL ? q->text : "", q->text_len, finish, NULL,
+                          { q->calls, q->n_calls },
+                          { q->n_prompt, q->n_gen,
+                            q->cached_tokens < q->n_prompt ? q->cached_tokens : q->n_prompt } };
+    int k = q->pipe.stop.matched;
+    if (finish != NULL && q->pipe.stopped && k >= 0 && (uint32_t)k < q->oai.n_stop)
+        a.stop_seq = q->oai.stop[k];
+    return a;
+}
+
 /* The SSE response is open (once per client) and q's choice has had its
  * chat role chunk. */
 static void stream_start(rtr_req_t *q)
@@ -254,7 +278,12 @@ static void stream_start(rtr_req_t *q)
     }
     if (!q->role_sent && q->ch == NULL) {
         q->role_sent = true;
-        if (q->oai.api == RTR_API_CHAT) {
+        const rtr_fd_api_t *fd = rtr_fd_api(q->oai.api);
+        if (fd != NULL) {
+            rtr_oai_resp_meta_t m = req_meta(q);
+            rtr_fd_answer_t a = fd_answer(q, &m, NULL);
+            send_events(q, fd->stream_head(&q->fd, &a));
+        } else if (q->oai.api == RTR_API_CHAT) {
             rtr_oai_resp_meta_t m = req_meta(q);
             send_sse(q, rtr_oai_chunk_json(&m, q->choice, "", 0, NULL, true));
         }
@@ -306,6 +335,12 @@ static void emit_text(rtr_req_t *q, const char *text, size_t len)
     if (q->oai.stream) {
         stream_start(q);
         rtr_oai_resp_meta_t m = req_meta(q);
+        const rtr_fd_api_t *fd = rtr_fd_api(q->oai.api);
+        if (fd != NULL) {
+            rtr_fd_answer_t a = fd_answer(q, &m, NULL);
+            send_events(q, fd->stream_text(&q->fd, &a, text, len));
+            return;
+        }
         send_sse(q, rtr_oai_chunk_json(&m, q->choice, text, len, NULL, false));
         return;
     }
@@ -407,7 +442,22 @@ static void req_complete(rtr_req_t *q, const char *finish_reason)
     rtr_oai_usage_t usage = { q->n_prompt, q->n_gen,
                               q->cached_tokens < q->n_prompt ? q->cached_tokens : q->n_prompt };
     pd_stats_add(q->r->stats, RTR_STAT_prompt_cached_tokens, usage.cached_tokens);
-    if (q->r->out->attached(q)) {
+    const rtr_fd_api_t *fd = rtr_fd_api(q->oai.api);
+    if (fd != NULL && q->r->out->attached(q)) {
+        rtr_fd_answer_t a = fd_answer(q, &m, finish_reason);
+        if (q->oai.stream) {
+            stream_start(q);
+            send_events(q, fd->stream_end(&q->fd, &a));
+            q->r->out->stream_end(q);
+        } else {
+            char *json = fd->body(&a);
+            q->r->out->reply(q, json != NULL ? 200 : 500,
+                             json != NULL ? json : "{\"error\":{\"message\":\"out of memory\","
+                                                   "\"type\":\"server_error\",\"param\":null,"
+                                                   "\"code\":null}}", NULL);
+            free(json);
+        }
+    } else if (q->r->out->attached(q)) {
         if (q->oai.stream) {
             stream_start(q);
             if (q->n_calls > 0) {
@@ -466,7 +516,13 @@ static void req_fail(rtr_req_t *q, int status, const char *code, const char *fmt
     pd_log(PD_LOG_WARN, RTR_COMP, q->id, "failed (%d %s): %s%s", status, code, err.message,
            q->headers_sent ? " [mid-stream]" : "");
     if (q->r->out->attached(q)) {
-        if (q->headers_sent) {
+        const rtr_fd_api_t *fd = rtr_fd_api(q->oai.api);
+        if (q->headers_sent && fd != NULL) {
+            rtr_oai_resp_meta_t m = req_meta(q);
+            rtr_fd_answer_t a = fd_answer(q, &m, NULL);
+            send_events(q, fd->stream_error(&q->fd, &a, &err));
+            q->r->out->stream_end(q);
+        } else if (q->headers_sent) {
             send_sse(q, rtr_oai_error_json(&err));
             q->r->out->stream_end(q);
         } else {
@@ -1681,8 +1737,9 @@ pd_status_t rtr_flow_new(rtr_t *r, const char *reqid, rtr_api_t api, rtr_oai_req
      * ended request must not reach a new one that reused its id */
     snprintf(q->wire_id, sizeof(q->wire_id), "w%08" PRIx64 "-%" PRIx64,
              r->incarnation & 0xffffffffu, ++r->next_wire);
-    snprintf(q->resp_id, sizeof(q->resp_id), "%s%s", api == RTR_API_CHAT ? "chatcmpl-" : "cmpl-",
-             reqid);
+    const rtr_fd_api_t *fd = rtr_fd_api(api);
+    snprintf(q->resp_id, sizeof(q->resp_id), "%s%s",
+             fd != NULL ? fd->resp_prefix : api == RTR_API_CHAT ? "chatcmpl-" : "cmpl-", reqid);
     q->t_accept_ns = pd_now_ns();
     /* not time(): glibc's reads the coarse clock, a tick behind a client's
      * gettimeofday at a second boundary */
@@ -1741,7 +1798,7 @@ static void req_dispatch(rtr_req_t *q, rtr_backend_t *dec, rtr_backend_t *pre)
     rtr_t *r = q->r;
     bool disagg = pre != NULL;
     pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "accepted %s: %u prompt tokens, max_tokens %u, %s%s%s",
-           q->oai.api == RTR_API_CHAT ? "chat" : "completion", q->n_prompt, q->oai.max_tokens,
+           q->oai.api == RTR_API_COMPLETIONS ? "completion" : "chat", q->n_prompt, q->oai.max_tokens,
            disagg ? "prefill on " : "local", disagg ? pre->id : "", q->oai.stream ? " stream" : "");
 
     req_set_backend(&q->decode, dec);

@@ -21,6 +21,7 @@
 #define RTR_FLOW_H
 
 #include "pd_idhash.h"
+#include "rtr_fd.h"
 #include "rtr_int.h"
 
 struct evhttp_request;
@@ -107,6 +108,7 @@ struct rtr_req {
     rtr_oai_call_t *calls;               /* (n_calls) the answer's, ids set */
     uint32_t n_calls;
     struct rtr_choices *ch;              /* the lead's */
+    rtr_fd_stream_t fd;                  /* Messages / Responses streams (rtr_fd.h) */
 };
 
 /* The lead's record of its choices: live ones and the results of ended

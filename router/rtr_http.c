@@ -14,6 +14,7 @@
  *     (evhttp_request_get_connection == NULL: ours to free) or about to be
  *     freed with the connection: the pointer is dropped either way and never
  *     used again. */
+#include "rtr_anthropic.h"
 #include "rtr_flow.h"
 #include "rtr_tools.h"
 
@@ -106,10 +107,21 @@ static void reply_error(rtr_t *r, struct evhttp_request *h, const rtr_oai_error_
     send_error(r, h, err, reqid);
 }
 
+/* An error in the envelope of the API the client called: Anthropic's on
+ * /v1/messages*, OpenAI's everywhere else. */
+static char *error_json_for(struct evhttp_request *h, const rtr_oai_error_t *err)
+{
+    const char *path = h != NULL ? evhttp_uri_get_path(evhttp_request_get_evhttp_uri(h)) : NULL;
+    if (path != NULL && (strcmp(path, "/v1/messages") == 0 ||
+                         strncmp(path, "/v1/messages/", 13) == 0))
+        return rtr_anth_error_json(err);
+    return rtr_oai_error_json(err);
+}
+
 static void send_error(rtr_t *r, struct evhttp_request *h, const rtr_oai_error_t *err,
                        const char *reqid)
 {
-    char *json = rtr_oai_error_json(err);
+    char *json = error_json_for(h, err);
     unsigned ra = (err->http_status == 429 || err->http_status == 503)
                       ? (unsigned)r->cfg.retry_after : 0;
     reply_json(h, err->http_status,
@@ -456,8 +468,9 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg)
 
 /* ---- request intake ------------------------------------------------------- */
 
-/* Is the request's Bearer key one of api-key's (a comma-separated list;
- * every key is compared)? key_id: BLAKE2b-256 of the key it carries, the
+/* Is the request's key one of api-key's (a comma-separated list; every
+ * key is compared)? The key: "Authorization: Bearer K", or, without an
+ * Authorization header, Anthropic's "x-api-key: K". key_id: BLAKE2b-256 of the key it carries, the
  * client's identity for its prefix-cache partition (all zero when no key
  * is configured: one identity for everyone). */
 static bool check_api_key(rtr_t *r, struct evhttp_request *h, unsigned char key_id[32])
@@ -466,10 +479,17 @@ static bool check_api_key(rtr_t *r, struct evhttp_request *h, unsigned char key_
     const char *keys = r->cfg.api_key;
     if (keys == NULL || keys[0] == '\0')
         return true;
-    const char *auth = evhttp_find_header(evhttp_request_get_input_headers(h), "Authorization");
-    if (auth == NULL || strncasecmp(auth, "Bearer ", 7) != 0)
+    struct evkeyvalq *in = evhttp_request_get_input_headers(h);
+    const char *auth = evhttp_find_header(in, "Authorization");
+    if (auth == NULL) {
+        auth = evhttp_find_header(in, "x-api-key");
+        if (auth == NULL)
+            return false;
+    } else if (strncasecmp(auth, "Bearer ", 7) == 0) {
+        auth += 7;
+    } else {
         return false;
-    auth += 7;
+    }
     unsigned char a[32], b[32];
     crypto_generichash(a, sizeof(a), (const unsigned char *)auth, strlen(auth), NULL, 0);
     bool ok = false;
@@ -676,8 +696,8 @@ static uint64_t prompt_bytes(const rtr_oai_req_t *o)
     return n;
 }
 
-static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, const char *reqid,
-                            const unsigned char key_id[32])
+static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, bool count_only,
+                            const char *reqid, const unsigned char key_id[32])
 {
     rtr_oai_error_t err;
     memset(&err, 0, sizeof(err));
@@ -715,7 +735,9 @@ static void handle_generate(rtr_t *r, struct evhttp_request *h, rtr_api_t api, c
     }
     rtr_oai_req_t o;
     memset(&o, 0, sizeof(o));
-    pd_status_t s = rtr_oai_parse(api, body != NULL ? body : "", len, &lim, &o, &err);
+    const rtr_fd_api_t *fd = rtr_fd_api(api);
+    pd_status_t s = fd != NULL ? fd->parse(body != NULL ? body : "", len, &lim, count_only, &o, &err)
+                               : rtr_oai_parse(api, body != NULL ? body : "", len, &lim, &o, &err);
     if (s != PD_OK) {
         pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         if (s == PD_ERR_NO_MEMORY)
@@ -764,6 +786,17 @@ static void generate_tokenized(rtr_t *r, struct evhttp_request *h, rtr_api_t api
         rtr_oai_req_free(o);
         return;
     }
+    if (o->count_only) { /* POST /v1/messages/count_tokens: the count is the answer */
+        char json[48], peer[64];
+        snprintf(json, sizeof(json), "{\"input_tokens\":%u}", n_ids);
+        peer_of(h, peer, sizeof(peer));
+        pd_log(PD_LOG_INFO, RTR_COMP, reqid,
+               "access client=%s endpoint=/v1/messages/count_tokens status=200 outcome=counted "
+               "prompt_tokens=%u", peer, n_ids);
+        reply_json(h, 200, json, reqid, 0);
+        goto out;
+    }
+    const rtr_fd_api_t *door = rtr_fd_api(api);
     if (n_ids == 0) {
         pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_status(r, h, reqid, 400, "invalid_request_error", NULL, "prompt",
@@ -774,11 +807,12 @@ static void generate_tokenized(rtr_t *r, struct evhttp_request *h, rtr_api_t api
         (r->context_length != 0 && (uint64_t)n_ids + o->max_tokens > r->context_length)) {
         pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_status(r, h, reqid, 400, "invalid_request_error", "context_length_exceeded",
-                     api == RTR_API_CHAT ? "messages" : "prompt",
+                     door != NULL ? door->prompt_param : api == RTR_API_CHAT ? "messages" : "prompt",
                      "This model's maximum context length is %u tokens. However, you requested "
                      "%" PRIu64 " tokens (%u in the prompt, %u in the completion). Please reduce "
-                     "the prompt or max_tokens.", r->context_length,
-                     (uint64_t)n_ids + o->max_tokens, n_ids, o->max_tokens);
+                     "the prompt or %s.", r->context_length,
+                     (uint64_t)n_ids + o->max_tokens, n_ids, o->max_tokens,
+                     api == RTR_API_RESPONSES ? "max_output_tokens" : "max_tokens");
         goto out;
     }
     if (o->n_stop > ENG_STOP_MAX) {
@@ -823,7 +857,8 @@ static void generate_tokenized(rtr_t *r, struct evhttp_request *h, rtr_api_t api
     rtr_client_t *c = &q->client;
     c->http = h;
     c->evcon = evhttp_request_get_connection(h);
-    c->endpoint = api == RTR_API_CHAT ? "/v1/chat/completions" : "/v1/completions";
+    c->endpoint = door != NULL ? door->endpoint
+                  : api == RTR_API_CHAT ? "/v1/chat/completions" : "/v1/completions";
     peer_of(h, c->peer, sizeof(c->peer));
     if (c->evcon != NULL) {
         evhttp_connection_set_closecb(c->evcon, on_conn_close, q);
@@ -1125,7 +1160,7 @@ static void on_http(struct evhttp_request *h, void *arg)
     if (is_v1 && !check_api_key(r, h, key_id)) {
         pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_status(r, h, reqid, 401, "invalid_request_error", "invalid_api_key", NULL,
-                     "Incorrect or missing API key (Authorization: Bearer ...)");
+                     "Incorrect or missing API key (Authorization: Bearer ... or x-api-key)");
         return;
     }
     if (strncmp(path, "/v1/models/", 11) == 0 && get) {
@@ -1146,14 +1181,29 @@ static void on_http(struct evhttp_request *h, void *arg)
         free(json);
         return;
     }
-    bool cmpl = strcmp(path, "/v1/completions") == 0;
-    bool chat = strcmp(path, "/v1/chat/completions") == 0;
-    if ((cmpl || chat) && post) {
-        handle_generate(r, h, chat ? RTR_API_CHAT : RTR_API_COMPLETIONS, reqid, key_id);
-        return;
+    static const struct {
+        const char *path;
+        rtr_api_t api;
+        bool count_only;
+    } routes[] = {
+        { "/v1/completions", RTR_API_COMPLETIONS, false },
+        { "/v1/chat/completions", RTR_API_CHAT, false },
+        { "/v1/messages", RTR_API_MESSAGES, false },
+        { "/v1/messages/count_tokens", RTR_API_MESSAGES, true },
+        { "/v1/responses", RTR_API_RESPONSES, false },
+    };
+    bool known = false;
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]) && !known; i++) {
+        if (strcmp(path, routes[i].path) != 0)
+            continue;
+        known = true;
+        if (post) {
+            handle_generate(r, h, routes[i].api, routes[i].count_only, reqid, key_id);
+            return;
+        }
     }
     pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
-    if (cmpl || chat || strncmp(path, "/v1/models", 10) == 0 || strcmp(path, "/health") == 0 ||
+    if (known || strncmp(path, "/v1/models", 10) == 0 || strcmp(path, "/health") == 0 ||
         strcmp(path, "/ready") == 0 || strcmp(path, "/metrics") == 0)
         reply_status(r, h, reqid, 405, "invalid_request_error", "method_not_allowed", NULL,
                      "method not allowed on %s", path);

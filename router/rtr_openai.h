@@ -38,7 +38,11 @@
 typedef enum {
     RTR_API_COMPLETIONS = 0,  /* POST /v1/completions */
     RTR_API_CHAT        = 1,  /* POST /v1/chat/completions */
+    RTR_API_MESSAGES    = 2,  /* POST /v1/messages (Anthropic; rtr_anthropic.c) */
+    RTR_API_RESPONSES   = 3,  /* POST /v1/responses (rtr_responses.c) */
 } rtr_api_t;
+/* Messages and Responses are chat requests (messages, template, tools)
+ * with their own bodies and events: rtr_fd.h. */
 
 /* A tool call: in an assistant message of the request, or parsed from an
  * answer. All strings owned; name is [A-Za-z0-9_-]{1,64}, arguments
@@ -142,6 +146,8 @@ typedef struct {
     char cache_salt[RTR_OAI_CACHE_SALT_MAX + 1]; /* "" when absent */
     bool cache_salt_set;
     uint64_t cache_partition;        /* 0 = the shared partition */
+    /* POST /v1/messages/count_tokens: tokenize, answer the count, no generation */
+    bool count_only;
 } rtr_oai_req_t;
 
 /* An error the client can read: HTTP status + OpenAI error envelope. */
@@ -162,6 +168,21 @@ pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
                           const rtr_oai_limits_t *limits, rtr_oai_req_t *req,
                           rtr_oai_error_t *err);
 void rtr_oai_req_free(rtr_oai_req_t *req);
+
+/* The first step of every body parser (all four APIs): one JSON object
+ * and nothing after it, no key twice in one object (a proxy may take the
+ * last where cJSON takes the first). PD_OK with *root_p (cJSON_Delete it);
+ * PD_ERR_BAD_INPUT / PD_ERR_NO_MEMORY with *err filled. */
+struct cJSON;
+pd_status_t rtr_oai_json_load(const char *body, size_t len, struct cJSON **root_p,
+                              rtr_oai_error_t *err);
+/* The raw text of the top-level member `key` of the JSON object in
+ * body[0..len) (already loaded: well-formed) when it is a number (*n_p
+ * bytes; "seed" is read from its text, exact beyond 2^53), or NULL. */
+const char *rtr_oai_raw_member(const char *body, size_t len, const char *key, size_t *n_p);
+/* Generated text as a JSON string item, NUL and control bytes escaped
+ * (cJSON strings end at NUL; a byte token can be 0). NULL: no memory. */
+struct cJSON *rtr_oai_text_item(const char *text, size_t len);
 
 /* Fill an error (printf-style message). Returns err for chaining. */
 rtr_oai_error_t *rtr_oai_error_set(rtr_oai_error_t *err, int http_status,

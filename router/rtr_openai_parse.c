@@ -999,7 +999,7 @@ static const char *dup_key(const cJSON *node, bool *oom)
 /* The raw text of the top-level member `key` of the JSON object in
  * body[0..len) (already parsed by cJSON: well-formed), or NULL. Keys with
  * escapes are not matched. */
-static const char *raw_member(const char *body, size_t len, const char *key, size_t *n_p)
+const char *rtr_oai_raw_member(const char *body, size_t len, const char *key, size_t *n_p)
 {
     size_t i = 0, kl = strlen(key);
     int depth = 0;
@@ -1051,7 +1051,7 @@ static bool parse_seed(const cJSON *it, const char *body, size_t len, uint64_t *
     if (!cJSON_IsNumber(it))
         return false;
     size_t n = 0;
-    const char *raw = raw_member(body, len, "seed", &n);
+    const char *raw = rtr_oai_raw_member(body, len, "seed", &n);
     char txt[32];
     if (raw != NULL && n > 0 && n < sizeof(txt))
         memcpy(txt, raw, n);
@@ -1080,20 +1080,10 @@ static bool parse_seed(const cJSON *it, const char *body, size_t len, uint64_t *
     return true;
 }
 
-pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
-                          const rtr_oai_limits_t *lim, rtr_oai_req_t *req,
-                          rtr_oai_error_t *err)
+pd_status_t rtr_oai_json_load(const char *body, size_t len, cJSON **root_p,
+                              rtr_oai_error_t *err)
 {
-    memset(req, 0, sizeof(*req));
-    req->api = api;
-    req->temperature = 1.0f;
-    req->top_p = 1.0f;
-    req->top_k = 0;
-    req->n = 1;
-    req->repetition_penalty = 1.0f;
-    req->max_tokens = lim->default_max_tokens;
-    parse_ctx_t pc = { err, PD_OK };
-
+    *root_p = NULL;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (root == NULL) {
@@ -1139,6 +1129,28 @@ pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
         cJSON_Delete(root);
         return PD_ERR_BAD_INPUT;
     }
+    *root_p = root;
+    return PD_OK;
+}
+
+pd_status_t rtr_oai_parse(rtr_api_t api, const char *body, size_t len,
+                          const rtr_oai_limits_t *lim, rtr_oai_req_t *req,
+                          rtr_oai_error_t *err)
+{
+    memset(req, 0, sizeof(*req));
+    req->api = api;
+    req->temperature = 1.0f;
+    req->top_p = 1.0f;
+    req->top_k = 0;
+    req->n = 1;
+    req->repetition_penalty = 1.0f;
+    req->max_tokens = lim->default_max_tokens;
+    parse_ctx_t pc = { err, PD_OK };
+
+    cJSON *root = NULL;
+    pd_status_t ls = rtr_oai_json_load(body, len, &root, err);
+    if (ls != PD_OK)
+        return ls;
 
     if (!check_known_fields(&pc, root, api))
         goto out;

@@ -60,7 +60,7 @@ char *rtr_oai_error_json(const rtr_oai_error_t *err)
  * literal is escaped here (control bytes as \u00XX, NUL included) and
  * inserted with cJSON_CreateRaw. Other bytes are copied as they are (the
  * detokenizer only releases whole UTF-8 characters). */
-static cJSON *text_item(const char *text, size_t len)
+cJSON *rtr_oai_text_item(const char *text, size_t len)
 {
     if (text == NULL)
         len = 0;
@@ -321,9 +321,9 @@ static void add_message(cJSON *choice, const body_t *b, const char *text, size_t
         cJSON_AddStringToObject(m, "role", "assistant");
     if (!b->stream)
         cJSON_AddItemToObject(m, "content", call && len == 0 ? cJSON_CreateNull()
-                                                             : text_item(text, len));
+                                                             : rtr_oai_text_item(text, len));
     else if (!call && (len > 0 || finish_reason == NULL))
-        cJSON_AddItemToObject(m, "content", text_item(text, len));
+        cJSON_AddItemToObject(m, "content", rtr_oai_text_item(text, len));
     if (call)
         cJSON_AddItemToObject(m, "tool_calls", calls_json(calls, b->stream));
 }
@@ -344,7 +344,7 @@ static bool add_choice(cJSON *choices, const rtr_oai_resp_meta_t *meta, const bo
     if (meta->api == RTR_API_CHAT || (b->stream && calls != NULL))
         add_message(choice, b, text, len, finish_reason, calls);
     else
-        cJSON_AddItemToObject(choice, "text", text_item(text, len));
+        cJSON_AddItemToObject(choice, "text", rtr_oai_text_item(text, len));
     add_logprobs(choice, meta->api, b->lps != NULL ? &b->lps[i] : NULL);
     add_finish(choice, finish_reason);
     return true;

@@ -1,9 +1,11 @@
-/* Fuzz target: OpenAI request bodies -> rtr_oai_parse (both APIs), and
+/* Fuzz target: request bodies -> rtr_oai_parse (completions, chat) and the
+ * front doors' parsers (Messages, count_tokens, Responses: rtr_fd.h), and
  * every accepted request's fields respect the limits. */
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
-#include "rtr_openai.h"
+#include "rtr_anthropic.h"
+#include "rtr_responses.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -13,11 +15,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                    .n_cap = 4, .max_prompt_bytes = 1 << 16,
                                    .max_prompt_tokens = 2048, .max_messages = 64,
                                    .vocab_size = 32000 };
-    for (int api = 0; api < 2; api++) {
+    for (int api = 0; api < 5; api++) {
         rtr_oai_req_t req;
         rtr_oai_error_t err;
-        pd_status_t st = rtr_oai_parse((rtr_api_t)api, (const char *)data, size, &lim,
-                                       &req, &err);
+        const char *body = (const char *)data;
+        pd_status_t st = api < 2 ? rtr_oai_parse((rtr_api_t)api, body, size, &lim, &req, &err)
+                         : api < 4 ? rtr_anth_parse(body, size, &lim, api == 3, &req, &err)
+                                   : rtr_resp_parse(body, size, &lim, false, &req, &err);
         if (st == PD_OK) {
             assert(req.max_tokens >= 1 && req.max_tokens <= lim.max_tokens_cap);
             assert(req.n >= 1 && req.n <= lim.n_cap);
@@ -42,7 +46,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             rtr_oai_req_free(&req);
         } else {
             assert(err.http_status >= 400 && err.http_status < 600);
-            char *json = rtr_oai_error_json(&err);
+            char *json = api == 2 || api == 3 ? rtr_anth_error_json(&err)
+                                              : rtr_oai_error_json(&err);
             free(json);
         }
     }

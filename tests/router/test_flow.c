@@ -223,13 +223,18 @@ static const char *W(const char *cid)
     return cid;
 }
 
+/* The API of the next accepted request (then back to completions). */
+static rtr_api_t next_api = RTR_API_COMPLETIONS;
+
 /* Accept one request ("Hi" as bytes) the way rtr_http.c does. */
 static rtr_req_t *accept_req_n(fx_t *f, const char *id, bool stream, uint32_t max_tokens,
                                uint32_t n)
 {
     rtr_oai_req_t o;
     memset(&o, 0, sizeof(o));
-    o.api = RTR_API_COMPLETIONS;
+    rtr_api_t api = next_api;
+    next_api = RTR_API_COMPLETIONS;
+    o.api = api;
     o.max_tokens = max_tokens;
     o.top_p = 1.0f;
     o.stream = stream;
@@ -242,7 +247,7 @@ static rtr_req_t *accept_req_n(fx_t *f, const char *id, bool stream, uint32_t ma
     bool disagg = rtr_flow_route(&f->r, ids, 2, max_tokens, 0, &dec, &pre);
     assert_ptr_equal(dec, f->dec);
     rtr_req_t *q = NULL;
-    assert_int_equal(rtr_flow_new(&f->r, id, RTR_API_COMPLETIONS, &o, &ids, 2, &q), PD_OK);
+    assert_int_equal(rtr_flow_new(&f->r, id, api, &o, &ids, 2, &q), PD_OK);
     assert_null(ids);
     assert_string_not_equal(q->wire_id, id);  /* daemons never see the client's id */
     for (size_t i = 0; i < sizeof(wids) / sizeof(wids[0]); i++)
@@ -1339,7 +1344,9 @@ static rtr_req_t *accept_tools(fx_t *f, const char *id, bool stream, uint32_t ch
 {
     rtr_oai_req_t o;
     memset(&o, 0, sizeof(o));
-    o.api = RTR_API_CHAT;
+    rtr_api_t api = next_api == RTR_API_COMPLETIONS ? RTR_API_CHAT : next_api;
+    next_api = RTR_API_COMPLETIONS;
+    o.api = api;
     o.max_tokens = 256;
     o.top_p = 1.0f;
     o.stream = stream;
@@ -1362,7 +1369,7 @@ static rtr_req_t *accept_tools(fx_t *f, const char *id, bool stream, uint32_t ch
     rtr_backend_t *dec, *pre;
     bool disagg = rtr_flow_route(&f->r, ids, 2, 64, 0, &dec, &pre);
     rtr_req_t *q = NULL;
-    assert_int_equal(rtr_flow_new(&f->r, id, RTR_API_CHAT, &o, &ids, 2, &q), PD_OK);
+    assert_int_equal(rtr_flow_new(&f->r, id, api, &o, &ids, 2, &q), PD_OK);
     for (size_t i = 0; i < sizeof(wids) / sizeof(wids[0]); i++)
         if (wids[i].cid[0] == '\0' || strcmp(wids[i].cid, id) == 0) {
             snprintf(wids[i].cid, sizeof(wids[i].cid), "%s", id);
@@ -1480,6 +1487,95 @@ static void test_tools_logprobs(void **state)
     assert_null(strstr(rec.body, "\"content\":\"<tool_call"));
 }
 
+/* ---- the event front doors (rtr_fd.h) ------------------------------------- */
+
+/* Messages, streamed, through a decode failover: Anthropic's events from
+ * message_start to message_stop around the same tokens, nothing repeated,
+ * no [DONE]; a lost stream of the Responses API ends with response.failed. */
+static void test_frontdoor_streams(void **state)
+{
+    fx_t *f = *state;
+    rtr_backend_t *d0 = f->dec, *d1 = &f->r.be[2];
+    add_backend(&f->r, d1, "d1", PROTO_ROLE_DECODE,
+                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
+    d1->hb.free_blocks = 10;
+    next_api = RTR_API_MESSAGES;
+    rtr_req_t *q = accept_req(f, "m1", true, 4);
+    assert_memory_equal(q->resp_id, "msg_", 4);
+    prefill_done(f, "m1", 'a', 5);
+    assert_true(strncmp(rec.body, "event: message_start\ndata: {\"type\":\"message_start\"", 50) == 0);
+    int32_t t[1] = { 'b' };
+    tokens(f, "m1", 0, t, 1);
+    f->dec->conn = NULL;
+    f->dec->state = RTR_BE_DOWN;
+    rtr_flow_backend_down(&f->r, f->dec);
+    f->dec = d1;
+    int32_t more[2] = { 'c', 'd' };
+    tokens(f, "m1", 0, more, 2);
+    finish(f, "m1", PROTO_FINISH_LENGTH);
+    f->dec = d0;
+    assert_true(rec.ended_stream);
+    const char *pa = strstr(rec.body, "\"text_delta\",\"text\":\"a\""),
+               *pb = strstr(rec.body, "\"text_delta\",\"text\":\"b\""),
+               *pc = strstr(rec.body, "\"text_delta\",\"text\":\"cd\"");
+    if (!(pa && pb && pc && pa < pb && pb < pc))
+        fail_msg("stream out of order: %s", rec.body);
+    assert_non_null(strstr(rec.body, "\"stop_reason\":\"max_tokens\""));
+    assert_non_null(strstr(rec.body, "\"output_tokens\":4"));
+    static const char stop[] = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+    size_t bl = strlen(rec.body);
+    assert_true(bl > sizeof(stop) && strcmp(rec.body + bl - (sizeof(stop) - 1), stop) == 0);
+    assert_null(strstr(rec.body, "[DONE]"));
+    assert_null(strstr(rec.body, "event: error"));
+    assert_int_equal(counter(f, RTR_STAT_requests_failed_over), 1);
+
+    /* the only decode left dies: response.failed, no response.completed */
+    memset(&rec, 0, sizeof(rec));
+    f->dec = d1;
+    next_api = RTR_API_RESPONSES;
+    accept_req(f, "m2", true, 8);
+    prefill_done(f, "m2", 'a', 6);
+    d1->conn = NULL;
+    d1->state = RTR_BE_DOWN;
+    rtr_flow_backend_down(&f->r, d1);
+    f->dec = d0;
+    assert_true(rec.ended_stream);
+    assert_non_null(strstr(rec.body, "event: response.created\n"));
+    assert_non_null(strstr(rec.body, "event: response.output_text.delta\n"));
+    assert_non_null(strstr(rec.body, "event: response.failed\n"));
+    assert_non_null(strstr(rec.body, "\"status\":\"failed\""));
+    assert_null(strstr(rec.body, "response.completed"));
+}
+
+/* A forced call on /v1/messages: a tool_use block whose input comes as one
+ * input_json_delta, stop_reason tool_use; not streamed, the message body. */
+static void test_frontdoor_tool_use(void **state)
+{
+    fx_t *f = *state;
+    next_api = RTR_API_MESSAGES;
+    accept_tools(f, "mt1", true, RTR_OAI_TOOLS_REQUIRED);
+    prefill_done(f, "mt1", '{', 3);
+    text_tokens(f, "mt1", 0, "\"name\":\"f\",\"arguments\":{\"k\":1}}");
+    finish(f, "mt1", PROTO_FINISH_STOP);
+    assert_null(strstr(rec.body, "text_delta"));
+    assert_non_null(strstr(rec.body, "\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_"));
+    assert_non_null(strstr(rec.body, "\"type\":\"input_json_delta\",\"partial_json\":"
+                                     "\"{\\\"k\\\":1}\""));
+    assert_non_null(strstr(rec.body, "\"stop_reason\":\"tool_use\""));
+
+    memset(&rec, 0, sizeof(rec));
+    next_api = RTR_API_RESPONSES;
+    accept_tools(f, "mt2", false, RTR_OAI_TOOLS_NAMED);
+    prefill_done(f, "mt2", '{', 4);
+    text_tokens(f, "mt2", 0, "\"name\":\"f\",\"arguments\":{}}");
+    finish(f, "mt2", PROTO_FINISH_STOP);
+    assert_int_equal(rec.reply_status, 200);
+    assert_non_null(strstr(rec.body, "\"object\":\"response\""));
+    assert_non_null(strstr(rec.body, "\"type\":\"function_call\",\"status\":\"completed\","
+                                     "\"call_id\":\"call_"));
+    assert_null(strstr(rec.body, "\"type\":\"message\""));
+}
+
 int main(void)
 {
     pd_log_set_level(PD_LOG_ERROR);
@@ -1516,6 +1612,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tools_logprobs, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_tools_auto_text, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_tools_forced, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_frontdoor_streams, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_frontdoor_tool_use, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
