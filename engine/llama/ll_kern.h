@@ -137,6 +137,10 @@ size_t eng_ll_qx_bytes(uint32_t n_items, uint32_t cols);
  * path; tests of exact decoding). -1 at start = read PD_QDOT ("off" = 0).
  * Set only while no engine call runs. */
 extern int eng_ll_qdot_g;
+/* Smallest batch (items of one matmul) that runs the AMX path where the
+ * CPU has it (below: VNNI, the same bits); the full 16s of items go to the
+ * tiles, the rest to VNNI (docs/BENCHMARKS.md "AMX int8 tiles"). */
+extern uint32_t eng_ll_amx_min_g;
 /* Tests only: != 0 checks every integer-dot output against the f64 dot of
  * the dequantized weights with the dequantized activations it was given
  * (tolerance 1e-5 of the sum of |terms|) and counts the misses. */
