@@ -167,8 +167,10 @@ int main(int argc, char **argv)
     printf("baseline: memcpy %.2f GB/s, read-only %.2f GB/s (%u threads, 256 MiB, best of 5)\n",
            bw_copy / 1e9, bw_read / 1e9, threads);
     const char *amx_why = ggml_qdot_amx_why();
-    printf("integer dot: %s (AMX from %u items)%s%s\n", ggml_qdot_path_name(ggml_qdot_path()),
-           eng_ll_amx_min_g, amx_why ? "; no AMX: " : "", amx_why ? amx_why : "");
+    const int qpath = ggml_qdot_path();
+    printf("integer dot: %s (AMX from %u items)%s%s\n", ggml_qdot_path_name(qpath),
+           eng_ll_amx_min_g, amx_why ? "; no AMX: " : qpath < GGML_QDOT_AMX ? "; PD_QDOT caps it" : "",
+           amx_why ? amx_why : "");
 
     const eng_ops_t *ops = eng_find("llama");
     uint32_t maxb = 1;

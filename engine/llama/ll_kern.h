@@ -17,7 +17,7 @@
  * is whole blocks are instead dotted with the activation row quantized once
  * per matmul (engine/llama/ggml_qdot.h: Q8 blocks of 32 or Q8_K blocks of
  * 256); that dot has its own canonical definition (ggml_qdot.h), equal on
- * the scalar / AVX2 / VNNI paths and independent of the batch. Whether a
+ * the scalar / AVX2 / VNNI / AMX paths and independent of the batch. Whether a
  * matrix uses it depends only on its type and shape (and eng_ll_qdot_g,
  * PD_QDOT=off), never on the batch size or thread count.
  * Work is split across threads by
