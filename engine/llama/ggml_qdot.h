@@ -124,7 +124,7 @@ const char *ggml_qdot_path_name(int path);
  * what the CPU has). The weight row is read once for up to 4 items (VNNI
  * Q6_K with more than 4 items: each block decoded once per 16); on VNNI
  * the other types run the AVX2 row kernel here (their fast kernel is on
- * the packed layout, ggml_qdot_rows_packed).
+ * the packed layout, ggml_qdot_rows_packed); the AMX path is VNNI here.
  * PD_ERR_UNSUPPORTED if the type has no integer kernel or n is not a
  * multiple of its block. */
 pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row_bytes,
@@ -141,8 +141,9 @@ pd_status_t ggml_qdot_pack(uint32_t type, const uint8_t *w, size_t row_bytes, ui
                            uint64_t n, uint8_t *out);
 /* ggml_qdot_rows for rows [r0, r1) of a tensor w (row 0 at w) whose packed
  * layout is pk (NULL: none): out[i * out_stride + r - r0]. The full groups
- * of 16 in the range run the packed kernel on the VNNI path, the rest the
- * row kernels: the same bits either way. */
+ * of 16 in the range run the packed kernel on the VNNI path (AMX path: the
+ * 32-element types' full 16s of items on tiles, the other items and types
+ * as on VNNI), the rest the row kernels: the same bits either way. */
 pd_status_t ggml_qdot_rows_packed(int path, uint32_t type, const uint8_t *w, size_t row_bytes,
                                   const uint8_t *pk, uint32_t r0, uint32_t r1, uint64_t n,
                                   const void *a, size_t a_stride, uint32_t n_items, float *out,
