@@ -3,6 +3,7 @@
  *
  *   eng-bench --model A.gguf [--model B.gguf ...] [--threads N]
  *             [--batches 1,8,32] [--prefill 128] [--steps 8] [--ctx 64]
+ *             [--amx-min 16]
  *
  * For each model: prefill tokens/s (one sequence of --prefill tokens),
  * decode tokens/s at each batch size (every sequence at position --ctx;
@@ -23,6 +24,7 @@
 
 #include "eng.h"
 #include "eng_llama.h"
+#include "ggml_qdot.h"
 #include "ll_kern.h"
 #include "pd_time.h"
 
@@ -113,6 +115,7 @@ int main(int argc, char **argv)
         { "prefill", required_argument, NULL, 'p' },
         { "steps", required_argument, NULL, 's' },
         { "ctx", required_argument, NULL, 'c' },
+        { "amx-min", required_argument, NULL, 'a' },
         { NULL, 0, NULL, 0 },
     };
     int c;
@@ -133,9 +136,11 @@ int main(int argc, char **argv)
         case 'p': prefill_n = (uint32_t)atoi(optarg); break;
         case 's': steps = (uint32_t)atoi(optarg); break;
         case 'c': ctx = (uint32_t)atoi(optarg); break;
+        case 'a': eng_ll_amx_min_g = (uint32_t)atoi(optarg); break;
         default:
             fprintf(stderr, "usage: eng-bench --model M.gguf [--model ...] [--threads N] "
-                            "[--batches 1,8,32] [--prefill 128] [--steps 8] [--ctx 64]\n");
+                            "[--batches 1,8,32] [--prefill 128] [--steps 8] [--ctx 64] "
+                            "[--amx-min 16]\n");
             return 2;
         }
     }
@@ -161,6 +166,11 @@ int main(int argc, char **argv)
     eng_ll_pool_destroy(pool);
     printf("baseline: memcpy %.2f GB/s, read-only %.2f GB/s (%u threads, 256 MiB, best of 5)\n",
            bw_copy / 1e9, bw_read / 1e9, threads);
+    const char *amx_why = ggml_qdot_amx_why();
+    const int qpath = ggml_qdot_path();
+    printf("integer dot: %s (AMX from %u items)%s%s\n", ggml_qdot_path_name(qpath),
+           eng_ll_amx_min_g, amx_why ? "; no AMX: " : qpath < GGML_QDOT_AMX ? "; PD_QDOT caps it" : "",
+           amx_why ? amx_why : "");
 
     const eng_ops_t *ops = eng_find("llama");
     uint32_t maxb = 1;

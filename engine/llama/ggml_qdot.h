@@ -58,7 +58,19 @@
  * ggml_qdot.c (the qs bytes as stored, 4 values each; Q3_K's hmask; one
  * byte per sub-block scale / min and row; d, dmin).
  * A trailing group of fewer than 16 rows is not packed: those rows are read
- * from the original tensor, with the same bits. */
+ * from the original tensor, with the same bits.
+ *
+ * AMX (issue 37; 32-element types on the packed layout above, nothing
+ * more in memory): per group of 16 rows, a segment of up to 64 blocks is
+ * turned into signed int8 tiles on the stack ([t][row][4 bytes] = the B
+ * operand of tdpbssd, 8 rows x 64 bytes per block: the BYTE form xor 0x80,
+ * nibbles and / or table lookup), then per 16 items and block one tdpbssd
+ * with K = 32 (A: the 16 items' 32 activation bytes of the block, read in
+ * place with the activation row stride) leaves the exact P_b of 16 items
+ * x 16 rows in a C tile; it is stored, and each item's row of 16 P_b
+ * takes the canonical r = fma((float)P_b, d_w * d_a, r) (+ the min term)
+ * in block order with AVX-512, rows in the lanes as on VNNI. Items beyond
+ * the last full 16 run the VNNI packed kernel: same bits. */
 #ifndef GGML_QDOT_H
 #define GGML_QDOT_H
 
@@ -75,7 +87,7 @@ typedef struct {
     int16_t bsums[GGML_Q8K_BLOCK / 16];
 } ggml_q8k_block;
 
-enum { GGML_QDOT_SCALAR = 0, GGML_QDOT_AVX2 = 1, GGML_QDOT_VNNI = 2 };
+enum { GGML_QDOT_SCALAR = 0, GGML_QDOT_AVX2 = 1, GGML_QDOT_VNNI = 2, GGML_QDOT_AMX = 3 };
 enum { GGML_QACT_NONE = 0, GGML_QACT_Q8A = 1, GGML_QACT_Q8K = 2 };
 
 /* Activation format the int-dot of weight type `type` uses (NONE: the type
@@ -90,11 +102,21 @@ size_t ggml_qdot_act_bytes(int act, uint64_t n);
  * scalar by the current path; the same bytes either way). */
 void ggml_qdot_quantize(int act, const float *x, uint64_t n, void *out);
 
-/* Path in use: the best the CPU supports, capped by PD_QDOT=scalar|avx2
- * read at the first call; ggml_qdot_set_path caps it for tests (a path the
- * CPU lacks falls back to the next lower). Returns the path now in use. */
+/* Path in use: the best the CPU supports, capped by PD_QDOT=scalar|avx2|
+ * vnni|amx read at the first call (a cap for the whole process, tests'
+ * ggml_qdot_set_path included); ggml_qdot_set_path caps it for tests (a
+ * path the CPU lacks falls back to the next lower). Returns the path now
+ * in use. AMX needs CPUID AMX-TILE + AMX-INT8, XCR0 bits 17/18 (the OS
+ * saves tile state) and the kernel's permission for XTILEDATA, asked once
+ * for the process (arch_prctl(ARCH_REQ_XCOMP_PERM)) at the first call;
+ * without any of them the best path is VNNI and ggml_qdot_amx_why() says
+ * why (logged once at debug). */
 int ggml_qdot_path(void);
 int ggml_qdot_set_path(int path);
+/* NULL if the AMX path is usable, else why not (a static string). */
+const char *ggml_qdot_amx_why(void);
+/* Name of a path: "scalar", "avx2", "vnni", "amx". */
+const char *ggml_qdot_path_name(int path);
 
 /* out[i * out_stride + r] = dot(weight row r, activation row i) for
  * r < n_rows (rows row_bytes apart from w) and i < n_items (activation rows
@@ -102,7 +124,7 @@ int ggml_qdot_set_path(int path);
  * what the CPU has). The weight row is read once for up to 4 items (VNNI
  * Q6_K with more than 4 items: each block decoded once per 16); on VNNI
  * the other types run the AVX2 row kernel here (their fast kernel is on
- * the packed layout, ggml_qdot_rows_packed).
+ * the packed layout, ggml_qdot_rows_packed); the AMX path is VNNI here.
  * PD_ERR_UNSUPPORTED if the type has no integer kernel or n is not a
  * multiple of its block. */
 pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row_bytes,
@@ -119,8 +141,9 @@ pd_status_t ggml_qdot_pack(uint32_t type, const uint8_t *w, size_t row_bytes, ui
                            uint64_t n, uint8_t *out);
 /* ggml_qdot_rows for rows [r0, r1) of a tensor w (row 0 at w) whose packed
  * layout is pk (NULL: none): out[i * out_stride + r - r0]. The full groups
- * of 16 in the range run the packed kernel on the VNNI path, the rest the
- * row kernels: the same bits either way. */
+ * of 16 in the range run the packed kernel on the VNNI path (AMX path: the
+ * 32-element types' full 16s of items on tiles, the other items and types
+ * as on VNNI), the rest the row kernels: the same bits either way. */
 pd_status_t ggml_qdot_rows_packed(int path, uint32_t type, const uint8_t *w, size_t row_bytes,
                                   const uint8_t *pk, uint32_t r0, uint32_t r1, uint64_t n,
                                   const void *a, size_t a_stride, uint32_t n_items, float *out,

@@ -732,16 +732,18 @@ static int ll_qdot_path(void)
         return -1;
     int p = ggml_qdot_path();
     int isa = ll_isa_get();
-    int cap = isa == LL_ISA_AVX512 ? GGML_QDOT_VNNI : isa == LL_ISA_AVX2 ? GGML_QDOT_AVX2
-                                                                          : GGML_QDOT_SCALAR;
+    int cap = isa == LL_ISA_AVX512 ? GGML_QDOT_AMX : isa == LL_ISA_AVX2 ? GGML_QDOT_AVX2
+                                                                         : GGML_QDOT_SCALAR;
     return p < cap ? p : cap;
 }
+
+uint32_t eng_ll_amx_min_g = 16;
 
 pd_status_t eng_ll_pack(eng_ll_tensor_t *t, void **buf_p)
 {
     *buf_p = NULL;
     size_t bytes = ggml_qdot_pack_bytes(t->type, t->rows, t->cols);
-    if (bytes == 0 || ll_qdot_path() != GGML_QDOT_VNNI)
+    if (bytes == 0 || ll_qdot_path() < GGML_QDOT_VNNI) /* AMX reads the VNNI layout */
         return PD_OK;
     void *buf = NULL;
     if (posix_memalign(&buf, 64, bytes) != 0)
@@ -928,6 +930,8 @@ void eng_ll_matmul(eng_ll_pool_t *pool, const eng_ll_matmul_t *mm,
     /* integer-dot types: quantize each item's row once for all matrices
      * (they share x, hence cols) in the formats they need */
     ctx.qpath = mm->qx ? ll_qdot_path() : -1;
+    if (ctx.qpath == GGML_QDOT_AMX && mm->n_items < eng_ll_amx_min_g)
+        ctx.qpath = GGML_QDOT_VNNI; /* same bits; fewer items than AMX pays for */
     if (ctx.qpath >= 0) {
         const uint32_t K = mm->w[0]->cols;
         uint8_t *q = mm->qx;

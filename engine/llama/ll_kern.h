@@ -17,7 +17,7 @@
  * is whole blocks are instead dotted with the activation row quantized once
  * per matmul (engine/llama/ggml_qdot.h: Q8 blocks of 32 or Q8_K blocks of
  * 256); that dot has its own canonical definition (ggml_qdot.h), equal on
- * the scalar / AVX2 / VNNI paths and independent of the batch. Whether a
+ * the scalar / AVX2 / VNNI / AMX paths and independent of the batch. Whether a
  * matrix uses it depends only on its type and shape (and eng_ll_qdot_g,
  * PD_QDOT=off), never on the batch size or thread count.
  * Work is split across threads by
@@ -137,6 +137,10 @@ size_t eng_ll_qx_bytes(uint32_t n_items, uint32_t cols);
  * path; tests of exact decoding). -1 at start = read PD_QDOT ("off" = 0).
  * Set only while no engine call runs. */
 extern int eng_ll_qdot_g;
+/* Smallest batch (items of one matmul) that runs the AMX path where the
+ * CPU has it (below: VNNI, the same bits); the full 16s of items go to the
+ * tiles, the rest to VNNI (docs/BENCHMARKS.md "AMX int8 tiles"). */
+extern uint32_t eng_ll_amx_min_g;
 /* Tests only: != 0 checks every integer-dot output against the f64 dot of
  * the dequantized weights with the dequantized activations it was given
  * (tolerance 1e-5 of the sum of |terms|) and counts the misses. */

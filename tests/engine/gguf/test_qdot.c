@@ -1,7 +1,7 @@
 /* test_qdot.c - integer-dot kernels (engine/llama/ggml_qdot.c) for Q8_0,
  * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q2_K..Q6_K weight rows against
  * quantized activations:
- *  - the scalar, AVX2 and VNNI paths return identical bits, and a row dot
+ *  - the scalar, AVX2, VNNI and AMX paths return identical bits, and a row dot
  *    computed in a batch of items equals the same item alone; every type
  *    but Q6_K on the packed layout (any row range, any item count) gives
  *    them too;
@@ -62,7 +62,7 @@ static void check_packed(uint32_t type, const uint8_t *wq, size_t rb, uint64_t n
     static const uint32_t ranges[][2] = { { 0, NROWS }, { 0, 16 }, { 3, 19 }, { 16, 19 },
                                           { 5, 9 }, { 0, 1 } };
     static const uint32_t items[] = { 1, 3, 4, 5, 8, 9, NITEMS };
-    for (int p = GGML_QDOT_SCALAR; p <= GGML_QDOT_VNNI; p++)
+    for (int p = GGML_QDOT_SCALAR; p <= GGML_QDOT_AMX; p++)
         for (size_t k = 0; k < sizeof ranges / sizeof ranges[0]; k++)
             for (size_t j = 0; j < sizeof items / sizeof items[0]; j++) {
                 uint32_t r0 = ranges[k][0], r1 = ranges[k][1], ni = items[j];
@@ -105,7 +105,7 @@ static void check_type(uint32_t type, size_t bytes, uint32_t bs)
             ggml_qdot_quantize(act, x + i * n, n, a + i * ab);
 
         float ref[NITEMS][NROWS], got[NITEMS][NROWS], one;
-        for (int p = GGML_QDOT_SCALAR; p <= GGML_QDOT_VNNI; p++) {
+        for (int p = GGML_QDOT_SCALAR; p <= GGML_QDOT_AMX; p++) {
             assert_int_equal(ggml_qdot_rows(p, type, wq, nb * bytes, NROWS, n, a, ab, NITEMS,
                                             &got[0][0], NROWS), PD_OK);
             if (p == GGML_QDOT_SCALAR)
@@ -142,7 +142,98 @@ static void check_type(uint32_t type, size_t bytes, uint32_t bs)
         free(wq);
         free(a);
     }
-    ggml_qdot_set_path(GGML_QDOT_VNNI);
+    ggml_qdot_set_path(GGML_QDOT_AMX);
+}
+
+/* AMX (issue 37): the packed kernel on the AMX path, 1..64 items (the full
+ * 16s on the tiles, the rest on VNNI) over row ranges cutting groups, rows
+ * of 1..130 blocks (the B tiles are built 64 blocks at a time), gives the
+ * scalar row kernel's bits. On a CPU without AMX (or with PD_QDOT capping
+ * the path below it) the AMX path is the VNNI one: checked the same way,
+ * and said so. */
+#define AMX_ROWS 35
+#define AMX_NI 64
+static void check_amx(uint32_t type, size_t bytes)
+{
+    if (ggml_qdot_set_path(GGML_QDOT_AMX) != GGML_QDOT_AMX) {
+        const char *why = ggml_qdot_amx_why();
+        print_message("skipped: no AMX (%s; path %s checked instead)\n",
+                      why ? why : "PD_QDOT caps the path",
+                      ggml_qdot_path_name(ggml_qdot_path()));
+    }
+    static const uint64_t nbs[] = { 1, 2, 3, 63, 64, 65, 130 };
+    static const uint32_t ranges[][2] = { { 0, AMX_ROWS }, { 0, 16 }, { 16, 32 }, { 3, AMX_ROWS },
+                                          { 5, 9 }, { 7, 30 } };
+    static const uint32_t items[] = { 1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64 };
+    const int act = ggml_qdot_act(type);
+    for (size_t t = 0; t < sizeof nbs / sizeof nbs[0]; t++) {
+        const uint64_t nb = nbs[t], n = nb * 32;
+        const size_t ab = ggml_qdot_act_bytes(act, n), rb = nb * bytes;
+        float *w = malloc(AMX_ROWS * n * sizeof *w), *x = malloc(AMX_NI * n * sizeof *x);
+        uint8_t *wq = malloc(AMX_ROWS * rb), *a = malloc(AMX_NI * ab);
+        float *ref = malloc(AMX_NI * AMX_ROWS * sizeof *ref);
+        float *got = malloc(AMX_NI * AMX_ROWS * sizeof *got);
+        assert_true(w && x && wq && a && ref && got);
+        for (uint64_t i = 0; i < AMX_ROWS * n; i++)
+            w[i] = frand() + (i % 5 == 0 ? 0.25f : 0.0f);
+        for (uint64_t i = 0; i < AMX_NI * n; i++)
+            x[i] = frand() * (i % 61 == 0 ? 30.0f : 2.0f);
+        for (int r = 0; r < AMX_ROWS; r++)
+            assert_int_equal(ggml_quantize_row(type, w + r * n, wq + r * rb, n), PD_OK);
+        for (int i = 0; i < AMX_NI; i++)
+            ggml_qdot_quantize(act, x + i * n, n, a + i * ab);
+        assert_int_equal(ggml_qdot_rows(GGML_QDOT_SCALAR, type, wq, rb, AMX_ROWS, n, a, ab,
+                                        AMX_NI, ref, AMX_ROWS), PD_OK);
+        const size_t pb = ggml_qdot_pack_bytes(type, AMX_ROWS, n);
+        void *pk = NULL;
+        assert_int_equal(posix_memalign(&pk, 64, pb), 0);
+        assert_int_equal(ggml_qdot_pack(type, wq, rb, AMX_ROWS, n, pk), PD_OK);
+        for (size_t k = 0; k < sizeof ranges / sizeof ranges[0]; k++)
+            for (size_t j = 0; j < sizeof items / sizeof items[0]; j++) {
+                const uint32_t r0 = ranges[k][0], r1 = ranges[k][1], ni = items[j];
+                /* the packed groups of a view that starts at row r0 (whole
+                 * groups only: the engine's views do the same) */
+                const uint8_t *pkv = r0 % 16 == 0 ? (const uint8_t *)pk +
+                                     ggml_qdot_pack_bytes(type, r0, n) : NULL;
+                memset(got, 0xFF, AMX_NI * AMX_ROWS * sizeof *got);
+                assert_int_equal(ggml_qdot_rows_packed(GGML_QDOT_AMX, type, wq + r0 * rb, rb,
+                                                       pkv, 0, r1 - r0, n, a, ab, ni, got,
+                                                       AMX_ROWS), PD_OK);
+                for (uint32_t i = 0; i < ni; i++)
+                    if (memcmp(got + i * AMX_ROWS, ref + i * AMX_ROWS + r0,
+                               (r1 - r0) * sizeof(float)) != 0)
+                        fail_msg("type %u nb %lu rows [%u, %u) items %u: item %u differs", type,
+                                 (unsigned long)nb, r0, r1, ni, i);
+                /* and from the whole tensor's packed copy, cutting groups */
+                assert_int_equal(ggml_qdot_rows_packed(GGML_QDOT_AMX, type, wq, rb, pk, r0, r1,
+                                                       n, a, ab, ni, got, AMX_ROWS), PD_OK);
+                for (uint32_t i = 0; i < ni; i++)
+                    assert_memory_equal(got + i * AMX_ROWS, ref + i * AMX_ROWS + r0,
+                                        (r1 - r0) * sizeof(float));
+            }
+        free(pk);
+        free(w);
+        free(x);
+        free(wq);
+        free(a);
+        free(ref);
+        free(got);
+    }
+}
+
+static void test_amx(void **state)
+{
+    (void)state;
+    static const struct { uint32_t type; size_t bytes; } types[] = {
+        { GGML_TYPE_Q8_0, 34 }, { GGML_TYPE_Q4_0, 18 }, { GGML_TYPE_Q4_1, 20 },
+        { GGML_TYPE_Q5_0, 22 }, { GGML_TYPE_Q5_1, 24 }, { GGML_TYPE_IQ4_NL, 18 },
+    };
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        check_amx(types[t].type, types[t].bytes);
+    /* PD_QDOT caps the path for the whole process */
+    const char *e = getenv("PD_QDOT");
+    if (e && strcmp(e, "vnni") == 0)
+        assert_int_equal(ggml_qdot_set_path(GGML_QDOT_AMX), GGML_QDOT_VNNI);
 }
 
 static void test_q8_0(void **state)
@@ -244,7 +335,7 @@ static void test_quantize_paths(void **state)
     ggml_qdot_set_path(GGML_QDOT_SCALAR);
     ggml_qdot_quantize(GGML_QACT_Q8A, x, N, a0);
     ggml_qdot_quantize(GGML_QACT_Q8K, x, N, k0);
-    ggml_qdot_set_path(GGML_QDOT_VNNI);
+    ggml_qdot_set_path(GGML_QDOT_AMX);
     ggml_qdot_quantize(GGML_QACT_Q8A, x, N, a1);
     ggml_qdot_quantize(GGML_QACT_Q8K, x, N, k1);
     assert_memory_equal(a0, a1, sizeof a0);
@@ -303,6 +394,7 @@ int main(void)
         cmocka_unit_test(test_q4_K),
         cmocka_unit_test(test_q5_K),
         cmocka_unit_test(test_q6_K),
+        cmocka_unit_test(test_amx),
         cmocka_unit_test(test_unsupported),
         cmocka_unit_test(test_quantize_paths),
         cmocka_unit_test(test_zero_row),

@@ -15,6 +15,7 @@
 
 #include "eng.h"
 #include "eng_llama.h"
+#include "ggml_qdot.h"
 #include "ggml_types.h"
 #include "ll_kern.h"
 #include "ll_testmodel.h"
@@ -526,6 +527,78 @@ static void test_isa_paths_agree(void **state)
     eng_ll_isa_force("avx512"); /* back to the best available */
 }
 
+/* AMX (issue 37): a prompt pass of 40 tokens (two full 16s of items on the
+ * tiles, 8 on VNNI) and a decode batch of 20 give the scalar integer-dot
+ * path's bits, for every 32-element weight type. Without AMX (the CPU, the
+ * OS, PD_QDOT, or the AVX2 / scalar ISA capping it) this says "skipped: no
+ * AMX" and runs the best path it has against scalar instead. */
+static void test_amx_forward(void **state)
+{
+    (void)state;
+    static const ll_tm_spec_t specs[] = {
+        { "llama", 256, 1, 4, 2, 512, 300, 64, 0, GGML_TYPE_Q8_0, false, false, 51 },
+        { "qwen2", 256, 1, 4, 2, 512, 300, 64, 0, GGML_TYPE_Q4_0, true, true, 52 },
+        { "llama", 128, 1, 4, 2, 2304, 300, 64, 0, GGML_TYPE_Q4_1, false, false, 53, NULL,
+          false, 0, GGML_TYPE_Q5_1 },
+        { "llama", 128, 1, 4, 2, 256, 300, 64, 0, GGML_TYPE_Q5_0, false, false, 54, NULL,
+          false, 0, GGML_TYPE_IQ4_NL },
+    };
+    const uint32_t saved_min = eng_ll_amx_min_g;
+    eng_ll_amx_min_g = 16;
+    int best = ggml_qdot_set_path(GGML_QDOT_AMX);
+    if (best != GGML_QDOT_AMX || strcmp(eng_ll_isa(), "avx512") != 0) {
+        const char *why = ggml_qdot_amx_why();
+        print_message("skipped: no AMX (%s; the %s ISA path's integer dot vs scalar instead)\n",
+                      why ? why : best != GGML_QDOT_AMX ? "PD_QDOT caps the path"
+                                                         : "the ISA path is not avx512",
+                      eng_ll_isa());
+    }
+    for (size_t s = 0; s < sizeof(specs) / sizeof(specs[0]); s++) {
+        char path[300], tag[32];
+        snprintf(tag, sizeof(tag), "amx%zu", s);
+        model_path(path, sizeof(path), tag);
+        assert_int_equal(ll_tm_write(&specs[s], path), 0);
+        enum { NT = 40, NB = 20, BT = 16 };
+        float *first = NULL;
+        const int paths[] = { GGML_QDOT_SCALAR, GGML_QDOT_AMX };
+        for (int p = 0; p < 2; p++) {
+            ggml_qdot_set_path(paths[p]); /* before load: the packed copy follows it */
+            eng_model_t *m = load(path, ENG_KV_F16, 2, BT, 32);
+            const eng_ops_t *ops = eng_find("llama");
+            const eng_kv_geom_t *g = ops->geometry(m);
+            const uint32_t V = g->vocab_size, nbs = (NT + NB + BT - 1) / BT;
+            uint32_t *bt = malloc((size_t)NB * nbs * sizeof(*bt));
+            for (uint32_t i = 0; i < NB * nbs; i++)
+                bt[i] = i;
+            void *arena = calloc((size_t)NB * nbs, g->block_bytes);
+            float *lg = malloc((size_t)(NB + 1) * V * sizeof(float));
+            int32_t toks[NT + NB];
+            make_toks(toks, NT + NB, V, (uint32_t)s + 5);
+            /* every decode item continues the same prompt in its own blocks */
+            for (uint32_t j = NB; j-- > 0;)
+                assert_int_equal(ops->prefill(m, arena, bt + j * nbs, nbs, toks, NT, 0, lg),
+                                 PD_OK);
+            eng_decode_item_t items[NB];
+            for (uint32_t j = 0; j < NB; j++)
+                items[j] = (eng_decode_item_t){ bt + j * nbs, nbs, NT, toks[NT + j] };
+            assert_int_equal(ops->decode(m, arena, items, NB, lg + V), PD_OK);
+            if (!first) {
+                first = malloc((size_t)(NB + 1) * V * sizeof(float));
+                memcpy(first, lg, (size_t)(NB + 1) * V * sizeof(float));
+            } else {
+                assert_memory_equal(first, lg, (size_t)(NB + 1) * V * sizeof(float));
+            }
+            free(bt);
+            free(arena);
+            free(lg);
+            ops->destroy(m);
+        }
+        free(first);
+    }
+    ggml_qdot_set_path(GGML_QDOT_AMX);
+    eng_ll_amx_min_g = saved_min;
+}
+
 static void test_geometry_and_errors(void **state)
 {
     (void)state;
@@ -650,6 +723,7 @@ int main(void)
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_isa_paths_agree),
+        cmocka_unit_test(test_amx_forward),
         cmocka_unit_test(test_geometry_and_errors),
         cmocka_unit_test(test_load_errors),
     };
