@@ -1,7 +1,7 @@
 /* eng_bench.c - engine throughput vs. a memory-bandwidth baseline measured
  * in the same run.
  *
- *   eng-bench --model A.gguf [--model B.gguf ...] [--threads N]
+ *   pd-eng-bench --model A.gguf [--model B.gguf ...] [--threads N]
  *             [--batches 1,8,32] [--prefill 128] [--steps 8] [--ctx 64]
  *             [--amx-min 16]
  *
@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "pd_memledger.h"
 #include "eng.h"
 #include "eng_llama.h"
 #include "ggml_qdot.h"
@@ -101,6 +102,20 @@ static int parse_list(const char *s, uint32_t *out, int max)
     return n;
 }
 
+#define BENCH_USAGE                                                                \
+    "usage: pd-eng-bench --model M.gguf [--model ...] [options]\n\n"                \
+    "Prefill and decode tokens/s of the llama engine on GGUF models, with the\n"     \
+    "machine's memory bandwidth (copy, read) and each step's share of the\n"        \
+    "read-only roofline. PD_QDOT=scalar|avx2|vnni|amx|off caps the integer dot.\n\n"\
+    "  --model M.gguf     a model (repeatable, up to 8)\n"                          \
+    "  --threads N        engine threads (default: the CPUs it may use)\n"          \
+    "  --batches 1,8,32   decode batch sizes\n"                                     \
+    "  --prefill N        prompt tokens of the prefill run (default 128)\n"         \
+    "  --steps N          decode steps per batch size (default 8)\n"               \
+    "  --ctx N            context each decode sequence starts from (default 64)\n"  \
+    "  --amx-min N        smallest batch on AMX tiles (default 16)\n"              \
+    "  --help             this text\n"
+
 int main(int argc, char **argv)
 {
     const char *models[BENCH_MAX_MODELS];
@@ -116,6 +131,7 @@ int main(int argc, char **argv)
         { "steps", required_argument, NULL, 's' },
         { "ctx", required_argument, NULL, 'c' },
         { "amx-min", required_argument, NULL, 'a' },
+        { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
     int c;
@@ -129,7 +145,7 @@ int main(int argc, char **argv)
         case 'b':
             n_batches = parse_list(optarg, batches, BENCH_MAX_BATCHES);
             if (n_batches <= 0) {
-                fprintf(stderr, "eng-bench: bad --batches\n");
+                fprintf(stderr, "pd-eng-bench: bad --batches\n");
                 return 2;
             }
             break;
@@ -137,19 +153,20 @@ int main(int argc, char **argv)
         case 's': steps = (uint32_t)atoi(optarg); break;
         case 'c': ctx = (uint32_t)atoi(optarg); break;
         case 'a': eng_ll_amx_min_g = (uint32_t)atoi(optarg); break;
+        case 'h':
+            fputs(BENCH_USAGE, stdout);
+            return 0;
         default:
-            fprintf(stderr, "usage: eng-bench --model M.gguf [--model ...] [--threads N] "
-                            "[--batches 1,8,32] [--prefill 128] [--steps 8] [--ctx 64] "
-                            "[--amx-min 16]\n");
+            fputs(BENCH_USAGE, stderr);
             return 2;
         }
     }
     if (n_models == 0 || prefill_n == 0 || steps == 0) {
-        fprintf(stderr, "eng-bench: need --model\n");
+        fprintf(stderr, "pd-eng-bench: need --model\n");
         return 2;
     }
     if (threads == 0)
-        threads = (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
+        threads = pd_cpu_budget(NULL, NULL);
 
     eng_ll_pool_t *pool;
     if (eng_ll_pool_create(threads, &pool) != PD_OK)
@@ -191,7 +208,7 @@ int main(int argc, char **argv)
         char err[256] = "";
         pd_status_t st = ops->load(&lo, &m, err, sizeof(err));
         if (st != PD_OK) {
-            fprintf(stderr, "eng-bench: %s: %s (%s)\n", models[mi], pd_status_str(st), err);
+            fprintf(stderr, "pd-eng-bench: %s: %s (%s)\n", models[mi], pd_status_str(st), err);
             return 1;
         }
         eng_llama_info_t info;
@@ -199,7 +216,7 @@ int main(int argc, char **argv)
         const eng_kv_geom_t *g = ops->geometry(m);
         uint32_t need = (prefill_n > ctx + steps + 1 ? prefill_n : ctx + steps + 1);
         if (need > g->context_length) {
-            fprintf(stderr, "eng-bench: context too short\n");
+            fprintf(stderr, "pd-eng-bench: context too short\n");
             return 1;
         }
         uint32_t nb_seq = (need + g->block_tokens - 1) / g->block_tokens;
@@ -210,7 +227,7 @@ int main(int argc, char **argv)
         int32_t *toks = malloc(prefill_n * sizeof(*toks));
         eng_decode_item_t *items = malloc(maxb * sizeof(*items));
         if (!arena || !bt || !logits || !toks || !items) {
-            fprintf(stderr, "eng-bench: out of memory\n");
+            fprintf(stderr, "pd-eng-bench: out of memory\n");
             return 1;
         }
         for (uint32_t i = 0; i < n_blocks; i++)

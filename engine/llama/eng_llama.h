@@ -4,7 +4,7 @@
  *
  * Use it through eng_find("llama") (eng.h). This header adds the ops table
  * symbol and a read-only description of a loaded model for tools
- * (pd-run, eng-bench). */
+ * (pd-run, pd-eng-bench). */
 #ifndef ENG_LLAMA_H
 #define ENG_LLAMA_H
 

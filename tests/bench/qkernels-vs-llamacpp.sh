@@ -1,6 +1,6 @@
 #!/bin/sh
 # qkernels-vs-llamacpp.sh - issue 11's side-by-side: pdserve's llama engine
-# (build/engine/eng-bench) and llama.cpp (npm node-llama-cpp's prebuilt CPU
+# (build/engine/pd-eng-bench) and llama.cpp (npm node-llama-cpp's prebuilt CPU
 # build, offline, tests/engine/llama/node/llbench.mjs) on the same GGUF
 # files, alternating engine by engine, at each thread count:
 #   decode tok/s at batch 1 (fastest of 8 steps at position 64) and
@@ -32,8 +32,8 @@ while [ $# -gt 0 ]; do
 done
 src=$(cd "$(dirname "$0")/../.." && pwd)
 node_dir=$src/tests/engine/llama/node
-mk=$build/engine/gguf/pd-mkmodel bench=$build/engine/eng-bench
-[ -x "$mk" ] && [ -x "$bench" ] || { echo "build pd-mkmodel and eng-bench first ($build)" >&2; exit 1; }
+mk=$build/engine/gguf/pd-mkmodel bench=$build/engine/pd-eng-bench
+[ -x "$mk" ] && [ -x "$bench" ] || { echo "build pd-mkmodel and pd-eng-bench first ($build)" >&2; exit 1; }
 dir_=$node_dir
 ( dir=$dir_; . "$node_dir/install.sh" ) || { echo "node-llama-cpp not available" >&2; exit 1; }
 mkdir -p "$dir"

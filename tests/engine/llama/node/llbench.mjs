@@ -1,6 +1,6 @@
 // llbench.mjs MODEL THREADS [PREFILL] [STEPS] - llama.cpp (node-llama-cpp's
 // prebuilt CPU build, offline: getLlama({gpu: false, build: "never"})) timed
-// the way build/engine/eng-bench times pdserve: prefill of PREFILL tokens
+// the way build/engine/pd-eng-bench times pdserve: prefill of PREFILL tokens
 // (best of 3, history cleared each time) and batch-1 decode at position
 // PREFILL (the fastest of STEPS single-token steps). Prints one JSON line
 // {"prefill_tps": x, "decode_tps": y, "threads": t}. Used by
