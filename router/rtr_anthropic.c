@@ -58,21 +58,8 @@ static bool cache_control_ok(actx_t *c, const cJSON *blk, const char *where)
 
 static bool buf_text(actx_t *c, rtr_fd_buf_t *b, const char *s)
 {
-    size_t n = strlen(s);
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (p == NULL)
-            return nomem(c);
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-    return true;
+    pd_sbuf_append(b, s, strlen(s));
+    return !b->failed || nomem(c);
 }
 
 /* A {"type":"text","text":...} block (cache_control, citations: null or []). */
@@ -192,16 +179,16 @@ static bool tool_result(actx_t *c, const cJSON *b, const char *w, cJSON *msgs)
     }
     if (!cache_control_ok(c, b, w))
         return false;
-    rtr_fd_buf_t t = { 0 };
+    rtr_fd_buf_t t = PD_SBUF_INIT;
     /* an error result says so in its text: the chat templates have no flag */
     bool ok = buf_text(c, &t, cJSON_IsTrue(ie) ? "Error: " : "");
     snprintf(p, sizeof(p), "%s.content", w);
     ok = ok && text_content(c, cJSON_GetObjectItemCaseSensitive(b, "content"), p, &t);
     cJSON *m = ok ? chat_msg(msgs, "tool") : NULL;
     if (ok && (m == NULL || !cJSON_AddStringToObject(m, "tool_call_id", id->valuestring) ||
-               !cJSON_AddStringToObject(m, "content", t.p)))
+               !cJSON_AddStringToObject(m, "content", t.buf)))
         ok = nomem(c);
-    free(t.p);
+    free(t.buf);
     return ok;
 }
 
@@ -244,7 +231,7 @@ static bool tr_messages(actx_t *c, const cJSON *ms, cJSON *msgs)
         }
         if (!cJSON_IsArray(ct))
             return bad(c, p, "must be a string or an array of content blocks");
-        rtr_fd_buf_t text = { 0 };
+        rtr_fd_buf_t text = PD_SBUF_INIT;
         bool have_text = false, had_result = false, ok = true;
         cJSON *calls = asst ? cJSON_CreateArray() : NULL;
         if (asst && calls == NULL)
@@ -270,10 +257,12 @@ static bool tr_messages(actx_t *c, const cJSON *ms, cJSON *msgs)
             } else if (strcmp(ty, "tool_result") == 0 && !asst) {
                 if (have_text) { /* the text before it is a turn of its own */
                     cJSON *o = chat_msg(msgs, "user");
-                    ok = o != NULL && cJSON_AddStringToObject(o, "content", text.p) != NULL;
+                    ok = o != NULL && cJSON_AddStringToObject(o, "content", text.buf) != NULL;
                     if (!ok)
                         nomem(c);
-                    text.len = 0;
+                    text.len = 0; /* reuse: the next block starts empty */
+                    if (text.buf != NULL)
+                        text.buf[0] = '\0';
                     have_text = false;
                 }
                 ok = ok && tool_result(c, b, bw, msgs);
@@ -298,7 +287,7 @@ static bool tr_messages(actx_t *c, const cJSON *ms, cJSON *msgs)
             cJSON *o = chat_msg(msgs, "assistant");
             bool has_calls = cJSON_GetArraySize(calls) > 0;
             ok = o != NULL &&
-                 (have_text ? cJSON_AddStringToObject(o, "content", text.p) != NULL
+                 (have_text ? cJSON_AddStringToObject(o, "content", text.buf) != NULL
                   : has_calls ? cJSON_AddNullToObject(o, "content") != NULL
                               : cJSON_AddStringToObject(o, "content", "") != NULL);
             if (ok && has_calls) {
@@ -309,12 +298,12 @@ static bool tr_messages(actx_t *c, const cJSON *ms, cJSON *msgs)
                 nomem(c);
         } else if (ok && (have_text || !had_result)) {
             cJSON *o = chat_msg(msgs, "user");
-            ok = o != NULL && cJSON_AddStringToObject(o, "content", text.p ? text.p : "");
+            ok = o != NULL && cJSON_AddStringToObject(o, "content", text.buf ? text.buf : "");
             if (!ok)
                 nomem(c);
         }
         cJSON_Delete(calls);
-        free(text.p);
+        free(text.buf);
         if (!ok)
             return false;
         i++;
@@ -523,12 +512,12 @@ pd_status_t rtr_anth_parse(const char *body, size_t len, const rtr_oai_limits_t 
     ok = ok && rtr_fd_keys(err, root, count_only ? count_keys : keys, "");
     const cJSON *sys = cJSON_GetObjectItemCaseSensitive(root, "system");
     if (ok && sys != NULL && !cJSON_IsNull(sys)) {
-        rtr_fd_buf_t t = { 0 };
+        rtr_fd_buf_t t = PD_SBUF_INIT;
         ok = text_content(&c, sys, "system", &t);
         cJSON *m = ok ? chat_msg(msgs, "system") : NULL;
-        if (ok && (m == NULL || !cJSON_AddStringToObject(m, "content", t.p)))
+        if (ok && (m == NULL || !cJSON_AddStringToObject(m, "content", t.buf)))
             ok = nomem(&c);
-        free(t.p);
+        free(t.buf);
     }
     ok = ok && tr_messages(&c, cJSON_GetObjectItemCaseSensitive(root, "messages"), msgs);
     const cJSON *tl = cJSON_GetObjectItemCaseSensitive(root, "tools");
@@ -701,7 +690,7 @@ static cJSON *typed(const char *type)
 static char *anth_stream_head(rtr_fd_stream_t *st, const rtr_fd_answer_t *a)
 {
     (void)st;
-    rtr_fd_buf_t b = { 0 };
+    rtr_fd_buf_t b = PD_SBUF_INIT;
     cJSON *e = typed("message_start");
     cJSON_AddItemToObject(e, "message", message_object(a));
     rtr_fd_event(&b, "message_start", e);
@@ -712,7 +701,7 @@ static char *anth_stream_text(rtr_fd_stream_t *st, const rtr_fd_answer_t *a, con
                               size_t len)
 {
     (void)a;
-    rtr_fd_buf_t b = { 0 };
+    rtr_fd_buf_t b = PD_SBUF_INIT;
     if (!st->text_open) {
         st->text_open = true;
         cJSON *e = typed("content_block_start");
@@ -740,7 +729,7 @@ static void block_stop(rtr_fd_buf_t *b, rtr_fd_stream_t *st)
 
 static char *anth_stream_end(rtr_fd_stream_t *st, const rtr_fd_answer_t *a)
 {
-    rtr_fd_buf_t b = { 0 };
+    rtr_fd_buf_t b = PD_SBUF_INIT;
     if (st->text_open) {
         st->text_open = false;
         block_stop(&b, st);
@@ -773,7 +762,7 @@ static char *anth_stream_error(rtr_fd_stream_t *st, const rtr_fd_answer_t *a,
 {
     (void)st;
     (void)a;
-    rtr_fd_buf_t b = { 0 };
+    rtr_fd_buf_t b = PD_SBUF_INIT;
     rtr_fd_event(&b, "error", error_object(err));
     return rtr_fd_buf_take(&b);
 }

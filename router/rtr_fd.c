@@ -29,27 +29,6 @@ void rtr_fd_stream_free(rtr_fd_stream_t *st)
     memset(st, 0, sizeof(*st));
 }
 
-static void buf_add(rtr_fd_buf_t *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 512;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (p == NULL) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
 char *rtr_fd_print(cJSON *o)
 {
     if (o == NULL)
@@ -63,27 +42,16 @@ void rtr_fd_event(rtr_fd_buf_t *b, const char *type, cJSON *data)
 {
     char *j = rtr_fd_print(data); /* compact: no newline inside */
     if (j == NULL) {
-        b->oom = true;
+        b->failed = 1;
         return;
     }
-    buf_add(b, "event: ", 7);
-    buf_add(b, type, strlen(type));
-    buf_add(b, "\ndata: ", 7);
-    buf_add(b, j, strlen(j));
-    buf_add(b, "\n\n", 2);
+    pd_sbuf_printf(b, "event: %s\ndata: %s\n\n", type, j);
     cJSON_free(j);
 }
 
 char *rtr_fd_buf_take(rtr_fd_buf_t *b)
 {
-    if (b->oom) {
-        free(b->p);
-        memset(b, 0, sizeof(*b));
-        return NULL;
-    }
-    char *p = b->p != NULL ? b->p : calloc(1, 1);
-    memset(b, 0, sizeof(*b));
-    return p;
+    return pd_sbuf_finish(b, NULL);
 }
 
 void rtr_fd_text_keep(rtr_fd_stream_t *st, const char *text, size_t len)

@@ -12,6 +12,7 @@
 #ifndef RTR_FD_H
 #define RTR_FD_H
 
+#include "pd_sbuf.h"
 #include "rtr_openai.h"
 
 /* What the flow knows of an answer when it renders one. */
@@ -66,12 +67,9 @@ const rtr_fd_api_t *rtr_fd_api(rtr_api_t api);
 /* ---- shared by rtr_anthropic.c and rtr_responses.c ------------------------ */
 struct cJSON;
 
-/* Events into a growing buffer; a failed allocation sticks (take -> NULL). */
-typedef struct {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} rtr_fd_buf_t;
+/* Events into a growing buffer: common's string builder (a failed
+ * allocation sticks: take -> NULL). */
+typedef pd_sbuf_t rtr_fd_buf_t;
 /* "event: type\ndata: <data printed>\n\n"; data is consumed. */
 void rtr_fd_event(rtr_fd_buf_t *b, const char *type, struct cJSON *data);
 char *rtr_fd_buf_take(rtr_fd_buf_t *b);

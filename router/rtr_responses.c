@@ -37,21 +37,8 @@ static bool nomem(rctx_t *c)
 
 static bool buf_text(rctx_t *c, rtr_fd_buf_t *b, const char *s)
 {
-    size_t n = strlen(s);
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (p == NULL)
-            return nomem(c);
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-    return true;
+    pd_sbuf_append(b, s, strlen(s));
+    return !b->failed || nomem(c);
 }
 
 /* Content: a string or an array of input_text / output_text parts. */
@@ -138,13 +125,13 @@ static bool tr_input(rctx_t *c, const cJSON *in, cJSON *msgs)
                 ok = ok || strcmp(role->valuestring, roles[k]) == 0;
             if (!ok)
                 return bad(c, p, "must be \"user\", \"assistant\", \"system\" or \"developer\"");
-            rtr_fd_buf_t text = { 0 };
+            rtr_fd_buf_t text = PD_SBUF_INIT;
             snprintf(p, sizeof(p), "%s.content", w);
             ok = parts_text(c, cJSON_GetObjectItemCaseSensitive(it, "content"), p, &text);
             cJSON *m = ok ? chat_msg(msgs, role->valuestring) : NULL;
-            if (ok && (m == NULL || !cJSON_AddStringToObject(m, "content", text.p)))
+            if (ok && (m == NULL || !cJSON_AddStringToObject(m, "content", text.buf)))
                 ok = nomem(c);
-            free(text.p);
+            free(text.buf);
             if (!ok)
                 return false;
             asst = strcmp(role->valuestring, "assistant") == 0 ? m : NULL;
@@ -196,14 +183,14 @@ static bool tr_input(rctx_t *c, const cJSON *in, cJSON *msgs)
             snprintf(p, sizeof(p), "%s.call_id", w);
             if (!cJSON_IsString(id) || strlen(id->valuestring) > 256)
                 return bad(c, p, "must be a string of at most 256 bytes");
-            rtr_fd_buf_t text = { 0 };
+            rtr_fd_buf_t text = PD_SBUF_INIT;
             snprintf(p, sizeof(p), "%s.output", w);
             bool ok = parts_text(c, cJSON_GetObjectItemCaseSensitive(it, "output"), p, &text);
             cJSON *m = ok ? chat_msg(msgs, "tool") : NULL;
             if (ok && (m == NULL || !cJSON_AddStringToObject(m, "tool_call_id", id->valuestring) ||
-                       !cJSON_AddStringToObject(m, "content", text.p)))
+                       !cJSON_AddStringToObject(m, "content", text.buf)))
                 ok = nomem(c);
-            free(text.p);
+            free(text.buf);
             if (!ok)
                 return false;
             asst = NULL;
@@ -670,7 +657,7 @@ static void ev_item_ref(cJSON *e, const char *item_id, uint32_t output_index)
 
 static char *resp_stream_head(rtr_fd_stream_t *st, const rtr_fd_answer_t *a)
 {
-    rtr_fd_buf_t b = { 0 };
+    rtr_fd_buf_t b = PD_SBUF_INIT;
     cJSON *e = ev_new(st, "response.created");
     cJSON_AddItemToObject(e, "response", response_object(a, "in_progress", NULL));
     rtr_fd_event(&b, "response.created", e);
@@ -699,7 +686,7 @@ static void open_message(rtr_fd_buf_t *b, rtr_fd_stream_t *st, const rtr_fd_answ
 static char *resp_stream_text(rtr_fd_stream_t *st, const rtr_fd_answer_t *a, const char *text,
                               size_t len)
 {
-    rtr_fd_buf_t b = { 0 };
+    rtr_fd_buf_t b = PD_SBUF_INIT;
     if (!st->text_open)
         open_message(&b, st, a);
     char id[96];
@@ -716,7 +703,7 @@ static char *resp_stream_text(rtr_fd_stream_t *st, const rtr_fd_answer_t *a, con
 
 static char *resp_stream_end(rtr_fd_stream_t *st, const rtr_fd_answer_t *a)
 {
-    rtr_fd_buf_t b = { 0 };
+    rtr_fd_buf_t b = PD_SBUF_INIT;
     bool message = st->text_open || a->calls.n == 0;
     if (message && !st->text_open)
         open_message(&b, st, a); /* an empty answer is an empty message */
@@ -777,7 +764,7 @@ static char *resp_stream_end(rtr_fd_stream_t *st, const rtr_fd_answer_t *a)
 static char *resp_stream_error(rtr_fd_stream_t *st, const rtr_fd_answer_t *a,
                                const rtr_oai_error_t *err)
 {
-    rtr_fd_buf_t b = { 0 };
+    rtr_fd_buf_t b = PD_SBUF_INIT;
     cJSON *e = ev_new(st, "response.failed");
     cJSON_AddItemToObject(e, "response", response_object(a, "failed", err));
     rtr_fd_event(&b, "response.failed", e);
