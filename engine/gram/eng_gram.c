@@ -67,7 +67,10 @@ typedef struct {
     uint32_t key;     /* N_LIT node: "name": */
     uint32_t val;     /* value node */
     uint32_t tail;    /* shortest bytes for this and the later properties:
-                         keys, values and the commas between them */
+                         the required ones' keys, values and the commas
+                         between them */
+    uint32_t cnt;     /* required properties from this one on */
+    bool opt;         /* not in 'required': may be left out */
 } gprop_t;
 
 struct eng_gram {
@@ -1661,8 +1664,20 @@ static uint32_t comp_type(comp_t *c, const cJSON *s, const char *type, uint32_t 
             return 0;
         }
         uint32_t keys[256], vals[256], i = 0;
+        bool opt[256];
+        /* with minProperties/maxProperties every declared property is emitted */
+        bool counted = cJSON_GetObjectItemCaseSensitive(s, "minProperties") != NULL ||
+                       cJSON_GetObjectItemCaseSensitive(s, "maxProperties") != NULL;
         const cJSON *p;
         cJSON_ArrayForEach(p, props) {
+            opt[i] = false;
+            if (!counted) {
+                bool in = false;
+                const cJSON *r;
+                cJSON_ArrayForEach(r, req)
+                    in |= cJSON_IsString(r) && strcmp(r->valuestring, p->string) == 0;
+                opt[i] = !in;
+            }
             cJSON *ks = cJSON_CreateString(p->string);
             if (!ks) {
                 cfail(c, PD_ERR_NO_MEMORY, "out of memory");
@@ -1699,7 +1714,7 @@ static uint32_t comp_type(comp_t *c, const cJSON *s, const char *type, uint32_t 
             return 0;
         }
         for (uint32_t j = 0; j < np; j++)
-            g->props[g->n_props + j] = (gprop_t){ keys[j], vals[j] };
+            g->props[g->n_props + j] = (gprop_t){ keys[j], vals[j], 0, 0, opt[j] };
         uint32_t id = new_node(c, N_OBJ, np, g->n_props);
         g->n_props += np;
         return id;
@@ -2036,12 +2051,16 @@ static uint32_t node_min(eng_gram_t *g, gnode_t *nd)
     }
     case N_REF: m = nd->a ? g->nodes[nd->a].min : UINT32_MAX; break;
     case N_OBJ: {
-        uint32_t t = 0;
+        uint32_t t = 0, cnt = 0;
         for (uint32_t k = nd->n; k-- > 0;) {
             gprop_t *p = &g->props[nd->a + k];
-            t = sat_add(sat_add(t, k + 1 < nd->n ? 1 : 0),
-                        sat_add(g->nodes[p->key].min, g->nodes[p->val].min));
+            if (!p->opt) {
+                t = sat_add(sat_add(t, cnt ? 1 : 0),
+                            sat_add(g->nodes[p->key].min, g->nodes[p->val].min));
+                cnt++;
+            }
             p->tail = t;
+            p->cnt = cnt;
         }
         m = sat_add(t, 2);
         break;
@@ -2073,6 +2092,8 @@ static uint32_t node_sdep(eng_gram_t *g, const gnode_t *nd)
     case N_OBJ:
         for (uint32_t k = 0; k < nd->n; k++) {
             const gprop_t *p = &g->props[nd->a + k];
+            if (p->opt)
+                continue; /* taken only when it fits (feed_obj) */
             uint32_t t = sat_add(1, g->nodes[p->val].sdep);
             if (t > d)
                 d = t;
@@ -2169,8 +2190,8 @@ static void analyze(comp_t *c, const grule_t *rules, uint32_t n_rules)
                   "finite sentence");
         else
             cfail(c, PD_ERR_BAD_INPUT, "the recursion never ends: no finite output matches (a "
-                  "schema emits every declared property: end a recursion with null or an "
-                  "array)");
+                  "recursion through required properties only: end it with an optional "
+                  "property, null or an array)");
         return;
     }
     if (rt->sdep > ENG_GRAM_MAX_STACK) {
@@ -2791,17 +2812,20 @@ static feed_t feed_arr(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t 
 }
 
 /* A schema object: its properties in order. */
+#define PH_EMIT 0x40u  /* N_OBJ: a property was written (the next needs a ',') */
+
 static feed_t feed_obj(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t *nd,
                        uint8_t b, set_t *out)
 {
-    switch (f->phase) {
+    uint8_t em = f->phase & PH_EMIT;
+    switch (f->phase & ~PH_EMIT) {
     case O_OPEN:
         if (b != '{')
             return FEED_DONE;
         f->phase = O_NEXT;
         set_add(out, c);
         return FEED_DONE;
-    case O_NEXT:
+    case O_NEXT: {
         if (f->aux == nd->n) {
             if (b != '}')
                 return FEED_DONE;
@@ -2809,22 +2833,35 @@ static feed_t feed_obj(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t 
             set_add(out, c);
             return FEED_DONE;
         }
-        if (f->aux > 0) {
+        const gprop_t *p = &g->props[nd->a + f->aux];
+        if (p->opt) { /* left out: the same byte goes to the next property */
+            cfg_t k;
+            k.n = c->n;
+            k.num = c->num;
+            memcpy(k.f, c->f, c->n * sizeof(frame_t));
+            k.f[k.n - 1].aux++;
+            feed_cfg(g, &k, b, out);
+            /* taken only if its value's shallowest completion fits */
+            if (c->n + g->nodes[p->val].sdep > ENG_GRAM_MAX_STACK)
+                return FEED_DONE;
+        }
+        if (em) {
             if (b != ',')
                 return FEED_DONE;
-            f->phase = O_KEY;
+            f->phase = O_KEY | PH_EMIT;
             set_add(out, c);
             return FEED_DONE;
         }
+    }
         /* fall through */
     case O_KEY:
-        f->phase = O_VAL;
+        f->phase = O_VAL | PH_EMIT;
         if (!push(g, c, g->props[nd->a + f->aux].key, f->depth))
             return FEED_DONE;
         return FEED_NEXT;
     case O_VAL: {
         uint32_t v = g->props[nd->a + f->aux].val;
-        f->phase = O_NEXT;
+        f->phase = O_NEXT | PH_EMIT;
         f->aux++;
         if (!push(g, c, v, f->depth))
             return FEED_DONE;
@@ -3072,19 +3109,22 @@ static uint32_t frame_rest(const eng_gram_t *g, const frame_t *f, uint64_t num)
         }
     case N_OBJ: {
         uint32_t i = f->aux;
-        switch (f->phase) {
+        bool em = (f->phase & PH_EMIT) != 0;
+        /* after property i was written: the later required ones, '}' */
+        const gprop_t *nx = i + 1 < nd->n ? &g->props[nd->a + i + 1] : NULL;
+        uint32_t after = nx && nx->cnt ? sat_add(nx->tail, 2) : 1;
+        switch (f->phase & ~PH_EMIT) {
         case O_OPEN: return nd->min;
         case O_NEXT:
-            if (i >= nd->n)
+            if (i >= nd->n || g->props[nd->a + i].cnt == 0)
                 return 1;
-            return sat_add(g->props[nd->a + i].tail, i > 0 ? 2 : 1);
-        case O_KEY:
-            return sat_add(g->props[nd->a + i].tail, 1);
-        case O_VAL: {
-            /* the key is done: this value, the later properties, '}' */
+            return sat_add(g->props[nd->a + i].tail, em ? 2 : 1);
+        case O_KEY: {
             const gprop_t *p = &g->props[nd->a + i];
-            return sat_add(p->tail - g->nodes[p->key].min, 1);
+            return sat_add(sat_add(g->nodes[p->key].min, g->nodes[p->val].min), after);
         }
+        case O_VAL: /* the key is done: this value, then the rest */
+            return sat_add(g->nodes[g->props[nd->a + i].val].min, after);
         }
         return 1;
     }

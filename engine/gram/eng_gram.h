@@ -14,8 +14,8 @@
  * decode daemon that compile the same schema and feed the same tokens hold
  * identical states (that is how the constraint crosses the P->D hand-off).
  *
- * Output shape: no whitespace between tokens; a schema object emits every
- * declared property, in declaration order; integers have at most 15
+ * Output shape: no whitespace between tokens; a schema object emits its required
+ * properties and any of the others, in declaration order; integers have at most 15
  * digits (19 with bounds), numbers at most 15 integer/fraction digits and 2 exponent digits,
  * so every value parses to a finite IEEE double.
  *

@@ -703,8 +703,8 @@ static void test_response_format(void **state)
     }
     expect_bad(H, SCH("{\"type\":\"array\"}"), 400, "response_format", "unsupported_schema");
     /* a recursion with no end (every property is emitted) */
-    expect_bad(H, SCH("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}}}"), 400,
-               "response_format", "unsupported_schema");
+    expect_bad(H, SCH("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},"
+                      "\"required\":[\"a\"]}"), 400, "response_format", "unsupported_schema");
     /* a recursive tree is accepted (refused before rules) */
     assert_int_equal(parse(H, SCH("{\"type\":\"object\",\"properties\":{\"v\":{\"type\":"
                                   "\"integer\"},\"kids\":{\"type\":\"array\",\"items\":"

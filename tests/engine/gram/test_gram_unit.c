@@ -570,8 +570,9 @@ static void test_refusals(void **state)
     expect_refused("{\"type\":\"object\",\"properties\":{},\"required\":[\"x\"]}",
                    PD_ERR_BAD_INPUT, "required");
     expect_refused("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/n\"}},"
-                   "\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"k\":"
-                   "{\"$ref\":\"#/$defs/n\"}}}}}", PD_ERR_BAD_INPUT, "never ends");
+                   "\"required\":[\"a\"],\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":"
+                   "{\"k\":{\"$ref\":\"#/$defs/n\"}},\"required\":[\"k\"]}}}", PD_ERR_BAD_INPUT,
+                   "never ends");
     expect_refused("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/zz\"}}}",
                    PD_ERR_BAD_INPUT, "$ref");
     expect_refused("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"date\"}}}",
@@ -714,6 +715,11 @@ static void test_recursive_ref(void **state)
     check_schema_budget(TREE, 5, 0);
     check_schema_budget(TREE, 20, 400);
     check_schema(LIST, 15);
+    /* a recursion through a property not in 'required' (zod's .optional()):
+     * the property may be left out, so it ends */
+    check_schema("{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
+                 "\"next\":{\"$ref\":\"#\"},\"tag\":{\"type\":\"string\",\"maxLength\":3}},"
+                 "\"required\":[\"v\"],\"additionalProperties\":false}", 15);
 }
 
 /* At the stack cap the grammar refuses to nest deeper but can still close:

@@ -297,8 +297,8 @@ const checks = {
     await expect400({ response_format: { type: 'json_schema', json_schema: { name: 'x',
       schema: { type: 'array' } } } }, 'response_format', 'root');
     await expect400({ response_format: { type: 'json_schema', json_schema: { name: 'x',
-      schema: { type: 'object', properties: { a: { $ref: '#/$defs/n' } },
-        $defs: { n: { type: 'object', properties: { k: { $ref: '#/$defs/n' } } } } } } } },
+      schema: { type: 'object', properties: { a: { $ref: '#/$defs/n' } }, required: ['a'],
+        $defs: { n: { type: 'object', properties: { k: { $ref: '#/$defs/n' } }, required: ['k'] } } } } } },
     'response_format', 'never ends');
     await expect400({ grammar: 'root ::= root "a" | "b"' }, 'grammar', 'left recursion');
     await expect400({ guided_regex: '(?<=a)b' }, 'guided_regex', 'lookaround');
