@@ -733,8 +733,8 @@ static bool check_unsupported(parse_ctx_t *pc, const cJSON *root, rtr_api_t api,
         memcpy(req->cache_salt, salt->valuestring, strlen(salt->valuestring) + 1);
         req->cache_salt_set = true;
     }
-    const cJSON *rf = api == RTR_API_CHAT ? cJSON_GetObjectItemCaseSensitive(root, "response_format")
-                                          : NULL;
+    const cJSON *rf = api == RTR_API_CHAT
+                          ? cJSON_GetObjectItemCaseSensitive(root, "response_format") : NULL;
     if (rf != NULL && !cJSON_IsNull(rf) && !parse_response_format(pc, rf, req))
         return false;
     if (!parse_guided(pc, root, req))

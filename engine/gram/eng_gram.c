@@ -428,11 +428,14 @@ static const struct {
     const char *name;
     const char *re;
 } re_formats[] = {
-    { "hostname", "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?(\\.[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?){0,3}" },
-    { "ipv4", "(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)(\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)){3}" },
+    { "hostname",
+      "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?(\\.[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?){0,3}" },
+    { "ipv4",
+      "(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)(\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)){3}" },
     { "ipv6", "([0-9a-f]{1,4}:){7}[0-9a-f]{1,4}|::([0-9a-f]{1,4})?" },
-    { "uri", "https?://[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?(\\.[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?){0,3}"
-             "(/[A-Za-z0-9._~-]{0,32}){0,8}" },
+    { "uri",
+      "https?://[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?(\\.[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?){0,3}"
+      "(/[A-Za-z0-9._~-]{0,32}){0,8}" },
     { "duration", "P\\d{1,4}D|P\\d{1,4}W|P(\\d{1,4}Y)?(\\d{1,2}M)?\\d{1,2}DT\\d{1,2}H|"
                   "PT\\d{1,4}H(\\d{1,2}M)?(\\d{1,2}S)?|PT\\d{1,4}[MS]" },
 };
@@ -569,7 +572,8 @@ static uint32_t rep_node(comp_t *c, uint32_t child, int64_t lo, int64_t hi)
 {
     if (c->st != PD_OK)
         return 0;
-    if (lo > (int64_t)ENG_GRAM_MAX_REPEAT || (hi != INT64_MAX && hi > (int64_t)ENG_GRAM_MAX_REPEAT)) {
+    const int64_t cap = ENG_GRAM_MAX_REPEAT;
+    if (lo > cap || (hi != INT64_MAX && hi > cap)) {
         cfail(c, PD_ERR_TOO_BIG, "a repetition count above %u (ENG_GRAM_MAX_REPEAT)",
               ENG_GRAM_MAX_REPEAT);
         return 0;
