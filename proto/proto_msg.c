@@ -505,9 +505,9 @@ static pd_status_t check_sampling2(const proto_sampling_t *s)
             (s->logprobs || s->top_logprobs == 0), PD_ERR_BAD_INPUT);
     for (uint32_t i = 0; i < s->n_bias; i++)
         REQUIRE(s->bias_ids[i] >= 0 && f32_in(s->bias[i], -100.0f, 100.0f), PD_ERR_BAD_INPUT);
-    REQUIRE(s->gram_kind <= PROTO_GRAM_JSON_SCHEMA, PD_ERR_BAD_INPUT);
+    REQUIRE(s->gram_kind <= PROTO_GRAM_GBNF, PD_ERR_BAD_INPUT);
     REQUIRE(s->gram.len <= PROTO_MAX_GRAMMAR, PD_ERR_TOO_BIG);
-    REQUIRE((s->gram_kind == PROTO_GRAM_JSON_SCHEMA) == (s->gram.len > 0), PD_ERR_BAD_INPUT);
+    REQUIRE((s->gram_kind >= PROTO_GRAM_JSON_SCHEMA) == (s->gram.len > 0), PD_ERR_BAD_INPUT);
     return PD_OK;
 }
 

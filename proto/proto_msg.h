@@ -210,8 +210,8 @@ typedef struct {
     float bias[PROTO_MAX_LOGIT_BIAS];         /* finite, [-100, 100] */
     uint32_t logprobs;        /* 0 or 1: report each token's logprob */
     uint32_t top_logprobs;    /* <= PROTO_MAX_TOP_LOGPROBS alternatives; 0 if !logprobs */
-    /* Structured output (engine/gram): PROTO_GRAM_* and, for JSON_SCHEMA,
-     * the schema's JSON text (1..PROTO_MAX_GRAMMAR bytes; empty otherwise). */
+    /* Structured output (engine/gram): PROTO_GRAM_* and, for JSON_SCHEMA /
+     * REGEX / GBNF, the text (1..PROTO_MAX_GRAMMAR bytes; empty otherwise). */
     uint32_t gram_kind;
     proto_blob_t gram;
 } proto_sampling_t;
@@ -219,6 +219,8 @@ typedef struct {
 #define PROTO_GRAM_NONE        0u
 #define PROTO_GRAM_JSON_OBJECT 1u
 #define PROTO_GRAM_JSON_SCHEMA 2u
+#define PROTO_GRAM_REGEX       3u  /* the text is a regex (ECMA-262 subset, whole output) */
+#define PROTO_GRAM_GBNF        4u  /* the text is a GBNF grammar (rule root) */
 
 /* Per-token log-probabilities (TOKENS, PREFILL_DONE). Wire: u32 top_n,
  * u32 n, then n x (f32 logprob, top_n x (u32 id, f32 logprob)); every

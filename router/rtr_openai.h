@@ -34,6 +34,8 @@
 #define RTR_OAI_GRAM_NONE        0u  /* = PROTO_GRAM_* = ENG_GRAM_* */
 #define RTR_OAI_GRAM_JSON_OBJECT 1u
 #define RTR_OAI_GRAM_JSON_SCHEMA 2u
+#define RTR_OAI_GRAM_REGEX       3u  /* guided_regex, structured_outputs.regex */
+#define RTR_OAI_GRAM_GBNF        4u  /* grammar, guided_grammar, guided_choice (as GBNF) */
 
 typedef enum {
     RTR_API_COMPLETIONS = 0,  /* POST /v1/completions */
@@ -123,8 +125,9 @@ typedef struct {
     /* logprobs: chat logprobs/top_logprobs, completions logprobs = N */
     bool logprobs;
     uint32_t top_logprobs;           /* alternatives per token, <= 20 */
-    /* Structured output (response_format): RTR_OAI_GRAM_*; for JSON_SCHEMA
-     * the schema as compact JSON text (owned), compiled once to check it. */
+    /* Structured output (response_format, grammar, guided_*, structured_outputs):
+     * RTR_OAI_GRAM_*; for JSON_SCHEMA / REGEX / GBNF the text (owned),
+     * compiled once to check it. */
     uint32_t gram_kind;
     char *gram_schema;
     size_t gram_schema_len;

@@ -163,6 +163,9 @@ static const struct {
     { "reasoning_effort", API_CHAT },  { "modalities", API_CHAT },
     { "audio", API_CHAT },             { "prediction", API_CHAT },
     { "web_search_options", API_CHAT }, { "cache_salt", API_BOTH },
+    { "grammar", API_BOTH },           { "structured_outputs", API_BOTH },
+    { "guided_json", API_BOTH },       { "guided_regex", API_BOTH },
+    { "guided_choice", API_BOTH },     { "guided_grammar", API_BOTH },
 };
 
 static bool unsupported(parse_ctx_t *pc, const char *param, const char *why)
@@ -328,6 +331,170 @@ static bool parse_response_format(parse_ctx_t *pc, const cJSON *rf, rtr_oai_req_
     return true;
 }
 
+/* The other constrained forms, on the same engine: llama-server's "grammar"
+ * (GBNF), vLLM's guided_json / guided_regex / guided_choice /
+ * guided_grammar and structured_outputs {json | regex | choice | grammar}.
+ * One constraint per request. The text is compiled here (a 400 naming the
+ * field and the construct or cap) and crosses to the daemons as kind + text. */
+static bool set_gram(parse_ctx_t *pc, rtr_oai_req_t *req, uint32_t kind, const char *text,
+                     size_t len, const char *field)
+{
+    if (req->gram_kind != RTR_OAI_GRAM_NONE) {
+        char why[160];
+        snprintf(why, sizeof(why), "cannot be combined with another constraint "
+                 "(response_format, grammar, structured_outputs, guided_*)");
+        return unsupported(pc, field, why);
+    }
+    if (req->ignore_eos)
+        return unsupported(pc, "ignore_eos", "cannot be combined with a constrained output "
+                                             "(EOS ends it)");
+    if (req->min_tokens > 0)
+        return unsupported(pc, "min_tokens", "cannot be combined with a constrained output "
+                                             "(EOS must be allowed once it is complete)");
+    char why[256];
+    eng_gram_t *g = NULL;
+    pd_status_t st = eng_gram_compile((eng_gram_kind_t)kind, text, len, &g, why, sizeof(why));
+    eng_gram_free(g);
+    if (st == PD_ERR_NO_MEMORY) {
+        pc->status = st;
+        return false;
+    }
+    if (st != PD_OK) {
+        rtr_oai_error_set(pc->err, 400, INVALID, st == PD_ERR_TOO_BIG ? "grammar_too_large"
+                                                                        : "unsupported_grammar",
+                          field, "'%s': %s", field, why);
+        pc->status = PD_ERR_BAD_INPUT;
+        return false;
+    }
+    req->gram_schema = dup_n(text, len);
+    req->gram_schema_len = len;
+    if (req->gram_schema == NULL) {
+        pc->status = PD_ERR_NO_MEMORY;
+        return false;
+    }
+    req->gram_kind = kind;
+    return true;
+}
+
+/* guided_choice: the GBNF root ::= "a" | "b" | ... */
+static bool set_choice(parse_ctx_t *pc, rtr_oai_req_t *req, const cJSON *ch, const char *field)
+{
+    int n = cJSON_GetArraySize(ch);
+    if (!cJSON_IsArray(ch) || n < 1 || n > 256)
+        return bad(pc, field, "must be an array of 1 to 256 strings");
+    size_t cap = 16, len = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ch) {
+        if (!cJSON_IsString(e))
+            return bad(pc, field, "must be an array of 1 to 256 strings");
+        cap += strlen(e->valuestring) * 4 + 8;
+    }
+    if (cap > 65536)
+        return bad(pc, field, "is too large");
+    char *t = malloc(cap);
+    if (t == NULL) {
+        pc->status = PD_ERR_NO_MEMORY;
+        return false;
+    }
+    len += (size_t)snprintf(t, cap, "root ::= ");
+    bool first = true;
+    cJSON_ArrayForEach(e, ch) {
+        if (!first)
+            t[len++] = '|';
+        first = false;
+        t[len++] = '"';
+        for (const unsigned char *q = (const unsigned char *)e->valuestring; *q; q++) {
+            if (*q == '"' || *q == '\\') {
+                t[len++] = '\\';
+                t[len++] = (char)*q;
+            } else if (*q < 0x20) {
+                len += (size_t)snprintf(t + len, cap - len, "\\x%02x", *q);
+            } else {
+                t[len++] = (char)*q;
+            }
+        }
+        t[len++] = '"';
+    }
+    t[len] = '\0';
+    bool ok = set_gram(pc, req, RTR_OAI_GRAM_GBNF, t, len, field);
+    free(t);
+    return ok;
+}
+
+/* A JSON schema given as an object or as its JSON text (vLLM takes both). */
+static bool set_json(parse_ctx_t *pc, rtr_oai_req_t *req, const cJSON *js, const char *field)
+{
+    if (cJSON_IsString(js))
+        return set_gram(pc, req, RTR_OAI_GRAM_JSON_SCHEMA, js->valuestring,
+                        strlen(js->valuestring), field);
+    if (!cJSON_IsObject(js))
+        return bad(pc, field, "must be a JSON schema (an object, or its JSON text)");
+    char *text = cJSON_PrintUnformatted(js);
+    if (text == NULL) {
+        pc->status = PD_ERR_NO_MEMORY;
+        return false;
+    }
+    bool ok = set_gram(pc, req, RTR_OAI_GRAM_JSON_SCHEMA, text, strlen(text), field);
+    cJSON_free(text);
+    return ok;
+}
+
+static bool set_text(parse_ctx_t *pc, rtr_oai_req_t *req, const cJSON *it, uint32_t kind,
+                     const char *field)
+{
+    if (!cJSON_IsString(it) || it->valuestring[0] == '\0')
+        return bad(pc, field, "must be a non-empty string");
+    return set_gram(pc, req, kind, it->valuestring, strlen(it->valuestring), field);
+}
+
+static bool parse_guided(parse_ctx_t *pc, const cJSON *root, rtr_oai_req_t *req)
+{
+    const cJSON *it;
+#define PRESENT(name) ((it = cJSON_GetObjectItemCaseSensitive(root, name)) != NULL && \
+                       !cJSON_IsNull(it))
+    if (PRESENT("grammar") && !set_text(pc, req, it, RTR_OAI_GRAM_GBNF, "grammar"))
+        return false;
+    if (PRESENT("guided_json") && !set_json(pc, req, it, "guided_json"))
+        return false;
+    if (PRESENT("guided_regex") && !set_text(pc, req, it, RTR_OAI_GRAM_REGEX, "guided_regex"))
+        return false;
+    if (PRESENT("guided_choice") && !set_choice(pc, req, it, "guided_choice"))
+        return false;
+    if (PRESENT("guided_grammar") &&
+        !set_text(pc, req, it, RTR_OAI_GRAM_GBNF, "guided_grammar"))
+        return false;
+    if (PRESENT("structured_outputs")) {
+        if (!cJSON_IsObject(it))
+            return bad(pc, "structured_outputs", "must be an object");
+        const cJSON *so = it, *k;
+        cJSON_ArrayForEach(k, so) {
+            if (cJSON_IsNull(k))
+                continue;
+            if (strcmp(k->string, "json") == 0) {
+                if (!set_json(pc, req, k, "structured_outputs.json"))
+                    return false;
+            } else if (strcmp(k->string, "regex") == 0) {
+                if (!set_text(pc, req, k, RTR_OAI_GRAM_REGEX, "structured_outputs.regex"))
+                    return false;
+            } else if (strcmp(k->string, "choice") == 0) {
+                if (!set_choice(pc, req, k, "structured_outputs.choice"))
+                    return false;
+            } else if (strcmp(k->string, "grammar") == 0) {
+                if (!set_text(pc, req, k, RTR_OAI_GRAM_GBNF, "structured_outputs.grammar"))
+                    return false;
+            } else {
+                rtr_oai_error_set(pc->err, 400, INVALID, "unsupported_parameter",
+                                  "structured_outputs", "'structured_outputs.%.64s' is not "
+                                  "supported (json, regex, choice, grammar are)", k->string);
+                pc->status = PD_ERR_BAD_INPUT;
+                return false;
+            }
+        }
+    }
+#undef PRESENT
+    return true;
+}
+
 /* The grammar names a refused keyword by its JSON pointer in the call's
  * schema ("at /anyOf/3/properties/arguments/properties/age/minimum"):
  * make it the pointer in the tool's parameters ("at /properties/age/minimum"). */
@@ -470,7 +637,7 @@ static bool parse_tools(parse_ctx_t *pc, const cJSON *root, rtr_oai_req_t *req)
     /* forced: constrained like response_format, so the same rules */
     if (req->gram_kind != RTR_OAI_GRAM_NONE)
         return unsupported(pc, "tool_choice", "a forced call cannot be combined with "
-                                              "response_format");
+                                              "response_format, grammar or guided_*");
     if (req->ignore_eos || req->min_tokens > 0)
         return unsupported(pc, req->ignore_eos ? "ignore_eos" : "min_tokens",
                            "cannot be combined with a forced tool call (the call ends with EOS)");
@@ -566,11 +733,14 @@ static bool check_unsupported(parse_ctx_t *pc, const cJSON *root, rtr_api_t api,
         memcpy(req->cache_salt, salt->valuestring, strlen(salt->valuestring) + 1);
         req->cache_salt_set = true;
     }
-    if (api != RTR_API_CHAT)
-        return true;
-    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    const cJSON *rf = api == RTR_API_CHAT
+                          ? cJSON_GetObjectItemCaseSensitive(root, "response_format") : NULL;
     if (rf != NULL && !cJSON_IsNull(rf) && !parse_response_format(pc, rf, req))
         return false;
+    if (!parse_guided(pc, root, req))
+        return false;
+    if (api != RTR_API_CHAT)
+        return true;
     const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(root, "parallel_tool_calls");
     if (ptc != NULL && !cJSON_IsNull(ptc) && !cJSON_IsBool(ptc))
         return bad(pc, "parallel_tool_calls", "must be a boolean");

@@ -1,8 +1,9 @@
 /* eng_gram.h - grammar-constrained decoding for structured output.
  *
- * A JSON schema (the subset OpenAI's strict mode allows, plus integer
- * bounds, string lengths and formats, array sizes: docs/API.md's keyword
- * table) or "any JSON object" compiles to an immutable grammar (eng_gram_t). A per-sequence
+ * A JSON schema (docs/API.md's keyword table), "any JSON object", a regular
+ * expression (an ECMA-262 subset, whole output) or a GBNF grammar
+ * (llama.cpp's) compiles to an immutable rule graph (eng_gram_t): a $ref or
+ * a GBNF nonterminal is a call, so recursion works. A per-sequence
  * state (eng_gram_state_t) is a small set of pushdown configurations
  * walked one BYTE at a time; a token is allowed when every byte of its
  * piece walks. eng_gram_mask sets the logit of every token that cannot
@@ -13,14 +14,18 @@
  * decode daemon that compile the same schema and feed the same tokens hold
  * identical states (that is how the constraint crosses the P->D hand-off).
  *
- * Output shape: no whitespace between tokens; a schema object emits every
- * declared property, in declaration order; integers have at most 15
+ * Output shape: no whitespace between tokens; a schema object emits its required
+ * properties and any of the others, in declaration order; integers have at most 15
  * digits (19 with bounds), numbers at most 15 integer/fraction digits and 2 exponent digits,
  * so every value parses to a finite IEEE double.
  *
  * Caps (a client controls the schema): ENG_GRAM_MAX_SCHEMA_BYTES of text,
- * ENG_GRAM_MAX_DEPTH schema nesting (also bounds $ref expansion, so a
- * recursive $ref is refused), ENG_GRAM_MAX_NODES compiled nodes,
+ * ENG_GRAM_MAX_DEPTH schema nesting, ENG_GRAM_MAX_NODES compiled nodes,
+ * ENG_GRAM_MAX_RULES, ENG_GRAM_MAX_RANGES, ENG_GRAM_MAX_NEST, ENG_GRAM_MAX_REPEAT;
+ * recursion (a $ref cycle, a GBNF rule) is bounded by ENG_GRAM_MAX_STACK
+ * frames: a call is taken only when the shallowest completion of what it
+ * opens still fits, so at the cap the grammar closes instead of nesting
+ * deeper and the output stays valid,
  * ENG_GRAM_MAX_CONFIGS live configurations (anyOf branches), nesting of
  * free JSON (json_object) ENG_GRAM_ANY_DEPTH. */
 #ifndef ENG_GRAM_H
@@ -33,7 +38,11 @@
 
 #define ENG_GRAM_MAX_SCHEMA_BYTES 16384u
 #define ENG_GRAM_MAX_DEPTH 16u
-#define ENG_GRAM_MAX_NODES 1024u
+#define ENG_GRAM_MAX_NODES 8192u
+#define ENG_GRAM_MAX_RULES 1024u   /* GBNF rules */
+#define ENG_GRAM_MAX_RANGES 8192u  /* character-class ranges, bounds */
+#define ENG_GRAM_MAX_NEST 32u      /* regex / GBNF group nesting */
+#define ENG_GRAM_MAX_REPEAT 4096u  /* {m,n}: m and a bounded n */
 #define ENG_GRAM_MAX_CONFIGS 64u   /* = the router's tools per request: a forced call
                                        keeps every tool's branch alive */
 #define ENG_GRAM_MAX_ANYOF 64u
@@ -44,6 +53,8 @@ typedef enum {
     ENG_GRAM_NONE = 0,         /* unconstrained */
     ENG_GRAM_JSON_OBJECT = 1,  /* any JSON object (response_format json_object) */
     ENG_GRAM_JSON_SCHEMA = 2,  /* an object matching a JSON schema */
+    ENG_GRAM_REGEX = 3,        /* text matching a regex (whole output; vLLM guided_regex) */
+    ENG_GRAM_GBNF = 4,         /* text of a GBNF grammar's rule "root" (llama-server) */
 } eng_gram_kind_t;
 
 typedef struct eng_gram eng_gram_t;
@@ -51,7 +62,8 @@ typedef struct eng_gram_state eng_gram_state_t;
 typedef struct eng_gram_vocab eng_gram_vocab_t;
 
 /* Compile. kind JSON_OBJECT ignores schema; JSON_SCHEMA parses schema[0..len)
- * (root must be an object schema). On PD_ERR_BAD_INPUT / PD_ERR_TOO_BIG
+ * (root must be an object schema); REGEX / GBNF parse the text (at most
+ * ENG_GRAM_MAX_SCHEMA_BYTES; GBNF left recursion is refused). On PD_ERR_BAD_INPUT / PD_ERR_TOO_BIG
  * err (when not NULL) holds a message naming the offending keyword or cap.
  * PD_ERR_NO_MEMORY is the only other failure. */
 pd_status_t eng_gram_compile(eng_gram_kind_t kind, const char *schema, size_t len,

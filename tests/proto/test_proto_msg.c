@@ -665,9 +665,13 @@ static void test_sampling_tail(void **state)
         size_t tail = e - (16 + 4 + 2 * 8 + 8 + 8);
         assert_int_equal(get32(buf + e - 8), PROTO_GRAM_JSON_OBJECT);
         assert_int_equal(get32(buf + e - 4), 0);
-        put32(buf + e - 8, 3); /* unknown grammar kind */
+        put32(buf + e - 8, PROTO_GRAM_GBNF + 1); /* unknown grammar kind */
         assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
         put32(buf + e - 8, PROTO_GRAM_JSON_SCHEMA); /* a schema needs its text */
+        assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+        put32(buf + e - 8, PROTO_GRAM_REGEX); /* so do a regex and a grammar */
+        assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
+        put32(buf + e - 8, PROTO_GRAM_GBNF);
         assert_int_equal(decode_check(buf, len, &d), PD_ERR_BAD_INPUT);
         put32(buf + e - 8, PROTO_GRAM_JSON_OBJECT);
         put32(buf + e - 4, PROTO_MAX_GRAMMAR + 1);

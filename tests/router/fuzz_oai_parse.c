@@ -1,10 +1,14 @@
 /* Fuzz target: request bodies -> rtr_oai_parse (completions, chat) and the
  * front doors' parsers (Messages, count_tokens, Responses: rtr_fd.h), and
- * every accepted request's fields respect the limits. */
+ * every accepted request's fields respect the limits; an accepted grammar
+ * (schema, regex, GBNF) compiles the same way again (as a daemon would) and
+ * its state walks the input's bytes. */
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
+#include "eng_gram.h"
 #include "rtr_anthropic.h"
+#include "rtr_openai.h"
 #include "rtr_responses.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -43,6 +47,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 assert(req.stop_ids[i] >= 0 && (uint32_t)req.stop_ids[i] < lim.vocab_size);
             assert(req.top_logprobs <= RTR_OAI_MAX_TOP_LOGPROBS);
             assert(req.logprobs || req.top_logprobs == 0);
+            if (req.gram_kind >= RTR_OAI_GRAM_JSON_SCHEMA) {
+                assert(req.gram_schema_len > 0 && req.gram_schema_len <= ENG_GRAM_MAX_SCHEMA_BYTES);
+                eng_gram_t *g = NULL;
+                eng_gram_state_t *gs = NULL;
+                assert(eng_gram_compile((eng_gram_kind_t)req.gram_kind, req.gram_schema,
+                                        req.gram_schema_len, &g, NULL, 0) == PD_OK);
+                assert(eng_gram_state_create(g, &gs) == PD_OK);
+                for (size_t i = 0; i < size && i < 256; i++)
+                    (void)eng_gram_feed(gs, data + i, 1);
+                (void)eng_gram_complete(gs);
+                eng_gram_state_free(gs);
+                eng_gram_free(g);
+            }
             rtr_oai_req_free(&req);
         } else {
             assert(err.http_status >= 400 && err.http_status < 600);

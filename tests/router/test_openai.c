@@ -687,7 +687,7 @@ static void test_response_format(void **state)
 
 #define RF(x) HM "\"response_format\":" x "}"
 #define SCH(x) RF("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":" x "}}")
-    static const char *const kws[] = { "pattern", "format", "multipleOf", "oneOf", "allOf",
+    static const char *const kws[] = { "pattern", "format", "oneOf", "allOf",
                                        "not", "patternProperties", "uniqueItems", NULL };
     for (int i = 0; kws[i]; i++) {
         char body[512];
@@ -702,8 +702,15 @@ static void test_response_format(void **state)
             fail_msg("%s", err.message);
     }
     expect_bad(H, SCH("{\"type\":\"array\"}"), 400, "response_format", "unsupported_schema");
-    expect_bad(H, SCH("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}}}"), 400,
-               "response_format", "schema_too_large");
+    /* a recursion with no end (every property is emitted) */
+    expect_bad(H, SCH("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},"
+                      "\"required\":[\"a\"]}"), 400, "response_format", "unsupported_schema");
+    /* a recursive tree is accepted (refused before rules) */
+    assert_int_equal(parse(H, SCH("{\"type\":\"object\",\"properties\":{\"v\":{\"type\":"
+                                  "\"integer\"},\"kids\":{\"type\":\"array\",\"items\":"
+                                  "{\"$ref\":\"#\"}}},\"required\":[\"v\",\"kids\"]}"),
+                           &req, &err), PD_OK);
+    rtr_oai_req_free(&req);
     expect_bad(H, SCH("[]"), 400, "response_format", NULL);
     expect_bad(H, RF("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a b\","
                      "\"schema\":{\"type\":\"object\"}}}"), 400, "response_format", NULL);
@@ -725,10 +732,79 @@ static void test_response_format(void **state)
 #undef HM
 }
 
+/* llama-server's grammar, vLLM's guided_* and structured_outputs: each
+ * compiled here (a 400 names the field and the construct), carried as
+ * kind + text; one constraint per request; both endpoints. */
+static void test_guided(void **state)
+{
+    (void)state;
+    rtr_oai_req_t req;
+    rtr_oai_error_t err;
+    static const struct {
+        rtr_api_t api;
+        const char *body;
+        uint32_t kind;
+        const char *text;
+    } ok[] = {
+        { RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+          "\"grammar\":\"root ::= [a-z]+\"}", RTR_OAI_GRAM_GBNF, "root ::= [a-z]+" },
+        { RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"guided_regex\":\"\\\\d{3}\"}",
+          RTR_OAI_GRAM_REGEX, "\\d{3}" },
+        { RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+          "\"guided_choice\":[\"yes\",\"no \\\"way\\\"\"]}", RTR_OAI_GRAM_GBNF,
+          "root ::= \"yes\"|\"no \\\"way\\\"\"" },
+        { RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+          "\"guided_json\":{\"type\":\"object\"}}", RTR_OAI_GRAM_JSON_SCHEMA,
+          "{\"type\":\"object\"}" },
+        { RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"guided_json\":\"{\\\"type\\\":\\\"object\\\"}\"}",
+          RTR_OAI_GRAM_JSON_SCHEMA, "{\"type\":\"object\"}" },
+        { RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+          "\"guided_grammar\":\"root ::= \\\"a\\\" root?\"}", RTR_OAI_GRAM_GBNF,
+          "root ::= \"a\" root?" },
+        { RTR_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+          "\"structured_outputs\":{\"regex\":\"a|b\"}}", RTR_OAI_GRAM_REGEX, "a|b" },
+        { RTR_API_COMPLETIONS, "{\"prompt\":\"x\",\"structured_outputs\":{\"choice\":[\"A\"]}}",
+          RTR_OAI_GRAM_GBNF, "root ::= \"A\"" },
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        if (parse(ok[i].api, ok[i].body, &req, &err) != PD_OK)
+            fail_msg("%s: %s", ok[i].body, err.message);
+        assert_int_equal(req.gram_kind, ok[i].kind);
+        assert_string_equal(req.gram_schema, ok[i].text);
+        assert_int_equal(req.gram_schema_len, strlen(ok[i].text));
+        rtr_oai_req_free(&req);
+    }
+#define HM "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+    expect_bad(RTR_API_CHAT, HM "\"grammar\":\"root ::= root \\\"a\\\" | \\\"b\\\"\"}", 400,
+               "grammar", "unsupported_grammar");
+    assert_int_equal(parse(RTR_API_CHAT, HM "\"grammar\":\"root ::= root \\\"a\\\"|\\\"b\\\"\"}",
+                           &req, &err), PD_ERR_BAD_INPUT);
+    assert_non_null(strstr(err.message, "left recursion"));
+    expect_bad(RTR_API_CHAT, HM "\"guided_regex\":\"(?=a)b\"}", 400, "guided_regex",
+               "unsupported_grammar");
+    expect_bad(RTR_API_CHAT, HM "\"guided_regex\":\"a{9000}\"}", 400, "guided_regex",
+               "grammar_too_large");
+    expect_bad(RTR_API_CHAT, HM "\"guided_choice\":[]}", 400, "guided_choice", NULL);
+    expect_bad(RTR_API_CHAT, HM "\"guided_choice\":[1]}", 400, "guided_choice", NULL);
+    expect_bad(RTR_API_CHAT, HM "\"guided_regex\":\"a\",\"grammar\":\"root ::= \\\"a\\\"\"}",
+               400, "guided_regex", "unsupported_parameter");
+    expect_bad(RTR_API_CHAT, HM "\"response_format\":{\"type\":\"json_object\"},"
+               "\"guided_regex\":\"a\"}", 400, "guided_regex", "unsupported_parameter");
+    expect_bad(RTR_API_CHAT, HM "\"structured_outputs\":{\"xml\":\"a\"}}", 400,
+               "structured_outputs", "unsupported_parameter");
+    expect_bad(RTR_API_CHAT, HM "\"ignore_eos\":true,\"guided_regex\":\"a\"}", 400,
+               "ignore_eos", "unsupported_parameter");
+    expect_bad(RTR_API_CHAT, HM "\"guided_json\":{\"type\":\"object\",\"properties\":"
+               "{\"a\":{\"type\":\"string\",\"pattern\":\"\\\\1\"}}}}", 400, "guided_json",
+               "unsupported_grammar");
+#undef HM
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_response_format),
+        cmocka_unit_test(test_guided),
         cmocka_unit_test(test_completion_defaults),
         cmocka_unit_test(test_completion_full),
         cmocka_unit_test(test_chat),

@@ -236,7 +236,7 @@ const checks = {
       // structured output is served (structured_e2e.mjs); a bad schema is refused
       [() => client.chat.completions.create({ model, messages: msgs,
         response_format: { type: 'json_schema', json_schema: { name: 'x',
-          schema: { type: 'object', properties: { a: { type: 'string', pattern: 'a' } } } } } }),
+          schema: { type: 'object', properties: { a: { type: 'string', pattern: '(?=a)' } } } } } }),
       'response_format', 'unsupported_schema'],
       [() => client.chat.completions.create({ model, messages: msgs, top_logprobs: 2 }),
         'top_logprobs', null],

@@ -10,6 +10,7 @@ import { zodResponseFormat } from 'openai/helpers/zod';
 import { z } from 'zod';
 import assert from 'node:assert/strict';
 import Ajv from 'ajv';
+import Ajv2020 from 'ajv/dist/2020.js';
 import addFormats from 'ajv-formats';
 import { runChecks } from './run_checks.mjs';
 
@@ -186,6 +187,102 @@ const checks = {
       fin.choices[0].message.content);
   },
 
+  // recursion: a tree (items $ref "#") and a linked list ($defs), as raw
+  // schemas through the SDK; every answer validates with ajv
+  async recursiveTreeAndList() {
+    const tree = { type: 'object', properties: { value: { type: 'integer' },
+      children: { type: 'array', items: { $ref: '#' } } },
+    required: ['value', 'children'], additionalProperties: false };
+    const list = { type: 'object', $defs: { node: { type: 'object', properties: {
+      v: { type: 'string', maxLength: 8 }, next: { anyOf: [{ type: 'null' }, { $ref: '#/$defs/node' }] } },
+    required: ['v', 'next'], additionalProperties: false } },
+    properties: { head: { $ref: '#/$defs/node' } }, required: ['head'], additionalProperties: false };
+    for (const [name, schema] of [['tree', tree], ['list', list]]) {
+      const validate = ajv.compile(schema);
+      for (let seed = 1; seed <= 3; seed++) {
+        const r = await client.chat.completions.create({ model, messages: msgs,
+          max_tokens: seed === 2 ? 150 : 1500, temperature: 1, seed,
+          response_format: { type: 'json_schema', json_schema: { name, schema } } });
+        const c = r.choices[0];
+        assert.equal(c.finish_reason, 'stop', c.message.content);
+        assert.ok(validate(JSON.parse(c.message.content)),
+          `${name} seed ${seed}: ${c.message.content}: ${ajv.errorsText(validate.errors)}`);
+      }
+    }
+  },
+
+  // the keywords added with the rule engine, checked by ajv (+ ajv-formats)
+  async patternsFormatsNumbers() {
+    const schema = { type: 'object', properties: {
+      code: { type: 'string', pattern: '^[A-Z]{2}-\\d{3}$' },
+      host: { type: 'string', format: 'hostname' }, ip: { type: 'string', format: 'ipv4' },
+      ip6: { type: 'string', format: 'ipv6' }, uri: { type: 'string', format: 'uri' },
+      dur: { type: 'string', format: 'duration' },
+      m: { type: 'integer', multipleOf: 7, minimum: -70, maximum: 70 },
+      p: { type: 'number', minimum: 0, maximum: 1 },
+      pair: { type: 'array', prefixItems: [{ type: 'string' }, { type: 'integer' }], items: false },
+      map: { type: 'object', additionalProperties: { type: 'boolean' } } },
+    required: ['code', 'host', 'ip', 'ip6', 'uri', 'dur', 'm', 'p', 'pair', 'map'],
+    additionalProperties: false };
+    const validate = new Ajv2020({ strict: false, allErrors: true }); // prefixItems
+    addFormats(validate);
+    const v = validate.compile(schema);
+    for (let seed = 1; seed <= 3; seed++) {
+      const r = await client.chat.completions.create({ model, messages: msgs, max_tokens: 1500,
+        temperature: 1, seed, response_format: { type: 'json_schema', json_schema: { name: 'k', schema } } });
+      const c = r.choices[0];
+      assert.equal(c.finish_reason, 'stop', c.message.content);
+      assert.ok(v(JSON.parse(c.message.content)), `${c.message.content}: ${validate.errorsText(v.errors)}`);
+    }
+  },
+
+  // vLLM's guided_regex / structured_outputs.regex (chat and completions):
+  // the whole output matches the same expression as a JS RegExp
+  async guidedRegex() {
+    const re = '[a-z]{2,8}@[a-z]{2,6}\\.(com|org)( [0-9]{1,3}){0,2}';
+    const js = new RegExp(`^(?:${re})$`);
+    for (let seed = 1; seed <= 3; seed++) {
+      const r = await client.chat.completions.create({ model, messages: msgs, max_tokens: 200,
+        temperature: 1, seed, guided_regex: re });
+      assert.equal(r.choices[0].finish_reason, 'stop');
+      assert.match(r.choices[0].message.content, js);
+      const k = await client.completions.create({ model, prompt: 'mail:', max_tokens: 200,
+        temperature: 1, seed, structured_outputs: { regex: re } });
+      assert.match(k.choices[0].text, js);
+    }
+  },
+
+  // llama-server's GBNF "grammar" (recursive through parentheses) and
+  // guided_choice: checked by a small parser / the list
+  async gbnfAndChoice() {
+    const grammar = 'root ::= expr\nexpr ::= term (("+" | "-") term)*\n' +
+      'term ::= factor (("*" | "/") factor)*\nfactor ::= [0-9]{1,3} | "(" expr ")"\n';
+    const parse = (s) => {
+      let i = 0;
+      const factor = () => {
+        if (s[i] === '(') { i++; expr(); if (s[i++] !== ')') throw new Error('no )'); return; }
+        const m = /^[0-9]{1,3}/.exec(s.slice(i));
+        if (!m) throw new Error(`digit expected at ${i}`);
+        i += m[0].length;
+      };
+      const term = () => { factor(); while (s[i] === '*' || s[i] === '/') { i++; factor(); } };
+      const expr = () => { term(); while (s[i] === '+' || s[i] === '-') { i++; term(); } };
+      expr();
+      if (i !== s.length) throw new Error(`trailing at ${i}`);
+    };
+    for (let seed = 1; seed <= 3; seed++) {
+      const r = await client.chat.completions.create({ model, messages: msgs,
+        max_tokens: seed === 2 ? 30 : 300, temperature: 1, seed, grammar });
+      const c = r.choices[0];
+      assert.equal(c.finish_reason, 'stop', c.message.content);
+      assert.doesNotThrow(() => parse(c.message.content), c.message.content);
+      const ch = await client.chat.completions.create({ model, messages: msgs, max_tokens: 20,
+        temperature: 1, seed, guided_choice: ['red', 'green', 'a "blue" one'] });
+      assert.ok(['red', 'green', 'a "blue" one'].includes(ch.choices[0].message.content),
+        ch.choices[0].message.content);
+    }
+  },
+
   async refusals() {
     for (const kw of ['pattern', 'format', 'oneOf', 'allOf', 'not', 'patternProperties',
       'uniqueItems']) {
@@ -195,14 +292,17 @@ const checks = {
     }
     // a refused keyword is named by its JSON pointer
     await expect400({ response_format: { type: 'json_schema', json_schema: { name: 'x',
-      schema: { type: 'object', properties: { age: { type: 'number', minimum: 0 } } } } } },
-    'response_format', 'at /properties/age/minimum');
+      schema: { type: 'object', properties: { age: { type: 'number', multipleOf: 0.5 } } } } } },
+    'response_format', 'at /properties/age/multipleOf');
     await expect400({ response_format: { type: 'json_schema', json_schema: { name: 'x',
       schema: { type: 'array' } } } }, 'response_format', 'root');
     await expect400({ response_format: { type: 'json_schema', json_schema: { name: 'x',
-      schema: { type: 'object', properties: { a: { $ref: '#/$defs/n' } },
-        $defs: { n: { type: 'object', properties: { k: { $ref: '#/$defs/n' } } } } } } } },
-    'response_format', 'recursive');
+      schema: { type: 'object', properties: { a: { $ref: '#/$defs/n' } }, required: ['a'],
+        $defs: { n: { type: 'object', properties: { k: { $ref: '#/$defs/n' } }, required: ['k'] } } } } } },
+    'response_format', 'never ends');
+    await expect400({ grammar: 'root ::= root "a" | "b"' }, 'grammar', 'left recursion');
+    await expect400({ guided_regex: '(?<=a)b' }, 'guided_regex', 'lookaround');
+    await expect400({ guided_regex: 'a', grammar: 'root ::= "a"' }, 'guided_regex');
     await expect400({ response_format: { type: 'json_schema', json_schema: { name: 'bad name!',
       schema: person } } }, 'response_format', 'name');
     await expect400({ response_format: { type: 'json_schema', json_schema: { name: 'x',

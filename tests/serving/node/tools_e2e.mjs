@@ -239,7 +239,7 @@ const checks = {
     await expect400({ tools: [{ type: 'function', function: { name: 'bad name' } }] },
       'tools[0].function.name');
     await expect400({ tools: [{ type: 'function', function: { name: 'f', parameters: {
-      type: 'object', properties: { s: { type: 'string', pattern: 'x' } } } } }],
+      type: 'object', properties: { s: { type: 'string', pattern: '(?=x)' } } } } }],
     tool_choice: 'required' }, 'tools[0].function.parameters');
     await expect400({ tools, tool_choice: 'required', response_format: { type: 'json_object' } },
       'tool_choice');
