@@ -103,6 +103,12 @@ for f in usr/bin/pd-router usr/bin/pd-prefill usr/bin/pd-decode usr/bin/pdctl us
     [ -e "$A/$f" ] || bad "package lacks /$f"
 done
 ok "package holds binaries, model, units, sysusers/tmpfiles, man pages, docs, monitoring"
+# every program the package puts on PATH is named pd* and has a man page
+for b in "$A"/usr/bin/*; do
+    n=$(basename "$b")
+    case $n in pd*) ;; *) bad "/usr/bin/$n: not a pd* name" ;; esac
+    [ -e "$A/usr/share/man/man1/$n.1.gz" ] || bad "/usr/bin/$n has no man page"
+done
 check "man page generated from --help (pd-router: --max-concurrent)" \
     bash -c 'zcat "$1" | grep -q "max\\\\-concurrent\|max-concurrent"' _ "$A/usr/share/man/man1/pd-router.1.gz"
 
