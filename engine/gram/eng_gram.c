@@ -1524,6 +1524,128 @@ static const cJSON *resolve_ref(comp_t *c, const char *ref)
     return NULL;
 }
 
+/* ---- oneOf: are two branches disjoint? ----------------------------------- */
+
+/* The schema a $ref (chain) names, or s itself; NULL on a bad ref. */
+static const cJSON *deref(comp_t *c, const cJSON *s)
+{
+    for (int hop = 0; hop < 8 && s != NULL; hop++) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(s, "$ref");
+        if (!cJSON_IsString(r))
+            return s;
+        s = resolve_ref(c, r->valuestring);
+    }
+    return s;
+}
+
+/* Bit set of the JSON types a schema's values can have (1 null, 2 boolean,
+ * 4 number/integer, 8 string, 16 array, 32 object); 63 when unknown. */
+static unsigned json_types(comp_t *c, const cJSON *s)
+{
+    s = deref(c, s);
+    if (s == NULL)
+        return 63;
+    const cJSON *cn = cJSON_GetObjectItemCaseSensitive(s, "const");
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
+    if (cn != NULL || en != NULL) {
+        unsigned m = 0;
+        const cJSON *v;
+        if (cn != NULL)
+            m = cJSON_IsNull(cn) ? 1 : cJSON_IsBool(cn) ? 2 : cJSON_IsNumber(cn) ? 4
+              : cJSON_IsString(cn) ? 8 : cJSON_IsArray(cn) ? 16 : 32;
+        else
+            cJSON_ArrayForEach(v, en)
+                m |= cJSON_IsNull(v) ? 1 : cJSON_IsBool(v) ? 2 : cJSON_IsNumber(v) ? 4
+                   : cJSON_IsString(v) ? 8 : cJSON_IsArray(v) ? 16 : 32;
+        return m;
+    }
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "type");
+    static const char *const names[] = { "null", "boolean", "number", "string", "array",
+                                         "object", "integer" };
+    unsigned m = 0;
+    const cJSON *t = cJSON_IsArray(ty) ? ty->child : ty;
+    for (; t != NULL; t = cJSON_IsArray(ty) ? t->next : NULL) {
+        if (!cJSON_IsString(t))
+            return 63;
+        for (int k = 0; k < 7; k++)
+            if (strcmp(t->valuestring, names[k]) == 0)
+                m |= k == 6 ? 4u : 1u << k;
+    }
+    if (m != 0 && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "nullable")))
+        m |= 1;
+    return m != 0 ? m : 63;
+}
+
+/* The values a property can take when its schema is a const or an enum of
+ * scalars (NULL otherwise). */
+static const cJSON *tag_values(comp_t *c, const cJSON *ps, bool *one_p)
+{
+    ps = deref(c, ps);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(ps, "const");
+    if (v != NULL) {
+        *one_p = true;
+        return v;
+    }
+    v = cJSON_GetObjectItemCaseSensitive(ps, "enum");
+    *one_p = false;
+    return cJSON_IsArray(v) ? v : NULL;
+}
+
+static bool tag_shared(const cJSON *a, bool a1, const cJSON *b, bool b1)
+{
+    const cJSON *x = a1 ? a : a->child;
+    for (; x != NULL; x = a1 ? NULL : x->next) {
+        const cJSON *y = b1 ? b : b->child;
+        for (; y != NULL; y = b1 ? NULL : y->next)
+            if (cJSON_Compare(x, y, true))
+                return true;
+    }
+    return false;
+}
+
+static bool is_required(const cJSON *s, const char *name)
+{
+    const cJSON *r;
+    cJSON_ArrayForEach(r, cJSON_GetObjectItemCaseSensitive(s, "required"))
+        if (cJSON_IsString(r) && strcmp(r->valuestring, name) == 0)
+            return true;
+    return false;
+}
+
+/* No value matches both: other JSON types, or two objects with a property
+ * both require whose constants differ. */
+static bool schemas_disjoint(comp_t *c, const cJSON *a, const cJSON *b)
+{
+    unsigned ta = json_types(c, a), tb = json_types(c, b);
+    if ((ta & tb) == 0)
+        return true;
+    a = deref(c, a);
+    b = deref(c, b);
+    if (a == NULL || b == NULL)
+        return false;
+    const cJSON *ca = cJSON_GetObjectItemCaseSensitive(a, "const");
+    const cJSON *ea = cJSON_GetObjectItemCaseSensitive(a, "enum");
+    const cJSON *cb = cJSON_GetObjectItemCaseSensitive(b, "const");
+    const cJSON *eb = cJSON_GetObjectItemCaseSensitive(b, "enum");
+    if ((ca != NULL || cJSON_IsArray(ea)) && (cb != NULL || cJSON_IsArray(eb)))
+        return !tag_shared(ca != NULL ? ca : ea, ca != NULL, cb != NULL ? cb : eb, cb != NULL);
+    if (ta != 32 || tb != 32)
+        return false;
+    const cJSON *pa = cJSON_GetObjectItemCaseSensitive(a, "properties");
+    const cJSON *pb = cJSON_GetObjectItemCaseSensitive(b, "properties");
+    const cJSON *p;
+    cJSON_ArrayForEach(p, pa) {
+        const cJSON *q = cJSON_GetObjectItemCaseSensitive(pb, p->string);
+        if (q == NULL || !is_required(a, p->string) || !is_required(b, p->string))
+            continue;
+        bool a1, b1;
+        const cJSON *va = tag_values(c, p, &a1), *vb = tag_values(c, q, &b1);
+        if (va != NULL && vb != NULL && !tag_shared(va, a1, vb, b1))
+            return true;
+    }
+    return false;
+}
+
 static uint32_t comp_type(comp_t *c, const cJSON *s, const char *type, uint32_t depth,
                           bool root)
 {
@@ -1764,7 +1886,7 @@ static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool roo
         "const", "anyOf", "$ref", "$defs", "definitions", "strict", "nullable", "minimum",
         "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
         "minItems", "maxItems", "format", "pattern", "multipleOf", "prefixItems",
-        "minProperties", "maxProperties", NULL,
+        "minProperties", "maxProperties", "oneOf", "allOf", NULL,
     };
     const cJSON *k;
     cJSON_ArrayForEach(k, s) {
@@ -1785,7 +1907,8 @@ static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool roo
                                           "minItems", "maxItems", "format", "pattern",
                                           "multipleOf", "prefixItems", "minProperties",
                                           "maxProperties", NULL };
-    static const char *const alone[] = { "$ref", "const", "enum", "anyOf", NULL };
+    static const char *const alone[] = { "$ref", "const", "enum", "anyOf", "oneOf", "allOf",
+                                         NULL };
     for (int i = 0; alone[i]; i++) {
         if (!cJSON_GetObjectItemCaseSensitive(s, alone[i]))
             continue;
@@ -1856,7 +1979,53 @@ static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool roo
             ids[i++] = value_lit(c, e);
         return alts_node(c, ids, i);
     }
+    /* allOf of one schema (zod and pydantic wrap a $ref that way to add a
+     * description) is that schema; an intersection of several is not built */
+    const cJSON *all = cJSON_GetObjectItemCaseSensitive(s, "allOf");
+    if (all) {
+        if (!cJSON_IsArray(all) || cJSON_GetArraySize(all) != 1) {
+            cfail_kw(c, PD_ERR_BAD_INPUT, "allOf",
+                     "'allOf' with more than one schema (an intersection) is not supported");
+            return 0;
+        }
+        size_t o1 = path_push(c, "allOf"), o2 = path_push(c, "0");
+        uint32_t id = comp_schema(c, all->child, depth + 1, root);
+        path_pop(c, o2);
+        path_pop(c, o1);
+        return id;
+    }
+    /* oneOf: exactly one branch may match. Where the branches provably
+     * exclude each other (other JSON types, or objects told apart by a
+     * required property with different constants: a discriminated union)
+     * it is anyOf; otherwise "exactly one" is not decidable here: refused */
+    const cJSON *one = cJSON_GetObjectItemCaseSensitive(s, "oneOf");
     const cJSON *any = cJSON_GetObjectItemCaseSensitive(s, "anyOf");
+    if (one) {
+        int n = cJSON_GetArraySize(one);
+        if (!cJSON_IsArray(one) || n < 1 || n > (int)ENG_GRAM_MAX_ANYOF) {
+            cfail_kw(c, PD_ERR_BAD_INPUT, "oneOf", "'oneOf' must be an array of 1 to 64 schemas");
+            return 0;
+        }
+        const cJSON *bi, *bj;
+        int i = 0;
+        cJSON_ArrayForEach(bi, one) {
+            int j = 0;
+            cJSON_ArrayForEach(bj, one) {
+                if (j > i && !schemas_disjoint(c, bi, bj)) {
+                    if (c->st != PD_OK)
+                        return 0;
+                    char why[160];
+                    snprintf(why, sizeof(why), "'oneOf' branches %d and %d may both match: use "
+                             "anyOf, or tell objects apart by a required 'const' property", i, j);
+                    cfail_kw(c, PD_ERR_BAD_INPUT, "oneOf", why);
+                    return 0;
+                }
+                j++;
+            }
+            i++;
+        }
+        any = one;
+    }
     if (any) {
         int n = cJSON_GetArraySize(any);
         if (!cJSON_IsArray(any) || n < 1 || n > (int)ENG_GRAM_MAX_ANYOF) {
@@ -1869,7 +2038,7 @@ static uint32_t comp_schema1(comp_t *c, const cJSON *s, uint32_t depth, bool roo
         cJSON_ArrayForEach(e, any) {
             char ix[16];
             snprintf(ix, sizeof(ix), "%u", i);
-            size_t o1 = path_push(c, "anyOf"), o2 = path_push(c, ix);
+            size_t o1 = path_push(c, any == one ? "oneOf" : "anyOf"), o2 = path_push(c, ix);
             ids[i++] = comp_schema(c, e, depth + 1, false);
             path_pop(c, o2);
             path_pop(c, o1);

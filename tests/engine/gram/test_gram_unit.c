@@ -333,6 +333,18 @@ static bool valid(const cJSON *v, const cJSON *s, const cJSON *root)
         if (!any)
             return false;
     }
+    if ((x = cJSON_GetObjectItemCaseSensitive(s, "oneOf"))) {
+        int n = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, x) n += valid(v, e, root);
+        if (n != 1)
+            return false;
+    }
+    if ((x = cJSON_GetObjectItemCaseSensitive(s, "allOf"))) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, x) if (!valid(v, e, root))
+            return false;
+    }
     if ((x = cJSON_GetObjectItemCaseSensitive(s, "type"))) {
         bool any = false;
         if (cJSON_IsString(x))
@@ -849,6 +861,38 @@ static bool ere_check(const char *ere, const char *out)
 }
 
 /* guided_regex: the whole output matches (checked by POSIX regexec). */
+/* oneOf where "exactly one" is decidable (a discriminated union as zod 4
+ * emits it; branches of other JSON types) compiles as anyOf; overlapping
+ * branches and intersections are refused naming the keyword; allOf of one
+ * schema is that schema */
+static void test_oneof_allof(void **state)
+{
+    (void)state;
+    check_schema("{\"type\":\"object\",\"properties\":{\"shape\":{\"oneOf\":["
+                 "{\"type\":\"object\",\"properties\":{\"kind\":{\"type\":\"string\","
+                 "\"const\":\"circle\"},\"r\":{\"type\":\"integer\"}},"
+                 "\"required\":[\"kind\",\"r\"],\"additionalProperties\":false},"
+                 "{\"$ref\":\"#/$defs/sq\"}]},"
+                 "\"id\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"},"
+                 "{\"type\":\"null\"}]},"
+                 "\"note\":{\"allOf\":[{\"$ref\":\"#/$defs/n\"}],\"description\":\"d\"}},"
+                 "\"required\":[\"shape\",\"id\",\"note\"],\"additionalProperties\":false,"
+                 "\"$defs\":{\"sq\":{\"type\":\"object\",\"properties\":{\"kind\":{"
+                 "\"enum\":[\"square\",\"box\"]},\"side\":{\"type\":\"integer\"}},"
+                 "\"required\":[\"kind\",\"side\"],\"additionalProperties\":false},"
+                 "\"n\":{\"type\":\"string\",\"maxLength\":5}}}", 4);
+    expect_refused("{\"type\":\"object\",\"properties\":{\"u\":{\"oneOf\":["
+                   "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}},"
+                   "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"integer\"}}}]}},"
+                   "\"required\":[\"u\"]}", PD_ERR_BAD_INPUT, "may both match");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"u\":{\"oneOf\":["
+                   "{\"type\":\"integer\"},{\"type\":\"number\"}]}},\"required\":[\"u\"]}",
+                   PD_ERR_BAD_INPUT, "/properties/u/oneOf");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"u\":{\"allOf\":["
+                   "{\"type\":\"integer\"},{\"minimum\":3}]}},\"required\":[\"u\"]}",
+                   PD_ERR_BAD_INPUT, "intersection");
+}
+
 static void test_regex(void **state)
 {
     (void)state;
@@ -1028,6 +1072,7 @@ int main(void)
         cmocka_unit_test(test_recursive_ref),
         cmocka_unit_test(test_stack_cap),
         cmocka_unit_test(test_more_keywords),
+        cmocka_unit_test(test_oneof_allof),
         cmocka_unit_test(test_regex),
         cmocka_unit_test(test_gbnf),
     };
