@@ -140,6 +140,7 @@ typedef struct {
     uint32_t tool_named;
     uint32_t tool_fmt;
     bool single_call;                /* parallel_tool_calls: false */
+    bool instructions_first;         /* Responses: messages[0] is `instructions` (echoed) */
     /* Streaming */
     bool stream;
     bool include_usage;

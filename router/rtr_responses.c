@@ -448,8 +448,11 @@ pd_status_t rtr_resp_parse(const char *body, size_t len, const rtr_oai_limits_t 
         }
         return PD_ERR_BAD_INPUT;
     }
+    bool has_ins = ins != NULL && cJSON_IsString(ins);
     s = rtr_fd_parse_chat(chat, RTR_API_RESPONSES, seed_raw, seed_len, lim, resp_renames, req,
                           err);
+    if (s == PD_OK)
+        req->instructions_first = has_ins && req->n_messages > 0;
     cJSON_Delete(root);
     return s;
 }
@@ -536,7 +539,10 @@ static cJSON *response_object(const rtr_fd_answer_t *a, const char *status,
     } else {
         cJSON_AddNullToObject(r, "incomplete_details");
     }
-    cJSON_AddNullToObject(r, "instructions");
+    if (o->instructions_first && o->messages[0].content != NULL)
+        cJSON_AddStringToObject(r, "instructions", o->messages[0].content);
+    else
+        cJSON_AddNullToObject(r, "instructions");
     cJSON_AddNumberToObject(r, "max_output_tokens", o->max_tokens);
     cJSON_AddStringToObject(r, "model", a->meta->model);
     cJSON_AddArrayToObject(r, "output");

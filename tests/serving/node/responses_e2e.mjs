@@ -56,6 +56,7 @@ const checks = {
       max_output_tokens: 16, temperature: 0 });
     assert.equal(r.object, 'response');
     assert.match(r.id, /^resp_/);
+    assert.equal(r.instructions, instructions); // echoed, as OpenAI does
     assert.ok(['completed', 'incomplete'].includes(r.status), r.status);
     assert.equal(r.output[0].type, 'message');
     assert.equal(r.output[0].content[0].type, 'output_text');
