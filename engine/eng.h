@@ -9,6 +9,8 @@
  *   block" (block b of layer l) holds block_tokens tokens of one layer, K
  *   and V, contiguous:
  *     layer block: (2 /K,V/, block_tokens, n_kv_heads, head_dim) of kv_dtype
+ *   (q8_0: each head's head_dim values are head_dim/32 blocks of 34 bytes,
+ *   so one token's K row is eng_kv_row_bytes(kv_dtype, n_kv_heads*head_dim))
  *   (geom.layer_block_bytes) and starts at
  *     arena + b * layout.block_stride + l * layout.layer_stride.
  *   Two layouts (eng_kv_layout_block_major / _layer_major below):
@@ -39,7 +41,37 @@
 typedef enum {
     ENG_KV_F32 = 0,
     ENG_KV_F16 = 1,
+    ENG_KV_Q8_0 = 2,           /* llama.cpp's block_q8_0 along head_dim: per 32
+                                  values one f16 scale d then 32 int8 (34 bytes);
+                                  head_dim must be a multiple of 32 */
 } eng_kv_dtype_t;
+
+#define ENG_KV_Q8_0_BLOCK 32u      /* values per q8_0 block */
+#define ENG_KV_Q8_0_BYTES 34u      /* bytes per q8_0 block */
+
+/* Bytes of one K (or V) row of `n` values (n_kv_heads * head_dim) in dtype
+ * dt; 0 if dt is unknown or n is not whole q8_0 blocks. */
+static inline uint64_t eng_kv_row_bytes(eng_kv_dtype_t dt, uint64_t n)
+{
+    switch (dt) {
+    case ENG_KV_F32: return n * 4;
+    case ENG_KV_F16: return n * 2;
+    case ENG_KV_Q8_0:
+        return n % ENG_KV_Q8_0_BLOCK ? 0 : n / ENG_KV_Q8_0_BLOCK * ENG_KV_Q8_0_BYTES;
+    }
+    return 0;
+}
+
+/* "f32" | "f16" | "q8_0" (the kv-dtype config names). */
+static inline const char *eng_kv_dtype_name(eng_kv_dtype_t dt)
+{
+    switch (dt) {
+    case ENG_KV_F32: return "f32";
+    case ENG_KV_F16: return "f16";
+    case ENG_KV_Q8_0: return "q8_0";
+    }
+    return "?";
+}
 
 typedef struct {
     uint32_t n_layers;
@@ -47,7 +79,8 @@ typedef struct {
     uint32_t head_dim;
     uint32_t block_tokens;     /* tokens per block (default 16) */
     eng_kv_dtype_t kv_dtype;
-    uint64_t bytes_per_token;  /* n_layers * 2 * n_kv_heads * head_dim * sizeof(dtype) */
+    uint64_t bytes_per_token;  /* n_layers * 2 * eng_kv_row_bytes(kv_dtype,
+                                  n_kv_heads * head_dim) */
     uint64_t block_bytes;      /* block_tokens * bytes_per_token */
     uint64_t layer_block_bytes;/* block_bytes / n_layers: one layer of a block */
     uint32_t vocab_size;

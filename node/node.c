@@ -15,7 +15,7 @@
 #include "pd_log.h"
 #include "pd_time.h"
 
-const char *const node_kv_dtypes[] = { "f32", "f16", NULL };
+const char *const node_kv_dtypes[] = { "f32", "f16", "q8_0", NULL };
 
 /* ---- ids ------------------------------------------------------------------ */
 
@@ -882,6 +882,7 @@ static pd_status_t node_adm_kv(pd_admin_req_t *req, cJSON *reply)
                             (double)kvx_region_block_bytes(n->region) * kvx_region_n_blocks(n->region));
     cJSON_AddNumberToObject(reply, "block_bytes", (double)kvx_region_block_bytes(n->region));
     cJSON_AddNumberToObject(reply, "block_tokens", n->geom->block_tokens);
+    cJSON_AddStringToObject(reply, "kv_dtype", node_kv_dtypes[n->geom->kv_dtype]);
     cJSON_AddNumberToObject(reply, "blocks_total", kvx_blocks_total(n->blocks));
     /* kv-listen: where this daemon's UCX tcp listener is ("*": every interface) */
     cJSON_AddStringToObject(reply, "kv_listen", n->kv_addr);

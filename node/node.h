@@ -72,7 +72,7 @@ typedef struct {
     bool print_arena_bytes;
 } node_config_t;
 
-extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_dtype_t order) */
+extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", NULL } (eng_kv_dtype_t order) */
 
 /* Rows over the role's config struct stype (member `node`), in --help
  * order: NODE_HEAD_ROWS, the role's own rows, NODE_TAIL_ROWS, PD_CFG_END. */
@@ -86,7 +86,7 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", NULL } (eng_kv_d
     NODE_ROW(stype, engine, "engine", STRING, NULL, "llama|sim (default: from model)", 0, 0, NULL) \
     NODE_ROW(stype, threads, "threads", UINT, "0", "engine threads (0 = the CPUs it may use: affinity, capped by the cgroup CPU quota)", 0, 1024, NULL) \
     NODE_ROW(stype, block_tokens, "block-tokens", UINT, "16", "tokens per KV block", 1, 4096, NULL) \
-    NODE_ROW(stype, kv_dtype, "kv-dtype", ENUM, "f16", "KV dtype: f32|f16", 0, 0, node_kv_dtypes) \
+    NODE_ROW(stype, kv_dtype, "kv-dtype", ENUM, "f16", "KV dtype: f32|f16|q8_0 (q8_0: llama.cpp block_q8_0, 34 bytes per 32 values; head_dim a multiple of 32)", 0, 0, node_kv_dtypes) \
     NODE_ROW(stype, kv_blocks, "kv-blocks", UINT, "1024", "KV blocks in the arena", 1, 1e8, NULL) \
     NODE_ROW(stype, prefix_cache, "prefix-cache", BOOL, "true", "reuse the KV of cached prompt prefixes (full blocks)", 0, 0, NULL) \
     NODE_ROW(stype, kv_events_ns, "kv-events-interval", DURATION, "50ms", "prefix cache: batch store/remove events to the router this long", 1e6, 10e9, NULL) \

@@ -1073,6 +1073,12 @@ static void io_first_token(io_t *io, proto_first_token_t *m)
 
 /* ---- dispatch generated from PROTO_MSG_LIST --------------------------- */
 
+const char *proto_kv_dtype_name(uint32_t kv_dtype)
+{
+    static const char *const names[] = { "f32", "f16", "q8_0" }; /* eng_kv_dtype_t order */
+    return kv_dtype < sizeof(names) / sizeof(names[0]) ? names[kv_dtype] : "unknown";
+}
+
 const char *proto_msg_name(uint16_t type)
 {
     switch (type) {

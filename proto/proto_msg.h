@@ -582,6 +582,9 @@ typedef struct {
 
 /* "HELLO", ... for a known type; "UNKNOWN" otherwise. Never NULL. */
 const char *proto_msg_name(uint16_t type);
+/* A proto_kv_geom_t kv_dtype's name as the kv-dtype config spells it
+ * ("f32", "f16", "q8_0"; "unknown" otherwise). */
+const char *proto_kv_dtype_name(uint32_t kv_dtype);
 /* True for a type in PROTO_MSG_LIST. */
 bool proto_msg_type_known(uint16_t type);
 /* Hard cap on the body of `type` (0 for unknown types). */

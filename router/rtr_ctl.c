@@ -251,6 +251,15 @@ static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
                     h->geom.vocab_size, eng_tok_vocab_size(r->tok));
         return;
     }
+    if (r->geom_fixed && h->geom.kv_dtype != r->geom.kv_dtype) {
+        /* KV blocks move as stored: both sides must use one dtype */
+        send_reject(cc, conn, PD_ERR_MISMATCH,
+                    "kv-dtype %s (%u) differs from the deployment's kv-dtype %s (%u): "
+                    "prefill and decode must store KV in the same dtype",
+                    proto_kv_dtype_name(h->geom.kv_dtype), h->geom.kv_dtype,
+                    proto_kv_dtype_name(r->geom.kv_dtype), r->geom.kv_dtype);
+        return;
+    }
     if (r->geom_fixed && (h->compat_hash != r->compat_hash || !geom_equal(&h->geom, &r->geom))) {
         send_reject(cc, conn, PD_ERR_MISMATCH,
                     "compat_hash %016" PRIx64 "/geometry (layers %u, kv_heads %u, head_dim %u, "

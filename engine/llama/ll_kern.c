@@ -703,6 +703,158 @@ void eng_ll_axpy_rows_f16(float *y, const float *a, const uint16_t *v, size_t st
         eng_ll_axpy_f16(y, a[j], v + j * stride, n);
 }
 
+/* ------------------------------------------------------------------ */
+/* KV cache in q8_0 (ll_kern.h)                                         */
+
+#define LL_KVQ_BYTES 34 /* f16 d + 32 int8 */
+
+void eng_ll_kv_q8_0_quantize(uint8_t *dst, const float *x, size_t n)
+{
+    for (size_t b = 0; b < n / QK; b++, x += QK, dst += LL_KVQ_BYTES) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = ggml_fp32_to_fp16(d);
+        memcpy(dst, &dh, 2);
+        for (int j = 0; j < QK; j++)
+            dst[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+    }
+}
+
+void eng_ll_kv_q8_0_dequantize(float *out, const uint8_t *src, size_t n)
+{
+    for (size_t b = 0; b < n / QK; b++, src += LL_KVQ_BYTES) {
+        const float d = ll_f16_to_f32(ll_rd16(src));
+        for (int j = 0; j < QK; j++)
+            out[b * QK + j] = (float)(int8_t)src[2 + j] * d;
+    }
+}
+
+static float ll_dot_q8_0_scalar(const uint8_t *a, const float *b, size_t n)
+{
+    float acc[LL_LANES] = { 0 };
+    for (size_t k0 = 0; k0 < n; k0 += QK, a += LL_KVQ_BYTES) {
+        const float d = ll_f16_to_f32(ll_rd16(a));
+        for (int j = 0; j < QK; j++)
+            acc[j % LL_LANES] = fmaf((float)(int8_t)a[2 + j] * d, b[k0 + j],
+                                     acc[j % LL_LANES]);
+    }
+    return ll_tree16(acc);
+}
+
+static void ll_axpy_q8_0_scalar(float *y, float a, const uint8_t *x, size_t n)
+{
+    for (size_t k0 = 0; k0 < n; k0 += QK, x += LL_KVQ_BYTES) {
+        const float d = ll_f16_to_f32(ll_rd16(x));
+        for (int j = 0; j < QK; j++)
+            y[k0 + j] = fmaf(a, (float)(int8_t)x[2 + j] * d, y[k0 + j]);
+    }
+}
+
+/* 16 int8 at p as exact floats times d */
+static inline TGT512 __m512 ll_q8x16_512(const uint8_t *p, __m512 d)
+{
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                             _mm_loadu_si128((const __m128i *)(const void *)p))), d);
+}
+
+static TGT512 float ll_dot_q8_0_512(const uint8_t *a, const float *b, size_t n)
+{
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t k0 = 0; k0 < n; k0 += QK, a += LL_KVQ_BYTES) {
+        const __m512 d = _mm512_set1_ps(ll_f16_to_f32(ll_rd16(a)));
+        acc = _mm512_fmadd_ps(ll_q8x16_512(a + 2, d), _mm512_loadu_ps(b + k0), acc);
+        acc = _mm512_fmadd_ps(ll_q8x16_512(a + 18, d), _mm512_loadu_ps(b + k0 + 16), acc);
+    }
+    return ll_hsum512(acc);
+}
+
+static TGT512 void ll_axpy_q8_0_512(float *y, float a, const uint8_t *x, size_t n)
+{
+    const __m512 av = _mm512_set1_ps(a);
+    for (size_t k0 = 0; k0 < n; k0 += QK, x += LL_KVQ_BYTES) {
+        const __m512 d = _mm512_set1_ps(ll_f16_to_f32(ll_rd16(x)));
+        for (int h = 0; h < 2; h++)
+            _mm512_storeu_ps(y + k0 + 16 * h,
+                             _mm512_fmadd_ps(av, ll_q8x16_512(x + 2 + 16 * h, d),
+                                             _mm512_loadu_ps(y + k0 + 16 * h)));
+    }
+}
+
+/* 8 int8 at p as exact floats times d */
+static inline TGT256 __m256 ll_q8x8_256(const uint8_t *p, __m256 d)
+{
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                             _mm_loadl_epi64((const __m128i *)(const void *)p))), d);
+}
+
+/* lanes 0-7 in lo, 8-15 in hi; the canonical tree: s8 = lo + hi, then 8 */
+static TGT256 float ll_dot_q8_0_256(const uint8_t *a, const float *b, size_t n)
+{
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (size_t k0 = 0; k0 < n; k0 += QK, a += LL_KVQ_BYTES) {
+        const __m256 d = _mm256_set1_ps(ll_f16_to_f32(ll_rd16(a)));
+        for (int h = 0; h < 2; h++) {
+            lo = _mm256_fmadd_ps(ll_q8x8_256(a + 2 + 16 * h, d),
+                                 _mm256_loadu_ps(b + k0 + 16 * h), lo);
+            hi = _mm256_fmadd_ps(ll_q8x8_256(a + 10 + 16 * h, d),
+                                 _mm256_loadu_ps(b + k0 + 16 * h + 8), hi);
+        }
+    }
+    return ll_tree8_256(_mm256_add_ps(lo, hi));
+}
+
+static TGT256 void ll_axpy_q8_0_256(float *y, float a, const uint8_t *x, size_t n)
+{
+    const __m256 av = _mm256_set1_ps(a);
+    for (size_t k0 = 0; k0 < n; k0 += QK, x += LL_KVQ_BYTES) {
+        const __m256 d = _mm256_set1_ps(ll_f16_to_f32(ll_rd16(x)));
+        for (int h = 0; h < 4; h++)
+            _mm256_storeu_ps(y + k0 + 8 * h,
+                             _mm256_fmadd_ps(av, ll_q8x8_256(x + 2 + 8 * h, d),
+                                             _mm256_loadu_ps(y + k0 + 8 * h)));
+    }
+}
+
+float eng_ll_dot_q8_0(const uint8_t *a, const float *b, size_t n)
+{
+    int isa = ll_isa_get();
+    if (isa == LL_ISA_AVX512)
+        return ll_dot_q8_0_512(a, b, n);
+    if (isa == LL_ISA_AVX2)
+        return ll_dot_q8_0_256(a, b, n);
+    return ll_dot_q8_0_scalar(a, b, n);
+}
+
+void eng_ll_axpy_q8_0(float *y, float a, const uint8_t *x, size_t n)
+{
+    int isa = ll_isa_get();
+    if (isa == LL_ISA_AVX512)
+        ll_axpy_q8_0_512(y, a, x, n);
+    else if (isa == LL_ISA_AVX2)
+        ll_axpy_q8_0_256(y, a, x, n);
+    else
+        ll_axpy_q8_0_scalar(y, a, x, n);
+}
+
+void eng_ll_dot_rows_q8_0(const uint8_t *k, size_t stride, uint32_t cnt, const float *q,
+                          size_t n, float *out)
+{
+    int isa = ll_isa_get();
+    for (uint32_t j = 0; j < cnt; j++, k += stride)
+        out[j] = isa == LL_ISA_AVX512 ? ll_dot_q8_0_512(k, q, n)
+               : isa == LL_ISA_AVX2 ? ll_dot_q8_0_256(k, q, n) : ll_dot_q8_0_scalar(k, q, n);
+}
+
+void eng_ll_axpy_rows_q8_0(float *y, const float *a, const uint8_t *v, size_t stride,
+                           uint32_t cnt, size_t n)
+{
+    for (uint32_t j = 0; j < cnt; j++, v += stride)
+        eng_ll_axpy_q8_0(y, a[j], v, n);
+}
+
 void eng_ll_axpy_rows(float *y, const float *a, const float *v, size_t stride,
                       uint32_t cnt, size_t n)
 {

@@ -89,6 +89,23 @@ void eng_ll_axpy_rows_f16(float *y, const float *a /* (cnt) */, const uint16_t *
 void eng_ll_axpy_rows(float *y, const float *a /* (cnt) */, const float *v, size_t stride,
                       uint32_t cnt, size_t n);
 
+/* KV cache in q8_0 (eng.h ENG_KV_Q8_0): rows of n values (n % 32 == 0) as
+ * n/32 blocks of { f16 d, int8 q[32] } (34 bytes, llama.cpp's block_q8_0).
+ * Quantize: llama.cpp's quantize_row_q8_0_ref (d = amax/127 rounded to f16,
+ * q = roundf(x / d) with the unrounded d). Element k of a row is
+ * q[k] * f16_to_f32(d), exact in f32, so the dot and axpy below are the
+ * canonical ones of the f32 path over those values: bit-identical on the
+ * scalar / AVX2 / AVX-512 paths. stride is in BYTES here. No dequantized
+ * copy of the cache is made. */
+void eng_ll_kv_q8_0_quantize(uint8_t *dst, const float *x, size_t n);
+void eng_ll_kv_q8_0_dequantize(float *out, const uint8_t *src, size_t n);
+float eng_ll_dot_q8_0(const uint8_t *a, const float *b, size_t n);
+void eng_ll_axpy_q8_0(float *y, float a, const uint8_t *x, size_t n);
+void eng_ll_dot_rows_q8_0(const uint8_t *k, size_t stride, uint32_t cnt,
+                          const float *q, size_t n, float *out /* (cnt) */);
+void eng_ll_axpy_rows_q8_0(float *y, const float *a /* (cnt) */, const uint8_t *v,
+                           size_t stride, uint32_t cnt, size_t n);
+
 /* Which ISA path the kernels use: "avx512", "avx2", "scalar". Set once at
  * first use from __builtin_cpu_supports; ENG_LL_ISA=scalar|avx2 in the
  * environment forces a lower one (tests use it to show paths agree). */

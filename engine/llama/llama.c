@@ -78,6 +78,7 @@ struct eng_model {
     ll_arch_t arch;
     uint32_t n_embd, n_layers, n_heads, n_kv_heads, head_dim, n_ff, vocab;
     uint32_t q_dim, kv_dim;
+    size_t kv_row_bytes;       /* one token's K (or V) row in the arena, eng_kv_row_bytes */
     uint32_t rope_dim;
     float rope_base, rms_eps;
     double *inv_freq;            /* (rope_dim / 2) */
@@ -543,7 +544,8 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
         err[0] = '\0';
     if (!opts || !opts->model_path || !model_p)
         return PD_ERR_BAD_INPUT;
-    if (opts->kv_dtype != ENG_KV_F16 && opts->kv_dtype != ENG_KV_F32)
+    if (opts->kv_dtype != ENG_KV_F16 && opts->kv_dtype != ENG_KV_F32 &&
+        opts->kv_dtype != ENG_KV_Q8_0)
         return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "%s", "bad kv_dtype");
     eng_model_t *m = calloc(1, sizeof(*m));
     if (!m)
@@ -753,8 +755,14 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     g->head_dim = m->head_dim;
     g->block_tokens = opts->block_tokens ? opts->block_tokens : LL_DEFAULT_BLOCK_TOKENS;
     g->kv_dtype = opts->kv_dtype;
-    g->bytes_per_token = (uint64_t)m->n_layers * 2 * m->kv_dim *
-                         (opts->kv_dtype == ENG_KV_F16 ? 2 : 4);
+    if (opts->kv_dtype == ENG_KV_Q8_0 && m->head_dim % ENG_KV_Q8_0_BLOCK) {
+        snprintf(err, err_len, "kv-dtype q8_0 needs head_dim a multiple of %u (this model: %u); "
+                 "use kv-dtype f16", ENG_KV_Q8_0_BLOCK, m->head_dim);
+        st = PD_ERR_BAD_INPUT;
+        goto err_free;
+    }
+    m->kv_row_bytes = (size_t)eng_kv_row_bytes(opts->kv_dtype, m->kv_dim);
+    g->bytes_per_token = (uint64_t)m->n_layers * 2 * m->kv_row_bytes;
     g->block_bytes = g->block_tokens * g->bytes_per_token;
     g->layer_block_bytes = g->block_bytes / m->n_layers;
     g->vocab_size = m->vocab;
@@ -821,16 +829,15 @@ void eng_llama_info(const eng_model_t *m, eng_llama_info_t *info)
 /* ------------------------------------------------------------------ */
 /* forward                                                             */
 
-/* Element offset of (layer, K|V, pos, kv head 0) within the arena. */
+/* Byte offset of (layer, K|V, pos, kv head 0) within the arena. */
 static inline size_t ll_kv_off(const eng_model_t *m, const ll_tok_t *t, uint32_t pos,
                                uint32_t layer, uint32_t kv)
 {
     const eng_kv_geom_t *g = &m->geom;
     uint32_t blk = t->bt[pos / g->block_tokens];
     uint32_t slot = pos % g->block_tokens;
-    size_t esz = g->kv_dtype == ENG_KV_F16 ? 2 : 4;
-    return (size_t)blk * (m->lay.block_stride / esz) + (size_t)layer * (m->lay.layer_stride / esz) +
-           ((size_t)kv * g->block_tokens + slot) * m->kv_dim;
+    return (size_t)blk * m->lay.block_stride + (size_t)layer * m->lay.layer_stride +
+           ((size_t)kv * g->block_tokens + slot) * m->kv_row_bytes;
 }
 
 static void ll_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
@@ -881,20 +888,23 @@ static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
     const uint32_t hd = m->head_dim, group = m->n_heads / m->n_kv_heads;
     const float scale = m->att_scale;
     float *sc = m->att_scratch[tid];
-    const int f16 = m->geom.kv_dtype == ENG_KV_F16;
+    const eng_kv_dtype_t dt = m->geom.kv_dtype;
 
     {
         uint32_t ti = chunk / m->n_heads, h = chunk % m->n_heads;
         const ll_tok_t *t = &c->toks[ti];
         const float *q = m->q + (size_t)ti * m->q_dim + (size_t)h * hd;
         float *out = m->att + (size_t)ti * m->q_dim + (size_t)h * hd;
-        size_t hoff = (size_t)(h / group) * hd;
-        const uint32_t btk = m->geom.block_tokens, kvd = m->kv_dim;
-        const size_t esz = f16 ? 2 : 4;
-        const size_t blk_elems = m->lay.block_stride / esz;
-        const size_t loff = (size_t)c->layer * (m->lay.layer_stride / esz);
-        const size_t koff = loff + (size_t)0 * btk * kvd + hoff;
-        const size_t voff = loff + (size_t)1 * btk * kvd + hoff;
+        /* byte offsets: a token's K (V) row is rowb bytes, its kv head's
+         * values start hoff bytes in (q8_0: whole blocks, head_dim % 32 == 0) */
+        const size_t rowb = m->kv_row_bytes;
+        const size_t hoff = (size_t)(h / group) * (size_t)eng_kv_row_bytes(dt, hd);
+        const uint32_t btk = m->geom.block_tokens;
+        const size_t esz = dt == ENG_KV_F32 ? 4 : 2, kvd = rowb / esz; /* f32/f16 stride */
+        const size_t blk_bytes = m->lay.block_stride;
+        const size_t loff = (size_t)c->layer * m->lay.layer_stride;
+        const size_t koff = loff + (size_t)0 * btk * rowb + hoff;
+        const size_t voff = loff + (size_t)1 * btk * rowb + hoff;
         const uint32_t n_pos = t->pos + 1;
         /* sliding-window layer: positions (pos - n_swa, pos] only */
         const uint32_t lo = c->swa && n_pos > m->n_swa ? n_pos - m->n_swa : 0;
@@ -904,13 +914,14 @@ static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
             uint32_t cnt = btk - s0 % btk;
             if (cnt > n_pos - s0)
                 cnt = n_pos - s0;
-            size_t base = (size_t)t->bt[s0 / btk] * blk_elems + (size_t)(s0 % btk) * kvd + koff;
-            if (f16)
-                eng_ll_dot_rows_f16((const uint16_t *)(const void *)c->arena + base, kvd, cnt,
-                                    q, hd, scl + s0);
+            size_t base = (size_t)t->bt[s0 / btk] * blk_bytes + (size_t)(s0 % btk) * rowb + koff;
+            const void *kp = c->arena + base;
+            if (dt == ENG_KV_Q8_0)
+                eng_ll_dot_rows_q8_0(kp, rowb, cnt, q, hd, scl + s0);
+            else if (dt == ENG_KV_F16)
+                eng_ll_dot_rows_f16(kp, kvd, cnt, q, hd, scl + s0);
             else
-                eng_ll_dot_rows((const float *)(const void *)c->arena + base, kvd, cnt, q,
-                                hd, scl + s0);
+                eng_ll_dot_rows(kp, kvd, cnt, q, hd, scl + s0);
             s0 += cnt;
         }
         float mx = -INFINITY;
@@ -932,13 +943,14 @@ static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
             uint32_t cnt = btk - s0 % btk;
             if (cnt > n_pos - s0)
                 cnt = n_pos - s0;
-            size_t base = (size_t)t->bt[s0 / btk] * blk_elems + (size_t)(s0 % btk) * kvd + voff;
-            if (f16)
-                eng_ll_axpy_rows_f16(out, scl + s0,
-                                     (const uint16_t *)(const void *)c->arena + base, kvd, cnt, hd);
+            size_t base = (size_t)t->bt[s0 / btk] * blk_bytes + (size_t)(s0 % btk) * rowb + voff;
+            const void *vp = c->arena + base;
+            if (dt == ENG_KV_Q8_0)
+                eng_ll_axpy_rows_q8_0(out, scl + s0, vp, rowb, cnt, hd);
+            else if (dt == ENG_KV_F16)
+                eng_ll_axpy_rows_f16(out, scl + s0, vp, kvd, cnt, hd);
             else
-                eng_ll_axpy_rows(out, scl + s0, (const float *)(const void *)c->arena + base, kvd,
-                                 cnt, hd);
+                eng_ll_axpy_rows(out, scl + s0, vp, kvd, cnt, hd);
             s0 += cnt;
         }
     }
@@ -1143,16 +1155,19 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const 
                 ll_rope(m, k + (size_t)h * m->head_dim, cs);
             size_t ko = ll_kv_off(m, &toks[i], toks[i].pos, l, 0);
             size_t vo = ll_kv_off(m, &toks[i], toks[i].pos, l, 1);
-            if (m->geom.kv_dtype == ENG_KV_F16) {
-                uint16_t *kc = (uint16_t *)(void *)arena;
+            if (m->geom.kv_dtype == ENG_KV_Q8_0) { /* quantize on store */
+                eng_ll_kv_q8_0_quantize(arena + ko, k, m->kv_dim);
+                eng_ll_kv_q8_0_quantize(arena + vo, v, m->kv_dim);
+            } else if (m->geom.kv_dtype == ENG_KV_F16) {
+                uint16_t *kc = (uint16_t *)(void *)(arena + ko);
+                uint16_t *vc = (uint16_t *)(void *)(arena + vo);
                 for (uint32_t j = 0; j < m->kv_dim; j++) {
-                    kc[ko + j] = ggml_fp32_to_fp16(k[j]);
-                    kc[vo + j] = ggml_fp32_to_fp16(v[j]);
+                    kc[j] = ggml_fp32_to_fp16(k[j]);
+                    vc[j] = ggml_fp32_to_fp16(v[j]);
                 }
             } else {
-                float *kc = (float *)(void *)arena;
-                memcpy(kc + ko, k, m->kv_dim * sizeof(float));
-                memcpy(kc + vo, v, m->kv_dim * sizeof(float));
+                memcpy(arena + ko, k, m->kv_dim * sizeof(float));
+                memcpy(arena + vo, v, m->kv_dim * sizeof(float));
             }
         }
 

@@ -4,7 +4,7 @@
  *   pd-run --model M.gguf --prompt "text" [--max-tokens N] [--temperature T]
  *          [--top-p P] [--top-k K] [--seed S] [--threads N] [--min-tokens N]
  *          [--ignore-eos] [--stop STR]... [--tokens 1,2,3] [--tokens-out]
- *          [--kv f16|f32] [--block-tokens N] [--no-bos] [--engine llama]
+ *          [--kv f16|f32|q8_0] [--block-tokens N] [--no-bos] [--engine llama]
  *          [--presence-penalty X] [--frequency-penalty X] [--repetition-penalty X]
  *          [--min-p X] [--logit-bias ID:BIAS,...] [--stop-token-ids 1,2]
  *          [--logprobs-out N]
@@ -39,7 +39,7 @@ static void usage(FILE *f)
         "  --logprobs-out N   with --tokens-out: per-token logprobs, N alternatives\n"
         "  --threads N        compute threads (default: online cores)\n"
         "  --tokens-out       print generated token ids instead of text\n"
-        "  --kv f16|f32       KV cache dtype (default f16)\n"
+        "  --kv f16|f32|q8_0  KV cache dtype (default f16)\n"
         "  --block-tokens N   tokens per KV block (default 16)\n"
         "  --no-bos           do not prepend BOS to the prompt\n"
         "  --engine NAME      engine (default llama)\n", ENG_STOP_MAX);
@@ -149,8 +149,10 @@ int main(int argc, char **argv)
                 lo.kv_dtype = ENG_KV_F16;
             else if (strcmp(optarg, "f32") == 0)
                 lo.kv_dtype = ENG_KV_F32;
+            else if (strcmp(optarg, "q8_0") == 0)
+                lo.kv_dtype = ENG_KV_Q8_0;
             else {
-                fprintf(stderr, "pd-run: --kv must be f16 or f32\n");
+                fprintf(stderr, "pd-run: --kv must be f16, f32 or q8_0\n");
                 return 2;
             }
             break;

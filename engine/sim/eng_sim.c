@@ -31,8 +31,8 @@ struct eng_model {
     uint64_t magic;
     eng_sim_params_t p;
     eng_kv_geom_t geom;
-    uint32_t elem_bytes;           /* 2 (f16) or 4 (f32) */
-    uint64_t row_bytes;            /* n_kv_heads * head_dim * elem_bytes */
+    uint32_t elem_bytes;           /* 4 (f32) or 2 (f16; q8_0 rows use its pattern) */
+    uint64_t row_bytes;            /* eng_kv_row_bytes(kv_dtype, n_kv_heads * head_dim) */
     uint64_t *tmpl;                /* (n_layers, 2, row_bytes / 8 + 1) random rows */
     uint64_t tmpl_words;           /* words per template row */
     XXH3_state_t *hs;              /* checksum state, compute thread only */
@@ -256,7 +256,8 @@ static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
 
     if (opts == NULL || model_p == NULL)
         return PD_ERR_BAD_INPUT;
-    if (opts->kv_dtype != ENG_KV_F16 && opts->kv_dtype != ENG_KV_F32)
+    if (opts->kv_dtype != ENG_KV_F16 && opts->kv_dtype != ENG_KV_F32 &&
+        opts->kv_dtype != ENG_KV_Q8_0)
         return sim_err(err, err_len, "sim: bad kv_dtype %d", (int)opts->kv_dtype);
     m = calloc(1, sizeof(*m));
     if (m == NULL)
@@ -265,8 +266,14 @@ static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     if (status != PD_OK)
         goto err_free;
     m->magic = SIM_MAGIC;
-    m->elem_bytes = opts->kv_dtype == ENG_KV_F16 ? 2 : 4;
-    m->row_bytes = (uint64_t)m->p.n_kv_heads * m->p.head_dim * m->elem_bytes;
+    m->elem_bytes = opts->kv_dtype == ENG_KV_F32 ? 4 : 2;
+    m->row_bytes = eng_kv_row_bytes(opts->kv_dtype, (uint64_t)m->p.n_kv_heads * m->p.head_dim);
+    if (m->row_bytes == 0 || m->p.head_dim % (opts->kv_dtype == ENG_KV_Q8_0 ? 32 : 1)) {
+        sim_err(err, err_len, "sim: kv-dtype %s needs head_dim a multiple of 32 (head_dim %u)",
+                eng_kv_dtype_name(opts->kv_dtype), m->p.head_dim);
+        status = PD_ERR_BAD_INPUT;
+        goto err_free;
+    }
     g = &m->geom;
     g->n_layers = m->p.n_layers;
     g->n_kv_heads = m->p.n_kv_heads;

@@ -4,7 +4,7 @@
  * real compute time (KV generation + checksum of every KV byte read) side by
  * side with the modeled time. real/modeled < 1 means the engine can honour
  * the model at speedup=1 (the rest is slept); > 1 means it runs late.
- *   usage: pd-sim-bench [--model SPEC] [--ctx N] [--batch B] [--steps S] [--f32] */
+ *   usage: pd-sim-bench [--model SPEC] [--ctx N] [--batch B] [--steps S] [--f32|--q8_0] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,8 +122,10 @@ int main(int argc, char **argv)
             steps = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--f32") == 0)
             dt = ENG_KV_F32;
+        else if (strcmp(argv[i], "--q8_0") == 0)
+            dt = ENG_KV_Q8_0;
         else if (strcmp(argv[i], "--help") == 0) {
-            printf("usage: pd-sim-bench [--model SPEC] [--ctx N] [--batch B] [--steps S] [--f32]\n");
+            printf("usage: pd-sim-bench [--model SPEC] [--ctx N] [--batch B] [--steps S] [--f32|--q8_0]\n");
             return 0;
         } else {
             fprintf(stderr, "pd-sim-bench: unknown flag '%s'\n", argv[i]);

@@ -105,6 +105,7 @@ typedef struct {
     bool no_heartbeats;
     uint32_t vocab;              /* 0 = 260 */
     uint64_t compat;             /* 0 = the deployment's */
+    uint32_t kv_dtype;           /* geometry's dtype (0 = f32, the deployment's) */
     proto_conn_t *conn;
     uint8_t nonce[PROTO_AUTH_NONCE_LEN];
     uint8_t challenge[PROTO_AUTH_NONCE_LEN];
@@ -162,7 +163,7 @@ static void on_challenge(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
     h->incarnation = ((uint64_t)rand() << 32) | (uint64_t)rand();
     h->compat_hash = f->compat ? f->compat : 0x1234abcdull;
     h->geom = (proto_kv_geom_t){ .n_layers = 6, .n_kv_heads = 4, .head_dim = 32,
-                                 .block_tokens = 16, .kv_dtype = 0, .total_blocks = 1024,
+                                 .block_tokens = 16, .kv_dtype = f->kv_dtype, .total_blocks = 1024,
                                  .block_bytes = 16ull * 6 * 2 * 4 * 32 * 4,
                                  .context_length = 4096,
                                  .vocab_size = f->vocab ? f->vocab : 260 };
@@ -901,6 +902,15 @@ static void test_registration(void **st)
     WAIT_FOR(mm.rejected && mm.closed, 5000);
     assert_int_equal(mm.reject_status, PD_ERR_MISMATCH);
     assert_non_null(strstr(mm.reject_reason, "compat_hash"));
+    event_free(mm.hb);
+    /* a decode storing KV in another dtype (issue 32): refused, naming both */
+    memset(&mm, 0, sizeof(mm));
+    fake_start(&mm, "decode-dtype", PROTO_ROLE_DECODE, D_SCRIPT, false);
+    mm.kv_dtype = 2; /* q8_0 */
+    WAIT_FOR(mm.rejected && mm.closed, 5000);
+    assert_int_equal(mm.reject_status, PD_ERR_MISMATCH);
+    assert_non_null(strstr(mm.reject_reason, "kv-dtype q8_0"));
+    assert_non_null(strstr(mm.reject_reason, "deployment's kv-dtype f32"));
     event_free(mm.hb);
 
     fake_t dup;

@@ -237,6 +237,12 @@ static int pdrun_s(const char *engine, const char *model, const int32_t *ids, in
                 av[k++] = "--ignore-eos";
         }
         av[k++] = "--threads"; av[k++] = "1";
+        /* the daemons' kv-dtype (PD_KV_DTYPE, issue 32): the same dtype gives
+         * the same tokens, so the reference runs it too */
+        const char *kvd = getenv("PD_KV_DTYPE");
+        if (kvd && *kvd && strcmp(engine, "llama") == 0) {
+            av[k++] = "--kv"; av[k++] = kvd;
+        }
         av[k++] = "--tokens-out";
         av[k] = NULL;
         execv(g_pdrun, (char *const *)av);
@@ -554,6 +560,19 @@ static void test_equiv_sequential(void **st)
     double pulled = admin_num(&g_a.decode[0], "xfer", "xfer.total.bytes_pulled") - pulled0;
     double bb = admin_num(&g_a.decode[0], "kv", "block_bytes");
     assert_true(pulled >= n_pull * bb);   /* every pull moved at least one block */
+    /* every daemon stores KV in the dtype asked for (PD_KV_DTYPE, default f16) */
+    const char *kvd = getenv("PD_KV_DTYPE");
+    const e2e_proc_t *dm[] = { &g_a.prefill[0], &g_a.decode[0], &g_b.prefill[0], &g_b.decode[0] };
+    for (size_t i = 0; i < sizeof(dm) / sizeof(dm[0]); i++) {
+        cJSON *j = e2e_admin(dm[i]->sock, "kv");
+        const cJSON *d = cJSON_GetObjectItem(j, "kv_dtype");
+        if (!cJSON_IsString(d) || strcmp(d->valuestring, kvd && *kvd ? kvd : "f16") != 0)
+            fail_msg("daemon %zu: kv_dtype %s, want %s", i, cJSON_IsString(d) ? d->valuestring : "?",
+                     kvd && *kvd ? kvd : "f16");
+        cJSON_Delete(j);
+    }
+    fprintf(stderr, "e2e: kv-dtype %s: block_bytes %.0f, %d pulls moved %.0f bytes\n",
+            kvd && *kvd ? kvd : "f16", bb, n_pull, pulled);
     assert_int_equal((int)admin_num(&g_b.decode[0], "xfer", "xfer.total.bytes_pulled"), 0);
     quiet_ok(&g_a);
     quiet_ok(&g_b);

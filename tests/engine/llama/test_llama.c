@@ -697,6 +697,195 @@ static void test_load_errors(void **state)
     }
 }
 
+/* ---- KV cache in q8_0 (issue 32) ------------------------------------ */
+
+static float rnd_f(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(*s >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+}
+
+/* Quantize / dequantize a KV row: llama.cpp's block_q8_0 bytes (f16 d =
+ * amax/127, then 32 int8), each value back within d/2, zero blocks exact. */
+static void test_kv_q8_0_roundtrip(void **state)
+{
+    (void)state;
+    enum { N = 128 };
+    float x[N], y[N];
+    uint8_t q[N / 32 * 34];
+    uint64_t s = 7;
+    assert_int_equal(eng_kv_row_bytes(ENG_KV_Q8_0, N), sizeof(q));
+    assert_int_equal(eng_kv_row_bytes(ENG_KV_Q8_0, 48), 0);
+    assert_int_equal(eng_kv_row_bytes(ENG_KV_F16, N), 2 * N);
+    for (int i = 0; i < N; i++)
+        x[i] = rnd_f(&s) * (float)(1 + i / 32) * 3.0f;
+    for (int i = 64; i < 96; i++) /* block 2: zeros */
+        x[i] = 0.0f;
+    x[5] = -9.0f; /* block 0's amax, negative */
+    eng_ll_kv_q8_0_quantize(q, x, N);
+    eng_ll_kv_q8_0_dequantize(y, q, N);
+    for (int b = 0; b < N / 32; b++) {
+        uint16_t dh;
+        memcpy(&dh, q + b * 34, 2);
+        float amax = 0;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+        assert_int_equal(dh, ggml_fp32_to_fp16(amax / 127.0f));
+        float d = ggml_fp16_to_fp32(dh);
+        for (int j = 0; j < 32; j++) {
+            int8_t qi = (int8_t)q[b * 34 + 2 + j];
+            assert_true(qi != -128);
+            assert_true(y[b * 32 + j] == (float)qi * d);
+            assert_true(fabsf(y[b * 32 + j] - x[b * 32 + j]) <= d * 0.5f + amax * 1e-3f);
+        }
+    }
+    assert_int_equal((int8_t)q[2 + 5], -127);
+    for (int i = 64; i < 96; i++)
+        assert_true(y[i] == 0.0f);
+}
+
+/* The q8_0 attention kernels: dot and axpy over rows of q8_0 blocks equal,
+ * bit for bit, the canonical f32 kernels (scalar path) over the dequantized
+ * rows, on every ISA path. */
+static void test_kv_q8_0_kernels(void **state)
+{
+    (void)state;
+    enum { HD = 128, ROWS = 5, RB = HD / 32 * 34, STRIDE = RB * 3 };
+    static const char *const isas[] = { "avx512", "avx2", "scalar" };
+    uint8_t kv[ROWS * STRIDE];
+    float deq[ROWS][HD], q[HD], a[ROWS], ref_dot[ROWS], ref_y[HD], y0[HD];
+    uint64_t s = 99;
+    for (int r = 0; r < ROWS; r++) {
+        float row[HD];
+        for (int i = 0; i < HD; i++)
+            row[i] = rnd_f(&s) * (float)(r + 1);
+        eng_ll_kv_q8_0_quantize(kv + r * STRIDE, row, HD);
+        eng_ll_kv_q8_0_dequantize(deq[r], kv + r * STRIDE, HD);
+    }
+    for (int i = 0; i < HD; i++) {
+        q[i] = rnd_f(&s);
+        y0[i] = rnd_f(&s) * 0.1f;
+    }
+    for (int r = 0; r < ROWS; r++)
+        a[r] = fabsf(rnd_f(&s));
+    /* the reference: the f32 kernels on the scalar path */
+    assert_int_equal(eng_ll_isa_force("scalar"), 0);
+    memcpy(ref_y, y0, sizeof(y0));
+    for (int r = 0; r < ROWS; r++) {
+        ref_dot[r] = eng_ll_dot(deq[r], q, HD);
+        eng_ll_axpy(ref_y, a[r], deq[r], HD);
+    }
+    int ran = 0;
+    for (size_t i = 0; i < 3; i++) {
+        if (eng_ll_isa_force(isas[i]) != 0)
+            continue;
+        ran++;
+        float out[ROWS], y[HD];
+        memcpy(y, y0, sizeof(y0));
+        eng_ll_dot_rows_q8_0(kv, STRIDE, ROWS, q, HD, out);
+        eng_ll_axpy_rows_q8_0(y, a, kv, STRIDE, ROWS, HD);
+        assert_memory_equal(out, ref_dot, sizeof(out));
+        assert_memory_equal(y, ref_y, sizeof(y));
+        for (int r = 0; r < ROWS; r++) {
+            float d1 = eng_ll_dot_q8_0(kv + r * STRIDE, q, HD);
+            assert_memory_equal(&d1, &ref_dot[r], sizeof(float));
+        }
+    }
+    assert_true(ran >= 2);
+    eng_ll_isa_force("avx512"); /* back to the best available */
+}
+
+/* A q8_0 KV model: stored 34/64 of f16's bytes, prefill-then-decode equal to
+ * the one-shot prefill and the same logits on every ISA path (bitwise),
+ * close to the f16-KV run; head_dim not a multiple of 32 refused at load. */
+static void test_kv_q8_0_model(void **state)
+{
+    (void)state;
+    /* head_dim 32: n_embd 128, 4 heads, 2 kv heads */
+    static const ll_tm_spec_t spec = { "llama", 128, 2, 4, 2, 160, 300, 256, 0, 1, true, false,
+                                       41 };
+    static const char *const isas[] = { "avx512", "avx2", "scalar" };
+    char path[300];
+    model_path(path, sizeof(path), "kvq8");
+    assert_int_equal(ll_tm_write(&spec, path), 0);
+    enum { NT = 20, PF = 14 };
+    int32_t toks[NT];
+    float *first = NULL, *f16lg = NULL;
+    uint32_t V = 0;
+    uint64_t q8_compat = 0;
+    for (size_t i = 0; i < 3; i++) {
+        if (eng_ll_isa_force(isas[i]) != 0)
+            continue;
+        eng_model_t *m = load(path, ENG_KV_Q8_0, 2, 16, 8);
+        const eng_ops_t *ops = eng_find("llama");
+        const eng_kv_geom_t *g = ops->geometry(m);
+        assert_int_equal(g->kv_dtype, ENG_KV_Q8_0);
+        q8_compat = g->compat_hash;
+        assert_int_equal(g->bytes_per_token, 2ull * 2 * 2 * 32 / 32 * 34); /* L*KV*kvd/32*34 */
+        V = g->vocab_size;
+        make_toks(toks, NT, V, 3);
+        uint32_t bt[2] = { 1, 0 };
+        void *arena = calloc(2, g->block_bytes), *arena2 = calloc(2, g->block_bytes);
+        float *lg = malloc(2 * (size_t)V * sizeof(float)), *full = malloc((size_t)V * sizeof(float));
+        /* prefill PF then decode NT-PF one at a time == prefill of NT */
+        assert_int_equal(ops->prefill(m, arena, bt, 2, toks, PF, 0, lg), PD_OK);
+        for (uint32_t p = PF; p < NT; p++) {
+            eng_decode_item_t it = { bt, 2, p, toks[p] };
+            assert_int_equal(ops->decode(m, arena, &it, 1, lg + V), PD_OK);
+        }
+        assert_int_equal(ops->prefill(m, arena2, bt, 2, toks, NT, 0, full), PD_OK);
+        assert_memory_equal(full, lg + V, (size_t)V * sizeof(float));
+        assert_memory_equal(arena, arena2, 2 * g->block_bytes); /* same stored bytes */
+        if (!first) {
+            first = malloc(2 * (size_t)V * sizeof(float));
+            memcpy(first, lg, 2 * (size_t)V * sizeof(float));
+        } else {
+            assert_memory_equal(first, lg, 2 * (size_t)V * sizeof(float));
+        }
+        free(arena);
+        free(arena2);
+        free(lg);
+        free(full);
+        ops->destroy(m);
+    }
+    eng_ll_isa_force("avx512");
+    /* close to the f16-KV run */
+    {
+        eng_model_t *m = load(path, ENG_KV_F16, 2, 16, 8);
+        const eng_ops_t *ops = eng_find("llama");
+        uint32_t bt[2] = { 1, 0 };
+        void *arena = calloc(2, ops->geometry(m)->block_bytes);
+        f16lg = malloc((size_t)V * sizeof(float));
+        assert_int_equal(ops->prefill(m, arena, bt, 2, toks, PF, 0, f16lg), PD_OK);
+        double md = 0, mx = 0;
+        for (uint32_t v = 0; v < V; v++) {
+            md = fmax(md, fabs((double)f16lg[v] - first[v]));
+            mx = fmax(mx, fabs((double)f16lg[v]));
+        }
+        printf("q8_0 KV vs f16 KV (test model, %d tokens): max |dlogit| %.3g (max |logit| %.3g)\n",
+               PF, md, mx);
+        assert_true(md > 0);              /* it is really stored in 8 bits */
+        assert_true(md < 0.05 * fmax(1, mx));
+        /* the dtype is in the compat hash, so in every prefix-cache block name */
+        assert_true(ops->geometry(m)->compat_hash != q8_compat);
+        free(arena);
+        ops->destroy(m);
+    }
+    free(first);
+    free(f16lg);
+    /* head_dim 16: refused, naming head_dim and the multiple */
+    char p16[300];
+    model_path(p16, sizeof(p16), "kvq8_hd16");
+    assert_int_equal(ll_tm_write(&spec_gqa_f16, p16), 0);
+    eng_load_opts_t o = { "llama", p16, 0, ENG_KV_Q8_0, 1, 1 };
+    eng_model_t *m = NULL;
+    char err[200] = "";
+    assert_int_equal(eng_find("llama")->load(&o, &m, err, sizeof(err)), PD_ERR_BAD_INPUT);
+    assert_null(m);
+    assert_non_null(strstr(err, "head_dim"));
+    assert_non_null(strstr(err, "32"));
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -726,6 +915,9 @@ int main(void)
         cmocka_unit_test(test_amx_forward),
         cmocka_unit_test(test_geometry_and_errors),
         cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_kv_q8_0_roundtrip),
+        cmocka_unit_test(test_kv_q8_0_kernels),
+        cmocka_unit_test(test_kv_q8_0_model),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

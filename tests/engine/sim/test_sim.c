@@ -81,6 +81,14 @@ static void test_geometry(void **state)
         assert_int_equal(g32->block_bytes, 32 * 2 * cases[i].bpt_f16);
         assert_int_equal(g16->vocab_size, cases[i].vocab);
         assert_true(g16->compat_hash != g32->compat_hash);
+        /* q8_0 (issue 32): 34 bytes per 32 values, its own compat hash */
+        eng_model_t *m8 = load(cases[i].spec, ENG_KV_Q8_0, 0);
+        const eng_kv_geom_t *g8 = ops->geometry(m8);
+        assert_int_equal(g8->bytes_per_token, cases[i].bpt_f16 / 64 * 34);
+        assert_int_equal(g8->block_bytes, 16 * g8->bytes_per_token);
+        assert_int_equal(g8->kv_dtype, ENG_KV_Q8_0);
+        assert_true(g8->compat_hash != g16->compat_hash);
+        ops->destroy(m8);
         hashes[i] = g16->compat_hash;
         ops->destroy(m16);
         ops->destroy(m32);
@@ -94,6 +102,16 @@ static void test_geometry(void **state)
         assert_int_equal(ops->geometry(a)->compat_hash, ops->geometry(b)->compat_hash);
         ops->destroy(a);
         ops->destroy(b);
+    }
+    {   /* q8_0 needs head_dim a multiple of 32 */
+        eng_load_opts_t o = { .engine = "sim", .kv_dtype = ENG_KV_Q8_0,
+                              .model_path = "sim:layers=32,kv_heads=8,head_dim=48,vocab=32000,"
+                                            "prefill_tps=8000,decode_ms=20+0.5*b" };
+        eng_model_t *m = NULL;
+        char err[200] = "";
+        assert_int_equal(ops->load(&o, &m, err, sizeof(err)), PD_ERR_BAD_INPUT);
+        assert_null(m);
+        assert_non_null(strstr(err, "head_dim"));
     }
     ops->destroy(NULL);
 }
