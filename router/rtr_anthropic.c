@@ -15,28 +15,7 @@
 
 /* ---- parse ------------------------------------------------------------------ */
 
-typedef struct {
-    rtr_oai_error_t *err;
-    bool oom;
-} actx_t;
-
-/* "'param' detail" */
-static bool bad(actx_t *c, const char *param, const char *detail)
-{
-    return rtr_fd_bad(c->err, NULL, param, "'%s' %s", param, detail);
-}
-
-static bool unsupported(actx_t *c, const char *param, const char *why)
-{
-    return rtr_fd_bad(c->err, "unsupported_parameter", param,
-                      "'%s' is not supported by this server: %s", param, why);
-}
-
-static bool nomem(actx_t *c)
-{
-    c->oom = true;
-    return false;
-}
+typedef rtr_fd_ctx_t actx_t;
 
 /* cache_control (prompt caching hints): accepted, nothing to do. The
  * router's prefix cache keeps every prompt's blocks without being asked. */
@@ -52,14 +31,8 @@ static bool cache_control_ok(actx_t *c, const cJSON *blk, const char *where)
     if (!cJSON_IsObject(cc) || !cJSON_IsString(t) || strcmp(t->valuestring, "ephemeral") != 0 ||
         (ttl != NULL && !cJSON_IsString(ttl)) ||
         cJSON_GetArraySize(cc) != (ttl != NULL ? 2 : 1))
-        return bad(c, p, "must be {\"type\": \"ephemeral\"} (optionally with \"ttl\")");
+        return rtr_fd_pbad(c, p, "must be {\"type\": \"ephemeral\"} (optionally with \"ttl\")");
     return true;
-}
-
-static bool buf_text(actx_t *c, rtr_fd_buf_t *b, const char *s)
-{
-    pd_sbuf_append(b, s, strlen(s));
-    return !b->failed || nomem(c);
 }
 
 /* A {"type":"text","text":...} block (cache_control, citations: null or []). */
@@ -72,51 +45,42 @@ static bool text_block(actx_t *c, const cJSON *b, const char *where, rtr_fd_buf_
     char p[192];
     snprintf(p, sizeof(p), "%s.text", where);
     if (!cJSON_IsString(t))
-        return bad(c, p, "must be a string");
+        return rtr_fd_pbad(c, p, "must be a string");
     const cJSON *ci = cJSON_GetObjectItemCaseSensitive(b, "citations");
     if (ci != NULL && !cJSON_IsNull(ci) && !(cJSON_IsArray(ci) && ci->child == NULL)) {
         snprintf(p, sizeof(p), "%s.citations", where);
-        return unsupported(c, p, "citations are not produced by this server");
+        return rtr_fd_punsup(c, p, "citations are not produced by this server");
     }
-    return cache_control_ok(c, b, where) && buf_text(c, out, t->valuestring);
+    return cache_control_ok(c, b, where) && rtr_fd_ptext(c, out, t->valuestring);
 }
 
 /* Text as a string or an array of text blocks (system, tool_result content). */
 static bool text_content(actx_t *c, const cJSON *v, const char *where, rtr_fd_buf_t *out)
 {
     if (v == NULL || cJSON_IsNull(v))
-        return buf_text(c, out, "");
+        return rtr_fd_ptext(c, out, "");
     if (cJSON_IsString(v))
-        return buf_text(c, out, v->valuestring);
+        return rtr_fd_ptext(c, out, v->valuestring);
     if (!cJSON_IsArray(v))
-        return bad(c, where, "must be a string or an array of text blocks");
+        return rtr_fd_pbad(c, where, "must be a string or an array of text blocks");
     const cJSON *b;
     int j = 0;
-    bool ok = buf_text(c, out, "");
+    bool ok = rtr_fd_ptext(c, out, "");
     cJSON_ArrayForEach(b, v) {
         char w[128];
         snprintf(w, sizeof(w), "%s[%d]", where, j++);
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(b, "type");
         if (!cJSON_IsObject(b) || !cJSON_IsString(t))
-            return bad(c, w, "must be a content block with a string 'type'");
+            return rtr_fd_pbad(c, w, "must be a content block with a string 'type'");
         if (strcmp(t->valuestring, "text") != 0) {
             char p[192];
             snprintf(p, sizeof(p), "%s.type", w);
-            return unsupported(c, p, "only text blocks are accepted here (this model takes text)");
+            return rtr_fd_punsup(c, p,
+                                 "only text blocks are accepted here (this model takes text)");
         }
         ok = ok && text_block(c, b, w, out);
     }
     return ok;
-}
-
-static cJSON *chat_msg(cJSON *msgs, const char *role)
-{
-    cJSON *m = cJSON_CreateObject();
-    if (m == NULL || !cJSON_AddItemToArray(msgs, m)) {
-        cJSON_Delete(m);
-        return NULL;
-    }
-    return cJSON_AddStringToObject(m, "role", role) != NULL ? m : NULL;
 }
 
 /* One tool_use block -> a chat tool call appended to calls. */
@@ -131,15 +95,15 @@ static bool tool_use(actx_t *c, const cJSON *b, const char *w, cJSON *calls)
     char p[192];
     if (!cJSON_IsString(id) || id->valuestring[0] == '\0' || strlen(id->valuestring) > 256) {
         snprintf(p, sizeof(p), "%s.id", w);
-        return bad(c, p, "must be a string of 1-256 bytes");
+        return rtr_fd_pbad(c, p, "must be a string of 1-256 bytes");
     }
     if (!cJSON_IsString(name) || !rtr_tools_name_ok(name->valuestring)) {
         snprintf(p, sizeof(p), "%s.name", w);
-        return bad(c, p, "must be 1-64 characters of a-z, A-Z, 0-9, _ and -");
+        return rtr_fd_pbad(c, p, "must be 1-64 characters of a-z, A-Z, 0-9, _ and -");
     }
     if (!cJSON_IsObject(input)) {
         snprintf(p, sizeof(p), "%s.input", w);
-        return bad(c, p, "must be an object");
+        return rtr_fd_pbad(c, p, "must be an object");
     }
     if (!cache_control_ok(c, b, w))
         return false;
@@ -149,14 +113,14 @@ static bool tool_use(actx_t *c, const cJSON *b, const char *w, cJSON *calls)
     if (args == NULL || fn == NULL || !cJSON_AddItemToArray(calls, call)) {
         cJSON_free(args);
         cJSON_Delete(call);
-        return nomem(c);
+        return rtr_fd_pnomem(c);
     }
     bool ok = cJSON_AddStringToObject(call, "id", id->valuestring) &&
               cJSON_AddStringToObject(call, "type", "function") &&
               cJSON_AddStringToObject(fn, "name", name->valuestring) &&
               cJSON_AddStringToObject(fn, "arguments", args);
     cJSON_free(args);
-    return ok || nomem(c);
+    return ok || rtr_fd_pnomem(c);
 }
 
 /* One tool_result block -> a chat "tool" message. */
@@ -171,23 +135,23 @@ static bool tool_result(actx_t *c, const cJSON *b, const char *w, cJSON *msgs)
     char p[192];
     if (!cJSON_IsString(id) || strlen(id->valuestring) > 256) {
         snprintf(p, sizeof(p), "%s.tool_use_id", w);
-        return bad(c, p, "must be a string of at most 256 bytes");
+        return rtr_fd_pbad(c, p, "must be a string of at most 256 bytes");
     }
     if (ie != NULL && !cJSON_IsNull(ie) && !cJSON_IsBool(ie)) {
         snprintf(p, sizeof(p), "%s.is_error", w);
-        return bad(c, p, "must be a boolean");
+        return rtr_fd_pbad(c, p, "must be a boolean");
     }
     if (!cache_control_ok(c, b, w))
         return false;
     rtr_fd_buf_t t = PD_SBUF_INIT;
     /* an error result says so in its text: the chat templates have no flag */
-    bool ok = buf_text(c, &t, cJSON_IsTrue(ie) ? "Error: " : "");
+    bool ok = rtr_fd_ptext(c, &t, cJSON_IsTrue(ie) ? "Error: " : "");
     snprintf(p, sizeof(p), "%s.content", w);
     ok = ok && text_content(c, cJSON_GetObjectItemCaseSensitive(b, "content"), p, &t);
-    cJSON *m = ok ? chat_msg(msgs, "tool") : NULL;
+    cJSON *m = ok ? rtr_fd_chat_msg(msgs, "tool") : NULL;
     if (ok && (m == NULL || !cJSON_AddStringToObject(m, "tool_call_id", id->valuestring) ||
                !cJSON_AddStringToObject(m, "content", t.buf)))
-        ok = nomem(c);
+        ok = rtr_fd_pnomem(c);
     free(t.buf);
     return ok;
 }
@@ -198,7 +162,7 @@ static bool tool_result(actx_t *c, const cJSON *b, const char *w, cJSON *msgs)
 static bool tr_messages(actx_t *c, const cJSON *ms, cJSON *msgs)
 {
     if (!cJSON_IsArray(ms) || ms->child == NULL)
-        return bad(c, "messages", "must be a non-empty array");
+        return rtr_fd_pbad(c, "messages", "must be a non-empty array");
     int n = cJSON_GetArraySize(ms), i = 0;
     const cJSON *m;
     cJSON_ArrayForEach(m, ms) {
@@ -206,7 +170,7 @@ static bool tr_messages(actx_t *c, const cJSON *ms, cJSON *msgs)
         snprintf(w, sizeof(w), "messages[%d]", i);
         static const char *const keys[] = { "role", "content", NULL };
         if (!cJSON_IsObject(m))
-            return bad(c, w, "must be an object with 'role' and 'content'");
+            return rtr_fd_pbad(c, w, "must be an object with 'role' and 'content'");
         if (!rtr_fd_keys(c->err, m, keys, w))
             return false;
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
@@ -215,27 +179,27 @@ static bool tr_messages(actx_t *c, const cJSON *ms, cJSON *msgs)
         snprintf(p, sizeof(p), "%s.role", w);
         if (!cJSON_IsString(role) || (strcmp(role->valuestring, "user") != 0 &&
                                       strcmp(role->valuestring, "assistant") != 0))
-            return bad(c, p, "must be \"user\" or \"assistant\" (the system prompt "
+            return rtr_fd_pbad(c, p, "must be \"user\" or \"assistant\" (the system prompt "
                                         "is the top-level 'system')");
         bool asst = role->valuestring[0] == 'a';
         if (asst && i == n - 1)
-            return unsupported(c, w, "a final assistant message (a prefill the answer would "
+            return rtr_fd_punsup(c, w, "a final assistant message (a prefill the answer would "
                                      "continue) is not supported: the answer is a new turn");
         snprintf(p, sizeof(p), "%s.content", w);
         if (cJSON_IsString(ct)) {
-            cJSON *o = chat_msg(msgs, role->valuestring);
+            cJSON *o = rtr_fd_chat_msg(msgs, role->valuestring);
             if (o == NULL || !cJSON_AddStringToObject(o, "content", ct->valuestring))
-                return nomem(c);
+                return rtr_fd_pnomem(c);
             i++;
             continue;
         }
         if (!cJSON_IsArray(ct))
-            return bad(c, p, "must be a string or an array of content blocks");
+            return rtr_fd_pbad(c, p, "must be a string or an array of content blocks");
         rtr_fd_buf_t text = PD_SBUF_INIT;
         bool have_text = false, had_result = false, ok = true;
         cJSON *calls = asst ? cJSON_CreateArray() : NULL;
         if (asst && calls == NULL)
-            return nomem(c);
+            return rtr_fd_pnomem(c);
         const cJSON *b;
         int j = 0;
         cJSON_ArrayForEach(b, ct) {
@@ -243,7 +207,7 @@ static bool tr_messages(actx_t *c, const cJSON *ms, cJSON *msgs)
             snprintf(bw, sizeof(bw), "%s.content[%d]", w, j++);
             const cJSON *t = cJSON_GetObjectItemCaseSensitive(b, "type");
             if (!cJSON_IsObject(b) || !cJSON_IsString(t)) {
-                ok = bad(c, bw, "must be a content block with a string 'type'");
+                ok = rtr_fd_pbad(c, bw, "must be a content block with a string 'type'");
                 break;
             }
             const char *ty = t->valuestring;
@@ -256,10 +220,10 @@ static bool tr_messages(actx_t *c, const cJSON *ms, cJSON *msgs)
                 ok = tool_use(c, b, bw, calls);
             } else if (strcmp(ty, "tool_result") == 0 && !asst) {
                 if (have_text) { /* the text before it is a turn of its own */
-                    cJSON *o = chat_msg(msgs, "user");
+                    cJSON *o = rtr_fd_chat_msg(msgs, "user");
                     ok = o != NULL && cJSON_AddStringToObject(o, "content", text.buf) != NULL;
                     if (!ok)
-                        nomem(c);
+                        rtr_fd_pnomem(c);
                     text.len = 0; /* reuse: the next block starts empty */
                     if (text.buf != NULL)
                         text.buf[0] = '\0';
@@ -268,23 +232,23 @@ static bool tr_messages(actx_t *c, const cJSON *ms, cJSON *msgs)
                 ok = ok && tool_result(c, b, bw, msgs);
                 had_result = true;
             } else if (strcmp(ty, "tool_use") == 0 || strcmp(ty, "tool_result") == 0) {
-                ok = bad(c, tp, asst ? "\"tool_result\" belongs in a user message"
+                ok = rtr_fd_pbad(c, tp, asst ? "\"tool_result\" belongs in a user message"
                                                 : "\"tool_use\" belongs in an assistant message");
             } else if (strcmp(ty, "image") == 0 || strcmp(ty, "document") == 0 ||
                        strcmp(ty, "thinking") == 0 || strcmp(ty, "redacted_thinking") == 0 ||
                        strcmp(ty, "search_result") == 0 || strcmp(ty, "server_tool_use") == 0 ||
                        strcmp(ty, "web_search_tool_result") == 0 ||
                        strcmp(ty, "container_upload") == 0) {
-                ok = unsupported(c, tp, "text, tool_use and tool_result blocks only (this model "
+                ok = rtr_fd_punsup(c, tp, "text, tool_use and tool_result blocks only (this model "
                                         "takes text; no thinking or server tools)");
             } else {
-                ok = bad(c, tp, "is not a known content block type");
+                ok = rtr_fd_pbad(c, tp, "is not a known content block type");
             }
             if (!ok)
                 break;
         }
         if (ok && asst) {
-            cJSON *o = chat_msg(msgs, "assistant");
+            cJSON *o = rtr_fd_chat_msg(msgs, "assistant");
             bool has_calls = cJSON_GetArraySize(calls) > 0;
             ok = o != NULL &&
                  (have_text ? cJSON_AddStringToObject(o, "content", text.buf) != NULL
@@ -295,12 +259,12 @@ static bool tr_messages(actx_t *c, const cJSON *ms, cJSON *msgs)
                 calls = NULL;
             }
             if (!ok)
-                nomem(c);
+                rtr_fd_pnomem(c);
         } else if (ok && (have_text || !had_result)) {
-            cJSON *o = chat_msg(msgs, "user");
+            cJSON *o = rtr_fd_chat_msg(msgs, "user");
             ok = o != NULL && cJSON_AddStringToObject(o, "content", text.buf ? text.buf : "");
             if (!ok)
-                nomem(c);
+                rtr_fd_pnomem(c);
         }
         cJSON_Delete(calls);
         free(text.buf);
@@ -314,10 +278,10 @@ static bool tr_messages(actx_t *c, const cJSON *ms, cJSON *msgs)
 static bool tr_tools(actx_t *c, const cJSON *tl, cJSON *chat)
 {
     if (!cJSON_IsArray(tl))
-        return bad(c, "tools", "must be an array of tool definitions");
+        return rtr_fd_pbad(c, "tools", "must be an array of tool definitions");
     cJSON *out = cJSON_AddArrayToObject(chat, "tools");
     if (out == NULL)
-        return nomem(c);
+        return rtr_fd_pnomem(c);
     const cJSON *t;
     int i = 0;
     cJSON_ArrayForEach(t, tl) {
@@ -326,12 +290,12 @@ static bool tr_tools(actx_t *c, const cJSON *tl, cJSON *chat)
         static const char *const keys[] = { "name", "description", "input_schema",
                                             "cache_control", "type", NULL };
         if (!cJSON_IsObject(t))
-            return bad(c, w, "must be an object");
+            return rtr_fd_pbad(c, w, "must be an object");
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
         snprintf(p, sizeof(p), "%s.type", w);
         if (ty != NULL && !cJSON_IsNull(ty) &&
             !(cJSON_IsString(ty) && strcmp(ty->valuestring, "custom") == 0))
-            return unsupported(c, p, "server tools (web search, bash, text editor, ...) are not "
+            return rtr_fd_punsup(c, p, "server tools (web search, bash, text editor, ...) are not "
                                      "run by this server: custom tools only");
         if (!rtr_fd_keys(c->err, t, keys, w) || !cache_control_ok(c, t, w))
             return false;
@@ -340,25 +304,25 @@ static bool tr_tools(actx_t *c, const cJSON *tl, cJSON *chat)
         const cJSON *schema = cJSON_GetObjectItemCaseSensitive(t, "input_schema");
         snprintf(p, sizeof(p), "%s.name", w);
         if (!cJSON_IsString(name) || !rtr_tools_name_ok(name->valuestring))
-            return bad(c, p, "must be 1-64 characters of a-z, A-Z, 0-9, _ and -");
+            return rtr_fd_pbad(c, p, "must be 1-64 characters of a-z, A-Z, 0-9, _ and -");
         snprintf(p, sizeof(p), "%s.description", w);
         if (desc != NULL && !cJSON_IsNull(desc) && !cJSON_IsString(desc))
-            return bad(c, p, "must be a string");
+            return rtr_fd_pbad(c, p, "must be a string");
         snprintf(p, sizeof(p), "%s.input_schema", w);
         if (!cJSON_IsObject(schema))
-            return bad(c, p, "is required: a JSON schema object");
+            return rtr_fd_pbad(c, p, "is required: a JSON schema object");
         cJSON *o = cJSON_CreateObject();
         cJSON *fn = cJSON_AddObjectToObject(o, "function");
         if (fn == NULL || !cJSON_AddItemToArray(out, o)) {
             cJSON_Delete(o);
-            return nomem(c);
+            return rtr_fd_pnomem(c);
         }
         if (!cJSON_AddStringToObject(o, "type", "function") ||
             !cJSON_AddStringToObject(fn, "name", name->valuestring) ||
             (cJSON_IsString(desc) && !cJSON_AddStringToObject(fn, "description",
                                                                desc->valuestring)) ||
             !cJSON_AddItemToObject(fn, "parameters", cJSON_Duplicate(schema, true)))
-            return nomem(c);
+            return rtr_fd_pnomem(c);
     }
     return true;
 }
@@ -369,7 +333,7 @@ static bool tr_tool_choice(actx_t *c, const cJSON *tc, cJSON *chat)
     static const char *const keys[] = { "type", "name", "disable_parallel_tool_use", NULL };
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
     if (!cJSON_IsObject(tc) || !cJSON_IsString(ty))
-        return bad(c, "tool_choice", "must be an object with a string 'type'");
+        return rtr_fd_pbad(c, "tool_choice", "must be an object with a string 'type'");
     if (!rtr_fd_keys(c->err, tc, keys, "tool_choice"))
         return false;
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(tc, "name");
@@ -378,29 +342,29 @@ static bool tr_tool_choice(actx_t *c, const cJSON *tc, cJSON *chat)
     cJSON *v = NULL;
     if (strcmp(t, "tool") == 0) {
         if (!cJSON_IsString(name))
-            return bad(c, "tool_choice.name", "is required with type \"tool\"");
+            return rtr_fd_pbad(c, "tool_choice.name", "is required with type \"tool\"");
         v = cJSON_CreateObject();
         cJSON *fn = cJSON_AddObjectToObject(v, "function");
         if (fn == NULL || !cJSON_AddStringToObject(v, "type", "function") ||
             !cJSON_AddStringToObject(fn, "name", name->valuestring)) {
             cJSON_Delete(v);
-            return nomem(c);
+            return rtr_fd_pnomem(c);
         }
     } else if (name != NULL && !cJSON_IsNull(name)) {
-        return bad(c, "tool_choice.name", "goes with type \"tool\" only");
+        return rtr_fd_pbad(c, "tool_choice.name", "goes with type \"tool\" only");
     } else if (strcmp(t, "auto") == 0 || strcmp(t, "any") == 0 || strcmp(t, "none") == 0) {
         v = cJSON_CreateString(t[0] == 'a' && t[1] == 'n' ? "required" : t);
     } else {
-        return bad(c, "tool_choice.type",
+        return rtr_fd_pbad(c, "tool_choice.type",
                    "must be \"auto\", \"any\", \"tool\" or \"none\"");
     }
     if (v == NULL || !cJSON_AddItemToObject(chat, "tool_choice", v))
-        return nomem(c);
+        return rtr_fd_pnomem(c);
     if (dp != NULL && !cJSON_IsNull(dp)) {
         if (!cJSON_IsBool(dp))
-            return bad(c, "tool_choice.disable_parallel_tool_use", "must be a boolean");
+            return rtr_fd_pbad(c, "tool_choice.disable_parallel_tool_use", "must be a boolean");
         if (cJSON_AddBoolToObject(chat, "parallel_tool_calls", !cJSON_IsTrue(dp)) == NULL)
-            return nomem(c);
+            return rtr_fd_pnomem(c);
     }
     return true;
 }
@@ -411,27 +375,27 @@ static bool tr_sampling(actx_t *c, const cJSON *root, bool count_only, cJSON *ch
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "max_tokens");
     if (!count_only) {
         if (mt == NULL || cJSON_IsNull(mt))
-            return bad(c, "max_tokens", "is required");
+            return rtr_fd_pbad(c, "max_tokens", "is required");
         if (!cJSON_IsNumber(mt) || !isfinite(mt->valuedouble) || mt->valuedouble < 1 ||
             floor(mt->valuedouble) != mt->valuedouble)
-            return bad(c, "max_tokens", "must be an integer >= 1");
+            return rtr_fd_pbad(c, "max_tokens", "must be an integer >= 1");
     }
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "temperature");
     if (t != NULL && !cJSON_IsNull(t) &&
         (!cJSON_IsNumber(t) || !(t->valuedouble >= 0 && t->valuedouble <= 1)))
-        return bad(c, "temperature", "must be a number in [0, 1]");
+        return rtr_fd_pbad(c, "temperature", "must be a number in [0, 1]");
     const cJSON *ss = cJSON_GetObjectItemCaseSensitive(root, "stop_sequences");
     if (ss != NULL && !cJSON_IsNull(ss)) {
         if (!cJSON_IsArray(ss) || cJSON_GetArraySize(ss) > RTR_OAI_MAX_STOP)
-            return bad(c, "stop_sequences", "must be an array of at most 8 strings");
+            return rtr_fd_pbad(c, "stop_sequences", "must be an array of at most 8 strings");
         const cJSON *s;
         cJSON_ArrayForEach(s, ss) {
             if (!cJSON_IsString(s) || strlen(s->valuestring) > RTR_OAI_MAX_STOP_BYTES)
-                return bad(c, "stop_sequences",
+                return rtr_fd_pbad(c, "stop_sequences",
                            "entries must be strings of at most 256 bytes");
         }
         if (!cJSON_AddItemToObject(chat, "stop", cJSON_Duplicate(ss, true)))
-            return nomem(c);
+            return rtr_fd_pnomem(c);
     }
     /* the same name and meaning in the chat body: its checks name them */
     static const char *const same[] = { "model", "max_tokens", "temperature", "top_p", "top_k",
@@ -439,30 +403,30 @@ static bool tr_sampling(actx_t *c, const cJSON *root, bool count_only, cJSON *ch
     for (size_t i = 0; same[i] != NULL; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, same[i]);
         if (v != NULL && !cJSON_AddItemToObject(chat, same[i], cJSON_Duplicate(v, true)))
-            return nomem(c);
+            return rtr_fd_pnomem(c);
     }
     const cJSON *tk = cJSON_GetObjectItemCaseSensitive(root, "top_k");
     if (tk != NULL && !cJSON_IsNull(tk) && (!cJSON_IsNumber(tk) || tk->valuedouble < 0))
-        return bad(c, "top_k", "must be an integer >= 0 (0: off)");
+        return rtr_fd_pbad(c, "top_k", "must be an integer >= 0 (0: off)");
     const cJSON *md = cJSON_GetObjectItemCaseSensitive(root, "metadata");
     if (md != NULL && !cJSON_IsNull(md)) {
         static const char *const keys[] = { "user_id", NULL };
         if (!cJSON_IsObject(md))
-            return bad(c, "metadata", "must be an object");
+            return rtr_fd_pbad(c, "metadata", "must be an object");
         if (!rtr_fd_keys(c->err, md, keys, "metadata"))
             return false;
         const cJSON *u = cJSON_GetObjectItemCaseSensitive(md, "user_id");
         if (u != NULL && !cJSON_IsNull(u) &&
             (!cJSON_IsString(u) || strlen(u->valuestring) > 256))
-            return bad(c, "metadata.user_id", "must be a string of at most 256 bytes");
+            return rtr_fd_pbad(c, "metadata.user_id", "must be a string of at most 256 bytes");
         if (cJSON_IsString(u) && !cJSON_AddStringToObject(chat, "user", u->valuestring))
-            return nomem(c);
+            return rtr_fd_pnomem(c);
     }
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(root, "service_tier");
     if (st != NULL && !cJSON_IsNull(st) &&
         !(cJSON_IsString(st) && (strcmp(st->valuestring, "auto") == 0 ||
                                  strcmp(st->valuestring, "standard_only") == 0)))
-        return bad(c, "service_tier", "must be \"auto\" or \"standard_only\"");
+        return rtr_fd_pbad(c, "service_tier", "must be \"auto\" or \"standard_only\"");
     return true;
 }
 
@@ -474,15 +438,15 @@ static bool neutral_only(actx_t *c, const cJSON *root)
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(th, "type");
         if (!(cJSON_IsObject(th) && cJSON_IsString(t) && strcmp(t->valuestring, "disabled") == 0 &&
               cJSON_GetArraySize(th) == 1))
-            return unsupported(c, "thinking", "extended thinking is not available (send "
+            return rtr_fd_punsup(c, "thinking", "extended thinking is not available (send "
                                               "{\"type\": \"disabled\"} or leave it out)");
     }
     const cJSON *ct = cJSON_GetObjectItemCaseSensitive(root, "container");
     if (ct != NULL && !cJSON_IsNull(ct))
-        return unsupported(c, "container", "no code execution containers");
+        return rtr_fd_punsup(c, "container", "no code execution containers");
     const cJSON *mcp = cJSON_GetObjectItemCaseSensitive(root, "mcp_servers");
     if (mcp != NULL && !cJSON_IsNull(mcp) && !(cJSON_IsArray(mcp) && mcp->child == NULL))
-        return unsupported(c, "mcp_servers", "the server does not connect to MCP servers");
+        return rtr_fd_punsup(c, "mcp_servers", "the server does not connect to MCP servers");
     return true;
 }
 
@@ -508,15 +472,15 @@ pd_status_t rtr_anth_parse(const char *body, size_t len, const rtr_oai_limits_t 
     actx_t c = { err, false };
     cJSON *chat = cJSON_CreateObject();
     cJSON *msgs = cJSON_AddArrayToObject(chat, "messages");
-    bool ok = msgs != NULL || nomem(&c);
+    bool ok = msgs != NULL || rtr_fd_pnomem(&c);
     ok = ok && rtr_fd_keys(err, root, count_only ? count_keys : keys, "");
     const cJSON *sys = cJSON_GetObjectItemCaseSensitive(root, "system");
     if (ok && sys != NULL && !cJSON_IsNull(sys)) {
         rtr_fd_buf_t t = PD_SBUF_INIT;
         ok = text_content(&c, sys, "system", &t);
-        cJSON *m = ok ? chat_msg(msgs, "system") : NULL;
+        cJSON *m = ok ? rtr_fd_chat_msg(msgs, "system") : NULL;
         if (ok && (m == NULL || !cJSON_AddStringToObject(m, "content", t.buf)))
-            ok = nomem(&c);
+            ok = rtr_fd_pnomem(&c);
         free(t.buf);
     }
     ok = ok && tr_messages(&c, cJSON_GetObjectItemCaseSensitive(root, "messages"), msgs);

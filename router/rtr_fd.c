@@ -166,3 +166,36 @@ cJSON *rtr_fd_args_object(const char *arguments)
     cJSON_Delete(o);
     return cJSON_CreateObject();
 }
+
+bool rtr_fd_pbad(rtr_fd_ctx_t *c, const char *param, const char *detail)
+{
+    return rtr_fd_bad(c->err, NULL, param, "'%s' %s", param, detail);
+}
+
+bool rtr_fd_punsup(rtr_fd_ctx_t *c, const char *param, const char *why)
+{
+    return rtr_fd_bad(c->err, "unsupported_parameter", param,
+                      "'%s' is not supported by this server: %s", param, why);
+}
+
+bool rtr_fd_pnomem(rtr_fd_ctx_t *c)
+{
+    c->oom = true;
+    return false;
+}
+
+bool rtr_fd_ptext(rtr_fd_ctx_t *c, rtr_fd_buf_t *b, const char *s)
+{
+    pd_sbuf_append(b, s, strlen(s));
+    return !b->failed || rtr_fd_pnomem(c);
+}
+
+cJSON *rtr_fd_chat_msg(cJSON *msgs, const char *role)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (m == NULL || !cJSON_AddItemToArray(msgs, m)) {
+        cJSON_Delete(m);
+        return NULL;
+    }
+    return cJSON_AddStringToObject(m, "role", role) != NULL ? m : NULL;
+}

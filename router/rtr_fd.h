@@ -70,6 +70,18 @@ struct cJSON;
 /* Events into a growing buffer: common's string builder (a failed
  * allocation sticks: take -> NULL). */
 typedef pd_sbuf_t rtr_fd_buf_t;
+/* A front door's parse context: the error to fill and a sticky
+ * out-of-memory; the helpers return false so a parse can `ok = ok && ...`. */
+typedef struct {
+    rtr_oai_error_t *err;
+    bool oom;
+} rtr_fd_ctx_t;
+bool rtr_fd_pbad(rtr_fd_ctx_t *c, const char *param, const char *detail); /* "'param' detail" */
+bool rtr_fd_punsup(rtr_fd_ctx_t *c, const char *param, const char *why);  /* unsupported_parameter */
+bool rtr_fd_pnomem(rtr_fd_ctx_t *c);
+bool rtr_fd_ptext(rtr_fd_ctx_t *c, rtr_fd_buf_t *b, const char *s);      /* append s */
+/* {"role": role} appended to the chat messages array; NULL on ENOMEM. */
+struct cJSON *rtr_fd_chat_msg(struct cJSON *msgs, const char *role);
 /* "event: type\ndata: <data printed>\n\n"; data is consumed. */
 void rtr_fd_event(rtr_fd_buf_t *b, const char *type, struct cJSON *data);
 char *rtr_fd_buf_take(rtr_fd_buf_t *b);

@@ -13,43 +13,17 @@
 
 /* ---- parse ------------------------------------------------------------------ */
 
-typedef struct {
-    rtr_oai_error_t *err;
-    bool oom;
-} rctx_t;
-
-static bool bad(rctx_t *c, const char *param, const char *detail)
-{
-    return rtr_fd_bad(c->err, NULL, param, "'%s' %s", param, detail);
-}
-
-static bool unsupported(rctx_t *c, const char *param, const char *why)
-{
-    return rtr_fd_bad(c->err, "unsupported_parameter", param,
-                      "'%s' is not supported by this server: %s", param, why);
-}
-
-static bool nomem(rctx_t *c)
-{
-    c->oom = true;
-    return false;
-}
-
-static bool buf_text(rctx_t *c, rtr_fd_buf_t *b, const char *s)
-{
-    pd_sbuf_append(b, s, strlen(s));
-    return !b->failed || nomem(c);
-}
+typedef rtr_fd_ctx_t rctx_t;
 
 /* Content: a string or an array of input_text / output_text parts. */
 static bool parts_text(rctx_t *c, const cJSON *v, const char *where, rtr_fd_buf_t *out)
 {
-    if (!buf_text(c, out, ""))
+    if (!rtr_fd_ptext(c, out, ""))
         return false;
     if (cJSON_IsString(v))
-        return buf_text(c, out, v->valuestring);
+        return rtr_fd_ptext(c, out, v->valuestring);
     if (!cJSON_IsArray(v))
-        return bad(c, where, "must be a string or an array of input_text parts");
+        return rtr_fd_pbad(c, where, "must be a string or an array of input_text parts");
     const cJSON *p;
     int j = 0;
     cJSON_ArrayForEach(p, v) {
@@ -57,13 +31,13 @@ static bool parts_text(rctx_t *c, const cJSON *v, const char *where, rtr_fd_buf_
         snprintf(w, sizeof(w), "%s[%d]", where, j++);
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "type");
         if (!cJSON_IsObject(p) || !cJSON_IsString(t))
-            return bad(c, w, "must be a content part with a string 'type'");
+            return rtr_fd_pbad(c, w, "must be a content part with a string 'type'");
         snprintf(q, sizeof(q), "%s.type", w);
         bool out_text = strcmp(t->valuestring, "output_text") == 0;
         if (strcmp(t->valuestring, "input_text") != 0 && !out_text) {
             if (strncmp(t->valuestring, "input_", 6) == 0 || strcmp(t->valuestring, "refusal") == 0)
-                return unsupported(c, q, "text parts only (this model takes text)");
-            return bad(c, q, "is not a known content part type");
+                return rtr_fd_punsup(c, q, "text parts only (this model takes text)");
+            return rtr_fd_pbad(c, q, "is not a known content part type");
         }
         static const char *const in_keys[] = { "type", "text", NULL };
         static const char *const out_keys[] = { "type", "text", "annotations", "logprobs", NULL };
@@ -72,21 +46,11 @@ static bool parts_text(rctx_t *c, const cJSON *v, const char *where, rtr_fd_buf_
         const cJSON *text = cJSON_GetObjectItemCaseSensitive(p, "text");
         snprintf(q, sizeof(q), "%s.text", w);
         if (!cJSON_IsString(text))
-            return bad(c, q, "must be a string");
-        if (!buf_text(c, out, text->valuestring))
+            return rtr_fd_pbad(c, q, "must be a string");
+        if (!rtr_fd_ptext(c, out, text->valuestring))
             return false;
     }
     return true;
-}
-
-static cJSON *chat_msg(cJSON *msgs, const char *role)
-{
-    cJSON *m = cJSON_CreateObject();
-    if (m == NULL || !cJSON_AddItemToArray(msgs, m)) {
-        cJSON_Delete(m);
-        return NULL;
-    }
-    return cJSON_AddStringToObject(m, "role", role) != NULL ? m : NULL;
 }
 
 /* input -> chat messages. function_call items join the assistant message
@@ -95,11 +59,12 @@ static cJSON *chat_msg(cJSON *msgs, const char *role)
 static bool tr_input(rctx_t *c, const cJSON *in, cJSON *msgs)
 {
     if (cJSON_IsString(in)) {
-        cJSON *m = chat_msg(msgs, "user");
-        return (m != NULL && cJSON_AddStringToObject(m, "content", in->valuestring)) || nomem(c);
+        cJSON *m = rtr_fd_chat_msg(msgs, "user");
+        return (m != NULL && cJSON_AddStringToObject(m, "content", in->valuestring)) ||
+            rtr_fd_pnomem(c);
     }
     if (!cJSON_IsArray(in) || in->child == NULL)
-        return bad(c, "input", "must be a string or a non-empty array of items");
+        return rtr_fd_pbad(c, "input", "must be a string or a non-empty array of items");
     cJSON *asst = NULL; /* the assistant message a function_call joins */
     const cJSON *it;
     int i = 0;
@@ -107,11 +72,11 @@ static bool tr_input(rctx_t *c, const cJSON *in, cJSON *msgs)
         char w[128], p[192];
         snprintf(w, sizeof(w), "input[%d]", i++);
         if (!cJSON_IsObject(it))
-            return bad(c, w, "must be an object");
+            return rtr_fd_pbad(c, w, "must be an object");
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "type");
         snprintf(p, sizeof(p), "%s.type", w);
         if (ty != NULL && !cJSON_IsString(ty))
-            return bad(c, p, "must be a string");
+            return rtr_fd_pbad(c, p, "must be a string");
         const char *t = ty != NULL ? ty->valuestring : "message";
         if (strcmp(t, "message") == 0) {
             static const char *const keys[] = { "type", "role", "content", "id", "status", NULL };
@@ -124,13 +89,14 @@ static bool tr_input(rctx_t *c, const cJSON *in, cJSON *msgs)
             for (size_t k = 0; k < 4 && cJSON_IsString(role); k++)
                 ok = ok || strcmp(role->valuestring, roles[k]) == 0;
             if (!ok)
-                return bad(c, p, "must be \"user\", \"assistant\", \"system\" or \"developer\"");
+                return rtr_fd_pbad(c, p,
+                                   "must be \"user\", \"assistant\", \"system\" or \"developer\"");
             rtr_fd_buf_t text = PD_SBUF_INIT;
             snprintf(p, sizeof(p), "%s.content", w);
             ok = parts_text(c, cJSON_GetObjectItemCaseSensitive(it, "content"), p, &text);
-            cJSON *m = ok ? chat_msg(msgs, role->valuestring) : NULL;
+            cJSON *m = ok ? rtr_fd_chat_msg(msgs, role->valuestring) : NULL;
             if (ok && (m == NULL || !cJSON_AddStringToObject(m, "content", text.buf)))
-                ok = nomem(c);
+                ok = rtr_fd_pnomem(c);
             free(text.buf);
             if (!ok)
                 return false;
@@ -145,35 +111,35 @@ static bool tr_input(rctx_t *c, const cJSON *in, cJSON *msgs)
             const cJSON *args = cJSON_GetObjectItemCaseSensitive(it, "arguments");
             snprintf(p, sizeof(p), "%s.call_id", w);
             if (!cJSON_IsString(id) || id->valuestring[0] == '\0' || strlen(id->valuestring) > 256)
-                return bad(c, p, "must be a string of 1-256 bytes");
+                return rtr_fd_pbad(c, p, "must be a string of 1-256 bytes");
             snprintf(p, sizeof(p), "%s.name", w);
             if (!cJSON_IsString(name) || !rtr_tools_name_ok(name->valuestring))
-                return bad(c, p, "must be 1-64 characters of a-z, A-Z, 0-9, _ and -");
+                return rtr_fd_pbad(c, p, "must be 1-64 characters of a-z, A-Z, 0-9, _ and -");
             snprintf(p, sizeof(p), "%s.arguments", w);
             cJSON *a = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
             bool obj = cJSON_IsObject(a);
             cJSON_Delete(a);
             if (!obj)
-                return bad(c, p, "must be a JSON object as a string");
+                return rtr_fd_pbad(c, p, "must be a JSON object as a string");
             if (asst == NULL) {
-                asst = chat_msg(msgs, "assistant");
+                asst = rtr_fd_chat_msg(msgs, "assistant");
                 if (asst == NULL || !cJSON_AddNullToObject(asst, "content"))
-                    return nomem(c);
+                    return rtr_fd_pnomem(c);
             }
             cJSON *calls = cJSON_GetObjectItemCaseSensitive(asst, "tool_calls");
             if (calls == NULL && (calls = cJSON_AddArrayToObject(asst, "tool_calls")) == NULL)
-                return nomem(c);
+                return rtr_fd_pnomem(c);
             cJSON *call = cJSON_CreateObject();
             cJSON *fn = cJSON_AddObjectToObject(call, "function");
             if (fn == NULL || !cJSON_AddItemToArray(calls, call)) {
                 cJSON_Delete(call);
-                return nomem(c);
+                return rtr_fd_pnomem(c);
             }
             if (!cJSON_AddStringToObject(call, "id", id->valuestring) ||
                 !cJSON_AddStringToObject(call, "type", "function") ||
                 !cJSON_AddStringToObject(fn, "name", name->valuestring) ||
                 !cJSON_AddStringToObject(fn, "arguments", args->valuestring))
-                return nomem(c);
+                return rtr_fd_pnomem(c);
         } else if (strcmp(t, "function_call_output") == 0) {
             static const char *const keys[] = { "type", "call_id", "output", "id", "status",
                                                 NULL };
@@ -182,24 +148,24 @@ static bool tr_input(rctx_t *c, const cJSON *in, cJSON *msgs)
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "call_id");
             snprintf(p, sizeof(p), "%s.call_id", w);
             if (!cJSON_IsString(id) || strlen(id->valuestring) > 256)
-                return bad(c, p, "must be a string of at most 256 bytes");
+                return rtr_fd_pbad(c, p, "must be a string of at most 256 bytes");
             rtr_fd_buf_t text = PD_SBUF_INIT;
             snprintf(p, sizeof(p), "%s.output", w);
             bool ok = parts_text(c, cJSON_GetObjectItemCaseSensitive(it, "output"), p, &text);
-            cJSON *m = ok ? chat_msg(msgs, "tool") : NULL;
+            cJSON *m = ok ? rtr_fd_chat_msg(msgs, "tool") : NULL;
             if (ok && (m == NULL || !cJSON_AddStringToObject(m, "tool_call_id", id->valuestring) ||
                        !cJSON_AddStringToObject(m, "content", text.buf)))
-                ok = nomem(c);
+                ok = rtr_fd_pnomem(c);
             free(text.buf);
             if (!ok)
                 return false;
             asst = NULL;
         } else if (strcmp(t, "reasoning") == 0 || strcmp(t, "item_reference") == 0 ||
                    strstr(t, "_call") != NULL) {
-            return unsupported(c, p, "message, function_call and function_call_output items "
+            return rtr_fd_punsup(c, p, "message, function_call and function_call_output items "
                                      "only (nothing is stored to refer to; no hosted tools)");
         } else {
-            return bad(c, p, "is not a known item type");
+            return rtr_fd_pbad(c, p, "is not a known item type");
         }
     }
     return true;
@@ -208,10 +174,10 @@ static bool tr_input(rctx_t *c, const cJSON *in, cJSON *msgs)
 static bool tr_tools(rctx_t *c, const cJSON *tl, cJSON *chat)
 {
     if (!cJSON_IsArray(tl))
-        return bad(c, "tools", "must be an array of function tools");
+        return rtr_fd_pbad(c, "tools", "must be an array of function tools");
     cJSON *out = cJSON_AddArrayToObject(chat, "tools");
     if (out == NULL)
-        return nomem(c);
+        return rtr_fd_pnomem(c);
     const cJSON *t;
     int i = 0;
     cJSON_ArrayForEach(t, tl) {
@@ -220,9 +186,9 @@ static bool tr_tools(rctx_t *c, const cJSON *tl, cJSON *chat)
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
         snprintf(p, sizeof(p), "%s.type", w);
         if (!cJSON_IsObject(t) || !cJSON_IsString(ty))
-            return bad(c, w, "must be an object with a string 'type'");
+            return rtr_fd_pbad(c, w, "must be an object with a string 'type'");
         if (strcmp(ty->valuestring, "function") != 0)
-            return unsupported(c, p, "function tools only (hosted tools are not run here)");
+            return rtr_fd_punsup(c, p, "function tools only (hosted tools are not run here)");
         static const char *const keys[] = { "type", "name", "description", "parameters",
                                             "strict", NULL };
         if (!rtr_fd_keys(c->err, t, keys, w))
@@ -232,13 +198,13 @@ static bool tr_tools(rctx_t *c, const cJSON *tl, cJSON *chat)
         if (fn == NULL || o == NULL || !cJSON_AddItemToArray(out, o)) {
             cJSON_Delete(fn);
             cJSON_Delete(o);
-            return nomem(c);
+            return rtr_fd_pnomem(c);
         }
         cJSON_DeleteItemFromObjectCaseSensitive(fn, "type");
         /* the chat parser checks the rest and names it (renamed back) */
         if (!cJSON_AddStringToObject(o, "type", "function") ||
             !cJSON_AddItemToObject(o, "function", fn))
-            return nomem(c);
+            return rtr_fd_pnomem(c);
     }
     return true;
 }
@@ -249,32 +215,32 @@ static bool tr_tool_choice(rctx_t *c, const cJSON *tc, cJSON *chat)
     if (cJSON_IsString(tc)) {
         if (strcmp(tc->valuestring, "none") != 0 && strcmp(tc->valuestring, "auto") != 0 &&
             strcmp(tc->valuestring, "required") != 0)
-            return bad(c, "tool_choice", "must be \"none\", \"auto\", \"required\" or "
+            return rtr_fd_pbad(c, "tool_choice", "must be \"none\", \"auto\", \"required\" or "
                                          "{\"type\": \"function\", \"name\": ...}");
         v = cJSON_CreateString(tc->valuestring);
     } else {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(tc, "name");
         if (!cJSON_IsObject(tc) || !cJSON_IsString(ty))
-            return bad(c, "tool_choice", "must be \"none\", \"auto\", \"required\" or "
+            return rtr_fd_pbad(c, "tool_choice", "must be \"none\", \"auto\", \"required\" or "
                                          "{\"type\": \"function\", \"name\": ...}");
         if (strcmp(ty->valuestring, "function") != 0)
-            return unsupported(c, "tool_choice", "a function tool, \"none\", \"auto\" or "
+            return rtr_fd_punsup(c, "tool_choice", "a function tool, \"none\", \"auto\" or "
                                                  "\"required\" only");
         static const char *const keys[] = { "type", "name", NULL };
         if (!rtr_fd_keys(c->err, tc, keys, "tool_choice"))
             return false;
         if (!cJSON_IsString(name))
-            return bad(c, "tool_choice.name", "must be a string");
+            return rtr_fd_pbad(c, "tool_choice.name", "must be a string");
         v = cJSON_CreateObject();
         cJSON *fn = cJSON_AddObjectToObject(v, "function");
         if (fn == NULL || !cJSON_AddStringToObject(v, "type", "function") ||
             !cJSON_AddStringToObject(fn, "name", name->valuestring)) {
             cJSON_Delete(v);
-            return nomem(c);
+            return rtr_fd_pnomem(c);
         }
     }
-    return (v != NULL && cJSON_AddItemToObject(chat, "tool_choice", v)) || nomem(c);
+    return (v != NULL && cJSON_AddItemToObject(chat, "tool_choice", v)) || rtr_fd_pnomem(c);
 }
 
 /* text: {format: {type: text | json_object | json_schema (+ name, schema,
@@ -283,36 +249,37 @@ static bool tr_text(rctx_t *c, const cJSON *tx, cJSON *chat)
 {
     static const char *const keys[] = { "format", "verbosity", NULL };
     if (!cJSON_IsObject(tx))
-        return bad(c, "text", "must be an object");
+        return rtr_fd_pbad(c, "text", "must be an object");
     if (!rtr_fd_keys(c->err, tx, keys, "text"))
         return false;
     const cJSON *vb = cJSON_GetObjectItemCaseSensitive(tx, "verbosity");
     if (vb != NULL && !cJSON_IsNull(vb) &&
         !(cJSON_IsString(vb) && strcmp(vb->valuestring, "medium") == 0))
-        return unsupported(c, "text.verbosity", "only \"medium\" (the model's own)");
+        return rtr_fd_punsup(c, "text.verbosity", "only \"medium\" (the model's own)");
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(tx, "format");
     if (f == NULL || cJSON_IsNull(f))
         return true;
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(f, "type");
     if (!cJSON_IsObject(f) || !cJSON_IsString(ty))
-        return bad(c, "text.format", "must be an object with a string 'type'");
+        return rtr_fd_pbad(c, "text.format", "must be an object with a string 'type'");
     const char *t = ty->valuestring;
     cJSON *rf = cJSON_AddObjectToObject(chat, "response_format");
     if (rf == NULL || !cJSON_AddStringToObject(rf, "type", t))
-        return nomem(c);
+        return rtr_fd_pnomem(c);
     if (strcmp(t, "text") == 0 || strcmp(t, "json_object") == 0) {
         static const char *const k1[] = { "type", NULL };
         return rtr_fd_keys(c->err, f, k1, "text.format");
     }
     if (strcmp(t, "json_schema") != 0)
-        return bad(c, "text.format.type", "must be \"text\", \"json_object\" or \"json_schema\"");
+        return rtr_fd_pbad(c, "text.format.type",
+                           "must be \"text\", \"json_object\" or \"json_schema\"");
     static const char *const k2[] = { "type", "name", "schema", "strict", "description", NULL };
     if (!rtr_fd_keys(c->err, f, k2, "text.format"))
         return false;
     cJSON *js = cJSON_Duplicate(f, true);
     if (js == NULL || !cJSON_AddItemToObject(rf, "json_schema", js)) {
         cJSON_Delete(js);
-        return nomem(c);
+        return rtr_fd_pnomem(c);
     }
     cJSON_DeleteItemFromObjectCaseSensitive(js, "type");
     return true;
@@ -357,17 +324,17 @@ static bool neutral_only(rctx_t *c, const cJSON *root)
             if (cJSON_GetArraySize(it) == 1 && cJSON_IsFalse(ob))
                 continue;
         }
-        return unsupported(c, fields[i].name, fields[i].why);
+        return rtr_fd_punsup(c, fields[i].name, fields[i].why);
     }
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(root, "service_tier");
     if (st != NULL && !cJSON_IsNull(st) &&
         !(cJSON_IsString(st) && (strcmp(st->valuestring, "auto") == 0 ||
                                  strcmp(st->valuestring, "default") == 0)))
-        return unsupported(c, "service_tier", "one tier: \"auto\" or \"default\"");
+        return rtr_fd_punsup(c, "service_tier", "one tier: \"auto\" or \"default\"");
     const cJSON *si = cJSON_GetObjectItemCaseSensitive(root, "safety_identifier");
     if (si != NULL && !cJSON_IsNull(si) &&
         (!cJSON_IsString(si) || strlen(si->valuestring) > 256))
-        return bad(c, "safety_identifier", "must be a string of at most 256 bytes");
+        return rtr_fd_pbad(c, "safety_identifier", "must be a string of at most 256 bytes");
     return true;
 }
 
@@ -400,19 +367,19 @@ pd_status_t rtr_resp_parse(const char *body, size_t len, const rtr_oai_limits_t 
     rctx_t c = { err, false };
     cJSON *chat = cJSON_CreateObject();
     cJSON *msgs = cJSON_AddArrayToObject(chat, "messages");
-    bool ok = msgs != NULL || nomem(&c);
+    bool ok = msgs != NULL || rtr_fd_pnomem(&c);
     ok = ok && rtr_fd_keys(err, root, keys, "") && neutral_only(&c, root);
     const cJSON *ins = cJSON_GetObjectItemCaseSensitive(root, "instructions");
     if (ok && ins != NULL && !cJSON_IsNull(ins)) {
-        cJSON *m = cJSON_IsString(ins) ? chat_msg(msgs, "system") : NULL;
+        cJSON *m = cJSON_IsString(ins) ? rtr_fd_chat_msg(msgs, "system") : NULL;
         if (!cJSON_IsString(ins))
-            ok = bad(&c, "instructions", "must be a string");
+            ok = rtr_fd_pbad(&c, "instructions", "must be a string");
         else if (m == NULL || !cJSON_AddStringToObject(m, "content", ins->valuestring))
-            ok = nomem(&c);
+            ok = rtr_fd_pnomem(&c);
     }
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(root, "input");
     if (ok && (in == NULL || cJSON_IsNull(in)))
-        ok = bad(&c, "input", "is required");
+        ok = rtr_fd_pbad(&c, "input", "is required");
     ok = ok && tr_input(&c, in, msgs);
     const cJSON *tl = cJSON_GetObjectItemCaseSensitive(root, "tools");
     ok = ok && (tl == NULL || cJSON_IsNull(tl) || tr_tools(&c, tl, chat));
@@ -429,7 +396,7 @@ pd_status_t rtr_resp_parse(const char *body, size_t len, const rtr_oai_limits_t 
     for (size_t i = 0; ok && i < sizeof(same) / sizeof(same[0]); i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, same[i][0]);
         if (v != NULL && !cJSON_AddItemToObject(chat, same[i][1], cJSON_Duplicate(v, true)))
-            ok = nomem(&c);
+            ok = rtr_fd_pnomem(&c);
     }
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(root, "seed");
     size_t seed_len = 0;
