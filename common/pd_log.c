@@ -295,24 +295,24 @@ static size_t json_line(char *line, size_t cap, const char *ts, uint64_t mono,
 void pd_log_write(pd_log_level_t level, const char *component,
                   const char *request_id, const char *fmt, ...)
 {
-    char line[2048], msg[2048], rid[160];
+    char line[2048], msg[2048], rid[160], ts[64];
     uint64_t wall = pd_wall_ns(), mono = pd_now_ns();
     time_t secs = (time_t)(wall / PD_NS_PER_S);
     struct tm tm;
     gmtime_r(&secs, &tm);
+    snprintf(ts, sizeof(ts), "%04d-%02d-%02dT%02d:%02d:%02d.%06uZ", tm.tm_year + 1900,
+             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+             (unsigned)((wall % PD_NS_PER_S) / PD_NS_PER_US));
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (m < 0)
+        m = 0;
+    if ((size_t)m >= sizeof(msg))
+        m = sizeof(msg) - 1;
     if (atomic_load(&log_format) == PD_LOG_FORMAT_JSON) {
-        char ts[64], jl[8192];
-        snprintf(ts, sizeof(ts), "%04d-%02d-%02dT%02d:%02d:%02d.%06uZ", tm.tm_year + 1900,
-                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                 (unsigned)((wall % PD_NS_PER_S) / PD_NS_PER_US));
-        va_list ap;
-        va_start(ap, fmt);
-        int m = vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
-        if (m < 0)
-            m = 0;
-        if ((size_t)m >= sizeof(msg))
-            m = sizeof(msg) - 1;
+        char jl[8192];
         size_t len = json_line(jl, sizeof(jl) - 1, ts, mono, level, component, request_id,
                                msg, (size_t)m);
         if (len == 0)
@@ -324,11 +324,7 @@ void pd_log_write(pd_log_level_t level, const char *component,
     }
     if (request_id != NULL)
         pd_log_escape(request_id, strlen(request_id), rid, sizeof(rid));
-    int n = snprintf(line, sizeof(line),
-                     "%04d-%02d-%02dT%02d:%02d:%02d.%06uZ mono=%llu.%06u %-5s %s%s%s%s ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                     tm.tm_min, tm.tm_sec,
-                     (unsigned)((wall % PD_NS_PER_S) / PD_NS_PER_US),
+    int n = snprintf(line, sizeof(line), "%s mono=%llu.%06u %-5s %s%s%s%s ", ts,
                      (unsigned long long)(mono / PD_NS_PER_S),
                      (unsigned)((mono % PD_NS_PER_S) / PD_NS_PER_US),
                      pd_log_level_name(level), component ? component : "-",
@@ -338,18 +334,9 @@ void pd_log_write(pd_log_level_t level, const char *component,
         return;
     if ((size_t)n >= sizeof(line))
         n = sizeof(line) - 1;
-    va_list ap;
-    va_start(ap, fmt);
-    int m = vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    if (m < 0)
-        m = 0;
-    if ((size_t)m >= sizeof(msg))
-        m = sizeof(msg) - 1;
     size_t len = (size_t)n + pd_log_escape(msg, (size_t)m, line + n, sizeof(line) - 1 - (size_t)n);
     line[len++] = '\n';
-    int fd = atomic_load(&log_fd);
-    ssize_t w = write(fd, line, len);
+    ssize_t w = write(atomic_load(&log_fd), line, len);
     (void)w;
 }
 
