@@ -417,6 +417,23 @@ static void pdctl_fmt_uptime(char *buf, size_t cap, double s)
         snprintf(buf, cap, "%.0fs", s);
 }
 
+/* What the routers' `backends` replies say of a daemon: how many hold it
+ * ready, and (in *b_p) the first router's entry for it, NULL if none. */
+static int pdctl_backend_seen(cJSON *const *backends, int n_rt, const char *name,
+                              const cJSON **b_p)
+{
+    int ready_at = 0;
+    *b_p = NULL;
+    for (int k = 0; k < n_rt; k++) {
+        const cJSON *bk = pdctl_backend(backends[k], name);
+        const char *ks = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(bk, "state"));
+        ready_at += ks != NULL && strcmp(ks, "ready") == 0;
+        if (*b_p == NULL)
+            *b_p = bk;
+    }
+    return ready_at;
+}
+
 int pdctl_cmd_status(int argc, char **argv)
 {
     pdctl_opts_t o = { 0 };
@@ -462,14 +479,7 @@ int pdctl_cmd_status(int argc, char **argv)
                              pdctl_num(v, "requests_completed"));
             } else {
                 const cJSON *b = NULL;
-                int ready_at = 0;
-                for (int k = 0; k < n_rt; k++) {
-                    const cJSON *bk = pdctl_backend(backends[k], d->name);
-                    const char *ks = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(bk, "state"));
-                    ready_at += ks != NULL && strcmp(ks, "ready") == 0;
-                    if (b == NULL)
-                        b = bk;
-                }
+                int ready_at = pdctl_backend_seen(backends, n_rt, d->name, &b);
                 snprintf(routers, sizeof(routers), "%d/%d", ready_at, n_rt_all);
                 /* where its KV plane (UCX tcp) listens: kv-listen */
                 cJSON *kv = pdctl_admin(d->sock, "kv", 5.0, err, sizeof(err));
@@ -494,15 +504,8 @@ int pdctl_cmd_status(int argc, char **argv)
             /* installed, no admin socket here: on another host. What the
              * routers reachable from here say of it (a router elsewhere:
              * "elsewhere") */
-            int ready_at = 0;
             const cJSON *b = NULL;
-            for (int k = 0; k < n_rt; k++) {
-                const cJSON *bk = pdctl_backend(backends[k], d->name);
-                const char *ks = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(bk, "state"));
-                ready_at += ks != NULL && strcmp(ks, "ready") == 0;
-                if (b == NULL)
-                    b = bk;
-            }
+            int ready_at = pdctl_backend_seen(backends, n_rt, d->name, &b);
             const char *bs = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(b, "state"));
             if (bs != NULL) {
                 snprintf(state, sizeof(state), "%s", bs);
