@@ -64,6 +64,7 @@ typedef struct {
     uint32_t head_dim;         /* 0 = dim / heads */
     uint32_t experts, experts_used, expert_ffn; /* qwen3moe */
     uint32_t swa;              /* gemma3 sliding window (0 = none) */
+    uint32_t pooling;          /* <arch>.pooling_type: 0 = not written, 1 mean, 2 cls, 3 last */
 } mk_cfg_t;
 
 typedef struct {
@@ -398,6 +399,8 @@ static void add_metadata(gguf_writer_t *w, mk_cfg_t *c)
         CHECK(gguf_writer_add_u32(w, KEY("attention.sliding_window"), c->swa));
         CHECK(gguf_writer_add_f32(w, KEY("rope.freq_base_swa"), 10000.0f));
     }
+    if (c->pooling)
+        CHECK(gguf_writer_add_u32(w, KEY("pooling_type"), c->pooling));
     CHECK(gguf_writer_add_f32(w, KEY("rope.freq_base"), c->rope_base));
     CHECK(gguf_writer_add_u32(w, KEY("attention.head_count"), c->heads));
     CHECK(gguf_writer_add_u32(w, KEY("attention.head_count_kv"), c->kv_heads));
@@ -461,6 +464,7 @@ static void usage(FILE *f)
         "  --experts-used N  qwen3moe: experts per token (default 2)\n"
         "  --expert-ffn N    qwen3moe: expert feed-forward length (default ffn / 2)\n"
         "  --sliding-window N gemma3: window of the local layers (default 32; 0 = off)\n"
+        "  --pooling P       write <arch>.pooling_type: mean | cls | last (embeddings)\n"
         "  --dim N           embedding length\n"
         "  --layers N        block count\n"
         "  --heads N         attention heads (head_dim = dim / heads, even)\n"
@@ -582,7 +586,7 @@ int main(int argc, char **argv)
     enum {
         O_PRESET = 256, O_ARCH, O_DIM, O_LAYERS, O_HEADS, O_KV_HEADS, O_FFN, O_VOCAB, O_CTX,
         O_ROPE, O_EPS, O_TIED, O_UNTIED, O_TYPE, O_SEED, O_VOCAB_TYPE, O_VOCAB_FROM, O_NAME,
-        O_ALIGN, O_CORPUS, O_HEAD_DIM, O_EXPERTS, O_EXPERTS_USED, O_EXPERT_FFN, O_SWA,
+        O_ALIGN, O_CORPUS, O_HEAD_DIM, O_EXPERTS, O_EXPERTS_USED, O_EXPERT_FFN, O_SWA, O_POOLING,
     };
     static const struct option opts[] = {
         {"preset", required_argument, NULL, O_PRESET},
@@ -610,6 +614,7 @@ int main(int argc, char **argv)
         {"experts-used", required_argument, NULL, O_EXPERTS_USED},
         {"expert-ffn", required_argument, NULL, O_EXPERT_FFN},
         {"sliding-window", required_argument, NULL, O_SWA},
+        {"pooling", required_argument, NULL, O_POOLING},
         {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -677,6 +682,12 @@ int main(int argc, char **argv)
             cfg.expert_ffn = (uint32_t)parse_u64("--expert-ffn", optarg, 1, 1u << 18);
             break;
         case O_SWA: cfg.swa = (uint32_t)parse_u64("--sliding-window", optarg, 0, 1u << 20); break;
+        case O_POOLING:
+            cfg.pooling = strcmp(optarg, "mean") == 0 ? 1u : strcmp(optarg, "cls") == 0 ? 2u
+                          : strcmp(optarg, "last") == 0 ? 3u : 0u;
+            if (cfg.pooling == 0)
+                die_usage("--pooling: '%s' is not mean, cls or last", optarg);
+            break;
         case 'o': cfg.out = optarg; break;
         case 'h': usage(stdout); return 0;
         default: die_usage("bad option '%s'", argv[optind - 1]);
