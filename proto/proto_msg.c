@@ -1075,7 +1075,7 @@ static void io_first_token(io_t *io, proto_first_token_t *m)
 static pd_status_t check_embed_req(const proto_embed_req_t *m)
 {
     CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
-    REQUIRE(m->pooling >= PROTO_POOL_MEAN && m->pooling <= PROTO_POOL_LAST, PD_ERR_BAD_INPUT);
+    REQUIRE(m->pooling <= PROTO_POOL_LAST, PD_ERR_BAD_INPUT);
     REQUIRE(m->prompt.n > 0 && m->prompt.n <= PROTO_MAX_PROMPT_TOKENS, PD_ERR_BAD_INPUT);
     return PD_OK;
 }

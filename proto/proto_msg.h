@@ -548,13 +548,14 @@ typedef struct {
 } proto_first_token_t;
 
 /* EMBED_REQ (router -> prefill): the embedding of `prompt` (a prompt pass
- * into scratch KV: no lease, no handle, no decode). pooling: 1 mean,
+ * into scratch KV: no lease, no handle, no decode). pooling: 0 the
+ * daemon's (the GGUF's pooling_type, else its embeddings-pooling), 1 mean,
  * 2 cls, 3 last (engine eng_pooling_t). Answered by EMBED_DONE or ERROR. */
-#define PROTO_POOL_MEAN 1u
+#define PROTO_POOL_DEFAULT 0u
 #define PROTO_POOL_LAST 3u
 typedef struct {
     char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
-    uint32_t pooling;                       /* PROTO_POOL_MEAN..PROTO_POOL_LAST */
+    uint32_t pooling;                       /* PROTO_POOL_DEFAULT..PROTO_POOL_LAST */
     proto_tokens_t prompt;                  /* 1..PROTO_MAX_PROMPT_TOKENS ids */
 } proto_embed_req_t;
 

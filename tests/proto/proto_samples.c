@@ -328,7 +328,7 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
     case PROTO_MSG_EMBED_REQ: {
         proto_embed_req_t *x = &m->u.embed_req;
         ps_str(x->request_id, rid, '0');
-        x->pooling = v == PS_MAX ? PROTO_POOL_LAST : PROTO_POOL_MEAN;
+        x->pooling = v == PS_MAX ? PROTO_POOL_LAST : v == PS_MID ? 1 : PROTO_POOL_DEFAULT;
         x->prompt = ps_tokens(ps_tok, v == PS_MAX ? PROTO_MAX_PROMPT_TOKENS : v == PS_MID ? 17 : 1);
         break;
     }
