@@ -2531,6 +2531,16 @@ static int node_setup(void **st)
     return start_deploy(&g_a, &g_a_up, g_model, ra, NULL, NULL, NULL, 1, 1);
 }
 
+/* /v1/embeddings (issue 30): the prefill pools by its embeddings-pooling
+ * (the built-in model's GGUF has no pooling_type). */
+static int node_emb_setup(void **st)
+{
+    (void)st;
+    static const char *ra[] = { "--served-model-name=e2e-model", "--api-key=" API_KEY, NULL };
+    static const char *pa[] = { "--embeddings-pooling=mean", NULL };
+    return start_deploy(&g_a, &g_a_up, g_model, ra, pa, NULL, NULL, 1, 1);
+}
+
 static void test_node_client(void **st)
 {
     (void)st;
@@ -2639,6 +2649,11 @@ int main(int argc, char **argv)
     if (strcmp(group, "node") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_node_client) };
         return finish(cmocka_run_group_tests_name("e2e-openai-node", t, node_setup, a_teardown));
+    }
+    if (strcmp(group, "node-emb") == 0) {
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_node_client) };
+        return finish(cmocka_run_group_tests_name("e2e-embeddings-node", t, node_emb_setup,
+                                                  a_teardown));
     }
     fprintf(stderr, "unknown group %s\n", group);
     return 2;
