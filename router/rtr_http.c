@@ -1239,13 +1239,27 @@ again:
             }
 }
 
+static void emb_orphan_free(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    evhttp_request_free(arg);
+}
+
 static void emb_conn_close(struct evhttp_connection *evcon, void *arg)
 {
     emb_job_t *j = arg;
     (void)evcon;
     pd_stats_inc(j->r->stats, RTR_STAT_client_disconnects);
+    pd_stats_inc(j->r->stats, RTR_STAT_requests_canceled);
     pd_log(PD_LOG_INFO, RTR_COMP, j->reqid, "embeddings: client gone");
-    j->evcon = NULL; /* libevent frees the request with its connection */
+    /* a request libevent detached is ours to free (as tok_conn_close's),
+     * after this callback */
+    if (j->h != NULL && evhttp_request_get_connection(j->h) == NULL) {
+        struct timeval zero = { 0, 0 };
+        (void)event_base_once(j->r->base, -1, EV_TIMEOUT, emb_orphan_free, j->h, &zero);
+    }
+    j->evcon = NULL;
     j->h = NULL;
     emb_cancel_inflight(j);
     emb_free(j);
@@ -1699,6 +1713,12 @@ void rtr_http_stop(rtr_t *r)
     rtr_tok_pool_destroy(r->tok_pool);
     r->tok_pool = NULL;
     rtr_flow_fail_all(r, "router stopping");
+    while (g_emb_jobs != NULL) {
+        rtr_oai_error_t err;
+        rtr_oai_error_set(&err, 503, "server_error", "shutting_down", NULL,
+                          "the router is stopping");
+        emb_fail(g_emb_jobs, &err);
+    }
     if (r->drain_timer != NULL) {
         event_free(r->drain_timer);
         r->drain_timer = NULL;
