@@ -29,7 +29,7 @@ static const pd_cfg_field_t pf_fields[] = {
     PD_CFG_ROW(pf_config_t, max_prompt_tokens, "max-prompt-tokens", UINT, "1048576", "longest prompt accepted", 1, 1048576, NULL),
     PD_CFG_ROW(pf_config_t, src_pull_timeout_ns, "src-pull-timeout", DURATION, "2s", "deadline of a pull from a decode's cached prefix (then computed here)", 1e6, 600e9, NULL),
     PD_CFG_ROW(pf_config_t, kv_stream, "kv-stream", ENUM, "whole", "layer: export the KV lease at admission and publish each layer as it is computed (the decode pulls layer by layer); whole: export after the whole prompt pass", 0, 0, pf_kv_streams),
-    PD_CFG_ROW(pf_config_t, embed_pooling, "embeddings-pooling", ENUM, "none", "pooling of /v1/embeddings (EMBED_REQ) when the GGUF has no <arch>.pooling_type: mean, cls, last; none refuses embeddings for such a model", 0, 0, pf_poolings),
+    PD_CFG_ROW(pf_config_t, embed_pooling, "embeddings.pooling", ENUM, "none", "pooling of /v1/embeddings (EMBED_REQ) when the GGUF has no <arch>.pooling_type: mean, cls, last; none refuses embeddings for such a model", 0, 0, pf_poolings),
     NODE_TAIL_ROWS(pf_config_t)
     PD_CFG_END,
 };
@@ -685,7 +685,7 @@ static void pf_on_embed_req(node_t *node, node_link_t *from, const proto_msg_t *
     } else if (pool <= ENG_POOL_NONE || pool > ENG_POOL_LAST) {
         st = PD_ERR_UNSUPPORTED;
         why = "the model has no pooling for embeddings (no pooling_type in the GGUF; "
-              "set the prefill's embeddings-pooling)";
+              "set the prefill's embeddings.pooling)";
     } else if (pf_req_find(pf, from, q->request_id) != NULL) {
         st = PD_ERR_EXISTS; why = "request id already live";
     } else if (n > pf->cfg.max_prompt_tokens || n > g->context_length) {

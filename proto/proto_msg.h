@@ -549,7 +549,7 @@ typedef struct {
 
 /* EMBED_REQ (router -> prefill): the embedding of `prompt` (a prompt pass
  * into scratch KV: no lease, no handle, no decode). pooling: 0 the
- * daemon's (the GGUF's pooling_type, else its embeddings-pooling), 1 mean,
+ * daemon's (the GGUF's pooling_type, else its embeddings.pooling), 1 mean,
  * 2 cls, 3 last (engine eng_pooling_t). Answered by EMBED_DONE or ERROR. */
 #define PROTO_POOL_DEFAULT 0u
 #define PROTO_POOL_LAST 3u

@@ -2531,13 +2531,13 @@ static int node_setup(void **st)
     return start_deploy(&g_a, &g_a_up, g_model, ra, NULL, NULL, NULL, 1, 1);
 }
 
-/* /v1/embeddings (issue 30): the prefill pools by its embeddings-pooling
+/* /v1/embeddings (issue 30): the prefill pools by its embeddings.pooling
  * (the built-in model's GGUF has no pooling_type). */
 static int node_emb_setup(void **st)
 {
     (void)st;
     static const char *ra[] = { "--served-model-name=e2e-model", "--api-key=" API_KEY, NULL };
-    static const char *pa[] = { "--embeddings-pooling=mean", NULL };
+    static const char *pa[] = { "--embeddings.pooling=mean", NULL };
     return start_deploy(&g_a, &g_a_up, g_model, ra, pa, NULL, NULL, 1, 1);
 }
 

@@ -1,5 +1,5 @@
 // LangChain's OpenAIEmbeddings (@langchain/openai) against a REAL deployment
-// (`test-e2e node-emb`: the prefill pools by embeddings-pooling=mean):
+// (`test-e2e node-emb`: the prefill pools by embeddings.pooling=mean):
 // embedQuery and embedDocuments, and dimensions (1024 of the built-in
 // model's 1920: its first values are zero for short prompts); the vectors
 // equal the plain /v1/embeddings answer. Exit 0 = all passed.

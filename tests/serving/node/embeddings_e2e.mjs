@@ -1,5 +1,5 @@
 // The official `openai` client's embeddings.create against a REAL deployment
-// (pd-router + pd-prefill --embeddings-pooling=mean + pd-decode, started by
+// (pd-router + pd-prefill --embeddings.pooling=mean + pd-decode, started by
 // `test-e2e node-emb`; the built-in model): a string, a batch of strings,
 // token ids, base64 (the client decodes it), dimensions (truncated and
 // renormalised), usage; each vector equals pd-run --embed mean on the same
