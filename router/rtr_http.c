@@ -1315,6 +1315,12 @@ static void handle_embeddings(rtr_t *r, struct evhttp_request *h, const char *re
             s = in->ids == NULL ? PD_ERR_NO_MEMORY
                                 : eng_tok_encode(r->tok, in->text, in->text_len,
                                                  eng_tok_add_bos(r->tok), false, in->ids, cap, &n);
+            /* as llama.cpp (llama-server, node-llama-cpp): EOS after the text
+             * when the GGUF says add_eos_token (embedding models ending in
+             * their EOS, pooled last) */
+            if (s == PD_OK && eng_tok_add_eos(r->tok) && n < cap &&
+                (n == 0 || in->ids[n - 1] != eng_tok_eos(r->tok)))
+                in->ids[n++] = eng_tok_eos(r->tok);
             if (s != PD_OK && s != PD_ERR_NO_MEMORY) {
                 rtr_oai_error_set(&err, 400, "invalid_request_error", NULL, "input",
                                   "input %u could not be tokenized: %s", i, pd_status_str(s));

@@ -276,7 +276,7 @@ int main(int argc, char **argv)
             goto out_tok;
         }
     } else {
-        size_t cap = strlen(prompt) + 8;
+        size_t cap = 3 * strlen(prompt) + 8; /* byte fallback: a space is 3 byte tokens */
         if (cap > PD_RUN_MAX_PROMPT) {
             fprintf(stderr, "pd-run: prompt too long\n");
             goto out_tok;
@@ -286,6 +286,9 @@ int main(int argc, char **argv)
             goto out_tok;
         st = eng_tok_encode(tok, prompt, strlen(prompt), !no_bos && eng_tok_add_bos(tok),
                             false, ids, cap, &n_ids);
+        if (st == PD_OK && embed >= 0 && eng_tok_add_eos(tok) && n_ids < cap &&
+            (n_ids == 0 || ids[n_ids - 1] != eng_tok_eos(tok)))
+            ids[n_ids++] = eng_tok_eos(tok); /* as the router's /v1/embeddings, llama.cpp */
         if (st != PD_OK || n_ids == 0) {
             fprintf(stderr, "pd-run: tokenize: %s\n", pd_status_str(st));
             goto out_ids;

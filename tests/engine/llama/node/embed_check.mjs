@@ -44,7 +44,11 @@ for (const modelPath of models) {
         const tokens = Array.from(model.tokenize(p));
         ctx._prepareInput(tokens);
         const theirs = (await ctx.getEmbeddingFor(tokens)).vector;
-        const ours = execFileSync(pdrun, ["--model", modelPath, "--tokens", tokens.join(","),
+        // a model that appends EOS: pd-run tokenizes the text (BOS + EOS as the
+        // router's /v1/embeddings does); else the same ids
+        const src = model.tokens.shouldAppendEosToken ? ["--prompt", p]
+                                                      : ["--tokens", tokens.join(",")];
+        const ours = execFileSync(pdrun, ["--model", modelPath, ...src,
             "--embed", pool, "--threads", "1"]).toString().trim().split(" ").map(Number);
         if (ours.length !== theirs.length) {
             failures++;
@@ -57,7 +61,7 @@ for (const modelPath of models) {
         }
         const cos = d / Math.sqrt(na * nb);
         worst = Math.min(worst, cos);
-        console.log(`${pool} ${tokens.length} tokens: cosine ${cos.toFixed(7)}`);
+        console.log(`${pool}${src[0] === "--prompt" ? " (text, EOS)" : ""} ${tokens.length} tokens: cosine ${cos.toFixed(7)}`);
         if (!(cos >= 0.9999)) {
             failures++;
             console.error(`MISMATCH ${pool} ${JSON.stringify(p)}: cosine ${cos}`);
