@@ -85,11 +85,23 @@ typedef struct {
     uint64_t layer_block_bytes;/* block_bytes / n_layers: one layer of a block */
     uint32_t vocab_size;
     uint32_t context_length;   /* max positions */
+    uint32_t n_embd;           /* hidden size: the length of an embedding */
+    int32_t pooling;           /* the GGUF's <arch>.pooling_type (eng_pooling_t), or -1
+                                  when absent */
     uint64_t compat_hash;      /* xxh64 over model identity + geometry: a decode
                                   daemon only accepts KV from an equal hash */
 } eng_kv_geom_t;
 
 typedef struct eng_model eng_model_t;
+
+/* Pooling of an embedding (the values of llama.cpp's llama_pooling_type,
+ * as the GGUF's <arch>.pooling_type stores them). */
+typedef enum {
+    ENG_POOL_NONE = 0,
+    ENG_POOL_MEAN = 1,
+    ENG_POOL_CLS = 2,
+    ENG_POOL_LAST = 3,
+} eng_pooling_t;
 
 /* Where block b of layer l starts: arena + b * block_stride + l * layer_stride. */
 typedef struct {
@@ -168,7 +180,28 @@ typedef struct eng_ops {
     /* The layer hook for the following prefill calls (NULL: none). Set on
      * the compute thread, between calls. */
     void (*set_layer_hook)(eng_model_t *model, eng_layer_hook_t hook, void *arg);
+    /* The embedding of tokens[0..n_tokens) (positions 0..): the hidden
+     * states after the last norm, pooled (ENG_POOL_MEAN: their mean,
+     * _CLS: the first position's, _LAST: the last's), L2-normalised, into
+     * out (geom.n_embd). The KV of the prompt is written into the blocks
+     * of block_table (scratch: nothing else reads it). NULL in an engine
+     * without embeddings. Expected: as prefill; PD_ERR_BAD_INPUT for
+     * another pooling. */
+    pd_status_t (*embed)(eng_model_t *model, void *arena, const uint32_t *block_table,
+                         uint32_t n_blocks, const int32_t *tokens, uint32_t n_tokens,
+                         eng_pooling_t pooling, float *out /* (n_embd) */);
 } eng_ops_t;
+
+/* Pooling names ("mean", "cls", "last") <-> eng_pooling_t; -1 if unknown. */
+int eng_pooling_from_name(const char *name);
+const char *eng_pooling_name(int pooling);
+/* Scale v[0..n) to unit L2 norm (a zero vector stays zero). */
+void eng_l2_normalize(float *v, uint32_t n);
+/* Pool hidden states h (n_rows, n) of positions 0..n_rows-1 into out (n)
+ * as `pooling` asks (mean in double), then L2-normalise. Expected:
+ * PD_ERR_BAD_INPUT (NONE, unknown pooling, n_rows 0). */
+pd_status_t eng_pool(const float *h, uint32_t n_rows, uint32_t n, eng_pooling_t pooling,
+                     float *out);
 
 /* Find an engine by name ("llama", "sim"); NULL if unknown. */
 const eng_ops_t *eng_find(const char *name);

@@ -19,6 +19,8 @@
 #define PF_COMP "prefill"
 
 static const char *const pf_kv_streams[] = { "layer", "whole", NULL };
+/* eng_pooling_t order */
+static const char *const pf_poolings[] = { "none", "mean", "cls", "last", NULL };
 
 static const pd_cfg_field_t pf_fields[] = {
     NODE_HEAD_ROWS(pf_config_t, "daemon id (default prefill-<pid>)")
@@ -27,6 +29,7 @@ static const pd_cfg_field_t pf_fields[] = {
     PD_CFG_ROW(pf_config_t, max_prompt_tokens, "max-prompt-tokens", UINT, "1048576", "longest prompt accepted", 1, 1048576, NULL),
     PD_CFG_ROW(pf_config_t, src_pull_timeout_ns, "src-pull-timeout", DURATION, "2s", "deadline of a pull from a decode's cached prefix (then computed here)", 1e6, 600e9, NULL),
     PD_CFG_ROW(pf_config_t, kv_stream, "kv-stream", ENUM, "whole", "layer: export the KV lease at admission and publish each layer as it is computed (the decode pulls layer by layer); whole: export after the whole prompt pass", 0, 0, pf_kv_streams),
+    PD_CFG_ROW(pf_config_t, embed_pooling, "embeddings.pooling", ENUM, "none", "pooling of /v1/embeddings (EMBED_REQ) when the GGUF has no <arch>.pooling_type: mean, cls, last; none refuses embeddings for such a model", 0, 0, pf_poolings),
     NODE_TAIL_ROWS(pf_config_t)
     PD_CFG_END,
 };
@@ -51,14 +54,17 @@ static void pf_req_free(void *obj)
     pf_req_t *r = obj;
     free(r->prompt);
     free(r->nr.blocks);
+    free(r->vec);
     node_gram_end(&r->gram);
     free(r);
 }
 
 /* ---- the one state setter ------------------------------------------------ */
 
-static bool pf_transition_ok(pf_state_t from, pf_state_t to)
+static bool pf_transition_ok(const pf_req_t *r, pf_state_t from, pf_state_t to)
 {
+    if (r->embed && from == PF_ST_COMPUTING && to == PF_ST_COMPLETED)
+        return true; /* an embedding: no lease */
     switch (from) {
     case PF_ST_NEW:       return to == PF_ST_COMPUTING || to == PF_ST_PULLING;
     case PF_ST_PULLING:   return to == PF_ST_COMPUTING || to == PF_ST_FAILED ||
@@ -77,8 +83,8 @@ static bool pf_transition_ok(pf_state_t from, pf_state_t to)
 static void pf_req_set_state(pf_req_t *r, pf_state_t to)
 {
     pf_t *pf = r->pf;
-    assert(pf_transition_ok(r->state, to));
-    if (!pf_transition_ok(r->state, to)) {
+    assert(pf_transition_ok(r, r->state, to));
+    if (!pf_transition_ok(r, r->state, to)) {
         pd_log(PD_LOG_ERROR, PF_COMP, r->nr.id, "illegal state change %s -> %s",
                pf_state_names[r->state], pf_state_names[to]);
         return;
@@ -586,6 +592,164 @@ static void pf_on_prefill_req(node_t *node, node_link_t *from, const proto_msg_t
     pf_compute_start(pf, r);
 }
 
+/* ---- EMBED_REQ: a prompt pass into scratch blocks, no lease ------------- */
+
+static void pf_embed_run(eng_job_t *job)
+{
+    pf_req_t *r = (pf_req_t *)job;
+    pf_t *pf = r->pf;
+    r->run_start_ns = pd_now_ns();
+    r->cstatus = atomic_load(&r->cancel)
+                     ? PD_ERR_CANCELED
+                     : pf->n.ops->embed(pf->n.model, kvx_region_base(pf->n.region), r->nr.blocks,
+                                        r->nr.n_blocks, r->prompt, r->n_prompt,
+                                        (eng_pooling_t)r->embed, r->vec);
+    r->run_end_ns = pd_now_ns();
+}
+
+static void pf_embed_done(eng_job_t *job)
+{
+    pf_req_t *r = (pf_req_t *)job;
+    pf_t *pf = r->pf;
+    r->job_done = true;
+    if (job->aborted) {
+        r->cstatus = PD_ERR_SHUTDOWN;
+        r->run_start_ns = r->run_end_ns = pd_now_ns();
+    }
+    pd_stats_observe_ns(pf->n.stats, PF_STAT_queue_time, r->run_start_ns - r->t[PF_ST_COMPUTING]);
+    bool reply = pf_can_reply(pf, r) && !pf->n.stopping;
+    r->reply_pending = false;
+    if (atomic_load(&r->cancel) || pf->n.stopping) {
+        if (reply)
+            node_send_error(&pf->n, r->nr.link, r->nr.id, PD_ERR_CANCELED, "canceled");
+        pf_req_set_state(r, PF_ST_CANCELED);
+        return;
+    }
+    if (r->cstatus != PD_OK) {
+        pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "embed failed: %s", pd_status_str(r->cstatus));
+        if (reply)
+            node_send_error(&pf->n, r->nr.link, r->nr.id, r->cstatus, "embed: %s",
+                            pd_status_str(r->cstatus));
+        pf_req_set_state(r, PF_ST_FAILED);
+        return;
+    }
+    pd_stats_observe_ns(pf->n.stats, PF_STAT_prefill_time, r->run_end_ns - r->run_start_ns);
+    pd_stats_add(pf->n.stats, PF_STAT_prompt_tokens, r->n_prompt);
+    pd_stats_add(pf->n.stats, PF_STAT_computed_tokens, r->n_prompt);
+    pd_stats_inc(pf->n.stats, PF_STAT_embeddings);
+    const uint32_t E = pf->n.geom->n_embd;
+    uint8_t *le = reply ? malloc((size_t)E * 4) : NULL;
+    if (le != NULL) {
+        for (uint32_t i = 0; i < E; i++) { /* f32 LE on the wire */
+            uint32_t u;
+            memcpy(&u, &r->vec[i], 4);
+            le[4 * i] = (uint8_t)u;
+            le[4 * i + 1] = (uint8_t)(u >> 8);
+            le[4 * i + 2] = (uint8_t)(u >> 16);
+            le[4 * i + 3] = (uint8_t)(u >> 24);
+        }
+        proto_msg_t m;
+        memset(&m, 0, sizeof(m));
+        m.hdr.type = PROTO_MSG_EMBED_DONE;
+        proto_embed_done_t *d = &m.u.embed_done;
+        snprintf(d->request_id, sizeof(d->request_id), "%s", r->nr.id);
+        d->n_prompt_tokens = r->n_prompt;
+        d->queue_ns = r->run_start_ns - r->t[PF_ST_COMPUTING];
+        d->compute_ns = r->run_end_ns - r->run_start_ns;
+        d->vec = (proto_blob_t){ le, E * 4 };
+        pd_status_t st = node_req_send(&pf->n, &r->nr, &m);
+        if (st != PD_OK)
+            pd_log(PD_LOG_WARN, PF_COMP, r->nr.id, "EMBED_DONE not sent: %s", pd_status_str(st));
+        free(le);
+    } else if (reply) {
+        node_send_error(&pf->n, r->nr.link, r->nr.id, PD_ERR_NO_MEMORY, "out of memory");
+    }
+    pf_req_set_state(r, PF_ST_COMPLETED); /* the scratch blocks go back */
+}
+
+static void pf_on_embed_req(node_t *node, node_link_t *from, const proto_msg_t *msg)
+{
+    pf_t *pf = PD_CONTAINER_OF(node, pf_t, n);
+    const proto_embed_req_t *q = &msg->u.embed_req;
+    const eng_kv_geom_t *g = pf->n.geom;
+    pd_status_t st = PD_OK;
+    const char *why = "";
+    uint32_t n = q->prompt.n;
+    int pool = q->pooling != PROTO_POOL_DEFAULT ? (int)q->pooling
+               : g->pooling >= 0                ? g->pooling
+                                                : pf->cfg.embed_pooling;
+    if (pf->n.draining || pf->n.stopping) {
+        st = PD_ERR_SHUTDOWN; why = "draining";
+    } else if (pf->n.ops->embed == NULL || g->n_embd == 0 || g->n_embd > PROTO_MAX_EMBD) {
+        st = PD_ERR_UNSUPPORTED; why = "this engine computes no embeddings";
+    } else if (pool <= ENG_POOL_NONE || pool > ENG_POOL_LAST) {
+        st = PD_ERR_UNSUPPORTED;
+        why = "the model has no pooling for embeddings (no pooling_type in the GGUF; "
+              "set the prefill's embeddings.pooling)";
+    } else if (pf_req_find(pf, from, q->request_id) != NULL) {
+        st = PD_ERR_EXISTS; why = "request id already live";
+    } else if (n > pf->cfg.max_prompt_tokens || n > g->context_length) {
+        st = PD_ERR_TOO_BIG; why = "input too long";
+    } else if (pf->n_computing >= pf->cfg.max_queue) {
+        st = PD_ERR_OVERLOADED; why = "queue full";
+    }
+    for (uint32_t i = 0; st == PD_OK && i < n; i++)
+        if ((uint32_t)proto_tokens_get(&q->prompt, i) >= g->vocab_size) {
+            st = PD_ERR_BAD_INPUT; why = "token id out of range";
+        }
+    uint32_t nb = (n + g->block_tokens - 1) / g->block_tokens;
+    pf_req_t *r = NULL;
+    if (st == PD_OK) {
+        r = calloc(1, sizeof(*r));
+        if (r == NULL || (r->prompt = malloc((size_t)n * sizeof(int32_t))) == NULL ||
+            (r->nr.blocks = malloc((size_t)nb * sizeof(uint32_t))) == NULL ||
+            (r->vec = malloc((size_t)g->n_embd * sizeof(float))) == NULL) {
+            if (r)
+                pf_req_free(r);
+            r = NULL;
+            st = PD_ERR_NO_MEMORY; why = "out of memory";
+        }
+    }
+    if (st == PD_OK) {
+        r->n_prompt = proto_tokens_copy(&q->prompt, r->prompt, n);
+        st = pf->n.prefix != NULL ? kvx_prefix_alloc(pf->n.prefix, nb, r->nr.blocks)
+                                  : kvx_blocks_alloc(pf->n.blocks, nb, r->nr.blocks);
+        if (st != PD_OK) {
+            st = PD_ERR_NO_KV_SPACE; why = "no free KV blocks";
+            pf_req_free(r);
+            r = NULL;
+        }
+    }
+    if (st != PD_OK) {
+        pd_stats_inc(pf->n.stats, PF_STAT_rejected);
+        pd_log(PD_LOG_DEBUG, PF_COMP, q->request_id, "embed rejected: %s", why);
+        node_send_error(&pf->n, from, q->request_id, st, "%s", why);
+        return;
+    }
+    r->nr.n_blocks = nb;
+    r->nr.blocks_held = true;
+    r->pf = pf;
+    r->embed = pool;
+    snprintf(r->nr.id, sizeof(r->nr.id), "%s", q->request_id);
+    r->reply_pending = true;
+    r->lease.slot = UINT32_MAX;
+    r->job.run = pf_embed_run;
+    r->job.done = pf_embed_done;
+    r->state = PF_ST_NEW;
+    r->t[PF_ST_NEW] = pd_now_ns();
+    node_req_link(&pf->n, from, &r->nr);
+    pd_stats_inc(pf->n.stats, PF_STAT_accepted);
+    pf_req_set_state(r, PF_ST_COMPUTING);
+    st = eng_runner_submit(pf->n.runner, &r->job);
+    if (st != PD_OK) {
+        node_send_error(&pf->n, r->nr.link, r->nr.id, PD_ERR_OVERLOADED, "compute queue: %s",
+                        pd_status_str(st));
+        r->reply_pending = false;
+        r->job_done = true;
+        pf_req_set_state(r, PF_ST_FAILED);
+    }
+}
+
 /* Stop a request wherever it is. Computing: discard when the job returns;
  * leased: revoke (on_lease_end -> CANCELED). */
 static void pf_req_cancel(pf_t *pf, pf_req_t *r)
@@ -763,7 +927,8 @@ static const pd_stats_table_t pf_stats_table =
 static const node_role_t pf_role = {
     .name = "prefill", .schema = &pf_schema, .stats = &pf_stats_table,
     .proto_role = PROTO_ROLE_PREFILL, .caps = PROTO_CAP_PREFILL | PROTO_CAP_KV_EXPORT,
-    .msgs = { .on_prefill_req = pf_on_prefill_req, .on_cancel = pf_on_cancel,
+    .msgs = { .on_prefill_req = pf_on_prefill_req, .on_embed_req = pf_on_embed_req,
+             .on_cancel = pf_on_cancel,
              .on_release = pf_on_release, .on_peer_info = pf_on_peer_info,
              .on_peer_down = pf_on_peer_down },
     .cancel_all = pf_cancel_all, .fill_hb = pf_fill_hb, .adm_kv = pf_adm_kv,

@@ -1071,6 +1071,50 @@ static void io_first_token(io_t *io, proto_first_token_t *m)
     io_u64(io, &m->rng_state);
 }
 
+/* EMBED_REQ */
+static pd_status_t check_embed_req(const proto_embed_req_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
+    REQUIRE(m->pooling <= PROTO_POOL_LAST, PD_ERR_BAD_INPUT);
+    REQUIRE(m->prompt.n > 0 && m->prompt.n <= PROTO_MAX_PROMPT_TOKENS, PD_ERR_BAD_INPUT);
+    return PD_OK;
+}
+
+static void io_embed_req(io_t *io, proto_embed_req_t *m)
+{
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_u32(io, &m->pooling);
+    io_toks(io, &m->prompt, PROTO_MAX_PROMPT_TOKENS);
+}
+
+/* EMBED_DONE */
+static pd_status_t check_embed_done(const proto_embed_done_t *m)
+{
+    CHECK(check_str(m->request_id, PROTO_REQID_MAX, true));
+    REQUIRE(m->n_prompt_tokens > 0, PD_ERR_BAD_INPUT);
+    REQUIRE(m->vec.len > 0 && m->vec.len % 4 == 0, PD_ERR_BAD_INPUT);
+    return check_blob(&m->vec, 4u * PROTO_MAX_EMBD);
+}
+
+static void io_embed_done(io_t *io, proto_embed_done_t *m)
+{
+    io_str(io, m->request_id, PROTO_REQID_MAX);
+    io_u32(io, &m->n_prompt_tokens);
+    io_u64(io, &m->queue_ns);
+    io_u64(io, &m->compute_ns);
+    io_blob(io, &m->vec, 4u * PROTO_MAX_EMBD);
+}
+
+float proto_embed_get(const proto_embed_done_t *d, uint32_t i)
+{
+    const uint8_t *p = d->vec.p + (size_t)i * 4;
+    uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                 (uint32_t)p[3] << 24;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
 /* ---- dispatch generated from PROTO_MSG_LIST --------------------------- */
 
 const char *proto_kv_dtype_name(uint32_t kv_dtype)

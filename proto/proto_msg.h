@@ -70,6 +70,7 @@
 #define PROTO_AUTH_MAC_LEN      32u
 #define PROTO_AUTH_TAG_LEN      32u        /* per-frame tag after the body */
 #define PROTO_MAX_KV_EVENTS     4096u      /* block names per KV_EVENTS (stored + removed) */
+#define PROTO_MAX_EMBD          16384u     /* floats per embedding (EMBED_DONE) */
 
 /* Per-type worst-case body sizes, derived from the caps above. */
 #define PROTO__STR(max)     (2u + (max))
@@ -121,6 +122,10 @@
 #define PROTO_PREFILL_HANDLE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u + 8u + 8u \
         + PROTO__BLOB(PROTO_KV_HANDLE_MAX))
 #define PROTO_FIRST_TOKEN_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u + 8u)
+#define PROTO_EMBED_REQ_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u \
+        + PROTO__TOK(PROTO_MAX_PROMPT_TOKENS))
+#define PROTO_EMBED_DONE_BODY_MAX (PROTO__STR(PROTO_REQID_MAX) + 4u + 16u \
+        + PROTO__BLOB(4u * PROTO_MAX_EMBD))
 
 /* THE message list. X(NAME, name, code, max_body)
  * Codes are wire values: never renumber, only append. */
@@ -146,7 +151,9 @@
     X(KV_EXPORT_REQ,   kv_export_req,   29, PROTO_KV_EXPORT_REQ_BODY_MAX)    \
     X(KV_EXPORT_DONE,  kv_export_done,  30, PROTO_KV_EXPORT_DONE_BODY_MAX)    \
     X(PREFILL_HANDLE,  prefill_handle,  31, PROTO_PREFILL_HANDLE_BODY_MAX)    \
-    X(FIRST_TOKEN,     first_token,     32, PROTO_FIRST_TOKEN_BODY_MAX)
+    X(FIRST_TOKEN,     first_token,     32, PROTO_FIRST_TOKEN_BODY_MAX)      \
+    X(EMBED_REQ,       embed_req,       33, PROTO_EMBED_REQ_BODY_MAX)        \
+    X(EMBED_DONE,      embed_done,      34, PROTO_EMBED_DONE_BODY_MAX)
 
 typedef enum {
     PROTO_MSG_NONE = 0,
@@ -542,6 +549,31 @@ typedef struct {
     uint64_t rng_state;
 } proto_first_token_t;
 
+/* EMBED_REQ (router -> prefill): the embedding of `prompt` (a prompt pass
+ * into scratch KV: no lease, no handle, no decode). pooling: 0 the
+ * daemon's (the GGUF's pooling_type, else its embeddings.pooling), 1 mean,
+ * 2 cls, 3 last (engine eng_pooling_t). Answered by EMBED_DONE or ERROR. */
+#define PROTO_POOL_DEFAULT 0u
+#define PROTO_POOL_LAST 3u
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    uint32_t pooling;                       /* PROTO_POOL_DEFAULT..PROTO_POOL_LAST */
+    proto_tokens_t prompt;                  /* 1..PROTO_MAX_PROMPT_TOKENS ids */
+} proto_embed_req_t;
+
+/* EMBED_DONE (prefill -> router): the L2-normalised embedding, f32 LE,
+ * n_embd = vec.len / 4 (1..PROTO_MAX_EMBD). */
+typedef struct {
+    char request_id[PROTO_REQID_MAX + 1];   /* non-empty */
+    uint32_t n_prompt_tokens;               /* >= 1 */
+    uint64_t queue_ns;
+    uint64_t compute_ns;
+    proto_blob_t vec;                       /* (n_embd, 4) f32 LE */
+} proto_embed_done_t;
+
+/* Read element i of an EMBED_DONE vector. */
+float proto_embed_get(const proto_embed_done_t *d, uint32_t i);
+
 typedef struct {
     uint16_t type;        /* proto_msg_type_t */
     uint16_t flags;       /* PROTO_FLAG_* */
@@ -575,6 +607,8 @@ typedef struct {
         proto_kv_export_done_t kv_export_done;
         proto_prefill_handle_t prefill_handle;
         proto_first_token_t first_token;
+        proto_embed_req_t embed_req;
+        proto_embed_done_t embed_done;
     } u;
 } proto_msg_t;
 

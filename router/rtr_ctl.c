@@ -609,6 +609,7 @@ pd_status_t rtr_ctl_start(rtr_t *r)
     cbs.on_error = on_request_msg;
     cbs.on_migrate_done = on_request_msg;
     cbs.on_kv_export_done = on_request_msg;
+    cbs.on_embed_done = on_request_msg;
     cbs.on_kv_events = on_kv_events;
     cbs.on_other = on_other;
     cbs.on_close = on_close;

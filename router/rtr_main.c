@@ -352,6 +352,19 @@ static void on_drain(pd_loop_t *loop, void *arg)
     rtr_http_drain(arg);
 }
 
+/* Embedding inputs (rtr_http.c) first, then the request flow. */
+static void on_backend_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
+{
+    if (!rtr_http_embed_msg(r, be, msg))
+        rtr_flow_on_msg(r, be, msg);
+}
+
+static void on_backend_down(rtr_t *r, rtr_backend_t *be)
+{
+    rtr_http_embed_down(r, be);
+    rtr_flow_backend_down(r, be);
+}
+
 int main(int argc, char **argv)
 {
     static rtr_t router;
@@ -414,8 +427,8 @@ int main(int argc, char **argv)
         }
     }
     r->out = &rtr_http_out;
-    r->on_backend_msg = rtr_flow_on_msg;
-    r->on_backend_down = rtr_flow_backend_down;
+    r->on_backend_msg = on_backend_msg;
+    r->on_backend_down = on_backend_down;
     r->on_backend_drain = rtr_flow_migrate_from;
     s = rtr_ctl_start(r);
     if (s != PD_OK) {

@@ -64,6 +64,8 @@ typedef struct {
     uint32_t head_dim;         /* 0 = dim / heads */
     uint32_t experts, experts_used, expert_ffn; /* qwen3moe */
     uint32_t swa;              /* gemma3 sliding window (0 = none) */
+    uint32_t pooling;          /* <arch>.pooling_type: 0 = not written, 1 mean, 2 cls, 3 last */
+    bool add_eos;              /* tokenizer.ggml.add_eos_token (--add-eos) */
 } mk_cfg_t;
 
 typedef struct {
@@ -288,7 +290,7 @@ static void add_all_tensors(mk_ctx_t *mk)
 
 /* model: "pdbyte", or "llama" (--vocab-type spm: the same tokens as a
  * SentencePiece vocabulary with byte fallback, which llama.cpp can load) */
-static void add_byte_vocab(gguf_writer_t *w, uint32_t vocab, const char *model)
+static void add_byte_vocab(gguf_writer_t *w, uint32_t vocab, const char *model, bool add_eos)
 {
     char **toks = calloc(vocab, sizeof(*toks));
     float *scores = calloc(vocab, sizeof(*scores));
@@ -330,7 +332,7 @@ static void add_byte_vocab(gguf_writer_t *w, uint32_t vocab, const char *model)
     CHECK(gguf_writer_add_u32(w, "tokenizer.ggml.eot_token_id", MK_TOK_IM_END));
     CHECK(gguf_writer_add_u32(w, "tokenizer.ggml.padding_token_id", MK_TOK_PAD));
     CHECK(gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", true));
-    CHECK(gguf_writer_add_bool(w, "tokenizer.ggml.add_eos_token", false));
+    CHECK(gguf_writer_add_bool(w, "tokenizer.ggml.add_eos_token", add_eos));
     CHECK(gguf_writer_add_string(w, "tokenizer.chat_template", MK_CHAT_TEMPLATE));
     for (uint32_t i = 0; i < vocab; i++)
         free(toks[i]);
@@ -398,6 +400,8 @@ static void add_metadata(gguf_writer_t *w, mk_cfg_t *c)
         CHECK(gguf_writer_add_u32(w, KEY("attention.sliding_window"), c->swa));
         CHECK(gguf_writer_add_f32(w, KEY("rope.freq_base_swa"), 10000.0f));
     }
+    if (c->pooling)
+        CHECK(gguf_writer_add_u32(w, KEY("pooling_type"), c->pooling));
     CHECK(gguf_writer_add_f32(w, KEY("rope.freq_base"), c->rope_base));
     CHECK(gguf_writer_add_u32(w, KEY("attention.head_count"), c->heads));
     CHECK(gguf_writer_add_u32(w, KEY("attention.head_count_kv"), c->kv_heads));
@@ -406,9 +410,9 @@ static void add_metadata(gguf_writer_t *w, mk_cfg_t *c)
     if (c->vocab_from != NULL)
         c->vocab = add_vocab_from(w, c->vocab_from);
     else if (strcmp(c->vocab_type, "byte") == 0)
-        add_byte_vocab(w, c->vocab, "pdbyte");
+        add_byte_vocab(w, c->vocab, "pdbyte", c->add_eos);
     else if (strcmp(c->vocab_type, "spm") == 0)
-        add_byte_vocab(w, c->vocab, "llama");
+        add_byte_vocab(w, c->vocab, "llama", c->add_eos);
     snprintf(key, sizeof(key), "%s.vocab_size", a);
     CHECK(gguf_writer_add_u32(w, key, c->vocab));
 }
@@ -461,6 +465,8 @@ static void usage(FILE *f)
         "  --experts-used N  qwen3moe: experts per token (default 2)\n"
         "  --expert-ffn N    qwen3moe: expert feed-forward length (default ffn / 2)\n"
         "  --sliding-window N gemma3: window of the local layers (default 32; 0 = off)\n"
+        "  --pooling P       write <arch>.pooling_type: mean | cls | last (embeddings)\n"
+        "  --add-eos         tokenizer.ggml.add_eos_token = true (byte / spm vocab)\n"
         "  --dim N           embedding length\n"
         "  --layers N        block count\n"
         "  --heads N         attention heads (head_dim = dim / heads, even)\n"
@@ -582,7 +588,7 @@ int main(int argc, char **argv)
     enum {
         O_PRESET = 256, O_ARCH, O_DIM, O_LAYERS, O_HEADS, O_KV_HEADS, O_FFN, O_VOCAB, O_CTX,
         O_ROPE, O_EPS, O_TIED, O_UNTIED, O_TYPE, O_SEED, O_VOCAB_TYPE, O_VOCAB_FROM, O_NAME,
-        O_ALIGN, O_CORPUS, O_HEAD_DIM, O_EXPERTS, O_EXPERTS_USED, O_EXPERT_FFN, O_SWA,
+        O_ALIGN, O_CORPUS, O_HEAD_DIM, O_EXPERTS, O_EXPERTS_USED, O_EXPERT_FFN, O_SWA, O_POOLING, O_ADD_EOS,
     };
     static const struct option opts[] = {
         {"preset", required_argument, NULL, O_PRESET},
@@ -610,6 +616,8 @@ int main(int argc, char **argv)
         {"experts-used", required_argument, NULL, O_EXPERTS_USED},
         {"expert-ffn", required_argument, NULL, O_EXPERT_FFN},
         {"sliding-window", required_argument, NULL, O_SWA},
+        {"pooling", required_argument, NULL, O_POOLING},
+        {"add-eos", no_argument, NULL, O_ADD_EOS},
         {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -677,6 +685,13 @@ int main(int argc, char **argv)
             cfg.expert_ffn = (uint32_t)parse_u64("--expert-ffn", optarg, 1, 1u << 18);
             break;
         case O_SWA: cfg.swa = (uint32_t)parse_u64("--sliding-window", optarg, 0, 1u << 20); break;
+        case O_ADD_EOS: cfg.add_eos = true; break;
+        case O_POOLING:
+            cfg.pooling = strcmp(optarg, "mean") == 0 ? 1u : strcmp(optarg, "cls") == 0 ? 2u
+                          : strcmp(optarg, "last") == 0 ? 3u : 0u;
+            if (cfg.pooling == 0)
+                die_usage("--pooling: '%s' is not mean, cls or last", optarg);
+            break;
         case 'o': cfg.out = optarg; break;
         case 'h': usage(stdout); return 0;
         default: die_usage("bad option '%s'", argv[optind - 1]);

@@ -767,6 +767,13 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     g->layer_block_bytes = g->block_bytes / m->n_layers;
     g->vocab_size = m->vocab;
     g->context_length = ctx_len;
+    g->n_embd = m->n_embd;
+    g->pooling = -1;
+    uint32_t pool = UINT32_MAX;
+    if ((st = ll_get_u32(m->gguf, arch, "pooling_type", &pool, 0, err, err_len)))
+        goto err_free;
+    if (pool != UINT32_MAX)
+        g->pooling = pool <= ENG_POOL_LAST ? (int32_t)pool : ENG_POOL_NONE; /* rank etc.: none */
     g->compat_hash = ll_compat_hash(m);
     m->lay = eng_kv_layout_block_major(g);
     /* after the hash (which reads every byte): packing releases the rows
@@ -1306,6 +1313,54 @@ static pd_status_t ll_decode(eng_model_t *m, void *arena, const eng_decode_item_
     return PD_OK;
 }
 
+/* Chunks as ll_prefill from position 0 without logits; after each chunk
+ * the final residuals in m->x are normed (output_norm) and pooled: mean
+ * sums every row in double, cls keeps position 0, last the final one. */
+static pd_status_t ll_embed(eng_model_t *m, void *arena, const uint32_t *block_table,
+                            uint32_t n_blocks, const int32_t *tokens, uint32_t n_tokens,
+                            eng_pooling_t pooling, float *out)
+{
+    if (!m || !arena || !block_table || !tokens || n_tokens == 0 || !out ||
+        (pooling != ENG_POOL_MEAN && pooling != ENG_POOL_CLS && pooling != ENG_POOL_LAST))
+        return PD_ERR_BAD_INPUT;
+    for (uint32_t i = 0; i < n_tokens; i++) {
+        pd_status_t st = ll_check_tok(m, tokens[i], i, n_blocks);
+        if (st != PD_OK)
+            return st;
+    }
+    const uint32_t E = m->n_embd;
+    double *acc = calloc(E, sizeof(double));
+    if (acc == NULL)
+        return PD_ERR_NO_MEMORY;
+    ll_tok_t toks[LL_PREFILL_CHUNK];
+    for (uint32_t c0 = 0; c0 < n_tokens; c0 += LL_PREFILL_CHUNK) {
+        uint32_t cn = n_tokens - c0 < LL_PREFILL_CHUNK ? n_tokens - c0 : LL_PREFILL_CHUNK;
+        for (uint32_t i = 0; i < cn; i++) {
+            toks[i].token = tokens[c0 + i];
+            toks[i].pos = c0 + i;
+            toks[i].bt = block_table;
+            toks[i].nb = n_blocks;
+        }
+        ll_forward(m, arena, 0, toks, cn, NULL, cn);
+        for (uint32_t i = 0; i < cn; i++) {
+            uint32_t pos = c0 + i;
+            if (pooling != ENG_POOL_MEAN &&
+                !(pooling == ENG_POOL_CLS && pos == 0) &&
+                !(pooling == ENG_POOL_LAST && pos == n_tokens - 1))
+                continue;
+            ll_rmsnorm(m->xb, m->x + (size_t)i * E, m->out_norm, E, m->rms_eps);
+            for (uint32_t j = 0; j < E; j++)
+                acc[j] += m->xb[j];
+        }
+    }
+    double div = pooling == ENG_POOL_MEAN ? (double)n_tokens : 1.0;
+    for (uint32_t j = 0; j < E; j++)
+        out[j] = (float)(acc[j] / div);
+    free(acc);
+    eng_l2_normalize(out, E);
+    return PD_OK;
+}
+
 static pd_status_t ll_set_kv_layout(eng_model_t *m, const eng_kv_layout_t *lay)
 {
     const uint64_t lbb = m ? m->geom.layer_block_bytes : 0;
@@ -1335,4 +1390,5 @@ const eng_ops_t eng_llama_ops = {
     .decode = ll_decode,
     .set_kv_layout = ll_set_kv_layout,
     .set_layer_hook = ll_set_layer_hook,
+    .embed = ll_embed,
 };

@@ -36,6 +36,8 @@ static void usage(FILE *f)
         "  --stop STR         stop string (repeatable, up to %d)\n"
         "  --presence-penalty X  --frequency-penalty X  --repetition-penalty X  --min-p X\n"
         "  --logit-bias ID:BIAS,...   --stop-token-ids ID,...\n"
+        "  --embed POOL       print the prompt's embedding (mean|cls|last pooling,\n"
+        "                     L2-normalised; one line of floats) instead of generating\n"
         "  --logprobs-out N   with --tokens-out: per-token logprobs, N alternatives\n"
         "  --threads N        compute threads (default: online cores)\n"
         "  --tokens-out       print generated token ids instead of text\n"
@@ -79,6 +81,39 @@ static int parse_tokens(const char *s, int32_t **ids_p, size_t *n_p)
     return n > 0 ? 0 : -1;
 }
 
+/* --embed: the prompt's embedding on one line (scratch KV, no sampling). */
+static int run_embed(const eng_ops_t *ops, eng_model_t *m, const eng_kv_geom_t *g,
+                     const int32_t *ids, size_t n_ids, eng_pooling_t pool)
+{
+    if (!ops->embed || n_ids == 0 || n_ids > g->context_length) {
+        fprintf(stderr, "pd-run: --embed: %s\n",
+                ops->embed ? "prompt empty or longer than the context" : "engine has no embeddings");
+        return 1;
+    }
+    uint32_t nb = (uint32_t)((n_ids + g->block_tokens - 1) / g->block_tokens);
+    void *arena = calloc(nb, g->block_bytes);
+    uint32_t *bt = malloc(nb * sizeof(*bt));
+    float *v = malloc((size_t)g->n_embd * sizeof(float));
+    int rc = 1;
+    if (arena && bt && v) {
+        for (uint32_t i = 0; i < nb; i++)
+            bt[i] = i;
+        pd_status_t st = ops->embed(m, arena, bt, nb, ids, (uint32_t)n_ids, pool, v);
+        if (st == PD_OK) {
+            for (uint32_t i = 0; i < g->n_embd; i++)
+                printf(i ? " %.9g" : "%.9g", (double)v[i]);
+            printf("\n");
+            rc = 0;
+        } else {
+            fprintf(stderr, "pd-run: embed: %s\n", pd_status_str(st));
+        }
+    }
+    free(arena);
+    free(bt);
+    free(v);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *prompt = NULL, *tokens_arg = NULL, *engine = "llama";
@@ -87,12 +122,13 @@ int main(int argc, char **argv)
     eng_sample_params_t sp;
     eng_sample_params_default(&sp);
     sp.max_tokens = 32;
+    int embed = -1;
     eng_load_opts_t lo = { .engine = "llama", .kv_dtype = ENG_KV_F16, .max_batch = 1 };
     int tokens_out = 0, no_bos = 0, lp_top = -1;
 
     enum { O_MODEL = 1, O_PROMPT, O_MAXT, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_THREADS,
            O_MINT, O_IGNEOS, O_STOP, O_TOKENS, O_TOKOUT, O_KV, O_BT, O_NOBOS, O_ENGINE,
-           O_HELP, O_PRES, O_FREQ, O_REP, O_MINP, O_BIAS, O_STOPIDS, O_LPOUT };
+           O_HELP, O_PRES, O_FREQ, O_REP, O_MINP, O_BIAS, O_STOPIDS, O_LPOUT, O_EMBED };
     static const struct option opts[] = {
         { "model", required_argument, NULL, O_MODEL },
         { "prompt", required_argument, NULL, O_PROMPT },
@@ -112,6 +148,7 @@ int main(int argc, char **argv)
         { "logit-bias", required_argument, NULL, O_BIAS },
         { "stop-token-ids", required_argument, NULL, O_STOPIDS },
         { "logprobs-out", required_argument, NULL, O_LPOUT },
+        { "embed", required_argument, NULL, O_EMBED },
         { "tokens", required_argument, NULL, O_TOKENS },
         { "tokens-out", no_argument, NULL, O_TOKOUT },
         { "kv", required_argument, NULL, O_KV },
@@ -195,6 +232,12 @@ int main(int argc, char **argv)
             break;
         }
         case O_LPOUT: lp_top = (int)strtol(optarg, &end, 10); break;
+        case O_EMBED:
+            if ((embed = eng_pooling_from_name(optarg)) < 0) {
+                fprintf(stderr, "pd-run: --embed: mean, cls or last\n");
+                return 2;
+            }
+            break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -235,7 +278,7 @@ int main(int argc, char **argv)
             goto out_tok;
         }
     } else {
-        size_t cap = strlen(prompt) + 8;
+        size_t cap = 3 * strlen(prompt) + 8; /* byte fallback: a space is 3 byte tokens */
         if (cap > PD_RUN_MAX_PROMPT) {
             fprintf(stderr, "pd-run: prompt too long\n");
             goto out_tok;
@@ -245,6 +288,9 @@ int main(int argc, char **argv)
             goto out_tok;
         st = eng_tok_encode(tok, prompt, strlen(prompt), !no_bos && eng_tok_add_bos(tok),
                             false, ids, cap, &n_ids);
+        if (st == PD_OK && embed >= 0 && eng_tok_add_eos(tok) && n_ids < cap &&
+            (n_ids == 0 || ids[n_ids - 1] != eng_tok_eos(tok)))
+            ids[n_ids++] = eng_tok_eos(tok); /* as the router's /v1/embeddings, llama.cpp */
         if (st != PD_OK || n_ids == 0) {
             fprintf(stderr, "pd-run: tokenize: %s\n", pd_status_str(st));
             goto out_ids;
@@ -266,6 +312,10 @@ int main(int argc, char **argv)
         goto out_ids;
     }
     const eng_kv_geom_t *g = ops->geometry(m);
+    if (embed >= 0) {
+        rc = run_embed(ops, m, g, ids, n_ids, (eng_pooling_t)embed);
+        goto out_model;
+    }
     uint64_t max_pos = n_ids + (sp.max_tokens ? sp.max_tokens : g->context_length);
     if (max_pos > g->context_length)
         max_pos = g->context_length;

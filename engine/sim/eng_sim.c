@@ -285,6 +285,7 @@ static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     g->layer_block_bytes = g->block_bytes / m->p.n_layers;
     g->vocab_size = m->p.vocab;
     g->context_length = m->p.ctx;
+    g->pooling = -1; /* no embeddings (ops.embed NULL) */
     if (g->block_tokens > 4096 || g->block_bytes > SIM_MAX_BLOCK_BYTES) {
         sim_err(err, err_len, "sim: block of %u tokens x %llu bytes is too big", g->block_tokens,
                 (unsigned long long)g->bytes_per_token);

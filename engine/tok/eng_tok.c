@@ -500,6 +500,7 @@ pd_status_t eng_tok_create(const eng_tok_vocab_t *v, eng_tok_t **tok_p,
     if (tok->kind == ENG_TOK_BPE && v->add_bos < 0 && tok->bos >= 0 &&
         strcmp(tok->pre_name, "llama-bpe") == 0)
         tok->add_bos = true;
+    tok->add_eos = v->add_eos == 1;
     tok->add_space_prefix = v->add_space_prefix >= 0 ? v->add_space_prefix != 0
                                                      : tok->kind == ENG_TOK_SPM;
 
@@ -810,6 +811,7 @@ uint32_t eng_tok_vocab_size(const eng_tok_t *tok) { return tok->n_vocab; }
 int32_t eng_tok_bos(const eng_tok_t *tok) { return tok->bos; }
 int32_t eng_tok_eos(const eng_tok_t *tok) { return tok->eos; }
 bool eng_tok_add_bos(const eng_tok_t *tok) { return tok->add_bos && tok->bos >= 0; }
+bool eng_tok_add_eos(const eng_tok_t *tok) { return tok->add_eos && tok->eos >= 0; }
 const char *eng_tok_chat_template(const eng_tok_t *tok) { return tok->chat_template; }
 const char *eng_tok_model_name(const eng_tok_t *tok) { return tok->model_name; }
 const char *eng_tok_pre_name(const eng_tok_t *tok) { return tok->pre_name; }

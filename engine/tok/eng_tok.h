@@ -76,6 +76,7 @@ typedef struct {
     int32_t eot_id;              /* -1 = find by text (<|eot_id|>, <|im_end|>) */
     int add_bos;                 /* -1 = default for the kind, 0, 1 */
     int add_space_prefix;        /* -1 = default for the kind, 0, 1 */
+    int add_eos;                 /* tokenizer.ggml.add_eos_token: 1, else (0, -1) no */
     const char *chat_template;   /* NULL = none */
     uint32_t chat_template_len;
 } eng_tok_vocab_t;
@@ -144,6 +145,9 @@ uint32_t eng_tok_vocab_size(const eng_tok_t *tok);
 int32_t eng_tok_bos(const eng_tok_t *tok);          /* -1 if none */
 int32_t eng_tok_eos(const eng_tok_t *tok);          /* -1 if none */
 bool eng_tok_add_bos(const eng_tok_t *tok);         /* metadata default */
+/* tokenizer.ggml.add_eos_token and an EOS: llama.cpp appends EOS to a text
+ * tokenized with special tokens (embeddings: the router does too). */
+bool eng_tok_add_eos(const eng_tok_t *tok);
 /* End of generation: EOS, EOT (<|eot_id|>, <|im_end|>, <|eom_id|>, ...). */
 bool eng_tok_is_eog(const eng_tok_t *tok, int32_t id);
 eng_tok_type_t eng_tok_token_type(const eng_tok_t *tok, int32_t id);

@@ -138,6 +138,7 @@ pd_status_t eng_tok_load(const gguf_t *g, eng_tok_t **tok_p, char *err, size_t e
     v.pad_id = get_id(g, "tokenizer.ggml.padding_token_id");
     v.eot_id = get_id(g, "tokenizer.ggml.eot_token_id");
     v.add_bos = get_flag(g, "tokenizer.ggml.add_bos_token");
+    v.add_eos = get_flag(g, "tokenizer.ggml.add_eos_token");
     v.add_space_prefix = get_flag(g, "tokenizer.ggml.add_space_prefix");
     if (gguf_get_string(g, "tokenizer.chat_template", &tmpl, &tmpl_len) == PD_OK &&
         tmpl_len > 0 && tmpl_len < (1u << 20)) {

@@ -34,7 +34,7 @@ struct eng_tok {
     int32_t bos, eos, eot, unk, pad;
     int32_t *eog;          /* (n_eog) end-of-generation ids */
     uint32_t n_eog;
-    bool add_bos, add_space_prefix, ignore_merges;
+    bool add_bos, add_space_prefix, ignore_merges, add_eos;
     int32_t *special;      /* (n_special) control + user-defined, longest first */
     uint32_t n_special;
     bool special_first[256]; /* first bytes of special texts */

@@ -325,6 +325,22 @@ void ps_make(uint16_t type, int v, proto_msg_t *m)
         x->rng_state = big;
         break;
     }
+    case PROTO_MSG_EMBED_REQ: {
+        proto_embed_req_t *x = &m->u.embed_req;
+        ps_str(x->request_id, rid, '0');
+        x->pooling = v == PS_MAX ? PROTO_POOL_LAST : v == PS_MID ? 1 : PROTO_POOL_DEFAULT;
+        x->prompt = ps_tokens(ps_tok, v == PS_MAX ? PROTO_MAX_PROMPT_TOKENS : v == PS_MID ? 17 : 1);
+        break;
+    }
+    case PROTO_MSG_EMBED_DONE: {
+        proto_embed_done_t *x = &m->u.embed_done;
+        ps_str(x->request_id, rid, '0');
+        x->n_prompt_tokens = v == PS_MIN ? 1 : big32;
+        x->queue_ns = big;
+        x->compute_ns = big / 5;
+        x->vec = ps_blob(v == PS_MAX ? PROTO_MAX_TEXT : v == PS_MID ? 4 * 128 : 4);
+        break;
+    }
     }
 }
 
@@ -510,6 +526,15 @@ int ps_equal(const proto_msg_t *ma, const proto_msg_t *mb)
     case PROTO_MSG_FIRST_TOKEN: {
         const proto_first_token_t *a = &ma->u.first_token, *b = &mb->u.first_token;
         return SEQ(request_id) && EQ(first_token) && EQ(rng_state);
+    }
+    case PROTO_MSG_EMBED_REQ: {
+        const proto_embed_req_t *a = &ma->u.embed_req, *b = &mb->u.embed_req;
+        return SEQ(request_id) && EQ(pooling) && tok_eq(&a->prompt, &b->prompt);
+    }
+    case PROTO_MSG_EMBED_DONE: {
+        const proto_embed_done_t *a = &ma->u.embed_done, *b = &mb->u.embed_done;
+        return SEQ(request_id) && EQ(n_prompt_tokens) && EQ(queue_ns) && EQ(compute_ns) &&
+               blob_eq(&a->vec, &b->vec);
     }
     }
     return 0;

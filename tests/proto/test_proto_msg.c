@@ -66,7 +66,10 @@ static pd_status_t decode_check(const uint8_t *buf, size_t len, proto_msg_t *out
 
 static void test_names(void **state)
 {
-    assert_int_equal(PROTO_MSG_COUNT, 22);
+    assert_int_equal(PROTO_MSG_COUNT, 24);
+    assert_int_equal(PROTO_MSG_EMBED_REQ, 33);
+    assert_int_equal(PROTO_MSG_EMBED_DONE, 34);
+    assert_string_equal(proto_msg_name(PROTO_MSG_EMBED_DONE), "EMBED_DONE");
     assert_int_equal(PROTO_MSG_PREFILL_HANDLE, 31);
     assert_int_equal(PROTO_MSG_FIRST_TOKEN, 32);
     assert_string_equal(proto_msg_name(PROTO_MSG_PREFILL_HANDLE), "PREFILL_HANDLE");
@@ -531,6 +534,28 @@ static void test_bad_values(void **state)
     ps_make(PROTO_MSG_PREFILL_HANDLE, PS_MID, &m);
     m.u.prefill_handle.n_prompt_tokens = 0;
     assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    /* EMBED_REQ: a defined pooling, a non-empty prompt */
+    ps_make(PROTO_MSG_EMBED_REQ, PS_MID, &m);
+    m.u.embed_req.pooling = 4;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_EMBED_REQ, PS_MID, &m);
+    m.u.embed_req.prompt.n = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    /* EMBED_DONE: whole floats, at least one, a prompt token */
+    ps_make(PROTO_MSG_EMBED_DONE, PS_MID, &m);
+    m.u.embed_done.vec.len = 6;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_EMBED_DONE, PS_MID, &m);
+    m.u.embed_done.vec.len = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    ps_make(PROTO_MSG_EMBED_DONE, PS_MID, &m);
+    m.u.embed_done.n_prompt_tokens = 0;
+    assert_int_equal(proto_msg_encode(&m, NULL, 0, &len), PD_ERR_BAD_INPUT);
+    {
+        const uint8_t one[4] = { 0x00, 0x00, 0x80, 0x3f }; /* 1.0f LE */
+        proto_embed_done_t ed = { .vec = { one, 4 } };
+        assert_true(proto_embed_get(&ed, 0) == 1.0f);
+    }
     /* FIRST_TOKEN: a token id */
     ps_make(PROTO_MSG_FIRST_TOKEN, PS_MID, &m);
     m.u.first_token.first_token = -1;

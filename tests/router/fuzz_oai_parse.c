@@ -1,13 +1,15 @@
 /* Fuzz target: request bodies -> rtr_oai_parse (completions, chat) and the
  * front doors' parsers (Messages, count_tokens, Responses: rtr_fd.h), and
- * every accepted request's fields respect the limits; an accepted grammar
- * (schema, regex, GBNF) compiles the same way again (as a daemon would) and
- * its state walks the input's bytes. */
+ * /v1/embeddings' (rtr_embed.h, rendered too), and every accepted request's
+ * fields respect the limits; an accepted grammar (schema, regex, GBNF)
+ * compiles the same way again (as a daemon would) and its state walks the
+ * input's bytes. */
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 #include "eng_gram.h"
 #include "rtr_anthropic.h"
+#include "rtr_embed.h"
 #include "rtr_openai.h"
 #include "rtr_responses.h"
 
@@ -67,6 +69,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                               : rtr_oai_error_json(&err);
             free(json);
         }
+    }
+    const rtr_emb_limits_t el = { .max_inputs = 16, .max_input_tokens = 64,
+                                  .max_input_bytes = 256, .vocab_size = 32000 };
+    rtr_emb_req_t eq;
+    rtr_oai_error_t err;
+    if (rtr_emb_parse((const char *)data, size, &el, &eq, &err) == PD_OK) {
+        assert(eq.n_inputs >= 1 && eq.n_inputs <= el.max_inputs);
+        float *v = calloc((size_t)eq.n_inputs * 8, sizeof(float));
+        for (uint32_t i = 0; i < eq.n_inputs; i++) {
+            const rtr_emb_input_t *in = &eq.inputs[i];
+            assert((in->text != NULL) != (in->ids != NULL));
+            assert(in->text == NULL || (in->text_len >= 1 && in->text_len <= el.max_input_bytes));
+            assert(in->ids == NULL || (in->n_ids >= 1 && in->n_ids <= el.max_input_tokens));
+            for (uint32_t k = 0; in->ids != NULL && k < in->n_ids; k++)
+                assert(in->ids[k] >= 0 && (uint32_t)in->ids[k] < el.vocab_size);
+            if (v != NULL)
+                v[(size_t)i * 8 + i % 8] = 1.0f;
+        }
+        if (v != NULL)
+            free(rtr_emb_render(&eq, v, 8, "m", 1, &err));
+        free(v);
+        rtr_emb_req_free(&eq);
+    } else {
+        assert(err.http_status >= 400 && err.http_status < 600);
     }
     return 0;
 }

@@ -2550,6 +2550,83 @@ static int node_setup(void **st)
     return start_deploy(&g_a, &g_a_up, g_model, ra, NULL, NULL, NULL, 1, 1);
 }
 
+/* /v1/embeddings (issue 30): the prefill pools by its embeddings.pooling
+ * (the built-in model's GGUF has no pooling_type). */
+static int node_emb_setup(void **st)
+{
+    (void)st;
+    static const char *ra[] = { "--served-model-name=e2e-model", "--api-key=" API_KEY, NULL };
+    static const char *pa[] = { "--embeddings.pooling=mean", NULL };
+    return start_deploy(&g_a, &g_a_up, g_model, ra, pa, NULL, NULL, 1, 1);
+}
+
+/* A big embeddings request (24 inputs of ~600 tokens) whose client closes
+ * its connection: as a non-streamed chat answer, an EOF may be a half-close,
+ * so the work finishes (the write then fails); every ledger balances, the KV
+ * is free. Then its prefill dies under one: 503 (no other prefill), and the
+ * router still answers. */
+static char *emb_body(int n_inputs, int words)
+{
+    size_t cap = (size_t)n_inputs * ((size_t)words * 6 + 8) + 64, len = 0;
+    char *b = malloc(cap);
+    assert_non_null(b);
+    len += (size_t)snprintf(b + len, cap - len, "{\"input\":[");
+    for (int i = 0; i < n_inputs; i++) {
+        len += (size_t)snprintf(b + len, cap - len, "%s\"", i ? "," : "");
+        for (int w = 0; w < words; w++)
+            len += (size_t)snprintf(b + len, cap - len, "%s%c%c", w ? " " : "",
+                                    'a' + (i + w) % 26, 'a' + (w * 7) % 26);
+        len += (size_t)snprintf(b + len, cap - len, "\"");
+    }
+    snprintf(b + len, cap - len, "]}");
+    return b;
+}
+
+static void test_emb_faults(void **st)
+{
+    (void)st;
+    char *body = emb_body(24, 200);
+    const char *hdr = "Authorization: Bearer " API_KEY "\r\nContent-Type: application/json\r\n";
+    int fd = e2e_http_connect(g_a.http_port);
+    assert_true(fd >= 0);
+    assert_int_equal(e2e_http_send(fd, "POST", "/v1/embeddings", hdr, body, strlen(body)), 0);
+    double t0 = e2e_now();
+    while (admin_num(&g_a.prefill[0], "requests", "counters.accepted") < 2 && e2e_now() - t0 < 10)
+        e2e_nap_ms(5);
+    close(fd); /* EOF mid-request */
+    quiet_ok(&g_a);
+    assert_true(admin_num(&g_a.prefill[0], "requests", "counters.completed") >= 24);
+    /* a small one still works */
+    e2e_resp_t r;
+    assert_int_equal(e2e_http(g_a.http_port, "POST", "/v1/embeddings", hdr,
+                              "{\"input\":[\"a\",\"b\"]}", 30, &r), 0);
+    assert_int_equal(r.status, 200);
+    e2e_resp_free(&r);
+    /* the prefill dies under a request: no other one, 503 */
+    fd = e2e_http_connect(g_a.http_port);
+    assert_true(fd >= 0);
+    assert_int_equal(e2e_http_send(fd, "POST", "/v1/embeddings", hdr, body, strlen(body)), 0);
+    double acc0 = admin_num(&g_a.prefill[0], "requests", "counters.accepted");
+    t0 = e2e_now();
+    while (admin_num(&g_a.prefill[0], "requests", "counters.accepted") < acc0 + 1 &&
+           e2e_now() - t0 < 10)
+        e2e_nap_ms(5);
+    assert_int_equal(e2e_proc_signal(&g_a.prefill[0], SIGKILL), 0);
+    e2e_proc_wait(&g_a.prefill[0], 5.0);
+    char *raw = NULL;
+    size_t len = 0;
+    e2e_http_read(fd, &raw, &len, NULL, 30);
+    close(fd);
+    e2e_http_parse(raw, len, &r);
+    if (r.status != 503)
+        fail_msg("prefill lost under an embeddings request: %d %s", r.status,
+                 r.body ? r.body : "");
+    e2e_resp_free(&r);
+    free(raw);
+    free(body);
+    assert_true(router_stat(&g_a, "requests_failed") >= 1);
+}
+
 static void test_node_client(void **st)
 {
     (void)st;
@@ -2658,6 +2735,12 @@ int main(int argc, char **argv)
     if (strcmp(group, "node") == 0) {
         const struct CMUnitTest t[] = { cmocka_unit_test(test_node_client) };
         return finish(cmocka_run_group_tests_name("e2e-openai-node", t, node_setup, a_teardown));
+    }
+    if (strcmp(group, "node-emb") == 0) { /* the prefill killed last */
+        const struct CMUnitTest t[] = { cmocka_unit_test(test_node_client),
+                                        cmocka_unit_test(test_emb_faults) };
+        return finish(cmocka_run_group_tests_name("e2e-embeddings-node", t, node_emb_setup,
+                                                  a_teardown));
     }
     fprintf(stderr, "unknown group %s\n", group);
     return 2;

@@ -357,6 +357,16 @@ const checks = {
     }
     assert.ok(n >= 3);
   },
+  'embeddings.create on a model without pooling: 400 embeddings_unsupported': async () => {
+    // the built-in GGUF has no pooling_type and this prefill no embeddings.pooling
+    await assert.rejects(client.embeddings.create({ model, input: 'hello' }), (e) => {
+      assert.equal(e.status, 400, e.message);
+      assert.equal(e.code, 'embeddings_unsupported', e.message);
+      assert.equal(e.param, 'model');
+      assert.match(e.message, /pooling/);
+      return true;
+    });
+  },
 };
 
 await runChecks(checks);
