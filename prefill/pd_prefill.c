@@ -193,16 +193,23 @@ static void pf_req_end(pf_t *pf, pf_req_t *r, pf_state_t to)
     pf_req_set_state(r, to);
 }
 
-static void pf_job_done(eng_job_t *job)
+/* A prompt-pass job is back on the loop (done or aborted at shutdown):
+ * its queue time, and an aborted one's status. */
+static void pf_job_back(pf_t *pf, pf_req_t *r, const eng_job_t *job)
 {
-    pf_req_t *r = (pf_req_t *)job;
-    pf_t *pf = r->pf;
     r->job_done = true;
     if (job->aborted) {
         r->cstatus = PD_ERR_SHUTDOWN;
         r->run_start_ns = r->run_end_ns = pd_now_ns();
     }
     pd_stats_observe_ns(pf->n.stats, PF_STAT_queue_time, r->run_start_ns - r->t[PF_ST_COMPUTING]);
+}
+
+static void pf_job_done(eng_job_t *job)
+{
+    pf_req_t *r = (pf_req_t *)job;
+    pf_t *pf = r->pf;
+    pf_job_back(pf, r, job);
     if (atomic_load(&r->cancel) || pf->n.stopping) {
         if (pf_can_reply(pf, r) && !pf->n.stopping)
             node_send_error(&pf->n, r->nr.link, r->nr.id, PD_ERR_CANCELED, "canceled");
@@ -611,12 +618,7 @@ static void pf_embed_done(eng_job_t *job)
 {
     pf_req_t *r = (pf_req_t *)job;
     pf_t *pf = r->pf;
-    r->job_done = true;
-    if (job->aborted) {
-        r->cstatus = PD_ERR_SHUTDOWN;
-        r->run_start_ns = r->run_end_ns = pd_now_ns();
-    }
-    pd_stats_observe_ns(pf->n.stats, PF_STAT_queue_time, r->run_start_ns - r->t[PF_ST_COMPUTING]);
+    pf_job_back(pf, r, job);
     bool reply = pf_can_reply(pf, r) && !pf->n.stopping;
     r->reply_pending = false;
     if (atomic_load(&r->cancel) || pf->n.stopping) {

@@ -1615,6 +1615,7 @@ static void test_sample_messages(void **state)
                     case PROTO_MSG_CANCEL:      rid = m.u.cancel.request_id; break;
                     case PROTO_MSG_RELEASE:     rid = m.u.release.request_id; break;
                     case PROTO_MSG_KV_EXPORT_REQ: rid = m.u.kv_export_req.request_id; break;
+                    case PROTO_MSG_EMBED_REQ:   rid = m.u.embed_req.request_id; break;
                     default: break;
                     }
                     if (rid != NULL)
