@@ -567,6 +567,18 @@ static uint32_t seq_node(comp_t *c, const uint32_t *ids, uint32_t n)
     return list_node(c, N_SEQ, ids, n);
 }
 
+/* Appends id to a sequence (alt false) or alternation being built in
+ * ids[cap]; a full array folds into one node that stays first, so long
+ * literal runs and long alternations stay compilable. */
+static void list_push(comp_t *c, uint32_t *ids, uint32_t *n, uint32_t cap, bool alt, uint32_t id)
+{
+    if (*n >= cap) {
+        ids[0] = alt ? alts_node(c, ids, *n) : seq_node(c, ids, *n);
+        *n = 1;
+    }
+    ids[(*n)++] = id;
+}
+
 /* child repeated lo..hi times (hi INT64_MAX: unbounded). */
 static uint32_t rep_node(comp_t *c, uint32_t child, int64_t lo, int64_t hi)
 {
@@ -1053,12 +1065,7 @@ static uint32_t rx_seq(rx_t *r, uint32_t nest)
             atom = char_node(r->c, (uint32_t)cp, r->json);
         }
         atom = rx_quant(r, atom);
-        if (n >= 256) {
-            /* fold the sequence so far: long literal runs stay compilable */
-            ids[0] = seq_node(r->c, ids, n);
-            n = 1;
-        }
-        ids[n++] = atom;
+        list_push(r->c, ids, &n, 256, false, atom);
     }
     return r->c->st == PD_OK ? seq_node(r->c, ids, n) : 0;
 }
@@ -1070,11 +1077,7 @@ static uint32_t rx_alt(rx_t *r, uint32_t nest)
         uint32_t s = rx_seq(r, nest);
         if (r->c->st != PD_OK)
             return 0;
-        if (n >= ENG_GRAM_MAX_ANYOF) {
-            ids[0] = alts_node(r->c, ids, n);
-            n = 1;
-        }
-        ids[n++] = s;
+        list_push(r->c, ids, &n, ENG_GRAM_MAX_ANYOF, true, s);
         if (r->p < r->e && *r->p == '|') {
             r->p++;
             continue;
@@ -1374,11 +1377,7 @@ static uint32_t gb_seq(gb_t *b, uint32_t nest)
             atom = rep_node(c, atom, lo, hi);
             gb_space(b, nest > 0);
         }
-        if (n >= 256) {
-            ids[0] = seq_node(c, ids, n);
-            n = 1;
-        }
-        ids[n++] = atom;
+        list_push(c, ids, &n, 256, false, atom);
     }
     return c->st == PD_OK ? seq_node(c, ids, n) : 0;
 }
@@ -1390,11 +1389,7 @@ static uint32_t gb_alts(gb_t *b, uint32_t nest)
         uint32_t s = gb_seq(b, nest);
         if (b->c->st != PD_OK)
             return 0;
-        if (n >= ENG_GRAM_MAX_ANYOF) {
-            ids[0] = alts_node(b->c, ids, n);
-            n = 1;
-        }
-        ids[n++] = s;
+        list_push(b->c, ids, &n, ENG_GRAM_MAX_ANYOF, true, s);
         if (b->p < b->e && *b->p == '|') {
             b->p++;
             gb_space(b, true);
