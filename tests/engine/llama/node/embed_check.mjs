@@ -5,22 +5,10 @@
 // pd-run is given the same pooling explicitly. Cosine >= 0.9999 each.
 // Exit 0 = agree, 1 = mismatch, 77 = llama.cpp unusable here (skip).
 import { execFileSync } from "node:child_process";
+import { llamaOrSkip } from "./llama_or_skip.mjs";
 
 const [pdrun, ...models] = process.argv.slice(2);
-let getLlama;
-try {
-    ({ getLlama } = await import("node-llama-cpp"));
-} catch (e) {
-    console.log(`node-llama-cpp unavailable (${e.message}): skip`);
-    process.exit(77);
-}
-let llama;
-try {
-    llama = await getLlama({ gpu: false, build: "never", logLevel: "error" });
-} catch (e) {
-    console.log(`no prebuilt llama.cpp for this machine (${e.message}): skip`);
-    process.exit(77);
-}
+const llama = await llamaOrSkip();
 const prompts = [
     "hello world",
     "The quick brown fox jumps over the lazy dog.",

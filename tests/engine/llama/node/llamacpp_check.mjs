@@ -5,23 +5,11 @@
 //     its log-probabilities on pd-run's tokens within a tolerance (below).
 // Exit 0 = agree, 1 = mismatch, 77 = llama.cpp unusable here (skip).
 import { execFileSync } from "node:child_process";
+import { llamaOrSkip } from "./llama_or_skip.mjs";
 import fs from "node:fs";
 
 const [pdrun, tokcli, modelPath] = process.argv.slice(2);
-let getLlama;
-try {
-    ({ getLlama } = await import("node-llama-cpp"));
-} catch (e) {
-    console.log(`node-llama-cpp unavailable (${e.message}): skip`);
-    process.exit(77);
-}
-let llama;
-try {
-    llama = await getLlama({ gpu: false, build: "never", logLevel: "error" });
-} catch (e) {
-    console.log(`no prebuilt llama.cpp for this machine (${e.message}): skip`);
-    process.exit(77);
-}
+const llama = await llamaOrSkip();
 const model = await llama.loadModel({ modelPath });
 let failures = 0;
 const fail = (msg) => { failures++; console.error("MISMATCH: " + msg); };
