@@ -393,6 +393,15 @@ pd_queue_node_t *pd_queue_pop(pd_queue_t *q)
     return node;
 }
 
+pd_queue_node_t *pd_queue_pop_if(pd_queue_t *q,
+                                 bool (*take)(const pd_queue_node_t *node, void *arg), void *arg)
+{
+    pthread_mutex_lock(&q->mu);
+    pd_queue_node_t *node = q->head != NULL && take(q->head, arg) ? pop_locked(q) : NULL;
+    pthread_mutex_unlock(&q->mu);
+    return node;
+}
+
 pd_queue_node_t *pd_queue_pop_wait(pd_queue_t *q, uint64_t timeout_ns)
 {
     struct timespec deadline;

@@ -18,6 +18,7 @@
 #include "pd_status.h"
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 struct event_base;
@@ -100,6 +101,11 @@ pd_status_t pd_queue_attach(pd_queue_t *queue, pd_loop_t *loop,
 pd_status_t pd_queue_push(pd_queue_t *queue, pd_queue_node_t *node);
 /* Non-blocking; NULL when empty. */
 pd_queue_node_t *pd_queue_pop(pd_queue_t *queue);
+/* Non-blocking; the head only if take(head, arg) says so, else NULL
+ * (take runs under the queue's lock: keep it a field test). */
+pd_queue_node_t *pd_queue_pop_if(pd_queue_t *queue,
+                                 bool (*take)(const pd_queue_node_t *node, void *arg),
+                                 void *arg);
 /* For worker threads (never the loop): wait up to timeout_ns
  * (UINT64_MAX = forever) for a node. NULL on timeout or when the queue is
  * closed and empty (check pd_queue_closed). */

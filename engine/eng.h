@@ -143,6 +143,16 @@ typedef struct {
     int32_t token;               /* input token at pos; its KV is written at pos */
 } eng_decode_item_t;
 
+/* One prompt of an embeddings batch (eng_ops_t.embed). */
+typedef struct {
+    const uint32_t *block_table; /* (n_blocks) scratch blocks for its KV */
+    uint32_t n_blocks;
+    const int32_t *tokens;       /* (n_tokens), positions 0.. */
+    uint32_t n_tokens;
+    eng_pooling_t pooling;
+    float *out;                  /* (n_embd) */
+} eng_embed_item_t;
+
 typedef struct eng_ops {
     const char *name;
     /* Load a model. Expected errors: PD_ERR_IO, PD_ERR_BAD_INPUT (bad file,
@@ -180,16 +190,18 @@ typedef struct eng_ops {
     /* The layer hook for the following prefill calls (NULL: none). Set on
      * the compute thread, between calls. */
     void (*set_layer_hook)(eng_model_t *model, eng_layer_hook_t hook, void *arg);
-    /* The embedding of tokens[0..n_tokens) (positions 0..): the hidden
-     * states after the last norm, pooled (ENG_POOL_MEAN: their mean,
-     * _CLS: the first position's, _LAST: the last's), L2-normalised, into
-     * out (geom.n_embd). The KV of the prompt is written into the blocks
-     * of block_table (scratch: nothing else reads it). NULL in an engine
-     * without embeddings. Expected: as prefill; PD_ERR_BAD_INPUT for
-     * another pooling. */
-    pd_status_t (*embed)(eng_model_t *model, void *arena, const uint32_t *block_table,
-                         uint32_t n_blocks, const int32_t *tokens, uint32_t n_tokens,
-                         eng_pooling_t pooling, float *out /* (n_embd) */);
+    /* The embeddings of a batch of prompts: for each item, its tokens
+     * (positions 0..) run through the model, the hidden states after the
+     * last norm pooled (ENG_POOL_MEAN: their mean, _CLS: the first
+     * position's, _LAST: the last's) and L2-normalised into item->out
+     * (geom.n_embd). The items' rows share forward passes; each vector is
+     * bitwise the one its item gets alone. Each item's KV is written into
+     * the blocks of its block_table (scratch: nothing else reads it; the
+     * items' blocks must not overlap). NULL in an engine without
+     * embeddings. Expected: as prefill (nothing is computed if any item
+     * is invalid); PD_ERR_BAD_INPUT for another pooling. */
+    pd_status_t (*embed)(eng_model_t *model, void *arena, const eng_embed_item_t *items,
+                         uint32_t n_items);
 } eng_ops_t;
 
 /* Pooling names ("mean", "cls", "last") <-> eng_pooling_t; -1 if unknown. */

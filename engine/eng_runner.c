@@ -11,9 +11,22 @@ struct eng_runner {
     size_t pending;      /* loop-thread count */
 };
 
+typedef struct {
+    const eng_job_t *first;
+    uint32_t cost;       /* of the batch so far */
+} runner_batch_t;
+
+static bool runner_joins(const pd_queue_node_t *n, void *arg)
+{
+    runner_batch_t *b = arg;
+    const eng_job_t *job = PD_CONTAINER_OF(n, eng_job_t, node);
+    return job->run_batch == b->first->run_batch && job->cost <= b->first->budget - b->cost;
+}
+
 static void *runner_main(void *arg)
 {
     eng_runner_t *r = arg;
+    eng_job_t *jobs[ENG_RUNNER_BATCH_MAX];
     for (;;) {
         pd_queue_node_t *n = pd_queue_pop_wait(r->in, UINT64_MAX);
         if (n == NULL) {
@@ -22,9 +35,22 @@ static void *runner_main(void *arg)
             continue;
         }
         eng_job_t *job = PD_CONTAINER_OF(n, eng_job_t, node);
-        job->run(job);
-        while (pd_queue_push(r->out, &job->node) == PD_ERR_BUSY)
-            ; /* out is unbounded: never taken */
+        uint32_t k = 1;
+        jobs[0] = job;
+        if (job->run_batch != NULL) {
+            runner_batch_t b = { job, job->cost < job->budget ? job->cost : job->budget };
+            while (k < ENG_RUNNER_BATCH_MAX &&
+                   (n = pd_queue_pop_if(r->in, runner_joins, &b)) != NULL) {
+                jobs[k] = PD_CONTAINER_OF(n, eng_job_t, node);
+                b.cost += jobs[k++]->cost;
+            }
+            job->run_batch(jobs, k);
+        } else {
+            job->run(job);
+        }
+        for (uint32_t i = 0; i < k; i++)
+            while (pd_queue_push(r->out, &jobs[i]->node) == PD_ERR_BUSY)
+                ; /* out is unbounded: never taken */
     }
     return NULL;
 }

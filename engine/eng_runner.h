@@ -10,6 +10,7 @@
 #define ENG_RUNNER_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include "pd_loop.h"
 #include "pd_status.h"
 
@@ -20,7 +21,17 @@ struct eng_job {
     void (*done)(eng_job_t *job);        /* loop thread, once per submit */
     bool aborted;                        /* set when the runner was destroyed
                                             before run() happened */
+    /* Optional (NULL: run() alone). Jobs waiting at the head of the queue
+     * behind this one with the same run_batch join it: one call
+     * run_batch(jobs, n) runs them all, as long as their summed cost stays
+     * within this job's budget (this job always runs) and n <=
+     * ENG_RUNNER_BATCH_MAX. Only jobs already waiting join (no waiting
+     * for more), in queue order. done() is still called once per job. */
+    void (*run_batch)(eng_job_t *const *jobs, uint32_t n);
+    uint32_t cost, budget;
 };
+
+#define ENG_RUNNER_BATCH_MAX 64u
 
 typedef struct eng_runner eng_runner_t;
 

@@ -30,6 +30,7 @@ static const pd_cfg_field_t pf_fields[] = {
     PD_CFG_ROW(pf_config_t, src_pull_timeout_ns, "src-pull-timeout", DURATION, "2s", "deadline of a pull from a decode's cached prefix (then computed here)", 1e6, 600e9, NULL),
     PD_CFG_ROW(pf_config_t, kv_stream, "kv-stream", ENUM, "whole", "layer: export the KV lease at admission and publish each layer as it is computed (the decode pulls layer by layer); whole: export after the whole prompt pass", 0, 0, pf_kv_streams),
     PD_CFG_ROW(pf_config_t, embed_pooling, "embeddings.pooling", ENUM, "none", "pooling of /v1/embeddings (EMBED_REQ) when the GGUF has no <arch>.pooling_type: mean, cls, last; none refuses embeddings for such a model", 0, 0, pf_poolings),
+    PD_CFG_ROW(pf_config_t, embed_batch_tokens, "embeddings.batch-tokens", UINT, "2048", "EMBED_REQs waiting for the compute thread run as one batch (their rows share forward passes) up to this many prompt tokens; 1: one at a time", 1, 1048576, NULL),
     NODE_TAIL_ROWS(pf_config_t)
     PD_CFG_END,
 };
@@ -601,17 +602,46 @@ static void pf_on_prefill_req(node_t *node, node_link_t *from, const proto_msg_t
 
 /* ---- EMBED_REQ: a prompt pass into scratch blocks, no lease ------------- */
 
+/* The EMBED_REQs waiting together at the head of the compute queue (the
+ * runner joins them up to embeddings.batch-tokens): one engine call whose
+ * rows share forward passes; each vector is bitwise the one it gets alone.
+ * Should the batch fail, each runs alone so an error is its own. */
+static void pf_embed_batch(eng_job_t *const *jobs, uint32_t n)
+{
+    pf_t *pf = ((pf_req_t *)jobs[0])->pf;
+    eng_embed_item_t items[ENG_RUNNER_BATCH_MAX];
+    pf_req_t *rs[ENG_RUNNER_BATCH_MAX];
+    uint32_t k = 0;
+    uint64_t t0 = pd_now_ns();
+    for (uint32_t i = 0; i < n; i++) {
+        pf_req_t *r = (pf_req_t *)jobs[i];
+        r->run_start_ns = t0;
+        if (atomic_load(&r->cancel)) {
+            r->cstatus = PD_ERR_CANCELED;
+            continue;
+        }
+        rs[k] = r;
+        items[k++] = (eng_embed_item_t){ r->nr.blocks, r->nr.n_blocks, r->prompt, r->n_prompt,
+                                         (eng_pooling_t)r->embed, r->vec };
+    }
+    void *arena = kvx_region_base(pf->n.region);
+    pd_status_t st = k > 0 ? pf->n.ops->embed(pf->n.model, arena, items, k) : PD_OK;
+    for (uint32_t i = 0; i < k; i++)
+        rs[i]->cstatus = st == PD_OK || k == 1 ? st : pf->n.ops->embed(pf->n.model, arena,
+                                                                      &items[i], 1);
+    uint64_t t1 = pd_now_ns();
+    for (uint32_t i = 0; i < n; i++) {
+        pf_req_t *r = (pf_req_t *)jobs[i];
+        r->run_end_ns = t1;
+        r->embed_batch = 0;
+    }
+    if (k > 0)
+        rs[0]->embed_batch = k;
+}
+
 static void pf_embed_run(eng_job_t *job)
 {
-    pf_req_t *r = (pf_req_t *)job;
-    pf_t *pf = r->pf;
-    r->run_start_ns = pd_now_ns();
-    r->cstatus = atomic_load(&r->cancel)
-                     ? PD_ERR_CANCELED
-                     : pf->n.ops->embed(pf->n.model, kvx_region_base(pf->n.region), r->nr.blocks,
-                                        r->nr.n_blocks, r->prompt, r->n_prompt,
-                                        (eng_pooling_t)r->embed, r->vec);
-    r->run_end_ns = pd_now_ns();
+    pf_embed_batch(&job, 1);
 }
 
 static void pf_embed_done(eng_job_t *job)
@@ -619,6 +649,8 @@ static void pf_embed_done(eng_job_t *job)
     pf_req_t *r = (pf_req_t *)job;
     pf_t *pf = r->pf;
     pf_job_back(pf, r, job);
+    if (r->embed_batch > 0 && !job->aborted)
+        pd_stats_inc(pf->n.stats, PF_STAT_embed_batches);
     bool reply = pf_can_reply(pf, r) && !pf->n.stopping;
     r->reply_pending = false;
     if (atomic_load(&r->cancel) || pf->n.stopping) {
@@ -736,6 +768,9 @@ static void pf_on_embed_req(node_t *node, node_link_t *from, const proto_msg_t *
     r->reply_pending = true;
     r->lease.slot = UINT32_MAX;
     r->job.run = pf_embed_run;
+    r->job.run_batch = pf_embed_batch;
+    r->job.cost = r->n_prompt;
+    r->job.budget = (uint32_t)pf->cfg.embed_batch_tokens;
     r->job.done = pf_embed_done;
     r->state = PF_ST_NEW;
     r->t[PF_ST_NEW] = pd_now_ns();

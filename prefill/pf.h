@@ -39,6 +39,7 @@ typedef struct {
     uint64_t src_pull_timeout_ns;       /* deadline of a pull from a decode's cache */
     int kv_stream;                      /* PF_KV_STREAM_* */
     int embed_pooling;                  /* eng_pooling_t when the GGUF has none */
+    uint64_t embed_batch_tokens;        /* queued EMBED_REQs computed together, tokens */
 } pf_config_t;
 
 enum { PF_KV_STREAM_LAYER = 0, PF_KV_STREAM_WHOLE = 1 }; /* pf_kv_streams order; default whole */
@@ -101,6 +102,7 @@ typedef struct pf_req {
     /* EMBED_REQ: COMPUTING -> COMPLETED, scratch blocks, no lease */
     int embed;                          /* its eng_pooling_t, 0 = a PREFILL_REQ */
     float *vec;                         /* (n_embd) the embedding (compute thread) */
+    uint32_t embed_batch;               /* the first of a batch: its size (compute thread) */
     kvx_ready_t ready;                  /* readiness words (compute thread) */
     size_t hlen;
     uint8_t handle[KVX_HANDLE_MAX_BYTES];
@@ -122,6 +124,7 @@ struct pf {
     NODE_CACHE_STATS(X)                                                       \
     X(computed_tokens, COUNTER,   "prompt tokens computed")                   \
     X(embeddings,      COUNTER,   "embeddings computed (EMBED_REQ: no lease)") \
+    X(embed_batches,   COUNTER,   "forward batches that computed embeddings (queued EMBED_REQs run together)") \
     X(src_pulled_tokens, COUNTER, "prompt tokens whose KV was pulled from a decode's cache") \
     X(src_pulled_bytes,  COUNTER, "KV bytes pulled from decodes' caches")     \
     X(src_pulls_ok,    COUNTER,   "pulls from a decode's cache completed")    \

@@ -1313,51 +1313,74 @@ static pd_status_t ll_decode(eng_model_t *m, void *arena, const eng_decode_item_
     return PD_OK;
 }
 
-/* Chunks as ll_prefill from position 0 without logits; after each chunk
- * the final residuals in m->x are normed (output_norm) and pooled: mean
- * sums every row in double, cls keeps position 0, last the final one. */
-static pd_status_t ll_embed(eng_model_t *m, void *arena, const uint32_t *block_table,
-                            uint32_t n_blocks, const int32_t *tokens, uint32_t n_tokens,
-                            eng_pooling_t pooling, float *out)
+/* Every item's rows from position 0, packed in item order into forward
+ * passes of up to LL_PREFILL_CHUNK rows (an item may span passes: its
+ * earlier positions are always in an earlier or the same pass), without
+ * logits. After each pass the final residuals in m->x are normed
+ * (output_norm) and pooled into their item's accumulator: mean sums every
+ * row in double in position order, cls keeps position 0, last the final
+ * one. A row's result does not depend on the other rows of its pass
+ * (DESIGN.md: batch invariance), so each item's vector is bitwise the one
+ * it gets alone. */
+static pd_status_t ll_embed(eng_model_t *m, void *arena, const eng_embed_item_t *items,
+                            uint32_t n_items)
 {
-    if (!m || !arena || !block_table || !tokens || n_tokens == 0 || !out ||
-        (pooling != ENG_POOL_MEAN && pooling != ENG_POOL_CLS && pooling != ENG_POOL_LAST))
+    if (!m || !arena || !items || n_items == 0)
         return PD_ERR_BAD_INPUT;
-    for (uint32_t i = 0; i < n_tokens; i++) {
-        pd_status_t st = ll_check_tok(m, tokens[i], i, n_blocks);
-        if (st != PD_OK)
-            return st;
+    for (uint32_t k = 0; k < n_items; k++) {
+        const eng_embed_item_t *it = &items[k];
+        if (!it->block_table || !it->tokens || it->n_tokens == 0 || !it->out ||
+            (it->pooling != ENG_POOL_MEAN && it->pooling != ENG_POOL_CLS &&
+             it->pooling != ENG_POOL_LAST))
+            return PD_ERR_BAD_INPUT;
+        for (uint32_t i = 0; i < it->n_tokens; i++) {
+            pd_status_t st = ll_check_tok(m, it->tokens[i], i, it->n_blocks);
+            if (st != PD_OK)
+                return st;
+        }
     }
     const uint32_t E = m->n_embd;
-    double *acc = calloc(E, sizeof(double));
+    double *acc = calloc((size_t)n_items * E, sizeof(double));
     if (acc == NULL)
         return PD_ERR_NO_MEMORY;
     ll_tok_t toks[LL_PREFILL_CHUNK];
-    for (uint32_t c0 = 0; c0 < n_tokens; c0 += LL_PREFILL_CHUNK) {
-        uint32_t cn = n_tokens - c0 < LL_PREFILL_CHUNK ? n_tokens - c0 : LL_PREFILL_CHUNK;
-        for (uint32_t i = 0; i < cn; i++) {
-            toks[i].token = tokens[c0 + i];
-            toks[i].pos = c0 + i;
-            toks[i].bt = block_table;
-            toks[i].nb = n_blocks;
+    uint32_t item_of[LL_PREFILL_CHUNK];
+    uint32_t k = 0, pos = 0; /* the next row to pack */
+    while (k < n_items) {
+        uint32_t cn = 0;
+        while (cn < LL_PREFILL_CHUNK && k < n_items) {
+            const eng_embed_item_t *it = &items[k];
+            toks[cn].token = it->tokens[pos];
+            toks[cn].pos = pos;
+            toks[cn].bt = it->block_table;
+            toks[cn].nb = it->n_blocks;
+            item_of[cn++] = k;
+            if (++pos == it->n_tokens) {
+                k++;
+                pos = 0;
+            }
         }
         ll_forward(m, arena, 0, toks, cn, NULL, cn);
         for (uint32_t i = 0; i < cn; i++) {
-            uint32_t pos = c0 + i;
-            if (pooling != ENG_POOL_MEAN &&
-                !(pooling == ENG_POOL_CLS && pos == 0) &&
-                !(pooling == ENG_POOL_LAST && pos == n_tokens - 1))
+            const eng_embed_item_t *it = &items[item_of[i]];
+            uint32_t p = toks[i].pos;
+            if (it->pooling != ENG_POOL_MEAN && !(it->pooling == ENG_POOL_CLS && p == 0) &&
+                !(it->pooling == ENG_POOL_LAST && p == it->n_tokens - 1))
                 continue;
+            double *a = acc + (size_t)item_of[i] * E;
             ll_rmsnorm(m->xb, m->x + (size_t)i * E, m->out_norm, E, m->rms_eps);
             for (uint32_t j = 0; j < E; j++)
-                acc[j] += m->xb[j];
+                a[j] += m->xb[j];
         }
     }
-    double div = pooling == ENG_POOL_MEAN ? (double)n_tokens : 1.0;
-    for (uint32_t j = 0; j < E; j++)
-        out[j] = (float)(acc[j] / div);
+    for (k = 0; k < n_items; k++) {
+        const eng_embed_item_t *it = &items[k];
+        double div = it->pooling == ENG_POOL_MEAN ? (double)it->n_tokens : 1.0;
+        for (uint32_t j = 0; j < E; j++)
+            it->out[j] = (float)(acc[(size_t)k * E + j] / div);
+        eng_l2_normalize(it->out, E);
+    }
     free(acc);
-    eng_l2_normalize(out, E);
     return PD_OK;
 }
 

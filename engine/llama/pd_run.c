@@ -98,7 +98,8 @@ static int run_embed(const eng_ops_t *ops, eng_model_t *m, const eng_kv_geom_t *
     if (arena && bt && v) {
         for (uint32_t i = 0; i < nb; i++)
             bt[i] = i;
-        pd_status_t st = ops->embed(m, arena, bt, nb, ids, (uint32_t)n_ids, pool, v);
+        eng_embed_item_t it = { bt, nb, ids, (uint32_t)n_ids, pool, v };
+        pd_status_t st = ops->embed(m, arena, &it, 1);
         if (st == PD_OK) {
             for (uint32_t i = 0; i < g->n_embd; i++)
                 printf(i ? " %.9g" : "%.9g", (double)v[i]);

@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "eng_runner.h"
 #include "kvx_blocks.h"
@@ -139,11 +140,73 @@ static void test_runner(void **state)
     g_loop = NULL;
 }
 
+/* Batched jobs: the ones already waiting behind a run_batch job join it
+ * up to its budget, in order; a job of another kind ends the run; each
+ * done() still comes once, in FIFO order. */
+static _Atomic int g_gate;
+static int g_batch_of[16], g_n_batches;
+
+static void tjob_gate(eng_job_t *j)
+{
+    while (!atomic_load(&g_gate))
+        usleep(1000);
+    tjob_run(j);
+}
+
+static void tjob_batch(eng_job_t *const *jobs, uint32_t n)
+{
+    g_n_batches++;
+    for (uint32_t i = 0; i < n; i++) {
+        g_batch_of[((tjob_t *)jobs[i])->idx] = g_n_batches;
+        tjob_run(jobs[i]);
+    }
+}
+
+static void test_runner_batch(void **state)
+{
+    (void)state;
+    g_main = pthread_self();
+    assert_int_equal(pd_loop_create(&g_loop), PD_OK);
+    eng_runner_t *r;
+    assert_int_equal(eng_runner_create(g_loop, 16, &r), PD_OK);
+    tjob_t jobs[9];
+    memset(jobs, 0, sizeof(jobs));
+    memset(g_batch_of, 0, sizeof(g_batch_of));
+    g_n_done = g_n_batches = 0;
+    g_want = 9;
+    atomic_store(&g_gate, 0);
+    for (int i = 0; i < 9; i++) {
+        jobs[i].idx = i;
+        jobs[i].job.run = i == 0 ? tjob_gate : tjob_run;
+        jobs[i].job.done = tjob_done;
+        if (i >= 1 && i != 6) { /* 1..5 and 7..8 batchable, cost 2, budget 6 */
+            jobs[i].job.run_batch = tjob_batch;
+            jobs[i].job.cost = 2;
+            jobs[i].job.budget = 6;
+        }
+        assert_int_equal(eng_runner_submit(r, &jobs[i].job), PD_OK);
+    }
+    atomic_store(&g_gate, 1); /* everything is queued behind job 0 */
+    assert_int_equal(pd_loop_run(g_loop), PD_OK);
+    assert_int_equal(g_n_done, 9);
+    for (int i = 0; i < 9; i++) {
+        assert_int_equal(g_order[i], i);
+        assert_true(jobs[i].ran);
+    }
+    static const int want[9] = { 0, 1, 1, 1, 2, 2, 0, 3, 3 };
+    for (int i = 0; i < 9; i++)
+        assert_int_equal(g_batch_of[i], want[i]);
+    eng_runner_destroy(r);
+    pd_loop_destroy(g_loop);
+    g_loop = NULL;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_blocks),
         cmocka_unit_test(test_runner),
+        cmocka_unit_test(test_runner_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2587,6 +2587,30 @@ static char *emb_body(int n_inputs, int words)
     return b;
 }
 
+/* Inputs of one request reach the prefill together: the ones queued behind
+ * the first share forward passes (fewer batches than inputs). Bitwise
+ * equality with one-by-one is checked by embeddings_e2e.mjs and the
+ * engine's test_llama_embed_batch. */
+static void test_emb_batched(void **st)
+{
+    (void)st;
+    char *body = emb_body(8, 40);
+    const char *hdr = "Authorization: Bearer " API_KEY "\r\nContent-Type: application/json\r\n";
+    double n0 = admin_num(&g_a.prefill[0], "requests", "counters.embeddings");
+    double b0 = admin_num(&g_a.prefill[0], "requests", "counters.embed_batches");
+    e2e_resp_t r;
+    assert_int_equal(e2e_http(g_a.http_port, "POST", "/v1/embeddings", hdr, body, 60, &r), 0);
+    assert_int_equal(r.status, 200);
+    e2e_resp_free(&r);
+    free(body);
+    double n = admin_num(&g_a.prefill[0], "requests", "counters.embeddings") - n0;
+    double b = admin_num(&g_a.prefill[0], "requests", "counters.embed_batches") - b0;
+    print_message("8 inputs: %.0f embeddings in %.0f forward batches\n", n, b);
+    if (!(n == 8 && b >= 1 && b < 8))
+        fail_msg("8 inputs: %.0f embeddings in %.0f batches", n, b);
+    quiet_ok(&g_a);
+}
+
 static void test_emb_faults(void **st)
 {
     (void)st;
@@ -2753,6 +2777,7 @@ int main(int argc, char **argv)
     }
     if (strcmp(group, "node-emb") == 0) { /* the prefill killed last */
         const struct CMUnitTest t[] = { cmocka_unit_test(test_node_client),
+                                        cmocka_unit_test(test_emb_batched),
                                         cmocka_unit_test(test_emb_faults) };
         return finish(cmocka_run_group_tests_name("e2e-embeddings-node", t, node_emb_setup,
                                                   a_teardown));

@@ -89,7 +89,15 @@ static void embed(fx_t *f, const int32_t *t, uint32_t n, eng_pooling_t p, float 
     uint32_t bt[64];
     for (uint32_t i = 0; i < 64; i++)
         bt[i] = (i * 7 + shift) % 64; /* scattered blocks */
-    assert_int_equal(f->ops->embed(f->m, f->arena, bt, 32, t, n, p, out), PD_OK);
+    eng_embed_item_t it = { bt, 32, t, n, p, out };
+    assert_int_equal(f->ops->embed(f->m, f->arena, &it, 1), PD_OK);
+}
+
+static pd_status_t embed1(fx_t *f, const uint32_t *bt, uint32_t nb, const int32_t *t, uint32_t n,
+                          eng_pooling_t p, float *out)
+{
+    eng_embed_item_t it = { bt, nb, t, n, p, out };
+    return f->ops->embed(f->m, f->arena, &it, 1);
 }
 
 static void test_llama_embed(void **state)
@@ -149,20 +157,65 @@ static void test_llama_embed(void **state)
     assert_true(dot(a, c, E) < 0.99999); /* not the same pooling */
     /* refusals */
     uint32_t bt[2] = { 0, 1 };
-    assert_int_equal(f->ops->embed(f->m, f->arena, bt, 2, toks, 3, ENG_POOL_NONE, a),
+    assert_int_equal(embed1(f, bt, 2, toks, 3, ENG_POOL_NONE, a),
                      PD_ERR_BAD_INPUT);
-    assert_int_equal(f->ops->embed(f->m, f->arena, bt, 2, toks, 0, ENG_POOL_MEAN, a),
+    assert_int_equal(embed1(f, bt, 2, toks, 0, ENG_POOL_MEAN, a),
                      PD_ERR_BAD_INPUT);
     int32_t bad = (int32_t)f->g->vocab_size;
-    assert_int_equal(f->ops->embed(f->m, f->arena, bt, 2, &bad, 1, ENG_POOL_MEAN, a),
+    assert_int_equal(embed1(f, bt, 2, &bad, 1, ENG_POOL_MEAN, a),
                      PD_ERR_BAD_INPUT);
-    assert_int_equal(f->ops->embed(f->m, f->arena, bt, 1, toks, 40, ENG_POOL_MEAN, a),
+    assert_int_equal(embed1(f, bt, 1, toks, 40, ENG_POOL_MEAN, a),
                      PD_ERR_NO_KV_SPACE);
     for (int k = 0; k < 3; k++)
         free(e[k]);
     free(a);
     free(b);
     free(c);
+}
+
+/* A batch packs its items' rows into shared forward passes (short items
+ * several to a pass, long ones across passes, a pass boundary inside an
+ * item): each vector is bitwise the one its item gets alone. An invalid
+ * item refuses the whole batch before anything is written. */
+static void test_llama_embed_batch(void **state)
+{
+    fx_t *f = *state;
+    const uint32_t E = f->g->n_embd, bt_tok = f->g->block_tokens;
+    enum { N = 7 };
+    static const uint32_t len[N] = { 1, 5, 63, 3, 64, 2, 65 };
+    static const eng_pooling_t pool[N] = { ENG_POOL_MEAN, ENG_POOL_LAST, ENG_POOL_MEAN,
+                                           ENG_POOL_CLS,  ENG_POOL_MEAN, ENG_POOL_LAST,
+                                           ENG_POOL_MEAN };
+    int32_t toks[N][65];
+    uint32_t bts[N][64], next = 0;
+    float *batch = malloc((size_t)N * E * sizeof(float)), *alone = malloc(E * sizeof(float));
+    eng_embed_item_t it[N];
+    for (uint32_t k = 0; k < N; k++) {
+        for (uint32_t i = 0; i < len[k]; i++)
+            toks[k][i] = (int32_t)((i * 31 + k * 101 + 7) % f->g->vocab_size);
+        uint32_t nb = (len[k] + bt_tok - 1) / bt_tok;
+        for (uint32_t i = 0; i < nb; i++)
+            bts[k][i] = ((next + i) * 5) % f->n_blocks; /* disjoint, scattered */
+        next += nb;
+        assert_true(next <= f->n_blocks);
+        it[k] = (eng_embed_item_t){ bts[k], nb, toks[k], len[k], pool[k], batch + (size_t)k * E };
+    }
+    assert_int_equal(f->ops->embed(f->m, f->arena, it, N), PD_OK);
+    for (uint32_t k = 0; k < N; k++) {
+        uint32_t bt[64];
+        for (uint32_t i = 0; i < 64; i++)
+            bt[i] = (i * 3 + k) % f->n_blocks;
+        assert_int_equal(embed1(f, bt, 64, toks[k], len[k], pool[k], alone), PD_OK);
+        assert_memory_equal(alone, batch + (size_t)k * E, E * sizeof(float));
+    }
+    /* one bad item: the batch is refused, no vector written */
+    for (uint32_t j = 0; j < E; j++)
+        batch[j] = -7.0f;
+    it[3].pooling = ENG_POOL_NONE;
+    assert_int_equal(f->ops->embed(f->m, f->arena, it, N), PD_ERR_BAD_INPUT);
+    assert_true(batch[0] == -7.0f);
+    free(batch);
+    free(alone);
 }
 
 int main(int argc, char **argv)
@@ -175,6 +228,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_rows),
         cmocka_unit_test_setup_teardown(test_llama_embed, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_llama_embed_batch, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
