@@ -33,7 +33,17 @@ typedef struct {
     uint64_t transfer_timeout_ns;
     uint64_t prefill_chunk;
     uint64_t lease_ttl_ns;              /* a migration's handle */
+    bool fused_step;                    /* a local chunk rides in the batch's passes */
+    uint64_t tpot_target_ns;            /* 0: chunks of prefill_chunk; else sized so a
+                                           step with a chunk stays within this */
 } dec_config_t;
+
+/* Step time vs rows (chunk tokens + batch), fitted from measured steps
+ * with exponential forgetting: t = a + b * rows (dec_chunk_budget). */
+typedef struct {
+    double s, sx, sy, sxx, sxy;         /* weighted sums of 1, rows, t, rows^2, rows*t */
+    uint32_t n;                         /* steps seen */
+} dec_step_model_t;
 
 #define DEC_STATES(X)                                                         \
     X(NEW,        "new")                                                      \
@@ -181,7 +191,8 @@ typedef struct {
     dec_req_t **items;                  /* (max_batch) */
     dec_req_t **prev;                   /* (max_batch + 1) the step just done */
     eng_decode_item_t *eitems;          /* (max_batch) */
-    float *logits;                      /* (max_batch, vocab) */
+    float *logits;                      /* (max_batch + 1, vocab): a chunk's, the batch's */
+    bool fused;                         /* the chunk rode in the batch's passes */
     uint64_t start_ns, end_ns;
     pd_status_t status;
 } dec_step_t;
@@ -197,6 +208,7 @@ struct dec {
     dec_req_t *wait_head, *wait_tail;
     uint32_t n_waiting;
     uint32_t n_active;                  /* PULLING + PREFILLING + RUNNING */
+    dec_step_model_t sm;                /* tpot-target: measured step times */
 };
 
 /* Counters, gauges and histograms (NODE_REQ_STATS first). */
@@ -211,6 +223,10 @@ struct dec {
     NODE_CACHE_STATS(X)                                                       \
     X(tokens_out,      COUNTER,   "tokens generated")                         \
     X(steps,           COUNTER,   "compute steps")                            \
+    X(chunks,          COUNTER,   "decode-local prefill chunks computed")     \
+    X(chunk_tokens,    COUNTER,   "prompt tokens in those chunks (chunk_tokens / chunks = mean chunk)") \
+    X(fused_chunks,    COUNTER,   "chunks that rode in a batch's forward passes (fused-step)") \
+    X(chunk_budget,    GAUGE,     "tokens the next chunk may take beside a running batch (tpot-target; else prefill-chunk)") \
     X(waiting,         GAUGE,     "requests in the wait queue")               \
     X(running,         GAUGE,     "sequences in the batch")                   \
     X(step_time,       HISTOGRAM, "one compute step (chunk + batch)")         \

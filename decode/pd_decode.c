@@ -28,6 +28,8 @@ static const pd_cfg_field_t dec_fields[] = {
     DEC_ROW(transfer_timeout_ns, "transfer-timeout", DURATION, "5s", "deadline of one KV pull", 1e6, 600e9, NULL),
     DEC_ROW(prefill_chunk, "prefill-chunk", UINT, "256", "tokens per decode-local prefill chunk", 1, 1048576, NULL),
     DEC_ROW(lease_ttl_ns, "lease-ttl", DURATION, "30s", "KV lease length of a live migration's handle", 1e6, 600e9, NULL),
+    DEC_ROW(fused_step, "fused-step", BOOL, "true", "a decode-local prefill chunk runs in the same forward passes as the running batch (weights read once; same tokens either way)", 0, 0, NULL),
+    DEC_ROW(tpot_target_ns, "tpot-target", DURATION, "0", "step time a decode-local prefill chunk may stretch a running batch to: the chunk is sized from measured step times (at most prefill-chunk, at least one block); 0: always prefill-chunk tokens", 0, 60e9, NULL),
     NODE_TAIL_ROWS(dec_config_t)
     PD_CFG_END,
 };
@@ -284,6 +286,40 @@ static uint32_t dec_budget(const dec_req_t *r)
     return b;
 }
 
+/* Sample c's token 0 from its chunk's logits (a chunk that ends the prompt). */
+static void dec_chunk_sample(dec_t *d, dec_req_t *c, float *logits)
+{
+    c->step_token = -1;
+    c->step_finish = ENG_FINISH_NONE;
+    if (c->step_status == PD_OK && c->chunk_logits) {
+        eng_sample_hist_t h = { c->tok, c->n_prompt, c->tok + c->n_prompt, c->n_gen };
+        c->step_token = node_sample(&d->n, &c->gram, &c->smp, logits, &h, dec_budget(c),
+                                    c->lp_top, c->lp_on ? &c->step_lp : NULL);
+        c->step_finish = dec_accept(d, c, c->step_token);
+    }
+}
+
+static void dec_items_sample(dec_t *d, dec_step_t *s, pd_status_t st, float *logits)
+{
+    uint32_t vocab = d->n.geom->vocab_size;
+    for (uint32_t i = 0; i < s->n_items; i++) {
+        dec_req_t *r = s->items[i];
+        r->step_status = st;
+        r->step_token = -1;
+        r->step_finish = ENG_FINISH_NONE;
+        if (st == PD_OK) {
+            eng_sample_hist_t h = { r->tok, r->n_prompt, r->tok + r->n_prompt, r->n_gen };
+            r->step_token = node_sample(&d->n, &r->gram, &r->smp, logits + (size_t)i * vocab, &h,
+                                        dec_budget(r), r->lp_top, r->lp_on ? &r->step_lp : NULL);
+            r->step_finish = dec_accept(d, r, r->step_token);
+        }
+    }
+    s->status = st;
+}
+
+/* One step: the chunk (if any) and the batch in the same forward passes
+ * (the engine's `step`); should that fail, or the engine have none, the
+ * chunk and the batch run apart, so each learns its own status. */
 static void dec_step_run(eng_job_t *job)
 {
     dec_step_t *s = (dec_step_t *)job;
@@ -293,43 +329,81 @@ static void dec_step_run(eng_job_t *job)
     s->start_ns = pd_now_ns();
     s->status = PD_OK;
     dec_req_t *c = s->chunk;
+    for (uint32_t i = 0; i < s->n_items; i++) {
+        dec_req_t *r = s->items[i];
+        s->eitems[i] = (eng_decode_item_t){ r->nr.blocks, r->nr.n_blocks,
+                                            r->n_prompt + r->n_gen - 1,
+                                            r->tok[r->n_prompt + r->n_gen - 1] };
+    }
+    if (d->n.ops->step != NULL && c != NULL && s->n_items > 0 && d->cfg.fused_step) {
+        eng_chunk_t ch = { c->nr.blocks, c->nr.n_blocks, c->tok + c->kv_have, c->chunk_n,
+                           c->kv_have, c->chunk_logits };
+        pd_status_t st = d->n.ops->step(d->n.model, arena, &ch, s->eitems, s->n_items,
+                                        s->logits);
+        if (st == PD_OK) {
+            c->step_status = PD_OK;
+            dec_chunk_sample(d, c, s->logits);
+            dec_items_sample(d, s, PD_OK, s->logits + (c->chunk_logits ? vocab : 0));
+            s->fused = true;
+            s->end_ns = pd_now_ns();
+            return;
+        }
+    }
+    s->fused = false;
     if (c != NULL) {
         c->step_status = d->n.ops->prefill(d->n.model, arena, c->nr.blocks, c->nr.n_blocks,
                                          c->tok + c->kv_have, c->chunk_n, c->kv_have,
                                          c->chunk_logits ? s->logits : NULL);
-        c->step_token = -1;
-        c->step_finish = ENG_FINISH_NONE;
-        if (c->step_status == PD_OK && c->chunk_logits) {
-            eng_sample_hist_t h = { c->tok, c->n_prompt, c->tok + c->n_prompt, c->n_gen };
-            c->step_token = node_sample(&d->n, &c->gram, &c->smp, s->logits, &h, dec_budget(c),
-                                        c->lp_top, c->lp_on ? &c->step_lp : NULL);
-            c->step_finish = dec_accept(d, c, c->step_token);
-        }
+        dec_chunk_sample(d, c, s->logits);
     }
-    if (s->n_items > 0) {
-        for (uint32_t i = 0; i < s->n_items; i++) {
-            dec_req_t *r = s->items[i];
-            s->eitems[i] = (eng_decode_item_t){ r->nr.blocks, r->nr.n_blocks,
-                                                r->n_prompt + r->n_gen - 1,
-                                                r->tok[r->n_prompt + r->n_gen - 1] };
-        }
-        pd_status_t st = d->n.ops->decode(d->n.model, arena, s->eitems, s->n_items, s->logits);
-        for (uint32_t i = 0; i < s->n_items; i++) {
-            dec_req_t *r = s->items[i];
-            r->step_status = st;
-            r->step_token = -1;
-            r->step_finish = ENG_FINISH_NONE;
-            if (st == PD_OK) {
-                eng_sample_hist_t h = { r->tok, r->n_prompt, r->tok + r->n_prompt, r->n_gen };
-                r->step_token = node_sample(&d->n, &r->gram, &r->smp,
-                                            s->logits + (size_t)i * vocab, &h, dec_budget(r),
-                                            r->lp_top, r->lp_on ? &r->step_lp : NULL);
-                r->step_finish = dec_accept(d, r, r->step_token);
-            }
-        }
-        s->status = st;
-    }
+    if (s->n_items > 0)
+        dec_items_sample(d, s,
+                         d->n.ops->decode(d->n.model, arena, s->eitems, s->n_items, s->logits),
+                         s->logits);
     s->end_ns = pd_now_ns();
+}
+
+/* ---- tpot-target: chunk size from measured step times ------------------ */
+
+#define DEC_SM_FORGET 0.97   /* weight of the past per step */
+
+static void dec_sm_add(dec_step_model_t *m, double rows, double t)
+{
+    m->s = m->s * DEC_SM_FORGET + 1.0;
+    m->sx = m->sx * DEC_SM_FORGET + rows;
+    m->sy = m->sy * DEC_SM_FORGET + t;
+    m->sxx = m->sxx * DEC_SM_FORGET + rows * rows;
+    m->sxy = m->sxy * DEC_SM_FORGET + rows * t;
+    m->n++;
+}
+
+/* Tokens the next chunk may take beside n_items running sequences so the
+ * step's predicted time stays within tpot-target: t = a + b * rows fitted
+ * by weighted least squares over recent steps (rows = chunk + batch). Too
+ * few steps or rows of one size (no slope yet): b from the mean time per
+ * row, a = 0 (cautious: overstates the cost of a row). At least one block
+ * (prefill always moves on), at most prefill-chunk. */
+static uint32_t dec_chunk_budget(const dec_t *d, uint32_t n_items)
+{
+    uint32_t hi = (uint32_t)d->cfg.prefill_chunk, lo = d->n.geom->block_tokens;
+    lo = lo < hi ? lo : hi;
+    if (d->cfg.tpot_target_ns == 0 || n_items == 0)
+        return hi;
+    const dec_step_model_t *m = &d->sm;
+    if (m->n == 0 || m->sx <= 0)
+        return lo;
+    double target = (double)d->cfg.tpot_target_ns, a = 0, b = m->sy / m->sx;
+    double den = m->s * m->sxx - m->sx * m->sx;
+    if (m->n >= 8 && den > 1e-9 * m->s * m->sxx) {
+        double bf = (m->s * m->sxy - m->sx * m->sy) / den;
+        double af = (m->sy - bf * m->sx) / m->s;
+        if (bf > 0 && af >= 0) {
+            a = af;
+            b = bf;
+        }
+    }
+    double rows = (target - a) / b - (double)n_items;
+    return rows <= lo ? lo : rows >= hi ? hi : (uint32_t)rows;
 }
 
 /* Loop, phase A: take a sampled token into the request (no messages yet);
@@ -374,6 +448,17 @@ static void dec_step_done(eng_job_t *job)
     if (!job->aborted) {
         pd_stats_inc(d->n.stats, DEC_STAT_steps);
         pd_stats_observe_ns(d->n.stats, DEC_STAT_step_time, s->end_ns - s->start_ns);
+        uint32_t rows = s->n_items + (s->chunk != NULL ? s->chunk->chunk_n : 0);
+        if (s->chunk != NULL) {
+            pd_stats_inc(d->n.stats, DEC_STAT_chunks);
+            pd_stats_add(d->n.stats, DEC_STAT_chunk_tokens, s->chunk->chunk_n);
+            if (s->fused)
+                pd_stats_inc(d->n.stats, DEC_STAT_fused_chunks);
+        }
+        /* apart (not fused) a chunk and a batch each read the weights: a
+         * different cost model, so only fused or single-part steps teach it */
+        if (rows > 0 && (s->fused || s->chunk == NULL || s->n_items == 0))
+            dec_sm_add(&d->sm, rows, (double)(s->end_ns - s->start_ns));
     }
     uint32_t np = 0;
     dec_req_t *c = s->chunk;
@@ -457,7 +542,9 @@ static void dec_kick(dec_t *d)
     if (oldest != NULL) {
         uint32_t need = oldest->n_prompt + (oldest->n_gen ? oldest->n_gen - 1 : 0);
         uint32_t left = need - oldest->kv_have;
-        oldest->chunk_n = left < d->cfg.prefill_chunk ? left : (uint32_t)d->cfg.prefill_chunk;
+        uint32_t budget = dec_chunk_budget(d, s->n_items);
+        pd_stats_gauge_set(d->n.stats, DEC_STAT_chunk_budget, budget);
+        oldest->chunk_n = left < budget ? left : budget;
         oldest->chunk_logits = oldest->n_gen == 0 && oldest->kv_have + oldest->chunk_n == need;
         dec_req_flag(oldest, DEC_RF_IN_STEP, true);
         s->chunk = oldest;
@@ -1413,6 +1500,13 @@ static pd_status_t dec_adm_requests(pd_admin_req_t *req, cJSON *reply)
         cJSON_AddItemToArray(a, o);
     }
     node_adm_counters(&d->n, reply);
+    /* decode-local chunks: what the next may take, and the step-time fit */
+    cJSON *ch = cJSON_AddObjectToObject(reply, "chunking");
+    cJSON_AddNumberToObject(ch, "budget_tokens", (double)pd_stats_gauge(d->n.stats,
+                                                                        DEC_STAT_chunk_budget));
+    cJSON_AddNumberToObject(ch, "prefill_chunk", (double)d->cfg.prefill_chunk);
+    cJSON_AddNumberToObject(ch, "tpot_target_ns", (double)d->cfg.tpot_target_ns);
+    cJSON_AddBoolToObject(ch, "fused_step", d->cfg.fused_step);
     return PD_OK;
 }
 
@@ -1498,7 +1592,7 @@ int main(int argc, char **argv)
         d->step.items = calloc(mb, sizeof(*d->step.items));
         d->step.prev = calloc((size_t)mb + 1, sizeof(*d->step.prev));
         d->step.eitems = calloc(mb, sizeof(*d->step.eitems));
-        d->step.logits = malloc((size_t)mb * d->n.geom->vocab_size * sizeof(float));
+        d->step.logits = malloc((size_t)(mb + 1) * d->n.geom->vocab_size * sizeof(float));
         if (!d->step.items || !d->step.prev || !d->step.eitems || !d->step.logits)
             rc = node_fail(&d->n, "boot", PD_ERR_NO_MEMORY, NULL);
     }

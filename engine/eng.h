@@ -35,6 +35,7 @@
 #define ENG_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include "pd_status.h"
 
@@ -143,6 +144,16 @@ typedef struct {
     int32_t token;               /* input token at pos; its KV is written at pos */
 } eng_decode_item_t;
 
+/* A prompt chunk riding in a decode step (eng_ops_t.step). */
+typedef struct {
+    const uint32_t *block_table; /* (n_blocks) */
+    uint32_t n_blocks;
+    const int32_t *tokens;       /* (n_tokens) at positions start_pos.. */
+    uint32_t n_tokens;
+    uint32_t start_pos;          /* KV for [0,start_pos) is present */
+    bool logits;                 /* the last position's logits (the prompt's end) */
+} eng_chunk_t;
+
 /* One prompt of an embeddings batch (eng_ops_t.embed). */
 typedef struct {
     const uint32_t *block_table; /* (n_blocks) scratch blocks for its KV */
@@ -183,6 +194,16 @@ typedef struct eng_ops {
     pd_status_t (*decode)(eng_model_t *model, void *arena,
                           const eng_decode_item_t *items, uint32_t n_items,
                           float *logits /* (n_items, vocab) */);
+    /* One continuous-batching step, Sarathi-style: a prompt chunk (NULL:
+     * none) and a decode batch in the same forward passes, so the weights
+     * are read once for both. logits: the chunk's last position's first
+     * (if chunk->logits), then each item's: (logits? + n_items, vocab).
+     * Bitwise the same KV and logits as prefill(chunk) then decode(items);
+     * nothing is written if the chunk or any item is invalid (the caller
+     * may then run them apart to learn whose). NULL in an engine without
+     * it (callers run prefill then decode). */
+    pd_status_t (*step)(eng_model_t *model, void *arena, const eng_chunk_t *chunk,
+                        const eng_decode_item_t *items, uint32_t n_items, float *logits);
     /* Address the arena with this layout from now on (both engines; call it
      * before any prefill/decode, not concurrently with them). Expected:
      * PD_ERR_BAD_INPUT (strides that overlap a layer block). */

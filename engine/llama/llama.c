@@ -1313,6 +1313,54 @@ static pd_status_t ll_decode(eng_model_t *m, void *arena, const eng_decode_item_
     return PD_OK;
 }
 
+/* Rows: the chunk's, then one per item; passes of up to t_max rows. The
+ * logit rows (the chunk's last if asked, then every item's) are the tail
+ * of the row list, so each pass computes logits for its rows from
+ * max(first logit row, pass start) on. */
+static pd_status_t ll_step(eng_model_t *m, void *arena, const eng_chunk_t *chunk,
+                           const eng_decode_item_t *items, uint32_t n_items, float *logits)
+{
+    uint32_t cn = chunk != NULL ? chunk->n_tokens : 0;
+    if (!m || !arena || (n_items > 0 && !items) || cn + n_items == 0 ||
+        (chunk != NULL && (!chunk->block_table || !chunk->tokens || cn == 0)) ||
+        ((n_items > 0 || (chunk != NULL && chunk->logits)) && !logits))
+        return PD_ERR_BAD_INPUT;
+    for (uint32_t i = 0; i < cn; i++) {
+        pd_status_t st = ll_check_tok(m, chunk->tokens[i], chunk->start_pos + i,
+                                      chunk->n_blocks);
+        if (st != PD_OK)
+            return st;
+    }
+    for (uint32_t i = 0; i < n_items; i++) {
+        if (!items[i].block_table)
+            return PD_ERR_BAD_INPUT;
+        pd_status_t st = ll_check_tok(m, items[i].token, items[i].pos, items[i].n_blocks);
+        if (st != PD_OK)
+            return st;
+    }
+    const uint32_t total = cn + n_items, lfirst = chunk != NULL && chunk->logits ? cn - 1 : cn;
+    const uint32_t step = m->t_max < 256 ? m->t_max : 256;
+    ll_tok_t toks[256];
+    for (uint32_t p0 = 0; p0 < total; p0 += step) {
+        uint32_t pn = total - p0 < step ? total - p0 : step;
+        for (uint32_t i = 0; i < pn; i++) {
+            uint32_t row = p0 + i;
+            if (row < cn) {
+                toks[i] = (ll_tok_t){ .token = chunk->tokens[row], .pos = chunk->start_pos + row,
+                                      .bt = chunk->block_table, .nb = chunk->n_blocks };
+            } else {
+                const eng_decode_item_t *it = &items[row - cn];
+                toks[i] = (ll_tok_t){ .token = it->token, .pos = it->pos, .bt = it->block_table,
+                                      .nb = it->n_blocks };
+            }
+        }
+        uint32_t from = lfirst > p0 ? lfirst - p0 : 0;
+        float *out = from < pn ? logits + (size_t)(p0 + from - lfirst) * m->vocab : NULL;
+        ll_forward(m, arena, 0, toks, pn, out, from);
+    }
+    return PD_OK;
+}
+
 /* Every item's rows from position 0, packed in item order into forward
  * passes of up to LL_PREFILL_CHUNK rows (an item may span passes: its
  * earlier positions are always in an earlier or the same pass), without
@@ -1414,4 +1462,5 @@ const eng_ops_t eng_llama_ops = {
     .set_kv_layout = ll_set_kv_layout,
     .set_layer_hook = ll_set_layer_hook,
     .embed = ll_embed,
+    .step = ll_step,
 };

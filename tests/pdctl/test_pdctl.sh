@@ -166,6 +166,7 @@ lifecycle() {
     check "top --once: the deployment's prefix cache line" \
         grep -qE "^prefix cache hit [0-9.]+% of prompt tokens \([0-9]+\)  routed by cache: prefill [0-9]+ decode [0-9]+" <<<"$OUT"
     check "top --once: blocks the router indexed per daemon" grep -qE "INDEXED" <<<"$OUT"
+    check "top --once: decode-local chunk mean/budget column" grep -qE "CHUNK" <<<"$OUT"
     run "$PDCTL" stats router --run-dir "$R"
     expect 0 "requests_completed +4" "stats router: 4 completed"
     run "$PDCTL" kv --run-dir "$R"

@@ -393,6 +393,8 @@ static void build_references(void)
     }
 }
 
+static const char *g_salt;  /* a cache_salt for prompt_body (NULL: none) */
+
 static char *prompt_body(const prompt_t *p, bool stream)
 {
     char *ids = NULL, *esc = NULL;
@@ -403,11 +405,12 @@ static char *prompt_body(const prompt_t *p, bool stream)
     } else {
         ids = ids_json(p->ids, p->n);
     }
-    size_t cap = strlen(ids ? ids : esc) + 256;
+    size_t cap = strlen(ids ? ids : esc) + 320;
     char *b = malloc(cap);
     snprintf(b, cap,
-             "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0%s}", ids ? ids : esc, MAXTOK,
-             stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+             "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0%s%s%s%s}", ids ? ids : esc,
+             MAXTOK, stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "",
+             g_salt ? ",\"cache_salt\":\"" : "", g_salt ? g_salt : "", g_salt ? "\"" : "");
     free(ids);
     free(esc);
     return b;
@@ -589,7 +592,23 @@ static void test_equiv_concurrent(void **st)
     if (g_prompts[0].ref_text == NULL)
         build_references();
     run_concurrent(&g_a, "disaggregated x16", 16);
+    double c0 = admin_num(&g_b.decode[0], "requests", "counters.chunks");
+    double f0 = admin_num(&g_b.decode[0], "requests", "counters.fused_chunks");
+    double t0 = admin_num(&g_b.decode[0], "requests", "counters.chunk_tokens");
+    g_salt = "concurrent"; /* a cold cache partition: every prompt computed here */
     run_concurrent(&g_b, "decode-local x16", 16);
+    g_salt = NULL;
+    /* the local prompts' chunks rode in running batches' passes (fused-step,
+     * default on) and gave pd-run's tokens; with PD_TPOT_TARGET
+     * (e2e-equiv-tpot) they were sized down from prefill-chunk (256) */
+    double chunks = admin_num(&g_b.decode[0], "requests", "counters.chunks") - c0;
+    double fused = admin_num(&g_b.decode[0], "requests", "counters.fused_chunks") - f0;
+    double ctok = admin_num(&g_b.decode[0], "requests", "counters.chunk_tokens") - t0;
+    print_message("decode-local x16: %.0f chunks (%.0f fused), mean %.1f tokens\n", chunks, fused,
+                  chunks > 0 ? ctok / chunks : 0);
+    assert_true(chunks > 0 && fused > 0);
+    if (getenv("PD_TPOT_TARGET") != NULL)
+        assert_true(ctok / chunks < 128);
     quiet_ok(&g_a);
     quiet_ok(&g_b);
 }

@@ -958,6 +958,20 @@ static int pdctl_top_frame(pdctl_state_t *st, const pdctl_sample_t *prev, pdctl_
             pdctl_put(&t, row, "PREFIX_HIT%", "off");
         }
         cJSON_Delete(kv);
+        /* decode-local prompt chunks (issue 34): mean size so far / the
+         * next one's budget (tpot-target sizes it; else prefill-chunk) */
+        if (d->role == PDCTL_DECODE) {
+            cJSON *rq = pdctl_admin(d->sock, "requests", 2.0, err, sizeof(err));
+            const cJSON *cn = cJSON_GetObjectItemCaseSensitive(rq, "counters");
+            const cJSON *ck = cJSON_GetObjectItemCaseSensitive(rq, "chunking");
+            if (cn != NULL && ck != NULL) {
+                double nch = pdctl_num(cn, "chunks");
+                pdctl_put(&t, row, "CHUNK", "%.0f/%.0f",
+                          nch > 0 ? pdctl_num(cn, "chunk_tokens") / nch : 0.0,
+                          pdctl_num(ck, "budget_tokens"));
+            }
+            cJSON_Delete(rq);
+        }
     }
     pdctl_table_print(&t, out, eol);
     pdctl_table_free(&t);

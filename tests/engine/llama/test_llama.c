@@ -468,6 +468,77 @@ static void test_batch_invariance(void **state)
     fx_tag = "gqa_f16";
 }
 
+/* The fused step (a prompt chunk riding in a decode batch's passes) writes
+ * the same KV bytes and gives the same logits as prefill(chunk) then
+ * decode(batch): chunks that span passes, end in one, carry the logits of
+ * the prompt's end across a pass boundary, and none at all. */
+static void test_fused_step(void **state)
+{
+    (void)state;
+    enum { NSEQ = 5, NB = 4, CNB = 20 };
+    fx_t f;
+    fx_open(&f, ENG_KV_F16, 2, 8, NSEQ);
+    assert_non_null(f.ops->step);
+    uint32_t V = f.g->vocab_size, nblk = NSEQ * NB + CNB;
+    size_t bytes = (size_t)nblk * f.g->block_bytes;
+    uint8_t *a = calloc(1, bytes), *b = malloc(bytes);
+    uint32_t bt[NSEQ][NB], cbt[CNB];
+    int32_t toks[NSEQ][32], ct[160];
+    eng_decode_item_t items[NSEQ];
+    float *la = malloc((size_t)(NSEQ + 1) * V * sizeof(float));
+    float *lb = malloc((size_t)(NSEQ + 1) * V * sizeof(float));
+    for (uint32_t j = 0; j < CNB; j++)
+        cbt[j] = NSEQ * NB + (j * 7) % CNB;
+    make_toks(ct, 160, V, 77);
+    for (uint32_t s = 0; s < NSEQ; s++) {
+        for (uint32_t j = 0; j < NB; j++)
+            bt[s][j] = j * NSEQ + s;
+        uint32_t len = 3 + (s * 5) % 20;
+        make_toks(toks[s], len + 1, V, s + 200);
+        assert_int_equal(f.ops->prefill(f.m, a, bt[s], NB, toks[s], len, 0, la), PD_OK);
+        items[s] = (eng_decode_item_t){ bt[s], NB, len, toks[s][len] };
+    }
+    assert_int_equal(f.ops->prefill(f.m, a, cbt, CNB, ct, 20, 0, NULL), PD_OK);
+    memcpy(b, a, bytes);
+    /* (start, n, logits), passes of 64 rows: 63 + 5 rows over two passes;
+     * 5 + 5 in one; 62 ending the prompt, its logits' row and two items'
+     * in pass 1, three items' in pass 2 */
+    static const struct { uint32_t start, n; bool logits; } cs[] = {
+        { 20, 63, false }, { 83, 5, false }, { 88, 62, true } };
+    uint32_t cases = 0;
+    for (size_t k = 0; k < sizeof(cs) / sizeof(cs[0]); k++) {
+        eng_chunk_t ch = { cbt, CNB, ct + cs[k].start, cs[k].n, cs[k].start, cs[k].logits };
+        uint32_t nl = cs[k].logits ? 1 : 0;
+        assert_int_equal(f.ops->prefill(f.m, a, cbt, CNB, ct + cs[k].start, cs[k].n,
+                                        cs[k].start, cs[k].logits ? la : NULL), PD_OK);
+        assert_int_equal(f.ops->decode(f.m, a, items, NSEQ, la + (size_t)nl * V), PD_OK);
+        assert_int_equal(f.ops->step(f.m, b, &ch, items, NSEQ, lb), PD_OK);
+        assert_memory_equal(la, lb, (size_t)(NSEQ + nl) * V * sizeof(float));
+        assert_memory_equal(a, b, bytes);
+        cases++;
+    }
+    assert_int_equal(cases, 3);
+    /* a chunk alone, a batch alone */
+    eng_chunk_t ch = { cbt, CNB, ct + 100, 60, 100, true };
+    assert_int_equal(f.ops->step(f.m, b, &ch, NULL, 0, lb), PD_OK);
+    assert_int_equal(f.ops->prefill(f.m, a, cbt, CNB, ct + 100, 60, 100, la), PD_OK);
+    assert_memory_equal(la, lb, V * sizeof(float));
+    assert_int_equal(f.ops->step(f.m, b, NULL, items, NSEQ, lb), PD_OK);
+    assert_int_equal(f.ops->decode(f.m, a, items, NSEQ, la), PD_OK);
+    assert_memory_equal(la, lb, (size_t)NSEQ * V * sizeof(float));
+    /* an invalid item: refused, nothing written */
+    memcpy(b, a, bytes);
+    items[2].token = (int32_t)V;
+    eng_chunk_t c2 = { cbt, CNB, ct, 8, 0, false };
+    assert_int_equal(f.ops->step(f.m, b, &c2, items, NSEQ, lb), PD_ERR_BAD_INPUT);
+    assert_memory_equal(a, b, bytes);
+    free(a);
+    free(b);
+    free(la);
+    free(lb);
+    f.ops->destroy(f.m);
+}
+
 /* AVX-512, AVX2 and scalar paths implement the same canonical sums: the
  * logits are bitwise equal, for every weight type (and odd row lengths). */
 static void test_isa_paths_agree(void **state)
@@ -911,6 +982,7 @@ int main(void)
         cmocka_unit_test(test_layer_major),
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_fused_step),
         cmocka_unit_test(test_isa_paths_agree),
         cmocka_unit_test(test_amx_forward),
         cmocka_unit_test(test_geometry_and_errors),
