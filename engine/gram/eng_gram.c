@@ -130,8 +130,9 @@ uint32_t gram_lit_node(comp_t *c, const char *s, size_t n)
     return id;
 }
 
-/* A node of kind with bounds [lo, hi] (ranges table). */
-uint32_t gram_range_node(comp_t *c, uint8_t kind, int64_t lo, int64_t hi, uint32_t a)
+/* Appends [lo, hi] to the ranges table: its index + 1 (what a node's n or
+ * x holds), or 0 (failed). */
+uint32_t gram_range_add(comp_t *c, int64_t lo, int64_t hi)
 {
     eng_gram_t *g = c->g;
     if (c->st != PD_OK)
@@ -140,11 +141,15 @@ uint32_t gram_range_node(comp_t *c, uint8_t kind, int64_t lo, int64_t hi, uint32
         gram_cfail(c, PD_ERR_NO_MEMORY, "out of memory");
         return 0;
     }
-    g->ranges[g->n_ranges] = (grange_t){ lo, hi };
-    uint32_t id = gram_new_node(c, kind, g->n_ranges + 1, a);
-    if (c->st == PD_OK)
-        g->n_ranges++;
-    return id;
+    g->ranges[g->n_ranges++] = (grange_t){ lo, hi };
+    return g->n_ranges;
+}
+
+/* A node of kind with bounds [lo, hi] (ranges table). */
+uint32_t gram_range_node(comp_t *c, uint8_t kind, int64_t lo, int64_t hi, uint32_t a)
+{
+    uint32_t r = gram_range_add(c, lo, hi);
+    return r == 0 ? 0 : gram_new_node(c, kind, r, a);
 }
 
 

@@ -178,6 +178,7 @@ void gram_cfail_kw(comp_t *c, pd_status_t st, const char *kw, const char *why);
 bool gram_grow(void **p, uint32_t *cap, uint32_t need, size_t elem);
 uint32_t gram_new_node(comp_t *c, uint8_t kind, uint32_t n, uint32_t a);
 uint32_t gram_lit_node(comp_t *c, const char *s, size_t n);
+uint32_t gram_range_add(comp_t *c, int64_t lo, int64_t hi);
 uint32_t gram_range_node(comp_t *c, uint8_t kind, int64_t lo, int64_t hi, uint32_t a);
 uint32_t gram_alts_node(comp_t *c, const uint32_t *ids, uint32_t n);
 uint32_t gram_list_node(comp_t *c, uint8_t kind, const uint32_t *ids, uint32_t n);

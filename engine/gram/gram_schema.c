@@ -149,15 +149,10 @@ static uint32_t int_node(comp_t *c, const cJSON *s, uint8_t kind)
             return 0;
         }
         uint32_t id = gram_range_node(c, kind, lo, hi, 0);
-        eng_gram_t *g = c->g;
-        if (c->st != PD_OK)
+        uint32_t x = gram_range_add(c, mult, 0);
+        if (x == 0)
             return 0;
-        if (!gram_grow((void **)&g->ranges, &g->cap_ranges, g->n_ranges + 1, sizeof(grange_t))) {
-            gram_cfail(c, PD_ERR_NO_MEMORY, "out of memory");
-            return 0;
-        }
-        g->ranges[g->n_ranges++] = (grange_t){ mult, 0 };
-        g->nodes[id].x = g->n_ranges;
+        c->g->nodes[id].x = x;
         return id;
     }
     return gram_range_node(c, kind, lo, hi, 0);
