@@ -1,8 +1,9 @@
 /* rtr_embed.h - POST /v1/embeddings: the body (every field honoured or
  * refused with its name, docs/API.md) and the answer. Pure: no I/O, no
  * logging. The router tokenizes string inputs (no chat template, BOS as
- * the model adds it, EOS when the GGUF says add_eos_token), sends one EMBED_REQ per input to a prefill daemon
- * (rtr_http.c "embeddings") and renders the vectors here. */
+ * the model adds it, EOS when the GGUF says add_eos_token), sends one
+ * EMBED_REQ per input to a prefill daemon (rtr_embed_job.c, the job) and
+ * renders the vectors here. */
 #ifndef RTR_EMBED_H
 #define RTR_EMBED_H
 

@@ -15,7 +15,7 @@
  *     freed with the connection: the pointer is dropped either way and never
  *     used again. */
 #include "rtr_anthropic.h"
-#include "rtr_embed.h"
+#include "rtr_embed_job.h"
 #include "rtr_flow.h"
 #include "rtr_tools.h"
 
@@ -155,6 +155,27 @@ static void reply_status(rtr_t *r, struct evhttp_request *h, const char *reqid, 
     vsnprintf(err.message, sizeof(err.message), fmt, ap);
     va_end(ap);
     reply_error(r, h, &err, reqid);
+}
+
+/* The admission every request passes once its body is checked: refused
+ * while draining (503) and at max-concurrent requests in flight (429;
+ * r->n_reqs counts chat requests and embeddings jobs alike). false: refused
+ * (replied, counted). */
+static bool admit(rtr_t *r, struct evhttp_request *h, const char *reqid)
+{
+    if (r->draining) {
+        pd_stats_inc(r->stats, RTR_STAT_requests_overloaded);
+        reply_status(r, h, reqid, 503, "server_error", "shutting_down", NULL,
+                     "the router is draining");
+        return false;
+    }
+    if (r->n_reqs >= r->cfg.max_concurrent) {
+        pd_stats_inc(r->stats, RTR_STAT_requests_overloaded);
+        reply_status(r, h, reqid, 429, "rate_limit_error", "too_many_requests", NULL,
+                     "too many requests in flight (%u); retry later", r->n_reqs);
+        return false;
+    }
+    return true;
 }
 
 /* ---- the client of one request --------------------------------------------- */
@@ -822,18 +843,8 @@ static void generate_tokenized(rtr_t *r, struct evhttp_request *h, rtr_api_t api
                      "at most %d stop strings", ENG_STOP_MAX);
         goto out;
     }
-    if (r->draining) {
-        pd_stats_inc(r->stats, RTR_STAT_requests_overloaded);
-        reply_status(r, h, reqid, 503, "server_error", "shutting_down", NULL,
-                     "the router is draining");
+    if (!admit(r, h, reqid))
         goto out;
-    }
-    if (r->n_reqs >= r->cfg.max_concurrent) {
-        pd_stats_inc(r->stats, RTR_STAT_requests_overloaded);
-        reply_status(r, h, reqid, 429, "rate_limit_error", "too_many_requests", NULL,
-                     "too many requests in flight (%u); retry later", r->n_reqs);
-        goto out;
-    }
     /* Route: a decode always, a prefill when disaggregating. */
     rtr_backend_t *dec, *pre;
     bool disagg = rtr_flow_route(r, ids, n_ids, o->max_tokens, o->cache_partition, &dec, &pre);
@@ -987,257 +998,33 @@ static void tok_offload(rtr_t *r, struct evhttp_request *h, rtr_api_t api, const
 }
 
 /* ---- /v1/embeddings ----------------------------------------------------------
- * One job per request: each input (tokenized on the loop: no chat template,
- * BOS as the model adds it) goes to a prefill daemon as an EMBED_REQ with
- * the control-plane id "emb-<job>-<i>", at most EMB_WINDOW in flight; the
- * EMBED_DONEs fill the vectors and the last one renders the answer. A
- * prefill lost or overloaded: the input goes to another (max-retries per
- * request). The client gone: CANCEL what is in flight, the job ends. */
-#define EMB_WINDOW 8u
+ * The intake (body, tokenizing, admission) and the client side of the job;
+ * the job itself (its inputs' way to the prefills and back) is
+ * rtr_embed_job.c. */
 
-typedef struct emb_job {
-    struct emb_job *next;
-    rtr_t *r;
-    struct evhttp_request *h;      /* NULL once the connection is gone */
-    struct evhttp_connection *evcon;
-    struct event *timer;           /* request-timeout */
-    uint64_t seq;
-    char reqid[PROTO_REQID_MAX + 1];
-    rtr_emb_req_t req;
-    int8_t *state;                 /* (n_inputs) 0 waiting, 1 in flight, 2 done */
-    rtr_backend_t **be;            /* (n_inputs) where an input in flight went */
-    uint32_t n_done, n_sent, retries;
-    uint32_t n_embd;
-    float *vecs;                   /* (n_inputs, n_embd) once the first answer came */
-    uint64_t prompt_tokens, t0_ns;
-} emb_job_t;
-
-static emb_job_t *g_emb_jobs;     /* one router per process */
-
-static void emb_free(emb_job_t *j)
+static void emb_peer(void *client, char *buf, size_t cap)
 {
-    for (emb_job_t **pp = &g_emb_jobs; *pp != NULL; pp = &(*pp)->next)
-        if (*pp == j) {
-            *pp = j->next;
-            break;
-        }
-    if (j->evcon != NULL)
-        evhttp_connection_set_closecb(j->evcon, NULL, NULL);
-    if (j->timer != NULL)
-        event_free(j->timer);
-    rtr_emb_req_free(&j->req);
-    free(j->state);
-    free(j->be);
-    free(j->vecs);
-    free(j);
+    peer_of(client, buf, cap);
 }
 
-static void emb_cancel_inflight(emb_job_t *j)
+static void emb_json(void *client, const char *json, const char *reqid)
 {
-    for (uint32_t i = 0; i < j->req.n_inputs; i++) {
-        if (j->state[i] != 1 || j->be[i] == NULL)
-            continue;
-        proto_msg_t m;
-        memset(&m, 0, sizeof(m));
-        m.hdr.type = PROTO_MSG_CANCEL;
-        snprintf(m.u.cancel.request_id, sizeof(m.u.cancel.request_id), "emb-%" PRIu64 "-%u",
-                 j->seq, i);
-        snprintf(m.u.cancel.reason, sizeof(m.u.cancel.reason), "embeddings request ended");
-        (void)rtr_backend_send(j->be[i], &m);
-        j->be[i]->assigned--;
-        j->state[i] = 0;
-    }
+    reply_json(client, 200, json, reqid, 0);
 }
 
-static void emb_access(emb_job_t *j, int status, const char *outcome)
+static void emb_error(rtr_t *r, void *client, const rtr_oai_error_t *err, const char *reqid)
 {
-    char peer[64];
-    peer_of(j->h, peer, sizeof(peer));
-    pd_log(PD_LOG_INFO, RTR_COMP, j->reqid,
-           "access client=%s endpoint=/v1/embeddings status=%d outcome=%s inputs=%u "
-           "prompt_tokens=%" PRIu64 " total_ms=%.1f retries=%u", peer, status, outcome,
-           j->req.n_inputs, j->prompt_tokens, (double)(pd_now_ns() - j->t0_ns) / 1e6,
-           j->retries);
+    send_error(r, client, err, reqid);
 }
 
-static void emb_fail(emb_job_t *j, const rtr_oai_error_t *err)
+static void emb_unwatch(void *conn)
 {
-    emb_cancel_inflight(j);
-    if (j->h != NULL) {
-        emb_access(j, err->http_status, "failed");
-        send_error(j->r, j->h, err, j->reqid);
-    }
-    pd_stats_inc(j->r->stats, RTR_STAT_requests_failed);
-    emb_free(j);
+    evhttp_connection_set_closecb(conn, NULL, NULL);
 }
 
-/* Send what the window allows. false: the job ended (failed). */
-static bool emb_pump(emb_job_t *j)
-{
-    rtr_t *r = j->r;
-    uint32_t inflight = j->n_sent - j->n_done;
-    for (uint32_t i = 0; i < j->req.n_inputs && inflight < EMB_WINDOW; i++) {
-        if (j->state[i] != 0)
-            continue;
-        const rtr_emb_input_t *in = &j->req.inputs[i];
-        uint32_t bt = r->geom_fixed && r->geom.block_tokens ? r->geom.block_tokens : 16;
-        rtr_backend_t *be = rtr_pick_backend(r, PROTO_CAP_PREFILL, (in->n_ids + bt - 1) / bt,
-                                             NULL);
-        rtr_oai_error_t err;
-        if (be == NULL) {
-            pd_stats_inc(r->stats, RTR_STAT_requests_overloaded);
-            rtr_oai_error_set(&err, 503, "server_error", "no_prefill_daemon", NULL,
-                              rtr_have_backend(r, PROTO_CAP_PREFILL)
-                                  ? "every prefill daemon is busy; retry later"
-                                  : "embeddings are computed by prefill daemons and this "
-                                    "deployment has none ready");
-            emb_fail(j, &err);
-            return false;
-        }
-        proto_msg_t m;
-        memset(&m, 0, sizeof(m));
-        m.hdr.type = PROTO_MSG_EMBED_REQ;
-        snprintf(m.u.embed_req.request_id, sizeof(m.u.embed_req.request_id),
-                 "emb-%" PRIu64 "-%u", j->seq, i);
-        m.u.embed_req.pooling = PROTO_POOL_DEFAULT;
-        m.u.embed_req.prompt = (proto_tokens_t){ in->n_ids, in->ids, NULL };
-        if (rtr_backend_send(be, &m) != PD_OK) {
-            rtr_oai_error_set(&err, 503, "server_error", NULL, NULL,
-                              "prefill daemon '%s' unreachable", be->id);
-            emb_fail(j, &err);
-            return false;
-        }
-        be->assigned++;
-        j->be[i] = be;
-        j->state[i] = 1;
-        j->n_sent++;
-        inflight++;
-    }
-    return true;
-}
-
-static void emb_finish(emb_job_t *j)
-{
-    rtr_oai_error_t err;
-    memset(&err, 0, sizeof(err));
-    char *json = rtr_emb_render(&j->req, j->vecs, j->n_embd, j->r->model_name,
-                                j->prompt_tokens, &err);
-    if (json == NULL) {
-        emb_fail(j, &err);
-        return;
-    }
-    if (j->h != NULL) {
-        emb_access(j, 200, "completed");
-        reply_json(j->h, 200, json, j->reqid, 0);
-    }
-    free(json);
-    pd_stats_inc(j->r->stats, RTR_STAT_requests_completed);
-    pd_stats_add(j->r->stats, RTR_STAT_prompt_tokens, j->prompt_tokens);
-    emb_free(j);
-}
-
-/* An input whose daemon failed it or went away: again elsewhere, or the end. */
-static void emb_input_lost(emb_job_t *j, uint32_t i, pd_status_t st, const char *why)
-{
-    j->state[i] = 0;
-    if (j->be[i] != NULL)
-        j->be[i]->assigned--;
-    j->be[i] = NULL;
-    j->n_sent--;
-    rtr_oai_error_t err;
-    bool again = (st == PD_ERR_OVERLOADED || st == PD_ERR_PEER_GONE || st == PD_ERR_SHUTDOWN ||
-                  st == PD_ERR_NO_KV_SPACE) && j->retries < j->r->cfg.max_retries;
-    if (again) {
-        j->retries++;
-        pd_stats_inc(j->r->stats, RTR_STAT_requests_retried);
-        (void)emb_pump(j);
-        return;
-    }
-    if (st == PD_ERR_UNSUPPORTED)
-        rtr_oai_error_set(&err, 400, "invalid_request_error", "embeddings_unsupported", "model",
-                          "this deployment serves no embeddings: %s", why);
-    else if (st == PD_ERR_TOO_BIG)
-        rtr_oai_error_set(&err, 400, "invalid_request_error", "context_length_exceeded",
-                          "input", "input %u: %s", i, why);
-    else if (st == PD_ERR_OVERLOADED || st == PD_ERR_PEER_GONE || st == PD_ERR_SHUTDOWN ||
-             st == PD_ERR_NO_KV_SPACE)
-        rtr_oai_error_set(&err, 503, "server_error", NULL, NULL, "prefill: %s", why);
-    else
-        rtr_oai_error_set(&err, 502, "server_error", NULL, NULL, "prefill: %s (%s)", why,
-                          pd_status_name(st));
-    emb_fail(j, &err);
-}
-
-static emb_job_t *emb_find(const char *id, uint32_t *i_p)
-{
-    uint64_t seq;
-    unsigned i;
-    int used = 0;
-    if (sscanf(id, "emb-%" SCNu64 "-%u%n", &seq, &i, &used) != 2 || id[used] != '\0')
-        return NULL;
-    for (emb_job_t *j = g_emb_jobs; j != NULL; j = j->next)
-        if (j->seq == seq && i < j->req.n_inputs) {
-            *i_p = i;
-            return j;
-        }
-    return NULL;
-}
-
-bool rtr_http_embed_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
-{
-    (void)r;
-    const char *id = msg->hdr.type == PROTO_MSG_EMBED_DONE ? msg->u.embed_done.request_id
-                     : msg->hdr.type == PROTO_MSG_ERROR    ? msg->u.error.request_id
-                                                           : NULL;
-    if (id == NULL || strncmp(id, "emb-", 4) != 0)
-        return false;
-    uint32_t i = 0;
-    emb_job_t *j = emb_find(id, &i);
-    if (j == NULL || j->state[i] != 1 || j->be[i] != be)
-        return true; /* late: the request ended or the input moved */
-    if (msg->hdr.type == PROTO_MSG_ERROR) {
-        emb_input_lost(j, i, msg->u.error.status, msg->u.error.message);
-        return true;
-    }
-    const proto_embed_done_t *d = &msg->u.embed_done;
-    uint32_t n = d->vec.len / 4;
-    if (j->vecs == NULL) {
-        j->n_embd = n;
-        j->vecs = malloc((size_t)j->req.n_inputs * n * sizeof(float));
-    }
-    if (j->vecs == NULL || n != j->n_embd) {
-        rtr_oai_error_t err;
-        rtr_oai_error_set(&err, j->vecs == NULL ? 500 : 502, "server_error", NULL, NULL,
-                          j->vecs == NULL ? "out of memory"
-                                          : "prefill daemons answered embeddings of unequal sizes");
-        emb_fail(j, &err);
-        return true;
-    }
-    for (uint32_t k = 0; k < n; k++)
-        j->vecs[(size_t)i * n + k] = proto_embed_get(d, k);
-    j->state[i] = 2;
-    be->assigned--;
-    j->be[i] = NULL;
-    j->n_done++;
-    j->prompt_tokens += d->n_prompt_tokens;
-    if (j->n_done == j->req.n_inputs)
-        emb_finish(j);
-    else
-        (void)emb_pump(j);
-    return true;
-}
-
-void rtr_http_embed_down(rtr_t *r, rtr_backend_t *be)
-{
-    (void)r;
-again:
-    for (emb_job_t *j = g_emb_jobs; j != NULL; j = j->next)
-        for (uint32_t i = 0; i < j->req.n_inputs; i++)
-            if (j->state[i] == 1 && j->be[i] == be) {
-                emb_input_lost(j, i, PD_ERR_PEER_GONE, "prefill daemon lost");
-                goto again; /* j may be gone */
-            }
-}
+static const rtr_emb_client_t emb_client = {
+    .peer = emb_peer, .json = emb_json, .error = emb_error, .unwatch = emb_unwatch,
+};
 
 static void emb_orphan_free(evutil_socket_t fd, short what, void *arg)
 {
@@ -1248,32 +1035,15 @@ static void emb_orphan_free(evutil_socket_t fd, short what, void *arg)
 
 static void emb_conn_close(struct evhttp_connection *evcon, void *arg)
 {
-    emb_job_t *j = arg;
     (void)evcon;
-    pd_stats_inc(j->r->stats, RTR_STAT_client_disconnects);
-    pd_stats_inc(j->r->stats, RTR_STAT_requests_canceled);
-    pd_log(PD_LOG_INFO, RTR_COMP, j->reqid, "embeddings: client gone");
+    rtr_t *r;
+    struct evhttp_request *h = rtr_emb_job_client_gone(arg, &r);
     /* a request libevent detached is ours to free (as tok_conn_close's),
      * after this callback */
-    if (j->h != NULL && evhttp_request_get_connection(j->h) == NULL) {
+    if (h != NULL && evhttp_request_get_connection(h) == NULL) {
         struct timeval zero = { 0, 0 };
-        (void)event_base_once(j->r->base, -1, EV_TIMEOUT, emb_orphan_free, j->h, &zero);
+        (void)event_base_once(r->base, -1, EV_TIMEOUT, emb_orphan_free, h, &zero);
     }
-    j->evcon = NULL;
-    j->h = NULL;
-    emb_cancel_inflight(j);
-    emb_free(j);
-}
-
-static void emb_timeout(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    emb_job_t *j = arg;
-    rtr_oai_error_t err;
-    rtr_oai_error_set(&err, 504, "server_error", "timeout", NULL,
-                      "embeddings not computed within request-timeout");
-    emb_fail(j, &err);
 }
 
 static void handle_embeddings(rtr_t *r, struct evhttp_request *h, const char *reqid)
@@ -1295,20 +1065,17 @@ static void handle_embeddings(rtr_t *r, struct evhttp_request *h, const char *re
         .max_input_bytes = ENG_TOK_MAX_INPUT,
         .vocab_size = r->geom_fixed ? r->geom.vocab_size : eng_tok_vocab_size(r->tok),
     };
-    emb_job_t *j = calloc(1, sizeof(*j));
-    if (j == NULL) {
-        reply_status(r, h, reqid, 500, "server_error", NULL, NULL, "out of memory");
-        return;
-    }
-    pd_status_t s = rtr_emb_parse(body != NULL ? body : "", len, &lim, &j->req, &err);
-    if (s == PD_OK && j->req.model[0] != '\0' && strcmp(j->req.model, r->model_name) != 0) {
+    rtr_emb_req_t req;
+    memset(&req, 0, sizeof(req));
+    pd_status_t s = rtr_emb_parse(body != NULL ? body : "", len, &lim, &req, &err);
+    if (s == PD_OK && req.model[0] != '\0' && strcmp(req.model, r->model_name) != 0) {
         rtr_oai_error_set(&err, 404, "invalid_request_error", "model_not_found", "model",
-                          "The model '%s' does not exist; this server serves '%s'", j->req.model,
+                          "The model '%s' does not exist; this server serves '%s'", req.model,
                           r->model_name);
         s = PD_ERR_BAD_INPUT;
     }
-    for (uint32_t i = 0; s == PD_OK && i < j->req.n_inputs; i++) {
-        rtr_emb_input_t *in = &j->req.inputs[i];
+    for (uint32_t i = 0; s == PD_OK && i < req.n_inputs; i++) {
+        rtr_emb_input_t *in = &req.inputs[i];
         if (in->text != NULL) {
             size_t cap = 3 * in->text_len + 8, n = 0;
             in->ids = malloc(cap * sizeof(int32_t));
@@ -1329,7 +1096,12 @@ static void handle_embeddings(rtr_t *r, struct evhttp_request *h, const char *re
             in->n_ids = (uint32_t)n;
         }
         if (s == PD_OK)
-            s = rtr_emb_check_len(&j->req, i, in->n_ids, ctx, &err);
+            s = rtr_emb_check_len(&req, i, in->n_ids, ctx, &err);
+    }
+    /* admitted as a chat request is (draining 503, max-concurrent 429) */
+    if (s == PD_OK && !admit(r, h, reqid)) {
+        rtr_emb_req_free(&req);
+        return;
     }
     if (s == PD_OK && !rtr_have_backend(r, PROTO_CAP_PREFILL)) {
         pd_stats_inc(r->stats, RTR_STAT_requests_overloaded);
@@ -1338,38 +1110,25 @@ static void handle_embeddings(rtr_t *r, struct evhttp_request *h, const char *re
                           "none ready");
         s = PD_ERR_OVERLOADED;
     }
-    if (s == PD_OK) {
-        j->state = calloc(j->req.n_inputs, sizeof(*j->state));
-        j->be = calloc(j->req.n_inputs, sizeof(*j->be));
-        j->timer = evtimer_new(r->base, emb_timeout, j);
-        if (j->state == NULL || j->be == NULL || j->timer == NULL)
-            s = PD_ERR_NO_MEMORY;
-    }
+    rtr_emb_job_t *j = NULL;
+    if (s == PD_OK)
+        s = rtr_emb_job_start(r, &emb_client, h, reqid, &req, &j);
     if (s != PD_OK) {
         if (s == PD_ERR_NO_MEMORY)
             rtr_oai_error_set(&err, 500, "server_error", NULL, NULL, "out of memory");
         else if (err.http_status < 500)
             pd_stats_inc(r->stats, RTR_STAT_requests_rejected);
         reply_error(r, h, &err, reqid);
-        emb_free(j);
+        rtr_emb_req_free(&req);
         return;
     }
-    static uint64_t seq;
-    j->r = r;
-    j->h = h;
-    j->seq = ++seq;
-    j->t0_ns = pd_now_ns();
-    snprintf(j->reqid, sizeof(j->reqid), "%s", reqid);
-    j->next = g_emb_jobs;
-    g_emb_jobs = j;
-    struct timeval tv = pd_ns_to_timeval(r->cfg.request_timeout_ns);
-    event_add(j->timer, &tv);
-    pd_stats_inc(r->stats, RTR_STAT_requests_accepted);
-    if (!emb_pump(j))
-        return;
-    j->evcon = evhttp_request_get_connection(h);
-    if (j->evcon != NULL)
-        evhttp_connection_set_closecb(j->evcon, emb_conn_close, j);
+    if (j == NULL)
+        return; /* it ended already (the error was sent) */
+    struct evhttp_connection *evcon = evhttp_request_get_connection(h);
+    if (evcon != NULL) {
+        rtr_emb_job_set_conn(j, evcon);
+        evhttp_connection_set_closecb(evcon, emb_conn_close, j);
+    }
 }
 
 static void handle_metrics(rtr_t *r, struct evhttp_request *h)
@@ -1719,12 +1478,7 @@ void rtr_http_stop(rtr_t *r)
     rtr_tok_pool_destroy(r->tok_pool);
     r->tok_pool = NULL;
     rtr_flow_fail_all(r, "router stopping");
-    while (g_emb_jobs != NULL) {
-        rtr_oai_error_t err;
-        rtr_oai_error_set(&err, 503, "server_error", "shutting_down", NULL,
-                          "the router is stopping");
-        emb_fail(g_emb_jobs, &err);
-    }
+    rtr_emb_job_fail_all(r);
     if (r->drain_timer != NULL) {
         event_free(r->drain_timer);
         r->drain_timer = NULL;

@@ -292,10 +292,12 @@ pd_status_t rtr_http_start(rtr_t *r);
 void rtr_http_stop(rtr_t *r);
 void rtr_http_drain(rtr_t *r);
 extern const rtr_flow_out_t rtr_http_out;
-/* /v1/embeddings: EMBED_DONE / ERROR of an embedding input (true: taken),
- * a backend lost (its inputs move or their requests fail). */
-bool rtr_http_embed_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg);
-void rtr_http_embed_down(rtr_t *r, rtr_backend_t *be);
+
+/* rtr_embed_job.c (/v1/embeddings, rtr_embed_job.h): EMBED_DONE / ERROR of
+ * an "emb-" id (true: taken, a late one dropped; false: the flow's), a
+ * backend lost (its inputs move or their requests fail). */
+bool rtr_emb_job_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg);
+void rtr_emb_job_down(rtr_t *r, rtr_backend_t *be);
 
 /* rtr_flow.c */
 pd_status_t rtr_admin_requests(pd_admin_req_t *req, struct cJSON *reply);

@@ -352,16 +352,16 @@ static void on_drain(pd_loop_t *loop, void *arg)
     rtr_http_drain(arg);
 }
 
-/* Embedding inputs (rtr_http.c) first, then the request flow. */
+/* Embedding inputs (rtr_embed_job.c) first, then the request flow. */
 static void on_backend_msg(rtr_t *r, rtr_backend_t *be, const proto_msg_t *msg)
 {
-    if (!rtr_http_embed_msg(r, be, msg))
+    if (!rtr_emb_job_msg(r, be, msg))
         rtr_flow_on_msg(r, be, msg);
 }
 
 static void on_backend_down(rtr_t *r, rtr_backend_t *be)
 {
-    rtr_http_embed_down(r, be);
+    rtr_emb_job_down(r, be);
     rtr_flow_backend_down(r, be);
 }
 

@@ -124,6 +124,9 @@ typedef struct {
     int32_t last_gen[16];
     uint64_t release_lease;
     uint64_t last_seed;          /* sampling.seed of the last PREFILL_REQ / DECODE_REQ */
+    bool embed_hold;             /* EMBED_REQ: keep (held_emb) instead of answering */
+    int n_embed_req, n_embed_held;
+    char held_emb[8][PROTO_REQID_MAX + 1];
 } fake_t;
 
 static void fake_send(fake_t *f, proto_msg_t *m)
@@ -285,6 +288,31 @@ static void send_prefill_done(fake_t *f, const char *reqid, uint32_t n_prompt)
     fake_send(f, &m);
 }
 
+/* EMBED_DONE: a 4-float vector for one input. */
+static void send_embed_done(fake_t *f, const char *reqid)
+{
+    static const float v[4] = { 1.0f, 0.0f, 0.0f, 0.0f }; /* f32 LE on this host */
+    proto_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.hdr.type = PROTO_MSG_EMBED_DONE;
+    snprintf(m.u.embed_done.request_id, sizeof(m.u.embed_done.request_id), "%s", reqid);
+    m.u.embed_done.n_prompt_tokens = 1;
+    m.u.embed_done.vec = (proto_blob_t){ (const uint8_t *)v, sizeof(v) };
+    fake_send(f, &m);
+}
+
+static void on_embed_req(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
+{
+    fake_t *f = arg;
+    (void)conn;
+    const char *id = msg->u.embed_req.request_id;
+    f->n_embed_req++;
+    if (f->embed_hold && f->n_embed_held < 8)
+        snprintf(f->held_emb[f->n_embed_held++], sizeof(f->held_emb[0]), "%s", id);
+    else
+        send_embed_done(f, id);
+}
+
 static bool prompt_has(const proto_tokens_t *t, const char *needle)
 {
     char buf[4096];
@@ -407,6 +435,7 @@ static void fake_start(fake_t *f, const char *id, uint16_t role, int mode, bool 
     cbs.on_heartbeat = on_ignore;
     cbs.on_prefill_req = on_prefill_req;
     cbs.on_decode_req = on_decode_req;
+    cbs.on_embed_req = on_embed_req;
     cbs.on_cancel = on_cancel;
     cbs.on_release = on_release;
     cbs.on_close = on_fake_close;
@@ -1202,6 +1231,54 @@ static void test_disconnect_and_429(void **st)
     D1.mode = D_SCRIPT;
 }
 
+/* An embeddings request counts against max-concurrent (3 here) like a chat
+ * request, from its acceptance to its one end: three held in flight, the
+ * fourth request (chat or embeddings) gets the chat request's 429; once
+ * they are answered the slots are free again (released once: a double
+ * release would wrap the count and refuse everything). */
+static void test_embeddings_admission(void **st)
+{
+    static const char body[] = "{\"input\":\"hi\"}";
+    P1.embed_hold = true;
+    P1.n_embed_held = 0;
+    int n0 = P1.n_embed_req;
+    hc_t *h[3];
+    for (int i = 0; i < 3; i++)
+        h[i] = hc_start("POST", "/v1/embeddings", AUTH, body, strlen(body));
+    WAIT_FOR(P1.n_embed_req == n0 + 3, 5000);
+    hc_t *c = post("/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":5}");
+    check_envelope(c, 429, "rate_limit_error", "too_many_requests", NULL);
+    assert_non_null(strcasestr(c->head, "Retry-After: 2"));
+    hc_free(c);
+    c = post("/v1/embeddings", body);
+    check_envelope(c, 429, "rate_limit_error", "too_many_requests", NULL);
+    hc_free(c);
+    assert_int_equal(P1.n_embed_req, n0 + 3);
+    P1.embed_hold = false;
+    for (int i = 0; i < P1.n_embed_held; i++)
+        send_embed_done(&P1, P1.held_emb[i]);
+    for (int i = 0; i < 3; i++) {
+        hc_wait(h[i]);
+        assert_int_equal(h[i]->status, 200);
+        assert_non_null(strstr(h[i]->body, "\"embedding\""));
+        hc_free(h[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        c = post(i % 2 ? "/v1/embeddings" : "/v1/completions",
+                 i % 2 ? body : "{\"prompt\":\"hi\",\"max_tokens\":5}");
+        assert_int_equal(c->status, 200);
+        hc_free(c);
+    }
+    /* the count is back to 0, not wrapped */
+    double in_flight = -1;
+    for (uint64_t dl = now_ms() + 5000; in_flight != 0 && now_ms() < dl;) {
+        cJSON *j = admin("requests");
+        in_flight = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "in_flight"));
+        cJSON_Delete(j);
+    }
+    assert_true(in_flight == 0);
+}
+
 /* The value of the first series named `name` whose labels contain `label`
  * (NULL: any labels); -1 if none. */
 static double metric_l(const char *text, const char *name, const char *label)
@@ -1587,6 +1664,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_prefill_death_retry),
         cmocka_unit_test(test_decode_death_midstream),
         cmocka_unit_test(test_disconnect_and_429),
+        cmocka_unit_test(test_embeddings_admission),
         cmocka_unit_test(test_admin_and_metrics),
         cmocka_unit_test(test_disconnect_while_prefilling),
         cmocka_unit_test(test_reqid_reuse),
