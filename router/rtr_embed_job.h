@@ -21,7 +21,7 @@
 #include "rtr_embed.h"
 #include "rtr_int.h"
 
-#define RTR_EMB_WINDOW 8u /* inputs of one job in flight */
+#define RTR_EMB_WINDOW 16u /* inputs of one job in flight */
 
 typedef struct rtr_emb_job rtr_emb_job_t;
 
