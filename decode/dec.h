@@ -38,11 +38,13 @@ typedef struct {
                                            step with a chunk stays within this */
 } dec_config_t;
 
-/* Step time vs rows (chunk tokens + batch), fitted from measured steps
- * with exponential forgetting: t = a + b * rows (dec_chunk_budget). */
+/* Step time = the batch's own step (measured on steps without a chunk)
+ * + a chunk token's cost (measured on steps with one, less that base),
+ * each an exponentially weighted mean (dec_chunk_budget). */
 typedef struct {
-    double s, sx, sy, sxx, sxy;         /* weighted sums of 1, rows, t, rows^2, rows*t */
-    uint32_t n;                         /* steps seen */
+    double base_ns;                     /* a step of the running batch alone */
+    double tok_ns;                      /* one chunk token on top of it */
+    uint32_t n_base, n_tok;             /* samples of each */
 } dec_step_model_t;
 
 #define DEC_STATES(X)                                                         \

@@ -364,25 +364,30 @@ static void dec_step_run(eng_job_t *job)
 }
 
 /* ---- tpot-target: chunk size from measured step times ------------------ */
+#define DEC_SM_NEW 0.1   /* weight of a new sample in the running means */
 
-#define DEC_SM_FORGET 0.97   /* weight of the past per step */
-
-static void dec_sm_add(dec_step_model_t *m, double rows, double t)
+/* Learn from a finished step: without a chunk it is the batch's base
+ * time; with one (fused, or apart: the same work), what it took beyond the
+ * base, per chunk token. */
+static void dec_sm_add(dec_step_model_t *m, uint32_t chunk, uint32_t items, double t)
 {
-    m->s = m->s * DEC_SM_FORGET + 1.0;
-    m->sx = m->sx * DEC_SM_FORGET + rows;
-    m->sy = m->sy * DEC_SM_FORGET + t;
-    m->sxx = m->sxx * DEC_SM_FORGET + rows * rows;
-    m->sxy = m->sxy * DEC_SM_FORGET + rows * t;
-    m->n++;
+    if (chunk == 0) {
+        if (items == 0)
+            return;
+        m->base_ns = m->n_base++ ? m->base_ns + DEC_SM_NEW * (t - m->base_ns) : t;
+        return;
+    }
+    double per = (t - (items > 0 && m->n_base ? m->base_ns : 0.0)) / chunk;
+    if (per <= 0)
+        return;
+    m->tok_ns = m->n_tok++ ? m->tok_ns + DEC_SM_NEW * (per - m->tok_ns) : per;
 }
 
 /* Tokens the next chunk may take beside n_items running sequences so the
- * step's predicted time stays within tpot-target: t = a + b * rows fitted
- * by weighted least squares over recent steps (rows = chunk + batch). Too
- * few steps or rows of one size (no slope yet): b from the mean time per
- * row, a = 0 (cautious: overstates the cost of a row). At least one block
- * (prefill always moves on), at most prefill-chunk. */
+ * step's predicted time (the batch's base + chunk x a token's cost) stays
+ * within tpot-target: at least one block (a prompt always moves on), at
+ * most prefill-chunk; one block until both costs have been seen. No
+ * running sequence: nothing to protect, prefill-chunk. */
 static uint32_t dec_chunk_budget(const dec_t *d, uint32_t n_items)
 {
     uint32_t hi = (uint32_t)d->cfg.prefill_chunk, lo = d->n.geom->block_tokens;
@@ -390,19 +395,9 @@ static uint32_t dec_chunk_budget(const dec_t *d, uint32_t n_items)
     if (d->cfg.tpot_target_ns == 0 || n_items == 0)
         return hi;
     const dec_step_model_t *m = &d->sm;
-    if (m->n == 0 || m->sx <= 0)
+    if (m->n_base == 0 || m->n_tok == 0)
         return lo;
-    double target = (double)d->cfg.tpot_target_ns, a = 0, b = m->sy / m->sx;
-    double den = m->s * m->sxx - m->sx * m->sx;
-    if (m->n >= 8 && den > 1e-9 * m->s * m->sxx) {
-        double bf = (m->s * m->sxy - m->sx * m->sy) / den;
-        double af = (m->sy - bf * m->sx) / m->s;
-        if (bf > 0 && af >= 0) {
-            a = af;
-            b = bf;
-        }
-    }
-    double rows = (target - a) / b - (double)n_items;
+    double rows = ((double)d->cfg.tpot_target_ns - m->base_ns) / m->tok_ns;
     return rows <= lo ? lo : rows >= hi ? hi : (uint32_t)rows;
 }
 
@@ -448,17 +443,14 @@ static void dec_step_done(eng_job_t *job)
     if (!job->aborted) {
         pd_stats_inc(d->n.stats, DEC_STAT_steps);
         pd_stats_observe_ns(d->n.stats, DEC_STAT_step_time, s->end_ns - s->start_ns);
-        uint32_t rows = s->n_items + (s->chunk != NULL ? s->chunk->chunk_n : 0);
         if (s->chunk != NULL) {
             pd_stats_inc(d->n.stats, DEC_STAT_chunks);
             pd_stats_add(d->n.stats, DEC_STAT_chunk_tokens, s->chunk->chunk_n);
             if (s->fused)
                 pd_stats_inc(d->n.stats, DEC_STAT_fused_chunks);
         }
-        /* apart (not fused) a chunk and a batch each read the weights: a
-         * different cost model, so only fused or single-part steps teach it */
-        if (rows > 0 && (s->fused || s->chunk == NULL || s->n_items == 0))
-            dec_sm_add(&d->sm, rows, (double)(s->end_ns - s->start_ns));
+        dec_sm_add(&d->sm, s->chunk != NULL ? s->chunk->chunk_n : 0, s->n_items,
+                   (double)(s->end_ns - s->start_ns));
     }
     uint32_t np = 0;
     dec_req_t *c = s->chunk;
@@ -1507,6 +1499,8 @@ static pd_status_t dec_adm_requests(pd_admin_req_t *req, cJSON *reply)
     cJSON_AddNumberToObject(ch, "prefill_chunk", (double)d->cfg.prefill_chunk);
     cJSON_AddNumberToObject(ch, "tpot_target_ns", (double)d->cfg.tpot_target_ns);
     cJSON_AddBoolToObject(ch, "fused_step", d->cfg.fused_step);
+    cJSON_AddNumberToObject(ch, "batch_step_ns", d->sm.base_ns);
+    cJSON_AddNumberToObject(ch, "chunk_token_ns", d->sm.tok_ns);
     return PD_OK;
 }
 

@@ -17,7 +17,7 @@ DIR=$(mktemp -d /tmp/pd-mixed-step.XXXXXX)
 MODEL=${2:-$DIR/bench-q4_K_M.gguf}
 ROUNDS=${ROUNDS:-2}
 TARGET=${TARGET:-60ms}
-CONFIGS="mixed-apart mixed-fused mixed-tpot 1p1d"
+CONFIGS=${CONFIGS:-"mixed-apart mixed-fused mixed-tpot 1p1d"}
 cleanup() {
     for c in $CONFIGS; do "$PDCTL" down --run-dir "$DIR/$c" >/dev/null 2>&1 || true; done
     rm -rf "$DIR"
