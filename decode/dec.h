@@ -252,4 +252,14 @@ struct dec {
 #define DEC_STAT_ID(name, kind, help) DEC_STAT_##name,
 typedef enum { DEC_STATS(DEC_STAT_ID) DEC_STAT__COUNT } dec_stat_id_t;
 
+/* ---- dec_step.c ----------------------------------------------------------
+ * The compute thread's step: the chunk (s->chunk) and the batch (s->items)
+ * through the engine (fused when it can), then sampling and the finish
+ * check into each request's step_* fields. eng_job_t.run of d->step. */
+void dec_step_run(eng_job_t *job);
+/* tpot-target's cost model: learn from a finished step (loop thread). */
+void dec_sm_add(dec_step_model_t *m, uint32_t chunk, uint32_t items, double t);
+/* Tokens the next chunk may take beside n_items running sequences. */
+uint32_t dec_chunk_budget(const dec_t *d, uint32_t n_items);
+
 #endif
