@@ -70,6 +70,7 @@ typedef struct {
     uint64_t mem_budget;
     char *mem_ledger;
     bool print_arena_bytes;
+    int64_t nice;
 } node_config_t;
 
 extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", NULL } (eng_kv_dtype_t order) */
@@ -103,7 +104,8 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", NULL } (
     NODE_ROW(stype, etcd_routers_max, "etcd.routers-max", UINT, "8", "routers taken from etcd at most (signed entries, in key order; the static list's are extra)", 1, 16, NULL) \
     NODE_ROW(stype, mem_budget, "mem.budget", SIZE, "0", "host-wide cap on the KV arenas of this host's daemons, shared through mem.ledger (0: 90% of MemAvailable + arenas already committed, or the cgroup room)", 0, 0, NULL) \
     NODE_ROW(stype, mem_ledger, "mem.ledger", STRING, PD_MEMLEDGER_DEFAULT, "file where the daemons of one host reserve their KV arenas (flock'd; dead processes reclaimed)", 0, 0, NULL) \
-    NODE_ROW(stype, print_arena_bytes, "print-arena-bytes", BOOL, "false", "load the model, print the KV arena's size in bytes and exit (pdctl's memory plan check)", 0, 0, NULL)
+    NODE_ROW(stype, print_arena_bytes, "print-arena-bytes", BOOL, "false", "load the model, print the KV arena's size in bytes and exit (pdctl's memory plan check)", 0, 0, NULL) \
+    NODE_ROW(stype, nice, "nice", INT, "0", "scheduling niceness of every thread (setpriority at boot, before the engine's): daemons sharing a host's cores with threads = all of them lend their idle cores; the lower value wins when both are busy (e.g. prefill 10, decode 0: the decode's steps first, the prefill takes what they leave). Below 0 needs CAP_SYS_NICE", -20, 19, NULL)
 
 /* ---- role tables ---------------------------------------------------------- */
 

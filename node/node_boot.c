@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include "eng_tok.h"
@@ -291,6 +293,30 @@ int node_fail(const node_t *n, const char *what, pd_status_t st, const char *det
     return 1;
 }
 
+/* `nice`: every thread of the process so far (the log's, libraries'),
+ * and the engine's and the runner's after it inherit it. */
+static pd_status_t node_set_nice(int nice, char *err, size_t err_len)
+{
+    DIR *dir = opendir("/proc/self/task");
+    if (dir == NULL) {
+        snprintf(err, err_len, "/proc/self/task: %s", strerror(errno));
+        return PD_ERR_IO;
+    }
+    pd_status_t st = PD_OK;
+    struct dirent *e;
+    while (st == PD_OK && (e = readdir(dir)) != NULL) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        if (setpriority(PRIO_PROCESS, (id_t)atoi(e->d_name), nice) != 0) {
+            snprintf(err, err_len, "nice %d: %s%s", nice, strerror(errno),
+                     errno == EACCES || errno == EPERM ? " (below 0 needs CAP_SYS_NICE)" : "");
+            st = PD_ERR_PERMISSION;
+        }
+    }
+    closedir(dir);
+    return st;
+}
+
 int node_boot(node_t *n, const node_boot_opts_t *o)
 {
     char prog[32];
@@ -298,6 +324,13 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
     kvx_ucx_env_defaults(); /* setenv, before the engine's threads */
     if (node_boot_checks(n, prog) != PD_OK)
         return 2;
+    if (n->cfg->nice != 0) {
+        char nerr[160];
+        if (node_set_nice((int)n->cfg->nice, nerr, sizeof(nerr)) != PD_OK) {
+            fprintf(stderr, "%s: %s\n", prog, nerr);
+            return 2;
+        }
+    }
 
     char err[256] = "", tok_err[256] = "";
     pd_status_t st = node_boot_engine(n, o->max_batch, err, sizeof(err), tok_err, sizeof(tok_err));

@@ -134,10 +134,16 @@ sys.exit(0 if a["completed"] == b["completed"] + 1 and a["canceled"] == b["cance
 lifecycle() {
     local R=$T/run1 URL
     run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$R" \
-        --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0
+        --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0 --set prefill.nice=19
     expect 0 "is ready: http://127.0.0.1:[0-9]+" "up local-1p1d prints the endpoint"
     [ $RC = 0 ] || { for f in "$R"/*.log; do tail -5 "$f"; done; return; }
     URL=$(cat "$R/url")
+    # `nice` (issue 34): every thread of the prefill, the engine's included
+    thread_nices() { for t in /proc/"$1"/task/*/stat; do awk '{ print $19 }' "$t"; done | sort -u | tr '\n' ' '; }
+    # (19: above any niceness the test may inherit, so no privilege is needed)
+    check "prefill.nice=19: every prefill thread at 19, the decode's at the inherited $(thread_nices $$)" \
+        bash -c '[ "$1" = "19 " ] && [ "$2" = "$3" ]' _ "$(thread_nices "$(cat "$R/prefill-0.pid")")" \
+        "$(thread_nices "$(cat "$R/decode-0.pid")")" "$(thread_nices $$)"
     check "secret generated with mode 0600" test "$(stat -c %a "$R/secret")" = 600
     check "state recorded (deployment.json, pid files, sockets)" \
         test -s "$R/deployment.json" -a -S "$R/router.sock" -a -S "$R/decode-0.sock" -a -s "$R/prefill-0.pid"
