@@ -1303,11 +1303,12 @@ pd_status_t ggml_qdot_rows_packed(int path, uint32_t type, const uint8_t *w, siz
         st = ggml_qdot_rows(path, type, w + (size_t)r0 * row_bytes, row_bytes, 16 * g0 - r0, n,
                             a, a_stride, n_items, out, out_stride);
     const uint32_t n16 = amx ? n_items / GGML_QDOT_AMX_ITEMS * GGML_QDOT_AMX_ITEMS : 0;
-    if (n16)
+    if (n16) {
         ggml_qdot_amx_thread_init();
+        amx(pk + g0 * gstride, gstride, g1 - g0, nb, a, a_stride, n16, out + (16 * g0 - r0),
+            out_stride);
+    }
     for (uint32_t g = g0; g < g1 && st == PD_OK; g++) {
-        if (n16)
-            amx(pk + g * gstride, nb, a, a_stride, n16, out + (16 * g - r0), out_stride);
         uint32_t ni;
         for (uint32_t i0 = n16; i0 < n_items; i0 += ni) {
             ni = n_items - i0 < step ? n_items - i0 : step;

@@ -50,7 +50,7 @@ const char *ggml_qdot_amx_probe(void)
 #define AMX_ITEMS GGML_QDOT_AMX_ITEMS
 
 /* palette 1: tmm0/1 B (8 x 64 bytes), tmm2/3 A (16 items x 32 bytes),
- * tmm4/5 C (16 x 16 int32) */
+ * tmm4..7 C (16 x 16 int32; q32_amx_t uses tmm4/5) */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -58,7 +58,7 @@ typedef struct {
 } amx_tilecfg_t;
 _Static_assert(sizeof(amx_tilecfg_t) == 64, "ldtilecfg reads 64 bytes");
 static const amx_tilecfg_t amx_cfg __attribute__((aligned(64))) = {
-    1, 0, { 0 }, { 64, 64, 32, 32, 64, 64 }, { 8, 8, 16, 16, 16, 16 }
+    1, 0, { 0 }, { 64, 64, 32, 32, 64, 64, 64, 64 }, { 8, 8, 16, 16, 16, 16, 16, 16 }
 };
 static __thread int amx_cfg_loaded; /* this thread ran ldtilecfg */
 
@@ -186,12 +186,121 @@ q32_amx_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t *a,
     }
 }
 
+/* 2 x 2 (the main schedule): two groups of 16 rows (pg, pg + gs) x 32
+ * items. Per block the two B tiles and the two A tiles are loaded once and
+ * give four C tiles (one tile load per tdpbssd instead of two: the tile
+ * loads and stores, not tdpbssd, bound the tile side at K = 32); the 4 x 16
+ * chains of a block live in acc (L1) rather than registers. Same per-output
+ * operations in the same order as q32_amx_t: the same bits. */
+#define AMX_SEG2 32 /* blocks per segment of each of the two groups: 2 x 16 KB */
+#define AMX22_ISSUE(b)                                                                           \
+    do {                                                                                         \
+        _tile_loadd(0, seg[0] + ((b) - s0) * 512, 64);                                           \
+        _tile_loadd(1, seg[1] + ((b) - s0) * 512, 64);                                           \
+        _tile_loadd(2, ai + 32 * (b), as);                                                       \
+        _tile_loadd(3, ai + (size_t)AMX_ITEMS * as + 32 * (b), as);                              \
+        _tile_zero(4);                                                                           \
+        _tile_zero(5);                                                                           \
+        _tile_zero(6);                                                                           \
+        _tile_zero(7);                                                                           \
+        _tile_dpbssd(4, 2, 0);                                                                   \
+        _tile_dpbssd(5, 2, 1);                                                                   \
+        _tile_dpbssd(6, 3, 0);                                                                   \
+        _tile_dpbssd(7, 3, 1);                                                                   \
+    } while (0)
+#define AMX22_STORE(c)                                                                           \
+    do {                                                                                         \
+        _tile_stored(4, (c)[0], 64);                                                             \
+        _tile_stored(5, (c)[1], 64);                                                             \
+        _tile_stored(6, (c)[2], 64);                                                             \
+        _tile_stored(7, (c)[3], 64);                                                             \
+    } while (0)
+__attribute__((target(AMX_TARGET))) static inline __attribute__((always_inline)) void
+q32_amx22_t(const uint32_t type, const uint8_t *pg, size_t gs, uint64_t nb, const uint8_t *a,
+            size_t as, uint32_t n32, float *out, size_t os)
+{
+    const q32_fmt_t fm = q32_fmt(type);
+    const size_t qb = q32_pk_qbytes(type);
+    const uint16_t *sp[2], *mp[2];
+    for (int g = 0; g < 2; g++) {
+        sp[g] = (const uint16_t *)(const void *)(pg + g * gs + nb * qb);
+        mp[g] = sp[g] + 16 * nb;
+    }
+    uint8_t seg[2][AMX_SEG2 * 512] __attribute__((aligned(64)));
+    int32_t cb[2][4][AMX_ITEMS * 16] __attribute__((aligned(64))); /* [b & 1][item half][group] */
+    float acc[2 * AMX_ITEMS][2][16] __attribute__((aligned(64))); /* [item][group] */
+    for (uint64_t s0 = 0; s0 < nb; s0 += AMX_SEG2) {
+        const uint64_t s1 = nb - s0 < AMX_SEG2 ? nb : s0 + AMX_SEG2;
+        __asm__ volatile("" ::: "memory"); /* the tile loads above read seg */
+        q32_amx_unpack(type, pg, s0, s1, seg[0]);
+        q32_amx_unpack(type, pg + gs, s0, s1, seg[1]);
+        __asm__ volatile("" ::: "memory"); /* the tile loads below read seg */
+        for (uint32_t i0 = 0; i0 < n32; i0 += 2 * AMX_ITEMS) {
+            const uint8_t *ai = a + (size_t)i0 * as;
+            float *oi = out + (size_t)i0 * os;
+            for (int i = 0; i < 2 * AMX_ITEMS; i++) /* a later segment continues the chains */
+                for (int g = 0; g < 2; g++)
+                    _mm512_store_ps(acc[i][g], s0 ? _mm512_loadu_ps(oi + (size_t)i * os + 16 * g)
+                                                  : _mm512_setzero_ps());
+            /* block b + 1's tile loads and tdpbssd are issued before block
+             * b's fold (its C tiles were stored before), its C stores after:
+             * the tile unit works while the vector ports fold */
+            AMX22_ISSUE(s0);
+            AMX22_STORE(cb[0]);
+            for (uint64_t b = s0; b < s1; b++) {
+                if (b + 1 < s1) {
+                    AMX22_ISSUE(b + 1);
+                    AMX22_STORE(cb[(b + 1 - s0) & 1]);
+                }
+                int32_t(*c)[AMX_ITEMS * 16] = cb[(b - s0) & 1];
+                __m512 dw[2], mw[2];
+                for (int g = 0; g < 2; g++) {
+                    dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(sp[g] + 16 * b)));
+                    mw[g] = fm.has_min
+                                ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(mp[g] + 16 * b)))
+                                : _mm512_setzero_ps();
+                }
+#pragma GCC unroll 32
+                for (int i = 0; i < 2 * AMX_ITEMS; i++) {
+                    const uint8_t *aii = ai + (size_t)i * as;
+                    const __m512 da = _mm512_set1_ps(Q8A_D(aii, nb)[b]);
+                    const int h = i / AMX_ITEMS, ih = i % AMX_ITEMS;
+#pragma GCC unroll 2
+                    for (int g = 0; g < 2; g++) {
+                        const __m512 f = _mm512_cvtepi32_ps(_mm512_load_si512(c[2 * h + g] + 16 * ih));
+                        __m512 r = _mm512_fmadd_ps(f, _mm512_mul_ps(dw[g], da), _mm512_load_ps(acc[i][g]));
+                        if (fm.has_min)
+                            r = _mm512_fmadd_ps(_mm512_set1_ps(q8a_sum(aii, nb, b)),
+                                                _mm512_mul_ps(mw[g], da), r);
+                        _mm512_store_ps(acc[i][g], r);
+                    }
+                }
+            }
+            for (int i = 0; i < 2 * AMX_ITEMS; i++)
+                for (int g = 0; g < 2; g++)
+                    _mm512_storeu_ps(oi + (size_t)i * os + 16 * g, _mm512_load_ps(acc[i][g]));
+        }
+    }
+}
+
+/* ng groups (gs bytes apart) x n16 items: the pairs of groups x the full
+ * 32s of items on the 2 x 2 schedule, the rest one group x 16 items */
 #define Q32_AMX(T, TN)                                                                         \
     __attribute__((target(AMX_TARGET))) static void q32_amx_##TN(                             \
-        const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as, uint32_t n16, float *out, \
-        size_t os)                                                                             \
+        const uint8_t *pg, size_t gs, uint32_t ng, uint64_t nb, const uint8_t *a, size_t as,    \
+        uint32_t n16, float *out, size_t os)                                                   \
     {                                                                                          \
-        q32_amx_t(T, pg, nb, a, as, n16, out, os);                                             \
+        const uint32_t n32 = n16 / (2 * AMX_ITEMS) * (2 * AMX_ITEMS);                          \
+        uint32_t g2 = 0;                                                                       \
+        if (n32)                                                                               \
+            for (; g2 + 2 <= ng; g2 += 2)                                                      \
+                q32_amx22_t(T, pg + g2 * gs, gs, nb, a, as, n32, out + 16 * g2, os);           \
+        for (uint32_t g = 0; g < ng; g++) {                                                    \
+            const uint32_t i0 = g < g2 ? n32 : 0;                                              \
+            if (i0 < n16)                                                                      \
+                q32_amx_t(T, pg + g * gs, nb, a + (size_t)i0 * as, as, n16 - i0,               \
+                          out + 16 * g + (size_t)i0 * os, os);                                 \
+        }                                                                                      \
     }
 Q32_AMX(GGML_TYPE_Q8_0, q8)
 Q32_AMX(GGML_TYPE_Q4_0, q4)

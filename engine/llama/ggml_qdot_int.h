@@ -87,10 +87,10 @@ void ggml_qdot_q6k_wide(const uint8_t *w, size_t rb, uint32_t nr, uint64_t nb, c
 const char *ggml_qdot_amx_probe(void);
 /* loads this thread's tile config once (before the first AMX kernel) */
 void ggml_qdot_amx_thread_init(void);
-/* n16 (a multiple of 16) items against one packed group of 16 rows of nb
- * blocks: out[i * os + r] */
-typedef void (*ggml_qdot_amx_fn)(const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as,
-                                 uint32_t n16, float *out, size_t os);
+/* n16 (a multiple of 16) items against ng packed groups of 16 rows of nb
+ * blocks (pg, gs bytes apart): out[i * os + 16 * g + r] */
+typedef void (*ggml_qdot_amx_fn)(const uint8_t *pg, size_t gs, uint32_t ng, uint64_t nb,
+                                 const uint8_t *a, size_t as, uint32_t n16, float *out, size_t os);
 /* the AMX kernel of a type on the packed layout, NULL if none */
 ggml_qdot_amx_fn ggml_qdot_amx_kernel(uint32_t type);
 

@@ -151,7 +151,7 @@ static void check_type(uint32_t type, size_t bytes, uint32_t bs)
  * scalar row kernel's bits. On a CPU without AMX (or with PD_QDOT capping
  * the path below it) the AMX path is the VNNI one: checked the same way,
  * and said so. */
-#define AMX_ROWS 35
+#define AMX_ROWS 51 /* 3 groups of 16 + 3: the 2 x 2 pairs and a group left over */
 #define AMX_NI 64
 static void check_amx(uint32_t type, size_t bytes)
 {
