@@ -336,6 +336,139 @@ Q32_AMX(GGML_TYPE_Q5_0, q50)
 Q32_AMX(GGML_TYPE_Q5_1, q51)
 Q32_AMX(GGML_TYPE_IQ4_NL, iq4)
 
+/* ---- Q4_K on tiles, on ggml_qdot.c's packed layout (per block of a group:
+ * 4 chunks j x 512 bytes of nibble quads [t][row][4 bytes], the low
+ * nibbles = sub-block 2j's elements 4t..4t + 3, the high = sub-block
+ * 2j + 1's; then sc [k][row] and m [k][row] bytes, f16 d and dmin per
+ * row). Each sub-block's nibbles, masked, are a B tile as they stand; per
+ * block and sub-block k one tdpbssd (K = 32) gives the exact P_k of 16
+ * items x 16 rows. V = sum_k sc_k P_k is summed in f32 from exact parts:
+ * |sc_k P_k| <= 63 x (32 x 15 x 127) < 2^22 and a sum of four of them
+ * < 2^24 are exact, so (k 0..3) + (k 4..7) is one rounding of the exact
+ * V = (float)V. M (vpdpwssd of the mins and the bsums pairs) and the fold
+ * are the VNNI kernel's: the same bits. ---- */
+#define K4_PKB 2368 /* Q4K_PK_BYTES of ggml_qdot.c */
+#define K4_SEG 4    /* blocks per converted segment: 4 x 4 KB */
+#define Q8K_QS_OFF 4 /* offsetof(ggml_q8k_block, qs) */
+_Static_assert(sizeof(ggml_q8k_block) == 292, "Q8K block layout");
+
+/* blocks [b0, b1) of the Q4_K packed group pg as B tiles: sub-block k of
+ * block b at seg + 4096 (b - b0) + 512 k */
+__attribute__((target(AMX_TARGET))) static void k4_amx_unpack(const uint8_t *pg, uint64_t b0,
+                                                              uint64_t b1, uint8_t *seg)
+{
+    const __m512i m = _mm512_set1_epi8(0x0F);
+    for (uint64_t b = b0; b < b1; b++) {
+        const uint8_t *p = pg + b * K4_PKB;
+        uint8_t *o = seg + (b - b0) * 4096;
+        for (int j = 0; j < 4; j++)
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                const __m512i x = _mm512_loadu_si512(p + 512 * j + 64 * t);
+                _mm512_store_si512(o + 512 * (2 * j) + 64 * t, _mm512_and_si512(x, m));
+                _mm512_store_si512(o + 512 * (2 * j + 1) + 64 * t,
+                                   _mm512_and_si512(_mm512_srli_epi16(x, 4), m));
+            }
+    }
+}
+
+#define K4_DP(k, tb, ta, tc, cbk)                                                                \
+    do {                                                                                         \
+        _tile_loadd(tb, seg + (b - s0) * 4096 + 512 * (k), 64);                                  \
+        _tile_loadd(ta, qa + 32 * (k), as);                                                      \
+        _tile_zero(tc);                                                                          \
+        _tile_dpbssd(tc, ta, tb);                                                                \
+        _tile_stored(tc, (cbk)[k], 64);                                                          \
+    } while (0)
+
+/* n16 items x one Q4_K packed group: out[i * os + r] */
+__attribute__((target(AMX_TARGET))) static void k4_amx_group(const uint8_t *pg, uint64_t nb,
+                                                             const uint8_t *a, size_t as,
+                                                             uint32_t n16, float *out, size_t os)
+{
+    uint8_t seg[K4_SEG * 4096] __attribute__((aligned(64)));
+    int32_t cb[8][AMX_ITEMS * 16] __attribute__((aligned(64)));
+    float sf[8][16] __attribute__((aligned(64)));
+    __m512i mk[8];
+    for (uint64_t s0 = 0; s0 < nb; s0 += K4_SEG) {
+        const uint64_t s1 = nb - s0 < K4_SEG ? nb : s0 + K4_SEG;
+        __asm__ volatile("" ::: "memory"); /* the tile loads above read seg */
+        k4_amx_unpack(pg, s0, s1, seg);
+        __asm__ volatile("" ::: "memory"); /* the tile loads below read seg */
+        for (uint32_t i0 = 0; i0 < n16; i0 += AMX_ITEMS) {
+            const uint8_t *ai = a + (size_t)i0 * as;
+            float *oi = out + (size_t)i0 * os;
+            __m512 r[AMX_ITEMS];
+#pragma GCC unroll 16
+            for (int i = 0; i < AMX_ITEMS; i++) /* a later segment continues the chains */
+                r[i] = s0 ? _mm512_loadu_ps(oi + (size_t)i * os) : _mm512_setzero_ps();
+            for (uint64_t b = s0; b < s1; b++) {
+                const uint8_t *qa = ai + b * sizeof(ggml_q8k_block) + Q8K_QS_OFF;
+                K4_DP(0, 0, 2, 4, cb);
+                K4_DP(1, 1, 3, 5, cb);
+                K4_DP(2, 0, 2, 6, cb);
+                K4_DP(3, 1, 3, 7, cb);
+                K4_DP(4, 0, 2, 4, cb);
+                K4_DP(5, 1, 3, 5, cb);
+                K4_DP(6, 0, 2, 6, cb);
+                K4_DP(7, 1, 3, 7, cb);
+                const uint8_t *p = pg + b * K4_PKB;
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    const __m512i sc = _mm512_cvtepu8_epi32(
+                        _mm_loadu_si128((const __m128i_u *)(p + 2048 + 16 * k)));
+                    _mm512_store_ps(sf[k], _mm512_cvtepi32_ps(sc));
+                    const __m512i m = _mm512_cvtepu8_epi32(
+                        _mm_loadu_si128((const __m128i_u *)(p + 2176 + 16 * k)));
+                    mk[k] = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
+                }
+                const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(p + 2304)));
+                const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(p + 2336)));
+#pragma GCC unroll 16
+                for (int i = 0; i < AMX_ITEMS; i++) {
+                    const ggml_q8k_block *ab =
+                        (const ggml_q8k_block *)(const void *)(ai + (size_t)i * as) + b;
+                    __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[0] + 16 * i)),
+                                              _mm512_load_ps(sf[0]));
+                    __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[4] + 16 * i)),
+                                              _mm512_load_ps(sf[4]));
+#pragma GCC unroll 3
+                    for (int k = 1; k < 4; k++) {
+                        lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[k] + 16 * i)),
+                                             _mm512_load_ps(sf[k]), lo);
+                        hi = _mm512_fmadd_ps(
+                            _mm512_cvtepi32_ps(_mm512_load_si512(cb[4 + k] + 16 * i)),
+                            _mm512_load_ps(sf[4 + k]), hi);
+                    }
+                    __m512i M = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                    for (int k = 0; k < 8; k++) {
+                        int32_t pair;
+                        memcpy(&pair, ab->bsums + 2 * k, 4);
+                        M = _mm512_dpwssd_epi32(M, mk[k], _mm512_set1_epi32(pair));
+                    }
+                    const float d = ab->d;
+                    r[i] = _mm512_fmadd_ps(_mm512_add_ps(lo, hi), _mm512_mul_ps(dw, _mm512_set1_ps(d)),
+                                           r[i]);
+                    r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(dm, _mm512_set1_ps(-d)),
+                                           r[i]);
+                }
+            }
+#pragma GCC unroll 16
+            for (int i = 0; i < AMX_ITEMS; i++)
+                _mm512_storeu_ps(oi + (size_t)i * os, r[i]);
+        }
+    }
+}
+
+__attribute__((target(AMX_TARGET))) static void k4_amx(const uint8_t *pg, size_t gs, uint32_t ng,
+                                                       uint64_t nb, const uint8_t *a, size_t as,
+                                                       uint32_t n16, float *out, size_t os)
+{
+    for (uint32_t g = 0; g < ng; g++)
+        k4_amx_group(pg + g * gs, nb, a, as, n16, out + 16 * g, os);
+}
+
 ggml_qdot_amx_fn ggml_qdot_amx_kernel(uint32_t type)
 {
     switch (type) {
@@ -345,6 +478,7 @@ ggml_qdot_amx_fn ggml_qdot_amx_kernel(uint32_t type)
     case GGML_TYPE_Q5_0: return q32_amx_q50;
     case GGML_TYPE_Q5_1: return q32_amx_q51;
     case GGML_TYPE_IQ4_NL: return q32_amx_iq4;
+    case GGML_TYPE_Q4_K: return k4_amx;
     default: return NULL;
     }
 }
