@@ -223,6 +223,11 @@ typedef struct eng_ops {
      * is invalid); PD_ERR_BAD_INPUT for another pooling. */
     pd_status_t (*embed)(eng_model_t *model, void *arena, const eng_embed_item_t *items,
                          uint32_t n_items);
+    /* One line (NUL-terminated, at most len bytes) saying which kernel path
+     * the model runs on and why not a faster one (llama: "qdot path: amx
+     * (...)" / "qdot path: vnni (amx: no permission ...)"); the daemons log
+     * it once at boot. NULL: nothing to say. */
+    void (*describe)(const eng_model_t *model, char *buf, size_t len);
 } eng_ops_t;
 
 /* Pooling names ("mean", "cls", "last") <-> eng_pooling_t; -1 if unknown. */

@@ -228,6 +228,11 @@ static pd_status_t node_boot_engine(node_t *n, uint32_t max_batch, char *err, si
     if (st != PD_OK)
         return st;
     n->geom = n->ops->geometry(n->model);
+    if (n->ops->describe) { /* the kernel path, once: "qdot path: vnni (amx: ...)" */
+        char d[256];
+        n->ops->describe(n->model, d, sizeof d);
+        pd_log(PD_LOG_INFO, n->role->name, NULL, "engine %s: %s", n->engine, d);
+    }
     eng_tok_t *tok = NULL;
     if (eng_tok_load_for(n->engine, c->model, &tok, tok_err, tok_err_len) != PD_OK) {
         if (tok_err[0] == '\0')

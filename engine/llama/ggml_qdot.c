@@ -5,26 +5,14 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #include "ggml_qdot.h"
 #include "ggml_quants.h"
+#include "ggml_qdot_int.h"
 
 #define Q2_K_BYTES 84
 #define Q3_K_BYTES 110
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
-#define Q6_K_BYTES 210
-
-static inline float h2f(const uint8_t *p)
-{
-    return ggml_fp16_to_fp32((uint16_t)(p[0] | (p[1] << 8)));
-}
-
-static inline uint16_t rd16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
 
 int ggml_qdot_act(uint32_t type)
 {
@@ -171,32 +159,6 @@ void ggml_qdot_quantize(int act, const float *x, uint64_t n, void *out)
 /* ------------------------------------------------------------------ */
 /* 32-element types against Q8A: one exact int32 per block, one chain  */
 
-/* the Q8A planes of a row of nb blocks */
-#define Q8A_C128(a, nb) ((const int32_t *)(const void *)((const uint8_t *)(a) + 32 * (nb)))
-#define Q8A_C8(a, nb) ((const int32_t *)(const void *)((const uint8_t *)(a) + 36 * (nb)))
-#define Q8A_D(a, nb) ((const float *)(const void *)((const uint8_t *)(a) + 40 * (nb)))
-
-/* The 32-element weight types: block bytes, offsets of qs and of the
- * high-bit word (0: none), a min at +2 (x = d * n + m), and the packed
- * form (q32_pk_vnni_t): BYTE = the int8 value + 128, NIB = qs as stored,
- * LUT = qs as stored, each nibble looked up as its IQ4_NL value + 128. */
-enum { Q32_BYTE = 0, Q32_NIB = 1, Q32_LUT = 2 };
-typedef struct {
-    uint8_t bytes, qs, qh, has_min, form;
-} q32_fmt_t;
-
-static inline q32_fmt_t q32_fmt(uint32_t type)
-{
-    switch (type) {
-    case GGML_TYPE_Q8_0: return (q32_fmt_t){ 34, 2, 0, 0, Q32_BYTE };
-    case GGML_TYPE_Q4_1: return (q32_fmt_t){ 20, 4, 0, 1, Q32_NIB };
-    case GGML_TYPE_Q5_0: return (q32_fmt_t){ 22, 6, 2, 0, Q32_BYTE };
-    case GGML_TYPE_Q5_1: return (q32_fmt_t){ 24, 8, 4, 1, Q32_BYTE };
-    case GGML_TYPE_IQ4_NL: return (q32_fmt_t){ 18, 2, 0, 0, Q32_LUT };
-    default: return (q32_fmt_t){ 18, 2, 0, 0, Q32_NIB }; /* Q4_0 */
-    }
-}
-
 /* the block's 32 integer weights w (x = d * w, + m with a min), element
  * order: Q8_0 q; Q4_0 n - 8; Q4_1 n; Q5_0 n5 - 16; Q5_1 n5 (n5 = nibble +
  * 16 x bit e of qh); IQ4_NL its code point of n */
@@ -247,14 +209,6 @@ static float q32_dot_scalar(uint32_t type, const uint8_t *w, uint64_t nb, const 
 }
 
 /* ---- AVX2 ---- */
-#define AVX2_TARGET "avx2,fma,f16c"
-__attribute__((target(AVX2_TARGET))) static inline float tree8_avx2(__m256 v)
-{
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-    return _mm_cvtss_f32(s1);
-}
 
 __attribute__((target(AVX2_TARGET))) static inline int32_t hsum8_avx2(__m256i v)
 {
@@ -305,11 +259,6 @@ __attribute__((target(AVX2_TARGET))) static inline __m256i p8_avx2(__m256i wq, _
                              _mm256_set1_epi16(1));
 }
 
-/* (float) of block b's sum of qs, from the c8 plane (-8 x the sum) */
-static inline float q8a_sum(const uint8_t *ai, uint64_t nb, uint64_t b)
-{
-    return (float)(Q8A_C8(ai, nb)[b] / -8);
-}
 
 /* the same for blocks b..b + 3 (-8 x the sum is exact in f32, and so is
  * the scaling by -1/8) */
@@ -410,14 +359,8 @@ q32_row_avx2(uint32_t type, const uint8_t *w, uint64_t nb, const uint8_t *a, siz
  * activation's -128 * block sum), Q4_0's nibbles are w + 8 (from -8 *
  * sum), Q4_1's are w. Per block and item: one convert, one scale
  * multiply, one fma (and one for the min) for 16 rows. */
-#define VNNI_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
-#define QDOT_PF 1024 /* software prefetch distance on the weight rows */
 #define Q32_PK_ITEMS 8 /* items per pass over a packed group */
 
-static inline size_t q32_pk_qbytes(uint32_t type) /* quads of one block of a group */
-{
-    return q32_fmt(type).form == Q32_BYTE ? 16 * 32 : 16 * 16;
-}
 
 __attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
 q32_pk_vnni_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as,
@@ -505,171 +448,6 @@ Q32_PKS(GGML_TYPE_Q5_0, q50)
 Q32_PKS(GGML_TYPE_Q5_1, q51)
 Q32_PKS(GGML_TYPE_IQ4_NL, iq4)
 
-/* ---- AMX on the packed layout (issue 37; see the header). Per group of
- * 16 rows: a segment of up to AMX_SEG blocks becomes signed int8 B tiles
- * on the stack (8 rows x 64 bytes per block: row t = the 16 rows' weights
- * 4t..4t + 3), then per 16 items and block one tdpbssd (K = 32) gives the
- * exact P_b of 16 items x 16 rows; the C tile is stored and each item's
- * row of it (16 rows in the lanes, as on VNNI) takes the same
- * convert / scale / fma as the VNNI kernel. Two tile sets alternate so the
- * next block's tdpbssd runs while this block's row is folded. ---- */
-#define AMX_TARGET VNNI_TARGET ",amx-tile,amx-int8"
-#define AMX_SEG 64 /* blocks per converted segment: 32 KB on the stack */
-#define AMX_ITEMS 16
-
-/* palette 1: tmm0/1 B (8 x 64 bytes), tmm2/3 A (16 items x 32 bytes),
- * tmm4/5 C (16 x 16 int32) */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_tilecfg_t;
-_Static_assert(sizeof(amx_tilecfg_t) == 64, "ldtilecfg reads 64 bytes");
-static const amx_tilecfg_t amx_cfg __attribute__((aligned(64))) = {
-    1, 0, { 0 }, { 64, 64, 32, 32, 64, 64 }, { 8, 8, 16, 16, 16, 16 }
-};
-static __thread int amx_cfg_loaded; /* this thread ran ldtilecfg */
-
-__attribute__((target(AMX_TARGET))) static void amx_thread_init(void)
-{
-    if (!amx_cfg_loaded) {
-        _tile_loadconfig(&amx_cfg);
-        amx_cfg_loaded = 1;
-    }
-}
-
-/* blocks [b0, b1) of packed group pg as signed B tiles at seg */
-__attribute__((target(AMX_TARGET))) static void q32_amx_unpack(uint32_t type, const uint8_t *pg,
-                                                               uint64_t b0, uint64_t b1,
-                                                               uint8_t *seg)
-{
-    const q32_fmt_t fm = q32_fmt(type);
-    const size_t qb = q32_pk_qbytes(type);
-    const __m512i m = _mm512_set1_epi8(0x0F), x80 = _mm512_set1_epi8((char)0x80);
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i_u *)ggml_iq4nl_values));
-    for (uint64_t b = b0; b < b1; b++) {
-        const uint8_t *q = pg + b * qb;
-        uint8_t *o = seg + (b - b0) * 512;
-        if (fm.form == Q32_BYTE) { /* w + 128 -> w */
-#pragma GCC unroll 8
-            for (int t = 0; t < 8; t++)
-                _mm512_store_si512(o + 64 * t, _mm512_xor_si512(_mm512_loadu_si512(q + 64 * t), x80));
-            continue;
-        }
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) {
-            const __m512i x = _mm512_loadu_si512(q + 64 * t);
-            __m512i lo = _mm512_and_si512(x, m), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m);
-            if (fm.form == Q32_LUT) {
-                lo = _mm512_shuffle_epi8(lut, lo);
-                hi = _mm512_shuffle_epi8(lut, hi);
-            } else if (type == GGML_TYPE_Q4_0) {
-                lo = _mm512_sub_epi8(lo, _mm512_set1_epi8(8));
-                hi = _mm512_sub_epi8(hi, _mm512_set1_epi8(8));
-            }
-            _mm512_store_si512(o + 64 * t, lo);
-            _mm512_store_si512(o + 64 * (t + 4), hi);
-        }
-    }
-}
-
-/* B tile tb from the segment, A tile ta = the 16 items' block b, C tile tc
- * = their exact P_b */
-#define AMX_ISSUE(tb, ta, tc, b)                                                                 \
-    do {                                                                                         \
-        _tile_loadd(tb, seg + ((b) - s0) * 512, 64);                                             \
-        _tile_loadd(ta, ai + 32 * (b), as);                                                      \
-        _tile_zero(tc);                                                                          \
-        _tile_dpbssd(tc, ta, tb);                                                                \
-    } while (0)
-
-/* the 16 items' rows of C (cbk: 16 x 16 P_b) into their chains */
-#define AMX_FOLD(cbk, b)                                                                         \
-    do {                                                                                         \
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(sp + 16 * (b)))); \
-        const __m512 mw = fm.has_min                                                             \
-                              ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i_u *)(mp + 16 * (b)))) \
-                              : _mm512_setzero_ps();                                             \
-        _Pragma("GCC unroll 16") for (int i = 0; i < AMX_ITEMS; i++)                             \
-        {                                                                                        \
-            const uint8_t *aii = ai + (size_t)i * as;                                            \
-            const __m512 da = _mm512_set1_ps(Q8A_D(aii, nb)[b]);                                 \
-            const __m512 f = _mm512_cvtepi32_ps(_mm512_load_si512((cbk) + 16 * i));              \
-            r[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, da), r[i]);                              \
-            if (fm.has_min)                                                                      \
-                r[i] = _mm512_fmadd_ps(_mm512_set1_ps(q8a_sum(aii, nb, b)), _mm512_mul_ps(mw, da), \
-                                       r[i]);                                                    \
-        }                                                                                        \
-    } while (0)
-
-/* n16 (a multiple of 16) items against one packed group: out[i * os + r] */
-__attribute__((target(AMX_TARGET))) static inline __attribute__((always_inline)) void
-q32_amx_t(const uint32_t type, const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as,
-          uint32_t n16, float *out, size_t os)
-{
-    const q32_fmt_t fm = q32_fmt(type);
-    const size_t qb = q32_pk_qbytes(type);
-    const uint16_t *sp = (const uint16_t *)(const void *)(pg + nb * qb), *mp = sp + 16 * nb;
-    uint8_t seg[AMX_SEG * 512] __attribute__((aligned(64)));
-    int32_t cb[2][AMX_ITEMS * 16] __attribute__((aligned(64)));
-    for (uint64_t s0 = 0; s0 < nb; s0 += AMX_SEG) {
-        const uint64_t s1 = nb - s0 < AMX_SEG ? nb : s0 + AMX_SEG;
-        __asm__ volatile("" ::: "memory"); /* the tile loads above read seg */
-        q32_amx_unpack(type, pg, s0, s1, seg);
-        __asm__ volatile("" ::: "memory"); /* the tile loads below read seg */
-        for (uint32_t i0 = 0; i0 < n16; i0 += AMX_ITEMS) {
-            const uint8_t *ai = a + (size_t)i0 * as;
-            float *oi = out + (size_t)i0 * os;
-            __m512 r[AMX_ITEMS];
-#pragma GCC unroll 16
-            for (int i = 0; i < AMX_ITEMS; i++) /* a later segment continues the chains */
-                r[i] = s0 ? _mm512_loadu_ps(oi + (size_t)i * os) : _mm512_setzero_ps();
-            /* a C tile is stored one fold after its tdpbssd was issued and
-             * folded one fold after it was stored: the tile unit and the
-             * store's way to L1 both work while a fold runs */
-            AMX_ISSUE(0, 2, 4, s0);
-            if (s0 + 1 < s1)
-                AMX_ISSUE(1, 3, 5, s0 + 1);
-            _tile_stored(4, cb[0], 64);
-            for (uint64_t b = s0;; b += 2) {
-                if (b + 2 < s1)
-                    AMX_ISSUE(0, 2, 4, b + 2);
-                if (b + 1 < s1)
-                    _tile_stored(5, cb[1], 64);
-                AMX_FOLD(cb[0], b);
-                if (b + 1 >= s1)
-                    break;
-                if (b + 3 < s1)
-                    AMX_ISSUE(1, 3, 5, b + 3);
-                if (b + 2 < s1)
-                    _tile_stored(4, cb[0], 64);
-                AMX_FOLD(cb[1], b + 1);
-                if (b + 2 >= s1)
-                    break;
-            }
-#pragma GCC unroll 16
-            for (int i = 0; i < AMX_ITEMS; i++)
-                _mm512_storeu_ps(oi + (size_t)i * os, r[i]);
-        }
-    }
-}
-
-typedef void (*q32_amx_fn)(const uint8_t *, uint64_t, const uint8_t *, size_t, uint32_t, float *,
-                           size_t);
-#define Q32_AMX(T, TN)                                                                         \
-    __attribute__((target(AMX_TARGET))) static void q32_amx_##TN(                             \
-        const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as, uint32_t n16, float *out, \
-        size_t os)                                                                             \
-    {                                                                                          \
-        q32_amx_t(T, pg, nb, a, as, n16, out, os);                                             \
-    }
-Q32_AMX(GGML_TYPE_Q8_0, q8)
-Q32_AMX(GGML_TYPE_Q4_0, q4)
-Q32_AMX(GGML_TYPE_Q4_1, q41)
-Q32_AMX(GGML_TYPE_Q5_0, q50)
-Q32_AMX(GGML_TYPE_Q5_1, q51)
-Q32_AMX(GGML_TYPE_IQ4_NL, iq4)
-
 /* one group of 16 rows (w: its first row) in the packed layout: per block
  * the quads (BYTE: w + 128, 8 of them; NIB: the qs bytes, 4), after all
  * blocks the plane of f16 d, then (with a min) the plane of f16 m */
@@ -719,341 +497,6 @@ static inline void k4_scales(const uint8_t *p, uint8_t sc[8], uint8_t m[8])
     memcpy(m, &m03, 4);
     memcpy(m + 4, &m47, 4);
 }
-
-/* ---- Q6_K, lane form (see the header): per block 16 int32 lanes V[l] of
- * scale x 4-product sums, accumulated in f32 lanes F[l] with
- * fma(V, d_w * d_a); r = tree16(F). */
-
-static float tree8_f(const float v[8])
-{
-    float s4[4], s2[2];
-    for (int l = 0; l < 4; l++)
-        s4[l] = v[l] + v[l + 4];
-    for (int l = 0; l < 2; l++)
-        s2[l] = s4[l] + s4[l + 2];
-    return s2[0] + s2[1];
-}
-
-static float tree16_f(const float F[16])
-{
-    float v[8];
-    for (int l = 0; l < 8; l++)
-        v[l] = F[l] + F[l + 8];
-    return tree8_f(v);
-}
-
-/* the 256 signed Q6_K weights (q - 32) of a block, element order */
-static void q6k_unpack(const uint8_t *blk, int8_t *w)
-{
-    const uint8_t *ql = blk, *qh = blk + 128;
-    for (int n = 0; n < 2; n++) {
-        for (int l = 0; l < 32; l++) {
-            w[128 * n + l] = (int8_t)((int)((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) - 32);
-            w[128 * n + l + 32] = (int8_t)((int)((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32);
-            w[128 * n + l + 64] = (int8_t)((int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-            w[128 * n + l + 96] = (int8_t)((int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
-        }
-        ql += 64;
-        qh += 32;
-    }
-}
-
-static void q6k_row_scalar(const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
-                           uint32_t ni, float *out, size_t os)
-{
-    for (uint32_t i = 0; i < ni; i++) {
-        const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as);
-        float F[16] = { 0 };
-        for (uint64_t b = 0; b < nb; b++) {
-            const int8_t *q8 = ab[b].qs;
-            int8_t wv[256];
-            const uint8_t *blk = w + b * Q6_K_BYTES;
-            q6k_unpack(blk, wv);
-            const float s = h2f(blk + 208) * ab[b].d;
-            for (int l = 0; l < 16; l++) {
-                int32_t V = 0;
-                for (int j = 0; j < 4; j++) {
-                    int e = 64 * j + 4 * l;
-                    int32_t P = 0;
-                    for (int t = 0; t < 4; t++)
-                        P += wv[e + t] * q8[e + t];
-                    V += ((const int8_t *)(blk + 192))[4 * j + l / 4] * P;
-                }
-                F[l] = fmaf((float)V, s, F[l]);
-            }
-        }
-        out[i * os] = tree16_f(F);
-    }
-}
-
-/* scalar product of two floats as one SSE op the compiler cannot fuse */
-__attribute__((target(AVX2_TARGET))) static inline __m256 bmul(float x, float y)
-{
-    return _mm256_broadcastss_ps(_mm_mul_ss(_mm_set_ss(x), _mm_set_ss(y)));
-}
-
-/* ---- AVX2: 16 lanes as two ymm (lo = lanes 0-7, hi = 8-15) ---- */
-__attribute__((target(AVX2_TARGET))) static inline __attribute__((always_inline)) void
-q6k_row_avx2_t(const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as,
-              float *out, size_t os, const int NI)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-    __m256 Flo[4], Fhi[4];
-#pragma GCC unroll 4
-    for (int i = 0; i < NI; i++)
-        Flo[i] = Fhi[i] = _mm256_setzero_ps();
-    for (uint64_t b = 0; b < nb; b++) {
-        __m256i wq[8], S[8];  /* 32-element groups (element order), their scales */
-        __m256i aw[8], sg[8]; /* |w| and w for the sign trick */
-        float dw;
-        {
-            const uint8_t *blk = w + b * Q6_K_BYTES;
-            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
-            const int8_t *sc = (const int8_t *)(blk + 192);
-            dw = _cvtsh_ss(rd16(blk + 208));
-            for (int n = 0; n < 2; n++) {
-                const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
-                __m256i l0 = _mm256_loadu_si256((const __m256i_u *)ql);
-                __m256i l1 = _mm256_loadu_si256((const __m256i_u *)(ql + 32));
-                __m256i h = _mm256_loadu_si256((const __m256i_u *)qh);
-                wq[4 * n] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                            _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
-                wq[4 * n + 1] = _mm256_or_si256(
-                    _mm256_and_si256(l1, m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
-                wq[4 * n + 2] = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
-                wq[4 * n + 3] = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
-            }
-            for (int g = 0; g < 8; g++) {
-                sg[g] = _mm256_sub_epi8(wq[g], _mm256_set1_epi8(32));
-                aw[g] = _mm256_sign_epi8(sg[g], sg[g]);
-                /* group g = elements 32g..: lanes 0-3 sub-block 2g, 4-7 2g + 1 */
-                S[g] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
-            }
-        }
-#pragma GCC unroll 4
-        for (int i = 0; i < NI; i++) {
-            const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
-            __m256i vlo = _mm256_setzero_si256(), vhi = _mm256_setzero_si256();
-            for (int g = 0; g < 8; g++) {
-                __m256i av = _mm256_loadu_si256((const __m256i_u *)(ab->qs + 32 * g));
-                /* |w| * (a * sign w) (pairs <= 8128) */
-                __m256i p = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(av, sg[g]));
-                p = _mm256_madd_epi16(p, S[g]);
-                if (g & 1)
-                    vhi = _mm256_add_epi32(vhi, p);
-                else
-                    vlo = _mm256_add_epi32(vlo, p);
-            }
-            __m256 sv = bmul(dw, ab->d);
-            Flo[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(vlo), sv, Flo[i]);
-            Fhi[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(vhi), sv, Fhi[i]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < NI; i++) {
-        out[i * os] = tree8_avx2(_mm256_add_ps(Flo[i], Fhi[i]));
-    }
-}
-
-/* ---- VNNI: 64 elements per vpdpbusd (lane l of chunk j = elements
- * 64j + 4l ..); every lane sum fits int16, so one vpmaddwd with the scale
- * in the low half of each 32-bit lane applies the sub-block scales
- * (vpdpwssd). Q6_K dots the unsigned 6-bit q with the signed activations,
- * starting from the activation's n32s4 = -32 x its 4-sums, so each lane is
- * exactly sum (q - 32) * a with no per-block weight preparation. ---- */
-/* A Q6_K block's 16 signed scales as int32 (low 16 bits, the form the
- * kernels' madd takes), broadcast so that S[k] holds chunk k's four scales,
- * each over the four lanes its 16 weights' dot lands in. */
-__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
-q6k_scales_vnni(const int8_t *sc, __m512i S[4])
-{
-    const __m512i sv = _mm512_and_si512(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i_u *)sc)), _mm512_set1_epi32(0xFFFF));
-    for (int k = 0; k < 4; k++)
-        S[k] = _mm512_permutexvar_epi32(
-            _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2, 4 * k + 2,
-                             4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1, 4 * k + 1, 4 * k + 1,
-                             4 * k, 4 * k, 4 * k, 4 * k),
-            sv);
-}
-
-/* A Q6_K block's unsigned 6-bit q, both 128-element halves at once (zmm
- * half n = half n of the block), as four zmm of chunks in element order. */
-__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
-q6k_unpack_vnni(const uint8_t *blk, __m512i wq[4])
-{
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
-    __m512i l0 = _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)blk)),
-        _mm256_loadu_si256((const __m256i_u *)(blk + 64)), 1);
-    __m512i l1 = _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i_u *)(blk + 32))),
-        _mm256_loadu_si256((const __m256i_u *)(blk + 96)), 1);
-    __m512i h = _mm512_loadu_si512(blk + 128);
-    __m512i g0 = _mm512_or_si512(_mm512_and_si512(l0, m4),
-                                 _mm512_slli_epi16(_mm512_and_si512(h, m2), 4));
-    __m512i g1 = _mm512_or_si512(
-        _mm512_and_si512(l1, m4),
-        _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2), m2), 4));
-    __m512i g2 = _mm512_or_si512(
-        _mm512_and_si512(_mm512_srli_epi16(l0, 4), m4),
-        _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 4), m2), 4));
-    __m512i g3 = _mm512_or_si512(
-        _mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
-        _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 6), m2), 4));
-    wq[0] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(1, 0, 1, 0));
-    wq[1] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(1, 0, 1, 0));
-    wq[2] = _mm512_shuffle_i64x2(g0, g1, _MM_SHUFFLE(3, 2, 3, 2));
-    wq[3] = _mm512_shuffle_i64x2(g2, g3, _MM_SHUFFLE(3, 2, 3, 2));
-}
-
-__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
-q6k_row_vnni_t(const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as, float *out,
-               size_t os, const int NI)
-{
-    __m512 F[4];
-#pragma GCC unroll 4
-    for (int i = 0; i < NI; i++)
-        F[i] = _mm512_setzero_ps();
-    for (uint64_t b = 0; b < nb; b++) {
-        __m512i wq[4], S[4];
-        const uint8_t *blk = w + b * Q6_K_BYTES;
-        _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
-        const float dw = _cvtsh_ss(rd16(blk + 208));
-        q6k_unpack_vnni(blk, wq);
-        q6k_scales_vnni((const int8_t *)(blk + 192), S);
-#pragma GCC unroll 4
-        for (int i = 0; i < NI; i++) {
-            const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
-            __m512i v2[2] = { _mm512_setzero_si512(), _mm512_setzero_si512() };
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                __m512i av = _mm512_loadu_si512(ab->qs + 64 * k);
-                /* q * a from -32 x the activations' 4-sums = (q - 32) * a */
-                __m512i p = _mm512_dpbusd_epi32(
-                    _mm512_loadu_si512((const int32_t *)(const void *)((const ggml_q8k_block *)(
-                                           const void *)(a + i * as) + nb) + 64 * b + 16 * k),
-                    wq[k], av);
-                /* v += madd(p, S), exact; two chains for latency */
-                v2[k & 1] = _mm512_dpwssd_epi32(v2[k & 1], p, S[k]);
-            }
-            __m512i v = _mm512_add_epi32(v2[0], v2[1]);
-            __m512 s16 = _mm512_broadcastss_ps(_mm_mul_ss(_mm_set_ss(dw), _mm_set_ss(ab->d)));
-            F[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), s16, F[i]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < NI; i++) {
-        __m256 lo = _mm512_castps512_ps256(F[i]);
-        __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(F[i]), 1));
-        out[i * os] = tree8_avx2(_mm256_add_ps(lo, hi));
-    }
-}
-
-/* The same per-item operations for up to KQ_WIDE items: each block is
- * decoded once for all of them (batched decode and prefill), so it gives
- * the bits of the 1-4 item tiles above (tests/engine/qdot checks). R = 2
- * does two consecutive weight rows (rb bytes apart) at once: each
- * activation chunk is loaded once for both (KQ_WIDE items of a 3584-wide
- * row are ~65 KB, more than L1, so one row at a time streams them from L2
- * per row); the per-output operations and their order are unchanged. */
-#define KQ_WIDE 16
-__attribute__((target(VNNI_TARGET))) static inline __attribute__((always_inline)) void
-q6k_wide_vnni_t(const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a, size_t as, float *out,
-                size_t os, const uint32_t ni, const int R)
-{
-    __m512 F[2][KQ_WIDE];
-#pragma GCC unroll 2
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (uint32_t i = 0; i < ni; i++)
-            F[r][i] = _mm512_setzero_ps();
-    for (uint64_t b = 0; b < nb; b++) {
-        __m512i wq[2][4], S[2][4], src[2][4];
-        __m512 dwv[2];
-#pragma GCC unroll 2
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = w + r * rb + b * Q6_K_BYTES;
-            _mm_prefetch((const char *)blk + QDOT_PF, _MM_HINT_T0);
-            dwv[r] = _mm512_set1_ps(_cvtsh_ss(rd16(blk + 208)));
-            q6k_unpack_vnni(blk, wq[r]);
-            /* many items: signed q - 32 against a + 128 (one xor per
-             * chunk and item) keeps the activations compact in cache */
-            for (int k = 0; k < 4; k++) {
-                wq[r][k] = _mm512_sub_epi8(wq[r][k], _mm512_set1_epi8(32));
-                src[r][k] = _mm512_sub_epi32(
-                    _mm512_setzero_si512(),
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80),
-                                        wq[r][k]));
-            }
-            q6k_scales_vnni((const int8_t *)(blk + 192), S[r]);
-        }
-#pragma GCC unroll 2
-        for (uint32_t i = 0; i < ni; i++) {
-            const ggml_q8k_block *ab = (const ggml_q8k_block *)(const void *)(a + i * as) + b;
-            __m512i v2[2][2] = { { _mm512_setzero_si512(), _mm512_setzero_si512() },
-                                 { _mm512_setzero_si512(), _mm512_setzero_si512() } };
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                __m512i av = _mm512_xor_si512(_mm512_loadu_si512(ab->qs + 64 * k),
-                                              _mm512_set1_epi8((char)0x80));
-#pragma GCC unroll 2
-                for (int r = 0; r < R; r++) {
-                    /* (a + 128) * (q - 32) from -128 x the weights' 4-sums */
-                    __m512i p = _mm512_dpbusd_epi32(src[r][k], av, wq[r][k]);
-                    /* v += madd(p, S), exact; two chains for latency */
-                    v2[r][k & 1] = _mm512_dpwssd_epi32(v2[r][k & 1], p, S[r][k]);
-                }
-            }
-            /* d_w * d_a as one vector multiply of broadcasts (the same
-             * f32 product as the scalar one), d_a broadcast once for R rows */
-            const __m512 da = _mm512_set1_ps(ab->d);
-#pragma GCC unroll 2
-            for (int r = 0; r < R; r++) {
-                __m512i v = _mm512_add_epi32(v2[r][0], v2[r][1]);
-                F[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dwv[r], da),
-                                          F[r][i]);
-            }
-        }
-    }
-#pragma GCC unroll 2
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (uint32_t i = 0; i < ni; i++) {
-            __m256 lo = _mm512_castps512_ps256(F[r][i]);
-            __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(F[r][i]), 1));
-            out[r + i * os] = tree8_avx2(_mm256_add_ps(lo, hi));
-        }
-}
-
-#define Q6K_WIDE_FN(R)                                                                           \
-    __attribute__((target(VNNI_TARGET))) static void q6k_wide##R##_vnni(                         \
-        const uint8_t *w, size_t rb, uint64_t nb, const uint8_t *a, size_t as, float *out,       \
-        size_t os, uint32_t ni)                                                                  \
-    {                                                                                            \
-        q6k_wide_vnni_t(w, rb, nb, a, as, out, os, ni, R);                                       \
-    }
-Q6K_WIDE_FN(1)
-Q6K_WIDE_FN(2)
-
-typedef void (*kq_row_fn)(const uint8_t *, uint64_t, const uint8_t *, size_t, float *, size_t);
-#define Q6K_ROW(TGT, BODY, NI)                                                                   \
-    __attribute__((target(TGT))) static void q6k_##BODY##_##NI(                                  \
-        const uint8_t *w, uint64_t nb, const uint8_t *a, size_t as, float *out, size_t os)       \
-    {                                                                                            \
-        q6k_row_##BODY##_t(w, nb, a, as, out, os, NI);                                           \
-    }
-#define Q6K_ROWS(TGT, BODY)                                                                      \
-    Q6K_ROW(TGT, BODY, 1) Q6K_ROW(TGT, BODY, 2) Q6K_ROW(TGT, BODY, 3) Q6K_ROW(TGT, BODY, 4)      \
-    static const kq_row_fn q6k_##BODY[5] = { NULL, q6k_##BODY##_1, q6k_##BODY##_2,              \
-                                             q6k_##BODY##_3, q6k_##BODY##_4 };
-Q6K_ROWS(AVX2_TARGET, avx2)
-Q6K_ROWS(VNNI_TARGET, vnni)
 
 /* ------------------------------------------------------------------ */
 /* Q4_K / Q5_K against Q8K: one exact int32 per block for the scaled dot,
@@ -1643,34 +1086,7 @@ static int cpu_has_f16c(void)
     return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C); /* clang lacks "f16c" */
 }
 
-/* AMX usable: CPUID AMX-TILE + AMX-INT8, XCR0 bits 17 (XTILECFG) and 18
- * (XTILEDATA), and the kernel's permission for XTILEDATA (Linux: asked
- * once, for the whole process: threads created before or after the request
- * have it). NULL if so, else why not. */
-#define QDOT_ARCH_GET_XCOMP_PERM 0x1022
-#define QDOT_ARCH_REQ_XCOMP_PERM 0x1023
-#define QDOT_XFEATURE_XTILEDATA 18
 static const char *amx_why = "not probed";
-
-static const char *amx_probe(void)
-{
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
-        return "the CPU has no AMX-TILE / AMX-INT8 (CPUID 7.0:EDX bits 24, 25)";
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE))
-        return "the OS has not enabled XSAVE (CPUID 1:ECX OSXSAVE)";
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & (3u << 17)) != (3u << 17))
-        return "the OS does not save tile state (XCR0 bits 17, 18 clear)";
-    if (syscall(SYS_arch_prctl, QDOT_ARCH_REQ_XCOMP_PERM, QDOT_XFEATURE_XTILEDATA) != 0)
-        return "the kernel refused XTILEDATA (arch_prctl ARCH_REQ_XCOMP_PERM)";
-    unsigned long perm = 0;
-    if (syscall(SYS_arch_prctl, QDOT_ARCH_GET_XCOMP_PERM, &perm) != 0 ||
-        !(perm & (1ul << QDOT_XFEATURE_XTILEDATA)))
-        return "XTILEDATA not in the process's permitted features (ARCH_GET_XCOMP_PERM)";
-    return NULL;
-}
 
 static int cpu_best(void)
 {
@@ -1685,7 +1101,7 @@ static int cpu_best(void)
             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f"))
             r = GGML_QDOT_VNNI;
     }
-    amx_why = r == GGML_QDOT_VNNI ? amx_probe() : "no AVX-512 VNNI (the AMX kernels fold with it)";
+    amx_why = r == GGML_QDOT_VNNI ? ggml_qdot_amx_probe() : "no AVX-512 VNNI (the AMX kernels fold with it)";
     if (!amx_why)
         r = GGML_QDOT_AMX;
     best = r;
@@ -1761,10 +1177,10 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
     /* tiles of 16 weight rows (in L1) x 4 items: each weight row is read
      * from memory once, the activations once per 16 rows */
     /* VNNI Q6_K with more than 4 items: each weight block decoded once per
-     * KQ_WIDE items (same per-item operations, same bits) */
+     * GGML_QDOT_Q6K_WIDE items (same per-item operations, same bits) */
     const int wide = type == GGML_TYPE_Q6_K && path >= GGML_QDOT_VNNI && n_items > 4;
     const int k23 = type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q3_K;
-    const uint32_t step = wide ? KQ_WIDE : k23 ? K23_ITEMS : 4;
+    const uint32_t step = wide ? GGML_QDOT_Q6K_WIDE : k23 ? K23_ITEMS : 4;
     for (uint32_t r0 = 0; r0 < n_rows; r0 += 16) {
         uint32_t r1 = n_rows - r0 < 16 ? n_rows : r0 + 16;
         uint32_t ni;
@@ -1772,15 +1188,8 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
             ni = n_items - i0 < step ? n_items - i0 : step;
             const uint8_t *ai = ab + (size_t)i0 * a_stride;
             if (wide) {
-                uint32_t r = r0;
-                for (; r + 2 <= r1; r += 2) /* row pairs share the activation loads */
-                    q6k_wide2_vnni(
-                        w + (size_t)r * row_bytes, row_bytes, nb, ai, a_stride,
-                        out + r + (size_t)i0 * out_stride, out_stride, ni);
-                if (r < r1)
-                    q6k_wide1_vnni(
-                        w + (size_t)r * row_bytes, row_bytes, nb, ai, a_stride,
-                        out + r + (size_t)i0 * out_stride, out_stride, ni);
+                ggml_qdot_q6k_wide(w + (size_t)r0 * row_bytes, row_bytes, r1 - r0, nb, ai, a_stride,
+                                   ni, out + r0 + (size_t)i0 * out_stride, out_stride);
                 continue;
             }
             for (uint32_t r = r0; r < r1; r++) {
@@ -1792,11 +1201,7 @@ pd_status_t ggml_qdot_rows(int path, uint32_t type, const uint8_t *w, size_t row
                     else
                         k23_row_scalar(type, row, nb, ai, a_stride, ni, oi, out_stride);
                 } else if (type == GGML_TYPE_Q6_K) {
-                    if (path >= GGML_QDOT_AVX2)
-                        (path >= GGML_QDOT_VNNI ? q6k_vnni : q6k_avx2)[ni](row, nb, ai, a_stride,
-                                                                          oi, out_stride);
-                    else
-                        q6k_row_scalar(row, nb, ai, a_stride, ni, oi, out_stride);
+                    ggml_qdot_q6k_row(path, row, nb, ai, a_stride, ni, oi, out_stride);
                 } else if (act == GGML_QACT_Q8K) { /* Q4_K / Q5_K; VNNI: packed layout */
                     if (path >= GGML_QDOT_AVX2)
                         k45_row_avx2(type, row, nb, ai, a_stride, ni, oi, out_stride);
@@ -1878,14 +1283,15 @@ pd_status_t ggml_qdot_rows_packed(int path, uint32_t type, const uint8_t *w, siz
                               a_stride, n_items, out, out_stride);
     const uint64_t nb = n / ggml_qdot_block(type);
     const q32_pk_fn *tab;
-    q32_amx_fn amx = NULL; /* AMX for the full 16s of items, VNNI for the rest */
+    /* AMX for the full 16s of items, VNNI for the rest */
+    const ggml_qdot_amx_fn amx = path == GGML_QDOT_AMX ? ggml_qdot_amx_kernel(type) : NULL;
     switch (type) {
-    case GGML_TYPE_Q8_0: tab = q32_pk_q8; amx = q32_amx_q8; break;
-    case GGML_TYPE_Q4_0: tab = q32_pk_q4; amx = q32_amx_q4; break;
-    case GGML_TYPE_Q4_1: tab = q32_pk_q41; amx = q32_amx_q41; break;
-    case GGML_TYPE_Q5_0: tab = q32_pk_q50; amx = q32_amx_q50; break;
-    case GGML_TYPE_Q5_1: tab = q32_pk_q51; amx = q32_amx_q51; break;
-    case GGML_TYPE_IQ4_NL: tab = q32_pk_iq4; amx = q32_amx_iq4; break;
+    case GGML_TYPE_Q8_0: tab = q32_pk_q8; break;
+    case GGML_TYPE_Q4_0: tab = q32_pk_q4; break;
+    case GGML_TYPE_Q4_1: tab = q32_pk_q41; break;
+    case GGML_TYPE_Q5_0: tab = q32_pk_q50; break;
+    case GGML_TYPE_Q5_1: tab = q32_pk_q51; break;
+    case GGML_TYPE_IQ4_NL: tab = q32_pk_iq4; break;
     case GGML_TYPE_Q2_K: tab = q2k_pk; break;
     case GGML_TYPE_Q3_K: tab = q3k_pk; break;
     case GGML_TYPE_Q4_K: tab = q4k_pk; break;
@@ -1896,12 +1302,13 @@ pd_status_t ggml_qdot_rows_packed(int path, uint32_t type, const uint8_t *w, siz
     if (r0 < 16 * g0) /* leading rows of a group the range cuts */
         st = ggml_qdot_rows(path, type, w + (size_t)r0 * row_bytes, row_bytes, 16 * g0 - r0, n,
                             a, a_stride, n_items, out, out_stride);
-    const uint32_t n16 = path == GGML_QDOT_AMX && amx ? n_items / AMX_ITEMS * AMX_ITEMS : 0;
-    if (n16)
-        amx_thread_init();
+    const uint32_t n16 = amx ? n_items / GGML_QDOT_AMX_ITEMS * GGML_QDOT_AMX_ITEMS : 0;
+    if (n16) {
+        ggml_qdot_amx_thread_init();
+        amx(pk + g0 * gstride, gstride, g1 - g0, nb, a, a_stride, n16, out + (16 * g0 - r0),
+            out_stride);
+    }
     for (uint32_t g = g0; g < g1 && st == PD_OK; g++) {
-        if (n16)
-            amx(pk + g * gstride, nb, a, a_stride, n16, out + (16 * g - r0), out_stride);
         uint32_t ni;
         for (uint32_t i0 = n16; i0 < n_items; i0 += ni) {
             ni = n_items - i0 < step ? n_items - i0 : step;

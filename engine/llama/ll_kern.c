@@ -10,6 +10,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -890,6 +891,25 @@ static int ll_qdot_path(void)
 }
 
 uint32_t eng_ll_amx_min_g = 16;
+
+void eng_ll_qdot_describe(char *buf, size_t len)
+{
+    const int p = ll_qdot_path();
+    if (p < 0) {
+        snprintf(buf, len, "qdot path: off (PD_QDOT=off: the exact f32 path)");
+        return;
+    }
+    if (p == GGML_QDOT_AMX) {
+        snprintf(buf, len,
+                 "qdot path: amx (tiles from %u items: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q4_K; "
+                 "the other types vnni)", eng_ll_amx_min_g);
+        return;
+    }
+    const char *why = ggml_qdot_amx_why();
+    if (!why)
+        why = ggml_qdot_path() < GGML_QDOT_AMX ? "PD_QDOT caps the path" : "ENG_LL_ISA caps the path";
+    snprintf(buf, len, "qdot path: %s (amx: %s)", ggml_qdot_path_name(p), why);
+}
 
 pd_status_t eng_ll_pack(eng_ll_tensor_t *t, void **buf_p)
 {

@@ -158,6 +158,10 @@ extern int eng_ll_qdot_g;
  * CPU has it (below: VNNI, the same bits); the full 16s of items go to the
  * tiles, the rest to VNNI (docs/BENCHMARKS.md "AMX int8 tiles"). */
 extern uint32_t eng_ll_amx_min_g;
+/* One line naming the integer-dot path the matmuls run and, below AMX,
+ * why not AMX ("qdot path: amx (...)", "qdot path: vnni (amx: the kernel
+ * refused XTILEDATA ...)", "qdot path: off (...)"): logged at boot. */
+void eng_ll_qdot_describe(char *buf, size_t len);
 /* Tests only: != 0 checks every integer-dot output against the f64 dot of
  * the dequantized weights with the dequantized activations it was given
  * (tolerance 1e-5 of the sum of |terms|) and counts the misses. */

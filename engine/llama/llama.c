@@ -812,6 +812,12 @@ static const eng_kv_geom_t *ll_geometry(const eng_model_t *m)
     return &m->geom;
 }
 
+static void ll_describe(const eng_model_t *m, char *buf, size_t len)
+{
+    (void)m; /* one path for the process (PD_QDOT, the CPU) */
+    eng_ll_qdot_describe(buf, len);
+}
+
 void eng_llama_info(const eng_model_t *m, eng_llama_info_t *info)
 {
     memset(info, 0, sizeof(*info));
@@ -1463,4 +1469,5 @@ const eng_ops_t eng_llama_ops = {
     .set_layer_hook = ll_set_layer_hook,
     .embed = ll_embed,
     .step = ll_step,
+    .describe = ll_describe,
 };

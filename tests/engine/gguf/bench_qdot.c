@@ -103,28 +103,34 @@ int main(int argc, char **argv)
     static const struct { uint32_t type; size_t bytes; const char *name; } types[] = {
         { GGML_TYPE_Q8_0, 34, "Q8_0" }, { GGML_TYPE_Q4_0, 18, "Q4_0" },
         { GGML_TYPE_Q4_1, 20, "Q4_1" }, { GGML_TYPE_IQ4_NL, 18, "IQ4_NL" },
+        { GGML_TYPE_Q4_K, 144, "Q4_K" }, { GGML_TYPE_Q6_K, 210, "Q6_K" },
     };
-    const uint64_t nb = K / 32;
-    const size_t ab = ggml_qdot_act_bytes(GGML_QACT_Q8A, K);
     float *x = malloc(K * sizeof *x), *w = malloc(K * sizeof *w);
-    uint8_t *a = malloc(ni * ab);
     float *out = malloc((size_t)ni * rows * sizeof *out);
-    for (uint32_t i = 0; i < ni; i++) {
-        for (uint64_t e = 0; e < K; e++)
-            x[e] = frand();
-        ggml_qdot_quantize(GGML_QACT_Q8A, x, K, a + i * ab);
-    }
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const int act = ggml_qdot_act(types[t].type);
+        if (K % ggml_qdot_block(types[t].type))
+            continue; /* K-quants: K a multiple of 256 */
+        const uint64_t nb = K / ggml_qdot_block(types[t].type);
+        const size_t ab = ggml_qdot_act_bytes(act, K);
+        uint8_t *a = malloc(ni * ab);
+        for (uint32_t i = 0; i < ni; i++) {
+            for (uint64_t e = 0; e < K; e++)
+                x[e] = frand();
+            ggml_qdot_quantize(act, x, K, a + i * ab);
+        }
         uint8_t *wq = malloc(rows * nb * types[t].bytes);
         for (uint32_t r = 0; r < rows; r++) {
             for (uint64_t e = 0; e < K; e++)
                 w[e] = frand();
             ggml_quantize_row(types[t].type, w, wq + r * nb * types[t].bytes, K);
         }
-        void *pk = NULL;
-        if (posix_memalign(&pk, 64, ggml_qdot_pack_bytes(types[t].type, rows, K)))
+        void *pk = NULL; /* Q6_K: none (its row kernels) */
+        const size_t pb = ggml_qdot_pack_bytes(types[t].type, rows, K);
+        if (pb && posix_memalign(&pk, 64, pb))
             return 1;
-        ggml_qdot_pack(types[t].type, wq, nb * types[t].bytes, rows, K, pk);
+        if (pb)
+            ggml_qdot_pack(types[t].type, wq, nb * types[t].bytes, rows, K, pk);
         printf("%-6s rows %u K %lu items %u:", types[t].name, rows, (unsigned long)K, ni);
         for (int p = GGML_QDOT_VNNI; p <= GGML_QDOT_AMX; p++) {
             if (ggml_qdot_set_path(p) != p)
@@ -143,10 +149,10 @@ int main(int argc, char **argv)
         printf("\n");
         free(pk);
         free(wq);
+        free(a);
     }
     free(x);
     free(w);
-    free(a);
     free(out);
     return 0;
 }

@@ -600,7 +600,8 @@ static void test_isa_paths_agree(void **state)
 
 /* AMX (issue 37): a prompt pass of 40 tokens (two full 16s of items on the
  * tiles, 8 on VNNI) and a decode batch of 20 give the scalar integer-dot
- * path's bits, for every 32-element weight type. Without AMX (the CPU, the
+ * path's bits, for every 32-element weight type and a Q4_K + Q6_K mix; the
+ * engine's describe line names the path (or why not AMX). Without AMX (the CPU, the
  * OS, PD_QDOT, or the AVX2 / scalar ISA capping it) this says "skipped: no
  * AMX" and runs the best path it has against scalar instead. */
 static void test_amx_forward(void **state)
@@ -613,6 +614,9 @@ static void test_amx_forward(void **state)
           false, 0, GGML_TYPE_Q5_1 },
         { "llama", 128, 1, 4, 2, 256, 300, 64, 0, GGML_TYPE_Q5_0, false, false, 54, NULL,
           false, 0, GGML_TYPE_IQ4_NL },
+        /* a Q4_K_M style mix: Q4_K on the tiles, Q6_K on VNNI */
+        { "llama", 256, 1, 4, 2, 512, 300, 64, 0, GGML_TYPE_Q4_K, false, false, 55, NULL,
+          false, 0, GGML_TYPE_Q6_K },
     };
     const uint32_t saved_min = eng_ll_amx_min_g;
     eng_ll_amx_min_g = 16;
@@ -636,6 +640,14 @@ static void test_amx_forward(void **state)
             ggml_qdot_set_path(paths[p]); /* before load: the packed copy follows it */
             eng_model_t *m = load(path, ENG_KV_F16, 2, BT, 32);
             const eng_ops_t *ops = eng_find("llama");
+            if (s == 0 && p == 1) { /* the boot log line names the path, or why not AMX */
+                char d[256];
+                ops->describe(m, d, sizeof d);
+                if (best == GGML_QDOT_AMX && strcmp(eng_ll_isa(), "avx512") == 0)
+                    assert_true(strncmp(d, "qdot path: amx (", 16) == 0);
+                else
+                    assert_non_null(strstr(d, "(amx: "));
+            }
             const eng_kv_geom_t *g = ops->geometry(m);
             const uint32_t V = g->vocab_size, nbs = (NT + NB + BT - 1) / BT;
             uint32_t *bt = malloc((size_t)NB * nbs * sizeof(*bt));
