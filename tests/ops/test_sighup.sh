@@ -76,6 +76,10 @@ EOF
 then ok "decode: log.format=json lines all parse"; else bad "decode: log.format=json: a line is not JSON"; fi
 code=$(curl -s -o /dev/null -w '%{http_code}' -m 5 "http://127.0.0.1:$HTTP/health")
 [ "$code" = 200 ] && ok "router answers /health after the SIGHUPs" || bad "router /health: $code"
+# the loops feed the watchdog every 100 ms: give each time for 3 feeds (a
+# loaded box may have booted the decode just before the SIGHUPs)
+fed3() { [ "$(grep -c "^$1 WATCHDOG=1" "$T/notify.log")" -ge 3 ]; }
+poll 10 fed3 router; poll 10 fed3 decode
 kill -TERM "$DPID" "$RPID"
 stopped() { ! kill -0 "$RPID" 2>/dev/null && ! kill -0 "$DPID" 2>/dev/null; }
 poll 40 stopped && ok "SIGTERM still stops both" || bad "not stopped by SIGTERM"
