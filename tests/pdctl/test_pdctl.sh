@@ -45,7 +45,7 @@ PROMPT='The quick brown fox jumps over the lazy dog while the five boxing wizard
 request() {  # request URL [MAX_TOKENS] -> prints "200 finish" / "<code> error" / "<code> unreadable"
     local code body
     body=$(curl -s -m 30 -w '\n%{http_code}' "$1/v1/completions" -H 'Content-Type: application/json' \
-        -d "{\"prompt\":\"$PROMPT\",\"max_tokens\":${2:-8}}")
+        -d "{\"prompt\":\"$PROMPT\",\"max_tokens\":${2:-8},\"temperature\":0}")
     code=${body##*$'\n'}
     body=${body%$'\n'*}
     if [ "$code" = 200 ] && grep -q '"finish_reason":"\(length\|stop\)"' <<<"$body"; then
