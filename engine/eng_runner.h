@@ -21,8 +21,9 @@ struct eng_job {
     void (*done)(eng_job_t *job);        /* loop thread, once per submit */
     bool aborted;                        /* set when the runner was destroyed
                                             before run() happened */
-    /* Optional (NULL: run() alone). Jobs waiting at the head of the queue
-     * behind this one with the same run_batch join it: one call
+    /* Optional (NULL: run() alone; set, run may be NULL). Jobs waiting at
+     * the head of the queue behind this one with the same run_batch join
+     * it: one call
      * run_batch(jobs, n) runs them all, as long as their summed cost stays
      * within this job's budget (this job always runs) and n <=
      * ENG_RUNNER_BATCH_MAX. Only jobs already waiting join (no waiting

@@ -639,11 +639,6 @@ static void pf_embed_batch(eng_job_t *const *jobs, uint32_t n)
         rs[0]->embed_batch = k;
 }
 
-static void pf_embed_run(eng_job_t *job)
-{
-    pf_embed_batch(&job, 1);
-}
-
 static void pf_embed_done(eng_job_t *job)
 {
     pf_req_t *r = (pf_req_t *)job;
@@ -767,8 +762,7 @@ static void pf_on_embed_req(node_t *node, node_link_t *from, const proto_msg_t *
     snprintf(r->nr.id, sizeof(r->nr.id), "%s", q->request_id);
     r->reply_pending = true;
     r->lease.slot = UINT32_MAX;
-    r->job.run = pf_embed_run;
-    r->job.run_batch = pf_embed_batch;
+    r->job.run_batch = pf_embed_batch; /* run() unused: a batch of one at least */
     r->job.cost = r->n_prompt;
     r->job.budget = (uint32_t)pf->cfg.embed_batch_tokens;
     r->job.done = pf_embed_done;

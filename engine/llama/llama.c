@@ -1292,33 +1292,6 @@ static pd_status_t ll_prefill(eng_model_t *m, void *arena, const uint32_t *block
     return PD_OK;
 }
 
-static pd_status_t ll_decode(eng_model_t *m, void *arena, const eng_decode_item_t *items,
-                             uint32_t n_items, float *logits)
-{
-    if (!m || !arena || !items || n_items == 0 || !logits)
-        return PD_ERR_BAD_INPUT;
-    for (uint32_t i = 0; i < n_items; i++) {
-        if (!items[i].block_table)
-            return PD_ERR_BAD_INPUT;
-        pd_status_t st = ll_check_tok(m, items[i].token, items[i].pos, items[i].n_blocks);
-        if (st != PD_OK)
-            return st;
-    }
-    ll_tok_t toks[64];
-    uint32_t step = m->t_max < 64 ? m->t_max : 64;
-    for (uint32_t b0 = 0; b0 < n_items; b0 += step) {
-        uint32_t bn = n_items - b0 < step ? n_items - b0 : step;
-        for (uint32_t i = 0; i < bn; i++) {
-            toks[i].token = items[b0 + i].token;
-            toks[i].pos = items[b0 + i].pos;
-            toks[i].bt = items[b0 + i].block_table;
-            toks[i].nb = items[b0 + i].n_blocks;
-        }
-        ll_forward(m, arena, 0, toks, bn, logits + (size_t)b0 * m->vocab, 0);
-    }
-    return PD_OK;
-}
-
 /* Rows: the chunk's, then one per item; passes of up to t_max rows. The
  * logit rows (the chunk's last if asked, then every item's) are the tail
  * of the row list, so each pass computes logits for its rows from
@@ -1365,6 +1338,16 @@ static pd_status_t ll_step(eng_model_t *m, void *arena, const eng_chunk_t *chunk
         ll_forward(m, arena, 0, toks, pn, out, from);
     }
     return PD_OK;
+}
+
+/* A decode step is a step without a chunk (one row per item, each with
+ * its logits). */
+static pd_status_t ll_decode(eng_model_t *m, void *arena, const eng_decode_item_t *items,
+                             uint32_t n_items, float *logits)
+{
+    if (!items || n_items == 0 || !logits)
+        return PD_ERR_BAD_INPUT;
+    return ll_step(m, arena, NULL, items, n_items, logits);
 }
 
 /* Every item's rows from position 0, packed in item order into forward

@@ -83,21 +83,20 @@ static int fx_teardown(void **state)
     return 0;
 }
 
+static pd_status_t embed1(fx_t *f, const uint32_t *bt, uint32_t nb, const int32_t *t, uint32_t n,
+                          eng_pooling_t p, float *out)
+{
+    eng_embed_item_t it = { bt, nb, t, n, p, out };
+    return f->ops->embed(f->m, f->arena, &it, 1);
+}
+
 static void embed(fx_t *f, const int32_t *t, uint32_t n, eng_pooling_t p, float *out,
                   uint32_t shift)
 {
     uint32_t bt[64];
     for (uint32_t i = 0; i < 64; i++)
         bt[i] = (i * 7 + shift) % 64; /* scattered blocks */
-    eng_embed_item_t it = { bt, 32, t, n, p, out };
-    assert_int_equal(f->ops->embed(f->m, f->arena, &it, 1), PD_OK);
-}
-
-static pd_status_t embed1(fx_t *f, const uint32_t *bt, uint32_t nb, const int32_t *t, uint32_t n,
-                          eng_pooling_t p, float *out)
-{
-    eng_embed_item_t it = { bt, nb, t, n, p, out };
-    return f->ops->embed(f->m, f->arena, &it, 1);
+    assert_int_equal(embed1(f, bt, 32, t, n, p, out), PD_OK);
 }
 
 static void test_llama_embed(void **state)
