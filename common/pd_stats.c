@@ -379,7 +379,10 @@ static void prom_sample(pd_sbuf_t *sb, const pd_stats_t *s, unsigned id, const c
     if (d->kind == PD_STAT_COUNTER) {
         pd_sbuf_printf(sb, "%s", name);
         prom_labels(sb, s, key, val);
-        pd_sbuf_printf(sb, " %llu\n", (unsigned long long)pd_stats_counter(s, id));
+        if (m != NULL && m->scale != 0)
+            pd_sbuf_printf(sb, " %.9g\n", (double)pd_stats_counter(s, id) * m->scale);
+        else
+            pd_sbuf_printf(sb, " %llu\n", (unsigned long long)pd_stats_counter(s, id));
     } else if (d->kind == PD_STAT_GAUGE) {
         pd_sbuf_printf(sb, "%s", name);
         prom_labels(sb, s, key, val);

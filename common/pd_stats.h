@@ -76,7 +76,7 @@ typedef struct {
     const char *key, *value;   /* with family: this row's label */
     const char *family_help;   /* HELP of the family (else the row's help) */
     pd_hist_le_t le;           /* histograms: the bucket set */
-    double scale;              /* gauges: value x scale (0: 1), e.g. ppm -> ratio */
+    double scale;              /* counters, gauges: value x scale (0: 1), e.g. ppm -> ratio, ms -> s */
     int hidden;                /* not exported (always zero in this process) */
 } pd_stat_prom_t;
 

@@ -34,6 +34,7 @@
 #include "pd_admin.h"
 #include "pd_boot.h"
 #include "pd_config.h"
+#include "pd_cpuacct.h"
 #include "pd_idhash.h"
 #include "pd_loop.h"
 #include "pd_memledger.h"
@@ -71,6 +72,7 @@ typedef struct {
     char *mem_ledger;
     bool print_arena_bytes;
     int64_t nice;
+    uint64_t cpu_share;
 } node_config_t;
 
 extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", NULL } (eng_kv_dtype_t order) */
@@ -105,7 +107,8 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", NULL } (
     NODE_ROW(stype, mem_budget, "mem.budget", SIZE, "0", "host-wide cap on the KV arenas of this host's daemons, shared through mem.ledger (0: 90% of MemAvailable + arenas already committed, or the cgroup room)", 0, 0, NULL) \
     NODE_ROW(stype, mem_ledger, "mem.ledger", STRING, PD_MEMLEDGER_DEFAULT, "file where the daemons of one host reserve their KV arenas (flock'd; dead processes reclaimed)", 0, 0, NULL) \
     NODE_ROW(stype, print_arena_bytes, "print-arena-bytes", BOOL, "false", "load the model, print the KV arena's size in bytes and exit (pdctl's memory plan check)", 0, 0, NULL) \
-    NODE_ROW(stype, nice, "nice", INT, "0", "scheduling niceness of every thread (setpriority at boot, before the engine's): daemons sharing a host's cores with threads = all of them lend their idle cores; the lower value wins when both are busy (e.g. prefill 10, decode 0: the decode's steps first, the prefill takes what they leave). Below 0 needs CAP_SYS_NICE", -20, 19, NULL)
+    NODE_ROW(stype, nice, "nice", INT, "0", "scheduling niceness of every thread (setpriority at boot, before the engine's): daemons sharing a host's cores with threads = all of them lend their idle cores; the lower value wins when both are busy (e.g. prefill 10, decode 0: the decode's steps first, the prefill takes what they leave). Below 0 needs CAP_SYS_NICE", -20, 19, NULL) \
+    NODE_ROW(stype, cpu_share, "cpu-share", UINT, "0", "this daemon's share of the host's cores in milli-cores (1000 = one core; 0 = its engine threads): what pd_cpu_borrowed/lent_seconds and pdctl top's BORROW/LENT count against. Accounting only: lending itself is the kernel's (nice)", 0, 1048576, NULL)
 
 /* ---- role tables ---------------------------------------------------------- */
 
@@ -318,6 +321,11 @@ struct node {
     /* /metrics (node_metrics.c) */
     struct pd_metrics_http *mh;
     pd_stats_t *pool;
+    /* CPU use against cpu-share (node_metrics.c; admin `stats`, /metrics) */
+    pd_cpuacct_t cpu;
+    pd_stats_t *cpu_stats;
+    struct event *cpu_ev;
+    uint64_t cpu_pub_ms[4];             /* used, borrowed, lent, idle: published */
     /* admin command tables (borrowed by pd_admin) */
     pd_admin_cmd_t cmds_head[2];
     pd_admin_cmd_t cmds_tail[4];
@@ -532,6 +540,10 @@ void node_kve_stats(const node_kve_t *k, node_kve_stats_t *out);
 pd_status_t node_metrics_start(node_t *n);
 uint16_t node_metrics_port(const node_t *n);     /* 0 when off */
 void node_metrics_stop(node_t *n);
+/* CPU accounting against cpu-share: a stats set "cpu" (admin `stats`,
+ * /metrics pd_cpu_*) sampled every 500 ms on the loop. */
+pd_status_t node_cpu_start(node_t *n);
+void node_cpu_stop(node_t *n);
 
 /* ---- internal: the session and admin wiring (node.c) -------------------- */
 

@@ -426,6 +426,9 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
                          &n->stats);
     if (st != PD_OK)
         return node_fail(n, "stats", st, NULL);
+    st = node_cpu_start(n);
+    if (st != PD_OK)
+        return node_fail(n, "cpu accounting", st, NULL);
     st = eng_runner_create(n->loop, 0, &n->runner);
     if (st != PD_OK)
         return node_fail(n, "compute thread", st, NULL);
@@ -439,6 +442,7 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
             return node_fail(n, "admin socket", st, n->cfg->boot.admin_socket);
         node_admin_register(n);
         pd_admin_add_stats(n->admin, n->stats);
+        pd_admin_add_stats(n->admin, n->cpu_stats);
     }
     st = node_metrics_start(n);
     if (st != PD_OK)
@@ -466,6 +470,7 @@ void node_teardown(node_t *n, void (*after_kvx)(node_t *n))
     n->role->cancel_all(n, NULL);
     if (n->admin) {
         pd_admin_remove_stats(n->admin, n->stats);
+        pd_admin_remove_stats(n->admin, n->cpu_stats);
         pd_admin_destroy(n->admin);
         n->admin = NULL;
     }
@@ -486,6 +491,7 @@ void node_teardown(node_t *n, void (*after_kvx)(node_t *n))
     n->lease_reqs = NULL;
     if (n->drain_ev)
         event_free(n->drain_ev);
+    node_cpu_stop(n);                       /* its timer, before the loop */
     pd_loop_destroy(n->loop);               /* runs the deferred frees */
     pd_stats_destroy(n->stats);
     n->ops->destroy(n->model);

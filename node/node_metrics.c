@@ -6,9 +6,11 @@
 #include "node.h"
 
 #include <stdio.h>
+#include <unistd.h>
 
 #include "pd_log.h"
 #include "pd_metrics_http.h"
+#include "pd_time.h"
 
 /* KV block pool gauges of a node's arena (pd_kv_pool_<name>), set just
  * before rendering. */
@@ -31,6 +33,94 @@ static const pd_stat_prom_t node_pool_prom[] = {
 static const pd_stats_table_t node_pool_table =
     PD_STATS_TABLE_PROM("kv_pool", node_pool_descs, node_pool_prom);
 
+/* CPU use against the daemon's share (cpu-share; pd_cpuacct.h says how
+ * borrowed and lent are counted), ms of one core; pd_cpu_<name>. */
+#define NODE_CPU_STATS(X)                                                     \
+    X(used_ms,      COUNTER, "CPU time this daemon used, ms of one core")    \
+    X(borrowed_ms,  COUNTER, "CPU time used above its share (cores other processes left idle), ms") \
+    X(lent_ms,      COUNTER, "of its share, CPU time it left idle while other processes ran above theirs, ms") \
+    X(idle_ms,      COUNTER, "of its share, CPU time it left idle, ms")      \
+    X(share_mcores, GAUGE,   "its share of the host's cores, milli-cores (cpu-share)") \
+    X(host_mcores,  GAUGE,   "the host's cores, milli-cores")
+
+#define NODE_CPU_STAT_ID(name, kind, help) NODE_CPU_##name,
+typedef enum { NODE_CPU_STATS(NODE_CPU_STAT_ID) NODE_CPU__COUNT } node_cpu_stat_id_t;
+#undef NODE_CPU_STAT_ID
+
+static const pd_stat_desc_t node_cpu_descs[] = { NODE_CPU_STATS(PD_STAT_DESC) };
+static const pd_stat_prom_t node_cpu_prom[] = {
+    { .name = "used_ms", .family = "used_seconds", .scale = 1e-3,
+      .family_help = "CPU time this daemon used, seconds of one core" },
+    { .name = "borrowed_ms", .family = "borrowed_seconds", .scale = 1e-3,
+      .family_help = "CPU time used above its share (cpu-share), seconds of one core" },
+    { .name = "lent_ms", .family = "lent_seconds", .scale = 1e-3,
+      .family_help = "of its share, CPU time left idle while other processes on the host "
+                     "ran above theirs, seconds of one core" },
+    { .name = "idle_ms", .family = "idle_share_seconds", .scale = 1e-3,
+      .family_help = "of its share, CPU time left idle, seconds of one core" },
+    { .name = "share_mcores", .family = "share_cores", .scale = 1e-3,
+      .family_help = "its share of the host's cores (cpu-share)" },
+    { .name = "host_mcores", .family = "host_cores", .scale = 1e-3,
+      .family_help = "the host's online cores" },
+};
+static const pd_stats_table_t node_cpu_table =
+    PD_STATS_TABLE_PROM("cpu", node_cpu_descs, node_cpu_prom);
+
+#define NODE_CPU_PERIOD_MS 500
+
+static void node_cpu_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    node_t *n = arg;
+    if (pd_cpuacct_sample(&n->cpu, pd_now_ns()) != PD_OK)
+        return;
+    const uint64_t tot[4] = { n->cpu.used_ns, n->cpu.borrowed_ns, n->cpu.lent_ns, n->cpu.idle_ns };
+    static const unsigned ids[4] = { NODE_CPU_used_ms, NODE_CPU_borrowed_ms, NODE_CPU_lent_ms,
+                                     NODE_CPU_idle_ms };
+    for (int i = 0; i < 4; i++) {
+        uint64_t ms = tot[i] / PD_NS_PER_MS;
+        if (ms > n->cpu_pub_ms[i])
+            pd_stats_add(n->cpu_stats, ids[i], ms - n->cpu_pub_ms[i]);
+        n->cpu_pub_ms[i] = ms;
+    }
+}
+
+pd_status_t node_cpu_start(node_t *n)
+{
+    uint32_t share = (uint32_t)n->cfg->cpu_share;
+    if (share == 0)
+        share = 1000u * (n->cfg->threads ? (uint32_t)n->cfg->threads : pd_cpu_budget(NULL, NULL));
+    long host = sysconf(_SC_NPROCESSORS_ONLN);
+    pd_cpuacct_init(&n->cpu, share, 1000u * (uint32_t)(host > 0 ? host : 1));
+    pd_status_t st = pd_stats_create(&node_cpu_table,
+                                     (const char *[]){ "daemon", n->daemon_id, NULL },
+                                     &n->cpu_stats);
+    if (st != PD_OK)
+        return st;
+    pd_stats_gauge_set(n->cpu_stats, NODE_CPU_share_mcores, share);
+    pd_stats_gauge_set(n->cpu_stats, NODE_CPU_host_mcores, n->cpu.host_milli);
+    n->cpu_ev = event_new(pd_loop_base(n->loop), -1, EV_PERSIST, node_cpu_tick, n);
+    if (n->cpu_ev == NULL) {
+        pd_stats_destroy(n->cpu_stats);
+        n->cpu_stats = NULL;
+        return PD_ERR_NO_MEMORY;
+    }
+    (void)pd_cpuacct_sample(&n->cpu, pd_now_ns());
+    struct timeval tv = { 0, NODE_CPU_PERIOD_MS * 1000 };
+    event_add(n->cpu_ev, &tv);
+    return PD_OK;
+}
+
+void node_cpu_stop(node_t *n)
+{
+    if (n->cpu_ev != NULL)
+        event_free(n->cpu_ev);
+    n->cpu_ev = NULL;
+    pd_stats_destroy(n->cpu_stats);
+    n->cpu_stats = NULL;
+}
+
 /* kvx's sets: its totals plus one per importer peer (kvx's max_peers). */
 #define NODE_METRICS_MAX_KVX_SETS (1u + 64u)
 
@@ -46,10 +136,12 @@ static pd_status_t node_metrics_render(void *arg, char **text_p, size_t *len_p)
     pd_stats_gauge_set(n->pool, NODE_POOL_block_bytes, (int64_t)n->geom->block_bytes);
     pd_stats_gauge_set(n->pool, NODE_POOL_usage_ppm,
                        total ? (int64_t)(used * 1000000 / total) : 0);
-    pd_stats_t *sets[2 + NODE_METRICS_MAX_KVX_SETS];
+    pd_stats_t *sets[3 + NODE_METRICS_MAX_KVX_SETS];
     size_t k = 0;
     sets[k++] = n->stats;
     sets[k++] = n->pool;
+    if (n->cpu_stats != NULL)
+        sets[k++] = n->cpu_stats;
     /* kvx totals + one set per prefill peer (publishes the latest values) */
     k += kvx_stats_sets(n->kvx, sets + k, sizeof(sets) / sizeof(sets[0]) - k);
     return pd_stats_render_scrape(sets, k, text_p, len_p); /* + build info, process_* */

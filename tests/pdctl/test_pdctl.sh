@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/pdctl: pdctl against real deployments (loopback, ports chosen by the
 # OS, temp run dirs). Every wait polls with a bound; nothing sleeps blindly.
-#   test_pdctl.sh lifecycle|errors|systemd|sim|routers SRC_ROOT PDCTL
+#   test_pdctl.sh lifecycle|errors|systemd|sim|routers|lending SRC_ROOT PDCTL
+#   (lending: env PD_MKMODEL, PD_BENCH)
 set -uo pipefail
 MODE=$1 SRC=$2 PDCTL=$3
 T=$(mktemp -d /tmp/pdctl-test.XXXXXX)
@@ -694,13 +695,80 @@ systemd_verify() {
     for p in "${PY_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
 }
 
+# Issue 34: daemons on one host lend idle cores through the kernel (prefill
+# nice 19, both daemons with threads = the host's cores, cpu-share 1 core
+# each). A prefill burst while a stream decodes: the stream's TPOT stays
+# within 1.5x of its idle figure (nice 0: ~1.8x measured); the prefill
+# borrows (uses more than its one core) and the decode lends; pdctl top shows
+# both; greedy tokens equal a 1+1-thread deployment without lending. Runs
+# alone (is_parallel false): it measures CPU time.
+lending() {
+    local M=$T/mid.gguf R=$T/run-lend R1=$T/run-plain URL
+    "$PD_MKMODEL" --preset byte --dim 768 --layers 8 --heads 12 --kv-heads 4 --ffn 2048 \
+        --type q8_0 -o "$M" >/dev/null || { bad "pd-mkmodel"; return; }
+    local up_args=(--set deployment.model="$M" --set router.http=127.0.0.1:0
+                   --set router.control=127.0.0.1:0 --set deployment.disagg-threshold=0)
+    run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$R" "${up_args[@]}" \
+        --set prefill.threads=2 --set decode.threads=2 --set prefill.nice=19 \
+        --set prefill.cpu-share=1000 --set decode.cpu-share=1000
+    expect 0 "is ready" "up 1P:1D, 2+2 threads on 2 cores, prefill nice 19"
+    [ $RC = 0 ] || return
+    URL=$(cat "$R/url")
+    local long
+    long=$(python3 -c 'print(" ".join("word%d" % (i % 97) for i in range(320)))')
+    greedy() {  # greedy URL -> the text of a 48-token greedy completion of the long prompt
+        curl -s -m 60 "$1/v1/completions" -H 'Content-Type: application/json' \
+            -d "{\"prompt\":\"$long\",\"max_tokens\":48,\"temperature\":0,\"ignore_eos\":true}" |
+            json_get 'j["choices"][0]["text"]'
+    }
+    tpot() { json_get '"%.3f" % j["results"]["mean_tpot_ms"] if j["results"]["failed"] == 0 else "failed"' <"$1"; }
+    cpu() {     # cpu DAEMON ROW -> ms
+        "$PDCTL" stats "$1" --json --run-dir "$R" |
+            json_get "[s['values']['$2'] for s in j['stats'] if s['table'] == 'cpu'][0]"
+    }
+    "$PD_BENCH" --url="$URL" --input-len=8 --output-len=100 --ignore-eos --num-requests=3 \
+        --quiet --out="$T/idle.json" >/dev/null 2>&1
+    local b0 l0 idle under
+    b0=$(cpu prefill-0 borrowed_ms) l0=$(cpu decode-0 lent_ms)
+    "$PD_BENCH" --url="$URL" --input-len=250 --output-len=1 --concurrency=2 --num-requests=6 \
+        --quiet --out="$T/burst.json" >/dev/null 2>&1 &
+    local bp=$!
+    LOAD_PIDS+=("$bp")
+    sleep 0.5
+    "$PD_BENCH" --url="$URL" --input-len=8 --output-len=100 --ignore-eos --num-requests=3 \
+        --quiet --out="$T/under.json" >/dev/null 2>&1
+    local g_lend
+    g_lend=$(greedy "$URL")   # decoded while the burst may still prefill
+    wait "$bp"
+    idle=$(tpot "$T/idle.json") under=$(tpot "$T/under.json")
+    check "a prefill burst: the stream's TPOT $under ms within 1.5x its idle $idle ms" \
+        python3 -c 'import sys; i, u = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if u <= 1.5 * i + 0.3 else 1)' "$idle" "$under"
+    check "the burst completed ($(tpot "$T/burst.json"))" test "$(tpot "$T/burst.json")" != failed
+    sleep 0.6   # one accounting period (500 ms)
+    local b1 l1
+    b1=$(cpu prefill-0 borrowed_ms) l1=$(cpu decode-0 lent_ms)
+    check "the prefill borrowed the decode's idle core: $((b1 - b0)) ms above its share" test $((b1 - b0)) -ge 1000
+    check "the decode lent it: $((l1 - l0)) ms" test $((l1 - l0)) -ge 1000
+    OUT=$("$PDCTL" top --once --run-dir "$R" 2>&1)
+    check "pdctl top shows BORROWED_S and LENT_S" grep -q "BORROWED_S.*LENT_S" <<<"$OUT"
+    "$PDCTL" down --run-dir "$R" >/dev/null 2>&1
+    run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$R1" "${up_args[@]}"
+    expect 0 "is ready" "up 1P:1D, 1+1 threads, no nice"
+    [ $RC = 0 ] || return
+    local g_plain
+    g_plain=$(greedy "$(cat "$R1/url")")
+    check "greedy tokens equal with lending on and off (${#g_lend} chars)" \
+        bash -c '[ -n "$1" ] && [ "$1" = "$2" ]' _ "$g_lend" "$g_plain"
+}
+
 case $MODE in
 lifecycle) lifecycle ;;
 errors) errors ;;
 systemd) systemd_verify ;;
 sim) sim ;;
 routers) routers ;;
-*) echo "usage: $0 lifecycle|errors|systemd|sim|routers SRC PDCTL" >&2; exit 2 ;;
+lending) lending ;;
+*) echo "usage: $0 lifecycle|errors|systemd|sim|routers|lending SRC PDCTL" >&2; exit 2 ;;
 esac
 echo "$MODE: $fails failure(s)"
 [ $fails = 0 ]

@@ -958,6 +958,20 @@ static int pdctl_top_frame(pdctl_state_t *st, const pdctl_sample_t *prev, pdctl_
             pdctl_put(&t, row, "PREFIX_HIT%", "off");
         }
         cJSON_Delete(kv);
+        /* cores lent through the kernel (issue 34): thread-seconds used
+         * above the daemon's cpu-share, and of its share left to others */
+        cJSON *sr = pdctl_admin(d->sock, "stats", 2.0, err, sizeof(err));
+        const cJSON *set;
+        cJSON_ArrayForEach(set, cJSON_GetObjectItemCaseSensitive(sr, "stats")) {
+            const char *tn = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(set, "table"));
+            if (tn == NULL || strcmp(tn, "cpu") != 0)
+                continue;
+            const cJSON *cv = cJSON_GetObjectItemCaseSensitive(set, "values");
+            pdctl_put(&t, row, "CPU_S", "%.1f", pdctl_num(cv, "used_ms") / 1e3);
+            pdctl_put(&t, row, "BORROWED_S", "%.1f", pdctl_num(cv, "borrowed_ms") / 1e3);
+            pdctl_put(&t, row, "LENT_S", "%.1f", pdctl_num(cv, "lent_ms") / 1e3);
+        }
+        cJSON_Delete(sr);
         /* decode-local prompt chunks (issue 34): mean size so far / the
          * next one's budget (tpot-target sizes it; else prefill-chunk) */
         if (d->role == PDCTL_DECODE) {
