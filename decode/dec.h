@@ -40,11 +40,13 @@ typedef struct {
 
 /* Step time = the batch's own step (measured on steps without a chunk)
  * + a chunk token's cost (measured on steps with one, less that base),
- * each an exponentially weighted mean (dec_chunk_budget). */
+ * each an exponentially weighted mean, per count of engine threads the
+ * step ran on (dec_chunk_budget, dec_threads_pick). */
+#define DEC_SM_THREADS 64               /* counts above share the last entry */
 typedef struct {
-    double base_ns;                     /* a step of the running batch alone */
-    double tok_ns;                      /* one chunk token on top of it */
-    uint32_t n_base, n_tok;             /* samples of each */
+    double base_ns[DEC_SM_THREADS + 1]; /* [k]: a step of the running batch alone on k threads */
+    double tok_ns[DEC_SM_THREADS + 1];  /* [k]: one chunk token on top of it */
+    uint32_t n_base[DEC_SM_THREADS + 1], n_tok[DEC_SM_THREADS + 1]; /* samples of each */
 } dec_step_model_t;
 
 #define DEC_STATES(X)                                                         \
@@ -195,6 +197,7 @@ typedef struct {
     eng_decode_item_t *eitems;          /* (max_batch) */
     float *logits;                      /* (max_batch + 1, vocab): a chunk's, the batch's */
     bool fused;                         /* the chunk rode in the batch's passes */
+    uint32_t threads;                   /* engine threads it runs on (core arbiter) */
     uint64_t start_ns, end_ns;
     pd_status_t status;
 } dec_step_t;
@@ -229,6 +232,8 @@ struct dec {
     X(chunk_tokens,    COUNTER,   "prompt tokens in those chunks (chunk_tokens / chunks = mean chunk)") \
     X(fused_chunks,    COUNTER,   "chunks that rode in a batch's forward passes (fused-step)") \
     X(chunk_budget,    GAUGE,     "tokens the next chunk may take beside a running batch (tpot-target; else prefill-chunk)") \
+    X(threads_active,  GAUGE,     "engine threads the last step ran on (fewer than it has: cores parked for the host's prefills, tpot-target holding)") \
+    X(steps_yielded,   COUNTER,   "steps run on fewer threads than the decode has, cores parked for prefills on the host") \
     X(waiting,         GAUGE,     "requests in the wait queue")               \
     X(running,         GAUGE,     "sequences in the batch")                   \
     X(step_time,       HISTOGRAM, "one compute step (chunk + batch)")         \
@@ -257,9 +262,16 @@ typedef enum { DEC_STATS(DEC_STAT_ID) DEC_STAT__COUNT } dec_stat_id_t;
  * through the engine (fused when it can), then sampling and the finish
  * check into each request's step_* fields. eng_job_t.run of d->step. */
 void dec_step_run(eng_job_t *job);
-/* tpot-target's cost model: learn from a finished step (loop thread). */
-void dec_sm_add(dec_step_model_t *m, uint32_t chunk, uint32_t items, double t);
-/* Tokens the next chunk may take beside n_items running sequences. */
-uint32_t dec_chunk_budget(const dec_t *d, uint32_t n_items);
+/* tpot-target's cost model: learn from a finished step of `chunk` prompt
+ * tokens and `items` sequences on k threads that took t ns (loop thread). */
+void dec_sm_add(dec_step_model_t *m, uint32_t k, uint32_t chunk, uint32_t items, double t);
+/* Tokens the next chunk may take beside n_items running sequences on k threads. */
+uint32_t dec_chunk_budget(const dec_t *d, uint32_t n_items, uint32_t k);
+/* Engine threads the next step runs on: all of them, unless daemons after
+ * this one on the host want `want_after` threads now and tpot-target is
+ * set: then the fewest (parking at most want_after) whose measured step
+ * time stays within 90 % of the target; one fewer than the fewest measured
+ * is tried when the last measured count predicts (linearly) it fits. */
+uint32_t dec_threads_pick(const dec_t *d, uint32_t n_items, uint32_t want_after);
 
 #endif

@@ -73,6 +73,8 @@ void dec_step_run(eng_job_t *job)
     dec_t *d = s->d;
     void *arena = kvx_region_base(d->n.region);
     uint32_t vocab = d->n.geom->vocab_size;
+    if (d->n.ops->set_threads != NULL)
+        d->n.ops->set_threads(d->n.model, s->threads);
     s->start_ns = pd_now_ns();
     s->status = PD_OK;
     dec_req_t *c = s->chunk;
@@ -110,40 +112,72 @@ void dec_step_run(eng_job_t *job)
     s->end_ns = pd_now_ns();
 }
 
-/* ---- tpot-target: chunk size from measured step times ------------------ */
+/* ---- tpot-target: chunk size and threads from measured step times ----- */
 #define DEC_SM_NEW 0.1   /* weight of a new sample in the running means */
+
+static uint32_t dec_sm_k(uint32_t k)
+{
+    return k == 0 ? 1 : k > DEC_SM_THREADS ? DEC_SM_THREADS : k;
+}
 
 /* Learn from a finished step: without a chunk it is the batch's base
  * time; with one (fused, or apart: the same work), what it took beyond the
- * base, per chunk token. */
-void dec_sm_add(dec_step_model_t *m, uint32_t chunk, uint32_t items, double t)
+ * base, per chunk token. Both per thread count k. */
+void dec_sm_add(dec_step_model_t *m, uint32_t k, uint32_t chunk, uint32_t items, double t)
 {
+    k = dec_sm_k(k);
     if (chunk == 0) {
         if (items == 0)
             return;
-        m->base_ns = m->n_base++ ? m->base_ns + DEC_SM_NEW * (t - m->base_ns) : t;
+        m->base_ns[k] = m->n_base[k]++ ? m->base_ns[k] + DEC_SM_NEW * (t - m->base_ns[k]) : t;
         return;
     }
-    double per = (t - (items > 0 && m->n_base ? m->base_ns : 0.0)) / chunk;
+    double per = (t - (items > 0 && m->n_base[k] ? m->base_ns[k] : 0.0)) / chunk;
     if (per <= 0)
         return;
-    m->tok_ns = m->n_tok++ ? m->tok_ns + DEC_SM_NEW * (per - m->tok_ns) : per;
+    m->tok_ns[k] = m->n_tok[k]++ ? m->tok_ns[k] + DEC_SM_NEW * (per - m->tok_ns[k]) : per;
 }
 
 /* Tokens the next chunk may take beside n_items running sequences so the
- * step's predicted time (the batch's base + chunk x a token's cost) stays
- * within tpot-target: at least one block (a prompt always moves on), at
- * most prefill-chunk; one block until both costs have been seen. No
- * running sequence: nothing to protect, prefill-chunk. */
-uint32_t dec_chunk_budget(const dec_t *d, uint32_t n_items)
+ * step's predicted time (the batch's base + chunk x a token's cost, on k
+ * threads) stays within tpot-target: at least one block (a prompt always
+ * moves on), at most prefill-chunk; one block until both costs have been
+ * seen. No running sequence: nothing to protect, prefill-chunk. */
+uint32_t dec_chunk_budget(const dec_t *d, uint32_t n_items, uint32_t k)
 {
     uint32_t hi = (uint32_t)d->cfg.prefill_chunk, lo = d->n.geom->block_tokens;
     lo = lo < hi ? lo : hi;
     if (d->cfg.tpot_target_ns == 0 || n_items == 0)
         return hi;
     const dec_step_model_t *m = &d->sm;
-    if (m->n_base == 0 || m->n_tok == 0)
+    k = dec_sm_k(k);
+    if (m->n_base[k] == 0 || m->n_tok[k] == 0)
         return lo;
-    double rows = ((double)d->cfg.tpot_target_ns - m->base_ns) / m->tok_ns;
+    double rows = ((double)d->cfg.tpot_target_ns - m->base_ns[k]) / m->tok_ns[k];
     return rows <= lo ? lo : rows >= hi ? hi : (uint32_t)rows;
+}
+
+uint32_t dec_threads_pick(const dec_t *d, uint32_t n_items, uint32_t want_after)
+{
+    uint32_t all = d->n.threads ? d->n.threads : 1;
+    if (all <= 1 || d->cfg.tpot_target_ns == 0 || want_after == 0 || n_items == 0)
+        return all;
+    const dec_step_model_t *m = &d->sm;
+    double target = 0.9 * (double)d->cfg.tpot_target_ns;
+    uint32_t floor = all > want_after ? all - want_after : 1;
+    uint32_t k = all;
+    while (k > floor && k - 1 <= DEC_SM_THREADS) {
+        uint32_t j = k - 1;
+        if (m->n_base[j] > 0) {
+            if (m->base_ns[j] > target)
+                break;
+            k = j;
+            continue;
+        }
+        /* unseen: try it when the count above predicts it fits */
+        if (k <= DEC_SM_THREADS && m->n_base[k] > 0 && m->base_ns[k] * k / j <= target)
+            k = j;
+        break;
+    }
+    return k;
 }

@@ -308,7 +308,7 @@ static void dec_step_done(eng_job_t *job)
             if (s->fused)
                 pd_stats_inc(d->n.stats, DEC_STAT_fused_chunks);
         }
-        dec_sm_add(&d->sm, s->chunk != NULL ? s->chunk->chunk_n : 0, s->n_items,
+        dec_sm_add(&d->sm, s->threads, s->chunk != NULL ? s->chunk->chunk_n : 0, s->n_items,
                    (double)(s->end_ns - s->start_ns));
     }
     uint32_t np = 0;
@@ -390,10 +390,14 @@ static void dec_kick(dec_t *d)
         else if (r->state == DEC_ST_RUNNING && s->n_items < d->cfg.max_batch)
             s->items[s->n_items++] = r;
     }
+    /* the host's core arbiter: park threads for prefills that want them
+     * while tpot-target holds */
+    uint32_t want_after = node_cpu_want_after(&d->n);
+    s->threads = dec_threads_pick(d, s->n_items, want_after);
     if (oldest != NULL) {
         uint32_t need = oldest->n_prompt + (oldest->n_gen ? oldest->n_gen - 1 : 0);
         uint32_t left = need - oldest->kv_have;
-        uint32_t budget = dec_chunk_budget(d, s->n_items);
+        uint32_t budget = dec_chunk_budget(d, s->n_items, s->threads);
         pd_stats_gauge_set(d->n.stats, DEC_STAT_chunk_budget, budget);
         oldest->chunk_n = left < budget ? left : budget;
         oldest->chunk_logits = oldest->n_gen == 0 && oldest->kv_have + oldest->chunk_n == need;
@@ -418,7 +422,12 @@ static void dec_kick(dec_t *d)
         }
     }
     d->step_busy = true;
+    pd_stats_gauge_set(d->n.stats, DEC_STAT_threads_active, s->threads);
+    if (s->threads < d->n.threads)
+        pd_stats_inc(d->n.stats, DEC_STAT_steps_yielded);
     pd_status_t st = eng_runner_submit(d->n.runner, &s->job);
+    if (d->n.arb != NULL)
+        pd_cpuarb_set_used(d->n.arb, s->threads);
     if (st != PD_OK) { /* the runner queue is unbounded: shutting down */
         d->step_busy = false;
         if (s->chunk)
@@ -1358,8 +1367,23 @@ static pd_status_t dec_adm_requests(pd_admin_req_t *req, cJSON *reply)
     cJSON_AddNumberToObject(ch, "prefill_chunk", (double)d->cfg.prefill_chunk);
     cJSON_AddNumberToObject(ch, "tpot_target_ns", (double)d->cfg.tpot_target_ns);
     cJSON_AddBoolToObject(ch, "fused_step", d->cfg.fused_step);
-    cJSON_AddNumberToObject(ch, "batch_step_ns", d->sm.base_ns);
-    cJSON_AddNumberToObject(ch, "chunk_token_ns", d->sm.tok_ns);
+    /* per engine-thread count measured: the batch's step, a chunk token */
+    cJSON *per = cJSON_AddArrayToObject(ch, "by_threads");
+    for (uint32_t k = 1; k <= DEC_SM_THREADS; k++) {
+        if (d->sm.n_base[k] == 0 && d->sm.n_tok[k] == 0)
+            continue;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "threads", k);
+        cJSON_AddNumberToObject(o, "batch_step_ns", d->sm.base_ns[k]);
+        cJSON_AddNumberToObject(o, "chunk_token_ns", d->sm.tok_ns[k]);
+        cJSON_AddItemToArray(per, o);
+    }
+    uint32_t ka = (uint32_t)pd_stats_gauge(d->n.stats, DEC_STAT_threads_active);
+    ka = ka < 1 ? 1 : ka > DEC_SM_THREADS ? DEC_SM_THREADS : ka;
+    cJSON_AddNumberToObject(ch, "batch_step_ns", d->sm.base_ns[ka]);
+    cJSON_AddNumberToObject(ch, "chunk_token_ns", d->sm.tok_ns[ka]);
+    cJSON_AddNumberToObject(ch, "threads", d->n.threads);
+    cJSON_AddNumberToObject(ch, "threads_active", ka);
     return PD_OK;
 }
 
@@ -1401,7 +1425,7 @@ static void dec_kvx_config(node_t *n, kvx_config_t *kc)
 
 static const node_role_t dec_role = {
     .name = "decode", .schema = &dec_schema, .stats = &dec_stats_table,
-    .proto_role = PROTO_ROLE_DECODE,
+    .proto_role = PROTO_ROLE_DECODE, .cpu_prio = 0,
     .caps = PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT |
             PROTO_CAP_KV_EXPORT,
     .msgs = { .on_decode_req = dec_on_decode_req, .on_cancel = dec_on_cancel,

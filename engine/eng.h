@@ -228,6 +228,12 @@ typedef struct eng_ops {
      * (...)" / "qdot path: vnni (amx: no permission ...)"); the daemons log
      * it once at boot. NULL: nothing to say. */
     void (*describe)(const eng_model_t *model, char *buf, size_t len);
+    /* Run the following calls on at most n of the model's threads (1 ..
+     * its n_threads; 0 or more: all). The others park (no spinning), so a
+     * daemon can hand cores to another on the host between steps (issue
+     * 34). Results are bitwise the same whatever n. Compute thread,
+     * between calls. NULL: the engine always uses what it has. */
+    void (*set_threads)(eng_model_t *model, uint32_t n);
 } eng_ops_t;
 
 /* Pooling names ("mean", "cls", "last") <-> eng_pooling_t; -1 if unknown. */

@@ -9,6 +9,8 @@ struct eng_runner {
     pd_queue_t *out;     /* compute -> loop (attached to the loop) */
     pthread_t thread;
     size_t pending;      /* loop-thread count */
+    void (*on_busy)(void *arg, bool busy);
+    void *busy_arg;
 };
 
 typedef struct {
@@ -60,7 +62,8 @@ static void runner_deliver(pd_queue_t *q, pd_queue_node_t *n, void *arg)
     (void)q;
     eng_runner_t *r = arg;
     eng_job_t *job = PD_CONTAINER_OF(n, eng_job_t, node);
-    r->pending--;
+    if (--r->pending == 0 && r->on_busy != NULL)
+        r->on_busy(r->busy_arg, false);
     job->done(job);
 }
 
@@ -119,9 +122,15 @@ pd_status_t eng_runner_submit(eng_runner_t *r, eng_job_t *job)
 {
     job->aborted = false;
     pd_status_t st = pd_queue_push(r->in, &job->node);
-    if (st == PD_OK)
-        r->pending++;
+    if (st == PD_OK && r->pending++ == 0 && r->on_busy != NULL)
+        r->on_busy(r->busy_arg, true);
     return st;
+}
+
+void eng_runner_on_busy(eng_runner_t *r, void (*fn)(void *arg, bool busy), void *arg)
+{
+    r->on_busy = fn;
+    r->busy_arg = arg;
 }
 
 size_t eng_runner_pending(const eng_runner_t *r)

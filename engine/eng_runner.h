@@ -51,5 +51,9 @@ void eng_runner_destroy(eng_runner_t *r);
 pd_status_t eng_runner_submit(eng_runner_t *r, eng_job_t *job);
 /* Jobs submitted and not yet delivered back. */
 size_t eng_runner_pending(const eng_runner_t *r);
+/* fn(arg, true) when a job is submitted with none pending, fn(arg, false)
+ * when the last pending one is delivered (loop thread): the host's core
+ * arbiter hears when this daemon wants its threads. NULL fn: none. */
+void eng_runner_on_busy(eng_runner_t *r, void (*fn)(void *arg, bool busy), void *arg);
 
 #endif

@@ -35,6 +35,7 @@
 #include "pd_boot.h"
 #include "pd_config.h"
 #include "pd_cpuacct.h"
+#include "pd_cpuarb.h"
 #include "pd_idhash.h"
 #include "pd_loop.h"
 #include "pd_memledger.h"
@@ -73,6 +74,7 @@ typedef struct {
     bool print_arena_bytes;
     int64_t nice;
     uint64_t cpu_share;
+    char *cpu_arbiter;
 } node_config_t;
 
 extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", NULL } (eng_kv_dtype_t order) */
@@ -108,7 +110,8 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", NULL } (
     NODE_ROW(stype, mem_ledger, "mem.ledger", STRING, PD_MEMLEDGER_DEFAULT, "file where the daemons of one host reserve their KV arenas (flock'd; dead processes reclaimed)", 0, 0, NULL) \
     NODE_ROW(stype, print_arena_bytes, "print-arena-bytes", BOOL, "false", "load the model, print the KV arena's size in bytes and exit (pdctl's memory plan check)", 0, 0, NULL) \
     NODE_ROW(stype, nice, "nice", INT, "0", "scheduling niceness of every thread (setpriority at boot, before the engine's): daemons sharing a host's cores with threads = all of them lend their idle cores; the lower value wins when both are busy (e.g. prefill 10, decode 0: the decode's steps first, the prefill takes what they leave). Below 0 needs CAP_SYS_NICE", -20, 19, NULL) \
-    NODE_ROW(stype, cpu_share, "cpu-share", UINT, "0", "this daemon's share of the host's cores in milli-cores (1000 = one core; 0 = its engine threads): what pd_cpu_borrowed/lent_seconds and pdctl top's BORROW/LENT count against. Accounting only: lending itself is the kernel's (nice)", 0, 1048576, NULL)
+    NODE_ROW(stype, cpu_share, "cpu-share", UINT, "0", "this daemon's share of the host's cores in milli-cores (1000 = one core; 0 = its engine threads): what pd_cpu_borrowed/lent_seconds and pdctl top's BORROW/LENT count against. Accounting only: lending itself is the kernel's (nice)", 0, 1048576, NULL) \
+    NODE_ROW(stype, cpu_arbiter, "cpu-arbiter", STRING, PD_CPUARB_DEFAULT, "the host's core arbiter: a shared-memory table where the daemons of one host say how many threads they want now; a decode with tpot-target runs its steps on fewer threads while prefills want cores and its step time stays within the target (off: none)", 0, 0, NULL)
 
 /* ---- role tables ---------------------------------------------------------- */
 
@@ -229,6 +232,7 @@ typedef struct {
     const pd_stats_table_t *stats;      /* the role's counters (NODE_REQ_STATS first) */
     uint16_t proto_role;                /* PROTO_ROLE_* */
     uint32_t caps;                      /* PROTO_CAP_* */
+    uint32_t cpu_prio;                  /* in the host's core arbiter: 0 first (decode) */
     /* Session messages for the role (request, cancel, release, peer info,
      * ...), from any router: msgs.on_<type>(n, from, msg), `from` the link
      * (router session) it arrived on. ERROR from the router is logged by
@@ -323,6 +327,8 @@ struct node {
     pd_stats_t *pool;
     /* CPU use against cpu-share (node_metrics.c; admin `stats`, /metrics) */
     pd_cpuacct_t cpu;
+    struct pd_cpuarb *arb;              /* the host's core arbiter, NULL: off */
+    uint32_t threads;                   /* the engine's threads (threads, or the CPU budget) */
     pd_stats_t *cpu_stats;
     struct event *cpu_ev;
     uint64_t cpu_pub_ms[4];             /* used, borrowed, lent, idle: published */
@@ -544,6 +550,10 @@ void node_metrics_stop(node_t *n);
  * /metrics pd_cpu_*) sampled every 500 ms on the loop. */
 pd_status_t node_cpu_start(node_t *n);
 void node_cpu_stop(node_t *n);
+/* Threads the daemons after this one on the host want now (the core
+ * arbiter; 0 when it is off), also kept as the gauge threads_want_after.
+ * Loop thread. */
+uint32_t node_cpu_want_after(node_t *n);
 
 /* ---- internal: the session and admin wiring (node.c) -------------------- */
 

@@ -426,12 +426,12 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
                          &n->stats);
     if (st != PD_OK)
         return node_fail(n, "stats", st, NULL);
-    st = node_cpu_start(n);
-    if (st != PD_OK)
-        return node_fail(n, "cpu accounting", st, NULL);
     st = eng_runner_create(n->loop, 0, &n->runner);
     if (st != PD_OK)
         return node_fail(n, "compute thread", st, NULL);
+    st = node_cpu_start(n);
+    if (st != PD_OK)
+        return node_fail(n, "cpu accounting", st, NULL);
     node_drain_init(n);
 
     if (n->cfg->boot.admin_socket) {

@@ -6,6 +6,7 @@
 #include "node.h"
 
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "pd_log.h"
@@ -41,6 +42,8 @@ static const pd_stats_table_t node_pool_table =
     X(lent_ms,      COUNTER, "of its share, CPU time it left idle while other processes ran above theirs, ms") \
     X(idle_ms,      COUNTER, "of its share, CPU time it left idle, ms")      \
     X(share_mcores, GAUGE,   "its share of the host's cores, milli-cores (cpu-share)") \
+    X(threads,      GAUGE,   "engine threads it has")                        \
+    X(threads_want_after, GAUGE, "engine threads the daemons after it on the host want now (core arbiter; decode: read at its last step)") \
     X(host_mcores,  GAUGE,   "the host's cores, milli-cores")
 
 #define NODE_CPU_STAT_ID(name, kind, help) NODE_CPU_##name,
@@ -62,6 +65,7 @@ static const pd_stat_prom_t node_cpu_prom[] = {
       .family_help = "its share of the host's cores (cpu-share)" },
     { .name = "host_mcores", .family = "host_cores", .scale = 1e-3,
       .family_help = "the host's online cores" },
+    { .name = "threads", .family = "engine_threads" },
 };
 static const pd_stats_table_t node_cpu_table =
     PD_STATS_TABLE_PROM("cpu", node_cpu_descs, node_cpu_prom);
@@ -86,11 +90,21 @@ static void node_cpu_tick(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* The runner went busy / idle: tell the host's arbiter how many threads
+ * this daemon wants now. */
+static void node_cpu_busy(void *arg, bool busy)
+{
+    node_t *n = arg;
+    pd_cpuarb_set_want(n->arb, busy ? n->threads : 0);
+    pd_cpuarb_set_used(n->arb, busy ? n->threads : 0); /* a decode sets it per step */
+}
+
 pd_status_t node_cpu_start(node_t *n)
 {
+    n->threads = n->cfg->threads ? (uint32_t)n->cfg->threads : pd_cpu_budget(NULL, NULL);
     uint32_t share = (uint32_t)n->cfg->cpu_share;
     if (share == 0)
-        share = 1000u * (n->cfg->threads ? (uint32_t)n->cfg->threads : pd_cpu_budget(NULL, NULL));
+        share = 1000u * n->threads;
     long host = sysconf(_SC_NPROCESSORS_ONLN);
     pd_cpuacct_init(&n->cpu, share, 1000u * (uint32_t)(host > 0 ? host : 1));
     pd_status_t st = pd_stats_create(&node_cpu_table,
@@ -100,6 +114,19 @@ pd_status_t node_cpu_start(node_t *n)
         return st;
     pd_stats_gauge_set(n->cpu_stats, NODE_CPU_share_mcores, share);
     pd_stats_gauge_set(n->cpu_stats, NODE_CPU_host_mcores, n->cpu.host_milli);
+    pd_stats_gauge_set(n->cpu_stats, NODE_CPU_threads, n->threads);
+    const char *ap = n->cfg->cpu_arbiter;
+    if (ap != NULL && ap[0] != '\0' && strcmp(ap, "off") != 0) {
+        char name[PD_CPUARB_NAME_MAX], why[256] = "";
+        snprintf(name, sizeof(name), "pd-%s %.*s", n->role->name, 32, n->daemon_id);
+        if (pd_cpuarb_join(ap, name, n->role->cpu_prio, &n->arb, why, sizeof(why)) != PD_OK) {
+            /* not fatal: the daemon runs without yielding or being yielded to */
+            pd_log(PD_LOG_WARN, n->role->name, NULL, "cpu-arbiter off: %s", why);
+            n->arb = NULL;
+        } else {
+            eng_runner_on_busy(n->runner, node_cpu_busy, n);
+        }
+    }
     n->cpu_ev = event_new(pd_loop_base(n->loop), -1, EV_PERSIST, node_cpu_tick, n);
     if (n->cpu_ev == NULL) {
         pd_stats_destroy(n->cpu_stats);
@@ -112,8 +139,18 @@ pd_status_t node_cpu_start(node_t *n)
     return PD_OK;
 }
 
+uint32_t node_cpu_want_after(node_t *n)
+{
+    uint32_t w = n->arb != NULL ? pd_cpuarb_want_after(n->arb) : 0;
+    if (n->cpu_stats != NULL)
+        pd_stats_gauge_set(n->cpu_stats, NODE_CPU_threads_want_after, w);
+    return w;
+}
+
 void node_cpu_stop(node_t *n)
 {
+    pd_cpuarb_leave(n->arb);
+    n->arb = NULL;
     if (n->cpu_ev != NULL)
         event_free(n->cpu_ev);
     n->cpu_ev = NULL;

@@ -957,7 +957,7 @@ static const pd_stats_table_t pf_stats_table =
 
 static const node_role_t pf_role = {
     .name = "prefill", .schema = &pf_schema, .stats = &pf_stats_table,
-    .proto_role = PROTO_ROLE_PREFILL, .caps = PROTO_CAP_PREFILL | PROTO_CAP_KV_EXPORT,
+    .proto_role = PROTO_ROLE_PREFILL, .cpu_prio = 1, .caps = PROTO_CAP_PREFILL | PROTO_CAP_KV_EXPORT,
     .msgs = { .on_prefill_req = pf_on_prefill_req, .on_embed_req = pf_on_embed_req,
              .on_cancel = pf_on_cancel,
              .on_release = pf_on_release, .on_peer_info = pf_on_peer_info,

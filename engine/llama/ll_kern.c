@@ -1117,7 +1117,7 @@ void eng_ll_matmul(eng_ll_pool_t *pool, const eng_ll_matmul_t *mm,
             q += ctx.qa_stride[f] * mm->n_items;
         }
         if (ctx.qa[GGML_QACT_Q8A] || ctx.qa[GGML_QACT_Q8K]) {
-            if (mm->n_items >= 4 && eng_ll_pool_size(pool) > 1)
+            if (mm->n_items >= 4 && eng_ll_pool_active(pool) > 1)
                 eng_ll_pool_run(pool, ll_quant_task, &ctx, mm->n_items);
             else
                 for (uint32_t i = 0; i < mm->n_items; i++)
@@ -1129,7 +1129,7 @@ void eng_ll_matmul(eng_ll_pool_t *pool, const eng_ll_matmul_t *mm,
         ctx.total += mm->w[m]->rows;
         macs += (uint64_t)mm->w[m]->rows * mm->w[m]->cols * mm->n_items;
     }
-    uint32_t nt = eng_ll_pool_size(pool);
+    uint32_t nt = eng_ll_pool_active(pool);
     /* ~8 chunks per thread for balance, >= 16 rows each; tiny matmuls run
      * on the caller alone (waking a worker costs more than the work) */
     uint64_t cr = ctx.total / (8 * (uint64_t)nt);
@@ -1168,6 +1168,8 @@ struct eng_ll_pool {
     _Atomic(ll_job_t *) cur;     /* job being run, NULL between jobs */
     _Atomic uint32_t refs;       /* workers looking at `cur` */
     _Atomic uint32_t sleepers;
+    _Atomic uint32_t active;     /* threads 0..active-1 take jobs */
+    pthread_cond_t parked_cv;    /* workers tid >= active wait here */
     _Atomic int stop;
 };
 
@@ -1194,6 +1196,17 @@ static void *ll_worker(void *arg)
     for (;;) {
         uint64_t g;
         int spins = 0;
+        if (wa.tid >= atomic_load(&p->active)) {
+            /* parked: cores handed to another daemon; no spinning, and
+             * the jobs published meanwhile are not ours */
+            pthread_mutex_lock(&p->mu);
+            while (wa.tid >= atomic_load(&p->active) && !atomic_load(&p->stop))
+                pthread_cond_wait(&p->parked_cv, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+            seen = atomic_load(&p->gen);
+            if (atomic_load(&p->stop))
+                return NULL;
+        }
         while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop) &&
                spins < LL_SPIN) {
             __builtin_ia32_pause();
@@ -1212,7 +1225,7 @@ static void *ll_worker(void *arg)
         seen = g;
         atomic_fetch_add(&p->refs, 1);  /* then look: pairs with run()'s clear */
         ll_job_t *job = atomic_load(&p->cur);
-        if (job)
+        if (job && wa.tid < atomic_load(&p->active))
             ll_job_work(job, wa.tid);
         atomic_fetch_sub(&p->refs, 1);
     }
@@ -1226,8 +1239,10 @@ pd_status_t eng_ll_pool_create(uint32_t n_threads, eng_ll_pool_t **pool_p)
     if (!p)
         return PD_ERR_NO_MEMORY;
     p->n_threads = n_threads;
+    atomic_init(&p->active, n_threads);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
+    pthread_cond_init(&p->parked_cv, NULL);
     p->threads = calloc(n_threads, sizeof(pthread_t));
     if (!p->threads)
         goto err_free;
@@ -1253,6 +1268,7 @@ err_join:
 err_free:
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
+    pthread_cond_destroy(&p->parked_cv);
     free(p);
     return PD_ERR_NO_MEMORY;
 }
@@ -1264,11 +1280,13 @@ void eng_ll_pool_destroy(eng_ll_pool_t *p)
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->cv);
+    pthread_cond_broadcast(&p->parked_cv);
     pthread_mutex_unlock(&p->mu);
     for (uint32_t t = 1; t < p->n_threads; t++)
         pthread_join(p->threads[t - 1], NULL);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
+    pthread_cond_destroy(&p->parked_cv);
     free(p->threads);
     free(p);
 }
@@ -1276,6 +1294,25 @@ void eng_ll_pool_destroy(eng_ll_pool_t *p)
 uint32_t eng_ll_pool_size(const eng_ll_pool_t *p)
 {
     return p->n_threads;
+}
+
+void eng_ll_pool_set_active(eng_ll_pool_t *p, uint32_t n)
+{
+    if (n == 0 || n > p->n_threads)
+        n = p->n_threads;
+    uint32_t was = atomic_load(&p->active);
+    if (n == was)
+        return;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->active, n);
+    if (n > was)
+        pthread_cond_broadcast(&p->parked_cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+uint32_t eng_ll_pool_active(const eng_ll_pool_t *p)
+{
+    return atomic_load(&p->active);
 }
 
 static void ll_wait_zero(_Atomic uint32_t *v, uint32_t target)
@@ -1295,7 +1332,7 @@ void eng_ll_pool_run(eng_ll_pool_t *p, eng_ll_pool_fn fn, void *ctx, uint32_t n_
 {
     if (n_chunks == 0)
         return;
-    if (p->n_threads == 1 || n_chunks == 1) {
+    if (atomic_load(&p->active) == 1 || n_chunks == 1) {
         for (uint32_t c = 0; c < n_chunks; c++)
             fn(ctx, c, 0);
         return;

@@ -126,6 +126,13 @@ typedef void (*eng_ll_pool_fn)(void *ctx, uint32_t chunk, uint32_t tid);
 pd_status_t eng_ll_pool_create(uint32_t n_threads, eng_ll_pool_t **pool_p);
 void eng_ll_pool_destroy(eng_ll_pool_t *pool); /* accepts NULL */
 uint32_t eng_ll_pool_size(const eng_ll_pool_t *pool);
+/* Run the following jobs on threads 0..n-1 only (n clamped to 1..size;
+ * 0: all); the others park on a condvar without spinning until n covers
+ * them again. Call between jobs, from the caller's thread. Which threads
+ * run a job never changes its result. */
+void eng_ll_pool_set_active(eng_ll_pool_t *pool, uint32_t n);
+/* Threads the next job runs on (eng_ll_pool_set_active). */
+uint32_t eng_ll_pool_active(const eng_ll_pool_t *pool);
 /* Run fn(ctx, c, tid) for every chunk c in [0, n_chunks), each exactly
  * once, on whichever threads claim it first; return when all are done.
  * n_chunks == 1 runs inline on the caller without waking anyone. */

@@ -1441,6 +1441,12 @@ static void ll_set_layer_hook(eng_model_t *m, eng_layer_hook_t hook, void *arg)
     m->hook_arg = arg;
 }
 
+static void ll_set_threads(eng_model_t *m, uint32_t n)
+{
+    if (m)
+        eng_ll_pool_set_active(m->pool, n);
+}
+
 const eng_ops_t eng_llama_ops = {
     .name = "llama",
     .load = ll_load,
@@ -1453,4 +1459,5 @@ const eng_ops_t eng_llama_ops = {
     .embed = ll_embed,
     .step = ll_step,
     .describe = ll_describe,
+    .set_threads = ll_set_threads,
 };

@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -539,6 +540,99 @@ static void test_fused_step(void **state)
     f.ops->destroy(f.m);
 }
 
+/* set_threads (issue 34: a decode parks threads for the host's prefills):
+ * a prompt pass and a decode batch on 4, 1, 3 and 2 of a 4-thread pool
+ * write the same KV bytes and give the same logits; the count sticks
+ * between calls and 0 restores all. */
+static void test_set_threads(void **state)
+{
+    (void)state;
+    static const ll_tm_spec_t q4km = { "llama", 256, 2, 4, 2, 512, 300, 256, 0,
+                                       GGML_TYPE_Q4_K, false, false, 41, NULL, false, 0,
+                                       GGML_TYPE_Q6_K };
+    enum { NSEQ = 6, NB = 6, PLEN = 70 };
+    char path[300];
+    model_path(path, sizeof(path), "threads_q4_K_M");
+    assert_int_equal(ll_tm_write(&q4km, path), 0);
+    eng_model_t *m = load(path, ENG_KV_F16, 4, 16, NSEQ);
+    const eng_ops_t *ops = eng_find("llama");
+    assert_non_null(ops->set_threads);
+    const eng_kv_geom_t *g = ops->geometry(m);
+    uint32_t V = g->vocab_size, nblk = NSEQ * NB;
+    size_t bytes = (size_t)nblk * g->block_bytes;
+    uint8_t *ref = NULL;
+    float *lref = malloc((size_t)(NSEQ + 1) * V * sizeof(float));
+    float *lg = malloc((size_t)(NSEQ + 1) * V * sizeof(float));
+    static const uint32_t counts[] = { 4, 1, 3, 2, 0 };
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+        ops->set_threads(m, counts[c]);
+        uint8_t *a = calloc(1, bytes);
+        uint32_t bt[NSEQ][NB];
+        int32_t toks[NSEQ][PLEN + 1];
+        eng_decode_item_t items[NSEQ];
+        for (uint32_t s = 0; s < NSEQ; s++) {
+            for (uint32_t j = 0; j < NB; j++)
+                bt[s][j] = j * NSEQ + s;
+            uint32_t len = s == 0 ? PLEN : 5 + s * 3;
+            make_toks(toks[s], len + 1, V, s + 300);
+            assert_int_equal(ops->prefill(m, a, bt[s], NB, toks[s], len, 0,
+                                          s == 0 ? lg + (size_t)NSEQ * V : NULL), PD_OK);
+            items[s] = (eng_decode_item_t){ bt[s], NB, len, toks[s][len] };
+        }
+        assert_int_equal(ops->decode(m, a, items, NSEQ, lg), PD_OK);
+        if (ref == NULL) {
+            ref = a;
+            memcpy(lref, lg, (size_t)(NSEQ + 1) * V * sizeof(float));
+            continue;
+        }
+        assert_memory_equal(lref, lg, (size_t)(NSEQ + 1) * V * sizeof(float));
+        assert_memory_equal(ref, a, bytes);
+        free(a);
+    }
+    free(ref);
+    free(lref);
+    free(lg);
+    ops->destroy(m);
+}
+
+/* The pool's parked threads take no chunks: with 1 active only the caller
+ * (tid 0) runs them, with 2 only tids 0 and 1; every chunk runs once. */
+typedef struct {
+    _Atomic uint32_t by_tid[4];
+    _Atomic uint32_t runs[256];
+} pool_probe_t;
+
+static void pool_probe(void *ctx, uint32_t chunk, uint32_t tid)
+{
+    pool_probe_t *p = ctx;
+    atomic_fetch_add(&p->by_tid[tid], 1);
+    atomic_fetch_add(&p->runs[chunk], 1);
+    for (volatile int i = 0; i < 20000; i++)
+        ;
+}
+
+static void test_pool_active(void **state)
+{
+    (void)state;
+    eng_ll_pool_t *pool = NULL;
+    assert_int_equal(eng_ll_pool_create(4, &pool), PD_OK);
+    static const uint32_t act[] = { 1, 2, 0, 1, 4 };
+    for (size_t k = 0; k < sizeof(act) / sizeof(act[0]); k++) {
+        eng_ll_pool_set_active(pool, act[k]);
+        uint32_t a = act[k] ? act[k] : 4;
+        assert_int_equal(eng_ll_pool_active(pool), a);
+        for (int rep = 0; rep < 20; rep++) {
+            pool_probe_t p = { 0 };
+            eng_ll_pool_run(pool, pool_probe, &p, 256);
+            for (uint32_t c = 0; c < 256; c++)
+                assert_int_equal(p.runs[c], 1);
+            for (uint32_t t = a; t < 4; t++)
+                assert_int_equal(p.by_tid[t], 0);
+        }
+    }
+    eng_ll_pool_destroy(pool);
+}
+
 /* AVX-512, AVX2 and scalar paths implement the same canonical sums: the
  * logits are bitwise equal, for every weight type (and odd row lengths). */
 static void test_isa_paths_agree(void **state)
@@ -995,6 +1089,8 @@ int main(void)
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_fused_step),
+        cmocka_unit_test(test_set_threads),
+        cmocka_unit_test(test_pool_active),
         cmocka_unit_test(test_isa_paths_agree),
         cmocka_unit_test(test_amx_forward),
         cmocka_unit_test(test_geometry_and_errors),
