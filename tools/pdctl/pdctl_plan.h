@@ -136,9 +136,13 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
 
 int pdctl_cmd_plan(int argc, char **argv);
 int pdctl_cmd_autoscale(int argc, char **argv);
-/* Stop the run dir's planners (pdctl down, first). */
-void pdctl_planners_stop(const char *run_dir);
-/* One status line per planner of the run dir (pdctl status); how many. */
+/* Stop the run dir's planners (SIGTERM; one in a re-split finishes its
+ * `pdctl scale` first; SIGKILL after timeout_s). pdctl down, first. */
+void pdctl_planners_stop(const char *run_dir, double timeout_s);
+/* One status line per running planner of the run dir (pdctl status);
+ * returns how many. */
 int pdctl_planners_status(const char *run_dir);
+/* The running planners' status objects (planner-<k>.json), an array. */
+struct cJSON *pdctl_planners_json(const char *run_dir);
 
 #endif
