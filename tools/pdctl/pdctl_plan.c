@@ -762,6 +762,11 @@ static int plan_run(const char *run_dir, const char *name)
     }
     printf("%s: stopping\n", name);
     fflush(stdout);
+    if (l.leader) {   /* no stale metrics for a textfile collector */
+        char prom[PATH_MAX];
+        if (pdctl_fmt(prom, sizeof(prom), "%s/planner.prom", run_dir))
+            unlink(prom);
+    }
     if (lfd >= 0)
         close(lfd);
     plan_leader_release(&l);
