@@ -70,6 +70,12 @@ leader_of() {   # leader_of RUN_DIR -> the leading planner's name, or ""
 
 phase() {
     local R=$T/run-phase t0 dt
+    "$PDCTL" check "$SRC/tests/pdctl/plan-sim.ini" --set planner.bogus=1 >"$T/chk" 2>&1
+    check "check: an unknown [planner] key is refused (exit 2)" bash -c \
+        '[ $1 = 2 ] && grep -q "unknown key \"bogus\" in \[planner\]" "$2"' _ $? "$T/chk"
+    "$PDCTL" check "$SRC/tests/pdctl/plan-sim.ini" --set planner.dwell=soon >"$T/chk" 2>&1
+    check "check: a bad [planner] value is refused (exit 2)" bash -c \
+        '[ $1 = 2 ] && grep -q "\[planner\] dwell: expected a duration" "$2"' _ $? "$T/chk"
     up "$R" || return
     "$PDCTL" autoscale on --run-dir "$R" >"$T/on.out" 2>&1
     check "autoscale on: planner-0 leads" grep -q "planner-0 started (pid [0-9]*, leader" "$T/on.out"
