@@ -62,6 +62,9 @@ counts() {   # counts RUN_DIR -> "P:D" of live prefill / decode daemons
     "$PDCTL" status --run-dir "$1" --json |
         json_get '"%d:%d" % tuple(sum(1 for d in j["daemons"] if d["role"] == r and d["state"] == "ready") for r in ("prefill", "decode"))'
 }
+clean_logs() {   # clean_logs RUN_DIR: no sanitizer report from a planner (ASan tree)
+    check "planner logs: no sanitizer report" bash -c '! grep -l "Sanitizer" "$1"/planner-*.log' _ "$1"
+}
 is_split() { [ "$(counts "$1" 2>/dev/null)" = "$2" ]; }
 leader_of() {   # leader_of RUN_DIR -> the leading planner's name, or ""
     "$PDCTL" autoscale status --run-dir "$1" --json |
@@ -105,6 +108,7 @@ phase() {
         'grep -qx "pd_planner_desired_daemons{role=\"prefill\"} 2" "$1" && grep -qx "pd_planner_resplits_total 1" "$1"' _ "$R/planner.prom"
     check "status lists the planner" bash -c '"$1" status --run-dir "$2" | grep -qE "^planner-0 +planner +leader"' _ "$PDCTL" "$R"
     "$PDCTL" down --run-dir "$R" >"$T/down.out" 2>&1
+    clean_logs "$R"
     check "down stops the planner too" bash -c '! pgrep -f "autoscale run planner-0 --run-dir $1" >/dev/null' _ "$R"
 }
 
@@ -128,6 +132,7 @@ flap() {
     for i in 1 2 3 4 5 6; do f=$((f + $(failed_of "$T/c$i.json") + $(failed_of "$T/l$i.json"))); done
     check "flapping load: zero failed requests" test $f = 0
     "$PDCTL" down --run-dir "$R" >/dev/null 2>&1
+    clean_logs "$R"
 }
 
 # two planners on one deployment: one leads; kill -9 it, the other leads
@@ -157,6 +162,7 @@ leader() {
     up "$R" || return
     takeover "$R" flock
     "$PDCTL" down --run-dir "$R" >/dev/null 2>&1
+    clean_logs "$R"
     if ! command -v etcd >/dev/null; then
         echo "skip - etcd not installed: the etcd leader key is not tested"
         return
