@@ -9,9 +9,9 @@
 #                              [--configs "1P:5D 3P:3D planner ..."]
 #
 # Phases (--phase seconds each, default 30; Poisson arrivals):
-#   chat   short chat at a high rate: 12 req/s, 128 prompt / 128 answer tokens
-#   long   long prompts, short answers: 10 req/s, 2000 / 16
-#   agent  agent turns on long shared prefixes: 8 req/s, 4 groups x 1536-token
+#   chat   short chat at a high rate: 10 req/s, 128 prompt / 128 answer tokens
+#   long   long prompts, short answers: 8 req/s, 2000 / 16
+#   agent  agent turns on long shared prefixes: 6 req/s, 4 groups x 1536-token
 #          prefix + 256 new tokens, 64 answer tokens (shared-prefix workload)
 # Configurations: the static splits 1P:5D .. 5P:1D (disagg-mode always),
 # mixed-6D (6 decodes, disagg-mode never) and `planner` (starts 3P:3D,
@@ -65,9 +65,9 @@ mem_avail_mb() { awk '/^MemAvailable:/ {print int($2 / 1024)}' /proc/meminfo; }
 
 phase_args() {
     case $1 in
-    chat) echo --rate 12 --input-len 128 --prompt-ids 1000:30000 --output-len 128 --seed 1 ;;
-    long) echo --rate 10 --input-len 2000 --prompt-ids 1000:30000 --output-len 16 --seed 2 ;;
-    agent) echo --rate 8 --workload shared-prefix --prefix-len 1536 --prefix-groups 4 \
+    chat) echo --rate 10 --input-len 128 --prompt-ids 1000:30000 --output-len 128 --seed 1 ;;
+    long) echo --rate 8 --input-len 2000 --prompt-ids 1000:30000 --output-len 16 --seed 2 ;;
+    agent) echo --rate 6 --workload shared-prefix --prefix-len 1536 --prefix-groups 4 \
                --prefix-prompts 1000 --input-len 256 --prompt-ids 1000:30000 --output-len 64 --seed 3 ;;
     esac
 }
@@ -99,6 +99,12 @@ for rep in $(seq 1 "$REPS"); do
             say "$PDCTL" autoscale on --run-dir "$RUN"
             "$PDCTL" autoscale on --run-dir "$RUN"
         fi
+        # warm-up, not counted: 5 s of light chat (first-touch of the arenas,
+        # connections); the same for every configuration
+        W=("$BENCH" --url "$URL" --rate 2 --input-len 128 --prompt-ids 1000:30000 --output-len 32
+           --seed 9 --duration 5s --ignore-eos --no-per-request --quiet)
+        say "${W[@]}"
+        "${W[@]}" >/dev/null 2>&1
         for ph in chat long agent; do
             J=$OUT/$rep-${cfg//:/}-$ph.json
             # shellcheck disable=SC2046

@@ -243,6 +243,61 @@ static void test_dwell_respected(void **state)
     pd_config_free(&pdctl_plan_schema, &c);
 }
 
+/* A tick without fresh figures (dt 0: the first read after a re-split)
+ * neither counts toward confirm nor acts, even when confirm and dwell
+ * are met by then. */
+static void test_stale_tick_never_acts(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    c.window_ns = 1;   /* the average is the last tick */
+    c.confirm = 2;
+    c.dwell_ns = 10 * SEC;
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_out_t out;
+    pdctl_plan_in_t in;
+    uint64_t now = 0;
+    unsigned np = 1, nd = 5;
+    assert_int_equal(run(&c, &st, &now, LONG, 2, &np, &nd, &out), 1);   /* -> 5:1 */
+    /* a stale tick is not the second of confirm */
+    tick(&in, &now, CHAT, np, nd);
+    pdctl_plan_step(&c, 6, &in, &st, &out);
+    assert_int_equal(out.reason, PDCTL_PLAN_CONFIRM);
+    tick(&in, &now, CHAT, np, nd);
+    in.dt_s = 0;
+    pdctl_plan_step(&c, 6, &in, &st, &out);
+    assert_false(out.act);
+    /* confirmed, held by dwell; dwell ends on a stale tick: no act */
+    while (now - st.last_change_ns < c.dwell_ns - 2 * SEC) {
+        tick(&in, &now, CHAT, np, nd);
+        pdctl_plan_step(&c, 6, &in, &st, &out);
+        assert_int_equal(out.reason, PDCTL_PLAN_DWELL);
+    }
+    tick(&in, &now, CHAT, np, nd);
+    in.dt_s = 0;
+    pdctl_plan_step(&c, 6, &in, &st, &out);
+    assert_false(out.act);
+    tick(&in, &now, CHAT, np, nd);
+    pdctl_plan_step(&c, 6, &in, &st, &out);
+    assert_true(out.act);
+    assert_int_equal(out.reason, PDCTL_PLAN_MORE_DECODE);
+    /* confirm 3: fresh, stale, fresh is two, not three */
+    c.confirm = 3;
+    c.dwell_ns = 0;
+    pdctl_plan_state_init(&st);
+    np = 1;
+    nd = 5;
+    double dts[] = { 2, 0, 2, 2 };
+    for (int i = 0; i < 4; i++) {
+        tick(&in, &now, LONG, np, nd);
+        in.dt_s = dts[i];
+        pdctl_plan_step(&c, 6, &in, &st, &out);
+        assert_int_equal(out.act, i == 3);
+    }
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
 /* The budget binds: every decision sums to it; a deployment bigger than
  * the budget is brought to it; min-prefill / min-decode clamp the split;
  * min-prefill 0 allows PD-mixed. */
@@ -304,6 +359,7 @@ int main(void)
         cmocka_unit_test(test_flapping_no_oscillation),
         cmocka_unit_test(test_hysteresis_holds),
         cmocka_unit_test(test_dwell_respected),
+        cmocka_unit_test(test_stale_tick_never_acts),
         cmocka_unit_test(test_budget_respected),
         cmocka_unit_test(test_slo_pressure),
     };

@@ -400,8 +400,14 @@ static cJSON *plan_status_json(const plan_ctl_t *c)
 
 /* ---- acting: the operator's own command ---------------------------------------- */
 
-/* Run `pdctl scale ROLE N --run-dir D` (this binary) and wait. Its exit code. */
-static int plan_scale(const char *run_dir, pdctl_role_t role, unsigned n)
+typedef struct plan_leader plan_leader_t;
+static void plan_leader_hold(plan_leader_t *l);
+static volatile sig_atomic_t plan_stop;
+
+/* Run `pdctl scale ROLE N --run-dir D` (this binary) and wait, keeping the
+ * leadership alive meanwhile (a drain may take the stop-timeout). Its exit
+ * code. */
+static int plan_scale(const char *run_dir, pdctl_role_t role, unsigned n, plan_leader_t *l)
 {
     char self[PATH_MAX], num[16];
     ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -418,31 +424,43 @@ static int plan_scale(const char *run_dir, pdctl_role_t role, unsigned n)
               (char *)NULL);
         _exit(127);
     }
-    int status;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
+    int status = 0;
+    double next = pdctl_now() + 1;
+    for (;;) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid)
+            break;
+        if (w < 0 && errno != EINTR)
+            return PDCTL_EXIT_FAIL;
+        if (pdctl_now() >= next) {
+            plan_leader_hold(l);
+            next = pdctl_now() + 1;
+        }
+        pdctl_nap_ms(50);
+    }
     return WIFEXITED(status) ? WEXITSTATUS(status) : PDCTL_EXIT_FAIL;
 }
 
 /* Re-split to o's counts: the shrinking pool first (drain, live migration,
  * stop), then the growing one, so prefill + decode never exceeds the
  * budget. 0, or the first failing scale's exit code. */
-static int plan_apply(const char *run_dir, unsigned np, const pdctl_plan_out_t *o)
+static int plan_apply(const char *run_dir, unsigned np, const pdctl_plan_out_t *o,
+                      plan_leader_t *l)
 {
     pdctl_role_t first = o->want_prefill < np ? PDCTL_PREFILL : PDCTL_DECODE;
     pdctl_role_t second = first == PDCTL_PREFILL ? PDCTL_DECODE : PDCTL_PREFILL;
     unsigned want[PDCTL_ROLE_N] = { 0 };
     want[PDCTL_PREFILL] = o->want_prefill;
     want[PDCTL_DECODE] = o->want_decode;
-    int rc = plan_scale(run_dir, first, want[first]);
-    if (rc != 0)
+    int rc = plan_scale(run_dir, first, want[first], l);
+    if (rc != 0 || plan_stop)   /* stopped meanwhile: not the second half */
         return rc;
-    return plan_scale(run_dir, second, want[second]);
+    return plan_scale(run_dir, second, want[second], l);
 }
 
 /* ---- leader election ------------------------------------------------------------- */
 
-typedef struct {
+struct plan_leader {
     bool leader;
     int fd;                    /* flock: <run>/planner.lock, held while leader */
     char lock_path[PATH_MAX];
@@ -452,7 +470,7 @@ typedef struct {
     char lease[32];
     unsigned ttl_s;
     double last_ok;            /* last successful keep-alive */
-} plan_leader_t;
+};
 
 static bool plan_etcd_json(const char *endpoint, const char *path, const char *body, cJSON **out)
 {
@@ -551,6 +569,13 @@ static bool plan_leader_check(plan_leader_t *l)
     return l->leader;
 }
 
+/* During a long re-split: the etcd lease must outlive it (an flock does). */
+static void plan_leader_hold(plan_leader_t *l)
+{
+    if (l->endpoint != NULL && l->leader && plan_etcd_keepalive(l))
+        l->last_ok = pdctl_now();
+}
+
 static void plan_leader_release(plan_leader_t *l)
 {
     if (l->endpoint != NULL && l->leader)
@@ -618,8 +643,6 @@ static void plan_serve(int lfd, const char *text)
 }
 
 /* ---- the loop: pdctl autoscale run ------------------------------------------------ */
-
-static volatile sig_atomic_t plan_stop;
 
 static void plan_on_signal(int sig)
 {
@@ -734,7 +757,7 @@ static int plan_run(const char *run_dir, const char *name)
             c->resplits++;
             c->last_unix = (int64_t)time(NULL);
             plan_write_status(run_dir, c);
-            int arc = plan_apply(run_dir, c->in.n_prefill, &c->out);
+            int arc = plan_apply(run_dir, c->in.n_prefill, &c->out, &l);
             printf("%s: re-split %u:%u -> %u:%u %s (rc %d)\n", name, c->in.n_prefill,
                    c->in.n_decode, c->out.want_prefill, c->out.want_decode,
                    arc == 0 ? "done" : "FAILED", arc);

@@ -240,8 +240,9 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         st->pending = dir;
         st->pending_ticks = 0;
     }
-    st->pending_ticks++;
-    if (st->pending_ticks < (cfg->confirm ? cfg->confirm : 1)) {
+    if (in->dt_s > 0)   /* only fresh figures count (none right after a re-split) */
+        st->pending_ticks++;
+    if (st->pending_ticks < (cfg->confirm ? cfg->confirm : 1) || !(in->dt_s > 0)) {
         why = PDCTL_PLAN_CONFIRM;
         goto count;
     }
