@@ -253,7 +253,7 @@ static void plan_figures(const plan_sample_t *a, const plan_sample_t *b, uint64_
 
 /* ---- decisions: log line, status JSON, metrics -------------------------------- */
 
-static void plan_log(const char *name, bool leader, const pdctl_plan_in_t *in,
+static void plan_log(const char *name, bool leader, bool act, const pdctl_plan_in_t *in,
                      const pdctl_plan_out_t *o)
 {
     char stamp[32];
@@ -264,7 +264,7 @@ static void plan_log(const char *name, bool leader, const pdctl_plan_in_t *in,
            "cap=%.0f/%.0f tok/s step=%.1fms+%.3fms*b bcap=%.0f | req/s=%.2f prompt/s=%.0f "
            "cached/s=%.0f gen/s=%.0f ttft_p90=%.3fs itl_p90=%.4fs dt=%.1fs\n",
            stamp, name, leader ? "leader" : "standby",
-           o->act ? (leader ? "RESPLIT" : "would-resplit") : "hold", pdctl_plan_reason_name(o->reason),
+           o->act ? (leader && act ? "RESPLIT" : "would-resplit") : "hold", pdctl_plan_reason_name(o->reason),
            o->want_prefill, o->want_decode, in->n_prefill, in->n_decode, o->split_prefill,
            o->need_p, o->need_d, o->pf_tok_s, o->dec_tok_s, o->step_a_s * 1e3,
            o->step_k_s * 1e3, o->dec_batch_cap, in->requests / dt, in->prompt_tokens / dt,
@@ -749,11 +749,11 @@ static int plan_run(const char *run_dir, const char *name)
         pdctl_plan_step(&cfg, c->budget, &c->in, &c->st, &c->out);
         bool log = c->out.act || c->out.reason != last_reason || ++quiet >= 15;
         if (log) {
-            plan_log(name, c->leader, &c->in, &c->out);
+            plan_log(name, c->leader, cfg.act, &c->in, &c->out);
             quiet = 0;
         }
         last_reason = c->out.reason;
-        if (c->out.act && c->leader) {
+        if (c->out.act && c->leader && cfg.act) {
             c->resplits++;
             c->last_unix = (int64_t)time(NULL);
             plan_write_status(run_dir, c);

@@ -71,6 +71,7 @@ typedef struct {
     char *etcd;                /* leader election in etcd (host:port); NULL: the
                                   deployment's etcd, else flock on the run dir */
     char *metrics_listen;      /* the leader's /metrics (host:port), NULL: none */
+    bool act;                  /* false: decide and export only (an external scaler acts) */
 } pdctl_plan_cfg_t;
 
 extern const pd_cfg_schema_t pdctl_plan_schema;

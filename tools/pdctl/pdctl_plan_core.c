@@ -36,6 +36,9 @@ static const pd_cfg_field_t pdctl_plan_fields[] = {
     ROW(metrics_listen, "metrics-listen", STRING, NULL,
         "host:port where the planner serves /metrics (pd_planner_*), e.g. for a KEDA scaler",
         0, 0),
+    PD_CFG_ROW(pdctl_plan_cfg_t, act, "act", BOOL, "true",
+               "re-split through pdctl scale (false: decide, log and export only, for an "
+               "external scaler such as KEDA or an HPA)", 0, 0, NULL),
     PD_CFG_END,
 };
 
