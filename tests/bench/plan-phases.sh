@@ -7,6 +7,7 @@
 #
 #   tests/bench/plan-phases.sh [--build DIR] [--out DIR] [--phase S] [--reps N]
 #                              [--configs "1P:5D 3P:3D planner ..."]
+#                              [--planner "dwell=20s window=10s ..."]  (extra [planner] rows)
 #
 # Phases (--phase seconds each, default 30; Poisson arrivals):
 #   chat   short chat at a high rate: 10 req/s, 128 prompt / 128 answer tokens
@@ -22,7 +23,7 @@ set -uo pipefail
 
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${PD_BUILD_DIR:-$SRC/build}
-OUT= PHASE=30 REPS=1
+OUT= PHASE=30 REPS=1 PLANNER_EXTRA=
 CONFIGS="1P:5D 2P:4D 3P:3D 4P:2D 5P:1D mixed-6D planner"
 while [ $# -gt 0 ]; do
     case $1 in
@@ -31,7 +32,8 @@ while [ $# -gt 0 ]; do
     --phase) PHASE=$2; shift ;;
     --reps) REPS=$2; shift ;;
     --configs) CONFIGS=$2; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --planner) PLANNER_EXTRA=$2; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "plan-phases: unknown argument $1 (--help)" >&2; exit 2 ;;
     esac
     shift
@@ -49,6 +51,7 @@ COMMON=(--set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0
 PLANNER=(--set planner.budget=6 --set planner.min-prefill=1 --set planner.interval=1s
          --set planner.window=6s --set planner.confirm=2 --set planner.dwell=10s
          --set planner.ttft-p90=1s --set planner.tpot-p90=50ms)
+for kv in $PLANNER_EXTRA; do PLANNER+=(--set "planner.$kv"); done
 
 RUNS=()
 cleanup() {
