@@ -175,6 +175,7 @@ leader() {
     check "etcd: the leader holds its key under the deployment prefix" bash -c \
         'grep -q "leader by etcd 127.0.0.1:$2" "$1/planner-0.log" && grep -hq ": leader (/pdserve/plan-sim/planner/leader)" "$1"/planner-*.log' _ "$R" "$port"
     "$PDCTL" down --run-dir "$R" >/dev/null 2>&1
+    clean_logs "$R"
 }
 
 case $MODE in
