@@ -350,6 +350,33 @@ static void test_slo_pressure(void **state)
     pd_config_free(&pdctl_plan_schema, &c);
 }
 
+/* A missed inter-token p90 with fast decode steps (the gap after token 0
+ * is a long KV pull) is no decode pressure; with slow steps it is. */
+static void test_tpot_pressure_needs_slow_steps(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    pdctl_plan_state_t a, b, d;
+    pdctl_plan_state_init(&a);
+    pdctl_plan_state_init(&b);
+    pdctl_plan_state_init(&d);
+    pdctl_plan_out_t oa, ob, od;
+    uint64_t now = 0;
+    for (int t = 0; t < 5; t++) {
+        pdctl_plan_in_t in;
+        tick(&in, &now, CHAT, 1, 5);
+        pdctl_plan_step(&c, 6, &in, &a, &oa);
+        in.itl_p90_s = 0.2;          /* 4x the 50 ms target: pulls */
+        pdctl_plan_step(&c, 6, &in, &b, &ob);
+        for (unsigned i = 0; i < in.n_dec; i++)
+            in.dec[i].step_s = 0.080; /* and the steps themselves: 1.6x */
+        pdctl_plan_step(&c, 6, &in, &d, &od);
+    }
+    assert_true(ob.need_d > 0.99 * oa.need_d && ob.need_d < 1.01 * oa.need_d);
+    assert_true(od.need_d > 1.2 * oa.need_d);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -362,6 +389,7 @@ int main(void)
         cmocka_unit_test(test_stale_tick_never_acts),
         cmocka_unit_test(test_budget_respected),
         cmocka_unit_test(test_slo_pressure),
+        cmocka_unit_test(test_tpot_pressure_needs_slow_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,7 +22,9 @@
  *                       uncached prompt tokens/s (prefill) and generated
  *                       tokens/s (decode) the routers saw; times
  *                       min(2, p90 / target) of that pool's SLO when it is
- *                       missed; smoothed (EWMA, time constant `window`);
+ *                       missed (decode: only as far as the decodes' own mean
+ *                       step misses it too - the gap after token 0 holds the
+ *                       KV pull); smoothed (EWMA, time constant `window`);
  *   split             = budget * need_p / (need_p + need_d), clamped to
  *                       [min-prefill, budget - min-decode].
  * No flapping: a re-split needs the fractional split to be more than

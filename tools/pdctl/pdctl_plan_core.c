@@ -174,6 +174,25 @@ static double plan_pressure(double p90, uint64_t target_ns)
     return p90 / t > 2 ? 2 : p90 / t;
 }
 
+/* A missed TPOT is the decodes' only when their own steps are slow too: the
+ * inter-token gap after token 0 also holds the KV pull, which more decodes
+ * do not shorten (docs/BENCHMARKS.md "SLO planner"). The smaller of the
+ * routers' inter-token p90 and the decodes' mean step this tick. */
+static double plan_dec_pressure(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *in)
+{
+    double step = 0;
+    unsigned n = 0;
+    for (unsigned i = 0; i < in->n_dec && i < PDCTL_PLAN_MAX_SAMPLES; i++) {
+        if (in->dec[i].step_s > 0) {
+            step += in->dec[i].step_s;
+            n++;
+        }
+    }
+    double itl = plan_pressure(in->itl_p90_s, cfg->tpot_p90_ns);
+    double own = n > 0 ? plan_pressure(step / n, cfg->tpot_p90_ns) : 1;
+    return itl < own ? itl : own;
+}
+
 void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_plan_in_t *in,
                      pdctl_plan_state_t *st, pdctl_plan_out_t *out)
 {
@@ -191,7 +210,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         double raw_p = (uncached > 0 ? uncached : 0) / in->dt_s / (st->pf_tok_s * util) *
                        plan_pressure(in->ttft_p90_s, cfg->ttft_p90_ns);
         double raw_d = in->gen_tokens / in->dt_s / (out->dec_tok_s * util) *
-                       plan_pressure(in->itl_p90_s, cfg->tpot_p90_ns);
+                       plan_dec_pressure(cfg, in);
         double w = cfg->window_ns > 0 ? 1 - exp(-in->dt_s * 1e9 / (double)cfg->window_ns) : 1;
         if (!st->primed) {
             st->need_p = raw_p;
