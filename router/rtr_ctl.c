@@ -686,6 +686,55 @@ pd_status_t rtr_admin_backends(pd_admin_req_t *req, cJSON *reply)
     return PD_OK;
 }
 
+pd_status_t rtr_admin_planner(pd_admin_req_t *req, cJSON *reply)
+{
+    rtr_t *r = req->arg;
+    static const struct {
+        const char *name;
+        unsigned id;
+    } counters[] = {
+        { "requests_accepted", RTR_STAT_requests_accepted },
+        { "requests_completed", RTR_STAT_requests_completed },
+        { "requests_failed", RTR_STAT_requests_failed },
+        { "prompt_tokens", RTR_STAT_prompt_tokens },
+        { "prompt_cached_tokens", RTR_STAT_prompt_cached_tokens },
+        { "generation_tokens", RTR_STAT_generation_tokens },
+    };
+    static const struct {
+        const char *name;
+        unsigned id;
+    } hists[] = {
+        { "request_ttft", RTR_STAT_request_ttft },
+        { "request_inter_token", RTR_STAT_request_inter_token },
+    };
+    cJSON *c = cJSON_AddObjectToObject(reply, "counters");
+    cJSON *h = cJSON_AddObjectToObject(reply, "histograms");
+    cJSON *cost = cJSON_AddObjectToObject(reply, "cost");
+    if (c == NULL || h == NULL || cost == NULL)
+        return PD_ERR_NO_MEMORY;
+    for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++)
+        cJSON_AddNumberToObject(c, counters[i].name,
+                                (double)pd_stats_counter(r->stats, counters[i].id));
+    for (size_t i = 0; i < sizeof(hists) / sizeof(hists[0]); i++) {
+        pd_hist_snapshot_t snap;
+        pd_stats_hist_read(r->stats, hists[i].id, &snap);
+        cJSON *o = cJSON_AddObjectToObject(h, hists[i].name);
+        cJSON *b = o ? cJSON_AddArrayToObject(o, "buckets") : NULL;
+        if (b == NULL)
+            return PD_ERR_NO_MEMORY;
+        cJSON_AddNumberToObject(o, "sum_ns", (double)snap.sum_ns);
+        for (unsigned k = 0; k < PD_HIST_BUCKETS; k++)
+            cJSON_AddItemToArray(b, cJSON_CreateNumber((double)snap.buckets[k]));
+    }
+    cJSON_AddNumberToObject(c, "requests_inflight",
+                            (double)pd_stats_gauge(r->stats, RTR_STAT_requests_inflight));
+    cJSON_AddNumberToObject(cost, "pf_tok_ns", r->cost.pf_tok_ns);
+    cJSON_AddNumberToObject(cost, "dec_tok_ns", r->cost.dec_tok_ns);
+    cJSON_AddNumberToObject(cost, "pull_tok_ns", r->cost.pull_tok_ns);
+    cJSON_AddNumberToObject(cost, "hop_ns", r->cost.hop_ns);
+    return PD_OK;
+}
+
 pd_status_t rtr_admin_set_backend(pd_admin_req_t *req, cJSON *reply)
 {
     rtr_t *r = req->arg;

@@ -286,6 +286,10 @@ pd_status_t rtr_backend_send(rtr_backend_t *be, proto_msg_t *msg);
 const char *rtr_be_state_name(rtr_be_state_t s);
 pd_status_t rtr_admin_backends(pd_admin_req_t *req, struct cJSON *reply);
 pd_status_t rtr_admin_set_backend(pd_admin_req_t *req, struct cJSON *reply);
+/* admin `planner`: what the SLO planner (pdctl autoscale) reads: raw
+ * counters, the TTFT / inter-token histograms' bucket counts (the planner
+ * differences two reads for a window's p90), the cost mode's rates. */
+pd_status_t rtr_admin_planner(pd_admin_req_t *req, struct cJSON *reply);
 
 /* rtr_http.c: the evhttp front end and its output calls for the flow */
 pd_status_t rtr_http_start(rtr_t *r);

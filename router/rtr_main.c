@@ -176,6 +176,8 @@ static const pd_admin_cmd_t rtr_admin_cmds[] = {
       "backends - registered daemons: role, state, load, last heartbeat" },
     { "set-backend", PD_ADMIN_ADMIN, rtr_admin_set_backend,
       "set-backend <id> ready|drain|maint - change a backend's routing state" },
+    { "planner", PD_ADMIN_USER, rtr_admin_planner,
+      "planner - counters, TTFT / inter-token histogram buckets and cost rates for pdctl autoscale" },
     { "requests", PD_ADMIN_USER, rtr_admin_requests,
       "requests - requests in flight with state and per-state times" },
     PD_ADMIN_CMD_END,

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "pd_config.h"
+#include "pdctl_plan.h"
 
 static int cmd_stats(int argc, char **argv) { return pdctl_cmd_query("stats", argc, argv); }
 static int cmd_kv(int argc, char **argv) { return pdctl_cmd_query("kv", argc, argv); }
@@ -27,6 +28,8 @@ static int cmd_help(int argc, char **argv);
     X("down", pdctl_cmd_down, "down                    stop it (router drains first, then the daemons)") \
     X("status", pdctl_cmd_status, "status                  one line per daemon: role, state, load, pid, uptime") \
     X("scale", pdctl_cmd_scale, "scale prefill|decode N   start daemons or drain+stop them to reach N") \
+    X("plan", pdctl_cmd_plan, "plan [--seconds S]       dry run of the SLO planner: figures, capacities, the split it would run and why") \
+    X("autoscale", pdctl_cmd_autoscale, "autoscale on|off|status  the SLO planner re-splits prefill:decode ([planner] rows; one leader)") \
     X("stats", cmd_stats, "stats [DAEMON|all]      counters and histograms") \
     X("kv", cmd_kv, "kv [DAEMON|all]         KV block pools") \
     X("leases", cmd_leases, "leases [DAEMON|all]     KV leases held by prefill daemons") \

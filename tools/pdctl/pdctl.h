@@ -67,6 +67,7 @@ typedef struct {
     pdctl_kvs_t role_kv[PDCTL_ROLE_N];   /* daemon config keys per role */
     pdctl_kvs_t env;           /* [env] NAME = value for every daemon */
     pdctl_kvs_t netns;         /* [netns] daemon-name = namespace */
+    pdctl_kvs_t planner;       /* [planner] rows (pdctl_plan_schema), checked */
 } pdctl_dep_t;
 
 /* Parse `path`, apply `sets` ("section.key=value", n_sets of them) on top,
@@ -186,6 +187,10 @@ int pdctl_secret_hex(char hex[65]);
  * with the sentence naming every share (printed). */
 int pdctl_mem_plan_check(const pdctl_dep_t *dep, const unsigned add[PDCTL_ROLE_N],
                          unsigned first[PDCTL_ROLE_N]);
+
+/* The deployment of a run dir, re-parsed from its snapshot with the --set
+ * list `up` was given (scale, autoscale). 0 or an exit code (printed). */
+int pdctl_dep_of_state(const pdctl_state_t *st, pdctl_dep_t *dep);
 
 int pdctl_cmd_up(int argc, char **argv);
 int pdctl_cmd_down(int argc, char **argv);

@@ -21,6 +21,7 @@
 
 #include "pd_config.h"
 #include "pd_sbuf.h"
+#include "pdctl_plan.h"
 
 #define R (1u << PDCTL_ROUTER)
 #define P (1u << PDCTL_PREFILL)
@@ -312,15 +313,15 @@ typedef struct {
     pdctl_reader_t rd;
 } pdctl_parse_t;
 
-enum { SEC_DEPLOYMENT = PDCTL_ROLE_N, SEC_ENV, SEC_NETNS, SEC_N };
-static const char *const pdctl_sec_extra[] = { "deployment", "env", "netns" };
+enum { SEC_DEPLOYMENT = PDCTL_ROLE_N, SEC_ENV, SEC_NETNS, SEC_PLANNER, SEC_N };
+static const char *const pdctl_sec_extra[] = { "deployment", "env", "netns", "planner" };
 
 static int pdctl_section(const char *name)
 {
     pdctl_role_t r = pdctl_role_parse(name);
     if (r != PDCTL_ROLE_N)
         return (int)r;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < SEC_N - PDCTL_ROLE_N; i++)
         if (strcmp(name, pdctl_sec_extra[i]) == 0)
             return PDCTL_ROLE_N + i;
     return -1;
@@ -335,7 +336,7 @@ static int pdctl_ini_cb(void *user, const char *section, const char *name, const
     if (sec < 0) {
         snprintf(ps->err, sizeof(ps->err),
                  "%s:%d: unknown section [%s] (expected deployment, router, prefill, "
-                 "decode, env or netns)", ps->path, ps->rd.line, section);
+                 "decode, env, netns or planner)", ps->path, ps->rd.line, section);
         return 1;
     }
     if (pdctl_kvs_get(&ps->sections[sec], name) != NULL) {
@@ -690,6 +691,27 @@ int pdctl_dep_load(const char *path, char *const *sets, int n_sets,
         }
         pdctl_kvs_set(&dep->netns, k, nk->v[i].val, nk->v[i].line);
     }
+    /* [planner]: the SLO planner's rows (pdctl_plan_core.c), each checked */
+    pdctl_kvs_t *pk = &ps.sections[SEC_PLANNER];
+    for (size_t i = 0; i < pk->n; i++) {
+        pdctl_where(where, sizeof(where), path, pk->v[i].line);
+        pdctl_plan_cfg_t pc;
+        memset(&pc, 0, sizeof(pc));
+        char perr[256];
+        pd_status_t s = pd_config_set(&pdctl_plan_schema, &pc, pk->v[i].key, pk->v[i].val,
+                                      pk->v[i].key, perr, sizeof(perr));
+        pd_config_free(&pdctl_plan_schema, &pc);
+        if (s != PD_OK) {
+            if (s == PD_ERR_NOT_FOUND)
+                pdctl_fail("%s: unknown key \"%s\" in [planner] (see deploy/example.ini)", where,
+                           pk->v[i].key);
+            else
+                pdctl_fail("%s: [planner] %s", where,
+                           strncmp(perr, "pdctl: ", 7) == 0 ? perr + 7 : perr);
+            goto out;
+        }
+        pdctl_kvs_set(&dep->planner, pk->v[i].key, pk->v[i].val, pk->v[i].line);
+    }
     if (dep->count[PDCTL_PREFILL] == 0) {
         const char *m = pdctl_kvs_get(&dep->role_kv[PDCTL_ROUTER], "disagg-mode");
         if (m != NULL && strcmp(m, "always") == 0) {
@@ -722,6 +744,7 @@ void pdctl_dep_free(pdctl_dep_t *dep)
     }
     pdctl_kvs_free(&dep->env);
     pdctl_kvs_free(&dep->netns);
+    pdctl_kvs_free(&dep->planner);
     memset(dep, 0, sizeof(*dep));
 }
 

@@ -26,6 +26,7 @@
 
 #include "pd_config.h"
 #include "pd_memledger.h"
+#include "pdctl_plan.h"
 
 extern char **environ;
 
@@ -580,6 +581,7 @@ static int pdctl_foreground(pdctl_state_t *st, double stop_timeout_s)
         pdctl_nap_ms(200);
     }
     printf("\npdctl: stopping...\n");
+    pdctl_planners_stop(st->run_dir, stop_timeout_s + 10);
     {   /* daemons a `pdctl scale` added meanwhile are only in the saved
          * state: reload it (after any scale in progress) and stop them all */
         int fd = open(lock_path, O_RDWR | O_CLOEXEC);
@@ -969,7 +971,7 @@ out:
 }
 
 /* The deployment of a run dir, re-parsed from its snapshot (for scale). */
-static int pdctl_dep_of_state(const pdctl_state_t *st, pdctl_dep_t *dep)
+int pdctl_dep_of_state(const pdctl_state_t *st, pdctl_dep_t *dep)
 {
     char path[PATH_MAX];
     pdctl_state_path(st->run_dir, path, sizeof(path));
@@ -998,6 +1000,10 @@ int pdctl_cmd_down(int argc, char **argv)
         fprintf(stderr, "usage: pdctl down [--run-dir D]\n");
         return PDCTL_EXIT_USAGE;
     }
+    /* the planners first: none may re-split what is being stopped (one in
+     * the middle of a re-split finishes its `pdctl scale`, bounded by the
+     * stop-timeout, then exits) */
+    pdctl_planners_stop(o.run_dir, 60);
     pdctl_state_t st;
     int rc = pdctl_state_load_locked(o.run_dir, &st);
     if (rc != 0)

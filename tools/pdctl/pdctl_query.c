@@ -21,6 +21,7 @@
 
 #include "pd_httpc.h"
 #include "pd_sbuf.h"
+#include "pdctl_plan.h"
 
 double pdctl_now(void)
 {
@@ -551,6 +552,7 @@ int pdctl_cmd_status(int argc, char **argv)
             cJSON_AddBoolToObject(et, "up", pdctl_etcd_alive(&st));
         }
         cJSON_AddItemToObject(top, "daemons", js);
+        cJSON_AddItemToObject(top, "planners", pdctl_planners_json(st.run_dir));
         char *s = cJSON_PrintUnformatted(top);
         printf("%s\n", s);
         free(s);
@@ -561,6 +563,7 @@ int pdctl_cmd_status(int argc, char **argv)
             printf("etcd %s  pid %d  %s\n", st.etcd_url, (int)st.etcd_pid,
                    pdctl_etcd_alive(&st) ? "up" : "dead");
         pdctl_table_print(&t, stdout, "\n");
+        pdctl_planners_status(st.run_dir);
         cJSON_Delete(js);
     }
     pdctl_table_free(&t);

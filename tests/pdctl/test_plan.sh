@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# tests/pdctl: the SLO planner (issue 35) against real deployments: router +
+# sim-engine daemons on loopback (tests/pdctl/plan-sim.ini: budget 3, a
+# prefill computes 4000 tokens/s, a decode step is 10 ms + 1 ms x batch),
+# load from pd-bench. Every wait polls with a bound.
+#   test_plan.sh phase|flap|leader SRC_ROOT PDCTL PD_BENCH
+#   phase:  short chat, then long prompts: the planner re-splits 1:2 -> 2:1
+#           within its bound (window + confirm ticks + the scale), zero
+#           failed requests, its decision logged and in the metrics.
+#   flap:   chat and long prompts alternating every 2 s: at most one
+#           re-split, never back and forth.
+#   leader: two planners: one leads, the other stands by; kill -9 the
+#           leader, the other takes over (flock; then etcd when installed).
+# PLAN_SET="planner.k=v ..." adds --set rows to `up` (to show a test fails
+# with the planner's damping off, see tools/pdctl/README.md).
+set -uo pipefail
+MODE=$1 SRC=$2 PDCTL=$3 BENCH=$4
+T=$(mktemp -d /tmp/pdctl-plan.XXXXXX)
+cleanup() {
+    local d f
+    for d in "$T"/run*; do
+        [ -f "$d/deployment.json" ] && "$PDCTL" down --run-dir "$d" >/dev/null 2>&1
+        for f in "$d"/*.pid; do
+            [ -f "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null
+        done
+    done
+    [ -n "${KEEP:-}" ] || rm -rf "$T"
+}
+trap cleanup EXIT
+fails=0
+ok()   { echo "ok   - $*"; }
+bad()  { echo "FAIL - $*"; fails=$((fails + 1)); }
+check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+poll() {     # poll SECONDS CMD...: until CMD succeeds
+    local limit=$1; shift
+    local end=$((SECONDS + limit))
+    until "$@"; do
+        [ $SECONDS -lt $end ] || return 1
+        sleep 0.1
+    done
+}
+json_get() { python3 -c "import json,sys; j=json.load(sys.stdin); print($1)"; }
+SETS=()
+for s in ${PLAN_SET:-}; do SETS+=(--set "$s"); done
+
+up() {   # up RUN_DIR [--set ...]: a fresh plan-sim deployment
+    local R=$1; shift
+    if ! "$PDCTL" up "$SRC/tests/pdctl/plan-sim.ini" --run-dir "$R" "$@" "${SETS[@]}" >"$T/up.out" 2>&1; then
+        bad "up: $(tail -5 "$T/up.out")"
+        return 1
+    fi
+    URL=$(cat "$R/url")
+}
+# the phases (same seed each run): chat = short prompts, long answers at a
+# high rate; long = long prompts, short answers
+chat() { "$BENCH" --url "$URL" --rate 8 --duration "$1" --input-len 32 --prompt-ids 1000:30000 \
+    --output-len 48 --ignore-eos --seed 1 --quiet --no-per-request --out "$2"; }
+long() { "$BENCH" --url "$URL" --rate 3 --duration "$1" --input-len 1500 --prompt-ids 1000:30000 \
+    --output-len 4 --ignore-eos --seed 2 --quiet --no-per-request --out "$2"; }
+failed_of() { json_get 'j["results"]["failed"]' <"$1"; }
+counts() {   # counts RUN_DIR -> "P:D" of live prefill / decode daemons
+    "$PDCTL" status --run-dir "$1" --json |
+        json_get '"%d:%d" % tuple(sum(1 for d in j["daemons"] if d["role"] == r and d["state"] == "ready") for r in ("prefill", "decode"))'
+}
+clean_logs() {   # clean_logs RUN_DIR: no sanitizer report from a planner (ASan tree)
+    check "planner logs: no sanitizer report" bash -c '! grep -l "Sanitizer" "$1"/planner-*.log' _ "$1"
+}
+is_split() { [ "$(counts "$1" 2>/dev/null)" = "$2" ]; }
+leader_of() {   # leader_of RUN_DIR -> the leading planner's name, or ""
+    "$PDCTL" autoscale status --run-dir "$1" --json |
+        json_get '",".join(p["name"] for p in j if p.get("leader"))'
+}
+
+phase() {
+    local R=$T/run-phase t0 dt
+    "$PDCTL" check "$SRC/tests/pdctl/plan-sim.ini" --set planner.bogus=1 >"$T/chk" 2>&1
+    check "check: an unknown [planner] key is refused (exit 2)" bash -c \
+        '[ $1 = 2 ] && grep -q "unknown key \"bogus\" in \[planner\]" "$2"' _ $? "$T/chk"
+    "$PDCTL" check "$SRC/tests/pdctl/plan-sim.ini" --set planner.dwell=soon >"$T/chk" 2>&1
+    check "check: a bad [planner] value is refused (exit 2)" bash -c \
+        '[ $1 = 2 ] && grep -q "\[planner\] dwell: expected a duration" "$2"' _ $? "$T/chk"
+    up "$R" || return
+    "$PDCTL" autoscale on --run-dir "$R" >"$T/on.out" 2>&1
+    check "autoscale on: planner-0 leads" grep -q "planner-0 started (pid [0-9]*, leader" "$T/on.out"
+    chat 6s "$T/chat.json" || bad "pd-bench chat"
+    check "chat phase: the planner holds 1:2" test "$(counts "$R")" = "1:2"
+    "$PDCTL" plan --seconds 1 --run-dir "$R" >"$T/plan.out" 2>&1
+    check "pdctl plan: a dry run names the budget and the split" \
+        grep -qE "budget 3 daemons, running 1 prefill : 2 decode" "$T/plan.out"
+    t0=$SECONDS
+    long 24s "$T/long.json" &
+    local bench=$!
+    # the bound: window 3 s + confirm 2 ticks + the scale-up (start, register)
+    if poll 20 is_split "$R" 2:1; then
+        dt=$((SECONDS - t0))
+        ok "long prompts: re-split to 2 prefill : 1 decode after ${dt}s (bound 20 s)"
+    else
+        bad "long prompts: no re-split to 2:1 in 20 s (now $(counts "$R"))"
+    fi
+    wait $bench || bad "pd-bench long"
+    check "chat phase: zero failed requests" test "$(failed_of "$T/chat.json")" = 0
+    check "long phase (across the re-split): zero failed requests" test "$(failed_of "$T/long.json")" = 0
+    check "router: requests_failed 0" test "$("$PDCTL" admin router planner --run-dir "$R" --json |
+        json_get 'j["counters"]["requests_failed"]')" = 0
+    check "the decision is logged with its inputs" \
+        grep -qE "leader RESPLIT reason=more_prefill want=2:1 running=1:2 .* prompt/s=[0-9]+" "$R/planner-0.log"
+    check "metrics: desired prefill 2, one re-split" bash -c \
+        'grep -qx "pd_planner_desired_daemons{role=\"prefill\"} 2" "$1" && grep -qx "pd_planner_resplits_total 1" "$1"' _ "$R/planner.prom"
+    check "status lists the planner" bash -c '"$1" status --run-dir "$2" | grep -qE "^planner-0 +planner +leader"' _ "$PDCTL" "$R"
+    "$PDCTL" down --run-dir "$R" >"$T/down.out" 2>&1
+    clean_logs "$R"
+    check "down stops the planner too" bash -c '! pgrep -f "autoscale run planner-0 --run-dir $1" >/dev/null' _ "$R"
+}
+
+flap() {
+    local R=$T/run-flap i
+    # production-like damping: a 10 s average, 3 ticks to confirm
+    up "$R" --set planner.window=10s --set planner.confirm=3 || return
+    "$PDCTL" autoscale on --run-dir "$R" >/dev/null 2>&1 || bad "autoscale on"
+    for i in 1 2 3 4 5 6; do
+        chat 2s "$T/c$i.json" || bad "pd-bench chat $i"
+        long 2s "$T/l$i.json" || bad "pd-bench long $i"
+    done
+    local n up dn
+    n=$(grep -c "leader RESPLIT" "$R/planner-0.log")
+    up=$(grep -c "leader RESPLIT reason=more_prefill" "$R/planner-0.log")
+    dn=$(grep -c "leader RESPLIT reason=more_decode" "$R/planner-0.log")
+    check "flapping load: at most one re-split ($n)" test "$n" -le 1
+    check "flapping load: never back and forth (more_prefill $up, more_decode $dn)" \
+        test "$up" = 0 -o "$dn" = 0
+    local f=0
+    for i in 1 2 3 4 5 6; do f=$((f + $(failed_of "$T/c$i.json") + $(failed_of "$T/l$i.json"))); done
+    check "flapping load: zero failed requests" test $f = 0
+    "$PDCTL" down --run-dir "$R" >/dev/null 2>&1
+    clean_logs "$R"
+}
+
+# two planners on one deployment: one leads; kill -9 it, the other leads
+takeover() {
+    local R=$1 what=$2 old new
+    "$PDCTL" autoscale on --run-dir "$R" >/dev/null 2>&1 || bad "$what: autoscale on (1)"
+    "$PDCTL" autoscale on --run-dir "$R" >/dev/null 2>&1 || bad "$what: autoscale on (2)"
+    poll 10 bash -c '[ "$("$1" autoscale status --run-dir "$2" --json | python3 -c "import json,sys; print(len(json.load(sys.stdin)))")" = 2 ]' _ "$PDCTL" "$R"
+    old=$(leader_of "$R")
+    check "$what: exactly one of two planners leads ($old)" test "$old" = planner-0 -o "$old" = planner-1
+    kill -KILL "$(cat "$R/$old.pid")"
+    new=""
+    local t0=$SECONDS
+    poll 15 bash -c 'l=$(python3 -c "
+import json,sys,os
+for n in (\"planner-0\",\"planner-1\"):
+    if n == sys.argv[2]: continue
+    j=json.load(open(os.path.join(sys.argv[1], n + \".json\")))
+    print(n if j.get(\"leader\") else \"\")" "$1" "$2"); [ -n "$l" ]' _ "$R" "$old" && new=ok
+    check "$what: the other planner took over after kill -9 of $old ($((SECONDS - t0)) s)" test "$new" = ok
+    check "$what: the new leader says so in its log" bash -c \
+        'grep -h ": leader" "$1"/planner-*.log | grep -qv "^$2:"' _ "$R" "$old"
+}
+
+leader() {
+    local R=$T/run-leader
+    up "$R" || return
+    takeover "$R" flock
+    "$PDCTL" down --run-dir "$R" >/dev/null 2>&1
+    clean_logs "$R"
+    if ! command -v etcd >/dev/null; then
+        echo "skip - etcd not installed: the etcd leader key is not tested"
+        return
+    fi
+    local port
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    R=$T/run-leader-etcd
+    up "$R" --set etcd=local:$port || return
+    takeover "$R" etcd
+    check "etcd: the leader holds its key under the deployment prefix" bash -c \
+        'grep -q "leader by etcd 127.0.0.1:$2" "$1/planner-0.log" && grep -hq ": leader (/pdserve/plan-sim/planner/leader)" "$1"/planner-*.log' _ "$R" "$port"
+    "$PDCTL" down --run-dir "$R" >/dev/null 2>&1
+    clean_logs "$R"
+}
+
+case $MODE in
+phase) phase ;;
+flap) flap ;;
+leader) leader ;;
+*) echo "usage: $0 phase|flap|leader SRC PDCTL PD_BENCH" >&2; exit 2 ;;
+esac
+echo "$MODE: $fails failure(s)"
+[ $fails = 0 ]

@@ -1,0 +1,395 @@
+/* Unit tests: the SLO planner's pure core (tools/pdctl/pdctl_plan_core.c).
+ * Figures are made up at the sim engine's Llama-3-8B model of
+ * docs/BENCHMARKS.md "Capacity: P:D sweep": a prefill computes 10 000
+ * tokens/s, a decode step is 20 ms + 0.3 ms x batch, a decode's KV holds 16
+ * sequences; budget 6. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "pdctl_plan.h"
+
+#define SEC 1000000000ull
+
+static pdctl_plan_cfg_t cfg_default(void)
+{
+    pdctl_plan_cfg_t c;
+    memset(&c, 0, sizeof(c));
+    pd_cfg_result_t res;
+    assert_int_equal(pd_config_load(&pdctl_plan_schema, &c, 0, NULL, &res), PD_OK);
+    pd_config_result_free(&res);
+    return c;
+}
+
+typedef struct {
+    double rate, prompt, out;      /* req/s, tokens */
+} phase_t;
+
+static const phase_t CHAT = { 8, 100, 128 };     /* short chat at a high rate */
+static const phase_t LONG = { 4, 4000, 16 };     /* long prompts, short answers */
+
+/* One 2 s tick of phase ph at the running split; decodes report batches
+ * 4, 8, 12, ... with the modeled step time. */
+static void tick(pdctl_plan_in_t *in, uint64_t *now, phase_t ph, unsigned np, unsigned nd)
+{
+    memset(in, 0, sizeof(*in));
+    *now += 2 * SEC;
+    in->now_ns = *now;
+    in->dt_s = 2;
+    in->n_prefill = np;
+    in->n_decode = nd;
+    in->requests = ph.rate * 2;
+    in->prompt_tokens = ph.rate * ph.prompt * 2;
+    in->gen_tokens = ph.rate * ph.out * 2;
+    if (np > 0) {
+        in->pf_tokens = in->prompt_tokens;
+        in->pf_busy_s = in->pf_tokens / 10000.0;
+    }
+    in->n_dec = nd;
+    for (unsigned i = 0; i < nd; i++) {
+        in->dec[i].batch = 4.0 * (i + 1);
+        in->dec[i].step_s = 0.020 + 0.0003 * in->dec[i].batch;
+    }
+    in->dec_max_batch = 16;
+}
+
+/* Run ticks of ph, applying every decision to the split; returns acts. */
+static int run(const pdctl_plan_cfg_t *c, pdctl_plan_state_t *st, uint64_t *now, phase_t ph,
+               int ticks, unsigned *np, unsigned *nd, pdctl_plan_out_t *last)
+{
+    int acts = 0;
+    for (int t = 0; t < ticks; t++) {
+        pdctl_plan_in_t in;
+        tick(&in, now, ph, *np, *nd);
+        pdctl_plan_step(c, 6, &in, st, last);
+        assert_true(last->want_prefill + last->want_decode <= 6);
+        if (last->act) {
+            acts++;
+            *np = last->want_prefill;
+            *nd = last->want_decode;
+        }
+    }
+    return acts;
+}
+
+static void test_defaults_and_fit(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    assert_int_equal(c.confirm, 3);
+    assert_true(c.tpot_p90_ns == 50000000ull);
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_in_t in;
+    pdctl_plan_out_t out;
+    uint64_t now = 0;
+    tick(&in, &now, CHAT, 1, 5);
+    in.dt_s = 0;          /* first sample: no deltas yet */
+    pdctl_plan_step(&c, 6, &in, &st, &out);
+    assert_int_equal(out.reason, PDCTL_PLAN_NO_DATA);
+    assert_false(out.act);
+    /* the fit recovers the step model from the decodes' samples */
+    tick(&in, &now, CHAT, 1, 5);
+    pdctl_plan_step(&c, 6, &in, &st, &out);
+    assert_true(out.step_a_s > 0.0199 && out.step_a_s < 0.0201);
+    assert_true(out.step_k_s > 0.000299 && out.step_k_s < 0.000301);
+    assert_true(out.dec_batch_cap == 16);             /* KV, not TPOT, binds */
+    assert_true(out.dec_tok_s > 640 && out.dec_tok_s < 650);   /* 16 / 24.8 ms */
+    assert_true(out.pf_tok_s > 9999 && out.pf_tok_s < 10001);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
+static void test_idle_holds(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_out_t out;
+    uint64_t now = 0;
+    unsigned np = 3, nd = 3;
+    phase_t none = { 0, 0, 0 };
+    pdctl_plan_in_t in;
+    tick(&in, &now, CHAT, np, nd);   /* measure once */
+    pdctl_plan_step(&c, 6, &in, &st, &out);
+    memset(&st, 0, sizeof(st));
+    pdctl_plan_state_init(&st);
+    st.pf_tok_s = 10000;
+    assert_int_equal(run(&c, &st, &now, none, 10, &np, &nd, &out), 0);
+    assert_int_equal(out.reason, PDCTL_PLAN_IDLE);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
+/* chat -> long prompts: the split moves to prefill once the average has
+ * moved and `confirm` ticks agree, within window + confirm ticks; then, a
+ * dwell later, to where the average settled (5:1); never back while the
+ * phase lasts. Then back to decode in the chat phase. */
+static void test_phase_change_resplits(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    c.min_prefill = 1;
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_out_t out;
+    uint64_t now = 0;
+    unsigned np = 1, nd = 5;
+    assert_int_equal(run(&c, &st, &now, CHAT, 30, &np, &nd, &out), 0);
+    assert_int_equal(out.reason, PDCTL_PLAN_BALANCED);
+    assert_true(out.need_d > 5 * out.need_p);
+    uint64_t t0 = now;
+    int acts = 0;
+    uint64_t t_act = 0;
+    for (int t = 0; t < 40 && acts == 0; t++) {
+        acts += run(&c, &st, &now, LONG, 1, &np, &nd, &out);
+        if (acts)
+            t_act = now;
+    }
+    assert_int_equal(acts, 1);
+    assert_int_equal(out.reason, PDCTL_PLAN_MORE_PREFILL);
+    assert_true(np >= 2);
+    /* within the bound: a window for the average + confirm ticks */
+    assert_true(t_act - t0 <= c.window_ns + c.confirm * c.interval_ns + 2 * SEC);
+    run(&c, &st, &now, LONG, 60, &np, &nd, &out);
+    assert_int_equal(np, 5);   /* budget - min-decode */
+    assert_int_equal(nd, 1);
+    assert_int_equal(out.reason, PDCTL_PLAN_BALANCED);
+    assert_int_equal(st.decisions[PDCTL_PLAN_MORE_DECODE], 0);
+    /* and back: more decode */
+    run(&c, &st, &now, CHAT, 90, &np, &nd, &out);
+    assert_true(nd >= 5);
+    assert_true(st.decisions[PDCTL_PLAN_MORE_DECODE] >= 1);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
+/* Traffic alternating every 4 s between the two phases (a mix whose
+ * average wants about 3:3): the split moves toward the mix and stays;
+ * never back and forth. */
+static void test_flapping_no_oscillation(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    c.dwell_ns = 10 * SEC;   /* a short dwell: the average and hysteresis must hold it */
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_out_t out;
+    uint64_t now = 0;
+    unsigned np = 1, nd = 5;
+    int acts = 0;
+    for (int t = 0; t < 300; t++) {
+        int a = run(&c, &st, &now, (t / 2) % 2 ? LONG : CHAT, 1, &np, &nd, &out);
+        if (t >= 60)
+            assert_int_equal(a, 0);   /* settled after two minutes */
+        acts += a;
+    }
+    assert_true(acts >= 1 && acts <= 2);
+    assert_int_equal(st.decisions[PDCTL_PLAN_MORE_DECODE], 0);
+    assert_true(np >= 2 && np <= 4);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
+/* A steady mix whose split is 1.6 with 1 prefill running: within
+ * 0.5 + hysteresis, so it holds; without hysteresis it would move. */
+static void test_hysteresis_holds(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    const phase_t MIX = { 4, 1000, 177 };
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_out_t out;
+    uint64_t now = 0;
+    unsigned np = 1, nd = 5;
+    assert_int_equal(run(&c, &st, &now, MIX, 60, &np, &nd, &out), 0);
+    assert_true(out.split_prefill > 1.4 && out.split_prefill < 1.75);
+    assert_int_equal(out.reason, PDCTL_PLAN_BALANCED);
+    c.hysteresis = 0;
+    pdctl_plan_state_init(&st);
+    assert_int_equal(run(&c, &st, &now, MIX, 60, &np, &nd, &out), 1);
+    assert_int_equal(np, 2);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
+/* A re-split, then the opposite phase at once: nothing before dwell. */
+static void test_dwell_respected(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    c.window_ns = 2 * SEC;   /* fast average: only dwell can hold it */
+    c.confirm = 1;
+    c.dwell_ns = 60 * SEC;
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_out_t out;
+    uint64_t now = 0;
+    unsigned np = 1, nd = 5;
+    assert_int_equal(run(&c, &st, &now, LONG, 10, &np, &nd, &out), 1);
+    uint64_t t_first = st.last_change_ns;
+    int acts = 0;
+    uint64_t t_second = 0;
+    for (int t = 0; t < 60 && acts == 0; t++) {
+        acts += run(&c, &st, &now, CHAT, 1, &np, &nd, &out);
+        if (acts)
+            t_second = now;
+        else if (t > 3)
+            assert_int_equal(out.reason, PDCTL_PLAN_DWELL);
+    }
+    assert_int_equal(acts, 1);
+    assert_true(t_second - t_first >= c.dwell_ns);
+    assert_true(t_second - t_first <= c.dwell_ns + 2 * SEC);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
+/* A tick without fresh figures (dt 0: the first read after a re-split)
+ * neither counts toward confirm nor acts, even when confirm and dwell
+ * are met by then. */
+static void test_stale_tick_never_acts(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    c.window_ns = 1;   /* the average is the last tick */
+    c.confirm = 2;
+    c.dwell_ns = 10 * SEC;
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_out_t out;
+    pdctl_plan_in_t in;
+    uint64_t now = 0;
+    unsigned np = 1, nd = 5;
+    assert_int_equal(run(&c, &st, &now, LONG, 2, &np, &nd, &out), 1);   /* -> 5:1 */
+    /* a stale tick is not the second of confirm */
+    tick(&in, &now, CHAT, np, nd);
+    pdctl_plan_step(&c, 6, &in, &st, &out);
+    assert_int_equal(out.reason, PDCTL_PLAN_CONFIRM);
+    tick(&in, &now, CHAT, np, nd);
+    in.dt_s = 0;
+    pdctl_plan_step(&c, 6, &in, &st, &out);
+    assert_false(out.act);
+    /* confirmed, held by dwell; dwell ends on a stale tick: no act */
+    while (now - st.last_change_ns < c.dwell_ns - 2 * SEC) {
+        tick(&in, &now, CHAT, np, nd);
+        pdctl_plan_step(&c, 6, &in, &st, &out);
+        assert_int_equal(out.reason, PDCTL_PLAN_DWELL);
+    }
+    tick(&in, &now, CHAT, np, nd);
+    in.dt_s = 0;
+    pdctl_plan_step(&c, 6, &in, &st, &out);
+    assert_false(out.act);
+    tick(&in, &now, CHAT, np, nd);
+    pdctl_plan_step(&c, 6, &in, &st, &out);
+    assert_true(out.act);
+    assert_int_equal(out.reason, PDCTL_PLAN_MORE_DECODE);
+    /* confirm 3: fresh, stale, fresh is two, not three */
+    c.confirm = 3;
+    c.dwell_ns = 0;
+    pdctl_plan_state_init(&st);
+    np = 1;
+    nd = 5;
+    double dts[] = { 2, 0, 2, 2 };
+    for (int i = 0; i < 4; i++) {
+        tick(&in, &now, LONG, np, nd);
+        in.dt_s = dts[i];
+        pdctl_plan_step(&c, 6, &in, &st, &out);
+        assert_int_equal(out.act, i == 3);
+    }
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
+/* The budget binds: every decision sums to it; a deployment bigger than
+ * the budget is brought to it; min-prefill / min-decode clamp the split;
+ * min-prefill 0 allows PD-mixed. */
+static void test_budget_respected(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    c.confirm = 1;
+    c.dwell_ns = 0;
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_out_t out;
+    uint64_t now = 0;
+    unsigned np = 4, nd = 4;            /* 8 running, budget 6 */
+    assert_true(run(&c, &st, &now, LONG, 1, &np, &nd, &out) == 1);
+    assert_int_equal(np + nd, 6);
+    assert_int_equal(np, 5);
+    c.min_decode = 2;
+    run(&c, &st, &now, LONG, 5, &np, &nd, &out);
+    assert_int_equal(np, 4);
+    assert_int_equal(nd, 2);
+    /* chat only: with min-prefill 0 the planner goes PD-mixed (the
+     * split, 0.3, is 0.7 from 1: no hysteresis for this one) */
+    c.hysteresis = 0;
+    run(&c, &st, &now, CHAT, 40, &np, &nd, &out);
+    assert_int_equal(np, 0);
+    assert_int_equal(nd, 6);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
+/* A missed TTFT with the same demand shifts the split to prefill. */
+static void test_slo_pressure(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    pdctl_plan_state_t a, b;
+    pdctl_plan_state_init(&a);
+    pdctl_plan_state_init(&b);
+    pdctl_plan_out_t oa, ob;
+    uint64_t now = 0;
+    for (int t = 0; t < 5; t++) {
+        pdctl_plan_in_t in;
+        tick(&in, &now, LONG, 2, 4);
+        pdctl_plan_step(&c, 6, &in, &a, &oa);
+        in.ttft_p90_s = 3;   /* 3x the 1 s target: pressure 2 */
+        pdctl_plan_step(&c, 6, &in, &b, &ob);
+    }
+    assert_true(ob.need_p > 1.9 * oa.need_p && ob.need_p < 2.1 * oa.need_p);
+    assert_true(ob.split_prefill >= oa.split_prefill);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
+/* A missed inter-token p90 with fast decode steps (the gap after token 0
+ * is a long KV pull) is no decode pressure; with slow steps it is. */
+static void test_tpot_pressure_needs_slow_steps(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    pdctl_plan_state_t a, b, d;
+    pdctl_plan_state_init(&a);
+    pdctl_plan_state_init(&b);
+    pdctl_plan_state_init(&d);
+    pdctl_plan_out_t oa, ob, od;
+    uint64_t now = 0;
+    for (int t = 0; t < 5; t++) {
+        pdctl_plan_in_t in;
+        tick(&in, &now, CHAT, 1, 5);
+        pdctl_plan_step(&c, 6, &in, &a, &oa);
+        in.itl_p90_s = 0.2;          /* 4x the 50 ms target: pulls */
+        pdctl_plan_step(&c, 6, &in, &b, &ob);
+        for (unsigned i = 0; i < in.n_dec; i++)
+            in.dec[i].step_s = 0.080; /* and the steps themselves: 1.6x */
+        pdctl_plan_step(&c, 6, &in, &d, &od);
+    }
+    assert_true(ob.need_d > 0.99 * oa.need_d && ob.need_d < 1.01 * oa.need_d);
+    assert_true(od.need_d > 1.2 * oa.need_d);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults_and_fit),
+        cmocka_unit_test(test_idle_holds),
+        cmocka_unit_test(test_phase_change_resplits),
+        cmocka_unit_test(test_flapping_no_oscillation),
+        cmocka_unit_test(test_hysteresis_holds),
+        cmocka_unit_test(test_dwell_respected),
+        cmocka_unit_test(test_stale_tick_never_acts),
+        cmocka_unit_test(test_budget_respected),
+        cmocka_unit_test(test_slo_pressure),
+        cmocka_unit_test(test_tpot_pressure_needs_slow_steps),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

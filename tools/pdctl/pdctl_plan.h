@@ -1,0 +1,151 @@
+/* pdctl_plan.h - the SLO planner (issue 35): how many of a fixed budget of
+ * daemons prefill and how many decode.
+ *
+ * pdctl_plan_core.c is the pure part: one tick's measured figures
+ * (pdctl_plan_in_t) + the planner's state -> a decision (pdctl_plan_out_t).
+ * No I/O, no clock, no globals: tests/pdctl/test_plan_core.c drives it with
+ * made-up figures. pdctl_plan.c is the controller around it: it reads the
+ * routers' and daemons' admin sockets, calls the core each tick, logs every
+ * decision with its inputs, exports pd_planner_* metrics, and acts through
+ * `pdctl scale` (drain with live migration, start, ready), one leader per
+ * deployment.
+ *
+ * The model (from measurement, not constants):
+ *   prefill capacity  = computed prompt tokens / compute time, measured on
+ *                       the prefill daemons (the router's disagg-mode=cost
+ *                       rate until a prefill ran);
+ *   decode capacity   = b_cap / step(b_cap) tokens/s, step(b) = a + k*b
+ *                       fitted to the decodes' (mean batch, mean step time)
+ *                       of recent ticks, b_cap the largest batch whose step
+ *                       meets tpot-p90, at most what a decode's KV holds;
+ *   need (daemons)    = demand / (capacity * target-util), demand = the
+ *                       uncached prompt tokens/s (prefill) and generated
+ *                       tokens/s (decode) the routers saw; times
+ *                       min(2, p90 / target) of that pool's SLO when it is
+ *                       missed (decode: only as far as the decodes' own mean
+ *                       step misses it too - the gap after token 0 holds the
+ *                       KV pull); smoothed (EWMA, time constant `window`);
+ *   split             = budget * need_p / (need_p + need_d), clamped to
+ *                       [min-prefill, budget - min-decode].
+ * No flapping: a re-split needs the fractional split to be more than
+ * 0.5 + hysteresis daemons from the running one, the same target for
+ * `confirm` ticks in a row, and `dwell` since the last re-split. */
+#ifndef PDCTL_PLAN_H
+#define PDCTL_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "pd_config.h"
+
+/* X(id, name in logs and metrics, what it means) */
+#define PDCTL_PLAN_REASONS(X)                                                         \
+    X(NO_DATA,      "no_data",      "hold: capacities not measured yet")               \
+    X(IDLE,         "idle",         "hold: no traffic in the window")                  \
+    X(BALANCED,     "balanced",     "hold: the running split is within hysteresis")    \
+    X(CONFIRM,      "confirm",      "hold: the new split has not held for `confirm` ticks") \
+    X(DWELL,        "dwell",        "hold: the last re-split is younger than `dwell`")  \
+    X(MORE_PREFILL, "more_prefill", "re-split: prefill daemons are short")             \
+    X(MORE_DECODE,  "more_decode",  "re-split: decode daemons are short")              \
+    X(BUDGET,       "budget",       "re-split: the deployment's size is not the budget")
+
+typedef enum {
+#define PDCTL_X_REASON(id, name, help) PDCTL_PLAN_##id,
+    PDCTL_PLAN_REASONS(PDCTL_X_REASON)
+#undef PDCTL_X_REASON
+    PDCTL_PLAN_REASON_N
+} pdctl_plan_reason_t;
+
+const char *pdctl_plan_reason_name(pdctl_plan_reason_t r);
+const char *pdctl_plan_reason_help(pdctl_plan_reason_t r);
+
+/* The [planner] section of a deployment file (pdctl_plan_schema rows). */
+typedef struct {
+    uint64_t budget;           /* prefill + decode daemons; 0: the file's prefill + decode */
+    uint64_t min_prefill, min_decode;
+    uint64_t ttft_p90_ns, tpot_p90_ns;   /* SLO targets */
+    double target_util;        /* plan to this fraction of measured capacity */
+    double hysteresis;         /* daemons beyond 0.5 before a re-split */
+    uint64_t dwell_ns;         /* least time between re-splits */
+    uint64_t confirm;          /* ticks the same new split must hold */
+    uint64_t interval_ns;      /* one tick */
+    uint64_t window_ns;        /* EWMA time constant of the demand */
+    char *etcd;                /* leader election in etcd (host:port); NULL: the
+                                  deployment's etcd, else flock on the run dir */
+    char *metrics_listen;      /* the leader's /metrics (host:port), NULL: none */
+    bool act;                  /* false: decide and export only (an external scaler acts) */
+} pdctl_plan_cfg_t;
+
+extern const pd_cfg_schema_t pdctl_plan_schema;
+
+/* Decode samples one tick carries at most (one per decode daemon). */
+#define PDCTL_PLAN_MAX_SAMPLES 32
+/* (batch, step) points the decode fit keeps. */
+#define PDCTL_PLAN_FIT_POINTS 48
+
+/* One tick's figures: counts over the last dt_s seconds, all routers. */
+typedef struct {
+    uint64_t now_ns;
+    double dt_s;                   /* seconds the deltas cover; 0: first tick */
+    unsigned n_prefill, n_decode;  /* daemons running now */
+    double requests;               /* accepted */
+    double prompt_tokens, cached_tokens, gen_tokens;
+    double ttft_p90_s, itl_p90_s;  /* over dt_s; 0: none observed */
+    double pf_tokens, pf_busy_s;   /* prefill daemons: computed tokens, their compute time */
+    double pf_tok_s_hint;          /* the router's cost-mode rate (tokens/s), 0: none */
+    unsigned n_dec;                /* decode samples below */
+    struct {
+        double batch;              /* mean sequences per step */
+        double step_s;             /* mean step time */
+    } dec[PDCTL_PLAN_MAX_SAMPLES];
+    double dec_max_batch;          /* sequences a decode's KV holds (0: unknown) */
+} pdctl_plan_in_t;
+
+#define PDCTL_PLAN_NO_PENDING 2
+
+/* What the planner carries from tick to tick. Zero it to start. */
+typedef struct {
+    bool primed;                   /* a tick with dt_s > 0 was seen */
+    double need_p, need_d;         /* smoothed need, in daemons */
+    double pf_tok_s;               /* measured capacity of one prefill */
+    double fit_b[PDCTL_PLAN_FIT_POINTS], fit_s[PDCTL_PLAN_FIT_POINTS];
+    unsigned fit_n, fit_next;
+    double max_batch;
+    int pending;                   /* direction awaiting confirm: +1 more prefill, -1 more
+                                      decode, 0 size only; PDCTL_PLAN_NO_PENDING */
+    unsigned pending_ticks;
+    uint64_t last_change_ns;       /* 0: never */
+    uint64_t decisions[PDCTL_PLAN_REASON_N];
+} pdctl_plan_state_t;
+
+typedef struct {
+    pdctl_plan_reason_t reason;
+    bool act;                      /* re-split to want_prefill : want_decode now */
+    unsigned want_prefill, want_decode;  /* desired (the running split on a hold) */
+    double split_prefill;          /* fractional prefill share of the budget */
+    double need_p, need_d;         /* smoothed, daemons */
+    double pf_tok_s, dec_tok_s;    /* capacity of one daemon */
+    double step_a_s, step_k_s;     /* decode step = a + k * batch */
+    double dec_batch_cap;
+} pdctl_plan_out_t;
+
+void pdctl_plan_state_init(pdctl_plan_state_t *st);
+/* One tick. budget: the resolved budget (cfg->budget or the file's).
+ * Pure: the result depends only on the arguments and *st, which it updates. */
+void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_plan_in_t *in,
+                     pdctl_plan_state_t *st, pdctl_plan_out_t *out);
+
+/* ---- the controller (pdctl_plan.c) ----------------------------------------- */
+
+int pdctl_cmd_plan(int argc, char **argv);
+int pdctl_cmd_autoscale(int argc, char **argv);
+/* Stop the run dir's planners (SIGTERM; one in a re-split finishes its
+ * `pdctl scale` first; SIGKILL after timeout_s). pdctl down, first. */
+void pdctl_planners_stop(const char *run_dir, double timeout_s);
+/* One status line per running planner of the run dir (pdctl status);
+ * returns how many. */
+int pdctl_planners_status(const char *run_dir);
+/* The running planners' status objects (planner-<k>.json), an array. */
+struct cJSON *pdctl_planners_json(const char *run_dir);
+
+#endif

@@ -1,0 +1,289 @@
+/* pdctl_plan_core.c - the SLO planner's pure core: figures + state ->
+ * decision (pdctl_plan.h says the model). No I/O, no clock. */
+#include "pdctl_plan.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#define ROW(field, key, type, def, help, min, max) \
+    PD_CFG_ROW(pdctl_plan_cfg_t, field, key, type, def, help, min, max, NULL)
+
+/* The [planner] section of a deployment file (also PDCTL_PLANNER_<KEY>). */
+static const pd_cfg_field_t pdctl_plan_fields[] = {
+    ROW(budget, "budget", UINT, "0",
+        "prefill + decode daemons to split (0: the file's prefill + decode)", 0, 64),
+    ROW(min_prefill, "min-prefill", UINT, "0",
+        "fewest prefill daemons (0 allows PD-mixed: decodes prefill their own prompts)", 0, 32),
+    ROW(min_decode, "min-decode", UINT, "1", "fewest decode daemons", 1, 32),
+    ROW(ttft_p90_ns, "ttft-p90", DURATION, "1s", "SLO: 90th percentile time to first token",
+        1e6, 36e11),
+    ROW(tpot_p90_ns, "tpot-p90", DURATION, "50ms",
+        "SLO: 90th percentile time between tokens (decode step)", 1e5, 6e10),
+    ROW(target_util, "target-util", DOUBLE, "0.7",
+        "plan each daemon to this fraction of its measured capacity", 0.05, 1),
+    ROW(hysteresis, "hysteresis", DOUBLE, "0.3",
+        "re-split only when the desired split is 0.5 + this many daemons away", 0, 4),
+    ROW(dwell_ns, "dwell", DURATION, "60s", "least time between two re-splits", 0, 864e11),
+    ROW(confirm, "confirm", UINT, "3", "ticks in a row the same new split must be desired",
+        1, 1000),
+    ROW(interval_ns, "interval", DURATION, "2s", "one planning tick", 1e8, 36e11),
+    ROW(window_ns, "window", DURATION, "20s",
+        "time constant of the demand's moving average (longer: calmer, slower)", 1e8, 864e11),
+    ROW(etcd, "etcd", STRING, NULL,
+        "leader election through etcd host:port (default: the deployment's etcd; else an "
+        "flock on the run dir)", 0, 0),
+    ROW(metrics_listen, "metrics-listen", STRING, NULL,
+        "host:port where the planner serves /metrics (pd_planner_*), e.g. for a KEDA scaler",
+        0, 0),
+    PD_CFG_ROW(pdctl_plan_cfg_t, act, "act", BOOL, "true",
+               "re-split through pdctl scale (false: decide, log and export only, for an "
+               "external scaler such as KEDA or an HPA)", 0, 0, NULL),
+    PD_CFG_END,
+};
+
+const pd_cfg_schema_t pdctl_plan_schema = {
+    .prog = "pdctl",
+    .summary = "[planner] section of a deployment file",
+    .env_prefix = "PDCTL_PLANNER_",
+    .fields = pdctl_plan_fields,
+};
+
+static const char *const pdctl_plan_reason_names[] = {
+#define PDCTL_X_REASON(id, name, help) name,
+    PDCTL_PLAN_REASONS(PDCTL_X_REASON)
+#undef PDCTL_X_REASON
+};
+
+static const char *const pdctl_plan_reason_helps[] = {
+#define PDCTL_X_REASON(id, name, help) help,
+    PDCTL_PLAN_REASONS(PDCTL_X_REASON)
+#undef PDCTL_X_REASON
+};
+
+const char *pdctl_plan_reason_name(pdctl_plan_reason_t r)
+{
+    return r < PDCTL_PLAN_REASON_N ? pdctl_plan_reason_names[r] : "?";
+}
+
+const char *pdctl_plan_reason_help(pdctl_plan_reason_t r)
+{
+    return r < PDCTL_PLAN_REASON_N ? pdctl_plan_reason_helps[r] : "?";
+}
+
+void pdctl_plan_state_init(pdctl_plan_state_t *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->pending = PDCTL_PLAN_NO_PENDING;
+}
+
+/* Fewer computed tokens than this in a tick say more about fixed costs than
+ * a rate (the router's cost mode uses the same floor). */
+#define PLAN_MIN_PF_TOKENS 16.0
+/* Weight of a new prefill-rate sample. */
+#define PLAN_RATE_WEIGHT 0.3
+/* Batches must spread this much (variance) before a slope is believed. */
+#define PLAN_FIT_MIN_VAR 0.25
+/* Total need below this (daemons) is no traffic. */
+#define PLAN_IDLE_NEED 0.02
+
+static void plan_measure(const pdctl_plan_in_t *in, pdctl_plan_state_t *st)
+{
+    if (in->pf_busy_s > 0 && in->pf_tokens >= PLAN_MIN_PF_TOKENS) {
+        double r = in->pf_tokens / in->pf_busy_s;
+        st->pf_tok_s = st->pf_tok_s > 0 ? st->pf_tok_s + PLAN_RATE_WEIGHT * (r - st->pf_tok_s) : r;
+    } else if (st->pf_tok_s <= 0 && in->pf_tok_s_hint > 0) {
+        st->pf_tok_s = in->pf_tok_s_hint;   /* PD-mixed so far: the router's estimate */
+    }
+    for (unsigned i = 0; i < in->n_dec && i < PDCTL_PLAN_MAX_SAMPLES; i++) {
+        if (!(in->dec[i].batch > 0) || !(in->dec[i].step_s > 0))
+            continue;
+        st->fit_b[st->fit_next] = in->dec[i].batch;
+        st->fit_s[st->fit_next] = in->dec[i].step_s;
+        st->fit_next = (st->fit_next + 1) % PDCTL_PLAN_FIT_POINTS;
+        if (st->fit_n < PDCTL_PLAN_FIT_POINTS)
+            st->fit_n++;
+    }
+    if (in->dec_max_batch > 0)
+        st->max_batch = in->dec_max_batch;
+}
+
+/* step(b) = a + k*b by least squares over the kept points. Until the
+ * batches spread, proportional (a = 0): the pessimistic reading, which
+ * sees no headroom in batching. */
+static void plan_fit(const pdctl_plan_state_t *st, double *a_p, double *k_p, double *bmax_p)
+{
+    double sb = 0, ss = 0, bmax = 0;
+    for (unsigned i = 0; i < st->fit_n; i++) {
+        sb += st->fit_b[i];
+        ss += st->fit_s[i];
+        if (st->fit_b[i] > bmax)
+            bmax = st->fit_b[i];
+    }
+    double n = st->fit_n, mb = sb / n, ms = ss / n, vb = 0, cov = 0;
+    for (unsigned i = 0; i < st->fit_n; i++) {
+        vb += (st->fit_b[i] - mb) * (st->fit_b[i] - mb);
+        cov += (st->fit_b[i] - mb) * (st->fit_s[i] - ms);
+    }
+    vb /= n;
+    cov /= n;
+    double a, k;
+    if (vb >= PLAN_FIT_MIN_VAR) {
+        k = cov / vb;
+        a = ms - k * mb;
+        if (k < 0) {          /* noise: a flat step */
+            k = 0;
+            a = ms;
+        } else if (a < 0) {   /* through the origin */
+            a = 0;
+            k = ms / mb;
+        }
+    } else {
+        a = 0;
+        k = ms / mb;
+    }
+    *a_p = a;
+    *k_p = k;
+    *bmax_p = bmax;
+}
+
+/* Tokens/s one decode gives at the largest batch meeting the TPOT target. */
+static double plan_dec_capacity(const pdctl_plan_cfg_t *cfg, const pdctl_plan_state_t *st,
+                                pdctl_plan_out_t *out)
+{
+    double a, k, bseen;
+    plan_fit(st, &a, &k, &bseen);
+    double t = (double)cfg->tpot_p90_ns / 1e9;
+    double b = k > 0 ? (t - a) / k : (st->max_batch > 0 ? st->max_batch : bseen);
+    if (st->max_batch > 0 && b > st->max_batch)
+        b = st->max_batch;
+    if (b < 1)
+        b = 1;
+    out->step_a_s = a;
+    out->step_k_s = k;
+    out->dec_batch_cap = b;
+    double step = a + k * b;
+    return step > 0 ? b / step : 0;
+}
+
+static double plan_pressure(double p90, uint64_t target_ns)
+{
+    double t = (double)target_ns / 1e9;
+    if (!(p90 > t) || t <= 0)
+        return 1;
+    return p90 / t > 2 ? 2 : p90 / t;
+}
+
+/* A missed TPOT is the decodes' only when their own steps are slow too: the
+ * inter-token gap after token 0 also holds the KV pull, which more decodes
+ * do not shorten (docs/BENCHMARKS.md "SLO planner"). The smaller of the
+ * routers' inter-token p90 and the decodes' mean step this tick. */
+static double plan_dec_pressure(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *in)
+{
+    double step = 0;
+    unsigned n = 0;
+    for (unsigned i = 0; i < in->n_dec && i < PDCTL_PLAN_MAX_SAMPLES; i++) {
+        if (in->dec[i].step_s > 0) {
+            step += in->dec[i].step_s;
+            n++;
+        }
+    }
+    double itl = plan_pressure(in->itl_p90_s, cfg->tpot_p90_ns);
+    double own = n > 0 ? plan_pressure(step / n, cfg->tpot_p90_ns) : 1;
+    return itl < own ? itl : own;
+}
+
+void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_plan_in_t *in,
+                     pdctl_plan_state_t *st, pdctl_plan_out_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->want_prefill = in->n_prefill;
+    out->want_decode = in->n_decode;
+    plan_measure(in, st);
+    out->pf_tok_s = st->pf_tok_s;
+    out->dec_tok_s = st->fit_n > 0 ? plan_dec_capacity(cfg, st, out) : 0;
+
+    pdctl_plan_reason_t why;
+    if (in->dt_s > 0 && st->pf_tok_s > 0 && out->dec_tok_s > 0) {
+        double util = cfg->target_util > 0 ? cfg->target_util : 1;
+        double uncached = in->prompt_tokens - in->cached_tokens;
+        double raw_p = (uncached > 0 ? uncached : 0) / in->dt_s / (st->pf_tok_s * util) *
+                       plan_pressure(in->ttft_p90_s, cfg->ttft_p90_ns);
+        double raw_d = in->gen_tokens / in->dt_s / (out->dec_tok_s * util) *
+                       plan_dec_pressure(cfg, in);
+        double w = cfg->window_ns > 0 ? 1 - exp(-in->dt_s * 1e9 / (double)cfg->window_ns) : 1;
+        if (!st->primed) {
+            st->need_p = raw_p;
+            st->need_d = raw_d;
+            st->primed = true;
+        } else {
+            st->need_p += w * (raw_p - st->need_p);
+            st->need_d += w * (raw_d - st->need_d);
+        }
+    }
+    out->need_p = st->need_p;
+    out->need_d = st->need_d;
+
+    unsigned lo = (unsigned)cfg->min_prefill, min_d = cfg->min_decode ? (unsigned)cfg->min_decode : 1;
+    unsigned hi = budget > min_d ? budget - min_d : 0;
+    if (lo > hi)
+        lo = hi;
+    if (!st->primed) {
+        why = PDCTL_PLAN_NO_DATA;
+        goto hold;
+    }
+    if (st->need_p + st->need_d < PLAN_IDLE_NEED) {
+        why = PDCTL_PLAN_IDLE;
+        goto hold;
+    }
+    double split = (double)budget * st->need_p / (st->need_p + st->need_d);
+    if (split < lo)
+        split = lo;
+    if (split > hi)
+        split = hi;
+    out->split_prefill = split;
+    unsigned want_p = (unsigned)lround(split);
+    bool resize = in->n_prefill + in->n_decode != budget;
+    if (!resize && fabs(split - (double)in->n_prefill) < 0.5 + cfg->hysteresis) {
+        st->pending = -1;
+        st->pending_ticks = 0;
+        why = PDCTL_PLAN_BALANCED;
+        goto hold;
+    }
+    if (resize && in->n_prefill >= lo && in->n_prefill <= hi &&
+        fabs(split - (double)in->n_prefill) < 0.5 + cfg->hysteresis)
+        want_p = in->n_prefill;    /* only the size is off: keep the prefill count */
+    out->want_prefill = want_p;
+    out->want_decode = budget - want_p;
+    /* confirm counts ticks that want to move the same way (the target
+     * itself may still move while the average catches up) */
+    int dir = want_p > in->n_prefill ? 1 : want_p < in->n_prefill ? -1 : 0;
+    if (st->pending != dir) {
+        st->pending = dir;
+        st->pending_ticks = 0;
+    }
+    if (in->dt_s > 0)   /* only fresh figures count (none right after a re-split) */
+        st->pending_ticks++;
+    if (st->pending_ticks < (cfg->confirm ? cfg->confirm : 1) || !(in->dt_s > 0)) {
+        why = PDCTL_PLAN_CONFIRM;
+        goto count;
+    }
+    if (st->last_change_ns != 0 && in->now_ns - st->last_change_ns < cfg->dwell_ns) {
+        why = PDCTL_PLAN_DWELL;
+        goto count;
+    }
+    why = resize && want_p == in->n_prefill ? PDCTL_PLAN_BUDGET
+          : want_p > in->n_prefill          ? PDCTL_PLAN_MORE_PREFILL
+                                            : PDCTL_PLAN_MORE_DECODE;
+    out->act = true;
+    st->last_change_ns = in->now_ns ? in->now_ns : 1;
+    st->pending = PDCTL_PLAN_NO_PENDING;
+    st->pending_ticks = 0;
+    goto count;
+hold:
+    out->want_prefill = in->n_prefill;
+    out->want_decode = in->n_decode;
+count:
+    out->reason = why;
+    st->decisions[why]++;
+}
