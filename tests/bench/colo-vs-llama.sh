@@ -4,8 +4,11 @@
 # scheme, -t 2, 4 parallel sequences, prompt cache on) beside pdserve's
 # layouts on the same model and token ids:
 #   1p1d       1P:1D, one engine thread each (each daemon its own core)
-#   1p1d-lend  1P:1D, two threads each, prefill at nice PNICE (default 19):
+#   1p1d-lend  1P:1D, two threads each, prefill at nice PNICE (default 10):
 #              the kernel lends the decode's idle core to prompts
+#   1p1d-arb   as 1p1d-lend, and the decode's tpot-target TARGET with the
+#              host's core arbiter: the decode parks a thread while the
+#              prefill wants cores and its step time keeps the target
 #   1p1d-pwide 1P:1D, prefill two threads at nice PNICE, decode one: the
 #              decode keeps its core, the prefill also takes the decode's gaps
 #   mixed      one decode, 2 threads, every prompt computed locally in the
@@ -29,8 +32,8 @@ DIR=$(mktemp -d /tmp/pd-colo.XXXXXX)
 MODEL=${2:-$DIR/bench6-byte-q4_K_M.gguf}
 ROUNDS=${ROUNDS:-1}
 TARGET=${TARGET:-40ms}
-PNICE=${PNICE:-19}
-SERVERS=${SERVERS:-"llama 1p1d 1p1d-lend mixed"}
+PNICE=${PNICE:-10}
+SERVERS=${SERVERS:-"llama 1p1d 1p1d-lend 1p1d-arb mixed"}
 WORKLOADS=${WORKLOADS:-"chat-mt long short"}
 LLPID=
 cleanup() {
@@ -51,6 +54,7 @@ deploy() { # name prefill pthreads pnice dthreads extra-decode-keys...
             "$([ "$np" = 0 ] && echo never || echo always)"
         printf '[router]\nhttp = 127.0.0.1:%s\ncontrol = 127.0.0.1:%s\n' $port $((port + 1))
         printf '[prefill]\nthreads = %s\nnice = %s\ncpu-share = 1000\nkv-blocks = 2048\n' "$pth" "$pnice"
+        printf 'cpu-arbiter = %s/cpu.arb\n' "$DIR"
         printf '[decode]\nthreads = %s\ncpu-share = 1000\nkv-blocks = 4096\nmax-batch = 32\n' "$dth"
         for kv in "$@"; do echo "$kv"; done
     } > "$DIR/$name.ini"
@@ -58,6 +62,7 @@ deploy() { # name prefill pthreads pnice dthreads extra-decode-keys...
 }
 deploy 1p1d 1 1 0 1
 deploy 1p1d-lend 1 2 "$PNICE" 2
+deploy 1p1d-arb 1 2 "$PNICE" 2 "tpot-target = $TARGET" "cpu-arbiter = $DIR/cpu.arb"
 deploy 1p1d-pwide 1 2 "$PNICE" 1
 deploy mixed 0 1 0 2 "tpot-target = $TARGET"
 workload() {
