@@ -71,9 +71,11 @@ typedef struct {
     char *mem_ledger;
     bool print_arena_bytes;
     int64_t nice;
+    int qdot;
 } node_config_t;
 
 extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", NULL } (eng_kv_dtype_t order) */
+extern const char *const node_qdot_paths[];  /* { "auto", "amx", "vnni", "avx2", "scalar", "off", NULL } */
 
 /* Rows over the role's config struct stype (member `node`), in --help
  * order: NODE_HEAD_ROWS, the role's own rows, NODE_TAIL_ROWS, PD_CFG_END. */
@@ -105,7 +107,8 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", NULL } (
     NODE_ROW(stype, mem_budget, "mem.budget", SIZE, "0", "host-wide cap on the KV arenas of this host's daemons, shared through mem.ledger (0: 90% of MemAvailable + arenas already committed, or the cgroup room)", 0, 0, NULL) \
     NODE_ROW(stype, mem_ledger, "mem.ledger", STRING, PD_MEMLEDGER_DEFAULT, "file where the daemons of one host reserve their KV arenas (flock'd; dead processes reclaimed)", 0, 0, NULL) \
     NODE_ROW(stype, print_arena_bytes, "print-arena-bytes", BOOL, "false", "load the model, print the KV arena's size in bytes and exit (pdctl's memory plan check)", 0, 0, NULL) \
-    NODE_ROW(stype, nice, "nice", INT, "0", "scheduling niceness of every thread (setpriority at boot, before the engine's): daemons sharing a host's cores with threads = all of them lend their idle cores; the lower value wins when both are busy (e.g. prefill 10, decode 0: the decode's steps first, the prefill takes what they leave). Below 0 needs CAP_SYS_NICE", -20, 19, NULL)
+    NODE_ROW(stype, nice, "nice", INT, "0", "scheduling niceness of every thread (setpriority at boot, before the engine's): daemons sharing a host's cores with threads = all of them lend their idle cores; the lower value wins when both are busy (e.g. prefill 10, decode 0: the decode's steps first, the prefill takes what they leave). Below 0 needs CAP_SYS_NICE", -20, 19, NULL) \
+    NODE_ROW(stype, qdot, "qdot", ENUM, "auto", "integer-dot path of quantized weights (what PD_QDOT sets; pdctl passes no PD_* to daemons): auto (the environment's PD_QDOT, else the best the CPU has: amx > vnni > avx2 > scalar), amx|vnni|avx2|scalar cap the path, off = the exact f32 path; the boot log line says which runs", 0, 0, node_qdot_paths)
 
 /* ---- role tables ---------------------------------------------------------- */
 
