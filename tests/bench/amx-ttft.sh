@@ -73,5 +73,5 @@ PY
 done
 echo "best median TTFT (ms) over $rounds rounds, $len-token prompts, prefill threads $threads:"
 for q in vnni amx; do
-    awk -v q="$q" '$1 == q && $6 != "" { if (b == "" || $6 + 0 < b) b = $6 + 0 } END { print "  " q ": " b }' "$work/all"
+    awk -v q="$q" '$1 == q && $8 != "" { if (b == "" || $8 + 0 < b) b = $8 + 0 } END { print "  " q ": " b }' "$work/all"
 done
