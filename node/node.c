@@ -16,6 +16,7 @@
 #include "pd_time.h"
 
 const char *const node_kv_dtypes[] = { "f32", "f16", "q8_0", NULL };
+const char *const node_qdot_paths[] = { "auto", "amx", "vnni", "avx2", "scalar", "off", NULL };
 
 /* ---- ids ------------------------------------------------------------------ */
 

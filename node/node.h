@@ -75,9 +75,11 @@ typedef struct {
     int64_t nice;
     uint64_t cpu_share;
     char *cpu_arbiter;
+    int qdot;
 } node_config_t;
 
 extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", NULL } (eng_kv_dtype_t order) */
+extern const char *const node_qdot_paths[];  /* { "auto", "amx", "vnni", "avx2", "scalar", "off", NULL } */
 
 /* Rows over the role's config struct stype (member `node`), in --help
  * order: NODE_HEAD_ROWS, the role's own rows, NODE_TAIL_ROWS, PD_CFG_END. */
@@ -111,7 +113,8 @@ extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", NULL } (
     NODE_ROW(stype, print_arena_bytes, "print-arena-bytes", BOOL, "false", "load the model, print the KV arena's size in bytes and exit (pdctl's memory plan check)", 0, 0, NULL) \
     NODE_ROW(stype, nice, "nice", INT, "0", "scheduling niceness of every thread (setpriority at boot, before the engine's): daemons sharing a host's cores with threads = all of them lend their idle cores; the lower value wins when both are busy (e.g. prefill 10, decode 0: the decode's steps first, the prefill takes what they leave). Below 0 needs CAP_SYS_NICE", -20, 19, NULL) \
     NODE_ROW(stype, cpu_share, "cpu-share", UINT, "0", "this daemon's share of the host's cores in milli-cores (1000 = one core; 0 = its engine threads): what pd_cpu_borrowed/lent_seconds and pdctl top's BORROW/LENT count against. Accounting only: lending itself is the kernel's (nice)", 0, 1048576, NULL) \
-    NODE_ROW(stype, cpu_arbiter, "cpu-arbiter", STRING, PD_CPUARB_DEFAULT, "the host's core arbiter: a shared-memory table where the daemons of one host say how many threads they want now; a decode with tpot-target runs its steps on fewer threads while prefills want cores and its step time stays within the target (off: none)", 0, 0, NULL)
+    NODE_ROW(stype, cpu_arbiter, "cpu-arbiter", STRING, PD_CPUARB_DEFAULT, "the host's core arbiter: a shared-memory table where the daemons of one host say how many threads they want now; a decode with tpot-target runs its steps on fewer threads while prefills want cores and its step time stays within the target (off: none)", 0, 0, NULL) \
+    NODE_ROW(stype, qdot, "qdot", ENUM, "auto", "integer-dot path of quantized weights (what PD_QDOT sets; pdctl passes no PD_* to daemons): auto (the environment's PD_QDOT, else the best the CPU has: amx > vnni > avx2 > scalar), amx|vnni|avx2|scalar cap the path, off = the exact f32 path; the boot log line says which runs", 0, 0, node_qdot_paths)
 
 /* ---- role tables ---------------------------------------------------------- */
 

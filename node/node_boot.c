@@ -327,6 +327,8 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
     char prog[32];
     snprintf(prog, sizeof(prog), "pd-%s", n->role->name);
     kvx_ucx_env_defaults(); /* setenv, before the engine's threads */
+    if (n->cfg->qdot > 0) /* read by the engine at its first matmul (model load) */
+        setenv("PD_QDOT", node_qdot_paths[n->cfg->qdot], 1);
     if (node_boot_checks(n, prog) != PD_OK)
         return 2;
     if (n->cfg->nice != 0) {

@@ -69,8 +69,12 @@
  * place with the activation row stride) leaves the exact P_b of 16 items
  * x 16 rows in a C tile; it is stored, and each item's row of 16 P_b
  * takes the canonical r = fma((float)P_b, d_w * d_a, r) (+ the min term)
- * in block order with AVX-512, rows in the lanes as on VNNI. Items beyond
- * the last full 16 run the VNNI packed kernel: same bits. */
+ * in block order with AVX-512, rows in the lanes as on VNNI. Q4_K / Q5_K:
+ * one tdpbssd per 32-element sub-block (the packed nibbles, Q5_K with its
+ * qh bit) gives P_k exactly, V = sum sc_k P_k exactly (Q4_K: f32 parts
+ * below 2^24; Q5_K: int32), then the VNNI fold. Q6_K has no tile kernel
+ * (its canonical 4-product lanes do not fit tiles: DESIGN.md). Items
+ * beyond the last full 16 run the VNNI packed kernel: same bits. */
 #ifndef GGML_QDOT_H
 #define GGML_QDOT_H
 
@@ -142,8 +146,8 @@ pd_status_t ggml_qdot_pack(uint32_t type, const uint8_t *w, size_t row_bytes, ui
 /* ggml_qdot_rows for rows [r0, r1) of a tensor w (row 0 at w) whose packed
  * layout is pk (NULL: none): out[i * out_stride + r - r0]. The full groups
  * of 16 in the range run the packed kernel on the VNNI path (AMX path: the
- * 32-element types' full 16s of items on tiles, the other items and types
- * as on VNNI), the rest the row kernels: the same bits either way. */
+ * 32-element types', Q4_K's and Q5_K's full 16s of items on tiles, the
+ * other items and types as on VNNI), the rest the row kernels: the same bits either way. */
 pd_status_t ggml_qdot_rows_packed(int path, uint32_t type, const uint8_t *w, size_t row_bytes,
                                   const uint8_t *pk, uint32_t r0, uint32_t r1, uint64_t n,
                                   const void *a, size_t a_stride, uint32_t n_items, float *out,

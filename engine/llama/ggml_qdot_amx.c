@@ -348,26 +348,36 @@ Q32_AMX(GGML_TYPE_IQ4_NL, iq4)
  * V = (float)V. M (vpdpwssd of the mins and the bsums pairs) and the fold
  * are the VNNI kernel's: the same bits. ---- */
 #define K4_PKB 2368 /* Q4K_PK_BYTES of ggml_qdot.c */
+#define K5_PKB (K4_PKB + 512) /* Q5K_PK_BYTES: + the qh plane */
 #define K4_SEG 4    /* blocks per converted segment: 4 x 4 KB */
 #define Q8K_QS_OFF 4 /* offsetof(ggml_q8k_block, qs) */
 _Static_assert(sizeof(ggml_q8k_block) == 292, "Q8K block layout");
 
-/* blocks [b0, b1) of the Q4_K packed group pg as B tiles: sub-block k of
- * block b at seg + 4096 (b - b0) + 512 k */
-__attribute__((target(AMX_TARGET))) static void k4_amx_unpack(const uint8_t *pg, uint64_t b0,
-                                                              uint64_t b1, uint8_t *seg)
+/* blocks [b0, b1) of the Q4_K / Q5_K packed group pg as B tiles: sub-block
+ * k of block b at seg + 4096 (b - b0) + 512 k (Q5_K: bit k of the qh plane
+ * [t][row][4 bytes] is bit 4 of sub-block k's value) */
+__attribute__((target(AMX_TARGET))) static inline __attribute__((always_inline)) void
+k45_amx_unpack(const uint8_t *pg, uint64_t b0, uint64_t b1, uint8_t *seg, const int q5)
 {
-    const __m512i m = _mm512_set1_epi8(0x0F);
+    const __m512i m = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
     for (uint64_t b = b0; b < b1; b++) {
-        const uint8_t *p = pg + b * K4_PKB;
+        const uint8_t *p = pg + b * (q5 ? K5_PKB : K4_PKB);
         uint8_t *o = seg + (b - b0) * 4096;
         for (int j = 0; j < 4; j++)
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
                 const __m512i x = _mm512_loadu_si512(p + 512 * j + 64 * t);
-                _mm512_store_si512(o + 512 * (2 * j) + 64 * t, _mm512_and_si512(x, m));
-                _mm512_store_si512(o + 512 * (2 * j + 1) + 64 * t,
-                                   _mm512_and_si512(_mm512_srli_epi16(x, 4), m));
+                __m512i lo = _mm512_and_si512(x, m), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m);
+                if (q5) {
+                    const __m512i qh = _mm512_loadu_si512(p + K4_PKB + 64 * t);
+                    lo = _mm512_or_si512(lo, _mm512_slli_epi16(
+                                                 _mm512_and_si512(_mm512_srli_epi16(qh, 2 * j), one), 4));
+                    hi = _mm512_or_si512(hi, _mm512_slli_epi16(
+                                                 _mm512_and_si512(_mm512_srli_epi16(qh, 2 * j + 1), one),
+                                                 4));
+                }
+                _mm512_store_si512(o + 512 * (2 * j) + 64 * t, lo);
+                _mm512_store_si512(o + 512 * (2 * j + 1) + 64 * t, hi);
             }
     }
 }
@@ -381,19 +391,22 @@ __attribute__((target(AMX_TARGET))) static void k4_amx_unpack(const uint8_t *pg,
         _tile_stored(tc, (cbk)[k], 64);                                                          \
     } while (0)
 
-/* n16 items x one Q4_K packed group: out[i * os + r] */
-__attribute__((target(AMX_TARGET))) static void k4_amx_group(const uint8_t *pg, uint64_t nb,
-                                                             const uint8_t *a, size_t as,
-                                                             uint32_t n16, float *out, size_t os)
+/* n16 items x one Q4_K / Q5_K packed group: out[i * os + r]. Q5_K's
+ * sc_k P_k (< 63 x 32 x 31 x 127 < 2^23) do not sum exactly in f32 past
+ * two, so its V is summed in int32 (vpmulld): the exact V, as on VNNI. */
+__attribute__((target(AMX_TARGET))) static inline __attribute__((always_inline)) void
+k45_amx_group_t(const uint8_t *pg, uint64_t nb, const uint8_t *a, size_t as, uint32_t n16,
+                float *out, size_t os, const int q5)
 {
+    const size_t pkb = q5 ? K5_PKB : K4_PKB;
     uint8_t seg[K4_SEG * 4096] __attribute__((aligned(64)));
     int32_t cb[8][AMX_ITEMS * 16] __attribute__((aligned(64)));
     float sf[8][16] __attribute__((aligned(64)));
-    __m512i mk[8];
+    __m512i mk[8], sk[8];
     for (uint64_t s0 = 0; s0 < nb; s0 += K4_SEG) {
         const uint64_t s1 = nb - s0 < K4_SEG ? nb : s0 + K4_SEG;
         __asm__ volatile("" ::: "memory"); /* the tile loads above read seg */
-        k4_amx_unpack(pg, s0, s1, seg);
+        k45_amx_unpack(pg, s0, s1, seg, q5);
         __asm__ volatile("" ::: "memory"); /* the tile loads below read seg */
         for (uint32_t i0 = 0; i0 < n16; i0 += AMX_ITEMS) {
             const uint8_t *ai = a + (size_t)i0 * as;
@@ -412,12 +425,15 @@ __attribute__((target(AMX_TARGET))) static void k4_amx_group(const uint8_t *pg, 
                 K4_DP(5, 1, 3, 5, cb);
                 K4_DP(6, 0, 2, 6, cb);
                 K4_DP(7, 1, 3, 7, cb);
-                const uint8_t *p = pg + b * K4_PKB;
+                const uint8_t *p = pg + b * pkb;
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) {
                     const __m512i sc = _mm512_cvtepu8_epi32(
                         _mm_loadu_si128((const __m128i_u *)(p + 2048 + 16 * k)));
-                    _mm512_store_ps(sf[k], _mm512_cvtepi32_ps(sc));
+                    if (q5)
+                        sk[k] = sc;
+                    else
+                        _mm512_store_ps(sf[k], _mm512_cvtepi32_ps(sc));
                     const __m512i m = _mm512_cvtepu8_epi32(
                         _mm_loadu_si128((const __m128i_u *)(p + 2176 + 16 * k)));
                     mk[k] = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
@@ -428,17 +444,32 @@ __attribute__((target(AMX_TARGET))) static void k4_amx_group(const uint8_t *pg, 
                 for (int i = 0; i < AMX_ITEMS; i++) {
                     const ggml_q8k_block *ab =
                         (const ggml_q8k_block *)(const void *)(ai + (size_t)i * as) + b;
-                    __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[0] + 16 * i)),
-                                              _mm512_load_ps(sf[0]));
-                    __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[4] + 16 * i)),
-                                              _mm512_load_ps(sf[4]));
+                    __m512 v;
+                    if (q5) {
+                        __m512i lo = _mm512_mullo_epi32(_mm512_load_si512(cb[0] + 16 * i), sk[0]);
+                        __m512i hi = _mm512_mullo_epi32(_mm512_load_si512(cb[4] + 16 * i), sk[4]);
 #pragma GCC unroll 3
-                    for (int k = 1; k < 4; k++) {
-                        lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[k] + 16 * i)),
-                                             _mm512_load_ps(sf[k]), lo);
-                        hi = _mm512_fmadd_ps(
-                            _mm512_cvtepi32_ps(_mm512_load_si512(cb[4 + k] + 16 * i)),
-                            _mm512_load_ps(sf[4 + k]), hi);
+                        for (int k = 1; k < 4; k++) {
+                            lo = _mm512_add_epi32(
+                                lo, _mm512_mullo_epi32(_mm512_load_si512(cb[k] + 16 * i), sk[k]));
+                            hi = _mm512_add_epi32(
+                                hi, _mm512_mullo_epi32(_mm512_load_si512(cb[4 + k] + 16 * i), sk[4 + k]));
+                        }
+                        v = _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi));
+                    } else {
+                        __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[0] + 16 * i)),
+                                                  _mm512_load_ps(sf[0]));
+                        __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[4] + 16 * i)),
+                                                  _mm512_load_ps(sf[4]));
+#pragma GCC unroll 3
+                        for (int k = 1; k < 4; k++) {
+                            lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[k] + 16 * i)),
+                                                 _mm512_load_ps(sf[k]), lo);
+                            hi = _mm512_fmadd_ps(
+                                _mm512_cvtepi32_ps(_mm512_load_si512(cb[4 + k] + 16 * i)),
+                                _mm512_load_ps(sf[4 + k]), hi);
+                        }
+                        v = _mm512_add_ps(lo, hi);
                     }
                     __m512i M = _mm512_setzero_si512();
 #pragma GCC unroll 8
@@ -448,8 +479,7 @@ __attribute__((target(AMX_TARGET))) static void k4_amx_group(const uint8_t *pg, 
                         M = _mm512_dpwssd_epi32(M, mk[k], _mm512_set1_epi32(pair));
                     }
                     const float d = ab->d;
-                    r[i] = _mm512_fmadd_ps(_mm512_add_ps(lo, hi), _mm512_mul_ps(dw, _mm512_set1_ps(d)),
-                                           r[i]);
+                    r[i] = _mm512_fmadd_ps(v, _mm512_mul_ps(dw, _mm512_set1_ps(d)), r[i]);
                     r[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(dm, _mm512_set1_ps(-d)),
                                            r[i]);
                 }
@@ -461,13 +491,16 @@ __attribute__((target(AMX_TARGET))) static void k4_amx_group(const uint8_t *pg, 
     }
 }
 
-__attribute__((target(AMX_TARGET))) static void k4_amx(const uint8_t *pg, size_t gs, uint32_t ng,
-                                                       uint64_t nb, const uint8_t *a, size_t as,
-                                                       uint32_t n16, float *out, size_t os)
-{
-    for (uint32_t g = 0; g < ng; g++)
-        k4_amx_group(pg + g * gs, nb, a, as, n16, out + 16 * g, os);
-}
+#define K45_AMX(TN, Q5)                                                                         \
+    __attribute__((target(AMX_TARGET))) static void TN(const uint8_t *pg, size_t gs, uint32_t ng, \
+                                                       uint64_t nb, const uint8_t *a, size_t as,  \
+                                                       uint32_t n16, float *out, size_t os)       \
+    {                                                                                           \
+        for (uint32_t g = 0; g < ng; g++)                                                       \
+            k45_amx_group_t(pg + g * gs, nb, a, as, n16, out + 16 * g, os, Q5);                 \
+    }
+K45_AMX(k4_amx, 0)
+K45_AMX(k5_amx, 1)
 
 ggml_qdot_amx_fn ggml_qdot_amx_kernel(uint32_t type)
 {
@@ -479,6 +512,7 @@ ggml_qdot_amx_fn ggml_qdot_amx_kernel(uint32_t type)
     case GGML_TYPE_Q5_1: return q32_amx_q51;
     case GGML_TYPE_IQ4_NL: return q32_amx_iq4;
     case GGML_TYPE_Q4_K: return k4_amx;
+    case GGML_TYPE_Q5_K: return k5_amx;
     default: return NULL;
     }
 }

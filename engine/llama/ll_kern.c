@@ -901,7 +901,7 @@ void eng_ll_qdot_describe(char *buf, size_t len)
     }
     if (p == GGML_QDOT_AMX) {
         snprintf(buf, len,
-                 "qdot path: amx (tiles from %u items: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q4_K; "
+                 "qdot path: amx (tiles from %u items: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q4_K Q5_K; "
                  "the other types vnni)", eng_ll_amx_min_g);
         return;
     }

@@ -4,20 +4,20 @@
 # build, offline, tests/engine/llama/node/llbench.mjs) on the same GGUF
 # files, alternating engine by engine, at each thread count:
 #   decode tok/s at batch 1 (fastest of 8 steps at position 64) and
-#   prefill tok/s of 64 tokens (best of 3), best of --rounds rounds,
+#   prefill tok/s of 64 tokens (--prefill N: N; best of 3), best of --rounds rounds,
 # then the ratios pdserve / llama.cpp, and pdserve's batch-32 aggregate
 # decode vs batch 1 for Q4_K_M.
 #
 # usage: tests/bench/qkernels-vs-llamacpp.sh [--build DIR] [--dir DIR]
 #        [--types "f16 q8_0 q4_0 q4_K_M q6_K"] [--threads "1 2"] [--rounds 2]
-#        [--layers N]
+#        [--layers N] [--prefill N]
 # Models: pd-mkmodel --preset bench-0.5b --ffn 3584 --vocab-type spm --type T
 # (the geometry of issue 11's table: ffn rows of whole K-quant super-blocks; made once
 # into --dir, default /tmp/pd-qkbench; ~3 GB for the five types).
 # Run it alone: on a shared 2-core machine every figure is a lower bound.
 set -eu
 build=build dir=/tmp/pd-qkbench types="f16 q8_0 q4_0 q4_K_M q6_K" threads="1 2" rounds=2
-layers=
+layers= prefill=64
 while [ $# -gt 0 ]; do
     case $1 in
     --build) build=$2; shift 2 ;;
@@ -26,8 +26,9 @@ while [ $# -gt 0 ]; do
     --threads) threads=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --layers) layers="--layers $2"; shift 2 ;;
+    --prefill) prefill=$2; shift 2 ;;
     *) echo "usage: $0 [--build DIR] [--dir DIR] [--types LIST] [--threads LIST]" \
-            "[--rounds N] [--layers N]" >&2; exit 2 ;;
+            "[--rounds N] [--layers N] [--prefill N]" >&2; exit 2 ;;
     esac
 done
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -55,11 +56,11 @@ for r in $(seq 1 "$rounds"); do
     for t in $types; do
         for th in $threads; do
             f=$dir/bench-$t.gguf
-            line=$("$bench" --model "$f" --threads "$th" --batches 1 --prefill 64 --steps 8 |
+            line=$("$bench" --model "$f" --threads "$th" --batches 1 --prefill "$prefill" --steps 8 |
                    grep "^bench-$t.gguf")
             keep_max "$res/pd.$t.$th.pre" "$(echo "$line" | awk '{ print $6 }')"
             keep_max "$res/pd.$t.$th.dec" "$(echo "$line" | awk '{ print $7 }')"
-            js=$(cd "$node_dir" && node llbench.mjs "$f" "$th" 64 8)
+            js=$(cd "$node_dir" && node llbench.mjs "$f" "$th" "$prefill" 8)
             keep_max "$res/ll.$t.$th.pre" "$(echo "$js" | sed 's/.*"prefill_tps":\([0-9.e+-]*\).*/\1/')"
             keep_max "$res/ll.$t.$th.dec" "$(echo "$js" | sed 's/.*"decode_tps":\([0-9.e+-]*\).*/\1/')"
             echo "round $r $t ${th}t: pdserve $(cat "$res/pd.$t.$th.dec") / $(cat "$res/pd.$t.$th.pre")," \
@@ -68,7 +69,7 @@ for r in $(seq 1 "$rounds"); do
     done
 done
 
-echo "| type, threads | decode b1 tok/s pdserve / llama.cpp (ratio) | prefill 64 tok/s pdserve / llama.cpp (ratio) |"
+echo "| type, threads | decode b1 tok/s pdserve / llama.cpp (ratio) | prefill $prefill tok/s pdserve / llama.cpp (ratio) |"
 echo "|---|---|---|"
 for t in $types; do
     for th in $threads; do

@@ -1,6 +1,7 @@
 /* test_daemon_cli.c - pd-prefill / pd-decode command line: --help and
  * --version exit 0 with text on stdout; bad flags, bad values, a missing
- * model or secret, a bad router address exit 2 with ONE line on stderr.
+ * model or secret, a bad router address exit 2 with ONE line on stderr;
+ * the qdot row sets the engine's integer-dot path (its boot line says so).
  * usage: test-daemon-cli PD_PREFILL PD_DECODE MODEL */
 #include <stdarg.h>
 #include <stddef.h>
@@ -74,6 +75,7 @@ static void test_bad_usage(void **state)
         "--kv-blocks=abc",
         "--kv-blocks=0",
         "--kv-dtype=f8",
+        "--qdot=fast",
         "--lease-ttl=forever",
         "--log.level=loud --insecure-no-auth --model=M",
         "--insecure-no-auth",                               /* no model */
@@ -105,6 +107,27 @@ static void test_bad_usage(void **state)
         }
 }
 
+/* qdot = PD_QDOT as a config row (pdctl passes no PD_* to the daemons): the
+ * engine's boot line names the path it set (scalar and off exist on every
+ * CPU; the row overrides the environment's PD_QDOT) */
+static void test_qdot_row(void **state)
+{
+    (void)state;
+    char out[65536], err[16384], args[2048];
+    static const char *const rows[][2] = { { "scalar", "qdot path: scalar (" },
+                                           { "off", "qdot path: off (" } };
+    for (int i = 0; i < 2; i++)
+        for (size_t k = 0; k < sizeof(rows) / sizeof(rows[0]); k++) {
+            snprintf(args, sizeof(args), "--model=%s --insecure-no-auth --print-arena-bytes --qdot=%s",
+                     g_model, rows[k][0]);
+            char bin[1024];
+            snprintf(bin, sizeof(bin), "PD_QDOT=vnni %s", g_bins[i]);
+            assert_int_equal(run(bin, args, out, sizeof(out), err, sizeof(err)), 0);
+            if (!strstr(err, rows[k][1]))
+                fail_msg("%s --qdot=%s: no \"%s\" in: %s", g_bins[i], rows[k][0], rows[k][1], err);
+        }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 4)
@@ -115,6 +138,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_version),
         cmocka_unit_test(test_bad_usage),
+        cmocka_unit_test(test_qdot_row),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

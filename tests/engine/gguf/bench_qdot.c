@@ -103,7 +103,8 @@ int main(int argc, char **argv)
     static const struct { uint32_t type; size_t bytes; const char *name; } types[] = {
         { GGML_TYPE_Q8_0, 34, "Q8_0" }, { GGML_TYPE_Q4_0, 18, "Q4_0" },
         { GGML_TYPE_Q4_1, 20, "Q4_1" }, { GGML_TYPE_IQ4_NL, 18, "IQ4_NL" },
-        { GGML_TYPE_Q4_K, 144, "Q4_K" }, { GGML_TYPE_Q6_K, 210, "Q6_K" },
+        { GGML_TYPE_Q4_K, 144, "Q4_K" }, { GGML_TYPE_Q5_K, 176, "Q5_K" },
+        { GGML_TYPE_Q6_K, 210, "Q6_K" },
     };
     float *x = malloc(K * sizeof *x), *w = malloc(K * sizeof *w);
     float *out = malloc((size_t)ni * rows * sizeof *out);

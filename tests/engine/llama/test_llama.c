@@ -694,7 +694,7 @@ static void test_isa_paths_agree(void **state)
 
 /* AMX (issue 37): a prompt pass of 40 tokens (two full 16s of items on the
  * tiles, 8 on VNNI) and a decode batch of 20 give the scalar integer-dot
- * path's bits, for every 32-element weight type and a Q4_K + Q6_K mix; the
+ * path's bits, for every 32-element weight type and Q4_K / Q5_K + Q6_K mixes; the
  * engine's describe line names the path (or why not AMX). Without AMX (the CPU, the
  * OS, PD_QDOT, or the AVX2 / scalar ISA capping it) this says "skipped: no
  * AMX" and runs the best path it has against scalar instead. */
@@ -710,6 +710,9 @@ static void test_amx_forward(void **state)
           false, 0, GGML_TYPE_IQ4_NL },
         /* a Q4_K_M style mix: Q4_K on the tiles, Q6_K on VNNI */
         { "llama", 256, 1, 4, 2, 512, 300, 64, 0, GGML_TYPE_Q4_K, false, false, 55, NULL,
+          false, 0, GGML_TYPE_Q6_K },
+        /* Q5_K_M style: Q5_K on the tiles (wip-amx3), Q6_K on VNNI */
+        { "qwen2", 256, 1, 4, 2, 768, 300, 64, 0, GGML_TYPE_Q5_K, true, true, 56, NULL,
           false, 0, GGML_TYPE_Q6_K },
     };
     const uint32_t saved_min = eng_ll_amx_min_g;

@@ -11,8 +11,9 @@ const [model, threadsS, prefillS, stepsS] = process.argv.slice(2);
 const threads = Number(threadsS), nPre = Number(prefillS ?? 64), nSteps = Number(stepsS ?? 8);
 const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" });
 const m = await llama.loadModel({ modelPath: model, gpuLayers: 0, useMmap: true });
-const ctx = await m.createContext({ contextSize: 512, batchSize: 512, sequences: 1, threads,
-                                    flashAttention: false });
+// the context holds the prompt and the decode steps (512 at least, as before)
+const ctx = await m.createContext({ contextSize: Math.max(512, nPre + nSteps + 8),
+                                    batchSize: 512, sequences: 1, threads, flashAttention: false });
 const prompt = Array.from({ length: nPre }, (_, i) => 300 + ((i * 7919) % 20000));
 let bestPre = Infinity, bestDec = Infinity;
 const seq = ctx.getSequence();
