@@ -865,6 +865,8 @@ void eng_ll_axpy_rows_q8_0(float *y, const float *a, const uint8_t *v, size_t st
  * axpy are the canonical ones of the f32 path over those elements (lane j %
  * 16, the fixed tree), so the scalar / AVX2 / AVX-512 paths agree bitwise. */
 
+/* e4m3 -> f32 (S.1111.111, NaN in OCP, is never written: read as +-480,
+ * as the SIMD paths' bit construction gives it) */
 static const float ll_e4m3_lut[256] = {
     0.0f, 0.001953125f, 0.00390625f, 0.005859375f, 0.0078125f, 0.009765625f, 0.01171875f, 0.013671875f,
     0.015625f, 0.017578125f, 0.01953125f, 0.021484375f, 0.0234375f, 0.025390625f, 0.02734375f, 0.029296875f,
@@ -881,7 +883,7 @@ static const float ll_e4m3_lut[256] = {
     32.0f, 36.0f, 40.0f, 44.0f, 48.0f, 52.0f, 56.0f, 60.0f,
     64.0f, 72.0f, 80.0f, 88.0f, 96.0f, 104.0f, 112.0f, 120.0f,
     128.0f, 144.0f, 160.0f, 176.0f, 192.0f, 208.0f, 224.0f, 240.0f,
-    256.0f, 288.0f, 320.0f, 352.0f, 384.0f, 416.0f, 448.0f, NAN,
+    256.0f, 288.0f, 320.0f, 352.0f, 384.0f, 416.0f, 448.0f, 480.0f,
     -0.0f, -0.001953125f, -0.00390625f, -0.005859375f, -0.0078125f, -0.009765625f, -0.01171875f, -0.013671875f,
     -0.015625f, -0.017578125f, -0.01953125f, -0.021484375f, -0.0234375f, -0.025390625f, -0.02734375f, -0.029296875f,
     -0.03125f, -0.03515625f, -0.0390625f, -0.04296875f, -0.046875f, -0.05078125f, -0.0546875f, -0.05859375f,
@@ -897,7 +899,7 @@ static const float ll_e4m3_lut[256] = {
     -32.0f, -36.0f, -40.0f, -44.0f, -48.0f, -52.0f, -56.0f, -60.0f,
     -64.0f, -72.0f, -80.0f, -88.0f, -96.0f, -104.0f, -112.0f, -120.0f,
     -128.0f, -144.0f, -160.0f, -176.0f, -192.0f, -208.0f, -224.0f, -240.0f,
-    -256.0f, -288.0f, -320.0f, -352.0f, -384.0f, -416.0f, -448.0f, NAN,
+    -256.0f, -288.0f, -320.0f, -352.0f, -384.0f, -416.0f, -448.0f, -480.0f,
 };
 
 /* f32 -> e4m3 (sign, 4-bit exponent bias 7, 3-bit mantissa), round to
@@ -946,10 +948,19 @@ static inline TGT512 __m512 ll_kv_u16_q4_0(const uint8_t *b, int h)
     v = h ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(0x0f));
     return _mm512_cvtepi32_ps(_mm512_sub_epi32(v, _mm512_set1_epi32(8)));
 }
+/* e4m3 built from its bits (the table's values, exactly): normal codes
+ * (exponent field >= 1) as f32 bits (mag << 20) + (120 << 23), subnormal
+ * ones as mag * 2^-9, then the sign */
 static inline TGT512 __m512 ll_kv_u16_fp8(const uint8_t *b, int h)
 {
-    __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(b + 1 + 16 * h)));
-    return _mm512_i32gather_ps(idx, ll_e4m3_lut, 4);
+    __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(b + 1 + 16 * h)));
+    __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7f));
+    __m512 nrm = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(mag, 20),
+                                                      _mm512_set1_epi32(120 << 23)));
+    __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(1.0f / 512));
+    __m512 v = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), nrm, sub);
+    __m512i sgn = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sgn));
 }
 static inline TGT512 __m512 ll_kv_u16_bf16(const uint8_t *b, int h)
 {
@@ -966,8 +977,14 @@ static inline TGT256 __m256 ll_kv_u8_q4_0(const uint8_t *b, int h)
 }
 static inline TGT256 __m256 ll_kv_u8_fp8(const uint8_t *b, int h)
 {
-    __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(b + 1 + 8 * h)));
-    return _mm256_i32gather_ps(ll_e4m3_lut, idx, 4);
+    __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(b + 1 + 8 * h)));
+    __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
+    __m256 nrm = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20),
+                                                      _mm256_set1_epi32(120 << 23)));
+    __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(1.0f / 512));
+    __m256 v = _mm256_blendv_ps(nrm, sub, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag)));
+    __m256i sgn = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
+    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sgn));
 }
 static inline TGT256 __m256 ll_kv_u8_bf16(const uint8_t *b, int h)
 {

@@ -1072,6 +1072,16 @@ static void test_kv_dtypes_kernels(void **state)
             eng_ll_kv_quantize(dt, kv + r * STRIDE, row, HD);
             eng_ll_kv_dequantize(dt, deq[r], kv + r * STRIDE, HD);
         }
+        if (dt == ENG_KV_FP8_E4M3) /* rows 0, 1: all 256 e4m3 codes (subnormals, +-480), mixed scales */
+            for (int r = 0; r < 2; r++) {
+                for (int blk = 0; blk < HD / 32; blk++) {
+                    uint8_t *p = kv + r * STRIDE + blk * 33;
+                    p[0] = (uint8_t)(127 - 3 * blk + r);
+                    for (int j = 0; j < 32; j++)
+                        p[1 + j] = (uint8_t)(r * 128 + blk * 32 + j);
+                }
+                eng_ll_kv_dequantize(dt, deq[r], kv + r * STRIDE, HD);
+            }
         for (int i = 0; i < HD; i++) {
             q[i] = rnd_f(&s);
             y0[i] = rnd_f(&s) * 0.1f;
