@@ -9,8 +9,10 @@
  *   block" (block b of layer l) holds block_tokens tokens of one layer, K
  *   and V, contiguous:
  *     layer block: (2 /K,V/, block_tokens, n_kv_heads, head_dim) of kv_dtype
- *   (q8_0: each head's head_dim values are head_dim/32 blocks of 34 bytes,
- *   so one token's K row is eng_kv_row_bytes(kv_dtype, n_kv_heads*head_dim))
+ *   (K rows in kv_dtype, V rows in kv_dtype_v: one token's K row is
+ *   eng_kv_row_bytes(kv_dtype, n_kv_heads*head_dim) bytes, e.g. q8_0: each
+ *   head's head_dim values are head_dim/32 blocks of 34 bytes; the V rows
+ *   start block_tokens K rows into the layer block)
  *   (geom.layer_block_bytes) and starts at
  *     arena + b * layout.block_stride + l * layout.layer_stride.
  *   Two layouts (eng_kv_layout_block_major / _layer_major below):
@@ -45,33 +47,76 @@ typedef enum {
     ENG_KV_Q8_0 = 2,           /* llama.cpp's block_q8_0 along head_dim: per 32
                                   values one f16 scale d then 32 int8 (34 bytes);
                                   head_dim must be a multiple of 32 */
+    ENG_KV_Q4_0 = 3,           /* llama.cpp's block_q4_0: per 32 values one f16
+                                  d then 16 bytes of nibbles (value j: low nibble
+                                  of byte j, j >= 16: high nibble of byte j-16;
+                                  q - 8) (18 bytes); head_dim a multiple of 32 */
+    ENG_KV_BF16 = 4,           /* bfloat16 (2 bytes, round to nearest even);
+                                  head_dim a multiple of 16 */
+    ENG_KV_FP8_E4M3 = 5,       /* OCP MXFP8: per 32 values one E8M0 scale byte
+                                  (2^(s-127)) then 32 fp8 e4m3 (33 bytes); the
+                                  scale makes the block's largest |x| <= 448
+                                  (no saturation); head_dim a multiple of 32 */
 } eng_kv_dtype_t;
 
-#define ENG_KV_Q8_0_BLOCK 32u      /* values per q8_0 block */
+#define ENG_KV_DTYPES 6u           /* eng_kv_dtype_t values are 0 .. ENG_KV_DTYPES-1 */
+#define ENG_KV_Q8_0_BLOCK 32u      /* values per q8_0 / q4_0 / fp8_e4m3 block */
 #define ENG_KV_Q8_0_BYTES 34u      /* bytes per q8_0 block */
+#define ENG_KV_Q4_0_BYTES 18u      /* bytes per q4_0 block */
+#define ENG_KV_FP8_BYTES 33u       /* bytes per fp8_e4m3 block */
 
 /* Bytes of one K (or V) row of `n` values (n_kv_heads * head_dim) in dtype
- * dt; 0 if dt is unknown or n is not whole q8_0 blocks. */
+ * dt; 0 if dt is unknown or n is not whole blocks of it. */
 static inline uint64_t eng_kv_row_bytes(eng_kv_dtype_t dt, uint64_t n)
 {
     switch (dt) {
     case ENG_KV_F32: return n * 4;
     case ENG_KV_F16: return n * 2;
+    case ENG_KV_BF16: return n % 16 ? 0 : n * 2;
     case ENG_KV_Q8_0:
         return n % ENG_KV_Q8_0_BLOCK ? 0 : n / ENG_KV_Q8_0_BLOCK * ENG_KV_Q8_0_BYTES;
+    case ENG_KV_Q4_0:
+        return n % ENG_KV_Q8_0_BLOCK ? 0 : n / ENG_KV_Q8_0_BLOCK * ENG_KV_Q4_0_BYTES;
+    case ENG_KV_FP8_E4M3:
+        return n % ENG_KV_Q8_0_BLOCK ? 0 : n / ENG_KV_Q8_0_BLOCK * ENG_KV_FP8_BYTES;
     }
     return 0;
 }
 
-/* "f32" | "f16" | "q8_0" (the kv-dtype config names). */
+/* The values a head_dim must be a multiple of for dtype dt (1, 16 or 32). */
+static inline uint32_t eng_kv_dtype_align(eng_kv_dtype_t dt)
+{
+    return dt == ENG_KV_F32 || dt == ENG_KV_F16 ? 1 : dt == ENG_KV_BF16 ? 16 : 32;
+}
+
+/* "f32" | "f16" | "q8_0" | "q4_0" | "bf16" | "fp8_e4m3" (the kv-dtype
+ * config names, in eng_kv_dtype_t order). */
 static inline const char *eng_kv_dtype_name(eng_kv_dtype_t dt)
 {
     switch (dt) {
     case ENG_KV_F32: return "f32";
     case ENG_KV_F16: return "f16";
     case ENG_KV_Q8_0: return "q8_0";
+    case ENG_KV_Q4_0: return "q4_0";
+    case ENG_KV_BF16: return "bf16";
+    case ENG_KV_FP8_E4M3: return "fp8_e4m3";
     }
     return "?";
+}
+
+/* dt named s (eng_kv_dtype_name's spelling): 0, or -1 if none is. */
+static inline int eng_kv_dtype_parse(const char *s, eng_kv_dtype_t *dt)
+{
+    for (unsigned i = 0; i < ENG_KV_DTYPES; i++) {
+        const char *n = eng_kv_dtype_name((eng_kv_dtype_t)i), *p = s;
+        while (*n && *n == *p)
+            n++, p++;
+        if (*n == '\0' && *p == '\0') {
+            *dt = (eng_kv_dtype_t)i;
+            return 0;
+        }
+    }
+    return -1;
 }
 
 typedef struct {
@@ -79,9 +124,10 @@ typedef struct {
     uint32_t n_kv_heads;
     uint32_t head_dim;
     uint32_t block_tokens;     /* tokens per block (default 16) */
-    eng_kv_dtype_t kv_dtype;
-    uint64_t bytes_per_token;  /* n_layers * 2 * eng_kv_row_bytes(kv_dtype,
-                                  n_kv_heads * head_dim) */
+    eng_kv_dtype_t kv_dtype;   /* K's dtype */
+    eng_kv_dtype_t kv_dtype_v; /* V's dtype (kv-dtype-v; = kv_dtype unless set apart) */
+    uint64_t bytes_per_token;  /* n_layers * (eng_kv_row_bytes(kv_dtype, n_kv_heads *
+                                  head_dim) + eng_kv_row_bytes(kv_dtype_v, ...)) */
     uint64_t block_bytes;      /* block_tokens * bytes_per_token */
     uint64_t layer_block_bytes;/* block_bytes / n_layers: one layer of a block */
     uint32_t vocab_size;
@@ -131,10 +177,19 @@ typedef struct {
     const char *engine;        /* "llama" | "sim" */
     const char *model_path;    /* GGUF file (llama) or preset name/spec (sim) */
     uint32_t block_tokens;     /* 0 = default 16 */
-    eng_kv_dtype_t kv_dtype;
+    eng_kv_dtype_t kv_dtype;   /* K's dtype, and V's unless kv_split */
     uint32_t n_threads;        /* 0 = number of online cores */
     uint32_t max_batch;        /* largest decode batch the caller will pass */
+    bool kv_split;             /* V in kv_dtype_v (kv-dtype-v), K in kv_dtype;
+                                  false: both in kv_dtype */
+    eng_kv_dtype_t kv_dtype_v;
 } eng_load_opts_t;
+
+/* V's dtype of load options o. */
+static inline eng_kv_dtype_t eng_load_kv_dtype_v(const eng_load_opts_t *o)
+{
+    return o->kv_split ? o->kv_dtype_v : o->kv_dtype;
+}
 
 /* One sequence in a decode step. */
 typedef struct {

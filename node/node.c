@@ -15,7 +15,9 @@
 #include "pd_log.h"
 #include "pd_time.h"
 
-const char *const node_kv_dtypes[] = { "f32", "f16", "q8_0", NULL };
+const char *const node_kv_dtypes[] = { "f32", "f16", "q8_0", "q4_0", "bf16", "fp8_e4m3", NULL };
+const char *const node_kv_dtypes_kv[] = { "f32", "f16", "q8_0", "q4_0", "bf16", "fp8_e4m3",
+                                          "same", NULL };
 const char *const node_qdot_paths[] = { "auto", "amx", "vnni", "avx2", "scalar", "off", NULL };
 
 /* ---- ids ------------------------------------------------------------------ */
@@ -539,7 +541,8 @@ void node_session_opts(node_t *n, proto_session_opts_t *so)
     so->hello.geom = (proto_kv_geom_t){
         .n_layers = n->geom->n_layers, .n_kv_heads = n->geom->n_kv_heads,
         .head_dim = n->geom->head_dim, .block_tokens = n->geom->block_tokens,
-        .kv_dtype = (uint32_t)n->geom->kv_dtype, .total_blocks = (uint32_t)n->cfg->kv_blocks,
+        .kv_dtype = PROTO_KV_DTYPE_PACK(n->geom->kv_dtype, n->geom->kv_dtype_v),
+        .total_blocks = (uint32_t)n->cfg->kv_blocks,
         .block_bytes = n->geom->block_bytes, .context_length = n->geom->context_length,
         .vocab_size = n->geom->vocab_size,
     };
@@ -883,7 +886,9 @@ static pd_status_t node_adm_kv(pd_admin_req_t *req, cJSON *reply)
                             (double)kvx_region_block_bytes(n->region) * kvx_region_n_blocks(n->region));
     cJSON_AddNumberToObject(reply, "block_bytes", (double)kvx_region_block_bytes(n->region));
     cJSON_AddNumberToObject(reply, "block_tokens", n->geom->block_tokens);
-    cJSON_AddStringToObject(reply, "kv_dtype", node_kv_dtypes[n->geom->kv_dtype]);
+    cJSON_AddStringToObject(reply, "kv_dtype", node_kv_dtypes[n->geom->kv_dtype]); /* K's */
+    cJSON_AddStringToObject(reply, "kv_dtype_k", node_kv_dtypes[n->geom->kv_dtype]);
+    cJSON_AddStringToObject(reply, "kv_dtype_v", node_kv_dtypes[n->geom->kv_dtype_v]);
     cJSON_AddNumberToObject(reply, "blocks_total", kvx_blocks_total(n->blocks));
     /* kv-listen: where this daemon's UCX tcp listener is ("*": every interface) */
     cJSON_AddStringToObject(reply, "kv_listen", n->kv_addr);

@@ -56,6 +56,8 @@ typedef struct {
     uint64_t threads;
     uint64_t block_tokens;
     int kv_dtype;
+    int kv_dtype_k;             /* node_kv_dtypes_kv: "same" = kv_dtype */
+    int kv_dtype_v;
     uint64_t kv_blocks;
     bool prefix_cache;
     uint64_t kv_events_ns;
@@ -78,7 +80,9 @@ typedef struct {
     int qdot;
 } node_config_t;
 
-extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", NULL } (eng_kv_dtype_t order) */
+extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", "q4_0", "bf16", "fp8_e4m3", NULL } (eng_kv_dtype_t order) */
+extern const char *const node_kv_dtypes_kv[]; /* node_kv_dtypes then "same" (= kv-dtype) */
+#define NODE_KV_SAME 6                         /* "same"'s index in node_kv_dtypes_kv */
 extern const char *const node_qdot_paths[];  /* { "auto", "amx", "vnni", "avx2", "scalar", "off", NULL } */
 
 /* Rows over the role's config struct stype (member `node`), in --help
@@ -93,7 +97,9 @@ extern const char *const node_qdot_paths[];  /* { "auto", "amx", "vnni", "avx2",
     NODE_ROW(stype, engine, "engine", STRING, NULL, "llama|sim (default: from model)", 0, 0, NULL) \
     NODE_ROW(stype, threads, "threads", UINT, "0", "engine threads (0 = the CPUs it may use: affinity, capped by the cgroup CPU quota)", 0, 1024, NULL) \
     NODE_ROW(stype, block_tokens, "block-tokens", UINT, "16", "tokens per KV block", 1, 4096, NULL) \
-    NODE_ROW(stype, kv_dtype, "kv-dtype", ENUM, "f16", "KV dtype: f32|f16|q8_0 (q8_0: llama.cpp block_q8_0, 34 bytes per 32 values; head_dim a multiple of 32)", 0, 0, node_kv_dtypes) \
+    NODE_ROW(stype, kv_dtype, "kv-dtype", ENUM, "f16", "KV dtype of K and V: f32|f16|bf16|q8_0|fp8_e4m3|q4_0 (bytes per 32 values: 128|64|64|34|33|18; q8_0, q4_0: llama.cpp block_q8_0/q4_0; fp8_e4m3: OCP MXFP8, an E8M0 scale per 32 e4m3; the block formats need head_dim a multiple of 32, bf16 of 16)", 0, 0, node_kv_dtypes) \
+    NODE_ROW(stype, kv_dtype_k, "kv-dtype-k", ENUM, "same", "K's dtype apart from V's (same: kv-dtype)", 0, 0, node_kv_dtypes_kv) \
+    NODE_ROW(stype, kv_dtype_v, "kv-dtype-v", ENUM, "same", "V's dtype apart from K's (same: kv-dtype)", 0, 0, node_kv_dtypes_kv) \
     NODE_ROW(stype, kv_blocks, "kv-blocks", UINT, "1024", "KV blocks in the arena", 1, 1e8, NULL) \
     NODE_ROW(stype, prefix_cache, "prefix-cache", BOOL, "true", "reuse the KV of cached prompt prefixes (full blocks)", 0, 0, NULL) \
     NODE_ROW(stype, kv_events_ns, "kv-events-interval", DURATION, "50ms", "prefix cache: batch store/remove events to the router this long", 1e6, 10e9, NULL) \

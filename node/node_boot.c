@@ -207,6 +207,8 @@ bool node_ready_write(const char *path, const char *text, const char *comp)
 /* Pick the engine (--engine, else "sim" for a "sim:" model, else "llama"),
  * load the model, read its geometry and the EOS / end of generation ids
  * from its tokenizer (none without one: tok_err says why). */
+_Static_assert(NODE_KV_SAME == ENG_KV_DTYPES, "node_kv_dtypes_kv: the dtypes then \"same\"");
+
 static pd_status_t node_boot_engine(node_t *n, uint32_t max_batch, char *err, size_t err_len,
                                     char *tok_err, size_t tok_err_len)
 {
@@ -221,7 +223,10 @@ static pd_status_t node_boot_engine(node_t *n, uint32_t max_batch, char *err, si
     }
     eng_load_opts_t lo = {
         .engine = n->engine, .model_path = c->model, .block_tokens = (uint32_t)c->block_tokens,
-        .kv_dtype = (eng_kv_dtype_t)c->kv_dtype, .n_threads = (uint32_t)c->threads,
+        .kv_dtype = (eng_kv_dtype_t)(c->kv_dtype_k == NODE_KV_SAME ? c->kv_dtype : c->kv_dtype_k),
+        .kv_split = true,
+        .kv_dtype_v = (eng_kv_dtype_t)(c->kv_dtype_v == NODE_KV_SAME ? c->kv_dtype : c->kv_dtype_v),
+        .n_threads = (uint32_t)c->threads,
         .max_batch = max_batch,
     };
     pd_status_t st = n->ops->load(&lo, &n->model, err, err_len);

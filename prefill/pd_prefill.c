@@ -28,7 +28,7 @@ static const pd_cfg_field_t pf_fields[] = {
     PD_CFG_ROW(pf_config_t, lease_ttl_ns, "lease-ttl", DURATION, "30s", "KV lease length after PREFILL_DONE", 1e6, 600e9, NULL),
     PD_CFG_ROW(pf_config_t, max_prompt_tokens, "max-prompt-tokens", UINT, "1048576", "longest prompt accepted", 1, 1048576, NULL),
     PD_CFG_ROW(pf_config_t, src_pull_timeout_ns, "src-pull-timeout", DURATION, "2s", "deadline of a pull from a decode's cached prefix (then computed here)", 1e6, 600e9, NULL),
-    PD_CFG_ROW(pf_config_t, kv_stream, "kv-stream", ENUM, "whole", "layer: export the KV lease at admission and publish each layer as it is computed (the decode pulls layer by layer); whole: export after the whole prompt pass", 0, 0, pf_kv_streams),
+    PD_CFG_ROW(pf_config_t, kv_stream, "kv-stream", ENUM, "layer", "layer (default): export the KV lease at admission and publish each layer as it is computed (the decode pulls layer by layer); whole: export after the whole prompt pass", 0, 0, pf_kv_streams),
     PD_CFG_ROW(pf_config_t, embed_pooling, "embeddings.pooling", ENUM, "none", "pooling of /v1/embeddings (EMBED_REQ) when the GGUF has no <arch>.pooling_type: mean, cls, last; none refuses embeddings for such a model", 0, 0, pf_poolings),
     PD_CFG_ROW(pf_config_t, embed_batch_tokens, "embeddings.batch-tokens", UINT, "2048", "EMBED_REQs waiting for the compute thread run as one batch (their rows share forward passes) up to this many prompt tokens; 1: one at a time", 1, 1048576, NULL),
     NODE_TAIL_ROWS(pf_config_t)

@@ -42,7 +42,7 @@ typedef struct {
     uint64_t embed_batch_tokens;        /* queued EMBED_REQs computed together, tokens */
 } pf_config_t;
 
-enum { PF_KV_STREAM_LAYER = 0, PF_KV_STREAM_WHOLE = 1 }; /* pf_kv_streams order; default whole */
+enum { PF_KV_STREAM_LAYER = 0, PF_KV_STREAM_WHOLE = 1 }; /* pf_kv_streams order; default layer */
 
 #define PF_STATES(X)                                                          \
     X(NEW,       "new")                                                       \

@@ -11,6 +11,7 @@
 #include "proto_msg.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ---- little-endian primitives ----------------------------------------- */
@@ -1119,8 +1120,19 @@ float proto_embed_get(const proto_embed_done_t *d, uint32_t i)
 
 const char *proto_kv_dtype_name(uint32_t kv_dtype)
 {
-    static const char *const names[] = { "f32", "f16", "q8_0" }; /* eng_kv_dtype_t order */
+    static const char *const names[] = { "f32", "f16", "q8_0", "q4_0", "bf16",
+                                         "fp8_e4m3" }; /* eng_kv_dtype_t order */
     return kv_dtype < sizeof(names) / sizeof(names[0]) ? names[kv_dtype] : "unknown";
+}
+
+const char *proto_kv_dtypes_str(uint32_t kv_dtype, char *buf, size_t len)
+{
+    uint32_t k = PROTO_KV_DTYPE_K(kv_dtype), v = PROTO_KV_DTYPE_V(kv_dtype);
+    if (k == v)
+        snprintf(buf, len, "%s", proto_kv_dtype_name(k));
+    else
+        snprintf(buf, len, "k=%s,v=%s", proto_kv_dtype_name(k), proto_kv_dtype_name(v));
+    return buf;
 }
 
 const char *proto_msg_name(uint16_t type)

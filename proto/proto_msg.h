@@ -260,7 +260,15 @@ typedef enum {
 #define PROTO_CAPS_DEFINED      0x1fu
 
 /* KV geometry as advertised; mirrors eng_kv_geom_t (proto does not include
- * engine headers). kv_dtype holds an eng_kv_dtype_t value. */
+ * engine headers). kv_dtype holds K's eng_kv_dtype_t in bits 0-7 and, when
+ * V's differs (kv-dtype-v), V's + 1 in bits 8-15 (0: V as K), so a
+ * deployment with one dtype sends the plain eng_kv_dtype_t value:
+ * PROTO_KV_DTYPE_PACK / _K / _V. */
+#define PROTO_KV_DTYPE_PACK(k, v) \
+    ((uint32_t)(k) | ((v) != (k) ? ((uint32_t)(v) + 1u) << 8 : 0u))
+#define PROTO_KV_DTYPE_K(x) ((uint32_t)(x) & 0xffu)
+#define PROTO_KV_DTYPE_V(x) (((uint32_t)(x) >> 8 & 0xffu) ? ((uint32_t)(x) >> 8 & 0xffu) - 1u \
+                                                          : PROTO_KV_DTYPE_K(x))
 typedef struct {
     uint32_t n_layers;
     uint32_t n_kv_heads;
@@ -617,8 +625,11 @@ typedef struct {
 /* "HELLO", ... for a known type; "UNKNOWN" otherwise. Never NULL. */
 const char *proto_msg_name(uint16_t type);
 /* A proto_kv_geom_t kv_dtype's name as the kv-dtype config spells it
- * ("f32", "f16", "q8_0"; "unknown" otherwise). */
+ * ("f32", "f16", "q8_0", "q4_0", "bf16", "fp8_e4m3"; "unknown" otherwise). */
 const char *proto_kv_dtype_name(uint32_t kv_dtype);
+/* A packed proto_kv_geom_t kv_dtype as the config spells it: "q8_0" (K and
+ * V alike) or "k=q8_0,v=q4_0"; writes buf, returns it. */
+const char *proto_kv_dtypes_str(uint32_t kv_dtype, char *buf, size_t len);
 /* True for a type in PROTO_MSG_LIST. */
 bool proto_msg_type_known(uint16_t type);
 /* Hard cap on the body of `type` (0 for unknown types). */

@@ -252,12 +252,13 @@ static void on_hello(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
         return;
     }
     if (r->geom_fixed && h->geom.kv_dtype != r->geom.kv_dtype) {
-        /* KV blocks move as stored: both sides must use one dtype */
+        /* KV blocks move as stored: both sides must use one dtype (K's and V's) */
+        char hd[40], rd[40];
         send_reject(cc, conn, PD_ERR_MISMATCH,
                     "kv-dtype %s (%u) differs from the deployment's kv-dtype %s (%u): "
                     "prefill and decode must store KV in the same dtype",
-                    proto_kv_dtype_name(h->geom.kv_dtype), h->geom.kv_dtype,
-                    proto_kv_dtype_name(r->geom.kv_dtype), r->geom.kv_dtype);
+                    proto_kv_dtypes_str(h->geom.kv_dtype, hd, sizeof hd), h->geom.kv_dtype,
+                    proto_kv_dtypes_str(r->geom.kv_dtype, rd, sizeof rd), r->geom.kv_dtype);
         return;
     }
     if (r->geom_fixed && (h->compat_hash != r->compat_hash || !geom_equal(&h->geom, &r->geom))) {

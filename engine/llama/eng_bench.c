@@ -3,7 +3,7 @@
  *
  *   pd-eng-bench --model A.gguf [--model B.gguf ...] [--threads N]
  *             [--batches 1,8,32] [--prefill 128] [--steps 8] [--ctx 64]
- *             [--amx-min 16]
+ *             [--amx-min 16] [--kv f16,q8_0,q4_0]
  *
  * For each model: prefill tokens/s (one sequence of --prefill tokens),
  * decode tokens/s at each batch size (every sequence at position --ctx;
@@ -114,6 +114,7 @@ static int parse_list(const char *s, uint32_t *out, int max)
     "  --steps N          decode steps per batch size (default 8)\n"               \
     "  --ctx N            context each decode sequence starts from (default 64)\n"  \
     "  --amx-min N        smallest batch on AMX tiles (default 16)\n"              \
+    "  --kv DT,DT         KV cache dtypes, each model once per dtype (default f16)\n" \
     "  --help             this text\n"
 
 int main(int argc, char **argv)
@@ -123,6 +124,8 @@ int main(int argc, char **argv)
     uint32_t threads = 0, prefill_n = 128, steps = 8, ctx = 64;
     uint32_t batches[BENCH_MAX_BATCHES] = { 1, 8, 32 };
     int n_batches = 3;
+    eng_kv_dtype_t kvs[ENG_KV_DTYPES] = { ENG_KV_F16 };
+    int n_kvs = 1;
     static const struct option opts[] = {
         { "model", required_argument, NULL, 'm' },
         { "threads", required_argument, NULL, 't' },
@@ -131,6 +134,7 @@ int main(int argc, char **argv)
         { "steps", required_argument, NULL, 's' },
         { "ctx", required_argument, NULL, 'c' },
         { "amx-min", required_argument, NULL, 'a' },
+        { "kv", required_argument, NULL, 'k' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -153,6 +157,20 @@ int main(int argc, char **argv)
         case 's': steps = (uint32_t)atoi(optarg); break;
         case 'c': ctx = (uint32_t)atoi(optarg); break;
         case 'a': eng_ll_amx_min_g = (uint32_t)atoi(optarg); break;
+        case 'k': {
+            n_kvs = 0;
+            for (char *save = NULL, *t = strtok_r(optarg, ",", &save); t;
+                 t = strtok_r(NULL, ",", &save)) {
+                if (n_kvs == (int)ENG_KV_DTYPES || eng_kv_dtype_parse(t, &kvs[n_kvs]) != 0) {
+                    fprintf(stderr, "pd-eng-bench: bad --kv '%s'\n", t);
+                    return 2;
+                }
+                n_kvs++;
+            }
+            if (n_kvs == 0)
+                return 2;
+            break;
+        }
         case 'h':
             fputs(BENCH_USAGE, stdout);
             return 0;
@@ -200,9 +218,10 @@ int main(int argc, char **argv)
         printf("   dec@b%-3u", batches[i]);
     printf(" %9s %9s %9s\n", "bmax/b1", "roof(cp)", "roof(rd)");
 
-    for (int mi = 0; mi < n_models; mi++) {
+    for (int mk = 0; mk < n_models * n_kvs; mk++) { /* each model once per KV dtype */
+        const int mi = mk / n_kvs;
         eng_load_opts_t lo = { .engine = "llama", .model_path = models[mi],
-                               .kv_dtype = ENG_KV_F16, .n_threads = threads,
+                               .kv_dtype = kvs[mk % n_kvs], .n_threads = threads,
                                .max_batch = maxb };
         eng_model_t *m;
         char err[256] = "";
@@ -270,8 +289,13 @@ int main(int argc, char **argv)
                 b1 = dec[bi];
             bmax = dec[bi];
         }
-        const char *name = strrchr(models[mi], '/');
-        name = name ? name + 1 : models[mi];
+        const char *base = strrchr(models[mi], '/');
+        char name[64];
+        base = base ? base + 1 : models[mi];
+        if (n_kvs > 1) /* "model kv=q8_0" */
+            snprintf(name, sizeof name, "%.18s kv=%s", base, eng_kv_dtype_name(lo.kv_dtype));
+        else
+            snprintf(name, sizeof name, "%s", base);
         printf("%-28.28s %-5s %-6s %7.1fM %9.1f %10.1f", name,
                eng_ll_type_name(info.weight_type), info.isa, info.n_params / 1e6,
                info.weight_bytes_per_token / 1e6, pf_best);

@@ -856,6 +856,395 @@ void eng_ll_axpy_rows_q8_0(float *y, const float *a, const uint8_t *v, size_t st
         eng_ll_axpy_q8_0(y, a[j], v, n);
 }
 
+/* ------------------------------------------------------------------ */
+/* KV cache in q4_0, bf16, fp8_e4m3 (ll_kern.h)                         */
+/* Each format is read in blocks of NB values (32; bf16: 16): per block a
+ * scale sc (q4_0: f16 d; fp8_e4m3: 2^(s-127); bf16: 1) and NB unscaled
+ * values u (q4_0: nibble - 8; fp8_e4m3: the e4m3 value; bf16: the value);
+ * element j is u_j * sc, one IEEE product on every path, then the dot and
+ * axpy are the canonical ones of the f32 path over those elements (lane j %
+ * 16, the fixed tree), so the scalar / AVX2 / AVX-512 paths agree bitwise. */
+
+/* e4m3 -> f32 (S.1111.111, NaN in OCP, is never written: read as +-480,
+ * as the SIMD paths' bit construction gives it) */
+static const float ll_e4m3_lut[256] = {
+    0.0f, 0.001953125f, 0.00390625f, 0.005859375f, 0.0078125f, 0.009765625f, 0.01171875f, 0.013671875f,
+    0.015625f, 0.017578125f, 0.01953125f, 0.021484375f, 0.0234375f, 0.025390625f, 0.02734375f, 0.029296875f,
+    0.03125f, 0.03515625f, 0.0390625f, 0.04296875f, 0.046875f, 0.05078125f, 0.0546875f, 0.05859375f,
+    0.0625f, 0.0703125f, 0.078125f, 0.0859375f, 0.09375f, 0.1015625f, 0.109375f, 0.1171875f,
+    0.125f, 0.140625f, 0.15625f, 0.171875f, 0.1875f, 0.203125f, 0.21875f, 0.234375f,
+    0.25f, 0.28125f, 0.3125f, 0.34375f, 0.375f, 0.40625f, 0.4375f, 0.46875f,
+    0.5f, 0.5625f, 0.625f, 0.6875f, 0.75f, 0.8125f, 0.875f, 0.9375f,
+    1.0f, 1.125f, 1.25f, 1.375f, 1.5f, 1.625f, 1.75f, 1.875f,
+    2.0f, 2.25f, 2.5f, 2.75f, 3.0f, 3.25f, 3.5f, 3.75f,
+    4.0f, 4.5f, 5.0f, 5.5f, 6.0f, 6.5f, 7.0f, 7.5f,
+    8.0f, 9.0f, 10.0f, 11.0f, 12.0f, 13.0f, 14.0f, 15.0f,
+    16.0f, 18.0f, 20.0f, 22.0f, 24.0f, 26.0f, 28.0f, 30.0f,
+    32.0f, 36.0f, 40.0f, 44.0f, 48.0f, 52.0f, 56.0f, 60.0f,
+    64.0f, 72.0f, 80.0f, 88.0f, 96.0f, 104.0f, 112.0f, 120.0f,
+    128.0f, 144.0f, 160.0f, 176.0f, 192.0f, 208.0f, 224.0f, 240.0f,
+    256.0f, 288.0f, 320.0f, 352.0f, 384.0f, 416.0f, 448.0f, 480.0f,
+    -0.0f, -0.001953125f, -0.00390625f, -0.005859375f, -0.0078125f, -0.009765625f, -0.01171875f, -0.013671875f,
+    -0.015625f, -0.017578125f, -0.01953125f, -0.021484375f, -0.0234375f, -0.025390625f, -0.02734375f, -0.029296875f,
+    -0.03125f, -0.03515625f, -0.0390625f, -0.04296875f, -0.046875f, -0.05078125f, -0.0546875f, -0.05859375f,
+    -0.0625f, -0.0703125f, -0.078125f, -0.0859375f, -0.09375f, -0.1015625f, -0.109375f, -0.1171875f,
+    -0.125f, -0.140625f, -0.15625f, -0.171875f, -0.1875f, -0.203125f, -0.21875f, -0.234375f,
+    -0.25f, -0.28125f, -0.3125f, -0.34375f, -0.375f, -0.40625f, -0.4375f, -0.46875f,
+    -0.5f, -0.5625f, -0.625f, -0.6875f, -0.75f, -0.8125f, -0.875f, -0.9375f,
+    -1.0f, -1.125f, -1.25f, -1.375f, -1.5f, -1.625f, -1.75f, -1.875f,
+    -2.0f, -2.25f, -2.5f, -2.75f, -3.0f, -3.25f, -3.5f, -3.75f,
+    -4.0f, -4.5f, -5.0f, -5.5f, -6.0f, -6.5f, -7.0f, -7.5f,
+    -8.0f, -9.0f, -10.0f, -11.0f, -12.0f, -13.0f, -14.0f, -15.0f,
+    -16.0f, -18.0f, -20.0f, -22.0f, -24.0f, -26.0f, -28.0f, -30.0f,
+    -32.0f, -36.0f, -40.0f, -44.0f, -48.0f, -52.0f, -56.0f, -60.0f,
+    -64.0f, -72.0f, -80.0f, -88.0f, -96.0f, -104.0f, -112.0f, -120.0f,
+    -128.0f, -144.0f, -160.0f, -176.0f, -192.0f, -208.0f, -224.0f, -240.0f,
+    -256.0f, -288.0f, -320.0f, -352.0f, -384.0f, -416.0f, -448.0f, -480.0f,
+};
+
+/* f32 -> e4m3 (sign, 4-bit exponent bias 7, 3-bit mantissa), round to
+ * nearest even, saturating at 448 (0x7e); |x| must not be NaN. */
+static uint8_t ll_f32_to_e4m3(float x)
+{
+    uint8_t sign = signbit(x) ? 0x80 : 0;
+    float a = fabsf(x);
+    if (a >= 448.0f)
+        return sign | 0x7e;
+    if (a < 0.015625f) /* below 2^-6: subnormal steps of 2^-9 (code m = 8 is 2^-6) */
+        return sign | (uint8_t)nearbyintf(a * 512.0f);
+    int ex;
+    float f = frexpf(a, &ex); /* a = f * 2^ex, f in [0.5, 1) */
+    ex -= 1;                  /* a = (2f) * 2^ex, 2f in [1, 2) */
+    int m = (int)nearbyintf((2.0f * f - 1.0f) * 8.0f);
+    if (m == 8) {
+        m = 0;
+        ex++;
+    }
+    int code = ((ex + 7) << 3) | m;
+    return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
+}
+
+/* scale and unscaled element j of a block, per format (scalar) */
+static inline float ll_kv_sc_q4_0(const uint8_t *b) { return ll_f16_to_f32(ll_rd16(b)); }
+static inline float ll_kv_u_q4_0(const uint8_t *b, int j)
+{
+    return (float)((j < 16 ? b[2 + j] & 0x0f : b[2 + j - 16] >> 4) - 8);
+}
+static inline float ll_kv_sc_fp8(const uint8_t *b)
+{
+    uint32_t bits = (uint32_t)b[0] << 23;
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+static inline float ll_kv_u_fp8(const uint8_t *b, int j) { return ll_e4m3_lut[b[1 + j]]; }
+static inline float ll_kv_sc_bf16(const uint8_t *b) { (void)b; return 1.0f; }
+static inline float ll_kv_u_bf16(const uint8_t *b, int j) { return ll_bf16_to_f32(ll_rd16(b + 2 * j)); }
+
+/* 16 unscaled values 16h .. 16h+15 (AVX-512) */
+static inline TGT512 __m512 ll_kv_u16_q4_0(const uint8_t *b, int h)
+{
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(b + 2)));
+    v = h ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(0x0f));
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(v, _mm512_set1_epi32(8)));
+}
+/* e4m3 built from its bits (the table's values, exactly): normal codes
+ * (exponent field >= 1) as f32 bits (mag << 20) + (120 << 23), subnormal
+ * ones as mag * 2^-9, then the sign */
+static inline TGT512 __m512 ll_kv_u16_fp8(const uint8_t *b, int h)
+{
+    __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(b + 1 + 16 * h)));
+    __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7f));
+    __m512 nrm = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(mag, 20),
+                                                      _mm512_set1_epi32(120 << 23)));
+    __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(1.0f / 512));
+    __m512 v = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), nrm, sub);
+    __m512i sgn = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sgn));
+}
+static inline TGT512 __m512 ll_kv_u16_bf16(const uint8_t *b, int h)
+{
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(b + 32 * h)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+/* 8 unscaled values 8h .. 8h+7 (AVX2) */
+static inline TGT256 __m256 ll_kv_u8_q4_0(const uint8_t *b, int h)
+{
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(b + 2 + 8 * (h & 1))));
+    v = h >> 1 ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(0x0f));
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(v, _mm256_set1_epi32(8)));
+}
+static inline TGT256 __m256 ll_kv_u8_fp8(const uint8_t *b, int h)
+{
+    __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(b + 1 + 8 * h)));
+    __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
+    __m256 nrm = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20),
+                                                      _mm256_set1_epi32(120 << 23)));
+    __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(1.0f / 512));
+    __m256 v = _mm256_blendv_ps(nrm, sub, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag)));
+    __m256i sgn = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
+    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sgn));
+}
+static inline TGT256 __m256 ll_kv_u8_bf16(const uint8_t *b, int h)
+{
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(b + 16 * h)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+/* dot / axpy over one row of n values (n % NB == 0) on each path */
+#define LL_KV_KERNELS(F, NB, BB)                                                       \
+    static float ll_kv_dot_##F##_scalar(const uint8_t *a, const float *b, size_t n)    \
+    {                                                                                  \
+        float acc[LL_LANES] = { 0 };                                                   \
+        for (size_t k0 = 0; k0 < n; k0 += NB, a += BB) {                               \
+            const float d = ll_kv_sc_##F(a);                                           \
+            for (int j = 0; j < NB; j++)                                               \
+                acc[j % LL_LANES] = fmaf(ll_kv_u_##F(a, j) * d, b[k0 + j],             \
+                                         acc[j % LL_LANES]);                           \
+        }                                                                              \
+        return ll_tree16(acc);                                                         \
+    }                                                                                  \
+    static void ll_kv_axpy_##F##_scalar(float *y, float a, const uint8_t *x, size_t n) \
+    {                                                                                  \
+        for (size_t k0 = 0; k0 < n; k0 += NB, x += BB) {                               \
+            const float d = ll_kv_sc_##F(x);                                           \
+            for (int j = 0; j < NB; j++)                                               \
+                y[k0 + j] = fmaf(a, ll_kv_u_##F(x, j) * d, y[k0 + j]);                 \
+        }                                                                              \
+    }                                                                                  \
+    static TGT512 float ll_kv_dot_##F##_512(const uint8_t *a, const float *b, size_t n) \
+    {                                                                                  \
+        __m512 acc = _mm512_setzero_ps();                                              \
+        for (size_t k0 = 0; k0 < n; k0 += NB, a += BB) {                               \
+            const __m512 d = _mm512_set1_ps(ll_kv_sc_##F(a));                          \
+            for (int h = 0; h < NB / 16; h++)                                          \
+                acc = _mm512_fmadd_ps(_mm512_mul_ps(ll_kv_u16_##F(a, h), d),           \
+                                      _mm512_loadu_ps(b + k0 + 16 * h), acc);          \
+        }                                                                              \
+        return ll_hsum512(acc);                                                        \
+    }                                                                                  \
+    static TGT512 void ll_kv_axpy_##F##_512(float *y, float a, const uint8_t *x, size_t n) \
+    {                                                                                  \
+        const __m512 av = _mm512_set1_ps(a);                                           \
+        for (size_t k0 = 0; k0 < n; k0 += NB, x += BB) {                               \
+            const __m512 d = _mm512_set1_ps(ll_kv_sc_##F(x));                          \
+            for (int h = 0; h < NB / 16; h++)                                          \
+                _mm512_storeu_ps(y + k0 + 16 * h,                                      \
+                                 _mm512_fmadd_ps(av, _mm512_mul_ps(ll_kv_u16_##F(x, h), d), \
+                                                 _mm512_loadu_ps(y + k0 + 16 * h)));   \
+        }                                                                              \
+    }                                                                                  \
+    static TGT256 float ll_kv_dot_##F##_256(const uint8_t *a, const float *b, size_t n) \
+    {                                                                                  \
+        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();                     \
+        for (size_t k0 = 0; k0 < n; k0 += NB, a += BB) {                               \
+            const __m256 d = _mm256_set1_ps(ll_kv_sc_##F(a));                          \
+            for (int h = 0; h < NB / 16; h++) {                                        \
+                lo = _mm256_fmadd_ps(_mm256_mul_ps(ll_kv_u8_##F(a, 2 * h), d),         \
+                                     _mm256_loadu_ps(b + k0 + 16 * h), lo);            \
+                hi = _mm256_fmadd_ps(_mm256_mul_ps(ll_kv_u8_##F(a, 2 * h + 1), d),     \
+                                     _mm256_loadu_ps(b + k0 + 16 * h + 8), hi);        \
+            }                                                                          \
+        }                                                                              \
+        return ll_tree8_256(_mm256_add_ps(lo, hi));                                    \
+    }                                                                                  \
+    static TGT256 void ll_kv_axpy_##F##_256(float *y, float a, const uint8_t *x, size_t n) \
+    {                                                                                  \
+        const __m256 av = _mm256_set1_ps(a);                                           \
+        for (size_t k0 = 0; k0 < n; k0 += NB, x += BB) {                               \
+            const __m256 d = _mm256_set1_ps(ll_kv_sc_##F(x));                          \
+            for (int h = 0; h < NB / 8; h++)                                           \
+                _mm256_storeu_ps(y + k0 + 8 * h,                                       \
+                                 _mm256_fmadd_ps(av, _mm256_mul_ps(ll_kv_u8_##F(x, h), d), \
+                                                 _mm256_loadu_ps(y + k0 + 8 * h)));    \
+        }                                                                              \
+    }                                                                                  \
+    static float ll_kv_dot_##F(const uint8_t *a, const float *b, size_t n)             \
+    {                                                                                  \
+        int isa = ll_isa_get();                                                        \
+        return isa == LL_ISA_AVX512 ? ll_kv_dot_##F##_512(a, b, n)                     \
+             : isa == LL_ISA_AVX2 ? ll_kv_dot_##F##_256(a, b, n)                       \
+             : ll_kv_dot_##F##_scalar(a, b, n);                                        \
+    }                                                                                  \
+    static void ll_kv_axpy_##F(float *y, float a, const uint8_t *x, size_t n)          \
+    {                                                                                  \
+        int isa = ll_isa_get();                                                        \
+        if (isa == LL_ISA_AVX512)                                                      \
+            ll_kv_axpy_##F##_512(y, a, x, n);                                          \
+        else if (isa == LL_ISA_AVX2)                                                   \
+            ll_kv_axpy_##F##_256(y, a, x, n);                                          \
+        else                                                                           \
+            ll_kv_axpy_##F##_scalar(y, a, x, n);                                       \
+    }
+
+LL_KV_KERNELS(q4_0, 32, 18)
+LL_KV_KERNELS(fp8, 32, 33)
+LL_KV_KERNELS(bf16, 16, 32)
+
+static void ll_kv_q4_0_quantize(uint8_t *dst, const float *x, size_t n)
+{
+    /* llama.cpp's quantize_row_q4_0_ref */
+    for (size_t b = 0; b < n / QK; b++, x += QK, dst += 18) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK; j++)
+            if (amax < fabsf(x[j])) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        const float d = max / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = ggml_fp32_to_fp16(d);
+        memcpy(dst, &dh, 2);
+        for (int j = 0; j < QK / 2; j++) {
+            int x0 = (int)(int8_t)(x[j] * id + 8.5f), x1 = (int)(int8_t)(x[QK / 2 + j] * id + 8.5f);
+            x0 = x0 < 15 ? x0 : 15;
+            x1 = x1 < 15 ? x1 : 15;
+            dst[2 + j] = (uint8_t)(x0 | (x1 << 4));
+        }
+    }
+}
+
+static void ll_kv_fp8_quantize(uint8_t *dst, const float *x, size_t n)
+{
+    for (size_t b = 0; b < n / QK; b++, x += QK, dst += 33) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        /* the smallest power of two e with amax / 2^e <= 448 */
+        int e = 0;
+        if (amax > 0.0f) {
+            frexpf(amax / 448.0f, &e); /* amax/448 in [2^(e-1), 2^e) */
+            if (ldexpf(448.0f, e) < amax) /* the division rounded down */
+                e++;
+            if (ldexpf(448.0f, e - 1) >= amax)
+                e--;
+        }
+        e = e < -126 ? -126 : e > 127 ? 127 : e;
+        dst[0] = (uint8_t)(e + 127);
+        for (int j = 0; j < QK; j++)
+            dst[1 + j] = ll_f32_to_e4m3(ldexpf(x[j], -e));
+    }
+}
+
+static void ll_kv_bf16_quantize(uint8_t *dst, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        uint16_t h = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 64) /* NaN */
+                                                     : (uint16_t)((u + (0x7fffu + ((u >> 16) & 1))) >> 16);
+        memcpy(dst + 2 * i, &h, 2);
+    }
+}
+
+void eng_ll_kv_quantize(eng_kv_dtype_t dt, uint8_t *dst, const float *x, size_t n)
+{
+    switch (dt) {
+    case ENG_KV_F32:
+        memcpy(dst, x, n * sizeof(float));
+        break;
+    case ENG_KV_F16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = ggml_fp32_to_fp16(x[i]);
+            memcpy(dst + 2 * i, &h, 2);
+        }
+        break;
+    case ENG_KV_Q8_0: eng_ll_kv_q8_0_quantize(dst, x, n); break;
+    case ENG_KV_Q4_0: ll_kv_q4_0_quantize(dst, x, n); break;
+    case ENG_KV_BF16: ll_kv_bf16_quantize(dst, x, n); break;
+    case ENG_KV_FP8_E4M3: ll_kv_fp8_quantize(dst, x, n); break;
+    }
+}
+
+void eng_ll_kv_dequantize(eng_kv_dtype_t dt, float *out, const uint8_t *src, size_t n)
+{
+    switch (dt) {
+    case ENG_KV_F32:
+        memcpy(out, src, n * sizeof(float));
+        break;
+    case ENG_KV_F16:
+        for (size_t i = 0; i < n; i++)
+            out[i] = ll_f16_to_f32(ll_rd16(src + 2 * i));
+        break;
+    case ENG_KV_Q8_0: eng_ll_kv_q8_0_dequantize(out, src, n); break;
+    case ENG_KV_Q4_0:
+        for (size_t b = 0; b < n / QK; b++, src += 18)
+            for (int j = 0; j < QK; j++)
+                out[b * QK + j] = ll_kv_u_q4_0(src, j) * ll_kv_sc_q4_0(src);
+        break;
+    case ENG_KV_BF16:
+        for (size_t i = 0; i < n; i++)
+            out[i] = ll_bf16_to_f32(ll_rd16(src + 2 * i));
+        break;
+    case ENG_KV_FP8_E4M3:
+        for (size_t b = 0; b < n / QK; b++, src += 33)
+            for (int j = 0; j < QK; j++)
+                out[b * QK + j] = ll_kv_u_fp8(src, j) * ll_kv_sc_fp8(src);
+        break;
+    }
+}
+
+float eng_ll_kv_dot(eng_kv_dtype_t dt, const uint8_t *a, const float *b, size_t n)
+{
+    switch (dt) {
+    case ENG_KV_F32: return eng_ll_dot((const float *)(const void *)a, b, n);
+    case ENG_KV_F16: return eng_ll_dot_f16((const uint16_t *)(const void *)a, b, n);
+    case ENG_KV_Q8_0: return eng_ll_dot_q8_0(a, b, n);
+    case ENG_KV_Q4_0: return ll_kv_dot_q4_0(a, b, n);
+    case ENG_KV_BF16: return ll_kv_dot_bf16(a, b, n);
+    case ENG_KV_FP8_E4M3: return ll_kv_dot_fp8(a, b, n);
+    }
+    return 0.0f;
+}
+
+void eng_ll_kv_dot_rows(eng_kv_dtype_t dt, const uint8_t *k, size_t stride, uint32_t cnt,
+                        const float *q, size_t n, float *out)
+{
+    switch (dt) {
+    case ENG_KV_F32:
+        eng_ll_dot_rows((const float *)(const void *)k, stride / 4, cnt, q, n, out);
+        return;
+    case ENG_KV_F16:
+        eng_ll_dot_rows_f16((const uint16_t *)(const void *)k, stride / 2, cnt, q, n, out);
+        return;
+    case ENG_KV_Q8_0:
+        eng_ll_dot_rows_q8_0(k, stride, cnt, q, n, out);
+        return;
+    default:
+        for (uint32_t j = 0; j < cnt; j++, k += stride)
+            out[j] = eng_ll_kv_dot(dt, k, q, n);
+    }
+}
+
+void eng_ll_kv_axpy_rows(eng_kv_dtype_t dt, float *y, const float *a, const uint8_t *v,
+                         size_t stride, uint32_t cnt, size_t n)
+{
+    switch (dt) {
+    case ENG_KV_F32:
+        eng_ll_axpy_rows(y, a, (const float *)(const void *)v, stride / 4, cnt, n);
+        return;
+    case ENG_KV_F16:
+        eng_ll_axpy_rows_f16(y, a, (const uint16_t *)(const void *)v, stride / 2, cnt, n);
+        return;
+    case ENG_KV_Q8_0:
+        eng_ll_axpy_rows_q8_0(y, a, v, stride, cnt, n);
+        return;
+    case ENG_KV_Q4_0:
+        for (uint32_t j = 0; j < cnt; j++, v += stride)
+            ll_kv_axpy_q4_0(y, a[j], v, n);
+        return;
+    case ENG_KV_BF16:
+        for (uint32_t j = 0; j < cnt; j++, v += stride)
+            ll_kv_axpy_bf16(y, a[j], v, n);
+        return;
+    case ENG_KV_FP8_E4M3:
+        for (uint32_t j = 0; j < cnt; j++, v += stride)
+            ll_kv_axpy_fp8(y, a[j], v, n);
+        return;
+    }
+}
+
 void eng_ll_axpy_rows(float *y, const float *a, const float *v, size_t stride,
                       uint32_t cnt, size_t n)
 {

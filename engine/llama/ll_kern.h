@@ -30,6 +30,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include "pd_status.h"
+#include "eng.h"
 
 /* ggml tensor type ids (GGUF). */
 enum {
@@ -105,6 +106,23 @@ void eng_ll_dot_rows_q8_0(const uint8_t *k, size_t stride, uint32_t cnt,
                           const float *q, size_t n, float *out /* (cnt) */);
 void eng_ll_axpy_rows_q8_0(float *y, const float *a /* (cnt) */, const uint8_t *v,
                            size_t stride, uint32_t cnt, size_t n);
+
+/* KV cache in any eng_kv_dtype_t (issue 32): q4_0 (llama.cpp block_q4_0,
+ * quantize_row_q4_0_ref), bf16 (round to nearest even), fp8_e4m3 (per 32
+ * values an E8M0 scale 2^(s-127), the smallest power of two that keeps the
+ * block's max |x| <= 448, then 32 e4m3 rounded to nearest even), and f32 /
+ * f16 / q8_0 as above. Rows of n values (whole blocks: eng_kv_row_bytes),
+ * stride in BYTES. Element k of a row is one exact-or-IEEE-rounded product
+ * u * scale computed alike on every path, then the canonical f32 dot / axpy:
+ * bit-identical on the scalar / AVX2 / AVX-512 paths. No dequantized copy
+ * of the cache is made. eng_ll_kv_dequantize is for tests. */
+void eng_ll_kv_quantize(eng_kv_dtype_t dt, uint8_t *dst, const float *x, size_t n);
+void eng_ll_kv_dequantize(eng_kv_dtype_t dt, float *out, const uint8_t *src, size_t n);
+float eng_ll_kv_dot(eng_kv_dtype_t dt, const uint8_t *a, const float *b, size_t n);
+void eng_ll_kv_dot_rows(eng_kv_dtype_t dt, const uint8_t *k, size_t stride, uint32_t cnt,
+                        const float *q, size_t n, float *out /* (cnt) */);
+void eng_ll_kv_axpy_rows(eng_kv_dtype_t dt, float *y, const float *a /* (cnt) */,
+                         const uint8_t *v, size_t stride, uint32_t cnt, size_t n);
 
 /* Which ISA path the kernels use: "avx512", "avx2", "scalar". Set once at
  * first use from __builtin_cpu_supports; ENG_LL_ISA=scalar|avx2 in the

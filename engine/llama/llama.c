@@ -78,7 +78,8 @@ struct eng_model {
     ll_arch_t arch;
     uint32_t n_embd, n_layers, n_heads, n_kv_heads, head_dim, n_ff, vocab;
     uint32_t q_dim, kv_dim;
-    size_t kv_row_bytes;       /* one token's K (or V) row in the arena, eng_kv_row_bytes */
+    size_t kv_row_bytes;       /* one token's K row in the arena, eng_kv_row_bytes(kv_dtype) */
+    size_t kv_row_bytes_v;     /* one token's V row, eng_kv_row_bytes(kv_dtype_v) */
     uint32_t rope_dim;
     float rope_base, rms_eps;
     double *inv_freq;            /* (rope_dim / 2) */
@@ -437,7 +438,10 @@ static uint64_t ll_compat_hash(const eng_model_t *m)
     }
     const eng_kv_geom_t *g = &m->geom;
     uint64_t gv[] = { g->n_layers, g->n_kv_heads, g->head_dim, g->block_tokens,
-                      (uint64_t)g->kv_dtype, g->bytes_per_token, g->block_bytes,
+                      /* V's dtype only when it differs (the same hashes as before kv-dtype-v) */
+                      (uint64_t)g->kv_dtype |
+                          (g->kv_dtype_v != g->kv_dtype ? (uint64_t)(g->kv_dtype_v + 1) << 8 : 0),
+                      g->bytes_per_token, g->block_bytes,
                       g->vocab_size };
     XXH64_update(s, gv, sizeof(gv));
     uint64_t h = XXH64_digest(s);
@@ -544,8 +548,8 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
         err[0] = '\0';
     if (!opts || !opts->model_path || !model_p)
         return PD_ERR_BAD_INPUT;
-    if (opts->kv_dtype != ENG_KV_F16 && opts->kv_dtype != ENG_KV_F32 &&
-        opts->kv_dtype != ENG_KV_Q8_0)
+    if ((unsigned)opts->kv_dtype >= ENG_KV_DTYPES ||
+        (unsigned)eng_load_kv_dtype_v(opts) >= ENG_KV_DTYPES)
         return ll_bad(err, err_len, PD_ERR_BAD_INPUT, "%s", "bad kv_dtype");
     eng_model_t *m = calloc(1, sizeof(*m));
     if (!m)
@@ -755,14 +759,19 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     g->head_dim = m->head_dim;
     g->block_tokens = opts->block_tokens ? opts->block_tokens : LL_DEFAULT_BLOCK_TOKENS;
     g->kv_dtype = opts->kv_dtype;
-    if (opts->kv_dtype == ENG_KV_Q8_0 && m->head_dim % ENG_KV_Q8_0_BLOCK) {
-        snprintf(err, err_len, "kv-dtype q8_0 needs head_dim a multiple of %u (this model: %u); "
-                 "use kv-dtype f16", ENG_KV_Q8_0_BLOCK, m->head_dim);
-        st = PD_ERR_BAD_INPUT;
-        goto err_free;
+    g->kv_dtype_v = eng_load_kv_dtype_v(opts);
+    for (int kv = 0; kv < 2; kv++) {
+        eng_kv_dtype_t dt = kv ? g->kv_dtype_v : g->kv_dtype;
+        if (m->head_dim % eng_kv_dtype_align(dt)) {
+            snprintf(err, err_len, "kv-dtype %s needs head_dim a multiple of %u (this model: %u); "
+                     "use kv-dtype f16", eng_kv_dtype_name(dt), eng_kv_dtype_align(dt), m->head_dim);
+            st = PD_ERR_BAD_INPUT;
+            goto err_free;
+        }
     }
-    m->kv_row_bytes = (size_t)eng_kv_row_bytes(opts->kv_dtype, m->kv_dim);
-    g->bytes_per_token = (uint64_t)m->n_layers * 2 * m->kv_row_bytes;
+    m->kv_row_bytes = (size_t)eng_kv_row_bytes(g->kv_dtype, m->kv_dim);
+    m->kv_row_bytes_v = (size_t)eng_kv_row_bytes(g->kv_dtype_v, m->kv_dim);
+    g->bytes_per_token = (uint64_t)m->n_layers * (m->kv_row_bytes + m->kv_row_bytes_v);
     g->block_bytes = g->block_tokens * g->bytes_per_token;
     g->layer_block_bytes = g->block_bytes / m->n_layers;
     g->vocab_size = m->vocab;
@@ -850,7 +859,8 @@ static inline size_t ll_kv_off(const eng_model_t *m, const ll_tok_t *t, uint32_t
     uint32_t blk = t->bt[pos / g->block_tokens];
     uint32_t slot = pos % g->block_tokens;
     return (size_t)blk * m->lay.block_stride + (size_t)layer * m->lay.layer_stride +
-           ((size_t)kv * g->block_tokens + slot) * m->kv_row_bytes;
+           (kv ? (size_t)g->block_tokens * m->kv_row_bytes + slot * m->kv_row_bytes_v
+               : (size_t)slot * m->kv_row_bytes);
 }
 
 static void ll_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
@@ -901,23 +911,24 @@ static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
     const uint32_t hd = m->head_dim, group = m->n_heads / m->n_kv_heads;
     const float scale = m->att_scale;
     float *sc = m->att_scratch[tid];
-    const eng_kv_dtype_t dt = m->geom.kv_dtype;
+    const eng_kv_dtype_t dk = m->geom.kv_dtype, dv = m->geom.kv_dtype_v;
 
     {
         uint32_t ti = chunk / m->n_heads, h = chunk % m->n_heads;
         const ll_tok_t *t = &c->toks[ti];
         const float *q = m->q + (size_t)ti * m->q_dim + (size_t)h * hd;
         float *out = m->att + (size_t)ti * m->q_dim + (size_t)h * hd;
-        /* byte offsets: a token's K (V) row is rowb bytes, its kv head's
-         * values start hoff bytes in (q8_0: whole blocks, head_dim % 32 == 0) */
-        const size_t rowb = m->kv_row_bytes;
-        const size_t hoff = (size_t)(h / group) * (size_t)eng_kv_row_bytes(dt, hd);
+        /* byte offsets: a token's K (V) row is rowk (rowv) bytes, its kv
+         * head's values start hoffk (hoffv) bytes in (block formats: whole
+         * blocks, head_dim a multiple of 32); the V rows follow btk K rows */
+        const size_t rowk = m->kv_row_bytes, rowv = m->kv_row_bytes_v;
+        const size_t hoffk = (size_t)(h / group) * (size_t)eng_kv_row_bytes(dk, hd);
+        const size_t hoffv = (size_t)(h / group) * (size_t)eng_kv_row_bytes(dv, hd);
         const uint32_t btk = m->geom.block_tokens;
-        const size_t esz = dt == ENG_KV_F32 ? 4 : 2, kvd = rowb / esz; /* f32/f16 stride */
         const size_t blk_bytes = m->lay.block_stride;
         const size_t loff = (size_t)c->layer * m->lay.layer_stride;
-        const size_t koff = loff + (size_t)0 * btk * rowb + hoff;
-        const size_t voff = loff + (size_t)1 * btk * rowb + hoff;
+        const size_t koff = loff + hoffk;
+        const size_t voff = loff + (size_t)btk * rowk + hoffv;
         const uint32_t n_pos = t->pos + 1;
         /* sliding-window layer: positions (pos - n_swa, pos] only */
         const uint32_t lo = c->swa && n_pos > m->n_swa ? n_pos - m->n_swa : 0;
@@ -927,14 +938,8 @@ static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
             uint32_t cnt = btk - s0 % btk;
             if (cnt > n_pos - s0)
                 cnt = n_pos - s0;
-            size_t base = (size_t)t->bt[s0 / btk] * blk_bytes + (size_t)(s0 % btk) * rowb + koff;
-            const void *kp = c->arena + base;
-            if (dt == ENG_KV_Q8_0)
-                eng_ll_dot_rows_q8_0(kp, rowb, cnt, q, hd, scl + s0);
-            else if (dt == ENG_KV_F16)
-                eng_ll_dot_rows_f16(kp, kvd, cnt, q, hd, scl + s0);
-            else
-                eng_ll_dot_rows(kp, kvd, cnt, q, hd, scl + s0);
+            size_t base = (size_t)t->bt[s0 / btk] * blk_bytes + (size_t)(s0 % btk) * rowk + koff;
+            eng_ll_kv_dot_rows(dk, c->arena + base, rowk, cnt, q, hd, scl + s0);
             s0 += cnt;
         }
         float mx = -INFINITY;
@@ -956,14 +961,8 @@ static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
             uint32_t cnt = btk - s0 % btk;
             if (cnt > n_pos - s0)
                 cnt = n_pos - s0;
-            size_t base = (size_t)t->bt[s0 / btk] * blk_bytes + (size_t)(s0 % btk) * rowb + voff;
-            const void *vp = c->arena + base;
-            if (dt == ENG_KV_Q8_0)
-                eng_ll_axpy_rows_q8_0(out, scl + s0, vp, rowb, cnt, hd);
-            else if (dt == ENG_KV_F16)
-                eng_ll_axpy_rows_f16(out, scl + s0, vp, kvd, cnt, hd);
-            else
-                eng_ll_axpy_rows(out, scl + s0, vp, kvd, cnt, hd);
+            size_t base = (size_t)t->bt[s0 / btk] * blk_bytes + (size_t)(s0 % btk) * rowv + voff;
+            eng_ll_kv_axpy_rows(dv, out, scl + s0, c->arena + base, rowv, cnt, hd);
             s0 += cnt;
         }
     }
@@ -1168,20 +1167,9 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const 
                 ll_rope(m, k + (size_t)h * m->head_dim, cs);
             size_t ko = ll_kv_off(m, &toks[i], toks[i].pos, l, 0);
             size_t vo = ll_kv_off(m, &toks[i], toks[i].pos, l, 1);
-            if (m->geom.kv_dtype == ENG_KV_Q8_0) { /* quantize on store */
-                eng_ll_kv_q8_0_quantize(arena + ko, k, m->kv_dim);
-                eng_ll_kv_q8_0_quantize(arena + vo, v, m->kv_dim);
-            } else if (m->geom.kv_dtype == ENG_KV_F16) {
-                uint16_t *kc = (uint16_t *)(void *)(arena + ko);
-                uint16_t *vc = (uint16_t *)(void *)(arena + vo);
-                for (uint32_t j = 0; j < m->kv_dim; j++) {
-                    kc[j] = ggml_fp32_to_fp16(k[j]);
-                    vc[j] = ggml_fp32_to_fp16(v[j]);
-                }
-            } else {
-                memcpy(arena + ko, k, m->kv_dim * sizeof(float));
-                memcpy(arena + vo, v, m->kv_dim * sizeof(float));
-            }
+            /* stored (quantized on store) in each one's dtype */
+            eng_ll_kv_quantize(m->geom.kv_dtype, arena + ko, k, m->kv_dim);
+            eng_ll_kv_quantize(m->geom.kv_dtype_v, arena + vo, v, m->kv_dim);
         }
 
         if (hook_pos && m->hook) /* this chunk's layer-l KV is written */

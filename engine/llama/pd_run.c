@@ -4,7 +4,7 @@
  *   pd-run --model M.gguf --prompt "text" [--max-tokens N] [--temperature T]
  *          [--top-p P] [--top-k K] [--seed S] [--threads N] [--min-tokens N]
  *          [--ignore-eos] [--stop STR]... [--tokens 1,2,3] [--tokens-out]
- *          [--kv f16|f32|q8_0] [--block-tokens N] [--no-bos] [--engine llama]
+ *          [--kv DT] [--kv-k DT] [--kv-v DT] [--block-tokens N] [--no-bos] [--engine llama]
  *          [--presence-penalty X] [--frequency-penalty X] [--repetition-penalty X]
  *          [--min-p X] [--logit-bias ID:BIAS,...] [--stop-token-ids 1,2]
  *          [--logprobs-out N]
@@ -41,7 +41,9 @@ static void usage(FILE *f)
         "  --logprobs-out N   with --tokens-out: per-token logprobs, N alternatives\n"
         "  --threads N        compute threads (default: online cores)\n"
         "  --tokens-out       print generated token ids instead of text\n"
-        "  --kv f16|f32|q8_0  KV cache dtype (default f16)\n"
+        "  --kv DT            KV cache dtype of K and V: f16 (default), f32, bf16,\n"
+        "                     q8_0, fp8_e4m3, q4_0\n"
+        "  --kv-k DT, --kv-v DT  K's or V's dtype apart\n"
         "  --block-tokens N   tokens per KV block (default 16)\n"
         "  --no-bos           do not prepend BOS to the prompt\n"
         "  --engine NAME      engine (default llama)\n", ENG_STOP_MAX);
@@ -125,10 +127,12 @@ int main(int argc, char **argv)
     sp.max_tokens = 32;
     int embed = -1;
     eng_load_opts_t lo = { .engine = "llama", .kv_dtype = ENG_KV_F16, .max_batch = 1 };
+    eng_kv_dtype_t kv_all = ENG_KV_F16;
+    int kv_k = -1, kv_v = -1; /* --kv-k / --kv-v, -1: --kv's */
     int tokens_out = 0, no_bos = 0, lp_top = -1;
 
     enum { O_MODEL = 1, O_PROMPT, O_MAXT, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_THREADS,
-           O_MINT, O_IGNEOS, O_STOP, O_TOKENS, O_TOKOUT, O_KV, O_BT, O_NOBOS, O_ENGINE,
+           O_MINT, O_IGNEOS, O_STOP, O_TOKENS, O_TOKOUT, O_KV, O_KVK, O_KVV, O_BT, O_NOBOS, O_ENGINE,
            O_HELP, O_PRES, O_FREQ, O_REP, O_MINP, O_BIAS, O_STOPIDS, O_LPOUT, O_EMBED };
     static const struct option opts[] = {
         { "model", required_argument, NULL, O_MODEL },
@@ -153,6 +157,8 @@ int main(int argc, char **argv)
         { "tokens", required_argument, NULL, O_TOKENS },
         { "tokens-out", no_argument, NULL, O_TOKOUT },
         { "kv", required_argument, NULL, O_KV },
+        { "kv-k", required_argument, NULL, O_KVK },
+        { "kv-v", required_argument, NULL, O_KVV },
         { "block-tokens", required_argument, NULL, O_BT },
         { "no-bos", no_argument, NULL, O_NOBOS },
         { "engine", required_argument, NULL, O_ENGINE },
@@ -183,17 +189,22 @@ int main(int argc, char **argv)
         case O_TOKENS: tokens_arg = optarg; break;
         case O_TOKOUT: tokens_out = 1; break;
         case O_KV:
-            if (strcmp(optarg, "f16") == 0)
-                lo.kv_dtype = ENG_KV_F16;
-            else if (strcmp(optarg, "f32") == 0)
-                lo.kv_dtype = ENG_KV_F32;
-            else if (strcmp(optarg, "q8_0") == 0)
-                lo.kv_dtype = ENG_KV_Q8_0;
-            else {
-                fprintf(stderr, "pd-run: --kv must be f16, f32 or q8_0\n");
+        case O_KVK:
+        case O_KVV: {
+            eng_kv_dtype_t dt;
+            if (eng_kv_dtype_parse(optarg, &dt) != 0) {
+                fprintf(stderr, "pd-run: --kv%s must be f16, f32, bf16, q8_0, fp8_e4m3 or q4_0\n",
+                        c == O_KV ? "" : c == O_KVK ? "-k" : "-v");
                 return 2;
             }
+            if (c == O_KV)
+                kv_all = dt;
+            else if (c == O_KVK)
+                kv_k = (int)dt;
+            else
+                kv_v = (int)dt;
             break;
+        }
         case O_BT: lo.block_tokens = (uint32_t)strtoul(optarg, &end, 10); break;
         case O_NOBOS: no_bos = 1; break;
         case O_ENGINE: engine = optarg; break;
@@ -247,6 +258,9 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    lo.kv_dtype = kv_k >= 0 ? (eng_kv_dtype_t)kv_k : kv_all;
+    lo.kv_split = true;
+    lo.kv_dtype_v = kv_v >= 0 ? (eng_kv_dtype_t)kv_v : kv_all;
     if (!model || (!prompt && !tokens_arg) || optind != argc) {
         usage(stderr);
         return 2;

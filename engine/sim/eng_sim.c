@@ -31,8 +31,9 @@ struct eng_model {
     uint64_t magic;
     eng_sim_params_t p;
     eng_kv_geom_t geom;
-    uint32_t elem_bytes;           /* 4 (f32) or 2 (f16; q8_0 rows use its pattern) */
-    uint64_t row_bytes;            /* eng_kv_row_bytes(kv_dtype, n_kv_heads * head_dim) */
+    uint32_t elem_bytes;           /* 4 (f32 K) or 2 (other K dtypes use f16's pattern) */
+    uint64_t row_bytes;            /* K row: eng_kv_row_bytes(kv_dtype, n_kv_heads * head_dim) */
+    uint64_t row_bytes_v;          /* V row: eng_kv_row_bytes(kv_dtype_v, ...) */
     uint64_t *tmpl;                /* (n_layers, 2, row_bytes / 8 + 1) random rows */
     uint64_t tmpl_words;           /* words per template row */
     XXH3_state_t *hs;              /* checksum state, compute thread only */
@@ -230,7 +231,9 @@ static uint64_t sim_compat_hash(const eng_model_t *m)
 {
     static const char tag[] = "pdserve-sim-kv-v1";
     uint64_t v[] = { m->p.n_layers, m->p.n_kv_heads, m->p.head_dim, m->p.vocab, m->p.ctx,
-                     (uint64_t)m->geom.kv_dtype, m->geom.block_tokens, m->geom.bytes_per_token };
+                     (uint64_t)m->geom.kv_dtype, m->geom.block_tokens, m->geom.bytes_per_token,
+                     /* V's dtype only when it differs (same hashes as before kv-dtype-v) */
+                     m->geom.kv_dtype_v != m->geom.kv_dtype ? m->geom.kv_dtype_v + 1u : 0 };
     XXH64_state_t *s = XXH64_createState();
     uint64_t h;
 
@@ -256,9 +259,10 @@ static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
 
     if (opts == NULL || model_p == NULL)
         return PD_ERR_BAD_INPUT;
-    if (opts->kv_dtype != ENG_KV_F16 && opts->kv_dtype != ENG_KV_F32 &&
-        opts->kv_dtype != ENG_KV_Q8_0)
-        return sim_err(err, err_len, "sim: bad kv_dtype %d", (int)opts->kv_dtype);
+    if ((unsigned)opts->kv_dtype >= ENG_KV_DTYPES ||
+        (unsigned)eng_load_kv_dtype_v(opts) >= ENG_KV_DTYPES)
+        return sim_err(err, err_len, "sim: bad kv_dtype %d/%d", (int)opts->kv_dtype,
+                       (int)eng_load_kv_dtype_v(opts));
     m = calloc(1, sizeof(*m));
     if (m == NULL)
         return PD_ERR_NO_MEMORY;
@@ -268,11 +272,17 @@ static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     m->magic = SIM_MAGIC;
     m->elem_bytes = opts->kv_dtype == ENG_KV_F32 ? 4 : 2;
     m->row_bytes = eng_kv_row_bytes(opts->kv_dtype, (uint64_t)m->p.n_kv_heads * m->p.head_dim);
-    if (m->row_bytes == 0 || m->p.head_dim % (opts->kv_dtype == ENG_KV_Q8_0 ? 32 : 1)) {
-        sim_err(err, err_len, "sim: kv-dtype %s needs head_dim a multiple of 32 (head_dim %u)",
-                eng_kv_dtype_name(opts->kv_dtype), m->p.head_dim);
-        status = PD_ERR_BAD_INPUT;
-        goto err_free;
+    m->row_bytes_v = eng_kv_row_bytes(eng_load_kv_dtype_v(opts),
+                                      (uint64_t)m->p.n_kv_heads * m->p.head_dim);
+    for (int kv = 0; kv < 2; kv++) {
+        eng_kv_dtype_t dt = kv ? eng_load_kv_dtype_v(opts) : opts->kv_dtype;
+        if ((kv ? m->row_bytes_v : m->row_bytes) == 0 ||
+            m->p.head_dim % eng_kv_dtype_align(dt)) {
+            sim_err(err, err_len, "sim: kv-dtype %s needs head_dim a multiple of %u (head_dim %u)",
+                    eng_kv_dtype_name(dt), eng_kv_dtype_align(dt), m->p.head_dim);
+            status = PD_ERR_BAD_INPUT;
+            goto err_free;
+        }
     }
     g = &m->geom;
     g->n_layers = m->p.n_layers;
@@ -280,7 +290,8 @@ static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     g->head_dim = m->p.head_dim;
     g->block_tokens = opts->block_tokens ? opts->block_tokens : SIM_DEFAULT_BLOCK;
     g->kv_dtype = opts->kv_dtype;
-    g->bytes_per_token = (uint64_t)m->p.n_layers * 2 * m->row_bytes;
+    g->kv_dtype_v = eng_load_kv_dtype_v(opts);
+    g->bytes_per_token = (uint64_t)m->p.n_layers * (m->row_bytes + m->row_bytes_v);
     g->block_bytes = (uint64_t)g->block_tokens * g->bytes_per_token;
     g->layer_block_bytes = g->block_bytes / m->p.n_layers;
     g->vocab_size = m->p.vocab;
@@ -352,7 +363,7 @@ static void fill_row(const eng_model_t *m, uint8_t *dst, int32_t token, uint32_t
     const uint64_t *t = m->tmpl + ((uint64_t)layer * 2 + kv) * m->tmpl_words;
     uint64_t key = mix4((uint64_t)(uint32_t)token + 1, pos, layer, kv + 1);
     uint64_t mask = m->elem_bytes == 2 ? 0x83ff83ff83ff83ffULL : 0x807fffff807fffffULL;
-    uint64_t n = m->row_bytes, i, w;
+    uint64_t n = kv ? m->row_bytes_v : m->row_bytes, i, w;
 
     for (i = 0, w = 0; i + 8 <= n; i += 8, w++) {
         uint64_t r = t[w] ^ ((key + w * 0x9e3779b97f4a7c15ULL) & mask);
@@ -371,7 +382,7 @@ static pd_status_t make_templates(eng_model_t *m)
     uint64_t fix = m->elem_bytes == 2 ? 0x3800380038003800ULL : 0x3f0000003f000000ULL;
     uint64_t mask = m->elem_bytes == 2 ? 0x83ff83ff83ff83ffULL : 0x807fffff807fffffULL;
 
-    m->tmpl_words = m->row_bytes / 8 + 1;
+    m->tmpl_words = (m->row_bytes > m->row_bytes_v ? m->row_bytes : m->row_bytes_v) / 8 + 1;
     m->tmpl = malloc(rows * m->tmpl_words * sizeof(uint64_t));
     if (m->tmpl == NULL)
         return PD_ERR_NO_MEMORY;
@@ -385,7 +396,8 @@ static inline uint8_t *row_ptr(const eng_model_t *m, void *arena, uint32_t block
 {
     return (uint8_t *)arena + (uint64_t)block * m->lay.block_stride +
            (uint64_t)layer * m->lay.layer_stride +
-           ((uint64_t)kv * m->geom.block_tokens + slot) * m->row_bytes;
+           (kv ? (uint64_t)m->geom.block_tokens * m->row_bytes + (uint64_t)slot * m->row_bytes_v
+               : (uint64_t)slot * m->row_bytes);
 }
 
 /* One layer's K and V rows of one token. */
@@ -452,7 +464,7 @@ static uint64_t kv_checksum(eng_model_t *m, const void *arena, const uint32_t *b
         for (l = 0; l < m->p.n_layers; l++)
             for (kv = 0; kv < 2; kv++)
                 hash_range(m, row_ptr(m, (void *)(uintptr_t)arena, bt[i], l, kv, 0),
-                           valid * m->row_bytes);
+                           valid * (kv ? m->row_bytes_v : m->row_bytes));
     }
     return XXH3_64bits_digest(m->hs);
 }

@@ -4,7 +4,7 @@
  * real compute time (KV generation + checksum of every KV byte read) side by
  * side with the modeled time. real/modeled < 1 means the engine can honour
  * the model at speedup=1 (the rest is slept); > 1 means it runs late.
- *   usage: pd-sim-bench [--model SPEC] [--ctx N] [--batch B] [--steps S] [--f32|--q8_0] */
+ *   usage: pd-sim-bench [--model SPEC] [--ctx N] [--batch B] [--steps S] [--f32|--q8_0|--kv DT] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,8 +124,14 @@ int main(int argc, char **argv)
             dt = ENG_KV_F32;
         else if (strcmp(argv[i], "--q8_0") == 0)
             dt = ENG_KV_Q8_0;
+        else if (strcmp(argv[i], "--kv") == 0 && i + 1 < argc) {
+            if (eng_kv_dtype_parse(argv[++i], &dt) != 0) {
+                fprintf(stderr, "pd-sim-bench: unknown kv dtype '%s'\n", argv[i]);
+                return 2;
+            }
+        }
         else if (strcmp(argv[i], "--help") == 0) {
-            printf("usage: pd-sim-bench [--model SPEC] [--ctx N] [--batch B] [--steps S] [--f32|--q8_0]\n");
+            printf("usage: pd-sim-bench [--model SPEC] [--ctx N] [--batch B] [--steps S] [--f32|--q8_0|--kv DT]\n");
             return 0;
         } else {
             fprintf(stderr, "pd-sim-bench: unknown flag '%s'\n", argv[i]);

@@ -12,6 +12,9 @@
 # the same transport and length (a full pull at the transport's bandwidth),
 # which is why whole runs first.
 #   tests/bench/kv-stream.sh BUILD [R] [LENS...]
+# KVSTREAM_TLS="tcp" (default "tcp shm") and KVSTREAM_DTYPES="f16 q8_0 q4_0"
+# (deployment kv-dtype, default "f16"; issue 32) narrow or widen the sweep;
+# the last column is the decode's bytes pulled per request.
 set -u
 B=$(cd "${1:-build}" && pwd); R=${2:-5}; shift 2 2>/dev/null; LENS=${*:-1000 3000 6000}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -39,8 +42,9 @@ sys.stdout.write(b.decode())
 PY
 }
 FULL=$(mktemp /tmp/pd-kvstream-full-XXXXXX)
-printf '| transport | kv-stream | prompt | TTFT p50 ms | gap token0→1 p50 ms | pull p50 ms | gap / full pull |\n|---|---|---|---|---|---|---|\n'
-for tls in tcp shm; do
+printf '| transport | kv-dtype | kv-stream | prompt | TTFT p50 ms | gap token0→1 p50 ms | pull p50 ms | gap / full pull | MiB pulled / request |\n|---|---|---|---|---|---|---|---|---|\n'
+for tls in ${KVSTREAM_TLS:-tcp shm}; do
+ for dt in ${KVSTREAM_DTYPES:-f16}; do
   for mode in whole layer; do
    for n in $LENS; do
     run=$(mktemp -d /tmp/pd-kvstream-XXXXXX)
@@ -49,6 +53,7 @@ for tls in tcp shm; do
         --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0 \
         --set deployment.model="$M" --set deployment.disagg-mode=always \
         --set prefill.kv-blocks=480 --set decode.kv-blocks=480 --set prefill.kv-stream=$mode \
+        --set deployment.kv-dtype=$dt \
         --foreground > "$run/out.txt" 2>&1 &
     pid=$!
     for i in $(seq 600); do
@@ -57,7 +62,7 @@ for tls in tcp shm; do
       sleep 0.1
     done
     if ! grep -q 'is ready: ' "$run/out.txt" 2>/dev/null; then
-      echo "| $tls | $mode | $n | deployment did not start: $(grep -m1 -i error "$run"/*.log "$run/out.txt" 2>/dev/null | cut -c1-160) |"
+      echo "| $tls | $dt | $mode | $n | deployment did not start: $(grep -m1 -i error "$run"/*.log "$run/out.txt" 2>/dev/null | cut -c1-160) |"
       kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$run"; continue
     fi
     url=$(cat "$run/url")
@@ -66,9 +71,9 @@ for tls in tcp shm; do
           --prompt-ids 1000:100000 --input-len "fixed:$n" --output-len fixed:4 --ignore-eos \
           --quiet --out "$run/r$n.json" > /dev/null 2>&1
       after=$(admin "$run/decode-0.sock" xfer)
-      python3 - "$run/r$n.json" "$tls" "$mode" "$n" "$before" "$after" "$FULL" <<'PY'
+      python3 - "$run/r$n.json" "$tls" "$mode" "$n" "$before" "$after" "$FULL" "$dt" <<'PY'
 import json, sys, statistics as st
-r = json.load(open(sys.argv[1])); tls, mode, n = sys.argv[2:5]
+r = json.load(open(sys.argv[1])); tls, mode, n = sys.argv[2:5]; dt = sys.argv[8]
 b, a = json.loads(sys.argv[5]), json.loads(sys.argv[6])
 reqs = [q for q in r.get("requests", []) if q.get("ttft_ms") is not None and q.get("itl_ms")]
 ttft = st.median(q["ttft_ms"] for q in reqs); gap = st.median(q["itl_ms"][0] for q in reqs)
@@ -78,15 +83,18 @@ pull = ta["latency"]["p50_ns"] / 1e6   # a fresh deployment per (transport, mode
 full_f = sys.argv[7]; full = {}
 for line in open(full_f):
     k, v = line.split(); full[k] = float(v)
+key = f"{tls}/{dt}/{n}"
 if mode == "whole":
-    with open(full_f, "a") as f: f.write(f"{tls}/{n} {pull}\n")
-    full[f"{tls}/{n}"] = pull
-ref = full.get(f"{tls}/{n}", pull)
-print(f"| {tls} | {mode} | {n} | {ttft:.1f} | {gap:.1f} | {pull:.1f} | {gap / ref:.2f} |"
+    with open(full_f, "a") as f: f.write(f"{key} {pull}\n")
+    full[key] = pull
+ref = full.get(key, pull)
+mib = (ta["bytes_pulled"] - tb["bytes_pulled"]) / max(pulls, 1) / 2**20
+print(f"| {tls} | {dt} | {mode} | {n} | {ttft:.1f} | {gap:.1f} | {pull:.1f} | {gap / ref:.2f} | {mib:.1f} |"
       + ("" if pulls == len(reqs) + 1 else f" ({pulls} pulls)"))
 PY
     kill -TERM $pid; wait $pid 2>/dev/null; rm -rf "$run"
    done
   done
+ done
 done
 rm -f "$FULL"

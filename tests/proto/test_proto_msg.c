@@ -917,6 +917,29 @@ static void test_random_garbage(void **state)
     assert_true(ok > 0);
 }
 
+/* HELLO's kv_dtype: K's dtype, V's + 1 in bits 8-15 only when it differs
+ * (issue 32), so one-dtype deployments send the plain value */
+static void test_kv_dtype_pack(void **state)
+{
+    (void)state;
+    char b[40];
+    assert_int_equal(PROTO_KV_DTYPE_PACK(1, 1), 1);
+    assert_int_equal(PROTO_KV_DTYPE_PACK(0, 0), 0);
+    uint32_t x = PROTO_KV_DTYPE_PACK(2, 3);
+    assert_int_equal(x, 2 | 4 << 8);
+    assert_int_equal(PROTO_KV_DTYPE_K(x), 2);
+    assert_int_equal(PROTO_KV_DTYPE_V(x), 3);
+    x = PROTO_KV_DTYPE_PACK(1, 0); /* v = f32 (0) stays distinct from "as K" */
+    assert_int_equal(PROTO_KV_DTYPE_K(x), 1);
+    assert_int_equal(PROTO_KV_DTYPE_V(x), 0);
+    assert_int_equal(PROTO_KV_DTYPE_V(5), 5);
+    assert_string_equal(proto_kv_dtypes_str(5, b, sizeof b), "fp8_e4m3");
+    assert_string_equal(proto_kv_dtypes_str(PROTO_KV_DTYPE_PACK(2, 3), b, sizeof b),
+                        "k=q8_0,v=q4_0");
+    assert_string_equal(proto_kv_dtypes_str(PROTO_KV_DTYPE_PACK(4, 1), b, sizeof b),
+                        "k=bf16,v=f16");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -935,6 +958,7 @@ int main(void)
         cmocka_unit_test(test_mac_input),
         cmocka_unit_test(test_tokens_accessors),
         cmocka_unit_test(test_random_garbage),
+        cmocka_unit_test(test_kv_dtype_pack),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -941,6 +941,15 @@ static void test_registration(void **st)
     assert_non_null(strstr(mm.reject_reason, "kv-dtype q8_0"));
     assert_non_null(strstr(mm.reject_reason, "deployment's kv-dtype f32"));
     event_free(mm.hb);
+    /* K and V apart (kv-dtype-k / -v): both named */
+    memset(&mm, 0, sizeof(mm));
+    fake_start(&mm, "decode-dtype-kv", PROTO_ROLE_DECODE, D_SCRIPT, false);
+    mm.kv_dtype = PROTO_KV_DTYPE_PACK(2, 3); /* k=q8_0, v=q4_0 */
+    WAIT_FOR(mm.rejected && mm.closed, 5000);
+    assert_int_equal(mm.reject_status, PD_ERR_MISMATCH);
+    assert_non_null(strstr(mm.reject_reason, "kv-dtype k=q8_0,v=q4_0"));
+    assert_non_null(strstr(mm.reject_reason, "deployment's kv-dtype f32"));
+    event_free(mm.hb);
 
     fake_t dup;
     memset(&dup, 0, sizeof(dup));

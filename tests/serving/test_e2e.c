@@ -244,9 +244,16 @@ static int pdrun_s(const char *engine, const char *model, const int32_t *ids, in
         av[k++] = "--threads"; av[k++] = "1";
         /* the daemons' kv-dtype (PD_KV_DTYPE, issue 32): the same dtype gives
          * the same tokens, so the reference runs it too */
-        const char *kvd = getenv("PD_KV_DTYPE");
+        const char *kvd = getenv("PD_KV_DTYPE"), *kvk = getenv("PD_KV_DTYPE_K"),
+                   *kvv = getenv("PD_KV_DTYPE_V");
         if (kvd && *kvd && strcmp(engine, "llama") == 0) {
             av[k++] = "--kv"; av[k++] = kvd;
+        }
+        if (kvk && *kvk && strcmp(engine, "llama") == 0) { /* kv-dtype-k / -v */
+            av[k++] = "--kv-k"; av[k++] = kvk;
+        }
+        if (kvv && *kvv && strcmp(engine, "llama") == 0) {
+            av[k++] = "--kv-v"; av[k++] = kvv;
         }
         av[k++] = "--tokens-out";
         av[k] = NULL;
@@ -539,12 +546,12 @@ static void test_equiv_sequential(void **st)
     for (int i = 0; i < NPROMPT; i++)
         n_pull += !(g_prompts[i].ref_n == 1 && MAXTOK > 1);
     assert_true(n_pull >= NPROMPT / 2);
-    /* kv-stream (PD_KV_STREAM, default whole): layer: every pull was of a
+    /* kv-stream (PD_KV_STREAM, default layer): layer: every pull was of a
      * streamed lease, polled layer by layer; whole: none was. With layer
      * the decode starts pulling before token 0 is known, so a request that
      * token 0 ends may have pulled too before its CANCEL came */
     const char *ks = getenv("PD_KV_STREAM");
-    bool whole = ks == NULL || strcmp(ks, "layer") != 0;
+    bool whole = ks != NULL && strcmp(ks, "whole") == 0;
     int pulls_ok = (int)admin_num(&g_a.decode[0], "requests", "counters.pulls_ok");
     if (whole)
         assert_int_equal(pulls_ok, n_pull);
@@ -568,19 +575,27 @@ static void test_equiv_sequential(void **st)
     double pulled = admin_num(&g_a.decode[0], "xfer", "xfer.total.bytes_pulled") - pulled0;
     double bb = admin_num(&g_a.decode[0], "kv", "block_bytes");
     assert_true(pulled >= n_pull * bb);   /* every pull moved at least one block */
-    /* every daemon stores KV in the dtype asked for (PD_KV_DTYPE, default f16) */
-    const char *kvd = getenv("PD_KV_DTYPE");
+    /* every daemon stores K and V in the dtypes asked for (PD_KV_DTYPE,
+     * default f16; PD_KV_DTYPE_K / _V apart) */
+    const char *kvd = getenv("PD_KV_DTYPE"), *want[2];
+    kvd = kvd && *kvd ? kvd : "f16";
+    want[0] = getenv("PD_KV_DTYPE_K");
+    want[1] = getenv("PD_KV_DTYPE_V");
+    for (int kv = 0; kv < 2; kv++)
+        want[kv] = want[kv] && *want[kv] ? want[kv] : kvd;
     const e2e_proc_t *dm[] = { &g_a.prefill[0], &g_a.decode[0], &g_b.prefill[0], &g_b.decode[0] };
     for (size_t i = 0; i < sizeof(dm) / sizeof(dm[0]); i++) {
         cJSON *j = e2e_admin(dm[i]->sock, "kv");
-        const cJSON *d = cJSON_GetObjectItem(j, "kv_dtype");
-        if (!cJSON_IsString(d) || strcmp(d->valuestring, kvd && *kvd ? kvd : "f16") != 0)
-            fail_msg("daemon %zu: kv_dtype %s, want %s", i, cJSON_IsString(d) ? d->valuestring : "?",
-                     kvd && *kvd ? kvd : "f16");
+        for (int kv = 0; kv < 2; kv++) {
+            const cJSON *d = cJSON_GetObjectItem(j, kv ? "kv_dtype_v" : "kv_dtype_k");
+            if (!cJSON_IsString(d) || strcmp(d->valuestring, want[kv]) != 0)
+                fail_msg("daemon %zu: kv_dtype_%c %s, want %s", i, kv ? 'v' : 'k',
+                         cJSON_IsString(d) ? d->valuestring : "?", want[kv]);
+        }
         cJSON_Delete(j);
     }
-    fprintf(stderr, "e2e: kv-dtype %s: block_bytes %.0f, %d pulls moved %.0f bytes\n",
-            kvd && *kvd ? kvd : "f16", bb, n_pull, pulled);
+    fprintf(stderr, "e2e: kv-dtype k=%s v=%s: block_bytes %.0f, %d pulls moved %.0f bytes\n",
+            want[0], want[1], bb, n_pull, pulled);
     assert_int_equal((int)admin_num(&g_b.decode[0], "xfer", "xfer.total.bytes_pulled"), 0);
     quiet_ok(&g_a);
     quiet_ok(&g_b);
@@ -1838,7 +1853,7 @@ static void test_kill_prefill_midpull(void **st)
          * the decode's copy and retries decode-local there, which must
          * complete with the reference text */
         const char *ks = getenv("PD_KV_STREAM");
-        bool layer = ks != NULL && strcmp(ks, "layer") == 0;
+        bool layer = ks == NULL || strcmp(ks, "whole") != 0; /* the default */
         if (layer && b.r.status != 200)
             fail_msg("layer: prefill killed mid-stream: HTTP %d: %.300s", b.r.status, b.r.body);
         if (b.r.status == 200) {

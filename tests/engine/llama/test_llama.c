@@ -1066,6 +1066,263 @@ static void test_kv_q8_0_model(void **state)
     assert_non_null(strstr(err, "32"));
 }
 
+/* ---- KV cache in q4_0, bf16, fp8_e4m3; K and V apart (issue 32) ------- */
+
+/* Round trips: q4_0 is llama.cpp's quantize_row_q4_0_ref (d = max / -8 as
+ * f16, nibbles q = x/d + 8.5 capped at 15); bf16 rounds to nearest even;
+ * fp8_e4m3 picks the smallest power-of-two scale with max |x| / scale <=
+ * 448 and rounds each value to the nearest e4m3. */
+static void test_kv_dtypes_roundtrip(void **state)
+{
+    (void)state;
+    enum { N = 128 };
+    float x[N], y[N];
+    uint8_t q[N * 4];
+    uint64_t s = 11;
+    assert_int_equal(eng_kv_row_bytes(ENG_KV_Q4_0, N), N / 32 * 18);
+    assert_int_equal(eng_kv_row_bytes(ENG_KV_FP8_E4M3, N), N / 32 * 33);
+    assert_int_equal(eng_kv_row_bytes(ENG_KV_BF16, N), 2 * N);
+    assert_int_equal(eng_kv_row_bytes(ENG_KV_Q4_0, 48), 0);
+    assert_int_equal(eng_kv_row_bytes(ENG_KV_BF16, 24), 0);
+    for (int i = 0; i < N; i++)
+        x[i] = rnd_f(&s) * (float)(1 + i / 32) * 3.0f;
+    for (int i = 64; i < 96; i++) /* block 2: zeros */
+        x[i] = 0.0f;
+    x[5] = -9.0f;  /* block 0's max |x|, negative: d = 9/8, q = 0 */
+    x[40] = 1e-30f; /* tiny beside the block's max */
+    /* q4_0 */
+    eng_ll_kv_quantize(ENG_KV_Q4_0, q, x, N);
+    eng_ll_kv_dequantize(ENG_KV_Q4_0, y, q, N);
+    for (int b = 0; b < N / 32; b++) {
+        float amax = 0, mx = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[b * 32 + j]) > amax) {
+                amax = fabsf(x[b * 32 + j]);
+                mx = x[b * 32 + j];
+            }
+        uint16_t dh;
+        memcpy(&dh, q + b * 18, 2);
+        assert_int_equal(dh, ggml_fp32_to_fp16(mx / -8.0f));
+        float d = fabsf(ggml_fp16_to_fp32(dh));
+        for (int j = 0; j < 32; j++) { /* within d/2, or d at the far end: -max caps at 7d */
+            float xv = x[b * 32 + j], err = fabsf(y[b * 32 + j] - xv);
+            assert_true(err <= (xv * mx < 0 && fabsf(xv) > 6.5f * d ? d : d * 0.5f) + amax * 2e-3f);
+        }
+    }
+    assert_int_equal(q[2 + 5] & 0x0f, 0); /* -9 / (9/8) + 8 = 0 */
+    assert_true(y[5] == -9.0f);
+    for (int i = 64; i < 96; i++)
+        assert_true(y[i] == 0.0f);
+    /* bf16: the top half of the f32, rounded to nearest even */
+    eng_ll_kv_quantize(ENG_KV_BF16, q, x, N);
+    eng_ll_kv_dequantize(ENG_KV_BF16, y, q, N);
+    for (int i = 0; i < N; i++)
+        assert_true(fabsf(y[i] - x[i]) <= fabsf(x[i]) * (1.0f / 256));
+    {
+        float t[16] = { 1.0f + 1.0f / 256, 1.0f + 3.0f / 256 }, u[16]; /* ties: to even */
+        uint8_t b[32];
+        eng_ll_kv_quantize(ENG_KV_BF16, b, t, 16);
+        eng_ll_kv_dequantize(ENG_KV_BF16, u, b, 16);
+        assert_true(u[0] == 1.0f && u[1] == 1.0f + 4.0f / 256);
+    }
+    /* fp8_e4m3: E8M0 scale then 32 e4m3 */
+    eng_ll_kv_quantize(ENG_KV_FP8_E4M3, q, x, N);
+    eng_ll_kv_dequantize(ENG_KV_FP8_E4M3, y, q, N);
+    for (int b = 0; b < N / 32; b++) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+        int e = (int)q[b * 33] - 127;
+        if (amax > 0) {
+            assert_true(amax / ldexpf(1.0f, e) <= 448.0f);
+            assert_true(amax / ldexpf(1.0f, e - 1) > 448.0f);
+        }
+        for (int j = 0; j < 32; j++) { /* 3 mantissa bits: within 1/16 relative, or the subnormal step */
+            float xv = x[b * 32 + j], err = fabsf(y[b * 32 + j] - xv);
+            assert_true(err <= fabsf(xv) / 16 + ldexpf(1.0f, e - 10));
+        }
+    }
+    assert_true(y[5] == -9.0f); /* 9 = 1.125 * 2^3: exact in e4m3 */
+    for (int i = 64; i < 96; i++)
+        assert_true(y[i] == 0.0f);
+}
+
+/* The attention kernels of every dtype: dot and axpy over rows equal, bit
+ * for bit, the canonical f32 kernels (scalar path) over the dequantized
+ * rows, on every ISA path. */
+static void test_kv_dtypes_kernels(void **state)
+{
+    (void)state;
+    enum { HD = 128, ROWS = 5, STRIDE = HD * 4 * 2 };
+    static const char *const isas[] = { "avx512", "avx2", "scalar" };
+    static const eng_kv_dtype_t dts[] = { ENG_KV_Q4_0, ENG_KV_BF16, ENG_KV_FP8_E4M3, ENG_KV_Q8_0,
+                                          ENG_KV_F16 };
+    for (size_t di = 0; di < sizeof(dts) / sizeof(dts[0]); di++) {
+        eng_kv_dtype_t dt = dts[di];
+        static uint8_t kv[ROWS * STRIDE];
+        float deq[ROWS][HD], q[HD], a[ROWS], ref_dot[ROWS], ref_y[HD], y0[HD];
+        uint64_t s = 99 + di;
+        for (int r = 0; r < ROWS; r++) {
+            float row[HD];
+            for (int i = 0; i < HD; i++)
+                row[i] = rnd_f(&s) * (float)(r + 1) * (r == 3 ? 1e-3f : 1.0f);
+            eng_ll_kv_quantize(dt, kv + r * STRIDE, row, HD);
+            eng_ll_kv_dequantize(dt, deq[r], kv + r * STRIDE, HD);
+        }
+        if (dt == ENG_KV_FP8_E4M3) /* rows 0, 1: all 256 e4m3 codes (subnormals, +-480), mixed scales */
+            for (int r = 0; r < 2; r++) {
+                for (int blk = 0; blk < HD / 32; blk++) {
+                    uint8_t *p = kv + r * STRIDE + blk * 33;
+                    p[0] = (uint8_t)(127 - 3 * blk + r);
+                    for (int j = 0; j < 32; j++)
+                        p[1 + j] = (uint8_t)(r * 128 + blk * 32 + j);
+                }
+                eng_ll_kv_dequantize(dt, deq[r], kv + r * STRIDE, HD);
+            }
+        for (int i = 0; i < HD; i++) {
+            q[i] = rnd_f(&s);
+            y0[i] = rnd_f(&s) * 0.1f;
+        }
+        for (int r = 0; r < ROWS; r++)
+            a[r] = fabsf(rnd_f(&s));
+        assert_int_equal(eng_ll_isa_force("scalar"), 0);
+        memcpy(ref_y, y0, sizeof(y0));
+        for (int r = 0; r < ROWS; r++) {
+            ref_dot[r] = eng_ll_dot(deq[r], q, HD);
+            eng_ll_axpy(ref_y, a[r], deq[r], HD);
+        }
+        int ran = 0;
+        for (size_t i = 0; i < 3; i++) {
+            if (eng_ll_isa_force(isas[i]) != 0)
+                continue;
+            ran++;
+            float out[ROWS], y[HD];
+            memcpy(y, y0, sizeof(y0));
+            eng_ll_kv_dot_rows(dt, kv, STRIDE, ROWS, q, HD, out);
+            eng_ll_kv_axpy_rows(dt, y, a, kv, STRIDE, ROWS, HD);
+            if (memcmp(out, ref_dot, sizeof(out)) || memcmp(y, ref_y, sizeof(y)))
+                fail_msg("kv dtype %s, isa %s: differs from the canonical f32 kernels",
+                         eng_kv_dtype_name(dt), isas[i]);
+            for (int r = 0; r < ROWS; r++) {
+                float d1 = eng_ll_kv_dot(dt, kv + r * STRIDE, q, HD);
+                assert_memory_equal(&d1, &ref_dot[r], sizeof(float));
+            }
+        }
+        assert_true(ran >= 2);
+    }
+    eng_ll_isa_force("avx512"); /* back to the best available */
+}
+
+/* A model per KV dtype (and K, V apart): the stored bytes per token as the
+ * format says, prefill-then-decode equal to the one-shot prefill (logits
+ * and stored bytes) and the same logits on every ISA path (bitwise), close
+ * to the f16-KV run, each with its own compat hash. */
+static void test_kv_dtypes_model(void **state)
+{
+    (void)state;
+    static const ll_tm_spec_t spec = { "llama", 128, 2, 4, 2, 160, 300, 256, 0, 1, true, false,
+                                       41 };
+    static const char *const isas[] = { "avx512", "avx2", "scalar" };
+    static const struct { eng_kv_dtype_t k, v; uint32_t row_k, row_v; double tol; } cases[] = {
+        { ENG_KV_Q4_0, ENG_KV_Q4_0, 18, 18, 0.05 },
+        { ENG_KV_BF16, ENG_KV_BF16, 64, 64, 0.005 },
+        { ENG_KV_FP8_E4M3, ENG_KV_FP8_E4M3, 33, 33, 0.03 },
+        { ENG_KV_Q8_0, ENG_KV_Q4_0, 34, 18, 0.05 },
+        { ENG_KV_F16, ENG_KV_FP8_E4M3, 64, 33, 0.03 },
+    };
+    char path[300];
+    model_path(path, sizeof(path), "kvdt");
+    assert_int_equal(ll_tm_write(&spec, path), 0);
+    enum { NT = 20, PF = 14 };
+    int32_t toks[NT];
+    const eng_ops_t *ops = eng_find("llama");
+    /* the f16 reference */
+    eng_model_t *mf = load(path, ENG_KV_F16, 2, 16, 8);
+    const uint32_t V = ops->geometry(mf)->vocab_size;
+    const uint64_t f16_compat = ops->geometry(mf)->compat_hash;
+    make_toks(toks, NT, V, 3);
+    float *f16lg = malloc((size_t)V * sizeof(float));
+    {
+        uint32_t bt[2] = { 1, 0 };
+        void *arena = calloc(2, ops->geometry(mf)->block_bytes);
+        assert_int_equal(ops->prefill(mf, arena, bt, 2, toks, PF, 0, f16lg), PD_OK);
+        free(arena);
+    }
+    ops->destroy(mf);
+    uint64_t hashes[sizeof(cases) / sizeof(cases[0])];
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        float *first = NULL;
+        for (size_t i = 0; i < 3; i++) {
+            if (eng_ll_isa_force(isas[i]) != 0)
+                continue;
+            eng_load_opts_t o = { "llama", path, 16, cases[ci].k, 2, 8, true, cases[ci].v };
+            eng_model_t *m = NULL;
+            char err[200] = "";
+            assert_int_equal(ops->load(&o, &m, err, sizeof(err)), PD_OK);
+            const eng_kv_geom_t *g = ops->geometry(m);
+            assert_int_equal(g->kv_dtype, cases[ci].k);
+            assert_int_equal(g->kv_dtype_v, cases[ci].v);
+            /* 2 layers, kv_dim 64: (K + V row) per layer */
+            assert_int_equal(g->bytes_per_token, 2ull * 2 * (cases[ci].row_k + cases[ci].row_v));
+            hashes[ci] = g->compat_hash;
+            uint32_t bt[2] = { 1, 0 };
+            void *arena = calloc(2, g->block_bytes), *arena2 = calloc(2, g->block_bytes);
+            float *lg = malloc(2 * (size_t)V * sizeof(float)), *full = malloc((size_t)V * sizeof(float));
+            assert_int_equal(ops->prefill(m, arena, bt, 2, toks, PF, 0, lg), PD_OK);
+            for (uint32_t p = PF; p < NT; p++) {
+                eng_decode_item_t it = { bt, 2, p, toks[p] };
+                assert_int_equal(ops->decode(m, arena, &it, 1, lg + V), PD_OK);
+            }
+            assert_int_equal(ops->prefill(m, arena2, bt, 2, toks, NT, 0, full), PD_OK);
+            assert_memory_equal(full, lg + V, (size_t)V * sizeof(float));
+            assert_memory_equal(arena, arena2, 2 * g->block_bytes);
+            if (!first) {
+                first = malloc(2 * (size_t)V * sizeof(float));
+                memcpy(first, lg, 2 * (size_t)V * sizeof(float));
+            } else if (memcmp(first, lg, 2 * (size_t)V * sizeof(float)) != 0) {
+                fail_msg("kv %s/%s: isa %s's logits differ", eng_kv_dtype_name(cases[ci].k),
+                         eng_kv_dtype_name(cases[ci].v), isas[i]);
+            }
+            free(arena);
+            free(arena2);
+            free(lg);
+            free(full);
+            ops->destroy(m);
+        }
+        double md = 0, mx = 0;
+        for (uint32_t v = 0; v < V; v++) {
+            md = fmax(md, fabs((double)f16lg[v] - first[v]));
+            mx = fmax(mx, fabs((double)f16lg[v]));
+        }
+        printf("KV k=%s v=%s vs f16 KV (test model, %d tokens): max |dlogit| %.3g (max |logit| %.3g)\n",
+               eng_kv_dtype_name(cases[ci].k), eng_kv_dtype_name(cases[ci].v), PF, md, mx);
+        assert_true(md > 0);
+        assert_true(md < cases[ci].tol * fmax(1, mx));
+        assert_true(hashes[ci] != f16_compat);
+        for (size_t cj = 0; cj < ci; cj++)
+            assert_true(hashes[cj] != hashes[ci]);
+        free(first);
+    }
+    eng_ll_isa_force("avx512");
+    free(f16lg);
+    /* head_dim 16: the 32-value formats refused (naming kv-dtype and head_dim), bf16 runs */
+    char p16[300];
+    model_path(p16, sizeof(p16), "kvdt_hd16");
+    assert_int_equal(ll_tm_write(&spec_gqa_f16, p16), 0);
+    {
+        eng_load_opts_t o = { "llama", p16, 0, ENG_KV_F16, 1, 1, true, ENG_KV_Q4_0 };
+        eng_model_t *m = NULL;
+        char err[200] = "";
+        assert_int_equal(ops->load(&o, &m, err, sizeof(err)), PD_ERR_BAD_INPUT);
+        assert_null(m);
+        assert_non_null(strstr(err, "q4_0"));
+        assert_non_null(strstr(err, "head_dim"));
+        o.kv_dtype_v = ENG_KV_BF16;
+        assert_int_equal(ops->load(&o, &m, err, sizeof(err)), PD_OK);
+        ops->destroy(m);
+    }
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -1101,6 +1358,9 @@ int main(void)
         cmocka_unit_test(test_kv_q8_0_roundtrip),
         cmocka_unit_test(test_kv_q8_0_kernels),
         cmocka_unit_test(test_kv_q8_0_model),
+        cmocka_unit_test(test_kv_dtypes_roundtrip),
+        cmocka_unit_test(test_kv_dtypes_kernels),
+        cmocka_unit_test(test_kv_dtypes_model),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -88,7 +88,30 @@ static void test_geometry(void **state)
         assert_int_equal(g8->block_bytes, 16 * g8->bytes_per_token);
         assert_int_equal(g8->kv_dtype, ENG_KV_Q8_0);
         assert_true(g8->compat_hash != g16->compat_hash);
+        const uint64_t h8 = g8->compat_hash;
         ops->destroy(m8);
+        /* q4_0 18, fp8_e4m3 33, bf16 64 bytes per 32 values; K and V apart
+         * (k=q8_0, v=q4_0): 34 + 18 per 64 values; each its own hash */
+        static const struct { eng_kv_dtype_t k, v; uint32_t per64; } dts[] = {
+            { ENG_KV_Q4_0, ENG_KV_Q4_0, 36 }, { ENG_KV_FP8_E4M3, ENG_KV_FP8_E4M3, 66 },
+            { ENG_KV_BF16, ENG_KV_BF16, 128 }, { ENG_KV_Q8_0, ENG_KV_Q4_0, 52 },
+        };
+        uint64_t dh[4];
+        for (size_t d = 0; d < 4; d++) {
+            eng_load_opts_t o = { .engine = "sim", .model_path = cases[i].spec,
+                                  .kv_dtype = dts[d].k, .kv_split = true, .kv_dtype_v = dts[d].v };
+            eng_model_t *md = NULL;
+            char err[200] = "";
+            assert_int_equal(ops->load(&o, &md, err, sizeof(err)), PD_OK);
+            const eng_kv_geom_t *gd = ops->geometry(md);
+            assert_int_equal(gd->bytes_per_token, cases[i].bpt_f16 / 128 * dts[d].per64);
+            assert_int_equal(gd->kv_dtype_v, dts[d].v);
+            dh[d] = gd->compat_hash;
+            assert_true(dh[d] != g16->compat_hash && dh[d] != h8);
+            for (size_t e = 0; e < d; e++)
+                assert_true(dh[e] != dh[d]);
+            ops->destroy(md);
+        }
         hashes[i] = g16->compat_hash;
         ops->destroy(m16);
         ops->destroy(m32);
