@@ -587,8 +587,10 @@ static void dec_start_pull(dec_t *d, dec_req_t *r)
 
 /* Lease renewal while waiting: the prefill's lease runs out while the
  * request sits in the wait queue, so the handle is imported (validated) on
- * entering WAITING and the lease renewed at half the remaining TTL, each
- * time for the TTL it had at import (the exporter caps it). */
+ * entering WAITING and the lease renewed at once, then at half the TTL,
+ * each time for the TTL the handle had left at import, at most
+ * DEC_RENEW_TTL_MAX_NS (the exporter caps it too). */
+#define DEC_RENEW_TTL_MAX_NS (10 * PD_NS_PER_S)
 static void dec_renew_arm(dec_req_t *r, uint64_t in_ns)
 {
     struct timeval tv = pd_ns_to_timeval(in_ns);
@@ -631,9 +633,15 @@ static bool dec_wait_import(dec_t *d, dec_req_t *r)
     uint64_t now = pd_wall_ns();
     uint64_t left = r->imp.h.expiry_wall_ns > now ? r->imp.h.expiry_wall_ns - now : 0;
     r->renew_ttl_ns = left > 1000000 ? left : 1000000;
+    if (r->renew_ttl_ns > DEC_RENEW_TTL_MAX_NS)
+        r->renew_ttl_ns = DEC_RENEW_TTL_MAX_NS;
     r->renew_ev = event_new(pd_loop_base(d->n.loop), -1, 0, dec_renew_cb, r);
+    /* the first renewal at once: a streamed export's handle (kv-stream =
+     * layer) states the TTL of its prompt pass, but the lease became
+     * lease-ttl at PREFILL_DONE and may run out long before the handle
+     * says; renewed now, it lasts what we ask (the exporter caps it) */
     if (r->renew_ev != NULL)
-        dec_renew_arm(r, left / 2);
+        dec_renew_arm(r, 0);
     return true;
 }
 

@@ -1745,14 +1745,24 @@ static bool p_renewed(void *arg)
 
 /* A disaggregated request waits for KV room longer than its prefill lease
  * lives: decode renews the lease while it waits (prefill's renew counter
- * goes up), and the pull afterwards succeeds with the right tokens. */
-static void test_lease_renew_while_waiting(void **state)
+ * goes up), and the pull afterwards succeeds with the right tokens. With
+ * kv-stream=whole the handle states the lease's TTL and the renewals come
+ * every half of it (three outlive it); with layer the handle states the
+ * prompt pass's TTL while the lease became lease-ttl at PREFILL_DONE, so
+ * the decode renews at once (it used to wait half the stated TTL, and the
+ * pull found the lease gone: "stale generation"). */
+static bool p_never(void *arg)
 {
-    (void)state;
+    (void)arg;
+    return false;
+}
+
+static void lease_renew_scenario(const char *stream, double renewals)
+{
     if (g_sim) /* the sim engine's blocker request ends too fast to wait on */
         skip();
     spawn(&PR, g_prefill_bin, "pf-renew", SECRET_HEX,
-          (const char *const[]){ "--lease-ttl=100ms", NULL });
+          (const char *const[]){ "--lease-ttl=100ms", stream, NULL });
     assert_true(run_until(p_registered, "pf-renew", 20));
     samp_t big = { 0.0f, 0, 900, true };   /* 920 tokens -> 58 of 64 blocks */
     samp_t s = { 0.0f, 0, 200, true };     /* 220 tokens -> 14 blocks: waits */
@@ -1766,8 +1776,8 @@ static void test_lease_renew_while_waiting(void **state)
     assert_true(run_until(p_done_or_error, b, 20));
     assert_false(b->error);
     send_decode(b, "dec-a", "pf-renew", prompt, 20, &b->first_token, 1, &s, false);
-    double three = 3; /* renewals every ttl/2: three of them outlive the TTL */
-    assert_true(run_until(p_renewed, &three, 20));
+    assert_true(run_until(p_renewed, &renewals, 20));
+    (void)run_until(p_never, NULL, 0.3); /* three lease-ttls more, serving meanwhile */
     assert_true(p_state(&D, b->id, "waiting"));
     assert_false(a->finish || a->error);
     send_cancel("dec-a", a);
@@ -1786,6 +1796,18 @@ static void test_lease_renew_while_waiting(void **state)
     kill_proc(&PR);
     assert_true(run_until(p_closed, dr, 10));
     send_peer_down("dec-a", "pf-renew", inc); /* as the router would: decode drops the peer */
+}
+
+static void test_lease_renew_while_waiting(void **state)
+{
+    (void)state;
+    lease_renew_scenario("--kv-stream=whole", 3); /* every ttl/2: three outlive the TTL */
+}
+
+static void test_lease_renew_streamed(void **state)
+{
+    (void)state;
+    lease_renew_scenario("--kv-stream=layer", 1);
 }
 
 /* kv-stream=layer exports the lease before the prompt pass, but it lasts
@@ -2340,6 +2362,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_concurrent_batch),
         cmocka_unit_test(test_wait_queue),
         cmocka_unit_test(test_lease_renew_while_waiting),
+        cmocka_unit_test(test_lease_renew_streamed),
         cmocka_unit_test(test_stream_lease_ttl_from_done),
         cmocka_unit_test(test_router_loss),
         cmocka_unit_test(test_prefill_stopped),
