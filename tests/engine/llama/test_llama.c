@@ -924,57 +924,6 @@ static void test_kv_q8_0_roundtrip(void **state)
         assert_true(y[i] == 0.0f);
 }
 
-/* The q8_0 attention kernels: dot and axpy over rows of q8_0 blocks equal,
- * bit for bit, the canonical f32 kernels (scalar path) over the dequantized
- * rows, on every ISA path. */
-static void test_kv_q8_0_kernels(void **state)
-{
-    (void)state;
-    enum { HD = 128, ROWS = 5, RB = HD / 32 * 34, STRIDE = RB * 3 };
-    static const char *const isas[] = { "avx512", "avx2", "scalar" };
-    uint8_t kv[ROWS * STRIDE];
-    float deq[ROWS][HD], q[HD], a[ROWS], ref_dot[ROWS], ref_y[HD], y0[HD];
-    uint64_t s = 99;
-    for (int r = 0; r < ROWS; r++) {
-        float row[HD];
-        for (int i = 0; i < HD; i++)
-            row[i] = rnd_f(&s) * (float)(r + 1);
-        eng_ll_kv_q8_0_quantize(kv + r * STRIDE, row, HD);
-        eng_ll_kv_q8_0_dequantize(deq[r], kv + r * STRIDE, HD);
-    }
-    for (int i = 0; i < HD; i++) {
-        q[i] = rnd_f(&s);
-        y0[i] = rnd_f(&s) * 0.1f;
-    }
-    for (int r = 0; r < ROWS; r++)
-        a[r] = fabsf(rnd_f(&s));
-    /* the reference: the f32 kernels on the scalar path */
-    assert_int_equal(eng_ll_isa_force("scalar"), 0);
-    memcpy(ref_y, y0, sizeof(y0));
-    for (int r = 0; r < ROWS; r++) {
-        ref_dot[r] = eng_ll_dot(deq[r], q, HD);
-        eng_ll_axpy(ref_y, a[r], deq[r], HD);
-    }
-    int ran = 0;
-    for (size_t i = 0; i < 3; i++) {
-        if (eng_ll_isa_force(isas[i]) != 0)
-            continue;
-        ran++;
-        float out[ROWS], y[HD];
-        memcpy(y, y0, sizeof(y0));
-        eng_ll_dot_rows_q8_0(kv, STRIDE, ROWS, q, HD, out);
-        eng_ll_axpy_rows_q8_0(y, a, kv, STRIDE, ROWS, HD);
-        assert_memory_equal(out, ref_dot, sizeof(out));
-        assert_memory_equal(y, ref_y, sizeof(y));
-        for (int r = 0; r < ROWS; r++) {
-            float d1 = eng_ll_dot_q8_0(kv + r * STRIDE, q, HD);
-            assert_memory_equal(&d1, &ref_dot[r], sizeof(float));
-        }
-    }
-    assert_true(ran >= 2);
-    eng_ll_isa_force("avx512"); /* back to the best available */
-}
-
 /* A q8_0 KV model: stored 34/64 of f16's bytes, prefill-then-decode equal to
  * the one-shot prefill and the same logits on every ISA path (bitwise),
  * close to the f16-KV run; head_dim not a multiple of 32 refused at load. */
@@ -1356,7 +1305,6 @@ int main(void)
         cmocka_unit_test(test_geometry_and_errors),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_kv_q8_0_roundtrip),
-        cmocka_unit_test(test_kv_q8_0_kernels),
         cmocka_unit_test(test_kv_q8_0_model),
         cmocka_unit_test(test_kv_dtypes_roundtrip),
         cmocka_unit_test(test_kv_dtypes_kernels),
