@@ -235,4 +235,8 @@ int pdctl_parse_opts(int *argc, char **argv, pdctl_opts_t *o);
 #define PDCTL_MAX_SETS 64
 int pdctl_take_sets(int *argc, char **argv, char **sets, int *n_sets);
 
+/* The values object of the first set named `table` in an admin `stats`
+ * reply (NULL: none). pdctl_query.c. */
+const cJSON *pdctl_stats_values(const cJSON *stats, const char *table);
+
 #endif

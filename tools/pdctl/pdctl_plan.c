@@ -105,17 +105,6 @@ static double plan_num(const cJSON *o, const char *k)
     return v == v ? v : 0;
 }
 
-static const cJSON *plan_stats_values(const cJSON *stats, const char *table)
-{
-    const cJSON *s;
-    cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(stats, "stats")) {
-        const char *t = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(s, "table"));
-        if (t != NULL && strcmp(t, table) == 0)
-            return cJSON_GetObjectItemCaseSensitive(s, "values");
-    }
-    return NULL;
-}
-
 static void plan_buckets_add(uint64_t *acc, const cJSON *hist)
 {
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(hist, "buckets");
@@ -177,7 +166,7 @@ static void plan_sample(const pdctl_state_t *st, plan_sample_t *s)
         else
             s->n_decode++;
         cJSON *j = pdctl_admin(x->sock, "stats", 2.0, err, sizeof(err));
-        const cJSON *v = plan_stats_values(j, pdctl_role_name(x->role));
+        const cJSON *v = pdctl_stats_values(j, pdctl_role_name(x->role));
         if (v != NULL && s->nd < PDCTL_MAX_DAEMONS) {
             plan_dsample_t *d = &s->d[s->nd++];
             snprintf(d->name, sizeof(d->name), "%s", x->name);

@@ -394,8 +394,7 @@ static double pdctl_num(const cJSON *o, const char *key)
     return cJSON_IsNumber(v) ? v->valuedouble : 0;
 }
 
-/* The values object of the first stats set named `table`. */
-static const cJSON *pdctl_stats_values(const cJSON *stats, const char *table)
+const cJSON *pdctl_stats_values(const cJSON *stats, const char *table)
 {
     const cJSON *s;
     cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(stats, "stats")) {
@@ -964,12 +963,8 @@ static int pdctl_top_frame(pdctl_state_t *st, const pdctl_sample_t *prev, pdctl_
         /* cores lent through the kernel (issue 34): thread-seconds used
          * above the daemon's cpu-share, and of its share left to others */
         cJSON *sr = pdctl_admin(d->sock, "stats", 2.0, err, sizeof(err));
-        const cJSON *set;
-        cJSON_ArrayForEach(set, cJSON_GetObjectItemCaseSensitive(sr, "stats")) {
-            const char *tn = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(set, "table"));
-            if (tn == NULL || strcmp(tn, "cpu") != 0)
-                continue;
-            const cJSON *cv = cJSON_GetObjectItemCaseSensitive(set, "values");
+        const cJSON *cv = pdctl_stats_values(sr, "cpu");
+        if (cv != NULL) {
             pdctl_put(&t, row, "CPU_S", "%.1f", pdctl_num(cv, "used_ms") / 1e3);
             pdctl_put(&t, row, "BORROWED_S", "%.1f", pdctl_num(cv, "borrowed_ms") / 1e3);
             pdctl_put(&t, row, "LENT_S", "%.1f", pdctl_num(cv, "lent_ms") / 1e3);
