@@ -50,7 +50,9 @@
     X("heartbeat-interval", "heartbeat-interval", R | P | D, "heartbeat period") \
     X("drain-timeout", "drain-timeout", R | P | D, "SIGTERM drain bound")        \
     X("block-tokens", "block-tokens", P | D, "tokens per KV block")              \
-    X("kv-dtype", "kv-dtype", P | D, "f32|f16")                                \
+    X("kv-dtype", "kv-dtype", P | D, "f16|f32|bf16|q8_0|fp8_e4m3|q4_0")        \
+    X("kv-dtype-k", "kv-dtype-k", P | D, "K's dtype apart from V's (same: kv-dtype)") \
+    X("kv-dtype-v", "kv-dtype-v", P | D, "V's dtype apart from K's (same: kv-dtype)") \
     X("mem-budget", "mem.budget", P | D, "host-wide cap on the daemons' KV arenas (0: from MemAvailable / cgroup)") \
     X("mem-ledger", "mem.ledger", P | D, "file where one host's daemons reserve their arenas") \
     X("etcd", "etcd", R | P | D, "etcd client address, or local[:PORT] (pdctl runs one on loopback): membership (off by default)") \
