@@ -293,7 +293,7 @@ int main(int argc, char **argv)
         char name[64];
         base = base ? base + 1 : models[mi];
         if (n_kvs > 1) /* "model kv=q8_0" */
-            snprintf(name, sizeof name, "%.18s kv=%s", base, eng_kv_dtype_name(lo.kv_dtype));
+            snprintf(name, sizeof name, "%.16s kv=%s", base, eng_kv_dtype_name(lo.kv_dtype));
         else
             snprintf(name, sizeof name, "%s", base);
         printf("%-28.28s %-5s %-6s %7.1fM %9.1f %10.1f", name,

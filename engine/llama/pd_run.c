@@ -7,14 +7,22 @@
  *          [--kv DT] [--kv-k DT] [--kv-v DT] [--block-tokens N] [--no-bos] [--engine llama]
  *          [--presence-penalty X] [--frequency-penalty X] [--repetition-penalty X]
  *          [--min-p X] [--logit-bias ID:BIAS,...] [--stop-token-ids 1,2]
- *          [--logprobs-out N]
+ *          [--logprobs-out N] [--score N [--logits-out FILE]]
  *
  * Text streams to stdout as it is generated; --tokens-out prints the
  * generated token ids (space separated, one line) instead; --logprobs-out N
  * then adds one line per token: "#lp ID LOGPROB TOP1:LP1 ..." (the model's
  * log-softmax, N alternatives; see eng_sample_logprobs). Timings go to
- * stderr. Exit 0 on success, 2 on bad usage, 1 on other errors. */
+ * stderr. --score N scores the prompt instead (teacher forcing: the last N
+ * prompt tokens, each predicted from the ones before it) and prints one JSON
+ * line {"tokens": L, "scored": N, "vocab": V, "nll": sum of -ln p, "bytes":
+ * the prompt's bytes (text prompts)} ("ids": [...] too with --tokens-out);
+ * --logits-out FILE writes those N positions' raw logits (N x V f32, host
+ * order): how KV dtypes are compared with each other and with llama.cpp
+ * (tests/bench/kv-acc.sh). Exit 0 on success, 2 on bad usage, 1 on other
+ * errors. */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +47,9 @@ static void usage(FILE *f)
         "  --embed POOL       print the prompt's embedding (mean|cls|last pooling,\n"
         "                     L2-normalised; one line of floats) instead of generating\n"
         "  --logprobs-out N   with --tokens-out: per-token logprobs, N alternatives\n"
+        "  --score N          score the prompt's last N tokens (teacher forcing) and\n"
+        "                     print {tokens, scored, vocab, nll} as JSON instead\n"
+        "  --logits-out FILE  with --score: those positions' logits (N x vocab f32)\n"
         "  --threads N        compute threads (default: online cores)\n"
         "  --tokens-out       print generated token ids instead of text\n"
         "  --kv DT            KV cache dtype of K and V: f16 (default), f32, bf16,\n"
@@ -117,6 +128,86 @@ static int run_embed(const eng_ops_t *ops, eng_model_t *m, const eng_kv_geom_t *
     return rc;
 }
 
+/* --score N: prefill all but the last N prompt tokens, then feed those one
+ * decode step at a time; each step's logits predict the next prompt token. */
+static int run_score(const eng_ops_t *ops, eng_model_t *m, const eng_kv_geom_t *g,
+                     const int32_t *ids, size_t n_ids, uint32_t n_score, const char *out_path,
+                     int print_ids, size_t n_bytes)
+{
+    if (n_score == 0 || n_score >= n_ids || n_ids > g->context_length) {
+        fprintf(stderr, "pd-run: --score %u: the prompt (%zu tokens) must be longer than N "
+                "and fit the context (%u)\n", n_score, n_ids, g->context_length);
+        return 1;
+    }
+    const uint32_t V = g->vocab_size, n_pre = (uint32_t)n_ids - n_score;
+    uint32_t nb = (uint32_t)((n_ids + g->block_tokens - 1) / g->block_tokens);
+    void *arena = calloc(nb, g->block_bytes);
+    uint32_t *bt = malloc(nb * sizeof(*bt));
+    float *lg = malloc((size_t)V * sizeof(float));
+    FILE *f = NULL;
+    int rc = 1;
+    if (!arena || !bt || !lg) {
+        fprintf(stderr, "pd-run: out of memory\n");
+        goto out;
+    }
+    if (out_path && !(f = fopen(out_path, "wb"))) {
+        perror(out_path);
+        goto out;
+    }
+    for (uint32_t i = 0; i < nb; i++)
+        bt[i] = i;
+    uint64_t t0 = pd_now_ns();
+    pd_status_t st = ops->prefill(m, arena, bt, nb, ids, n_pre, 0, lg);
+    double nll = 0;
+    for (uint32_t i = 0; st == PD_OK && i < n_score; i++) {
+        const uint32_t p = n_pre - 1 + i; /* lg predicts ids[p + 1] */
+        int32_t next = ids[p + 1];
+        if (next < 0 || (uint32_t)next >= V) {
+            fprintf(stderr, "pd-run: --score: token %d outside the vocabulary\n", next);
+            goto out;
+        }
+        double mx = -INFINITY, sum = 0;
+        for (uint32_t v = 0; v < V; v++)
+            mx = fmax(mx, lg[v]);
+        for (uint32_t v = 0; v < V; v++)
+            sum += exp((double)lg[v] - mx);
+        nll -= (double)lg[next] - mx - log(sum);
+        if (f && fwrite(lg, sizeof(float), V, f) != V) {
+            perror(out_path);
+            goto out;
+        }
+        if (i + 1 < n_score) {
+            eng_decode_item_t it = { bt, nb, p + 1, next };
+            st = ops->decode(m, arena, &it, 1, lg);
+        }
+    }
+    if (st != PD_OK) {
+        fprintf(stderr, "pd-run: --score: %s\n", pd_status_str(st));
+        goto out;
+    }
+    printf("{\"tokens\": %zu, \"scored\": %u, \"vocab\": %u, \"nll\": %.9g, \"bytes\": %zu",
+           n_ids, n_score, V, nll, n_bytes);
+    if (print_ids) {
+        printf(", \"ids\": [");
+        for (size_t i = 0; i < n_ids; i++)
+            printf(i ? ", %d" : "%d", ids[i]);
+        printf("]");
+    }
+    printf("}\n");
+    fprintf(stderr, "pd-run: scored %u of %zu tokens in %.1f s\n", n_score, n_ids,
+            (pd_now_ns() - t0) / 1e9);
+    rc = 0;
+out:
+    if (f && fclose(f) != 0 && rc == 0) {
+        perror(out_path);
+        rc = 1;
+    }
+    free(arena);
+    free(bt);
+    free(lg);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *prompt = NULL, *tokens_arg = NULL, *engine = "llama";
@@ -130,10 +221,13 @@ int main(int argc, char **argv)
     eng_kv_dtype_t kv_all = ENG_KV_F16;
     int kv_k = -1, kv_v = -1; /* --kv-k / --kv-v, -1: --kv's */
     int tokens_out = 0, no_bos = 0, lp_top = -1;
+    uint32_t n_score = 0;
+    const char *logits_out = NULL;
 
     enum { O_MODEL = 1, O_PROMPT, O_MAXT, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_THREADS,
            O_MINT, O_IGNEOS, O_STOP, O_TOKENS, O_TOKOUT, O_KV, O_KVK, O_KVV, O_BT, O_NOBOS, O_ENGINE,
-           O_HELP, O_PRES, O_FREQ, O_REP, O_MINP, O_BIAS, O_STOPIDS, O_LPOUT, O_EMBED };
+           O_HELP, O_PRES, O_FREQ, O_REP, O_MINP, O_BIAS, O_STOPIDS, O_LPOUT, O_EMBED,
+           O_SCORE, O_LOGOUT };
     static const struct option opts[] = {
         { "model", required_argument, NULL, O_MODEL },
         { "prompt", required_argument, NULL, O_PROMPT },
@@ -154,6 +248,8 @@ int main(int argc, char **argv)
         { "stop-token-ids", required_argument, NULL, O_STOPIDS },
         { "logprobs-out", required_argument, NULL, O_LPOUT },
         { "embed", required_argument, NULL, O_EMBED },
+        { "score", required_argument, NULL, O_SCORE },
+        { "logits-out", required_argument, NULL, O_LOGOUT },
         { "tokens", required_argument, NULL, O_TOKENS },
         { "tokens-out", no_argument, NULL, O_TOKOUT },
         { "kv", required_argument, NULL, O_KV },
@@ -244,6 +340,8 @@ int main(int argc, char **argv)
             break;
         }
         case O_LPOUT: lp_top = (int)strtol(optarg, &end, 10); break;
+        case O_SCORE: n_score = (uint32_t)strtoul(optarg, &end, 10); break;
+        case O_LOGOUT: logits_out = optarg; break;
         case O_EMBED:
             if ((embed = eng_pooling_from_name(optarg)) < 0) {
                 fprintf(stderr, "pd-run: --embed: mean, cls or last\n");
@@ -329,6 +427,11 @@ int main(int argc, char **argv)
     const eng_kv_geom_t *g = ops->geometry(m);
     if (embed >= 0) {
         rc = run_embed(ops, m, g, ids, n_ids, (eng_pooling_t)embed);
+        goto out_model;
+    }
+    if (n_score || logits_out) {
+        rc = run_score(ops, m, g, ids, n_ids, n_score, logits_out, tokens_out,
+                       prompt ? strlen(prompt) : 0);
         goto out_model;
     }
     uint64_t max_pos = n_ids + (sp.max_tokens ? sp.max_tokens : g->context_length);
