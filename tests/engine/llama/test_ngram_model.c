@@ -346,6 +346,14 @@ static void test_kv_dtypes_vs_f16(void **state)
     size_t len, n;
     char *t = heldout_text(2000, &len);
     int32_t *ids = encode_bos(t, len, &n);
+    /* the same text for llama.cpp's side of the comparison (tests/bench/kv-acc.sh) */
+    const char *dump = getenv("PD_HELDOUT_OUT");
+    if (dump) {
+        FILE *df = fopen(dump, "w");
+        assert_non_null(df);
+        assert_int_equal(fwrite(t, 1, len, df), len);
+        assert_int_equal(fclose(df), 0);
+    }
     enum { NC = sizeof(cases) / sizeof(cases[0]) };
     run_t a, b[NC];
     run_open(&a, g_builtin, ENG_KV_F16, (uint32_t)n);
