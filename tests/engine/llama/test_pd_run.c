@@ -3,6 +3,7 @@
  * loop over the engine in this process, whatever --threads, --block-tokens
  * or --kv (f16 here; f32 only changes numerics, so it is compared with
  * itself), and seeded sampling must repeat. argv: pd-run path, model path. */
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "eng.h"
 
@@ -108,6 +110,78 @@ static void test_text_mode_and_usage(void **state)
     assert_int_equal(WEXITSTATUS(system(cmd)), 1);
 }
 
+/* --score N (issue 32's accuracy tool): teacher forcing over greedy output
+ * gives back its logprobs and its argmaxes. */
+static void test_score(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    char cmd[1024], line[8192];
+    snprintf(cmd, sizeof(cmd), "'%s' --model '%s' --tokens 1,2,3,4,5 --max-tokens %d --ignore-eos "
+             "--tokens-out --logprobs-out 0 2>/dev/null", pd_run, model, N);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    int32_t g[N];
+    double lp_sum = 0;
+    int ng = 0, nlp = 0;
+    while (fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "#lp ", 4) == 0) {
+            int id;
+            double lp;
+            assert_int_equal(sscanf(line + 4, "%d %lf", &id, &lp), 2);
+            assert_true(nlp < N && id == g[nlp]);
+            lp_sum += lp;
+            nlp++;
+        } else if (ng == 0) {
+            char *s = line, *end;
+            for (long v; ng < N && (v = strtol(s, &end, 10), end != s); s = end)
+                g[ng++] = (int32_t)v;
+        }
+    }
+    assert_int_equal(pclose(f), 0);
+    assert_int_equal(ng, N);
+    assert_int_equal(nlp, N);
+    char toks[256] = "1,2,3,4,5", path[] = "/tmp/pd-run-score-XXXXXX";
+    for (int i = 0; i < N; i++)
+        snprintf(toks + strlen(toks), sizeof(toks) - strlen(toks), ",%d", g[i]);
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    snprintf(cmd, sizeof(cmd), "'%s' --model '%s' --tokens %s --score %d --logits-out %s "
+             "--threads 2 2>/dev/null", pd_run, model, toks, N, path);
+    f = popen(cmd, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(line, sizeof(line), f));
+    assert_int_equal(pclose(f), 0);
+    unsigned tokens, scored, vocab;
+    double nll;
+    assert_int_equal(sscanf(line, "{\"tokens\": %u, \"scored\": %u, \"vocab\": %u, \"nll\": %lf",
+                            &tokens, &scored, &vocab, &nll), 4);
+    assert_int_equal(tokens, 5 + N);
+    assert_int_equal(scored, N);
+    assert_true(fabs(nll + lp_sum) < 1e-4 * (1 + fabs(nll)));
+    /* N rows of raw logits, each one's argmax the greedy token */
+    f = fopen(path, "rb");
+    assert_non_null(f);
+    float *lg = malloc((size_t)vocab * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(fread(lg, sizeof(float), vocab, f), vocab);
+        uint32_t best = 0;
+        for (uint32_t v = 1; v < vocab; v++)
+            if (lg[v] > lg[best])
+                best = v;
+        assert_int_equal((int32_t)best, g[i]);
+    }
+    assert_int_equal(fread(lg, 1, 1, f), 0);
+    fclose(f);
+    free(lg);
+    unlink(path);
+    /* N must leave a token to predict from */
+    snprintf(cmd, sizeof(cmd), "'%s' --model '%s' --tokens 1,2,3 --score 3 >/dev/null 2>&1",
+             pd_run, model);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 1);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3) {
@@ -119,6 +193,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_engine),
         cmocka_unit_test(test_text_mode_and_usage),
+        cmocka_unit_test(test_score),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
