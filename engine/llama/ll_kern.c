@@ -1082,9 +1082,28 @@ LL_KV_KERNELS(q4_0, 32, 18)
 LL_KV_KERNELS(fp8, 32, 33)
 LL_KV_KERNELS(bf16, 16, 32)
 
+/* q4_0 KV: llama.cpp's block_q4_0 (f16 d, 32 nibbles q, x = (q - 8) * d), but
+ * not its quantize_row_q4_0_ref scale (d = max / -8, the largest value
+ * exact): the block's scale is searched. Candidates: that reference, and 19
+ * scales mapping the largest value to -8.9 .. -7.1, each refitted by least
+ * squares (d = sum x l / sum l^2, rounded to f16) and re-rounded to it; the
+ * candidate with the least squared error over the block wins (ties: the
+ * earlier), so a block is never further from x than the reference's. The
+ * format is unchanged (llama.cpp reads these blocks as its own); what it buys
+ * is in docs/BENCHMARKS.md (KV cache dtypes against llama.cpp). Scalar only:
+ * every path writes the same bytes. */
+static float ll_q4_0_err(const float *x, float d, int8_t *l)
+{
+    float e = 0.0f;
+    for (int j = 0; j < QK; j++) {
+        float r = x[j] - (float)l[j] * d;
+        e = fmaf(r, r, e);
+    }
+    return e;
+}
+
 static void ll_kv_q4_0_quantize(uint8_t *dst, const float *x, size_t n)
 {
-    /* llama.cpp's quantize_row_q4_0_ref */
     for (size_t b = 0; b < n / QK; b++, x += QK, dst += 18) {
         float amax = 0.0f, max = 0.0f;
         for (int j = 0; j < QK; j++)
@@ -1092,16 +1111,46 @@ static void ll_kv_q4_0_quantize(uint8_t *dst, const float *x, size_t n)
                 amax = fabsf(x[j]);
                 max = x[j];
             }
-        const float d = max / -8.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint16_t dh = ggml_fp32_to_fp16(d);
-        memcpy(dst, &dh, 2);
-        for (int j = 0; j < QK / 2; j++) {
-            int x0 = (int)(int8_t)(x[j] * id + 8.5f), x1 = (int)(int8_t)(x[QK / 2 + j] * id + 8.5f);
-            x0 = x0 < 15 ? x0 : 15;
-            x1 = x1 < 15 ? x1 : 15;
-            dst[2 + j] = (uint8_t)(x0 | (x1 << 4));
+        /* the reference: d = max / -8, q = x / d + 8.5 truncated, capped at 15 */
+        const float d0 = max / -8.0f;
+        const float id0 = d0 != 0.0f ? 1.0f / d0 : 0.0f;
+        int8_t best[QK], l[QK];
+        for (int j = 0; j < QK; j++) {
+            int q = (int)(int8_t)(x[j] * id0 + 8.5f);
+            best[j] = (int8_t)((q < 15 ? q : 15) - 8);
         }
+        uint16_t best_dh = ggml_fp32_to_fp16(d0);
+        float best_err = ll_q4_0_err(x, ll_f16_to_f32(best_dh), best);
+        for (int is = -9; amax > 0.0f && is <= 9; is++) {
+            const float idc = (-8.0f + 0.1f * (float)is) / max;
+            float sxl = 0.0f, sll = 0.0f;
+            for (int j = 0; j < QK; j++) {
+                float q = nearbyintf(x[j] * idc);
+                q = q < -8.0f ? -8.0f : q > 7.0f ? 7.0f : q;
+                l[j] = (int8_t)q;
+                sxl = fmaf(x[j], q, sxl);
+                sll = fmaf(q, q, sll);
+            }
+            if (sll <= 0.0f)
+                continue;
+            const uint16_t dh = ggml_fp32_to_fp16(sxl / sll);
+            const float d = ll_f16_to_f32(dh);
+            if (!(d != 0.0f) || !isfinite(d))
+                continue;
+            for (int j = 0; j < QK; j++) { /* re-round to the stored scale */
+                float q = nearbyintf(x[j] / d);
+                l[j] = (int8_t)(q < -8.0f ? -8.0f : q > 7.0f ? 7.0f : q);
+            }
+            const float e = ll_q4_0_err(x, d, l);
+            if (e < best_err) {
+                best_err = e;
+                best_dh = dh;
+                memcpy(best, l, sizeof(best));
+            }
+        }
+        memcpy(dst, &best_dh, 2);
+        for (int j = 0; j < QK / 2; j++)
+            dst[2 + j] = (uint8_t)((best[j] + 8) | ((best[QK / 2 + j] + 8) << 4));
     }
 }
 
