@@ -5,23 +5,29 @@
 # in nats, max and RMS |dlogit|, argmax agreement, mean -ln p; and pdserve's
 # f16 with llama.cpp's f16 (the two engines' own gap, the floor).
 #   tests/bench/kv-acc.sh BUILD MODEL.gguf [N_SCORE] [LENS...]
-# MODEL: a 0.5B-geometry model, e.g. build/engine/gguf/pd-mkmodel --preset
-# bench-0.5b --type q4_K_M -o bench-q4_K_M.gguf (random weights, token ids a
-# fixed LCG sequence); N_SCORE (default 64) last positions of each length
+# MODEL: a 0.5B-geometry model with a vocabulary llama.cpp loads, e.g.
+# build/engine/gguf/pd-mkmodel --preset bench-0.5b --type q4_K_M --vocab-type
+# spm -o bench-q4_K_M.gguf (add --layers 2 for a model whose logits are not
+# chaotic in the input: random weights over 24 layers turn any rounding,
+# f16 in another engine too, into a KL of ~0.2); random weights, token ids a
+# fixed LCG sequence. N_SCORE (default 64) last positions of each length
 # (default "1024 4000") are scored. Then the built-in model's held-out text
 # (as tests/engine/llama ngram-model: every position, bits/byte).
 # llama.cpp: node-llama-cpp's prebuilt CPU build (tests/engine/llama/node,
 # installed by its install.sh), flash attention on (needed for a quantized V
-# cache). fp8_e4m3 has no llama.cpp counterpart. Never run by a test.
+# cache). fp8_e4m3 has no llama.cpp counterpart. KVACC_PD_DT / KVACC_LL_DT
+# narrow the K:V pairs (f16:f16 / F16:F16 must stay: the reference).
+# Never run by a test.
 set -eu
 B=$(cd "${1:?BUILD}" && pwd); MODEL=$(realpath "${2:?MODEL.gguf}"); N=${3:-64}
 shift 3 2>/dev/null || shift $#; LENS=${*:-1024 4000}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 NODE_DIR=$ROOT/tests/engine/llama/node
 T=${KVACC_THREADS:-2}
-PD_DT="f16:f16 bf16:bf16 q8_0:q8_0 fp8_e4m3:fp8_e4m3 q4_0:q4_0 q8_0:q4_0"
-LL_DT="F16:F16 BF16:BF16 Q8_0:Q8_0 Q4_0:Q4_0 Q8_0:Q4_0"
-W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+PD_DT=${KVACC_PD_DT:-"f16:f16 bf16:bf16 q8_0:q8_0 fp8_e4m3:fp8_e4m3 q4_0:q4_0 q8_0:q4_0"}
+LL_DT=${KVACC_LL_DT:-"F16:F16 BF16:BF16 Q8_0:Q8_0 Q4_0:Q4_0 Q8_0:Q4_0"}
+W=$(mktemp -d); trap '[ -n "${KVACC_KEEP:-}" ] || rm -rf "$W"' EXIT
+[ -z "${KVACC_KEEP:-}" ] || echo "kv-acc: logits kept in $W" >&2
 
 pd_runs() { # MODEL IDS_CSV N OUTDIR [--prompt args]: one pd-run per dtype pair
   local model=$1 ids=$2 n=$3 out=$4
