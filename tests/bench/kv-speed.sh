@@ -22,11 +22,11 @@ for ctx in $CTXS; do
   for r in $(seq "$R"); do
     # pd-eng-bench: "NAME kv=DT  type isa params MB/token prefill/s dec@b1 dec@b32 ..."
     "$B/engine/pd-eng-bench" --model "$MODEL" --kv "$PD_DT" --threads "$T" --batches "$BATCHES" \
-      --prefill 16 --steps "$STEPS" --ctx "$ctx" | tee /dev/stderr |
+      --prefill 16 --steps "$STEPS" --ctx "$ctx" | tee -a /dev/stderr |
       awk -v ctx="$ctx" -v bs="$BATCHES" '/ kv=/ { split(bs, b, ","); sub("kv=", "", $2);
           for (i = 1; i <= length(b); i++) print "pdserve", $2, ctx, b[i], $(7 + i) }' >> "$OUT"
     (cd "$ROOT/tests/engine/llama/node" &&
-       node llbatch.mjs "$MODEL" "$T" "$ctx" "$BATCHES" "$STEPS" $LL_DT) | tee /dev/stderr |
+       node llbatch.mjs "$MODEL" "$T" "$ctx" "$BATCHES" "$STEPS" $LL_DT) | tee -a /dev/stderr |
       python3 -c 'import json, sys
 for l in sys.stdin:
     r = json.loads(l); print("llama.cpp", r["k"], r["ctx"], r["batch"], r["decode_tps"])' >> "$OUT"
