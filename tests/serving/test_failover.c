@@ -83,6 +83,26 @@ static int setup(void **st)
     };
     int rc = e2e_deploy_start(&g_d, &o);
     g_up = true;
+    /* PD_KV_DTYPE / _K / _V (e2e-failover-kv-*): every daemon stores K and
+     * V in those dtypes, so replay and migration run on them */
+    const char *kvd = getenv("PD_KV_DTYPE"), *want[2] = { getenv("PD_KV_DTYPE_K"),
+                                                          getenv("PD_KV_DTYPE_V") };
+    kvd = kvd && *kvd ? kvd : "f16";
+    for (int kv = 0; kv < 2; kv++)
+        want[kv] = want[kv] && *want[kv] ? want[kv] : kvd;
+    const e2e_proc_t *dm[] = { &g_d.prefill[0], &g_d.decode[0], &g_d.decode[1], &g_d.decode[2] };
+    for (size_t i = 0; rc == 0 && i < sizeof(dm) / sizeof(dm[0]); i++) {
+        cJSON *j = e2e_admin(dm[i]->sock, "kv");
+        for (int kv = 0; kv < 2; kv++) {
+            const cJSON *d = cJSON_GetObjectItem(j, kv ? "kv_dtype_v" : "kv_dtype_k");
+            if (!cJSON_IsString(d) || strcmp(d->valuestring, want[kv]) != 0) {
+                fprintf(stderr, "failover: daemon %zu kv_dtype_%c %s, want %s\n", i,
+                        kv ? 'v' : 'k', cJSON_IsString(d) ? d->valuestring : "?", want[kv]);
+                rc = -1;
+            }
+        }
+        cJSON_Delete(j);
+    }
     return rc;
 }
 
