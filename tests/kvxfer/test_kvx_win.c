@@ -208,7 +208,6 @@ int main(int argc, char **argv)
     if (argc != 3)
         return 2;
     tls = argv[1];
-    setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
     int bad = 0;
     if (strcmp(argv[2], "stall") == 0)
         bad += run_group(3, 1);
