@@ -1276,8 +1276,13 @@ static void ll_moe_ep(eng_model_t *m, const ll_layer_t *L, uint32_t layer, uint3
             for (uint32_t j = 0; j < n_pairs; j++) {
                 uint32_t e;
                 memcpy(&e, b + 8 + (size_t)j * 8 + 4, 4);
-                if (e == m->ep_e0 + le)
-                    m->ep_gather[cnt++] = p << 24 | j;
+                if (e != m->ep_e0 + le)
+                    continue;
+                if (cnt == m->t_max * N) { /* a token chooses an expert once */
+                    st = PD_ERR_BAD_INPUT;
+                    goto err;
+                }
+                m->ep_gather[cnt++] = p << 24 | j;
             }
         }
         for (uint32_t c0 = 0; c0 < cnt; c0 += m->t_max) {

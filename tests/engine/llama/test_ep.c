@@ -261,6 +261,98 @@ static void test_ep_deadline(void **state)
     eng_ep_local_destroy(hub);
 }
 
+/* A peer's dispatch message is checked before any of it is used: a fake
+ * rank 1 whose messages are crafted here. */
+typedef struct {
+    uint8_t *buf[2][2];          /* [phase][peer] this rank's sends */
+    uint8_t bad[1 << 16];        /* rank 1's dispatch to rank 0 */
+    size_t bad_len;
+    uint8_t *zero;               /* rank 1's combine: zero rows */
+} fake_t;
+
+static void *fake_send_buf(void *ctx, eng_ep_phase_t ph, uint32_t peer)
+{
+    return ((fake_t *)ctx)->buf[ph][peer];
+}
+
+static pd_status_t fake_exchange(void *ctx, eng_ep_phase_t ph, uint32_t layer, const size_t *len,
+                                 const void **recv, size_t *recv_len)
+{
+    fake_t *f = ctx;
+    (void)layer;
+    recv[0] = f->buf[ph][0];
+    recv_len[0] = len[0];
+    if (ph == ENG_EP_DISPATCH) {
+        recv[1] = f->bad;
+        recv_len[1] = f->bad_len;
+    } else { /* one zero row per pair rank 0 sent to rank 1 */
+        uint32_t np;
+        memcpy(&np, f->buf[ENG_EP_DISPATCH][1] + 4, 4);
+        recv[1] = f->zero;
+        recv_len[1] = eng_ep_combine_bytes(np, 64);
+    }
+    return PD_OK;
+}
+
+static void test_ep_bad_peer(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    eng_model_t *m = load_ep(0, 2, PD_OK, moe_path, err, sizeof(err));
+    eng_llama_info_t ri;
+    eng_llama_info(m, &ri);
+    fake_t *f = calloc(1, sizeof(*f));
+    for (int ph = 0; ph < 2; ph++)
+        for (int p = 0; p < 2; p++)
+            f->buf[ph][p] = calloc(1, ri.ep_cap[ph]);
+    f->zero = calloc(1, ri.ep_cap[ENG_EP_COMBINE]);
+    eng_ep_xport_t x = { .ctx = f, .rank = 0, .size = 2, .cap = { ri.ep_cap[0], ri.ep_cap[1] },
+                         .send_buf = fake_send_buf, .exchange = fake_exchange };
+    assert_int_equal(ops->set_ep(m, &x), PD_OK);
+    uint32_t vocab = ops->geometry(m)->vocab_size, E = 64;
+    float *lg = malloc(vocab * sizeof(float));
+    void *arena = calloc(NB, ops->geometry(m)->block_bytes);
+    uint32_t bt[NB] = { 0, 1, 2, 3, 4, 5, 6, 7 };
+    int32_t p[4] = { 1, 2, 3, 4 };
+    uint32_t *w = (void *)f->bad;
+    /* cases: { n_rows, n_pairs, row, expert, stated length delta } */
+    static const int64_t cases[][5] = {
+        { 1, 1, 0, 0, 0 },        /* well-formed: expert 0 is rank 0's */
+        { 1, 1, 0, 40, 0 },       /* expert 40 is rank 1's own */
+        { 1, 1, 1, 0, 0 },        /* row beyond n_rows */
+        { 1, 1, 0, 0, -4 },       /* length short of the stated counts */
+        { 2, 1, 0, 0, 0 },        /* more rows than pairs */
+        { 65, 65, 0, 0, 0 },      /* rows beyond t_max (64) */
+        { 1, 600, 0, 0, 0 },      /* pairs beyond t_max * K */
+        { 64, 512, 0, 0, 0 },     /* 512 pairs for one expert: beyond t_max * N rows */
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        uint32_t nr = (uint32_t)cases[c][0], np = (uint32_t)cases[c][1];
+        memset(f->bad, 0, sizeof(f->bad));
+        w[0] = nr;
+        w[1] = np;
+        for (uint32_t j = 0; j < np && 2 + 2 * j + 1 < sizeof(f->bad) / 4; j++) {
+            w[2 + 2 * j] = (uint32_t)cases[c][2] + (c == 7 ? j % nr : 0);
+            w[2 + 2 * j + 1] = (uint32_t)cases[c][3];
+        }
+        f->bad_len = (size_t)((int64_t)(8 + (size_t)np * 8 + (size_t)nr * E * 4) + cases[c][4]);
+        if (f->bad_len > sizeof(f->bad))
+            f->bad_len = sizeof(f->bad);
+        pd_status_t st = ops->prefill(m, arena, bt, NB, p, 4, 0, lg);
+        if (st != (c == 0 ? PD_OK : PD_ERR_BAD_INPUT))
+            fprintf(stderr, "case %zu: %s\n", c, pd_status_str(st));
+        assert_int_equal(st, c == 0 ? PD_OK : PD_ERR_BAD_INPUT);
+    }
+    free(arena);
+    free(lg);
+    for (int ph = 0; ph < 2; ph++)
+        for (int q = 0; q < 2; q++)
+            free(f->buf[ph][q]);
+    free(f->zero);
+    free(f);
+    ops->destroy(m);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -287,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_ep2_bitwise),
         cmocka_unit_test(test_ep4_bitwise),
         cmocka_unit_test(test_ep_deadline),
+        cmocka_unit_test(test_ep_bad_peer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
