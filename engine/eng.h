@@ -183,6 +183,14 @@ typedef struct {
     bool kv_split;             /* V in kv_dtype_v (kv-dtype-v), K in kv_dtype;
                                   false: both in kv_dtype */
     eng_kv_dtype_t kv_dtype_v;
+    /* Expert parallelism (issue 36): this process is rank ep_rank of an
+     * ep_size-rank group and holds only the routed experts
+     * [ep_rank * E/ep_size, (ep_rank + 1) * E/ep_size) of a MoE model (the
+     * other experts' bytes are never read); 0 or 1 = the whole model.
+     * ep_size must divide the expert count (PD_ERR_BAD_INPUT otherwise).
+     * Such a model computes nothing until set_ep gives it a transport. */
+    uint32_t ep_rank;
+    uint32_t ep_size;
 } eng_load_opts_t;
 
 /* V's dtype of load options o. */
@@ -218,6 +226,56 @@ typedef struct {
     eng_pooling_t pooling;
     float *out;                  /* (n_embd) */
 } eng_embed_item_t;
+
+/* Expert parallelism: what travels between the ranks of an EP group for
+ * one MoE layer of one forward pass. Two phases, in this order:
+ *   dispatch: rank r -> rank p: the rows of r's tokens that chose an
+ *     expert p owns (each row once, however many of its experts p owns) and
+ *     the (row, expert) pairs:
+ *       u32 n_rows, u32 n_pairs, (n_pairs) x { u32 row, u32 expert },
+ *       (n_rows, n_embd) f32 rows                 eng_ep_dispatch_bytes()
+ *   combine: rank p -> rank r: one output row per pair r sent, in r's
+ *     pair order (n_pairs, n_embd) f32, unweighted    eng_ep_combine_bytes()
+ * The token's own rank applies the router weights and sums its top-k in
+ * k order, as the whole model does: the group's logits are bitwise those
+ * of one process holding every expert (engine/llama/DESIGN.md). Every rank
+ * sends to every rank (itself included; a message may hold 0 pairs). */
+typedef enum {
+    ENG_EP_DISPATCH = 0,
+    ENG_EP_COMBINE = 1,
+} eng_ep_phase_t;
+
+static inline size_t eng_ep_dispatch_bytes(uint32_t n_rows, uint32_t n_pairs, uint32_t n_embd)
+{
+    return 8 + (size_t)n_pairs * 8 + (size_t)n_rows * n_embd * sizeof(float);
+}
+
+static inline size_t eng_ep_combine_bytes(uint32_t n_pairs, uint32_t n_embd)
+{
+    return (size_t)n_pairs * n_embd * sizeof(float);
+}
+
+/* The transport of an EP rank (in-process threads for tests, kvxfer's
+ * window between processes: engine/llama/ll_ep.h, kvxfer/kvx_win.h). The
+ * engine calls it on the compute thread, for every MoE layer of every
+ * forward pass, dispatch then combine; every rank of the group makes the
+ * same sequence of calls (a rank with no tokens runs ep_idle). */
+typedef struct {
+    void *ctx;
+    uint32_t rank, size;       /* must equal the load options' */
+    size_t cap[2];             /* bytes of one message per phase (>= what
+                                  the engine states: eng_llama_info_t) */
+    /* The buffer of this rank's message to `peer` in `phase` (cap[phase]
+     * bytes); the engine fills it before exchange(phase). */
+    void *(*send_buf)(void *ctx, eng_ep_phase_t phase, uint32_t peer);
+    /* Deliver len[p] bytes of send_buf(phase, p) to every peer p and wait
+     * for every peer's message to this rank: recv[p], recv_len[p] bytes,
+     * valid until this rank's next exchange of the same phase. Every wait
+     * has a deadline. Expected: PD_ERR_TIMED_OUT (a rank stalled),
+     * PD_ERR_PEER_GONE, PD_ERR_TOO_BIG (a peer stated more than cap). */
+    pd_status_t (*exchange)(void *ctx, eng_ep_phase_t phase, uint32_t layer,
+                            const size_t *len, const void **recv, size_t *recv_len);
+} eng_ep_xport_t;
 
 typedef struct eng_ops {
     const char *name;
@@ -289,6 +347,17 @@ typedef struct eng_ops {
      * 34). Results are bitwise the same whatever n. Compute thread,
      * between calls. NULL: the engine always uses what it has. */
     void (*set_threads)(eng_model_t *model, uint32_t n);
+    /* Expert parallelism: the transport of a model loaded with ep_size > 1
+     * (copied; its ctx must outlive the model's calls). Compute thread,
+     * between calls. Expected: PD_ERR_BAD_INPUT (not an EP model, rank or
+     * size differ), PD_ERR_TOO_BIG (caps below the engine's). NULL in an
+     * engine without EP. After a transport error prefill/decode/step
+     * return it (the group's pass is lost: the caller fails the group). */
+    pd_status_t (*set_ep)(eng_model_t *model, const eng_ep_xport_t *xport);
+    /* One forward pass's exchanges with no tokens of this rank's own, so
+     * the other ranks' pass completes (a rank with nothing to run this
+     * step). Expected: the transport's statuses. */
+    pd_status_t (*ep_idle)(eng_model_t *model);
 } eng_ops_t;
 
 /* Pooling names ("mean", "cls", "last") <-> eng_pooling_t; -1 if unknown. */

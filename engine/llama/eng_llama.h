@@ -24,6 +24,13 @@ typedef struct {
                                         the embedding table (one row) */
     uint32_t n_threads;
     const char *isa;               /* "avx512" | "avx2" | "scalar" */
+    /* expert parallelism (issue 36) */
+    uint32_t ep_rank, ep_size;     /* 0, 1: the whole model */
+    uint64_t expert_bytes_owned;   /* routed-expert weight bytes this rank
+                                      binds (and may read): total / ep_size */
+    uint64_t expert_bytes_total;   /* every routed expert's, in the file */
+    size_t ep_cap[2];              /* bytes one EP message may need, per
+                                      eng_ep_phase_t (0: not MoE) */
 } eng_llama_info_t;
 
 /* Describe a model loaded by eng_llama_ops.load. */

@@ -128,6 +128,22 @@ struct eng_model {
     float **att_scratch;         /* (n_threads) -> (context_length) scores */
     void **pk_bufs;              /* (n_pk) the weights' packed copies (eng_ll_pack) */
     uint32_t n_pk;
+    /* expert parallelism (ep_size > 1): this rank's experts are
+     * [ep_e0, ep_e0 + ep_ne); w_gate/w_up/w_down hold only theirs */
+    uint32_t ep_rank, ep_size, ep_e0, ep_ne;
+    eng_ep_xport_t ep;           /* .exchange NULL until set_ep */
+    pd_status_t ep_status;       /* the first transport error of a pass */
+    uint64_t expert_bytes_owned, expert_bytes_total;
+    uint32_t *ep_pair;           /* (t_max, n_expert_used) slot -> its pair index
+                                    in the dispatch to the owning rank */
+    int32_t *ep_row;             /* (t_max) token -> row in the current message */
+    uint32_t *ep_gather;         /* (ep_size * t_max) (src << 24 | pair) of one expert */
+    size_t *ep_len;              /* (ep_size) */
+    const void **ep_recv;        /* (ep_size) */
+    size_t *ep_recv_len;         /* (ep_size) */
+    const void **ep_crecv;       /* (ep_size) combine messages */
+    size_t *ep_crecv_len;        /* (ep_size) */
+    uint32_t *ep_npairs;         /* (ep_size) pairs sent to each rank */
 };
 
 /* ------------------------------------------------------------------ */
@@ -173,6 +189,15 @@ static void ll_free(eng_model_t *m)
     free(m->sel);
     free(m->selw);
     free(m->erows);
+    free(m->ep_pair);
+    free(m->ep_row);
+    free(m->ep_gather);
+    free(m->ep_len);
+    free(m->ep_recv);
+    free(m->ep_recv_len);
+    free(m->ep_crecv);
+    free(m->ep_crecv_len);
+    free(m->ep_npairs);
     free(m->ex);
     free(m->eout);
     free(m->x);
@@ -374,6 +399,11 @@ static pd_status_t ll_load_layers(eng_model_t *m, char *err, size_t err_len)
                                 err, err_len);                                 \
                 if (st != PD_OK)                                               \
                     return st;                                                 \
+                m->expert_bytes_total += t_->n_bytes;                          \
+                /* EP: a view of this rank's experts only (nothing read) */    \
+                L->field = eng_ll_rows_view(&L->field, m->ep_e0 * (rows),      \
+                                            m->ep_ne * (rows));                \
+                m->expert_bytes_owned += (uint64_t)L->field.row_bytes * m->ep_ne * (rows); \
             }
             LL_MAT(w_router, "ffn_gate_inp", m->n_expert, m->n_embd)
             LL_EXPS(w_gate, "ffn_gate_exps", m->n_ff_exp, m->n_embd)
@@ -433,7 +463,17 @@ static uint64_t ll_compat_hash(const eng_model_t *m)
         XXH64_update(s, t->name, strlen(t->name) + 1);
         XXH64_update(s, &t->type, sizeof(t->type));
         XXH64_update(s, t->ne, sizeof(t->ne));
-        uint64_t dh = XXH64(t->data, t->n_bytes, 0);
+        const uint8_t *d = t->data;
+        uint64_t nb = t->n_bytes;
+        size_t nl = strlen(t->name);
+        if (m->ep_size > 1 && nl > 12 && strcmp(t->name + nl - 12, "_exps.weight") == 0 &&
+            t->ne[2] == m->n_expert) { /* EP: only this rank's experts are read */
+            nb = t->n_bytes / m->n_expert * m->ep_ne;
+            d += t->n_bytes / m->n_expert * m->ep_e0;
+            uint32_t er[2] = { m->ep_rank, m->ep_size };
+            XXH64_update(s, er, sizeof(er));
+        }
+        uint64_t dh = XXH64(d, nb, 0);
         XXH64_update(s, &dh, sizeof(dh));
     }
     const eng_kv_geom_t *g = &m->geom;
@@ -486,6 +526,17 @@ static pd_status_t ll_alloc_buffers(eng_model_t *m)
         LL_ALLOC(m->erows, T);
         LL_ALLOC(m->ex, T * m->n_embd);
         LL_ALLOC(m->eout, T * m->n_expert_used * m->n_embd);
+    }
+    if (m->ep_size > 1) {
+        LL_ALLOC(m->ep_pair, T * m->n_expert_used);
+        LL_ALLOC(m->ep_row, T);
+        LL_ALLOC(m->ep_gather, T * m->ep_size);
+        LL_ALLOC(m->ep_len, m->ep_size);
+        LL_ALLOC(m->ep_recv, m->ep_size);
+        LL_ALLOC(m->ep_recv_len, m->ep_size);
+        LL_ALLOC(m->ep_crecv, m->ep_size);
+        LL_ALLOC(m->ep_crecv_len, m->ep_size);
+        LL_ALLOC(m->ep_npairs, m->ep_size);
     }
     LL_ALLOC(m->mm_scratch, m->n_threads);
     LL_ALLOC(m->att_scratch, m->n_threads);
@@ -620,6 +671,26 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
             goto err_free;
         }
     }
+    m->ep_size = opts->ep_size ? opts->ep_size : 1;
+    m->ep_rank = opts->ep_rank;
+    if (m->ep_rank >= m->ep_size || m->ep_size > 256) {
+        st = ll_bad(err, err_len, PD_ERR_BAD_INPUT, "ep rank %u of %u", m->ep_rank, m->ep_size);
+        goto err_free;
+    }
+    if (m->ep_size > 1 && m->n_expert == 0) {
+        st = ll_bad(err, err_len, PD_ERR_BAD_INPUT,
+                    "ep_size %u: expert parallelism needs a MoE model (arch %s has no experts)",
+                    m->ep_size, arch);
+        goto err_free;
+    }
+    if (m->n_expert && m->n_expert % m->ep_size != 0) {
+        st = ll_bad(err, err_len, PD_ERR_BAD_INPUT,
+                    "ep_size %u does not divide the expert count %u (each rank holds "
+                    "expert_count / ep_size experts)", m->ep_size, m->n_expert);
+        goto err_free;
+    }
+    m->ep_ne = m->n_expert / m->ep_size;
+    m->ep_e0 = m->ep_rank * m->ep_ne;
     m->rope_base_swa = 10000.0f;
     m->softcap = 0.0f;
     if (m->arch == LL_ARCH_GEMMA3) {
@@ -846,6 +917,15 @@ void eng_llama_info(const eng_model_t *m, eng_llama_info_t *info)
     info->weight_bytes_per_token = m->weight_bytes_per_token;
     info->n_threads = m->n_threads;
     info->isa = eng_ll_isa();
+    info->ep_rank = m->ep_rank;
+    info->ep_size = m->ep_size;
+    info->expert_bytes_owned = m->expert_bytes_owned;
+    info->expert_bytes_total = m->expert_bytes_total;
+    if (m->n_expert) {
+        uint32_t K = m->n_expert_used;
+        info->ep_cap[ENG_EP_DISPATCH] = eng_ep_dispatch_bytes(m->t_max, m->t_max * K, m->n_embd);
+        info->ep_cap[ENG_EP_COMBINE] = eng_ep_combine_bytes(m->t_max * K, m->n_embd);
+    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -1015,10 +1095,12 @@ static eng_ll_tensor_t ll_sub(const eng_ll_tensor_t *t, uint32_t e, uint32_t row
  * to sum 1. Each expert runs once over the tokens that chose it (each a
  * canonical per-item matmul); a token's result is then summed in its own
  * rank order, so it never depends on which other tokens are in the pass. */
-static void ll_moe(eng_model_t *m, const ll_layer_t *L, uint32_t n)
+static void ll_moe_route(eng_model_t *m, const ll_layer_t *L, uint32_t n)
 {
-    const uint32_t E = m->n_embd, K = m->n_expert_used, NE = m->n_expert, F = m->n_ff_exp;
+    const uint32_t E = m->n_embd, K = m->n_expert_used, NE = m->n_expert;
     float *const *scr = m->mm_scratch;
+    if (n == 0)
+        return;
     eng_ll_matmul_t rt = {
         .qx = m->mm_qx,
         .n_mats = 1, .w = { &L->w_router }, .out = { m->router }, .out_stride = { NE },
@@ -1053,6 +1135,37 @@ static void ll_moe(eng_model_t *m, const ll_layer_t *L, uint32_t n)
         for (uint32_t k = 0; k < K; k++)
             w[k] /= ws;
     }
+}
+
+/* Expert `e` (a local index into this model's w_gate/w_up/w_down) over the
+ * cnt <= t_max rows in m->ex -> m->ex. Each row's result is the canonical
+ * per-item matmul of that row alone (ll_kern.h): it does not depend on
+ * which or how many rows share the call. */
+static void ll_expert(eng_model_t *m, const ll_layer_t *L, uint32_t e, uint32_t cnt)
+{
+    const uint32_t E = m->n_embd, F = m->n_ff_exp;
+    float *const *scr = m->mm_scratch;
+    eng_ll_tensor_t g = ll_sub(&L->w_gate, e, F), u = ll_sub(&L->w_up, e, F);
+    eng_ll_tensor_t d = ll_sub(&L->w_down, e, E);
+    eng_ll_matmul_t gu = {
+        .qx = m->mm_qx,
+        .n_mats = 2, .w = { &g, &u }, .out = { m->hb, m->hb2 }, .out_stride = { F, F },
+        .x = m->ex, .x_stride = E, .n_items = cnt,
+    };
+    eng_ll_matmul(m->pool, &gu, scr);
+    ll_act(m, cnt, F);
+    eng_ll_matmul_t dn = {
+        .qx = m->mm_qx,
+        .n_mats = 1, .w = { &d }, .out = { m->ex }, .out_stride = { E },
+        .x = m->hb, .x_stride = F, .n_items = cnt,
+    };
+    eng_ll_matmul(m->pool, &dn, scr);
+}
+
+static void ll_moe(eng_model_t *m, const ll_layer_t *L, uint32_t n)
+{
+    const uint32_t E = m->n_embd, K = m->n_expert_used, NE = m->n_expert;
+    ll_moe_route(m, L, n);
     for (uint32_t e = 0; e < NE; e++) {
         uint32_t cnt = 0;
         for (uint32_t i = 0; i < n; i++)
@@ -1064,21 +1177,7 @@ static void ll_moe(eng_model_t *m, const ll_layer_t *L, uint32_t n)
                 }
         if (cnt == 0)
             continue;
-        eng_ll_tensor_t g = ll_sub(&L->w_gate, e, F), u = ll_sub(&L->w_up, e, F);
-        eng_ll_tensor_t d = ll_sub(&L->w_down, e, E);
-        eng_ll_matmul_t gu = {
-            .qx = m->mm_qx,
-            .n_mats = 2, .w = { &g, &u }, .out = { m->hb, m->hb2 }, .out_stride = { F, F },
-            .x = m->ex, .x_stride = E, .n_items = cnt,
-        };
-        eng_ll_matmul(m->pool, &gu, scr);
-        ll_act(m, cnt, F);
-        eng_ll_matmul_t dn = {
-            .qx = m->mm_qx,
-            .n_mats = 1, .w = { &d }, .out = { m->ex }, .out_stride = { E },
-            .x = m->hb, .x_stride = F, .n_items = cnt,
-        };
-        eng_ll_matmul(m->pool, &dn, scr);
+        ll_expert(m, L, e, cnt);
         for (uint32_t j = 0; j < cnt; j++)
             memcpy(m->eout + (size_t)m->erows[j] * E, m->ex + (size_t)j * E, E * sizeof(float));
     }
@@ -1092,6 +1191,151 @@ static void ll_moe(eng_model_t *m, const ll_layer_t *L, uint32_t n)
             y[c] = acc;
         }
     }
+}
+
+/* ll_moe across an EP group (m->ep_size > 1): route this rank's n tokens,
+ * dispatch (rows + (row, expert) pairs to each owning rank, itself
+ * included), run this rank's experts over every row received (chunks of
+ * t_max rows, sources in rank order; each row's bits independent of the
+ * others), combine (outputs back in the sender's pair order), then sum each
+ * token's top-k in k order with its router weights exactly as ll_moe: the
+ * same bits as the whole model. Message layout: eng.h "Expert parallelism".
+ * Every length and index a peer states is checked before use. A transport
+ * error is kept in m->ep_status (the pass's later layers are skipped). */
+static void ll_moe_ep(eng_model_t *m, const ll_layer_t *L, uint32_t layer, uint32_t n)
+{
+    const uint32_t E = m->n_embd, K = m->n_expert_used, N = m->ep_size;
+    const size_t rowb = (size_t)E * sizeof(float);
+    pd_status_t st;
+    ll_moe_route(m, L, n);
+    /* dispatch: one message per rank, rows in token order */
+    for (uint32_t p = 0; p < N; p++) {
+        uint8_t *b = m->ep.send_buf(m->ep.ctx, ENG_EP_DISPATCH, p);
+        uint32_t n_rows = 0, n_pairs = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            m->ep_row[i] = -1;
+            for (uint32_t k = 0; k < K; k++)
+                if ((uint32_t)m->sel[(size_t)i * K + k] / m->ep_ne == p) {
+                    if (m->ep_row[i] < 0)
+                        m->ep_row[i] = (int32_t)n_rows++;
+                    n_pairs++;
+                }
+        }
+        uint32_t *pr = (void *)(b + 8);
+        float *rows = (void *)(b + 8 + (size_t)n_pairs * 8);
+        uint32_t j = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (m->ep_row[i] < 0)
+                continue;
+            memcpy(rows + (size_t)m->ep_row[i] * E, m->xb + (size_t)i * E, rowb);
+            for (uint32_t k = 0; k < K; k++) {
+                uint32_t e = (uint32_t)m->sel[(size_t)i * K + k];
+                if (e / m->ep_ne != p)
+                    continue;
+                m->ep_pair[(size_t)i * K + k] = j;
+                pr[2 * j] = (uint32_t)m->ep_row[i];
+                pr[2 * j + 1] = e;
+                j++;
+            }
+        }
+        memcpy(b, &n_rows, 4);
+        memcpy(b + 4, &n_pairs, 4);
+        m->ep_npairs[p] = n_pairs;
+        m->ep_len[p] = eng_ep_dispatch_bytes(n_rows, n_pairs, E);
+    }
+    st = m->ep.exchange(m->ep.ctx, ENG_EP_DISPATCH, layer, m->ep_len, m->ep_recv,
+                        m->ep_recv_len);
+    if (st != PD_OK)
+        goto err;
+    /* validate every message before computing anything */
+    for (uint32_t p = 0; p < N; p++) {
+        const uint8_t *b = m->ep_recv[p];
+        uint32_t n_rows, n_pairs;
+        st = PD_ERR_BAD_INPUT;
+        if (m->ep_recv_len[p] < 8)
+            goto err;
+        memcpy(&n_rows, b, 4);
+        memcpy(&n_pairs, b + 4, 4);
+        if (n_rows > m->t_max || n_pairs > m->t_max * K || n_rows > n_pairs ||
+            m->ep_recv_len[p] != eng_ep_dispatch_bytes(n_rows, n_pairs, E))
+            goto err;
+        for (uint32_t j = 0; j < n_pairs; j++) {
+            uint32_t pr[2];
+            memcpy(pr, b + 8 + (size_t)j * 8, 8);
+            if (pr[0] >= n_rows || pr[1] < m->ep_e0 || pr[1] >= m->ep_e0 + m->ep_ne)
+                goto err;
+        }
+    }
+    /* this rank's experts over every row received */
+    for (uint32_t le = 0; le < m->ep_ne; le++) {
+        uint32_t cnt = 0;
+        for (uint32_t p = 0; p < N; p++) {
+            const uint8_t *b = m->ep_recv[p];
+            uint32_t n_pairs;
+            memcpy(&n_pairs, b + 4, 4);
+            for (uint32_t j = 0; j < n_pairs; j++) {
+                uint32_t e;
+                memcpy(&e, b + 8 + (size_t)j * 8 + 4, 4);
+                if (e != m->ep_e0 + le)
+                    continue;
+                if (cnt == m->t_max * N) { /* a token chooses an expert once */
+                    st = PD_ERR_BAD_INPUT;
+                    goto err;
+                }
+                m->ep_gather[cnt++] = p << 24 | j;
+            }
+        }
+        for (uint32_t c0 = 0; c0 < cnt; c0 += m->t_max) {
+            uint32_t cn = cnt - c0 < m->t_max ? cnt - c0 : m->t_max;
+            for (uint32_t r = 0; r < cn; r++) {
+                uint32_t p = m->ep_gather[c0 + r] >> 24, j = m->ep_gather[c0 + r] & 0xffffff;
+                const uint8_t *b = m->ep_recv[p];
+                uint32_t n_pairs, row;
+                memcpy(&n_pairs, b + 4, 4);
+                memcpy(&row, b + 8 + (size_t)j * 8, 4);
+                memcpy(m->ex + (size_t)r * E, b + 8 + (size_t)n_pairs * 8 + (size_t)row * rowb,
+                       rowb);
+            }
+            ll_expert(m, L, le, cn);
+            for (uint32_t r = 0; r < cn; r++) {
+                uint32_t p = m->ep_gather[c0 + r] >> 24, j = m->ep_gather[c0 + r] & 0xffffff;
+                uint8_t *cb = m->ep.send_buf(m->ep.ctx, ENG_EP_COMBINE, p);
+                memcpy(cb + (size_t)j * rowb, m->ex + (size_t)r * E, rowb);
+            }
+        }
+    }
+    for (uint32_t p = 0; p < N; p++) {
+        uint32_t n_pairs;
+        memcpy(&n_pairs, (const uint8_t *)m->ep_recv[p] + 4, 4);
+        m->ep_len[p] = eng_ep_combine_bytes(n_pairs, E);
+    }
+    st = m->ep.exchange(m->ep.ctx, ENG_EP_COMBINE, layer, m->ep_len, m->ep_crecv,
+                        m->ep_crecv_len);
+    if (st != PD_OK)
+        goto err;
+    st = PD_ERR_BAD_INPUT;
+    for (uint32_t p = 0; p < N; p++)
+        if (m->ep_crecv_len[p] != eng_ep_combine_bytes(m->ep_npairs[p], E))
+            goto err;
+    /* each token's top-k in k order, as ll_moe */
+    for (uint32_t i = 0; i < n; i++) {
+        float *y = m->xb2 + (size_t)i * E;
+        const float *w = m->selw + (size_t)i * K;
+        const float *o[LL_MAX_EXPERTS_USED];
+        for (uint32_t k = 0; k < K; k++) {
+            uint32_t p = (uint32_t)m->sel[(size_t)i * K + k] / m->ep_ne;
+            o[k] = (const float *)m->ep_crecv[p] + (size_t)m->ep_pair[(size_t)i * K + k] * E;
+        }
+        for (uint32_t c = 0; c < E; c++) {
+            float acc = 0.0f;
+            for (uint32_t k = 0; k < K; k++)
+                acc += w[k] * o[k][c];
+            y[c] = acc;
+        }
+    }
+    return;
+err:
+    m->ep_status = st;
 }
 
 /* One pass over n <= t_max tokens. Logits of toks[logit_from..n) go to
@@ -1201,7 +1445,11 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const 
         for (uint32_t i = 0; i < n; i++)
             ll_rmsnorm(m->xb + (size_t)i * E, m->x + (size_t)i * E, L->ffn_norm, E,
                        m->rms_eps);
-        if (m->n_expert) {
+        if (m->ep_size > 1) {
+            ll_moe_ep(m, L, l, n);
+            if (m->ep_status != PD_OK)
+                return; /* the group's pass is lost */
+        } else if (m->n_expert) {
             ll_moe(m, L, n);
         } else {
             eng_ll_matmul_t gu = {
@@ -1242,6 +1490,14 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const 
             logits[i] = m->softcap * tanhf(logits[i] / m->softcap);
 }
 
+/* A model ready to run: not EP, or EP with its transport set (resets the
+ * last pass's transport error). */
+static bool ll_ep_ready(eng_model_t *m)
+{
+    m->ep_status = PD_OK;
+    return m->ep_size <= 1 || m->ep.exchange != NULL;
+}
+
 static pd_status_t ll_check_tok(const eng_model_t *m, int32_t token, uint32_t pos,
                                 uint32_t n_blocks)
 {
@@ -1258,7 +1514,7 @@ static pd_status_t ll_prefill(eng_model_t *m, void *arena, const uint32_t *block
                               uint32_t n_blocks, const int32_t *tokens, uint32_t n_tokens,
                               uint32_t start_pos, float *logits)
 {
-    if (!m || !arena || !block_table || !tokens || n_tokens == 0)
+    if (!m || !arena || !block_table || !tokens || n_tokens == 0 || !ll_ep_ready(m))
         return PD_ERR_BAD_INPUT;
     for (uint32_t i = 0; i < n_tokens; i++) {
         pd_status_t st = ll_check_tok(m, tokens[i], start_pos + i, n_blocks);
@@ -1276,6 +1532,8 @@ static pd_status_t ll_prefill(eng_model_t *m, void *arena, const uint32_t *block
         }
         int last = c0 + cn == n_tokens;
         ll_forward(m, arena, start_pos + c0 + cn, toks, cn, last ? logits : NULL, cn - 1);
+        if (m->ep_status != PD_OK)
+            return m->ep_status;
     }
     return PD_OK;
 }
@@ -1290,7 +1548,7 @@ static pd_status_t ll_step(eng_model_t *m, void *arena, const eng_chunk_t *chunk
     uint32_t cn = chunk != NULL ? chunk->n_tokens : 0;
     if (!m || !arena || (n_items > 0 && !items) || cn + n_items == 0 ||
         (chunk != NULL && (!chunk->block_table || !chunk->tokens || cn == 0)) ||
-        ((n_items > 0 || (chunk != NULL && chunk->logits)) && !logits))
+        ((n_items > 0 || (chunk != NULL && chunk->logits)) && !logits) || !ll_ep_ready(m))
         return PD_ERR_BAD_INPUT;
     for (uint32_t i = 0; i < cn; i++) {
         pd_status_t st = ll_check_tok(m, chunk->tokens[i], chunk->start_pos + i,
@@ -1324,6 +1582,8 @@ static pd_status_t ll_step(eng_model_t *m, void *arena, const eng_chunk_t *chunk
         uint32_t from = lfirst > p0 ? lfirst - p0 : 0;
         float *out = from < pn ? logits + (size_t)(p0 + from - lfirst) * m->vocab : NULL;
         ll_forward(m, arena, 0, toks, pn, out, from);
+        if (m->ep_status != PD_OK)
+            return m->ep_status;
     }
     return PD_OK;
 }
@@ -1350,7 +1610,7 @@ static pd_status_t ll_decode(eng_model_t *m, void *arena, const eng_decode_item_
 static pd_status_t ll_embed(eng_model_t *m, void *arena, const eng_embed_item_t *items,
                             uint32_t n_items)
 {
-    if (!m || !arena || !items || n_items == 0)
+    if (!m || !arena || !items || n_items == 0 || !ll_ep_ready(m))
         return PD_ERR_BAD_INPUT;
     for (uint32_t k = 0; k < n_items; k++) {
         const eng_embed_item_t *it = &items[k];
@@ -1386,6 +1646,10 @@ static pd_status_t ll_embed(eng_model_t *m, void *arena, const eng_embed_item_t 
             }
         }
         ll_forward(m, arena, 0, toks, cn, NULL, cn);
+        if (m->ep_status != PD_OK) {
+            free(acc);
+            return m->ep_status;
+        }
         for (uint32_t i = 0; i < cn; i++) {
             const eng_embed_item_t *it = &items[item_of[i]];
             uint32_t p = toks[i].pos;
@@ -1435,6 +1699,31 @@ static void ll_set_threads(eng_model_t *m, uint32_t n)
         eng_ll_pool_set_active(m->pool, n);
 }
 
+static pd_status_t ll_set_ep(eng_model_t *m, const eng_ep_xport_t *x)
+{
+    if (!m || !x || m->ep_size <= 1 || x->rank != m->ep_rank || x->size != m->ep_size ||
+        !x->send_buf || !x->exchange)
+        return PD_ERR_BAD_INPUT;
+    eng_llama_info_t info;
+    eng_llama_info(m, &info);
+    if (x->cap[ENG_EP_DISPATCH] < info.ep_cap[ENG_EP_DISPATCH] ||
+        x->cap[ENG_EP_COMBINE] < info.ep_cap[ENG_EP_COMBINE])
+        return PD_ERR_TOO_BIG;
+    m->ep = *x;
+    return PD_OK;
+}
+
+/* Every MoE layer's exchanges with no tokens of this rank (its experts
+ * still serve the others' rows). */
+static pd_status_t ll_ep_idle(eng_model_t *m)
+{
+    if (!m || m->ep_size <= 1 || !ll_ep_ready(m))
+        return PD_ERR_BAD_INPUT;
+    for (uint32_t l = 0; l < m->n_layers && m->ep_status == PD_OK; l++)
+        ll_moe_ep(m, &m->layers[l], l, 0);
+    return m->ep_status;
+}
+
 const eng_ops_t eng_llama_ops = {
     .name = "llama",
     .load = ll_load,
@@ -1448,4 +1737,6 @@ const eng_ops_t eng_llama_ops = {
     .step = ll_step,
     .describe = ll_describe,
     .set_threads = ll_set_threads,
+    .set_ep = ll_set_ep,
+    .ep_idle = ll_ep_idle,
 };
