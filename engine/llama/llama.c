@@ -32,6 +32,7 @@
 #define LL_PREFILL_CHUNK 64      /* tokens per forward pass in prefill */
 #define LL_ATT_TILE 8            /* tokens per attention tile, at most */
 #define LL_ATT_TILE_BYTES (4u << 20) /* a thread's tile score rows, at most */
+#define LL_ATT_CHUNKS 8          /* attention chunks per active thread, at least */
 #define LL_DEFAULT_MAX_BATCH 32
 #define LL_MAX_THREADS 256
 
@@ -1039,7 +1040,9 @@ static void ll_att_tile_task(void *arg, uint32_t chunk, uint32_t tid)
     const eng_model_t *m = c->m;
     const uint32_t hd = m->head_dim, group = m->n_heads / m->n_kv_heads;
     const uint32_t per_tile = m->n_kv_heads * c->hsplit;
-    const uint32_t tile = chunk / per_tile, kvh = chunk % per_tile / c->hsplit;
+    /* the last tiles (the longest rows) first: the pool claims chunks in
+     * order, so the cheap ones are left to even the threads out */
+    const uint32_t tile = c->n_tiles - 1 - chunk / per_tile, kvh = chunk % per_tile / c->hsplit;
     const uint32_t part = chunk % c->hsplit;
     const uint32_t g0 = part * group / c->hsplit, g1 = (part + 1) * group / c->hsplit;
     const uint32_t ng = g1 - g0;
@@ -1106,11 +1109,13 @@ static void ll_att_tile_task(void *arg, uint32_t chunk, uint32_t tid)
 /* The tiled path's tiles for a pass (m->att_tile) and how many parts each
  * KV head's group is cut in: runs of one sequence at consecutive
  * positions, at most att_tile_max tokens, fewer (then group parts) while
- * the pass would give the active threads under 4 chunks each. Only the
- * speed depends on the cut. */
+ * the pass would give the active threads under LL_ATT_CHUNKS chunks each
+ * (a thread that loses its core to a neighbour holds one chunk up). Only
+ * the speed depends on the cut. */
 static void ll_att_plan(eng_model_t *m, const ll_tok_t *toks, uint32_t n, ll_att_ctx_t *ac)
 {
-    const uint32_t want = 4 * eng_ll_pool_active(m->pool), group = m->n_heads / m->n_kv_heads;
+    const uint32_t want = LL_ATT_CHUNKS * eng_ll_pool_active(m->pool);
+    const uint32_t group = m->n_heads / m->n_kv_heads;
     for (uint32_t tmax = m->att_tile_max;; tmax /= 2) {
         uint32_t nt = 0;
         for (uint32_t i = 0; i < n; i++)
