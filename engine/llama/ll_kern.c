@@ -1302,6 +1302,391 @@ void eng_ll_axpy_rows(float *y, const float *a, const float *v, size_t stride,
 }
 
 /* ------------------------------------------------------------------ */
+/* softmax helpers (ll_kern.h)                                          */
+
+static TGT512 float ll_scale_max_512(float *x, size_t n, float scale)
+{
+    const __m512 sv = _mm512_set1_ps(scale);
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), sv);
+        _mm512_storeu_ps(x + i, v);
+        mv = _mm512_max_ps(v, mv); /* v > mv ? v : mv, per lane */
+    }
+    float l[16], mx = -INFINITY;
+    _mm512_storeu_ps(l, mv);
+    for (int k = 0; k < 16; k++)
+        if (l[k] > mx)
+            mx = l[k];
+    for (; i < n; i++) {
+        x[i] *= scale;
+        if (x[i] > mx)
+            mx = x[i];
+    }
+    return mx;
+}
+
+static TGT256 float ll_scale_max_256(float *x, size_t n, float scale)
+{
+    const __m256 sv = _mm256_set1_ps(scale);
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sv);
+        _mm256_storeu_ps(x + i, v);
+        mv = _mm256_max_ps(v, mv);
+    }
+    float l[8], mx = -INFINITY;
+    _mm256_storeu_ps(l, mv);
+    for (int k = 0; k < 8; k++)
+        if (l[k] > mx)
+            mx = l[k];
+    for (; i < n; i++) {
+        x[i] *= scale;
+        if (x[i] > mx)
+            mx = x[i];
+    }
+    return mx;
+}
+
+float eng_ll_scale_max(float *x, size_t n, float scale)
+{
+    int isa = ll_isa_get();
+    if (isa == LL_ISA_AVX512)
+        return ll_scale_max_512(x, n, scale);
+    if (isa == LL_ISA_AVX2)
+        return ll_scale_max_256(x, n, scale);
+    float mx = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        x[i] *= scale;
+        if (x[i] > mx)
+            mx = x[i];
+    }
+    return mx;
+}
+
+static TGT512 void ll_scale_512(float *x, size_t n, float s)
+{
+    const __m512 sv = _mm512_set1_ps(s);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), sv));
+    for (; i < n; i++)
+        x[i] *= s;
+}
+
+void eng_ll_scale(float *x, size_t n, float s)
+{
+    if (ll_isa_get() == LL_ISA_AVX512) {
+        ll_scale_512(x, n, s);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        x[i] *= s;
+}
+
+/* ------------------------------------------------------------------ */
+/* query-blocked attention (ll_kern.h)                                  */
+/* A run of K (V) rows is widened to f32 once, in sub-runs of at most
+ * LL_MQ_FLOATS values on the stack, each element the same IEEE product
+ * u * scale the single-row kernels form (f16 / bf16 / f32: exact), then
+ * the canonical f32 dot (ll_mk512 / ll_mk256 / ll_dot_scalar) runs per
+ * (row, query) and the axpy keeps each query's fma chain in row order:
+ * per query the bits of eng_ll_kv_dot_rows / eng_ll_kv_axpy_rows. */
+
+#define LL_MQ_FLOATS 4096
+
+#define LL_KV_WIDEN512(F, NB, BB)                                                   \
+    for (size_t k0 = 0; k0 < n; k0 += NB, a += BB) {                                \
+        const __m512 d = _mm512_set1_ps(ll_kv_sc_##F(a));                           \
+        for (int h = 0; h < NB / 16; h++)                                           \
+            _mm512_storeu_ps(o + k0 + 16 * h, _mm512_mul_ps(ll_kv_u16_##F(a, h), d)); \
+    }
+#define LL_KV_WIDEN256(F, NB, BB)                                                   \
+    for (size_t k0 = 0; k0 < n; k0 += NB, a += BB) {                                \
+        const __m256 d = _mm256_set1_ps(ll_kv_sc_##F(a));                           \
+        for (int h = 0; h < NB / 8; h++)                                            \
+            _mm256_storeu_ps(o + k0 + 8 * h, _mm256_mul_ps(ll_kv_u8_##F(a, h), d)); \
+    }
+
+/* rows src + j * stride (j < cnt) of n values (n % 16 == 0) to out + j * n */
+static TGT512 void ll_kv_widen_512(eng_kv_dtype_t dt, const uint8_t *src, size_t stride,
+                                   uint32_t cnt, size_t n, float *out)
+{
+    for (uint32_t j = 0; j < cnt; j++, src += stride) {
+        const uint8_t *a = src;
+        float *o = out + (size_t)j * n;
+        switch (dt) {
+        case ENG_KV_F32:
+            memcpy(o, a, n * sizeof(float));
+            break;
+        case ENG_KV_F16:
+            for (size_t k = 0; k < n; k += 16)
+                _mm512_storeu_ps(o + k, _mm512_cvtph_ps(
+                    _mm256_loadu_si256((const __m256i *)(const void *)(a + 2 * k))));
+            break;
+        case ENG_KV_Q8_0:
+            for (size_t k0 = 0; k0 < n; k0 += QK, a += LL_KVQ_BYTES) {
+                const __m512 d = _mm512_set1_ps(ll_f16_to_f32(ll_rd16(a)));
+                _mm512_storeu_ps(o + k0, ll_q8x16_512(a + 2, d));
+                _mm512_storeu_ps(o + k0 + 16, ll_q8x16_512(a + 18, d));
+            }
+            break;
+        case ENG_KV_Q4_0: LL_KV_WIDEN512(q4_0, 32, 18) break;
+        case ENG_KV_BF16: LL_KV_WIDEN512(bf16, 16, 32) break;
+        case ENG_KV_FP8_E4M3: LL_KV_WIDEN512(fp8, 32, 33) break;
+        }
+    }
+}
+
+static TGT256 void ll_kv_widen_256(eng_kv_dtype_t dt, const uint8_t *src, size_t stride,
+                                   uint32_t cnt, size_t n, float *out)
+{
+    for (uint32_t j = 0; j < cnt; j++, src += stride) {
+        const uint8_t *a = src;
+        float *o = out + (size_t)j * n;
+        switch (dt) {
+        case ENG_KV_F32:
+            memcpy(o, a, n * sizeof(float));
+            break;
+        case ENG_KV_F16:
+            for (size_t k = 0; k < n; k += 8)
+                _mm256_storeu_ps(o + k, _mm256_cvtph_ps(
+                    _mm_loadu_si128((const __m128i *)(const void *)(a + 2 * k))));
+            break;
+        case ENG_KV_Q8_0:
+            for (size_t k0 = 0; k0 < n; k0 += QK, a += LL_KVQ_BYTES) {
+                const __m256 d = _mm256_set1_ps(ll_f16_to_f32(ll_rd16(a)));
+                for (int h = 0; h < 4; h++)
+                    _mm256_storeu_ps(o + k0 + 8 * h, ll_q8x8_256(a + 2 + 8 * h, d));
+            }
+            break;
+        case ENG_KV_Q4_0: LL_KV_WIDEN256(q4_0, 32, 18) break;
+        case ENG_KV_BF16: LL_KV_WIDEN256(bf16, 16, 32) break;
+        case ENG_KV_FP8_E4M3: LL_KV_WIDEN256(fp8, 32, 33) break;
+        }
+    }
+}
+
+/* the isa for a run of rows of n values: the vector paths need n % 16 == 0 */
+static void ll_kv_widen(int isa, eng_kv_dtype_t dt, const uint8_t *src, size_t stride,
+                        uint32_t cnt, size_t n, float *out)
+{
+    if (isa == LL_ISA_AVX512)
+        ll_kv_widen_512(dt, src, stride, cnt, n, out);
+    else if (isa == LL_ISA_AVX2)
+        ll_kv_widen_256(dt, src, stride, cnt, n, out);
+    else
+        for (uint32_t j = 0; j < cnt; j++, src += stride)
+            eng_ll_kv_dequantize(dt, out + (size_t)j * n, src, n);
+}
+
+/* R rows x up to 4 queries per call: the canonical dot (ll_mk512's) */
+static TGT512 void ll_dot_multi_512(const float *w, size_t ws, uint32_t rows, const float *q,
+                                    size_t qs, uint32_t nq, size_t n, float *out, size_t os)
+{
+    uint32_t r = 0;
+    for (; r + 4 <= rows; r += 4)
+        for (uint32_t i = 0; i < nq; i += 4)
+            ll_mk512_tab[1][nq - i < 4 ? nq - i : 4](w + r * ws, ws, q + i * qs, qs, n,
+                                                      out + i * os + r, os);
+    for (; r < rows; r++)
+        for (uint32_t i = 0; i < nq; i += 4)
+            ll_mk512_tab[0][nq - i < 4 ? nq - i : 4](w + r * ws, ws, q + i * qs, qs, n,
+                                                      out + i * os + r, os);
+}
+
+static TGT256 void ll_dot_multi_256(const float *w, size_t ws, uint32_t rows, const float *q,
+                                    size_t qs, uint32_t nq, size_t n, float *out, size_t os)
+{
+    uint32_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        uint32_t i = 0;
+        for (; i + 2 <= nq; i += 2)
+            ll_mk256_2x2(w + r * ws, ws, q + i * qs, qs, n, out + i * os + r, os);
+        if (i < nq)
+            ll_mk256_2x1(w + r * ws, ws, q + i * qs, qs, n, out + i * os + r, os);
+    }
+    for (; r < rows; r++) {
+        uint32_t i = 0;
+        for (; i + 2 <= nq; i += 2)
+            ll_mk256_1x2(w + r * ws, ws, q + i * qs, qs, n, out + i * os + r, os);
+        if (i < nq)
+            ll_mk256_1x1(w + r * ws, ws, q + i * qs, qs, n, out + i * os + r, os);
+    }
+}
+
+void eng_ll_kv_dot_rows_multi(eng_kv_dtype_t dt, const uint8_t *k, size_t stride, uint32_t cnt,
+                              const float *q, size_t qs, uint32_t nq, size_t n, float *out,
+                              size_t os)
+{
+    if (n == 0 || n > LL_MQ_FLOATS) { /* not an attention head: the row kernels */
+        for (uint32_t i = 0; i < nq; i++)
+            eng_ll_kv_dot_rows(dt, k, stride, cnt, q + i * qs, n, out + i * os);
+        return;
+    }
+    int isa = n % 16 ? LL_ISA_SCALAR : ll_isa_get();
+    float w[LL_MQ_FLOATS] __attribute__((aligned(64)));
+    const uint32_t rmax = (uint32_t)(LL_MQ_FLOATS / n);
+    for (uint32_t j0 = 0; j0 < cnt; j0 += rmax) {
+        const uint32_t rows = cnt - j0 < rmax ? cnt - j0 : rmax;
+        const uint8_t *src = k + (size_t)j0 * stride;
+        const float *wp = w;
+        size_t ws = n;
+        if (dt == ENG_KV_F32 && stride % sizeof(float) == 0) { /* in place */
+            wp = (const float *)(const void *)src;
+            ws = stride / sizeof(float);
+        } else {
+            ll_kv_widen(isa, dt, src, stride, rows, n, w);
+        }
+        if (isa == LL_ISA_AVX512)
+            ll_dot_multi_512(wp, ws, rows, q, qs, nq, n, out + j0, os);
+        else if (isa == LL_ISA_AVX2)
+            ll_dot_multi_256(wp, ws, rows, q, qs, nq, n, out + j0, os);
+        else
+            for (uint32_t i = 0; i < nq; i++)
+                for (uint32_t r = 0; r < rows; r++)
+                    out[i * os + j0 + r] = ll_dot_scalar(wp + r * ws, q + i * qs, n);
+    }
+}
+
+/* NQ queries x NC 16-lane column chunks from c0, every row j in order */
+static inline __attribute__((always_inline)) TGT512 void
+ll_ax512(const float *w, size_t ws, uint32_t rows, const float *a, size_t as, float *y,
+         size_t ys, size_t c0, const int NQ, const int NC)
+{
+    __m512 acc[4][2];
+#pragma GCC unroll 4
+    for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 2
+        for (int c = 0; c < NC; c++)
+            acc[i][c] = _mm512_loadu_ps(y + i * ys + c0 + 16 * c);
+    for (uint32_t j = 0; j < rows; j++) {
+        __m512 wv[2];
+#pragma GCC unroll 2
+        for (int c = 0; c < NC; c++)
+            wv[c] = _mm512_loadu_ps(w + j * ws + c0 + 16 * c);
+#pragma GCC unroll 4
+        for (int i = 0; i < NQ; i++) {
+            const __m512 av = _mm512_set1_ps(a[i * as + j]);
+#pragma GCC unroll 2
+            for (int c = 0; c < NC; c++)
+                acc[i][c] = _mm512_fmadd_ps(av, wv[c], acc[i][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 2
+        for (int c = 0; c < NC; c++)
+            _mm512_storeu_ps(y + i * ys + c0 + 16 * c, acc[i][c]);
+}
+
+#define LL_AX512_FN(NQ, NC)                                                     \
+    static TGT512 void ll_ax512_##NQ##x##NC(const float *w, size_t ws, uint32_t rows, \
+        const float *a, size_t as, float *y, size_t ys, size_t c0)              \
+    {                                                                           \
+        ll_ax512(w, ws, rows, a, as, y, ys, c0, NQ, NC);                        \
+    }
+LL_AX512_FN(1, 1) LL_AX512_FN(2, 1) LL_AX512_FN(3, 1) LL_AX512_FN(4, 1)
+LL_AX512_FN(1, 2) LL_AX512_FN(2, 2) LL_AX512_FN(3, 2) LL_AX512_FN(4, 2)
+
+typedef void (*ll_ax_fn)(const float *, size_t, uint32_t, const float *, size_t, float *,
+                         size_t, size_t);
+static const ll_ax_fn ll_ax512_tab[2][5] = {
+    { NULL, ll_ax512_1x1, ll_ax512_2x1, ll_ax512_3x1, ll_ax512_4x1 },
+    { NULL, ll_ax512_1x2, ll_ax512_2x2, ll_ax512_3x2, ll_ax512_4x2 },
+};
+
+static inline __attribute__((always_inline)) TGT256 void
+ll_ax256(const float *w, size_t ws, uint32_t rows, const float *a, size_t as, float *y,
+         size_t ys, size_t c0, const int NQ, const int NC)
+{
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 2
+        for (int c = 0; c < NC; c++)
+            acc[i][c] = _mm256_loadu_ps(y + i * ys + c0 + 8 * c);
+    for (uint32_t j = 0; j < rows; j++) {
+        __m256 wv[2];
+#pragma GCC unroll 2
+        for (int c = 0; c < NC; c++)
+            wv[c] = _mm256_loadu_ps(w + j * ws + c0 + 8 * c);
+#pragma GCC unroll 4
+        for (int i = 0; i < NQ; i++) {
+            const __m256 av = _mm256_set1_ps(a[i * as + j]);
+#pragma GCC unroll 2
+            for (int c = 0; c < NC; c++)
+                acc[i][c] = _mm256_fmadd_ps(av, wv[c], acc[i][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 2
+        for (int c = 0; c < NC; c++)
+            _mm256_storeu_ps(y + i * ys + c0 + 8 * c, acc[i][c]);
+}
+
+#define LL_AX256_FN(NQ)                                                         \
+    static TGT256 void ll_ax256_##NQ(const float *w, size_t ws, uint32_t rows,  \
+        const float *a, size_t as, float *y, size_t ys, size_t c0)              \
+    {                                                                           \
+        ll_ax256(w, ws, rows, a, as, y, ys, c0, NQ, 2);                         \
+    }
+LL_AX256_FN(1) LL_AX256_FN(2) LL_AX256_FN(3) LL_AX256_FN(4)
+static const ll_ax_fn ll_ax256_tab[5] = { NULL, ll_ax256_1, ll_ax256_2, ll_ax256_3, ll_ax256_4 };
+
+void eng_ll_kv_axpy_rows_multi(eng_kv_dtype_t dt, float *y, size_t ys, const float *a, size_t as,
+                               uint32_t nq, const uint8_t *v, size_t stride, uint32_t cnt,
+                               size_t n)
+{
+    if (n == 0 || n > LL_MQ_FLOATS) {
+        for (uint32_t i = 0; i < nq; i++)
+            eng_ll_kv_axpy_rows(dt, y + i * ys, a + i * as, v, stride, cnt, n);
+        return;
+    }
+    int isa = n % 16 ? LL_ISA_SCALAR : ll_isa_get();
+    float w[LL_MQ_FLOATS] __attribute__((aligned(64)));
+    const uint32_t rmax = (uint32_t)(LL_MQ_FLOATS / n);
+    for (uint32_t j0 = 0; j0 < cnt; j0 += rmax) {
+        const uint32_t rows = cnt - j0 < rmax ? cnt - j0 : rmax;
+        const uint8_t *src = v + (size_t)j0 * stride;
+        const float *wp = w;
+        size_t ws = n;
+        if (dt == ENG_KV_F32 && stride % sizeof(float) == 0) {
+            wp = (const float *)(const void *)src;
+            ws = stride / sizeof(float);
+        } else {
+            ll_kv_widen(isa, dt, src, stride, rows, n, w);
+        }
+        for (uint32_t i = 0; i < nq; i += 4) {
+            const uint32_t qn = nq - i < 4 ? nq - i : 4;
+            float *yi = y + i * ys;
+            const float *ai = a + i * as + j0;
+            if (isa == LL_ISA_AVX512) {
+                size_t c0 = 0;
+                for (; c0 + 32 <= n; c0 += 32)
+                    ll_ax512_tab[1][qn](wp, ws, rows, ai, as, yi, ys, c0);
+                if (c0 < n)
+                    ll_ax512_tab[0][qn](wp, ws, rows, ai, as, yi, ys, c0);
+            } else if (isa == LL_ISA_AVX2) {
+                for (size_t c0 = 0; c0 < n; c0 += 16)
+                    ll_ax256_tab[qn](wp, ws, rows, ai, as, yi, ys, c0);
+            } else {
+                for (uint32_t ii = 0; ii < qn; ii++)
+                    for (uint32_t r = 0; r < rows; r++) {
+                        const float ar = ai[ii * as + r], *wr = wp + r * ws;
+                        float *yr = yi + ii * ys;
+                        for (size_t kk = 0; kk < n; kk++)
+                            yr[kk] = fmaf(ar, wr[kk], yr[kk]);
+                    }
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
 /* matmul                                                              */
 
 int eng_ll_nofuse_g; /* experiments only: force the scratch path */

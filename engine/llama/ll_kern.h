@@ -123,6 +123,31 @@ void eng_ll_kv_dot_rows(eng_kv_dtype_t dt, const uint8_t *k, size_t stride, uint
                         const float *q, size_t n, float *out /* (cnt) */);
 void eng_ll_kv_axpy_rows(eng_kv_dtype_t dt, float *y, const float *a /* (cnt) */,
                          const uint8_t *v, size_t stride, uint32_t cnt, size_t n);
+/* Query-blocked forms (prefill attention, issue 34/37): nq queries that
+ * share the rows (a KV head's GQA group, a run of tokens) walk them once;
+ * each row is loaded and widened to f32 once for all of them.
+ *   dot:  out[i * os + j] = dot(row j, q + i * qs)
+ *   axpy: for each query i, y + i * ys += sum_j a[i * as + j] * row j, j in order
+ * Per query exactly the bits of eng_ll_kv_dot_rows / eng_ll_kv_axpy_rows
+ * (the same element products, the canonical dot, one fma chain per element
+ * in row order), on every ISA path. */
+void eng_ll_kv_dot_rows_multi(eng_kv_dtype_t dt, const uint8_t *k, size_t stride, uint32_t cnt,
+                              const float *q, size_t qs, uint32_t nq, size_t n,
+                              float *out, size_t os);
+void eng_ll_kv_axpy_rows_multi(eng_kv_dtype_t dt, float *y, size_t ys, const float *a,
+                               size_t as, uint32_t nq, const uint8_t *v, size_t stride,
+                               uint32_t cnt, size_t n);
+/* Softmax pieces, elementwise or order-free so any lane split gives the
+ * bits of the plain loops: x[i] *= scale for i < n, returning the max as
+ * `if (x[i] > mx) mx = x[i]` from -inf finds it (NaNs skipped; the sign
+ * of a zero max may differ, which x - max cannot see); x[i] *= s. */
+float eng_ll_scale_max(float *x, size_t n, float scale);
+void eng_ll_scale(float *x, size_t n, float s);
+/* Attention path of the llama engine: 1 query-blocked tiles (default), 0
+ * one (token, head) pair per chunk (PD_ATT=rows; tests and benchmarks
+ * compare the two). -1 at start = read PD_ATT. Same bits either way. Set
+ * only while no engine call runs. */
+extern int eng_ll_att_tiled_g;
 
 /* Which ISA path the kernels use: "avx512", "avx2", "scalar". Set once at
  * first use from __builtin_cpu_supports; ENG_LL_ISA=scalar|avx2 in the

@@ -30,6 +30,9 @@
 
 #define LL_DEFAULT_BLOCK_TOKENS 16
 #define LL_PREFILL_CHUNK 64      /* tokens per forward pass in prefill */
+#define LL_ATT_TILE 8            /* tokens per attention tile, at most */
+#define LL_ATT_TILE_BYTES (4u << 20) /* a thread's tile score rows, at most */
+#define LL_ATT_CHUNKS 8          /* attention chunks per active thread, at least */
 #define LL_DEFAULT_MAX_BATCH 32
 #define LL_MAX_THREADS 256
 
@@ -125,7 +128,12 @@ struct eng_model {
     float *eout;                 /* (t_max, n_expert_used, n_embd) expert outputs */
     float **mm_scratch;          /* (n_threads) -> (4, max_cols) */
     uint8_t *mm_qx;              /* quantized activations, eng_ll_qx_bytes(t_max, max_cols) */
-    float **att_scratch;         /* (n_threads) -> (context_length) scores */
+    float **att_scratch;         /* (n_threads) -> ll_att_scratch_floats: scores (and the
+                                  * tiled path's queries and outputs) */
+    uint32_t att_tile_max;       /* tokens per attention tile (query-blocked path) */
+    uint32_t att_nq_max;         /* queries per tile: att_tile_max x GQA group */
+    uint32_t att_srow;           /* a tile query's score row (floats) */
+    uint32_t *att_tile;          /* (t_max + 1) the current pass's tile starts */
     void **pk_bufs;              /* (n_pk) the weights' packed copies (eng_ll_pack) */
     uint32_t n_pk;
     /* expert parallelism (ep_size > 1): this rank's experts are
@@ -181,6 +189,7 @@ static void ll_free(eng_model_t *m)
         free(m->pk_bufs[i]);
     free(m->pk_bufs);
     free(m->att_scratch);
+    free(m->att_tile);
     free(m->out_norm);
     free(m->inv_freq);
     free(m->inv_freq_swa);
@@ -544,9 +553,20 @@ static pd_status_t ll_alloc_buffers(eng_model_t *m)
     if (m->q_dim > max_cols)
         max_cols = m->q_dim;
     LL_ALLOC(m->mm_qx, eng_ll_qx_bytes(T, (uint32_t)max_cols));
+    /* attention tiles: up to LL_ATT_TILE tokens x the GQA group, fewer
+     * where their score rows would pass LL_ATT_TILE_BYTES a thread */
+    const uint32_t group = m->n_heads / m->n_kv_heads;
+    m->att_srow = m->geom.context_length + 16;
+    m->att_tile_max = LL_ATT_TILE;
+    while (m->att_tile_max > 1 &&
+           (uint64_t)m->att_tile_max * group * m->att_srow * sizeof(float) > LL_ATT_TILE_BYTES)
+        m->att_tile_max /= 2;
+    m->att_nq_max = m->att_tile_max * group;
+    size_t att_floats = (size_t)m->att_nq_max * (m->att_srow + 2 * (size_t)m->head_dim);
+    LL_ALLOC(m->att_tile, T + 1);
     for (uint32_t t = 0; t < m->n_threads; t++) {
         LL_ALLOC(m->mm_scratch[t], 4 * max_cols);
-        LL_ALLOC(m->att_scratch[t], (size_t)m->geom.context_length + 16);
+        LL_ALLOC(m->att_scratch[t], att_floats);
     }
 #undef LL_ALLOC
     return PD_OK;
@@ -981,9 +1001,46 @@ typedef struct {
     uint32_t n;
     uint32_t layer;
     int swa;
+    /* the tiled path: tile i is toks [att_tile[i], att_tile[i+1]), each
+     * tile cut in n_kv_heads x hsplit chunks */
+    uint32_t n_tiles, hsplit;
 } ll_att_ctx_t;
 
-/* Attention for one (token, head) pair per chunk. */
+int eng_ll_att_tiled_g = -1;
+
+static int ll_att_tiled(void)
+{
+    if (eng_ll_att_tiled_g < 0) {
+        const char *e = getenv("PD_ATT");
+        eng_ll_att_tiled_g = !(e && strcmp(e, "rows") == 0);
+    }
+    return eng_ll_att_tiled_g;
+}
+
+/* Softmax of one query's scores scl[lo .. n_pos), scaled, on the tiled
+ * path: ll_att_task's loops, the scale / max and 1/sum ones in SIMD
+ * (elementwise, or order-free: eng_ll_scale_max), the expf and the sum
+ * as they are (in order). */
+static inline void ll_softmax(float *scl, uint32_t lo, uint32_t n_pos, float scale)
+{
+    float mx = eng_ll_scale_max(scl + lo, n_pos - lo, scale);
+    float sum = 0.0f;
+    for (uint32_t s = lo; s < n_pos; s++) {
+        scl[s] = expf(scl[s] - mx);
+        sum += scl[s];
+    }
+    float inv = 1.0f / sum;
+    eng_ll_scale(scl + lo, n_pos - lo, inv);
+}
+
+/* First position a query at n_pos attends to (sliding-window layers:
+ * positions (pos - n_swa, pos] only). */
+static inline uint32_t ll_att_lo(const eng_model_t *m, int swa, uint32_t n_pos)
+{
+    return swa && n_pos > m->n_swa ? n_pos - m->n_swa : 0;
+}
+
+/* Attention for one (token, head) pair per chunk (PD_ATT=rows). */
 static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
 {
     const ll_att_ctx_t *c = arg;
@@ -1046,6 +1103,114 @@ static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
             s0 += cnt;
         }
     }
+}
+
+/* Attention for one tile per chunk (the default): tokens [t0, t1) of one
+ * sequence at consecutive positions, times heads [g0, g1) of one KV head's
+ * group; query (t, g) is row t * ng + g of the tile's Q, S (scores, a row
+ * of att_srow floats from position `base`) and O. The K (then V) rows are
+ * walked once in segments [s, e) inside one KV block where the set of
+ * queries that attend to them is constant (tokens [ta, tb): causal tails
+ * and sliding windows are ragged), each segment one multi-query kernel
+ * call. Per query: the same dots, the same softmax, the same fma chain in
+ * position order as ll_att_task, so the same bits. */
+static void ll_att_tile_task(void *arg, uint32_t chunk, uint32_t tid)
+{
+    const ll_att_ctx_t *c = arg;
+    const eng_model_t *m = c->m;
+    const uint32_t hd = m->head_dim, group = m->n_heads / m->n_kv_heads;
+    const uint32_t per_tile = m->n_kv_heads * c->hsplit;
+    /* the last tiles (the longest rows) first: the pool claims chunks in
+     * order, so the cheap ones are left to even the threads out */
+    const uint32_t tile = c->n_tiles - 1 - chunk / per_tile, kvh = chunk % per_tile / c->hsplit;
+    const uint32_t part = chunk % c->hsplit;
+    const uint32_t g0 = part * group / c->hsplit, g1 = (part + 1) * group / c->hsplit;
+    const uint32_t ng = g1 - g0;
+    const uint32_t t0 = m->att_tile[tile], nt = m->att_tile[tile + 1] - t0;
+    const ll_tok_t *tk = c->toks + t0;
+    const uint32_t *bt = tk[0].bt;
+    const eng_kv_dtype_t dk = m->geom.kv_dtype, dv = m->geom.kv_dtype_v;
+    const size_t srow = m->att_srow;
+    float *S = m->att_scratch[tid];
+    float *Q = S + (size_t)m->att_nq_max * srow, *O = Q + (size_t)m->att_nq_max * hd;
+    const size_t rowk = m->kv_row_bytes, rowv = m->kv_row_bytes_v;
+    const uint32_t btk = m->geom.block_tokens;
+    const size_t blk_bytes = m->lay.block_stride;
+    const size_t loff = (size_t)c->layer * m->lay.layer_stride;
+    const size_t koff = loff + (size_t)kvh * (size_t)eng_kv_row_bytes(dk, hd);
+    const size_t voff = loff + (size_t)btk * rowk + (size_t)kvh * (size_t)eng_kv_row_bytes(dv, hd);
+
+    for (uint32_t t = 0; t < nt; t++)
+        memcpy(Q + (size_t)t * ng * hd,
+               m->q + (size_t)(t0 + t) * m->q_dim + (size_t)(kvh * group + g0) * hd,
+               (size_t)ng * hd * sizeof(float));
+    const uint32_t base = ll_att_lo(m, c->swa, tk[0].pos + 1), end = tk[nt - 1].pos + 1;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            for (uint32_t t = 0; t < nt; t++) {
+                const uint32_t n_pos = tk[t].pos + 1, lo = ll_att_lo(m, c->swa, n_pos);
+                for (uint32_t g = 0; g < ng; g++)
+                    ll_softmax(S + (size_t)(t * ng + g) * srow - base, lo, n_pos, m->att_scale);
+            }
+            memset(O, 0, (size_t)nt * ng * hd * sizeof(float));
+        }
+        uint32_t ta = 0, tb = 0;
+        for (uint32_t s = base; s < end;) {
+            while (tk[ta].pos + 1 <= s)
+                ta++;                   /* first token still attending at s */
+            while (tb < nt && ll_att_lo(m, c->swa, tk[tb].pos + 1) <= s)
+                tb++;                   /* tokens [0, tb) attend from <= s */
+            uint32_t e = (s / btk + 1) * btk;
+            if (e > tk[ta].pos + 1)
+                e = tk[ta].pos + 1;
+            if (tb < nt && e > ll_att_lo(m, c->swa, tk[tb].pos + 1))
+                e = ll_att_lo(m, c->swa, tk[tb].pos + 1);
+            if (ta < tb) {
+                const uint32_t nq = (tb - ta) * ng;
+                float *sq = S + (size_t)ta * ng * srow + (s - base);
+                size_t blk = (size_t)bt[s / btk] * blk_bytes;
+                if (pass == 0)
+                    eng_ll_kv_dot_rows_multi(dk, c->arena + blk + (size_t)(s % btk) * rowk + koff,
+                                             rowk, e - s, Q + (size_t)ta * ng * hd, hd, nq, hd,
+                                             sq, srow);
+                else
+                    eng_ll_kv_axpy_rows_multi(dv, O + (size_t)ta * ng * hd, hd, sq, srow, nq,
+                                              c->arena + blk + (size_t)(s % btk) * rowv + voff,
+                                              rowv, e - s, hd);
+            }
+            s = e;
+        }
+    }
+    for (uint32_t t = 0; t < nt; t++)
+        memcpy(m->att + (size_t)(t0 + t) * m->q_dim + (size_t)(kvh * group + g0) * hd,
+               O + (size_t)t * ng * hd, (size_t)ng * hd * sizeof(float));
+}
+
+/* The tiled path's tiles for a pass (m->att_tile) and how many parts each
+ * KV head's group is cut in: runs of one sequence at consecutive
+ * positions, at most att_tile_max tokens, fewer (then group parts) while
+ * the pass would give the active threads under LL_ATT_CHUNKS chunks each
+ * (a thread that loses its core to a neighbour holds one chunk up). Only
+ * the speed depends on the cut. */
+static void ll_att_plan(eng_model_t *m, const ll_tok_t *toks, uint32_t n, ll_att_ctx_t *ac)
+{
+    const uint32_t want = LL_ATT_CHUNKS * eng_ll_pool_active(m->pool);
+    const uint32_t group = m->n_heads / m->n_kv_heads;
+    for (uint32_t tmax = m->att_tile_max;; tmax /= 2) {
+        uint32_t nt = 0;
+        for (uint32_t i = 0; i < n; i++)
+            if (i == 0 || toks[i].bt != toks[i - 1].bt || toks[i].pos != toks[i - 1].pos + 1 ||
+                i - m->att_tile[nt - 1] >= tmax)
+                m->att_tile[nt++] = i;
+        m->att_tile[nt] = n;
+        ac->n_tiles = nt;
+        if (tmax <= 1 || (uint64_t)nt * m->n_kv_heads >= want)
+            break;
+    }
+    uint32_t hs = 1;
+    while (hs < group && (uint64_t)ac->n_tiles * m->n_kv_heads * hs < want)
+        hs++;
+    ac->hsplit = hs;
 }
 
 typedef struct {
@@ -1368,6 +1533,18 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const 
         }
     }
 
+    ll_att_ctx_t ac = { m, arena, toks, n, 0, 0, 0, 1 };
+    uint64_t att_work = 0; /* positions x heads: tiny passes stay inline */
+    for (uint32_t i = 0; i < n; i++)
+        att_work += (uint64_t)(toks[i].pos + 1) * m->n_heads * m->head_dim;
+    eng_ll_pool_fn att_fn = ll_att_task;
+    uint32_t att_chunks = n * m->n_heads;
+    if (ll_att_tiled()) {
+        ll_att_plan(m, toks, n, &ac);
+        att_fn = ll_att_tile_task;
+        att_chunks = ac.n_tiles * m->n_kv_heads * ac.hsplit;
+    }
+
     for (uint32_t l = 0; l < m->n_layers; l++) {
         const ll_layer_t *L = &m->layers[l];
         for (uint32_t i = 0; i < n; i++)
@@ -1419,15 +1596,13 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const 
         if (hook_pos && m->hook) /* this chunk's layer-l KV is written */
             m->hook(m->hook_arg, l, hook_pos);
 
-        ll_att_ctx_t ac = { m, arena, toks, n, l, L->swa };
-        uint64_t att_work = 0; /* positions x heads: tiny passes stay inline */
-        for (uint32_t i = 0; i < n; i++)
-            att_work += (uint64_t)(toks[i].pos + 1) * m->n_heads * m->head_dim;
+        ac.layer = l;
+        ac.swa = L->swa;
         if (att_work < (1u << 15))
-            for (uint32_t c = 0; c < n * m->n_heads; c++)
-                ll_att_task(&ac, c, 0);
+            for (uint32_t c = 0; c < att_chunks; c++)
+                att_fn(&ac, c, 0);
         else
-            eng_ll_pool_run(m->pool, ll_att_task, &ac, n * m->n_heads);
+            eng_ll_pool_run(m->pool, att_fn, &ac, att_chunks);
 
         eng_ll_matmul_t wo = {
             .qx = m->mm_qx,
