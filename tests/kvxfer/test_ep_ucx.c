@@ -7,6 +7,7 @@
  * its expert bytes and VmRSS.
  *   test_ep_ucx shm|tcp [MODEL.gguf]   (no model: a small one is generated) */
 #include "eng.h"
+#include "ep_workload.h"
 #include "eng_llama.h"
 #include "ggml_types.h"
 #include "kvx_win.h"
@@ -20,29 +21,14 @@
 #include <unistd.h>
 
 #define S 2
-#define D 4
-#define NB 8
-#define IDLE_STEP 2
+#define D EP_WL_D
+#define NB EP_WL_NB
 
 static const eng_ops_t *ops;
 static const char *tls;
 
-static uint32_t prompt_len(uint32_t g) { return 9 + 7 * g; }
 
-static void prompt(uint32_t g, int32_t *t, uint32_t vocab)
-{
-    for (uint32_t i = 0; i < prompt_len(g); i++)
-        t[i] = (int32_t)((i * 2654435761u + g * 40503u + 7) % vocab);
-}
 
-static int32_t argmax(const float *l, uint32_t n)
-{
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (l[i] > l[b])
-            b = i;
-    return (int32_t)b;
-}
 
 static eng_model_t *load(const char *path, uint32_t rank, uint32_t size)
 {
@@ -57,54 +43,6 @@ static eng_model_t *load(const char *path, uint32_t rank, uint32_t size)
     return m;
 }
 
-/* as tests/engine/llama/test_ep.c: S prompts, then D batched decode steps,
- * sequences >= idle_g0 sit out step IDLE_STEP (ep_idle when none is left) */
-static pd_status_t run_seqs(eng_model_t *m, uint32_t g0, uint32_t ng, uint32_t vocab,
-                            float *out, uint32_t idle_g0)
-{
-    void *arena = calloc((size_t)ng * NB, ops->geometry(m)->block_bytes);
-    uint32_t bt[64][NB], pos[64];
-    int32_t tok[64];
-    eng_decode_item_t it[64];
-    float *lg = malloc((size_t)ng * vocab * sizeof(float));
-    pd_status_t st = PD_OK;
-    for (uint32_t j = 0; j < ng; j++)
-        for (uint32_t b = 0; b < NB; b++)
-            bt[j][b] = j * NB + b;
-    for (uint32_t j = 0; j < ng && st == PD_OK; j++) {
-        uint32_t g = g0 + j;
-        int32_t p[64];
-        prompt(g, p, vocab);
-        float *o = out + ((size_t)g * (1 + D)) * vocab;
-        st = ops->prefill(m, arena, bt[j], NB, p, prompt_len(g), 0, o);
-        pos[j] = prompt_len(g);
-        tok[j] = argmax(o, vocab);
-    }
-    for (uint32_t d = 0; d < D && st == PD_OK; d++) {
-        uint32_t n = 0, map[64];
-        for (uint32_t j = 0; j < ng; j++) {
-            if (d == IDLE_STEP && g0 + j >= idle_g0)
-                continue;
-            it[n] = (eng_decode_item_t){ bt[j], NB, pos[j], tok[j] };
-            map[n++] = j;
-        }
-        if (n == 0) {
-            st = ops->ep_idle(m);
-            continue;
-        }
-        st = ops->decode(m, arena, it, n, lg);
-        for (uint32_t i = 0; i < n && st == PD_OK; i++) {
-            uint32_t j = map[i];
-            float *o = out + ((size_t)(g0 + j) * (1 + D) + 1 + d) * vocab;
-            memcpy(o, lg + (size_t)i * vocab, vocab * sizeof(float));
-            tok[j] = argmax(o, vocab);
-            pos[j]++;
-        }
-    }
-    free(lg);
-    free(arena);
-    return st;
-}
 
 /* the engine's transport over a window: slot = phase */
 static void *win_send_buf(void *ctx, eng_ep_phase_t ph, uint32_t peer)
@@ -177,7 +115,7 @@ static int rank_main(const char *path, uint32_t me, uint32_t N, int up, int down
                          .send_buf = win_send_buf, .exchange = win_exchange };
     if (ops->set_ep(m, &x) != PD_OK)
         return 6;
-    pd_status_t st = run_seqs(m, me * S, S, ops->geometry(m)->vocab_size, out, (N - 1) * S);
+    pd_status_t st = ep_wl_run(ops, m, me * S, S, ops->geometry(m)->vocab_size, out, (N - 1) * S);
     printf("%s ep %u rank %u: expert bytes %llu of %llu, VmRSS after load %ld KiB, after "
            "the run %ld KiB: %s\n", tls, N, me, (unsigned long long)in.expert_bytes_owned,
            (unsigned long long)in.expert_bytes_total, rss_load, rss_kib(), pd_status_str(st));
@@ -197,7 +135,7 @@ static int run_group(const char *path, uint32_t N)
     float *ref = calloc(rows, sizeof(float));
     float *got = mmap(NULL, rows * sizeof(float), PROT_READ | PROT_WRITE,
                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (!ref || got == MAP_FAILED || run_seqs(whole, 0, N * S, vocab, ref, (N - 1) * S) != PD_OK)
+    if (!ref || got == MAP_FAILED || ep_wl_run(ops, whole, 0, N * S, vocab, ref, (N - 1) * S) != PD_OK)
         return 1;
     eng_llama_info_t wi;
     eng_llama_info(whole, &wi);

@@ -18,15 +18,15 @@
 #include <time.h>
 
 #include "eng.h"
+#include "ep_workload.h"
 #include "eng_ep_local.h"
 #include "eng_llama.h"
 #include "ggml_types.h"
 #include "ll_testmodel.h"
 
 #define S 2          /* sequences per rank */
-#define D 4          /* decode steps */
-#define NB 8         /* blocks per sequence (16 tokens each) */
-#define IDLE_STEP 2  /* the last rank idles this step */
+#define D EP_WL_D
+#define NB EP_WL_NB
 
 static char tmpdir[256];
 static char moe_path[300];
@@ -51,22 +51,8 @@ static eng_model_t *load_ep(uint32_t rank, uint32_t size, pd_status_t want, cons
     return m;
 }
 
-static uint32_t prompt_len(uint32_t g) { return 9 + 7 * g; }
 
-static void prompt(uint32_t g, int32_t *t, uint32_t vocab)
-{
-    for (uint32_t i = 0; i < prompt_len(g); i++)
-        t[i] = (int32_t)((i * 2654435761u + g * 40503u + 7) % vocab);
-}
 
-static int32_t argmax(const float *l, uint32_t n)
-{
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (l[i] > l[b])
-            b = i;
-    return (int32_t)b;
-}
 
 typedef struct {
     eng_model_t *m;
@@ -75,60 +61,11 @@ typedef struct {
     pd_status_t st;
 } rank_arg_t;
 
-/* One rank (or, with size 1 and rank "all", the reference): its S
- * sequences' prompts one by one, then D decode steps of its S sequences as
- * one batch (the reference: everyone's in one batch). */
-static void run_seqs(eng_model_t *m, uint32_t g0, uint32_t ng, uint32_t vocab, float *out,
-                     uint32_t idle_g0, pd_status_t *st_p)
-{
-    void *arena = calloc((size_t)ng * NB, ops->geometry(m)->block_bytes);
-    uint32_t bt[64][NB], pos[64];
-    int32_t tok[64];
-    eng_decode_item_t it[64];
-    float *lg = malloc((size_t)ng * vocab * sizeof(float));
-    pd_status_t st = PD_OK;
-    for (uint32_t j = 0; j < ng; j++)
-        for (uint32_t b = 0; b < NB; b++)
-            bt[j][b] = j * NB + b;
-    for (uint32_t j = 0; j < ng && st == PD_OK; j++) {
-        uint32_t g = g0 + j;
-        int32_t p[64];
-        prompt(g, p, vocab);
-        float *o = out + ((size_t)g * (1 + D)) * vocab;
-        st = ops->prefill(m, arena, bt[j], NB, p, prompt_len(g), 0, o);
-        pos[j] = prompt_len(g);
-        tok[j] = argmax(o, vocab);
-    }
-    for (uint32_t d = 0; d < D && st == PD_OK; d++) {
-        uint32_t n = 0, map[64];
-        for (uint32_t j = 0; j < ng; j++) {
-            if (d == IDLE_STEP && g0 + j >= idle_g0)
-                continue; /* the last rank sits this step out */
-            it[n] = (eng_decode_item_t){ bt[j], NB, pos[j], tok[j] };
-            map[n++] = j;
-        }
-        if (n == 0) {
-            st = ops->ep_idle(m);
-            continue;
-        }
-        st = ops->decode(m, arena, it, n, lg);
-        for (uint32_t i = 0; i < n && st == PD_OK; i++) {
-            uint32_t j = map[i];
-            float *o = out + ((size_t)(g0 + j) * (1 + D) + 1 + d) * vocab;
-            memcpy(o, lg + (size_t)i * vocab, vocab * sizeof(float));
-            tok[j] = argmax(o, vocab);
-            pos[j]++;
-        }
-    }
-    free(lg);
-    free(arena);
-    *st_p = st;
-}
 
 static void *rank_main(void *p)
 {
     rank_arg_t *a = p;
-    run_seqs(a->m, a->rank * S, S, a->vocab, a->out, (a->size - 1) * S, &a->st);
+    a->st = ep_wl_run(ops, a->m, a->rank * S, S, a->vocab, a->out, (a->size - 1) * S);
     return NULL;
 }
 
@@ -140,7 +77,7 @@ static void check_group(uint32_t N)
     size_t rows = (size_t)N * S * (1 + D) * vocab;
     float *ref = calloc(rows, sizeof(float)), *got = calloc(rows, sizeof(float));
     pd_status_t st;
-    run_seqs(whole, 0, N * S, vocab, ref, (N - 1) * S, &st);
+    st = ep_wl_run(ops, whole, 0, N * S, vocab, ref, (N - 1) * S);
     assert_int_equal(st, PD_OK);
     eng_llama_info_t wi;
     eng_llama_info(whole, &wi);
