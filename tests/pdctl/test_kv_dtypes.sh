@@ -22,18 +22,6 @@ trap cleanup EXIT
 fails=0
 ok()  { echo "ok   - $*"; }
 bad() { echo "FAIL - $*"; fails=$((fails + 1)); }
-admin() { # SOCK CMD -> one JSON line
-    python3 - "$1" "$2" <<'EOF'
-import socket, sys
-s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
-s.sendall((sys.argv[2] + "\n").encode()); b = b""
-while not b.endswith(b"\n"):
-    x = s.recv(65536)
-    if not x: break
-    b += x
-sys.stdout.write(b.decode())
-EOF
-}
 jget() { python3 -c 'import json,sys; j=json.loads(sys.stdin.read())
 for k in sys.argv[1].split("."): j = j[k]
 print(j)' "$1" 2>/dev/null; }
@@ -73,7 +61,7 @@ print(int(f(sys.argv[2], "requests_disaggregated") - f(sys.argv[1], "requests_di
     [ "$nd" = "1 1" ] && ok "k=$K v=$V: one disaggregated, one decode-local" ||
         bad "k=$K v=$V: disaggregated, local = ${nd:-?} (want 1 1)"
     for d in prefill-0 decode-0; do
-        kv=$(admin "$R/$d.sock" kv)
+        kv=$("$PDCTL" admin "$d" kv --run-dir "$R" --json 2>/dev/null)
         dk=$(jget kv_dtype_k <<<"$kv") dv=$(jget kv_dtype_v <<<"$kv") bb=$(jget block_bytes <<<"$kv")
         [ "$dk $dv" = "$K $V" ] || bad "$d: kv_dtype_k/v $dk/$dv, want $K/$V"
         [ -z "$f16_block" ] && f16_block=$bb
