@@ -1387,6 +1387,191 @@ void eng_ll_scale(float *x, size_t n, float s)
 }
 
 /* ------------------------------------------------------------------ */
+/* the engine's exp (ll_kern.h eng_ll_exp_sum, eng_ll_silu_mul)         */
+/* exp(x) = 2^n * e^r: n = x / ln2 rounded to nearest even by the 1.5 *
+ * 2^23 shift (one fma: the product is not rounded first), r = x - n ln2
+ * in two fma steps (ln2 split hi + lo, hi with 16 trailing zero bits),
+ * e^r by its Taylor series to r^7 in Horner form (|r| <= ln2 / 2: the
+ * truncation is below 6e-9 relative), 2^n built in the exponent field
+ * from the shifted value's low bits (no float -> int conversion, so a NaN
+ * input cannot be undefined behaviour). x is clamped to [-87, 88] first
+ * so 2^n stays a normal float (e^-87 ~ 1.6e-38 stands for anything
+ * smaller: nothing in a softmax or a SiLU can tell). Max error ~1 ulp
+ * against exp in double (test_exp in tests/engine/llama). The scalar,
+ * AVX2 and AVX-512 forms are the same operations in the same order
+ * (fmaf is exact wherever it runs), so every path gives the same bits,
+ * which libm's expf (a call per element, and ifunc variants per CPU)
+ * could not promise. */
+#define LL_EXP_LO (-87.0f)
+#define LL_EXP_HI 88.0f
+#define LL_EXP_SHIFT 12582912.0f                  /* 1.5 * 2^23 */
+#define LL_EXP_SHIFT_BITS 0x4B400000u
+#define LL_LOG2E 1.44269504088896341f
+#define LL_LN2_HI 0.693145751953125f            /* 0x3F317200 */
+#define LL_LN2_LO 1.42860676533018e-06f
+#define LL_EXP_C7 (1.0f / 5040.0f)
+#define LL_EXP_C6 (1.0f / 720.0f)
+#define LL_EXP_C5 (1.0f / 120.0f)
+#define LL_EXP_C4 (1.0f / 24.0f)
+#define LL_EXP_C3 (1.0f / 6.0f)
+#define LL_EXP_C2 0.5f
+
+static inline float ll_exp_scalar(float x)
+{
+    x = LL_EXP_LO > x ? LL_EXP_LO : x; /* maxps(lo, x): a NaN stays NaN */
+    x = LL_EXP_HI < x ? LL_EXP_HI : x; /* minps(hi, x) */
+    float t = fmaf(x, LL_LOG2E, LL_EXP_SHIFT);
+    float n = t - LL_EXP_SHIFT;
+    float r = fmaf(n, -LL_LN2_HI, x);
+    r = fmaf(n, -LL_LN2_LO, r);
+    float p = fmaf(LL_EXP_C7, r, LL_EXP_C6);
+    p = fmaf(p, r, LL_EXP_C5);
+    p = fmaf(p, r, LL_EXP_C4);
+    p = fmaf(p, r, LL_EXP_C3);
+    p = fmaf(p, r, LL_EXP_C2);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    uint32_t tb, sb;
+    memcpy(&tb, &t, 4);
+    sb = (tb - LL_EXP_SHIFT_BITS + 127u) << 23;
+    float s;
+    memcpy(&s, &sb, 4);
+    return p * s;
+}
+
+static inline TGT512 __m512 ll_exp512(__m512 x)
+{
+    x = _mm512_max_ps(_mm512_set1_ps(LL_EXP_LO), x);
+    x = _mm512_min_ps(_mm512_set1_ps(LL_EXP_HI), x);
+    __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(LL_LOG2E), _mm512_set1_ps(LL_EXP_SHIFT));
+    __m512 n = _mm512_sub_ps(t, _mm512_set1_ps(LL_EXP_SHIFT));
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LL_LN2_HI), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LL_LN2_LO), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(LL_EXP_C7), r, _mm512_set1_ps(LL_EXP_C6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(LL_EXP_C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(LL_EXP_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(LL_EXP_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(LL_EXP_C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512i sb = _mm512_sub_epi32(_mm512_castps_si512(t),
+                                  _mm512_set1_epi32((int)(LL_EXP_SHIFT_BITS - 127u)));
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(sb, 23)));
+}
+
+static inline TGT256 __m256 ll_exp256(__m256 x)
+{
+    x = _mm256_max_ps(_mm256_set1_ps(LL_EXP_LO), x);
+    x = _mm256_min_ps(_mm256_set1_ps(LL_EXP_HI), x);
+    __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(LL_LOG2E), _mm256_set1_ps(LL_EXP_SHIFT));
+    __m256 n = _mm256_sub_ps(t, _mm256_set1_ps(LL_EXP_SHIFT));
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LL_LN2_HI), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LL_LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(LL_EXP_C7), r, _mm256_set1_ps(LL_EXP_C6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LL_EXP_C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LL_EXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LL_EXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LL_EXP_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i sb = _mm256_sub_epi32(_mm256_castps_si256(t),
+                                  _mm256_set1_epi32((int)(LL_EXP_SHIFT_BITS - 127u)));
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(sb, 23)));
+}
+
+float eng_ll_exp(float x)
+{
+    return ll_exp_scalar(x);
+}
+
+/* x[i] = exp(x[i] - mx); the sum in the canonical 16 lanes (element i
+ * into lane i % 16, each lane in order, then ll_tree16). The SIMD forms
+ * run the full 16-element groups in registers and the tail as the
+ * scalar form, into the same lanes. */
+static TGT512 void ll_exp_sum_512(float *x, size_t n, float mx, float l[LL_LANES])
+{
+    const __m512 mv = _mm512_set1_ps(mx);
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t i = 0; i + 16 <= n; i += 16) {
+        __m512 e = ll_exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+        _mm512_storeu_ps(x + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    _mm512_storeu_ps(l, acc);
+}
+
+static TGT256 void ll_exp_sum_256(float *x, size_t n, float mx, float l[LL_LANES])
+{
+    const __m256 mv = _mm256_set1_ps(mx);
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (size_t i = 0; i + 16 <= n; i += 16) {
+        __m256 e0 = ll_exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        __m256 e1 = ll_exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), mv));
+        _mm256_storeu_ps(x + i, e0);
+        _mm256_storeu_ps(x + i + 8, e1);
+        a0 = _mm256_add_ps(a0, e0);
+        a1 = _mm256_add_ps(a1, e1);
+    }
+    _mm256_storeu_ps(l, a0);
+    _mm256_storeu_ps(l + 8, a1);
+}
+
+float eng_ll_exp_sum(float *x, size_t n, float mx)
+{
+    float l[LL_LANES] = { 0 };
+    size_t i = 0;
+    int isa = ll_isa_get();
+    if (isa == LL_ISA_AVX512)
+        ll_exp_sum_512(x, n, mx, l), i = n / 16 * 16;
+    else if (isa == LL_ISA_AVX2)
+        ll_exp_sum_256(x, n, mx, l), i = n / 16 * 16;
+    for (; i < n; i++) {
+        x[i] = ll_exp_scalar(x[i] - mx);
+        l[i % LL_LANES] += x[i];
+    }
+    return ll_tree16(l);
+}
+
+/* g[i] = g[i] / (1 + exp(-g[i])) * u[i] (SiLU(gate) * up), elementwise. */
+static TGT512 size_t ll_silu_mul_512(float *g, const float *u, size_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i);
+        __m512 e = ll_exp512(_mm512_sub_ps(zero, x));
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)),
+                                              _mm512_loadu_ps(u + i)));
+    }
+    return i;
+}
+
+static TGT256 size_t ll_silu_mul_256(float *g, const float *u, size_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 e = ll_exp256(_mm256_sub_ps(zero, x));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)),
+                                              _mm256_loadu_ps(u + i)));
+    }
+    return i;
+}
+
+void eng_ll_silu_mul(float *g, const float *u, size_t n)
+{
+    size_t i = 0;
+    int isa = ll_isa_get();
+    if (isa == LL_ISA_AVX512)
+        i = ll_silu_mul_512(g, u, n);
+    else if (isa == LL_ISA_AVX2)
+        i = ll_silu_mul_256(g, u, n);
+    for (; i < n; i++)
+        g[i] = g[i] / (1.0f + ll_exp_scalar(0.0f - g[i])) * u[i];
+}
+
+/* ------------------------------------------------------------------ */
 /* query-blocked attention (ll_kern.h)                                  */
 /* A run of K (V) rows is widened to f32 once, in sub-runs of at most
  * LL_MQ_FLOATS values on the stack, each element the same IEEE product

@@ -143,6 +143,14 @@ void eng_ll_kv_axpy_rows_multi(eng_kv_dtype_t dt, float *y, size_t ys, const flo
  * of a zero max may differ, which x - max cannot see); x[i] *= s. */
 float eng_ll_scale_max(float *x, size_t n, float scale);
 void eng_ll_scale(float *x, size_t n, float s);
+/* The engine's exp (ll_kern.c: ~1 ulp, argument clamped to [-87, 88]),
+ * the same bits on every ISA path. eng_ll_exp_sum: x[i] = exp(x[i] - mx)
+ * for i < n, returning their sum in the canonical 16-lane order (element
+ * i into lane i % 16, then the ll_tree16 tree). eng_ll_silu_mul: g[i] =
+ * g[i] / (1 + exp(-g[i])) * u[i]. */
+float eng_ll_exp(float x);
+float eng_ll_exp_sum(float *x, size_t n, float mx);
+void eng_ll_silu_mul(float *g, const float *u, size_t n);
 /* Attention path of the llama engine: 1 query-blocked tiles (default), 0
  * one (token, head) pair per chunk (PD_ATT=rows; tests and benchmarks
  * compare the two). -1 at start = read PD_ATT. Same bits either way. Set

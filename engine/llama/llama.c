@@ -1017,19 +1017,13 @@ static int ll_att_tiled(void)
     return eng_ll_att_tiled_g;
 }
 
-/* Softmax of one query's scores scl[lo .. n_pos), scaled, on the tiled
- * path: ll_att_task's loops, the scale / max and 1/sum ones in SIMD
- * (elementwise, or order-free: eng_ll_scale_max), the expf and the sum
- * as they are (in order). */
+/* Softmax of one query's scores scl[lo .. n_pos), scaled (both attention
+ * paths): the scale / max, the engine's exp with the sum in its canonical
+ * lanes, and the 1/sum scaling, each the same bits on every ISA path. */
 static inline void ll_softmax(float *scl, uint32_t lo, uint32_t n_pos, float scale)
 {
     float mx = eng_ll_scale_max(scl + lo, n_pos - lo, scale);
-    float sum = 0.0f;
-    for (uint32_t s = lo; s < n_pos; s++) {
-        scl[s] = expf(scl[s] - mx);
-        sum += scl[s];
-    }
-    float inv = 1.0f / sum;
+    float inv = 1.0f / eng_ll_exp_sum(scl + lo, n_pos - lo, mx);
     eng_ll_scale(scl + lo, n_pos - lo, inv);
 }
 
@@ -1079,20 +1073,7 @@ static void ll_att_task(void *arg, uint32_t chunk, uint32_t tid)
             eng_ll_kv_dot_rows(dk, c->arena + base, rowk, cnt, q, hd, scl + s0);
             s0 += cnt;
         }
-        float mx = -INFINITY;
-        for (uint32_t s = lo; s < n_pos; s++) {
-            scl[s] *= scale;
-            if (scl[s] > mx)
-                mx = scl[s];
-        }
-        float sum = 0.0f;
-        for (uint32_t s = lo; s < n_pos; s++) {
-            scl[s] = expf(scl[s] - mx);
-            sum += scl[s];
-        }
-        float inv = 1.0f / sum;
-        for (uint32_t s = lo; s < n_pos; s++)
-            scl[s] *= inv;
+        ll_softmax(scl, lo, n_pos, scale);
         memset(out, 0, hd * sizeof(float));
         for (uint32_t s0 = lo; s0 < n_pos;) {
             uint32_t cnt = btk - s0 % btk;
@@ -1235,8 +1216,7 @@ static void ll_swiglu_task(void *arg, uint32_t chunk, uint32_t tid)
         }
         return;
     }
-    for (size_t i = i0; i < i1; i++)
-        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    eng_ll_silu_mul(g + i0, u + i0, c->width);
 }
 
 static void ll_act(eng_model_t *m, uint32_t n, uint32_t width)

@@ -3,6 +3,8 @@
  * dtype, ISA path, tile shape, thread count and chunking.
  *   test_att_multi_kernels: eng_ll_kv_{dot,axpy}_rows_multi equal the row
  *     kernels query by query (ragged counts, sub-runs, head_dim 40/64/128).
+ *   test_att_exp: the engine's exp (softmax, SiLU): accuracy, clamps,
+ *     and the same bits on every ISA path.
  *   test_att_tiled_equals_rows: the engine with PD_ATT's two settings
  *     (eng_ll_att_tiled_g): the same logits and the same KV bytes for
  *     one-shot and chunked prefills, decode steps and a fused step (decode
@@ -152,6 +154,76 @@ static void test_att_softmax_pieces(void **state)
     eng_ll_isa_force("avx512");
 }
 
+/* The engine's exp: ~1 ulp against exp in double over its range, the
+ * clamps, NaN kept; eng_ll_exp_sum / eng_ll_silu_mul give, on every ISA
+ * path and every length (full 16-groups and tails), the bits of the
+ * scalar definition: eng_ll_exp per element, the sum in 16 lanes (i % 16)
+ * then the pairwise tree, and g / (1 + exp(0 - g)) * u. */
+static float lanes_sum(const float *e, size_t n)
+{
+    float l[16] = { 0 }, s8[8], s4[4], s2[2];
+    for (size_t i = 0; i < n; i++)
+        l[i % 16] += e[i];
+    for (int k = 0; k < 8; k++)
+        s8[k] = l[k] + l[k + 8];
+    for (int k = 0; k < 4; k++)
+        s4[k] = s8[k] + s8[k + 4];
+    for (int k = 0; k < 2; k++)
+        s2[k] = s4[k] + s4[k + 2];
+    return s2[0] + s2[1];
+}
+
+static void test_att_exp(void **state)
+{
+    (void)state;
+    double worst = 0.0;
+    for (float x = -87.0f; x <= 88.0f; x = nextafterf(x, INFINITY) + 0.000731f) {
+        double want = exp((double)x), got = (double)eng_ll_exp(x);
+        double ulp = (double)nextafterf((float)want, INFINITY) - (double)(float)want;
+        double err = fabs(got - want) / ulp;
+        if (err > worst)
+            worst = err;
+    }
+    print_message("exp: worst %.3f ulp over [-87, 88]\n", worst);
+    assert_true(worst < 2.0);
+    assert_true(eng_ll_exp(0.0f) == 1.0f);
+    assert_true(eng_ll_exp(-1000.0f) == eng_ll_exp(-87.0f));
+    assert_true(eng_ll_exp(-INFINITY) == eng_ll_exp(-87.0f));
+    assert_true(eng_ll_exp(1000.0f) == eng_ll_exp(88.0f) && isfinite(eng_ll_exp(88.0f)));
+    assert_true(isnan(eng_ll_exp(NAN)));
+
+    static const char *const isas[] = { "avx512", "avx2", "scalar" };
+    enum { NMAX = 600 };
+    static float x0[NMAX], ref[NMAX], x[NMAX], u[NMAX], gref[NMAX];
+    uint64_t sd = 5;
+    for (uint32_t n = 0; n <= NMAX; n += n < 70 ? 1 : 53) {
+        for (uint32_t i = 0; i < n; i++) {
+            x0[i] = rnd_f(&sd) * 40.0f - 20.0f;
+            u[i] = rnd_f(&sd);
+        }
+        if (n > 7)
+            x0[3] = -150.0f, x0[5] = 95.0f; /* past both clamps */
+        float mx = 3.5f;
+        for (uint32_t i = 0; i < n; i++) {
+            ref[i] = eng_ll_exp(x0[i] - mx);
+            gref[i] = x0[i] / (1.0f + eng_ll_exp(0.0f - x0[i])) * u[i];
+        }
+        float sref = lanes_sum(ref, n);
+        for (size_t ii = 0; ii < 3; ii++) {
+            if (eng_ll_isa_force(isas[ii]) != 0)
+                continue;
+            memcpy(x, x0, n * sizeof(float));
+            float s = eng_ll_exp_sum(x, n, mx);
+            assert_memory_equal(x, ref, n * sizeof(float));
+            assert_memory_equal(&s, &sref, sizeof(float));
+            memcpy(x, x0, n * sizeof(float));
+            eng_ll_silu_mul(x, u, n);
+            assert_memory_equal(x, gref, n * sizeof(float));
+        }
+    }
+    eng_ll_isa_force("avx512");
+}
+
 /* ---- the engine: tiled vs rows ---------------------------------------- */
 
 typedef struct {
@@ -280,6 +352,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_att_multi_kernels),
         cmocka_unit_test(test_att_softmax_pieces),
+        cmocka_unit_test(test_att_exp),
         cmocka_unit_test(test_att_tiled_equals_rows),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
