@@ -18,7 +18,7 @@
 #              flight, 64 new words a turn, 32-token answers, 256-token system prompt
 #   long       2k-token prompts (330 words), 64-token answers, 2 in flight, 8 requests
 #   short      short chat: 16-word prompts, 64-token answers, 4 in flight, 32 requests
-# SERVERS / WORKLOADS pick subsets; each pair runs ROUNDS (default 1) times,
+# SERVERS / WORKLOADS pick subsets (LONG_REQUESTS: long's count, default 8); each pair runs ROUNDS (default 1) times,
 # the best request throughput kept. Default model: pd-mkmodel --preset
 # bench-0.5b --ffn 3584 --layers 6 --vocab-type byte --type q4_K_M (byte
 # vocabulary: llama_server.mjs feeds llama.cpp pdserve's token ids).
@@ -69,7 +69,7 @@ workload() {
     case $1 in
     chat-mt) echo "--workload multi-turn --conversations 8 --turns 4 --concurrency 4 --input-len 64
                    --output-len 32 --system-len 256 --endpoint chat" ;;
-    long) echo "--input-len 330 --output-len 64 --concurrency 2 --num-requests 8" ;;
+    long) echo "--input-len 330 --output-len 64 --concurrency 2 --num-requests ${LONG_REQUESTS:-8}" ;;
     short) echo "--input-len 16 --output-len 64 --concurrency 4 --num-requests 32 --endpoint chat" ;;
     esac
 }
