@@ -1484,9 +1484,12 @@ err:
 }
 
 /* One pass over n <= t_max tokens. Logits of toks[logit_from..n) go to
- * logits (n - logit_from, vocab). */
+ * logits (n - logit_from, vocab). Final hidden states (m->x) are computed
+ * for toks[keep_from..n) only (<= logit_from; 0: all, for embeddings; n:
+ * none, a prompt chunk that only writes KV): the last layer stops after
+ * its KV write for the others. */
 static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const ll_tok_t *toks,
-                       uint32_t n, float *logits, uint32_t logit_from)
+                       uint32_t n, float *logits, uint32_t logit_from, uint32_t keep_from)
 {
     const uint32_t E = m->n_embd, half = m->rope_dim / 2;
     float *const *scr = m->mm_scratch;
@@ -1576,6 +1579,32 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const 
         if (hook_pos && m->hook) /* this chunk's layer-l KV is written */
             m->hook(m->hook_arg, l, hook_pos);
 
+        /* The last layer: every token's K and V are written; what comes
+         * after (attention, wo, FFN) only matters for the tokens whose
+         * final hidden state is read (keep_from on: logits, embeddings),
+         * so the rest stop here, as llama.cpp's output ids do. Each
+         * row's work is its own (canonical per-item dots, per-query
+         * softmax, per-row norms), so the kept rows' bits are the same.
+         * Not on an EP rank: every rank must run every MoE exchange. */
+        float *X = m->x;
+        uint32_t N = n;
+        if (l + 1 == m->n_layers && keep_from > 0 && m->ep_size <= 1) {
+            if (keep_from >= n)
+                break;
+            X = m->x + (size_t)keep_from * E;
+            N = n - keep_from;
+            memmove(m->q, m->q + (size_t)keep_from * m->q_dim, (size_t)N * m->q_dim * sizeof(float));
+            ac.toks = toks + keep_from;
+            ac.n = N;
+            att_work = 0;
+            for (uint32_t i = 0; i < N; i++)
+                att_work += (uint64_t)(ac.toks[i].pos + 1) * m->n_heads * m->head_dim;
+            att_chunks = N * m->n_heads;
+            if (ll_att_tiled()) {
+                ll_att_plan(m, ac.toks, N, &ac);
+                att_chunks = ac.n_tiles * m->n_kv_heads * ac.hsplit;
+            }
+        }
         ac.layer = l;
         ac.swa = L->swa;
         if (att_work < (1u << 15))
@@ -1587,46 +1616,46 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const 
         eng_ll_matmul_t wo = {
             .qx = m->mm_qx,
             .n_mats = 1, .w = { &L->wo }, .out = { m->xb2 }, .out_stride = { E },
-            .x = m->att, .x_stride = m->q_dim, .n_items = n,
+            .x = m->att, .x_stride = m->q_dim, .n_items = N,
         };
         eng_ll_matmul(m->pool, &wo, scr);
         if (L->post_attn_norm)
-            for (uint32_t i = 0; i < n; i++)
+            for (uint32_t i = 0; i < N; i++)
                 ll_rmsnorm(m->xb2 + (size_t)i * E, m->xb2 + (size_t)i * E, L->post_attn_norm,
                            E, m->rms_eps);
-        for (size_t i = 0; i < (size_t)n * E; i++)
-            m->x[i] += m->xb2[i];
+        for (size_t i = 0; i < (size_t)N * E; i++)
+            X[i] += m->xb2[i];
 
-        for (uint32_t i = 0; i < n; i++)
-            ll_rmsnorm(m->xb + (size_t)i * E, m->x + (size_t)i * E, L->ffn_norm, E,
+        for (uint32_t i = 0; i < N; i++)
+            ll_rmsnorm(m->xb + (size_t)i * E, X + (size_t)i * E, L->ffn_norm, E,
                        m->rms_eps);
         if (m->ep_size > 1) {
-            ll_moe_ep(m, L, l, n);
+            ll_moe_ep(m, L, l, N);
             if (m->ep_status != PD_OK)
                 return; /* the group's pass is lost */
         } else if (m->n_expert) {
-            ll_moe(m, L, n);
+            ll_moe(m, L, N);
         } else {
             eng_ll_matmul_t gu = {
                 .qx = m->mm_qx,
                 .n_mats = 2, .w = { &L->w_gate, &L->w_up }, .out = { m->hb, m->hb2 },
-                .out_stride = { m->n_ff, m->n_ff }, .x = m->xb, .x_stride = E, .n_items = n,
+                .out_stride = { m->n_ff, m->n_ff }, .x = m->xb, .x_stride = E, .n_items = N,
             };
             eng_ll_matmul(m->pool, &gu, scr);
-            ll_act(m, n, m->n_ff);
+            ll_act(m, N, m->n_ff);
             eng_ll_matmul_t dn = {
                 .qx = m->mm_qx,
                 .n_mats = 1, .w = { &L->w_down }, .out = { m->xb2 }, .out_stride = { E },
-                .x = m->hb, .x_stride = m->n_ff, .n_items = n,
+                .x = m->hb, .x_stride = m->n_ff, .n_items = N,
             };
             eng_ll_matmul(m->pool, &dn, scr);
         }
         if (L->post_ffn_norm)
-            for (uint32_t i = 0; i < n; i++)
+            for (uint32_t i = 0; i < N; i++)
                 ll_rmsnorm(m->xb2 + (size_t)i * E, m->xb2 + (size_t)i * E, L->post_ffn_norm,
                            E, m->rms_eps);
-        for (size_t i = 0; i < (size_t)n * E; i++)
-            m->x[i] += m->xb2[i];
+        for (size_t i = 0; i < (size_t)N * E; i++)
+            X[i] += m->xb2[i];
     }
 
     if (!logits || logit_from >= n)
@@ -1686,7 +1715,8 @@ static pd_status_t ll_prefill(eng_model_t *m, void *arena, const uint32_t *block
             toks[i].nb = n_blocks;
         }
         int last = c0 + cn == n_tokens;
-        ll_forward(m, arena, start_pos + c0 + cn, toks, cn, last ? logits : NULL, cn - 1);
+        ll_forward(m, arena, start_pos + c0 + cn, toks, cn, last ? logits : NULL, cn - 1,
+                   last ? cn - 1 : cn);
         if (m->ep_status != PD_OK)
             return m->ep_status;
     }
@@ -1736,7 +1766,7 @@ static pd_status_t ll_step(eng_model_t *m, void *arena, const eng_chunk_t *chunk
         }
         uint32_t from = lfirst > p0 ? lfirst - p0 : 0;
         float *out = from < pn ? logits + (size_t)(p0 + from - lfirst) * m->vocab : NULL;
-        ll_forward(m, arena, 0, toks, pn, out, from);
+        ll_forward(m, arena, 0, toks, pn, out, from, from);
         if (m->ep_status != PD_OK)
             return m->ep_status;
     }
@@ -1800,7 +1830,7 @@ static pd_status_t ll_embed(eng_model_t *m, void *arena, const eng_embed_item_t 
                 pos = 0;
             }
         }
-        ll_forward(m, arena, 0, toks, cn, NULL, cn);
+        ll_forward(m, arena, 0, toks, cn, NULL, cn, 0);
         if (m->ep_status != PD_OK) {
             free(acc);
             return m->ep_status;
