@@ -395,10 +395,14 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
         printf("%llu\n", (unsigned long long)arena);
         return fflush(stdout) == 0 ? 0 : 1;
     }
-    if (n->cfg->ep_size > 1) { /* the loaded slice is checked; serving it needs the group */
+    if (n->cfg->ep_size > 1) { /* the group meets; serving it needs the step barrier */
+        st = node_ep_join(n, err, sizeof(err));
+        node_ep_leave(n);
+        if (st != PD_OK)
+            return node_fail(n, "EP group", st, err);
         pd_log(PD_LOG_ERROR, n->role->name, NULL,
-               "ep-size %llu: loaded rank %llu's experts; serving as an EP group (exchange "
-               "window, step barrier) is not built yet (issue 36)",
+               "ep-size %llu: rank %llu joined its group; serving as an EP group (the step "
+               "barrier) is not built yet (issue 36)",
                (unsigned long long)n->cfg->ep_size, (unsigned long long)n->cfg->ep_rank);
         return 1;
     }
