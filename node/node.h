@@ -78,6 +78,10 @@ typedef struct {
     uint64_t cpu_share;
     char *cpu_arbiter;
     int qdot;
+    uint64_t ep_size;           /* expert parallelism: ranks of the group (1: the whole model) */
+    uint64_t ep_rank;           /* this daemon's rank, < ep_size */
+    char *ep_dir;               /* the group's rendezvous directory */
+    uint64_t ep_timeout_ns;     /* every exchange's deadline */
 } node_config_t;
 
 extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", "q4_0", "bf16", "fp8_e4m3", NULL } (eng_kv_dtype_t order) */
@@ -120,7 +124,11 @@ extern const char *const node_qdot_paths[];  /* { "auto", "amx", "vnni", "avx2",
     NODE_ROW(stype, nice, "nice", INT, "0", "scheduling niceness of every thread (setpriority at boot, before the engine's): daemons sharing a host's cores with threads = all of them lend their idle cores; the lower value wins when both are busy (e.g. prefill 10, decode 0: the decode's steps first, the prefill takes what they leave); a daemon leading its own session (pdctl, systemd) also gives its autogroup that nice, else with sched_autogroup_enabled sessions share the CPU first and nice would count only inside one. Below 0 needs CAP_SYS_NICE", -20, 19, NULL) \
     NODE_ROW(stype, cpu_share, "cpu-share", UINT, "0", "this daemon's share of the host's cores in milli-cores (1000 = one core; 0 = its engine threads): what pd_cpu_borrowed/lent_seconds and pdctl top's BORROW/LENT count against. Accounting only: lending itself is the kernel's (nice)", 0, 1048576, NULL) \
     NODE_ROW(stype, cpu_arbiter, "cpu-arbiter", STRING, PD_CPUARB_DEFAULT, "the host's core arbiter: a shared-memory table where the daemons of one host say how many threads they want now; a decode with tpot-target runs its steps on fewer threads while prefills want cores and its step time stays within the target (off: none)", 0, 0, NULL) \
-    NODE_ROW(stype, qdot, "qdot", ENUM, "auto", "integer-dot path of quantized weights (what PD_QDOT sets; pdctl passes no PD_* to daemons): auto (the environment's PD_QDOT, else the best the CPU has: amx > vnni > avx2 > scalar), amx|vnni|avx2|scalar cap the path, off = the exact f32 path; the boot log line says which runs", 0, 0, node_qdot_paths)
+    NODE_ROW(stype, qdot, "qdot", ENUM, "auto", "integer-dot path of quantized weights (what PD_QDOT sets; pdctl passes no PD_* to daemons): auto (the environment's PD_QDOT, else the best the CPU has: amx > vnni > avx2 > scalar), amx|vnni|avx2|scalar cap the path, off = the exact f32 path; the boot log line says which runs", 0, 0, node_qdot_paths) \
+    NODE_ROW(stype, ep_size, "ep-size", UINT, "1", "expert parallelism (issue 36): ranks of this daemon's EP group; > 1 loads only this rank's slice of a MoE model's routed experts (ep-size must divide the expert count). Serving as a group is not built yet: a daemon with ep-size > 1 loads, logs its slice and exits 1 (print-arena-bytes still answers)", 1, 256, NULL) \
+    NODE_ROW(stype, ep_rank, "ep-rank", UINT, "0", "this daemon's rank in its EP group, 0..ep-size-1 (it holds experts [ep-rank*E/ep-size, (ep-rank+1)*E/ep-size))", 0, 255, NULL) \
+    NODE_ROW(stype, ep_dir, "ep-dir", STRING, NULL, "ep-size > 1: the group's rendezvous directory (one host, shm): each rank writes rank-<r>.meta (its exchange window's metadata) and reads the others' (waits up to 60 s; sizes capped, every field validated); the group's ranks must start with it empty", 0, 0, NULL) \
+    NODE_ROW(stype, ep_timeout_ns, "ep-timeout", DURATION, "5s", "ep-size > 1: deadline of every dispatch and combine exchange of the group", 1e6, 600e9, NULL)
 
 /* ---- role tables ---------------------------------------------------------- */
 
@@ -270,6 +278,7 @@ typedef struct {
 
 struct node {
     const node_role_t *role;
+    struct kvx_win *ep_win;             /* ep-size > 1: the group's window (node_ep.c) */
     node_config_t *cfg;                 /* the `node` member of the role's config */
     pd_loop_t *loop;
     pd_admin_t *admin;
@@ -361,6 +370,12 @@ typedef struct {
  * PD_CONFIG_RUN on success, else the exit status (2 usage, 1 failure) after
  * one line on stderr or in the log. */
 int node_boot(node_t *n, const node_boot_opts_t *o);
+/* ep-size > 1: create the exchange window, meet the group's other ranks
+ * through ep-dir, set the engine's transport and run one idle pass of the
+ * group (node_ep.c). Expected: PD_ERR_BAD_INPUT (no ep-dir, an engine
+ * without EP), PD_ERR_IO / PD_ERR_TOO_BIG (a rank's file), kvx_win's. */
+pd_status_t node_ep_join(node_t *n, char *err, size_t err_len);
+void node_ep_leave(node_t *n);
 /* The schema's --check-config hook (pd_cfg_schema_t.check) for a daemon
  * config whose first member is node_config_t: the deployment secret as
  * node_boot would load it (file readable, long enough; or an allowed

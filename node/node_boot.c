@@ -183,6 +183,11 @@ static pd_status_t node_boot_checks(node_t *n, const char *prog)
         routers_loopback &= pd_addr_is_loopback(addrs[i]);
     if (node_boot_kv_listen(n, prog, routers_loopback) != PD_OK)
         return PD_ERR_BAD_INPUT;
+    if (c->ep_rank >= c->ep_size) {
+        fprintf(stderr, "%s: --ep-rank %llu: 0..ep-size-1 (ep-size %llu)\n", prog,
+                (unsigned long long)c->ep_rank, (unsigned long long)c->ep_size);
+        return PD_ERR_BAD_INPUT;
+    }
     if (c->id && (c->id[0] == '\0' || strlen(c->id) > PROTO_DAEMON_ID_MAX)) {
         fprintf(stderr, "%s: --id: 1..%u bytes\n", prog, PROTO_DAEMON_ID_MAX);
         return PD_ERR_BAD_INPUT;
@@ -228,6 +233,7 @@ static pd_status_t node_boot_engine(node_t *n, uint32_t max_batch, char *err, si
         .kv_dtype_v = (eng_kv_dtype_t)(c->kv_dtype_v == NODE_KV_SAME ? c->kv_dtype : c->kv_dtype_v),
         .n_threads = (uint32_t)c->threads,
         .max_batch = max_batch,
+        .ep_rank = (uint32_t)c->ep_rank, .ep_size = (uint32_t)c->ep_size,
     };
     pd_status_t st = n->ops->load(&lo, &n->model, err, err_len);
     if (st != PD_OK)
@@ -388,6 +394,17 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
     if (n->cfg->print_arena_bytes) { /* pdctl's plan check: nothing else starts */
         printf("%llu\n", (unsigned long long)arena);
         return fflush(stdout) == 0 ? 0 : 1;
+    }
+    if (n->cfg->ep_size > 1) { /* the group meets; serving it needs the step barrier */
+        st = node_ep_join(n, err, sizeof(err));
+        node_ep_leave(n);
+        if (st != PD_OK)
+            return node_fail(n, "EP group", st, err);
+        pd_log(PD_LOG_ERROR, n->role->name, NULL,
+               "ep-size %llu: rank %llu joined its group; serving as an EP group (the step "
+               "barrier) is not built yet (issue 36)",
+               (unsigned long long)n->cfg->ep_size, (unsigned long long)n->cfg->ep_rank);
+        return 1;
     }
     st = node_boot_mem_reserve(n, prog, arena);
     if (st != PD_OK)

@@ -1,0 +1,159 @@
+/* node_ep.c - an expert-parallel rank's group at boot (issue 36): the
+ * exchange window (kvxfer/kvx_win.h, slot sizes from the engine's ep_cap),
+ * the metadata rendezvous through a directory (`ep-dir`: each rank writes
+ * rank-<r>.meta atomically and reads the others', every byte capped and
+ * validated by kvx_win_peer_add), the engine's transport (set_ep) and one
+ * idle pass of the whole group as its self-check. */
+#include "node.h"
+
+#include "eng.h"
+#include "eng_llama.h"
+#include "kvx_win.h"
+#include "pd_log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NODE_EP_META_MAX (KVX_WIN_MAX_ADDR + KVX_WIN_MAX_RKEY + 1024)
+#define NODE_EP_JOIN_NS 60000000000ull /* wait this long for the other ranks' files */
+
+static void *node_ep_send_buf(void *ctx, eng_ep_phase_t ph, uint32_t peer)
+{
+    return kvx_win_send_buf(ctx, ph, peer);
+}
+
+static pd_status_t node_ep_exchange(void *ctx, eng_ep_phase_t ph, uint32_t layer,
+                                    const size_t *len, const void **recv, size_t *recv_len)
+{
+    (void)layer;
+    return kvx_win_exchange(ctx, ph, len, recv, recv_len);
+}
+
+static uint64_t node_ep_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Write this rank's metadata as dir/rank-<r>.meta (tmp file + rename). */
+static pd_status_t node_ep_publish(const char *dir, uint32_t rank, const void *meta, size_t len,
+                                   char *err, size_t err_len)
+{
+    char tmp[4200], path[4200];
+    snprintf(tmp, sizeof tmp, "%s/.rank-%u.meta.%d", dir, rank, (int)getpid());
+    snprintf(path, sizeof path, "%s/rank-%u.meta", dir, rank);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        snprintf(err, err_len, "ep-dir %s: %s", tmp, strerror(errno));
+        return PD_ERR_IO;
+    }
+    bool ok = write(fd, meta, len) == (ssize_t)len;
+    ok = close(fd) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        snprintf(err, err_len, "ep-dir %s: %s", path, strerror(errno));
+        unlink(tmp);
+        return PD_ERR_IO;
+    }
+    return PD_OK;
+}
+
+/* Read dir/rank-<r>.meta into buf (at most cap bytes): PD_ERR_NOT_FOUND
+ * while it is not there yet. */
+static pd_status_t node_ep_read(const char *dir, uint32_t rank, uint8_t *buf, size_t cap,
+                                size_t *len_p)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/rank-%u.meta", dir, rank);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return errno == ENOENT ? PD_ERR_NOT_FOUND : PD_ERR_IO;
+    struct stat sb;
+    pd_status_t st = PD_OK;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))
+        st = PD_ERR_IO;
+    else if (sb.st_size <= 0 || (uint64_t)sb.st_size > cap)
+        st = PD_ERR_TOO_BIG;
+    else if (read(fd, buf, (size_t)sb.st_size) != (ssize_t)sb.st_size)
+        st = PD_ERR_IO;
+    else
+        *len_p = (size_t)sb.st_size;
+    close(fd);
+    return st;
+}
+
+pd_status_t node_ep_join(node_t *n, char *err, size_t err_len)
+{
+    const node_config_t *c = n->cfg;
+    uint32_t me = (uint32_t)c->ep_rank, N = (uint32_t)c->ep_size;
+    if (N <= 1)
+        return PD_OK;
+    if (c->ep_dir == NULL || c->ep_dir[0] == '\0' || strlen(c->ep_dir) > 4000) {
+        snprintf(err, err_len, "ep-size %u: ep-dir (the group's rendezvous directory) is needed", N);
+        return PD_ERR_BAD_INPUT;
+    }
+    if (n->ops->set_ep == NULL || n->ops->ep_idle == NULL || strcmp(n->engine, "llama") != 0) {
+        snprintf(err, err_len, "engine %s: no expert parallelism", n->engine);
+        return PD_ERR_BAD_INPUT;
+    }
+    eng_llama_info_t in;
+    eng_llama_info(n->model, &in);
+    kvx_win_config_t wc = { .rank = me, .size = N, .n_slots = 2,
+                            .slot_bytes = { in.ep_cap[0], in.ep_cap[1] },
+                            .timeout_ns = c->ep_timeout_ns, .tls = "shm" };
+    kvx_win_h *w = NULL;
+    pd_status_t st = kvx_win_create(&wc, &w);
+    if (st != PD_OK) {
+        snprintf(err, err_len, "exchange window: %s", pd_status_str(st));
+        return st;
+    }
+    const void *meta;
+    size_t ml;
+    kvx_win_meta(w, &meta, &ml);
+    st = node_ep_publish(c->ep_dir, me, meta, ml, err, err_len);
+    static uint8_t buf[NODE_EP_META_MAX];
+    uint64_t t0 = node_ep_now();
+    for (uint32_t p = 0; st == PD_OK && p < N; p++) {
+        if (p == me)
+            continue;
+        size_t len = 0;
+        while ((st = node_ep_read(c->ep_dir, p, buf, sizeof buf, &len)) == PD_ERR_NOT_FOUND &&
+               node_ep_now() - t0 < NODE_EP_JOIN_NS)
+            usleep(20000);
+        if (st == PD_OK)
+            st = kvx_win_peer_add(w, p, buf, len);
+        if (st != PD_OK)
+            snprintf(err, err_len, "ep-dir %s: rank %u's metadata: %s", c->ep_dir, p,
+                     pd_status_str(st));
+    }
+    eng_ep_xport_t x = { .ctx = w, .rank = me, .size = N,
+                         .cap = { in.ep_cap[0], in.ep_cap[1] },
+                         .send_buf = node_ep_send_buf, .exchange = node_ep_exchange };
+    if (st == PD_OK && (st = n->ops->set_ep(n->model, &x)) != PD_OK)
+        snprintf(err, err_len, "set_ep: %s", pd_status_str(st));
+    uint64_t t1 = node_ep_now();
+    if (st == PD_OK && (st = n->ops->ep_idle(n->model)) != PD_OK)
+        snprintf(err, err_len, "the group's first idle pass: %s", pd_status_str(st));
+    if (st != PD_OK) {
+        kvx_win_destroy(w);
+        return st;
+    }
+    pd_log(PD_LOG_INFO, n->role->name, NULL,
+           "EP group: rank %u of %u joined through %s (expert bytes %llu of %llu), an idle "
+           "pass of the group in %.3f ms", me, N, c->ep_dir,
+           (unsigned long long)in.expert_bytes_owned, (unsigned long long)in.expert_bytes_total,
+           (double)(node_ep_now() - t1) / 1e6);
+    n->ep_win = w;
+    return PD_OK;
+}
+
+void node_ep_leave(node_t *n)
+{
+    kvx_win_destroy(n->ep_win);
+    n->ep_win = NULL;
+}
