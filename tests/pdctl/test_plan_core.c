@@ -102,6 +102,44 @@ static void test_defaults_and_fit(void **state)
     pd_config_free(&pdctl_plan_schema, &c);
 }
 
+/* Finding 3 of docs/BENCHMARKS.md "SLO planner": CPU contention, not the
+ * model, sets some steps. A neighbour's bursts make 15% of the samples (the
+ * large batches, which run longest) 5x slower; the fit still reads the model's
+ * 20 ms + 0.3 ms x b, where least squares read a steep slope and too small a
+ * batch cap. */
+static void test_fit_robust_to_noise(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_in_t in;
+    pdctl_plan_out_t out;
+    uint64_t now = 0;
+    for (int t = 0; t < 8; t++) {
+        tick(&in, &now, CHAT, 1, 5);
+        if (t % 3 == 0) {
+            in.dec[3].step_s *= 5;
+            in.dec[4].step_s *= 5;
+        }
+        pdctl_plan_step(&c, 6, &in, &st, &out);
+    }
+    assert_true(out.step_a_s > 0.018 && out.step_a_s < 0.022);
+    assert_true(out.step_k_s > 0.00027 && out.step_k_s < 0.00033);
+    assert_true(out.dec_batch_cap == 16);
+    /* one batch size only: proportional from the medians, noise ignored */
+    pdctl_plan_state_init(&st);
+    for (int t = 0; t < 5; t++) {
+        tick(&in, &now, CHAT, 1, 1);
+        if (t == 2)
+            in.dec[0].step_s *= 10;
+        pdctl_plan_step(&c, 6, &in, &st, &out);
+    }
+    assert_true(out.step_a_s == 0);
+    assert_true(out.step_k_s > 0.0052 && out.step_k_s < 0.0054);   /* 21.2 ms / 4 */
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
 static void test_idle_holds(void **state)
 {
     (void)state;
@@ -381,6 +419,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_fit),
+        cmocka_unit_test(test_fit_robust_to_noise),
         cmocka_unit_test(test_idle_holds),
         cmocka_unit_test(test_phase_change_resplits),
         cmocka_unit_test(test_flapping_no_oscillation),

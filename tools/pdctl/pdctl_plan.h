@@ -15,8 +15,9 @@
  *                       the prefill daemons (the router's disagg-mode=cost
  *                       rate until a prefill ran);
  *   decode capacity   = b_cap / step(b_cap) tokens/s, step(b) = a + k*b
- *                       fitted to the decodes' (mean batch, mean step time)
- *                       of recent ticks, b_cap the largest batch whose step
+ *                       fitted (Theil-Sen: median of pairwise slopes, robust
+ *                       to steps slowed by CPU contention) to the decodes'
+ *                       (mean batch, mean step time) of recent ticks, b_cap the largest batch whose step
  *                       meets tpot-p90, at most what a decode's KV holds;
  *   need (daemons)    = demand / (capacity * target-util), demand = the
  *                       uncached prompt tokens/s (prefill) and generated

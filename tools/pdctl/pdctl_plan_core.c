@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define ROW(field, key, type, def, help, min, max) \
@@ -82,8 +83,6 @@ void pdctl_plan_state_init(pdctl_plan_state_t *st)
 #define PLAN_MIN_PF_TOKENS 16.0
 /* Weight of a new prefill-rate sample. */
 #define PLAN_RATE_WEIGHT 0.3
-/* Batches must spread this much (variance) before a slope is believed. */
-#define PLAN_FIT_MIN_VAR 0.25
 /* Total need below this (daemons) is no traffic. */
 #define PLAN_IDLE_NEED 0.02
 
@@ -108,39 +107,64 @@ static void plan_measure(const pdctl_plan_in_t *in, pdctl_plan_state_t *st)
         st->max_batch = in->dec_max_batch;
 }
 
-/* step(b) = a + k*b by least squares over the kept points. Until the
- * batches spread, proportional (a = 0): the pessimistic reading, which
- * sees no headroom in batching. */
+static int plan_cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+static double plan_median(double *v, size_t n)
+{
+    qsort(v, n, sizeof(*v), plan_cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Two points' batches must differ this much before their slope counts. */
+#define PLAN_FIT_MIN_DB 0.5
+
+/* step(b) = a + k*b, robust to CPU noise (docs/BENCHMARKS.md "SLO planner",
+ * finding 3: a neighbour's burst makes some steps several times slower, and
+ * least squares followed it from 20 ms + 0.3 ms x b to 5.6 ms + 7.4 ms x b
+ * within a minute). Theil-Sen: k = the median of the pairwise slopes, a = the
+ * median of step - k*b; a minority of inflated steps moves neither. Until
+ * the batches spread, proportional (a = 0, k = median step / median batch):
+ * the pessimistic reading, which sees no headroom in batching. */
 static void plan_fit(const pdctl_plan_state_t *st, double *a_p, double *k_p, double *bmax_p)
 {
-    double sb = 0, ss = 0, bmax = 0;
-    for (unsigned i = 0; i < st->fit_n; i++) {
-        sb += st->fit_b[i];
-        ss += st->fit_s[i];
+    double slopes[PDCTL_PLAN_FIT_POINTS * (PDCTL_PLAN_FIT_POINTS - 1) / 2];
+    double res[PDCTL_PLAN_FIT_POINTS], bs[PDCTL_PLAN_FIT_POINTS];
+    size_t ns = 0, n = st->fit_n;
+    double bmax = 0;
+    for (size_t i = 0; i < n; i++) {
         if (st->fit_b[i] > bmax)
             bmax = st->fit_b[i];
+        for (size_t j = i + 1; j < n; j++) {
+            double db = st->fit_b[j] - st->fit_b[i];
+            if (fabs(db) >= PLAN_FIT_MIN_DB)
+                slopes[ns++] = (st->fit_s[j] - st->fit_s[i]) / db;
+        }
     }
-    double n = st->fit_n, mb = sb / n, ms = ss / n, vb = 0, cov = 0;
-    for (unsigned i = 0; i < st->fit_n; i++) {
-        vb += (st->fit_b[i] - mb) * (st->fit_b[i] - mb);
-        cov += (st->fit_b[i] - mb) * (st->fit_s[i] - ms);
-    }
-    vb /= n;
-    cov /= n;
     double a, k;
-    if (vb >= PLAN_FIT_MIN_VAR) {
-        k = cov / vb;
-        a = ms - k * mb;
-        if (k < 0) {          /* noise: a flat step */
+    if (ns >= n) {   /* the batches spread: at least as many pairs as points */
+        k = plan_median(slopes, ns);
+        if (k < 0)   /* noise: a flat step */
             k = 0;
-            a = ms;
-        } else if (a < 0) {   /* through the origin */
+        for (size_t i = 0; i < n; i++)
+            res[i] = st->fit_s[i] - k * st->fit_b[i];
+        a = plan_median(res, n);
+        if (a < 0) {   /* through the origin */
+            for (size_t i = 0; i < n; i++)
+                res[i] = st->fit_s[i] / st->fit_b[i];
             a = 0;
-            k = ms / mb;
+            k = plan_median(res, n);
         }
     } else {
+        for (size_t i = 0; i < n; i++) {
+            res[i] = st->fit_s[i];
+            bs[i] = st->fit_b[i];
+        }
         a = 0;
-        k = ms / mb;
+        k = plan_median(res, n) / plan_median(bs, n);
     }
     *a_p = a;
     *k_p = k;
