@@ -76,6 +76,7 @@ void pdctl_plan_state_init(pdctl_plan_state_t *st)
 {
     memset(st, 0, sizeof(*st));
     st->pending = PDCTL_PLAN_NO_PENDING;
+    st->mode_pending = -1;
 }
 
 /* Fewer computed tokens than this in a tick say more about fixed costs than
@@ -217,6 +218,24 @@ static double plan_dec_pressure(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in
     return itl < own ? itl : own;
 }
 
+/* PD-mixed or separate pools (pdctl_plan.h "mode"). Without a measured pull
+ * or prompt length: the running mode. */
+static bool plan_want_mixed(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *in,
+                            const pdctl_plan_state_t *st, pdctl_plan_out_t *out)
+{
+    if (cfg->min_prefill > 0)
+        return false;
+    if (!(in->pull_tok_s > 0) || !(st->pf_tok_s > 0) || !(st->prompt_len > 0))
+        return in->mixed;
+    double gap = st->prompt_len * in->pull_tok_s + (in->hop_s > 0 ? in->hop_s : 0);
+    double t = (double)cfg->tpot_p90_ns / 1e9;
+    double pull_per_pf = in->pull_tok_s * st->pf_tok_s;   /* pull time / prefill time, per token */
+    out->pull_gap_s = gap;
+    if (!in->mixed)
+        return gap > t * PDCTL_PLAN_MODE_MARGIN && pull_per_pf >= 1;
+    return !(gap < t / PDCTL_PLAN_MODE_MARGIN || pull_per_pf < 1 / PDCTL_PLAN_MODE_MARGIN);
+}
+
 void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_plan_in_t *in,
                      pdctl_plan_state_t *st, pdctl_plan_out_t *out)
 {
@@ -247,6 +266,14 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
     }
     out->need_p = st->need_p;
     out->need_d = st->need_d;
+    if (in->dt_s > 0 && in->requests > 0) {
+        double w = cfg->window_ns > 0 ? 1 - exp(-in->dt_s * 1e9 / (double)cfg->window_ns) : 1;
+        double uncached = in->prompt_tokens - in->cached_tokens;
+        double len = (uncached > 0 ? uncached : 0) / in->requests;
+        st->prompt_len = st->prompt_len > 0 ? st->prompt_len + w * (len - st->prompt_len) : len;
+    }
+    out->prompt_len = st->prompt_len;
+    out->mixed = in->mixed;
 
     unsigned lo = (unsigned)cfg->min_prefill, min_d = cfg->min_decode ? (unsigned)cfg->min_decode : 1;
     unsigned hi = budget > min_d ? budget - min_d : 0;
@@ -256,6 +283,58 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         why = PDCTL_PLAN_NO_DATA;
         goto hold;
     }
+    bool want_mixed = plan_want_mixed(cfg, in, st, out);
+    if (want_mixed != in->mixed) {
+        if (st->mode_pending != (int)want_mixed) {
+            st->mode_pending = want_mixed;
+            st->mode_ticks = 0;
+        }
+        if (in->dt_s > 0)
+            st->mode_ticks++;
+        st->pending = PDCTL_PLAN_NO_PENDING;   /* the split waits for the mode */
+        st->pending_ticks = 0;
+        if (st->mode_ticks < (cfg->confirm ? cfg->confirm : 1) || !(in->dt_s > 0)) {
+            why = PDCTL_PLAN_CONFIRM;
+            goto hold;
+        }
+        if (st->last_change_ns != 0 && in->now_ns - st->last_change_ns < cfg->dwell_ns) {
+            why = PDCTL_PLAN_DWELL;
+            goto hold;
+        }
+        out->mixed = want_mixed;
+        if (want_mixed) {
+            out->want_prefill = 0;
+            out->want_decode = budget;
+            why = PDCTL_PLAN_TO_MIXED;
+        } else {
+            double sp = st->need_p + st->need_d > 0
+                            ? (double)budget * st->need_p / (st->need_p + st->need_d) : 1;
+            unsigned wp = (unsigned)lround(sp);
+            unsigned hi_m = budget > (cfg->min_decode ? cfg->min_decode : 1)
+                                ? budget - (unsigned)(cfg->min_decode ? cfg->min_decode : 1) : 0;
+            if (wp < 1)
+                wp = 1;
+            if (wp > hi_m)
+                wp = hi_m;
+            out->split_prefill = sp;
+            out->want_prefill = wp;
+            out->want_decode = budget - wp;
+            why = PDCTL_PLAN_TO_SEPARATE;
+        }
+        out->act = true;
+        st->last_change_ns = in->now_ns ? in->now_ns : 1;
+        st->mode_pending = -1;
+        st->mode_ticks = 0;
+        goto count;
+    }
+    st->mode_pending = -1;
+    st->mode_ticks = 0;
+    if (in->mixed) {
+        why = PDCTL_PLAN_MIXED;   /* no prefills to place; a deployment off budget keeps */
+        goto hold;
+    }
+    if (in->pull_tok_s > 0 && lo < 1 && hi >= 1)
+        lo = 1;   /* the mode decides PD-mixed (above); separate pools keep a prefill */
     if (st->need_p + st->need_d < PLAN_IDLE_NEED) {
         why = PDCTL_PLAN_IDLE;
         goto hold;
