@@ -86,6 +86,7 @@ typedef struct {
                                   deployment's etcd, else flock on the run dir */
     char *metrics_listen;      /* the leader's /metrics (host:port), NULL: none */
     bool act;                  /* false: decide and export only (an external scaler acts) */
+    char *separate_mode;       /* the routers' disagg-mode after PD-mixed */
 } pdctl_plan_cfg_t;
 
 extern const pd_cfg_schema_t pdctl_plan_schema;
@@ -165,6 +166,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
 
 int pdctl_cmd_plan(int argc, char **argv);
 int pdctl_cmd_autoscale(int argc, char **argv);
+int pdctl_cmd_disagg_mode(int argc, char **argv);
 /* Stop the run dir's planners (SIGTERM; one in a re-split finishes its
  * `pdctl scale` first; SIGKILL after timeout_s). pdctl down, first. */
 void pdctl_planners_stop(const char *run_dir, double timeout_s);

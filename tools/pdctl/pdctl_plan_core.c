@@ -40,6 +40,9 @@ static const pd_cfg_field_t pdctl_plan_fields[] = {
     PD_CFG_ROW(pdctl_plan_cfg_t, act, "act", BOOL, "true",
                "re-split through pdctl scale (false: decide, log and export only, for an "
                "external scaler such as KEDA or an HPA)", 0, 0, NULL),
+    ROW(separate_mode, "separate-mode", STRING, NULL,
+        "the routers' disagg-mode (threshold|always|cost) when the planner leaves PD-mixed "
+        "(it sets never for PD-mixed; default: the file's, else threshold)", 0, 0),
     PD_CFG_END,
 };
 
