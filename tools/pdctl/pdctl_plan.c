@@ -294,7 +294,7 @@ static void plan_log(const char *name, bool leader, bool act, const pdctl_plan_i
     X("pd_planner_mode", "gauge",                                                          \
       "Disaggregation mode, by mode: 1 for the one wanted (mixed: 0 prefills, routers never)") \
     X("pd_planner_pull_gap_seconds", "gauge",                                              \
-      "Predicted KV pull of a mean prompt (prompt length x measured pull per token + hop)")
+      "Predicted KV pull of a mean prompt (prompt length x measured pull per token)")
 
 
 typedef struct {

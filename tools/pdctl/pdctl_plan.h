@@ -31,7 +31,7 @@
  *   mode              = PD-mixed (0 prefills, all decodes, router
  *                       disagg-mode = never) when the predicted KV pull of a
  *                       mean prompt (prompt length x the routers' measured
- *                       pull time per token + the hop) misses tpot-p90 by
+ *                       pull time per token) misses tpot-p90 by
  *                       PDCTL_PLAN_MODE_MARGIN and a pulled token costs at
  *                       least the prefill of a token it saves; separate again
  *                       when the pull would meet tpot-p90 / margin or costs

@@ -230,7 +230,10 @@ static bool plan_want_mixed(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *
         return false;
     if (!(in->pull_tok_s > 0) || !(st->pf_tok_s > 0) || !(st->prompt_len > 0))
         return in->mixed;
-    double gap = st->prompt_len * in->pull_tok_s + (in->hop_s > 0 ? in->hop_s : 0);
+    /* the pull alone: the hop (dispatch to the prefill) is TTFT's, not the
+     * gap before token 1, and a hop measured under a re-split's load would
+     * pin PD-mixed */
+    double gap = st->prompt_len * in->pull_tok_s;
     double t = (double)cfg->tpot_p90_ns / 1e9;
     double pull_per_pf = in->pull_tok_s * st->pf_tok_s;   /* pull time / prefill time, per token */
     out->pull_gap_s = gap;
