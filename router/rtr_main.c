@@ -169,6 +169,22 @@ static pd_status_t rtr_admin_membership(pd_admin_req_t *req, cJSON *reply)
     return PD_OK;
 }
 
+/* admin `set-disagg-mode <mode>`: disagg-mode at run time (pdctl autoscale
+ * switches PD-mixed = never and back); the next request decides with it. */
+static pd_status_t rtr_admin_set_disagg_mode(pd_admin_req_t *req, cJSON *reply)
+{
+    rtr_t *r = req->arg;
+    for (int m = 0; req->argc == 1 && disagg_modes[m] != NULL; m++) {
+        if (strcmp(req->argv[0], disagg_modes[m]) == 0) {
+            r->cfg.disagg_mode = m;
+            cJSON_AddStringToObject(reply, "disagg_mode", disagg_modes[m]);
+            return PD_OK;
+        }
+    }
+    return pd_admin_req_error(req, PD_ERR_BAD_INPUT,
+                              "usage: set-disagg-mode threshold|always|never|cost");
+}
+
 static const pd_admin_cmd_t rtr_admin_cmds[] = {
     { "membership", PD_ADMIN_USER, rtr_admin_membership,
       "membership - etcd registration (routers/<id>): connected, last error" },
@@ -176,6 +192,8 @@ static const pd_admin_cmd_t rtr_admin_cmds[] = {
       "backends - registered daemons: role, state, load, last heartbeat" },
     { "set-backend", PD_ADMIN_ADMIN, rtr_admin_set_backend,
       "set-backend <id> ready|drain|maint - change a backend's routing state" },
+    { "set-disagg-mode", PD_ADMIN_ADMIN, rtr_admin_set_disagg_mode,
+      "set-disagg-mode threshold|always|never|cost - when to prefill on a prefill daemon, now" },
     { "planner", PD_ADMIN_USER, rtr_admin_planner,
       "planner - counters, TTFT / inter-token histogram buckets and cost rates for pdctl autoscale" },
     { "requests", PD_ADMIN_USER, rtr_admin_requests,

@@ -15,8 +15,10 @@
 #   agent  agent turns on long shared prefixes: 6 req/s, 4 groups x 1536-token
 #          prefix + 256 new tokens, 64 answer tokens (shared-prefix workload)
 # Configurations: the static splits 1P:5D .. 5P:1D (disagg-mode always),
-# mixed-6D (6 decodes, disagg-mode never) and `planner` (starts 3P:3D,
-# `pdctl autoscale on`, [planner] rows below). SLO: TTFT <= 1 s, TPOT <= 50 ms.
+# mixed-6D (6 decodes, disagg-mode never), `planner` (starts 3P:3D with the
+# routers at always, `pdctl autoscale on`, [planner] rows below: min-prefill 0,
+# so it may choose PD-mixed and back to separate-mode always) and
+# `planner-mixed` (the same, starting PD-mixed 0P:6D, routers never). SLO: TTFT <= 1 s, TPOT <= 50 ms.
 # Output in --out DIR: one pd-bench JSON per (rep, config, phase),
 # summary.tsv (goodput and SLO attainment per phase), planner logs.
 set -uo pipefail
@@ -24,7 +26,7 @@ set -uo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${PD_BUILD_DIR:-$SRC/build}
 OUT= PHASE=30 REPS=1 PLANNER_EXTRA=
-CONFIGS="1P:5D 2P:4D 3P:3D 4P:2D 5P:1D mixed-6D planner"
+CONFIGS="1P:5D 2P:4D 3P:3D 4P:2D 5P:1D mixed-6D planner planner-mixed"
 while [ $# -gt 0 ]; do
     case $1 in
     --build) BUILD=$2; shift ;;
@@ -48,7 +50,8 @@ SLO="ttft=1s,tpot=50ms"
 # the planner's damping scaled to the short phases
 COMMON=(--set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0
         --set decode.kv-blocks=768 --set decode.max-batch=16)
-PLANNER=(--set planner.budget=6 --set planner.min-prefill=1 --set planner.interval=1s
+PLANNER=(--set planner.budget=6 --set planner.min-prefill=0 --set planner.separate-mode=always
+         --set planner.interval=1s
          --set planner.window=6s --set planner.confirm=2 --set planner.dwell=10s
          --set planner.ttft-p90=1s --set planner.tpot-p90=50ms)
 for kv in $PLANNER_EXTRA; do PLANNER+=(--set "planner.$kv"); done
@@ -81,7 +84,8 @@ for rep in $(seq 1 "$REPS"); do
     for cfg in $CONFIGS; do
         case $cfg in
         mixed-6D) NP=0 ND=6 MODE=never ;;
-        planner) NP=3 ND=3 MODE=always ;;
+        planner) NP=3 ND=3 MODE=threshold ;;   # the routers go to always below
+        planner-mixed) NP=0 ND=6 MODE=never ;;
         *P:*D) NP=${cfg%%P:*}; ND=${cfg#*:}; ND=${ND%D}; MODE=always ;;
         esac
         if [ "$(mem_avail_mb)" -lt 10240 ]; then
@@ -92,13 +96,17 @@ for rep in $(seq 1 "$REPS"); do
         RUNS+=("$RUN")
         UP=("$PDCTL" up "$DEPLOY" --run-dir "$RUN" --set prefill="$NP" --set decode="$ND"
             --set disagg-mode="$MODE" "${COMMON[@]}")
-        [ "$cfg" = planner ] && UP+=("${PLANNER[@]}")
+        case $cfg in planner*) UP+=("${PLANNER[@]}") ;; esac
         say "${UP[@]}"
         if ! "${UP[@]}" >"$RUN.up.log" 2>&1; then
             echo "plan-phases: $cfg up failed" >&2; tail -5 "$RUN.up.log" >&2; continue
         fi
         URL=$(cat "$RUN/url")
-        if [ "$cfg" = planner ]; then
+        if [ "$cfg" = planner ]; then   # separate pools like the static splits
+            say "$PDCTL" disagg-mode always --run-dir "$RUN"
+            "$PDCTL" disagg-mode always --run-dir "$RUN"
+        fi
+        if [ "${cfg#planner}" != "$cfg" ]; then
             say "$PDCTL" autoscale on --run-dir "$RUN"
             "$PDCTL" autoscale on --run-dir "$RUN"
         fi
@@ -131,7 +139,7 @@ print("\t".join([sys.argv[2], sys.argv[3], sys.argv[4], str(sent), str(r["comple
 PY
             tail -1 "$OUT/summary.tsv" | tr '\t' ' ' | sed 's/^/  = /'
         done
-        [ "$cfg" = planner ] && cp "$RUN"/planner-0.log "$OUT/planner-$rep.log"
+        case $cfg in planner*) cp "$RUN"/planner-0.log "$OUT/$cfg-$rep.log" ;; esac
         say "$PDCTL" down --run-dir "$RUN"
         "$PDCTL" down --run-dir "$RUN" >"$RUN.down.log" 2>&1 || cat "$RUN.down.log" >&2
     done

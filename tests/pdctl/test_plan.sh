@@ -3,12 +3,19 @@
 # sim-engine daemons on loopback (tests/pdctl/plan-sim.ini: budget 3, a
 # prefill computes 4000 tokens/s, a decode step is 10 ms + 1 ms x batch),
 # load from pd-bench. Every wait polls with a bound.
-#   test_plan.sh phase|flap|leader SRC_ROOT PDCTL PD_BENCH
+#   test_plan.sh phase|flap|mixed|leader SRC_ROOT PDCTL PD_BENCH
 #   phase:  short chat, then long prompts: the planner re-splits 1:2 -> 2:1
 #           within its bound (window + confirm ticks + the scale), zero
 #           failed requests, its decision logged and in the metrics.
 #   flap:   chat and long prompts alternating every 2 s: at most one
 #           re-split, never back and forth.
+#   mixed:  a KV pull that costs more than the prefill it saves (a fast
+#           prefill, 128 KiB of KV a token, tpot-p90 30 ms): long prompts make
+#           the planner switch to PD-mixed (0:3, routers disagg-mode never)
+#           within its bound, short chat back to separate pools, zero failed
+#           requests across both switches. Run by hand (not in meson): the
+#           pull per token it rests on is measured on loopback and moves 20x
+#           with the box's load (short pulls carry a fixed cost per token).
 #   leader: two planners: one leads, the other stands by; kill -9 the
 #           leader, the other takes over (flock; then etcd when installed).
 # PLAN_SET="planner.k=v ..." adds --set rows to `up` (to show a test fails
@@ -135,6 +142,51 @@ flap() {
     clean_logs "$R"
 }
 
+router_mixed() { "$PDCTL" admin router planner --run-dir "$1" --json | json_get 'j.get("mixed")'; }
+is_mode() { [ "$(counts "$1" 2>/dev/null)" = "$2" ] && [ "$(router_mixed "$1")" = "$3" ]; }
+
+mixed() {
+    local R=$T/run-mixed t0 bench f
+    up "$R" --set "deployment.model=sim:layers=32,kv_heads=8,head_dim=128,vocab=32000,ctx=4096,prefill_tps=1000000,decode_ms=2+0.1*b,kv_check=sample" \
+        --set deployment.disagg-mode=threshold --set decode.kv-blocks=128 --set prefill.kv-blocks=128 \
+        --set planner.tpot-p90=30ms --set planner.dwell=4s || return
+    "$PDCTL" autoscale on --run-dir "$R" >/dev/null 2>&1 || bad "autoscale on"
+    chat 4s "$T/mc1.json" || bad "pd-bench chat 1"
+    check "chat: separate pools (1:2, routers not mixed)" is_mode "$R" 1:2 False
+    t0=$SECONDS
+    long 20s "$T/ml.json" &
+    bench=$!
+    # the bound: window 3 s + confirm 2 ticks + dwell 4 s + the drain
+    if poll 20 is_mode "$R" 0:3 True; then
+        ok "long prompts, pull-bound: PD-mixed 0:3 after $((SECONDS - t0))s (bound 20 s)"
+    else
+        bad "long prompts: not PD-mixed in 20 s (now $(counts "$R"), mixed $(router_mixed "$R"))"
+    fi
+    wait $bench || bad "pd-bench long"
+    t0=$SECONDS
+    chat 30s "$T/mc2.json" &
+    bench=$!
+    # the prompt average decays (window 3 s) below the pull bound, confirm,
+    # dwell, then drain a decode, start a prefill and wait until registered
+    if poll 30 is_mode "$R" 1:2 False; then
+        ok "short chat: separate pools 1:2 again after $((SECONDS - t0))s (bound 30 s)"
+    else
+        bad "short chat: not back to separate in 30 s (now $(counts "$R"), mixed $(router_mixed "$R"))"
+    fi
+    wait $bench || bad "pd-bench chat 2"
+    f=$(( $(failed_of "$T/mc1.json") + $(failed_of "$T/ml.json") + $(failed_of "$T/mc2.json") ))
+    check "zero failed requests across both switches" test "$f" = 0
+    check "router: requests_failed 0" test "$("$PDCTL" admin router planner --run-dir "$R" --json |
+        json_get 'j["counters"]["requests_failed"]')" = 0
+    check "the switches are logged: to_mixed once, then to_separate once" bash -c \
+        '[ "$(grep -c "leader RESPLIT reason=to_mixed want=0:3 running=1:2 mode=mixed" "$1")" = 1 ] &&
+         [ "$(grep -c "leader RESPLIT reason=to_separate want=1:2 running=0:3 mode=separate" "$1")" = 1 ]' _ "$R/planner-0.log"
+    check "metrics: pd_planner_mode separate" \
+        grep -qx 'pd_planner_mode{mode="separate"} 1' "$R/planner.prom"
+    "$PDCTL" down --run-dir "$R" >/dev/null 2>&1
+    clean_logs "$R"
+}
+
 # two planners on one deployment: one leads; kill -9 it, the other leads
 takeover() {
     local R=$1 what=$2 old new
@@ -181,8 +233,9 @@ leader() {
 case $MODE in
 phase) phase ;;
 flap) flap ;;
+mixed) mixed ;;
 leader) leader ;;
-*) echo "usage: $0 phase|flap|leader SRC PDCTL PD_BENCH" >&2; exit 2 ;;
+*) echo "usage: $0 phase|flap|mixed|leader SRC PDCTL PD_BENCH" >&2; exit 2 ;;
 esac
 echo "$MODE: $fails failure(s)"
 [ $fails = 0 ]

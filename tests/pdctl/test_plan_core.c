@@ -102,6 +102,44 @@ static void test_defaults_and_fit(void **state)
     pd_config_free(&pdctl_plan_schema, &c);
 }
 
+/* Finding 3 of docs/BENCHMARKS.md "SLO planner": CPU contention, not the
+ * model, sets some steps. A neighbour's bursts make 15% of the samples (the
+ * large batches, which run longest) 5x slower; the fit still reads the model's
+ * 20 ms + 0.3 ms x b, where least squares read a steep slope and too small a
+ * batch cap. */
+static void test_fit_robust_to_noise(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_in_t in;
+    pdctl_plan_out_t out;
+    uint64_t now = 0;
+    for (int t = 0; t < 8; t++) {
+        tick(&in, &now, CHAT, 1, 5);
+        if (t % 3 == 0) {
+            in.dec[3].step_s *= 5;
+            in.dec[4].step_s *= 5;
+        }
+        pdctl_plan_step(&c, 6, &in, &st, &out);
+    }
+    assert_true(out.step_a_s > 0.018 && out.step_a_s < 0.022);
+    assert_true(out.step_k_s > 0.00027 && out.step_k_s < 0.00033);
+    assert_true(out.dec_batch_cap == 16);
+    /* one batch size only: proportional from the medians, noise ignored */
+    pdctl_plan_state_init(&st);
+    for (int t = 0; t < 5; t++) {
+        tick(&in, &now, CHAT, 1, 1);
+        if (t == 2)
+            in.dec[0].step_s *= 10;
+        pdctl_plan_step(&c, 6, &in, &st, &out);
+    }
+    assert_true(out.step_a_s == 0);
+    assert_true(out.step_k_s > 0.0052 && out.step_k_s < 0.0054);   /* 21.2 ms / 4 */
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
 static void test_idle_holds(void **state)
 {
     (void)state;
@@ -377,10 +415,122 @@ static void test_tpot_pressure_needs_slow_steps(void **state)
     pd_config_free(&pdctl_plan_schema, &c);
 }
 
+/* Ticks of ph with a KV pull of pull_s per prompt token (the sim's 8B
+ * geometry pulls 128 KiB a token: ~125 us at 1 GB/s), applying every
+ * decision, mode included; returns acts, *mode_acts the mode switches. */
+static int run_mode(const pdctl_plan_cfg_t *c, pdctl_plan_state_t *st, uint64_t *now, phase_t ph,
+                    double pull_s, int ticks, unsigned *np, unsigned *nd, bool *mixed,
+                    int *mode_acts, pdctl_plan_out_t *last)
+{
+    int acts = 0;
+    for (int t = 0; t < ticks; t++) {
+        pdctl_plan_in_t in;
+        tick(&in, now, ph, *np, *nd);
+        if (*mixed)
+            in.pf_tok_s_hint = 10000;   /* the router's cost rate: decodes prefill */
+        in.pull_tok_s = pull_s;
+        in.hop_s = 0.001;
+        in.mixed = *mixed;
+        pdctl_plan_step(c, 6, &in, st, last);
+        assert_true(last->want_prefill + last->want_decode <= 6);
+        if (last->act) {
+            acts++;
+            if (last->mixed != *mixed)
+                (*mode_acts)++;
+            *np = last->want_prefill;
+            *nd = last->want_decode;
+            *mixed = last->mixed;
+            assert_true(*mixed ? *np == 0 : *np >= 1);
+        }
+    }
+    return acts;
+}
+
+/* Long prompts whose KV pull costs more than their prefill: PD-mixed (0
+ * prefills, all six decode); short chat at the same pull rate: separate. */
+static void test_mode_long_pull_mixed_chat_separate(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    c.dwell_ns = 10 * SEC;
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_out_t out;
+    uint64_t now = 0;
+    unsigned np = 2, nd = 4;
+    bool mixed = false;
+    int mode_acts = 0;
+    /* chat: a 100-token pull is 12.5 ms, within tpot-p90 (50 ms) */
+    run_mode(&c, &st, &now, CHAT, 125e-6, 20, &np, &nd, &mixed, &mode_acts, &out);
+    assert_false(mixed);
+    assert_int_equal(mode_acts, 0);
+    assert_true(out.pull_gap_s > 0.012 && out.pull_gap_s < 0.013);
+    /* long prompts: a 4000-token pull is 0.5 s, and costs more than the
+     * prefill of the same tokens (100 us a token): mixed within confirm + dwell */
+    run_mode(&c, &st, &now, LONG, 125e-6, 15, &np, &nd, &mixed, &mode_acts, &out);
+    assert_true(mixed);
+    assert_int_equal(mode_acts, 1);
+    assert_int_equal(np, 0);
+    assert_int_equal(nd, 6);
+    run_mode(&c, &st, &now, LONG, 125e-6, 10, &np, &nd, &mixed, &mode_acts, &out);
+    assert_int_equal(out.reason, PDCTL_PLAN_MIXED);
+    assert_false(out.act);
+    /* back to chat: separate pools again, at least one prefill */
+    run_mode(&c, &st, &now, CHAT, 125e-6, 40, &np, &nd, &mixed, &mode_acts, &out);
+    assert_false(mixed);
+    assert_int_equal(mode_acts, 2);
+    assert_true(np >= 1);
+    /* a cheap pull (20 us a token < 100 us of prefill) never makes long
+     * prompts mixed, however long the gap */
+    pdctl_plan_state_init(&st);
+    np = 2, nd = 4, mixed = false, mode_acts = 0;
+    run_mode(&c, &st, &now, LONG, 20e-6, 40, &np, &nd, &mixed, &mode_acts, &out);
+    assert_int_equal(mode_acts, 0);
+    assert_false(mixed);
+    /* min-prefill > 0 forbids PD-mixed */
+    c.min_prefill = 1;
+    pdctl_plan_state_init(&st);
+    np = 2, nd = 4;
+    run_mode(&c, &st, &now, LONG, 125e-6, 40, &np, &nd, &mixed, &mode_acts, &out);
+    assert_int_equal(mode_acts, 0);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
+/* Long prompts and chat alternating every few seconds: the mode switches at
+ * most once per dwell (and the averaged prompt settles on one side). */
+static void test_mode_flapping_no_oscillation(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    c.dwell_ns = 30 * SEC;
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_out_t out;
+    uint64_t now = 0;
+    unsigned np = 2, nd = 4;
+    bool mixed = false;
+    int mode_acts = 0;
+    uint64_t last_switch = 0;
+    for (int k = 0; k < 40; k++) {   /* 160 s: 2 ticks long, 2 ticks chat */
+        int before = mode_acts;
+        run_mode(&c, &st, &now, k % 2 ? CHAT : LONG, 125e-6, 2, &np, &nd, &mixed, &mode_acts,
+                 &out);
+        if (mode_acts != before) {
+            assert_true(last_switch == 0 || now - last_switch >= 30 * SEC);
+            last_switch = now;
+        }
+    }
+    assert_true(mode_acts <= 2);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_fit),
+        cmocka_unit_test(test_fit_robust_to_noise),
+        cmocka_unit_test(test_mode_long_pull_mixed_chat_separate),
+        cmocka_unit_test(test_mode_flapping_no_oscillation),
         cmocka_unit_test(test_idle_holds),
         cmocka_unit_test(test_phase_change_resplits),
         cmocka_unit_test(test_flapping_no_oscillation),

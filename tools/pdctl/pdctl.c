@@ -30,6 +30,7 @@ static int cmd_help(int argc, char **argv);
     X("scale", pdctl_cmd_scale, "scale prefill|decode N   start daemons or drain+stop them to reach N") \
     X("plan", pdctl_cmd_plan, "plan [--seconds S]       dry run of the SLO planner: figures, capacities, the split it would run and why") \
     X("autoscale", pdctl_cmd_autoscale, "autoscale on|off|status  the SLO planner re-splits prefill:decode ([planner] rows; one leader)") \
+    X("disagg-mode", pdctl_cmd_disagg_mode, "disagg-mode MODE        every router's disagg-mode now: threshold|always|never (PD-mixed)|cost") \
     X("stats", cmd_stats, "stats [DAEMON|all]      counters and histograms") \
     X("kv", cmd_kv, "kv [DAEMON|all]         KV block pools") \
     X("leases", cmd_leases, "leases [DAEMON|all]     KV leases held by prefill daemons") \

@@ -71,6 +71,9 @@ static int plan_cfg_load(const pdctl_dep_t *dep, pdctl_plan_cfg_t *cfg, unsigned
     const char *mode = pdctl_kvs_get(&dep->role_kv[PDCTL_ROUTER], "disagg-mode");
     if (mode != NULL && strcmp(mode, "always") == 0 && cfg->min_prefill == 0)
         cfg->min_prefill = 1;   /* nothing would prefill */
+    if (cfg->separate_mode == NULL && mode != NULL && strcmp(mode, "never") != 0 &&
+        (cfg->separate_mode = strdup(mode)) == NULL)
+        return PDCTL_EXIT_FAIL;
     unsigned b = cfg->budget ? (unsigned)cfg->budget
                              : dep->count[PDCTL_PREFILL] + dep->count[PDCTL_DECODE];
     if (b > PDCTL_MAX_PER_ROLE)
@@ -93,6 +96,8 @@ typedef struct {
     double acc, prompt, cached, gen, failed;
     uint64_t ttft[PD_HIST_BUCKETS], itl[PD_HIST_BUCKETS];
     double pf_tok_ns;          /* the routers' cost-mode rate (first non-zero) */
+    double pull_tok_ns, hop_ns;   /* the routers' KV pull rate and hop (first non-zero) */
+    bool mixed;                /* a router runs disagg-mode = never */
     unsigned n_prefill, n_decode;
     int nd;
     plan_dsample_t d[PDCTL_MAX_DAEMONS];
@@ -143,6 +148,13 @@ static void plan_sample(const pdctl_state_t *st, plan_sample_t *s)
                 double r = plan_num(cJSON_GetObjectItemCaseSensitive(p, "cost"), "pf_tok_ns");
                 if (s->pf_tok_ns <= 0 && r > 0)
                     s->pf_tok_ns = r;
+                const cJSON *cost = cJSON_GetObjectItemCaseSensitive(p, "cost");
+                if (s->pull_tok_ns <= 0 && plan_num(cost, "pull_tok_ns") > 0)
+                    s->pull_tok_ns = plan_num(cost, "pull_tok_ns");
+                if (s->hop_ns <= 0 && plan_num(cost, "hop_ns") > 0)
+                    s->hop_ns = plan_num(cost, "hop_ns");
+                if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "mixed")))
+                    s->mixed = true;
             }
             cJSON_Delete(p);
             /* what a decode's KV holds: blocks in use per running sequence */
@@ -210,6 +222,9 @@ static void plan_figures(const plan_sample_t *a, const plan_sample_t *b, uint64_
     in->n_decode = b->n_decode;
     in->dec_max_batch = b->max_batch;
     in->pf_tok_s_hint = b->pf_tok_ns > 0 ? 1e9 / b->pf_tok_ns : 0;
+    in->pull_tok_s = b->pull_tok_ns / 1e9;
+    in->hop_s = b->hop_ns / 1e9;
+    in->mixed = b->mixed;
     if (a == NULL || b->t <= a->t || a->n_routers == 0 || b->n_routers != a->n_routers)
         return;   /* a router came or went: its counters do not difference */
     in->dt_s = b->t - a->t;
@@ -249,12 +264,15 @@ static void plan_log(const char *name, bool leader, bool act, const pdctl_plan_i
     time_t now = time(NULL);
     strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     double dt = in->dt_s > 0 ? in->dt_s : 1;
-    printf("%s %s %s %s reason=%s want=%u:%u running=%u:%u split=%.2f need=%.2f/%.2f "
+    printf("%s %s %s %s reason=%s want=%u:%u running=%u:%u mode=%s running_mode=%s "
+           "pull_gap=%.4fs prompt_len=%.0f split=%.2f need=%.2f/%.2f "
            "cap=%.0f/%.0f tok/s step=%.1fms+%.3fms*b bcap=%.0f | req/s=%.2f prompt/s=%.0f "
            "cached/s=%.0f gen/s=%.0f ttft_p90=%.3fs itl_p90=%.4fs dt=%.1fs\n",
            stamp, name, leader ? "leader" : "standby",
            o->act ? (leader && act ? "RESPLIT" : "would-resplit") : "hold", pdctl_plan_reason_name(o->reason),
-           o->want_prefill, o->want_decode, in->n_prefill, in->n_decode, o->split_prefill,
+           o->want_prefill, o->want_decode, in->n_prefill, in->n_decode,
+           o->mixed ? "mixed" : "separate", in->mixed ? "mixed" : "separate", o->pull_gap_s,
+           o->prompt_len, o->split_prefill,
            o->need_p, o->need_d, o->pf_tok_s, o->dec_tok_s, o->step_a_s * 1e3,
            o->step_k_s * 1e3, o->dec_batch_cap, in->requests / dt, in->prompt_tokens / dt,
            in->cached_tokens / dt, in->gen_tokens / dt, in->ttft_p90_s, in->itl_p90_s, in->dt_s);
@@ -272,7 +290,11 @@ static void plan_log(const char *name, bool leader, bool act, const pdctl_plan_i
     X("pd_planner_decisions_total", "counter", "Planner ticks by decision reason")          \
     X("pd_planner_resplits_total", "counter", "Re-splits carried out (leader)")             \
     X("pd_planner_last_decision_timestamp_seconds", "gauge", "Unix time of the last re-split (0: none)") \
-    X("pd_planner_leader", "gauge", "1 if this planner acts for the deployment")
+    X("pd_planner_leader", "gauge", "1 if this planner acts for the deployment")          \
+    X("pd_planner_mode", "gauge",                                                          \
+      "Disaggregation mode, by mode: 1 for the one wanted (mixed: 0 prefills, routers never)") \
+    X("pd_planner_pull_gap_seconds", "gauge",                                              \
+      "Predicted KV pull of a mean prompt (prompt length x measured pull per token)")
 
 
 typedef struct {
@@ -287,7 +309,7 @@ static const plan_metric_t plan_metrics[] = {
 
 enum {   /* PLAN_METRICS' rows, in order */
     PLAN_M_DESIRED, PLAN_M_ACTUAL, PLAN_M_NEED, PLAN_M_CAP, PLAN_M_BUDGET, PLAN_M_DECISIONS,
-    PLAN_M_RESPLITS, PLAN_M_LAST, PLAN_M_LEADER, PLAN_M_N
+    PLAN_M_RESPLITS, PLAN_M_LAST, PLAN_M_LEADER, PLAN_M_MODE, PLAN_M_PULL_GAP, PLAN_M_N
 };
 _Static_assert(sizeof(plan_metrics) / sizeof(plan_metrics[0]) == PLAN_M_N, "PLAN_METRICS rows");
 
@@ -343,6 +365,12 @@ static char *plan_metrics_text(const plan_ctl_t *c)
     pd_sbuf_printf(&sb, "%s %lld\n", plan_metrics[PLAN_M_LAST].name, (long long)c->last_unix);
     plan_family(&sb, PLAN_M_LEADER);
     pd_sbuf_printf(&sb, "%s %d\n", plan_metrics[PLAN_M_LEADER].name, c->leader ? 1 : 0);
+    plan_family(&sb, PLAN_M_MODE);
+    pd_sbuf_printf(&sb, "%s{mode=\"separate\"} %d\n%s{mode=\"mixed\"} %d\n",
+                   plan_metrics[PLAN_M_MODE].name, c->out.mixed ? 0 : 1,
+                   plan_metrics[PLAN_M_MODE].name, c->out.mixed ? 1 : 0);
+    plan_family(&sb, PLAN_M_PULL_GAP);
+    pd_sbuf_printf(&sb, "%s %.6g\n", plan_metrics[PLAN_M_PULL_GAP].name, c->out.pull_gap_s);
     return pd_sbuf_finish(&sb, NULL);
 }
 
@@ -355,6 +383,10 @@ static cJSON *plan_status_json(const plan_ctl_t *c)
     cJSON_AddNumberToObject(j, "budget", c->budget);
     cJSON_AddStringToObject(j, "reason", pdctl_plan_reason_name(c->out.reason));
     cJSON_AddBoolToObject(j, "act", c->out.act);
+    cJSON_AddStringToObject(j, "mode", c->out.mixed ? "mixed" : "separate");
+    cJSON_AddStringToObject(j, "running_mode", c->in.mixed ? "mixed" : "separate");
+    cJSON_AddNumberToObject(j, "pull_gap_s", c->out.pull_gap_s);
+    cJSON_AddNumberToObject(j, "prompt_len", c->out.prompt_len);
     cJSON_AddNumberToObject(j, "want_prefill", c->out.want_prefill);
     cJSON_AddNumberToObject(j, "want_decode", c->out.want_decode);
     cJSON_AddNumberToObject(j, "prefill", c->in.n_prefill);
@@ -430,21 +462,55 @@ static int plan_scale(const char *run_dir, pdctl_role_t role, unsigned n, plan_l
     return WIFEXITED(status) ? WEXITSTATUS(status) : PDCTL_EXIT_FAIL;
 }
 
+/* Every live router's disagg-mode (admin set-disagg-mode). 0, or
+ * PDCTL_EXIT_FAIL when a router refused. */
+static int plan_set_mode(const char *run_dir, const char *mode)
+{
+    pdctl_state_t st;
+    if (pdctl_state_load(run_dir, &st) != 0)
+        return PDCTL_EXIT_FAIL;
+    char cmd[64], err[256];
+    snprintf(cmd, sizeof(cmd), "set-disagg-mode %s", mode);
+    int rc = 0;
+    for (int i = 0; i < st.n; i++) {
+        const pdctl_daemon_t *x = &st.d[i];
+        if (x->role != PDCTL_ROUTER || !pdctl_daemon_alive(x))
+            continue;
+        cJSON *j = pdctl_admin(x->sock, cmd, 2.0, err, sizeof(err));
+        if (j == NULL) {
+            fprintf(stderr, "pdctl autoscale: %s: %s: %s\n", x->name, cmd, err);
+            rc = PDCTL_EXIT_FAIL;
+        }
+        cJSON_Delete(j);
+    }
+    return rc;
+}
+
 /* Re-split to o's counts: the shrinking pool first (drain, live migration,
  * stop), then the growing one, so prefill + decode never exceeds the
- * budget. 0, or the first failing scale's exit code. */
-static int plan_apply(const char *run_dir, unsigned np, const pdctl_plan_out_t *o,
-                      plan_leader_t *l)
+ * budget. A mode switch orders the routers around it so no request meets a
+ * missing pool: to PD-mixed, the routers stop disaggregating (never) BEFORE
+ * the prefills drain; to separate pools, the prefills are up and ready
+ * (pdctl scale waits) BEFORE the routers disaggregate again (the [planner]
+ * separate-mode). 0, or the first failing step's exit code. */
+static int plan_apply(const char *run_dir, const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *in,
+                      const pdctl_plan_out_t *o, plan_leader_t *l)
 {
-    pdctl_role_t first = o->want_prefill < np ? PDCTL_PREFILL : PDCTL_DECODE;
+    int rc;
+    if (o->mixed && !in->mixed && (rc = plan_set_mode(run_dir, "never")) != 0)
+        return rc;
+    pdctl_role_t first = o->want_prefill < in->n_prefill ? PDCTL_PREFILL : PDCTL_DECODE;
     pdctl_role_t second = first == PDCTL_PREFILL ? PDCTL_DECODE : PDCTL_PREFILL;
     unsigned want[PDCTL_ROLE_N] = { 0 };
     want[PDCTL_PREFILL] = o->want_prefill;
     want[PDCTL_DECODE] = o->want_decode;
-    int rc = plan_scale(run_dir, first, want[first], l);
+    rc = plan_scale(run_dir, first, want[first], l);
     if (rc != 0 || plan_stop)   /* stopped meanwhile: not the second half */
         return rc;
-    return plan_scale(run_dir, second, want[second], l);
+    rc = plan_scale(run_dir, second, want[second], l);
+    if (rc == 0 && !o->mixed && in->mixed)
+        rc = plan_set_mode(run_dir, cfg->separate_mode ? cfg->separate_mode : "threshold");
+    return rc;
 }
 
 /* ---- leader election ------------------------------------------------------------- */
@@ -746,7 +812,7 @@ static int plan_run(const char *run_dir, const char *name)
             c->resplits++;
             c->last_unix = (int64_t)time(NULL);
             plan_write_status(run_dir, c);
-            int arc = plan_apply(run_dir, c->in.n_prefill, &c->out, &l);
+            int arc = plan_apply(run_dir, &cfg, &c->in, &c->out, &l);
             printf("%s: re-split %u:%u -> %u:%u %s (rc %d)\n", name, c->in.n_prefill,
                    c->in.n_decode, c->out.want_prefill, c->out.want_decode,
                    arc == 0 ? "done" : "FAILED", arc);
@@ -999,6 +1065,18 @@ int pdctl_cmd_autoscale(int argc, char **argv)
 
 /* ---- pdctl plan: the dry run ------------------------------------------------------ */
 
+/* pdctl disagg-mode MODE: every router's disagg-mode, now (PD-mixed = never). */
+int pdctl_cmd_disagg_mode(int argc, char **argv)
+{
+    pdctl_opts_t o = { 0 };
+    pdctl_parse_opts(&argc, argv, &o);
+    if (argc != 1) {
+        fprintf(stderr, "usage: pdctl disagg-mode threshold|always|never|cost [--run-dir D]\n");
+        return PDCTL_EXIT_USAGE;
+    }
+    return plan_set_mode(o.run_dir, argv[0]);
+}
+
 int pdctl_cmd_plan(int argc, char **argv)
 {
     pdctl_opts_t o = { 0 };
@@ -1073,6 +1151,11 @@ int pdctl_cmd_plan(int argc, char **argv)
            p->pf_tok_s, in->pf_busy_s > 0 ? " (measured)" : " (router's cost-mode rate)",
            p->step_a_s * 1e3, p->step_k_s * 1e3, p->dec_batch_cap, p->dec_tok_s,
            in->n_dec > 1 ? "" : " (one batch size seen: proportional until batches vary)");
+    printf("  mode: running %s, wants %s: a mean prompt of %.0f tokens would pull in %.4f s "
+           "(%.1f us a token vs %.1f us of prefill; tpot-p90 %.4f s, margin %.2f)\n",
+           in->mixed ? "PD-mixed" : "separate", p->mixed ? "PD-mixed" : "separate", p->prompt_len,
+           p->pull_gap_s, in->pull_tok_s * 1e6, p->pf_tok_s > 0 ? 1e6 / p->pf_tok_s : 0,
+           (double)cfg.tpot_p90_ns / 1e9, PDCTL_PLAN_MODE_MARGIN);
     printf("  need at target-util %.2f: prefill %.2f, decode %.2f daemons -> prefill share %.2f of %u\n",
            cfg.target_util, p->need_p, p->need_d, p->split_prefill, c->budget);
     if (p->act)

@@ -15,8 +15,9 @@
  *                       the prefill daemons (the router's disagg-mode=cost
  *                       rate until a prefill ran);
  *   decode capacity   = b_cap / step(b_cap) tokens/s, step(b) = a + k*b
- *                       fitted to the decodes' (mean batch, mean step time)
- *                       of recent ticks, b_cap the largest batch whose step
+ *                       fitted (Theil-Sen: median of pairwise slopes, robust
+ *                       to steps slowed by CPU contention) to the decodes'
+ *                       (mean batch, mean step time) of recent ticks, b_cap the largest batch whose step
  *                       meets tpot-p90, at most what a decode's KV holds;
  *   need (daemons)    = demand / (capacity * target-util), demand = the
  *                       uncached prompt tokens/s (prefill) and generated
@@ -27,7 +28,15 @@
  *                       KV pull); smoothed (EWMA, time constant `window`);
  *   split             = budget * need_p / (need_p + need_d), clamped to
  *                       [min-prefill, budget - min-decode].
- * No flapping: a re-split needs the fractional split to be more than
+ *   mode              = PD-mixed (0 prefills, all decodes, router
+ *                       disagg-mode = never) when the predicted KV pull of a
+ *                       mean prompt (prompt length x the routers' measured
+ *                       pull time per token) misses tpot-p90 by
+ *                       PDCTL_PLAN_MODE_MARGIN and a pulled token costs at
+ *                       least the prefill of a token it saves; separate again
+ *                       when the pull would meet tpot-p90 / margin or costs
+ *                       less than prefill / margin. Only with min-prefill = 0.
+ * No flapping: a re-split (or a mode switch) needs the fractional split to be more than
  * 0.5 + hysteresis daemons from the running one, the same target for
  * `confirm` ticks in a row, and `dwell` since the last re-split. */
 #ifndef PDCTL_PLAN_H
@@ -47,7 +56,10 @@
     X(DWELL,        "dwell",        "hold: the last re-split is younger than `dwell`")  \
     X(MORE_PREFILL, "more_prefill", "re-split: prefill daemons are short")             \
     X(MORE_DECODE,  "more_decode",  "re-split: decode daemons are short")              \
-    X(BUDGET,       "budget",       "re-split: the deployment's size is not the budget")
+    X(BUDGET,       "budget",       "re-split: the deployment's size is not the budget") \
+    X(MIXED,        "mixed",        "hold: PD-mixed, every daemon decodes and prefills its own prompts") \
+    X(TO_MIXED,     "to_mixed",     "switch: PD-mixed, a KV pull costs more than the prefill it saves") \
+    X(TO_SEPARATE,  "to_separate",  "switch: separate pools, the KV pull is cheap again")
 
 typedef enum {
 #define PDCTL_X_REASON(id, name, help) PDCTL_PLAN_##id,
@@ -74,6 +86,7 @@ typedef struct {
                                   deployment's etcd, else flock on the run dir */
     char *metrics_listen;      /* the leader's /metrics (host:port), NULL: none */
     bool act;                  /* false: decide and export only (an external scaler acts) */
+    char *separate_mode;       /* the routers' disagg-mode after PD-mixed */
 } pdctl_plan_cfg_t;
 
 extern const pd_cfg_schema_t pdctl_plan_schema;
@@ -99,7 +112,14 @@ typedef struct {
         double step_s;             /* mean step time */
     } dec[PDCTL_PLAN_MAX_SAMPLES];
     double dec_max_batch;          /* sequences a decode's KV holds (0: unknown) */
+    double pull_tok_s, hop_s;      /* the routers' KV pull time per prompt token and fixed
+                                      hop (disagg-mode=cost rates), 0: not measured */
+    bool mixed;                    /* running PD-mixed (the routers' disagg-mode = never) */
 } pdctl_plan_in_t;
+
+/* Hysteresis of the mode: the pull must miss (meet) the TPOT target by this
+ * factor to switch to PD-mixed (back to separate pools). */
+#define PDCTL_PLAN_MODE_MARGIN 1.25
 
 #define PDCTL_PLAN_NO_PENDING 2
 
@@ -114,13 +134,20 @@ typedef struct {
     int pending;                   /* direction awaiting confirm: +1 more prefill, -1 more
                                       decode, 0 size only; PDCTL_PLAN_NO_PENDING */
     unsigned pending_ticks;
-    uint64_t last_change_ns;       /* 0: never */
+    uint64_t last_change_ns;       /* 0: never (re-split or mode switch) */
+    double prompt_len;             /* smoothed uncached prompt tokens per request */
+    int mode_pending;              /* -1 none, 0 separate, 1 mixed awaiting confirm */
+    unsigned mode_ticks;
     uint64_t decisions[PDCTL_PLAN_REASON_N];
 } pdctl_plan_state_t;
 
 typedef struct {
     pdctl_plan_reason_t reason;
     bool act;                      /* re-split to want_prefill : want_decode now */
+    bool mixed;                    /* the mode wanted (on act: switch to it; see pdctl_plan.c
+                                      for the order of the steps) */
+    double pull_gap_s;             /* predicted KV pull of a mean prompt, 0: unknown */
+    double prompt_len;
     unsigned want_prefill, want_decode;  /* desired (the running split on a hold) */
     double split_prefill;          /* fractional prefill share of the budget */
     double need_p, need_d;         /* smoothed, daemons */
@@ -139,6 +166,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
 
 int pdctl_cmd_plan(int argc, char **argv);
 int pdctl_cmd_autoscale(int argc, char **argv);
+int pdctl_cmd_disagg_mode(int argc, char **argv);
 /* Stop the run dir's planners (SIGTERM; one in a re-split finishes its
  * `pdctl scale` first; SIGKILL after timeout_s). pdctl down, first. */
 void pdctl_planners_stop(const char *run_dir, double timeout_s);

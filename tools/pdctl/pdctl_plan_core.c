@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define ROW(field, key, type, def, help, min, max) \
@@ -39,6 +40,9 @@ static const pd_cfg_field_t pdctl_plan_fields[] = {
     PD_CFG_ROW(pdctl_plan_cfg_t, act, "act", BOOL, "true",
                "re-split through pdctl scale (false: decide, log and export only, for an "
                "external scaler such as KEDA or an HPA)", 0, 0, NULL),
+    ROW(separate_mode, "separate-mode", STRING, NULL,
+        "the routers' disagg-mode (threshold|always|cost) when the planner leaves PD-mixed "
+        "(it sets never for PD-mixed; default: the file's, else threshold)", 0, 0),
     PD_CFG_END,
 };
 
@@ -75,6 +79,7 @@ void pdctl_plan_state_init(pdctl_plan_state_t *st)
 {
     memset(st, 0, sizeof(*st));
     st->pending = PDCTL_PLAN_NO_PENDING;
+    st->mode_pending = -1;
 }
 
 /* Fewer computed tokens than this in a tick say more about fixed costs than
@@ -82,8 +87,6 @@ void pdctl_plan_state_init(pdctl_plan_state_t *st)
 #define PLAN_MIN_PF_TOKENS 16.0
 /* Weight of a new prefill-rate sample. */
 #define PLAN_RATE_WEIGHT 0.3
-/* Batches must spread this much (variance) before a slope is believed. */
-#define PLAN_FIT_MIN_VAR 0.25
 /* Total need below this (daemons) is no traffic. */
 #define PLAN_IDLE_NEED 0.02
 
@@ -108,39 +111,64 @@ static void plan_measure(const pdctl_plan_in_t *in, pdctl_plan_state_t *st)
         st->max_batch = in->dec_max_batch;
 }
 
-/* step(b) = a + k*b by least squares over the kept points. Until the
- * batches spread, proportional (a = 0): the pessimistic reading, which
- * sees no headroom in batching. */
+static int plan_cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+static double plan_median(double *v, size_t n)
+{
+    qsort(v, n, sizeof(*v), plan_cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Two points' batches must differ this much before their slope counts. */
+#define PLAN_FIT_MIN_DB 0.5
+
+/* step(b) = a + k*b, robust to CPU noise (docs/BENCHMARKS.md "SLO planner",
+ * finding 3: a neighbour's burst makes some steps several times slower, and
+ * least squares followed it from 20 ms + 0.3 ms x b to 5.6 ms + 7.4 ms x b
+ * within a minute). Theil-Sen: k = the median of the pairwise slopes, a = the
+ * median of step - k*b; a minority of inflated steps moves neither. Until
+ * the batches spread, proportional (a = 0, k = median step / median batch):
+ * the pessimistic reading, which sees no headroom in batching. */
 static void plan_fit(const pdctl_plan_state_t *st, double *a_p, double *k_p, double *bmax_p)
 {
-    double sb = 0, ss = 0, bmax = 0;
-    for (unsigned i = 0; i < st->fit_n; i++) {
-        sb += st->fit_b[i];
-        ss += st->fit_s[i];
+    double slopes[PDCTL_PLAN_FIT_POINTS * (PDCTL_PLAN_FIT_POINTS - 1) / 2];
+    double res[PDCTL_PLAN_FIT_POINTS], bs[PDCTL_PLAN_FIT_POINTS];
+    size_t ns = 0, n = st->fit_n;
+    double bmax = 0;
+    for (size_t i = 0; i < n; i++) {
         if (st->fit_b[i] > bmax)
             bmax = st->fit_b[i];
+        for (size_t j = i + 1; j < n; j++) {
+            double db = st->fit_b[j] - st->fit_b[i];
+            if (fabs(db) >= PLAN_FIT_MIN_DB)
+                slopes[ns++] = (st->fit_s[j] - st->fit_s[i]) / db;
+        }
     }
-    double n = st->fit_n, mb = sb / n, ms = ss / n, vb = 0, cov = 0;
-    for (unsigned i = 0; i < st->fit_n; i++) {
-        vb += (st->fit_b[i] - mb) * (st->fit_b[i] - mb);
-        cov += (st->fit_b[i] - mb) * (st->fit_s[i] - ms);
-    }
-    vb /= n;
-    cov /= n;
     double a, k;
-    if (vb >= PLAN_FIT_MIN_VAR) {
-        k = cov / vb;
-        a = ms - k * mb;
-        if (k < 0) {          /* noise: a flat step */
+    if (ns >= n) {   /* the batches spread: at least as many pairs as points */
+        k = plan_median(slopes, ns);
+        if (k < 0)   /* noise: a flat step */
             k = 0;
-            a = ms;
-        } else if (a < 0) {   /* through the origin */
+        for (size_t i = 0; i < n; i++)
+            res[i] = st->fit_s[i] - k * st->fit_b[i];
+        a = plan_median(res, n);
+        if (a < 0) {   /* through the origin */
+            for (size_t i = 0; i < n; i++)
+                res[i] = st->fit_s[i] / st->fit_b[i];
             a = 0;
-            k = ms / mb;
+            k = plan_median(res, n);
         }
     } else {
+        for (size_t i = 0; i < n; i++) {
+            res[i] = st->fit_s[i];
+            bs[i] = st->fit_b[i];
+        }
         a = 0;
-        k = ms / mb;
+        k = plan_median(res, n) / plan_median(bs, n);
     }
     *a_p = a;
     *k_p = k;
@@ -193,6 +221,27 @@ static double plan_dec_pressure(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in
     return itl < own ? itl : own;
 }
 
+/* PD-mixed or separate pools (pdctl_plan.h "mode"). Without a measured pull
+ * or prompt length: the running mode. */
+static bool plan_want_mixed(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *in,
+                            const pdctl_plan_state_t *st, pdctl_plan_out_t *out)
+{
+    if (cfg->min_prefill > 0)
+        return false;
+    if (!(in->pull_tok_s > 0) || !(st->pf_tok_s > 0) || !(st->prompt_len > 0))
+        return in->mixed;
+    /* the pull alone: the hop (dispatch to the prefill) is TTFT's, not the
+     * gap before token 1, and a hop measured under a re-split's load would
+     * pin PD-mixed */
+    double gap = st->prompt_len * in->pull_tok_s;
+    double t = (double)cfg->tpot_p90_ns / 1e9;
+    double pull_per_pf = in->pull_tok_s * st->pf_tok_s;   /* pull time / prefill time, per token */
+    out->pull_gap_s = gap;
+    if (!in->mixed)
+        return gap > t * PDCTL_PLAN_MODE_MARGIN && pull_per_pf >= 1;
+    return !(gap < t / PDCTL_PLAN_MODE_MARGIN || pull_per_pf < 1 / PDCTL_PLAN_MODE_MARGIN);
+}
+
 void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_plan_in_t *in,
                      pdctl_plan_state_t *st, pdctl_plan_out_t *out)
 {
@@ -223,6 +272,14 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
     }
     out->need_p = st->need_p;
     out->need_d = st->need_d;
+    if (in->dt_s > 0 && in->requests > 0) {
+        double w = cfg->window_ns > 0 ? 1 - exp(-in->dt_s * 1e9 / (double)cfg->window_ns) : 1;
+        double uncached = in->prompt_tokens - in->cached_tokens;
+        double len = (uncached > 0 ? uncached : 0) / in->requests;
+        st->prompt_len = st->prompt_len > 0 ? st->prompt_len + w * (len - st->prompt_len) : len;
+    }
+    out->prompt_len = st->prompt_len;
+    out->mixed = in->mixed;
 
     unsigned lo = (unsigned)cfg->min_prefill, min_d = cfg->min_decode ? (unsigned)cfg->min_decode : 1;
     unsigned hi = budget > min_d ? budget - min_d : 0;
@@ -232,6 +289,58 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         why = PDCTL_PLAN_NO_DATA;
         goto hold;
     }
+    bool want_mixed = plan_want_mixed(cfg, in, st, out);
+    if (want_mixed != in->mixed) {
+        if (st->mode_pending != (int)want_mixed) {
+            st->mode_pending = want_mixed;
+            st->mode_ticks = 0;
+        }
+        if (in->dt_s > 0)
+            st->mode_ticks++;
+        st->pending = PDCTL_PLAN_NO_PENDING;   /* the split waits for the mode */
+        st->pending_ticks = 0;
+        if (st->mode_ticks < (cfg->confirm ? cfg->confirm : 1) || !(in->dt_s > 0)) {
+            why = PDCTL_PLAN_CONFIRM;
+            goto hold;
+        }
+        if (st->last_change_ns != 0 && in->now_ns - st->last_change_ns < cfg->dwell_ns) {
+            why = PDCTL_PLAN_DWELL;
+            goto hold;
+        }
+        out->mixed = want_mixed;
+        if (want_mixed) {
+            out->want_prefill = 0;
+            out->want_decode = budget;
+            why = PDCTL_PLAN_TO_MIXED;
+        } else {
+            double sp = st->need_p + st->need_d > 0
+                            ? (double)budget * st->need_p / (st->need_p + st->need_d) : 1;
+            unsigned wp = (unsigned)lround(sp);
+            unsigned hi_m = budget > (cfg->min_decode ? cfg->min_decode : 1)
+                                ? budget - (unsigned)(cfg->min_decode ? cfg->min_decode : 1) : 0;
+            if (wp < 1)
+                wp = 1;
+            if (wp > hi_m)
+                wp = hi_m;
+            out->split_prefill = sp;
+            out->want_prefill = wp;
+            out->want_decode = budget - wp;
+            why = PDCTL_PLAN_TO_SEPARATE;
+        }
+        out->act = true;
+        st->last_change_ns = in->now_ns ? in->now_ns : 1;
+        st->mode_pending = -1;
+        st->mode_ticks = 0;
+        goto count;
+    }
+    st->mode_pending = -1;
+    st->mode_ticks = 0;
+    if (in->mixed) {
+        why = PDCTL_PLAN_MIXED;   /* no prefills to place; a deployment off budget keeps */
+        goto hold;
+    }
+    if (in->pull_tok_s > 0 && lo < 1 && hi >= 1)
+        lo = 1;   /* the mode decides PD-mixed (above); separate pools keep a prefill */
     if (st->need_p + st->need_d < PLAN_IDLE_NEED) {
         why = PDCTL_PLAN_IDLE;
         goto hold;
