@@ -123,6 +123,14 @@ static void plan_buckets_add(uint64_t *acc, const cJSON *hist)
     }
 }
 
+/* *dst = o's key, from the first router that has measured it (> 0). */
+static void plan_first_rate(double *dst, const cJSON *o, const char *key)
+{
+    double v = plan_num(o, key);
+    if (*dst <= 0 && v > 0)
+        *dst = v;
+}
+
 static void plan_sample(const pdctl_state_t *st, plan_sample_t *s)
 {
     memset(s, 0, sizeof(*s));
@@ -145,14 +153,10 @@ static void plan_sample(const pdctl_state_t *st, plan_sample_t *s)
                 const cJSON *h = cJSON_GetObjectItemCaseSensitive(p, "histograms");
                 plan_buckets_add(s->ttft, cJSON_GetObjectItemCaseSensitive(h, "request_ttft"));
                 plan_buckets_add(s->itl, cJSON_GetObjectItemCaseSensitive(h, "request_inter_token"));
-                double r = plan_num(cJSON_GetObjectItemCaseSensitive(p, "cost"), "pf_tok_ns");
-                if (s->pf_tok_ns <= 0 && r > 0)
-                    s->pf_tok_ns = r;
                 const cJSON *cost = cJSON_GetObjectItemCaseSensitive(p, "cost");
-                if (s->pull_tok_ns <= 0 && plan_num(cost, "pull_tok_ns") > 0)
-                    s->pull_tok_ns = plan_num(cost, "pull_tok_ns");
-                if (s->hop_ns <= 0 && plan_num(cost, "hop_ns") > 0)
-                    s->hop_ns = plan_num(cost, "hop_ns");
+                plan_first_rate(&s->pf_tok_ns, cost, "pf_tok_ns");
+                plan_first_rate(&s->pull_tok_ns, cost, "pull_tok_ns");
+                plan_first_rate(&s->hop_ns, cost, "hop_ns");
                 if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "mixed")))
                     s->mixed = true;
             }
