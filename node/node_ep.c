@@ -10,13 +10,13 @@
 #include "eng_llama.h"
 #include "kvx_win.h"
 #include "pd_log.h"
+#include "pd_time.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #define NODE_EP_META_MAX (KVX_WIN_MAX_ADDR + KVX_WIN_MAX_RKEY + 1024)
@@ -32,13 +32,6 @@ static pd_status_t node_ep_exchange(void *ctx, eng_ep_phase_t ph, uint32_t layer
 {
     (void)layer;
     return kvx_win_exchange(ctx, ph, len, recv, recv_len);
-}
-
-static uint64_t node_ep_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* Write this rank's metadata as dir/rank-<r>.meta (tmp file + rename). */
@@ -117,13 +110,13 @@ pd_status_t node_ep_join(node_t *n, char *err, size_t err_len)
     kvx_win_meta(w, &meta, &ml);
     st = node_ep_publish(c->ep_dir, me, meta, ml, err, err_len);
     static uint8_t buf[NODE_EP_META_MAX];
-    uint64_t t0 = node_ep_now();
+    uint64_t t0 = pd_now_ns();
     for (uint32_t p = 0; st == PD_OK && p < N; p++) {
         if (p == me)
             continue;
         size_t len = 0;
         while ((st = node_ep_read(c->ep_dir, p, buf, sizeof buf, &len)) == PD_ERR_NOT_FOUND &&
-               node_ep_now() - t0 < NODE_EP_JOIN_NS)
+               pd_now_ns() - t0 < NODE_EP_JOIN_NS)
             usleep(20000);
         if (st == PD_OK)
             st = kvx_win_peer_add(w, p, buf, len);
@@ -136,7 +129,7 @@ pd_status_t node_ep_join(node_t *n, char *err, size_t err_len)
                          .send_buf = node_ep_send_buf, .exchange = node_ep_exchange };
     if (st == PD_OK && (st = n->ops->set_ep(n->model, &x)) != PD_OK)
         snprintf(err, err_len, "set_ep: %s", pd_status_str(st));
-    uint64_t t1 = node_ep_now();
+    uint64_t t1 = pd_now_ns();
     if (st == PD_OK && (st = n->ops->ep_idle(n->model)) != PD_OK)
         snprintf(err, err_len, "the group's first idle pass: %s", pd_status_str(st));
     if (st != PD_OK) {
@@ -147,7 +140,7 @@ pd_status_t node_ep_join(node_t *n, char *err, size_t err_len)
            "EP group: rank %u of %u joined through %s (expert bytes %llu of %llu), an idle "
            "pass of the group in %.3f ms", me, N, c->ep_dir,
            (unsigned long long)in.expert_bytes_owned, (unsigned long long)in.expert_bytes_total,
-           (double)(node_ep_now() - t1) / 1e6);
+           (double)(pd_now_ns() - t1) / 1e6);
     n->ep_win = w;
     return PD_OK;
 }
