@@ -277,7 +277,8 @@ pd_status_t kvx_ctx_create(const kvx_config_t *cfg, struct event_base *base,
         ctx->peers[i].idx = i;
         ctx->peers[i].grace_timer = evtimer_new(base, kvx_peer_grace_cb,
                                                 &ctx->peers[i]);
-        if (ctx->peers[i].grace_timer == NULL)
+        ctx->peers[i].warm_timer = evtimer_new(base, kvx_peer_warm_cb, &ctx->peers[i]);
+        if (ctx->peers[i].grace_timer == NULL || ctx->peers[i].warm_timer == NULL)
             goto err_free;
     }
     for (uint32_t i = 0; i < cfg->max_pulls; i++) {
@@ -396,9 +397,12 @@ err_free:
     for (uint32_t i = 0; ctx->leases && i < cfg->max_leases; i++)
         if (ctx->leases[i].timer)
             event_free(ctx->leases[i].timer);
-    for (uint32_t i = 0; ctx->peers && i < cfg->max_peers; i++)
+    for (uint32_t i = 0; ctx->peers && i < cfg->max_peers; i++) {
         if (ctx->peers[i].grace_timer)
             event_free(ctx->peers[i].grace_timer);
+        if (ctx->peers[i].warm_timer)
+            event_free(ctx->peers[i].warm_timer);
+    }
     for (uint32_t i = 0; ctx->pulls && i < cfg->max_pulls; i++) {
         if (ctx->pulls[i].timer)
             event_free(ctx->pulls[i].timer);
@@ -505,6 +509,7 @@ void kvx_ctx_destroy(kvx_ctx_h *ctx)
         if (p->state != KVX_PEER_FREE)
             kvx_peer_clear(p); /* gets that never came back: rkeys go too */
         event_free(p->grace_timer);
+        event_free(p->warm_timer);
     }
     for (uint32_t i = 0; i < ctx->cfg.max_leases; i++)
         if (ctx->leases[i].state == KVX_LEASE_ACTIVE)

@@ -99,7 +99,9 @@ typedef struct {
     kvx_errmode_t err_mode;
     kvx_readmode_t read_mode;          /* importer (KVX_READ_AUTO) */
     bool warm_peer_mappings;           /* fault in a same-host exporter's
-                                          mapped arena at kvx_peer_add (true) */
+                                          mapped arena after kvx_peer_add,
+                                          KVX_WARM_SLICE bytes per loop
+                                          turn (true) */
     kvx_lease_end_cb_t on_lease_end;   /* may be NULL */
     void *cb_arg;
     kvx_stats_role_t stats_role;       /* which side's figures kvx_stats_set
@@ -442,6 +444,7 @@ pd_status_t kvx_lease_renew(kvx_ctx_h *ctx, const kvx_import_t *imp,
     X(leases_revoked,   "leases revoked by the exporter")                     \
     X(notifies_rejected,"release/renew messages that matched no live lease")  \
     X(peers_added,      "peer metadata accepted")                             \
+    X(peer_bytes_warmed,"same-host peers' mapped arena bytes faulted in ahead of pulls (a slice per loop turn)") \
     X(peers_failed,     "peers failed (dead or replaced)")                    \
     X(eps_forced_closed,"endpoints force-closed")                            \
     X(progress_rescues, "in-flight watchdog ticks that found UCX work")      \

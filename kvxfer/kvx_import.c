@@ -14,6 +14,7 @@
 #include <ucp/api/ucp.h>
 
 #include <assert.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,8 +50,9 @@ void kvx_peer_clear(kvx_peer_t *p)
 {
     kvx_ctx_h *ctx = p->ctx;
     uint32_t idx = p->idx;
-    struct event *gt = p->grace_timer;
+    struct event *gt = p->grace_timer, *wt = p->warm_timer;
     evtimer_del(gt);
+    evtimer_del(wt);
     kvx_peer_release_rkeys(p);
     free(p->released_gen);
     pd_stats_destroy(p->prom); /* its series end with the peer */
@@ -58,6 +60,7 @@ void kvx_peer_clear(kvx_peer_t *p)
     p->ctx = ctx;
     p->idx = idx;
     p->grace_timer = gt;
+    p->warm_timer = wt;
 }
 
 static void kvx_amread_fail_peer(kvx_peer_t *p);
@@ -137,24 +140,57 @@ static pd_status_t kvx_rkey_unpack(kvx_peer_t *p, const uint8_t *buf,
 
 /* Same host, shared-memory lanes: the exporter's segment is attached at
  * rkey unpack, but each page is faulted in on its first get (the cost:
- * docs/BENCHMARKS.md, kvxfer). Touch every page now, at peer setup, not on
- * a request's path.
+ * docs/BENCHMARKS.md, kvxfer). Fault it in ahead of the first request, but
+ * a slice per loop turn: a whole arena at once (256 MiB: 1.4 s on a busy
+ * 2-core host) held the loop past three heartbeats, and every router
+ * session of the daemon adding the peer was dropped (kvxfer/DESIGN.md
+ * "Warming a peer's mapping"). MADV_POPULATE_READ maps a slice in one
+ * call; where the kernel lacks it (< 5.14) each page is read.
  * ucp_rkey_ptr only succeeds when the memory is directly mapped here. */
-static void kvx_peer_warm(kvx_peer_t *p)
+static uint64_t kvx_warm_slice(uint8_t *ptr, uint64_t len)
 {
-    for (unsigned i = 0; i < p->n_regions; i++) {
-        const kvx_rregion_t *rr = &p->regions[i];
-        void *ptr;
-        if (ucp_rkey_ptr(rr->rkey, rr->base, &ptr) != UCS_OK)
-            continue;
-        const volatile uint8_t *b = ptr;
+#ifdef MADV_POPULATE_READ
+    uintptr_t a = (uintptr_t)ptr & ~(uintptr_t)4095;
+    if (madvise((void *)a, (size_t)((uintptr_t)ptr + len - a), MADV_POPULATE_READ) == 0)
+        return len;
+#endif
+    const volatile uint8_t *b = ptr;
+    uint8_t sink = 0;
+    for (uint64_t off = 0; off < len; off += 4096)
+        sink ^= b[off];
+    (void)sink;
+    return len;
+}
+
+void kvx_peer_warm_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    kvx_peer_t *p = arg;
+    if (p->state != KVX_PEER_ACTIVE) /* failed: its rkeys go soon */
+        return;
+    uint64_t budget = KVX_WARM_SLICE;
+    while (budget > 0 && p->warm_region < p->n_regions) {
+        const kvx_rregion_t *rr = &p->regions[p->warm_region];
         uint64_t len = (uint64_t)rr->n_blocks * rr->block_bytes;
-        uint8_t sink = 0;
-        for (uint64_t off = 0; off < len; off += 4096)
-            sink ^= b[off];
-        (void)sink;
+        void *ptr;
+        if (p->warm_off >= len || ucp_rkey_ptr(rr->rkey, rr->base, &ptr) != UCS_OK) {
+            p->warm_region++;
+            p->warm_off = 0;
+            continue;
+        }
+        uint64_t n = len - p->warm_off < budget ? len - p->warm_off : budget;
+        kvx_warm_slice((uint8_t *)ptr + p->warm_off, n);
+        p->warm_off += n;
+        budget -= n;
+        p->ctx->cs[KVX_CS_peer_bytes_warmed] += n;
+    }
+    if (p->warm_region < p->n_regions) { /* next turn, after the loop's I/O */
+        struct timeval tv = { 0, 0 };
+        evtimer_add(p->warm_timer, &tv);
     }
 }
+
 /* Whether UCX may pick shared-memory lanes (posix/sysv/cma) for a same-host
  * peer. AUTO mode gives up PEER error handling on the same host only to keep
  * those lanes (UCX 1.13 drops them in PEER mode). When UCX_TLS leaves them
@@ -361,8 +397,8 @@ pd_status_t kvx_peer_add(kvx_ctx_h *ctx, const void *meta, size_t len)
         roff += KVX_META_REGION_HDR + rk;
     }
     memset(&p->st, 0, sizeof(p->st));
-    if (ctx->cfg.warm_peer_mappings)
-        kvx_peer_warm(p);
+    if (ctx->cfg.warm_peer_mappings) /* a slice now, the rest a slice per turn */
+        kvx_peer_warm_cb(-1, 0, p);
     kvx_peer_wire(p);
     ctx->cs[KVX_CS_peers_added]++;
     kvx_progress(ctx);

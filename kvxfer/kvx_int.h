@@ -15,6 +15,7 @@
 
 #define KVX_COMP              "kvx"
 #define KVX_MAX_REGIONS       4
+#define KVX_WARM_SLICE        (4ull << 20) /* peer mapping bytes faulted in per loop turn */
 #define KVX_AM_NOTIFY         17
 #define KVX_AM_READ_REQ       18  /* AM reads: where UCX has no RMA lane */
 #define KVX_AM_READ_REP       19
@@ -166,6 +167,9 @@ typedef struct kvx_peer {
     uint64_t fail_ns;
     struct event *grace_timer;
     bool grace_expired;
+    struct event *warm_timer;   /* faults the peer's mapped arena in, a slice a turn */
+    uint32_t warm_region;       /* where the next slice starts */
+    uint64_t warm_off;
     unsigned n_regions;
     kvx_rregion_t regions[KVX_MAX_REGIONS];
     uint64_t gen_base;
@@ -369,6 +373,7 @@ ucs_status_t kvx_am_read_req_cb(void *arg, const void *header, size_t header_len
 
 /* kvx_import.c: peers, handle import, pulls, notify send */
 void kvx_peer_grace_cb(evutil_socket_t fd, short what, void *arg);
+void kvx_peer_warm_cb(evutil_socket_t fd, short what, void *arg);
 void kvx_pull_timer_cb(evutil_socket_t fd, short what, void *arg);
 void kvx_pull_poll_cb(evutil_socket_t fd, short what, void *arg);
 void kvx_peer_fail_now(kvx_peer_t *p, pd_status_t why);

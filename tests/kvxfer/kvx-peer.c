@@ -69,6 +69,7 @@ static struct {
     struct event *ev_wire;      /* "peer": waiting for the endpoint's wireup */
     uint64_t wire_node;
     uint64_t wire_deadline_ns;
+    uint64_t warmed_at_add;     /* peer_bytes_warmed as kvx_peer_add returned */
     uint64_t watch_node;
     uint64_t last_pull;
     kvx_ready_t ready;          /* the last streamed export's readiness words */
@@ -462,6 +463,7 @@ static void command(char *line)
     } else if (!strcmp(c, "peer") && argc == 2) {
         size_t len = unhex(argv[1], buf, sizeof(buf));
         st = kvx_peer_add(g.ctx, buf, len);
+        g.warmed_at_add = kvx_counter(g.ctx, "peer_bytes_warmed");
         if (st != PD_OK) {
             reply("err %s", pd_status_name(st));
         } else {
@@ -533,6 +535,8 @@ static void command(char *line)
               gg.leases_active, (unsigned long long)gg.blocks_pinned,
               gg.pulls_in_flight, gg.ops_in_flight, gg.peers_live,
               gg.rkeys_live, gg.eps_live);
+    } else if (!strcmp(c, "warmed_at_add") && argc == 1) {
+        reply("value %llu", (unsigned long long)g.warmed_at_add);
     } else if (!strcmp(c, "counter") && argc == 2) {
         reply("value %llu", (unsigned long long)kvx_counter(g.ctx, argv[1]));
     } else if (!strcmp(c, "rejects") && argc == 2) {
