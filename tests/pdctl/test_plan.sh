@@ -13,9 +13,10 @@
 #           prefill, 128 KiB of KV a token, tpot-p90 30 ms): long prompts make
 #           the planner switch to PD-mixed (0:3, routers disagg-mode never)
 #           within its bound, short chat back to separate pools, zero failed
-#           requests across both switches. Run by hand (not in meson): the
-#           pull per token it rests on is measured on loopback and moves 20x
-#           with the box's load (short pulls carry a fixed cost per token).
+#           requests across both switches. (It was left out of meson while
+#           its pulls looked 20x noisy; the noise was kvxfer faulting in a
+#           new peer's 256 MiB arena in one loop turn, which dropped router
+#           sessions: kvxfer/DESIGN.md "Warming a peer's mapping".)
 #   leader: two planners: one leads, the other stands by; kill -9 the
 #           leader, the other takes over (flock; then etcd when installed).
 # PLAN_SET="planner.k=v ..." adds --set rows to `up` (to show a test fails
