@@ -2,8 +2,9 @@
  * exchange window (kvxfer/kvx_win.h, slot sizes from the engine's ep_cap),
  * the metadata rendezvous through a directory (`ep-dir`: each rank writes
  * rank-<r>.meta atomically and reads the others', every byte capped and
- * validated by kvx_win_peer_add), the engine's transport (set_ep) and one
- * idle pass of the whole group as its self-check. */
+ * validated by kvx_win_peer_add), the engine's transport (set_ep), one
+ * idle pass of the whole group as its self-check, and the step barrier's
+ * vote (node_ep_vote; the decode's step runs it, decode/README.md). */
 #include "node.h"
 
 #include "eng.h"
@@ -96,8 +97,9 @@ pd_status_t node_ep_join(node_t *n, char *err, size_t err_len)
     }
     eng_llama_info_t in;
     eng_llama_info(n->model, &in);
-    kvx_win_config_t wc = { .rank = me, .size = N, .n_slots = 2,
-                            .slot_bytes = { in.ep_cap[0], in.ep_cap[1] },
+    kvx_win_config_t wc = { .rank = me, .size = N, .n_slots = 4,
+                            .slot_bytes = { in.ep_cap[0], in.ep_cap[1],
+                                            sizeof(node_ep_vote_t), sizeof(node_ep_vote_t) },
                             .timeout_ns = c->ep_timeout_ns, .tls = "shm" };
     kvx_win_h *w = NULL;
     pd_status_t st = kvx_win_create(&wc, &w);
@@ -142,6 +144,33 @@ pd_status_t node_ep_join(node_t *n, char *err, size_t err_len)
            (unsigned long long)in.expert_bytes_owned, (unsigned long long)in.expert_bytes_total,
            (double)(pd_now_ns() - t1) / 1e6);
     n->ep_win = w;
+    return PD_OK;
+}
+
+pd_status_t node_ep_vote(node_t *n, const node_ep_vote_t *mine, node_ep_vote_t *group)
+{
+    uint32_t N = (uint32_t)n->cfg->ep_size, slot = 2 + (uint32_t)(n->ep_votes++ & 1);
+    size_t len[KVX_WIN_MAX_RANKS] = { 0 };
+    const void *recv[KVX_WIN_MAX_RANKS];
+    size_t recv_len[KVX_WIN_MAX_RANKS];
+    for (uint32_t p = 0; p < N; p++) {
+        memcpy(kvx_win_send_buf(n->ep_win, slot, p), mine, sizeof(*mine));
+        len[p] = sizeof(*mine);
+    }
+    pd_status_t st = kvx_win_exchange(n->ep_win, slot, len, recv, recv_len);
+    if (st != PD_OK)
+        return st;
+    *group = (node_ep_vote_t){ .passes = 0, .flags = NODE_EP_DRAINED };
+    for (uint32_t p = 0; p < N; p++) {
+        node_ep_vote_t v;
+        if (recv_len[p] != sizeof(v))
+            return PD_ERR_BAD_INPUT;
+        memcpy(&v, recv[p], sizeof(v));
+        if (v.passes > 1u << 20 || (v.flags & ~NODE_EP_DRAINED) != 0)
+            return PD_ERR_BAD_INPUT;
+        group->passes = v.passes > group->passes ? v.passes : group->passes;
+        group->flags &= v.flags;
+    }
     return PD_OK;
 }
 
