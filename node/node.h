@@ -377,6 +377,9 @@ int node_boot(node_t *n, const node_boot_opts_t *o);
  * group (node_ep.c). Expected: PD_ERR_BAD_INPUT (no ep-dir, an engine
  * without EP), PD_ERR_IO / PD_ERR_TOO_BIG (a rank's file), kvx_win's. */
 pd_status_t node_ep_join(node_t *n, char *err, size_t err_len);
+/* The end of an EP rank's boot: every rank's boot done (ep-dir), then one
+ * idle pass of the group. Expected: PD_ERR_TIMED_OUT, the window's. */
+pd_status_t node_ep_ready(node_t *n, char *err, size_t err_len);
 void node_ep_leave(node_t *n);
 
 /* The step barrier's vote (issue 36): before each round of forward passes

@@ -400,6 +400,11 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
         printf("%llu\n", (unsigned long long)arena);
         return fflush(stdout) == 0 ? 0 : 1;
     }
+    if (n->cfg->ep_size > 1) { /* the group meets: its compat hash before the arena's */
+        st = node_ep_join(n, err, sizeof(err));
+        if (st != PD_OK)
+            return node_fail(n, "EP group", st, err);
+    }
     st = node_boot_mem_reserve(n, prog, arena);
     if (st != PD_OK)
         return 1;
@@ -493,11 +498,8 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
     if (st != PD_OK)
         return node_fail(n, "metrics.listen", st, n->cfg->metrics_listen);
     /* last, so the ranks' first votes come soon after the group met */
-    if (n->cfg->ep_size > 1) { /* it serves in lockstep (node_ep_vote) */
-        st = node_ep_join(n, err, sizeof(err));
-        if (st != PD_OK)
-            return node_fail(n, "EP group", st, err);
-    }
+    if (n->cfg->ep_size > 1 && (st = node_ep_ready(n, err, sizeof(err))) != PD_OK)
+        return node_fail(n, "EP group", st, err);
     return PD_CONFIG_RUN;
 }
 
