@@ -10,9 +10,10 @@
 # finishes with no error and the reference's tokens (the router replays it
 # on the other group; the dead rank's partner leaves with "EP group lost a
 # rank").
-#   test_ep_group.sh SRC_ROOT PDCTL MODEL.gguf
+# A dense model with ep = 2 is refused by `pdctl up` before anything starts.
+#   test_ep_group.sh SRC_ROOT PDCTL MODEL.gguf DENSE.gguf
 set -uo pipefail
-SRC=$1 PDCTL=$2 MODEL=$3
+SRC=$1 PDCTL=$2 MODEL=$3 DENSE=$4
 command -v curl >/dev/null 2>&1 || { echo "curl not installed: skip"; exit 77; }
 T=$(mktemp -d /tmp/pdctl-ep.XXXXXX)
 cleanup() {
@@ -99,6 +100,16 @@ for t in ts: t.join()
 print("\n".join(out))
 PY
 }
+
+# ---- a dense model cannot be split -------------------------------------------
+dep dense 1 2
+sed -i "s#^model = .*#model = $DENSE#" "$T/dense.ini"
+"$PDCTL" up "$T/dense.ini" --run-dir "$T/run-dense" >"$T/dense.out" 2>&1
+rc=$?
+if [ $rc = 2 ] && grep -q "ep = 2: a rank does not load: .*needs a MoE model" "$T/dense.out" &&
+   [ ! -e "$T/run-dense/deployment.json" ]; then
+    ok "dense model, ep = 2: refused at up, nothing started"
+else bad "dense model, ep = 2: rc $rc: $(cat "$T/dense.out")"; fi
 
 # ---- correctness: ep = 1 (reference) vs ep = 2 --------------------------------
 dep ref 1 1

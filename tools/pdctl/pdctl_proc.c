@@ -974,6 +974,37 @@ static void pdctl_up_announce(const pdctl_dep_t *dep, const pdctl_state_t *st,
     fflush(stdout);
 }
 
+/* ep > 1: a rank's config must load before anything starts (the engine
+ * refuses a dense model, an expert count ep does not divide): the decode's
+ * --print-arena-bytes with ep-size = ep. 0, or PDCTL_EXIT_USAGE with the
+ * daemon's reason (printed). */
+static int pdctl_up_ep_check(pdctl_dep_t *dep)
+{
+    if (dep->ep <= 1)
+        return 0;
+    char flag[32], out[2048], tmp[PDCTL_TMP_NAME];
+    snprintf(flag, sizeof(flag), "--ep-size=%u", dep->ep);
+    pdctl_kvs_t *kv = &dep->role_kv[PDCTL_DECODE];
+    size_t n0 = kv->n;
+    pdctl_kvs_set(kv, "print-arena-bytes", "true", 0);
+    int rc = pdctl_run_rendered(dep, PDCTL_DECODE, "127.0.0.1:7000", flag, false, 2, out,
+                                sizeof(out), tmp);
+    while (kv->n > n0) { /* the check's row goes again */
+        kv->n--;
+        free(kv->v[kv->n].key);
+        free(kv->v[kv->n].val);
+    }
+    if (rc == 0)
+        return 0;
+    if (rc < 0)
+        return PDCTL_EXIT_FAIL;
+    const char *why = strstr(out, "model load: ");
+    size_t wl = why != NULL ? strcspn(why, "\n") : 0;
+    fprintf(stderr, "pdctl: %s: [decode] ep = %u: a rank does not load: %.*s (nothing was "
+            "started)\n", dep->path, dep->ep, (int)wl, why != NULL ? why : "see pd-decode");
+    return PDCTL_EXIT_USAGE;
+}
+
 int pdctl_cmd_up(int argc, char **argv)
 {
     char *sets[PDCTL_MAX_SETS];
@@ -987,6 +1018,10 @@ int pdctl_cmd_up(int argc, char **argv)
     rc = pdctl_dep_load(argv[0], sets, n_sets, run_override, &dep);
     if (rc != 0)
         return rc;
+    if ((rc = pdctl_up_ep_check(&dep)) != 0) {
+        pdctl_dep_free(&dep);
+        return rc;
+    }
     pdctl_state_t st;
     memset(&st, 0, sizeof(st));
     st.lock_fd = -1;
