@@ -4,7 +4,8 @@
 # (its refusals show it), a bad rank is refused at boot, and a group rank
 # loads its slice, meets the others through ep-dir (the exchange window's
 # metadata, validated), runs one idle pass of the group and then serves in
-# lockstep (the step barrier's idle votes keep it up); SIGTERM to the whole
+# lockstep (the step barrier's idle votes keep it up) with one compat hash
+# (the group's, from the ranks' expert digests); SIGTERM to the whole
 # group ends it cleanly (exit 0, both ranks), and a rank killed -9 makes
 # the other leave with "EP group lost a rank" and exit 1 within ep-timeout.
 set -u
@@ -57,6 +58,9 @@ group() { # dir: start ranks 0 and 1 (pid0, pid1)
 group g
 sleep 1.5 # past ep-timeout: the idle votes keep the group up
 kill -0 $pid0 && kill -0 $pid1 || fail "a rank left an idle group: $(cat "$d/g.out0" "$d/g.out1")"
+h0=$(sed -n 's/.*compat hash \([0-9a-f]*\).*/\1/p' "$d/g.out0")
+h1=$(sed -n 's/.*compat hash \([0-9a-f]*\).*/\1/p' "$d/g.out1")
+[ -n "$h0" ] && [ "$h0" = "$h1" ] || fail "the ranks' compat hashes differ: '$h0' '$h1'"
 echo "ok: two ranks joined and stay up: $(grep -h 'EP group' "$d/g.out0" "$d/g.out1" |
     sed 's/.*EP group/EP group/' | tr '\n' ' ')"
 kill -TERM $pid0 $pid1
