@@ -208,9 +208,6 @@ typedef struct {
     pd_status_t ep_status;              /* out: the group is lost (vote or pass) */
 } dec_step_t;
 
-/* engine/llama's rows per forward pass of a step (its t_max = max(max-batch,
- * 64), at most 256): an EP rank's vote counts its passes with it. */
-#define DEC_EP_PASS_ROWS(mb) ((mb) > 256 ? 256u : (mb) < 64 ? 64u : (uint32_t)(mb))
 /* An idle EP rank votes again after this long (the first token of a
  * request that comes to an idle group waits at most this for the round). */
 #define DEC_EP_IDLE_TICK_NS 2000000ull

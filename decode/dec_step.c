@@ -66,7 +66,7 @@ static void dec_items_sample(dec_t *d, dec_step_t *s, pd_status_t st, float *log
 
 /* An EP rank's round: the vote, then as many forward passes as the
  * busiest rank needs, ours (the fused step: chunk and batch in one call,
- * passes of DEC_EP_PASS_ROWS rows) first, then idle passes. A status the
+ * passes of the engine's step_rows rows, node_t.ep_pass_rows) first, then idle passes. A status the
  * engine returns before its first pass (a bad token) still pads with idle
  * passes so the group stays in step; a transport status loses the group. */
 static bool dec_ep_lost_status(pd_status_t st)
@@ -78,7 +78,7 @@ static void dec_ep_round(dec_t *d, dec_step_t *s, void *arena)
 {
     dec_req_t *c = s->chunk;
     uint32_t vocab = d->n.geom->vocab_size, rows = s->n_items + (c != NULL ? c->chunk_n : 0);
-    uint32_t per = DEC_EP_PASS_ROWS(d->cfg.max_batch);
+    uint32_t per = d->n.ep_pass_rows;
     node_ep_vote_t mine = { .passes = (rows + per - 1) / per,
                             .flags = s->ep_drained ? NODE_EP_DRAINED : 0 }, all;
     pd_status_t st = node_ep_vote(&d->n, &mine, &all);

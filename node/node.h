@@ -280,6 +280,7 @@ struct node {
     const node_role_t *role;
     struct kvx_win *ep_win;             /* ep-size > 1: the group's window (node_ep.c) */
     uint64_t ep_votes;                  /* votes made (compute thread): the slot's parity */
+    uint32_t ep_pass_rows;              /* rows of one forward pass of the engine's step */
     bool ep_group_drained;              /* every rank voted drained: this one may stop */
     node_config_t *cfg;                 /* the `node` member of the role's config */
     pd_loop_t *loop;

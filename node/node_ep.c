@@ -181,6 +181,7 @@ pd_status_t node_ep_join(node_t *n, char *err, size_t err_len)
         return st;
     }
     n->ep_win = w;
+    n->ep_pass_rows = in.step_rows ? in.step_rows : 1;
     return PD_OK;
 }
 

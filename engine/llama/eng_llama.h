@@ -31,6 +31,9 @@ typedef struct {
     uint64_t expert_bytes_total;   /* every routed expert's, in the file */
     size_t ep_cap[2];              /* bytes one EP message may need, per
                                       eng_ep_phase_t (0: not MoE) */
+    uint32_t step_rows;            /* rows of one forward pass of `step` /
+                                      `decode` (an EP rank's passes per step:
+                                      ceil(rows / step_rows)) */
 } eng_llama_info_t;
 
 /* Describe a model loaded by eng_llama_ops.load. */

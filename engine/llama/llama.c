@@ -30,6 +30,7 @@
 
 #define LL_DEFAULT_BLOCK_TOKENS 16
 #define LL_PREFILL_CHUNK 64      /* tokens per forward pass in prefill */
+#define LL_STEP_ROWS(m) ((m)->t_max < 256 ? (m)->t_max : 256u) /* rows per pass of ll_step */
 #define LL_ATT_TILE 8            /* tokens per attention tile, at most */
 #define LL_ATT_TILE_BYTES (4u << 20) /* a thread's tile score rows, at most */
 #define LL_ATT_CHUNKS 8          /* attention chunks per active thread, at least */
@@ -1012,6 +1013,7 @@ void eng_llama_info(const eng_model_t *m, eng_llama_info_t *info)
     info->ep_size = m->ep_size;
     info->expert_bytes_owned = m->expert_bytes_owned;
     info->expert_bytes_total = m->expert_bytes_total;
+    info->step_rows = LL_STEP_ROWS(m);
     if (m->n_expert) {
         uint32_t K = m->n_expert_used;
         info->ep_cap[ENG_EP_DISPATCH] = eng_ep_dispatch_bytes(m->t_max, m->t_max * K, m->n_embd);
@@ -1820,7 +1822,7 @@ static pd_status_t ll_step(eng_model_t *m, void *arena, const eng_chunk_t *chunk
             return st;
     }
     const uint32_t total = cn + n_items, lfirst = chunk != NULL && chunk->logits ? cn - 1 : cn;
-    const uint32_t step = m->t_max < 256 ? m->t_max : 256;
+    const uint32_t step = LL_STEP_ROWS(m);
     ll_tok_t toks[256];
     for (uint32_t p0 = 0; p0 < total; p0 += step) {
         uint32_t pn = total - p0 < step ? total - p0 : step;
