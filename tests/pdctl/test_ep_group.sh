@@ -4,7 +4,7 @@
 # served by 1 prefill + one decode of `ep = 2` (two rank processes) gives
 # the same tokens as the same deployment with `ep = 1` (one whole daemon),
 # for greedy and seeded sampling, disaggregated (long prompts) and
-# decode-local (short), twelve requests at once so both ranks serve; the
+# decode-local (the rest), twelve requests at once so both ranks serve; the
 # group stops cleanly on `pdctl down`. Failover: two groups of 2 (decode =
 # 2, ep = 2); a long stream's rank is killed -9 mid-stream, the stream
 # finishes with no error and the reference's tokens (the router replays it
@@ -38,7 +38,7 @@ model = $MODEL
 prefill = 1
 decode = $2
 disagg-mode = threshold
-disagg-threshold = 32
+disagg-threshold = 128
 [router]
 http = 127.0.0.1:0
 control = 127.0.0.1:0
@@ -68,16 +68,20 @@ tokens_out() { # tokens_out RUN DAEMON
         echo 0
 }
 
-# twelve requests at once: 3 short (decode-local) + 3 long (disaggregated)
-# prompts, each greedy and seeded (temperature 0.9, seed); one line each
+# twelve requests at once: 4 decode-local prompts (one of ~110 tokens: its
+# chunk takes two forward passes on its rank while the other pads with an
+# idle one) + 2 long disaggregated ones (disagg-threshold 128), each greedy
+# and seeded (temperature 0.9, seed); one line each
 batch() { # batch URL OUT
     python3 - "$1" >"$2" <<'PY'
 import json, sys, threading, urllib.request
 url = sys.argv[1]
 prompts = ["Hi", "What is two plus two?", "Name a colour.",
            "The quick brown fox jumps over the lazy dog, then naps under the old oak tree for a while.",
-           "Write a long story about a lighthouse keeper who finds a message in a bottle on the shore one morning.",
-           "Explain in detail why the sky is blue during the day and red at sunset, with the physics involved."]
+           "Write a long story about a lighthouse keeper who finds a message in a bottle on the shore one morning, "
+           "and follow the message across the sea to the person who wrote it, many years before, in another land.",
+           "Explain in detail why the sky is blue during the day and red at sunset, with the physics involved: "
+           "Rayleigh scattering, the path length through the air, and what clouds and dust do to the colours we see."]
 reqs = []
 for p in prompts:
     reqs.append({"messages": [{"role": "user", "content": p}], "max_tokens": 32, "temperature": 0})
@@ -136,6 +140,12 @@ elif cmp -s "$T/ref.txt" "$T/ep2.txt"; then
 else
     bad "ep = 2 differs from ep = 1: $(diff "$T/ref.txt" "$T/ep2.txt" | head -6)"
 fi
+nd=$("$PDCTL" stats router --json --run-dir "$T/run-ep2" 2>/dev/null | python3 -c 'import sys,re
+s = sys.stdin.read()
+f = lambda k: int(float(re.search(r"\"%s\": *([0-9.]+)" % k, s).group(1)))
+print(f("requests_disaggregated"), f("requests_local"))' 2>/dev/null)
+if [ "$nd" = "4 8" ]; then ok "ep = 2: 4 requests disaggregated, 8 decode-local"
+else bad "ep = 2: disaggregated / local: '$nd', want '4 8'"; fi
 t0=$(tokens_out "$T/run-ep2" decode-0.r0) t1=$(tokens_out "$T/run-ep2" decode-0.r1)
 if [ "$t0" -gt 0 ] && [ "$t1" -gt 0 ]; then ok "both ranks served (tokens out: $t0, $t1)"
 else bad "both ranks should serve: tokens out $t0, $t1"; fi
