@@ -200,7 +200,17 @@ typedef struct {
     uint32_t threads;                   /* engine threads it runs on (core arbiter) */
     uint64_t start_ns, end_ns;
     pd_status_t status;
+    /* an EP rank's round (README "Expert parallelism"): the vote, then the
+     * group's passes (its own step, padded with idle passes) */
+    bool ep_drained;                    /* in: this rank votes drained */
+    bool ep_work;                       /* out: some rank had work this round */
+    bool ep_all_drained;                /* out: every rank voted drained */
+    pd_status_t ep_status;              /* out: the group is lost (vote or pass) */
 } dec_step_t;
+
+/* An idle EP rank votes again after this long (the first token of a
+ * request that comes to an idle group waits at most this for the round). */
+#define DEC_EP_IDLE_TICK_NS 2000000ull
 
 struct dec {
     node_t n;                           /* first: boot, session, kv, live table */
@@ -214,6 +224,11 @@ struct dec {
     uint32_t n_waiting;
     uint32_t n_active;                  /* PULLING + PREFILLING + RUNNING */
     dec_step_model_t sm;                /* tpot-target: measured step times */
+    /* EP rank: idle rounds on a timer, the group's loss */
+    struct event *ep_tick;
+    bool ep_hot;                        /* the last round had work: vote at once */
+    bool ep_tick_due;                   /* the idle tick fired: vote now */
+    bool ep_lost;                       /* a rank died: fail the streams, exit 1 */
 };
 
 /* Counters, gauges and histograms (NODE_REQ_STATS first). */

@@ -64,6 +64,57 @@ static void dec_items_sample(dec_t *d, dec_step_t *s, pd_status_t st, float *log
     s->status = st;
 }
 
+/* An EP rank's round: the vote, then as many forward passes as the
+ * busiest rank needs, ours (the fused step: chunk and batch in one call,
+ * passes of the engine's step_rows rows, node_t.ep_pass_rows) first, then idle passes. A status the
+ * engine returns before its first pass (a bad token) still pads with idle
+ * passes so the group stays in step; a transport status loses the group. */
+static bool dec_ep_lost_status(pd_status_t st)
+{
+    return st == PD_ERR_TIMED_OUT || st == PD_ERR_TRANSPORT || st == PD_ERR_PEER_GONE;
+}
+
+static void dec_ep_round(dec_t *d, dec_step_t *s, void *arena)
+{
+    dec_req_t *c = s->chunk;
+    uint32_t vocab = d->n.geom->vocab_size, rows = s->n_items + (c != NULL ? c->chunk_n : 0);
+    uint32_t per = d->n.ep_pass_rows;
+    node_ep_vote_t mine = { .passes = (rows + per - 1) / per,
+                            .flags = s->ep_drained ? NODE_EP_DRAINED : 0 }, all;
+    pd_status_t st = node_ep_vote(&d->n, &mine, &all);
+    s->ep_work = st == PD_OK && all.passes > 0;
+    s->ep_all_drained = st == PD_OK && all.passes == 0 && (all.flags & NODE_EP_DRAINED);
+    uint32_t done = 0;
+    if (st == PD_OK && rows > 0) {
+        eng_chunk_t ch = { 0 };
+        if (c != NULL)
+            ch = (eng_chunk_t){ c->nr.blocks, c->nr.n_blocks, c->tok + c->kv_have, c->chunk_n,
+                                c->kv_have, c->chunk_logits };
+        pd_status_t rs = d->n.ops->step(d->n.model, arena, c != NULL ? &ch : NULL, s->eitems,
+                                        s->n_items, s->logits);
+        if (rs == PD_OK || dec_ep_lost_status(rs))
+            done = mine.passes;
+        if (dec_ep_lost_status(rs))
+            st = rs;
+        s->fused = c != NULL && s->n_items > 0;
+        if (c != NULL) {
+            c->step_status = rs;
+            dec_chunk_sample(d, c, s->logits);
+        }
+        dec_items_sample(d, s, rs, s->logits + (c != NULL && c->chunk_logits ? vocab : 0));
+    }
+    for (; st == PD_OK && done < all.passes; done++)
+        st = d->n.ops->ep_idle(d->n.model);
+    s->ep_status = st;
+    if (st != PD_OK) { /* every request of the round fails with the group */
+        if (c != NULL)
+            c->step_status = st;
+        for (uint32_t i = 0; i < s->n_items; i++)
+            s->items[i]->step_status = st;
+        s->status = st;
+    }
+}
+
 /* One step: the chunk (if any) and the batch in the same forward passes
  * (the engine's `step`); should that fail, or the engine have none, the
  * chunk and the batch run apart, so each learns its own status. */
@@ -83,6 +134,12 @@ void dec_step_run(eng_job_t *job)
         s->eitems[i] = (eng_decode_item_t){ r->nr.blocks, r->nr.n_blocks,
                                             r->n_prompt + r->n_gen - 1,
                                             r->tok[r->n_prompt + r->n_gen - 1] };
+    }
+    s->ep_status = PD_OK;
+    if (d->n.ep_win != NULL) {
+        dec_ep_round(d, s, arena);
+        s->end_ns = pd_now_ns();
+        return;
     }
     if (d->n.ops->step != NULL && c != NULL && s->n_items > 0 && d->cfg.fused_step) {
         eng_chunk_t ch = { c->nr.blocks, c->nr.n_blocks, c->tok + c->kv_have, c->chunk_n,

@@ -44,6 +44,7 @@ static const pd_cfg_schema_t dec_schema = {
 static const char *const dec_state_names[] = { DEC_STATES(NODE_STATE_NAME) };
 
 static void dec_kick(dec_t *d);
+static void dec_req_cancel(dec_t *d, dec_req_t *r);
 static void dec_log_timeline(const dec_req_t *r);
 static double dec_rel_ms(const dec_req_t *r, uint64_t t);
 static void dec_migrate_out(dec_t *d, dec_req_t *r);
@@ -291,6 +292,45 @@ static void dec_mark_end(dec_req_t *r, uint16_t reason, pd_status_t status)
     r->pend_status = status;
 }
 
+/* EP rank: the idle tick (an idle group's next vote). */
+static void dec_ep_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    dec_t *d = arg;
+    d->ep_tick_due = true;
+    dec_kick(d);
+}
+
+/* The EP group lost a rank (a vote or a pass failed: a rank died or
+ * stalled past ep-timeout, or the transport failed): this rank cannot
+ * compute any more. Every stream it holds ends with an error (the router
+ * replays them elsewhere, as for a lost decode), the router is told we
+ * drain, and the daemon exits 1 once the replies are out (or after 2 s). */
+static void dec_ep_lost(dec_t *d, pd_status_t st)
+{
+    pd_log(PD_LOG_ERROR, DEC_COMP, NULL,
+           "EP group lost a rank (rank %llu of %llu: %s): failing %u streams and exiting",
+           (unsigned long long)d->n.cfg->ep_rank, (unsigned long long)d->n.cfg->ep_size,
+           pd_status_str(st), d->n.n_live);
+    NODE_FOR_EACH(&d->n, dec_req_t, r) {
+        if (dec_req_is(r, DEC_RF_CANCEL | DEC_RF_IN_STEP))
+            continue;
+        if (r->state == DEC_ST_MIGRATING || dec_req_is(r, DEC_RF_PULL_LIVE))
+            dec_req_cancel(d, r); /* ends when the pull / lease comes back */
+        else
+            dec_req_end(r, PROTO_FINISH_ERROR, PD_ERR_PEER_GONE);
+    }
+    d->n.draining = true;
+    d->n.ep_group_drained = true;
+    node_heartbeat_now(&d->n);
+    if (d->n.drain_ev != NULL) {
+        struct timeval tv = pd_ns_to_timeval(2000000000ull);
+        evtimer_add(d->n.drain_ev, &tv);
+    }
+    node_maybe_drained(&d->n);
+}
+
 /* A step came back. Phase A: fold its results into the requests without
  * sending anything; phase B: submit the next step at once (the compute
  * thread works while we talk); phase C: stream TOKENS, end the finished. */
@@ -299,7 +339,13 @@ static void dec_step_done(eng_job_t *job)
     dec_step_t *s = (dec_step_t *)job;
     dec_t *d = s->d;
     d->step_busy = false;
-    if (!job->aborted) {
+    if (!job->aborted && d->n.ep_win != NULL) {
+        d->ep_hot = s->ep_work;
+        if (s->ep_status != PD_OK)
+            d->ep_lost = true; /* the round's requests fail below, the rest after */
+    }
+    bool real = s->chunk != NULL || s->n_items > 0;
+    if (!job->aborted && real) {
         pd_stats_inc(d->n.stats, DEC_STAT_steps);
         pd_stats_observe_ns(d->n.stats, DEC_STAT_step_time, s->end_ns - s->start_ns);
         if (s->chunk != NULL) {
@@ -366,6 +412,15 @@ static void dec_step_done(eng_job_t *job)
             dec_migrate_out(d, r); /* its TOKENS went out just above */
         }
     }
+    if (d->ep_lost && !job->aborted) {
+        dec_ep_lost(d, s->ep_status);
+        return;
+    }
+    if (!job->aborted && d->n.ep_win != NULL && s->ep_all_drained) {
+        d->n.ep_group_drained = true; /* the whole group leaves in this round */
+        node_maybe_drained(&d->n);
+        return;
+    }
     if (!job->aborted)
         dec_kick(d); /* admissions made room for new work */
 }
@@ -373,7 +428,7 @@ static void dec_step_done(eng_job_t *job)
 /* Build and submit the next step if there is work and none in flight. */
 static void dec_kick(dec_t *d)
 {
-    if (d->step_busy || d->n.stopping)
+    if (d->step_busy || d->n.stopping || d->ep_lost || d->n.ep_group_drained)
         return;
     dec_step_t *s = &d->step;
     s->chunk = NULL;
@@ -404,8 +459,19 @@ static void dec_kick(dec_t *d)
         dec_req_flag(oldest, DEC_RF_IN_STEP, true);
         s->chunk = oldest;
     }
-    if (s->chunk == NULL && s->n_items == 0)
-        return;
+    if (s->chunk == NULL && s->n_items == 0) {
+        if (d->n.ep_win == NULL)
+            return;
+        if (!d->ep_hot && !d->ep_tick_due) { /* an idle group: vote again on the tick */
+            if (d->ep_tick != NULL && !evtimer_pending(d->ep_tick, NULL)) {
+                struct timeval tv = pd_ns_to_timeval(DEC_EP_IDLE_TICK_NS);
+                evtimer_add(d->ep_tick, &tv);
+            }
+            return;
+        }
+    }
+    d->ep_tick_due = false;
+    s->ep_drained = d->n.draining && d->n.n_live == 0;
     uint64_t now = pd_now_ns();
     for (uint32_t i = 0; i < s->n_items; i++) {
         dec_req_t *r = s->items[i];
@@ -1481,11 +1547,21 @@ int main(int argc, char **argv)
         if (!d->step.items || !d->step.prev || !d->step.eitems || !d->step.logits)
             rc = node_fail(&d->n, "boot", PD_ERR_NO_MEMORY, NULL);
     }
+    if (rc == PD_CONFIG_RUN && d->n.ep_win != NULL) { /* the group's rounds start at once */
+        d->ep_tick = evtimer_new(pd_loop_base(d->n.loop), dec_ep_tick, d);
+        if (d->ep_tick == NULL)
+            rc = node_fail(&d->n, "boot", PD_ERR_NO_MEMORY, NULL);
+        else
+            event_active(d->ep_tick, EV_TIMEOUT, 0);
+    }
     if (rc == PD_CONFIG_RUN) {
         char extra[32];
         snprintf(extra, sizeof(extra), ", max-batch %u", mb);
         pd_status_t st = node_run(&d->n, extra);
-        rc = st == PD_OK ? 0 : st == PD_ERR_BAD_INPUT ? 2 : 1;
+        rc = st == PD_OK && !d->ep_lost ? 0 : st == PD_ERR_BAD_INPUT ? 2 : 1;
+        if (d->ep_tick != NULL)
+            event_free(d->ep_tick); /* before the loop goes */
+        d->ep_tick = NULL;
         if (st != PD_ERR_BAD_INPUT)
             node_teardown(&d->n, dec_after_kvx);
     }

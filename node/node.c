@@ -356,6 +356,8 @@ static void node_link_shut(void *arg)
 
 void node_maybe_drained(node_t *n)
 {
+    if (n->ep_win != NULL && !n->ep_group_drained)
+        return; /* an EP rank leaves with its whole group (node_ep_vote) */
     if (n->draining && !n->stopping && n->n_live == 0) {
         pd_log(PD_LOG_INFO, n->role->name, NULL, "drained: flushing and exiting");
         n->stopping = true;

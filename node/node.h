@@ -125,7 +125,7 @@ extern const char *const node_qdot_paths[];  /* { "auto", "amx", "vnni", "avx2",
     NODE_ROW(stype, cpu_share, "cpu-share", UINT, "0", "this daemon's share of the host's cores in milli-cores (1000 = one core; 0 = its engine threads): what pd_cpu_borrowed/lent_seconds and pdctl top's BORROW/LENT count against. Accounting only: lending itself is the kernel's (nice)", 0, 1048576, NULL) \
     NODE_ROW(stype, cpu_arbiter, "cpu-arbiter", STRING, PD_CPUARB_DEFAULT, "the host's core arbiter: a shared-memory table where the daemons of one host say how many threads they want now; a decode with tpot-target runs its steps on fewer threads while prefills want cores and its step time stays within the target (off: none)", 0, 0, NULL) \
     NODE_ROW(stype, qdot, "qdot", ENUM, "auto", "integer-dot path of quantized weights (what PD_QDOT sets; pdctl passes no PD_* to daemons): auto (the environment's PD_QDOT, else the best the CPU has: amx > vnni > avx2 > scalar), amx|vnni|avx2|scalar cap the path, off = the exact f32 path; the boot log line says which runs", 0, 0, node_qdot_paths) \
-    NODE_ROW(stype, ep_size, "ep-size", UINT, "1", "expert parallelism (issue 36): ranks of this daemon's EP group; > 1 loads only this rank's slice of a MoE model's routed experts (ep-size must divide the expert count). Serving as a group is not built yet: a daemon with ep-size > 1 loads, logs its slice and exits 1 (print-arena-bytes still answers)", 1, 256, NULL) \
+    NODE_ROW(stype, ep_size, "ep-size", UINT, "1", "expert parallelism (issue 36): ranks of this daemon's EP group; > 1 loads only this rank's slice of a MoE model's routed experts (ep-size must divide the expert count). a decode only: the ranks meet through ep-dir, then every step is a round of the group (a vote, then the same number of forward passes on every rank, idle ones where a rank has nothing: an idle group votes every 2 ms); attention is per rank (its own requests and KV); a rank lost fails its streams and the daemon exits 1 (decode/README.md)", 1, 256, NULL) \
     NODE_ROW(stype, ep_rank, "ep-rank", UINT, "0", "this daemon's rank in its EP group, 0..ep-size-1 (it holds experts [ep-rank*E/ep-size, (ep-rank+1)*E/ep-size))", 0, 255, NULL) \
     NODE_ROW(stype, ep_dir, "ep-dir", STRING, NULL, "ep-size > 1: the group's rendezvous directory (one host, shm): each rank writes rank-<r>.meta (its exchange window's metadata) and reads the others' (waits up to 60 s; sizes capped, every field validated); the group's ranks must start with it empty", 0, 0, NULL) \
     NODE_ROW(stype, ep_timeout_ns, "ep-timeout", DURATION, "5s", "ep-size > 1: deadline of every dispatch and combine exchange of the group", 1e6, 600e9, NULL)
@@ -279,6 +279,9 @@ typedef struct {
 struct node {
     const node_role_t *role;
     struct kvx_win *ep_win;             /* ep-size > 1: the group's window (node_ep.c) */
+    uint64_t ep_votes;                  /* votes made (compute thread): the slot's parity */
+    uint32_t ep_pass_rows;              /* rows of one forward pass of the engine's step */
+    bool ep_group_drained;              /* every rank voted drained: this one may stop */
     node_config_t *cfg;                 /* the `node` member of the role's config */
     pd_loop_t *loop;
     pd_admin_t *admin;
@@ -375,7 +378,27 @@ int node_boot(node_t *n, const node_boot_opts_t *o);
  * group (node_ep.c). Expected: PD_ERR_BAD_INPUT (no ep-dir, an engine
  * without EP), PD_ERR_IO / PD_ERR_TOO_BIG (a rank's file), kvx_win's. */
 pd_status_t node_ep_join(node_t *n, char *err, size_t err_len);
+/* The end of an EP rank's boot: every rank's boot done (ep-dir), then one
+ * idle pass of the group. Expected: PD_ERR_TIMED_OUT, the window's. */
+pd_status_t node_ep_ready(node_t *n, char *err, size_t err_len);
 void node_ep_leave(node_t *n);
+
+/* The step barrier's vote (issue 36): before each round of forward passes
+ * every rank states how many passes its own work needs and whether it is
+ * drained; node_ep_vote exchanges the votes (window slots 2 and 3,
+ * alternating: a rank's next vote into a cell of one slot follows the
+ * owner's reading of it, since the owner put its vote of the round in
+ * between) and returns the group's: the most passes any rank needs, and
+ * NODE_EP_DRAINED only when every rank is. Compute thread (the window's).
+ * Expected: the window's statuses (PD_ERR_TIMED_OUT: a rank did not vote
+ * by ep-timeout; the window is failed from then on), PD_ERR_BAD_INPUT (a
+ * peer's vote malformed). */
+#define NODE_EP_DRAINED 1u
+typedef struct {
+    uint32_t passes;                    /* forward passes this round */
+    uint32_t flags;                     /* NODE_EP_DRAINED */
+} node_ep_vote_t;
+pd_status_t node_ep_vote(node_t *n, const node_ep_vote_t *mine, node_ep_vote_t *group);
 /* The schema's --check-config hook (pd_cfg_schema_t.check) for a daemon
  * config whose first member is node_config_t: the deployment secret as
  * node_boot would load it (file readable, long enough; or an allowed

@@ -188,6 +188,11 @@ static pd_status_t node_boot_checks(node_t *n, const char *prog)
                 (unsigned long long)c->ep_rank, (unsigned long long)c->ep_size);
         return PD_ERR_BAD_INPUT;
     }
+    if (c->ep_size > 1 && n->role->proto_role != PROTO_ROLE_DECODE) {
+        fprintf(stderr, "%s: --ep-size %llu: only a decode serves as an EP group's rank\n", prog,
+                (unsigned long long)c->ep_size);
+        return PD_ERR_BAD_INPUT;
+    }
     if (c->id && (c->id[0] == '\0' || strlen(c->id) > PROTO_DAEMON_ID_MAX)) {
         fprintf(stderr, "%s: --id: 1..%u bytes\n", prog, PROTO_DAEMON_ID_MAX);
         return PD_ERR_BAD_INPUT;
@@ -395,16 +400,10 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
         printf("%llu\n", (unsigned long long)arena);
         return fflush(stdout) == 0 ? 0 : 1;
     }
-    if (n->cfg->ep_size > 1) { /* the group meets; serving it needs the step barrier */
+    if (n->cfg->ep_size > 1) { /* the group meets: its compat hash before the arena's */
         st = node_ep_join(n, err, sizeof(err));
-        node_ep_leave(n);
         if (st != PD_OK)
             return node_fail(n, "EP group", st, err);
-        pd_log(PD_LOG_ERROR, n->role->name, NULL,
-               "ep-size %llu: rank %llu joined its group; serving as an EP group (the step "
-               "barrier) is not built yet (issue 36)",
-               (unsigned long long)n->cfg->ep_size, (unsigned long long)n->cfg->ep_rank);
-        return 1;
     }
     st = node_boot_mem_reserve(n, prog, arena);
     if (st != PD_OK)
@@ -498,6 +497,9 @@ int node_boot(node_t *n, const node_boot_opts_t *o)
     st = node_metrics_start(n);
     if (st != PD_OK)
         return node_fail(n, "metrics.listen", st, n->cfg->metrics_listen);
+    /* last, so the ranks' first votes come soon after the group met */
+    if (n->cfg->ep_size > 1 && (st = node_ep_ready(n, err, sizeof(err))) != PD_OK)
+        return node_fail(n, "EP group", st, err);
     return PD_CONFIG_RUN;
 }
 
@@ -518,6 +520,7 @@ void node_teardown(node_t *n, void (*after_kvx)(node_t *n))
     n->n_links = 0;
     eng_runner_destroy(n->runner);          /* the jobs in flight come back aborted */
     n->runner = NULL;
+    node_ep_leave(n);                       /* no compute thread uses the window now */
     n->role->cancel_all(n, NULL);
     if (n->admin) {
         pd_admin_remove_stats(n->admin, n->stats);

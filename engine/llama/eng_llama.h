@@ -31,9 +31,25 @@ typedef struct {
     uint64_t expert_bytes_total;   /* every routed expert's, in the file */
     size_t ep_cap[2];              /* bytes one EP message may need, per
                                       eng_ep_phase_t (0: not MoE) */
+    uint32_t step_rows;            /* rows of one forward pass of `step` /
+                                      `decode` (an EP rank's passes per step:
+                                      ceil(rows / step_rows)) */
 } eng_llama_info_t;
 
 /* Describe a model loaded by eng_llama_ops.load. */
 void eng_llama_info(const eng_model_t *model, eng_llama_info_t *info_p);
+
+/* An EP rank's compat hash (issue 36). The whole model's hash folds in one
+ * digest per (routed-expert tensor, expert); a rank reads only its experts,
+ * so its hash is its slice's until the group pools its digests:
+ * eng_llama_ep_digests gives this rank's (tensor-major, its experts in
+ * order; the count; 0 / NULL for the whole model), and
+ * eng_llama_ep_group_hash takes every rank's in rank order (n_all = count
+ * x ep_size) and sets the geometry's compat_hash to the whole model's.
+ * Before the model serves. Expected: PD_ERR_BAD_INPUT (not an EP rank, a
+ * wrong count), PD_ERR_MISMATCH (this rank's own digests stated otherwise),
+ * PD_ERR_NO_MEMORY. */
+size_t eng_llama_ep_digests(const eng_model_t *model, const uint64_t **dig_p);
+pd_status_t eng_llama_ep_group_hash(eng_model_t *model, const uint64_t *all, size_t n_all);
 
 #endif

@@ -30,6 +30,7 @@
 
 #define LL_DEFAULT_BLOCK_TOKENS 16
 #define LL_PREFILL_CHUNK 64      /* tokens per forward pass in prefill */
+#define LL_STEP_ROWS(m) ((m)->t_max < 256 ? (m)->t_max : 256u) /* rows per pass of ll_step */
 #define LL_ATT_TILE 8            /* tokens per attention tile, at most */
 #define LL_ATT_TILE_BYTES (4u << 20) /* a thread's tile score rows, at most */
 #define LL_ATT_CHUNKS 8          /* attention chunks per active thread, at least */
@@ -142,6 +143,12 @@ struct eng_model {
     eng_ep_xport_t ep;           /* .exchange NULL until set_ep */
     pd_status_t ep_status;       /* the first transport error of a pass */
     uint64_t expert_bytes_owned, expert_bytes_total;
+    /* the compat hash of a MoE model: the digest of everything but the
+     * routed experts' bytes, then one XXH64 per (expert tensor, expert)
+     * this model holds (tensor-major; an EP rank: its ep_ne per tensor) */
+    uint64_t hash_base;
+    uint64_t *exp_dig;
+    size_t n_exp_dig;
     uint32_t *ep_pair;           /* (t_max, n_expert_used) slot -> its pair index
                                     in the dispatch to the owning rank */
     int32_t *ep_row;             /* (t_max) token -> row in the current message */
@@ -176,6 +183,7 @@ static void ll_free(eng_model_t *m)
             free(L->post_ffn_norm);
         }
         free(m->layers);
+    free(m->exp_dig);
     }
     if (m->mm_scratch)
         for (uint32_t t = 0; t < m->n_threads; t++)
@@ -448,9 +456,29 @@ static pd_status_t ll_load_layers(eng_model_t *m, char *err, size_t err_len)
     return PD_OK;
 }
 
+/* The final compat hash of a MoE model: its base digest and the digest of
+ * every (expert tensor, expert) digest in order. */
+static uint64_t ll_hash_fold(uint64_t base, const uint64_t *dig, size_t n)
+{
+    uint64_t v[2] = { base, XXH64(dig, n * sizeof(*dig), 0) };
+    return XXH64(v, sizeof(v), 0x65787065727473ULL);
+}
+
+static bool ll_is_exps(const eng_model_t *m, const gguf_tensor_t *t)
+{
+    size_t nl = strlen(t->name);
+    return m->n_expert > 0 && nl > 12 && strcmp(t->name + nl - 12, "_exps.weight") == 0 &&
+           t->ne[2] == m->n_expert;
+}
+
 /* xxh64 over the model identity (arch, hyper-parameters, every tensor's
- * name, type, dims and data) and the KV geometry. */
-static uint64_t ll_compat_hash(const eng_model_t *m)
+ * name, type, dims and data) and the KV geometry. A MoE model's routed
+ * experts are hashed one expert at a time (m->exp_dig) and folded in at the
+ * end (ll_hash_fold), so an EP rank, which reads only its experts (the
+ * others' pages are never touched), gets the whole model's hash once the
+ * group has pooled its digests (eng_llama_ep_group_hash); until then its
+ * hash covers its slice and its rank. 0 on no memory. */
+static uint64_t ll_compat_hash(eng_model_t *m)
 {
     XXH64_state_t *s = XXH64_createState();
     if (!s)
@@ -467,22 +495,29 @@ static uint64_t ll_compat_hash(const eng_model_t *m)
     XXH64_update(s, &m->rope_base, sizeof(m->rope_base));
     XXH64_update(s, &m->rms_eps, sizeof(m->rms_eps));
     uint64_t n = gguf_tensor_count(m->gguf);
+    uint32_t e0 = m->ep_size > 1 ? m->ep_e0 : 0, ne = m->ep_size > 1 ? m->ep_ne : m->n_expert;
+    size_t n_exps = 0;
+    for (uint64_t i = 0; i < n; i++)
+        n_exps += ll_is_exps(m, gguf_tensor_at(m->gguf, i));
+    free(m->exp_dig);
+    m->n_exp_dig = 0;
+    m->exp_dig = n_exps ? malloc(n_exps * ne * sizeof(*m->exp_dig)) : NULL;
+    if (n_exps && !m->exp_dig) {
+        XXH64_freeState(s);
+        return 0;
+    }
     for (uint64_t i = 0; i < n; i++) {
         const gguf_tensor_t *t = gguf_tensor_at(m->gguf, i);
         XXH64_update(s, t->name, strlen(t->name) + 1);
         XXH64_update(s, &t->type, sizeof(t->type));
         XXH64_update(s, t->ne, sizeof(t->ne));
-        const uint8_t *d = t->data;
-        uint64_t nb = t->n_bytes;
-        size_t nl = strlen(t->name);
-        if (m->ep_size > 1 && nl > 12 && strcmp(t->name + nl - 12, "_exps.weight") == 0 &&
-            t->ne[2] == m->n_expert) { /* EP: only this rank's experts are read */
-            nb = t->n_bytes / m->n_expert * m->ep_ne;
-            d += t->n_bytes / m->n_expert * m->ep_e0;
-            uint32_t er[2] = { m->ep_rank, m->ep_size };
-            XXH64_update(s, er, sizeof(er));
+        if (ll_is_exps(m, t)) { /* one digest per expert held */
+            uint64_t per = t->n_bytes / m->n_expert;
+            for (uint32_t e = e0; e < e0 + ne; e++)
+                m->exp_dig[m->n_exp_dig++] = XXH64((const uint8_t *)t->data + per * e, per, 0);
+            continue;
         }
-        uint64_t dh = XXH64(d, nb, 0);
+        uint64_t dh = XXH64(t->data, t->n_bytes, 0);
         XXH64_update(s, &dh, sizeof(dh));
     }
     const eng_kv_geom_t *g = &m->geom;
@@ -495,7 +530,44 @@ static uint64_t ll_compat_hash(const eng_model_t *m)
     XXH64_update(s, gv, sizeof(gv));
     uint64_t h = XXH64_digest(s);
     XXH64_freeState(s);
-    return h;
+    m->hash_base = h;
+    if (n_exps == 0)
+        return h; /* dense: the hash it always had */
+    if (m->ep_size > 1) { /* this rank's slice only, until the group's digests come */
+        uint32_t er[2] = { m->ep_rank, m->ep_size };
+        return ll_hash_fold(h ^ XXH64(er, sizeof(er), 0), m->exp_dig, m->n_exp_dig);
+    }
+    return ll_hash_fold(h, m->exp_dig, m->n_exp_dig);
+}
+
+size_t eng_llama_ep_digests(const eng_model_t *m, const uint64_t **dig_p)
+{
+    *dig_p = m->ep_size > 1 ? m->exp_dig : NULL;
+    return m->ep_size > 1 ? m->n_exp_dig : 0;
+}
+
+pd_status_t eng_llama_ep_group_hash(eng_model_t *m, const uint64_t *all, size_t n_all)
+{
+    if (!m || m->ep_size <= 1 || !all || m->n_exp_dig == 0 || n_all != m->n_exp_dig * m->ep_size)
+        return PD_ERR_BAD_INPUT;
+    /* rank-major (each rank's tensor-major block) -> tensor-major, expert order */
+    size_t n_t = m->n_exp_dig / m->ep_ne;
+    uint64_t *whole = malloc(n_all * sizeof(*whole));
+    if (!whole)
+        return PD_ERR_NO_MEMORY;
+    for (uint32_t r = 0; r < m->ep_size; r++)
+        for (size_t t = 0; t < n_t; t++)
+            for (uint32_t j = 0; j < m->ep_ne; j++) {
+                uint64_t d = all[(size_t)r * m->n_exp_dig + t * m->ep_ne + j];
+                if (r == m->ep_rank && d != m->exp_dig[t * m->ep_ne + j]) {
+                    free(whole);
+                    return PD_ERR_MISMATCH; /* our own slice stated otherwise */
+                }
+                whole[t * m->n_expert + (size_t)r * m->ep_ne + j] = d;
+            }
+    m->geom.compat_hash = ll_hash_fold(m->hash_base, whole, n_all);
+    free(whole);
+    return PD_OK;
 }
 
 /* threads = 0: the CPUs this process may use (affinity mask, capped by the
@@ -941,6 +1013,7 @@ void eng_llama_info(const eng_model_t *m, eng_llama_info_t *info)
     info->ep_size = m->ep_size;
     info->expert_bytes_owned = m->expert_bytes_owned;
     info->expert_bytes_total = m->expert_bytes_total;
+    info->step_rows = LL_STEP_ROWS(m);
     if (m->n_expert) {
         uint32_t K = m->n_expert_used;
         info->ep_cap[ENG_EP_DISPATCH] = eng_ep_dispatch_bytes(m->t_max, m->t_max * K, m->n_embd);
@@ -1749,7 +1822,7 @@ static pd_status_t ll_step(eng_model_t *m, void *arena, const eng_chunk_t *chunk
             return st;
     }
     const uint32_t total = cn + n_items, lfirst = chunk != NULL && chunk->logits ? cn - 1 : cn;
-    const uint32_t step = m->t_max < 256 ? m->t_max : 256;
+    const uint32_t step = LL_STEP_ROWS(m);
     ll_tok_t toks[256];
     for (uint32_t p0 = 0; p0 < total; p0 += step) {
         uint32_t pn = total - p0 < step ? total - p0 : step;

@@ -3,8 +3,11 @@
 # config rows (issue 36): ep-size/ep-rank reach the engine's load options
 # (its refusals show it), a bad rank is refused at boot, and a group rank
 # loads its slice, meets the others through ep-dir (the exchange window's
-# metadata, validated), runs one idle pass of the group, then stops
-# (serving as a group, the step barrier, is not built yet).
+# metadata, validated), runs one idle pass of the group and then serves in
+# lockstep (the step barrier's idle votes keep it up) with one compat hash
+# (the group's, from the ranks' expert digests); SIGTERM to the whole
+# group ends it cleanly (exit 0, both ranks), and a rank killed -9 makes
+# the other leave with "EP group lost a rank" and exit 1 within ep-timeout.
 set -u
 dec=$1 moe=$2 dense=$3
 d=$(mktemp -d) || exit 1
@@ -31,18 +34,46 @@ head -c 300 /dev/urandom >"$d/bad/rank-0.meta"
 head -c 100000 /dev/zero >"$d/big/rank-0.meta"
 run 1 "rank 0's metadata: bad magic" --model "$moe" --ep-size 2 --ep-rank 1 --ep-dir "$d/bad"
 run 1 "rank 0's metadata: exceeds a hard limit" --model "$moe" --ep-size 2 --ep-rank 1 --ep-dir "$d/big"
-# two real ranks meet and run one pass of the group's exchanges
-for r in 0 1; do
-    "$dec" --secret-file "$d/secret" --mem.ledger "$d/ledger" --cpu-arbiter off --kv-blocks 16 \
-        --model "$moe" --ep-size 2 --ep-rank $r --ep-dir "$d/g" >"$d/out$r" 2>&1 </dev/null &
-    eval pid$r=\$!
-done
+# two real ranks meet, run one pass of the group's exchanges, then vote
+# (idle rounds) until stopped; no router listens at the address given
+group() { # dir: start ranks 0 and 1 (pid0, pid1)
+    mkdir "$d/$1"
+    for r in 0 1; do
+        "$dec" --secret-file "$d/secret" --mem.ledger "$d/ledger" --cpu-arbiter off \
+            --kv-blocks 16 --router 127.0.0.1:1 --ep-timeout 1s --drain-timeout 5s \
+            --model "$moe" --ep-size 2 --ep-rank $r --ep-dir "$d/$1" >"$d/$1.out$r" 2>&1 \
+            </dev/null &
+        eval pid$r=\$!
+    done
+    for r in 0 1; do # joined
+        i=0
+        until grep -q "EP group: rank $r of 2 joined through .*idle pass of the group in" \
+            "$d/$1.out$r"; do
+            i=$((i + 1))
+            [ $i -lt 300 ] || { cat "$d/$1.out$r"; fail "rank $r did not join"; }
+            sleep 0.1
+        done
+    done
+}
+group g
+sleep 1.5 # past ep-timeout: the idle votes keep the group up
+kill -0 $pid0 && kill -0 $pid1 || fail "a rank left an idle group: $(cat "$d/g.out0" "$d/g.out1")"
+h0=$(sed -n 's/.*compat hash \([0-9a-f]*\).*/\1/p' "$d/g.out0")
+h1=$(sed -n 's/.*compat hash \([0-9a-f]*\).*/\1/p' "$d/g.out1")
+[ -n "$h0" ] && [ "$h0" = "$h1" ] || fail "the ranks' compat hashes differ: '$h0' '$h1'"
+echo "ok: two ranks joined and stay up: $(grep -h 'EP group' "$d/g.out0" "$d/g.out1" |
+    sed 's/.*EP group/EP group/' | tr '\n' ' ')"
+kill -TERM $pid0 $pid1
 wait $pid0; rc0=$?
 wait $pid1; rc1=$?
-for r in 0 1; do
-    grep -q "EP group: rank $r of 2 joined through .*idle pass of the group in" "$d/out$r" ||
-        { cat "$d/out$r"; fail "rank $r did not join (exit $rc0 $rc1)"; }
-done
-echo "ok: two ranks joined: $(grep -h 'EP group' "$d/out0" "$d/out1" | sed 's/.*EP group/EP group/')"
+[ $rc0 = 0 ] && [ $rc1 = 0 ] || { cat "$d/g.out0" "$d/g.out1"; fail "SIGTERM: exit $rc0 $rc1"; }
+echo "ok: SIGTERM to the group: both ranks exit 0"
+group h
+kill -KILL $pid1
+wait $pid0; rc0=$?
+wait $pid1
+[ $rc0 = 1 ] && grep -q "EP group lost a rank" "$d/h.out0" ||
+    { cat "$d/h.out0"; fail "rank 1 killed: rank 0 exit $rc0"; }
+echo "ok: rank 1 killed: rank 0 $(grep -h 'EP group lost' "$d/h.out0" | sed 's/.*EP group/EP group/')"
 run 0 "^[0-9][0-9]*$" --model "$moe" --ep-size 2 --ep-rank 1 --print-arena-bytes
 exit 0

@@ -21,6 +21,7 @@
 
 #define PDCTL_MAX_PER_ROLE 32
 #define PDCTL_MAX_ROUTERS 8
+#define PDCTL_MAX_EP 8     /* ranks of one EP decode group */
 #define PDCTL_MAX_DAEMONS (PDCTL_MAX_ROUTERS + 2 * PDCTL_MAX_PER_ROLE)
 
 /* X(id, section / role name, binary name) */
@@ -61,7 +62,10 @@ typedef struct {
     char *secret_file;
     bool secret_given;         /* secret-file was an absolute path in the file */
     char *bins[PDCTL_ROLE_N];  /* daemon binaries */
-    unsigned count[PDCTL_ROLE_N];        /* router: [deployment] routers (1..8) */
+    unsigned count[PDCTL_ROLE_N];        /* router: [deployment] routers (1..8);
+                                            decode: instances (each ep ranks) */
+    unsigned ep;               /* [decode] ep: ranks per decode instance
+                                  (an EP group, issue 36); 1: whole daemons */
     uint64_t ready_timeout_ns, stop_timeout_ns;
     unsigned etcd_port;        /* etcd = local[:PORT]: pdctl runs etcd on 127.0.0.1:PORT (0: no) */
     pdctl_kvs_t role_kv[PDCTL_ROLE_N];   /* daemon config keys per role */
@@ -156,6 +160,8 @@ int pdctl_state_lock(pdctl_state_t *st);
 int pdctl_state_load_locked(const char *run_dir, pdctl_state_t *st);
 void pdctl_state_unlock(pdctl_state_t *st);
 pdctl_daemon_t *pdctl_state_find(pdctl_state_t *st, const char *name);
+/* An EP group's rank: name decode-<group>.r<rank> (pdctl_proc.c). */
+bool pdctl_ep_rank_of(const char *name, unsigned *group_p, unsigned *rank_p);
 /* Is the pid alive and still running the daemon's binary? */
 bool pdctl_daemon_alive(const pdctl_daemon_t *d);
 /* The etcd pdctl started for the deployment (etcd = local) still runs. */

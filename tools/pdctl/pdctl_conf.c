@@ -74,7 +74,7 @@ static const pdctl_dep_key_t pdctl_dep_keys[] = {
 /* Daemon keys pdctl sets itself; a role section may not. */
 static const char *const pdctl_managed[] = {
     "id", "router", "secret-file", "secret", "insecure-no-auth", "admin.socket",
-    "ready-file", "log.file", "config", "model", NULL,
+    "ready-file", "log.file", "config", "model", "ep-size", "ep-rank", "ep-dir", NULL,
 };
 
 static const char *const pdctl_role_names[] = {
@@ -471,6 +471,7 @@ int pdctl_dep_load(const char *path, char *const *sets, int n_sets,
     dep->count[PDCTL_ROUTER] = 1;
     dep->count[PDCTL_PREFILL] = 1;
     dep->count[PDCTL_DECODE] = 1;
+    dep->ep = 1;
     dep->ready_timeout_ns = 30000000000ull;
     dep->stop_timeout_ns = 30000000000ull;
     const char *run_dir = "run", *secret = NULL, *bin_dir = NULL;
@@ -625,6 +626,14 @@ int pdctl_dep_load(const char *path, char *const *sets, int n_sets,
         for (size_t i = 0; i < rk->n; i++) {
             const pdctl_kv_t *kv = &rk->v[i];
             pdctl_where(where, sizeof(where), path, kv->line);
+            if (r == PDCTL_DECODE && strcmp(kv->key, "ep") == 0) { /* pdctl's own */
+                if (!pdctl_parse_count(kv->val, 1, PDCTL_MAX_EP, &dep->ep)) {
+                    pdctl_fail("%s: bad ep = \"%s\" in [decode] (ranks per decode instance, "
+                               "an integer 1..%u)", where, kv->val, PDCTL_MAX_EP);
+                    goto out;
+                }
+                continue;
+            }
             for (const char *const *m = pdctl_managed; *m != NULL; m++) {
                 if (strcmp(*m, kv->key) == 0) {
                     pdctl_fail("%s: key \"%s\" in [%s] is set by pdctl%s", where, kv->key,
@@ -643,6 +652,12 @@ int pdctl_dep_load(const char *path, char *const *sets, int n_sets,
             }
             pdctl_kvs_set(&dep->role_kv[r], kv->key, kv->val, kv->line);
         }
+    }
+    if (dep->count[PDCTL_DECODE] * dep->ep > PDCTL_MAX_PER_ROLE) {
+        pdctl_fail("%s: decode = %u with ep = %u: %u decode processes, at most %u", path,
+                   dep->count[PDCTL_DECODE], dep->ep, dep->count[PDCTL_DECODE] * dep->ep,
+                   PDCTL_MAX_PER_ROLE);
+        goto out;
     }
     /* keys copied from [deployment] must exist in the daemons too (they do
      * today; this catches a daemon that renamed one) */

@@ -8,6 +8,7 @@
 #include "pdctl.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -26,6 +27,7 @@
 
 #include "pd_config.h"
 #include "pd_memledger.h"
+#include "pd_sbuf.h"
 #include "pdctl_plan.h"
 
 extern char **environ;
@@ -221,6 +223,50 @@ static void pdctl_daemon_paths(pdctl_daemon_t *x, const char *run_dir)
     pdctl_fmt(x->ready, sizeof(x->ready), "%s/%s.ready", run_dir, x->name);
 }
 
+/* An EP group's rank name decode-<group>.r<rank> (pdctl_start_role). */
+bool pdctl_ep_rank_of(const char *name, unsigned *group_p, unsigned *rank_p)
+{
+    unsigned g, r;
+    int end = 0;
+    if (sscanf(name, "decode-%u.r%u%n", &g, &r, &end) != 2 || name[end] != '\0')
+        return false;
+    *group_p = g;
+    *rank_p = r;
+    return true;
+}
+
+/* <run_dir>/ep-decode-<group>: the group's rendezvous directory. */
+static void pdctl_ep_dir(const pdctl_state_t *st, unsigned group, char *buf, size_t cap)
+{
+    pdctl_fmt(buf, cap, "%s/ep-decode-%u", st->run_dir, group);
+}
+
+/* Create the group's ep-dir, or empty an old one (a rank must not read a
+ * metadata file of an earlier incarnation). 0 or PDCTL_EXIT_FAIL. */
+static int pdctl_ep_dir_fresh(const pdctl_state_t *st, unsigned group)
+{
+    char dir[PATH_MAX];
+    pdctl_ep_dir(st, group, dir, sizeof(dir));
+    if (pdctl_mkdir_p(dir) != 0) {
+        fprintf(stderr, "pdctl: cannot create %s: %s\n", dir, strerror(errno));
+        return PDCTL_EXIT_FAIL;
+    }
+    DIR *dh = opendir(dir);
+    if (dh == NULL) {
+        fprintf(stderr, "pdctl: %s: %s\n", dir, strerror(errno));
+        return PDCTL_EXIT_FAIL;
+    }
+    for (struct dirent *e; (e = readdir(dh)) != NULL;) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        char f[PATH_MAX];
+        if (pdctl_fmt(f, sizeof(f), "%s/%s", dir, e->d_name))
+            unlink(f);
+    }
+    closedir(dh);
+    return 0;
+}
+
 static int pdctl_spawn(const pdctl_dep_t *dep, pdctl_state_t *st, pdctl_daemon_t *x)
 {
     pdctl_daemon_paths(x, st->run_dir);
@@ -228,6 +274,16 @@ static int pdctl_spawn(const pdctl_dep_t *dep, pdctl_state_t *st, pdctl_daemon_t
     char *cfg = pdctl_dep_render(dep, x->role, x->name,
                                  x->role == PDCTL_ROUTER ? NULL : st->control, x->sock, x->ready,
                                  NULL, "127.0.0.1:0");
+    unsigned group, rank;
+    if (cfg != NULL && x->role == PDCTL_DECODE && pdctl_ep_rank_of(x->name, &group, &rank)) {
+        char dir[PATH_MAX];
+        pdctl_ep_dir(st, group, dir, sizeof(dir));
+        pd_sbuf_t sb = { 0 };
+        pd_sbuf_printf(&sb, "%s# EP group decode-%u (issue 36)\nep-size = %u\nep-rank = %u\n"
+                       "ep-dir = %s\n", cfg, group, dep->ep, rank, dir);
+        free(cfg);
+        cfg = pd_sbuf_finish(&sb, NULL);
+    }
     if (cfg == NULL || pdctl_write_file(x->cfg, cfg, 0600) != 0) {
         fprintf(stderr, "pdctl: cannot write %s: %s\n", x->cfg, strerror(errno));
         free(cfg);
@@ -479,28 +535,37 @@ static int pdctl_ready_port(const char *ready, const char *key)
 static int pdctl_start_role(const pdctl_dep_t *dep, pdctl_state_t *st, pdctl_role_t role,
                             unsigned want, pdctl_daemon_t **started, int *n_started)
 {
-    unsigned have = 0;
-    for (int i = 0; i < st->n; i++)
-        have += st->d[i].role == role;
+    unsigned have = 0, ranks = role == PDCTL_DECODE ? dep->ep : 1;
+    for (int i = 0; i < st->n; i++) /* instances: an EP group counts once (rank 0) */
+        have += st->d[i].role == role && (ranks == 1 || strstr(st->d[i].name, ".r0") != NULL);
     for (unsigned idx = 0; have < want && idx < 1000; idx++) {
         char name[48];
         if (role == PDCTL_ROUTER)
             pdctl_router_name(idx, name, sizeof(name));
+        else if (ranks > 1) /* EP group decode-<idx>: ranks decode-<idx>.r<k> */
+            snprintf(name, sizeof(name), "%s-%u.r0", pdctl_role_name(role), idx);
         else
             snprintf(name, sizeof(name), "%s-%u", pdctl_role_name(role), idx);
         if (pdctl_state_find(st, name) != NULL)
             continue;
-        if (st->n == PDCTL_MAX_DAEMONS)
+        if (ranks > 1 && pdctl_ep_dir_fresh(st, idx) != 0)
             return PDCTL_EXIT_FAIL;
-        pdctl_daemon_t *x = &st->d[st->n];
-        memset(x, 0, sizeof(*x));
-        snprintf(x->name, sizeof(x->name), "%s", name);
-        x->role = role;
-        int rc = pdctl_spawn(dep, st, x);
-        if (rc != 0)
-            return rc;
-        st->n++;
-        started[(*n_started)++] = x;
+        for (unsigned k = 0; k < ranks; k++) {
+            if (st->n == PDCTL_MAX_DAEMONS)
+                return PDCTL_EXIT_FAIL;
+            pdctl_daemon_t *x = &st->d[st->n];
+            memset(x, 0, sizeof(*x));
+            if (ranks > 1)
+                snprintf(x->name, sizeof(x->name), "%s-%u.r%u", pdctl_role_name(role), idx, k);
+            else
+                snprintf(x->name, sizeof(x->name), "%s", name);
+            x->role = role;
+            int rc = pdctl_spawn(dep, st, x);
+            if (rc != 0)
+                return rc;
+            st->n++;
+            started[(*n_started)++] = x;
+        }
         have++;
     }
     return 0;
@@ -692,7 +757,8 @@ int pdctl_mem_plan_check(const pdctl_dep_t *dep, const unsigned add[PDCTL_ROLE_N
             continue;   /* not this check's to report */
         if (rc != 0)
             return rc;
-        for (unsigned i = 0; i < add[r] && np < 2 * PDCTL_MAX_PER_ROLE; i++, np++) {
+        unsigned procs = add[r] * (r == PDCTL_DECODE ? dep->ep : 1); /* an EP rank: its arena */
+        for (unsigned i = 0; i < procs && np < 2 * PDCTL_MAX_PER_ROLE; i++, np++) {
             memset(&plan[np], 0, sizeof(plan[np]));
             plan[np].bytes = bytes;
             snprintf(plan[np].name, sizeof(plan[np].name), "pd-%s %s-%u",
@@ -908,6 +974,37 @@ static void pdctl_up_announce(const pdctl_dep_t *dep, const pdctl_state_t *st,
     fflush(stdout);
 }
 
+/* ep > 1: a rank's config must load before anything starts (the engine
+ * refuses a dense model, an expert count ep does not divide): the decode's
+ * --print-arena-bytes with ep-size = ep. 0, or PDCTL_EXIT_USAGE with the
+ * daemon's reason (printed). */
+static int pdctl_up_ep_check(pdctl_dep_t *dep)
+{
+    if (dep->ep <= 1)
+        return 0;
+    char flag[32], out[2048], tmp[PDCTL_TMP_NAME];
+    snprintf(flag, sizeof(flag), "--ep-size=%u", dep->ep);
+    pdctl_kvs_t *kv = &dep->role_kv[PDCTL_DECODE];
+    size_t n0 = kv->n;
+    pdctl_kvs_set(kv, "print-arena-bytes", "true", 0);
+    int rc = pdctl_run_rendered(dep, PDCTL_DECODE, "127.0.0.1:7000", flag, false, 2, out,
+                                sizeof(out), tmp);
+    while (kv->n > n0) { /* the check's row goes again */
+        kv->n--;
+        free(kv->v[kv->n].key);
+        free(kv->v[kv->n].val);
+    }
+    if (rc == 0)
+        return 0;
+    if (rc < 0)
+        return PDCTL_EXIT_FAIL;
+    const char *why = strstr(out, "model load: ");
+    size_t wl = why != NULL ? strcspn(why, "\n") : 0;
+    fprintf(stderr, "pdctl: %s: [decode] ep = %u: a rank does not load: %.*s (nothing was "
+            "started)\n", dep->path, dep->ep, (int)wl, why != NULL ? why : "see pd-decode");
+    return PDCTL_EXIT_USAGE;
+}
+
 int pdctl_cmd_up(int argc, char **argv)
 {
     char *sets[PDCTL_MAX_SETS];
@@ -921,6 +1018,10 @@ int pdctl_cmd_up(int argc, char **argv)
     rc = pdctl_dep_load(argv[0], sets, n_sets, run_override, &dep);
     if (rc != 0)
         return rc;
+    if ((rc = pdctl_up_ep_check(&dep)) != 0) {
+        pdctl_dep_free(&dep);
+        return rc;
+    }
     pdctl_state_t st;
     memset(&st, 0, sizeof(st));
     st.lock_fd = -1;
@@ -1068,6 +1169,11 @@ int pdctl_cmd_scale(int argc, char **argv)
         return rc;
     }
     rc = PDCTL_EXIT_FAIL;
+    if (role == PDCTL_DECODE && dep.ep > 1) {
+        fprintf(stderr, "pdctl: scale decode: the decodes of %s are EP groups (ep = %u); "
+                "scaling them is not built yet\n", st.run_dir, dep.ep);
+        goto out;
+    }
     const pdctl_daemon_t *router = pdctl_router(&st);
     if (router == NULL || !pdctl_daemon_alive(router)) {
         fprintf(stderr, "pdctl: the router of %s is not running\n", st.run_dir);

@@ -520,7 +520,12 @@ int pdctl_cmd_status(int argc, char **argv)
         if (!alive || strcmp(state, "ready") != 0)
             bad += d->role != PDCTL_ROUTER || !alive;
         pdctl_put(&t, row, "DAEMON", "%s", d->name);
-        pdctl_put(&t, row, "ROLE", "%s", pdctl_role_name(d->role));
+        unsigned epg, epr;
+        bool ep = d->role == PDCTL_DECODE && pdctl_ep_rank_of(d->name, &epg, &epr);
+        if (ep) /* a rank of an EP group (issue 36) */
+            pdctl_put(&t, row, "ROLE", "decode ep decode-%u rank %u", epg, epr);
+        else
+            pdctl_put(&t, row, "ROLE", "%s", pdctl_role_name(d->role));
         pdctl_put(&t, row, "STATE", "%s", state);
         pdctl_put(&t, row, "LOAD", "%s", load);
         pdctl_put(&t, row, "PID", "%d", (int)d->pid);
@@ -531,6 +536,12 @@ int pdctl_cmd_status(int argc, char **argv)
         cJSON *jo = cJSON_CreateObject();
         cJSON_AddStringToObject(jo, "name", d->name);
         cJSON_AddStringToObject(jo, "role", pdctl_role_name(d->role));
+        if (ep) {
+            char g[32];
+            snprintf(g, sizeof(g), "decode-%u", epg);
+            cJSON_AddStringToObject(jo, "ep_group", g);
+            cJSON_AddNumberToObject(jo, "ep_rank", epr);
+        }
         cJSON_AddStringToObject(jo, "state", state);
         cJSON_AddStringToObject(jo, "load", load);
         cJSON_AddNumberToObject(jo, "pid", d->pid);

@@ -283,6 +283,12 @@ int pdctl_cmd_render(int argc, char **argv)
     int rc = pdctl_dep_load(argv[0], sets, n_sets, run, &dep);
     if (rc != 0)
         return rc;
+    if (dep.ep > 1) { /* the units are one process per decode */
+        fprintf(stderr, "pdctl: render %s: EP decode groups (ep = %u) under systemd are not "
+                "built yet; use pdctl up\n", argv[0], dep.ep);
+        pdctl_dep_free(&dep);
+        return PDCTL_EXIT_USAGE;
+    }
     rc = PDCTL_EXIT_FAIL;
     char ca[PDCTL_MAX_ROUTERS * 170] = "";
     for (unsigned i = 0; i < dep.count[PDCTL_ROUTER]; i++) {

@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# tests/pdctl: an expert-parallel decode group through `pdctl up` (issue 36),
+# real processes on loopback. A generated qwen3moe model (64 experts, top-8)
+# served by 1 prefill + one decode of `ep = 2` (two rank processes) gives
+# the same tokens as the same deployment with `ep = 1` (one whole daemon),
+# for greedy and seeded sampling, disaggregated (long prompts) and
+# decode-local (the rest), twelve requests at once so both ranks serve; the
+# group stops cleanly on `pdctl down`. Failover: two groups of 2 (decode =
+# 2, ep = 2); a long stream's rank is killed -9 mid-stream, the stream
+# finishes with no error and the reference's tokens (the router replays it
+# on the other group; the dead rank's partner leaves with "EP group lost a
+# rank").
+# A dense model with ep = 2 is refused by `pdctl up` before anything starts.
+#   test_ep_group.sh SRC_ROOT PDCTL MODEL.gguf DENSE.gguf
+set -uo pipefail
+SRC=$1 PDCTL=$2 MODEL=$3 DENSE=$4
+command -v curl >/dev/null 2>&1 || { echo "curl not installed: skip"; exit 77; }
+T=$(mktemp -d /tmp/pdctl-ep.XXXXXX)
+cleanup() {
+    local d f
+    for d in "$T"/run-*; do
+        [ -f "$d/deployment.json" ] && "$PDCTL" down --run-dir "$d" >/dev/null 2>&1
+        for f in "$d"/*.pid; do [ -f "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null; done
+    done
+    [ -n "${KEEP:-}" ] || rm -rf "$T"
+}
+trap cleanup EXIT
+fails=0
+ok()  { echo "ok   - $*"; }
+bad() { echo "FAIL - $*"; fails=$((fails + 1)); }
+
+# dep NAME DECODES EP: a deployment file
+dep() {
+    cat >"$T/$1.ini" <<EOF
+[deployment]
+name = $1
+model = $MODEL
+prefill = 1
+decode = $2
+disagg-mode = threshold
+disagg-threshold = 128
+[router]
+http = 127.0.0.1:0
+control = 127.0.0.1:0
+max-retries = 4
+[prefill]
+threads = 1
+kv-blocks = 512
+[decode]
+ep = $3
+threads = 1
+kv-blocks = 512
+max-batch = 16
+ep-timeout = 2s
+EOF
+}
+up() { # up NAME: pdctl up into $T/run-NAME
+    if "$PDCTL" up "$T/$1.ini" --run-dir "$T/run-$1" >"$T/up-$1.out" 2>&1; then
+        ok "pdctl up $1"
+    else
+        bad "pdctl up $1: $(tail -5 "$T/up-$1.out")"
+        exit 1
+    fi
+}
+tokens_out() { # tokens_out RUN DAEMON
+    "$PDCTL" stats "$2" --json --run-dir "$1" 2>/dev/null |
+        python3 -c 'import json,sys; print(int(json.load(sys.stdin)["stats"][0]["values"]["tokens_out"]))' 2>/dev/null ||
+        echo 0
+}
+
+# twelve requests at once: 4 decode-local prompts (one of ~110 tokens: its
+# chunk takes two forward passes on its rank while the other pads with an
+# idle one) + 2 long disaggregated ones (disagg-threshold 128), each greedy
+# and seeded (temperature 0.9, seed); one line each
+batch() { # batch URL OUT
+    python3 - "$1" >"$2" <<'PY'
+import json, sys, threading, urllib.request
+url = sys.argv[1]
+prompts = ["Hi", "What is two plus two?", "Name a colour.",
+           "The quick brown fox jumps over the lazy dog, then naps under the old oak tree for a while.",
+           "Write a long story about a lighthouse keeper who finds a message in a bottle on the shore one morning, "
+           "and follow the message across the sea to the person who wrote it, many years before, in another land.",
+           "Explain in detail why the sky is blue during the day and red at sunset, with the physics involved: "
+           "Rayleigh scattering, the path length through the air, and what clouds and dust do to the colours we see."]
+reqs = []
+for p in prompts:
+    reqs.append({"messages": [{"role": "user", "content": p}], "max_tokens": 32, "temperature": 0})
+    reqs.append({"messages": [{"role": "user", "content": p}], "max_tokens": 32, "temperature": 0.9,
+                 "seed": 1234})
+out = [None] * len(reqs)
+def go(i):
+    try:
+        r = urllib.request.Request(url + "/v1/chat/completions", json.dumps(reqs[i]).encode(),
+                                   {"Content-Type": "application/json"})
+        j = json.load(urllib.request.urlopen(r, timeout=60))
+        c = j["choices"][0]
+        out[i] = json.dumps([c["message"]["content"], c["finish_reason"],
+                             j["usage"]["completion_tokens"]])
+    except Exception as e:
+        out[i] = "ERROR " + repr(e)
+ts = [threading.Thread(target=go, args=(i,)) for i in range(len(reqs))]
+for t in ts: t.start()
+for t in ts: t.join()
+print("\n".join(out))
+PY
+}
+
+# ---- a dense model cannot be split -------------------------------------------
+dep dense 1 2
+sed -i "s#^model = .*#model = $DENSE#" "$T/dense.ini"
+"$PDCTL" up "$T/dense.ini" --run-dir "$T/run-dense" >"$T/dense.out" 2>&1
+rc=$?
+if [ $rc = 2 ] && grep -q "ep = 2: a rank does not load: .*needs a MoE model" "$T/dense.out" &&
+   [ ! -e "$T/run-dense/deployment.json" ]; then
+    ok "dense model, ep = 2: refused at up, nothing started"
+else bad "dense model, ep = 2: rc $rc: $(cat "$T/dense.out")"; fi
+
+# ---- correctness: ep = 1 (reference) vs ep = 2 --------------------------------
+dep ref 1 1
+dep ep2 1 2
+up ref
+batch "$(cat "$T/run-ref/url")" "$T/ref.txt"
+# the long stream's reference (greedy), for the failover below
+STREAM='{"messages": [{"role": "user", "content": "Tell me everything you know, at length."}], "max_tokens": 1500, "temperature": 0}'
+curl -s -m 60 "$(cat "$T/run-ref/url")/v1/chat/completions" -H 'Content-Type: application/json' \
+    -d "$STREAM" | python3 -c 'import json,sys; c=json.load(sys.stdin)["choices"][0]; print(json.dumps(c["message"]["content"]))' \
+    >"$T/ref-stream.txt"
+"$PDCTL" down --run-dir "$T/run-ref" >/dev/null 2>&1
+up ep2
+st=$("$PDCTL" status --run-dir "$T/run-ep2" 2>&1)
+if grep -q "decode-0.r0 .*decode ep decode-0 rank 0 .*ready" <<<"$st" &&
+   grep -q "decode-0.r1 .*decode ep decode-0 rank 1 .*ready" <<<"$st"; then
+    ok "pdctl status: the group's two ranks, ready"
+else bad "pdctl status: $st"; fi
+batch "$(cat "$T/run-ep2/url")" "$T/ep2.txt"
+if grep -q ERROR "$T/ref.txt" "$T/ep2.txt"; then
+    bad "a request failed: $(grep -h ERROR "$T/ref.txt" "$T/ep2.txt" | head -2)"
+elif cmp -s "$T/ref.txt" "$T/ep2.txt"; then
+    ok "ep = 2: the 12 completions (greedy, seeded; local, disaggregated) equal ep = 1's"
+else
+    bad "ep = 2 differs from ep = 1: $(diff "$T/ref.txt" "$T/ep2.txt" | head -6)"
+fi
+nd=$("$PDCTL" stats router --json --run-dir "$T/run-ep2" 2>/dev/null | python3 -c 'import sys,re
+s = sys.stdin.read()
+f = lambda k: int(float(re.search(r"\"%s\": *([0-9.]+)" % k, s).group(1)))
+print(f("requests_disaggregated"), f("requests_local"))' 2>/dev/null)
+if [ "$nd" = "4 8" ]; then ok "ep = 2: 4 requests disaggregated, 8 decode-local"
+else bad "ep = 2: disaggregated / local: '$nd', want '4 8'"; fi
+t0=$(tokens_out "$T/run-ep2" decode-0.r0) t1=$(tokens_out "$T/run-ep2" decode-0.r1)
+if [ "$t0" -gt 0 ] && [ "$t1" -gt 0 ]; then ok "both ranks served (tokens out: $t0, $t1)"
+else bad "both ranks should serve: tokens out $t0, $t1"; fi
+s=$SECONDS
+if "$PDCTL" down --run-dir "$T/run-ep2" >"$T/down.out" 2>&1 && [ $((SECONDS - s)) -lt 20 ] &&
+   ! grep -q "EP group lost" "$T"/run-ep2/decode-0.r*.log &&
+   [ "$(grep -c "drained: flushing and exiting" "$T"/run-ep2/decode-0.r*.log | grep -c ':1$')" = 2 ]; then
+    ok "pdctl down: the group left together in $((SECONDS - s)) s"
+else bad "pdctl down of the group: $(cat "$T/down.out"; tail -3 "$T"/run-ep2/decode-0.r*.log)"; fi
+
+# ---- failover: two groups of 2, one rank of the serving group killed ------------
+dep fo 2 2
+up fo
+URL=$(cat "$T/run-fo/url")
+python3 - "$URL" "$STREAM" "$PDCTL" "$T/run-fo" >"$T/fo.txt" 2>"$T/fo.err" <<'PY'
+import json, os, signal, subprocess, sys, urllib.request
+url, body, pdctl, run = sys.argv[1:5]
+req = json.loads(body)
+req["stream"] = True
+r = urllib.request.Request(url + "/v1/chat/completions", json.dumps(req).encode(),
+                           {"Content-Type": "application/json"})
+resp = urllib.request.urlopen(r, timeout=90)
+text, n, killed, err, finish = "", 0, None, None, None
+def live(name):
+    o = subprocess.run([pdctl, "stats", name, "--json", "--run-dir", run], capture_output=True,
+                       text=True).stdout
+    try:
+        return json.loads(o)["stats"][0]["values"]["live"]
+    except Exception:
+        return 0
+for line in resp:
+    line = line.decode().strip()
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        continue
+    j = json.loads(line[6:])
+    if "error" in j:
+        err = j["error"]
+        break
+    c = j["choices"][0]
+    text += c["delta"].get("content") or ""
+    finish = c.get("finish_reason") or finish
+    n += 1
+    if n == 20 and killed is None:
+        for name in ["decode-0.r0", "decode-0.r1", "decode-1.r0", "decode-1.r1"]:
+            if live(name) > 0:
+                pid = int(open(os.path.join(run, name + ".pid")).read())
+                os.kill(pid, signal.SIGKILL)
+                killed = name
+                break
+print(json.dumps(text))
+print(killed, finish, json.dumps(err), file=sys.stderr)
+PY
+read -r killed finish errj <"$T/fo.err" || true
+if [ "$killed" = None ] || [ -z "$killed" ]; then
+    bad "failover: no rank was serving the stream at its 20th chunk ($(cat "$T/fo.err"))"
+elif [ "$errj" != null ] || [ "$finish" = None ]; then
+    bad "failover: the stream ended with an error after $killed was killed: $(cat "$T/fo.err")"
+elif cmp -s "$T/fo.txt" "$T/ref-stream.txt"; then
+    ok "failover: $killed killed -9 mid-stream; the stream finished ($finish) with the reference's tokens"
+else
+    bad "failover: tokens differ from the reference after $killed was killed: $(head -c 200 "$T/fo.txt") vs $(head -c 200 "$T/ref-stream.txt")"
+fi
+# the killed rank's partner leaves with the group
+if [ -n "$killed" ] && [ "$killed" != None ]; then
+    partner=${killed%.r*}.r$((1 - ${killed##*.r}))
+    i=0
+    until grep -q "EP group lost a rank" "$T/run-fo/$partner.log" 2>/dev/null; do
+        i=$((i + 1)); [ $i -lt 100 ] || break; sleep 0.1
+    done
+    if grep -q "EP group lost a rank" "$T/run-fo/$partner.log"; then
+        ok "$partner: $(grep -h 'EP group lost' "$T/run-fo/$partner.log" | sed 's/.*EP group/EP group/')"
+    else bad "$partner did not report the group lost: $(tail -3 "$T/run-fo/$partner.log")"; fi
+fi
+"$PDCTL" down --run-dir "$T/run-fo" >/dev/null 2>&1
+[ "$fails" = 0 ] || { echo "$fails failure(s) (KEEP=1 keeps $T)"; exit 1; }
+exit 0
