@@ -147,19 +147,18 @@ static pd_status_t kvx_rkey_unpack(kvx_peer_t *p, const uint8_t *buf,
  * "Warming a peer's mapping"). MADV_POPULATE_READ maps a slice in one
  * call; where the kernel lacks it (< 5.14) each page is read.
  * ucp_rkey_ptr only succeeds when the memory is directly mapped here. */
-static uint64_t kvx_warm_slice(uint8_t *ptr, uint64_t len)
+static void kvx_warm_slice(uint8_t *ptr, uint64_t len)
 {
 #ifdef MADV_POPULATE_READ
     uintptr_t a = (uintptr_t)ptr & ~(uintptr_t)4095;
     if (madvise((void *)a, (size_t)((uintptr_t)ptr + len - a), MADV_POPULATE_READ) == 0)
-        return len;
+        return;
 #endif
     const volatile uint8_t *b = ptr;
     uint8_t sink = 0;
     for (uint64_t off = 0; off < len; off += 4096)
         sink ^= b[off];
     (void)sink;
-    return len;
 }
 
 void kvx_peer_warm_cb(evutil_socket_t fd, short what, void *arg)
