@@ -733,6 +733,7 @@ pd_status_t rtr_admin_planner(pd_admin_req_t *req, cJSON *reply)
     cJSON_AddNumberToObject(cost, "dec_tok_ns", r->cost.dec_tok_ns);
     cJSON_AddNumberToObject(cost, "pull_tok_ns", r->cost.pull_tok_ns);
     cJSON_AddNumberToObject(cost, "hop_ns", r->cost.hop_ns);
+    cJSON_AddNumberToObject(cost, "gap_tok_ns", r->cost.gap_tok_ns);
     cJSON_AddBoolToObject(reply, "mixed", r->cfg.disagg_mode == RTR_DISAGG_NEVER);
     return PD_OK;
 }

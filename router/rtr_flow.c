@@ -921,6 +921,10 @@ static bool req_tokens(rtr_req_t *q, const proto_tokens_t *toks, const proto_log
             pd_stats_observe_ns(r->stats, RTR_STAT_request_ttft, now - q->t_accept_ns);
         else
             pd_stats_observe_ns(r->stats, RTR_STAT_request_inter_token, now - q->t_last_tok_ns);
+        if (q->n_gen == 2) {
+            q->gap1_ns = now - q->t_last_tok_ns;
+            q->t_tok1_ns = now;
+        }
         q->t_last_tok_ns = now;
         pd_stats_inc(r->stats, RTR_STAT_generation_tokens);
         size_t n = rtr_textpipe_feed(&q->pipe, t, out, sizeof(out));
@@ -1012,8 +1016,17 @@ static void cost_note_finish(rtr_t *r, const rtr_req_t *q, const proto_finish_t 
         return;
     if (!q->disagg) /* decode-local: the decode computed what it lacked */
         cost_note(&r->cost.dec_tok_ns, (double)f->prefill_ns / missing);
-    else if (f->transfer_ns > 0) /* it pulled what it lacked */
+    else if (f->transfer_ns > 0) { /* it pulled what it lacked */
         cost_note(&r->cost.pull_tok_ns, (double)f->transfer_ns / missing);
+        /* the pull's tail: the gap before token 1 minus one step (the mean
+         * gap of the later tokens); + 1 ns keeps "measured, none" apart
+         * from "not measured" (0) */
+        if (q->gap1_ns > 0 && q->n_gen >= 3 && q->t_last_tok_ns > q->t_tok1_ns) {
+            double step = (double)(q->t_last_tok_ns - q->t_tok1_ns) / (q->n_gen - 2);
+            double tail = (double)q->gap1_ns > step ? (double)q->gap1_ns - step : 0;
+            cost_note(&r->cost.gap_tok_ns, (tail + 1) / missing);
+        }
+    }
 }
 
 static void on_prefill_done(rtr_req_t *q, rtr_backend_t *be, const proto_prefill_done_t *pd)

@@ -94,6 +94,8 @@ struct rtr_req {
     uint64_t t_accept_ns, t_last_tok_ns;
     uint64_t t_first_tok_ns;             /* first token to the client (TTFT; a lead:
                                             its first choice's) */
+    uint64_t gap1_ns, t_tok1_ns;         /* token 0 -> token 1 (a step + the KV pull's
+                                            tail), and when token 1 came */
     /* n > 1 ("choices" in rtr_flow.c): the client's request is the lead:
      * it holds the client and the timer and talks to no daemon; each
      * choice is a request of its own (own wire id, seed + i, retries,

@@ -229,6 +229,11 @@ struct rtr {
      * rtr_flow.c cost_note, rtr_policy.h rtr_disagg_in_t) */
     struct {
         double pf_tok_ns, dec_tok_ns, pull_tok_ns, hop_ns;
+        /* disaggregated: the KV pull's tail per pulled token (the gap
+         * token 0 -> 1 minus one step; with layer-wise streaming much less
+         * than pull_tok_ns, most of the pull hides under the prompt pass;
+         * the SLO planner's pull cost) */
+        double gap_tok_ns;
     } cost;
     uint32_t n_ctl_pending;          /* connections not registered yet */
 

@@ -9,14 +9,11 @@
 #           failed requests, its decision logged and in the metrics.
 #   flap:   chat and long prompts alternating every 2 s: at most one
 #           re-split, never back and forth.
-#   mixed:  a KV pull that costs more than the prefill it saves (a fast
-#           prefill, 128 KiB of KV a token, tpot-p90 30 ms): long prompts make
-#           the planner switch to PD-mixed (0:3, routers disagg-mode never)
-#           within its bound, short chat back to separate pools, zero failed
-#           requests across both switches. (It was left out of meson while
-#           its pulls looked 20x noisy; the noise was kvxfer faulting in a
-#           new peer's 256 MiB arena in one loop turn, which dropped router
-#           sessions: kvxfer/DESIGN.md "Warming a peer's mapping".)
+#   mixed:  min-prefill 0: light prompts (chat: 0.06 of a prefill daemon)
+#           make the planner switch to PD-mixed (0:3, routers disagg-mode
+#           never) within its bound, heavy ones (long: 1.1 daemons, a pull
+#           far cheaper than the stall a local prompt puts on its batch) back
+#           to separate pools, zero failed requests across both switches.
 #   leader: two planners: one leads, the other stands by; kill -9 the
 #           leader, the other takes over (flock; then etcd when installed).
 # PLAN_SET="planner.k=v ..." adds --set rows to `up` (to show a test fails
@@ -145,45 +142,48 @@ flap() {
 
 router_mixed() { "$PDCTL" admin router planner --run-dir "$1" --json | json_get 'j.get("mixed")'; }
 is_mode() { [ "$(counts "$1" 2>/dev/null)" = "$2" ] && [ "$(router_mixed "$1")" = "$3" ]; }
+is_separate() {   # at least one prefill ready, the routers not mixed
+    local c; c=$(counts "$1" 2>/dev/null) || return 1
+    [ "${c%%:*}" -ge 1 ] && [ "$(router_mixed "$1")" = False ]
+}
 
 mixed() {
-    local R=$T/run-mixed t0 bench f
-    up "$R" --set "deployment.model=sim:layers=32,kv_heads=8,head_dim=128,vocab=32000,ctx=4096,prefill_tps=1000000,decode_ms=2+0.1*b,kv_check=sample" \
-        --set deployment.disagg-mode=threshold --set decode.kv-blocks=128 --set prefill.kv-blocks=128 \
-        --set planner.tpot-p90=30ms --set planner.dwell=4s || return
+    local R=$T/run-mixed t0 bench
+    up "$R" --set deployment.disagg-mode=threshold --set planner.min-prefill=0 \
+        --set planner.dwell=4s || return
     "$PDCTL" autoscale on --run-dir "$R" >/dev/null 2>&1 || bad "autoscale on"
-    chat 4s "$T/mc1.json" || bad "pd-bench chat 1"
-    check "chat: separate pools (1:2, routers not mixed)" is_mode "$R" 1:2 False
+    long 6s "$T/ml1.json" || bad "pd-bench long 1"
+    check "long prompts: separate pools (routers not mixed)" test "$(router_mixed "$R")" = False
     t0=$SECONDS
-    long 20s "$T/ml.json" &
+    chat 30s "$T/mc.json" &
     bench=$!
-    # the bound: window 3 s + confirm 2 ticks + dwell 4 s + the drain
-    if poll 20 is_mode "$R" 0:3 True; then
-        ok "long prompts, pull-bound: PD-mixed 0:3 after $((SECONDS - t0))s (bound 20 s)"
+    # the bound: the prompt work decays (window 3 s) below 0.4, confirm 2
+    # ticks, dwell 4 s, then drain the prefill
+    if poll 25 is_mode "$R" 0:3 True; then
+        ok "light prompts (chat): PD-mixed 0:3 after $((SECONDS - t0))s (bound 25 s)"
     else
-        bad "long prompts: not PD-mixed in 20 s (now $(counts "$R"), mixed $(router_mixed "$R"))"
+        bad "light prompts: not PD-mixed in 25 s (now $(counts "$R"), mixed $(router_mixed "$R"))"
     fi
-    wait $bench || bad "pd-bench long"
+    wait $bench || bad "pd-bench chat"
     t0=$SECONDS
-    chat 30s "$T/mc2.json" &
+    long 30s "$T/ml2.json" &
     bench=$!
-    # the prompt average decays (window 3 s) below the pull bound, confirm,
-    # dwell, then drain a decode, start a prefill and wait until registered
-    if poll 30 is_mode "$R" 1:2 False; then
-        ok "short chat: separate pools 1:2 again after $((SECONDS - t0))s (bound 30 s)"
+    # work above 0.625, confirm, dwell, start a prefill and wait until registered
+    if poll 30 is_separate "$R"; then
+        ok "heavy prompts (long): separate pools again ($(counts "$R")) after $((SECONDS - t0))s (bound 30 s)"
     else
-        bad "short chat: not back to separate in 30 s (now $(counts "$R"), mixed $(router_mixed "$R"))"
+        bad "heavy prompts: not back to separate in 30 s (now $(counts "$R"), mixed $(router_mixed "$R"))"
     fi
-    wait $bench || bad "pd-bench chat 2"
-    f=$(( $(failed_of "$T/mc1.json") + $(failed_of "$T/ml.json") + $(failed_of "$T/mc2.json") ))
+    wait $bench || bad "pd-bench long 2"
+    local f=$(( $(failed_of "$T/ml1.json") + $(failed_of "$T/mc.json") + $(failed_of "$T/ml2.json") ))
     check "zero failed requests across both switches" test "$f" = 0
     check "router: requests_failed 0" test "$("$PDCTL" admin router planner --run-dir "$R" --json |
         json_get 'j["counters"]["requests_failed"]')" = 0
-    check "the switches are logged: to_mixed once, then to_separate once" bash -c \
-        '[ "$(grep -c "leader RESPLIT reason=to_mixed want=0:3 running=1:2 mode=mixed" "$1")" = 1 ] &&
-         [ "$(grep -c "leader RESPLIT reason=to_separate want=1:2 running=0:3 mode=separate" "$1")" = 1 ]' _ "$R/planner-0.log"
-    check "metrics: pd_planner_mode separate" \
-        grep -qx 'pd_planner_mode{mode="separate"} 1' "$R/planner.prom"
+    check "the switches are logged with the prompt work: to_mixed once, then to_separate once" bash -c \
+        '[ "$(grep -cE "leader RESPLIT reason=to_mixed want=0:3 running=[12]:[12] mode=mixed .* work=0\.[0-3]" "$1")" = 1 ] &&
+         [ "$(grep -cE "leader RESPLIT reason=to_separate want=[12]:[12] running=0:3 mode=separate .* work=(0\.[6-9]|[1-9])" "$1")" = 1 ]' _ "$R/planner-0.log"
+    check "metrics: pd_planner_mode separate, prompt work exported" bash -c \
+        'grep -qx "pd_planner_mode{mode=\"separate\"} 1" "$1" && grep -q "^pd_planner_prompt_work_daemons " "$1"' _ "$R/planner.prom"
     "$PDCTL" down --run-dir "$R" >/dev/null 2>&1
     clean_logs "$R"
 }

@@ -210,6 +210,7 @@ static void test_flapping_no_oscillation(void **state)
 {
     (void)state;
     pdctl_plan_cfg_t c = cfg_default();
+    c.min_prefill = 1;       /* the split alone (the mode: test_mode_flapping_no_oscillation) */
     c.dwell_ns = 10 * SEC;   /* a short dwell: the average and hysteresis must hold it */
     pdctl_plan_state_t st;
     pdctl_plan_state_init(&st);
@@ -288,6 +289,7 @@ static void test_stale_tick_never_acts(void **state)
 {
     (void)state;
     pdctl_plan_cfg_t c = cfg_default();
+    c.min_prefill = 1;   /* the split alone: chat would go PD-mixed */
     c.window_ns = 1;   /* the average is the last tick */
     c.confirm = 2;
     c.dwell_ns = 10 * SEC;
@@ -417,7 +419,9 @@ static void test_tpot_pressure_needs_slow_steps(void **state)
 
 /* Ticks of ph with a KV pull of pull_s per prompt token (the sim's 8B
  * geometry pulls 128 KiB a token: ~125 us at 1 GB/s), applying every
- * decision, mode included; returns acts, *mode_acts the mode switches. */
+ * decision, mode included; returns acts, *mode_acts the mode switches.
+ * PD-mixed ticks carry the decodes' local prompt rate (100 us a token, the
+ * prefills' rate) and no prefill figures at all. */
 static int run_mode(const pdctl_plan_cfg_t *c, pdctl_plan_state_t *st, uint64_t *now, phase_t ph,
                     double pull_s, int ticks, unsigned *np, unsigned *nd, bool *mixed,
                     int *mode_acts, pdctl_plan_out_t *last)
@@ -427,12 +431,13 @@ static int run_mode(const pdctl_plan_cfg_t *c, pdctl_plan_state_t *st, uint64_t 
         pdctl_plan_in_t in;
         tick(&in, now, ph, *np, *nd);
         if (*mixed)
-            in.pf_tok_s_hint = 10000;   /* the router's cost rate: decodes prefill */
+            in.local_tok_s = 100e-6;
         in.pull_tok_s = pull_s;
         in.hop_s = 0.001;
         in.mixed = *mixed;
         pdctl_plan_step(c, 6, &in, st, last);
         assert_true(last->want_prefill + last->want_decode <= 6);
+        assert_int_not_equal(last->reason, PDCTL_PLAN_NO_DATA);
         if (last->act) {
             acts++;
             if (last->mixed != *mixed)
@@ -446,9 +451,12 @@ static int run_mode(const pdctl_plan_cfg_t *c, pdctl_plan_state_t *st, uint64_t 
     return acts;
 }
 
-/* Long prompts whose KV pull costs more than their prefill: PD-mixed (0
- * prefills, all six decode); short chat at the same pull rate: separate. */
-static void test_mode_long_pull_mixed_chat_separate(void **state)
+/* Light prompts (chat: 800 tokens/s, 0.08 of a prefill daemon): PD-mixed,
+ * a dedicated prefill would idle. Heavy prompts (long: 16,000 tokens/s, 1.6
+ * daemons) with a pull cheaper than the stall a local prompt puts on its
+ * batch: separate pools. A pull dearer than that stall: PD-mixed however
+ * heavy the prompts. */
+static void test_mode_light_mixed_heavy_separate(void **state)
 {
     (void)state;
     pdctl_plan_cfg_t c = cfg_default();
@@ -460,39 +468,68 @@ static void test_mode_long_pull_mixed_chat_separate(void **state)
     unsigned np = 2, nd = 4;
     bool mixed = false;
     int mode_acts = 0;
-    /* chat: a 100-token pull is 12.5 ms, within tpot-p90 (50 ms) */
-    run_mode(&c, &st, &now, CHAT, 125e-6, 20, &np, &nd, &mixed, &mode_acts, &out);
+    /* long prompts, a 125 us pull a token: 0.5 s before token 1, but a
+     * local token would stall a batch of ~10 for 1.1 ms: separate */
+    run_mode(&c, &st, &now, LONG, 125e-6, 20, &np, &nd, &mixed, &mode_acts, &out);
     assert_false(mixed);
     assert_int_equal(mode_acts, 0);
-    assert_true(out.pull_gap_s > 0.012 && out.pull_gap_s < 0.013);
-    /* long prompts: a 4000-token pull is 0.5 s, and costs more than the
-     * prefill of the same tokens (100 us a token): mixed within confirm + dwell */
-    run_mode(&c, &st, &now, LONG, 125e-6, 15, &np, &nd, &mixed, &mode_acts, &out);
+    assert_true(out.prompt_work > 1.5 && out.prompt_work < 1.7);
+    assert_true(out.pull_gap_s > 0.49 && out.pull_gap_s < 0.51);
+    /* chat: the prompts' work decays below 0.5 / margin: PD-mixed within
+     * the window's decay + confirm + dwell */
+    run_mode(&c, &st, &now, CHAT, 125e-6, 40, &np, &nd, &mixed, &mode_acts, &out);
     assert_true(mixed);
     assert_int_equal(mode_acts, 1);
     assert_int_equal(np, 0);
     assert_int_equal(nd, 6);
-    run_mode(&c, &st, &now, LONG, 125e-6, 10, &np, &nd, &mixed, &mode_acts, &out);
+    run_mode(&c, &st, &now, CHAT, 125e-6, 10, &np, &nd, &mixed, &mode_acts, &out);
     assert_int_equal(out.reason, PDCTL_PLAN_MIXED);
     assert_false(out.act);
-    /* back to chat: separate pools again, at least one prefill */
-    run_mode(&c, &st, &now, CHAT, 125e-6, 40, &np, &nd, &mixed, &mode_acts, &out);
+    /* long prompts again: heavy work, separate pools, at least one prefill */
+    run_mode(&c, &st, &now, LONG, 125e-6, 20, &np, &nd, &mixed, &mode_acts, &out);
     assert_false(mixed);
     assert_int_equal(mode_acts, 2);
     assert_true(np >= 1);
-    /* a cheap pull (20 us a token < 100 us of prefill) never makes long
-     * prompts mixed, however long the gap */
+    /* a pull of 2 ms a token (a small model, a huge KV) costs more than the
+     * stall of a local token: PD-mixed however heavy the prompts */
     pdctl_plan_state_init(&st);
     np = 2, nd = 4, mixed = false, mode_acts = 0;
-    run_mode(&c, &st, &now, LONG, 20e-6, 40, &np, &nd, &mixed, &mode_acts, &out);
-    assert_int_equal(mode_acts, 0);
-    assert_false(mixed);
+    run_mode(&c, &st, &now, LONG, 2e-3, 20, &np, &nd, &mixed, &mode_acts, &out);
+    assert_true(mixed);
+    assert_int_equal(mode_acts, 1);
     /* min-prefill > 0 forbids PD-mixed */
     c.min_prefill = 1;
     pdctl_plan_state_init(&st);
-    np = 2, nd = 4;
-    run_mode(&c, &st, &now, LONG, 125e-6, 40, &np, &nd, &mixed, &mode_acts, &out);
+    np = 2, nd = 4, mixed = false, mode_acts = 0;
+    run_mode(&c, &st, &now, CHAT, 125e-6, 40, &np, &nd, &mixed, &mode_acts, &out);
     assert_int_equal(mode_acts, 0);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
+/* PD-mixed from the start: no prefill daemon ever ran, no router prefill
+ * rate; the decodes' local prompt rate is the model. (The planner held
+ * no_data forever here and never left PD-mixed: docs/BENCHMARKS.md "SLO
+ * planner", the run after the kvxfer warming fix.) */
+static void test_mode_mixed_start_measures_local(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    c.dwell_ns = 10 * SEC;
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_out_t out;
+    uint64_t now = 0;
+    unsigned np = 0, nd = 6;
+    bool mixed = true;
+    int mode_acts = 0;
+    run_mode(&c, &st, &now, CHAT, 0, 10, &np, &nd, &mixed, &mode_acts, &out);
+    assert_true(mixed);
+    assert_true(out.pf_tok_s > 9999 && out.pf_tok_s < 10001);
+    assert_int_equal(out.reason, PDCTL_PLAN_MIXED);
+    run_mode(&c, &st, &now, LONG, 0, 20, &np, &nd, &mixed, &mode_acts, &out);
+    assert_false(mixed);
+    assert_int_equal(mode_acts, 1);
+    assert_true(np >= 1);
     pd_config_free(&pdctl_plan_schema, &c);
 }
 
@@ -529,7 +566,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_fit),
         cmocka_unit_test(test_fit_robust_to_noise),
-        cmocka_unit_test(test_mode_long_pull_mixed_chat_separate),
+        cmocka_unit_test(test_mode_light_mixed_heavy_separate),
+        cmocka_unit_test(test_mode_mixed_start_measures_local),
         cmocka_unit_test(test_mode_flapping_no_oscillation),
         cmocka_unit_test(test_idle_holds),
         cmocka_unit_test(test_phase_change_resplits),

@@ -97,6 +97,8 @@ typedef struct {
     uint64_t ttft[PD_HIST_BUCKETS], itl[PD_HIST_BUCKETS];
     double pf_tok_ns;          /* the routers' cost-mode rate (first non-zero) */
     double pull_tok_ns, hop_ns;   /* the routers' KV pull rate and hop (first non-zero) */
+    double dec_tok_ns;         /* the routers' decode-local prompt rate (first non-zero) */
+    double gap_tok_ns;         /* the routers' token 0 -> 1 gap per pulled token */
     bool mixed;                /* a router runs disagg-mode = never */
     unsigned n_prefill, n_decode;
     int nd;
@@ -157,6 +159,8 @@ static void plan_sample(const pdctl_state_t *st, plan_sample_t *s)
                 plan_first_rate(&s->pf_tok_ns, cost, "pf_tok_ns");
                 plan_first_rate(&s->pull_tok_ns, cost, "pull_tok_ns");
                 plan_first_rate(&s->hop_ns, cost, "hop_ns");
+                plan_first_rate(&s->dec_tok_ns, cost, "dec_tok_ns");
+                plan_first_rate(&s->gap_tok_ns, cost, "gap_tok_ns");
                 if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "mixed")))
                     s->mixed = true;
             }
@@ -226,8 +230,12 @@ static void plan_figures(const plan_sample_t *a, const plan_sample_t *b, uint64_
     in->n_decode = b->n_decode;
     in->dec_max_batch = b->max_batch;
     in->pf_tok_s_hint = b->pf_tok_ns > 0 ? 1e9 / b->pf_tok_ns : 0;
-    in->pull_tok_s = b->pull_tok_ns / 1e9;
+    /* what a pull costs the stream: the gap it leaves before token 1 (with
+     * layer-wise streaming most of the pull hides under the prompt pass);
+     * routers without that figure: the whole pull */
+    in->pull_tok_s = (b->gap_tok_ns > 0 ? b->gap_tok_ns : b->pull_tok_ns) / 1e9;
     in->hop_s = b->hop_ns / 1e9;
+    in->local_tok_s = b->dec_tok_ns / 1e9;
     in->mixed = b->mixed;
     if (a == NULL || b->t <= a->t || a->n_routers == 0 || b->n_routers != a->n_routers)
         return;   /* a router came or went: its counters do not difference */
@@ -269,14 +277,14 @@ static void plan_log(const char *name, bool leader, bool act, const pdctl_plan_i
     strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     double dt = in->dt_s > 0 ? in->dt_s : 1;
     printf("%s %s %s %s reason=%s want=%u:%u running=%u:%u mode=%s running_mode=%s "
-           "pull_gap=%.4fs prompt_len=%.0f split=%.2f need=%.2f/%.2f "
+           "pull_gap=%.4fs stall=%.1fus/tok work=%.2f prompt_len=%.0f split=%.2f need=%.2f/%.2f "
            "cap=%.0f/%.0f tok/s step=%.1fms+%.3fms*b bcap=%.0f | req/s=%.2f prompt/s=%.0f "
            "cached/s=%.0f gen/s=%.0f ttft_p90=%.3fs itl_p90=%.4fs dt=%.1fs\n",
            stamp, name, leader ? "leader" : "standby",
            o->act ? (leader && act ? "RESPLIT" : "would-resplit") : "hold", pdctl_plan_reason_name(o->reason),
            o->want_prefill, o->want_decode, in->n_prefill, in->n_decode,
            o->mixed ? "mixed" : "separate", in->mixed ? "mixed" : "separate", o->pull_gap_s,
-           o->prompt_len, o->split_prefill,
+           o->local_stall_s * 1e6, o->prompt_work, o->prompt_len, o->split_prefill,
            o->need_p, o->need_d, o->pf_tok_s, o->dec_tok_s, o->step_a_s * 1e3,
            o->step_k_s * 1e3, o->dec_batch_cap, in->requests / dt, in->prompt_tokens / dt,
            in->cached_tokens / dt, in->gen_tokens / dt, in->ttft_p90_s, in->itl_p90_s, in->dt_s);
@@ -298,7 +306,9 @@ static void plan_log(const char *name, bool leader, bool act, const pdctl_plan_i
     X("pd_planner_mode", "gauge",                                                          \
       "Disaggregation mode, by mode: 1 for the one wanted (mixed: 0 prefills, routers never)") \
     X("pd_planner_pull_gap_seconds", "gauge",                                              \
-      "Predicted KV pull of a mean prompt (prompt length x measured pull per token)")
+      "Predicted KV pull of a mean prompt (prompt length x measured pull per token)") \
+    X("pd_planner_prompt_work_daemons", "gauge",                                           \
+      "Prompt compute in daemons (uncached prompt tokens/s / prefill rate, smoothed); PD-mixed below 0.5")
 
 
 typedef struct {
@@ -313,7 +323,8 @@ static const plan_metric_t plan_metrics[] = {
 
 enum {   /* PLAN_METRICS' rows, in order */
     PLAN_M_DESIRED, PLAN_M_ACTUAL, PLAN_M_NEED, PLAN_M_CAP, PLAN_M_BUDGET, PLAN_M_DECISIONS,
-    PLAN_M_RESPLITS, PLAN_M_LAST, PLAN_M_LEADER, PLAN_M_MODE, PLAN_M_PULL_GAP, PLAN_M_N
+    PLAN_M_RESPLITS, PLAN_M_LAST, PLAN_M_LEADER, PLAN_M_MODE, PLAN_M_PULL_GAP,
+    PLAN_M_PROMPT_WORK, PLAN_M_N
 };
 _Static_assert(sizeof(plan_metrics) / sizeof(plan_metrics[0]) == PLAN_M_N, "PLAN_METRICS rows");
 
@@ -375,6 +386,8 @@ static char *plan_metrics_text(const plan_ctl_t *c)
                    plan_metrics[PLAN_M_MODE].name, c->out.mixed ? 1 : 0);
     plan_family(&sb, PLAN_M_PULL_GAP);
     pd_sbuf_printf(&sb, "%s %.6g\n", plan_metrics[PLAN_M_PULL_GAP].name, c->out.pull_gap_s);
+    plan_family(&sb, PLAN_M_PROMPT_WORK);
+    pd_sbuf_printf(&sb, "%s %.6g\n", plan_metrics[PLAN_M_PROMPT_WORK].name, c->out.prompt_work);
     return pd_sbuf_finish(&sb, NULL);
 }
 
@@ -390,6 +403,7 @@ static cJSON *plan_status_json(const plan_ctl_t *c)
     cJSON_AddStringToObject(j, "mode", c->out.mixed ? "mixed" : "separate");
     cJSON_AddStringToObject(j, "running_mode", c->in.mixed ? "mixed" : "separate");
     cJSON_AddNumberToObject(j, "pull_gap_s", c->out.pull_gap_s);
+    cJSON_AddNumberToObject(j, "prompt_work", c->out.prompt_work);
     cJSON_AddNumberToObject(j, "prompt_len", c->out.prompt_len);
     cJSON_AddNumberToObject(j, "want_prefill", c->out.want_prefill);
     cJSON_AddNumberToObject(j, "want_decode", c->out.want_decode);
@@ -1155,11 +1169,13 @@ int pdctl_cmd_plan(int argc, char **argv)
            p->pf_tok_s, in->pf_busy_s > 0 ? " (measured)" : " (router's cost-mode rate)",
            p->step_a_s * 1e3, p->step_k_s * 1e3, p->dec_batch_cap, p->dec_tok_s,
            in->n_dec > 1 ? "" : " (one batch size seen: proportional until batches vary)");
-    printf("  mode: running %s, wants %s: a mean prompt of %.0f tokens would pull in %.4f s "
-           "(%.1f us a token vs %.1f us of prefill; tpot-p90 %.4f s, margin %.2f)\n",
-           in->mixed ? "PD-mixed" : "separate", p->mixed ? "PD-mixed" : "separate", p->prompt_len,
-           p->pull_gap_s, in->pull_tok_s * 1e6, p->pf_tok_s > 0 ? 1e6 / p->pf_tok_s : 0,
-           (double)cfg.tpot_p90_ns / 1e9, PDCTL_PLAN_MODE_MARGIN);
+    printf("  mode: running %s, wants %s: prompt compute %.2f daemons (PD-mixed below %.2f); "
+           "a mean prompt of %.0f tokens would pull in %.4f s (%.1f us a token vs %.1f us a "
+           "local token stalls its batch; tpot-p90 %.4f s, margin %.2f)\n",
+           in->mixed ? "PD-mixed" : "separate", p->mixed ? "PD-mixed" : "separate",
+           p->prompt_work, PDCTL_PLAN_MIXED_WORK, p->prompt_len, p->pull_gap_s,
+           in->pull_tok_s * 1e6, p->local_stall_s * 1e6, (double)cfg.tpot_p90_ns / 1e9,
+           PDCTL_PLAN_MODE_MARGIN);
     printf("  need at target-util %.2f: prefill %.2f, decode %.2f daemons -> prefill share %.2f of %u\n",
            cfg.target_util, p->need_p, p->need_d, p->split_prefill, c->budget);
     if (p->act)

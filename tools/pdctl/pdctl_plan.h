@@ -29,13 +29,25 @@
  *   split             = budget * need_p / (need_p + need_d), clamped to
  *                       [min-prefill, budget - min-decode].
  *   mode              = PD-mixed (0 prefills, all decodes, router
- *                       disagg-mode = never) when the predicted KV pull of a
- *                       mean prompt (prompt length x the routers' measured
- *                       pull time per token) misses tpot-p90 by
- *                       PDCTL_PLAN_MODE_MARGIN and a pulled token costs at
- *                       least the prefill of a token it saves; separate again
- *                       when the pull would meet tpot-p90 / margin or costs
- *                       less than prefill / margin. Only with min-prefill = 0.
+ *                       disagg-mode = never) when the prompts are light work:
+ *                       their compute (uncached prompt tokens/s x the measured
+ *                       seconds a token, smoothed) is less than
+ *                       PDCTL_PLAN_MIXED_WORK of one daemon, so a dedicated
+ *                       prefill would idle most of its time while the decodes
+ *                       lack it; or when the KV pull is the bottleneck: the
+ *                       predicted pull of a mean prompt (prompt length x the
+ *                       routers' gap token 0 -> 1 per pulled token: the pull's
+ *                       tail after the prompt pass) misses tpot-p90 by
+ *                       PDCTL_PLAN_MODE_MARGIN and a pulled token costs more
+ *                       than computing it on the decode, where a local prompt
+ *                       stalls every sequence of the batch (local time a token
+ *                       x (1 + mean batch), the routers' cost-mode formula).
+ *                       Separate pools otherwise; each bound with the margin
+ *                       as hysteresis. Only with min-prefill = 0. In PD-mixed
+ *                       the prefill rate is the decodes' own (the routers'
+ *                       dec_tok_ns) until a prefill daemon has run.
+ *   decode need       also counts the KV pulls separate pools put on the
+ *                       decodes (uncached tokens/s x pull time a token).
  * No flapping: a re-split (or a mode switch) needs the fractional split to be more than
  * 0.5 + hysteresis daemons from the running one, the same target for
  * `confirm` ticks in a row, and `dwell` since the last re-split. */
@@ -58,8 +70,8 @@
     X(MORE_DECODE,  "more_decode",  "re-split: decode daemons are short")              \
     X(BUDGET,       "budget",       "re-split: the deployment's size is not the budget") \
     X(MIXED,        "mixed",        "hold: PD-mixed, every daemon decodes and prefills its own prompts") \
-    X(TO_MIXED,     "to_mixed",     "switch: PD-mixed, a KV pull costs more than the prefill it saves") \
-    X(TO_SEPARATE,  "to_separate",  "switch: separate pools, the KV pull is cheap again")
+    X(TO_MIXED,     "to_mixed",     "switch: PD-mixed, the prompts are light work or a KV pull costs more than its local prefill") \
+    X(TO_SEPARATE,  "to_separate",  "switch: separate pools, the prompts are heavy work and the KV pull is cheap enough")
 
 typedef enum {
 #define PDCTL_X_REASON(id, name, help) PDCTL_PLAN_##id,
@@ -112,14 +124,20 @@ typedef struct {
         double step_s;             /* mean step time */
     } dec[PDCTL_PLAN_MAX_SAMPLES];
     double dec_max_batch;          /* sequences a decode's KV holds (0: unknown) */
-    double pull_tok_s, hop_s;      /* the routers' KV pull time per prompt token and fixed
+    double pull_tok_s, hop_s;      /* the routers' KV pull cost per prompt token (the gap
+                                      token 0 -> 1 it leaves, else the whole pull) and fixed
                                       hop (disagg-mode=cost rates), 0: not measured */
+    double local_tok_s;            /* the routers' decode-local prompt time per token
+                                      (dec_tok_ns), 0: not measured */
     bool mixed;                    /* running PD-mixed (the routers' disagg-mode = never) */
 } pdctl_plan_in_t;
 
 /* Hysteresis of the mode: the pull must miss (meet) the TPOT target by this
  * factor to switch to PD-mixed (back to separate pools). */
 #define PDCTL_PLAN_MODE_MARGIN 1.25
+/* PD-mixed while the prompts' compute is below this share of one daemon
+ * (into PD-mixed below it / margin, out above it x margin). */
+#define PDCTL_PLAN_MIXED_WORK 0.5
 
 #define PDCTL_PLAN_NO_PENDING 2
 
@@ -136,6 +154,8 @@ typedef struct {
     unsigned pending_ticks;
     uint64_t last_change_ns;       /* 0: never (re-split or mode switch) */
     double prompt_len;             /* smoothed uncached prompt tokens per request */
+    double prompt_work;            /* smoothed prompt compute, in daemons (-1: none yet) */
+    double mean_batch;             /* smoothed sequences per decode step */
     int mode_pending;              /* -1 none, 0 separate, 1 mixed awaiting confirm */
     unsigned mode_ticks;
     uint64_t decisions[PDCTL_PLAN_REASON_N];
@@ -147,6 +167,8 @@ typedef struct {
     bool mixed;                    /* the mode wanted (on act: switch to it; see pdctl_plan.c
                                       for the order of the steps) */
     double pull_gap_s;             /* predicted KV pull of a mean prompt, 0: unknown */
+    double prompt_work;            /* prompt compute in daemons (smoothed), 0: unknown */
+    double local_stall_s;          /* a local prompt token's cost to its batch: local x (1 + batch) */
     double prompt_len;
     unsigned want_prefill, want_decode;  /* desired (the running split on a hold) */
     double split_prefill;          /* fractional prefill share of the budget */

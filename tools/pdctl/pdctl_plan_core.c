@@ -80,6 +80,7 @@ void pdctl_plan_state_init(pdctl_plan_state_t *st)
     memset(st, 0, sizeof(*st));
     st->pending = PDCTL_PLAN_NO_PENDING;
     st->mode_pending = -1;
+    st->prompt_work = -1;
 }
 
 /* Fewer computed tokens than this in a tick say more about fixed costs than
@@ -97,6 +98,11 @@ static void plan_measure(const pdctl_plan_in_t *in, pdctl_plan_state_t *st)
         st->pf_tok_s = st->pf_tok_s > 0 ? st->pf_tok_s + PLAN_RATE_WEIGHT * (r - st->pf_tok_s) : r;
     } else if (st->pf_tok_s <= 0 && in->pf_tok_s_hint > 0) {
         st->pf_tok_s = in->pf_tok_s_hint;   /* PD-mixed so far: the router's estimate */
+    } else if (st->pf_tok_s <= 0 && in->local_tok_s > 0) {
+        /* PD-mixed from the start: no prefill daemon ever ran, the decodes'
+         * own prompts are the only rate (without it the planner held
+         * no_data forever and never left PD-mixed) */
+        st->pf_tok_s = 1 / in->local_tok_s;
     }
     for (unsigned i = 0; i < in->n_dec && i < PDCTL_PLAN_MAX_SAMPLES; i++) {
         if (!(in->dec[i].batch > 0) || !(in->dec[i].step_s > 0))
@@ -221,25 +227,34 @@ static double plan_dec_pressure(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in
     return itl < own ? itl : own;
 }
 
-/* PD-mixed or separate pools (pdctl_plan.h "mode"). Without a measured pull
- * or prompt length: the running mode. */
+/* PD-mixed or separate pools (pdctl_plan.h "mode"). Without a measured
+ * prompt load: the running mode. */
 static bool plan_want_mixed(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *in,
                             const pdctl_plan_state_t *st, pdctl_plan_out_t *out)
 {
+    const double m = PDCTL_PLAN_MODE_MARGIN;
     if (cfg->min_prefill > 0)
         return false;
-    if (!(in->pull_tok_s > 0) || !(st->pf_tok_s > 0) || !(st->prompt_len > 0))
+    if (st->prompt_work < 0 || !(in->requests > 0))
         return in->mixed;
+    /* light prompts: a dedicated prefill would mostly idle */
+    bool light = in->mixed ? st->prompt_work < PDCTL_PLAN_MIXED_WORK * m
+                           : st->prompt_work < PDCTL_PLAN_MIXED_WORK / m;
     /* the pull alone: the hop (dispatch to the prefill) is TTFT's, not the
      * gap before token 1, and a hop measured under a re-split's load would
-     * pin PD-mixed */
-    double gap = st->prompt_len * in->pull_tok_s;
-    double t = (double)cfg->tpot_p90_ns / 1e9;
-    double pull_per_pf = in->pull_tok_s * st->pf_tok_s;   /* pull time / prefill time, per token */
-    out->pull_gap_s = gap;
-    if (!in->mixed)
-        return gap > t * PDCTL_PLAN_MODE_MARGIN && pull_per_pf >= 1;
-    return !(gap < t / PDCTL_PLAN_MODE_MARGIN || pull_per_pf < 1 / PDCTL_PLAN_MODE_MARGIN);
+     * pin PD-mixed. Against it, a local prompt token stalls the whole batch. */
+    double local = in->local_tok_s > 0 ? in->local_tok_s : (st->pf_tok_s > 0 ? 1 / st->pf_tok_s : 0);
+    out->local_stall_s = local * (1 + st->mean_batch);
+    bool pull_bound = false;
+    if (in->pull_tok_s > 0 && st->prompt_len > 0 && local > 0) {
+        double gap = st->prompt_len * in->pull_tok_s;
+        double t = (double)cfg->tpot_p90_ns / 1e9;
+        out->pull_gap_s = gap;
+        pull_bound = in->mixed
+                         ? !(gap < t / m || in->pull_tok_s < out->local_stall_s / m)
+                         : gap > t * m && in->pull_tok_s >= out->local_stall_s;
+    }
+    return light || pull_bound;
 }
 
 void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_plan_in_t *in,
@@ -260,6 +275,9 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
                        plan_pressure(in->ttft_p90_s, cfg->ttft_p90_ns);
         double raw_d = in->gen_tokens / in->dt_s / (out->dec_tok_s * util) *
                        plan_dec_pressure(cfg, in);
+        /* separate pools: every uncached prompt token is pulled by a decode */
+        if (!in->mixed && in->pull_tok_s > 0 && uncached > 0)
+            raw_d += uncached / in->dt_s * in->pull_tok_s / util;
         double w = cfg->window_ns > 0 ? 1 - exp(-in->dt_s * 1e9 / (double)cfg->window_ns) : 1;
         if (!st->primed) {
             st->need_p = raw_p;
@@ -279,6 +297,24 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         st->prompt_len = st->prompt_len > 0 ? st->prompt_len + w * (len - st->prompt_len) : len;
     }
     out->prompt_len = st->prompt_len;
+    if (in->dt_s > 0 && st->pf_tok_s > 0) {
+        double w = cfg->window_ns > 0 ? 1 - exp(-in->dt_s * 1e9 / (double)cfg->window_ns) : 1;
+        double uncached = in->prompt_tokens - in->cached_tokens;
+        double work = (uncached > 0 ? uncached : 0) / in->dt_s / st->pf_tok_s;
+        st->prompt_work = st->prompt_work >= 0 ? st->prompt_work + w * (work - st->prompt_work) : work;
+        double b = 0;
+        unsigned nb = 0;
+        for (unsigned i = 0; i < in->n_dec && i < PDCTL_PLAN_MAX_SAMPLES; i++) {
+            if (in->dec[i].batch > 0) {
+                b += in->dec[i].batch;
+                nb++;
+            }
+        }
+        if (nb > 0)
+            st->mean_batch = st->mean_batch > 0 ? st->mean_batch + w * (b / nb - st->mean_batch)
+                                                : b / nb;
+    }
+    out->prompt_work = st->prompt_work > 0 ? st->prompt_work : 0;
     out->mixed = in->mixed;
 
     unsigned lo = (unsigned)cfg->min_prefill, min_d = cfg->min_decode ? (unsigned)cfg->min_decode : 1;
