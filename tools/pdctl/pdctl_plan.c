@@ -504,30 +504,57 @@ static int plan_set_mode(const char *run_dir, const char *mode)
     return rc;
 }
 
-/* Re-split to o's counts: the shrinking pool first (drain, live migration,
- * stop), then the growing one, so prefill + decode never exceeds the
- * budget. A mode switch orders the routers around it so no request meets a
- * missing pool: to PD-mixed, the routers stop disaggregating (never) BEFORE
- * the prefills drain; to separate pools, the prefills are up and ready
- * (pdctl scale waits) BEFORE the routers disaggregate again (the [planner]
- * separate-mode). 0, or the first failing step's exit code. */
+/* Re-split to o's counts one daemon at a time: drain one of the shrinking
+ * pool (live migration, stop), start one of the growing pool, wait until it
+ * is ready, repeat. prefill + decode never exceeds the budget, and at most
+ * one daemon's capacity is missing at any moment (3:3 -> 0:6 in one step
+ * left three decodes carrying everything while three more booted: 26 client
+ * timeouts in docs/BENCHMARKS.md "SLO planner, 150-s phases"). A mode switch
+ * orders the routers around it so no request meets a missing pool: to
+ * PD-mixed, the routers keep disaggregating to the prefills left until the
+ * last one is drained (a router with no prefill runs the prompt on the
+ * decode), then switch to never; to separate pools, the first prefill is up
+ * and ready (pdctl scale waits) BEFORE the routers disaggregate again (the
+ * [planner] separate-mode). 0, or the first failing step's exit code. */
 static int plan_apply(const char *run_dir, const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *in,
                       const pdctl_plan_out_t *o, plan_leader_t *l)
 {
-    int rc;
-    if (o->mixed && !in->mixed && (rc = plan_set_mode(run_dir, "never")) != 0)
-        return rc;
-    pdctl_role_t first = o->want_prefill < in->n_prefill ? PDCTL_PREFILL : PDCTL_DECODE;
-    pdctl_role_t second = first == PDCTL_PREFILL ? PDCTL_DECODE : PDCTL_PREFILL;
-    unsigned want[PDCTL_ROLE_N] = { 0 };
+    int rc = 0;
+    unsigned have[PDCTL_ROLE_N] = { 0 }, want[PDCTL_ROLE_N] = { 0 };
+    have[PDCTL_PREFILL] = in->n_prefill;
+    have[PDCTL_DECODE] = in->n_decode;
     want[PDCTL_PREFILL] = o->want_prefill;
     want[PDCTL_DECODE] = o->want_decode;
-    rc = plan_scale(run_dir, first, want[first], l);
-    if (rc != 0 || plan_stop)   /* stopped meanwhile: not the second half */
-        return rc;
-    rc = plan_scale(run_dir, second, want[second], l);
-    if (rc == 0 && !o->mixed && in->mixed)
-        rc = plan_set_mode(run_dir, cfg->separate_mode ? cfg->separate_mode : "threshold");
+    bool to_separate = !o->mixed && in->mixed;
+    const pdctl_role_t roles[2] = { PDCTL_PREFILL, PDCTL_DECODE };
+    while (rc == 0 && !plan_stop &&
+           (have[PDCTL_PREFILL] != want[PDCTL_PREFILL] || have[PDCTL_DECODE] != want[PDCTL_DECODE])) {
+        for (int k = 0; k < 2 && rc == 0; k++) {   /* shrink one */
+            pdctl_role_t r = roles[k];
+            if (have[r] > want[r]) {
+                rc = plan_scale(run_dir, r, have[r] - 1, l);
+                have[r]--;
+                break;
+            }
+        }
+        if (rc != 0 || plan_stop)   /* stopped meanwhile: not the second half */
+            break;
+        for (int k = 0; k < 2 && rc == 0; k++) {   /* grow one */
+            pdctl_role_t r = roles[k];
+            if (have[r] < want[r]) {
+                rc = plan_scale(run_dir, r, have[r] + 1, l);
+                have[r]++;
+                if (rc == 0 && r == PDCTL_PREFILL && to_separate) {
+                    rc = plan_set_mode(run_dir, cfg->separate_mode ? cfg->separate_mode
+                                                                   : "threshold");
+                    to_separate = false;
+                }
+                break;
+            }
+        }
+    }
+    if (rc == 0 && o->mixed && !in->mixed && have[PDCTL_PREFILL] == 0)
+        rc = plan_set_mode(run_dir, "never");
     return rc;
 }
 
