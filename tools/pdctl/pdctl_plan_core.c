@@ -352,6 +352,13 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
             double sp = st->need_p + st->need_d > 0
                             ? (double)budget * st->need_p / (st->need_p + st->need_d) : 1;
             unsigned wp = (unsigned)lround(sp);
+            /* no pull measured yet (PD-mixed from the start): the decode
+             * need lacks the pulls, which separate pools put on the decodes;
+             * start with one prefill and let the measured need grow the pool
+             * (a PD-mixed start went to 3:3 here and its three decodes could
+             * not keep up with the pulls: TTFT p90 13.8 s, docs/BENCHMARKS.md) */
+            if (!(in->pull_tok_s > 0))
+                wp = 1;
             unsigned hi_m = budget > (cfg->min_decode ? cfg->min_decode : 1)
                                 ? budget - (unsigned)(cfg->min_decode ? cfg->min_decode : 1) : 0;
             if (wp < 1)
