@@ -208,22 +208,36 @@ static double plan_pressure(double p90, uint64_t target_ns)
     return p90 / t > 2 ? 2 : p90 / t;
 }
 
+/* The mean of the decodes' positive samples of one field this tick (0: none). */
+static double plan_dec_mean(const pdctl_plan_in_t *in, bool batch)
+{
+    double sum = 0;
+    unsigned n = 0;
+    for (unsigned i = 0; i < in->n_dec && i < PDCTL_PLAN_MAX_SAMPLES; i++) {
+        double v = batch ? in->dec[i].batch : in->dec[i].step_s;
+        if (v > 0) {
+            sum += v;
+            n++;
+        }
+    }
+    return n > 0 ? sum / n : 0;
+}
+
+/* Weight of one tick of dt_s seconds in a moving average of time constant window. */
+static double plan_ewma_w(const pdctl_plan_cfg_t *cfg, double dt_s)
+{
+    return cfg->window_ns > 0 ? 1 - exp(-dt_s * 1e9 / (double)cfg->window_ns) : 1;
+}
+
 /* A missed TPOT is the decodes' only when their own steps are slow too: the
  * inter-token gap after token 0 also holds the KV pull, which more decodes
  * do not shorten (docs/BENCHMARKS.md "SLO planner"). The smaller of the
  * routers' inter-token p90 and the decodes' mean step this tick. */
 static double plan_dec_pressure(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *in)
 {
-    double step = 0;
-    unsigned n = 0;
-    for (unsigned i = 0; i < in->n_dec && i < PDCTL_PLAN_MAX_SAMPLES; i++) {
-        if (in->dec[i].step_s > 0) {
-            step += in->dec[i].step_s;
-            n++;
-        }
-    }
+    double step = plan_dec_mean(in, false);
     double itl = plan_pressure(in->itl_p90_s, cfg->tpot_p90_ns);
-    double own = n > 0 ? plan_pressure(step / n, cfg->tpot_p90_ns) : 1;
+    double own = step > 0 ? plan_pressure(step, cfg->tpot_p90_ns) : 1;
     return itl < own ? itl : own;
 }
 
@@ -278,7 +292,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         /* separate pools: every uncached prompt token is pulled by a decode */
         if (!in->mixed && in->pull_tok_s > 0 && uncached > 0)
             raw_d += uncached / in->dt_s * in->pull_tok_s / util;
-        double w = cfg->window_ns > 0 ? 1 - exp(-in->dt_s * 1e9 / (double)cfg->window_ns) : 1;
+        double w = plan_ewma_w(cfg, in->dt_s);
         if (!st->primed) {
             st->need_p = raw_p;
             st->need_d = raw_d;
@@ -291,28 +305,20 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
     out->need_p = st->need_p;
     out->need_d = st->need_d;
     if (in->dt_s > 0 && in->requests > 0) {
-        double w = cfg->window_ns > 0 ? 1 - exp(-in->dt_s * 1e9 / (double)cfg->window_ns) : 1;
+        double w = plan_ewma_w(cfg, in->dt_s);
         double uncached = in->prompt_tokens - in->cached_tokens;
         double len = (uncached > 0 ? uncached : 0) / in->requests;
         st->prompt_len = st->prompt_len > 0 ? st->prompt_len + w * (len - st->prompt_len) : len;
     }
     out->prompt_len = st->prompt_len;
     if (in->dt_s > 0 && st->pf_tok_s > 0) {
-        double w = cfg->window_ns > 0 ? 1 - exp(-in->dt_s * 1e9 / (double)cfg->window_ns) : 1;
+        double w = plan_ewma_w(cfg, in->dt_s);
         double uncached = in->prompt_tokens - in->cached_tokens;
         double work = (uncached > 0 ? uncached : 0) / in->dt_s / st->pf_tok_s;
         st->prompt_work = st->prompt_work >= 0 ? st->prompt_work + w * (work - st->prompt_work) : work;
-        double b = 0;
-        unsigned nb = 0;
-        for (unsigned i = 0; i < in->n_dec && i < PDCTL_PLAN_MAX_SAMPLES; i++) {
-            if (in->dec[i].batch > 0) {
-                b += in->dec[i].batch;
-                nb++;
-            }
-        }
-        if (nb > 0)
-            st->mean_batch = st->mean_batch > 0 ? st->mean_batch + w * (b / nb - st->mean_batch)
-                                                : b / nb;
+        double b = plan_dec_mean(in, true);
+        if (b > 0)
+            st->mean_batch = st->mean_batch > 0 ? st->mean_batch + w * (b - st->mean_batch) : b;
     }
     out->prompt_work = st->prompt_work > 0 ? st->prompt_work : 0;
     out->mixed = in->mixed;
