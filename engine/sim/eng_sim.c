@@ -1011,6 +1011,84 @@ static pd_status_t sim_decode(eng_model_t *m, void *arena, const eng_decode_item
     return PD_OK;
 }
 
+/* The fused step of an EP rank: the chunk's rows then the items', in
+ * forward passes of ep_t_max rows (the node pads the group to the busiest
+ * rank's ceil(rows / max_batch) passes with ep_idle). KV and logits are
+ * prefill(chunk) then decode(items)'s; the modeled time is theirs summed,
+ * split over the passes by rows. A model without EP has no fused step
+ * (PD_ERR_UNSUPPORTED: the caller runs prefill then decode, as before). */
+static pd_status_t sim_step(eng_model_t *m, void *arena, const eng_chunk_t *c,
+                            const eng_decode_item_t *items, uint32_t n_items, float *logits)
+{
+    uint64_t t0 = pd_now_ns(), seg = t0, modeled, target;
+    uint32_t nc = c != NULL ? c->n_tokens : 0, rows, off, nn, i;
+    float *lg = logits;
+
+    if (m == NULL || m->magic != SIM_MAGIC)
+        return PD_ERR_BAD_INPUT;
+    if (!ep_model(m))
+        return PD_ERR_UNSUPPORTED;
+    if (m->ep.exchange == NULL || arena == NULL || (n_items > 0 && items == NULL) ||
+        (c != NULL && (c->block_table == NULL || c->tokens == NULL || c->n_tokens == 0 ||
+                       c->start_pos > UINT32_MAX - c->n_tokens)) ||
+        nc + n_items == 0 || nc > UINT32_MAX - n_items ||
+        (logits == NULL && (n_items > 0 || (c != NULL && c->logits))))
+        return PD_ERR_BAD_INPUT;
+    for (i = 0; i < nc; i++) {
+        pd_status_t st = check_tok(m, c->tokens[i], c->start_pos + i, c->n_blocks);
+        if (st != PD_OK)
+            return st;
+    }
+    for (i = 0; i < n_items; i++) {
+        pd_status_t st;
+        if (items[i].block_table == NULL)
+            return PD_ERR_BAD_INPUT;
+        st = check_tok(m, items[i].token, items[i].pos, items[i].n_blocks);
+        if (st != PD_OK)
+            return st;
+    }
+    for (i = 0; i < nc; i++)
+        write_token_kv(m, arena, c->block_table, c->tokens[i], c->start_pos + i);
+    if (c != NULL && c->logits) {
+        make_logits(m, kv_checksum(m, arena, c->block_table, c->start_pos + nc),
+                    c->start_pos + nc - 1, lg);
+        lg += m->p.vocab;
+    }
+    for (i = 0; i < n_items; i++) {
+        const eng_decode_item_t *it = &items[i];
+        write_token_kv(m, arena, it->block_table, it->token, it->pos);
+        make_logits(m, kv_checksum(m, arena, it->block_table, it->pos + 1), it->pos,
+                    lg + (size_t)i * m->p.vocab);
+    }
+    rows = nc + n_items;
+    modeled = (nc ? eng_sim_prefill_ns(&m->p, nc) : 0) +
+              (n_items ? eng_sim_decode_ns(&m->p, n_items) : 0);
+    target = (uint64_t)((double)modeled / m->p.speedup);
+    m->ep_debt = 0;
+    for (off = 0; off < rows; off += nn) {
+        pd_status_t st;
+        nn = rows - off < m->ep_t_max ? rows - off : m->ep_t_max;
+        for (i = 0; i < nn; i++) {
+            uint32_t r = off + i;
+            m->ep_tok[i] = r < nc ? c->tokens[r] : items[r - nc].token;
+            m->ep_pos[i] = r < nc ? c->start_pos + r : items[r - nc].pos;
+        }
+        st = ep_pass(m, nn, (uint64_t)((double)target * nn / rows), &seg, NULL);
+        if (st != PD_OK)
+            return st;
+    }
+    if (nc) {
+        STAT_ADD(m, prefill_calls, 1);
+        STAT_ADD(m, prefill_tokens, nc);
+    }
+    if (n_items) {
+        STAT_ADD(m, decode_steps, 1);
+        STAT_ADD(m, decode_items, n_items);
+    }
+    ep_account(m, modeled);
+    return PD_OK;
+}
+
 static pd_status_t sim_set_kv_layout(eng_model_t *m, const eng_kv_layout_t *lay)
 {
     const uint64_t lbb = m->geom.layer_block_bytes;
@@ -1091,6 +1169,7 @@ const eng_ops_t eng_sim_ops = {
     .decode = sim_decode,
     .set_kv_layout = sim_set_kv_layout,
     .set_layer_hook = sim_set_layer_hook,
+    .step = sim_step,
     .set_ep = sim_set_ep,
     .ep_idle = sim_ep_idle,
     .ep_cap = eng_sim_ep_cap,

@@ -40,7 +40,11 @@
  * 8-byte tag (the rest of a row is not written: the volume is real, the
  * content is not); an expert answers tag ^ f(expert) and the token's rank
  * checks every answer (PD_ERR_MISMATCH otherwise). The logits still depend
- * on the KV only, so they are bitwise the same at any ep_size.
+ * on the KV only, so they are bitwise the same at any ep_size. `step` (the
+ * fused chunk + batch an EP decode round runs) exists for EP models only:
+ * rows in passes of max_batch (a node pads the group with ep_idle to the
+ * busiest rank's ceil(rows / max_batch) passes); a model without EP returns
+ * PD_ERR_UNSUPPORTED and callers run prefill then decode as before.
  */
 #ifndef ENG_SIM_H
 #define ENG_SIM_H

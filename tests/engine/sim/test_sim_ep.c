@@ -1,8 +1,9 @@
 /* test_sim_ep.c - the sim engine's expert parallelism (issue 36) over the
  * in-process transport (engine/eng_ep_local.h): 2 and 4 ranks, one thread
  * each, give bitwise the logits of ep_size 1 for chunked prompts and decode
- * steps with a rank idling; every rank's dispatch and combine bytes equal
- * eng.h's format for the routing; bad specs and transports are refused. */
+ * steps with a rank idling, and through the fused step; every rank's
+ * dispatch and combine bytes equal eng.h's format for the routing; the
+ * slept compute follows the model; bad specs and transports are refused. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -242,6 +243,129 @@ static void test_ep4(void **state)
     run_group(4);
 }
 
+/* The fused step (decode's EP round): a chunk of a second prompt and a
+ * decode item in one pass, on both ranks of a group, gives the logits of
+ * prefill(chunk) then decode(item) on the whole model; a whole model has no
+ * fused step (UNSUPPORTED: callers run them apart). */
+typedef struct {
+    eng_model_t *m;
+    uint32_t rank, vocab;
+    float *logits;           /* (3, vocab): prompt, chunk, item */
+    pd_status_t st;
+} step_rank_t;
+
+static void *step_main(void *arg)
+{
+    step_rank_t *r = arg;
+    const eng_kv_geom_t *g = ops->geometry(r->m);
+    void *arena = calloc(8, g->block_bytes);
+    uint32_t bt_a[4] = { 0, 1, 2, 3 }, bt_b[4] = { 4, 5, 6, 7 };
+    int32_t prompt[PROMPT], chunk_tok[3] = { 50, 60, (int32_t)(70 + r->rank) };
+
+    r->st = PD_ERR_NO_MEMORY;
+    if (arena == NULL)
+        return NULL;
+    prompt_of(r->rank, prompt);
+    r->st = ops->prefill(r->m, arena, bt_a, 4, prompt, PROMPT, 0, r->logits);
+    eng_decode_item_t it = { bt_a, 4, PROMPT, argmax(r->logits, r->vocab) };
+    eng_chunk_t ch = { bt_b, 4, chunk_tok, 3, 0, true };
+    if (r->st == PD_OK) {
+        r->st = ops->step(r->m, arena, &ch, &it, 1, r->logits + r->vocab);
+        if (r->st == PD_ERR_UNSUPPORTED) { /* the whole model: apart */
+            r->st = ops->prefill(r->m, arena, bt_b, 4, chunk_tok, 3, 0, r->logits + r->vocab);
+            if (r->st == PD_OK)
+                r->st = ops->decode(r->m, arena, &it, 1, r->logits + 2 * (size_t)r->vocab);
+        }
+    }
+    free(arena);
+    return NULL;
+}
+
+static void test_fused_step(void **state)
+{
+    step_rank_t ref[2], got[2];
+    pthread_t th[2];
+    eng_ep_local_h *hub;
+    size_t cap[2];
+
+    (void)state;
+    assert_non_null(ops->step);
+    for (uint32_t r = 0; r < 2; r++) {
+        ref[r] = (step_rank_t){ .m = load_ep(SPEC, 0, 1, PD_OK), .rank = r };
+        got[r] = (step_rank_t){ .m = load_ep(SPEC, r, 2, PD_OK), .rank = r };
+        ref[r].vocab = got[r].vocab = ops->geometry(ref[r].m)->vocab_size;
+        ref[r].logits = calloc(3 * (size_t)ref[r].vocab, sizeof(float));
+        got[r].logits = calloc(3 * (size_t)ref[r].vocab, sizeof(float));
+        step_main(&ref[r]);
+        assert_int_equal(ref[r].st, PD_OK);
+    }
+    assert_int_equal(ops->ep_cap(got[0].m, cap), PD_OK);
+    assert_int_equal(eng_ep_local_create(2, cap, 10ull * 1000000000u, &hub), PD_OK);
+    for (uint32_t r = 0; r < 2; r++) {
+        eng_ep_xport_t x;
+        eng_ep_local_xport(hub, r, &x);
+        assert_int_equal(ops->set_ep(got[r].m, &x), PD_OK);
+        assert_int_equal(pthread_create(&th[r], NULL, step_main, &got[r]), 0);
+    }
+    for (uint32_t r = 0; r < 2; r++) {
+        eng_sim_stats_t s;
+        pthread_join(th[r], NULL);
+        assert_int_equal(got[r].st, PD_OK);
+        assert_memory_equal(ref[r].logits, got[r].logits, 3 * (size_t)ref[r].vocab * sizeof(float));
+        assert_true(eng_sim_stats(got[r].m, &s));
+        assert_int_equal(s.ep_passes, 3 + 1);      /* 4 rows: one pass */
+        assert_int_equal(s.ep_tokens, PROMPT + 4);
+        ops->destroy(ref[r].m);
+        ops->destroy(got[r].m);
+        free(ref[r].logits);
+        free(got[r].logits);
+    }
+    eng_ep_local_destroy(hub);
+}
+
+/* With sleeps: a step's slept compute follows the modeled time (the
+ * overrun of one segment taken off the next), the exchanges are counted
+ * apart. */
+static void test_timing_split(void **state)
+{
+    static const char spec[] = "sim:layers=4,kv_heads=2,head_dim=8,vocab=300,ctx=512,"
+                               "decode_ms=8,experts=8,top=3,embd=16,first_dense=1";
+    eng_model_t *m[2];
+    step_rank_t ra[2];
+    pthread_t th[2];
+    eng_ep_local_h *hub;
+    size_t cap[2];
+
+    (void)state;
+    for (uint32_t r = 0; r < 2; r++)
+        m[r] = load_ep(spec, r, 2, PD_OK);
+    assert_int_equal(ops->ep_cap(m[0], cap), PD_OK);
+    assert_int_equal(eng_ep_local_create(2, cap, 10ull * 1000000000u, &hub), PD_OK);
+    for (uint32_t r = 0; r < 2; r++) {
+        eng_ep_xport_t x;
+        eng_ep_local_xport(hub, r, &x);
+        assert_int_equal(ops->set_ep(m[r], &x), PD_OK);
+        ra[r] = (step_rank_t){ .m = m[r], .rank = r, .vocab = 300 };
+        ra[r].logits = calloc(3 * 300, sizeof(float));
+        assert_int_equal(pthread_create(&th[r], NULL, step_main, &ra[r]), 0);
+    }
+    for (uint32_t r = 0; r < 2; r++) {
+        eng_sim_stats_t s;
+        pthread_join(th[r], NULL);
+        assert_int_equal(ra[r].st, PD_OK);
+        assert_true(eng_sim_stats(m[r], &s));
+        printf("rank %u: compute %.2f ms (target %.2f), exchange %.2f ms, %llu exchanges\n", r,
+               (double)s.ep_compute_ns / 1e6, (double)s.target_ns / 1e6,
+               (double)s.ep_exchange_ns / 1e6, (unsigned long long)s.ep_exchanges);
+        /* the step's 8 ms decode share is slept; prefill is 10 / 4000 s */
+        assert_true(s.ep_compute_ns >= s.target_ns * 9 / 10);
+        assert_int_equal(s.ep_exchanges, 4 * 3 * 2);
+        ops->destroy(m[r]);
+        free(ra[r].logits);
+    }
+    eng_ep_local_destroy(hub);
+}
+
 static void test_refusals(void **state)
 {
     eng_model_t *m;
@@ -326,6 +450,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ep2),
         cmocka_unit_test(test_ep4),
+        cmocka_unit_test(test_fused_step),
+        cmocka_unit_test(test_timing_split),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_peer_missing),
     };
