@@ -358,6 +358,12 @@ typedef struct eng_ops {
      * the other ranks' pass completes (a rank with nothing to run this
      * step). Expected: the transport's statuses. */
     pd_status_t (*ep_idle)(eng_model_t *model);
+    /* The bytes of one EP message per phase this model may send or
+     * receive (cap[ENG_EP_DISPATCH], cap[ENG_EP_COMBINE]): what a
+     * transport's slots must hold and eng_ep_xport_t.cap must state for
+     * set_ep to accept it. {0, 0} for a model with no experts. Any thread,
+     * after load. NULL in an engine without EP. */
+    pd_status_t (*ep_cap)(const eng_model_t *model, size_t cap[2]);
 } eng_ops_t;
 
 /* Pooling names ("mean", "cls", "last") <-> eng_pooling_t; -1 if unknown. */

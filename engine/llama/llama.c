@@ -1982,6 +1982,18 @@ static pd_status_t ll_ep_idle(eng_model_t *m)
     return m->ep_status;
 }
 
+static pd_status_t ll_ep_cap(const eng_model_t *m, size_t cap[2])
+{
+    eng_llama_info_t info;
+
+    if (!m || !cap)
+        return PD_ERR_BAD_INPUT;
+    eng_llama_info(m, &info);
+    cap[ENG_EP_DISPATCH] = info.ep_cap[ENG_EP_DISPATCH];
+    cap[ENG_EP_COMBINE] = info.ep_cap[ENG_EP_COMBINE];
+    return PD_OK;
+}
+
 const eng_ops_t eng_llama_ops = {
     .name = "llama",
     .load = ll_load,
@@ -1997,4 +2009,5 @@ const eng_ops_t eng_llama_ops = {
     .set_threads = ll_set_threads,
     .set_ep = ll_set_ep,
     .ep_idle = ll_ep_idle,
+    .ep_cap = ll_ep_cap,
 };

@@ -20,6 +20,12 @@
 #define SIM_MAX_VOCAB       (1u << 20)
 #define SIM_MAX_BLOCK_BYTES (1ull << 31)
 #define SIM_MAX_SPEC        512u
+#define SIM_MAX_EXPERTS     4096u
+#define SIM_MAX_TOP         64u
+#define SIM_MAX_EMBD        65536u
+#define SIM_MAX_EP          256u      /* eng_ep_local's ranks */
+#define SIM_EP_T_DEFAULT    64u       /* tokens per pass when max_batch is 0 */
+#define SIM_EP_T_MAX        4096u
 
 /* token ids of the byte tokenizer (engine/tok eng_tok_create_byte) */
 #define SIM_TOK_EOS         258
@@ -41,16 +47,28 @@ struct eng_model {
     eng_layer_hook_t hook;         /* prefill: layer done (compute thread) */
     void *hook_arg;
     eng_sim_stats_t stats;         /* updated with relaxed atomics */
+    /* expert parallelism (ep_size > 1) */
+    uint32_t ep_rank, ep_size;     /* 1: the whole model, no exchanges */
+    uint32_t ep_t_max;             /* tokens per forward pass (slice) */
+    eng_ep_xport_t ep;             /* .exchange NULL until set_ep */
+    uint32_t *ep_route;            /* (ep_t_max, top_k) experts of this pass */
+    uint64_t *ep_tag;              /* (ep_t_max) row tags of this pass */
+    int32_t *ep_tok;               /* (ep_t_max) tokens of this pass */
+    uint32_t *ep_pos;              /* (ep_t_max) their positions */
+    uint32_t *ep_rows, *ep_pairs;  /* (ep_size) sent to each peer this layer */
+    uint64_t ep_debt;              /* compute overrun of this call (ep_compute) */
 };
 
 typedef struct {
     const char *name;
     uint32_t layers, kv_heads, head_dim, vocab, ctx;
     double tps, a, b;
+    uint32_t experts, top, embd, first_dense;
 } sim_preset_t;
 
 static const sim_preset_t sim_presets[] = {
-#define SIM_PRESET_ROW(id, name, l, h, d, v, c, tps, a, b) { name, l, h, d, v, c, tps, a, b },
+#define SIM_PRESET_ROW(id, name, l, h, d, v, c, tps, a, b, e, k, hd, fd) \
+    { name, l, h, d, v, c, tps, a, b, e, k, hd, fd },
     ENG_SIM_PRESETS(SIM_PRESET_ROW)
 #undef SIM_PRESET_ROW
 };
@@ -81,6 +99,10 @@ static void apply_preset(eng_sim_params_t *p, const sim_preset_t *s)
     p->prefill_tps = s->tps;
     p->decode_a_ms = s->a;
     p->decode_b_ms = s->b;
+    p->n_experts = s->experts;
+    p->top_k = s->top;
+    p->n_embd = s->embd;
+    p->first_dense = s->first_dense;
 }
 
 static bool parse_u32(const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
@@ -165,7 +187,7 @@ pd_status_t eng_sim_parse(const char *spec, eng_sim_params_t *p, char *err, size
             }
             if (i == sizeof(sim_presets) / sizeof(sim_presets[0]))
                 return sim_err(err, err_len, "sim: unknown preset '%s' (llama3-8b, llama3-70b, "
-                               "qwen3-8b, deepseek-v3)", item);
+                               "qwen3-8b, deepseek-v3, deepseek-r1)", item);
             continue;
         }
         *eq = '\0';
@@ -206,13 +228,37 @@ pd_status_t eng_sim_parse(const char *spec, eng_sim_params_t *p, char *err, size
             if (!parse_u32(v, 0, 1, &b))
                 goto bad;
             p->no_sleep = b != 0;
+        } else if (strcmp(k, "experts") == 0) {
+            if (!parse_u32(v, 0, SIM_MAX_EXPERTS, &p->n_experts))
+                goto bad;
+        } else if (strcmp(k, "top") == 0) {
+            if (!parse_u32(v, 1, SIM_MAX_TOP, &p->top_k))
+                goto bad;
+        } else if (strcmp(k, "embd") == 0) {
+            if (!parse_u32(v, 2, SIM_MAX_EMBD, &p->n_embd))
+                goto bad;
+        } else if (strcmp(k, "first_dense") == 0) {
+            if (!parse_u32(v, 0, SIM_MAX_LAYERS, &p->first_dense))
+                goto bad;
         } else {
             return sim_err(err, err_len, "sim: unknown key '%s' (layers kv_heads head_dim vocab "
-                           "ctx prefill_tps decode_ms speedup no_sleep kv_check)", k);
+                           "ctx prefill_tps decode_ms speedup no_sleep kv_check experts top "
+                           "embd first_dense)", k);
         }
         continue;
 bad:
         return sim_err(err, err_len, "sim: bad value '%s' for %s", v, k);
+    }
+    if (p->n_experts > 0) {
+        if (p->top_k == 0 || p->top_k > p->n_experts)
+            return sim_err(err, err_len, "sim: top=%u needs 1..experts (%u)", p->top_k,
+                           p->n_experts);
+        if (p->n_embd < 2)
+            return sim_err(err, err_len, "sim: experts=%u needs embd= (2..%u)", p->n_experts,
+                           SIM_MAX_EMBD);
+        if (p->first_dense >= p->n_layers)
+            return sim_err(err, err_len, "sim: first_dense=%u leaves no MoE layer of %u",
+                           p->first_dense, p->n_layers);
     }
     return PD_OK;
 }
@@ -270,6 +316,42 @@ static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     if (status != PD_OK)
         goto err_free;
     m->magic = SIM_MAGIC;
+    m->ep_rank = opts->ep_rank;
+    m->ep_size = opts->ep_size ? opts->ep_size : 1;
+    if (m->ep_size > 1) {
+        if (m->p.n_experts == 0) {
+            sim_err(err, err_len, "sim: ep_size %u but the model has no experts", m->ep_size);
+            status = PD_ERR_BAD_INPUT;
+            goto err_free;
+        }
+        if (m->ep_size > SIM_MAX_EP || m->p.n_experts % m->ep_size != 0 ||
+            m->ep_rank >= m->ep_size) {
+            sim_err(err, err_len, "sim: ep rank %u of %u: the size must divide experts=%u "
+                    "(at most %u ranks)", m->ep_rank, m->ep_size, m->p.n_experts, SIM_MAX_EP);
+            status = PD_ERR_BAD_INPUT;
+            goto err_free;
+        }
+    } else if (m->ep_rank != 0) {
+        sim_err(err, err_len, "sim: ep rank %u without ep_size", m->ep_rank);
+        status = PD_ERR_BAD_INPUT;
+        goto err_free;
+    }
+    m->ep_t_max = opts->max_batch ? opts->max_batch : SIM_EP_T_DEFAULT;
+    if (m->ep_t_max > SIM_EP_T_MAX)
+        m->ep_t_max = SIM_EP_T_MAX;
+    if (m->ep_size > 1) {
+        m->ep_route = calloc((size_t)m->ep_t_max * m->p.top_k, sizeof(uint32_t));
+        m->ep_tag = calloc(m->ep_t_max, sizeof(uint64_t));
+        m->ep_tok = calloc(m->ep_t_max, sizeof(int32_t));
+        m->ep_pos = calloc(m->ep_t_max, sizeof(uint32_t));
+        m->ep_rows = calloc(m->ep_size, sizeof(uint32_t));
+        m->ep_pairs = calloc(m->ep_size, sizeof(uint32_t));
+        if (!m->ep_route || !m->ep_tag || !m->ep_tok || !m->ep_pos || !m->ep_rows ||
+            !m->ep_pairs) {
+            status = PD_ERR_NO_MEMORY;
+            goto err_free;
+        }
+    }
     m->elem_bytes = opts->kv_dtype == ENG_KV_F32 ? 4 : 2;
     m->row_bytes = eng_kv_row_bytes(opts->kv_dtype, (uint64_t)m->p.n_kv_heads * m->p.head_dim);
     m->row_bytes_v = eng_kv_row_bytes(eng_load_kv_dtype_v(opts),
@@ -325,6 +407,12 @@ static void sim_destroy(eng_model_t *m)
     if (m->hs != NULL)
         XXH3_freeState(m->hs);
     free(m->tmpl);
+    free(m->ep_route);
+    free(m->ep_tag);
+    free(m->ep_tok);
+    free(m->ep_pos);
+    free(m->ep_rows);
+    free(m->ep_pairs);
     m->magic = 0;
     free(m);
 }
@@ -521,6 +609,270 @@ static void sim_account(eng_model_t *m, uint64_t t0, uint64_t modeled)
     sim_sleep_until(m, t0, target);
 }
 
+/* ---- expert parallelism ------------------------------------------------------ */
+
+void eng_sim_route(const eng_sim_params_t *p, int32_t token, uint32_t pos, uint32_t layer,
+                   uint32_t *experts)
+{
+    uint64_t s = mix4((uint64_t)(uint32_t)token + 1, pos, layer, 0x726f757465ULL);
+    uint32_t n = 0, j;
+
+    while (n < p->top_k) {
+        uint32_t e = (uint32_t)(splitmix64(&s) % p->n_experts);
+        for (j = 0; j < n && experts[j] != e; j++)
+            ;
+        if (j == n)
+            experts[n++] = e;
+    }
+}
+
+/* What expert e answers for a row tagged tag (the first 8 bytes of its
+ * combine row). */
+static inline uint64_t ep_answer(uint64_t tag, uint32_t e)
+{
+    return tag ^ mix4(e, 0x6578706572ULL, 0, 1);
+}
+
+static bool ep_model(const eng_model_t *m)
+{
+    return m->ep_size > 1;
+}
+
+pd_status_t eng_sim_ep_cap(const eng_model_t *m, size_t cap[2])
+{
+    uint32_t per, k;
+
+    if (m == NULL || m->magic != SIM_MAGIC || cap == NULL)
+        return PD_ERR_BAD_INPUT;
+    cap[ENG_EP_DISPATCH] = cap[ENG_EP_COMBINE] = 0;
+    if (m->p.n_experts == 0)
+        return PD_OK;
+    /* to one peer: every row of the pass, each with at most min(k, the
+     * experts it owns) pairs */
+    per = m->p.n_experts / m->ep_size;
+    k = m->p.top_k < per ? m->p.top_k : per;
+    cap[ENG_EP_DISPATCH] = eng_ep_dispatch_bytes(m->ep_t_max, m->ep_t_max * k, m->p.n_embd);
+    cap[ENG_EP_COMBINE] = eng_ep_combine_bytes(m->ep_t_max * k, m->p.n_embd);
+    return PD_OK;
+}
+
+/* Modeled compute: sleep until *seg + share (work since *seg included),
+ * counted as compute; the next segment starts now. What a segment overran
+ * its share by (a late wake-up, slow work) is taken off the next shares of
+ * the call (m->ep_debt), so ~120 sleeps of a step do not add up their
+ * wake-up latencies. */
+static void ep_compute(eng_model_t *m, uint64_t *seg, uint64_t share)
+{
+    uint64_t now, took;
+
+    if (m->ep_debt >= share) {
+        m->ep_debt -= share;
+        share = 0;
+    } else {
+        share -= m->ep_debt;
+        m->ep_debt = 0;
+    }
+    sim_sleep_until(m, *seg, share);
+    now = pd_now_ns();
+    took = now - *seg;
+    if (took > share)
+        m->ep_debt += took - share;
+    STAT_ADD(m, ep_compute_ns, took);
+    *seg = now;
+}
+
+static pd_status_t ep_exchange(eng_model_t *m, uint64_t *seg, eng_ep_phase_t ph,
+                               uint32_t layer, const size_t *len, const void **recv,
+                               size_t *recv_len)
+{
+    uint64_t t = pd_now_ns();
+    pd_status_t st = m->ep.exchange(m->ep.ctx, ph, layer, len, recv, recv_len);
+    uint64_t now = pd_now_ns();
+    uint64_t out = 0;
+    uint32_t p;
+
+    for (p = 0; p < m->ep_size; p++)
+        if (p != m->ep_rank)
+            out += len[p];
+    STAT_ADD(m, ep_exchanges, 1);
+    STAT_ADD(m, ep_exchange_ns, now - t);
+    if (ph == ENG_EP_DISPATCH)
+        STAT_ADD(m, ep_dispatch_bytes, out);
+    else
+        STAT_ADD(m, ep_combine_bytes, out);
+    *seg = now;
+    return st;
+}
+
+static inline uint32_t rd32(const uint8_t *p)
+{
+    uint32_t v;
+
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* One MoE layer of a pass of n tokens (m->ep_tok/ep_pos; n may be 0):
+ * compute half, dispatch, the experts' half, combine. */
+static pd_status_t ep_moe_layer(eng_model_t *m, uint32_t l, uint32_t n, uint64_t *seg,
+                                uint64_t share)
+{
+    const uint32_t K = m->p.top_k, S = m->ep_size, per = m->p.n_experts / S;
+    const size_t row_bytes = (size_t)m->p.n_embd * sizeof(float);
+    const uint32_t e_lo = m->ep_rank * per;
+    size_t len[SIM_MAX_EP], recv_len[SIM_MAX_EP];
+    const void *recv[SIM_MAX_EP];
+    uint32_t i, k, p;
+    pd_status_t st;
+    size_t cap[2];
+
+    eng_sim_ep_cap(m, cap);
+    /* route, then each peer's rows and pairs */
+    memset(m->ep_rows, 0, S * sizeof(uint32_t));
+    memset(m->ep_pairs, 0, S * sizeof(uint32_t));
+    for (i = 0; i < n; i++) {
+        uint32_t *r = m->ep_route + (size_t)i * K;
+        eng_sim_route(&m->p, m->ep_tok[i], m->ep_pos[i], l, r);
+        m->ep_tag[i] = mix4((uint64_t)(uint32_t)m->ep_tok[i] + 1, m->ep_pos[i], l, 0x746167ULL);
+        for (p = 0; p < S; p++) {
+            uint32_t np = 0;
+            for (k = 0; k < K; k++)
+                np += r[k] / per == p;
+            if (np) {
+                m->ep_rows[p]++;
+                m->ep_pairs[p] += np;
+            }
+        }
+    }
+    /* dispatch messages: header, pairs (row order, k order), row tags */
+    for (p = 0; p < S; p++) {
+        uint8_t *b = m->ep.send_buf(m->ep.ctx, ENG_EP_DISPATCH, p);
+        uint32_t hdr[2] = { m->ep_rows[p], m->ep_pairs[p] }, row = 0, pair = 0;
+        uint8_t *rows;
+        len[p] = eng_ep_dispatch_bytes(hdr[0], hdr[1], m->p.n_embd);
+        memcpy(b, hdr, 8);
+        rows = b + 8 + (size_t)hdr[1] * 8;
+        for (i = 0; i < n; i++) {
+            const uint32_t *r = m->ep_route + (size_t)i * K;
+            bool hit = false;
+            for (k = 0; k < K; k++) {
+                if (r[k] / per != p)
+                    continue;
+                uint32_t pr[2] = { row, r[k] };
+                memcpy(b + 8 + (size_t)pair * 8, pr, 8);
+                pair++;
+                hit = true;
+            }
+            if (hit) {
+                memcpy(rows + (size_t)row * row_bytes, &m->ep_tag[i], 8);
+                row++;
+            }
+        }
+    }
+    ep_compute(m, seg, share / 2);
+    st = ep_exchange(m, seg, ENG_EP_DISPATCH, l, len, recv, recv_len);
+    if (st != PD_OK)
+        return st;
+    /* the experts: answer every pair, in the sender's pair order */
+    for (p = 0; p < S; p++) {
+        const uint8_t *b = recv[p];
+        uint8_t *out = m->ep.send_buf(m->ep.ctx, ENG_EP_COMBINE, p);
+        uint32_t nr, np, j;
+        if (recv_len[p] < 8 || b == NULL)
+            return PD_ERR_MISMATCH;
+        nr = rd32(b);
+        np = rd32(b + 4);
+        if (nr > m->ep_t_max || np > m->ep_t_max * K ||
+            recv_len[p] != eng_ep_dispatch_bytes(nr, np, m->p.n_embd) ||
+            eng_ep_combine_bytes(np, m->p.n_embd) > cap[ENG_EP_COMBINE])
+            return PD_ERR_MISMATCH;
+        for (j = 0; j < np; j++) {
+            uint32_t row = rd32(b + 8 + (size_t)j * 8), e = rd32(b + 12 + (size_t)j * 8);
+            uint64_t tag, ans;
+            if (row >= nr || e < e_lo || e >= e_lo + per)
+                return PD_ERR_MISMATCH;
+            memcpy(&tag, b + 8 + (size_t)np * 8 + (size_t)row * row_bytes, 8);
+            ans = ep_answer(tag, e);
+            memcpy(out + (size_t)j * row_bytes, &ans, 8);
+        }
+        len[p] = eng_ep_combine_bytes(np, m->p.n_embd);
+    }
+    ep_compute(m, seg, share - share / 2);
+    st = ep_exchange(m, seg, ENG_EP_COMBINE, l, len, recv, recv_len);
+    if (st != PD_OK)
+        return st;
+    /* the token's rank checks every answer (they feed nothing else: the
+     * logits depend on the KV only) */
+    for (p = 0; p < S; p++) {
+        const uint8_t *b = recv[p];
+        uint32_t j = 0;
+        if (recv_len[p] != eng_ep_combine_bytes(m->ep_pairs[p], m->p.n_embd) ||
+            (recv_len[p] > 0 && b == NULL))
+            return PD_ERR_MISMATCH;
+        for (i = 0; i < n; i++) {
+            const uint32_t *r = m->ep_route + (size_t)i * K;
+            for (k = 0; k < K; k++) {
+                uint64_t ans;
+                if (r[k] / per != p)
+                    continue;
+                memcpy(&ans, b + (size_t)j * row_bytes, 8);
+                if (ans != ep_answer(m->ep_tag[i], r[k]))
+                    return PD_ERR_MISMATCH;
+                j++;
+            }
+        }
+    }
+    return PD_OK;
+}
+
+/* Where a prefill slice writes its KV, layer by layer (NULL: decode, whose
+ * KV is written before the pass). */
+typedef struct {
+    void *arena;
+    const uint32_t *bt;
+    uint32_t pos_end;              /* the hook's */
+} ep_kv_t;
+
+/* One forward pass of the n tokens in m->ep_tok/ep_pos (n <= ep_t_max; 0:
+ * idle) through every layer: target ns of modeled compute split evenly
+ * over the layers, seg the start of the current compute segment. */
+static pd_status_t ep_pass(eng_model_t *m, uint32_t n, uint64_t target, uint64_t *seg,
+                           const ep_kv_t *kv)
+{
+    uint64_t share = target / m->p.n_layers;
+    uint32_t l, i;
+
+    for (l = 0; l < m->p.n_layers; l++) {
+        pd_status_t st;
+        if (kv != NULL)
+            for (i = 0; i < n; i++)
+                write_token_layer_kv(m, kv->arena, kv->bt, m->ep_tok[i], m->ep_pos[i], l);
+        if (l < m->p.first_dense) {
+            ep_compute(m, seg, share);
+        } else {
+            st = ep_moe_layer(m, l, n, seg, share);
+            if (st != PD_OK)
+                return st;
+        }
+        if (kv != NULL && m->hook != NULL)
+            m->hook(m->hook_arg, l, kv->pos_end);
+    }
+    if (n == 0)
+        STAT_ADD(m, ep_idle_passes, 1);
+    else
+        STAT_ADD(m, ep_passes, 1);
+    STAT_ADD(m, ep_tokens, n);
+    return PD_OK;
+}
+
+/* modeled and target time of an EP call (the passes slept their shares;
+ * real_ns and late_ns count the non-EP calls only) */
+static void ep_account(eng_model_t *m, uint64_t modeled)
+{
+    STAT_ADD(m, modeled_ns, modeled);
+    STAT_ADD(m, target_ns, (uint64_t)((double)modeled / m->p.speedup));
+}
+
 /* ---- ops ---------------------------------------------------------------------- */
 
 static pd_status_t check_tok(const eng_model_t *m, int32_t token, uint32_t pos, uint32_t n_blocks)
@@ -548,6 +900,37 @@ static pd_status_t sim_prefill(eng_model_t *m, void *arena, const uint32_t *bt,
         pd_status_t st = check_tok(m, tokens[i], start_pos + i, n_blocks);
         if (st != PD_OK)
             return st;
+    }
+    if (ep_model(m)) {
+        /* slices of at most ep_t_max tokens, each a forward pass whose MoE
+         * layers exchange with the group; KV written layer by layer */
+        uint64_t seg = t0;
+        uint32_t off, nn;
+        if (m->ep.exchange == NULL)
+            return PD_ERR_BAD_INPUT;
+        m->ep_debt = 0;
+        for (off = 0; off < n_tokens; off += nn) {
+            ep_kv_t kv;
+            pd_status_t st;
+            nn = n_tokens - off < m->ep_t_max ? n_tokens - off : m->ep_t_max;
+            for (i = 0; i < nn; i++) {
+                m->ep_tok[i] = tokens[off + i];
+                m->ep_pos[i] = start_pos + off + i;
+            }
+            kv = (ep_kv_t){ arena, bt, start_pos + off + nn };
+            st = ep_pass(m, nn, (uint64_t)((double)eng_sim_prefill_ns(&m->p, nn) /
+                                           m->p.speedup), &seg, &kv);
+            if (st != PD_OK)
+                return st;
+        }
+        STAT_ADD(m, kv_bytes_written, (uint64_t)n_tokens * m->geom.bytes_per_token);
+        if (logits != NULL)
+            make_logits(m, kv_checksum(m, arena, bt, start_pos + n_tokens),
+                        start_pos + n_tokens - 1, logits);
+        STAT_ADD(m, prefill_calls, 1);
+        STAT_ADD(m, prefill_tokens, n_tokens);
+        ep_account(m, eng_sim_prefill_ns(&m->p, n_tokens));
+        return PD_OK;
     }
     if (m->hook == NULL) {
         for (i = 0; i < n_tokens; i++)
@@ -593,6 +976,8 @@ static pd_status_t sim_decode(eng_model_t *m, void *arena, const eng_decode_item
         if (st != PD_OK)
             return st;
     }
+    if (ep_model(m) && m->ep.exchange == NULL)
+        return PD_ERR_BAD_INPUT;
     for (i = 0; i < n_items; i++) {
         const eng_decode_item_t *it = &items[i];
         write_token_kv(m, arena, it->block_table, it->token, it->pos);
@@ -601,7 +986,106 @@ static pd_status_t sim_decode(eng_model_t *m, void *arena, const eng_decode_item
     }
     STAT_ADD(m, decode_steps, 1);
     STAT_ADD(m, decode_items, n_items);
+    if (ep_model(m)) {
+        /* slices of at most ep_t_max items, one forward pass each; the KV
+         * and checksums above are the first compute segment's work */
+        uint64_t seg = t0;
+        uint32_t off, nn;
+        m->ep_debt = 0;
+        for (off = 0; off < n_items; off += nn) {
+            pd_status_t st;
+            nn = n_items - off < m->ep_t_max ? n_items - off : m->ep_t_max;
+            for (i = 0; i < nn; i++) {
+                m->ep_tok[i] = items[off + i].token;
+                m->ep_pos[i] = items[off + i].pos;
+            }
+            st = ep_pass(m, nn, (uint64_t)((double)eng_sim_decode_ns(&m->p, nn) /
+                                           m->p.speedup), &seg, NULL);
+            if (st != PD_OK)
+                return st;
+        }
+        ep_account(m, eng_sim_decode_ns(&m->p, n_items));
+        return PD_OK;
+    }
     sim_account(m, t0, eng_sim_decode_ns(&m->p, n_items));
+    return PD_OK;
+}
+
+/* The fused step of an EP rank: the chunk's rows then the items', in
+ * forward passes of ep_t_max rows (the node pads the group to the busiest
+ * rank's ceil(rows / max_batch) passes with ep_idle). KV and logits are
+ * prefill(chunk) then decode(items)'s; the modeled time is theirs summed,
+ * split over the passes by rows. A model without EP has no fused step
+ * (PD_ERR_UNSUPPORTED: the caller runs prefill then decode, as before). */
+static pd_status_t sim_step(eng_model_t *m, void *arena, const eng_chunk_t *c,
+                            const eng_decode_item_t *items, uint32_t n_items, float *logits)
+{
+    uint64_t t0 = pd_now_ns(), seg = t0, modeled, target;
+    uint32_t nc = c != NULL ? c->n_tokens : 0, rows, off, nn, i;
+    float *lg = logits;
+
+    if (m == NULL || m->magic != SIM_MAGIC)
+        return PD_ERR_BAD_INPUT;
+    if (!ep_model(m))
+        return PD_ERR_UNSUPPORTED;
+    if (m->ep.exchange == NULL || arena == NULL || (n_items > 0 && items == NULL) ||
+        (c != NULL && (c->block_table == NULL || c->tokens == NULL || c->n_tokens == 0 ||
+                       c->start_pos > UINT32_MAX - c->n_tokens)) ||
+        nc + n_items == 0 || nc > UINT32_MAX - n_items ||
+        (logits == NULL && (n_items > 0 || (c != NULL && c->logits))))
+        return PD_ERR_BAD_INPUT;
+    for (i = 0; i < nc; i++) {
+        pd_status_t st = check_tok(m, c->tokens[i], c->start_pos + i, c->n_blocks);
+        if (st != PD_OK)
+            return st;
+    }
+    for (i = 0; i < n_items; i++) {
+        pd_status_t st;
+        if (items[i].block_table == NULL)
+            return PD_ERR_BAD_INPUT;
+        st = check_tok(m, items[i].token, items[i].pos, items[i].n_blocks);
+        if (st != PD_OK)
+            return st;
+    }
+    for (i = 0; i < nc; i++)
+        write_token_kv(m, arena, c->block_table, c->tokens[i], c->start_pos + i);
+    if (c != NULL && c->logits) {
+        make_logits(m, kv_checksum(m, arena, c->block_table, c->start_pos + nc),
+                    c->start_pos + nc - 1, lg);
+        lg += m->p.vocab;
+    }
+    for (i = 0; i < n_items; i++) {
+        const eng_decode_item_t *it = &items[i];
+        write_token_kv(m, arena, it->block_table, it->token, it->pos);
+        make_logits(m, kv_checksum(m, arena, it->block_table, it->pos + 1), it->pos,
+                    lg + (size_t)i * m->p.vocab);
+    }
+    rows = nc + n_items;
+    modeled = (nc ? eng_sim_prefill_ns(&m->p, nc) : 0) +
+              (n_items ? eng_sim_decode_ns(&m->p, n_items) : 0);
+    target = (uint64_t)((double)modeled / m->p.speedup);
+    m->ep_debt = 0;
+    for (off = 0; off < rows; off += nn) {
+        pd_status_t st;
+        nn = rows - off < m->ep_t_max ? rows - off : m->ep_t_max;
+        for (i = 0; i < nn; i++) {
+            uint32_t r = off + i;
+            m->ep_tok[i] = r < nc ? c->tokens[r] : items[r - nc].token;
+            m->ep_pos[i] = r < nc ? c->start_pos + r : items[r - nc].pos;
+        }
+        st = ep_pass(m, nn, (uint64_t)((double)target * nn / rows), &seg, NULL);
+        if (st != PD_OK)
+            return st;
+    }
+    if (nc) {
+        STAT_ADD(m, prefill_calls, 1);
+        STAT_ADD(m, prefill_tokens, nc);
+    }
+    if (n_items) {
+        STAT_ADD(m, decode_steps, 1);
+        STAT_ADD(m, decode_items, n_items);
+    }
+    ep_account(m, modeled);
     return PD_OK;
 }
 
@@ -627,6 +1111,33 @@ static void sim_set_layer_hook(eng_model_t *m, eng_layer_hook_t hook, void *arg)
         return;
     m->hook = hook;
     m->hook_arg = arg;
+}
+
+static pd_status_t sim_set_ep(eng_model_t *m, const eng_ep_xport_t *x)
+{
+    size_t cap[2];
+
+    if (m == NULL || m->magic != SIM_MAGIC || x == NULL || !ep_model(m) ||
+        x->rank != m->ep_rank || x->size != m->ep_size || x->send_buf == NULL ||
+        x->exchange == NULL)
+        return PD_ERR_BAD_INPUT;
+    eng_sim_ep_cap(m, cap);
+    if (x->cap[ENG_EP_DISPATCH] < cap[ENG_EP_DISPATCH] ||
+        x->cap[ENG_EP_COMBINE] < cap[ENG_EP_COMBINE])
+        return PD_ERR_TOO_BIG;
+    m->ep = *x;
+    return PD_OK;
+}
+
+/* A pass with no tokens: no compute of its own, the group's exchanges. */
+static pd_status_t sim_ep_idle(eng_model_t *m)
+{
+    uint64_t seg = pd_now_ns();
+
+    if (m == NULL || m->magic != SIM_MAGIC || !ep_model(m) || m->ep.exchange == NULL)
+        return PD_ERR_BAD_INPUT;
+    m->ep_debt = 0;
+    return ep_pass(m, 0, 0, &seg, NULL);
 }
 
 const eng_sim_params_t *eng_sim_params(const eng_model_t *m)
@@ -658,4 +1169,8 @@ const eng_ops_t eng_sim_ops = {
     .decode = sim_decode,
     .set_kv_layout = sim_set_kv_layout,
     .set_layer_hook = sim_set_layer_hook,
+    .step = sim_step,
+    .set_ep = sim_set_ep,
+    .ep_idle = sim_ep_idle,
+    .ep_cap = eng_sim_ep_cap,
 };

@@ -22,11 +22,29 @@
  * "sim:" prefix:  "llama3-8b"  "sim:llama3-70b,speedup=100"
  *   "sim:layers=32,kv_heads=8,head_dim=128,vocab=32000,prefill_tps=8000,decode_ms=20+0.5*b"
  * Keys: layers kv_heads head_dim vocab ctx prefill_tps decode_ms speedup no_sleep
- * kv_check=full|sample. full (default) checksums every KV byte a step reads
+ * kv_check=full|sample, and the MoE layout experts top embd first_dense
+ * (expert parallelism below). full (default) checksums every KV byte a step reads
  * (its cost: docs/BENCHMARKS.md "pd-sim-bench: can the sim engine honour
  * its own timing model?"); sample checksums 128 B per (block, layer, K/V) — lost or stale blocks still
  * change the output, a single corrupted byte may not — for capacity runs
  * where the modeled step time must be honoured.
+ *
+ * Expert parallelism (eng.h, issue 36): a model with experts > 0 loaded with
+ * ep_size > 1 (dividing experts) is rank ep_rank of a group; after set_ep,
+ * every forward pass (prefill in slices of max_batch tokens, decode) runs,
+ * per MoE layer, a dispatch and a combine exchange of eng.h's format with
+ * the real byte volumes of its tokens' routing: top-k distinct experts per
+ * (token, position, layer) from a hash. The modeled time is split evenly
+ * over the layers; a MoE layer's slice is half before dispatch (attention,
+ * router), half between dispatch and combine (its experts). Rows carry an
+ * 8-byte tag (the rest of a row is not written: the volume is real, the
+ * content is not); an expert answers tag ^ f(expert) and the token's rank
+ * checks every answer (PD_ERR_MISMATCH otherwise). The logits still depend
+ * on the KV only, so they are bitwise the same at any ep_size. `step` (the
+ * fused chunk + batch an EP decode round runs) exists for EP models only:
+ * rows in passes of max_batch (a node pads the group with ep_idle to the
+ * busiest rank's ceil(rows / max_batch) passes); a model without EP returns
+ * PD_ERR_UNSUPPORTED and callers run prefill then decode as before.
  */
 #ifndef ENG_SIM_H
 #define ENG_SIM_H
@@ -35,15 +53,20 @@
 #include <stdint.h>
 #include "eng.h"
 
-/* X(id, name, layers, kv_heads, head_dim, vocab, ctx, prefill_tps, dec_a_ms, dec_b_ms)
+/* X(id, name, layers, kv_heads, head_dim, vocab, ctx, prefill_tps, dec_a_ms, dec_b_ms,
+ *   experts, top, embd, first_dense)
  * DeepSeek-V3's MLA caches one 576-wide latent per layer (no separate K and
  * V): it is laid out as kv_heads 1 x head_dim 288 in each of the K and V
- * halves, which gives the real 61 * 576 * 2 B = 68.6 KiB per token (f16). */
+ * halves, which gives the real 61 * 576 * 2 B = 68.6 KiB per token (f16).
+ * DeepSeek-V3 and -R1 share the geometry: 61 layers, the first 3 dense, the
+ * other 58 MoE with 256 routed experts, top-8, hidden 7168 (the shared
+ * expert runs on every rank: it moves nothing). Dense presets: experts 0. */
 #define ENG_SIM_PRESETS(X)                                                        \
-    X(LLAMA3_8B,   "llama3-8b",   32, 8, 128, 128256,  8192,  8000.0, 20.0, 0.25) \
-    X(LLAMA3_70B,  "llama3-70b",  80, 8, 128, 128256,  8192,  1500.0, 45.0, 1.00) \
-    X(QWEN3_8B,    "qwen3-8b",    36, 8, 128, 151936, 32768,  8000.0, 21.0, 0.25) \
-    X(DEEPSEEK_V3, "deepseek-v3", 61, 1, 288, 129280, 16384,  4000.0, 60.0, 0.50)
+    X(LLAMA3_8B,   "llama3-8b",   32, 8, 128, 128256,  8192,  8000.0, 20.0, 0.25,   0, 0, 4096, 0) \
+    X(LLAMA3_70B,  "llama3-70b",  80, 8, 128, 128256,  8192,  1500.0, 45.0, 1.00,   0, 0, 8192, 0) \
+    X(QWEN3_8B,    "qwen3-8b",    36, 8, 128, 151936, 32768,  8000.0, 21.0, 0.25,   0, 0, 4096, 0) \
+    X(DEEPSEEK_V3, "deepseek-v3", 61, 1, 288, 129280, 16384,  4000.0, 60.0, 0.50, 256, 8, 7168, 3) \
+    X(DEEPSEEK_R1, "deepseek-r1", 61, 1, 288, 129280, 16384,  4000.0, 60.0, 0.50, 256, 8, 7168, 3)
 
 typedef struct {
     char preset[32];           /* preset name, or "custom" */
@@ -55,6 +78,11 @@ typedef struct {
     bool no_sleep;             /* account only, never sleep */
     bool kv_sample;            /* kv_check=sample: hash 2x64 B per (block, layer,
                                   K/V) instead of every byte (see eng_sim.c) */
+    /* MoE (expert parallelism, issue 36): 0 experts = a dense model */
+    uint32_t n_experts;        /* routed experts per MoE layer (experts=) */
+    uint32_t top_k;            /* experts per token (top=) */
+    uint32_t n_embd;           /* hidden size: f32 row of a message (embd=) */
+    uint32_t first_dense;      /* layers [0, first_dense) have no experts */
 } eng_sim_params_t;
 
 typedef struct {
@@ -66,6 +94,15 @@ typedef struct {
     uint64_t slept_ns;         /* time slept to reach the target */
     uint64_t late_ns;          /* sum of real - target where real > target */
     uint64_t kv_bytes_written, kv_bytes_hashed; /* hashed: bytes actually read */
+    /* expert parallelism (ep_size > 1): forward passes (slices of at most
+     * max_batch tokens) and idle ones, exchange calls, the time spent in
+     * exchange() (both phases, waiting for the slowest rank included) and
+     * in the passes' modeled compute (real work + sleep), the bytes of this
+     * rank's messages to OTHER ranks per phase, and the tokens it routed */
+    uint64_t ep_passes, ep_idle_passes, ep_exchanges;
+    uint64_t ep_exchange_ns, ep_compute_ns;
+    uint64_t ep_dispatch_bytes, ep_combine_bytes;
+    uint64_t ep_tokens;
 } eng_sim_stats_t;
 
 extern const eng_ops_t eng_sim_ops;
@@ -79,6 +116,13 @@ pd_status_t eng_sim_parse(const char *spec, eng_sim_params_t *p, char *err, size
  * the compute thread is idle. */
 const eng_sim_params_t *eng_sim_params(const eng_model_t *model);
 bool eng_sim_stats(const eng_model_t *model, eng_sim_stats_t *stats);
+/* The largest message per phase of model (eng_ops_t.ep_cap): {0, 0} for a
+ * model with no experts. */
+pd_status_t eng_sim_ep_cap(const eng_model_t *model, size_t cap[2]);
+/* The top_k experts of a token at a position in a layer, in k order
+ * (distinct, < n_experts): the routing every rank of the group agrees on. */
+void eng_sim_route(const eng_sim_params_t *p, int32_t token, uint32_t pos, uint32_t layer,
+                   uint32_t *experts);
 /* Modeled compute time of a prefill of n tokens / a decode step of batch b. */
 uint64_t eng_sim_prefill_ns(const eng_sim_params_t *p, uint32_t n_tokens);
 uint64_t eng_sim_decode_ns(const eng_sim_params_t *p, uint32_t batch);
