@@ -10,7 +10,13 @@
 # finishes with no error and the reference's tokens (the router replays it
 # on the other group; the dead rank's partner leaves with "EP group lost a
 # rank").
-# A dense model with ep = 2 is refused by `pdctl up` before anything starts.
+# The same twelve requests through one group of `ep = 4` (four ranks, all
+# serving) equal ep = 1's too. A group beside a whole-model decode (decode =
+# 2, ep = 2, whole = 1; the router's max-retries left to pdctl: 3): a group
+# rank serving one of three concurrent long streams is killed -9, all three
+# finish with the reference's tokens, the group's replayed onto decode-1.
+# A dense model with ep = 2 is refused by `pdctl up` before anything starts,
+# and so are whole >= decode and whole with ep = 1.
 #   test_ep_group.sh SRC_ROOT PDCTL MODEL.gguf DENSE.gguf
 set -uo pipefail
 SRC=$1 PDCTL=$2 MODEL=$3 DENSE=$4
@@ -173,12 +179,13 @@ if "$PDCTL" down --run-dir "$T/run-ep2" >"$T/down.out" 2>&1 && [ $((SECONDS - s)
 else bad "pdctl down of the group: $(cat "$T/down.out"; tail -3 "$T"/run-ep2/decode-0.r*.log)"; fi
 
 # ---- correctness: ep = 4 (four ranks, 16 experts each) vs ep = 1 -------------
-dep ep4 1 4
+dep ep4 1 4 0 -
 up ep4
 st=$("$PDCTL" status --run-dir "$T/run-ep4" 2>&1)
-if [ "$(grep -c "decode-0.r[0-3] .*decode ep decode-0 rank [0-3] .*ready" <<<"$st")" = 4 ]; then
-    ok "pdctl status: the group's four ranks, ready"
-else bad "pdctl status (ep = 4): $st"; fi
+if [ "$(grep -c "decode-0.r[0-3] .*decode ep decode-0 rank [0-3] .*ready" <<<"$st")" = 4 ] &&
+   grep -q "^max-retries = 5$" "$T/run-ep4/router.ini"; then
+    ok "pdctl status: the group's four ranks, ready; router max-retries = 5 (set by pdctl)"
+else bad "pdctl status (ep = 4): $st; $(grep max-retries "$T/run-ep4/router.ini")"; fi
 batch "$(cat "$T/run-ep4/url")" "$T/ep4.txt"
 if grep -q ERROR "$T/ep4.txt"; then
     bad "ep = 4: a request failed: $(grep -h ERROR "$T/ep4.txt" | head -2)"
@@ -204,6 +211,8 @@ else bad "pdctl down of the group of 4: $(cat "$T/down4.out"; tail -3 "$T"/run-e
 # ---- failover: two groups of 2, one rank of the serving group killed ------------
 dep fo 2 2
 up fo
+grep -q "^max-retries = 4$" "$T/run-fo/router.ini" && ok "the file's max-retries = 4 is kept" ||
+    bad "max-retries: $(grep max-retries "$T/run-fo/router.ini")"
 URL=$(cat "$T/run-fo/url")
 python3 - "$URL" "$STREAM" "$PDCTL" "$T/run-fo" >"$T/fo.txt" 2>"$T/fo.err" <<'PY'
 import json, os, signal, subprocess, sys, urllib.request
