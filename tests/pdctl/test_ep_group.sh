@@ -10,7 +10,13 @@
 # finishes with no error and the reference's tokens (the router replays it
 # on the other group; the dead rank's partner leaves with "EP group lost a
 # rank").
-# A dense model with ep = 2 is refused by `pdctl up` before anything starts.
+# The same twelve requests through one group of `ep = 4` (four ranks, all
+# serving) equal ep = 1's too. A group beside a whole-model decode (decode =
+# 2, ep = 2, whole = 1; the router's max-retries left to pdctl: 3): a group
+# rank serving one of three concurrent long streams is killed -9, all three
+# finish with the reference's tokens, the group's replayed onto decode-1.
+# A dense model with ep = 2 is refused by `pdctl up` before anything starts,
+# and so are whole >= decode and whole with ep = 1.
 #   test_ep_group.sh SRC_ROOT PDCTL MODEL.gguf DENSE.gguf
 set -uo pipefail
 SRC=$1 PDCTL=$2 MODEL=$3 DENSE=$4
@@ -29,8 +35,10 @@ fails=0
 ok()  { echo "ok   - $*"; }
 bad() { echo "FAIL - $*"; fails=$((fails + 1)); }
 
-# dep NAME DECODES EP: a deployment file
+# dep NAME DECODES EP [WHOLE [MAX-RETRIES]]: a deployment file (WHOLE: [decode]
+# whole, the last WHOLE decodes hold the whole model; MAX-RETRIES "-": unset)
 dep() {
+    local whole=${4:-0} mr=${5:-4}
     cat >"$T/$1.ini" <<EOF
 [deployment]
 name = $1
@@ -42,12 +50,13 @@ disagg-threshold = 128
 [router]
 http = 127.0.0.1:0
 control = 127.0.0.1:0
-max-retries = 4
+$([ "$mr" = - ] || echo "max-retries = $mr")
 [prefill]
 threads = 1
 kv-blocks = 512
 [decode]
 ep = $3
+$([ "$whole" = 0 ] || echo "whole = $whole")
 threads = 1
 kv-blocks = 512
 max-batch = 16
@@ -115,6 +124,19 @@ if [ $rc = 2 ] && grep -q "ep = 2: a rank does not load: .*needs a MoE model" "$
     ok "dense model, ep = 2: refused at up, nothing started"
 else bad "dense model, ep = 2: rc $rc: $(cat "$T/dense.out")"; fi
 
+# ---- [decode] whole: combinations refused at load, nothing started -------------
+refused() { # refused NAME WANT-REGEX
+    "$PDCTL" up "$T/$1.ini" --run-dir "$T/run-$1" >"$T/$1.out" 2>&1
+    local rc=$?
+    if [ $rc = 2 ] && grep -q "$2" "$T/$1.out" && [ ! -e "$T/run-$1/deployment.json" ]; then
+        ok "$1: refused ($(head -1 "$T/$1.out" | sed 's/.*: \[decode\]/[decode]/'))"
+    else bad "$1: rc $rc: $(cat "$T/$1.out")"; fi
+}
+dep whole-all 2 2 2
+refused whole-all "whole = 2 with decode = 2: no EP group is left"
+dep whole-ep1 2 1 1
+refused whole-ep1 "whole = 1 needs ep > 1"
+
 # ---- correctness: ep = 1 (reference) vs ep = 2 --------------------------------
 dep ref 1 1
 dep ep2 1 2
@@ -156,9 +178,41 @@ if "$PDCTL" down --run-dir "$T/run-ep2" >"$T/down.out" 2>&1 && [ $((SECONDS - s)
     ok "pdctl down: the group left together in $((SECONDS - s)) s"
 else bad "pdctl down of the group: $(cat "$T/down.out"; tail -3 "$T"/run-ep2/decode-0.r*.log)"; fi
 
+# ---- correctness: ep = 4 (four ranks, 16 experts each) vs ep = 1 -------------
+dep ep4 1 4 0 -
+up ep4
+st=$("$PDCTL" status --run-dir "$T/run-ep4" 2>&1)
+if [ "$(grep -c "decode-0.r[0-3] .*decode ep decode-0 rank [0-3] .*ready" <<<"$st")" = 4 ] &&
+   grep -q "^max-retries = 5$" "$T/run-ep4/router.ini"; then
+    ok "pdctl status: the group's four ranks, ready; router max-retries = 5 (set by pdctl)"
+else bad "pdctl status (ep = 4): $st; $(grep max-retries "$T/run-ep4/router.ini")"; fi
+batch "$(cat "$T/run-ep4/url")" "$T/ep4.txt"
+if grep -q ERROR "$T/ep4.txt"; then
+    bad "ep = 4: a request failed: $(grep -h ERROR "$T/ep4.txt" | head -2)"
+elif cmp -s "$T/ref.txt" "$T/ep4.txt"; then
+    ok "ep = 4: the 12 completions (greedy, seeded; local, disaggregated) equal ep = 1's"
+else
+    bad "ep = 4 differs from ep = 1: $(diff "$T/ref.txt" "$T/ep4.txt" | head -6)"
+fi
+served=0 touts=""
+for k in 0 1 2 3; do
+    t=$(tokens_out "$T/run-ep4" decode-0.r$k)
+    touts="$touts $t"
+    [ "$t" -gt 0 ] && served=$((served + 1))
+done
+if [ $served = 4 ]; then ok "ep = 4: every rank served (tokens out:$touts)"
+else bad "ep = 4: every rank should serve: tokens out$touts"; fi
+s=$SECONDS
+if "$PDCTL" down --run-dir "$T/run-ep4" >"$T/down4.out" 2>&1 && [ $((SECONDS - s)) -lt 20 ] &&
+   ! grep -q "EP group lost" "$T"/run-ep4/decode-0.r*.log; then
+    ok "pdctl down: the group of 4 left together in $((SECONDS - s)) s"
+else bad "pdctl down of the group of 4: $(cat "$T/down4.out"; tail -3 "$T"/run-ep4/decode-0.r*.log)"; fi
+
 # ---- failover: two groups of 2, one rank of the serving group killed ------------
 dep fo 2 2
 up fo
+grep -q "^max-retries = 4$" "$T/run-fo/router.ini" && ok "the file's max-retries = 4 is kept" ||
+    bad "max-retries: $(grep max-retries "$T/run-fo/router.ini")"
 URL=$(cat "$T/run-fo/url")
 python3 - "$URL" "$STREAM" "$PDCTL" "$T/run-fo" >"$T/fo.txt" 2>"$T/fo.err" <<'PY'
 import json, os, signal, subprocess, sys, urllib.request
@@ -220,5 +274,92 @@ if [ -n "$killed" ] && [ "$killed" != None ]; then
     else bad "$partner did not report the group lost: $(tail -3 "$T/run-fo/$partner.log")"; fi
 fi
 "$PDCTL" down --run-dir "$T/run-fo" >/dev/null 2>&1
+
+# ---- a group beside a whole-model decode: decode = 2, ep = 2, whole = 1 -------
+# (decode-0.r0/.r1 and decode-1), max-retries left to pdctl (ep + 1 = 3).
+# Three copies of the long stream at once (the router spreads them, so at
+# least one runs on the group); at the first one's 20th chunk the group rank
+# serving a stream is killed -9: the group goes, every stream finishes with
+# the reference's tokens, replayed onto the whole daemon.
+dep mix 2 2 1 -
+up mix
+st=$("$PDCTL" status --run-dir "$T/run-mix" 2>&1)
+if grep -q "decode-0.r0 .*decode ep decode-0 rank 0 .*ready" <<<"$st" &&
+   grep -q "decode-0.r1 .*decode ep decode-0 rank 1 .*ready" <<<"$st" &&
+   grep -Eq "^ *decode-1 +decode .*ready" <<<"$st" && ! grep -q "decode-1.r" <<<"$st" &&
+   grep -q "^max-retries = 3$" "$T/run-mix/router.ini"; then
+    ok "pdctl status: a group of 2 and a whole decode, ready; router max-retries = 3"
+else bad "pdctl status (group + whole): $st; $(grep max-retries "$T/run-mix/router.ini")"; fi
+URL=$(cat "$T/run-mix/url")
+python3 - "$URL" "$STREAM" "$PDCTL" "$T/run-mix" >"$T/mix.txt" 2>"$T/mix.err" <<'PY'
+import json, os, signal, subprocess, sys, threading, urllib.request
+url, body, pdctl, run = sys.argv[1:5]
+req = json.loads(body)
+req["stream"] = True
+lock = threading.Lock()
+killed = [None]
+def live(name):
+    o = subprocess.run([pdctl, "stats", name, "--json", "--run-dir", run], capture_output=True,
+                       text=True).stdout
+    try:
+        return json.loads(o)["stats"][0]["values"]["live"]
+    except Exception:
+        return 0
+res = [None] * 3
+def go(i):
+    text, n, err, finish = "", 0, None, None
+    try:
+        r = urllib.request.Request(url + "/v1/chat/completions", json.dumps(req).encode(),
+                                   {"Content-Type": "application/json"})
+        for line in urllib.request.urlopen(r, timeout=120):
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            j = json.loads(line[6:])
+            if "error" in j:
+                err = j["error"]
+                break
+            c = j["choices"][0]
+            text += c["delta"].get("content") or ""
+            finish = c.get("finish_reason") or finish
+            n += 1
+            if n == 20:
+                with lock:
+                    if killed[0] is None:
+                        killed[0] = "none"
+                        for name in ["decode-0.r0", "decode-0.r1"]:
+                            if live(name) > 0:
+                                pid = int(open(os.path.join(run, name + ".pid")).read())
+                                os.kill(pid, signal.SIGKILL)
+                                killed[0] = name
+                                break
+    except Exception as e:
+        err = repr(e)
+    res[i] = (text, finish, err)
+ts = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+for t in ts: t.start()
+for t in ts: t.join()
+for text, finish, err in res:
+    print(json.dumps(text))
+    print(finish, json.dumps(err), file=sys.stderr)
+print(killed[0], file=sys.stderr)
+PY
+killed=$(tail -1 "$T/mix.err")
+ref=$(cat "$T/ref-stream.txt")
+same=$(grep -cxF -- "$ref" "$T/mix.txt")
+if [ "$killed" = none ] || [ -z "$killed" ]; then
+    bad "group + whole: no group rank served a stream at the 20th chunk ($(cat "$T/mix.err"))"
+elif [ "$(head -3 "$T/mix.err" | grep -cv '^None \|null$')" != 0 ] ||
+     [ "$(head -3 "$T/mix.err" | grep -c ' null$')" != 3 ]; then
+    bad "group + whole: a stream ended with an error after $killed was killed: $(cat "$T/mix.err")"
+elif [ "$same" = 3 ]; then
+    ok "group + whole: $killed killed -9 mid-stream; the 3 streams finished with the reference's tokens"
+else
+    bad "group + whole: $same of 3 streams equal the reference after $killed was killed"
+fi
+nf=$(grep -c "failover .* to 'decode-1'" "$T/run-mix/router.log" 2>/dev/null)
+if [ "${nf:-0}" -gt 0 ]; then ok "group + whole: $nf stream(s) replayed onto decode-1 (the whole daemon)"
+else bad "group + whole: no failover onto decode-1 in the router log: $(grep -h "failover\|retry" "$T/run-mix/router.log" | head -5)"; fi
+"$PDCTL" down --run-dir "$T/run-mix" >/dev/null 2>&1
 [ "$fails" = 0 ] || { echo "$fails failure(s) (KEEP=1 keeps $T)"; exit 1; }
 exit 0

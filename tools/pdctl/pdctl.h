@@ -22,6 +22,9 @@
 #define PDCTL_MAX_PER_ROLE 32
 #define PDCTL_MAX_ROUTERS 8
 #define PDCTL_MAX_EP 8     /* ranks of one EP decode group */
+/* the router's max-retries pdctl sets for a deployment with EP groups when
+ * the file does not: the router's default (2) + ep - 1 (pdctl_dep_load) */
+#define PDCTL_EP_MAX_RETRIES(ep) ((ep) + 1u)
 #define PDCTL_MAX_DAEMONS (PDCTL_MAX_ROUTERS + 2 * PDCTL_MAX_PER_ROLE)
 
 /* X(id, section / role name, binary name) */
@@ -66,6 +69,9 @@ typedef struct {
                                             decode: instances (each ep ranks) */
     unsigned ep;               /* [decode] ep: ranks per decode instance
                                   (an EP group, issue 36); 1: whole daemons */
+    unsigned whole;            /* [decode] whole: of the `decode` instances,
+                                  the last `whole` hold the whole model (one
+                                  process each) beside the groups; 0 with ep 1 */
     uint64_t ready_timeout_ns, stop_timeout_ns;
     unsigned etcd_port;        /* etcd = local[:PORT]: pdctl runs etcd on 127.0.0.1:PORT (0: no) */
     pdctl_kvs_t role_kv[PDCTL_ROLE_N];   /* daemon config keys per role */
@@ -162,6 +168,9 @@ void pdctl_state_unlock(pdctl_state_t *st);
 pdctl_daemon_t *pdctl_state_find(pdctl_state_t *st, const char *name);
 /* An EP group's rank: name decode-<group>.r<rank> (pdctl_proc.c). */
 bool pdctl_ep_rank_of(const char *name, unsigned *group_p, unsigned *rank_p);
+/* Decode processes of a deployment's `decode` instances: the groups' ranks
+ * plus the whole daemons. */
+unsigned pdctl_dep_decode_procs(const pdctl_dep_t *dep);
 /* Is the pid alive and still running the daemon's binary? */
 bool pdctl_daemon_alive(const pdctl_daemon_t *d);
 /* The etcd pdctl started for the deployment (etcd = local) still runs. */

@@ -634,6 +634,15 @@ int pdctl_dep_load(const char *path, char *const *sets, int n_sets,
                 }
                 continue;
             }
+            if (r == PDCTL_DECODE && strcmp(kv->key, "whole") == 0) { /* pdctl's own */
+                if (!pdctl_parse_count(kv->val, 0, PDCTL_MAX_PER_ROLE, &dep->whole)) {
+                    pdctl_fail("%s: bad whole = \"%s\" in [decode] (decode instances that "
+                               "hold the whole model beside the EP groups, an integer 0..%u)",
+                               where, kv->val, PDCTL_MAX_PER_ROLE);
+                    goto out;
+                }
+                continue;
+            }
             for (const char *const *m = pdctl_managed; *m != NULL; m++) {
                 if (strcmp(*m, kv->key) == 0) {
                     pdctl_fail("%s: key \"%s\" in [%s] is set by pdctl%s", where, kv->key,
@@ -653,11 +662,31 @@ int pdctl_dep_load(const char *path, char *const *sets, int n_sets,
             pdctl_kvs_set(&dep->role_kv[r], kv->key, kv->val, kv->line);
         }
     }
-    if (dep->count[PDCTL_DECODE] * dep->ep > PDCTL_MAX_PER_ROLE) {
-        pdctl_fail("%s: decode = %u with ep = %u: %u decode processes, at most %u", path,
-                   dep->count[PDCTL_DECODE], dep->ep, dep->count[PDCTL_DECODE] * dep->ep,
-                   PDCTL_MAX_PER_ROLE);
+    if (dep->whole > 0 && dep->ep == 1) {
+        pdctl_fail("%s: [decode] whole = %u needs ep > 1 (with ep = 1 every decode holds the "
+                   "whole model)", path, dep->whole);
         goto out;
+    }
+    if (dep->whole > 0 && dep->whole >= dep->count[PDCTL_DECODE]) {
+        pdctl_fail("%s: [decode] whole = %u with decode = %u: no EP group is left (whole "
+                   "counts among the decode instances and must be less; for no group use "
+                   "ep = 1)", path, dep->whole, dep->count[PDCTL_DECODE]);
+        goto out;
+    }
+    if (pdctl_dep_decode_procs(dep) > PDCTL_MAX_PER_ROLE) {
+        pdctl_fail("%s: decode = %u with ep = %u (whole = %u): %u decode processes, at most %u",
+                   path, dep->count[PDCTL_DECODE], dep->ep, dep->whole,
+                   pdctl_dep_decode_procs(dep), PDCTL_MAX_PER_ROLE);
+        goto out;
+    }
+    /* a group lost fails the streams of all its ranks, and a failover may
+     * land on another rank of the dying group before it is gone (the router
+     * does not know the groups): one loss can cost up to ep retries. Unless
+     * the file sets max-retries, the router gets its default (2) + ep - 1. */
+    if (dep->ep > 1 && pdctl_kvs_get(&dep->role_kv[PDCTL_ROUTER], "max-retries") == NULL) {
+        char mr[16];
+        snprintf(mr, sizeof(mr), "%u", PDCTL_EP_MAX_RETRIES(dep->ep));
+        pdctl_kvs_set(&dep->role_kv[PDCTL_ROUTER], "max-retries", mr, 0);
     }
     /* keys copied from [deployment] must exist in the daemons too (they do
      * today; this catches a daemon that renamed one) */

@@ -235,6 +235,12 @@ bool pdctl_ep_rank_of(const char *name, unsigned *group_p, unsigned *rank_p)
     return true;
 }
 
+unsigned pdctl_dep_decode_procs(const pdctl_dep_t *dep)
+{
+    unsigned n = dep->count[PDCTL_DECODE], whole = dep->whole < n ? dep->whole : n;
+    return (n - whole) * dep->ep + whole;
+}
+
 /* <run_dir>/ep-decode-<group>: the group's rendezvous directory. */
 static void pdctl_ep_dir(const pdctl_state_t *st, unsigned group, char *buf, size_t cap)
 {
@@ -535,10 +541,18 @@ static int pdctl_ready_port(const char *ready, const char *key)
 static int pdctl_start_role(const pdctl_dep_t *dep, pdctl_state_t *st, pdctl_role_t role,
                             unsigned want, pdctl_daemon_t **started, int *n_started)
 {
-    unsigned have = 0, ranks = role == PDCTL_DECODE ? dep->ep : 1;
+    unsigned have = 0, g, rk;
     for (int i = 0; i < st->n; i++) /* instances: an EP group counts once (rank 0) */
-        have += st->d[i].role == role && (ranks == 1 || strstr(st->d[i].name, ".r0") != NULL);
+        have += st->d[i].role == role &&
+                (role != PDCTL_DECODE || !pdctl_ep_rank_of(st->d[i].name, &g, &rk) || rk == 0);
+    /* decode: instances 0..count-whole-1 are EP groups of ep ranks, the
+     * last `whole` hold the whole model (one process each) */
+    unsigned groups = role == PDCTL_DECODE && dep->ep > 1
+                          ? dep->count[PDCTL_DECODE] - (dep->whole < dep->count[PDCTL_DECODE]
+                                                            ? dep->whole : dep->count[PDCTL_DECODE])
+                          : 0;
     for (unsigned idx = 0; have < want && idx < 1000; idx++) {
+        unsigned ranks = idx < groups ? dep->ep : 1;
         char name[48];
         if (role == PDCTL_ROUTER)
             pdctl_router_name(idx, name, sizeof(name));
@@ -757,7 +771,9 @@ int pdctl_mem_plan_check(const pdctl_dep_t *dep, const unsigned add[PDCTL_ROLE_N
             continue;   /* not this check's to report */
         if (rc != 0)
             return rc;
-        unsigned procs = add[r] * (r == PDCTL_DECODE ? dep->ep : 1); /* an EP rank: its arena */
+        unsigned procs = add[r]; /* an EP rank: its arena (scale refuses groups) */
+        if (r == PDCTL_DECODE && dep->ep > 1 && add[r] == dep->count[r])
+            procs = pdctl_dep_decode_procs(dep);
         for (unsigned i = 0; i < procs && np < 2 * PDCTL_MAX_PER_ROLE; i++, np++) {
             memset(&plan[np], 0, sizeof(plan[np]));
             plan[np].bytes = bytes;
