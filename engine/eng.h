@@ -364,6 +364,11 @@ typedef struct eng_ops {
      * set_ep to accept it. {0, 0} for a model with no experts. Any thread,
      * after load. NULL in an engine without EP. */
     pd_status_t (*ep_cap)(const eng_model_t *model, size_t cap[2]);
+    /* Rows of one forward pass of `step` on an EP rank: a step of R rows
+     * runs ceil(R / this) passes, and every rank of a group runs the
+     * busiest rank's count (node_ep, decode's EP round). >= 1. NULL in an
+     * engine without EP. */
+    uint32_t (*ep_pass_rows)(const eng_model_t *model);
 } eng_ops_t;
 
 /* Pooling names ("mean", "cls", "last") <-> eng_pooling_t; -1 if unknown. */

@@ -133,18 +133,23 @@ pd_status_t node_ep_join(node_t *n, char *err, size_t err_len)
         snprintf(err, err_len, "ep-size %u: ep-dir (the group's rendezvous directory) is needed", N);
         return PD_ERR_BAD_INPUT;
     }
-    if (n->ops->set_ep == NULL || n->ops->ep_idle == NULL || strcmp(n->engine, "llama") != 0) {
+    size_t cap[2] = { 0, 0 };
+    if (n->ops->set_ep == NULL || n->ops->ep_idle == NULL || n->ops->ep_cap == NULL ||
+        n->ops->ep_pass_rows == NULL) {
         snprintf(err, err_len, "engine %s: no expert parallelism", n->engine);
         return PD_ERR_BAD_INPUT;
     }
-    eng_llama_info_t in;
-    eng_llama_info(n->model, &in);
+    pd_status_t st = n->ops->ep_cap(n->model, cap);
+    if (st != PD_OK || cap[0] == 0 || cap[1] == 0) {
+        snprintf(err, err_len, "ep-size %u: the model has no experts to split", N);
+        return st != PD_OK ? st : PD_ERR_BAD_INPUT;
+    }
     kvx_win_config_t wc = { .rank = me, .size = N, .n_slots = 4,
-                            .slot_bytes = { in.ep_cap[0], in.ep_cap[1],
+                            .slot_bytes = { cap[0], cap[1],
                                             sizeof(node_ep_vote_t), sizeof(node_ep_vote_t) },
                             .timeout_ns = c->ep_timeout_ns, .tls = "shm" };
     kvx_win_h *w = NULL;
-    pd_status_t st = kvx_win_create(&wc, &w);
+    st = kvx_win_create(&wc, &w);
     if (st != PD_OK) {
         snprintf(err, err_len, "exchange window: %s", pd_status_str(st));
         return st;
@@ -169,11 +174,14 @@ pd_status_t node_ep_join(node_t *n, char *err, size_t err_len)
                      pd_status_str(st));
     }
     eng_ep_xport_t x = { .ctx = w, .rank = me, .size = N,
-                         .cap = { in.ep_cap[0], in.ep_cap[1] },
+                         .cap = { cap[0], cap[1] },
                          .send_buf = node_ep_send_buf, .exchange = node_ep_exchange };
     if (st == PD_OK && (st = n->ops->set_ep(n->model, &x)) != PD_OK)
         snprintf(err, err_len, "set_ep: %s", pd_status_str(st));
-    if (st == PD_OK && (st = node_ep_group_hash(n, w, N)) != PD_OK)
+    /* llama: each rank hashed its own experts; the sim's hash is the whole
+     * model's already (its experts are a layout, not weights) */
+    if (st == PD_OK && strcmp(n->engine, "llama") == 0 &&
+        (st = node_ep_group_hash(n, w, N)) != PD_OK)
         snprintf(err, err_len, "the group's compat hash (expert digests): %s",
                  pd_status_str(st));
     if (st != PD_OK) {
@@ -181,7 +189,7 @@ pd_status_t node_ep_join(node_t *n, char *err, size_t err_len)
         return st;
     }
     n->ep_win = w;
-    n->ep_pass_rows = in.step_rows ? in.step_rows : 1;
+    n->ep_pass_rows = n->ops->ep_pass_rows(n->model);
     return PD_OK;
 }
 
@@ -210,13 +218,15 @@ pd_status_t node_ep_ready(node_t *n, char *err, size_t err_len)
         snprintf(err, err_len, "the group's first idle pass: %s", pd_status_str(st));
     if (st != PD_OK)
         return st;
-    eng_llama_info_t in;
-    eng_llama_info(n->model, &in);
+    eng_llama_info_t in = { 0 };
+    if (strcmp(n->engine, "llama") == 0)
+        eng_llama_info(n->model, &in);
     pd_log(PD_LOG_INFO, n->role->name, NULL,
-           "EP group: rank %u of %u joined through %s (expert bytes %llu of %llu, compat "
-           "hash %016llx), an idle pass of the group in %.3f ms", me, N, c->ep_dir,
-           (unsigned long long)in.expert_bytes_owned, (unsigned long long)in.expert_bytes_total,
-           (unsigned long long)n->geom->compat_hash, (double)(pd_now_ns() - t1) / 1e6);
+           "EP group: rank %u of %u joined through %s (engine %s, expert bytes %llu of %llu, "
+           "compat hash %016llx), an idle pass of the group in %.3f ms", me, N, c->ep_dir,
+           n->engine, (unsigned long long)in.expert_bytes_owned,
+           (unsigned long long)in.expert_bytes_total, (unsigned long long)n->geom->compat_hash,
+           (double)(pd_now_ns() - t1) / 1e6);
     return PD_OK;
 }
 

@@ -1982,6 +1982,14 @@ static pd_status_t ll_ep_idle(eng_model_t *m)
     return m->ep_status;
 }
 
+static uint32_t ll_ep_pass_rows(const eng_model_t *m)
+{
+    eng_llama_info_t info;
+
+    eng_llama_info(m, &info);
+    return info.step_rows ? info.step_rows : 1;
+}
+
 static pd_status_t ll_ep_cap(const eng_model_t *m, size_t cap[2])
 {
     eng_llama_info_t info;
@@ -2010,4 +2018,5 @@ const eng_ops_t eng_llama_ops = {
     .set_ep = ll_set_ep,
     .ep_idle = ll_ep_idle,
     .ep_cap = ll_ep_cap,
+    .ep_pass_rows = ll_ep_pass_rows,
 };

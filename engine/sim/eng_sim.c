@@ -638,6 +638,11 @@ static bool ep_model(const eng_model_t *m)
     return m->ep_size > 1;
 }
 
+static uint32_t sim_ep_pass_rows(const eng_model_t *m)
+{
+    return m != NULL && m->magic == SIM_MAGIC && m->ep_t_max > 0 ? m->ep_t_max : 1;
+}
+
 pd_status_t eng_sim_ep_cap(const eng_model_t *m, size_t cap[2])
 {
     uint32_t per, k;
@@ -1173,4 +1178,5 @@ const eng_ops_t eng_sim_ops = {
     .set_ep = sim_set_ep,
     .ep_idle = sim_ep_idle,
     .ep_cap = eng_sim_ep_cap,
+    .ep_pass_rows = sim_ep_pass_rows,
 };
