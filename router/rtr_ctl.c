@@ -700,6 +700,7 @@ pd_status_t rtr_admin_planner(pd_admin_req_t *req, cJSON *reply)
         { "prompt_tokens", RTR_STAT_prompt_tokens },
         { "prompt_cached_tokens", RTR_STAT_prompt_cached_tokens },
         { "generation_tokens", RTR_STAT_generation_tokens },
+        { "kv_pull_tail_tokens", RTR_STAT_kv_pull_tail_tokens },
     };
     static const struct {
         const char *name;
@@ -707,6 +708,7 @@ pd_status_t rtr_admin_planner(pd_admin_req_t *req, cJSON *reply)
     } hists[] = {
         { "request_ttft", RTR_STAT_request_ttft },
         { "request_inter_token", RTR_STAT_request_inter_token },
+        { "kv_pull_tail", RTR_STAT_kv_pull_tail },
     };
     cJSON *c = cJSON_AddObjectToObject(reply, "counters");
     cJSON *h = cJSON_AddObjectToObject(reply, "histograms");
@@ -733,7 +735,6 @@ pd_status_t rtr_admin_planner(pd_admin_req_t *req, cJSON *reply)
     cJSON_AddNumberToObject(cost, "dec_tok_ns", r->cost.dec_tok_ns);
     cJSON_AddNumberToObject(cost, "pull_tok_ns", r->cost.pull_tok_ns);
     cJSON_AddNumberToObject(cost, "hop_ns", r->cost.hop_ns);
-    cJSON_AddNumberToObject(cost, "gap_tok_ns", r->cost.gap_tok_ns);
     cJSON_AddBoolToObject(reply, "mixed", r->cfg.disagg_mode == RTR_DISAGG_NEVER);
     return PD_OK;
 }

@@ -1018,13 +1018,14 @@ static void cost_note_finish(rtr_t *r, const rtr_req_t *q, const proto_finish_t 
         cost_note(&r->cost.dec_tok_ns, (double)f->prefill_ns / missing);
     else if (f->transfer_ns > 0) { /* it pulled what it lacked */
         cost_note(&r->cost.pull_tok_ns, (double)f->transfer_ns / missing);
-        /* the pull's tail: the gap before token 1 minus one step (the mean
-         * gap of the later tokens); + 1 ns keeps "measured, none" apart
-         * from "not measured" (0) */
+        /* the pull's tail (the SLO planner's pull cost): the gap before
+         * token 1 minus one step (the mean gap of the later tokens); with
+         * layer-wise streaming most of a pull hides under the prompt pass */
         if (q->gap1_ns > 0 && q->n_gen >= 3 && q->t_last_tok_ns > q->t_tok1_ns) {
             double step = (double)(q->t_last_tok_ns - q->t_tok1_ns) / (q->n_gen - 2);
             double tail = (double)q->gap1_ns > step ? (double)q->gap1_ns - step : 0;
-            cost_note(&r->cost.gap_tok_ns, (tail + 1) / missing);
+            pd_stats_observe_ns(r->stats, RTR_STAT_kv_pull_tail, (uint64_t)tail);
+            pd_stats_add(r->stats, RTR_STAT_kv_pull_tail_tokens, missing);
         }
     }
 }

@@ -113,6 +113,8 @@ typedef struct {
     X(kv_index_names,      GAUGE,     "Distinct block names in the KV index") \
     X(kv_transfer,         HISTOGRAM, "KV transfer time reported by decode daemons") \
     X(kv_transfer_failures, COUNTER,  "KV pulls that failed (decode ERROR)")      \
+    X(kv_pull_tail,        HISTOGRAM, "Disaggregated: the gap token 0 -> 1 minus one step (the KV pull's tail after the prompt pass)") \
+    X(kv_pull_tail_tokens, COUNTER,   "Prompt tokens pulled by the requests in kv_pull_tail")  \
     X(kv_early_handoffs,   COUNTER,   "DECODE_REQs sent on PREFILL_HANDLE, before the prompt pass ended (kv-stream=layer)") \
     X(kv_early_canceled,   COUNTER,   "early DECODE_REQs canceled before token 0 went (prefill failed, token 0 ended the request)") \
     X(kv_src_exports,      COUNTER,   "KV_EXPORT_REQ sent: a decode's cached prefix for the prefill") \
@@ -229,11 +231,6 @@ struct rtr {
      * rtr_flow.c cost_note, rtr_policy.h rtr_disagg_in_t) */
     struct {
         double pf_tok_ns, dec_tok_ns, pull_tok_ns, hop_ns;
-        /* disaggregated: the KV pull's tail per pulled token (the gap
-         * token 0 -> 1 minus one step; with layer-wise streaming much less
-         * than pull_tok_ns, most of the pull hides under the prompt pass;
-         * the SLO planner's pull cost) */
-        double gap_tok_ns;
     } cost;
     uint32_t n_ctl_pending;          /* connections not registered yet */
 

@@ -43,7 +43,7 @@ static const pd_stat_prom_t rtr_stat_prom[] = {
     PD_STAT_PROM_LE("request_e2e", S), PD_STAT_PROM_LE("request_queue_time", S),
     PD_STAT_PROM_LE("kv_transfer", MS), PD_STAT_PROM_LE("failover_resume", MS),
     PD_STAT_PROM_LE("migration_resume", MS), PD_STAT_PROM_LE("kv_src_export_time", MS),
-    PD_STAT_PROM_LE("tokenize_time", MS),
+    PD_STAT_PROM_LE("tokenize_time", MS), PD_STAT_PROM_LE("kv_pull_tail", MS),
 };
 static const pd_stats_table_t rtr_stats_table =
     PD_STATS_TABLE_PROM("router", rtr_stat_descs, rtr_stat_prom);

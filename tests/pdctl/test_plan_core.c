@@ -536,6 +536,38 @@ static void test_mode_mixed_start_measures_local(void **state)
     pd_config_free(&pdctl_plan_schema, &c);
 }
 
+/* A re-split's first window of pulls carries its backlog: a 2 ms tail a
+ * token then pins nothing; the pulls after it (125 us) decide. */
+static void test_mode_pull_settles_after_resplit(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    c.dwell_ns = 10 * SEC;
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_out_t out;
+    uint64_t now = 100 * SEC;
+    unsigned np = 1, nd = 5;
+    bool mixed = false;
+    int mode_acts = 0;
+    st.last_change_ns = now;   /* just re-split to 1:5 */
+    run_mode(&c, &st, &now, LONG, 2e-3, 9, &np, &nd, &mixed, &mode_acts, &out);  /* 18 s < window */
+    assert_false(mixed);
+    assert_true(out.pull_tok_s == 0);
+    run_mode(&c, &st, &now, LONG, 125e-6, 30, &np, &nd, &mixed, &mode_acts, &out);
+    assert_false(mixed);
+    assert_int_equal(mode_acts, 0);
+    assert_true(out.pull_tok_s > 124e-6 && out.pull_tok_s < 126e-6);
+    /* and in PD-mixed, where nothing is pulled, the last measure is kept */
+    pdctl_plan_in_t in;
+    tick(&in, &now, LONG, 0, 6);
+    in.mixed = true;
+    in.local_tok_s = 100e-6;
+    pdctl_plan_step(&c, 6, &in, &st, &out);
+    assert_true(out.pull_tok_s > 124e-6 && out.pull_tok_s < 126e-6);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
 /* Long prompts and chat alternating every few seconds: the mode switches at
  * most once per dwell (and the averaged prompt settles on one side). */
 static void test_mode_flapping_no_oscillation(void **state)
@@ -571,6 +603,7 @@ int main(void)
         cmocka_unit_test(test_fit_robust_to_noise),
         cmocka_unit_test(test_mode_light_mixed_heavy_separate),
         cmocka_unit_test(test_mode_mixed_start_measures_local),
+        cmocka_unit_test(test_mode_pull_settles_after_resplit),
         cmocka_unit_test(test_mode_flapping_no_oscillation),
         cmocka_unit_test(test_idle_holds),
         cmocka_unit_test(test_phase_change_resplits),

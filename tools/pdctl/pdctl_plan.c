@@ -96,9 +96,9 @@ typedef struct {
     double acc, prompt, cached, gen, failed;
     uint64_t ttft[PD_HIST_BUCKETS], itl[PD_HIST_BUCKETS];
     double pf_tok_ns;          /* the routers' cost-mode rate (first non-zero) */
-    double pull_tok_ns, hop_ns;   /* the routers' KV pull rate and hop (first non-zero) */
+    double hop_ns;             /* the routers' hop (first non-zero) */
     double dec_tok_ns;         /* the routers' decode-local prompt rate (first non-zero) */
-    double gap_tok_ns;         /* the routers' token 0 -> 1 gap per pulled token */
+    double tail_ns, tail_tokens;  /* the routers' kv_pull_tail sum and its pulled tokens */
     bool mixed;                /* a router runs disagg-mode = never */
     unsigned n_prefill, n_decode;
     int nd;
@@ -157,10 +157,10 @@ static void plan_sample(const pdctl_state_t *st, plan_sample_t *s)
                 plan_buckets_add(s->itl, cJSON_GetObjectItemCaseSensitive(h, "request_inter_token"));
                 const cJSON *cost = cJSON_GetObjectItemCaseSensitive(p, "cost");
                 plan_first_rate(&s->pf_tok_ns, cost, "pf_tok_ns");
-                plan_first_rate(&s->pull_tok_ns, cost, "pull_tok_ns");
                 plan_first_rate(&s->hop_ns, cost, "hop_ns");
                 plan_first_rate(&s->dec_tok_ns, cost, "dec_tok_ns");
-                plan_first_rate(&s->gap_tok_ns, cost, "gap_tok_ns");
+                s->tail_tokens += plan_num(c, "kv_pull_tail_tokens");
+                s->tail_ns += plan_num(cJSON_GetObjectItemCaseSensitive(h, "kv_pull_tail"), "sum_ns");
                 if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "mixed")))
                     s->mixed = true;
             }
@@ -204,6 +204,9 @@ static void plan_sample(const pdctl_state_t *st, plan_sample_t *s)
     }
 }
 
+/* Fewer pulled tokens than this in a tick do not make a rate. */
+#define PLAN_MIN_TAIL_TOKENS 64.0
+
 static double plan_d(double a, double b)
 {
     return b > a ? b - a : 0;   /* a restarted router / daemon starts from 0 */
@@ -230,10 +233,7 @@ static void plan_figures(const plan_sample_t *a, const plan_sample_t *b, uint64_
     in->n_decode = b->n_decode;
     in->dec_max_batch = b->max_batch;
     in->pf_tok_s_hint = b->pf_tok_ns > 0 ? 1e9 / b->pf_tok_ns : 0;
-    /* what a pull costs the stream: the gap it leaves before token 1 (with
-     * layer-wise streaming most of the pull hides under the prompt pass);
-     * routers without that figure: the whole pull */
-    in->pull_tok_s = (b->gap_tok_ns > 0 ? b->gap_tok_ns : b->pull_tok_ns) / 1e9;
+
     in->hop_s = b->hop_ns / 1e9;
     in->local_tok_s = b->dec_tok_ns / 1e9;
     in->mixed = b->mixed;
@@ -244,6 +244,12 @@ static void plan_figures(const plan_sample_t *a, const plan_sample_t *b, uint64_
     in->prompt_tokens = plan_d(a->prompt, b->prompt);
     in->cached_tokens = plan_d(a->cached, b->cached);
     in->gen_tokens = plan_d(a->gen, b->gen);
+    /* what a pull costs its stream this tick: the gap it left before token
+     * 1 (with layer-wise streaming most of a pull hides under the prompt
+     * pass; the routers' whole-pull rate, pull_tok_ns, overstates it several times) */
+    double tail_tokens = plan_d(a->tail_tokens, b->tail_tokens);
+    if (tail_tokens >= PLAN_MIN_TAIL_TOKENS)
+        in->pull_tok_s = plan_d(a->tail_ns, b->tail_ns) / 1e9 / tail_tokens;
     in->ttft_p90_s = plan_p90(a->ttft, b->ttft);
     in->itl_p90_s = plan_p90(a->itl, b->itl);
     for (int i = 0; i < b->nd; i++) {
@@ -1201,7 +1207,7 @@ int pdctl_cmd_plan(int argc, char **argv)
            "local token stalls its batch; tpot-p90 %.4f s, margin %.2f)\n",
            in->mixed ? "PD-mixed" : "separate", p->mixed ? "PD-mixed" : "separate",
            p->prompt_work, PDCTL_PLAN_MIXED_WORK, p->prompt_len, p->pull_gap_s,
-           in->pull_tok_s * 1e6, p->local_stall_s * 1e6, (double)cfg.tpot_p90_ns / 1e9,
+           p->pull_tok_s * 1e6, p->local_stall_s * 1e6, (double)cfg.tpot_p90_ns / 1e9,
            PDCTL_PLAN_MODE_MARGIN);
     printf("  need at target-util %.2f: prefill %.2f, decode %.2f daemons -> prefill share %.2f of %u\n",
            cfg.target_util, p->need_p, p->need_d, p->split_prefill, c->budget);

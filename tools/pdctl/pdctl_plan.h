@@ -124,9 +124,10 @@ typedef struct {
         double step_s;             /* mean step time */
     } dec[PDCTL_PLAN_MAX_SAMPLES];
     double dec_max_batch;          /* sequences a decode's KV holds (0: unknown) */
-    double pull_tok_s, hop_s;      /* the routers' KV pull cost per prompt token (the gap
-                                      token 0 -> 1 it leaves, else the whole pull) and fixed
-                                      hop (disagg-mode=cost rates), 0: not measured */
+    double pull_tok_s;             /* this tick's KV pull cost per pulled token: the routers'
+                                      kv_pull_tail (gap token 0 -> 1 minus a step) over
+                                      kv_pull_tail_tokens; 0: none this tick */
+    double hop_s;                  /* the routers' fixed hop (cost mode), 0: not measured */
     double local_tok_s;            /* the routers' decode-local prompt time per token
                                       (dec_tok_ns), 0: not measured */
     bool mixed;                    /* running PD-mixed (the routers' disagg-mode = never) */
@@ -156,6 +157,8 @@ typedef struct {
     double prompt_len;             /* smoothed uncached prompt tokens per request */
     double prompt_work;            /* smoothed prompt compute, in daemons (-1: none yet) */
     double mean_batch;             /* smoothed sequences per decode step */
+    double pull_tok_s;             /* smoothed pull cost per token (0: never measured), from
+                                      ticks a window or more after the last re-split */
     int mode_pending;              /* -1 none, 0 separate, 1 mixed awaiting confirm */
     unsigned mode_ticks;
     uint64_t decisions[PDCTL_PLAN_REASON_N];
@@ -174,6 +177,7 @@ typedef struct {
     double split_prefill;          /* fractional prefill share of the budget */
     double need_p, need_d;         /* smoothed, daemons */
     double pf_tok_s, dec_tok_s;    /* capacity of one daemon */
+    double pull_tok_s;             /* the pull's cost per token the planner uses */
     double step_a_s, step_k_s;     /* decode step = a + k * batch */
     double dec_batch_cap;
 } pdctl_plan_out_t;

@@ -260,13 +260,13 @@ static bool plan_want_mixed(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *
     double local = in->local_tok_s > 0 ? in->local_tok_s : (st->pf_tok_s > 0 ? 1 / st->pf_tok_s : 0);
     out->local_stall_s = local * (1 + st->mean_batch);
     bool pull_bound = false;
-    if (in->pull_tok_s > 0 && st->prompt_len > 0 && local > 0) {
-        double gap = st->prompt_len * in->pull_tok_s;
+    if (st->pull_tok_s > 0 && st->prompt_len > 0 && local > 0) {
+        double gap = st->prompt_len * st->pull_tok_s;
         double t = (double)cfg->tpot_p90_ns / 1e9;
         out->pull_gap_s = gap;
         pull_bound = in->mixed
-                         ? !(gap < t / m || in->pull_tok_s < out->local_stall_s / m)
-                         : gap > t * m && in->pull_tok_s >= out->local_stall_s;
+                         ? !(gap < t / m || st->pull_tok_s < out->local_stall_s / m)
+                         : gap > t * m && st->pull_tok_s >= out->local_stall_s;
     }
     return light || pull_bound;
 }
@@ -278,6 +278,18 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
     out->want_prefill = in->n_prefill;
     out->want_decode = in->n_decode;
     plan_measure(in, st);
+    /* the pull's cost: this tick's measure, once a window has passed since
+     * the last re-split (the pulls of a split's first seconds carry the
+     * backlog and the cold arenas of the change: a PD-mixed start measured
+     * a 2 s tail in its first 11 s at 1:5 and went back to PD-mixed for good);
+     * kept through PD-mixed, where nothing is pulled */
+    if (in->pull_tok_s > 0 &&
+        (st->last_change_ns == 0 || in->now_ns - st->last_change_ns >= cfg->window_ns)) {
+        double w = in->dt_s > 0 ? plan_ewma_w(cfg, in->dt_s) : 1;
+        st->pull_tok_s = st->pull_tok_s > 0 ? st->pull_tok_s + w * (in->pull_tok_s - st->pull_tok_s)
+                                            : in->pull_tok_s;
+    }
+    out->pull_tok_s = st->pull_tok_s;
     out->pf_tok_s = st->pf_tok_s;
     out->dec_tok_s = st->fit_n > 0 ? plan_dec_capacity(cfg, st, out) : 0;
 
@@ -290,8 +302,8 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         double raw_d = in->gen_tokens / in->dt_s / (out->dec_tok_s * util) *
                        plan_dec_pressure(cfg, in);
         /* separate pools: every uncached prompt token is pulled by a decode */
-        if (!in->mixed && in->pull_tok_s > 0 && uncached > 0)
-            raw_d += uncached / in->dt_s * in->pull_tok_s / util;
+        if (!in->mixed && st->pull_tok_s > 0 && uncached > 0)
+            raw_d += uncached / in->dt_s * st->pull_tok_s / util;
         double w = plan_ewma_w(cfg, in->dt_s);
         if (!st->primed) {
             st->need_p = raw_p;
@@ -363,7 +375,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
              * start with one prefill and let the measured need grow the pool
              * (a PD-mixed start went to 3:3 here and its three decodes could
              * not keep up with the pulls: TTFT p90 13.8 s, docs/BENCHMARKS.md) */
-            if (!(in->pull_tok_s > 0))
+            if (!(st->pull_tok_s > 0))
                 wp = 1;
             unsigned hi_m = budget > (cfg->min_decode ? cfg->min_decode : 1)
                                 ? budget - (unsigned)(cfg->min_decode ? cfg->min_decode : 1) : 0;
@@ -388,7 +400,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         why = PDCTL_PLAN_MIXED;   /* no prefills to place; a deployment off budget keeps */
         goto hold;
     }
-    if (in->pull_tok_s > 0 && lo < 1 && hi >= 1)
+    if (st->pull_tok_s > 0 && lo < 1 && hi >= 1)
         lo = 1;   /* the mode decides PD-mixed (above); separate pools keep a prefill */
     if (st->need_p + st->need_d < PLAN_IDLE_NEED) {
         why = PDCTL_PLAN_IDLE;
