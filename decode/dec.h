@@ -280,6 +280,7 @@ void dec_step_run(eng_job_t *job);
 /* tpot-target's cost model: learn from a finished step of `chunk` prompt
  * tokens and `items` sequences on k threads that took t ns (loop thread). */
 void dec_sm_add(dec_step_model_t *m, uint32_t k, uint32_t chunk, uint32_t items, double t);
+double dec_sm_chunk_ns(const dec_step_model_t *m, uint32_t k, uint32_t items, double t);
 /* Tokens the next chunk may take beside n_items running sequences on k threads. */
 uint32_t dec_chunk_budget(const dec_t *d, uint32_t n_items, uint32_t k);
 /* Engine threads the next step runs on: all of them, unless daemons after

@@ -195,6 +195,19 @@ void dec_sm_add(dec_step_model_t *m, uint32_t k, uint32_t chunk, uint32_t items,
     m->tok_ns[k] = m->n_tok[k]++ ? m->tok_ns[k] + DEC_SM_NEW * (per - m->tok_ns[k]) : per;
 }
 
+/* What a finished step's chunk cost beyond the batch's own step (the base
+ * on k threads), ns: a prompt's share of a fused step (its decode-local
+ * prompt time, FINISH prefill_ns: the routers' and the planner's local rate;
+ * the whole step overstated a short prompt's cost several times). The whole
+ * step without running sequences or before a base was seen. */
+double dec_sm_chunk_ns(const dec_step_model_t *m, uint32_t k, uint32_t items, double t)
+{
+    k = dec_sm_k(k);
+    if (items == 0 || m->n_base[k] == 0)
+        return t;
+    return t > m->base_ns[k] ? t - m->base_ns[k] : 0;
+}
+
 /* Tokens the next chunk may take beside n_items running sequences so the
  * step's predicted time (the batch's base + chunk x a token's cost, on k
  * threads) stays within tpot-target: at least one block (a prompt always

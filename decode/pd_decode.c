@@ -371,7 +371,8 @@ static void dec_step_done(eng_job_t *job)
             dec_mark_end(c, PROTO_FINISH_ERROR, c->step_status);
         } else {
             c->kv_have += c->chunk_n;
-            c->prefill_ns += s->end_ns - s->start_ns;
+            c->prefill_ns += (uint64_t)dec_sm_chunk_ns(&d->sm, s->threads, s->n_items,
+                                                       (double)(s->end_ns - s->start_ns));
             uint32_t need = c->n_prompt + (c->n_gen ? c->n_gen - 1 : 0);
             if (c->kv_have >= need) {
                 dec_req_set_state(c, DEC_ST_RUNNING);

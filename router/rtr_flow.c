@@ -995,6 +995,9 @@ static void cost_note(double *avg, double sample)
 
 /* Fewer computed tokens than this say more about fixed costs than a rate. */
 #define COST_MIN_TOKENS 16u
+/* The pull's tail of a shorter prompt is its fixed latencies (a 128-token
+ * chat prompt read as 1.4 ms a token, a 2000-token one ~0.1 ms): no rate. */
+#define PULL_TAIL_MIN_TOKENS 256u
 
 static void cost_note_prefill(rtr_t *r, const rtr_req_t *q, const proto_prefill_done_t *pd)
 {
@@ -1021,7 +1024,8 @@ static void cost_note_finish(rtr_t *r, const rtr_req_t *q, const proto_finish_t 
         /* the pull's tail (the SLO planner's pull cost): the gap before
          * token 1 minus one step (the mean gap of the later tokens); with
          * layer-wise streaming most of a pull hides under the prompt pass */
-        if (q->gap1_ns > 0 && q->n_gen >= 3 && q->t_last_tok_ns > q->t_tok1_ns) {
+        if (q->gap1_ns > 0 && q->n_gen >= 3 && q->t_last_tok_ns > q->t_tok1_ns &&
+            missing >= PULL_TAIL_MIN_TOKENS) {
             double step = (double)(q->t_last_tok_ns - q->t_tok1_ns) / (q->n_gen - 2);
             double tail = (double)q->gap1_ns > step ? (double)q->gap1_ns - step : 0;
             pd_stats_observe_ns(r->stats, RTR_STAT_kv_pull_tail, (uint64_t)tail);

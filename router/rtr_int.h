@@ -113,7 +113,7 @@ typedef struct {
     X(kv_index_names,      GAUGE,     "Distinct block names in the KV index") \
     X(kv_transfer,         HISTOGRAM, "KV transfer time reported by decode daemons") \
     X(kv_transfer_failures, COUNTER,  "KV pulls that failed (decode ERROR)")      \
-    X(kv_pull_tail,        HISTOGRAM, "Disaggregated: the gap token 0 -> 1 minus one step (the KV pull's tail after the prompt pass)") \
+    X(kv_pull_tail,        HISTOGRAM, "Disaggregated, >= 256 tokens pulled: the gap token 0 -> 1 minus one step (the KV pull's tail after the prompt pass)") \
     X(kv_pull_tail_tokens, COUNTER,   "Prompt tokens pulled by the requests in kv_pull_tail")  \
     X(kv_early_handoffs,   COUNTER,   "DECODE_REQs sent on PREFILL_HANDLE, before the prompt pass ended (kv-stream=layer)") \
     X(kv_early_canceled,   COUNTER,   "early DECODE_REQs canceled before token 0 went (prefill failed, token 0 ended the request)") \
