@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <time.h>
 #include <xxhash.h>
@@ -153,6 +154,35 @@ static bool parse_decode_ms(const char *v, double *a, double *b)
     return strcmp(e2, "*b") == 0 || strcmp(e2, "*batch") == 0;
 }
 
+/* The spec's whole-number keys: name, field, bounds. */
+typedef struct {
+    const char *key;
+    size_t off;
+    uint32_t min, max;
+} sim_u32_key_t;
+
+#define SIM_U32(k, field, lo, hi) { k, offsetof(eng_sim_params_t, field), lo, hi }
+static const sim_u32_key_t sim_u32_keys[] = {
+    SIM_U32("layers", n_layers, 1, SIM_MAX_LAYERS),
+    SIM_U32("kv_heads", n_kv_heads, 1, SIM_MAX_KV_HEADS),
+    SIM_U32("head_dim", head_dim, 1, SIM_MAX_HEAD_DIM),
+    SIM_U32("vocab", vocab, SIM_MIN_VOCAB, SIM_MAX_VOCAB),
+    SIM_U32("ctx", ctx, 1, SIM_MAX_CTX),
+    SIM_U32("experts", n_experts, 0, SIM_MAX_EXPERTS),
+    SIM_U32("top", top_k, 1, SIM_MAX_TOP),
+    SIM_U32("embd", n_embd, 2, SIM_MAX_EMBD),
+    SIM_U32("first_dense", first_dense, 0, SIM_MAX_LAYERS),
+};
+#undef SIM_U32
+
+static const sim_u32_key_t *sim_u32_key(const char *k)
+{
+    for (size_t i = 0; i < sizeof(sim_u32_keys) / sizeof(sim_u32_keys[0]); i++)
+        if (strcmp(k, sim_u32_keys[i].key) == 0)
+            return &sim_u32_keys[i];
+    return NULL;
+}
+
 pd_status_t eng_sim_parse(const char *spec, eng_sim_params_t *p, char *err, size_t err_len)
 {
     char buf[SIM_MAX_SPEC + 1], *save = NULL, *item;
@@ -192,21 +222,12 @@ pd_status_t eng_sim_parse(const char *spec, eng_sim_params_t *p, char *err, size
         }
         *eq = '\0';
         v = eq + 1;
-        if (strcmp(k, "layers") == 0) {
-            if (!parse_u32(v, 1, SIM_MAX_LAYERS, &p->n_layers))
+        const sim_u32_key_t *uk = sim_u32_key(k);
+        if (uk != NULL) {
+            uint32_t x;
+            if (!parse_u32(v, uk->min, uk->max, &x))
                 goto bad;
-        } else if (strcmp(k, "kv_heads") == 0) {
-            if (!parse_u32(v, 1, SIM_MAX_KV_HEADS, &p->n_kv_heads))
-                goto bad;
-        } else if (strcmp(k, "head_dim") == 0) {
-            if (!parse_u32(v, 1, SIM_MAX_HEAD_DIM, &p->head_dim))
-                goto bad;
-        } else if (strcmp(k, "vocab") == 0) {
-            if (!parse_u32(v, SIM_MIN_VOCAB, SIM_MAX_VOCAB, &p->vocab))
-                goto bad;
-        } else if (strcmp(k, "ctx") == 0) {
-            if (!parse_u32(v, 1, SIM_MAX_CTX, &p->ctx))
-                goto bad;
+            memcpy((char *)p + uk->off, &x, sizeof(x));
         } else if (strcmp(k, "prefill_tps") == 0) {
             if (!parse_f64(v, 1e-3, 1e12, &p->prefill_tps))
                 goto bad;
@@ -228,18 +249,6 @@ pd_status_t eng_sim_parse(const char *spec, eng_sim_params_t *p, char *err, size
             if (!parse_u32(v, 0, 1, &b))
                 goto bad;
             p->no_sleep = b != 0;
-        } else if (strcmp(k, "experts") == 0) {
-            if (!parse_u32(v, 0, SIM_MAX_EXPERTS, &p->n_experts))
-                goto bad;
-        } else if (strcmp(k, "top") == 0) {
-            if (!parse_u32(v, 1, SIM_MAX_TOP, &p->top_k))
-                goto bad;
-        } else if (strcmp(k, "embd") == 0) {
-            if (!parse_u32(v, 2, SIM_MAX_EMBD, &p->n_embd))
-                goto bad;
-        } else if (strcmp(k, "first_dense") == 0) {
-            if (!parse_u32(v, 0, SIM_MAX_LAYERS, &p->first_dense))
-                goto bad;
         } else {
             return sim_err(err, err_len, "sim: unknown key '%s' (layers kv_heads head_dim vocab "
                            "ctx prefill_tps decode_ms speedup no_sleep kv_check experts top "
