@@ -900,6 +900,20 @@ static pd_status_t check_tok(const eng_model_t *m, int32_t token, uint32_t pos, 
     return PD_OK;
 }
 
+/* Every decode item: a block table, a token and position the model takes. */
+static pd_status_t check_items(const eng_model_t *m, const eng_decode_item_t *items,
+                               uint32_t n_items)
+{
+    for (uint32_t i = 0; i < n_items; i++) {
+        if (items[i].block_table == NULL)
+            return PD_ERR_BAD_INPUT;
+        pd_status_t st = check_tok(m, items[i].token, items[i].pos, items[i].n_blocks);
+        if (st != PD_OK)
+            return st;
+    }
+    return PD_OK;
+}
+
 static pd_status_t sim_prefill(eng_model_t *m, void *arena, const uint32_t *bt,
                                uint32_t n_blocks, const int32_t *tokens, uint32_t n_tokens,
                                uint32_t start_pos, float *logits)
@@ -982,11 +996,8 @@ static pd_status_t sim_decode(eng_model_t *m, void *arena, const eng_decode_item
     if (m == NULL || m->magic != SIM_MAGIC || arena == NULL || items == NULL ||
         n_items == 0 || logits == NULL)
         return PD_ERR_BAD_INPUT;
-    for (i = 0; i < n_items; i++) {
-        pd_status_t st;
-        if (items[i].block_table == NULL)
-            return PD_ERR_BAD_INPUT;
-        st = check_tok(m, items[i].token, items[i].pos, items[i].n_blocks);
+    {
+        pd_status_t st = check_items(m, items, n_items);
         if (st != PD_OK)
             return st;
     }
@@ -1053,11 +1064,8 @@ static pd_status_t sim_step(eng_model_t *m, void *arena, const eng_chunk_t *c,
         if (st != PD_OK)
             return st;
     }
-    for (i = 0; i < n_items; i++) {
-        pd_status_t st;
-        if (items[i].block_table == NULL)
-            return PD_ERR_BAD_INPUT;
-        st = check_tok(m, items[i].token, items[i].pos, items[i].n_blocks);
+    {
+        pd_status_t st = check_items(m, items, n_items);
         if (st != PD_OK)
             return st;
     }
