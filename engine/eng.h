@@ -243,7 +243,12 @@ typedef struct {
 typedef enum {
     ENG_EP_DISPATCH = 0,
     ENG_EP_COMBINE = 1,
+    /* two-micro-batch overlap: micro-batch 1's exchanges have their own
+     * buffers (same caps as micro-batch 0's phases) */
+    ENG_EP_DISPATCH_1 = 2,
+    ENG_EP_COMBINE_1 = 3,
 } eng_ep_phase_t;
+#define ENG_EP_SLOTS 4
 
 static inline size_t eng_ep_dispatch_bytes(uint32_t n_rows, uint32_t n_pairs, uint32_t n_embd)
 {
@@ -263,10 +268,10 @@ static inline size_t eng_ep_combine_bytes(uint32_t n_pairs, uint32_t n_embd)
 typedef struct {
     void *ctx;
     uint32_t rank, size;       /* must equal the load options' */
-    size_t cap[2];             /* bytes of one message per phase (>= what
-                                  the engine states: eng_llama_info_t) */
+    size_t cap[ENG_EP_SLOTS];  /* bytes of one message per phase (>= what
+                                  the engine states: ep_cap) */
     /* The buffer of this rank's message to `peer` in `phase` (cap[phase]
-     * bytes); the engine fills it before exchange(phase). */
+     * bytes); the engine fills it before exchange(phase) / post(phase). */
     void *(*send_buf)(void *ctx, eng_ep_phase_t phase, uint32_t peer);
     /* Deliver len[p] bytes of send_buf(phase, p) to every peer p and wait
      * for every peer's message to this rank: recv[p], recv_len[p] bytes,
@@ -275,6 +280,16 @@ typedef struct {
      * PD_ERR_PEER_GONE, PD_ERR_TOO_BIG (a peer stated more than cap). */
     pd_status_t (*exchange)(void *ctx, eng_ep_phase_t phase, uint32_t layer,
                             const size_t *len, const void **recv, size_t *recv_len);
+    /* exchange in two halves, for two-micro-batch overlap (NULL in a
+     * transport without it; a model whose ep_cap states phases 2 and 3
+     * needs them): post delivers len[p] bytes of send_buf(phase, p) to
+     * every peer and returns without waiting; wait then waits for every
+     * peer's message of that phase as exchange does (same results, same
+     * deadline, counted from post). Each phase alternates post, wait;
+     * phases interleave freely (post D0, post D1, wait D0, ...). */
+    pd_status_t (*post)(void *ctx, eng_ep_phase_t phase, uint32_t layer, const size_t *len);
+    pd_status_t (*wait)(void *ctx, eng_ep_phase_t phase, uint32_t layer, const void **recv,
+                        size_t *recv_len);
 } eng_ep_xport_t;
 
 typedef struct eng_ops {
@@ -359,11 +374,13 @@ typedef struct eng_ops {
      * step). Expected: the transport's statuses. */
     pd_status_t (*ep_idle)(eng_model_t *model);
     /* The bytes of one EP message per phase this model may send or
-     * receive (cap[ENG_EP_DISPATCH], cap[ENG_EP_COMBINE]): what a
+     * receive (cap[ENG_EP_DISPATCH] ... cap[ENG_EP_COMBINE_1]): what a
      * transport's slots must hold and eng_ep_xport_t.cap must state for
-     * set_ep to accept it. {0, 0} for a model with no experts. Any thread,
-     * after load. NULL in an engine without EP. */
-    pd_status_t (*ep_cap)(const eng_model_t *model, size_t cap[2]);
+     * set_ep to accept it. All 0 for a model with no experts; phases 2
+     * and 3 are 0 unless the model runs two micro-batches per pass (then
+     * set_ep also needs the transport's post and wait). Any thread, after
+     * load. NULL in an engine without EP. */
+    pd_status_t (*ep_cap)(const eng_model_t *model, size_t cap[ENG_EP_SLOTS]);
     /* Rows of one forward pass of `step` on an EP rank: a step of R rows
      * runs ceil(R / this) passes, and every rank of a group runs the
      * busiest rank's count (node_ep, decode's EP round). >= 1. NULL in an

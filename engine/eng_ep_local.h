@@ -11,7 +11,7 @@
 typedef struct eng_ep_local eng_ep_local_h;
 
 /* A hub for n_ranks ranks (1..256) whose messages are at most cap[phase]
- * bytes; every wait gives up after timeout_ns (PD_ERR_TIMED_OUT, and the
+ * bytes (micro-batch 1's phases as micro-batch 0's: post and wait too); every wait gives up after timeout_ns (PD_ERR_TIMED_OUT, and the
  * hub stays failed: every later exchange returns it too). Expected:
  * PD_ERR_BAD_INPUT, PD_ERR_NO_MEMORY. */
 pd_status_t eng_ep_local_create(uint32_t n_ranks, const size_t cap[2], uint64_t timeout_ns,

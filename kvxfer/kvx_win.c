@@ -14,7 +14,7 @@
 #include <ucp/api/ucp.h>
 
 #define KVX_WIN_MAGIC 0x5758564bu /* "KVXW" */
-#define KVX_WIN_VERSION 1u
+#define KVX_WIN_VERSION 2u        /* 2: 8 slots */
 #define KVX_WIN_FLAG_BYTES 64u    /* the flag word's own cache line */
 
 /* metadata: header, then addr_len bytes of worker address, rkey_len of rkey */
@@ -50,9 +50,14 @@ struct kvx_win {
     size_t slot_off[KVX_WIN_MAX_SLOTS];
     uint8_t *send;               /* (slots: (size peers: slot_bytes)) */
     size_t send_off[KVX_WIN_MAX_SLOTS];
-    uint64_t *flag_src;          /* (size) the flag words being put */
-    kvx_win_am_hdr_t *am_hdr;    /* (size) the AM puts' headers in flight */
-    void **reqs;                 /* (2 * size) puts in flight */
+    /* per slot: what its posted exchange has in flight (kvx_win_post until
+     * kvx_win_wait), so the slots' exchanges may overlap */
+    uint64_t *flag_src;          /* (slots, size) the flag words being put */
+    kvx_win_am_hdr_t *am_hdr;    /* (slots, size) the AM puts' headers */
+    void **reqs;                 /* (slots, 2 * size) puts in flight */
+    uint32_t nreq[KVX_WIN_MAX_SLOTS];
+    uint64_t deadline[KVX_WIN_MAX_SLOTS];
+    bool posted[KVX_WIN_MAX_SLOTS];
     uint32_t seq[KVX_WIN_MAX_SLOTS];
     kvx_win_peer_t *peers;       /* (size) */
     uint8_t *meta;
@@ -125,9 +130,9 @@ pd_status_t kvx_win_create(const kvx_win_config_t *cfg, kvx_win_h **win_p)
     w->win_len = off;
     st = PD_ERR_NO_MEMORY;
     w->send = aligned_alloc(64, soff);
-    w->flag_src = calloc(cfg->size, sizeof(uint64_t));
-    w->am_hdr = calloc(cfg->size, sizeof(*w->am_hdr));
-    w->reqs = calloc(2 * (size_t)cfg->size, sizeof(void *));
+    w->flag_src = calloc((size_t)cfg->n_slots * cfg->size, sizeof(uint64_t));
+    w->am_hdr = calloc((size_t)cfg->n_slots * cfg->size, sizeof(*w->am_hdr));
+    w->reqs = calloc((size_t)cfg->n_slots * 2 * cfg->size, sizeof(void *));
     w->peers = calloc(cfg->size, sizeof(*w->peers));
     if (!w->send || !w->flag_src || !w->am_hdr || !w->reqs || !w->peers)
         goto err_free;
@@ -251,6 +256,12 @@ void kvx_win_destroy(kvx_win_h *w)
     if (!w)
         return;
     uint64_t dl = kvx_win_now() + 1000000000u;
+    for (uint32_t s = 0; s < w->cfg.n_slots; s++) /* posted, never waited */
+        for (uint32_t i = 0; i < w->nreq[s]; i++) {
+            void *r = w->reqs[(size_t)s * 2 * w->cfg.size + i];
+            if (r && !UCS_PTR_IS_ERR(r))
+                ucp_request_free(r);
+        }
     for (uint32_t p = 0; p < w->cfg.size; p++) {
         if (w->peers[p].rkey)
             ucp_rkey_destroy(w->peers[p].rkey);
@@ -355,11 +366,20 @@ void *kvx_win_send_buf(kvx_win_h *w, uint32_t slot, uint32_t peer)
     return w->send + w->send_off[slot] + (size_t)peer * kvx_win_round(w->cfg.slot_bytes[slot]);
 }
 
-pd_status_t kvx_win_exchange(kvx_win_h *w, uint32_t slot, const size_t *len,
-                             const void **recv, size_t *recv_len)
+/* Free the requests of slot's post (after a failure). */
+static void kvx_win_drop_reqs(kvx_win_h *w, uint32_t slot, uint32_t from)
+{
+    void **reqs = w->reqs + (size_t)slot * 2 * w->cfg.size;
+    for (uint32_t j = from; j < w->nreq[slot]; j++)
+        if (reqs[j] && !UCS_PTR_IS_ERR(reqs[j]))
+            ucp_request_free(reqs[j]);
+    w->nreq[slot] = 0;
+}
+
+pd_status_t kvx_win_post(kvx_win_h *w, uint32_t slot, const size_t *len)
 {
     const uint32_t N = w->cfg.size, me = w->cfg.rank;
-    if (slot >= w->cfg.n_slots)
+    if (slot >= w->cfg.n_slots || w->posted[slot])
         return PD_ERR_BAD_INPUT;
     if (w->failed != PD_OK)
         return w->failed;
@@ -369,9 +389,12 @@ pd_status_t kvx_win_exchange(kvx_win_h *w, uint32_t slot, const size_t *len,
         if (p != me && (!w->peers[p].ep || !w->peers[p].rkey))
             return PD_ERR_BAD_INPUT;
     }
-    const uint64_t deadline = kvx_win_now() + w->cfg.timeout_ns;
+    w->deadline[slot] = kvx_win_now() + w->cfg.timeout_ns;
     const uint32_t seq = ++w->seq[slot];
     ucp_request_param_t rp = { .op_attr_mask = 0 };
+    void **reqs = w->reqs + (size_t)slot * 2 * N;
+    uint64_t *flag_src = w->flag_src + (size_t)slot * N;
+    kvx_win_am_hdr_t *am_hdr = w->am_hdr + (size_t)slot * N;
     uint32_t nr = 0;
     /* payloads, then (after the fence) the flag words: a peer that sees
      * the flag sees the payload */
@@ -381,36 +404,57 @@ pd_status_t kvx_win_exchange(kvx_win_h *w, uint32_t slot, const size_t *len,
         if (p == me)
             continue;
         if (w->peers[p].am) { /* payload and flag in one message */
-            w->am_hdr[p] = (kvx_win_am_hdr_t){ slot, me, seq, (uint32_t)len[p] };
-            w->reqs[nr++] = ucp_am_send_nbx(w->peers[p].ep, KVX_WIN_AM_PUT, &w->am_hdr[p],
-                                            sizeof(w->am_hdr[p]), kvx_win_send_buf(w, slot, p),
-                                            len[p], &ap);
+            am_hdr[p] = (kvx_win_am_hdr_t){ slot, me, seq, (uint32_t)len[p] };
+            reqs[nr++] = ucp_am_send_nbx(w->peers[p].ep, KVX_WIN_AM_PUT, &am_hdr[p],
+                                         sizeof(am_hdr[p]), kvx_win_send_buf(w, slot, p),
+                                         len[p], &ap);
             continue;
         }
         if (len[p] == 0)
             continue;
-        w->reqs[nr++] = ucp_put_nbx(w->peers[p].ep, kvx_win_send_buf(w, slot, p), len[p],
-                                    w->peers[p].base + kvx_win_cell_off(w, slot, me),
-                                    w->peers[p].rkey, &rp);
+        reqs[nr++] = ucp_put_nbx(w->peers[p].ep, kvx_win_send_buf(w, slot, p), len[p],
+                                 w->peers[p].base + kvx_win_cell_off(w, slot, me),
+                                 w->peers[p].rkey, &rp);
     }
+    w->nreq[slot] = nr;
+    w->posted[slot] = true;
     memcpy(kvx_win_cell(w, slot, me), kvx_win_send_buf(w, slot, me), len[me]);
     atomic_store_explicit(kvx_win_flag(w, slot, me), (uint64_t)seq << 32 | len[me],
                           memory_order_release);
-    pd_status_t st = PD_ERR_TRANSPORT;
-    if (ucp_worker_fence(w->worker) != UCS_OK)
-        goto err;
+    if (ucp_worker_fence(w->worker) != UCS_OK) {
+        kvx_win_drop_reqs(w, slot, 0);
+        w->failed = PD_ERR_TRANSPORT;
+        return w->failed;
+    }
     for (uint32_t p = 0; p < N; p++) {
         if (p == me || w->peers[p].am)
             continue;
-        w->flag_src[p] = (uint64_t)seq << 32 | len[p];
-        w->reqs[nr++] = ucp_put_nbx(w->peers[p].ep, &w->flag_src[p], sizeof(uint64_t),
-                                    w->peers[p].base + kvx_win_cell_off(w, slot, me) +
-                                        kvx_win_round(w->cfg.slot_bytes[slot]),
-                                    w->peers[p].rkey, &rp);
+        flag_src[p] = (uint64_t)seq << 32 | len[p];
+        reqs[nr++] = ucp_put_nbx(w->peers[p].ep, &flag_src[p], sizeof(uint64_t),
+                                 w->peers[p].base + kvx_win_cell_off(w, slot, me) +
+                                     kvx_win_round(w->cfg.slot_bytes[slot]),
+                                 w->peers[p].rkey, &rp);
     }
+    w->nreq[slot] = nr;
+    return PD_OK;
+}
+
+pd_status_t kvx_win_wait(kvx_win_h *w, uint32_t slot, const void **recv, size_t *recv_len)
+{
+    const uint32_t N = w->cfg.size;
+    if (slot >= w->cfg.n_slots || !w->posted[slot])
+        return PD_ERR_BAD_INPUT;
+    w->posted[slot] = false;
+    if (w->failed != PD_OK) {
+        kvx_win_drop_reqs(w, slot, 0);
+        return w->failed;
+    }
+    const uint64_t deadline = w->deadline[slot];
+    const uint32_t seq = w->seq[slot];
+    void **reqs = w->reqs + (size_t)slot * 2 * N;
     /* every peer's flag at this sequence */
     uint32_t have = 0, spins = 0;
-    st = PD_ERR_TIMED_OUT;
+    pd_status_t st = PD_ERR_TIMED_OUT;
     while (have != N) {
         have = 0;
         for (uint32_t p = 0; p < N; p++) {
@@ -424,18 +468,17 @@ pd_status_t kvx_win_exchange(kvx_win_h *w, uint32_t slot, const size_t *len,
         if ((spins & 15) == 0 && kvx_win_now() >= deadline)
             goto err;
     }
-    for (uint32_t i = 0; i < nr; i++) {
-        ucs_status_t us = kvx_win_req_wait(w, w->reqs[i], deadline);
-        w->reqs[i] = NULL;
+    for (uint32_t i = 0; i < w->nreq[slot]; i++) {
+        ucs_status_t us = kvx_win_req_wait(w, reqs[i], deadline);
+        reqs[i] = NULL;
         if (us != UCS_OK) {
-            for (uint32_t j = i + 1; j < nr; j++)
-                if (w->reqs[j] && !UCS_PTR_IS_ERR(w->reqs[j]))
-                    ucp_request_free(w->reqs[j]);
+            kvx_win_drop_reqs(w, slot, i + 1);
             st = us == UCS_INPROGRESS ? PD_ERR_TIMED_OUT : PD_ERR_TRANSPORT;
             w->failed = st;
             return st;
         }
     }
+    w->nreq[slot] = 0;
     for (uint32_t p = 0; p < N; p++) {
         uint64_t f = atomic_load_explicit(kvx_win_flag(w, slot, p), memory_order_acquire);
         recv_len[p] = (size_t)(f & 0xffffffffu);
@@ -447,9 +490,14 @@ pd_status_t kvx_win_exchange(kvx_win_h *w, uint32_t slot, const size_t *len,
     }
     return PD_OK;
 err:
-    for (uint32_t i = 0; i < nr; i++)
-        if (w->reqs[i] && !UCS_PTR_IS_ERR(w->reqs[i]))
-            ucp_request_free(w->reqs[i]);
+    kvx_win_drop_reqs(w, slot, 0);
     w->failed = st;
     return st;
+}
+
+pd_status_t kvx_win_exchange(kvx_win_h *w, uint32_t slot, const size_t *len,
+                             const void **recv, size_t *recv_len)
+{
+    pd_status_t st = kvx_win_post(w, slot, len);
+    return st != PD_OK ? st : kvx_win_wait(w, slot, recv, recv_len);
 }

@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVX_WIN_MAX_SLOTS 4
+#define KVX_WIN_MAX_SLOTS 8
 #define KVX_WIN_MAX_RANKS 256
 #define KVX_WIN_MAX_SLOT_BYTES (256u << 20)  /* one message */
 #define KVX_WIN_MAX_ADDR 4096                 /* a peer's stated worker address */
@@ -84,5 +84,13 @@ void *kvx_win_send_buf(kvx_win_h *win, uint32_t slot, uint32_t peer);
  * peer's stated length above slot_bytes), PD_ERR_TRANSPORT. */
 pd_status_t kvx_win_exchange(kvx_win_h *win, uint32_t slot, const size_t *len,
                              const void **recv, size_t *recv_len);
+/* kvx_win_exchange in two halves, so a rank computes while its puts and
+ * its peers' are in flight (two-micro-batch overlap): post puts and flags
+ * and returns; wait polls for every peer's flag and our puts' completion,
+ * with the deadline counted from post, and returns what exchange returns.
+ * A slot alternates post, wait (else PD_ERR_BAD_INPUT); slots interleave
+ * freely. A failure fails the window as exchange's does. */
+pd_status_t kvx_win_post(kvx_win_h *win, uint32_t slot, const size_t *len);
+pd_status_t kvx_win_wait(kvx_win_h *win, uint32_t slot, const void **recv, size_t *recv_len);
 
 #endif

@@ -26,16 +26,37 @@
 #define NODE_EP_META_MAX (KVX_WIN_MAX_ADDR + KVX_WIN_MAX_RKEY + 1024)
 #define NODE_EP_JOIN_NS 60000000000ull /* wait this long for the other ranks' files */
 
+/* The window's slot of an engine phase: 0, 1 the phases of micro-batch
+ * 0, 2 and 3 node_ep's own (the join's votes), 4 and 5 micro-batch 1's
+ * (a model with two micro-batches per pass: ep_cap states phases 2, 3). */
+static uint32_t node_ep_slot(eng_ep_phase_t ph)
+{
+    return ph < ENG_EP_DISPATCH_1 ? (uint32_t)ph : (uint32_t)ph + 2;
+}
+
 static void *node_ep_send_buf(void *ctx, eng_ep_phase_t ph, uint32_t peer)
 {
-    return kvx_win_send_buf(ctx, ph, peer);
+    return kvx_win_send_buf(ctx, node_ep_slot(ph), peer);
 }
 
 static pd_status_t node_ep_exchange(void *ctx, eng_ep_phase_t ph, uint32_t layer,
                                     const size_t *len, const void **recv, size_t *recv_len)
 {
     (void)layer;
-    return kvx_win_exchange(ctx, ph, len, recv, recv_len);
+    return kvx_win_exchange(ctx, node_ep_slot(ph), len, recv, recv_len);
+}
+
+static pd_status_t node_ep_post(void *ctx, eng_ep_phase_t ph, uint32_t layer, const size_t *len)
+{
+    (void)layer;
+    return kvx_win_post(ctx, node_ep_slot(ph), len);
+}
+
+static pd_status_t node_ep_wait(void *ctx, eng_ep_phase_t ph, uint32_t layer,
+                                const void **recv, size_t *recv_len)
+{
+    (void)layer;
+    return kvx_win_wait(ctx, node_ep_slot(ph), recv, recv_len);
 }
 
 /* Write dir/rank-<r>.<what> (tmp file + rename). */
@@ -133,7 +154,7 @@ pd_status_t node_ep_join(node_t *n, char *err, size_t err_len)
         snprintf(err, err_len, "ep-size %u: ep-dir (the group's rendezvous directory) is needed", N);
         return PD_ERR_BAD_INPUT;
     }
-    size_t cap[2] = { 0, 0 };
+    size_t cap[ENG_EP_SLOTS] = { 0 };
     if (n->ops->set_ep == NULL || n->ops->ep_idle == NULL || n->ops->ep_cap == NULL ||
         n->ops->ep_pass_rows == NULL) {
         snprintf(err, err_len, "engine %s: no expert parallelism", n->engine);
@@ -144,9 +165,11 @@ pd_status_t node_ep_join(node_t *n, char *err, size_t err_len)
         snprintf(err, err_len, "ep-size %u: the model has no experts to split", N);
         return st != PD_OK ? st : PD_ERR_BAD_INPUT;
     }
-    kvx_win_config_t wc = { .rank = me, .size = N, .n_slots = 4,
+    bool two = cap[ENG_EP_DISPATCH_1] > 0 && cap[ENG_EP_COMBINE_1] > 0;
+    kvx_win_config_t wc = { .rank = me, .size = N, .n_slots = two ? 6 : 4,
                             .slot_bytes = { cap[0], cap[1],
-                                            sizeof(node_ep_vote_t), sizeof(node_ep_vote_t) },
+                                            sizeof(node_ep_vote_t), sizeof(node_ep_vote_t),
+                                            cap[2], cap[3] },
                             .timeout_ns = c->ep_timeout_ns, .tls = "shm" };
     kvx_win_h *w = NULL;
     st = kvx_win_create(&wc, &w);
@@ -174,8 +197,9 @@ pd_status_t node_ep_join(node_t *n, char *err, size_t err_len)
                      pd_status_str(st));
     }
     eng_ep_xport_t x = { .ctx = w, .rank = me, .size = N,
-                         .cap = { cap[0], cap[1] },
-                         .send_buf = node_ep_send_buf, .exchange = node_ep_exchange };
+                         .cap = { cap[0], cap[1], cap[2], cap[3] },
+                         .send_buf = node_ep_send_buf, .exchange = node_ep_exchange,
+                         .post = node_ep_post, .wait = node_ep_wait };
     if (st == PD_OK && (st = n->ops->set_ep(n->model, &x)) != PD_OK)
         snprintf(err, err_len, "set_ep: %s", pd_status_str(st));
     /* llama: each rank hashed its own experts; the sim's hash is the whole

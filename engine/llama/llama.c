@@ -1990,7 +1990,7 @@ static uint32_t ll_ep_pass_rows(const eng_model_t *m)
     return info.step_rows ? info.step_rows : 1;
 }
 
-static pd_status_t ll_ep_cap(const eng_model_t *m, size_t cap[2])
+static pd_status_t ll_ep_cap(const eng_model_t *m, size_t cap[ENG_EP_SLOTS])
 {
     eng_llama_info_t info;
 
@@ -1999,6 +1999,7 @@ static pd_status_t ll_ep_cap(const eng_model_t *m, size_t cap[2])
     eng_llama_info(m, &info);
     cap[ENG_EP_DISPATCH] = info.ep_cap[ENG_EP_DISPATCH];
     cap[ENG_EP_COMBINE] = info.ep_cap[ENG_EP_COMBINE];
+    cap[ENG_EP_DISPATCH_1] = cap[ENG_EP_COMBINE_1] = 0; /* one batch per pass */
     return PD_OK;
 }
 

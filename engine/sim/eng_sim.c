@@ -56,8 +56,10 @@ struct eng_model {
     uint64_t *ep_tag;              /* (ep_t_max) row tags of this pass */
     int32_t *ep_tok;               /* (ep_t_max) tokens of this pass */
     uint32_t *ep_pos;              /* (ep_t_max) their positions */
-    uint32_t *ep_rows, *ep_pairs;  /* (ep_size) sent to each peer this layer */
+    uint32_t *ep_rows, *ep_pairs;  /* (2 micro-batches, ep_size) sent to each
+                                      peer this layer */
     uint64_t ep_debt;              /* compute overrun of this call (ep_compute) */
+    uint64_t ep_extra;             /* modeled time two micro-batches added */
 };
 
 typedef struct {
@@ -172,6 +174,7 @@ static const sim_u32_key_t sim_u32_keys[] = {
     SIM_U32("top", top_k, 1, SIM_MAX_TOP),
     SIM_U32("embd", n_embd, 2, SIM_MAX_EMBD),
     SIM_U32("first_dense", first_dense, 0, SIM_MAX_LAYERS),
+    SIM_U32("overlap", overlap, 0, 1),
 };
 #undef SIM_U32
 
@@ -252,7 +255,7 @@ pd_status_t eng_sim_parse(const char *spec, eng_sim_params_t *p, char *err, size
         } else {
             return sim_err(err, err_len, "sim: unknown key '%s' (layers kv_heads head_dim vocab "
                            "ctx prefill_tps decode_ms speedup no_sleep kv_check experts top "
-                           "embd first_dense)", k);
+                           "embd first_dense overlap)", k);
         }
         continue;
 bad:
@@ -268,6 +271,8 @@ bad:
         if (p->first_dense >= p->n_layers)
             return sim_err(err, err_len, "sim: first_dense=%u leaves no MoE layer of %u",
                            p->first_dense, p->n_layers);
+    } else if (p->overlap) {
+        return sim_err(err, err_len, "sim: overlap=1 needs experts (an EP model)");
     }
     return PD_OK;
 }
@@ -353,8 +358,8 @@ static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
         m->ep_tag = calloc(m->ep_t_max, sizeof(uint64_t));
         m->ep_tok = calloc(m->ep_t_max, sizeof(int32_t));
         m->ep_pos = calloc(m->ep_t_max, sizeof(uint32_t));
-        m->ep_rows = calloc(m->ep_size, sizeof(uint32_t));
-        m->ep_pairs = calloc(m->ep_size, sizeof(uint32_t));
+        m->ep_rows = calloc(2 * (size_t)m->ep_size, sizeof(uint32_t));
+        m->ep_pairs = calloc(2 * (size_t)m->ep_size, sizeof(uint32_t));
         if (!m->ep_route || !m->ep_tag || !m->ep_tok || !m->ep_pos || !m->ep_rows ||
             !m->ep_pairs) {
             status = PD_ERR_NO_MEMORY;
@@ -647,26 +652,35 @@ static bool ep_model(const eng_model_t *m)
     return m->ep_size > 1;
 }
 
+/* A decode pass's cost whatever its rows (decode_ms's a), after speedup. */
+static uint64_t sim_fixed_ns(const eng_model_t *m)
+{
+    return (uint64_t)(m->p.decode_a_ms * 1e6 / m->p.speedup);
+}
+
 static uint32_t sim_ep_pass_rows(const eng_model_t *m)
 {
     return m != NULL && m->magic == SIM_MAGIC && m->ep_t_max > 0 ? m->ep_t_max : 1;
 }
 
-pd_status_t eng_sim_ep_cap(const eng_model_t *m, size_t cap[2])
+pd_status_t eng_sim_ep_cap(const eng_model_t *m, size_t cap[ENG_EP_SLOTS])
 {
-    uint32_t per, k;
+    uint32_t per, k, rows;
 
     if (m == NULL || m->magic != SIM_MAGIC || cap == NULL)
         return PD_ERR_BAD_INPUT;
-    cap[ENG_EP_DISPATCH] = cap[ENG_EP_COMBINE] = 0;
+    memset(cap, 0, ENG_EP_SLOTS * sizeof(size_t));
     if (m->p.n_experts == 0)
         return PD_OK;
     /* to one peer: every row of the pass, each with at most min(k, the
      * experts it owns) pairs */
     per = m->p.n_experts / m->ep_size;
     k = m->p.top_k < per ? m->p.top_k : per;
-    cap[ENG_EP_DISPATCH] = eng_ep_dispatch_bytes(m->ep_t_max, m->ep_t_max * k, m->p.n_embd);
-    cap[ENG_EP_COMBINE] = eng_ep_combine_bytes(m->ep_t_max * k, m->p.n_embd);
+    rows = m->p.overlap ? (m->ep_t_max + 1) / 2 : m->ep_t_max; /* a micro-batch's */
+    cap[ENG_EP_DISPATCH] = eng_ep_dispatch_bytes(rows, rows * k, m->p.n_embd);
+    cap[ENG_EP_COMBINE] = eng_ep_combine_bytes(rows * k, m->p.n_embd);
+    cap[ENG_EP_DISPATCH_1] = m->p.overlap ? cap[ENG_EP_DISPATCH] : 0;
+    cap[ENG_EP_COMBINE_1] = m->p.overlap ? cap[ENG_EP_COMBINE] : 0;
     return PD_OK;
 }
 
@@ -695,25 +709,40 @@ static void ep_compute(eng_model_t *m, uint64_t *seg, uint64_t share)
     *seg = now;
 }
 
-static pd_status_t ep_exchange(eng_model_t *m, uint64_t *seg, eng_ep_phase_t ph,
-                               uint32_t layer, const size_t *len, const void **recv,
-                               size_t *recv_len)
+/* Post this rank's messages of phase ph (len[p] to peer p); the time
+ * blocked counts as exchange. */
+static pd_status_t ep_post(eng_model_t *m, uint64_t *seg, eng_ep_phase_t ph, uint32_t layer,
+                           const size_t *len)
 {
-    uint64_t t = pd_now_ns();
-    pd_status_t st = m->ep.exchange(m->ep.ctx, ph, layer, len, recv, recv_len);
+    uint64_t t = pd_now_ns(), out = 0;
+    pd_status_t st = m->ep.post != NULL ? m->ep.post(m->ep.ctx, ph, layer, len) : PD_OK;
     uint64_t now = pd_now_ns();
-    uint64_t out = 0;
-    uint32_t p;
 
-    for (p = 0; p < m->ep_size; p++)
+    for (uint32_t p = 0; p < m->ep_size; p++)
         if (p != m->ep_rank)
             out += len[p];
     STAT_ADD(m, ep_exchanges, 1);
     STAT_ADD(m, ep_exchange_ns, now - t);
-    if (ph == ENG_EP_DISPATCH)
+    if (ph == ENG_EP_DISPATCH || ph == ENG_EP_DISPATCH_1)
         STAT_ADD(m, ep_dispatch_bytes, out);
     else
         STAT_ADD(m, ep_combine_bytes, out);
+    *seg = now;
+    return st;
+}
+
+/* Wait for every peer's messages of phase ph: exchange() where the
+ * transport has no post (len then the messages posted), else wait(). */
+static pd_status_t ep_wait(eng_model_t *m, uint64_t *seg, eng_ep_phase_t ph, uint32_t layer,
+                           const size_t *len, const void **recv, size_t *recv_len)
+{
+    uint64_t t = pd_now_ns();
+    pd_status_t st = m->ep.post != NULL ? m->ep.wait(m->ep.ctx, ph, layer, recv, recv_len)
+                                        : m->ep.exchange(m->ep.ctx, ph, layer, len, recv,
+                                                         recv_len);
+    uint64_t now = pd_now_ns();
+
+    STAT_ADD(m, ep_exchange_ns, now - t);
     *seg = now;
     return st;
 }
@@ -726,25 +755,21 @@ static inline uint32_t rd32(const uint8_t *p)
     return v;
 }
 
-/* One MoE layer of a pass of n tokens (m->ep_tok/ep_pos; n may be 0):
- * compute half, dispatch, the experts' half, combine. */
-static pd_status_t ep_moe_layer(eng_model_t *m, uint32_t l, uint32_t n, uint64_t *seg,
-                                uint64_t share)
+/* Route micro-batch mb's n rows (from row r0 of the pass: m->ep_tok/
+ * ep_pos) at layer l and write its dispatch messages (phase
+ * ENG_EP_DISPATCH + 2 mb): header, pairs (row order, k order), row tags;
+ * len[p] their bytes. */
+static void ep_dispatch_build(eng_model_t *m, uint32_t l, uint32_t mb, uint32_t r0, uint32_t n,
+                              size_t *len)
 {
     const uint32_t K = m->p.top_k, S = m->ep_size, per = m->p.n_experts / S;
     const size_t row_bytes = (size_t)m->p.n_embd * sizeof(float);
-    const uint32_t e_lo = m->ep_rank * per;
-    size_t len[SIM_MAX_EP], recv_len[SIM_MAX_EP];
-    const void *recv[SIM_MAX_EP];
+    uint32_t *rows_to = m->ep_rows + (size_t)mb * S, *pairs_to = m->ep_pairs + (size_t)mb * S;
     uint32_t i, k, p;
-    pd_status_t st;
-    size_t cap[2];
 
-    eng_sim_ep_cap(m, cap);
-    /* route, then each peer's rows and pairs */
-    memset(m->ep_rows, 0, S * sizeof(uint32_t));
-    memset(m->ep_pairs, 0, S * sizeof(uint32_t));
-    for (i = 0; i < n; i++) {
+    memset(rows_to, 0, S * sizeof(uint32_t));
+    memset(pairs_to, 0, S * sizeof(uint32_t));
+    for (i = r0; i < r0 + n; i++) {
         uint32_t *r = m->ep_route + (size_t)i * K;
         eng_sim_route(&m->p, m->ep_tok[i], m->ep_pos[i], l, r);
         m->ep_tag[i] = mix4((uint64_t)(uint32_t)m->ep_tok[i] + 1, m->ep_pos[i], l, 0x746167ULL);
@@ -753,20 +778,19 @@ static pd_status_t ep_moe_layer(eng_model_t *m, uint32_t l, uint32_t n, uint64_t
             for (k = 0; k < K; k++)
                 np += r[k] / per == p;
             if (np) {
-                m->ep_rows[p]++;
-                m->ep_pairs[p] += np;
+                rows_to[p]++;
+                pairs_to[p] += np;
             }
         }
     }
-    /* dispatch messages: header, pairs (row order, k order), row tags */
     for (p = 0; p < S; p++) {
-        uint8_t *b = m->ep.send_buf(m->ep.ctx, ENG_EP_DISPATCH, p);
-        uint32_t hdr[2] = { m->ep_rows[p], m->ep_pairs[p] }, row = 0, pair = 0;
+        uint8_t *b = m->ep.send_buf(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_DISPATCH + 2 * mb), p);
+        uint32_t hdr[2] = { rows_to[p], pairs_to[p] }, row = 0, pair = 0;
         uint8_t *rows;
         len[p] = eng_ep_dispatch_bytes(hdr[0], hdr[1], m->p.n_embd);
         memcpy(b, hdr, 8);
         rows = b + 8 + (size_t)hdr[1] * 8;
-        for (i = 0; i < n; i++) {
+        for (i = r0; i < r0 + n; i++) {
             const uint32_t *r = m->ep_route + (size_t)i * K;
             bool hit = false;
             for (k = 0; k < K; k++) {
@@ -783,14 +807,22 @@ static pd_status_t ep_moe_layer(eng_model_t *m, uint32_t l, uint32_t n, uint64_t
             }
         }
     }
-    ep_compute(m, seg, share / 2);
-    st = ep_exchange(m, seg, ENG_EP_DISPATCH, l, len, recv, recv_len);
-    if (st != PD_OK)
-        return st;
-    /* the experts: answer every pair, in the sender's pair order */
-    for (p = 0; p < S; p++) {
+}
+
+/* The experts of this rank answer every pair of micro-batch mb's received
+ * dispatch, in each sender's pair order, into the combine messages. */
+static pd_status_t ep_experts(eng_model_t *m, uint32_t mb, const void **recv,
+                              const size_t *recv_len, size_t *len)
+{
+    const uint32_t K = m->p.top_k, S = m->ep_size, per = m->p.n_experts / S;
+    const size_t row_bytes = (size_t)m->p.n_embd * sizeof(float);
+    const uint32_t e_lo = m->ep_rank * per;
+    size_t cap[ENG_EP_SLOTS];
+
+    eng_sim_ep_cap(m, cap);
+    for (uint32_t p = 0; p < S; p++) {
         const uint8_t *b = recv[p];
-        uint8_t *out = m->ep.send_buf(m->ep.ctx, ENG_EP_COMBINE, p);
+        uint8_t *out = m->ep.send_buf(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * mb), p);
         uint32_t nr, np, j;
         if (recv_len[p] < 8 || b == NULL)
             return PD_ERR_MISMATCH;
@@ -811,21 +843,27 @@ static pd_status_t ep_moe_layer(eng_model_t *m, uint32_t l, uint32_t n, uint64_t
         }
         len[p] = eng_ep_combine_bytes(np, m->p.n_embd);
     }
-    ep_compute(m, seg, share - share / 2);
-    st = ep_exchange(m, seg, ENG_EP_COMBINE, l, len, recv, recv_len);
-    if (st != PD_OK)
-        return st;
-    /* the token's rank checks every answer (they feed nothing else: the
-     * logits depend on the KV only) */
-    for (p = 0; p < S; p++) {
+    return PD_OK;
+}
+
+/* The token's rank checks every answer of micro-batch mb (rows r0..r0+n)
+ * (they feed nothing else: the logits depend on the KV only). */
+static pd_status_t ep_combine_check(eng_model_t *m, uint32_t mb, uint32_t r0, uint32_t n,
+                                    const void **recv, const size_t *recv_len)
+{
+    const uint32_t K = m->p.top_k, S = m->ep_size, per = m->p.n_experts / S;
+    const size_t row_bytes = (size_t)m->p.n_embd * sizeof(float);
+    const uint32_t *pairs_to = m->ep_pairs + (size_t)mb * S;
+
+    for (uint32_t p = 0; p < S; p++) {
         const uint8_t *b = recv[p];
         uint32_t j = 0;
-        if (recv_len[p] != eng_ep_combine_bytes(m->ep_pairs[p], m->p.n_embd) ||
+        if (recv_len[p] != eng_ep_combine_bytes(pairs_to[p], m->p.n_embd) ||
             (recv_len[p] > 0 && b == NULL))
             return PD_ERR_MISMATCH;
-        for (i = 0; i < n; i++) {
+        for (uint32_t i = r0; i < r0 + n; i++) {
             const uint32_t *r = m->ep_route + (size_t)i * K;
-            for (k = 0; k < K; k++) {
+            for (uint32_t k = 0; k < K; k++) {
                 uint64_t ans;
                 if (r[k] / per != p)
                     continue;
@@ -839,6 +877,28 @@ static pd_status_t ep_moe_layer(eng_model_t *m, uint32_t l, uint32_t n, uint64_t
     return PD_OK;
 }
 
+/* One MoE layer of a pass of n tokens (m->ep_tok/ep_pos; n may be 0), one
+ * micro-batch: compute half, dispatch, the experts' half, combine. */
+static pd_status_t ep_moe_layer(eng_model_t *m, uint32_t l, uint32_t n, uint64_t *seg,
+                                uint64_t share)
+{
+    size_t len[SIM_MAX_EP], recv_len[SIM_MAX_EP];
+    const void *recv[SIM_MAX_EP];
+    pd_status_t st;
+
+    ep_dispatch_build(m, l, 0, 0, n, len);
+    ep_compute(m, seg, share / 2);
+    if ((st = ep_post(m, seg, ENG_EP_DISPATCH, l, len)) != PD_OK ||
+        (st = ep_wait(m, seg, ENG_EP_DISPATCH, l, len, recv, recv_len)) != PD_OK ||
+        (st = ep_experts(m, 0, recv, recv_len, len)) != PD_OK)
+        return st;
+    ep_compute(m, seg, share - share / 2);
+    if ((st = ep_post(m, seg, ENG_EP_COMBINE, l, len)) != PD_OK ||
+        (st = ep_wait(m, seg, ENG_EP_COMBINE, l, len, recv, recv_len)) != PD_OK)
+        return st;
+    return ep_combine_check(m, 0, 0, n, recv, recv_len);
+}
+
 /* Where a prefill slice writes its KV, layer by layer (NULL: decode, whose
  * KV is written before the pass). */
 typedef struct {
@@ -847,15 +907,101 @@ typedef struct {
     uint32_t pos_end;              /* the hook's */
 } ep_kv_t;
 
+/* A pass's two micro-batches (overlap=1): rows [0, ceil(n/2)) and the
+ * rest, each through every layer; per MoE layer, micro-batch 0's dispatch
+ * is in flight while micro-batch 1 computes its first half, each combine
+ * while the other runs its experts' half or its next layer's first half
+ * (SGLang's two-batch overlap, DeepEP's hooks). Each micro-batch computes
+ * its own share: `fixed` (what a pass costs whatever its rows: the
+ * weights read again) plus its rows' part of the rest, so the split costs
+ * one more `fixed` (counted in m->ep_extra), and what it gains is the
+ * exchange time it hides. */
+static pd_status_t ep_pass_two(eng_model_t *m, uint32_t n, uint64_t target, uint64_t fixed,
+                               uint64_t *seg, const ep_kv_t *kv)
+{
+    const uint32_t L = m->p.n_layers;
+    uint32_t cnt[2] = { (n + 1) / 2, n / 2 }, r0[2] = { 0, (n + 1) / 2 };
+    uint64_t share[2];
+    size_t len[2][SIM_MAX_EP], recv_len[SIM_MAX_EP];
+    const void *recv[SIM_MAX_EP];
+    bool pend[2] = { false, false };
+    uint32_t l, i, mb, pl = 0;
+    pd_status_t st;
+
+    if (fixed > target)
+        fixed = target;
+    for (mb = 0; mb < 2; mb++)
+        share[mb] = cnt[mb] ? (fixed + (target - fixed) * cnt[mb] / n) / L : 0;
+    if (cnt[1] > 0)
+        m->ep_extra += (uint64_t)((double)fixed * m->p.speedup);
+    for (l = 0; l < L; l++) {
+        bool moe = l >= m->p.first_dense;
+        if (kv != NULL)
+            for (i = 0; i < n; i++)
+                write_token_layer_kv(m, kv->arena, kv->bt, m->ep_tok[i], m->ep_pos[i], l);
+        for (mb = 0; mb < 2; mb++) {
+            /* the previous MoE layer's combine of this micro-batch */
+            if (pend[mb]) {
+                eng_ep_phase_t ph = (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * mb);
+                if ((st = ep_wait(m, seg, ph, pl, NULL, recv, recv_len)) != PD_OK ||
+                    (st = ep_combine_check(m, mb, r0[mb], cnt[mb], recv, recv_len)) != PD_OK)
+                    return st;
+                pend[mb] = false;
+            }
+            if (!moe) {
+                ep_compute(m, seg, share[mb]);
+                continue;
+            }
+            ep_dispatch_build(m, l, mb, r0[mb], cnt[mb], len[mb]);
+            ep_compute(m, seg, share[mb] / 2);
+            st = ep_post(m, seg, (eng_ep_phase_t)(ENG_EP_DISPATCH + 2 * mb), l, len[mb]);
+            if (st != PD_OK)
+                return st;
+        }
+        if (moe) {
+            for (mb = 0; mb < 2; mb++) {
+                if ((st = ep_wait(m, seg, (eng_ep_phase_t)(ENG_EP_DISPATCH + 2 * mb), l, NULL,
+                                  recv, recv_len)) != PD_OK ||
+                    (st = ep_experts(m, mb, recv, recv_len, len[mb])) != PD_OK)
+                    return st;
+                ep_compute(m, seg, share[mb] - share[mb] / 2);
+                st = ep_post(m, seg, (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * mb), l, len[mb]);
+                if (st != PD_OK)
+                    return st;
+                pend[mb] = true;
+            }
+            pl = l;
+        }
+        if (kv != NULL && m->hook != NULL)
+            m->hook(m->hook_arg, l, kv->pos_end);
+    }
+    for (mb = 0; mb < 2; mb++)
+        if (pend[mb]) {
+            eng_ep_phase_t ph = (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * mb);
+            if ((st = ep_wait(m, seg, ph, pl, NULL, recv, recv_len)) != PD_OK ||
+                (st = ep_combine_check(m, mb, r0[mb], cnt[mb], recv, recv_len)) != PD_OK)
+                return st;
+        }
+    return PD_OK;
+}
+
 /* One forward pass of the n tokens in m->ep_tok/ep_pos (n <= ep_t_max; 0:
  * idle) through every layer: target ns of modeled compute split evenly
- * over the layers, seg the start of the current compute segment. */
-static pd_status_t ep_pass(eng_model_t *m, uint32_t n, uint64_t target, uint64_t *seg,
-                           const ep_kv_t *kv)
+ * over the layers (fixed of it a pass's cost whatever its rows: what a
+ * second micro-batch pays again), seg the start of the current compute
+ * segment. */
+static pd_status_t ep_pass(eng_model_t *m, uint32_t n, uint64_t target, uint64_t fixed,
+                           uint64_t *seg, const ep_kv_t *kv)
 {
     uint64_t share = target / m->p.n_layers;
     uint32_t l, i;
 
+    if (m->p.overlap) {
+        pd_status_t st = ep_pass_two(m, n, target, fixed, seg, kv);
+        if (st != PD_OK)
+            return st;
+        goto done;
+    }
     for (l = 0; l < m->p.n_layers; l++) {
         pd_status_t st;
         if (kv != NULL)
@@ -871,6 +1017,7 @@ static pd_status_t ep_pass(eng_model_t *m, uint32_t n, uint64_t target, uint64_t
         if (kv != NULL && m->hook != NULL)
             m->hook(m->hook_arg, l, kv->pos_end);
     }
+done:
     if (n == 0)
         STAT_ADD(m, ep_idle_passes, 1);
     else
@@ -883,6 +1030,8 @@ static pd_status_t ep_pass(eng_model_t *m, uint32_t n, uint64_t target, uint64_t
  * real_ns and late_ns count the non-EP calls only) */
 static void ep_account(eng_model_t *m, uint64_t modeled)
 {
+    modeled += m->ep_extra; /* a second micro-batch's fixed costs */
+    m->ep_extra = 0;
     STAT_ADD(m, modeled_ns, modeled);
     STAT_ADD(m, target_ns, (uint64_t)((double)modeled / m->p.speedup));
 }
@@ -937,6 +1086,7 @@ static pd_status_t sim_prefill(eng_model_t *m, void *arena, const uint32_t *bt,
         if (m->ep.exchange == NULL)
             return PD_ERR_BAD_INPUT;
         m->ep_debt = 0;
+        m->ep_extra = 0;
         for (off = 0; off < n_tokens; off += nn) {
             ep_kv_t kv;
             pd_status_t st;
@@ -947,7 +1097,7 @@ static pd_status_t sim_prefill(eng_model_t *m, void *arena, const uint32_t *bt,
             }
             kv = (ep_kv_t){ arena, bt, start_pos + off + nn };
             st = ep_pass(m, nn, (uint64_t)((double)eng_sim_prefill_ns(&m->p, nn) /
-                                           m->p.speedup), &seg, &kv);
+                                           m->p.speedup), 0, &seg, &kv);
             if (st != PD_OK)
                 return st;
         }
@@ -1017,6 +1167,7 @@ static pd_status_t sim_decode(eng_model_t *m, void *arena, const eng_decode_item
         uint64_t seg = t0;
         uint32_t off, nn;
         m->ep_debt = 0;
+        m->ep_extra = 0;
         for (off = 0; off < n_items; off += nn) {
             pd_status_t st;
             nn = n_items - off < m->ep_t_max ? n_items - off : m->ep_t_max;
@@ -1025,7 +1176,7 @@ static pd_status_t sim_decode(eng_model_t *m, void *arena, const eng_decode_item
                 m->ep_pos[i] = items[off + i].pos;
             }
             st = ep_pass(m, nn, (uint64_t)((double)eng_sim_decode_ns(&m->p, nn) /
-                                           m->p.speedup), &seg, NULL);
+                                           m->p.speedup), sim_fixed_ns(m), &seg, NULL);
             if (st != PD_OK)
                 return st;
         }
@@ -1087,6 +1238,7 @@ static pd_status_t sim_step(eng_model_t *m, void *arena, const eng_chunk_t *c,
               (n_items ? eng_sim_decode_ns(&m->p, n_items) : 0);
     target = (uint64_t)((double)modeled / m->p.speedup);
     m->ep_debt = 0;
+    m->ep_extra = 0;
     for (off = 0; off < rows; off += nn) {
         pd_status_t st;
         nn = rows - off < m->ep_t_max ? rows - off : m->ep_t_max;
@@ -1095,7 +1247,8 @@ static pd_status_t sim_step(eng_model_t *m, void *arena, const eng_chunk_t *c,
             m->ep_tok[i] = r < nc ? c->tokens[r] : items[r - nc].token;
             m->ep_pos[i] = r < nc ? c->start_pos + r : items[r - nc].pos;
         }
-        st = ep_pass(m, nn, (uint64_t)((double)target * nn / rows), &seg, NULL);
+        st = ep_pass(m, nn, (uint64_t)((double)target * nn / rows),
+                     n_items ? sim_fixed_ns(m) : 0, &seg, NULL);
         if (st != PD_OK)
             return st;
     }
@@ -1137,16 +1290,17 @@ static void sim_set_layer_hook(eng_model_t *m, eng_layer_hook_t hook, void *arg)
 
 static pd_status_t sim_set_ep(eng_model_t *m, const eng_ep_xport_t *x)
 {
-    size_t cap[2];
+    size_t cap[ENG_EP_SLOTS];
 
     if (m == NULL || m->magic != SIM_MAGIC || x == NULL || !ep_model(m) ||
         x->rank != m->ep_rank || x->size != m->ep_size || x->send_buf == NULL ||
-        x->exchange == NULL)
+        x->exchange == NULL || (x->post == NULL) != (x->wait == NULL) ||
+        (m->p.overlap && x->post == NULL))
         return PD_ERR_BAD_INPUT;
     eng_sim_ep_cap(m, cap);
-    if (x->cap[ENG_EP_DISPATCH] < cap[ENG_EP_DISPATCH] ||
-        x->cap[ENG_EP_COMBINE] < cap[ENG_EP_COMBINE])
-        return PD_ERR_TOO_BIG;
+    for (int ph = 0; ph < ENG_EP_SLOTS; ph++)
+        if (x->cap[ph] < cap[ph])
+            return PD_ERR_TOO_BIG;
     m->ep = *x;
     return PD_OK;
 }
@@ -1159,7 +1313,8 @@ static pd_status_t sim_ep_idle(eng_model_t *m)
     if (m == NULL || m->magic != SIM_MAGIC || !ep_model(m) || m->ep.exchange == NULL)
         return PD_ERR_BAD_INPUT;
     m->ep_debt = 0;
-    return ep_pass(m, 0, 0, &seg, NULL);
+    m->ep_extra = 0;
+    return ep_pass(m, 0, 0, 0, &seg, NULL);
 }
 
 const eng_sim_params_t *eng_sim_params(const eng_model_t *m)

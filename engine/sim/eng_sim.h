@@ -23,7 +23,7 @@
  *   "sim:layers=32,kv_heads=8,head_dim=128,vocab=32000,prefill_tps=8000,decode_ms=20+0.5*b"
  * Keys: layers kv_heads head_dim vocab ctx prefill_tps decode_ms speedup no_sleep
  * kv_check=full|sample, and the MoE layout experts top embd first_dense
- * (expert parallelism below). full (default) checksums every KV byte a step reads
+ * overlap (expert parallelism below). full (default) checksums every KV byte a step reads
  * (its cost: docs/BENCHMARKS.md "pd-sim-bench: can the sim engine honour
  * its own timing model?"); sample checksums 128 B per (block, layer, K/V) — lost or stale blocks still
  * change the output, a single corrupted byte may not — for capacity runs
@@ -45,6 +45,12 @@
  * rows in passes of max_batch (a node pads the group with ep_idle to the
  * busiest rank's ceil(rows / max_batch) passes); a model without EP returns
  * PD_ERR_UNSUPPORTED and callers run prefill then decode as before.
+ * overlap=1 runs each pass as two micro-batches (the first ceil(n/2) rows,
+ * the rest) whose exchanges go through the transport's post and wait:
+ * micro-batch 0's dispatch flies while 1 computes, each combine while the
+ * other runs its experts or its next layer (ep_pass_two in eng_sim.c).
+ * Each micro-batch pays decode_ms's fixed part (the weights read again):
+ * the split wins only where it hides more exchange than that.
  */
 #ifndef ENG_SIM_H
 #define ENG_SIM_H
@@ -83,6 +89,10 @@ typedef struct {
     uint32_t top_k;            /* experts per token (top=) */
     uint32_t n_embd;           /* hidden size: f32 row of a message (embd=) */
     uint32_t first_dense;      /* layers [0, first_dense) have no experts */
+    uint32_t overlap;          /* 1: two micro-batches per EP forward pass,
+                                  each's exchanges in flight while the
+                                  other computes (overlap=; the group's
+                                  ranks must agree: the spec is the group's) */
 } eng_sim_params_t;
 
 typedef struct {
@@ -118,7 +128,7 @@ const eng_sim_params_t *eng_sim_params(const eng_model_t *model);
 bool eng_sim_stats(const eng_model_t *model, eng_sim_stats_t *stats);
 /* The largest message per phase of model (eng_ops_t.ep_cap): {0, 0} for a
  * model with no experts. */
-pd_status_t eng_sim_ep_cap(const eng_model_t *model, size_t cap[2]);
+pd_status_t eng_sim_ep_cap(const eng_model_t *model, size_t cap[ENG_EP_SLOTS]);
 /* The top_k experts of a token at a position in a layer, in k order
  * (distinct, < n_experts): the routing every rank of the group agrees on. */
 void eng_sim_route(const eng_sim_params_t *p, int32_t token, uint32_t pos, uint32_t layer,

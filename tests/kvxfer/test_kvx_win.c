@@ -1,6 +1,8 @@
 /* test_kvx_win.c - kvxfer exchange windows (kvx_win.h) between real
  * processes over real UCX: 2 and 4 forked ranks exchange rounds of
- * messages of varying lengths (0 .. slot_bytes) on two slots; every
+ * messages of varying lengths (0 .. slot_bytes) on two slots, and every
+ * fourth pair of rounds split in post and wait on two more slots (both
+ * posted, then waited for in reverse order: two-micro-batch overlap); every
  * received byte equals what the in-process generator says the sender put
  * (bitwise). "stall": rank 2 of 3 stops (SIGSTOP) after one round; the
  * others' next exchange returns PD_ERR_TIMED_OUT by the deadline (no hang).
@@ -16,7 +18,7 @@
 #include <unistd.h>
 
 #define ROUNDS 40
-static const size_t slot_bytes[2] = { 20000, 70000 };
+static const size_t slot_bytes[4] = { 20000, 70000, 20000, 70000 };
 static const char *tls;
 
 static size_t msg_len(uint32_t round, uint32_t src, uint32_t dst)
@@ -64,10 +66,40 @@ static double now_s(void)
 }
 
 /* One rank: window, metadata through the parent, rounds. Exit code 0 = ok. */
+/* Fill slot s's messages of round r. */
+static void fill(kvx_win_h *w, uint32_t s, uint32_t r, uint32_t rank, uint32_t N, size_t *len)
+{
+    for (uint32_t p = 0; p < N; p++) {
+        uint8_t *b = kvx_win_send_buf(w, s, p);
+        len[p] = msg_len(r, rank, p);
+        for (size_t i = 0; i < len[p]; i++)
+            b[i] = msg_byte(r, rank, p, i);
+    }
+}
+
+/* Every byte received in round r as the generator says; 0 or an exit code. */
+static int check(uint32_t r, uint32_t rank, uint32_t N, const void **rv, const size_t *rl)
+{
+    for (uint32_t p = 0; p < N; p++) {
+        if (rl[p] != msg_len(r, p, rank)) {
+            fprintf(stderr, "rank %u round %u from %u: len %zu\n", rank, r, p, rl[p]);
+            return 9;
+        }
+        const uint8_t *b = rv[p];
+        for (size_t i = 0; i < rl[p]; i++)
+            if (b[i] != msg_byte(r, p, rank, i)) {
+                fprintf(stderr, "rank %u round %u from %u: byte %zu\n", rank, r, p, i);
+                return 10;
+            }
+    }
+    return 0;
+}
+
 static int rank_main(uint32_t rank, uint32_t N, int to_parent, int from_parent, int stall)
 {
-    kvx_win_config_t c = { .rank = rank, .size = N, .n_slots = 2,
-                           .slot_bytes = { slot_bytes[0], slot_bytes[1] },
+    kvx_win_config_t c = { .rank = rank, .size = N, .n_slots = 4,
+                           .slot_bytes = { slot_bytes[0], slot_bytes[1], slot_bytes[2],
+                                           slot_bytes[3] },
                            .timeout_ns = stall ? 500000000ull : 10000000000ull, .tls = tls,
                            .net_devices = strcmp(tls, "tcp") == 0 ? "lo" : NULL };
     const char *pm = getenv("KVX_WIN_PUT"); /* rma | am: force one (default auto) */
@@ -102,18 +134,32 @@ static int rank_main(uint32_t rank, uint32_t N, int to_parent, int from_parent, 
             return 6;
         }
     }
-    size_t len[8], rl[8];
+    size_t len[8], len1[8], rl[8];
     const void *rv[8];
+    if (kvx_win_wait(w, 2, rv, rl) != PD_ERR_BAD_INPUT) /* not posted */
+        return 11;
     for (uint32_t r = 0; r < ROUNDS; r++) {
         uint32_t s = r & 1;
+        int bad;
         if (stall && r == 1 && rank == N - 1)
             raise(SIGSTOP); /* stops responding (the parent kills it) */
-        for (uint32_t p = 0; p < N; p++) {
-            uint8_t *b = kvx_win_send_buf(w, s, p);
-            len[p] = msg_len(r, rank, p);
-            for (size_t i = 0; i < len[p]; i++)
-                b[i] = msg_byte(r, rank, p, i);
+        if (!stall && r % 4 == 2 && r + 1 < ROUNDS) {
+            /* rounds r and r+1 in flight together on slots 2 and 3 */
+            fill(w, 2, r, rank, N, len);
+            fill(w, 3, r + 1, rank, N, len1);
+            if ((st = kvx_win_post(w, 2, len)) != PD_OK ||
+                kvx_win_post(w, 2, len) != PD_ERR_BAD_INPUT || /* posted, not waited */
+                (st = kvx_win_post(w, 3, len1)) != PD_OK ||
+                (st = kvx_win_wait(w, 3, rv, rl)) != PD_OK || (bad = check(r + 1, rank, N, rv, rl)) ||
+                (st = kvx_win_wait(w, 2, rv, rl)) != PD_OK || (bad = check(r, rank, N, rv, rl))) {
+                fprintf(stderr, "rank %u rounds %u-%u (post/wait): %s\n", rank, r, r + 1,
+                        pd_status_str(st));
+                return 12;
+            }
+            r++;
+            continue;
         }
+        fill(w, s, r, rank, N, len);
         double t0 = now_s();
         st = kvx_win_exchange(w, s, len, rv, rl);
         if (stall && r == 1) {
@@ -129,18 +175,8 @@ static int rank_main(uint32_t rank, uint32_t N, int to_parent, int from_parent, 
             fprintf(stderr, "rank %u round %u: %s\n", rank, r, pd_status_str(st));
             return 8;
         }
-        for (uint32_t p = 0; p < N; p++) {
-            if (rl[p] != msg_len(r, p, rank)) {
-                fprintf(stderr, "rank %u round %u from %u: len %zu\n", rank, r, p, rl[p]);
-                return 9;
-            }
-            const uint8_t *b = rv[p];
-            for (size_t i = 0; i < rl[p]; i++)
-                if (b[i] != msg_byte(r, p, rank, i)) {
-                    fprintf(stderr, "rank %u round %u from %u: byte %zu\n", rank, r, p, i);
-                    return 10;
-                }
-        }
+        if ((bad = check(r, rank, N, rv, rl)) != 0)
+            return bad;
     }
     kvx_win_destroy(w);
     return 0;

@@ -5,7 +5,9 @@
 # combine byte volumes over the ranks' window, compute as sleeps) serves as
 # one decode instance of ep = 2. Eight concurrent requests (4 decode-local,
 # 4 disaggregated) give the same text as the same deployment with ep = 1,
-# both ranks generate, and `down` is clean.
+# both ranks generate, and `down` is clean. The same group with two
+# micro-batches per pass (overlap=1: the node's window gets micro-batch 1's
+# slots, the exchanges go through post and wait) gives the same text too.
 #   test_ep_sim.sh SRC_ROOT PDCTL
 set -uo pipefail
 SRC=$1 PDCTL=$2
@@ -25,9 +27,9 @@ ok()  { echo "ok   - $*"; }
 bad() { echo "FAIL - $*"; fails=$((fails + 1)); }
 MODEL="sim:layers=4,kv_heads=2,head_dim=32,vocab=32000,ctx=4096,experts=8,top=2,embd=256,first_dense=1,prefill_tps=20000,decode_ms=2+0.1*b"
 
-up() {   # up NAME EP
+up() {   # up NAME EP [SPEC-SUFFIX]
     if ! "$PDCTL" up "$SRC/tests/pdctl/plan-sim.ini" --run-dir "$T/run-$1" \
-        --set "deployment.model=$MODEL" --set deployment.disagg-mode=threshold \
+        --set "deployment.model=$MODEL${3:-}" --set deployment.disagg-mode=threshold \
         --set deployment.disagg-threshold=64 --set decode=1 --set decode.ep="$2" \
         >"$T/$1.up" 2>&1; then
         bad "up $1: $(tail -3 "$T/$1.up")"
@@ -72,5 +74,15 @@ if "$PDCTL" down --run-dir "$T/run-ep" >"$T/down.out" 2>&1 && ! grep -qi "kill\|
 else
     bad "down: $(tail -3 "$T/down.out")"
 fi
+up ov 2 ,overlap=1 && ask ov
+if ! grep -q ERROR "$T/ov.out" && cmp -s "$T/ref.out" "$T/ov.out"; then
+    ok "ep = 2 with two micro-batches per pass (overlap=1) gives ep = 1's text"
+else
+    bad "overlap=1 text differs from ep = 1 (or a request failed): $(diff "$T/ref.out" "$T/ov.out" | head -4)"
+fi
+a=$(tokens_out "$T/run-ov" decode-0.r0); b=$(tokens_out "$T/run-ov" decode-0.r1)
+if [ "$a" -gt 0 ] && [ "$b" -gt 0 ]; then ok "overlap=1: both ranks generate ($a, $b tokens)"
+else bad "overlap=1: a rank did not generate (r0 $a, r1 $b)"; fi
+"$PDCTL" down --run-dir "$T/run-ov" >/dev/null 2>&1
 echo "$fails failure(s)"
 [ $fails = 0 ]

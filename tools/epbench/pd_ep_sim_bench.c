@@ -12,9 +12,14 @@
  * in this tool's wrapper of the window, so it only needs eng.h: any engine
  * with EP runs here (issue 36, docs/BENCHMARKS.md).
  *
+ * --overlap both runs each batch twice, one process group after the other:
+ * one micro-batch per pass, then two (the spec with overlap=1: each
+ * micro-batch's exchanges in flight while the other computes); the
+ * exchange time is then what the ranks spent blocked in post and wait.
+ *
  *   pd-ep-sim-bench [--ranks 16] [--spec deepseek-r1,kv_check=sample]
  *                   [--batches 1,8,32] [--steps 20] [--warmup 3]
- *                   [--tls shm|tcp] [--timeout-s 60] */
+ *                   [--tls shm|tcp] [--timeout-s 60] [--overlap 0|1|both] */
 #include "eng.h"
 #include "kvx_win.h"
 #include "pd_status.h"
@@ -35,6 +40,8 @@ static uint32_t n_ranks = 16, steps = 20, warmup = 3, timeout_s = 60;
 static uint32_t batches[MAX_BATCHES] = { 1, 8, 32 }, n_batches = 3;
 static const char *spec = "deepseek-r1,kv_check=sample";
 static const char *tls = "shm";
+static int overlap_runs[2] = { 1, 0 }; /* run without, with overlap */
+static char spec_run[600];             /* this group's spec */
 
 static uint64_t now_ns(void)
 {
@@ -60,13 +67,44 @@ static int io_all(int fd, void *b, size_t n, int wr)
 typedef struct {
     kvx_win_h *w;
     uint32_t rank, size;
-    uint64_t calls, ns, bytes[2], layers;
+    uint64_t calls, ns, post_ns, bytes[2], layers;
 } xp_t;
 
 static void *xp_send_buf(void *ctx, eng_ep_phase_t ph, uint32_t peer)
 {
     xp_t *x = ctx;
     return kvx_win_send_buf(x->w, ph, peer);
+}
+
+static pd_status_t xp_post(void *ctx, eng_ep_phase_t ph, uint32_t layer, const size_t *len)
+{
+    xp_t *x = ctx;
+    uint64_t t0 = now_ns();
+    pd_status_t st;
+
+    (void)layer;
+    st = kvx_win_post(x->w, ph, len);
+    x->ns += now_ns() - t0;
+    x->post_ns += now_ns() - t0;
+    for (uint32_t p = 0; p < x->size; p++)
+        if (p != x->rank)
+            x->bytes[ph & 1] += len[p];
+    return st;
+}
+
+static pd_status_t xp_wait(void *ctx, eng_ep_phase_t ph, uint32_t layer, const void **recv,
+                           size_t *recv_len)
+{
+    xp_t *x = ctx;
+    uint64_t t0 = now_ns();
+    pd_status_t st;
+
+    (void)layer;
+    st = kvx_win_wait(x->w, ph, recv, recv_len);
+    x->ns += now_ns() - t0;
+    x->calls++;
+    x->layers += ph == ENG_EP_COMBINE;
+    return st;
 }
 
 static pd_status_t xp_exchange(void *ctx, eng_ep_phase_t ph, uint32_t layer, const size_t *len,
@@ -102,11 +140,11 @@ static uint64_t p50(uint64_t *v, uint32_t n)
 static int rank_main(uint32_t me, uint32_t b, int to_parent, int from_parent)
 {
     const eng_ops_t *ops = eng_find("sim");
-    eng_load_opts_t o = { .engine = "sim", .model_path = spec, .kv_dtype = ENG_KV_F16,
+    eng_load_opts_t o = { .engine = "sim", .model_path = spec_run, .kv_dtype = ENG_KV_F16,
                           .max_batch = b, .ep_rank = me, .ep_size = n_ranks };
     eng_model_t *m = NULL;
     char err[256] = "";
-    size_t cap[2];
+    size_t cap[ENG_EP_SLOTS];
     pd_status_t st;
 
     if (ops == NULL || ops->load(&o, &m, err, sizeof(err)) != PD_OK) {
@@ -117,8 +155,8 @@ static int rank_main(uint32_t me, uint32_t b, int to_parent, int from_parent)
         fprintf(stderr, "rank %u: the model has no EP caps\n", me);
         return 2;
     }
-    kvx_win_config_t c = { .rank = me, .size = n_ranks, .n_slots = 2,
-                           .slot_bytes = { cap[ENG_EP_DISPATCH], cap[ENG_EP_COMBINE] },
+    kvx_win_config_t c = { .rank = me, .size = n_ranks, .n_slots = cap[2] ? 4 : 2,
+                           .slot_bytes = { cap[0], cap[1], cap[2], cap[3] },
                            .timeout_ns = (uint64_t)timeout_s * 1000000000u, .tls = tls,
                            .net_devices = strcmp(tls, "tcp") == 0 ? "lo" : NULL };
     kvx_win_h *w;
@@ -143,8 +181,9 @@ static int rank_main(uint32_t me, uint32_t b, int to_parent, int from_parent)
     }
     xp_t xp = { .w = w, .rank = me, .size = n_ranks };
     eng_ep_xport_t x = { .ctx = &xp, .rank = me, .size = n_ranks,
-                         .cap = { cap[0], cap[1] }, .send_buf = xp_send_buf,
-                         .exchange = xp_exchange };
+                         .cap = { cap[0], cap[1], cap[2], cap[3] },
+                         .send_buf = xp_send_buf, .exchange = xp_exchange,
+                         .post = xp_post, .wait = xp_wait };
     if ((st = ops->set_ep(m, &x)) != PD_OK) {
         fprintf(stderr, "rank %u: set_ep: %s\n", me, pd_status_str(st));
         return 2;
@@ -163,7 +202,7 @@ static int rank_main(uint32_t me, uint32_t b, int to_parent, int from_parent)
         return 2;
     for (uint32_t i = 0; i < seqs * nb; i++)
         bt[i] = i;
-    uint64_t b0[2] = { 0, 0 }, tot_step = 0, tot_ex = 0;
+    uint64_t b0[2] = { 0, 0 }, tot_step = 0, tot_ex = 0, tot_post = 0;
     for (uint32_t s = 0; s < warmup + steps; s++) {
         for (uint32_t i = 0; i < b; i++)
             it[i] = (eng_decode_item_t){ bt + (i % seqs) * nb, nb, s,
@@ -172,7 +211,7 @@ static int rank_main(uint32_t me, uint32_t b, int to_parent, int from_parent)
             b0[0] = xp.bytes[0];
             b0[1] = xp.bytes[1];
         }
-        uint64_t e0 = xp.ns, t0 = now_ns();
+        uint64_t e0 = xp.ns, q0 = xp.post_ns, t0 = now_ns();
         st = ops->decode(m, arena, it, b, logits);
         uint64_t t1 = now_ns();
         if (st != PD_OK) {
@@ -184,19 +223,22 @@ static int rank_main(uint32_t me, uint32_t b, int to_parent, int from_parent)
             ex_ns[s - warmup] = xp.ns - e0;
             tot_step += t1 - t0;
             tot_ex += xp.ns - e0;
+            tot_post += xp.post_ns - q0;
         }
     }
     if (me == 0) {
         uint32_t moe = (uint32_t)(xp.layers / (warmup + steps));
         double tok = (double)steps * b * (moe ? moe : 1); /* token-layers */
         uint64_t ps = p50(step_ns, steps), pe = p50(ex_ns, steps);
-        printf("ranks=%u batch=%u moe_layers=%u dispatch_B_per_token_layer=%.0f "
+        printf("overlap=%u ranks=%u batch=%u moe_layers=%u dispatch_B_per_token_layer=%.0f "
                "combine_B_per_token_layer=%.0f layer_exchange_us_p50=%.1f step_ms_p50=%.2f "
-               "exchange_ms_p50=%.2f compute_ms_p50=%.2f exchange_share=%.2f\n",
-               n_ranks, b, moe, (double)(xp.bytes[0] - b0[0]) / tok,
+               "exchange_ms_p50=%.2f compute_ms_p50=%.2f exchange_share=%.2f "
+               "posting_share=%.2f\n",
+               cap[2] != 0, n_ranks, b, moe, (double)(xp.bytes[0] - b0[0]) / tok,
                (double)(xp.bytes[1] - b0[1]) / tok, moe ? (double)pe / moe / 1e3 : 0.0,
                (double)ps / 1e6, (double)pe / 1e6, (double)(ps > pe ? ps - pe : 0) / 1e6,
-               tot_step ? (double)tot_ex / (double)tot_step : 0.0);
+               tot_step ? (double)tot_ex / (double)tot_step : 0.0,
+               tot_ex ? (double)tot_post / (double)tot_ex : 0.0);
         fflush(stdout);
     }
     free(step_ns);
@@ -266,6 +308,14 @@ int main(int argc, char **argv)
             tls = v;
         else if (!strcmp(k, "--timeout-s"))
             timeout_s = (uint32_t)atoi(v);
+        else if (!strcmp(k, "--overlap")) {
+            overlap_runs[0] = strcmp(v, "1") != 0;
+            overlap_runs[1] = strcmp(v, "0") != 0;
+            if (strcmp(v, "0") && strcmp(v, "1") && strcmp(v, "both")) {
+                fprintf(stderr, "--overlap: 0, 1 or both\n");
+                return 2;
+            }
+        }
         else if (!strcmp(k, "--batches")) {
             n_batches = 0;
             for (char *s = argv[i + 1]; *s && n_batches < MAX_BATCHES;) {
@@ -287,9 +337,16 @@ int main(int argc, char **argv)
     for (uint32_t i = 0; i < n_batches; i++) {
         if (batches[i] == 0 || batches[i] > 1024)
             return 2;
-        if (run_batch(batches[i]) != 0) {
-            fprintf(stderr, "batch %u failed\n", batches[i]);
-            return 1;
+        for (int ov = 0; ov < 2; ov++) {
+            if (!overlap_runs[ov])
+                continue;
+            if ((size_t)snprintf(spec_run, sizeof spec_run, "%s%s", spec,
+                                 ov ? ",overlap=1" : "") >= sizeof spec_run)
+                return 2;
+            if (run_batch(batches[i]) != 0) {
+                fprintf(stderr, "batch %u (overlap %d) failed\n", batches[i], ov);
+                return 1;
+            }
         }
     }
     return 0;

@@ -3,7 +3,9 @@
  * each, give bitwise the logits of ep_size 1 for chunked prompts and decode
  * steps with a rank idling, and through the fused step; every rank's
  * dispatch and combine bytes equal eng.h's format for the routing; the
- * slept compute follows the model; bad specs and transports are refused. */
+ * same with two micro-batches per pass (overlap=1: post/wait, micro-batch
+ * 1's own phases); the slept compute follows the model; bad specs and
+ * transports are refused. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -134,6 +136,7 @@ static void count(const eng_sim_params_t *p, uint32_t size, const int32_t *tok,
 static void expected_bytes(const eng_sim_params_t *p, const rank_t *r, uint32_t size,
                            uint64_t *disp, uint64_t *comb_back)
 {
+    uint32_t two = p->overlap; /* a pass's rows in two messages per peer */
     int32_t prompt[PROMPT], tok[MAXB];
     uint32_t pos[MAXB], rows[MAX_R], pairs[MAX_R];
 
@@ -151,24 +154,27 @@ static void expected_bytes(const eng_sim_params_t *p, const rank_t *r, uint32_t 
             pos[0] = r->pos[pass - 3];
             n = 1;
         }
-        for (uint32_t l = p->first_dense; l < p->n_layers; l++) {
-            count(p, size, tok, pos, n, l, rows, pairs);
-            for (uint32_t q = 0; q < size; q++)
-                if (q != r->rank) {
-                    *disp += eng_ep_dispatch_bytes(rows[q], pairs[q], p->n_embd);
-                    *comb_back += eng_ep_combine_bytes(pairs[q], p->n_embd);
-                }
-        }
+        for (uint32_t l = p->first_dense; l < p->n_layers; l++)
+            for (uint32_t mb = 0; mb <= two; mb++) {
+                uint32_t r0 = mb ? (n + 1) / 2 : 0, cnt = two ? (mb ? n / 2 : (n + 1) / 2) : n;
+                count(p, size, tok + r0, pos + r0, cnt, l, rows, pairs);
+                for (uint32_t q = 0; q < size; q++)
+                    if (q != r->rank) {
+                        *disp += eng_ep_dispatch_bytes(rows[q], pairs[q], p->n_embd);
+                        *comb_back += eng_ep_combine_bytes(pairs[q], p->n_embd);
+                    }
+            }
     }
 }
 
-static void run_group(uint32_t N)
+static void run_group(uint32_t N, bool two)
 {
+    const char *spec = two ? SPEC ",overlap=1" : SPEC;
     uint32_t vocab;
     rank_t ref[MAX_R], got[MAX_R];
     pthread_t th[MAX_R];
     eng_ep_local_h *hub;
-    size_t cap[2];
+    size_t cap[ENG_EP_SLOTS];
 
     /* the reference: each rank's sequence alone on the whole model */
     for (uint32_t r = 0; r < N; r++) {
@@ -180,15 +186,18 @@ static void run_group(uint32_t N)
         assert_int_equal(ref[r].st, PD_OK);
     }
     for (uint32_t r = 0; r < N; r++) {
-        got[r] = (rank_t){ .m = load_ep(SPEC, r, N, PD_OK), .rank = r, .size = N,
+        got[r] = (rank_t){ .m = load_ep(spec, r, N, PD_OK), .rank = r, .size = N,
                            .vocab = vocab, .idles = r == N - 1 };
         got[r].logits = calloc((size_t)(1 + STEPS) * vocab, sizeof(float));
     }
     assert_int_equal(ops->ep_cap(got[0].m, cap), PD_OK);
-    /* per peer: MAXB rows, each with min(top, 8/N) pairs */
-    uint32_t k = 3 < 8 / N ? 3 : 8 / N;
-    assert_int_equal(cap[ENG_EP_DISPATCH], eng_ep_dispatch_bytes(MAXB, MAXB * k, 16));
-    assert_int_equal(cap[ENG_EP_COMBINE], eng_ep_combine_bytes(MAXB * k, 16));
+    /* per peer: MAXB rows (a micro-batch: half), each with min(top, 8/N)
+     * pairs; micro-batch 1's phases only with overlap */
+    uint32_t k = 3 < 8 / N ? 3 : 8 / N, rows = two ? MAXB / 2 : MAXB;
+    assert_int_equal(cap[ENG_EP_DISPATCH], eng_ep_dispatch_bytes(rows, rows * k, 16));
+    assert_int_equal(cap[ENG_EP_COMBINE], eng_ep_combine_bytes(rows * k, 16));
+    assert_int_equal(cap[ENG_EP_DISPATCH_1], two ? cap[ENG_EP_DISPATCH] : 0);
+    assert_int_equal(cap[ENG_EP_COMBINE_1], two ? cap[ENG_EP_COMBINE] : 0);
     assert_int_equal(eng_ep_local_create(N, cap, 10ull * 1000000000u, &hub), PD_OK);
     for (uint32_t r = 0; r < N; r++) {
         eng_ep_xport_t x;
@@ -217,11 +226,11 @@ static void run_group(uint32_t N)
         exch_ns += s.ep_exchange_ns;
         assert_int_equal(s.ep_passes + s.ep_idle_passes, 3 + STEPS);
         assert_int_equal(s.ep_idle_passes, r == N - 1 ? 1 : 0);
-        assert_int_equal(s.ep_exchanges, (3 + STEPS) * 3 * 2);
+        assert_int_equal(s.ep_exchanges, (3 + STEPS) * 3 * 2 * (two ? 2 : 1));
     }
     assert_int_equal(comb_got, comb_want);
-    printf("ep %u: logits equal, dispatch/combine bytes as routed (%llu combine B), "
-           "exchange %.2f ms\n", N, (unsigned long long)comb_got, (double)exch_ns / 1e6);
+    printf("ep %u%s: logits equal, dispatch/combine bytes as routed (%llu combine B), "
+           "exchange %.2f ms\n", N, two ? " (two micro-batches)" : "", (unsigned long long)comb_got, (double)exch_ns / 1e6);
     for (uint32_t r = 0; r < N; r++) {
         ops->destroy(ref[r].m);
         ops->destroy(got[r].m);
@@ -234,13 +243,25 @@ static void run_group(uint32_t N)
 static void test_ep2(void **state)
 {
     (void)state;
-    run_group(2);
+    run_group(2, false);
+}
+
+static void test_ep2_two_micro_batches(void **state)
+{
+    (void)state;
+    run_group(2, true);
+}
+
+static void test_ep4_two_micro_batches(void **state)
+{
+    (void)state;
+    run_group(4, true);
 }
 
 static void test_ep4(void **state)
 {
     (void)state;
-    run_group(4);
+    run_group(4, false);
 }
 
 /* The fused step (decode's EP round): a chunk of a second prompt and a
@@ -286,7 +307,7 @@ static void test_fused_step(void **state)
     step_rank_t ref[2], got[2];
     pthread_t th[2];
     eng_ep_local_h *hub;
-    size_t cap[2];
+    size_t cap[ENG_EP_SLOTS];
 
     (void)state;
     assert_non_null(ops->step);
@@ -334,7 +355,7 @@ static void test_timing_split(void **state)
     step_rank_t ra[2];
     pthread_t th[2];
     eng_ep_local_h *hub;
-    size_t cap[2];
+    size_t cap[ENG_EP_SLOTS];
 
     (void)state;
     for (uint32_t r = 0; r < 2; r++)
@@ -369,7 +390,7 @@ static void test_timing_split(void **state)
 static void test_refusals(void **state)
 {
     eng_model_t *m;
-    size_t cap[2];
+    size_t cap[ENG_EP_SLOTS];
     eng_sim_params_t p;
     char err[200];
 
@@ -421,6 +442,29 @@ static void test_refusals(void **state)
         free(l);
     }
     ops->destroy(m);
+    /* two micro-batches: a dense model has none; a transport without post
+     * and wait (or with one of them) is refused */
+    assert_int_equal(eng_sim_parse("sim:layers=4,overlap=1", &p, err, sizeof(err)),
+                     PD_ERR_BAD_INPUT);
+    m = load_ep(SPEC ",overlap=1", 0, 2, PD_OK);
+    {
+        eng_ep_local_h *hub;
+        eng_ep_xport_t x;
+        assert_int_equal(ops->ep_cap(m, cap), PD_OK);
+        assert_int_equal(eng_ep_local_create(2, cap, 1000000000u, &hub), PD_OK);
+        eng_ep_local_xport(hub, 0, &x);
+        x.post = NULL;
+        assert_int_equal(ops->set_ep(m, &x), PD_ERR_BAD_INPUT);
+        x.wait = NULL;
+        assert_int_equal(ops->set_ep(m, &x), PD_ERR_BAD_INPUT);
+        eng_ep_local_xport(hub, 0, &x);
+        x.cap[ENG_EP_COMBINE_1] = 0;
+        assert_int_equal(ops->set_ep(m, &x), PD_ERR_TOO_BIG);
+        eng_ep_local_xport(hub, 0, &x);
+        assert_int_equal(ops->set_ep(m, &x), PD_OK);
+        eng_ep_local_destroy(hub);
+    }
+    ops->destroy(m);
 }
 
 /* A pass alone times out when its peer never comes (the hub's deadline),
@@ -431,7 +475,7 @@ static void test_peer_missing(void **state)
     eng_ep_local_h *hub;
     eng_ep_xport_t x;
     eng_sim_stats_t s;
-    size_t cap[2];
+    size_t cap[ENG_EP_SLOTS];
 
     (void)state;
     assert_int_equal(ops->ep_cap(m, cap), PD_OK);
@@ -450,6 +494,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ep2),
         cmocka_unit_test(test_ep4),
+        cmocka_unit_test(test_ep2_two_micro_batches),
+        cmocka_unit_test(test_ep4_two_micro_batches),
         cmocka_unit_test(test_fused_step),
         cmocka_unit_test(test_timing_split),
         cmocka_unit_test(test_refusals),
