@@ -11,10 +11,11 @@
 # on the other group; the dead rank's partner leaves with "EP group lost a
 # rank").
 # The same twelve requests through one group of `ep = 4` (four ranks, all
-# serving) equal ep = 1's too. A group beside a whole-model decode (decode =
-# 2, ep = 2, whole = 1; the router's max-retries left to pdctl: 3): a group
-# rank serving one of three concurrent long streams is killed -9, all three
-# finish with the reference's tokens, the group's replayed onto decode-1.
+# serving) equal ep = 1's too. A group of 4 beside a whole-model decode
+# (decode = 2, ep = 4, whole = 1; the router's max-retries left to pdctl:
+# 5): a group rank serving one of three concurrent long streams is killed
+# -9, all three finish with the reference's tokens, the group's replayed
+# onto decode-1, and the group's three other ranks report it lost.
 # A dense model with ep = 2 is refused by `pdctl up` before anything starts,
 # and so are whole >= decode and whole with ep = 1.
 #   test_ep_group.sh SRC_ROOT PDCTL MODEL.gguf DENSE.gguf
@@ -275,20 +276,20 @@ if [ -n "$killed" ] && [ "$killed" != None ]; then
 fi
 "$PDCTL" down --run-dir "$T/run-fo" >/dev/null 2>&1
 
-# ---- a group beside a whole-model decode: decode = 2, ep = 2, whole = 1 -------
-# (decode-0.r0/.r1 and decode-1), max-retries left to pdctl (ep + 1 = 3).
-# Three copies of the long stream at once (the router spreads them, so at
-# least one runs on the group); at the first one's 20th chunk the group rank
-# serving a stream is killed -9: the group goes, every stream finishes with
-# the reference's tokens, replayed onto the whole daemon.
-dep mix 2 2 1 -
+# ---- a group of 4 beside a whole-model decode: decode = 2, ep = 4, whole = 1 ---
+# (decode-0.r0 .. .r3 and decode-1), max-retries left to pdctl (2 + ep - 1 =
+# 5). Three copies of the long stream at once (the router spreads them, so
+# at least one runs on the group); at the first one's 20th chunk the group
+# rank serving a stream is killed -9: the group goes (its three other ranks
+# report it), every stream finishes with the reference's tokens, replayed
+# onto the whole daemon.
+dep mix 2 4 1 -
 up mix
 st=$("$PDCTL" status --run-dir "$T/run-mix" 2>&1)
-if grep -q "decode-0.r0 .*decode ep decode-0 rank 0 .*ready" <<<"$st" &&
-   grep -q "decode-0.r1 .*decode ep decode-0 rank 1 .*ready" <<<"$st" &&
+if [ "$(grep -c "decode-0.r[0-3] .*decode ep decode-0 rank [0-3] .*ready" <<<"$st")" = 4 ] &&
    grep -Eq "^ *decode-1 +decode .*ready" <<<"$st" && ! grep -q "decode-1.r" <<<"$st" &&
-   grep -q "^max-retries = 3$" "$T/run-mix/router.ini"; then
-    ok "pdctl status: a group of 2 and a whole decode, ready; router max-retries = 3"
+   grep -q "^max-retries = 5$" "$T/run-mix/router.ini"; then
+    ok "pdctl status: a group of 4 and a whole decode, ready; router max-retries = 5"
 else bad "pdctl status (group + whole): $st; $(grep max-retries "$T/run-mix/router.ini")"; fi
 URL=$(cat "$T/run-mix/url")
 python3 - "$URL" "$STREAM" "$PDCTL" "$T/run-mix" >"$T/mix.txt" 2>"$T/mix.err" <<'PY'
@@ -327,7 +328,7 @@ def go(i):
                 with lock:
                     if killed[0] is None:
                         killed[0] = "none"
-                        for name in ["decode-0.r0", "decode-0.r1"]:
+                        for name in ["decode-0.r%d" % k for k in range(4)]:
                             if live(name) > 0:
                                 pid = int(open(os.path.join(run, name + ".pid")).read())
                                 os.kill(pid, signal.SIGKILL)
@@ -360,6 +361,19 @@ fi
 nf=$(grep -c "failover .* to 'decode-1'" "$T/run-mix/router.log" 2>/dev/null)
 if [ "${nf:-0}" -gt 0 ]; then ok "group + whole: $nf stream(s) replayed onto decode-1 (the whole daemon)"
 else bad "group + whole: no failover onto decode-1 in the router log: $(grep -h "failover\|retry" "$T/run-mix/router.log" | head -5)"; fi
+if [ -n "$killed" ] && [ "$killed" != none ]; then
+    lost=0
+    for k in 0 1 2 3; do
+        [ "decode-0.r$k" = "$killed" ] && continue
+        i=0
+        until grep -q "EP group lost a rank" "$T/run-mix/decode-0.r$k.log" 2>/dev/null; do
+            i=$((i + 1)); [ $i -lt 100 ] || break; sleep 0.1
+        done
+        grep -q "EP group lost a rank" "$T/run-mix/decode-0.r$k.log" && lost=$((lost + 1))
+    done
+    if [ $lost = 3 ]; then ok "group of 4: the three other ranks report the group lost"
+    else bad "group of 4: $lost of 3 other ranks report the group lost"; fi
+fi
 "$PDCTL" down --run-dir "$T/run-mix" >/dev/null 2>&1
 [ "$fails" = 0 ] || { echo "$fails failure(s) (KEEP=1 keeps $T)"; exit 1; }
 exit 0
