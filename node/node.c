@@ -18,6 +18,7 @@
 const char *const node_kv_dtypes[] = { "f32", "f16", "q8_0", "q4_0", "bf16", "fp8_e4m3", NULL };
 const char *const node_kv_dtypes_kv[] = { "f32", "f16", "q8_0", "q4_0", "bf16", "fp8_e4m3",
                                           "same", NULL };
+const char *const node_ep_tls[] = { "shm", "tcp", "auto", NULL };
 const char *const node_qdot_paths[] = { "auto", "amx", "vnni", "avx2", "scalar", "off", NULL };
 
 /* ---- ids ------------------------------------------------------------------ */

@@ -82,11 +82,13 @@ typedef struct {
     uint64_t ep_rank;           /* this daemon's rank, < ep_size */
     char *ep_dir;               /* the group's rendezvous directory */
     uint64_t ep_timeout_ns;     /* every exchange's deadline */
+    int ep_tls;                 /* node_ep_tls: the window's transport */
 } node_config_t;
 
 extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", "q4_0", "bf16", "fp8_e4m3", NULL } (eng_kv_dtype_t order) */
 extern const char *const node_kv_dtypes_kv[]; /* node_kv_dtypes then "same" (= kv-dtype) */
 #define NODE_KV_SAME 6                         /* "same"'s index in node_kv_dtypes_kv */
+extern const char *const node_ep_tls[];     /* { "shm", "tcp", "auto", NULL } */
 extern const char *const node_qdot_paths[];  /* { "auto", "amx", "vnni", "avx2", "scalar", "off", NULL } */
 
 /* Rows over the role's config struct stype (member `node`), in --help
@@ -127,8 +129,9 @@ extern const char *const node_qdot_paths[];  /* { "auto", "amx", "vnni", "avx2",
     NODE_ROW(stype, qdot, "qdot", ENUM, "auto", "integer-dot path of quantized weights (what PD_QDOT sets; pdctl passes no PD_* to daemons): auto (the environment's PD_QDOT, else the best the CPU has: amx > vnni > avx2 > scalar), amx|vnni|avx2|scalar cap the path, off = the exact f32 path; the boot log line says which runs", 0, 0, node_qdot_paths) \
     NODE_ROW(stype, ep_size, "ep-size", UINT, "1", "expert parallelism (issue 36): ranks of this daemon's EP group; > 1 loads only this rank's slice of a MoE model's routed experts (ep-size must divide the expert count). a decode only: the ranks meet through ep-dir, then every step is a round of the group (a vote, then the same number of forward passes on every rank, idle ones where a rank has nothing: an idle group votes every 2 ms); attention is per rank (its own requests and KV); a rank lost fails its streams and the daemon exits 1 (decode/README.md)", 1, 256, NULL) \
     NODE_ROW(stype, ep_rank, "ep-rank", UINT, "0", "this daemon's rank in its EP group, 0..ep-size-1 (it holds experts [ep-rank*E/ep-size, (ep-rank+1)*E/ep-size))", 0, 255, NULL) \
-    NODE_ROW(stype, ep_dir, "ep-dir", STRING, NULL, "ep-size > 1: the group's rendezvous directory (one host, shm): each rank writes rank-<r>.meta (its exchange window's metadata) and reads the others' (waits up to 60 s; sizes capped, every field validated); the group's ranks must start with it empty", 0, 0, NULL) \
-    NODE_ROW(stype, ep_timeout_ns, "ep-timeout", DURATION, "5s", "ep-size > 1: deadline of every dispatch and combine exchange of the group", 1e6, 600e9, NULL)
+    NODE_ROW(stype, ep_dir, "ep-dir", STRING, NULL, "ep-size > 1: the group's rendezvous directory, one every rank sees (one host, or a filesystem the hosts share): each rank writes rank-<r>.meta (its exchange window's metadata) and reads the others' (waits up to 60 s; sizes capped, every field validated); the group's ranks must start with it empty", 0, 0, NULL) \
+    NODE_ROW(stype, ep_timeout_ns, "ep-timeout", DURATION, "5s", "ep-size > 1: deadline of every dispatch and combine exchange of the group", 1e6, 600e9, NULL) \
+    NODE_ROW(stype, ep_tls, "ep-tls", ENUM, "shm", "ep-size > 1: the exchange window's transport: shm (the group on one host), tcp (ranks on several hosts: one eager active message per peer and phase, on kv-listen's interface), auto (UCX's choice, UCX_TLS)", 0, 0, node_ep_tls)
 
 /* ---- role tables ---------------------------------------------------------- */
 

@@ -170,7 +170,11 @@ pd_status_t node_ep_join(node_t *n, char *err, size_t err_len)
                             .slot_bytes = { cap[0], cap[1],
                                             sizeof(node_ep_vote_t), sizeof(node_ep_vote_t),
                                             cap[2], cap[3] },
-                            .timeout_ns = c->ep_timeout_ns, .tls = "shm" };
+                            .timeout_ns = c->ep_timeout_ns,
+                            .tls = c->ep_tls == 0 ? "shm" : c->ep_tls == 1 ? "tcp" : NULL };
+    /* across hosts: the interface kv-listen names (its NET_DEVICES) */
+    if (c->ep_tls != 0 && strcmp(n->kv_dev, "*") != 0)
+        wc.net_devices = n->kv_dev;
     kvx_win_h *w = NULL;
     st = kvx_win_create(&wc, &w);
     if (st != PD_OK) {
@@ -246,9 +250,11 @@ pd_status_t node_ep_ready(node_t *n, char *err, size_t err_len)
     if (strcmp(n->engine, "llama") == 0)
         eng_llama_info(n->model, &in);
     pd_log(PD_LOG_INFO, n->role->name, NULL,
-           "EP group: rank %u of %u joined through %s (engine %s, expert bytes %llu of %llu, "
-           "compat hash %016llx), an idle pass of the group in %.3f ms", me, N, c->ep_dir,
-           n->engine, (unsigned long long)in.expert_bytes_owned,
+           "EP group: rank %u of %u joined through %s (window over %s%s%s, engine %s, "
+           "expert bytes %llu of %llu, compat hash %016llx), an idle pass of the group in "
+           "%.3f ms", me, N, c->ep_dir, node_ep_tls[c->ep_tls],
+           c->ep_tls != 0 && strcmp(n->kv_dev, "*") != 0 ? " on " : "",
+           c->ep_tls != 0 && strcmp(n->kv_dev, "*") != 0 ? n->kv_dev : "", n->engine, (unsigned long long)in.expert_bytes_owned,
            (unsigned long long)in.expert_bytes_total, (unsigned long long)n->geom->compat_hash,
            (double)(pd_now_ns() - t1) / 1e6);
     return PD_OK;

@@ -730,9 +730,14 @@ int pdctl_dep_load(const char *path, char *const *sets, int n_sets,
             char role[16];
             snprintf(role, sizeof(role), "%.*s", (int)(dash - k), k);
             r = pdctl_role_parse(role);
+            /* N, or (an EP group's rank) N.rK */
+            const char *t = dash + 1 + strspn(dash + 1, "0123456789");
+            if (*t != '\0' && !(r == PDCTL_DECODE && t[0] == '.' && t[1] == 'r' &&
+                                isdigit((unsigned char)t[2]) && t[2 + strspn(t + 2, "0123456789")] == '\0'))
+                r = PDCTL_ROLE_N;
         }
         if (r == PDCTL_ROLE_N || nk->v[i].val[0] == '\0') {
-            pdctl_fail("%s: [netns] %s: expected router|prefill-N|decode-N = <namespace>", where, k);
+            pdctl_fail("%s: [netns] %s: expected router|prefill-N|decode-N|decode-N.rK = <namespace>", where, k);
             goto out;
         }
         pdctl_kvs_set(&dep->netns, k, nk->v[i].val, nk->v[i].line);

@@ -303,6 +303,11 @@ static int pdctl_spawn(const pdctl_dep_t *dep, pdctl_state_t *st, pdctl_daemon_t
     }
     const char *bin = dep->bins[x->role];
     const char *ns = pdctl_kvs_get(&dep->netns, x->name);
+    if (ns == NULL && x->role == PDCTL_DECODE && pdctl_ep_rank_of(x->name, &group, &rank)) {
+        char gname[32]; /* a rank without its own line: its group's namespace */
+        snprintf(gname, sizeof(gname), "decode-%u", group);
+        ns = pdctl_kvs_get(&dep->netns, gname);
+    }
     char stamp[64];
     time_t now = time(NULL);
     strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
