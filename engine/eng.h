@@ -275,7 +275,9 @@ typedef struct {
     void *(*send_buf)(void *ctx, eng_ep_phase_t phase, uint32_t peer);
     /* Deliver len[p] bytes of send_buf(phase, p) to every peer p and wait
      * for every peer's message to this rank: recv[p], recv_len[p] bytes,
-     * valid until this rank's next exchange of the same phase. Every wait
+     * valid until this rank's next exchange of the same phase (recv[rank]
+     * may be this rank's own send buffer: until the engine refills it,
+     * which it does only for that next exchange). Every wait
      * has a deadline. Expected: PD_ERR_TIMED_OUT (a rank stalled),
      * PD_ERR_PEER_GONE, PD_ERR_TOO_BIG (a peer stated more than cap). */
     pd_status_t (*exchange)(void *ctx, eng_ep_phase_t phase, uint32_t layer,

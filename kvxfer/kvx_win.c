@@ -418,7 +418,8 @@ pd_status_t kvx_win_post(kvx_win_h *w, uint32_t slot, const size_t *len)
     }
     w->nreq[slot] = nr;
     w->posted[slot] = true;
-    memcpy(kvx_win_cell(w, slot, me), kvx_win_send_buf(w, slot, me), len[me]);
+    /* this rank's own message stays in its send buffer (wait points
+     * recv[me] there: no copy); its flag says it is posted */
     atomic_store_explicit(kvx_win_flag(w, slot, me), (uint64_t)seq << 32 | len[me],
                           memory_order_release);
     if (ucp_worker_fence(w->worker) != UCS_OK) {
@@ -486,7 +487,7 @@ pd_status_t kvx_win_wait(kvx_win_h *w, uint32_t slot, const void **recv, size_t 
             w->failed = PD_ERR_TOO_BIG;
             return PD_ERR_TOO_BIG;
         }
-        recv[p] = kvx_win_cell(w, slot, p);
+        recv[p] = p == w->cfg.rank ? kvx_win_send_buf(w, slot, p) : kvx_win_cell(w, slot, p);
     }
     return PD_OK;
 err:

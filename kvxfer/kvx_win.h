@@ -72,9 +72,10 @@ pd_status_t kvx_win_peer_add(kvx_win_h *win, uint32_t peer, const void *meta, si
 /* The send buffer of this rank's message to `peer` in slot `slot`
  * (slot_bytes[slot] bytes), to fill before kvx_win_exchange. */
 void *kvx_win_send_buf(kvx_win_h *win, uint32_t slot, uint32_t peer);
-/* Put len[p] bytes of each send buffer into peer p's window (itself by a
- * copy), flag them, and wait for every peer's message of this exchange:
- * recv[p] (recv_len[p] bytes) points into this rank's window, valid until
+/* Put len[p] bytes of each send buffer into peer p's window, flag them,
+ * and wait for every peer's message of this exchange: recv[p] (recv_len[p]
+ * bytes) points into this rank's window (recv[rank]: its own send buffer,
+ * not copied, so valid until the caller refills that buffer), valid until
  * the next exchange of the slot (the protocol above the window must make
  * a rank's next put into a cell follow the owner's reading of it, as the
  * MoE dispatch/combine alternation does). Every rank calls exchange on a
