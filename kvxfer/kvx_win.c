@@ -361,6 +361,11 @@ pd_status_t kvx_win_peer_add(kvx_win_h *w, uint32_t peer, const void *meta, size
     return PD_OK;
 }
 
+uint32_t kvx_win_slots(const kvx_win_h *w)
+{
+    return w->cfg.n_slots;
+}
+
 void *kvx_win_send_buf(kvx_win_h *w, uint32_t slot, uint32_t peer)
 {
     return w->send + w->send_off[slot] + (size_t)peer * kvx_win_round(w->cfg.slot_bytes[slot]);

@@ -69,6 +69,8 @@ void kvx_win_meta(const kvx_win_h *win, const void **meta_p, size_t *len_p);
  * (a bad or foreign blob), PD_ERR_TRANSPORT (endpoint, rkey). */
 pd_status_t kvx_win_peer_add(kvx_win_h *win, uint32_t peer, const void *meta, size_t len);
 
+/* The window's slot count (its config's n_slots). */
+uint32_t kvx_win_slots(const kvx_win_h *win);
 /* The send buffer of this rank's message to `peer` in slot `slot`
  * (slot_bytes[slot] bytes), to fill before kvx_win_exchange. */
 void *kvx_win_send_buf(kvx_win_h *win, uint32_t slot, uint32_t peer);

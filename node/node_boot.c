@@ -239,6 +239,7 @@ static pd_status_t node_boot_engine(node_t *n, uint32_t max_batch, char *err, si
         .n_threads = (uint32_t)c->threads,
         .max_batch = max_batch,
         .ep_rank = (uint32_t)c->ep_rank, .ep_size = (uint32_t)c->ep_size,
+        .ep_overlap = c->ep_overlap,
     };
     pd_status_t st = n->ops->load(&lo, &n->model, err, err_len);
     if (st != PD_OK)

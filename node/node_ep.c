@@ -250,11 +250,13 @@ pd_status_t node_ep_ready(node_t *n, char *err, size_t err_len)
     if (strcmp(n->engine, "llama") == 0)
         eng_llama_info(n->model, &in);
     pd_log(PD_LOG_INFO, n->role->name, NULL,
-           "EP group: rank %u of %u joined through %s (window over %s%s%s, engine %s, "
-           "expert bytes %llu of %llu, compat hash %016llx), an idle pass of the group in "
-           "%.3f ms", me, N, c->ep_dir, node_ep_tls[c->ep_tls],
+           "EP group: rank %u of %u joined through %s (window over %s%s%s, %s micro-batch%s "
+           "per MoE layer, engine %s, expert bytes %llu of %llu, compat hash %016llx), an "
+           "idle pass of the group in %.3f ms", me, N, c->ep_dir, node_ep_tls[c->ep_tls],
            c->ep_tls != 0 && strcmp(n->kv_dev, "*") != 0 ? " on " : "",
-           c->ep_tls != 0 && strcmp(n->kv_dev, "*") != 0 ? n->kv_dev : "", n->engine, (unsigned long long)in.expert_bytes_owned,
+           c->ep_tls != 0 && strcmp(n->kv_dev, "*") != 0 ? n->kv_dev : "",
+           kvx_win_slots(n->ep_win) > 4 ? "two" : "one", kvx_win_slots(n->ep_win) > 4 ? "es" : "",
+           n->engine, (unsigned long long)in.expert_bytes_owned,
            (unsigned long long)in.expert_bytes_total, (unsigned long long)n->geom->compat_hash,
            (double)(pd_now_ns() - t1) / 1e6);
     return PD_OK;

@@ -140,6 +140,7 @@ struct eng_model {
     /* expert parallelism (ep_size > 1): this rank's experts are
      * [ep_e0, ep_e0 + ep_ne); w_gate/w_up/w_down hold only theirs */
     uint32_t ep_rank, ep_size, ep_e0, ep_ne;
+    bool ep_two;                 /* two halves per MoE layer (ep_overlap) */
     eng_ep_xport_t ep;           /* .exchange NULL until set_ep */
     pd_status_t ep_status;       /* the first transport error of a pass */
     uint64_t expert_bytes_owned, expert_bytes_total;
@@ -154,11 +155,11 @@ struct eng_model {
     int32_t *ep_row;             /* (t_max) token -> row in the current message */
     uint32_t *ep_gather;         /* (ep_size * t_max) (src << 24 | pair) of one expert */
     size_t *ep_len;              /* (ep_size) */
-    const void **ep_recv;        /* (ep_size) */
-    size_t *ep_recv_len;         /* (ep_size) */
-    const void **ep_crecv;       /* (ep_size) combine messages */
-    size_t *ep_crecv_len;        /* (ep_size) */
-    uint32_t *ep_npairs;         /* (ep_size) pairs sent to each rank */
+    const void **ep_recv;        /* (2 halves, ep_size) */
+    size_t *ep_recv_len;         /* (2, ep_size) */
+    const void **ep_crecv;       /* (2, ep_size) combine messages */
+    size_t *ep_crecv_len;        /* (2, ep_size) */
+    uint32_t *ep_npairs;         /* (2, ep_size) pairs sent to each rank */
 };
 
 /* ------------------------------------------------------------------ */
@@ -613,11 +614,11 @@ static pd_status_t ll_alloc_buffers(eng_model_t *m)
         LL_ALLOC(m->ep_row, T);
         LL_ALLOC(m->ep_gather, T * m->ep_size);
         LL_ALLOC(m->ep_len, m->ep_size);
-        LL_ALLOC(m->ep_recv, m->ep_size);
-        LL_ALLOC(m->ep_recv_len, m->ep_size);
-        LL_ALLOC(m->ep_crecv, m->ep_size);
-        LL_ALLOC(m->ep_crecv_len, m->ep_size);
-        LL_ALLOC(m->ep_npairs, m->ep_size);
+        LL_ALLOC(m->ep_recv, 2 * m->ep_size);
+        LL_ALLOC(m->ep_recv_len, 2 * m->ep_size);
+        LL_ALLOC(m->ep_crecv, 2 * m->ep_size);
+        LL_ALLOC(m->ep_crecv_len, 2 * m->ep_size);
+        LL_ALLOC(m->ep_npairs, 2 * m->ep_size);
     }
     LL_ALLOC(m->mm_scratch, m->n_threads);
     LL_ALLOC(m->att_scratch, m->n_threads);
@@ -782,6 +783,7 @@ static pd_status_t ll_load(const eng_load_opts_t *opts, eng_model_t **model_p,
         goto err_free;
     }
     m->ep_ne = m->n_expert / m->ep_size;
+    m->ep_two = m->ep_size > 1 && opts->ep_overlap;
     m->ep_e0 = m->ep_rank * m->ep_ne;
     m->rope_base_swa = 10000.0f;
     m->softcap = 0.0f;
@@ -1419,18 +1421,22 @@ static void ll_moe(eng_model_t *m, const ll_layer_t *L, uint32_t n)
  * token's top-k in k order with its router weights exactly as ll_moe: the
  * same bits as the whole model. Message layout: eng.h "Expert parallelism".
  * Every length and index a peer states is checked before use. A transport
- * error is kept in m->ep_status (the pass's later layers are skipped). */
-static void ll_moe_ep(eng_model_t *m, const ll_layer_t *L, uint32_t layer, uint32_t n)
+ * error is kept in m->ep_status (the pass's later layers are skipped).
+ * With ep_two the tokens go in two halves, each its own dispatch and
+ * combine (phases 2, 3 for the second): the second's dispatch flies while
+ * the experts run the first's rows, the first's combine while they run the
+ * second's; every row and every sum is computed as before (same bits). */
+
+/* Half h's dispatch messages (tokens [i0, i1)) into phase ENG_EP_DISPATCH +
+ * 2h; m->ep_len their bytes. */
+static void ll_ep_dispatch_build(eng_model_t *m, uint32_t h, uint32_t i0, uint32_t i1)
 {
     const uint32_t E = m->n_embd, K = m->n_expert_used, N = m->ep_size;
     const size_t rowb = (size_t)E * sizeof(float);
-    pd_status_t st;
-    ll_moe_route(m, L, n);
-    /* dispatch: one message per rank, rows in token order */
     for (uint32_t p = 0; p < N; p++) {
-        uint8_t *b = m->ep.send_buf(m->ep.ctx, ENG_EP_DISPATCH, p);
+        uint8_t *b = m->ep.send_buf(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_DISPATCH + 2 * h), p);
         uint32_t n_rows = 0, n_pairs = 0;
-        for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t i = i0; i < i1; i++) {
             m->ep_row[i] = -1;
             for (uint32_t k = 0; k < K; k++)
                 if ((uint32_t)m->sel[(size_t)i * K + k] / m->ep_ne == p) {
@@ -1442,7 +1448,7 @@ static void ll_moe_ep(eng_model_t *m, const ll_layer_t *L, uint32_t layer, uint3
         uint32_t *pr = (void *)(b + 8);
         float *rows = (void *)(b + 8 + (size_t)n_pairs * 8);
         uint32_t j = 0;
-        for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t i = i0; i < i1; i++) {
             if (m->ep_row[i] < 0)
                 continue;
             memcpy(rows + (size_t)m->ep_row[i] * E, m->xb + (size_t)i * E, rowb);
@@ -1458,37 +1464,42 @@ static void ll_moe_ep(eng_model_t *m, const ll_layer_t *L, uint32_t layer, uint3
         }
         memcpy(b, &n_rows, 4);
         memcpy(b + 4, &n_pairs, 4);
-        m->ep_npairs[p] = n_pairs;
+        m->ep_npairs[(size_t)h * N + p] = n_pairs;
         m->ep_len[p] = eng_ep_dispatch_bytes(n_rows, n_pairs, E);
     }
-    st = m->ep.exchange(m->ep.ctx, ENG_EP_DISPATCH, layer, m->ep_len, m->ep_recv,
-                        m->ep_recv_len);
-    if (st != PD_OK)
-        goto err;
+}
+
+/* Half h's received dispatch (recv): validated, then this rank's experts
+ * over every row, outputs into phase ENG_EP_COMBINE + 2h; m->ep_len the
+ * combine messages' bytes. */
+static pd_status_t ll_ep_experts(eng_model_t *m, const ll_layer_t *L, uint32_t h,
+                                 const void **recv, const size_t *recv_len)
+{
+    const uint32_t E = m->n_embd, K = m->n_expert_used, N = m->ep_size;
+    const size_t rowb = (size_t)E * sizeof(float);
     /* validate every message before computing anything */
     for (uint32_t p = 0; p < N; p++) {
-        const uint8_t *b = m->ep_recv[p];
+        const uint8_t *b = recv[p];
         uint32_t n_rows, n_pairs;
-        st = PD_ERR_BAD_INPUT;
-        if (m->ep_recv_len[p] < 8)
-            goto err;
+        if (recv_len[p] < 8)
+            return PD_ERR_BAD_INPUT;
         memcpy(&n_rows, b, 4);
         memcpy(&n_pairs, b + 4, 4);
         if (n_rows > m->t_max || n_pairs > m->t_max * K || n_rows > n_pairs ||
-            m->ep_recv_len[p] != eng_ep_dispatch_bytes(n_rows, n_pairs, E))
-            goto err;
+            recv_len[p] != eng_ep_dispatch_bytes(n_rows, n_pairs, E))
+            return PD_ERR_BAD_INPUT;
         for (uint32_t j = 0; j < n_pairs; j++) {
             uint32_t pr[2];
             memcpy(pr, b + 8 + (size_t)j * 8, 8);
             if (pr[0] >= n_rows || pr[1] < m->ep_e0 || pr[1] >= m->ep_e0 + m->ep_ne)
-                goto err;
+                return PD_ERR_BAD_INPUT;
         }
     }
     /* this rank's experts over every row received */
     for (uint32_t le = 0; le < m->ep_ne; le++) {
         uint32_t cnt = 0;
         for (uint32_t p = 0; p < N; p++) {
-            const uint8_t *b = m->ep_recv[p];
+            const uint8_t *b = recv[p];
             uint32_t n_pairs;
             memcpy(&n_pairs, b + 4, 4);
             for (uint32_t j = 0; j < n_pairs; j++) {
@@ -1496,10 +1507,8 @@ static void ll_moe_ep(eng_model_t *m, const ll_layer_t *L, uint32_t layer, uint3
                 memcpy(&e, b + 8 + (size_t)j * 8 + 4, 4);
                 if (e != m->ep_e0 + le)
                     continue;
-                if (cnt == m->t_max * N) { /* a token chooses an expert once */
-                    st = PD_ERR_BAD_INPUT;
-                    goto err;
-                }
+                if (cnt == m->t_max * N) /* a token chooses an expert once */
+                    return PD_ERR_BAD_INPUT;
                 m->ep_gather[cnt++] = p << 24 | j;
             }
         }
@@ -1507,7 +1516,7 @@ static void ll_moe_ep(eng_model_t *m, const ll_layer_t *L, uint32_t layer, uint3
             uint32_t cn = cnt - c0 < m->t_max ? cnt - c0 : m->t_max;
             for (uint32_t r = 0; r < cn; r++) {
                 uint32_t p = m->ep_gather[c0 + r] >> 24, j = m->ep_gather[c0 + r] & 0xffffff;
-                const uint8_t *b = m->ep_recv[p];
+                const uint8_t *b = recv[p];
                 uint32_t n_pairs, row;
                 memcpy(&n_pairs, b + 4, 4);
                 memcpy(&row, b + 8 + (size_t)j * 8, 4);
@@ -1517,32 +1526,36 @@ static void ll_moe_ep(eng_model_t *m, const ll_layer_t *L, uint32_t layer, uint3
             ll_expert(m, L, le, cn);
             for (uint32_t r = 0; r < cn; r++) {
                 uint32_t p = m->ep_gather[c0 + r] >> 24, j = m->ep_gather[c0 + r] & 0xffffff;
-                uint8_t *cb = m->ep.send_buf(m->ep.ctx, ENG_EP_COMBINE, p);
+                uint8_t *cb = m->ep.send_buf(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * h),
+                                             p);
                 memcpy(cb + (size_t)j * rowb, m->ex + (size_t)r * E, rowb);
             }
         }
     }
     for (uint32_t p = 0; p < N; p++) {
         uint32_t n_pairs;
-        memcpy(&n_pairs, (const uint8_t *)m->ep_recv[p] + 4, 4);
+        memcpy(&n_pairs, (const uint8_t *)recv[p] + 4, 4);
         m->ep_len[p] = eng_ep_combine_bytes(n_pairs, E);
     }
-    st = m->ep.exchange(m->ep.ctx, ENG_EP_COMBINE, layer, m->ep_len, m->ep_crecv,
-                        m->ep_crecv_len);
-    if (st != PD_OK)
-        goto err;
-    st = PD_ERR_BAD_INPUT;
+    return PD_OK;
+}
+
+/* Half h's combine (crecv): each of tokens [i0, i1)'s top-k in k order, as
+ * ll_moe. */
+static pd_status_t ll_ep_sum(eng_model_t *m, uint32_t h, uint32_t i0, uint32_t i1,
+                             const void **crecv, const size_t *crecv_len)
+{
+    const uint32_t E = m->n_embd, K = m->n_expert_used, N = m->ep_size;
     for (uint32_t p = 0; p < N; p++)
-        if (m->ep_crecv_len[p] != eng_ep_combine_bytes(m->ep_npairs[p], E))
-            goto err;
-    /* each token's top-k in k order, as ll_moe */
-    for (uint32_t i = 0; i < n; i++) {
+        if (crecv_len[p] != eng_ep_combine_bytes(m->ep_npairs[(size_t)h * N + p], E))
+            return PD_ERR_BAD_INPUT;
+    for (uint32_t i = i0; i < i1; i++) {
         float *y = m->xb2 + (size_t)i * E;
         const float *w = m->selw + (size_t)i * K;
         const float *o[LL_MAX_EXPERTS_USED];
         for (uint32_t k = 0; k < K; k++) {
             uint32_t p = (uint32_t)m->sel[(size_t)i * K + k] / m->ep_ne;
-            o[k] = (const float *)m->ep_crecv[p] + (size_t)m->ep_pair[(size_t)i * K + k] * E;
+            o[k] = (const float *)crecv[p] + (size_t)m->ep_pair[(size_t)i * K + k] * E;
         }
         for (uint32_t c = 0; c < E; c++) {
             float acc = 0.0f;
@@ -1551,6 +1564,48 @@ static void ll_moe_ep(eng_model_t *m, const ll_layer_t *L, uint32_t layer, uint3
             y[c] = acc;
         }
     }
+    return PD_OK;
+}
+
+static void ll_moe_ep(eng_model_t *m, const ll_layer_t *L, uint32_t layer, uint32_t n)
+{
+    const uint32_t N = m->ep_size;
+    const void **rv[2] = { m->ep_recv, m->ep_recv + N }, **cv[2] = { m->ep_crecv, m->ep_crecv + N };
+    size_t *rl[2] = { m->ep_recv_len, m->ep_recv_len + N };
+    size_t *cl[2] = { m->ep_crecv_len, m->ep_crecv_len + N };
+    pd_status_t st;
+    ll_moe_route(m, L, n);
+    if (!m->ep_two) {
+        ll_ep_dispatch_build(m, 0, 0, n);
+        if ((st = m->ep.exchange(m->ep.ctx, ENG_EP_DISPATCH, layer, m->ep_len, rv[0],
+                                 rl[0])) != PD_OK ||
+            (st = ll_ep_experts(m, L, 0, rv[0], rl[0])) != PD_OK ||
+            (st = m->ep.exchange(m->ep.ctx, ENG_EP_COMBINE, layer, m->ep_len, cv[0],
+                                 cl[0])) != PD_OK ||
+            (st = ll_ep_sum(m, 0, 0, n, cv[0], cl[0])) != PD_OK)
+            m->ep_status = st;
+        return;
+    }
+    const uint32_t cut[3] = { 0, (n + 1) / 2, n };
+    for (uint32_t h = 0; h < 2; h++) {
+        ll_ep_dispatch_build(m, h, cut[h], cut[h + 1]);
+        st = m->ep.post(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_DISPATCH + 2 * h), layer, m->ep_len);
+        if (st != PD_OK)
+            goto err;
+    }
+    for (uint32_t h = 0; h < 2; h++) {
+        if ((st = m->ep.wait(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_DISPATCH + 2 * h), layer, rv[h],
+                             rl[h])) != PD_OK ||
+            (st = ll_ep_experts(m, L, h, rv[h], rl[h])) != PD_OK ||
+            (st = m->ep.post(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * h), layer,
+                             m->ep_len)) != PD_OK)
+            goto err;
+    }
+    for (uint32_t h = 0; h < 2; h++)
+        if ((st = m->ep.wait(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * h), layer, cv[h],
+                             cl[h])) != PD_OK ||
+            (st = ll_ep_sum(m, h, cut[h], cut[h + 1], cv[h], cl[h])) != PD_OK)
+            goto err;
     return;
 err:
     m->ep_status = st;
@@ -1960,12 +2015,14 @@ static void ll_set_threads(eng_model_t *m, uint32_t n)
 static pd_status_t ll_set_ep(eng_model_t *m, const eng_ep_xport_t *x)
 {
     if (!m || !x || m->ep_size <= 1 || x->rank != m->ep_rank || x->size != m->ep_size ||
-        !x->send_buf || !x->exchange)
+        !x->send_buf || !x->exchange || (m->ep_two && (!x->post || !x->wait)))
         return PD_ERR_BAD_INPUT;
     eng_llama_info_t info;
     eng_llama_info(m, &info);
     if (x->cap[ENG_EP_DISPATCH] < info.ep_cap[ENG_EP_DISPATCH] ||
-        x->cap[ENG_EP_COMBINE] < info.ep_cap[ENG_EP_COMBINE])
+        x->cap[ENG_EP_COMBINE] < info.ep_cap[ENG_EP_COMBINE] ||
+        (m->ep_two && (x->cap[ENG_EP_DISPATCH_1] < info.ep_cap[ENG_EP_DISPATCH] ||
+                       x->cap[ENG_EP_COMBINE_1] < info.ep_cap[ENG_EP_COMBINE])))
         return PD_ERR_TOO_BIG;
     m->ep = *x;
     return PD_OK;
@@ -1999,7 +2056,9 @@ static pd_status_t ll_ep_cap(const eng_model_t *m, size_t cap[ENG_EP_SLOTS])
     eng_llama_info(m, &info);
     cap[ENG_EP_DISPATCH] = info.ep_cap[ENG_EP_DISPATCH];
     cap[ENG_EP_COMBINE] = info.ep_cap[ENG_EP_COMBINE];
-    cap[ENG_EP_DISPATCH_1] = cap[ENG_EP_COMBINE_1] = 0; /* one batch per pass */
+    /* the second half's phases: as the first's (ep_overlap) */
+    cap[ENG_EP_DISPATCH_1] = m->ep_two ? cap[ENG_EP_DISPATCH] : 0;
+    cap[ENG_EP_COMBINE_1] = m->ep_two ? cap[ENG_EP_COMBINE] : 0;
     return PD_OK;
 }
 

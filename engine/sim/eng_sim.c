@@ -332,6 +332,8 @@ static pd_status_t sim_load(const eng_load_opts_t *opts, eng_model_t **model_p,
     m->magic = SIM_MAGIC;
     m->ep_rank = opts->ep_rank;
     m->ep_size = opts->ep_size ? opts->ep_size : 1;
+    if (opts->ep_overlap && m->p.n_experts > 0)
+        m->p.overlap = 1; /* as the spec's overlap=1 */
     if (m->ep_size > 1) {
         if (m->p.n_experts == 0) {
             sim_err(err, err_len, "sim: ep_size %u but the model has no experts", m->ep_size);

@@ -13,17 +13,21 @@
  * with EP runs here (issue 36, docs/BENCHMARKS.md).
  *
  * --overlap both runs each batch twice, one process group after the other:
- * one micro-batch per pass, then two (the spec with overlap=1: each
- * micro-batch's exchanges in flight while the other computes); the
- * exchange time is then what the ranks spent blocked in post and wait.
+ * one micro-batch, then two (eng_load_opts_t.ep_overlap: the sim splits
+ * each pass, llama each MoE layer's tokens; each micro-batch's exchanges
+ * in flight while the other computes); the exchange time is then what the
+ * ranks spent blocked in post and wait.
  *
  *   pd-ep-sim-bench [--ranks 16] [--spec deepseek-r1,kv_check=sample]
  *                   [--batches 1,8,32] [--steps 20] [--warmup 3]
- *                   [--tls shm|tcp] [--timeout-s 60] [--overlap 0|1|both] */
+ *                   [--tls shm|tcp] [--timeout-s 60] [--overlap 0|1|both]
+ *                   [--engine sim|llama] (llama: --spec a MoE GGUF file; one
+ *                   thread per rank) */
 #include "eng.h"
 #include "kvx_win.h"
 #include "pd_status.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,8 +44,9 @@ static uint32_t n_ranks = 16, steps = 20, warmup = 3, timeout_s = 60;
 static uint32_t batches[MAX_BATCHES] = { 1, 8, 32 }, n_batches = 3;
 static const char *spec = "deepseek-r1,kv_check=sample";
 static const char *tls = "shm";
+static const char *engine = "sim";
 static int overlap_runs[2] = { 1, 0 }; /* run without, with overlap */
-static char spec_run[600];             /* this group's spec */
+static bool overlap_run;               /* this group's eng_load_opts_t.ep_overlap */
 
 static uint64_t now_ns(void)
 {
@@ -139,9 +144,11 @@ static uint64_t p50(uint64_t *v, uint32_t n)
 
 static int rank_main(uint32_t me, uint32_t b, int to_parent, int from_parent)
 {
-    const eng_ops_t *ops = eng_find("sim");
-    eng_load_opts_t o = { .engine = "sim", .model_path = spec_run, .kv_dtype = ENG_KV_F16,
-                          .max_batch = b, .ep_rank = me, .ep_size = n_ranks };
+    const eng_ops_t *ops = eng_find(engine);
+    eng_load_opts_t o = { .engine = engine, .model_path = spec, .kv_dtype = ENG_KV_F16,
+                          .block_tokens = strcmp(engine, "sim") ? 16 : 0, .n_threads = 1,
+                          .max_batch = b,
+                          .ep_rank = me, .ep_size = n_ranks, .ep_overlap = overlap_run };
     eng_model_t *m = NULL;
     char err[256] = "";
     size_t cap[ENG_EP_SLOTS];
@@ -300,6 +307,8 @@ int main(int argc, char **argv)
             n_ranks = (uint32_t)atoi(v);
         else if (!strcmp(k, "--spec"))
             spec = v;
+        else if (!strcmp(k, "--engine"))
+            engine = v;
         else if (!strcmp(k, "--steps"))
             steps = (uint32_t)atoi(v);
         else if (!strcmp(k, "--warmup"))
@@ -333,16 +342,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "bad options (ranks 2..%d, steps 1..%d)\n", MAX_RANKS, MAX_STEPS);
         return 2;
     }
-    printf("spec=%s tls=%s ranks=%u steps=%u warmup=%u\n", spec, tls, n_ranks, steps, warmup);
+    printf("engine=%s spec=%s tls=%s ranks=%u steps=%u warmup=%u\n", engine, spec, tls, n_ranks, steps, warmup);
     for (uint32_t i = 0; i < n_batches; i++) {
         if (batches[i] == 0 || batches[i] > 1024)
             return 2;
         for (int ov = 0; ov < 2; ov++) {
             if (!overlap_runs[ov])
                 continue;
-            if ((size_t)snprintf(spec_run, sizeof spec_run, "%s%s", spec,
-                                 ov ? ",overlap=1" : "") >= sizeof spec_run)
-                return 2;
+            overlap_run = ov != 0;
             if (run_batch(batches[i]) != 0) {
                 fprintf(stderr, "batch %u (overlap %d) failed\n", batches[i], ov);
                 return 1;

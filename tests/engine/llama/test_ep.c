@@ -37,12 +37,14 @@ static const ll_tm_spec_t moe_spec = {
     "qwen3moe", 64, 2, 4, 2, 96, 300, 256, 0, GGML_TYPE_Q8_0, false, false, 361,
     NULL, false, 0, 0, 0, 64, 8, 32 };
 
+static bool two_halves; /* load with ep_overlap (test_ep*_two_halves) */
+
 static eng_model_t *load_ep(uint32_t rank, uint32_t size, pd_status_t want, const char *path,
                             char *err, size_t err_len)
 {
     eng_load_opts_t o = { .engine = "llama", .model_path = path, .block_tokens = 16,
                           .kv_dtype = ENG_KV_F32, .n_threads = 1, .max_batch = 8,
-                          .ep_rank = rank, .ep_size = size };
+                          .ep_rank = rank, .ep_size = size, .ep_overlap = two_halves };
     eng_model_t *m = NULL;
     pd_status_t st = ops->load(&o, &m, err, err_len);
     if (st != want)
@@ -110,6 +112,12 @@ static void check_group(uint32_t N)
     for (uint32_t r = 0; r < N; r++) {
         eng_ep_xport_t x;
         eng_ep_local_xport(hub, r, &x);
+        if (two_halves) { /* two halves need post and wait */
+            eng_ep_xport_t y = x;
+            y.post = NULL;
+            y.wait = NULL;
+            assert_int_equal(ops->set_ep(m[r], &y), PD_ERR_BAD_INPUT);
+        }
         assert_int_equal(ops->set_ep(m[r], &x), PD_OK);
         ra[r] = (rank_arg_t){ m[r], r, N, vocab, got, PD_ERR_INTERNAL };
         assert_int_equal(pthread_create(&th[r], NULL, rank_main, &ra[r]), 0);
@@ -122,7 +130,8 @@ static void check_group(uint32_t N)
     size_t diff = 0;
     for (size_t i = 0; i < rows; i++)
         diff += memcmp(&ref[i], &got[i], sizeof(float)) != 0;
-    printf("ep %u: %zu logits, %zu differ\n", N, rows, diff);
+    printf("ep %u%s: %zu logits, %zu differ\n", N, two_halves ? " (two halves per MoE layer)" : "",
+           rows, diff);
     assert_int_equal(diff, 0);
     for (uint32_t r = 0; r < N; r++)
         ops->destroy(m[r]);
@@ -142,6 +151,22 @@ static void test_ep4_bitwise(void **state)
 {
     (void)state;
     check_group(4);
+}
+
+static void test_ep2_two_halves(void **state)
+{
+    (void)state;
+    two_halves = true;
+    check_group(2);
+    two_halves = false;
+}
+
+static void test_ep4_two_halves(void **state)
+{
+    (void)state;
+    two_halves = true;
+    check_group(4);
+    two_halves = false;
 }
 
 static void test_ep_refusals(void **state)
@@ -315,6 +340,8 @@ int main(void)
         cmocka_unit_test(test_ep_refusals),
         cmocka_unit_test(test_ep2_bitwise),
         cmocka_unit_test(test_ep4_bitwise),
+        cmocka_unit_test(test_ep2_two_halves),
+        cmocka_unit_test(test_ep4_two_halves),
         cmocka_unit_test(test_ep_deadline),
         cmocka_unit_test(test_ep_bad_peer),
     };
