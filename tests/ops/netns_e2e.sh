@@ -24,13 +24,9 @@ command -v curl >/dev/null || skip "curl not installed"
 command -v jq >/dev/null || skip "jq not installed"
 for b in "$PDCTL" "$PDRUN" "$MODEL"; do [ -e "$b" ] || die "missing $b (build first)"; done
 
-ID=$(printf '%04x%02x' $(( $$ & 0xffff )) $(( RANDOM & 0xff )))
-NET=198.18.$(( ( $$ + RANDOM ) % 250 + 1 ))
-NS_R=pdr-$ID NS_P=pdp-$ID NS_D=pdd-$ID NS_S=pds-$ID
-HOSTIF=pdh$ID                     # root-namespace end of the host veth
+. "$(dirname "$0")/netns_lib.sh"
 TMP=$(mktemp -d /tmp/pd-netns.XXXXXX)
 UP=0
-CREATED=()
 
 cleanup() {
     rc=$?
@@ -39,12 +35,7 @@ cleanup() {
         "$PDCTL" down --run-dir "$TMP/run" >"$TMP/down.out" 2>&1 ||
             { echo "pdctl down failed:"; cat "$TMP/down.out"; } >&2
     fi
-    # anything still running inside our namespaces (only pids we can attribute to them)
-    for ns in "${CREATED[@]}"; do
-        for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-    done
-    ip link del "$HOSTIF" 2>/dev/null
-    for ns in "${CREATED[@]}"; do ip netns del "$ns" 2>/dev/null; done
+    netns_teardown
     if [ "$rc" != 0 ] && [ "$rc" != 77 ] && [ -d "$TMP/run" ]; then
         for f in "$TMP"/run/*.log; do
             [ -f "$f" ] && { echo "--- $f"; tail -n 30 "$f"; } >&2
@@ -56,33 +47,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-if ! ip netns add "$NS_S" 2>"$TMP/err"; then
-    skip "cannot create network namespaces ($(cat "$TMP/err")): run as root / with CAP_SYS_ADMIN"
-fi
-CREATED+=("$NS_S")
-for ns in "$NS_R" "$NS_P" "$NS_D"; do
-    ip netns add "$ns" || die "ip netns add $ns"
-    CREATED+=("$ns")
-done
-
 # switch: a bridge in its own namespace; each host: eth0 = 198.18.N.{1,2,3}
-set -e
-ip -n "$NS_S" link add br0 type bridge
-ip -n "$NS_S" link set br0 up
-i=1
-for ns in "$NS_R" "$NS_P" "$NS_D"; do
-    ip link add name eth0 netns "$ns" type veth peer name "p$i" netns "$NS_S"
-    ip -n "$NS_S" link set "p$i" master br0 up
-    ip -n "$ns" link set lo up
-    ip -n "$ns" addr add "$NET.$i/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    i=$((i + 1))
-done
-ip link add name "$HOSTIF" type veth peer name p9 netns "$NS_S"
-ip -n "$NS_S" link set p9 master br0 up
-ip addr add "$NET.254/24" dev "$HOSTIF"
-ip link set "$HOSTIF" up
-set +e
+netns_hosts pd r p d
+NS_R=${NS[r]} NS_P=${NS[p]} NS_D=${NS[d]}
 
 cat >"$TMP/netns.ini" <<INI
 [deployment]

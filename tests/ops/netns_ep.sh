@@ -18,17 +18,12 @@ PDCTL=${1:?usage: netns_ep.sh PDCTL}
 skip() { echo "SKIP: $*" >&2; exit 77; }
 die() { echo "FAIL: $*" >&2; exit 1; }
 
-command -v ip >/dev/null || skip "iproute2 (ip) not installed"
 command -v curl >/dev/null || skip "curl not installed"
 command -v jq >/dev/null || skip "jq not installed"
 [ -x "$PDCTL" ] || die "missing $PDCTL (build first)"
 
-ID=$(printf '%04x%02x' $(( $$ & 0xffff )) $(( RANDOM & 0xff )))
-NET=198.18.$(( ( $$ + RANDOM ) % 250 + 1 ))
-NS_R=per-$ID NS_A=pea-$ID NS_B=peb-$ID NS_S=pes-$ID
-HOSTIF=peh$ID
+. "$(dirname "$0")/netns_lib.sh"
 TMP=$(mktemp -d /tmp/pd-netns-ep.XXXXXX)
-CREATED=()
 MODEL="sim:layers=4,kv_heads=2,head_dim=32,vocab=32000,ctx=4096,experts=8,top=2,embd=256,first_dense=1,prefill_tps=20000,decode_ms=2+0.1*b,overlap=1"
 
 cleanup() {
@@ -37,11 +32,7 @@ cleanup() {
     for d in "$TMP"/run-*; do
         [ -f "$d/deployment.json" ] && "$PDCTL" down --run-dir "$d" >/dev/null 2>&1
     done
-    for ns in "${CREATED[@]}"; do
-        for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-    done
-    ip link del "$HOSTIF" 2>/dev/null
-    for ns in "${CREATED[@]}"; do ip netns del "$ns" 2>/dev/null; done
+    netns_teardown
     if [ "$rc" != 0 ] && [ "$rc" != 77 ]; then
         for f in "$TMP"/run-*/*.log; do
             [ -f "$f" ] && { echo "--- $f"; tail -n 20 "$f"; } >&2
@@ -53,31 +44,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-if ! ip netns add "$NS_S" 2>"$TMP/err"; then
-    skip "cannot create network namespaces ($(cat "$TMP/err")): run as root / with CAP_SYS_ADMIN"
-fi
-CREATED+=("$NS_S")
-for ns in "$NS_R" "$NS_A" "$NS_B"; do
-    ip netns add "$ns" || die "ip netns add $ns"
-    CREATED+=("$ns")
-done
-set -e
-ip -n "$NS_S" link add br0 type bridge
-ip -n "$NS_S" link set br0 up
-i=1
-for ns in "$NS_R" "$NS_A" "$NS_B"; do
-    ip link add name eth0 netns "$ns" type veth peer name "p$i" netns "$NS_S"
-    ip -n "$NS_S" link set "p$i" master br0 up
-    ip -n "$ns" link set lo up
-    ip -n "$ns" addr add "$NET.$i/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    i=$((i + 1))
-done
-ip link add name "$HOSTIF" type veth peer name p9 netns "$NS_S"
-ip -n "$NS_S" link set p9 master br0 up
-ip addr add "$NET.254/24" dev "$HOSTIF"
-ip link set "$HOSTIF" up
-set +e
+netns_hosts pe r a b
+NS_R=${NS[r]} NS_A=${NS[a]} NS_B=${NS[b]}
 
 # ask NAME URL [NS]: 8 requests at once (prompts of 8 and 150 words: local
 # and disaggregated), greedy; their texts in order to $TMP/NAME.out

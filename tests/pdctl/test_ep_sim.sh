@@ -58,31 +58,31 @@ tokens_out() {   # tokens_out RUN DAEMON
         python3 -c 'import json,sys; j=json.load(sys.stdin); print(sum(int(t["values"]["tokens_out"]) for t in j["stats"] if t["table"] == "decode"))' 2>/dev/null || echo 0
 }
 
+# same_text NAME LABEL: NAME's texts equal ref's, and both ranks generated
+same_text() {
+    local a b
+    if [ -s "$T/ref.out" ] && ! grep -q ERROR "$T/ref.out" "$T/$1.out" &&
+       cmp -s "$T/ref.out" "$T/$1.out"; then
+        ok "$2 gives ep = 1's text for 8 concurrent requests"
+    else
+        bad "$2: text differs from ep = 1 (or a request failed): $(diff "$T/ref.out" "$T/$1.out" | head -4)"
+    fi
+    a=$(tokens_out "$T/run-$1" decode-0.r0); b=$(tokens_out "$T/run-$1" decode-0.r1)
+    if [ "$a" -gt 0 ] && [ "$b" -gt 0 ]; then ok "$2: both ranks generate ($a, $b tokens)"
+    else bad "$2: a rank did not generate (r0 $a, r1 $b)"; fi
+}
+
 up ref 1 && ask ref
 "$PDCTL" down --run-dir "$T/run-ref" >/dev/null 2>&1
 up ep 2 && ask ep
-if [ -s "$T/ref.out" ] && ! grep -q ERROR "$T/ref.out" "$T/ep.out" && cmp -s "$T/ref.out" "$T/ep.out"; then
-    ok "ep = 2 (sim MoE layout) gives ep = 1's text for 8 concurrent requests"
-else
-    bad "ep = 2 text differs from ep = 1 (or a request failed): $(diff "$T/ref.out" "$T/ep.out" | head -4)"
-fi
-a=$(tokens_out "$T/run-ep" decode-0.r0); b=$(tokens_out "$T/run-ep" decode-0.r1)
-if [ "$a" -gt 0 ] && [ "$b" -gt 0 ]; then ok "both ranks generate ($a, $b tokens)"
-else bad "a rank did not generate (r0 $a, r1 $b)"; fi
+same_text ep "ep = 2 (sim MoE layout)"
 if "$PDCTL" down --run-dir "$T/run-ep" >"$T/down.out" 2>&1 && ! grep -qi "kill\|timed out" "$T/down.out"; then
     ok "down stops the group cleanly"
 else
     bad "down: $(tail -3 "$T/down.out")"
 fi
 up ov 2 ,overlap=1 && ask ov
-if ! grep -q ERROR "$T/ov.out" && cmp -s "$T/ref.out" "$T/ov.out"; then
-    ok "ep = 2 with two micro-batches per pass (overlap=1) gives ep = 1's text"
-else
-    bad "overlap=1 text differs from ep = 1 (or a request failed): $(diff "$T/ref.out" "$T/ov.out" | head -4)"
-fi
-a=$(tokens_out "$T/run-ov" decode-0.r0); b=$(tokens_out "$T/run-ov" decode-0.r1)
-if [ "$a" -gt 0 ] && [ "$b" -gt 0 ]; then ok "overlap=1: both ranks generate ($a, $b tokens)"
-else bad "overlap=1: a rank did not generate (r0 $a, r1 $b)"; fi
+same_text ov "ep = 2 with two micro-batches per pass (overlap=1)"
 "$PDCTL" down --run-dir "$T/run-ov" >/dev/null 2>&1
 echo "$fails failure(s)"
 [ $fails = 0 ]
