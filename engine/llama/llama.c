@@ -1315,7 +1315,9 @@ static eng_ll_tensor_t ll_sub(const eng_ll_tensor_t *t, uint32_t e, uint32_t row
  * to sum 1. Each expert runs once over the tokens that chose it (each a
  * canonical per-item matmul); a token's result is then summed in its own
  * rank order, so it never depends on which other tokens are in the pass. */
-static void ll_moe_route(eng_model_t *m, const ll_layer_t *L, uint32_t n)
+/* Route tokens [i0, i0 + n) (their normed rows in m->xb): each one's top-k
+ * experts and weights (m->sel, m->selw, row-indexed). */
+static void ll_moe_route_rows(eng_model_t *m, const ll_layer_t *L, uint32_t i0, uint32_t n)
 {
     const uint32_t E = m->n_embd, K = m->n_expert_used, NE = m->n_expert;
     float *const *scr = m->mm_scratch;
@@ -1323,11 +1325,11 @@ static void ll_moe_route(eng_model_t *m, const ll_layer_t *L, uint32_t n)
         return;
     eng_ll_matmul_t rt = {
         .qx = m->mm_qx,
-        .n_mats = 1, .w = { &L->w_router }, .out = { m->router }, .out_stride = { NE },
-        .x = m->xb, .x_stride = E, .n_items = n,
+        .n_mats = 1, .w = { &L->w_router }, .out = { m->router + (size_t)i0 * NE },
+        .out_stride = { NE }, .x = m->xb + (size_t)i0 * E, .x_stride = E, .n_items = n,
     };
     eng_ll_matmul(m->pool, &rt, scr);
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = i0; i < i0 + n; i++) {
         const float *r = m->router + (size_t)i * NE;
         int32_t *sel = m->sel + (size_t)i * K;
         float *w = m->selw + (size_t)i * K;
@@ -1355,6 +1357,11 @@ static void ll_moe_route(eng_model_t *m, const ll_layer_t *L, uint32_t n)
         for (uint32_t k = 0; k < K; k++)
             w[k] /= ws;
     }
+}
+
+static void ll_moe_route(eng_model_t *m, const ll_layer_t *L, uint32_t n)
+{
+    ll_moe_route_rows(m, L, 0, n);
 }
 
 /* Expert `e` (a local index into this model's w_gate/w_up/w_down) over the
@@ -1569,43 +1576,236 @@ static pd_status_t ll_ep_sum(eng_model_t *m, uint32_t h, uint32_t i0, uint32_t i
 
 static void ll_moe_ep(eng_model_t *m, const ll_layer_t *L, uint32_t layer, uint32_t n)
 {
-    const uint32_t N = m->ep_size;
+    pd_status_t st;
+    ll_moe_route(m, L, n);
+    ll_ep_dispatch_build(m, 0, 0, n);
+    if ((st = m->ep.exchange(m->ep.ctx, ENG_EP_DISPATCH, layer, m->ep_len, m->ep_recv,
+                             m->ep_recv_len)) != PD_OK ||
+        (st = ll_ep_experts(m, L, 0, m->ep_recv, m->ep_recv_len)) != PD_OK ||
+        (st = m->ep.exchange(m->ep.ctx, ENG_EP_COMBINE, layer, m->ep_len, m->ep_crecv,
+                             m->ep_crecv_len)) != PD_OK ||
+        (st = ll_ep_sum(m, 0, 0, n, m->ep_crecv, m->ep_crecv_len)) != PD_OK)
+        m->ep_status = st;
+}
+
+/* One attention call's context and how to run it (ll_att_prepare). */
+typedef struct {
+    ll_att_ctx_t ac;
+    uint64_t work;               /* positions x heads: tiny passes stay inline */
+    eng_ll_pool_fn fn;
+    uint32_t chunks;
+} ll_att_run_t;
+
+/* Attention over toks[0..n) (their q rows from m->q's row 0): the tiled
+ * plan (m->att_tile: the last prepared call's) or one chunk per (token,
+ * head). */
+static void ll_att_prepare(eng_model_t *m, uint8_t *arena, const ll_tok_t *toks, uint32_t n,
+                           ll_att_run_t *r)
+{
+    r->ac = (ll_att_ctx_t){ m, arena, toks, n, 0, 0, 0, 1 };
+    r->work = 0;
+    for (uint32_t i = 0; i < n; i++)
+        r->work += (uint64_t)(toks[i].pos + 1) * m->n_heads * m->head_dim;
+    r->fn = ll_att_task;
+    r->chunks = n * m->n_heads;
+    if (n > 0 && ll_att_tiled()) {
+        ll_att_plan(m, toks, n, &r->ac);
+        r->fn = ll_att_tile_task;
+        r->chunks = r->ac.n_tiles * m->n_kv_heads * r->ac.hsplit;
+    }
+}
+
+/* Layer l's start for the pass's tokens [i0, i0 + n) (rows of m->x,
+ * m->xb): attention norm, QKV into m->q/k/v from row 0, biases, q/k
+ * norms, RoPE, the KV write. */
+static void ll_layer_qkv(eng_model_t *m, uint8_t *arena, const ll_layer_t *L, uint32_t l,
+                         const ll_tok_t *toks, uint32_t i0, uint32_t n)
+{
+    const uint32_t E = m->n_embd, half = m->rope_dim / 2;
+    float *const *scr = m->mm_scratch;
+    for (uint32_t i = i0; i < i0 + n; i++)
+        ll_rmsnorm(m->xb + (size_t)i * E, m->x + (size_t)i * E, L->attn_norm, E, m->rms_eps);
+    eng_ll_matmul_t qkv = {
+        .qx = m->mm_qx,
+        .n_mats = 3, .w = { &L->wq, &L->wk, &L->wv },
+        .out = { m->q, m->k, m->v },
+        .out_stride = { m->q_dim, m->kv_dim, m->kv_dim },
+        .x = m->xb + (size_t)i0 * E, .x_stride = E, .n_items = n,
+    };
+    if (n > 0)
+        eng_ll_matmul(m->pool, &qkv, scr);
+
+    /* bias, RoPE, KV write */
+    for (uint32_t r = 0; r < n; r++) {
+        const uint32_t i = i0 + r;
+        float *q = m->q + (size_t)r * m->q_dim;
+        float *k = m->k + (size_t)r * m->kv_dim;
+        float *v = m->v + (size_t)r * m->kv_dim;
+        if (L->bq)
+            for (uint32_t j = 0; j < m->q_dim; j++)
+                q[j] += L->bq[j];
+        if (L->bk)
+            for (uint32_t j = 0; j < m->kv_dim; j++)
+                k[j] += L->bk[j];
+        if (L->bv)
+            for (uint32_t j = 0; j < m->kv_dim; j++)
+                v[j] += L->bv[j];
+        if (L->q_norm) {
+            for (uint32_t h = 0; h < m->n_heads; h++)
+                ll_rmsnorm(q + (size_t)h * m->head_dim, q + (size_t)h * m->head_dim,
+                           L->q_norm, m->head_dim, m->rms_eps);
+            for (uint32_t h = 0; h < m->n_kv_heads; h++)
+                ll_rmsnorm(k + (size_t)h * m->head_dim, k + (size_t)h * m->head_dim,
+                           L->k_norm, m->head_dim, m->rms_eps);
+        }
+        const float *cs = (L->swa ? m->rope_cs_swa : m->rope_cs) + (size_t)i * half * 2;
+        for (uint32_t h = 0; h < m->n_heads; h++)
+            ll_rope(m, q + (size_t)h * m->head_dim, cs);
+        for (uint32_t h = 0; h < m->n_kv_heads; h++)
+            ll_rope(m, k + (size_t)h * m->head_dim, cs);
+        size_t ko = ll_kv_off(m, &toks[i], toks[i].pos, l, 0);
+        size_t vo = ll_kv_off(m, &toks[i], toks[i].pos, l, 1);
+        /* stored (quantized on store) in each one's dtype */
+        eng_ll_kv_quantize(m->geom.kv_dtype, arena + ko, k, m->kv_dim);
+        eng_ll_kv_quantize(m->geom.kv_dtype_v, arena + vo, v, m->kv_dim);
+    }
+}
+
+/* Layer l's attention (run: its tokens, q from row 0), wo into XB2, the
+ * post-attention norm, the residual into X, the FFN norm into XB (N rows
+ * each). */
+static void ll_layer_att(eng_model_t *m, const ll_layer_t *L, uint32_t l, ll_att_run_t *run,
+                         float *X, float *XB, float *XB2, uint32_t N)
+{
+    const uint32_t E = m->n_embd;
+    float *const *scr = m->mm_scratch;
+    if (N == 0)
+        return;
+    run->ac.layer = l;
+    run->ac.swa = L->swa;
+    if (run->work < (1u << 15))
+        for (uint32_t c = 0; c < run->chunks; c++)
+            run->fn(&run->ac, c, 0);
+    else
+        eng_ll_pool_run(m->pool, run->fn, &run->ac, run->chunks);
+
+    eng_ll_matmul_t wo = {
+        .qx = m->mm_qx,
+        .n_mats = 1, .w = { &L->wo }, .out = { XB2 }, .out_stride = { E },
+        .x = m->att, .x_stride = m->q_dim, .n_items = N,
+    };
+    eng_ll_matmul(m->pool, &wo, scr);
+    if (L->post_attn_norm)
+        for (uint32_t i = 0; i < N; i++)
+            ll_rmsnorm(XB2 + (size_t)i * E, XB2 + (size_t)i * E, L->post_attn_norm, E,
+                       m->rms_eps);
+    for (size_t i = 0; i < (size_t)N * E; i++)
+        X[i] += XB2[i];
+    for (uint32_t i = 0; i < N; i++)
+        ll_rmsnorm(XB + (size_t)i * E, X + (size_t)i * E, L->ffn_norm, E, m->rms_eps);
+}
+
+/* The dense FFN of N rows: XB -> XB2. */
+static void ll_ffn_dense(eng_model_t *m, const ll_layer_t *L, float *XB, float *XB2, uint32_t N)
+{
+    const uint32_t E = m->n_embd;
+    float *const *scr = m->mm_scratch;
+    eng_ll_matmul_t gu = {
+        .qx = m->mm_qx,
+        .n_mats = 2, .w = { &L->w_gate, &L->w_up }, .out = { m->hb, m->hb2 },
+        .out_stride = { m->n_ff, m->n_ff }, .x = XB, .x_stride = E, .n_items = N,
+    };
+    eng_ll_matmul(m->pool, &gu, scr);
+    ll_act(m, N, m->n_ff);
+    eng_ll_matmul_t dn = {
+        .qx = m->mm_qx,
+        .n_mats = 1, .w = { &L->w_down }, .out = { XB2 }, .out_stride = { E },
+        .x = m->hb, .x_stride = m->n_ff, .n_items = N,
+    };
+    eng_ll_matmul(m->pool, &dn, scr);
+}
+
+/* After the FFN of N rows: the post-FFN norm of XB2, the residual into X. */
+static void ll_ffn_finish(eng_model_t *m, const ll_layer_t *L, float *X, float *XB2, uint32_t N)
+{
+    const uint32_t E = m->n_embd;
+    if (L->post_ffn_norm)
+        for (uint32_t i = 0; i < N; i++)
+            ll_rmsnorm(XB2 + (size_t)i * E, XB2 + (size_t)i * E, L->post_ffn_norm, E,
+                       m->rms_eps);
+    for (size_t i = 0; i < (size_t)N * E; i++)
+        X[i] += XB2[i];
+}
+
+/* Every layer of an EP pass as two micro-batches (m->ep_two: the pass's
+ * first ceil(n/2) tokens, then the rest; either may be empty, every rank
+ * runs the same exchanges), two-batch overlap: per layer, micro-batch 0's
+ * attention, its dispatch posted; micro-batch 1's attention while that
+ * dispatch flies, its dispatch posted; 0's experts while 1's dispatch
+ * flies, 0's combine posted; 1's experts while 0's combine flies; 1's
+ * combine flies through the next layer's attention of micro-batch 0.
+ * Every row's work is its own (canonical per-item dots, per-query softmax,
+ * per-row norms), so the bits are those of one batch. Errors: m->ep_status. */
+static void ll_layers_two(eng_model_t *m, uint8_t *arena, uint32_t hook_pos,
+                          const ll_tok_t *toks, uint32_t n)
+{
+    const uint32_t E = m->n_embd, N = m->ep_size;
+    const uint32_t cut[3] = { 0, (n + 1) / 2, n };
     const void **rv[2] = { m->ep_recv, m->ep_recv + N }, **cv[2] = { m->ep_crecv, m->ep_crecv + N };
     size_t *rl[2] = { m->ep_recv_len, m->ep_recv_len + N };
     size_t *cl[2] = { m->ep_crecv_len, m->ep_crecv_len + N };
-    pd_status_t st;
-    ll_moe_route(m, L, n);
-    if (!m->ep_two) {
-        ll_ep_dispatch_build(m, 0, 0, n);
-        if ((st = m->ep.exchange(m->ep.ctx, ENG_EP_DISPATCH, layer, m->ep_len, rv[0],
-                                 rl[0])) != PD_OK ||
-            (st = ll_ep_experts(m, L, 0, rv[0], rl[0])) != PD_OK ||
-            (st = m->ep.exchange(m->ep.ctx, ENG_EP_COMBINE, layer, m->ep_len, cv[0],
-                                 cl[0])) != PD_OK ||
-            (st = ll_ep_sum(m, 0, 0, n, cv[0], cl[0])) != PD_OK)
-            m->ep_status = st;
-        return;
+    bool pend[2] = { false, false };
+    uint32_t pl = 0;
+    pd_status_t st = PD_OK;
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        const ll_layer_t *L = &m->layers[l];
+        for (uint32_t h = 0; h < 2; h++) {
+            const uint32_t i0 = cut[h], c = cut[h + 1] - cut[h];
+            float *X = m->x + (size_t)i0 * E, *XB = m->xb + (size_t)i0 * E;
+            float *XB2 = m->xb2 + (size_t)i0 * E;
+            if (pend[h]) { /* the previous layer's combine of this half */
+                if ((st = m->ep.wait(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * h), pl,
+                                     cv[h], cl[h])) != PD_OK ||
+                    (st = ll_ep_sum(m, h, i0, i0 + c, cv[h], cl[h])) != PD_OK)
+                    goto err;
+                ll_ffn_finish(m, &m->layers[pl], X, XB2, c);
+                pend[h] = false;
+            }
+            ll_layer_qkv(m, arena, L, l, toks, i0, c);
+            if (h == 1 && hook_pos && m->hook) /* both halves' layer-l KV is written */
+                m->hook(m->hook_arg, l, hook_pos);
+            if (c > 0) {
+                ll_att_run_t run;
+                ll_att_prepare(m, arena, toks + i0, c, &run);
+                ll_layer_att(m, L, l, &run, X, XB, XB2, c);
+            }
+            ll_moe_route_rows(m, L, i0, c);
+            ll_ep_dispatch_build(m, h, i0, i0 + c);
+            if ((st = m->ep.post(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_DISPATCH + 2 * h), l,
+                                 m->ep_len)) != PD_OK)
+                goto err;
+        }
+        for (uint32_t h = 0; h < 2; h++) {
+            if ((st = m->ep.wait(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_DISPATCH + 2 * h), l, rv[h],
+                                 rl[h])) != PD_OK ||
+                (st = ll_ep_experts(m, L, h, rv[h], rl[h])) != PD_OK ||
+                (st = m->ep.post(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * h), l,
+                                 m->ep_len)) != PD_OK)
+                goto err;
+            pend[h] = true;
+        }
+        pl = l;
     }
-    const uint32_t cut[3] = { 0, (n + 1) / 2, n };
     for (uint32_t h = 0; h < 2; h++) {
-        ll_ep_dispatch_build(m, h, cut[h], cut[h + 1]);
-        st = m->ep.post(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_DISPATCH + 2 * h), layer, m->ep_len);
-        if (st != PD_OK)
-            goto err;
-    }
-    for (uint32_t h = 0; h < 2; h++) {
-        if ((st = m->ep.wait(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_DISPATCH + 2 * h), layer, rv[h],
-                             rl[h])) != PD_OK ||
-            (st = ll_ep_experts(m, L, h, rv[h], rl[h])) != PD_OK ||
-            (st = m->ep.post(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * h), layer,
-                             m->ep_len)) != PD_OK)
-            goto err;
-    }
-    for (uint32_t h = 0; h < 2; h++)
-        if ((st = m->ep.wait(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * h), layer, cv[h],
+        const uint32_t i0 = cut[h], c = cut[h + 1] - cut[h];
+        if (!pend[h])
+            continue;
+        if ((st = m->ep.wait(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * h), pl, cv[h],
                              cl[h])) != PD_OK ||
-            (st = ll_ep_sum(m, h, cut[h], cut[h + 1], cv[h], cl[h])) != PD_OK)
+            (st = ll_ep_sum(m, h, i0, i0 + c, cv[h], cl[h])) != PD_OK)
             goto err;
+        ll_ffn_finish(m, &m->layers[pl], m->x + (size_t)i0 * E, m->xb2 + (size_t)i0 * E, c);
+    }
     return;
 err:
     m->ep_status = st;
@@ -1644,146 +1844,49 @@ static void ll_forward(eng_model_t *m, uint8_t *arena, uint32_t hook_pos, const 
         }
     }
 
-    ll_att_ctx_t ac = { m, arena, toks, n, 0, 0, 0, 1 };
-    uint64_t att_work = 0; /* positions x heads: tiny passes stay inline */
-    for (uint32_t i = 0; i < n; i++)
-        att_work += (uint64_t)(toks[i].pos + 1) * m->n_heads * m->head_dim;
-    eng_ll_pool_fn att_fn = ll_att_task;
-    uint32_t att_chunks = n * m->n_heads;
-    if (ll_att_tiled()) {
-        ll_att_plan(m, toks, n, &ac);
-        att_fn = ll_att_tile_task;
-        att_chunks = ac.n_tiles * m->n_kv_heads * ac.hsplit;
-    }
-
-    for (uint32_t l = 0; l < m->n_layers; l++) {
-        const ll_layer_t *L = &m->layers[l];
-        for (uint32_t i = 0; i < n; i++)
-            ll_rmsnorm(m->xb + (size_t)i * E, m->x + (size_t)i * E, L->attn_norm, E,
-                       m->rms_eps);
-        eng_ll_matmul_t qkv = {
-            .qx = m->mm_qx,
-            .n_mats = 3, .w = { &L->wq, &L->wk, &L->wv },
-            .out = { m->q, m->k, m->v },
-            .out_stride = { m->q_dim, m->kv_dim, m->kv_dim },
-            .x = m->xb, .x_stride = E, .n_items = n,
-        };
-        eng_ll_matmul(m->pool, &qkv, scr);
-
-        /* bias, RoPE, KV write */
-        for (uint32_t i = 0; i < n; i++) {
-            float *q = m->q + (size_t)i * m->q_dim;
-            float *k = m->k + (size_t)i * m->kv_dim;
-            float *v = m->v + (size_t)i * m->kv_dim;
-            if (L->bq)
-                for (uint32_t j = 0; j < m->q_dim; j++)
-                    q[j] += L->bq[j];
-            if (L->bk)
-                for (uint32_t j = 0; j < m->kv_dim; j++)
-                    k[j] += L->bk[j];
-            if (L->bv)
-                for (uint32_t j = 0; j < m->kv_dim; j++)
-                    v[j] += L->bv[j];
-            if (L->q_norm) {
-                for (uint32_t h = 0; h < m->n_heads; h++)
-                    ll_rmsnorm(q + (size_t)h * m->head_dim, q + (size_t)h * m->head_dim,
-                               L->q_norm, m->head_dim, m->rms_eps);
-                for (uint32_t h = 0; h < m->n_kv_heads; h++)
-                    ll_rmsnorm(k + (size_t)h * m->head_dim, k + (size_t)h * m->head_dim,
-                               L->k_norm, m->head_dim, m->rms_eps);
+    if (m->ep_two) {
+        ll_layers_two(m, arena, hook_pos, toks, n);
+        if (m->ep_status != PD_OK)
+            return; /* the group's pass is lost */
+    } else {
+        ll_att_run_t run;
+        ll_att_prepare(m, arena, toks, n, &run);
+        for (uint32_t l = 0; l < m->n_layers; l++) {
+            const ll_layer_t *L = &m->layers[l];
+            ll_layer_qkv(m, arena, L, l, toks, 0, n);
+            if (hook_pos && m->hook) /* this chunk's layer-l KV is written */
+                m->hook(m->hook_arg, l, hook_pos);
+            /* The last layer: every token's K and V are written; what
+             * comes after (attention, wo, FFN) only matters for the tokens
+             * whose final hidden state is read (keep_from on: logits,
+             * embeddings), so the rest stop here, as llama.cpp's output
+             * ids do. Each row's work is its own (canonical per-item dots,
+             * per-query softmax, per-row norms), so the kept rows' bits are
+             * the same. Not on an EP rank: every rank must run every MoE
+             * exchange. */
+            float *X = m->x;
+            uint32_t N = n;
+            if (l + 1 == m->n_layers && keep_from > 0 && m->ep_size <= 1) {
+                if (keep_from >= n)
+                    break;
+                X = m->x + (size_t)keep_from * E;
+                N = n - keep_from;
+                memmove(m->q, m->q + (size_t)keep_from * m->q_dim,
+                        (size_t)N * m->q_dim * sizeof(float));
+                ll_att_prepare(m, arena, toks + keep_from, N, &run);
             }
-            const float *cs = (L->swa ? m->rope_cs_swa : m->rope_cs) + (size_t)i * half * 2;
-            for (uint32_t h = 0; h < m->n_heads; h++)
-                ll_rope(m, q + (size_t)h * m->head_dim, cs);
-            for (uint32_t h = 0; h < m->n_kv_heads; h++)
-                ll_rope(m, k + (size_t)h * m->head_dim, cs);
-            size_t ko = ll_kv_off(m, &toks[i], toks[i].pos, l, 0);
-            size_t vo = ll_kv_off(m, &toks[i], toks[i].pos, l, 1);
-            /* stored (quantized on store) in each one's dtype */
-            eng_ll_kv_quantize(m->geom.kv_dtype, arena + ko, k, m->kv_dim);
-            eng_ll_kv_quantize(m->geom.kv_dtype_v, arena + vo, v, m->kv_dim);
-        }
-
-        if (hook_pos && m->hook) /* this chunk's layer-l KV is written */
-            m->hook(m->hook_arg, l, hook_pos);
-
-        /* The last layer: every token's K and V are written; what comes
-         * after (attention, wo, FFN) only matters for the tokens whose
-         * final hidden state is read (keep_from on: logits, embeddings),
-         * so the rest stop here, as llama.cpp's output ids do. Each
-         * row's work is its own (canonical per-item dots, per-query
-         * softmax, per-row norms), so the kept rows' bits are the same.
-         * Not on an EP rank: every rank must run every MoE exchange. */
-        float *X = m->x;
-        uint32_t N = n;
-        if (l + 1 == m->n_layers && keep_from > 0 && m->ep_size <= 1) {
-            if (keep_from >= n)
-                break;
-            X = m->x + (size_t)keep_from * E;
-            N = n - keep_from;
-            memmove(m->q, m->q + (size_t)keep_from * m->q_dim, (size_t)N * m->q_dim * sizeof(float));
-            ac.toks = toks + keep_from;
-            ac.n = N;
-            att_work = 0;
-            for (uint32_t i = 0; i < N; i++)
-                att_work += (uint64_t)(ac.toks[i].pos + 1) * m->n_heads * m->head_dim;
-            att_chunks = N * m->n_heads;
-            if (ll_att_tiled()) {
-                ll_att_plan(m, ac.toks, N, &ac);
-                att_chunks = ac.n_tiles * m->n_kv_heads * ac.hsplit;
+            ll_layer_att(m, L, l, &run, X, m->xb, m->xb2, N);
+            if (m->ep_size > 1) {
+                ll_moe_ep(m, L, l, N);
+                if (m->ep_status != PD_OK)
+                    return; /* the group's pass is lost */
+            } else if (m->n_expert) {
+                ll_moe(m, L, N);
+            } else {
+                ll_ffn_dense(m, L, m->xb, m->xb2, N);
             }
+            ll_ffn_finish(m, L, X, m->xb2, N);
         }
-        ac.layer = l;
-        ac.swa = L->swa;
-        if (att_work < (1u << 15))
-            for (uint32_t c = 0; c < att_chunks; c++)
-                att_fn(&ac, c, 0);
-        else
-            eng_ll_pool_run(m->pool, att_fn, &ac, att_chunks);
-
-        eng_ll_matmul_t wo = {
-            .qx = m->mm_qx,
-            .n_mats = 1, .w = { &L->wo }, .out = { m->xb2 }, .out_stride = { E },
-            .x = m->att, .x_stride = m->q_dim, .n_items = N,
-        };
-        eng_ll_matmul(m->pool, &wo, scr);
-        if (L->post_attn_norm)
-            for (uint32_t i = 0; i < N; i++)
-                ll_rmsnorm(m->xb2 + (size_t)i * E, m->xb2 + (size_t)i * E, L->post_attn_norm,
-                           E, m->rms_eps);
-        for (size_t i = 0; i < (size_t)N * E; i++)
-            X[i] += m->xb2[i];
-
-        for (uint32_t i = 0; i < N; i++)
-            ll_rmsnorm(m->xb + (size_t)i * E, X + (size_t)i * E, L->ffn_norm, E,
-                       m->rms_eps);
-        if (m->ep_size > 1) {
-            ll_moe_ep(m, L, l, N);
-            if (m->ep_status != PD_OK)
-                return; /* the group's pass is lost */
-        } else if (m->n_expert) {
-            ll_moe(m, L, N);
-        } else {
-            eng_ll_matmul_t gu = {
-                .qx = m->mm_qx,
-                .n_mats = 2, .w = { &L->w_gate, &L->w_up }, .out = { m->hb, m->hb2 },
-                .out_stride = { m->n_ff, m->n_ff }, .x = m->xb, .x_stride = E, .n_items = N,
-            };
-            eng_ll_matmul(m->pool, &gu, scr);
-            ll_act(m, N, m->n_ff);
-            eng_ll_matmul_t dn = {
-                .qx = m->mm_qx,
-                .n_mats = 1, .w = { &L->w_down }, .out = { m->xb2 }, .out_stride = { E },
-                .x = m->hb, .x_stride = m->n_ff, .n_items = N,
-            };
-            eng_ll_matmul(m->pool, &dn, scr);
-        }
-        if (L->post_ffn_norm)
-            for (uint32_t i = 0; i < N; i++)
-                ll_rmsnorm(m->xb2 + (size_t)i * E, m->xb2 + (size_t)i * E, L->post_ffn_norm,
-                           E, m->rms_eps);
-        for (size_t i = 0; i < (size_t)N * E; i++)
-            X[i] += m->xb2[i];
     }
 
     if (!logits || logit_from >= n)
@@ -2034,6 +2137,10 @@ static pd_status_t ll_ep_idle(eng_model_t *m)
 {
     if (!m || m->ep_size <= 1 || !ll_ep_ready(m))
         return PD_ERR_BAD_INPUT;
+    if (m->ep_two) {
+        ll_layers_two(m, NULL, 0, NULL, 0);
+        return m->ep_status;
+    }
     for (uint32_t l = 0; l < m->n_layers && m->ep_status == PD_OK; l++)
         ll_moe_ep(m, &m->layers[l], l, 0);
     return m->ep_status;
