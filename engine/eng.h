@@ -194,10 +194,9 @@ typedef struct {
     /* ep_size > 1: two micro-batches per MoE layer (or pass), each's
      * exchanges in flight while the other computes: ep_cap then states
      * phases 2 and 3 and set_ep needs the transport's post and wait. Every
-     * rank of a group must agree. The llama engine splits the layer's
-     * tokens in two halves (dispatch 1 flies while the experts run 0's
-     * rows, combine 0 while they run 1's: the same bits); the sim splits
-     * its passes (its overlap= key). */
+     * rank of a group must agree. Both engines split each forward pass
+     * in two micro-batches (the llama engine: the same bits; the sim: its
+     * overlap= key). */
     bool ep_overlap;
 } eng_load_opts_t;
 

@@ -83,7 +83,7 @@ typedef struct {
     char *ep_dir;               /* the group's rendezvous directory */
     uint64_t ep_timeout_ns;     /* every exchange's deadline */
     int ep_tls;                 /* node_ep_tls: the window's transport */
-    bool ep_overlap;            /* two halves per MoE layer (eng_load_opts_t) */
+    bool ep_overlap;            /* two micro-batches per pass (eng_load_opts_t) */
 } node_config_t;
 
 extern const char *const node_kv_dtypes[];   /* { "f32", "f16", "q8_0", "q4_0", "bf16", "fp8_e4m3", NULL } (eng_kv_dtype_t order) */
@@ -132,7 +132,7 @@ extern const char *const node_qdot_paths[];  /* { "auto", "amx", "vnni", "avx2",
     NODE_ROW(stype, ep_rank, "ep-rank", UINT, "0", "this daemon's rank in its EP group, 0..ep-size-1 (it holds experts [ep-rank*E/ep-size, (ep-rank+1)*E/ep-size))", 0, 255, NULL) \
     NODE_ROW(stype, ep_dir, "ep-dir", STRING, NULL, "ep-size > 1: the group's rendezvous directory, one every rank sees (one host, or a filesystem the hosts share): each rank writes rank-<r>.meta (its exchange window's metadata) and reads the others' (waits up to 60 s; sizes capped, every field validated); the group's ranks must start with it empty", 0, 0, NULL) \
     NODE_ROW(stype, ep_timeout_ns, "ep-timeout", DURATION, "5s", "ep-size > 1: deadline of every dispatch and combine exchange of the group", 1e6, 600e9, NULL) \
-    NODE_ROW(stype, ep_overlap, "ep-overlap", BOOL, "false", "ep-size > 1: two micro-batches per MoE layer, each's dispatch and combine in flight while the experts run the other's rows (the same tokens; every rank of the group must agree: set it in [decode]; docs/BENCHMARKS.md 'Two micro-batches')", 0, 0, NULL) \
+    NODE_ROW(stype, ep_overlap, "ep-overlap", BOOL, "false", "ep-size > 1: two micro-batches per forward pass, each's dispatch and combine in flight while the other computes its attention or experts (the same tokens; every rank of the group must agree: set it in [decode]; docs/BENCHMARKS.md 'Two micro-batches')", 0, 0, NULL) \
     NODE_ROW(stype, ep_tls, "ep-tls", ENUM, "shm", "ep-size > 1: the exchange window's transport: shm (the group on one host), tcp (ranks on several hosts: one eager active message per peer and phase, on kv-listen's interface), auto (UCX's choice, UCX_TLS)", 0, 0, node_ep_tls)
 
 /* ---- role tables ---------------------------------------------------------- */

@@ -251,7 +251,7 @@ pd_status_t node_ep_ready(node_t *n, char *err, size_t err_len)
         eng_llama_info(n->model, &in);
     pd_log(PD_LOG_INFO, n->role->name, NULL,
            "EP group: rank %u of %u joined through %s (window over %s%s%s, %s micro-batch%s "
-           "per MoE layer, engine %s, expert bytes %llu of %llu, compat hash %016llx), an "
+           "per pass, engine %s, expert bytes %llu of %llu, compat hash %016llx), an "
            "idle pass of the group in %.3f ms", me, N, c->ep_dir, node_ep_tls[c->ep_tls],
            c->ep_tls != 0 && strcmp(n->kv_dev, "*") != 0 ? " on " : "",
            c->ep_tls != 0 && strcmp(n->kv_dev, "*") != 0 ? n->kv_dev : "",

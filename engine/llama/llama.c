@@ -140,7 +140,7 @@ struct eng_model {
     /* expert parallelism (ep_size > 1): this rank's experts are
      * [ep_e0, ep_e0 + ep_ne); w_gate/w_up/w_down hold only theirs */
     uint32_t ep_rank, ep_size, ep_e0, ep_ne;
-    bool ep_two;                 /* two halves per MoE layer (ep_overlap) */
+    bool ep_two;                 /* two micro-batches per pass (ep_overlap) */
     eng_ep_xport_t ep;           /* .exchange NULL until set_ep */
     pd_status_t ep_status;       /* the first transport error of a pass */
     uint64_t expert_bytes_owned, expert_bytes_total;
@@ -1429,10 +1429,9 @@ static void ll_moe(eng_model_t *m, const ll_layer_t *L, uint32_t n)
  * same bits as the whole model. Message layout: eng.h "Expert parallelism".
  * Every length and index a peer states is checked before use. A transport
  * error is kept in m->ep_status (the pass's later layers are skipped).
- * With ep_two the tokens go in two halves, each its own dispatch and
- * combine (phases 2, 3 for the second): the second's dispatch flies while
- * the experts run the first's rows, the first's combine while they run the
- * second's; every row and every sum is computed as before (same bits). */
+ * With ep_two a pass runs as two micro-batches (ll_layers_two), each with
+ * its own dispatch and combine (phases 2, 3 for the second); the pieces
+ * below serve both. */
 
 /* Half h's dispatch messages (tokens [i0, i1)) into phase ENG_EP_DISPATCH +
  * 2h; m->ep_len their bytes. */

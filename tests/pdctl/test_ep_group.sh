@@ -10,7 +10,7 @@
 # finishes with no error and the reference's tokens (the router replays it
 # on the other group; the dead rank's partner leaves with "EP group lost a
 # rank").
-# The same with `ep-overlap` (two halves per MoE layer, the window's post
+# The same with `ep-overlap` (two micro-batches per pass, the window's post
 # and wait). The same twelve requests through one group of `ep = 4` (four ranks, all
 # serving) equal ep = 1's too. A group of 4 beside a whole-model decode
 # (decode = 2, ep = 4, whole = 1; the router's max-retries left to pdctl:
@@ -180,15 +180,15 @@ if "$PDCTL" down --run-dir "$T/run-ep2" >"$T/down.out" 2>&1 && [ $((SECONDS - s)
     ok "pdctl down: the group left together in $((SECONDS - s)) s"
 else bad "pdctl down of the group: $(cat "$T/down.out"; tail -3 "$T"/run-ep2/decode-0.r*.log)"; fi
 
-# ---- ep = 2 with two halves per MoE layer (ep-overlap): the same tokens ------
+# ---- ep = 2 with two micro-batches per pass (ep-overlap): the same tokens ----
 dep ep2ov 1 2
 echo "ep-overlap = true" >>"$T/ep2ov.ini"
 up ep2ov
 batch "$(cat "$T/run-ep2ov/url")" "$T/ep2ov.txt"
-if [ "$(grep -l "EP group: rank .*two micro-batches per MoE layer" "$T"/run-ep2ov/decode-0.r*.log | wc -l)" != 2 ]; then
+if [ "$(grep -l "EP group: rank .*two micro-batches per pass" "$T"/run-ep2ov/decode-0.r*.log | wc -l)" != 2 ]; then
     bad "ep-overlap: the ranks do not log two micro-batches: $(grep -h "EP group: rank" "$T"/run-ep2ov/decode-0.r*.log)"
 elif ! grep -q ERROR "$T/ep2ov.txt" && cmp -s "$T/ref.txt" "$T/ep2ov.txt"; then
-    ok "ep = 2, ep-overlap (two halves per MoE layer, post/wait on the window): the 12 completions equal ep = 1's"
+    ok "ep = 2, ep-overlap (two micro-batches per pass, post/wait on the window): the 12 completions equal ep = 1's"
 else
     bad "ep-overlap differs from ep = 1 (or failed): $(diff "$T/ref.txt" "$T/ep2ov.txt" | head -6)"
 fi

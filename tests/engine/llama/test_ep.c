@@ -130,7 +130,7 @@ static void check_group(uint32_t N)
     size_t diff = 0;
     for (size_t i = 0; i < rows; i++)
         diff += memcmp(&ref[i], &got[i], sizeof(float)) != 0;
-    printf("ep %u%s: %zu logits, %zu differ\n", N, two_halves ? " (two halves per MoE layer)" : "",
+    printf("ep %u%s: %zu logits, %zu differ\n", N, two_halves ? " (two micro-batches per pass)" : "",
            rows, diff);
     assert_int_equal(diff, 0);
     for (uint32_t r = 0; r < N; r++)
