@@ -1736,6 +1736,20 @@ static void ll_ffn_finish(eng_model_t *m, const ll_layer_t *L, float *X, float *
         X[i] += XB2[i];
 }
 
+/* Micro-batch h (rows [i0, i0 + c)) of layer pl: wait for its combine,
+ * sum each token's experts, the post-FFN norm and residual. */
+static pd_status_t ll_two_combine(eng_model_t *m, uint32_t h, uint32_t pl, uint32_t i0,
+                                  uint32_t c, const void **cv, size_t *cl)
+{
+    const uint32_t E = m->n_embd;
+    pd_status_t st = m->ep.wait(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * h), pl, cv, cl);
+    if (st == PD_OK)
+        st = ll_ep_sum(m, h, i0, i0 + c, cv, cl);
+    if (st == PD_OK)
+        ll_ffn_finish(m, &m->layers[pl], m->x + (size_t)i0 * E, m->xb2 + (size_t)i0 * E, c);
+    return st;
+}
+
 /* Every layer of an EP pass as two micro-batches (m->ep_two: the pass's
  * first ceil(n/2) tokens, then the rest; either may be empty, every rank
  * runs the same exchanges), two-batch overlap: per layer, micro-batch 0's
@@ -1763,11 +1777,8 @@ static void ll_layers_two(eng_model_t *m, uint8_t *arena, uint32_t hook_pos,
             float *X = m->x + (size_t)i0 * E, *XB = m->xb + (size_t)i0 * E;
             float *XB2 = m->xb2 + (size_t)i0 * E;
             if (pend[h]) { /* the previous layer's combine of this half */
-                if ((st = m->ep.wait(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * h), pl,
-                                     cv[h], cl[h])) != PD_OK ||
-                    (st = ll_ep_sum(m, h, i0, i0 + c, cv[h], cl[h])) != PD_OK)
+                if ((st = ll_two_combine(m, h, pl, i0, c, cv[h], cl[h])) != PD_OK)
                     goto err;
-                ll_ffn_finish(m, &m->layers[pl], X, XB2, c);
                 pend[h] = false;
             }
             ll_layer_qkv(m, arena, L, l, toks, i0, c);
@@ -1795,16 +1806,10 @@ static void ll_layers_two(eng_model_t *m, uint8_t *arena, uint32_t hook_pos,
         }
         pl = l;
     }
-    for (uint32_t h = 0; h < 2; h++) {
-        const uint32_t i0 = cut[h], c = cut[h + 1] - cut[h];
-        if (!pend[h])
-            continue;
-        if ((st = m->ep.wait(m->ep.ctx, (eng_ep_phase_t)(ENG_EP_COMBINE + 2 * h), pl, cv[h],
-                             cl[h])) != PD_OK ||
-            (st = ll_ep_sum(m, h, i0, i0 + c, cv[h], cl[h])) != PD_OK)
+    for (uint32_t h = 0; h < 2; h++)
+        if (pend[h] && (st = ll_two_combine(m, h, pl, cut[h], cut[h + 1] - cut[h], cv[h],
+                                            cl[h])) != PD_OK)
             goto err;
-        ll_ffn_finish(m, &m->layers[pl], m->x + (size_t)i0 * E, m->xb2 + (size_t)i0 * E, c);
-    }
     return;
 err:
     m->ep_status = st;
