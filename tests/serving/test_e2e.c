@@ -2226,8 +2226,12 @@ static void kvr_workload(e2e_deploy_t *d, bool cache, kvr_run_t *out)
     /* decode-local conversation: turn 1 = 48 tokens, turn 2 = turn 1 + 30 */
     int32_t conv[80];
     make_prompt(conv, 78, 4242, 4, 259);
-    double ind0[E2E_MAX_DAEMONS];
+    double ind0[E2E_MAX_DAEMONS], local0[E2E_MAX_DAEMONS];
     for (int k = 0; k < d->n_decode; k++) {
+        /* requests it ran without a pull so far (a pull that failed under
+         * load counts too): turn 1's decode is the one this grows on */
+        local0[k] = admin_num(&d->decode[k], "requests", "counters.accepted") -
+                    admin_num(&d->decode[k], "requests", "counters.pulls_ok");
         if (cache && !wait_index_synced(d, &d->decode[k]))
             fail_msg("router's index of %s never matched its cache (%.0f vs %.0f blocks)",
                      d->decode[k].id, indexed_blocks(d, d->decode[k].id),
@@ -2239,8 +2243,8 @@ static void kvr_workload(e2e_deploy_t *d, bool cache, kvr_run_t *out)
     if (cache) {
         int dk = -1;
         for (int k = 0; k < d->n_decode; k++)
-            if (admin_num(&d->decode[k], "requests", "counters.accepted") >
-                admin_num(&d->decode[k], "requests", "counters.pulls_ok"))
+            if (admin_num(&d->decode[k], "requests", "counters.accepted") -
+                    admin_num(&d->decode[k], "requests", "counters.pulls_ok") > local0[k])
                 dk = k; /* the one that ran turn 1 locally */
         assert_true(dk >= 0);
         dholder = &d->decode[dk];
