@@ -417,38 +417,57 @@ static void test_tpot_pressure_needs_slow_steps(void **state)
     pd_config_free(&pdctl_plan_schema, &c);
 }
 
+/* A mode test's planner and the split it has applied. */
+typedef struct {
+    pdctl_plan_cfg_t c;
+    pdctl_plan_state_t st;
+    pdctl_plan_out_t out;       /* the last tick's decision */
+    uint64_t now;
+    unsigned np, nd;            /* the split applied */
+    bool mixed;
+    int mode_acts;              /* mode switches so far */
+} mode_run_t;
+
+static void mode_init(mode_run_t *r, uint64_t dwell_ns, uint64_t now, unsigned np, unsigned nd,
+                      bool mixed)
+{
+    memset(r, 0, sizeof(*r));
+    r->c = cfg_default();
+    r->c.dwell_ns = dwell_ns;
+    pdctl_plan_state_init(&r->st);
+    r->now = now;
+    r->np = np;
+    r->nd = nd;
+    r->mixed = mixed;
+}
+
 /* Ticks of ph with a KV pull of pull_s per prompt token (the sim's 8B
  * geometry pulls 128 KiB a token: ~125 us at 1 GB/s), applying every
- * decision, mode included; returns acts, *mode_acts the mode switches.
+ * decision, mode included (r->mode_acts counts the mode switches).
  * PD-mixed ticks carry the decodes' local prompt rate (100 us a token, the
  * prefills' rate) and no prefill figures at all. */
-static int run_mode(const pdctl_plan_cfg_t *c, pdctl_plan_state_t *st, uint64_t *now, phase_t ph,
-                    double pull_s, int ticks, unsigned *np, unsigned *nd, bool *mixed,
-                    int *mode_acts, pdctl_plan_out_t *last)
+static void run_mode(mode_run_t *r, phase_t ph, double pull_s, int ticks)
 {
-    int acts = 0;
     for (int t = 0; t < ticks; t++) {
         pdctl_plan_in_t in;
-        tick(&in, now, ph, *np, *nd);
-        if (*mixed)
+        tick(&in, &r->now, ph, r->np, r->nd);
+        if (r->mixed)
             in.local_tok_s = 100e-6;
         in.pull_tok_s = pull_s;
         in.hop_s = 0.001;
-        in.mixed = *mixed;
-        pdctl_plan_step(c, 6, &in, st, last);
-        assert_true(last->want_prefill + last->want_decode <= 6);
-        assert_int_not_equal(last->reason, PDCTL_PLAN_NO_DATA);
-        if (last->act) {
-            acts++;
-            if (last->mixed != *mixed)
-                (*mode_acts)++;
-            *np = last->want_prefill;
-            *nd = last->want_decode;
-            *mixed = last->mixed;
-            assert_true(*mixed ? *np == 0 : *np >= 1);
+        in.mixed = r->mixed;
+        pdctl_plan_step(&r->c, 6, &in, &r->st, &r->out);
+        assert_true(r->out.want_prefill + r->out.want_decode <= 6);
+        assert_int_not_equal(r->out.reason, PDCTL_PLAN_NO_DATA);
+        if (r->out.act) {
+            if (r->out.mixed != r->mixed)
+                r->mode_acts++;
+            r->np = r->out.want_prefill;
+            r->nd = r->out.want_decode;
+            r->mixed = r->out.mixed;
+            assert_true(r->mixed ? r->np == 0 : r->np >= 1);
         }
     }
-    return acts;
 }
 
 /* Light prompts (chat: 800 tokens/s, 0.08 of a prefill daemon): PD-mixed,
@@ -459,51 +478,44 @@ static int run_mode(const pdctl_plan_cfg_t *c, pdctl_plan_state_t *st, uint64_t 
 static void test_mode_light_mixed_heavy_separate(void **state)
 {
     (void)state;
-    pdctl_plan_cfg_t c = cfg_default();
-    c.dwell_ns = 10 * SEC;
-    pdctl_plan_state_t st;
-    pdctl_plan_state_init(&st);
-    pdctl_plan_out_t out;
-    uint64_t now = 0;
-    unsigned np = 2, nd = 4;
-    bool mixed = false;
-    int mode_acts = 0;
+    mode_run_t r;
+    mode_init(&r, 10 * SEC, 0, 2, 4, false);
     /* long prompts, a 125 us pull a token: 0.5 s before token 1, but a
      * local token would stall a batch of ~10 for 1.1 ms: separate */
-    run_mode(&c, &st, &now, LONG, 125e-6, 20, &np, &nd, &mixed, &mode_acts, &out);
-    assert_false(mixed);
-    assert_int_equal(mode_acts, 0);
-    assert_true(out.prompt_work > 1.5 && out.prompt_work < 1.7);
-    assert_true(out.pull_gap_s > 0.49 && out.pull_gap_s < 0.51);
+    run_mode(&r, LONG, 125e-6, 20);
+    assert_false(r.mixed);
+    assert_int_equal(r.mode_acts, 0);
+    assert_true(r.out.prompt_work > 1.5 && r.out.prompt_work < 1.7);
+    assert_true(r.out.pull_gap_s > 0.49 && r.out.pull_gap_s < 0.51);
     /* chat: the prompts' work decays below 0.5 / margin: PD-mixed within
      * the window's decay + confirm + dwell */
-    run_mode(&c, &st, &now, CHAT, 125e-6, 40, &np, &nd, &mixed, &mode_acts, &out);
-    assert_true(mixed);
-    assert_int_equal(mode_acts, 1);
-    assert_int_equal(np, 0);
-    assert_int_equal(nd, 6);
-    run_mode(&c, &st, &now, CHAT, 125e-6, 10, &np, &nd, &mixed, &mode_acts, &out);
-    assert_int_equal(out.reason, PDCTL_PLAN_MIXED);
-    assert_false(out.act);
+    run_mode(&r, CHAT, 125e-6, 40);
+    assert_true(r.mixed);
+    assert_int_equal(r.mode_acts, 1);
+    assert_int_equal(r.np, 0);
+    assert_int_equal(r.nd, 6);
+    run_mode(&r, CHAT, 125e-6, 10);
+    assert_int_equal(r.out.reason, PDCTL_PLAN_MIXED);
+    assert_false(r.out.act);
     /* long prompts again: heavy work, separate pools, at least one prefill */
-    run_mode(&c, &st, &now, LONG, 125e-6, 20, &np, &nd, &mixed, &mode_acts, &out);
-    assert_false(mixed);
-    assert_int_equal(mode_acts, 2);
-    assert_true(np >= 1);
+    run_mode(&r, LONG, 125e-6, 20);
+    assert_false(r.mixed);
+    assert_int_equal(r.mode_acts, 2);
+    assert_true(r.np >= 1);
     /* a pull of 2 ms a token (a small model, a huge KV) costs more than the
      * stall of a local token: PD-mixed however heavy the prompts */
-    pdctl_plan_state_init(&st);
-    np = 2, nd = 4, mixed = false, mode_acts = 0;
-    run_mode(&c, &st, &now, LONG, 2e-3, 20, &np, &nd, &mixed, &mode_acts, &out);
-    assert_true(mixed);
-    assert_int_equal(mode_acts, 1);
+    pdctl_plan_state_init(&r.st);
+    r.np = 2, r.nd = 4, r.mixed = false, r.mode_acts = 0;
+    run_mode(&r, LONG, 2e-3, 20);
+    assert_true(r.mixed);
+    assert_int_equal(r.mode_acts, 1);
     /* min-prefill > 0 forbids PD-mixed */
-    c.min_prefill = 1;
-    pdctl_plan_state_init(&st);
-    np = 2, nd = 4, mixed = false, mode_acts = 0;
-    run_mode(&c, &st, &now, CHAT, 125e-6, 40, &np, &nd, &mixed, &mode_acts, &out);
-    assert_int_equal(mode_acts, 0);
-    pd_config_free(&pdctl_plan_schema, &c);
+    r.c.min_prefill = 1;
+    pdctl_plan_state_init(&r.st);
+    r.np = 2, r.nd = 4, r.mixed = false, r.mode_acts = 0;
+    run_mode(&r, CHAT, 125e-6, 40);
+    assert_int_equal(r.mode_acts, 0);
+    pd_config_free(&pdctl_plan_schema, &r.c);
 }
 
 /* PD-mixed from the start: no prefill daemon ever ran, no router prefill
@@ -513,27 +525,20 @@ static void test_mode_light_mixed_heavy_separate(void **state)
 static void test_mode_mixed_start_measures_local(void **state)
 {
     (void)state;
-    pdctl_plan_cfg_t c = cfg_default();
-    c.dwell_ns = 10 * SEC;
-    pdctl_plan_state_t st;
-    pdctl_plan_state_init(&st);
-    pdctl_plan_out_t out;
-    uint64_t now = 0;
-    unsigned np = 0, nd = 6;
-    bool mixed = true;
-    int mode_acts = 0;
-    run_mode(&c, &st, &now, CHAT, 0, 10, &np, &nd, &mixed, &mode_acts, &out);
-    assert_true(mixed);
-    assert_true(out.pf_tok_s > 9999 && out.pf_tok_s < 10001);
-    assert_int_equal(out.reason, PDCTL_PLAN_MIXED);
-    for (int t = 0; t < 20 && mode_acts == 0; t++)
-        run_mode(&c, &st, &now, LONG, 0, 1, &np, &nd, &mixed, &mode_acts, &out);
-    assert_false(mixed);
-    assert_int_equal(mode_acts, 1);
+    mode_run_t r;
+    mode_init(&r, 10 * SEC, 0, 0, 6, true);
+    run_mode(&r, CHAT, 0, 10);
+    assert_true(r.mixed);
+    assert_true(r.out.pf_tok_s > 9999 && r.out.pf_tok_s < 10001);
+    assert_int_equal(r.out.reason, PDCTL_PLAN_MIXED);
+    for (int t = 0; t < 20 && r.mode_acts == 0; t++)
+        run_mode(&r, LONG, 0, 1);
+    assert_false(r.mixed);
+    assert_int_equal(r.mode_acts, 1);
     /* no pull measured yet: one prefill first, however big the need */
-    assert_int_equal(np, 1);
-    assert_int_equal(nd, 5);
-    pd_config_free(&pdctl_plan_schema, &c);
+    assert_int_equal(r.np, 1);
+    assert_int_equal(r.nd, 5);
+    pd_config_free(&pdctl_plan_schema, &r.c);
 }
 
 /* A re-split's first window of pulls carries its backlog: a 2 ms tail a
@@ -541,31 +546,24 @@ static void test_mode_mixed_start_measures_local(void **state)
 static void test_mode_pull_settles_after_resplit(void **state)
 {
     (void)state;
-    pdctl_plan_cfg_t c = cfg_default();
-    c.dwell_ns = 10 * SEC;
-    pdctl_plan_state_t st;
-    pdctl_plan_state_init(&st);
-    pdctl_plan_out_t out;
-    uint64_t now = 100 * SEC;
-    unsigned np = 1, nd = 5;
-    bool mixed = false;
-    int mode_acts = 0;
-    st.last_change_ns = now;   /* just re-split to 1:5 */
-    run_mode(&c, &st, &now, LONG, 2e-3, 9, &np, &nd, &mixed, &mode_acts, &out);  /* 18 s < window */
-    assert_false(mixed);
-    assert_true(out.pull_tok_s == 0);
-    run_mode(&c, &st, &now, LONG, 125e-6, 30, &np, &nd, &mixed, &mode_acts, &out);
-    assert_false(mixed);
-    assert_int_equal(mode_acts, 0);
-    assert_true(out.pull_tok_s > 124e-6 && out.pull_tok_s < 126e-6);
+    mode_run_t r;
+    mode_init(&r, 10 * SEC, 100 * SEC, 1, 5, false);
+    r.st.last_change_ns = r.now; /* just re-split to 1:5 */
+    run_mode(&r, LONG, 2e-3, 9);  /* 18 s < window */
+    assert_false(r.mixed);
+    assert_true(r.out.pull_tok_s == 0);
+    run_mode(&r, LONG, 125e-6, 30);
+    assert_false(r.mixed);
+    assert_int_equal(r.mode_acts, 0);
+    assert_true(r.out.pull_tok_s > 124e-6 && r.out.pull_tok_s < 126e-6);
     /* and in PD-mixed, where nothing is pulled, the last measure is kept */
     pdctl_plan_in_t in;
-    tick(&in, &now, LONG, 0, 6);
+    tick(&in, &r.now, LONG, 0, 6);
     in.mixed = true;
     in.local_tok_s = 100e-6;
-    pdctl_plan_step(&c, 6, &in, &st, &out);
-    assert_true(out.pull_tok_s > 124e-6 && out.pull_tok_s < 126e-6);
-    pd_config_free(&pdctl_plan_schema, &c);
+    pdctl_plan_step(&r.c, 6, &in, &r.st, &r.out);
+    assert_true(r.out.pull_tok_s > 124e-6 && r.out.pull_tok_s < 126e-6);
+    pd_config_free(&pdctl_plan_schema, &r.c);
 }
 
 /* Long prompts and chat alternating every few seconds: the mode switches at
@@ -573,27 +571,19 @@ static void test_mode_pull_settles_after_resplit(void **state)
 static void test_mode_flapping_no_oscillation(void **state)
 {
     (void)state;
-    pdctl_plan_cfg_t c = cfg_default();
-    c.dwell_ns = 30 * SEC;
-    pdctl_plan_state_t st;
-    pdctl_plan_state_init(&st);
-    pdctl_plan_out_t out;
-    uint64_t now = 0;
-    unsigned np = 2, nd = 4;
-    bool mixed = false;
-    int mode_acts = 0;
+    mode_run_t r;
+    mode_init(&r, 30 * SEC, 0, 2, 4, false);
     uint64_t last_switch = 0;
     for (int k = 0; k < 40; k++) {   /* 160 s: 2 ticks long, 2 ticks chat */
-        int before = mode_acts;
-        run_mode(&c, &st, &now, k % 2 ? CHAT : LONG, 125e-6, 2, &np, &nd, &mixed, &mode_acts,
-                 &out);
-        if (mode_acts != before) {
-            assert_true(last_switch == 0 || now - last_switch >= 30 * SEC);
-            last_switch = now;
+        int before = r.mode_acts;
+        run_mode(&r, k % 2 ? CHAT : LONG, 125e-6, 2);
+        if (r.mode_acts != before) {
+            assert_true(last_switch == 0 || r.now - last_switch >= 30 * SEC);
+            last_switch = r.now;
         }
     }
-    assert_true(mode_acts <= 2);
-    pd_config_free(&pdctl_plan_schema, &c);
+    assert_true(r.mode_acts <= 2);
+    pd_config_free(&pdctl_plan_schema, &r.c);
 }
 
 int main(void)
