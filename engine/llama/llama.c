@@ -1670,6 +1670,18 @@ static void ll_layer_qkv(eng_model_t *m, uint8_t *arena, const ll_layer_t *L, ui
     }
 }
 
+/* A sublayer's output XB2 (N rows): its optional post-norm (gemma's
+ * post_attn_norm / post_ffn_norm; NULL: none), then the residual into X. */
+static void ll_norm_residual(eng_model_t *m, const float *norm, float *X, float *XB2, uint32_t N)
+{
+    const uint32_t E = m->n_embd;
+    if (norm)
+        for (uint32_t i = 0; i < N; i++)
+            ll_rmsnorm(XB2 + (size_t)i * E, XB2 + (size_t)i * E, norm, E, m->rms_eps);
+    for (size_t i = 0; i < (size_t)N * E; i++)
+        X[i] += XB2[i];
+}
+
 /* Layer l's attention (run: its tokens, q from row 0), wo into XB2, the
  * post-attention norm, the residual into X, the FFN norm into XB (N rows
  * each). */
@@ -1694,12 +1706,7 @@ static void ll_layer_att(eng_model_t *m, const ll_layer_t *L, uint32_t l, ll_att
         .x = m->att, .x_stride = m->q_dim, .n_items = N,
     };
     eng_ll_matmul(m->pool, &wo, scr);
-    if (L->post_attn_norm)
-        for (uint32_t i = 0; i < N; i++)
-            ll_rmsnorm(XB2 + (size_t)i * E, XB2 + (size_t)i * E, L->post_attn_norm, E,
-                       m->rms_eps);
-    for (size_t i = 0; i < (size_t)N * E; i++)
-        X[i] += XB2[i];
+    ll_norm_residual(m, L->post_attn_norm, X, XB2, N);
     for (uint32_t i = 0; i < N; i++)
         ll_rmsnorm(XB + (size_t)i * E, X + (size_t)i * E, L->ffn_norm, E, m->rms_eps);
 }
@@ -1727,13 +1734,7 @@ static void ll_ffn_dense(eng_model_t *m, const ll_layer_t *L, float *XB, float *
 /* After the FFN of N rows: the post-FFN norm of XB2, the residual into X. */
 static void ll_ffn_finish(eng_model_t *m, const ll_layer_t *L, float *X, float *XB2, uint32_t N)
 {
-    const uint32_t E = m->n_embd;
-    if (L->post_ffn_norm)
-        for (uint32_t i = 0; i < N; i++)
-            ll_rmsnorm(XB2 + (size_t)i * E, XB2 + (size_t)i * E, L->post_ffn_norm, E,
-                       m->rms_eps);
-    for (size_t i = 0; i < (size_t)N * E; i++)
-        X[i] += XB2[i];
+    ll_norm_residual(m, L->post_ffn_norm, X, XB2, N);
 }
 
 /* Micro-batch h (rows [i0, i0 + c)) of layer pl: wait for its combine,

@@ -233,7 +233,6 @@ static void plan_figures(const plan_sample_t *a, const plan_sample_t *b, uint64_
     in->n_decode = b->n_decode;
     in->dec_max_batch = b->max_batch;
     in->pf_tok_s_hint = b->pf_tok_ns > 0 ? 1e9 / b->pf_tok_ns : 0;
-
     in->hop_s = b->hop_ns / 1e9;
     in->local_tok_s = b->dec_tok_ns / 1e9;
     in->mixed = b->mixed;
