@@ -8,9 +8,11 @@
 #   tests/bench/plan-phases.sh [--build DIR] [--out DIR] [--phase S] [--reps N]
 #                              [--configs "1P:5D 3P:3D planner ..."]
 #                              [--planner "dwell=20s window=10s ..."]  (extra [planner] rows)
+#                              [--time-scale K] [--phases "chat long agent"]
 #
-# Phases (--phase seconds each, default 30; Poisson arrivals):
-#   chat   short chat at a high rate: 10 req/s, 128 prompt / 128 answer tokens
+# Phases (--phase seconds each, default 30; Poisson arrivals; the rates are
+# modeled time's, divided by --time-scale):
+#   chat   short chat at a high rate: 20 req/s, 128 prompt / 128 answer tokens
 #   long   long prompts, short answers: 8 req/s, 2000 / 16
 #   agent  agent turns on long shared prefixes: 6 req/s, 4 groups x 1536-token
 #          prefix + 256 new tokens, 64 answer tokens (shared-prefix workload)
@@ -18,14 +20,23 @@
 # mixed-6D (6 decodes, disagg-mode never), `planner` (starts 3P:3D with the
 # routers at always, `pdctl autoscale on`, [planner] rows below: min-prefill 0,
 # so it may choose PD-mixed and back to separate-mode always) and
-# `planner-mixed` (the same, starting PD-mixed 0P:6D, routers never). SLO: TTFT <= 1 s, TPOT <= 50 ms.
+# `planner-mixed` (the same, starting PD-mixed 0P:6D, routers never). SLO: TTFT <= 1 s,
+# TPOT <= 50 ms of modeled time (x K on the wall clock).
+# --time-scale K (default 4) runs the modeled world K times slower (sim
+# speedup=1/K): rates / K, SLOs and timeouts x K. The KV bytes stay real
+# (128 KiB a token written, and pulled in separate pools), so K sets how much
+# the box's own memcpy weighs against the modeled compute. At K=1 the long
+# phase writes and pulls ~2 GB/s each on 2 shared cores and every split,
+# PD-mixed included, saturates near 50 % attainment; at K=4 a 2000-token
+# prompt's 256 MiB pull is ~0.1x its modeled prefill, about what it is for an
+# 8B model on a 100 Gb/s RDMA link (BENCHMARKS.md).
 # Output in --out DIR: one pd-bench JSON per (rep, config, phase),
 # summary.tsv (goodput and SLO attainment per phase), planner logs.
 set -uo pipefail
 
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${PD_BUILD_DIR:-$SRC/build}
-OUT= PHASE=30 REPS=1 PLANNER_EXTRA=
+OUT= PHASE=30 REPS=1 PLANNER_EXTRA= TS=4 PHASES="chat long agent"
 CONFIGS="1P:5D 2P:4D 3P:3D 4P:2D 5P:1D mixed-6D planner planner-mixed"
 while [ $# -gt 0 ]; do
     case $1 in
@@ -35,7 +46,9 @@ while [ $# -gt 0 ]; do
     --reps) REPS=$2; shift ;;
     --configs) CONFIGS=$2; shift ;;
     --planner) PLANNER_EXTRA=$2; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --time-scale) TS=$2; shift ;;
+    --phases) PHASES=$2; shift ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "plan-phases: unknown argument $1 (--help)" >&2; exit 2 ;;
     esac
     shift
@@ -45,15 +58,18 @@ BENCH=$BUILD/tools/bench/pd-bench
 [ -n "$OUT" ] || OUT=$(mktemp -d /tmp/plan-phases.XXXXXX)
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 DEPLOY=$SRC/tests/bench/sim-llama3-8b-sweep.ini
-SLO="ttft=1s,tpot=50ms"
+case $TS in ''|*[!0-9]*|0) echo "plan-phases: --time-scale takes a whole number >= 1" >&2; exit 2 ;; esac
+SLO="ttft=${TS}s,tpot=$((50 * TS))ms"
+MODEL=$(sed -n 's/^model = //p' "$DEPLOY" | sed "s/speedup=1\b/speedup=$(awk -v k="$TS" 'BEGIN { print 1 / k }')/")
+scale() { awk -v r="$1" -v k="$TS" 'BEGIN { print r / k }'; }
 # decode arenas of 768 blocks (1.5 GiB: 6 x 2000-token sequences, 16 x 256);
 # the planner's damping scaled to the short phases
-COMMON=(--set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0
+COMMON=(--set model="$MODEL" --set router.http=127.0.0.1:0 --set router.control=127.0.0.1:0
         --set decode.kv-blocks=768 --set decode.max-batch=16)
 PLANNER=(--set planner.budget=6 --set planner.min-prefill=0 --set planner.separate-mode=always
          --set planner.interval=1s
          --set planner.window=6s --set planner.confirm=2 --set planner.dwell=10s
-         --set planner.ttft-p90=1s --set planner.tpot-p90=50ms)
+         --set planner.ttft-p90=${TS}s --set planner.tpot-p90=$((50 * TS))ms)
 for kv in $PLANNER_EXTRA; do PLANNER+=(--set "planner.$kv"); done
 
 RUNS=()
@@ -71,9 +87,9 @@ mem_avail_mb() { awk '/^MemAvailable:/ {print int($2 / 1024)}' /proc/meminfo; }
 
 phase_args() {
     case $1 in
-    chat) echo --rate 10 --input-len 128 --prompt-ids 1000:30000 --output-len 128 --seed 1 ;;
-    long) echo --rate 8 --input-len 2000 --prompt-ids 1000:30000 --output-len 16 --seed 2 ;;
-    agent) echo --rate 6 --workload shared-prefix --prefix-len 1536 --prefix-groups 4 \
+    chat) echo --rate "$(scale 20)" --input-len 128 --prompt-ids 1000:30000 --output-len 128 --seed 1 ;;
+    long) echo --rate "$(scale 8)" --input-len 2000 --prompt-ids 1000:30000 --output-len 16 --seed 2 ;;
+    agent) echo --rate "$(scale 6)" --workload shared-prefix --prefix-len 1536 --prefix-groups 4 \
                --prefix-prompts 1000 --input-len 256 --prompt-ids 1000:30000 --output-len 64 --seed 3 ;;
     esac
 }
@@ -116,11 +132,11 @@ for rep in $(seq 1 "$REPS"); do
            --seed 9 --duration 5s --ignore-eos --no-per-request --quiet)
         say "${W[@]}"
         "${W[@]}" >/dev/null 2>&1
-        for ph in chat long agent; do
+        for ph in $PHASES; do
             J=$OUT/$rep-${cfg//:/}-$ph.json
             # shellcheck disable=SC2046
             B=("$BENCH" --url "$URL" $(phase_args $ph) --duration "${PHASE}s" --ignore-eos
-               --slo "$SLO" --request-timeout 20s --no-per-request --quiet --out "$J")
+               --slo "$SLO" --request-timeout $((20 * TS))s --no-per-request --quiet --out "$J")
             say "${B[@]}"
             "${B[@]}" >"$J.log" 2>&1 || { echo "plan-phases: pd-bench failed" >&2; tail -3 "$J.log" >&2; }
             split=$("$PDCTL" status --run-dir "$RUN" --json | python3 -c '
