@@ -25,11 +25,13 @@
 # --time-scale K (default 4) runs the modeled world K times slower (sim
 # speedup=1/K): rates / K, SLOs and timeouts x K. The KV bytes stay real
 # (128 KiB a token written, and pulled in separate pools), so K sets how much
-# the box's own memcpy weighs against the modeled compute. At K=1 the long
-# phase writes and pulls ~2 GB/s each on 2 shared cores and every split,
-# PD-mixed included, saturates near 50 % attainment; at K=4 a 2000-token
-# prompt's 256 MiB pull is ~0.1x its modeled prefill, about what it is for an
-# 8B model on a 100 Gb/s RDMA link (BENCHMARKS.md).
+# the box's own memcpy and CPU weigh against the modeled compute. At K=1 the
+# long phase writes ~2 GB/s of KV and pulls as much on 2 cores shared by 6
+# daemons, a router and pd-bench, and every split, PD-mixed included,
+# saturates near 50 % attainment (BENCHMARKS.md); at K=4 a 2000-token
+# prompt's 256 MiB pull (~25 ms at this box's ~10 GB/s shm get) is ~0.03x its
+# 800-ms modeled prefill, no more than its weight on a 100 Gb/s RDMA link
+# (~0.1x of a 200-ms prefill).
 # Output in --out DIR: one pd-bench JSON per (rep, config, phase),
 # summary.tsv (goodput and SLO attainment per phase), planner logs.
 set -uo pipefail
@@ -48,7 +50,7 @@ while [ $# -gt 0 ]; do
     --planner) PLANNER_EXTRA=$2; shift ;;
     --time-scale) TS=$2; shift ;;
     --phases) PHASES=$2; shift ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "plan-phases: unknown argument $1 (--help)" >&2; exit 2 ;;
     esac
     shift

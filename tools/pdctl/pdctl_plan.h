@@ -48,9 +48,13 @@
  *                       dec_tok_ns) until a prefill daemon has run.
  *   decode need       also counts the KV pulls separate pools put on the
  *                       decodes (uncached tokens/s x pull time a token).
- * No flapping: a re-split (or a mode switch) needs the fractional split to be more than
- * 0.5 + hysteresis daemons from the running one, the same target for
- * `confirm` ticks in a row, and `dwell` since the last re-split. */
+ * No flapping: a re-split needs the fractional split to be more than
+ * 0.5 + hysteresis daemons from the running one even at the near edge of its
+ * noise band (need_p and need_d each `noise-band` standard errors the other
+ * way; relative error 1/sqrt(2 x requests/s x window), Poisson arrivals, so
+ * a low rate, whose average holds few requests, needs a larger move), the
+ * same target for `confirm` ticks in a row, and `dwell` since the last
+ * re-split; a mode switch, its margin, `confirm` and `dwell`. */
 #ifndef PDCTL_PLAN_H
 #define PDCTL_PLAN_H
 
@@ -90,6 +94,7 @@ typedef struct {
     uint64_t ttft_p90_ns, tpot_p90_ns;   /* SLO targets */
     double target_util;        /* plan to this fraction of measured capacity */
     double hysteresis;         /* daemons beyond 0.5 before a re-split */
+    double noise_z;            /* the noise band: standard errors of the needs' averages */
     uint64_t dwell_ns;         /* least time between re-splits */
     uint64_t confirm;          /* ticks the same new split must hold */
     uint64_t interval_ns;      /* one tick */
@@ -155,6 +160,8 @@ typedef struct {
     unsigned pending_ticks;
     uint64_t last_change_ns;       /* 0: never (re-split or mode switch) */
     double prompt_len;             /* smoothed uncached prompt tokens per request */
+    double req_rate;               /* smoothed requests/s (the noise band's sample size) */
+    bool primed_rate;
     double prompt_work;            /* smoothed prompt compute, in daemons (-1: none yet) */
     double mean_batch;             /* smoothed sequences per decode step */
     double pull_tok_s;             /* smoothed pull cost per token (0: never measured), from
@@ -175,6 +182,7 @@ typedef struct {
     double prompt_len;
     unsigned want_prefill, want_decode;  /* desired (the running split on a hold) */
     double split_prefill;          /* fractional prefill share of the budget */
+    double split_band;             /* the noise band's half width, daemons */
     double need_p, need_d;         /* smoothed, daemons */
     double pf_tok_s, dec_tok_s;    /* capacity of one daemon */
     double pull_tok_s;             /* the pull's cost per token the planner uses */

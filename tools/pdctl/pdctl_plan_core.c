@@ -25,6 +25,9 @@ static const pd_cfg_field_t pdctl_plan_fields[] = {
         "plan each daemon to this fraction of its measured capacity", 0.05, 1),
     ROW(hysteresis, "hysteresis", DOUBLE, "0.3",
         "re-split only when the desired split is 0.5 + this many daemons away", 0, 4),
+    ROW(noise_z, "noise-band", DOUBLE, "2",
+        "widen the hysteresis by this many standard errors of the demand's average "
+        "(Poisson: 1/sqrt(the requests the window holds)); 0: off", 0, 5),
     ROW(dwell_ns, "dwell", DURATION, "60s", "least time between two re-splits", 0, 864e11),
     ROW(confirm, "confirm", UINT, "3", "ticks in a row the same new split must be desired",
         1, 1000),
@@ -241,6 +244,33 @@ static double plan_dec_pressure(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in
     return itl < own ? itl : own;
 }
 
+/* The noise band (pdctl_plan.h "No flapping"): the split with need_p and
+ * need_d each `noise-band` standard errors apart, both ways: *lo with fewer
+ * prefills needed and more decodes, *hi the other way. The
+ * averages count Poisson arrivals: an EWMA of time constant window over a
+ * rate r holds about 2 x r x window requests, so one standard error is
+ * 1/sqrt(that) of it (the band caps at 1/2). At the three-phase benchmark's
+ * long phase (2 requests/s, 6-s window) one is 20 %, and the split swung by
+ * more than the bare hysteresis from tick to tick. */
+#define PLAN_NOISE_MAX_REL 0.5
+/* The request rate the band counts is averaged over this many windows. */
+#define PLAN_RATE_WINDOWS 4.0
+
+static void plan_split_bounds(const pdctl_plan_cfg_t *cfg, unsigned budget,
+                              const pdctl_plan_state_t *st, double *lo, double *hi)
+{
+    double p = st->need_p, d = st->need_d, rel = 0;
+    if (cfg->noise_z > 0) {
+        double n = st->req_rate * 2 * (double)cfg->window_ns / 1e9;
+        rel = n > 0 ? cfg->noise_z / sqrt(n) : PLAN_NOISE_MAX_REL;
+        if (rel > PLAN_NOISE_MAX_REL)
+            rel = PLAN_NOISE_MAX_REL;
+    }
+    double lp = p * (1 - rel), hd = d * (1 + rel), hp = p * (1 + rel), ld = d * (1 - rel);
+    *lo = lp + hd > 0 ? (double)budget * lp / (lp + hd) : 0;
+    *hi = hp + ld > 0 ? (double)budget * hp / (hp + ld) : 0;
+}
+
 /* PD-mixed or separate pools (pdctl_plan.h "mode"). Without a measured
  * prompt load: the running mode. */
 static bool plan_want_mixed(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *in,
@@ -316,6 +346,16 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
     }
     out->need_p = st->need_p;
     out->need_d = st->need_d;
+    if (in->dt_s > 0) {
+        /* over PLAN_RATE_WINDOWS windows: the band's own sample size must
+         * not shrink with the burst it guards against */
+        double w = cfg->window_ns > 0 ? 1 - exp(-in->dt_s * 1e9 / (PLAN_RATE_WINDOWS *
+                                                                     (double)cfg->window_ns))
+                                      : 1;
+        double r = in->requests / in->dt_s;
+        st->req_rate = st->primed_rate ? st->req_rate + w * (r - st->req_rate) : r;
+        st->primed_rate = true;
+    }
     if (in->dt_s > 0 && in->requests > 0) {
         double w = plan_ewma_w(cfg, in->dt_s);
         double uncached = in->prompt_tokens - in->cached_tokens;
@@ -412,16 +452,24 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
     if (split > hi)
         split = hi;
     out->split_prefill = split;
+    /* a move only when even the split's bound on the near side (the noise
+     * band, clamped like the split) is beyond the hysteresis */
+    double s_lo, s_hi, np = (double)in->n_prefill;
+    plan_split_bounds(cfg, budget, st, &s_lo, &s_hi);
+    out->split_band = (s_hi - s_lo) / 2;
+    s_lo = s_lo < lo ? lo : s_lo > hi ? hi : s_lo;
+    s_hi = s_hi < lo ? lo : s_hi > hi ? hi : s_hi;
+    bool far = split > np ? s_lo - np >= 0.5 + cfg->hysteresis
+                          : np - s_hi >= 0.5 + cfg->hysteresis;
     unsigned want_p = (unsigned)lround(split);
     bool resize = in->n_prefill + in->n_decode != budget;
-    if (!resize && fabs(split - (double)in->n_prefill) < 0.5 + cfg->hysteresis) {
+    if (!resize && !far) {
         st->pending = -1;
         st->pending_ticks = 0;
         why = PDCTL_PLAN_BALANCED;
         goto hold;
     }
-    if (resize && in->n_prefill >= lo && in->n_prefill <= hi &&
-        fabs(split - (double)in->n_prefill) < 0.5 + cfg->hysteresis)
+    if (resize && in->n_prefill >= lo && in->n_prefill <= hi && !far)
         want_p = in->n_prefill;    /* only the size is off: keep the prefill count */
     out->want_prefill = want_p;
     out->want_decode = budget - want_p;
