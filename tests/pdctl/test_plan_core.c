@@ -163,9 +163,9 @@ static void test_idle_holds(void **state)
 }
 
 /* chat -> long prompts: the split moves to prefill once the average has
- * moved and `confirm` ticks agree, within window + confirm ticks; then, a
- * dwell later, to where the average settled (5:1); never back while the
- * phase lasts. Then back to decode in the chat phase. */
+ * moved and `confirm` ticks agree, within window + confirm ticks; then, one
+ * daemon a dwell, to where the average settled (5:1); never back while the
+ * phase lasts. Then back to decode in the chat phase, one daemon a dwell. */
 static void test_phase_change_resplits(void **state)
 {
     (void)state;
@@ -189,16 +189,26 @@ static void test_phase_change_resplits(void **state)
     }
     assert_int_equal(acts, 1);
     assert_int_equal(out.reason, PDCTL_PLAN_MORE_PREFILL);
-    assert_true(np >= 2);
+    assert_int_equal(np, 2);   /* one daemon a re-split */
     /* within the bound: a window for the average + confirm ticks */
     assert_true(t_act - t0 <= c.window_ns + c.confirm * c.interval_ns + 2 * SEC);
-    run(&c, &st, &now, LONG, 60, &np, &nd, &out);
+    /* then one more a dwell (60 s) apart: 2 -> 3 -> 4 -> 5 */
+    unsigned was = np;
+    for (int t = 0; t < 150; t++) {
+        run(&c, &st, &now, LONG, 1, &np, &nd, &out);
+        assert_true(np == was || np == was + 1);
+        was = np;
+    }
     assert_int_equal(np, 5);   /* budget - min-decode */
     assert_int_equal(nd, 1);
     assert_int_equal(out.reason, PDCTL_PLAN_BALANCED);
     assert_int_equal(st.decisions[PDCTL_PLAN_MORE_DECODE], 0);
-    /* and back: more decode */
-    run(&c, &st, &now, CHAT, 90, &np, &nd, &out);
+    /* and back: more decode, one a dwell */
+    for (int t = 0; t < 200; t++) {
+        run(&c, &st, &now, CHAT, 1, &np, &nd, &out);
+        assert_true(np == was || np + 1 == was);
+        was = np;
+    }
     assert_true(nd >= 5);
     assert_true(st.decisions[PDCTL_PLAN_MORE_DECODE] >= 1);
     pd_config_free(&pdctl_plan_schema, &c);

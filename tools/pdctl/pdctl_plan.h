@@ -54,7 +54,8 @@
  * way; relative error 1/sqrt(2 x requests/s x window), Poisson arrivals, so
  * a low rate, whose average holds few requests, needs a larger move), the
  * same target for `confirm` ticks in a row, and `dwell` since the last
- * re-split; a mode switch, its margin, `confirm` and `dwell`. */
+ * re-split; a mode switch, its margin, `confirm` and `dwell`. Between
+ * separate splits a re-split moves one daemon. */
 #ifndef PDCTL_PLAN_H
 #define PDCTL_PLAN_H
 

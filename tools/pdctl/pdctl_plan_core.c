@@ -471,6 +471,15 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
     }
     if (resize && in->n_prefill >= lo && in->n_prefill <= hi && !far)
         want_p = in->n_prefill;    /* only the size is off: keep the prefill count */
+    /* one daemon a re-split: the needs were measured at the running split,
+     * and the other pool's pressure shows only once it is smaller (at
+     * --time-scale 4 the long phase jumped 1 -> 4 -> 2 -> 4 -> 2: at 4:2 the
+     * two decodes' pulls queued 3 s, at 2:4 the prompts did; 3:3, between
+     * them, met both SLOs). The next step waits for confirm and dwell. */
+    if (!resize && want_p > in->n_prefill + 1)
+        want_p = in->n_prefill + 1;
+    if (!resize && want_p + 1 < in->n_prefill)
+        want_p = in->n_prefill - 1;
     out->want_prefill = want_p;
     out->want_decode = budget - want_p;
     /* confirm counts ticks that want to move the same way (the target
