@@ -226,10 +226,21 @@ static double plan_dec_mean(const pdctl_plan_in_t *in, bool batch)
     return n > 0 ? sum / n : 0;
 }
 
-/* Weight of one tick of dt_s seconds in a moving average of time constant window. */
+/* Weight of one tick of dt_s seconds in a moving average of time constant
+ * windows x window. */
+static double plan_ewma_wn(const pdctl_plan_cfg_t *cfg, double dt_s, double windows)
+{
+    return cfg->window_ns > 0 ? 1 - exp(-dt_s * 1e9 / (windows * (double)cfg->window_ns)) : 1;
+}
+
 static double plan_ewma_w(const pdctl_plan_cfg_t *cfg, double dt_s)
 {
-    return cfg->window_ns > 0 ? 1 - exp(-dt_s * 1e9 / (double)cfg->window_ns) : 1;
+    return plan_ewma_wn(cfg, dt_s, 1);
+}
+
+static double plan_clamp(double x, double lo, double hi)
+{
+    return x < lo ? lo : x > hi ? hi : x;
 }
 
 /* A missed TPOT is the decodes' only when their own steps are slow too: the
@@ -349,9 +360,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
     if (in->dt_s > 0) {
         /* over PLAN_RATE_WINDOWS windows: the band's own sample size must
          * not shrink with the burst it guards against */
-        double w = cfg->window_ns > 0 ? 1 - exp(-in->dt_s * 1e9 / (PLAN_RATE_WINDOWS *
-                                                                     (double)cfg->window_ns))
-                                      : 1;
+        double w = plan_ewma_wn(cfg, in->dt_s, PLAN_RATE_WINDOWS);
         double r = in->requests / in->dt_s;
         st->req_rate = st->primed_rate ? st->req_rate + w * (r - st->req_rate) : r;
         st->primed_rate = true;
@@ -446,19 +455,15 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         why = PDCTL_PLAN_IDLE;
         goto hold;
     }
-    double split = (double)budget * st->need_p / (st->need_p + st->need_d);
-    if (split < lo)
-        split = lo;
-    if (split > hi)
-        split = hi;
+    double split = plan_clamp((double)budget * st->need_p / (st->need_p + st->need_d), lo, hi);
     out->split_prefill = split;
     /* a move only when even the split's bound on the near side (the noise
      * band, clamped like the split) is beyond the hysteresis */
     double s_lo, s_hi, np = (double)in->n_prefill;
     plan_split_bounds(cfg, budget, st, &s_lo, &s_hi);
     out->split_band = (s_hi - s_lo) / 2;
-    s_lo = s_lo < lo ? lo : s_lo > hi ? hi : s_lo;
-    s_hi = s_hi < lo ? lo : s_hi > hi ? hi : s_hi;
+    s_lo = plan_clamp(s_lo, lo, hi);
+    s_hi = plan_clamp(s_hi, lo, hi);
     bool far = split > np ? s_lo - np >= 0.5 + cfg->hysteresis
                           : np - s_hi >= 0.5 + cfg->hysteresis;
     unsigned want_p = (unsigned)lround(split);
