@@ -688,6 +688,86 @@ static void test_mode_pull_settles_after_resplit(void **state)
     pd_config_free(&pdctl_plan_schema, &r.c);
 }
 
+/* Agent turns on shared prefixes: 6 req/s, 1,800-token prompts. */
+static const phase_t AGENT = { 6, 1800, 64 };
+
+/* ticks of AGENT with this share of the prompt tokens cached; returns the
+ * tick of the first mode switch (-1: none) */
+static int run_agent(mode_run_t *r, double hit, int ticks)
+{
+    for (int t = 0; t < ticks; t++) {
+        int before = r->mode_acts;
+        pdctl_plan_in_t in;
+        tick(&in, &r->now, AGENT, r->np, r->nd);
+        in.cached_tokens = in.prompt_tokens * hit;
+        if (r->mixed)
+            in.local_tok_s = 100e-6;
+        in.pull_tok_s = 20e-6;
+        in.mixed = r->mixed;
+        pdctl_plan_step(&r->c, 6, &in, &r->st, &r->out);
+        if (r->out.act) {
+            if (r->out.mixed != r->mixed)
+                r->mode_acts++;
+            r->np = r->out.want_prefill;
+            r->nd = r->out.want_decode;
+            r->mixed = r->out.mixed;
+        }
+        if (r->mode_acts != before)
+            return t;
+    }
+    return -1;
+}
+
+/* A mode switch's first prompts meet cold prefix caches: the three-phase
+ * benchmark's agent turns cost 0.17 of a daemon in separate pools (84 % of
+ * the prompt tokens cached at the prefill), ~1 in PD-mixed's first seconds
+ * (nothing cached on six fresh decodes), 0.25 once warm (77 %). Judged on
+ * those first seconds, the planner went back to separate pools 3 s after
+ * PD-mixed came up, every 30 s. The prompt work counts from a dwell after
+ * the switch ended (pdctl scale took 20 s here, longer than dwell). */
+static void test_mode_settles_after_switch(void **state)
+{
+    (void)state;
+    /* 0: cold caches, then warm; 1: the same, switch end not marked;
+     * 2: long prompts right after the switch (a lasting change) */
+    for (int k = 0; k < 3; k++) {
+        mode_run_t r;
+        mode_init(&r, 10 * SEC, 0, 2, 4, false);
+        r.c.window_ns = 6 * SEC;   /* the benchmark's damping */
+        r.c.confirm = 2;
+        assert_true(run_agent(&r, 0.84, 30) >= 0);   /* light: PD-mixed */
+        assert_true(r.mixed);
+        assert_true(r.out.prompt_work < 0.2);
+        r.now += 20 * SEC;                           /* pdctl scale 2:4 -> 0:6 */
+        uint64_t end = r.now;
+        if (k != 1)
+            pdctl_plan_applied(&r.st, end);
+        if (k == 2) {
+            while (r.mode_acts == 1 && r.now - end < 60 * SEC)
+                run_mode(&r, LONG, 20e-6, 1);
+            assert_int_equal(r.mode_acts, 2);        /* back to separate pools */
+            assert_true(r.now - end > 10 * SEC);     /* not before the settling */
+            assert_true(r.now - end <= 30 * SEC);
+        } else {
+            int back = run_agent(&r, 0, 5);          /* 10 s of cold caches */
+            if (back < 0)
+                back = run_agent(&r, 0.77, 60);      /* then warm, 2 minutes */
+            if (k == 1) {
+                /* counted from the decision, the settling was over before
+                 * PD-mixed served: its cold seconds sent it back */
+                assert_true(back >= 0);
+                assert_false(r.mixed);
+            } else {
+                assert_int_equal(back, -1);
+                assert_int_equal(r.mode_acts, 1);
+                assert_int_equal(r.out.reason, PDCTL_PLAN_MIXED);
+                assert_true(r.out.prompt_work > 0.15 && r.out.prompt_work < 0.3);
+            }
+        }
+        pd_config_free(&pdctl_plan_schema, &r.c);
+    }
+}
+
 /* Long prompts and chat alternating every few seconds: the mode switches at
  * most once per dwell (and the averaged prompt settles on one side). */
 static void test_mode_flapping_no_oscillation(void **state)
@@ -716,6 +796,7 @@ int main(void)
         cmocka_unit_test(test_mode_light_mixed_heavy_separate),
         cmocka_unit_test(test_mode_mixed_start_measures_local),
         cmocka_unit_test(test_mode_pull_settles_after_resplit),
+        cmocka_unit_test(test_mode_settles_after_switch),
         cmocka_unit_test(test_mode_flapping_no_oscillation),
         cmocka_unit_test(test_idle_holds),
         cmocka_unit_test(test_phase_change_resplits),

@@ -54,8 +54,13 @@
  * way; relative error 1/sqrt(2 x requests/s x window), Poisson arrivals, so
  * a low rate, whose average holds few requests, needs a larger move), the
  * same target for `confirm` ticks in a row, and `dwell` since the last
- * re-split; a mode switch, its margin, `confirm` and `dwell`. Between
- * separate splits a re-split moves one daemon. */
+ * re-split ended; a mode switch, its margin, `confirm` and `dwell`. Between
+ * separate splits a re-split moves one daemon. Measures settle after a
+ * change: the pull's cost counts from a window after a re-split ends (its
+ * first pulls carry the backlog), the prompt work from a dwell (at least a
+ * window) after a mode switch ends (the new mode's prefix caches start
+ * cold, and its first prompts look several times heavier than the mode's
+ * own steady state). */
 #ifndef PDCTL_PLAN_H
 #define PDCTL_PLAN_H
 
@@ -159,11 +164,14 @@ typedef struct {
     int pending;                   /* direction awaiting confirm: +1 more prefill, -1 more
                                       decode, 0 size only; PDCTL_PLAN_NO_PENDING */
     unsigned pending_ticks;
-    uint64_t last_change_ns;       /* 0: never (re-split or mode switch) */
+    uint64_t last_change_ns;       /* the last re-split or mode switch: its decision, then
+                                      its end (pdctl_plan_applied); 0: never */
+    uint64_t mode_change_ns;       /* the same for the last mode switch; 0: never */
     double prompt_len;             /* smoothed uncached prompt tokens per request */
     double req_rate;               /* smoothed requests/s (the noise band's sample size) */
     bool primed_rate;
-    double prompt_work;            /* smoothed prompt compute, in daemons (-1: none yet) */
+    double prompt_work;            /* smoothed prompt compute, in daemons (-1: none yet), from
+                                      ticks a dwell (at least a window) after a mode switch */
     double mean_batch;             /* smoothed sequences per decode step */
     double pull_tok_s;             /* smoothed pull cost per token (0: never measured), from
                                       ticks a window or more after the last re-split */
@@ -196,6 +204,10 @@ void pdctl_plan_state_init(pdctl_plan_state_t *st);
  * Pure: the result depends only on the arguments and *st, which it updates. */
 void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_plan_in_t *in,
                      pdctl_plan_state_t *st, pdctl_plan_out_t *out);
+/* The re-split the last act asked for ended at now_ns (pdctl scale took its
+ * time: drain, migration, start): dwell and the measures' settling count
+ * from here, not from the decision. */
+void pdctl_plan_applied(pdctl_plan_state_t *st, uint64_t now_ns);
 
 /* ---- the controller (pdctl_plan.c) ----------------------------------------- */
 

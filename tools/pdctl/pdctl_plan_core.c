@@ -312,6 +312,15 @@ static bool plan_want_mixed(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *
     return light || pull_bound;
 }
 
+void pdctl_plan_applied(pdctl_plan_state_t *st, uint64_t now_ns)
+{
+    if (st->last_change_ns == 0 || now_ns < st->last_change_ns)
+        return;   /* nothing asked, or a clock from elsewhere */
+    if (st->mode_change_ns == st->last_change_ns)
+        st->mode_change_ns = now_ns ? now_ns : 1;
+    st->last_change_ns = now_ns ? now_ns : 1;
+}
+
 void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_plan_in_t *in,
                      pdctl_plan_state_t *st, pdctl_plan_out_t *out)
 {
@@ -372,11 +381,21 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         st->prompt_len = st->prompt_len > 0 ? st->prompt_len + w * (len - st->prompt_len) : len;
     }
     out->prompt_len = st->prompt_len;
+    /* the prompt work of a mode's first dwell (at least a window) after its
+     * switch ended is not the mode's: its prefix caches start cold (the
+     * three-phase benchmark's agent turns read 0.14-0.24 of a daemon in
+     * separate pools, 0.72-0.82 in PD-mixed's first 3 s, 0.25 in PD-mixed
+     * over 150 s; the planner went back and forth every 30 s on it) */
+    uint64_t settle = cfg->dwell_ns > cfg->window_ns ? cfg->dwell_ns : cfg->window_ns;
+    bool settled = st->mode_change_ns == 0 || in->now_ns - st->mode_change_ns >= settle;
     if (in->dt_s > 0 && st->pf_tok_s > 0) {
         double w = plan_ewma_w(cfg, in->dt_s);
         double uncached = in->prompt_tokens - in->cached_tokens;
         double work = (uncached > 0 ? uncached : 0) / in->dt_s / st->pf_tok_s;
-        st->prompt_work = st->prompt_work >= 0 ? st->prompt_work + w * (work - st->prompt_work) : work;
+        if (st->prompt_work < 0)
+            st->prompt_work = work;
+        else if (settled)
+            st->prompt_work += w * (work - st->prompt_work);
         double b = plan_dec_mean(in, true);
         if (b > 0)
             st->mean_batch = st->mean_batch > 0 ? st->mean_batch + w * (b - st->mean_batch) : b;
@@ -439,6 +458,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         }
         out->act = true;
         st->last_change_ns = in->now_ns ? in->now_ns : 1;
+        st->mode_change_ns = st->last_change_ns;
         st->mode_pending = -1;
         st->mode_ticks = 0;
         goto count;
