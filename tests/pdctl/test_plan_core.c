@@ -724,37 +724,45 @@ static int run_agent(mode_run_t *r, double hit, int ticks)
  * (nothing cached on six fresh decodes), 0.25 once warm (77 %). Judged on
  * those first seconds, the planner went back to separate pools 3 s after
  * PD-mixed came up, every 30 s. The prompt work counts from a dwell after
- * the switch ended (pdctl scale took 20 s here, longer than dwell). */
+ * the switch ended (pdctl scale took 20 s here, longer than dwell), and the
+ * mode moves only when the far edge of the work's noise band is past the
+ * margin (20 s after, caches still half cold read 0.70, and it left). */
 static void test_mode_settles_after_switch(void **state)
 {
     (void)state;
-    /* 0: cold caches, then warm; 1: the same, switch end not marked;
-     * 2: long prompts right after the switch (a lasting change) */
-    for (int k = 0; k < 3; k++) {
+    enum { WARM, UNMARKED, HALF_COLD, HALF_COLD_NO_BAND, LASTING, N_CASES };
+    for (int k = 0; k < N_CASES; k++) {
         mode_run_t r;
         mode_init(&r, 10 * SEC, 0, 2, 4, false);
         r.c.window_ns = 6 * SEC;   /* the benchmark's damping */
         r.c.confirm = 2;
+        if (k == HALF_COLD_NO_BAND)
+            r.c.noise_z = 0;
         assert_true(run_agent(&r, 0.84, 30) >= 0);   /* light: PD-mixed */
         assert_true(r.mixed);
         assert_true(r.out.prompt_work < 0.2);
         r.now += 20 * SEC;                           /* pdctl scale 2:4 -> 0:6 */
         uint64_t end = r.now;
-        if (k != 1)
+        if (k != UNMARKED)
             pdctl_plan_applied(&r.st, end);
-        if (k == 2) {
+        if (k == LASTING) {
+            /* a lasting change still moves it: long prompts, separate
+             * pools, no sooner than the settling */
             while (r.mode_acts == 1 && r.now - end < 60 * SEC)
                 run_mode(&r, LONG, 20e-6, 1);
-            assert_int_equal(r.mode_acts, 2);        /* back to separate pools */
-            assert_true(r.now - end > 10 * SEC);     /* not before the settling */
+            assert_int_equal(r.mode_acts, 2);
+            assert_true(r.now - end > 10 * SEC);
             assert_true(r.now - end <= 30 * SEC);
         } else {
             int back = run_agent(&r, 0, 5);          /* 10 s of cold caches */
+            if (back < 0 && (k == HALF_COLD || k == HALF_COLD_NO_BAND))
+                back = run_agent(&r, 0.35, 10);      /* 20 s half cold */
             if (back < 0)
                 back = run_agent(&r, 0.77, 60);      /* then warm, 2 minutes */
-            if (k == 1) {
+            if (k == UNMARKED || k == HALF_COLD_NO_BAND) {
                 /* counted from the decision, the settling was over before
-                 * PD-mixed served: its cold seconds sent it back */
+                 * PD-mixed served: its cold seconds sent it back; without
+                 * the band, the half-cold ones did */
                 assert_true(back >= 0);
                 assert_false(r.mixed);
             } else {

@@ -60,7 +60,8 @@
  * first pulls carry the backlog), the prompt work from a dwell (at least a
  * window) after a mode switch ends (the new mode's prefix caches start
  * cold, and its first prompts look several times heavier than the mode's
- * own steady state). */
+ * own steady state); the mode moves only when the far edge of the prompt
+ * work's noise band is past the margin. */
 #ifndef PDCTL_PLAN_H
 #define PDCTL_PLAN_H
 

@@ -267,16 +267,20 @@ static double plan_dec_pressure(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in
 /* The request rate the band counts is averaged over this many windows. */
 #define PLAN_RATE_WINDOWS 4.0
 
+/* The relative half width of the noise band of an average over the window. */
+static double plan_noise_rel(const pdctl_plan_cfg_t *cfg, const pdctl_plan_state_t *st)
+{
+    if (!(cfg->noise_z > 0))
+        return 0;
+    double n = st->req_rate * 2 * (double)cfg->window_ns / 1e9;
+    double rel = n > 0 ? cfg->noise_z / sqrt(n) : PLAN_NOISE_MAX_REL;
+    return rel < PLAN_NOISE_MAX_REL ? rel : PLAN_NOISE_MAX_REL;
+}
+
 static void plan_split_bounds(const pdctl_plan_cfg_t *cfg, unsigned budget,
                               const pdctl_plan_state_t *st, double *lo, double *hi)
 {
-    double p = st->need_p, d = st->need_d, rel = 0;
-    if (cfg->noise_z > 0) {
-        double n = st->req_rate * 2 * (double)cfg->window_ns / 1e9;
-        rel = n > 0 ? cfg->noise_z / sqrt(n) : PLAN_NOISE_MAX_REL;
-        if (rel > PLAN_NOISE_MAX_REL)
-            rel = PLAN_NOISE_MAX_REL;
-    }
+    double p = st->need_p, d = st->need_d, rel = plan_noise_rel(cfg, st);
     double lp = p * (1 - rel), hd = d * (1 + rel), hp = p * (1 + rel), ld = d * (1 - rel);
     *lo = lp + hd > 0 ? (double)budget * lp / (lp + hd) : 0;
     *hi = hp + ld > 0 ? (double)budget * hp / (hp + ld) : 0;
@@ -292,9 +296,13 @@ static bool plan_want_mixed(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *
         return false;
     if (st->prompt_work < 0 || !(in->requests > 0))
         return in->mixed;
-    /* light prompts: a dedicated prefill would mostly idle */
-    bool light = in->mixed ? st->prompt_work < PDCTL_PLAN_MIXED_WORK * m
-                           : st->prompt_work < PDCTL_PLAN_MIXED_WORK / m;
+    /* light prompts: a dedicated prefill would mostly idle. The work's
+     * noise band too: in or out only when its far edge is past the margin
+     * (the agent phase's 1.5 requests/s, 256 or 1,792 uncached tokens
+     * each, read 0.19 then 0.70 four ticks later, and left PD-mixed) */
+    double rel = plan_noise_rel(cfg, st);
+    bool light = in->mixed ? st->prompt_work * (1 - rel) < PDCTL_PLAN_MIXED_WORK * m
+                           : st->prompt_work * (1 + rel) < PDCTL_PLAN_MIXED_WORK / m;
     /* the pull alone: the hop (dispatch to the prefill) is TTFT's, not the
      * gap before token 1, and a hop measured under a re-split's load would
      * pin PD-mixed. Against it, a local prompt token stalls the whole batch. */
