@@ -387,9 +387,10 @@ static void test_dwell_respected(void **state)
     uint64_t now = 0;
     unsigned np = 1, nd = 5;
     assert_int_equal(run(&c, &st, &now, LONG, 10, &np, &nd, &out), 1);
-    uint64_t t_first = st.last_change_ns;
-    now += 20 * SEC;   /* the re-split took 20 s: dwell still counts from its decision */
+    now += 20 * SEC;   /* the re-split took 20 s: dwell counts from its end */
     pdctl_plan_applied(&st, now);
+    uint64_t t_first = st.last_change_ns;
+    assert_int_equal(t_first, now);
     int acts = 0;
     uint64_t t_second = 0;
     for (int t = 0; t < 60 && acts == 0; t++) {
@@ -672,7 +673,7 @@ static void test_mode_pull_settles_after_resplit(void **state)
     (void)state;
     mode_run_t r;
     mode_init(&r, 10 * SEC, 100 * SEC, 1, 5, false);
-    r.st.last_change_ns = r.st.settle_ns = r.now; /* just re-split to 1:5 */
+    r.st.last_change_ns = r.now; /* just re-split to 1:5 */
     run_mode(&r, LONG, 2e-3, 9);  /* 18 s < window */
     assert_false(r.mixed);
     assert_true(r.out.pull_tok_s == 0);

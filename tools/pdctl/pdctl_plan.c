@@ -868,9 +868,9 @@ static int plan_run(const char *run_dir, const char *name)
             c->last_unix = (int64_t)time(NULL);
             plan_write_status(run_dir, c);
             int arc = plan_apply(run_dir, &cfg, &c->in, &c->out, &l);
-            /* the measures' settling counts from the end: a re-split took
-             * 10-25 s in the three-phase benchmark, longer than its window
-             * and its 10-s dwell */
+            /* dwell and the measures' settling count from the end: a
+             * re-split took 10-25 s in the three-phase benchmark, longer
+             * than its 10-s dwell */
             pdctl_plan_applied(&c->st, (uint64_t)(pdctl_now() * 1e9));
             printf("%s: re-split %u:%u -> %u:%u %s (rc %d)\n", name, c->in.n_prefill,
                    c->in.n_decode, c->out.want_prefill, c->out.want_decode,

@@ -54,7 +54,7 @@
  * way; relative error 1/sqrt(2 x requests/s x window), Poisson arrivals, so
  * a low rate, whose average holds few requests, needs a larger move), the
  * same target for `confirm` ticks in a row, and `dwell` since the last
- * re-split's decision; a mode switch, its margin, `confirm` and `dwell`. Between
+ * re-split ended; a mode switch, its margin, `confirm` and `dwell`. Between
  * separate splits a re-split moves one daemon. Measures settle after a
  * change: the pull's cost counts from a window after a re-split ends (its
  * first pulls carry the backlog), the prompt work from a dwell (at least a
@@ -165,10 +165,8 @@ typedef struct {
     int pending;                   /* direction awaiting confirm: +1 more prefill, -1 more
                                       decode, 0 size only; PDCTL_PLAN_NO_PENDING */
     unsigned pending_ticks;
-    uint64_t last_change_ns;       /* the last re-split or mode switch's decision (dwell);
-                                      0: never */
-    uint64_t settle_ns;            /* its end (pdctl_plan_applied; until then the decision):
-                                      the measures settle from here; 0: never */
+    uint64_t last_change_ns;       /* the last re-split or mode switch: its decision, then
+                                      its end (pdctl_plan_applied); 0: never */
     uint64_t mode_change_ns;       /* the same for the last mode switch; 0: never */
     double prompt_len;             /* smoothed uncached prompt tokens per request */
     double req_rate;               /* smoothed requests/s (the noise band's sample size) */
@@ -208,8 +206,8 @@ void pdctl_plan_state_init(pdctl_plan_state_t *st);
 void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_plan_in_t *in,
                      pdctl_plan_state_t *st, pdctl_plan_out_t *out);
 /* The re-split the last act asked for ended at now_ns (pdctl scale took its
- * time: drain, migration, start): the measures' settling counts from here,
- * not from the decision (dwell still does, like an HPA's stabilization). */
+ * time: drain, migration, start): dwell and the measures' settling count
+ * from here, not from the decision. */
 void pdctl_plan_applied(pdctl_plan_state_t *st, uint64_t now_ns);
 
 /* ---- the controller (pdctl_plan.c) ----------------------------------------- */

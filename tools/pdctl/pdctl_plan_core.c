@@ -322,11 +322,11 @@ static bool plan_want_mixed(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *
 
 void pdctl_plan_applied(pdctl_plan_state_t *st, uint64_t now_ns)
 {
-    if (st->settle_ns == 0 || now_ns < st->settle_ns)
+    if (st->last_change_ns == 0 || now_ns < st->last_change_ns)
         return;   /* nothing asked, or a clock from elsewhere */
-    if (st->mode_change_ns == st->settle_ns)
+    if (st->mode_change_ns == st->last_change_ns)
         st->mode_change_ns = now_ns ? now_ns : 1;
-    st->settle_ns = now_ns ? now_ns : 1;
+    st->last_change_ns = now_ns ? now_ns : 1;
 }
 
 void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_plan_in_t *in,
@@ -342,7 +342,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
      * a 2 s tail in its first 11 s at 1:5 and went back to PD-mixed for good);
      * kept through PD-mixed, where nothing is pulled */
     if (in->pull_tok_s > 0 &&
-        (st->settle_ns == 0 || in->now_ns - st->settle_ns >= cfg->window_ns)) {
+        (st->last_change_ns == 0 || in->now_ns - st->last_change_ns >= cfg->window_ns)) {
         double w = in->dt_s > 0 ? plan_ewma_w(cfg, in->dt_s) : 1;
         st->pull_tok_s = st->pull_tok_s > 0 ? st->pull_tok_s + w * (in->pull_tok_s - st->pull_tok_s)
                                             : in->pull_tok_s;
@@ -466,7 +466,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         }
         out->act = true;
         st->last_change_ns = in->now_ns ? in->now_ns : 1;
-        st->settle_ns = st->mode_change_ns = st->last_change_ns;
+        st->mode_change_ns = st->last_change_ns;
         st->mode_pending = -1;
         st->mode_ticks = 0;
         goto count;
@@ -536,7 +536,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
           : want_p > in->n_prefill          ? PDCTL_PLAN_MORE_PREFILL
                                             : PDCTL_PLAN_MORE_DECODE;
     out->act = true;
-    st->last_change_ns = st->settle_ns = in->now_ns ? in->now_ns : 1;
+    st->last_change_ns = in->now_ns ? in->now_ns : 1;
     st->pending = PDCTL_PLAN_NO_PENDING;
     st->pending_ticks = 0;
     goto count;
