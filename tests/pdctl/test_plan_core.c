@@ -571,11 +571,14 @@ static void mode_init(mode_run_t *r, uint64_t dwell_ns, uint64_t now, unsigned n
  * decision, mode included (r->mode_acts counts the mode switches).
  * PD-mixed ticks carry the decodes' local prompt rate (100 us a token, the
  * prefills' rate) and no prefill figures at all. */
-static void run_mode(mode_run_t *r, phase_t ph, double pull_s, int ticks)
+static int mode_ticks(mode_run_t *r, phase_t ph, double pull_s, double hit, int ticks,
+                      bool stop_on_switch)
 {
     for (int t = 0; t < ticks; t++) {
+        int before = r->mode_acts;
         pdctl_plan_in_t in;
         tick(&in, &r->now, ph, r->np, r->nd);
+        in.cached_tokens = in.prompt_tokens * hit;
         if (r->mixed)
             in.local_tok_s = 100e-6;
         in.pull_tok_s = pull_s;
@@ -592,7 +595,15 @@ static void run_mode(mode_run_t *r, phase_t ph, double pull_s, int ticks)
             r->mixed = r->out.mixed;
             assert_true(r->mixed ? r->np == 0 : r->np >= 1);
         }
+        if (stop_on_switch && r->mode_acts != before)
+            return t;
     }
+    return -1;
+}
+
+static void run_mode(mode_run_t *r, phase_t ph, double pull_s, int ticks)
+{
+    mode_ticks(r, ph, pull_s, 0, ticks, false);
 }
 
 /* Light prompts (chat: 800 tokens/s, 0.08 of a prefill daemon): PD-mixed,
@@ -698,27 +709,7 @@ static const phase_t AGENT = { 6, 1800, 64 };
  * tick of the first mode switch (-1: none) */
 static int run_agent(mode_run_t *r, double hit, int ticks)
 {
-    for (int t = 0; t < ticks; t++) {
-        int before = r->mode_acts;
-        pdctl_plan_in_t in;
-        tick(&in, &r->now, AGENT, r->np, r->nd);
-        in.cached_tokens = in.prompt_tokens * hit;
-        if (r->mixed)
-            in.local_tok_s = 100e-6;
-        in.pull_tok_s = 20e-6;
-        in.mixed = r->mixed;
-        pdctl_plan_step(&r->c, 6, &in, &r->st, &r->out);
-        if (r->out.act) {
-            if (r->out.mixed != r->mixed)
-                r->mode_acts++;
-            r->np = r->out.want_prefill;
-            r->nd = r->out.want_decode;
-            r->mixed = r->out.mixed;
-        }
-        if (r->mode_acts != before)
-            return t;
-    }
-    return -1;
+    return mode_ticks(r, AGENT, 20e-6, hit, ticks, true);
 }
 
 /* A mode switch's first prompts meet cold prefix caches: the three-phase
