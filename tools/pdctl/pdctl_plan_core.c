@@ -238,6 +238,12 @@ static double plan_ewma_w(const pdctl_plan_cfg_t *cfg, double dt_s)
     return plan_ewma_wn(cfg, dt_s, 1);
 }
 
+/* At least d since t (0: never happened); a clock behind t has not. */
+static bool plan_since(uint64_t now, uint64_t t, uint64_t d)
+{
+    return t == 0 || (now >= t && now - t >= d);
+}
+
 static double plan_clamp(double x, double lo, double hi)
 {
     return x < lo ? lo : x > hi ? hi : x;
@@ -342,7 +348,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
      * a 2 s tail in its first 11 s at 1:5 and went back to PD-mixed for good);
      * kept through PD-mixed, where nothing is pulled */
     if (in->pull_tok_s > 0 &&
-        (st->last_change_ns == 0 || in->now_ns - st->last_change_ns >= cfg->window_ns)) {
+        plan_since(in->now_ns, st->last_change_ns, cfg->window_ns)) {
         double w = in->dt_s > 0 ? plan_ewma_w(cfg, in->dt_s) : 1;
         st->pull_tok_s = st->pull_tok_s > 0 ? st->pull_tok_s + w * (in->pull_tok_s - st->pull_tok_s)
                                             : in->pull_tok_s;
@@ -395,7 +401,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
      * separate pools, 0.72-0.82 in PD-mixed's first 3 s, 0.25 in PD-mixed
      * over 150 s; the planner went back and forth every 30 s on it) */
     uint64_t settle = cfg->dwell_ns > cfg->window_ns ? cfg->dwell_ns : cfg->window_ns;
-    bool settled = st->mode_change_ns == 0 || in->now_ns - st->mode_change_ns >= settle;
+    bool settled = plan_since(in->now_ns, st->mode_change_ns, settle);
     if (in->dt_s > 0 && st->pf_tok_s > 0) {
         double w = plan_ewma_w(cfg, in->dt_s);
         double uncached = in->prompt_tokens - in->cached_tokens;
@@ -433,7 +439,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
             why = PDCTL_PLAN_CONFIRM;
             goto hold;
         }
-        if (st->last_change_ns != 0 && in->now_ns - st->last_change_ns < cfg->dwell_ns) {
+        if (!plan_since(in->now_ns, st->last_change_ns, cfg->dwell_ns)) {
             why = PDCTL_PLAN_DWELL;
             goto hold;
         }
@@ -528,7 +534,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         why = PDCTL_PLAN_CONFIRM;
         goto count;
     }
-    if (st->last_change_ns != 0 && in->now_ns - st->last_change_ns < cfg->dwell_ns) {
+    if (!plan_since(in->now_ns, st->last_change_ns, cfg->dwell_ns)) {
         why = PDCTL_PLAN_DWELL;
         goto count;
     }
