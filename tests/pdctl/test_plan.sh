@@ -92,6 +92,9 @@ phase() {
     "$PDCTL" plan --seconds 1 --run-dir "$R" >"$T/plan.out" 2>&1
     check "pdctl plan: a dry run names the budget and the split" \
         grep -qE "budget 3 daemons, running 1 prefill : 2 decode" "$T/plan.out"
+    # the batch cap is the decodes' max-batch (64), not what their KV holds
+    check "pdctl plan: the decodes' max-batch is the planner's batch bound" test "$("$PDCTL" plan \
+        --seconds 1 --json --run-dir "$R" | json_get 'j["inputs"]["decode_max_batch"]')" = 64
     t0=$SECONDS
     long 24s "$T/long.json" &
     local bench=$!

@@ -103,7 +103,8 @@ typedef struct {
     unsigned n_prefill, n_decode;
     int nd;
     plan_dsample_t d[PDCTL_MAX_DAEMONS];
-    double max_batch;          /* per decode, by KV (smallest); 0: unknown */
+    double max_batch;          /* per decode, by KV and by its max-batch (smallest);
+                                * 0: unknown */
 } plan_sample_t;
 
 static double plan_num(const cJSON *o, const char *k)
@@ -131,6 +132,19 @@ static void plan_first_rate(double *dst, const cJSON *o, const char *key)
     double v = plan_num(o, key);
     if (*dst <= 0 && v > 0)
         *dst = v;
+}
+
+/* A decode's own max-batch caps its batch below what its KV holds (the
+ * three-phase benchmark's chat: KV for 48 sequences, max-batch 16; the
+ * planner saw capacity for 48 and asked for 3 decodes where 5 were short) */
+static void plan_cfg_max_batch(const pdctl_daemon_t *x, plan_sample_t *s)
+{
+    char err[256];
+    cJSON *j = pdctl_admin(x->sock, "config show", 2.0, err, sizeof(err));
+    double mb = plan_num(cJSON_GetObjectItemCaseSensitive(j, "config"), "max-batch");
+    if (mb >= 1 && (s->max_batch <= 0 || mb < s->max_batch))
+        s->max_batch = mb;
+    cJSON_Delete(j);
 }
 
 static void plan_sample(const pdctl_state_t *st, plan_sample_t *s)
@@ -201,6 +215,8 @@ static void plan_sample(const pdctl_state_t *st, plan_sample_t *s)
             }
         }
         cJSON_Delete(j);
+        if (x->role == PDCTL_DECODE)
+            plan_cfg_max_batch(x, s);
     }
 }
 
