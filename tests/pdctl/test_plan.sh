@@ -9,11 +9,13 @@
 #           failed requests, its decision logged and in the metrics.
 #   flap:   chat and long prompts alternating every 2 s: at most one
 #           re-split, never back and forth.
-#   mixed:  min-prefill 0: light prompts (chat: 0.06 of a prefill daemon)
-#           make the planner switch to PD-mixed (0:3, routers disagg-mode
-#           never) within its bound, heavy ones (long: 1.1 daemons, a pull
-#           far cheaper than the stall a local prompt puts on its batch) back
-#           to separate pools, zero failed requests across both switches.
+#   mixed:  min-prefill 0 and tpot-p90 20 ms: light prompts (0.1 of a
+#           prefill daemon) whose decodes need more than two daemons (chat
+#           at 12 req/s, 128 tokens out: 3 decodes at full capacity) make
+#           the planner switch to PD-mixed (0:3, routers disagg-mode never)
+#           within its bound, heavy ones (long: 1.1 daemons, a pull far
+#           cheaper than the stall a local prompt puts on its batch) back to
+#           separate pools, zero failed requests across both switches.
 #   leader: two planners: one leads, the other stands by; kill -9 the
 #           leader, the other takes over (flock; then etcd when installed).
 # PLAN_SET="planner.k=v ..." adds --set rows to `up` (to show a test fails
@@ -60,6 +62,9 @@ up() {   # up RUN_DIR [--set ...]: a fresh plan-sim deployment
 # high rate; long = long prompts, short answers
 chat() { "$BENCH" --url "$URL" --rate 8 --duration "$1" --input-len 32 --prompt-ids 1000:30000 \
     --output-len 48 --ignore-eos --seed 1 --quiet --no-per-request --out "$2"; }
+# chat whose decodes need all three daemons (the mixed test)
+chat_heavy() { "$BENCH" --url "$URL" --rate 12 --duration "$1" --input-len 32 \
+    --prompt-ids 1000:30000 --output-len 128 --ignore-eos --seed 1 --quiet --no-per-request --out "$2"; }
 long() { "$BENCH" --url "$URL" --rate 3 --duration "$1" --input-len 1500 --prompt-ids 1000:30000 \
     --output-len 4 --ignore-eos --seed 2 --quiet --no-per-request --out "$2"; }
 failed_of() { json_get 'j["results"]["failed"]' <"$1"; }
@@ -152,18 +157,19 @@ is_separate() {   # at least one prefill ready, the routers not mixed
 
 mixed() {
     local R=$T/run-mixed t0 bench
+    # tpot 20 ms: a decode carries 10 sequences (10 + 1 ms x 10), 500 tokens/s
     up "$R" --set deployment.disagg-mode=threshold --set planner.min-prefill=0 \
-        --set planner.dwell=4s || return
+        --set planner.dwell=4s --set planner.tpot-p90=20ms || return
     "$PDCTL" autoscale on --run-dir "$R" >/dev/null 2>&1 || bad "autoscale on"
     long 6s "$T/ml1.json" || bad "pd-bench long 1"
     check "long prompts: separate pools (routers not mixed)" test "$(router_mixed "$R")" = False
     t0=$SECONDS
-    chat 30s "$T/mc.json" &
+    chat_heavy 30s "$T/mc.json" &
     bench=$!
     # the bound: the prompt work decays (window 3 s) below 0.4, confirm 2
     # ticks, dwell 4 s, then drain the prefill
     if poll 25 is_mode "$R" 0:3 True; then
-        ok "light prompts (chat): PD-mixed 0:3 after $((SECONDS - t0))s (bound 25 s)"
+        ok "light prompts, decodes short (chat): PD-mixed 0:3 after $((SECONDS - t0))s (bound 25 s)"
     else
         bad "light prompts: not PD-mixed in 25 s (now $(counts "$R"), mixed $(router_mixed "$R"))"
     fi
@@ -182,8 +188,8 @@ mixed() {
     check "zero failed requests across both switches" test "$f" = 0
     check "router: requests_failed 0" test "$("$PDCTL" admin router planner --run-dir "$R" --json |
         json_get 'j["counters"]["requests_failed"]')" = 0
-    check "the switches are logged with the prompt work: to_mixed once, then to_separate once" bash -c \
-        '[ "$(grep -cE "leader RESPLIT reason=to_mixed want=0:3 running=[12]:[12] mode=mixed .* work=0\.[0-3]" "$1")" = 1 ] &&
+    check "the switches are logged with the prompt work and decode load: to_mixed once, then to_separate once" bash -c \
+        '[ "$(grep -cE "leader RESPLIT reason=to_mixed want=0:3 running=[12]:[12] mode=mixed .* work=0\.[0-3][0-9] dload=([2-9]|[1-9][0-9])\." "$1")" = 1 ] &&
          [ "$(grep -cE "leader RESPLIT reason=to_separate want=[12]:[12] running=0:3 mode=separate .* work=(0\.[6-9]|[1-9])" "$1")" = 1 ]' _ "$R/planner-0.log"
     check "metrics: pd_planner_mode separate, prompt work exported" bash -c \
         'grep -qx "pd_planner_mode{mode=\"separate\"} 1" "$1" && grep -q "^pd_planner_prompt_work_daemons " "$1"' _ "$R/planner.prom"

@@ -298,14 +298,15 @@ static void plan_log(const char *name, bool leader, bool act, const pdctl_plan_i
     strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     double dt = in->dt_s > 0 ? in->dt_s : 1;
     printf("%s %s %s %s reason=%s want=%u:%u running=%u:%u mode=%s running_mode=%s "
-           "pull_gap=%.4fs stall=%.1fus/tok work=%.2f prompt_len=%.0f split=%.2f band=%.2f need=%.2f/%.2f "
+           "pull_gap=%.4fs stall=%.1fus/tok work=%.2f dload=%.2f prompt_len=%.0f split=%.2f band=%.2f need=%.2f/%.2f "
            "cap=%.0f/%.0f tok/s step=%.1fms+%.3fms*b bcap=%.0f | req/s=%.2f prompt/s=%.0f "
            "cached/s=%.0f gen/s=%.0f ttft_p90=%.3fs itl_p90=%.4fs dt=%.1fs\n",
            stamp, name, leader ? "leader" : "standby",
            o->act ? (leader && act ? "RESPLIT" : "would-resplit") : "hold", pdctl_plan_reason_name(o->reason),
            o->want_prefill, o->want_decode, in->n_prefill, in->n_decode,
            o->mixed ? "mixed" : "separate", in->mixed ? "mixed" : "separate", o->pull_gap_s,
-           o->local_stall_s * 1e6, o->prompt_work, o->prompt_len, o->split_prefill, o->split_band,
+           o->local_stall_s * 1e6, o->prompt_work, o->dec_load, o->prompt_len, o->split_prefill,
+           o->split_band,
            o->need_p, o->need_d, o->pf_tok_s, o->dec_tok_s, o->step_a_s * 1e3,
            o->step_k_s * 1e3, o->dec_batch_cap, in->requests / dt, in->prompt_tokens / dt,
            in->cached_tokens / dt, in->gen_tokens / dt, in->ttft_p90_s, in->itl_p90_s, in->dt_s);
@@ -330,6 +331,8 @@ static void plan_log(const char *name, bool leader, bool act, const pdctl_plan_i
       "Predicted KV pull of a mean prompt (prompt length x measured pull per token)") \
     X("pd_planner_prompt_work_daemons", "gauge",                                           \
       "Prompt compute in daemons (uncached prompt tokens/s / prefill rate, smoothed); PD-mixed below 0.5") \
+    X("pd_planner_decode_load_daemons", "gauge",                                          \
+      "Decode load in daemons at full capacity (need x target-util; PD-mixed: + prompt work); PD-mixed only above budget - 1") \
     X("pd_planner_split_band_daemons", "gauge",                                           \
       "Noise band added to the hysteresis: how far the split's sampling error moves it")
 
@@ -347,7 +350,7 @@ static const plan_metric_t plan_metrics[] = {
 enum {   /* PLAN_METRICS' rows, in order */
     PLAN_M_DESIRED, PLAN_M_ACTUAL, PLAN_M_NEED, PLAN_M_CAP, PLAN_M_BUDGET, PLAN_M_DECISIONS,
     PLAN_M_RESPLITS, PLAN_M_LAST, PLAN_M_LEADER, PLAN_M_MODE, PLAN_M_PULL_GAP,
-    PLAN_M_PROMPT_WORK, PLAN_M_SPLIT_BAND, PLAN_M_N
+    PLAN_M_PROMPT_WORK, PLAN_M_DECODE_LOAD, PLAN_M_SPLIT_BAND, PLAN_M_N
 };
 _Static_assert(sizeof(plan_metrics) / sizeof(plan_metrics[0]) == PLAN_M_N, "PLAN_METRICS rows");
 
@@ -411,6 +414,8 @@ static char *plan_metrics_text(const plan_ctl_t *c)
     pd_sbuf_printf(&sb, "%s %.6g\n", plan_metrics[PLAN_M_PULL_GAP].name, c->out.pull_gap_s);
     plan_family(&sb, PLAN_M_PROMPT_WORK);
     pd_sbuf_printf(&sb, "%s %.6g\n", plan_metrics[PLAN_M_PROMPT_WORK].name, c->out.prompt_work);
+    plan_family(&sb, PLAN_M_DECODE_LOAD);
+    pd_sbuf_printf(&sb, "%s %.6g\n", plan_metrics[PLAN_M_DECODE_LOAD].name, c->out.dec_load);
     plan_family(&sb, PLAN_M_SPLIT_BAND);
     pd_sbuf_printf(&sb, "%s %.4g\n", plan_metrics[PLAN_M_SPLIT_BAND].name, c->out.split_band);
     return pd_sbuf_finish(&sb, NULL);
@@ -429,6 +434,7 @@ static cJSON *plan_status_json(const plan_ctl_t *c)
     cJSON_AddStringToObject(j, "running_mode", c->in.mixed ? "mixed" : "separate");
     cJSON_AddNumberToObject(j, "pull_gap_s", c->out.pull_gap_s);
     cJSON_AddNumberToObject(j, "prompt_work", c->out.prompt_work);
+    cJSON_AddNumberToObject(j, "decode_load", c->out.dec_load);
     cJSON_AddNumberToObject(j, "prompt_len", c->out.prompt_len);
     cJSON_AddNumberToObject(j, "want_prefill", c->out.want_prefill);
     cJSON_AddNumberToObject(j, "want_decode", c->out.want_decode);
@@ -1226,11 +1232,13 @@ int pdctl_cmd_plan(int argc, char **argv)
            p->pf_tok_s, in->pf_busy_s > 0 ? " (measured)" : " (router's cost-mode rate)",
            p->step_a_s * 1e3, p->step_k_s * 1e3, p->dec_batch_cap, p->dec_tok_s,
            in->n_dec > 1 ? "" : " (one batch size seen: proportional until batches vary)");
-    printf("  mode: running %s, wants %s: prompt compute %.2f daemons (PD-mixed below %.2f); "
+    printf("  mode: running %s, wants %s: prompt compute %.2f daemons (PD-mixed below %.2f), "
+           "decode load %.2f daemons (PD-mixed above %u); "
            "a mean prompt of %.0f tokens would pull in %.4f s (%.1f us a token vs %.1f us a "
            "local token stalls its batch; tpot-p90 %.4f s, margin %.2f)\n",
            in->mixed ? "PD-mixed" : "separate", p->mixed ? "PD-mixed" : "separate",
-           p->prompt_work, PDCTL_PLAN_MIXED_WORK, p->prompt_len, p->pull_gap_s,
+           p->prompt_work, PDCTL_PLAN_MIXED_WORK, p->dec_load, c->budget > 1 ? c->budget - 1 : 0,
+           p->prompt_len, p->pull_gap_s,
            p->pull_tok_s * 1e6, p->local_stall_s * 1e6, (double)cfg.tpot_p90_ns / 1e9,
            PDCTL_PLAN_MODE_MARGIN);
     printf("  need at target-util %.2f: prefill %.2f, decode %.2f daemons -> prefill share %.2f of %u "

@@ -33,8 +33,13 @@
  *                       their compute (uncached prompt tokens/s x the measured
  *                       seconds a token, smoothed) is less than
  *                       PDCTL_PLAN_MIXED_WORK of one daemon, so a dedicated
- *                       prefill would idle most of its time while the decodes
- *                       lack it; or when the KV pull is the bottleneck: the
+ *                       prefill would idle most of its time, and the decodes
+ *                       lack it: their load (need_d x target-util, in
+ *                       PD-mixed + the prompt work) exceeds the budget - 1
+ *                       daemons separate pools leave them (out of PD-mixed
+ *                       PDCTL_PLAN_MIXED_LOAD_HYST below; the three-phase
+ *                       benchmark's chat carries 4.5 on five decodes, and
+ *                       1P:5D beat PD-mixed there); or when the KV pull is the bottleneck: the
  *                       predicted pull of a mean prompt (prompt length x the
  *                       routers' gap token 0 -> 1 per pulled token: the pull's
  *                       tail after the prompt pass) misses tpot-p90 by
@@ -55,7 +60,9 @@
  * a low rate, whose average holds few requests, needs a larger move), the
  * same target for `confirm` ticks in a row, and `dwell` since the last
  * re-split ended; a mode switch, its margin, `confirm` and `dwell`. Between
- * separate splits a re-split moves one daemon. Measures settle after a
+ * separate splits a re-split moves one daemon, unless the split's whole
+ * noise band is pinned at the fewest prefills (then straight there: no
+ * overshoot past a bound). Measures settle after a
  * change: the pull's cost counts from a window after a re-split ends (its
  * first pulls carry the backlog), the prompt work from a dwell (at least a
  * window) after a mode switch ends (the new mode's prefix caches start
@@ -151,6 +158,9 @@ typedef struct {
 /* PD-mixed while the prompts' compute is below this share of one daemon
  * (into PD-mixed below it / margin, out above it x margin). */
 #define PDCTL_PLAN_MIXED_WORK 0.5
+/* ... and while the decodes' load exceeds budget - 1 daemons (into PD-mixed
+ * above it, out below it minus this many daemons). */
+#define PDCTL_PLAN_MIXED_LOAD_HYST 0.5
 
 #define PDCTL_PLAN_NO_PENDING 2
 
@@ -189,6 +199,8 @@ typedef struct {
     double pull_gap_s;             /* predicted KV pull of a mean prompt, 0: unknown */
     double prompt_work;            /* prompt compute in daemons (smoothed), 0: unknown */
     double local_stall_s;          /* a local prompt token's cost to its batch: local x (1 + batch) */
+    double dec_load;               /* the decodes' load in daemons at full capacity (need_d x
+                                      target-util, + the prompt work in PD-mixed), 0: unknown */
     double prompt_len;
     unsigned want_prefill, want_decode;  /* desired (the running split on a hold) */
     double split_prefill;          /* fractional prefill share of the budget */

@@ -292,10 +292,23 @@ static void plan_split_bounds(const pdctl_plan_cfg_t *cfg, unsigned budget,
     *hi = hp + ld > 0 ? (double)budget * hp / (hp + ld) : 0;
 }
 
+/* The decodes' load in daemons at full capacity: generation and pulls
+ * (need_d x target-util); in PD-mixed their own prompts too. */
+static double plan_dec_load(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *in,
+                            const pdctl_plan_state_t *st)
+{
+    double util = cfg->target_util > 0 ? cfg->target_util : 1;
+    double load = st->need_d * util;
+    if (in->mixed && st->prompt_work > 0)
+        load += st->prompt_work;
+    return load;
+}
+
 /* PD-mixed or separate pools (pdctl_plan.h "mode"). Without a measured
  * prompt load: the running mode. */
-static bool plan_want_mixed(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *in,
-                            const pdctl_plan_state_t *st, pdctl_plan_out_t *out)
+static bool plan_want_mixed(const pdctl_plan_cfg_t *cfg, unsigned budget,
+                            const pdctl_plan_in_t *in, const pdctl_plan_state_t *st,
+                            pdctl_plan_out_t *out)
 {
     const double m = PDCTL_PLAN_MODE_MARGIN;
     if (cfg->min_prefill > 0)
@@ -309,6 +322,16 @@ static bool plan_want_mixed(const pdctl_plan_cfg_t *cfg, const pdctl_plan_in_t *
     double rel = plan_noise_rel(cfg, st);
     bool light = in->mixed ? st->prompt_work * (1 - rel) < PDCTL_PLAN_MIXED_WORK * m
                            : st->prompt_work * (1 + rel) < PDCTL_PLAN_MIXED_WORK / m;
+    /* ... and an idle prefill costs only when the decodes lack the daemon
+     * it holds: their load is more than the budget - 1 separate pools leave
+     * them (the three-phase benchmark's chat: 4.5 daemons of decode work, on
+     * five decodes 1P:5D beat PD-mixed on six, 737 vs 722 and 725 vs 715
+     * good requests). Banded like the work; out half a daemon below. */
+    double load = plan_dec_load(cfg, in, st), room = budget > 1 ? (double)budget - 1 : 0;
+    out->dec_load = load;
+    bool short_d = in->mixed ? load * (1 + rel) >= room - PDCTL_PLAN_MIXED_LOAD_HYST
+                             : load * (1 - rel) > room;
+    light = light && short_d;
     /* the pull alone: the hop (dispatch to the prefill) is TTFT's, not the
      * gap before token 1, and a hop measured under a re-split's load would
      * pin PD-mixed. Against it, a local prompt token stalls the whole batch. */
@@ -425,7 +448,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         why = PDCTL_PLAN_NO_DATA;
         goto hold;
     }
-    bool want_mixed = plan_want_mixed(cfg, in, st, out);
+    bool want_mixed = plan_want_mixed(cfg, budget, in, st, out);
     if (want_mixed != in->mixed) {
         if (st->mode_pending != (int)want_mixed) {
             st->mode_pending = want_mixed;
@@ -515,10 +538,19 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
      * --time-scale 4 the long phase jumped 1 -> 4 -> 2 -> 4 -> 2: at 4:2 the
      * two decodes' pulls queued 3 s, at 2:4 the prompts did; 3:3, between
      * them, met both SLOs). The next step waits for confirm and dwell. */
+    /* Toward fewer prefills, as far as the band's high edge (the most
+     * prefills the noise allows): chat from 3:3, prefill need 0.2 of 3.2,
+     * goes 3:3 -> 1:5 at once (one step held 2:4, which meets 45 % of chat,
+     * for a dwell). Not toward more, where a missed TTFT's pressure doubles
+     * the need the band is built on (the jumps above). */
     if (!resize && want_p > in->n_prefill + 1)
         want_p = in->n_prefill + 1;
-    if (!resize && want_p + 1 < in->n_prefill)
-        want_p = in->n_prefill - 1;
+    if (!resize && want_p + 1 < in->n_prefill) {
+        unsigned edge = (unsigned)lround(s_hi);
+        if (edge < want_p)
+            edge = want_p;
+        want_p = edge < in->n_prefill - 1 ? edge : in->n_prefill - 1;
+    }
     out->want_prefill = want_p;
     out->want_decode = budget - want_p;
     /* confirm counts ticks that want to move the same way (the target
