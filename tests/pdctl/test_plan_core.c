@@ -693,6 +693,26 @@ static void test_mode_light_mixed_heavy_separate(void **state)
     pd_config_free(&pdctl_plan_schema, &r.c);
 }
 
+/* Separate pools keep a prefill whether or not a pull was measured (short
+ * prompts' pulls are under the routers' tail floor): chat of 50-token
+ * prompts and 150-token answers, a prefill need of 0.14 against 6.6 decode
+ * daemons (4.6 at full capacity: five decodes carry it), split 0.13. The
+ * benchmark's planner went 1:5 -> 0:6 with the routers still
+ * disaggregating, and the next phase took a step more. */
+static void test_separate_keeps_a_prefill(void **state)
+{
+    (void)state;
+    static const phase_t chat_long_answers = { 20, 50, 150 };
+    mode_run_t r;
+    mode_init(&r, 10 * SEC, 0, 1, 5, false);
+    run_mode(&r, chat_long_answers, 0, 60);
+    assert_false(r.mixed);
+    assert_int_equal(r.np, 1);
+    assert_true(r.out.split_prefill < 1.01);
+    assert_true(r.out.dec_load > 4 && r.out.dec_load < 5);
+    pd_config_free(&pdctl_plan_schema, &r.c);
+}
+
 /* PD-mixed from the start: no prefill daemon ever ran, no router prefill
  * rate; the decodes' local prompt rate is the model. (The planner held
  * no_data forever here and never left PD-mixed: docs/BENCHMARKS.md "SLO
@@ -838,6 +858,7 @@ int main(void)
         cmocka_unit_test(test_fit_robust_to_noise),
         cmocka_unit_test(test_mode_light_mixed_heavy_separate),
         cmocka_unit_test(test_mode_mixed_start_measures_local),
+        cmocka_unit_test(test_separate_keeps_a_prefill),
         cmocka_unit_test(test_mode_pull_settles_after_resplit),
         cmocka_unit_test(test_mode_settles_after_switch),
         cmocka_unit_test(test_mode_flapping_no_oscillation),

@@ -26,8 +26,9 @@ static const pd_cfg_field_t pdctl_plan_fields[] = {
     ROW(hysteresis, "hysteresis", DOUBLE, "0.3",
         "re-split only when the desired split is 0.5 + this many daemons away", 0, 4),
     ROW(noise_z, "noise-band", DOUBLE, "2",
-        "widen the hysteresis by this many standard errors of the demand's average "
-        "(Poisson: 1/sqrt(the requests the window holds)); 0: off", 0, 5),
+        "widen the hysteresis, and the mode's margins, by this many standard errors of "
+        "the demand's average (Poisson: 1/sqrt(the requests the window holds)); 0: off",
+        0, 5),
     ROW(dwell_ns, "dwell", DURATION, "60s", "least time between two re-splits", 0, 864e11),
     ROW(confirm, "confirm", UINT, "3", "ticks in a row the same new split must be desired",
         1, 1000),
@@ -506,8 +507,13 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         why = PDCTL_PLAN_MIXED;   /* no prefills to place; a deployment off budget keeps */
         goto hold;
     }
-    if (st->pull_tok_s > 0 && lo < 1 && hi >= 1)
-        lo = 1;   /* the mode decides PD-mixed (above); separate pools keep a prefill */
+    /* the mode decides PD-mixed (above); separate pools keep a prefill,
+     * the pull measured or not (chat's 128-token pulls are under the
+     * routers' tail floor: between two phases the split fell to 0:6 with
+     * the routers still disaggregating, and the long phase took a step
+     * more to reach 3:3) */
+    if (lo < 1 && hi >= 1)
+        lo = 1;
     if (st->need_p + st->need_d < PLAN_IDLE_NEED) {
         why = PDCTL_PLAN_IDLE;
         goto hold;
