@@ -219,6 +219,62 @@ static void test_phase_change_resplits(void **state)
     pd_config_free(&pdctl_plan_schema, &c);
 }
 
+/* Ticks of LONG at 2:4; slow: steps of 60 ms + 5 ms x b (the model's are
+ * 20 ms + 0.3 ms x b), chunked: decode-local prompt chunks in them. */
+static void fit_ticks(const pdctl_plan_cfg_t *c, pdctl_plan_state_t *st, uint64_t *now,
+                      int ticks, bool slow, bool chunked, bool mixed, pdctl_plan_out_t *out)
+{
+    for (int t = 0; t < ticks; t++) {
+        pdctl_plan_in_t in;
+        tick(&in, now, LONG, 2, 4);
+        for (unsigned i = 0; i < in.n_dec; i++) {
+            if (slow)
+                in.dec[i].step_s = 0.060 + 0.005 * in.dec[i].batch;
+            in.dec[i].chunked = chunked;
+        }
+        in.mixed = mixed;
+        if (mixed)
+            in.local_tok_s = 100e-6;
+        pdctl_plan_step(c, 6, &in, st, out);
+    }
+}
+
+static bool fit_is_model(const pdctl_plan_out_t *o)
+{
+    return fabs(o->step_a_s - 0.020) < 1e-4 && fabs(o->step_k_s - 0.0003) < 1e-5;
+}
+
+/* The step fit keeps decode steps: in separate pools a decode's prompt
+ * chunks (the prefills' overflow, prompt work the prefill need counts) and
+ * the first window after a re-split ended (the change's own CPU) leave it
+ * where it was; a lasting change after the window moves it; in PD-mixed the
+ * chunks are how the decodes work and count. */
+static void test_fit_keeps_decode_steps(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    c.min_prefill = 1;
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_out_t out;
+    uint64_t now = 0;
+    fit_ticks(&c, &st, &now, 20, false, false, false, &out);
+    assert_true(fit_is_model(&out));
+    fit_ticks(&c, &st, &now, 30, true, true, false, &out);     /* overflow */
+    assert_true(fit_is_model(&out));
+    st.last_change_ns = now;                                   /* a re-split ended */
+    fit_ticks(&c, &st, &now, 9, true, false, false, &out);     /* 18 s < window */
+    assert_true(fit_is_model(&out));
+    fit_ticks(&c, &st, &now, 20, true, false, false, &out);    /* and after it */
+    assert_true(out.step_k_s > 0.004);
+    pdctl_plan_state_init(&st);
+    fit_ticks(&c, &st, &now, 20, false, false, true, &out);
+    assert_true(fit_is_model(&out));
+    fit_ticks(&c, &st, &now, 20, true, true, true, &out);      /* PD-mixed */
+    assert_true(out.step_k_s > 0.004);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
 /* A planner started at 3:3 into chat (prefill need 0.11 of 2.4 daemons):
  * the whole noise band fits one prefill, so 3:3 -> 1:5 in one re-split; into
  * long prompts from 1:5, one prefill more a re-split. */
@@ -865,6 +921,7 @@ int main(void)
         cmocka_unit_test(test_idle_holds),
         cmocka_unit_test(test_phase_change_resplits),
         cmocka_unit_test(test_fewer_prefills_to_band_edge),
+        cmocka_unit_test(test_fit_keeps_decode_steps),
         cmocka_unit_test(test_flapping_no_oscillation),
         cmocka_unit_test(test_hysteresis_holds),
         cmocka_unit_test(test_poisson_noise_no_flapping),

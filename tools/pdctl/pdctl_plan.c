@@ -87,7 +87,8 @@ static int plan_cfg_load(const pdctl_dep_t *dep, pdctl_plan_cfg_t *cfg, unsigned
 typedef struct {
     char name[48];
     pdctl_role_t role;
-    double x, y, z;            /* prefill: computed tokens, compute ns; decode: steps, tokens, step ns */
+    double x, y, z, w;         /* prefill: computed tokens, compute ns; decode: steps, tokens,
+                                * step ns, prompt chunks */
 } plan_dsample_t;
 
 typedef struct {
@@ -212,6 +213,7 @@ static void plan_sample(const pdctl_state_t *st, plan_sample_t *s)
                 d->x = plan_num(v, "steps");
                 d->y = plan_num(v, "tokens_out");
                 d->z = plan_num(cJSON_GetObjectItemCaseSensitive(v, "step_time"), "sum_ns");
+                d->w = plan_num(v, "chunks");
             }
         }
         cJSON_Delete(j);
@@ -282,6 +284,7 @@ static void plan_figures(const plan_sample_t *a, const plan_sample_t *b, uint64_
             if (steps >= 1 && in->n_dec < PDCTL_PLAN_MAX_SAMPLES) {
                 in->dec[in->n_dec].batch = plan_d(x->y, y->y) / steps;
                 in->dec[in->n_dec].step_s = plan_d(x->z, y->z) / steps / 1e9;
+                in->dec[in->n_dec].chunked = plan_d(x->w, y->w) > 0;
                 in->n_dec++;
             }
         }

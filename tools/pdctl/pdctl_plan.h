@@ -17,8 +17,11 @@
  *   decode capacity   = b_cap / step(b_cap) tokens/s, step(b) = a + k*b
  *                       fitted (Theil-Sen: median of pairwise slopes, robust
  *                       to steps slowed by CPU contention) to the decodes'
- *                       (mean batch, mean step time) of recent ticks, b_cap the largest batch whose step
- *                       meets tpot-p90, at most what a decode's KV holds;
+ *                       (mean batch, mean step time) of recent ticks (in
+ *                       separate pools not a tick with decode-local prompt
+ *                       chunks, nor the first window after a re-split ended),
+ *                       b_cap the largest batch whose step meets tpot-p90, at
+ *                       most what a decode's KV holds and its max-batch;
  *   need (daemons)    = demand / (capacity * target-util), demand = the
  *                       uncached prompt tokens/s (prefill) and generated
  *                       tokens/s (decode) the routers saw; times
@@ -60,9 +63,9 @@
  * a low rate, whose average holds few requests, needs a larger move), the
  * same target for `confirm` ticks in a row, and `dwell` since the last
  * re-split ended; a mode switch, its margin, `confirm` and `dwell`. Between
- * separate splits a re-split moves one daemon, unless the split's whole
- * noise band is pinned at the fewest prefills (then straight there: no
- * overshoot past a bound). Measures settle after a
+ * separate splits a re-split moves one prefill more, or toward fewer
+ * prefills as far as the noise band's high edge (the most prefills the
+ * noise allows). Measures settle after a
  * change: the pull's cost counts from a window after a re-split ends (its
  * first pulls carry the backlog), the prompt work from a dwell (at least a
  * window) after a mode switch ends (the new mode's prefix caches start
@@ -141,6 +144,8 @@ typedef struct {
     struct {
         double batch;              /* mean sequences per step */
         double step_s;             /* mean step time */
+        bool chunked;              /* it ran decode-local prompt chunks: its steps hold
+                                      prompt work (kept out of the fit once it has points) */
     } dec[PDCTL_PLAN_MAX_SAMPLES];
     double dec_max_batch;          /* sequences a decode's KV holds (0: unknown) */
     double pull_tok_s;             /* this tick's KV pull cost per pulled token: the routers'

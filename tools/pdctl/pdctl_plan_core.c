@@ -95,7 +95,17 @@ void pdctl_plan_state_init(pdctl_plan_state_t *st)
 /* Total need below this (daemons) is no traffic. */
 #define PLAN_IDLE_NEED 0.02
 
-static void plan_measure(const pdctl_plan_in_t *in, pdctl_plan_state_t *st)
+/* The decode step fit takes a decode's tick only when its steps were
+ * decode steps: not in the first window after a re-split ended (settled
+ * false: the change's own CPU) and, in separate pools, not with
+ * decode-local prompt chunks in them (the prefills' overflow: prompt work,
+ * which the prefill need already counts; in PD-mixed they are how the
+ * decodes work). At 12 long
+ * prompts/s of modeled time the prefill's overflow ran on the decodes, the
+ * fit read 76 ms + 10 ms x b instead of 81 ms + 2 ms x b for 45 s, the
+ * decode need doubled and 2:4 held a minute where 3:3 was due. Until the
+ * fit has a point, every tick counts (PD-mixed from the start). */
+static void plan_measure(const pdctl_plan_in_t *in, pdctl_plan_state_t *st, bool settled)
 {
     if (in->pf_busy_s > 0 && in->pf_tokens >= PLAN_MIN_PF_TOKENS) {
         double r = in->pf_tokens / in->pf_busy_s;
@@ -109,7 +119,8 @@ static void plan_measure(const pdctl_plan_in_t *in, pdctl_plan_state_t *st)
         st->pf_tok_s = 1 / in->local_tok_s;
     }
     for (unsigned i = 0; i < in->n_dec && i < PDCTL_PLAN_MAX_SAMPLES; i++) {
-        if (!(in->dec[i].batch > 0) || !(in->dec[i].step_s > 0))
+        if (!(in->dec[i].batch > 0) || !(in->dec[i].step_s > 0) ||
+            ((!settled || (in->dec[i].chunked && !in->mixed)) && st->fit_n > 0))
             continue;
         st->fit_b[st->fit_next] = in->dec[i].batch;
         st->fit_s[st->fit_next] = in->dec[i].step_s;
@@ -329,7 +340,6 @@ static bool plan_want_mixed(const pdctl_plan_cfg_t *cfg, unsigned budget,
      * five decodes 1P:5D beat PD-mixed on six, 737 vs 722 and 725 vs 715
      * good requests). Banded like the work; out half a daemon below. */
     double load = plan_dec_load(cfg, in, st), room = budget > 1 ? (double)budget - 1 : 0;
-    out->dec_load = load;
     bool short_d = in->mixed ? load * (1 + rel) >= room - PDCTL_PLAN_MIXED_LOAD_HYST
                              : load * (1 - rel) > room;
     light = light && short_d;
@@ -365,7 +375,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
     memset(out, 0, sizeof(*out));
     out->want_prefill = in->n_prefill;
     out->want_decode = in->n_decode;
-    plan_measure(in, st);
+    plan_measure(in, st, plan_since(in->now_ns, st->last_change_ns, cfg->window_ns));
     /* the pull's cost: this tick's measure, once a window has passed since
      * the last re-split (the pulls of a split's first seconds carry the
      * backlog and the cold arenas of the change: a PD-mixed start measured
@@ -439,6 +449,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
             st->mean_batch = st->mean_batch > 0 ? st->mean_batch + w * (b - st->mean_batch) : b;
     }
     out->prompt_work = st->prompt_work > 0 ? st->prompt_work : 0;
+    out->dec_load = plan_dec_load(cfg, in, st);
     out->mixed = in->mixed;
 
     unsigned lo = (unsigned)cfg->min_prefill, min_d = cfg->min_decode ? (unsigned)cfg->min_decode : 1;
