@@ -14,6 +14,8 @@
 # modeled time's, divided by --time-scale):
 #   chat   short chat at a high rate: 20 req/s, 128 prompt / 128 answer tokens
 #   long   long prompts, short answers: 8 req/s, 2000 / 16
+#   long12 the same at 12 req/s (1.5x: more than one prefill and the
+#          decodes' overflow carry; not in the default --phases)
 #   agent  agent turns on long shared prefixes: 6 req/s, 4 groups x 1536-token
 #          prefix + 256 new tokens, 64 answer tokens (shared-prefix workload)
 # Configurations: the static splits 1P:5D .. 5P:1D (disagg-mode always),
@@ -50,7 +52,7 @@ while [ $# -gt 0 ]; do
     --planner) PLANNER_EXTRA=$2; shift ;;
     --time-scale) TS=$2; shift ;;
     --phases) PHASES=$2; shift ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "plan-phases: unknown argument $1 (--help)" >&2; exit 2 ;;
     esac
     shift
@@ -91,6 +93,7 @@ phase_args() {
     case $1 in
     chat) echo --rate "$(scale 20)" --input-len 128 --prompt-ids 1000:30000 --output-len 128 --seed 1 ;;
     long) echo --rate "$(scale 8)" --input-len 2000 --prompt-ids 1000:30000 --output-len 16 --seed 2 ;;
+    long12) echo --rate "$(scale 12)" --input-len 2000 --prompt-ids 1000:30000 --output-len 16 --seed 4 ;;
     agent) echo --rate "$(scale 6)" --workload shared-prefix --prefix-len 1536 --prefix-groups 4 \
                --prefix-prompts 1000 --input-len 256 --prompt-ids 1000:30000 --output-len 64 --seed 3 ;;
     esac
