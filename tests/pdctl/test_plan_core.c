@@ -247,8 +247,8 @@ static bool fit_is_model(const pdctl_plan_out_t *o)
 /* The step fit keeps decode steps: in separate pools a decode's prompt
  * chunks (the prefills' overflow, prompt work the prefill need counts) and
  * the first window after a re-split ended (the change's own CPU) leave it
- * where it was; a lasting change after the window moves it; in PD-mixed the
- * chunks are how the decodes work and count. */
+ * where it was, once its ring is full; a lasting change after the window
+ * moves it; in PD-mixed the chunks are how the decodes work and count. */
 static void test_fit_keeps_decode_steps(void **state)
 {
     (void)state;
@@ -267,6 +267,13 @@ static void test_fit_keeps_decode_steps(void **state)
     assert_true(fit_is_model(&out));
     fit_ticks(&c, &st, &now, 20, true, false, false, &out);    /* and after it */
     assert_true(out.step_k_s > 0.004);
+    /* a fit still filling (a warm-up's few points) takes every tick */
+    pdctl_plan_state_init(&st);
+    fit_ticks(&c, &st, &now, 2, false, false, false, &out);
+    unsigned n0 = st.fit_n;
+    st.last_change_ns = now;
+    fit_ticks(&c, &st, &now, 2, true, true, false, &out);
+    assert_true(st.fit_n > n0);
     pdctl_plan_state_init(&st);
     fit_ticks(&c, &st, &now, 20, false, false, true, &out);
     assert_true(fit_is_model(&out));

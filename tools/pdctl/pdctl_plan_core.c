@@ -104,7 +104,9 @@ void pdctl_plan_state_init(pdctl_plan_state_t *st)
  * prompts/s of modeled time the prefill's overflow ran on the decodes, the
  * fit read 76 ms + 10 ms x b instead of 81 ms + 2 ms x b for 45 s, the
  * decode need doubled and 2:4 held a minute where 3:3 was due. Until the
- * fit has a point, every tick counts (PD-mixed from the start). */
+ * fit's ring is full, every tick counts: a first fit from a warm-up's one
+ * batch size (82 ms x b, proportional) held through a re-split's window read
+ * 12 tokens/s a decode, a decode need of 40 daemons, and went PD-mixed. */
 static void plan_measure(const pdctl_plan_in_t *in, pdctl_plan_state_t *st, bool settled)
 {
     if (in->pf_busy_s > 0 && in->pf_tokens >= PLAN_MIN_PF_TOKENS) {
@@ -120,7 +122,8 @@ static void plan_measure(const pdctl_plan_in_t *in, pdctl_plan_state_t *st, bool
     }
     for (unsigned i = 0; i < in->n_dec && i < PDCTL_PLAN_MAX_SAMPLES; i++) {
         if (!(in->dec[i].batch > 0) || !(in->dec[i].step_s > 0) ||
-            ((!settled || (in->dec[i].chunked && !in->mixed)) && st->fit_n > 0))
+            ((!settled || (in->dec[i].chunked && !in->mixed)) &&
+             st->fit_n >= PDCTL_PLAN_FIT_POINTS))
             continue;
         st->fit_b[st->fit_next] = in->dec[i].batch;
         st->fit_s[st->fit_next] = in->dec[i].step_s;
