@@ -147,7 +147,8 @@ typedef struct {
         bool chunked;              /* it ran decode-local prompt chunks: its steps hold
                                       prompt work (kept out of the fit once it has points) */
     } dec[PDCTL_PLAN_MAX_SAMPLES];
-    double dec_max_batch;          /* sequences a decode's KV holds (0: unknown) */
+    double dec_max_batch;          /* sequences a decode runs: what its KV holds, at most its
+                                      max-batch (0: unknown) */
     double pull_tok_s;             /* this tick's KV pull cost per pulled token: the routers'
                                       kv_pull_tail (gap token 0 -> 1 minus a step) over
                                       kv_pull_tail_tokens; 0: none this tick */

@@ -342,7 +342,7 @@ static bool plan_want_mixed(const pdctl_plan_cfg_t *cfg, unsigned budget,
      * them (the three-phase benchmark's chat: 4.5 daemons of decode work, on
      * five decodes 1P:5D beat PD-mixed on six, 737 vs 722 and 725 vs 715
      * good requests). Banded like the work; out half a daemon below. */
-    double load = plan_dec_load(cfg, in, st), room = budget > 1 ? (double)budget - 1 : 0;
+    double load = out->dec_load, room = budget > 1 ? (double)budget - 1 : 0;
     bool short_d = in->mixed ? load * (1 + rel) >= room - PDCTL_PLAN_MIXED_LOAD_HYST
                              : load * (1 - rel) > room;
     light = light && short_d;
