@@ -1,7 +1,8 @@
 /* test_kvx_prefix.c - block references (kvx_blocks_ref/unref) and the prefix
  * cache (kvx_prefix_*): names, longest-prefix match, partial blocks, LRU
  * eviction order, the cache never evicting a referenced block or one pinned
- * by a live lease (real UCX context, region and kvx_export), collisions. */
+ * by a live lease (real UCX context, region and kvx_export), collisions;
+ * a registered arena is resident and zero before the first request. */
 #include "kvx.h"
 #include "kvx_blocks.h"
 #include "kvx_prefix.h"
@@ -14,6 +15,8 @@
 #include <cmocka.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define BT 4
 #define COMPAT 0xC0FFEEull
@@ -358,6 +361,41 @@ static void test_ucx_env_defaults(void **state)
     unsetenv("UCX_TCP_RX_SEG_SIZE");
 }
 
+/* kvx_region_register faults the whole arena in (no page fault on a
+ * request's path), by either allocator, and the arena reads zero. */
+static void test_region_resident(void **state)
+{
+    (void)state;
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    kvx_config_t kc;
+    kvx_config_default(&kc);
+    kc.node_id = 12;
+    memset(kc.secret, 0x5a, sizeof(kc.secret));
+    kvx_ctx_h *ctx;
+    assert_int_equal(kvx_ctx_create(&kc, base, &ctx), PD_OK);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), bb = 64 * 1024, nb = 64;
+    const kvx_alloc_t allocs[2] = {KVX_ALLOC_UCX, KVX_ALLOC_OWN};
+    for (unsigned a = 0; a < 2; a++) {
+        kvx_region_h *r;
+        assert_int_equal(kvx_region_register(ctx, 1 + a, bb, nb, COMPAT, allocs[a], &r), PD_OK);
+        const uint8_t *p = kvx_region_base(r);
+        size_t pages = bb * nb / page, resident = 0;
+        unsigned char *vec = malloc(pages);
+        assert_non_null(vec);
+        assert_int_equal(mincore((void *)p, bb * nb, vec), 0);
+        for (size_t i = 0; i < pages; i++)
+            resident += vec[i] & 1;
+        assert_int_equal(resident, pages);
+        for (size_t i = 0; i < bb * nb; i += 4093)
+            assert_int_equal(p[i], 0);
+        free(vec);
+        kvx_region_deregister(r);
+    }
+    kvx_ctx_destroy(ctx);
+    event_base_free(base);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -368,6 +406,7 @@ int main(void)
         cmocka_unit_test(test_partitions),
         cmocka_unit_test(test_cap),
         cmocka_unit_test(test_lease_pin),
+        cmocka_unit_test(test_region_resident),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
