@@ -9,6 +9,7 @@
 #                              [--configs "1P:5D 3P:3D planner ..."]
 #                              [--planner "dwell=20s window=10s ..."]  (extra [planner] rows)
 #                              [--time-scale K] [--phases "chat long agent"]
+#                              [--per-request]  (keep pd-bench's per-request records)
 #
 # Phases (--phase seconds each, default 30; Poisson arrivals; the rates are
 # modeled time's, divided by --time-scale):
@@ -40,7 +41,7 @@ set -uo pipefail
 
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${PD_BUILD_DIR:-$SRC/build}
-OUT= PHASE=30 REPS=1 PLANNER_EXTRA= TS=4 PHASES="chat long agent"
+OUT= PHASE=30 REPS=1 PLANNER_EXTRA= TS=4 PHASES="chat long agent" PER_REQ=--no-per-request
 CONFIGS="1P:5D 2P:4D 3P:3D 4P:2D 5P:1D mixed-6D planner planner-mixed"
 while [ $# -gt 0 ]; do
     case $1 in
@@ -52,7 +53,8 @@ while [ $# -gt 0 ]; do
     --planner) PLANNER_EXTRA=$2; shift ;;
     --time-scale) TS=$2; shift ;;
     --phases) PHASES=$2; shift ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    --per-request) PER_REQ= ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "plan-phases: unknown argument $1 (--help)" >&2; exit 2 ;;
     esac
     shift
@@ -141,7 +143,7 @@ for rep in $(seq 1 "$REPS"); do
             J=$OUT/$rep-${cfg//:/}-$ph.json
             # shellcheck disable=SC2046
             B=("$BENCH" --url "$URL" $(phase_args $ph) --duration "${PHASE}s" --ignore-eos
-               --slo "$SLO" --request-timeout $((20 * TS))s --no-per-request --quiet --out "$J")
+               --slo "$SLO" --request-timeout $((20 * TS))s $PER_REQ --quiet --out "$J")
             say "${B[@]}"
             "${B[@]}" >"$J.log" 2>&1 || { echo "plan-phases: pd-bench failed" >&2; tail -3 "$J.log" >&2; }
             split=$("$PDCTL" status --run-dir "$RUN" --json | python3 -c '
