@@ -196,7 +196,7 @@ static void test_phase_change_resplits(void **state)
     assert_int_equal(np, 2);   /* one daemon a re-split */
     /* within the bound: a window for the average + confirm ticks */
     assert_true(t_act - t0 <= c.window_ns + c.confirm * c.interval_ns + 2 * SEC);
-    /* then one more a dwell (60 s) apart: 2 -> 3 -> 4 -> 5 */
+    /* then one more at a time (a window apart, the same way): 2 -> 3 -> 4 -> 5 */
     unsigned was = np;
     for (int t = 0; t < 150; t++) {
         run(&c, &st, &now, LONG, 1, &np, &nd, &out);
@@ -254,6 +254,7 @@ static void test_fit_keeps_decode_steps(void **state)
     (void)state;
     pdctl_plan_cfg_t c = cfg_default();
     c.min_prefill = 1;
+    c.confirm = 1000;   /* the fit alone: no re-split of its own (fit_ticks holds 2:4) */
     pdctl_plan_state_t st;
     pdctl_plan_state_init(&st);
     pdctl_plan_out_t out;
@@ -477,12 +478,15 @@ static void test_dwell_respected(void **state)
     pdctl_plan_out_t out;
     uint64_t now = 0;
     unsigned np = 1, nd = 5;
-    assert_int_equal(run(&c, &st, &now, LONG, 10, &np, &nd, &out), 1);
+    int acts = 0;
+    for (int t = 0; t < 10 && acts == 0; t++)
+        acts += run(&c, &st, &now, LONG, 1, &np, &nd, &out);
+    assert_int_equal(acts, 1);
     now += 20 * SEC;   /* the re-split took 20 s: dwell counts from its end */
     pdctl_plan_applied(&st, now);
     uint64_t t_first = st.last_change_ns;
     assert_int_equal(t_first, now);
-    int acts = 0;
+    acts = 0;
     uint64_t t_second = 0;
     for (int t = 0; t < 60 && acts == 0; t++) {
         acts += run(&c, &st, &now, CHAT, 1, &np, &nd, &out);
@@ -494,6 +498,55 @@ static void test_dwell_respected(void **state)
     assert_int_equal(acts, 1);
     assert_true(t_second - t_first >= c.dwell_ns);
     assert_true(t_second - t_first <= c.dwell_ns + 2 * SEC);
+    pd_config_free(&pdctl_plan_schema, &c);
+}
+
+/* A step the same way as the last waits a window (20 s), not the dwell
+ * (60 s): no flap, and a long phase climbs 1:5 -> 2:4 -> 3:3 while its
+ * first burst arrives. A step back still waits the dwell. */
+static void test_same_way_waits_a_window(void **state)
+{
+    (void)state;
+    pdctl_plan_cfg_t c = cfg_default();
+    c.min_prefill = 1;
+    assert_true(c.window_ns < c.dwell_ns);
+    pdctl_plan_state_t st;
+    pdctl_plan_state_init(&st);
+    pdctl_plan_out_t out;
+    uint64_t now = 0;
+    unsigned np = 1, nd = 5;
+    assert_int_equal(run(&c, &st, &now, CHAT, 30, &np, &nd, &out), 0);
+    int acts = 0;
+    for (int t = 0; t < 40 && acts == 0; t++)
+        acts += run(&c, &st, &now, LONG, 1, &np, &nd, &out);
+    assert_int_equal(acts, 1);
+    assert_int_equal(np, 2);
+    now += 5 * SEC;   /* the re-split took 5 s: both holds count from its end */
+    pdctl_plan_applied(&st, now);
+    uint64_t t1 = now;
+    acts = 0;
+    for (int t = 0; t < 40 && acts == 0; t++) {
+        acts += run(&c, &st, &now, LONG, 1, &np, &nd, &out);
+        if (acts == 0 && now - t1 < c.window_ns)
+            assert_true(out.reason == PDCTL_PLAN_DWELL || out.reason == PDCTL_PLAN_CONFIRM);
+    }
+    assert_int_equal(acts, 1);
+    assert_int_equal(out.reason, PDCTL_PLAN_MORE_PREFILL);
+    assert_int_equal(np, 3);
+    assert_true(now - t1 >= c.window_ns);
+    assert_true(now - t1 <= c.window_ns + 2 * SEC);
+    pdctl_plan_applied(&st, now);
+    uint64_t t2 = now;
+    acts = 0;
+    for (int t = 0; t < 100 && acts == 0; t++) {
+        acts += run(&c, &st, &now, CHAT, 1, &np, &nd, &out);
+        if (acts == 0 && now - t2 < c.dwell_ns)
+            assert_true(out.reason == PDCTL_PLAN_DWELL || out.reason == PDCTL_PLAN_CONFIRM ||
+                        out.reason == PDCTL_PLAN_BALANCED);
+    }
+    assert_int_equal(acts, 1);
+    assert_int_equal(out.reason, PDCTL_PLAN_MORE_DECODE);
+    assert_true(now - t2 >= c.dwell_ns);
     pd_config_free(&pdctl_plan_schema, &c);
 }
 
@@ -933,6 +986,7 @@ int main(void)
         cmocka_unit_test(test_hysteresis_holds),
         cmocka_unit_test(test_poisson_noise_no_flapping),
         cmocka_unit_test(test_dwell_respected),
+        cmocka_unit_test(test_same_way_waits_a_window),
         cmocka_unit_test(test_stale_tick_never_acts),
         cmocka_unit_test(test_budget_respected),
         cmocka_unit_test(test_slo_pressure),

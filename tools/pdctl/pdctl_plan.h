@@ -62,7 +62,9 @@
  * way; relative error 1/sqrt(2 x requests/s x window), Poisson arrivals, so
  * a low rate, whose average holds few requests, needs a larger move), the
  * same target for `confirm` ticks in a row, and `dwell` since the last
- * re-split ended; a mode switch, its margin, `confirm` and `dwell`. Between
+ * re-split ended (a window, if shorter, when it moves the same way as the
+ * last one: that is no flap); a mode switch, its margin, `confirm` and
+ * `dwell`. Between
  * separate splits a re-split moves one prefill more, or toward fewer
  * prefills as far as the noise band's high edge (the most prefills the
  * noise allows). Measures settle after a
@@ -181,6 +183,8 @@ typedef struct {
     int pending;                   /* direction awaiting confirm: +1 more prefill, -1 more
                                       decode, 0 size only; PDCTL_PLAN_NO_PENDING */
     unsigned pending_ticks;
+    int last_dir;                  /* the last re-split's direction (+1 more prefill, -1
+                                      more decode); 0: none yet, or a mode switch */
     uint64_t last_change_ns;       /* the last re-split or mode switch: its decision, then
                                       its end (pdctl_plan_applied); 0: never */
     uint64_t mode_change_ns;       /* the same for the last mode switch; 0: never */

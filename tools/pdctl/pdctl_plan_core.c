@@ -511,6 +511,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         out->act = true;
         st->last_change_ns = in->now_ns ? in->now_ns : 1;
         st->mode_change_ns = st->last_change_ns;
+        st->last_dir = 0;
         st->mode_pending = -1;
         st->mode_ticks = 0;
         goto count;
@@ -586,7 +587,15 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
         why = PDCTL_PLAN_CONFIRM;
         goto count;
     }
-    if (!plan_since(in->now_ns, st->last_change_ns, cfg->dwell_ns)) {
+    /* dwell keeps a step back away from the last step. A step the same way
+     * (1:5 -> 2:4, then 2:4 -> 3:3 as a long phase's average climbs) is no
+     * flap: it waits a window, by when the figures it acts on are the new
+     * split's (held for the dwell, a long phase's burst at 20-30 s met 2:4,
+     * docs/BENCHMARKS.md) */
+    uint64_t hold_ns = cfg->dwell_ns;
+    if (dir != 0 && dir == st->last_dir && cfg->window_ns < hold_ns)
+        hold_ns = cfg->window_ns;
+    if (!plan_since(in->now_ns, st->last_change_ns, hold_ns)) {
         why = PDCTL_PLAN_DWELL;
         goto count;
     }
@@ -595,6 +604,7 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
                                             : PDCTL_PLAN_MORE_DECODE;
     out->act = true;
     st->last_change_ns = in->now_ns ? in->now_ns : 1;
+    st->last_dir = dir;
     st->pending = PDCTL_PLAN_NO_PENDING;
     st->pending_ticks = 0;
     goto count;
