@@ -280,20 +280,28 @@ static void test_cap(void **state)
     kvx_blocks_destroy(b);
 }
 
+/* A real UCX context on a fresh event base. */
+static kvx_ctx_h *ctx_open(uint64_t node_id, struct event_base **base)
+{
+    *base = event_base_new();
+    assert_non_null(*base);
+    kvx_config_t kc;
+    kvx_config_default(&kc);
+    kc.node_id = node_id;
+    memset(kc.secret, 0x5a, sizeof(kc.secret));
+    kvx_ctx_h *ctx;
+    assert_int_equal(kvx_ctx_create(&kc, *base, &ctx), PD_OK);
+    return ctx;
+}
+
 /* A cached block pinned by a live lease (real region, real kvx_export) is
  * neither evicted nor freed; once the lease ends it is. */
 static void test_lease_pin(void **state)
 {
     (void)state;
-    struct event_base *base = event_base_new();
-    assert_non_null(base);
-    kvx_config_t kc;
-    kvx_config_default(&kc);
-    kc.node_id = 11;
-    memset(kc.secret, 0x5a, sizeof(kc.secret));
-    kvx_ctx_h *ctx;
+    struct event_base *base;
+    kvx_ctx_h *ctx = ctx_open(11, &base);
     kvx_region_h *r;
-    assert_int_equal(kvx_ctx_create(&kc, base, &ctx), PD_OK);
     assert_int_equal(kvx_region_register(ctx, 1, 4096, 4, COMPAT, KVX_ALLOC_UCX, &r), PD_OK);
     kvx_blocks_t *b;
     kvx_prefix_t *p;
@@ -366,14 +374,8 @@ static void test_ucx_env_defaults(void **state)
 static void test_region_resident(void **state)
 {
     (void)state;
-    struct event_base *base = event_base_new();
-    assert_non_null(base);
-    kvx_config_t kc;
-    kvx_config_default(&kc);
-    kc.node_id = 12;
-    memset(kc.secret, 0x5a, sizeof(kc.secret));
-    kvx_ctx_h *ctx;
-    assert_int_equal(kvx_ctx_create(&kc, base, &ctx), PD_OK);
+    struct event_base *base;
+    kvx_ctx_h *ctx = ctx_open(12, &base);
     const size_t page = (size_t)sysconf(_SC_PAGESIZE), bb = 64 * 1024, nb = 64;
     const kvx_alloc_t allocs[2] = {KVX_ALLOC_UCX, KVX_ALLOC_OWN};
     for (unsigned a = 0; a < 2; a++) {
