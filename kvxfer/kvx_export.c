@@ -571,10 +571,11 @@ pd_status_t kvx_region_register(kvx_ctx_h *ctx, uint32_t region_id,
 }
 
 /* Fault every page of a fresh arena in now, not on a request. The kernel's
- * MADV_POPULATE_WRITE (Linux 5.14) maps the pages in one call: 0.36 s for
- * 1 GiB of SysV shm on this project's VMs, where a memset, one trap a page,
- * takes 3.9 s, and a daemon is not ready until it is done (a planner's
- * re-split waits for it). A fresh mapping already reads zero, so the memset
+ * MADV_POPULATE_WRITE (Linux 5.14) maps the pages in one call: 0.2-1 s for
+ * 1 GiB of SysV shm on this project's VMs (2.4 s where the host itself
+ * touches the memory first), where a memset, one trap a page, takes
+ * 3.5-3.9 s, and a daemon is not ready until it is done (a planner's
+ * re-split waits for it; docs/BENCHMARKS.md, the planner's ninth slice). A fresh mapping already reads zero, so the memset
  * fallback (older kernels, or a refusal) only faults the pages in. */
 static void kvx_prefault(void *base, size_t len)
 {

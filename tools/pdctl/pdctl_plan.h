@@ -88,7 +88,7 @@
     X(IDLE,         "idle",         "hold: no traffic in the window")                  \
     X(BALANCED,     "balanced",     "hold: the running split is within hysteresis")    \
     X(CONFIRM,      "confirm",      "hold: the new split has not held for `confirm` ticks") \
-    X(DWELL,        "dwell",        "hold: the last re-split is younger than `dwell`")  \
+    X(DWELL,        "dwell",        "hold: the last re-split is younger than `dwell` (a step the same way: `window`)") \
     X(MORE_PREFILL, "more_prefill", "re-split: prefill daemons are short")             \
     X(MORE_DECODE,  "more_decode",  "re-split: decode daemons are short")              \
     X(BUDGET,       "budget",       "re-split: the deployment's size is not the budget") \

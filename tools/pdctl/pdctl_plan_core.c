@@ -29,7 +29,9 @@ static const pd_cfg_field_t pdctl_plan_fields[] = {
         "widen the hysteresis, and the mode's margins, by this many standard errors of "
         "the demand's average (Poisson: 1/sqrt(the requests the window holds)); 0: off",
         0, 5),
-    ROW(dwell_ns, "dwell", DURATION, "60s", "least time between two re-splits", 0, 864e11),
+    ROW(dwell_ns, "dwell", DURATION, "60s",
+        "least time between two re-splits (a window, if shorter, for a step the same way as "
+        "the last one)", 0, 864e11),
     ROW(confirm, "confirm", UINT, "3", "ticks in a row the same new split must be desired",
         1, 1000),
     ROW(interval_ns, "interval", DURATION, "2s", "one planning tick", 1e8, 36e11),
