@@ -64,11 +64,9 @@
  * same target for `confirm` ticks in a row, and `dwell` since the last
  * re-split ended (a window, if shorter, when it moves the same way as the
  * last one: that is no flap); a mode switch, its margin, `confirm` and
- * `dwell`. Between
- * separate splits a re-split moves one prefill more, or toward fewer
- * prefills as far as the noise band's high edge (the most prefills the
- * noise allows). Measures settle after a
- * change: the pull's cost counts from a window after a re-split ends (its
+ * `dwell`. Between separate splits a re-split moves one prefill more, or
+ * toward fewer prefills as far as the noise band's high edge (the most
+ * prefills the noise allows). Measures settle after a change: the pull's cost counts from a window after a re-split ends (its
  * first pulls carry the backlog), the prompt work from a dwell (at least a
  * window) after a mode switch ends (the new mode's prefix caches start
  * cold, and its first prompts look several times heavier than the mode's

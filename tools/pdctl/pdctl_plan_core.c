@@ -380,14 +380,15 @@ void pdctl_plan_step(const pdctl_plan_cfg_t *cfg, unsigned budget, const pdctl_p
     memset(out, 0, sizeof(*out));
     out->want_prefill = in->n_prefill;
     out->want_decode = in->n_decode;
-    plan_measure(in, st, plan_since(in->now_ns, st->last_change_ns, cfg->window_ns));
+    /* a window since the last re-split ended: the figures are the split's own */
+    bool split_settled = plan_since(in->now_ns, st->last_change_ns, cfg->window_ns);
+    plan_measure(in, st, split_settled);
     /* the pull's cost: this tick's measure, once a window has passed since
      * the last re-split (the pulls of a split's first seconds carry the
      * backlog and the cold arenas of the change: a PD-mixed start measured
      * a 2 s tail in its first 11 s at 1:5 and went back to PD-mixed for good);
      * kept through PD-mixed, where nothing is pulled */
-    if (in->pull_tok_s > 0 &&
-        plan_since(in->now_ns, st->last_change_ns, cfg->window_ns)) {
+    if (in->pull_tok_s > 0 && split_settled) {
         double w = in->dt_s > 0 ? plan_ewma_w(cfg, in->dt_s) : 1;
         st->pull_tok_s = st->pull_tok_s > 0 ? st->pull_tok_s + w * (in->pull_tok_s - st->pull_tok_s)
                                             : in->pull_tok_s;
