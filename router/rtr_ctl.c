@@ -446,12 +446,13 @@ static void on_heartbeat(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
         return;
     }
     rtr_backend_t *be = cc->be;
-    bool was_draining = (be->hb.flags & PROTO_HB_DRAINING) != 0;
     be->hb = msg->u.heartbeat;
     be->last_hb_ns = pd_now_ns();
-    if (!was_draining && (be->hb.flags & PROTO_HB_DRAINING) && (be->caps & PROTO_CAP_DECODE) &&
-        cc->r->on_backend_drain != NULL)
-        (void)cc->r->on_backend_drain(cc->r, be); /* SIGTERM / daemon drain: move its streams */
+    /* SIGTERM / daemon drain / admin drain: move its streams; again at each
+     * of its heartbeats for those left (no room then, or nearly done) */
+    if (((be->hb.flags & PROTO_HB_DRAINING) || be->state == RTR_BE_DRAIN) &&
+        (be->caps & PROTO_CAP_DECODE) && cc->r->on_backend_drain != NULL)
+        (void)cc->r->on_backend_drain(cc->r, be);
     pd_stats_gauge_set(be->stats, RTR_BE_STAT_queue_depth, be->hb.queue_depth);
     pd_stats_gauge_set(be->stats, RTR_BE_STAT_running_seqs, be->hb.running_seqs);
     pd_stats_gauge_set(be->stats, RTR_BE_STAT_free_blocks, be->hb.free_blocks);
@@ -735,6 +736,7 @@ pd_status_t rtr_admin_planner(pd_admin_req_t *req, cJSON *reply)
     cJSON_AddNumberToObject(cost, "dec_tok_ns", r->cost.dec_tok_ns);
     cJSON_AddNumberToObject(cost, "pull_tok_ns", r->cost.pull_tok_ns);
     cJSON_AddNumberToObject(cost, "hop_ns", r->cost.hop_ns);
+    cJSON_AddNumberToObject(cost, "move_tok_ns", r->cost.move_tok_ns);
     cJSON_AddBoolToObject(reply, "mixed", r->cfg.disagg_mode == RTR_DISAGG_NEVER);
     return PD_OK;
 }

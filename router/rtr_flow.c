@@ -657,6 +657,8 @@ static uint32_t needed_blocks(const rtr_req_t *q)
  * in a live migration: prompt + generated - 1). */
 static pd_status_t send_decode_req_flags(rtr_req_t *q, const char *peer, uint64_t lease_id,
                                          proto_blob_t handle, uint32_t kv_tokens, uint32_t flags);
+/* A running average of a measured rate (the cost figures, r->cost). */
+static void cost_note(double *avg, double sample);
 
 static pd_status_t send_decode_req(rtr_req_t *q, const char *peer, uint64_t lease_id,
                                    proto_blob_t handle, uint32_t kv_tokens)
@@ -699,6 +701,8 @@ static pd_status_t send_decode_req_flags(rtr_req_t *q, const char *peer, uint64_
         d->n_fork = ch->n - 1;
     q->next_tok_seq = 0;
     pd_status_t st = q->r->out->send(q->decode, &m);
+    if (st == PD_OK)
+        q->t_dec_req_ns = pd_now_ns();
     if (st == PD_OK && fork) {
         for (uint32_t i = 1; i < ch->n; i++) {
             rtr_req_t *c = ch->c[i];
@@ -913,6 +917,8 @@ static bool req_tokens(rtr_req_t *q, const proto_tokens_t *toks, const proto_log
         }
         if (q->migrated) {
             pd_stats_observe_ns(r->stats, RTR_STAT_migration_resume, now - q->t_migrate_ns);
+            if (q->migrate_kv > 0)
+                cost_note(&r->cost.move_tok_ns, (double)(now - q->t_migrate_ns) / q->migrate_kv);
             q->migrated = false;
         }
         if (cli(q)->t_first_tok_ns == 0)
@@ -1011,6 +1017,15 @@ static void cost_note_prefill(rtr_t *r, const rtr_req_t *q, const proto_prefill_
         cost_note(&r->cost.hop_ns, (double)(now - sent - pd->queue_ns - pd->prefill_ns));
 }
 
+/* A stream's mean step: token 1 to its last token (token 0 -> 1 holds the
+ * KV pull's tail); 0 before three tokens. */
+static double stream_step_ns(const rtr_req_t *q)
+{
+    if (q->n_gen < 3 || q->t_last_tok_ns <= q->t_tok1_ns || q->t_tok1_ns == 0)
+        return 0;
+    return (double)(q->t_last_tok_ns - q->t_tok1_ns) / (q->n_gen - 2);
+}
+
 static void cost_note_finish(rtr_t *r, const rtr_req_t *q, const proto_finish_t *f)
 {
     uint32_t n = f->prompt_tokens;
@@ -1024,9 +1039,8 @@ static void cost_note_finish(rtr_t *r, const rtr_req_t *q, const proto_finish_t 
         /* the pull's tail (the SLO planner's pull cost): the gap before
          * token 1 minus one step (the mean gap of the later tokens); with
          * layer-wise streaming most of a pull hides under the prompt pass */
-        if (q->gap1_ns > 0 && q->n_gen >= 3 && q->t_last_tok_ns > q->t_tok1_ns &&
-            missing >= PULL_TAIL_MIN_TOKENS) {
-            double step = (double)(q->t_last_tok_ns - q->t_tok1_ns) / (q->n_gen - 2);
+        double step = stream_step_ns(q);
+        if (q->gap1_ns > 0 && step > 0 && missing >= PULL_TAIL_MIN_TOKENS) {
             double tail = (double)q->gap1_ns > step ? (double)q->gap1_ns - step : 0;
             pd_stats_observe_ns(r->stats, RTR_STAT_kv_pull_tail, (uint64_t)tail);
             pd_stats_add(r->stats, RTR_STAT_kv_pull_tail_tokens, missing);
@@ -1331,16 +1345,64 @@ static void on_migrate_done(rtr_req_t *q, rtr_backend_t *from, const proto_migra
            from->id, t->id, q->n_gen, m->kv_tokens);
 }
 
+static void promise_blocks(rtr_backend_t *t, uint32_t n)
+{
+    t->hb.free_blocks = t->hb.free_blocks > n ? t->hb.free_blocks - n : 0;
+}
+
+static void drain_keep(rtr_req_t *q, const rtr_backend_t *be, const char *why)
+{
+    if (!q->drain_kept)
+        pd_stats_inc(q->r->stats, RTR_STAT_requests_kept_on_drain);
+    q->drain_kept = true;
+    pd_log(PD_LOG_DEBUG, RTR_COMP, q->id, "stays on draining '%s': %s", be->id, why);
+}
+
 uint32_t rtr_flow_migrate_from(rtr_t *r, rtr_backend_t *be)
 {
-    uint32_t n = 0;
+    uint32_t n = 0, kept = 0;
+    /* The picks see each target's room as the router can know it: its
+     * heartbeat's free blocks less what it was handed since (DECODE_REQs
+     * sent after that heartbeat or not sent yet, moves in flight), none
+     * while it queues requests (a move would wait behind them). Restored
+     * after. */
+    uint32_t hb_free[RTR_MAX_BACKENDS];
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
+        hb_free[i] = r->be[i].hb.free_blocks;
+        if (r->be[i].hb.queue_depth > 0)
+            r->be[i].hb.free_blocks = 0;
+    }
+    for (rtr_req_t *q = r->reqs; q != NULL; q = q->next) {
+        if (q->migrate_to != NULL)
+            promise_blocks(q->migrate_to, needed_blocks(q));
+        else if (q->decode != NULL && q->decode != be &&
+                 (q->t_dec_req_ns == 0 || q->t_dec_req_ns >= q->decode->last_hb_ns))
+            promise_blocks(q->decode, needed_blocks(q));
+    }
     for (rtr_req_t *q = r->reqs; q != NULL; q = q->next) {
         if (q->fsm.state != RTR_REQ_DECODING || q->decode != be || q->migrate_to != NULL ||
             q->n_gen == 0)
             continue;
-        rtr_backend_t *t = rtr_pick_backend(r, PROTO_CAP_DECODE, needed_blocks(q), be);
+        /* nearly done: it ends where it is before a move would resume it */
+        uint32_t left = q->oai.max_tokens > q->n_gen ? q->oai.max_tokens - q->n_gen : 0;
+        uint32_t kv = q->n_prompt + q->n_gen - 1;
+        if (rtr_finish_in_place(left, stream_step_ns(q), kv, r->cost.move_tok_ns,
+                                r->cost.pull_tok_ns, r->cost.hop_ns)) {
+            drain_keep(q, be, "nearly done");
+            kept++;
+            continue;
+        }
+        uint32_t need = needed_blocks(q);
+        rtr_backend_t *t = rtr_pick_backend(r, PROTO_CAP_DECODE, need, be);
         if (t == NULL)
             break; /* nowhere to go: the rest finish where they are */
+        if (t->hb.free_blocks < need) {
+            /* queued on a full decode it would stall; here it runs (asked
+             * again at the draining decode's next heartbeat) */
+            drain_keep(q, be, "no other decode has room");
+            kept++;
+            continue;
+        }
         proto_msg_t m;
         memset(&m, 0, sizeof(m));
         m.hdr.type = PROTO_MSG_MIGRATE;
@@ -1350,11 +1412,15 @@ uint32_t rtr_flow_migrate_from(rtr_t *r, rtr_backend_t *be)
         if (r->out->send(be, &m) != PD_OK)
             continue;
         req_set_backend(&q->migrate_to, t); /* counts as assigned: the next pick spreads */
+        promise_blocks(t, need);
         q->t_migrate_ns = pd_now_ns();
+        q->migrate_kv = kv;
         n++;
     }
-    pd_log(PD_LOG_INFO, RTR_COMP, NULL, "decode '%s' draining: %u stream(s) asked to migrate",
-           be->id, n);
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
+        r->be[i].hb.free_blocks = hb_free[i];
+    pd_log(n > 0 ? PD_LOG_INFO : PD_LOG_DEBUG, RTR_COMP, NULL,
+           "decode '%s' draining: %u stream(s) asked to migrate, %u stay", be->id, n, kept);
     return n;
 }
 

@@ -86,7 +86,10 @@ struct rtr_req {
     uint64_t t_failover_ns;              /* last failover, until the next token: resume time */
     rtr_backend_t *migrate_to;           /* MIGRATE sent, MIGRATE_DONE not yet */
     bool migrated;                       /* MIGRATE_DONE seen: resume time pending */
+    bool drain_kept;                     /* left on a draining decode (counted once) */
+    uint64_t t_dec_req_ns;               /* last DECODE_REQ sent (0 = none yet) */
     uint64_t t_migrate_ns;               /* MIGRATE sent */
+    uint32_t migrate_kv;                 /* the KV tokens that move would pull */
     uint32_t next_tok_seq;
     rtr_textpipe_t pipe;
     char *text;                          /* non-streaming: whole completion */

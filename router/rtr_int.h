@@ -92,6 +92,7 @@ typedef struct {
     X(requests_failed_over, COUNTER,  "Streams moved to another decode after theirs was lost or failed mid-stream") \
     X(failover_resume,     HISTOGRAM, "Failover: decode lost to the next token reaching the router") \
     X(requests_migrated,   COUNTER,   "Streams moved live to another decode (KV pulled from the old one)") \
+    X(requests_kept_on_drain, COUNTER, "Streams left to end on a draining decode (nearly done, or no other decode with room)") \
     X(migration_resume,    HISTOGRAM, "Live migration: MIGRATE sent to the next token from the new decode") \
     X(requests_disaggregated, COUNTER, "Requests prefilled on a prefill daemon") \
     X(requests_local,      COUNTER,   "Requests prefilled on their decode daemon") \
@@ -231,6 +232,7 @@ struct rtr {
      * rtr_flow.c cost_note, rtr_policy.h rtr_disagg_in_t) */
     struct {
         double pf_tok_ns, dec_tok_ns, pull_tok_ns, hop_ns;
+        double move_tok_ns; /* a live move's stall (MIGRATE -> next token) per KV token */
     } cost;
     uint32_t n_ctl_pending;          /* connections not registered yet */
 

@@ -166,6 +166,15 @@ bool rtr_should_disaggregate(rtr_disagg_mode_t mode, const rtr_disagg_in_t *in,
     return disagg;
 }
 
+bool rtr_finish_in_place(uint32_t tokens_left, double step_ns, uint32_t kv_tokens,
+                         double move_tok_ns, double pull_tok_ns, double hop_ns)
+{
+    double move_ns = move_tok_ns > 0   ? (double)kv_tokens * move_tok_ns
+                     : pull_tok_ns > 0 ? (double)kv_tokens * pull_tok_ns + 2.0 * hop_ns
+                                       : 0;
+    return step_ns > 0 && move_ns > 0 && (double)tokens_left * step_ns <= move_ns;
+}
+
 /* ---- the router's backend choice ------------------------------------------ */
 
 static bool eligible(const rtr_backend_view_t *v, size_t k, const rtr_choice_t *c)

@@ -123,6 +123,20 @@ typedef struct {
 bool rtr_should_disaggregate(rtr_disagg_mode_t mode, const rtr_disagg_in_t *in,
                              uint32_t threshold, bool prefill, rtr_disagg_why_t *why);
 
+/* A stream on a draining decode stays there (true) rather than moving live
+ * when its tokens left (max_tokens - generated: a bound, a stop may come
+ * sooner) at its measured step take no longer than the move would stall
+ * it: kv_tokens * move_tok_ns, the router's measure of earlier moves
+ * (MIGRATE to the next token, per KV token), or until a move is measured
+ * the model kv_tokens * pull_tok_ns + 2 * hop_ns (its KV pulled by the
+ * target, and two control-plane round trips: MIGRATE -> MIGRATE_DONE,
+ * DECODE_REQ -> the pull). Then the stream ends sooner than moved, the
+ * draining decode is empty no later (it holds the exported KV until the
+ * target's pull ends), and the target pulls nothing. Nothing measured yet
+ * (no step, or neither rate): it moves. */
+bool rtr_finish_in_place(uint32_t tokens_left, double step_ns, uint32_t kv_tokens,
+                         double move_tok_ns, double pull_tok_ns, double hop_ns);
+
 /* ---- the router's backend choice -------------------------------------- */
 
 #define RTR_POLICY_MAX_BACKENDS 64   /* = RTR_MAX_BACKENDS (rtr_int.h) */

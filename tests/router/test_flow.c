@@ -19,6 +19,7 @@
 #include "eng_chat.h"
 #include "pd_blockname.h"
 #include "pd_log.h"
+#include "pd_time.h"
 #include "rtr_flow.h"
 
 /* ---- the recorder -------------------------------------------------------- */
@@ -845,6 +846,8 @@ static void test_live_migration(void **state)
     assert_ptr_equal(s->to, d0);
     assert_string_equal(s->target, "d1");
     assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 0); /* asked once */
+    assert_int_equal(q->migrate_kv, 3);     /* prompt 2 + generated 2 - 1 */
+    assert_true(f->r.cost.move_tok_ns == 0);
     migrate_done(f, d0, "m1", 2, 3, 77);
     s = last_sent();
     assert_int_equal(s->type, PROTO_MSG_DECODE_REQ);
@@ -871,6 +874,129 @@ static void test_live_migration(void **state)
     assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
     assert_int_equal(d1->assigned, 0);
     assert_int_equal(d0->assigned, 0);
+    /* the move's stall, per KV token it pulled, is measured */
+    assert_true(f->r.cost.move_tok_ns > 0);
+}
+
+/* A draining decode keeps a nearly done stream: 2 tokens left at a 10 ms
+ * step (20 ms) stay while a move (its KV pulled) would take as long; the
+ * same stream moves when no pull rate is measured yet or the pull is
+ * cheaper. Counted as kept; kept or asked, it can end where it is. */
+static void test_drain_keeps_nearly_done(void **state)
+{
+    fx_t *f = *state;
+    rtr_backend_t *d0 = f->dec, *d1 = &f->r.be[2];
+    add_backend(&f->r, d1, "d1", PROTO_ROLE_DECODE,
+                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
+    d1->hb.free_blocks = 10;
+    rtr_req_t *q = accept_req(f, "k1", true, 16);
+    prefill_done(f, "k1", 'a', 5);
+    int32_t t[13];
+    for (int i = 0; i < 13; i++)
+        t[i] = 'b' + i;
+    tokens(f, "k1", 0, t, 13);
+    assert_int_equal(q->n_gen, 14);
+    q->t_last_tok_ns = q->t_tok1_ns + 12 * 10000000ull; /* a 10 ms step */
+    double kv = q->n_prompt + q->n_gen - 1;             /* what a move pulls */
+    f->r.cost.hop_ns = 0;
+    f->r.cost.move_tok_ns = 0;                          /* no move measured */
+    f->r.cost.pull_tok_ns = 20e6 / kv;                  /* the move: 20 ms */
+    int sent0 = rec.n_sent;
+    assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 0);
+    assert_int_equal(rec.n_sent, sent0);                /* no MIGRATE */
+    assert_null(q->migrate_to);
+    assert_int_equal(counter(f, RTR_STAT_requests_kept_on_drain), 1);
+    f->r.cost.pull_tok_ns = 0;                          /* unmeasured: it moves */
+    assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 1);
+    assert_int_equal(last_sent()->type, PROTO_MSG_MIGRATE);
+    assert_ptr_equal(q->migrate_to, d1);
+    assert_int_equal(counter(f, RTR_STAT_requests_kept_on_drain), 1);
+    /* the old decode ends it before it acts on MIGRATE: done, d1 let go */
+    int32_t last[2] = { 'x', 'y' };
+    tokens(f, "k1", 1, last, 2);
+    finish(f, "k1", PROTO_FINISH_LENGTH);
+    assert_null(rtr_flow_find(&f->r, W("k1")));
+    assert_non_null(strstr(rec.body, "[DONE]"));
+    assert_int_equal(counter(f, RTR_STAT_requests_completed), 1);
+    assert_int_equal(counter(f, RTR_STAT_requests_migrated), 0);
+    assert_int_equal(d0->assigned, 0);
+    assert_int_equal(d1->assigned, 0);
+    /* a cheaper pull (19 ms) moves a second such stream */
+    q = accept_req(f, "k2", true, 16);
+    prefill_done(f, "k2", 'a', 6);
+    tokens(f, "k2", 0, t, 13);
+    q->t_last_tok_ns = q->t_tok1_ns + 12 * 10000000ull;
+    f->r.cost.pull_tok_ns = 19e6 / kv;
+    assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 1);
+    assert_ptr_equal(q->migrate_to, d1);
+}
+
+/* Moves go only where there is room: d1 has room for one of d0's two
+ * streams (18 blocks each); the other stays and is counted once, however
+ * often the drain is looked at again (each heartbeat of d0), while the
+ * first move is still promised d1's blocks; once d1 has room it moves.
+ * The router's view of d1's free blocks is left as its heartbeat said. */
+static void test_drain_moves_only_with_room(void **state)
+{
+    fx_t *f = *state;
+    rtr_backend_t *d0 = f->dec, *d1 = &f->r.be[2];
+    f->r.geom_fixed = true;
+    f->r.geom.block_tokens = 1;
+    add_backend(&f->r, d1, "d1", PROTO_ROLE_DECODE,
+                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
+    d1->hb.free_blocks = 20;
+    rtr_req_t *a = accept_req(f, "w1", true, 16), *b = accept_req(f, "w2", true, 16);
+    prefill_done(f, "w1", 'a', 5);
+    prefill_done(f, "w2", 'a', 6);
+    assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 1);
+    rtr_req_t *moved = a->migrate_to != NULL ? a : b, *stays = moved == a ? b : a;
+    assert_ptr_equal(moved->migrate_to, d1);
+    assert_null(stays->migrate_to);
+    assert_int_equal(counter(f, RTR_STAT_requests_kept_on_drain), 1);
+    assert_int_equal(d1->hb.free_blocks, 20);
+    assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 0); /* w1's 18 still promised */
+    assert_int_equal(counter(f, RTR_STAT_requests_kept_on_drain), 1);
+    d1->hb.free_blocks = 40;
+    assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 1);
+    assert_ptr_equal(stays->migrate_to, d1);
+    assert_int_equal(counter(f, RTR_STAT_requests_kept_on_drain), 1);
+}
+
+/* A target's room is what the router can know: its heartbeat's free
+ * blocks less a DECODE_REQ sent after that heartbeat, and none while it
+ * queues requests. x1 (18 blocks) went to d1 after d1's last heartbeat,
+ * which says 30 free: 12 left, d0's w1 (18) stays; the same while d1
+ * queues; a heartbeat after x1 (it shows x1's blocks): w1 moves. */
+static void test_drain_room_as_known(void **state)
+{
+    fx_t *f = *state;
+    rtr_backend_t *d0 = f->dec, *d1 = &f->r.be[2];
+    f->r.geom_fixed = true;
+    f->r.geom.block_tokens = 1;
+    add_backend(&f->r, d1, "d1", PROTO_ROLE_DECODE,
+                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
+    d1->hb.free_blocks = 2000; /* the pick for x1 */
+    f->dec = d1;
+    rtr_req_t *x = accept_req(f, "x1", true, 16);
+    prefill_done(f, "x1", 'a', 5);
+    assert_int_equal(last_sent()->type, PROTO_MSG_DECODE_REQ);
+    assert_ptr_equal(x->decode, d1);
+    f->dec = d0;
+    d1->hb.free_blocks = 10; /* d0 the pick for w1 */
+    rtr_req_t *w = accept_req(f, "w1", true, 16);
+    prefill_done(f, "w1", 'a', 6);
+    d1->last_hb_ns = 1;      /* before x1's DECODE_REQ */
+    d1->hb.free_blocks = 30;
+    assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 0);
+    assert_null(w->migrate_to);
+    d1->last_hb_ns = pd_now_ns(); /* x1 in it now */
+    d1->hb.queue_depth = 1;
+    assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 0);
+    assert_int_equal(d1->hb.free_blocks, 30);
+    d1->hb.queue_depth = 0;
+    assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 1);
+    assert_ptr_equal(w->migrate_to, d1);
+    assert_int_equal(counter(f, RTR_STAT_requests_kept_on_drain), 1);
 }
 
 /* Migration edge cases: no other decode -> nothing asked; a MIGRATE_DONE
@@ -1593,6 +1719,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_decode_failover_bounded, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_live_migration, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_migration_edges, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_drain_keeps_nearly_done, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_drain_moves_only_with_room, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_drain_room_as_known, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_client_gone_and_late_prefill_done, fx_setup,
                                         fx_teardown),
         cmocka_unit_test_setup_teardown(test_token0_is_the_last, fx_setup, fx_teardown),

@@ -98,6 +98,28 @@ static void test_disaggregation(void **state)
 }
 
 /* disagg-mode=cost against hand-computed estimates. */
+/* A draining decode's stream stays when its tokens left at its step end
+ * no later than a move would stall it: measured moves when there are (per
+ * KV token), else its KV pulled + two hops; nothing measured: it moves. */
+static void test_finish_in_place(void **state)
+{
+    (void)state;
+    /* KV of 2000 tokens at 100 us/token + 2 x 1 ms = 202 ms; step 50 ms */
+    assert_true(rtr_finish_in_place(4, 50e6, 2000, 0, 100e3, 1e6));   /* 200 ms */
+    assert_false(rtr_finish_in_place(5, 50e6, 2000, 0, 100e3, 1e6));  /* 250 ms */
+    assert_true(rtr_finish_in_place(0, 50e6, 2000, 0, 100e3, 1e6));
+    /* a short prompt: the hops dominate, one token left stays */
+    assert_true(rtr_finish_in_place(1, 2e6, 10, 0, 100e3, 1e6));
+    assert_false(rtr_finish_in_place(2, 2e6, 10, 0, 100e3, 1e6));
+    /* moves measured at 500 us a KV token (1 s here) decide instead */
+    assert_true(rtr_finish_in_place(20, 50e6, 2000, 500e3, 100e3, 1e6));
+    assert_false(rtr_finish_in_place(21, 50e6, 2000, 500e3, 100e3, 1e6));
+    assert_true(rtr_finish_in_place(2, 50e6, 2000, 500e3, 0, 0));
+    /* no step, or neither rate measured yet: move, as before */
+    assert_false(rtr_finish_in_place(1, 0, 2000, 500e3, 100e3, 1e6));
+    assert_false(rtr_finish_in_place(1, 50e6, 2000, 0, 0, 1e6));
+}
+
 static void test_disaggregation_cost(void **state)
 {
     (void)state;
@@ -387,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_decode_spreads_equal_load),
         cmocka_unit_test(test_disaggregation),
         cmocka_unit_test(test_disaggregation_cost),
+        cmocka_unit_test(test_finish_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
