@@ -878,6 +878,19 @@ static void test_live_migration(void **state)
     assert_true(f->r.cost.move_tok_ns > 0);
 }
 
+/* The drain tests' second decode d1 (r.be[2]) with free_blocks free; KV
+ * geometry fixed at one token a block, so a request of n tokens needs n. */
+static rtr_backend_t *drain_target(fx_t *f, uint32_t free_blocks)
+{
+    rtr_backend_t *d1 = &f->r.be[2];
+    f->r.geom_fixed = true;
+    f->r.geom.block_tokens = 1;
+    add_backend(&f->r, d1, "d1", PROTO_ROLE_DECODE,
+                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
+    d1->hb.free_blocks = free_blocks;
+    return d1;
+}
+
 /* A draining decode keeps a nearly done stream: 2 tokens left at a 10 ms
  * step (20 ms) stay while a move (its KV pulled) would take as long; the
  * same stream moves when no pull rate is measured yet or the pull is
@@ -885,10 +898,7 @@ static void test_live_migration(void **state)
 static void test_drain_keeps_nearly_done(void **state)
 {
     fx_t *f = *state;
-    rtr_backend_t *d0 = f->dec, *d1 = &f->r.be[2];
-    add_backend(&f->r, d1, "d1", PROTO_ROLE_DECODE,
-                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
-    d1->hb.free_blocks = 10;
+    rtr_backend_t *d0 = f->dec, *d1 = drain_target(f, 100);
     rtr_req_t *q = accept_req(f, "k1", true, 16);
     prefill_done(f, "k1", 'a', 5);
     int32_t t[13];
@@ -939,12 +949,7 @@ static void test_drain_keeps_nearly_done(void **state)
 static void test_drain_moves_only_with_room(void **state)
 {
     fx_t *f = *state;
-    rtr_backend_t *d0 = f->dec, *d1 = &f->r.be[2];
-    f->r.geom_fixed = true;
-    f->r.geom.block_tokens = 1;
-    add_backend(&f->r, d1, "d1", PROTO_ROLE_DECODE,
-                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
-    d1->hb.free_blocks = 20;
+    rtr_backend_t *d0 = f->dec, *d1 = drain_target(f, 20);
     rtr_req_t *a = accept_req(f, "w1", true, 16), *b = accept_req(f, "w2", true, 16);
     prefill_done(f, "w1", 'a', 5);
     prefill_done(f, "w2", 'a', 6);
@@ -970,12 +975,7 @@ static void test_drain_moves_only_with_room(void **state)
 static void test_drain_room_as_known(void **state)
 {
     fx_t *f = *state;
-    rtr_backend_t *d0 = f->dec, *d1 = &f->r.be[2];
-    f->r.geom_fixed = true;
-    f->r.geom.block_tokens = 1;
-    add_backend(&f->r, d1, "d1", PROTO_ROLE_DECODE,
-                PROTO_CAP_DECODE | PROTO_CAP_PREFILL_LOCAL | PROTO_CAP_KV_IMPORT);
-    d1->hb.free_blocks = 2000; /* the pick for x1 */
+    rtr_backend_t *d0 = f->dec, *d1 = drain_target(f, 2000); /* the pick for x1 */
     f->dec = d1;
     rtr_req_t *x = accept_req(f, "x1", true, 16);
     prefill_done(f, "x1", 'a', 5);
