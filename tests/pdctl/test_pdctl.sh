@@ -213,7 +213,12 @@ lifecycle() {
     }
     check "decode-1 takes requests" poll 30 dec1_served
     # long streams, some on decode-1: the scale-down moves them (live
-    # migration) instead of waiting them out, and they finish
+    # migration) where decode-0 has room for them, and keeps them running
+    # where they are while decode-0 has none (queued there they would
+    # stall: the router asks again at each heartbeat); either way they
+    # finish. Which of the two, and whether any is still running when the
+    # drain comes, depends on the load: printed, not checked here (the
+    # moves: e2e-failover's drain and SIGTERM tests; the choice: rtr-flow)
     local long=$T/long i
     : >"$long"
     for i in 1 2 3 4; do
@@ -230,14 +235,15 @@ lifecycle() {
     }
     check "decode-1 runs a long stream" poll 30 dec1_running
     local mig0 mig1
-    mig0=$("$PDCTL" admin router stats --json --run-dir "$R" | json_get '[t for t in j["stats"] if t["table"] == "router"][0]["values"]["requests_migrated"]')
+    rstat() { "$PDCTL" admin router stats --json --run-dir "$R" | json_get '(lambda v: v["requests_migrated"] + v["requests_kept_on_drain"])([t for t in j["stats"] if t["table"] == "router"][0]["values"])'; }
+    mig0=$(rstat)
     local before
     before=$(wc -l <"$res")
     run "$PDCTL" scale decode 1 --run-dir "$R"
     expect 0 "decode: 1 daemon \(was 2\)" "scale decode 2 -> 1 (drain) under load"
     check "scale-down drained (no SIGKILL)" bash -c '! grep -q SIGKILL <<<"$1"' _ "$ERR"
-    mig1=$("$PDCTL" admin router stats --json --run-dir "$R" | json_get '[t for t in j["stats"] if t["table"] == "router"][0]["values"]["requests_migrated"]')
-    check "scale-down moved decode-1's streams live ($mig0 -> $mig1 migrated)" test "$mig1" -gt "$mig0"
+    mig1=$(rstat)
+    echo "# scale-down: decode-1's streams migrated + kept on it: $mig0 -> $mig1"
     check "every long stream finished" poll 240 bash -c '[ "$(grep -c "^200 finish" "$1")" = 4 ]' _ "$long"
     check "long streams: no error" bash -c '! grep -qv "^200 finish" "$1"' _ "$long"
     poll 30 count_ge "$res" $((before + 3)) || bad "no requests after scale-down"
