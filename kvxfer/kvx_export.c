@@ -575,8 +575,12 @@ pd_status_t kvx_region_register(kvx_ctx_h *ctx, uint32_t region_id,
  * 1 GiB of SysV shm on this project's VMs (2.4 s where the host itself
  * touches the memory first), where a memset, one trap a page, takes
  * 3.5-3.9 s, and a daemon is not ready until it is done (a planner's
- * re-split waits for it; docs/BENCHMARKS.md, the planner's ninth slice). A fresh mapping already reads zero, so the memset
- * fallback (older kernels, or a refusal) only faults the pages in. */
+ * re-split waits for it; docs/BENCHMARKS.md, the planner's ninth slice).
+ * Under a hypervisor that shadows page tables per mode (these VMs) a
+ * populated page still traps once on its first user access, ~1.7 ms a MiB:
+ * that part moves to a block's first use (BENCHMARKS.md "Drains"). A fresh
+ * mapping already reads zero, so the memset fallback (older kernels, or a
+ * refusal) only faults the pages in. */
 static void kvx_prefault(void *base, size_t len)
 {
 #ifndef MADV_POPULATE_WRITE

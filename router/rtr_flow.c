@@ -1021,7 +1021,7 @@ static void cost_note_prefill(rtr_t *r, const rtr_req_t *q, const proto_prefill_
  * KV pull's tail); 0 before three tokens. */
 static double stream_step_ns(const rtr_req_t *q)
 {
-    if (q->n_gen < 3 || q->t_last_tok_ns <= q->t_tok1_ns || q->t_tok1_ns == 0)
+    if (q->n_gen < 3 || q->t_last_tok_ns <= q->t_tok1_ns)
         return 0;
     return (double)(q->t_last_tok_ns - q->t_tok1_ns) / (q->n_gen - 2);
 }
@@ -1345,9 +1345,10 @@ static void on_migrate_done(rtr_req_t *q, rtr_backend_t *from, const proto_migra
            from->id, t->id, q->n_gen, m->kv_tokens);
 }
 
-static void promise_blocks(rtr_backend_t *t, uint32_t n)
+static void promise_blocks(uint32_t *room, const rtr_t *r, const rtr_backend_t *t, uint32_t n)
 {
-    t->hb.free_blocks = t->hb.free_blocks > n ? t->hb.free_blocks - n : 0;
+    uint32_t *f = &room[t - r->be];
+    *f = *f > n ? *f - n : 0;
 }
 
 static void drain_keep(rtr_req_t *q, const rtr_backend_t *be, const char *why)
@@ -1364,20 +1365,16 @@ uint32_t rtr_flow_migrate_from(rtr_t *r, rtr_backend_t *be)
     /* The picks see each target's room as the router can know it: its
      * heartbeat's free blocks less what it was handed since (DECODE_REQs
      * sent after that heartbeat or not sent yet, moves in flight), none
-     * while it queues requests (a move would wait behind them). Restored
-     * after. */
-    uint32_t hb_free[RTR_MAX_BACKENDS];
-    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++) {
-        hb_free[i] = r->be[i].hb.free_blocks;
-        if (r->be[i].hb.queue_depth > 0)
-            r->be[i].hb.free_blocks = 0;
-    }
+     * while it queues requests (a move would wait behind them). */
+    uint32_t room[RTR_MAX_BACKENDS];
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
+        room[i] = r->be[i].hb.queue_depth > 0 ? 0 : r->be[i].hb.free_blocks;
     for (rtr_req_t *q = r->reqs; q != NULL; q = q->next) {
         if (q->migrate_to != NULL)
-            promise_blocks(q->migrate_to, needed_blocks(q));
+            promise_blocks(room, r, q->migrate_to, needed_blocks(q));
         else if (q->decode != NULL && q->decode != be &&
                  (q->t_dec_req_ns == 0 || q->t_dec_req_ns >= q->decode->last_hb_ns))
-            promise_blocks(q->decode, needed_blocks(q));
+            promise_blocks(room, r, q->decode, needed_blocks(q));
     }
     for (rtr_req_t *q = r->reqs; q != NULL; q = q->next) {
         if (q->fsm.state != RTR_REQ_DECODING || q->decode != be || q->migrate_to != NULL ||
@@ -1392,11 +1389,13 @@ uint32_t rtr_flow_migrate_from(rtr_t *r, rtr_backend_t *be)
             kept++;
             continue;
         }
-        uint32_t need = needed_blocks(q);
-        rtr_backend_t *t = rtr_pick_backend(r, PROTO_CAP_DECODE, need, be);
+        rtr_choice_t c = { .what = RTR_CHOOSE_DECODE, .caps = PROTO_CAP_DECODE,
+                           .exclude = (int)(be - r->be), .needed_blocks = needed_blocks(q),
+                           .free_blocks = room };
+        rtr_backend_t *t = rtr_choose_backend(r, &c);
         if (t == NULL)
             break; /* nowhere to go: the rest finish where they are */
-        if (t->hb.free_blocks < need) {
+        if (room[t - r->be] < c.needed_blocks) {
             /* queued on a full decode it would stall; here it runs (asked
              * again at the draining decode's next heartbeat) */
             drain_keep(q, be, "no other decode has room");
@@ -1412,13 +1411,11 @@ uint32_t rtr_flow_migrate_from(rtr_t *r, rtr_backend_t *be)
         if (r->out->send(be, &m) != PD_OK)
             continue;
         req_set_backend(&q->migrate_to, t); /* counts as assigned: the next pick spreads */
-        promise_blocks(t, need);
+        promise_blocks(room, r, t, c.needed_blocks);
         q->t_migrate_ns = pd_now_ns();
         q->migrate_kv = kv;
         n++;
     }
-    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
-        r->be[i].hb.free_blocks = hb_free[i];
     pd_log(n > 0 ? PD_LOG_INFO : PD_LOG_DEBUG, RTR_COMP, NULL,
            "decode '%s' draining: %u stream(s) asked to migrate, %u stay", be->id, n, kept);
     return n;

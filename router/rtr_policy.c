@@ -194,7 +194,7 @@ int rtr_policy_choose(const rtr_backend_view_t *v, size_t n, const rtr_choice_t 
         if (c->what == RTR_CHOOSE_ANY && loads[k].eligible)
             return (int)k;
         loads[k].outstanding_prefill_tokens = v[k].outstanding_prefill_tokens;
-        loads[k].free_blocks = v[k].free_blocks;
+        loads[k].free_blocks = c->free_blocks != NULL ? c->free_blocks[k] : v[k].free_blocks;
         loads[k].running_seqs = v[k].running_seqs + v[k].assigned;
     }
     const uint32_t *cached = c->cached_tokens;

@@ -176,13 +176,15 @@ typedef struct {
     uint32_t prefill_cached;      /* PREFIX_SOURCE: the prefill's share */
     uint32_t min_gain_tokens;     /* PREFIX_SOURCE */
     int prefer;                   /* PREFIX_SOURCE: the chosen decode, or -1 */
+    const uint32_t *free_blocks;  /* (n) each slot's free blocks as the caller
+                                     knows them; NULL: the heartbeats' */
 } rtr_choice_t;
 
 /* The router's one backend choice over n (<= RTR_POLICY_MAX_BACKENDS)
  * slots. Eligible: up, ready, not draining, every cap of c->caps, not
  * c->exclude. Load: the heartbeat's, with the requests sent since counted
  * as running (assigned), so a burst spreads before the next heartbeat
- * says so. Then c->what's picker (cached_tokens NULL: the non-KV one).
+ * says so; free blocks the heartbeat's, or c->free_blocks. Then c->what's picker (cached_tokens NULL: the non-KV one).
  * Returns a slot or -1 if none is eligible (PREFIX_SOURCE: or none gains
  * enough). rr may be NULL for PREFIX_SOURCE and ANY. */
 int rtr_policy_choose(const rtr_backend_view_t *v, size_t n, const rtr_choice_t *c,

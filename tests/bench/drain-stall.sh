@@ -3,8 +3,9 @@
 # the sim engine at Llama-3-8B KV geometry (speedup 1: real 128 KiB/token
 # KV written, pulled and, on a move, pulled again), long prompts (2000 /
 # OUTLEN tokens, Poisson RATE/s) for 40 s; decode-1 is drained through the
-# router at 8, 16 and 24 s (`set-backend decode-1 drain`, what `pdctl drain`
-# and a planner re-split send) and set ready once it is empty. Prints per
+# router three times, 8 s after the previous one ended (`set-backend
+# decode-1 drain`, what `pdctl drain` and a planner re-split send), and set
+# ready once it is empty. Prints per
 # drain the streams there, how many the router asked to move and when it
 # was empty; then the router's kept / migrated counters, migration_resume,
 # and from pd-bench's per-request records each stream's longest gap after
@@ -52,9 +53,7 @@ busy() {
     "$PDCTL" admin decode-1 requests --json --run-dir "$RUN" 2>/dev/null |
         grep -o '"state":"[a-z]*"' | grep -vc '"finished"\|"failed"\|"canceled"'
 }
-i=0
-for t in 8 16 24; do
-    i=$((i + 1))
+for i in 1 2 3; do
     sleep 8
     n0=$(busy)
     t0=$(date +%s%N)

@@ -97,7 +97,6 @@ static void test_disaggregation(void **state)
     (void)state;
 }
 
-/* disagg-mode=cost against hand-computed estimates. */
 /* A draining decode's stream stays when its tokens left at its step end
  * no later than a move would stall it: measured moves when there are (per
  * KV token), else its KV pulled + two hops; nothing measured: it moves. */
@@ -120,6 +119,7 @@ static void test_finish_in_place(void **state)
     assert_false(rtr_finish_in_place(1, 50e6, 2000, 0, 0, 1e6));
 }
 
+/* disagg-mode=cost against hand-computed estimates. */
 static void test_disaggregation_cost(void **state)
 {
     (void)state;

@@ -66,12 +66,13 @@
  * last one: that is no flap); a mode switch, its margin, `confirm` and
  * `dwell`. Between separate splits a re-split moves one prefill more, or
  * toward fewer prefills as far as the noise band's high edge (the most
- * prefills the noise allows). Measures settle after a change: the pull's cost counts from a window after a re-split ends (its
- * first pulls carry the backlog), the prompt work from a dwell (at least a
- * window) after a mode switch ends (the new mode's prefix caches start
- * cold, and its first prompts look several times heavier than the mode's
- * own steady state); the mode moves only when the far edge of the prompt
- * work's noise band is past the margin. */
+ * prefills the noise allows). Measures settle after a change: the pull's
+ * cost counts from a window after a re-split ends (its first pulls carry
+ * the backlog), the prompt work from a dwell (at least a window) after a
+ * mode switch ends (the new mode's prefix caches start cold, and its first
+ * prompts look several times heavier than the mode's own steady state);
+ * the mode moves only when the far edge of the prompt work's noise band is
+ * past the margin. */
 #ifndef PDCTL_PLAN_H
 #define PDCTL_PLAN_H
 
