@@ -252,6 +252,21 @@ static void send_error(fake_t *f, const char *reqid, pd_status_t st, const char 
 
 static void send_prefill_done(fake_t *f, const char *reqid, uint32_t n_prompt);
 
+/* The fake hangs up. The close is deferred (the conn is reaped on the next
+ * loop pass), so it forgets the conn now: a heartbeat due before the reap
+ * must not send on it (the send would fail, and a failed assert inside an
+ * event callback longjmps out of event_base_loop, leaving the base marked
+ * running, so every later test's loop is refused as reentrant). */
+static void fake_hang_up(fake_t *f, proto_conn_t *conn, bool flush)
+{
+    if (f->conn == conn)
+        f->conn = NULL;
+    if (flush)
+        proto_conn_close_after_flush(conn, PD_ERR_SHUTDOWN);
+    else
+        proto_conn_close(conn, PD_ERR_SHUTDOWN);
+}
+
 static void on_prefill_req(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
 {
     fake_t *f = arg;
@@ -261,7 +276,7 @@ static void on_prefill_req(proto_conn_t *conn, const proto_msg_t *msg, void *arg
     f->last_prompt_n = p->prompt.n;
     f->last_seed = p->sampling.seed;
     if (f->mode == P_DIE) {
-        proto_conn_close(conn, PD_ERR_SHUTDOWN);
+        fake_hang_up(f, conn, false);
         return;
     }
     if (f->mode == P_HOLD)
@@ -370,7 +385,7 @@ static void on_decode_req(proto_conn_t *conn, const proto_msg_t *msg, void *arg)
     uint32_t sent = 0;
     for (uint32_t i = start; i < end; i++) {
         if (f->mode == D_DIE_AFTER && sent == 3) {
-            proto_conn_close_after_flush(conn, PD_ERR_SHUTDOWN);
+            fake_hang_up(f, conn, true);
             return;
         }
         int32_t t = SCRIPT[i];
