@@ -75,7 +75,8 @@ static struct {
     do {                                                                      \
         uint64_t dl_ = now_ms() + (ms);                                       \
         while (!(cond) && now_ms() < dl_)                                     \
-            event_base_loop(g.base, EVLOOP_ONCE);                             \
+            if (event_base_loop(g.base, EVLOOP_ONCE) < 0)                     \
+                fail_msg("event loop refused: a callback failed earlier");    \
         if (!(cond))                                                          \
             fail_msg("timed out waiting for: %s", #cond);                     \
     } while (0)
