@@ -652,6 +652,46 @@ static uint32_t needed_blocks(const rtr_req_t *q)
     return blocks_for(q->r, q->n_prompt, q->oai.max_tokens);
 }
 
+static void promise_blocks(uint32_t *room, const rtr_t *r, const rtr_backend_t *t, uint32_t n)
+{
+    uint32_t *f = &room[t - r->be];
+    *f = *f > n ? *f - n : 0;
+}
+
+/* Each decode's room as the router can know it: its heartbeat's free
+ * blocks less what it was handed since (DECODE_REQs sent after that
+ * heartbeat or not sent yet, moves in flight: a decode reserves a stream's
+ * blocks when it starts it), none while it queues requests (a new stream
+ * would wait behind them). Without it every request between two heartbeats
+ * went to the decode that had the most room at the first: a burst landed
+ * on one decode. */
+static void known_room(const rtr_t *r, uint32_t room[RTR_MAX_BACKENDS])
+{
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
+        room[i] = r->be[i].hb.queue_depth > 0 ? 0 : r->be[i].hb.free_blocks;
+    for (const rtr_req_t *q = r->reqs; q != NULL; q = q->next) {
+        if (q->migrate_to != NULL)
+            promise_blocks(room, r, q->migrate_to, needed_blocks(q));
+        else if (q->decode != NULL &&
+                 (q->t_dec_req_ns == 0 || q->t_dec_req_ns >= q->decode->last_hb_ns))
+            promise_blocks(room, r, q->decode, needed_blocks(q));
+    }
+}
+
+/* The decode for a new stream of `blocks`: KV-aware when cached is given,
+ * over the known room; `avoid` is never chosen. */
+static rtr_backend_t *pick_decode(rtr_t *r, uint32_t blocks, const rtr_backend_t *avoid,
+                                  const uint32_t *cached, uint32_t n_prompt)
+{
+    uint32_t room[RTR_MAX_BACKENDS];
+    known_room(r, room);
+    rtr_choice_t c = { .what = RTR_CHOOSE_DECODE, .caps = PROTO_CAP_DECODE,
+                       .exclude = avoid != NULL ? (int)(avoid - r->be) : -1,
+                       .needed_blocks = blocks, .cached_tokens = cached,
+                       .prompt_tokens = n_prompt, .free_blocks = room };
+    return rtr_choose_backend(r, &c);
+}
+
 /* DECODE_REQ to q->decode: decode-local (handle.len 0), or pull the KV the
  * handle grants on peer (a prefill's: kv_tokens 0 = the prompt; a decode's
  * in a live migration: prompt + generated - 1). */
@@ -793,16 +833,12 @@ static void req_go_local(rtr_req_t *q, rtr_backend_t *avoid, const char *why,
     } else {
         uint32_t cached[RTR_MAX_BACKENDS];
         bool kv = kv_lookup(r, q->oai.cache_partition, q->prompt, q->n_prompt, cached);
-        d = rtr_pick_backend_kv(r, PROTO_CAP_DECODE, needed_blocks(q), avoid, kv ? cached : NULL,
-                                q->n_prompt);
+        d = pick_decode(r, needed_blocks(q), avoid, kv ? cached : NULL, q->n_prompt);
         if (d == NULL)
-            d = rtr_pick_backend(r, PROTO_CAP_DECODE, needed_blocks(q), NULL);
+            d = pick_decode(r, needed_blocks(q), NULL, NULL, 0);
     }
     if (d == NULL) {
-        if (q->headers_sent)
-            req_fail(q, 503, "no_backend", "no decode daemon available (%s)", why);
-        else
-            req_fail(q, 503, "no_backend", "no decode daemon available (%s)", why);
+        req_fail(q, 503, "no_backend", "no decode daemon available (%s)", why);
         return;
     }
     req_set_backend(&q->decode, d);
@@ -1345,11 +1381,6 @@ static void on_migrate_done(rtr_req_t *q, rtr_backend_t *from, const proto_migra
            from->id, t->id, q->n_gen, m->kv_tokens);
 }
 
-static void promise_blocks(uint32_t *room, const rtr_t *r, const rtr_backend_t *t, uint32_t n)
-{
-    uint32_t *f = &room[t - r->be];
-    *f = *f > n ? *f - n : 0;
-}
 
 static void drain_keep(rtr_req_t *q, const rtr_backend_t *be, const char *why)
 {
@@ -1362,20 +1393,8 @@ static void drain_keep(rtr_req_t *q, const rtr_backend_t *be, const char *why)
 uint32_t rtr_flow_migrate_from(rtr_t *r, rtr_backend_t *be)
 {
     uint32_t n = 0, kept = 0;
-    /* The picks see each target's room as the router can know it: its
-     * heartbeat's free blocks less what it was handed since (DECODE_REQs
-     * sent after that heartbeat or not sent yet, moves in flight), none
-     * while it queues requests (a move would wait behind them). */
     uint32_t room[RTR_MAX_BACKENDS];
-    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
-        room[i] = r->be[i].hb.queue_depth > 0 ? 0 : r->be[i].hb.free_blocks;
-    for (rtr_req_t *q = r->reqs; q != NULL; q = q->next) {
-        if (q->migrate_to != NULL)
-            promise_blocks(room, r, q->migrate_to, needed_blocks(q));
-        else if (q->decode != NULL && q->decode != be &&
-                 (q->t_dec_req_ns == 0 || q->t_dec_req_ns >= q->decode->last_hb_ns))
-            promise_blocks(room, r, q->decode, needed_blocks(q));
-    }
+    known_room(r, room);
     for (rtr_req_t *q = r->reqs; q != NULL; q = q->next) {
         if (q->fsm.state != RTR_REQ_DECODING || q->decode != be || q->migrate_to != NULL ||
             q->n_gen == 0)
@@ -1772,8 +1791,7 @@ bool rtr_flow_route(rtr_t *r, const int32_t *prompt, uint32_t n_prompt, uint32_t
      * counting what it has cached */
     uint32_t cached[RTR_MAX_BACKENDS];
     const uint32_t *kv = kv_lookup(r, partition, prompt, n_prompt, cached) ? cached : NULL;
-    *dec = rtr_pick_backend_kv(r, PROTO_CAP_DECODE, blocks_for(r, n_prompt, max_tokens), NULL,
-                               kv, n_prompt);
+    *dec = pick_decode(r, blocks_for(r, n_prompt, max_tokens), NULL, kv, n_prompt);
     *pre = mode != RTR_DISAGG_NEVER && rtr_have_backend(r, PROTO_CAP_PREFILL)
                ? rtr_pick_backend_kv(r, PROTO_CAP_PREFILL, 0, NULL, kv, n_prompt) : NULL;
     /* then whether to disaggregate: by what the chosen decode lacks */

@@ -227,9 +227,10 @@ static const char *W(const char *cid)
 /* The API of the next accepted request (then back to completions). */
 static rtr_api_t next_api = RTR_API_COMPLETIONS;
 
-/* Accept one request ("Hi" as bytes) the way rtr_http.c does. */
-static rtr_req_t *accept_req_n(fx_t *f, const char *id, bool stream, uint32_t max_tokens,
-                               uint32_t n)
+/* Accept one request ("Hi" as bytes) the way rtr_http.c does, on the
+ * decode the router picks (*dec_p). */
+static rtr_req_t *accept_on(fx_t *f, const char *id, bool stream, uint32_t max_tokens,
+                            uint32_t n, rtr_backend_t **dec_p)
 {
     rtr_oai_req_t o;
     memset(&o, 0, sizeof(o));
@@ -246,7 +247,8 @@ static rtr_req_t *accept_req_n(fx_t *f, const char *id, bool stream, uint32_t ma
     ids[1] = 'i';
     rtr_backend_t *dec, *pre;
     bool disagg = rtr_flow_route(&f->r, ids, 2, max_tokens, 0, &dec, &pre);
-    assert_ptr_equal(dec, f->dec);
+    assert_non_null(dec);
+    *dec_p = dec;
     rtr_req_t *q = NULL;
     assert_int_equal(rtr_flow_new(&f->r, id, api, &o, &ids, 2, &q), PD_OK);
     assert_null(ids);
@@ -259,6 +261,16 @@ static rtr_req_t *accept_req_n(fx_t *f, const char *id, bool stream, uint32_t ma
         }
     rec.attached = true;
     rtr_flow_start(q, dec, disagg ? pre : NULL);
+    return q;
+}
+
+/* ... on the decode the test expects, f->dec */
+static rtr_req_t *accept_req_n(fx_t *f, const char *id, bool stream, uint32_t max_tokens,
+                               uint32_t n)
+{
+    rtr_backend_t *dec;
+    rtr_req_t *q = accept_on(f, id, stream, max_tokens, n, &dec);
+    assert_ptr_equal(dec, f->dec);
     return q;
 }
 
@@ -999,6 +1011,44 @@ static void test_drain_room_as_known(void **state)
     assert_int_equal(counter(f, RTR_STAT_requests_kept_on_drain), 1);
 }
 
+/* A burst between two heartbeats spreads by the room the router knows
+ * (the heartbeat's free blocks less the streams handed since): d0 said 100
+ * free, d1 90, and four 40-block streams go d0, d1, d0, d1 (by the
+ * heartbeats alone all four went to d0). A decode that queues has no room:
+ * the next goes to the other. A heartbeat after the DECODE_REQs holds
+ * their blocks: only streams not yet sent count then. */
+static void test_burst_spreads(void **state)
+{
+    fx_t *f = *state;
+    rtr_backend_t *d0 = f->dec, *d1 = drain_target(f, 90), *got;
+    d0->hb.free_blocks = 100;
+    const rtr_backend_t *want[4] = { d0, d1, d0, d1 };
+    const char *ids[4] = { "b1", "b2", "b3", "b4" };
+    for (int i = 0; i < 4; i++) {
+        accept_on(f, ids[i], true, 38, 1, &got); /* 2 + 38 tokens: 40 blocks */
+        assert_ptr_equal(got, want[i]);
+    }
+    /* both full now (d0 20, d1 10 left): the most room */
+    accept_on(f, "b5", true, 38, 1, &got);
+    assert_ptr_equal(got, d0);
+    d0->hb.queue_depth = 1;
+    accept_on(f, "b6", true, 8, 1, &got);
+    assert_ptr_equal(got, d1);
+    d0->hb.queue_depth = 0;
+    /* b1's DECODE_REQ is sent, then d0 heartbeats 100 free and one
+     * running (b1, whose blocks that figure holds) and d1 60: d0 has
+     * 100 - b3 - b5 = 20 left for b7's 10, d1 60 - b2 - b4 - b6 = none
+     * (b1 counted twice, neither had room and d0 runs more: d1) */
+    prefill_done(f, "b1", 'a', 1);
+    assert_int_equal(last_sent()->type, PROTO_MSG_DECODE_REQ);
+    assert_ptr_equal(last_sent()->to, d0);
+    d0->last_hb_ns = pd_now_ns();
+    d0->hb.running_seqs = 1;
+    d1->hb.free_blocks = 60;
+    accept_on(f, "b7", true, 8, 1, &got);
+    assert_ptr_equal(got, d0);
+}
+
 /* Migration edge cases: no other decode -> nothing asked; a MIGRATE_DONE
  * whose token count disagrees -> RELEASE to the old decode and failover;
  * a MIGRATE_DONE for a gone request -> RELEASE. */
@@ -1722,6 +1772,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_drain_keeps_nearly_done, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_drain_moves_only_with_room, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_drain_room_as_known, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_burst_spreads, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_client_gone_and_late_prefill_done, fx_setup,
                                         fx_teardown),
         cmocka_unit_test_setup_teardown(test_token0_is_the_last, fx_setup, fx_teardown),
