@@ -1381,7 +1381,6 @@ static void on_migrate_done(rtr_req_t *q, rtr_backend_t *from, const proto_migra
            from->id, t->id, q->n_gen, m->kv_tokens);
 }
 
-
 static void drain_keep(rtr_req_t *q, const rtr_backend_t *be, const char *why)
 {
     if (!q->drain_kept)

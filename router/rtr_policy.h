@@ -186,8 +186,9 @@ typedef struct {
  * counted as running (assigned); free blocks c->free_blocks (the router's
  * decode picks pass the room it knows: the heartbeat's less what it handed
  * out since), or the heartbeat's when NULL. Then c->what's picker
- * (cached_tokens NULL: the non-KV one). Returns a slot or -1 if none is eligible (PREFIX_SOURCE: or none gains
- * enough). rr may be NULL for PREFIX_SOURCE and ANY. */
+ * (cached_tokens NULL: the non-KV one). Returns a slot or -1 if none is
+ * eligible (PREFIX_SOURCE: or none gains enough). rr may be NULL for
+ * PREFIX_SOURCE and ANY. */
 int rtr_policy_choose(const rtr_backend_view_t *v, size_t n, const rtr_choice_t *c,
                       rtr_rr_t *rr);
 
