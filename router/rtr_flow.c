@@ -678,6 +678,25 @@ static void known_room(const rtr_t *r, uint32_t room[RTR_MAX_BACKENDS])
     }
 }
 
+/* Each prefill's outstanding prompt tokens as the router can know them:
+ * its heartbeat's, plus the prompts routed to it and not yet sent or sent
+ * after that heartbeat (the whole prompt: what the prefill has cached of
+ * it is not known here). Without it a burst went to the prefill that had
+ * the least work at the last heartbeat. */
+static void known_outstanding(const rtr_t *r, uint64_t out[RTR_MAX_BACKENDS])
+{
+    for (size_t i = 0; i < RTR_MAX_BACKENDS; i++)
+        out[i] = r->be[i].hb.outstanding_prefill_tokens;
+    for (const rtr_req_t *q = r->reqs; q != NULL; q = q->next) {
+        rtr_req_state_t st = q->fsm.state;
+        if (q->prefill != NULL &&
+            (st == RTR_REQ_ROUTED || st == RTR_REQ_EXPORTING ||
+             (st == RTR_REQ_PREFILLING &&
+              q->fsm.enter_ns[RTR_REQ_PREFILLING] >= q->prefill->last_hb_ns)))
+            out[q->prefill - r->be] += q->n_prompt;
+    }
+}
+
 /* The decode for a new stream of `blocks`: KV-aware when cached is given,
  * over the known room; `avoid` is never chosen. */
 static rtr_backend_t *pick_decode(rtr_t *r, uint32_t blocks, const rtr_backend_t *avoid,
@@ -1791,8 +1810,11 @@ bool rtr_flow_route(rtr_t *r, const int32_t *prompt, uint32_t n_prompt, uint32_t
     uint32_t cached[RTR_MAX_BACKENDS];
     const uint32_t *kv = kv_lookup(r, partition, prompt, n_prompt, cached) ? cached : NULL;
     *dec = pick_decode(r, blocks_for(r, n_prompt, max_tokens), NULL, kv, n_prompt);
-    *pre = mode != RTR_DISAGG_NEVER && rtr_have_backend(r, PROTO_CAP_PREFILL)
-               ? rtr_pick_backend_kv(r, PROTO_CAP_PREFILL, 0, NULL, kv, n_prompt) : NULL;
+    uint64_t out[RTR_MAX_BACKENDS];
+    known_outstanding(r, out);
+    rtr_choice_t pc = { .what = RTR_CHOOSE_PREFILL, .caps = PROTO_CAP_PREFILL, .exclude = -1,
+                        .cached_tokens = kv, .prompt_tokens = n_prompt, .outstanding = out };
+    *pre = mode != RTR_DISAGG_NEVER ? rtr_choose_backend(r, &pc) : NULL;
     /* then whether to disaggregate: by what the chosen decode lacks */
     rtr_disagg_in_t in = { .prompt_tokens = n_prompt,
                            .pf_tok_ns = r->cost.pf_tok_ns, .dec_tok_ns = r->cost.dec_tok_ns,
@@ -1803,7 +1825,7 @@ bool rtr_flow_route(rtr_t *r, const int32_t *prompt, uint32_t n_prompt, uint32_t
     }
     if (*pre != NULL) {
         in.prefill_cached = kv != NULL ? kv[*pre - r->be] : 0;
-        in.prefill_outstanding = (*pre)->hb.outstanding_prefill_tokens;
+        in.prefill_outstanding = out[*pre - r->be];
     }
     rtr_disagg_why_t why;
     bool disagg = rtr_should_disaggregate(mode, &in, (uint32_t)r->cfg.disagg_threshold,

@@ -193,7 +193,8 @@ int rtr_policy_choose(const rtr_backend_view_t *v, size_t n, const rtr_choice_t 
         loads[k].eligible = eligible(&v[k], k, c);
         if (c->what == RTR_CHOOSE_ANY && loads[k].eligible)
             return (int)k;
-        loads[k].outstanding_prefill_tokens = v[k].outstanding_prefill_tokens;
+        loads[k].outstanding_prefill_tokens =
+            c->outstanding != NULL ? c->outstanding[k] : v[k].outstanding_prefill_tokens;
         loads[k].free_blocks = c->free_blocks != NULL ? c->free_blocks[k] : v[k].free_blocks;
         loads[k].running_seqs = v[k].running_seqs + v[k].assigned;
     }

@@ -178,6 +178,9 @@ typedef struct {
     int prefer;                   /* PREFIX_SOURCE: the chosen decode, or -1 */
     const uint32_t *free_blocks;  /* (n) each slot's free blocks as the caller
                                      knows them; NULL: the heartbeats' */
+    const uint64_t *outstanding;  /* (n) each slot's outstanding prefill
+                                     tokens as the caller knows them; NULL:
+                                     the heartbeats' */
 } rtr_choice_t;
 
 /* The router's one backend choice over n (<= RTR_POLICY_MAX_BACKENDS)
@@ -185,7 +188,9 @@ typedef struct {
  * c->exclude. Load: the heartbeat's, with the router's requests on it
  * counted as running (assigned); free blocks c->free_blocks (the router's
  * decode picks pass the room it knows: the heartbeat's less what it handed
- * out since), or the heartbeat's when NULL. Then c->what's picker
+ * out since) and outstanding prefill tokens c->outstanding (its prefill
+ * picks: the heartbeat's plus the prompts sent since), or the heartbeat's
+ * when NULL. Then c->what's picker
  * (cached_tokens NULL: the non-KV one). Returns a slot or -1 if none is
  * eligible (PREFIX_SOURCE: or none gains enough). rr may be NULL for
  * PREFIX_SOURCE and ANY. */

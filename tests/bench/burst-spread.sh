@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# burst-spread.sh - how a burst of requests lands on the decodes: 1P:2D,
-# the sim engine at Llama-3-8B KV geometry (sim-llama3-8b-sweep.ini: 2 s
-# heartbeats, max-batch 16), a Poisson background of RATE/s plus a burst of
-# BURST requests at once every 8 s (256-token prompts, 200-token answers,
-# as agent frameworks fan out tool calls; --input-len / --output-len), 48 s. The router picks each
-# request's decode when it arrives; a burst falls between two heartbeats.
-# Prints pd-bench's figures (the decode's queue shows after token 0: the
-# longest gap after it, and e2e), then per decode the streams it ran, the
-# most it ran at once and the most it queued (polled every 0.2 s).
-# Loopback only; the deployment is stopped on exit.
+# burst-spread.sh - how a burst of requests lands on the daemons: 1P:2D
+# (--prefill N: NP:2D), the sim engine at Llama-3-8B KV geometry
+# (sim-llama3-8b-sweep.ini: 2 s heartbeats, max-batch 16), a Poisson
+# background of RATE/s plus BURST requests at once every 8 s, as agent
+# frameworks fan out tool calls (256-token prompts, 200-token answers;
+# --input-len / --output-len), 48 s. The router picks each request's
+# daemons when it arrives; a burst falls between two heartbeats. Prints
+# pd-bench's TTFT / TPOT / e2e and each stream's longest gap after token 0
+# (a decode's queue shows in TTFT, or in that gap when the prefill's token 0
+# went out first), then per decode the
+# streams it ran and the most it ran and queued at once (polled every
+# 0.2 s). Loopback only; the deployment is stopped on exit.
 #
 #   tests/bench/burst-spread.sh [--build DIR] [--out DIR] [--rate R] [--burst N]
-#                               [--input-len N] [--output-len N]
+#                               [--input-len N] [--output-len N] [--prefill N]
 set -uo pipefail
 
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=${PD_BUILD_DIR:-$SRC/build} OUT= RATE=2 BURST=12 INLEN=256 OUTLEN=200
+BUILD=${PD_BUILD_DIR:-$SRC/build} OUT= RATE=2 BURST=12 INLEN=256 OUTLEN=200 NPF=1
 while [ $# -gt 0 ]; do
     case $1 in
     --build) BUILD=$2; shift ;;
@@ -24,7 +26,8 @@ while [ $# -gt 0 ]; do
     --burst) BURST=$2; shift ;;
     --input-len) INLEN=$2; shift ;;
     --output-len) OUTLEN=$2; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --prefill) NPF=$2; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "burst-spread: unknown argument $1 (--help)" >&2; exit 2 ;;
     esac
     shift
@@ -58,7 +61,7 @@ with open(out, "w") as f:
         hid += 1
 PY
 
-UP=("$PDCTL" up "$SRC/tests/bench/sim-llama3-8b-sweep.ini" --run-dir "$RUN" --set prefill=1
+UP=("$PDCTL" up "$SRC/tests/bench/sim-llama3-8b-sweep.ini" --run-dir "$RUN" --set prefill="$NPF"
     --set decode=2 --set disagg-mode=always --set router.http=127.0.0.1:0
     --set router.control=127.0.0.1:0)
 say "${UP[@]}"
@@ -91,7 +94,8 @@ import json, sys
 out = sys.argv[1]
 j = json.load(open(out + "/bench.json"))
 r = j["results"]
-gaps = sorted(max(q["itl_ms"][1:]) for q in j["requests"] if q["success"] and len(q["itl_ms"]) > 1)
+gaps = sorted(max(q["itl_ms"]) for q in j["requests"] if q["success"] and q["itl_ms"])
+print("prompt tokens (mean): %.0f" % (sum(q["input_tokens"] for q in j["requests"]) / max(1, len(j["requests"]))))
 print("pd-bench: %d completed, %d failed; ttft p50 %.0f ms, p90 %.0f ms, p99 %.0f ms; "
       "tpot p50 %.1f ms, p99 %.1f ms; e2e p50 %.0f ms, p90 %.0f ms, p99 %.0f ms"
       % (r["completed"], r["failed"], r["p50_ttft_ms"], r["p90_ttft_ms"], r["p99_ttft_ms"],

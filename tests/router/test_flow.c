@@ -1049,6 +1049,33 @@ static void test_burst_spreads(void **state)
     assert_ptr_equal(got, d0);
 }
 
+/* The same for prefills: p0 said 100 outstanding prompt tokens, p1 101,
+ * and three 2-token prompts go p0, p1, p0 (by the heartbeats alone all to
+ * p0): the prompts sent since count. A heartbeat after them holds them. */
+static void test_burst_spreads_prefills(void **state)
+{
+    fx_t *f = *state;
+    rtr_backend_t *p0 = f->pre, *p1 = &f->r.be[3], *got;
+    add_backend(&f->r, p1, "p1", PROTO_ROLE_PREFILL, PROTO_CAP_PREFILL | PROTO_CAP_KV_EXPORT);
+    p0->hb.outstanding_prefill_tokens = 100;
+    p1->hb.outstanding_prefill_tokens = 101;
+    rtr_req_t *a = accept_on(f, "c1", true, 8, 1, &got);
+    rtr_req_t *b = accept_on(f, "c2", true, 8, 1, &got);
+    rtr_req_t *c = accept_on(f, "c3", true, 8, 1, &got);
+    assert_ptr_equal(a->prefill, p0);
+    assert_ptr_equal(b->prefill, p1);
+    assert_ptr_equal(c->prefill, p0);
+    /* p0 heartbeats 104 (c1, c3 in it): p1's 101 + c2 = 103 is less */
+    p0->last_hb_ns = pd_now_ns();
+    p0->hb.outstanding_prefill_tokens = 104;
+    rtr_req_t *d = accept_on(f, "c4", true, 8, 1, &got);
+    assert_ptr_equal(d->prefill, p1);
+    /* ... and 102 once they are done: p0 (102 < 103 + c4 = 105) */
+    p0->hb.outstanding_prefill_tokens = 102;
+    rtr_req_t *e = accept_on(f, "c5", true, 8, 1, &got);
+    assert_ptr_equal(e->prefill, p0);
+}
+
 /* Migration edge cases: no other decode -> nothing asked; a MIGRATE_DONE
  * whose token count disagrees -> RELEASE to the old decode and failover;
  * a MIGRATE_DONE for a gone request -> RELEASE. */
@@ -1773,6 +1800,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_drain_moves_only_with_room, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_drain_room_as_known, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_burst_spreads, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_burst_spreads_prefills, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_client_gone_and_late_prefill_done, fx_setup,
                                         fx_teardown),
         cmocka_unit_test_setup_teardown(test_token0_is_the_last, fx_setup, fx_teardown),
