@@ -28,20 +28,9 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-PDCTL=$BUILD/tools/pdctl/pdctl BENCH=$BUILD/tools/bench/pd-bench
-[ -n "$OUT" ] || OUT=$(mktemp -d /tmp/drain-stall.XXXXXX)
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-RUN=$OUT/run
-trap '"$PDCTL" down --run-dir "$RUN" >/dev/null 2>&1' EXIT
-say() { printf '+ %s\n' "$*"; }
-UP=("$PDCTL" up "$SRC/tests/bench/sim-llama3-8b-sweep.ini" --run-dir "$RUN" --set prefill=1
-    --set decode=2 --set disagg-mode=always --set router.http=127.0.0.1:0
-    --set router.control=127.0.0.1:0)
-say "${UP[@]}"
-"${UP[@]}" >"$OUT/up.log" 2>&1 || { tail -5 "$OUT/up.log" >&2; exit 1; }
-URL=$(cat "$RUN/url")
-"$BENCH" --url "$URL" --rate 2 --input-len 128 --prompt-ids 1000:30000 --output-len 32 --seed 9 \
-    --duration 5s --ignore-eos --no-per-request --quiet >/dev/null 2>&1
+. "$SRC/tests/bench/sim2d.sh"
+sim2d_init drain-stall
+sim2d_up 1
 B=("$BENCH" --url "$URL" --rate "$RATE" --input-len 2000 --prompt-ids 1000:30000
    --output-len "$OUTLEN" --seed 2 --duration 40s --ignore-eos --request-timeout 60s --quiet
    --out "$OUT/bench.json")
