@@ -220,6 +220,18 @@ uint32_t gram_rep_node(comp_t *c, uint32_t child, int64_t lo, int64_t hi)
     }
     if (lo == 1 && hi == 1)
         return child;
+    /* A repetition of a repetition that can take one step at a time and
+     * where one of the two is unbounded is one unbounded repetition:
+     * (X{a,b}){m,n} with a <= 1 <= b, n >= 1 and b or n unbounded is
+     * X{0,} when a or m is 0, else X{m,}. Kept nested, every level could
+     * begin another body or end at each byte: `a**********` (or
+     * `((a*)*)*...`) fed in time exponential in its depth. */
+    const gnode_t *in = &c->g->nodes[child];
+    if (in->kind == N_REP && hi >= 1) {
+        const grange_t *ir = &c->g->ranges[in->n - 1];
+        if (ir->lo <= 1 && ir->hi >= 1 && (ir->hi == INT64_MAX || hi == INT64_MAX))
+            return gram_rep_node(c, in->a, ir->lo == 0 || lo == 0 ? 0 : lo, INT64_MAX);
+    }
     return gram_range_node(c, N_REP, lo, hi, child);
 }
 

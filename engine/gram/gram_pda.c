@@ -56,6 +56,63 @@ typedef enum { FEED_DONE, FEED_NEXT } feed_t;
 
 static void feed_cfg(const eng_gram_t *g, cfg_t *c, uint8_t b, set_t *out);
 
+/* The configurations a fork (an alternative, a repetition's exit, an
+ * optional property left out) already fed the byte being fed: the same
+ * configuration and byte give the same results, so each is fed once.
+ * Without this, nested repetitions that may match nothing (`((a?b?)*c?)*`,
+ * `((a|)*|)*`) reached the same configuration by 2^depth paths at every
+ * byte. Fingerprints (64 bits) per thread, cleared per byte by a
+ * generation; past half the table a fork is dropped (fewer choices, each
+ * still a valid prefix, as set_add past ENG_GRAM_MAX_CONFIGS): a byte's
+ * work stays bounded whatever the grammar. */
+#define FORK_SLOTS 8192u
+static _Thread_local struct {
+    uint64_t fp[FORK_SLOTS];
+    uint32_t gen[FORK_SLOTS];
+    uint32_t cur, used, calls;
+} forks;
+
+static void forks_reset(void)
+{
+    forks.used = forks.calls = 0;
+    if (++forks.cur == 0) { /* wrapped: no slot may look current */
+        memset(forks.gen, 0, sizeof(forks.gen));
+        forks.cur = 1;
+    }
+}
+
+static bool fork_new(const cfg_t *k)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ k->n ^ (k->num * 0xff51afd7ed558ccdull);
+    for (uint32_t i = 0; i < k->n; i++) {
+        uint64_t w;
+        memcpy(&w, &k->f[i], sizeof(w));
+        h = (h ^ w) * 0xbf58476d1ce4e5b9ull;
+        h ^= h >> 31;
+    }
+    if (forks.used >= FORK_SLOTS / 2)
+        return false;
+    uint32_t j = (uint32_t)h & (FORK_SLOTS - 1);
+    for (; forks.gen[j] == forks.cur; j = (j + 1) & (FORK_SLOTS - 1))
+        if (forks.fp[j] == h)
+            return false;
+    forks.gen[j] = forks.cur;
+    forks.fp[j] = h;
+    forks.used++;
+    return true;
+}
+
+/* The first FORK_FREE forks of a byte go unchecked: a usual grammar
+ * takes fewer (the fingerprints cost it up to 40 % of a mask, measured
+ * with pd-gram-bench), and a repeated configuration is then fed at most
+ * twice. */
+#define FORK_FREE 256u
+static void feed_fork(const eng_gram_t *g, cfg_t *k, uint8_t b, set_t *out)
+{
+    if (forks.calls++ < FORK_FREE || fork_new(k))
+        feed_cfg(g, k, b, out);
+}
+
 /* One of alts: each alternative on its own copy of the stack. */
 static feed_t feed_anyof(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t *nd,
                          uint8_t b, set_t *out)
@@ -67,7 +124,12 @@ static feed_t feed_anyof(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_
         k.n = n0;
         k.num = c->num;
         memcpy(k.f, c->f, n0 * sizeof(frame_t));
-        if (push(g, &k, g->alts[nd->a + i], d))
+        uint32_t alt = g->alts[nd->a + i];
+        if (!push(g, &k, alt, d))
+            continue;
+        if (g->nodes[alt].min == 0) /* may match nothing: on to what follows */
+            feed_fork(g, &k, b, out);
+        else
             feed_cfg(g, &k, b, out);
     }
     return FEED_DONE;
@@ -502,7 +564,7 @@ static feed_t feed_obj(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t 
             k.num = c->num;
             memcpy(k.f, c->f, c->n * sizeof(frame_t));
             k.f[k.n - 1].aux++;
-            feed_cfg(g, &k, b, out);
+            feed_fork(g, &k, b, out);
             /* taken only if its value's shallowest completion fits */
             if (c->n + g->nodes[p->val].sdep > ENG_GRAM_MAX_STACK)
                 return FEED_DONE;
@@ -567,7 +629,7 @@ static feed_t feed_rep(const eng_gram_t *g, cfg_t *c, frame_t *f, const gnode_t 
             k.n = c->n - 1;
             k.num = 0;
             memcpy(k.f, c->f, k.n * sizeof(frame_t));
-            feed_cfg(g, &k, b, out);
+            feed_fork(g, &k, b, out);
         }
         f->phase |= PH_FRESH;
         if (!unb || f->aux < r->lo)
@@ -812,6 +874,7 @@ uint32_t gram_set_close(const eng_gram_t *g, const set_t *st)
 void gram_set_feed(const eng_gram_t *g, const set_t *in, uint8_t b, set_t *out)
 {
     out->n = 0;
+    forks_reset();
     for (uint32_t i = 0; i < in->n; i++) {
         cfg_t c;
         c.n = in->c[i].n;

@@ -903,6 +903,12 @@ static void test_regex(void **state)
         { "[0-9A-F\"]{1,5}\xc3\xa9z*", "[0-9A-F\"]{1,5}\xc3\xa9z*" },
         { "\\w+( \\w+)*[.!?]", "[A-Za-z0-9_]+( [A-Za-z0-9_]+)*[.!?]" },
         { "(yes|no|maybe)", "(yes|no|maybe)" },
+        /* repetitions of repetitions (one folded repetition each) */
+        { "(a{1,3}){2,}b", "(a{1,3}){2,}b" },
+        { "(a+){2,3}b|((c*)*)*d", "(a+){2,3}b|((c*)*)*d" },
+        /* nested repetitions of bodies that may match nothing */
+        { "((a?b?)*c?)*d", "((a?b?)*c?)*d" },
+        { "((a|b*)*c?)*d", "((a|b*)*c?)*d" },
     };
     for (size_t i = 0; i < sizeof(rx) / sizeof(rx[0]); i++) {
         check_text(ENG_GRAM_REGEX, rx[i].ecma, 4, 0, ere_check, rx[i].ere);
@@ -921,6 +927,30 @@ static void test_regex(void **state)
     assert_false(eng_gram_feed(st, (const uint8_t *)"a", 1));
     eng_gram_state_free(st);
     eng_gram_free(g);
+    /* Nested repetitions fed byte by byte: each byte was 2^depth paths to
+     * the same configurations (the fuzzer's `]*******...` ran for minutes;
+     * these never end without the folding and the forks' dedup). */
+    static const char *const deep[] = {
+        "x********************************************************y*",
+        "((((((((((((.?.?)*.?)*.?)*.?)*.?)*.?)*.?)*.?)*.?)*.?)*.?)*.?)*",
+        "((((((((((((.|)*|)*|)*|)*|)*|)*|)*|)*|)*|)*|)*|)*",
+        "((((((((((((.*.*)*.*)*.*)*.*)*.*)*.*)*.*)*.*)*.*)*.*)*.*)*.*)*",
+    };
+    uint8_t xs[300];
+    memset(xs, 'x', sizeof(xs));
+    for (size_t i = 0; i < sizeof(deep) / sizeof(deep[0]); i++) {
+        char why[200];
+        if (eng_gram_compile(ENG_GRAM_REGEX, deep[i], strlen(deep[i]), &g, why, sizeof(why)) !=
+            PD_OK)
+            fail_msg("%s: %s", deep[i], why);
+        assert_int_equal(eng_gram_state_create(g, &st), PD_OK);
+        for (size_t k = 0; k < sizeof(xs); k++)
+            assert_true(eng_gram_feed(st, xs + k, 1));
+        assert_true(eng_gram_complete(st));
+        assert_false(eng_gram_feed(st, (const uint8_t *)"\n", 1));
+        eng_gram_state_free(st);
+        eng_gram_free(g);
+    }
 }
 
 /* A tiny recursive-descent checker for the arithmetic grammar below. */
