@@ -79,17 +79,9 @@ rtr_backend_t *rtr_choose_backend(rtr_t *r, const rtr_choice_t *c)
 rtr_backend_t *rtr_pick_backend(rtr_t *r, uint32_t cap, uint32_t needed_blocks,
                                 const rtr_backend_t *exclude)
 {
-    return rtr_pick_backend_kv(r, cap, needed_blocks, exclude, NULL, 0);
-}
-
-rtr_backend_t *rtr_pick_backend_kv(rtr_t *r, uint32_t cap, uint32_t needed_blocks,
-                                   const rtr_backend_t *exclude, const uint32_t *cached,
-                                   uint32_t n_prompt)
-{
     rtr_choice_t c = { .what = cap == PROTO_CAP_PREFILL ? RTR_CHOOSE_PREFILL : RTR_CHOOSE_DECODE,
                        .caps = cap, .exclude = exclude != NULL ? (int)(exclude - r->be) : -1,
-                       .needed_blocks = needed_blocks, .cached_tokens = cached,
-                       .prompt_tokens = n_prompt };
+                       .needed_blocks = needed_blocks };
     return rtr_choose_backend(r, &c);
 }
 

@@ -697,13 +697,13 @@ static void known_outstanding(const rtr_t *r, uint64_t out[RTR_MAX_BACKENDS])
     }
 }
 
-/* The decode for a new stream of `blocks`: KV-aware when cached is given,
- * over the known room; `avoid` is never chosen. */
-static rtr_backend_t *pick_decode(rtr_t *r, uint32_t blocks, const rtr_backend_t *avoid,
-                                  const uint32_t *cached, uint32_t n_prompt)
+/* The decode for a new stream of `blocks` over room (known_room's, or as
+ * a drain keeps it): KV-aware when cached is given; `avoid` is never
+ * chosen. */
+static rtr_backend_t *pick_decode(rtr_t *r, const uint32_t *room, uint32_t blocks,
+                                  const rtr_backend_t *avoid, const uint32_t *cached,
+                                  uint32_t n_prompt)
 {
-    uint32_t room[RTR_MAX_BACKENDS];
-    known_room(r, room);
     rtr_choice_t c = { .what = RTR_CHOOSE_DECODE, .caps = PROTO_CAP_DECODE,
                        .exclude = avoid != NULL ? (int)(avoid - r->be) : -1,
                        .needed_blocks = blocks, .cached_tokens = cached,
@@ -850,11 +850,12 @@ static void req_go_local(rtr_req_t *q, rtr_backend_t *avoid, const char *why,
     if (prefer != NULL && prefer->conn != NULL && prefer->state == RTR_BE_READY) {
         d = prefer;
     } else {
-        uint32_t cached[RTR_MAX_BACKENDS];
+        uint32_t cached[RTR_MAX_BACKENDS], room[RTR_MAX_BACKENDS];
         bool kv = kv_lookup(r, q->oai.cache_partition, q->prompt, q->n_prompt, cached);
-        d = pick_decode(r, needed_blocks(q), avoid, kv ? cached : NULL, q->n_prompt);
+        known_room(r, room);
+        d = pick_decode(r, room, needed_blocks(q), avoid, kv ? cached : NULL, q->n_prompt);
         if (d == NULL)
-            d = pick_decode(r, needed_blocks(q), NULL, NULL, 0);
+            d = pick_decode(r, room, needed_blocks(q), NULL, NULL, 0);
     }
     if (d == NULL) {
         req_fail(q, 503, "no_backend", "no decode daemon available (%s)", why);
@@ -1426,13 +1427,11 @@ uint32_t rtr_flow_migrate_from(rtr_t *r, rtr_backend_t *be)
             kept++;
             continue;
         }
-        rtr_choice_t c = { .what = RTR_CHOOSE_DECODE, .caps = PROTO_CAP_DECODE,
-                           .exclude = (int)(be - r->be), .needed_blocks = needed_blocks(q),
-                           .free_blocks = room };
-        rtr_backend_t *t = rtr_choose_backend(r, &c);
+        uint32_t need = needed_blocks(q);
+        rtr_backend_t *t = pick_decode(r, room, need, be, NULL, 0);
         if (t == NULL)
             break; /* nowhere to go: the rest finish where they are */
-        if (room[t - r->be] < c.needed_blocks) {
+        if (room[t - r->be] < need) {
             /* queued on a full decode it would stall; here it runs (asked
              * again at the draining decode's next heartbeat) */
             drain_keep(q, be, "no other decode has room");
@@ -1448,7 +1447,7 @@ uint32_t rtr_flow_migrate_from(rtr_t *r, rtr_backend_t *be)
         if (r->out->send(be, &m) != PD_OK)
             continue;
         req_set_backend(&q->migrate_to, t); /* counts as assigned: the next pick spreads */
-        promise_blocks(room, r, t, c.needed_blocks);
+        promise_blocks(room, r, t, need);
         q->t_migrate_ns = pd_now_ns();
         q->migrate_kv = kv;
         n++;
@@ -1809,7 +1808,9 @@ bool rtr_flow_route(rtr_t *r, const int32_t *prompt, uint32_t n_prompt, uint32_t
      * counting what it has cached */
     uint32_t cached[RTR_MAX_BACKENDS];
     const uint32_t *kv = kv_lookup(r, partition, prompt, n_prompt, cached) ? cached : NULL;
-    *dec = pick_decode(r, blocks_for(r, n_prompt, max_tokens), NULL, kv, n_prompt);
+    uint32_t room[RTR_MAX_BACKENDS];
+    known_room(r, room);
+    *dec = pick_decode(r, room, blocks_for(r, n_prompt, max_tokens), NULL, kv, n_prompt);
     uint64_t out[RTR_MAX_BACKENDS];
     known_outstanding(r, out);
     rtr_choice_t pc = { .what = RTR_CHOOSE_PREFILL, .caps = PROTO_CAP_PREFILL, .exclude = -1,

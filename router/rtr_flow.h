@@ -13,8 +13,8 @@
  *     rtr_flow_backend_down, rtr_flow_migrate_from;
  *   rtr_flow_find: rtr_flow_on_msg (a backend message's wire id) and the
  *     unit test;
- *   rtr_flow.c -> rtr_ctl.c: rtr_pick_backend(_kv), rtr_have_backend,
- *     rtr_choose_backend (every rule of the choice: rtr_policy.c).
+ *   rtr_flow.c -> rtr_ctl.c: rtr_choose_backend (every rule of the
+ *     choice: rtr_policy.c).
  * Every accepted request ends exactly once, in req_end, reached from
  * req_complete, req_fail or rtr_flow_client_gone. */
 #ifndef RTR_FLOW_H

@@ -276,14 +276,12 @@ void rtr_ctl_stop(rtr_t *r);
  * by rtr_policy_choose (rtr_policy.c holds every rule); NULL: none. */
 rtr_backend_t *rtr_choose_backend(rtr_t *r, const rtr_choice_t *c);
 /* Its usual questions. pick: a prefill (cap PROTO_CAP_PREFILL) or a decode
- * (any other cap bit) with that cap, never `exclude` (may be NULL); _kv:
- * cached_tokens[i] = what backend i holds of this prompt per the index
- * (NULL = rtr_pick_backend). have: is any backend with that cap eligible. */
+ * (any other cap bit) with that cap by the heartbeats' load, never
+ * `exclude` (may be NULL); a request's decode and prefill are chosen in
+ * rtr_flow.c over the load the router knows (pick_decode, rtr_flow_route).
+ * have: is any backend with that cap eligible. */
 rtr_backend_t *rtr_pick_backend(rtr_t *r, uint32_t cap, uint32_t needed_blocks,
                                 const rtr_backend_t *exclude);
-rtr_backend_t *rtr_pick_backend_kv(rtr_t *r, uint32_t cap, uint32_t needed_blocks,
-                                   const rtr_backend_t *exclude, const uint32_t *cached_tokens,
-                                   uint32_t n_prompt);
 bool rtr_have_backend(rtr_t *r, uint32_t cap);
 /* Send on a backend's connection; PD_ERR_PEER_GONE if it is down. */
 pd_status_t rtr_backend_send(rtr_backend_t *be, proto_msg_t *msg);

@@ -103,9 +103,9 @@ static bool fork_new(const cfg_t *k)
 }
 
 /* The first FORK_FREE forks of a byte go unchecked: a usual grammar
- * takes fewer (the fingerprints cost it up to 40 % of a mask, measured
- * with pd-gram-bench), and a repeated configuration is then fed at most
- * twice. */
+ * takes fewer (fingerprinting every fork made pd-gram-bench's masks up to
+ * 2.4x slower; docs/BENCHMARKS.md "engine/gram"), and a repeated
+ * configuration is then fed at most twice. */
 #define FORK_FREE 256u
 static void feed_fork(const eng_gram_t *g, cfg_t *k, uint8_t b, set_t *out)
 {
