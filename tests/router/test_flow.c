@@ -1001,7 +1001,7 @@ static void test_drain_room_as_known(void **state)
     d1->hb.free_blocks = 30;
     assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 0);
     assert_null(w->migrate_to);
-    d1->last_hb_ns = pd_now_ns(); /* x1 in it now */
+    d1->last_hb_ns = pd_now_ns() + 1; /* x1 in it now (+1: after it on a coarse clock) */
     d1->hb.queue_depth = 1;
     assert_int_equal(rtr_flow_migrate_from(&f->r, d0), 0);
     assert_int_equal(d1->hb.free_blocks, 30);
@@ -1042,7 +1042,7 @@ static void test_burst_spreads(void **state)
     prefill_done(f, "b1", 'a', 1);
     assert_int_equal(last_sent()->type, PROTO_MSG_DECODE_REQ);
     assert_ptr_equal(last_sent()->to, d0);
-    d0->last_hb_ns = pd_now_ns();
+    d0->last_hb_ns = pd_now_ns() + 1; /* after b1 even on a coarse clock */
     d0->hb.running_seqs = 1;
     d1->hb.free_blocks = 60;
     accept_on(f, "b7", true, 8, 1, &got);
@@ -1066,7 +1066,7 @@ static void test_burst_spreads_prefills(void **state)
     assert_ptr_equal(b->prefill, p1);
     assert_ptr_equal(c->prefill, p0);
     /* p0 heartbeats 104 (c1, c3 in it): p1's 101 + c2 = 103 is less */
-    p0->last_hb_ns = pd_now_ns();
+    p0->last_hb_ns = pd_now_ns() + 1; /* after c1, c3 even on a coarse clock */
     p0->hb.outstanding_prefill_tokens = 104;
     rtr_req_t *d = accept_on(f, "c4", true, 8, 1, &got);
     assert_ptr_equal(d->prefill, p1);
